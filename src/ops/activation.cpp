@@ -1,0 +1,98 @@
+#include "ops/activation.h"
+
+#include <cmath>
+
+namespace mt::ops {
+
+namespace {
+void same_shape(const Tensor& a, const Tensor& b, const char* what) {
+  MT_CHECK(a.shape() == b.shape(), ShapeError, what, ": ", a.shape(), " vs ", b.shape());
+}
+}  // namespace
+
+void silu_forward(Context& ctx, const Tensor& x, Tensor& y) {
+  same_shape(x, y, "silu");
+  const float* px = x.f32();
+  float* py = y.f32();
+  const int64_t n = x.numel();
+#pragma omp parallel for num_threads(ctx.threads()) schedule(static)
+  for (int64_t i = 0; i < n; ++i) py[i] = px[i] * sigmoidf(px[i]);
+}
+
+void silu_backward(Context& ctx, const Tensor& x, const Tensor& dy, Tensor& dx) {
+  same_shape(x, dy, "silu backward");
+  same_shape(x, dx, "silu backward");
+  const float* px = x.f32();
+  const float* pdy = dy.f32();
+  float* pdx = dx.f32();
+  const int64_t n = x.numel();
+#pragma omp parallel for num_threads(ctx.threads()) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float s = sigmoidf(px[i]);
+    pdx[i] = pdy[i] * s * (1.0f + px[i] * (1.0f - s));
+  }
+}
+
+void swiglu_forward(Context& ctx, const Tensor& gate, const Tensor& up, Tensor& y) {
+  same_shape(gate, up, "swiglu");
+  same_shape(gate, y, "swiglu");
+  const float* g = gate.f32();
+  const float* u = up.f32();
+  float* py = y.f32();
+  const int64_t n = gate.numel();
+#pragma omp parallel for num_threads(ctx.threads()) schedule(static)
+  for (int64_t i = 0; i < n; ++i) py[i] = g[i] * sigmoidf(g[i]) * u[i];
+}
+
+void swiglu_backward(Context& ctx, const Tensor& gate, const Tensor& up, const Tensor& dy,
+                     Tensor& dgate, Tensor& dup) {
+  same_shape(gate, up, "swiglu backward");
+  same_shape(gate, dy, "swiglu backward");
+  same_shape(gate, dgate, "swiglu backward");
+  same_shape(gate, dup, "swiglu backward");
+  const float* g = gate.f32();
+  const float* u = up.f32();
+  const float* pdy = dy.f32();
+  float* dg = dgate.f32();
+  float* du = dup.f32();
+  const int64_t n = gate.numel();
+#pragma omp parallel for num_threads(ctx.threads()) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float s = sigmoidf(g[i]);
+    du[i] = pdy[i] * g[i] * s;
+    dg[i] = pdy[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
+  }
+}
+
+void sigmoid_gate_forward(Context& ctx, const Tensor& x, const Tensor& g, Tensor& y) {
+  same_shape(x, g, "sigmoid_gate");
+  same_shape(x, y, "sigmoid_gate");
+  const float* px = x.f32();
+  const float* pg = g.f32();
+  float* py = y.f32();
+  const int64_t n = x.numel();
+#pragma omp parallel for num_threads(ctx.threads()) schedule(static)
+  for (int64_t i = 0; i < n; ++i) py[i] = px[i] * sigmoidf(pg[i]);
+}
+
+void sigmoid_gate_backward(Context& ctx, const Tensor& x, const Tensor& g, const Tensor& dy,
+                           Tensor& dx, Tensor& dg) {
+  same_shape(x, g, "sigmoid_gate backward");
+  same_shape(x, dy, "sigmoid_gate backward");
+  same_shape(x, dx, "sigmoid_gate backward");
+  same_shape(x, dg, "sigmoid_gate backward");
+  const float* px = x.f32();
+  const float* pg = g.f32();
+  const float* pdy = dy.f32();
+  float* pdx = dx.f32();
+  float* pdg = dg.f32();
+  const int64_t n = x.numel();
+#pragma omp parallel for num_threads(ctx.threads()) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float s = sigmoidf(pg[i]);
+    pdx[i] = pdy[i] * s;
+    pdg[i] = pdy[i] * px[i] * s * (1.0f - s);
+  }
+}
+
+}  // namespace mt::ops

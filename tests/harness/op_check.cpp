@@ -1,0 +1,226 @@
+#include "harness/op_check.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+namespace mt::test {
+
+namespace {
+
+constexpr uint8_t kGuardByte = 0xA5;
+constexpr size_t kGuardBytes = 256;
+
+uint64_t fresh_seed() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+         static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+}
+
+double norm(const DVec& a) {
+  double s = 0;
+  for (double x : a) s += x * x;
+  return std::sqrt(s);
+}
+
+double dot(const DVec& a, const DVec& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+// The scalar whose gradient backward computes: sum over outputs of <reference output, dout>.
+double ref_loss(const OpCase& op, const std::vector<DVec>& in, const std::vector<DVec>& dout) {
+  std::vector<DVec> out = op.reference(in);
+  double l = 0;
+  for (size_t j = 0; j < out.size(); ++j)
+    if (!dout[j].empty()) l += dot(out[j], dout[j]);
+  return l;
+}
+
+}  // namespace
+
+Tensor GuardedAlloc::operator()(const Shape& shape, DType dtype) {
+  auto b = std::make_unique<Block>();
+  b->body_bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+  b->guard_bytes = kGuardBytes;
+  b->shape = shape;
+  b->mem.assign(b->body_bytes + 2 * kGuardBytes + 64, kGuardByte);
+  // Align the body to 64 bytes inside the block.
+  uintptr_t base = reinterpret_cast<uintptr_t>(b->mem.data()) + kGuardBytes;
+  size_t pad = (64 - base % 64) % 64;
+  b->guard_bytes += pad;
+  uint8_t* body = b->mem.data() + b->guard_bytes;
+  if (dtype == DType::F32) {
+    float nan = std::numeric_limits<float>::quiet_NaN();
+    for (size_t i = 0; i < b->body_bytes / 4; ++i) std::memcpy(body + 4 * i, &nan, 4);
+  } else {
+    std::memset(body, 0xFF, b->body_bytes);
+  }
+  Tensor t(body, shape, dtype);
+  blocks_.push_back(std::move(b));
+  return t;
+}
+
+std::string GuardedAlloc::check() const {
+  for (const auto& b : blocks_) {
+    const uint8_t* m = b->mem.data();
+    for (size_t i = 0; i < b->guard_bytes; ++i)
+      if (m[i] != kGuardByte) return cat("write before tensor ", b->shape, " (byte -", b->guard_bytes - i, ")");
+    size_t end = b->guard_bytes + b->body_bytes;
+    for (size_t i = end; i < b->mem.size(); ++i)
+      if (m[i] != kGuardByte) return cat("write after tensor ", b->shape, " (byte +", i - end, ")");
+  }
+  return "";
+}
+
+DVec to_dvec(const Tensor& t) {
+  DVec v(static_cast<size_t>(t.numel()));
+  switch (t.dtype()) {
+    case DType::F32:
+      for (size_t i = 0; i < v.size(); ++i) v[i] = t.f32()[i];
+      break;
+    case DType::I32:
+      for (size_t i = 0; i < v.size(); ++i) v[i] = t.i32()[i];
+      break;
+    case DType::I64:
+      for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(t.i64()[i]);
+      break;
+    case DType::BF16:
+      for (size_t i = 0; i < v.size(); ++i) v[i] = bf16_to_f32(t.bf16()[i]);
+      break;
+  }
+  return v;
+}
+
+void fill_normal(Rng& rng, Tensor& t, double scale) {
+  float* p = t.f32();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<float>(scale * rng.normal());
+}
+
+double rel_err(const DVec& a, const DVec& b) {
+  if (a.size() != b.size()) return std::numeric_limits<double>::infinity();
+  DVec d(a.size());
+  for (size_t i = 0; i < a.size(); ++i) d[i] = a[i] - b[i];
+  return norm(d) / std::max(norm(b), 1e-30);
+}
+
+void check_op(OpCase& op, const CheckOptions& opt) {
+  uint64_t seed = opt.seed ? opt.seed : fresh_seed();
+  SCOPED_TRACE(cat(op.name(), " seed=", seed));
+  Rng rng(seed);
+  Context ctx(ContextOptions{.seed = seed});
+  GuardedAlloc alloc;
+
+  // 1. Inputs.
+  std::vector<InputSpec> specs = op.inputs();
+  std::vector<Tensor> in;
+  for (const InputSpec& s : specs) {
+    Tensor t = alloc(s.shape, s.dtype);
+    if (s.init) {
+      s.init(rng, t);
+    } else {
+      ASSERT_EQ(s.dtype, DType::F32) << s.name << ": non-f32 input needs an init function";
+      fill_normal(rng, t, s.scale);
+    }
+    in.push_back(t);
+  }
+  std::vector<DVec> in_d;
+  for (const Tensor& t : in) in_d.push_back(to_dvec(t));
+
+  // 2. Forward vs reference.
+  std::vector<OutputSpec> ospecs = op.outputs();
+  std::vector<Tensor> out = op.forward(ctx, alloc, in);
+  ASSERT_EQ(out.size(), ospecs.size()) << "forward returned a wrong number of outputs";
+  std::vector<DVec> ref = op.reference(in_d);
+  ASSERT_EQ(ref.size(), ospecs.size()) << "reference returned a wrong number of outputs";
+  for (size_t j = 0; j < out.size(); ++j) {
+    DVec got = to_dvec(out[j]);
+    ASSERT_EQ(got.size(), ref[j].size()) << "output " << ospecs[j].name << " size";
+    if (out[j].dtype() == DType::F32) {
+      EXPECT_LE(rel_err(got, ref[j]), opt.fwd_rtol) << "forward output " << ospecs[j].name;
+    } else {
+      size_t bad = 0;
+      for (size_t i = 0; i < got.size(); ++i) bad += got[i] != ref[j][i];
+      EXPECT_EQ(bad, 0u) << "integer output " << ospecs[j].name << " differs in " << bad << " places";
+    }
+  }
+
+  // 3. Backward vs finite differences of the reference.
+  std::vector<Tensor> dout(out.size());
+  std::vector<DVec> dout_d(out.size());
+  for (size_t j = 0; j < out.size(); ++j) {
+    if (!ospecs[j].differentiable) continue;
+    dout[j] = alloc(out[j].shape());
+    fill_normal(rng, dout[j]);
+    dout_d[j] = to_dvec(dout[j]);
+  }
+  std::vector<Tensor> grads(in.size());
+  std::vector<DVec> prefill(in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (!specs[i].differentiable) continue;
+    grads[i] = alloc(in[i].shape());
+    if (specs[i].accumulate) {
+      fill_normal(rng, grads[i]);
+      prefill[i] = to_dvec(grads[i]);
+    }
+  }
+  std::vector<Tensor> dout_copy;
+  for (const Tensor& d : dout) dout_copy.push_back(d.defined() && d.numel() ? d.clone() : d);
+  op.backward(ctx, alloc, in, dout, grads);
+
+  for (size_t i = 0; i < in.size(); ++i) {
+    EXPECT_LE(rel_err(to_dvec(in[i]), in_d[i]), 0.0) << "input " << specs[i].name << " was modified";
+    if (!specs[i].differentiable) continue;
+    SCOPED_TRACE("gradient of " + specs[i].name);
+    DVec g = to_dvec(grads[i]);
+    if (specs[i].accumulate)
+      for (size_t e = 0; e < g.size(); ++e) g[e] -= prefill[i][e];
+    size_t nonfinite = 0;
+    for (double x : g) nonfinite += !std::isfinite(x);
+    ASSERT_EQ(nonfinite, 0u) << "gradient has non-finite entries (unwritten?)";
+    double gnorm = norm(g);
+    double rms = gnorm / std::sqrt(std::max<size_t>(g.size(), 1));
+    double scale_x = std::max(1e-3, norm(in_d[i]) / std::sqrt(std::max<size_t>(g.size(), 1)));
+    double h = opt.fd_step * scale_x;
+
+    for (int r = 0; r < opt.directions && !g.empty(); ++r) {
+      DVec u(g.size());
+      for (double& x : u) x = rng.normal();
+      double un = norm(u);
+      for (double& x : u) x /= un;
+      std::vector<DVec> xp = in_d, xm = in_d;
+      for (size_t e = 0; e < u.size(); ++e) {
+        xp[i][e] += h * u[e];
+        xm[i][e] -= h * u[e];
+      }
+      double fd = (ref_loss(op, xp, dout_d) - ref_loss(op, xm, dout_d)) / (2 * h);
+      double an = dot(g, u);
+      EXPECT_LE(std::abs(fd - an), opt.grad_rtol * std::max(gnorm, 1e-8))
+          << "direction " << r << ": finite difference " << fd << " vs backward " << an
+          << " (|grad| " << gnorm << ")";
+    }
+    for (int r = 0; r < opt.elements && !g.empty(); ++r) {
+      size_t e = static_cast<size_t>(rng.below(static_cast<int64_t>(g.size())));
+      std::vector<DVec> xp = in_d, xm = in_d;
+      xp[i][e] += h;
+      xm[i][e] -= h;
+      double fd = (ref_loss(op, xp, dout_d) - ref_loss(op, xm, dout_d)) / (2 * h);
+      EXPECT_LE(std::abs(fd - g[e]), opt.grad_rtol * (std::abs(fd) + rms + 1e-8))
+          << "element " << e << ": finite difference " << fd << " vs backward " << g[e];
+    }
+  }
+  for (size_t j = 0; j < dout.size(); ++j) {
+    if (!dout[j].defined() || dout[j].numel() == 0) continue;
+    EXPECT_LE(rel_err(to_dvec(dout[j]), to_dvec(dout_copy[j])), 0.0)
+        << "upstream gradient of " << ospecs[j].name << " was modified";
+  }
+  std::string guard = alloc.check();
+  EXPECT_EQ(guard, "") << "out-of-bounds write";
+}
+
+}  // namespace mt::test
