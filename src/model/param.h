@@ -1,0 +1,51 @@
+// Parameters as layers see them. A layer declares what it needs (ParamSpec: local name, shape,
+// initialisation) and is bound to tensors by name (ParamTable). The model binds layers to its
+// ParamStore under HF names ("model.layers.3.self_attn.q_proj.weight"); tests bind them to their
+// own tensors. A frozen parameter has an undefined grad.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+
+namespace mt {
+
+enum class ParamInit { Normal, Zeros, Ones, Custom };
+
+enum class ParamRole {
+  Dense,   // sharded with FSDP
+  Expert,  // routed-expert weight, split across EP ranks
+  Lora,    // adapter (trainable even when the base is frozen)
+  Buffer,  // state updated outside the optimizer (e.g. the aux-loss-free router bias)
+};
+
+struct ParamSpec {
+  std::string name;  // local to the layer, e.g. "q_proj.weight"
+  Shape shape;
+  ParamInit init = ParamInit::Normal;
+  float std = 0.02f;
+  std::function<void(Rng&, Tensor&)> custom;  // for ParamInit::Custom
+  ParamRole role = ParamRole::Dense;
+};
+
+struct ParamRef {
+  Tensor value;
+  Tensor grad;  // undefined: frozen (no gradient is computed for it)
+  bool trainable() const { return grad.defined(); }
+};
+
+using ParamTable = std::unordered_map<std::string, ParamRef>;
+
+// The tensors of `name`, checked against `shape`; ConfigError naming the parameter if missing.
+ParamRef need_param(const ParamTable& table, const std::string& name, const Shape& shape);
+// Like need_param but returns an empty ParamRef when the table has no such entry.
+ParamRef optional_param(const ParamTable& table, const std::string& name, const Shape& shape);
+
+// Fills a tensor according to its spec.
+void init_param(const ParamSpec& spec, Rng& rng, Tensor& t);
+
+}  // namespace mt

@@ -1,0 +1,23 @@
+// Depthwise causal conv1d (the "short conv" of KDA), varlen-aware: a document never sees the
+// tokens of the previous one (they read as zeros).
+#pragma once
+
+#include "core/context.h"
+#include "core/tensor.h"
+
+namespace mt::ops {
+
+struct CausalConvParams {
+  int64_t tokens = 0, channels = 0, kernel = 4;
+};
+
+// y[t,c] = sum_{j<kernel} w[c,j] * x[t - (kernel-1) + j, c] (HF weight [C,1,K] viewed as [C,K]:
+// w[c, kernel-1] multiplies the current token). x, y [tokens, channels]; cu_seqlens i32 [N+1].
+void causal_conv1d_forward(Context& ctx, const CausalConvParams& p, const Tensor& cu_seqlens,
+                           const Tensor& x, const Tensor& w, Tensor& y);
+// dx written, dw accumulates.
+void causal_conv1d_backward(Context& ctx, const CausalConvParams& p, const Tensor& cu_seqlens,
+                            const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx,
+                            Tensor& dw);
+
+}  // namespace mt::ops

@@ -1,0 +1,29 @@
+// LM head fused with softmax cross-entropy, computed in chunks of tokens so that the full
+// [tokens, vocab] fp32 logits never exist at once (at most [chunk_tokens, vocab] in workspace).
+#pragma once
+
+#include "core/context.h"
+#include "core/tensor.h"
+
+namespace mt::ops {
+
+struct CrossEntropyParams {
+  int64_t tokens = 0, hidden = 0, vocab = 0;
+  int64_t chunk_tokens = 128;
+  int32_t ignore_index = -100;  // targets equal to this contribute no loss and no gradient
+};
+
+// h [tokens, hidden], w [vocab, hidden], targets i32 [tokens]. Writes lse [tokens] (saved for
+// backward; 0 for ignored tokens) and returns the mean loss over non-ignored tokens (0 if none).
+// A target outside [0, vocab) that is not ignore_index is a ValueError.
+double lm_head_cross_entropy_forward(Context& ctx, const CrossEntropyParams& p, const Tensor& h,
+                                     const Tensor& w, const Tensor& targets, Tensor& lse);
+// Gradient of dloss * mean loss: dh written, dw accumulates (skipped when undefined).
+void lm_head_cross_entropy_backward(Context& ctx, const CrossEntropyParams& p, const Tensor& h,
+                                    const Tensor& w, const Tensor& targets, const Tensor& lse,
+                                    float dloss, Tensor& dh, Tensor& dw);
+
+// Logits of selected rows only (generation / golden checks): logits [rows, vocab] = h w^T.
+void lm_head_logits(Context& ctx, const Tensor& h, const Tensor& w, Tensor& logits);
+
+}  // namespace mt::ops

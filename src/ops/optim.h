@@ -1,0 +1,26 @@
+// AdamW with fp32 moments and decoupled weight decay, and global gradient-norm clipping.
+#pragma once
+
+#include <vector>
+
+#include "core/context.h"
+#include "core/tensor.h"
+
+namespace mt::ops {
+
+struct AdamWParams {
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f;
+  int64_t step = 1;  // 1-based, for bias correction
+};
+
+// param -= lr * (mhat / (sqrt(vhat) + eps) + weight_decay * param); m, v updated in place.
+void adamw_step(Context& ctx, const AdamWParams& p, Tensor& param, const Tensor& grad, Tensor& m,
+                Tensor& v);
+
+// Sum of squares of all gradients (double accumulation).
+double grad_norm_sq(Context& ctx, const std::vector<Tensor>& grads);
+// Scales all gradients so that their global L2 norm is at most max_norm; returns the norm
+// before clipping. max_norm <= 0 disables clipping.
+double clip_grad_norm(Context& ctx, const std::vector<Tensor>& grads, double max_norm);
+
+}  // namespace mt::ops
