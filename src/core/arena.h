@@ -13,7 +13,9 @@ namespace mt {
 
 constexpr size_t kArenaAlign = 64;
 
-inline size_t arena_footprint(size_t bytes) { return (bytes + kArenaAlign - 1) / kArenaAlign * kArenaAlign; }
+inline size_t arena_footprint(size_t bytes) {
+  return (bytes + kArenaAlign - 1) / kArenaAlign * kArenaAlign;
+}
 
 // Accumulates the footprint of a sequence of allocations.
 class ArenaPlan {

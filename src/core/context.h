@@ -12,7 +12,7 @@ namespace mt {
 
 struct ContextOptions {
   Device device = Device::CPU;
-  int threads = 0;                         // 0: all hardware threads
+  int threads = 0;  // 0: all hardware threads
   uint64_t seed = 1234;
   size_t workspace_bytes = size_t(256) << 20;  // scratch for ops, released per op
 };

@@ -12,25 +12,35 @@ enum class Device : uint8_t { CPU, CUDA };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
-    case DType::F32: return 4;
-    case DType::BF16: return 2;
-    case DType::I32: return 4;
-    case DType::I64: return 8;
+    case DType::F32:
+      return 4;
+    case DType::BF16:
+      return 2;
+    case DType::I32:
+      return 4;
+    case DType::I64:
+      return 8;
   }
   return 0;
 }
 
 constexpr std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "f32";
-    case DType::BF16: return "bf16";
-    case DType::I32: return "i32";
-    case DType::I64: return "i64";
+    case DType::F32:
+      return "f32";
+    case DType::BF16:
+      return "bf16";
+    case DType::I32:
+      return "i32";
+    case DType::I64:
+      return "i64";
   }
   return "?";
 }
 
-constexpr std::string_view device_name(Device d) { return d == Device::CPU ? "cpu" : "cuda"; }
+constexpr std::string_view device_name(Device d) {
+  return d == Device::CPU ? "cpu" : "cuda";
+}
 
 // bf16 is the upper half of an fp32; round to nearest even, NaN stays NaN.
 inline uint16_t f32_to_bf16(float f) {

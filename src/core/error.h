@@ -34,11 +34,10 @@ class Error : public std::runtime_error {
   int line_;
 };
 
-#define MT_DEFINE_ERROR(Name)                                            \
-  class Name : public Error {                                            \
-   public:                                                               \
-    Name(const char* file, int line, const std::string& msg)             \
-        : Error(#Name, file, line, msg) {}                               \
+#define MT_DEFINE_ERROR(Name)                                                                   \
+  class Name : public Error {                                                                   \
+   public:                                                                                      \
+    Name(const char* file, int line, const std::string& msg) : Error(#Name, file, line, msg) {} \
   }
 
 MT_DEFINE_ERROR(ShapeError);     // tensor shapes or dtypes that do not fit together
@@ -56,7 +55,7 @@ MT_DEFINE_ERROR(InternalError);  // a broken invariant inside moetrain itself
 #define MT_THROW(Type, ...) throw ::mt::Type(__FILE__, __LINE__, ::mt::cat(__VA_ARGS__))
 
 // MT_CHECK(cond, ValueError, "top_k ", k, " exceeds experts ", e);
-#define MT_CHECK(cond, Type, ...) \
-  do {                            \
+#define MT_CHECK(cond, Type, ...)             \
+  do {                                        \
     if (!(cond)) MT_THROW(Type, __VA_ARGS__); \
   } while (0)

@@ -13,8 +13,8 @@ namespace mt {
 struct SeqInfo {
   int64_t tokens = 0;
   int64_t num_seqs = 0;
-  Tensor cu_seqlens;  // i32 [num_seqs + 1]: cu[0] = 0, cu[num_seqs] = tokens
-  Tensor positions;   // i32 [tokens]: position of each token inside its document
+  Tensor cu_seqlens;             // i32 [num_seqs + 1]: cu[0] = 0, cu[num_seqs] = tokens
+  Tensor positions;              // i32 [tokens]: position of each token inside its document
   std::vector<int64_t> offsets;  // host copy of cu_seqlens, for loops over documents
 
   // Documents of the given lengths (each > 0), packed in order.
@@ -36,7 +36,8 @@ inline SeqInfo SeqInfo::from_lengths(const std::vector<int64_t>& lengths) {
   s.tokens = s.offsets.back();
   s.cu_seqlens = Tensor::empty({s.num_seqs + 1}, DType::I32);
   s.positions = Tensor::empty({s.tokens}, DType::I32);
-  for (int64_t i = 0; i <= s.num_seqs; ++i) s.cu_seqlens.i32()[i] = static_cast<int32_t>(s.offsets[i]);
+  for (int64_t i = 0; i <= s.num_seqs; ++i)
+    s.cu_seqlens.i32()[i] = static_cast<int32_t>(s.offsets[i]);
   for (int64_t d = 0; d < s.num_seqs; ++d)
     for (int64_t t = s.offsets[d]; t < s.offsets[d + 1]; ++t)
       s.positions.i32()[t] = static_cast<int32_t>(t - s.offsets[d]);

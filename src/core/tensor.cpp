@@ -23,14 +23,17 @@ Storage::Storage(size_t n, Device dev) : bytes(n), device(dev) {
   MT_CHECK(rounded == 0 || data != nullptr, MemoryError, "cannot allocate ", n, " bytes");
 }
 
-Storage::~Storage() { std::free(data); }
+Storage::~Storage() {
+  std::free(data);
+}
 
 Tensor::Tensor(void* data, Shape shape, DType dtype, Device device)
     : data_(data), shape_(std::move(shape)), dtype_(dtype), device_(device) {}
 
 Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
   for (int64_t d : shape.dims()) MT_CHECK(d >= 0, ShapeError, "negative dimension in ", shape);
-  auto st = std::make_shared<Storage>(static_cast<size_t>(shape.numel()) * dtype_size(dtype), device);
+  auto st =
+      std::make_shared<Storage>(static_cast<size_t>(shape.numel()) * dtype_size(dtype), device);
   Tensor t(st->data, std::move(shape), dtype, device);
   t.storage_ = std::move(st);
   return t;
@@ -57,7 +60,8 @@ Tensor Tensor::rows(int64_t begin, int64_t end) const {
   d[0] = end - begin;
   Tensor t = *this;
   t.shape_ = Shape(std::move(d));
-  t.data_ = static_cast<char*>(data_) + begin * row_elems * static_cast<int64_t>(dtype_size(dtype_));
+  t.data_ =
+      static_cast<char*>(data_) + begin * row_elems * static_cast<int64_t>(dtype_size(dtype_));
   return t;
 }
 
@@ -79,7 +83,8 @@ void Tensor::copy_from(const Tensor& src) {
     uint16_t* d = bf16();
     for (int64_t i = 0; i < numel(); ++i) d[i] = f32_to_bf16(s[i]);
   } else {
-    MT_THROW(ShapeError, "no conversion from ", dtype_name(src.dtype()), " to ", dtype_name(dtype_));
+    MT_THROW(ShapeError, "no conversion from ", dtype_name(src.dtype()), " to ",
+             dtype_name(dtype_));
   }
 }
 

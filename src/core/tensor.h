@@ -37,7 +37,9 @@ class Shape {
   std::vector<int64_t> dims_;
 };
 
-inline std::ostream& operator<<(std::ostream& os, const Shape& s) { return os << s.str(); }
+inline std::ostream& operator<<(std::ostream& os, const Shape& s) {
+  return os << s.str();
+}
 
 // Owned device memory. Freed when the last tensor viewing it goes away.
 struct Storage {
@@ -89,8 +91,8 @@ class Tensor {
   T* typed(DType want) const {
     MT_CHECK(dtype_ == want, ShapeError, "tensor ", shape_, " is ", dtype_name(dtype_),
              ", accessed as ", dtype_name(want));
-    MT_CHECK(device_ == Device::CPU || data_ == nullptr, ValueError,
-             "host access to a tensor on ", device_name(device_));
+    MT_CHECK(device_ == Device::CPU || data_ == nullptr, ValueError, "host access to a tensor on ",
+             device_name(device_));
     return static_cast<T*>(data_);
   }
 

@@ -14,12 +14,12 @@ namespace mt {
 struct KdaConfig {
   int64_t hidden = 0;
   int64_t heads = 0;
-  int64_t head_dim = 0;      // dk = dv
+  int64_t head_dim = 0;  // dk = dv
   int64_t conv_kernel = 4;
-  float norm_eps = 1e-5f;    // per-head output RMSNorm
+  float norm_eps = 1e-5f;  // per-head output RMSNorm
   int64_t chunk = 64;
-  bool chunked = true;       // false: token-by-token recurrence (the reference algorithm)
-  LoraSpec lora;             // applied to every projection of the layer
+  bool chunked = true;  // false: token-by-token recurrence (the reference algorithm)
+  LoraSpec lora;        // applied to every projection of the layer
 };
 
 // Multi-head latent attention (dense, causal), as kimi_linear's full-attention layers use it and
@@ -27,10 +27,10 @@ struct KdaConfig {
 struct MlaConfig {
   int64_t hidden = 0;
   int64_t heads = 0;
-  int64_t q_lora_rank = 0;   // 0: q = W_q x directly
+  int64_t q_lora_rank = 0;  // 0: q = W_q x directly
   int64_t kv_lora_rank = 0;
   int64_t qk_nope_dim = 0;
-  int64_t qk_rope_dim = 0;   // 0: no rotary part
+  int64_t qk_rope_dim = 0;  // 0: no rotary part
   int64_t v_head_dim = 0;
   float rope_theta = 10000.f;
   ops::RopeStyle rope_style = ops::RopeStyle::Interleaved;
@@ -43,10 +43,10 @@ struct MlaConfig {
 
 // Gated DeepSeek sparse attention: MLA + lightning indexer + top-k selection.
 struct DsaConfig {
-  MlaConfig mla;              // output_gate = true for the hybrid
+  MlaConfig mla;  // output_gate = true for the hybrid
   int64_t index_heads = 0;
   int64_t index_head_dim = 0;
-  int64_t index_rope_dim = 0; // rotary part of the indexer head (first dims, half-split style)
+  int64_t index_rope_dim = 0;  // rotary part of the indexer head (first dims, half-split style)
   int64_t index_topk = 0;
   float indexer_norm_eps = 1e-6f;
   float indexer_loss_coeff = 1.0f;
@@ -58,23 +58,23 @@ enum class RouterScore { Softmax, Sigmoid };
 // Latent Mixture-of-Experts block.
 struct MoeConfig {
   int64_t hidden = 0;
-  int64_t latent = 0;          // latent width l; l == hidden disables the d->l->d projections
+  int64_t latent = 0;  // latent width l; l == hidden disables the d->l->d projections
   int64_t num_experts = 0;
   int64_t top_k = 0;
   int64_t expert_ffn = 0;
-  int64_t num_shared = 0;      // shared experts, fused into one SwiGLU of num_shared * shared_ffn
+  int64_t num_shared = 0;  // shared experts, fused into one SwiGLU of num_shared * shared_ffn
   int64_t shared_ffn = 0;
   RouterScore score = RouterScore::Sigmoid;
-  int64_t n_group = 1;         // group-limited routing: keep topk_group of n_group groups
+  int64_t n_group = 1;  // group-limited routing: keep topk_group of n_group groups
   int64_t topk_group = 1;
   bool norm_topk_prob = true;
   float routed_scaling = 1.0f;
-  bool selection_bias = false; // aux-loss-free bias (added to scores for selection only)
+  bool selection_bias = false;  // aux-loss-free bias (added to scores for selection only)
   float bias_update_rate = 1e-3f;
   float seq_aux_coeff = 0.0f;
   float z_loss_coeff = 0.0f;
-  LoraSpec lora;               // shared experts + latent projections
-  LoraSpec expert_lora;        // per routed expert (gate/up/down)
+  LoraSpec lora;         // shared experts + latent projections
+  LoraSpec expert_lora;  // per routed expert (gate/up/down)
 };
 
 struct DenseFfnConfig {

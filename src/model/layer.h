@@ -22,9 +22,9 @@
 namespace mt {
 
 struct AuxLoss {
-  std::string name;  // "indexer_kl", "router_seq_aux", "router_z"
-  double value = 0;  // unweighted
-  double weight = 0; // coefficient its gradient is applied with in backward
+  std::string name;   // "indexer_kl", "router_seq_aux", "router_z"
+  double value = 0;   // unweighted
+  double weight = 0;  // coefficient its gradient is applied with in backward
 };
 
 class Layer {

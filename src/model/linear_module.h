@@ -21,7 +21,8 @@ struct LoraSpec {
 class LinearModule {
  public:
   LinearModule() = default;
-  LinearModule(std::string name, int64_t in, int64_t out, LoraSpec lora = {}, float init_std = 0.02f)
+  LinearModule(std::string name, int64_t in, int64_t out, LoraSpec lora = {},
+               float init_std = 0.02f)
       : name_(std::move(name)), in_(in), out_(out), lora_(lora), std_(init_std) {}
 
   // Appends "<name>.weight" (and the adapter's two tensors when lora.rank > 0).
@@ -40,7 +41,11 @@ class LinearModule {
 
  private:
   ops::LinearParams params(int64_t tokens) const {
-    return {.tokens = tokens, .in = in_, .out = out_, .lora_rank = lora_.rank, .lora_alpha = lora_.alpha};
+    return {.tokens = tokens,
+            .in = in_,
+            .out = out_,
+            .lora_rank = lora_.rank,
+            .lora_alpha = lora_.alpha};
   }
   std::string name_;
   int64_t in_ = 0, out_ = 0;

@@ -29,7 +29,8 @@ void init_param(const ParamSpec& spec, Rng& rng, Tensor& t) {
       for (int64_t i = 0; i < t.numel(); ++i) p[i] = 1.0f;
       break;
     case ParamInit::Custom:
-      MT_CHECK(spec.custom != nullptr, InternalError, "parameter '", spec.name, "' has no initialiser");
+      MT_CHECK(spec.custom != nullptr, InternalError, "parameter '", spec.name,
+               "' has no initialiser");
       spec.custom(rng, t);
       break;
   }

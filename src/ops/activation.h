@@ -21,6 +21,8 @@ void sigmoid_gate_forward(Context& ctx, const Tensor& x, const Tensor& g, Tensor
 void sigmoid_gate_backward(Context& ctx, const Tensor& x, const Tensor& g, const Tensor& dy,
                            Tensor& dx, Tensor& dg);
 
-inline float sigmoidf(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+inline float sigmoidf(float x) {
+  return 1.0f / (1.0f + std::exp(-x));
+}
 
 }  // namespace mt::ops

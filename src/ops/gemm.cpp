@@ -15,15 +15,16 @@ void gemm(Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
       for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
     return;
   }
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
-              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
+              static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
+              c, static_cast<int>(ldc));
 }
 
 void matmul(Context& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
             float alpha, float beta) {
-  MT_CHECK(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2, ShapeError, "matmul needs 2-D tensors, got ",
-           a.shape(), " ", b.shape(), " ", c.shape());
+  MT_CHECK(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2, ShapeError,
+           "matmul needs 2-D tensors, got ", a.shape(), " ", b.shape(), " ", c.shape());
   int64_t m = trans_a ? a.dim(1) : a.dim(0), k = trans_a ? a.dim(0) : a.dim(1);
   int64_t kb = trans_b ? b.dim(1) : b.dim(0), n = trans_b ? b.dim(0) : b.dim(1);
   MT_CHECK(k == kb && c.dim(0) == m && c.dim(1) == n, ShapeError, "matmul shapes ", a.shape(),

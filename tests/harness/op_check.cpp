@@ -70,7 +70,8 @@ std::string GuardedAlloc::check() const {
   for (const auto& b : blocks_) {
     const uint8_t* m = b->mem.data();
     for (size_t i = 0; i < b->guard_bytes; ++i)
-      if (m[i] != kGuardByte) return cat("write before tensor ", b->shape, " (byte -", b->guard_bytes - i, ")");
+      if (m[i] != kGuardByte)
+        return cat("write before tensor ", b->shape, " (byte -", b->guard_bytes - i, ")");
     size_t end = b->guard_bytes + b->body_bytes;
     for (size_t i = end; i < b->mem.size(); ++i)
       if (m[i] != kGuardByte) return cat("write after tensor ", b->shape, " (byte +", i - end, ")");
@@ -146,7 +147,8 @@ void check_op(OpCase& op, const CheckOptions& opt) {
     } else {
       size_t bad = 0;
       for (size_t i = 0; i < got.size(); ++i) bad += got[i] != ref[j][i];
-      EXPECT_EQ(bad, 0u) << "integer output " << ospecs[j].name << " differs in " << bad << " places";
+      EXPECT_EQ(bad, 0u) << "integer output " << ospecs[j].name << " differs in " << bad
+                         << " places";
     }
   }
 
@@ -174,7 +176,8 @@ void check_op(OpCase& op, const CheckOptions& opt) {
   op.backward(ctx, alloc, in, dout, grads);
 
   for (size_t i = 0; i < in.size(); ++i) {
-    EXPECT_LE(rel_err(to_dvec(in[i]), in_d[i]), 0.0) << "input " << specs[i].name << " was modified";
+    EXPECT_LE(rel_err(to_dvec(in[i]), in_d[i]), 0.0)
+        << "input " << specs[i].name << " was modified";
     if (!specs[i].differentiable) continue;
     SCOPED_TRACE("gradient of " + specs[i].name);
     DVec g = to_dvec(grads[i]);

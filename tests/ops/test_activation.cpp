@@ -11,9 +11,12 @@ class SiluCase : public OpCase {
  public:
   explicit SiluCase(Shape s) : shape_(std::move(s)) {}
   std::string name() const override { return "silu" + shape_.str(); }
-  std::vector<InputSpec> inputs() const override { return {{.name = "x", .shape = shape_, .scale = 3.0}}; }
+  std::vector<InputSpec> inputs() const override {
+    return {{.name = "x", .shape = shape_, .scale = 3.0}};
+  }
   std::vector<OutputSpec> outputs() const override { return {{"y"}}; }
-  std::vector<Tensor> forward(Context& ctx, GuardedAlloc& alloc, const std::vector<Tensor>& in) override {
+  std::vector<Tensor> forward(Context& ctx, GuardedAlloc& alloc,
+                              const std::vector<Tensor>& in) override {
     Tensor y = alloc(shape_);
     ops::silu_forward(ctx, in[0], y);
     return {y};
@@ -22,7 +25,9 @@ class SiluCase : public OpCase {
                 const std::vector<Tensor>& dout, std::vector<Tensor>& grads) override {
     ops::silu_backward(ctx, in[0], dout[0], grads[0]);
   }
-  std::vector<DVec> reference(const std::vector<DVec>& in) const override { return {ref::silu(in[0])}; }
+  std::vector<DVec> reference(const std::vector<DVec>& in) const override {
+    return {ref::silu(in[0])};
+  }
 
  private:
   Shape shape_;
@@ -36,7 +41,8 @@ class SwigluCase : public OpCase {
     return {{.name = "gate", .shape = shape_, .scale = 2.0}, {.name = "up", .shape = shape_}};
   }
   std::vector<OutputSpec> outputs() const override { return {{"y"}}; }
-  std::vector<Tensor> forward(Context& ctx, GuardedAlloc& alloc, const std::vector<Tensor>& in) override {
+  std::vector<Tensor> forward(Context& ctx, GuardedAlloc& alloc,
+                              const std::vector<Tensor>& in) override {
     Tensor y = alloc(shape_);
     ops::swiglu_forward(ctx, in[0], in[1], y);
     return {y};
@@ -61,7 +67,8 @@ class SigmoidGateCase : public OpCase {
     return {{.name = "x", .shape = shape_}, {.name = "g", .shape = shape_, .scale = 2.0}};
   }
   std::vector<OutputSpec> outputs() const override { return {{"y"}}; }
-  std::vector<Tensor> forward(Context& ctx, GuardedAlloc& alloc, const std::vector<Tensor>& in) override {
+  std::vector<Tensor> forward(Context& ctx, GuardedAlloc& alloc,
+                              const std::vector<Tensor>& in) override {
     Tensor y = alloc(shape_);
     ops::sigmoid_gate_forward(ctx, in[0], in[1], y);
     return {y};

@@ -8,9 +8,15 @@ namespace mt::ref {
 
 using DVec = std::vector<double>;
 
-inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-inline double silu(double x) { return x * sigmoid(x); }
-inline double softplus(double x) { return x > 20.0 ? x : std::log1p(std::exp(x)); }
+inline double sigmoid(double x) {
+  return 1.0 / (1.0 + std::exp(-x));
+}
+inline double silu(double x) {
+  return x * sigmoid(x);
+}
+inline double softplus(double x) {
+  return x > 20.0 ? x : std::log1p(std::exp(x));
+}
 
 inline DVec silu(const DVec& x) {
   DVec y(x.size());

@@ -1,0 +1,43 @@
+// ParamStore: every parameter of a model under its HF name, with its gradient (fp32) when
+// trainable. Owns the memory; layers see it through ParamTables of their own local names.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/param.h"
+
+namespace mt {
+
+struct Param {
+  std::string name;  // full HF name, e.g. "model.layers.3.mlp.gate.weight"
+  ParamSpec spec;    // spec.name is the layer-local name
+  Tensor value;
+  Tensor grad;  // undefined when frozen
+  bool trainable() const { return grad.defined(); }
+};
+
+class ParamStore {
+ public:
+  // Allocates (and initialises from rng) the parameters a layer declares, under prefix + local
+  // name; `trainable(spec)` decides whether a gradient buffer exists. Returns the layer's table.
+  ParamTable add_layer(const std::string& prefix, const std::vector<ParamSpec>& specs, Rng& rng,
+                       const std::function<bool(const ParamSpec&)>& trainable);
+
+  Param& at(const std::string& name);
+  const Param* find(const std::string& name) const;
+  const std::vector<std::unique_ptr<Param>>& all() const { return params_; }
+
+  void zero_grad();
+  int64_t count(bool trainable_only = false) const;
+  std::vector<Tensor> grads() const;  // of trainable parameters, in order
+
+ private:
+  std::vector<std::unique_ptr<Param>> params_;
+  std::map<std::string, Param*> by_name_;
+};
+
+}  // namespace mt

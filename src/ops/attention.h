@@ -1,0 +1,59 @@
+// Softmax attention where each query attends to an explicit list of key positions (FlashMLA's
+// sparse-prefill contract). Dense causal attention is the special case "all earlier positions of
+// the same document" (causal_indices), so dense MLA and DeepSeek sparse attention share one op:
+// with identical index lists the two are bit-identical.
+//
+// Layout: q [T, H, Dqk], k [T, Hkv, Dqk], v [T, Hkv, Dv], H a multiple of Hkv (Hkv = H: per-head
+// keys as MLA after kv_b; Hkv = 1: MQA over a shared latent). indices i32 [T, kmax] hold absolute
+// token positions inside the packed batch; a slot outside [0, T) (e.g. -1) is unused. Duplicate
+// positions in one row count twice. A row without valid slots outputs o = 0 and lse = -inf.
+#pragma once
+
+#include "core/arena.h"
+#include "core/context.h"
+#include "core/seq_info.h"
+#include "core/tensor.h"
+
+namespace mt::ops {
+
+struct AttentionParams {
+  int64_t tokens = 0, heads = 0;
+  int64_t kv_heads = 0;  // 0: same as heads
+  int64_t qk_dim = 0, v_dim = 0;
+  int64_t kmax = 0;   // slots per query row of `indices`
+  float scale = 0;    // softmax scale, applied to q.k
+  int64_t kvh() const { return kv_heads ? kv_heads : heads; }
+};
+
+// Longest document of the batch: the kmax dense causal attention needs.
+int64_t max_doc_len(const SeqInfo& seq);
+
+// indices [T, kmax] (kmax >= max_doc_len): row t lists its document's positions start..t in
+// increasing order, then -1.
+void causal_indices(const SeqInfo& seq, Tensor& indices);
+
+// o [T, H, Dv] and lse [T, H] (natural-log log-sum-exp of the scaled scores) are written.
+void attention_forward(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
+                       const Tensor& v, const Tensor& indices, Tensor& o, Tensor& lse);
+
+// dq, dk, dv written (dk/dv sum over every query slot that references a key; keys no query
+// references get 0). Needs the forward's o and lse.
+void attention_backward(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& indices, const Tensor& o, const Tensor& lse,
+                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv);
+
+// out [T, kmax] = sum over query heads of the attention probabilities of each slot (0 for
+// unused slots): the DSA indexer's KL target before L1 normalisation. Written.
+void attention_prob_sum(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
+                        const Tensor& indices, const Tensor& lse, Tensor& out);
+
+// The transpose of an index table, for scatter-free backward passes: for key position s, the
+// flat slots t * kmax + j whose index is s are entries[offsets[s] .. offsets[s + 1]), in
+// increasing slot order. Both tensors are allocated from `arena`.
+struct KeyLists {
+  Tensor offsets;  // i64 [T + 1]
+  Tensor entries;  // i64 [valid slots]
+};
+KeyLists build_key_lists(const Tensor& indices, int64_t tokens, Arena& arena);
+
+}  // namespace mt::ops

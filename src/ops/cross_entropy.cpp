@@ -1,0 +1,125 @@
+#include "ops/cross_entropy.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/arena.h"
+#include "ops/gemm.h"
+
+namespace mt::ops {
+
+namespace {
+
+// Checks shapes and targets; returns the number of tokens that carry a loss.
+int64_t check_args(const CrossEntropyParams& p, const Tensor& h, const Tensor& w,
+                   const Tensor& targets) {
+  MT_CHECK(p.tokens >= 0 && p.hidden > 0 && p.vocab > 0 && p.chunk_tokens > 0, ValueError,
+           "cross_entropy: bad sizes tokens=", p.tokens, " hidden=", p.hidden, " vocab=", p.vocab,
+           " chunk_tokens=", p.chunk_tokens);
+  expect_shape(h, {p.tokens, p.hidden}, "cross_entropy h");
+  expect_shape(w, {p.vocab, p.hidden}, "cross_entropy lm_head weight");
+  expect_shape(targets, {p.tokens}, "cross_entropy targets");
+  const int32_t* tg = targets.i32();
+  int64_t valid = 0;
+  for (int64_t t = 0; t < p.tokens; ++t) {
+    if (tg[t] == p.ignore_index) continue;
+    MT_CHECK(tg[t] >= 0 && tg[t] < p.vocab, ValueError, "cross_entropy: target ", tg[t],
+             " at position ", t, " is outside [0, ", p.vocab, ") and is not ignore_index ",
+             p.ignore_index);
+    ++valid;
+  }
+  return valid;
+}
+
+// logits[rows, vocab] = h[t0 : t0 + rows] w^T.
+void chunk_logits(Context& ctx, const CrossEntropyParams& p, const Tensor& h, const Tensor& w,
+                  int64_t t0, int64_t rows, float* logits) {
+  gemm(ctx, false, true, rows, p.vocab, p.hidden, 1.f, h.f32() + t0 * p.hidden, p.hidden, w.f32(),
+       p.hidden, 0.f, logits, p.vocab);
+}
+
+}  // namespace
+
+double lm_head_cross_entropy_forward(Context& ctx, const CrossEntropyParams& p, const Tensor& h,
+                                     const Tensor& w, const Tensor& targets, Tensor& lse) {
+  const int64_t valid = check_args(p, h, w, targets);
+  expect_shape(lse, {p.tokens}, "cross_entropy lse");
+  const int32_t* tg = targets.i32();
+  float* plse = lse.f32();
+  const int64_t V = p.vocab, chunk = std::min(p.chunk_tokens, std::max<int64_t>(p.tokens, 1));
+  ArenaScope scope(ctx.workspace());
+  float* logits = ctx.workspace().alloc({chunk, V}).f32();
+  double total = 0;
+  for (int64_t t0 = 0; t0 < p.tokens; t0 += chunk) {
+    const int64_t rows = std::min(chunk, p.tokens - t0);
+    chunk_logits(ctx, p, h, w, t0, rows, logits);
+    double part = 0;
+#pragma omp parallel for num_threads(ctx.threads()) schedule(static) reduction(+ : part)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t t = t0 + r;
+      if (tg[t] == p.ignore_index) {
+        plse[t] = 0.f;
+        continue;
+      }
+      const float* lr = logits + r * V;
+      float mx = lr[0];
+      for (int64_t v = 1; v < V; ++v) mx = std::max(mx, lr[v]);
+      double s = 0;
+      for (int64_t v = 0; v < V; ++v) s += std::exp(static_cast<double>(lr[v] - mx));
+      const double l = mx + std::log(s);
+      plse[t] = static_cast<float>(l);
+      part += l - lr[tg[t]];
+    }
+    total += part;
+  }
+  return valid ? total / static_cast<double>(valid) : 0.0;
+}
+
+void lm_head_cross_entropy_backward(Context& ctx, const CrossEntropyParams& p, const Tensor& h,
+                                    const Tensor& w, const Tensor& targets, const Tensor& lse,
+                                    float dloss, Tensor& dh, Tensor& dw) {
+  const int64_t valid = check_args(p, h, w, targets);
+  expect_shape(lse, {p.tokens}, "cross_entropy lse");
+  expect_shape(dh, {p.tokens, p.hidden}, "cross_entropy dh");
+  const bool want_dw = dw.defined();
+  if (want_dw) expect_shape(dw, {p.vocab, p.hidden}, "cross_entropy dw");
+  if (valid == 0) {
+    dh.zero_();
+    return;
+  }
+  const int32_t* tg = targets.i32();
+  const float* plse = lse.f32();
+  const int64_t V = p.vocab, D = p.hidden, chunk = std::min(p.chunk_tokens, p.tokens);
+  const float scale = dloss / static_cast<float>(valid);
+  ArenaScope scope(ctx.workspace());
+  // Logits are recomputed chunk by chunk and overwritten in place by dlogits.
+  float* g = ctx.workspace().alloc({chunk, V}).f32();
+  for (int64_t t0 = 0; t0 < p.tokens; t0 += chunk) {
+    const int64_t rows = std::min(chunk, p.tokens - t0);
+    chunk_logits(ctx, p, h, w, t0, rows, g);
+#pragma omp parallel for num_threads(ctx.threads()) schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t t = t0 + r;
+      float* gr = g + r * V;
+      if (tg[t] == p.ignore_index) {
+        for (int64_t v = 0; v < V; ++v) gr[v] = 0.f;
+        continue;
+      }
+      const float l = plse[t];
+      for (int64_t v = 0; v < V; ++v) gr[v] = scale * std::exp(gr[v] - l);
+      gr[tg[t]] -= scale;
+    }
+    gemm(ctx, false, false, rows, D, V, 1.f, g, V, w.f32(), D, 0.f, dh.f32() + t0 * D, D);
+    if (want_dw)
+      gemm(ctx, true, false, V, D, rows, 1.f, g, V, h.f32() + t0 * D, D, 1.f, dw.f32(), D);
+  }
+}
+
+void lm_head_logits(Context& ctx, const Tensor& h, const Tensor& w, Tensor& logits) {
+  MT_CHECK(h.ndim() == 2 && w.ndim() == 2 && h.dim(1) == w.dim(1), ShapeError, "lm_head_logits: h ",
+           h.shape(), " and lm_head weight ", w.shape(), " need the same hidden size");
+  expect_shape(logits, {h.dim(0), w.dim(0)}, "lm_head_logits logits");
+  matmul(ctx, h, false, w, true, logits);
+}
+
+}  // namespace mt::ops

@@ -1,0 +1,46 @@
+// Kimi Delta Attention core: the gated delta rule with a per-channel (diagonal) decay.
+//
+// Per document, per head, with state S [K, V] (rows are key channels), token by token:
+//   S <- diag(exp(g_t)) S;  S <- S + beta_t k_t (v_t - S^T k_t)^T;  o_t = S^T (scale q_t).
+// Layout is head-last: q, k, g [T, H, K]; v, o [T, H, V]; beta [T, H]. Documents are packed and
+// delimited by cu_seqlens (i32 [N + 1]); each starts from its own h0 [N, H, K, V] (undefined:
+// zeros) and leaves its final state in hT [N, H, K, V]. g is a log decay and must be <= 0 (the
+// chunked form relies on it: every exponent it takes is then non-positive).
+//
+// Two algorithms with one signature: the token-by-token recurrence (saves the state entering
+// every token, [T, H, K, V]) and the chunked WY form (saves the state entering every chunk,
+// [chunks, H, K, V], and recomputes the rest in backward). Documents never share a chunk.
+#pragma once
+
+#include "core/context.h"
+#include "core/tensor.h"
+
+namespace mt::ops {
+
+struct KdaParams {
+  int64_t tokens = 0, heads = 0, head_k = 0, head_v = 0;
+  int64_t num_seqs = 0;  // N: cu_seqlens has N + 1 entries
+  float scale = 0.f;     // 0: head_k^-0.5
+  bool chunked = true;   // false: token-by-token recurrence
+  int64_t chunk = 64;    // chunk length of the chunked form; a document's last chunk may be shorter
+  float qk_scale() const;
+};
+
+// Leading dimension of the `saved` tensor [rows, heads, head_k, head_v] for these documents:
+// tokens (recurrent) or the number of chunks (chunked).
+int64_t kda_saved_rows(const KdaParams& p, const Tensor& cu_seqlens);
+
+// o written; hT written when defined; h0 may be undefined (zero initial states); saved receives
+// what backward needs and must stay untouched until then.
+void kda_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
+                 const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                 const Tensor& h0, Tensor& o, Tensor& hT, Tensor& saved);
+
+// All gradients are written (=): dq, dk, dv, dg, dbeta, and dh0 when defined. dhT may be
+// undefined (the final state does not reach the loss).
+void kda_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
+                  const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                  const Tensor& saved, const Tensor& dout, const Tensor& dhT, Tensor& dq,
+                  Tensor& dk, Tensor& dv, Tensor& dg, Tensor& dbeta, Tensor& dh0);
+
+}  // namespace mt::ops

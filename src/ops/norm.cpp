@@ -1,0 +1,235 @@
+#include "ops/norm.h"
+
+#include <omp.h>
+
+#include <cmath>
+
+#include "core/arena.h"
+
+namespace mt::ops {
+
+namespace {
+
+void check_rows(const NormParams& p, const Tensor& t, const char* what) {
+  expect_shape(t, {p.rows, p.dim}, what);
+}
+
+void check_params(const NormParams& p) {
+  MT_CHECK(p.rows >= 0 && p.dim > 0, ValueError, "norm: bad sizes rows=", p.rows, " dim=", p.dim);
+  MT_CHECK(p.eps >= 0, ValueError, "norm: eps must be >= 0, got ", p.eps);
+}
+
+// Per-thread partial column sums (one row of `partial` per thread) added into `dst` at the end:
+// rows are split across threads, so the weight gradient needs a reduction.
+void reduce_partials(const Tensor& partial, int64_t dim, float* dst) {
+  const float* pp = partial.f32();
+  for (int64_t t = 0; t < partial.dim(0); ++t)
+    for (int64_t d = 0; d < dim; ++d) dst[d] += pp[t * dim + d];
+}
+
+}  // namespace
+
+void rmsnorm_forward(Context& ctx, const NormParams& p, const Tensor& x, const Tensor& w, Tensor& y,
+                     Tensor& rstd) {
+  check_params(p);
+  check_rows(p, x, "rmsnorm x");
+  check_rows(p, y, "rmsnorm y");
+  expect_shape(w, {p.dim}, "rmsnorm weight");
+  expect_shape(rstd, {p.rows}, "rmsnorm rstd");
+  const float* px = x.f32();
+  const float* pw = w.f32();
+  float* py = y.f32();
+  float* pr = rstd.f32();
+  const int64_t D = p.dim;
+#pragma omp parallel for num_threads(ctx.threads()) schedule(static)
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const float* xr = px + r * D;
+    double ss = 0;
+    for (int64_t d = 0; d < D; ++d) ss += static_cast<double>(xr[d]) * xr[d];
+    const float rs = static_cast<float>(1.0 / std::sqrt(ss / D + p.eps));
+    pr[r] = rs;
+    float* yr = py + r * D;
+    for (int64_t d = 0; d < D; ++d) yr[d] = xr[d] * rs * pw[d];
+  }
+}
+
+void rmsnorm_backward(Context& ctx, const NormParams& p, const Tensor& x, const Tensor& w,
+                      const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dw) {
+  check_params(p);
+  check_rows(p, x, "rmsnorm x");
+  check_rows(p, dy, "rmsnorm dy");
+  check_rows(p, dx, "rmsnorm dx");
+  expect_shape(w, {p.dim}, "rmsnorm weight");
+  expect_shape(rstd, {p.rows}, "rmsnorm rstd");
+  const bool want_dw = dw.defined();
+  if (want_dw) expect_shape(dw, {p.dim}, "rmsnorm dw");
+  const float* px = x.f32();
+  const float* pw = w.f32();
+  const float* pr = rstd.f32();
+  const float* pdy = dy.f32();
+  float* pdx = dx.f32();
+  const int64_t D = p.dim;
+  const int nt = ctx.threads();
+  ArenaScope scope(ctx.workspace());
+  Tensor partial = want_dw ? ctx.workspace().zeros({nt, D}) : Tensor();
+  float* part = want_dw ? partial.f32() : nullptr;
+#pragma omp parallel num_threads(nt)
+  {
+    float* mine = part ? part + static_cast<int64_t>(omp_get_thread_num()) * D : nullptr;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < p.rows; ++r) {
+      const float* xr = px + r * D;
+      const float* dyr = pdy + r * D;
+      const float rs = pr[r];
+      // dx = rstd * (g - xhat * mean(g * xhat)) with g = dy * w, xhat = x * rstd.
+      double dot = 0;
+      for (int64_t d = 0; d < D; ++d) dot += static_cast<double>(dyr[d]) * pw[d] * xr[d] * rs;
+      const float c = static_cast<float>(dot / D) * rs;
+      float* dxr = pdx + r * D;
+      for (int64_t d = 0; d < D; ++d) dxr[d] = rs * (dyr[d] * pw[d] - xr[d] * c);
+      if (mine)
+        for (int64_t d = 0; d < D; ++d) mine[d] += dyr[d] * xr[d] * rs;
+    }
+  }
+  if (want_dw) reduce_partials(partial, D, dw.f32());
+}
+
+void layernorm_forward(Context& ctx, const NormParams& p, const Tensor& x, const Tensor& w,
+                       const Tensor& b, Tensor& y, Tensor& mean, Tensor& rstd) {
+  check_params(p);
+  check_rows(p, x, "layernorm x");
+  check_rows(p, y, "layernorm y");
+  expect_shape(w, {p.dim}, "layernorm weight");
+  expect_shape(b, {p.dim}, "layernorm bias");
+  expect_shape(mean, {p.rows}, "layernorm mean");
+  expect_shape(rstd, {p.rows}, "layernorm rstd");
+  const float* px = x.f32();
+  const float* pw = w.f32();
+  const float* pb = b.f32();
+  float* py = y.f32();
+  float* pm = mean.f32();
+  float* pr = rstd.f32();
+  const int64_t D = p.dim;
+#pragma omp parallel for num_threads(ctx.threads()) schedule(static)
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const float* xr = px + r * D;
+    double s = 0;
+    for (int64_t d = 0; d < D; ++d) s += xr[d];
+    const double mu = s / D;
+    // Two passes: the variance of shifted values does not cancel catastrophically.
+    double v = 0;
+    for (int64_t d = 0; d < D; ++d) v += (xr[d] - mu) * (xr[d] - mu);
+    const float rs = static_cast<float>(1.0 / std::sqrt(v / D + p.eps));
+    const float m = static_cast<float>(mu);
+    pm[r] = m;
+    pr[r] = rs;
+    float* yr = py + r * D;
+    for (int64_t d = 0; d < D; ++d) yr[d] = (xr[d] - m) * rs * pw[d] + pb[d];
+  }
+}
+
+void layernorm_backward(Context& ctx, const NormParams& p, const Tensor& x, const Tensor& w,
+                        const Tensor& mean, const Tensor& rstd, const Tensor& dy, Tensor& dx,
+                        Tensor& dw, Tensor& db) {
+  check_params(p);
+  check_rows(p, x, "layernorm x");
+  check_rows(p, dy, "layernorm dy");
+  check_rows(p, dx, "layernorm dx");
+  expect_shape(w, {p.dim}, "layernorm weight");
+  expect_shape(mean, {p.rows}, "layernorm mean");
+  expect_shape(rstd, {p.rows}, "layernorm rstd");
+  const bool want_dw = dw.defined(), want_db = db.defined();
+  if (want_dw) expect_shape(dw, {p.dim}, "layernorm dw");
+  if (want_db) expect_shape(db, {p.dim}, "layernorm db");
+  const float* px = x.f32();
+  const float* pw = w.f32();
+  const float* pm = mean.f32();
+  const float* pr = rstd.f32();
+  const float* pdy = dy.f32();
+  float* pdx = dx.f32();
+  const int64_t D = p.dim;
+  const int nt = ctx.threads();
+  ArenaScope scope(ctx.workspace());
+  Tensor pw_part = want_dw ? ctx.workspace().zeros({nt, D}) : Tensor();
+  Tensor pb_part = want_db ? ctx.workspace().zeros({nt, D}) : Tensor();
+  float* wpart = want_dw ? pw_part.f32() : nullptr;
+  float* bpart = want_db ? pb_part.f32() : nullptr;
+#pragma omp parallel num_threads(nt)
+  {
+    const int64_t off = static_cast<int64_t>(omp_get_thread_num()) * D;
+    float* wmine = wpart ? wpart + off : nullptr;
+    float* bmine = bpart ? bpart + off : nullptr;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < p.rows; ++r) {
+      const float* xr = px + r * D;
+      const float* dyr = pdy + r * D;
+      const float m = pm[r], rs = pr[r];
+      // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * w.
+      double sg = 0, sgx = 0;
+      for (int64_t d = 0; d < D; ++d) {
+        const double g = static_cast<double>(dyr[d]) * pw[d];
+        sg += g;
+        sgx += g * (xr[d] - m) * rs;
+      }
+      const float mg = static_cast<float>(sg / D), mgx = static_cast<float>(sgx / D);
+      float* dxr = pdx + r * D;
+      for (int64_t d = 0; d < D; ++d) {
+        const float xh = (xr[d] - m) * rs;
+        dxr[d] = rs * (dyr[d] * pw[d] - mg - xh * mgx);
+        if (wmine) wmine[d] += dyr[d] * xh;
+        if (bmine) bmine[d] += dyr[d];
+      }
+    }
+  }
+  if (want_dw) reduce_partials(pw_part, D, dw.f32());
+  if (want_db) reduce_partials(pb_part, D, db.f32());
+}
+
+void l2norm_forward(Context& ctx, const NormParams& p, const Tensor& x, Tensor& y, Tensor& rstd) {
+  check_params(p);
+  check_rows(p, x, "l2norm x");
+  check_rows(p, y, "l2norm y");
+  expect_shape(rstd, {p.rows}, "l2norm rstd");
+  const float* px = x.f32();
+  float* py = y.f32();
+  float* pr = rstd.f32();
+  const int64_t D = p.dim;
+#pragma omp parallel for num_threads(ctx.threads()) schedule(static)
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const float* xr = px + r * D;
+    double ss = 0;
+    for (int64_t d = 0; d < D; ++d) ss += static_cast<double>(xr[d]) * xr[d];
+    const float rs = static_cast<float>(1.0 / std::sqrt(ss + p.eps));
+    pr[r] = rs;
+    float* yr = py + r * D;
+    for (int64_t d = 0; d < D; ++d) yr[d] = xr[d] * rs;
+  }
+}
+
+void l2norm_backward(Context& ctx, const NormParams& p, const Tensor& x, const Tensor& rstd,
+                     const Tensor& dy, Tensor& dx) {
+  check_params(p);
+  check_rows(p, x, "l2norm x");
+  check_rows(p, dy, "l2norm dy");
+  check_rows(p, dx, "l2norm dx");
+  expect_shape(rstd, {p.rows}, "l2norm rstd");
+  const float* px = x.f32();
+  const float* pr = rstd.f32();
+  const float* pdy = dy.f32();
+  float* pdx = dx.f32();
+  const int64_t D = p.dim;
+#pragma omp parallel for num_threads(ctx.threads()) schedule(static)
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const float* xr = px + r * D;
+    const float* dyr = pdy + r * D;
+    const float rs = pr[r];
+    // dx = rstd * (dy - y * <dy, y>) with y = x * rstd.
+    double dot = 0;
+    for (int64_t d = 0; d < D; ++d) dot += static_cast<double>(dyr[d]) * xr[d] * rs;
+    const float c = static_cast<float>(dot) * rs;
+    float* dxr = pdx + r * D;
+    for (int64_t d = 0; d < D; ++d) dxr[d] = rs * (dyr[d] - xr[d] * c);
+  }
+}
+
+}  // namespace mt::ops

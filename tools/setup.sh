@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs the Debian packages moetrain builds against, skipping what is already there.
+set -euo pipefail
+pkgs=(cmake ninja-build g++ make libopenblas-dev nlohmann-json3-dev libgtest-dev libgmock-dev
+      libbenchmark-dev clang-format libcli11-dev libtomlplusplus-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
