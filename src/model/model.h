@@ -1,0 +1,76 @@
+// The hybrid decoder: embedding, pre-norm blocks (mixer = KDA | gated DSA | MLA, then FFN =
+// dense SwiGLU | latent MoE, each with a residual), final RMSNorm, LM head fused with the
+// chunked cross-entropy. Forward keeps activations in one arena sized from the same plan the
+// planner reads (activation_bytes); backward adds every trainable parameter's gradient.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/arena.h"
+#include "core/context.h"
+#include "core/seq_info.h"
+#include "model/layer.h"
+#include "model/model_config.h"
+#include "model/param_store.h"
+
+namespace mt {
+
+struct ModelOptions {
+  // Train only LoRA adapters: base weights get no gradient buffer and no optimizer state.
+  bool freeze_base = false;
+};
+
+// One parameter of a model as declared, without allocating it (for counting and planning).
+struct NamedSpec {
+  std::string name;  // full HF name
+  ParamSpec spec;
+};
+std::vector<NamedSpec> model_param_specs(const ModelConfig& cfg);
+
+std::unique_ptr<Layer> make_mixer(const ModelConfig& cfg, MixerKind kind);
+std::unique_ptr<Layer> make_ffn(const ModelConfig& cfg, FfnKind kind);
+
+class Model {
+ public:
+  Model(const ModelConfig& cfg, uint64_t seed, const ModelOptions& opt = {});
+
+  const ModelConfig& config() const { return cfg_; }
+  ParamStore& params() { return params_; }
+  const ParamStore& params() const { return params_; }
+  int num_layers() const { return static_cast<int>(mixers_.size()); }
+  Layer& mixer(int i) { return *mixers_.at(static_cast<size_t>(i)); }
+  Layer& ffn(int i) { return *ffns_.at(static_cast<size_t>(i)); }
+
+  // Bytes of the activation arena for one step over `seq`.
+  size_t activation_bytes(const SeqInfo& seq) const;
+
+  // ids, targets: i32 [tokens] (targets may hold ignore_index = -100). Returns the mean
+  // cross-entropy over non-ignored targets; activations stay alive until backward().
+  double forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const Tensor& targets);
+  // Adds d(loss)/d(param) into every trainable gradient (cross-entropy, plus each layer's own
+  // auxiliary losses with their weights).
+  void backward(Context& ctx);
+  // Auxiliary losses of the last forward, summed by name over layers.
+  std::vector<AuxLoss> aux_losses() const;
+
+ private:
+  void plan(const SeqInfo& seq, ArenaPlan& p) const;
+
+  ModelConfig cfg_;
+  ParamStore params_;
+  ParamRef embed_, lm_head_, final_norm_;
+  std::vector<ParamRef> norm_in_, norm_post_;
+  std::vector<std::unique_ptr<Layer>> mixers_, ffns_;
+
+  // State of the last forward (views into acts_).
+  Arena acts_;
+  SeqInfo seq_;
+  Tensor ids_, targets_;
+  std::vector<Tensor> resid_, normed_in_, rstd_in_, mid_, normed_post_, rstd_post_;
+  Tensor final_h_, final_rstd_, lse_;
+  bool have_forward_ = false;
+};
+
+}  // namespace mt
