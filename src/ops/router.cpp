@@ -19,9 +19,8 @@ void check_params(const RouterParams& p) {
            " experts do not split into ", p.n_group, " groups");
   MT_CHECK(p.topk_group > 0 && p.topk_group <= p.n_group, ValueError, "router: topk_group ",
            p.topk_group, " of ", p.n_group, " groups");
-  MT_CHECK(p.top_k <= p.topk_group * (p.experts / p.n_group), ValueError, "router: top_k ",
-           p.top_k, " exceeds the ", p.topk_group * (p.experts / p.n_group),
-           " experts of the kept groups");
+  MT_CHECK(p.top_k <= p.topk_group * (p.experts / p.n_group), ValueError, "router: top_k ", p.top_k,
+           " exceeds the ", p.topk_group * (p.experts / p.n_group), " experts of the kept groups");
 }
 
 // Descending value, lower index first on ties: a strict weak order that makes selection
@@ -122,8 +121,8 @@ void router_forward(Context& ctx, const RouterParams& p, const Tensor& logits, c
 
     double denom = 0;
     for (int64_t j = 0; j < K; ++j) denom += s[idx[j]];
-    const double scale =
-        p.norm_topk_prob ? p.routed_scaling / (denom + kNormEps) : static_cast<double>(p.routed_scaling);
+    const double scale = p.norm_topk_prob ? p.routed_scaling / (denom + kNormEps)
+                                          : static_cast<double>(p.routed_scaling);
     for (int64_t j = 0; j < K; ++j) {
       pid[t * K + j] = idx[j];
       pw[t * K + j] = static_cast<float>(s[idx[j]] * scale);
@@ -233,7 +232,8 @@ void router_seq_aux_backward(Context& ctx, const RouterParams& p, const SeqInfo&
     float* f = pf + d * E;
     for (int64_t t = b; t < b + n; ++t)
       for (int64_t j = 0; j < K; ++j) f[pid[t * K + j]] += 1.0f;
-    for (int64_t i = 0; i < E; ++i) f[i] *= static_cast<float>(static_cast<double>(E) / static_cast<double>(K * n));
+    for (int64_t i = 0; i < E; ++i)
+      f[i] *= static_cast<float>(static_cast<double>(E) / static_cast<double>(K * n));
   }
   const std::vector<int64_t>& off = seq.offsets;
 #pragma omp parallel for num_threads(ctx.threads()) schedule(dynamic)

@@ -9,9 +9,9 @@
 // scored from its selection scores, the best topk_group groups are kept and top-k runs among their
 // experts. Group score: the sum of the two largest selection scores for sigmoid scoring
 // (DeepSeek-V3: a group is worth keeping when it holds more than one good expert, which a max would
-// not see), the largest one for softmax scoring (DeepSeek-V2). Groups of one expert use that expert.
-// Ties (experts or groups) go to the lower index. Experts of a token are ordered by descending
-// selection score.
+// not see), the largest one for softmax scoring (DeepSeek-V2). Groups of one expert use that
+// expert. Ties (experts or groups) go to the lower index. Experts of a token are ordered by
+// descending selection score.
 //
 // Gradient contract: router_backward writes dlogits; the aux/z-loss backwards add into it.
 #pragma once

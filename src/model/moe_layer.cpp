@@ -1,0 +1,315 @@
+#include "model/moe_layer.h"
+
+#include <algorithm>
+
+#include "ops/activation.h"
+#include "ops/gemm.h"
+#include "ops/moe_dispatch.h"
+
+namespace mt {
+
+namespace {
+
+constexpr float kInitStd = 0.02f;
+
+}  // namespace
+
+MoeLayer::MoeLayer(const MoeConfig& cfg) : cfg_(cfg) {
+  MT_CHECK(cfg.hidden > 0 && cfg.latent > 0 && cfg.latent <= cfg.hidden, ConfigError,
+           "moe: latent ", cfg.latent, " must be in (0, hidden ", cfg.hidden, "]");
+  MT_CHECK(cfg.num_experts > 0 && cfg.top_k > 0 && cfg.top_k <= cfg.num_experts, ConfigError,
+           "moe: top_k ", cfg.top_k, " of ", cfg.num_experts, " experts");
+  MT_CHECK(cfg.expert_ffn > 0, ConfigError, "moe: expert_ffn ", cfg.expert_ffn);
+  MT_CHECK(cfg.num_shared >= 0 && (cfg.num_shared == 0 || cfg.shared_ffn > 0), ConfigError,
+           "moe: ", cfg.num_shared, " shared experts of width ", cfg.shared_ffn);
+  MT_CHECK(cfg.expert_lora.rank >= 0, ConfigError, "moe: expert LoRA rank ", cfg.expert_lora.rank);
+  if (has_latent()) {
+    latent_down_ = LinearModule("latent_down_proj", cfg.hidden, cfg.latent, cfg.lora, kInitStd);
+    latent_up_ = LinearModule("latent_up_proj", cfg.latent, cfg.hidden, cfg.lora, kInitStd);
+  }
+  if (cfg.num_shared > 0) {
+    const int64_t S = shared_width();
+    shared_gate_ = LinearModule("shared_experts.gate_proj", cfg.hidden, S, cfg.lora, kInitStd);
+    shared_up_ = LinearModule("shared_experts.up_proj", cfg.hidden, S, cfg.lora, kInitStd);
+    shared_down_ = LinearModule("shared_experts.down_proj", S, cfg.hidden, cfg.lora, kInitStd);
+  }
+  load_.assign(static_cast<size_t>(cfg.num_experts), 0);
+}
+
+ops::RouterParams MoeLayer::router_params(int64_t tokens) const {
+  return {.tokens = tokens,
+          .experts = cfg_.num_experts,
+          .top_k = cfg_.top_k,
+          .score = cfg_.score == RouterScore::Softmax ? ops::ScoreFunc::Softmax
+                                                      : ops::ScoreFunc::Sigmoid,
+          .n_group = cfg_.n_group,
+          .topk_group = cfg_.topk_group,
+          .norm_topk_prob = cfg_.norm_topk_prob,
+          .routed_scaling = cfg_.routed_scaling};
+}
+
+ops::GroupedFfnParams MoeLayer::ffn_params(int64_t tokens) const {
+  return {.rows = tokens * cfg_.top_k,
+          .experts = cfg_.num_experts,
+          .in = cfg_.latent,
+          .ffn = cfg_.expert_ffn,
+          .lora_rank = cfg_.expert_lora.rank,
+          .lora_alpha = cfg_.expert_lora.alpha};
+}
+
+std::vector<ParamSpec> MoeLayer::param_specs() const {
+  const int64_t E = cfg_.num_experts, d = cfg_.hidden, l = cfg_.latent, F = cfg_.expert_ffn;
+  const int64_t r = cfg_.expert_lora.rank;
+  std::vector<ParamSpec> s;
+  s.push_back({.name = "gate.weight", .shape = {E, d}, .std = kInitStd});
+  if (cfg_.selection_bias)
+    s.push_back({.name = "gate.e_score_correction_bias",
+                 .shape = {E},
+                 .init = ParamInit::Zeros,
+                 .role = ParamRole::Buffer});
+  if (has_latent()) {
+    latent_down_.add_specs(s);
+    latent_up_.add_specs(s);
+  }
+  s.push_back({.name = "experts.gate_up_proj",
+               .shape = {E, 2 * F, l},
+               .std = kInitStd,
+               .role = ParamRole::Expert});
+  s.push_back({.name = "experts.down_proj",
+               .shape = {E, l, F},
+               .std = kInitStd,
+               .role = ParamRole::Expert});
+  if (r > 0) {
+    // As PEFT does: A random, B zero, so the adapted model starts equal to the base.
+    s.push_back({.name = "experts.gate_up_lora_A",
+                 .shape = {E, r, l},
+                 .std = kInitStd,
+                 .role = ParamRole::Lora});
+    s.push_back({.name = "experts.gate_up_lora_B",
+                 .shape = {E, 2 * F, r},
+                 .init = ParamInit::Zeros,
+                 .role = ParamRole::Lora});
+    s.push_back({.name = "experts.down_lora_A",
+                 .shape = {E, r, F},
+                 .std = kInitStd,
+                 .role = ParamRole::Lora});
+    s.push_back({.name = "experts.down_lora_B",
+                 .shape = {E, l, r},
+                 .init = ParamInit::Zeros,
+                 .role = ParamRole::Lora});
+  }
+  if (cfg_.num_shared > 0) {
+    shared_gate_.add_specs(s);
+    shared_up_.add_specs(s);
+    shared_down_.add_specs(s);
+  }
+  return s;
+}
+
+void MoeLayer::bind(const ParamTable& params) {
+  const int64_t E = cfg_.num_experts, d = cfg_.hidden, l = cfg_.latent, F = cfg_.expert_ffn;
+  const int64_t r = cfg_.expert_lora.rank;
+  gate_ = need_param(params, "gate.weight", {E, d});
+  bias_ =
+      cfg_.selection_bias ? need_param(params, "gate.e_score_correction_bias", {E}) : ParamRef{};
+  if (has_latent()) {
+    latent_down_.bind(params);
+    latent_up_.bind(params);
+  }
+  ParamRef gu = need_param(params, "experts.gate_up_proj", {E, 2 * F, l});
+  ParamRef dn = need_param(params, "experts.down_proj", {E, l, F});
+  experts_ = {.gate_up = gu.value, .down = dn.value};
+  experts_grad_ = {.gate_up = gu.grad, .down = dn.grad};
+  if (r > 0) {
+    ParamRef gua = need_param(params, "experts.gate_up_lora_A", {E, r, l});
+    ParamRef gub = need_param(params, "experts.gate_up_lora_B", {E, 2 * F, r});
+    ParamRef dna = need_param(params, "experts.down_lora_A", {E, r, F});
+    ParamRef dnb = need_param(params, "experts.down_lora_B", {E, l, r});
+    experts_.gate_up_a = gua.value;
+    experts_.gate_up_b = gub.value;
+    experts_.down_a = dna.value;
+    experts_.down_b = dnb.value;
+    experts_grad_.gate_up_a = gua.grad;
+    experts_grad_.gate_up_b = gub.grad;
+    experts_grad_.down_a = dna.grad;
+    experts_grad_.down_b = dnb.grad;
+  }
+  if (cfg_.num_shared > 0) {
+    shared_gate_.bind(params);
+    shared_up_.bind(params);
+    shared_down_.bind(params);
+  }
+}
+
+void MoeLayer::plan_activations(const SeqInfo& seq, ArenaPlan& plan) const {
+  const int64_t T = seq.tokens, E = cfg_.num_experts, K = cfg_.top_k, l = cfg_.latent;
+  const int64_t N = T * K;
+  plan.add({T, E});  // logits
+  plan.add({T, E});  // scores
+  plan.add({T, K}, DType::I32);
+  plan.add({T, K});
+  plan.add({N}, DType::I32);  // perm
+  plan.add({N}, DType::I32);  // inv
+  plan.add({E + 1}, DType::I32);
+  if (has_latent()) {
+    plan.add({T, l});
+    latent_down_.plan(T, plan);
+  }
+  plan.add({N, l});  // gathered rows
+  ops::grouped_ffn_plan(ffn_params(T), plan);
+  plan.add({N, l});  // expert outputs
+  if (has_latent()) {
+    plan.add({T, l});
+    latent_up_.plan(T, plan);
+  }
+  if (cfg_.num_shared > 0) {
+    const int64_t S = shared_width();
+    for (int i = 0; i < 3; ++i) plan.add({T, S});
+    shared_gate_.plan(T, plan);
+    shared_up_.plan(T, plan);
+    shared_down_.plan(T, plan);
+  }
+}
+
+void MoeLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y, Arena& acts) {
+  const int64_t T = seq.tokens, E = cfg_.num_experts, K = cfg_.top_k, d = cfg_.hidden;
+  const int64_t l = cfg_.latent, N = T * K;
+  expect_shape(x, {T, d}, "moe input");
+  expect_shape(y, {T, d}, "moe output");
+  MT_CHECK(gate_.value.defined(), InternalError, "moe layer used before bind");
+  const ops::RouterParams rp = router_params(T);
+  x_ = x;
+
+  logits_ = acts.alloc({T, E});
+  ops::gemm(ctx, false, true, T, E, d, 1.f, x.f32(), d, gate_.value.f32(), d, 0.f, logits_.f32(),
+            E);
+  scores_ = acts.alloc({T, E});
+  ids_ = acts.alloc({T, K}, DType::I32);
+  weights_ = acts.alloc({T, K});
+  ops::router_forward(ctx, rp, logits_, bias_.value, scores_, ids_, weights_);
+  seq_aux_ = ops::router_seq_aux_loss(ctx, rp, seq, scores_, ids_);
+  z_ = ops::router_z_loss(ctx, rp, logits_);
+
+  perm_ = acts.alloc({N}, DType::I32);
+  inv_ = acts.alloc({N}, DType::I32);
+  offsets_ = acts.alloc({E + 1}, DType::I32);
+  ops::moe_dispatch_plan(ctx, ids_, E, perm_, inv_, offsets_);
+  for (int64_t e = 0; e < E; ++e) load_[e] += offsets_.i32()[e + 1] - offsets_.i32()[e];
+
+  if (has_latent()) {
+    x_lat_ = acts.alloc({T, l});
+    latent_down_.forward(ctx, x, x_lat_, acts);
+  } else {
+    x_lat_ = x;
+  }
+  rows_ = acts.alloc({N, l});
+  ops::moe_gather(ctx, x_lat_, perm_, K, rows_);
+  const ops::GroupedFfnParams fp = ffn_params(T);
+  saved_ = ops::grouped_ffn_alloc_saved(fp, acts);
+  rows_out_ = acts.alloc({N, l});
+  ops::grouped_ffn_forward(ctx, fp, rows_, offsets_, experts_, rows_out_, saved_);
+  if (has_latent()) {
+    y_lat_ = acts.alloc({T, l});
+    ops::moe_combine(ctx, rows_out_, weights_, inv_, y_lat_);
+    latent_up_.forward(ctx, y_lat_, y, acts);
+  } else {
+    ops::moe_combine(ctx, rows_out_, weights_, inv_, y);
+  }
+
+  if (cfg_.num_shared > 0) {
+    const int64_t S = shared_width();
+    sh_gate_ = acts.alloc({T, S});
+    sh_up_ = acts.alloc({T, S});
+    sh_h_ = acts.alloc({T, S});
+    shared_gate_.forward(ctx, x, sh_gate_, acts);
+    shared_up_.forward(ctx, x, sh_up_, acts);
+    ops::swiglu_forward(ctx, sh_gate_, sh_up_, sh_h_);
+    ArenaScope scope(ctx.workspace());
+    Tensor ys = ctx.workspace().alloc({T, d});
+    shared_down_.forward(ctx, sh_h_, ys, acts);
+    float* py = y.f32();
+    const float* ps = ys.f32();
+    const int64_t n = T * d;
+#pragma omp parallel for num_threads(ctx.threads()) schedule(static)
+    for (int64_t i = 0; i < n; ++i) py[i] += ps[i];
+  }
+}
+
+void MoeLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx) {
+  const int64_t T = seq.tokens, E = cfg_.num_experts, K = cfg_.top_k, d = cfg_.hidden;
+  const int64_t l = cfg_.latent, N = T * K;
+  MT_CHECK(x_.defined() && x_.dim(0) == T, InternalError,
+           "moe backward without a matching forward");
+  expect_shape(dy, {T, d}, "moe dy");
+  expect_shape(dx, {T, d}, "moe dx");
+  ArenaScope scope(ctx.workspace());
+  Arena& ws = ctx.workspace();
+  bool dx_written = false;
+
+  if (cfg_.num_shared > 0) {
+    const int64_t S = shared_width();
+    Tensor dh = ws.alloc({T, S}), dg = ws.alloc({T, S}), du = ws.alloc({T, S});
+    shared_down_.backward(ctx, dy, dh);
+    ops::swiglu_backward(ctx, sh_gate_, sh_up_, dh, dg, du);
+    shared_gate_.backward(ctx, dg, dx);
+    shared_up_.backward(ctx, du, dx, /*accumulate_dx=*/true);
+    dx_written = true;
+  }
+
+  Tensor dy_lat = dy;
+  if (has_latent()) {
+    dy_lat = ws.alloc({T, l});
+    latent_up_.backward(ctx, dy, dy_lat);
+  }
+  Tensor drows_out = ws.alloc({N, l}), dweights = ws.alloc({T, K});
+  ops::moe_combine_backward(ctx, rows_out_, weights_, inv_, dy_lat, drows_out, dweights);
+  Tensor drows = ws.alloc({N, l});
+  ops::grouped_ffn_backward(ctx, ffn_params(T), rows_, offsets_, experts_, saved_, drows_out, drows,
+                            experts_grad_);
+  if (has_latent()) {
+    Tensor dx_lat = ws.alloc({T, l});
+    ops::moe_gather_backward(ctx, drows, inv_, K, dx_lat);
+    latent_down_.backward(ctx, dx_lat, dx, dx_written);
+  } else {
+    ops::moe_gather_backward(ctx, drows, inv_, K, dx, dx_written);
+  }
+
+  // Router: gate weights, then the balance losses with their coefficients.
+  const ops::RouterParams rp = router_params(T);
+  Tensor dlogits = ws.alloc({T, E});
+  ops::router_backward(ctx, rp, scores_, ids_, dweights, dlogits);
+  if (cfg_.seq_aux_coeff != 0.f)
+    ops::router_seq_aux_backward(ctx, rp, seq, scores_, ids_, cfg_.seq_aux_coeff, dlogits);
+  if (cfg_.z_loss_coeff != 0.f)
+    ops::router_z_loss_backward(ctx, rp, logits_, cfg_.z_loss_coeff, dlogits);
+  if (gate_.trainable())
+    ops::gemm(ctx, true, false, E, d, T, 1.f, dlogits.f32(), E, x_.f32(), d, 1.f, gate_.grad.f32(),
+              d);
+  ops::gemm(ctx, false, false, T, d, E, 1.f, dlogits.f32(), E, gate_.value.f32(), d, 1.f, dx.f32(),
+            d);
+}
+
+std::vector<AuxLoss> MoeLayer::aux_losses() const {
+  return {{"router_seq_aux", seq_aux_, cfg_.seq_aux_coeff}, {"router_z", z_, cfg_.z_loss_coeff}};
+}
+
+void MoeLayer::reset_expert_load() {
+  std::fill(load_.begin(), load_.end(), int64_t{0});
+}
+
+void MoeLayer::update_selection_bias() {
+  update_selection_bias(load_);
+  reset_expert_load();
+}
+
+void MoeLayer::update_selection_bias(const std::vector<int64_t>& load) {
+  if (!cfg_.selection_bias) return;
+  MT_CHECK(static_cast<int64_t>(load.size()) == cfg_.num_experts, ShapeError, "expert load has ",
+           load.size(), " entries, expected ", cfg_.num_experts);
+  MT_CHECK(bias_.value.defined(), InternalError, "moe bias update before bind");
+  Tensor l = Tensor::empty({cfg_.num_experts}, DType::I64);
+  std::copy(load.begin(), load.end(), l.i64());
+  ops::router_bias_update(l, cfg_.bias_update_rate, bias_.value);
+}
+
+}  // namespace mt

@@ -1,0 +1,73 @@
+// Latent Mixture-of-Experts block (Nemotron-3 LatentMoE layout, DeepSeek-V3 routing):
+//   logits = x W_gate^T on the full hidden size; router -> (expert ids, gate weights)
+//   x_lat  = latent_down_proj(x)                       (absent when latent == hidden)
+//   y_lat  = sum_slot w_slot * Expert_slot(x_lat)      (dispatch, grouped SwiGLU, combine)
+//   y      = latent_up_proj(y_lat) + shared_experts(x) (shared: one SwiGLU on the full width)
+// Routing is computed on x, the experts run on l-dim tokens, so dispatch traffic and expert
+// weights shrink by hidden / latent.
+//
+// Parameters (local HF-like names): gate.weight [E, d]; gate.e_score_correction_bias [E]
+// (Buffer, only with selection_bias); latent_{down,up}_proj.weight (only when latent < hidden);
+// experts.gate_up_proj [E, 2F, l], experts.down_proj [E, l, F] (Expert role); with expert LoRA
+// experts.{gate_up,down}_lora_{A,B} (Lora role, so they train with a frozen base; they carry a
+// leading expert dimension like the base tensors); shared_experts.{gate,up,down}_proj.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/config.h"
+#include "model/layer.h"
+#include "model/linear_module.h"
+#include "ops/grouped_ffn.h"
+#include "ops/router.h"
+
+namespace mt {
+
+class MoeLayer : public Layer {
+ public:
+  explicit MoeLayer(const MoeConfig& cfg);
+
+  std::vector<ParamSpec> param_specs() const override;
+  void bind(const ParamTable& params) override;
+  void plan_activations(const SeqInfo& seq, ArenaPlan& plan) const override;
+  void forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y, Arena& acts) override;
+  void backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx) override;
+  // "router_seq_aux" and "router_z" of the last forward (unweighted values, weights = the config
+  // coefficients); backward applies their gradients when the coefficient is non-zero.
+  std::vector<AuxLoss> aux_losses() const override;
+
+  // (token, slot) pairs routed to each expert, summed over the forwards since the last
+  // reset_expert_load() / update_selection_bias() (so gradient accumulation counts a whole step).
+  const std::vector<int64_t>& expert_load() const { return load_; }
+  void reset_expert_load();
+  // Aux-loss-free balancing after the optimizer step: b_i += rate * sign(mean(load) - load_i).
+  // The first form uses this layer's expert_load() and resets it; the second takes a load summed
+  // across ranks. No-op without selection_bias.
+  void update_selection_bias();
+  void update_selection_bias(const std::vector<int64_t>& load);
+
+  // Expert ids i32 [T, k] of the last forward (a view into its activations), for routing stats.
+  const Tensor& last_expert_ids() const { return ids_; }
+  const MoeConfig& config() const { return cfg_; }
+
+ private:
+  ops::RouterParams router_params(int64_t tokens) const;
+  ops::GroupedFfnParams ffn_params(int64_t tokens) const;
+  bool has_latent() const { return cfg_.latent < cfg_.hidden; }
+  int64_t shared_width() const { return cfg_.num_shared * cfg_.shared_ffn; }
+
+  MoeConfig cfg_;
+  LinearModule latent_down_, latent_up_, shared_gate_, shared_up_, shared_down_;
+  ParamRef gate_, bias_;
+  ops::GroupedFfnWeights experts_, experts_grad_;
+
+  // State of the last forward (views into acts, x kept by the caller).
+  Tensor x_, logits_, scores_, ids_, weights_, perm_, inv_, offsets_;
+  Tensor x_lat_, rows_, rows_out_, y_lat_, sh_gate_, sh_up_, sh_h_;
+  ops::GroupedFfnSaved saved_;
+  double seq_aux_ = 0, z_ = 0;
+  std::vector<int64_t> load_;
+};
+
+}  // namespace mt

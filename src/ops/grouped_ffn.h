@@ -1,0 +1,54 @@
+// Routed SwiGLU experts over rows already sorted by expert (ops/moe_dispatch.h): expert e owns
+// rows [offsets[e], offsets[e+1]) of x and computes, with one GEMM per projection and expert,
+//   gu = X_e Wgu_e^T,  h = silu(gu[:, :F]) * gu[:, F:],  y = h Wd_e^T.
+// Weights use the transformers-v5 fused layout: gate_up [E, 2F, in] (rows 0..F-1 gate, F..2F-1
+// up), down [E, in, F]. Optional per-expert LoRA (rank r, scale alpha / r) on both projections,
+// applied as (X A^T) B^T so Delta W = B A is never formed:
+//   gate_up_a [E, r, in], gate_up_b [E, 2F, r], down_a [E, r, F], down_b [E, in, r].
+// Gradient contract: dx is written; weight and LoRA grads accumulate (+=) and are skipped when
+// undefined (a frozen base, or no adapter).
+#pragma once
+
+#include <cstdint>
+
+#include "core/arena.h"
+#include "core/context.h"
+#include "core/tensor.h"
+
+namespace mt::ops {
+
+struct GroupedFfnParams {
+  int64_t rows = 0, experts = 0, in = 0, ffn = 0;
+  int64_t lora_rank = 0;  // 0: no adapter
+  float lora_alpha = 0;
+  float lora_scale() const { return lora_rank ? lora_alpha / static_cast<float>(lora_rank) : 0.f; }
+};
+
+// Weights, or their gradients (same shapes; undefined members are skipped).
+struct GroupedFfnWeights {
+  Tensor gate_up, down;
+  Tensor gate_up_a, gate_up_b, down_a, down_b;  // used only when lora_rank > 0
+};
+
+// What forward keeps for backward: the pre-activations and, with LoRA, the rank-r projections.
+// h is recomputed in backward from gate_up rather than stored.
+struct GroupedFfnSaved {
+  Tensor gate_up;  // [rows, 2F]
+  Tensor xa;       // [rows, r]: X A_gu^T
+  Tensor ha;       // [rows, r]: h A_down^T
+};
+
+void grouped_ffn_plan(const GroupedFfnParams& p, ArenaPlan& plan);
+GroupedFfnSaved grouped_ffn_alloc_saved(const GroupedFfnParams& p, Arena& arena);
+
+// x [rows, in], offsets i32 [E+1] (offsets[E] == rows) -> y [rows, in] (written).
+void grouped_ffn_forward(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
+                         const Tensor& offsets, const GroupedFfnWeights& w, Tensor& y,
+                         GroupedFfnSaved& saved);
+
+void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
+                          const Tensor& offsets, const GroupedFfnWeights& w,
+                          const GroupedFfnSaved& saved, const Tensor& dy, Tensor& dx,
+                          GroupedFfnWeights& grads);
+
+}  // namespace mt::ops

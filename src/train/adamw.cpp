@@ -1,0 +1,37 @@
+#include "train/adamw.h"
+
+namespace mt {
+
+AdamW::AdamW(const ParamStore& store, const AdamWOptions& opt) : opt_(opt) {
+  for (const auto& p : store.all()) {
+    if (!p->trainable()) continue;
+    m_.push_back(Tensor::zeros(p->value.shape()));
+    v_.push_back(Tensor::zeros(p->value.shape()));
+  }
+}
+
+double AdamW::step(Context& ctx, ParamStore& store, float lr) {
+  double norm = ops::clip_grad_norm(ctx, store.grads(), opt_.clip_norm);
+  ++step_;
+  const ops::AdamWParams hp{.lr = lr,
+                            .beta1 = opt_.beta1,
+                            .beta2 = opt_.beta2,
+                            .eps = opt_.eps,
+                            .weight_decay = opt_.weight_decay,
+                            .step = step_};
+  size_t i = 0;
+  for (const auto& p : store.all()) {
+    if (!p->trainable()) continue;
+    ops::adamw_step(ctx, hp, p->value, p->grad, m_[i], v_[i]);
+    ++i;
+  }
+  return norm;
+}
+
+int64_t AdamW::state_bytes() const {
+  int64_t b = 0;
+  for (size_t i = 0; i < m_.size(); ++i) b += static_cast<int64_t>(m_[i].bytes() + v_[i].bytes());
+  return b;
+}
+
+}  // namespace mt

@@ -1,0 +1,33 @@
+// AdamW over every trainable parameter of a ParamStore: fp32 first/second moments allocated only
+// for trainable parameters (frozen base weights cost nothing), global gradient-norm clipping.
+#pragma once
+
+#include <vector>
+
+#include "core/context.h"
+#include "model/param_store.h"
+#include "ops/optim.h"
+
+namespace mt {
+
+struct AdamWOptions {
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f;
+  double clip_norm = 1.0;  // <= 0: no clipping
+};
+
+class AdamW {
+ public:
+  AdamW(const ParamStore& store, const AdamWOptions& opt);
+  // Clips, then updates every trainable parameter with learning rate lr. Returns the gradient
+  // norm before clipping.
+  double step(Context& ctx, ParamStore& store, float lr);
+  int64_t steps() const { return step_; }
+  int64_t state_bytes() const;
+
+ private:
+  AdamWOptions opt_;
+  int64_t step_ = 0;
+  std::vector<Tensor> m_, v_;  // one pair per trainable parameter, in store order
+};
+
+}  // namespace mt

@@ -1,0 +1,174 @@
+#include <gtest/gtest.h>
+
+#include "harness/op_check.h"
+#include "ops/grouped_ffn.h"
+#include "ref/moe_ref.h"
+
+namespace mt::test {
+namespace {
+
+struct FfnSetup {
+  int64_t rows = 0, experts = 0, in = 0, ffn = 0, rank = 0;
+  float alpha = 16.f;
+  bool frozen_base = false;
+};
+
+// Row counts per expert with every third expert (1, 4, 7, ...) empty.
+void draw_offsets(Rng& rng, Tensor& t, int64_t rows) {
+  const int64_t E = t.numel() - 1;
+  std::vector<int32_t> cnt(static_cast<size_t>(E), 0);
+  std::vector<int64_t> pool;
+  for (int64_t e = 0; e < E; ++e)
+    if (e % 3 != 1) pool.push_back(e);
+  for (int64_t r = 0; r < rows; ++r) ++cnt[pool[rng.below(static_cast<int64_t>(pool.size()))]];
+  int32_t* o = t.i32();
+  o[0] = 0;
+  for (int64_t e = 0; e < E; ++e) o[e + 1] = o[e] + cnt[e];
+}
+
+class GroupedFfnCase : public OpCase {
+ public:
+  explicit GroupedFfnCase(FfnSetup s) : s_(s) {}
+  std::string name() const override {
+    return cat("grouped_ffn N", s_.rows, " E", s_.experts, " l", s_.in, " F", s_.ffn, " r", s_.rank,
+               s_.frozen_base ? " frozen" : "");
+  }
+  ops::GroupedFfnParams params() const {
+    return {.rows = s_.rows,
+            .experts = s_.experts,
+            .in = s_.in,
+            .ffn = s_.ffn,
+            .lora_rank = s_.rank,
+            .lora_alpha = s_.alpha};
+  }
+  std::vector<InputSpec> inputs() const override {
+    const int64_t E = s_.experts, l = s_.in, F = s_.ffn, r = s_.rank, N = s_.rows;
+    const bool base = !s_.frozen_base;
+    std::vector<InputSpec> in{{.name = "x", .shape = {N, l}},
+                              {.name = "offsets",
+                               .shape = {E + 1},
+                               .dtype = DType::I32,
+                               .differentiable = false,
+                               .init = [N](Rng& rng, Tensor& t) { draw_offsets(rng, t, N); }},
+                              {.name = "gate_up_proj",
+                               .shape = {E, 2 * F, l},
+                               .differentiable = base,
+                               .accumulate = true,
+                               .scale = 0.4},
+                              {.name = "down_proj",
+                               .shape = {E, l, F},
+                               .differentiable = base,
+                               .accumulate = true,
+                               .scale = 0.3}};
+    if (r > 0) {
+      in.push_back(
+          {.name = "gate_up_lora_A", .shape = {E, r, l}, .accumulate = true, .scale = 0.3});
+      in.push_back(
+          {.name = "gate_up_lora_B", .shape = {E, 2 * F, r}, .accumulate = true, .scale = 0.1});
+      in.push_back({.name = "down_lora_A", .shape = {E, r, F}, .accumulate = true, .scale = 0.3});
+      in.push_back({.name = "down_lora_B", .shape = {E, l, r}, .accumulate = true, .scale = 0.1});
+    }
+    return in;
+  }
+  std::vector<OutputSpec> outputs() const override { return {{"y"}}; }
+  static ops::GroupedFfnWeights pack(const std::vector<Tensor>& t, bool lora) {
+    ops::GroupedFfnWeights w{.gate_up = t[2], .down = t[3]};
+    if (lora) {
+      w.gate_up_a = t[4];
+      w.gate_up_b = t[5];
+      w.down_a = t[6];
+      w.down_b = t[7];
+    }
+    return w;
+  }
+  std::vector<Tensor> forward(Context& ctx, GuardedAlloc& alloc,
+                              const std::vector<Tensor>& in) override {
+    const auto p = params();
+    saved_.gate_up = alloc({p.rows, 2 * p.ffn});
+    if (p.lora_rank > 0) {
+      saved_.xa = alloc({p.rows, p.lora_rank});
+      saved_.ha = alloc({p.rows, p.lora_rank});
+    }
+    Tensor y = alloc({p.rows, p.in});
+    ops::grouped_ffn_forward(ctx, p, in[0], in[1], pack(in, s_.rank > 0), y, saved_);
+    return {y};
+  }
+  void backward(Context& ctx, GuardedAlloc&, const std::vector<Tensor>& in,
+                const std::vector<Tensor>& dout, std::vector<Tensor>& grads) override {
+    ops::GroupedFfnWeights g = pack(grads, s_.rank > 0);
+    ops::grouped_ffn_backward(ctx, params(), in[0], in[1], pack(in, s_.rank > 0), saved_, dout[0],
+                              grads[0], g);
+  }
+  std::vector<DVec> reference(const std::vector<DVec>& in) const override {
+    const int64_t E = s_.experts, l = s_.in;
+    ref::ExpertRefDims d{
+        .experts = E, .in = l, .ffn = s_.ffn, .lora_rank = s_.rank, .lora_alpha = s_.alpha};
+    ref::ExpertRefWeights w{.gate_up = &in[2], .down = &in[3]};
+    if (s_.rank > 0) {
+      w.gate_up_a = &in[4];
+      w.gate_up_b = &in[5];
+      w.down_a = &in[6];
+      w.down_b = &in[7];
+    }
+    DVec y(static_cast<size_t>(s_.rows * l));
+    for (int64_t e = 0; e < E; ++e)
+      for (auto i = static_cast<int64_t>(in[1][e]); i < static_cast<int64_t>(in[1][e + 1]); ++i) {
+        DVec row = ref::expert_ffn(d, w, e, &in[0][i * l]);
+        std::copy(row.begin(), row.end(), y.begin() + i * l);
+      }
+    return {y};
+  }
+
+ private:
+  FfnSetup s_;
+  ops::GroupedFfnSaved saved_;
+};
+
+TEST(GroupedFfn, ZeroTokenExperts) {
+  GroupedFfnCase c({.rows = 10, .experts = 8, .in = 19, .ffn = 23});
+  check_op(c);
+}
+
+TEST(GroupedFfn, OddSizes) {
+  GroupedFfnCase c({.rows = 53, .experts = 5, .in = 19, .ffn = 23});
+  check_op(c);
+}
+
+TEST(GroupedFfn, PerExpertLora) {
+  GroupedFfnCase c({.rows = 41, .experts = 7, .in = 19, .ffn = 23, .rank = 3, .alpha = 8.f});
+  check_op(c);
+}
+
+TEST(GroupedFfn, PerExpertLoraFrozenBase) {
+  GroupedFfnCase c({.rows = 29,
+                    .experts = 8,
+                    .in = 17,
+                    .ffn = 11,
+                    .rank = 4,
+                    .alpha = 6.f,
+                    .frozen_base = true});
+  check_op(c);
+}
+
+TEST(GroupedFfn, NoRows) {
+  GroupedFfnCase c({.rows = 0, .experts = 4, .in = 5, .ffn = 3, .rank = 2});
+  check_op(c);
+}
+
+TEST(GroupedFfn, BadOffsetsAreAnError) {
+  Context ctx;
+  ops::GroupedFfnParams p{.rows = 4, .experts = 2, .in = 3, .ffn = 2};
+  Tensor x = Tensor::zeros({4, 3}), off = Tensor::zeros({3}, DType::I32);
+  off.i32()[1] = 2;
+  off.i32()[2] = 3;  // does not reach rows
+  ops::GroupedFfnWeights w{.gate_up = Tensor::zeros({2, 4, 3}), .down = Tensor::zeros({2, 3, 2})};
+  ArenaPlan plan;
+  ops::grouped_ffn_plan(p, plan);
+  Arena acts(plan.bytes(), Device::CPU, "acts");
+  ops::GroupedFfnSaved saved = ops::grouped_ffn_alloc_saved(p, acts);
+  Tensor y = Tensor::empty({4, 3});
+  EXPECT_THROW(ops::grouped_ffn_forward(ctx, p, x, off, w, y, saved), ValueError);
+}
+
+}  // namespace
+}  // namespace mt::test
