@@ -20,8 +20,8 @@ inline DVec rope(const DVec& x, const DVec& positions, int64_t heads, int64_t he
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t base = (t * heads + h) * head_dim + rot_offset;
       for (int64_t i = 0; i < half; ++i) {
-        const double ang =
-            positions[t] * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rot_dim));
+        const double ang = positions[t] * std::pow(theta, -2.0 * static_cast<double>(i) /
+                                                              static_cast<double>(rot_dim));
         const int64_t p = half_split ? base + i : base + 2 * i;
         const int64_t q = half_split ? base + i + half : base + 2 * i + 1;
         y[p] = x[p] * std::cos(ang) - x[q] * std::sin(ang);
