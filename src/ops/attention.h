@@ -20,8 +20,8 @@ struct AttentionParams {
   int64_t tokens = 0, heads = 0;
   int64_t kv_heads = 0;  // 0: same as heads
   int64_t qk_dim = 0, v_dim = 0;
-  int64_t kmax = 0;   // slots per query row of `indices`
-  float scale = 0;    // softmax scale, applied to q.k
+  int64_t kmax = 0;  // slots per query row of `indices`
+  float scale = 0;   // softmax scale, applied to q.k
   int64_t kvh() const { return kv_heads ? kv_heads : heads; }
 };
 

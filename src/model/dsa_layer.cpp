@@ -1,0 +1,186 @@
+#include "model/dsa_layer.h"
+
+#include <cmath>
+
+#include "ops/indexer.h"
+#include "ops/norm.h"
+#include "ops/rope.h"
+
+namespace mt {
+
+namespace {
+MlaConfig checked_mla(const DsaConfig& cfg) {
+  MT_CHECK(cfg.mla.q_lora_rank > 0, ConfigError,
+           "dsa: the indexer reads the q latent, so q_lora_rank must be positive");
+  MT_CHECK(cfg.index_heads > 0 && cfg.index_head_dim > 0, ConfigError, "dsa: index_heads ",
+           cfg.index_heads, " and index_head_dim ", cfg.index_head_dim, " must be positive");
+  MT_CHECK(cfg.index_rope_dim >= 0 && cfg.index_rope_dim % 2 == 0 &&
+               cfg.index_rope_dim <= cfg.index_head_dim,
+           ConfigError, "dsa: index_rope_dim ", cfg.index_rope_dim,
+           " must be even and at most index_head_dim ", cfg.index_head_dim);
+  MT_CHECK(cfg.dense_warmup || cfg.index_topk > 0, ConfigError, "dsa: index_topk ", cfg.index_topk,
+           " must be positive");
+  return cfg.mla;
+}
+}  // namespace
+
+DsaLayer::DsaLayer(const DsaConfig& cfg) : MlaLayer(checked_mla(cfg)), dcfg_(cfg) {
+  const int64_t HI = cfg.index_heads, DI = cfg.index_head_dim;
+  wq_b_ = LinearModule("indexer.wq_b", cfg.mla.q_lora_rank, HI * DI, cfg.mla.lora);
+  wk_ = LinearModule("indexer.wk", cfg.mla.hidden, DI, cfg.mla.lora);
+  weights_proj_ = LinearModule("indexer.weights_proj", cfg.mla.hidden, HI, cfg.mla.lora);
+}
+
+float DsaLayer::weight_scale() const {
+  return 1.f / std::sqrt(static_cast<float>(dcfg_.index_heads));
+}
+
+std::vector<ParamSpec> DsaLayer::param_specs() const {
+  std::vector<ParamSpec> s = MlaLayer::param_specs();
+  wq_b_.add_specs(s);
+  wk_.add_specs(s);
+  s.push_back(
+      {.name = "indexer.k_norm.weight", .shape = {dcfg_.index_head_dim}, .init = ParamInit::Ones});
+  s.push_back(
+      {.name = "indexer.k_norm.bias", .shape = {dcfg_.index_head_dim}, .init = ParamInit::Zeros});
+  weights_proj_.add_specs(s);
+  return s;
+}
+
+void DsaLayer::bind(const ParamTable& params) {
+  MlaLayer::bind(dcfg_.dense_warmup ? without_grads(params) : params);
+  wq_b_.bind(params);
+  wk_.bind(params);
+  k_norm_w_ = need_param(params, "indexer.k_norm.weight", {dcfg_.index_head_dim});
+  k_norm_b_ = need_param(params, "indexer.k_norm.bias", {dcfg_.index_head_dim});
+  weights_proj_.bind(params);
+}
+
+int64_t DsaLayer::index_slots(const SeqInfo& seq) const {
+  return dcfg_.dense_warmup ? ops::max_doc_len(seq) : dcfg_.index_topk;
+}
+
+void DsaLayer::plan_selection(const SeqInfo& seq, ArenaPlan& plan) const {
+  const int64_t T = seq.tokens, HI = dcfg_.index_heads, DI = dcfg_.index_head_dim;
+  plan.add({T, HI * DI});  // qi
+  wq_b_.plan(T, plan);
+  plan.add({T, DI});  // ki
+  wk_.plan(T, plan);
+  plan.add({T});      // k_mean
+  plan.add({T});      // k_rstd
+  plan.add({T, DI});  // kn
+  plan.add({T, HI});  // wts
+  weights_proj_.plan(T, plan);
+  plan.add({T, index_slots(seq)});  // target
+  plan.add({T, index_slots(seq)});  // softmax
+}
+
+void DsaLayer::select_keys(Context& ctx, const SeqInfo& seq, const Tensor& x, Arena& acts) {
+  const int64_t T = seq.tokens, HI = dcfg_.index_heads, DI = dcfg_.index_head_dim,
+                R = dcfg_.index_rope_dim;
+  qi_ = acts.alloc({T, HI * DI});
+  wq_b_.forward(ctx, cqn_, qi_, acts);
+  ki_ = acts.alloc({T, DI});
+  wk_.forward(ctx, x, ki_, acts);
+  k_mean_ = acts.alloc({T});
+  k_rstd_ = acts.alloc({T});
+  kn_ = acts.alloc({T, DI});
+  ops::layernorm_forward(ctx, {.rows = T, .dim = DI, .eps = dcfg_.indexer_norm_eps}, ki_,
+                         k_norm_w_.value, k_norm_b_.value, kn_, k_mean_, k_rstd_);
+  if (R > 0) {
+    ops::RopeParams rp{.tokens = T,
+                       .heads = HI,
+                       .head_dim = DI,
+                       .rot_offset = 0,
+                       .rot_dim = R,
+                       .theta = cfg_.rope_theta,
+                       .style = ops::RopeStyle::HalfSplit};
+    Tensor q3 = qi_.view({T, HI, DI});
+    ops::rope_forward(ctx, rp, seq.positions, q3, q3);
+    rp.heads = 1;
+    Tensor k3 = kn_.view({T, 1, DI});
+    ops::rope_forward(ctx, rp, seq.positions, k3, k3);
+  }
+  wts_ = acts.alloc({T, HI});
+  weights_proj_.forward(ctx, x, wts_, acts);
+  {
+    float* w = wts_.f32();
+    const float s = weight_scale();
+    for (int64_t i = 0; i < T * HI; ++i) w[i] *= s;
+  }
+
+  if (dcfg_.dense_warmup) {
+    ops::causal_indices(seq, idx_);
+    return;
+  }
+  ArenaScope scope(ctx.workspace());
+  const int64_t kin = ops::max_doc_len(seq);
+  Tensor cand = ctx.workspace().alloc({T, kin}, DType::I32);
+  ops::causal_indices(seq, cand);
+  Tensor scores = ctx.workspace().alloc({T, kin});
+  ops::indexer_scores_forward(ctx, {.tokens = T, .heads = HI, .head_dim = DI, .kmax = kin},
+                              qi_.view({T, HI, DI}), kn_, wts_, cand, scores);
+  ops::topk_select(ctx, scores, cand, dcfg_.index_topk, idx_);
+}
+
+void DsaLayer::after_attention(Context& ctx, const SeqInfo& seq, Arena& acts) {
+  const int64_t T = seq.tokens, HI = dcfg_.index_heads, DI = dcfg_.index_head_dim,
+                slots = idx_.dim(1);
+  target_ = acts.alloc({T, slots});
+  ops::attention_prob_sum(ctx, attn_params(T, slots), q_, k_, idx_, lse_, target_);
+  softmax_ = acts.alloc({T, slots});
+  ArenaScope scope(ctx.workspace());
+  Tensor scores = ctx.workspace().alloc({T, slots});
+  ops::indexer_scores_forward(ctx, {.tokens = T, .heads = HI, .head_dim = DI, .kmax = slots},
+                              qi_.view({T, HI, DI}), kn_, wts_, idx_, scores);
+  kl_ = ops::indexer_kl_forward(ctx, scores, target_, idx_, softmax_);
+}
+
+void DsaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx) {
+  MlaLayer::backward(ctx, seq, dy, dx);
+  const float coeff = dcfg_.indexer_loss_coeff;
+  if (coeff == 0.f) return;
+  const int64_t T = seq.tokens, HI = dcfg_.index_heads, DI = dcfg_.index_head_dim,
+                R = dcfg_.index_rope_dim, slots = idx_.dim(1);
+  ArenaScope scope(ctx.workspace());
+  Arena& ws = ctx.workspace();
+  Tensor dscores = ws.alloc({T, slots});
+  ops::indexer_kl_backward(ctx, softmax_, target_, idx_, coeff, dscores);
+  Tensor dqi = ws.alloc({T, HI, DI}), dkn = ws.alloc({T, DI}), dw = ws.alloc({T, HI});
+  ops::indexer_scores_backward(ctx, {.tokens = T, .heads = HI, .head_dim = DI, .kmax = slots},
+                               qi_.view({T, HI, DI}), kn_, wts_, idx_, dscores, dqi, dkn, dw);
+  {
+    float* p = dw.f32();
+    const float s = weight_scale();
+    for (int64_t i = 0; i < T * HI; ++i) p[i] *= s;
+  }
+  // The indexer's inputs are detached: its projections get weight gradients only.
+  Tensor none;
+  weights_proj_.backward(ctx, dw, none);
+  if (R > 0) {
+    ops::RopeParams rp{.tokens = T,
+                       .heads = HI,
+                       .head_dim = DI,
+                       .rot_offset = 0,
+                       .rot_dim = R,
+                       .theta = cfg_.rope_theta,
+                       .style = ops::RopeStyle::HalfSplit};
+    ops::rope_backward(ctx, rp, seq.positions, dqi, dqi);
+    rp.heads = 1;
+    Tensor k3 = dkn.view({T, 1, DI});
+    ops::rope_backward(ctx, rp, seq.positions, k3, k3);
+  }
+  Tensor dki = ws.alloc({T, DI});
+  ops::layernorm_backward(ctx, {.rows = T, .dim = DI, .eps = dcfg_.indexer_norm_eps}, ki_,
+                          k_norm_w_.value, k_mean_, k_rstd_, dkn, dki, k_norm_w_.grad,
+                          k_norm_b_.grad);
+  wk_.backward(ctx, dki, none);
+  Tensor dq2 = dqi.view({T, HI * DI});
+  wq_b_.backward(ctx, dq2, none);
+}
+
+std::vector<AuxLoss> DsaLayer::aux_losses() const {
+  return {{.name = "indexer_kl", .value = kl_, .weight = dcfg_.indexer_loss_coeff}};
+}
+
+}  // namespace mt

@@ -1,0 +1,65 @@
+// Gated DeepSeek Sparse Attention: MlaLayer whose keys per query are chosen by the lightning
+// indexer (top-k of I[t, s] over the causal positions of the query's document), plus the
+// indexer's KL loss against the main attention.
+//
+// Indexer (HF deepseek_v32 names, under "indexer."):
+//   qi = RoPE(wq_b(cqn))            [T, HI, DI], cqn = q_a_layernorm output, detached
+//   ki = RoPE(LayerNorm(wk x))      [T, DI], k_norm weight and bias, eps indexer_norm_eps
+//   w  = weights_proj(x) * HI^-0.5  [T, HI], no activation
+// RoPE is half-split on the first index_rope_dim dims (DeepSeek's fixed indexer, not MLA's
+// interleaved style), with MLA's theta.
+//
+// Training signal (DeepSeek-V3.2 paper, sec. 2.1):
+// - Sparse stage (dense_warmup = false): attention runs on the top-k set; the LM gradient
+//   reaches every MLA parameter and x but never the indexer (selection is discrete). The KL loss
+//   on the selected set, L = (1/T) sum_t KL(p_t || softmax(I_t)) with p_t the head-summed
+//   attention probabilities L1-normalised (a constant), trains only the indexer: its inputs are
+//   detached, so it contributes nothing to dx or to q_a_proj. Its gradient enters backward
+//   multiplied by indexer_loss_coeff.
+// - Dense warm-up (dense_warmup = true): attention is dense causal and the KL target covers all
+//   causal positions. The MLA parameters are frozen: they are bound without gradients, so
+//   backward adds nothing to them (their grad buffers are left untouched). dx is still the exact
+//   gradient of the frozen dense layer, so the layers below keep a correct signal.
+#pragma once
+
+#include <vector>
+
+#include "model/mla_layer.h"
+
+namespace mt {
+
+class DsaLayer : public MlaLayer {
+ public:
+  explicit DsaLayer(const DsaConfig& cfg);
+
+  std::vector<ParamSpec> param_specs() const override;
+  void bind(const ParamTable& params) override;
+  void backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx) override;
+  std::vector<AuxLoss> aux_losses() const override;
+
+  const DsaConfig& dsa_config() const { return dcfg_; }
+  // The selected key positions of the last forward, i32 [T, slots] (increasing, -1 padded).
+  const Tensor& selected() const { return idx_; }
+
+ protected:
+  int64_t index_slots(const SeqInfo& seq) const override;
+  void plan_selection(const SeqInfo& seq, ArenaPlan& plan) const override;
+  void select_keys(Context& ctx, const SeqInfo& seq, const Tensor& x, Arena& acts) override;
+  void after_attention(Context& ctx, const SeqInfo& seq, Arena& acts) override;
+
+ private:
+  float weight_scale() const;
+
+  DsaConfig dcfg_;
+  LinearModule wq_b_, wk_, weights_proj_;
+  ParamRef k_norm_w_, k_norm_b_;
+
+  Tensor qi_;                    // [T, HI * DI] after RoPE
+  Tensor ki_, k_mean_, k_rstd_;  // wk x and its LayerNorm statistics
+  Tensor kn_;                    // [T, DI] normalised and rotated key
+  Tensor wts_;                   // [T, HI] scaled head weights
+  Tensor target_, softmax_;      // [T, slots] KL target (head-summed probs) and softmax(I)
+  double kl_ = 0;
+};
+
+}  // namespace mt

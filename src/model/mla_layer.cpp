@@ -1,0 +1,344 @@
+#include "model/mla_layer.h"
+
+#include <cmath>
+
+#include "ops/activation.h"
+#include "ops/norm.h"
+#include "ops/rope.h"
+
+namespace mt {
+
+MlaLayer::MlaLayer(const MlaConfig& cfg) : cfg_(cfg) {
+  MT_CHECK(cfg.hidden > 0 && cfg.heads > 0 && cfg.kv_lora_rank > 0 && cfg.v_head_dim > 0 &&
+               cfg.qk_nope_dim >= 0 && cfg.qk_rope_dim >= 0 && cfg.q_lora_rank >= 0,
+           ConfigError, "mla: hidden ", cfg.hidden, " heads ", cfg.heads, " kv_lora_rank ",
+           cfg.kv_lora_rank, " v_head_dim ", cfg.v_head_dim, " must be positive");
+  MT_CHECK(qk_dim() > 0, ConfigError, "mla: qk_nope_dim + qk_rope_dim must be positive");
+  MT_CHECK(cfg.qk_rope_dim % 2 == 0, ConfigError, "mla: qk_rope_dim ", cfg.qk_rope_dim,
+           " must be even");
+  const int64_t d = cfg.hidden, H = cfg.heads;
+  if (cfg.q_lora_rank > 0) {
+    q_a_ = LinearModule("q_a_proj", d, cfg.q_lora_rank, cfg.lora);
+    q_b_ = LinearModule("q_b_proj", cfg.q_lora_rank, H * qk_dim(), cfg.lora);
+  } else {
+    q_proj_ = LinearModule("q_proj", d, H * qk_dim(), cfg.lora);
+  }
+  kv_a_ = LinearModule("kv_a_proj_with_mqa", d, cfg.kv_lora_rank + cfg.qk_rope_dim, cfg.lora);
+  kv_b_ =
+      LinearModule("kv_b_proj", cfg.kv_lora_rank, H * (cfg.qk_nope_dim + cfg.v_head_dim), cfg.lora);
+  o_proj_ = LinearModule("o_proj", H * cfg.v_head_dim, d, cfg.lora);
+  if (cfg.output_gate) g_proj_ = LinearModule("g_proj", d, H * cfg.v_head_dim, cfg.lora);
+}
+
+float MlaLayer::softmax_scale() const {
+  return cfg_.softmax_scale > 0 ? cfg_.softmax_scale
+                                : 1.f / std::sqrt(static_cast<float>(qk_dim()));
+}
+
+std::vector<ParamSpec> MlaLayer::param_specs() const {
+  std::vector<ParamSpec> s;
+  if (cfg_.q_lora_rank > 0) {
+    q_a_.add_specs(s);
+    s.push_back(
+        {.name = "q_a_layernorm.weight", .shape = {cfg_.q_lora_rank}, .init = ParamInit::Ones});
+    q_b_.add_specs(s);
+  } else {
+    q_proj_.add_specs(s);
+  }
+  kv_a_.add_specs(s);
+  s.push_back(
+      {.name = "kv_a_layernorm.weight", .shape = {cfg_.kv_lora_rank}, .init = ParamInit::Ones});
+  kv_b_.add_specs(s);
+  o_proj_.add_specs(s);
+  if (cfg_.output_gate) g_proj_.add_specs(s);
+  return s;
+}
+
+void MlaLayer::bind(const ParamTable& params) {
+  if (cfg_.q_lora_rank > 0) {
+    q_a_.bind(params);
+    q_norm_ = need_param(params, "q_a_layernorm.weight", {cfg_.q_lora_rank});
+    q_b_.bind(params);
+  } else {
+    q_proj_.bind(params);
+  }
+  kv_a_.bind(params);
+  kv_norm_ = need_param(params, "kv_a_layernorm.weight", {cfg_.kv_lora_rank});
+  kv_b_.bind(params);
+  o_proj_.bind(params);
+  if (cfg_.output_gate) g_proj_.bind(params);
+}
+
+ParamTable MlaLayer::without_grads(const ParamTable& params) {
+  ParamTable t = params;
+  for (auto& [name, ref] : t) ref.grad = Tensor();
+  return t;
+}
+
+int64_t MlaLayer::index_slots(const SeqInfo& seq) const {
+  return ops::max_doc_len(seq);
+}
+
+void MlaLayer::plan_selection(const SeqInfo&, ArenaPlan&) const {}
+
+void MlaLayer::select_keys(Context&, const SeqInfo& seq, const Tensor&, Arena&) {
+  ops::causal_indices(seq, idx_);
+}
+
+void MlaLayer::after_attention(Context&, const SeqInfo&, Arena&) {}
+
+ops::AttentionParams MlaLayer::attn_params(int64_t tokens, int64_t slots) const {
+  return {.tokens = tokens,
+          .heads = cfg_.heads,
+          .kv_heads = cfg_.heads,
+          .qk_dim = qk_dim(),
+          .v_dim = cfg_.v_head_dim,
+          .kmax = slots,
+          .scale = softmax_scale()};
+}
+
+void MlaLayer::plan_activations(const SeqInfo& seq, ArenaPlan& plan) const {
+  const int64_t T = seq.tokens, H = cfg_.heads, Dv = cfg_.v_head_dim;
+  // Same order as forward allocates.
+  if (cfg_.q_lora_rank > 0) {
+    plan.add({T, cfg_.q_lora_rank});  // cq
+    q_a_.plan(T, plan);
+    plan.add({T});                    // q_rstd
+    plan.add({T, cfg_.q_lora_rank});  // cqn
+    q_b_.plan(T, plan);
+  } else {
+    q_proj_.plan(T, plan);
+  }
+  plan.add({T, H, qk_dim()});  // q
+  kv_a_.plan(T, plan);
+  plan.add({T, cfg_.kv_lora_rank});  // c
+  plan.add({T});                     // kv_rstd
+  plan.add({T, cfg_.kv_lora_rank});  // cn
+  kv_b_.plan(T, plan);
+  plan.add({T, H, qk_dim()});  // k
+  plan.add({T, H, Dv});        // v
+  plan.add({T, index_slots(seq)}, DType::I32);
+  plan_selection(seq, plan);
+  plan.add({T, H, Dv});  // o
+  plan.add({T, H});      // lse
+  if (cfg_.output_gate) {
+    plan.add({T, H * Dv});  // g
+    g_proj_.plan(T, plan);
+    plan.add({T, H * Dv});  // og
+  }
+  o_proj_.plan(T, plan);
+}
+
+void MlaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y, Arena& acts) {
+  const int64_t T = seq.tokens, d = cfg_.hidden, H = cfg_.heads, Dqk = qk_dim(),
+                nope = cfg_.qk_nope_dim, rope = cfg_.qk_rope_dim, Dv = cfg_.v_head_dim,
+                kvr = cfg_.kv_lora_rank;
+  expect_shape(x, {T, d}, "mla x");
+  expect_shape(y, {T, d}, "mla y");
+  x_ = x;
+  ArenaScope scope(ctx.workspace());
+  Arena& ws = ctx.workspace();
+
+  // Queries.
+  q_ = acts.alloc({T, H, Dqk});
+  Tensor q2 = q_.view({T, H * Dqk});
+  if (cfg_.q_lora_rank > 0) {
+    cq_ = acts.alloc({T, cfg_.q_lora_rank});
+    q_a_.forward(ctx, x, cq_, acts);
+    q_rstd_ = acts.alloc({T});
+    cqn_ = acts.alloc({T, cfg_.q_lora_rank});
+    ops::rmsnorm_forward(ctx, {.rows = T, .dim = cfg_.q_lora_rank, .eps = cfg_.norm_eps}, cq_,
+                         q_norm_.value, cqn_, q_rstd_);
+    q_b_.forward(ctx, cqn_, q2, acts);
+  } else {
+    q_proj_.forward(ctx, x, q2, acts);
+  }
+  const bool rotate = cfg_.use_rope && rope > 0;
+  const ops::RopeParams qrope{.tokens = T,
+                              .heads = H,
+                              .head_dim = Dqk,
+                              .rot_offset = nope,
+                              .rot_dim = rope,
+                              .theta = cfg_.rope_theta,
+                              .style = cfg_.rope_style};
+  if (rotate) ops::rope_forward(ctx, qrope, seq.positions, q_, q_);
+
+  // Keys and values from the compressed latent.
+  Tensor ckv = ws.alloc({T, kvr + rope});
+  kv_a_.forward(ctx, x, ckv, acts);
+  c_ = acts.alloc({T, kvr});
+  Tensor kpe = ws.alloc({T, 1, rope});
+  {
+    const float* s = ckv.f32();
+    float* pc = c_.f32();
+    float* pk = kpe.f32();
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t i = 0; i < kvr; ++i) pc[t * kvr + i] = s[t * (kvr + rope) + i];
+      for (int64_t i = 0; i < rope; ++i) pk[t * rope + i] = s[t * (kvr + rope) + kvr + i];
+    }
+  }
+  kv_rstd_ = acts.alloc({T});
+  cn_ = acts.alloc({T, kvr});
+  ops::rmsnorm_forward(ctx, {.rows = T, .dim = kvr, .eps = cfg_.norm_eps}, c_, kv_norm_.value, cn_,
+                       kv_rstd_);
+  Tensor kv = ws.alloc({T, H * (nope + Dv)});
+  kv_b_.forward(ctx, cn_, kv, acts);
+  if (rotate) {
+    const ops::RopeParams krope{.tokens = T,
+                                .heads = 1,
+                                .head_dim = rope,
+                                .rot_offset = 0,
+                                .rot_dim = rope,
+                                .theta = cfg_.rope_theta,
+                                .style = cfg_.rope_style};
+    ops::rope_forward(ctx, krope, seq.positions, kpe, kpe);
+  }
+  k_ = acts.alloc({T, H, Dqk});
+  v_ = acts.alloc({T, H, Dv});
+  {
+    const float* pkv = kv.f32();
+    const float* pk = kpe.f32();
+    float* kk = k_.f32();
+    float* vv = v_.f32();
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        const float* src = pkv + (t * H + h) * (nope + Dv);
+        float* kr = kk + (t * H + h) * Dqk;
+        for (int64_t i = 0; i < nope; ++i) kr[i] = src[i];
+        for (int64_t i = 0; i < rope; ++i) kr[nope + i] = pk[t * rope + i];
+        for (int64_t i = 0; i < Dv; ++i) vv[(t * H + h) * Dv + i] = src[nope + i];
+      }
+  }
+
+  // Attention over the selected keys.
+  const int64_t slots = index_slots(seq);
+  idx_ = acts.alloc({T, slots}, DType::I32);
+  select_keys(ctx, seq, x, acts);
+  o_ = acts.alloc({T, H, Dv});
+  lse_ = acts.alloc({T, H});
+  ops::attention_forward(ctx, attn_params(T, slots), q_, k_, v_, idx_, o_, lse_);
+  after_attention(ctx, seq, acts);
+
+  // Output gate and projection.
+  Tensor o2 = o_.view({T, H * Dv});
+  if (cfg_.output_gate) {
+    g_ = acts.alloc({T, H * Dv});
+    g_proj_.forward(ctx, x, g_, acts);
+    og_ = acts.alloc({T, H * Dv});
+    ops::sigmoid_gate_forward(ctx, o2, g_, og_);
+    o_proj_.forward(ctx, og_, y, acts);
+  } else {
+    o_proj_.forward(ctx, o2, y, acts);
+  }
+}
+
+void MlaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx) {
+  const int64_t T = seq.tokens, d = cfg_.hidden, H = cfg_.heads, Dqk = qk_dim(),
+                nope = cfg_.qk_nope_dim, rope = cfg_.qk_rope_dim, Dv = cfg_.v_head_dim,
+                kvr = cfg_.kv_lora_rank;
+  expect_shape(dy, {T, d}, "mla dy");
+  expect_shape(dx, {T, d}, "mla dx");
+  MT_CHECK(q_.defined() && q_.dim(0) == T, InternalError,
+           "mla backward without a matching forward");
+  ArenaScope scope(ctx.workspace());
+  Arena& ws = ctx.workspace();
+  bool dx_written = false;
+
+  // Output projection and gate.
+  Tensor dout = ws.alloc({T, H, Dv});
+  Tensor dout2 = dout.view({T, H * Dv});
+  if (cfg_.output_gate) {
+    Tensor dog = ws.alloc({T, H * Dv});
+    o_proj_.backward(ctx, dy, dog);
+    Tensor dg = ws.alloc({T, H * Dv});
+    // Attention's Delta must use the ungated gradient, which is what dout is.
+    ops::sigmoid_gate_backward(ctx, o_.view({T, H * Dv}), g_, dog, dout2, dg);
+    g_proj_.backward(ctx, dg, dx);
+    dx_written = true;
+  } else {
+    o_proj_.backward(ctx, dy, dout2);
+  }
+
+  // Attention.
+  Tensor dq = ws.alloc({T, H, Dqk}), dk = ws.alloc({T, H, Dqk}), dv = ws.alloc({T, H, Dv});
+  ops::attention_backward(ctx, attn_params(T, idx_.dim(1)), q_, k_, v_, idx_, o_, lse_, dout, dq,
+                          dk, dv);
+
+  // Keys/values back to the latent: per-head parts to kv_b, the shared rotary key summed.
+  Tensor dkv = ws.alloc({T, H * (nope + Dv)});
+  Tensor dckv = ws.alloc({T, kvr + rope});
+  {
+    const float* pdk = dk.f32();
+    const float* pdv = dv.f32();
+    float* pkv = dkv.f32();
+    float* pck = dckv.f32();
+    for (int64_t t = 0; t < T; ++t) {
+      float* kpe = pck + t * (kvr + rope) + kvr;
+      for (int64_t i = 0; i < rope; ++i) kpe[i] = 0.f;
+      for (int64_t h = 0; h < H; ++h) {
+        const float* kr = pdk + (t * H + h) * Dqk;
+        float* dst = pkv + (t * H + h) * (nope + Dv);
+        for (int64_t i = 0; i < nope; ++i) dst[i] = kr[i];
+        for (int64_t i = 0; i < Dv; ++i) dst[nope + i] = pdv[(t * H + h) * Dv + i];
+        for (int64_t i = 0; i < rope; ++i) kpe[i] += kr[nope + i];
+      }
+    }
+  }
+  const bool rotate = cfg_.use_rope && rope > 0;
+  if (rotate) {
+    // The rotary key lives inside dckv's rows; rotate it through a contiguous copy.
+    Tensor dkpe = ws.alloc({T, 1, rope});
+    float* p = dkpe.f32();
+    float* pck = dckv.f32();
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < rope; ++i) p[t * rope + i] = pck[t * (kvr + rope) + kvr + i];
+    const ops::RopeParams krope{.tokens = T,
+                                .heads = 1,
+                                .head_dim = rope,
+                                .rot_offset = 0,
+                                .rot_dim = rope,
+                                .theta = cfg_.rope_theta,
+                                .style = cfg_.rope_style};
+    ops::rope_backward(ctx, krope, seq.positions, dkpe, dkpe);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < rope; ++i) pck[t * (kvr + rope) + kvr + i] = p[t * rope + i];
+  }
+  Tensor dcn = ws.alloc({T, kvr});
+  kv_b_.backward(ctx, dkv, dcn);
+  Tensor dc = ws.alloc({T, kvr});
+  ops::rmsnorm_backward(ctx, {.rows = T, .dim = kvr, .eps = cfg_.norm_eps}, c_, kv_norm_.value,
+                        kv_rstd_, dcn, dc, kv_norm_.grad);
+  {
+    const float* p = dc.f32();
+    float* pck = dckv.f32();
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < kvr; ++i) pck[t * (kvr + rope) + i] = p[t * kvr + i];
+  }
+  kv_a_.backward(ctx, dckv, dx, dx_written);
+  dx_written = true;
+
+  // Queries.
+  if (rotate) {
+    const ops::RopeParams qrope{.tokens = T,
+                                .heads = H,
+                                .head_dim = Dqk,
+                                .rot_offset = nope,
+                                .rot_dim = rope,
+                                .theta = cfg_.rope_theta,
+                                .style = cfg_.rope_style};
+    ops::rope_backward(ctx, qrope, seq.positions, dq, dq);
+  }
+  Tensor dq2 = dq.view({T, H * Dqk});
+  if (cfg_.q_lora_rank > 0) {
+    Tensor dcqn = ws.alloc({T, cfg_.q_lora_rank});
+    q_b_.backward(ctx, dq2, dcqn);
+    Tensor dcq = ws.alloc({T, cfg_.q_lora_rank});
+    ops::rmsnorm_backward(ctx, {.rows = T, .dim = cfg_.q_lora_rank, .eps = cfg_.norm_eps}, cq_,
+                          q_norm_.value, q_rstd_, dcqn, dcq, q_norm_.grad);
+    q_a_.backward(ctx, dcq, dx, true);
+  } else {
+    q_proj_.backward(ctx, dq2, dx, true);
+  }
+}
+
+}  // namespace mt

@@ -1,0 +1,65 @@
+// Multi-head latent attention (DeepSeek-V3 layout, HF deepseek_v3 parameter names), dense causal
+// within each document, with an optional element-wise sigmoid output gate (Gated Attention, G1):
+//
+//   q      = q_b_proj(RMSNorm_qa(q_a_proj x))          (or q_proj x when q_lora_rank == 0)
+//   [c|kpe] = kv_a_proj_with_mqa x;  [k_nope_h | v_h] = kv_b_proj(RMSNorm_kva(c))
+//   q_h = [q_nope_h | RoPE(q_pe_h)],  k_h = [k_nope_h | RoPE(kpe)]  (kpe shared by all heads)
+//   o   = softmax(scale q k^T + causal) v;  out = o_proj(o * sigmoid(g_proj x))  (gate optional)
+//
+// The attention runs through ops::attention with an index table, which DsaLayer replaces by its
+// indexer's top-k selection (the protected hooks below).
+#pragma once
+
+#include <vector>
+
+#include "model/config.h"
+#include "model/layer.h"
+#include "model/linear_module.h"
+#include "ops/attention.h"
+
+namespace mt {
+
+class MlaLayer : public Layer {
+ public:
+  explicit MlaLayer(const MlaConfig& cfg);
+
+  std::vector<ParamSpec> param_specs() const override;
+  void bind(const ParamTable& params) override;
+  void plan_activations(const SeqInfo& seq, ArenaPlan& plan) const override;
+  void forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y, Arena& acts) override;
+  void backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx) override;
+
+  const MlaConfig& config() const { return cfg_; }
+  float softmax_scale() const;
+
+ protected:
+  // Slots per query of the attention index table for `seq`.
+  virtual int64_t index_slots(const SeqInfo& seq) const;
+  // Activations the hooks save, in addition to the MLA ones.
+  virtual void plan_selection(const SeqInfo& seq, ArenaPlan& plan) const;
+  // Fills idx_ (i32 [T, index_slots]) once q_, k_, v_ and cqn_ exist; dense causal here.
+  virtual void select_keys(Context& ctx, const SeqInfo& seq, const Tensor& x, Arena& acts);
+  // Runs after the attention forward (o_, lse_ valid).
+  virtual void after_attention(Context& ctx, const SeqInfo& seq, Arena& acts);
+
+  ops::AttentionParams attn_params(int64_t tokens, int64_t slots) const;
+  int64_t qk_dim() const { return cfg_.qk_nope_dim + cfg_.qk_rope_dim; }
+  // Drops the gradient of every MLA parameter (the table is copied), so backward computes dx
+  // only. DsaLayer's dense warm-up binds through this.
+  static ParamTable without_grads(const ParamTable& params);
+
+  MlaConfig cfg_;
+  LinearModule q_a_, q_b_, q_proj_, kv_a_, kv_b_, o_proj_, g_proj_;
+  ParamRef q_norm_, kv_norm_;
+
+  // State of the last forward (views into `acts`, or of x).
+  Tensor x_;
+  Tensor cq_, q_rstd_, cqn_;  // q latent before / after its RMSNorm (q_lora_rank > 0)
+  Tensor c_, kv_rstd_, cn_;   // kv latent before / after its RMSNorm
+  Tensor q_, k_, v_;          // [T, H, Dqk], [T, H, Dqk], [T, H, Dv] (after RoPE)
+  Tensor idx_;                // i32 [T, slots]
+  Tensor o_, lse_;            // [T, H, Dv], [T, H]
+  Tensor g_, og_;             // gate pre-activation and gated output [T, H * Dv]
+};
+
+}  // namespace mt

@@ -1,0 +1,246 @@
+#include "ops/attention.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace mt::ops {
+
+namespace {
+
+inline float dotf(const float* a, const float* b, int64_t n) {
+  float s = 0.f;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+inline bool valid_slot(int32_t s, int64_t tokens) {
+  return s >= 0 && s < tokens;
+}
+
+void check_common(const AttentionParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const Tensor& indices) {
+  MT_CHECK(p.tokens >= 0 && p.heads > 0 && p.qk_dim > 0 && p.v_dim > 0 && p.kmax >= 0, ValueError,
+           "attention: bad params tokens ", p.tokens, " heads ", p.heads, " qk_dim ", p.qk_dim,
+           " v_dim ", p.v_dim, " kmax ", p.kmax);
+  MT_CHECK(p.kvh() > 0 && p.heads % p.kvh() == 0, ValueError, "attention: heads ", p.heads,
+           " not a multiple of kv_heads ", p.kvh());
+  expect_shape(q, {p.tokens, p.heads, p.qk_dim}, "attention q");
+  expect_shape(k, {p.tokens, p.kvh(), p.qk_dim}, "attention k");
+  expect_shape(v, {p.tokens, p.kvh(), p.v_dim}, "attention v");
+  expect_shape(indices, {p.tokens, p.kmax}, "attention indices");
+  MT_CHECK(indices.dtype() == DType::I32, ShapeError, "attention indices must be i32, got ",
+           dtype_name(indices.dtype()));
+}
+
+}  // namespace
+
+int64_t max_doc_len(const SeqInfo& seq) {
+  int64_t m = 0;
+  for (size_t d = 0; d + 1 < seq.offsets.size(); ++d)
+    m = std::max(m, seq.offsets[d + 1] - seq.offsets[d]);
+  return m;
+}
+
+void causal_indices(const SeqInfo& seq, Tensor& indices) {
+  MT_CHECK(
+      indices.ndim() == 2 && indices.dim(0) == seq.tokens && indices.dim(1) >= max_doc_len(seq),
+      ShapeError, "causal_indices: indices ", indices.shape(), " for ", seq.tokens,
+      " tokens, longest document ", max_doc_len(seq));
+  const int64_t kmax = indices.dim(1);
+  int32_t* idx = indices.i32();
+  for (size_t d = 0; d + 1 < seq.offsets.size(); ++d) {
+    const int64_t b = seq.offsets[d], e = seq.offsets[d + 1];
+    for (int64_t t = b; t < e; ++t) {
+      int32_t* row = idx + t * kmax;
+      int64_t j = 0;
+      for (int64_t s = b; s <= t; ++s) row[j++] = static_cast<int32_t>(s);
+      for (; j < kmax; ++j) row[j] = -1;
+    }
+  }
+}
+
+KeyLists build_key_lists(const Tensor& indices, int64_t tokens, Arena& arena) {
+  const int64_t kmax = indices.dim(1);
+  const int32_t* idx = indices.i32();
+  KeyLists kl;
+  kl.offsets = arena.zeros({tokens + 1}, DType::I64);
+  int64_t* off = kl.offsets.i64();
+  for (int64_t e = 0; e < tokens * kmax; ++e)
+    if (valid_slot(idx[e], tokens)) ++off[idx[e] + 1];
+  for (int64_t s = 0; s < tokens; ++s) off[s + 1] += off[s];
+  kl.entries = arena.alloc({off[tokens]}, DType::I64);
+  int64_t* ent = kl.entries.i64();
+  // Fill with a moving cursor per key; slots are visited in increasing order, so each list is
+  // sorted, which keeps the backward's summation order independent of threading.
+  Tensor cursor = arena.alloc({tokens}, DType::I64);
+  int64_t* cur = cursor.i64();
+  std::copy(off, off + tokens, cur);
+  for (int64_t e = 0; e < tokens * kmax; ++e)
+    if (valid_slot(idx[e], tokens)) ent[cur[idx[e]]++] = e;
+  return kl;
+}
+
+void attention_forward(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
+                       const Tensor& v, const Tensor& indices, Tensor& o, Tensor& lse) {
+  check_common(p, q, k, v, indices);
+  expect_shape(o, {p.tokens, p.heads, p.v_dim}, "attention o");
+  expect_shape(lse, {p.tokens, p.heads}, "attention lse");
+  const int64_t T = p.tokens, H = p.heads, Hk = p.kvh(), G = H / Hk, Dk = p.qk_dim, Dv = p.v_dim,
+                K = p.kmax;
+  const float* pq = q.f32();
+  const float* pk = k.f32();
+  const float* pv = v.f32();
+  const int32_t* idx = indices.i32();
+  float* po = o.f32();
+  float* pl = lse.f32();
+  const int nth = ctx.threads();
+  ArenaScope scope(ctx.workspace());
+  Tensor scratch = ctx.workspace().alloc({static_cast<int64_t>(nth), std::max<int64_t>(K, 1)});
+  float* sc_all = scratch.f32();
+  const float scale = p.scale;
+
+#pragma omp parallel for num_threads(nth) schedule(dynamic, 16)
+  for (int64_t th = 0; th < T * H; ++th) {
+    const int64_t t = th / H, h = th % H, g = h / G;
+    float* sc = sc_all + static_cast<int64_t>(omp_get_thread_num()) * std::max<int64_t>(K, 1);
+    const float* qr = pq + th * Dk;
+    const int32_t* row = idx + t * K;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < K; ++j) {
+      if (!valid_slot(row[j], T)) continue;
+      sc[j] = scale * dotf(qr, pk + (row[j] * Hk + g) * Dk, Dk);
+      m = std::max(m, sc[j]);
+    }
+    float* orow = po + th * Dv;
+    std::fill(orow, orow + Dv, 0.f);
+    if (m == -std::numeric_limits<float>::infinity()) {
+      pl[th] = m;
+      continue;
+    }
+    float sum = 0.f;
+    for (int64_t j = 0; j < K; ++j) {
+      if (!valid_slot(row[j], T)) continue;
+      const float e = std::exp(sc[j] - m);
+      sum += e;
+      const float* vr = pv + (row[j] * Hk + g) * Dv;
+      for (int64_t d = 0; d < Dv; ++d) orow[d] += e * vr[d];
+    }
+    const float inv = 1.f / sum;
+    for (int64_t d = 0; d < Dv; ++d) orow[d] *= inv;
+    pl[th] = m + std::log(sum);
+  }
+}
+
+void attention_backward(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& indices, const Tensor& o, const Tensor& lse,
+                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) {
+  check_common(p, q, k, v, indices);
+  expect_shape(o, {p.tokens, p.heads, p.v_dim}, "attention o");
+  expect_shape(lse, {p.tokens, p.heads}, "attention lse");
+  expect_shape(dout, o.shape(), "attention dout");
+  expect_shape(dq, q.shape(), "attention dq");
+  expect_shape(dk, k.shape(), "attention dk");
+  expect_shape(dv, v.shape(), "attention dv");
+  const int64_t T = p.tokens, H = p.heads, Hk = p.kvh(), G = H / Hk, Dk = p.qk_dim, Dv = p.v_dim,
+                K = p.kmax;
+  const float* pq = q.f32();
+  const float* pk = k.f32();
+  const float* pv = v.f32();
+  const float* po = o.f32();
+  const float* pl = lse.f32();
+  const float* pdo = dout.f32();
+  const int32_t* idx = indices.i32();
+  float* pdq = dq.f32();
+  float* pdk = dk.f32();
+  float* pdv = dv.f32();
+  const float scale = p.scale;
+  const int nth = ctx.threads();
+
+  ArenaScope scope(ctx.workspace());
+  Tensor delta_t = ctx.workspace().alloc({T, H});
+  float* delta = delta_t.f32();
+
+  // Pass 1, one (query, head) per iteration: Delta and dq. P is recomputed from lse.
+#pragma omp parallel for num_threads(nth) schedule(dynamic, 16)
+  for (int64_t th = 0; th < T * H; ++th) {
+    const int64_t t = th / H, h = th % H, g = h / G;
+    const float* qr = pq + th * Dk;
+    const float* dor = pdo + th * Dv;
+    const float dl = dotf(po + th * Dv, dor, Dv);
+    delta[th] = dl;
+    float* dqr = pdq + th * Dk;
+    std::fill(dqr, dqr + Dk, 0.f);
+    const int32_t* row = idx + t * K;
+    for (int64_t j = 0; j < K; ++j) {
+      if (!valid_slot(row[j], T)) continue;
+      const float* kr = pk + (row[j] * Hk + g) * Dk;
+      const float pr = std::exp(scale * dotf(qr, kr, Dk) - pl[th]);
+      const float ds = pr * (dotf(dor, pv + (row[j] * Hk + g) * Dv, Dv) - dl) * scale;
+      for (int64_t d = 0; d < Dk; ++d) dqr[d] += ds * kr[d];
+    }
+  }
+
+  // Pass 2, one key position per iteration: dk and dv gathered over the queries that reference
+  // it, so no two threads write the same row and no atomics are needed.
+  KeyLists kl = build_key_lists(indices, T, ctx.workspace());
+  const int64_t* off = kl.offsets.i64();
+  const int64_t* ent = kl.entries.i64();
+#pragma omp parallel for num_threads(nth) schedule(dynamic, 4)
+  for (int64_t s = 0; s < T; ++s) {
+    float* dks = pdk + s * Hk * Dk;
+    float* dvs = pdv + s * Hk * Dv;
+    std::fill(dks, dks + Hk * Dk, 0.f);
+    std::fill(dvs, dvs + Hk * Dv, 0.f);
+    for (int64_t e = off[s]; e < off[s + 1]; ++e) {
+      const int64_t t = ent[e] / K;
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t g = h / G, th = t * H + h;
+        const float* qr = pq + th * Dk;
+        const float* dor = pdo + th * Dv;
+        const float* kr = pk + (s * Hk + g) * Dk;
+        const float pr = std::exp(scale * dotf(qr, kr, Dk) - pl[th]);
+        const float ds = pr * (dotf(dor, pv + (s * Hk + g) * Dv, Dv) - delta[th]) * scale;
+        float* dkr = dks + g * Dk;
+        float* dvr = dvs + g * Dv;
+        for (int64_t d = 0; d < Dk; ++d) dkr[d] += ds * qr[d];
+        for (int64_t d = 0; d < Dv; ++d) dvr[d] += pr * dor[d];
+      }
+    }
+  }
+}
+
+void attention_prob_sum(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
+                        const Tensor& indices, const Tensor& lse, Tensor& out) {
+  MT_CHECK(p.kvh() > 0 && p.heads % p.kvh() == 0, ValueError, "attention: heads ", p.heads,
+           " not a multiple of kv_heads ", p.kvh());
+  expect_shape(q, {p.tokens, p.heads, p.qk_dim}, "attention q");
+  expect_shape(k, {p.tokens, p.kvh(), p.qk_dim}, "attention k");
+  expect_shape(indices, {p.tokens, p.kmax}, "attention indices");
+  expect_shape(lse, {p.tokens, p.heads}, "attention lse");
+  expect_shape(out, {p.tokens, p.kmax}, "attention prob sum");
+  const int64_t T = p.tokens, H = p.heads, Hk = p.kvh(), G = H / Hk, Dk = p.qk_dim, K = p.kmax;
+  const float* pq = q.f32();
+  const float* pk = k.f32();
+  const float* pl = lse.f32();
+  const int32_t* idx = indices.i32();
+  float* po = out.f32();
+  const float scale = p.scale;
+#pragma omp parallel for num_threads(ctx.threads()) schedule(dynamic, 8)
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t* row = idx + t * K;
+    float* orow = po + t * K;
+    for (int64_t j = 0; j < K; ++j) {
+      float acc = 0.f;
+      if (valid_slot(row[j], T))
+        for (int64_t h = 0; h < H; ++h)
+          acc += std::exp(scale * dotf(pq + (t * H + h) * Dk, pk + (row[j] * Hk + h / G) * Dk, Dk) -
+                          pl[t * H + h]);
+      orow[j] = acc;
+    }
+  }
+}
+
+}  // namespace mt::ops
