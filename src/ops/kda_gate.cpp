@@ -19,9 +19,13 @@ void check_shapes(const KdaGateParams& p, const Tensor& raw, const Tensor& a_log
   expect_shape(dt_bias, {p.heads * p.head_dim}, "kda_gate dt_bias");
 }
 
-inline float softplus(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
+inline float softplus(float x) {
+  return x > 20.f ? x : std::log1p(std::exp(x));
+}
 // Derivative of the thresholded softplus (exactly 1 where it is the identity).
-inline float softplus_grad(float x) { return x > 20.f ? 1.f : sigmoidf(x); }
+inline float softplus_grad(float x) {
+  return x > 20.f ? 1.f : sigmoidf(x);
+}
 
 // Channels per parallel work item: wide enough for contiguous row segments, narrow enough to
 // spread hidden sizes of a few hundred over the threads.
@@ -44,9 +48,9 @@ void kda_gate_forward(Context& ctx, const KdaGateParams& p, const Tensor& raw, c
       y[t * n + c] = -std::exp(al[c / kd]) * softplus(x[t * n + c] + db[c]);
 }
 
-void kda_gate_backward(Context& ctx, const KdaGateParams& p, const Tensor& raw,
-                       const Tensor& a_log, const Tensor& dt_bias, const Tensor& dg, Tensor& draw,
-                       Tensor& da_log, Tensor& ddt_bias) {
+void kda_gate_backward(Context& ctx, const KdaGateParams& p, const Tensor& raw, const Tensor& a_log,
+                       const Tensor& dt_bias, const Tensor& dg, Tensor& draw, Tensor& da_log,
+                       Tensor& ddt_bias) {
   check_shapes(p, raw, a_log, dt_bias);
   expect_shape(dg, raw.shape(), "kda_gate dg");
   expect_shape(draw, raw.shape(), "kda_gate draw");

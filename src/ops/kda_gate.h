@@ -17,8 +17,8 @@ void kda_gate_forward(Context& ctx, const KdaGateParams& p, const Tensor& raw, c
                       const Tensor& dt_bias, Tensor& g);
 
 // draw written; da_log and ddt_bias accumulate (+=), each skipped when undefined (frozen).
-void kda_gate_backward(Context& ctx, const KdaGateParams& p, const Tensor& raw,
-                       const Tensor& a_log, const Tensor& dt_bias, const Tensor& dg, Tensor& draw,
-                       Tensor& da_log, Tensor& ddt_bias);
+void kda_gate_backward(Context& ctx, const KdaGateParams& p, const Tensor& raw, const Tensor& a_log,
+                       const Tensor& dt_bias, const Tensor& dg, Tensor& draw, Tensor& da_log,
+                       Tensor& ddt_bias);
 
 }  // namespace mt::ops

@@ -167,7 +167,9 @@ void check_op(OpCase& op, const CheckOptions& opt) {
     if (!specs[i].differentiable) continue;
     grads[i] = alloc(in[i].shape());
     if (specs[i].accumulate) {
-      fill_normal(rng, grads[i]);
+      // Small enough that rounding of (prefill + grad) stays far below the tolerance for tiny
+      // gradients, large enough that an op overwriting instead of adding is caught.
+      fill_normal(rng, grads[i], 1e-2);
       prefill[i] = to_dvec(grads[i]);
     }
   }

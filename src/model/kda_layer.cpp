@@ -1,0 +1,292 @@
+#include "model/kda_layer.h"
+
+#include <cmath>
+
+#include "ops/activation.h"
+#include "ops/conv1d.h"
+#include "ops/kda_gate.h"
+#include "ops/norm.h"
+
+namespace mt {
+
+namespace {
+
+// fla applies the q/k L2 norm with this eps inside the root, independent of rms_norm_eps.
+constexpr float kQkL2Eps = 1e-6f;
+
+// Mamba-style decay initialisation: softplus(dt_bias) = dt, log-uniform in [1e-3, 0.1], so the
+// initial per-token decay is mild and spread over time scales.
+void init_dt_bias(Rng& rng, Tensor& t) {
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const double dt = std::exp(rng.uniform(std::log(1e-3), std::log(0.1)));
+    t.f32()[i] = static_cast<float>(dt + std::log(-std::expm1(-dt)));  // softplus^-1(dt)
+  }
+}
+
+// exp(A_log) in [1, 16]: the per-head decay rate multiplier (Mamba-2 style).
+void init_a_log(Rng& rng, Tensor& t) {
+  for (int64_t i = 0; i < t.numel(); ++i)
+    t.f32()[i] = static_cast<float>(std::log(rng.uniform(1.0, 16.0)));
+}
+
+}  // namespace
+
+KdaLayer::KdaLayer(const KdaConfig& cfg) : cfg_(cfg) {
+  MT_CHECK(
+      cfg.hidden > 0 && cfg.heads > 0 && cfg.head_dim > 0 && cfg.conv_kernel > 0 && cfg.chunk > 0,
+      ConfigError, "kda: hidden ", cfg.hidden, " heads ", cfg.heads, " head_dim ", cfg.head_dim,
+      " conv_kernel ", cfg.conv_kernel, " chunk ", cfg.chunk, " must be positive");
+  const int64_t d = cfg.hidden, K = cfg.head_dim, HK = hk();
+  q_proj_ = LinearModule("q_proj", d, HK, cfg.lora);
+  k_proj_ = LinearModule("k_proj", d, HK, cfg.lora);
+  v_proj_ = LinearModule("v_proj", d, HK, cfg.lora);
+  f_a_ = LinearModule("f_a_proj", d, K, cfg.lora);
+  f_b_ = LinearModule("f_b_proj", K, HK, cfg.lora);
+  b_proj_ = LinearModule("b_proj", d, cfg.heads, cfg.lora);
+  g_a_ = LinearModule("g_a_proj", d, K, cfg.lora);
+  g_b_ = LinearModule("g_b_proj", K, HK, cfg.lora);
+  o_proj_ = LinearModule("o_proj", HK, d, cfg.lora);
+}
+
+std::vector<ParamSpec> KdaLayer::param_specs() const {
+  const int64_t HK = hk(), kw = cfg_.conv_kernel;
+  // nn.Conv1d's default init is uniform(+-1/sqrt(kernel)); this normal has the same variance.
+  const float conv_std = 1.f / std::sqrt(3.f * static_cast<float>(kw));
+  std::vector<ParamSpec> s;
+  q_proj_.add_specs(s);
+  k_proj_.add_specs(s);
+  v_proj_.add_specs(s);
+  for (const char* n : {"q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight"})
+    s.push_back({.name = n, .shape = {HK, 1, kw}, .init = ParamInit::Normal, .std = conv_std});
+  f_a_.add_specs(s);
+  f_b_.add_specs(s);
+  b_proj_.add_specs(s);
+  s.push_back(
+      {.name = "A_log", .shape = {cfg_.heads}, .init = ParamInit::Custom, .custom = init_a_log});
+  s.push_back(
+      {.name = "dt_bias", .shape = {HK}, .init = ParamInit::Custom, .custom = init_dt_bias});
+  g_a_.add_specs(s);
+  g_b_.add_specs(s);
+  s.push_back({.name = "o_norm.weight", .shape = {cfg_.head_dim}, .init = ParamInit::Ones});
+  o_proj_.add_specs(s);
+  return s;
+}
+
+void KdaLayer::bind(const ParamTable& params) {
+  const int64_t HK = hk(), kw = cfg_.conv_kernel;
+  for (LinearModule* m :
+       {&q_proj_, &k_proj_, &v_proj_, &f_a_, &f_b_, &b_proj_, &g_a_, &g_b_, &o_proj_})
+    m->bind(params);
+  q_conv_ = need_param(params, "q_conv1d.weight", {HK, 1, kw});
+  k_conv_ = need_param(params, "k_conv1d.weight", {HK, 1, kw});
+  v_conv_ = need_param(params, "v_conv1d.weight", {HK, 1, kw});
+  a_log_ = need_param(params, "A_log", {cfg_.heads});
+  dt_bias_ = need_param(params, "dt_bias", {HK});
+  o_norm_ = need_param(params, "o_norm.weight", {cfg_.head_dim});
+}
+
+ops::KdaParams KdaLayer::core_params(const SeqInfo& seq) const {
+  return {.tokens = seq.tokens,
+          .heads = cfg_.heads,
+          .head_k = cfg_.head_dim,
+          .head_v = cfg_.head_dim,
+          .num_seqs = seq.num_seqs,
+          .chunked = cfg_.chunked,
+          .chunk = cfg_.chunk};
+}
+
+void KdaLayer::plan_activations(const SeqInfo& seq, ArenaPlan& plan) const {
+  const int64_t T = seq.tokens, H = cfg_.heads, K = cfg_.head_dim, HK = hk();
+  for (const LinearModule* m :
+       {&q_proj_, &k_proj_, &v_proj_, &f_a_, &f_b_, &b_proj_, &g_a_, &g_b_, &o_proj_})
+    m->plan(T, plan);
+  for (int i = 0; i < 11; ++i) plan.add({T, HK});  // qp kp vp, qc kc vc, qs ks, q k v
+  plan.add({T * H});                               // q_rstd
+  plan.add({T * H});                               // k_rstd
+  plan.add({T, K});                                // fa
+  plan.add({T, HK});                               // graw
+  plan.add({T, HK});                               // g
+  plan.add({T, H});                                // beta
+  plan.add({T, HK});                               // o
+  plan.add({ops::kda_saved_rows(core_params(seq), seq.cu_seqlens), H, K, K});  // states
+  plan.add({T, HK});                                                           // on
+  plan.add({T * H});                                                           // o_rstd
+  plan.add({T, K});                                                            // ga
+  plan.add({T, HK});                                                           // gb
+  plan.add({T, HK});                                                           // og
+}
+
+void KdaLayer::conv_silu_forward(Context& ctx, const SeqInfo& seq, const ParamRef& w,
+                                 const Tensor& proj, Tensor& pre, Tensor& out) {
+  const int64_t HK = hk(), kw = cfg_.conv_kernel;
+  const ops::CausalConvParams cp{.tokens = seq.tokens, .channels = HK, .kernel = kw};
+  ops::causal_conv1d_forward(ctx, cp, seq.cu_seqlens, proj, w.value.view({HK, kw}), pre);
+  ops::silu_forward(ctx, pre, out);
+}
+
+void KdaLayer::conv_silu_backward(Context& ctx, const SeqInfo& seq, const ParamRef& w,
+                                  const Tensor& proj, const Tensor& pre, const Tensor& dout,
+                                  Tensor& dproj) {
+  const int64_t HK = hk(), kw = cfg_.conv_kernel;
+  const ops::CausalConvParams cp{.tokens = seq.tokens, .channels = HK, .kernel = kw};
+  ArenaScope scope(ctx.workspace());
+  Tensor dpre = ctx.workspace().alloc({seq.tokens, HK});
+  ops::silu_backward(ctx, pre, dout, dpre);
+  Tensor dw = w.grad.defined() ? w.grad.view({HK, kw}) : Tensor();
+  ops::causal_conv1d_backward(ctx, cp, seq.cu_seqlens, proj, w.value.view({HK, kw}), dpre, dproj,
+                              dw);
+}
+
+void KdaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y, Arena& acts) {
+  const int64_t T = seq.tokens, H = cfg_.heads, K = cfg_.head_dim, HK = hk();
+  expect_shape(x, {T, cfg_.hidden}, "kda layer x");
+  expect_shape(y, {T, cfg_.hidden}, "kda layer y");
+
+  // q, k, v: projection, short conv, SiLU; q and k then L2-normalised per head.
+  const ops::NormParams l2{.rows = T * H, .dim = K, .eps = kQkL2Eps};
+  struct Branch {
+    LinearModule* proj;
+    const ParamRef* conv;
+    Tensor *p, *c, *s;
+  };
+  qp_ = acts.alloc({T, HK});
+  kp_ = acts.alloc({T, HK});
+  vp_ = acts.alloc({T, HK});
+  qc_ = acts.alloc({T, HK});
+  kc_ = acts.alloc({T, HK});
+  vc_ = acts.alloc({T, HK});
+  qs_ = acts.alloc({T, HK});
+  ks_ = acts.alloc({T, HK});
+  Tensor vs = acts.alloc({T, HK});
+  for (Branch b :
+       {Branch{&q_proj_, &q_conv_, &qp_, &qc_, &qs_}, Branch{&k_proj_, &k_conv_, &kp_, &kc_, &ks_},
+        Branch{&v_proj_, &v_conv_, &vp_, &vc_, &vs}}) {
+    b.proj->forward(ctx, x, *b.p, acts);
+    conv_silu_forward(ctx, seq, *b.conv, *b.p, *b.c, *b.s);
+  }
+  v_ = vs.view({T, H, K});
+  q_ = acts.alloc({T, H, K});
+  k_ = acts.alloc({T, H, K});
+  q_rstd_ = acts.alloc({T * H});
+  k_rstd_ = acts.alloc({T * H});
+  {
+    Tensor qn = q_.view({T * H, K}), kn = k_.view({T * H, K});
+    ops::l2norm_forward(ctx, l2, qs_.view({T * H, K}), qn, q_rstd_);
+    ops::l2norm_forward(ctx, l2, ks_.view({T * H, K}), kn, k_rstd_);
+  }
+
+  // Decay gate and beta.
+  fa_ = acts.alloc({T, K});
+  f_a_.forward(ctx, x, fa_, acts);
+  graw_ = acts.alloc({T, HK});
+  f_b_.forward(ctx, fa_, graw_, acts);
+  g_ = acts.alloc({T, HK});
+  ops::kda_gate_forward(ctx, {.tokens = T, .heads = H, .head_dim = K}, graw_, a_log_.value,
+                        dt_bias_.value, g_);
+  beta_ = acts.alloc({T, H});
+  {
+    ArenaScope scope(ctx.workspace());
+    Tensor braw = ctx.workspace().alloc({T, H});
+    b_proj_.forward(ctx, x, braw, acts);
+    const float* pr = braw.f32();
+    float* pb = beta_.f32();
+    const int64_t n = T * H;
+#pragma omp parallel for num_threads(ctx.threads()) schedule(static)
+    for (int64_t i = 0; i < n; ++i) pb[i] = ops::sigmoidf(pr[i]);
+  }
+
+  // The delta-rule core, every document from a zero state.
+  o_ = acts.alloc({T, H, K});
+  const ops::KdaParams cp = core_params(seq);
+  states_ = acts.alloc({ops::kda_saved_rows(cp, seq.cu_seqlens), H, K, K});
+  {
+    Tensor no_state;
+    ops::kda_forward(ctx, cp, seq.cu_seqlens, q_, k_, v_, g_.view({T, H, K}), beta_, Tensor(), o_,
+                     no_state, states_);
+  }
+
+  // Per-head RMSNorm, sigmoid output gate, output projection.
+  on_ = acts.alloc({T, HK});
+  o_rstd_ = acts.alloc({T * H});
+  {
+    Tensor onv = on_.view({T * H, K});
+    ops::rmsnorm_forward(ctx, {.rows = T * H, .dim = K, .eps = cfg_.norm_eps}, o_.view({T * H, K}),
+                         o_norm_.value, onv, o_rstd_);
+  }
+  ga_ = acts.alloc({T, K});
+  g_a_.forward(ctx, x, ga_, acts);
+  gb_ = acts.alloc({T, HK});
+  g_b_.forward(ctx, ga_, gb_, acts);
+  og_ = acts.alloc({T, HK});
+  ops::sigmoid_gate_forward(ctx, on_, gb_, og_);
+  o_proj_.forward(ctx, og_, y, acts);
+}
+
+void KdaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx) {
+  const int64_t T = seq.tokens, H = cfg_.heads, K = cfg_.head_dim, HK = hk();
+  MT_CHECK(og_.defined() && og_.dim(0) == T, InternalError,
+           "kda layer backward without a matching forward");
+  expect_shape(dy, {T, cfg_.hidden}, "kda layer dy");
+  expect_shape(dx, {T, cfg_.hidden}, "kda layer dx");
+  Arena& ws = ctx.workspace();
+  ArenaScope scope(ws);
+
+  // Output projection and gate; the gate branch is the first to reach x, so it writes dx.
+  Tensor dog = ws.alloc({T, HK}), don = ws.alloc({T, HK}), dgb = ws.alloc({T, HK});
+  o_proj_.backward(ctx, dy, dog);
+  ops::sigmoid_gate_backward(ctx, on_, gb_, dog, don, dgb);
+  Tensor dga = ws.alloc({T, K});
+  g_b_.backward(ctx, dgb, dga);
+  g_a_.backward(ctx, dga, dx);
+
+  Tensor dcore = ws.alloc({T, H, K});
+  {
+    Tensor dcv = dcore.view({T * H, K});
+    ops::rmsnorm_backward(ctx, {.rows = T * H, .dim = K, .eps = cfg_.norm_eps}, o_.view({T * H, K}),
+                          o_norm_.value, o_rstd_, don.view({T * H, K}), dcv, o_norm_.grad);
+  }
+
+  Tensor dq = ws.alloc({T, H, K}), dk = ws.alloc({T, H, K}), dv = ws.alloc({T, H, K}),
+         dg = ws.alloc({T, H, K}), dbeta = ws.alloc({T, H});
+  {
+    Tensor no_dh0;
+    ops::kda_backward(ctx, core_params(seq), seq.cu_seqlens, q_, k_, v_, g_.view({T, H, K}), beta_,
+                      states_, dcore, Tensor(), dq, dk, dv, dg, dbeta, no_dh0);
+  }
+
+  // beta = sigmoid(b_proj x).
+  {
+    Tensor dbraw = ws.alloc({T, H});
+    const float* pb = beta_.f32();
+    const float* pd = dbeta.f32();
+    float* pr = dbraw.f32();
+    const int64_t n = T * H;
+#pragma omp parallel for num_threads(ctx.threads()) schedule(static)
+    for (int64_t i = 0; i < n; ++i) pr[i] = pd[i] * pb[i] * (1.f - pb[i]);
+    b_proj_.backward(ctx, dbraw, dx, true);
+  }
+
+  // Decay gate.
+  {
+    Tensor dgraw = ws.alloc({T, HK}), dfa = ws.alloc({T, K});
+    ops::kda_gate_backward(ctx, {.tokens = T, .heads = H, .head_dim = K}, graw_, a_log_.value,
+                           dt_bias_.value, dg.view({T, HK}), dgraw, a_log_.grad, dt_bias_.grad);
+    f_b_.backward(ctx, dgraw, dfa);
+    f_a_.backward(ctx, dfa, dx, true);
+  }
+
+  // q, k (through the L2 norm) and v.
+  const ops::NormParams l2{.rows = T * H, .dim = K, .eps = kQkL2Eps};
+  Tensor ds = ws.alloc({T, HK}), dp = ws.alloc({T, HK});
+  Tensor dsv = ds.view({T * H, K});
+  ops::l2norm_backward(ctx, l2, qs_.view({T * H, K}), q_rstd_, dq.view({T * H, K}), dsv);
+  conv_silu_backward(ctx, seq, q_conv_, qp_, qc_, ds, dp);
+  q_proj_.backward(ctx, dp, dx, true);
+  ops::l2norm_backward(ctx, l2, ks_.view({T * H, K}), k_rstd_, dk.view({T * H, K}), dsv);
+  conv_silu_backward(ctx, seq, k_conv_, kp_, kc_, ds, dp);
+  k_proj_.backward(ctx, dp, dx, true);
+  conv_silu_backward(ctx, seq, v_conv_, vp_, vc_, dv.view({T, HK}), dp);
+  v_proj_.backward(ctx, dp, dx, true);
+}
+
+}  // namespace mt

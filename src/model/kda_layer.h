@@ -1,0 +1,60 @@
+// Kimi Delta Attention layer (HF kimi_linear parameter names), per document:
+//
+//   q, k, v = SiLU(ShortConv(W_{q,k,v} x));  q, k L2-normalised per head (eps 1e-6)
+//   g       = -exp(A_log) * softplus(f_b(f_a x) + dt_bias)            (ops::kda_gate)
+//   beta    = sigmoid(b_proj x)
+//   o       = KDA(q, k, v, g, beta)     chunked or token-by-token, zero initial state
+//   y       = o_proj( RMSNorm_head(o) * o_norm.weight * sigmoid(g_b(g_a x)) )
+//
+// Head dims are dk = dv = head_dim. Every projection is a LinearModule (LoRA from cfg.lora); the
+// short convolutions, A_log, dt_bias and o_norm are plain parameters.
+#pragma once
+
+#include <vector>
+
+#include "model/config.h"
+#include "model/layer.h"
+#include "model/linear_module.h"
+#include "ops/kda.h"
+
+namespace mt {
+
+class KdaLayer : public Layer {
+ public:
+  explicit KdaLayer(const KdaConfig& cfg);
+
+  std::vector<ParamSpec> param_specs() const override;
+  void bind(const ParamTable& params) override;
+  void plan_activations(const SeqInfo& seq, ArenaPlan& plan) const override;
+  void forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y, Arena& acts) override;
+  void backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx) override;
+
+  const KdaConfig& config() const { return cfg_; }
+
+ private:
+  ops::KdaParams core_params(const SeqInfo& seq) const;
+  int64_t hk() const { return cfg_.heads * cfg_.head_dim; }
+  // SiLU(ShortConv(proj)) and its backward for one of q, k, v.
+  void conv_silu_forward(Context& ctx, const SeqInfo& seq, const ParamRef& w, const Tensor& proj,
+                         Tensor& pre, Tensor& out);
+  void conv_silu_backward(Context& ctx, const SeqInfo& seq, const ParamRef& w, const Tensor& proj,
+                          const Tensor& pre, const Tensor& dout, Tensor& dproj);
+
+  KdaConfig cfg_;
+  LinearModule q_proj_, k_proj_, v_proj_, f_a_, f_b_, b_proj_, g_a_, g_b_, o_proj_;
+  ParamRef q_conv_, k_conv_, v_conv_, a_log_, dt_bias_, o_norm_;
+
+  // State of the last forward: views into `acts` (x itself is kept by the projections).
+  Tensor qp_, kp_, vp_;     // projections [T, H*K]
+  Tensor qc_, kc_, vc_;     // after the short conv (SiLU inputs)
+  Tensor qs_, ks_;          // after SiLU (L2-norm inputs)
+  Tensor q_, k_, v_;        // core inputs [T, H, K]
+  Tensor q_rstd_, k_rstd_;  // [T * H]
+  Tensor fa_, graw_, g_;    // gate low-rank, pre-activation, log decay
+  Tensor beta_;             // [T, H]
+  Tensor o_, states_;       // core output [T, H, K] and its saved states
+  Tensor on_, o_rstd_;      // per-head RMSNorm output and rstd [T * H]
+  Tensor ga_, gb_, og_;     // output-gate low-rank, gate pre-activation, gated output
+};
+
+}  // namespace mt

@@ -1,0 +1,312 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+
+#include "core/seq_info.h"
+#include "harness/op_check.h"
+#include "ops/kda.h"
+#include "ops/kda_gate.h"
+#include "ref/kda_ref.h"
+
+namespace mt::test {
+namespace {
+
+// ------------------------------------------------------------------------------------------------
+// Gate.
+
+class KdaGateCase : public OpCase {
+ public:
+  KdaGateCase(int64_t tokens, int64_t heads, int64_t head_dim, double raw_scale)
+      : p_{tokens, heads, head_dim}, raw_scale_(raw_scale) {}
+  std::string name() const override {
+    return cat("kda_gate T", p_.tokens, " H", p_.heads, " K", p_.head_dim);
+  }
+  std::vector<InputSpec> inputs() const override {
+    const int64_t n = p_.heads * p_.head_dim;
+    return {{.name = "raw", .shape = {p_.tokens, n}, .scale = raw_scale_},
+            {.name = "A_log",
+             .shape = {p_.heads},
+             .accumulate = true,
+             .init =
+                 [](Rng& rng, Tensor& t) {
+                   for (int64_t i = 0; i < t.numel(); ++i)
+                     t.f32()[i] = static_cast<float>(std::log(rng.uniform(1.0, 16.0)));
+                 }},
+            {.name = "dt_bias", .shape = {n}, .accumulate = true, .scale = 0.5}};
+  }
+  std::vector<OutputSpec> outputs() const override { return {{"g"}}; }
+  std::vector<Tensor> forward(Context& ctx, GuardedAlloc& alloc,
+                              const std::vector<Tensor>& in) override {
+    Tensor g = alloc(in[0].shape());
+    ops::kda_gate_forward(ctx, p_, in[0], in[1], in[2], g);
+    return {g};
+  }
+  void backward(Context& ctx, GuardedAlloc&, const std::vector<Tensor>& in,
+                const std::vector<Tensor>& dout, std::vector<Tensor>& grads) override {
+    ops::kda_gate_backward(ctx, p_, in[0], in[1], in[2], dout[0], grads[0], grads[1], grads[2]);
+  }
+  std::vector<DVec> reference(const std::vector<DVec>& in) const override {
+    return {ref::kda_gate(in[0], in[1], in[2], p_.heads, p_.head_dim)};
+  }
+
+ private:
+  ops::KdaGateParams p_;
+  double raw_scale_;
+};
+
+TEST(KdaGate, Basic) {
+  KdaGateCase c(37, 3, 24, 2.0);
+  check_op(c);
+}
+
+// Pre-activations far beyond softplus's threshold of 20 (the identity branch).
+TEST(KdaGate, SoftplusThreshold) {
+  KdaGateCase c(29, 2, 5, 25.0);
+  check_op(c);
+}
+
+TEST(KdaGate, ShapeMismatchIsAnError) {
+  Context ctx;
+  ops::KdaGateParams p{4, 2, 3};
+  Tensor raw = Tensor::zeros({4, 6}), a = Tensor::zeros({3}), dt = Tensor::zeros({6}),
+         g = Tensor::zeros({4, 6});
+  EXPECT_THROW(ops::kda_gate_forward(ctx, p, raw, a, dt, g), ShapeError);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Core.
+
+// Unit-norm key rows (as the layer feeds them), so the delta rule is a contraction.
+void init_unit_rows(Rng& rng, Tensor& t) {
+  const int64_t K = t.dim(-1), rows = t.numel() / K;
+  float* p = t.f32();
+  for (int64_t r = 0; r < rows; ++r) {
+    double s = 0;
+    for (int64_t i = 0; i < K; ++i) {
+      p[r * K + i] = static_cast<float>(rng.normal());
+      s += double(p[r * K + i]) * p[r * K + i];
+    }
+    for (int64_t i = 0; i < K; ++i) p[r * K + i] = static_cast<float>(p[r * K + i] / std::sqrt(s));
+  }
+}
+
+// log-sigmoid of shifted normals: mostly mild decays (state survives across chunks), some strong.
+void init_log_decay(Rng& rng, Tensor& t) {
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const double z = 1.5 * rng.normal() + 2.0;
+    t.f32()[i] = static_cast<float>(-std::log1p(std::exp(-z)));
+  }
+}
+
+// Decays as the layer's gate can produce them: -exp(A) softplus(u) with exp(A) up to 16 and u
+// up to a few, so single-token log decays reach -100 and in-chunk cumsums go to the thousands.
+void init_strong_decay(Rng& rng, Tensor& t) {
+  for (int64_t i = 0; i < t.numel(); ++i)
+    t.f32()[i] =
+        static_cast<float>(-rng.uniform(1.0, 16.0) * ref::softplus(2.0 * rng.normal() + 1.0));
+}
+
+void init_beta(Rng& rng, Tensor& t) {
+  for (int64_t i = 0; i < t.numel(); ++i)
+    t.f32()[i] = static_cast<float>(ref::sigmoid(rng.normal()));
+}
+
+struct KdaSetup {
+  std::vector<int64_t> lengths;
+  int64_t heads = 3, head_k = 16, head_v = 24;
+  bool chunked = true;
+  int64_t chunk = 64;
+  bool h0 = true;
+  bool strong_decay = false;
+};
+
+SeqInfo seq_of(const KdaSetup& s) {
+  return SeqInfo::from_lengths(s.lengths);
+}
+
+ops::KdaParams params_of(const KdaSetup& s, const SeqInfo& seq) {
+  return {.tokens = seq.tokens,
+          .heads = s.heads,
+          .head_k = s.head_k,
+          .head_v = s.head_v,
+          .num_seqs = seq.num_seqs,
+          .chunked = s.chunked,
+          .chunk = s.chunk};
+}
+
+class KdaCase : public OpCase {
+ public:
+  explicit KdaCase(KdaSetup s) : s_(std::move(s)), seq_(seq_of(s_)), p_(params_of(s_, seq_)) {}
+  std::string name() const override {
+    std::string l;
+    for (int64_t x : s_.lengths) l += cat(x, ",");
+    return cat("kda ", s_.chunked ? cat("chunked(", s_.chunk, ")") : std::string("recurrent"),
+               " docs[", l, "] H", s_.heads, " K", s_.head_k, " V", s_.head_v, s_.h0 ? " h0" : "");
+  }
+  std::vector<InputSpec> inputs() const override {
+    const int64_t T = seq_.tokens, H = s_.heads, K = s_.head_k, V = s_.head_v;
+    std::vector<InputSpec> in = {
+        {.name = "q", .shape = {T, H, K}},
+        {.name = "k", .shape = {T, H, K}, .init = init_unit_rows},
+        {.name = "v", .shape = {T, H, V}},
+        {.name = "g",
+         .shape = {T, H, K},
+         .init = s_.strong_decay ? init_strong_decay : init_log_decay},
+        {.name = "beta", .shape = {T, H}, .init = init_beta},
+    };
+    if (s_.h0) in.push_back({.name = "h0", .shape = {seq_.num_seqs, H, K, V}, .scale = 0.5});
+    return in;
+  }
+  std::vector<OutputSpec> outputs() const override { return {{"o"}, {"hT"}}; }
+  std::vector<Tensor> forward(Context& ctx, GuardedAlloc& alloc,
+                              const std::vector<Tensor>& in) override {
+    Tensor o = alloc({seq_.tokens, s_.heads, s_.head_v});
+    Tensor hT = alloc({seq_.num_seqs, s_.heads, s_.head_k, s_.head_v});
+    saved_ = alloc({ops::kda_saved_rows(p_, seq_.cu_seqlens), s_.heads, s_.head_k, s_.head_v});
+    ops::kda_forward(ctx, p_, seq_.cu_seqlens, in[0], in[1], in[2], in[3], in[4], h0(in), o, hT,
+                     saved_);
+    return {o, hT};
+  }
+  void backward(Context& ctx, GuardedAlloc& alloc, const std::vector<Tensor>& in,
+                const std::vector<Tensor>& dout, std::vector<Tensor>& grads) override {
+    Tensor dh0 = s_.h0 ? grads[5] : alloc({seq_.num_seqs, s_.heads, s_.head_k, s_.head_v});
+    ops::kda_backward(ctx, p_, seq_.cu_seqlens, in[0], in[1], in[2], in[3], in[4], saved_, dout[0],
+                      dout[1], grads[0], grads[1], grads[2], grads[3], grads[4], dh0);
+  }
+  std::vector<DVec> reference(const std::vector<DVec>& in) const override {
+    ref::KdaDims d{
+        .heads = s_.heads, .head_k = s_.head_k, .head_v = s_.head_v, .offsets = seq_.offsets};
+    auto [o, hT] = ref::kda(d, in[0], in[1], in[2], in[3], in[4], s_.h0 ? in[5] : DVec{});
+    return {o, hT};
+  }
+
+ private:
+  Tensor h0(const std::vector<Tensor>& in) const { return s_.h0 ? in[5] : Tensor(); }
+  KdaSetup s_;
+  SeqInfo seq_;
+  ops::KdaParams p_;
+  Tensor saved_;
+};
+
+CheckOptions kda_tol() {
+  CheckOptions o;
+  o.fwd_rtol = 1e-5;
+  o.grad_rtol = 1e-5;
+  return o;
+}
+
+TEST(Kda, RecurrentT67) {
+  KdaCase c({.lengths = {67}, .chunked = false});
+  check_op(c, kda_tol());
+}
+
+TEST(Kda, RecurrentDocs) {
+  KdaCase c({.lengths = {67, 1, 64, 30}, .chunked = false});
+  check_op(c, kda_tol());
+}
+
+TEST(Kda, ChunkedT67) {
+  KdaCase c({.lengths = {67}});
+  check_op(c, kda_tol());
+}
+
+TEST(Kda, ChunkedT130NoInitialState) {
+  KdaCase c({.lengths = {130}, .h0 = false});
+  check_op(c, kda_tol());
+}
+
+TEST(Kda, ChunkedDocs) {
+  KdaCase c({.lengths = {67, 1, 64, 30}});
+  check_op(c, kda_tol());
+}
+
+// Many chunk boundaries per document, K > V.
+TEST(Kda, ChunkedSmallChunk) {
+  KdaCase c({.lengths = {19, 5, 33}, .heads = 2, .head_k = 20, .head_v = 12, .chunk = 8});
+  check_op(c, kda_tol());
+}
+
+TEST(Kda, ChunkedStrongDecay) {
+  KdaCase c({.lengths = {67, 30}, .strong_decay = true});
+  check_op(c, kda_tol());
+}
+
+TEST(Kda, RecurrentStrongDecay) {
+  KdaCase c({.lengths = {67, 30}, .chunked = false, .strong_decay = true});
+  check_op(c, kda_tol());
+}
+
+// The chunked form against the recurrence on the same inputs: outputs and every gradient.
+void chunked_matches_recurrent(bool strong_decay) {
+  const std::vector<int64_t> lengths = {67, 1, 64, 30, 130};
+  const int64_t H = 3, K = 32, V = 24;
+  SeqInfo seq = SeqInfo::from_lengths(lengths);
+  const int64_t T = seq.tokens, N = seq.num_seqs;
+  Rng rng(20251027);
+  Tensor q = Tensor::empty({T, H, K}), k = Tensor::empty({T, H, K}), v = Tensor::empty({T, H, V}),
+         g = Tensor::empty({T, H, K}), beta = Tensor::empty({T, H}),
+         h0 = Tensor::empty({N, H, K, V}), dout = Tensor::empty({T, H, V}),
+         dhT = Tensor::empty({N, H, K, V});
+  fill_normal(rng, q);
+  init_unit_rows(rng, k);
+  fill_normal(rng, v);
+  (strong_decay ? init_strong_decay : init_log_decay)(rng, g);
+  init_beta(rng, beta);
+  fill_normal(rng, h0, 0.5);
+  fill_normal(rng, dout);
+  fill_normal(rng, dhT);
+
+  struct Result {
+    Tensor o, hT, dq, dk, dv, dg, dbeta, dh0;
+  };
+  auto run = [&](bool chunked) {
+    Context ctx;
+    ops::KdaParams p{
+        .tokens = T, .heads = H, .head_k = K, .head_v = V, .num_seqs = N, .chunked = chunked};
+    Result r{Tensor::empty({T, H, V}),    Tensor::empty({N, H, K, V}), Tensor::empty(q.shape()),
+             Tensor::empty(k.shape()),    Tensor::empty(v.shape()),    Tensor::empty(g.shape()),
+             Tensor::empty(beta.shape()), Tensor::empty(h0.shape())};
+    Tensor saved = Tensor::empty({ops::kda_saved_rows(p, seq.cu_seqlens), H, K, V});
+    ops::kda_forward(ctx, p, seq.cu_seqlens, q, k, v, g, beta, h0, r.o, r.hT, saved);
+    ops::kda_backward(ctx, p, seq.cu_seqlens, q, k, v, g, beta, saved, dout, dhT, r.dq, r.dk, r.dv,
+                      r.dg, r.dbeta, r.dh0);
+    return r;
+  };
+  Result a = run(true), b = run(false);
+  auto cmp = [](const Tensor& x, const Tensor& y, const char* what) {
+    EXPECT_LE(rel_err(to_dvec(x), to_dvec(y)), 1e-5) << what;
+  };
+  cmp(a.o, b.o, "o");
+  cmp(a.hT, b.hT, "hT");
+  cmp(a.dq, b.dq, "dq");
+  cmp(a.dk, b.dk, "dk");
+  cmp(a.dv, b.dv, "dv");
+  cmp(a.dg, b.dg, "dg");
+  cmp(a.dbeta, b.dbeta, "dbeta");
+  cmp(a.dh0, b.dh0, "dh0");
+}
+
+TEST(Kda, ChunkedMatchesRecurrent) {
+  chunked_matches_recurrent(false);
+}
+
+TEST(Kda, ChunkedMatchesRecurrentStrongDecay) {
+  chunked_matches_recurrent(true);
+}
+
+TEST(Kda, BadCuSeqlensIsAnError) {
+  Context ctx;
+  SeqInfo seq = SeqInfo::from_lengths({3, 4});
+  ops::KdaParams p{.tokens = 8, .heads = 1, .head_k = 2, .head_v = 2, .num_seqs = 2};
+  EXPECT_THROW(ops::kda_saved_rows(p, seq.cu_seqlens), ValueError);
+  p.tokens = 7;
+  Tensor q = Tensor::zeros({7, 1, 2}), v = Tensor::zeros({7, 1, 3}), beta = Tensor::zeros({7, 1}),
+         o = Tensor::zeros({7, 1, 2}), saved = Tensor::zeros({2, 1, 2, 2});
+  Tensor none;
+  EXPECT_THROW(ops::kda_forward(ctx, p, seq.cu_seqlens, q, q, v, q, beta, none, o, none, saved),
+               ShapeError);
+}
+
+}  // namespace
+}  // namespace mt::test
