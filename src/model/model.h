@@ -45,6 +45,8 @@ class Model {
 
   // Bytes of the activation arena for one step over `seq`.
   size_t activation_bytes(const SeqInfo& seq) const;
+  // Bytes the last forward actually took from that arena (equal to the plan: a test checks it).
+  size_t activation_bytes_used() const { return acts_.used(); }
 
   // ids, targets: i32 [tokens] (targets may hold ignore_index = -100). Returns the mean
   // cross-entropy over non-ignored targets; activations stay alive until backward().

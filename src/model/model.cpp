@@ -13,7 +13,9 @@ namespace mt {
 
 namespace {
 
-std::string layer_prefix(size_t i) { return "model.layers." + std::to_string(i) + "."; }
+std::string layer_prefix(size_t i) {
+  return "model.layers." + std::to_string(i) + ".";
+}
 
 ParamSpec ones(const std::string& name, int64_t n) {
   return ParamSpec{.name = name, .shape = {n}, .init = ParamInit::Ones};
@@ -31,9 +33,12 @@ void add_vec(Context& ctx, const Tensor& a, Tensor& acc) {
 
 std::unique_ptr<Layer> make_mixer(const ModelConfig& cfg, MixerKind kind) {
   switch (kind) {
-    case MixerKind::Kda: return std::make_unique<KdaLayer>(cfg.kda);
-    case MixerKind::Dsa: return std::make_unique<DsaLayer>(cfg.dsa);
-    case MixerKind::Mla: return std::make_unique<MlaLayer>(cfg.mla);
+    case MixerKind::Kda:
+      return std::make_unique<KdaLayer>(cfg.kda);
+    case MixerKind::Dsa:
+      return std::make_unique<DsaLayer>(cfg.dsa);
+    case MixerKind::Mla:
+      return std::make_unique<MlaLayer>(cfg.mla);
   }
   MT_THROW(InternalError, "unknown mixer kind");
 }
@@ -58,15 +63,19 @@ std::vector<NamedSpec> model_param_specs(const ModelConfig& cfg) {
   }
   out.push_back({"model.norm.weight", ones("weight", cfg.hidden)});
   if (!cfg.tie_embeddings)
-    out.push_back({"lm_head.weight", {.name = "weight", .shape = {cfg.vocab, cfg.hidden}, .std = cfg.init_std}});
+    out.push_back({"lm_head.weight",
+                   {.name = "weight", .shape = {cfg.vocab, cfg.hidden}, .std = cfg.init_std}});
   return out;
 }
 
 Model::Model(const ModelConfig& cfg, uint64_t seed, const ModelOptions& opt) : cfg_(cfg) {
   Rng rng(seed);
-  auto trainable = [&](const ParamSpec& s) { return !opt.freeze_base || s.role == ParamRole::Lora; };
+  auto trainable = [&](const ParamSpec& s) {
+    return !opt.freeze_base || s.role == ParamRole::Lora;
+  };
   auto single = [&](const std::string& name, const ParamSpec& s) {
-    return params_.add_layer(name.substr(0, name.size() - s.name.size()), {s}, rng, trainable).at(s.name);
+    return params_.add_layer(name.substr(0, name.size() - s.name.size()), {s}, rng, trainable)
+        .at(s.name);
   };
   embed_ = single("model.embed_tokens.weight",
                   {.name = "weight", .shape = {cfg.vocab, cfg.hidden}, .std = cfg.init_std});
@@ -82,9 +91,11 @@ Model::Model(const ModelConfig& cfg, uint64_t seed, const ModelOptions& opt) : c
     ffns_.push_back(std::move(ffn));
   }
   final_norm_ = single("model.norm.weight", ones("weight", cfg.hidden));
-  lm_head_ = cfg.tie_embeddings
-                 ? embed_
-                 : single("lm_head.weight", {.name = "weight", .shape = {cfg.vocab, cfg.hidden}, .std = cfg.init_std});
+  lm_head_ =
+      cfg.tie_embeddings
+          ? embed_
+          : single("lm_head.weight",
+                   {.name = "weight", .shape = {cfg.vocab, cfg.hidden}, .std = cfg.init_std});
 }
 
 void Model::plan(const SeqInfo& seq, ArenaPlan& p) const {
@@ -131,7 +142,8 @@ double Model::forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const
   const ops::NormParams np{.rows = T, .dim = d, .eps = cfg_.norm_eps};
 
   resid_[0] = acts_.alloc({T, d});
-  ops::embedding_forward(ctx, {.tokens = T, .vocab = cfg_.vocab, .dim = d}, ids, embed_.value, resid_[0]);
+  ops::embedding_forward(ctx, {.tokens = T, .vocab = cfg_.vocab, .dim = d}, ids, embed_.value,
+                         resid_[0]);
   for (size_t i = 0; i < L; ++i) {
     normed_in_[i] = acts_.alloc({T, d});
     rstd_in_[i] = acts_.alloc({T});
@@ -153,8 +165,8 @@ double Model::forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const
   ops::rmsnorm_forward(ctx, np, resid_[L], final_norm_.value, final_h_, final_rstd_);
   lse_ = acts_.alloc({T});
   have_forward_ = true;
-  return ops::lm_head_cross_entropy_forward(
-      ctx, {.tokens = T, .hidden = d, .vocab = cfg_.vocab}, final_h_, lm_head_.value, targets, lse_);
+  return ops::lm_head_cross_entropy_forward(ctx, {.tokens = T, .hidden = d, .vocab = cfg_.vocab},
+                                            final_h_, lm_head_.value, targets, lse_);
 }
 
 void Model::backward(Context& ctx) {
@@ -166,8 +178,9 @@ void Model::backward(Context& ctx) {
   Tensor dtmp = ctx.workspace().alloc({T, d});
   Tensor dnormed = ctx.workspace().alloc({T, d});
 
-  ops::lm_head_cross_entropy_backward(ctx, {.tokens = T, .hidden = d, .vocab = cfg_.vocab}, final_h_,
-                                      lm_head_.value, targets_, lse_, 1.0f, dnormed, lm_head_.grad);
+  ops::lm_head_cross_entropy_backward(ctx, {.tokens = T, .hidden = d, .vocab = cfg_.vocab},
+                                      final_h_, lm_head_.value, targets_, lse_, 1.0f, dnormed,
+                                      lm_head_.grad);
   const size_t L = mixers_.size();
   ops::rmsnorm_backward(ctx, np, resid_[L], final_norm_.value, final_rstd_, dnormed, dresid,
                         final_norm_.grad);
@@ -184,7 +197,8 @@ void Model::backward(Context& ctx) {
     add_vec(ctx, dtmp, dresid);
   }
   if (embed_.trainable())
-    ops::embedding_backward(ctx, {.tokens = T, .vocab = cfg_.vocab, .dim = d}, ids_, dresid, embed_.grad);
+    ops::embedding_backward(ctx, {.tokens = T, .vocab = cfg_.vocab, .dim = d}, ids_, dresid,
+                            embed_.grad);
   have_forward_ = false;
 }
 

@@ -29,7 +29,8 @@ std::unique_ptr<LayerBench> make(const std::string& which) {
   if (which == "moe") b->layer = make_ffn(cfg, FfnKind::Moe);
   if (which == "dense_ffn") b->layer = make_ffn(cfg, FfnKind::Dense);
   Rng rng(1);
-  b->layer->bind(b->store.add_layer("", b->layer->param_specs(), rng, [](const ParamSpec&) { return true; }));
+  b->layer->bind(
+      b->store.add_layer("", b->layer->param_specs(), rng, [](const ParamSpec&) { return true; }));
   b->seq = SeqInfo::uniform(kBatch, kSeq);
   const Shape act{b->seq.tokens, cfg.hidden};
   b->x = Tensor::empty(act);
@@ -55,20 +56,22 @@ void run(benchmark::State& state, const std::string& which, bool backward) {
     if (backward) b->layer->backward(ctx, b->seq, b->dy, b->dx);
     benchmark::DoNotOptimize(b->y.f32());
   }
-  state.counters["tokens_per_s"] =
-      benchmark::Counter(static_cast<double>(b->seq.tokens), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tokens_per_s"] = benchmark::Counter(
+      static_cast<double>(b->seq.tokens), benchmark::Counter::kIsIterationInvariantRate);
   state.counters["threads"] = ctx.threads();
 }
 
 }  // namespace
 
 BENCHMARK_CAPTURE(run, kda_chunked_fwd, std::string("kda"), false)->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(run, kda_chunked_fwd_bwd, std::string("kda"), true)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(run, kda_chunked_fwd_bwd, std::string("kda"), true)
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(run, gated_dsa_fwd, std::string("dsa"), false)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(run, gated_dsa_fwd_bwd, std::string("dsa"), true)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(run, mla_fwd_bwd, std::string("mla"), true)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(run, latent_moe_fwd, std::string("moe"), false)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(run, latent_moe_fwd_bwd, std::string("moe"), true)->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(run, dense_ffn_fwd_bwd, std::string("dense_ffn"), true)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(run, dense_ffn_fwd_bwd, std::string("dense_ffn"), true)
+    ->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();

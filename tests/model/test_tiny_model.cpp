@@ -1,0 +1,205 @@
+// The whole `tiny` hybrid model (KDA, gated DSA, dense FFN and latent MoE layers) against the
+// double-precision reference model: loss, and every parameter's gradient against central finite
+// differences of the reference.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <random>
+
+#include "harness/op_check.h"
+#include "model/model.h"
+#include "ref/model_ref.h"
+#include "train/adamw.h"
+
+namespace mt {
+namespace {
+
+using test::DVec;
+
+struct Batch {
+  SeqInfo seq;
+  Tensor ids, targets;
+};
+
+Batch make_batch(Rng& rng, const ModelConfig& cfg, std::vector<int64_t> lengths) {
+  Batch b;
+  b.seq = SeqInfo::from_lengths(lengths);
+  b.ids = Tensor::empty({b.seq.tokens}, DType::I32);
+  b.targets = Tensor::empty({b.seq.tokens}, DType::I32);
+  for (int64_t t = 0; t < b.seq.tokens; ++t) {
+    b.ids.i32()[t] = static_cast<int32_t>(rng.below(cfg.vocab));
+    // Every 7th target is masked out of the loss (prompt tokens, padding).
+    b.targets.i32()[t] = t % 7 == 3 ? -100 : static_cast<int32_t>(rng.below(cfg.vocab));
+  }
+  return b;
+}
+
+uint64_t fresh_seed() {
+  return std::random_device{}() ^
+         static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+}
+
+std::map<std::string, DVec> param_map(const Model& m) {
+  std::map<std::string, DVec> p;
+  for (const auto& prm : m.params().all()) p[prm->name] = test::to_dvec(prm->value);
+  return p;
+}
+
+bool is_indexer(const std::string& name) {
+  return name.find(".indexer.") != std::string::npos;
+}
+
+// Loss whose gradient the engine computes for `name`: the KL (times its coefficient) for indexer
+// parameters, cross-entropy + router auxiliary losses for all others.
+double loss_for(const ModelConfig& cfg, const std::string& name, const ref::ModelRefOut& o) {
+  return is_indexer(name) ? cfg.dsa.indexer_loss_coeff * o.indexer_kl : o.ce + o.router_aux;
+}
+
+void check_model_gradients(const ModelConfig& cfg, const ModelOptions& opt, uint64_t seed) {
+  SCOPED_TRACE(cat("seed=", seed));
+  Rng rng(seed);
+  Model model(cfg, seed, opt);
+  // Break the symmetry of fresh adapters (B = 0) so that every LoRA gradient is non-trivial.
+  for (const auto& p : model.params().all())
+    if (p->spec.role == ParamRole::Lora) test::fill_normal(rng, p->value, 0.1);
+  Batch b = make_batch(rng, cfg, {23, 1, 19});
+  Context ctx(ContextOptions{.seed = seed});
+  model.params().zero_grad();
+  double loss = model.forward(ctx, b.seq, b.ids, b.targets);
+  EXPECT_EQ(model.activation_bytes_used(), model.activation_bytes(b.seq));
+  model.backward(ctx);
+
+  std::map<std::string, DVec> P = param_map(model);
+  DVec ids = test::to_dvec(b.ids), targets = test::to_dvec(b.targets);
+  ref::ModelRefOut r0 = ref::model_forward(cfg, P, ids, targets, b.seq);
+  EXPECT_NEAR(loss, r0.ce, 1e-5 * std::abs(r0.ce));
+  double aux = 0;
+  for (const AuxLoss& a : model.aux_losses())
+    if (a.name == "indexer_kl")
+      EXPECT_NEAR(a.value, r0.indexer_kl, 1e-4 * r0.indexer_kl + 1e-9);
+    else
+      aux += a.weight * a.value;
+  EXPECT_NEAR(aux, r0.router_aux, 1e-4 * std::abs(r0.router_aux) + 1e-9);
+
+  int checked = 0;
+  for (const auto& prm : model.params().all()) {
+    if (!prm->trainable()) continue;
+    SCOPED_TRACE("gradient of " + prm->name);
+    DVec g = test::to_dvec(prm->grad);
+    double gnorm = 0;
+    for (double v : g) gnorm += v * v;
+    gnorm = std::sqrt(gnorm);
+    DVec& x = P[prm->name];
+    const DVec x0 = x;
+    double xs = 0;
+    for (double v : x0) xs += v * v;
+    const double h = 1e-4 * std::max(1e-2, std::sqrt(xs / static_cast<double>(x0.size())));
+    // A random direction over the whole tensor; redrawn when the step would cross a routing or
+    // top-k decision (the loss jumps there, so a difference quotient means nothing).
+    bool smooth = false;
+    for (int attempt = 0; attempt < 8 && !smooth; ++attempt) {
+      // Near a decision boundary every direction crosses it; shrink the step then.
+      const double hs = h * std::pow(0.1, attempt / 2);
+      DVec u(x0.size());
+      double un = 0;
+      for (double& v : u) {
+        v = rng.normal();
+        un += v * v;
+      }
+      un = std::sqrt(un);
+      double an = 0;
+      for (size_t i = 0; i < u.size(); ++i) {
+        u[i] /= un;
+        an += g[i] * u[i];
+      }
+      for (size_t i = 0; i < x.size(); ++i) x[i] = x0[i] + hs * u[i];
+      ref::ModelRefOut rp = ref::model_forward(cfg, P, ids, targets, b.seq);
+      for (size_t i = 0; i < x.size(); ++i) x[i] = x0[i] - hs * u[i];
+      ref::ModelRefOut rm = ref::model_forward(cfg, P, ids, targets, b.seq);
+      x = x0;
+      if (rp.decisions != r0.decisions || rm.decisions != r0.decisions) continue;
+      smooth = true;
+      double fd = (loss_for(cfg, prm->name, rp) - loss_for(cfg, prm->name, rm)) / (2 * hs);
+      // Rounding of the double reference (~1e-14 of the loss) divided by the step.
+      const double fd_noise = 1e-13 * std::max(1.0, std::abs(r0.ce)) / hs;
+      EXPECT_LE(std::abs(fd - an), 2e-4 * gnorm + 5e-9 + fd_noise)
+          << "finite difference " << fd << " vs backward " << an << " (|grad| " << gnorm << ")";
+    }
+    EXPECT_TRUE(smooth) << "every direction crossed a routing decision";
+    EXPECT_GT(gnorm, 0.0) << "a trainable parameter received no gradient";
+    ++checked;
+  }
+  EXPECT_GT(checked, 10);
+}
+
+TEST(TinyModel, LossAndEveryGradientMatchFiniteDifferences) {
+  check_model_gradients(ModelConfig::load("tiny"), {}, fresh_seed());
+}
+
+TEST(TinyModel, RecurrentKdaAndTiedEmbeddings) {
+  ModelConfig cfg = ModelConfig::load("tiny");
+  cfg.kda.chunked = false;
+  cfg.tie_embeddings = true;
+  check_model_gradients(cfg, {}, fresh_seed());
+}
+
+TEST(TinyModel, LoraOnlyTrainsAdapters) {
+  ModelConfig cfg = ModelConfig::load("tiny");
+  const LoraSpec lora{.rank = 2, .alpha = 4.f};
+  cfg.kda.lora = cfg.mla.lora = cfg.dsa.mla.lora = cfg.moe.lora = cfg.dense.lora = lora;
+  cfg.moe.expert_lora = lora;
+  Model model(cfg, 5, {.freeze_base = true});
+  int64_t trainable = 0;
+  for (const auto& p : model.params().all()) {
+    EXPECT_EQ(p->trainable(), p->spec.role == ParamRole::Lora) << p->name;
+    trainable += p->trainable() ? p->value.numel() : 0;
+  }
+  EXPECT_GT(trainable, 0);
+  EXPECT_LT(trainable, model.params().count() / 2);
+  check_model_gradients(cfg, {.freeze_base = true}, fresh_seed());
+}
+
+TEST(TinyModel, OneAdamWStepLowersTheLoss) {
+  ModelConfig cfg = ModelConfig::load("tiny");
+  uint64_t seed = fresh_seed();
+  SCOPED_TRACE(cat("seed=", seed));
+  Rng rng(seed);
+  Model model(cfg, seed);
+  Batch b = make_batch(rng, cfg, {40, 24});
+  Context ctx(ContextOptions{.seed = seed});
+  AdamW opt(model.params(), AdamWOptions{});
+  model.params().zero_grad();
+  double before = model.forward(ctx, b.seq, b.ids, b.targets);
+  model.backward(ctx);
+  opt.step(ctx, model.params(), 1e-2f);
+  double after = model.forward(ctx, b.seq, b.ids, b.targets);
+  EXPECT_LT(after, before - 1e-3) << "loss " << before << " -> " << after;
+}
+
+TEST(TinyModel, ParamSpecsMatchTheBuiltModel) {
+  for (const char* preset : {"tiny", "small"}) {
+    ModelConfig cfg = ModelConfig::load(preset);
+    Model model(cfg, 1);
+    std::vector<NamedSpec> specs = model_param_specs(cfg);
+    ASSERT_EQ(specs.size(), model.params().all().size()) << preset;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const Param& p = *model.params().all()[i];
+      EXPECT_EQ(specs[i].name, p.name);
+      EXPECT_EQ(specs[i].spec.shape, p.value.shape()) << p.name;
+    }
+  }
+}
+
+TEST(TinyModel, OutOfRangeTokenIsAnError) {
+  ModelConfig cfg = ModelConfig::load("tiny");
+  Model model(cfg, 1);
+  Rng rng(3);
+  Batch b = make_batch(rng, cfg, {9});
+  b.ids.i32()[4] = static_cast<int32_t>(cfg.vocab);
+  Context ctx;
+  EXPECT_THROW(model.forward(ctx, b.seq, b.ids, b.targets), ValueError);
+}
+
+}  // namespace
+}  // namespace mt
