@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "model/model.h"
+#include "ops/gemm.h"
 
 namespace {
 
@@ -61,8 +62,27 @@ void run(benchmark::State& state, const std::string& which, bool backward) {
   state.counters["threads"] = ctx.threads();
 }
 
+// The machine's reference rate: an fp32 GEMM of the size the layers use, through the same BLAS.
+void gemm_reference(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  Tensor a = Tensor::empty({n, n}), b = Tensor::empty({n, n}), c = Tensor::empty({n, n});
+  Rng rng(2);
+  for (int64_t i = 0; i < n * n; ++i) {
+    a.f32()[i] = static_cast<float>(rng.normal());
+    b.f32()[i] = static_cast<float>(rng.normal());
+  }
+  Context ctx;
+  for (auto _ : state) {
+    ops::matmul(ctx, a, false, b, true, c);
+    benchmark::DoNotOptimize(c.f32());
+  }
+  state.counters["gflops"] = benchmark::Counter(2.0 * static_cast<double>(n * n * n) * 1e-9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+
 }  // namespace
 
+BENCHMARK(gemm_reference)->Arg(512)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(run, kda_chunked_fwd, std::string("kda"), false)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(run, kda_chunked_fwd_bwd, std::string("kda"), true)
     ->Unit(benchmark::kMillisecond);
