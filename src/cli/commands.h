@@ -1,0 +1,19 @@
+// Subcommands. Each cmd_<name>.cpp defines one add_<name>_command(): it registers its options on
+// the app and returns the action to run when the user chose it (an exit code). main.cpp lists
+// them; library errors propagate to main, which turns them into messages and exit codes.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace mt::cli {
+
+struct Command {
+  CLI::App* sub = nullptr;
+  std::function<int()> run;
+};
+
+Command add_demo_command(CLI::App& app);
+Command add_info_command(CLI::App& app);
+
+}  // namespace mt::cli
