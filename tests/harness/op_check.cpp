@@ -117,21 +117,27 @@ void check_op(OpCase& op, const CheckOptions& opt) {
   Context ctx(ContextOptions{.seed = seed});
   GuardedAlloc alloc;
 
-  // 1. Inputs.
+  // 1. Inputs (redrawn while the case rejects them).
   std::vector<InputSpec> specs = op.inputs();
   std::vector<Tensor> in;
-  for (const InputSpec& s : specs) {
-    Tensor t = alloc(s.shape, s.dtype);
-    if (s.init) {
-      s.init(rng, t);
-    } else {
-      ASSERT_EQ(s.dtype, DType::F32) << s.name << ": non-f32 input needs an init function";
-      fill_normal(rng, t, s.scale);
-    }
-    in.push_back(t);
-  }
   std::vector<DVec> in_d;
-  for (const Tensor& t : in) in_d.push_back(to_dvec(t));
+  for (int draw = 0;; ++draw) {
+    ASSERT_LT(draw, 100) << "no acceptable input draw in 100 tries";
+    in.clear();
+    in_d.clear();
+    for (const InputSpec& s : specs) {
+      Tensor t = alloc(s.shape, s.dtype);
+      if (s.init) {
+        s.init(rng, t);
+      } else {
+        ASSERT_EQ(s.dtype, DType::F32) << s.name << ": non-f32 input needs an init function";
+        fill_normal(rng, t, s.scale);
+      }
+      in.push_back(t);
+    }
+    for (const Tensor& t : in) in_d.push_back(to_dvec(t));
+    if (op.accept(in_d)) break;
+  }
 
   // 2. Forward vs reference.
   std::vector<OutputSpec> ospecs = op.outputs();

@@ -37,12 +37,21 @@ bool is_indexer(const std::string& n) {
 
 // Top-k selection is piecewise constant in the inputs: a random draw whose k-th and (k+1)-th
 // scores are within float rounding of each other (or a finite-difference step that crosses such
-// a tie) would flip a selection between the fp32 layer and the double reference. Sparse cases
-// therefore run on fixed seeds checked to be far from ties; dense ones draw fresh seeds.
-constexpr uint64_t kSparseSeed = 20251002;
+// a tie) would flip a selection between the fp32 layer and the double reference. Every case
+// draws fresh inputs; sparse ones redraw until the selection is clear of ties (away_from_ties).
 
 // LM path: y only, indexer coefficient 0. Every parameter is checked; the indexer's must get
 // exactly nothing (its finite differences are 0 while the selection stays put).
+// Draws whose top-k selection is within 1e-4 (relative) of a tie are redrawn: fp32 and the
+// double reference could break such a tie differently, and finite differences could cross it.
+std::function<bool(const std::map<std::string, DVec>&, const DVec&)> away_from_ties(DsaConfig cfg) {
+  return [cfg](const std::map<std::string, DVec>& p, const DVec& x) {
+    if (cfg.dense_warmup) return true;
+    return ref::selection_margin(ref::dsa_layer(cfg, p, x, offsets_of(kLengths)), cfg.index_topk) >
+           1e-4;
+  };
+}
+
 LayerCaseSpec lm_case(const std::string& name, DsaConfig cfg) {
   cfg.indexer_loss_coeff = 0.f;
   LayerCaseSpec s;
@@ -53,6 +62,7 @@ LayerCaseSpec lm_case(const std::string& name, DsaConfig cfg) {
   s.reference = [cfg](const std::map<std::string, DVec>& p, const DVec& x) {
     return std::vector<DVec>{ref::dsa_layer(cfg, p, x, offsets_of(kLengths)).y};
   };
+  s.accept = away_from_ties(cfg);
   return s;
 }
 
@@ -68,6 +78,7 @@ LayerCaseSpec kl_case(const std::string& name, DsaConfig cfg) {
   s.output_y = false;
   s.output_kl = true;
   s.kl_coeff = cfg.indexer_loss_coeff;
+  s.accept = away_from_ties(cfg);
   s.x_differentiable = false;
   s.expect_zero_dx = true;
   s.differentiable = is_indexer;
@@ -84,12 +95,12 @@ CheckOptions tol(uint64_t seed = 0) {
 
 TEST(DsaLayer, SparseTopkLmPath) {
   LayerCase c(lm_case("dsa_top16_lm", base_config(16)));
-  check_op(c, tol(kSparseSeed));
+  check_op(c, tol());
 }
 
 TEST(DsaLayer, SparseTopkIndexerKl) {
   LayerCase c(kl_case("dsa_top16_kl", base_config(16)));
-  check_op(c, tol(kSparseSeed));
+  check_op(c, tol());
 }
 
 TEST(DsaLayer, TopkAboveTLmPath) {
@@ -112,11 +123,11 @@ TEST(DsaLayer, LoraSparse) {
   LayerCaseSpec lm = lm_case("dsa_lora_lm", cfg);
   lm.frozen = frozen;
   LayerCase c1(lm);
-  check_op(c1, tol(kSparseSeed));
+  check_op(c1, tol());
   LayerCaseSpec kl = kl_case("dsa_lora_kl", cfg);
   kl.frozen = frozen;
   LayerCase c2(kl);
-  check_op(c2, tol(kSparseSeed));
+  check_op(c2, tol());
 }
 
 // Warm-up, LM path: dense attention, dx exact, every MLA gradient left untouched.

@@ -41,6 +41,8 @@ struct LayerCaseSpec {
   NamePred untouched = [](const std::string&) { return false; };  // grad must stay as it was
   bool expect_zero_dx = false;  // with x not differentiable: dx must be exactly 0
   std::function<std::vector<DVec>(const std::map<std::string, DVec>&, const DVec&)> reference;
+  // Optional: rejects draws too close to a discrete decision (see OpCase::accept).
+  std::function<bool(const std::map<std::string, DVec>&, const DVec&)> accept;
 };
 
 inline bool ends_with(const std::string& s, const std::string& suffix) {
@@ -158,6 +160,13 @@ class LayerCase : public OpCase {
     std::map<std::string, DVec> params;
     for (size_t i = 0; i < specs_.size(); ++i) params[specs_[i].name] = in[1 + i];
     return s_.reference(params, in[0]);
+  }
+
+  bool accept(const std::vector<DVec>& in) const override {
+    if (!s_.accept) return true;
+    std::map<std::string, DVec> params;
+    for (size_t i = 0; i < specs_.size(); ++i) params[specs_[i].name] = in[1 + i];
+    return s_.accept(params, in[0]);
   }
 
   Layer& layer() { return *layer_; }

@@ -2,7 +2,9 @@
 // top-k selection, attention on the selected set and the indexer KL loss. Used only by tests.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "model/config.h"
 #include "ref/attention_ref.h"
@@ -15,7 +17,31 @@ struct DsaRefOut {
   DVec y;
   double kl = 0;
   DVec selected;  // [T, slots] as doubles, -1 padded
+  DVec cand;      // [T, kin] causal candidates, -1 padded
+  DVec scores;    // [T, kin] indexer scores of the candidates (sparse mode only)
+  int64_t kin = 0;
 };
+
+// Smallest gap, over rows with more candidates than top-k, between the k-th and (k+1)-th
+// indexer score, relative to the row's largest |score|: how far the selection is from a tie.
+inline double selection_margin(const DsaRefOut& o, int64_t topk) {
+  double margin = 1e300;
+  for (size_t t = 0; o.kin > 0 && t < o.cand.size() / static_cast<size_t>(o.kin); ++t) {
+    std::vector<double> row;
+    double scale = 1e-30;
+    for (int64_t j = 0; j < o.kin; ++j) {
+      const size_t e = t * static_cast<size_t>(o.kin) + static_cast<size_t>(j);
+      if (o.cand[e] < 0) continue;
+      row.push_back(o.scores[e]);
+      scale = std::max(scale, std::abs(o.scores[e]));
+    }
+    if (static_cast<int64_t>(row.size()) <= topk) continue;
+    std::sort(row.begin(), row.end(), std::greater<double>());
+    margin = std::min(
+        margin, (row[static_cast<size_t>(topk - 1)] - row[static_cast<size_t>(topk)]) / scale);
+  }
+  return margin;
+}
 
 inline DsaRefOut dsa_layer(const DsaConfig& c, const ParamMap& p, const DVec& x,
                            const std::vector<int64_t>& offsets) {
@@ -42,13 +68,15 @@ inline DsaRefOut dsa_layer(const DsaConfig& c, const ParamMap& p, const DVec& x,
   const int64_t kin = max_len(offsets);
   DVec cand = causal_index_table(offsets, kin);
   DsaRefOut out;
+  out.cand = cand;
+  out.kin = kin;
   int64_t slots = kin;
   if (c.dense_warmup) {
     out.selected = cand;
   } else {
     slots = c.index_topk;
-    out.selected =
-        topk_select(indexer_scores(qi, ki, w, cand, T, HI, DI, kin, iscale), cand, T, kin, slots);
+    out.scores = indexer_scores(qi, ki, w, cand, T, HI, DI, kin, iscale);
+    out.selected = topk_select(out.scores, cand, T, kin, slots);
   }
 
   AttnRefOut a =
