@@ -2,7 +2,8 @@
 # Installs the Debian packages moetrain builds against, skipping what is already there.
 set -euo pipefail
 pkgs=(cmake ninja-build g++ make libopenblas-dev nlohmann-json3-dev libgtest-dev libgmock-dev
-      libbenchmark-dev clang-format libcli11-dev libtomlplusplus-dev)
+      libbenchmark-dev clang-format libcli11-dev libtomlplusplus-dev
+      libopenmpi-dev openmpi-bin libsentencepiece-dev fortunes gnuplot-nox)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -15,5 +15,13 @@ struct Command {
 
 Command add_demo_command(CLI::App& app);
 Command add_info_command(CLI::App& app);
+Command add_data_command(CLI::App& app);
+Command add_train_command(CLI::App& app);
+Command add_eval_command(CLI::App& app);
+Command add_export_command(CLI::App& app);
+Command add_plan_command(CLI::App& app);
+Command add_forward_command(CLI::App& app);
+Command add_generate_command(CLI::App& app);
+Command add_report_command(CLI::App& app);
 
 }  // namespace mt::cli

@@ -46,6 +46,8 @@ class DsaLayer : public MlaLayer {
   void plan_selection(const SeqInfo& seq, ArenaPlan& plan) const override;
   void select_keys(Context& ctx, const SeqInfo& seq, const Tensor& x, Arena& acts) override;
   void after_attention(Context& ctx, const SeqInfo& seq, Arena& acts) override;
+  Tensor decode_select(Context& ctx, AttnDecodeState& st, const Tensor& x, const Tensor& cqn,
+                       const Tensor& positions) override;
 
  private:
   float weight_scale() const;

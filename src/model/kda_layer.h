@@ -19,6 +19,8 @@
 
 namespace mt {
 
+struct KdaDecodeState;
+
 class KdaLayer : public Layer {
  public:
   explicit KdaLayer(const KdaConfig& cfg);
@@ -30,6 +32,8 @@ class KdaLayer : public Layer {
   void backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx) override;
 
   const KdaConfig& config() const { return cfg_; }
+  // Inference only (model/decode.h): x [n, hidden] continues the document `st` holds.
+  void decode_step(Context& ctx, KdaDecodeState& st, const Tensor& x, Tensor& y);
 
  private:
   ops::KdaParams core_params(const SeqInfo& seq) const;

@@ -19,6 +19,8 @@
 
 namespace mt {
 
+struct AttnDecodeState;
+
 class MlaLayer : public Layer {
  public:
   explicit MlaLayer(const MlaConfig& cfg);
@@ -31,6 +33,8 @@ class MlaLayer : public Layer {
 
   const MlaConfig& config() const { return cfg_; }
   float softmax_scale() const;
+  // Inference only (model/decode.h): x [n, hidden] continues the document `st` caches.
+  void decode_step(Context& ctx, AttnDecodeState& st, const Tensor& x, Tensor& y);
 
  protected:
   // Slots per query of the attention index table for `seq`.
@@ -41,6 +45,10 @@ class MlaLayer : public Layer {
   virtual void select_keys(Context& ctx, const SeqInfo& seq, const Tensor& x, Arena& acts);
   // Runs after the attention forward (o_, lse_ valid).
   virtual void after_attention(Context& ctx, const SeqInfo& seq, Arena& acts);
+  // Decoding: key positions (i32 [n, slots], workspace) for the n new tokens at `positions`,
+  // whose keys are already cached; dense causal here.
+  virtual Tensor decode_select(Context& ctx, AttnDecodeState& st, const Tensor& x,
+                               const Tensor& cqn, const Tensor& positions);
 
   ops::AttentionParams attn_params(int64_t tokens, int64_t slots) const;
   int64_t qk_dim() const { return cfg_.qk_nope_dim + cfg_.qk_rope_dim; }

@@ -70,12 +70,14 @@ std::vector<NamedSpec> model_param_specs(const ModelConfig& cfg) {
 
 Model::Model(const ModelConfig& cfg, uint64_t seed, const ModelOptions& opt) : cfg_(cfg) {
   Rng rng(seed);
+  std::string prefix;  // of the layer being added, for also_train's full names
   auto trainable = [&](const ParamSpec& s) {
-    return !opt.freeze_base || s.role == ParamRole::Lora;
+    return !opt.freeze_base || s.role == ParamRole::Lora ||
+           (opt.also_train && opt.also_train(prefix + s.name));
   };
   auto single = [&](const std::string& name, const ParamSpec& s) {
-    return params_.add_layer(name.substr(0, name.size() - s.name.size()), {s}, rng, trainable)
-        .at(s.name);
+    prefix = name.substr(0, name.size() - s.name.size());
+    return params_.add_layer(prefix, {s}, rng, trainable).at(s.name);
   };
   embed_ = single("model.embed_tokens.weight",
                   {.name = "weight", .shape = {cfg.vocab, cfg.hidden}, .std = cfg.init_std});
@@ -83,11 +85,13 @@ Model::Model(const ModelConfig& cfg, uint64_t seed, const ModelOptions& opt) : c
     std::string p = layer_prefix(i);
     norm_in_.push_back(single(p + "input_layernorm.weight", ones("weight", cfg.hidden)));
     auto mixer = make_mixer(cfg, cfg.layers[i].mixer);
-    mixer->bind(params_.add_layer(p + "self_attn.", mixer->param_specs(), rng, trainable));
+    prefix = p + "self_attn.";
+    mixer->bind(params_.add_layer(prefix, mixer->param_specs(), rng, trainable));
     mixers_.push_back(std::move(mixer));
     norm_post_.push_back(single(p + "post_attention_layernorm.weight", ones("weight", cfg.hidden)));
     auto ffn = make_ffn(cfg, cfg.layers[i].ffn);
-    ffn->bind(params_.add_layer(p + "mlp.", ffn->param_specs(), rng, trainable));
+    prefix = p + "mlp.";
+    ffn->bind(params_.add_layer(prefix, ffn->param_specs(), rng, trainable));
     ffns_.push_back(std::move(ffn));
   }
   final_norm_ = single("model.norm.weight", ones("weight", cfg.hidden));
@@ -217,6 +221,39 @@ std::vector<AuxLoss> Model::aux_losses() const {
   for (const auto& f : ffns_)
     for (const AuxLoss& a : f->aux_losses()) add(a);
   return out;
+}
+
+std::vector<MoeLayer*> Model::moe_layers() {
+  std::vector<MoeLayer*> out;
+  for (auto& f : ffns_) out.push_back(dynamic_cast<MoeLayer*>(f.get()));
+  return out;
+}
+
+void Model::shard_experts(int64_t first, int64_t count,
+                          const std::vector<ExpertCompute*>& computes) {
+  size_t k = 0;
+  for (size_t i = 0; i < ffns_.size(); ++i) {
+    auto* moe = dynamic_cast<MoeLayer*>(ffns_[i].get());
+    if (!moe) continue;
+    MT_CHECK(k < computes.size(), ValueError, "shard_experts: ", computes.size(),
+             " expert computes for more MoE layers");
+    const std::string prefix = layer_prefix(i) + "mlp.";
+    const std::string experts = prefix + "experts.";
+    ParamTable table;
+    for (const auto& p : params_.all()) {
+      if (p->name.compare(0, prefix.size(), prefix) != 0) continue;
+      if (p->name.compare(0, experts.size(), experts) == 0) {
+        // Slice the leading expert dimension; the full tensors are released here.
+        p->value = p->value.rows(first, first + count).clone();
+        if (p->grad.defined()) p->grad = Tensor::zeros(p->value.shape());
+      }
+      table[p->name.substr(prefix.size())] = ParamRef{p->value, p->grad};
+    }
+    moe->set_local_experts(first, count, computes[k++]);
+    moe->bind(table);
+  }
+  MT_CHECK(k == computes.size(), ValueError, "shard_experts: ", computes.size(),
+           " expert computes for ", k, " MoE layers");
 }
 
 }  // namespace mt

@@ -4,6 +4,7 @@
 // planner reads (activation_bytes); backward adds every trainable parameter's gradient.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,9 +18,14 @@
 
 namespace mt {
 
+class MoeLayer;
+class ExpertCompute;
+
 struct ModelOptions {
   // Train only LoRA adapters: base weights get no gradient buffer and no optimizer state.
   bool freeze_base = false;
+  // With freeze_base: base parameters (by full HF name) that still train in full, e.g. a router.
+  std::function<bool(const std::string&)> also_train;
 };
 
 // One parameter of a model as declared, without allocating it (for counting and planning).
@@ -54,8 +60,18 @@ class Model {
   // Adds d(loss)/d(param) into every trainable gradient (cross-entropy, plus each layer's own
   // auxiliary losses with their weights).
   void backward(Context& ctx);
+  // Final-norm hidden states [tokens, hidden] of the last forward, for callers that need the
+  // logits themselves (the loss path never materialises them).
+  const Tensor& final_hidden() const { return final_h_; }
   // Auxiliary losses of the last forward, summed by name over layers.
   std::vector<AuxLoss> aux_losses() const;
+
+  // The MoE layers (null entries for dense-FFN layers), for expert parallelism and load stats.
+  std::vector<MoeLayer*> moe_layers();
+  // Expert parallelism: keeps only experts [first, first + count) of every MoE layer (values as
+  // initialised, so every rank's slice equals the single-process model's), frees the rest and
+  // rebinds the layers; computes[i] (one per MoE layer, not owned) runs layer i's experts.
+  void shard_experts(int64_t first, int64_t count, const std::vector<ExpertCompute*>& computes);
 
  private:
   void plan(const SeqInfo& seq, ArenaPlan& p) const;

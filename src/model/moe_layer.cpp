@@ -34,6 +34,17 @@ MoeLayer::MoeLayer(const MoeConfig& cfg) : cfg_(cfg) {
     shared_down_ = LinearModule("shared_experts.down_proj", S, cfg.hidden, cfg.lora, kInitStd);
   }
   load_.assign(static_cast<size_t>(cfg.num_experts), 0);
+  expert_count_ = cfg.num_experts;
+}
+
+void MoeLayer::set_local_experts(int64_t first, int64_t count, ExpertCompute* compute) {
+  MT_CHECK(first >= 0 && count > 0 && first + count <= cfg_.num_experts, ValueError,
+           "local experts [", first, ", ", first + count, ") of ", cfg_.num_experts);
+  MT_CHECK(compute != nullptr || count == cfg_.num_experts, ValueError, "a layer holding ", count,
+           " of ", cfg_.num_experts, " experts needs an ExpertCompute");
+  expert_first_ = first;
+  expert_count_ = count;
+  remote_ = compute;
 }
 
 ops::RouterParams MoeLayer::router_params(int64_t tokens) const {
@@ -108,7 +119,7 @@ std::vector<ParamSpec> MoeLayer::param_specs() const {
 
 void MoeLayer::bind(const ParamTable& params) {
   const int64_t E = cfg_.num_experts, d = cfg_.hidden, l = cfg_.latent, F = cfg_.expert_ffn;
-  const int64_t r = cfg_.expert_lora.rank;
+  const int64_t r = cfg_.expert_lora.rank, El = expert_count_;
   gate_ = need_param(params, "gate.weight", {E, d});
   bias_ =
       cfg_.selection_bias ? need_param(params, "gate.e_score_correction_bias", {E}) : ParamRef{};
@@ -116,15 +127,15 @@ void MoeLayer::bind(const ParamTable& params) {
     latent_down_.bind(params);
     latent_up_.bind(params);
   }
-  ParamRef gu = need_param(params, "experts.gate_up_proj", {E, 2 * F, l});
-  ParamRef dn = need_param(params, "experts.down_proj", {E, l, F});
+  ParamRef gu = need_param(params, "experts.gate_up_proj", {El, 2 * F, l});
+  ParamRef dn = need_param(params, "experts.down_proj", {El, l, F});
   experts_ = {.gate_up = gu.value, .down = dn.value};
   experts_grad_ = {.gate_up = gu.grad, .down = dn.grad};
   if (r > 0) {
-    ParamRef gua = need_param(params, "experts.gate_up_lora_A", {E, r, l});
-    ParamRef gub = need_param(params, "experts.gate_up_lora_B", {E, 2 * F, r});
-    ParamRef dna = need_param(params, "experts.down_lora_A", {E, r, F});
-    ParamRef dnb = need_param(params, "experts.down_lora_B", {E, l, r});
+    ParamRef gua = need_param(params, "experts.gate_up_lora_A", {El, r, l});
+    ParamRef gub = need_param(params, "experts.gate_up_lora_B", {El, 2 * F, r});
+    ParamRef dna = need_param(params, "experts.down_lora_A", {El, r, F});
+    ParamRef dnb = need_param(params, "experts.down_lora_B", {El, l, r});
     experts_.gate_up_a = gua.value;
     experts_.gate_up_b = gub.value;
     experts_.down_a = dna.value;
@@ -207,7 +218,10 @@ void MoeLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
   const ops::GroupedFfnParams fp = ffn_params(T);
   saved_ = ops::grouped_ffn_alloc_saved(fp, acts);
   rows_out_ = acts.alloc({N, l});
-  ops::grouped_ffn_forward(ctx, fp, rows_, offsets_, experts_, rows_out_, saved_);
+  if (remote_)
+    remote_->forward(ctx, fp, rows_, offsets_, experts_, rows_out_);
+  else
+    ops::grouped_ffn_forward(ctx, fp, rows_, offsets_, experts_, rows_out_, saved_);
   if (has_latent()) {
     y_lat_ = acts.alloc({T, l});
     ops::moe_combine(ctx, rows_out_, weights_, inv_, y_lat_);
@@ -264,8 +278,11 @@ void MoeLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
   Tensor drows_out = ws.alloc({N, l}), dweights = ws.alloc({T, K});
   ops::moe_combine_backward(ctx, rows_out_, weights_, inv_, dy_lat, drows_out, dweights);
   Tensor drows = ws.alloc({N, l});
-  ops::grouped_ffn_backward(ctx, ffn_params(T), rows_, offsets_, experts_, saved_, drows_out, drows,
-                            experts_grad_);
+  if (remote_)
+    remote_->backward(ctx, ffn_params(T), experts_, drows_out, drows, experts_grad_);
+  else
+    ops::grouped_ffn_backward(ctx, ffn_params(T), rows_, offsets_, experts_, saved_, drows_out,
+                              drows, experts_grad_);
   if (has_latent()) {
     Tensor dx_lat = ws.alloc({T, l});
     ops::moe_gather_backward(ctx, drows, inv_, K, dx_lat);

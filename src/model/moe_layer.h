@@ -24,6 +24,22 @@
 
 namespace mt {
 
+// Runs the routed experts somewhere else (expert parallelism, src/parallel). The layer hands it
+// the rows of its tokens sorted by global expert and gets the expert outputs back in the same
+// order; the weights it passes are the layer's local experts only. One instance per layer: it
+// keeps what backward needs between the two calls.
+class ExpertCompute {
+ public:
+  virtual ~ExpertCompute() = default;
+  // rows [N, l] sorted by expert, offsets i32 [E+1] over all experts -> out [N, l] (written).
+  virtual void forward(Context& ctx, const ops::GroupedFfnParams& p, const Tensor& rows,
+                       const Tensor& offsets, const ops::GroupedFfnWeights& local, Tensor& out) = 0;
+  // dout [N, l] -> drows [N, l] (written); local expert grads accumulate.
+  virtual void backward(Context& ctx, const ops::GroupedFfnParams& p,
+                        const ops::GroupedFfnWeights& local, const Tensor& dout, Tensor& drows,
+                        ops::GroupedFfnWeights& local_grads) = 0;
+};
+
 class MoeLayer : public Layer {
  public:
   explicit MoeLayer(const MoeConfig& cfg);
@@ -51,6 +67,15 @@ class MoeLayer : public Layer {
   const Tensor& last_expert_ids() const { return ids_; }
   const MoeConfig& config() const { return cfg_; }
 
+  // Expert parallelism: this rank holds experts [first, first + count) (bind() then expects expert
+  // tensors with a leading dimension of count) and `compute` (not owned; null = all experts are
+  // local and run here) moves the rows to the experts' owners. Routing still covers all experts.
+  void set_local_experts(int64_t first, int64_t count, ExpertCompute* compute);
+  int64_t local_expert_first() const { return expert_first_; }
+  int64_t local_expert_count() const { return expert_count_; }
+  // Inference only (model/decode.h): forward on x [n, hidden] without counting expert load.
+  void decode_step(Context& ctx, const Tensor& x, Tensor& y);
+
  private:
   ops::RouterParams router_params(int64_t tokens) const;
   ops::GroupedFfnParams ffn_params(int64_t tokens) const;
@@ -68,6 +93,8 @@ class MoeLayer : public Layer {
   ops::GroupedFfnSaved saved_;
   double seq_aux_ = 0, z_ = 0;
   std::vector<int64_t> load_;
+  int64_t expert_first_ = 0, expert_count_ = 0;
+  ExpertCompute* remote_ = nullptr;
 };
 
 }  // namespace mt

@@ -23,6 +23,12 @@ class AdamW {
   double step(Context& ctx, ParamStore& store, float lr);
   int64_t steps() const { return step_; }
   int64_t state_bytes() const;
+  // Moments in store order of the trainable parameters, for checkpoints.
+  std::vector<Tensor>& first_moments() { return m_; }
+  std::vector<Tensor>& second_moments() { return v_; }
+  const std::vector<Tensor>& first_moments() const { return m_; }
+  const std::vector<Tensor>& second_moments() const { return v_; }
+  void set_steps(int64_t s) { step_ = s; }
 
  private:
   AdamWOptions opt_;

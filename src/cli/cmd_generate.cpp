@@ -1,0 +1,96 @@
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "train/checkpoint.h"
+#include "train/generate.h"
+#include "train/job.h"
+#include "train/tokenizer.h"
+
+namespace mt::cli {
+
+namespace {
+struct GenerateArgs {
+  std::string model = "tiny", checkpoint, tokenizer, prompt, prompt_ids;
+  SamplingOptions sampling;
+  uint64_t init_seed = 1;
+  int threads = 0;
+};
+
+std::vector<int32_t> parse_ids(const std::string& s) {
+  std::vector<int32_t> ids;
+  std::string tok;
+  std::stringstream ss(s);
+  while (std::getline(ss, tok, ',')) {
+    std::stringstream ts(tok);
+    long long v = 0;
+    std::string rest;
+    MT_CHECK(static_cast<bool>(ts >> v) && !(ts >> rest), ValueError, "--prompt-ids: '", tok,
+             "' is not an integer (expected e.g. 5,17,3)");
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  return ids;
+}
+}  // namespace
+
+Command add_generate_command(CLI::App& app) {
+  auto a = std::make_shared<GenerateArgs>();
+  CLI::App* c = app.add_subcommand("generate", "sample text with incremental decoding");
+  c->add_option("--model", a->model, "preset or model directory (ignored with --checkpoint)")
+      ->capture_default_str();
+  c->add_option("--checkpoint", a->checkpoint,
+                "checkpoint directory or a run's checkpoints/ (weights and LoRA adapters)");
+  c->add_option("--tokenizer", a->tokenizer, "tokenizer.model (from data prepare / demo)");
+  auto* p = c->add_option("--prompt", a->prompt, "prompt text (with --tokenizer; else bytes)");
+  auto* pi = c->add_option("--prompt-ids", a->prompt_ids, "prompt token ids, e.g. 5,17,3");
+  p->excludes(pi);
+  c->add_option("--max-new", a->sampling.max_new, "tokens to generate")->capture_default_str();
+  c->add_option("--temperature", a->sampling.temperature, "0: greedy")->capture_default_str();
+  c->add_option("--top-p", a->sampling.top_p, "nucleus mass")->capture_default_str();
+  c->add_option("--seed", a->sampling.seed, "sampling seed")->capture_default_str();
+  c->add_option("--init-seed", a->init_seed, "weight init seed when no checkpoint is given")
+      ->capture_default_str();
+  c->add_option("--threads", a->threads, "CPU threads (0: all)")->capture_default_str();
+  return {c, [a] {
+            MT_CHECK(!a->prompt.empty() || !a->prompt_ids.empty(), ValueError,
+                     "generate: give --prompt TEXT or --prompt-ids IDS");
+            Context ctx(ContextOptions{.threads = a->threads});
+            std::unique_ptr<Model> model;
+            if (!a->checkpoint.empty()) {
+              std::string ck = a->checkpoint;
+              if (std::string l = latest_checkpoint(ck); !l.empty()) ck = l;
+              const Job job = Job::load(ck + "/job.toml");
+              model =
+                  std::make_unique<Model>(job_model_config(job), job.seed, job_model_options(job));
+              load_checkpoint(ck, *model, nullptr);
+            } else {
+              model = std::make_unique<Model>(ModelConfig::load(a->model), a->init_seed);
+            }
+            std::unique_ptr<Tokenizer> tok;
+            if (!a->tokenizer.empty())
+              tok = std::make_unique<Tokenizer>(Tokenizer::load(a->tokenizer));
+            std::vector<int32_t> prompt;
+            if (!a->prompt_ids.empty())
+              prompt = parse_ids(a->prompt_ids);
+            else if (tok)
+              prompt = tok->encode(a->prompt);
+            else
+              for (unsigned char ch : a->prompt) prompt.push_back(ch);  // byte-level ids
+            Generator gen(*model);
+            auto show = [&](const std::vector<int32_t>& ids) {
+              if (tok) return tok->decode(ids);
+              std::string s;
+              for (int32_t id : ids) s += std::to_string(id) + " ";
+              return s;
+            };
+            const std::vector<int32_t> out = gen.generate(ctx, prompt, a->sampling);
+            std::cout << show(prompt) << (tok ? "" : "| ") << show(out) << "\n";
+            return 0;
+          }};
+}
+
+}  // namespace mt::cli

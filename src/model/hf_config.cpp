@@ -1,0 +1,391 @@
+#include "model/hf_config.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+namespace mt {
+namespace {
+
+using nlohmann::json;
+
+// Typed access that records consumed keys, so leftovers can be reported by name. Aliases
+// (transformers writes some keys under attribute_map names) resolve to the first one present.
+class Keys {
+ public:
+  Keys(const json& j, std::string where) : j_(j), where_(std::move(where)) {
+    MT_CHECK(j.is_object(), ConfigError, where_, ": expected a JSON object");
+  }
+  bool has(std::initializer_list<const char*> names) const { return find(names) != nullptr; }
+  template <typename T>
+  T get(std::initializer_list<const char*> names, T fallback) {
+    for (const char* n : names) used_.insert(n);
+    const json* v = find(names);
+    return v ? as<T>(*v, *names.begin()) : fallback;
+  }
+  template <typename T>
+  T need(std::initializer_list<const char*> names) {
+    for (const char* n : names) used_.insert(n);
+    const json* v = find(names);
+    MT_CHECK(v, ConfigError, where_, ": missing key '", *names.begin(), "'");
+    return as<T>(*v, *names.begin());
+  }
+  const json* raw(const char* name) {
+    used_.insert(name);
+    return find({name});
+  }
+  // Keys with no effect on the forward/backward math (token ids, caching, bookkeeping).
+  void ignore(std::initializer_list<const char*> names) {
+    for (const char* n : names) used_.insert(n);
+  }
+  // A key that is accepted only with one value (the one the engine implements).
+  template <typename T>
+  void only(const char* name, T allowed) {
+    used_.insert(name);
+    const json* v = find({name});
+    if (!v) return;
+    MT_CHECK(as<T>(*v, name) == allowed, ConfigError, where_, ": '", name, "' = ", v->dump(),
+             " is not supported (only ", json(allowed).dump(), ")");
+  }
+  void reject_unknown() const {
+    for (auto it = j_.begin(); it != j_.end(); ++it)
+      MT_CHECK(used_.count(it.key()), ConfigError, where_, ": unknown or unsupported key '",
+               it.key(), "'");
+  }
+  const std::string& where() const { return where_; }
+
+ private:
+  const json* find(std::initializer_list<const char*> names) const {
+    for (const char* n : names)
+      if (j_.contains(n) && !j_.at(n).is_null()) return &j_.at(n);
+    return nullptr;
+  }
+  template <typename T>
+  T as(const json& v, const char* key) const {
+    try {
+      return v.get<T>();
+    } catch (const json::exception&) {
+      MT_THROW(ConfigError, where_, ": key '", key, "' has the wrong type (", v.type_name(), ")");
+    }
+  }
+  const json& j_;
+  std::string where_;
+  std::set<std::string> used_;
+};
+
+void positive(int64_t v, const std::string& where, const char* key) {
+  MT_CHECK(v > 0, ConfigError, where, ": '", key, "' must be positive, got ", v);
+}
+
+// Keys PreTrainedConfig writes for every model; none changes training math.
+void ignore_generic(Keys& k) {
+  k.ignore({"architectures",
+            "auto_map",
+            "torch_dtype",
+            "dtype",
+            "transformers_version",
+            "use_cache",
+            "bos_token_id",
+            "eos_token_id",
+            "initializer_range",
+            "_name_or_path",
+            "output_attentions",
+            "output_hidden_states",
+            "return_dict",
+            "id2label",
+            "label2id",
+            "ep_size",
+            "model_max_length",
+            "max_position_embeddings",
+            "tokenizer_class",
+            "chunk_size_feed_forward",
+            "is_encoder_decoder",
+            "problem_type"});
+  k.only("attention_dropout", 0.0);
+  k.only("hidden_act", std::string("silu"));
+  k.only("attention_bias", false);
+  k.only("mlp_bias", false);
+  k.only("pretraining_tp", int64_t{1});
+}
+
+// Layer FFN kinds: mlp_layer_types ("dense"/"sparse") wins, else first_k_dense_replace.
+void ffn_kinds(Keys& k, ModelConfig& c, int64_t n_layers, int64_t first_dense_default) {
+  const json* mlp = k.raw("mlp_layer_types");
+  int64_t first_dense = k.get<int64_t>({"first_k_dense_replace"}, first_dense_default);
+  k.only("moe_layer_freq", int64_t{1});
+  for (int64_t i = 0; i < n_layers; ++i) {
+    if (mlp) {
+      MT_CHECK(mlp->is_array() && static_cast<int64_t>(mlp->size()) == n_layers, ConfigError,
+               k.where(), ": mlp_layer_types must list ", n_layers, " entries");
+      const json& e = (*mlp)[static_cast<size_t>(i)];
+      MT_CHECK(e == "dense" || e == "sparse", ConfigError, k.where(), ": mlp_layer_types[", i,
+               "] = ", e.dump(), " (expected dense or sparse)");
+      c.layers[static_cast<size_t>(i)].ffn = e == "dense" ? FfnKind::Dense : FfnKind::Moe;
+    } else {
+      c.layers[static_cast<size_t>(i)].ffn = i < first_dense ? FfnKind::Dense : FfnKind::Moe;
+    }
+  }
+}
+
+// The DeepSeek-V3 MoE block as transformers implements it: sigmoid scores, the
+// e_score_correction_bias buffer for selection, group-limited top-k, no latent projection.
+void deepseek_moe(Keys& k, ModelConfig& c) {
+  c.moe.hidden = c.hidden;
+  c.moe.latent = c.hidden;
+  c.moe.num_experts = k.get<int64_t>({"n_routed_experts", "num_experts", "num_local_experts"}, 0);
+  c.moe.top_k = k.get<int64_t>({"num_experts_per_tok", "num_experts_per_token"}, 0);
+  c.moe.expert_ffn = k.get<int64_t>({"moe_intermediate_size"}, 0);
+  c.moe.num_shared = k.get<int64_t>({"n_shared_experts", "num_shared_experts"}, 0);
+  c.moe.shared_ffn = c.moe.expert_ffn;
+  c.moe.score = RouterScore::Sigmoid;
+  k.only("scoring_func", std::string("sigmoid"));
+  k.only("moe_router_activation_func", std::string("sigmoid"));
+  k.only("topk_method", std::string("noaux_tc"));
+  k.only("use_grouped_topk", true);
+  c.moe.n_group = k.get<int64_t>({"n_group", "num_expert_group"}, 1);
+  c.moe.topk_group = k.get<int64_t>({"topk_group"}, 1);
+  c.moe.norm_topk_prob = k.get<bool>({"norm_topk_prob", "moe_renormalize"}, true);
+  c.moe.routed_scaling = k.get<float>({"routed_scaling_factor"}, 1.0f);
+  c.moe.selection_bias = true;
+  // transformers trains with the plain LM loss: no auxiliary router losses, no bias updates.
+  c.moe.bias_update_rate = 0.f;
+  c.moe.seq_aux_coeff = 0.f;
+  c.moe.z_loss_coeff = 0.f;
+  bool any_moe = false;
+  for (const LayerIR& l : c.layers) any_moe |= l.ffn == FfnKind::Moe;
+  if (!any_moe) return;
+  positive(c.moe.num_experts, k.where(), "n_routed_experts");
+  positive(c.moe.top_k, k.where(), "num_experts_per_tok");
+  positive(c.moe.expert_ffn, k.where(), "moe_intermediate_size");
+  MT_CHECK(c.moe.num_shared >= 0, ConfigError, k.where(), ": n_shared_experts is negative");
+  MT_CHECK(c.moe.n_group > 0 && c.moe.num_experts % c.moe.n_group == 0, ConfigError, k.where(),
+           ": n_group ", c.moe.n_group, " must divide n_routed_experts ", c.moe.num_experts);
+  MT_CHECK(c.moe.num_experts / c.moe.n_group >= 2 || c.moe.n_group == 1, ConfigError, k.where(),
+           ": group-limited routing sums the top-2 scores of a group; groups need 2 experts");
+  MT_CHECK(c.moe.topk_group > 0 && c.moe.topk_group <= c.moe.n_group, ConfigError, k.where(),
+           ": topk_group ", c.moe.topk_group, " outside [1, n_group]");
+  MT_CHECK(c.moe.top_k <= c.moe.topk_group * (c.moe.num_experts / c.moe.n_group), ConfigError,
+           k.where(), ": num_experts_per_tok ", c.moe.top_k, " exceeds the experts of ",
+           c.moe.topk_group, " groups");
+}
+
+void mla_common(Keys& k, ModelConfig& c) {
+  c.mla.hidden = c.hidden;
+  c.mla.heads = k.need<int64_t>({"num_attention_heads"});
+  int64_t kv_heads = k.get<int64_t>({"num_key_value_heads"}, c.mla.heads);
+  MT_CHECK(kv_heads == c.mla.heads, ConfigError, k.where(), ": num_key_value_heads ", kv_heads,
+           " != num_attention_heads ", c.mla.heads, " is not supported");
+  c.mla.q_lora_rank = k.get<int64_t>({"q_lora_rank"}, 0);
+  c.mla.kv_lora_rank = k.need<int64_t>({"kv_lora_rank"});
+  c.mla.qk_nope_dim = k.need<int64_t>({"qk_nope_head_dim"});
+  c.mla.qk_rope_dim = k.need<int64_t>({"qk_rope_head_dim"});
+  c.mla.v_head_dim = k.need<int64_t>({"v_head_dim"});
+  k.ignore({"head_dim"});  // derived (= qk_rope_head_dim) by transformers
+  int64_t qk = c.mla.qk_nope_dim + c.mla.qk_rope_dim;
+  k.only("qk_head_dim", qk);  // derived too; any other value would contradict the two dims
+  c.mla.norm_eps = 1e-6f;     // q_a_layernorm / kv_a_layernorm use RMSNorm's default eps
+  c.mla.output_gate = false;
+  positive(c.mla.heads, k.where(), "num_attention_heads");
+  positive(c.mla.kv_lora_rank, k.where(), "kv_lora_rank");
+  positive(c.mla.v_head_dim, k.where(), "v_head_dim");
+  positive(c.mla.qk_nope_dim + c.mla.qk_rope_dim, k.where(), "qk_nope_head_dim+qk_rope_head_dim");
+  MT_CHECK(c.mla.qk_rope_dim % 2 == 0, ConfigError, k.where(), ": qk_rope_head_dim must be even");
+}
+
+// rope_parameters (transformers v5) or rope_theta + rope_scaling (checkpoints). Only unscaled
+// RoPE is implemented: yarn changes both the frequencies and the cos/sin magnitude.
+float rope_theta(Keys& k) {
+  float theta = k.get<float>({"rope_theta"}, 10000.f);
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    const json* p = k.raw(key);
+    if (!p) continue;
+    Keys r(*p, k.where() + "." + key);
+    theta = r.get<float>({"rope_theta"}, theta);
+    std::string type = r.get<std::string>({"rope_type", "type"}, "default");
+    MT_CHECK(type == "default", ConfigError, r.where(), ": rope_type '", type,
+             "' is not supported (only default RoPE; yarn scaling is not implemented)");
+    r.reject_unknown();
+  }
+  return theta;
+}
+
+HfConfig kimi_linear(const json& j, const std::string& source) {
+  Keys k(j, source);
+  HfConfig h;
+  ModelConfig& c = h.model;
+  c.model_type = "kimi_linear";
+  ignore_generic(k);
+  k.ignore({"model_type"});
+  c.vocab = k.need<int64_t>({"vocab_size"});
+  c.hidden = k.need<int64_t>({"hidden_size"});
+  int64_t n = k.need<int64_t>({"num_hidden_layers"});
+  positive(c.vocab, source, "vocab_size");
+  positive(c.hidden, source, "hidden_size");
+  positive(n, source, "num_hidden_layers");
+  c.norm_eps = k.get<float>({"rms_norm_eps"}, 1e-5f);
+  c.tie_embeddings = k.get<bool>({"tie_word_embeddings"}, false);
+  h.pad_token_id = k.get<int64_t>({"pad_token_id"}, -1);
+  c.layers.assign(static_cast<size_t>(n), LayerIR{});
+
+  // Layer kinds: layer_types wins; else linear_attn_config's 1-based lists; else every 4th.
+  const json* lac = k.raw("linear_attn_config");
+  json lac_obj = lac ? *lac : json::object();
+  Keys la(lac_obj, source + ".linear_attn_config");
+  c.kda.hidden = c.hidden;
+  c.kda.heads = la.get<int64_t>({"num_heads"}, k.get<int64_t>({"linear_num_heads"}, 32));
+  c.kda.head_dim = la.get<int64_t>({"head_dim"}, k.get<int64_t>({"linear_head_dim"}, 128));
+  c.kda.conv_kernel =
+      la.get<int64_t>({"short_conv_kernel_size"}, k.get<int64_t>({"linear_conv_kernel_dim"}, 4));
+  c.kda.norm_eps = c.norm_eps;
+  std::vector<std::string> kinds(static_cast<size_t>(n));
+  if (const json* lt = k.raw("layer_types")) {
+    kinds = k.get<std::vector<std::string>>({"layer_types"}, {});
+    MT_CHECK(static_cast<int64_t>(kinds.size()) == n, ConfigError, source, ": layer_types has ",
+             kinds.size(), " entries for ", n, " layers");
+    (void)lt;
+    la.ignore({"kda_layers", "full_attn_layers"});
+  } else if (la.has({"kda_layers"}) && la.has({"full_attn_layers"})) {
+    for (const char* key : {"full_attn_layers", "kda_layers"}) {
+      for (int64_t one_based : la.need<std::vector<int64_t>>({key})) {
+        MT_CHECK(one_based >= 1 && one_based <= n, ConfigError, la.where(), ": ", key, " entry ",
+                 one_based, " outside [1, ", n, "] (the lists are 1-based)");
+        kinds[static_cast<size_t>(one_based - 1)] =
+            std::string(key) == "kda_layers" ? "linear_attention" : "full_attention";
+      }
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i)
+      kinds[static_cast<size_t>(i)] = i && i % 4 == 0 ? "full_attention" : "linear_attention";
+  }
+  la.ignore({"chunk_size"});  // an fla kernel tile size; the math does not depend on it
+  la.reject_unknown();
+  bool any_attn = false;
+  for (int64_t i = 0; i < n; ++i) {
+    const std::string& kind = kinds[static_cast<size_t>(i)];
+    MT_CHECK(kind == "linear_attention" || kind == "full_attention", ConfigError, source,
+             ": layer ", i, " has no kind or an unknown one ('", kind, "')");
+    c.layers[static_cast<size_t>(i)].mixer =
+        kind == "linear_attention" ? MixerKind::Kda : MixerKind::Mla;
+    any_attn |= kind == "full_attention";
+  }
+  positive(c.kda.heads, source, "linear_attn_config.num_heads");
+  positive(c.kda.head_dim, source, "linear_attn_config.head_dim");
+  positive(c.kda.conv_kernel, source, "linear_attn_config.short_conv_kernel_size");
+
+  if (any_attn) {
+    mla_common(k, c);
+  } else {
+    k.ignore({"num_attention_heads", "num_key_value_heads", "q_lora_rank", "kv_lora_rank",
+              "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "head_dim", "qk_head_dim"});
+  }
+  // transformers' kimi_linear attention is NoPE: the rope part of q/k is used without rotation,
+  // so rope settings have no effect; mla_use_nope = false would need the rotation.
+  c.mla.use_rope = false;
+  k.only("mla_use_nope", true);
+  k.ignore({"rope_theta", "rope_scaling", "rope_parameters"});
+  c.dsa.mla = c.mla;
+
+  c.dense.hidden = c.hidden;
+  c.dense.ffn = k.get<int64_t>({"intermediate_size"}, 0);
+  ffn_kinds(k, c, n, 1);
+  for (const LayerIR& l : c.layers)
+    if (l.ffn == FfnKind::Dense) positive(c.dense.ffn, source, "intermediate_size");
+  deepseek_moe(k, c);
+  k.only("num_nextn_predict_layers", int64_t{0});
+  k.reject_unknown();
+  return h;
+}
+
+HfConfig deepseek_v32(const json& j, const std::string& source) {
+  Keys k(j, source);
+  HfConfig h;
+  ModelConfig& c = h.model;
+  c.model_type = "deepseek_v32";
+  ignore_generic(k);
+  k.ignore({"model_type"});
+  MT_CHECK(!j.contains("quantization_config"), ConfigError, source,
+           ": 'quantization_config' is not supported (dequantize the checkpoint to bf16 first)");
+  c.vocab = k.need<int64_t>({"vocab_size"});
+  c.hidden = k.need<int64_t>({"hidden_size"});
+  int64_t n = k.need<int64_t>({"num_hidden_layers"});
+  positive(c.vocab, source, "vocab_size");
+  positive(c.hidden, source, "hidden_size");
+  positive(n, source, "num_hidden_layers");
+  c.norm_eps = k.get<float>({"rms_norm_eps"}, 1e-6f);
+  c.tie_embeddings = k.get<bool>({"tie_word_embeddings"}, false);
+  h.pad_token_id = k.get<int64_t>({"pad_token_id"}, -1);
+  c.layers.assign(static_cast<size_t>(n), LayerIR{MixerKind::Dsa, FfnKind::Moe});
+  if (k.has({"layer_types"})) {
+    auto kinds = k.get<std::vector<std::string>>({"layer_types"}, {});
+    MT_CHECK(static_cast<int64_t>(kinds.size()) == n, ConfigError, source, ": layer_types has ",
+             kinds.size(), " entries for ", n, " layers");
+    for (size_t i = 0; i < kinds.size(); ++i)
+      MT_CHECK(kinds[i] == "deepseek_sparse_attention", ConfigError, source, ": layer_types[", i,
+               "] = '", kinds[i], "' is not supported");
+  }
+  mla_common(k, c);
+  positive(c.mla.q_lora_rank, source, "q_lora_rank (the indexer reads the query latent)");
+  c.mla.use_rope = true;
+  c.mla.rope_style = ops::RopeStyle::Interleaved;
+  c.mla.rope_theta = rope_theta(k);
+  c.dsa.mla = c.mla;
+  c.dsa.index_heads = k.get<int64_t>({"index_n_heads"}, 64);
+  c.dsa.index_head_dim = k.get<int64_t>({"index_head_dim"}, 128);
+  c.dsa.index_rope_dim = c.mla.qk_rope_dim;
+  c.dsa.index_topk = k.get<int64_t>({"index_topk"}, 2048);
+  c.dsa.indexer_norm_eps = 1e-6f;
+  // transformers runs the indexer under no_grad: its weights get no gradient from the LM loss.
+  c.dsa.indexer_loss_coeff = 0.f;
+  positive(c.dsa.index_heads, source, "index_n_heads");
+  positive(c.dsa.index_head_dim, source, "index_head_dim");
+  positive(c.dsa.index_topk, source, "index_topk");
+  MT_CHECK(c.dsa.index_rope_dim <= c.dsa.index_head_dim, ConfigError, source,
+           ": qk_rope_head_dim exceeds index_head_dim");
+
+  c.dense.hidden = c.hidden;
+  c.dense.ffn = k.get<int64_t>({"intermediate_size"}, 0);
+  ffn_kinds(k, c, n, 3);
+  for (const LayerIR& l : c.layers)
+    if (l.ffn == FfnKind::Dense) positive(c.dense.ffn, source, "intermediate_size");
+  deepseek_moe(k, c);
+  // Multi-token-prediction layers are not part of the causal LM; transformers drops them too.
+  k.ignore({"num_nextn_predict_layers"});
+  k.reject_unknown();
+  return h;
+}
+
+}  // namespace
+
+HfConfig hf_config_from_json(const json& j, const std::string& source) {
+  MT_CHECK(j.is_object(), ConfigError, source, ": expected a JSON object");
+  MT_CHECK(j.contains("model_type") && j["model_type"].is_string(), ConfigError, source,
+           ": missing key 'model_type'");
+  std::string type = j["model_type"].get<std::string>();
+  HfConfig h;
+  if (type == "kimi_linear") {
+    h = kimi_linear(j, source);
+  } else if (type == "deepseek_v32") {
+    h = deepseek_v32(j, source);
+  } else if (type == "moetrain_hybrid") {
+    h.model = ModelConfig::from_json(j, source);
+  } else {
+    MT_THROW(ConfigError, source, ": model_type '", type,
+             "' is not supported (kimi_linear, deepseek_v32, moetrain_hybrid)");
+  }
+  h.model_type = type;
+  h.raw = j;
+  return h;
+}
+
+HfConfig load_hf_config(const std::string& path) {
+  std::filesystem::path p(path);
+  if (std::filesystem::is_directory(p)) p /= "config.json";
+  std::ifstream f(p);
+  MT_CHECK(f.good(), IoError, p.string(), ": cannot open");
+  json j = json::parse(f, nullptr, false);
+  MT_CHECK(!j.is_discarded(), ConfigError, p.string(), ": invalid JSON");
+  return hf_config_from_json(j, p.string());
+}
+
+}  // namespace mt

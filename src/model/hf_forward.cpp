@@ -1,0 +1,58 @@
+#include "model/hf_forward.h"
+
+#include "core/seq_info.h"
+#include "ops/gemm.h"
+
+namespace mt {
+
+HfForwardResult hf_forward(Context& ctx, LoadedModel& lm, const Tensor& input_ids, bool grads) {
+  Model& m = *lm.model;
+  const ModelConfig& cfg = m.config();
+  MT_CHECK(input_ids.ndim() == 2 && input_ids.dim(0) > 0 && input_ids.dim(1) > 0, ShapeError,
+           "input_ids must be [B, T] with B, T > 0, got ", input_ids.shape());
+  MT_CHECK(input_ids.dtype() == DType::I32 || input_ids.dtype() == DType::I64, ShapeError,
+           "input_ids must be an integer tensor, got ", dtype_name(input_ids.dtype()));
+  const int64_t B = input_ids.dim(0), T = input_ids.dim(1), N = B * T, V = cfg.vocab;
+  Tensor ids = Tensor::empty({N}, DType::I32);
+  bool has_pad = false;
+  for (int64_t i = 0; i < N; ++i) {
+    int64_t v = input_ids.dtype() == DType::I32 ? input_ids.i32()[i] : input_ids.i64()[i];
+    MT_CHECK(v >= 0 && v < V, ValueError, "input_ids[", i / T, ",", i % T, "] = ", v,
+             " outside the vocabulary [0, ", V, ")");
+    ids.i32()[i] = static_cast<int32_t>(v);
+    has_pad |= v == lm.config.pad_token_id;
+  }
+  // Labels are the inputs shifted left inside each row; a row's last token has no target.
+  Tensor targets = Tensor::empty({N}, DType::I32);
+  for (int64_t i = 0; i < N; ++i) targets.i32()[i] = (i % T == T - 1) ? -100 : ids.i32()[i + 1];
+
+  SeqInfo seq = SeqInfo::uniform(B, T);
+  m.params().zero_grad();
+  HfForwardResult r;
+  r.loss = m.forward(ctx, seq, ids, targets);
+
+  const Param* head =
+      m.params().find(cfg.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+  MT_CHECK(head != nullptr, InternalError, "model has no LM head weight");
+  r.logits = Tensor::empty({B, T, V});
+  Tensor flat = r.logits.view({N, V});
+  ops::matmul(ctx, m.final_hidden(), false, head->value, true, flat);
+
+  if (grads) {
+    m.backward(ctx);
+    r.grads = export_hf_tensors(m, lm.config.model_type, /*grads=*/true);
+    const int64_t pad = lm.config.pad_token_id;
+    if (pad >= 0 && pad < V && has_pad) {
+      // nn.Embedding(padding_idx) drops the lookup's gradient for that row; with tied weights
+      // the LM head's share of the same row would have to be kept, which we cannot separate.
+      MT_CHECK(!cfg.tie_embeddings, ValueError, "pad_token_id ", pad,
+               " occurs in input_ids of a model with tied embeddings: its embedding gradient "
+               "cannot be reproduced");
+      Tensor& g = r.grads.at("model.embed_tokens.weight");
+      std::fill(g.f32() + pad * cfg.hidden, g.f32() + (pad + 1) * cfg.hidden, 0.f);
+    }
+  }
+  return r;
+}
+
+}  // namespace mt

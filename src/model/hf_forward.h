@@ -1,0 +1,21 @@
+// The conformance computation behind `moetrain forward`: token ids [B, T] -> logits [B, T, V],
+// mean next-token cross-entropy, and optionally every parameter's gradient under its HF name,
+// with transformers' conventions (labels = input_ids shifted inside each row; the
+// pad_token_id embedding row gets no gradient, as nn.Embedding's padding_idx).
+#pragma once
+
+#include "core/context.h"
+#include "model/hf_names.h"
+
+namespace mt {
+
+struct HfForwardResult {
+  Tensor logits;  // f32 [B, T, V]
+  double loss = 0;
+  TensorMap grads;  // HF name -> f32 gradient (empty unless requested)
+};
+
+// input_ids: i32 or i64 [B, T] with every id in [0, vocab).
+HfForwardResult hf_forward(Context& ctx, LoadedModel& lm, const Tensor& input_ids, bool grads);
+
+}  // namespace mt

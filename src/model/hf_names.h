@@ -1,0 +1,49 @@
+// The name map between HuggingFace checkpoints and the engine's parameters, and model
+// directories (config.json + safetensors) in and out.
+//
+// Engine parameters already carry transformers-v5 names; the differences are layout only:
+//  - kimi_linear KDA: HF has one depthwise `conv1d.weight` [3*H*K, 1, w] over concat(q, k, v);
+//    the engine has q_conv1d / k_conv1d / v_conv1d [H*K, 1, w] (rows split in that order).
+//  - kimi_linear KDA: HF `A_log` is [1, 1, H, 1]; the engine's is [H].
+//  - routed experts: the engine keeps the fused v5 layout `mlp.experts.gate_up_proj` [E, 2F, d]
+//    (gate rows first) and `mlp.experts.down_proj` [E, d, F]; on load, per-expert checkpoints
+//    (`mlp.experts.N.{gate,up,down}_proj.weight`) are accepted and fused.
+// moetrain_hybrid directories use the engine names unchanged.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "model/hf_config.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+
+namespace mt {
+
+// The model's weights (grads = false) or trainable gradients (grads = true; buffers and frozen
+// parameters are left out) as HF-named tensors (copies, f32). `model_type` picks the layout.
+TensorMap export_hf_tensors(const Model& m, const std::string& model_type, bool grads = false);
+
+// Copies HF-named tensors into the model's parameters. Every missing, unexpected and mis-shaped
+// tensor is collected and reported in one ShapeError (tensors of multi-token-prediction layers
+// beyond num_hidden_layers are skipped, as transformers does).
+void import_hf_tensors(Model& m, const std::string& model_type, const TensorMap& tensors,
+                       const std::string& source);
+
+struct LoadedModel {
+  HfConfig config;
+  std::unique_ptr<Model> model;
+};
+
+// Reads DIR/config.json and DIR's safetensors (single or sharded) into a new Model.
+LoadedModel load_hf_model(const std::string& dir, const ModelOptions& opt = {});
+
+// Writes DIR/config.json (the original HF config, or the hybrid's own) and the weights as
+// safetensors (sharded above `max_shard_bytes`), each file atomically.
+void save_hf_model(const Model& m, const HfConfig& cfg, const std::string& dir,
+                   uint64_t max_shard_bytes = uint64_t{5} << 30);
+
+// An HfConfig for a model built from a ModelConfig (model_type "moetrain_hybrid").
+HfConfig hybrid_hf_config(const ModelConfig& cfg);
+
+}  // namespace mt

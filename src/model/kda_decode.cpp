@@ -1,0 +1,103 @@
+// KdaLayer::decode_step: the forward of kda_layer.cpp for n tokens that continue a document,
+// starting from the carried recurrent state and convolution tails instead of zeros.
+#include <algorithm>
+#include <cstring>
+
+#include "model/decode.h"
+#include "model/kda_layer.h"
+#include "ops/activation.h"
+#include "ops/conv1d.h"
+#include "ops/kda_gate.h"
+#include "ops/norm.h"
+
+namespace mt {
+
+namespace {
+
+// Must match kda_layer.cpp (fla's q/k L2-norm eps).
+constexpr float kQkL2Eps = 1e-6f;
+
+Tensor one_doc(Arena& ws, int64_t n) {
+  Tensor cu = ws.alloc({2}, DType::I32);
+  cu.i32()[0] = 0;
+  cu.i32()[1] = static_cast<int32_t>(n);
+  return cu;
+}
+
+}  // namespace
+
+void KdaLayer::decode_step(Context& ctx, KdaDecodeState& st, const Tensor& x, Tensor& y) {
+  const int64_t n = x.dim(0), H = cfg_.heads, K = cfg_.head_dim, HK = hk(),
+                tail = cfg_.conv_kernel - 1;
+  expect_shape(x, {n, cfg_.hidden}, "kda decode x");
+  expect_shape(y, {n, cfg_.hidden}, "kda decode y");
+  expect_shape(st.state, {1, H, K, K}, "kda decode state");
+  Arena& ws = ctx.workspace();
+  ArenaScope scope(ws);
+
+  // q, k, v: the short conv runs over [tail | new] as one document, so the new rows see exactly
+  // the kernel-1 previous inputs (zeros at the document start); the tail then moves forward.
+  const Tensor cu_conv = one_doc(ws, tail + n);
+  auto branch = [&](LinearModule& proj, const ParamRef& w, Tensor& tail_buf) {
+    Tensor buf = ws.alloc({tail + n, HK});
+    if (tail > 0) std::memcpy(buf.f32(), tail_buf.f32(), sizeof(float) * tail * HK);
+    Tensor newrows = ws.alloc({n, HK});
+    proj.forward(ctx, x, newrows, ws);
+    std::memcpy(buf.f32() + tail * HK, newrows.f32(), sizeof(float) * n * HK);
+    Tensor conv = ws.alloc({tail + n, HK});
+    ops::causal_conv1d_forward(ctx, {.tokens = tail + n, .channels = HK, .kernel = tail + 1},
+                               cu_conv, buf, w.value.view({HK, tail + 1}), conv);
+    if (tail > 0) std::memcpy(tail_buf.f32(), buf.f32() + n * HK, sizeof(float) * tail * HK);
+    Tensor out = ws.alloc({n, HK});
+    Tensor conv_new = ws.alloc({n, HK});
+    std::memcpy(conv_new.f32(), conv.f32() + tail * HK, sizeof(float) * n * HK);
+    ops::silu_forward(ctx, conv_new, out);
+    return out;
+  };
+  Tensor qs = branch(q_proj_, q_conv_, st.q_tail);
+  Tensor ks = branch(k_proj_, k_conv_, st.k_tail);
+  Tensor vs = branch(v_proj_, v_conv_, st.v_tail);
+  const ops::NormParams l2{.rows = n * H, .dim = K, .eps = kQkL2Eps};
+  Tensor q = ws.alloc({n, H, K}), k = ws.alloc({n, H, K}), rstd = ws.alloc({n * H});
+  {
+    Tensor qv = q.view({n * H, K}), kv = k.view({n * H, K});
+    ops::l2norm_forward(ctx, l2, qs.view({n * H, K}), qv, rstd);
+    ops::l2norm_forward(ctx, l2, ks.view({n * H, K}), kv, rstd);
+  }
+
+  // Decay gate and beta.
+  Tensor fa = ws.alloc({n, K}), graw = ws.alloc({n, HK}), g = ws.alloc({n, HK});
+  f_a_.forward(ctx, x, fa, ws);
+  f_b_.forward(ctx, fa, graw, ws);
+  ops::kda_gate_forward(ctx, {.tokens = n, .heads = H, .head_dim = K}, graw, a_log_.value,
+                        dt_bias_.value, g);
+  Tensor beta = ws.alloc({n, H});
+  b_proj_.forward(ctx, x, beta, ws);
+  for (int64_t i = 0; i < n * H; ++i) beta.f32()[i] = ops::sigmoidf(beta.f32()[i]);
+
+  // The delta-rule core from the carried state.
+  ops::KdaParams cp = core_params(SeqInfo{});
+  cp.tokens = n;
+  cp.num_seqs = 1;
+  const Tensor cu = one_doc(ws, n);
+  Tensor o = ws.alloc({n, H, K}), hT = ws.alloc({1, H, K, K});
+  Tensor saved = ws.alloc({ops::kda_saved_rows(cp, cu), H, K, K});
+  ops::kda_forward(ctx, cp, cu, q, k, vs.view({n, H, K}), g.view({n, H, K}), beta, st.state, o, hT,
+                   saved);
+  std::memcpy(st.state.f32(), hT.f32(), sizeof(float) * H * K * K);
+
+  // Per-head RMSNorm, sigmoid output gate, output projection.
+  Tensor on = ws.alloc({n, HK}), orstd = ws.alloc({n * H});
+  {
+    Tensor onv = on.view({n * H, K});
+    ops::rmsnorm_forward(ctx, {.rows = n * H, .dim = K, .eps = cfg_.norm_eps}, o.view({n * H, K}),
+                         o_norm_.value, onv, orstd);
+  }
+  Tensor ga = ws.alloc({n, K}), gb = ws.alloc({n, HK}), og = ws.alloc({n, HK});
+  g_a_.forward(ctx, x, ga, ws);
+  g_b_.forward(ctx, ga, gb, ws);
+  ops::sigmoid_gate_forward(ctx, on, gb, og);
+  o_proj_.forward(ctx, og, y, ws);
+}
+
+}  // namespace mt

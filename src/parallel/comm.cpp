@@ -1,0 +1,374 @@
+#include "parallel/comm.h"
+
+#include <mpi.h>
+
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+namespace mt::par {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string mpi_error_text(int rc) {
+  char buf[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, buf, &len) != MPI_SUCCESS) return cat("MPI error ", rc);
+  return std::string(buf, static_cast<size_t>(len));
+}
+
+// Every MPI call goes through this so a failure names the call, the rank and the place.
+#define MT_MPI(where, call)                                                                \
+  do {                                                                                     \
+    const int mt_rc_ = (call);                                                             \
+    if (mt_rc_ != MPI_SUCCESS)                                                             \
+      throw CommError(__FILE__, __LINE__,                                                  \
+                      ::mt::cat(where, ": ", #call, " failed: ", mpi_error_text(mt_rc_))); \
+  } while (0)
+
+MPI_Datatype mpi_type(Elem e) {
+  switch (e) {
+    case Elem::F32:
+      return MPI_FLOAT;
+    case Elem::F64:
+      return MPI_DOUBLE;
+    case Elem::I32:
+      return MPI_INT32_T;
+    case Elem::I64:
+      return MPI_INT64_T;
+  }
+  MT_THROW(InternalError, "unknown element type");
+}
+
+int to_int(int64_t v, const char* what) {
+  MT_CHECK(v >= 0 && v <= INT_MAX, ValueError, what, " ", v,
+           " does not fit an MPI count (split the collective)");
+  return static_cast<int>(v);
+}
+
+class DoneImpl : public Request::Impl {
+ public:
+  void wait() override {}
+  bool done() override { return true; }
+};
+
+class MpiComm;
+
+class MpiRequest : public Request::Impl {
+ public:
+  MpiRequest(MpiComm& comm, Collective c, int64_t sent, int64_t recv)
+      : comm_(comm), coll_(c), sent_(sent), recv_(recv) {}
+  ~MpiRequest() override {
+    // An abandoned request must not leave MPI writing into freed buffers.
+    if (req_ != MPI_REQUEST_NULL) MPI_Wait(&req_, MPI_STATUS_IGNORE);
+  }
+  void wait() override;
+  bool done() override {
+    int flag = 0;
+    MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
+    return flag != 0;
+  }
+
+  MPI_Request req_ = MPI_REQUEST_NULL;
+  std::vector<int> counts_;  // all-to-all-v counts/displacements must outlive the request
+
+ private:
+  MpiComm& comm_;
+  Collective coll_;
+  int64_t sent_, recv_;
+};
+
+class MpiComm : public Comm {
+ public:
+  MpiComm(MPI_Comm comm, bool owned, std::string name, int world_rank, const CommOptions& opt)
+      : comm_(comm), owned_(owned), name_(std::move(name)), world_rank_(world_rank), opt_(opt) {
+    MT_MPI(name_, MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    MT_MPI(name_, MPI_Comm_rank(comm_, &rank_));
+    MT_MPI(name_, MPI_Comm_size(comm_, &size_));
+  }
+  ~MpiComm() override {
+    if (owned_) MPI_Comm_free(&comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string where() const override {
+    if (name_ == "world") return cat("world rank ", rank_, "/", size_);
+    return cat(name_, " rank ", rank_, "/", size_, " (world rank ", world_rank_, ")");
+  }
+  const CommOptions& options() const { return opt_; }
+
+  Request iall_reduce(void* data, int64_t count, Elem e) override {
+    const int64_t b = count * static_cast<int64_t>(elem_size(e));
+    auto r = start(Collective::AllReduce, b, b);
+    MT_MPI(where(), MPI_Iallreduce(MPI_IN_PLACE, data, to_int(count, "all_reduce count"),
+                                   mpi_type(e), MPI_SUM, comm_, &r->req_));
+    return finish(Collective::AllReduce, std::move(r));
+  }
+  Request iall_gather(const void* send, int64_t count, void* recv, Elem e) override {
+    const int64_t b = count * static_cast<int64_t>(elem_size(e));
+    auto r = start(Collective::AllGather, b, b * size_);
+    const int n = to_int(count, "all_gather count");
+    MT_MPI(where(), MPI_Iallgather(send, n, mpi_type(e), recv, n, mpi_type(e), comm_, &r->req_));
+    return finish(Collective::AllGather, std::move(r));
+  }
+  Request ireduce_scatter(const void* send, void* recv, int64_t count, Elem e) override {
+    const int64_t b = count * static_cast<int64_t>(elem_size(e));
+    auto r = start(Collective::ReduceScatter, b * size_, b);
+    MT_MPI(where(), MPI_Ireduce_scatter_block(send, recv, to_int(count, "reduce_scatter count"),
+                                              mpi_type(e), MPI_SUM, comm_, &r->req_));
+    return finish(Collective::ReduceScatter, std::move(r));
+  }
+  Request iall_to_all_v(const void* send, const std::vector<int64_t>& send_counts,
+                        const std::vector<int64_t>& send_displs, void* recv,
+                        const std::vector<int64_t>& recv_counts,
+                        const std::vector<int64_t>& recv_displs, Elem e) override {
+    const size_t P = static_cast<size_t>(size_);
+    MT_CHECK(send_counts.size() == P && send_displs.size() == P && recv_counts.size() == P &&
+                 recv_displs.size() == P,
+             ValueError, where(), ": all_to_all_v needs ", P, " counts and displacements");
+    int64_t sb = 0, rb = 0;
+    for (size_t i = 0; i < P; ++i) {
+      sb += send_counts[i];
+      rb += recv_counts[i];
+    }
+    const int64_t es = static_cast<int64_t>(elem_size(e));
+    auto r = start(Collective::AllToAllV, sb * es, rb * es);
+    r->counts_.resize(4 * P);
+    for (size_t i = 0; i < P; ++i) {
+      r->counts_[i] = to_int(send_counts[i], "all_to_all_v send count");
+      r->counts_[P + i] = to_int(send_displs[i], "all_to_all_v send displacement");
+      r->counts_[2 * P + i] = to_int(recv_counts[i], "all_to_all_v recv count");
+      r->counts_[3 * P + i] = to_int(recv_displs[i], "all_to_all_v recv displacement");
+    }
+    const int* c = r->counts_.data();
+    MT_MPI(where(), MPI_Ialltoallv(send, c, c + P, mpi_type(e), recv, c + 2 * P, c + 3 * P,
+                                   mpi_type(e), comm_, &r->req_));
+    return finish(Collective::AllToAllV, std::move(r));
+  }
+  Request ibroadcast(void* data, int64_t count, Elem e, int root) override {
+    const int64_t b = count * static_cast<int64_t>(elem_size(e));
+    auto r = start(Collective::Broadcast, rank_ == root ? b : 0, rank_ == root ? 0 : b);
+    MT_MPI(where(),
+           MPI_Ibcast(data, to_int(count, "broadcast count"), mpi_type(e), root, comm_, &r->req_));
+    return finish(Collective::Broadcast, std::move(r));
+  }
+  void barrier() override {
+    auto r = start(Collective::Barrier, 0, 0);
+    MT_MPI(where(), MPI_Ibarrier(comm_, &r->req_));
+    finish(Collective::Barrier, std::move(r)).wait();
+  }
+
+  std::unique_ptr<Comm> split(int color, int key, const std::string& name) override {
+    MPI_Comm sub = MPI_COMM_NULL;
+    MT_MPI(where(), MPI_Comm_split(comm_, color, key, &sub));
+    return std::make_unique<MpiComm>(sub, true, name, world_rank_, opt_);
+  }
+  [[noreturn]] void abort(int code) override {
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);  // MPI_Abort does not return; this satisfies [[noreturn]]
+  }
+
+ private:
+  std::unique_ptr<MpiRequest> start(Collective c, int64_t sent, int64_t recv) {
+    CollectiveStats& s = stats_.at(c);
+    ++s.calls;
+    s.bytes_sent += sent;
+    s.bytes_recv += recv;
+    t0_ = Clock::now();
+    return std::make_unique<MpiRequest>(*this, c, sent, recv);
+  }
+  Request finish(Collective c, std::unique_ptr<MpiRequest> r) {
+    stats_.at(c).seconds += seconds_since(t0_);
+    return Request(std::move(r));
+  }
+
+  friend class MpiRequest;
+  MPI_Comm comm_;
+  bool owned_;
+  std::string name_;
+  int world_rank_;
+  CommOptions opt_;
+  int rank_ = 0, size_ = 1;
+  Clock::time_point t0_;
+};
+
+void MpiRequest::wait() {
+  const auto t0 = Clock::now();
+  int flag = 0;
+  MT_MPI(comm_.where(), MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
+  const bool idle = !flag;
+  // Poll rather than MPI_Wait so the wait can give up; sleeping between polls leaves the core to
+  // the peers when ranks outnumber cores (oversubscribed test runs).
+  for (int spins = 0; !flag; ++spins) {
+    if (Clock::now() - t0 > comm_.options().timeout) {
+      const auto ms = comm_.options().timeout.count();
+      throw CommError(
+          __FILE__, __LINE__,
+          cat(comm_.where(), ": ", collective_name(coll_), " (sending ", sent_, " B, receiving ",
+              recv_, " B) did not complete within ", ms, " ms; a peer rank has failed or stalled"));
+    }
+    if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    MT_MPI(comm_.where(), MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
+  }
+  CollectiveStats& s = comm_.stats_.at(coll_);
+  const double dt = seconds_since(t0);
+  s.seconds += dt;
+  if (idle) s.idle_seconds += dt;
+}
+
+class LocalComm : public Comm {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string where() const override { return "world rank 0/1"; }
+
+  Request iall_reduce(void*, int64_t count, Elem e) override {
+    count_(Collective::AllReduce, count, e, count);
+    return done();
+  }
+  Request iall_gather(const void* send, int64_t count, void* recv, Elem e) override {
+    copy(recv, send, count, e);
+    count_(Collective::AllGather, count, e, count);
+    return done();
+  }
+  Request ireduce_scatter(const void* send, void* recv, int64_t count, Elem e) override {
+    copy(recv, send, count, e);
+    count_(Collective::ReduceScatter, count, e, count);
+    return done();
+  }
+  Request iall_to_all_v(const void* send, const std::vector<int64_t>& send_counts,
+                        const std::vector<int64_t>& send_displs, void* recv,
+                        const std::vector<int64_t>& recv_counts,
+                        const std::vector<int64_t>& recv_displs, Elem e) override {
+    MT_CHECK(send_counts.size() == 1 && recv_counts.size() == 1 && send_displs.size() == 1 &&
+                 recv_displs.size() == 1 && send_counts[0] == recv_counts[0],
+             ValueError, "all_to_all_v on one rank: sends ",
+             send_counts.size() ? send_counts[0] : -1, " elements, receives ",
+             recv_counts.size() ? recv_counts[0] : -1);
+    const size_t es = elem_size(e);
+    copy(static_cast<char*>(recv) + static_cast<size_t>(recv_displs[0]) * es,
+         static_cast<const char*>(send) + static_cast<size_t>(send_displs[0]) * es, send_counts[0],
+         e);
+    count_(Collective::AllToAllV, send_counts[0], e, send_counts[0]);
+    return done();
+  }
+  Request ibroadcast(void*, int64_t count, Elem e, int root) override {
+    MT_CHECK(root == 0, ValueError, "broadcast root ", root, " on a world of 1");
+    count_(Collective::Broadcast, 0, e, 0);
+    (void)count;
+    return done();
+  }
+  void barrier() override { ++stats_.at(Collective::Barrier).calls; }
+  std::unique_ptr<Comm> split(int, int, const std::string&) override {
+    return std::make_unique<LocalComm>();
+  }
+  [[noreturn]] void abort(int code) override { std::_Exit(code); }
+
+ private:
+  static Request done() { return Request(std::make_unique<DoneImpl>()); }
+  static void copy(void* dst, const void* src, int64_t count, Elem e) {
+    if (dst != src && count > 0) std::memmove(dst, src, static_cast<size_t>(count) * elem_size(e));
+  }
+  void count_(Collective c, int64_t sent, Elem e, int64_t recv) {
+    CollectiveStats& s = stats_.at(c);
+    ++s.calls;
+    s.bytes_sent += sent * static_cast<int64_t>(elem_size(e));
+    s.bytes_recv += recv * static_cast<int64_t>(elem_size(e));
+  }
+};
+
+}  // namespace
+
+size_t elem_size(Elem e) {
+  switch (e) {
+    case Elem::F32:
+    case Elem::I32:
+      return 4;
+    case Elem::F64:
+    case Elem::I64:
+      return 8;
+  }
+  return 0;
+}
+
+const char* collective_name(Collective c) {
+  static constexpr const char* kNames[kNumCollectives] = {
+      "all_gather", "reduce_scatter", "all_reduce", "all_to_all_v", "broadcast", "barrier"};
+  return kNames[static_cast<int>(c)];
+}
+
+CollectiveStats CommStats::total() const {
+  CollectiveStats t;
+  for (const CollectiveStats& s : per) {
+    t.calls += s.calls;
+    t.bytes_sent += s.bytes_sent;
+    t.bytes_recv += s.bytes_recv;
+    t.seconds += s.seconds;
+    t.idle_seconds += s.idle_seconds;
+  }
+  return t;
+}
+
+Request& Request::operator=(Request&& o) noexcept {
+  if (this != &o) {
+    if (impl_) {
+      try {
+        impl_->wait();
+      } catch (...) {
+      }
+    }
+    impl_ = std::move(o.impl_);
+  }
+  return *this;
+}
+
+Request::~Request() {
+  if (!impl_) return;
+  try {
+    impl_->wait();
+  } catch (...) {
+    // Destructors must not throw; the error surfaces at the next collective instead.
+  }
+}
+
+void Request::wait() {
+  if (!impl_) return;
+  auto impl = std::move(impl_);
+  impl->wait();
+}
+
+std::unique_ptr<Comm> make_local_comm() {
+  return std::make_unique<LocalComm>();
+}
+
+MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+  int provided = 0;
+  // FUNNELED: only the main thread calls MPI; OpenMP threads never do.
+  const int rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+  if (rc != MPI_SUCCESS)
+    throw CommError(__FILE__, __LINE__, cat("MPI_Init_thread failed: ", mpi_error_text(rc)));
+}
+
+MpiRuntime::~MpiRuntime() {
+  MPI_Finalize();
+}
+
+std::unique_ptr<Comm> MpiRuntime::world(const CommOptions& opt) const {
+  int rank = 0;
+  MT_MPI("world", MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  return std::make_unique<MpiComm>(MPI_COMM_WORLD, false, "world", rank, opt);
+}
+
+bool MpiRuntime::launched_by_mpirun() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
+}
+
+}  // namespace mt::par

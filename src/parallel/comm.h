@@ -1,0 +1,144 @@
+// Comm: the collectives distributed training needs, behind one interface so that the same trainer
+// code runs on MPI (CPU processes), on a single process (world 1, no MPI calls at all) and later on
+// NCCL. Every collective has an asynchronous form returning a Request; every wait is bounded by
+// the communicator's timeout and, when it expires, throws CommError naming the rank, the
+// collective and its sizes, so a dead peer turns into an error instead of a hang.
+//
+// Buffers are host pointers with element counts (not Tensors): collectives move flat shards and
+// slices of rows, and the counts of an all-to-all-v vary per peer.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+
+namespace mt::par {
+
+class CommError : public Error {
+ public:
+  CommError(const char* file, int line, const std::string& msg)
+      : Error("CommError", file, line, msg) {}
+};
+
+enum class Elem { F32, F64, I32, I64 };
+size_t elem_size(Elem e);
+
+enum class Collective { AllGather, ReduceScatter, AllReduce, AllToAllV, Broadcast, Barrier };
+inline constexpr int kNumCollectives = 6;
+const char* collective_name(Collective c);
+
+// Per-collective counters since the last reset. `seconds` is wall time spent inside the calls
+// and waits of this communicator; `idle_seconds` the part of the waits spent on requests that
+// had not completed when the wait began (time the rank sat waiting for its peers).
+struct CollectiveStats {
+  int64_t calls = 0, bytes_sent = 0, bytes_recv = 0;
+  double seconds = 0, idle_seconds = 0;
+};
+struct CommStats {
+  CollectiveStats per[kNumCollectives];
+  CollectiveStats& at(Collective c) { return per[static_cast<int>(c)]; }
+  const CollectiveStats& at(Collective c) const { return per[static_cast<int>(c)]; }
+  CollectiveStats total() const;
+};
+
+struct CommOptions {
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+};
+
+// A pending collective. wait() completes it (or throws CommError after the timeout); a Request
+// destroyed unwaited waits in its destructor, swallowing errors, so buffers are never left in use.
+class Request {
+ public:
+  class Impl {
+   public:
+    virtual ~Impl() = default;
+    virtual void wait() = 0;
+    virtual bool done() = 0;
+  };
+  Request() = default;
+  explicit Request(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  Request(Request&&) noexcept = default;
+  Request& operator=(Request&& o) noexcept;
+  ~Request();
+  void wait();
+  bool pending() const { return impl_ != nullptr; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Short description for messages: "world rank 2/4" or "ep group rank 1/2 (world rank 3)".
+  virtual std::string where() const = 0;
+
+  // Sum in place over all ranks.
+  virtual Request iall_reduce(void* data, int64_t count, Elem e) = 0;
+  // recv[r*count .. (r+1)*count) = rank r's send.
+  virtual Request iall_gather(const void* send, int64_t count, void* recv, Elem e) = 0;
+  // recv = the sum over ranks of send[rank()*count .. (rank()+1)*count); send has size()*count.
+  virtual Request ireduce_scatter(const void* send, void* recv, int64_t count, Elem e) = 0;
+  // Counts and displacements are in elements, one per peer.
+  virtual Request iall_to_all_v(const void* send, const std::vector<int64_t>& send_counts,
+                                const std::vector<int64_t>& send_displs, void* recv,
+                                const std::vector<int64_t>& recv_counts,
+                                const std::vector<int64_t>& recv_displs, Elem e) = 0;
+  virtual Request ibroadcast(void* data, int64_t count, Elem e, int root) = 0;
+  virtual void barrier() = 0;
+
+  // A sub-communicator of the ranks passing the same colour, ordered by key. Collective.
+  virtual std::unique_ptr<Comm> split(int color, int key, const std::string& name) = 0;
+  // Ends every process of the job (MPI_Abort); for a rank that cannot continue.
+  [[noreturn]] virtual void abort(int code) = 0;
+
+  // Blocking forms.
+  void all_reduce(void* data, int64_t count, Elem e) { iall_reduce(data, count, e).wait(); }
+  void all_gather(const void* send, int64_t count, void* recv, Elem e) {
+    iall_gather(send, count, recv, e).wait();
+  }
+  void reduce_scatter(const void* send, void* recv, int64_t count, Elem e) {
+    ireduce_scatter(send, recv, count, e).wait();
+  }
+  void broadcast(void* data, int64_t count, Elem e, int root) {
+    ibroadcast(data, count, e, root).wait();
+  }
+  double all_reduce_sum(double v) {
+    all_reduce(&v, 1, Elem::F64);
+    return v;
+  }
+  int64_t all_reduce_sum(int64_t v) {
+    all_reduce(&v, 1, Elem::I64);
+    return v;
+  }
+
+  CommStats& stats() { return stats_; }
+  const CommStats& stats() const { return stats_; }
+
+ protected:
+  CommStats stats_;
+};
+
+// World of one process: every collective is a copy; no MPI call is made.
+std::unique_ptr<Comm> make_local_comm();
+
+// Owns MPI_Init_thread / MPI_Finalize for the lifetime of a program (cli or test driver).
+class MpiRuntime {
+ public:
+  MpiRuntime(int* argc, char*** argv);
+  ~MpiRuntime();
+  MpiRuntime(const MpiRuntime&) = delete;
+  MpiRuntime& operator=(const MpiRuntime&) = delete;
+  // MPI_COMM_WORLD wrapped (not owned); errors are returned to us and thrown as CommError.
+  std::unique_ptr<Comm> world(const CommOptions& opt = {}) const;
+  // True when started by mpirun (more than one process, or an MPI launcher environment).
+  static bool launched_by_mpirun();
+};
+
+}  // namespace mt::par

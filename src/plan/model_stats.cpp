@@ -1,0 +1,485 @@
+#include "plan/model_stats.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "core/error.h"
+
+namespace mt::plan {
+
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::None:
+      return "none";
+    case Recompute::Selective:
+      return "selective";
+    case Recompute::Full:
+      return "full";
+  }
+  return "?";
+}
+
+Recompute parse_recompute(const std::string& s) {
+  if (s == "none") return Recompute::None;
+  if (s == "selective") return Recompute::Selective;
+  if (s == "full") return Recompute::Full;
+  MT_THROW(ValueError, "recompute policy must be none, selective or full, got '", s, "'");
+}
+
+nlohmann::json ParallelPlan::to_json() const {
+  return {{"world", world},
+          {"gpus_per_node", gpus_per_node},
+          {"fsdp", fsdp},
+          {"ep", ep},
+          {"replicas", replicas},
+          {"expert_shard", expert_shard},
+          {"mbs", mbs},
+          {"seq", seq},
+          {"recompute", recompute_name(recompute)},
+          {"a2a_chunks", a2a_chunks}};
+}
+
+ModelConfig with_lora(ModelConfig cfg, const LoraOptions& lora) {
+  const LoraSpec s{.rank = lora.rank, .alpha = lora.alpha};
+  cfg.kda.lora = s;
+  cfg.mla.lora = s;
+  cfg.dsa.mla.lora = s;
+  cfg.moe.lora = s;
+  cfg.dense.lora = s;
+  cfg.moe.expert_lora = LoraSpec{.rank = lora.expert_rank, .alpha = lora.alpha};
+  return cfg;
+}
+
+const char* component_name(Component c) {
+  static constexpr const char* kNames[] = {
+      "embedding",     "lm_head",        "norms",  "kda",        "mla_attention",
+      "dsa_attention", "indexer",        "router", "latent",     "shared_experts",
+      "dense_ffn",     "routed_experts", "lora",   "expert_lora"};
+  static_assert(std::size(kNames) == kComponents);
+  return kNames[static_cast<size_t>(c)];
+}
+
+namespace {
+
+bool starts_with(const std::string& s, const std::string& p) {
+  return s.compare(0, p.size(), p) == 0;
+}
+
+}  // namespace
+
+Component classify(const ModelConfig& cfg, const NamedSpec& s) {
+  const std::string& n = s.name;
+  if (n == "model.embed_tokens.weight") return Component::Embedding;
+  if (n == "lm_head.weight") return Component::LmHead;
+  if (n == "model.norm.weight") return Component::Norms;
+  const std::string layers = "model.layers.";
+  MT_CHECK(starts_with(n, layers), InternalError, "parameter '", n, "' belongs to no component");
+  const size_t dot = n.find('.', layers.size());
+  const size_t li = std::stoul(n.substr(layers.size(), dot - layers.size()));
+  MT_CHECK(li < cfg.layers.size(), InternalError, "parameter '", n, "' names a missing layer");
+  const std::string rest = n.substr(dot + 1);
+  if (s.spec.role == ParamRole::Lora)
+    return starts_with(rest, "mlp.experts.") ? Component::ExpertLora : Component::Lora;
+  if (starts_with(rest, "input_layernorm.") || starts_with(rest, "post_attention_layernorm."))
+    return Component::Norms;
+  if (starts_with(rest, "self_attn.indexer.")) return Component::Indexer;
+  if (starts_with(rest, "self_attn.")) {
+    switch (cfg.layers[li].mixer) {
+      case MixerKind::Kda:
+        return Component::Kda;
+      case MixerKind::Dsa:
+        return Component::DsaAttention;
+      case MixerKind::Mla:
+        return Component::MlaAttention;
+    }
+  }
+  if (cfg.layers[li].ffn == FfnKind::Dense && starts_with(rest, "mlp.")) return Component::DenseFfn;
+  if (starts_with(rest, "mlp.gate.")) return Component::Router;
+  if (starts_with(rest, "mlp.latent_")) return Component::Latent;
+  if (starts_with(rest, "mlp.shared_experts.")) return Component::SharedExperts;
+  if (starts_with(rest, "mlp.experts.")) return Component::RoutedExperts;
+  MT_THROW(InternalError, "parameter '", n, "' belongs to no component");
+}
+
+bool is_trainable(const ParamSpec& s, bool freeze_base) {
+  if (s.role == ParamRole::Buffer) return false;
+  return !freeze_base || s.role == ParamRole::Lora;
+}
+
+bool is_expert(const NamedSpec& s) {
+  if (s.spec.role == ParamRole::Expert) return true;
+  return s.spec.role == ParamRole::Lora && s.name.find(".mlp.experts.") != std::string::npos;
+}
+
+namespace {
+
+// Block index of a "model.layers.N." name, or -1.
+int64_t layer_of(const std::string& name) {
+  const std::string pre = "model.layers.";
+  if (name.compare(0, pre.size(), pre) != 0) return -1;
+  return std::stoll(name.substr(pre.size(), name.find('.', pre.size()) - pre.size()));
+}
+
+}  // namespace
+
+ParamCounts count_params(const ModelConfig& cfg, bool freeze_base) {
+  ParamCounts c;
+  int64_t expert_all = 0;
+  const size_t L = cfg.layers.size();
+  // Units: blocks 0..L-1, then one per top-level tensor.
+  std::vector<int64_t> unit(L, 0), unit_tr(L, 0), ex(L, 0), ex_tr(L, 0);
+  for (const NamedSpec& s : model_param_specs(cfg)) {
+    const int64_t n = s.spec.shape.numel();
+    const bool tr = is_trainable(s.spec, freeze_base);
+    const int64_t li = layer_of(s.name);
+    if (li < 0) {
+      c.largest_unit = std::max(c.largest_unit, n);
+      if (tr) c.largest_unit_trainable = std::max(c.largest_unit_trainable, n);
+    } else {
+      auto& u = is_expert(s) ? ex : unit;
+      auto& ut = is_expert(s) ? ex_tr : unit_tr;
+      u[static_cast<size_t>(li)] += n;
+      if (tr) ut[static_cast<size_t>(li)] += n;
+    }
+    ComponentCount& cc = c.by_component[static_cast<size_t>(classify(cfg, s))];
+    cc.params += n;
+    c.total += n;
+    if (tr) {
+      cc.trainable += n;
+      c.trainable += n;
+    }
+    if (is_expert(s)) {
+      expert_all += n;
+      if (tr) c.expert_trainable += n;
+    }
+  }
+  c.expert = expert_all;
+  for (size_t i = 0; i < L; ++i) {
+    c.largest_unit = std::max(c.largest_unit, unit[i]);
+    c.largest_unit_trainable = std::max(c.largest_unit_trainable, unit_tr[i]);
+    c.expert_layer = std::max(c.expert_layer, ex[i]);
+    c.expert_layer_trainable = std::max(c.expert_layer_trainable, ex_tr[i]);
+  }
+  const int64_t E = std::max<int64_t>(cfg.moe.num_experts, 1);
+  c.active_per_token = c.total - expert_all + expert_all / E * cfg.moe.top_k;
+  return c;
+}
+
+size_t BlockActs::saved(Recompute r) const {
+  switch (r) {
+    case Recompute::None:
+      return all();
+    case Recompute::Selective:
+      return boundary + ffn_bytes;
+    case Recompute::Full:
+      return input;
+  }
+  return all();
+}
+
+std::vector<BlockActs> block_activations(const ModelConfig& cfg, int64_t mbs, int64_t seq) {
+  MT_CHECK(mbs > 0 && seq > 0, ValueError, "micro-batch and sequence length must be positive, got ",
+           mbs, " x ", seq);
+  const SeqInfo si = SeqInfo::uniform(mbs, seq);
+  const int64_t T = si.tokens, d = cfg.hidden;
+  // What Model::plan keeps around each block: normed input + rstd, mixer output (= residual),
+  // normed mid + rstd, FFN output (= next residual). A test checks the sum against the model.
+  ArenaPlan b;
+  for (int i = 0; i < 4; ++i) b.add({T, d});
+  for (int i = 0; i < 2; ++i) b.add({T});
+  ArenaPlan in;
+  in.add({T, d});
+  std::map<int, size_t> mixer_bytes, ffn_bytes;
+  std::vector<BlockActs> out;
+  for (const LayerIR& l : cfg.layers) {
+    const int mk = static_cast<int>(l.mixer), fk = static_cast<int>(l.ffn);
+    if (!mixer_bytes.count(mk)) {
+      ArenaPlan p;
+      make_mixer(cfg, l.mixer)->plan_activations(si, p);
+      mixer_bytes[mk] = p.bytes();
+    }
+    if (!ffn_bytes.count(fk)) {
+      ArenaPlan p;
+      make_ffn(cfg, l.ffn)->plan_activations(si, p);
+      ffn_bytes[fk] = p.bytes();
+    }
+    out.push_back({.mixer = l.mixer,
+                   .ffn = l.ffn,
+                   .boundary = b.bytes(),
+                   .mixer_bytes = mixer_bytes[mk],
+                   .ffn_bytes = ffn_bytes[fk],
+                   .input = in.bytes()});
+  }
+  return out;
+}
+
+nlohmann::json MemoryBreakdown::to_json() const {
+  return {{"weights", weights},
+          {"grads", grads},
+          {"master", master},
+          {"optimizer", optimizer},
+          {"activations", activations},
+          {"fsdp_buffers", fsdp_buffers},
+          {"expert_buffers", expert_buffers},
+          {"a2a_buffers", a2a_buffers},
+          {"workspace", workspace},
+          {"total", total()}};
+}
+
+namespace {
+
+double fp32(double elems) {
+  return static_cast<double>(arena_footprint(static_cast<size_t>(elems) * 4));
+}
+
+// Peak scratch (fp32 elements, CPU engine) a block takes from the workspace in forward or
+// backward, following the live buffers of each layer's code (kda_layer.cpp, mla_layer.cpp,
+// dsa_layer.cpp, moe_layer.cpp, dense_ffn.cpp). The per-thread op scratch is left out: it is
+// small and depends on the thread count.
+double mixer_scratch(const ModelConfig& cfg, MixerKind k, int64_t T, int64_t max_doc) {
+  if (k == MixerKind::Kda) {
+    const double H = static_cast<double>(cfg.kda.heads), K = static_cast<double>(cfg.kda.head_dim);
+    const double HK = H * K;
+    // dog, don, dgb, dga, dcore, dq, dk, dv, dg, dbeta, then the largest of the later groups.
+    return fp32(T * HK) * 9 + fp32(T * K) + fp32(T * H) + fp32(T * HK) * 2;
+  }
+  const MlaConfig& m = k == MixerKind::Dsa ? cfg.dsa.mla : cfg.mla;
+  const double H = static_cast<double>(m.heads),
+               Dqk = static_cast<double>(m.qk_nope_dim + m.qk_rope_dim);
+  const double Dv = static_cast<double>(m.v_head_dim), kvr = static_cast<double>(m.kv_lora_rank);
+  const double rope = static_cast<double>(m.qk_rope_dim);
+  // Backward: dout, output-gate grads, dq/dk/dv, dkv, dckv, dkpe, dc(n), dcq(n).
+  double bwd = fp32(T * H * Dv) * (m.output_gate ? 3 : 1) + fp32(T * H * Dqk) * 2 +
+               fp32(T * H * Dv) + fp32(T * H * (m.qk_nope_dim + Dv)) + fp32(T * (kvr + rope)) +
+               fp32(T * rope) + fp32(T * kvr) * 2 + fp32(T * H);
+  if (m.q_lora_rank > 0) bwd += fp32(T * static_cast<double>(m.q_lora_rank)) * 2;
+  double fwd = fp32(T * (kvr + rope)) + fp32(T * rope) + fp32(T * H * (m.qk_nope_dim + Dv));
+  if (k == MixerKind::Dsa) {
+    const DsaConfig& s = cfg.dsa;
+    const double HI = static_cast<double>(s.index_heads),
+                 DI = static_cast<double>(s.index_head_dim);
+    const double slots = static_cast<double>(s.dense_warmup ? max_doc : s.index_topk);
+    if (!s.dense_warmup) fwd = std::max(fwd, 2 * fp32(T * static_cast<double>(max_doc)));
+    // After MLA backward has released its scratch: dscores, dqi, dkn, dw, dki.
+    bwd = std::max(bwd, fp32(T * slots) + fp32(T * HI * DI) + fp32(T * DI) * 2 + fp32(T * HI));
+  }
+  return std::max(fwd, bwd);
+}
+
+double ffn_scratch(const ModelConfig& cfg, FfnKind k, int64_t T) {
+  if (k == FfnKind::Dense) return fp32(T * static_cast<double>(cfg.dense.ffn)) * 3;
+  const MoeConfig& m = cfg.moe;
+  const double N = static_cast<double>(T * m.top_k), l = static_cast<double>(m.latent);
+  const double F = static_cast<double>(m.expert_ffn), E = static_cast<double>(m.num_experts);
+  const double r = static_cast<double>(m.expert_lora.rank);
+  const double S = static_cast<double>(m.num_shared * m.shared_ffn);
+  const bool latent = m.latent != m.hidden;
+  double held = (m.num_shared > 0 ? fp32(T * S) * 3 : 0) + (latent ? fp32(T * l) : 0) +
+                fp32(N * l) * 2 + fp32(T * static_cast<double>(m.top_k));
+  // grouped_ffn_backward (h, dh, dgu, dr), later dx_lat + router (dlogits and its own scratch).
+  const double grouped = fp32(N * F) * 4 + (r > 0 ? fp32(N * r) : 0);
+  const double router = (latent ? fp32(T * l) : 0) + fp32(T * E) * 3;
+  // Forward: router selection scratch.
+  const double fwd = fp32(T * E) * 2 + fp32(T * static_cast<double>(m.n_group)) * 2;
+  return std::max(fwd, held + std::max(grouped, router));
+}
+
+}  // namespace
+
+MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParallelPlan& p,
+                               const MemoryOptions& o) {
+  return predict_memory(cfg, count_params(cfg, o.freeze_base), block_activations(cfg, p.mbs, p.seq),
+                        p, o);
+}
+
+MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& c,
+                               const std::vector<BlockActs>& acts, const ParallelPlan& p,
+                               const MemoryOptions& o) {
+  MT_CHECK(p.fsdp >= 1 && p.ep >= 1 && p.expert_shard >= 1, ValueError,
+           "plan sizes must be positive");
+  const DtypePolicy& dt = o.dtype;
+  const double dense = static_cast<double>(c.total - c.expert);
+  const double dense_tr = static_cast<double>(c.trainable - c.expert_trainable);
+  const double E = static_cast<double>(std::max<int64_t>(cfg.moe.num_experts, 1));
+  // Whole experts per rank, then sharded across replicas.
+  const double expert_share =
+      std::ceil(E / static_cast<double>(p.ep)) / E / static_cast<double>(p.expert_shard);
+  const double fsdp = static_cast<double>(p.fsdp);
+  const double ex = static_cast<double>(c.expert) * expert_share;
+  const double ex_tr = static_cast<double>(c.expert_trainable) * expert_share;
+
+  MemoryBreakdown m;
+  m.weights = (dense / fsdp + ex) * dt.weight;
+  m.grads = (dense_tr / fsdp + ex_tr) * dt.grad;
+  m.master = (dense_tr / fsdp + ex_tr) * dt.master;
+  m.optimizer = (dense_tr / fsdp + ex_tr) * dt.optim;
+
+  // Activations: what each block keeps, plus the one block being recomputed in backward.
+  const int64_t T = p.tokens(), d = cfg.hidden;
+  double a = fp32(static_cast<double>(T * d)) * 2 + fp32(static_cast<double>(T)) * 2;
+  size_t recomputed = 0;
+  for (const BlockActs& b : acts) {
+    a += static_cast<double>(b.saved(p.recompute));
+    if (p.recompute == Recompute::Selective) recomputed = std::max(recomputed, b.mixer_bytes);
+    if (p.recompute == Recompute::Full) recomputed = std::max(recomputed, b.all());
+  }
+  a += static_cast<double>(recomputed);
+  m.activations = a * dt.act / 4.0;
+
+  // Workspace: residual gradients (3 x [T, d]) + the largest of cross-entropy and block scratch.
+  double ws = 0;
+  const int64_t ce_rows = std::min(o.ce_chunk, T);
+  ws = fp32(static_cast<double>(ce_rows * cfg.vocab));
+  for (const LayerIR& l : cfg.layers) {
+    ws = std::max(ws, mixer_scratch(cfg, l.mixer, T, p.seq));
+    ws = std::max(ws, ffn_scratch(cfg, l.ffn, T));
+  }
+  m.workspace = (fp32(static_cast<double>(T * d)) * 3 + ws) * dt.act / 4.0;
+
+  // FSDP gathers one unit at a time: the one in use and the prefetched next, plus the unit's
+  // unsharded gradient before its reduce-scatter.
+  if (p.fsdp > 1)
+    m.fsdp_buffers = 2 * static_cast<double>(c.largest_unit) * dt.weight +
+                     static_cast<double>(c.largest_unit_trainable) * dt.grad;
+  if (p.expert_shard > 1) {
+    // The rank's experts of one layer, gathered whole from the replicas that shard them.
+    const double es = static_cast<double>(p.expert_shard);
+    m.expert_buffers = 2 * static_cast<double>(c.expert_layer) * expert_share * es * dt.weight +
+                       static_cast<double>(c.expert_layer_trainable) * expert_share * es * dt.grad;
+  }
+  if (p.ep > 1 && cfg.moe.num_experts > 0) {
+    const double rows = static_cast<double>(T * cfg.moe.top_k) * o.a2a_capacity;
+    const double one = rows * static_cast<double>(cfg.moe.latent) * dt.act;
+    // Send + receive; with chunks, two chunks in flight (double buffering).
+    m.a2a_buffers = p.a2a_chunks > 1 ? 4 * one / static_cast<double>(p.a2a_chunks) : 2 * one;
+  }
+  return m;
+}
+
+Flops& Flops::operator+=(const Flops& o) {
+  dense_gemm += o.dense_gemm;
+  expert_gemm += o.expert_gemm;
+  kda_core += o.kda_core;
+  attn_dense += o.attn_dense;
+  attn_sparse += o.attn_sparse;
+  indexer += o.indexer;
+  return *this;
+}
+
+Flops Flops::scaled(double s) const {
+  return {dense_gemm * s, expert_gemm * s, kda_core * s,
+          attn_dense * s, attn_sparse * s, indexer * s};
+}
+
+nlohmann::json Flops::to_json() const {
+  return {{"dense_gemm", dense_gemm}, {"expert_gemm", expert_gemm}, {"kda_core", kda_core},
+          {"attn_dense", attn_dense}, {"attn_sparse", attn_sparse}, {"indexer", indexer},
+          {"total", total()}};
+}
+
+namespace {
+
+// Mean over positions 0..s-1 of min(k, pos + 1): keys a query attends to under top-k.
+double mean_keys(double s, double k) {
+  if (s <= k) return (s + 1) / 2;
+  return (k * (k + 1) / 2 + (s - k) * k) / s;
+}
+
+}  // namespace
+
+StepFlops flops_per_token(const ModelConfig& cfg, int64_t seq, bool freeze_base, Recompute r) {
+  StepFlops out;
+  const double s = static_cast<double>(seq);
+  const double E = static_cast<double>(std::max<int64_t>(cfg.moe.num_experts, 1));
+  const double K = static_cast<double>(cfg.moe.top_k);
+  std::vector<Flops> mixer_fwd(cfg.layers.size()), ffn_fwd(cfg.layers.size());
+  // Matrix products from the specs: every weight of rank >= 2 is applied once per token (2 FLOPs
+  // per multiply-add; the depthwise convolutions too); routed experts ([E, out, in] and their
+  // adapters) top_k times out of E.
+  for (const NamedSpec& ns : model_param_specs(cfg)) {
+    const ParamSpec& sp = ns.spec;
+    if (ns.name == "model.embed_tokens.weight" || sp.role == ParamRole::Buffer) continue;
+    const int rank = sp.shape.ndim();
+    if (rank < 2) continue;
+    const double n = static_cast<double>(sp.shape.numel());
+    const bool expert = is_expert(ns);
+    const double fwd = expert ? 2 * n / E * K : 2 * n;
+    const bool tr = is_trainable(sp, freeze_base);
+    // The indexer's inputs are detached: its projections get a weight gradient, never dgrad.
+    const bool indexer = ns.name.find(".indexer.") != std::string::npos;
+    const double passes = indexer ? (tr ? 2 : 1) : (tr ? 3 : 2);
+    Flops f;
+    (expert ? f.expert_gemm : f.dense_gemm) = fwd;
+    out.forward += f;
+    out.train += f.scaled(passes);
+    if (ns.name.rfind("model.layers.", 0) == 0) {
+      const size_t li = std::stoul(ns.name.substr(13, ns.name.find('.', 13) - 13));
+      const bool mix = ns.name.find(".self_attn.") != std::string::npos;
+      (mix ? mixer_fwd : ffn_fwd)[li] += f;
+    }
+  }
+  if (cfg.tie_embeddings) {
+    Flops f;
+    f.dense_gemm = 2.0 * static_cast<double>(cfg.vocab * cfg.hidden);
+    out.forward += f;
+    out.train += f.scaled(freeze_base ? 2 : 3);
+  }
+  // Cores (no weights): forward, and backward at twice the forward.
+  for (size_t i = 0; i < cfg.layers.size(); ++i) {
+    Flops fwd, train;
+    switch (cfg.layers[i].mixer) {
+      case MixerKind::Kda: {
+        const double H = static_cast<double>(cfg.kda.heads);
+        const double D = static_cast<double>(cfg.kda.head_dim);
+        const double C = std::min(static_cast<double>(cfg.kda.chunk), s);
+        // Per head and token, chunked form: q.k^T and k.k^T over the causal half of the chunk
+        // (2CD), the UT transform applied to k and v (2CD), the intra-chunk output (CD), and
+        // three D x D products with the state (q.S, w.S, k^T u: 6D^2).
+        fwd.kda_core = H * (5 * C * D + 6 * D * D);
+        train = fwd.scaled(3);
+        break;
+      }
+      case MixerKind::Mla:
+      case MixerKind::Dsa: {
+        const bool dsa = cfg.layers[i].mixer == MixerKind::Dsa;
+        const MlaConfig& m = dsa ? cfg.dsa.mla : cfg.mla;
+        const double H = static_cast<double>(m.heads);
+        const double dqk = static_cast<double>(m.qk_nope_dim + m.qk_rope_dim);
+        const double dv = static_cast<double>(m.v_head_dim);
+        if (!dsa || cfg.dsa.dense_warmup) {
+          fwd.attn_dense = 2 * H * (dqk + dv) * (s + 1) / 2;
+          train.attn_dense = 3 * fwd.attn_dense;
+        } else {
+          const double k = mean_keys(s, static_cast<double>(cfg.dsa.index_topk));
+          fwd.attn_sparse = 2 * H * (dqk + dv) * k;
+          train.attn_sparse = 3 * fwd.attn_sparse;
+        }
+        if (dsa) {
+          const double hd = static_cast<double>(cfg.dsa.index_heads * cfg.dsa.index_head_dim);
+          const double slots = cfg.dsa.dense_warmup
+                                   ? (s + 1) / 2
+                                   : mean_keys(s, static_cast<double>(cfg.dsa.index_topk));
+          // Selection scores every previous position; the KL loss rescores the selected slots
+          // and backpropagates through them.
+          fwd.indexer = 2 * hd * (s + 1) / 2 + 2 * hd * slots;
+          train.indexer = fwd.indexer + 2 * (2 * hd * slots);
+        }
+        break;
+      }
+    }
+    out.forward += fwd;
+    out.train += train;
+    mixer_fwd[i] += fwd;
+  }
+  for (size_t i = 0; i < cfg.layers.size(); ++i) {
+    if (r == Recompute::Selective) out.recompute += mixer_fwd[i];
+    if (r == Recompute::Full) {
+      out.recompute += mixer_fwd[i];
+      out.recompute += ffn_fwd[i];
+    }
+  }
+  return out;
+}
+
+}  // namespace mt::plan

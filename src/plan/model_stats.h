@@ -1,0 +1,148 @@
+// Counts, bytes and FLOPs of a model, derived from the IR through the layers' own param_specs and
+// plan_activations (the code the engine allocates with), so a prediction cannot drift from what
+// a built model holds. Nothing here allocates model memory: seed-2.8t is sized from specs alone.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+#include "plan/plan_ir.h"
+
+namespace mt::plan {
+
+// LoRA applied to every projection (and, with expert_rank > 0, to every routed expert).
+struct LoraOptions {
+  int64_t rank = 0;  // 0: full fine-tuning
+  float alpha = 16.f;
+  int64_t expert_rank = 0;
+};
+// The config with the adapters switched on (mla and dsa.mla both: DSA layers read dsa.mla).
+ModelConfig with_lora(ModelConfig cfg, const LoraOptions& lora);
+
+enum class Component {
+  Embedding,
+  LmHead,
+  Norms,  // block and final RMSNorms
+  Kda,
+  MlaAttention,  // dense MLA layers
+  DsaAttention,  // the MLA half of DSA layers
+  Indexer,
+  Router,
+  Latent,  // latent down/up projections of the MoE
+  SharedExperts,
+  DenseFfn,
+  RoutedExperts,
+  Lora,        // adapters on projections
+  ExpertLora,  // adapters on routed experts
+  Count
+};
+constexpr size_t kComponents = static_cast<size_t>(Component::Count);
+const char* component_name(Component c);
+
+// Which component a parameter (full HF name) belongs to.
+Component classify(const ModelConfig& cfg, const NamedSpec& s);
+// Whether Model(cfg, seed, {.freeze_base}) gives the parameter a gradient.
+bool is_trainable(const ParamSpec& s, bool freeze_base);
+// Parameters split across EP ranks (routed experts and their adapters).
+bool is_expert(const NamedSpec& s);
+
+struct ComponentCount {
+  int64_t params = 0;
+  int64_t trainable = 0;
+};
+struct ParamCounts {
+  std::array<ComponentCount, kComponents> by_component{};
+  int64_t total = 0, trainable = 0;
+  int64_t expert = 0, expert_trainable = 0;  // subset held by EP ranks
+  int64_t active_per_token = 0;  // parameters a token touches (top_k of the routed experts)
+  // FSDP units: the largest non-expert unit (a block, the embedding or the head) and the routed
+  // experts of one MoE layer, all of them (a rank holds its share).
+  int64_t largest_unit = 0, largest_unit_trainable = 0;
+  int64_t expert_layer = 0, expert_layer_trainable = 0;
+  const ComponentCount& operator[](Component c) const {
+    return by_component[static_cast<size_t>(c)];
+  }
+};
+ParamCounts count_params(const ModelConfig& cfg, bool freeze_base);
+
+// Bytes per element of each kind of state.
+struct DtypePolicy {
+  int weight = 2;  // bf16 weights on GPU
+  int grad = 4;    // fp32 gradients of trainable parameters
+  int master = 4;  // fp32 master copy of trainable parameters (0 when weights are fp32)
+  int optim = 8;   // AdamW first + second moments, fp32
+  int act = 2;     // activations (the CPU plans are fp32; scaled by act / 4)
+  static DtypePolicy gpu_bf16() { return {}; }
+  static DtypePolicy cpu_fp32() { return {4, 4, 0, 8, 4}; }
+};
+
+// Activation bytes one block keeps, from the layers' plan_activations.
+struct BlockActs {
+  MixerKind mixer;
+  FfnKind ffn;
+  size_t boundary = 0;  // norms, residuals and outputs the model itself keeps around the block
+  size_t mixer_bytes = 0;
+  size_t ffn_bytes = 0;
+  size_t input = 0;  // the block input (what Full recompute keeps)
+  size_t saved(Recompute r) const;
+  size_t all() const { return boundary + mixer_bytes + ffn_bytes; }
+};
+// Per block at fp32, for `tokens` packed as mbs documents of seq tokens.
+std::vector<BlockActs> block_activations(const ModelConfig& cfg, int64_t mbs, int64_t seq);
+
+struct MemoryBreakdown {
+  double weights = 0, grads = 0, master = 0, optimizer = 0;
+  double activations = 0;
+  double fsdp_buffers = 0;    // gathered layer (+ prefetch) and gradient reduce-scatter buffer
+  double expert_buffers = 0;  // gathered expert layer when experts are sharded across replicas
+  double a2a_buffers = 0;     // dispatch/combine send and receive buffers
+  double workspace = 0;       // backward scratch, cross-entropy chunk, residual gradients
+  double total() const {
+    return weights + grads + master + optimizer + activations + fsdp_buffers + expert_buffers +
+           a2a_buffers + workspace;
+  }
+  nlohmann::json to_json() const;
+};
+
+struct MemoryOptions {
+  DtypePolicy dtype = DtypePolicy::gpu_bf16();
+  bool freeze_base = true;
+  double a2a_capacity = 1.25;  // receive headroom over the balanced share (routing skew)
+  int64_t ce_chunk = 128;      // tokens per cross-entropy chunk (ops default)
+};
+
+// Peak bytes per device for `cfg` under `p`. With world = 1 and cpu_fp32 this is what one CPU
+// training step (forward, backward, AdamW) allocates.
+MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParallelPlan& p,
+                               const MemoryOptions& o);
+// As above with counts and block activations already computed (the search calls it per plan).
+MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& counts,
+                               const std::vector<BlockActs>& acts, const ParallelPlan& p,
+                               const MemoryOptions& o);
+
+// FLOPs per token, split by where they run (each kind has its own calibrated rate).
+struct Flops {
+  double dense_gemm = 0;   // projections, shared experts, dense FFN, router, LM head
+  double expert_gemm = 0;  // routed experts (grouped GEMM)
+  double kda_core = 0;     // chunked delta rule
+  double attn_dense = 0;   // dense causal MLA core
+  double attn_sparse = 0;  // DSA attention over the top-k positions
+  double indexer = 0;      // lightning indexer scores over all previous positions
+  double total() const {
+    return dense_gemm + expert_gemm + kda_core + attn_dense + attn_sparse + indexer;
+  }
+  Flops& operator+=(const Flops& o);
+  Flops scaled(double s) const;
+  nlohmann::json to_json() const;
+};
+struct StepFlops {
+  Flops forward;    // per token, one forward
+  Flops train;      // per token, forward + backward (no wgrad for frozen weights)
+  Flops recompute;  // per token, extra forward work the recompute policy adds
+};
+StepFlops flops_per_token(const ModelConfig& cfg, int64_t seq, bool freeze_base, Recompute r);
+
+}  // namespace mt::plan

@@ -1,0 +1,198 @@
+#include "train/checkpoint.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "model/safetensors.h"
+#include "train/dataset.h"
+
+namespace mt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  MT_CHECK(in.good(), IoError, "cannot read '", p.string(), "'");
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_text(const fs::path& p, const std::string& text) {
+  const fs::path tmp = p.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    out << text;
+    out.close();
+    MT_CHECK(out.good(), IoError, "cannot write '", tmp.string(), "'");
+  }
+  fs::rename(tmp, p);
+}
+
+std::string checksum(const fs::path& p) {
+  std::string bytes = slurp(p);
+  return cat(std::hex, fnv1a64(bytes.data(), bytes.size()));
+}
+
+// The first key where two model configs differ, for "checkpoint from another model" messages.
+std::string first_difference(const nlohmann::json& a, const nlohmann::json& b) {
+  for (auto it = a.begin(); it != a.end(); ++it)
+    if (!b.contains(it.key()) || b.at(it.key()) != it.value())
+      return cat(it.key(), " = ", it.value().dump(), " in the checkpoint, ",
+                 b.contains(it.key()) ? b.at(it.key()).dump() : "absent", " in this model");
+  for (auto it = b.begin(); it != b.end(); ++it)
+    if (!a.contains(it.key())) return cat(it.key(), " absent in the checkpoint");
+  return "";
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& root, const Model& model, const AdamW* opt,
+                            const TrainState& st, const std::string& job_toml,
+                            const std::function<void(const std::string&)>& after_file) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(st.step));
+  const fs::path final_dir = fs::path(root) / name;
+  const fs::path tmp = fs::path(root) / (std::string(name) + ".tmp");
+  fs::remove_all(tmp);  // the leftovers of a killed save
+  fs::create_directories(tmp);
+  auto landed = [&](const char* f) {
+    if (after_file) after_file(f);
+  };
+
+  TensorMap weights, moments;
+  size_t i = 0;
+  for (const auto& p : model.params().all()) {
+    weights[p->name] = p->value;
+    if (opt && p->trainable()) {
+      moments["m." + p->name] = opt->first_moments().at(i);
+      moments["v." + p->name] = opt->second_moments().at(i);
+      ++i;
+    }
+  }
+  write_safetensors((tmp / "model.safetensors").string(), weights);
+  landed("model.safetensors");
+  if (opt) {
+    write_safetensors((tmp / "optimizer.safetensors").string(), moments);
+    landed("optimizer.safetensors");
+  }
+  nlohmann::json state = {{"step", st.step},
+                          {"data_cursor", st.data_cursor},
+                          {"rng_seed", st.rng_seed},
+                          {"rng_counter", st.rng_counter},
+                          {"optimizer_steps", opt ? opt->steps() : 0},
+                          {"model_config", model.config().to_json()}};
+  write_text(tmp / "state.json", state.dump(2));
+  landed("state.json");
+  write_text(tmp / "job.toml", job_toml);
+  landed("job.toml");
+  nlohmann::json files = nlohmann::json::object();
+  for (const auto& e : fs::directory_iterator(tmp))
+    files[e.path().filename().string()] = {{"bytes", fs::file_size(e.path())},
+                                           {"fnv1a64", checksum(e.path())}};
+  write_text(tmp / "manifest.json", nlohmann::json{{"files", files}}.dump(2));
+  landed("manifest.json");
+  fs::remove_all(final_dir);
+  fs::rename(tmp, final_dir);
+  write_text(fs::path(root) / "latest", std::string(name) + "\n");
+  return final_dir.string();
+}
+
+std::string latest_checkpoint(const std::string& root) {
+  const fs::path p = fs::path(root) / "latest";
+  if (!fs::is_regular_file(p)) return "";
+  std::string name = slurp(p);
+  while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
+  const fs::path dir = fs::path(root) / name;
+  MT_CHECK(fs::is_directory(dir), IoError, "'", p.string(), "' names '", name,
+           "', which does not exist");
+  return dir.string();
+}
+
+void load_weights(const std::string& path, Model& model) {
+  fs::path file = path;
+  if (fs::is_directory(file) && fs::is_regular_file(file / "model.safetensors"))
+    file /= "model.safetensors";
+  MT_CHECK(fs::exists(file), IoError, "weights '", path, "' do not exist");
+  SafetensorsData data = fs::is_directory(file) ? read_safetensors_model(file.string())
+                                                : read_safetensors(file.string());
+  size_t matched = 0;
+  for (const auto& p : model.params().all()) {
+    auto it = data.tensors.find(p->name);
+    if (it == data.tensors.end()) {
+      MT_CHECK(p->spec.role == ParamRole::Lora, ConfigError, "weights '", path,
+               "' are from another model: no tensor '", p->name, "'");
+      continue;
+    }
+    MT_CHECK(it->second.shape() == p->value.shape(), ConfigError, "weights '", path,
+             "' are from another model: '", p->name, "' has shape ", it->second.shape(),
+             ", this model ", p->value.shape());
+    p->value.copy_from(it->second);
+    ++matched;
+  }
+  for (const auto& [name, t] : data.tensors)
+    MT_CHECK(model.params().find(name) != nullptr, ConfigError, "weights '", path,
+             "' are from another model: this model has no parameter '", name, "'");
+  (void)matched;
+}
+
+TrainState load_checkpoint(const std::string& dir, Model& model, AdamW* opt) {
+  const fs::path d = dir;
+  MT_CHECK(fs::is_directory(d), IoError, "checkpoint '", dir, "' does not exist");
+  MT_CHECK(fs::is_regular_file(d / "manifest.json"), IoError, "checkpoint '", dir,
+           "' has no manifest.json (an incomplete save?)");
+  nlohmann::json manifest = nlohmann::json::parse(slurp(d / "manifest.json"));
+  for (auto it = manifest.at("files").begin(); it != manifest.at("files").end(); ++it) {
+    const fs::path f = d / it.key();
+    MT_CHECK(fs::is_regular_file(f), IoError, "checkpoint '", dir, "' lacks ", it.key());
+    MT_CHECK(checksum(f) == it.value().at("fnv1a64").get<std::string>(), IoError, "checkpoint '",
+             dir, "': ", it.key(), " does not match its checksum (corrupted)");
+  }
+  nlohmann::json state = nlohmann::json::parse(slurp(d / "state.json"));
+  const std::string diff = first_difference(state.at("model_config"), model.config().to_json());
+  MT_CHECK(diff.empty(), ConfigError, "checkpoint '", dir,
+           "' was written for another model: ", diff);
+  load_weights((d / "model.safetensors").string(), model);
+  if (opt) {
+    MT_CHECK(fs::is_regular_file(d / "optimizer.safetensors"), IoError, "checkpoint '", dir,
+             "' has no optimizer state");
+    SafetensorsData mom = read_safetensors((d / "optimizer.safetensors").string());
+    size_t i = 0;
+    for (const auto& p : model.params().all()) {
+      if (!p->trainable()) continue;
+      for (const char* k : {"m.", "v."}) {
+        auto it = mom.tensors.find(k + p->name);
+        MT_CHECK(it != mom.tensors.end(), ConfigError, "checkpoint '", dir,
+                 "' has no optimizer state for '", p->name, "' (trained with other LoRA targets?)");
+        Tensor& dst = k[0] == 'm' ? opt->first_moments().at(i) : opt->second_moments().at(i);
+        MT_CHECK(it->second.shape() == dst.shape(), ConfigError, "checkpoint '", dir,
+                 "': optimizer state for '", p->name, "' has shape ", it->second.shape());
+        dst.copy_from(it->second);
+      }
+      ++i;
+    }
+    opt->set_steps(state.at("optimizer_steps").get<int64_t>());
+  }
+  return {.step = state.at("step").get<int64_t>(),
+          .data_cursor = state.at("data_cursor").get<int64_t>(),
+          .rng_seed = state.at("rng_seed").get<uint64_t>(),
+          .rng_counter = state.at("rng_counter").get<uint64_t>()};
+}
+
+void prune_checkpoints(const std::string& root, int64_t keep) {
+  std::vector<fs::path> dirs;
+  for (const auto& e : fs::directory_iterator(root)) {
+    const std::string n = e.path().filename().string();
+    if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find(".tmp") == std::string::npos)
+      dirs.push_back(e.path());
+  }
+  std::sort(dirs.begin(), dirs.end());
+  for (size_t i = 0; i + static_cast<size_t>(keep) < dirs.size(); ++i) fs::remove_all(dirs[i]);
+}
+
+}  // namespace mt

@@ -1,0 +1,122 @@
+#include "train/export.h"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+#include "model/safetensors.h"
+#include "train/checkpoint.h"
+#include "train/job.h"
+
+namespace mt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void write_json(const fs::path& p, const nlohmann::json& j) {
+  const fs::path tmp = p.string() + ".tmp";
+  std::ofstream(tmp) << j.dump(2) << "\n";
+  fs::rename(tmp, p);
+}
+
+// "model.layers.0.self_attn.q_proj.lora_A.weight" -> module "model.layers.0.self_attn.q_proj".
+std::string module_of(const std::string& name, const std::string& marker) {
+  return name.substr(0, name.find(marker));
+}
+
+}  // namespace
+
+std::string export_checkpoint(const std::string& checkpoint, const std::string& format,
+                              const std::string& out_dir) {
+  MT_CHECK(format == "peft" || format == "hf", ValueError, "export format '", format,
+           "' is not peft or hf");
+  const fs::path ck = checkpoint;
+  MT_CHECK(fs::is_regular_file(ck / "job.toml"), IoError, "checkpoint '", checkpoint,
+           "' has no job.toml");
+  std::ifstream in(ck / "job.toml");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const Job job = Job::parse(ss.str(), (ck / "job.toml").string());
+  Model model(job_model_config(job), job.seed, job_model_options(job));
+  load_checkpoint(checkpoint, model, nullptr);
+  fs::create_directories(out_dir);
+
+  TensorMap out;
+  if (format == "peft") {
+    std::set<std::string> modules;
+    std::map<std::string, int64_t> ranks;
+    for (const auto& p : model.params().all()) {
+      if (p->spec.role != ParamRole::Lora) continue;
+      out["base_model.model." + p->name] = p->value;
+      if (p->name.find(".lora_A.weight") != std::string::npos) {
+        const std::string mod = module_of(p->name, ".lora_A.weight");
+        modules.insert(mod.substr(mod.rfind('.') + 1));
+        ranks[mod] = p->value.dim(0);
+      }
+    }
+    MT_CHECK(!out.empty(), ValueError, "checkpoint '", checkpoint,
+             "' has no LoRA adapters (a full fine-tune: use --format hf)");
+    const int64_t r = job.lora_rank;
+    nlohmann::json rank_pattern = nlohmann::json::object(),
+                   alpha_pattern = nlohmann::json::object();
+    // PEFT matches these keys against module names: list every module that differs from r/alpha.
+    for (const auto& [mod, rk] : ranks) {
+      if (rk != r) rank_pattern[mod] = rk;
+      const float al = lora_alpha_of(job, lora_group_of(model.config(), mod));
+      if (al != job.lora_alpha) alpha_pattern[mod] = al;
+    }
+    write_safetensors((fs::path(out_dir) / "adapter_model.safetensors").string(), out,
+                      {{"format", "pt"}});
+    write_json(fs::path(out_dir) / "adapter_config.json",
+               {{"peft_type", "LORA"},
+                {"task_type", "CAUSAL_LM"},
+                {"base_model_name_or_path", job.model},
+                {"r", r},
+                {"lora_alpha", job.lora_alpha},
+                {"lora_dropout", 0.0},
+                {"bias", "none"},
+                {"fan_in_fan_out", false},
+                {"inference_mode", true},
+                {"target_modules", std::vector<std::string>(modules.begin(), modules.end())},
+                {"rank_pattern", rank_pattern},
+                {"alpha_pattern", alpha_pattern}});
+  } else {
+    // Merge: W += (alpha / r) B A for every adapted projection; adapters are dropped.
+    const ModelConfig cfg = model.config();
+    for (const auto& p : model.params().all()) {
+      if (p->spec.role == ParamRole::Lora) continue;
+      MT_CHECK(p->name.find(".mlp.experts.") == std::string::npos || cfg.moe.expert_lora.rank == 0,
+               ValueError,
+               "hf export does not merge routed-expert adapters yet; use --format peft");
+      const std::string base = p->name.size() > 7 ? p->name.substr(0, p->name.size() - 7) : "";
+      const Param* a = model.params().find(base + ".lora_A.weight");
+      const Param* b = model.params().find(base + ".lora_B.weight");
+      Tensor w = p->value.clone();
+      if (a && b && p->name.ends_with(".weight")) {
+        const int64_t rk = a->value.dim(0), n_out = w.dim(0), n_in = w.dim(1);
+        const float alpha = lora_alpha_of(job, lora_group_of(cfg, p->name));
+        const float s = alpha / static_cast<float>(rk);
+        const float *A = a->value.f32(), *B = b->value.f32();
+        float* W = w.f32();
+        for (int64_t o = 0; o < n_out; ++o)
+          for (int64_t k = 0; k < rk; ++k) {
+            const float bk = s * B[o * rk + k];
+            for (int64_t i = 0; i < n_in; ++i) W[o * n_in + i] += bk * A[k * n_in + i];
+          }
+      }
+      out[p->name] = w;
+    }
+    write_safetensors((fs::path(out_dir) / "model.safetensors").string(), out);
+    write_json(fs::path(out_dir) / "config.json", cfg.to_json());
+  }
+  size_t bytes = 0;
+  for (const auto& [n, t] : out) bytes += t.bytes();
+  return cat(format, " export: ", out.size(), " tensors, ", bytes, " bytes in ", out_dir);
+}
+
+}  // namespace mt

@@ -1,0 +1,80 @@
+// A training job: everything a run needs, read from TOML. Every key is known here; an unknown key
+// or a value of the wrong type is a ConfigError naming the key and the file. `--set a.b=value`
+// overrides apply before validation, with the value parsed as TOML (strings may omit quotes).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+
+namespace mt {
+
+// LoRA target groups and what they cover (full parameter names):
+//   attention       model.layers.*.self_attn.* of dsa/mla layers (q/kv/o/gate, indexer projections)
+//   kda             model.layers.*.self_attn.* of kda layers (q/k/v, f/g/b gates, o)
+//   shared_experts  model.layers.*.mlp.shared_experts.*, mlp.latent_{down,up}_proj
+//   routed_experts  model.layers.*.mlp.experts.* (per-expert adapters)
+//   dense_ffn       model.layers.*.mlp.{gate,up,down}_proj of dense FFN layers
+//   router          model.layers.*.mlp.gate.weight, trained in full (a router has no adapter)
+struct LoraGroup {
+  int64_t rank = 0;
+  float alpha = 0;
+};
+
+struct Job {
+  // [run]
+  std::string run_dir = "runs/run";
+  uint64_t seed = 1;
+  int threads = 0;
+  // [model]
+  std::string model = "small";  // preset or config.json path
+  std::string init;             // checkpoint (or weights directory) to start from
+  // [data]
+  std::string train_data;                        // prepared dataset directory
+  std::map<std::string, std::string> eval_data;  // corpus name -> prepared dataset directory
+  int64_t eval_sequences = 0;                    // per corpus; 0 = all
+  // [lora]
+  std::vector<std::string> lora_targets;  // empty: full training
+  int64_t lora_rank = 8;
+  float lora_alpha = 16;
+  std::map<std::string, LoraGroup> lora_groups;  // per-target overrides
+  std::vector<std::string> train_patterns;       // base parameters (globs) trained in full
+  // [optim]
+  float lr = 1e-3f, min_lr_ratio = 0.1f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f,
+        weight_decay = 0.01f;
+  double clip = 1.0;
+  // [schedule]
+  int64_t steps = 100, warmup = 10;
+  // [train]
+  int64_t batch = 2, grad_accum = 1;
+  // [checkpoint]
+  int64_t checkpoint_every = 0;  // 0: only at the end
+  int64_t checkpoint_keep = 2;
+  // [log]
+  int64_t log_every = 1, eval_every = 0;
+  std::string progress = "auto";  // auto | tty | plain | off
+
+  // Reads `path` with overrides ("key=value"). Validates ranges.
+  static Job load(const std::string& path, const std::vector<std::string>& overrides = {});
+  static Job parse(const std::string& toml_text, const std::string& source,
+                   const std::vector<std::string>& overrides = {});
+  std::string to_toml() const;  // the resolved job, every key, loadable by parse()
+};
+
+// The model configuration with the job's LoRA adapters switched on, and the options saying which
+// parameters train.
+ModelConfig job_model_config(const Job& job);
+ModelOptions job_model_options(const Job& job);
+
+// The LoRA target group a parameter belongs to ("" for embeddings, norms, the LM head).
+std::string lora_group_of(const ModelConfig& cfg, const std::string& name);
+// The alpha the job gives that group's adapters.
+float lora_alpha_of(const Job& job, const std::string& group);
+
+// Shell-style glob over a parameter name: '*' any run of characters, '?' one character.
+bool glob_match(const std::string& pattern, const std::string& name);
+
+}  // namespace mt

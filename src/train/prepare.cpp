@@ -1,0 +1,58 @@
+#include "train/prepare.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace mt {
+
+PrepareResult prepare_data(const PrepareOptions& o, std::ostream& log) {
+  namespace fs = std::filesystem;
+  MT_CHECK(!o.out.empty(), ValueError, "data prepare needs an output directory");
+  PrepareResult r;
+  std::vector<Document> docs = read_corpus(o.corpus, &r.skipped), train, held;
+  split_corpus(docs, o.heldout, train, held);
+  MT_CHECK(!train.empty(), ValueError, "the training split of ", o.corpus.inputs.front(),
+           " is empty (", docs.size(), " documents)");
+  MT_CHECK(o.heldout == 0 || !held.empty(), ValueError, "the held-out split of ",
+           o.corpus.inputs.front(), " is empty: too few documents (", docs.size(), ")");
+  fs::create_directories(o.out);
+  const std::string tok_path = (fs::path(o.out) / "tokenizer.model").string();
+  Tokenizer tok;
+  if (o.tokenizer.empty()) {
+    std::vector<std::string> texts;
+    for (const Document& d : train) texts.push_back(d.prompt + d.text);
+    tok = Tokenizer::train(texts, {.vocab = o.vocab});
+  } else {
+    tok = Tokenizer::load(o.tokenizer);
+  }
+  tok.save(tok_path);
+  PackedData tp = pack_documents(train, tok, o.seq_len);
+  write_dataset(tp, (fs::path(o.out) / "train").string());
+  r.train_docs = static_cast<int64_t>(train.size());
+  r.train_tokens = tp.target_tokens();
+  if (!held.empty()) {
+    PackedData hp = pack_documents(held, tok, o.seq_len);
+    write_dataset(hp, (fs::path(o.out) / "heldout").string());
+    r.heldout_docs = static_cast<int64_t>(held.size());
+    r.heldout_tokens = hp.target_tokens();
+  }
+  nlohmann::json info = {{"inputs", o.corpus.inputs},
+                         {"vocab_size", tok.vocab()},
+                         {"seq_len", o.seq_len},
+                         {"train_documents", r.train_docs},
+                         {"heldout_documents", r.heldout_docs},
+                         {"train_tokens", r.train_tokens},
+                         {"heldout_tokens", r.heldout_tokens},
+                         {"skipped_not_utf8", r.skipped}};
+  std::ofstream(fs::path(o.out) / "prepare.json") << info.dump(2) << "\n";
+  log << "prepared " << o.out << ": " << r.train_docs << " train documents (" << r.train_tokens
+      << " tokens), " << r.heldout_docs << " held-out (" << r.heldout_tokens << " tokens), vocab "
+      << tok.vocab() << (r.skipped ? cat(", skipped ", r.skipped, " non-UTF-8 documents") : "")
+      << "\n";
+  return r;
+}
+
+}  // namespace mt

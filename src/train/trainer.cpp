@@ -1,0 +1,300 @@
+#include "train/trainer.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "model/moe_layer.h"
+
+namespace mt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void for_each_moe(Model& m, const std::function<void(int, MoeLayer&)>& f) {
+  for (int i = 0; i < m.num_layers(); ++i)
+    if (auto* moe = dynamic_cast<MoeLayer*>(&m.ffn(i))) f(i, *moe);
+}
+
+double peak_rss_mb() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_maxrss) / 1024.0;
+}
+
+// The data order: a fresh permutation of the sequences per epoch, derived from the seed only,
+// so the position (a sequence count) is all a checkpoint needs to continue it.
+class DataOrder {
+ public:
+  DataOrder(int64_t n, uint64_t seed) : n_(n), seed_(seed) {}
+  int64_t at(int64_t cursor) {
+    const int64_t epoch = cursor / n_;
+    if (epoch != epoch_) {
+      perm_.resize(static_cast<size_t>(n_));
+      for (int64_t i = 0; i < n_; ++i) perm_[static_cast<size_t>(i)] = i;
+      Rng rng = Rng(seed_).fork(static_cast<uint64_t>(epoch));
+      for (int64_t i = n_ - 1; i > 0; --i)
+        std::swap(perm_[static_cast<size_t>(i)], perm_[static_cast<size_t>(rng.below(i + 1))]);
+      epoch_ = epoch;
+    }
+    return perm_[static_cast<size_t>(cursor % n_)];
+  }
+
+ private:
+  int64_t n_;
+  uint64_t seed_;
+  int64_t epoch_ = -1;
+  std::vector<int64_t> perm_;
+};
+
+std::string format_eta(double s) {
+  char b[32];
+  const auto t = static_cast<long long>(s);
+  std::snprintf(b, sizeof b, "%lld:%02lld", t / 60, t % 60);
+  return b;
+}
+
+}  // namespace
+
+double LocalExecutor::forward_backward(const Batch& b) {
+  const double loss = model_.forward(ctx_, b.seq, b.ids, b.targets);
+  model_.backward(ctx_);
+  return loss;
+}
+
+double LocalExecutor::forward_loss(const Batch& b) {
+  const double loss = model_.forward(ctx_, b.seq, b.ids, b.targets);
+  // Evaluation runs between steps: its routing must not count as training load.
+  for_each_moe(model_, [](int, MoeLayer& m) { m.reset_expert_load(); });
+  return loss;
+}
+
+double LocalExecutor::optimizer_step(float lr, double grad_scale) {
+  if (grad_scale != 1.0)
+    for (const Tensor& g : model_.params().grads()) {
+      float* p = g.f32();
+      const auto s = static_cast<float>(grad_scale);
+      for (int64_t i = 0; i < g.numel(); ++i) p[i] *= s;
+    }
+  const double norm = opt_.step(ctx_, model_.params(), lr);
+  load_.clear();
+  for_each_moe(model_, [&](int layer, MoeLayer& m) {
+    const std::vector<int64_t>& l = m.expert_load();
+    LayerLoad s{.layer = layer};
+    int64_t mx = 0, mn = INT64_MAX, sum = 0;
+    for (int64_t v : l) {
+      mx = std::max(mx, v);
+      sum += v;
+      if (v > 0) mn = std::min(mn, v);
+      s.dead += v == 0;
+    }
+    const double mean = l.empty() ? 0 : static_cast<double>(sum) / static_cast<double>(l.size());
+    s.max_over_mean = mean > 0 ? static_cast<double>(mx) / mean : 0;
+    s.hot_cold = mn == INT64_MAX ? 0 : static_cast<double>(mx) / static_cast<double>(mn);
+    load_.push_back(s);
+    m.update_selection_bias();
+    m.reset_expert_load();
+  });
+  return norm;
+}
+
+double schedule_lr(const Job& job, int64_t step) {
+  if (job.warmup > 0 && step <= job.warmup)
+    return job.lr * static_cast<double>(step) / static_cast<double>(job.warmup);
+  const double span = static_cast<double>(std::max<int64_t>(1, job.steps - job.warmup));
+  const double frac = std::min(1.0, static_cast<double>(step - job.warmup) / span);
+  const double lo = job.lr * job.min_lr_ratio;
+  return lo + (job.lr - lo) * 0.5 * (1 + std::cos(3.141592653589793 * frac));
+}
+
+EvalResult evaluate(StepExecutor& exec, const PackedData& data, int64_t batch,
+                    int64_t max_sequences) {
+  const int64_t n =
+      max_sequences > 0 ? std::min(max_sequences, data.sequences()) : data.sequences();
+  double sum = 0;
+  EvalResult r;
+  for (int64_t s = 0; s < n; s += batch) {
+    std::vector<int64_t> idx;
+    for (int64_t k = s; k < std::min(n, s + batch); ++k) idx.push_back(k);
+    Batch b = make_batch(data, idx);
+    if (b.target_tokens == 0) continue;
+    sum += exec.forward_loss(b) * static_cast<double>(b.target_tokens);
+    r.tokens += b.target_tokens;
+  }
+  r.loss = r.tokens > 0 ? sum / static_cast<double>(r.tokens) : 0;
+  return r;
+}
+
+double unigram_baseline(const PackedData& train, const PackedData& heldout) {
+  const int64_t v = std::max(train.vocab, heldout.vocab);
+  std::vector<double> count(static_cast<size_t>(v), 1.0);  // add-one smoothing
+  double total = static_cast<double>(v);
+  for (int32_t t : train.targets)
+    if (t != kIgnoreIndex) {
+      count[static_cast<size_t>(t)] += 1;
+      total += 1;
+    }
+  double ce = 0;
+  int64_t n = 0;
+  for (int32_t t : heldout.targets)
+    if (t != kIgnoreIndex) {
+      ce -= std::log(count[static_cast<size_t>(t)] / total);
+      ++n;
+    }
+  return n > 0 ? ce / static_cast<double>(n) : 0;
+}
+
+TrainResult run_job(const Job& job, const TrainOptions& topt, std::ostream& log) {
+  const PackedData train = load_dataset(job.train_data);
+  std::map<std::string, PackedData> evals;
+  for (const auto& [name, dir] : job.eval_data) evals.emplace(name, load_dataset(dir));
+
+  const ModelConfig cfg = job_model_config(job);
+  for (const PackedData* d : [&] {
+         std::vector<const PackedData*> all{&train};
+         for (auto& [n, e] : evals) all.push_back(&e);
+         return all;
+       }())
+    MT_CHECK(d->vocab <= cfg.vocab, ConfigError, "dataset vocabulary ", d->vocab,
+             " exceeds the model's vocab_size ", cfg.vocab,
+             " (token ids would fall outside the embedding)");
+  Context ctx(ContextOptions{.threads = job.threads, .seed = job.seed});
+  Model model(cfg, job.seed, job_model_options(job));
+  AdamW opt(model.params(), AdamWOptions{.beta1 = job.beta1,
+                                         .beta2 = job.beta2,
+                                         .eps = job.eps,
+                                         .weight_decay = job.weight_decay,
+                                         .clip_norm = job.clip});
+  LocalExecutor exec(ctx, model, opt);
+
+  fs::create_directories(job.run_dir);
+  const std::string ckpt_root = (fs::path(job.run_dir) / "checkpoints").string();
+  fs::create_directories(ckpt_root);
+  const std::string job_toml = job.to_toml();
+  {
+    std::ofstream(fs::path(job.run_dir) / "job.toml.tmp") << job_toml;
+    fs::rename(fs::path(job.run_dir) / "job.toml.tmp", fs::path(job.run_dir) / "job.toml");
+  }
+
+  TrainState st{.rng_seed = ctx.rng().seed(), .rng_counter = ctx.rng().counter()};
+  std::string resume = topt.resume_from;
+  if (topt.resume && resume.empty()) {
+    resume = latest_checkpoint(ckpt_root);
+    MT_CHECK(!resume.empty(), IoError, "--resume: no checkpoint under '", ckpt_root, "'");
+  }
+  if (!resume.empty()) {
+    st = load_checkpoint(resume, model, &opt);
+    ctx.rng() = Rng(st.rng_seed, st.rng_counter);
+    log << "resumed from " << resume << " at step " << st.step << "\n";
+  } else if (!job.init.empty()) {
+    std::string w = job.init;
+    if (fs::is_regular_file(fs::path(w) / "latest")) w = latest_checkpoint(w);
+    load_weights(w, model);
+  }
+
+  TrainResult r;
+  r.total = model.params().count();
+  r.trainable = model.params().count(true);
+  log << "model " << job.model << ": " << r.total << " parameters, " << r.trainable
+      << " trainable (" << 100.0 * static_cast<double>(r.trainable) / static_cast<double>(r.total)
+      << "%), " << train.sequences() << " training sequences of " << train.seq_len << "\n";
+
+  std::ofstream metrics(fs::path(job.run_dir) / "metrics.jsonl", std::ios::app);
+  const bool tty = job.progress == "tty" || (job.progress == "auto" && isatty(fileno(stdout)));
+  const bool show = job.progress != "off";
+  DataOrder order(train.sequences(), job.seed);
+  r.first_step = st.step + 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t tokens_done = 0;
+
+  auto run_eval = [&](int64_t step) {
+    nlohmann::json e = nlohmann::json::object();
+    for (auto& [name, d] : evals) {
+      EvalResult er = evaluate(exec, d, job.batch, job.eval_sequences);
+      r.eval[name] = er;
+      e[name] = {{"loss", er.loss}, {"ppl", std::exp(er.loss)}, {"tokens", er.tokens}};
+    }
+    metrics << nlohmann::json{{"step", step}, {"eval", e}}.dump() << "\n" << std::flush;
+    return e;
+  };
+
+  for (int64_t step = st.step + 1; step <= job.steps; ++step) {
+    exec.zero_grad();
+    double loss = 0;
+    int64_t step_tokens = 0;
+    for (int64_t a = 0; a < job.grad_accum; ++a) {
+      std::vector<int64_t> idx;
+      for (int64_t b = 0; b < job.batch; ++b) idx.push_back(order.at(st.data_cursor++));
+      Batch batch = make_batch(train, idx);
+      loss += exec.forward_backward(batch) / static_cast<double>(job.grad_accum);
+      step_tokens += batch.seq.tokens;
+    }
+    const double lr = schedule_lr(job, step);
+    const double gnorm =
+        exec.optimizer_step(static_cast<float>(lr), 1.0 / static_cast<double>(job.grad_accum));
+    st.step = step;
+    tokens_done += step_tokens;
+    r.losses.push_back(loss);
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.tokens_per_s = static_cast<double>(tokens_done) / r.seconds;
+    const double eta = r.seconds / static_cast<double>(step - r.first_step + 1) *
+                       static_cast<double>(job.steps - step);
+
+    if (step % job.log_every == 0 || step == job.steps) {
+      nlohmann::json loads = nlohmann::json::array();
+      for (const LayerLoad& l : exec.expert_load())
+        loads.push_back({{"layer", l.layer},
+                         {"max_over_mean", l.max_over_mean},
+                         {"hot_cold", l.hot_cold},
+                         {"dead", l.dead}});
+      nlohmann::json aux = nlohmann::json::object();
+      for (const AuxLoss& a : exec.aux_losses()) aux[a.name] = a.value;
+      metrics << nlohmann::json{{"step", step},
+                                {"loss", loss},
+                                {"loss_per_corpus", {{"train", loss}}},
+                                {"lr", lr},
+                                {"grad_norm", gnorm},
+                                {"tokens_per_s", r.tokens_per_s},
+                                {"peak_rss_mb", peak_rss_mb()},
+                                {"expert_load", loads},
+                                {"aux", aux}}
+                     .dump()
+              << "\n";
+    }
+    if (show) {
+      char line[200];
+      std::snprintf(line, sizeof line,
+                    "step %5lld/%lld  loss %.4f  lr %.2e  grad-norm %.3f  %.0f tok/s  eta %s",
+                    static_cast<long long>(step), static_cast<long long>(job.steps), loss, lr,
+                    gnorm, r.tokens_per_s, format_eta(eta).c_str());
+      if (tty)
+        log << "\r" << line << (step == job.steps ? "\n" : "") << std::flush;
+      else if (step % job.log_every == 0 || step == job.steps)
+        log << line << "\n";
+    }
+    if (job.eval_every > 0 && step % job.eval_every == 0 && step != job.steps) run_eval(step);
+    const bool last = step == job.steps;
+    if (last || (job.checkpoint_every > 0 && step % job.checkpoint_every == 0)) {
+      st.rng_seed = ctx.rng().seed();
+      st.rng_counter = ctx.rng().counter();
+      r.checkpoint = save_checkpoint(ckpt_root, model, &opt, st, job_toml);
+      prune_checkpoints(ckpt_root, job.checkpoint_keep);
+    }
+  }
+  if (!evals.empty()) {
+    nlohmann::json e = run_eval(st.step);
+    if (show) log << "eval at step " << st.step << ": " << e.dump() << "\n";
+  }
+  return r;
+}
+
+}  // namespace mt

@@ -1,0 +1,94 @@
+// The training loop, independent of where the math runs. A StepExecutor owns the model, the
+// optimizer and the device: today LocalExecutor (one process, CPU); a parallel engine (FSDP + EP)
+// or a GPU backend implements the same five calls and the loop, schedule, data order, metrics and
+// checkpoints stay as they are.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/context.h"
+#include "model/model.h"
+#include "train/adamw.h"
+#include "train/checkpoint.h"
+#include "train/dataset.h"
+#include "train/job.h"
+
+namespace mt {
+
+struct LayerLoad {
+  int layer = 0;
+  double max_over_mean = 0, hot_cold = 0;  // hot_cold: busiest / least busy live expert
+  int64_t dead = 0;                        // experts that got no token this step
+};
+
+class StepExecutor {
+ public:
+  virtual ~StepExecutor() = default;
+  virtual void zero_grad() = 0;
+  // Forward + backward of one micro-batch; gradients accumulate. Returns the mean loss.
+  virtual double forward_backward(const Batch& b) = 0;
+  // Forward only (evaluation); leaves gradients and routing statistics alone.
+  virtual double forward_loss(const Batch& b) = 0;
+  // Scales gradients by grad_scale (1 / accumulation), clips, steps. Returns the gradient norm.
+  virtual double optimizer_step(float lr, double grad_scale) = 0;
+  // Routing load since the last step and auxiliary losses of the last forward.
+  virtual std::vector<LayerLoad> expert_load() = 0;
+  virtual std::vector<AuxLoss> aux_losses() = 0;
+};
+
+class LocalExecutor : public StepExecutor {
+ public:
+  LocalExecutor(Context& ctx, Model& model, AdamW& opt) : ctx_(ctx), model_(model), opt_(opt) {}
+  void zero_grad() override { model_.params().zero_grad(); }
+  double forward_backward(const Batch& b) override;
+  double forward_loss(const Batch& b) override;
+  double optimizer_step(float lr, double grad_scale) override;
+  std::vector<LayerLoad> expert_load() override { return load_; }
+  std::vector<AuxLoss> aux_losses() override { return model_.aux_losses(); }
+
+ private:
+  Context& ctx_;
+  Model& model_;
+  AdamW& opt_;
+  std::vector<LayerLoad> load_;
+};
+
+// Learning rate at optimizer step `step` (1-based): linear warm-up, then cosine to
+// lr * min_lr_ratio at the last step.
+double schedule_lr(const Job& job, int64_t step);
+
+// Token-weighted held-out loss over the first `max_sequences` sequences (0 = all).
+struct EvalResult {
+  double loss = 0;
+  int64_t tokens = 0;
+};
+EvalResult evaluate(StepExecutor& exec, const PackedData& data, int64_t batch,
+                    int64_t max_sequences);
+
+// Cross-entropy of a unigram (token-frequency, add-one smoothed) model fitted on `train`,
+// measured on the targets of `heldout`: the baseline a language model must beat.
+double unigram_baseline(const PackedData& train, const PackedData& heldout);
+
+struct TrainResult {
+  std::vector<double> losses;              // per optimizer step run by this call
+  int64_t first_step = 1;                  // step number of losses[0]
+  std::map<std::string, EvalResult> eval;  // after the last step
+  int64_t trainable = 0, total = 0;
+  double tokens_per_s = 0, seconds = 0;
+  std::string checkpoint;  // the last one written
+};
+
+struct TrainOptions {
+  bool resume = false;      // continue from the run directory's latest checkpoint
+  std::string resume_from;  // or from this checkpoint
+};
+
+// Runs a job end to end on this process: writes <run_dir>/job.toml, metrics.jsonl and
+// checkpoints/, prints progress on `log`.
+TrainResult run_job(const Job& job, const TrainOptions& opt, std::ostream& log);
+
+}  // namespace mt

@@ -1,0 +1,201 @@
+// Distributed-equals-single-process check, run under mpirun by ctest (tests/CMakeLists.txt).
+// Every rank trains the single-process reference on the whole global batch itself (the model is
+// tiny) and the distributed model on its own documents, then compares losses every step and the
+// final parameters (its expert slice against the same rows of the reference). Exit status 0 only
+// when every rank agrees to the tolerance. A rank that throws prints "rank R failed: ..." and
+// aborts the job, so no peer can hang.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/context.h"
+#include "core/rng.h"
+#include "model/model.h"
+#include "model/moe_layer.h"
+#include "parallel/comm.h"
+#include "parallel/dist_trainer.h"
+#include "parallel/mesh.h"
+#include "train/adamw.h"
+
+namespace {
+
+using mt::ValueError;
+
+struct Args {
+  int ep = 1, chunks = 1, steps = 20, experts = 12;
+  bool lora = false, shard_experts = false;
+  int fail_rank = -1, fail_step = -1;
+  double tol = 1e-5;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto next = [&]() {
+      MT_CHECK(i + 1 < argc, ValueError, "missing value after ", k);
+      return std::atoi(argv[++i]);
+    };
+    if (k == "--ep")
+      a.ep = next();
+    else if (k == "--chunks")
+      a.chunks = next();
+    else if (k == "--steps")
+      a.steps = next();
+    else if (k == "--experts")
+      a.experts = next();
+    else if (k == "--lora")
+      a.lora = true;
+    else if (k == "--shard-experts")
+      a.shard_experts = true;
+    else if (k == "--fail-rank")
+      a.fail_rank = next();
+    else if (k == "--fail-step")
+      a.fail_step = next();
+    else
+      MT_THROW(ValueError, "unknown argument ", k);
+  }
+  return a;
+}
+
+// Documents of rank r: lengths differ inside a rank but every rank holds the same total.
+const std::vector<int64_t> kDocLens = {9, 15};
+
+struct Batch {
+  mt::SeqInfo seq;
+  mt::Tensor ids, targets;
+};
+
+// Global documents [first, first + count) of step s: token values from a counter-based hash, so
+// every rank can build any document.
+Batch make_batch(int64_t vocab, int step, int first, int count) {
+  std::vector<int64_t> lens;
+  for (int d = first; d < first + count; ++d)
+    lens.push_back(kDocLens[static_cast<size_t>(d) % kDocLens.size()]);
+  Batch b;
+  b.seq = mt::SeqInfo::from_lengths(lens);
+  b.ids = mt::Tensor::empty({b.seq.tokens}, mt::DType::I32);
+  b.targets = mt::Tensor::empty({b.seq.tokens}, mt::DType::I32);
+  int64_t t = 0;
+  for (int d = first; d < first + count; ++d)
+    for (int64_t i = 0; i < lens[static_cast<size_t>(d - first)]; ++i, ++t) {
+      uint64_t h = (static_cast<uint64_t>(step) * 1000003u + static_cast<uint64_t>(d)) * 7919u +
+                   static_cast<uint64_t>(i);
+      h ^= h >> 13;
+      h *= 0x9E3779B97F4A7C15ull;
+      h ^= h >> 29;
+      b.ids.i32()[t] = static_cast<int32_t>(h % static_cast<uint64_t>(vocab));
+      b.targets.i32()[t] = static_cast<int32_t>((h >> 20) % static_cast<uint64_t>(vocab));
+    }
+  return b;
+}
+
+int run(mt::par::Comm& world, const Args& a) {
+  using namespace mt;
+  const int W = world.size(), rank = world.rank();
+  ModelConfig cfg = ModelConfig::load("tiny");
+  cfg.moe.num_experts = a.experts;
+  ModelOptions mopt;
+  if (a.lora) {
+    const LoraSpec lora{.rank = 2, .alpha = 4.f};
+    cfg.kda.lora = cfg.mla.lora = cfg.dsa.mla.lora = cfg.moe.lora = cfg.dense.lora = lora;
+    cfg.moe.expert_lora = lora;
+    mopt.freeze_base = true;
+  }
+  // Before anything is allocated: an invalid mesh is a ConfigError here.
+  const par::Mesh mesh =
+      par::make_mesh(W, rank, cfg.moe.num_experts, {.ep = a.ep, .shard_experts = a.shard_experts});
+  if (rank == 0) std::printf("%s", mesh.describe().c_str());
+  par::ProcessGroups groups = par::make_groups(world, mesh);
+
+  Context ctx(ContextOptions{.threads = 1});
+  const uint64_t seed = 77;
+  const float lr = 1e-2f;
+  AdamWOptions adam;
+  adam.weight_decay = 0.01f;
+  const int docs_per_rank = 2;
+
+  // Single-process reference over all W * docs_per_rank documents.
+  Model ref(cfg, seed, mopt);
+  AdamW ref_opt(ref.params(), adam);
+  std::vector<double> ref_loss;
+  for (int s = 0; s < a.steps; ++s) {
+    Batch b = make_batch(cfg.vocab, s, 0, W * docs_per_rank);
+    ref.params().zero_grad();
+    ref_loss.push_back(ref.forward(ctx, b.seq, b.ids, b.targets));
+    ref.backward(ctx);
+    ref_opt.step(ctx, ref.params(), lr);
+    for (MoeLayer* m : ref.moe_layers())
+      if (m) m->update_selection_bias();
+  }
+
+  Model model(cfg, seed, mopt);
+  par::DistTrainer trainer(model, mesh, groups, {.a2a_chunks = a.chunks, .adam = adam});
+  double max_loss_err = 0;
+  for (int s = 0; s < a.steps; ++s) {
+    if (rank == a.fail_rank && s == a.fail_step)
+      MT_THROW(ValueError, "injected failure at step ", s);
+    Batch b = make_batch(cfg.vocab, s, rank * docs_per_rank, docs_per_rank);
+    par::StepResult r = trainer.step(ctx, b.seq, b.ids, b.targets, lr);
+    const double err = std::abs(r.loss - ref_loss[static_cast<size_t>(s)]) /
+                       std::abs(ref_loss[static_cast<size_t>(s)]);
+    max_loss_err = std::max(max_loss_err, err);
+    if (rank == 0 && (s == 0 || s == a.steps - 1))
+      std::printf("step %d: loss %.7f (one process %.7f)\n", s, r.loss,
+                  ref_loss[static_cast<size_t>(s)]);
+  }
+  std::printf("%s\n", trainer.metrics().line(rank).c_str());
+
+  // Final parameters: dense ones whole, experts as this rank's rows of the reference.
+  double max_param_err = 0;
+  std::string worst;
+  int64_t compared = 0;
+  for (const auto& p : model.params().all()) {
+    const Param& q = ref.params().at(p->name);
+    Tensor want = q.value;
+    if (p->value.numel() != q.value.numel())
+      want = q.value.rows(mesh.first_expert(), mesh.first_expert() + mesh.local_experts);
+    expect_shape(p->value, want.shape(), p->name.c_str());
+    for (int64_t i = 0; i < want.numel(); ++i) {
+      const double d = std::abs(static_cast<double>(p->value.f32()[i]) - want.f32()[i]) /
+                       std::max(1.0, std::abs(static_cast<double>(want.f32()[i])));
+      if (d > max_param_err) {
+        max_param_err = d;
+        worst = p->name;
+      }
+    }
+    compared += want.numel();
+  }
+  const bool ok = max_loss_err <= a.tol && max_param_err <= a.tol;
+  std::printf(
+      "rank %d: %lld parameters compared, max loss rel err %.3g, max param err %.3g (%s), "
+      "optimizer state %lld B: %s\n",
+      rank, static_cast<long long>(compared), max_loss_err, max_param_err, worst.c_str(),
+      static_cast<long long>(trainer.optimizer_bytes()), ok ? "ok" : "MISMATCH");
+  const int64_t bad = world.all_reduce_sum(static_cast<int64_t>(ok ? 0 : 1));
+  if (rank == 0)
+    std::printf("%s: %lld of %d ranks mismatched\n", bad ? "FAIL" : "PASS",
+                static_cast<long long>(bad), W);
+  return bad ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  mt::par::MpiRuntime mpi(&argc, &argv);
+  auto world = mpi.world({.timeout = std::chrono::seconds(30)});
+  int rc = 0;
+  try {
+    rc = run(*world, parse(argc, argv));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d failed: %s\n", world->rank(), e.what());
+    std::fflush(stderr);
+    world->abort(2);
+  }
+  std::fflush(stdout);
+  return rc;
+}

@@ -1,0 +1,284 @@
+// Jobs (strict TOML), LoRA selection, the training loop's bit-exact resume, checkpoint safety
+// against a killed writer, checkpoints from another model, and PEFT export layout.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "model/safetensors.h"
+#include "train/checkpoint.h"
+#include "train/export.h"
+#include "train/job.h"
+#include "train/trainer.h"
+
+namespace fs = std::filesystem;
+using namespace mt;
+
+namespace {
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d =
+      fs::temp_directory_path() / ("mt_test_train_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// Random token sequences for the tiny model (vocab 61), several documents per sequence.
+std::string make_dataset(const fs::path& dir, uint64_t seed) {
+  Rng rng(seed);
+  PackedData p{.seq_len = 24, .vocab = 61, .documents = 0};
+  for (int s = 0; s < 20; ++s) {
+    int64_t left = p.seq_len;
+    std::vector<int64_t> seg;
+    while (left > 0) {
+      int64_t l = std::min<int64_t>(left, 3 + rng.below(12));
+      seg.push_back(l);
+      left -= l;
+      ++p.documents;
+    }
+    p.segments.push_back(seg);
+    // A learnable pattern: the next id is (id * 7 + 3) mod 61, with some noise.
+    int32_t id = static_cast<int32_t>(rng.below(61));
+    for (int64_t t = 0; t < p.seq_len; ++t) {
+      p.ids.push_back(id);
+      id = rng.uniform() < 0.8 ? (id * 7 + 3) % 61 : static_cast<int32_t>(rng.below(61));
+      p.targets.push_back(id);
+    }
+  }
+  write_dataset(p, dir.string());
+  return dir.string();
+}
+
+std::string base_job(const fs::path& root) {
+  return "[run]\ndir = \"" + (root / "run").string() +
+         "\"\nseed = 3\nthreads = 1\n[model]\nconfig = \"tiny\"\n[data]\ntrain = \"" +
+         make_dataset(root / "train", 1) + "\"\neval = { held = \"" +
+         make_dataset(root / "held", 2) +
+         "\" }\n[optim]\nlr = 0.01\n[schedule]\nsteps = 6\nwarmup = 2\n[train]\nbatch = 2\n"
+         "grad_accum = 2\n[log]\nprogress = \"off\"\n";
+}
+
+template <typename E>
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.message();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST(Job, UnknownKeysAndWrongTypesNameTheKey) {
+  const std::string ok = "[data]\ntrain = \"d\"\n";
+  EXPECT_NE(error_of<ConfigError>([&] {
+              Job::parse(ok + "[optim]\nlrr = 1.0\n", "j.toml");
+            }).find("unknown key 'optim.lrr'"),
+            std::string::npos);
+  EXPECT_NE(error_of<ConfigError>([&] {
+              Job::parse(ok + "[optim]\nlr = \"fast\"\n", "j.toml");
+            }).find("'optim.lr' must be a number, got a string"),
+            std::string::npos);
+  EXPECT_NE(error_of<ConfigError>([&] {
+              Job::parse(ok + "[schedule]\nsteps = 1.5\n", "j.toml");
+            }).find("'schedule.steps' must be an integer, got a float"),
+            std::string::npos);
+  EXPECT_NE(error_of<ConfigError>([&] {
+              Job::parse(ok, "j.toml", {"train.bach=3"});
+            }).find("unknown key 'train.bach'"),
+            std::string::npos);
+  EXPECT_NE(error_of<ConfigError>([&] {
+              Job::parse(ok + "[lora]\ntargets = [\"kda\", \"mlp\"]\n", "j.toml");
+            }).find("unknown target 'mlp'"),
+            std::string::npos);
+  // Overrides are typed like TOML; the resolved job parses back to the same values.
+  Job j = Job::parse(ok, "j.toml",
+                     {"optim.lr=0.5", "schedule.steps=70", "model.config=tiny",
+                      "lora.targets=[\"kda\",\"router\"]", "lora.kda.rank=4"});
+  EXPECT_FLOAT_EQ(j.lr, 0.5f);
+  EXPECT_EQ(j.steps, 70);
+  EXPECT_EQ(j.model, "tiny");
+  EXPECT_EQ(j.lora_groups.at("kda").rank, 4);
+  Job k = Job::parse(j.to_toml(), "resolved");
+  EXPECT_EQ(k.to_toml(), j.to_toml());
+}
+
+TEST(Job, LoraTargetsSelectParametersByGroup) {
+  Job j = Job::parse(
+      "[data]\ntrain = \"d\"\n[model]\nconfig = \"small\"\n[lora]\n"
+      "targets = [\"kda\", \"attention\", \"router\"]\nrank = 4\n",
+      "j.toml");
+  const ModelConfig cfg = job_model_config(j);
+  Model m(cfg, 1, job_model_options(j));
+  int64_t trainable = 0;
+  for (const auto& p : m.params().all()) {
+    if (!p->trainable()) {
+      EXPECT_NE(p->spec.role, ParamRole::Lora) << p->name;
+      continue;
+    }
+    trainable += p->value.numel();
+    const std::string g = lora_group_of(cfg, p->name);
+    if (p->spec.role == ParamRole::Lora)
+      EXPECT_TRUE(g == "kda" || g == "attention") << p->name;
+    else
+      EXPECT_EQ(g, "router") << p->name;
+  }
+  EXPECT_EQ(trainable, m.params().count(true));
+  EXPECT_GT(trainable, 0);
+  EXPECT_LT(static_cast<double>(trainable), 0.05 * static_cast<double>(m.params().count()));
+  EXPECT_TRUE(glob_match("model.layers.*.mlp.gate.weight", "model.layers.12.mlp.gate.weight"));
+  EXPECT_FALSE(glob_match("model.layers.*.mlp.gate.weight", "model.layers.1.mlp.gate.bias"));
+}
+
+TEST(Train, ResumeIsBitExactAndLossFalls) {
+  fs::path root = temp_dir("resume");
+  const std::string text = base_job(root);
+  std::ostringstream log;
+  Job full = Job::parse(text, "job", {"run.dir=\"" + (root / "full").string() + "\""});
+  TrainResult a = run_job(full, {}, log);
+  ASSERT_EQ(a.losses.size(), 6u);
+  EXPECT_LT(a.losses.back(), a.losses.front());
+  EXPECT_TRUE(fs::is_regular_file(root / "full" / "job.toml"));
+  EXPECT_TRUE(fs::is_regular_file(root / "full" / "metrics.jsonl"));
+
+  Job part = Job::parse(text, "job", {"checkpoint.every=3"});
+  // Run the full 6-step job with checkpoints every 3, then resume from the step-3 checkpoint.
+  TrainResult b = run_job(part, {}, log);
+  const std::string ck3 = (root / "run" / "checkpoints" / "step_00000003").string();
+  ASSERT_TRUE(fs::is_directory(ck3));
+  Job again = Job::parse(text, "job", {"run.dir=\"" + (root / "again").string() + "\""});
+  TrainResult c = run_job(again, {.resume_from = ck3}, log);
+  ASSERT_EQ(c.first_step, 4);
+  ASSERT_EQ(c.losses.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(c.losses[i], a.losses[i + 3]) << "step " << i + 4;
+  EXPECT_EQ(b.losses, a.losses);
+  EXPECT_EQ(c.eval.at("held").loss, a.eval.at("held").loss);
+}
+
+TEST(Train, KilledSaveLeavesThePreviousCheckpoint) {
+  fs::path root = temp_dir("kill");
+  Model m(ModelConfig::load("tiny"), 5);
+  AdamW opt(m.params(), {});
+  const std::string first = save_checkpoint(root.string(), m, &opt, {.step = 1}, "job");
+  // The child starts the next save and stops inside it; the parent kills it there.
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    close(fds[0]);
+    for (const auto& p : m.params().all()) p->value.f32()[0] += 1.0f;
+    save_checkpoint(root.string(), m, &opt, {.step = 2}, "job", [&](const std::string& f) {
+      if (f == "state.json") {
+        char c = 'x';
+        (void)!write(fds[1], &c, 1);
+        pause();
+      }
+    });
+    _exit(0);
+  }
+  close(fds[1]);
+  char c;
+  ASSERT_EQ(read(fds[0], &c, 1), 1);
+  kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFSIGNALED(status));
+  EXPECT_EQ(latest_checkpoint(root.string()), first);
+  EXPECT_FALSE(fs::exists(root / "step_00000002"));
+  Model back(ModelConfig::load("tiny"), 99);
+  EXPECT_EQ(load_checkpoint(first, back, nullptr).step, 1);
+  for (const auto& p : m.params().all())
+    EXPECT_EQ(back.params().at(p->name).value.f32()[0], p->value.f32()[0]) << p->name;
+  // The next save cleans the half-written directory and completes.
+  const std::string second = save_checkpoint(root.string(), m, &opt, {.step = 2}, "job");
+  EXPECT_EQ(latest_checkpoint(root.string()), second);
+  EXPECT_FALSE(fs::exists(root / "step_00000002.tmp"));
+}
+
+TEST(Train, CheckpointFromAnotherModelIsAClearError) {
+  fs::path root = temp_dir("other");
+  Model tiny(ModelConfig::load("tiny"), 5);
+  const std::string ck = save_checkpoint(root.string(), tiny, nullptr, {.step = 1}, "job");
+  ModelConfig cfg = ModelConfig::load("tiny");
+  cfg.hidden = 32;
+  cfg.kda.hidden = cfg.mla.hidden = cfg.dsa.mla.hidden = cfg.moe.hidden = cfg.dense.hidden = 32;
+  Model other(cfg, 5);
+  const std::string msg = error_of<ConfigError>([&] { load_checkpoint(ck, other, nullptr); });
+  EXPECT_NE(msg.find("written for another model: hidden_size = 24"), std::string::npos) << msg;
+  // A corrupted file is caught by the manifest.
+  {
+    std::fstream f(fs::path(ck) / "model.safetensors",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-4, std::ios::end);
+    f.write("\x7f\x7f\x7f\x7f", 4);
+  }
+  EXPECT_NE(error_of<IoError>([&] { load_checkpoint(ck, tiny, nullptr); }).find("checksum"),
+            std::string::npos);
+}
+
+TEST(Export, PeftKeyNamesAndShapes) {
+  fs::path root = temp_dir("peft");
+  Job j = Job::parse(base_job(root), "job",
+                     {"lora.targets=[\"kda\",\"attention\"]", "lora.rank=3", "lora.alpha=6.0",
+                      "lora.attention.rank=2", "schedule.steps=2", "schedule.warmup=1"});
+  std::ostringstream log;
+  TrainResult r = run_job(j, {}, log);
+  export_checkpoint(r.checkpoint, "peft", (root / "peft").string());
+  SafetensorsData a = read_safetensors((root / "peft" / "adapter_model.safetensors").string());
+  const ModelConfig cfg = job_model_config(j);
+  // Reference names from the config: every KDA projection and every attention projection.
+  const std::vector<std::string> kda = {"q_proj", "k_proj",   "v_proj",   "f_a_proj", "f_b_proj",
+                                        "b_proj", "g_a_proj", "g_b_proj", "o_proj"};
+  size_t expected = 0;
+  for (size_t l = 0; l < cfg.layers.size(); ++l) {
+    if (cfg.layers[l].mixer != MixerKind::Kda) continue;
+    for (const std::string& mod : kda) {
+      const std::string pre =
+          "base_model.model.model.layers." + std::to_string(l) + ".self_attn." + mod;
+      ASSERT_TRUE(a.tensors.count(pre + ".lora_A.weight")) << pre;
+      const Tensor& A = a.tensors.at(pre + ".lora_A.weight");
+      const Tensor& B = a.tensors.at(pre + ".lora_B.weight");
+      EXPECT_EQ(A.dim(0), 3);
+      EXPECT_EQ(B.dim(1), 3);
+      EXPECT_EQ(A.dim(1), mod == "o_proj" ? cfg.kda.heads * cfg.kda.head_dim
+                          : mod == "f_b_proj" || mod == "g_b_proj" ? cfg.kda.head_dim
+                                                                   : cfg.hidden);
+      expected += 2;
+    }
+  }
+  const std::string o = "base_model.model.model.layers.3.self_attn.o_proj";
+  ASSERT_TRUE(a.tensors.count(o + ".lora_A.weight"));
+  EXPECT_EQ(a.tensors.at(o + ".lora_A.weight").dim(0), 2);
+  EXPECT_EQ(a.tensors.at(o + ".lora_B.weight").shape(), (Shape{cfg.hidden, 2}));
+  EXPECT_GT(a.tensors.size(), expected);
+  std::ifstream cf(root / "peft" / "adapter_config.json");
+  nlohmann::json c = nlohmann::json::parse(cf);
+  EXPECT_EQ(c.at("peft_type"), "LORA");
+  EXPECT_EQ(c.at("r"), 3);
+  EXPECT_EQ(c.at("rank_pattern").at("model.layers.3.self_attn.o_proj"), 2);
+  // hf: merged weights equal W + (alpha/r) B A computed here.
+  export_checkpoint(r.checkpoint, "hf", (root / "hf").string());
+  SafetensorsData h = read_safetensors((root / "hf" / "model.safetensors").string());
+  Model m(cfg, 1, job_model_options(j));
+  load_checkpoint(r.checkpoint, m, nullptr);
+  const std::string q = "model.layers.0.self_attn.q_proj";
+  const Tensor &W = m.params().at(q + ".weight").value,
+               &A = m.params().at(q + ".lora_A.weight").value,
+               &B = m.params().at(q + ".lora_B.weight").value;
+  const Tensor& M = h.tensors.at(q + ".weight");
+  for (int64_t o2 : {int64_t{0}, W.dim(0) - 1})
+    for (int64_t i : {int64_t{0}, W.dim(1) - 1}) {
+      double want = W.f32()[o2 * W.dim(1) + i];
+      for (int64_t k = 0; k < 3; ++k) want += 2.0 * B.f32()[o2 * 3 + k] * A.f32()[k * W.dim(1) + i];
+      EXPECT_NEAR(M.f32()[o2 * W.dim(1) + i], want, 1e-6);
+    }
+  EXPECT_FALSE(h.tensors.count(q + ".lora_A.weight"));
+}

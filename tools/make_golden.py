@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""Golden outputs from HuggingFace transformers for moetrain's conformance tests.
+
+Builds several tiny random kimi_linear and deepseek_v32 models, runs one forward/backward of the
+mean next-token cross-entropy (labels = input_ids) in float32 and writes, per case:
+
+    <out>/<case>/model/                 config.json + model.safetensors (save_pretrained)
+    <out>/<case>/inputs.safetensors     input_ids  int64 [B, T]
+    <out>/<case>/outputs.safetensors    logits [B, T, V], loss [], and the gradient of every
+                                        parameter under its transformers name (a parameter with
+                                        no gradient, e.g. the DSA indexer that transformers runs
+                                        under no_grad, gets zeros)
+    <out>/versions.json                 python, torch, transformers, safetensors (+ fla) versions
+
+Usage (needs torch, transformers==5.17.*, safetensors):
+    python3 tools/make_golden.py --out tests/golden [--device cpu]
+
+CPU is the default on purpose: transformers' kimi_linear falls back to its pure-PyTorch KDA when
+no hub kernel is available, which keeps the goldens exact fp32 math. --device cuda works too
+(fla's Triton kernels may then be used; results differ slightly).
+
+Cases are rejected and re-drawn (new seed) when routing is ambiguous: if two experts' selection
+scores (or two groups') are within MARGIN at the top-k boundary, fp32 rounding differences could
+pick different experts and the comparison would be meaningless.
+"""
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+
+import torch
+
+MARGIN = 1e-4
+
+
+def case_specs():
+    """Tiny configurations: varied sizes, odd T, top-k < T, several experts per token."""
+    kimi = [
+        dict(name="kimi_a", B=2, T=9, seed=1,
+             cfg=dict(vocab_size=97, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                      num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=2,
+                      kv_lora_rank=16, q_lora_rank=None, qk_nope_head_dim=8, qk_rope_head_dim=4,
+                      v_head_dim=8, num_local_experts=6, num_experts_per_tok=2, n_shared_experts=1,
+                      n_group=1, topk_group=1, routed_scaling_factor=2.446, norm_topk_prob=True,
+                      rms_norm_eps=1e-5, linear_head_dim=8, linear_num_heads=2,
+                      linear_conv_kernel_dim=4,
+                      layer_types=["linear_attention", "linear_attention", "full_attention",
+                                   "linear_attention"],
+                      mlp_layer_types=["dense", "sparse", "sparse", "sparse"])),
+        dict(name="kimi_b", B=1, T=13, seed=2,
+             cfg=dict(vocab_size=64, hidden_size=24, intermediate_size=40, moe_intermediate_size=12,
+                      num_hidden_layers=3, num_attention_heads=3, num_key_value_heads=3,
+                      kv_lora_rank=12, q_lora_rank=None, qk_nope_head_dim=6, qk_rope_head_dim=2,
+                      v_head_dim=6, num_local_experts=8, num_experts_per_tok=3, n_shared_experts=0,
+                      n_group=2, topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=False,
+                      rms_norm_eps=1e-6, linear_head_dim=6, linear_num_heads=3,
+                      linear_conv_kernel_dim=3,
+                      layer_types=["full_attention", "linear_attention", "linear_attention"],
+                      mlp_layer_types=["sparse", "sparse", "dense"])),
+        # Longer than one 64-token KDA chunk, so the inter-chunk state path is compared too.
+        dict(name="kimi_c", B=1, T=67, seed=3,
+             cfg=dict(vocab_size=50, hidden_size=16, intermediate_size=24, moe_intermediate_size=8,
+                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                      kv_lora_rank=8, q_lora_rank=None, qk_nope_head_dim=4, qk_rope_head_dim=2,
+                      v_head_dim=4, num_local_experts=4, num_experts_per_tok=2, n_shared_experts=2,
+                      n_group=1, topk_group=1, routed_scaling_factor=2.0, norm_topk_prob=True,
+                      rms_norm_eps=1e-5, linear_head_dim=4, linear_num_heads=2,
+                      linear_conv_kernel_dim=4,
+                      layer_types=["linear_attention", "full_attention"],
+                      mlp_layer_types=["sparse", "sparse"])),
+    ]
+    v32 = [
+        dict(name="v32_a", B=2, T=11, seed=11,
+             cfg=dict(vocab_size=101, hidden_size=32, intermediate_size=40, moe_intermediate_size=12,
+                      num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2,
+                      q_lora_rank=16, kv_lora_rank=12, qk_nope_head_dim=8, qk_rope_head_dim=4,
+                      v_head_dim=8, n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=1,
+                      n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True,
+                      first_k_dense_replace=1, index_n_heads=2, index_head_dim=16, index_topk=5,
+                      rms_norm_eps=1e-6)),
+        dict(name="v32_b", B=1, T=7, seed=12,
+             cfg=dict(vocab_size=61, hidden_size=24, intermediate_size=32, moe_intermediate_size=8,
+                      num_hidden_layers=2, num_attention_heads=3, num_key_value_heads=3,
+                      q_lora_rank=12, kv_lora_rank=10, qk_nope_head_dim=6, qk_rope_head_dim=4,
+                      v_head_dim=6, n_routed_experts=6, num_experts_per_tok=2, n_shared_experts=0,
+                      n_group=1, topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=False,
+                      first_k_dense_replace=0, index_n_heads=3, index_head_dim=8, index_topk=3,
+                      rms_norm_eps=1e-6)),
+        dict(name="v32_c", B=2, T=15, seed=13,
+             cfg=dict(vocab_size=80, hidden_size=16, intermediate_size=24, moe_intermediate_size=6,
+                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                      q_lora_rank=8, kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=2,
+                      v_head_dim=4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=2,
+                      n_group=2, topk_group=1, routed_scaling_factor=1.5, norm_topk_prob=True,
+                      first_k_dense_replace=1, index_n_heads=2, index_head_dim=8, index_topk=4,
+                      rms_norm_eps=1e-6, tie_word_embeddings=True)),
+    ]
+    return [("kimi_linear", c) for c in kimi] + [("deepseek_v32", c) for c in v32]
+
+
+def build(model_type, spec, seed, device):
+    import transformers
+
+    cfg = dict(spec["cfg"])
+    # Token ids of the real checkpoints lie outside these tiny vocabularies.
+    cfg.update(pad_token_id=None, bos_token_id=0, eos_token_id=1)
+    if model_type == "kimi_linear":
+        config = transformers.KimiLinearConfig(**cfg)
+    else:
+        config = transformers.DeepseekV32Config(**cfg)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(
+        config, attn_implementation="eager", torch_dtype=torch.float32)
+    model = model.to(device=device, dtype=torch.float32)
+    model.train()  # dropout is 0 everywhere; train mode keeps autograd paths as in fine-tuning
+    g = torch.Generator().manual_seed(seed + 1000)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("A_log") or name.endswith("dt_bias"):
+                continue  # keep fla's decay initialisation: a realistic, stable gate range
+            if p.dim() == 1 and ("norm" in name):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            else:
+                # Larger than the 0.02 init so every path moves the logits measurably.
+                fan_in = p.shape[-1]
+                p.copy_(torch.randn(p.shape, generator=g) / fan_in ** 0.5)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.05 * torch.randn(b.shape, generator=g))
+    return model
+
+
+def routing_margins(model):
+    """Hooks every router and records the smallest top-k boundary gap it sees (float64)."""
+    gaps = []
+
+    def hook(module, inputs, _outputs):
+        x = inputs[0].reshape(-1, module.weight.shape[1]).double()
+        scores = torch.sigmoid(x @ module.weight.double().t())
+        choice = scores + module.e_score_correction_bias.double()
+        n_group, topk_group, k = module.n_group, module.topk_group, module.top_k
+        E = choice.shape[-1]
+        if n_group > 1:
+            grp = choice.view(-1, n_group, E // n_group).topk(2, dim=-1)[0].sum(-1)
+            srt = grp.sort(dim=-1, descending=True)[0]
+            if topk_group < n_group:
+                gaps.append((srt[:, topk_group - 1] - srt[:, topk_group]).min().item())
+            keep = torch.zeros_like(grp).scatter_(1, grp.topk(topk_group, dim=-1)[1], 1.0)
+            mask = keep.unsqueeze(-1).expand(-1, n_group, E // n_group).reshape(-1, E)
+            choice = choice.masked_fill(mask == 0, float("-inf"))
+        srt = choice.sort(dim=-1, descending=True)[0]
+        if k < E:
+            gap = srt[:, k - 1] - srt[:, k]
+            gaps.append(gap[torch.isfinite(gap)].min().item() if torch.isfinite(gap).any() else 1.0)
+
+    handles = []
+    for name, m in model.named_modules():
+        if hasattr(m, "e_score_correction_bias") and hasattr(m, "weight") and hasattr(m, "top_k"):
+            if not hasattr(m, "n_group"):
+                m.n_group = getattr(m, "num_group", 1)
+            handles.append(m.register_forward_hook(hook))
+    return gaps, handles
+
+
+def write_case(out_dir, model_type, spec, device):
+    from safetensors.torch import save_file
+
+    for attempt in range(20):
+        seed = spec["seed"] * 100 + attempt
+        model = build(model_type, spec, seed, device)
+        g = torch.Generator().manual_seed(seed + 7)
+        ids = torch.randint(0, spec["cfg"]["vocab_size"], (spec["B"], spec["T"]), generator=g)
+        gaps, handles = routing_margins(model)
+        out = model(input_ids=ids.to(device), labels=ids.to(device))
+        for h in handles:
+            h.remove()
+        if gaps and min(gaps) < MARGIN:
+            print(f"{spec['name']}: routing gap {min(gaps):.2e} < {MARGIN}, redrawing")
+            continue
+        out.loss.backward()
+        break
+    else:
+        raise SystemExit(f"{spec['name']}: no unambiguous routing in 20 draws")
+
+    case = os.path.join(out_dir, spec["name"])
+    shutil.rmtree(case, ignore_errors=True)
+    os.makedirs(case)
+    model.save_pretrained(os.path.join(case, "model"), safe_serialization=True)
+    tensors = {"logits": out.logits.detach().float().cpu().contiguous(),
+               "loss": out.loss.detach().float().cpu().reshape(())}
+    for name, p in model.named_parameters():
+        grad = p.grad if p.grad is not None else torch.zeros_like(p)
+        tensors[name] = grad.detach().float().cpu().contiguous()
+    save_file(tensors, os.path.join(case, "outputs.safetensors"),
+              metadata={"model_type": model_type, "seed": str(seed)})
+    save_file({"input_ids": ids.to(torch.int64).contiguous()},
+              os.path.join(case, "inputs.safetensors"))
+    print(f"{spec['name']}: loss {out.loss.item():.6f}, {len(tensors) - 2} gradients")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="tests/golden")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--only", default="", help="comma-separated case names")
+    args = ap.parse_args()
+
+    import safetensors
+    import transformers
+
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    os.makedirs(args.out, exist_ok=True)
+    only = set(filter(None, args.only.split(",")))
+    for model_type, spec in case_specs():
+        if not only or spec["name"] in only:
+            write_case(args.out, model_type, spec, args.device)
+    versions = {"python": platform.python_version(), "torch": torch.__version__,
+                "transformers": transformers.__version__, "safetensors": safetensors.__version__,
+                "device": args.device}
+    try:
+        import fla
+        versions["fla"] = getattr(fla, "__version__", "unknown")
+    except ImportError:
+        versions["fla"] = None
+    with open(os.path.join(args.out, "versions.json"), "w") as f:
+        json.dump(versions, f, indent=2)
+        f.write("\n")
+    print(json.dumps(versions))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
