@@ -78,7 +78,7 @@ def case_specs():
                       q_lora_rank=16, kv_lora_rank=12, qk_nope_head_dim=8, qk_rope_head_dim=4,
                       v_head_dim=8, n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=1,
                       n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True,
-                      first_k_dense_replace=1, index_n_heads=2, index_head_dim=16, index_topk=5,
+                      first_k_dense_replace=1, index_n_heads=4, index_head_dim=16, index_topk=5,
                       rms_norm_eps=1e-6)),
         dict(name="v32_b", B=1, T=7, seed=12,
              cfg=dict(vocab_size=61, hidden_size=24, intermediate_size=32, moe_intermediate_size=8,
@@ -94,7 +94,7 @@ def case_specs():
                       q_lora_rank=8, kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=2,
                       v_head_dim=4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=2,
                       n_group=2, topk_group=1, routed_scaling_factor=1.5, norm_topk_prob=True,
-                      first_k_dense_replace=1, index_n_heads=2, index_head_dim=8, index_topk=4,
+                      first_k_dense_replace=1, index_n_heads=6, index_head_dim=8, index_topk=4,
                       rms_norm_eps=1e-6, tie_word_embeddings=True)),
     ]
     return [("kimi_linear", c) for c in kimi] + [("deepseek_v32", c) for c in v32]
@@ -112,7 +112,8 @@ def build(model_type, spec, seed, device):
         config = transformers.DeepseekV32Config(**cfg)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(
-        config, attn_implementation="eager", torch_dtype=torch.float32)
+        config, attn_implementation="eager", experts_implementation="eager",
+        torch_dtype=torch.float32)
     model = model.to(device=device, dtype=torch.float32)
     model.train()  # dropout is 0 everywhere; train mode keeps autograd paths as in fine-tuning
     g = torch.Generator().manual_seed(seed + 1000)
@@ -155,8 +156,36 @@ def routing_margins(model):
             gap = srt[:, k - 1] - srt[:, k]
             gaps.append(gap[torch.isfinite(gap)].min().item() if torch.isfinite(gap).any() else 1.0)
 
+    def indexer_hook(m, args, _output):
+        # The indexer's top-k choice, recomputed in float64 from its own weights: the gap
+        # between the k-th and (k+1)-th causal score of every query row must exceed MARGIN
+        # (relu makes exact ties between positions common when few heads are used).
+        from transformers.models.deepseek_v32.modeling_deepseek_v32 import apply_rotary_pos_emb
+
+        hs, q_resid, (cos, sin) = args[0], args[1], args[2]
+        B, S, _ = hs.shape
+        with torch.no_grad():
+            q = m.wq_b(q_resid).view(B, S, m.n_heads, m.head_dim)
+            r = m.qk_rope_head_dim
+            q_rot, q_pass = q[..., :r], q[..., r:]
+            k = m.k_norm(m.wk(hs)).unsqueeze(2)
+            k_rot, k_pass = k[..., :r], k[..., r:]
+            q_rot, k_rot = apply_rotary_pos_emb(q_rot, k_rot, cos, sin, unsqueeze_dim=2)
+            q = torch.cat([q_rot, q_pass], -1).double()
+            k = torch.cat([k_rot, k_pass], -1).squeeze(2).double()
+            sc = torch.relu(torch.einsum("bshd,btd->bhst", q, k)) * m.softmax_scale
+            w = m.weights_proj(hs).double() * m.n_heads ** -0.5
+            idx = torch.einsum("bsh,bhst->bst", w, sc)
+        topk = m.index_topk
+        for b in range(B):
+            for s_ in range(topk, S):  # rows with more causal positions than top-k
+                v = idx[b, s_, : s_ + 1].sort(descending=True)[0]
+                gaps.append((v[topk - 1] - v[topk]).item())
+
     handles = []
     for name, m in model.named_modules():
+        if hasattr(m, "index_topk") and hasattr(m, "weights_proj"):
+            handles.append(m.register_forward_hook(indexer_hook))
         if hasattr(m, "e_score_correction_bias") and hasattr(m, "weight") and hasattr(m, "top_k"):
             if not hasattr(m, "n_group"):
                 m.n_group = getattr(m, "num_group", 1)
@@ -177,7 +206,7 @@ def write_case(out_dir, model_type, spec, device):
         for h in handles:
             h.remove()
         if gaps and min(gaps) < MARGIN:
-            print(f"{spec['name']}: routing gap {min(gaps):.2e} < {MARGIN}, redrawing")
+            print(f"{spec['name']}: routing/index gap {min(gaps):.2e} < {MARGIN}, redrawing")
             continue
         out.loss.backward()
         break

@@ -81,6 +81,34 @@ for seq in 4096 8192 16384; do
 done
 cat <<'EOF'
 
+## What the planner concludes
+
+- The arithmetic holds: ≈5.5 TB of bf16 weights (the preset counts 2.772T parameters; the
+  article's 2.79T/5.6 TB includes ≈14B non-expert parameters this preset does not have) and 70
+  devices of 80 GB just to hold one copy.
+- **≈72 GB with FSDP over 128 + EP 64 does not hold as stated** if each of the two EP-64 replicas
+  keeps its experts whole: 14 experts × 92 layers in bf16 are ≈85 GB per device before anything
+  else. It holds when the experts are also sharded across the two replicas (`expert_shard 2`,
+  i.e. ZeRO-3 over the expert-data-parallel pair) or with EP 128: weights fall to ≈43 GB and the
+  peak is ≈63 GB at seq 4096 and ≈76 GB at seq 8192 (mbs 1) — the 72 GB figure sits between
+  them — but only with **full recompute**. This engine's layers save ≈0.5–1 MB of activations
+  per token per block (bf16), so without recompute a single 4096-token sequence needs >300 GB,
+  and selective recompute (mixer only) still >200 GB: the routed-expert activations (gathered
+  rows, expert outputs, SwiGLU internals for top-16 at latent 3584) dominate.
+- On 128 GB devices the un-sharded EP-64 layout fits (≈104 GB at seq 4096, full recompute).
+- EP 128 costs about as much memory as EP 64 + expert sharding but moves the all-to-all to 128
+  ranks over 16 nodes: a few per cent fewer tokens/s in this model. Sharding experts across
+  replicas instead costs gathers of the expert weights over the inter-node links every step,
+  hidden behind compute only while the micro-batch is large enough.
+- Predicted MFU is 13–19%: the KDA core, the sparse attention and the indexer run at the rates of
+  the plain PyTorch/fla kernels measured in design.md §7 (7–20 TFLOP/s), and full recompute
+  adds a forward (~196 GFLOP/token) that MFU does not count. Better kernels for those three ops
+  are the largest lever, then a GPU engine that saves fewer activations (so that selective
+  recompute fits).
+- What is modelled and what is not: see docs/planner.md (gathers overlap compute perfectly,
+  all-to-all and gathers do not contend for links, routing imbalance is a fixed 1.25 headroom,
+  inter-node bandwidth is assumed, not measured).
+
 ## The planner's choice, 128 devices of 80 GB, seq 4096
 
 EOF

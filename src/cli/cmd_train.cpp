@@ -17,16 +17,17 @@ struct TrainArgs {
 };
 }  // namespace
 
-Command add_train_command(CLI::App& app) {
+Command add_train_command(CLI::App& app, par::Comm* world) {
   auto a = std::make_shared<TrainArgs>();
   CLI::App* c = app.add_subcommand("train", "train (full or LoRA) as a TOML job describes");
   c->add_option("--job", a->job, "job file (TOML)")->required();
   c->add_option("--set", a->set, "override a job key: --set optim.lr=1e-3 (repeatable)");
   c->add_flag("--resume", a->resume, "continue from the run directory's latest checkpoint");
   c->add_option("--resume-from", a->resume_from, "continue from this checkpoint directory");
-  return {c, [a] {
+  return {c, [a, world] {
             Job job = Job::load(a->job, a->set);
-            run_job(job, {.resume = a->resume, .resume_from = a->resume_from}, std::cout);
+            run_job(job, {.resume = a->resume, .resume_from = a->resume_from, .world = world},
+                    std::cout);
             return 0;
           }};
 }

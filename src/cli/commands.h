@@ -6,6 +6,10 @@
 #include <CLI/CLI.hpp>
 #include <functional>
 
+namespace mt::par {
+class Comm;
+}
+
 namespace mt::cli {
 
 struct Command {
@@ -16,12 +20,14 @@ struct Command {
 Command add_demo_command(CLI::App& app);
 Command add_info_command(CLI::App& app);
 Command add_data_command(CLI::App& app);
-Command add_train_command(CLI::App& app);
+// world: the job's processes when started by mpirun, else null (one process).
+Command add_train_command(CLI::App& app, par::Comm* world);
 Command add_eval_command(CLI::App& app);
 Command add_export_command(CLI::App& app);
 Command add_plan_command(CLI::App& app);
 Command add_forward_command(CLI::App& app);
 Command add_generate_command(CLI::App& app);
 Command add_report_command(CLI::App& app);
+Command add_simulate_routing_command(CLI::App& app);
 
 }  // namespace mt::cli

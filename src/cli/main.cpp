@@ -1,27 +1,38 @@
 // moetrain command-line entry point. Library code throws typed errors; this is the only place
 // that turns them into messages and exit codes: 0 ok, 1 bad input or failed run, 2 usage,
-// 3 internal error.
+// 3 internal error. Under mpirun, main owns MPI (MpiRuntime) and hands the world communicator to
+// the commands that use it; a rank that fails prints "rank R failed: ..." and ends every rank of
+// the job (MPI_Abort), so no peer waits for it.
 #include <cstdio>
 #include <exception>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "parallel/comm.h"
 
 namespace {
 
-int run(int argc, char** argv) {
+int run(int argc, char** argv, mt::par::Comm* world) {
   CLI::App app{"moetrain " MOETRAIN_VERSION
                " - fine-tune hybrid KDA/DSA Mixture-of-Experts models"};
   app.set_version_flag("--version", std::string("moetrain ") + MOETRAIN_VERSION);
   app.require_subcommand(1);
   const std::vector<mt::cli::Command> commands = {
-      mt::cli::add_demo_command(app),     mt::cli::add_info_command(app),
-      mt::cli::add_data_command(app),     mt::cli::add_train_command(app),
-      mt::cli::add_eval_command(app),     mt::cli::add_export_command(app),
-      mt::cli::add_plan_command(app),     mt::cli::add_forward_command(app),
-      mt::cli::add_generate_command(app), mt::cli::add_report_command(app),
+      mt::cli::add_demo_command(app),
+      mt::cli::add_info_command(app),
+      mt::cli::add_data_command(app),
+      mt::cli::add_train_command(app, world),
+      mt::cli::add_eval_command(app),
+      mt::cli::add_export_command(app),
+      mt::cli::add_plan_command(app),
+      mt::cli::add_forward_command(app),
+      mt::cli::add_generate_command(app),
+      mt::cli::add_report_command(app),
+      mt::cli::add_simulate_routing_command(app),
   };
   try {
     app.parse(argc, argv);
@@ -33,16 +44,31 @@ int run(int argc, char** argv) {
   return 2;
 }
 
+// On a mesh one rank's error would leave the others blocked in a collective: end the job.
+int fail(mt::par::Comm* world, int code, const char* what, const char* msg) {
+  if (world && world->size() > 1) {
+    std::fprintf(stderr, "moetrain: rank %d failed: %s%s\n", world->rank(), what, msg);
+    std::fflush(stderr);
+    world->abort(code);
+  }
+  std::fprintf(stderr, "moetrain: %s%s\n", what, msg);
+  return code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::optional<mt::par::MpiRuntime> mpi;
+  std::unique_ptr<mt::par::Comm> world;
   try {
-    return run(argc, argv);
+    if (mt::par::MpiRuntime::launched_by_mpirun()) {
+      mpi.emplace(&argc, &argv);
+      world = mpi->world();
+    }
+    return run(argc, argv, world.get());
   } catch (const mt::Error& e) {
-    std::fprintf(stderr, "moetrain: %s\n", e.what());
-    return 1;
+    return fail(world.get(), 1, "", e.what());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "moetrain: internal error: %s\n", e.what());
-    return 3;
+    return fail(world.get(), 3, "internal error: ", e.what());
   }
 }

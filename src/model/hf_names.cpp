@@ -1,6 +1,7 @@
 #include "model/hf_names.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -24,6 +25,8 @@ bool ends_with(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+std::string forget_gate_name(const std::string& n);
+
 std::vector<Group> groups(const Model& m, const std::string& model_type) {
   const bool kimi = model_type == "kimi_linear";
   std::vector<Group> out;
@@ -43,10 +46,10 @@ std::vector<Group> groups(const Model& m, const std::string& model_type) {
       continue;
     }
     if (kimi && ends_with(n, ".self_attn.A_log")) {
-      out.push_back({n, Shape{1, 1, p->value.numel(), 1}, {p}});
+      out.push_back({forget_gate_name(n), Shape{1, 1, p->value.numel(), 1}, {p}});
       continue;
     }
-    out.push_back({n, p->value.shape(), {p}});
+    out.push_back({kimi ? forget_gate_name(n) : n, p->value.shape(), {p}});
   }
   for (auto& [name, gi] : conv) {
     Group& g = out[gi];
@@ -62,6 +65,118 @@ std::vector<Group> groups(const Model& m, const std::string& model_type) {
     std::vector<int64_t> d = g.parts[0]->value.shape().dims();
     d[0] = rows;
     g.hf_shape = Shape(d);
+  }
+  return out;
+}
+
+// transformers' kimi_linear nests the KDA decay parameters in a forget_gate module; the engine
+// keeps them directly in self_attn (as the original checkpoints do).
+std::string forget_gate_name(const std::string& n) {
+  for (const char* leaf : {"A_log", "dt_bias", "f_a_proj.", "f_b_proj."}) {
+    const std::string key = std::string(".self_attn.") + leaf;
+    size_t at = n.find(key);
+    if (at != std::string::npos)
+      return n.substr(0, at) + ".self_attn.forget_gate." +
+             n.substr(at + std::strlen(".self_attn."));
+  }
+  return n;
+}
+
+// Replaces every occurrence of `from` by `to`.
+std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+    s.replace(at, from.size(), to);
+  return s;
+}
+
+// Checkpoint spellings -> transformers' runtime names. Original kimi_linear checkpoints use
+// block_sparse_moe, experts.N.w1/w3/w2 (gate/up/down), self_attn.{A_log,dt_bias,f_a_proj,
+// f_b_proj} and separate q/k/v_conv1d; deepseek_v32 checkpoints use per-expert tensors (fused
+// later by fuse_experts).
+TensorMap normalize_checkpoint(const std::string& model_type, const TensorMap& in) {
+  if (model_type != "kimi_linear") return in;
+  TensorMap out;
+  std::map<std::string, std::array<Tensor, 3>> convs;
+  for (const auto& [name, t] : in) {
+    std::string n = replace_all(name, ".block_sparse_moe.", ".mlp.");
+    if (n.find(".mlp.experts.") != std::string::npos) {
+      n = replace_all(n, ".w1.weight", ".gate_proj.weight");
+      n = replace_all(n, ".w3.weight", ".up_proj.weight");
+      n = replace_all(n, ".w2.weight", ".down_proj.weight");
+    }
+    if (n.find(".forget_gate.") == std::string::npos) n = forget_gate_name(n);
+    bool conv = false;
+    for (int i = 0; i < 3; ++i) {
+      const std::string leaf = std::string(".self_attn.") + "qkv"[i] + "_conv1d.weight";
+      if (ends_with(n, leaf)) {
+        convs[n.substr(0, n.size() - leaf.size()) + ".self_attn.conv1d.weight"][i] = t;
+        conv = true;
+      }
+    }
+    if (!conv) out[n] = t;
+  }
+  for (auto& [name, parts] : convs) {
+    bool complete = parts[0].defined() && parts[1].defined() && parts[2].defined() &&
+                    parts[0].shape() == parts[1].shape() && parts[0].shape() == parts[2].shape() &&
+                    parts[0].ndim() >= 1 && parts[0].dtype() == DType::F32;
+    if (!complete) {  // leave them under their own names: reported as unexpected/missing
+      for (int i = 0; i < 3; ++i)
+        if (parts[i].defined())
+          out[name.substr(0, name.size() - std::strlen("conv1d.weight")) + "qkv"[i] +
+              "_conv1d.weight"] = parts[i];
+      continue;
+    }
+    std::vector<int64_t> d = parts[0].shape().dims();
+    d[0] *= 3;
+    Tensor f = Tensor::empty(Shape(d));
+    char* dst = static_cast<char*>(f.raw());
+    for (const Tensor& p : parts) {
+      std::memcpy(dst, p.raw(), p.bytes());
+      dst += p.bytes();
+    }
+    out[name] = f;
+  }
+  return out;
+}
+
+// transformers' runtime names -> the spelling its checkpoints use (what save_pretrained writes
+// and from_pretrained converts back): per-expert tensors, and kimi's original names.
+TensorMap to_checkpoint(const std::string& model_type, const TensorMap& in) {
+  const bool kimi = model_type == "kimi_linear";
+  if (!kimi && model_type != "deepseek_v32") return in;
+  TensorMap out;
+  for (const auto& [name, t] : in) {
+    std::string n = name;
+    if (kimi) {
+      n = replace_all(n, ".self_attn.forget_gate.", ".self_attn.");
+      if (ends_with(n, ".self_attn.conv1d.weight")) {
+        const std::string base = n.substr(0, n.size() - std::strlen("conv1d.weight"));
+        const int64_t rows = t.dim(0) / 3;
+        for (int i = 0; i < 3; ++i)
+          out[base + "qkv"[i] + "_conv1d.weight"] = t.rows(i * rows, (i + 1) * rows).clone();
+        continue;
+      }
+    }
+    const bool gate_up = ends_with(n, ".mlp.experts.gate_up_proj");
+    const bool down = ends_with(n, ".mlp.experts.down_proj");
+    if (gate_up || down) {
+      std::string base = n.substr(0, n.rfind('.') + 1);
+      if (kimi) base = replace_all(base, ".mlp.", ".block_sparse_moe.");
+      const int64_t E = t.dim(0), R = t.dim(1), C = t.dim(2);
+      for (int64_t e = 0; e < E; ++e) {
+        Tensor w = t.rows(e, e + 1).view({R, C});
+        const std::string b = base + std::to_string(e) + ".";
+        if (gate_up) {
+          out[b + (kimi ? "w1.weight" : "gate_proj.weight")] = w.rows(0, R / 2).clone();
+          out[b + (kimi ? "w3.weight" : "up_proj.weight")] = w.rows(R / 2, R).clone();
+        } else {
+          out[b + (kimi ? "w2.weight" : "down_proj.weight")] = w.clone();
+        }
+      }
+      continue;
+    }
+    if (kimi) n = replace_all(n, ".mlp.", ".block_sparse_moe.");
+    out[n] = t;
   }
   return out;
 }
@@ -143,7 +258,7 @@ TensorMap export_hf_tensors(const Model& m, const std::string& model_type, bool 
 
 void import_hf_tensors(Model& m, const std::string& model_type, const TensorMap& tensors,
                        const std::string& source) {
-  TensorMap pool = tensors;
+  TensorMap pool = normalize_checkpoint(model_type, tensors);
   std::set<std::string> consumed;
   std::vector<std::string> problems;
   const ModelConfig& cfg = m.config();
@@ -223,7 +338,7 @@ void save_hf_model(const Model& m, const HfConfig& cfg, const std::string& dir,
   std::error_code ec;
   fs::create_directories(dir, ec);
   MT_CHECK(!ec, IoError, dir, ": cannot create directory: ", ec.message());
-  TensorMap t = export_hf_tensors(m, cfg.model_type, false);
+  TensorMap t = to_checkpoint(cfg.model_type, export_hf_tensors(m, cfg.model_type, false));
   if (cfg.model.tie_embeddings) t.erase("lm_head.weight");
   write_safetensors_sharded(dir, t, {{"format", "pt"}}, max_shard_bytes);
   // config.json last, through a temporary name, so a directory with a config is complete.

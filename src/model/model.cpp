@@ -183,8 +183,8 @@ void Model::backward(Context& ctx) {
   Tensor dnormed = ctx.workspace().alloc({T, d});
 
   ops::lm_head_cross_entropy_backward(ctx, {.tokens = T, .hidden = d, .vocab = cfg_.vocab},
-                                      final_h_, lm_head_.value, targets_, lse_, 1.0f, dnormed,
-                                      lm_head_.grad);
+                                      final_h_, lm_head_.value, targets_, lse_, loss_weight_,
+                                      dnormed, lm_head_.grad);
   const size_t L = mixers_.size();
   ops::rmsnorm_backward(ctx, np, resid_[L], final_norm_.value, final_rstd_, dnormed, dresid,
                         final_norm_.grad);
@@ -221,6 +221,12 @@ std::vector<AuxLoss> Model::aux_losses() const {
   for (const auto& f : ffns_)
     for (const AuxLoss& a : f->aux_losses()) add(a);
   return out;
+}
+
+void Model::set_loss_weight(float ce, float seq_aux) {
+  loss_weight_ = ce;
+  for (MoeLayer* m : moe_layers())
+    if (m) m->set_seq_aux_weight(seq_aux);
 }
 
 std::vector<MoeLayer*> Model::moe_layers() {

@@ -60,6 +60,11 @@ class Model {
   // Adds d(loss)/d(param) into every trainable gradient (cross-entropy, plus each layer's own
   // auxiliary losses with their weights).
   void backward(Context& ctx);
+  // Multiplies backward's gradient of the cross-entropy (a mean over targets) and of the MoE
+  // sequence aux loss (a mean over documents). Data parallelism weights each rank's means by its
+  // share of the global targets / documents, so that the sum over ranks is the gradient of the
+  // global means. 1 on one process.
+  void set_loss_weight(float ce, float seq_aux = 1.f);
   // Final-norm hidden states [tokens, hidden] of the last forward, for callers that need the
   // logits themselves (the loss path never materialises them).
   const Tensor& final_hidden() const { return final_h_; }
@@ -89,6 +94,7 @@ class Model {
   std::vector<Tensor> resid_, normed_in_, rstd_in_, mid_, normed_post_, rstd_post_;
   Tensor final_h_, final_rstd_, lse_;
   bool have_forward_ = false;
+  float loss_weight_ = 1.f;
 };
 
 }  // namespace mt

@@ -296,7 +296,8 @@ void MoeLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
   Tensor dlogits = ws.alloc({T, E});
   ops::router_backward(ctx, rp, scores_, ids_, dweights, dlogits);
   if (cfg_.seq_aux_coeff != 0.f)
-    ops::router_seq_aux_backward(ctx, rp, seq, scores_, ids_, cfg_.seq_aux_coeff, dlogits);
+    ops::router_seq_aux_backward(ctx, rp, seq, scores_, ids_, cfg_.seq_aux_coeff * seq_aux_weight_,
+                                 dlogits);
   if (cfg_.z_loss_coeff != 0.f)
     ops::router_z_loss_backward(ctx, rp, logits_, cfg_.z_loss_coeff, dlogits);
   if (gate_.trainable())

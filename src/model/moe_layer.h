@@ -62,6 +62,9 @@ class MoeLayer : public Layer {
   // across ranks. No-op without selection_bias.
   void update_selection_bias();
   void update_selection_bias(const std::vector<int64_t>& load);
+  // Multiplies the sequence aux loss's gradient: data parallelism weights each rank's
+  // per-document mean by its share of the global documents (Model::set_loss_weight).
+  void set_seq_aux_weight(float w) { seq_aux_weight_ = w; }
 
   // Expert ids i32 [T, k] of the last forward (a view into its activations), for routing stats.
   const Tensor& last_expert_ids() const { return ids_; }
@@ -92,6 +95,7 @@ class MoeLayer : public Layer {
   Tensor x_lat_, rows_, rows_out_, y_lat_, sh_gate_, sh_up_, sh_h_;
   ops::GroupedFfnSaved saved_;
   double seq_aux_ = 0, z_ = 0;
+  float seq_aux_weight_ = 1.f;
   std::vector<int64_t> load_;
   int64_t expert_first_ = 0, expert_count_ = 0;
   ExpertCompute* remote_ = nullptr;

@@ -1,5 +1,6 @@
 #include "parallel/dist_trainer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -163,38 +164,62 @@ int64_t DistTrainer::optimizer_bytes() const {
   return b;
 }
 
-void DistTrainer::check_balanced(const SeqInfo& seq, const Tensor& targets) {
+DistTrainer::Shares DistTrainer::check_balanced(const SeqInfo& seq, const Tensor& targets) {
   int64_t valid = 0;
   for (int64_t i = 0; i < targets.numel(); ++i) valid += targets.i32()[i] != -100;
   int64_t mine[3] = {seq.tokens, seq.num_seqs, valid};
   std::vector<int64_t> all(3 * static_cast<size_t>(mesh_.world));
   g_.world->all_gather(mine, 3, all.data(), Elem::I64);
-  for (int r = 1; r < mesh_.world; ++r)
-    for (int k = 0; k < 3; ++k)
-      MT_CHECK(
-          all[3 * static_cast<size_t>(r) + static_cast<size_t>(k)] == all[static_cast<size_t>(k)],
-          ValueError, "unbalanced batch: rank ", r, " has ", all[3 * static_cast<size_t>(r)],
-          " tokens / ", all[3 * static_cast<size_t>(r) + 1], " documents / ",
-          all[3 * static_cast<size_t>(r) + 2], " targets, rank 0 has ", all[0], " / ", all[1],
-          " / ", all[2]);
+  int64_t docs = 0, targets_all = 0;
+  for (int r = 0; r < mesh_.world; ++r) {
+    const size_t o = 3 * static_cast<size_t>(r);
+    docs += all[o + 1];
+    targets_all += all[o + 2];
+    // Equal tokens make the per-token aux loss (router z) the mean of the rank means; targets
+    // and documents differ freely and are weighted instead (forward_backward).
+    MT_CHECK(all[o] == all[0], ValueError, "unbalanced batch: rank ", r, " has ", all[o],
+             " tokens, rank 0 has ", all[0], " (every rank needs the same number of tokens)");
+  }
+  const double W = mesh_.world;
+  Shares s;
+  s.valid = valid;
+  s.ce = targets_all > 0 ? static_cast<double>(valid) / static_cast<double>(targets_all) : 1 / W;
+  s.docs = docs > 0 ? static_cast<double>(seq.num_seqs) / static_cast<double>(docs) : 1 / W;
+  return s;
 }
 
-StepResult DistTrainer::step(Context& ctx, const SeqInfo& seq, const Tensor& ids,
-                             const Tensor& targets, float lr) {
+void DistTrainer::zero_grad() {
   g_.world->stats() = {};
   g_.ep->stats() = {};
   g_.edp->stats() = {};
   for (auto& e : ep_) e->reset_stats();
-  check_balanced(seq, targets);
+  model_.params().zero_grad();
+}
 
-  ParamStore& store = model_.params();
-  store.zero_grad();
-  StepResult res;
-  res.loss = model_.forward(ctx, seq, ids, targets);
+double DistTrainer::forward_backward(Context& ctx, const SeqInfo& seq, const Tensor& ids,
+                                     const Tensor& targets) {
+  const Shares sh = check_balanced(seq, targets);
+  const double loss = model_.forward(ctx, seq, ids, targets);
+  // Weights are exactly 1 when the ranks hold equal shares, so the balanced case is untouched.
+  model_.set_loss_weight(sh.valid > 0 ? static_cast<float>(sh.ce * mesh_.world) : 0.f,
+                         static_cast<float>(sh.docs * mesh_.world));
   model_.backward(ctx);
+  model_.set_loss_weight(1.f, 1.f);
+  return g_.world->all_reduce_sum(sh.valid > 0 ? loss * sh.ce : 0.0);
+}
 
+StepResult DistTrainer::step(Context& ctx, const SeqInfo& seq, const Tensor& ids,
+                             const Tensor& targets, float lr) {
+  zero_grad();
+  StepResult res;
+  res.loss = forward_backward(ctx, seq, ids, targets);
+  res.grad_norm = optimizer_step(ctx, lr);
+  return res;
+}
+
+double DistTrainer::optimizer_step(Context& ctx, float lr, double grad_scale) {
   // Post every unit's gradient reduction, then complete them in order.
-  const float inv_world = 1.0f / static_cast<float>(mesh_.world);
+  const auto gs = static_cast<float>(grad_scale / mesh_.world);
   for (auto& u : units_) {
     u->gflat = Tensor::zeros({u->padded});
     pack(u->params, true, u->gflat.f32());
@@ -209,14 +234,14 @@ StepResult DistTrainer::step(Context& ctx, const SeqInfo& seq, const Tensor& ids
   double sq = 0;
   for (auto& u : units_) {
     u->req.wait();
-    scale(u->gshard, inv_world);
+    scale(u->gshard, gs);
     if (u->counts_norm) sq += sum_sq(u->gshard);
   }
-  res.grad_norm = std::sqrt(g_.world->all_reduce_sum(sq));
+  const double norm = std::sqrt(g_.world->all_reduce_sum(sq));
   const double clip = opt_.adam.clip_norm;
-  if (clip > 0 && res.grad_norm > clip) {
+  if (clip > 0 && norm > clip) {
     // The same coefficient ops::clip_grad_norm applies on one process.
-    const float c = static_cast<float>(clip / (res.grad_norm + 1e-6));
+    const float c = static_cast<float>(clip / (norm + 1e-6));
     for (auto& u : units_) scale(u->gshard, c);
   }
 
@@ -245,21 +270,104 @@ StepResult DistTrainer::step(Context& ctx, const SeqInfo& seq, const Tensor& ids
   }
 
   // Aux-loss-free balancing from the loads of all ranks' tokens.
+  loads_.clear();
   for (MoeLayer* m : model_.moe_layers()) {
+    loads_.emplace_back();
     if (!m) continue;
     std::vector<int64_t> load = m->expert_load();
     g_.world->all_reduce(load.data(), static_cast<int64_t>(load.size()), Elem::I64);
     m->update_selection_bias(load);
     m->reset_expert_load();
+    loads_.back() = std::move(load);
   }
-  res.loss = g_.world->all_reduce_sum(res.loss) / mesh_.world;
 
   metrics_ = {};
   metrics_.world = g_.world->stats();
   metrics_.ep = g_.ep->stats();
   metrics_.edp = g_.edp->stats();
   for (auto& e : ep_) metrics_.rows_received += e->rows_received();
-  return res;
+  return norm;
+}
+
+bool DistTrainer::is_local_expert(const Param& p) const {
+  return mesh_.ep > 1 && is_expert_param(p.name);
+}
+
+namespace {
+
+// Even split of n elements over `parts`: the range of part i.
+std::pair<int64_t, int64_t> even_range(int64_t n, int parts, int i) {
+  const int64_t c = (n + parts - 1) / parts;
+  return {std::min(n, c * i), std::min(n, c * (i + 1))};
+}
+
+}  // namespace
+
+std::vector<ShardPiece> DistTrainer::checkpoint_pieces() const {
+  std::vector<ShardPiece> out;
+  auto add = [&](const std::string& name, const Shape& full, int64_t begin, const float* src,
+                 int64_t count) {
+    if (count <= 0) return;
+    ShardPiece sp{.name = name, .full_shape = full, .begin = begin, .end = begin + count};
+    sp.data = Tensor::empty({count});
+    std::memcpy(sp.data.f32(), src, static_cast<size_t>(count) * sizeof(float));
+    out.push_back(std::move(sp));
+  };
+  auto full_shape = [&](const Param& p) {
+    std::vector<int64_t> d = p.value.shape().dims();
+    if (is_local_expert(p)) d[0] = mesh_.num_experts;
+    return Shape(d);
+  };
+  auto base_of = [&](const Param& p) {
+    return is_local_expert(p) ? mesh_.first_expert() * (p.value.numel() / p.value.shape()[0])
+                              : int64_t{0};
+  };
+  for (const auto& p : model_.params().all()) {
+    Comm& group = is_expert_param(p->name) ? *g_.edp : *g_.world;
+    const auto [b, e] = even_range(p->value.numel(), group.size(), group.rank());
+    add(p->name, full_shape(*p), base_of(*p) + b, p->value.f32() + b, e - b);
+  }
+  for (const auto& u : units_) {
+    if (!u->counts_norm) continue;  // a replica of the same state another rank writes
+    const int64_t a = u->sharded ? u->comm->rank() * u->shard : 0;
+    const int64_t z = std::min(u->n, a + u->shard);
+    int64_t o = 0;
+    for (const Param* p : u->params) {
+      const int64_t n = p->value.numel(), lo = std::max(a, o), hi = std::min(z, o + n);
+      if (lo < hi) {
+        add("m." + p->name, full_shape(*p), base_of(*p) + lo - o, u->m.f32() + (lo - a), hi - lo);
+        add("v." + p->name, full_shape(*p), base_of(*p) + lo - o, u->v.f32() + (lo - a), hi - lo);
+      }
+      o += n;
+    }
+  }
+  return out;
+}
+
+void DistTrainer::load_pieces(const PieceReader& read, int64_t optimizer_steps) {
+  auto base_of = [&](const Param& p) {
+    return is_local_expert(p) ? mesh_.first_expert() * (p.value.numel() / p.value.shape()[0])
+                              : int64_t{0};
+  };
+  for (const auto& p : model_.params().all()) {
+    const int64_t b = base_of(*p);
+    read(p->name, b, b + p->value.numel(), p->value.f32());
+  }
+  for (auto& u : units_) {
+    const int64_t a = u->sharded ? u->comm->rank() * u->shard : 0;
+    const int64_t z = std::min(u->n, a + u->shard);
+    int64_t o = 0;
+    for (const Param* p : u->params) {
+      const int64_t n = p->value.numel(), lo = std::max(a, o), hi = std::min(z, o + n);
+      if (lo < hi) {
+        const int64_t g = base_of(*p) + lo - o;
+        read("m." + p->name, g, g + hi - lo, u->m.f32() + (lo - a));
+        read("v." + p->name, g, g + hi - lo, u->v.f32() + (lo - a));
+      }
+      o += n;
+    }
+  }
+  step_ = optimizer_steps;
 }
 
 }  // namespace mt::par

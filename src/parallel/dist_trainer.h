@@ -7,13 +7,15 @@
 //     shard_experts), AdamW on the local experts (or their shard);
 //   gradient clipping on the global norm (each element counted once across the world);
 //   aux-loss-free router bias from expert loads all-reduced over the world.
-// With the same documents split evenly, this is the single-process step on all of them: the
-// global loss is the mean of the ranks' means, so every gradient is scaled by 1 / world.
+// With the documents split over the ranks, this is the single-process step on all of them: each
+// rank's cross-entropy gradient is weighted by world * (its targets / all targets) and every
+// gradient is scaled by 1 / world, so the sum is the gradient of the global token mean.
 //
 // Not yet FSDP in memory: ranks keep full dense parameter tensors between steps (the gather before
 // use / free after use needs per-layer hooks in Model); gradients are sharded only in the step.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,6 +49,20 @@ struct StepMetrics {
   std::string line(int rank) const;  // one human-readable line per rank
 };
 
+// Elements [begin, end) of the flattened full-model tensor `name` ("m." / "v." prefixed for the
+// AdamW moments), as one rank holds them: the unit of sharded checkpoints. Expert tensors are
+// addressed in the single-process model's coordinates ([num_experts, ...]), so a checkpoint is
+// independent of the world and EP sizes that wrote it.
+struct ShardPiece {
+  std::string name;
+  Shape full_shape;
+  int64_t begin = 0, end = 0;
+  Tensor data;  // f32 [end - begin]
+};
+// Fills out[0 .. end - begin) with elements [begin, end) of the full tensor `name`.
+using PieceReader =
+    std::function<void(const std::string& name, int64_t begin, int64_t end, float* out)>;
+
 class DistTrainer {
  public:
   // Slices the model's experts to this rank's share and wires the expert-parallel exchange.
@@ -54,17 +70,45 @@ class DistTrainer {
   DistTrainer(Model& model, const Mesh& mesh, ProcessGroups& groups, const DistOptions& opt);
   ~DistTrainer();
 
-  // ids/targets/seq: this rank's documents. Every rank must hold the same number of tokens,
-  // documents and non-ignored targets (ValueError naming the ranks otherwise).
+  // Clears gradients and the communication counters of the step.
+  void zero_grad();
+  // Forward + backward of this rank's micro-batch; gradients accumulate. ids/targets/seq: this
+  // rank's documents. Every rank must hold the same number of tokens (ValueError naming the ranks
+  // otherwise). Targets and documents may differ: each rank's cross-entropy and sequence aux
+  // gradients are weighted by its share of the global targets and documents.
+  // Returns the global token-mean loss.
+  double forward_backward(Context& ctx, const SeqInfo& seq, const Tensor& ids,
+                          const Tensor& targets);
+  // Reduces the accumulated gradients (times grad_scale), clips on the global norm, AdamW on the
+  // shards, gathers parameters, updates router biases from global loads. Returns the norm.
+  double optimizer_step(Context& ctx, float lr, double grad_scale = 1.0);
+  // zero_grad + forward_backward + optimizer_step.
   StepResult step(Context& ctx, const SeqInfo& seq, const Tensor& ids, const Tensor& targets,
                   float lr);
+
   const StepMetrics& metrics() const { return metrics_; }
+  // Expert loads of the last optimizer step summed over all ranks, one vector per MoE layer
+  // (empty vectors for dense-FFN layers).
+  const std::vector<std::vector<int64_t>>& global_loads() const { return loads_; }
   // Bytes of optimizer state held by this rank.
   int64_t optimizer_bytes() const;
+  int64_t optimizer_steps() const { return step_; }
+
+  // What this rank writes to a sharded checkpoint: weights split evenly over the ranks that hold
+  // the same values (dense: the world; experts: the EDP replicas), moments as this rank's shard.
+  std::vector<ShardPiece> checkpoint_pieces() const;
+  // Loads weights and moments written by any mesh (or one process) through `read`.
+  void load_pieces(const PieceReader& read, int64_t optimizer_steps);
 
  private:
   struct Unit;
-  void check_balanced(const SeqInfo& seq, const Tensor& targets);
+  // This rank's shares of the global targets and documents of a micro-batch.
+  struct Shares {
+    int64_t valid = 0;
+    double ce = 0, docs = 0;
+  };
+  Shares check_balanced(const SeqInfo& seq, const Tensor& targets);
+  bool is_local_expert(const Param& p) const;
 
   Model& model_;
   Mesh mesh_;
@@ -73,6 +117,7 @@ class DistTrainer {
   std::vector<std::unique_ptr<ExpertParallel>> ep_;
   std::vector<std::unique_ptr<Unit>> units_;
   int64_t step_ = 0;
+  std::vector<std::vector<int64_t>> loads_;
   StepMetrics metrics_;
 };
 

@@ -1,6 +1,7 @@
 #include "plan/report.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 
@@ -15,7 +16,8 @@ std::string fmt(const char* f, double v) {
 }
 
 std::string gb(double b) {
-  return fmt("%.1f", b / 1e9);
+  // Small models (CPU plans) would read 0.0 at one decimal.
+  return fmt(b >= 1e9 || b == 0 ? "%.1f" : "%.4f", b / 1e9);
 }
 
 std::string params_str(double n) {
@@ -66,6 +68,10 @@ int64_t devices_for_weights(int64_t params, double bytes_per_param, double mem_b
   return static_cast<int64_t>(std::ceil(static_cast<double>(params) * bytes_per_param / mem_bytes));
 }
 
+namespace {
+std::vector<std::pair<std::string, std::array<int64_t, 3>>> acts_per_token(const PlanReport& r);
+}  // namespace
+
 PlanReport run_plan(const PlanRequest& req) {
   PlanReport r{req, search(req.cfg, req.world, req.hw, req.options),
                match_kernels(req.cfg, req.backend, req.backend == Backend::Cuda ? "bf16" : "fp32")};
@@ -92,10 +98,34 @@ nlohmann::json report_json(const PlanReport& r) {
                  {"why", c.why}});
   j["kernels"] = k;
   j["backend"] = backend_name(r.request.backend);
+  nlohmann::json a;
+  for (const auto& [kind, v] : acts_per_token(r))
+    a[kind] = {{"none", v[0]}, {"selective", v[1]}, {"full", v[2]}};
+  j["activation_bytes_per_token"] = a;
   return j;
 }
 
 namespace {
+
+// Saved activation bytes per token of each distinct block kind under each recompute policy.
+std::vector<std::pair<std::string, std::array<int64_t, 3>>> acts_per_token(const PlanReport& r) {
+  const PlanRequest& q = r.request;
+  std::vector<std::pair<std::string, std::array<int64_t, 3>>> out;
+  const double scale = q.options.memory.dtype.act / 4.0 / static_cast<double>(q.options.seq);
+  for (const BlockActs& b : block_activations(q.cfg, 1, q.options.seq)) {
+    const std::string kind =
+        std::string(mixer_name(b.mixer)) + (b.ffn == FfnKind::Dense ? "+ffn" : "+moe");
+    bool seen = false;
+    for (const auto& o : out) seen |= o.first == kind;
+    if (seen) continue;
+    std::array<int64_t, 3> v{};
+    const Recompute rs[] = {Recompute::None, Recompute::Selective, Recompute::Full};
+    for (size_t i = 0; i < 3; ++i)
+      v[i] = static_cast<int64_t>(static_cast<double>(b.saved(rs[i])) * scale);
+    out.push_back({kind, v});
+  }
+  return out;
+}
 
 void summary(std::ostream& os, const PlanReport& r, bool md) {
   const PlanRequest& q = r.request;
@@ -118,6 +148,11 @@ void summary(std::ostream& os, const PlanReport& r, bool md) {
   os << b << "FLOPs per token: forward " << fmt("%.1f", f.forward.total() / 1e9) << " G, train "
      << fmt("%.1f", f.train.total() / 1e9) << " G (+" << fmt("%.1f", f.recompute.total() / 1e9)
      << " G recompute at the chosen policy)\n";
+  os << b << "activation bytes per token per block (at " << q.options.memory.dtype.act
+     << " B/element; none / selective / full recompute):";
+  for (const auto& [kind, v] : acts_per_token(r))
+    os << " " << kind << " " << v[0] << " / " << v[1] << " / " << v[2] << ";";
+  os << "\n";
   os << b << "considered " << r.result.considered << " plans, " << r.result.best.size()
      << " listed\n";
 }

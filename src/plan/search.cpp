@@ -116,14 +116,20 @@ int64_t moe_layers(const ModelConfig& cfg) {
   return n;
 }
 
-// Seconds for `bytes` leaving each rank of a group of `group` consecutive ranks: the intra-node
-// share over `intra` bytes/s, the rest over the inter-node link, whichever is slower.
-double group_time(double bytes, int64_t group, int64_t gpn, double intra, double inter) {
+// Seconds for `bytes` leaving each rank of a collective over `group` ranks of which `per_node`
+// share a node: the in-node share over `intra` bytes/s, the rest over the inter-node link,
+// whichever is slower (a hierarchical collective's bottleneck).
+double group_time(double bytes, int64_t group, int64_t per_node, double intra, double inter) {
   if (group <= 1 || bytes <= 0) return 0;
-  if (group <= gpn) return bytes / intra;
-  const double g = static_cast<double>(group);
-  const double in = static_cast<double>(gpn - 1) / (g - 1);
+  per_node = std::clamp<int64_t>(per_node, 1, group);
+  if (per_node >= group) return bytes / intra;
+  const double in = static_cast<double>(per_node - 1) / static_cast<double>(group - 1);
   return std::max(bytes * in / intra, bytes * (1 - in) / inter);
+}
+
+// Members of a group of `group` ranks spaced `stride` apart that share one node.
+int64_t per_node(int64_t group, int64_t stride, int64_t gpn) {
+  return std::clamp<int64_t>(gpn / stride, 1, group);
 }
 
 }  // namespace
@@ -179,38 +185,44 @@ Evaluated evaluate_with(const ModelConfig& cfg, const ParamCounts& c,
   // Gathers and gradient reductions run on their own stream, prefetched under compute.
   const double dense = static_cast<double>(c.total - c.expert);
   const double dense_tr = static_cast<double>(c.trainable - c.expert_trainable);
+  const int64_t gpn = hw.gpus_per_node;
   if (p.fsdp > 1) {
     const double frac = static_cast<double>(p.fsdp - 1) / static_cast<double>(p.fsdp);
     const double ag = dense * dt.weight * frac, rs = dense_tr * dt.grad * frac;
-    const double gathers = 2;  // forward, then again for backward (resharded after forward)
-    t.gather += gathers * group_time(ag, p.fsdp, hw.gpus_per_node, hw.allgather_bw, hw.inter_bw) +
-                group_time(rs, p.fsdp, hw.gpus_per_node, hw.reduce_scatter_bw, hw.inter_bw);
+    const int64_t pn = per_node(p.fsdp, 1, gpn);
+    // Gathered for forward, then again for backward (resharded after forward).
+    t.gather += 2 * group_time(ag, p.fsdp, pn, hw.allgather_bw, hw.inter_bw) +
+                group_time(rs, p.fsdp, pn, hw.reduce_scatter_bw, hw.inter_bw);
     t.gather += 2 * static_cast<double>(cfg.layers.size()) * hw.collective_latency;
   }
-  const double dense_dp = static_cast<double>(p.world / p.fsdp);
+  const int64_t dense_dp = p.world / p.fsdp;
   if (dense_dp > 1) {
-    // Replicated dense shards: all-reduce of the trainable gradients across them.
-    const double b =
-        2 * dense_tr / static_cast<double>(p.fsdp) * dt.grad * (dense_dp - 1) / dense_dp;
-    t.gather += b / hw.inter_bw;
+    // Replicated dense shards: all-reduce (2x) of the trainable gradients across them.
+    const double d = static_cast<double>(dense_dp);
+    const double b = 2 * dense_tr / static_cast<double>(p.fsdp) * dt.grad * (d - 1) / d;
+    t.gather +=
+        group_time(b, dense_dp, per_node(dense_dp, p.fsdp, gpn), hw.allgather_bw, hw.inter_bw);
   }
   if (Lm > 0) {
-    const double E = static_cast<double>(cfg.moe.num_experts);
-    const double local = static_cast<double>(c.expert) * (E / static_cast<double>(p.ep)) / E;
-    const double local_tr =
-        static_cast<double>(c.expert_trainable) * (E / static_cast<double>(p.ep)) / E;
-    // Replicas of one expert shard sit ep ranks apart: another node once ep >= gpus_per_node.
-    const bool remote = p.ep >= hw.gpus_per_node;
-    const double ag_bw = remote ? hw.inter_bw : hw.allgather_bw;
+    const double local = static_cast<double>(c.expert) / static_cast<double>(p.ep);
+    const double local_tr = static_cast<double>(c.expert_trainable) / static_cast<double>(p.ep);
+    // The replicas sharding one expert slice sit ep ranks apart.
     if (p.expert_shard > 1) {
       const double es = static_cast<double>(p.expert_shard);
       const double frac = (es - 1) / es;
-      t.gather += 2 * local * dt.weight * frac / ag_bw + local_tr * dt.grad * frac / ag_bw;
+      const int64_t pn = per_node(p.expert_shard, p.ep, gpn);
+      t.gather += 2 * group_time(local * dt.weight * frac, p.expert_shard, pn, hw.allgather_bw,
+                                 hw.inter_bw) +
+                  group_time(local_tr * dt.grad * frac, p.expert_shard, pn, hw.reduce_scatter_bw,
+                             hw.inter_bw);
     }
-    const double edp = static_cast<double>(p.replicas / p.expert_shard);
-    if (edp > 1)
+    const int64_t edp = p.replicas / p.expert_shard;
+    if (edp > 1) {
+      const double d = static_cast<double>(edp);
       t.gather +=
-          2 * local_tr / static_cast<double>(p.expert_shard) * dt.grad * (edp - 1) / edp / ag_bw;
+          group_time(2 * local_tr / static_cast<double>(p.expert_shard) * dt.grad * (d - 1) / d,
+                     edp, per_node(edp, p.ep * p.expert_shard, gpn), hw.allgather_bw, hw.inter_bw);
+    }
   }
   t.total = std::max(t.compute + t.a2a_exposed, t.gather);
   e.time = t;

@@ -32,6 +32,21 @@ std::vector<std::string> fortune_files(const std::string& dir) {
   return out;
 }
 
+// The *.py files under dir, sorted, without the empty ones (package markers such as
+// email/mime/__init__.py): read_corpus rightly rejects an empty input, but a directory of
+// sources legitimately holds some.
+std::vector<std::string> code_files(const std::string& dir) {
+  MT_CHECK(fs::is_directory(dir), IoError, "code corpus '", dir, "' does not exist");
+  std::vector<std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file() && !e.is_symlink() && e.path().extension() == ".py" &&
+        e.file_size() > 0)
+      out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  MT_CHECK(!out.empty(), IoError, "code corpus '", dir, "' holds no non-empty *.py files");
+  return out;
+}
+
 }  // namespace
 
 DemoResult run_demo(const DemoOptions& o, std::ostream& log) {
@@ -42,7 +57,7 @@ DemoResult run_demo(const DemoOptions& o, std::ostream& log) {
 
   // 1. Corpora, split by document.
   std::vector<Document> code =
-      read_corpus({.inputs = {o.code_dir}, .extension = ".py", .max_bytes = o.code_bytes});
+      read_corpus({.inputs = code_files(o.code_dir), .max_bytes = o.code_bytes});
   std::vector<Document> prose =
       read_corpus({.inputs = fortune_files(o.prose_dir), .separator = "%"});
   std::vector<Document> code_tr, code_ho, prose_tr, prose_ho;

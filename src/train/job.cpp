@@ -205,6 +205,9 @@ Job Job::parse(const std::string& text, const std::string& source,
   r.get("train.grad_accum", j.grad_accum);
   r.get("checkpoint.every", j.checkpoint_every);
   r.get("checkpoint.keep", j.checkpoint_keep);
+  r.get("parallel.ep", j.ep);
+  r.get("parallel.a2a_chunks", j.a2a_chunks);
+  r.get("parallel.shard_experts", j.shard_experts);
   r.get("log.every", j.log_every);
   r.get("log.eval_every", j.eval_every);
   r.get("log.progress", j.progress);
@@ -225,6 +228,8 @@ Job Job::parse(const std::string& text, const std::string& source,
   need(j.checkpoint_every >= 0, "checkpoint.every", j.checkpoint_every, "must be >= 0");
   need(j.checkpoint_keep > 0, "checkpoint.keep", j.checkpoint_keep, "must be positive");
   need(j.log_every > 0, "log.every", j.log_every, "must be positive");
+  need(j.ep > 0, "parallel.ep", j.ep, "must be positive");
+  need(j.a2a_chunks > 0, "parallel.a2a_chunks", j.a2a_chunks, "must be positive");
   need(j.progress == "auto" || j.progress == "tty" || j.progress == "plain" || j.progress == "off",
        "log.progress", j.progress, "must be auto, tty, plain or off");
   for (const std::string& t : j.lora_targets) {
@@ -267,6 +272,8 @@ std::string Job::to_toml() const {
       {"schedule", toml::table{{"steps", steps}, {"warmup", warmup}}},
       {"train", toml::table{{"batch", batch}, {"grad_accum", grad_accum}}},
       {"checkpoint", toml::table{{"every", checkpoint_every}, {"keep", checkpoint_keep}}},
+      {"parallel",
+       toml::table{{"ep", ep}, {"a2a_chunks", a2a_chunks}, {"shard_experts", shard_experts}}},
       {"log",
        toml::table{{"every", log_every}, {"eval_every", eval_every}, {"progress", progress}}}};
   std::ostringstream os;

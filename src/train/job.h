@@ -53,6 +53,10 @@ struct Job {
   // [checkpoint]
   int64_t checkpoint_every = 0;  // 0: only at the end
   int64_t checkpoint_keep = 2;
+  // [parallel] (used under mpirun; see docs/parallelism.md)
+  int64_t ep = 1;              // expert-parallel size: divides the world and the expert count
+  int64_t a2a_chunks = 1;      // all-to-all pieces pipelined with the expert computation
+  bool shard_experts = false;  // also shard expert optimizer state over the EDP replicas
   // [log]
   int64_t log_every = 1, eval_every = 0;
   std::string progress = "auto";  // auto | tty | plain | off

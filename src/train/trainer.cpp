@@ -9,10 +9,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
 
 #include "core/error.h"
 #include "model/moe_layer.h"
+#include "train/dist_executor.h"
 
 namespace mt {
 
@@ -78,6 +82,21 @@ double LocalExecutor::forward_loss(const Batch& b) {
   return loss;
 }
 
+LayerLoad layer_load(int layer, const std::vector<int64_t>& l) {
+  LayerLoad s{.layer = layer};
+  int64_t mx = 0, mn = INT64_MAX, sum = 0;
+  for (int64_t v : l) {
+    mx = std::max(mx, v);
+    sum += v;
+    if (v > 0) mn = std::min(mn, v);
+    s.dead += v == 0;
+  }
+  const double mean = l.empty() ? 0 : static_cast<double>(sum) / static_cast<double>(l.size());
+  s.max_over_mean = mean > 0 ? static_cast<double>(mx) / mean : 0;
+  s.hot_cold = mn == INT64_MAX ? 0 : static_cast<double>(mx) / static_cast<double>(mn);
+  return s;
+}
+
 double LocalExecutor::optimizer_step(float lr, double grad_scale) {
   if (grad_scale != 1.0)
     for (const Tensor& g : model_.params().grads()) {
@@ -88,23 +107,21 @@ double LocalExecutor::optimizer_step(float lr, double grad_scale) {
   const double norm = opt_.step(ctx_, model_.params(), lr);
   load_.clear();
   for_each_moe(model_, [&](int layer, MoeLayer& m) {
-    const std::vector<int64_t>& l = m.expert_load();
-    LayerLoad s{.layer = layer};
-    int64_t mx = 0, mn = INT64_MAX, sum = 0;
-    for (int64_t v : l) {
-      mx = std::max(mx, v);
-      sum += v;
-      if (v > 0) mn = std::min(mn, v);
-      s.dead += v == 0;
-    }
-    const double mean = l.empty() ? 0 : static_cast<double>(sum) / static_cast<double>(l.size());
-    s.max_over_mean = mean > 0 ? static_cast<double>(mx) / mean : 0;
-    s.hot_cold = mn == INT64_MAX ? 0 : static_cast<double>(mx) / static_cast<double>(mn);
-    load_.push_back(s);
+    load_.push_back(layer_load(layer, m.expert_load()));
     m.update_selection_bias();
     m.reset_expert_load();
   });
   return norm;
+}
+
+std::string LocalExecutor::save(const std::string& root, const TrainState& st,
+                                const std::string& job_toml) {
+  return save_checkpoint(root, model_, &opt_, st, job_toml);
+}
+
+TrainState LocalExecutor::load(const std::string& dir) {
+  if (is_sharded_checkpoint(dir)) return load_sharded_checkpoint(dir, model_, &opt_);
+  return load_checkpoint(dir, model_, &opt_);
 }
 
 double schedule_lr(const Job& job, int64_t step) {
@@ -153,7 +170,7 @@ double unigram_baseline(const PackedData& train, const PackedData& heldout) {
   return n > 0 ? ce / static_cast<double>(n) : 0;
 }
 
-TrainResult run_job(const Job& job, const TrainOptions& topt, std::ostream& log) {
+TrainResult run_job(const Job& job, const TrainOptions& topt, std::ostream& out) {
   const PackedData train = load_dataset(job.train_data);
   std::map<std::string, PackedData> evals;
   for (const auto& [name, dir] : job.eval_data) evals.emplace(name, load_dataset(dir));
@@ -167,20 +184,52 @@ TrainResult run_job(const Job& job, const TrainOptions& topt, std::ostream& log)
     MT_CHECK(d->vocab <= cfg.vocab, ConfigError, "dataset vocabulary ", d->vocab,
              " exceeds the model's vocab_size ", cfg.vocab,
              " (token ids would fall outside the embedding)");
-  Context ctx(ContextOptions{.threads = job.threads, .seed = job.seed});
+  // A mesh is validated before the model is allocated.
+  std::unique_ptr<DistSetup> dist;
+  const int world = topt.world ? topt.world->size() : 1;
+  const int rank = topt.world ? topt.world->rank() : 0;
+  if (topt.world) {
+    MT_CHECK(job.batch % world == 0, ConfigError, "train.batch = ", job.batch,
+             " must be a multiple of the world size ", world,
+             " (each rank takes batch / world sequences of every micro-batch)");
+    dist = std::make_unique<DistSetup>(*topt.world, cfg, job);
+  }
+  std::ostringstream quiet;
+  std::ostream& log = rank == 0 ? out : quiet;
+  int threads = job.threads;
+  if (threads == 0 && world > 1)  // ranks share the host's cores (one host assumed)
+    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world);
+  Context ctx(ContextOptions{.threads = threads, .seed = job.seed});
   Model model(cfg, job.seed, job_model_options(job));
-  AdamW opt(model.params(), AdamWOptions{.beta1 = job.beta1,
-                                         .beta2 = job.beta2,
-                                         .eps = job.eps,
-                                         .weight_decay = job.weight_decay,
-                                         .clip_norm = job.clip});
-  LocalExecutor exec(ctx, model, opt);
+  TrainResult r;
+  r.total = model.params().count();  // before a mesh slices the experts
+  r.trainable = model.params().count(true);
+  if (!job.init.empty() && (topt.resume_from.empty() && !topt.resume)) {
+    // Before experts are sliced: every rank loads the full weights, then keeps its share.
+    std::string w = job.init;
+    if (fs::is_regular_file(fs::path(w) / "latest")) w = latest_checkpoint(w);
+    load_weights(w, model);
+  }
+  const AdamWOptions adam{.beta1 = job.beta1,
+                          .beta2 = job.beta2,
+                          .eps = job.eps,
+                          .weight_decay = job.weight_decay,
+                          .clip_norm = job.clip};
+  std::unique_ptr<AdamW> opt;
+  std::unique_ptr<StepExecutor> exec_ptr;
+  if (dist) {
+    log << dist->mesh.describe();
+    exec_ptr = make_dist_executor(ctx, model, *dist, adam);
+  } else {
+    opt = std::make_unique<AdamW>(model.params(), adam);
+    exec_ptr = std::make_unique<LocalExecutor>(ctx, model, *opt);
+  }
+  StepExecutor& exec = *exec_ptr;
 
-  fs::create_directories(job.run_dir);
   const std::string ckpt_root = (fs::path(job.run_dir) / "checkpoints").string();
-  fs::create_directories(ckpt_root);
   const std::string job_toml = job.to_toml();
-  {
+  if (rank == 0) {
+    fs::create_directories(ckpt_root);
     std::ofstream(fs::path(job.run_dir) / "job.toml.tmp") << job_toml;
     fs::rename(fs::path(job.run_dir) / "job.toml.tmp", fs::path(job.run_dir) / "job.toml");
   }
@@ -192,23 +241,17 @@ TrainResult run_job(const Job& job, const TrainOptions& topt, std::ostream& log)
     MT_CHECK(!resume.empty(), IoError, "--resume: no checkpoint under '", ckpt_root, "'");
   }
   if (!resume.empty()) {
-    st = load_checkpoint(resume, model, &opt);
+    st = exec.load(resume);
     ctx.rng() = Rng(st.rng_seed, st.rng_counter);
     log << "resumed from " << resume << " at step " << st.step << "\n";
-  } else if (!job.init.empty()) {
-    std::string w = job.init;
-    if (fs::is_regular_file(fs::path(w) / "latest")) w = latest_checkpoint(w);
-    load_weights(w, model);
   }
 
-  TrainResult r;
-  r.total = model.params().count();
-  r.trainable = model.params().count(true);
   log << "model " << job.model << ": " << r.total << " parameters, " << r.trainable
       << " trainable (" << 100.0 * static_cast<double>(r.trainable) / static_cast<double>(r.total)
       << "%), " << train.sequences() << " training sequences of " << train.seq_len << "\n";
 
-  std::ofstream metrics(fs::path(job.run_dir) / "metrics.jsonl", std::ios::app);
+  std::ofstream metrics;
+  if (rank == 0) metrics.open(fs::path(job.run_dir) / "metrics.jsonl", std::ios::app);
   const bool tty = job.progress == "tty" || (job.progress == "auto" && isatty(fileno(stdout)));
   const bool show = job.progress != "off";
   DataOrder order(train.sequences(), job.seed);
@@ -232,11 +275,16 @@ TrainResult run_job(const Job& job, const TrainOptions& topt, std::ostream& log)
     double loss = 0;
     int64_t step_tokens = 0;
     for (int64_t a = 0; a < job.grad_accum; ++a) {
+      // Every rank walks the same global order; rank r takes the r-th slice of the micro-batch.
       std::vector<int64_t> idx;
-      for (int64_t b = 0; b < job.batch; ++b) idx.push_back(order.at(st.data_cursor++));
+      const int64_t per_rank = job.batch / world;
+      for (int64_t b = 0; b < job.batch; ++b) {
+        const int64_t s = order.at(st.data_cursor++);
+        if (b / per_rank == rank) idx.push_back(s);
+      }
       Batch batch = make_batch(train, idx);
       loss += exec.forward_backward(batch) / static_cast<double>(job.grad_accum);
-      step_tokens += batch.seq.tokens;
+      step_tokens += batch.seq.tokens * world;
     }
     const double lr = schedule_lr(job, step);
     const double gnorm =
@@ -258,17 +306,17 @@ TrainResult run_job(const Job& job, const TrainOptions& topt, std::ostream& log)
                          {"dead", l.dead}});
       nlohmann::json aux = nlohmann::json::object();
       for (const AuxLoss& a : exec.aux_losses()) aux[a.name] = a.value;
-      metrics << nlohmann::json{{"step", step},
-                                {"loss", loss},
-                                {"loss_per_corpus", {{"train", loss}}},
-                                {"lr", lr},
-                                {"grad_norm", gnorm},
-                                {"tokens_per_s", r.tokens_per_s},
-                                {"peak_rss_mb", peak_rss_mb()},
-                                {"expert_load", loads},
-                                {"aux", aux}}
-                     .dump()
-              << "\n";
+      nlohmann::json line{{"step", step},
+                          {"loss", loss},
+                          {"loss_per_corpus", {{"train", loss}}},
+                          {"lr", lr},
+                          {"grad_norm", gnorm},
+                          {"tokens_per_s", r.tokens_per_s},
+                          {"peak_rss_mb", peak_rss_mb()},
+                          {"expert_load", loads},
+                          {"aux", aux}};
+      exec.add_metrics(line);
+      metrics << line.dump() << "\n";
     }
     if (show) {
       char line[200];
@@ -286,8 +334,8 @@ TrainResult run_job(const Job& job, const TrainOptions& topt, std::ostream& log)
     if (last || (job.checkpoint_every > 0 && step % job.checkpoint_every == 0)) {
       st.rng_seed = ctx.rng().seed();
       st.rng_counter = ctx.rng().counter();
-      r.checkpoint = save_checkpoint(ckpt_root, model, &opt, st, job_toml);
-      prune_checkpoints(ckpt_root, job.checkpoint_keep);
+      r.checkpoint = exec.save(ckpt_root, st, job_toml);
+      if (exec.is_root()) prune_checkpoints(ckpt_root, job.checkpoint_keep);
     }
   }
   if (!evals.empty()) {

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "core/context.h"
 #include "model/model.h"
 #include "train/adamw.h"
@@ -18,6 +20,10 @@
 #include "train/job.h"
 
 namespace mt {
+
+namespace par {
+class Comm;
+}
 
 struct LayerLoad {
   int layer = 0;
@@ -38,11 +44,27 @@ class StepExecutor {
   // Routing load since the last step and auxiliary losses of the last forward.
   virtual std::vector<LayerLoad> expert_load() = 0;
   virtual std::vector<AuxLoss> aux_losses() = 0;
+
+  // Checkpoints in the executor's own layout (one process: checkpoint.h; a mesh: sharded).
+  // Loading accepts either layout. Collective on a mesh: every rank calls them.
+  virtual std::string save(const std::string& root, const TrainState& st,
+                           const std::string& job_toml) = 0;
+  virtual TrainState load(const std::string& dir) = 0;
+  // Rank 0 of a mesh logs and writes run files; others stay quiet.
+  virtual bool is_root() const { return true; }
+  // Extra per-step fields for metrics.jsonl (communication totals on a mesh). Collective.
+  virtual void add_metrics(nlohmann::json& line) { (void)line; }
 };
+
+// Load statistics of one layer from its per-expert token counts.
+LayerLoad layer_load(int layer, const std::vector<int64_t>& load);
 
 class LocalExecutor : public StepExecutor {
  public:
   LocalExecutor(Context& ctx, Model& model, AdamW& opt) : ctx_(ctx), model_(model), opt_(opt) {}
+  std::string save(const std::string& root, const TrainState& st,
+                   const std::string& job_toml) override;
+  TrainState load(const std::string& dir) override;
   void zero_grad() override { model_.params().zero_grad(); }
   double forward_backward(const Batch& b) override;
   double forward_loss(const Batch& b) override;
@@ -85,10 +107,13 @@ struct TrainResult {
 struct TrainOptions {
   bool resume = false;      // continue from the run directory's latest checkpoint
   std::string resume_from;  // or from this checkpoint
+  // The job's processes (mpirun): the mesh comes from the job's [parallel] keys, each rank takes
+  // its slice of every global micro-batch, rank 0 logs. Null: one process, LocalExecutor.
+  par::Comm* world = nullptr;
 };
 
-// Runs a job end to end on this process: writes <run_dir>/job.toml, metrics.jsonl and
-// checkpoints/, prints progress on `log`.
+// Runs a job end to end: writes <run_dir>/job.toml, metrics.jsonl and checkpoints/, prints
+// progress on `log` (rank 0 only on a mesh).
 TrainResult run_job(const Job& job, const TrainOptions& opt, std::ostream& log);
 
 }  // namespace mt

@@ -87,7 +87,9 @@ TEST(HfNames, KimiFusedConvAndALogLayout) {
   ASSERT_TRUE(t.count(p + "conv1d.weight"));
   EXPECT_FALSE(t.count(p + "q_conv1d.weight"));
   EXPECT_EQ(t.at(p + "conv1d.weight").shape(), Shape({24, 1, 3}));
-  EXPECT_EQ(t.at(p + "A_log").shape(), Shape({1, 1, 2, 1}));
+  EXPECT_EQ(t.at(p + "forget_gate.A_log").shape(), Shape({1, 1, 2, 1}));
+  EXPECT_TRUE(t.count(p + "forget_gate.f_a_proj.weight"));
+  EXPECT_TRUE(t.count(p + "forget_gate.dt_bias"));
   // Rows 8..15 of the fused conv are k's.
   const Tensor& kc = m.params().at(p + "k_conv1d.weight").value;
   EXPECT_EQ(0, std::memcmp(t.at(p + "conv1d.weight").f32() + 8 * 3, kc.raw(), kc.bytes()));
@@ -146,6 +148,21 @@ TEST(HfNames, ErrorsListEveryBadTensor) {
         << w;
     EXPECT_EQ(w.find("eh_proj"), std::string::npos) << w;
   }
+}
+
+// Saved kimi_linear directories use the original checkpoint spelling, as save_pretrained does.
+TEST(HfNames, KimiSavesCheckpointSpelling) {
+  TmpDir dir;
+  HfConfig h = hf_config_from_json(kimi_json(), "kimi");
+  Model m(h.model, test_seed());
+  save_hf_model(m, h, dir.path.string());
+  SafetensorsData d = read_safetensors_model(dir.path.string());
+  EXPECT_TRUE(d.tensors.count("model.layers.1.block_sparse_moe.experts.3.w1.weight"));
+  EXPECT_TRUE(d.tensors.count("model.layers.1.block_sparse_moe.experts.3.w2.weight"));
+  EXPECT_TRUE(d.tensors.count("model.layers.0.self_attn.q_conv1d.weight"));
+  EXPECT_TRUE(d.tensors.count("model.layers.0.self_attn.A_log"));
+  EXPECT_TRUE(d.tensors.count("model.layers.0.block_sparse_moe.gate_proj.weight"));
+  EXPECT_FALSE(d.tensors.count("model.layers.1.mlp.experts.gate_up_proj"));
 }
 
 // save -> load -> forward gives the same logits, loss and gradients (hybrid and both HF types).

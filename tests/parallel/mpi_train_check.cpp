@@ -27,7 +27,7 @@ using mt::ValueError;
 
 struct Args {
   int ep = 1, chunks = 1, steps = 20, experts = 12;
-  bool lora = false, shard_experts = false;
+  bool lora = false, shard_experts = false, uneven = false;
   int fail_rank = -1, fail_step = -1;
   double tol = 1e-5;
 };
@@ -50,6 +50,8 @@ Args parse(int argc, char** argv) {
       a.experts = next();
     else if (k == "--lora")
       a.lora = true;
+    else if (k == "--uneven")
+      a.uneven = true;
     else if (k == "--shard-experts")
       a.shard_experts = true;
     else if (k == "--fail-rank")
@@ -62,34 +64,46 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-// Documents of rank r: lengths differ inside a rank but every rank holds the same total.
-const std::vector<int64_t> kDocLens = {9, 15};
+// Documents of rank r: lengths differ inside a rank but every rank holds the same total. With
+// `uneven`, odd ranks hold three documents instead of two and some targets are ignored, so the
+// ranks' shares of documents and targets differ (the weighting of DistTrainer::forward_backward).
+std::vector<int64_t> doc_lens(int rank, bool uneven) {
+  if (uneven && rank % 2 == 1) return {4, 8, 12};
+  return {9, 15};
+}
 
 struct Batch {
   mt::SeqInfo seq;
   mt::Tensor ids, targets;
 };
 
-// Global documents [first, first + count) of step s: token values from a counter-based hash, so
-// every rank can build any document.
-Batch make_batch(int64_t vocab, int step, int first, int count) {
-  std::vector<int64_t> lens;
-  for (int d = first; d < first + count; ++d)
-    lens.push_back(kDocLens[static_cast<size_t>(d) % kDocLens.size()]);
+// The documents of ranks [first, last) at step s: token values from a counter-based hash, so
+// every rank can build any rank's documents.
+Batch make_batch(int64_t vocab, int step, int first, int last, bool uneven) {
+  std::vector<int64_t> lens, ids;
+  for (int r = first; r < last; ++r) {
+    const std::vector<int64_t> l = doc_lens(r, uneven);
+    for (size_t j = 0; j < l.size(); ++j) {
+      lens.push_back(l[j]);
+      ids.push_back(r * 8 + static_cast<int64_t>(j));
+    }
+  }
   Batch b;
   b.seq = mt::SeqInfo::from_lengths(lens);
   b.ids = mt::Tensor::empty({b.seq.tokens}, mt::DType::I32);
   b.targets = mt::Tensor::empty({b.seq.tokens}, mt::DType::I32);
   int64_t t = 0;
-  for (int d = first; d < first + count; ++d)
-    for (int64_t i = 0; i < lens[static_cast<size_t>(d - first)]; ++i, ++t) {
-      uint64_t h = (static_cast<uint64_t>(step) * 1000003u + static_cast<uint64_t>(d)) * 7919u +
-                   static_cast<uint64_t>(i);
+  for (size_t k = 0; k < lens.size(); ++k)
+    for (int64_t i = 0; i < lens[k]; ++i, ++t) {
+      uint64_t h =
+          (static_cast<uint64_t>(step) * 1000003u + static_cast<uint64_t>(ids[k])) * 7919u +
+          static_cast<uint64_t>(i);
       h ^= h >> 13;
       h *= 0x9E3779B97F4A7C15ull;
       h ^= h >> 29;
       b.ids.i32()[t] = static_cast<int32_t>(h % static_cast<uint64_t>(vocab));
       b.targets.i32()[t] = static_cast<int32_t>((h >> 20) % static_cast<uint64_t>(vocab));
+      if (uneven && (h >> 40) % 4 == 0) b.targets.i32()[t] = -100;
     }
   return b;
 }
@@ -117,14 +131,13 @@ int run(mt::par::Comm& world, const Args& a) {
   const float lr = 1e-2f;
   AdamWOptions adam;
   adam.weight_decay = 0.01f;
-  const int docs_per_rank = 2;
 
-  // Single-process reference over all W * docs_per_rank documents.
+  // Single-process reference over all ranks' documents.
   Model ref(cfg, seed, mopt);
   AdamW ref_opt(ref.params(), adam);
   std::vector<double> ref_loss;
   for (int s = 0; s < a.steps; ++s) {
-    Batch b = make_batch(cfg.vocab, s, 0, W * docs_per_rank);
+    Batch b = make_batch(cfg.vocab, s, 0, W, a.uneven);
     ref.params().zero_grad();
     ref_loss.push_back(ref.forward(ctx, b.seq, b.ids, b.targets));
     ref.backward(ctx);
@@ -139,7 +152,7 @@ int run(mt::par::Comm& world, const Args& a) {
   for (int s = 0; s < a.steps; ++s) {
     if (rank == a.fail_rank && s == a.fail_step)
       MT_THROW(ValueError, "injected failure at step ", s);
-    Batch b = make_batch(cfg.vocab, s, rank * docs_per_rank, docs_per_rank);
+    Batch b = make_batch(cfg.vocab, s, rank, rank + 1, a.uneven);
     par::StepResult r = trainer.step(ctx, b.seq, b.ids, b.targets, lr);
     const double err = std::abs(r.loss - ref_loss[static_cast<size_t>(s)]) /
                        std::abs(ref_loss[static_cast<size_t>(s)]);

@@ -1,0 +1,348 @@
+#include "train/dist_executor.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "model/moe_layer.h"
+#include "model/safetensors.h"
+#include "parallel/dist_trainer.h"
+#include "train/dataset.h"
+
+namespace mt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kFormat = "moetrain-sharded-1";
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  MT_CHECK(in.good(), IoError, "cannot read '", p.string(), "'");
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_text(const fs::path& p, const std::string& text) {
+  const fs::path tmp = p.string() + ".tmp";
+  {
+    std::ofstream o(tmp, std::ios::binary);
+    o << text;
+    o.close();
+    MT_CHECK(o.good(), IoError, "cannot write '", tmp.string(), "'");
+  }
+  fs::rename(tmp, p);
+}
+
+std::string checksum(const fs::path& p) {
+  const std::string bytes = slurp(p);
+  return cat(std::hex, fnv1a64(bytes.data(), bytes.size()));
+}
+
+std::string step_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
+  return name;
+}
+
+// A checkpoint of either layout, verified, read as pieces of full tensors. Files are read on
+// first use and kept (a rank touches the files holding its ranges only).
+class PieceSource {
+ public:
+  PieceSource(const std::string& dir, const ModelConfig& cfg) : dir_(dir) {
+    const fs::path d = dir;
+    MT_CHECK(fs::is_regular_file(d / "manifest.json"), IoError, "checkpoint '", dir,
+             "' has no manifest.json (an incomplete save?)");
+    const nlohmann::json manifest = nlohmann::json::parse(slurp(d / "manifest.json"));
+    for (auto it = manifest.at("files").begin(); it != manifest.at("files").end(); ++it) {
+      const fs::path f = d / it.key();
+      MT_CHECK(fs::is_regular_file(f), IoError, "checkpoint '", dir, "' lacks ", it.key());
+      MT_CHECK(checksum(f) == it.value().at("fnv1a64").get<std::string>(), IoError, "checkpoint '",
+               dir, "': ", it.key(), " does not match its checksum (corrupted)");
+    }
+    state_ = nlohmann::json::parse(slurp(d / "state.json"));
+    const nlohmann::json& a = state_.at("model_config");
+    const nlohmann::json b = cfg.to_json();
+    for (auto it = b.begin(); it != b.end(); ++it)
+      MT_CHECK(a.contains(it.key()) && a.at(it.key()) == it.value(), ConfigError, "checkpoint '",
+               dir, "' was written for another model: ", it.key(), " = ",
+               a.contains(it.key()) ? a.at(it.key()).dump() : "absent", " in the checkpoint, ",
+               it.value().dump(), " in this model");
+    if (fs::is_regular_file(d / "index.json")) {
+      const nlohmann::json index = nlohmann::json::parse(slurp(d / "index.json"));
+      MT_CHECK(index.value("format", "") == kFormat, IoError, "checkpoint '", dir,
+               "': index.json is not ", kFormat);
+      for (auto it = index.at("tensors").begin(); it != index.at("tensors").end(); ++it)
+        for (const auto& p : it.value().at("pieces"))
+          pieces_[it.key()].push_back({p.at("file").get<std::string>(),
+                                       p.at("key").get<std::string>(), p.at("begin").get<int64_t>(),
+                                       p.at("end").get<int64_t>()});
+    } else {
+      // A one-process checkpoint: every tensor is one piece.
+      for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
+        if (!fs::is_regular_file(d / f)) continue;
+        for (const SafetensorsEntry& e : read_safetensors_header((d / f).string())) {
+          int64_t n = 1;
+          for (int64_t x : e.shape) n *= x;
+          pieces_[e.name].push_back({f, e.name, 0, n});
+        }
+      }
+    }
+  }
+
+  void read(const std::string& name, int64_t begin, int64_t end, float* out) {
+    auto it = pieces_.find(name);
+    MT_CHECK(it != pieces_.end(), ConfigError, "checkpoint '", dir_, "' has no tensor '", name, "'",
+             name.rfind("m.", 0) == 0 || name.rfind("v.", 0) == 0
+                 ? " (optimizer state: trained with other LoRA targets?)"
+                 : "");
+    int64_t covered = 0;
+    for (const Piece& p : it->second) {
+      const int64_t lo = std::max(begin, p.begin), hi = std::min(end, p.end);
+      if (lo >= hi) continue;
+      const Tensor& t = tensor(p);
+      MT_CHECK(t.numel() == p.end - p.begin, IoError, "checkpoint '", dir_, "': piece ", p.key,
+               " of ", p.file, " holds ", t.numel(), " elements, the index says ", p.end - p.begin);
+      std::memcpy(out + (lo - begin), t.f32() + (lo - p.begin),
+                  static_cast<size_t>(hi - lo) * sizeof(float));
+      covered += hi - lo;
+    }
+    MT_CHECK(covered == end - begin, ConfigError, "checkpoint '", dir_, "': tensor '", name,
+             "' covers ", covered, " of elements [", begin, ", ", end,
+             ") (a checkpoint of another model size?)");
+  }
+
+  const nlohmann::json& state() const { return state_; }
+  TrainState train_state() const {
+    return {.step = state_.at("step").get<int64_t>(),
+            .data_cursor = state_.at("data_cursor").get<int64_t>(),
+            .rng_seed = state_.at("rng_seed").get<uint64_t>(),
+            .rng_counter = state_.at("rng_counter").get<uint64_t>()};
+  }
+
+ private:
+  struct Piece {
+    std::string file, key;
+    int64_t begin, end;
+  };
+  const Tensor& tensor(const Piece& p) {
+    auto f = files_.find(p.file);
+    if (f == files_.end())
+      f = files_.emplace(p.file, read_safetensors((fs::path(dir_) / p.file).string())).first;
+    auto t = f->second.tensors.find(p.key);
+    MT_CHECK(t != f->second.tensors.end(), IoError, "checkpoint '", dir_, "': ", p.file, " lacks ",
+             p.key);
+    return t->second;
+  }
+
+  std::string dir_;
+  nlohmann::json state_;
+  std::map<std::string, std::vector<Piece>> pieces_;
+  std::map<std::string, SafetensorsData> files_;
+};
+
+std::string save_sharded(const std::string& root, par::Comm& world,
+                         const std::vector<par::ShardPiece>& pieces, const TrainState& st,
+                         int64_t optimizer_steps, const ModelConfig& cfg, const par::Mesh& mesh,
+                         const std::string& job_toml) {
+  const std::string name = step_name(st.step);
+  const fs::path final_dir = fs::path(root) / name;
+  const fs::path tmp = fs::path(root) / (name + ".tmp");
+  // A shared file system is assumed: rank 0 prepares the directory every rank writes into.
+  if (world.rank() == 0) {
+    fs::remove_all(tmp);
+    fs::create_directories(tmp);
+  }
+  world.barrier();
+  char file[64];
+  std::snprintf(file, sizeof file, "shard-%05d-of-%05d.safetensors", world.rank(), world.size());
+  TensorMap tensors;
+  MetadataMap meta;
+  for (const par::ShardPiece& p : pieces) {
+    tensors[cat(p.name, "@", p.begin)] = p.data;
+    meta[p.name] = nlohmann::json(p.full_shape.dims()).dump();
+  }
+  write_safetensors((tmp / file).string(), tensors, meta);
+  world.barrier();
+  if (world.rank() == 0) {
+    nlohmann::json index = {
+        {"format", kFormat}, {"world", mesh.world}, {"ep", mesh.ep}, {"tensors", {}}};
+    for (int r = 0; r < world.size(); ++r) {
+      std::snprintf(file, sizeof file, "shard-%05d-of-%05d.safetensors", r, world.size());
+      MetadataMap m;
+      for (const SafetensorsEntry& e : read_safetensors_header((tmp / file).string(), &m)) {
+        const size_t at = e.name.rfind('@');
+        const std::string t = e.name.substr(0, at);
+        const int64_t begin = std::stoll(e.name.substr(at + 1));
+        nlohmann::json& entry = index["tensors"][t];
+        entry["shape"] = nlohmann::json::parse(m.at(t));
+        entry["pieces"].push_back(
+            {{"file", file}, {"key", e.name}, {"begin", begin}, {"end", begin + e.shape.at(0)}});
+      }
+    }
+    write_text(tmp / "index.json", index.dump(1));
+    const nlohmann::json state = {{"step", st.step},
+                                  {"data_cursor", st.data_cursor},
+                                  {"rng_seed", st.rng_seed},
+                                  {"rng_counter", st.rng_counter},
+                                  {"optimizer_steps", optimizer_steps},
+                                  {"model_config", cfg.to_json()}};
+    write_text(tmp / "state.json", state.dump(2));
+    write_text(tmp / "job.toml", job_toml);
+    nlohmann::json files = nlohmann::json::object();
+    for (const auto& e : fs::directory_iterator(tmp))
+      files[e.path().filename().string()] = {{"bytes", fs::file_size(e.path())},
+                                             {"fnv1a64", checksum(e.path())}};
+    write_text(tmp / "manifest.json", nlohmann::json{{"files", files}}.dump(2));
+    fs::remove_all(final_dir);
+    fs::rename(tmp, final_dir);
+    write_text(fs::path(root) / "latest", name + "\n");
+  }
+  // Nobody moves on (or prunes) before the checkpoint is complete.
+  world.barrier();
+  return final_dir.string();
+}
+
+class DistExecutor : public StepExecutor {
+ public:
+  DistExecutor(Context& ctx, Model& model, DistSetup& s, const AdamWOptions& adam)
+      : ctx_(ctx),
+        model_(model),
+        setup_(s),
+        trainer_(model, s.mesh, s.groups, {.a2a_chunks = s.a2a_chunks, .adam = adam}) {}
+
+  void zero_grad() override { trainer_.zero_grad(); }
+  double forward_backward(const Batch& b) override {
+    return trainer_.forward_backward(ctx_, b.seq, b.ids, b.targets);
+  }
+  // Every rank evaluates the same batch (the experts need every rank in the exchange), so the
+  // loss is already global.
+  double forward_loss(const Batch& b) override {
+    const double loss = model_.forward(ctx_, b.seq, b.ids, b.targets);
+    for (MoeLayer* m : model_.moe_layers())
+      if (m) m->reset_expert_load();
+    return loss;
+  }
+  double optimizer_step(float lr, double grad_scale) override {
+    const double norm = trainer_.optimizer_step(ctx_, lr, grad_scale);
+    load_.clear();
+    const auto& loads = trainer_.global_loads();
+    for (size_t i = 0; i < loads.size(); ++i)
+      if (!loads[i].empty()) load_.push_back(layer_load(static_cast<int>(i), loads[i]));
+    return norm;
+  }
+  std::vector<LayerLoad> expert_load() override { return load_; }
+  std::vector<AuxLoss> aux_losses() override {
+    std::vector<AuxLoss> a = model_.aux_losses();
+    for (AuxLoss& x : a) x.value = world().all_reduce_sum(x.value) / world().size();
+    return a;
+  }
+  std::string save(const std::string& root, const TrainState& st,
+                   const std::string& job_toml) override {
+    return save_sharded(root, world(), trainer_.checkpoint_pieces(), st, trainer_.optimizer_steps(),
+                        model_.config(), setup_.mesh, job_toml);
+  }
+  TrainState load(const std::string& dir) override {
+    MT_CHECK(fs::is_directory(dir), IoError, "checkpoint '", dir, "' does not exist");
+    PieceSource src(dir, model_.config());
+    trainer_.load_pieces(
+        [&](const std::string& n, int64_t b, int64_t e, float* out) { src.read(n, b, e, out); },
+        src.state().at("optimizer_steps").get<int64_t>());
+    return src.train_state();
+  }
+  bool is_root() const override { return setup_.mesh.rank == 0; }
+  // Totals over ranks of the step's communication, the slowest rank's times, and the rows each
+  // rank's experts computed.
+  void add_metrics(nlohmann::json& line) override {
+    const par::StepMetrics& m = trainer_.metrics();
+    par::CommStats all;
+    for (const par::CommStats* c : {&m.world, &m.ep, &m.edp})
+      for (int k = 0; k < par::kNumCollectives; ++k) {
+        all.per[k].calls += c->per[k].calls;
+        all.per[k].bytes_sent += c->per[k].bytes_sent;
+        all.per[k].bytes_recv += c->per[k].bytes_recv;
+        all.per[k].seconds += c->per[k].seconds;
+      }
+    const int W = world().size();
+    std::vector<double> mine = {m.comm_seconds(), m.idle_seconds(),
+                                static_cast<double>(m.rows_received)};
+    for (int k = 0; k < par::kNumCollectives; ++k) {
+      mine.push_back(static_cast<double>(all.per[k].bytes_sent));
+      mine.push_back(static_cast<double>(all.per[k].bytes_recv));
+    }
+    const auto n = static_cast<int64_t>(mine.size());
+    std::vector<double> every(mine.size() * static_cast<size_t>(W));
+    world().all_gather(mine.data(), n, every.data(), par::Elem::F64);
+    nlohmann::json comm = nlohmann::json::object();
+    double comm_max = 0, idle_max = 0;
+    nlohmann::json rows = nlohmann::json::array();
+    for (int r = 0; r < W; ++r) {
+      const double* v = every.data() + static_cast<size_t>(r) * mine.size();
+      comm_max = std::max(comm_max, v[0]);
+      idle_max = std::max(idle_max, v[1]);
+      rows.push_back(static_cast<int64_t>(v[2]));
+    }
+    for (int k = 0; k < par::kNumCollectives; ++k) {
+      double sent = 0, recv = 0;
+      for (int r = 0; r < W; ++r) {
+        sent += every[static_cast<size_t>(r) * mine.size() + 3 + 2 * static_cast<size_t>(k)];
+        recv += every[static_cast<size_t>(r) * mine.size() + 4 + 2 * static_cast<size_t>(k)];
+      }
+      if (sent == 0 && recv == 0) continue;
+      comm[par::collective_name(static_cast<par::Collective>(k))] = {
+          {"bytes_sent", static_cast<int64_t>(sent)}, {"bytes_recv", static_cast<int64_t>(recv)}};
+    }
+    line["comm"] = {{"world", W},
+                    {"seconds_max", comm_max},
+                    {"idle_seconds_max", idle_max},
+                    {"rows_received_per_rank", rows},
+                    {"bytes", comm}};
+  }
+
+ private:
+  par::Comm& world() { return *setup_.groups.world; }
+  Context& ctx_;
+  Model& model_;
+  DistSetup& setup_;
+  par::DistTrainer trainer_;
+  std::vector<LayerLoad> load_;
+};
+
+}  // namespace
+
+DistSetup::DistSetup(par::Comm& world, const ModelConfig& cfg, const Job& job)
+    : mesh(par::make_mesh(world.size(), world.rank(), cfg.moe.num_experts,
+                          {.ep = static_cast<int>(job.ep), .shard_experts = job.shard_experts})),
+      groups(par::make_groups(world, mesh)),
+      a2a_chunks(static_cast<int>(job.a2a_chunks)) {}
+
+std::unique_ptr<StepExecutor> make_dist_executor(Context& ctx, Model& model, DistSetup& setup,
+                                                 const AdamWOptions& adam) {
+  return std::make_unique<DistExecutor>(ctx, model, setup, adam);
+}
+
+bool is_sharded_checkpoint(const std::string& dir) {
+  return fs::is_regular_file(fs::path(dir) / "index.json");
+}
+
+TrainState load_sharded_checkpoint(const std::string& dir, Model& model, AdamW* opt) {
+  PieceSource src(dir, model.config());
+  size_t i = 0;
+  for (const auto& p : model.params().all()) {
+    src.read(p->name, 0, p->value.numel(), p->value.f32());
+    if (!opt || !p->trainable()) continue;
+    src.read("m." + p->name, 0, p->value.numel(), opt->first_moments().at(i).f32());
+    src.read("v." + p->name, 0, p->value.numel(), opt->second_moments().at(i).f32());
+    ++i;
+  }
+  if (opt) opt->set_steps(src.state().at("optimizer_steps").get<int64_t>());
+  return src.train_state();
+}
+
+}  // namespace mt

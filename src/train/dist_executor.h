@@ -1,0 +1,46 @@
+// Training on a mesh of processes (mpirun): the StepExecutor over par::DistTrainer, and sharded
+// checkpoints.
+//
+// Sharded checkpoint: a directory like checkpoint.h's, with model/optimizer.safetensors replaced by
+//   shard-RRRRR-of-WWWWW.safetensors  what rank R held: pieces "<name>@<begin>" of the flattened
+//                                     full-model tensors (weights, "m."/"v." moments), each
+//                                     element written by exactly one rank
+//   index.json                        {"format": "moetrain-sharded-1", "world", "ep",
+//                                      "tensors": {name: {"shape", "pieces": [{file, key, begin,
+//                                      end}]}}}
+// plus state.json, job.toml and manifest.json (written last by rank 0, then renamed into place).
+// Tensors are addressed in single-process coordinates (experts [num_experts, ...]), so loading
+// reshards to any world or EP size, and a one-process run reads it too.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "model/model.h"
+#include "parallel/comm.h"
+#include "parallel/mesh.h"
+#include "train/adamw.h"
+#include "train/checkpoint.h"
+#include "train/job.h"
+#include "train/trainer.h"
+
+namespace mt {
+
+// The mesh of a job's [parallel] keys and its process groups. Validated (ConfigError) before the
+// model is allocated. Collective over `world`.
+struct DistSetup {
+  DistSetup(par::Comm& world, const ModelConfig& cfg, const Job& job);
+  par::Mesh mesh;
+  par::ProcessGroups groups;
+  int a2a_chunks = 1;
+};
+
+// The executor of one rank; slices the model's experts to the rank's share.
+std::unique_ptr<StepExecutor> make_dist_executor(Context& ctx, Model& model, DistSetup& setup,
+                                                 const AdamWOptions& adam);
+
+bool is_sharded_checkpoint(const std::string& dir);
+// One process reading a sharded checkpoint: full tensors assembled from the pieces.
+TrainState load_sharded_checkpoint(const std::string& dir, Model& model, AdamW* opt);
+
+}  // namespace mt
