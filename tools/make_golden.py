@@ -96,6 +96,33 @@ def case_specs():
                       n_group=2, topk_group=1, routed_scaling_factor=1.5, norm_topk_prob=True,
                       first_k_dense_replace=1, index_n_heads=6, index_head_dim=8, index_topk=4,
                       rms_norm_eps=1e-6, tie_word_embeddings=True)),
+        # YaRN with the correction ramp inside the rotary dims (theta 100, 64-token original
+        # context), mscale != mscale_all_dim so the cos/sin magnitude and the softmax scale both
+        # differ from 1 and qk^-0.5.
+        dict(name="v32_yarn", B=1, T=13, seed=14,
+             cfg=dict(vocab_size=70, hidden_size=24, intermediate_size=32, moe_intermediate_size=8,
+                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                      q_lora_rank=12, kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=8,
+                      v_head_dim=4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                      n_group=1, topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=True,
+                      first_k_dense_replace=1, index_n_heads=2, index_head_dim=12, index_topk=5,
+                      rms_norm_eps=1e-6, max_position_embeddings=256,
+                      rope_parameters=dict(rope_type="yarn", rope_theta=100.0, factor=4.0,
+                                           original_max_position_embeddings=64, beta_fast=4,
+                                           beta_slow=1, mscale=0.8, mscale_all_dim=1.0))),
+        # Shaped like DeepSeek-V3.2-Exp's config: its rope_scaling verbatim (yarn, factor 40),
+        # q_lora, 16 experts in 4 groups with 2 groups kept, 4 experts per token, 1 shared.
+        dict(name="v32_real", B=1, T=19, seed=15,
+             cfg=dict(vocab_size=128, hidden_size=48, intermediate_size=64, moe_intermediate_size=8,
+                      num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+                      q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
+                      v_head_dim=8, n_routed_experts=16, num_experts_per_tok=4, n_shared_experts=1,
+                      n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True,
+                      first_k_dense_replace=1, index_n_heads=4, index_head_dim=16, index_topk=6,
+                      rms_norm_eps=1e-6, max_position_embeddings=163840,
+                      rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=40.0,
+                                           original_max_position_embeddings=4096, beta_fast=32,
+                                           beta_slow=1, mscale=1.0, mscale_all_dim=1.0))),
     ]
     return [("kimi_linear", c) for c in kimi] + [("deepseek_v32", c) for c in v32]
 

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "model/hf_adapter.h"
 #include "model/hf_forward.h"
 
 namespace mt::cli {
@@ -12,6 +13,10 @@ Command add_forward_command(CLI::App& app) {
     std::string model, tokens, out;
     bool grads = false;
     int threads = 0;
+    std::string lora_targets, save_adapter;
+    int64_t lora_rank = 4;
+    float lora_alpha = 8.f;
+    uint64_t lora_seed = 1;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* c = app.add_subcommand(
@@ -23,8 +28,31 @@ Command add_forward_command(CLI::App& app) {
       ->required();
   c->add_flag("--grads", o->grads, "also write every parameter's gradient under its HF name");
   c->add_option("--threads", o->threads, "CPU threads (0: all)");
+  // The PEFT conformance check: a random (non-trivial) adapter, the logits with it, and the
+  // adapter in PEFT layout so transformers + PEFT can reproduce the same logits.
+  c->add_option("--lora-targets", o->lora_targets,
+                "attach random LoRA adapters to: attention,kda,shared_experts,dense_ffn");
+  c->add_option("--lora-rank", o->lora_rank, "adapter rank (with --lora-targets)");
+  c->add_option("--lora-alpha", o->lora_alpha, "adapter alpha (with --lora-targets)");
+  c->add_option("--lora-seed", o->lora_seed, "seed of the random adapter weights");
+  c->add_option("--save-adapter", o->save_adapter,
+                "write the adapter as an HF PEFT directory (with --lora-targets)");
   return {c, [o] {
-            LoadedModel lm = load_hf_model(o->model);
+            MT_CHECK(o->save_adapter.empty() || !o->lora_targets.empty(), ValueError,
+                     "--save-adapter needs --lora-targets");
+            LoadedModel lm;
+            if (o->lora_targets.empty()) {
+              lm = load_hf_model(o->model);
+            } else {
+              lm = load_hf_model_with_lora(
+                  o->model, parse_lora_targets(o->lora_targets, o->lora_rank, o->lora_alpha));
+              randomize_lora(*lm.model, o->lora_seed);
+              if (!o->save_adapter.empty())
+                write_peft_adapter(
+                    *lm.model, lm.config.model_type,
+                    PeftInfo{.r = o->lora_rank, .alpha = o->lora_alpha, .base_model = o->model},
+                    o->save_adapter);
+            }
             SafetensorsData in = read_safetensors(o->tokens);
             auto it = in.tensors.find("input_ids");
             MT_CHECK(it != in.tensors.end(), IoError, o->tokens, ": no tensor 'input_ids'");

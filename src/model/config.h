@@ -34,9 +34,10 @@ struct MlaConfig {
   int64_t v_head_dim = 0;
   float rope_theta = 10000.f;
   ops::RopeStyle rope_style = ops::RopeStyle::Interleaved;
-  bool use_rope = true;      // kimi_linear: mla_use_nope = true -> no rope at all
-  float norm_eps = 1e-6f;    // q_a_layernorm, kv_a_layernorm
-  float softmax_scale = 0;   // 0: (qk_nope_dim + qk_rope_dim)^-0.5
+  ops::RopeScaling rope_scaling;  // YaRN; the DSA indexer shares it
+  bool use_rope = true;           // kimi_linear: mla_use_nope = true -> no rope at all
+  float norm_eps = 1e-6f;         // q_a_layernorm, kv_a_layernorm
+  float softmax_scale = 0;        // 0: (qk_nope_dim + qk_rope_dim)^-0.5
   bool output_gate = false;  // element-wise sigmoid gate per head (Gated Attention, G1 position)
   LoraSpec lora;
 };

@@ -94,7 +94,8 @@ void DsaLayer::select_keys(Context& ctx, const SeqInfo& seq, const Tensor& x, Ar
                        .rot_offset = 0,
                        .rot_dim = R,
                        .theta = cfg_.rope_theta,
-                       .style = ops::RopeStyle::HalfSplit};
+                       .style = ops::RopeStyle::HalfSplit,
+                       .scaling = cfg_.rope_scaling};
     Tensor q3 = qi_.view({T, HI, DI});
     ops::rope_forward(ctx, rp, seq.positions, q3, q3);
     rp.heads = 1;
@@ -164,7 +165,8 @@ void DsaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
                        .rot_offset = 0,
                        .rot_dim = R,
                        .theta = cfg_.rope_theta,
-                       .style = ops::RopeStyle::HalfSplit};
+                       .style = ops::RopeStyle::HalfSplit,
+                       .scaling = cfg_.rope_scaling};
     ops::rope_backward(ctx, rp, seq.positions, dqi, dqi);
     rp.heads = 1;
     Tensor k3 = dkn.view({T, 1, DI});

@@ -148,6 +148,9 @@ void deepseek_moe(Keys& k, ModelConfig& c) {
   c.moe.norm_topk_prob = k.get<bool>({"norm_topk_prob", "moe_renormalize"}, true);
   c.moe.routed_scaling = k.get<float>({"routed_scaling_factor"}, 1.0f);
   c.moe.selection_bias = true;
+  // DeepSeek's own training used a sequence-wise balance loss with this weight; transformers
+  // implements none, so matching it means accepting the keys without effect.
+  k.ignore({"aux_loss_alpha", "seq_aux"});
   // transformers trains with the plain LM loss: no auxiliary router losses, no bias updates.
   c.moe.bias_update_rate = 0.f;
   c.moe.seq_aux_coeff = 0.f;
@@ -193,21 +196,69 @@ void mla_common(Keys& k, ModelConfig& c) {
   MT_CHECK(c.mla.qk_rope_dim % 2 == 0, ConfigError, k.where(), ": qk_rope_head_dim must be even");
 }
 
-// rope_parameters (transformers v5) or rope_theta + rope_scaling (checkpoints). Only unscaled
-// RoPE is implemented: yarn changes both the frequencies and the cos/sin magnitude.
-float rope_theta(Keys& k) {
+// YaRN's magnitude correction 0.1 * m * ln(s) + 1 (1 when not extending).
+double yarn_mscale(double scale, double m) {
+  return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1;
+}
+
+// rope_scaling (checkpoints; wins, as in transformers) or rope_parameters (transformers v5), with
+// a top-level rope_theta as the fallback base. "yarn" sets the frequency correction, the cos/sin
+// magnitude (attention_factor) and, through mscale_all_dim, the attention softmax scale, exactly
+// as transformers' DeepSeek attention does; other rope types are refused by name.
+void rope_settings(Keys& k, MlaConfig& m, int64_t default_max_positions) {
   float theta = k.get<float>({"rope_theta"}, 10000.f);
-  for (const char* key : {"rope_parameters", "rope_scaling"}) {
-    const json* p = k.raw(key);
-    if (!p) continue;
-    Keys r(*p, k.where() + "." + key);
-    theta = r.get<float>({"rope_theta"}, theta);
-    std::string type = r.get<std::string>({"rope_type", "type"}, "default");
-    MT_CHECK(type == "default", ConfigError, r.where(), ": rope_type '", type,
-             "' is not supported (only default RoPE; yarn scaling is not implemented)");
+  const json* rs = k.raw("rope_scaling");
+  const json* rp = k.raw("rope_parameters");
+  const char* key = rs ? "rope_scaling" : "rope_parameters";
+  const json* p = rs ? rs : rp;
+  m.rope_theta = theta;
+  m.rope_scaling = {};
+  m.softmax_scale = 0;
+  if (!p || (p->is_object() && p->empty())) return;
+  Keys r(*p, k.where() + "." + key);
+  m.rope_theta = r.get<float>({"rope_theta"}, theta);
+  const std::string type = r.get<std::string>({"rope_type", "type"}, "default");
+  if (type == "default") {
     r.reject_unknown();
+    return;
   }
-  return theta;
+  MT_CHECK(type == "yarn", ConfigError, r.where(), ": rope_type '", type,
+           "' is not supported (default and yarn are)");
+  ops::RopeScaling& y = m.rope_scaling;
+  const int64_t max_pos = k.get<int64_t>({"max_position_embeddings"}, default_max_positions);
+  y.original_max_positions = r.get<int64_t>({"original_max_position_embeddings"}, max_pos);
+  positive(y.original_max_positions, r.where(), "original_max_position_embeddings");
+  // transformers derives a missing factor from the two context lengths.
+  const double factor = r.get<double>(
+      {"factor"}, static_cast<double>(max_pos) / static_cast<double>(y.original_max_positions));
+  MT_CHECK(factor >= 1.0, ConfigError, r.where(), ": 'factor' must be >= 1, got ", factor);
+  y.factor = static_cast<float>(factor);
+  // transformers treats 0 like absent for these ("or" defaults).
+  const double beta_fast = r.get<double>({"beta_fast"}, 0.0),
+               beta_slow = r.get<double>({"beta_slow"}, 0.0);
+  y.beta_fast = static_cast<float>(beta_fast != 0 ? beta_fast : 32.0);
+  y.beta_slow = static_cast<float>(beta_slow != 0 ? beta_slow : 1.0);
+  MT_CHECK(y.beta_fast > 0 && y.beta_slow > 0, ConfigError, r.where(),
+           ": beta_fast and beta_slow must be positive");
+  y.truncate = r.get<bool>({"truncate"}, true);
+  const double mscale = r.get<double>({"mscale"}, 0.0);
+  const double mscale_all = r.get<double>({"mscale_all_dim"}, 0.0);
+  double attn_factor;
+  if (r.has({"attention_factor"})) {
+    attn_factor = r.get<double>({"attention_factor"}, 1.0);
+    MT_CHECK(attn_factor > 0, ConfigError, r.where(), ": 'attention_factor' must be positive");
+  } else if (mscale != 0 && mscale_all != 0) {
+    attn_factor = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all);
+  } else {
+    attn_factor = yarn_mscale(factor, 1.0);
+  }
+  y.magnitude = static_cast<float>(attn_factor);
+  if (mscale_all != 0) {
+    const double ms = yarn_mscale(factor, mscale_all);
+    const double qk = static_cast<double>(m.qk_nope_dim + m.qk_rope_dim);
+    m.softmax_scale = static_cast<float>(ms * ms / std::sqrt(qk));
+  }
+  r.reject_unknown();
 }
 
 HfConfig kimi_linear(const json& j, const std::string& source) {
@@ -304,8 +355,6 @@ HfConfig deepseek_v32(const json& j, const std::string& source) {
   c.model_type = "deepseek_v32";
   ignore_generic(k);
   k.ignore({"model_type"});
-  MT_CHECK(!j.contains("quantization_config"), ConfigError, source,
-           ": 'quantization_config' is not supported (dequantize the checkpoint to bf16 first)");
   c.vocab = k.need<int64_t>({"vocab_size"});
   c.hidden = k.need<int64_t>({"hidden_size"});
   int64_t n = k.need<int64_t>({"num_hidden_layers"});
@@ -328,7 +377,7 @@ HfConfig deepseek_v32(const json& j, const std::string& source) {
   positive(c.mla.q_lora_rank, source, "q_lora_rank (the indexer reads the query latent)");
   c.mla.use_rope = true;
   c.mla.rope_style = ops::RopeStyle::Interleaved;
-  c.mla.rope_theta = rope_theta(k);
+  rope_settings(k, c.mla, 163840);
   c.dsa.mla = c.mla;
   c.dsa.index_heads = k.get<int64_t>({"index_n_heads"}, 64);
   c.dsa.index_head_dim = k.get<int64_t>({"index_head_dim"}, 128);
@@ -359,6 +408,16 @@ HfConfig deepseek_v32(const json& j, const std::string& source) {
 
 HfConfig hf_config_from_json(const json& j, const std::string& source) {
   MT_CHECK(j.is_object(), ConfigError, source, ": expected a JSON object");
+  // Checked before anything else so that a quantized checkpoint gets this message, not one
+  // about a tensor dtype or a scale tensor.
+  if (j.contains("quantization_config") && !j["quantization_config"].is_null()) {
+    const json& q = j["quantization_config"];
+    const std::string method = q.is_object() && q.contains("quant_method")
+                                   ? q["quant_method"].dump()
+                                   : std::string("unspecified");
+    MT_THROW(ConfigError, source, ": 'quantization_config' (quant_method ", method,
+             ") is not supported: dequantize the checkpoint to bf16 first");
+  }
   MT_CHECK(j.contains("model_type") && j["model_type"].is_string(), ConfigError, source,
            ": missing key 'model_type'");
   std::string type = j["model_type"].get<std::string>();

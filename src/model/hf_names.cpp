@@ -325,6 +325,10 @@ LoadedModel load_hf_model(const std::string& dir, const ModelOptions& opt) {
   return lm;
 }
 
+std::string hf_runtime_name(const std::string& model_type, const std::string& engine_name) {
+  return model_type == "kimi_linear" ? forget_gate_name(engine_name) : engine_name;
+}
+
 HfConfig hybrid_hf_config(const ModelConfig& cfg) {
   HfConfig h;
   h.model = cfg;

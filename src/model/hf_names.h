@@ -43,6 +43,10 @@ LoadedModel load_hf_model(const std::string& dir, const ModelOptions& opt = {});
 void save_hf_model(const Model& m, const HfConfig& cfg, const std::string& dir,
                    uint64_t max_shard_bytes = uint64_t{5} << 30);
 
+// transformers' runtime name of an engine parameter or module that maps one-to-one (no
+// conv1d fusion or reshape): kimi_linear's forget-gate projections move under forget_gate.
+std::string hf_runtime_name(const std::string& model_type, const std::string& engine_name);
+
 // An HfConfig for a model built from a ModelConfig (model_type "moetrain_hybrid").
 HfConfig hybrid_hf_config(const ModelConfig& cfg);
 

@@ -110,7 +110,8 @@ void MlaLayer::decode_step(Context& ctx, AttnDecodeState& st, const Tensor& x, T
                        .rot_offset = nope,
                        .rot_dim = rope,
                        .theta = cfg_.rope_theta,
-                       .style = cfg_.rope_style},
+                       .style = cfg_.rope_style,
+                       .scaling = cfg_.rope_scaling},
                       positions, q, q);
 
   // New keys and values, appended to the cache.
@@ -134,7 +135,8 @@ void MlaLayer::decode_step(Context& ctx, AttnDecodeState& st, const Tensor& x, T
                        .rot_offset = 0,
                        .rot_dim = rope,
                        .theta = cfg_.rope_theta,
-                       .style = cfg_.rope_style},
+                       .style = cfg_.rope_style,
+                       .scaling = cfg_.rope_scaling},
                       positions, kpe, kpe);
   for (int64_t t = 0; t < n; ++t)
     for (int64_t h = 0; h < H; ++h) {
@@ -186,7 +188,8 @@ Tensor DsaLayer::decode_select(Context& ctx, AttnDecodeState& st, const Tensor& 
                        .rot_offset = 0,
                        .rot_dim = R,
                        .theta = cfg_.rope_theta,
-                       .style = ops::RopeStyle::HalfSplit};
+                       .style = ops::RopeStyle::HalfSplit,
+                       .scaling = cfg_.rope_scaling};
     ops::rope_forward(ctx, rp, positions, qi, qi);
     rp.heads = 1;
     Tensor k3 = kn_new.view({n, 1, DI});

@@ -160,7 +160,8 @@ void MlaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
                               .rot_offset = nope,
                               .rot_dim = rope,
                               .theta = cfg_.rope_theta,
-                              .style = cfg_.rope_style};
+                              .style = cfg_.rope_style,
+                              .scaling = cfg_.rope_scaling};
   if (rotate) ops::rope_forward(ctx, qrope, seq.positions, q_, q_);
 
   // Keys and values from the compressed latent.
@@ -190,7 +191,8 @@ void MlaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
                                 .rot_offset = 0,
                                 .rot_dim = rope,
                                 .theta = cfg_.rope_theta,
-                                .style = cfg_.rope_style};
+                                .style = cfg_.rope_style,
+                                .scaling = cfg_.rope_scaling};
     ops::rope_forward(ctx, krope, seq.positions, kpe, kpe);
   }
   k_ = acts.alloc({T, H, Dqk});
@@ -298,7 +300,8 @@ void MlaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
                                 .rot_offset = 0,
                                 .rot_dim = rope,
                                 .theta = cfg_.rope_theta,
-                                .style = cfg_.rope_style};
+                                .style = cfg_.rope_style,
+                                .scaling = cfg_.rope_scaling};
     ops::rope_backward(ctx, krope, seq.positions, dkpe, dkpe);
     for (int64_t t = 0; t < T; ++t)
       for (int64_t i = 0; i < rope; ++i) pck[t * (kvr + rope) + kvr + i] = p[t * rope + i];
@@ -325,7 +328,8 @@ void MlaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
                                 .rot_offset = nope,
                                 .rot_dim = rope,
                                 .theta = cfg_.rope_theta,
-                                .style = cfg_.rope_style};
+                                .style = cfg_.rope_style,
+                                .scaling = cfg_.rope_scaling};
     ops::rope_backward(ctx, qrope, seq.positions, dq, dq);
   }
   Tensor dq2 = dq.view({T, H * Dqk});

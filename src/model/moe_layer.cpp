@@ -47,6 +47,18 @@ void MoeLayer::set_local_experts(int64_t first, int64_t count, ExpertCompute* co
   remote_ = compute;
 }
 
+void MoeLayer::set_overflow_policy(const ops::OverflowParams& p, std::vector<int32_t> expert_rank) {
+  MT_CHECK(p.extra >= 0 && cfg_.top_k + p.extra <= cfg_.num_experts, ConfigError,
+           "moe overflow policy: top_k ", cfg_.top_k, " + ", p.extra, " extra candidates of ",
+           cfg_.num_experts, " experts");
+  MT_CHECK(static_cast<int64_t>(expert_rank.size()) == cfg_.num_experts, ConfigError,
+           "moe overflow policy: expert_rank has ", expert_rank.size(), " entries for ",
+           cfg_.num_experts, " experts");
+  overflow_ = p;
+  overflow_rank_ = std::move(expert_rank);
+  overflow_on_ = true;
+}
+
 ops::RouterParams MoeLayer::router_params(int64_t tokens) const {
   return {.tokens = tokens,
           .experts = cfg_.num_experts,
@@ -197,7 +209,22 @@ void MoeLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
   scores_ = acts.alloc({T, E});
   ids_ = acts.alloc({T, K}, DType::I32);
   weights_ = acts.alloc({T, K});
-  ops::router_forward(ctx, rp, logits_, bias_.value, scores_, ids_, weights_);
+  if (overflow_on_) {
+    ArenaScope scope(ctx.workspace());
+    ops::RouterParams wide = rp;
+    wide.top_k = K + overflow_.extra;
+    Tensor cand = ctx.workspace().alloc({T, wide.top_k}, DType::I32);
+    Tensor cand_w = ctx.workspace().alloc({T, wide.top_k});
+    ops::router_forward(ctx, wide, logits_, bias_.value, scores_, cand, cand_w);
+    ops::OverflowParams op = overflow_;
+    op.tokens = T;
+    op.experts = E;
+    op.top_k = K;
+    overflow_stats_ = ops::overflow_route_forward(ctx, op, rp, overflow_rank_, scores_, bias_.value,
+                                                  cand, ids_, weights_);
+  } else {
+    ops::router_forward(ctx, rp, logits_, bias_.value, scores_, ids_, weights_);
+  }
   seq_aux_ = ops::router_seq_aux_loss(ctx, rp, seq, scores_, ids_);
   z_ = ops::router_z_loss(ctx, rp, logits_);
 
@@ -294,7 +321,10 @@ void MoeLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
   // Router: gate weights, then the balance losses with their coefficients.
   const ops::RouterParams rp = router_params(T);
   Tensor dlogits = ws.alloc({T, E});
-  ops::router_backward(ctx, rp, scores_, ids_, dweights, dlogits);
+  if (overflow_on_)
+    ops::overflow_route_backward(ctx, rp, scores_, ids_, dweights, dlogits);
+  else
+    ops::router_backward(ctx, rp, scores_, ids_, dweights, dlogits);
   if (cfg_.seq_aux_coeff != 0.f)
     ops::router_seq_aux_backward(ctx, rp, seq, scores_, ids_, cfg_.seq_aux_coeff * seq_aux_weight_,
                                  dlogits);

@@ -20,6 +20,7 @@
 #include "model/layer.h"
 #include "model/linear_module.h"
 #include "ops/grouped_ffn.h"
+#include "ops/overflow_route.h"
 #include "ops/router.h"
 
 namespace mt {
@@ -76,6 +77,14 @@ class MoeLayer : public Layer {
   void set_local_experts(int64_t first, int64_t count, ExpertCompute* compute);
   int64_t local_expert_first() const { return expert_first_; }
   int64_t local_expert_count() const { return expert_count_; }
+  // Load balancing (ops/overflow_route.h, docs/load-balancing.md): the router proposes
+  // top_k + p.extra candidates and the bounded overflow policy picks each token's experts, with
+  // expert_rank[e] the EP rank holding expert e. p.tokens / experts / top_k are filled per forward.
+  // Backward flows through the final experts' gate weights. Not used by decode_step.
+  void set_overflow_policy(const ops::OverflowParams& p, std::vector<int32_t> expert_rank);
+  void clear_overflow_policy() { overflow_on_ = false; }
+  // Statistics of the last forward's rerouting (zeros without a policy).
+  const ops::OverflowStats& last_overflow() const { return overflow_stats_; }
   // Inference only (model/decode.h): forward on x [n, hidden] without counting expert load.
   void decode_step(Context& ctx, const Tensor& x, Tensor& y);
 
@@ -99,6 +108,10 @@ class MoeLayer : public Layer {
   std::vector<int64_t> load_;
   int64_t expert_first_ = 0, expert_count_ = 0;
   ExpertCompute* remote_ = nullptr;
+  bool overflow_on_ = false;
+  ops::OverflowParams overflow_;
+  std::vector<int32_t> overflow_rank_;
+  ops::OverflowStats overflow_stats_;
 };
 
 }  // namespace mt

@@ -11,13 +11,8 @@ namespace {
 
 // Pair a is shed (and served) before pair b: lower priority first, then the later flat slot.
 struct ShedOrder {
-  const float* prio;  // indexed by flat candidate position t*(k+m)+j
-  int64_t width, k;
-  float key(int64_t pair) const { return prio[(pair / k) * width + pair % k]; }
-  bool operator()(int64_t a, int64_t b) const {
-    const float ka = key(a), kb = key(b);
-    return ka != kb ? ka < kb : a > b;
-  }
+  const float* key;  // priority of each (token, slot) pair, flat
+  bool operator()(int64_t a, int64_t b) const { return key[a] != key[b] ? key[a] < key[b] : a > b; }
 };
 
 int64_t cap_of(float factor, int64_t pairs, int64_t bins) {
@@ -58,11 +53,12 @@ OverflowStats overflow_assign(const OverflowParams& p, const int32_t* cand, cons
   st.rank_cap = cap_of(p.rank_capacity, st.pairs, P);
 
   std::vector<int64_t> load(static_cast<size_t>(E), 0), rload(static_cast<size_t>(P), 0);
+  for (int64_t i = 0; i < T * W; ++i)
+    MT_CHECK(cand[i] >= 0 && cand[i] < E, ValueError, "candidate expert ", cand[i], " of token ",
+             i / W, " outside [0, ", E, ")");
   for (int64_t t = 0; t < T; ++t)
     for (int64_t j = 0; j < K; ++j) {
       const int32_t e = cand[t * W + j];
-      MT_CHECK(e >= 0 && e < E, ValueError, "candidate expert ", e, " of token ", t,
-               " outside [0, ", E, ")");
       out_ids[t * K + j] = e;
       if (out_from) out_from[t * K + j] = static_cast<int32_t>(j);
       ++load[e];
@@ -78,7 +74,10 @@ OverflowStats overflow_assign(const OverflowParams& p, const int32_t* cand, cons
     std::vector<int64_t> fill(off.begin(), off.end() - 1);
     for (int64_t i = 0; i < T * K; ++i) pairs[fill[out_ids[i]]++] = i;
   }
-  const ShedOrder order{prio, W, K};
+  std::vector<float> key(static_cast<size_t>(T * K));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < K; ++j) key[t * K + j] = prio[t * W + j];
+  const ShedOrder order{key.data()};
   std::vector<char> is_shed(static_cast<size_t>(T * K), 0);
   std::vector<int64_t> shed;
   std::vector<int64_t> after(load), rafter(rload);  // loads once the shed pairs are gone
@@ -116,18 +115,15 @@ OverflowStats overflow_assign(const OverflowParams& p, const int32_t* cand, cons
     }
   }
   st.shed = static_cast<int64_t>(shed.size());
-  std::sort(shed.begin(), shed.end(), order);
-
   const int64_t budget = static_cast<int64_t>(
       std::floor(static_cast<double>(p.max_reroute_share) * static_cast<double>(st.pairs)));
+  std::sort(shed.begin(), shed.end(), order);
   for (int64_t i : shed) {
     if (st.rerouted >= budget) break;
     const int64_t t = i / K;
     const int32_t src = out_ids[i];
     for (int64_t c = K; c < W; ++c) {
       const int32_t e = cand[t * W + c];
-      MT_CHECK(e >= 0 && e < E, ValueError, "candidate expert ", e, " of token ", t,
-               " outside [0, ", E, ")");
       if (load[e] >= st.expert_cap || rload[expert_rank[e]] >= st.rank_cap) continue;
       bool used = false;
       for (int64_t j = 0; j < K; ++j) used = used || out_ids[t * K + j] == e;

@@ -66,8 +66,10 @@ class MpiRequest : public Request::Impl {
   MpiRequest(MpiComm& comm, Collective c, int64_t sent, int64_t recv)
       : comm_(comm), coll_(c), sent_(sent), recv_(recv) {}
   ~MpiRequest() override {
-    // An abandoned request must not leave MPI writing into freed buffers.
-    if (req_ != MPI_REQUEST_NULL) MPI_Wait(&req_, MPI_STATUS_IGNORE);
+    // An abandoned request must not leave MPI writing into freed buffers. One that timed out is
+    // left pending instead: waiting for it is the hang the timeout exists to prevent, and the
+    // rank is about to abort the job (Comm::abort) anyway.
+    if (req_ != MPI_REQUEST_NULL && !timed_out_) MPI_Wait(&req_, MPI_STATUS_IGNORE);
   }
   void wait() override;
   bool done() override {
@@ -77,6 +79,7 @@ class MpiRequest : public Request::Impl {
   }
 
   MPI_Request req_ = MPI_REQUEST_NULL;
+  bool timed_out_ = false;
   std::vector<int> counts_;  // all-to-all-v counts/displacements must outlive the request
 
  private:
@@ -209,6 +212,7 @@ void MpiRequest::wait() {
   // the peers when ranks outnumber cores (oversubscribed test runs).
   for (int spins = 0; !flag; ++spins) {
     if (Clock::now() - t0 > comm_.options().timeout) {
+      timed_out_ = true;
       const auto ms = comm_.options().timeout.count();
       throw CommError(
           __FILE__, __LINE__,

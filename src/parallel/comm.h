@@ -51,6 +51,8 @@ struct CommOptions {
 
 // A pending collective. wait() completes it (or throws CommError after the timeout); a Request
 // destroyed unwaited waits in its destructor, swallowing errors, so buffers are never left in use.
+// A timed-out collective is abandoned, not waited for (that would be the hang): a late peer could
+// still write its buffers, so after a CommError the rank must end the job (Comm::abort).
 class Request {
  public:
   class Impl {

@@ -5,6 +5,9 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "train/checkpoint.h"
+#include "train/generate.h"
+#include "train/report.h"
 #include "train/trainer.h"
 
 namespace mt {
@@ -47,12 +50,42 @@ std::vector<std::string> code_files(const std::string& dir) {
   return out;
 }
 
+// "[m:ss] " since the start: the demo has a wall-time budget, so every stage line says where
+// it stands.
+std::string stamp(std::chrono::steady_clock::time_point t0) {
+  const auto s = static_cast<long long>(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  char b[32];
+  std::snprintf(b, sizeof b, "[%lld:%02lld] ", s / 60, s % 60);
+  return b;
+}
+
+// A sample from the last checkpoint of a stage, decoded through the demo's tokenizer.
+std::string sample(const std::string& checkpoint, const Tokenizer& tok, const std::string& prompt,
+                   int threads, uint64_t seed) {
+  const Job job = Job::load(checkpoint + "/job.toml");
+  Model model(job_model_config(job), job.seed, job_model_options(job));
+  load_checkpoint(checkpoint, model, nullptr);
+  Context ctx(ContextOptions{.threads = threads, .seed = seed});
+  Generator gen(model);
+  const std::vector<int32_t> ids = tok.encode(prompt);
+  const std::vector<int32_t> out = gen.generate(
+      ctx, ids,
+      {.max_new = 60, .temperature = 0.7f, .top_p = 0.9f, .seed = seed, .eos = tok.eos()});
+  return prompt + tok.decode(out);
+}
+
 }  // namespace
 
 DemoResult run_demo(const DemoOptions& o, std::ostream& log) {
   const auto t0 = std::chrono::steady_clock::now();
+  // Progress must reach a pipe or a log file as it happens, not when a buffer fills.
+  log.setf(std::ios::unitbuf);
   const ModelConfig cfg = ModelConfig::load(o.model);
   const fs::path work = o.work_dir;
+  // A rerun starts its stages afresh: the trainer appends to metrics.jsonl, and stale lines
+  // would mix two runs in the plots.
+  for (const char* run : {"pretrain", "lora"}) fs::remove_all(work / run);
   fs::create_directories(work);
 
   // 1. Corpora, split by document.
@@ -63,11 +96,12 @@ DemoResult run_demo(const DemoOptions& o, std::ostream& log) {
   std::vector<Document> code_tr, code_ho, prose_tr, prose_ho;
   split_corpus(code, 0.1, code_tr, code_ho);
   split_corpus(prose, 0.1, prose_tr, prose_ho);
-  log << "corpora: code " << code_tr.size() << " train / " << code_ho.size()
+  log << stamp(t0) << "corpora: code " << code_tr.size() << " train / " << code_ho.size()
       << " held-out files from " << o.code_dir << "; prose " << prose_tr.size() << " / "
       << prose_ho.size() << " fortunes from " << o.prose_dir << "\n";
 
   // 2. Tokenizer on both training splits, vocabulary = the model's.
+  log << stamp(t0) << "training the BPE tokenizer (" << cfg.vocab << " pieces)\n" << std::flush;
   std::vector<std::string> texts;
   for (const auto* set : {&code_tr, &prose_tr})
     for (const Document& d : *set) texts.push_back(d.text);
@@ -80,10 +114,27 @@ DemoResult run_demo(const DemoOptions& o, std::ostream& log) {
   };
   const PackedData ctr = pack(code_tr, "code_train"), cho = pack(code_ho, "code_heldout"),
                    ptr = pack(prose_tr, "prose_train"), pho = pack(prose_ho, "prose_heldout");
+  // The LoRA stage's training set: prose plus a replay share of code training documents, spread
+  // evenly over the code split. Without it the adapters, shared by both domains, trade code for
+  // prose (measured: +21% held-out code loss after 200 prose-only steps).
+  std::vector<Document> lora_tr = prose_tr;
+  int64_t prose_bytes = 0, code_bytes = 0, replay_bytes = 0;
+  for (const Document& d : prose_tr) prose_bytes += static_cast<int64_t>(d.text.size());
+  for (const Document& d : code_tr) code_bytes += static_cast<int64_t>(d.text.size());
+  if (o.replay > 0 && code_bytes > 0) {
+    const double want = o.replay / (1 - o.replay) * static_cast<double>(prose_bytes);
+    const double stride = std::max(1.0, static_cast<double>(code_bytes) / want);
+    for (double x = 0; x < static_cast<double>(code_tr.size()); x += stride) {
+      const Document& d = code_tr[static_cast<size_t>(x)];
+      lora_tr.push_back(d);
+      replay_bytes += static_cast<int64_t>(d.text.size());
+    }
+  }
+  const PackedData ltr = pack(lora_tr, "lora_train");
   DemoResult r;
   r.unigram_code = unigram_baseline(ctr, cho);
   r.unigram_prose = unigram_baseline(ptr, pho);
-  log << "tokenizer: BPE " << tok.vocab() << " pieces; code " << ctr.target_tokens()
+  log << stamp(t0) << "tokenizer: BPE " << tok.vocab() << " pieces; code " << ctr.target_tokens()
       << " train tokens, prose " << ptr.target_tokens() << "; unigram baseline loss: code "
       << r.unigram_code << ", prose " << r.unigram_prose << "\n";
 
@@ -102,7 +153,7 @@ DemoResult run_demo(const DemoOptions& o, std::ostream& log) {
   pre.warmup = std::max<int64_t>(1, o.steps / 10);
   pre.batch = o.batch;
   pre.log_every = 10;
-  log << "== pretraining " << o.model << " on code\n";
+  log << stamp(t0) << "== pretraining " << o.model << " on code\n";
   const TrainResult a = run_job(pre, {}, log);
   r.code_pretrained = a.eval.at("code").loss;
   r.prose_pretrained = a.eval.at("prose").loss;
@@ -111,37 +162,67 @@ DemoResult run_demo(const DemoOptions& o, std::ostream& log) {
   Job ft = pre;
   ft.run_dir = (work / "lora").string();
   ft.init = a.checkpoint;
-  ft.train_data = (work / "data" / "prose_train").string();
+  ft.train_data = (work / "data" / "lora_train").string();
   ft.lora_targets = {"kda", "attention", "shared_experts", "dense_ffn"};
   ft.lora_rank = o.lora_rank;
   ft.lora_alpha = static_cast<float>(2 * o.lora_rank);
   ft.lr = o.lora_lr;
   ft.steps = o.lora_steps;
   ft.warmup = std::max<int64_t>(1, o.lora_steps / 10);
-  log << "== LoRA fine-tuning on prose\n";
+  log << stamp(t0) << "== LoRA fine-tuning on prose (base frozen; " << ltr.target_tokens()
+      << " tokens, " << lora_tr.size() - prose_tr.size() << " code files replayed: "
+      << 100 * replay_bytes / std::max<int64_t>(1, prose_bytes + replay_bytes) << "% of bytes)\n";
   const TrainResult b = run_job(ft, {}, log);
   r.code_lora = b.eval.at("code").loss;
   r.prose_lora = b.eval.at("prose").loss;
   r.lora_share = static_cast<double>(b.trainable) / static_cast<double>(b.total);
   r.lora_tokens_per_s = b.tokens_per_s;
+
+  // 5. Plots and samples, then the summary (last, so that it ends the output).
+  for (const char* run : {"pretrain", "lora"}) {
+    try {
+      const std::vector<std::string> pngs = render_report((work / run).string());
+      log << stamp(t0) << "plots: " << pngs.size() << " PNGs in " << (work / run / "plots").string()
+          << "\n";
+    } catch (const Error& e) {
+      // The plots are a view of metrics.jsonl; a machine without gnuplot still has the numbers.
+      log << stamp(t0) << "plots skipped: " << e.what() << "\n";
+    }
+  }
+  log << stamp(t0) << "sample after pretraining (code prompt):\n"
+      << sample(a.checkpoint, tok, "def ", o.threads, o.seed) << "\n"
+      << stamp(t0) << "sample after LoRA (prose prompt):\n"
+      << sample(b.checkpoint, tok, "The ", o.threads, o.seed) << "\n";
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-  char buf[512];
-  log << "\nheld-out loss (nats/token)   code      prose\n";
-  std::snprintf(buf, sizeof buf,
-                "unigram baseline           %7.3f   %7.3f\n"
-                "after pretraining (code)   %7.3f   %7.3f   code %.0f%% below unigram\n"
-                "after LoRA (prose)         %7.3f   %7.3f   prose %+.1f%%, code %+.1f%%\n"
-                "LoRA trains %.2f%% of %lld parameters; %.0f / %.0f tokens/s; %.0f s total\n",
-                r.unigram_code, r.unigram_prose, r.code_pretrained, r.prose_pretrained,
-                100 * (1 - r.code_pretrained / r.unigram_code), r.code_lora, r.prose_lora,
-                100 * (r.prose_lora / r.prose_pretrained - 1),
-                100 * (r.code_lora / r.code_pretrained - 1), 100 * r.lora_share,
-                static_cast<long long>(b.total), r.pretrain_tokens_per_s, r.lora_tokens_per_s,
-                r.seconds);
-  log << buf << "targets (code >= 30% below unigram; LoRA < 5% of parameters, prose -15%, code "
-      << "< +5%): " << (r.targets_met() ? "met" : "NOT met") << "\n";
-  log << "(no generated sample: the generation API is not wired into the demo yet)\n";
+  const double code_gain = 1 - r.code_pretrained / r.unigram_code;
+  const double prose_drop = 1 - r.prose_lora / r.prose_pretrained;
+  const double code_rise = r.code_lora / r.code_pretrained - 1;
+  auto verdict = [](bool ok) { return ok ? "ok" : "FAILED"; };
+  char buf[1024];
+  std::snprintf(
+      buf, sizeof buf,
+      "\n== summary (%s model, held-out loss in nats/token)\n"
+      "                         code     prose\n"
+      "unigram baseline       %7.3f   %7.3f\n"
+      "after pretraining      %7.3f   %7.3f\n"
+      "after LoRA             %7.3f   %7.3f\n"
+      "pretraining: %lld steps x %lld x %lld tokens, %.0f tokens/s\n"
+      "LoRA: rank %lld, %lld of %lld parameters trained (%.2f%%), %lld steps, %.0f tokens/s\n"
+      "wall time %.0f s\n"
+      "targets:\n"
+      "  code after pretraining >= 30%% below unigram   %5.1f%%   %s\n"
+      "  LoRA trains < 5%% of parameters                %5.2f%%   %s\n"
+      "  LoRA lowers prose loss >= 15%%                 %5.1f%%   %s\n"
+      "  LoRA raises code loss < 5%%                    %+5.1f%%   %s\n",
+      o.model.c_str(), r.unigram_code, r.unigram_prose, r.code_pretrained, r.prose_pretrained,
+      r.code_lora, r.prose_lora, static_cast<long long>(o.steps), static_cast<long long>(o.batch),
+      static_cast<long long>(o.seq), r.pretrain_tokens_per_s, static_cast<long long>(o.lora_rank),
+      static_cast<long long>(b.trainable), static_cast<long long>(b.total), 100 * r.lora_share,
+      static_cast<long long>(o.lora_steps), r.lora_tokens_per_s, r.seconds, 100 * code_gain,
+      verdict(code_gain >= 0.3), 100 * r.lora_share, verdict(r.lora_share < 0.05), 100 * prose_drop,
+      verdict(prose_drop >= 0.15), 100 * code_rise, verdict(code_rise < 0.05));
+  log << buf << "all targets " << (r.targets_met() ? "met" : "NOT met (exit code 1)") << "\n";
   return r;
 }
 

@@ -1,8 +1,9 @@
 // `moetrain demo`: the training application end to end on corpora every Debian system with the
 // setup packages has. Code (the Python standard library sources) and prose (the fortunes
 // package) are split by document into train / held-out, a BPE tokenizer is trained on both
-// training splits, the preset model is pretrained on code, then LoRA-fine-tuned on prose with
-// its base frozen; held-out losses of both corpora are compared before and after each stage.
+// training splits, the preset model is pretrained on code, then LoRA-fine-tuned on prose (with a
+// replayed share of code training files) with its base frozen; held-out losses of both corpora
+// are compared before and after each stage, and a sample is generated from each stage.
 #pragma once
 
 #include <cstdint>
@@ -17,16 +18,17 @@ struct DemoOptions {
   std::string prose_dir = "/usr/share/games/fortunes";
   std::string work_dir = "runs/demo";
   int64_t code_bytes = 3 << 20;  // read at most this much code
-  int64_t steps = 300;           // pretraining steps
-  int64_t lora_steps = 150;
-  int64_t lora_rank = 8;
-  int64_t batch = 2;
+  int64_t steps = 600;           // pretraining steps
+  int64_t lora_steps = 200;
+  int64_t lora_rank = 4;
+  int64_t batch = 4;
   int64_t seq = 256;
-  float lr = 2e-3f;
-  float lora_lr = 2e-3f;
+  float lr = 3e-3f;
+  float lora_lr = 3e-3f;
   uint64_t seed = 1;
   int threads = 0;
   int64_t eval_sequences = 32;  // per corpus
+  double replay = 0.2;          // share of code (bytes) mixed into the LoRA stage's prose
 };
 
 struct DemoResult {

@@ -1,13 +1,13 @@
 #include "train/export.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <sstream>
 
 #include "core/error.h"
+#include "model/hf_adapter.h"
 #include "model/safetensors.h"
 #include "train/checkpoint.h"
 #include "train/job.h"
@@ -22,11 +22,6 @@ void write_json(const fs::path& p, const nlohmann::json& j) {
   const fs::path tmp = p.string() + ".tmp";
   std::ofstream(tmp) << j.dump(2) << "\n";
   fs::rename(tmp, p);
-}
-
-// "model.layers.0.self_attn.q_proj.lora_A.weight" -> module "model.layers.0.self_attn.q_proj".
-std::string module_of(const std::string& name, const std::string& marker) {
-  return name.substr(0, name.find(marker));
 }
 
 }  // namespace
@@ -48,43 +43,20 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
 
   TensorMap out;
   if (format == "peft") {
-    std::set<std::string> modules;
-    std::map<std::string, int64_t> ranks;
-    for (const auto& p : model.params().all()) {
-      if (p->spec.role != ParamRole::Lora) continue;
-      out["base_model.model." + p->name] = p->value;
-      if (p->name.find(".lora_A.weight") != std::string::npos) {
-        const std::string mod = module_of(p->name, ".lora_A.weight");
-        modules.insert(mod.substr(mod.rfind('.') + 1));
-        ranks[mod] = p->value.dim(0);
-      }
-    }
-    MT_CHECK(!out.empty(), ValueError, "checkpoint '", checkpoint,
+    const ModelConfig cfg = model.config();
+    PeftInfo info{
+        .r = job.lora_rank,
+        .alpha = job.lora_alpha,
+        .alpha_of =
+            [&](const std::string& mod) { return lora_alpha_of(job, lora_group_of(cfg, mod)); },
+        .base_model = job.model};
+    MT_CHECK(std::any_of(model.params().all().begin(), model.params().all().end(),
+                         [](const auto& p) { return p->spec.role == ParamRole::Lora; }),
+             ValueError, "checkpoint '", checkpoint,
              "' has no LoRA adapters (a full fine-tune: use --format hf)");
-    const int64_t r = job.lora_rank;
-    nlohmann::json rank_pattern = nlohmann::json::object(),
-                   alpha_pattern = nlohmann::json::object();
-    // PEFT matches these keys against module names: list every module that differs from r/alpha.
-    for (const auto& [mod, rk] : ranks) {
-      if (rk != r) rank_pattern[mod] = rk;
-      const float al = lora_alpha_of(job, lora_group_of(model.config(), mod));
-      if (al != job.lora_alpha) alpha_pattern[mod] = al;
-    }
-    write_safetensors((fs::path(out_dir) / "adapter_model.safetensors").string(), out,
-                      {{"format", "pt"}});
-    write_json(fs::path(out_dir) / "adapter_config.json",
-               {{"peft_type", "LORA"},
-                {"task_type", "CAUSAL_LM"},
-                {"base_model_name_or_path", job.model},
-                {"r", r},
-                {"lora_alpha", job.lora_alpha},
-                {"lora_dropout", 0.0},
-                {"bias", "none"},
-                {"fan_in_fan_out", false},
-                {"inference_mode", true},
-                {"target_modules", std::vector<std::string>(modules.begin(), modules.end())},
-                {"rank_pattern", rank_pattern},
-                {"alpha_pattern", alpha_pattern}});
+    write_peft_adapter(model, "moetrain_hybrid", info, out_dir);
+    for (const auto& p : model.params().all())
+      if (p->spec.role == ParamRole::Lora) out["base_model.model." + p->name] = p->value;
   } else {
     // Merge: W += (alpha / r) B A for every adapted projection; adapters are dropped.
     const ModelConfig cfg = model.config();

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 namespace mt {
 namespace {
 
@@ -108,10 +110,153 @@ void expect_config_error(const json& j, const std::string& needle) {
   }
 }
 
+// DeepSeek-V3.2-Exp's published config.json, key for key, with the dimensions shrunk (the
+// fp8 quantization_config is left out here and tested separately below).
+json v32_exp_shrunk_json() {
+  return json::parse(R"({
+    "architectures": ["DeepseekV32ForCausalLM"], "attention_bias": false,
+    "attention_dropout": 0.0, "bos_token_id": 0, "eos_token_id": 1, "ep_size": 1,
+    "first_k_dense_replace": 3, "hidden_act": "silu", "hidden_size": 64,
+    "index_head_dim": 32, "index_n_heads": 8, "index_topk": 16, "initializer_range": 0.02,
+    "intermediate_size": 96, "kv_lora_rank": 16, "max_position_embeddings": 163840,
+    "model_type": "deepseek_v32", "moe_intermediate_size": 16, "moe_layer_freq": 1,
+    "n_group": 8, "n_routed_experts": 32, "n_shared_experts": 1, "norm_topk_prob": true,
+    "num_attention_heads": 4, "num_experts_per_tok": 8, "num_hidden_layers": 5,
+    "num_key_value_heads": 4, "num_nextn_predict_layers": 1, "q_lora_rank": 24,
+    "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "rms_norm_eps": 1e-06,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                     "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                     "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+    "tie_word_embeddings": false, "topk_group": 4, "topk_method": "noaux_tc",
+    "torch_dtype": "bfloat16", "transformers_version": "4.44.2", "use_cache": true,
+    "v_head_dim": 16, "vocab_size": 300
+  })");
+}
+
+// Kimi-Linear-48B-A3B-Instruct's config.json (research notes kda.md section 5), shrunk: 27 layers
+// keep the published 1-based layer lists.
+json kimi_48b_shrunk_json() {
+  return json::parse(R"({
+    "architectures": ["KimiLinearForCausalLM"],
+    "auto_map": {"AutoConfig": "configuration_kimi.KimiLinearConfig",
+                 "AutoModel": "modeling_kimi.KimiLinearModel",
+                 "AutoModelForCausalLM": "modeling_kimi.KimiLinearForCausalLM"},
+    "bos_token_id": 163584, "eos_token_id": 163586, "pad_token_id": 163839,
+    "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 32,
+    "initializer_range": 0.02, "intermediate_size": 72, "kv_lora_rank": 16,
+    "linear_attn_config": {"full_attn_layers": [4, 8, 12, 16, 20, 24, 27], "head_dim": 8,
+                           "kda_layers": [1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 14, 15, 17, 18, 19,
+                                          21, 22, 23, 25, 26],
+                           "num_heads": 4, "short_conv_kernel_size": 4},
+    "mla_use_nope": true, "model_max_length": 1048576, "model_type": "kimi_linear",
+    "moe_intermediate_size": 8, "moe_layer_freq": 1, "moe_renormalize": true,
+    "moe_router_activation_func": "sigmoid", "num_attention_heads": 4, "num_expert_group": 1,
+    "num_experts": 16, "num_experts_per_token": 8, "num_hidden_layers": 27,
+    "num_key_value_heads": 4, "num_nextn_predict_layers": 0, "num_shared_experts": 1,
+    "q_lora_rank": null, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "rms_norm_eps": 1e-05,
+    "rope_scaling": null, "rope_theta": 10000.0, "routed_scaling_factor": 2.446,
+    "tie_word_embeddings": false, "topk_group": 1, "torch_dtype": "bfloat16",
+    "transformers_version": "4.56.0", "use_cache": true, "use_grouped_topk": true,
+    "v_head_dim": 8, "vocab_size": 163840
+  })");
+}
+
+TEST(HfConfig, DeepseekV32ExpStyleConfigParsesWithYarn) {
+  HfConfig h = hf_config_from_json(v32_exp_shrunk_json(), "v32exp");
+  const ModelConfig& c = h.model;
+  ASSERT_EQ(c.layers.size(), 5u);
+  EXPECT_EQ(c.layers[2].ffn, FfnKind::Dense);
+  EXPECT_EQ(c.layers[3].ffn, FfnKind::Moe);
+  EXPECT_EQ(c.moe.n_group, 8);
+  EXPECT_EQ(c.moe.topk_group, 4);
+  const ops::RopeScaling& y = c.mla.rope_scaling;
+  EXPECT_FLOAT_EQ(y.factor, 40.f);
+  EXPECT_FLOAT_EQ(y.beta_fast, 32.f);
+  EXPECT_FLOAT_EQ(y.beta_slow, 1.f);
+  EXPECT_EQ(y.original_max_positions, 4096);
+  EXPECT_TRUE(y.truncate);
+  EXPECT_FLOAT_EQ(y.magnitude, 1.f);  // mscale == mscale_all_dim: the ratio is 1
+  const double m = 0.1 * std::log(40.0) + 1;
+  EXPECT_NEAR(c.mla.softmax_scale, m * m / std::sqrt(24.0), 1e-6);
+  // The indexer rotates with the same cos/sin (and keeps its own head_dim^-0.5 scale).
+  EXPECT_FLOAT_EQ(c.dsa.mla.rope_scaling.factor, 40.f);
+  EXPECT_FLOAT_EQ(c.dsa.mla.softmax_scale, c.mla.softmax_scale);
+
+  json j = v32_exp_shrunk_json();
+  j["quantization_config"] = json::parse(
+      R"({"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+          "scale_fmt": "ue8m0", "weight_block_size": [128, 128]})");
+  expect_config_error(j, "quantization_config");
+  expect_config_error(j, "fp8");
+}
+
+TEST(HfConfig, YarnVariants) {
+  json j = v32_json();
+  // rope_parameters (v5 spelling), mscale only: magnitude 0.1 ln(s) + 1, softmax scale unchanged.
+  j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 5000.0},
+                          {"factor", 4.0},       {"original_max_position_embeddings", 64},
+                          {"beta_fast", 16},     {"truncate", false}};
+  ModelConfig c = hf_config_from_json(j, "v32").model;
+  EXPECT_FLOAT_EQ(c.mla.rope_theta, 5000.f);
+  EXPECT_NEAR(c.mla.rope_scaling.magnitude, 0.1 * std::log(4.0) + 1, 1e-6);
+  EXPECT_FLOAT_EQ(c.mla.rope_scaling.beta_fast, 16.f);
+  EXPECT_FLOAT_EQ(c.mla.rope_scaling.beta_slow, 1.f);
+  EXPECT_FALSE(c.mla.rope_scaling.truncate);
+  EXPECT_EQ(c.mla.softmax_scale, 0.f);
+  // mscale != mscale_all_dim: magnitude is their ratio; factor derived from the context lengths.
+  j["rope_parameters"] = {{"rope_type", "yarn"},
+                          {"original_max_position_embeddings", 100},
+                          {"mscale", 0.707},
+                          {"mscale_all_dim", 1.0}};
+  j["max_position_embeddings"] = 800;
+  c = hf_config_from_json(j, "v32").model;
+  EXPECT_FLOAT_EQ(c.mla.rope_scaling.factor, 8.f);
+  const double a = 0.1 * 0.707 * std::log(8.0) + 1, b = 0.1 * std::log(8.0) + 1;
+  EXPECT_NEAR(c.mla.rope_scaling.magnitude, a / b, 1e-6);
+  EXPECT_NEAR(c.mla.softmax_scale, b * b / std::sqrt(12.0), 1e-6);
+  // An explicit attention_factor wins.
+  j["rope_parameters"]["attention_factor"] = 0.5;
+  EXPECT_FLOAT_EQ(hf_config_from_json(j, "v32").model.mla.rope_scaling.magnitude, 0.5f);
+  // rope_scaling wins over rope_parameters, as transformers' conversion does.
+  j["rope_scaling"] = {{"type", "default"}};
+  EXPECT_FLOAT_EQ(hf_config_from_json(j, "v32").model.mla.rope_scaling.factor, 1.f);
+  j.erase("rope_scaling");
+  j["rope_parameters"]["factor"] = 0.5;
+  expect_config_error(j, "factor");
+  j["rope_parameters"]["factor"] = 2.0;
+  j["rope_parameters"]["rope_type"] = "longrope";
+  expect_config_error(j, "longrope");
+  j["rope_parameters"]["rope_type"] = "yarn";
+  j["rope_parameters"]["low_freq_factor"] = 1;
+  expect_config_error(j, "low_freq_factor");
+}
+
+TEST(HfConfig, KimiLinear48bStyleConfigParses) {
+  HfConfig h = hf_config_from_json(kimi_48b_shrunk_json(), "kimi48b");
+  const ModelConfig& c = h.model;
+  ASSERT_EQ(c.layers.size(), 27u);
+  int mla = 0;
+  for (const LayerIR& l : c.layers) mla += l.mixer == MixerKind::Mla;
+  EXPECT_EQ(mla, 7);
+  EXPECT_EQ(c.layers[3].mixer, MixerKind::Mla);   // 1-based 4
+  EXPECT_EQ(c.layers[26].mixer, MixerKind::Mla);  // 1-based 27: the last layer
+  EXPECT_EQ(c.layers[0].ffn, FfnKind::Dense);
+  EXPECT_EQ(c.layers[1].ffn, FfnKind::Moe);
+  EXPECT_EQ(c.moe.num_experts, 16);
+  EXPECT_EQ(c.moe.top_k, 8);
+  EXPECT_FLOAT_EQ(c.moe.routed_scaling, 2.446f);
+  EXPECT_EQ(h.pad_token_id, 163839);
+  EXPECT_FALSE(c.mla.use_rope);
+  json j = kimi_48b_shrunk_json();
+  j["quantization_config"] = {{"quant_method", "compressed-tensors"}};
+  expect_config_error(j, "quantization_config");
+}
+
 TEST(HfConfig, UnsupportedFieldsAreNamed) {
   json j = v32_json();
-  j["rope_parameters"]["rope_type"] = "yarn";
-  expect_config_error(j, "yarn");
+  j["rope_parameters"]["rope_type"] = "dynamic";
+  expect_config_error(j, "dynamic");
   j = v32_json();
   j["quantization_config"] = {{"quant_method", "fp8"}};
   expect_config_error(j, "quantization_config");

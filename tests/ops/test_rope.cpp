@@ -41,8 +41,16 @@ class RopeCase : public OpCase {
     ops::rope_backward(ctx, p_, in[0], dout[0], grads[1]);
   }
   std::vector<DVec> reference(const std::vector<DVec>& in) const override {
+    const bool half_split = p_.style == ops::RopeStyle::HalfSplit;
+    const ops::RopeScaling& s = p_.scaling;
+    if (s.factor > 1.f) {
+      const DVec f = ref::yarn_inv_freq(p_.rot_dim, p_.theta, s.factor, s.beta_fast, s.beta_slow,
+                                        static_cast<double>(s.original_max_positions), s.truncate);
+      return {ref::rope_freqs(in[1], in[0], p_.heads, p_.head_dim, p_.rot_offset, f, s.magnitude,
+                              half_split)};
+    }
     return {ref::rope(in[1], in[0], p_.heads, p_.head_dim, p_.rot_offset, p_.rot_dim, p_.theta,
-                      p_.style == ops::RopeStyle::HalfSplit)};
+                      half_split)};
   }
 
  private:
@@ -89,6 +97,48 @@ TEST(Rope, HalfSplitWholeHead) {
                        .theta = 10000.f,
                        .style = ops::RopeStyle::HalfSplit});
   check_op(c);
+}
+
+// YaRN with the correction range inside the rotated slice (some pairs kept, some interpolated,
+// some on the ramp) and a cos/sin magnitude, both styles.
+TEST(Rope, YarnMatchesReference) {
+  for (ops::RopeStyle style : {ops::RopeStyle::HalfSplit, ops::RopeStyle::Interleaved}) {
+    RopeCase c({9, 40}, {.heads = 2,
+                         .head_dim = 22,
+                         .rot_offset = 6,
+                         .rot_dim = 16,
+                         .theta = 10000.f,
+                         .style = style,
+                         .scaling = {.factor = 8.f,
+                                     .beta_fast = 32.f,
+                                     .beta_slow = 1.f,
+                                     .original_max_positions = 64,
+                                     .magnitude = 1.21f}});
+    check_op(c);
+  }
+}
+
+// DeepSeek-V3.2's published rope_scaling (dim 64, factor 40, beta 32/1, original context 4096):
+// the truncated correction range is pairs [10, 23], so pair 10 and below keep theta^(-2i/64)
+// and pairs 23+ are divided by 40; also checked against the double reference with and without
+// truncation.
+TEST(Rope, YarnDeepseekFrequencies) {
+  ops::RopeParams p{
+      .rot_dim = 64, .theta = 10000.f, .scaling = {.factor = 40.f, .original_max_positions = 4096}};
+  const std::vector<double> f = ops::rope_inv_freq(p);
+  ASSERT_EQ(f.size(), 32u);
+  for (int i : {0, 5, 10}) EXPECT_NEAR(f[i] / std::pow(10000.0, -i / 32.0), 1.0, 1e-6) << i;
+  for (int i : {23, 31}) EXPECT_NEAR(f[i] * 40 / std::pow(10000.0, -i / 32.0), 1.0, 1e-6) << i;
+  const double mid = f[16] / std::pow(10000.0, -0.5);  // ramp weight (16 - 10) / 13
+  EXPECT_NEAR(mid, 1 - 6.0 / 13 + 6.0 / 13 / 40, 1e-6);
+  for (bool truncate : {true, false}) {
+    p.scaling.truncate = truncate;
+    const DVec want = ref::yarn_inv_freq(64, 10000.0, 40.0, 32.0, 1.0, 4096.0, truncate);
+    EXPECT_LE(rel_err(ops::rope_inv_freq(p), want), 1e-12);
+  }
+  p.scaling.factor = 1.f;  // off: plain frequencies
+  const std::vector<double> plain = ops::rope_inv_freq(p);
+  for (int i = 0; i < 32; ++i) EXPECT_NEAR(plain[i] / std::pow(10000.0, -i / 32.0), 1.0, 1e-12);
 }
 
 // y may alias x; the result must match the out-of-place one.

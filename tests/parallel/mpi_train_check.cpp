@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/context.h"
@@ -29,6 +30,8 @@ struct Args {
   int ep = 1, chunks = 1, steps = 20, experts = 12;
   bool lora = false, shard_experts = false, uneven = false;
   int fail_rank = -1, fail_step = -1;
+  int stall_rank = -1;     // never joins the collectives of fail_step (sleeps instead)
+  int timeout_ms = 30000;  // of every wait
   double tol = 1e-5;
 };
 
@@ -50,7 +53,10 @@ Args parse(int argc, char** argv) {
       a.experts = next();
     else if (k == "--lora")
       a.lora = true;
-    else if (k == "--uneven")
+    else if (k == "--tol") {
+      MT_CHECK(i + 1 < argc, ValueError, "missing value after ", k);
+      a.tol = std::atof(argv[++i]);
+    } else if (k == "--uneven")
       a.uneven = true;
     else if (k == "--shard-experts")
       a.shard_experts = true;
@@ -58,6 +64,10 @@ Args parse(int argc, char** argv) {
       a.fail_rank = next();
     else if (k == "--fail-step")
       a.fail_step = next();
+    else if (k == "--stall-rank")
+      a.stall_rank = next();
+    else if (k == "--timeout-ms")
+      a.timeout_ms = next();
     else
       MT_THROW(ValueError, "unknown argument ", k);
   }
@@ -85,7 +95,7 @@ Batch make_batch(int64_t vocab, int step, int first, int last, bool uneven) {
     const std::vector<int64_t> l = doc_lens(r, uneven);
     for (size_t j = 0; j < l.size(); ++j) {
       lens.push_back(l[j]);
-      ids.push_back(r * 8 + static_cast<int64_t>(j));
+      ids.push_back(r * (uneven ? 8 : 2) + static_cast<int64_t>(j));  // balanced: as before
     }
   }
   Batch b;
@@ -152,6 +162,11 @@ int run(mt::par::Comm& world, const Args& a) {
   for (int s = 0; s < a.steps; ++s) {
     if (rank == a.fail_rank && s == a.fail_step)
       MT_THROW(ValueError, "injected failure at step ", s);
+    if (rank == a.stall_rank && s == a.fail_step) {
+      // The peers must give up on their own; their abort ends this process.
+      std::this_thread::sleep_for(std::chrono::seconds(60));
+      MT_THROW(ValueError, "stalled rank was not ended by its peers");
+    }
     Batch b = make_batch(cfg.vocab, s, rank, rank + 1, a.uneven);
     par::StepResult r = trainer.step(ctx, b.seq, b.ids, b.targets, lr);
     const double err = std::abs(r.loss - ref_loss[static_cast<size_t>(s)]) /
@@ -184,11 +199,14 @@ int run(mt::par::Comm& world, const Args& a) {
     compared += want.numel();
   }
   const bool ok = max_loss_err <= a.tol && max_param_err <= a.tol;
+  int64_t param_bytes = 0;
+  for (const auto& p : model.params().all()) param_bytes += static_cast<int64_t>(p->value.bytes());
   std::printf(
       "rank %d: %lld parameters compared, max loss rel err %.3g, max param err %.3g (%s), "
-      "optimizer state %lld B: %s\n",
+      "optimizer state %lld B, parameters %lld B: %s\n",
       rank, static_cast<long long>(compared), max_loss_err, max_param_err, worst.c_str(),
-      static_cast<long long>(trainer.optimizer_bytes()), ok ? "ok" : "MISMATCH");
+      static_cast<long long>(trainer.optimizer_bytes()), static_cast<long long>(param_bytes),
+      ok ? "ok" : "MISMATCH");
   const int64_t bad = world.all_reduce_sum(static_cast<int64_t>(ok ? 0 : 1));
   if (rank == 0)
     std::printf("%s: %lld of %d ranks mismatched\n", bad ? "FAIL" : "PASS",
@@ -200,10 +218,17 @@ int run(mt::par::Comm& world, const Args& a) {
 
 int main(int argc, char** argv) {
   mt::par::MpiRuntime mpi(&argc, &argv);
-  auto world = mpi.world({.timeout = std::chrono::seconds(30)});
+  Args args;
+  try {
+    args = parse(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+  auto world = mpi.world({.timeout = std::chrono::milliseconds(args.timeout_ms)});
   int rc = 0;
   try {
-    rc = run(*world, parse(argc, argv));
+    rc = run(*world, args);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d failed: %s\n", world->rank(), e.what());
     std::fflush(stderr);

@@ -52,4 +52,18 @@ same "$T/one" "$T/one_r" "resumed on one process vs uninterrupted one process"
 "${mpirun[@]}" -np 2 "$bin" train "${S[@]}" --set "run.dir=\"$T/two_p\"" --set parallel.ep=2 \
   --resume-from "$T/one/checkpoints/step_00000004" >"$T/two_p.log"
 same "$T/one" "$T/two_p" "one-process checkpoint resumed on 2 ranks vs one process"
+# LoRA (kda + routed experts + router) on 2 ranks with replicated experts and sharded state.
+L=(--set 'lora.targets=["kda","routed_experts","router"]' --set lora.rank=2 --set schedule.steps=4)
+"$bin" train "${S[@]}" "${L[@]}" --set "run.dir=\"$T/lora1\"" >"$T/lora1.log"
+"${mpirun[@]}" -np 2 "$bin" train "${S[@]}" "${L[@]}" --set "run.dir=\"$T/lora2\"" \
+  --set parallel.ep=1 --set parallel.shard_experts=true >"$T/lora2.log"
+same "$T/lora1" "$T/lora2" "LoRA on 2 ranks (EP 1, sharded expert state) vs one process"
+
+# A batch that does not split over the ranks fails before training, on every rank.
+if out=$(timeout 60 "${mpirun[@]}" -np 4 "$bin" train "${S[@]}" --set "run.dir=\"$T/bad\"" \
+  --set train.batch=6 2>&1); then echo "batch 6 on 4 ranks did not fail"; exit 1; fi
+grep -q "train.batch = 6 must be a multiple of the world size 4" <<<"$out" ||
+  { echo "$out"; echo "no clear batch error"; exit 1; }
+[ ! -f "$T/bad/metrics.jsonl" ] || ! grep -q grad_norm "$T/bad/metrics.jsonl" ||
+  { echo "trained despite the error"; exit 1; }
 echo PASS
