@@ -1,5 +1,7 @@
+#include <iomanip>
 #include <iostream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -14,6 +16,8 @@ struct TrainArgs {
   std::vector<std::string> set;
   bool resume = false;
   std::string resume_from;
+  std::string plan;
+  double mem_gb = -1;
 };
 }  // namespace
 
@@ -24,8 +28,24 @@ Command add_train_command(CLI::App& app, par::Comm* world) {
   c->add_option("--set", a->set, "override a job key: --set optim.lr=1e-3 (repeatable)");
   c->add_flag("--resume", a->resume, "continue from the run directory's latest checkpoint");
   c->add_option("--resume-from", a->resume_from, "continue from this checkpoint directory");
+  c->add_option("--plan", a->plan,
+                "auto: the planner chooses ep, a2a_chunks, shard_experts and the micro-batch "
+                "(= --set parallel.plan=auto); manual: the job's [parallel] keys")
+      ->check(CLI::IsMember({"auto", "manual"}));
+  c->add_option("--mem-gb", a->mem_gb,
+                "memory limit per rank for --plan auto (= --set parallel.mem_gb=M; default: "
+                "host memory / ranks)")
+      ->check(CLI::PositiveNumber);
   return {c, [a, world] {
-            Job job = Job::load(a->job, a->set);
+            // The flags are job keys, so the resolved job.toml records them like --set does.
+            std::vector<std::string> set = a->set;
+            if (!a->plan.empty()) set.push_back("parallel.plan=" + a->plan);
+            if (a->mem_gb > 0) {
+              std::ostringstream v;
+              v << std::setprecision(17) << a->mem_gb;
+              set.push_back("parallel.mem_gb=" + v.str());
+            }
+            Job job = Job::load(a->job, set);
             run_job(job, {.resume = a->resume, .resume_from = a->resume_from, .world = world},
                     std::cout);
             return 0;

@@ -145,10 +145,15 @@ double Model::forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const
   rstd_post_.assign(L, Tensor());
   const ops::NormParams np{.rows = T, .dim = d, .eps = cfg_.norm_eps};
 
+  const int head = static_cast<int>(L) + 1;
   resid_[0] = acts_.alloc({T, d});
+  if (hooks_) hooks_->before_forward(0);
   ops::embedding_forward(ctx, {.tokens = T, .vocab = cfg_.vocab, .dim = d}, ids, embed_.value,
                          resid_[0]);
+  if (hooks_) hooks_->after_forward(0);
   for (size_t i = 0; i < L; ++i) {
+    const int unit = static_cast<int>(i) + 1;
+    if (hooks_) hooks_->before_forward(unit);
     normed_in_[i] = acts_.alloc({T, d});
     rstd_in_[i] = acts_.alloc({T});
     ops::rmsnorm_forward(ctx, np, resid_[i], norm_in_[i].value, normed_in_[i], rstd_in_[i]);
@@ -163,14 +168,19 @@ double Model::forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const
     ffns_[i]->forward(ctx, seq, normed_post_[i], f, acts_);
     add_vec(ctx, mid_[i], f);
     resid_[i + 1] = f;
+    if (hooks_) hooks_->after_forward(unit);
   }
   final_h_ = acts_.alloc({T, d});
   final_rstd_ = acts_.alloc({T});
+  if (hooks_) hooks_->before_forward(head);
   ops::rmsnorm_forward(ctx, np, resid_[L], final_norm_.value, final_h_, final_rstd_);
   lse_ = acts_.alloc({T});
   have_forward_ = true;
-  return ops::lm_head_cross_entropy_forward(ctx, {.tokens = T, .hidden = d, .vocab = cfg_.vocab},
-                                            final_h_, lm_head_.value, targets, lse_);
+  const double loss =
+      ops::lm_head_cross_entropy_forward(ctx, {.tokens = T, .hidden = d, .vocab = cfg_.vocab},
+                                         final_h_, lm_head_.value, targets, lse_);
+  if (hooks_) hooks_->after_forward(head);
+  return loss;
 }
 
 void Model::backward(Context& ctx) {
@@ -182,13 +192,18 @@ void Model::backward(Context& ctx) {
   Tensor dtmp = ctx.workspace().alloc({T, d});
   Tensor dnormed = ctx.workspace().alloc({T, d});
 
+  const size_t L = mixers_.size();
+  const int head = static_cast<int>(L) + 1;
+  if (hooks_) hooks_->before_backward(head);
   ops::lm_head_cross_entropy_backward(ctx, {.tokens = T, .hidden = d, .vocab = cfg_.vocab},
                                       final_h_, lm_head_.value, targets_, lse_, loss_weight_,
                                       dnormed, lm_head_.grad);
-  const size_t L = mixers_.size();
   ops::rmsnorm_backward(ctx, np, resid_[L], final_norm_.value, final_rstd_, dnormed, dresid,
                         final_norm_.grad);
+  if (hooks_) hooks_->after_backward(head);
   for (size_t i = L; i-- > 0;) {
+    const int unit = static_cast<int>(i) + 1;
+    if (hooks_) hooks_->before_backward(unit);
     // resid[i+1] = mid + ffn(norm(mid))
     ffns_[i]->backward(ctx, seq_, dresid, dnormed);
     ops::rmsnorm_backward(ctx, np, mid_[i], norm_post_[i].value, rstd_post_[i], dnormed, dtmp,
@@ -199,11 +214,54 @@ void Model::backward(Context& ctx) {
     ops::rmsnorm_backward(ctx, np, resid_[i], norm_in_[i].value, rstd_in_[i], dnormed, dtmp,
                           norm_in_[i].grad);
     add_vec(ctx, dtmp, dresid);
+    if (hooks_) hooks_->after_backward(unit);
   }
+  if (hooks_) hooks_->before_backward(0);
   if (embed_.trainable())
     ops::embedding_backward(ctx, {.tokens = T, .vocab = cfg_.vocab, .dim = d}, ids_, dresid,
                             embed_.grad);
+  if (hooks_) hooks_->after_backward(0);
   have_forward_ = false;
+}
+
+std::vector<std::string> Model::unit_prefixes(int unit) const {
+  const int L = num_layers();
+  MT_CHECK(unit >= 0 && unit <= L + 1, ValueError, "unit ", unit, " out of range [0, ", L + 1, "]");
+  if (unit == 0) return {"model.embed_tokens."};
+  if (unit == L + 1)
+    return cfg_.tie_embeddings ? std::vector<std::string>{"model.norm."}
+                               : std::vector<std::string>{"model.norm.", "lm_head."};
+  return {layer_prefix(static_cast<size_t>(unit - 1))};
+}
+
+void Model::rebind_unit(int unit) {
+  const int L = num_layers();
+  MT_CHECK(unit >= 0 && unit <= L + 1, ValueError, "unit ", unit, " out of range [0, ", L + 1, "]");
+  auto ref = [&](const std::string& name) {
+    const Param& p = params_.at(name);
+    return ParamRef{p.value, p.grad};
+  };
+  auto table = [&](const std::string& prefix) {
+    ParamTable t;
+    for (const auto& p : params_.all())
+      if (p->name.compare(0, prefix.size(), prefix) == 0)
+        t[p->name.substr(prefix.size())] = ParamRef{p->value, p->grad};
+    return t;
+  };
+  if (unit == 0) {
+    embed_ = ref("model.embed_tokens.weight");
+    if (cfg_.tie_embeddings) lm_head_ = embed_;
+  } else if (unit == L + 1) {
+    final_norm_ = ref("model.norm.weight");
+    lm_head_ = ref(cfg_.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+  } else {
+    const size_t i = static_cast<size_t>(unit - 1);
+    const std::string p = layer_prefix(i);
+    norm_in_[i] = ref(p + "input_layernorm.weight");
+    norm_post_[i] = ref(p + "post_attention_layernorm.weight");
+    mixers_[i]->bind(table(p + "self_attn."));
+    ffns_[i]->bind(table(p + "mlp."));
+  }
 }
 
 std::vector<AuxLoss> Model::aux_losses() const {

@@ -21,6 +21,20 @@ namespace mt {
 class MoeLayer;
 class ExpertCompute;
 
+// Per-unit callbacks around Model::forward/backward, for sharded (FSDP) parameters. Units are
+// 0 = embedding, 1 + i = layer i (both norms, mixer, FFN), num_layers() + 1 = the head (final
+// norm, LM head). A hook may replace the unit's Param values/grads in the store and call
+// Model::rebind_unit before the unit computes; the model never touches a unit's parameters
+// outside its before/after window. Without hooks the model runs exactly as before.
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  virtual void before_forward(int unit) = 0;
+  virtual void after_forward(int unit) = 0;
+  virtual void before_backward(int unit) = 0;
+  virtual void after_backward(int unit) = 0;
+};
+
 struct ModelOptions {
   // Train only LoRA adapters: base weights get no gradient buffer and no optimizer state.
   bool freeze_base = false;
@@ -78,6 +92,17 @@ class Model {
   // rebinds the layers; computes[i] (one per MoE layer, not owned) runs layer i's experts.
   void shard_experts(int64_t first, int64_t count, const std::vector<ExpertCompute*>& computes);
 
+  // Per-unit hooks (not owned; null = none).
+  void set_unit_hooks(UnitHooks* hooks) { hooks_ = hooks; }
+  int num_units() const { return num_layers() + 2; }
+  // Full HF-name prefixes whose parameters belong to unit u (see UnitHooks).
+  std::vector<std::string> unit_prefixes(int unit) const;
+  // Whether unit u's backward reads its parameter values (the embedding's only scatters
+  // gradients, so a sharded embedding need not be gathered again for it).
+  bool unit_backward_reads_values(int unit) const { return unit != 0; }
+  // Re-reads unit u's parameters (value and grad tensors) from the store and binds them.
+  void rebind_unit(int unit);
+
  private:
   void plan(const SeqInfo& seq, ArenaPlan& p) const;
 
@@ -95,6 +120,7 @@ class Model {
   Tensor final_h_, final_rstd_, lse_;
   bool have_forward_ = false;
   float loss_weight_ = 1.f;
+  UnitHooks* hooks_ = nullptr;
 };
 
 }  // namespace mt

@@ -68,6 +68,9 @@ class Request {
   ~Request();
   void wait();
   bool pending() const { return impl_ != nullptr; }
+  // Drives progress without blocking (MPI_Test): nonblocking MPI collectives advance only inside
+  // MPI calls when no progress thread runs. True when complete (or empty); wait() still required.
+  bool test() { return !impl_ || impl_->done(); }
 
  private:
   std::unique_ptr<Impl> impl_;

@@ -8,6 +8,7 @@
 
 #include "model/moe_layer.h"
 #include "ops/optim.h"
+#include "parallel/fsdp.h"
 
 namespace mt::par {
 
@@ -21,6 +22,7 @@ struct DistTrainer::Unit {
   Tensor m, v;           // optimizer moments: [shard] when sharded, else [n]
   Tensor gflat, gshard;  // live during one step only
   Request req;
+  int fsdp = -1;  // model unit whose Fsdp shards hold this unit's values and gradients
 };
 
 namespace {
@@ -154,9 +156,69 @@ DistTrainer::DistTrainer(Model& model, const Mesh& mesh, ProcessGroups& groups,
     u->m = Tensor::zeros({u->shard});
     u->v = Tensor::zeros({u->shard});
   }
+  if (opt.fsdp) setup_fsdp();
+}
+
+void DistTrainer::setup_fsdp() {
+  MT_CHECK(!model_.config().tie_embeddings, ConfigError,
+           "fsdp: tied embeddings are not supported (the embedding and the head units would "
+           "share one weight)");
+  const int U = model_.num_units();
+  std::vector<FsdpUnitSpec> specs(static_cast<size_t>(U));
+  for (int k = 0; k < U; ++k)
+    for (const std::string& prefix : model_.unit_prefixes(k))
+      for (const auto& p : model_.params().all()) {
+        if (p->name.compare(0, prefix.size(), prefix) != 0 || is_expert_param(p->name) ||
+            p->spec.role == ParamRole::Buffer)
+          continue;
+        (p->trainable() ? specs[static_cast<size_t>(k)].train
+                        : specs[static_cast<size_t>(k)].frozen)
+            .push_back(p.get());
+      }
+  for (auto& u : units_) {
+    if (u->comm != g_.world) continue;
+    if (u->name == "embedding")
+      u->fsdp = 0;
+    else if (u->name == "head")
+      u->fsdp = U - 1;
+    else
+      u->fsdp = std::stoi(u->name.substr(6)) + 1;  // "layer i"
+    // The optimizer's moments must share the gradient shard's layout.
+    MT_CHECK(specs[static_cast<size_t>(u->fsdp)].train == u->params, InternalError, "fsdp unit ",
+             u->fsdp, " differs from optimizer unit ", u->name);
+  }
+  fsdp_ = std::make_unique<Fsdp>(model_, *g_.world, std::move(specs));
 }
 
 DistTrainer::~DistTrainer() = default;
+
+void DistTrainer::gather_params() {
+  if (fsdp_) fsdp_->gather_to_store();
+}
+
+MemoryReport DistTrainer::memory() const {
+  MemoryReport r;
+  r.optimizer = optimizer_bytes();
+  for (const auto& p : model_.params().all()) {
+    if (fsdp_ && fsdp_->owns(p.get())) continue;
+    r.params += static_cast<int64_t>(p->value.bytes());
+    if (p->trainable()) r.grads += static_cast<int64_t>(p->grad.bytes());
+  }
+  int64_t step = 0, largest = 0;
+  for (const auto& u : units_) {
+    if (u->fsdp >= 0) continue;
+    // gflat (and gshard) of every unit are alive together; one pflat + shard copy at a time.
+    step += u->padded * 4 + (u->sharded ? u->shard * 4 : 0);
+    largest = std::max(largest, u->padded * 4 + (u->sharded ? u->shard * 4 : 0));
+  }
+  r.transient = step + largest;
+  if (fsdp_) {
+    r.params += fsdp_->memory().shard_bytes;
+    r.grads += fsdp_->memory().grad_bytes;
+    r.transient = std::max(r.transient, fsdp_->memory().transient_peak);
+  }
+  return r;
+}
 
 int64_t DistTrainer::optimizer_bytes() const {
   int64_t b = 0;
@@ -194,6 +256,7 @@ void DistTrainer::zero_grad() {
   g_.edp->stats() = {};
   for (auto& e : ep_) e->reset_stats();
   model_.params().zero_grad();
+  if (fsdp_) fsdp_->zero_grad();
 }
 
 double DistTrainer::forward_backward(Context& ctx, const SeqInfo& seq, const Tensor& ids,
@@ -220,7 +283,12 @@ StepResult DistTrainer::step(Context& ctx, const SeqInfo& seq, const Tensor& ids
 double DistTrainer::optimizer_step(Context& ctx, float lr, double grad_scale) {
   // Post every unit's gradient reduction, then complete them in order.
   const auto gs = static_cast<float>(grad_scale / mesh_.world);
+  if (fsdp_) fsdp_->finish();
   for (auto& u : units_) {
+    if (u->fsdp >= 0) {  // already reduce-scattered, unit by unit, during backward
+      u->gshard = fsdp_->grad_shard(u->fsdp);
+      continue;
+    }
     u->gflat = Tensor::zeros({u->padded});
     pack(u->params, true, u->gflat.f32());
     if (u->sharded) {
@@ -253,6 +321,11 @@ double DistTrainer::optimizer_step(Context& ctx, float lr, double grad_scale) {
                             .weight_decay = opt_.adam.weight_decay,
                             .step = step_};
   for (auto& u : units_) {
+    if (u->fsdp >= 0) {  // the shard is the parameter; the next use gathers it
+      ops::adamw_step(ctx, hp, fsdp_->train_shard(u->fsdp), u->gshard, u->m, u->v);
+      u->gshard = Tensor();
+      continue;
+    }
     Tensor pflat = Tensor::zeros({u->padded});
     pack(u->params, false, pflat.f32());
     if (u->sharded) {
@@ -313,7 +386,9 @@ std::vector<ShardPiece> DistTrainer::checkpoint_pieces() const {
     std::memcpy(sp.data.f32(), src, static_cast<size_t>(count) * sizeof(float));
     out.push_back(std::move(sp));
   };
+  const auto sharded = [&](const Param& p) { return fsdp_ && fsdp_->owns(&p); };
   auto full_shape = [&](const Param& p) {
+    if (sharded(p)) return p.spec.shape;
     std::vector<int64_t> d = p.value.shape().dims();
     if (is_local_expert(p)) d[0] = mesh_.num_experts;
     return Shape(d);
@@ -323,17 +398,23 @@ std::vector<ShardPiece> DistTrainer::checkpoint_pieces() const {
                               : int64_t{0};
   };
   for (const auto& p : model_.params().all()) {
+    if (sharded(*p)) continue;  // written from the Fsdp shards below
     Comm& group = is_expert_param(p->name) ? *g_.edp : *g_.world;
     const auto [b, e] = even_range(p->value.numel(), group.size(), group.rank());
     add(p->name, full_shape(*p), base_of(*p) + b, p->value.f32() + b, e - b);
   }
+  if (fsdp_)
+    fsdp_->for_each_piece([&](Param& p, int64_t begin, float* data, int64_t count) {
+      add(p.name, p.spec.shape, begin, data, count);
+    });
   for (const auto& u : units_) {
     if (!u->counts_norm) continue;  // a replica of the same state another rank writes
     const int64_t a = u->sharded ? u->comm->rank() * u->shard : 0;
     const int64_t z = std::min(u->n, a + u->shard);
     int64_t o = 0;
     for (const Param* p : u->params) {
-      const int64_t n = p->value.numel(), lo = std::max(a, o), hi = std::min(z, o + n);
+      const int64_t n = sharded(*p) ? p->spec.shape.numel() : p->value.numel(), lo = std::max(a, o),
+                    hi = std::min(z, o + n);
       if (lo < hi) {
         add("m." + p->name, full_shape(*p), base_of(*p) + lo - o, u->m.f32() + (lo - a), hi - lo);
         add("v." + p->name, full_shape(*p), base_of(*p) + lo - o, u->v.f32() + (lo - a), hi - lo);
@@ -349,7 +430,15 @@ void DistTrainer::load_pieces(const PieceReader& read, int64_t optimizer_steps) 
     return is_local_expert(p) ? mesh_.first_expert() * (p.value.numel() / p.value.shape()[0])
                               : int64_t{0};
   };
+  const auto sharded = [&](const Param& p) { return fsdp_ && fsdp_->owns(&p); };
+  if (fsdp_) {
+    fsdp_->finish();
+    fsdp_->for_each_piece([&](Param& p, int64_t begin, float* data, int64_t count) {
+      read(p.name, begin, begin + count, data);
+    });
+  }
   for (const auto& p : model_.params().all()) {
+    if (sharded(*p)) continue;
     const int64_t b = base_of(*p);
     read(p->name, b, b + p->value.numel(), p->value.f32());
   }
@@ -358,7 +447,8 @@ void DistTrainer::load_pieces(const PieceReader& read, int64_t optimizer_steps) 
     const int64_t z = std::min(u->n, a + u->shard);
     int64_t o = 0;
     for (const Param* p : u->params) {
-      const int64_t n = p->value.numel(), lo = std::max(a, o), hi = std::min(z, o + n);
+      const int64_t n = sharded(*p) ? p->spec.shape.numel() : p->value.numel(), lo = std::max(a, o),
+                    hi = std::min(z, o + n);
       if (lo < hi) {
         const int64_t g = base_of(*p) + lo - o;
         read("m." + p->name, g, g + hi - lo, u->m.f32() + (lo - a));

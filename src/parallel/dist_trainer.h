@@ -11,8 +11,10 @@
 // rank's cross-entropy gradient is weighted by world * (its targets / all targets) and every
 // gradient is scaled by 1 / world, so the sum is the gradient of the global token mean.
 //
-// Not yet FSDP in memory: ranks keep full dense parameter tensors between steps (the gather before
-// use / free after use needs per-layer hooks in Model); gradients are sharded only in the step.
+// With DistOptions::fsdp the dense units are FSDP units (parallel/fsdp.h): each rank keeps only
+// its flat shards of values, gradients and moments; values are gathered per unit around its
+// forward and backward and gradients reduce-scattered as each unit's backward ends. Without it,
+// ranks keep full dense parameters and reduce the gradients after backward.
 #pragma once
 
 #include <functional>
@@ -33,6 +35,17 @@ namespace mt::par {
 struct DistOptions {
   int a2a_chunks = 1;
   AdamWOptions adam;
+  // ZeRO-3 units for the dense parameters (tied embeddings: ConfigError).
+  bool fsdp = false;
+};
+
+// Bytes one rank holds for training (activations excluded: they do not depend on the mesh).
+struct MemoryReport {
+  int64_t params = 0;     // persistent values: dense shards (fsdp) or tensors, local experts
+  int64_t grads = 0;      // persistent gradient buffers
+  int64_t optimizer = 0;  // AdamW moments
+  int64_t transient = 0;  // peak of step buffers: gathers, unit gradients, flat reductions
+  int64_t total() const { return params + grads + optimizer + transient; }
 };
 
 struct StepResult {
@@ -63,6 +76,8 @@ struct ShardPiece {
 using PieceReader =
     std::function<void(const std::string& name, int64_t begin, int64_t end, float* out)>;
 
+class Fsdp;
+
 class DistTrainer {
  public:
   // Slices the model's experts to this rank's share and wires the expert-parallel exchange.
@@ -92,6 +107,12 @@ class DistTrainer {
   const std::vector<std::vector<int64_t>>& global_loads() const { return loads_; }
   // Bytes of optimizer state held by this rank.
   int64_t optimizer_bytes() const;
+  // What this rank holds; `transient` is the peak measured so far (fsdp) or the optimizer
+  // step's flat buffers, which are all alive at once (otherwise).
+  MemoryReport memory() const;
+  // With fsdp: the store's Params hold full values again (collective), for comparisons and
+  // export; the next step shards them away. No-op otherwise.
+  void gather_params();
   int64_t optimizer_steps() const { return step_; }
 
   // What this rank writes to a sharded checkpoint: weights split evenly over the ranks that hold
@@ -109,6 +130,7 @@ class DistTrainer {
   };
   Shares check_balanced(const SeqInfo& seq, const Tensor& targets);
   bool is_local_expert(const Param& p) const;
+  void setup_fsdp();
 
   Model& model_;
   Mesh mesh_;
@@ -116,6 +138,7 @@ class DistTrainer {
   DistOptions opt_;
   std::vector<std::unique_ptr<ExpertParallel>> ep_;
   std::vector<std::unique_ptr<Unit>> units_;
+  std::unique_ptr<Fsdp> fsdp_;
   int64_t step_ = 0;
   std::vector<std::vector<int64_t>> loads_;
   StepMetrics metrics_;

@@ -37,7 +37,18 @@ nlohmann::json ParallelPlan::to_json() const {
           {"mbs", mbs},
           {"seq", seq},
           {"recompute", recompute_name(recompute)},
-          {"a2a_chunks", a2a_chunks}};
+          {"a2a_chunks", a2a_chunks},
+          {"engine", engine_name(engine)}};
+}
+
+const char* engine_name(Engine e) {
+  return e == Engine::Fsdp ? "fsdp" : "zero1+ep";
+}
+
+Engine parse_engine(const std::string& s) {
+  if (s == "fsdp") return Engine::Fsdp;
+  if (s == "zero1+ep") return Engine::Zero1Ep;
+  MT_THROW(ValueError, "unknown engine '", s, "' (expected fsdp or zero1+ep)");
 }
 
 ModelConfig with_lora(ModelConfig cfg, const LoraOptions& lora) {
@@ -310,10 +321,23 @@ MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& c,
   const double ex_tr = static_cast<double>(c.expert_trainable) * expert_share;
 
   MemoryBreakdown m;
-  m.weights = (dense / fsdp + ex) * dt.weight;
-  m.grads = (dense_tr / fsdp + ex_tr) * dt.grad;
-  m.master = (dense_tr / fsdp + ex_tr) * dt.master;
-  m.optimizer = (dense_tr / fsdp + ex_tr) * dt.optim;
+  if (p.engine == Engine::Zero1Ep) {
+    // Full dense weights and gradients on every rank; AdamW state for the rank's shard only
+    // (dense over the world, local experts over the replicas that shard them).
+    const double ex_local = static_cast<double>(c.expert) * expert_share * p.expert_shard;
+    const double ex_local_tr =
+        static_cast<double>(c.expert_trainable) * expert_share * p.expert_shard;
+    const double world = static_cast<double>(p.world);
+    m.weights = (dense + ex_local) * dt.weight;
+    m.grads = (dense_tr + ex_local_tr) * dt.grad;
+    m.master = (dense_tr / world + ex_tr) * dt.master;
+    m.optimizer = (dense_tr / world + ex_tr) * dt.optim;
+  } else {
+    m.weights = (dense / fsdp + ex) * dt.weight;
+    m.grads = (dense_tr / fsdp + ex_tr) * dt.grad;
+    m.master = (dense_tr / fsdp + ex_tr) * dt.master;
+    m.optimizer = (dense_tr / fsdp + ex_tr) * dt.optim;
+  }
 
   // Activations: what each block keeps, plus the one block being recomputed in backward.
   const int64_t T = p.tokens(), d = cfg.hidden;
@@ -337,6 +361,32 @@ MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& c,
   }
   m.workspace = (fp32(static_cast<double>(T * d)) * 3 + ws) * dt.act / 4.0;
 
+  if (p.engine == Engine::Zero1Ep) {
+    // The optimizer step posts every unit's reduction at once: a flat copy of all trainable
+    // gradients, the reduced shards, and one unit's flat parameters (the largest) being updated.
+    const double ex_local_tr =
+        static_cast<double>(c.expert_trainable) * expert_share * p.expert_shard;
+    const double world = static_cast<double>(p.world);
+    m.fsdp_buffers =
+        (dense_tr + ex_local_tr + dense_tr / world + ex_tr) * dt.grad +
+        static_cast<double>(std::max(c.largest_unit_trainable, c.expert_layer_trainable)) *
+            dt.weight;
+    if (p.ep > 1 && cfg.moe.num_experts > 0) {
+      // ExpertParallel: received rows, returned rows and the chunk's input and output while
+      // exchanging, plus the sorted input and grouped-FFN saved tensors of every MoE layer kept
+      // for backward (outside the model's activation arena).
+      const double rows = static_cast<double>(T * cfg.moe.top_k) * o.a2a_capacity;
+      const double l = static_cast<double>(cfg.moe.latent);
+      const double F = static_cast<double>(cfg.moe.expert_ffn);
+      const double r = static_cast<double>(cfg.moe.expert_lora.rank);
+      int64_t moe = 0;
+      for (const LayerIR& layer : cfg.layers) moe += layer.ffn == FfnKind::Moe;
+      m.a2a_buffers =
+          (fp32(rows * l) * 4 + static_cast<double>(moe) * fp32(rows * (l + 2 * F + 2 * r))) *
+          dt.act / 4.0;
+    }
+    return m;
+  }
   // FSDP gathers one unit at a time: the one in use and the prefetched next, plus the unit's
   // unsharded gradient before its reduce-scatter.
   if (p.fsdp > 1)

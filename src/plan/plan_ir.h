@@ -19,6 +19,21 @@ const char* recompute_name(Recompute r);
 // "none" | "selective" | "full"; ValueError otherwise.
 Recompute parse_recompute(const std::string& s);
 
+// Which engine the plan is sized for. The two differ in what a rank holds between uses:
+enum class Engine {
+  // Ideal FSDP (GPU plans): dense weights, gradients and optimizer state sharded over `fsdp`
+  // ranks, one unit gathered at a time; experts partitioned by EP and sharded by expert_shard.
+  Fsdp,
+  // moetrain's distributed CPU engine as it is (src/parallel/dist_trainer.h): every rank keeps
+  // full dense weights and full gradient buffers; only AdamW state is sharded (dense over the
+  // world; experts over EP, and over the replicas with shard_experts = expert_shard == replicas).
+  // The optimizer step packs every unit's gradient into a flat buffer at once.
+  Zero1Ep,
+};
+const char* engine_name(Engine e);  // "fsdp" | "zero1+ep"
+// "fsdp" | "zero1+ep"; ValueError otherwise.
+Engine parse_engine(const std::string& s);
+
 struct ParallelPlan {
   int64_t world = 1;          // ranks
   int64_t gpus_per_node = 8;  // decides which links a collective crosses
@@ -30,6 +45,7 @@ struct ParallelPlan {
   int64_t seq = 4096;         // tokens per sequence
   Recompute recompute = Recompute::None;
   int64_t a2a_chunks = 1;  // all-to-all split into chunks pipelined with expert compute
+  Engine engine = Engine::Fsdp;
 
   int64_t tokens() const { return mbs * seq; }
   int64_t experts_per_rank(int64_t num_experts) const { return num_experts / ep; }

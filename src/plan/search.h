@@ -43,6 +43,9 @@ struct SearchOptions {
   std::optional<Recompute> recompute;
   MemoryOptions memory;
   int64_t keep = 8;  // plans listed
+  // Zero1Ep: the distributed CPU engine as it is; fsdp is then the world (only optimizer state
+  // is sharded), expert_shard is 1 or all replicas (shard_experts) and recompute is none.
+  Engine engine = Engine::Fsdp;
 };
 
 struct StepTime {

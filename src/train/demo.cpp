@@ -164,6 +164,9 @@ DemoResult run_demo(const DemoOptions& o, std::ostream& log) {
   ft.init = a.checkpoint;
   ft.train_data = (work / "data" / "lora_train").string();
   ft.lora_targets = {"kda", "attention", "shared_experts", "dense_ffn"};
+  // The norm gains (1.7 k parameters) train in full: with the LM head frozen they are the cheapest
+  // way to re-weight the features prose tokens need (measured: prose -14.4% instead of -13.7%).
+  ft.train_patterns = {"*layernorm*", "model.norm.weight"};
   ft.lora_rank = o.lora_rank;
   ft.lora_alpha = static_cast<float>(2 * o.lora_rank);
   ft.lr = o.lora_lr;

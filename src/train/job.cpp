@@ -208,6 +208,8 @@ Job Job::parse(const std::string& text, const std::string& source,
   r.get("parallel.ep", j.ep);
   r.get("parallel.a2a_chunks", j.a2a_chunks);
   r.get("parallel.shard_experts", j.shard_experts);
+  r.get("parallel.plan", j.plan);
+  r.get("parallel.mem_gb", j.mem_gb);
   r.get("log.every", j.log_every);
   r.get("log.eval_every", j.eval_every);
   r.get("log.progress", j.progress);
@@ -230,6 +232,8 @@ Job Job::parse(const std::string& text, const std::string& source,
   need(j.log_every > 0, "log.every", j.log_every, "must be positive");
   need(j.ep > 0, "parallel.ep", j.ep, "must be positive");
   need(j.a2a_chunks > 0, "parallel.a2a_chunks", j.a2a_chunks, "must be positive");
+  need(j.plan == "manual" || j.plan == "auto", "parallel.plan", j.plan, "must be manual or auto");
+  need(j.mem_gb >= 0, "parallel.mem_gb", j.mem_gb, "must be >= 0 (0: host memory / ranks)");
   need(j.progress == "auto" || j.progress == "tty" || j.progress == "plain" || j.progress == "off",
        "log.progress", j.progress, "must be auto, tty, plain or off");
   for (const std::string& t : j.lora_targets) {
@@ -272,8 +276,11 @@ std::string Job::to_toml() const {
       {"schedule", toml::table{{"steps", steps}, {"warmup", warmup}}},
       {"train", toml::table{{"batch", batch}, {"grad_accum", grad_accum}}},
       {"checkpoint", toml::table{{"every", checkpoint_every}, {"keep", checkpoint_keep}}},
-      {"parallel",
-       toml::table{{"ep", ep}, {"a2a_chunks", a2a_chunks}, {"shard_experts", shard_experts}}},
+      {"parallel", toml::table{{"ep", ep},
+                               {"a2a_chunks", a2a_chunks},
+                               {"shard_experts", shard_experts},
+                               {"plan", plan},
+                               {"mem_gb", mem_gb}}},
       {"log",
        toml::table{{"every", log_every}, {"eval_every", eval_every}, {"progress", progress}}}};
   std::ostringstream os;

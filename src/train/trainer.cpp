@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "model/moe_layer.h"
+#include "plan/auto_plan.h"
 #include "train/dist_executor.h"
 
 namespace mt {
@@ -170,12 +171,54 @@ double unigram_baseline(const PackedData& train, const PackedData& heldout) {
   return n > 0 ? ce / static_cast<double>(n) : 0;
 }
 
-TrainResult run_job(const Job& job, const TrainOptions& topt, std::ostream& out) {
-  const PackedData train = load_dataset(job.train_data);
-  std::map<std::string, PackedData> evals;
-  for (const auto& [name, dir] : job.eval_data) evals.emplace(name, load_dataset(dir));
+namespace {
 
-  const ModelConfig cfg = job_model_config(job);
+// The job with the planner's mesh and micro-batch (parallel.plan = "auto"); the resolved job
+// records the chosen keys, so a rerun of its job.toml repeats the plan.
+Job apply_auto_plan(const Job& job, const ModelConfig& cfg, int64_t seq, par::Comm* comm,
+                    std::ostream& log) {
+  const int64_t world = comm ? comm->size() : 1;
+  plan::AutoRequest req{.cfg = cfg,
+                        .freeze_base = job_model_options(job).freeze_base,
+                        .world = world,
+                        .seq = seq,
+                        .batch = job.batch,
+                        .grad_accum = job.grad_accum};
+  if (job.mem_gb > 0) {
+    req.mem_bytes = job.mem_gb * 1e9;
+    req.mem_source = "parallel.mem_gb";
+  } else {
+    double host = plan::host_memory_bytes();
+    // Every rank must choose the same plan: rank 0's host decides.
+    if (comm) comm->broadcast(&host, 1, par::Elem::F64, 0);
+    req.mem_bytes = host / static_cast<double>(world);
+    req.mem_source = "host memory / " + std::to_string(world) + " rank(s)";
+  }
+  const plan::AutoPlan a = plan::choose_auto_plan(req);
+  log << a.explanation;
+  Job out = job;
+  out.plan = "manual";
+  out.ep = a.ep;
+  out.a2a_chunks = a.a2a_chunks;
+  out.shard_experts = a.shard_experts;
+  out.batch = a.batch;
+  out.grad_accum = a.grad_accum;
+  return out;
+}
+
+}  // namespace
+
+TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& out) {
+  const PackedData train = load_dataset(job_in.train_data);
+  std::map<std::string, PackedData> evals;
+  for (const auto& [name, dir] : job_in.eval_data) evals.emplace(name, load_dataset(dir));
+
+  const ModelConfig cfg = job_model_config(job_in);
+  std::ostringstream not_root;
+  const bool root = !topt.world || topt.world->rank() == 0;
+  const Job job = job_in.plan == "auto" ? apply_auto_plan(job_in, cfg, train.seq_len, topt.world,
+                                                          root ? out : not_root)
+                                        : job_in;
   for (const PackedData* d : [&] {
          std::vector<const PackedData*> all{&train};
          for (auto& [n, e] : evals) all.push_back(&e);

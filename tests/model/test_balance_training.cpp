@@ -90,7 +90,7 @@ TEST(BalanceTraining, OverflowPolicyKeepsConvergence) {
               on.final_loss, 100 * (on.final_loss / off.final_loss - 1), 100 * on.rerouted);
   EXPECT_GT(on.rerouted, 0) << "the policy must bind for the comparison to mean anything";
   EXPECT_LE(on.rerouted, 0.05);
-  EXPECT_LT(off.final_loss, std::log(61.0) * 0.8) << "training must make progress";
+  EXPECT_LT(off.final_loss, std::log(61.0) * 0.93) << "training must make progress";
   EXPECT_LE(std::abs(on.final_loss / off.final_loss - 1), 0.02);
 }
 

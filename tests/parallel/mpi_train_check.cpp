@@ -28,7 +28,7 @@ using mt::ValueError;
 
 struct Args {
   int ep = 1, chunks = 1, steps = 20, experts = 12;
-  bool lora = false, shard_experts = false, uneven = false;
+  bool lora = false, shard_experts = false, uneven = false, fsdp = false;
   int fail_rank = -1, fail_step = -1;
   int stall_rank = -1;     // never joins the collectives of fail_step (sleeps instead)
   int timeout_ms = 30000;  // of every wait
@@ -58,6 +58,8 @@ Args parse(int argc, char** argv) {
       a.tol = std::atof(argv[++i]);
     } else if (k == "--uneven")
       a.uneven = true;
+    else if (k == "--fsdp")
+      a.fsdp = true;
     else if (k == "--shard-experts")
       a.shard_experts = true;
     else if (k == "--fail-rank")
@@ -157,7 +159,10 @@ int run(mt::par::Comm& world, const Args& a) {
   }
 
   Model model(cfg, seed, mopt);
-  par::DistTrainer trainer(model, mesh, groups, {.a2a_chunks = a.chunks, .adam = adam});
+  // Its own context, so that its workspace peak is the distributed step's alone.
+  Context dctx(ContextOptions{.threads = 1});
+  par::DistTrainer trainer(model, mesh, groups,
+                           {.a2a_chunks = a.chunks, .adam = adam, .fsdp = a.fsdp});
   double max_loss_err = 0;
   for (int s = 0; s < a.steps; ++s) {
     if (rank == a.fail_rank && s == a.fail_step)
@@ -168,7 +173,7 @@ int run(mt::par::Comm& world, const Args& a) {
       MT_THROW(ValueError, "stalled rank was not ended by its peers");
     }
     Batch b = make_batch(cfg.vocab, s, rank, rank + 1, a.uneven);
-    par::StepResult r = trainer.step(ctx, b.seq, b.ids, b.targets, lr);
+    par::StepResult r = trainer.step(dctx, b.seq, b.ids, b.targets, lr);
     const double err = std::abs(r.loss - ref_loss[static_cast<size_t>(s)]) /
                        std::abs(ref_loss[static_cast<size_t>(s)]);
     max_loss_err = std::max(max_loss_err, err);
@@ -177,6 +182,15 @@ int run(mt::par::Comm& world, const Args& a) {
                   ref_loss[static_cast<size_t>(s)]);
   }
   std::printf("%s\n", trainer.metrics().line(rank).c_str());
+  // Measured before gather_params, which makes the dense parameters whole again.
+  const par::MemoryReport mem = trainer.memory();
+  std::printf(
+      "rank %d memory: parameters %lld B, gradients %lld B, optimizer %lld B, peak step "
+      "buffers %lld B, total %lld B\n",
+      rank, static_cast<long long>(mem.params), static_cast<long long>(mem.grads),
+      static_cast<long long>(mem.optimizer), static_cast<long long>(mem.transient),
+      static_cast<long long>(mem.total()));
+  trainer.gather_params();
 
   // Final parameters: dense ones whole, experts as this rank's rows of the reference.
   double max_param_err = 0;
@@ -199,14 +213,23 @@ int run(mt::par::Comm& world, const Args& a) {
     compared += want.numel();
   }
   const bool ok = max_loss_err <= a.tol && max_param_err <= a.tol;
-  int64_t param_bytes = 0;
-  for (const auto& p : model.params().all()) param_bytes += static_cast<int64_t>(p->value.bytes());
+  const int64_t param_bytes = mem.params;
   std::printf(
       "rank %d: %lld parameters compared, max loss rel err %.3g, max param err %.3g (%s), "
       "optimizer state %lld B, parameters %lld B: %s\n",
       rank, static_cast<long long>(compared), max_loss_err, max_param_err, worst.c_str(),
       static_cast<long long>(trainer.optimizer_bytes()), static_cast<long long>(param_bytes),
       ok ? "ok" : "MISMATCH");
+  // Measured bytes per rank, read by tests/plan/test_engine_memory.cpp against the planner.
+  int64_t grad_bytes = 0;
+  for (const auto& p : model.params().all())
+    if (p->trainable()) grad_bytes += static_cast<int64_t>(p->grad.bytes());
+  std::printf(
+      "memory rank %d: params %lld grads %lld optimizer %lld activations %lld workspace %lld\n",
+      rank, static_cast<long long>(param_bytes), static_cast<long long>(grad_bytes),
+      static_cast<long long>(trainer.optimizer_bytes()),
+      static_cast<long long>(model.activation_bytes_used()),
+      static_cast<long long>(dctx.workspace().peak()));
   const int64_t bad = world.all_reduce_sum(static_cast<int64_t>(ok ? 0 : 1));
   if (rank == 0)
     std::printf("%s: %lld of %d ranks mismatched\n", bad ? "FAIL" : "PASS",

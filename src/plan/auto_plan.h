@@ -1,0 +1,45 @@
+// `moetrain train --plan auto`: the planner sizes the distributed CPU engine as it is (zero1+ep)
+// for the world a job runs on and chooses ep, a2a_chunks, shard_experts and the per-rank
+// micro-batch under a per-rank memory limit. Pure planning: no dependency on the trainer, which
+// applies the result to its job.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "plan/search.h"
+
+namespace mt::plan {
+
+struct AutoRequest {
+  ModelConfig cfg;  // with the job's LoRA adapters applied
+  bool freeze_base = false;
+  int64_t world = 1;
+  int64_t seq = 0;         // tokens per packed sequence
+  int64_t batch = 1;       // sequences per micro-batch over all ranks (train.batch)
+  int64_t grad_accum = 1;  // micro-batches per optimizer step
+  double mem_bytes = 0;    // per rank
+  std::string mem_source;  // where the limit came from, for the explanation
+};
+
+struct AutoPlan {
+  Evaluated chosen;  // the plan with its predicted memory and time
+  int64_t ep = 1, a2a_chunks = 1;
+  bool shard_experts = false;
+  int64_t batch = 1, grad_accum = 1;  // batch x grad_accum equals the request's
+  std::string explanation;            // what was chosen and why, several lines
+};
+
+// The CPU host as the step-time model sees it. The rates only rank plans against each other
+// (EP's exchange against replicated experts); they are rough, uncalibrated assumptions.
+Hardware cpu_host(double mem_bytes);
+
+// Largest per-rank micro-batch (at most the job's batch / world) whose best plan fits; ties
+// between plans go to the faster, then the smaller. ConfigError when the sizes cannot split over
+// the world, or with the planner's rejections when nothing fits.
+AutoPlan choose_auto_plan(const AutoRequest& r);
+
+// Physical memory of this host in bytes (0 when unknown).
+double host_memory_bytes();
+
+}  // namespace mt::plan
