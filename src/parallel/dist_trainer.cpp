@@ -216,6 +216,8 @@ MemoryReport DistTrainer::memory() const {
     r.params += fsdp_->memory().shard_bytes;
     r.grads += fsdp_->memory().grad_bytes;
     r.transient = std::max(r.transient, fsdp_->memory().transient_peak);
+    r.fsdp_shards = fsdp_->memory().shard_bytes;
+    r.fsdp_transient = fsdp_->memory().transient_peak;
   }
   return r;
 }

@@ -45,6 +45,9 @@ struct MemoryReport {
   int64_t grads = 0;      // persistent gradient buffers
   int64_t optimizer = 0;  // AdamW moments
   int64_t transient = 0;  // peak of step buffers: gathers, unit gradients, flat reductions
+  // fsdp only: the dense value shards (part of params) and the peak of unit gathers and unit
+  // gradient buffers alive at once (part of transient).
+  int64_t fsdp_shards = 0, fsdp_transient = 0;
   int64_t total() const { return params + grads + optimizer + transient; }
 };
 

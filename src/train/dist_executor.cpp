@@ -215,7 +215,8 @@ class DistExecutor : public StepExecutor {
       : ctx_(ctx),
         model_(model),
         setup_(s),
-        trainer_(model, s.mesh, s.groups, {.a2a_chunks = s.a2a_chunks, .adam = adam}) {}
+        trainer_(model, s.mesh, s.groups,
+                 {.a2a_chunks = s.a2a_chunks, .adam = adam, .fsdp = s.fsdp}) {}
 
   void zero_grad() override { trainer_.zero_grad(); }
   double forward_backward(const Batch& b) override {
@@ -320,7 +321,8 @@ DistSetup::DistSetup(par::Comm& world, const ModelConfig& cfg, const Job& job)
     : mesh(par::make_mesh(world.size(), world.rank(), cfg.moe.num_experts,
                           {.ep = static_cast<int>(job.ep), .shard_experts = job.shard_experts})),
       groups(par::make_groups(world, mesh)),
-      a2a_chunks(static_cast<int>(job.a2a_chunks)) {}
+      a2a_chunks(static_cast<int>(job.a2a_chunks)),
+      fsdp(job.fsdp) {}
 
 std::unique_ptr<StepExecutor> make_dist_executor(Context& ctx, Model& model, DistSetup& setup,
                                                  const AdamWOptions& adam) {

@@ -33,6 +33,7 @@ struct DistSetup {
   par::Mesh mesh;
   par::ProcessGroups groups;
   int a2a_chunks = 1;
+  bool fsdp = false;
 };
 
 // The executor of one rank; slices the model's experts to the rank's share.

@@ -208,6 +208,7 @@ Job Job::parse(const std::string& text, const std::string& source,
   r.get("parallel.ep", j.ep);
   r.get("parallel.a2a_chunks", j.a2a_chunks);
   r.get("parallel.shard_experts", j.shard_experts);
+  r.get("parallel.fsdp", j.fsdp);
   r.get("parallel.plan", j.plan);
   r.get("parallel.mem_gb", j.mem_gb);
   r.get("log.every", j.log_every);
@@ -279,6 +280,7 @@ std::string Job::to_toml() const {
       {"parallel", toml::table{{"ep", ep},
                                {"a2a_chunks", a2a_chunks},
                                {"shard_experts", shard_experts},
+                               {"fsdp", fsdp},
                                {"plan", plan},
                                {"mem_gb", mem_gb}}},
       {"log",

@@ -57,6 +57,7 @@ struct Job {
   int64_t ep = 1;              // expert-parallel size: divides the world and the expert count
   int64_t a2a_chunks = 1;      // all-to-all pieces pipelined with the expert computation
   bool shard_experts = false;  // also shard expert optimizer state over the EDP replicas
+  bool fsdp = false;           // ZeRO-3 units: dense parameters live as 1/world shards
   // "manual": the keys above; "auto": the planner chooses ep, a2a_chunks, shard_experts and the
   // per-rank micro-batch (batch x grad_accum kept) for the world the job runs on.
   std::string plan = "manual";

@@ -190,6 +190,33 @@ int run(mt::par::Comm& world, const Args& a) {
       rank, static_cast<long long>(mem.params), static_cast<long long>(mem.grads),
       static_cast<long long>(mem.optimizer), static_cast<long long>(mem.transient),
       static_cast<long long>(mem.total()));
+  bool mem_ok = true;
+  if (a.fsdp) {
+    // ZeRO-3 in memory: between steps no full dense tensor exists, each rank holds 1/W of the
+    // dense elements (plus < W padding per flat buffer), and the gathers never hold the model.
+    int64_t dense = 0, groups_n = 0;
+    for (const auto& p : model.params().all()) {
+      if (p->name.find(".mlp.experts.") != std::string::npos || p->spec.role == ParamRole::Buffer)
+        continue;
+      dense += static_cast<int64_t>(p->spec.shape.numel()) * 4;
+      if (p->value.raw() != nullptr) {
+        std::printf("rank %d: %s is still whole between steps\n", rank, p->name.c_str());
+        mem_ok = false;
+      }
+    }
+    groups_n = 2 * model.num_units();
+    const int64_t lo = dense / W, hi = dense / W + 4 * groups_n;
+    if (mem.fsdp_shards < lo || mem.fsdp_shards > hi || mem.fsdp_transient >= dense) {
+      std::printf("rank %d: dense %lld B: shards %lld B outside [%lld, %lld] or gathers %lld B\n",
+                  rank, static_cast<long long>(dense), static_cast<long long>(mem.fsdp_shards),
+                  static_cast<long long>(lo), static_cast<long long>(hi),
+                  static_cast<long long>(mem.fsdp_transient));
+      mem_ok = false;
+    }
+    std::printf("rank %d fsdp: dense %lld B, shards %lld B, peak gathered %lld B\n", rank,
+                static_cast<long long>(dense), static_cast<long long>(mem.fsdp_shards),
+                static_cast<long long>(mem.fsdp_transient));
+  }
   trainer.gather_params();
 
   // Final parameters: dense ones whole, experts as this rank's rows of the reference.
@@ -212,7 +239,7 @@ int run(mt::par::Comm& world, const Args& a) {
     }
     compared += want.numel();
   }
-  const bool ok = max_loss_err <= a.tol && max_param_err <= a.tol;
+  const bool ok = mem_ok && max_loss_err <= a.tol && max_param_err <= a.tol;
   const int64_t param_bytes = mem.params;
   std::printf(
       "rank %d: %lld parameters compared, max loss rel err %.3g, max param err %.3g (%s), "
@@ -221,9 +248,7 @@ int run(mt::par::Comm& world, const Args& a) {
       static_cast<long long>(trainer.optimizer_bytes()), static_cast<long long>(param_bytes),
       ok ? "ok" : "MISMATCH");
   // Measured bytes per rank, read by tests/plan/test_engine_memory.cpp against the planner.
-  int64_t grad_bytes = 0;
-  for (const auto& p : model.params().all())
-    if (p->trainable()) grad_bytes += static_cast<int64_t>(p->grad.bytes());
+  const int64_t grad_bytes = mem.grads;
   std::printf(
       "memory rank %d: params %lld grads %lld optimizer %lld activations %lld workspace %lld\n",
       rank, static_cast<long long>(param_bytes), static_cast<long long>(grad_bytes),

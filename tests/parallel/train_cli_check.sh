@@ -3,7 +3,9 @@
 #   4 ranks (EP 4, 2 all-to-all chunks) give the one-process losses and held-out loss;
 #   the mesh banner is printed once; metrics carry the aggregated communication;
 #   the sharded step-4 checkpoint of the 4-rank run resumes on 2 ranks (EP 2) and on one process,
-#   and a one-process checkpoint resumes on 2 ranks, each equal to the uninterrupted runs.
+#   and a one-process checkpoint resumes on 2 ranks, each equal to the uninterrupted runs;
+#   FSDP units (parallel.fsdp) load the 4-rank checkpoint on 2 ranks, and a LoRA FSDP run's
+#   checkpoint (frozen and trainable shards) resumes on one process.
 # Usage: train_cli_check.sh MOETRAIN MPIRUN... (the mpirun command with its flags)
 set -euo pipefail
 bin=$1; shift
@@ -44,8 +46,8 @@ same "$T/one" "$T/four" "4 ranks EP 4 vs one process"
 ck=$T/four/checkpoints/step_00000004
 [ -f "$ck/index.json" ] && [ -f "$ck/shard-00003-of-00004.safetensors" ] || { echo "no sharded checkpoint"; exit 1; }
 "${mpirun[@]}" -np 2 "$bin" train "${S[@]}" --set "run.dir=\"$T/two\"" --set parallel.ep=2 \
-  --resume-from "$ck" >"$T/two.log"
-same "$T/four" "$T/two" "resumed on 2 ranks EP 2 vs uninterrupted 4 ranks"
+  --set parallel.fsdp=true --resume-from "$ck" >"$T/two.log"
+same "$T/four" "$T/two" "resumed on 2 ranks EP 2 with FSDP vs uninterrupted 4 ranks"
 "$bin" train "${S[@]}" --set "run.dir=\"$T/one_r\"" --resume-from "$ck" >"$T/one_r.log"
 same "$T/four" "$T/one_r" "resumed on one process vs uninterrupted 4 ranks"
 same "$T/one" "$T/one_r" "resumed on one process vs uninterrupted one process"
@@ -56,8 +58,12 @@ same "$T/one" "$T/two_p" "one-process checkpoint resumed on 2 ranks vs one proce
 L=(--set 'lora.targets=["kda","routed_experts","router"]' --set lora.rank=2 --set schedule.steps=4)
 "$bin" train "${S[@]}" "${L[@]}" --set "run.dir=\"$T/lora1\"" >"$T/lora1.log"
 "${mpirun[@]}" -np 2 "$bin" train "${S[@]}" "${L[@]}" --set "run.dir=\"$T/lora2\"" \
-  --set parallel.ep=1 --set parallel.shard_experts=true >"$T/lora2.log"
-same "$T/lora1" "$T/lora2" "LoRA on 2 ranks (EP 1, sharded expert state) vs one process"
+  --set parallel.ep=1 --set parallel.shard_experts=true --set parallel.fsdp=true \
+  --set checkpoint.every=2 >"$T/lora2.log"
+same "$T/lora1" "$T/lora2" "LoRA on 2 ranks (EP 1, sharded expert state, FSDP) vs one process"
+"$bin" train "${S[@]}" "${L[@]}" --set "run.dir=\"$T/lora1_r\"" \
+  --resume-from "$T/lora2/checkpoints/step_00000002" >"$T/lora1_r.log"
+same "$T/lora1" "$T/lora1_r" "LoRA FSDP checkpoint resumed on one process vs one process"
 
 # A batch that does not split over the ranks fails before training, on every rank.
 if out=$(timeout 60 "${mpirun[@]}" -np 4 "$bin" train "${S[@]}" --set "run.dir=\"$T/bad\"" \

@@ -5,8 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 
+#include "model/hf_config.h"
 #include "model/model.h"
+#include "model/safetensors.h"
 #include "plan/model_stats.h"
 #include "train/adamw.h"
 
@@ -78,6 +82,53 @@ TEST(PlanCounts, TinyAndSmallEqualBuiltModels) {
     check_against_model(with_lora(base, {.rank = 3, .alpha = 8, .expert_rank = 0}), true);
     check_against_model(with_layers(base, {MixerKind::Mla, MixerKind::Kda, MixerKind::Dsa}), false);
   }
+}
+
+// Presets small enough to allocate (seed-2.8t, 2.8T parameters, is checked from specs below).
+TEST(PlanCounts, EveryBuildablePresetEqualsBuiltModel) {
+  int built = 0;
+  for (const std::string& name : preset_names()) {
+    SCOPED_TRACE(name);
+    const ModelConfig cfg = ModelConfig::load(name);
+    if (count_params(cfg, false).total > int64_t{200'000'000}) continue;
+    check_against_model(cfg, false);
+    check_against_model(with_lora(cfg, {.rank = 4, .alpha = 8, .expert_rank = 2}), true);
+    ++built;
+  }
+  EXPECT_GE(built, 2);  // tiny and small at least
+}
+
+// The HF goldens (tests/golden/*/model/config.json through the HF import): counts equal the
+// built model, and the total equals the elements of the transformers checkpoint itself.
+TEST(PlanCounts, EveryHfGoldenConfigEqualsBuiltModel) {
+  namespace fs = std::filesystem;
+  fs::path root;
+  if (const char* env = std::getenv("MOETRAIN_GOLDEN_DIR")) root = env;
+  std::error_code ec;
+  for (fs::path p = fs::current_path(ec); root.empty() && !p.empty(); p = p.parent_path()) {
+    if (fs::is_directory(p / "tests" / "golden", ec)) root = p / "tests" / "golden";
+    if (p == p.parent_path()) break;
+  }
+  ASSERT_FALSE(root.empty()) << "tests/golden not found above " << fs::current_path(ec);
+  int checked = 0;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const fs::path model = e.path() / "model";
+    if (!fs::exists(model / "config.json")) continue;
+    SCOPED_TRACE(e.path().filename().string());
+    const ModelConfig cfg = load_hf_config(model.string()).model;
+    check_against_model(cfg, false);
+    check_against_model(with_lora(cfg, {.rank = 2, .alpha = 4, .expert_rank = 2}), true);
+    int64_t stored = 0;
+    for (const SafetensorsEntry& t :
+         read_safetensors_header((model / "model.safetensors").string())) {
+      int64_t n = 1;
+      for (int64_t d : t.shape) n *= d;
+      stored += n;
+    }
+    EXPECT_EQ(count_params(cfg, false).total, stored);
+    ++checked;
+  }
+  EXPECT_GE(checked, 8);
 }
 
 TEST(PlanCounts, Seed28tFromSpecs) {

@@ -1,0 +1,94 @@
+// `--plan auto` choices (plan/auto_plan.h): with room it keeps the job's micro-batch and
+// replicated experts; under a tighter limit it moves to EP or a smaller micro-batch (keeping
+// batch x grad_accum) and the chosen plan's prediction is under the limit while the rejected one
+// is over it; with no room it is a ConfigError carrying the planner's rejections.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "plan/auto_plan.h"
+
+namespace mt::plan {
+namespace {
+
+AutoRequest request(int64_t world, double mem) {
+  ModelConfig cfg = ModelConfig::load("tiny");
+  cfg.moe.num_experts = 12;
+  return {.cfg = cfg,
+          .freeze_base = false,
+          .world = world,
+          .seq = 64,
+          .batch = 8,
+          .grad_accum = 1,
+          .mem_bytes = mem,
+          .mem_source = "test"};
+}
+
+MemoryBreakdown zero1(const AutoRequest& r, int64_t ep, int64_t mbs) {
+  const ParallelPlan p{.world = r.world,
+                       .fsdp = r.world,
+                       .ep = ep,
+                       .replicas = r.world / ep,
+                       .mbs = mbs,
+                       .seq = r.seq,
+                       .engine = Engine::Zero1Ep};
+  return predict_memory(r.cfg, p, {.dtype = DtypePolicy::cpu_fp32(), .freeze_base = false});
+}
+
+TEST(PlanAuto, AmpleMemoryKeepsTheJobsMicroBatchWithoutEp) {
+  const AutoPlan a = choose_auto_plan(request(4, 64e9));
+  EXPECT_EQ(a.ep, 1);  // no exchange to pay for
+  EXPECT_EQ(a.a2a_chunks, 1);
+  EXPECT_EQ(a.batch, 8);
+  EXPECT_EQ(a.grad_accum, 1);
+  EXPECT_EQ(a.chosen.plan.mbs, 2);
+  EXPECT_EQ(a.chosen.plan.engine, Engine::Zero1Ep);
+  EXPECT_NE(a.explanation.find("chosen: ep 1"), std::string::npos) << a.explanation;
+}
+
+TEST(PlanAuto, TightMemoryMovesToExpertParallelism) {
+  AutoRequest r = request(4, 0);
+  const double ep1 = zero1(r, 1, 2).total(), ep4 = zero1(r, 4, 2).total();
+  ASSERT_LT(ep4, ep1);
+  r.mem_bytes = (ep1 + ep4) / 2;
+  const AutoPlan a = choose_auto_plan(r);
+  EXPECT_GT(a.ep, 1) << a.explanation;
+  EXPECT_EQ(a.batch, 8);
+  EXPECT_LE(a.chosen.memory.total(), r.mem_bytes);
+  EXPECT_NE(a.explanation.find("why not ep 1: never fits"), std::string::npos) << a.explanation;
+}
+
+TEST(PlanAuto, TighterMemoryShrinksTheMicroBatchAndKeepsTheStepSize) {
+  AutoRequest r = request(2, 0);
+  const double mbs4 = zero1(r, 2, 4).total(), mbs2 = zero1(r, 2, 2).total();
+  ASSERT_LT(mbs2, mbs4);
+  r.mem_bytes = (mbs4 + mbs2) / 2;
+  const AutoPlan a = choose_auto_plan(r);
+  EXPECT_EQ(a.chosen.plan.mbs, 2) << a.explanation;
+  EXPECT_EQ(a.batch, 4);
+  EXPECT_EQ(a.grad_accum, 2);
+  EXPECT_NE(a.explanation.find("do not fit; grad_accum 1 -> 2"), std::string::npos)
+      << a.explanation;
+}
+
+TEST(PlanAuto, NothingFitsIsAConfigErrorWithTheRejections) {
+  AutoRequest r = request(2, 0);
+  r.mem_bytes = zero1(r, 2, 1).total() * 0.5;
+  try {
+    choose_auto_plan(r);
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("no parallel plan fits"), std::string::npos) << m;
+    EXPECT_NE(m.find("over memory, largest part"), std::string::npos) << m;
+    EXPECT_NE(m.find("closest ep 2"), std::string::npos) << m;
+  }
+}
+
+TEST(PlanAuto, BatchThatDoesNotSplitIsAConfigError) {
+  AutoRequest r = request(3, 64e9);
+  r.batch = 4;
+  EXPECT_THROW(choose_auto_plan(r), ConfigError);
+}
+
+}  // namespace
+}  // namespace mt::plan

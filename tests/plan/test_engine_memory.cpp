@@ -1,0 +1,125 @@
+// The planner's zero1+ep engine against the distributed engine as it runs: for world 1..4 x EP
+// (full and LoRA, replicated and sharded expert state) mpi_train_check trains one step under
+// mpirun and prints every rank's parameter, gradient, optimizer, activation and workspace bytes;
+// the planner's per-rank prediction of those parts must be within 10% (the parts that come from
+// the same specs must be within 1%: only unit padding differs).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "plan/model_stats.h"
+
+#ifndef MT_MPIRUN_CMD
+#error "MT_MPIRUN_CMD (mpirun with its flags) must be defined by tests/CMakeLists.txt"
+#endif
+#ifndef MT_TRAIN_CHECK
+#error "MT_TRAIN_CHECK (the mpi_train_check binary) must be defined by tests/CMakeLists.txt"
+#endif
+
+namespace mt::plan {
+namespace {
+
+struct RankBytes {
+  double params = 0, grads = 0, optim = 0, acts = 0, ws = 0;
+};
+
+struct MeshCase {
+  int world, ep;
+  bool lora, shard_experts;
+};
+
+// Runs the driver and parses its "memory rank R: ..." lines.
+std::vector<RankBytes> measure(const MeshCase& c) {
+  std::string cmd = std::string("OMP_NUM_THREADS=1 ") + MT_MPIRUN_CMD + " -np " +
+                    std::to_string(c.world) + " " + MT_TRAIN_CHECK + " --steps 1 --ep " +
+                    std::to_string(c.ep) + (c.lora ? " --lora" : "") +
+                    (c.shard_experts ? " --shard-experts" : "") + " 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  EXPECT_NE(f, nullptr) << cmd;
+  std::vector<RankBytes> out(static_cast<size_t>(c.world));
+  std::vector<bool> seen(out.size(), false);
+  std::string log;
+  char line[1024];
+  while (f && std::fgets(line, sizeof line, f)) {
+    log += line;
+    int rank = -1;
+    long long p, g, o, a, w;
+    if (std::sscanf(line,
+                    "memory rank %d: params %lld grads %lld optimizer %lld activations %lld "
+                    "workspace %lld",
+                    &rank, &p, &g, &o, &a, &w) == 6 &&
+        rank >= 0 && rank < c.world) {
+      out[static_cast<size_t>(rank)] = {static_cast<double>(p), static_cast<double>(g),
+                                        static_cast<double>(o), static_cast<double>(a),
+                                        static_cast<double>(w)};
+      seen[static_cast<size_t>(rank)] = true;
+    }
+  }
+  const int rc = f ? pclose(f) : -1;
+  EXPECT_EQ(rc, 0) << cmd << "\n" << log;
+  for (size_t r = 0; r < seen.size(); ++r) EXPECT_TRUE(seen[r]) << "no memory line of rank " << r;
+  return out;
+}
+
+// The driver's model and batch: `tiny` with 12 experts; LoRA rank 2 everywhere, experts too;
+// every rank holds documents of 9 and 15 tokens.
+ModelConfig driver_config(bool lora) {
+  ModelConfig cfg = ModelConfig::load("tiny");
+  cfg.moe.num_experts = 12;
+  if (lora) cfg = with_lora(cfg, {.rank = 2, .alpha = 4.f, .expert_rank = 2});
+  return cfg;
+}
+
+double rel(double predicted, double measured) {
+  return (predicted - measured) / measured;
+}
+
+TEST(PlanEngineMemory, Zero1EpWithin10PercentOfMeasuredRanks) {
+  const std::vector<MeshCase> cases = {
+      {1, 1, false, false}, {2, 1, false, false}, {2, 2, false, false}, {2, 2, true, false},
+      {3, 1, true, false},  {3, 3, false, false}, {4, 1, false, false}, {4, 2, false, false},
+      {4, 4, true, false},  {4, 4, false, false}, {4, 2, true, true},   {4, 1, false, true},
+  };
+  for (const MeshCase& c : cases) {
+    const std::string name = "world " + std::to_string(c.world) + " ep " + std::to_string(c.ep) +
+                             (c.lora ? " lora" : " full") + (c.shard_experts ? " shard" : "");
+    SCOPED_TRACE(name);
+    const ModelConfig cfg = driver_config(c.lora);
+    const int64_t replicas = c.world / c.ep;
+    const ParallelPlan p{.world = c.world,
+                         .fsdp = c.world,
+                         .ep = c.ep,
+                         .replicas = replicas,
+                         .expert_shard = c.shard_experts ? replicas : 1,
+                         .mbs = 1,
+                         .seq = 24,
+                         .engine = Engine::Zero1Ep};
+    const MemoryBreakdown m =
+        predict_memory(cfg, p, {.dtype = DtypePolicy::cpu_fp32(), .freeze_base = c.lora});
+    const std::vector<RankBytes> got = measure(c);
+    for (size_t r = 0; r < got.size(); ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      const RankBytes& g = got[r];
+      const double measured = g.params + g.grads + g.optim + g.acts + g.ws;
+      const double predicted = m.weights + m.grads + m.optimizer + m.activations + m.workspace;
+      if (r == 0)
+        std::printf(
+            "%-24s params %7.0f/%7.0f grads %7.0f/%7.0f optim %7.0f/%7.0f acts %7.0f/%7.0f "
+            "ws %6.0f/%6.0f total %+.2f%% (predicted/measured)\n",
+            name.c_str(), m.weights, g.params, m.grads, g.grads, m.optimizer, g.optim,
+            m.activations, g.acts, m.workspace, g.ws, 100 * rel(predicted, measured));
+      EXPECT_EQ(m.weights, g.params);
+      EXPECT_EQ(m.grads, g.grads);
+      // Each unit's flat state is padded to a multiple of the world.
+      EXPECT_LT(std::abs(rel(m.optimizer, g.optim)), 0.01);
+      EXPECT_LT(std::abs(rel(m.activations, g.acts)), 0.10);
+      EXPECT_LT(std::abs(rel(predicted, measured)), 0.10);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mt::plan
