@@ -59,6 +59,17 @@ void MoeLayer::set_overflow_policy(const ops::OverflowParams& p, std::vector<int
   overflow_on_ = true;
 }
 
+void MoeLayer::set_trace_width(int64_t width) {
+  MT_CHECK(width >= 0 && width <= cfg_.num_experts && (width == 0 || width >= cfg_.top_k),
+           ConfigError, "moe routing trace width ", width, " must be 0 or in [top_k ", cfg_.top_k,
+           ", ", cfg_.num_experts, "]");
+  trace_width_ = width;
+  if (width == 0) {
+    trace_cand_.clear();
+    trace_prio_.clear();
+  }
+}
+
 ops::RouterParams MoeLayer::router_params(int64_t tokens) const {
   return {.tokens = tokens,
           .experts = cfg_.num_experts,
@@ -224,6 +235,26 @@ void MoeLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
                                                   cand, ids_, weights_);
   } else {
     ops::router_forward(ctx, rp, logits_, bias_.value, scores_, ids_, weights_);
+  }
+  if (trace_width_ > 0) {
+    // A separate top-W pass: the routing above may use another width (or none), and a trace must
+    // show the candidates as the router ranks them, not as the overflow policy left them.
+    ArenaScope scope(ctx.workspace());
+    ops::RouterParams wide = rp;
+    wide.top_k = trace_width_;
+    Tensor cand = ctx.workspace().alloc({T, trace_width_}, DType::I32);
+    Tensor cand_w = ctx.workspace().alloc({T, trace_width_});
+    Tensor sc = ctx.workspace().alloc({T, E});
+    ops::router_forward(ctx, wide, logits_, bias_.value, sc, cand, cand_w);
+    const auto n = static_cast<size_t>(T * trace_width_);
+    trace_cand_.assign(cand.i32(), cand.i32() + n);
+    trace_prio_.resize(n);
+    const float* b = bias_.value.defined() ? bias_.value.f32() : nullptr;
+    for (size_t i = 0; i < n; ++i) {
+      const auto t = static_cast<int64_t>(i) / trace_width_;
+      const int32_t e = trace_cand_[i];
+      trace_prio_[i] = sc.f32()[t * E + e] + (b ? b[e] : 0.f);
+    }
   }
   seq_aux_ = ops::router_seq_aux_loss(ctx, rp, seq, scores_, ids_);
   z_ = ops::router_z_loss(ctx, rp, logits_);

@@ -77,6 +77,7 @@ class MoeLayer : public Layer {
   void set_local_experts(int64_t first, int64_t count, ExpertCompute* compute);
   int64_t local_expert_first() const { return expert_first_; }
   int64_t local_expert_count() const { return expert_count_; }
+  ExpertCompute* expert_compute() const { return remote_; }
   // Load balancing (ops/overflow_route.h, docs/load-balancing.md): the router proposes
   // top_k + p.extra candidates and the bounded overflow policy picks each token's experts, with
   // expert_rank[e] the EP rank holding expert e. p.tokens / experts / top_k are filled per forward.
@@ -85,6 +86,12 @@ class MoeLayer : public Layer {
   void clear_overflow_policy() { overflow_on_ = false; }
   // Statistics of the last forward's rerouting (zeros without a policy).
   const ops::OverflowStats& last_overflow() const { return overflow_stats_; }
+  // Routing traces (docs/load-balancing.md#trace-format): with width > 0 every forward keeps each
+  // token's top-`width` candidates (descending selection score) and their selection scores
+  // (score + bias), [T, width] row-major. 0 switches it off.
+  void set_trace_width(int64_t width);
+  const std::vector<int32_t>& trace_candidates() const { return trace_cand_; }
+  const std::vector<float>& trace_priorities() const { return trace_prio_; }
   // Inference only (model/decode.h): forward on x [n, hidden] without counting expert load.
   void decode_step(Context& ctx, const Tensor& x, Tensor& y);
 
@@ -112,6 +119,9 @@ class MoeLayer : public Layer {
   ops::OverflowParams overflow_;
   std::vector<int32_t> overflow_rank_;
   ops::OverflowStats overflow_stats_;
+  int64_t trace_width_ = 0;
+  std::vector<int32_t> trace_cand_;
+  std::vector<float> trace_prio_;
 };
 
 }  // namespace mt

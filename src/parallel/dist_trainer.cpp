@@ -218,6 +218,8 @@ MemoryReport DistTrainer::memory() const {
     r.transient = std::max(r.transient, fsdp_->memory().transient_peak);
     r.fsdp_shards = fsdp_->memory().shard_bytes;
     r.fsdp_transient = fsdp_->memory().transient_peak;
+    r.fsdp_units_peak = fsdp_->memory().live_units_peak;
+    r.fsdp_grads_peak = fsdp_->memory().live_grads_peak;
   }
   return r;
 }

@@ -48,6 +48,7 @@ struct MemoryReport {
   // fsdp only: the dense value shards (part of params) and the peak of unit gathers and unit
   // gradient buffers alive at once (part of transient).
   int64_t fsdp_shards = 0, fsdp_transient = 0;
+  int fsdp_units_peak = 0, fsdp_grads_peak = 0;  // see FsdpMemory
   int64_t total() const { return params + grads + optimizer + transient; }
 };
 

@@ -21,6 +21,11 @@ ExpertParallel::ExpertParallel(Comm& ep, int64_t num_experts, const ExpertParall
   El_ = E_ / P_;
 }
 
+void ExpertParallel::set_chunks(int chunks) {
+  MT_CHECK(chunks >= 1, ConfigError, "all-to-all chunks must be >= 1, got ", chunks);
+  chunks_ = chunks;
+}
+
 ops::GroupedFfnParams ExpertParallel::local_params(const ops::GroupedFfnParams& p,
                                                    int64_t rows) const {
   ops::GroupedFfnParams q = p;
@@ -32,14 +37,16 @@ ops::GroupedFfnParams ExpertParallel::local_params(const ops::GroupedFfnParams& 
 template <typename F>
 void ExpertParallel::exchange(const Tensor& src, Tensor& recv, Tensor& back, Tensor& dst,
                               F&& each) {
-  std::vector<Request> out(static_cast<size_t>(chunks_)), ret(static_cast<size_t>(chunks_));
-  for (int c = 0; c < chunks_; ++c) {
+  // The plan's own count: a set_chunks between forward and backward must not change backward.
+  const int n = static_cast<int>(chunk_.size());
+  std::vector<Request> out(static_cast<size_t>(n)), ret(static_cast<size_t>(n));
+  for (int c = 0; c < n; ++c) {
     Chunk& k = chunk_[static_cast<size_t>(c)];
     out[static_cast<size_t>(c)] =
         ep_.iall_to_all_v(src.raw(), k.send_counts, k.send_displs, recv.raw(), k.recv_counts,
                           k.recv_displs, Elem::F32);
   }
-  for (int c = 0; c < chunks_; ++c) {
+  for (int c = 0; c < n; ++c) {
     Chunk& k = chunk_[static_cast<size_t>(c)];
     out[static_cast<size_t>(c)].wait();
     each(k);
@@ -150,7 +157,7 @@ void ExpertParallel::backward(Context& ctx, const ops::GroupedFfnParams& p,
                               const ops::GroupedFfnWeights& local, const Tensor& dout,
                               Tensor& drows, ops::GroupedFfnWeights& local_grads) {
   const int64_t N = p.rows, l = p.in;
-  MT_CHECK(l == l_ && static_cast<int>(chunk_.size()) == chunks_, InternalError,
+  MT_CHECK(l == l_ && !chunk_.empty(), InternalError,
            "expert-parallel backward without a matching forward");
   expect_shape(dout, {N, l}, "expert-parallel dout");
   expect_shape(drows, {N, l}, "expert-parallel drows");

@@ -39,6 +39,10 @@ class ExpertParallel : public ExpertCompute {
 
   // Rows (token-expert pairs) this rank's experts received, summed over forwards since reset.
   int64_t rows_received() const { return rows_received_; }
+  // Chunk count from the next forward on (compensation, docs/load-balancing.md). Every rank of the
+  // EP group must set the same count before the same forward; backward keeps its forward's plan.
+  void set_chunks(int chunks);
+  int chunks() const { return chunks_; }
   void reset_stats() { rows_received_ = 0; }
 
  private:

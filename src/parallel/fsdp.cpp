@@ -99,6 +99,7 @@ void Fsdp::start_gather(int u) {
     g->req = comm_.iall_gather(g->shard.raw(), g->shard_len, g->full.raw(), Elem::F32);
   }
   un.state = State::InFlight;
+  mem_.live_units_peak = std::max(mem_.live_units_peak, ++mem_.live_units);
 }
 
 void Fsdp::bind(int u, bool backward) {
@@ -111,6 +112,7 @@ void Fsdp::bind(int u, bool backward) {
   if (backward && un.train.n > 0) {
     un.grad_full = Tensor::zeros({un.train.padded});
     track(static_cast<int64_t>(un.grad_full.bytes()));
+    mem_.live_grads_peak = std::max(mem_.live_grads_peak, ++mem_.live_grads);
   }
   for (Group* g : {&un.train, &un.frozen}) {
     int64_t off = 0;
@@ -127,7 +129,7 @@ void Fsdp::bind(int u, bool backward) {
   model_.rebind_unit(u);
 }
 
-void Fsdp::release(int u) {
+void Fsdp::release(int u, bool handed_off) {
   Unit& un = units_.at(static_cast<size_t>(u));
   for (Group* g : {&un.train, &un.frozen}) {
     g->req.wait();  // a prefetch never used must land before its buffer goes
@@ -135,9 +137,12 @@ void Fsdp::release(int u) {
     g->full = Tensor();
     for (Param* p : g->params) p->value = p->grad = Tensor();
   }
-  if (un.grad_full.defined() && un.grad_full.numel() > 0)
+  if (un.grad_full.defined() && un.grad_full.numel() > 0) {
     track(-static_cast<int64_t>(un.grad_full.bytes()));
+    if (!handed_off) --mem_.live_grads;  // bound but never reduced (a failed backward)
+  }
   un.grad_full = Tensor();
+  if (un.state != State::Free) --mem_.live_units;
   un.state = State::Free;
 }
 
@@ -146,6 +151,7 @@ void Fsdp::complete_front() {
   p.req.wait();
   add_into(p.part, units_.at(static_cast<size_t>(p.unit)).grad_shard);
   track(-static_cast<int64_t>(p.full.bytes() + p.part.bytes()));
+  --mem_.live_grads;
   pending_.pop_front();
 }
 
@@ -185,8 +191,10 @@ void Fsdp::after_backward(int u) {
     track(static_cast<int64_t>(p.part.bytes() + p.full.bytes()));  // release() untracks full
     p.req = comm_.ireduce_scatter(p.full.raw(), p.part.raw(), un.train.shard_len, Elem::F32);
     pending_.push_back(std::move(p));
+    release(u, true);
+  } else {
+    release(u);
   }
-  release(u);
   // One reduction stays in flight across the next unit's backward.
   while (pending_.size() > 1 || (u == 0 && !pending_.empty())) complete_front();
 }
@@ -215,6 +223,7 @@ void Fsdp::gather_to_store() {
       g->full = Tensor();
     }
     un.state = State::Free;
+    --mem_.live_units;
   }
 }
 

@@ -45,6 +45,10 @@ struct FsdpMemory {
   int64_t grad_bytes = 0;      // persistent gradient shards
   int64_t transient_peak = 0;  // most bytes of gather and unit-gradient buffers alive at once
   int64_t transient_now = 0;
+  // Units whose values are gathered (or in flight), and unit gradient buffers (bound or being
+  // reduced), at once: the schedule keeps each at most 2 (current + prefetch; current + one
+  // reduction in flight).
+  int live_units = 0, live_units_peak = 0, live_grads = 0, live_grads_peak = 0;
 };
 
 class Fsdp final : public UnitHooks {
@@ -99,7 +103,8 @@ class Fsdp final : public UnitHooks {
 
   void start_gather(int u);
   void bind(int u, bool backward);
-  void release(int u);
+  // handed_off: the unit gradient buffer went to a pending reduction, which now counts it.
+  void release(int u, bool handed_off = false);
   void complete_front();
   void poke();
   void track(int64_t bytes);

@@ -18,13 +18,13 @@ struct DemoOptions {
   std::string prose_dir = "/usr/share/games/fortunes";
   std::string work_dir = "runs/demo";
   int64_t code_bytes = 3 << 20;  // read at most this much code
-  int64_t steps = 600;           // pretraining steps
-  int64_t lora_steps = 200;
-  int64_t lora_rank = 4;
+  int64_t steps = 550;           // pretraining steps
+  int64_t lora_steps = 500;
+  int64_t lora_rank = 6;
   int64_t batch = 4;
   int64_t seq = 256;
   float lr = 3e-3f;
-  float lora_lr = 3e-3f;
+  float lora_lr = 5e-3f;
   uint64_t seed = 1;
   int threads = 0;
   int64_t eval_sequences = 32;  // per corpus

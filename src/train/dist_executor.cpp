@@ -258,6 +258,12 @@ class DistExecutor : public StepExecutor {
     return src.train_state();
   }
   bool is_root() const override { return setup_.mesh.rank == 0; }
+  void set_a2a_chunks(int chunks) override {
+    for (MoeLayer* m : model_.moe_layers())
+      if (m)
+        if (auto* ep = dynamic_cast<par::ExpertParallel*>(m->expert_compute()))
+          ep->set_chunks(chunks);
+  }
   // Totals over ranks of the step's communication, the slowest rank's times, and the rows each
   // rank's experts computed.
   void add_metrics(nlohmann::json& line) override {
@@ -282,12 +288,13 @@ class DistExecutor : public StepExecutor {
     world().all_gather(mine.data(), n, every.data(), par::Elem::F64);
     nlohmann::json comm = nlohmann::json::object();
     double comm_max = 0, idle_max = 0;
-    nlohmann::json rows = nlohmann::json::array();
+    nlohmann::json rows = nlohmann::json::array(), idle = nlohmann::json::array();
     for (int r = 0; r < W; ++r) {
       const double* v = every.data() + static_cast<size_t>(r) * mine.size();
       comm_max = std::max(comm_max, v[0]);
       idle_max = std::max(idle_max, v[1]);
       rows.push_back(static_cast<int64_t>(v[2]));
+      idle.push_back(v[1]);
     }
     for (int k = 0; k < par::kNumCollectives; ++k) {
       double sent = 0, recv = 0;
@@ -302,6 +309,7 @@ class DistExecutor : public StepExecutor {
     line["comm"] = {{"world", W},
                     {"seconds_max", comm_max},
                     {"idle_seconds_max", idle_max},
+                    {"idle_seconds_per_rank", idle},
                     {"rows_received_per_rank", rows},
                     {"bytes", comm}};
   }

@@ -73,6 +73,18 @@ class Reader {
     }
   }
 
+  void get_int_list(const std::string& key, std::vector<int64_t>& out) {
+    const toml::node* n = root_.at_path(key).node();
+    if (!n) return;
+    used_.insert(key);
+    if (!n->is_array()) fail(key, "an array of integers", *n);
+    out.clear();
+    for (const toml::node& e : *n->as_array()) {
+      if (!e.is_integer()) fail(key, "an array of integers", e);
+      out.push_back(*e.value<int64_t>());
+    }
+  }
+
   void get_string_map(const std::string& key, std::map<std::string, std::string>& out) {
     const toml::node* n = root_.at_path(key).node();
     if (!n) return;
@@ -211,6 +223,25 @@ Job Job::parse(const std::string& text, const std::string& source,
   r.get("parallel.fsdp", j.fsdp);
   r.get("parallel.plan", j.plan);
   r.get("parallel.mem_gb", j.mem_gb);
+  balance::BalanceOptions& bo = j.balance;
+  r.get("balance.overflow", bo.overflow);
+  r.get("balance.capacity", bo.capacity);
+  r.get("balance.rank_capacity", bo.rank_capacity);
+  r.get("balance.candidates", bo.candidates);
+  r.get("balance.reroute_budget", bo.reroute_budget);
+  r.get("balance.predict", bo.predict);
+  r.get("balance.ema_alpha", bo.ema_alpha);
+  r.get("balance.window", bo.window);
+  r.get("balance.compensate", bo.compensate);
+  r.get("balance.max_chunks", bo.max_chunks);
+  r.get("balance.link_gbs", bo.link_gbs);
+  r.get("balance.gflops", bo.gflops);
+  r.get("balance.latency_us", bo.latency_us);
+  r.get("balance.placement", bo.placement);
+  r.get("balance.placement_every", bo.placement_every);
+  r.get("balance.trace", bo.trace);
+  r.get_int_list("balance.skew_experts", bo.skew_experts);
+  r.get("balance.skew_bias", bo.skew_bias);
   r.get("log.every", j.log_every);
   r.get("log.eval_every", j.eval_every);
   r.get("log.progress", j.progress);
@@ -237,6 +268,22 @@ Job Job::parse(const std::string& text, const std::string& source,
   need(j.mem_gb >= 0, "parallel.mem_gb", j.mem_gb, "must be >= 0 (0: host memory / ranks)");
   need(j.progress == "auto" || j.progress == "tty" || j.progress == "plain" || j.progress == "off",
        "log.progress", j.progress, "must be auto, tty, plain or off");
+  need(bo.capacity > 0, "balance.capacity", bo.capacity, "must be positive");
+  need(bo.rank_capacity >= 0, "balance.rank_capacity", bo.rank_capacity, "must be >= 0 (0: none)");
+  need(bo.candidates >= (bo.overflow ? 1 : 0), "balance.candidates", bo.candidates,
+       "must be >= 1 with overflow on (the candidates that may take overflow)");
+  need(bo.reroute_budget >= 0 && bo.reroute_budget <= 1, "balance.reroute_budget",
+       bo.reroute_budget, "must be in [0, 1]");
+  need(bo.ema_alpha > 0 && bo.ema_alpha <= 1, "balance.ema_alpha", bo.ema_alpha,
+       "must be in (0, 1]");
+  need(bo.window > 0, "balance.window", bo.window, "must be positive");
+  need(bo.max_chunks > 0, "balance.max_chunks", bo.max_chunks, "must be positive");
+  need(bo.link_gbs > 0, "balance.link_gbs", bo.link_gbs, "must be positive");
+  need(bo.gflops > 0, "balance.gflops", bo.gflops, "must be positive");
+  need(bo.latency_us >= 0, "balance.latency_us", bo.latency_us, "must be >= 0");
+  need(bo.placement_every >= 0, "balance.placement_every", bo.placement_every, "must be >= 0");
+  need(!bo.placement, "balance.placement", "true",
+       "is not implemented in training yet (simulate-routing --placement models it)");
   for (const std::string& t : j.lora_targets) {
     bool known = false;
     for (const std::string& g : kLoraGroups) known |= g == t;
@@ -283,6 +330,30 @@ std::string Job::to_toml() const {
                                {"fsdp", fsdp},
                                {"plan", plan},
                                {"mem_gb", mem_gb}}},
+      {"balance",
+       [&] {
+         const balance::BalanceOptions& b = balance;
+         toml::array skew;
+         for (int64_t e : b.skew_experts) skew.push_back(e);
+         return toml::table{{"overflow", b.overflow},
+                            {"capacity", b.capacity},
+                            {"rank_capacity", b.rank_capacity},
+                            {"candidates", b.candidates},
+                            {"reroute_budget", b.reroute_budget},
+                            {"predict", b.predict},
+                            {"ema_alpha", b.ema_alpha},
+                            {"window", b.window},
+                            {"compensate", b.compensate},
+                            {"max_chunks", b.max_chunks},
+                            {"link_gbs", b.link_gbs},
+                            {"gflops", b.gflops},
+                            {"latency_us", b.latency_us},
+                            {"placement", b.placement},
+                            {"placement_every", b.placement_every},
+                            {"trace", b.trace},
+                            {"skew_experts", skew},
+                            {"skew_bias", b.skew_bias}};
+       }()},
       {"log",
        toml::table{{"every", log_every}, {"eval_every", eval_every}, {"progress", progress}}}};
   std::ostringstream os;

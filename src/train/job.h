@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/model.h"
+#include "parallel/balance/train_balancer.h"
 
 namespace mt {
 
@@ -62,6 +63,8 @@ struct Job {
   // per-rank micro-batch (batch x grad_accum kept) for the world the job runs on.
   std::string plan = "manual";
   double mem_gb = 0;  // per-rank memory limit of plan = "auto"; 0: host memory / ranks
+  // [balance] (docs/load-balancing.md, "In training"): every part off by default.
+  balance::BalanceOptions balance;
   // [log]
   int64_t log_every = 1, eval_every = 0;
   std::string progress = "auto";  // auto | tty | plain | off

@@ -84,7 +84,7 @@ double LocalExecutor::forward_loss(const Batch& b) {
 }
 
 LayerLoad layer_load(int layer, const std::vector<int64_t>& l) {
-  LayerLoad s{.layer = layer};
+  LayerLoad s{.layer = layer, .load = l};
   int64_t mx = 0, mn = INT64_MAX, sum = 0;
   for (int64_t v : l) {
     mx = std::max(mx, v);
@@ -258,6 +258,13 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
                           .eps = job.eps,
                           .weight_decay = job.weight_decay,
                           .clip_norm = job.clip};
+  // Before the executor: the skew device edits router biases that a mesh then shards.
+  std::unique_ptr<balance::TrainBalancer> balancer;
+  if (job.balance.any()) {
+    const int64_t E = cfg.moe.num_experts;
+    const int64_t ep = dist ? dist->mesh.ep : (job.ep > 0 && E % job.ep == 0 ? job.ep : 1);
+    balancer = std::make_unique<balance::TrainBalancer>(job.balance, model, ep, topt.world);
+  }
   std::unique_ptr<AdamW> opt;
   std::unique_ptr<StepExecutor> exec_ptr;
   if (dist) {
@@ -327,11 +334,18 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
       }
       Batch batch = make_batch(train, idx);
       loss += exec.forward_backward(batch) / static_cast<double>(job.grad_accum);
+      if (balancer) balancer->after_forward(step);
       step_tokens += batch.seq.tokens * world;
     }
     const double lr = schedule_lr(job, step);
     const double gnorm =
         exec.optimizer_step(static_cast<float>(lr), 1.0 / static_cast<double>(job.grad_accum));
+    if (balancer) {
+      std::vector<std::vector<int64_t>> loads(static_cast<size_t>(model.num_layers()));
+      for (const LayerLoad& l : exec.expert_load())
+        loads.at(static_cast<size_t>(l.layer)) = l.load;
+      if (const int c = balancer->after_step(loads); c > 0) exec.set_a2a_chunks(c);
+    }
     st.step = step;
     tokens_done += step_tokens;
     r.losses.push_back(loss);
@@ -359,6 +373,7 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
                           {"expert_load", loads},
                           {"aux", aux}};
       exec.add_metrics(line);
+      if (balancer) balancer->add_metrics(line);
       metrics << line.dump() << "\n";
     }
     if (show) {

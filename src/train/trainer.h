@@ -29,6 +29,7 @@ struct LayerLoad {
   int layer = 0;
   double max_over_mean = 0, hot_cold = 0;  // hot_cold: busiest / least busy live expert
   int64_t dead = 0;                        // experts that got no token this step
+  std::vector<int64_t> load;               // (token, slot) pairs per expert (load balancing)
 };
 
 class StepExecutor {
@@ -54,6 +55,9 @@ class StepExecutor {
   virtual bool is_root() const { return true; }
   // Extra per-step fields for metrics.jsonl (communication totals on a mesh). Collective.
   virtual void add_metrics(nlohmann::json& line) { (void)line; }
+  // All-to-all chunks from the next step on (forecast-driven compensation); no-op without an
+  // expert-parallel exchange. Every rank passes the same count.
+  virtual void set_a2a_chunks(int chunks) { (void)chunks; }
 };
 
 // Load statistics of one layer from its per-expert token counts.

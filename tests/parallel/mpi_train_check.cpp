@@ -193,7 +193,8 @@ int run(mt::par::Comm& world, const Args& a) {
   bool mem_ok = true;
   if (a.fsdp) {
     // ZeRO-3 in memory: between steps no full dense tensor exists, each rank holds 1/W of the
-    // dense elements (plus < W padding per flat buffer), and the gathers never hold the model.
+    // dense elements (plus < W padding per flat buffer), and at most two units are gathered and
+    // two unit gradients alive at once (the current one and the prefetch / the reduction).
     int64_t dense = 0, groups_n = 0;
     for (const auto& p : model.params().all()) {
       if (p->name.find(".mlp.experts.") != std::string::npos || p->spec.role == ParamRole::Buffer)
@@ -206,16 +207,18 @@ int run(mt::par::Comm& world, const Args& a) {
     }
     groups_n = 2 * model.num_units();
     const int64_t lo = dense / W, hi = dense / W + 4 * groups_n;
-    if (mem.fsdp_shards < lo || mem.fsdp_shards > hi || mem.fsdp_transient >= dense) {
-      std::printf("rank %d: dense %lld B: shards %lld B outside [%lld, %lld] or gathers %lld B\n",
-                  rank, static_cast<long long>(dense), static_cast<long long>(mem.fsdp_shards),
-                  static_cast<long long>(lo), static_cast<long long>(hi),
-                  static_cast<long long>(mem.fsdp_transient));
+    if (mem.fsdp_shards < lo || mem.fsdp_shards > hi || mem.fsdp_units_peak > 2 ||
+        mem.fsdp_grads_peak > 2) {
+      std::printf("rank %d: shards %lld B outside [%lld, %lld], or more than 2 units gathered\n",
+                  rank, static_cast<long long>(mem.fsdp_shards), static_cast<long long>(lo),
+                  static_cast<long long>(hi));
       mem_ok = false;
     }
-    std::printf("rank %d fsdp: dense %lld B, shards %lld B, peak gathered %lld B\n", rank,
-                static_cast<long long>(dense), static_cast<long long>(mem.fsdp_shards),
-                static_cast<long long>(mem.fsdp_transient));
+    std::printf(
+        "rank %d fsdp: dense %lld B, shards %lld B, peak gathers + unit gradients %lld B, "
+        "units gathered at once %d, unit gradients at once %d\n",
+        rank, static_cast<long long>(dense), static_cast<long long>(mem.fsdp_shards),
+        static_cast<long long>(mem.fsdp_transient), mem.fsdp_units_peak, mem.fsdp_grads_peak);
   }
   trainer.gather_params();
 

@@ -54,8 +54,10 @@ same "$T/one" "$T/one_r" "resumed on one process vs uninterrupted one process"
 "${mpirun[@]}" -np 2 "$bin" train "${S[@]}" --set "run.dir=\"$T/two_p\"" --set parallel.ep=2 \
   --resume-from "$T/one/checkpoints/step_00000004" >"$T/two_p.log"
 same "$T/one" "$T/two_p" "one-process checkpoint resumed on 2 ranks vs one process"
-# LoRA (kda + routed experts + router) on 2 ranks with replicated experts and sharded state.
-L=(--set 'lora.targets=["kda","routed_experts","router"]' --set lora.rank=2 --set schedule.steps=4)
+# LoRA (kda + routed experts + router) on 2 ranks with replicated experts and sharded state;
+# two micro-batches per step, so FSDP adds each micro-batch's reduce-scattered unit gradients.
+L=(--set 'lora.targets=["kda","routed_experts","router"]' --set lora.rank=2 --set schedule.steps=4
+   --set train.grad_accum=2)
 "$bin" train "${S[@]}" "${L[@]}" --set "run.dir=\"$T/lora1\"" >"$T/lora1.log"
 "${mpirun[@]}" -np 2 "$bin" train "${S[@]}" "${L[@]}" --set "run.dir=\"$T/lora2\"" \
   --set parallel.ep=1 --set parallel.shard_experts=true --set parallel.fsdp=true \

@@ -2,8 +2,8 @@
 # `moetrain train --plan auto` end to end on a small prepared dataset:
 #   one process, ample memory (the job key parallel.plan): the plan is printed, the job's
 #     micro-batch is kept and the losses equal the same job run with its manual keys;
-#   two ranks (--plan auto --mem-gb between the EP 1 and EP 2 needs): the planner chooses EP 2,
-#     the mesh banner says so, and the losses equal the one-process run;
+#   two ranks (--plan auto): with room the job's micro-batch and the one-process losses; at 2 MB
+#     per rank the micro-batch halves and grad_accum doubles (losses equal the manual job so);
 #   a limit no plan meets: non-zero exit with the planner's explanation, no training.
 # Usage: plan_auto_check.sh MOETRAIN MPIRUN... (the mpirun command with its flags)
 set -euo pipefail
@@ -40,23 +40,24 @@ grep -q '^plan auto (engine zero1+ep, world 1, limit 8.00 GB per rank from paral
   fail "no plan printed"
 grep -q 'chosen: ep 1, a2a_chunks 1, shard_experts off, 4 sequence(s) x 64 tokens per rank' "$T/auto1.log" ||
   fail "one process: not the job's micro-batch"
-grep -q 'plan = "manual"' "$T/auto1/job.toml" || fail "resolved job does not record the plan"
+grep -q "plan = 'manual'" "$T/auto1/job.toml" || fail "resolved job does not record the plan"
 same "$T/manual" "$T/auto1" "plan auto on one process vs the manual job"
 
-# The per-rank limit between the EP 1 and EP 2 predictions, from the plan printed with room.
-"${mpirun[@]}" -np 2 "$bin" train "${S[@]}" --set "run.dir=\"$T/probe\"" --set schedule.steps=1 \
-  --plan auto --mem-gb 8 >"$T/probe.log"
-need1=$(sed -n 's/.*chosen: ep 1,.*//; s/^  predicted per rank: .* = \([0-9.]*\) MB$/\1/p' "$T/probe.log" | head -1)
-need2=$(sed -n 's/^  why not ep 2: best such plan .*//p' "$T/probe.log" | head -1)
-[ -n "$need1" ] || { cat "$T/probe.log"; fail "no prediction in the plan"; }
-mem=$(awk -v m="$need1" 'BEGIN { printf "%.9f", m * 0.97 / 1000 }')
-"${mpirun[@]}" -np 2 "$bin" train "${S[@]}" --set "run.dir=\"$T/auto2\"" --plan auto --mem-gb "$mem" \
-  >"$T/auto2.log"
+# Two ranks with room: the job's 2 sequences per rank, expert state sharded (equal speed, less
+# memory), the one-process losses.
+"${mpirun[@]}" -np 2 "$bin" train "${S[@]}" --set "run.dir=\"$T/auto2\"" --plan auto --mem-gb 8 >"$T/auto2.log"
 cat "$T/auto2.log"
-grep -q 'chosen: ep 2,' "$T/auto2.log" || fail "2 ranks at $mem GB: EP 2 not chosen"
-grep -q 'why not ep 1: never fits' "$T/auto2.log" || fail "no reason given against EP 1"
-[ "$(grep -c '^mesh: world 2 = 1 replica(s) x EP 2' "$T/auto2.log")" = 1 ] || fail "mesh banner not EP 2 once"
-same "$T/manual" "$T/auto2" "plan auto on 2 ranks (EP 2) vs one process"
+grep -q 'chosen: ep 1, a2a_chunks 1, shard_experts on, 2 sequence(s) x 64' "$T/auto2.log" || fail "2 ranks: unexpected plan"
+[ "$(grep -c '^mesh: world 2 = 2 replica(s) x EP 1' "$T/auto2.log")" = 1 ] || fail "mesh banner not once"
+same "$T/manual" "$T/auto2" "plan auto on 2 ranks vs one process"
+# 2.0 MB per rank: 2 sequences per rank (2.34 MB predicted) do not fit, 1 does; grad_accum doubles.
+"${mpirun[@]}" -np 2 "$bin" train "${S[@]}" --set "run.dir=\"$T/tight\"" --plan auto --mem-gb 0.002 >"$T/tight.log"
+cat "$T/tight.log"
+grep -q 'chosen: .* 1 sequence(s) x 64 tokens per rank per micro-batch; train.batch 2, grad_accum 2' "$T/tight.log" ||
+  fail "2 ranks at 2 MB: micro-batch not halved"
+grep -q "the job's 2 sequence(s) per rank do not fit; grad_accum 1 -> 2" "$T/tight.log" || fail "no reason for the smaller micro-batch"
+"$bin" train "${S[@]}" --set "run.dir=\"$T/manual_accum\"" --set train.batch=2 --set train.grad_accum=2 >/dev/null
+same "$T/manual_accum" "$T/tight" "plan auto on 2 ranks at 2 MB vs one process, batch 2 x grad_accum 2"
 
 if out=$(timeout 60 "${mpirun[@]}" -np 2 "$bin" train "${S[@]}" --set "run.dir=\"$T/bad\"" \
   --plan auto --mem-gb 0.0001 2>&1); then fail "0.1 MB per rank did not fail"; fi

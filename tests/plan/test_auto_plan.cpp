@@ -23,11 +23,12 @@ AutoRequest request(int64_t world, double mem) {
           .mem_source = "test"};
 }
 
-MemoryBreakdown zero1(const AutoRequest& r, int64_t ep, int64_t mbs) {
+MemoryBreakdown zero1(const AutoRequest& r, int64_t ep, int64_t mbs, bool shard = false) {
   const ParallelPlan p{.world = r.world,
                        .fsdp = r.world,
                        .ep = ep,
                        .replicas = r.world / ep,
+                       .expert_shard = shard ? r.world / ep : 1,
                        .mbs = mbs,
                        .seq = r.seq,
                        .engine = Engine::Zero1Ep};
@@ -47,7 +48,10 @@ TEST(PlanAuto, AmpleMemoryKeepsTheJobsMicroBatchWithoutEp) {
 
 TEST(PlanAuto, TightMemoryMovesToExpertParallelism) {
   AutoRequest r = request(4, 0);
-  const double ep1 = zero1(r, 1, 2).total(), ep4 = zero1(r, 4, 2).total();
+  // Experts large enough to dominate (on tiny the exchange buffers outweigh what EP saves).
+  r.cfg.moe.expert_ffn *= 32;
+  // EP 1 at its smallest (expert state sharded over the 4 replicas) against EP 4.
+  const double ep1 = zero1(r, 1, 2, true).total(), ep4 = zero1(r, 4, 2).total();
   ASSERT_LT(ep4, ep1);
   r.mem_bytes = (ep1 + ep4) / 2;
   const AutoPlan a = choose_auto_plan(r);
