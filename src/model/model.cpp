@@ -1,5 +1,7 @@
 #include "model/model.h"
 
+#include <algorithm>
+
 #include "model/dense_ffn.h"
 #include "model/dsa_layer.h"
 #include "model/kda_layer.h"
@@ -68,7 +70,8 @@ std::vector<NamedSpec> model_param_specs(const ModelConfig& cfg) {
   return out;
 }
 
-Model::Model(const ModelConfig& cfg, uint64_t seed, const ModelOptions& opt) : cfg_(cfg) {
+Model::Model(const ModelConfig& cfg, uint64_t seed, const ModelOptions& opt)
+    : cfg_(cfg), recompute_(opt.recompute) {
   Rng rng(seed);
   std::string prefix;  // of the layer being added, for also_train's full names
   auto trainable = [&](const ParamSpec& s) {
@@ -102,37 +105,78 @@ Model::Model(const ModelConfig& cfg, uint64_t seed, const ModelOptions& opt) : c
                    {.name = "weight", .shape = {cfg.vocab, cfg.hidden}, .std = cfg.init_std});
 }
 
+void Model::plan_layer(size_t i, const SeqInfo& seq, ArenaPlan& p) const {
+  const Shape act{seq.tokens, cfg_.hidden}, row{seq.tokens};
+  p.add(act);  // normed input
+  p.add(row);
+  mixers_[i]->plan_activations(seq, p);
+  p.add(act);  // mixer output, then residual after the mixer
+  p.add(act);  // normed mid
+  p.add(row);
+  ffns_[i]->plan_activations(seq, p);
+  p.add(act);  // ffn output, then the next residual
+}
+
 void Model::plan(const SeqInfo& seq, ArenaPlan& p) const {
   const Shape act{seq.tokens, cfg_.hidden}, row{seq.tokens};
   p.add(act);  // embedding output = residual 0
   for (size_t i = 0; i < mixers_.size(); ++i) {
-    p.add(act);  // normed input
-    p.add(row);
-    mixers_[i]->plan_activations(seq, p);
-    p.add(act);  // mixer output, then residual after the mixer
-    p.add(act);  // normed mid
-    p.add(row);
-    ffns_[i]->plan_activations(seq, p);
-    p.add(act);  // ffn output, then the next residual
+    if (recompute_ == ActivationRecompute::Full)
+      p.add(act);  // the next residual only; the layer itself lives in the scratch arena
+    else
+      plan_layer(i, seq, p);
   }
   p.add(act);  // final norm
   p.add(row);
   p.add(row);  // lse
 }
 
+size_t Model::scratch_bytes(const SeqInfo& seq) const {
+  if (recompute_ != ActivationRecompute::Full) return 0;
+  size_t most = 0;
+  for (size_t i = 0; i < mixers_.size(); ++i) {
+    ArenaPlan p;
+    plan_layer(i, seq, p);
+    most = std::max(most, p.bytes());
+  }
+  return most;
+}
+
 size_t Model::activation_bytes(const SeqInfo& seq) const {
   ArenaPlan p;
   plan(seq, p);
-  return p.bytes();
+  return p.bytes() + scratch_bytes(seq);
+}
+
+void Model::layer_forward(Context& ctx, size_t i, Arena& la, Tensor& out) {
+  const int64_t T = seq_.tokens, d = cfg_.hidden;
+  const ops::NormParams np{.rows = T, .dim = d, .eps = cfg_.norm_eps};
+  normed_in_[i] = la.alloc({T, d});
+  rstd_in_[i] = la.alloc({T});
+  ops::rmsnorm_forward(ctx, np, resid_[i], norm_in_[i].value, normed_in_[i], rstd_in_[i]);
+  Tensor m = la.alloc({T, d});
+  mixers_[i]->forward(ctx, seq_, normed_in_[i], m, la);
+  add_vec(ctx, resid_[i], m);  // m becomes the residual after the mixer
+  mid_[i] = m;
+  normed_post_[i] = la.alloc({T, d});
+  rstd_post_[i] = la.alloc({T});
+  ops::rmsnorm_forward(ctx, np, mid_[i], norm_post_[i].value, normed_post_[i], rstd_post_[i]);
+  out = la.alloc({T, d});
+  ffns_[i]->forward(ctx, seq_, normed_post_[i], out, la);
+  add_vec(ctx, mid_[i], out);
 }
 
 double Model::forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const Tensor& targets) {
   const int64_t T = seq.tokens, d = cfg_.hidden;
   expect_shape(ids, {T}, "input ids");
   expect_shape(targets, {T}, "targets");
-  size_t need = activation_bytes(seq);
+  ArenaPlan main_plan;
+  plan(seq, main_plan);
+  const size_t need = main_plan.bytes(), scratch = scratch_bytes(seq);
   if (acts_.capacity() != need) acts_ = Arena(need, ctx.device(), "activations");
   acts_.reset();
+  // A fresh arena each step, so that its peak is this step's.
+  scratch_ = scratch > 0 ? Arena(scratch, ctx.device(), "recompute scratch") : Arena();
   seq_ = seq;
   ids_ = ids;
   targets_ = targets;
@@ -154,20 +198,15 @@ double Model::forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const
   for (size_t i = 0; i < L; ++i) {
     const int unit = static_cast<int>(i) + 1;
     if (hooks_) hooks_->before_forward(unit);
-    normed_in_[i] = acts_.alloc({T, d});
-    rstd_in_[i] = acts_.alloc({T});
-    ops::rmsnorm_forward(ctx, np, resid_[i], norm_in_[i].value, normed_in_[i], rstd_in_[i]);
-    Tensor m = acts_.alloc({T, d});
-    mixers_[i]->forward(ctx, seq, normed_in_[i], m, acts_);
-    add_vec(ctx, resid_[i], m);  // m becomes the residual after the mixer
-    mid_[i] = m;
-    normed_post_[i] = acts_.alloc({T, d});
-    rstd_post_[i] = acts_.alloc({T});
-    ops::rmsnorm_forward(ctx, np, mid_[i], norm_post_[i].value, normed_post_[i], rstd_post_[i]);
-    Tensor f = acts_.alloc({T, d});
-    ffns_[i]->forward(ctx, seq, normed_post_[i], f, acts_);
-    add_vec(ctx, mid_[i], f);
-    resid_[i + 1] = f;
+    if (recompute_ == ActivationRecompute::Full) {
+      resid_[i + 1] = acts_.alloc({T, d});
+      scratch_.reset();
+      Tensor out;
+      layer_forward(ctx, i, scratch_, out);
+      resid_[i + 1].copy_from(out);
+    } else {
+      layer_forward(ctx, i, acts_, resid_[i + 1]);
+    }
     if (hooks_) hooks_->after_forward(unit);
   }
   final_h_ = acts_.alloc({T, d});
@@ -204,6 +243,17 @@ void Model::backward(Context& ctx) {
   for (size_t i = L; i-- > 0;) {
     const int unit = static_cast<int>(i) + 1;
     if (hooks_) hooks_->before_backward(unit);
+    if (recompute_ == ActivationRecompute::Full) {
+      // Replay the forward from the kept input; identical inputs and kernels give identical
+      // saved state, so the gradients equal the no-recompute run's bit for bit.
+      auto* moe = dynamic_cast<MoeLayer*>(ffns_[i].get());
+      std::vector<int64_t> load;
+      if (moe) load = moe->expert_load();
+      scratch_.reset();
+      Tensor out;
+      layer_forward(ctx, i, scratch_, out);
+      if (moe) moe->set_expert_load(std::move(load));
+    }
     // resid[i+1] = mid + ffn(norm(mid))
     ffns_[i]->backward(ctx, seq_, dresid, dnormed);
     ops::rmsnorm_backward(ctx, np, mid_[i], norm_post_[i].value, rstd_post_[i], dnormed, dtmp,

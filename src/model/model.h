@@ -35,11 +35,17 @@ class UnitHooks {
   virtual void after_backward(int unit) = 0;
 };
 
+// What forward keeps for backward. None: every layer's activations. Full: only each layer's
+// input (the residual stream); backward replays layer i's forward into a scratch arena sized for
+// one layer (the largest plan_activations) just before its backward.
+enum class ActivationRecompute { None, Full };
+
 struct ModelOptions {
   // Train only LoRA adapters: base weights get no gradient buffer and no optimizer state.
   bool freeze_base = false;
   // With freeze_base: base parameters (by full HF name) that still train in full, e.g. a router.
   std::function<bool(const std::string&)> also_train;
+  ActivationRecompute recompute = ActivationRecompute::None;
 };
 
 // One parameter of a model as declared, without allocating it (for counting and planning).
@@ -63,10 +69,14 @@ class Model {
   Layer& mixer(int i) { return *mixers_.at(static_cast<size_t>(i)); }
   Layer& ffn(int i) { return *ffns_.at(static_cast<size_t>(i)); }
 
-  // Bytes of the activation arena for one step over `seq`.
+  // Bytes of activation memory for one step over `seq`: the arena forward keeps, plus with
+  // recompute the scratch arena one layer's replay uses.
   size_t activation_bytes(const SeqInfo& seq) const;
-  // Bytes the last forward actually took from that arena (equal to the plan: a test checks it).
-  size_t activation_bytes_used() const { return acts_.used(); }
+  // Bytes the last step actually took from them (equal to the plan: a test checks it).
+  size_t activation_bytes_used() const { return acts_.used() + scratch_.peak(); }
+  ActivationRecompute recompute() const { return recompute_; }
+  // Takes effect at the next forward.
+  void set_recompute(ActivationRecompute r) { recompute_ = r; }
 
   // ids, targets: i32 [tokens] (targets may hold ignore_index = -100). Returns the mean
   // cross-entropy over non-ignored targets; activations stay alive until backward().
@@ -105,6 +115,12 @@ class Model {
 
  private:
   void plan(const SeqInfo& seq, ArenaPlan& p) const;
+  // One layer's activations, in allocation order, including its output (the next residual).
+  void plan_layer(size_t i, const SeqInfo& seq, ArenaPlan& p) const;
+  size_t scratch_bytes(const SeqInfo& seq) const;
+  // Block i: norms, mixer and FFN with their residuals, from resid_[i] into `out`, saving
+  // everything backward needs in `la`.
+  void layer_forward(Context& ctx, size_t i, Arena& la, Tensor& out);
 
   ModelConfig cfg_;
   ParamStore params_;
@@ -114,6 +130,8 @@ class Model {
 
   // State of the last forward (views into acts_).
   Arena acts_;
+  Arena scratch_;  // one layer's replay (recompute = Full)
+  ActivationRecompute recompute_ = ActivationRecompute::None;
   SeqInfo seq_;
   Tensor ids_, targets_;
   std::vector<Tensor> resid_, normed_in_, rstd_in_, mid_, normed_post_, rstd_post_;

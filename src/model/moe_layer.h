@@ -58,6 +58,9 @@ class MoeLayer : public Layer {
   // reset_expert_load() / update_selection_bias() (so gradient accumulation counts a whole step).
   const std::vector<int64_t>& expert_load() const { return load_; }
   void reset_expert_load();
+  // Activation recompute (Model) replays a forward in backward; it restores the count so that
+  // the replay is not counted twice.
+  void set_expert_load(std::vector<int64_t> load) { load_ = std::move(load); }
   // Aux-loss-free balancing after the optimizer step: b_i += rate * sign(mean(load) - load_i).
   // The first form uses this layer's expert_load() and resets it; the second takes a load summed
   // across ranks. No-op without selection_bias.
