@@ -342,8 +342,7 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
         exec.optimizer_step(static_cast<float>(lr), 1.0 / static_cast<double>(job.grad_accum));
     if (balancer) {
       std::vector<std::vector<int64_t>> loads(static_cast<size_t>(model.num_layers()));
-      for (const LayerLoad& l : exec.expert_load())
-        loads.at(static_cast<size_t>(l.layer)) = l.load;
+      for (const LayerLoad& l : exec.expert_load()) loads.at(static_cast<size_t>(l.layer)) = l.load;
       if (const int c = balancer->after_step(loads); c > 0) exec.set_a2a_chunks(c);
     }
     st.step = step;
