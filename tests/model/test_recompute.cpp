@@ -78,7 +78,9 @@ void expect_identical_training(ModelConfig cfg, bool lora) {
     // The replay must not count its tokens again (aux-loss-free bias updates read the loads).
     const auto ma = plain.moe_layers(), mb = replay.moe_layers();
     for (size_t i = 0; i < ma.size(); ++i)
-      if (ma[i]) EXPECT_EQ(ma[i]->expert_load(), mb[i]->expert_load()) << "layer " << i;
+      if (ma[i]) {
+        EXPECT_EQ(ma[i]->expert_load(), mb[i]->expert_load()) << "layer " << i;
+      }
     EXPECT_EQ(replay.activation_bytes_used(), replay.activation_bytes(b.seq));
     opt_a.step(ctx, plain.params(), 1e-2f);
     opt_b.step(ctx, replay.params(), 1e-2f);

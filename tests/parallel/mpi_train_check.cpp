@@ -29,6 +29,7 @@ using mt::ValueError;
 struct Args {
   int ep = 1, chunks = 1, steps = 20, experts = 12;
   bool lora = false, shard_experts = false, uneven = false, fsdp = false;
+  bool recompute = false;  // the distributed model only: the reference keeps all activations
   int fail_rank = -1, fail_step = -1;
   int stall_rank = -1;     // never joins the collectives of fail_step (sleeps instead)
   int timeout_ms = 30000;  // of every wait
@@ -60,6 +61,8 @@ Args parse(int argc, char** argv) {
       a.uneven = true;
     else if (k == "--fsdp")
       a.fsdp = true;
+    else if (k == "--recompute")
+      a.recompute = true;
     else if (k == "--shard-experts")
       a.shard_experts = true;
     else if (k == "--fail-rank")
@@ -158,7 +161,9 @@ int run(mt::par::Comm& world, const Args& a) {
       if (m) m->update_selection_bias();
   }
 
-  Model model(cfg, seed, mopt);
+  ModelOptions dopt = mopt;
+  if (a.recompute) dopt.recompute = ActivationRecompute::Full;
+  Model model(cfg, seed, dopt);
   // Its own context, so that its workspace peak is the distributed step's alone.
   Context dctx(ContextOptions{.threads = 1});
   par::DistTrainer trainer(model, mesh, groups,
