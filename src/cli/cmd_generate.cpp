@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "train/adapter.h"
 #include "train/checkpoint.h"
 #include "train/generate.h"
 #include "train/job.h"
@@ -15,7 +16,7 @@ namespace mt::cli {
 
 namespace {
 struct GenerateArgs {
-  std::string model = "tiny", checkpoint, tokenizer, prompt, prompt_ids;
+  std::string model = "tiny", checkpoint, adapter, tokenizer, prompt, prompt_ids;
   SamplingOptions sampling;
   uint64_t init_seed = 1;
   int threads = 0;
@@ -44,6 +45,9 @@ Command add_generate_command(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--checkpoint", a->checkpoint,
                 "checkpoint directory or a run's checkpoints/ (weights and LoRA adapters)");
+  c->add_option("--adapter", a->adapter,
+                "LoRA adapter directory in PEFT layout (moetrain export --format peft), applied "
+                "to the base model from --model or --checkpoint");
   c->add_option("--tokenizer", a->tokenizer, "tokenizer.model (from data prepare / demo)");
   auto* p = c->add_option("--prompt", a->prompt, "prompt text (with --tokenizer; else bytes)");
   auto* pi = c->add_option("--prompt-ids", a->prompt_ids, "prompt token ids, e.g. 5,17,3");
@@ -60,16 +64,20 @@ Command add_generate_command(CLI::App& app) {
                      "generate: give --prompt TEXT or --prompt-ids IDS");
             Context ctx(ContextOptions{.threads = a->threads});
             std::unique_ptr<Model> model;
+            Job base_job;
             if (!a->checkpoint.empty()) {
               std::string ck = a->checkpoint;
               if (std::string l = latest_checkpoint(ck); !l.empty()) ck = l;
-              const Job job = Job::load(ck + "/job.toml");
-              model =
-                  std::make_unique<Model>(job_model_config(job), job.seed, job_model_options(job));
+              base_job = Job::load(ck + "/job.toml");
+              model = std::make_unique<Model>(job_model_config(base_job), base_job.seed,
+                                              job_model_options(base_job));
               load_checkpoint(ck, *model, nullptr);
             } else {
+              base_job.model = a->model;
+              base_job.seed = a->init_seed;
               model = std::make_unique<Model>(ModelConfig::load(a->model), a->init_seed);
             }
+            if (!a->adapter.empty()) model = apply_peft_adapter(*model, base_job, a->adapter);
             std::unique_ptr<Tokenizer> tok;
             if (!a->tokenizer.empty())
               tok = std::make_unique<Tokenizer>(Tokenizer::load(a->tokenizer));

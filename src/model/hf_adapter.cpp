@@ -85,6 +85,14 @@ size_t write_peft_adapter(const Model& m, const std::string& model_type, const P
     // Routed-expert adapters have no PEFT equivalent; they keep their own names.
     const std::string hf = hf_runtime_name(model_type, p->name);
     out["base_model.model." + hf] = p->value;
+    // Routed experts are outside target_modules, but their rank and alpha must survive the
+    // round trip: recorded under the experts' module name, which PEFT matches to nothing.
+    if (const std::string ge = ".gate_up_lora_A"; p->name.ends_with(".mlp.experts" + ge)) {
+      const std::string mod = hf.substr(0, hf.size() - ge.size());
+      if (p->value.dim(1) != info.r) rank_pattern[mod] = p->value.dim(1);
+      const float al = info.alpha_of ? info.alpha_of(p->name) : info.alpha;
+      if (al != info.alpha) alpha_pattern[mod] = al;
+    }
     if (!p->name.ends_with(marker)) continue;
     const std::string mod = p->name.substr(0, p->name.size() - marker.size());
     const std::string hf_mod = hf.substr(0, hf.size() - marker.size());

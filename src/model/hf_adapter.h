@@ -35,8 +35,9 @@ void randomize_lora(Model& m, uint64_t seed);
 struct PeftInfo {
   int64_t r = 8;  // the adapter_config default; other ranks go to rank_pattern
   float alpha = 16.f;
-  // Alpha of one module ("model.layers.3.self_attn.o_proj", engine name); others differing
-  // from `alpha` go to alpha_pattern. Empty: `alpha` everywhere.
+  // Alpha of one module ("model.layers.3.self_attn.o_proj", engine name; for routed experts
+  // the parameter name "...mlp.experts.gate_up_lora_A"); others differing from `alpha` go to
+  // alpha_pattern. Empty: `alpha` everywhere.
   std::function<float(const std::string& module)> alpha_of;
   std::string base_model;  // base_model_name_or_path
 };

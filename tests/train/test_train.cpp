@@ -1,5 +1,6 @@
 // Jobs (strict TOML), LoRA selection, the training loop's bit-exact resume, checkpoint safety
-// against a killed writer, checkpoints from another model, and PEFT export layout.
+// against a killed writer, checkpoints from another model, PEFT export layout, PEFT adapters
+// applied to a base model, and per-corpus held-out loss in the metrics.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -10,7 +11,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "model/decode.h"
 #include "model/safetensors.h"
+#include "train/adapter.h"
 #include "train/checkpoint.h"
 #include "train/export.h"
 #include "train/job.h"
@@ -281,4 +284,161 @@ TEST(Export, PeftKeyNamesAndShapes) {
       EXPECT_NEAR(M.f32()[o2 * W.dim(1) + i], want, 1e-6);
     }
   EXPECT_FALSE(h.tensors.count(q + ".lora_A.weight"));
+}
+
+namespace {
+
+std::vector<float> prompt_logits(Model& m, const std::vector<int32_t>& prompt) {
+  Context ctx(ContextOptions{.threads = 1});
+  const auto n = static_cast<int64_t>(prompt.size());
+  Decoder dec(m, n);
+  Tensor ids = Tensor::empty({n}, DType::I32);
+  std::copy(prompt.begin(), prompt.end(), ids.i32());
+  Tensor logits = Tensor::empty({n, m.config().vocab});
+  dec.step(ctx, ids, logits);
+  return {logits.f32(), logits.f32() + logits.numel()};
+}
+
+// Rewrites an adapter directory's safetensors or config through `edit`.
+void edit_adapter(const fs::path& src, const fs::path& dst,
+                  const std::function<void(TensorMap&, nlohmann::json&)>& edit) {
+  fs::remove_all(dst);
+  fs::create_directories(dst);
+  TensorMap t = read_safetensors((src / "adapter_model.safetensors").string()).tensors;
+  std::ifstream in(src / "adapter_config.json");
+  nlohmann::json c = nlohmann::json::parse(in);
+  edit(t, c);
+  write_safetensors((dst / "adapter_model.safetensors").string(), t);
+  std::ofstream(dst / "adapter_config.json") << c.dump(2);
+}
+
+}  // namespace
+
+TEST(Export, PeftAdapterOnTheBaseEqualsTheLoraCheckpoint) {
+  fs::path root = temp_dir("adapter");
+  std::ostringstream log;
+  // The base: a short full training, so the base is not the LoRA job's own initialisation.
+  Job base = Job::parse(base_job(root), "job", {"schedule.steps=2", "schedule.warmup=1"});
+  base.run_dir = (root / "base").string();
+  const std::string base_ck = run_job(base, {}, log).checkpoint;
+  // Every adapter kind, with a group whose rank and alpha differ from the defaults.
+  Job lj = Job::parse(base_job(root), "job",
+                      {"lora.targets=[\"kda\",\"attention\",\"shared_experts\","
+                       "\"routed_experts\",\"dense_ffn\"]",
+                       "lora.rank=3", "lora.alpha=6.0", "lora.attention.rank=2",
+                       "lora.routed_experts.alpha=5.0", "schedule.steps=4", "optim.lr=0.05"});
+  lj.run_dir = (root / "lora").string();
+  lj.init = base_ck;
+  const std::string lora_ck = run_job(lj, {}, log).checkpoint;
+  const fs::path peft = root / "peft";
+  export_checkpoint(lora_ck, "peft", peft.string());
+
+  Model base_model(job_model_config(base), 9);
+  load_checkpoint(base_ck, base_model, nullptr);
+  Model direct(job_model_config(lj), 9);
+  load_checkpoint(lora_ck, direct, nullptr);
+  std::unique_ptr<Model> adapted = apply_peft_adapter(base_model, base, peft.string());
+
+  // The LoRA run also moved the routers' selection biases (load balancing updates them every
+  // step, frozen base or not); a PEFT adapter has no slot for them. They are the only base
+  // tensors that differ: take the base's into the reference, so the comparison is the adapter.
+  for (const auto& p : direct.params().all()) {
+    if (p->spec.role == ParamRole::Lora) continue;
+    const Tensor& b = base_model.params().at(p->name).value;
+    if (std::equal(b.f32(), b.f32() + b.numel(), p->value.f32())) continue;
+    EXPECT_TRUE(p->name.ends_with("mlp.gate.e_score_correction_bias")) << p->name;
+    p->value.copy_from(b);
+  }
+  const std::vector<int32_t> prompt = {5, 17, 3, 40, 22, 9, 58, 1};
+  const std::vector<float> want = prompt_logits(direct, prompt);
+  const std::vector<float> got = prompt_logits(*adapted, prompt);
+  const std::vector<float> plain = prompt_logits(base_model, prompt);
+  ASSERT_EQ(got.size(), want.size());
+  double diff = 0, from_base = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff = std::max(diff, static_cast<double>(std::abs(got[i] - want[i])));
+    from_base = std::max(from_base, static_cast<double>(std::abs(plain[i] - want[i])));
+  }
+  EXPECT_EQ(diff, 0.0) << from_base;  // same weights, same kernels: bit-identical
+  EXPECT_GT(from_base, 1e-3) << "the adapter does not change the model";
+
+  // Mismatched adapters: each error names the key or module.
+  auto error_with = [&](const std::function<void(TensorMap&, nlohmann::json&)>& edit) {
+    const fs::path bad = root / "bad";
+    edit_adapter(peft, bad, edit);
+    return error_of<ConfigError>([&] { apply_peft_adapter(base_model, base, bad.string()); });
+  };
+  const std::string q = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight";
+  std::string msg = error_with([&](TensorMap& t, nlohmann::json&) { t.erase(q); });
+  EXPECT_NE(msg.find("lacks tensor '" + q + "'"), std::string::npos) << msg;
+  msg = error_with([&](TensorMap& t, nlohmann::json&) {
+    t[q] = Tensor::zeros({t.at(q).dim(0) + 1, t.at(q).dim(1)});
+  });
+  const Shape qb = direct.params().at(q.substr(17)).value.shape();
+  EXPECT_NE(msg.find(cat("'", q, "' has shape ", Shape{qb[0] + 1, qb[1]},
+                         ", the base model expects ", qb)),
+            std::string::npos)
+      << msg;
+  msg = error_with([&](TensorMap&, nlohmann::json& c) { c["r"] = 4; });
+  EXPECT_NE(msg.find("rank mismatch"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("lora_A.weight' has shape [3,"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rank 4"), std::string::npos) << msg;
+  // Tensors and config agree on rank 2 for one KDA module, but the group has one rank.
+  msg = error_with([&](TensorMap& t, nlohmann::json& c) {
+    const std::string m = "model.layers.0.self_attn.q_proj";
+    const std::string A = "base_model.model." + m + ".lora_A.weight";
+    t[A] = Tensor::zeros({2, t.at(A).dim(1)});
+    t[q] = Tensor::zeros({t.at(q).dim(0), 2});
+    c["rank_pattern"][m] = 2;
+  });
+  EXPECT_NE(msg.find("rank mismatch in LoRA group 'kda'"), std::string::npos) << msg;
+  msg = error_with([&](TensorMap& t, nlohmann::json&) { t["base_model.model.extra"] = t.at(q); });
+  EXPECT_NE(msg.find(cat("'base_model.model.extra' (shape ", qb, ") matches no adapter")),
+            std::string::npos)
+      << msg;
+  msg = error_with([&](TensorMap&, nlohmann::json& c) { c["base_model_name_or_path"] = "small"; });
+  EXPECT_NE(msg.find("trained on base model 'small', not 'tiny'"), std::string::npos) << msg;
+  // A differently shaped base of the same name: the first differing tensor is named.
+  ModelConfig wide = job_model_config(base);
+  wide.hidden = 32;
+  wide.kda.hidden = wide.mla.hidden = wide.dsa.mla.hidden = wide.moe.hidden = wide.dense.hidden =
+      32;
+  Model other(wide, 9);
+  Job other_job = base;
+  msg = error_of<ConfigError>([&] { apply_peft_adapter(other, other_job, peft.string()); });
+  EXPECT_NE(msg.find("the base model expects"), std::string::npos) << msg;
+}
+
+TEST(Train, HeldOutLossPerCorpusAtTheEvalInterval) {
+  fs::path root = temp_dir("evalcurve");
+  Job j = Job::parse(
+      base_job(root), "job",
+      {"log.eval_every=2", "checkpoint.every=2", "checkpoint.keep=10", "data.eval_sequences=4"});
+  j.eval_data["other"] = make_dataset(root / "other", 7);
+  std::ostringstream log;
+  run_job(j, {}, log);
+  std::map<int64_t, nlohmann::json> evals;
+  std::ifstream in(fs::path(j.run_dir) / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json l = nlohmann::json::parse(line);
+    if (l.contains("eval")) evals[l.at("step").get<int64_t>()] = l.at("eval");
+  }
+  ASSERT_EQ(evals.size(), 3u);  // steps 2, 4 and the last (6)
+  // Reference: each step's checkpoint evaluated afresh, one sequence at a time.
+  for (const auto& [step, e] : evals) {
+    char name[32];
+    std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
+    Model m(job_model_config(j), 1, job_model_options(j));
+    load_checkpoint((fs::path(j.run_dir) / "checkpoints" / name).string(), m, nullptr);
+    Context ctx(ContextOptions{.threads = 1});
+    AdamW opt(m.params(), {});
+    LocalExecutor ex(ctx, m, opt);
+    for (const auto& [corpus, dir] : j.eval_data) {
+      const EvalResult want = evaluate(ex, load_dataset(dir), 1, 4);
+      ASSERT_TRUE(e.contains(corpus)) << step << " " << corpus;
+      EXPECT_NEAR(e.at(corpus).at("loss").get<double>(), want.loss, 1e-5) << step << corpus;
+      EXPECT_EQ(e.at(corpus).at("tokens").get<int64_t>(), want.tokens);
+    }
+  }
+  EXPECT_NE(evals.at(2).at("held").at("loss"), evals.at(6).at("held").at("loss"));
 }
