@@ -47,6 +47,26 @@ void MoeLayer::set_local_experts(int64_t first, int64_t count, ExpertCompute* co
   remote_ = compute;
 }
 
+void MoeLayer::set_expert_slots(std::vector<int32_t> slot_of) {
+  const int64_t E = cfg_.num_experts;
+  if (slot_of.empty()) {
+    slot_of_.clear();
+    expert_at_.clear();
+    return;
+  }
+  MT_CHECK(static_cast<int64_t>(slot_of.size()) == E, ValueError, "expert slots: ", slot_of.size(),
+           " entries for ", E, " experts");
+  std::vector<int32_t> at(static_cast<size_t>(E), -1);
+  for (int64_t e = 0; e < E; ++e) {
+    const int32_t s = slot_of[static_cast<size_t>(e)];
+    MT_CHECK(s >= 0 && s < E && at[static_cast<size_t>(s)] < 0, ValueError,
+             "expert slots: not a permutation (expert ", e, " -> slot ", s, ")");
+    at[static_cast<size_t>(s)] = static_cast<int32_t>(e);
+  }
+  slot_of_ = std::move(slot_of);
+  expert_at_ = std::move(at);
+}
+
 void MoeLayer::set_overflow_policy(const ops::OverflowParams& p, std::vector<int32_t> expert_rank) {
   MT_CHECK(p.extra >= 0 && cfg_.top_k + p.extra <= cfg_.num_experts, ConfigError,
            "moe overflow policy: top_k ", cfg_.top_k, " + ", p.extra, " extra candidates of ",
@@ -262,8 +282,21 @@ void MoeLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
   perm_ = acts.alloc({N}, DType::I32);
   inv_ = acts.alloc({N}, DType::I32);
   offsets_ = acts.alloc({E + 1}, DType::I32);
-  ops::moe_dispatch_plan(ctx, ids_, E, perm_, inv_, offsets_);
-  for (int64_t e = 0; e < E; ++e) load_[e] += offsets_.i32()[e + 1] - offsets_.i32()[e];
+  if (slot_of_.empty()) {
+    ops::moe_dispatch_plan(ctx, ids_, E, perm_, inv_, offsets_);
+    for (int64_t e = 0; e < E; ++e) load_[e] += offsets_.i32()[e + 1] - offsets_.i32()[e];
+  } else {
+    // The plan sorts by the ids it is given: sort by slot, then restore the logical ids that
+    // backward (router, aux loss) reads. The sort is stable, so each expert's rows keep their
+    // order and its GEMM sees the same rows wherever it lives.
+    int32_t* id = ids_.i32();
+    for (int64_t i = 0; i < N; ++i) id[i] = slot_of_[static_cast<size_t>(id[i])];
+    ops::moe_dispatch_plan(ctx, ids_, E, perm_, inv_, offsets_);
+    for (int64_t i = 0; i < N; ++i) id[i] = expert_at_[static_cast<size_t>(id[i])];
+    for (int64_t s = 0; s < E; ++s)
+      load_[static_cast<size_t>(expert_at_[static_cast<size_t>(s)])] +=
+          offsets_.i32()[s + 1] - offsets_.i32()[s];
+  }
 
   if (has_latent()) {
     x_lat_ = acts.alloc({T, l});

@@ -78,6 +78,12 @@ class MoeLayer : public Layer {
   // tensors with a leading dimension of count) and `compute` (not owned; null = all experts are
   // local and run here) moves the rows to the experts' owners. Routing still covers all experts.
   void set_local_experts(int64_t first, int64_t count, ExpertCompute* compute);
+  // Placement (parallel/dist_trainer.h, place_experts): slot_of[e] = the position of logical
+  // expert e in the owners' concatenated local slots (EP rank * count + local slot); empty =
+  // identity. Rows are dispatched in slot order, so each owner still receives one contiguous
+  // segment; routing, loads, biases and traces stay in logical ids.
+  void set_expert_slots(std::vector<int32_t> slot_of);
+  const std::vector<int32_t>& expert_slots() const { return slot_of_; }
   int64_t local_expert_first() const { return expert_first_; }
   int64_t local_expert_count() const { return expert_count_; }
   ExpertCompute* expert_compute() const { return remote_; }
@@ -118,6 +124,7 @@ class MoeLayer : public Layer {
   std::vector<int64_t> load_;
   int64_t expert_first_ = 0, expert_count_ = 0;
   ExpertCompute* remote_ = nullptr;
+  std::vector<int32_t> slot_of_, expert_at_;  // logical -> slot and back (empty: identity)
   bool overflow_on_ = false;
   ops::OverflowParams overflow_;
   std::vector<int32_t> overflow_rank_;

@@ -66,6 +66,13 @@ void scale(Tensor& t, float a) {
   for (int64_t i = 0; i < t.numel(); ++i) p[i] *= a;
 }
 
+// Model layer of a per-layer parameter name ("model.layers.<i>. ..."), -1 otherwise.
+int layer_of(const std::string& name) {
+  const std::string layers = "model.layers.";
+  if (name.compare(0, layers.size(), layers) != 0) return -1;
+  return std::stoi(name.substr(layers.size()));
+}
+
 void add_stats(CommStats& into, const CommStats& s) {
   for (int c = 0; c < kNumCollectives; ++c) {
     CollectiveStats& a = into.per[c];
@@ -370,6 +377,158 @@ bool DistTrainer::is_local_expert(const Param& p) const {
   return mesh_.ep > 1 && is_expert_param(p.name);
 }
 
+std::vector<int32_t> DistTrainer::expert_slots(int layer) const {
+  if (layer < 0 || static_cast<size_t>(layer) >= slots_.size()) return {};
+  return slots_[static_cast<size_t>(layer)];
+}
+
+template <typename F>
+void DistTrainer::global_runs(const Param& p, int64_t lo, int64_t hi, F&& fn) const {
+  if (lo >= hi) return;
+  if (!is_local_expert(p)) {
+    fn(lo, lo, hi - lo);
+    return;
+  }
+  const int64_t El = mesh_.local_experts, row = p.value.numel() / p.value.shape()[0];
+  const std::vector<int32_t> slots = expert_slots(layer_of(p.name));
+  if (slots.empty()) {
+    fn(mesh_.first_expert() * row + lo, lo, hi - lo);
+    return;
+  }
+  std::vector<int64_t> logical(static_cast<size_t>(El), -1);
+  for (size_t e = 0; e < slots.size(); ++e)
+    if (slots[e] / El == mesh_.ep_rank)
+      logical[static_cast<size_t>(slots[e] % El)] = static_cast<int64_t>(e);
+  for (int64_t l = lo; l < hi;) {
+    const int64_t j = l / row, end = std::min(hi, (j + 1) * row);
+    fn(logical[static_cast<size_t>(j)] * row + (l - j * row), l, end - l);
+    l = end;
+  }
+}
+
+int64_t DistTrainer::place_experts(const std::vector<std::vector<int32_t>>& expert_rank) {
+  if (mesh_.ep <= 1) return 0;
+  const int64_t E = mesh_.num_experts, El = mesh_.local_experts;
+  const int P = mesh_.ep, me = mesh_.ep_rank;
+  std::vector<MoeLayer*> moes = model_.moe_layers();
+  if (slots_.size() < moes.size()) slots_.resize(moes.size());
+
+  // The expert unit's moments, whole on this rank while experts move (sharded over the EDP
+  // replicas with shard_experts: every replica moves the same experts, so gather, move, re-cut).
+  Unit* xu = nullptr;
+  for (auto& u : units_)
+    if (u->name == "experts") xu = u.get();
+  Tensor m_all, v_all;
+  std::map<const Param*, int64_t> moment_at;
+  if (xu) {
+    if (xu->sharded) {
+      m_all = Tensor::empty({xu->padded});
+      v_all = Tensor::empty({xu->padded});
+      xu->comm->all_gather(xu->m.raw(), xu->shard, m_all.raw(), Elem::F32);
+      xu->comm->all_gather(xu->v.raw(), xu->shard, v_all.raw(), Elem::F32);
+    } else {
+      m_all = xu->m;
+      v_all = xu->v;
+    }
+    int64_t o = 0;
+    for (const Param* p : xu->params) {
+      moment_at[p] = o;
+      o += p->value.numel();
+    }
+  }
+
+  int64_t moved = 0;
+  for (size_t i = 0; i < moes.size() && i < expert_rank.size(); ++i) {
+    const std::vector<int32_t>& want = expert_rank[i];
+    if (!moes[i] || want.empty()) continue;
+    MT_CHECK(static_cast<int64_t>(want.size()) == E, ValueError, "place_experts: layer ", i,
+             " has ", want.size(), " ranks for ", E, " experts");
+    std::vector<int32_t> old = slots_[i], next(static_cast<size_t>(E));
+    if (old.empty())
+      for (int64_t e = 0; e < E; ++e) old.push_back(static_cast<int32_t>(e));
+    std::vector<int64_t> fill(static_cast<size_t>(P), 0);
+    for (int64_t e = 0; e < E; ++e) {
+      const int32_t r = want[static_cast<size_t>(e)];
+      MT_CHECK(r >= 0 && r < P && fill[static_cast<size_t>(r)] < El, ValueError,
+               "place_experts: layer ", i, " expert ", e, " -> rank ", r, " (", P, " EP ranks of ",
+               El, " experts each)");
+      next[static_cast<size_t>(e)] = static_cast<int32_t>(r * El + fill[static_cast<size_t>(r)]++);
+      moved += r != old[static_cast<size_t>(e)] / El;
+    }
+    if (next == old) continue;
+
+    // One expert's state, in a fixed order both ends know: per parameter its value row, then
+    // its gradient row and moment rows when it has them.
+    struct Part {
+      Param* p;
+      int64_t row, moment;  // moment: offset in the unit's flat moments, -1 without
+    };
+    std::vector<Part> parts;
+    int64_t per_expert = 0;
+    const std::string prefix = "model.layers." + std::to_string(i) + ".mlp.experts.";
+    for (const auto& p : model_.params().all()) {
+      if (p->name.compare(0, prefix.size(), prefix) != 0) continue;
+      const auto it = moment_at.find(p.get());
+      Part part{p.get(), p->value.numel() / El, it == moment_at.end() ? -1 : it->second};
+      per_expert += part.row * (1 + (p->grad.defined() ? 1 : 0) + (part.moment >= 0 ? 2 : 0));
+      parts.push_back(part);
+    }
+    auto each_field = [&](int64_t slot, auto&& f) {
+      for (const Part& q : parts) {
+        const int64_t at = slot * q.row;
+        f(q.p->value.f32() + at, q.row);
+        if (q.p->grad.defined()) f(q.p->grad.f32() + at, q.row);
+        if (q.moment >= 0) {
+          f(m_all.f32() + q.moment + at, q.row);
+          f(v_all.f32() + q.moment + at, q.row);
+        }
+      }
+    };
+    const auto owner = [&](const std::vector<int32_t>& sl, int64_t e) {
+      return static_cast<int>(sl[static_cast<size_t>(e)] / El);
+    };
+    const size_t Pn = static_cast<size_t>(P);
+    std::vector<int64_t> sc(Pn, 0), sd(Pn, 0), rc(Pn, 0), rd(Pn, 0);
+    for (int64_t e = 0; e < E; ++e) {
+      if (owner(old, e) == me) sc[static_cast<size_t>(owner(next, e))] += per_expert;
+      if (owner(next, e) == me) rc[static_cast<size_t>(owner(old, e))] += per_expert;
+    }
+    for (size_t q = 1; q < Pn; ++q) {
+      sd[q] = sd[q - 1] + sc[q - 1];
+      rd[q] = rd[q - 1] + rc[q - 1];
+    }
+    // Peers are walked in ascending logical order on both ends, so no ids travel.
+    Tensor send = Tensor::empty({El * per_expert}), recv = Tensor::empty({El * per_expert});
+    std::vector<int64_t> pos = sd;
+    for (int64_t e = 0; e < E; ++e) {
+      if (owner(old, e) != me) continue;
+      int64_t& w = pos[static_cast<size_t>(owner(next, e))];
+      each_field(old[static_cast<size_t>(e)] - me * El, [&](const float* src, int64_t n) {
+        std::memcpy(send.f32() + w, src, static_cast<size_t>(n) * sizeof(float));
+        w += n;
+      });
+    }
+    g_.ep->iall_to_all_v(send.raw(), sc, sd, recv.raw(), rc, rd, Elem::F32).wait();
+    pos = rd;
+    for (int64_t e = 0; e < E; ++e) {
+      if (owner(next, e) != me) continue;
+      int64_t& r = pos[static_cast<size_t>(owner(old, e))];
+      each_field(next[static_cast<size_t>(e)] - me * El, [&](float* dst, int64_t n) {
+        std::memcpy(dst, recv.f32() + r, static_cast<size_t>(n) * sizeof(float));
+        r += n;
+      });
+    }
+    moes[i]->set_expert_slots(next);
+    slots_[i] = std::move(next);
+  }
+  if (xu && xu->sharded) {
+    const int64_t b = xu->comm->rank() * xu->shard;
+    std::memcpy(xu->m.f32(), m_all.f32() + b, static_cast<size_t>(xu->shard) * sizeof(float));
+    std::memcpy(xu->v.f32(), v_all.f32() + b, static_cast<size_t>(xu->shard) * sizeof(float));
+  }
+  return moved;
+}
+
 namespace {
 
 // Even split of n elements over `parts`: the range of part i.
@@ -397,15 +556,13 @@ std::vector<ShardPiece> DistTrainer::checkpoint_pieces() const {
     if (is_local_expert(p)) d[0] = mesh_.num_experts;
     return Shape(d);
   };
-  auto base_of = [&](const Param& p) {
-    return is_local_expert(p) ? mesh_.first_expert() * (p.value.numel() / p.value.shape()[0])
-                              : int64_t{0};
-  };
   for (const auto& p : model_.params().all()) {
     if (sharded(*p)) continue;  // written from the Fsdp shards below
     Comm& group = is_expert_param(p->name) ? *g_.edp : *g_.world;
     const auto [b, e] = even_range(p->value.numel(), group.size(), group.rank());
-    add(p->name, full_shape(*p), base_of(*p) + b, p->value.f32() + b, e - b);
+    global_runs(*p, b, e, [&](int64_t g, int64_t l, int64_t n) {
+      add(p->name, full_shape(*p), g, p->value.f32() + l, n);
+    });
   }
   if (fsdp_)
     fsdp_->for_each_piece([&](Param& p, int64_t begin, float* data, int64_t count) {
@@ -419,10 +576,10 @@ std::vector<ShardPiece> DistTrainer::checkpoint_pieces() const {
     for (const Param* p : u->params) {
       const int64_t n = sharded(*p) ? p->spec.shape.numel() : p->value.numel(), lo = std::max(a, o),
                     hi = std::min(z, o + n);
-      if (lo < hi) {
-        add("m." + p->name, full_shape(*p), base_of(*p) + lo - o, u->m.f32() + (lo - a), hi - lo);
-        add("v." + p->name, full_shape(*p), base_of(*p) + lo - o, u->v.f32() + (lo - a), hi - lo);
-      }
+      global_runs(*p, lo - o, hi - o, [&](int64_t g, int64_t l, int64_t c) {
+        add("m." + p->name, full_shape(*p), g, u->m.f32() + (o + l - a), c);
+        add("v." + p->name, full_shape(*p), g, u->v.f32() + (o + l - a), c);
+      });
       o += n;
     }
   }
@@ -430,10 +587,6 @@ std::vector<ShardPiece> DistTrainer::checkpoint_pieces() const {
 }
 
 void DistTrainer::load_pieces(const PieceReader& read, int64_t optimizer_steps) {
-  auto base_of = [&](const Param& p) {
-    return is_local_expert(p) ? mesh_.first_expert() * (p.value.numel() / p.value.shape()[0])
-                              : int64_t{0};
-  };
   const auto sharded = [&](const Param& p) { return fsdp_ && fsdp_->owns(&p); };
   if (fsdp_) {
     fsdp_->finish();
@@ -443,8 +596,9 @@ void DistTrainer::load_pieces(const PieceReader& read, int64_t optimizer_steps) 
   }
   for (const auto& p : model_.params().all()) {
     if (sharded(*p)) continue;
-    const int64_t b = base_of(*p);
-    read(p->name, b, b + p->value.numel(), p->value.f32());
+    global_runs(*p, 0, p->value.numel(), [&](int64_t g, int64_t l, int64_t n) {
+      read(p->name, g, g + n, p->value.f32() + l);
+    });
   }
   for (auto& u : units_) {
     const int64_t a = u->sharded ? u->comm->rank() * u->shard : 0;
@@ -453,11 +607,10 @@ void DistTrainer::load_pieces(const PieceReader& read, int64_t optimizer_steps) 
     for (const Param* p : u->params) {
       const int64_t n = sharded(*p) ? p->spec.shape.numel() : p->value.numel(), lo = std::max(a, o),
                     hi = std::min(z, o + n);
-      if (lo < hi) {
-        const int64_t g = base_of(*p) + lo - o;
-        read("m." + p->name, g, g + hi - lo, u->m.f32() + (lo - a));
-        read("v." + p->name, g, g + hi - lo, u->v.f32() + (lo - a));
-      }
+      global_runs(*p, lo - o, hi - o, [&](int64_t g, int64_t l, int64_t c) {
+        read("m." + p->name, g, g + c, u->m.f32() + (o + l - a));
+        read("v." + p->name, g, g + c, u->v.f32() + (o + l - a));
+      });
       o += n;
     }
   }

@@ -119,6 +119,18 @@ class DistTrainer {
   void gather_params();
   int64_t optimizer_steps() const { return step_; }
 
+  // Placement (docs/load-balancing.md): expert_rank[i][e] = the EP rank holding logical expert e
+  // of model layer i from now on (an empty vector leaves layer i as it is); every EP rank must
+  // get local_experts of a layer, which it holds in ascending logical order. Each moved expert's
+  // weights, gradients and AdamW moments travel to the new owner (one all-to-all-v per layer
+  // over the EP group) and the layer dispatches by the new slots, so the model computes the same
+  // function. Collective over the world, with the same argument on every rank; call it between
+  // optimizer steps. Returns how many experts changed rank. No-op without expert parallelism.
+  int64_t place_experts(const std::vector<std::vector<int32_t>>& expert_rank);
+  // Logical expert -> slot (EP rank * local_experts + local index) of model layer i; empty while
+  // the layer keeps the contiguous layout.
+  std::vector<int32_t> expert_slots(int layer) const;
+
   // What this rank writes to a sharded checkpoint: weights split evenly over the ranks that hold
   // the same values (dense: the world; experts: the EDP replicas), moments as this rank's shard.
   std::vector<ShardPiece> checkpoint_pieces() const;
@@ -134,6 +146,11 @@ class DistTrainer {
   };
   Shares check_balanced(const SeqInfo& seq, const Tensor& targets);
   bool is_local_expert(const Param& p) const;
+  // Splits elements [lo, hi) of this rank's tensor p into runs that are contiguous in the
+  // single-process tensor: fn(global begin, local begin, count). Experts of a placed layer are
+  // not contiguous there; everything else is one run.
+  template <typename F>
+  void global_runs(const Param& p, int64_t lo, int64_t hi, F&& fn) const;
   void setup_fsdp();
 
   Model& model_;
@@ -145,6 +162,7 @@ class DistTrainer {
   std::unique_ptr<Fsdp> fsdp_;
   int64_t step_ = 0;
   std::vector<std::vector<int64_t>> loads_;
+  std::vector<std::vector<int32_t>> slots_;  // per model layer, see expert_slots()
   StepMetrics metrics_;
 };
 

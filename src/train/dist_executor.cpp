@@ -258,6 +258,9 @@ class DistExecutor : public StepExecutor {
     return src.train_state();
   }
   bool is_root() const override { return setup_.mesh.rank == 0; }
+  void place_experts(const std::vector<std::vector<int32_t>>& expert_rank) override {
+    trainer_.place_experts(expert_rank);
+  }
   void set_a2a_chunks(int chunks) override {
     for (MoeLayer* m : model_.moe_layers())
       if (m)

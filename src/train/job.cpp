@@ -282,8 +282,8 @@ Job Job::parse(const std::string& text, const std::string& source,
   need(bo.gflops > 0, "balance.gflops", bo.gflops, "must be positive");
   need(bo.latency_us >= 0, "balance.latency_us", bo.latency_us, "must be >= 0");
   need(bo.placement_every >= 0, "balance.placement_every", bo.placement_every, "must be >= 0");
-  need(!bo.placement, "balance.placement", "true",
-       "is not implemented in training yet (simulate-routing --placement models it)");
+  need(!bo.placement || bo.placement_every > 0, "balance.placement_every", bo.placement_every,
+       "must be > 0 with balance.placement");
   for (const std::string& t : j.lora_targets) {
     bool known = false;
     for (const std::string& g : kLoraGroups) known |= g == t;

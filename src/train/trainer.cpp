@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "model/moe_layer.h"
 #include "plan/auto_plan.h"
+#include "plan/kernels.h"
 #include "train/dist_executor.h"
 
 namespace mt {
@@ -183,7 +184,8 @@ Job apply_auto_plan(const Job& job, const ModelConfig& cfg, int64_t seq, par::Co
                         .world = world,
                         .seq = seq,
                         .batch = job.batch,
-                        .grad_accum = job.grad_accum};
+                        .grad_accum = job.grad_accum,
+                        .fsdp = job.fsdp};
   if (job.mem_gb > 0) {
     req.mem_bytes = job.mem_gb * 1e9;
     req.mem_source = "parallel.mem_gb";
@@ -201,6 +203,7 @@ Job apply_auto_plan(const Job& job, const ModelConfig& cfg, int64_t seq, par::Co
   out.ep = a.ep;
   out.a2a_chunks = a.a2a_chunks;
   out.shard_experts = a.shard_experts;
+  out.fsdp = a.fsdp;
   out.batch = a.batch;
   out.grad_accum = a.grad_accum;
   return out;
@@ -243,7 +246,12 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
   if (threads == 0 && world > 1)  // ranks share the host's cores (one host assumed)
     threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world);
   Context ctx(ContextOptions{.threads = threads, .seed = job.seed});
-  Model model(cfg, job.seed, job_model_options(job));
+  ModelOptions mopt = job_model_options(job);
+  // The kernel registry picks every layer's kernels; the choice and any fallback's reason are
+  // logged once.
+  mopt.kernels = plan::layer_kernels(cfg, plan::Backend::Cpu, "fp32");
+  log << plan::describe_kernels(cfg, mopt.kernels);
+  Model model(cfg, job.seed, mopt);
   TrainResult r;
   r.total = model.params().count();  // before a mesh slices the experts
   r.trainable = model.params().count(true);
@@ -344,6 +352,7 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
       std::vector<std::vector<int64_t>> loads(static_cast<size_t>(model.num_layers()));
       for (const LayerLoad& l : exec.expert_load()) loads.at(static_cast<size_t>(l.layer)) = l.load;
       if (const int c = balancer->after_step(loads); c > 0) exec.set_a2a_chunks(c);
+      if (auto place = balancer->placement(step); !place.empty()) exec.place_experts(place);
     }
     st.step = step;
     tokens_done += step_tokens;

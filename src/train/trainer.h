@@ -58,6 +58,11 @@ class StepExecutor {
   // All-to-all chunks from the next step on (forecast-driven compensation); no-op without an
   // expert-parallel exchange. Every rank passes the same count.
   virtual void set_a2a_chunks(int chunks) { (void)chunks; }
+  // Placement between optimizer steps (balance.placement): expert -> EP rank per model layer.
+  // Moves experts with their optimizer state on a mesh; one process has nothing to move.
+  virtual void place_experts(const std::vector<std::vector<int32_t>>& expert_rank) {
+    (void)expert_rank;
+  }
 };
 
 // Load statistics of one layer from its per-expert token counts.

@@ -17,6 +17,7 @@
 #include "core/rng.h"
 #include "model/model.h"
 #include "model/moe_layer.h"
+#include "parallel/balance/routing_sim.h"
 #include "parallel/comm.h"
 #include "parallel/dist_trainer.h"
 #include "parallel/mesh.h"
@@ -33,6 +34,7 @@ struct Args {
   int fail_rank = -1, fail_step = -1;
   int stall_rank = -1;     // never joins the collectives of fail_step (sleeps instead)
   int timeout_ms = 30000;  // of every wait
+  int place_every = 0;     // move experts between EP ranks before every n-th step (0: never)
   double tol = 1e-5;
 };
 
@@ -73,6 +75,8 @@ Args parse(int argc, char** argv) {
       a.stall_rank = next();
     else if (k == "--timeout-ms")
       a.timeout_ms = next();
+    else if (k == "--place-every")
+      a.place_every = next();
     else
       MT_THROW(ValueError, "unknown argument ", k);
   }
@@ -123,6 +127,29 @@ Batch make_batch(int64_t vocab, int step, int first, int last, bool uneven) {
   return b;
 }
 
+// The rows of `full` ([E, ...]) that this rank holds, in its local slot order.
+mt::Tensor local_rows(const mt::Tensor& full, const mt::par::Mesh& mesh,
+                      const std::vector<int32_t>& slots) {
+  if (slots.empty())
+    return full.rows(mesh.first_expert(), mesh.first_expert() + mesh.local_experts);
+  std::vector<int64_t> dims = full.shape().dims();
+  dims[0] = mesh.local_experts;
+  mt::Tensor t = mt::Tensor::empty(mt::Shape(dims));
+  const int64_t row = full.numel() / full.shape()[0];
+  for (size_t e = 0; e < slots.size(); ++e) {
+    if (slots[e] / mesh.local_experts != mesh.ep_rank) continue;
+    std::memcpy(t.f32() + (slots[e] % mesh.local_experts) * row,
+                full.f32() + static_cast<int64_t>(e) * row,
+                static_cast<size_t>(row) * sizeof(float));
+  }
+  return t;
+}
+
+int layer_of(const std::string& name) {
+  const std::string pre = "model.layers.";
+  return name.compare(0, pre.size(), pre) == 0 ? std::stoi(name.substr(pre.size())) : -1;
+}
+
 int run(mt::par::Comm& world, const Args& a) {
   using namespace mt;
   const int W = world.size(), rank = world.rank();
@@ -168,8 +195,38 @@ int run(mt::par::Comm& world, const Args& a) {
   Context dctx(ContextOptions{.threads = 1});
   par::DistTrainer trainer(model, mesh, groups,
                            {.a2a_chunks = a.chunks, .adam = adam, .fsdp = a.fsdp});
-  double max_loss_err = 0;
+  double max_loss_err = 0, max_place_err = 0;
+  int64_t experts_moved = 0;
   for (int s = 0; s < a.steps; ++s) {
+    if (a.place_every > 0 && s > 0 && s % a.place_every == 0) {
+      // Same inputs before and after the move: the model's outputs must not change.
+      Batch pb = make_batch(cfg.vocab, s, rank, rank + 1, a.uneven);
+      std::vector<std::vector<int64_t>> keep;
+      for (MoeLayer* m : model.moe_layers())
+        keep.push_back(m ? m->expert_load() : std::vector<int64_t>{});
+      const double before = model.forward(dctx, pb.seq, pb.ids, pb.targets);
+      const Tensor h0 = model.final_hidden().clone();
+      // Greedy packing of the last step's loads, then the ranks rotated by the placement count
+      // so that experts move even when the packing repeats itself.
+      std::vector<std::vector<int32_t>> place(static_cast<size_t>(model.num_layers()));
+      const std::vector<std::vector<int64_t>>& loads = trainer.global_loads();
+      for (size_t i = 0; i < loads.size(); ++i) {
+        if (loads[i].empty()) continue;
+        const std::vector<double> l(loads[i].begin(), loads[i].end());
+        place[i] = balance::greedy_placement(l, a.ep);
+        for (int32_t& r : place[i]) r = (r + s / a.place_every) % a.ep;
+      }
+      experts_moved += trainer.place_experts(place);
+      const double after = model.forward(dctx, pb.seq, pb.ids, pb.targets);
+      const Tensor& h1 = model.final_hidden();
+      double err = std::abs(after - before);
+      for (int64_t i = 0; i < h0.numel(); ++i)
+        err = std::max(err, static_cast<double>(std::abs(h1.f32()[i] - h0.f32()[i])));
+      max_place_err = std::max(max_place_err, err);
+      std::vector<MoeLayer*> moes = model.moe_layers();
+      for (size_t i = 0; i < moes.size(); ++i)
+        if (moes[i]) moes[i]->set_expert_load(keep[i]);
+    }
     if (rank == a.fail_rank && s == a.fail_step)
       MT_THROW(ValueError, "injected failure at step ", s);
     if (rank == a.stall_rank && s == a.fail_step) {
@@ -189,6 +246,8 @@ int run(mt::par::Comm& world, const Args& a) {
   std::printf("%s\n", trainer.metrics().line(rank).c_str());
   // Measured before gather_params, which makes the dense parameters whole again.
   const par::MemoryReport mem = trainer.memory();
+  // Before anything else (gathering, checks) can run a forward of its own.
+  const size_t acts_used = model.activation_bytes_used();
   std::printf(
       "rank %d memory: parameters %lld B, gradients %lld B, optimizer %lld B, peak step "
       "buffers %lld B, total %lld B\n",
@@ -235,7 +294,7 @@ int run(mt::par::Comm& world, const Args& a) {
     const Param& q = ref.params().at(p->name);
     Tensor want = q.value;
     if (p->value.numel() != q.value.numel())
-      want = q.value.rows(mesh.first_expert(), mesh.first_expert() + mesh.local_experts);
+      want = local_rows(q.value, mesh, trainer.expert_slots(layer_of(p->name)));
     expect_shape(p->value, want.shape(), p->name.c_str());
     for (int64_t i = 0; i < want.numel(); ++i) {
       const double d = std::abs(static_cast<double>(p->value.f32()[i]) - want.f32()[i]) /
@@ -247,7 +306,62 @@ int run(mt::par::Comm& world, const Args& a) {
     }
     compared += want.numel();
   }
-  const bool ok = mem_ok && max_loss_err <= a.tol && max_param_err <= a.tol;
+  bool place_ok = true;
+  if (a.place_every > 0) {
+    // The checkpoint holds single-process coordinates: every piece against the reference's
+    // values and moments, and every element written once over the world.
+    std::vector<std::string> trainable;
+    for (const auto& p : ref.params().all())
+      if (p->trainable()) trainable.push_back(p->name);
+    auto ref_tensor = [&](const std::string& name) -> const Tensor& {
+      const bool mom = name.compare(0, 2, "m.") == 0 || name.compare(0, 2, "v.") == 0;
+      if (!mom) return ref.params().at(name).value;
+      const size_t k = static_cast<size_t>(
+          std::find(trainable.begin(), trainable.end(), name.substr(2)) - trainable.begin());
+      return name[0] == 'm' ? ref_opt.first_moments().at(k) : ref_opt.second_moments().at(k);
+    };
+    double piece_err = 0;
+    int64_t elems = 0, want_elems = 0;
+    for (const par::ShardPiece& sp : trainer.checkpoint_pieces()) {
+      const Tensor& t = ref_tensor(sp.name);
+      for (int64_t i = sp.begin; i < sp.end; ++i)
+        piece_err = std::max(
+            piece_err, std::abs(static_cast<double>(sp.data.f32()[i - sp.begin]) - t.f32()[i]) /
+                           std::max(1.0, std::abs(static_cast<double>(t.f32()[i]))));
+      elems += sp.end - sp.begin;
+    }
+    for (const auto& p : ref.params().all())
+      want_elems += p->value.numel() * (p->trainable() ? 3 : 1);
+    elems = world.all_reduce_sum(elems);
+    // Loading into the moved layout: wipe the local experts, read them back from the reference.
+    for (const auto& p : model.params().all())
+      if (p->value.numel() != ref.params().at(p->name).value.numel())
+        std::memset(p->value.raw(), 0, p->value.bytes());
+    trainer.load_pieces(
+        [&](const std::string& name, int64_t b, int64_t e, float* out) {
+          std::memcpy(out, ref_tensor(name).f32() + b, static_cast<size_t>(e - b) * sizeof(float));
+        },
+        trainer.optimizer_steps());
+    double load_err = 0;
+    for (const auto& p : model.params().all()) {
+      const Param& q = ref.params().at(p->name);
+      if (p->value.numel() == q.value.numel()) continue;
+      const Tensor want = local_rows(q.value, mesh, trainer.expert_slots(layer_of(p->name)));
+      for (int64_t i = 0; i < want.numel(); ++i)
+        load_err =
+            std::max(load_err, static_cast<double>(std::abs(p->value.f32()[i] - want.f32()[i])));
+    }
+    const int64_t total_moved = world.all_reduce_sum(experts_moved);
+    place_ok = max_place_err <= 1e-6 && piece_err <= a.tol && elems == want_elems &&
+               load_err == 0 && (a.ep == 1 || total_moved > 0);
+    std::printf(
+        "rank %d placement: %lld experts moved, outputs before/after max diff %.3g, checkpoint "
+        "pieces max err %.3g, %lld of %lld elements, reload max err %.3g: %s\n",
+        rank, static_cast<long long>(total_moved), max_place_err, piece_err,
+        static_cast<long long>(elems), static_cast<long long>(want_elems), load_err,
+        place_ok ? "ok" : "MISMATCH");
+  }
+  const bool ok = place_ok && mem_ok && max_loss_err <= a.tol && max_param_err <= a.tol;
   const int64_t param_bytes = mem.params;
   std::printf(
       "rank %d: %lld parameters compared, max loss rel err %.3g, max param err %.3g (%s), "
@@ -258,11 +372,11 @@ int run(mt::par::Comm& world, const Args& a) {
   // Measured bytes per rank, read by tests/plan/test_engine_memory.cpp against the planner.
   const int64_t grad_bytes = mem.grads;
   std::printf(
-      "memory rank %d: params %lld grads %lld optimizer %lld activations %lld workspace %lld\n",
+      "memory rank %d: params %lld grads %lld optimizer %lld activations %lld workspace %lld "
+      "step buffers %lld\n",
       rank, static_cast<long long>(param_bytes), static_cast<long long>(grad_bytes),
-      static_cast<long long>(trainer.optimizer_bytes()),
-      static_cast<long long>(model.activation_bytes_used()),
-      static_cast<long long>(dctx.workspace().peak()));
+      static_cast<long long>(trainer.optimizer_bytes()), static_cast<long long>(acts_used),
+      static_cast<long long>(dctx.workspace().peak()), static_cast<long long>(mem.transient));
   const int64_t bad = world.all_reduce_sum(static_cast<int64_t>(ok ? 0 : 1));
   if (rank == 0)
     std::printf("%s: %lld of %d ranks mismatched\n", bad ? "FAIL" : "PASS",

@@ -54,7 +54,10 @@ TEST(TrainBalancer, JobKeysParseValidateAndRoundTrip) {
     EXPECT_THROW(Job::parse(std::string(kJob) + "[balance]\n" + extra, "job.toml"), ConfigError)
         << extra;
   };
-  bad("placement = true\n");  // not in the model: refused rather than ignored
+  bad("placement = true\n");  // without placement_every: refused rather than never moving
+  EXPECT_TRUE(Job::parse(std::string(kJob) + "[balance]\nplacement = true\nplacement_every = 2\n",
+                         "job.toml")
+                  .balance.placement);
   bad("overflow = true\ncandidates = 0\n");
   bad("reroute_budget = 1.5\n");
   bad("capacity = 0\n");

@@ -78,10 +78,20 @@ std::vector<double> LoadPredictor::forecast(int64_t i) const {
   return f;
 }
 
+void LoadPredictor::set_expert_rank(int64_t i, std::vector<int32_t> expert_rank) {
+  MT_CHECK(expert_rank.size() == expert_rank_.size(), ShapeError, "new layout of layer ", i,
+           " has ", expert_rank.size(), " experts, expected ", expert_rank_.size());
+  for (int32_t r : expert_rank)
+    MT_CHECK(r >= 0 && r < ranks_, ValueError, "EP rank ", r, " of ", ranks_);
+  layers_.at(static_cast<size_t>(i)).rank = std::move(expert_rank);
+}
+
 std::vector<double> LoadPredictor::rank_forecast(int64_t i) const {
   const std::vector<double> f = forecast(i);
+  const std::vector<int32_t>& own = layer(i).rank;
+  const std::vector<int32_t>& er = own.empty() ? expert_rank_ : own;
   std::vector<double> r(static_cast<size_t>(ranks_), 0.0);
-  for (size_t e = 0; e < f.size(); ++e) r[expert_rank_[e]] += f[e];
+  for (size_t e = 0; e < f.size(); ++e) r[static_cast<size_t>(er[e])] += f[e];
   return r;
 }
 

@@ -37,6 +37,8 @@ class LoadPredictor {
 
   // The layout changed (placement): rank forecasts follow the new map; history stays per expert.
   void set_expert_rank(std::vector<int32_t> expert_rank);
+  // One layer's own layout (training places each MoE layer separately); same number of ranks.
+  void set_expert_rank(int64_t layer, std::vector<int32_t> expert_rank);
   int64_t experts() const { return static_cast<int64_t>(expert_rank_.size()); }
   int64_t ranks() const { return ranks_; }
 
@@ -45,6 +47,7 @@ class LoadPredictor {
     std::vector<double> ema;
     std::vector<std::vector<int64_t>> ring;  // last `window` loads
     int64_t seen = 0;
+    std::vector<int32_t> rank;  // this layer's layout; empty: expert_rank_
   };
   const Layer& layer(int64_t i) const;
   std::vector<int32_t> expert_rank_;

@@ -15,9 +15,8 @@ namespace mt::balance {
 TrainBalancer::TrainBalancer(const BalanceOptions& opt, Model& model, int64_t ep_ranks,
                              par::Comm* world)
     : opt_(opt), model_(model), P_(ep_ranks), world_(world) {
-  MT_CHECK(!opt.placement, ConfigError,
-           "balance.placement: moving experts between ranks in a training run is not implemented "
-           "(the simulator has it: moetrain simulate-routing --placement)");
+  MT_CHECK(!opt.placement || opt.placement_every > 0, ConfigError,
+           "balance.placement needs balance.placement_every > 0 (optimizer steps between moves)");
   const MoeConfig& mc = model.config().moe;
   const int64_t E = mc.num_experts;
   std::vector<MoeLayer*> layers = model.moe_layers();
@@ -37,8 +36,10 @@ TrainBalancer::TrainBalancer(const BalanceOptions& opt, Model& model, int64_t ep
                                 .rank_capacity = static_cast<float>(opt.rank_capacity),
                                 .max_reroute_share = static_cast<float>(opt.reroute_budget)};
     for (int i : moe_layer_) layers[static_cast<size_t>(i)]->set_overflow_policy(p, expert_rank);
+    overflow_params_ = p;
+    overflow_set_ = true;
   }
-  if (opt.predict || opt.compensate)
+  if (opt.predict || opt.compensate || opt.placement)
     predictor_ = std::make_unique<LoadPredictor>(
         static_cast<int64_t>(moe_layer_.size()), expert_rank,
         PredictorOptions{.ema_alpha = opt.ema_alpha, .window = opt.window});
@@ -128,6 +129,20 @@ int TrainBalancer::after_step(const std::vector<std::vector<int64_t>>& loads) {
   chunks_ = chunks_for_forecast(a2a, compute, 2 * opt_.latency_us * 1e-6,
                                 static_cast<int>(opt_.max_chunks));
   return chunks_;
+}
+
+std::vector<std::vector<int32_t>> TrainBalancer::placement(int64_t step) {
+  if (!opt_.placement || !predictor_ || step % opt_.placement_every != 0) return {};
+  std::vector<MoeLayer*> layers = model_.moe_layers();
+  std::vector<std::vector<int32_t>> out(layers.size());
+  for (size_t j = 0; j < moe_layer_.size(); ++j) {
+    if (predictor_->steps_seen(static_cast<int64_t>(j)) == 0) continue;
+    const auto i = static_cast<size_t>(moe_layer_[j]);
+    out[i] = greedy_placement(predictor_->forecast(static_cast<int64_t>(j)), P_);
+    predictor_->set_expert_rank(static_cast<int64_t>(j), out[i]);
+    if (overflow_set_) layers[i]->set_overflow_policy(overflow_params_, out[i]);
+  }
+  return out;
 }
 
 void TrainBalancer::add_metrics(nlohmann::json& line) {

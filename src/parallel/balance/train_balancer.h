@@ -17,6 +17,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "ops/overflow_route.h"
 #include "parallel/balance/load_predictor.h"
 
 namespace mt {
@@ -47,7 +48,9 @@ struct BalanceOptions {
   double link_gbs = 5;     // GB/s per rank and direction
   double gflops = 20;      // expert GFLOP/s per rank
   double latency_us = 50;  // fixed cost of one all-to-all
-  // Placement: not in the model yet (ConfigError when asked for).
+  // Placement: every placement_every optimizer steps, greedy packing of each MoE layer's
+  // forecast onto the EP ranks; experts move with their weights and optimizer state (implies the
+  // predictor).
   bool placement = false;
   int64_t placement_every = 0;
   // Trace recording ("" = off): rank 0 writes all ranks' tokens.
@@ -57,7 +60,8 @@ struct BalanceOptions {
   double skew_bias = 0;
 
   bool any() const {
-    return overflow || predict || compensate || !trace.empty() || !skew_experts.empty();
+    return overflow || predict || compensate || placement || !trace.empty() ||
+           !skew_experts.empty();
   }
 };
 
@@ -80,6 +84,11 @@ class TrainBalancer {
   // Adds "balance": {rerouted_share, shed_share, forecast_imbalance, chunks} and resets the
   // accumulated counters. Collective on a mesh.
   void add_metrics(nlohmann::json& line);
+  // After after_step, at the checkpoint-safe point between optimizer steps: when placement is due
+  // at `step`, each MoE layer's expert -> EP rank (indexed by model layer; dense layers empty),
+  // else nothing. The same on every rank (forecasts of global loads). The overflow policy and the
+  // predictor switch to the new layout; the caller moves the experts (StepExecutor::place_experts).
+  std::vector<std::vector<int32_t>> placement(int64_t step);
 
   int chunks() const { return chunks_; }
   double forecast_imbalance() const { return imbalance_; }
@@ -95,6 +104,8 @@ class TrainBalancer {
   int64_t width_ = 0;  // trace candidates per token
   int64_t rerouted_ = 0, shed_ = 0, pairs_ = 0;
   int chunks_ = 0;
+  bool overflow_set_ = false;
+  ops::OverflowParams overflow_params_;
   double imbalance_ = 1;
 };
 
