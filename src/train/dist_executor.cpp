@@ -259,7 +259,7 @@ class DistExecutor : public StepExecutor {
   }
   bool is_root() const override { return setup_.mesh.rank == 0; }
   void place_experts(const std::vector<std::vector<int32_t>>& expert_rank) override {
-    trainer_.place_experts(expert_rank);
+    experts_moved_ += trainer_.place_experts(expert_rank);
   }
   void set_a2a_chunks(int chunks) override {
     for (MoeLayer* m : model_.moe_layers())
@@ -270,6 +270,10 @@ class DistExecutor : public StepExecutor {
   // Totals over ranks of the step's communication, the slowest rank's times, and the rows each
   // rank's experts computed.
   void add_metrics(nlohmann::json& line) override {
+    if (experts_moved_ > 0) {  // placement ran since the last line
+      line["placement"] = {{"experts_moved", experts_moved_}};
+      experts_moved_ = 0;
+    }
     const par::StepMetrics& m = trainer_.metrics();
     par::CommStats all;
     for (const par::CommStats* c : {&m.world, &m.ep, &m.edp})
@@ -323,6 +327,7 @@ class DistExecutor : public StepExecutor {
   Model& model_;
   DistSetup& setup_;
   par::DistTrainer trainer_;
+  int64_t experts_moved_ = 0;  // by placement since the last metrics line
   std::vector<LayerLoad> load_;
 };
 

@@ -67,6 +67,17 @@ same "$T/lora1" "$T/lora2" "LoRA on 2 ranks (EP 1, sharded expert state, FSDP) v
   --resume-from "$T/lora2/checkpoints/step_00000002" >"$T/lora1_r.log"
 same "$T/lora1" "$T/lora1_r" "LoRA FSDP checkpoint resumed on one process vs one process"
 
+# Expert placement every 2 steps on 2 ranks (EP 2): experts, their gradients and AdamW moments
+# move between ranks, the function does not change, so the losses stay the one-process ones;
+# a checkpoint written after a move resumes on one process.
+"${mpirun[@]}" -np 2 "$bin" train "${S[@]}" --set "run.dir=\"$T/place\"" --set parallel.ep=2 \
+  --set balance.placement=true --set balance.placement_every=2 >"$T/place.log"
+same "$T/one" "$T/place" "2 ranks EP 2 with expert placement every 2 steps vs one process"
+grep -q '"experts_moved":[1-9]' "$T/place/metrics.jsonl" || { echo "placement moved no expert"; exit 1; }
+"$bin" train "${S[@]}" --set "run.dir=\"$T/place_r\"" \
+  --resume-from "$T/place/checkpoints/step_00000004" >"$T/place_r.log"
+same "$T/one" "$T/place_r" "checkpoint written after placement resumed on one process"
+
 # A batch that does not split over the ranks fails before training, on every rank.
 if out=$(timeout 60 "${mpirun[@]}" -np 4 "$bin" train "${S[@]}" --set "run.dir=\"$T/bad\"" \
   --set train.batch=6 2>&1); then echo "batch 6 on 4 ranks did not fail"; exit 1; fi
