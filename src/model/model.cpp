@@ -71,7 +71,10 @@ std::vector<NamedSpec> model_param_specs(const ModelConfig& cfg) {
 }
 
 Model::Model(const ModelConfig& cfg, uint64_t seed, const ModelOptions& opt)
-    : cfg_(cfg), recompute_(opt.recompute) {
+    : cfg_(cfg), kernels_(opt.kernels), recompute_(opt.recompute) {
+  MT_CHECK(kernels_.empty() || kernels_.size() == cfg.layers.size(), ConfigError,
+           "model options name kernels for ", kernels_.size(), " layers, the model has ",
+           cfg.layers.size());
   Rng rng(seed);
   std::string prefix;  // of the layer being added, for also_train's full names
   auto trainable = [&](const ParamSpec& s) {
@@ -87,7 +90,9 @@ Model::Model(const ModelConfig& cfg, uint64_t seed, const ModelOptions& opt)
   for (size_t i = 0; i < cfg.layers.size(); ++i) {
     std::string p = layer_prefix(i);
     norm_in_.push_back(single(p + "input_layernorm.weight", ones("weight", cfg.hidden)));
-    auto mixer = make_mixer(cfg, cfg.layers[i].mixer);
+    ModelConfig layer_cfg = cfg;
+    if (!kernels_.empty()) layer_cfg.kda.chunked = kernels_[i].kda == KdaImpl::Chunked;
+    auto mixer = make_mixer(layer_cfg, cfg.layers[i].mixer);
     prefix = p + "self_attn.";
     mixer->bind(params_.add_layer(prefix, mixer->param_specs(), rng, trainable));
     mixers_.push_back(std::move(mixer));

@@ -40,12 +40,29 @@ class UnitHooks {
 // one layer (the largest plan_activations) just before its backward.
 enum class ActivationRecompute { None, Full };
 
+// Per-layer kernel choice made at build time by the caller (the kernel registry,
+// src/plan/kernels.h, consulted by the trainer): model/ knows no kernel names, so the choice
+// arrives as the implementations the layers can switch between, plus the record of every op's
+// kernel for the log.
+enum class KdaImpl { Chunked, Recurrent };
+struct OpKernel {
+  std::string op, kernel;
+  bool reference = false;  // the always-correct fallback
+  std::string why;         // why a faster kernel was rejected (empty when none was)
+};
+struct LayerKernels {
+  KdaImpl kda = KdaImpl::Chunked;  // KDA layers: overrides the config's kda.chunked
+  std::vector<OpKernel> ops;
+};
+
 struct ModelOptions {
   // Train only LoRA adapters: base weights get no gradient buffer and no optimizer state.
   bool freeze_base = false;
   // With freeze_base: base parameters (by full HF name) that still train in full, e.g. a router.
   std::function<bool(const std::string&)> also_train;
   ActivationRecompute recompute = ActivationRecompute::None;
+  // Empty: every layer as its config says. Else one entry per layer.
+  std::vector<LayerKernels> kernels;
 };
 
 // One parameter of a model as declared, without allocating it (for counting and planning).
@@ -68,6 +85,8 @@ class Model {
   int num_layers() const { return static_cast<int>(mixers_.size()); }
   Layer& mixer(int i) { return *mixers_.at(static_cast<size_t>(i)); }
   Layer& ffn(int i) { return *ffns_.at(static_cast<size_t>(i)); }
+  // The kernels each layer was built with (empty when the options named none).
+  const std::vector<LayerKernels>& kernels() const { return kernels_; }
 
   // Bytes of activation memory for one step over `seq`: the arena forward keeps, plus with
   // recompute the scratch arena one layer's replay uses.
@@ -127,6 +146,7 @@ class Model {
   ParamRef embed_, lm_head_, final_norm_;
   std::vector<ParamRef> norm_in_, norm_post_;
   std::vector<std::unique_ptr<Layer>> mixers_, ffns_;
+  std::vector<LayerKernels> kernels_;
 
   // State of the last forward (views into acts_).
   Arena acts_;

@@ -473,6 +473,23 @@ int64_t kda_saved_rows(const KdaParams& p, const Tensor& cu_seqlens) {
   return read_docs(p, cu_seqlens).chunk0.back();
 }
 
+namespace {
+
+int64_t scratch_per_thread(const KdaParams& p, const Dims& d, bool backward) {
+  if (!p.chunked) return recurrent_scratch(d);
+  return backward ? chunked_bwd_scratch(d) : chunked_scratch(d);
+}
+
+int64_t scratch_threads(int threads, const KdaParams& p) {
+  return std::max<int64_t>(1, std::min<int64_t>(threads, p.num_seqs * p.heads));
+}
+
+}  // namespace
+
+int64_t kda_scratch_floats(const KdaParams& p, int threads, bool backward) {
+  return scratch_threads(threads, p) * scratch_per_thread(p, make_dims(p), backward);
+}
+
 void kda_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
                  const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                  const Tensor& h0, Tensor& o, Tensor& hT, Tensor& saved) {
@@ -489,7 +506,7 @@ void kda_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, con
   float* po = o.f32();
   float* ps = saved.f32();
 
-  const int64_t per = p.chunked ? chunked_scratch(d) : recurrent_scratch(d);
+  const int64_t per = scratch_per_thread(p, d, false);
   const int64_t tasks = p.num_seqs * p.heads;
   const int nt = thread_count(ctx, tasks);
   ArenaScope scope(ctx.workspace());
@@ -532,7 +549,7 @@ void kda_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, co
   const float* pdo = dout.f32();
   const float* ps = saved.f32();
 
-  const int64_t per = p.chunked ? chunked_bwd_scratch(d) : recurrent_scratch(d);
+  const int64_t per = scratch_per_thread(p, d, true);
   const int64_t tasks = p.num_seqs * p.heads;
   const int nt = thread_count(ctx, tasks);
   ArenaScope scope(ctx.workspace());

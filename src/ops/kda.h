@@ -30,6 +30,10 @@ struct KdaParams {
 // tokens (recurrent) or the number of chunks (chunked).
 int64_t kda_saved_rows(const KdaParams& p, const Tensor& cu_seqlens);
 
+// Floats of per-thread scratch kda_forward (backward = false) or kda_backward takes from the
+// workspace on `threads` threads, for memory planning (the ops allocate exactly this).
+int64_t kda_scratch_floats(const KdaParams& p, int threads, bool backward);
+
 // o written; hT written when defined; h0 may be undefined (zero initial states); saved receives
 // what backward needs and must stay untouched until then.
 void kda_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,

@@ -91,40 +91,52 @@ AutoPlan choose_auto_plan(const AutoRequest& r) {
 
   std::ostringstream why;
   SearchResult last;
-  for (int64_t mbs : divisors_desc(per_rank, job_mbs)) {
-    o.mbs = mbs;
-    SearchResult res = search(r.cfg, r.world, hw, o);
-    if (res.best.empty()) {
-      const auto& closest = res.rejections.front().closest;
-      why << "  " << mbs << " sequence(s) per rank: nothing fits; closest "
-          << mesh_str(closest.plan) << " needs " << bytes_str(closest.memory.total()) << "\n";
-      last = std::move(res);
-      continue;
+  // zero1+ep at any micro-batch before fsdp+ep: FSDP gathers every unit twice a step, while a
+  // smaller micro-batch only adds micro-steps of the same work.
+  std::vector<Engine> engines{Engine::FsdpEp};
+  if (!r.fsdp)
+    engines = r.world > 1 ? std::vector<Engine>{Engine::Zero1Ep, Engine::FsdpEp}
+                          : std::vector<Engine>{Engine::Zero1Ep};
+  for (Engine e : engines)
+    for (int64_t mbs : divisors_desc(per_rank, job_mbs)) {
+      o.engine = e;
+      o.mbs = mbs;
+      SearchResult res = search(r.cfg, r.world, hw, o);
+      if (res.best.empty()) {
+        const auto& closest = res.rejections.front().closest;
+        why << "  " << mbs << " sequence(s) per rank, engine " << engine_name(e)
+            << ": nothing fits; closest " << mesh_str(closest.plan) << " needs "
+            << bytes_str(closest.memory.total()) << "\n";
+        last = std::move(res);
+        continue;
+      }
+      AutoPlan a;
+      a.chosen = res.best.front();
+      const ParallelPlan& p = a.chosen.plan;
+      a.ep = p.ep;
+      a.a2a_chunks = p.a2a_chunks;
+      a.shard_experts = p.expert_shard > 1;
+      a.fsdp = p.engine == Engine::FsdpEp;
+      a.batch = mbs * r.world;
+      a.grad_accum = total / a.batch;
+      std::ostringstream s;
+      s << "plan auto (engine " << engine_name(p.engine) << ", world " << r.world << ", limit "
+        << bytes_str(r.mem_bytes) << " per rank from " << r.mem_source << "; " << res.considered
+        << " plans considered):\n"
+        << "  chosen: " << mesh_str(p) << "; train.batch " << a.batch << ", grad_accum "
+        << a.grad_accum << "\n"
+        << "  predicted per rank: " << breakdown(a.chosen.memory) << "\n"
+        << why.str();
+      if (mbs < job_mbs)
+        s << "  the job's " << job_mbs << " sequence(s) per rank do not fit; grad_accum "
+          << r.grad_accum << " -> " << a.grad_accum << " keeps " << total
+          << " sequences per step\n";
+      for (const std::string& n : res.notes) s << "  why not " << n << "\n";
+      for (const auto& rej : res.rejections)
+        s << "  rejected " << rej.count << " plan(s): " << rej.reason << "\n";
+      a.explanation = s.str();
+      return a;
     }
-    AutoPlan a;
-    a.chosen = res.best.front();
-    const ParallelPlan& p = a.chosen.plan;
-    a.ep = p.ep;
-    a.a2a_chunks = p.a2a_chunks;
-    a.shard_experts = p.expert_shard > 1;
-    a.batch = mbs * r.world;
-    a.grad_accum = total / a.batch;
-    std::ostringstream s;
-    s << "plan auto (engine zero1+ep, world " << r.world << ", limit " << bytes_str(r.mem_bytes)
-      << " per rank from " << r.mem_source << "; " << res.considered << " plans considered):\n"
-      << "  chosen: " << mesh_str(p) << "; train.batch " << a.batch << ", grad_accum "
-      << a.grad_accum << "\n"
-      << "  predicted per rank: " << breakdown(a.chosen.memory) << "\n"
-      << why.str();
-    if (mbs < job_mbs)
-      s << "  the job's " << job_mbs << " sequence(s) per rank do not fit; grad_accum "
-        << r.grad_accum << " -> " << a.grad_accum << " keeps " << total << " sequences per step\n";
-    for (const std::string& n : res.notes) s << "  why not " << n << "\n";
-    for (const auto& rej : res.rejections)
-      s << "  rejected " << rej.count << " plan(s): " << rej.reason << "\n";
-    a.explanation = s.str();
-    return a;
-  }
   std::ostringstream s;
   s << "plan auto: no parallel plan fits " << bytes_str(r.mem_bytes) << " per rank (from "
     << r.mem_source << ") on " << r.world << " rank(s), even at one sequence per rank:\n"

@@ -1,4 +1,5 @@
-// `moetrain train --plan auto`: the planner sizes the distributed CPU engine as it is (zero1+ep)
+// `moetrain train --plan auto`: the planner sizes the distributed CPU engine as it is (zero1+ep,
+// or fsdp+ep when only that fits)
 // for the world a job runs on and chooses ep, a2a_chunks, shard_experts and the per-rank
 // micro-batch under a per-rank memory limit. Pure planning: no dependency on the trainer, which
 // applies the result to its job.
@@ -20,12 +21,14 @@ struct AutoRequest {
   int64_t grad_accum = 1;  // micro-batches per optimizer step
   double mem_bytes = 0;    // per rank
   std::string mem_source;  // where the limit came from, for the explanation
+  bool fsdp = false;       // the job asks for parallel.fsdp: plan that engine only
 };
 
 struct AutoPlan {
   Evaluated chosen;  // the plan with its predicted memory and time
   int64_t ep = 1, a2a_chunks = 1;
   bool shard_experts = false;
+  bool fsdp = false;                  // the fsdp+ep engine (parallel.fsdp): zero1+ep does not fit
   int64_t batch = 1, grad_accum = 1;  // batch x grad_accum equals the request's
   std::string explanation;            // what was chosen and why, several lines
 };
@@ -35,8 +38,10 @@ struct AutoPlan {
 Hardware cpu_host(double mem_bytes);
 
 // Largest per-rank micro-batch (at most the job's batch / world) whose best plan fits; ties
-// between plans go to the faster, then the smaller. ConfigError when the sizes cannot split over
-// the world, or with the planner's rejections when nothing fits.
+// between plans go to the faster, then the smaller. At each micro-batch zero1+ep (no gathers) is
+// tried first, then, on more than one rank, fsdp+ep (dense state sharded over the world).
+// ConfigError when the sizes cannot split over the world, or with the planner's rejections when
+// nothing fits.
 AutoPlan choose_auto_plan(const AutoRequest& r);
 
 // Physical memory of this host in bytes (0 when unknown).

@@ -1,6 +1,8 @@
 #include "plan/kernels.h"
 
+#include <map>
 #include <set>
+#include <sstream>
 
 #include "core/error.h"
 
@@ -41,6 +43,7 @@ const char* op_name(OpKind k) {
 namespace {
 
 constexpr size_t kOps = static_cast<size_t>(OpKind::Conv1d) + 1;
+constexpr int64_t kMaxCpuKdaChunk = 256;
 
 std::string any(const OpShape&) {
   return "";
@@ -78,11 +81,17 @@ KernelRegistry KernelRegistry::builtin() {
     r.add(op, {name, Backend::Cuda, false, false, src, std::move(accepts)});
   };
   // Fast CPU paths first (preferred when they accept), then the references.
-  r.add(OpKind::KdaCore, {"kda_chunked_cpu", Backend::Cpu, true, false, "src/ops/kda.cpp (WY)",
-                          [](const OpShape& s) {
-                            if (!s.chunked) return std::string("config asks for the recurrence");
-                            return need_fp32(s);
-                          }});
+  r.add(
+      OpKind::KdaCore,
+      {"kda_chunked_cpu", Backend::Cpu, true, false, "src/ops/kda.cpp (WY)", [](const OpShape& s) {
+         if (!s.chunked) return std::string("config asks for the recurrence");
+         // Each task's chunk buffers hold C x C products (C^2 + C (K + V)
+         // floats per thread): past this they outgrow the caches they are
+         // sized for, and the recurrence is the safer path.
+         if (s.chunk > kMaxCpuKdaChunk)
+           return "chunk " + std::to_string(s.chunk) + " > " + std::to_string(kMaxCpuKdaChunk);
+         return need_fp32(s);
+       }});
   cpu_ref(OpKind::KdaCore, "kda_recurrent_cpu", "src/ops/kda.cpp (token recurrence)");
   cpu_ref(OpKind::Gemm, "blas_sgemm", "src/ops/gemm.cpp");
   cpu_ref(OpKind::MlaAttention, "index_attention_cpu", "src/ops/attention.cpp");
@@ -146,6 +155,7 @@ KernelChoice KernelRegistry::choose(OpKind op, Backend backend, const OpShape& s
     if (first_reject.empty()) first_reject = k.name + ": " + why;
   }
   c.fallback = true;
+  c.constrained = !first_reject.empty();
   c.why = first_reject.empty() ? "no fast kernel registered" : first_reject;
   if (backend != Backend::Cpu) {
     // The CPU implementations (fp32) are the fallback of every other backend.
@@ -161,6 +171,40 @@ KernelChoice KernelRegistry::choose(OpKind op, Backend backend, const OpShape& s
   return c;
 }
 
+namespace {
+
+std::string layer_kind(const LayerIR& l) {
+  return std::string(mixer_name(l.mixer)) + (l.ffn == FfnKind::Dense ? "+ffn" : "+moe");
+}
+
+// The ops of one layer with the shapes their kernels constrain.
+void layer_ops(const ModelConfig& cfg, const LayerIR& l,
+               const std::function<void(OpKind, OpShape)>& pick) {
+  pick(OpKind::Gemm, {});
+  pick(OpKind::Norm, {});
+  if (l.mixer == MixerKind::Kda) {
+    pick(OpKind::Conv1d, {});
+    pick(OpKind::KdaCore,
+         {.head_dim = cfg.kda.head_dim, .chunk = cfg.kda.chunk, .chunked = cfg.kda.chunked});
+  } else {
+    const MlaConfig& m = l.mixer == MixerKind::Dsa ? cfg.dsa.mla : cfg.mla;
+    const int64_t hd = m.qk_nope_dim + m.qk_rope_dim;
+    if (l.mixer == MixerKind::Dsa && !cfg.dsa.dense_warmup) {
+      pick(OpKind::Indexer, {.head_dim = cfg.dsa.index_head_dim});
+      pick(OpKind::SparseAttention, {.head_dim = hd, .topk = cfg.dsa.index_topk});
+    } else {
+      pick(OpKind::MlaAttention, {.head_dim = hd});
+    }
+  }
+  if (l.ffn == FfnKind::Moe) {
+    pick(OpKind::Router, {});
+    pick(OpKind::MoeDispatch, {});
+    pick(OpKind::GroupedExperts, {.lora_rank = cfg.moe.expert_lora.rank});
+  }
+}
+
+}  // namespace
+
 std::vector<KernelChoice> match_kernels(const ModelConfig& cfg, Backend backend,
                                         const std::string& dtype) {
   const KernelRegistry reg = KernelRegistry::builtin();
@@ -173,33 +217,71 @@ std::vector<KernelChoice> match_kernels(const ModelConfig& cfg, Backend backend,
   };
   std::set<std::string> seen;
   for (const LayerIR& l : cfg.layers) {
-    const std::string name =
-        std::string(mixer_name(l.mixer)) + (l.ffn == FfnKind::Dense ? "+ffn" : "+moe");
+    const std::string name = layer_kind(l);
     if (!seen.insert(name).second) continue;
-    pick(name, OpKind::Gemm, {});
-    pick(name, OpKind::Norm, {});
-    if (l.mixer == MixerKind::Kda) {
-      pick(name, OpKind::Conv1d, {});
-      pick(name, OpKind::KdaCore,
-           {.head_dim = cfg.kda.head_dim, .chunk = cfg.kda.chunk, .chunked = cfg.kda.chunked});
-    } else {
-      const MlaConfig& m = l.mixer == MixerKind::Dsa ? cfg.dsa.mla : cfg.mla;
-      const int64_t hd = m.qk_nope_dim + m.qk_rope_dim;
-      if (l.mixer == MixerKind::Dsa && !cfg.dsa.dense_warmup) {
-        pick(name, OpKind::Indexer, {.head_dim = cfg.dsa.index_head_dim});
-        pick(name, OpKind::SparseAttention, {.head_dim = hd, .topk = cfg.dsa.index_topk});
-      } else {
-        pick(name, OpKind::MlaAttention, {.head_dim = hd});
-      }
-    }
-    if (l.ffn == FfnKind::Moe) {
-      pick(name, OpKind::Router, {});
-      pick(name, OpKind::MoeDispatch, {});
-      pick(name, OpKind::GroupedExperts, {.lora_rank = cfg.moe.expert_lora.rank});
-    }
+    layer_ops(cfg, l, [&](OpKind op, OpShape s) { pick(name, op, s); });
   }
   pick("head", OpKind::CrossEntropy, {});
   return out;
+}
+
+std::vector<LayerKernels> layer_kernels(const ModelConfig& cfg, Backend backend,
+                                        const std::string& dtype) {
+  const KernelRegistry reg = KernelRegistry::builtin();
+  std::vector<LayerKernels> out(cfg.layers.size());
+  for (size_t i = 0; i < cfg.layers.size(); ++i) {
+    LayerKernels& lk = out[i];
+    layer_ops(cfg, cfg.layers[i], [&](OpKind op, OpShape s) {
+      s.dtype = dtype;
+      const KernelChoice c = reg.choose(op, backend, s);
+      // The chunked kernel is the only one that runs the WY form; every other KDA kernel
+      // (the reference, or any fallback) runs the token recurrence.
+      if (op == OpKind::KdaCore)
+        lk.kda = c.kernel == "kda_chunked_cpu" ? KdaImpl::Chunked : KdaImpl::Recurrent;
+      lk.ops.push_back({.op = op_name(op),
+                        .kernel = c.kernel,
+                        .reference = c.fallback,
+                        .why = c.constrained ? c.why : ""});
+    });
+  }
+  return out;
+}
+
+std::string describe_kernels(const ModelConfig& cfg, const std::vector<LayerKernels>& kernels) {
+  MT_CHECK(kernels.size() == cfg.layers.size(), InternalError, "kernels for ", kernels.size(),
+           " layers, the model has ", cfg.layers.size());
+  // Layers grouped by kind and identical kernel lists, in order of first appearance.
+  std::vector<std::pair<std::string, std::vector<size_t>>> groups;
+  std::map<std::string, size_t> index;
+  std::set<std::string> ref_only;
+  std::ostringstream warn;
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    std::string line = layer_kind(cfg.layers[i]) + ":";
+    for (const OpKernel& o : kernels[i].ops) {
+      line += " " + o.op + "=" + o.kernel;
+      if (o.reference && o.why.empty()) ref_only.insert(o.op);
+      if (o.reference && !o.why.empty())
+        warn << "warning: layer " << i << " " << o.op << " falls back to the reference " << o.kernel
+             << " (" << o.why << ")\n";
+    }
+    auto [it, fresh] = index.try_emplace(line, groups.size());
+    if (fresh) groups.push_back({line, {}});
+    groups[it->second].second.push_back(i);
+  }
+  std::ostringstream s;
+  s << "kernels:\n";
+  for (const auto& [line, layers] : groups) {
+    s << "  layers";
+    for (size_t k = 0; k < layers.size(); ++k) s << (k ? "," : " ") << layers[k];
+    s << " " << line << "\n";
+  }
+  if (!ref_only.empty()) {
+    s << "  reference only (no faster kernel registered for this backend):";
+    for (const std::string& op : ref_only) s << " " << op;
+    s << "\n";
+  }
+  s << warn.str();
+  return s.str();
 }
 
 }  // namespace mt::plan

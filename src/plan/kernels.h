@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "model/model.h"
 #include "model/model_config.h"
 
 namespace mt::plan {
@@ -57,6 +58,9 @@ struct KernelChoice {
   std::string kernel;
   bool fallback = false;
   std::string why;  // the first rejected faster kernel and its reason, for fallbacks
+  // A faster kernel is registered for the backend but failed a constraint or is not built (a
+  // fallback that deserves a warning; an op whose reference is its only kernel does not).
+  bool constrained = false;
 };
 
 class KernelRegistry {
@@ -76,5 +80,15 @@ class KernelRegistry {
 // The choice for every op of every distinct layer kind of `cfg`.
 std::vector<KernelChoice> match_kernels(const ModelConfig& cfg, Backend backend,
                                         const std::string& dtype);
+
+// The choice for every op of every layer, in the form Model takes at build time
+// (ModelOptions::kernels): the record of each op's kernel, and the implementation the layer
+// switches to (the KDA recurrence when the chunked kernel is rejected).
+std::vector<LayerKernels> layer_kernels(const ModelConfig& cfg, Backend backend,
+                                        const std::string& dtype);
+// What the trainer logs once at start: per distinct layer kind the kernels and the layers using
+// them, one "warning:" line per layer op that falls back although a faster kernel is registered
+// (naming the rejected kernel and why), and the ops that only have their reference kernel.
+std::string describe_kernels(const ModelConfig& cfg, const std::vector<LayerKernels>& kernels);
 
 }  // namespace mt::plan

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "ops/kda.h"
 
 namespace mt::plan {
 
@@ -42,13 +43,22 @@ nlohmann::json ParallelPlan::to_json() const {
 }
 
 const char* engine_name(Engine e) {
-  return e == Engine::Fsdp ? "fsdp" : "zero1+ep";
+  switch (e) {
+    case Engine::Fsdp:
+      return "fsdp";
+    case Engine::Zero1Ep:
+      return "zero1+ep";
+    case Engine::FsdpEp:
+      return "fsdp+ep";
+  }
+  return "?";
 }
 
 Engine parse_engine(const std::string& s) {
   if (s == "fsdp") return Engine::Fsdp;
   if (s == "zero1+ep") return Engine::Zero1Ep;
-  MT_THROW(ValueError, "unknown engine '", s, "' (expected fsdp or zero1+ep)");
+  if (s == "fsdp+ep") return Engine::FsdpEp;
+  MT_THROW(ValueError, "unknown engine '", s, "' (expected fsdp, zero1+ep or fsdp+ep)");
 }
 
 ModelConfig with_lora(ModelConfig cfg, const LoraOptions& lora) {
@@ -144,6 +154,7 @@ ParamCounts count_params(const ModelConfig& cfg, bool freeze_base) {
     const int64_t n = s.spec.shape.numel();
     const bool tr = is_trainable(s.spec, freeze_base);
     const int64_t li = layer_of(s.name);
+    if (s.spec.role == ParamRole::Buffer) c.buffers += n;
     if (li < 0) {
       c.largest_unit = std::max(c.largest_unit, n);
       if (tr) c.largest_unit_trainable = std::max(c.largest_unit_trainable, n);
@@ -246,14 +257,27 @@ double fp32(double elems) {
 
 // Peak scratch (fp32 elements, CPU engine) a block takes from the workspace in forward or
 // backward, following the live buffers of each layer's code (kda_layer.cpp, mla_layer.cpp,
-// dsa_layer.cpp, moe_layer.cpp, dense_ffn.cpp). The per-thread op scratch is left out: it is
-// small and depends on the thread count.
-double mixer_scratch(const ModelConfig& cfg, MixerKind k, int64_t T, int64_t max_doc) {
+// dsa_layer.cpp, moe_layer.cpp, dense_ffn.cpp). Of the ops' own per-thread scratch only the KDA
+// core's is counted (the largest: C x C chunk buffers per thread); the rest is small.
+double mixer_scratch(const ModelConfig& cfg, MixerKind k, int64_t T, int64_t max_doc, int64_t docs,
+                     int threads) {
   if (k == MixerKind::Kda) {
     const double H = static_cast<double>(cfg.kda.heads), K = static_cast<double>(cfg.kda.head_dim);
     const double HK = H * K;
-    // dog, don, dgb, dga, dcore, dq, dk, dv, dg, dbeta, then the largest of the later groups.
-    return fp32(T * HK) * 9 + fp32(T * K) + fp32(T * H) + fp32(T * HK) * 2;
+    const ops::KdaParams cp{.tokens = T,
+                            .heads = cfg.kda.heads,
+                            .head_k = cfg.kda.head_dim,
+                            .head_v = cfg.kda.head_dim,
+                            .num_seqs = docs,
+                            .chunked = cfg.kda.chunked,
+                            .chunk = cfg.kda.chunk};
+    const double core_fwd = fp32(static_cast<double>(ops::kda_scratch_floats(cp, threads, false)));
+    const double core_bwd = fp32(static_cast<double>(ops::kda_scratch_floats(cp, threads, true)));
+    // Backward: dog, don, dgb, dga, dcore, dq, dk, dv, dg, dbeta live around the core's own
+    // scratch; then the largest of the later groups.
+    const double at_core = fp32(T * HK) * 8 + fp32(T * K) + fp32(T * H) + core_bwd;
+    return std::max(
+        {core_fwd, at_core, fp32(T * HK) * 9 + fp32(T * K) + fp32(T * H) + fp32(T * HK) * 2});
   }
   const MlaConfig& m = k == MixerKind::Dsa ? cfg.dsa.mla : cfg.mla;
   const double H = static_cast<double>(m.heads),
@@ -332,6 +356,19 @@ MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& c,
     m.grads = (dense_tr + ex_local_tr) * dt.grad;
     m.master = (dense_tr / world + ex_tr) * dt.master;
     m.optimizer = (dense_tr / world + ex_tr) * dt.optim;
+  } else if (p.engine == Engine::FsdpEp) {
+    // Dense values and gradients as flat shards over the world (buffers stay whole); experts as
+    // under zero1+ep. Each unit's flat groups are padded to a multiple of the world: < world
+    // elements per group, left out.
+    const double ex_local = static_cast<double>(c.expert) * expert_share * p.expert_shard;
+    const double ex_local_tr =
+        static_cast<double>(c.expert_trainable) * expert_share * p.expert_shard;
+    const double world = static_cast<double>(p.world);
+    const double buffers = static_cast<double>(c.buffers);
+    m.weights = ((dense - buffers) / world + buffers + ex_local) * dt.weight;
+    m.grads = (dense_tr / world + ex_local_tr) * dt.grad;
+    m.master = (dense_tr / world + ex_tr) * dt.master;
+    m.optimizer = (dense_tr / world + ex_tr) * dt.optim;
   } else {
     m.weights = (dense / fsdp + ex) * dt.weight;
     m.grads = (dense_tr / fsdp + ex_tr) * dt.grad;
@@ -356,12 +393,12 @@ MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& c,
   const int64_t ce_rows = std::min(o.ce_chunk, T);
   ws = fp32(static_cast<double>(ce_rows * cfg.vocab));
   for (const LayerIR& l : cfg.layers) {
-    ws = std::max(ws, mixer_scratch(cfg, l.mixer, T, p.seq));
+    ws = std::max(ws, mixer_scratch(cfg, l.mixer, T, p.seq, p.mbs, o.threads));
     ws = std::max(ws, ffn_scratch(cfg, l.ffn, T));
   }
   m.workspace = (fp32(static_cast<double>(T * d)) * 3 + ws) * dt.act / 4.0;
 
-  if (p.engine == Engine::Zero1Ep) {
+  if (p.engine != Engine::Fsdp) {
     // The optimizer step posts every unit's reduction at once: a flat copy of all trainable
     // gradients, the reduced shards, and one unit's flat parameters (the largest) being updated.
     const double ex_local_tr =
@@ -371,6 +408,19 @@ MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& c,
         (dense_tr + ex_local_tr + dense_tr / world + ex_tr) * dt.grad +
         static_cast<double>(std::max(c.largest_unit_trainable, c.expert_layer_trainable)) *
             dt.weight;
+    if (p.engine == Engine::FsdpEp) {
+      // Dense gradients already live in the FSDP shards: the step packs only the experts, all of
+      // them one optimizer unit (its flat gradient, plus the reduced shard when sharded, and the
+      // flat parameters of the same unit). During backward two units are gathered (current +
+      // prefetch) and two unit gradients are being reduced, each with its shard.
+      const double with_shard =
+          p.expert_shard > 1 ? 1 + 1 / static_cast<double>(p.expert_shard) : 1;
+      const double step = 2 * ex_local_tr * with_shard * dt.grad;
+      const double units =
+          2 * static_cast<double>(c.largest_unit) * dt.weight +
+          static_cast<double>(c.largest_unit_trainable) * (2 + 2 / world) * dt.grad;
+      m.fsdp_buffers = std::max(step, units);
+    }
     if (p.ep > 1 && cfg.moe.num_experts > 0) {
       // ExpertParallel: received rows, returned rows and the chunk's input and output while
       // exchanging, plus the sorted input and grouped-FFN saved tensors of every MoE layer kept

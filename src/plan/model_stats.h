@@ -57,6 +57,7 @@ struct ParamCounts {
   std::array<ComponentCount, kComponents> by_component{};
   int64_t total = 0, trainable = 0;
   int64_t expert = 0, expert_trainable = 0;  // subset held by EP ranks
+  int64_t buffers = 0;                       // non-trainable buffers (router bias): never sharded
   int64_t active_per_token = 0;  // parameters a token touches (top_k of the routed experts)
   // FSDP units: the largest non-expert unit (a block, the embedding or the head) and the routed
   // experts of one MoE layer, all of them (a rank holds its share).
@@ -112,6 +113,7 @@ struct MemoryOptions {
   bool freeze_base = true;
   double a2a_capacity = 1.25;  // receive headroom over the balanced share (routing skew)
   int64_t ce_chunk = 128;      // tokens per cross-entropy chunk (ops default)
+  int threads = 1;             // CPU threads of the step: the KDA core's scratch is per thread
 };
 
 // Peak bytes per device for `cfg` under `p`. With world = 1 and cpu_fp32 this is what one CPU

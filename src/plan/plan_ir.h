@@ -29,9 +29,14 @@ enum class Engine {
   // world; experts over EP, and over the replicas with shard_experts = expert_shard == replicas).
   // The optimizer step packs every unit's gradient into a flat buffer at once.
   Zero1Ep,
+  // The distributed CPU engine with `parallel.fsdp = true` (src/parallel/fsdp.h): dense values,
+  // gradients and AdamW state sharded over the world in flat units, at most two units gathered
+  // (current + prefetch) and two unit gradients alive; buffers (router bias) stay whole; experts
+  // as under zero1+ep (full local weights and gradients, state over the replicas when sharded).
+  FsdpEp,
 };
-const char* engine_name(Engine e);  // "fsdp" | "zero1+ep"
-// "fsdp" | "zero1+ep"; ValueError otherwise.
+const char* engine_name(Engine e);  // "fsdp" | "zero1+ep" | "fsdp+ep"
+// "fsdp" | "zero1+ep" | "fsdp+ep"; ValueError otherwise.
 Engine parse_engine(const std::string& s);
 
 struct ParallelPlan {

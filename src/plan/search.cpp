@@ -89,6 +89,7 @@ nlohmann::json SearchResult::to_json() const {
 std::string invalid_reason(const ModelConfig& cfg, const ParallelPlan& p) {
   std::ostringstream s;
   const int64_t E = cfg.moe.num_experts;
+  const bool cpu = p.engine != Engine::Fsdp;  // the distributed CPU engines: whole-world groups
   if (p.world < 1 || p.fsdp < 1 || p.ep < 1 || p.expert_shard < 1 || p.mbs < 1 || p.seq < 1 ||
       p.a2a_chunks < 1)
     s << "every size must be positive";
@@ -105,15 +106,17 @@ std::string invalid_reason(const ModelConfig& cfg, const ParallelPlan& p) {
   else if (p.replicas % p.expert_shard != 0)
     s << "expert_shard " << p.expert_shard << " does not divide the " << p.replicas
       << " expert replicas";
-  else if (p.engine == Engine::Zero1Ep && p.fsdp != p.world)
-    s << "the zero1+ep engine shards optimizer state over the whole world (fsdp " << p.fsdp
+  else if (cpu && p.fsdp != p.world)
+    s << "the " << engine_name(p.engine) << " engine shards over the whole world (fsdp " << p.fsdp
       << " != world " << p.world << ")";
-  else if (p.engine == Engine::Zero1Ep && p.expert_shard != 1 && p.expert_shard != p.replicas)
-    s << "the zero1+ep engine shards expert state over all " << p.replicas
+  else if (cpu && p.expert_shard != 1 && p.expert_shard != p.replicas)
+    s << "the " << engine_name(p.engine) << " engine shards expert state over all " << p.replicas
       << " replicas or none (expert_shard " << p.expert_shard << ")";
   else if (p.engine == Engine::Zero1Ep && p.recompute != Recompute::None)
     s << "the zero1+ep engine implements recompute none only (asked " << recompute_name(p.recompute)
       << ")";
+  else if (p.engine == Engine::FsdpEp && p.recompute == Recompute::Selective)
+    s << "the fsdp+ep engine implements recompute none or full only (asked selective)";
   return s.str();
 }
 
@@ -301,12 +304,16 @@ SearchResult search(const ModelConfig& cfg, int64_t world, const Hardware& hw,
     MT_CHECK(*o.fsdp >= 1 && world % *o.fsdp == 0, ValueError, "cannot use --fsdp ", *o.fsdp,
              ": it must divide --gpus ", world);
   const bool zero1 = o.engine == Engine::Zero1Ep;
-  if (zero1) {
-    MT_CHECK(!o.fsdp || *o.fsdp == world, ValueError, "cannot use --fsdp ", *o.fsdp,
-             " with the zero1+ep engine: it shards optimizer state over the whole world");
+  const bool cpu = o.engine != Engine::Fsdp;
+  if (cpu)
+    MT_CHECK(!o.fsdp || *o.fsdp == world, ValueError, "cannot use --fsdp ", *o.fsdp, " with the ",
+             engine_name(o.engine), " engine: it shards over the whole world");
+  if (zero1)
     MT_CHECK(!o.recompute || *o.recompute == Recompute::None, ValueError,
              "the zero1+ep engine implements recompute none only");
-  }
+  if (o.engine == Engine::FsdpEp)
+    MT_CHECK(!o.recompute || *o.recompute != Recompute::Selective, ValueError,
+             "the fsdp+ep engine implements recompute none or full only");
   if (o.mbs) MT_CHECK(*o.mbs >= 1, ValueError, "--mbs must be positive, got ", *o.mbs);
 
   SearchResult r;
@@ -314,15 +321,15 @@ SearchResult search(const ModelConfig& cfg, int64_t world, const Hardware& hw,
   std::vector<int64_t> eps;
   for (int64_t d : divisors(world))
     if ((o.ep && d == *o.ep) || (!o.ep && (E > 0 ? E % d == 0 : d == 1))) eps.push_back(d);
-  std::vector<int64_t> fsdps = o.fsdp  ? std::vector<int64_t>{*o.fsdp}
-                               : zero1 ? std::vector<int64_t>{world}
-                                       : divisors(world);
+  std::vector<int64_t> fsdps = o.fsdp ? std::vector<int64_t>{*o.fsdp}
+                               : cpu  ? std::vector<int64_t>{world}
+                                      : divisors(world);
   std::vector<int64_t> mbss =
       o.mbs ? std::vector<int64_t>{*o.mbs} : std::vector<int64_t>{1, 2, 4, 8};
   std::vector<Recompute> recs =
-      o.recompute || zero1
-          ? std::vector<Recompute>{o.recompute.value_or(Recompute::None)}
-          : std::vector<Recompute>{Recompute::None, Recompute::Selective, Recompute::Full};
+      o.recompute || zero1 ? std::vector<Recompute>{o.recompute.value_or(Recompute::None)}
+      : cpu                ? std::vector<Recompute>{Recompute::None, Recompute::Full}
+            : std::vector<Recompute>{Recompute::None, Recompute::Selective, Recompute::Full};
   std::map<Recompute, StepFlops> flops;
   for (Recompute rc : recs) flops[rc] = flops_per_token(cfg, o.seq, o.memory.freeze_base, rc);
   std::map<int64_t, std::vector<BlockActs>> acts;
@@ -332,7 +339,7 @@ SearchResult search(const ModelConfig& cfg, int64_t world, const Hardware& hw,
   for (int64_t ep : eps)
     for (int64_t es : divisors(world / ep)) {
       if (o.expert_shard && es != *o.expert_shard) continue;
-      if (zero1 && es != 1 && es != world / ep) continue;
+      if (cpu && es != 1 && es != world / ep) continue;
       for (int64_t fsdp : fsdps)
         for (int64_t mbs : mbss)
           for (Recompute rc : recs)

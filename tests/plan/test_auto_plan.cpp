@@ -4,6 +4,8 @@
 // is over it; with no room it is a ConfigError carrying the planner's rejections.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "plan/auto_plan.h"
 
@@ -72,6 +74,50 @@ TEST(PlanAuto, TighterMemoryShrinksTheMicroBatchAndKeepsTheStepSize) {
   EXPECT_EQ(a.grad_accum, 2);
   EXPECT_NE(a.explanation.find("do not fit; grad_accum 1 -> 2"), std::string::npos)
       << a.explanation;
+}
+
+MemoryBreakdown fsdp_ep(const AutoRequest& r, int64_t ep, int64_t mbs, bool shard = false) {
+  ParallelPlan p{.world = r.world,
+                 .fsdp = r.world,
+                 .ep = ep,
+                 .replicas = r.world / ep,
+                 .expert_shard = shard ? r.world / ep : 1,
+                 .mbs = mbs,
+                 .seq = r.seq,
+                 .engine = Engine::FsdpEp};
+  return predict_memory(r.cfg, p, {.dtype = DtypePolicy::cpu_fp32(), .freeze_base = false});
+}
+
+TEST(PlanAuto, FsdpWhenZero1FitsNoMicroBatch) {
+  AutoRequest r = request(4, 0);
+  // Many blocks, short sequences: dense state outweighs activations, and sharding it saves far
+  // more than two gathered blocks cost.
+  const std::vector<LayerIR> block = r.cfg.layers;
+  for (int i = 0; i < 5; ++i) r.cfg.layers.insert(r.cfg.layers.end(), block.begin(), block.end());
+  r.seq = 16;
+  double zero1_min = 1e300, fsdp_min = 1e300;
+  for (int64_t ep : {1, 2, 4})
+    for (bool shard : {false, true}) {
+      zero1_min = std::min(zero1_min, zero1(r, ep, 1, shard).total());
+      fsdp_min = std::min(fsdp_min, fsdp_ep(r, ep, 1, shard).total());
+    }
+  ASSERT_LT(fsdp_min, zero1_min);
+  r.mem_bytes = (zero1_min + fsdp_min) / 2;
+  const AutoPlan a = choose_auto_plan(r);
+  EXPECT_TRUE(a.fsdp) << a.explanation;
+  EXPECT_EQ(a.chosen.plan.engine, Engine::FsdpEp);
+  EXPECT_LE(a.chosen.memory.total(), r.mem_bytes);
+  EXPECT_EQ(a.batch * a.grad_accum, 8);
+  EXPECT_NE(a.explanation.find("1 sequence(s) per rank, engine zero1+ep: nothing fits"),
+            std::string::npos)
+      << a.explanation;
+  // A job that asks for FSDP is planned for it even with room.
+  r.mem_bytes = 64e9;
+  r.fsdp = true;
+  EXPECT_EQ(choose_auto_plan(r).chosen.plan.engine, Engine::FsdpEp);
+  // One rank has nothing to shard over.
+  AutoRequest one = request(1, 64e9);
+  EXPECT_FALSE(choose_auto_plan(one).fsdp);
 }
 
 TEST(PlanAuto, NothingFitsIsAConfigErrorWithTheRejections) {

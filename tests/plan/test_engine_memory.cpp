@@ -1,10 +1,10 @@
-// The planner's zero1+ep engine against the distributed engine as it runs: for world 1..4 x EP
-// (full and LoRA, replicated and sharded expert state) mpi_train_check trains one step under
-// mpirun and prints every rank's parameter, gradient, optimizer, activation and workspace bytes;
-// the planner's per-rank parameters + gradients + optimizer + activations must be within 10%
-// (each part within 1%: only unit padding and the document layout differ). The workspace is
-// printed, not bounded: the KDA kernels' per-thread chunk scratch (~57 kB a thread at chunk 64)
-// is not modelled and dominates this tiny model's workspace.
+// The planner's CPU engines against the distributed engine as it runs: for world 1..4 x EP
+// (full and LoRA, replicated and sharded expert state; zero1+ep, and fsdp+ep with and without
+// full recompute) mpi_train_check trains one step under mpirun and prints every rank's
+// parameter, gradient, optimizer, activation, workspace and step-buffer bytes; the planner's
+// per-rank parameters + gradients + optimizer + activations must be within 10% (each part within
+// 1%: only unit padding and the document layout differ), the workspace (which includes the KDA
+// core's per-thread chunk scratch, one thread here) within 5%.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -25,12 +25,13 @@ namespace mt::plan {
 namespace {
 
 struct RankBytes {
-  double params = 0, grads = 0, optim = 0, acts = 0, ws = 0;
+  double params = 0, grads = 0, optim = 0, acts = 0, ws = 0, step = 0;
 };
 
 struct MeshCase {
   int world, ep;
   bool lora, shard_experts;
+  bool fsdp = false, recompute = false;
 };
 
 // Runs the driver and parses its "memory rank R: ..." lines.
@@ -38,7 +39,8 @@ std::vector<RankBytes> measure(const MeshCase& c) {
   std::string cmd = std::string("OMP_NUM_THREADS=1 ") + MT_MPIRUN_CMD + " -np " +
                     std::to_string(c.world) + " " + MT_TRAIN_CHECK + " --steps 1 --ep " +
                     std::to_string(c.ep) + (c.lora ? " --lora" : "") +
-                    (c.shard_experts ? " --shard-experts" : "") + " 2>&1";
+                    (c.shard_experts ? " --shard-experts" : "") + (c.fsdp ? " --fsdp" : "") +
+                    (c.recompute ? " --recompute" : "") + " 2>&1";
   FILE* f = popen(cmd.c_str(), "r");
   EXPECT_NE(f, nullptr) << cmd;
   std::vector<RankBytes> out(static_cast<size_t>(c.world));
@@ -48,15 +50,15 @@ std::vector<RankBytes> measure(const MeshCase& c) {
   while (f && std::fgets(line, sizeof line, f)) {
     log += line;
     int rank = -1;
-    long long p, g, o, a, w;
+    long long p, g, o, a, w, st = 0;
     if (std::sscanf(line,
                     "memory rank %d: params %lld grads %lld optimizer %lld activations %lld "
-                    "workspace %lld",
-                    &rank, &p, &g, &o, &a, &w) == 6 &&
+                    "workspace %lld step buffers %lld",
+                    &rank, &p, &g, &o, &a, &w, &st) >= 6 &&
         rank >= 0 && rank < c.world) {
       out[static_cast<size_t>(rank)] = {static_cast<double>(p), static_cast<double>(g),
                                         static_cast<double>(o), static_cast<double>(a),
-                                        static_cast<double>(w)};
+                                        static_cast<double>(w), static_cast<double>(st)};
       seen[static_cast<size_t>(rank)] = true;
     }
   }
@@ -77,6 +79,57 @@ ModelConfig driver_config(bool lora) {
 
 double rel(double predicted, double measured) {
   return (predicted - measured) / measured;
+}
+
+// parallel.fsdp = true: dense values, gradients and state in flat shards over the world.
+// Parameters, gradients and optimizer state within 1% (unit padding), activations within 1%
+// (none and full recompute), the sum within 10%; the step buffers (gathered units, unit
+// gradients, the experts' flat gradients) within 5%.
+TEST(PlanEngineMemory, FsdpEpWithin10PercentOfMeasuredRanks) {
+  const std::vector<MeshCase> cases = {
+      {1, 1, false, false, true}, {2, 2, false, false, true},       {2, 1, true, false, true},
+      {3, 3, true, false, true},  {3, 1, false, false, true},       {4, 2, false, true, true},
+      {4, 4, true, false, true},  {2, 2, false, false, true, true}, {4, 1, true, false, true, true},
+  };
+  for (const MeshCase& c : cases) {
+    const std::string name = "world " + std::to_string(c.world) + " ep " + std::to_string(c.ep) +
+                             (c.lora ? " lora" : " full") + (c.shard_experts ? " shard" : "") +
+                             (c.recompute ? " recompute" : "");
+    SCOPED_TRACE(name);
+    const ModelConfig cfg = driver_config(c.lora);
+    const int64_t replicas = c.world / c.ep;
+    const ParallelPlan p{.world = c.world,
+                         .fsdp = c.world,
+                         .ep = c.ep,
+                         .replicas = replicas,
+                         .expert_shard = c.shard_experts ? replicas : 1,
+                         .mbs = 1,
+                         .seq = 24,
+                         .recompute = c.recompute ? Recompute::Full : Recompute::None,
+                         .engine = Engine::FsdpEp};
+    const MemoryBreakdown m =
+        predict_memory(cfg, p, {.dtype = DtypePolicy::cpu_fp32(), .freeze_base = c.lora});
+    const std::vector<RankBytes> got = measure(c);
+    for (size_t r = 0; r < got.size(); ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      const RankBytes& g = got[r];
+      const double measured = g.params + g.grads + g.optim + g.acts;
+      const double predicted = m.weights + m.grads + m.optimizer + m.activations;
+      if (r == 0)
+        std::printf(
+            "%-30s params %7.0f/%7.0f grads %7.0f/%7.0f optim %7.0f/%7.0f acts %7.0f/%7.0f "
+            "step %6.0f/%6.0f total %+.2f%% (predicted/measured)\n",
+            name.c_str(), m.weights, g.params, m.grads, g.grads, m.optimizer, g.optim,
+            m.activations, g.acts, m.fsdp_buffers, g.step, 100 * rel(predicted, measured));
+      EXPECT_LT(std::abs(rel(m.weights, g.params)), 0.01);
+      EXPECT_LT(std::abs(rel(m.grads, g.grads)), 0.01);
+      EXPECT_LT(std::abs(rel(m.optimizer, g.optim)), 0.01);
+      EXPECT_LT(std::abs(rel(m.activations, g.acts)), 0.01);
+      EXPECT_LT(std::abs(rel(m.fsdp_buffers, g.step)), 0.05);
+      EXPECT_LT(std::abs(rel(predicted, measured)), 0.10);
+      EXPECT_LT(std::abs(rel(m.workspace, g.ws)), 0.05);
+    }
+  }
 }
 
 TEST(PlanEngineMemory, Zero1EpWithin10PercentOfMeasuredRanks) {
@@ -119,6 +172,7 @@ TEST(PlanEngineMemory, Zero1EpWithin10PercentOfMeasuredRanks) {
       EXPECT_LT(std::abs(rel(m.optimizer, g.optim)), 0.01);
       EXPECT_LT(std::abs(rel(m.activations, g.acts)), 0.01);
       EXPECT_LT(std::abs(rel(predicted, measured)), 0.10);
+      EXPECT_LT(std::abs(rel(m.workspace, g.ws)), 0.05);
     }
   }
 }
