@@ -123,7 +123,10 @@ void check_model_gradients(const ModelConfig& cfg, const ModelOptions& opt, uint
       double fd = (loss_for(cfg, prm->name, rp) - loss_for(cfg, prm->name, rm)) / (2 * hs);
       // Rounding of the double reference (~1e-14 of the loss) divided by the step.
       const double fd_noise = 1e-13 * std::max(1.0, std::abs(r0.ce)) / hs;
-      EXPECT_LE(std::abs(fd - an), 2e-4 * gnorm + 5e-9 + fd_noise)
+      // The indexer's KL gradient is a difference of two nearly equal distributions evaluated on
+      // the fp32 model's hidden states, so its relative error is larger than the LM path's.
+      const double rtol = is_indexer(prm->name) ? 1e-3 : 2e-4;
+      EXPECT_LE(std::abs(fd - an), rtol * gnorm + 5e-9 + fd_noise)
           << "finite difference " << fd << " vs backward " << an << " (|grad| " << gnorm << ")";
     }
     EXPECT_TRUE(smooth) << "every direction crossed a routing decision";
