@@ -58,28 +58,38 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
     for (const auto& p : model.params().all())
       if (p->spec.role == ParamRole::Lora) out["base_model.model." + p->name] = p->value;
   } else {
-    // Merge: W += (alpha / r) B A for every adapted projection; adapters are dropped.
+    // Merge: W += (alpha / r) B A for every adapted projection, and per expert for the routed
+    // experts' adapters (W[e] += (alpha / r) B[e] A[e]); adapters are dropped.
     const ModelConfig cfg = model.config();
     for (const auto& p : model.params().all()) {
       if (p->spec.role == ParamRole::Lora) continue;
-      MT_CHECK(p->name.find(".mlp.experts.") == std::string::npos || cfg.moe.expert_lora.rank == 0,
-               ValueError,
-               "hf export does not merge routed-expert adapters yet; use --format peft");
-      const std::string base = p->name.size() > 7 ? p->name.substr(0, p->name.size() - 7) : "";
-      const Param* a = model.params().find(base + ".lora_A.weight");
-      const Param* b = model.params().find(base + ".lora_B.weight");
+      const Param *a = nullptr, *b = nullptr;
+      if (p->name.ends_with(".experts.gate_up_proj") || p->name.ends_with(".experts.down_proj")) {
+        const std::string base = p->name.substr(0, p->name.size() - std::string("_proj").size());
+        a = model.params().find(base + "_lora_A");
+        b = model.params().find(base + "_lora_B");
+      } else if (p->name.ends_with(".weight")) {
+        const std::string base = p->name.substr(0, p->name.size() - std::string(".weight").size());
+        a = model.params().find(base + ".lora_A.weight");
+        b = model.params().find(base + ".lora_B.weight");
+      }
       Tensor w = p->value.clone();
-      if (a && b && p->name.ends_with(".weight")) {
-        const int64_t rk = a->value.dim(0), n_out = w.dim(0), n_in = w.dim(1);
-        const float alpha = lora_alpha_of(job, lora_group_of(cfg, p->name));
-        const float s = alpha / static_cast<float>(rk);
-        const float *A = a->value.f32(), *B = b->value.f32();
-        float* W = w.f32();
-        for (int64_t o = 0; o < n_out; ++o)
-          for (int64_t k = 0; k < rk; ++k) {
-            const float bk = s * B[o * rk + k];
-            for (int64_t i = 0; i < n_in; ++i) W[o * n_in + i] += bk * A[k * n_in + i];
-          }
+      if (a && b) {
+        // Expert tensors carry a leading expert dimension; a plain projection is one "expert".
+        const bool experts = w.ndim() == 3;
+        const int64_t E = experts ? w.dim(0) : 1, n_out = w.dim(-2), n_in = w.dim(-1);
+        const int64_t rk = a->value.dim(-2);
+        const float s = lora_alpha_of(job, lora_group_of(cfg, p->name)) / static_cast<float>(rk);
+        for (int64_t e = 0; e < E; ++e) {
+          const float* A = a->value.f32() + e * rk * n_in;
+          const float* B = b->value.f32() + e * n_out * rk;
+          float* W = w.f32() + e * n_out * n_in;
+          for (int64_t o = 0; o < n_out; ++o)
+            for (int64_t k = 0; k < rk; ++k) {
+              const float bk = s * B[o * rk + k];
+              for (int64_t i = 0; i < n_in; ++i) W[o * n_in + i] += bk * A[k * n_in + i];
+            }
+        }
       }
       out[p->name] = w;
     }

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "model/decode.h"
+#include "model/hf_names.h"
 #include "model/safetensors.h"
 #include "train/adapter.h"
 #include "train/checkpoint.h"
@@ -284,6 +285,51 @@ TEST(Export, PeftKeyNamesAndShapes) {
       EXPECT_NEAR(M.f32()[o2 * W.dim(1) + i], want, 1e-6);
     }
   EXPECT_FALSE(h.tensors.count(q + ".lora_A.weight"));
+}
+
+// The merged export (--format hf) is a plain model that computes what the LoRA model computes,
+// routed-expert adapters included (merged per expert).
+TEST(Export, MergedHfModelComputesWhatTheLoraModelComputes) {
+  fs::path root = temp_dir("merge");
+  Job j = Job::parse(
+      base_job(root), "job",
+      {"lora.targets=[\"kda\",\"attention\",\"routed_experts\",\"shared_experts\","
+       "\"dense_ffn\"]",
+       "lora.rank=2", "lora.alpha=5.0", "optim.lr=0.05", "schedule.steps=4", "schedule.warmup=1"});
+  std::ostringstream log;
+  TrainResult r = run_job(j, {}, log);
+  export_checkpoint(r.checkpoint, "hf", (root / "hf").string());
+  const ModelConfig cfg = job_model_config(j);
+  Model lora(cfg, 1, job_model_options(j));
+  load_checkpoint(r.checkpoint, lora, nullptr);
+  LoadedModel merged = load_hf_model((root / "hf").string());
+  for (const auto& p : merged.model->params().all())
+    EXPECT_NE(p->spec.role, ParamRole::Lora) << p->name << " left in the merged model";
+
+  Rng rng(5);
+  SeqInfo seq = SeqInfo::from_lengths({29, 18});
+  Tensor ids = Tensor::empty({seq.tokens}, DType::I32),
+         tgt = Tensor::empty({seq.tokens}, DType::I32);
+  for (int64_t t = 0; t < seq.tokens; ++t) {
+    ids.i32()[t] = static_cast<int32_t>(rng.below(cfg.vocab));
+    tgt.i32()[t] = static_cast<int32_t>(rng.below(cfg.vocab));
+  }
+  Context ctx(ContextOptions{.threads = 1});
+  const double with_lora = lora.forward(ctx, seq, ids, tgt);
+  const double with_merge = merged.model->forward(ctx, seq, ids, tgt);
+  for (const auto& p : lora.params().all())  // the base alone: adapters off
+    if (p->name.find("lora_B") != std::string::npos) p->value.zero_();
+  const double base_only = lora.forward(ctx, seq, ids, tgt);
+  EXPECT_NEAR(with_merge, with_lora, 1e-5 * with_lora);
+  // The adapters, routed experts' included, change the loss far beyond that tolerance.
+  EXPECT_GT(std::abs(base_only - with_lora), 100 * 1e-5 * with_lora)
+      << "adapters too small for the test to mean anything";
+  const std::string ex = "model.layers.1.mlp.experts.gate_up_proj";
+  const Tensor &wb = lora.params().at(ex).value, &wm = merged.model->params().at(ex).value;
+  double diff = 0;
+  for (int64_t i = 0; i < wb.numel(); ++i)
+    diff = std::max(diff, double(std::abs(wb.f32()[i] - wm.f32()[i])));
+  EXPECT_GT(diff, 1e-4) << "routed-expert adapters were not merged";
 }
 
 namespace {
