@@ -10,34 +10,13 @@
 #include "core/error.h"
 #include "model/safetensors.h"
 #include "train/dataset.h"
+#include "train/files.h"
 
 namespace mt {
 
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  MT_CHECK(in.good(), IoError, "cannot read '", p.string(), "'");
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void write_text(const fs::path& p, const std::string& text) {
-  const fs::path tmp = p.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    out << text;
-    out.close();
-    MT_CHECK(out.good(), IoError, "cannot write '", tmp.string(), "'");
-  }
-  fs::rename(tmp, p);
-}
-
-std::string checksum(const fs::path& p) {
-  std::string bytes = slurp(p);
-  return cat(std::hex, fnv1a64(bytes.data(), bytes.size()));
-}
 
 // The first key where two model configs differ, for "checkpoint from another model" messages.
 std::string first_difference(const nlohmann::json& a, const nlohmann::json& b) {
@@ -87,26 +66,26 @@ std::string save_checkpoint(const std::string& root, const Model& model, const A
                           {"rng_counter", st.rng_counter},
                           {"optimizer_steps", opt ? opt->steps() : 0},
                           {"model_config", model.config().to_json()}};
-  write_text(tmp / "state.json", state.dump(2));
+  write_file_atomic(tmp / "state.json", state.dump(2));
   landed("state.json");
-  write_text(tmp / "job.toml", job_toml);
+  write_file_atomic(tmp / "job.toml", job_toml);
   landed("job.toml");
   nlohmann::json files = nlohmann::json::object();
   for (const auto& e : fs::directory_iterator(tmp))
     files[e.path().filename().string()] = {{"bytes", fs::file_size(e.path())},
-                                           {"fnv1a64", checksum(e.path())}};
-  write_text(tmp / "manifest.json", nlohmann::json{{"files", files}}.dump(2));
+                                           {"fnv1a64", file_checksum(e.path())}};
+  write_file_atomic(tmp / "manifest.json", nlohmann::json{{"files", files}}.dump(2));
   landed("manifest.json");
   fs::remove_all(final_dir);
   fs::rename(tmp, final_dir);
-  write_text(fs::path(root) / "latest", std::string(name) + "\n");
+  write_file_atomic(fs::path(root) / "latest", std::string(name) + "\n");
   return final_dir.string();
 }
 
 std::string latest_checkpoint(const std::string& root) {
   const fs::path p = fs::path(root) / "latest";
   if (!fs::is_regular_file(p)) return "";
-  std::string name = slurp(p);
+  std::string name = read_file(p);
   while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
   const fs::path dir = fs::path(root) / name;
   MT_CHECK(fs::is_directory(dir), IoError, "'", p.string(), "' names '", name,
@@ -146,14 +125,14 @@ TrainState load_checkpoint(const std::string& dir, Model& model, AdamW* opt) {
   MT_CHECK(fs::is_directory(d), IoError, "checkpoint '", dir, "' does not exist");
   MT_CHECK(fs::is_regular_file(d / "manifest.json"), IoError, "checkpoint '", dir,
            "' has no manifest.json (an incomplete save?)");
-  nlohmann::json manifest = nlohmann::json::parse(slurp(d / "manifest.json"));
+  nlohmann::json manifest = nlohmann::json::parse(read_file(d / "manifest.json"));
   for (auto it = manifest.at("files").begin(); it != manifest.at("files").end(); ++it) {
     const fs::path f = d / it.key();
     MT_CHECK(fs::is_regular_file(f), IoError, "checkpoint '", dir, "' lacks ", it.key());
-    MT_CHECK(checksum(f) == it.value().at("fnv1a64").get<std::string>(), IoError, "checkpoint '",
-             dir, "': ", it.key(), " does not match its checksum (corrupted)");
+    MT_CHECK(file_checksum(f) == it.value().at("fnv1a64").get<std::string>(), IoError,
+             "checkpoint '", dir, "': ", it.key(), " does not match its checksum (corrupted)");
   }
-  nlohmann::json state = nlohmann::json::parse(slurp(d / "state.json"));
+  nlohmann::json state = nlohmann::json::parse(read_file(d / "state.json"));
   const std::string diff = first_difference(state.at("model_config"), model.config().to_json());
   MT_CHECK(diff.empty(), ConfigError, "checkpoint '", dir,
            "' was written for another model: ", diff);

@@ -14,6 +14,7 @@
 #include "model/safetensors.h"
 #include "parallel/dist_trainer.h"
 #include "train/dataset.h"
+#include "train/files.h"
 
 namespace mt {
 
@@ -22,28 +23,6 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kFormat = "moetrain-sharded-1";
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  MT_CHECK(in.good(), IoError, "cannot read '", p.string(), "'");
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void write_text(const fs::path& p, const std::string& text) {
-  const fs::path tmp = p.string() + ".tmp";
-  {
-    std::ofstream o(tmp, std::ios::binary);
-    o << text;
-    o.close();
-    MT_CHECK(o.good(), IoError, "cannot write '", tmp.string(), "'");
-  }
-  fs::rename(tmp, p);
-}
-
-std::string checksum(const fs::path& p) {
-  const std::string bytes = slurp(p);
-  return cat(std::hex, fnv1a64(bytes.data(), bytes.size()));
-}
 
 std::string step_name(int64_t step) {
   char name[32];
@@ -59,14 +38,14 @@ class PieceSource {
     const fs::path d = dir;
     MT_CHECK(fs::is_regular_file(d / "manifest.json"), IoError, "checkpoint '", dir,
              "' has no manifest.json (an incomplete save?)");
-    const nlohmann::json manifest = nlohmann::json::parse(slurp(d / "manifest.json"));
+    const nlohmann::json manifest = nlohmann::json::parse(read_file(d / "manifest.json"));
     for (auto it = manifest.at("files").begin(); it != manifest.at("files").end(); ++it) {
       const fs::path f = d / it.key();
       MT_CHECK(fs::is_regular_file(f), IoError, "checkpoint '", dir, "' lacks ", it.key());
-      MT_CHECK(checksum(f) == it.value().at("fnv1a64").get<std::string>(), IoError, "checkpoint '",
-               dir, "': ", it.key(), " does not match its checksum (corrupted)");
+      MT_CHECK(file_checksum(f) == it.value().at("fnv1a64").get<std::string>(), IoError,
+               "checkpoint '", dir, "': ", it.key(), " does not match its checksum (corrupted)");
     }
-    state_ = nlohmann::json::parse(slurp(d / "state.json"));
+    state_ = nlohmann::json::parse(read_file(d / "state.json"));
     const nlohmann::json& a = state_.at("model_config");
     const nlohmann::json b = cfg.to_json();
     for (auto it = b.begin(); it != b.end(); ++it)
@@ -75,7 +54,7 @@ class PieceSource {
                a.contains(it.key()) ? a.at(it.key()).dump() : "absent", " in the checkpoint, ",
                it.value().dump(), " in this model");
     if (fs::is_regular_file(d / "index.json")) {
-      const nlohmann::json index = nlohmann::json::parse(slurp(d / "index.json"));
+      const nlohmann::json index = nlohmann::json::parse(read_file(d / "index.json"));
       MT_CHECK(index.value("format", "") == kFormat, IoError, "checkpoint '", dir,
                "': index.json is not ", kFormat);
       for (auto it = index.at("tensors").begin(); it != index.at("tensors").end(); ++it)
@@ -186,23 +165,23 @@ std::string save_sharded(const std::string& root, par::Comm& world,
             {{"file", file}, {"key", e.name}, {"begin", begin}, {"end", begin + e.shape.at(0)}});
       }
     }
-    write_text(tmp / "index.json", index.dump(1));
+    write_file_atomic(tmp / "index.json", index.dump(1));
     const nlohmann::json state = {{"step", st.step},
                                   {"data_cursor", st.data_cursor},
                                   {"rng_seed", st.rng_seed},
                                   {"rng_counter", st.rng_counter},
                                   {"optimizer_steps", optimizer_steps},
                                   {"model_config", cfg.to_json()}};
-    write_text(tmp / "state.json", state.dump(2));
-    write_text(tmp / "job.toml", job_toml);
+    write_file_atomic(tmp / "state.json", state.dump(2));
+    write_file_atomic(tmp / "job.toml", job_toml);
     nlohmann::json files = nlohmann::json::object();
     for (const auto& e : fs::directory_iterator(tmp))
       files[e.path().filename().string()] = {{"bytes", fs::file_size(e.path())},
-                                             {"fnv1a64", checksum(e.path())}};
-    write_text(tmp / "manifest.json", nlohmann::json{{"files", files}}.dump(2));
+                                             {"fnv1a64", file_checksum(e.path())}};
+    write_file_atomic(tmp / "manifest.json", nlohmann::json{{"files", files}}.dump(2));
     fs::remove_all(final_dir);
     fs::rename(tmp, final_dir);
-    write_text(fs::path(root) / "latest", name + "\n");
+    write_file_atomic(fs::path(root) / "latest", name + "\n");
   }
   // Nobody moves on (or prunes) before the checkpoint is complete.
   world.barrier();
