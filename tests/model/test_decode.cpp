@@ -190,36 +190,5 @@ TEST(Decode, NeverRecomputesThePrefix) {
   EXPECT_THROW(dec.step(ctx, one, row), ValueError);
 }
 
-// Per-token cost of a recurrent (KDA + MoE) model does not grow with the prefix: the fastest of
-// several steps after 1000 tokens is within a wide factor of the fastest after 10 (a decoder
-// that re-ran the prefix would be ~100x slower).
-TEST(Decode, StepCostIndependentOfPrefixLength) {
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed=" << seed);
-  Rng rng(seed);
-  ModelConfig cfg = ModelConfig::load("tiny");
-  cfg.layers = {{MixerKind::Kda, FfnKind::Dense}, {MixerKind::Kda, FfnKind::Moe}};
-  Model model(cfg, seed);
-  Context ctx(ContextOptions{.threads = 1});
-  auto fastest_step = [&](int64_t prefix) {
-    Decoder dec(model, prefix + 40);
-    Tensor pid = Tensor::empty({prefix}, DType::I32), logits = Tensor::empty({prefix, cfg.vocab});
-    for (int64_t i = 0; i < prefix; ++i) pid.i32()[i] = static_cast<int32_t>(rng.below(cfg.vocab));
-    dec.step(ctx, pid, logits);
-    Tensor one = Tensor::empty({1}, DType::I32), row = Tensor::empty({1, cfg.vocab});
-    double best = 1e9;
-    for (int k = 0; k < 40; ++k) {
-      one.i32()[0] = static_cast<int32_t>(rng.below(cfg.vocab));
-      const auto t0 = std::chrono::steady_clock::now();
-      dec.step(ctx, one, row);
-      best = std::min(best,
-                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-    return best;
-  };
-  const double short_prefix = fastest_step(10), long_prefix = fastest_step(1000);
-  EXPECT_LT(long_prefix, 4 * short_prefix) << short_prefix << " s vs " << long_prefix << " s";
-}
-
 }  // namespace
 }  // namespace mt
