@@ -4,6 +4,7 @@
 // the kept residuals plus the largest layer.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "model/model.h"
@@ -74,7 +75,10 @@ void expect_identical_training(ModelConfig cfg, bool lora) {
     EXPECT_GT(compared, 0);
     const auto aa = plain.aux_losses(), ab = replay.aux_losses();
     ASSERT_EQ(aa.size(), ab.size());
-    for (size_t i = 0; i < aa.size(); ++i) EXPECT_EQ(aa[i].value, ab[i].value) << aa[i].name;
+    // Aux values are sums over a threaded reduction whose order may differ between two runs:
+    // equal to rounding, not bit for bit (their gradients above are bit-identical).
+    for (size_t i = 0; i < aa.size(); ++i)
+      EXPECT_NEAR(aa[i].value, ab[i].value, 1e-12 * std::abs(aa[i].value)) << aa[i].name;
     // The replay must not count its tokens again (aux-loss-free bias updates read the loads).
     const auto ma = plain.moe_layers(), mb = replay.moe_layers();
     for (size_t i = 0; i < ma.size(); ++i)
