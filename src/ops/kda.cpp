@@ -490,6 +490,27 @@ int64_t kda_scratch_floats(const KdaParams& p, int threads, bool backward) {
   return scratch_threads(threads, p) * scratch_per_thread(p, make_dims(p), backward);
 }
 
+namespace {
+
+// Runs fn(document, head, state offset, scratch) for every (document, head) pair in parallel;
+// each thread carves its scratch from one workspace block sized by scratch_per_thread.
+template <typename Fn>
+void for_each_doc_head(Context& ctx, const KdaParams& p, const Dims& d, bool backward, Fn&& fn) {
+  const int64_t per = scratch_per_thread(p, d, backward);
+  const int64_t tasks = p.num_seqs * p.heads;
+  const int nt = thread_count(ctx, tasks);
+  ArenaScope scope(ctx.workspace());
+  Tensor scratch = ctx.workspace().alloc({nt, per});
+  float* base = scratch.f32();
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+  for (int64_t task = 0; task < tasks; ++task) {
+    Bump buf{base + omp_get_thread_num() * per};
+    fn(task / p.heads, task % p.heads, task * d.KV(), buf);
+  }
+}
+
+}  // namespace
+
 void kda_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
                  const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                  const Tensor& h0, Tensor& o, Tensor& hT, Tensor& saved) {
@@ -506,24 +527,15 @@ void kda_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, con
   float* po = o.f32();
   float* ps = saved.f32();
 
-  const int64_t per = scratch_per_thread(p, d, false);
-  const int64_t tasks = p.num_seqs * p.heads;
-  const int nt = thread_count(ctx, tasks);
-  ArenaScope scope(ctx.workspace());
-  Tensor scratch = ctx.workspace().alloc({nt, per});
-  float* base = scratch.f32();
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-  for (int64_t task = 0; task < tasks; ++task) {
-    const int64_t n = task / p.heads, h = task % p.heads;
-    const int64_t st = task * d.KV();
-    Bump buf{base + omp_get_thread_num() * per};
-    if (p.chunked)
-      chunked_forward_task(d, in, docs.off[n], docs.off[n + 1], h, docs.chunk0[n],
-                           ph0 ? ph0 + st : nullptr, po, phT ? phT + st : nullptr, ps, buf);
-    else
-      recurrent_forward_task(d, in, docs.off[n], docs.off[n + 1], h, ph0 ? ph0 + st : nullptr, po,
-                             phT ? phT + st : nullptr, ps, buf);
-  }
+  for_each_doc_head(
+      ctx, p, d, /*backward=*/false, [&](int64_t n, int64_t h, int64_t st, Bump& buf) {
+        if (p.chunked)
+          chunked_forward_task(d, in, docs.off[n], docs.off[n + 1], h, docs.chunk0[n],
+                               ph0 ? ph0 + st : nullptr, po, phT ? phT + st : nullptr, ps, buf);
+        else
+          recurrent_forward_task(d, in, docs.off[n], docs.off[n + 1], h, ph0 ? ph0 + st : nullptr,
+                                 po, phT ? phT + st : nullptr, ps, buf);
+      });
 }
 
 void kda_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
@@ -549,24 +561,14 @@ void kda_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, co
   const float* pdo = dout.f32();
   const float* ps = saved.f32();
 
-  const int64_t per = scratch_per_thread(p, d, true);
-  const int64_t tasks = p.num_seqs * p.heads;
-  const int nt = thread_count(ctx, tasks);
-  ArenaScope scope(ctx.workspace());
-  Tensor scratch = ctx.workspace().alloc({nt, per});
-  float* base = scratch.f32();
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-  for (int64_t task = 0; task < tasks; ++task) {
-    const int64_t n = task / p.heads, h = task % p.heads;
-    const int64_t st = task * d.KV();
-    Bump buf{base + omp_get_thread_num() * per};
+  for_each_doc_head(ctx, p, d, /*backward=*/true, [&](int64_t n, int64_t h, int64_t st, Bump& buf) {
     if (p.chunked)
       chunked_backward_task(d, in, gr, docs.off[n], docs.off[n + 1], h, docs.chunk0[n], ps, pdo,
                             pdhT ? pdhT + st : nullptr, pdh0 ? pdh0 + st : nullptr, buf);
     else
       recurrent_backward_task(d, in, gr, docs.off[n], docs.off[n + 1], h, ps, pdo,
                               pdhT ? pdhT + st : nullptr, pdh0 ? pdh0 + st : nullptr, buf);
-  }
+  });
 }
 
 }  // namespace mt::ops
