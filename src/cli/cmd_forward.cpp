@@ -3,8 +3,8 @@
 #include <string>
 
 #include "cli/commands.h"
-#include "model/hf_adapter.h"
-#include "model/hf_forward.h"
+#include "io/hf_adapter.h"
+#include "io/hf_forward.h"
 
 namespace mt::cli {
 

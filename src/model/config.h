@@ -1,5 +1,5 @@
 // Layer configurations: everything that changes the math of a layer, already resolved (no HF
-// spellings here; model/hf_config.* maps config.json onto these).
+// spellings here; io/hf_config.* maps config.json onto these).
 #pragma once
 
 #include <cstdint>

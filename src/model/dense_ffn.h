@@ -19,7 +19,7 @@ class DenseFfn : public Layer {
   void plan_activations(const SeqInfo& seq, ArenaPlan& plan) const override;
   void forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y, Arena& acts) override;
   void backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx) override;
-  // Inference only (model/decode.h): y = forward(x) for x [n, hidden].
+  // Inference only (decode/decode.h): y = forward(x) for x [n, hidden].
   void decode_step(Context& ctx, const Tensor& x, Tensor& y);
 
  private:

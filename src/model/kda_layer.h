@@ -32,7 +32,7 @@ class KdaLayer : public Layer {
   void backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx) override;
 
   const KdaConfig& config() const { return cfg_; }
-  // Inference only (model/decode.h): x [n, hidden] continues the document `st` holds.
+  // Inference only (decode/decode.h): x [n, hidden] continues the document `st` holds.
   void decode_step(Context& ctx, KdaDecodeState& st, const Tensor& x, Tensor& y);
 
  private:

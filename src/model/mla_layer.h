@@ -33,7 +33,7 @@ class MlaLayer : public Layer {
 
   const MlaConfig& config() const { return cfg_; }
   float softmax_scale() const;
-  // Inference only (model/decode.h): x [n, hidden] continues the document `st` caches.
+  // Inference only (decode/decode.h): x [n, hidden] continues the document `st` caches.
   void decode_step(Context& ctx, AttnDecodeState& st, const Tensor& x, Tensor& y);
 
  protected:

@@ -101,7 +101,7 @@ class MoeLayer : public Layer {
   void set_trace_width(int64_t width);
   const std::vector<int32_t>& trace_candidates() const { return trace_cand_; }
   const std::vector<float>& trace_priorities() const { return trace_prio_; }
-  // Inference only (model/decode.h): forward on x [n, hidden] without counting expert load.
+  // Inference only (decode/decode.h): forward on x [n, hidden] without counting expert load.
   void decode_step(Context& ctx, const Tensor& x, Tensor& y);
 
  private:

@@ -7,7 +7,7 @@
 #include <set>
 
 #include "core/error.h"
-#include "model/safetensors.h"
+#include "io/safetensors.h"
 
 namespace mt {
 

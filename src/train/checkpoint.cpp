@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "model/safetensors.h"
+#include "io/safetensors.h"
 #include "train/dataset.h"
 #include "train/files.h"
 

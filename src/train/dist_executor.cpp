@@ -11,7 +11,7 @@
 
 #include "core/error.h"
 #include "model/moe_layer.h"
-#include "model/safetensors.h"
+#include "io/safetensors.h"
 #include "parallel/dist_trainer.h"
 #include "train/dataset.h"
 #include "train/files.h"

@@ -7,8 +7,8 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "model/hf_adapter.h"
-#include "model/safetensors.h"
+#include "io/hf_adapter.h"
+#include "io/safetensors.h"
 #include "train/checkpoint.h"
 #include "train/job.h"
 

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "model/decode.h"
+#include "decode/decode.h"
 
 namespace mt {
 

@@ -1,4 +1,4 @@
-// Text generation on one process: prefill the prompt through a Decoder (model/decode.h), then one
+// Text generation on one process: prefill the prompt through a Decoder (decode/decode.h), then one
 // token per step with greedy, temperature or nucleus (top-p) sampling from a seeded RNG. An
 // adapter is just the model's LoRA parameters: load them into the Model before generating.
 #pragma once

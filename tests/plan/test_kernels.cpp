@@ -7,7 +7,7 @@
 #include <filesystem>
 
 #include "core/error.h"
-#include "model/hf_config.h"
+#include "io/hf_config.h"
 #include "model/model.h"
 #include "plan/kernels.h"
 

@@ -8,9 +8,9 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "model/hf_config.h"
+#include "io/hf_config.h"
 #include "model/model.h"
-#include "model/safetensors.h"
+#include "io/safetensors.h"
 #include "plan/model_stats.h"
 #include "train/adamw.h"
 

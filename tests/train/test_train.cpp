@@ -11,9 +11,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "model/decode.h"
-#include "model/hf_names.h"
-#include "model/safetensors.h"
+#include "decode/decode.h"
+#include "io/hf_names.h"
+#include "io/safetensors.h"
 #include "train/adapter.h"
 #include "train/checkpoint.h"
 #include "train/export.h"

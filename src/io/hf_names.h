@@ -14,9 +14,9 @@
 #include <memory>
 #include <string>
 
-#include "model/hf_config.h"
+#include "io/hf_config.h"
 #include "model/model.h"
-#include "model/safetensors.h"
+#include "io/safetensors.h"
 
 namespace mt {
 

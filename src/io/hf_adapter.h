@@ -9,7 +9,7 @@
 #include <functional>
 #include <string>
 
-#include "model/hf_names.h"
+#include "io/hf_names.h"
 
 namespace mt {
 

@@ -5,7 +5,7 @@
 #pragma once
 
 #include "core/context.h"
-#include "model/hf_names.h"
+#include "io/hf_names.h"
 
 namespace mt {
 

@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <iostream>
 
-#include "model/hf_forward.h"
+#include "io/hf_forward.h"
 
 namespace mt {
 namespace {

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "model/decode.h"
+#include "decode/decode.h"
 #include "model/dsa_layer.h"
 #include "ops/activation.h"
 #include "ops/indexer.h"

@@ -1,4 +1,4 @@
-#include "model/hf_config.h"
+#include "io/hf_config.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "model/hf_forward.h"
+#include "io/hf_forward.h"
 
 #include "core/seq_info.h"
 #include "ops/gemm.h"

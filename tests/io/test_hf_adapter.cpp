@@ -1,4 +1,4 @@
-#include "model/hf_adapter.h"
+#include "io/hf_adapter.h"
 
 #include <gtest/gtest.h>
 

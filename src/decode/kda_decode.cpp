@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "model/decode.h"
+#include "decode/decode.h"
 #include "model/kda_layer.h"
 #include "ops/activation.h"
 #include "ops/conv1d.h"

@@ -9,8 +9,8 @@
 #include <fstream>
 
 #include "core/rng.h"
-#include "model/hf_config.h"
-#include "model/safetensors.h"
+#include "io/hf_config.h"
+#include "io/safetensors.h"
 
 namespace mt {
 namespace {

@@ -1,4 +1,4 @@
-#include "model/decode.h"
+#include "decode/decode.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,4 +1,4 @@
-// Incremental decoding (model/decode.h) against full recomputation: the layers' training
+// Incremental decoding (decode/decode.h) against full recomputation: the layers' training
 // forward over the whole document, stacked exactly as Model::forward does (the stack itself is
 // checked against Model::forward's loss), for a model with every layer kind, documents longer
 // than the DSA top-k and the KDA chunk, and LoRA on every projection.
@@ -9,7 +9,7 @@
 #include <cmath>
 #include <random>
 
-#include "model/decode.h"
+#include "decode/decode.h"
 #include "model/model.h"
 #include "ops/embedding.h"
 #include "ops/gemm.h"

@@ -1,4 +1,4 @@
-#include "model/hf_names.h"
+#include "io/hf_names.h"
 
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <filesystem>
 
 #include "core/rng.h"
-#include "model/hf_forward.h"
+#include "io/hf_forward.h"
 
 namespace mt {
 namespace {

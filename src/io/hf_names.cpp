@@ -1,4 +1,4 @@
-#include "model/hf_names.h"
+#include "io/hf_names.h"
 
 #include <algorithm>
 #include <array>
