@@ -15,8 +15,8 @@
 #include <string>
 
 #include "io/hf_config.h"
-#include "model/model.h"
 #include "io/safetensors.h"
+#include "model/model.h"
 
 namespace mt {
 

@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "model/moe_layer.h"
 #include "io/safetensors.h"
+#include "model/moe_layer.h"
 #include "parallel/dist_trainer.h"
 #include "train/dataset.h"
 #include "train/files.h"

@@ -9,8 +9,8 @@
 #include <filesystem>
 
 #include "io/hf_config.h"
-#include "model/model.h"
 #include "io/safetensors.h"
+#include "model/model.h"
 #include "plan/model_stats.h"
 #include "train/adamw.h"
 
