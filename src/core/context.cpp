@@ -2,14 +2,54 @@
 
 #include <omp.h>
 
+#include "core/device.h"
+#if MOETRAIN_WITH_CUDA
+#include "core/cuda/check.h"
+#include "core/cuda/resources.h"
+#endif
+
 namespace mt {
+
+#if !MOETRAIN_WITH_CUDA
+// Without the backend a context never holds CUDA resources; the type only needs to be complete.
+struct CudaResources {};
+#endif
+
+namespace {
+
+std::unique_ptr<CudaResources> make_cuda(const ContextOptions& opt) {
+  if (opt.device != Device::CUDA) return nullptr;
+#if MOETRAIN_WITH_CUDA
+  const int n = cuda_device_count();
+  MT_CHECK(n > 0, ValueError, "a CUDA context was requested but no GPU is visible");
+  MT_CHECK(opt.device_id >= 0 && opt.device_id < n, ValueError, "GPU ", opt.device_id,
+           " requested, ", n, " visible");
+  return std::make_unique<CudaResources>(opt.device_id);
+#else
+  MT_THROW(ValueError, "a CUDA context needs the CUDA backend, and this binary was built ",
+           "without it (configure with -DMOETRAIN_CUDA=ON)");
+#endif
+}
+
+}  // namespace
 
 Context::Context(const ContextOptions& opt)
     : device_(opt.device),
+      device_id_(opt.device_id),
       threads_(opt.threads > 0 ? opt.threads : omp_get_max_threads()),
+      deterministic_(opt.deterministic),
       rng_(opt.seed),
+      cuda_(make_cuda(opt)),
       workspace_(opt.workspace_bytes, opt.device, "workspace") {
   MT_CHECK(opt.threads >= 0, ValueError, "threads must be >= 0, got ", opt.threads);
+}
+
+Context::~Context() = default;
+
+void Context::synchronize() {
+#if MOETRAIN_WITH_CUDA
+  if (cuda_) MT_CUDA_CHECK(cudaStreamSynchronize(cuda_->stream));
+#endif
 }
 
 }  // namespace mt

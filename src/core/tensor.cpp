@@ -1,5 +1,7 @@
 #include "core/tensor.h"
 
+#include "core/device.h"
+
 #include <cstdlib>
 #include <cstring>
 
@@ -16,15 +18,11 @@ std::string Shape::str() const {
 }
 
 Storage::Storage(size_t n, Device dev) : bytes(n), device(dev) {
-  MT_CHECK(dev == Device::CPU, ValueError, "this build has no CUDA support");
-  // 64-byte alignment keeps SIMD loads aligned; round the size up as aligned_alloc requires.
-  size_t rounded = (n + 63) / 64 * 64;
-  data = rounded ? std::aligned_alloc(64, rounded) : nullptr;
-  MT_CHECK(rounded == 0 || data != nullptr, MemoryError, "cannot allocate ", n, " bytes");
+  data = device_alloc(n, dev);
 }
 
 Storage::~Storage() {
-  std::free(data);
+  device_free(data, device);
 }
 
 Tensor::Tensor(void* data, Shape shape, DType dtype, Device device)
@@ -66,14 +64,19 @@ Tensor Tensor::rows(int64_t begin, int64_t end) const {
 }
 
 void Tensor::zero_() {
-  MT_CHECK(device_ == Device::CPU, ValueError, "zero_ on ", device_name(device_));
-  if (bytes()) std::memset(data_, 0, bytes());
+  zero_bytes(data_, device_, bytes());
 }
 
 void Tensor::copy_from(const Tensor& src) {
   MT_CHECK(src.numel() == numel(), ShapeError, "copy ", src.shape(), " into ", shape_);
   if (src.dtype() == dtype_) {
-    if (bytes()) std::memcpy(data_, src.raw(), bytes());
+    copy_bytes(data_, device_, src.raw(), src.device(), bytes());
+  } else if (src.device() != Device::CPU || device_ != Device::CPU) {
+    // Conversions run on the host; a GPU tensor converts through a host copy first.
+    Tensor host_src = src.device() == Device::CPU ? src : src.to(Device::CPU);
+    Tensor host_dst = device_ == Device::CPU ? *this : Tensor::empty(shape_, dtype_);
+    host_dst.copy_from(host_src);
+    if (device_ != Device::CPU) copy_bytes(data_, device_, host_dst.raw(), Device::CPU, bytes());
   } else if (src.dtype() == DType::BF16 && dtype_ == DType::F32) {
     const uint16_t* s = src.bf16();
     float* d = f32();
@@ -86,6 +89,12 @@ void Tensor::copy_from(const Tensor& src) {
     MT_THROW(ShapeError, "no conversion from ", dtype_name(src.dtype()), " to ",
              dtype_name(dtype_));
   }
+}
+
+Tensor Tensor::to(Device device) const {
+  Tensor t = empty(shape_, dtype_, device);
+  t.copy_from(*this);
+  return t;
 }
 
 Tensor Tensor::clone() const {

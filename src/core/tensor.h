@@ -83,8 +83,11 @@ class Tensor {
   Tensor rows(int64_t begin, int64_t end) const;
 
   void zero_();
-  void copy_from(const Tensor& src);  // same shape; converts between f32 and bf16
+  // Same element count; converts between f32 and bf16; copies across devices.
+  void copy_from(const Tensor& src);
   Tensor clone() const;
+  // A copy on `device` (same dtype and shape).
+  Tensor to(Device device) const;
 
  private:
   template <typename T>

@@ -4,9 +4,14 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
+
+#include "core/device.h"
+#include "harness/tolerance.h"
 
 namespace mt::test {
 
@@ -42,7 +47,82 @@ double ref_loss(const OpCase& op, const std::vector<DVec>& in, const std::vector
   return l;
 }
 
+// Step 5 of check_op: the same case on the GPU, compared with the CPU's results (f32 tensors).
+void device_pass(OpCase& op, uint64_t seed, const std::vector<InputSpec>& specs,
+                 const std::vector<Tensor>& in, const std::vector<DVec>& in_d,
+                 const std::vector<OutputSpec>& ospecs, const std::vector<DVec>& out_cpu,
+                 const std::vector<DVec>& ref, const std::vector<Tensor>& dout,
+                 const std::vector<DVec>& prefill, const std::vector<DVec>& grad_cpu) {
+  SCOPED_TRACE("device pass (cuda, f32 tensors)");
+  Context ctx(ContextOptions{.device = Device::CUDA, .seed = seed});
+  GuardedAlloc alloc(Device::CUDA);
+  std::vector<Tensor> din;
+  for (const Tensor& t : in) {
+    Tensor d = alloc(t.shape(), t.dtype());
+    d.copy_from(t);
+    din.push_back(d);
+  }
+  std::vector<Tensor> out;
+  try {
+    out = op.forward(ctx, alloc, din);
+    ctx.synchronize();
+  } catch (const Error& e) {
+    ADD_FAILURE() << "forward on the GPU failed: " << e.what();
+    return;
+  }
+  ASSERT_EQ(out.size(), ospecs.size());
+  for (size_t j = 0; j < out.size(); ++j) {
+    const DVec got = to_dvec(out[j]);
+    if (out[j].dtype() == DType::F32 || out[j].dtype() == DType::BF16) {
+      EXPECT_LE(rel_err(got, out_cpu[j]), kF32Rel) << "GPU forward output " << ospecs[j].name;
+    } else {
+      size_t bad = 0;
+      for (size_t i = 0; i < got.size(); ++i) bad += got[i] != ref[j][i];
+      EXPECT_EQ(bad, 0u) << "GPU integer output " << ospecs[j].name << " differs in " << bad
+                         << " places";
+    }
+  }
+  std::vector<Tensor> ddout(dout.size());
+  for (size_t j = 0; j < dout.size(); ++j) {
+    if (!dout[j].defined()) continue;
+    ddout[j] = alloc(dout[j].shape(), dout[j].dtype());
+    ddout[j].copy_from(dout[j]);
+  }
+  std::vector<Tensor> grads(in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (!specs[i].differentiable) continue;
+    grads[i] = alloc(in[i].shape());
+    if (specs[i].accumulate) {
+      Tensor h = Tensor::empty(in[i].shape());
+      for (size_t e = 0; e < prefill[i].size(); ++e) h.f32()[e] = static_cast<float>(prefill[i][e]);
+      grads[i].copy_from(h);
+    }
+  }
+  try {
+    op.backward(ctx, alloc, din, ddout, grads);
+    ctx.synchronize();
+  } catch (const Error& e) {
+    ADD_FAILURE() << "backward on the GPU failed: " << e.what();
+    return;
+  }
+  for (size_t i = 0; i < in.size(); ++i) {
+    EXPECT_LE(rel_err(to_dvec(din[i]), in_d[i]), 0.0)
+        << "input " << specs[i].name << " was modified on the GPU";
+    if (!specs[i].differentiable) continue;
+    DVec g = to_dvec(grads[i]);
+    if (specs[i].accumulate)
+      for (size_t e = 0; e < g.size(); ++e) g[e] -= prefill[i][e];
+    EXPECT_LE(rel_err(g, grad_cpu[i]), kF32Rel) << "GPU gradient of " << specs[i].name;
+  }
+  EXPECT_EQ(alloc.check(), "") << "out-of-bounds write on the GPU";
+}
+
 }  // namespace
+
+GuardedAlloc::~GuardedAlloc() {
+  for (auto& b : blocks_)
+    if (b->device_mem) device_free(b->device_mem, device_);
+}
 
 Tensor GuardedAlloc::operator()(const Shape& shape, DType dtype) {
   auto b = std::make_unique<Block>();
@@ -50,9 +130,9 @@ Tensor GuardedAlloc::operator()(const Shape& shape, DType dtype) {
   b->guard_bytes = kGuardBytes;
   b->shape = shape;
   b->mem.assign(b->body_bytes + 2 * kGuardBytes + 64, kGuardByte);
-  // Align the body to 64 bytes inside the block.
+  // Align the body to 64 bytes inside the block (device blocks start 256-byte aligned).
   uintptr_t base = reinterpret_cast<uintptr_t>(b->mem.data()) + kGuardBytes;
-  size_t pad = (64 - base % 64) % 64;
+  size_t pad = device_ == Device::CPU ? (64 - base % 64) % 64 : 0;
   b->guard_bytes += pad;
   uint8_t* body = b->mem.data() + b->guard_bytes;
   if (dtype == DType::F32) {
@@ -61,14 +141,25 @@ Tensor GuardedAlloc::operator()(const Shape& shape, DType dtype) {
   } else {
     std::memset(body, 0xFF, b->body_bytes);
   }
-  Tensor t(body, shape, dtype);
+  if (device_ != Device::CPU) {
+    b->device_mem = device_alloc(b->mem.size(), device_);
+    copy_bytes(b->device_mem, device_, b->mem.data(), Device::CPU, b->mem.size());
+    body = static_cast<uint8_t*>(b->device_mem) + b->guard_bytes;
+  }
+  Tensor t(body, shape, dtype, device_);
   blocks_.push_back(std::move(b));
   return t;
 }
 
 std::string GuardedAlloc::check() const {
   for (const auto& b : blocks_) {
+    std::vector<uint8_t> copy;
     const uint8_t* m = b->mem.data();
+    if (b->device_mem) {
+      copy.resize(b->mem.size());
+      copy_bytes(copy.data(), Device::CPU, b->device_mem, device_, copy.size());
+      m = copy.data();
+    }
     for (size_t i = 0; i < b->guard_bytes; ++i)
       if (m[i] != kGuardByte)
         return cat("write before tensor ", b->shape, " (byte -", b->guard_bytes - i, ")");
@@ -79,7 +170,14 @@ std::string GuardedAlloc::check() const {
   return "";
 }
 
-DVec to_dvec(const Tensor& t) {
+bool device_pass_enabled() {
+  const char* env = std::getenv("MOETRAIN_TEST_DEVICE");
+  if (env && std::string(env) == "cpu") return false;
+  return cuda_available();
+}
+
+DVec to_dvec(const Tensor& t_any) {
+  const Tensor t = t_any.device() == Device::CPU ? t_any : t_any.to(Device::CPU);
   DVec v(static_cast<size_t>(t.numel()));
   switch (t.dtype()) {
     case DType::F32:
@@ -143,6 +241,8 @@ void check_op(OpCase& op, const CheckOptions& opt) {
   std::vector<OutputSpec> ospecs = op.outputs();
   std::vector<Tensor> out = op.forward(ctx, alloc, in);
   ASSERT_EQ(out.size(), ospecs.size()) << "forward returned a wrong number of outputs";
+  std::vector<DVec> out_cpu;
+  for (const Tensor& t : out) out_cpu.push_back(to_dvec(t));
   std::vector<DVec> ref = op.reference(in_d);
   ASSERT_EQ(ref.size(), ospecs.size()) << "reference returned a wrong number of outputs";
   for (size_t j = 0; j < out.size(); ++j) {
@@ -232,6 +332,16 @@ void check_op(OpCase& op, const CheckOptions& opt) {
   }
   std::string guard = alloc.check();
   EXPECT_EQ(guard, "") << "out-of-bounds write";
+
+  if (!device_pass_enabled()) return;
+  std::vector<DVec> grad_cpu(in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (!specs[i].differentiable) continue;
+    grad_cpu[i] = to_dvec(grads[i]);
+    if (specs[i].accumulate)
+      for (size_t e = 0; e < grad_cpu[i].size(); ++e) grad_cpu[i][e] -= prefill[i][e];
+  }
+  device_pass(op, seed, specs, in, in_d, ospecs, out_cpu, ref, dout, prefill, grad_cpu);
 }
 
 }  // namespace mt::test

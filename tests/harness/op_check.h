@@ -11,7 +11,10 @@
 //     against central finite differences of the double reference (random directions and single
 //     elements), honouring the contract: parameter grads accumulate (+=), activation grads are
 //     written (=),
-//  4. checks that no input was modified and no guard was overwritten.
+//  4. checks that no input was modified and no guard was overwritten,
+//  5. when a GPU is visible (and the binary has the CUDA backend), repeats 2-4 on the GPU with the
+//     same inputs, upstream gradients and pre-fills, and compares every output and gradient with
+//     the CPU's (harness/tolerance.h). MOETRAIN_TEST_DEVICE=cpu turns this pass off.
 #pragma once
 
 #include <functional>
@@ -76,25 +79,35 @@ struct CheckOptions {
   uint64_t seed = 0;        // 0: a fresh seed per run (printed on failure)
 };
 
-// Allocates tensors with guard bands and NaN-filled bodies; check() verifies the guards.
+// Allocates tensors with guard bands and NaN-filled bodies; check() verifies the guards. On the
+// GPU the blocks are device memory, filled and checked through host copies.
 class GuardedAlloc {
  public:
+  explicit GuardedAlloc(Device device = Device::CPU) : device_(device) {}
+  ~GuardedAlloc();
+  GuardedAlloc(const GuardedAlloc&) = delete;
+  GuardedAlloc& operator=(const GuardedAlloc&) = delete;
   Tensor operator()(const Shape& shape, DType dtype = DType::F32);
   // Returns a description of the first corrupted guard, or "" when all are intact.
   std::string check() const;
 
  private:
   struct Block {
-    std::vector<uint8_t> mem;
+    std::vector<uint8_t> mem;  // the block (CPU), or its initial image (GPU)
+    void* device_mem = nullptr;
     size_t body_bytes;
     size_t guard_bytes;
     Shape shape;
   };
+  Device device_;
   std::vector<std::unique_ptr<Block>> blocks_;
 };
 
 // Runs all checks with gtest assertions; messages name the case, the tensor and the seed.
 void check_op(OpCase& op, const CheckOptions& opt = {});
+// True when check_op also runs each case on the GPU (a GPU is visible, the binary has the CUDA
+// backend, and MOETRAIN_TEST_DEVICE is not "cpu").
+bool device_pass_enabled();
 
 // Conversions used by references.
 DVec to_dvec(const Tensor& t);

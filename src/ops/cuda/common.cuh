@@ -1,0 +1,89 @@
+// Shared pieces of the CUDA ops: element loads/stores that compute in fp32 whatever the storage
+// type, the dtype switch that turns a tensor's runtime dtype into a template argument, launch
+// sizes, and block reductions.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "core/context.h"
+#include "core/cuda/check.h"
+#include "core/cuda/resources.h"
+#include "core/tensor.h"
+
+namespace mt::ops::cuda {
+
+__device__ __forceinline__ float ld(const float* p, int64_t i) {
+  return p[i];
+}
+__device__ __forceinline__ float ld(const __nv_bfloat16* p, int64_t i) {
+  return __bfloat162float(p[i]);
+}
+__device__ __forceinline__ void st(float* p, int64_t i, float v) {
+  p[i] = v;
+}
+__device__ __forceinline__ void st(__nv_bfloat16* p, int64_t i, float v) {
+  p[i] = __float2bfloat16(v);
+}
+
+// Runs the statements with `T` = float or __nv_bfloat16 after the tensor's dtype (ShapeError for
+// others). A macro rather than a generic lambda because nvcc allows no __device__ lambdas inside
+// generic lambdas, and the element-wise kernels are written as such lambdas.
+#define MT_DISPATCH_FLOAT(tensor, op, ...)                                    \
+  do {                                                                        \
+    if ((tensor).dtype() == ::mt::DType::F32) {                               \
+      using T = float;                                                        \
+      __VA_ARGS__                                                             \
+    } else if ((tensor).dtype() == ::mt::DType::BF16) {                       \
+      using T = __nv_bfloat16;                                                \
+      __VA_ARGS__                                                             \
+    } else {                                                                  \
+      MT_THROW(ShapeError, op, ": CUDA path takes f32 or bf16 tensors, got ", \
+               ::mt::dtype_name((tensor).dtype()));                           \
+    }                                                                         \
+  } while (0)
+
+// Every float tensor of an op that shares the element type T must have the same dtype.
+inline void expect_same_dtype(const char* op, const Tensor& a, const Tensor& b, const char* what) {
+  if (!b.defined() || b.numel() == 0) return;
+  MT_CHECK(a.dtype() == b.dtype(), ShapeError, op, ": ", what, " is ", dtype_name(b.dtype()),
+           " but the op runs in ", dtype_name(a.dtype()));
+}
+
+inline void expect_f32(const char* op, const Tensor& t, const char* what) {
+  if (!t.defined() || t.numel() == 0) return;
+  MT_CHECK(t.dtype() == DType::F32, ShapeError, op, ": ", what, " must be f32 (fp32 statistics ",
+           "and parameter gradients), got ", dtype_name(t.dtype()));
+}
+
+template <typename T>
+T* ptr(const Tensor& t) {
+  return static_cast<T*>(t.raw());
+}
+
+inline cudaStream_t stream(Context& ctx) {
+  return cuda_resources(ctx).stream;
+}
+
+inline unsigned blocks_for(int64_t n, int threads, int64_t cap = 65535LL * 32) {
+  int64_t b = (n + threads - 1) / threads;
+  if (b < 1) b = 1;
+  return static_cast<unsigned>(b < cap ? b : cap);
+}
+
+// Sum over a block of blockDim.x threads (a multiple of 32, at most 1024); every thread gets it.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float part[32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // part[] may still be read by a previous call
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  const int warps = (blockDim.x + 31) >> 5;
+  float s = lane < warps ? part[lane] : 0.f;
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return s;
+}
+
+}  // namespace mt::ops::cuda

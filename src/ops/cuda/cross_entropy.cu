@@ -1,0 +1,173 @@
+// LM head + cross-entropy on the GPU, chunk by chunk of tokens as on the CPU: the f32 logits of one
+// chunk live in workspace, never the whole [tokens, vocab]. One block per row does max, sum of
+// exponentials and the target's logit; targets are checked in the kernel (a bad one is reported
+// by position after the forward's one synchronisation, which the returned mean needs anyway).
+#include <algorithm>
+
+#include "ops/cuda/blas.h"
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/cross_entropy.h"
+
+namespace mt::ops::cuda {
+
+namespace {
+
+constexpr int kThreads = 512;
+
+__device__ __forceinline__ float block_max(float v) {
+  __shared__ float part[32];
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  const int warps = (blockDim.x + 31) >> 5;
+  float m = lane < warps ? part[lane] : -INFINITY;
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  return m;
+}
+
+// Per row of the chunk: lse and the row's loss (lse - logit[target]); ignored rows give 0 and 0.
+__global__ void ce_fwd_kernel(int64_t t0, int64_t V, int32_t ignore, const float* logits,
+                              const int32_t* tg, float* lse, double* loss_sum, int32_t* bad) {
+  const int64_t r = blockIdx.x, t = t0 + r;
+  const int32_t target = tg[t];
+  if (target == ignore) {
+    if (threadIdx.x == 0) lse[t] = 0.f;
+    return;
+  }
+  if (target < 0 || target >= V) {
+    if (threadIdx.x == 0) atomicMin(bad, static_cast<int32_t>(t));
+    return;
+  }
+  const float* lr = logits + r * V;
+  float mx = -INFINITY;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, lr[v]);
+  mx = block_max(mx);
+  float s = 0.f;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) s += __expf(lr[v] - mx);
+  s = block_sum(s);
+  if (threadIdx.x == 0) {
+    const float l = mx + logf(s);
+    lse[t] = l;
+    atomicAdd(loss_sum, static_cast<double>(l) - lr[target]);
+  }
+}
+
+// dlogits = scale * (softmax - onehot), scale = dloss / valid read from the device.
+template <typename T>
+__global__ void ce_bwd_kernel(int64_t t0, int64_t V, int32_t ignore, float dloss,
+                              const int64_t* valid, const float* logits, const int32_t* tg,
+                              const float* lse, T* g) {
+  const int64_t r = blockIdx.x, t = t0 + r;
+  const int32_t target = tg[t];
+  const float* lr = logits + r * V;
+  T* gr = g + r * V;
+  const float scale = dloss / static_cast<float>(*valid > 0 ? *valid : 1);
+  const float l = lse[t];
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    float d = target == ignore ? 0.f : scale * __expf(lr[v] - l);
+    if (v == target) d -= scale;
+    st(gr, v, d);
+  }
+}
+
+__global__ void count_valid_kernel(int64_t n, int32_t ignore, const int32_t* tg, int64_t* valid) {
+  int64_t c = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) c += tg[i] != ignore;
+  const float s = block_sum(static_cast<float>(c));  // exact below 2^24 tokens per thread block
+  if (threadIdx.x == 0) *valid = static_cast<int64_t>(s);
+}
+
+MatRef mref(const Tensor& t, int64_t row0, int64_t ld) {
+  return {static_cast<const char*>(t.raw()) + row0 * ld * dtype_size(t.dtype()), t.dtype(), ld};
+}
+
+}  // namespace
+
+double lm_head_cross_entropy_forward(Context& ctx, const CrossEntropyParams& p, const Tensor& h,
+                                     const Tensor& w, const Tensor& targets, Tensor& lse) {
+  expect_same_dtype("cross_entropy", h, w, "lm_head weight");
+  expect_f32("cross_entropy", lse, "lse");
+  if (p.tokens == 0) return 0.0;
+  const int64_t V = p.vocab, chunk = std::min(p.chunk_tokens, p.tokens);
+  cudaStream_t s = stream(ctx);
+  ArenaScope scope(ctx.workspace());
+  Tensor logits = ctx.workspace().alloc({chunk, V});
+  Tensor sum = ctx.workspace().alloc({1}, DType::I64);  // a double
+  Tensor bad = ctx.workspace().alloc({1}, DType::I32);
+  Tensor valid = ctx.workspace().alloc({1}, DType::I64);
+  MT_CUDA_CHECK(cudaMemsetAsync(sum.raw(), 0, sizeof(double), s));
+  const int32_t big = 0x7fffffff;
+  MT_CUDA_CHECK(cudaMemcpyAsync(bad.raw(), &big, sizeof big, cudaMemcpyHostToDevice, s));
+  for (int64_t t0 = 0; t0 < p.tokens; t0 += chunk) {
+    const int64_t rows = std::min(chunk, p.tokens - t0);
+    lt_matmul(ctx, false, true, rows, V, p.hidden, 1.f, mref(h, t0, p.hidden), mref(w, 0, p.hidden),
+              0.f, logits.raw(), DType::F32, V);
+    ce_fwd_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
+        t0, V, p.ignore_index, ptr<float>(logits), ptr<int32_t>(targets), ptr<float>(lse),
+        ptr<double>(sum), ptr<int32_t>(bad));
+    MT_CUDA_LAUNCH_CHECK();
+  }
+  count_valid_kernel<<<1, 1024, 0, s>>>(p.tokens, p.ignore_index, ptr<int32_t>(targets),
+                                        ptr<int64_t>(valid));
+  MT_CUDA_LAUNCH_CHECK();
+  double total = 0;
+  int32_t first_bad = big;
+  int64_t n_valid = 0;
+  MT_CUDA_CHECK(cudaMemcpyAsync(&total, sum.raw(), sizeof total, cudaMemcpyDeviceToHost, s));
+  MT_CUDA_CHECK(
+      cudaMemcpyAsync(&first_bad, bad.raw(), sizeof first_bad, cudaMemcpyDeviceToHost, s));
+  MT_CUDA_CHECK(cudaMemcpyAsync(&n_valid, valid.raw(), sizeof n_valid, cudaMemcpyDeviceToHost, s));
+  MT_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (first_bad != big) {
+    int32_t target = 0;
+    MT_CUDA_CHECK(cudaMemcpy(&target, ptr<int32_t>(targets) + first_bad, sizeof target,
+                             cudaMemcpyDeviceToHost));
+    MT_THROW(ValueError, "cross_entropy: target ", target, " at position ", first_bad,
+             " is outside [0, ", V, ") and is not ignore_index ", p.ignore_index);
+  }
+  return n_valid ? total / static_cast<double>(n_valid) : 0.0;
+}
+
+void lm_head_cross_entropy_backward(Context& ctx, const CrossEntropyParams& p, const Tensor& h,
+                                    const Tensor& w, const Tensor& targets, const Tensor& lse,
+                                    float dloss, Tensor& dh, Tensor& dw) {
+  expect_same_dtype("cross_entropy", h, w, "lm_head weight");
+  expect_same_dtype("cross_entropy", h, dh, "dh");
+  expect_f32("cross_entropy", dw, "lm_head weight gradient");
+  if (p.tokens == 0) return;
+  const int64_t V = p.vocab, D = p.hidden, chunk = std::min(p.chunk_tokens, p.tokens);
+  cudaStream_t s = stream(ctx);
+  ArenaScope scope(ctx.workspace());
+  Tensor logits = ctx.workspace().alloc({chunk, V});
+  Tensor g = ctx.workspace().alloc({chunk, V}, h.dtype());  // dlogits, an operand of two GEMMs
+  Tensor valid = ctx.workspace().alloc({1}, DType::I64);
+  count_valid_kernel<<<1, 1024, 0, s>>>(p.tokens, p.ignore_index, ptr<int32_t>(targets),
+                                        ptr<int64_t>(valid));
+  MT_CUDA_LAUNCH_CHECK();
+  for (int64_t t0 = 0; t0 < p.tokens; t0 += chunk) {
+    const int64_t rows = std::min(chunk, p.tokens - t0);
+    lt_matmul(ctx, false, true, rows, V, D, 1.f, mref(h, t0, D), mref(w, 0, D), 0.f, logits.raw(),
+              DType::F32, V);
+    MT_DISPATCH_FLOAT(h, "cross_entropy", {
+      ce_bwd_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
+          t0, V, p.ignore_index, dloss, ptr<int64_t>(valid), ptr<float>(logits),
+          ptr<int32_t>(targets), ptr<float>(lse), ptr<T>(g));
+    });
+    MT_CUDA_LAUNCH_CHECK();
+    lt_matmul(ctx, false, false, rows, D, V, 1.f, mref(g, 0, V), mref(w, 0, D), 0.f,
+              static_cast<char*>(dh.raw()) + t0 * D * dtype_size(dh.dtype()), dh.dtype(), D);
+    if (dw.defined())
+      lt_matmul(ctx, true, false, V, D, rows, 1.f, mref(g, 0, V), mref(h, t0, D), 1.f, dw.raw(),
+                DType::F32, D);
+  }
+}
+
+void lm_head_logits(Context& ctx, const Tensor& h, const Tensor& w, Tensor& logits) {
+  expect_same_dtype("lm_head_logits", h, w, "lm_head weight");
+  lt_matmul(ctx, false, true, h.dim(0), w.dim(0), h.dim(1), 1.f, mref(h, 0, h.dim(1)),
+            mref(w, 0, w.dim(1)), 0.f, logits.raw(), logits.dtype(), w.dim(0));
+}
+
+}  // namespace mt::ops::cuda

@@ -1,0 +1,116 @@
+// AdamW and gradient-norm clipping on the GPU: fp32 parameters (masters), gradients and moments.
+// The squared norm is reduced in a fixed order (per-block partials, then one block), in double as
+// on the CPU, and read back once: the step's one statistics synchronisation.
+#include <cmath>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/optim.h"
+
+namespace mt::ops::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kNormBlocks = 512;
+
+__global__ void adamw_kernel(int64_t n, float b1, float b2, float eps, float step_size,
+                             float inv_sqrt_bc2, float decay, float* p, const float* g, float* m,
+                             float* v) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float gi = g[i];
+    const float mi = b1 * m[i] + (1.f - b1) * gi;
+    const float vi = b2 * v[i] + (1.f - b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = p[i] * decay - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+  }
+}
+
+__device__ double block_sum_d(double v) {
+  __shared__ double part[32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  double s = lane < static_cast<int>((blockDim.x + 31) >> 5) ? part[lane] : 0.0;
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return s;
+}
+
+__global__ void sumsq_partial_kernel(int64_t n, const float* g, double* partial) {
+  double s = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    s += static_cast<double>(g[i]) * g[i];
+  s = block_sum_d(s);
+  if (threadIdx.x == 0) partial[blockIdx.x] += s;
+}
+
+__global__ void sum_kernel(int n, const double* partial, double* out) {
+  double s = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) s += partial[i];
+  s = block_sum_d(s);
+  if (threadIdx.x == 0) *out = s;
+}
+
+__global__ void scale_kernel(int64_t n, float scale, float* g) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    g[i] *= scale;
+}
+
+}  // namespace
+
+void adamw_step(Context& ctx, const AdamWParams& p, Tensor& param, const Tensor& grad, Tensor& m,
+                Tensor& v) {
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&param, &grad, &m, &v})
+    expect_f32("adamw", *t, "parameter, gradient and moments");
+  const int64_t n = param.numel();
+  if (n == 0) return;
+  const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step));
+  adamw_kernel<<<blocks_for(n, kThreads, 8192), kThreads, 0, stream(ctx)>>>(
+      n, p.beta1, p.beta2, p.eps, static_cast<float>(p.lr / bc1),
+      static_cast<float>(1.0 / std::sqrt(bc2)), 1.0f - p.lr * p.weight_decay, ptr<float>(param),
+      ptr<float>(grad), ptr<float>(m), ptr<float>(v));
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+double grad_norm_sq(Context& ctx, const std::vector<Tensor>& grads) {
+  ArenaScope scope(ctx.workspace());
+  Tensor partial = ctx.workspace().alloc({kNormBlocks}, DType::I64);  // doubles, 8 bytes each
+  Tensor total = ctx.workspace().alloc({1}, DType::I64);
+  MT_CUDA_CHECK(cudaMemsetAsync(partial.raw(), 0, partial.bytes(), stream(ctx)));
+  for (const Tensor& g : grads) {
+    if (!g.defined() || g.numel() == 0) continue;
+    expect_f32("grad_norm", g, "gradient");
+    sumsq_partial_kernel<<<kNormBlocks, kThreads, 0, stream(ctx)>>>(g.numel(), ptr<float>(g),
+                                                                    ptr<double>(partial));
+    MT_CUDA_LAUNCH_CHECK();
+  }
+  sum_kernel<<<1, kThreads, 0, stream(ctx)>>>(kNormBlocks, ptr<double>(partial),
+                                              ptr<double>(total));
+  MT_CUDA_LAUNCH_CHECK();
+  double s = 0;
+  MT_CUDA_CHECK(
+      cudaMemcpyAsync(&s, total.raw(), sizeof(double), cudaMemcpyDeviceToHost, stream(ctx)));
+  MT_CUDA_CHECK(cudaStreamSynchronize(stream(ctx)));
+  return s;
+}
+
+double clip_grad_norm(Context& ctx, const std::vector<Tensor>& grads, double max_norm) {
+  const double norm = std::sqrt(grad_norm_sq(ctx, grads));
+  if (max_norm <= 0 || !(norm > max_norm)) return norm;
+  const float scale = static_cast<float>(max_norm / (norm + 1e-6));
+  for (const Tensor& g : grads) {
+    if (!g.defined() || g.numel() == 0) continue;
+    scale_kernel<<<blocks_for(g.numel(), kThreads, 8192), kThreads, 0, stream(ctx)>>>(
+        g.numel(), scale, ptr<float>(g));
+    MT_CUDA_LAUNCH_CHECK();
+  }
+  return norm;
+}
+
+}  // namespace mt::ops::cuda

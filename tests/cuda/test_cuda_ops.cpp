@@ -1,0 +1,445 @@
+// CUDA ops against the CPU engine (tests/cuda/tolerance.h is the tolerance table). Each case runs
+// the CPU op in fp32, then the GPU op twice: on f32 tensors (same arithmetic, another summation
+// order) and on bf16 tensors (the GPU's training precision), against a bound measured on the CPU
+// op with bf16 rounding of inputs and outputs. Outputs are poisoned with NaN before every GPU run,
+// inputs are fresh random draws (the seed is printed), and parameter gradients are pre-filled so
+// that overwriting instead of accumulating shows. Without a GPU every test skips, saying so.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <random>
+
+#include "core/device.h"
+#include "core/seq_info.h"
+#include "harness/op_check.h"
+#include "harness/tolerance.h"
+#include "ops/activation.h"
+#include "ops/conv1d.h"
+#include "ops/cross_entropy.h"
+#include "ops/cuda/activation.h"
+#include "ops/cuda/conv1d.h"
+#include "ops/cuda/cross_entropy.h"
+#include "ops/cuda/embedding.h"
+#include "ops/cuda/kda_gate.h"
+#include "ops/cuda/linear.h"
+#include "ops/cuda/norm.h"
+#include "ops/cuda/optim.h"
+#include "ops/cuda/rope.h"
+#include "ops/embedding.h"
+#include "ops/kda_gate.h"
+#include "ops/linear.h"
+#include "ops/norm.h"
+#include "ops/optim.h"
+#include "ops/rope.h"
+
+namespace mt::test {
+namespace {
+
+#define REQUIRE_GPU()    \
+  if (!cuda_available()) \
+  GTEST_SKIP() << "no GPU visible (or built without CUDA): CUDA op check skipped"
+
+// Selects the CPU entry or its CUDA twin (same signature).
+#define OP(name) (gpu ? &ops::cuda::name : &ops::name)
+
+uint64_t fresh_seed() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+         static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+}
+
+struct In {
+  Tensor host;       // f32 or i32, on the CPU
+  bool lowp = true;  // stored as bf16 in the bf16 pass (activations, weights)
+};
+
+// Runs the op on the tensors it is given (all on the CPU or all on the GPU) and returns every
+// result to compare: outputs, activation gradients and accumulated parameter gradients.
+using Run = std::function<std::vector<Tensor>(Context&, const std::vector<Tensor>&, bool gpu)>;
+
+Tensor randn(Rng& rng, Shape s, double scale = 1.0) {
+  Tensor t = Tensor::empty(std::move(s));
+  fill_normal(rng, t, scale);
+  return t;
+}
+
+// A result buffer on the context's device, filled with NaN so that unwritten elements show.
+Tensor out(Context& ctx, const Shape& s, DType dt) {
+  Tensor h = Tensor::empty(s);
+  for (int64_t i = 0; i < h.numel(); ++i) h.f32()[i] = std::numeric_limits<float>::quiet_NaN();
+  Tensor d = Tensor::empty(s, dt, ctx.device());
+  d.copy_from(h);
+  return d;
+}
+
+Tensor host_f32(Context& ctx, const Tensor& t) {
+  ctx.synchronize();
+  Tensor h = Tensor::empty(t.shape());
+  h.copy_from(t);
+  return h;
+}
+
+Tensor round_bf16(const Tensor& t) {
+  if (t.dtype() != DType::F32) return t;
+  Tensor b = Tensor::empty(t.shape(), DType::BF16);
+  b.copy_from(t);
+  Tensor r = Tensor::empty(t.shape());
+  r.copy_from(b);
+  return r;
+}
+
+void run_case(const char* name, const std::vector<In>& ins, const std::vector<std::string>& names,
+              const Run& run, uint64_t seed) {
+  SCOPED_TRACE(cat(name, " seed=", seed));
+  Context cpu(ContextOptions{.threads = 2, .seed = seed});
+  Context gpu(ContextOptions{.device = Device::CUDA, .seed = seed});
+  std::vector<Tensor> hin;
+  for (const In& i : ins) hin.push_back(i.host);
+  const std::vector<Tensor> want = run(cpu, hin, false);
+  ASSERT_EQ(want.size(), names.size());
+
+  for (DType pass : {DType::F32, DType::BF16}) {
+    std::vector<Tensor> din, emul_in;
+    for (const In& i : ins) {
+      const bool low = pass == DType::BF16 && i.lowp && i.host.dtype() == DType::F32;
+      Tensor d = Tensor::empty(i.host.shape(), low ? DType::BF16 : i.host.dtype(), Device::CUDA);
+      d.copy_from(i.host);
+      din.push_back(d);
+      emul_in.push_back(low ? round_bf16(i.host) : i.host);
+    }
+    const std::vector<Tensor> got = run(gpu, din, true);
+    ASSERT_EQ(got.size(), want.size());
+    std::vector<Tensor> emul;
+    if (pass == DType::BF16) emul = run(cpu, emul_in, false);
+    for (size_t j = 0; j < got.size(); ++j) {
+      const DVec g = to_dvec(host_f32(gpu, got[j])), w = to_dvec(want[j]);
+      size_t nonfinite = 0;
+      for (double v : g) nonfinite += !std::isfinite(v);
+      EXPECT_EQ(nonfinite, 0u) << names[j] << " (" << dtype_name(pass)
+                               << " pass) has non-finite entries: unwritten?";
+      const double err = rel_err(g, w);
+      double bound = kF32Rel;
+      if (pass == DType::BF16) {
+        const Tensor e = got[j].dtype() == DType::BF16 ? round_bf16(emul[j]) : emul[j];
+        bound = kBf16Multiple * rel_err(to_dvec(e), w) + kBf16Floor;
+      }
+      EXPECT_LE(err, bound) << names[j] << " (" << dtype_name(pass) << " pass)";
+      std::printf("  %-28s %-5s %-6s rel err %.3g (bound %.3g)\n", name, names[j].c_str(),
+                  std::string(dtype_name(pass)).c_str(), err, bound);
+    }
+  }
+}
+
+Tensor like(Context& ctx, const Tensor& t) {
+  Tensor c = Tensor::empty(t.shape(), t.dtype(), ctx.device());
+  c.copy_from(t);
+  return c;
+}
+
+class CudaNorm : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(CudaNorm, RmsNormForwardBackward) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  const int64_t R = 257, D = GetParam();
+  const ops::NormParams p{.rows = R, .dim = D, .eps = 1e-6f};
+  std::vector<In> ins = {{randn(rng, {R, D}, 2.0)},
+                         {randn(rng, {D})},
+                         {randn(rng, {R, D})},
+                         {randn(rng, {D}, 1e-2), false}};
+  run_case(
+      "rmsnorm", ins, {"y", "rstd", "dx", "dw"},
+      [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
+        Tensor y = out(c, {R, D}, in[0].dtype()), rstd = out(c, {R}, DType::F32);
+        OP(rmsnorm_forward)(c, p, in[0], in[1], y, rstd);
+        Tensor dx = out(c, {R, D}, in[0].dtype()), dw = like(c, in[3]);
+        OP(rmsnorm_backward)(c, p, in[0], in[1], rstd, in[2], dx, dw);
+        return {y, rstd, dx, dw};
+      },
+      seed);
+}
+
+TEST_P(CudaNorm, LayerNormForwardBackward) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  const int64_t R = 129, D = GetParam();
+  const ops::NormParams p{.rows = R, .dim = D, .eps = 1e-5f};
+  Tensor x = randn(rng, {R, D}, 2.0);
+  for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] += 3.f;  // the mean must be removed first
+  std::vector<In> ins = {{x},
+                         {randn(rng, {D})},
+                         {randn(rng, {D})},
+                         {randn(rng, {R, D})},
+                         {randn(rng, {D}, 1e-2), false},
+                         {randn(rng, {D}, 1e-2), false}};
+  run_case(
+      "layernorm", ins, {"y", "mean", "rstd", "dx", "dw", "db"},
+      [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
+        Tensor y = out(c, {R, D}, in[0].dtype());
+        Tensor mean = out(c, {R}, DType::F32), rstd = out(c, {R}, DType::F32);
+        OP(layernorm_forward)(c, p, in[0], in[1], in[2], y, mean, rstd);
+        Tensor dx = out(c, {R, D}, in[0].dtype()), dw = like(c, in[4]), db = like(c, in[5]);
+        OP(layernorm_backward)(c, p, in[0], in[1], mean, rstd, in[3], dx, dw, db);
+        return {y, mean, rstd, dx, dw, db};
+      },
+      seed);
+}
+
+TEST_P(CudaNorm, L2NormForwardBackward) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  const int64_t R = 300, D = GetParam();
+  const ops::NormParams p{.rows = R, .dim = D, .eps = 1e-6f};
+  std::vector<In> ins = {{randn(rng, {R, D})}, {randn(rng, {R, D})}};
+  run_case(
+      "l2norm", ins, {"y", "rstd", "dx"},
+      [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
+        Tensor y = out(c, {R, D}, in[0].dtype()), rstd = out(c, {R}, DType::F32);
+        OP(l2norm_forward)(c, p, in[0], y, rstd);
+        Tensor dx = out(c, {R, D}, in[0].dtype());
+        OP(l2norm_backward)(c, p, in[0], rstd, in[1], dx);
+        return {y, rstd, dx};
+      },
+      seed);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dims, CudaNorm, ::testing::Values(64, 128, 2304));
+
+TEST(CudaActivation, SiluSwigluSigmoidGate) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  const Shape s{1000, 96};
+  std::vector<In> ins = {{randn(rng, s, 3.0)}, {randn(rng, s)}, {randn(rng, s)}};
+  run_case(
+      "activations", ins, {"silu", "dsilu", "swiglu", "dgate", "dup", "sgate", "dx", "dg"},
+      [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
+        const DType t = in[0].dtype();
+        Tensor y1 = out(c, s, t), d1 = out(c, s, t);
+        OP(silu_forward)(c, in[0], y1);
+        OP(silu_backward)(c, in[0], in[2], d1);
+        Tensor y2 = out(c, s, t), dg = out(c, s, t), du = out(c, s, t);
+        OP(swiglu_forward)(c, in[0], in[1], y2);
+        OP(swiglu_backward)(c, in[0], in[1], in[2], dg, du);
+        Tensor y3 = out(c, s, t), dx3 = out(c, s, t), dg3 = out(c, s, t);
+        OP(sigmoid_gate_forward)(c, in[1], in[0], y3);
+        OP(sigmoid_gate_backward)(c, in[1], in[0], in[2], dx3, dg3);
+        return {y1, d1, y2, dg, du, y3, dx3, dg3};
+      },
+      seed);
+}
+
+TEST(CudaEmbedding, LookupAndGradientWithRepeatedIds) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  const int64_t T = 700, V = 50, D = 130;  // far more tokens than ids: every row repeats
+  Tensor ids = Tensor::empty({T}, DType::I32);
+  for (int64_t t = 0; t < T; ++t) ids.i32()[t] = static_cast<int32_t>(rng.below(V));
+  const ops::EmbeddingParams p{.tokens = T, .vocab = V, .dim = D};
+  std::vector<In> ins = {
+      {ids, false}, {randn(rng, {V, D})}, {randn(rng, {T, D})}, {randn(rng, {V, D}, 1e-2), false}};
+  run_case(
+      "embedding", ins, {"y", "dtable"},
+      [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
+        Tensor y = out(c, {T, D}, in[1].dtype()), dt = like(c, in[3]);
+        OP(embedding_forward)(c, p, in[0], in[1], y);
+        OP(embedding_backward)(c, p, in[0], in[2], dt);
+        return {y, dt};
+      },
+      seed);
+}
+
+TEST(CudaEmbedding, OutOfRangeIdIsAnErrorNamingThePosition) {
+  REQUIRE_GPU();
+  Context c(ContextOptions{.device = Device::CUDA});
+  Tensor ids = Tensor::empty({4}, DType::I32);
+  const int32_t v[] = {1, 2, 9, 0};
+  for (int i = 0; i < 4; ++i) ids.i32()[i] = v[i];
+  Tensor dids = ids.to(Device::CUDA);
+  Tensor table = Tensor::zeros({5, 8}, DType::F32, Device::CUDA);
+  Tensor y = Tensor::empty({4, 8}, DType::F32, Device::CUDA);
+  try {
+    ops::cuda::embedding_forward(c, {.tokens = 4, .vocab = 5, .dim = 8}, dids, table, y);
+    FAIL() << "an id outside the vocabulary was accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("token id 9 at position 2"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(CudaRope, BothLayoutsWithYarnForwardAndInverse) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  const int64_t T = 97, H = 3, D = 40;
+  Tensor pos = Tensor::empty({T}, DType::I32);
+  for (int64_t t = 0; t < T; ++t) pos.i32()[t] = static_cast<int32_t>(rng.below(100000));
+  for (ops::RopeStyle style : {ops::RopeStyle::HalfSplit, ops::RopeStyle::Interleaved}) {
+    ops::RopeParams p{.tokens = T,
+                      .heads = H,
+                      .head_dim = D,
+                      .rot_offset = 8,
+                      .rot_dim = 24,
+                      .theta = 10000.f,
+                      .style = style};
+    p.scaling = {.factor = 4.f, .original_max_positions = 4096, .magnitude = 1.1f};
+    std::vector<In> ins = {{pos, false}, {randn(rng, {T, H, D})}, {randn(rng, {T, H, D})}};
+    run_case(
+        style == ops::RopeStyle::HalfSplit ? "rope half-split" : "rope interleaved", ins,
+        {"y", "dx"},
+        [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
+          Tensor y = out(c, {T, H, D}, in[1].dtype()), dx = out(c, {T, H, D}, in[1].dtype());
+          OP(rope_forward)(c, p, in[0], in[1], y);
+          OP(rope_backward)(c, p, in[0], in[2], dx);
+          return {y, dx};
+        },
+        seed);
+  }
+}
+
+class CudaLinear : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(CudaLinear, ProjectionWithLoraForwardBackward) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  const int64_t T = 333, I = 192, O = 160, r = GetParam();
+  const ops::LinearParams p{.tokens = T, .in = I, .out = O, .lora_rank = r, .lora_alpha = 32.f};
+  const int64_t rr = r ? r : 1;
+  std::vector<In> ins = {{randn(rng, {T, I})},
+                         {randn(rng, {O, I}, 0.1)},
+                         {randn(rng, {rr, I}, 0.1)},
+                         {randn(rng, {O, rr}, 0.1)},
+                         {randn(rng, {T, O})},
+                         {randn(rng, {T, I}), true},  // dx prefill: accumulate_dx adds to it
+                         {randn(rng, {O, I}, 1e-2), false},
+                         {randn(rng, {rr, I}, 1e-2), false},
+                         {randn(rng, {O, rr}, 1e-2), false}};
+  run_case(
+      r ? "linear+lora" : "linear", ins, {"y", "dx", "dw", "da", "db"},
+      [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
+        const DType t = in[0].dtype();
+        Tensor y = out(c, {T, O}, t), xa = r ? out(c, {T, r}, t) : Tensor();
+        OP(linear_forward)(c, p, in[0], in[1], in[2], in[3], y, xa);
+        Tensor dx = like(c, in[5]), dw = like(c, in[6]), da = like(c, in[7]), db = like(c, in[8]);
+        OP(linear_backward)(c, p, in[0], in[1], in[2], in[3], xa, in[4], dx, dw, da, db, true);
+        return {y, dx, dw, da, db};
+      },
+      seed);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, CudaLinear, ::testing::Values(0, 8));
+
+TEST(CudaOptim, AdamWAndClipping) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  const int64_t n = 100003;
+  Tensor v = randn(rng, {n}, 1e-3);
+  for (int64_t i = 0; i < n; ++i) v.f32()[i] = std::abs(v.f32()[i]);  // second moments >= 0
+  std::vector<In> ins = {{randn(rng, {n}), false},
+                         {randn(rng, {n}), false},
+                         {randn(rng, {n}, 1e-2), false},
+                         {v, false}};
+  const ops::AdamWParams ap{.lr = 1e-2f, .weight_decay = 0.1f, .step = 7};
+  run_case(
+      "adamw+clip", ins, {"param", "m", "v", "grad", "norm"},
+      [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
+        Tensor prm = like(c, in[0]), g = like(c, in[1]), m = like(c, in[2]), vv = like(c, in[3]);
+        const double norm = OP(clip_grad_norm)(c, {g}, 50.0);
+        OP(adamw_step)(c, ap, prm, g, m, vv);
+        Tensor nt = Tensor::empty({1});
+        nt.f32()[0] = static_cast<float>(norm);
+        return {prm, m, vv, g, nt};
+      },
+      seed);
+}
+
+TEST(CudaConv1d, VarlenForwardBackward) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  const int64_t C = 72, K = 4;
+  const std::vector<int64_t> lengths = {1, 5, 130, 2, 61};  // documents shorter than the kernel too
+  SeqInfo seq = SeqInfo::from_lengths(lengths);
+  const int64_t T = seq.tokens;
+  const ops::CausalConvParams p{.tokens = T, .channels = C, .kernel = K};
+  std::vector<In> ins = {{seq.cu_seqlens, false},
+                         {randn(rng, {T, C})},
+                         {randn(rng, {C, K}, 0.5)},
+                         {randn(rng, {T, C})},
+                         {randn(rng, {C, K}, 1e-2), false}};
+  run_case(
+      "causal_conv1d", ins, {"y", "dx", "dw"},
+      [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
+        Tensor y = out(c, {T, C}, in[1].dtype()), dx = out(c, {T, C}, in[1].dtype());
+        Tensor dw = like(c, in[4]);
+        OP(causal_conv1d_forward)(c, p, in[0], in[1], in[2], y);
+        OP(causal_conv1d_backward)(c, p, in[0], in[1], in[2], in[3], dx, dw);
+        return {y, dx, dw};
+      },
+      seed);
+}
+
+TEST(CudaKdaGate, ForwardBackward) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  const int64_t T = 211, H = 4, K = 32;
+  const ops::KdaGateParams p{.tokens = T, .heads = H, .head_dim = K};
+  Tensor raw = randn(rng, {T, H * K}, 4.0);
+  raw.f32()[5] = 25.f;  // past softplus's threshold: the identity branch
+  std::vector<In> ins = {{raw},
+                         {randn(rng, {H}, 0.5), false},
+                         {randn(rng, {H * K}), false},
+                         {randn(rng, {T, H * K}), false},
+                         {randn(rng, {H}, 1e-2), false},
+                         {randn(rng, {H * K}, 1e-2), false}};
+  run_case(
+      "kda_gate", ins, {"g", "draw", "dA_log", "ddt_bias"},
+      [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
+        Tensor g = out(c, {T, H * K}, DType::F32), draw = out(c, {T, H * K}, in[0].dtype());
+        Tensor da = like(c, in[4]), db = like(c, in[5]);
+        OP(kda_gate_forward)(c, p, in[0], in[1], in[2], g);
+        OP(kda_gate_backward)(c, p, in[0], in[1], in[2], in[3], draw, da, db);
+        return {g, draw, da, db};
+      },
+      seed);
+}
+
+TEST(CudaCrossEntropy, ChunkedLmHeadWithIgnoredTargets) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  const int64_t T = 300, D = 96, V = 1000;
+  Tensor tg = Tensor::empty({T}, DType::I32);
+  for (int64_t t = 0; t < T; ++t)
+    tg.i32()[t] = t % 7 == 3 ? -100 : static_cast<int32_t>(rng.below(V));
+  const ops::CrossEntropyParams p{.tokens = T, .hidden = D, .vocab = V, .chunk_tokens = 128};
+  std::vector<In> ins = {{tg, false},
+                         {randn(rng, {T, D})},
+                         {randn(rng, {V, D}, 0.2)},
+                         {randn(rng, {V, D}, 1e-2), false}};
+  run_case(
+      "lm_head+cross_entropy", ins, {"loss", "lse", "dh", "dw"},
+      [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
+        Tensor lse = out(c, {T}, DType::F32), dh = out(c, {T, D}, in[1].dtype());
+        Tensor dw = like(c, in[3]);
+        const double loss = OP(lm_head_cross_entropy_forward)(c, p, in[1], in[2], in[0], lse);
+        OP(lm_head_cross_entropy_backward)(c, p, in[1], in[2], in[0], lse, 1.5f, dh, dw);
+        Tensor l = Tensor::empty({1});
+        l.f32()[0] = static_cast<float>(loss);
+        return {l, lse, dh, dw};
+      },
+      seed);
+}
+
+}  // namespace
+}  // namespace mt::test

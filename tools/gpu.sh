@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# GPU work in stages. The device machine lacks our Debian libraries, so the CUDA build happens here
+# and travels with its shared libraries:
+#   tools/gpu.sh pack              (here)   build -DMOETRAIN_CUDA=ON into build-cuda, copy the GPU
+#                                           binaries and the libraries they need into .gpu/
+#   tools/gpu.sh test [sanitize]   (device) run the CUDA tests from .gpu/ (and compute-sanitizer
+#                                           memcheck + racecheck over them); JSON + logs to $OUT
+# The device call: run(command="tools/gpu.sh test sanitize", carry=[".gpu"]). The last lines
+# printed are a short table; $OUT/gpu_summary.json has the same in JSON.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+stage=${1:-}
+shift || true
+
+pack() {
+  MOETRAIN_CMAKE_ARGS="-DMOETRAIN_WERROR=ON -DMOETRAIN_CUDA=ON ${MOETRAIN_CMAKE_ARGS:-}" \
+    tools/build.sh build-cuda --target moetrain_cli test_cuda_ops
+  rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib
+  cp build-cuda/moetrain build-cuda/tests/test_cuda_ops .gpu/bin/
+  # Every library the binaries load except the C runtime and the CUDA driver/toolkit, which the
+  # device image has in versions the binaries accept.
+  for b in .gpu/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
+    grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcudart|libcublas[^/]*|libnvidia[^/]*|libstdc\+\+|libgcc_s|libz|libudev)\.so' |
+    while read -r lib; do cp -L "$lib" .gpu/lib/; done
+  strip --strip-debug .gpu/bin/* 2>/dev/null || true
+  du -sh .gpu
+}
+
+test_stage() {
+  local out=${OUT:-/tmp/gpu_out}
+  mkdir -p "$out"
+  export LD_LIBRARY_PATH="$PWD/.gpu/lib:${LD_LIBRARY_PATH:-}"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+  local rc=0
+  .gpu/bin/test_cuda_ops --gtest_output=json:"$out/test_cuda_ops.json" 2>&1 | tee "$out/test_cuda_ops.log" || rc=$?
+  local san="not run"
+  if [ "${1:-}" = sanitize ]; then
+    san=""
+    for tool in memcheck racecheck; do
+      if compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/bin/test_cuda_ops \
+          --gtest_brief=1 >"$out/sanitize_$tool.log" 2>&1; then
+        san="$san $tool:clean"
+      else
+        san="$san $tool:FAILED($?)"
+      fi
+    done
+  fi
+  python3 - "$out" "$rc" "$san" <<'PY'
+import json, sys
+out, rc, san = sys.argv[1], int(sys.argv[2]), sys.argv[3].strip()
+r = json.load(open(f"{out}/test_cuda_ops.json"))
+rows = []
+for suite in r["testsuites"]:
+    for t in suite["testsuite"]:
+        status = "FAIL" if t.get("failures") else ("SKIP" if t.get("result") == "SKIPPED" else "ok")
+        rows.append((f'{suite["name"]}.{t["name"]}', status))
+json.dump({"tests": rows, "exit": rc, "sanitizer": san}, open(f"{out}/gpu_summary.json", "w"), indent=1)
+for name, status in rows:
+    print(f"{status:5} {name}")
+print(f"tests: {sum(s == 'ok' for _, s in rows)} ok, {sum(s == 'FAIL' for _, s in rows)} failed, "
+      f"{sum(s == 'SKIP' for _, s in rows)} skipped; sanitizer: {san}")
+PY
+  return $rc
+}
+
+case "$stage" in
+  pack) pack ;;
+  test) test_stage "$@" ;;
+  *) echo "usage: tools/gpu.sh pack | test [sanitize]" >&2; exit 2 ;;
+esac
