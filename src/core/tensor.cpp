@@ -7,6 +7,61 @@
 
 namespace mt {
 
+namespace {
+
+bool strides_are_contiguous(const Shape& shape, const std::vector<int64_t>& strides) {
+  int64_t want = 1;
+  for (int i = shape.ndim() - 1; i >= 0; --i) {
+    if (shape[i] == 0) return true;
+    if (shape[i] != 1 && strides[static_cast<size_t>(i)] != want) return false;
+    want *= shape[i];
+  }
+  return true;
+}
+
+// Calls fn(offset_a, offset_b) (elements) for the start of every innermost row of `shape`, walked
+// with two stride sets; rows have shape[-1] elements (1 for a 0-D tensor).
+template <typename Fn>
+void for_each_row(const Shape& shape, const std::vector<int64_t>& sa,
+                  const std::vector<int64_t>& sb, Fn fn) {
+  const int outer = shape.ndim() - 1;
+  if (shape.numel() == 0) return;
+  if (outer <= 0) {
+    fn(int64_t{0}, int64_t{0});
+    return;
+  }
+  std::vector<int64_t> idx(static_cast<size_t>(outer), 0);
+  int64_t oa = 0, ob = 0;
+  while (true) {
+    fn(oa, ob);
+    int d = outer - 1;
+    for (; d >= 0; --d) {
+      const auto u = static_cast<size_t>(d);
+      if (++idx[u] < shape[d]) {
+        oa += sa[u];
+        ob += sb[u];
+        break;
+      }
+      oa -= sa[u] * (shape[d] - 1);
+      ob -= sb[u] * (shape[d] - 1);
+      idx[u] = 0;
+    }
+    if (d < 0) return;
+  }
+}
+
+}  // namespace
+
+std::vector<int64_t> contiguous_strides(const Shape& shape) {
+  std::vector<int64_t> st(static_cast<size_t>(shape.ndim()));
+  int64_t s = 1;
+  for (int i = shape.ndim() - 1; i >= 0; --i) {
+    st[static_cast<size_t>(i)] = s;
+    s *= shape[i];
+  }
+  return st;
+}
+
 std::string Shape::str() const {
   std::string s = "[";
   for (size_t i = 0; i < dims_.size(); ++i) {
@@ -26,7 +81,17 @@ Storage::~Storage() {
 }
 
 Tensor::Tensor(void* data, Shape shape, DType dtype, Device device)
-    : data_(data), shape_(std::move(shape)), dtype_(dtype), device_(device) {}
+    : data_(data),
+      shape_(std::move(shape)),
+      strides_(contiguous_strides(shape_)),
+      dtype_(dtype),
+      device_(device) {}
+
+void Tensor::set_shape(Shape shape, std::vector<int64_t> strides) {
+  shape_ = std::move(shape);
+  strides_ = std::move(strides);
+  contiguous_ = strides_are_contiguous(shape_, strides_);
+}
 
 Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
   for (int64_t d : shape.dims()) MT_CHECK(d >= 0, ShapeError, "negative dimension in ", shape);
@@ -45,8 +110,11 @@ Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
 
 Tensor Tensor::view(Shape shape) const {
   MT_CHECK(shape.numel() == numel(), ShapeError, "cannot view ", shape_, " as ", shape);
+  MT_CHECK(contiguous_, ShapeError, "cannot view the strided tensor ", shape_, " (strides ",
+           Shape(strides_), ") as ", shape);
   Tensor t = *this;
-  t.shape_ = std::move(shape);
+  std::vector<int64_t> st = contiguous_strides(shape);
+  t.set_shape(std::move(shape), std::move(st));
   return t;
 }
 
@@ -54,41 +122,96 @@ Tensor Tensor::rows(int64_t begin, int64_t end) const {
   MT_CHECK(ndim() >= 1 && 0 <= begin && begin <= end && end <= dim(0), ShapeError, "rows [", begin,
            ",", end, ") out of ", shape_);
   std::vector<int64_t> d = shape_.dims();
-  int64_t row_elems = d[0] ? numel() / d[0] : 0;
   d[0] = end - begin;
   Tensor t = *this;
-  t.shape_ = Shape(std::move(d));
+  t.set_shape(Shape(std::move(d)), strides_);
   t.data_ =
-      static_cast<char*>(data_) + begin * row_elems * static_cast<int64_t>(dtype_size(dtype_));
+      static_cast<char*>(data_) + begin * strides_[0] * static_cast<int64_t>(dtype_size(dtype_));
+  return t;
+}
+
+Tensor Tensor::cols(int64_t begin, int64_t end) const {
+  MT_CHECK(ndim() >= 2 && 0 <= begin && begin <= end && end <= dim(-1), ShapeError, "cols [", begin,
+           ",", end, ") out of ", shape_);
+  std::vector<int64_t> d = shape_.dims();
+  d.back() = end - begin;
+  Tensor t = *this;
+  t.set_shape(Shape(std::move(d)), strides_);
+  t.data_ = static_cast<char*>(data_) +
+            begin * strides_.back() * static_cast<int64_t>(dtype_size(dtype_));
   return t;
 }
 
 void Tensor::zero_() {
-  zero_bytes(data_, device_, bytes());
+  if (contiguous_) {
+    zero_bytes(data_, device_, bytes());
+    return;
+  }
+  MT_CHECK(device_ == Device::CPU, ValueError, "zero_ of a strided view on ", device_name(device_));
+  const auto es = static_cast<int64_t>(dtype_size(dtype_));
+  const int64_t n = ndim() ? dim(-1) : 1, s = ndim() ? stride(-1) : 1;
+  char* base = static_cast<char*>(data_);
+  for_each_row(shape_, strides_, strides_, [&](int64_t o, int64_t) {
+    for (int64_t i = 0; i < n; ++i) std::memset(base + (o + i * s) * es, 0, es);
+  });
 }
 
 void Tensor::copy_from(const Tensor& src) {
   MT_CHECK(src.numel() == numel(), ShapeError, "copy ", src.shape(), " into ", shape_);
-  if (src.dtype() == dtype_) {
-    copy_bytes(data_, device_, src.raw(), src.device(), bytes());
-  } else if (src.device() != Device::CPU || device_ != Device::CPU) {
-    // Conversions run on the host; a GPU tensor converts through a host copy first.
-    Tensor host_src = src.device() == Device::CPU ? src : src.to(Device::CPU);
-    Tensor host_dst = device_ == Device::CPU ? *this : Tensor::empty(shape_, dtype_);
-    host_dst.copy_from(host_src);
-    if (device_ != Device::CPU) copy_bytes(data_, device_, host_dst.raw(), Device::CPU, bytes());
-  } else if (src.dtype() == DType::BF16 && dtype_ == DType::F32) {
-    const uint16_t* s = src.bf16();
-    float* d = f32();
-    for (int64_t i = 0; i < numel(); ++i) d[i] = bf16_to_f32(s[i]);
-  } else if (src.dtype() == DType::F32 && dtype_ == DType::BF16) {
-    const float* s = src.f32();
-    uint16_t* d = bf16();
-    for (int64_t i = 0; i < numel(); ++i) d[i] = f32_to_bf16(s[i]);
-  } else {
-    MT_THROW(ShapeError, "no conversion from ", dtype_name(src.dtype()), " to ",
-             dtype_name(dtype_));
+  const bool same = src.dtype() == dtype_;
+  MT_CHECK(same || (src.dtype() == DType::BF16 && dtype_ == DType::F32) ||
+               (src.dtype() == DType::F32 && dtype_ == DType::BF16),
+           ShapeError, "no conversion from ", dtype_name(src.dtype()), " to ", dtype_name(dtype_));
+  if (contiguous_ && src.is_contiguous()) {
+    // Any shape with the same element count (a flat copy), as before views had strides.
+    if (same) {
+      copy_bytes(data_, device_, src.raw(), src.device(), bytes());
+    } else if (src.device() != Device::CPU || device_ != Device::CPU) {
+      // Conversions run on the host; a GPU tensor converts through a host copy first.
+      Tensor host_src = src.device() == Device::CPU ? src : src.to(Device::CPU);
+      Tensor host_dst = device_ == Device::CPU ? *this : Tensor::empty(shape_, dtype_);
+      host_dst.copy_from(host_src);
+      if (device_ != Device::CPU) copy_bytes(data_, device_, host_dst.raw(), Device::CPU, bytes());
+    } else if (dtype_ == DType::F32) {
+      const uint16_t* s = src.bf16();
+      float* d = f32();
+      for (int64_t i = 0; i < numel(); ++i) d[i] = bf16_to_f32(s[i]);
+    } else {
+      const float* s = src.f32();
+      uint16_t* d = bf16();
+      for (int64_t i = 0; i < numel(); ++i) d[i] = f32_to_bf16(s[i]);
+    }
+    return;
   }
+  MT_CHECK(device_ == Device::CPU && src.device() == Device::CPU, ValueError, "strided copy from ",
+           device_name(src.device()), " to ", device_name(device_),
+           ": only host views copy here (ops::copy is the device path)");
+  MT_CHECK(src.shape() == shape_, ShapeError, "strided copy of ", src.shape(), " into ", shape_);
+  const int64_t n = ndim() ? dim(-1) : 1;
+  const int64_t ss = ndim() ? src.stride(-1) : 1, ds = ndim() ? stride(-1) : 1;
+  const auto es = static_cast<int64_t>(dtype_size(dtype_));
+  const auto ses = static_cast<int64_t>(dtype_size(src.dtype()));
+  const char* sb = static_cast<const char*>(src.raw());
+  char* db = static_cast<char*>(data_);
+  for_each_row(shape_, src.strides(), strides_, [&](int64_t so, int64_t dof) {
+    for (int64_t i = 0; i < n; ++i) {
+      const char* from = sb + (so + i * ss) * ses;
+      char* to = db + (dof + i * ds) * es;
+      if (same) {
+        std::memcpy(to, from, static_cast<size_t>(es));
+      } else if (dtype_ == DType::F32) {
+        uint16_t v;
+        std::memcpy(&v, from, sizeof v);
+        const float f = bf16_to_f32(v);
+        std::memcpy(to, &f, sizeof f);
+      } else {
+        float f;
+        std::memcpy(&f, from, sizeof f);
+        const uint16_t v = f32_to_bf16(f);
+        std::memcpy(to, &v, sizeof v);
+      }
+    }
+  });
 }
 
 Tensor Tensor::to(Device device) const {
@@ -104,6 +227,12 @@ Tensor Tensor::clone() const {
 }
 
 void expect_shape(const Tensor& t, const Shape& want, const char* what) {
+  MT_CHECK(t.shape() == want, ShapeError, what, " has shape ", t.shape(), ", expected ", want);
+  MT_CHECK(t.is_contiguous(), ShapeError, what, " is a strided view ", t.shape(), " (strides ",
+           Shape(t.strides()), "); this op needs contiguous memory");
+}
+
+void expect_dims(const Tensor& t, const Shape& want, const char* what) {
   MT_CHECK(t.shape() == want, ShapeError, what, " has shape ", t.shape(), ", expected ", want);
 }
 

@@ -103,7 +103,7 @@ void Decoder::step(Context& ctx, const Tensor& ids, Tensor& logits) {
   ops::rmsnorm_forward(ctx, np, h, weight(model_, "model.norm.weight"), normed, rstd);
   const Tensor& head =
       weight(model_, cfg.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
-  ops::gemm(ctx, false, true, n, V, d, 1.f, normed.f32(), d, head.f32(), d, 0.f, logits.f32(), V);
+  ops::matmul(ctx, normed, false, head, true, logits);
   pos_ += n;
   rows_ += n;
 }

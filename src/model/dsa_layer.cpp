@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "ops/elementwise.h"
 #include "ops/indexer.h"
 #include "ops/norm.h"
 #include "ops/rope.h"
@@ -104,11 +105,7 @@ void DsaLayer::select_keys(Context& ctx, const SeqInfo& seq, const Tensor& x, Ar
   }
   wts_ = acts.alloc({T, HI});
   weights_proj_.forward(ctx, x, wts_, acts);
-  {
-    float* w = wts_.f32();
-    const float s = weight_scale();
-    for (int64_t i = 0; i < T * HI; ++i) w[i] *= s;
-  }
+  ops::scale(ctx, wts_, weight_scale(), wts_);
 
   if (dcfg_.dense_warmup) {
     ops::causal_indices(seq, idx_);
@@ -150,11 +147,7 @@ void DsaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
   Tensor dqi = ws.alloc({T, HI, DI}), dkn = ws.alloc({T, DI}), dw = ws.alloc({T, HI});
   ops::indexer_scores_backward(ctx, {.tokens = T, .heads = HI, .head_dim = DI, .kmax = slots},
                                qi_.view({T, HI, DI}), kn_, wts_, idx_, dscores, dqi, dkn, dw);
-  {
-    float* p = dw.f32();
-    const float s = weight_scale();
-    for (int64_t i = 0; i < T * HI; ++i) p[i] *= s;
-  }
+  ops::scale(ctx, dw, weight_scale(), dw);
   // The indexer's inputs are detached: its projections get weight gradients only.
   Tensor none;
   weights_proj_.backward(ctx, dw, none);

@@ -4,6 +4,7 @@
 
 #include "ops/activation.h"
 #include "ops/conv1d.h"
+#include "ops/elementwise.h"
 #include "ops/kda_gate.h"
 #include "ops/norm.h"
 
@@ -188,11 +189,7 @@ void KdaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
     ArenaScope scope(ctx.workspace());
     Tensor braw = ctx.workspace().alloc({T, H});
     b_proj_.forward(ctx, x, braw, acts);
-    const float* pr = braw.f32();
-    float* pb = beta_.f32();
-    const int64_t n = T * H;
-#pragma omp parallel for num_threads(ctx.threads()) schedule(static)
-    for (int64_t i = 0; i < n; ++i) pb[i] = ops::sigmoidf(pr[i]);
+    ops::sigmoid_forward(ctx, braw, beta_);
   }
 
   // The delta-rule core, every document from a zero state.
@@ -257,12 +254,7 @@ void KdaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
   // beta = sigmoid(b_proj x).
   {
     Tensor dbraw = ws.alloc({T, H});
-    const float* pb = beta_.f32();
-    const float* pd = dbeta.f32();
-    float* pr = dbraw.f32();
-    const int64_t n = T * H;
-#pragma omp parallel for num_threads(ctx.threads()) schedule(static)
-    for (int64_t i = 0; i < n; ++i) pr[i] = pd[i] * pb[i] * (1.f - pb[i]);
+    ops::sigmoid_backward(ctx, beta_, dbeta, dbraw);
     b_proj_.backward(ctx, dbraw, dx, true);
   }
 

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "ops/activation.h"
+#include "ops/elementwise.h"
 #include "ops/norm.h"
 #include "ops/rope.h"
 
@@ -169,15 +170,10 @@ void MlaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
   kv_a_.forward(ctx, x, ckv, acts);
   c_ = acts.alloc({T, kvr});
   Tensor kpe = ws.alloc({T, 1, rope});
-  {
-    const float* s = ckv.f32();
-    float* pc = c_.f32();
-    float* pk = kpe.f32();
-    for (int64_t t = 0; t < T; ++t) {
-      for (int64_t i = 0; i < kvr; ++i) pc[t * kvr + i] = s[t * (kvr + rope) + i];
-      for (int64_t i = 0; i < rope; ++i) pk[t * rope + i] = s[t * (kvr + rope) + kvr + i];
-    }
-  }
+  Tensor kpe2 = kpe.view({T, rope});
+  // The norm and RoPE need dense rows, so the two parts of the fused latent are copied out.
+  ops::copy(ctx, ckv.cols(0, kvr), c_);
+  ops::copy(ctx, ckv.cols(kvr, kvr + rope), kpe2);
   kv_rstd_ = acts.alloc({T});
   cn_ = acts.alloc({T, kvr});
   ops::rmsnorm_forward(ctx, {.rows = T, .dim = kvr, .eps = cfg_.norm_eps}, c_, kv_norm_.value, cn_,
@@ -195,21 +191,15 @@ void MlaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
                                 .scaling = cfg_.rope_scaling};
     ops::rope_forward(ctx, krope, seq.positions, kpe, kpe);
   }
+  // k = [k_nope | the shared rotary key on every head], v: column views of kv_b's output.
   k_ = acts.alloc({T, H, Dqk});
   v_ = acts.alloc({T, H, Dv});
   {
-    const float* pkv = kv.f32();
-    const float* pk = kpe.f32();
-    float* kk = k_.f32();
-    float* vv = v_.f32();
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t h = 0; h < H; ++h) {
-        const float* src = pkv + (t * H + h) * (nope + Dv);
-        float* kr = kk + (t * H + h) * Dqk;
-        for (int64_t i = 0; i < nope; ++i) kr[i] = src[i];
-        for (int64_t i = 0; i < rope; ++i) kr[nope + i] = pk[t * rope + i];
-        for (int64_t i = 0; i < Dv; ++i) vv[(t * H + h) * Dv + i] = src[nope + i];
-      }
+    const Tensor kv3 = kv.view({T, H, nope + Dv});
+    Tensor k_nope = k_.cols(0, nope), k_rope = k_.cols(nope, Dqk);
+    ops::copy(ctx, kv3.cols(0, nope), k_nope);
+    ops::expand_heads_forward(ctx, kpe2, k_rope);
+    ops::copy(ctx, kv3.cols(nope, nope + Dv), v_);
   }
 
   // Attention over the selected keys.
@@ -269,31 +259,17 @@ void MlaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
   // Keys/values back to the latent: per-head parts to kv_b, the shared rotary key summed.
   Tensor dkv = ws.alloc({T, H * (nope + Dv)});
   Tensor dckv = ws.alloc({T, kvr + rope});
+  Tensor dkpe = ws.alloc({T, 1, rope});
+  Tensor dkpe2 = dkpe.view({T, rope});
   {
-    const float* pdk = dk.f32();
-    const float* pdv = dv.f32();
-    float* pkv = dkv.f32();
-    float* pck = dckv.f32();
-    for (int64_t t = 0; t < T; ++t) {
-      float* kpe = pck + t * (kvr + rope) + kvr;
-      for (int64_t i = 0; i < rope; ++i) kpe[i] = 0.f;
-      for (int64_t h = 0; h < H; ++h) {
-        const float* kr = pdk + (t * H + h) * Dqk;
-        float* dst = pkv + (t * H + h) * (nope + Dv);
-        for (int64_t i = 0; i < nope; ++i) dst[i] = kr[i];
-        for (int64_t i = 0; i < Dv; ++i) dst[nope + i] = pdv[(t * H + h) * Dv + i];
-        for (int64_t i = 0; i < rope; ++i) kpe[i] += kr[nope + i];
-      }
-    }
+    Tensor dkv3 = dkv.view({T, H, nope + Dv});
+    Tensor dk_nope = dkv3.cols(0, nope), dv_part = dkv3.cols(nope, nope + Dv);
+    ops::copy(ctx, dk.cols(0, nope), dk_nope);
+    ops::copy(ctx, dv, dv_part);
+    ops::expand_heads_backward(ctx, dk.cols(nope, Dqk), dkpe2);
   }
   const bool rotate = cfg_.use_rope && rope > 0;
   if (rotate) {
-    // The rotary key lives inside dckv's rows; rotate it through a contiguous copy.
-    Tensor dkpe = ws.alloc({T, 1, rope});
-    float* p = dkpe.f32();
-    float* pck = dckv.f32();
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t i = 0; i < rope; ++i) p[t * rope + i] = pck[t * (kvr + rope) + kvr + i];
     const ops::RopeParams krope{.tokens = T,
                                 .heads = 1,
                                 .head_dim = rope,
@@ -303,8 +279,10 @@ void MlaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
                                 .style = cfg_.rope_style,
                                 .scaling = cfg_.rope_scaling};
     ops::rope_backward(ctx, krope, seq.positions, dkpe, dkpe);
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t i = 0; i < rope; ++i) pck[t * (kvr + rope) + kvr + i] = p[t * rope + i];
+  }
+  {
+    Tensor part = dckv.cols(kvr, kvr + rope);
+    ops::copy(ctx, dkpe2, part);
   }
   Tensor dcn = ws.alloc({T, kvr});
   kv_b_.backward(ctx, dkv, dcn);
@@ -312,10 +290,8 @@ void MlaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
   ops::rmsnorm_backward(ctx, {.rows = T, .dim = kvr, .eps = cfg_.norm_eps}, c_, kv_norm_.value,
                         kv_rstd_, dcn, dc, kv_norm_.grad);
   {
-    const float* p = dc.f32();
-    float* pck = dckv.f32();
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t i = 0; i < kvr; ++i) pck[t * (kvr + rope) + i] = p[t * kvr + i];
+    Tensor part = dckv.cols(0, kvr);
+    ops::copy(ctx, dc, part);
   }
   kv_a_.backward(ctx, dckv, dx, dx_written);
   dx_written = true;

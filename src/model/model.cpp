@@ -8,6 +8,7 @@
 #include "model/mla_layer.h"
 #include "model/moe_layer.h"
 #include "ops/cross_entropy.h"
+#include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/norm.h"
 
@@ -21,14 +22,6 @@ std::string layer_prefix(size_t i) {
 
 ParamSpec ones(const std::string& name, int64_t n) {
   return ParamSpec{.name = name, .shape = {n}, .init = ParamInit::Ones};
-}
-
-void add_vec(Context& ctx, const Tensor& a, Tensor& acc) {
-  const float* pa = a.f32();
-  float* pc = acc.f32();
-  const int64_t n = a.numel();
-#pragma omp parallel for num_threads(ctx.threads()) schedule(static)
-  for (int64_t i = 0; i < n; ++i) pc[i] += pa[i];
 }
 
 }  // namespace
@@ -161,14 +154,14 @@ void Model::layer_forward(Context& ctx, size_t i, Arena& la, Tensor& out) {
   ops::rmsnorm_forward(ctx, np, resid_[i], norm_in_[i].value, normed_in_[i], rstd_in_[i]);
   Tensor m = la.alloc({T, d});
   mixers_[i]->forward(ctx, seq_, normed_in_[i], m, la);
-  add_vec(ctx, resid_[i], m);  // m becomes the residual after the mixer
+  ops::add_into(ctx, resid_[i], m);  // m becomes the residual after the mixer
   mid_[i] = m;
   normed_post_[i] = la.alloc({T, d});
   rstd_post_[i] = la.alloc({T});
   ops::rmsnorm_forward(ctx, np, mid_[i], norm_post_[i].value, normed_post_[i], rstd_post_[i]);
   out = la.alloc({T, d});
   ffns_[i]->forward(ctx, seq_, normed_post_[i], out, la);
-  add_vec(ctx, mid_[i], out);
+  ops::add_into(ctx, mid_[i], out);
 }
 
 double Model::forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const Tensor& targets) {
@@ -263,12 +256,12 @@ void Model::backward(Context& ctx) {
     ffns_[i]->backward(ctx, seq_, dresid, dnormed);
     ops::rmsnorm_backward(ctx, np, mid_[i], norm_post_[i].value, rstd_post_[i], dnormed, dtmp,
                           norm_post_[i].grad);
-    add_vec(ctx, dtmp, dresid);
+    ops::add_into(ctx, dtmp, dresid);
     // mid = resid[i] + mixer(norm(resid[i]))
     mixers_[i]->backward(ctx, seq_, dresid, dnormed);
     ops::rmsnorm_backward(ctx, np, resid_[i], norm_in_[i].value, rstd_in_[i], dnormed, dtmp,
                           norm_in_[i].grad);
-    add_vec(ctx, dtmp, dresid);
+    ops::add_into(ctx, dtmp, dresid);
     if (hooks_) hooks_->after_backward(unit);
   }
   if (hooks_) hooks_->before_backward(0);

@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "ops/activation.h"
+#include "ops/elementwise.h"
+#include "ops/expert_load.h"
 #include "ops/gemm.h"
 #include "ops/moe_dispatch.h"
 
@@ -235,8 +237,7 @@ void MoeLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
   x_ = x;
 
   logits_ = acts.alloc({T, E});
-  ops::gemm(ctx, false, true, T, E, d, 1.f, x.f32(), d, gate_.value.f32(), d, 0.f, logits_.f32(),
-            E);
+  ops::matmul(ctx, x, false, gate_.value, true, logits_);
   scores_ = acts.alloc({T, E});
   ids_ = acts.alloc({T, K}, DType::I32);
   weights_ = acts.alloc({T, K});
@@ -282,20 +283,20 @@ void MoeLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
   perm_ = acts.alloc({N}, DType::I32);
   inv_ = acts.alloc({N}, DType::I32);
   offsets_ = acts.alloc({E + 1}, DType::I32);
+  Tensor load(load_.data(), {E}, DType::I64);
   if (slot_of_.empty()) {
     ops::moe_dispatch_plan(ctx, ids_, E, perm_, inv_, offsets_);
-    for (int64_t e = 0; e < E; ++e) load_[e] += offsets_.i32()[e + 1] - offsets_.i32()[e];
+    ops::expert_load_count(ctx, offsets_, Tensor(), load);
   } else {
     // The plan sorts by the ids it is given: sort by slot, then restore the logical ids that
     // backward (router, aux loss) reads. The sort is stable, so each expert's rows keep their
     // order and its GEMM sees the same rows wherever it lives.
-    int32_t* id = ids_.i32();
-    for (int64_t i = 0; i < N; ++i) id[i] = slot_of_[static_cast<size_t>(id[i])];
+    const Tensor slot_of(slot_of_.data(), {E}, DType::I32);
+    const Tensor expert_at(expert_at_.data(), {E}, DType::I32);
+    ops::map_ids(ctx, ids_, slot_of);
     ops::moe_dispatch_plan(ctx, ids_, E, perm_, inv_, offsets_);
-    for (int64_t i = 0; i < N; ++i) id[i] = expert_at_[static_cast<size_t>(id[i])];
-    for (int64_t s = 0; s < E; ++s)
-      load_[static_cast<size_t>(expert_at_[static_cast<size_t>(s)])] +=
-          offsets_.i32()[s + 1] - offsets_.i32()[s];
+    ops::map_ids(ctx, ids_, expert_at);
+    ops::expert_load_count(ctx, offsets_, expert_at, load);
   }
 
   if (has_latent()) {
@@ -332,11 +333,7 @@ void MoeLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
     ArenaScope scope(ctx.workspace());
     Tensor ys = ctx.workspace().alloc({T, d});
     shared_down_.forward(ctx, sh_h_, ys, acts);
-    float* py = y.f32();
-    const float* ps = ys.f32();
-    const int64_t n = T * d;
-#pragma omp parallel for num_threads(ctx.threads()) schedule(static)
-    for (int64_t i = 0; i < n; ++i) py[i] += ps[i];
+    ops::add_into(ctx, ys, y);
   }
 }
 
@@ -394,11 +391,8 @@ void MoeLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
                                  dlogits);
   if (cfg_.z_loss_coeff != 0.f)
     ops::router_z_loss_backward(ctx, rp, logits_, cfg_.z_loss_coeff, dlogits);
-  if (gate_.trainable())
-    ops::gemm(ctx, true, false, E, d, T, 1.f, dlogits.f32(), E, x_.f32(), d, 1.f, gate_.grad.f32(),
-              d);
-  ops::gemm(ctx, false, false, T, d, E, 1.f, dlogits.f32(), E, gate_.value.f32(), d, 1.f, dx.f32(),
-            d);
+  if (gate_.trainable()) ops::matmul(ctx, dlogits, true, x_, false, gate_.grad, 1.f, 1.f);
+  ops::matmul(ctx, dlogits, false, gate_.value, false, dx, 1.f, 1.f);
 }
 
 std::vector<AuxLoss> MoeLayer::aux_losses() const {

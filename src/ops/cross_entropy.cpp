@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/arena.h"
+#include "ops/cpu/gemm.h"
 #include "ops/gemm.h"
 
 namespace mt::ops {
@@ -34,8 +35,8 @@ int64_t check_args(const CrossEntropyParams& p, const Tensor& h, const Tensor& w
 // logits[rows, vocab] = h[t0 : t0 + rows] w^T.
 void chunk_logits(Context& ctx, const CrossEntropyParams& p, const Tensor& h, const Tensor& w,
                   int64_t t0, int64_t rows, float* logits) {
-  gemm(ctx, false, true, rows, p.vocab, p.hidden, 1.f, h.f32() + t0 * p.hidden, p.hidden, w.f32(),
-       p.hidden, 0.f, logits, p.vocab);
+  cpu::gemm(ctx, false, true, rows, p.vocab, p.hidden, 1.f, h.f32() + t0 * p.hidden, p.hidden,
+            w.f32(), p.hidden, 0.f, logits, p.vocab);
 }
 
 }  // namespace
@@ -109,9 +110,9 @@ void lm_head_cross_entropy_backward(Context& ctx, const CrossEntropyParams& p, c
       for (int64_t v = 0; v < V; ++v) gr[v] = scale * std::exp(gr[v] - l);
       gr[tg[t]] -= scale;
     }
-    gemm(ctx, false, false, rows, D, V, 1.f, g, V, w.f32(), D, 0.f, dh.f32() + t0 * D, D);
+    cpu::gemm(ctx, false, false, rows, D, V, 1.f, g, V, w.f32(), D, 0.f, dh.f32() + t0 * D, D);
     if (want_dw)
-      gemm(ctx, true, false, V, D, rows, 1.f, g, V, h.f32() + t0 * D, D, 1.f, dw.f32(), D);
+      cpu::gemm(ctx, true, false, V, D, rows, 1.f, g, V, h.f32() + t0 * D, D, 1.f, dw.f32(), D);
   }
 }
 

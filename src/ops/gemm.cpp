@@ -1,36 +1,30 @@
 #include "ops/gemm.h"
 
-#include <cblas.h>
+#include "ops/cpu/gemm.h"
 
 namespace mt::ops {
 
-void gemm(Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-          const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-          int64_t ldc) {
-  MT_CHECK(ctx.device() == Device::CPU, ValueError, "gemm: CPU path called on ",
-           device_name(ctx.device()));
-  if (m == 0 || n == 0) return;
-  if (k == 0) {  // BLAS may skip the beta scaling when k == 0; do it ourselves
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
-    return;
-  }
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
-              static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
-              c, static_cast<int>(ldc));
+void expect_matrix(const Tensor& t, const char* op, const char* what) {
+  MT_CHECK(t.ndim() == 2 && t.dtype() == DType::F32, ShapeError, op, ": ", what,
+           " must be a 2-D f32 matrix, got ", t.shape(), " ", dtype_name(t.dtype()));
+  MT_CHECK(t.dim(1) <= 1 || t.stride(1) == 1, ShapeError, op, ": ", what, " ", t.shape(),
+           " has column stride ", t.stride(1), "; rows must be dense");
+  MT_CHECK(t.dim(0) <= 1 || t.stride(0) >= t.dim(1), ShapeError, op, ": ", what, " ", t.shape(),
+           " has row stride ", t.stride(0), " shorter than a row");
 }
 
 void matmul(Context& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
             float alpha, float beta) {
-  MT_CHECK(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2, ShapeError,
-           "matmul needs 2-D tensors, got ", a.shape(), " ", b.shape(), " ", c.shape());
-  int64_t m = trans_a ? a.dim(1) : a.dim(0), k = trans_a ? a.dim(0) : a.dim(1);
-  int64_t kb = trans_b ? b.dim(1) : b.dim(0), n = trans_b ? b.dim(0) : b.dim(1);
+  expect_matrix(a, "matmul", "A");
+  expect_matrix(b, "matmul", "B");
+  expect_matrix(c, "matmul", "C");
+  const int64_t m = trans_a ? a.dim(1) : a.dim(0), k = trans_a ? a.dim(0) : a.dim(1);
+  const int64_t kb = trans_b ? b.dim(1) : b.dim(0), n = trans_b ? b.dim(0) : b.dim(1);
   MT_CHECK(k == kb && c.dim(0) == m && c.dim(1) == n, ShapeError, "matmul shapes ", a.shape(),
            trans_a ? "^T" : "", " x ", b.shape(), trans_b ? "^T" : "", " -> ", c.shape());
-  gemm(ctx, trans_a, trans_b, m, n, k, alpha, a.f32(), a.dim(1), b.f32(), b.dim(1), beta, c.f32(),
-       c.dim(1));
+  MT_CHECK(a.device() == c.device() && b.device() == c.device(), ValueError, "matmul operands on ",
+           device_name(a.device()), ", ", device_name(b.device()), ", ", device_name(c.device()));
+  cpu::matmul(ctx, a, trans_a, b, trans_b, c, alpha, beta);
 }
 
 }  // namespace mt::ops

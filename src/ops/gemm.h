@@ -1,22 +1,22 @@
-// Matrix multiply on the CPU through BLAS (row-major). This is the one place that calls cblas;
-// ops use it instead of writing their own loops for anything larger than a tile.
+// Matrix multiply on tensors: the one GEMM entry of the engine. The CPU path goes through BLAS
+// (ops/cpu/gemm.h holds the raw-pointer call, for CPU kernels only); a CUDA path slots in behind
+// the same signature.
 #pragma once
-
-#include <cstdint>
 
 #include "core/context.h"
 #include "core/tensor.h"
 
 namespace mt::ops {
 
-// C[M,N] = alpha * op(A) * op(B) + beta * C, row-major, op(X) = X or X^T.
-// A is [M,K] (or [K,M] when trans_a), B is [K,N] (or [N,K] when trans_b).
-void gemm(Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-          const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-          int64_t ldc);
-
-// Tensor form for 2-D operands: C = alpha * op(A) op(B) + beta * C, with shapes checked.
+// C = alpha * op(A) op(B) + beta * C on 2-D f32 tensors, op(X) = X or X^T: A is [M,K] (or [K,M]
+// when trans_a), B is [K,N] (or [N,K] when trans_b), C is [M,N]. Operands may be row-strided
+// views (rows()/cols() of a larger matrix): the leading dimensions come from stride(0); the
+// elements of a row must be adjacent (stride(1) == 1).
 void matmul(Context& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
             float alpha = 1.0f, float beta = 0.0f);
+
+// Throws ShapeError naming `op` and `what` unless t is a 2-D f32 matrix whose rows are dense
+// (stride(1) == 1), which is what a BLAS-style leading dimension can describe.
+void expect_matrix(const Tensor& t, const char* op, const char* what);
 
 }  // namespace mt::ops

@@ -36,6 +36,63 @@ TEST(Core, ViewsAndRowsShareMemory) {
   EXPECT_THROW(t.rows(3, 5), ShapeError);
 }
 
+TEST(Core, ColumnViewsAreStridedAndShareMemory) {
+  Tensor t = Tensor::empty({4, 5});
+  for (int i = 0; i < 20; ++i) t.f32()[i] = static_cast<float>(i);
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_EQ(t.strides(), (std::vector<int64_t>{5, 1}));
+  Tensor c = t.cols(1, 4);
+  EXPECT_EQ(c.shape(), Shape({4, 3}));
+  EXPECT_EQ(c.stride(0), 5);
+  EXPECT_EQ(c.stride(1), 1);
+  EXPECT_FALSE(c.is_contiguous());
+  EXPECT_EQ(c.f32_strided()[2 * c.stride(0) + 1], 12.0f);
+  // Raw access, reshaping and dense-only ops refuse a strided view.
+  EXPECT_THROW((void)c.f32(), ShapeError);
+  EXPECT_THROW(c.view({12}), ShapeError);
+  EXPECT_THROW(expect_shape(c, {4, 3}, "x"), ShapeError);
+  expect_dims(c, {4, 3}, "x");
+  // Rows of a column view keep its strides; every column is contiguous again.
+  Tensor rc = c.rows(1, 3);
+  EXPECT_EQ(rc.f32_strided()[0], 6.0f);
+  EXPECT_FALSE(rc.is_contiguous());
+  EXPECT_TRUE(t.cols(0, 5).is_contiguous());
+  EXPECT_TRUE(t.rows(2, 3).cols(1, 4).is_contiguous());  // a single row
+  EXPECT_THROW(t.cols(2, 6), ShapeError);
+  EXPECT_THROW(Tensor::empty({5}).cols(0, 1), ShapeError);
+  // 3-D: the last dimension is sliced, the outer strides stay.
+  Tensor u = Tensor::zeros({2, 3, 4}).cols(1, 3);
+  EXPECT_EQ(u.strides(), (std::vector<int64_t>{12, 4, 1}));
+}
+
+TEST(Core, CopyFromHandlesStridesOnBothSides) {
+  Rng rng(11);
+  Tensor a = Tensor::empty({6, 7}), b = Tensor::zeros({6, 9});
+  for (int64_t i = 0; i < a.numel(); ++i) a.f32()[i] = static_cast<float>(rng.normal());
+  Tensor dst = b.cols(5, 9);
+  dst.copy_from(a.cols(2, 6));  // strided -> strided
+  for (int64_t r = 0; r < 6; ++r)
+    for (int64_t c = 0; c < 9; ++c)
+      EXPECT_EQ(b.f32()[r * 9 + c], c >= 5 ? a.f32()[r * 7 + c - 3] : 0.0f) << r << "," << c;
+  Tensor dense = Tensor::empty({6, 4});
+  dense.copy_from(b.cols(5, 9));  // strided -> contiguous
+  EXPECT_EQ(dense.f32()[4 * 4 + 2], a.f32()[4 * 7 + 4]);
+  // f32 -> bf16 into a strided view, and back.
+  Tensor h = Tensor::zeros({6, 5}, DType::BF16);
+  Tensor hv = h.cols(1, 5);
+  hv.copy_from(dense);
+  Tensor back = Tensor::empty({6, 4});
+  back.copy_from(hv);
+  for (int64_t i = 0; i < back.numel(); ++i)
+    EXPECT_NEAR(back.f32()[i], dense.f32()[i], std::abs(dense.f32()[i]) * 4e-3);
+  EXPECT_EQ(h.bf16()[0], 0);  // untouched column
+  Tensor wrong = Tensor::empty({4, 6});
+  EXPECT_THROW(wrong.copy_from(b.cols(0, 4)), ShapeError);  // strided copies need equal shapes
+  b.cols(0, 5).zero_();
+  for (int64_t r = 0; r < 6; ++r) EXPECT_EQ(b.f32()[r * 9 + 5], a.f32()[r * 7 + 2]);
+  EXPECT_EQ(b.f32()[9 + 4], 0.0f);
+}
+
 TEST(Core, Bf16RoundTripIsWithinHalfUlp) {
   Rng rng(7);
   Tensor a = Tensor::empty({1000});

@@ -79,8 +79,8 @@ std::vector<float> full_logits(Context& ctx, Model& m, const SeqInfo& seq, const
   }
   ops::rmsnorm_forward(ctx, np, h, w(m, "model.norm.weight"), normed, rstd);
   std::vector<float> logits(static_cast<size_t>(T * V));
-  ops::gemm(ctx, false, true, T, V, d, 1.f, normed.f32(), d, w(m, "lm_head.weight").f32(), d, 0.f,
-            logits.data(), V);
+  Tensor out(logits.data(), {T, V}, DType::F32);
+  ops::matmul(ctx, normed, false, w(m, "lm_head.weight"), true, out);
   return logits;
 }
 

@@ -1,0 +1,37 @@
+// Grouped matmul: rows sorted by group (ops/moe_dispatch.h sorts token rows by expert), group g
+// owning rows [offsets[g], offsets[g+1]), one weight matrix per group in one tensor W [G, out, in].
+// It is the only way expert weights meet activations, so a GEMM is never called per expert from
+// outside the op (a CUDA path runs all groups in one launch). Three forms, per group g:
+//   XWt : C_g = alpha * A_g W_g^T + beta * C_g    A = X [N, in],   B = W [G, out, in], C [N, out]
+//   DyW : C_g = alpha * A_g W_g   + beta * C_g    A = dY [N, out], B = W [G, out, in], C [N, in]
+//   DytX: C_g = alpha * A_g^T B_g + beta * C_g    A = dY [N, out], B = X [N, in],  C = dW [G, out,
+//   in]
+// XWt is the forward, DyW the input gradient (written with beta = 0), DytX the weight gradient
+// (accumulated with beta = 1). An empty group leaves its rows alone and, in DytX, only scales its
+// C_g by beta. Row operands ([N, *]) may be row-strided views (cols() of a fused buffer); W / dW
+// are contiguous.
+#pragma once
+
+#include <cstdint>
+
+#include "core/context.h"
+#include "core/tensor.h"
+
+namespace mt::ops {
+
+enum class GroupedForm { XWt, DyW, DytX };
+
+struct GroupedMatmulParams {
+  GroupedForm form = GroupedForm::XWt;
+  float alpha = 1.f, beta = 0.f;
+};
+
+// offsets: i32 [G+1] in host memory (the routing plan's host copy), offsets[0] = 0,
+// non-decreasing, offsets[G] = N; G, N, in and out are read from the operands.
+void grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Tensor& a,
+                    const Tensor& offsets, const Tensor& b, Tensor& c);
+
+// Throws ValueError naming `op` unless offsets is a host i32 [groups+1] partition of [0, rows).
+void expect_group_offsets(const Tensor& offsets, int64_t groups, int64_t rows, const char* op);
+
+}  // namespace mt::ops
