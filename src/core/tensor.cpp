@@ -193,6 +193,12 @@ void Tensor::copy_from(const Tensor& src) {
   const auto ses = static_cast<int64_t>(dtype_size(src.dtype()));
   const char* sb = static_cast<const char*>(src.raw());
   char* db = static_cast<char*>(data_);
+  if (same && ss == 1 && ds == 1) {  // dense rows: one memcpy each
+    for_each_row(shape_, src.strides(), strides_, [&](int64_t so, int64_t dof) {
+      std::memcpy(db + dof * es, sb + so * ses, static_cast<size_t>(n * es));
+    });
+    return;
+  }
   for_each_row(shape_, src.strides(), strides_, [&](int64_t so, int64_t dof) {
     for (int64_t i = 0; i < n; ++i) {
       const char* from = sb + (so + i * ss) * ses;
