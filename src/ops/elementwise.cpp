@@ -1,6 +1,7 @@
 #include "ops/elementwise.h"
 
 #include "ops/cpu/elementwise.h"
+#include "ops/cuda/elementwise.h"
 
 namespace mt::ops {
 

@@ -1,6 +1,7 @@
 #include "ops/expert_load.h"
 
 #include "ops/cpu/expert_load.h"
+#include "ops/cuda/expert_load.h"
 
 namespace mt::ops {
 

@@ -1,6 +1,7 @@
 #include "ops/gemm.h"
 
 #include "ops/cpu/gemm.h"
+#include "ops/cuda/gemm.h"
 
 namespace mt::ops {
 

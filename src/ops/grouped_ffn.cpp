@@ -1,6 +1,7 @@
 #include "ops/grouped_ffn.h"
 
-#include "ops/activation.h"
+#include "ops/cpu/grouped_ffn.h"
+#include "ops/cuda/grouped_ffn.h"
 #include "ops/grouped_matmul.h"
 
 namespace mt::ops {
@@ -26,17 +27,6 @@ void check(const GroupedFfnParams& p, const Tensor& x, const Tensor& offsets,
     expect_shape(w.down_b, {E, l, r}, "experts.down_lora_B");
   }
   expect_group_offsets(offsets, E, p.rows, "grouped_ffn offsets");
-}
-
-// h = silu(gate) * up over all rows of the fused [rows, 2F] pre-activation.
-void swiglu_rows(Context& ctx, const float* gu, int64_t rows, int64_t F, float* h) {
-#pragma omp parallel for num_threads(ctx.threads()) schedule(static)
-  for (int64_t i = 0; i < rows; ++i) {
-    const float* g = gu + i * 2 * F;
-    const float* u = g + F;
-    float* o = h + i * F;
-    for (int64_t c = 0; c < F; ++c) o[c] = g[c] * sigmoidf(g[c]) * u[c];
-  }
 }
 
 constexpr GroupedMatmulParams kFwd{.form = GroupedForm::XWt};
@@ -89,7 +79,7 @@ void grouped_ffn_forward(Context& ctx, const GroupedFfnParams& p, const Tensor& 
 
   ArenaScope scope(ctx.workspace());
   Tensor h = ctx.workspace().alloc({N, F});
-  swiglu_rows(ctx, saved.gate_up.f32(), N, F, h.f32());
+  cpu::grouped_ffn_swiglu_forward(ctx, saved.gate_up, h);
 
   grouped_matmul(ctx, kFwd, h, offsets, w.down, y);
   if (r > 0) {
@@ -117,14 +107,13 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
   if (g_dna) expect_shape(grads.down_a, w.down_a.shape(), "grad experts.down_lora_A");
   if (g_dnb) expect_shape(grads.down_b, w.down_b.shape(), "grad experts.down_lora_B");
   const float s = p.lora_scale();
-  const float* pgu = saved.gate_up.f32();
 
   ArenaScope scope(ctx.workspace());
   Tensor h = ctx.workspace().alloc({N, F});
   Tensor dh = ctx.workspace().alloc({N, F});
   Tensor dgu = ctx.workspace().alloc({N, 2 * F});
   Tensor dr = ctx.workspace().alloc({N, r});
-  swiglu_rows(ctx, pgu, N, F, h.f32());
+  cpu::grouped_ffn_swiglu_forward(ctx, saved.gate_up, h);
 
   // Down projection: dH = dY Wd (+ LoRA path), grads of Wd and its adapter.
   grouped_matmul(ctx, kDx, dy, offsets, w.down, dh);
@@ -136,21 +125,7 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
     if (g_dna) grouped_matmul(ctx, kDw, dr, offsets, h, grads.down_a);
   }
 
-  const float* pdh = dh.f32();
-  float* pdgu = dgu.f32();
-#pragma omp parallel for num_threads(ctx.threads()) schedule(static)
-  for (int64_t i = 0; i < N; ++i) {
-    const float* g = pgu + i * 2 * F;
-    const float* u = g + F;
-    const float* d = pdh + i * F;
-    float* dg = pdgu + i * 2 * F;
-    float* du = dg + F;
-    for (int64_t c = 0; c < F; ++c) {
-      const float sg = sigmoidf(g[c]);
-      du[c] = d[c] * g[c] * sg;
-      dg[c] = d[c] * u[c] * sg * (1.0f + g[c] * (1.0f - sg));
-    }
-  }
+  cpu::grouped_ffn_swiglu_backward(ctx, saved.gate_up, dh, dgu);
 
   // Gate/up projection: dX = dGU Wgu (+ LoRA path), grads of Wgu and its adapter.
   grouped_matmul(ctx, kDx, dgu, offsets, w.gate_up, dx);

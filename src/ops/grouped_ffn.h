@@ -1,5 +1,5 @@
 // Routed SwiGLU experts over rows already sorted by expert (ops/moe_dispatch.h): expert e owns
-// rows [offsets[e], offsets[e+1]) of x and computes, with one GEMM per projection and expert,
+// rows [offsets[e], offsets[e+1]) of x and computes, with one grouped_matmul per projection,
 //   gu = X_e Wgu_e^T,  h = silu(gu[:, :F]) * gu[:, F:],  y = h Wd_e^T.
 // Weights use the transformers-v5 fused layout: gate_up [E, 2F, in] (rows 0..F-1 gate, F..2F-1
 // up), down [E, in, F]. Optional per-expert LoRA (rank r, scale alpha / r) on both projections,

@@ -1,6 +1,7 @@
 #include "ops/grouped_matmul.h"
 
 #include "ops/cpu/grouped_matmul.h"
+#include "ops/cuda/grouped_matmul.h"
 #include "ops/gemm.h"
 
 namespace mt::ops {

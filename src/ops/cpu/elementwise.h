@@ -1,10 +1,11 @@
+// The CPU path of ops/elementwise.h: fp32 loops, OpenMP. Called by the entries after they
+// validated, so it does not re-check.
 #pragma once
 
 #include "ops/elementwise.h"
 
 namespace mt::ops::cpu {
 
-// The CPU bodies of ops/elementwise.h; shapes already checked.
 void add_into(Context& ctx, const Tensor& x, Tensor& acc);
 void scale(Context& ctx, const Tensor& x, float s, Tensor& y);
 void sigmoid_forward(Context& ctx, const Tensor& x, Tensor& y);

@@ -1,10 +1,11 @@
+// The CUDA path of ops/elementwise.h (src/ops/cuda/elementwise.cu). A plain C++ header: the entries
+// include it in every build and call it only in a MOETRAIN_WITH_CUDA one.
 #pragma once
 
 #include "ops/elementwise.h"
 
 namespace mt::ops::cuda {
 
-// CUDA path of ops/elementwise.h; declarations only.
 void add_into(Context& ctx, const Tensor& x, Tensor& acc);
 void scale(Context& ctx, const Tensor& x, float s, Tensor& y);
 void sigmoid_forward(Context& ctx, const Tensor& x, Tensor& y);

@@ -1,4 +1,5 @@
-// CUDA path of ops/gemm.h (cuBLASLt); declarations only, the kernels live in gemm.cu.
+// The CUDA path of ops/gemm.h (src/ops/cuda/gemm.cu). A plain C++ header: the entries include
+// it in every build and call it only in a MOETRAIN_WITH_CUDA one.
 #pragma once
 
 #include "core/context.h"

@@ -1,4 +1,5 @@
-// CUDA path of ops/grouped_matmul.h; declarations only.
+// The CUDA path of ops/grouped_matmul.h (src/ops/cuda/grouped_matmul.cu). A plain C++ header: the
+// entries include it in every build and call it only in a MOETRAIN_WITH_CUDA one.
 #pragma once
 
 #include "ops/grouped_matmul.h"

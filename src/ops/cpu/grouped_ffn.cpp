@@ -1,0 +1,41 @@
+#include "ops/cpu/grouped_ffn.h"
+
+#include "ops/activation.h"
+
+namespace mt::ops::cpu {
+
+void grouped_ffn_swiglu_forward(Context& ctx, const Tensor& gate_up, Tensor& h) {
+  const int64_t rows = h.dim(0), F = h.dim(1);
+  const float* gu = gate_up.f32();
+  float* ph = h.f32();
+#pragma omp parallel for num_threads(ctx.threads()) schedule(static)
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* g = gu + i * 2 * F;
+    const float* u = g + F;
+    float* o = ph + i * F;
+    for (int64_t c = 0; c < F; ++c) o[c] = g[c] * sigmoidf(g[c]) * u[c];
+  }
+}
+
+void grouped_ffn_swiglu_backward(Context& ctx, const Tensor& gate_up, const Tensor& dh,
+                                 Tensor& dgate_up) {
+  const int64_t N = dh.dim(0), F = dh.dim(1);
+  const float* pgu = gate_up.f32();
+  const float* pdh = dh.f32();
+  float* pdgu = dgate_up.f32();
+#pragma omp parallel for num_threads(ctx.threads()) schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    const float* g = pgu + i * 2 * F;
+    const float* u = g + F;
+    const float* d = pdh + i * F;
+    float* dg = pdgu + i * 2 * F;
+    float* du = dg + F;
+    for (int64_t c = 0; c < F; ++c) {
+      const float sg = sigmoidf(g[c]);
+      du[c] = d[c] * g[c] * sg;
+      dg[c] = d[c] * u[c] * sg * (1.0f + g[c] * (1.0f - sg));
+    }
+  }
+}
+
+}  // namespace mt::ops::cpu
