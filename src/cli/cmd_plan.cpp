@@ -21,7 +21,7 @@ struct PlanArgs {
   int64_t lora_rank = 16, expert_lora_rank = 0;
   float lora_alpha = 32.f;
   bool full = false, json = false, markdown = false;
-  std::string recompute, backend = "cuda";
+  std::string recompute, backend = "cuda", precision;
   int64_t keep = 8;
   double inter_gbps = 50;
 };
@@ -63,6 +63,9 @@ Command add_plan_command(CLI::App& app) {
   c->add_option("--backend", a->backend, "cuda (bf16 weights) or cpu (fp32)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cuda", "cpu"}));
+  c->add_option("--precision", a->precision,
+                "fp32 or bf16 (default: the backend's, bf16 on cuda, fp32 on cpu)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   c->add_option("--inter-gbps", a->inter_gbps, "inter-node bandwidth per device, GB/s")
       ->capture_default_str();
   c->add_option("--top", a->keep, "plans listed")->capture_default_str();
@@ -86,8 +89,9 @@ Command add_plan_command(CLI::App& app) {
             if (!a->recompute.empty()) o.recompute = plan::parse_recompute(a->recompute);
             o.keep = a->keep;
             o.memory.freeze_base = !a->full;
-            o.memory.dtype = q.backend == plan::Backend::Cpu ? plan::DtypePolicy::cpu_fp32()
-                                                             : plan::DtypePolicy::gpu_bf16();
+            o.memory.precision = !a->precision.empty()             ? parse_precision(a->precision)
+                                 : q.backend == plan::Backend::Cpu ? Precision::fp32()
+                                                                   : Precision::bf16();
             if (!a->full) {
               MT_CHECK(a->lora_rank > 0, ValueError,
                        "--lora-rank must be positive (use --full for full fine-tuning)");

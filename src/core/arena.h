@@ -17,16 +17,26 @@ inline size_t arena_footprint(size_t bytes) {
   return (bytes + kArenaAlign - 1) / kArenaAlign * kArenaAlign;
 }
 
-// Accumulates the footprint of a sequence of allocations.
+// Accumulates the footprint of a sequence of allocations. Every entry has a dtype: activations
+// take the plan's activation dtype (the precision policy's, model/precision.h), the places that
+// stay fp32 under every policy say so with add_fp32, and integer entries name their type.
 class ArenaPlan {
  public:
-  void add(const Shape& shape, DType dtype = DType::F32) {
+  explicit ArenaPlan(DType activations = DType::F32) : act_(activations) {}
+
+  // An activation, stored in the plan's activation dtype.
+  void add(const Shape& shape) { add(shape, act_); }
+  void add(const Shape& shape, DType dtype) {
     bytes_ += arena_footprint(static_cast<size_t>(shape.numel()) * dtype_size(dtype));
   }
+  // An entry that stays fp32 whatever the policy (statistics, recurrent state, router logits).
+  void add_fp32(const Shape& shape) { add(shape, DType::F32); }
   void add_bytes(size_t bytes) { bytes_ += arena_footprint(bytes); }
   size_t bytes() const { return bytes_; }
+  DType activations() const { return act_; }
 
  private:
+  DType act_;
   size_t bytes_ = 0;
 };
 

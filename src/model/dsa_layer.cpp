@@ -67,13 +67,13 @@ void DsaLayer::plan_selection(const SeqInfo& seq, ArenaPlan& plan) const {
   wq_b_.plan(T, plan);
   plan.add({T, DI});  // ki
   wk_.plan(T, plan);
-  plan.add({T});      // k_mean
-  plan.add({T});      // k_rstd
-  plan.add({T, DI});  // kn
-  plan.add({T, HI});  // wts
+  plan.add_fp32({T});  // k_mean
+  plan.add_fp32({T});  // k_rstd
+  plan.add({T, DI});   // kn
+  plan.add({T, HI});   // wts
   weights_proj_.plan(T, plan);
-  plan.add({T, index_slots(seq)});  // target
-  plan.add({T, index_slots(seq)});  // softmax
+  plan.add_fp32({T, index_slots(seq)});  // target distribution of the KL loss
+  plan.add_fp32({T, index_slots(seq)});  // softmax
 }
 
 void DsaLayer::select_keys(Context& ctx, const SeqInfo& seq, const Tensor& x, Arena& acts) {

@@ -102,19 +102,19 @@ void KdaLayer::plan_activations(const SeqInfo& seq, ArenaPlan& plan) const {
        {&q_proj_, &k_proj_, &v_proj_, &f_a_, &f_b_, &b_proj_, &g_a_, &g_b_, &o_proj_})
     m->plan(T, plan);
   for (int i = 0; i < 11; ++i) plan.add({T, HK});  // qp kp vp, qc kc vc, qs ks, q k v
-  plan.add({T * H});                               // q_rstd
-  plan.add({T * H});                               // k_rstd
+  plan.add_fp32({T * H});                          // q_rstd
+  plan.add_fp32({T * H});                          // k_rstd
   plan.add({T, K});                                // fa
   plan.add({T, HK});                               // graw
-  plan.add({T, HK});                               // g
+  plan.add_fp32({T, HK});                          // g (the decay, in log space)
   plan.add({T, H});                                // beta
   plan.add({T, HK});                               // o
-  plan.add({ops::kda_saved_rows(core_params(seq), seq.cu_seqlens), H, K, K});  // states
-  plan.add({T, HK});                                                           // on
-  plan.add({T * H});                                                           // o_rstd
-  plan.add({T, K});                                                            // ga
-  plan.add({T, HK});                                                           // gb
-  plan.add({T, HK});                                                           // og
+  plan.add_fp32({ops::kda_saved_rows(core_params(seq), seq.cu_seqlens), H, K, K});  // states
+  plan.add({T, HK});                                                                // on
+  plan.add_fp32({T * H});                                                           // o_rstd
+  plan.add({T, K});                                                                 // ga
+  plan.add({T, HK});                                                                // gb
+  plan.add({T, HK});                                                                // og
 }
 
 void KdaLayer::conv_silu_forward(Context& ctx, const SeqInfo& seq, const ParamRef& w,

@@ -104,7 +104,7 @@ void MlaLayer::plan_activations(const SeqInfo& seq, ArenaPlan& plan) const {
   if (cfg_.q_lora_rank > 0) {
     plan.add({T, cfg_.q_lora_rank});  // cq
     q_a_.plan(T, plan);
-    plan.add({T});                    // q_rstd
+    plan.add_fp32({T});               // q_rstd
     plan.add({T, cfg_.q_lora_rank});  // cqn
     q_b_.plan(T, plan);
   } else {
@@ -113,15 +113,15 @@ void MlaLayer::plan_activations(const SeqInfo& seq, ArenaPlan& plan) const {
   plan.add({T, H, qk_dim()});  // q
   kv_a_.plan(T, plan);
   plan.add({T, cfg_.kv_lora_rank});  // c
-  plan.add({T});                     // kv_rstd
+  plan.add_fp32({T});                // kv_rstd
   plan.add({T, cfg_.kv_lora_rank});  // cn
   kv_b_.plan(T, plan);
   plan.add({T, H, qk_dim()});  // k
   plan.add({T, H, Dv});        // v
   plan.add({T, index_slots(seq)}, DType::I32);
   plan_selection(seq, plan);
-  plan.add({T, H, Dv});  // o
-  plan.add({T, H});      // lse
+  plan.add({T, H, Dv});   // o
+  plan.add_fp32({T, H});  // lse
   if (cfg_.output_gate) {
     plan.add({T, H * Dv});  // g
     g_proj_.plan(T, plan);

@@ -24,6 +24,11 @@ ParamSpec ones(const std::string& name, int64_t n) {
   return ParamSpec{.name = name, .shape = {n}, .init = ParamInit::Ones};
 }
 
+std::vector<ParamSpec> stored_as(std::vector<ParamSpec> specs, const Precision& precision) {
+  for (ParamSpec& s : specs) s.dtype = param_dtype(s, precision);
+  return specs;
+}
+
 }  // namespace
 
 std::unique_ptr<Layer> make_mixer(const ModelConfig& cfg, MixerKind kind) {
@@ -43,7 +48,7 @@ std::unique_ptr<Layer> make_ffn(const ModelConfig& cfg, FfnKind kind) {
   return std::make_unique<MoeLayer>(cfg.moe);
 }
 
-std::vector<NamedSpec> model_param_specs(const ModelConfig& cfg) {
+std::vector<NamedSpec> model_param_specs(const ModelConfig& cfg, const Precision& precision) {
   std::vector<NamedSpec> out;
   out.push_back({"model.embed_tokens.weight",
                  {.name = "weight", .shape = {cfg.vocab, cfg.hidden}, .std = cfg.init_std}});
@@ -60,11 +65,12 @@ std::vector<NamedSpec> model_param_specs(const ModelConfig& cfg) {
   if (!cfg.tie_embeddings)
     out.push_back({"lm_head.weight",
                    {.name = "weight", .shape = {cfg.vocab, cfg.hidden}, .std = cfg.init_std}});
+  for (NamedSpec& s : out) s.spec.dtype = param_dtype(s.spec, precision);
   return out;
 }
 
 Model::Model(const ModelConfig& cfg, uint64_t seed, const ModelOptions& opt)
-    : cfg_(cfg), kernels_(opt.kernels), recompute_(opt.recompute) {
+    : cfg_(cfg), kernels_(opt.kernels), precision_(opt.precision), recompute_(opt.recompute) {
   MT_CHECK(kernels_.empty() || kernels_.size() == cfg.layers.size(), ConfigError,
            "model options name kernels for ", kernels_.size(), " layers, the model has ",
            cfg.layers.size());
@@ -76,7 +82,7 @@ Model::Model(const ModelConfig& cfg, uint64_t seed, const ModelOptions& opt)
   };
   auto single = [&](const std::string& name, const ParamSpec& s) {
     prefix = name.substr(0, name.size() - s.name.size());
-    return params_.add_layer(prefix, {s}, rng, trainable).at(s.name);
+    return params_.add_layer(prefix, stored_as({s}, precision_), rng, trainable).at(s.name);
   };
   embed_ = single("model.embed_tokens.weight",
                   {.name = "weight", .shape = {cfg.vocab, cfg.hidden}, .std = cfg.init_std});
@@ -87,12 +93,13 @@ Model::Model(const ModelConfig& cfg, uint64_t seed, const ModelOptions& opt)
     if (!kernels_.empty()) layer_cfg.kda.chunked = kernels_[i].kda == KdaImpl::Chunked;
     auto mixer = make_mixer(layer_cfg, cfg.layers[i].mixer);
     prefix = p + "self_attn.";
-    mixer->bind(params_.add_layer(prefix, mixer->param_specs(), rng, trainable));
+    mixer->bind(
+        params_.add_layer(prefix, stored_as(mixer->param_specs(), precision_), rng, trainable));
     mixers_.push_back(std::move(mixer));
     norm_post_.push_back(single(p + "post_attention_layernorm.weight", ones("weight", cfg.hidden)));
     auto ffn = make_ffn(cfg, cfg.layers[i].ffn);
     prefix = p + "mlp.";
-    ffn->bind(params_.add_layer(prefix, ffn->param_specs(), rng, trainable));
+    ffn->bind(params_.add_layer(prefix, stored_as(ffn->param_specs(), precision_), rng, trainable));
     ffns_.push_back(std::move(ffn));
   }
   final_norm_ = single("model.norm.weight", ones("weight", cfg.hidden));
@@ -105,12 +112,12 @@ Model::Model(const ModelConfig& cfg, uint64_t seed, const ModelOptions& opt)
 
 void Model::plan_layer(size_t i, const SeqInfo& seq, ArenaPlan& p) const {
   const Shape act{seq.tokens, cfg_.hidden}, row{seq.tokens};
-  p.add(act);  // normed input
-  p.add(row);
+  p.add(act);       // normed input
+  p.add_fp32(row);  // its rstd
   mixers_[i]->plan_activations(seq, p);
   p.add(act);  // mixer output, then residual after the mixer
   p.add(act);  // normed mid
-  p.add(row);
+  p.add_fp32(row);
   ffns_[i]->plan_activations(seq, p);
   p.add(act);  // ffn output, then the next residual
 }
@@ -125,15 +132,15 @@ void Model::plan(const SeqInfo& seq, ArenaPlan& p) const {
       plan_layer(i, seq, p);
   }
   p.add(act);  // final norm
-  p.add(row);
-  p.add(row);  // lse
+  p.add_fp32(row);
+  p.add_fp32(row);  // lse
 }
 
 size_t Model::scratch_bytes(const SeqInfo& seq) const {
   if (recompute_ != ActivationRecompute::Full) return 0;
   size_t most = 0;
   for (size_t i = 0; i < mixers_.size(); ++i) {
-    ArenaPlan p;
+    ArenaPlan p(precision_.activations);
     plan_layer(i, seq, p);
     most = std::max(most, p.bytes());
   }
@@ -141,7 +148,7 @@ size_t Model::scratch_bytes(const SeqInfo& seq) const {
 }
 
 size_t Model::activation_bytes(const SeqInfo& seq) const {
-  ArenaPlan p;
+  ArenaPlan p(precision_.activations);
   plan(seq, p);
   return p.bytes() + scratch_bytes(seq);
 }
@@ -168,7 +175,11 @@ double Model::forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const
   const int64_t T = seq.tokens, d = cfg_.hidden;
   expect_shape(ids, {T}, "input ids");
   expect_shape(targets, {T}, "targets");
-  ArenaPlan main_plan;
+  MT_CHECK(ctx.device() != Device::CPU || precision_ == Precision::fp32(), ConfigError,
+           "precision \"", precision_name(precision_),
+           "\" cannot run on the CPU: its ops compute and store fp32 only (set model.precision = "
+           "\"fp32\")");
+  ArenaPlan main_plan(precision_.activations);
   plan(seq, main_plan);
   const size_t need = main_plan.bytes(), scratch = scratch_bytes(seq);
   if (acts_.capacity() != need) acts_ = Arena(need, ctx.device(), "activations");

@@ -15,6 +15,7 @@
 #include "model/layer.h"
 #include "model/model_config.h"
 #include "model/param_store.h"
+#include "model/precision.h"
 
 namespace mt {
 
@@ -63,14 +64,19 @@ struct ModelOptions {
   ActivationRecompute recompute = ActivationRecompute::None;
   // Empty: every layer as its config says. Else one entry per layer.
   std::vector<LayerKernels> kernels;
+  // Storage dtypes of parameters and activations (model/precision.h). The store, the activation
+  // plan and the planner follow it; the CPU ops compute in fp32 only, so forward refuses any
+  // other policy on the CPU (a bf16 model can still be built, planned and checkpointed).
+  Precision precision = Precision::fp32();
 };
 
 // One parameter of a model as declared, without allocating it (for counting and planning).
 struct NamedSpec {
   std::string name;  // full HF name
-  ParamSpec spec;
+  ParamSpec spec;    // spec.dtype: its storage under the policy
 };
-std::vector<NamedSpec> model_param_specs(const ModelConfig& cfg);
+std::vector<NamedSpec> model_param_specs(const ModelConfig& cfg,
+                                         const Precision& precision = Precision::fp32());
 
 std::unique_ptr<Layer> make_mixer(const ModelConfig& cfg, MixerKind kind);
 std::unique_ptr<Layer> make_ffn(const ModelConfig& cfg, FfnKind kind);
@@ -87,6 +93,7 @@ class Model {
   Layer& ffn(int i) { return *ffns_.at(static_cast<size_t>(i)); }
   // The kernels each layer was built with (empty when the options named none).
   const std::vector<LayerKernels>& kernels() const { return kernels_; }
+  const Precision& precision() const { return precision_; }
 
   // Bytes of activation memory for one step over `seq`: the arena forward keeps, plus with
   // recompute the scratch arena one layer's replay uses.
@@ -147,6 +154,7 @@ class Model {
   std::vector<ParamRef> norm_in_, norm_post_;
   std::vector<std::unique_ptr<Layer>> mixers_, ffns_;
   std::vector<LayerKernels> kernels_;
+  Precision precision_;
 
   // State of the last forward (views into acts_).
   Arena acts_;

@@ -200,10 +200,10 @@ void MoeLayer::bind(const ParamTable& params) {
 void MoeLayer::plan_activations(const SeqInfo& seq, ArenaPlan& plan) const {
   const int64_t T = seq.tokens, E = cfg_.num_experts, K = cfg_.top_k, l = cfg_.latent;
   const int64_t N = T * K;
-  plan.add({T, E});  // logits
-  plan.add({T, E});  // scores
+  plan.add_fp32({T, E});  // logits
+  plan.add_fp32({T, E});  // scores
   plan.add({T, K}, DType::I32);
-  plan.add({T, K});
+  plan.add_fp32({T, K});      // routing weights
   plan.add({N}, DType::I32);  // perm
   plan.add({N}, DType::I32);  // inv
   plan.add({E + 1}, DType::I32);

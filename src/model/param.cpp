@@ -16,7 +16,17 @@ ParamRef optional_param(const ParamTable& table, const std::string& name, const 
   return table.count(name) ? need_param(table, name, shape) : ParamRef{};
 }
 
+DType param_dtype(const ParamSpec& spec, const Precision& precision) {
+  return spec.role == ParamRole::Buffer ? DType::F32 : precision.weights;
+}
+
 void init_param(const ParamSpec& spec, Rng& rng, Tensor& t) {
+  if (t.dtype() != DType::F32) {
+    Tensor wide = Tensor::empty(t.shape());
+    init_param(spec, rng, wide);
+    t.copy_from(wide);
+    return;
+  }
   float* p = t.f32();
   switch (spec.init) {
     case ParamInit::Normal:

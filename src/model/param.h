@@ -11,6 +11,7 @@
 
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "model/precision.h"
 
 namespace mt {
 
@@ -30,7 +31,15 @@ struct ParamSpec {
   float std = 0.02f;
   std::function<void(Rng&, Tensor&)> custom;  // for ParamInit::Custom
   ParamRole role = ParamRole::Dense;
+  // Storage dtype of the value. Layers leave it; the model sets it from its precision policy
+  // (param_dtype) before allocating, and model_param_specs reports it, so that counts and plans
+  // see the bytes the store holds. Gradients, masters and moments are fp32 regardless.
+  DType dtype = DType::F32;
 };
+
+// The storage dtype of a parameter under a policy: the policy's weight dtype, except buffers,
+// which stay fp32.
+DType param_dtype(const ParamSpec& spec, const Precision& precision);
 
 struct ParamRef {
   Tensor value;
@@ -45,7 +54,8 @@ ParamRef need_param(const ParamTable& table, const std::string& name, const Shap
 // Like need_param but returns an empty ParamRef when the table has no such entry.
 ParamRef optional_param(const ParamTable& table, const std::string& name, const Shape& shape);
 
-// Fills a tensor according to its spec.
+// Fills a tensor according to its spec (drawn in fp32, then rounded when the tensor is bf16, so
+// that every policy starts from the same values up to rounding).
 void init_param(const ParamSpec& spec, Rng& rng, Tensor& t);
 
 }  // namespace mt

@@ -11,7 +11,7 @@ ParamTable ParamStore::add_layer(const std::string& prefix, const std::vector<Pa
     auto p = std::make_unique<Param>();
     p->name = full;
     p->spec = s;
-    p->value = Tensor::empty(s.shape);
+    p->value = Tensor::empty(s.shape, s.dtype);
     init_param(s, rng, p->value);
     if (s.role != ParamRole::Buffer && trainable(s)) p->grad = Tensor::zeros(s.shape);
     table[s.name] = ParamRef{p->value, p->grad};

@@ -86,7 +86,7 @@ AutoPlan choose_auto_plan(const AutoRequest& r) {
   o.seq = r.seq;
   o.engine = Engine::Zero1Ep;
   o.recompute = Recompute::None;
-  o.memory = {.dtype = DtypePolicy::cpu_fp32(), .freeze_base = r.freeze_base};
+  o.memory = {.precision = Precision::fp32(), .freeze_base = r.freeze_base};
   o.keep = 3;
 
   std::ostringstream why;

@@ -144,24 +144,33 @@ int64_t layer_of(const std::string& name) {
 
 }  // namespace
 
-ParamCounts count_params(const ModelConfig& cfg, bool freeze_base) {
+ParamCounts count_params(const ModelConfig& cfg, bool freeze_base, const Precision& precision) {
   ParamCounts c;
+  c.precision = precision;
   int64_t expert_all = 0;
   const size_t L = cfg.layers.size();
   // Units: blocks 0..L-1, then one per top-level tensor.
-  std::vector<int64_t> unit(L, 0), unit_tr(L, 0), ex(L, 0), ex_tr(L, 0);
-  for (const NamedSpec& s : model_param_specs(cfg)) {
+  std::vector<int64_t> unit(L, 0), unit_tr(L, 0), ex(L, 0), ex_tr(L, 0), unit_b(L, 0), ex_b(L, 0);
+  for (const NamedSpec& s : model_param_specs(cfg, precision)) {
     const int64_t n = s.spec.shape.numel();
+    const int64_t bytes = n * static_cast<int64_t>(dtype_size(s.spec.dtype));
     const bool tr = is_trainable(s.spec, freeze_base);
     const int64_t li = layer_of(s.name);
-    if (s.spec.role == ParamRole::Buffer) c.buffers += n;
+    c.weight_bytes += bytes;
+    if (s.spec.role == ParamRole::Buffer) {
+      c.buffers += n;
+      c.buffer_bytes += bytes;
+    }
     if (li < 0) {
       c.largest_unit = std::max(c.largest_unit, n);
+      c.largest_unit_bytes = std::max(c.largest_unit_bytes, bytes);
       if (tr) c.largest_unit_trainable = std::max(c.largest_unit_trainable, n);
     } else {
       auto& u = is_expert(s) ? ex : unit;
       auto& ut = is_expert(s) ? ex_tr : unit_tr;
+      auto& ub = is_expert(s) ? ex_b : unit_b;
       u[static_cast<size_t>(li)] += n;
+      ub[static_cast<size_t>(li)] += bytes;
       if (tr) ut[static_cast<size_t>(li)] += n;
     }
     ComponentCount& cc = c.by_component[static_cast<size_t>(classify(cfg, s))];
@@ -173,11 +182,14 @@ ParamCounts count_params(const ModelConfig& cfg, bool freeze_base) {
     }
     if (is_expert(s)) {
       expert_all += n;
+      c.expert_bytes += bytes;
       if (tr) c.expert_trainable += n;
     }
   }
   c.expert = expert_all;
   for (size_t i = 0; i < L; ++i) {
+    c.largest_unit_bytes = std::max(c.largest_unit_bytes, unit_b[i]);
+    c.expert_layer_bytes = std::max(c.expert_layer_bytes, ex_b[i]);
     c.largest_unit = std::max(c.largest_unit, unit[i]);
     c.largest_unit_trainable = std::max(c.largest_unit_trainable, unit_tr[i]);
     c.expert_layer = std::max(c.expert_layer, ex[i]);
@@ -186,6 +198,14 @@ ParamCounts count_params(const ModelConfig& cfg, bool freeze_base) {
   const int64_t E = std::max<int64_t>(cfg.moe.num_experts, 1);
   c.active_per_token = c.total - expert_all + expert_all / E * cfg.moe.top_k;
   return c;
+}
+
+BytesPerElement bytes_per_element(const Precision& p) {
+  return {.weight = static_cast<double>(dtype_size(p.weights)),
+          .grad = Precision::kGradBytes,
+          .master = p.masters() ? static_cast<double>(Precision::kMasterBytes) : 0,
+          .optim = Precision::kMomentBytes,
+          .act = static_cast<double>(dtype_size(p.activations))};
 }
 
 size_t BlockActs::saved(Recompute r) const {
@@ -200,29 +220,30 @@ size_t BlockActs::saved(Recompute r) const {
   return all();
 }
 
-std::vector<BlockActs> block_activations(const ModelConfig& cfg, int64_t mbs, int64_t seq) {
+std::vector<BlockActs> block_activations(const ModelConfig& cfg, int64_t mbs, int64_t seq,
+                                         DType activations) {
   MT_CHECK(mbs > 0 && seq > 0, ValueError, "micro-batch and sequence length must be positive, got ",
            mbs, " x ", seq);
   const SeqInfo si = SeqInfo::uniform(mbs, seq);
   const int64_t T = si.tokens, d = cfg.hidden;
   // What Model::plan keeps around each block: normed input + rstd, mixer output (= residual),
   // normed mid + rstd, FFN output (= next residual). A test checks the sum against the model.
-  ArenaPlan b;
+  ArenaPlan b(activations);
   for (int i = 0; i < 4; ++i) b.add({T, d});
-  for (int i = 0; i < 2; ++i) b.add({T});
-  ArenaPlan in;
+  for (int i = 0; i < 2; ++i) b.add_fp32({T});
+  ArenaPlan in(activations);
   in.add({T, d});
   std::map<int, size_t> mixer_bytes, ffn_bytes;
   std::vector<BlockActs> out;
   for (const LayerIR& l : cfg.layers) {
     const int mk = static_cast<int>(l.mixer), fk = static_cast<int>(l.ffn);
     if (!mixer_bytes.count(mk)) {
-      ArenaPlan p;
+      ArenaPlan p(activations);
       make_mixer(cfg, l.mixer)->plan_activations(si, p);
       mixer_bytes[mk] = p.bytes();
     }
     if (!ffn_bytes.count(fk)) {
-      ArenaPlan p;
+      ArenaPlan p(activations);
       make_ffn(cfg, l.ffn)->plan_activations(si, p);
       ffn_bytes[fk] = p.bytes();
     }
@@ -231,7 +252,8 @@ std::vector<BlockActs> block_activations(const ModelConfig& cfg, int64_t mbs, in
                    .boundary = b.bytes(),
                    .mixer_bytes = mixer_bytes[mk],
                    .ffn_bytes = ffn_bytes[fk],
-                   .input = in.bytes()});
+                   .input = in.bytes(),
+                   .activations = activations});
   }
   return out;
 }
@@ -324,8 +346,8 @@ double ffn_scratch(const ModelConfig& cfg, FfnKind k, int64_t T) {
 
 MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParallelPlan& p,
                                const MemoryOptions& o) {
-  return predict_memory(cfg, count_params(cfg, o.freeze_base), block_activations(cfg, p.mbs, p.seq),
-                        p, o);
+  return predict_memory(cfg, count_params(cfg, o.freeze_base, o.precision),
+                        block_activations(cfg, p.mbs, p.seq, o.precision.activations), p, o);
 }
 
 MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& c,
@@ -333,26 +355,32 @@ MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& c,
                                const MemoryOptions& o) {
   MT_CHECK(p.fsdp >= 1 && p.ep >= 1 && p.expert_shard >= 1, ValueError,
            "plan sizes must be positive");
-  const DtypePolicy& dt = o.dtype;
-  const double dense = static_cast<double>(c.total - c.expert);
+  MT_CHECK(c.precision == o.precision, ValueError, "parameter counts are for precision ",
+           precision_name(c.precision), ", the memory options say ", precision_name(o.precision));
+  for (const BlockActs& b : acts)
+    MT_CHECK(b.activations == o.precision.activations, ValueError,
+             "block activations are planned as ", dtype_name(b.activations),
+             ", the memory options say ", dtype_name(o.precision.activations));
+  const BytesPerElement dt = bytes_per_element(o.precision);
   const double dense_tr = static_cast<double>(c.trainable - c.expert_trainable);
   const double E = static_cast<double>(std::max<int64_t>(cfg.moe.num_experts, 1));
   // Whole experts per rank, then sharded across replicas.
   const double expert_share =
       std::ceil(E / static_cast<double>(p.ep)) / E / static_cast<double>(p.expert_shard);
   const double fsdp = static_cast<double>(p.fsdp);
-  const double ex = static_cast<double>(c.expert) * expert_share;
   const double ex_tr = static_cast<double>(c.expert_trainable) * expert_share;
+  // Stored value bytes: each parameter in its own dtype (buffers stay fp32).
+  const double dense_b = static_cast<double>(c.weight_bytes - c.expert_bytes);
+  const double ex_b = static_cast<double>(c.expert_bytes) * expert_share;
 
   MemoryBreakdown m;
   if (p.engine == Engine::Zero1Ep) {
     // Full dense weights and gradients on every rank; AdamW state for the rank's shard only
     // (dense over the world, local experts over the replicas that shard them).
-    const double ex_local = static_cast<double>(c.expert) * expert_share * p.expert_shard;
     const double ex_local_tr =
         static_cast<double>(c.expert_trainable) * expert_share * p.expert_shard;
     const double world = static_cast<double>(p.world);
-    m.weights = (dense + ex_local) * dt.weight;
+    m.weights = dense_b + ex_b * p.expert_shard;
     m.grads = (dense_tr + ex_local_tr) * dt.grad;
     m.master = (dense_tr / world + ex_tr) * dt.master;
     m.optimizer = (dense_tr / world + ex_tr) * dt.optim;
@@ -360,17 +388,16 @@ MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& c,
     // Dense values and gradients as flat shards over the world (buffers stay whole); experts as
     // under zero1+ep. Each unit's flat groups are padded to a multiple of the world: < world
     // elements per group, left out.
-    const double ex_local = static_cast<double>(c.expert) * expert_share * p.expert_shard;
     const double ex_local_tr =
         static_cast<double>(c.expert_trainable) * expert_share * p.expert_shard;
     const double world = static_cast<double>(p.world);
-    const double buffers = static_cast<double>(c.buffers);
-    m.weights = ((dense - buffers) / world + buffers + ex_local) * dt.weight;
+    const double buffers = static_cast<double>(c.buffer_bytes);
+    m.weights = (dense_b - buffers) / world + buffers + ex_b * p.expert_shard;
     m.grads = (dense_tr / world + ex_local_tr) * dt.grad;
     m.master = (dense_tr / world + ex_tr) * dt.master;
     m.optimizer = (dense_tr / world + ex_tr) * dt.optim;
   } else {
-    m.weights = (dense / fsdp + ex) * dt.weight;
+    m.weights = dense_b / fsdp + ex_b;
     m.grads = (dense_tr / fsdp + ex_tr) * dt.grad;
     m.master = (dense_tr / fsdp + ex_tr) * dt.master;
     m.optimizer = (dense_tr / fsdp + ex_tr) * dt.optim;
@@ -378,7 +405,10 @@ MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& c,
 
   // Activations: what each block keeps, plus the one block being recomputed in backward.
   const int64_t T = p.tokens(), d = cfg.hidden;
-  double a = fp32(static_cast<double>(T * d)) * 2 + fp32(static_cast<double>(T)) * 2;
+  // Embedding output and final norm (activations), final rstd and lse (fp32).
+  const double act_bytes = static_cast<double>(
+      arena_footprint(static_cast<size_t>(T * d) * dtype_size(o.precision.activations)));
+  double a = act_bytes * 2 + fp32(static_cast<double>(T)) * 2;
   size_t recomputed = 0;
   for (const BlockActs& b : acts) {
     a += static_cast<double>(b.saved(p.recompute));
@@ -386,7 +416,7 @@ MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& c,
     if (p.recompute == Recompute::Full) recomputed = std::max(recomputed, b.all());
   }
   a += static_cast<double>(recomputed);
-  m.activations = a * dt.act / 4.0;
+  m.activations = a;
 
   // Workspace: residual gradients (3 x [T, d]) + the largest of cross-entropy and block scratch.
   double ws = 0;
@@ -417,7 +447,7 @@ MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& c,
           p.expert_shard > 1 ? 1 + 1 / static_cast<double>(p.expert_shard) : 1;
       const double step = 2 * ex_local_tr * with_shard * dt.grad;
       const double units =
-          2 * static_cast<double>(c.largest_unit) * dt.weight +
+          2 * static_cast<double>(c.largest_unit_bytes) +
           static_cast<double>(c.largest_unit_trainable) * (2 + 2 / world) * dt.grad;
       m.fsdp_buffers = std::max(step, units);
     }
@@ -440,12 +470,12 @@ MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& c,
   // FSDP gathers one unit at a time: the one in use and the prefetched next, plus the unit's
   // unsharded gradient before its reduce-scatter.
   if (p.fsdp > 1)
-    m.fsdp_buffers = 2 * static_cast<double>(c.largest_unit) * dt.weight +
+    m.fsdp_buffers = 2 * static_cast<double>(c.largest_unit_bytes) +
                      static_cast<double>(c.largest_unit_trainable) * dt.grad;
   if (p.expert_shard > 1) {
     // The rank's experts of one layer, gathered whole from the replicas that shard them.
     const double es = static_cast<double>(p.expert_shard);
-    m.expert_buffers = 2 * static_cast<double>(c.expert_layer) * expert_share * es * dt.weight +
+    m.expert_buffers = 2 * static_cast<double>(c.expert_layer_bytes) * expert_share * es +
                        static_cast<double>(c.expert_layer_trainable) * expert_share * es * dt.grad;
   }
   if (p.ep > 1 && cfg.moe.num_experts > 0) {

@@ -63,22 +63,24 @@ struct ParamCounts {
   // experts of one MoE layer, all of them (a rank holds its share).
   int64_t largest_unit = 0, largest_unit_trainable = 0;
   int64_t expert_layer = 0, expert_layer_trainable = 0;
+  // Stored bytes of the values under `precision` (each parameter in its own dtype, param_dtype):
+  // all of them, the expert subset, the buffers, and the largest units as above.
+  int64_t weight_bytes = 0, expert_bytes = 0, buffer_bytes = 0;
+  int64_t largest_unit_bytes = 0, expert_layer_bytes = 0;
+  Precision precision;  // the policy the byte counts are for
   const ComponentCount& operator[](Component c) const {
     return by_component[static_cast<size_t>(c)];
   }
 };
-ParamCounts count_params(const ModelConfig& cfg, bool freeze_base);
+ParamCounts count_params(const ModelConfig& cfg, bool freeze_base,
+                         const Precision& precision = Precision::fp32());
 
-// Bytes per element of each kind of state.
-struct DtypePolicy {
-  int weight = 2;  // bf16 weights on GPU
-  int grad = 4;    // fp32 gradients of trainable parameters
-  int master = 4;  // fp32 master copy of trainable parameters (0 when weights are fp32)
-  int optim = 8;   // AdamW first + second moments, fp32
-  int act = 2;     // activations (the CPU plans are fp32; scaled by act / 4)
-  static DtypePolicy gpu_bf16() { return {}; }
-  static DtypePolicy cpu_fp32() { return {4, 4, 0, 8, 4}; }
+// Bytes per element of each kind of state under a policy, for the estimated terms (buffers,
+// traffic); the exact terms count every parameter and activation in its own dtype.
+struct BytesPerElement {
+  double weight, grad, master, optim, act;
 };
+BytesPerElement bytes_per_element(const Precision& p);
 
 // Activation bytes one block keeps, from the layers' plan_activations.
 struct BlockActs {
@@ -87,12 +89,15 @@ struct BlockActs {
   size_t boundary = 0;  // norms, residuals and outputs the model itself keeps around the block
   size_t mixer_bytes = 0;
   size_t ffn_bytes = 0;
-  size_t input = 0;  // the block input (what Full recompute keeps)
+  size_t input = 0;                // the block input (what Full recompute keeps)
+  DType activations = DType::F32;  // the plan's activation dtype
   size_t saved(Recompute r) const;
   size_t all() const { return boundary + mixer_bytes + ffn_bytes; }
 };
-// Per block at fp32, for `tokens` packed as mbs documents of seq tokens.
-std::vector<BlockActs> block_activations(const ModelConfig& cfg, int64_t mbs, int64_t seq);
+// Per block, activations stored as `activations` (fp32 entries stay fp32), for mbs documents of
+// seq tokens packed together.
+std::vector<BlockActs> block_activations(const ModelConfig& cfg, int64_t mbs, int64_t seq,
+                                         DType activations = DType::F32);
 
 struct MemoryBreakdown {
   double weights = 0, grads = 0, master = 0, optimizer = 0;
@@ -109,18 +114,21 @@ struct MemoryBreakdown {
 };
 
 struct MemoryOptions {
-  DtypePolicy dtype = DtypePolicy::gpu_bf16();
+  Precision precision = Precision::bf16();  // what the GPU runs; the CPU engine runs fp32
   bool freeze_base = true;
   double a2a_capacity = 1.25;  // receive headroom over the balanced share (routing skew)
   int64_t ce_chunk = 128;      // tokens per cross-entropy chunk (ops default)
   int threads = 1;             // CPU threads of the step: the KDA core's scratch is per thread
 };
 
-// Peak bytes per device for `cfg` under `p`. With world = 1 and cpu_fp32 this is what one CPU
-// training step (forward, backward, AdamW) allocates.
+// Peak bytes per device for `cfg` under `p`. With world = 1 and fp32 this is what one CPU training
+// step (forward, backward, AdamW) allocates; weights, gradients, masters, optimizer state and
+// activations are exact under every policy (the model builds the same store and plan, a test
+// checks both), the workspace and step buffers are estimates scaled by the activation dtype.
 MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParallelPlan& p,
                                const MemoryOptions& o);
-// As above with counts and block activations already computed (the search calls it per plan).
+// As above with counts and block activations already computed (the search calls it per plan);
+// both must be for o.precision (ValueError otherwise).
 MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& counts,
                                const std::vector<BlockActs>& acts, const ParallelPlan& p,
                                const MemoryOptions& o);

@@ -88,7 +88,8 @@ nlohmann::json report_json(const PlanReport& r) {
   j["expert_lora_rank"] = r.request.options.lora.expert_rank;
   j["full_finetune"] = !r.request.options.memory.freeze_base;
   j["devices_for_one_weight_replica"] = devices_for_weights(
-      r.result.counts.total, r.request.options.memory.dtype.weight, r.request.hw.mem_bytes);
+      r.result.counts.total, bytes_per_element(r.request.options.memory.precision).weight,
+      r.request.hw.mem_bytes);
   nlohmann::json k = nlohmann::json::array();
   for (const KernelChoice& c : r.kernels)
     k.push_back({{"layer", c.layer},
@@ -111,8 +112,9 @@ namespace {
 std::vector<std::pair<std::string, std::array<int64_t, 3>>> acts_per_token(const PlanReport& r) {
   const PlanRequest& q = r.request;
   std::vector<std::pair<std::string, std::array<int64_t, 3>>> out;
-  const double scale = q.options.memory.dtype.act / 4.0 / static_cast<double>(q.options.seq);
-  for (const BlockActs& b : block_activations(q.cfg, 1, q.options.seq)) {
+  const double scale = 1.0 / static_cast<double>(q.options.seq);
+  for (const BlockActs& b :
+       block_activations(q.cfg, 1, q.options.seq, q.options.memory.precision.activations)) {
     const std::string kind =
         std::string(mixer_name(b.mixer)) + (b.ffn == FfnKind::Dense ? "+ffn" : "+moe");
     bool seen = false;
@@ -130,7 +132,7 @@ std::vector<std::pair<std::string, std::array<int64_t, 3>>> acts_per_token(const
 void summary(std::ostream& os, const PlanReport& r, bool md) {
   const PlanRequest& q = r.request;
   const ParamCounts& c = r.result.counts;
-  const double wb = q.options.memory.dtype.weight;
+  const double wb = bytes_per_element(q.options.memory.precision).weight;
   const char* b = md ? "- " : "";
   os << b << "model " << q.model_name << " on " << q.world << " devices of " << gb(q.hw.mem_bytes)
      << " GB (" << q.hw.gpus_per_node << " per node), seq " << q.options.seq << ", "
@@ -148,8 +150,9 @@ void summary(std::ostream& os, const PlanReport& r, bool md) {
   os << b << "FLOPs per token: forward " << fmt("%.1f", f.forward.total() / 1e9) << " G, train "
      << fmt("%.1f", f.train.total() / 1e9) << " G (+" << fmt("%.1f", f.recompute.total() / 1e9)
      << " G recompute at the chosen policy)\n";
-  os << b << "activation bytes per token per block (at " << q.options.memory.dtype.act
-     << " B/element; none / selective / full recompute):";
+  os << b << "activation bytes per token per block (stored as "
+     << dtype_name(q.options.memory.precision.activations)
+     << ", statistics fp32; none / selective / full recompute):";
   for (const auto& [kind, v] : acts_per_token(r))
     os << " " << kind << " " << v[0] << " / " << v[1] << " / " << v[2] << ";";
   os << "\n";

@@ -157,7 +157,7 @@ Evaluated evaluate_with(const ModelConfig& cfg, const ParamCounts& c,
   e.plan = p;
   e.memory = predict_memory(cfg, c, acts, p, o.memory);
   const double T = static_cast<double>(p.tokens());
-  const DtypePolicy& dt = o.memory.dtype;
+  const BytesPerElement dt = bytes_per_element(o.memory.precision);
   const double cap = p.ep > 1 ? o.memory.a2a_capacity : 1.0;
 
   // Compute: every kind at its own rate; the most loaded EP rank sets the expert time.
@@ -317,7 +317,7 @@ SearchResult search(const ModelConfig& cfg, int64_t world, const Hardware& hw,
   if (o.mbs) MT_CHECK(*o.mbs >= 1, ValueError, "--mbs must be positive, got ", *o.mbs);
 
   SearchResult r;
-  r.counts = count_params(cfg, o.memory.freeze_base);
+  r.counts = count_params(cfg, o.memory.freeze_base, o.memory.precision);
   std::vector<int64_t> eps;
   for (int64_t d : divisors(world))
     if ((o.ep && d == *o.ep) || (!o.ep && (E > 0 ? E % d == 0 : d == 1))) eps.push_back(d);
@@ -333,7 +333,7 @@ SearchResult search(const ModelConfig& cfg, int64_t world, const Hardware& hw,
   std::map<Recompute, StepFlops> flops;
   for (Recompute rc : recs) flops[rc] = flops_per_token(cfg, o.seq, o.memory.freeze_base, rc);
   std::map<int64_t, std::vector<BlockActs>> acts;
-  for (int64_t m : mbss) acts[m] = block_activations(cfg, m, o.seq);
+  for (int64_t m : mbss) acts[m] = block_activations(cfg, m, o.seq, o.memory.precision.activations);
 
   std::vector<Evaluated> all;
   for (int64_t ep : eps)

@@ -7,6 +7,17 @@ AdamW::AdamW(const ParamStore& store, const AdamWOptions& opt) : opt_(opt) {
     if (!p->trainable()) continue;
     m_.push_back(Tensor::zeros(p->value.shape()));
     v_.push_back(Tensor::zeros(p->value.shape()));
+    master_.push_back(p->value.dtype() == DType::F32 ? Tensor() : Tensor::empty(p->value.shape()));
+  }
+  reset_masters(store);
+}
+
+void AdamW::reset_masters(const ParamStore& store) {
+  size_t i = 0;
+  for (const auto& p : store.all()) {
+    if (!p->trainable()) continue;
+    if (master_.at(i).defined()) master_[i].copy_from(p->value);
+    ++i;
   }
 }
 
@@ -22,10 +33,21 @@ double AdamW::step(Context& ctx, ParamStore& store, float lr) {
   size_t i = 0;
   for (const auto& p : store.all()) {
     if (!p->trainable()) continue;
-    ops::adamw_step(ctx, hp, p->value, p->grad, m_[i], v_[i]);
+    if (master_[i].defined()) {
+      ops::adamw_step(ctx, hp, master_[i], p->grad, m_[i], v_[i]);
+      p->value.copy_from(master_[i]);
+    } else {
+      ops::adamw_step(ctx, hp, p->value, p->grad, m_[i], v_[i]);
+    }
     ++i;
   }
   return norm;
+}
+
+int64_t AdamW::master_bytes() const {
+  int64_t b = 0;
+  for (const Tensor& t : master_) b += t.defined() ? static_cast<int64_t>(t.bytes()) : 0;
+  return b;
 }
 
 int64_t AdamW::state_bytes() const {

@@ -1,5 +1,7 @@
 // AdamW over every trainable parameter of a ParamStore: fp32 first/second moments allocated only
 // for trainable parameters (frozen base weights cost nothing), global gradient-norm clipping.
+// A trainable parameter stored narrower than fp32 (a bf16 policy, model/precision.h) also gets an
+// fp32 master: the step updates the master and rounds it into the stored value.
 #pragma once
 
 #include <vector>
@@ -22,18 +24,25 @@ class AdamW {
   // norm before clipping.
   double step(Context& ctx, ParamStore& store, float lr);
   int64_t steps() const { return step_; }
-  int64_t state_bytes() const;
+  int64_t state_bytes() const;   // the moments
+  int64_t master_bytes() const;  // the fp32 masters (0 when every parameter is stored fp32)
   // Moments in store order of the trainable parameters, for checkpoints.
   std::vector<Tensor>& first_moments() { return m_; }
   std::vector<Tensor>& second_moments() { return v_; }
   const std::vector<Tensor>& first_moments() const { return m_; }
   const std::vector<Tensor>& second_moments() const { return v_; }
+  // fp32 masters in the same order; an undefined tensor where the value itself is fp32.
+  std::vector<Tensor>& masters() { return master_; }
+  const std::vector<Tensor>& masters() const { return master_; }
+  // Re-reads every master from its stored value (after the values were loaded from elsewhere).
+  void reset_masters(const ParamStore& store);
   void set_steps(int64_t s) { step_ = s; }
 
  private:
   AdamWOptions opt_;
   int64_t step_ = 0;
   std::vector<Tensor> m_, v_;  // one pair per trainable parameter, in store order
+  std::vector<Tensor> master_;
 };
 
 }  // namespace mt

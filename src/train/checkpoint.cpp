@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "model/precision.h"
 #include "train/dataset.h"
 #include "train/files.h"
 
@@ -51,6 +52,7 @@ std::string save_checkpoint(const std::string& root, const Model& model, const A
     if (opt && p->trainable()) {
       moments["m." + p->name] = opt->first_moments().at(i);
       moments["v." + p->name] = opt->second_moments().at(i);
+      if (opt->masters().at(i).defined()) moments["master." + p->name] = opt->masters()[i];
       ++i;
     }
   }
@@ -74,7 +76,9 @@ std::string save_checkpoint(const std::string& root, const Model& model, const A
   for (const auto& e : fs::directory_iterator(tmp))
     files[e.path().filename().string()] = {{"bytes", fs::file_size(e.path())},
                                            {"fnv1a64", file_checksum(e.path())}};
-  write_file_atomic(tmp / "manifest.json", nlohmann::json{{"files", files}}.dump(2));
+  write_file_atomic(
+      tmp / "manifest.json",
+      nlohmann::json{{"precision", precision_name(model.precision())}, {"files", files}}.dump(2));
   landed("manifest.json");
   fs::remove_all(final_dir);
   fs::rename(tmp, final_dir);
@@ -93,13 +97,11 @@ std::string latest_checkpoint(const std::string& root) {
   return dir.string();
 }
 
-void load_weights(const std::string& path, Model& model) {
-  fs::path file = path;
-  if (fs::is_directory(file) && fs::is_regular_file(file / "model.safetensors"))
-    file /= "model.safetensors";
-  MT_CHECK(fs::exists(file), IoError, "weights '", path, "' do not exist");
-  SafetensorsData data = fs::is_directory(file) ? read_safetensors_model(file.string())
-                                                : read_safetensors(file.string());
+namespace {
+
+// Copies every tensor of `data` into the model's parameter of that name, converting to its
+// stored dtype.
+void assign_weights(const SafetensorsData& data, const std::string& path, Model& model) {
   size_t matched = 0;
   for (const auto& p : model.params().all()) {
     auto it = data.tensors.find(p->name);
@@ -120,6 +122,18 @@ void load_weights(const std::string& path, Model& model) {
   (void)matched;
 }
 
+}  // namespace
+
+void load_weights(const std::string& path, Model& model) {
+  fs::path file = path;
+  if (fs::is_directory(file) && fs::is_regular_file(file / "model.safetensors"))
+    file /= "model.safetensors";
+  MT_CHECK(fs::exists(file), IoError, "weights '", path, "' do not exist");
+  assign_weights(fs::is_directory(file) ? read_safetensors_model(file.string())
+                                        : read_safetensors(file.string()),
+                 path, model);
+}
+
 TrainState load_checkpoint(const std::string& dir, Model& model, AdamW* opt) {
   const fs::path d = dir;
   MT_CHECK(fs::is_directory(d), IoError, "checkpoint '", dir, "' does not exist");
@@ -132,18 +146,44 @@ TrainState load_checkpoint(const std::string& dir, Model& model, AdamW* opt) {
     MT_CHECK(file_checksum(f) == it.value().at("fnv1a64").get<std::string>(), IoError,
              "checkpoint '", dir, "': ", it.key(), " does not match its checksum (corrupted)");
   }
+  // Checkpoints written before precision policies existed were fp32 throughout.
+  const std::string saved_as =
+      manifest.contains("precision") ? manifest.at("precision").get<std::string>() : "fp32";
+  const Precision saved =
+      parse_precision(saved_as, cat("checkpoint '", dir, "' manifest precision"));
   nlohmann::json state = nlohmann::json::parse(read_file(d / "state.json"));
   const std::string diff = first_difference(state.at("model_config"), model.config().to_json());
   MT_CHECK(diff.empty(), ConfigError, "checkpoint '", dir,
            "' was written for another model: ", diff);
-  load_weights((d / "model.safetensors").string(), model);
-  if (opt) {
+  const std::string weights_path = (d / "model.safetensors").string();
+  const SafetensorsData weights = read_safetensors(weights_path);
+  assign_weights(weights, weights_path, model);
+  // The fp32 masters (saved with the optimizer state) are the trained values of parameters a
+  // narrower policy stores rounded: they replace the rounded values, whatever this model's policy.
+  SafetensorsData mom;
+  const bool read_mom =
+      opt || (saved.masters() && fs::is_regular_file(d / "optimizer.safetensors"));
+  if (opt)
     MT_CHECK(fs::is_regular_file(d / "optimizer.safetensors"), IoError, "checkpoint '", dir,
              "' has no optimizer state");
-    SafetensorsData mom = read_safetensors((d / "optimizer.safetensors").string());
+  if (read_mom) mom = read_safetensors((d / "optimizer.safetensors").string());
+  for (const auto& p : model.params().all()) {
+    auto it = mom.tensors.find("master." + p->name);
+    if (it != mom.tensors.end()) p->value.copy_from(it->second);
+  }
+  if (opt) {
     size_t i = 0;
     for (const auto& p : model.params().all()) {
       if (!p->trainable()) continue;
+      if (Tensor& master = opt->masters().at(i); master.defined()) {
+        // From the checkpoint's master, else from its weight: fp32 when saved under fp32.
+        const Tensor* src = &p->value;
+        if (auto m = mom.tensors.find("master." + p->name); m != mom.tensors.end())
+          src = &m->second;
+        else if (auto w = weights.tensors.find(p->name); w != weights.tensors.end())
+          src = &w->second;
+        master.copy_from(*src);
+      }
       for (const char* k : {"m.", "v."}) {
         auto it = mom.tensors.find(k + p->name);
         MT_CHECK(it != mom.tensors.end(), ConfigError, "checkpoint '", dir,
@@ -160,7 +200,8 @@ TrainState load_checkpoint(const std::string& dir, Model& model, AdamW* opt) {
   return {.step = state.at("step").get<int64_t>(),
           .data_cursor = state.at("data_cursor").get<int64_t>(),
           .rng_seed = state.at("rng_seed").get<uint64_t>(),
-          .rng_counter = state.at("rng_counter").get<uint64_t>()};
+          .rng_counter = state.at("rng_counter").get<uint64_t>(),
+          .precision = saved_as};
 }
 
 void prune_checkpoints(const std::string& root, int64_t keep) {

@@ -1,9 +1,10 @@
-// Checkpoints: a directory holding model.safetensors (every parameter), optimizer.safetensors
-// (AdamW moments of the trainable parameters, by name), state.json (step, data cursor, RNG,
-// optimizer step, model config), job.toml (the resolved job) and manifest.json (bytes and
-// FNV-1a checksum of every other file, written last). The directory is written under a temporary
-// name and renamed into place, and the run's `latest` pointer is replaced by rename too, so a
-// save killed at any point leaves the previous checkpoint intact and still the latest.
+// Checkpoints: a directory holding model.safetensors (every parameter, in its stored dtype),
+// optimizer.safetensors (AdamW moments of the trainable parameters by name, and their fp32
+// masters when the policy stores them narrower), state.json (step, data cursor, RNG, optimizer
+// step, model config), job.toml (the resolved job) and manifest.json (the precision policy, and
+// bytes and FNV-1a checksum of every other file, written last). The directory is written under a
+// temporary name and renamed into place, and the run's `latest` pointer is replaced by rename too,
+// so a save killed at any point leaves the previous checkpoint intact and still the latest.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,7 @@ struct TrainState {
   int64_t step = 0;
   int64_t data_cursor = 0;  // sequences consumed
   uint64_t rng_seed = 0, rng_counter = 0;
+  std::string precision = "fp32";  // the policy the checkpoint was saved under (load only)
 };
 
 // Writes `<root>/step_NNNNNNNN` and points `<root>/latest` at it. `after_file` (tests) runs after
@@ -32,6 +34,10 @@ std::string latest_checkpoint(const std::string& root);
 
 // Verifies the manifest, checks the checkpoint was written for this model (ConfigError naming
 // the first differing config key otherwise), loads weights, and optimizer state when `opt`.
+// The model's precision may differ from the checkpoint's (a manifest without one is fp32): values
+// convert to the model's dtypes, and trainable parameters come from the fp32 masters where the
+// checkpoint kept them, so masters are exact across policies and only frozen weights round (fp32
+// to bf16, nearest even; bf16 to fp32 is exact).
 TrainState load_checkpoint(const std::string& dir, Model& model, AdamW* opt);
 
 // Loads weights from a checkpoint directory, model directory or .safetensors file. Parameters

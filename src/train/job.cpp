@@ -190,6 +190,7 @@ Job Job::parse(const std::string& text, const std::string& source,
   r.get("run.threads", j.threads);
   r.get("model.config", j.model);
   r.get("model.init", j.init);
+  r.get("model.precision", j.precision);
   r.get("data.train", j.train_data);
   r.get_string_map("data.eval", j.eval_data);
   r.get("data.eval_sequences", j.eval_sequences);
@@ -266,6 +267,8 @@ Job Job::parse(const std::string& text, const std::string& source,
   need(j.a2a_chunks > 0, "parallel.a2a_chunks", j.a2a_chunks, "must be positive");
   need(j.plan == "manual" || j.plan == "auto", "parallel.plan", j.plan, "must be manual or auto");
   need(j.mem_gb >= 0, "parallel.mem_gb", j.mem_gb, "must be >= 0 (0: host memory / ranks)");
+  need(j.precision == "fp32" || j.precision == "bf16", "model.precision",
+       cat("\"", j.precision, "\""), "must be \"fp32\" or \"bf16\"");
   need(j.progress == "auto" || j.progress == "tty" || j.progress == "plain" || j.progress == "off",
        "log.progress", j.progress, "must be auto, tty, plain or off");
   need(bo.capacity > 0, "balance.capacity", bo.capacity, "must be positive");
@@ -310,7 +313,7 @@ std::string Job::to_toml() const {
   toml::table root{
       {"run",
        toml::table{{"dir", run_dir}, {"seed", static_cast<int64_t>(seed)}, {"threads", threads}}},
-      {"model", toml::table{{"config", model}, {"init", init}}},
+      {"model", toml::table{{"config", model}, {"init", init}, {"precision", precision}}},
       {"data",
        toml::table{{"train", train_data}, {"eval", eval}, {"eval_sequences", eval_sequences}}},
       {"lora", lora},
@@ -406,6 +409,7 @@ float lora_alpha_of(const Job& job, const std::string& group) {
 
 ModelOptions job_model_options(const Job& job) {
   ModelOptions o;
+  o.precision = parse_precision(job.precision, "model.precision");
   if (job.lora_targets.empty() && job.train_patterns.empty()) return o;
   o.freeze_base = true;
   std::vector<std::string> patterns = job.train_patterns;

@@ -33,6 +33,9 @@ struct Job {
   // [model]
   std::string model = "small";  // preset or config.json path
   std::string init;             // checkpoint (or weights directory) to start from
+  // Precision policy (model/precision.h): "fp32" (the CPU engine) or "bf16" (bf16 weights and
+  // activations, fp32 masters and moments; the CPU engine refuses it).
+  std::string precision = "fp32";
   // [data]
   std::string train_data;                        // prepared dataset directory
   std::map<std::string, std::string> eval_data;  // corpus name -> prepared dataset directory

@@ -247,6 +247,9 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
     threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world);
   Context ctx(ContextOptions{.threads = threads, .seed = job.seed});
   ModelOptions mopt = job_model_options(job);
+  MT_CHECK(mopt.precision == Precision::fp32(), ConfigError, "model.precision = \"", job.precision,
+           "\" cannot train on the CPU: its ops compute and store fp32 only (bf16 is for the CUDA "
+           "engine; `moetrain plan --precision bf16` sizes it)");
   // The kernel registry picks every layer's kernels; the choice and any fallback's reason are
   // logged once.
   mopt.kernels = plan::layer_kernels(cfg, plan::Backend::Cpu, "fp32");
@@ -302,6 +305,10 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
     st = exec.load(resume);
     ctx.rng() = Rng(st.rng_seed, st.rng_counter);
     log << "resumed from " << resume << " at step " << st.step << "\n";
+    if (st.precision != precision_name(mopt.precision))
+      log << "checkpoint precision " << st.precision << ", this run "
+          << precision_name(mopt.precision)
+          << ": trainable parameters from their fp32 masters, frozen weights converted\n";
   }
 
   log << "model " << job.model << ": " << r.total << " parameters, " << r.trainable

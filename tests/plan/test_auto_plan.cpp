@@ -34,7 +34,7 @@ MemoryBreakdown zero1(const AutoRequest& r, int64_t ep, int64_t mbs, bool shard 
                        .mbs = mbs,
                        .seq = r.seq,
                        .engine = Engine::Zero1Ep};
-  return predict_memory(r.cfg, p, {.dtype = DtypePolicy::cpu_fp32(), .freeze_base = false});
+  return predict_memory(r.cfg, p, {.precision = Precision::fp32(), .freeze_base = false});
 }
 
 TEST(PlanAuto, AmpleMemoryKeepsTheJobsMicroBatchWithoutEp) {
@@ -85,7 +85,7 @@ MemoryBreakdown fsdp_ep(const AutoRequest& r, int64_t ep, int64_t mbs, bool shar
                  .mbs = mbs,
                  .seq = r.seq,
                  .engine = Engine::FsdpEp};
-  return predict_memory(r.cfg, p, {.dtype = DtypePolicy::cpu_fp32(), .freeze_base = false});
+  return predict_memory(r.cfg, p, {.precision = Precision::fp32(), .freeze_base = false});
 }
 
 TEST(PlanAuto, FsdpWhenZero1FitsNoMicroBatch) {

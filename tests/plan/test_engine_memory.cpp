@@ -108,7 +108,7 @@ TEST(PlanEngineMemory, FsdpEpWithin10PercentOfMeasuredRanks) {
                          .recompute = c.recompute ? Recompute::Full : Recompute::None,
                          .engine = Engine::FsdpEp};
     const MemoryBreakdown m =
-        predict_memory(cfg, p, {.dtype = DtypePolicy::cpu_fp32(), .freeze_base = c.lora});
+        predict_memory(cfg, p, {.precision = Precision::fp32(), .freeze_base = c.lora});
     const std::vector<RankBytes> got = measure(c);
     for (size_t r = 0; r < got.size(); ++r) {
       SCOPED_TRACE("rank " + std::to_string(r));
@@ -153,7 +153,7 @@ TEST(PlanEngineMemory, Zero1EpWithin10PercentOfMeasuredRanks) {
                          .seq = 24,
                          .engine = Engine::Zero1Ep};
     const MemoryBreakdown m =
-        predict_memory(cfg, p, {.dtype = DtypePolicy::cpu_fp32(), .freeze_base = c.lora});
+        predict_memory(cfg, p, {.precision = Precision::fp32(), .freeze_base = c.lora});
     const std::vector<RankBytes> got = measure(c);
     for (size_t r = 0; r < got.size(); ++r) {
       SCOPED_TRACE("rank " + std::to_string(r));

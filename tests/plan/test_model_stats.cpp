@@ -163,16 +163,16 @@ TEST(PlanMemory, BlockActivationsSumToModelPlan) {
     for (auto [mbs, seq] : {std::pair<int64_t, int64_t>{1, 17}, {3, 64}}) {
       const auto acts = block_activations(cfg, mbs, seq);
       const MemoryBreakdown m = predict_memory(
-          cfg, {.mbs = mbs, .seq = seq}, {.dtype = DtypePolicy::cpu_fp32(), .freeze_base = true});
+          cfg, {.mbs = mbs, .seq = seq}, {.precision = Precision::fp32(), .freeze_base = true});
       EXPECT_EQ(m.activations,
                 static_cast<double>(model.activation_bytes(SeqInfo::uniform(mbs, seq))));
       // Recompute keeps strictly less.
       ParallelPlan p{.mbs = mbs, .seq = seq, .recompute = Recompute::Selective};
       const MemoryBreakdown sel =
-          predict_memory(cfg, p, {.dtype = DtypePolicy::cpu_fp32(), .freeze_base = true});
+          predict_memory(cfg, p, {.precision = Precision::fp32(), .freeze_base = true});
       p.recompute = Recompute::Full;
       const MemoryBreakdown full =
-          predict_memory(cfg, p, {.dtype = DtypePolicy::cpu_fp32(), .freeze_base = true});
+          predict_memory(cfg, p, {.precision = Precision::fp32(), .freeze_base = true});
       EXPECT_LT(sel.activations, m.activations);
       EXPECT_LT(full.activations, sel.activations);
       EXPECT_EQ(acts.size(), cfg.layers.size());
@@ -250,7 +250,7 @@ TEST(PlanMemory, PredictedPeakOfCpuStepWithin10Percent) {
     const Measured m = run_step(c);
     const MemoryBreakdown p =
         predict_memory(c.cfg, {.mbs = c.mbs, .seq = c.seq, .recompute = c.recompute},
-                       {.dtype = DtypePolicy::cpu_fp32(), .freeze_base = c.freeze, .threads = 2});
+                       {.precision = Precision::fp32(), .freeze_base = c.freeze, .threads = 2});
     // Exact parts first: they come from the same specs and plans.
     EXPECT_EQ(p.weights, m.params);
     EXPECT_EQ(p.grads, m.grads);
@@ -265,6 +265,89 @@ TEST(PlanMemory, PredictedPeakOfCpuStepWithin10Percent) {
     EXPECT_LT(std::abs(rel), 0.10);
     // The one estimated term on its own, so that a drift in it is seen before the total hides it.
     EXPECT_LT(std::abs(p.workspace - m.ws) / m.ws, 0.5);
+  }
+}
+
+}  // namespace
+}  // namespace mt::plan
+
+namespace mt::plan {
+namespace {
+
+// The bf16 policy (bf16 weights and activations, fp32 gradients, masters and moments for
+// trainable parameters only, fp32 statistics, KDA state, router logits and buffers) against the
+// model and optimizer the engine builds under it: every exact part equal to the byte. The CPU
+// cannot run the step, but the store, the optimizer state and the activation plan are built.
+TEST(PlanMemory, Bf16PolicyEqualsTheEnginesStoreAndPlan) {
+  const ModelConfig tiny = ModelConfig::load("tiny"), small = ModelConfig::load("small");
+  const ModelConfig small_dense =
+      with_layers(small, {MixerKind::Kda, MixerKind::Mla, MixerKind::Kda, MixerKind::Mla});
+  const std::vector<StepCase> cases = {
+      {"tiny full", tiny, false, 2, 48},
+      {"tiny lora", with_lora(tiny, {.rank = 4, .expert_rank = 2}), true, 3, 40},
+      {"small lora sparse", with_lora(small, {.rank = 8, .expert_rank = 4}), true, 2, 128},
+      {"small dense mla full", small_dense, false, 1, 77},
+      {"small lora long recompute", with_lora(small, {.rank = 8}), true, 1, 300, Recompute::Full},
+  };
+  for (const StepCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Precision bf16 = Precision::bf16();
+    Model model(c.cfg, 3,
+                {.freeze_base = c.freeze,
+                 .recompute = c.recompute == Recompute::Full ? ActivationRecompute::Full
+                                                             : ActivationRecompute::None,
+                 .precision = bf16});
+    AdamW opt(model.params(), AdamWOptions{});
+    double values = 0, grads = 0, frozen = 0, trainable = 0, buffers = 0;
+    for (const auto& p : model.params().all()) {
+      values += static_cast<double>(p->value.bytes());
+      const double n = static_cast<double>(p->value.numel());
+      if (p->spec.role == ParamRole::Buffer) {
+        EXPECT_EQ(p->value.dtype(), DType::F32) << p->name;
+        buffers += n;
+      } else {
+        EXPECT_EQ(p->value.dtype(), DType::BF16) << p->name;
+        (p->trainable() ? trainable : frozen) += n;
+      }
+      if (p->trainable()) {
+        EXPECT_EQ(p->grad.dtype(), DType::F32) << p->name;
+        grads += static_cast<double>(p->grad.bytes());
+      }
+    }
+    const SeqInfo seq = SeqInfo::uniform(c.mbs, c.seq);
+    const MemoryBreakdown m =
+        predict_memory(c.cfg, {.mbs = c.mbs, .seq = c.seq, .recompute = c.recompute},
+                       {.precision = bf16, .freeze_base = c.freeze, .threads = 2});
+    EXPECT_EQ(m.weights, values);
+    EXPECT_EQ(m.grads, grads);
+    EXPECT_EQ(m.master, static_cast<double>(opt.master_bytes()));
+    EXPECT_EQ(m.optimizer, static_cast<double>(opt.state_bytes()));
+    EXPECT_EQ(m.activations, static_cast<double>(model.activation_bytes(seq)));
+    // By hand: 2 B per stored weight (4 for buffers); trainable parameters 4 B of gradient, 4 of
+    // master and 8 of moments each.
+    EXPECT_EQ(m.weights, 2 * (frozen + trainable) + 4 * buffers);
+    EXPECT_EQ(m.grads, 4 * trainable);
+    EXPECT_EQ(m.master, 4 * trainable);
+    EXPECT_EQ(m.optimizer, 8 * trainable);
+    // Activations: bf16 halves the stored tensors but not the fp32 entries or the alignment.
+    Model wide(c.cfg, 3, {.freeze_base = c.freeze, .recompute = model.recompute()});
+    const double fp32_acts = static_cast<double>(wide.activation_bytes(seq));
+    EXPECT_LT(m.activations, fp32_acts);
+    EXPECT_GT(m.activations, fp32_acts / 2);
+  }
+}
+
+// A bf16 model is built, planned and checkpointed on the CPU but never run there: forward names
+// the key that chose the policy.
+TEST(PlanMemory, Bf16ForwardIsRefusedOnTheCpu) {
+  Model model(ModelConfig::load("tiny"), 3, {.precision = Precision::bf16()});
+  Context ctx(ContextOptions{.threads = 1, .seed = 1});
+  Tensor ids = Tensor::zeros({5}, DType::I32), targets = Tensor::zeros({5}, DType::I32);
+  try {
+    model.forward(ctx, SeqInfo::uniform(1, 5), ids, targets);
+    ADD_FAILURE() << "bf16 forward ran on the CPU";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.precision"), std::string::npos) << e.what();
   }
 }
 

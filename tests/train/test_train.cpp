@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -14,6 +15,7 @@
 #include "decode/decode.h"
 #include "io/hf_names.h"
 #include "io/safetensors.h"
+#include "plan/model_stats.h"
 #include "train/adapter.h"
 #include "train/checkpoint.h"
 #include "train/export.h"
@@ -226,6 +228,139 @@ TEST(Train, CheckpointFromAnotherModelIsAClearError) {
   }
   EXPECT_NE(error_of<IoError>([&] { load_checkpoint(ck, tiny, nullptr); }).find("checksum"),
             std::string::npos);
+}
+
+TEST(Job, PrecisionKeyIsValidatedAndBf16IsRefusedOnTheCpu) {
+  const std::string ok = "[data]\ntrain = \"d\"\n";
+  EXPECT_EQ(Job::parse(ok, "j.toml").precision, "fp32");
+  EXPECT_EQ(job_model_options(Job::parse(ok, "j.toml")).precision, Precision::fp32());
+  const Job b = Job::parse(ok, "j.toml", {"model.precision=bf16"});
+  EXPECT_EQ(job_model_options(b).precision, Precision::bf16());
+  EXPECT_EQ(Job::parse(b.to_toml(), "resolved").precision, "bf16");
+  const std::string bad =
+      error_of<ConfigError>([&] { Job::parse(ok + "[model]\nprecision = \"fp16\"\n", "j.toml"); });
+  EXPECT_NE(bad.find("'model.precision' = \"fp16\" must be \"fp32\" or \"bf16\""),
+            std::string::npos)
+      << bad;
+  fs::path root = temp_dir("bf16");
+  std::ostringstream log;
+  const std::string msg = error_of<ConfigError>(
+      [&] { run_job(Job::parse(base_job(root), "job", {"model.precision=bf16"}), {}, log); });
+  EXPECT_NE(msg.find("model.precision = \"bf16\" cannot train on the CPU"), std::string::npos)
+      << msg;
+}
+
+namespace {
+
+// x rounded to bf16 (8 significant bits, ties to even), written from the definition rather
+// than with the engine's bit manipulation. Normal numbers only.
+float rounded_bf16(float x) {
+  int e = 0;
+  const double m = std::frexp(static_cast<double>(x), &e);  // x = m 2^e, 0.5 <= |m| < 1
+  return static_cast<float>(std::ldexp(std::nearbyint(std::ldexp(m, 8)), e - 8));
+}
+
+}  // namespace
+
+// A checkpoint written before precision policies (its manifest has no "precision") loads as fp32,
+// bit for bit, optimizer state included.
+TEST(Checkpoint, ManifestWithoutPrecisionLoadsAsFp32) {
+  fs::path root = temp_dir("old_manifest");
+  Model m(ModelConfig::load("tiny"), 5);
+  AdamW opt(m.params(), {});
+  for (Tensor& t : opt.first_moments()) t.f32()[0] = 0.25f;
+  opt.set_steps(4);
+  const std::string ck = save_checkpoint(root.string(), m, &opt, {.step = 4}, "job");
+  nlohmann::json manifest = nlohmann::json::parse(std::ifstream(fs::path(ck) / "manifest.json"));
+  EXPECT_EQ(manifest.at("precision"), "fp32");
+  manifest.erase("precision");
+  std::ofstream(fs::path(ck) / "manifest.json") << manifest.dump(2);
+
+  Model back(ModelConfig::load("tiny"), 99);
+  AdamW back_opt(back.params(), {});
+  const TrainState st = load_checkpoint(ck, back, &back_opt);
+  EXPECT_EQ(st.precision, "fp32");
+  EXPECT_EQ(st.step, 4);
+  EXPECT_EQ(back_opt.steps(), 4);
+  for (const auto& p : m.params().all()) {
+    const Tensor& v = back.params().at(p->name).value;
+    ASSERT_EQ(v.dtype(), DType::F32);
+    for (int64_t i = 0; i < v.numel(); ++i) ASSERT_EQ(v.f32()[i], p->value.f32()[i]) << p->name;
+  }
+  for (const Tensor& t : back_opt.first_moments()) EXPECT_EQ(t.f32()[0], 0.25f);
+}
+
+// Resuming across policies: masters are fp32 in both, so trainable parameters carry over exactly;
+// frozen weights round (fp32 -> bf16) or widen exactly (bf16 -> fp32).
+TEST(Checkpoint, ResumesUnderAnotherPrecision) {
+  fs::path root = temp_dir("precision");
+  const ModelConfig cfg = plan::with_lora(ModelConfig::load("tiny"), {.rank = 2});
+  const ModelOptions fp32{.freeze_base = true},
+      bf16{.freeze_base = true, .precision = Precision::bf16()};
+  // fp32 -> bf16: masters equal the fp32 values, stored values are their bf16 rounding.
+  Model a(cfg, 5, fp32);
+  AdamW a_opt(a.params(), {});
+  for (const auto& p : a.params().all())  // LoRA B starts at 0: give every value some bits
+    for (int64_t i = 0; i < p->value.numel(); ++i) p->value.f32()[i] += 0.001f * (i % 7) + 1e-5f;
+  const std::string ck_a = save_checkpoint((root / "a").string(), a, &a_opt, {.step = 1}, "job");
+  Model b(cfg, 6, bf16);
+  AdamW b_opt(b.params(), {});
+  EXPECT_EQ(load_checkpoint(ck_a, b, &b_opt).precision, "fp32");
+  size_t k = 0;
+  for (const auto& p : a.params().all()) {
+    const Param& q = b.params().at(p->name);
+    const bool buffer = p->spec.role == ParamRole::Buffer;
+    ASSERT_EQ(q.value.dtype(), buffer ? DType::F32 : DType::BF16) << p->name;
+    for (int64_t i = 0; i < p->value.numel(); ++i) {
+      const float x = p->value.f32()[i];
+      const float stored = buffer ? q.value.f32()[i] : bf16_to_f32(q.value.bf16()[i]);
+      ASSERT_EQ(stored, buffer ? x : rounded_bf16(x)) << p->name << "[" << i << "]";
+    }
+    if (!p->trainable()) continue;
+    const Tensor& master = b_opt.masters().at(k++);
+    ASSERT_TRUE(master.defined()) << p->name;
+    for (int64_t i = 0; i < p->value.numel(); ++i)
+      ASSERT_EQ(master.f32()[i], p->value.f32()[i]) << p->name;
+  }
+  EXPECT_EQ(b_opt.master_bytes(), 4 * b.params().count(true));
+
+  // A bf16 step on the CPU optimizer: the master moves, the stored value is its rounding.
+  Context ctx(ContextOptions{.threads = 1, .seed = 1});
+  for (const Tensor& g : b.params().grads())
+    for (int64_t i = 0; i < g.numel(); ++i) g.f32()[i] = 0.01f * static_cast<float>(i % 5) - 0.02f;
+  b_opt.step(ctx, b.params(), 1e-3f);
+  k = 0;
+  int64_t finer = 0;  // masters bf16 cannot hold: what a resume from the weights would lose
+  for (const auto& p : b.params().all()) {
+    if (!p->trainable()) continue;
+    const Tensor& master = b_opt.masters().at(k++);
+    for (int64_t i = 0; i < master.numel(); ++i) {
+      ASSERT_EQ(bf16_to_f32(p->value.bf16()[i]), rounded_bf16(master.f32()[i])) << p->name;
+      finer += rounded_bf16(master.f32()[i]) != master.f32()[i];
+    }
+  }
+  EXPECT_GT(finer, 0);
+
+  // bf16 -> fp32: trainable values are the masters (not their rounding), frozen ones widen.
+  const std::string ck_b = save_checkpoint((root / "b").string(), b, &b_opt, {.step = 2}, "job");
+  nlohmann::json manifest = nlohmann::json::parse(std::ifstream(fs::path(ck_b) / "manifest.json"));
+  EXPECT_EQ(manifest.at("precision"), "bf16");
+  for (AdamW* o : {static_cast<AdamW*>(nullptr), &a_opt}) {
+    Model c(cfg, 7, fp32);
+    EXPECT_EQ(load_checkpoint(ck_b, c, o).precision, "bf16");
+    k = 0;
+    for (const auto& p : b.params().all()) {
+      const Tensor& v = c.params().at(p->name).value;
+      ASSERT_EQ(v.dtype(), DType::F32);
+      const Tensor* master = p->trainable() ? &b_opt.masters().at(k++) : nullptr;
+      for (int64_t i = 0; i < v.numel(); ++i) {
+        const float want = master                            ? master->f32()[i]
+                           : p->value.dtype() == DType::BF16 ? bf16_to_f32(p->value.bf16()[i])
+                                                             : p->value.f32()[i];
+        ASSERT_EQ(v.f32()[i], want) << p->name << "[" << i << "]";
+      }
+    }
+  }
 }
 
 TEST(Export, PeftKeyNamesAndShapes) {
