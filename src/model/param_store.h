@@ -1,5 +1,6 @@
-// ParamStore: every parameter of a model under its HF name, with its gradient (fp32) when
-// trainable. Owns the memory; layers see it through ParamTables of their own local names.
+// ParamStore: every parameter of a model under its HF name, its value in the spec's dtype (the
+// precision policy's, set by the model) and its gradient (fp32) when trainable. Owns the memory;
+// layers see it through ParamTables of their own local names.
 #pragma once
 
 #include <functional>
