@@ -1,4 +1,5 @@
 #include "io/hf_config.h"
+#include "ops/moe_rules.h"
 
 #include <cmath>
 #include <filesystem>
@@ -162,15 +163,11 @@ void deepseek_moe(Keys& k, ModelConfig& c) {
   positive(c.moe.top_k, k.where(), "num_experts_per_tok");
   positive(c.moe.expert_ffn, k.where(), "moe_intermediate_size");
   MT_CHECK(c.moe.num_shared >= 0, ConfigError, k.where(), ": n_shared_experts is negative");
-  MT_CHECK(c.moe.n_group > 0 && c.moe.num_experts % c.moe.n_group == 0, ConfigError, k.where(),
-           ": n_group ", c.moe.n_group, " must divide n_routed_experts ", c.moe.num_experts);
+  const std::string routing =
+      ops::routing_error(c.moe.num_experts, c.moe.top_k, c.moe.n_group, c.moe.topk_group);
+  MT_CHECK(routing.empty(), ConfigError, k.where(), ": ", routing);
   MT_CHECK(c.moe.num_experts / c.moe.n_group >= 2 || c.moe.n_group == 1, ConfigError, k.where(),
            ": group-limited routing sums the top-2 scores of a group; groups need 2 experts");
-  MT_CHECK(c.moe.topk_group > 0 && c.moe.topk_group <= c.moe.n_group, ConfigError, k.where(),
-           ": topk_group ", c.moe.topk_group, " outside [1, n_group]");
-  MT_CHECK(c.moe.top_k <= c.moe.topk_group * (c.moe.num_experts / c.moe.n_group), ConfigError,
-           k.where(), ": num_experts_per_tok ", c.moe.top_k, " exceeds the experts of ",
-           c.moe.topk_group, " groups");
 }
 
 void mla_common(Keys& k, ModelConfig& c) {

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "model/presets_embedded.h"
+#include "ops/moe_rules.h"
 
 namespace mt {
 
@@ -209,15 +210,9 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
     positive(c.moe.latent, source, "moe_latent_size");
     MT_CHECK(c.moe.latent <= c.hidden, ConfigError, source, ": moe_latent_size ", c.moe.latent,
              " exceeds hidden_size ", c.hidden);
-    MT_CHECK(c.moe.top_k <= c.moe.num_experts, ConfigError, source, ": num_experts_per_tok ",
-             c.moe.top_k, " exceeds n_routed_experts ", c.moe.num_experts);
-    MT_CHECK(c.moe.n_group > 0 && c.moe.num_experts % c.moe.n_group == 0, ConfigError, source,
-             ": n_group ", c.moe.n_group, " must divide n_routed_experts ", c.moe.num_experts);
-    MT_CHECK(c.moe.topk_group > 0 && c.moe.topk_group <= c.moe.n_group, ConfigError, source,
-             ": topk_group ", c.moe.topk_group, " outside [1, n_group]");
-    MT_CHECK(c.moe.top_k <= c.moe.topk_group * (c.moe.num_experts / c.moe.n_group), ConfigError,
-             source, ": num_experts_per_tok ", c.moe.top_k, " exceeds the experts of ",
-             c.moe.topk_group, " groups");
+    const std::string routing =
+        ops::routing_error(c.moe.num_experts, c.moe.top_k, c.moe.n_group, c.moe.topk_group);
+    MT_CHECK(routing.empty(), ConfigError, source, ": ", routing);
   }
   r.reject_unknown();
   return c;

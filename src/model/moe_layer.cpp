@@ -7,6 +7,7 @@
 #include "ops/expert_load.h"
 #include "ops/gemm.h"
 #include "ops/moe_dispatch.h"
+#include "ops/moe_rules.h"
 
 namespace mt {
 
@@ -19,8 +20,9 @@ constexpr float kInitStd = 0.02f;
 MoeLayer::MoeLayer(const MoeConfig& cfg) : cfg_(cfg) {
   MT_CHECK(cfg.hidden > 0 && cfg.latent > 0 && cfg.latent <= cfg.hidden, ConfigError,
            "moe: latent ", cfg.latent, " must be in (0, hidden ", cfg.hidden, "]");
-  MT_CHECK(cfg.num_experts > 0 && cfg.top_k > 0 && cfg.top_k <= cfg.num_experts, ConfigError,
-           "moe: top_k ", cfg.top_k, " of ", cfg.num_experts, " experts");
+  const std::string routing =
+      ops::routing_error(cfg.num_experts, cfg.top_k, cfg.n_group, cfg.topk_group);
+  MT_CHECK(routing.empty(), ConfigError, "moe: ", routing);
   MT_CHECK(cfg.expert_ffn > 0, ConfigError, "moe: expert_ffn ", cfg.expert_ffn);
   MT_CHECK(cfg.num_shared >= 0 && (cfg.num_shared == 0 || cfg.shared_ffn > 0), ConfigError,
            "moe: ", cfg.num_shared, " shared experts of width ", cfg.shared_ffn);

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "ops/moe_rules.h"
 
 namespace mt::ops {
 
@@ -24,8 +25,8 @@ int64_t cap_of(float factor, int64_t pairs, int64_t bins) {
 }  // namespace
 
 std::vector<int32_t> contiguous_expert_ranks(int64_t experts, int64_t ranks) {
-  MT_CHECK(experts > 0 && ranks > 0 && experts % ranks == 0, ConfigError, "expert-parallel size ",
-           ranks, " does not divide the expert count ", experts);
+  const std::string ep = expert_parallel_error(ranks, experts);
+  MT_CHECK(experts > 0 && ep.empty(), ConfigError, ep.empty() ? "no experts" : ep);
   std::vector<int32_t> r(static_cast<size_t>(experts));
   const int64_t per = experts / ranks;
   for (int64_t e = 0; e < experts; ++e) r[e] = static_cast<int32_t>(e / per);

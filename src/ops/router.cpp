@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "ops/activation.h"
+#include "ops/moe_rules.h"
 
 namespace mt::ops {
 
@@ -13,14 +14,8 @@ namespace {
 constexpr double kNormEps = 1e-20;
 
 void check_params(const RouterParams& p) {
-  MT_CHECK(p.experts > 0 && p.top_k > 0 && p.top_k <= p.experts, ValueError, "router: top_k ",
-           p.top_k, " with ", p.experts, " experts");
-  MT_CHECK(p.n_group > 0 && p.experts % p.n_group == 0, ValueError, "router: ", p.experts,
-           " experts do not split into ", p.n_group, " groups");
-  MT_CHECK(p.topk_group > 0 && p.topk_group <= p.n_group, ValueError, "router: topk_group ",
-           p.topk_group, " of ", p.n_group, " groups");
-  MT_CHECK(p.top_k <= p.topk_group * (p.experts / p.n_group), ValueError, "router: top_k ", p.top_k,
-           " exceeds the ", p.topk_group * (p.experts / p.n_group), " experts of the kept groups");
+  const std::string routing = routing_error(p.experts, p.top_k, p.n_group, p.topk_group);
+  MT_CHECK(routing.empty(), ValueError, "router: ", routing);
 }
 
 // Descending value, lower index first on ties: a strict weak order that makes selection

@@ -2,18 +2,14 @@
 
 #include <sstream>
 
+#include "ops/moe_rules.h"
+
 namespace mt::par {
 
 Mesh make_mesh(int world, int rank, int64_t num_experts, const MeshOptions& opt) {
   MT_CHECK(world >= 1 && rank >= 0 && rank < world, ValueError, "rank ", rank, " of world ", world);
-  MT_CHECK(opt.ep >= 1, ConfigError, "expert-parallel size must be >= 1, got ", opt.ep);
-  MT_CHECK(world % opt.ep == 0, ConfigError, "expert-parallel size ", opt.ep,
-           " does not divide the world size ", world);
-  MT_CHECK(num_experts >= 0, ValueError, "expert count ", num_experts);
-  MT_CHECK(num_experts == 0 || num_experts % opt.ep == 0, ConfigError, "expert-parallel size ",
-           opt.ep, " does not divide the ", num_experts, " routed experts");
-  MT_CHECK(num_experts > 0 || opt.ep == 1, ConfigError, "expert-parallel size ", opt.ep,
-           " for a model without routed experts");
+  const std::string ep = ops::expert_parallel_error(opt.ep, num_experts, world);
+  MT_CHECK(ep.empty(), ConfigError, ep);
   Mesh m;
   m.world = world;
   m.rank = rank;

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "ops/moe_rules.h"
 
 namespace mt::plan {
 
@@ -95,12 +96,8 @@ std::string invalid_reason(const ModelConfig& cfg, const ParallelPlan& p) {
     s << "every size must be positive";
   else if (p.world % p.fsdp != 0)
     s << "fsdp " << p.fsdp << " does not divide the world " << p.world;
-  else if (p.world % p.ep != 0)
-    s << "ep " << p.ep << " does not divide the world " << p.world;
-  else if (E > 0 && E % p.ep != 0)
-    s << "ep " << p.ep << " does not divide the " << E << " routed experts";
-  else if (E == 0 && p.ep > 1)
-    s << "ep " << p.ep << " > 1 but the model has no routed experts";
+  else if (const std::string ep = ops::expert_parallel_error(p.ep, E, p.world); !ep.empty())
+    s << ep;
   else if (p.replicas * p.ep != p.world)
     s << "replicas " << p.replicas << " x ep " << p.ep << " != world " << p.world;
   else if (p.replicas % p.expert_shard != 0)

@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "model/moe_layer.h"
+#include "ops/moe_rules.h"
 #include "plan/auto_plan.h"
 #include "plan/kernels.h"
 #include "train/dist_executor.h"
@@ -273,7 +274,11 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
   std::unique_ptr<balance::TrainBalancer> balancer;
   if (job.balance.any()) {
     const int64_t E = cfg.moe.num_experts;
-    const int64_t ep = dist ? dist->mesh.ep : (job.ep > 0 && E % job.ep == 0 ? job.ep : 1);
+    // One process simulates job.ep ranks; an EP size that does not fit the experts is an error
+    // here as it is on a mesh (it used to fall back to 1 silently).
+    const int64_t ep = dist ? dist->mesh.ep : job.ep;
+    const std::string bad = ops::expert_parallel_error(ep, E);
+    MT_CHECK(bad.empty(), ConfigError, "parallel.ep: ", bad);
     balancer = std::make_unique<balance::TrainBalancer>(job.balance, model, ep, topt.world);
   }
   std::unique_ptr<AdamW> opt;

@@ -363,6 +363,20 @@ TEST(Checkpoint, ResumesUnderAnotherPrecision) {
   }
 }
 
+// One process simulating EP ranks for load balancing: an EP size that does not divide the experts
+// is the mesh's error, not a silent fall back to one rank.
+TEST(Train, ExpertParallelSizeMustDivideTheExperts) {
+  fs::path root = temp_dir("ep_rule");
+  Job j = Job::parse(
+      base_job(root), "job",
+      {"parallel.ep=4", "balance.overflow=true", "schedule.steps=1", "schedule.warmup=0"});
+  std::ostringstream log;
+  EXPECT_NE(error_of<ConfigError>([&] {
+              run_job(j, {}, log);
+            }).find("parallel.ep: expert-parallel size 4 does not divide the 6 routed experts"),
+            std::string::npos);
+}
+
 TEST(Export, PeftKeyNamesAndShapes) {
   fs::path root = temp_dir("peft");
   Job j = Job::parse(base_job(root), "job",

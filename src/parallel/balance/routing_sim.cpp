@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "ops/moe_rules.h"
 #include "ops/overflow_route.h"
 #include "parallel/balance/load_predictor.h"
 
@@ -159,8 +160,8 @@ std::vector<TraceStep> read_trace(const std::string& path, TraceHeader& h) {
 
 std::vector<int32_t> greedy_placement(const std::vector<double>& load, int64_t ranks) {
   const int64_t E = static_cast<int64_t>(load.size());
-  MT_CHECK(ranks > 0 && E % ranks == 0, ConfigError, "placement: ", ranks, " ranks do not divide ",
-           E, " experts");
+  const std::string ep = ops::expert_parallel_error(ranks, E);
+  MT_CHECK(ep.empty(), ConfigError, "placement: ", ep);
   const int64_t slots = E / ranks;
   std::vector<int32_t> order(static_cast<size_t>(E));
   std::iota(order.begin(), order.end(), 0);

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "model/model.h"
 #include "model/moe_layer.h"
+#include "ops/moe_rules.h"
 #include "ops/overflow_route.h"
 #include "parallel/balance/routing_sim.h"
 #include "parallel/comm.h"
@@ -25,7 +26,8 @@ TrainBalancer::TrainBalancer(const BalanceOptions& opt, Model& model, int64_t ep
   MT_CHECK(!moe_layer_.empty() || !opt.any(), ConfigError,
            "[balance] switches need a model with MoE layers");
   if (moe_layer_.empty()) return;
-  MT_CHECK(E % P_ == 0, ConfigError, "balance: ", P_, " EP ranks do not divide ", E, " experts");
+  const std::string ep = ops::expert_parallel_error(P_, E);
+  MT_CHECK(ep.empty(), ConfigError, "balance: ", ep);
   const std::vector<int32_t> expert_rank = ops::contiguous_expert_ranks(E, P_);
 
   if (opt.overflow) {
