@@ -13,6 +13,8 @@ stage "setup"
 tools/setup.sh
 stage "format"
 tools/check_format.sh
+stage "layers"
+tools/check_layers.sh
 stage "build (CPU)"
 MOETRAIN_CMAKE_ARGS="-DMOETRAIN_WERROR=ON" tools/build.sh build-ci
 stage "tests (CPU)"

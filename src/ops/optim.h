@@ -13,6 +13,21 @@ struct AdamWParams {
   int64_t step = 1;  // 1-based, for bias correction
 };
 
+// A run's AdamW settings; each step turns them into AdamWParams. Here, below both the
+// single-process optimizer (train/) and the sharded step (parallel/), so that neither reaches up.
+struct AdamWOptions {
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f;
+  double clip_norm = 1.0;  // <= 0: no clipping
+  AdamWParams at(float lr, int64_t step) const {
+    return {.lr = lr,
+            .beta1 = beta1,
+            .beta2 = beta2,
+            .eps = eps,
+            .weight_decay = weight_decay,
+            .step = step};
+  }
+};
+
 // param -= lr * (mhat / (sqrt(vhat) + eps) + weight_decay * param); m, v updated in place.
 void adamw_step(Context& ctx, const AdamWParams& p, Tensor& param, const Tensor& grad, Tensor& m,
                 Tensor& v);

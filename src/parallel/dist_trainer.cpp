@@ -325,12 +325,7 @@ double DistTrainer::optimizer_step(Context& ctx, float lr, double grad_scale) {
   }
 
   ++step_;
-  const ops::AdamWParams hp{.lr = lr,
-                            .beta1 = opt_.adam.beta1,
-                            .beta2 = opt_.adam.beta2,
-                            .eps = opt_.adam.eps,
-                            .weight_decay = opt_.adam.weight_decay,
-                            .step = step_};
+  const ops::AdamWParams hp = opt_.adam.at(lr, step_);
   for (auto& u : units_) {
     if (u->fsdp >= 0) {  // the shard is the parameter; the next use gathers it
       ops::adamw_step(ctx, hp, fsdp_->train_shard(u->fsdp), u->gshard, u->m, u->v);

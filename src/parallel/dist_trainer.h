@@ -25,16 +25,16 @@
 #include "core/context.h"
 #include "core/seq_info.h"
 #include "model/model.h"
+#include "ops/optim.h"
 #include "parallel/comm.h"
 #include "parallel/expert_parallel.h"
 #include "parallel/mesh.h"
-#include "train/adamw.h"
 
 namespace mt::par {
 
 struct DistOptions {
   int a2a_chunks = 1;
-  AdamWOptions adam;
+  ops::AdamWOptions adam;
   // ZeRO-3 units for the dense parameters (tied embeddings: ConfigError).
   bool fsdp = false;
 };

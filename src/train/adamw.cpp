@@ -24,12 +24,7 @@ void AdamW::reset_masters(const ParamStore& store) {
 double AdamW::step(Context& ctx, ParamStore& store, float lr) {
   double norm = ops::clip_grad_norm(ctx, store.grads(), opt_.clip_norm);
   ++step_;
-  const ops::AdamWParams hp{.lr = lr,
-                            .beta1 = opt_.beta1,
-                            .beta2 = opt_.beta2,
-                            .eps = opt_.eps,
-                            .weight_decay = opt_.weight_decay,
-                            .step = step_};
+  const ops::AdamWParams hp = opt_.at(lr, step_);
   size_t i = 0;
   for (const auto& p : store.all()) {
     if (!p->trainable()) continue;

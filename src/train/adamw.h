@@ -12,10 +12,7 @@
 
 namespace mt {
 
-struct AdamWOptions {
-  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f;
-  double clip_norm = 1.0;  // <= 0: no clipping
-};
+using AdamWOptions = ops::AdamWOptions;
 
 class AdamW {
  public:
