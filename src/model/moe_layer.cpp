@@ -132,29 +132,35 @@ std::vector<ParamSpec> MoeLayer::param_specs() const {
   s.push_back({.name = "experts.gate_up_proj",
                .shape = {E, 2 * F, l},
                .std = kInitStd,
-               .role = ParamRole::Expert});
+               .role = ParamRole::Expert,
+               .per_expert = true});
   s.push_back({.name = "experts.down_proj",
                .shape = {E, l, F},
                .std = kInitStd,
-               .role = ParamRole::Expert});
+               .role = ParamRole::Expert,
+               .per_expert = true});
   if (r > 0) {
     // As PEFT does: A random, B zero, so the adapted model starts equal to the base.
     s.push_back({.name = "experts.gate_up_lora_A",
                  .shape = {E, r, l},
                  .std = kInitStd,
-                 .role = ParamRole::Lora});
+                 .role = ParamRole::Lora,
+                 .per_expert = true});
     s.push_back({.name = "experts.gate_up_lora_B",
                  .shape = {E, 2 * F, r},
                  .init = ParamInit::Zeros,
-                 .role = ParamRole::Lora});
+                 .role = ParamRole::Lora,
+                 .per_expert = true});
     s.push_back({.name = "experts.down_lora_A",
                  .shape = {E, r, F},
                  .std = kInitStd,
-                 .role = ParamRole::Lora});
+                 .role = ParamRole::Lora,
+                 .per_expert = true});
     s.push_back({.name = "experts.down_lora_B",
                  .shape = {E, l, r},
                  .init = ParamInit::Zeros,
-                 .role = ParamRole::Lora});
+                 .role = ParamRole::Lora,
+                 .per_expert = true});
   }
   if (cfg_.num_shared > 0) {
     shared_gate_.add_specs(s);

@@ -35,6 +35,9 @@ struct ParamSpec {
   // (param_dtype) before allocating, and model_param_specs reports it, so that counts and plans
   // see the bytes the store holds. Gradients, masters and moments are fp32 regardless.
   DType dtype = DType::F32;
+  // Dim 0 indexes the routed experts, so expert parallelism splits it across EP ranks: the
+  // Expert weights and their LoRA adapters (role Lora: trainable under a frozen base).
+  bool per_expert = false;
 };
 
 // The storage dtype of a parameter under a policy: the policy's weight dtype, except buffers,

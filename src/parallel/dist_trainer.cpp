@@ -22,21 +22,16 @@ struct DistTrainer::Unit {
   Tensor m, v;           // optimizer moments: [shard] when sharded, else [n]
   Tensor gflat, gshard;  // live during one step only
   Request req;
-  int fsdp = -1;  // model unit whose Fsdp shards hold this unit's values and gradients
+  int model_unit = -1;  // the Model unit of a dense unit (0 embedding, 1 + i layer i, last head)
+  int fsdp = -1;        // model unit whose Fsdp shards hold this unit's values and gradients
 };
 
 namespace {
 
-bool is_expert_param(const std::string& name) {
-  return name.find(".mlp.experts.") != std::string::npos;
-}
-
-std::string unit_of(const std::string& name) {
-  const std::string layers = "model.layers.";
-  if (name.compare(0, layers.size(), layers) == 0)
-    return "layer " + name.substr(layers.size(), name.find('.', layers.size()) - layers.size());
-  if (name.find("embed_tokens") != std::string::npos) return "embedding";
-  return "head";
+std::string unit_name(int unit, int units) {
+  if (unit == 0) return "embedding";
+  if (unit == units - 1) return "head";
+  return "layer " + std::to_string(unit - 1);
 }
 
 void pack(const std::vector<Param*>& ps, bool grads, float* dst) {
@@ -64,13 +59,6 @@ double sum_sq(const Tensor& t) {
 void scale(Tensor& t, float a) {
   float* p = t.f32();
   for (int64_t i = 0; i < t.numel(); ++i) p[i] *= a;
-}
-
-// Model layer of a per-layer parameter name ("model.layers.<i>. ..."), -1 otherwise.
-int layer_of(const std::string& name) {
-  const std::string layers = "model.layers.";
-  if (name.compare(0, layers.size(), layers) != 0) return -1;
-  return std::stoi(name.substr(layers.size()));
 }
 
 void add_stats(CommStats& into, const CommStats& s) {
@@ -134,17 +122,26 @@ DistTrainer::DistTrainer(Model& model, const Mesh& mesh, ProcessGroups& groups,
     model.shard_experts(mesh.first_expert(), mesh.local_experts, computes);
   }
 
-  // Units in store order, so every rank builds the same flat layouts.
-  std::map<std::string, Unit*> by_name;
+  // The model's own unit of every parameter (its declared prefixes), so that nothing here reads
+  // meaning into a parameter's name.
+  const int U = model.num_units();
+  for (int k = 0; k < U; ++k)
+    for (const std::string& prefix : model.unit_prefixes(k))
+      for (const auto& p : model.params().all())
+        if (p->name.compare(0, prefix.size(), prefix) == 0) unit_of_[p.get()] = k;
+  // Units in store order, so every rank builds the same flat layouts: the routed experts of all
+  // layers form one unit (their replicas are the EDP group), each dense model unit another.
+  std::map<int, Unit*> by_unit;  // key -1: the experts
   for (const auto& p : model.params().all()) {
     if (!p->trainable()) continue;
-    const bool expert = is_expert_param(p->name);
-    const std::string key = expert ? "experts" : unit_of(p->name);
-    Unit*& u = by_name[key];
+    const bool expert = p->spec.per_expert;
+    const int key = expert ? -1 : model_unit(*p);
+    Unit*& u = by_unit[key];
     if (!u) {
       units_.push_back(std::make_unique<Unit>());
       u = units_.back().get();
-      u->name = key;
+      u->name = expert ? "experts" : unit_name(key, U);
+      u->model_unit = key;
       if (expert) {
         u->comm = groups.edp.get();
         u->sharded = mesh.shard_experts && mesh.replicas > 1;
@@ -175,7 +172,7 @@ void DistTrainer::setup_fsdp() {
   for (int k = 0; k < U; ++k)
     for (const std::string& prefix : model_.unit_prefixes(k))
       for (const auto& p : model_.params().all()) {
-        if (p->name.compare(0, prefix.size(), prefix) != 0 || is_expert_param(p->name) ||
+        if (p->name.compare(0, prefix.size(), prefix) != 0 || p->spec.per_expert ||
             p->spec.role == ParamRole::Buffer)
           continue;
         (p->trainable() ? specs[static_cast<size_t>(k)].train
@@ -184,12 +181,7 @@ void DistTrainer::setup_fsdp() {
       }
   for (auto& u : units_) {
     if (u->comm != g_.world) continue;
-    if (u->name == "embedding")
-      u->fsdp = 0;
-    else if (u->name == "head")
-      u->fsdp = U - 1;
-    else
-      u->fsdp = std::stoi(u->name.substr(6)) + 1;  // "layer i"
+    u->fsdp = u->model_unit;
     // The optimizer's moments must share the gradient shard's layout.
     MT_CHECK(specs[static_cast<size_t>(u->fsdp)].train == u->params, InternalError, "fsdp unit ",
              u->fsdp, " differs from optimizer unit ", u->name);
@@ -369,7 +361,13 @@ double DistTrainer::optimizer_step(Context& ctx, float lr, double grad_scale) {
 }
 
 bool DistTrainer::is_local_expert(const Param& p) const {
-  return mesh_.ep > 1 && is_expert_param(p.name);
+  return mesh_.ep > 1 && p.spec.per_expert;
+}
+
+int DistTrainer::model_unit(const Param& p) const {
+  const auto it = unit_of_.find(&p);
+  MT_CHECK(it != unit_of_.end(), InternalError, "parameter ", p.name, " is in no model unit");
+  return it->second;
 }
 
 std::vector<int32_t> DistTrainer::expert_slots(int layer) const {
@@ -385,7 +383,7 @@ void DistTrainer::global_runs(const Param& p, int64_t lo, int64_t hi, F&& fn) co
     return;
   }
   const int64_t El = mesh_.local_experts, row = p.value.numel() / p.value.shape()[0];
-  const std::vector<int32_t> slots = expert_slots(layer_of(p.name));
+  const std::vector<int32_t> slots = expert_slots(model_unit(p) - 1);
   if (slots.empty()) {
     fn(mesh_.first_expert() * row + lo, lo, hi - lo);
     return;
@@ -460,9 +458,8 @@ int64_t DistTrainer::place_experts(const std::vector<std::vector<int32_t>>& expe
     };
     std::vector<Part> parts;
     int64_t per_expert = 0;
-    const std::string prefix = "model.layers." + std::to_string(i) + ".mlp.experts.";
     for (const auto& p : model_.params().all()) {
-      if (p->name.compare(0, prefix.size(), prefix) != 0) continue;
+      if (!p->spec.per_expert || model_unit(*p) != static_cast<int>(i) + 1) continue;
       const auto it = moment_at.find(p.get());
       Part part{p.get(), p->value.numel() / El, it == moment_at.end() ? -1 : it->second};
       per_expert += part.row * (1 + (p->grad.defined() ? 1 : 0) + (part.moment >= 0 ? 2 : 0));
@@ -553,7 +550,7 @@ std::vector<ShardPiece> DistTrainer::checkpoint_pieces() const {
   };
   for (const auto& p : model_.params().all()) {
     if (sharded(*p)) continue;  // written from the Fsdp shards below
-    Comm& group = is_expert_param(p->name) ? *g_.edp : *g_.world;
+    Comm& group = p->spec.per_expert ? *g_.edp : *g_.world;
     const auto [b, e] = even_range(p->value.numel(), group.size(), group.rank());
     global_runs(*p, b, e, [&](int64_t g, int64_t l, int64_t n) {
       add(p->name, full_shape(*p), g, p->value.f32() + l, n);

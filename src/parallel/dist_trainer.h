@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/context.h"
@@ -146,6 +147,8 @@ class DistTrainer {
   };
   Shares check_balanced(const SeqInfo& seq, const Tensor& targets);
   bool is_local_expert(const Param& p) const;
+  // Model unit of a parameter: 0 embedding, 1 + i layer i, num_units() - 1 the head.
+  int model_unit(const Param& p) const;
   // Splits elements [lo, hi) of this rank's tensor p into runs that are contiguous in the
   // single-process tensor: fn(global begin, local begin, count). Experts of a placed layer are
   // not contiguous there; everything else is one run.
@@ -162,7 +165,8 @@ class DistTrainer {
   std::unique_ptr<Fsdp> fsdp_;
   int64_t step_ = 0;
   std::vector<std::vector<int64_t>> loads_;
-  std::vector<std::vector<int32_t>> slots_;  // per model layer, see expert_slots()
+  std::vector<std::vector<int32_t>> slots_;        // per model layer, see expert_slots()
+  std::unordered_map<const Param*, int> unit_of_;  // see model_unit()
   StepMetrics metrics_;
 };
 

@@ -129,8 +129,7 @@ bool is_trainable(const ParamSpec& s, bool freeze_base) {
 }
 
 bool is_expert(const NamedSpec& s) {
-  if (s.spec.role == ParamRole::Expert) return true;
-  return s.spec.role == ParamRole::Lora && s.name.find(".mlp.experts.") != std::string::npos;
+  return s.spec.per_expert;
 }
 
 namespace {

@@ -243,6 +243,10 @@ TEST(MoeLayer, ParamNamesAndRoles) {
   EXPECT_EQ(by.at("shared_experts.gate_proj.weight").shape, Shape({10, 37}));
   EXPECT_EQ(by.at("shared_experts.down_proj.weight").shape, Shape({37, 10}));
   EXPECT_EQ(by.size(), 13u);
+  // Expert parallelism splits exactly the [E, ...] tensors (the distributed step reads this flag,
+  // not the names).
+  for (const auto& [name, spec] : by)
+    EXPECT_EQ(spec.per_expert, name.compare(0, 8, "experts.") == 0) << name;
 
   c.latent = c.hidden;
   c.num_shared = 0;
