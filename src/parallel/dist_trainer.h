@@ -155,6 +155,7 @@ class DistTrainer {
   template <typename F>
   void global_runs(const Param& p, int64_t lo, int64_t hi, F&& fn) const;
   void setup_fsdp();
+  void update_router_biases();  // dist_router_bias.cpp
 
   Model& model_;
   Mesh mesh_;
@@ -164,7 +165,8 @@ class DistTrainer {
   std::vector<std::unique_ptr<Unit>> units_;
   std::unique_ptr<Fsdp> fsdp_;
   int64_t step_ = 0;
-  std::vector<std::vector<int64_t>> loads_;
+  std::vector<std::vector<int64_t>> loads_;        // per model layer, sized once
+  Tensor pflat_, mine_;                            // parameter scratch of the largest unit / shard
   std::vector<std::vector<int32_t>> slots_;        // per model layer, see expert_slots()
   std::unordered_map<const Param*, int> unit_of_;  // see model_unit()
   StepMetrics metrics_;

@@ -1,0 +1,122 @@
+// DistTrainer, part: sharded checkpoint pieces in single-process coordinates, and loading them
+// into any mesh.
+#include <algorithm>
+#include <cstring>
+
+#include "parallel/dist_unit.h"
+#include "parallel/fsdp.h"
+
+namespace mt::par {
+
+template <typename F>
+void DistTrainer::global_runs(const Param& p, int64_t lo, int64_t hi, F&& fn) const {
+  if (lo >= hi) return;
+  if (!is_local_expert(p)) {
+    fn(lo, lo, hi - lo);
+    return;
+  }
+  const int64_t El = mesh_.local_experts, row = p.value.numel() / p.value.shape()[0];
+  const std::vector<int32_t> slots = expert_slots(model_unit(p) - 1);
+  if (slots.empty()) {
+    fn(mesh_.first_expert() * row + lo, lo, hi - lo);
+    return;
+  }
+  std::vector<int64_t> logical(static_cast<size_t>(El), -1);
+  for (size_t e = 0; e < slots.size(); ++e)
+    if (slots[e] / El == mesh_.ep_rank)
+      logical[static_cast<size_t>(slots[e] % El)] = static_cast<int64_t>(e);
+  for (int64_t l = lo; l < hi;) {
+    const int64_t j = l / row, end = std::min(hi, (j + 1) * row);
+    fn(logical[static_cast<size_t>(j)] * row + (l - j * row), l, end - l);
+    l = end;
+  }
+}
+namespace {
+
+// Even split of n elements over `parts`: the range of part i.
+std::pair<int64_t, int64_t> even_range(int64_t n, int parts, int i) {
+  const int64_t c = (n + parts - 1) / parts;
+  return {std::min(n, c * i), std::min(n, c * (i + 1))};
+}
+
+}  // namespace
+
+std::vector<ShardPiece> DistTrainer::checkpoint_pieces() const {
+  std::vector<ShardPiece> out;
+  auto add = [&](const std::string& name, const Shape& full, int64_t begin, const float* src,
+                 int64_t count) {
+    if (count <= 0) return;
+    ShardPiece sp{.name = name, .full_shape = full, .begin = begin, .end = begin + count};
+    sp.data = Tensor::empty({count});
+    std::memcpy(sp.data.f32(), src, static_cast<size_t>(count) * sizeof(float));
+    out.push_back(std::move(sp));
+  };
+  const auto sharded = [&](const Param& p) { return fsdp_ && fsdp_->owns(&p); };
+  auto full_shape = [&](const Param& p) {
+    if (sharded(p)) return p.spec.shape;
+    std::vector<int64_t> d = p.value.shape().dims();
+    if (is_local_expert(p)) d[0] = mesh_.num_experts;
+    return Shape(d);
+  };
+  for (const auto& p : model_.params().all()) {
+    if (sharded(*p)) continue;  // written from the Fsdp shards below
+    Comm& group = p->spec.per_expert ? *g_.edp : *g_.world;
+    const auto [b, e] = even_range(p->value.numel(), group.size(), group.rank());
+    global_runs(*p, b, e, [&](int64_t g, int64_t l, int64_t n) {
+      add(p->name, full_shape(*p), g, p->value.f32() + l, n);
+    });
+  }
+  if (fsdp_)
+    fsdp_->for_each_piece([&](Param& p, int64_t begin, float* data, int64_t count) {
+      add(p.name, p.spec.shape, begin, data, count);
+    });
+  for (const auto& u : units_) {
+    if (!u->counts_norm) continue;  // a replica of the same state another rank writes
+    const int64_t a = u->sharded ? u->comm->rank() * u->shard : 0;
+    const int64_t z = std::min(u->n, a + u->shard);
+    int64_t o = 0;
+    for (const Param* p : u->params) {
+      const int64_t n = sharded(*p) ? p->spec.shape.numel() : p->value.numel(), lo = std::max(a, o),
+                    hi = std::min(z, o + n);
+      global_runs(*p, lo - o, hi - o, [&](int64_t g, int64_t l, int64_t c) {
+        add("m." + p->name, full_shape(*p), g, u->m.f32() + (o + l - a), c);
+        add("v." + p->name, full_shape(*p), g, u->v.f32() + (o + l - a), c);
+      });
+      o += n;
+    }
+  }
+  return out;
+}
+
+void DistTrainer::load_pieces(const PieceReader& read, int64_t optimizer_steps) {
+  const auto sharded = [&](const Param& p) { return fsdp_ && fsdp_->owns(&p); };
+  if (fsdp_) {
+    fsdp_->finish();
+    fsdp_->for_each_piece([&](Param& p, int64_t begin, float* data, int64_t count) {
+      read(p.name, begin, begin + count, data);
+    });
+  }
+  for (const auto& p : model_.params().all()) {
+    if (sharded(*p)) continue;
+    global_runs(*p, 0, p->value.numel(), [&](int64_t g, int64_t l, int64_t n) {
+      read(p->name, g, g + n, p->value.f32() + l);
+    });
+  }
+  for (auto& u : units_) {
+    const int64_t a = u->sharded ? u->comm->rank() * u->shard : 0;
+    const int64_t z = std::min(u->n, a + u->shard);
+    int64_t o = 0;
+    for (const Param* p : u->params) {
+      const int64_t n = sharded(*p) ? p->spec.shape.numel() : p->value.numel(), lo = std::max(a, o),
+                    hi = std::min(z, o + n);
+      global_runs(*p, lo - o, hi - o, [&](int64_t g, int64_t l, int64_t c) {
+        read("m." + p->name, g, g + c, u->m.f32() + (o + l - a));
+        read("v." + p->name, g, g + c, u->v.f32() + (o + l - a));
+      });
+      o += n;
+    }
+  }
+  step_ = optimizer_steps;
+}
+
+}  // namespace mt::par

@@ -1,0 +1,27 @@
+// DistTrainer, part: the aux-loss-free router bias update from expert loads summed over the world.
+#include <algorithm>
+
+#include "model/moe_layer.h"
+#include "parallel/dist_unit.h"
+
+namespace mt::par {
+
+void DistTrainer::update_router_biases() {
+  // Aux-loss-free balancing from the loads of all ranks' tokens, into the buffers the
+  // constructor sized (one per MoE layer, num_experts entries).
+  std::vector<MoeLayer*> moes = model_.moe_layers();
+  for (size_t i = 0; i < moes.size(); ++i) {
+    MoeLayer* m = moes[i];
+    if (!m) continue;
+    std::vector<int64_t>& load = loads_[i];
+    const std::vector<int64_t>& mine = m->expert_load();
+    MT_CHECK(mine.size() == load.size(), InternalError, "layer ", i, " counted ", mine.size(),
+             " experts, expected ", load.size());
+    std::copy(mine.begin(), mine.end(), load.begin());
+    g_.world->all_reduce(load.data(), static_cast<int64_t>(load.size()), Elem::I64);
+    m->update_selection_bias(load);
+    m->reset_expert_load();
+  }
+}
+
+}  // namespace mt::par
