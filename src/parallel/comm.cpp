@@ -43,8 +43,30 @@ MPI_Datatype mpi_type(Elem e) {
       return MPI_INT32_T;
     case Elem::I64:
       return MPI_INT64_T;
+    case Elem::BF16:
+      return MPI_UINT16_T;  // moved as words; summed by bf16_sum_op()
   }
   MT_THROW(InternalError, "unknown element type");
+}
+
+// bf16 addition for MPI reductions: each combine adds in fp32 and rounds back to bf16.
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
+}
+
+// The sum of element type e. The bf16 op is created on first use (after MPI_Init) and lives until
+// MPI_Finalize frees it.
+MPI_Op sum_op(Elem e) {
+  if (e != Elem::BF16) return MPI_SUM;
+  static MPI_Op op = [] {
+    MPI_Op o = MPI_OP_NULL;
+    MPI_Op_create(&bf16_sum, /*commute=*/1, &o);
+    return o;
+  }();
+  MT_CHECK(op != MPI_OP_NULL, InternalError, "MPI_Op_create failed for the bf16 sum");
+  return op;
 }
 
 int to_int(int64_t v, const char* what) {
@@ -112,7 +134,7 @@ class MpiComm : public Comm {
     const int64_t b = count * static_cast<int64_t>(elem_size(e));
     auto r = start(Collective::AllReduce, b, b);
     MT_MPI(where(), MPI_Iallreduce(MPI_IN_PLACE, data, to_int(count, "all_reduce count"),
-                                   mpi_type(e), MPI_SUM, comm_, &r->req_));
+                                   mpi_type(e), sum_op(e), comm_, &r->req_));
     return finish(Collective::AllReduce, std::move(r));
   }
   Request iall_gather(const void* send, int64_t count, void* recv, Elem e) override {
@@ -126,7 +148,7 @@ class MpiComm : public Comm {
     const int64_t b = count * static_cast<int64_t>(elem_size(e));
     auto r = start(Collective::ReduceScatter, b * size_, b);
     MT_MPI(where(), MPI_Ireduce_scatter_block(send, recv, to_int(count, "reduce_scatter count"),
-                                              mpi_type(e), MPI_SUM, comm_, &r->req_));
+                                              mpi_type(e), sum_op(e), comm_, &r->req_));
     return finish(Collective::ReduceScatter, std::move(r));
   }
   Request iall_to_all_v(const void* send, const std::vector<int64_t>& send_counts,
@@ -299,8 +321,88 @@ size_t elem_size(Elem e) {
     case Elem::F64:
     case Elem::I64:
       return 8;
+    case Elem::BF16:
+      return 2;
   }
   return 0;
+}
+
+Elem elem_of(DType d) {
+  switch (d) {
+    case DType::F32:
+      return Elem::F32;
+    case DType::BF16:
+      return Elem::BF16;
+    case DType::I32:
+      return Elem::I32;
+    case DType::I64:
+      return Elem::I64;
+  }
+  MT_THROW(InternalError, "no element type for dtype ", static_cast<int>(d));
+}
+
+namespace {
+
+// What MPI can read and write: contiguous host memory.
+void check_host(const Comm& c, const Tensor& t, const char* what) {
+  MT_CHECK(t.defined() && t.device() == Device::CPU && t.is_contiguous(), ValueError, c.where(),
+           ": ", what, " must be a contiguous host tensor");
+}
+
+void check_count(const Comm& c, const Tensor& t, int64_t n, const char* what) {
+  MT_CHECK(t.numel() == n, ShapeError, c.where(), ": ", what, " has ", t.numel(),
+           " elements, expected ", n);
+}
+
+void check_same_dtype(const Comm& c, const Tensor& a, const Tensor& b) {
+  MT_CHECK(a.dtype() == b.dtype(), ValueError, c.where(), ": send and receive dtypes differ");
+}
+
+}  // namespace
+
+Request Comm::iall_reduce(Tensor& t) {
+  check_host(*this, t, "all_reduce tensor");
+  return iall_reduce(t.raw(), t.numel(), elem_of(t.dtype()));
+}
+
+Request Comm::iall_gather(const Tensor& send, Tensor& recv) {
+  check_host(*this, send, "all_gather send");
+  check_host(*this, recv, "all_gather recv");
+  check_same_dtype(*this, send, recv);
+  check_count(*this, recv, send.numel() * size(), "all_gather recv");
+  return iall_gather(send.raw(), send.numel(), recv.raw(), elem_of(send.dtype()));
+}
+
+Request Comm::ireduce_scatter(const Tensor& send, Tensor& recv) {
+  check_host(*this, send, "reduce_scatter send");
+  check_host(*this, recv, "reduce_scatter recv");
+  check_same_dtype(*this, send, recv);
+  check_count(*this, send, recv.numel() * size(), "reduce_scatter send");
+  return ireduce_scatter(send.raw(), recv.raw(), recv.numel(), elem_of(send.dtype()));
+}
+
+Request Comm::iall_to_all_v(const Tensor& send, const std::vector<int64_t>& send_counts,
+                            const std::vector<int64_t>& send_displs, Tensor& recv,
+                            const std::vector<int64_t>& recv_counts,
+                            const std::vector<int64_t>& recv_displs) {
+  check_host(*this, send, "all_to_all_v send");
+  check_host(*this, recv, "all_to_all_v recv");
+  check_same_dtype(*this, send, recv);
+  for (size_t p = 0; p < send_counts.size() && p < send_displs.size(); ++p)
+    MT_CHECK(send_displs[p] >= 0 && send_displs[p] + send_counts[p] <= send.numel(), ShapeError,
+             where(), ": all_to_all_v sends [", send_displs[p], ", +", send_counts[p], ") to peer ",
+             p, " of ", send.numel(), " elements");
+  for (size_t p = 0; p < recv_counts.size() && p < recv_displs.size(); ++p)
+    MT_CHECK(recv_displs[p] >= 0 && recv_displs[p] + recv_counts[p] <= recv.numel(), ShapeError,
+             where(), ": all_to_all_v receives [", recv_displs[p], ", +", recv_counts[p],
+             ") from peer ", p, " into ", recv.numel(), " elements");
+  return iall_to_all_v(send.raw(), send_counts, send_displs, recv.raw(), recv_counts, recv_displs,
+                       elem_of(send.dtype()));
+}
+
+Request Comm::ibroadcast(Tensor& t, int root) {
+  check_host(*this, t, "broadcast tensor");
+  return ibroadcast(t.raw(), t.numel(), elem_of(t.dtype()), root);
 }
 
 const char* collective_name(Collective c) {

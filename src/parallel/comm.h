@@ -4,8 +4,12 @@
 // the communicator's timeout and, when it expires, throws CommError naming the rank, the
 // collective and its sizes, so a dead peer turns into an error instead of a hang.
 //
-// Buffers are host pointers with element counts (not Tensors): collectives move flat shards and
-// slices of rows, and the counts of an all-to-all-v vary per peer.
+// The primitive calls take host pointers with element counts: collectives move flat shards and
+// slices of rows, and the counts of an all-to-all-v vary per peer. The Tensor forms take the
+// element type from the tensor's dtype and check that the tensors are contiguous host memory.
+// bf16 (Elem::BF16) moves as 16-bit words; its sums (all_reduce, reduce_scatter) add in fp32 and
+// round to bf16 at every combine, as NCCL's bf16 reductions do, so a sum of W values may differ
+// from the fp32 sum rounded once by up to W - 1 bf16 roundings.
 #pragma once
 
 #include <chrono>
@@ -15,6 +19,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/tensor.h"
 
 namespace mt::par {
 
@@ -24,8 +29,10 @@ class CommError : public Error {
       : Error("CommError", file, line, msg) {}
 };
 
-enum class Elem { F32, F64, I32, I64 };
+enum class Elem { F32, F64, I32, I64, BF16 };
 size_t elem_size(Elem e);
+// The element type of a tensor's dtype (every DType has one).
+Elem elem_of(DType d);
 
 enum class Collective { AllGather, ReduceScatter, AllReduce, AllToAllV, Broadcast, Barrier };
 inline constexpr int kNumCollectives = 6;
@@ -102,6 +109,20 @@ class Comm {
   virtual std::unique_ptr<Comm> split(int color, int key, const std::string& name) = 0;
   // Ends every process of the job (MPI_Abort); for a rank that cannot continue.
   [[noreturn]] virtual void abort(int code) = 0;
+
+  // Tensor forms (element type from the dtype, counts from the shapes).
+  // In place: t = the sum of every rank's t.
+  Request iall_reduce(Tensor& t);
+  // recv ([size() * n]) = every rank's send ([n]), in rank order.
+  Request iall_gather(const Tensor& send, Tensor& recv);
+  // recv ([n]) = the sum over ranks of send's slice rank() ([size() * n] elements).
+  Request ireduce_scatter(const Tensor& send, Tensor& recv);
+  // Counts and displacements in elements of the tensors, one per peer.
+  Request iall_to_all_v(const Tensor& send, const std::vector<int64_t>& send_counts,
+                        const std::vector<int64_t>& send_displs, Tensor& recv,
+                        const std::vector<int64_t>& recv_counts,
+                        const std::vector<int64_t>& recv_displs);
+  Request ibroadcast(Tensor& t, int root);
 
   // Blocking forms.
   void all_reduce(void* data, int64_t count, Elem e) { iall_reduce(data, count, e).wait(); }
