@@ -47,13 +47,4 @@ void attention_backward(Context& ctx, const AttentionParams& p, const Tensor& q,
 void attention_prob_sum(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
                         const Tensor& indices, const Tensor& lse, Tensor& out);
 
-// The transpose of an index table, for scatter-free backward passes: for key position s, the
-// flat slots t * kmax + j whose index is s are entries[offsets[s] .. offsets[s + 1]), in
-// increasing slot order. Both tensors are allocated from `arena`.
-struct KeyLists {
-  Tensor offsets;  // i64 [T + 1]
-  Tensor entries;  // i64 [valid slots]
-};
-KeyLists build_key_lists(const Tensor& indices, int64_t tokens, Arena& arena);
-
 }  // namespace mt::ops

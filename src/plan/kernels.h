@@ -1,8 +1,7 @@
-// Kernel registry ("operator matching"): for each op kind, the implementations per backend with
-// the constraints under which each applies. The planner picks one per op of every layer kind and
-// says why; when no fast kernel applies, the op falls back to the reference with a warning that
-// names the failed constraint. Today only the CPU implementations in src/ops exist: every GPU
-// entry is listed with `built = false`, so a GPU plan reports reference fallbacks honestly.
+// Per-layer kernel matching: the op table (src/ops/op_table.h) consulted for every op of every
+// layer kind. The planner picks one kernel per op and says why; when no fast kernel applies, the
+// op falls back to the reference with a warning that names the failed constraint (or that the
+// kernel is not built into this binary).
 #pragma once
 
 #include <functional>
@@ -11,71 +10,19 @@
 
 #include "model/model.h"
 #include "model/model_config.h"
+#include "ops/op_table.h"
 
 namespace mt::plan {
 
-enum class Backend { Cpu, Cuda };
-const char* backend_name(Backend b);
-
-enum class OpKind {
-  Gemm,
-  KdaCore,
-  MlaAttention,
-  SparseAttention,
-  Indexer,
-  Router,
-  MoeDispatch,
-  GroupedExperts,
-  CrossEntropy,
-  Norm,
-  Conv1d,
-};
-const char* op_name(OpKind k);
-
-// What the op sees of the model: dtype and the dims its kernels constrain.
-struct OpShape {
-  std::string dtype = "fp32";
-  int64_t head_dim = 0;
-  int64_t chunk = 0;
-  bool chunked = true;
-  int64_t topk = 0;
-  int64_t lora_rank = 0;
-};
-
-struct KernelImpl {
-  std::string name;
-  Backend backend;
-  bool built = false;      // compiled into this binary
-  bool reference = false;  // the always-correct fallback
-  std::string source;      // where it lives (or would)
-  // Empty when the kernel accepts the op, else the constraint it fails.
-  std::function<std::string(const OpShape&)> accepts;
-};
-
-struct KernelChoice {
-  OpKind op;
-  std::string layer;  // layer kind ("kda+moe", ...) the op belongs to
-  std::string kernel;
-  bool fallback = false;
-  std::string why;  // the first rejected faster kernel and its reason, for fallbacks
-  // A faster kernel is registered for the backend but failed a constraint or is not built (a
-  // fallback that deserves a warning; an op whose reference is its only kernel does not).
-  bool constrained = false;
-};
-
-class KernelRegistry {
- public:
-  // Every op kind with its CPU and (planned) CUDA implementations.
-  static KernelRegistry builtin();
-  void add(OpKind op, KernelImpl impl);
-  const std::vector<KernelImpl>& impls(OpKind op) const;
-  // The first built kernel of `backend` that accepts the shape, preferring non-reference ones;
-  // the reference (of the backend, else the CPU one) when none does.
-  KernelChoice choose(OpKind op, Backend backend, const OpShape& shape) const;
-
- private:
-  std::vector<std::vector<KernelImpl>> by_op_;
-};
+// The table lives in ops/ (one for the runtime and the planner); plan/ names its types here.
+using ops::Backend;
+using ops::backend_name;
+using ops::KernelChoice;
+using ops::KernelImpl;
+using ops::KernelRegistry;
+using ops::op_name;
+using ops::OpKind;
+using ops::OpShape;
 
 // The choice for every op of every distinct layer kind of `cfg`.
 std::vector<KernelChoice> match_kernels(const ModelConfig& cfg, Backend backend,

@@ -1,4 +1,4 @@
-#include "ops/attention.h"
+#include "ops/cpu/attention.h"
 
 #include <omp.h>
 
@@ -6,7 +6,7 @@
 #include <cmath>
 #include <limits>
 
-namespace mt::ops {
+namespace mt::ops::cpu {
 
 namespace {
 
@@ -20,35 +20,9 @@ inline bool valid_slot(int32_t s, int64_t tokens) {
   return s >= 0 && s < tokens;
 }
 
-void check_common(const AttentionParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                  const Tensor& indices) {
-  MT_CHECK(p.tokens >= 0 && p.heads > 0 && p.qk_dim > 0 && p.v_dim > 0 && p.kmax >= 0, ValueError,
-           "attention: bad params tokens ", p.tokens, " heads ", p.heads, " qk_dim ", p.qk_dim,
-           " v_dim ", p.v_dim, " kmax ", p.kmax);
-  MT_CHECK(p.kvh() > 0 && p.heads % p.kvh() == 0, ValueError, "attention: heads ", p.heads,
-           " not a multiple of kv_heads ", p.kvh());
-  expect_shape(q, {p.tokens, p.heads, p.qk_dim}, "attention q");
-  expect_shape(k, {p.tokens, p.kvh(), p.qk_dim}, "attention k");
-  expect_shape(v, {p.tokens, p.kvh(), p.v_dim}, "attention v");
-  expect_shape(indices, {p.tokens, p.kmax}, "attention indices");
-  MT_CHECK(indices.dtype() == DType::I32, ShapeError, "attention indices must be i32, got ",
-           dtype_name(indices.dtype()));
-}
-
 }  // namespace
 
-int64_t max_doc_len(const SeqInfo& seq) {
-  int64_t m = 0;
-  for (size_t d = 0; d + 1 < seq.offsets.size(); ++d)
-    m = std::max(m, seq.offsets[d + 1] - seq.offsets[d]);
-  return m;
-}
-
 void causal_indices(const SeqInfo& seq, Tensor& indices) {
-  MT_CHECK(
-      indices.ndim() == 2 && indices.dim(0) == seq.tokens && indices.dim(1) >= max_doc_len(seq),
-      ShapeError, "causal_indices: indices ", indices.shape(), " for ", seq.tokens,
-      " tokens, longest document ", max_doc_len(seq));
   const int64_t kmax = indices.dim(1);
   int32_t* idx = indices.i32();
   for (size_t d = 0; d + 1 < seq.offsets.size(); ++d) {
@@ -85,9 +59,6 @@ KeyLists build_key_lists(const Tensor& indices, int64_t tokens, Arena& arena) {
 
 void attention_forward(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
                        const Tensor& v, const Tensor& indices, Tensor& o, Tensor& lse) {
-  check_common(p, q, k, v, indices);
-  expect_shape(o, {p.tokens, p.heads, p.v_dim}, "attention o");
-  expect_shape(lse, {p.tokens, p.heads}, "attention lse");
   const int64_t T = p.tokens, H = p.heads, Hk = p.kvh(), G = H / Hk, Dk = p.qk_dim, Dv = p.v_dim,
                 K = p.kmax;
   const float* pq = q.f32();
@@ -137,13 +108,6 @@ void attention_forward(Context& ctx, const AttentionParams& p, const Tensor& q, 
 void attention_backward(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Tensor& indices, const Tensor& o, const Tensor& lse,
                         const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) {
-  check_common(p, q, k, v, indices);
-  expect_shape(o, {p.tokens, p.heads, p.v_dim}, "attention o");
-  expect_shape(lse, {p.tokens, p.heads}, "attention lse");
-  expect_shape(dout, o.shape(), "attention dout");
-  expect_shape(dq, q.shape(), "attention dq");
-  expect_shape(dk, k.shape(), "attention dk");
-  expect_shape(dv, v.shape(), "attention dv");
   const int64_t T = p.tokens, H = p.heads, Hk = p.kvh(), G = H / Hk, Dk = p.qk_dim, Dv = p.v_dim,
                 K = p.kmax;
   const float* pq = q.f32();
@@ -214,13 +178,6 @@ void attention_backward(Context& ctx, const AttentionParams& p, const Tensor& q,
 
 void attention_prob_sum(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
                         const Tensor& indices, const Tensor& lse, Tensor& out) {
-  MT_CHECK(p.kvh() > 0 && p.heads % p.kvh() == 0, ValueError, "attention: heads ", p.heads,
-           " not a multiple of kv_heads ", p.kvh());
-  expect_shape(q, {p.tokens, p.heads, p.qk_dim}, "attention q");
-  expect_shape(k, {p.tokens, p.kvh(), p.qk_dim}, "attention k");
-  expect_shape(indices, {p.tokens, p.kmax}, "attention indices");
-  expect_shape(lse, {p.tokens, p.heads}, "attention lse");
-  expect_shape(out, {p.tokens, p.kmax}, "attention prob sum");
   const int64_t T = p.tokens, H = p.heads, Hk = p.kvh(), G = H / Hk, Dk = p.qk_dim, K = p.kmax;
   const float* pq = q.f32();
   const float* pk = k.f32();
@@ -243,4 +200,4 @@ void attention_prob_sum(Context& ctx, const AttentionParams& p, const Tensor& q,
   }
 }
 
-}  // namespace mt::ops
+}  // namespace mt::ops::cpu

@@ -1,4 +1,4 @@
-#include "ops/indexer.h"
+#include "ops/cpu/indexer.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "core/arena.h"
-#include "ops/attention.h"
+#include "ops/cpu/attention.h"
 
-namespace mt::ops {
+namespace mt::ops::cpu {
 
 namespace {
 
@@ -23,36 +23,10 @@ inline bool valid_slot(int32_t s, int64_t tokens) {
   return s >= 0 && s < tokens;
 }
 
-void check_scores(const IndexerParams& p, const Tensor& q, const Tensor& k, const Tensor& w,
-                  const Tensor& indices) {
-  MT_CHECK(p.tokens >= 0 && p.heads > 0 && p.head_dim > 0 && p.kmax >= 0, ValueError,
-           "indexer: bad params tokens ", p.tokens, " heads ", p.heads, " head_dim ", p.head_dim,
-           " kmax ", p.kmax);
-  expect_shape(q, {p.tokens, p.heads, p.head_dim}, "indexer q");
-  expect_shape(k, {p.tokens, p.head_dim}, "indexer k");
-  expect_shape(w, {p.tokens, p.heads}, "indexer w");
-  expect_shape(indices, {p.tokens, p.kmax}, "indexer indices");
-  MT_CHECK(indices.dtype() == DType::I32, ShapeError, "indexer indices must be i32, got ",
-           dtype_name(indices.dtype()));
-}
-
-void check_table(const Tensor& t, const Tensor& indices, const char* what) {
-  MT_CHECK(indices.ndim() == 2 && indices.dtype() == DType::I32, ShapeError,
-           "indexer: index table must be i32 [T, kmax], got ", indices.shape(), " ",
-           dtype_name(indices.dtype()));
-  expect_shape(t, indices.shape(), what);
-}
-
 }  // namespace
-
-float IndexerParams::eff_scale() const {
-  return scale != 0.f ? scale : 1.f / std::sqrt(static_cast<float>(head_dim));
-}
 
 void indexer_scores_forward(Context& ctx, const IndexerParams& p, const Tensor& q, const Tensor& k,
                             const Tensor& w, const Tensor& indices, Tensor& scores) {
-  check_scores(p, q, k, w, indices);
-  expect_shape(scores, {p.tokens, p.kmax}, "indexer scores");
   const int64_t T = p.tokens, H = p.heads, D = p.head_dim, K = p.kmax;
   const float* pq = q.f32();
   const float* pk = k.f32();
@@ -78,11 +52,6 @@ void indexer_scores_forward(Context& ctx, const IndexerParams& p, const Tensor& 
 void indexer_scores_backward(Context& ctx, const IndexerParams& p, const Tensor& q, const Tensor& k,
                              const Tensor& w, const Tensor& indices, const Tensor& dscores,
                              Tensor& dq, Tensor& dk, Tensor& dw) {
-  check_scores(p, q, k, w, indices);
-  expect_shape(dscores, {p.tokens, p.kmax}, "indexer dscores");
-  expect_shape(dq, q.shape(), "indexer dq");
-  expect_shape(dk, k.shape(), "indexer dk");
-  expect_shape(dw, w.shape(), "indexer dw");
   const int64_t T = p.tokens, H = p.heads, D = p.head_dim, K = p.kmax;
   const float* pq = q.f32();
   const float* pk = k.f32();
@@ -144,11 +113,7 @@ void indexer_scores_backward(Context& ctx, const IndexerParams& p, const Tensor&
 
 void topk_select(Context& ctx, const Tensor& scores, const Tensor& candidates, int64_t topk,
                  Tensor& out) {
-  check_table(scores, candidates, "topk scores");
-  MT_CHECK(topk > 0, ValueError, "topk must be positive, got ", topk);
   const int64_t T = candidates.dim(0), K = candidates.dim(1);
-  expect_shape(out, {T, topk}, "topk output");
-  MT_CHECK(out.dtype() == DType::I32, ShapeError, "topk output must be i32");
   const float* ps = scores.f32();
   const int32_t* pc = candidates.i32();
   int32_t* po = out.i32();
@@ -182,9 +147,6 @@ void topk_select(Context& ctx, const Tensor& scores, const Tensor& candidates, i
 
 double indexer_kl_forward(Context& ctx, const Tensor& scores, const Tensor& target,
                           const Tensor& indices, Tensor& softmax) {
-  check_table(scores, indices, "indexer kl scores");
-  check_table(target, indices, "indexer kl target");
-  check_table(softmax, indices, "indexer kl softmax");
   const int64_t T = indices.dim(0), K = indices.dim(1);
   const float* ps = scores.f32();
   const float* pt = target.f32();
@@ -234,9 +196,6 @@ double indexer_kl_forward(Context& ctx, const Tensor& scores, const Tensor& targ
 
 void indexer_kl_backward(Context& ctx, const Tensor& softmax, const Tensor& target,
                          const Tensor& indices, double dloss, Tensor& dscores) {
-  check_table(softmax, indices, "indexer kl softmax");
-  check_table(target, indices, "indexer kl target");
-  check_table(dscores, indices, "indexer kl dscores");
   const int64_t T = indices.dim(0), K = indices.dim(1);
   const float* pm = softmax.f32();
   const float* pt = target.f32();
@@ -259,4 +218,4 @@ void indexer_kl_backward(Context& ctx, const Tensor& softmax, const Tensor& targ
   }
 }
 
-}  // namespace mt::ops
+}  // namespace mt::ops::cpu

@@ -1,4 +1,4 @@
-#include "ops/kda.h"
+#include "ops/cpu/kda.h"
 
 #include <omp.h>
 
@@ -9,11 +9,7 @@
 
 #include "core/arena.h"
 
-namespace mt::ops {
-
-float KdaParams::qk_scale() const {
-  return scale != 0.f ? scale : 1.f / std::sqrt(static_cast<float>(head_k));
-}
+namespace mt::ops::cpu {
 
 namespace {
 
@@ -22,41 +18,20 @@ struct Docs {
   std::vector<int64_t> off, chunk0;
 };
 
+// Offsets were validated by the entry (kda_saved_rows), so this only lays them out.
 Docs read_docs(const KdaParams& p, const Tensor& cu) {
-  MT_CHECK(p.tokens >= 0 && p.heads > 0 && p.head_k > 0 && p.head_v > 0 && p.num_seqs >= 0,
-           ValueError, "kda: bad dims tokens ", p.tokens, " heads ", p.heads, " head_k ", p.head_k,
-           " head_v ", p.head_v, " num_seqs ", p.num_seqs);
-  MT_CHECK(!p.chunked || p.chunk > 0, ValueError, "kda: chunk must be positive, got ", p.chunk);
-  expect_shape(cu, {p.num_seqs + 1}, "kda cu_seqlens");
   const int32_t* c = cu.i32();
   Docs d;
   d.off.resize(static_cast<size_t>(p.num_seqs + 1));
   d.chunk0.resize(static_cast<size_t>(p.num_seqs + 1));
-  MT_CHECK(c[0] == 0, ValueError, "kda: cu_seqlens[0] is ", c[0], ", expected 0");
   d.chunk0[0] = 0;
   for (int64_t n = 0; n <= p.num_seqs; ++n) {
     d.off[n] = c[n];
     if (n == 0) continue;
-    MT_CHECK(c[n] >= c[n - 1], ValueError, "kda: cu_seqlens decreases at ", n);
     const int64_t len = c[n] - c[n - 1];
     d.chunk0[n] = d.chunk0[n - 1] + (p.chunked ? (len + p.chunk - 1) / p.chunk : len);
   }
-  MT_CHECK(d.off[p.num_seqs] == p.tokens, ValueError, "kda: cu_seqlens ends at ", d.off[p.num_seqs],
-           ", expected tokens ", p.tokens);
   return d;
-}
-
-void check_inputs(const KdaParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                  const Tensor& g, const Tensor& beta) {
-  expect_shape(q, {p.tokens, p.heads, p.head_k}, "kda q");
-  expect_shape(k, {p.tokens, p.heads, p.head_k}, "kda k");
-  expect_shape(v, {p.tokens, p.heads, p.head_v}, "kda v");
-  expect_shape(g, {p.tokens, p.heads, p.head_k}, "kda g");
-  expect_shape(beta, {p.tokens, p.heads}, "kda beta");
-}
-
-Shape state_shape(const KdaParams& p) {
-  return {p.num_seqs, p.heads, p.head_k, p.head_v};
 }
 
 struct Dims {
@@ -469,10 +444,6 @@ int thread_count(const Context& ctx, int64_t tasks) {
 
 }  // namespace
 
-int64_t kda_saved_rows(const KdaParams& p, const Tensor& cu_seqlens) {
-  return read_docs(p, cu_seqlens).chunk0.back();
-}
-
 namespace {
 
 int64_t scratch_per_thread(const KdaParams& p, const Dims& d, bool backward) {
@@ -515,11 +486,6 @@ void kda_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, con
                  const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                  const Tensor& h0, Tensor& o, Tensor& hT, Tensor& saved) {
   const Docs docs = read_docs(p, cu_seqlens);
-  check_inputs(p, q, k, v, g, beta);
-  expect_shape(o, {p.tokens, p.heads, p.head_v}, "kda o");
-  if (h0.defined()) expect_shape(h0, state_shape(p), "kda h0");
-  if (hT.defined()) expect_shape(hT, state_shape(p), "kda hT");
-  expect_shape(saved, {docs.chunk0.back(), p.heads, p.head_k, p.head_v}, "kda saved");
   const Dims d = make_dims(p);
   const Inputs in{q.f32(), k.f32(), v.f32(), g.f32(), beta.f32()};
   const float* ph0 = h0.defined() ? h0.f32() : nullptr;
@@ -543,16 +509,6 @@ void kda_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, co
                   const Tensor& saved, const Tensor& dout, const Tensor& dhT, Tensor& dq,
                   Tensor& dk, Tensor& dv, Tensor& dg, Tensor& dbeta, Tensor& dh0) {
   const Docs docs = read_docs(p, cu_seqlens);
-  check_inputs(p, q, k, v, g, beta);
-  expect_shape(saved, {docs.chunk0.back(), p.heads, p.head_k, p.head_v}, "kda saved");
-  expect_shape(dout, {p.tokens, p.heads, p.head_v}, "kda dout");
-  if (dhT.defined()) expect_shape(dhT, state_shape(p), "kda dhT");
-  if (dh0.defined()) expect_shape(dh0, state_shape(p), "kda dh0");
-  expect_shape(dq, q.shape(), "kda dq");
-  expect_shape(dk, k.shape(), "kda dk");
-  expect_shape(dv, v.shape(), "kda dv");
-  expect_shape(dg, g.shape(), "kda dg");
-  expect_shape(dbeta, beta.shape(), "kda dbeta");
   const Dims d = make_dims(p);
   const Inputs in{q.f32(), k.f32(), v.f32(), g.f32(), beta.f32()};
   const Grads gr{dq.f32(), dk.f32(), dv.f32(), dg.f32(), dbeta.f32()};
@@ -571,4 +527,4 @@ void kda_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, co
   });
 }
 
-}  // namespace mt::ops
+}  // namespace mt::ops::cpu

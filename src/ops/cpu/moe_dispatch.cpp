@@ -1,33 +1,18 @@
-#include "ops/moe_dispatch.h"
+#include "ops/cpu/moe_dispatch.h"
 
 #include <algorithm>
 
-namespace mt::ops {
-
-namespace {
-
-void check_rows(const Tensor& rows, const Tensor& index, const char* what) {
-  MT_CHECK(rows.ndim() == 2 && index.ndim() == 1 && rows.dim(0) == index.dim(0), ShapeError, what,
-           ": rows ", rows.shape(), " vs index ", index.shape());
-}
-
-}  // namespace
+namespace mt::ops::cpu {
 
 void moe_dispatch_plan(Context&, const Tensor& ids, int64_t experts, Tensor& perm, Tensor& inv,
                        Tensor& offsets) {
-  MT_CHECK(ids.ndim() == 2, ShapeError, "expert ids must be [T,k], got ", ids.shape());
   const int64_t n = ids.numel();
-  expect_shape(perm, {n}, "dispatch perm");
-  expect_shape(inv, {n}, "dispatch inv");
-  expect_shape(offsets, {experts + 1}, "dispatch offsets");
   const int32_t* pid = ids.i32();
   int32_t* off = offsets.i32();
   int32_t* pp = perm.i32();
   int32_t* pi = inv.i32();
   std::fill(off, off + experts + 1, 0);
   for (int64_t s = 0; s < n; ++s) {
-    MT_CHECK(pid[s] >= 0 && pid[s] < experts, ValueError, "expert id ", pid[s], " at slot ", s,
-             " out of [0, ", experts, ")");
     ++off[pid[s] + 1];
   }
   for (int64_t e = 0; e < experts; ++e) off[e + 1] += off[e];
@@ -43,9 +28,6 @@ void moe_dispatch_plan(Context&, const Tensor& ids, int64_t experts, Tensor& per
 }
 
 void moe_gather(Context& ctx, const Tensor& x, const Tensor& perm, int64_t top_k, Tensor& rows) {
-  check_rows(rows, perm, "moe_gather");
-  MT_CHECK(x.ndim() == 2 && x.dim(1) == rows.dim(1) && x.dim(0) * top_k == rows.dim(0), ShapeError,
-           "moe_gather: x ", x.shape(), " with k ", top_k, " -> rows ", rows.shape());
   const int64_t n = rows.dim(0), w = rows.dim(1);
   const float* px = x.f32();
   const int32_t* pp = perm.i32();
@@ -56,10 +38,6 @@ void moe_gather(Context& ctx, const Tensor& x, const Tensor& perm, int64_t top_k
 
 void moe_gather_backward(Context& ctx, const Tensor& drows, const Tensor& inv, int64_t top_k,
                          Tensor& dx, bool accumulate) {
-  check_rows(drows, inv, "moe_gather backward");
-  MT_CHECK(dx.ndim() == 2 && dx.dim(1) == drows.dim(1) && dx.dim(0) * top_k == drows.dim(0),
-           ShapeError, "moe_gather backward: dx ", dx.shape(), " with k ", top_k, " <- drows ",
-           drows.shape());
   const int64_t T = dx.dim(0), w = dx.dim(1);
   const float* pd = drows.f32();
   const int32_t* pi = inv.i32();
@@ -78,11 +56,6 @@ void moe_gather_backward(Context& ctx, const Tensor& drows, const Tensor& inv, i
 
 void moe_combine(Context& ctx, const Tensor& rows, const Tensor& weights, const Tensor& inv,
                  Tensor& y) {
-  check_rows(rows, inv, "moe_combine");
-  MT_CHECK(weights.ndim() == 2 && y.ndim() == 2 && weights.dim(0) == y.dim(0) &&
-               weights.numel() == rows.dim(0) && y.dim(1) == rows.dim(1),
-           ShapeError, "moe_combine: rows ", rows.shape(), ", weights ", weights.shape(), " -> y ",
-           y.shape());
   const int64_t T = y.dim(0), w = y.dim(1), K = weights.dim(1);
   const float* pr = rows.f32();
   const float* pw = weights.f32();
@@ -102,13 +75,6 @@ void moe_combine(Context& ctx, const Tensor& rows, const Tensor& weights, const 
 
 void moe_combine_backward(Context& ctx, const Tensor& rows, const Tensor& weights,
                           const Tensor& inv, const Tensor& dy, Tensor& drows, Tensor& dweights) {
-  check_rows(rows, inv, "moe_combine backward");
-  expect_shape(drows, rows.shape(), "moe_combine drows");
-  expect_shape(dweights, weights.shape(), "moe_combine dweights");
-  MT_CHECK(weights.ndim() == 2 && dy.ndim() == 2 && weights.dim(0) == dy.dim(0) &&
-               weights.numel() == rows.dim(0) && dy.dim(1) == rows.dim(1),
-           ShapeError, "moe_combine backward: rows ", rows.shape(), ", weights ", weights.shape(),
-           ", dy ", dy.shape());
   const int64_t T = dy.dim(0), w = dy.dim(1), K = weights.dim(1);
   const float* pr = rows.f32();
   const float* pw = weights.f32();
@@ -134,4 +100,4 @@ void moe_combine_backward(Context& ctx, const Tensor& rows, const Tensor& weight
   }
 }
 
-}  // namespace mt::ops
+}  // namespace mt::ops::cpu

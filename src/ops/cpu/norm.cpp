@@ -1,4 +1,4 @@
-#include "ops/norm.h"
+#include "ops/cpu/norm.h"
 
 #include <omp.h>
 
@@ -6,18 +6,9 @@
 
 #include "core/arena.h"
 
-namespace mt::ops {
+namespace mt::ops::cpu {
 
 namespace {
-
-void check_rows(const NormParams& p, const Tensor& t, const char* what) {
-  expect_shape(t, {p.rows, p.dim}, what);
-}
-
-void check_params(const NormParams& p) {
-  MT_CHECK(p.rows >= 0 && p.dim > 0, ValueError, "norm: bad sizes rows=", p.rows, " dim=", p.dim);
-  MT_CHECK(p.eps >= 0, ValueError, "norm: eps must be >= 0, got ", p.eps);
-}
 
 // Per-thread partial column sums (one row of `partial` per thread) added into `dst` at the end:
 // rows are split across threads, so the weight gradient needs a reduction.
@@ -31,11 +22,6 @@ void reduce_partials(const Tensor& partial, int64_t dim, float* dst) {
 
 void rmsnorm_forward(Context& ctx, const NormParams& p, const Tensor& x, const Tensor& w, Tensor& y,
                      Tensor& rstd) {
-  check_params(p);
-  check_rows(p, x, "rmsnorm x");
-  check_rows(p, y, "rmsnorm y");
-  expect_shape(w, {p.dim}, "rmsnorm weight");
-  expect_shape(rstd, {p.rows}, "rmsnorm rstd");
   const float* px = x.f32();
   const float* pw = w.f32();
   float* py = y.f32();
@@ -55,14 +41,7 @@ void rmsnorm_forward(Context& ctx, const NormParams& p, const Tensor& x, const T
 
 void rmsnorm_backward(Context& ctx, const NormParams& p, const Tensor& x, const Tensor& w,
                       const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dw) {
-  check_params(p);
-  check_rows(p, x, "rmsnorm x");
-  check_rows(p, dy, "rmsnorm dy");
-  check_rows(p, dx, "rmsnorm dx");
-  expect_shape(w, {p.dim}, "rmsnorm weight");
-  expect_shape(rstd, {p.rows}, "rmsnorm rstd");
   const bool want_dw = dw.defined();
-  if (want_dw) expect_shape(dw, {p.dim}, "rmsnorm dw");
   const float* px = x.f32();
   const float* pw = w.f32();
   const float* pr = rstd.f32();
@@ -96,13 +75,6 @@ void rmsnorm_backward(Context& ctx, const NormParams& p, const Tensor& x, const 
 
 void layernorm_forward(Context& ctx, const NormParams& p, const Tensor& x, const Tensor& w,
                        const Tensor& b, Tensor& y, Tensor& mean, Tensor& rstd) {
-  check_params(p);
-  check_rows(p, x, "layernorm x");
-  check_rows(p, y, "layernorm y");
-  expect_shape(w, {p.dim}, "layernorm weight");
-  expect_shape(b, {p.dim}, "layernorm bias");
-  expect_shape(mean, {p.rows}, "layernorm mean");
-  expect_shape(rstd, {p.rows}, "layernorm rstd");
   const float* px = x.f32();
   const float* pw = w.f32();
   const float* pb = b.f32();
@@ -131,16 +103,7 @@ void layernorm_forward(Context& ctx, const NormParams& p, const Tensor& x, const
 void layernorm_backward(Context& ctx, const NormParams& p, const Tensor& x, const Tensor& w,
                         const Tensor& mean, const Tensor& rstd, const Tensor& dy, Tensor& dx,
                         Tensor& dw, Tensor& db) {
-  check_params(p);
-  check_rows(p, x, "layernorm x");
-  check_rows(p, dy, "layernorm dy");
-  check_rows(p, dx, "layernorm dx");
-  expect_shape(w, {p.dim}, "layernorm weight");
-  expect_shape(mean, {p.rows}, "layernorm mean");
-  expect_shape(rstd, {p.rows}, "layernorm rstd");
   const bool want_dw = dw.defined(), want_db = db.defined();
-  if (want_dw) expect_shape(dw, {p.dim}, "layernorm dw");
-  if (want_db) expect_shape(db, {p.dim}, "layernorm db");
   const float* px = x.f32();
   const float* pw = w.f32();
   const float* pm = mean.f32();
@@ -186,10 +149,6 @@ void layernorm_backward(Context& ctx, const NormParams& p, const Tensor& x, cons
 }
 
 void l2norm_forward(Context& ctx, const NormParams& p, const Tensor& x, Tensor& y, Tensor& rstd) {
-  check_params(p);
-  check_rows(p, x, "l2norm x");
-  check_rows(p, y, "l2norm y");
-  expect_shape(rstd, {p.rows}, "l2norm rstd");
   const float* px = x.f32();
   float* py = y.f32();
   float* pr = rstd.f32();
@@ -208,11 +167,6 @@ void l2norm_forward(Context& ctx, const NormParams& p, const Tensor& x, Tensor& 
 
 void l2norm_backward(Context& ctx, const NormParams& p, const Tensor& x, const Tensor& rstd,
                      const Tensor& dy, Tensor& dx) {
-  check_params(p);
-  check_rows(p, x, "l2norm x");
-  check_rows(p, dy, "l2norm dy");
-  check_rows(p, dx, "l2norm dx");
-  expect_shape(rstd, {p.rows}, "l2norm rstd");
   const float* px = x.f32();
   const float* pr = rstd.f32();
   const float* pdy = dy.f32();
@@ -232,4 +186,4 @@ void l2norm_backward(Context& ctx, const NormParams& p, const Tensor& x, const T
   }
 }
 
-}  // namespace mt::ops
+}  // namespace mt::ops::cpu

@@ -1,15 +1,11 @@
-#include "ops/optim.h"
+#include "ops/cpu/optim.h"
 
 #include <cmath>
 
-namespace mt::ops {
+namespace mt::ops::cpu {
 
 void adamw_step(Context& ctx, const AdamWParams& p, Tensor& param, const Tensor& grad, Tensor& m,
                 Tensor& v) {
-  MT_CHECK(p.step >= 1, ValueError, "adamw: step is 1-based, got ", p.step);
-  expect_shape(grad, param.shape(), "adamw grad");
-  expect_shape(m, param.shape(), "adamw first moment");
-  expect_shape(v, param.shape(), "adamw second moment");
   const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step));
   const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step));
   // Bias corrections folded into two scalars: step = lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps).
@@ -63,4 +59,4 @@ double clip_grad_norm(Context& ctx, const std::vector<Tensor>& grads, double max
   return norm;
 }
 
-}  // namespace mt::ops
+}  // namespace mt::ops::cpu

@@ -1,4 +1,4 @@
-#include "ops/overflow_route.h"
+#include "ops/cpu/overflow_route.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,6 +6,8 @@
 #include "core/error.h"
 #include "ops/moe_rules.h"
 
+// overflow_assign and contiguous_expert_ranks are host algorithms of the public API (the routing
+// simulator calls them too), so they stay in mt::ops; only the tensor entry has a cpu:: body.
 namespace mt::ops {
 
 namespace {
@@ -148,30 +150,22 @@ OverflowStats overflow_assign(const OverflowParams& p, const int32_t* cand, cons
   return st;
 }
 
+namespace cpu {
+
 OverflowStats overflow_route_forward(Context& ctx, const OverflowParams& p, const RouterParams& rp,
                                      const std::vector<int32_t>& expert_rank, const Tensor& scores,
                                      const Tensor& bias, const Tensor& cand, Tensor& ids,
                                      Tensor& weights) {
   const int64_t T = p.tokens, E = p.experts, K = p.top_k, W = p.top_k + p.extra;
-  MT_CHECK(rp.tokens == T && rp.experts == E && rp.top_k == K, ValueError,
-           "overflow routing: router params (", rp.tokens, ", ", rp.experts, ", ", rp.top_k,
-           ") differ from (", T, ", ", E, ", ", K, ")");
-  expect_shape(scores, {T, E}, "overflow scores");
-  expect_shape(cand, {T, W}, "overflow candidates");
-  expect_shape(ids, {T, K}, "overflow ids");
-  expect_shape(weights, {T, K}, "overflow weights");
-  if (bias.defined()) expect_shape(bias, {E}, "overflow bias");
   const float* s = scores.f32();
   const int32_t* c = cand.i32();
   std::vector<float> prio(static_cast<size_t>(T * W));
   for (int64_t t = 0; t < T; ++t)
     for (int64_t j = 0; j < W; ++j) {
       const int32_t e = c[t * W + j];
-      MT_CHECK(e >= 0 && e < E, ValueError, "candidate expert ", e, " of token ", t,
-               " outside [0, ", E, ")");
       prio[t * W + j] = s[t * E + e] + (bias.defined() ? bias.f32()[e] : 0.f);
     }
-  const OverflowStats st = overflow_assign(p, c, prio.data(), expert_rank, ids.i32(), nullptr);
+  const OverflowStats st = ops::overflow_assign(p, c, prio.data(), expert_rank, ids.i32(), nullptr);
   const int32_t* id = ids.i32();
   float* w = weights.f32();
 #pragma omp parallel for num_threads(ctx.threads()) schedule(static)
@@ -186,10 +180,6 @@ OverflowStats overflow_route_forward(Context& ctx, const OverflowParams& p, cons
   return st;
 }
 
-void overflow_route_backward(Context& ctx, const RouterParams& rp, const Tensor& scores,
-                             const Tensor& ids, const Tensor& dweights, Tensor& dlogits) {
-  // The weights are the router's function of the scores at the final ids, so its backward holds.
-  router_backward(ctx, rp, scores, ids, dweights, dlogits);
-}
+}  // namespace cpu
 
 }  // namespace mt::ops

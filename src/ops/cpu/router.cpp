@@ -1,22 +1,16 @@
-#include "ops/router.h"
+#include "ops/cpu/router.h"
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "ops/activation.h"
-#include "ops/moe_rules.h"
 
-namespace mt::ops {
+namespace mt::ops::cpu {
 
 namespace {
 
 constexpr double kNormEps = 1e-20;
-
-void check_params(const RouterParams& p) {
-  const std::string routing = routing_error(p.experts, p.top_k, p.n_group, p.topk_group);
-  MT_CHECK(routing.empty(), ValueError, "router: ", routing);
-}
 
 // Descending value, lower index first on ties: a strict weak order that makes selection
 // deterministic whatever the sort implementation.
@@ -40,14 +34,8 @@ void score_backward_row(ScoreFunc f, const float* s, const float* ds, float* dl,
 
 void router_forward(Context& ctx, const RouterParams& p, const Tensor& logits, const Tensor& bias,
                     Tensor& scores, Tensor& ids, Tensor& weights) {
-  check_params(p);
   const int64_t T = p.tokens, E = p.experts, K = p.top_k;
-  expect_shape(logits, {T, E}, "router logits");
-  expect_shape(scores, {T, E}, "router scores");
-  expect_shape(ids, {T, K}, "router ids");
-  expect_shape(weights, {T, K}, "router weights");
   const bool has_bias = bias.defined() && bias.numel() > 0;
-  if (has_bias) expect_shape(bias, {E}, "router selection bias");
   const int64_t G = p.n_group, gsize = E / G;
 
   ArenaScope scope(ctx.workspace());
@@ -127,12 +115,7 @@ void router_forward(Context& ctx, const RouterParams& p, const Tensor& logits, c
 
 void router_backward(Context& ctx, const RouterParams& p, const Tensor& scores, const Tensor& ids,
                      const Tensor& dweights, Tensor& dlogits) {
-  check_params(p);
   const int64_t T = p.tokens, E = p.experts, K = p.top_k;
-  expect_shape(scores, {T, E}, "router scores");
-  expect_shape(ids, {T, K}, "router ids");
-  expect_shape(dweights, {T, K}, "router dweights");
-  expect_shape(dlogits, {T, E}, "router dlogits");
   ArenaScope scope(ctx.workspace());
   Tensor ds_t = ctx.workspace().alloc({T, E});
   const float* ps = scores.f32();
@@ -167,11 +150,7 @@ void router_backward(Context& ctx, const RouterParams& p, const Tensor& scores, 
 
 double router_seq_aux_loss(Context& ctx, const RouterParams& p, const SeqInfo& seq,
                            const Tensor& scores, const Tensor& ids) {
-  const int64_t T = p.tokens, E = p.experts, K = p.top_k;
-  expect_shape(scores, {T, E}, "router scores");
-  expect_shape(ids, {T, K}, "router ids");
-  MT_CHECK(seq.tokens == T && seq.num_seqs > 0, ShapeError, "router aux: SeqInfo has ", seq.tokens,
-           " tokens, router ", T);
+  const int64_t E = p.experts, K = p.top_k;
   ArenaScope scope(ctx.workspace());
   Tensor cnt_t = ctx.workspace().alloc({seq.num_seqs, E});
   Tensor prob_t = ctx.workspace().alloc({seq.num_seqs, E});
@@ -205,11 +184,6 @@ double router_seq_aux_loss(Context& ctx, const RouterParams& p, const SeqInfo& s
 void router_seq_aux_backward(Context& ctx, const RouterParams& p, const SeqInfo& seq,
                              const Tensor& scores, const Tensor& ids, float grad, Tensor& dlogits) {
   const int64_t T = p.tokens, E = p.experts, K = p.top_k;
-  expect_shape(scores, {T, E}, "router scores");
-  expect_shape(ids, {T, K}, "router ids");
-  expect_shape(dlogits, {T, E}, "router dlogits");
-  MT_CHECK(seq.tokens == T && seq.num_seqs > 0, ShapeError, "router aux: SeqInfo has ", seq.tokens,
-           " tokens, router ", T);
   ArenaScope scope(ctx.workspace());
   Tensor f_t = ctx.workspace().zeros({seq.num_seqs, E});
   Tensor ds_t = ctx.workspace().alloc({T, E});
@@ -255,7 +229,6 @@ void router_seq_aux_backward(Context& ctx, const RouterParams& p, const SeqInfo&
 
 double router_z_loss(Context& ctx, const RouterParams& p, const Tensor& logits) {
   const int64_t T = p.tokens, E = p.experts;
-  expect_shape(logits, {T, E}, "router logits");
   if (T == 0) return 0;
   const float* pl = logits.f32();
   double total = 0;
@@ -275,8 +248,6 @@ double router_z_loss(Context& ctx, const RouterParams& p, const Tensor& logits) 
 void router_z_loss_backward(Context& ctx, const RouterParams& p, const Tensor& logits, float grad,
                             Tensor& dlogits) {
   const int64_t T = p.tokens, E = p.experts;
-  expect_shape(logits, {T, E}, "router logits");
-  expect_shape(dlogits, {T, E}, "router dlogits");
   const float* pl = logits.f32();
   float* pdl = dlogits.f32();
 #pragma omp parallel for num_threads(ctx.threads()) schedule(static)
@@ -294,22 +265,16 @@ void router_z_loss_backward(Context& ctx, const RouterParams& p, const Tensor& l
 }
 
 void expert_load_counts(Context&, const Tensor& ids, int64_t experts, Tensor& counts) {
-  MT_CHECK(ids.ndim() == 2, ShapeError, "expert ids must be [T,k], got ", ids.shape());
-  expect_shape(counts, {experts}, "expert load counts");
   const int32_t* pid = ids.i32();
   int64_t* c = counts.i64();
   std::fill(c, c + experts, int64_t{0});
   for (int64_t i = 0; i < ids.numel(); ++i) {
-    MT_CHECK(pid[i] >= 0 && pid[i] < experts, ValueError, "expert id ", pid[i], " out of [0, ",
-             experts, ")");
     ++c[pid[i]];
   }
 }
 
 void router_bias_update(const Tensor& load, float rate, Tensor& bias) {
-  MT_CHECK(load.ndim() == 1, ShapeError, "expert load must be [E], got ", load.shape());
   const int64_t E = load.dim(0);
-  expect_shape(bias, {E}, "router selection bias");
   const int64_t* l = load.i64();
   float* b = bias.f32();
   double mean = 0;
@@ -321,4 +286,4 @@ void router_bias_update(const Tensor& load, float rate, Tensor& bias) {
   }
 }
 
-}  // namespace mt::ops
+}  // namespace mt::ops::cpu

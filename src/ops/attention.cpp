@@ -1,0 +1,107 @@
+#include "ops/attention.h"
+
+#include <algorithm>
+
+#include "ops/cpu/attention.h"
+#include "ops/cuda/attention.h"
+#include "ops/dispatch.h"
+
+namespace mt::ops {
+
+namespace {
+
+void check_common(const AttentionParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const Tensor& indices) {
+  MT_CHECK(p.tokens >= 0 && p.heads > 0 && p.qk_dim > 0 && p.v_dim > 0 && p.kmax >= 0, ValueError,
+           "attention: bad params tokens ", p.tokens, " heads ", p.heads, " qk_dim ", p.qk_dim,
+           " v_dim ", p.v_dim, " kmax ", p.kmax);
+  MT_CHECK(p.kvh() > 0 && p.heads % p.kvh() == 0, ValueError, "attention: heads ", p.heads,
+           " not a multiple of kv_heads ", p.kvh());
+  expect_shape(q, {p.tokens, p.heads, p.qk_dim}, "attention q");
+  expect_shape(k, {p.tokens, p.kvh(), p.qk_dim}, "attention k");
+  expect_shape(v, {p.tokens, p.kvh(), p.v_dim}, "attention v");
+  expect_shape(indices, {p.tokens, p.kmax}, "attention indices");
+  MT_CHECK(indices.dtype() == DType::I32, ShapeError, "attention indices must be i32, got ",
+           dtype_name(indices.dtype()));
+}
+
+}  // namespace
+
+int64_t max_doc_len(const SeqInfo& seq) {
+  int64_t m = 0;
+  for (size_t d = 0; d + 1 < seq.offsets.size(); ++d)
+    m = std::max(m, seq.offsets[d + 1] - seq.offsets[d]);
+  return m;
+}
+
+void causal_indices(const SeqInfo& seq, Tensor& indices) {
+  MT_CHECK(
+      indices.ndim() == 2 && indices.dim(0) == seq.tokens && indices.dim(1) >= max_doc_len(seq),
+      ShapeError, "causal_indices: indices ", indices.shape(), " for ", seq.tokens,
+      " tokens, longest document ", max_doc_len(seq));
+  if (op_device("causal_indices", {&indices}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    no_cuda_kernel("causal_indices");  // until src/ops/cuda/attention.cu lands
+#else
+    no_cuda_backend("causal_indices");
+#endif
+  }
+  cpu::causal_indices(seq, indices);
+}
+
+void attention_forward(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
+                       const Tensor& v, const Tensor& indices, Tensor& o, Tensor& lse) {
+  check_common(p, q, k, v, indices);
+  expect_shape(o, {p.tokens, p.heads, p.v_dim}, "attention o");
+  expect_shape(lse, {p.tokens, p.heads}, "attention lse");
+  if (op_device("attention_forward", {&q, &k, &v, &indices, &o, &lse}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    no_cuda_kernel("attention_forward");  // until src/ops/cuda/attention.cu lands
+#else
+    no_cuda_backend("attention_forward");
+#endif
+  }
+  cpu::attention_forward(ctx, p, q, k, v, indices, o, lse);
+}
+
+void attention_backward(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& indices, const Tensor& o, const Tensor& lse,
+                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) {
+  check_common(p, q, k, v, indices);
+  expect_shape(o, {p.tokens, p.heads, p.v_dim}, "attention o");
+  expect_shape(lse, {p.tokens, p.heads}, "attention lse");
+  expect_shape(dout, o.shape(), "attention dout");
+  expect_shape(dq, q.shape(), "attention dq");
+  expect_shape(dk, k.shape(), "attention dk");
+  expect_shape(dv, v.shape(), "attention dv");
+  if (op_device("attention_backward", {&q, &k, &v, &indices, &o, &lse, &dout, &dq, &dk, &dv}) ==
+      Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    no_cuda_kernel("attention_backward");  // until src/ops/cuda/attention.cu lands
+#else
+    no_cuda_backend("attention_backward");
+#endif
+  }
+  cpu::attention_backward(ctx, p, q, k, v, indices, o, lse, dout, dq, dk, dv);
+}
+
+void attention_prob_sum(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
+                        const Tensor& indices, const Tensor& lse, Tensor& out) {
+  MT_CHECK(p.kvh() > 0 && p.heads % p.kvh() == 0, ValueError, "attention: heads ", p.heads,
+           " not a multiple of kv_heads ", p.kvh());
+  expect_shape(q, {p.tokens, p.heads, p.qk_dim}, "attention q");
+  expect_shape(k, {p.tokens, p.kvh(), p.qk_dim}, "attention k");
+  expect_shape(indices, {p.tokens, p.kmax}, "attention indices");
+  expect_shape(lse, {p.tokens, p.heads}, "attention lse");
+  expect_shape(out, {p.tokens, p.kmax}, "attention prob sum");
+  if (op_device("attention_prob_sum", {&q, &k, &indices, &lse, &out}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    no_cuda_kernel("attention_prob_sum");  // until src/ops/cuda/attention.cu lands
+#else
+    no_cuda_backend("attention_prob_sum");
+#endif
+  }
+  cpu::attention_prob_sum(ctx, p, q, k, indices, lse, out);
+}
+
+}  // namespace mt::ops

@@ -1,0 +1,24 @@
+// CUDA implementations of ops/router.h: same signatures as the public entries, which dispatch here
+// when their tensors live on the GPU. Declared ahead of src/ops/cuda/router.cu: until it lands, the
+// entries throw no_cuda_kernel in a CUDA build.
+#pragma once
+
+#include "ops/router.h"
+
+namespace mt::ops::cuda {
+
+void router_forward(Context& ctx, const RouterParams& p, const Tensor& logits, const Tensor& bias,
+                    Tensor& scores, Tensor& ids, Tensor& weights);
+void router_backward(Context& ctx, const RouterParams& p, const Tensor& scores, const Tensor& ids,
+                     const Tensor& dweights, Tensor& dlogits);
+double router_seq_aux_loss(Context& ctx, const RouterParams& p, const SeqInfo& seq,
+                           const Tensor& scores, const Tensor& ids);
+void router_seq_aux_backward(Context& ctx, const RouterParams& p, const SeqInfo& seq,
+                             const Tensor& scores, const Tensor& ids, float grad, Tensor& dlogits);
+double router_z_loss(Context& ctx, const RouterParams& p, const Tensor& logits);
+void router_z_loss_backward(Context& ctx, const RouterParams& p, const Tensor& logits, float grad,
+                            Tensor& dlogits);
+void expert_load_counts(Context& ctx, const Tensor& ids, int64_t experts, Tensor& counts);
+void router_bias_update(const Tensor& load, float rate, Tensor& bias);
+
+}  // namespace mt::ops::cuda

@@ -1,0 +1,118 @@
+#include "ops/indexer.h"
+
+#include <cmath>
+
+#include "ops/cpu/indexer.h"
+#include "ops/cuda/indexer.h"
+#include "ops/dispatch.h"
+
+namespace mt::ops {
+
+namespace {
+
+void check_scores(const IndexerParams& p, const Tensor& q, const Tensor& k, const Tensor& w,
+                  const Tensor& indices) {
+  MT_CHECK(p.tokens >= 0 && p.heads > 0 && p.head_dim > 0 && p.kmax >= 0, ValueError,
+           "indexer: bad params tokens ", p.tokens, " heads ", p.heads, " head_dim ", p.head_dim,
+           " kmax ", p.kmax);
+  expect_shape(q, {p.tokens, p.heads, p.head_dim}, "indexer q");
+  expect_shape(k, {p.tokens, p.head_dim}, "indexer k");
+  expect_shape(w, {p.tokens, p.heads}, "indexer w");
+  expect_shape(indices, {p.tokens, p.kmax}, "indexer indices");
+  MT_CHECK(indices.dtype() == DType::I32, ShapeError, "indexer indices must be i32, got ",
+           dtype_name(indices.dtype()));
+}
+
+void check_table(const Tensor& t, const Tensor& indices, const char* what) {
+  MT_CHECK(indices.ndim() == 2 && indices.dtype() == DType::I32, ShapeError,
+           "indexer: index table must be i32 [T, kmax], got ", indices.shape(), " ",
+           dtype_name(indices.dtype()));
+  expect_shape(t, indices.shape(), what);
+}
+
+}  // namespace
+
+float IndexerParams::eff_scale() const {
+  return scale != 0.f ? scale : 1.f / std::sqrt(static_cast<float>(head_dim));
+}
+
+void indexer_scores_forward(Context& ctx, const IndexerParams& p, const Tensor& q, const Tensor& k,
+                            const Tensor& w, const Tensor& indices, Tensor& scores) {
+  check_scores(p, q, k, w, indices);
+  expect_shape(scores, {p.tokens, p.kmax}, "indexer scores");
+  if (op_device("indexer_scores_forward", {&q, &k, &w, &indices, &scores}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    no_cuda_kernel("indexer_scores_forward");  // until src/ops/cuda/indexer.cu lands
+#else
+    no_cuda_backend("indexer_scores_forward");
+#endif
+  }
+  cpu::indexer_scores_forward(ctx, p, q, k, w, indices, scores);
+}
+
+void indexer_scores_backward(Context& ctx, const IndexerParams& p, const Tensor& q, const Tensor& k,
+                             const Tensor& w, const Tensor& indices, const Tensor& dscores,
+                             Tensor& dq, Tensor& dk, Tensor& dw) {
+  check_scores(p, q, k, w, indices);
+  expect_shape(dscores, {p.tokens, p.kmax}, "indexer dscores");
+  expect_shape(dq, q.shape(), "indexer dq");
+  expect_shape(dk, k.shape(), "indexer dk");
+  expect_shape(dw, w.shape(), "indexer dw");
+  if (op_device("indexer_scores_backward", {&q, &k, &w, &indices, &dscores, &dq, &dk, &dw}) ==
+      Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    no_cuda_kernel("indexer_scores_backward");  // until src/ops/cuda/indexer.cu lands
+#else
+    no_cuda_backend("indexer_scores_backward");
+#endif
+  }
+  cpu::indexer_scores_backward(ctx, p, q, k, w, indices, dscores, dq, dk, dw);
+}
+
+void topk_select(Context& ctx, const Tensor& scores, const Tensor& candidates, int64_t topk,
+                 Tensor& out) {
+  check_table(scores, candidates, "topk scores");
+  MT_CHECK(topk > 0, ValueError, "topk must be positive, got ", topk);
+  expect_shape(out, {candidates.dim(0), topk}, "topk output");
+  MT_CHECK(out.dtype() == DType::I32, ShapeError, "topk output must be i32");
+  if (op_device("topk_select", {&scores, &candidates, &out}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    no_cuda_kernel("topk_select");  // until src/ops/cuda/indexer.cu lands
+#else
+    no_cuda_backend("topk_select");
+#endif
+  }
+  cpu::topk_select(ctx, scores, candidates, topk, out);
+}
+
+double indexer_kl_forward(Context& ctx, const Tensor& scores, const Tensor& target,
+                          const Tensor& indices, Tensor& softmax) {
+  check_table(scores, indices, "indexer kl scores");
+  check_table(target, indices, "indexer kl target");
+  check_table(softmax, indices, "indexer kl softmax");
+  if (op_device("indexer_kl_forward", {&scores, &target, &indices, &softmax}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    no_cuda_kernel("indexer_kl_forward");  // until src/ops/cuda/indexer.cu lands
+#else
+    no_cuda_backend("indexer_kl_forward");
+#endif
+  }
+  return cpu::indexer_kl_forward(ctx, scores, target, indices, softmax);
+}
+
+void indexer_kl_backward(Context& ctx, const Tensor& softmax, const Tensor& target,
+                         const Tensor& indices, double dloss, Tensor& dscores) {
+  check_table(softmax, indices, "indexer kl softmax");
+  check_table(target, indices, "indexer kl target");
+  check_table(dscores, indices, "indexer kl dscores");
+  if (op_device("indexer_kl_backward", {&softmax, &target, &indices, &dscores}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    no_cuda_kernel("indexer_kl_backward");  // until src/ops/cuda/indexer.cu lands
+#else
+    no_cuda_backend("indexer_kl_backward");
+#endif
+  }
+  cpu::indexer_kl_backward(ctx, softmax, target, indices, dloss, dscores);
+}
+
+}  // namespace mt::ops

@@ -1,0 +1,108 @@
+#include "ops/kda.h"
+
+#include <cmath>
+
+#include "ops/cpu/kda.h"
+#include "ops/cuda/kda.h"
+#include "ops/dispatch.h"
+
+namespace mt::ops {
+
+namespace {
+
+void check_params(const KdaParams& p, const Tensor& cu) {
+  MT_CHECK(p.tokens >= 0 && p.heads > 0 && p.head_k > 0 && p.head_v > 0 && p.num_seqs >= 0,
+           ValueError, "kda: bad dims tokens ", p.tokens, " heads ", p.heads, " head_k ", p.head_k,
+           " head_v ", p.head_v, " num_seqs ", p.num_seqs);
+  MT_CHECK(!p.chunked || p.chunk > 0, ValueError, "kda: chunk must be positive, got ", p.chunk);
+  expect_shape(cu, {p.num_seqs + 1}, "kda cu_seqlens");
+}
+
+void check_inputs(const KdaParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const Tensor& g, const Tensor& beta) {
+  expect_shape(q, {p.tokens, p.heads, p.head_k}, "kda q");
+  expect_shape(k, {p.tokens, p.heads, p.head_k}, "kda k");
+  expect_shape(v, {p.tokens, p.heads, p.head_v}, "kda v");
+  expect_shape(g, {p.tokens, p.heads, p.head_k}, "kda g");
+  expect_shape(beta, {p.tokens, p.heads}, "kda beta");
+}
+
+Shape state_shape(const KdaParams& p) {
+  return {p.num_seqs, p.heads, p.head_k, p.head_v};
+}
+
+}  // namespace
+
+float KdaParams::qk_scale() const {
+  return scale != 0.f ? scale : 1.f / std::sqrt(static_cast<float>(head_k));
+}
+
+// Reads the offsets, so it runs on the host (the forward and backward call it only on the CPU
+// path; a device path sizes `saved` from SeqInfo's host copy).
+int64_t kda_saved_rows(const KdaParams& p, const Tensor& cu_seqlens) {
+  check_params(p, cu_seqlens);
+  const int32_t* c = cu_seqlens.i32();
+  MT_CHECK(c[0] == 0, ValueError, "kda: cu_seqlens[0] is ", c[0], ", expected 0");
+  int64_t rows = 0;
+  for (int64_t n = 1; n <= p.num_seqs; ++n) {
+    MT_CHECK(c[n] >= c[n - 1], ValueError, "kda: cu_seqlens decreases at ", n);
+    const int64_t len = c[n] - c[n - 1];
+    rows += p.chunked ? (len + p.chunk - 1) / p.chunk : len;
+  }
+  MT_CHECK(c[p.num_seqs] == p.tokens, ValueError, "kda: cu_seqlens ends at ", c[p.num_seqs],
+           ", expected tokens ", p.tokens);
+  return rows;
+}
+
+int64_t kda_scratch_floats(const KdaParams& p, int threads, bool backward) {
+  return cpu::kda_scratch_floats(p, threads, backward);
+}
+
+void kda_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
+                 const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                 const Tensor& h0, Tensor& o, Tensor& hT, Tensor& saved) {
+  check_params(p, cu_seqlens);
+  check_inputs(p, q, k, v, g, beta);
+  expect_shape(o, {p.tokens, p.heads, p.head_v}, "kda o");
+  if (h0.defined()) expect_shape(h0, state_shape(p), "kda h0");
+  if (hT.defined()) expect_shape(hT, state_shape(p), "kda hT");
+  if (op_device("kda_forward", {&cu_seqlens, &q, &k, &v, &g, &beta, &h0, &o, &hT, &saved}) ==
+      Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    no_cuda_kernel("kda_forward");  // until src/ops/cuda/kda.cu lands
+#else
+    no_cuda_backend("kda_forward");
+#endif
+  }
+  expect_shape(saved, {kda_saved_rows(p, cu_seqlens), p.heads, p.head_k, p.head_v}, "kda saved");
+  cpu::kda_forward(ctx, p, cu_seqlens, q, k, v, g, beta, h0, o, hT, saved);
+}
+
+void kda_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
+                  const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                  const Tensor& saved, const Tensor& dout, const Tensor& dhT, Tensor& dq,
+                  Tensor& dk, Tensor& dv, Tensor& dg, Tensor& dbeta, Tensor& dh0) {
+  check_params(p, cu_seqlens);
+  check_inputs(p, q, k, v, g, beta);
+  expect_shape(dout, {p.tokens, p.heads, p.head_v}, "kda dout");
+  if (dhT.defined()) expect_shape(dhT, state_shape(p), "kda dhT");
+  if (dh0.defined()) expect_shape(dh0, state_shape(p), "kda dh0");
+  expect_shape(dq, q.shape(), "kda dq");
+  expect_shape(dk, k.shape(), "kda dk");
+  expect_shape(dv, v.shape(), "kda dv");
+  expect_shape(dg, g.shape(), "kda dg");
+  expect_shape(dbeta, beta.shape(), "kda dbeta");
+  if (op_device("kda_backward", {&cu_seqlens, &q, &k, &v, &g, &beta, &saved, &dout, &dhT, &dq, &dk,
+                                 &dv, &dg, &dbeta, &dh0}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    no_cuda_kernel("kda_backward");  // until src/ops/cuda/kda.cu lands
+#else
+    no_cuda_backend("kda_backward");
+#endif
+  }
+  expect_shape(saved, {kda_saved_rows(p, cu_seqlens), p.heads, p.head_k, p.head_v}, "kda saved");
+  cpu::kda_backward(ctx, p, cu_seqlens, q, k, v, g, beta, saved, dout, dhT, dq, dk, dv, dg, dbeta,
+                    dh0);
+}
+
+}  // namespace mt::ops

@@ -1,0 +1,194 @@
+#include "ops/op_table.h"
+
+#include "core/error.h"
+#include "ops/dispatch.h"
+
+namespace mt::ops {
+
+const char* backend_name(Backend b) {
+  return b == Backend::Cpu ? "cpu" : "cuda";
+}
+
+const char* op_name(OpKind k) {
+  switch (k) {
+    case OpKind::Gemm:
+      return "gemm";
+    case OpKind::KdaCore:
+      return "kda_core";
+    case OpKind::MlaAttention:
+      return "mla_attention";
+    case OpKind::SparseAttention:
+      return "sparse_attention";
+    case OpKind::Indexer:
+      return "indexer";
+    case OpKind::Router:
+      return "router";
+    case OpKind::MoeDispatch:
+      return "moe_dispatch";
+    case OpKind::GroupedExperts:
+      return "grouped_experts";
+    case OpKind::CrossEntropy:
+      return "cross_entropy";
+    case OpKind::Norm:
+      return "norm";
+    case OpKind::Conv1d:
+      return "conv1d";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr size_t kOps = static_cast<size_t>(OpKind::Conv1d) + 1;
+constexpr int64_t kMaxCpuKdaChunk = 256;
+
+// Which CUDA kernels of the table exist in src/ops/cuda/: flip a flag when its kernel lands. An
+// entry is built only where both hold, so a CPU-only binary plans every GPU op as a fallback.
+namespace landed {
+constexpr bool cublas_bf16 = false;
+constexpr bool kda_chunk_cuda = false;
+constexpr bool flash_mla_cuda = false;
+constexpr bool sparse_mla_cuda = false;
+constexpr bool lightning_indexer_cuda = false;
+constexpr bool fused_router_cuda = false;
+constexpr bool a2a_dispatch_cuda = false;
+constexpr bool grouped_gemm_cuda = false;
+constexpr bool fused_ce_cuda = false;
+constexpr bool rmsnorm_cuda = false;
+constexpr bool causal_conv1d_cuda = false;
+}  // namespace landed
+
+std::string any(const OpShape&) {
+  return "";
+}
+
+std::string need_bf16(const OpShape& s) {
+  return s.dtype == "bf16" ? "" : "needs bf16, op is " + s.dtype;
+}
+
+std::string need_fp32(const OpShape& s) {
+  return s.dtype == "fp32" ? "" : "fp32 only, op is " + s.dtype;
+}
+
+}  // namespace
+
+void KernelRegistry::add(OpKind op, KernelImpl impl) {
+  if (by_op_.size() < kOps) by_op_.resize(kOps);
+  by_op_[static_cast<size_t>(op)].push_back(std::move(impl));
+}
+
+const std::vector<KernelImpl>& KernelRegistry::impls(OpKind op) const {
+  MT_CHECK(static_cast<size_t>(op) < by_op_.size(), InternalError, "no kernels for op ",
+           op_name(op));
+  return by_op_[static_cast<size_t>(op)];
+}
+
+KernelRegistry KernelRegistry::builtin() {
+  KernelRegistry r;
+  auto cpu_ref = [&](OpKind op, const std::string& name, const std::string& src) {
+    // The CPU ops compute in fp32; a bf16 model runs them on an fp32 copy.
+    r.add(op, {name, Backend::Cpu, true, true, src, any});
+  };
+  auto cuda = [&](OpKind op, const std::string& name, bool has_kernel, const std::string& src,
+                  std::function<std::string(const OpShape&)> accepts) {
+    const bool built = MOETRAIN_WITH_CUDA && has_kernel;
+    r.add(op, {name, Backend::Cuda, built, false, src, std::move(accepts)});
+  };
+  // Fast CPU paths first (preferred when they accept), then the references.
+  r.add(OpKind::KdaCore, {"kda_chunked_cpu", Backend::Cpu, true, false, "src/ops/cpu/kda.cpp (WY)",
+                          [](const OpShape& s) {
+                            if (!s.chunked) return std::string("config asks for the recurrence");
+                            // Each task's chunk buffers hold C x C products (C^2 + C (K + V)
+                            // floats per thread): past this they outgrow the caches they are
+                            // sized for, and the recurrence is the safer path.
+                            if (s.chunk > kMaxCpuKdaChunk)
+                              return "chunk " + std::to_string(s.chunk) + " > " +
+                                     std::to_string(kMaxCpuKdaChunk);
+                            return need_fp32(s);
+                          }});
+  cpu_ref(OpKind::KdaCore, "kda_recurrent_cpu", "src/ops/cpu/kda.cpp (token recurrence)");
+  cpu_ref(OpKind::Gemm, "blas_sgemm", "src/ops/gemm.cpp");
+  cpu_ref(OpKind::MlaAttention, "index_attention_cpu", "src/ops/cpu/attention.cpp");
+  cpu_ref(OpKind::SparseAttention, "index_attention_cpu", "src/ops/cpu/attention.cpp");
+  cpu_ref(OpKind::Indexer, "indexer_cpu", "src/ops/cpu/indexer.cpp");
+  cpu_ref(OpKind::Router, "router_cpu", "src/ops/cpu/router.cpp");
+  cpu_ref(OpKind::MoeDispatch, "stable_permute_cpu", "src/ops/cpu/moe_dispatch.cpp");
+  cpu_ref(OpKind::GroupedExperts, "grouped_ffn_cpu", "src/ops/grouped_ffn.cpp");
+  cpu_ref(OpKind::CrossEntropy, "chunked_lm_head_ce_cpu", "src/ops/cpu/cross_entropy.cpp");
+  cpu_ref(OpKind::Norm, "rmsnorm_cpu", "src/ops/cpu/norm.cpp");
+  cpu_ref(OpKind::Conv1d, "causal_conv1d_cpu", "src/ops/cpu/conv1d.cpp");
+
+  // CUDA kernels (constraints as their designs state; built per the flags in `landed`).
+  cuda(OpKind::Gemm, "cublas_bf16", landed::cublas_bf16, "cuBLAS", need_bf16);
+  cuda(OpKind::KdaCore, "kda_chunk_cuda", landed::kda_chunk_cuda, "fla-style chunk_kda",
+       [](const OpShape& s) {
+         if (!s.chunked) return std::string("config asks for the recurrence");
+         if (s.chunk != 64) return "chunk " + std::to_string(s.chunk) + " != 64";
+         if (s.head_dim > 256) return "head_dim " + std::to_string(s.head_dim) + " > 256";
+         return need_bf16(s);
+       });
+  cuda(OpKind::MlaAttention, "flash_mla_cuda", landed::flash_mla_cuda,
+       "flash attention over MLA heads", [](const OpShape& s) {
+         if (s.head_dim > 256) return "head_dim " + std::to_string(s.head_dim) + " > 256";
+         return need_bf16(s);
+       });
+  cuda(OpKind::SparseAttention, "sparse_mla_cuda", landed::sparse_mla_cuda, "top-k sparse MLA",
+       [](const OpShape& s) {
+         if (s.topk % 64 != 0)
+           return "index_topk " + std::to_string(s.topk) + " not a multiple of 64";
+         return need_bf16(s);
+       });
+  cuda(OpKind::Indexer, "lightning_indexer_cuda", landed::lightning_indexer_cuda,
+       "fp8/bf16 indexer scores", need_bf16);
+  cuda(OpKind::Router, "fused_router_cuda", landed::fused_router_cuda, "router top-k", any);
+  cuda(OpKind::MoeDispatch, "a2a_dispatch_cuda", landed::a2a_dispatch_cuda,
+       "NCCL all-to-all-v + permute", any);
+  cuda(OpKind::GroupedExperts, "grouped_gemm_cuda", landed::grouped_gemm_cuda,
+       "grouped GEMM (+ expert LoRA)", [](const OpShape& s) {
+         if (s.lora_rank > 128) return "expert LoRA rank " + std::to_string(s.lora_rank) + " > 128";
+         return need_bf16(s);
+       });
+  cuda(OpKind::CrossEntropy, "fused_ce_cuda", landed::fused_ce_cuda, "chunked fused LM head + CE",
+       any);
+  cuda(OpKind::Norm, "rmsnorm_cuda", landed::rmsnorm_cuda, "fused RMSNorm", any);
+  cuda(OpKind::Conv1d, "causal_conv1d_cuda", landed::causal_conv1d_cuda,
+       "depthwise causal conv, kernel <= 4", [](const OpShape&) { return std::string(); });
+  return r;
+}
+
+KernelChoice KernelRegistry::choose(OpKind op, Backend backend, const OpShape& shape) const {
+  KernelChoice c{.op = op};
+  std::string first_reject;
+  const KernelImpl* ref = nullptr;
+  const KernelImpl* cpu_ref = nullptr;
+  for (const KernelImpl& k : impls(op)) {
+    if (k.reference && k.backend == backend && !ref) ref = &k;
+    if (k.reference && k.backend == Backend::Cpu && !cpu_ref) cpu_ref = &k;
+    if (k.backend != backend || k.reference) continue;
+    std::string why = k.built ? k.accepts(shape)
+                              : "not built (no " + std::string(backend_name(backend)) +
+                                    " backend in this binary)";
+    if (why.empty()) {
+      c.kernel = k.name;
+      return c;
+    }
+    if (first_reject.empty()) first_reject = k.name + ": " + why;
+  }
+  c.fallback = true;
+  c.constrained = !first_reject.empty();
+  c.why = first_reject.empty() ? "no fast kernel registered" : first_reject;
+  if (backend != Backend::Cpu) {
+    // The CPU implementations (fp32) are the fallback of every other backend.
+    OpShape cpu = shape;
+    cpu.dtype = "fp32";
+    const KernelChoice on_cpu = choose(op, Backend::Cpu, cpu);
+    c.kernel = on_cpu.kernel;
+    return c;
+  }
+  const KernelImpl* fb = ref ? ref : cpu_ref;
+  MT_CHECK(fb, InternalError, "op ", op_name(op), " has no reference implementation");
+  c.kernel = fb->name;
+  return c;
+}
+
+}  // namespace mt::ops

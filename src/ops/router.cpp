@@ -1,0 +1,148 @@
+#include "ops/router.h"
+
+#include "ops/cpu/router.h"
+#include "ops/cuda/router.h"
+#include "ops/dispatch.h"
+#include "ops/moe_rules.h"
+
+namespace mt::ops {
+
+namespace {
+
+void check_params(const RouterParams& p) {
+  const std::string routing = routing_error(p.experts, p.top_k, p.n_group, p.topk_group);
+  MT_CHECK(routing.empty(), ValueError, "router: ", routing);
+}
+
+void check_aux(const RouterParams& p, const SeqInfo& seq, const Tensor& scores, const Tensor& ids) {
+  const int64_t T = p.tokens;
+  expect_shape(scores, {T, p.experts}, "router scores");
+  expect_shape(ids, {T, p.top_k}, "router ids");
+  MT_CHECK(seq.tokens == T && seq.num_seqs > 0, ShapeError, "router aux: SeqInfo has ", seq.tokens,
+           " tokens, router ", T);
+}
+
+}  // namespace
+
+void router_forward(Context& ctx, const RouterParams& p, const Tensor& logits, const Tensor& bias,
+                    Tensor& scores, Tensor& ids, Tensor& weights) {
+  check_params(p);
+  const int64_t T = p.tokens, E = p.experts, K = p.top_k;
+  expect_shape(logits, {T, E}, "router logits");
+  expect_shape(scores, {T, E}, "router scores");
+  expect_shape(ids, {T, K}, "router ids");
+  expect_shape(weights, {T, K}, "router weights");
+  if (bias.defined() && bias.numel() > 0) expect_shape(bias, {E}, "router selection bias");
+  if (op_device("router_forward", {&logits, &bias, &scores, &ids, &weights}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    no_cuda_kernel("router_forward");  // until src/ops/cuda/router.cu lands
+#else
+    no_cuda_backend("router_forward");
+#endif
+  }
+  cpu::router_forward(ctx, p, logits, bias, scores, ids, weights);
+}
+
+void router_backward(Context& ctx, const RouterParams& p, const Tensor& scores, const Tensor& ids,
+                     const Tensor& dweights, Tensor& dlogits) {
+  check_params(p);
+  const int64_t T = p.tokens, E = p.experts, K = p.top_k;
+  expect_shape(scores, {T, E}, "router scores");
+  expect_shape(ids, {T, K}, "router ids");
+  expect_shape(dweights, {T, K}, "router dweights");
+  expect_shape(dlogits, {T, E}, "router dlogits");
+  if (op_device("router_backward", {&scores, &ids, &dweights, &dlogits}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    no_cuda_kernel("router_backward");  // until src/ops/cuda/router.cu lands
+#else
+    no_cuda_backend("router_backward");
+#endif
+  }
+  cpu::router_backward(ctx, p, scores, ids, dweights, dlogits);
+}
+
+double router_seq_aux_loss(Context& ctx, const RouterParams& p, const SeqInfo& seq,
+                           const Tensor& scores, const Tensor& ids) {
+  check_aux(p, seq, scores, ids);
+  if (op_device("router_seq_aux_loss", {&scores, &ids}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    no_cuda_kernel("router_seq_aux_loss");  // until src/ops/cuda/router.cu lands
+#else
+    no_cuda_backend("router_seq_aux_loss");
+#endif
+  }
+  return cpu::router_seq_aux_loss(ctx, p, seq, scores, ids);
+}
+
+void router_seq_aux_backward(Context& ctx, const RouterParams& p, const SeqInfo& seq,
+                             const Tensor& scores, const Tensor& ids, float grad, Tensor& dlogits) {
+  check_aux(p, seq, scores, ids);
+  expect_shape(dlogits, {p.tokens, p.experts}, "router dlogits");
+  if (op_device("router_seq_aux_backward", {&scores, &ids, &dlogits}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    no_cuda_kernel("router_seq_aux_backward");  // until src/ops/cuda/router.cu lands
+#else
+    no_cuda_backend("router_seq_aux_backward");
+#endif
+  }
+  cpu::router_seq_aux_backward(ctx, p, seq, scores, ids, grad, dlogits);
+}
+
+double router_z_loss(Context& ctx, const RouterParams& p, const Tensor& logits) {
+  expect_shape(logits, {p.tokens, p.experts}, "router logits");
+  if (op_device("router_z_loss", {&logits}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    no_cuda_kernel("router_z_loss");  // until src/ops/cuda/router.cu lands
+#else
+    no_cuda_backend("router_z_loss");
+#endif
+  }
+  return cpu::router_z_loss(ctx, p, logits);
+}
+
+void router_z_loss_backward(Context& ctx, const RouterParams& p, const Tensor& logits, float grad,
+                            Tensor& dlogits) {
+  expect_shape(logits, {p.tokens, p.experts}, "router logits");
+  expect_shape(dlogits, {p.tokens, p.experts}, "router dlogits");
+  if (op_device("router_z_loss_backward", {&logits, &dlogits}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    no_cuda_kernel("router_z_loss_backward");  // until src/ops/cuda/router.cu lands
+#else
+    no_cuda_backend("router_z_loss_backward");
+#endif
+  }
+  cpu::router_z_loss_backward(ctx, p, logits, grad, dlogits);
+}
+
+void expert_load_counts(Context& ctx, const Tensor& ids, int64_t experts, Tensor& counts) {
+  MT_CHECK(ids.ndim() == 2, ShapeError, "expert ids must be [T,k], got ", ids.shape());
+  expect_shape(counts, {experts}, "expert load counts");
+  if (op_device("expert_load_counts", {&ids, &counts}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    no_cuda_kernel("expert_load_counts");  // until src/ops/cuda/router.cu lands
+#else
+    no_cuda_backend("expert_load_counts");
+#endif
+  }
+  // Reads the ids, so only on the host path.
+  const int32_t* pid = ids.i32();
+  for (int64_t i = 0; i < ids.numel(); ++i)
+    MT_CHECK(pid[i] >= 0 && pid[i] < experts, ValueError, "expert id ", pid[i], " out of [0, ",
+             experts, ")");
+  cpu::expert_load_counts(ctx, ids, experts, counts);
+}
+
+void router_bias_update(const Tensor& load, float rate, Tensor& bias) {
+  MT_CHECK(load.ndim() == 1, ShapeError, "expert load must be [E], got ", load.shape());
+  expect_shape(bias, {load.dim(0)}, "router selection bias");
+  if (op_device("router_bias_update", {&load, &bias}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    no_cuda_kernel("router_bias_update");  // until src/ops/cuda/router.cu lands
+#else
+    no_cuda_backend("router_bias_update");
+#endif
+  }
+  cpu::router_bias_update(load, rate, bias);
+}
+
+}  // namespace mt::ops

@@ -1,0 +1,179 @@
+// The device rule of the op entries (src/ops/dispatch.h): one device per call, chosen from the
+// tensors, checked before any data is read. CUDA tensors here are views of a bogus address tagged
+// Device::CUDA: an entry that touched their data would crash or hit Tensor's host-access check,
+// whose message differs from the ones these tests expect.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/context.h"
+#include "core/seq_info.h"
+#include "core/tensor.h"
+#include "ops/activation.h"
+#include "ops/attention.h"
+#include "ops/conv1d.h"
+#include "ops/cross_entropy.h"
+#include "ops/dispatch.h"
+#include "ops/embedding.h"
+#include "ops/kda.h"
+#include "ops/linear.h"
+#include "ops/moe_dispatch.h"
+#include "ops/norm.h"
+#include "ops/optim.h"
+#include "ops/router.h"
+
+namespace mt::test {
+namespace {
+
+// Never dereferenced: the address only makes the view a defined, non-empty tensor.
+void* bogus() {
+  static char byte;
+  return &byte;
+}
+
+Tensor on_cuda(Shape shape, DType dtype = DType::F32) {
+  return Tensor(bogus(), std::move(shape), dtype, Device::CUDA);
+}
+
+// Runs `call` and returns the message of the ValueError it throws ("" when it throws none).
+std::string value_error(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const ValueError& e) {
+    return e.message();
+  }
+  return "";
+}
+
+TEST(OpDispatch, DeviceOfDefinedTensors) {
+  Tensor a = Tensor::zeros({3, 4});
+  Tensor b = Tensor::zeros({4});
+  Tensor none;
+  EXPECT_EQ(ops::op_device("t", {&a, &b, &none}), Device::CPU);
+  Tensor c = on_cuda({3, 4}), d = on_cuda({2});
+  EXPECT_EQ(ops::op_device("t", {&c, &none, &d}), Device::CUDA);
+  // Absent optionals (undefined tensors) do not vote; with nothing defined the host runs it.
+  EXPECT_EQ(ops::op_device("t", {&none}), Device::CPU);
+  EXPECT_EQ(ops::op_device("t", std::vector<Tensor>{c, none, d}), Device::CUDA);
+}
+
+TEST(OpDispatch, MixedDevicesAreRefusedNamingTheOp) {
+  Tensor x = Tensor::zeros({3, 4});
+  Tensor w = on_cuda({4});
+  const std::string msg = value_error([&] { ops::op_device("my_op", {&x, &w}); });
+  EXPECT_NE(msg.find("my_op"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cpu"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cuda"), std::string::npos) << msg;
+
+  // Through an entry: a CPU activation with a CUDA weight is refused before any data is read.
+  Context ctx;
+  Tensor y = Tensor::zeros({3, 4});
+  Tensor rstd = Tensor::zeros({3});
+  const ops::NormParams p{.rows = 3, .dim = 4};
+  const std::string e = value_error([&] { ops::rmsnorm_forward(ctx, p, x, w, y, rstd); });
+  EXPECT_NE(e.find("rmsnorm_forward"), std::string::npos) << e;
+  EXPECT_NE(e.find("same device"), std::string::npos) << e;
+
+  std::vector<Tensor> grads{Tensor::zeros({5}), on_cuda({5})};
+  const std::string g = value_error([&] { ops::grad_norm_sq(ctx, grads); });
+  EXPECT_NE(g.find("grad_norm_sq"), std::string::npos) << g;
+}
+
+TEST(OpDispatch, ShapesAreCheckedBeforeTheDevice) {
+  // Validation is written once, in the entry, and applies whatever the device.
+  Context ctx;
+  Tensor x = on_cuda({3, 4}), w = on_cuda({5}), y = on_cuda({3, 4}), rstd = on_cuda({3});
+  const ops::NormParams p{.rows = 3, .dim = 4};
+  EXPECT_THROW(ops::rmsnorm_forward(ctx, p, x, w, y, rstd), ShapeError);
+}
+
+#if !MOETRAIN_WITH_CUDA
+// Each family's entries route CUDA tensors to the CUDA backend; a CPU-only binary says so. The
+// calls have valid shapes, and their index/offset tensors hold no readable values: the error must
+// come from the dispatch, before the host-side value checks.
+TEST(OpDispatch, CudaTensorsInACpuOnlyBuildNameTheMissingBackend) {
+  Context ctx;
+  const int64_t T = 6, D = 8, H = 2, K = 4, E = 4, k = 2, V = 16;
+  std::vector<std::pair<std::string, std::function<void()>>> calls;
+  calls.push_back(
+      {"rmsnorm_forward", [&] {
+         Tensor x = on_cuda({T, D}), w = on_cuda({D}), y = on_cuda({T, D}), r = on_cuda({T});
+         ops::rmsnorm_forward(ctx, {.rows = T, .dim = D}, x, w, y, r);
+       }});
+  calls.push_back({"silu_forward", [&] {
+                     Tensor x = on_cuda({T, D}), y = on_cuda({T, D});
+                     ops::silu_forward(ctx, x, y);
+                   }});
+  calls.push_back({"linear_forward", [&] {
+                     Tensor x = on_cuda({T, D}), w = on_cuda({K, D}), y = on_cuda({T, K}), none;
+                     ops::linear_forward(ctx, {.tokens = T, .in = D, .out = K}, x, w, none, none, y,
+                                         none);
+                   }});
+  calls.push_back(
+      {"embedding_forward", [&] {
+         Tensor ids = on_cuda({T}, DType::I32), tab = on_cuda({V, D}), y = on_cuda({T, D});
+         ops::embedding_forward(ctx, {.tokens = T, .vocab = V, .dim = D}, ids, tab, y);
+       }});
+  calls.push_back({"causal_conv1d_forward", [&] {
+                     Tensor cu = on_cuda({2}, DType::I32), x = on_cuda({T, D}), w = on_cuda({D, 4}),
+                            y = on_cuda({T, D});
+                     ops::causal_conv1d_forward(ctx, {.tokens = T, .channels = D, .kernel = 4}, cu,
+                                                x, w, y);
+                   }});
+  calls.push_back({"lm_head_cross_entropy_forward", [&] {
+                     Tensor h = on_cuda({T, D}), w = on_cuda({V, D}), tg = on_cuda({T}, DType::I32),
+                            lse = on_cuda({T});
+                     ops::lm_head_cross_entropy_forward(ctx, {.tokens = T, .hidden = D, .vocab = V},
+                                                        h, w, tg, lse);
+                   }});
+  calls.push_back({"attention_forward", [&] {
+                     const ops::AttentionParams p{
+                         .tokens = T, .heads = H, .qk_dim = K, .v_dim = K, .kmax = T, .scale = 1};
+                     Tensor q = on_cuda({T, H, K}), kk = on_cuda({T, H, K}), v = on_cuda({T, H, K}),
+                            idx = on_cuda({T, T}, DType::I32), o = on_cuda({T, H, K}),
+                            lse = on_cuda({T, H});
+                     ops::attention_forward(ctx, p, q, kk, v, idx, o, lse);
+                   }});
+  calls.push_back(
+      {"kda_forward", [&] {
+         const ops::KdaParams p{.tokens = T, .heads = H, .head_k = K, .head_v = K, .num_seqs = 1};
+         Tensor cu = on_cuda({2}, DType::I32), q = on_cuda({T, H, K}), kk = on_cuda({T, H, K}),
+                v = on_cuda({T, H, K}), g = on_cuda({T, H, K}), beta = on_cuda({T, H}),
+                o = on_cuda({T, H, K}), saved = on_cuda({1}), none;
+         ops::kda_forward(ctx, p, cu, q, kk, v, g, beta, none, o, none, saved);
+       }});
+  calls.push_back({"router_forward", [&] {
+                     Tensor l = on_cuda({T, E}), s = on_cuda({T, E}),
+                            ids = on_cuda({T, k}, DType::I32), w = on_cuda({T, k}), none;
+                     ops::router_forward(ctx, {.tokens = T, .experts = E, .top_k = k}, l, none, s,
+                                         ids, w);
+                   }});
+  calls.push_back({"expert_load_counts", [&] {
+                     Tensor ids = on_cuda({T, k}, DType::I32), c = on_cuda({E}, DType::I64);
+                     ops::expert_load_counts(ctx, ids, E, c);
+                   }});
+  calls.push_back({"moe_dispatch_plan", [&] {
+                     Tensor ids = on_cuda({T, k}, DType::I32), perm = on_cuda({T * k}, DType::I32),
+                            inv = on_cuda({T * k}, DType::I32), off = on_cuda({E + 1}, DType::I32);
+                     ops::moe_dispatch_plan(ctx, ids, E, perm, inv, off);
+                   }});
+  calls.push_back({"adamw_step", [&] {
+                     Tensor p = on_cuda({D}), g = on_cuda({D}), m = on_cuda({D}), v = on_cuda({D});
+                     ops::adamw_step(ctx, {}, p, g, m, v);
+                   }});
+  calls.push_back({"grad_norm_sq", [&] {
+                     std::vector<Tensor> grads{on_cuda({D}), Tensor(), on_cuda({3})};
+                     ops::grad_norm_sq(ctx, grads);
+                   }});
+  for (const auto& [op, call] : calls) {
+    const std::string msg = value_error(call);
+    EXPECT_NE(msg.find(op), std::string::npos) << op << ": " << msg;
+    EXPECT_NE(msg.find("built without CUDA"), std::string::npos) << op << ": " << msg;
+  }
+}
+#endif
+
+}  // namespace
+}  // namespace mt::test
