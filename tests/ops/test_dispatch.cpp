@@ -21,6 +21,7 @@
 #include "ops/linear.h"
 #include "ops/moe_dispatch.h"
 #include "ops/norm.h"
+#include "ops/op_table.h"
 #include "ops/optim.h"
 #include "ops/router.h"
 
@@ -87,6 +88,33 @@ TEST(OpDispatch, ShapesAreCheckedBeforeTheDevice) {
   Tensor x = on_cuda({3, 4}), w = on_cuda({5}), y = on_cuda({3, 4}), rstd = on_cuda({3});
   const ops::NormParams p{.rows = 3, .dim = 4};
   EXPECT_THROW(ops::rmsnorm_forward(ctx, p, x, w, y, rstd), ShapeError);
+}
+
+// The op table marks a CUDA kernel built only in a CUDA binary; a CPU-only binary offers the CPU
+// kernels and plans every GPU op as a fallback with that reason.
+TEST(OpTable, CudaKernelsAreBuiltOnlyWithTheBackend) {
+  const ops::KernelRegistry reg = ops::KernelRegistry::builtin();
+  int cuda_entries = 0;
+  for (int op = 0; op <= static_cast<int>(ops::OpKind::Conv1d); ++op) {
+    for (const ops::KernelImpl& k : reg.impls(static_cast<ops::OpKind>(op))) {
+      if (k.backend == ops::Backend::Cpu) {
+        EXPECT_TRUE(k.built) << k.name;
+        continue;
+      }
+      ++cuda_entries;
+      if (!MOETRAIN_WITH_CUDA) {
+        EXPECT_FALSE(k.built) << k.name;
+      }
+    }
+  }
+  EXPECT_GT(cuda_entries, 0);
+  if (!MOETRAIN_WITH_CUDA) {
+    const ops::KernelChoice c =
+        reg.choose(ops::OpKind::Norm, ops::Backend::Cuda, {.dtype = "bf16"});
+    EXPECT_TRUE(c.fallback);
+    EXPECT_EQ(c.kernel, "rmsnorm_cpu");
+    EXPECT_NE(c.why.find("not built"), std::string::npos) << c.why;
+  }
 }
 
 #if !MOETRAIN_WITH_CUDA
