@@ -37,8 +37,8 @@ float KdaParams::qk_scale() const {
   return scale != 0.f ? scale : 1.f / std::sqrt(static_cast<float>(head_k));
 }
 
-// Reads the offsets, so it runs on the host (the forward and backward call it only on the CPU
-// path; a device path sizes `saved` from SeqInfo's host copy).
+// Reads the offsets, so they must be in host memory; the entries check `saved` with it on the CPU
+// path only, after the dispatch.
 int64_t kda_saved_rows(const KdaParams& p, const Tensor& cu_seqlens) {
   check_params(p, cu_seqlens);
   const int32_t* c = cu_seqlens.i32();
