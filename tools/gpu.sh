@@ -14,9 +14,9 @@ shift || true
 
 pack() {
   MOETRAIN_CMAKE_ARGS="-DMOETRAIN_WERROR=ON -DMOETRAIN_CUDA=ON ${MOETRAIN_CMAKE_ARGS:-}" \
-    tools/build.sh build-cuda --target moetrain_cli test_cuda_ops
+    tools/build.sh build-cuda --target moetrain_cli gpu_suite
   rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib
-  cp build-cuda/moetrain build-cuda/tests/test_cuda_ops .gpu/bin/
+  cp build-cuda/moetrain build-cuda/tests/gpu_suite .gpu/bin/
   # Every library the binaries load except the C runtime and the CUDA driver/toolkit, which the
   # device image has in versions the binaries accept.
   for b in .gpu/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
@@ -32,12 +32,12 @@ test_stage() {
   export LD_LIBRARY_PATH="$PWD/.gpu/lib:${LD_LIBRARY_PATH:-}"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
   local rc=0
-  .gpu/bin/test_cuda_ops --gtest_output=json:"$out/test_cuda_ops.json" 2>&1 | tee "$out/test_cuda_ops.log" || rc=$?
+  .gpu/bin/gpu_suite --gtest_output=json:"$out/gpu_suite.json" 2>&1 | tee "$out/gpu_suite.log" || rc=$?
   local san="not run"
   if [ "${1:-}" = sanitize ]; then
     san=""
     for tool in memcheck racecheck; do
-      if compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/bin/test_cuda_ops \
+      if compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/bin/gpu_suite --gtest_filter="${SANITIZE_FILTER:-*Cuda*}" \
           --gtest_brief=1 >"$out/sanitize_$tool.log" 2>&1; then
         san="$san $tool:clean"
       else
@@ -48,15 +48,21 @@ test_stage() {
   python3 - "$out" "$rc" "$san" <<'PY'
 import json, sys
 out, rc, san = sys.argv[1], int(sys.argv[2]), sys.argv[3].strip()
-r = json.load(open(f"{out}/test_cuda_ops.json"))
-rows = []
+r = json.load(open(f"{out}/gpu_suite.json"))
+rows, why = [], {}
 for suite in r["testsuites"]:
     for t in suite["testsuite"]:
         status = "FAIL" if t.get("failures") else ("SKIP" if t.get("result") == "SKIPPED" else "ok")
-        rows.append((f'{suite["name"]}.{t["name"]}', status))
-json.dump({"tests": rows, "exit": rc, "sanitizer": san}, open(f"{out}/gpu_summary.json", "w"), indent=1)
+        name = f'{suite["name"]}.{t["name"]}'
+        rows.append((name, status))
+        if status == "FAIL":
+            msgs = [f["failure"] for f in t["failures"]]
+            why[name] = " | ".join(m.replace("\n", " ")[:160] for m in msgs[:2])
+json.dump({"tests": rows, "failures": why, "exit": rc, "sanitizer": san},
+          open(f"{out}/gpu_summary.json", "w"), indent=1)
 for name, status in rows:
-    print(f"{status:5} {name}")
+    if status != "ok":
+        print(f"{status:5} {name}: {why.get(name, '')[:300]}")
 print(f"tests: {sum(s == 'ok' for _, s in rows)} ok, {sum(s == 'FAIL' for _, s in rows)} failed, "
       f"{sum(s == 'SKIP' for _, s in rows)} skipped; sanitizer: {san}")
 PY

@@ -2,14 +2,19 @@
 
 #include "ops/cpu/elementwise.h"
 #include "ops/cuda/elementwise.h"
+#include "ops/dispatch.h"
 
 namespace mt::ops {
 
 namespace {
 
+// f32 everywhere; bf16 too on the GPU (the CPU bodies refuse it through their typed access).
 void same_f32(const Tensor& a, const Tensor& b, const char* op, const char* na, const char* nb) {
-  MT_CHECK(a.dtype() == DType::F32 && b.dtype() == DType::F32, ShapeError, op, ": ", na, " and ",
-           nb, " must be f32, got ", dtype_name(a.dtype()), " and ", dtype_name(b.dtype()));
+  const bool gpu = a.device() == Device::CUDA;
+  const bool ok =
+      a.dtype() == b.dtype() && (a.dtype() == DType::F32 || (gpu && a.dtype() == DType::BF16));
+  MT_CHECK(ok, ShapeError, op, ": ", na, " and ", nb, " must be f32", gpu ? " or bf16" : "",
+           ", got ", dtype_name(a.dtype()), " and ", dtype_name(b.dtype()));
   MT_CHECK(a.device() == b.device(), ValueError, op, ": ", na, " on ", device_name(a.device()),
            ", ", nb, " on ", device_name(b.device()));
 }
@@ -20,6 +25,13 @@ void add_into(Context& ctx, const Tensor& x, Tensor& acc) {
   same_f32(x, acc, "add_into", "x", "acc");
   expect_shape(x, acc.shape(), "add_into x");
   expect_shape(acc, x.shape(), "add_into acc");
+  if (op_device("add_into", {&x, &acc}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    return cuda::add_into(ctx, x, acc);
+#else
+    no_cuda_backend("add_into");
+#endif
+  }
   cpu::add_into(ctx, x, acc);
 }
 
@@ -27,6 +39,13 @@ void scale(Context& ctx, const Tensor& x, float s, Tensor& y) {
   same_f32(x, y, "scale", "x", "y");
   expect_shape(x, y.shape(), "scale x");
   expect_shape(y, x.shape(), "scale y");
+  if (op_device("scale", {&x, &y}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    return cuda::scale(ctx, x, s, y);
+#else
+    no_cuda_backend("scale");
+#endif
+  }
   cpu::scale(ctx, x, s, y);
 }
 
@@ -34,6 +53,13 @@ void sigmoid_forward(Context& ctx, const Tensor& x, Tensor& y) {
   same_f32(x, y, "sigmoid_forward", "x", "y");
   expect_shape(x, y.shape(), "sigmoid x");
   expect_shape(y, x.shape(), "sigmoid y");
+  if (op_device("sigmoid_forward", {&x, &y}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    return cuda::sigmoid_forward(ctx, x, y);
+#else
+    no_cuda_backend("sigmoid_forward");
+#endif
+  }
   cpu::sigmoid_forward(ctx, x, y);
 }
 
@@ -43,6 +69,13 @@ void sigmoid_backward(Context& ctx, const Tensor& y, const Tensor& dy, Tensor& d
   expect_shape(y, dx.shape(), "sigmoid y");
   expect_shape(dy, dx.shape(), "sigmoid dy");
   expect_shape(dx, y.shape(), "sigmoid dx");
+  if (op_device("sigmoid_backward", {&y, &dy, &dx}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    return cuda::sigmoid_backward(ctx, y, dy, dx);
+#else
+    no_cuda_backend("sigmoid_backward");
+#endif
+  }
   cpu::sigmoid_backward(ctx, y, dy, dx);
 }
 
@@ -52,6 +85,13 @@ void copy(Context& ctx, const Tensor& src, Tensor& dst) {
   MT_CHECK(src.device() == dst.device(), ValueError, "copy: ", device_name(src.device()), " into ",
            device_name(dst.device()));
   expect_dims(src, dst.shape(), "copy src");
+  if (op_device("copy", {&src, &dst}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    return cuda::copy(ctx, src, dst);
+#else
+    no_cuda_backend("copy");
+#endif
+  }
   cpu::copy(ctx, src, dst);
 }
 
@@ -60,6 +100,13 @@ void expand_heads_forward(Context& ctx, const Tensor& x, Tensor& y) {
   MT_CHECK(y.ndim() == 3, ShapeError, "expand_heads y has shape ", y.shape(),
            ", expected [T, heads, D]");
   expect_dims(x, {y.dim(0), y.dim(2)}, "expand_heads x");
+  if (op_device("expand_heads_forward", {&x, &y}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    return cuda::expand_heads_forward(ctx, x, y);
+#else
+    no_cuda_backend("expand_heads_forward");
+#endif
+  }
   cpu::expand_heads_forward(ctx, x, y);
 }
 
@@ -68,6 +115,13 @@ void expand_heads_backward(Context& ctx, const Tensor& dy, Tensor& dx) {
   MT_CHECK(dy.ndim() == 3, ShapeError, "expand_heads dy has shape ", dy.shape(),
            ", expected [T, heads, D]");
   expect_dims(dx, {dy.dim(0), dy.dim(2)}, "expand_heads dx");
+  if (op_device("expand_heads_backward", {&dy, &dx}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    return cuda::expand_heads_backward(ctx, dy, dx);
+#else
+    no_cuda_backend("expand_heads_backward");
+#endif
+  }
   cpu::expand_heads_backward(ctx, dy, dx);
 }
 

@@ -2,12 +2,14 @@
 
 #include "ops/cpu/gemm.h"
 #include "ops/cuda/gemm.h"
+#include "ops/dispatch.h"
 
 namespace mt::ops {
 
 void expect_matrix(const Tensor& t, const char* op, const char* what) {
-  MT_CHECK(t.ndim() == 2 && t.dtype() == DType::F32, ShapeError, op, ": ", what,
-           " must be a 2-D f32 matrix, got ", t.shape(), " ", dtype_name(t.dtype()));
+  MT_CHECK(t.ndim() == 2 && (t.dtype() == DType::F32 || t.dtype() == DType::BF16), ShapeError, op,
+           ": ", what, " must be a 2-D f32 or bf16 matrix, got ", t.shape(), " ",
+           dtype_name(t.dtype()));
   MT_CHECK(t.dim(1) <= 1 || t.stride(1) == 1, ShapeError, op, ": ", what, " ", t.shape(),
            " has column stride ", t.stride(1), "; rows must be dense");
   MT_CHECK(t.dim(0) <= 1 || t.stride(0) >= t.dim(1), ShapeError, op, ": ", what, " ", t.shape(),
@@ -23,8 +25,13 @@ void matmul(Context& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool t
   const int64_t kb = trans_b ? b.dim(1) : b.dim(0), n = trans_b ? b.dim(0) : b.dim(1);
   MT_CHECK(k == kb && c.dim(0) == m && c.dim(1) == n, ShapeError, "matmul shapes ", a.shape(),
            trans_a ? "^T" : "", " x ", b.shape(), trans_b ? "^T" : "", " -> ", c.shape());
-  MT_CHECK(a.device() == c.device() && b.device() == c.device(), ValueError, "matmul operands on ",
-           device_name(a.device()), ", ", device_name(b.device()), ", ", device_name(c.device()));
+  if (op_device("matmul", {&a, &b, &c}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    return cuda::matmul(ctx, a, trans_a, b, trans_b, c, alpha, beta);
+#else
+    no_cuda_backend("matmul");
+#endif
+  }
   cpu::matmul(ctx, a, trans_a, b, trans_b, c, alpha, beta);
 }
 

@@ -45,7 +45,7 @@ constexpr int64_t kMaxCpuKdaChunk = 256;
 // Which CUDA kernels of the table exist in src/ops/cuda/: flip a flag when its kernel lands. An
 // entry is built only where both hold, so a CPU-only binary plans every GPU op as a fallback.
 namespace landed {
-constexpr bool cublas_bf16 = false;
+constexpr bool cublas_bf16 = true;
 constexpr bool kda_chunk_cuda = false;
 constexpr bool flash_mla_cuda = false;
 constexpr bool sparse_mla_cuda = false;
@@ -53,9 +53,9 @@ constexpr bool lightning_indexer_cuda = false;
 constexpr bool fused_router_cuda = false;
 constexpr bool a2a_dispatch_cuda = false;
 constexpr bool grouped_gemm_cuda = false;
-constexpr bool fused_ce_cuda = false;
-constexpr bool rmsnorm_cuda = false;
-constexpr bool causal_conv1d_cuda = false;
+constexpr bool fused_ce_cuda = true;
+constexpr bool rmsnorm_cuda = true;
+constexpr bool causal_conv1d_cuda = true;
 }  // namespace landed
 
 std::string any(const OpShape&) {

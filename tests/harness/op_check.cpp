@@ -57,9 +57,13 @@ void device_pass(OpCase& op, uint64_t seed, const std::vector<InputSpec>& specs,
   Context ctx(ContextOptions{.device = Device::CUDA, .seed = seed});
   GuardedAlloc alloc(Device::CUDA);
   std::vector<Tensor> din;
-  for (const Tensor& t : in) {
-    Tensor d = alloc(t.shape(), t.dtype());
-    d.copy_from(t);
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (specs[i].host) {
+      din.push_back(in[i]);
+      continue;
+    }
+    Tensor d = alloc(in[i].shape(), in[i].dtype());
+    d.copy_from(in[i]);
     din.push_back(d);
   }
   std::vector<Tensor> out;
@@ -168,6 +172,10 @@ std::string GuardedAlloc::check() const {
       if (m[i] != kGuardByte) return cat("write after tensor ", b->shape, " (byte +", i - end, ")");
   }
   return "";
+}
+
+Tensor on_device(Context& ctx, const Tensor& t) {
+  return t.device() == ctx.device() ? t : t.to(ctx.device());
 }
 
 bool device_pass_enabled() {

@@ -40,6 +40,9 @@ struct InputSpec {
   double scale = 1.0;  // default draw: normal(0, scale)
   // Custom draw (token ids, indices, positive values...). Receives the allocated tensor.
   std::function<void(Rng&, Tensor&)> init;
+  // Stays in host memory in the device pass: a plan the op reads on the host (group offsets
+  // from the routing plan), never a tensor the kernels read.
+  bool host = false;
 };
 
 struct OutputSpec {
@@ -108,6 +111,10 @@ void check_op(OpCase& op, const CheckOptions& opt = {});
 // True when check_op also runs each case on the GPU (a GPU is visible, the binary has the CUDA
 // backend, and MOETRAIN_TEST_DEVICE is not "cpu").
 bool device_pass_enabled();
+
+// `t` on the context's device (a copy when it is elsewhere): for tensors a case builds itself,
+// such as cu_seqlens from a SeqInfo, so that the device pass hands the op one device.
+Tensor on_device(Context& ctx, const Tensor& t);
 
 // Conversions used by references.
 DVec to_dvec(const Tensor& t);

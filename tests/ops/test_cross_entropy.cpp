@@ -45,14 +45,16 @@ class CrossEntropyCase : public OpCase {
                               const std::vector<Tensor>& in) override {
     Tensor loss = alloc({1});
     lse_ = alloc({p_.tokens});
-    loss.f32()[0] = static_cast<float>(
+    Tensor host = Tensor::empty({1});
+    host.f32()[0] = static_cast<float>(
         scale() * ops::lm_head_cross_entropy_forward(ctx, p_, in[0], in[1], in[2], lse_));
+    loss.copy_from(host);
     return {loss, lse_};
   }
   void backward(Context& ctx, GuardedAlloc&, const std::vector<Tensor>& in,
                 const std::vector<Tensor>& dout, std::vector<Tensor>& grads) override {
     ops::lm_head_cross_entropy_backward(ctx, p_, in[0], in[1], in[2], lse_,
-                                        static_cast<float>(scale() * dout[0].f32()[0]), grads[0],
+                                        static_cast<float>(scale() * to_dvec(dout[0])[0]), grads[0],
                                         grads[1]);
   }
   std::vector<DVec> reference(const std::vector<DVec>& in) const override {

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "harness/op_check.h"
+#include "ops/elementwise.h"
 #include "ops/gemm.h"
 #include "ops/grouped_matmul.h"
 #include "ref/grouped_matmul_ref.h"
@@ -38,7 +39,8 @@ class GroupedMatmulCase : public OpCase {
              .shape = {G_ + 1},
              .dtype = DType::I32,
              .differentiable = false,
-             .init = [N](Rng& rng, Tensor& t) { draw_offsets(rng, t, N); }},
+             .init = [N](Rng& rng, Tensor& t) { draw_offsets(rng, t, N); },
+             .host = true},
             {.name = "w", .shape = {G_, out_, in_}, .accumulate = true, .scale = 0.5}};
   }
   std::vector<OutputSpec> outputs() const override { return {{"y"}}; }
@@ -50,22 +52,22 @@ class GroupedMatmulCase : public OpCase {
   std::vector<Tensor> forward(Context& ctx, GuardedAlloc& alloc,
                               const std::vector<Tensor>& in) override {
     Tensor x = operand(alloc, N_, in_);
-    x.copy_from(in[0]);
+    ops::copy(ctx, in[0], x);
     Tensor y = operand(alloc, N_, out_);
     ops::grouped_matmul(ctx, {.form = ops::GroupedForm::XWt}, x, in[1], in[2], y);
     Tensor out = alloc({N_, out_});
-    out.copy_from(y);
+    ops::copy(ctx, y, out);
     return {out};
   }
   void backward(Context& ctx, GuardedAlloc& alloc, const std::vector<Tensor>& in,
                 const std::vector<Tensor>& dout, std::vector<Tensor>& grads) override {
     Tensor dy = operand(alloc, N_, out_);
-    dy.copy_from(dout[0]);
+    ops::copy(ctx, dout[0], dy);
     Tensor x = operand(alloc, N_, in_);
-    x.copy_from(in[0]);
+    ops::copy(ctx, in[0], x);
     Tensor dx = operand(alloc, N_, in_);
     ops::grouped_matmul(ctx, {.form = ops::GroupedForm::DyW}, dy, in[1], in[2], dx);
-    grads[0].copy_from(dx);
+    ops::copy(ctx, dx, grads[0]);
     ops::grouped_matmul(ctx, {.form = ops::GroupedForm::DytX, .beta = 1.f}, dy, in[1], x, grads[2]);
   }
   std::vector<DVec> reference(const std::vector<DVec>& in) const override {

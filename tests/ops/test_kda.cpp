@@ -164,15 +164,16 @@ class KdaCase : public OpCase {
     Tensor o = alloc({seq_.tokens, s_.heads, s_.head_v});
     Tensor hT = alloc({seq_.num_seqs, s_.heads, s_.head_k, s_.head_v});
     saved_ = alloc({ops::kda_saved_rows(p_, seq_.cu_seqlens), s_.heads, s_.head_k, s_.head_v});
-    ops::kda_forward(ctx, p_, seq_.cu_seqlens, in[0], in[1], in[2], in[3], in[4], h0(in), o, hT,
-                     saved_);
+    ops::kda_forward(ctx, p_, on_device(ctx, seq_.cu_seqlens), in[0], in[1], in[2], in[3], in[4],
+                     h0(in), o, hT, saved_);
     return {o, hT};
   }
   void backward(Context& ctx, GuardedAlloc& alloc, const std::vector<Tensor>& in,
                 const std::vector<Tensor>& dout, std::vector<Tensor>& grads) override {
     Tensor dh0 = s_.h0 ? grads[5] : alloc({seq_.num_seqs, s_.heads, s_.head_k, s_.head_v});
-    ops::kda_backward(ctx, p_, seq_.cu_seqlens, in[0], in[1], in[2], in[3], in[4], saved_, dout[0],
-                      dout[1], grads[0], grads[1], grads[2], grads[3], grads[4], dh0);
+    ops::kda_backward(ctx, p_, on_device(ctx, seq_.cu_seqlens), in[0], in[1], in[2], in[3], in[4],
+                      saved_, dout[0], dout[1], grads[0], grads[1], grads[2], grads[3], grads[4],
+                      dh0);
   }
   std::vector<DVec> reference(const std::vector<DVec>& in) const override {
     ref::KdaDims d{

@@ -1,0 +1,141 @@
+// Element ops on the GPU: contiguous element-wise maps, and the strided copy / head expansion
+// that split and join fused projections through cols() views.
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/elementwise.h"
+
+namespace mt::ops::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxDims = 6;
+
+template <typename F>
+__global__ void each_kernel(int64_t n, F f) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    f(i);
+}
+
+template <typename F>
+void each(Context& ctx, int64_t n, F f) {
+  if (n == 0) return;
+  each_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream(ctx)>>>(n, f);
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+// Shape and strides of a tensor, by value into a kernel: element i of the row-major index space
+// lives at offset(i).
+struct Layout {
+  int nd = 0;
+  int64_t dims[kMaxDims] = {};
+  int64_t strides[kMaxDims] = {};
+  __device__ int64_t offset(int64_t i) const {
+    int64_t off = 0;
+    for (int d = nd - 1; d >= 0; --d) {
+      off += (i % dims[d]) * strides[d];
+      i /= dims[d];
+    }
+    return off;
+  }
+};
+
+Layout layout(const Tensor& t) {
+  MT_CHECK(t.ndim() <= kMaxDims, ShapeError, "strided CUDA copy supports up to ", kMaxDims,
+           " dimensions, got ", t.shape());
+  Layout l;
+  l.nd = t.ndim();
+  for (int d = 0; d < l.nd; ++d) {
+    l.dims[d] = t.dim(d);
+    l.strides[d] = t.stride(d);
+  }
+  return l;
+}
+
+}  // namespace
+
+void add_into(Context& ctx, const Tensor& x, Tensor& acc) {
+  expect_same_dtype("add_into", x, acc, "acc");
+  MT_DISPATCH_FLOAT(x, "add_into", {
+    const T* px = ptr<T>(x);
+    T* pa = ptr<T>(acc);
+    each(ctx, x.numel(), [=] __device__(int64_t i) { st(pa, i, ld(pa, i) + ld(px, i)); });
+  });
+}
+
+void scale(Context& ctx, const Tensor& x, float s, Tensor& y) {
+  expect_same_dtype("scale", x, y, "y");
+  MT_DISPATCH_FLOAT(x, "scale", {
+    const T* px = ptr<T>(x);
+    T* py = ptr<T>(y);
+    each(ctx, x.numel(), [=] __device__(int64_t i) { st(py, i, s * ld(px, i)); });
+  });
+}
+
+void sigmoid_forward(Context& ctx, const Tensor& x, Tensor& y) {
+  expect_same_dtype("sigmoid", x, y, "y");
+  MT_DISPATCH_FLOAT(x, "sigmoid", {
+    const T* px = ptr<T>(x);
+    T* py = ptr<T>(y);
+    each(ctx, x.numel(),
+         [=] __device__(int64_t i) { st(py, i, 1.f / (1.f + __expf(-ld(px, i)))); });
+  });
+}
+
+void sigmoid_backward(Context& ctx, const Tensor& y, const Tensor& dy, Tensor& dx) {
+  expect_same_dtype("sigmoid", y, dy, "dy");
+  expect_same_dtype("sigmoid", y, dx, "dx");
+  MT_DISPATCH_FLOAT(y, "sigmoid", {
+    const T* py = ptr<T>(y);
+    const T* pd = ptr<T>(dy);
+    T* px = ptr<T>(dx);
+    each(ctx, y.numel(), [=] __device__(int64_t i) {
+      const float v = ld(py, i);
+      st(px, i, ld(pd, i) * v * (1.f - v));
+    });
+  });
+}
+
+void copy(Context& ctx, const Tensor& src, Tensor& dst) {
+  expect_same_dtype("copy", src, dst, "dst");
+  const Layout ls = layout(src), lt = layout(dst);
+  MT_DISPATCH_FLOAT(src, "copy", {
+    const T* ps = ptr<T>(src);
+    T* pt = ptr<T>(dst);
+    each(ctx, src.numel(), [=] __device__(int64_t i) { pt[lt.offset(i)] = ps[ls.offset(i)]; });
+  });
+}
+
+void expand_heads_forward(Context& ctx, const Tensor& x, Tensor& y) {
+  expect_same_dtype("expand_heads", x, y, "y");
+  const int64_t H = y.dim(1), D = y.dim(2);
+  const int64_t xs0 = x.stride(0), xs1 = x.stride(1);
+  const int64_t ys0 = y.stride(0), ys1 = y.stride(1), ys2 = y.stride(2);
+  MT_DISPATCH_FLOAT(x, "expand_heads", {
+    const T* px = ptr<T>(x);
+    T* py = ptr<T>(y);
+    each(ctx, y.numel(), [=] __device__(int64_t e) {
+      const int64_t t = e / (H * D), h = (e / D) % H, i = e % D;
+      py[t * ys0 + h * ys1 + i * ys2] = px[t * xs0 + i * xs1];
+    });
+  });
+}
+
+void expand_heads_backward(Context& ctx, const Tensor& dy, Tensor& dx) {
+  expect_same_dtype("expand_heads", dy, dx, "dx");
+  const int64_t H = dy.dim(1), D = dy.dim(2);
+  const int64_t xs0 = dx.stride(0), xs1 = dx.stride(1);
+  const int64_t ys0 = dy.stride(0), ys1 = dy.stride(1), ys2 = dy.stride(2);
+  MT_DISPATCH_FLOAT(dy, "expand_heads", {
+    const T* py = ptr<T>(dy);
+    T* px = ptr<T>(dx);
+    each(ctx, dx.numel(), [=] __device__(int64_t e) {
+      const int64_t t = e / D, i = e % D;
+      float s = 0.f;  // heads summed in order: deterministic
+      for (int64_t h = 0; h < H; ++h) s += ld(py, t * ys0 + h * ys1 + i * ys2);
+      st(px, t * xs0 + i * xs1, s);
+    });
+  });
+}
+
+}  // namespace mt::ops::cuda
