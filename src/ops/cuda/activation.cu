@@ -6,25 +6,8 @@ namespace mt::ops::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
-
 __device__ __forceinline__ float sigm(float x) {
   return 1.f / (1.f + __expf(-x));
-}
-
-// Launches f(i) for every i < n over a grid-stride loop.
-template <typename F>
-__global__ void each_kernel(int64_t n, F f) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    f(i);
-}
-
-template <typename F>
-void each(Context& ctx, int64_t n, F f) {
-  if (n == 0) return;
-  each_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream(ctx)>>>(n, f);
-  MT_CUDA_LAUNCH_CHECK();
 }
 
 void same(const char* op, const Tensor& a, std::initializer_list<const Tensor*> rest) {
@@ -42,7 +25,7 @@ void silu_forward(Context& ctx, const Tensor& x, Tensor& y) {
   MT_DISPATCH_FLOAT(x, "silu", {
     const T* px = ptr<T>(x);
     T* py = ptr<T>(y);
-    each(ctx, x.numel(), [=] __device__(int64_t i) {
+    for_each_index(ctx, x.numel(), [=] __device__(int64_t i) {
       const float v = ld(px, i);
       st(py, i, v * sigm(v));
     });
@@ -55,7 +38,7 @@ void silu_backward(Context& ctx, const Tensor& x, const Tensor& dy, Tensor& dx) 
     const T* px = ptr<T>(x);
     const T* pdy = ptr<T>(dy);
     T* pdx = ptr<T>(dx);
-    each(ctx, x.numel(), [=] __device__(int64_t i) {
+    for_each_index(ctx, x.numel(), [=] __device__(int64_t i) {
       const float v = ld(px, i), s = sigm(v);
       st(pdx, i, ld(pdy, i) * s * (1.f + v * (1.f - s)));
     });
@@ -68,7 +51,7 @@ void swiglu_forward(Context& ctx, const Tensor& gate, const Tensor& up, Tensor& 
     const T* pg = ptr<T>(gate);
     const T* pu = ptr<T>(up);
     T* py = ptr<T>(y);
-    each(ctx, gate.numel(), [=] __device__(int64_t i) {
+    for_each_index(ctx, gate.numel(), [=] __device__(int64_t i) {
       const float g = ld(pg, i);
       st(py, i, g * sigm(g) * ld(pu, i));
     });
@@ -84,7 +67,7 @@ void swiglu_backward(Context& ctx, const Tensor& gate, const Tensor& up, const T
     const T* pdy = ptr<T>(dy);
     T* pdg = ptr<T>(dgate);
     T* pdu = ptr<T>(dup);
-    each(ctx, gate.numel(), [=] __device__(int64_t i) {
+    for_each_index(ctx, gate.numel(), [=] __device__(int64_t i) {
       const float g = ld(pg, i), s = sigm(g), d = ld(pdy, i);
       st(pdu, i, d * g * s);
       st(pdg, i, d * ld(pu, i) * s * (1.f + g * (1.f - s)));
@@ -98,7 +81,8 @@ void sigmoid_gate_forward(Context& ctx, const Tensor& x, const Tensor& g, Tensor
     const T* px = ptr<T>(x);
     const T* pg = ptr<T>(g);
     T* py = ptr<T>(y);
-    each(ctx, x.numel(), [=] __device__(int64_t i) { st(py, i, ld(px, i) * sigm(ld(pg, i))); });
+    for_each_index(ctx, x.numel(),
+                   [=] __device__(int64_t i) { st(py, i, ld(px, i) * sigm(ld(pg, i))); });
   });
 }
 
@@ -111,7 +95,7 @@ void sigmoid_gate_backward(Context& ctx, const Tensor& x, const Tensor& g, const
     const T* pdy = ptr<T>(dy);
     T* pdx = ptr<T>(dx);
     T* pdg = ptr<T>(dg);
-    each(ctx, x.numel(), [=] __device__(int64_t i) {
+    for_each_index(ctx, x.numel(), [=] __device__(int64_t i) {
       const float s = sigm(ld(pg, i)), d = ld(pdy, i);
       st(pdx, i, d * s);
       st(pdg, i, d * ld(px, i) * s * (1.f - s));

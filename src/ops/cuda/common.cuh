@@ -72,6 +72,22 @@ inline unsigned blocks_for(int64_t n, int threads, int64_t cap = 65535LL * 32) {
   return static_cast<unsigned>(b < cap ? b : cap);
 }
 
+// f(i) for every i < n, over a grid-stride loop: the shape of every element-wise kernel.
+template <typename F>
+__global__ void for_each_index_kernel(int64_t n, F f) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    f(i);
+}
+
+template <typename F>
+void for_each_index(Context& ctx, int64_t n, F f) {
+  if (n == 0) return;
+  constexpr int threads = 256;
+  for_each_index_kernel<<<blocks_for(n, threads), threads, 0, stream(ctx)>>>(n, f);
+  MT_CUDA_LAUNCH_CHECK();
+}
+
 // Sum over a block of blockDim.x threads (a multiple of 32, at most 1024); every thread gets it.
 __device__ __forceinline__ float block_sum(float v) {
   __shared__ float part[32];

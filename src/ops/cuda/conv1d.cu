@@ -10,8 +10,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// The first token of t's document: the largest cu[i] <= t.
-__device__ __forceinline__ int64_t doc_start(const int32_t* cu, int64_t docs, int64_t t) {
+// The document holding token t: the largest i with cu[i] <= t (cu[0] = 0 <= t < cu[docs]).
+__device__ __forceinline__ int64_t doc_of(const int32_t* cu, int64_t docs, int64_t t) {
   int64_t lo = 0, hi = docs;  // invariant: cu[lo] <= t < cu[hi]
   while (hi - lo > 1) {
     const int64_t mid = (lo + hi) / 2;
@@ -20,19 +20,7 @@ __device__ __forceinline__ int64_t doc_start(const int32_t* cu, int64_t docs, in
     else
       hi = mid;
   }
-  return cu[lo];
-}
-
-__device__ __forceinline__ int64_t doc_end(const int32_t* cu, int64_t docs, int64_t t) {
-  int64_t lo = 0, hi = docs;
-  while (hi - lo > 1) {
-    const int64_t mid = (lo + hi) / 2;
-    if (cu[mid] <= t)
-      lo = mid;
-    else
-      hi = mid;
-  }
-  return cu[hi];
+  return lo;
 }
 
 template <typename T>
@@ -40,7 +28,7 @@ __global__ void conv_fwd_kernel(int64_t tokens, int64_t C, int64_t K, int64_t do
                                 const int32_t* cu, const T* x, const T* w, T* y) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < tokens * C;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t t = i / C, c = i % C, s0 = doc_start(cu, docs, t);
+    const int64_t t = i / C, c = i % C, s0 = cu[doc_of(cu, docs, t)];
     float acc = 0.f;
     for (int64_t j = 0; j < K; ++j) {
       const int64_t s = t - (K - 1) + j;
@@ -55,7 +43,7 @@ __global__ void conv_bwd_kernel(int64_t tokens, int64_t C, int64_t K, int64_t do
                                 const int32_t* cu, const T* w, const T* dy, T* dx) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < tokens * C;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t s = i / C, c = i % C, e = doc_end(cu, docs, s);
+    const int64_t s = i / C, c = i % C, e = cu[doc_of(cu, docs, s) + 1];
     float acc = 0.f;
     for (int64_t j = 0; j < K; ++j) {
       const int64_t t = s + (K - 1) - j;  // the output that reads x[s] through tap j
@@ -101,7 +89,7 @@ void causal_conv1d_backward(Context& ctx, const CausalConvParams& p, const Tenso
       colsum_accumulate(ctx, p.tokens, C * K, ptr<float>(dw),
                         [=] __device__(int64_t tok, int64_t col) {
                           const int64_t c = col / K, j = col % K, s = tok - (K - 1) + j;
-                          if (s < doc_start(cu, docs, tok)) return 0.f;
+                          if (s < cu[doc_of(cu, docs, tok)]) return 0.f;
                           return ld(pdy, tok * C + c) * ld(px, s * C + c);
                         });
     }

@@ -7,22 +7,7 @@ namespace mt::ops::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
 constexpr int kMaxDims = 6;
-
-template <typename F>
-__global__ void each_kernel(int64_t n, F f) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    f(i);
-}
-
-template <typename F>
-void each(Context& ctx, int64_t n, F f) {
-  if (n == 0) return;
-  each_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream(ctx)>>>(n, f);
-  MT_CUDA_LAUNCH_CHECK();
-}
 
 // Shape and strides of a tensor, by value into a kernel: element i of the row-major index space
 // lives at offset(i).
@@ -59,7 +44,7 @@ void add_into(Context& ctx, const Tensor& x, Tensor& acc) {
   MT_DISPATCH_FLOAT(x, "add_into", {
     const T* px = ptr<T>(x);
     T* pa = ptr<T>(acc);
-    each(ctx, x.numel(), [=] __device__(int64_t i) { st(pa, i, ld(pa, i) + ld(px, i)); });
+    for_each_index(ctx, x.numel(), [=] __device__(int64_t i) { st(pa, i, ld(pa, i) + ld(px, i)); });
   });
 }
 
@@ -68,7 +53,7 @@ void scale(Context& ctx, const Tensor& x, float s, Tensor& y) {
   MT_DISPATCH_FLOAT(x, "scale", {
     const T* px = ptr<T>(x);
     T* py = ptr<T>(y);
-    each(ctx, x.numel(), [=] __device__(int64_t i) { st(py, i, s * ld(px, i)); });
+    for_each_index(ctx, x.numel(), [=] __device__(int64_t i) { st(py, i, s * ld(px, i)); });
   });
 }
 
@@ -77,8 +62,8 @@ void sigmoid_forward(Context& ctx, const Tensor& x, Tensor& y) {
   MT_DISPATCH_FLOAT(x, "sigmoid", {
     const T* px = ptr<T>(x);
     T* py = ptr<T>(y);
-    each(ctx, x.numel(),
-         [=] __device__(int64_t i) { st(py, i, 1.f / (1.f + __expf(-ld(px, i)))); });
+    for_each_index(ctx, x.numel(),
+                   [=] __device__(int64_t i) { st(py, i, 1.f / (1.f + __expf(-ld(px, i)))); });
   });
 }
 
@@ -89,7 +74,7 @@ void sigmoid_backward(Context& ctx, const Tensor& y, const Tensor& dy, Tensor& d
     const T* py = ptr<T>(y);
     const T* pd = ptr<T>(dy);
     T* px = ptr<T>(dx);
-    each(ctx, y.numel(), [=] __device__(int64_t i) {
+    for_each_index(ctx, y.numel(), [=] __device__(int64_t i) {
       const float v = ld(py, i);
       st(px, i, ld(pd, i) * v * (1.f - v));
     });
@@ -102,7 +87,8 @@ void copy(Context& ctx, const Tensor& src, Tensor& dst) {
   MT_DISPATCH_FLOAT(src, "copy", {
     const T* ps = ptr<T>(src);
     T* pt = ptr<T>(dst);
-    each(ctx, src.numel(), [=] __device__(int64_t i) { pt[lt.offset(i)] = ps[ls.offset(i)]; });
+    for_each_index(ctx, src.numel(),
+                   [=] __device__(int64_t i) { pt[lt.offset(i)] = ps[ls.offset(i)]; });
   });
 }
 
@@ -114,7 +100,7 @@ void expand_heads_forward(Context& ctx, const Tensor& x, Tensor& y) {
   MT_DISPATCH_FLOAT(x, "expand_heads", {
     const T* px = ptr<T>(x);
     T* py = ptr<T>(y);
-    each(ctx, y.numel(), [=] __device__(int64_t e) {
+    for_each_index(ctx, y.numel(), [=] __device__(int64_t e) {
       const int64_t t = e / (H * D), h = (e / D) % H, i = e % D;
       py[t * ys0 + h * ys1 + i * ys2] = px[t * xs0 + i * xs1];
     });
@@ -129,7 +115,7 @@ void expand_heads_backward(Context& ctx, const Tensor& dy, Tensor& dx) {
   MT_DISPATCH_FLOAT(dy, "expand_heads", {
     const T* py = ptr<T>(dy);
     T* px = ptr<T>(dx);
-    each(ctx, dx.numel(), [=] __device__(int64_t e) {
+    for_each_index(ctx, dx.numel(), [=] __device__(int64_t e) {
       const int64_t t = e / D, i = e % D;
       float s = 0.f;  // heads summed in order: deterministic
       for (int64_t h = 0; h < H; ++h) s += ld(py, t * ys0 + h * ys1 + i * ys2);
