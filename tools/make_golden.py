@@ -12,8 +12,15 @@ mean next-token cross-entropy (labels = input_ids) in float32 and writes, per ca
                                         under no_grad, gets zeros)
     <out>/versions.json                 python, torch, transformers, safetensors (+ fla) versions
 
-Usage (needs torch, transformers==5.17.*, safetensors):
-    python3 tools/make_golden.py --out tests/golden [--device cpu]
+    <out>/<case>/versions.json          the same, per case (cases of several versions coexist:
+                                        kimi_*/v32_* from 5.17, v3_* from 5.24)
+
+Usage (needs torch, transformers (5.17 or 5.24), safetensors):
+    python3 tools/make_golden.py --out tests/golden [--device cpu] [--only v3_a,v3_b,v3_fp8]
+
+v3_fp8's model directory holds DeepSeek-style FP8 weights (e4m3, 128x128 block scales in
+*_scale_inv, quantization_config fp8); its outputs come from the same model run on the
+dequantised weights (PyTorch's float8_e4m3fn conversion times the block scale).
 
 CPU is the default on purpose: transformers' kimi_linear falls back to its pure-PyTorch KDA when
 no hub kernel is available, which keeps the goldens exact fp32 math. --device cuda works too
@@ -124,7 +131,113 @@ def case_specs():
                                            original_max_position_embeddings=4096, beta_fast=32,
                                            beta_slow=1, mscale=1.0, mscale_all_dim=1.0))),
     ]
-    return [("kimi_linear", c) for c in kimi] + [("deepseek_v32", c) for c in v32]
+    # deepseek_v3 (DeepSeek-V3/R1, Kimi-K2): v3.2 without the indexer; made with transformers 5.24.
+    v3 = [
+        dict(name="v3_a", B=2, T=10, seed=21,
+             cfg=dict(vocab_size=90, hidden_size=32, intermediate_size=40, moe_intermediate_size=12,
+                      num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2,
+                      q_lora_rank=16, kv_lora_rank=12, qk_nope_head_dim=8, qk_rope_head_dim=4,
+                      v_head_dim=8, n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=1,
+                      n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True,
+                      first_k_dense_replace=1, rms_norm_eps=1e-6, num_nextn_predict_layers=0)),
+        # No q_lora (q_proj), half-split rope (rope_interleave off), YaRN, tied embeddings.
+        dict(name="v3_b", B=1, T=13, seed=22,
+             cfg=dict(vocab_size=70, hidden_size=24, intermediate_size=32, moe_intermediate_size=8,
+                      num_hidden_layers=2, num_attention_heads=3, num_key_value_heads=3,
+                      q_lora_rank=None, kv_lora_rank=10, qk_nope_head_dim=6, qk_rope_head_dim=4,
+                      v_head_dim=6, n_routed_experts=6, num_experts_per_tok=2, n_shared_experts=2,
+                      n_group=1, topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=False,
+                      first_k_dense_replace=0, rms_norm_eps=1e-6, rope_interleave=False,
+                      tie_word_embeddings=True, max_position_embeddings=256,
+                      num_nextn_predict_layers=0,
+                      rope_parameters=dict(rope_type="yarn", rope_theta=100.0, factor=4.0,
+                                           original_max_position_embeddings=64, beta_fast=4,
+                                           beta_slow=1, mscale=0.8, mscale_all_dim=1.0))),
+        # Weights shipped as DeepSeek ships V3: e4m3 with 128x128 block scales. hidden 136 and
+        # q_lora 144 make full and partial blocks; the references run on the dequantised weights.
+        dict(name="v3_fp8", B=1, T=9, seed=23, fp8=True,
+             cfg=dict(vocab_size=64, hidden_size=136, intermediate_size=72, moe_intermediate_size=24,
+                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                      q_lora_rank=144, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4,
+                      v_head_dim=8, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                      n_group=1, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+                      first_k_dense_replace=1, rms_norm_eps=1e-6, num_nextn_predict_layers=0)),
+    ]
+    return ([("kimi_linear", c) for c in kimi] + [("deepseek_v32", c) for c in v32] +
+            [("deepseek_v3", c) for c in v3])
+
+
+FP8_MAX = 448.0
+
+
+def quantize_fp8_blocks(w, block=(128, 128)):
+    """DeepSeek's weight quantisation: per block, scale = amax / 448 and q = w / scale in e4m3
+    (so each block's largest magnitude lands on +-448). Returns (q, scale_inv)."""
+    R, C = w.shape
+    br, bc = block
+    nr, nc = -(-R // br), -(-C // bc)
+    scale = torch.empty(nr, nc, dtype=torch.float32)
+    for i in range(nr):
+        for j in range(nc):
+            blk = w[i * br:(i + 1) * br, j * bc:(j + 1) * bc]
+            scale[i, j] = max(blk.abs().max().item(), 1e-12) / FP8_MAX
+    full = scale.repeat_interleave(br, 0).repeat_interleave(bc, 1)[:R, :C]
+    q = (w / full).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def dequantize_fp8_blocks(q, scale, block=(128, 128)):
+    """PyTorch's float8_e4m3fn -> float32 conversion times the block's scale."""
+    R, C = q.shape
+    full = scale.repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)[:R, :C]
+    return q.to(torch.float32) * full
+
+
+def fp8_quantizable(name, t):
+    """What DeepSeek's FP8 checkpoints quantise: the 2-D projection weights (not embeddings,
+    norms, the LM head or the router)."""
+    return (t.dim() == 2 and name.endswith(".weight") and "embed_tokens" not in name and
+            "lm_head" not in name and "norm" not in name and not name.endswith("mlp.gate.weight"))
+
+
+def quantize_saved_model(model_dir):
+    """Rewrites a save_pretrained directory in DeepSeek's FP8 layout and returns the dequantised
+    state dict (what the reference model must run on)."""
+    from safetensors.torch import load_file, save_file
+
+    files = [f for f in os.listdir(model_dir) if f.endswith(".safetensors")]
+    dequant = {}
+    for f in files:
+        path = os.path.join(model_dir, f)
+        tensors = load_file(path)
+        out = {}
+        for name, t in tensors.items():
+            if fp8_quantizable(name, t):
+                q, s = quantize_fp8_blocks(t.float())
+                out[name] = q.contiguous()
+                out[name + "_scale_inv"] = s.contiguous()
+                dequant[name] = dequantize_fp8_blocks(q, s)
+            else:
+                out[name] = t
+                dequant[name] = t.float()
+        save_file(out, path, metadata={"format": "pt"})
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as fh:
+            idx = json.load(fh)
+        for name, f in list(idx["weight_map"].items()):
+            if name in dequant and dequant[name].dim() == 2 and fp8_quantizable(name, dequant[name]):
+                idx["weight_map"][name + "_scale_inv"] = f
+        with open(index, "w") as fh:
+            json.dump(idx, fh, indent=2)
+    cfg_path = os.path.join(model_dir, "config.json")
+    with open(cfg_path) as fh:
+        cfg = json.load(fh)
+    cfg["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3",
+                                  "quant_method": "fp8", "weight_block_size": [128, 128]}
+    with open(cfg_path, "w") as fh:
+        json.dump(cfg, fh, indent=2)
+    return dequant
 
 
 def build(model_type, spec, seed, device):
@@ -135,6 +248,8 @@ def build(model_type, spec, seed, device):
     cfg.update(pad_token_id=None, bos_token_id=0, eos_token_id=1)
     if model_type == "kimi_linear":
         config = transformers.KimiLinearConfig(**cfg)
+    elif model_type == "deepseek_v3":
+        config = transformers.DeepseekV3Config(**cfg)
     else:
         config = transformers.DeepseekV32Config(**cfg)
     torch.manual_seed(seed)
@@ -220,12 +335,43 @@ def routing_margins(model):
     return gaps, handles
 
 
+def fp8_model(model_type, spec, seed, device):
+    """The model with its weights replaced by their FP8 round trip, and the FP8 directory."""
+    import tempfile
+
+    model = build(model_type, spec, seed, device)
+    tmp = tempfile.mkdtemp()
+    model.save_pretrained(tmp, safe_serialization=True)
+    dequant = quantize_saved_model(tmp)
+    ref_dir = tempfile.mkdtemp()
+    from safetensors.torch import save_file
+    save_file({k: v.contiguous() for k, v in dequant.items()},
+              os.path.join(ref_dir, "model.safetensors"), metadata={"format": "pt"})
+    shutil.copy(os.path.join(tmp, "config.json"), ref_dir)
+    with open(os.path.join(ref_dir, "config.json")) as fh:
+        cfg = json.load(fh)
+    del cfg["quantization_config"]
+    with open(os.path.join(ref_dir, "config.json"), "w") as fh:
+        json.dump(cfg, fh)
+    import transformers
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        ref_dir, attn_implementation="eager", experts_implementation="eager",
+        torch_dtype=torch.float32).to(device)
+    ref.train()
+    shutil.rmtree(ref_dir)
+    return ref, tmp
+
+
 def write_case(out_dir, model_type, spec, device):
     from safetensors.torch import save_file
 
+    fp8_dir = None
     for attempt in range(20):
         seed = spec["seed"] * 100 + attempt
-        model = build(model_type, spec, seed, device)
+        if spec.get("fp8"):
+            model, fp8_dir = fp8_model(model_type, spec, seed, device)
+        else:
+            model = build(model_type, spec, seed, device)
         g = torch.Generator().manual_seed(seed + 7)
         ids = torch.randint(0, spec["cfg"]["vocab_size"], (spec["B"], spec["T"]), generator=g)
         gaps, handles = routing_margins(model)
@@ -243,7 +389,11 @@ def write_case(out_dir, model_type, spec, device):
     case = os.path.join(out_dir, spec["name"])
     shutil.rmtree(case, ignore_errors=True)
     os.makedirs(case)
-    model.save_pretrained(os.path.join(case, "model"), safe_serialization=True)
+    if fp8_dir:
+        shutil.copytree(fp8_dir, os.path.join(case, "model"))
+        shutil.rmtree(fp8_dir)
+    else:
+        model.save_pretrained(os.path.join(case, "model"), safe_serialization=True)
     tensors = {"logits": out.logits.detach().float().cpu().contiguous(),
                "loss": out.loss.detach().float().cpu().reshape(())}
     for name, p in model.named_parameters():
@@ -254,6 +404,7 @@ def write_case(out_dir, model_type, spec, device):
     save_file({"input_ids": ids.to(torch.int64).contiguous()},
               os.path.join(case, "inputs.safetensors"))
     print(f"{spec['name']}: loss {out.loss.item():.6f}, {len(tensors) - 2} gradients")
+    return case
 
 
 def main():
@@ -271,9 +422,6 @@ def main():
     torch.backends.cudnn.allow_tf32 = False
     os.makedirs(args.out, exist_ok=True)
     only = set(filter(None, args.only.split(",")))
-    for model_type, spec in case_specs():
-        if not only or spec["name"] in only:
-            write_case(args.out, model_type, spec, args.device)
     versions = {"python": platform.python_version(), "torch": torch.__version__,
                 "transformers": transformers.__version__, "safetensors": safetensors.__version__,
                 "device": args.device}
@@ -282,9 +430,17 @@ def main():
         versions["fla"] = getattr(fla, "__version__", "unknown")
     except ImportError:
         versions["fla"] = None
-    with open(os.path.join(args.out, "versions.json"), "w") as f:
-        json.dump(versions, f, indent=2)
-        f.write("\n")
+    for model_type, spec in case_specs():
+        if not only or spec["name"] in only:
+            case = write_case(args.out, model_type, spec, args.device)
+            # Each case records what made it: goldens of several transformers versions coexist.
+            with open(os.path.join(case, "versions.json"), "w") as f:
+                json.dump(versions, f, indent=2)
+                f.write("\n")
+    if not only:
+        with open(os.path.join(args.out, "versions.json"), "w") as f:
+            json.dump(versions, f, indent=2)
+            f.write("\n")
     print(json.dumps(versions))
 
 

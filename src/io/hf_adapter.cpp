@@ -52,14 +52,10 @@ LoadedModel load_hf_model_with_lora(const std::string& dir, const LoraTargets& t
   if (t.kda) c.kda.lora = spec;
   if (t.shared_experts) c.moe.lora = spec;
   if (t.dense_ffn) c.dense.lora = spec;
+  SafetensorsModel st(dir, fp8_blocks(lm.config));
   lm.model = std::make_unique<Model>(c, /*seed=*/0);
-  // The checkpoint has no adapter tensors: hand the importer the fresh ones so that it still
-  // reports every missing, unexpected or mis-shaped base tensor.
-  TensorMap tensors = read_safetensors_model(dir).tensors;
-  for (const auto& p : lm.model->params().all())
-    if (p->spec.role == ParamRole::Lora)
-      tensors[hf_runtime_name(lm.config.model_type, p->name)] = p->value.clone();
-  import_hf_tensors(*lm.model, lm.config.model_type, tensors, dir);
+  // The checkpoint has no adapter tensors: the fresh ones stay.
+  import_hf_tensors(*lm.model, lm.config.model_type, st, dir, {.keep_lora = true});
   return lm;
 }
 

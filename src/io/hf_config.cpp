@@ -81,28 +81,13 @@ void positive(int64_t v, const std::string& where, const char* key) {
 
 // Keys PreTrainedConfig writes for every model; none changes training math.
 void ignore_generic(Keys& k) {
-  k.ignore({"architectures",
-            "auto_map",
-            "torch_dtype",
-            "dtype",
-            "transformers_version",
-            "use_cache",
-            "bos_token_id",
-            "eos_token_id",
-            "initializer_range",
-            "_name_or_path",
-            "output_attentions",
-            "output_hidden_states",
-            "return_dict",
-            "id2label",
-            "label2id",
-            "ep_size",
-            "model_max_length",
-            "max_position_embeddings",
-            "tokenizer_class",
-            "chunk_size_feed_forward",
-            "is_encoder_decoder",
-            "problem_type"});
+  k.ignore({"architectures", "auto_map", "torch_dtype", "dtype", "transformers_version",
+            "use_cache", "bos_token_id", "eos_token_id", "initializer_range", "_name_or_path",
+            "output_attentions", "output_hidden_states", "return_dict", "id2label", "label2id",
+            "ep_size", "model_max_length", "max_position_embeddings", "tokenizer_class",
+            "chunk_size_feed_forward", "is_encoder_decoder", "problem_type",
+            // Validated by hf_config_from_json; FP8 weights are dequantised on load.
+            "quantization_config"});
   k.only("attention_dropout", 0.0);
   k.only("hidden_act", std::string("silu"));
   k.only("attention_bias", false);
@@ -168,6 +153,14 @@ void deepseek_moe(Keys& k, ModelConfig& c) {
   MT_CHECK(routing.empty(), ConfigError, k.where(), ": ", routing);
   MT_CHECK(c.moe.num_experts / c.moe.n_group >= 2 || c.moe.n_group == 1, ConfigError, k.where(),
            ": group-limited routing sums the top-2 scores of a group; groups need 2 experts");
+}
+
+// transformers 5.24 writes output_router_logits for MoE models. Off, it only decides what the
+// forward returns; on, transformers adds router_aux_loss_coef times its load-balancing loss to
+// the LM loss, which the engine does not reproduce.
+void router_output_keys(Keys& k) {
+  k.only("output_router_logits", false);
+  k.ignore({"router_aux_loss_coef"});
 }
 
 void mla_common(Keys& k, ModelConfig& c) {
@@ -341,15 +334,18 @@ HfConfig kimi_linear(const json& j, const std::string& source) {
     if (l.ffn == FfnKind::Dense) positive(c.dense.ffn, source, "intermediate_size");
   deepseek_moe(k, c);
   k.only("num_nextn_predict_layers", int64_t{0});
+  router_output_keys(k);
   k.reject_unknown();
   return h;
 }
 
-HfConfig deepseek_v32(const json& j, const std::string& source) {
+// deepseek_v3 (DeepSeek-V3/R1, Kimi-K2) and deepseek_v32 share everything but the attention:
+// v3.2 adds the lightning indexer (DSA) to the same MLA.
+HfConfig deepseek(const json& j, const std::string& source, bool indexer) {
   Keys k(j, source);
   HfConfig h;
   ModelConfig& c = h.model;
-  c.model_type = "deepseek_v32";
+  c.model_type = indexer ? "deepseek_v32" : "deepseek_v3";
   ignore_generic(k);
   k.ignore({"model_type"});
   c.vocab = k.need<int64_t>({"vocab_size"});
@@ -361,33 +357,45 @@ HfConfig deepseek_v32(const json& j, const std::string& source) {
   c.norm_eps = k.get<float>({"rms_norm_eps"}, 1e-6f);
   c.tie_embeddings = k.get<bool>({"tie_word_embeddings"}, false);
   h.pad_token_id = k.get<int64_t>({"pad_token_id"}, -1);
-  c.layers.assign(static_cast<size_t>(n), LayerIR{MixerKind::Dsa, FfnKind::Moe});
+  const MixerKind mixer = indexer ? MixerKind::Dsa : MixerKind::Mla;
+  c.layers.assign(static_cast<size_t>(n), LayerIR{mixer, FfnKind::Moe});
   if (k.has({"layer_types"})) {
+    // transformers 5.17 wrote "deepseek_sparse_attention", 5.24 writes "indexed_attention"
+    // (v3.2); v3 configs from 5.24 may list "full_attention". Other kinds change the math.
     auto kinds = k.get<std::vector<std::string>>({"layer_types"}, {});
     MT_CHECK(static_cast<int64_t>(kinds.size()) == n, ConfigError, source, ": layer_types has ",
              kinds.size(), " entries for ", n, " layers");
-    for (size_t i = 0; i < kinds.size(); ++i)
-      MT_CHECK(kinds[i] == "deepseek_sparse_attention", ConfigError, source, ": layer_types[", i,
-               "] = '", kinds[i], "' is not supported");
+    for (size_t i = 0; i < kinds.size(); ++i) {
+      const bool ok =
+          indexer ? kinds[i] == "deepseek_sparse_attention" || kinds[i] == "indexed_attention"
+                  : kinds[i] == "full_attention";
+      MT_CHECK(ok, ConfigError, source, ": layer_types[", i, "] = '", kinds[i],
+               "' is not supported");
+    }
   }
   mla_common(k, c);
-  positive(c.mla.q_lora_rank, source, "q_lora_rank (the indexer reads the query latent)");
+  if (indexer)
+    positive(c.mla.q_lora_rank, source, "q_lora_rank (the indexer reads the query latent)");
   c.mla.use_rope = true;
-  c.mla.rope_style = ops::RopeStyle::Interleaved;
+  // transformers' DeepSeek attention de-interleaves q/k rope dims unless rope_interleave is off.
+  c.mla.rope_style = k.get<bool>({"rope_interleave"}, true) ? ops::RopeStyle::Interleaved
+                                                            : ops::RopeStyle::HalfSplit;
   rope_settings(k, c.mla, 163840);
   c.dsa.mla = c.mla;
-  c.dsa.index_heads = k.get<int64_t>({"index_n_heads"}, 64);
-  c.dsa.index_head_dim = k.get<int64_t>({"index_head_dim"}, 128);
-  c.dsa.index_rope_dim = c.mla.qk_rope_dim;
-  c.dsa.index_topk = k.get<int64_t>({"index_topk"}, 2048);
-  c.dsa.indexer_norm_eps = 1e-6f;
-  // transformers runs the indexer under no_grad: its weights get no gradient from the LM loss.
-  c.dsa.indexer_loss_coeff = 0.f;
-  positive(c.dsa.index_heads, source, "index_n_heads");
-  positive(c.dsa.index_head_dim, source, "index_head_dim");
-  positive(c.dsa.index_topk, source, "index_topk");
-  MT_CHECK(c.dsa.index_rope_dim <= c.dsa.index_head_dim, ConfigError, source,
-           ": qk_rope_head_dim exceeds index_head_dim");
+  if (indexer) {
+    c.dsa.index_heads = k.get<int64_t>({"index_n_heads"}, 64);
+    c.dsa.index_head_dim = k.get<int64_t>({"index_head_dim"}, 128);
+    c.dsa.index_rope_dim = c.mla.qk_rope_dim;
+    c.dsa.index_topk = k.get<int64_t>({"index_topk"}, 2048);
+    c.dsa.indexer_norm_eps = 1e-6f;
+    // transformers runs the indexer under no_grad: its weights get no gradient from the LM loss.
+    c.dsa.indexer_loss_coeff = 0.f;
+    positive(c.dsa.index_heads, source, "index_n_heads");
+    positive(c.dsa.index_head_dim, source, "index_head_dim");
+    positive(c.dsa.index_topk, source, "index_topk");
+    MT_CHECK(c.dsa.index_rope_dim <= c.dsa.index_head_dim, ConfigError, source,
+             ": qk_rope_head_dim exceeds index_head_dim");
+  }
 
   c.dense.hidden = c.hidden;
   c.dense.ffn = k.get<int64_t>({"intermediate_size"}, 0);
@@ -397,6 +405,7 @@ HfConfig deepseek_v32(const json& j, const std::string& source) {
   deepseek_moe(k, c);
   // Multi-token-prediction layers are not part of the causal LM; transformers drops them too.
   k.ignore({"num_nextn_predict_layers"});
+  router_output_keys(k);
   k.reject_unknown();
   return h;
 }
@@ -406,14 +415,30 @@ HfConfig deepseek_v32(const json& j, const std::string& source) {
 HfConfig hf_config_from_json(const json& j, const std::string& source) {
   MT_CHECK(j.is_object(), ConfigError, source, ": expected a JSON object");
   // Checked before anything else so that a quantized checkpoint gets this message, not one
-  // about a tensor dtype or a scale tensor.
+  // about a tensor dtype or a scale tensor. Block-scaled FP8 (DeepSeek's) is dequantised on load;
+  // other methods are refused.
+  int64_t block_rows = 0, block_cols = 0;
   if (j.contains("quantization_config") && !j["quantization_config"].is_null()) {
     const json& q = j["quantization_config"];
     const std::string method = q.is_object() && q.contains("quant_method")
                                    ? q["quant_method"].dump()
                                    : std::string("unspecified");
-    MT_THROW(ConfigError, source, ": 'quantization_config' (quant_method ", method,
-             ") is not supported: dequantize the checkpoint to bf16 first");
+    MT_CHECK(method == "\"fp8\"", ConfigError, source, ": 'quantization_config' (quant_method ",
+             method, ") is not supported (block-scaled fp8 is): dequantize the checkpoint first");
+    Keys qk(q, source + ".quantization_config");
+    qk.ignore({"quant_method", "modules_to_not_convert"});
+    // Activations are computed in the engine's precision, so how FP8 inference would scale them
+    // does not apply.
+    // scale_fmt (V3.2's ue8m0) rounds activation scales in DeepSeek's FP8 kernels; the weight
+    // scales are stored as they are used.
+    qk.ignore({"activation_scheme", "scale_fmt"});
+    qk.only("fmt", std::string("e4m3"));
+    const auto block = qk.get<std::vector<int64_t>>({"weight_block_size"}, {128, 128});
+    MT_CHECK(block.size() == 2 && block[0] > 0 && block[1] > 0, ConfigError, qk.where(),
+             ": 'weight_block_size' must be two positive integers");
+    block_rows = block[0];
+    block_cols = block[1];
+    qk.reject_unknown();
   }
   MT_CHECK(j.contains("model_type") && j["model_type"].is_string(), ConfigError, source,
            ": missing key 'model_type'");
@@ -421,16 +446,18 @@ HfConfig hf_config_from_json(const json& j, const std::string& source) {
   HfConfig h;
   if (type == "kimi_linear") {
     h = kimi_linear(j, source);
-  } else if (type == "deepseek_v32") {
-    h = deepseek_v32(j, source);
+  } else if (type == "deepseek_v32" || type == "deepseek_v3") {
+    h = deepseek(j, source, type == "deepseek_v32");
   } else if (type == "moetrain_hybrid") {
     h.model = ModelConfig::from_json(j, source);
   } else {
     MT_THROW(ConfigError, source, ": model_type '", type,
-             "' is not supported (kimi_linear, deepseek_v32, moetrain_hybrid)");
+             "' is not supported (kimi_linear, deepseek_v3, deepseek_v32, moetrain_hybrid)");
   }
   h.model_type = type;
   h.raw = j;
+  h.fp8_block_rows = block_rows;
+  h.fp8_block_cols = block_cols;
   return h;
 }
 

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <regex>
 #include <set>
 
@@ -89,14 +90,52 @@ std::string replace_all(std::string s, const std::string& from, const std::strin
   return s;
 }
 
+// A checkpoint tensor not yet read: its shape and dtype as loaded, the file it is in ("" for
+// tensors already in memory) and how to read it.
+struct Source {
+  Shape shape;
+  DType dtype = DType::F32;
+  std::string file;
+  uint64_t bytes = 0;  // in the file (progress)
+  // Decodes the tensor into `dst` (contiguous, `dtype`, as many elements as `shape`).
+  std::function<void(Tensor& dst)> read_into;
+  Tensor read() const {
+    Tensor t = Tensor::empty(shape, dtype);
+    read_into(t);
+    return t;
+  }
+};
+using Pool = std::map<std::string, Source>;
+
+Pool pool_of(const TensorMap& tensors) {
+  Pool p;
+  for (const auto& [name, t] : tensors)
+    p[name] = {t.shape(), t.dtype(), "", t.bytes(), [t](Tensor& dst) { dst.copy_from(t); }};
+  return p;
+}
+
+Pool pool_of(const SafetensorsModel& st) {
+  Pool p;
+  for (const std::string& name : st.names()) {
+    const SafetensorsEntry& e = st.entry(name);
+    p[name] = {Shape(e.shape), st.loaded_dtype(name), fs::path(st.file_of(name)).filename(),
+               e.end - e.begin, [&st, name](Tensor& dst) { st.read_into(name, dst); }};
+  }
+  return p;
+}
+
+std::string in_file(const Source& s) {
+  return s.file.empty() ? "" : " (in " + s.file + ")";
+}
+
 // Checkpoint spellings -> transformers' runtime names. Original kimi_linear checkpoints use
 // block_sparse_moe, experts.N.w1/w3/w2 (gate/up/down), self_attn.{A_log,dt_bias,f_a_proj,
-// f_b_proj} and separate q/k/v_conv1d; deepseek_v32 checkpoints use per-expert tensors (fused
+// f_b_proj} and separate q/k/v_conv1d; deepseek_v3/v32 checkpoints use per-expert tensors (fused
 // later by fuse_experts).
-TensorMap normalize_checkpoint(const std::string& model_type, const TensorMap& in) {
+Pool normalize_checkpoint(const std::string& model_type, const Pool& in) {
   if (model_type != "kimi_linear") return in;
-  TensorMap out;
-  std::map<std::string, std::array<Tensor, 3>> convs;
+  Pool out;
+  std::map<std::string, std::array<const Source*, 3>> convs;
   for (const auto& [name, t] : in) {
     std::string n = replace_all(name, ".block_sparse_moe.", ".mlp.");
     if (n.find(".mlp.experts.") != std::string::npos) {
@@ -109,32 +148,35 @@ TensorMap normalize_checkpoint(const std::string& model_type, const TensorMap& i
     for (int i = 0; i < 3; ++i) {
       const std::string leaf = std::string(".self_attn.") + "qkv"[i] + "_conv1d.weight";
       if (ends_with(n, leaf)) {
-        convs[n.substr(0, n.size() - leaf.size()) + ".self_attn.conv1d.weight"][i] = t;
+        convs[n.substr(0, n.size() - leaf.size()) + ".self_attn.conv1d.weight"][i] = &t;
         conv = true;
       }
     }
     if (!conv) out[n] = t;
   }
   for (auto& [name, parts] : convs) {
-    bool complete = parts[0].defined() && parts[1].defined() && parts[2].defined() &&
-                    parts[0].shape() == parts[1].shape() && parts[0].shape() == parts[2].shape() &&
-                    parts[0].ndim() >= 1 && parts[0].dtype() == DType::F32;
+    bool complete = parts[0] && parts[1] && parts[2] && parts[0]->shape == parts[1]->shape &&
+                    parts[0]->shape == parts[2]->shape && parts[0]->shape.ndim() >= 1 &&
+                    parts[0]->dtype == DType::F32;
     if (!complete) {  // leave them under their own names: reported as unexpected/missing
       for (int i = 0; i < 3; ++i)
-        if (parts[i].defined())
+        if (parts[i])
           out[name.substr(0, name.size() - std::strlen("conv1d.weight")) + "qkv"[i] +
-              "_conv1d.weight"] = parts[i];
+              "_conv1d.weight"] = *parts[i];
       continue;
     }
-    std::vector<int64_t> d = parts[0].shape().dims();
+    std::vector<int64_t> d = parts[0]->shape.dims();
     d[0] *= 3;
-    Tensor f = Tensor::empty(Shape(d));
-    char* dst = static_cast<char*>(f.raw());
-    for (const Tensor& p : parts) {
-      std::memcpy(dst, p.raw(), p.bytes());
-      dst += p.bytes();
-    }
-    out[name] = f;
+    std::array<Source, 3> ps{*parts[0], *parts[1], *parts[2]};
+    Shape fused(d);
+    out[name] = {fused, DType::F32, ps[0].file, 3 * ps[0].bytes, [ps](Tensor& dst) {
+                   char* at = static_cast<char*>(dst.raw());
+                   for (const Source& p : ps) {
+                     Tensor part(at, p.shape, DType::F32);
+                     p.read_into(part);
+                     at += part.bytes();
+                   }
+                 }};
   }
   return out;
 }
@@ -143,7 +185,7 @@ TensorMap normalize_checkpoint(const std::string& model_type, const TensorMap& i
 // and from_pretrained converts back): per-expert tensors, and kimi's original names.
 TensorMap to_checkpoint(const std::string& model_type, const TensorMap& in) {
   const bool kimi = model_type == "kimi_linear";
-  if (!kimi && model_type != "deepseek_v32") return in;
+  if (!kimi && model_type != "deepseek_v32" && model_type != "deepseek_v3") return in;
   TensorMap out;
   for (const auto& [name, t] : in) {
     std::string n = name;
@@ -194,43 +236,150 @@ int64_t layer_of(const std::string& name) {
   }
 }
 
-// Fuses per-expert tensors (mlp.experts.N.gate_proj.weight ...) of one MoE layer into the v5
-// layout, consuming them from `pool`. Returns false when none exist.
-bool fuse_experts(const std::string& prefix, int64_t E, int64_t F, int64_t d, TensorMap& pool,
-                  std::set<std::string>& consumed, std::vector<std::string>& problems,
-                  Tensor& gate_up, Tensor& down) {
+// Where a group's values go: straight into its parameter when that is one contiguous f32
+// tensor (no copy of a whole layer's experts), else into a staging tensor copied afterwards.
+Tensor destination(const Group& g) {
+  if (g.parts.size() == 1 && g.parts[0]->value.dtype() == DType::F32 &&
+      g.parts[0]->value.is_contiguous() && g.parts[0]->value.shape() == g.hf_shape)
+    return g.parts[0]->value;
+  return Tensor::empty(g.hf_shape);
+}
+
+void scatter(const Group& g, const Tensor& src) {
+  if (g.parts.size() == 1 && src.raw() == g.parts[0]->value.raw()) return;
+  const char* p = static_cast<const char*>(src.raw());
+  for (Param* part : g.parts) {
+    Tensor view(const_cast<char*>(p), part->value.shape(), DType::F32);
+    part->value.copy_from(view);
+    p += view.bytes();
+  }
+}
+
+// Fills the v5 fused expert tensor `dst` ([E, 2F, d] gate_up or [E, d, F] down) from per-expert
+// tensors (mlp.experts.N.gate_proj.weight ...), one expert at a time, consuming them from
+// `pool`. Returns false when the checkpoint has none.
+// `dst` null: names and shapes are checked, nothing is read.
+bool fuse_experts(const std::string& prefix, bool gate_up, int64_t E, int64_t F, int64_t d,
+                  const Pool& pool, std::set<std::string>& consumed,
+                  std::vector<std::string>& problems, Tensor* dst, uint64_t& bytes) {
   if (!pool.count(prefix + "0.gate_proj.weight")) return false;
-  gate_up = Tensor::empty({E, 2 * F, d});
-  down = Tensor::empty({E, d, F});
-  bool ok = true;
   for (int64_t e = 0; e < E; ++e) {
     const std::string b = prefix + std::to_string(e) + ".";
     struct Part {
       std::string name;
       Shape shape;
-      float* dst;
-    } parts[] = {{b + "gate_proj.weight", {F, d}, gate_up.f32() + e * 2 * F * d},
-                 {b + "up_proj.weight", {F, d}, gate_up.f32() + (e * 2 + 1) * F * d},
-                 {b + "down_proj.weight", {d, F}, down.f32() + e * d * F}};
+      int64_t offset;  // elements into dst
+    };
+    std::vector<Part> parts;
+    if (gate_up) {
+      parts.push_back({b + "gate_proj.weight", {F, d}, e * 2 * F * d});
+      parts.push_back({b + "up_proj.weight", {F, d}, (e * 2 + 1) * F * d});
+    } else {
+      parts.push_back({b + "down_proj.weight", {d, F}, e * d * F});
+    }
     for (auto& part : parts) {
       auto it = pool.find(part.name);
       if (it == pool.end()) {
         problems.push_back("missing " + part.name + " " + part.shape.str());
-        ok = false;
         continue;
       }
       consumed.insert(part.name);
-      if (it->second.shape() != part.shape || it->second.dtype() != DType::F32) {
-        problems.push_back("mis-shaped " + part.name + ": file " + it->second.shape().str() +
-                           ", expected " + part.shape.str());
-        ok = false;
+      if (it->second.shape != part.shape || it->second.dtype != DType::F32) {
+        problems.push_back("mis-shaped " + part.name + ": file " + it->second.shape.str() +
+                           ", expected " + part.shape.str() + in_file(it->second));
         continue;
       }
-      std::memcpy(part.dst, it->second.raw(), it->second.bytes());
+      if (!dst || !problems.empty()) continue;  // the load fails anyway: only collect problems
+      Tensor slice(dst->f32() + part.offset, part.shape, DType::F32);
+      it->second.read_into(slice);
+      bytes += it->second.bytes;
     }
   }
-  (void)ok;
   return true;
+}
+
+void import_pool(Model& m, const std::string& model_type, const Pool& raw,
+                 const std::string& source, const ImportOptions& opt) {
+  Pool pool = normalize_checkpoint(model_type, raw);
+  std::set<std::string> consumed;
+  std::vector<std::string> problems;
+  const ModelConfig& cfg = m.config();
+  uint64_t total = 0, done = 0;
+  for (const auto& [name, s] : raw) total += s.bytes;
+  // Every name and shape is checked before anything is read, so a bad checkpoint fails fast
+  // and a good one is read exactly once.
+  std::vector<std::pair<const Group*, const Source*>> plan;
+  const std::vector<Group> gs = groups(m, model_type);
+  for (const Group& g : gs) {
+    bool lora = false;
+    for (Param* p : g.parts) lora |= p->spec.role == ParamRole::Lora;
+    auto it = pool.find(g.hf_name);
+    if (lora && opt.keep_lora && it == pool.end()) continue;
+    if (it != pool.end()) {
+      consumed.insert(g.hf_name);
+      if (it->second.shape != g.hf_shape || it->second.dtype != DType::F32) {
+        problems.push_back("mis-shaped " + g.hf_name + ": file " + it->second.shape.str() + " " +
+                           std::string(dtype_name(it->second.dtype)) + ", expected " +
+                           g.hf_shape.str() + in_file(it->second));
+        continue;
+      }
+      plan.emplace_back(&g, &it->second);
+      continue;
+    }
+    const bool gate_up = ends_with(g.hf_name, ".mlp.experts.gate_up_proj");
+    if (gate_up || ends_with(g.hf_name, ".mlp.experts.down_proj")) {
+      if (pool.count(g.hf_name.substr(0, g.hf_name.rfind('.') + 1) + "0.gate_proj.weight")) {
+        plan.emplace_back(&g, nullptr);  // per-expert tensors, fused below
+        continue;
+      }
+    }
+    if (g.hf_name == "lm_head.weight" && cfg.tie_embeddings) continue;
+    problems.push_back("missing " + g.hf_name + " " + g.hf_shape.str());
+  }
+  auto report = [&] {
+    if (opt.progress) opt.progress(done, total);
+  };
+  for (const auto& [g, src] : plan) {
+    if (src) {
+      if (!problems.empty()) continue;
+      Tensor dst = destination(*g);
+      src->read_into(dst);
+      scatter(*g, dst);
+      done += src->bytes;
+      report();
+      continue;
+    }
+    const bool gate_up = ends_with(g->hf_name, "gate_up_proj");
+    const std::string base = g->hf_name.substr(0, g->hf_name.rfind('.') + 1);
+    // Once a problem is known nothing more is read: the remaining names and shapes are checked.
+    const bool read = problems.empty();
+    Tensor dst = read ? destination(*g) : Tensor();
+    fuse_experts(base, gate_up, cfg.moe.num_experts, cfg.moe.expert_ffn, cfg.moe.latent, pool,
+                 consumed, problems, read ? &dst : nullptr, done);
+    if (read && problems.empty()) scatter(*g, dst);
+    report();
+  }
+  const int64_t n_layers = static_cast<int64_t>(cfg.layers.size());
+  for (const auto& [name, t] : pool) {
+    if (consumed.count(name)) continue;
+    if (layer_of(name) >= n_layers) continue;              // multi-token-prediction layers
+    if (ends_with(name, "rotary_emb.inv_freq")) continue;  // a derived buffer in old checkpoints
+    // transformers keeps zero-width modules (e.g. shared experts with n_shared_experts = 0);
+    // they hold no values, and the engine simply has no such parameter.
+    if (t.shape.numel() == 0) continue;
+    if (name == "lm_head.weight" && cfg.tie_embeddings) continue;
+    problems.push_back("unexpected " + name + " " + t.shape.str() + in_file(t));
+  }
+  if (problems.empty()) return;
+  // Per-expert problems are found once per fused tensor (gate_up and down); report each once.
+  std::sort(problems.begin(), problems.end());
+  problems.erase(std::unique(problems.begin(), problems.end()), problems.end());
+  // One line, so that the command's error is one line however many tensors are wrong.
+  std::string msg = source + ": " + std::to_string(problems.size()) + " tensor problem(s): ";
+  const size_t shown = std::min<size_t>(problems.size(), 8);
+  for (size_t i = 0; i < shown; ++i) msg += (i ? "; " : "") + problems[i];
+  if (shown < problems.size()) msg += cat("; and ", problems.size() - shown, " more");
+  MT_THROW(ShapeError, msg);
 }
 
 }  // namespace
@@ -239,8 +388,10 @@ TensorMap export_hf_tensors(const Model& m, const std::string& model_type, bool 
   TensorMap out;
   for (const Group& g : groups(m, model_type)) {
     bool skip = false;
+    // Adapters are not part of an HF checkpoint (PEFT writes them: write_peft_adapter).
     for (Param* p : g.parts)
-      skip |= grads && (!p->trainable() || p->spec.role == ParamRole::Buffer);
+      skip |= grads ? (!p->trainable() || p->spec.role == ParamRole::Buffer)
+                    : p->spec.role == ParamRole::Lora;
     if (skip) continue;
     Tensor t = Tensor::empty(g.hf_shape);
     char* dst = static_cast<char*>(t.raw());
@@ -257,71 +408,29 @@ TensorMap export_hf_tensors(const Model& m, const std::string& model_type, bool 
 }
 
 void import_hf_tensors(Model& m, const std::string& model_type, const TensorMap& tensors,
-                       const std::string& source) {
-  TensorMap pool = normalize_checkpoint(model_type, tensors);
-  std::set<std::string> consumed;
-  std::vector<std::string> problems;
-  const ModelConfig& cfg = m.config();
-  for (const Group& g : groups(m, model_type)) {
-    Tensor src;
-    auto it = pool.find(g.hf_name);
-    if (it != pool.end()) {
-      consumed.insert(g.hf_name);
-      src = it->second;
-    } else if (ends_with(g.hf_name, ".mlp.experts.gate_up_proj") ||
-               ends_with(g.hf_name, ".mlp.experts.down_proj")) {
-      // Per-expert checkpoints: fuse once per layer (on gate_up), then take the part needed.
-      const std::string base = g.hf_name.substr(0, g.hf_name.rfind('.') + 1);
-      Tensor gu, dn;
-      if (fuse_experts(base, cfg.moe.num_experts, cfg.moe.expert_ffn, cfg.moe.latent, pool,
-                       consumed, problems, gu, dn)) {
-        if (!gu.defined()) continue;
-        src = ends_with(g.hf_name, "gate_up_proj") ? gu : dn;
-      }
-    }
-    if (!src.defined()) {
-      if (g.hf_name == "lm_head.weight" && cfg.tie_embeddings) continue;
-      problems.push_back("missing " + g.hf_name + " " + g.hf_shape.str());
-      continue;
-    }
-    if (src.shape() != g.hf_shape || (src.dtype() != DType::F32)) {
-      problems.push_back("mis-shaped " + g.hf_name + ": file " + src.shape().str() + " " +
-                         std::string(dtype_name(src.dtype())) + ", expected " + g.hf_shape.str());
-      continue;
-    }
-    const char* p = static_cast<const char*>(src.raw());
-    for (Param* part : g.parts) {
-      Tensor view(const_cast<char*>(p), part->value.shape(), DType::F32);
-      part->value.copy_from(view);
-      p += view.bytes();
-    }
-  }
-  const int64_t n_layers = static_cast<int64_t>(cfg.layers.size());
-  for (const auto& [name, t] : pool) {
-    if (consumed.count(name)) continue;
-    if (layer_of(name) >= n_layers) continue;              // multi-token-prediction layers
-    if (ends_with(name, "rotary_emb.inv_freq")) continue;  // a derived buffer in old checkpoints
-    // transformers keeps zero-width modules (e.g. shared experts with n_shared_experts = 0);
-    // they hold no values, and the engine simply has no such parameter.
-    if (t.numel() == 0) continue;
-    if (name == "lm_head.weight" && cfg.tie_embeddings) continue;
-    problems.push_back("unexpected " + name + " " + t.shape().str());
-  }
-  if (problems.empty()) return;
-  // Per-expert problems are found once per fused tensor (gate_up and down); report each once.
-  std::sort(problems.begin(), problems.end());
-  problems.erase(std::unique(problems.begin(), problems.end()), problems.end());
-  std::string msg = source + ": " + std::to_string(problems.size()) + " tensor problem(s):";
-  for (const auto& s : problems) msg += "\n  " + s;
-  MT_THROW(ShapeError, msg);
+                       const std::string& source, const ImportOptions& opt) {
+  import_pool(m, model_type, pool_of(tensors), source, opt);
 }
 
-LoadedModel load_hf_model(const std::string& dir, const ModelOptions& opt) {
+void import_hf_tensors(Model& m, const std::string& model_type, const SafetensorsModel& st,
+                       const std::string& source, const ImportOptions& opt) {
+  import_pool(m, model_type, pool_of(st), source, opt);
+}
+
+Fp8Blocks fp8_blocks(const HfConfig& cfg) {
+  Fp8Blocks b;
+  if (cfg.fp8_block_rows > 0) b = {cfg.fp8_block_rows, cfg.fp8_block_cols};
+  return b;
+}
+
+LoadedModel load_hf_model(const std::string& dir, const ModelOptions& opt,
+                          const ProgressFn& progress) {
   LoadedModel lm;
   lm.config = load_hf_config(dir);
+  // Headers first: a missing or truncated shard fails before the model is allocated.
+  SafetensorsModel st(dir, fp8_blocks(lm.config));
   lm.model = std::make_unique<Model>(lm.config.model, /*seed=*/0, opt);
-  SafetensorsData data = read_safetensors_model(dir);
-  import_hf_tensors(*lm.model, lm.config.model_type, data.tensors, dir);
+  import_hf_tensors(*lm.model, lm.config.model_type, st, dir, {.progress = progress});
   return lm;
 }
 
@@ -351,7 +460,11 @@ void save_hf_model(const Model& m, const HfConfig& cfg, const std::string& dir,
   tmp += ".tmp";
   {
     std::ofstream f(tmp);
-    f << cfg.raw.dump(2) << "\n";
+    nlohmann::json raw = cfg.raw;
+    // The weights are written dequantised: a kept quantization_config would make transformers
+    // read them as FP8.
+    raw.erase("quantization_config");
+    f << raw.dump(2) << "\n";
     f.flush();
     MT_CHECK(f.good(), IoError, tmp.string(), ": write failed");
   }

@@ -11,6 +11,7 @@
 // moetrain_hybrid directories use the engine names unchanged.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -24,19 +25,38 @@ namespace mt {
 // parameters are left out) as HF-named tensors (copies, f32). `model_type` picks the layout.
 TensorMap export_hf_tensors(const Model& m, const std::string& model_type, bool grads = false);
 
-// Copies HF-named tensors into the model's parameters. Every missing, unexpected and mis-shaped
-// tensor is collected and reported in one ShapeError (tensors of multi-token-prediction layers
-// beyond num_hidden_layers are skipped, as transformers does).
+// Bytes read so far and in all (the model files' data sections), after each tensor.
+using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
+
+struct ImportOptions {
+  // LoRA adapters absent from the checkpoint keep their values (a fresh adapter on a base model).
+  bool keep_lora = false;
+  ProgressFn progress;
+};
+
+// Copies HF-named tensors into the model's parameters. Every name and shape is checked before
+// anything is read; every missing, unexpected and mis-shaped tensor is reported in one one-line
+// ShapeError naming the tensors and, for files, the shard (tensors of multi-token-prediction
+// layers beyond num_hidden_layers are skipped, as transformers does).
 void import_hf_tensors(Model& m, const std::string& model_type, const TensorMap& tensors,
-                       const std::string& source);
+                       const std::string& source, const ImportOptions& opt = {});
+// The same, streamed: each tensor is read from its (memory-mapped) file when its parameter is
+// filled, so memory beyond the model's own holds one tensor at a time.
+void import_hf_tensors(Model& m, const std::string& model_type, const SafetensorsModel& st,
+                       const std::string& source, const ImportOptions& opt = {});
+
+// The FP8 block size the config's quantization_config declares (128x128 when it says none).
+Fp8Blocks fp8_blocks(const HfConfig& cfg);
 
 struct LoadedModel {
   HfConfig config;
   std::unique_ptr<Model> model;
 };
 
-// Reads DIR/config.json and DIR's safetensors (single or sharded) into a new Model.
-LoadedModel load_hf_model(const std::string& dir, const ModelOptions& opt = {});
+// Reads DIR/config.json and streams DIR's safetensors (single or sharded; bf16, fp16, fp32 or
+// block-scaled FP8, dequantised) into a new Model.
+LoadedModel load_hf_model(const std::string& dir, const ModelOptions& opt = {},
+                          const ProgressFn& progress = {});
 
 // Writes DIR/config.json (the original HF config, or the hybrid's own) and the weights as
 // safetensors (sharded above `max_shard_bytes`), each file atomically.

@@ -1,10 +1,12 @@
 #include "io/safetensors.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -176,21 +178,19 @@ Header parse_header(const std::string& path, std::ifstream& in, uint64_t fsize) 
   return h;
 }
 
-Tensor convert(const SafetensorsEntry& e, const char* src, const std::string& path) {
-  Shape shape(e.shape);
-  int64_t n = shape.numel();
-  if (e.dtype == "F32") {
-    Tensor t = Tensor::empty(shape, DType::F32);
-    if (n) std::memcpy(t.raw(), src, t.bytes());
-    return t;
+// The dtype an entry has once read: F32 for floating formats, I32/I64 kept.
+DType loaded_dtype_of(const std::string& d) {
+  return d == "I32" ? DType::I32 : d == "I64" ? DType::I64 : DType::F32;
+}
+
+// Decodes entry `e` (bytes at `src`) into `out`, which holds numel elements of its loaded dtype.
+void decode(const SafetensorsEntry& e, const char* src, const std::string& path, void* out) {
+  const int64_t n = Shape(e.shape).numel();
+  if (e.dtype == "F32" || e.dtype == "I32" || e.dtype == "I64") {
+    if (n) std::memcpy(out, src, static_cast<size_t>(e.end - e.begin));
+    return;
   }
-  if (e.dtype == "I32" || e.dtype == "I64") {
-    Tensor t = Tensor::empty(shape, e.dtype == "I32" ? DType::I32 : DType::I64);
-    if (n) std::memcpy(t.raw(), src, t.bytes());
-    return t;
-  }
-  Tensor t = Tensor::empty(shape, DType::F32);
-  float* d = t.f32();
+  float* d = static_cast<float*>(out);
   if (e.dtype == "BF16" || e.dtype == "F16") {
     bool bf = e.dtype == "BF16";
     for (int64_t i = 0; i < n; ++i) {
@@ -198,7 +198,7 @@ Tensor convert(const SafetensorsEntry& e, const char* src, const std::string& pa
       std::memcpy(&h, src + 2 * i, 2);
       d[i] = bf ? bf16_to_f32(h) : f16_to_f32(h);
     }
-    return t;
+    return;
   }
   if (e.dtype == "F64") {
     for (int64_t i = 0; i < n; ++i) {
@@ -206,10 +206,25 @@ Tensor convert(const SafetensorsEntry& e, const char* src, const std::string& pa
       std::memcpy(&v, src + 8 * i, 8);
       d[i] = static_cast<float>(v);
     }
-    return t;
+    return;
   }
   MT_THROW(IoError, path, ": tensor '", e.name, "': dtype ", e.dtype,
-           " is not supported (F32, F16, BF16, F64, I32, I64 are)");
+           " is not supported (F32, F16, BF16, F64, I32, I64 are; F8_E4M3 with its "
+           "'_scale_inv' block scales in a model directory)");
+}
+
+void check_decodable(const SafetensorsEntry& e, const std::string& path) {
+  static constexpr const char* kOk[] = {"F32", "BF16", "F16", "F64", "I32", "I64"};
+  for (const char* d : kOk)
+    if (e.dtype == d) return;
+  decode(e, nullptr, path, nullptr);  // throws the message naming the tensor
+}
+
+Tensor convert(const SafetensorsEntry& e, const char* src, const std::string& path) {
+  check_decodable(e, path);
+  Tensor t = Tensor::empty(Shape(e.shape), loaded_dtype_of(e.dtype));
+  decode(e, src, path, t.raw());
+  return t;
 }
 
 void write_all(int fd, const void* data, size_t n, const std::string& path) {
@@ -298,13 +313,90 @@ SafetensorsData read_safetensors(const std::string& path) {
   return out;
 }
 
-SafetensorsData read_safetensors_model(const std::string& path) {
+float fp8_e4m3_to_f32(uint8_t b) {
+  const float sign = (b & 0x80) ? -1.f : 1.f;
+  const int exp = (b >> 3) & 0xf, man = b & 0x7;
+  if (exp == 0xf && man == 0x7) return std::numeric_limits<float>::quiet_NaN();
+  // Subnormals (exp 0) have no implicit 1 and the exponent of exp 1.
+  if (exp == 0) return sign * std::ldexp(static_cast<float>(man) / 8.f, -6);
+  return sign * std::ldexp(1.f + static_cast<float>(man) / 8.f, exp - 7);
+}
+
+struct SafetensorsModel::File {
+  std::string path;
+  Header header;
+  int fd = -1;
+  char* base = nullptr;
+  size_t size = 0;
+  ~File() {
+    if (base) ::munmap(base, size);
+    if (fd >= 0) ::close(fd);
+  }
+  const char* data(const SafetensorsEntry& e) const { return base + header.data_start + e.begin; }
+  // The pages of a decoded tensor are not needed again: drop them from this process, so the
+  // resident set holds at most the tensor being decoded (the page cache keeps what it wants).
+  void release(const SafetensorsEntry& e) const {
+    if (!base || e.end == e.begin) return;
+    const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    uintptr_t lo = reinterpret_cast<uintptr_t>(data(e)) & ~(page - 1);
+    uintptr_t hi = reinterpret_cast<uintptr_t>(data(e)) + (e.end - e.begin);
+    (void)::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+  }
+};
+
+SafetensorsModel::~SafetensorsModel() = default;
+
+void SafetensorsModel::add_file(const std::string& path, const std::vector<std::string>* listed,
+                                const std::string& index) {
+  auto f = std::make_unique<File>();
+  f->path = path;
+  if (listed && !fs::exists(path)) {
+    MT_THROW(IoError, index, ": shard '", fs::path(path).filename().string(), "' (holding '",
+             listed->front(), "'",
+             listed->size() > 1 ? cat(" and ", listed->size() - 1, " more") : std::string(),
+             ") does not exist");
+  }
+  const uint64_t fsize = file_size_of(path);
+  {
+    std::ifstream in(path, std::ios::binary);
+    MT_CHECK(in, IoError, path, ": cannot open");
+    f->header = parse_header(path, in, fsize);
+  }
+  if (listed) {
+    std::set<std::string> have;
+    for (const auto& e : f->header.entries) have.insert(e.name);
+    for (const auto& name : *listed)
+      MT_CHECK(have.count(name), IoError, path, ": tensor '", name,
+               "' listed in the index is not in this shard");
+  }
+  f->size = static_cast<size_t>(fsize);
+  if (fsize > f->header.data_start) {
+    f->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    MT_CHECK(f->fd >= 0, IoError, path, ": cannot open: ", std::strerror(errno));
+    void* m = ::mmap(nullptr, f->size, PROT_READ, MAP_PRIVATE, f->fd, 0);
+    MT_CHECK(m != MAP_FAILED, IoError, path, ": cannot map: ", std::strerror(errno));
+    f->base = static_cast<char*>(m);
+  }
+  total_bytes_ += fsize - f->header.data_start;
+  const size_t fi = files_.size();
+  for (size_t i = 0; i < f->header.entries.size(); ++i) {
+    const std::string& name = f->header.entries[i].name;
+    MT_CHECK(!where_.count(name), IoError, path, ": tensor '", name, "' also appears in another ",
+             listed ? "shard" : "file");
+    where_[name] = {fi, i, {}};
+  }
+  for (auto& [k, v] : f->header.metadata) metadata_.emplace(k, v);
+  files_.push_back(std::move(f));
+}
+
+SafetensorsModel::SafetensorsModel(const std::string& path, Fp8Blocks fp8) : fp8_(fp8) {
+  MT_CHECK(fp8.rows > 0 && fp8.cols > 0, ValueError, path, ": FP8 block size ", fp8.rows, "x",
+           fp8.cols, " must be positive");
   fs::path p(path);
   std::error_code ec;
-  if (!fs::is_directory(p, ec)) return read_safetensors(path);
-
-  fs::path index = p / "model.safetensors.index.json";
-  if (fs::exists(index, ec)) {
+  if (!fs::is_directory(p, ec)) {
+    add_file(path, nullptr, "");
+  } else if (fs::path index = p / "model.safetensors.index.json"; fs::exists(index, ec)) {
     std::ifstream in(index);
     MT_CHECK(in, IoError, index.string(), ": cannot open");
     json j = json::parse(in, nullptr, false);
@@ -321,43 +413,111 @@ SafetensorsData read_safetensors_model(const std::string& path) {
                index.string(), ": weight_map['", name, "'] names an invalid file '", f, "'");
       by_file[f].push_back(name);
     }
-    SafetensorsData out;
-    for (const auto& [file, names] : by_file) {
-      std::string fp = (p / file).string();
-      SafetensorsData shard = read_safetensors(fp);
-      for (const auto& name : names)
-        MT_CHECK(shard.tensors.count(name), IoError, fp, ": tensor '", name,
-                 "' listed in the index is not in this shard");
-      for (auto& [name, t] : shard.tensors) {
-        MT_CHECK(!out.tensors.count(name), IoError, fp, ": tensor '", name,
-                 "' also appears in another shard");
-        out.tensors.emplace(name, std::move(t));
-      }
-      for (auto& [k, v] : shard.metadata) out.metadata.emplace(k, std::move(v));
-    }
+    for (const auto& [file, names] : by_file) add_file((p / file).string(), &names, index.string());
     if (j.contains("metadata") && j["metadata"].is_object())
       for (const auto& [k, v] : j["metadata"].items())
-        if (v.is_string()) out.metadata[k] = v.get<std::string>();
-    return out;
+        if (v.is_string()) metadata_[k] = v.get<std::string>();
+  } else if (fs::exists(p / "model.safetensors", ec)) {
+    add_file((p / "model.safetensors").string(), nullptr, "");
+  } else {
+    std::vector<std::string> files;
+    for (const auto& de : fs::directory_iterator(p, ec))
+      if (de.path().extension() == ".safetensors") files.push_back(de.path().string());
+    MT_CHECK(!files.empty(), IoError, path, ": no model.safetensors, index or *.safetensors file");
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) add_file(f, nullptr, "");
   }
-  fs::path single = p / "model.safetensors";
-  if (fs::exists(single, ec)) return read_safetensors(single.string());
+  // Pair every FP8 weight with its scale; the scale may sit in another shard.
+  for (auto& [name, w] : where_) {
+    const SafetensorsEntry& e = files_[w.file]->header.entries[w.entry];
+    if (e.dtype != "F8_E4M3") continue;
+    const std::string& fp = files_[w.file]->path;
+    const std::string sname = name + "_scale_inv";
+    auto it = where_.find(sname);
+    MT_CHECK(it != where_.end(), IoError, fp, ": FP8 tensor '", name, "' has no scale '", sname,
+             "' (block-scaled e4m3 needs one)");
+    MT_CHECK(e.shape.size() == 2, ShapeError, fp, ": FP8 tensor '", name, "' has shape ",
+             Shape(e.shape), "; block scales need a 2-D weight");
+    const SafetensorsEntry& se = files_[it->second.file]->header.entries[it->second.entry];
+    const std::vector<int64_t> want = {(e.shape[0] + fp8_.rows - 1) / fp8_.rows,
+                                       (e.shape[1] + fp8_.cols - 1) / fp8_.cols};
+    MT_CHECK(se.shape == want, ShapeError, files_[it->second.file]->path, ": scale '", sname,
+             "' has shape ", Shape(se.shape), "; ", Shape(e.shape), " in ", fp8_.rows, "x",
+             fp8_.cols, " blocks needs ", Shape(want));
+    MT_CHECK(se.dtype == "F32" || se.dtype == "BF16", IoError, files_[it->second.file]->path,
+             ": scale '", sname, "' is ", se.dtype, " (F32 or BF16 expected)");
+    w.scale = sname;
+  }
+  for (auto& [name, w] : where_)
+    if (!w.scale.empty()) scales_[w.scale] = where_.at(w.scale);
+  for (const auto& [sname, w] : scales_) where_.erase(sname);
+}
 
-  std::vector<std::string> files;
-  for (const auto& de : fs::directory_iterator(p, ec))
-    if (de.path().extension() == ".safetensors") files.push_back(de.path().string());
-  MT_CHECK(!files.empty(), IoError, path, ": no model.safetensors, index or *.safetensors file");
-  std::sort(files.begin(), files.end());
-  SafetensorsData out;
-  for (const auto& f : files) {
-    SafetensorsData part = read_safetensors(f);
-    for (auto& [name, t] : part.tensors) {
-      MT_CHECK(!out.tensors.count(name), IoError, f, ": tensor '", name,
-               "' also appears in another file");
-      out.tensors.emplace(name, std::move(t));
-    }
-    for (auto& [k, v] : part.metadata) out.metadata.emplace(k, std::move(v));
+std::vector<std::string> SafetensorsModel::names() const {
+  std::vector<std::string> out;
+  for (const auto& [n, w] : where_) out.push_back(n);
+  return out;
+}
+
+const SafetensorsEntry& SafetensorsModel::entry(const std::string& name) const {
+  auto it = where_.find(name);
+  MT_CHECK(it != where_.end(), IoError, "no tensor '", name, "' in the model files");
+  return files_[it->second.file]->header.entries[it->second.entry];
+}
+
+const std::string& SafetensorsModel::file_of(const std::string& name) const {
+  auto it = where_.find(name);
+  MT_CHECK(it != where_.end(), IoError, "no tensor '", name, "' in the model files");
+  return files_[it->second.file]->path;
+}
+
+DType SafetensorsModel::loaded_dtype(const std::string& name) const {
+  return loaded_dtype_of(entry(name).dtype);
+}
+
+Tensor SafetensorsModel::read(const std::string& name) const {
+  Tensor t = Tensor::empty(Shape(entry(name).shape), loaded_dtype(name));
+  read_into(name, t);
+  return t;
+}
+
+void SafetensorsModel::read_into(const std::string& name, Tensor& dst) const {
+  auto it = where_.find(name);
+  MT_CHECK(it != where_.end(), IoError, "no tensor '", name, "' in the model files");
+  const File& f = *files_[it->second.file];
+  const SafetensorsEntry& e = f.header.entries[it->second.entry];
+  MT_CHECK(dst.dtype() == loaded_dtype(name) && dst.numel() == Shape(e.shape).numel() &&
+               dst.is_contiguous() && dst.device() == Device::CPU,
+           ShapeError, f.path, ": tensor '", name, "' (", Shape(e.shape), " ", e.dtype,
+           ") cannot be read into a ", dst.shape(), " ", dtype_name(dst.dtype()), " tensor");
+  if (it->second.scale.empty()) {
+    check_decodable(e, f.path);
+    decode(e, f.data(e), f.path, dst.raw());
+    f.release(e);
+    return;
   }
+  const Where& sw = scales_.at(it->second.scale);
+  const File& sf = *files_[sw.file];
+  const SafetensorsEntry& se = sf.header.entries[sw.entry];
+  const Tensor scale = convert(se, sf.data(se), sf.path);
+  const int64_t R = e.shape[0], C = e.shape[1], SC = se.shape[1];
+  const auto* src = reinterpret_cast<const uint8_t*>(f.data(e));
+  float lut[256];
+  for (int b = 0; b < 256; ++b) lut[b] = fp8_e4m3_to_f32(static_cast<uint8_t>(b));
+  float* d = dst.f32();
+  const float* s = scale.f32();
+  for (int64_t i = 0; i < R; ++i) {
+    const float* srow = s + (i / fp8_.rows) * SC;
+    for (int64_t j = 0; j < C; ++j) d[i * C + j] = lut[src[i * C + j]] * srow[j / fp8_.cols];
+  }
+  f.release(e);
+}
+
+SafetensorsData read_safetensors_model(const std::string& path) {
+  SafetensorsModel m(path);
+  SafetensorsData out;
+  for (const std::string& name : m.names()) out.tensors.emplace(name, m.read(name));
+  out.metadata = m.metadata();
   return out;
 }
 

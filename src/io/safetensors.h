@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -35,12 +36,68 @@ std::vector<SafetensorsEntry> read_safetensors_header(const std::string& path,
                                                       MetadataMap* metadata = nullptr);
 
 // Reads one .safetensors file. Floating tensors become F32; I32/I64 stay; other dtypes
-// (bool, u8, f64, fp8...) are an IoError naming the tensor.
+// (bool, u8, fp8 without the model's scales...) are an IoError naming the tensor.
 SafetensorsData read_safetensors(const std::string& path);
+
+// FP8 block scaling as DeepSeek ships V3/V3.2 (quantization_config {"quant_method": "fp8",
+// "fmt": "e4m3", "weight_block_size": [128, 128]}): a 2-D F8_E4M3 tensor W [R, C] comes with
+// W_scale_inv (F32/BF16, [ceil(R / rows), ceil(C / cols)]) and its value is
+// W[i, j] * W_scale_inv[i / rows, j / cols]; blocks at the right and bottom edges may be partial.
+struct Fp8Blocks {
+  int64_t rows = 128;
+  int64_t cols = 128;
+};
+
+// The e4m3fn value of one byte (no infinities; 0x7f/0xff are NaN; largest finite 448).
+float fp8_e4m3_to_f32(uint8_t b);
+
+// A model's weights opened for streaming: every file memory-mapped and its header validated up
+// front (a missing or truncated shard, an FP8 tensor without its scale fail here, before any
+// tensor is read), then tensors decoded one at a time. A decoded tensor's file pages are handed
+// back to the kernel at once, so reading a whole model holds one tensor at a time, not the files.
+// Scale tensors are folded into their FP8 weights and not listed on their own.
+class SafetensorsModel {
+ public:
+  // `path`: as read_safetensors_model takes it (a directory or one .safetensors file).
+  explicit SafetensorsModel(const std::string& path, Fp8Blocks fp8 = {});
+  ~SafetensorsModel();
+  SafetensorsModel(const SafetensorsModel&) = delete;
+  SafetensorsModel& operator=(const SafetensorsModel&) = delete;
+
+  std::vector<std::string> names() const;
+  bool contains(const std::string& name) const { return where_.count(name) != 0; }
+  const SafetensorsEntry& entry(const std::string& name) const;
+  const std::string& file_of(const std::string& name) const;  // the shard's path
+  // The dtype a tensor has once read: F32 for floating tensors (FP8 included), I32/I64 kept.
+  DType loaded_dtype(const std::string& name) const;
+  // Decodes one tensor (IoError naming it and its file when unknown or unreadable).
+  Tensor read(const std::string& name) const;
+  // The same into `dst` (contiguous, host, loaded_dtype, as many elements): no staging copy.
+  void read_into(const std::string& name, Tensor& dst) const;
+  uint64_t total_bytes() const { return total_bytes_; }  // the data sections' sizes, summed
+  size_t file_count() const { return files_.size(); }
+  const MetadataMap& metadata() const { return metadata_; }
+
+ private:
+  struct File;
+  struct Where {
+    size_t file = 0;
+    size_t entry = 0;
+    std::string scale;  // FP8 weights: the scale tensor's name
+  };
+  void add_file(const std::string& path, const std::vector<std::string>* listed,
+                const std::string& index);
+  std::vector<std::unique_ptr<File>> files_;
+  std::map<std::string, Where> where_;
+  std::map<std::string, Where> scales_;
+  MetadataMap metadata_;
+  Fp8Blocks fp8_;
+  uint64_t total_bytes_ = 0;
+};
 
 // Reads a directory's weights: model.safetensors.index.json (sharded) if present, else
 // model.safetensors, else every *.safetensors in it (sorted; a name in two files is an error).
-// `path` may also be a single .safetensors file.
+// `path` may also be a single .safetensors file. Everything at once: SafetensorsModel streams.
 SafetensorsData read_safetensors_model(const std::string& path);
 
 // Writes tensors (stored in their own dtype: F32, BF16, I32, I64) and string metadata

@@ -187,8 +187,22 @@ TEST(HfConfig, DeepseekV32ExpStyleConfigParsesWithYarn) {
   j["quantization_config"] = json::parse(
       R"({"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
           "scale_fmt": "ue8m0", "weight_block_size": [128, 128]})");
+  // Block-scaled FP8 is dequantised on load: the published quantization_config parses.
+  HfConfig q = hf_config_from_json(j, "v32exp");
+  EXPECT_EQ(q.fp8_block_rows, 128);
+  EXPECT_EQ(q.fp8_block_cols, 128);
+  j["quantization_config"]["weight_block_size"] = {64, 32};
+  q = hf_config_from_json(j, "v32exp");
+  EXPECT_EQ(q.fp8_block_rows, 64);
+  EXPECT_EQ(q.fp8_block_cols, 32);
+  // Anything else is refused by name.
+  j["quantization_config"]["fmt"] = "e5m2";
+  expect_config_error(j, "'fmt'");
+  j["quantization_config"] = {{"quant_method", "gptq"}, {"bits", 4}};
   expect_config_error(j, "quantization_config");
-  expect_config_error(j, "fp8");
+  expect_config_error(j, "gptq");
+  j["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128}}};
+  expect_config_error(j, "weight_block_size");
 }
 
 TEST(HfConfig, YarnVariants) {
@@ -258,7 +272,9 @@ TEST(HfConfig, UnsupportedFieldsAreNamed) {
   j["rope_parameters"]["rope_type"] = "dynamic";
   expect_config_error(j, "dynamic");
   j = v32_json();
-  j["quantization_config"] = {{"quant_method", "fp8"}};
+  // Block-scaled fp8 is dequantised on load (DeepseekV32ExpStyleConfigParsesWithYarn); other
+  // methods are refused by name.
+  j["quantization_config"] = {{"quant_method", "bitsandbytes"}};
   expect_config_error(j, "quantization_config");
   j = v32_json();
   j["scoring_func"] = "softmax";
