@@ -1,3 +1,5 @@
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -6,13 +8,14 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "io/hf_names.h"
 #include "train/trainer.h"
 
 namespace mt::cli {
 
 namespace {
 struct EvalArgs {
-  std::string checkpoint;
+  std::string checkpoint, model;
   std::vector<std::string> data;  // name=dir
   int64_t batch = 2, max_sequences = 0;
   int threads = 0;
@@ -22,34 +25,52 @@ struct EvalArgs {
 Command add_eval_command(CLI::App& app) {
   auto a = std::make_shared<EvalArgs>();
   CLI::App* c = app.add_subcommand("eval", "held-out loss and perplexity per corpus");
-  c->add_option("--checkpoint", a->checkpoint, "checkpoint directory (or a run's checkpoints/)")
-      ->required();
+  auto* ck_opt = c->add_option("--checkpoint", a->checkpoint,
+                               "checkpoint directory (or a run's checkpoints/)");
+  c->add_option("--model", a->model, "HF model directory: evaluate its weights as shipped")
+      ->excludes(ck_opt);
   c->add_option("--data", a->data, "NAME=DIR of a prepared dataset (repeatable)")->required();
   c->add_option("--batch", a->batch, "sequences per forward")->capture_default_str();
   c->add_option("--max-sequences", a->max_sequences, "per corpus (0: all)")->capture_default_str();
   c->add_option("--threads", a->threads, "CPU threads (0: all)")->capture_default_str();
-  return {c, [a] {
-            std::string ck = a->checkpoint;
-            if (std::string l = latest_checkpoint(ck); !l.empty()) ck = l;
-            const Job job = Job::load(ck + "/job.toml");
-            Context ctx(ContextOptions{.threads = a->threads, .seed = job.seed});
-            Model model(job_model_config(job), job.seed, job_model_options(job));
-            load_checkpoint(ck, model, nullptr);
-            AdamW opt(model.params(), {});
-            LocalExecutor exec(ctx, model, opt);
-            std::printf("%-12s %10s %12s %10s\n", "corpus", "loss", "perplexity", "tokens");
-            for (const std::string& nd : a->data) {
-              const size_t eq = nd.find('=');
-              MT_CHECK(eq != std::string::npos, ValueError, "--data '", nd, "' must be NAME=DIR");
-              const PackedData d = load_dataset(nd.substr(eq + 1));
-              MT_CHECK(d.vocab <= model.config().vocab, ConfigError, "dataset ", nd,
-                       " has vocabulary ", d.vocab, ", beyond the model's ", model.config().vocab);
-              const EvalResult r = evaluate(exec, d, a->batch, a->max_sequences);
-              std::printf("%-12s %10.4f %12.2f %10lld\n", nd.substr(0, eq).c_str(), r.loss,
-                          std::exp(r.loss), static_cast<long long>(r.tokens));
-            }
-            return 0;
-          }};
+  return {
+      c, [a] {
+        MT_CHECK(!a->checkpoint.empty() || !a->model.empty(), ValueError,
+                 "eval: give --checkpoint DIR or --model DIR");
+        std::unique_ptr<Model> owned;
+        uint64_t seed = 1;
+        if (!a->model.empty()) {
+          MT_CHECK(has_weights(a->model), IoError, "eval --model '", a->model,
+                   "': no safetensors weights in it");
+          owned =
+              std::move(load_hf_model(a->model, {},
+                                      progress_printer(std::cerr, a->model, isatty(fileno(stderr))))
+                            .model);
+        } else {
+          std::string ck = a->checkpoint;
+          if (std::string l = latest_checkpoint(ck); !l.empty()) ck = l;
+          const Job job = Job::load(ck + "/job.toml");
+          seed = job.seed;
+          owned = std::make_unique<Model>(job_model_config(job), job.seed, job_model_options(job));
+          load_checkpoint(ck, *owned, nullptr);
+        }
+        Model& model = *owned;
+        Context ctx(ContextOptions{.threads = a->threads, .seed = seed});
+        AdamW opt(model.params(), {});
+        LocalExecutor exec(ctx, model, opt);
+        std::printf("%-12s %10s %12s %10s\n", "corpus", "loss", "perplexity", "tokens");
+        for (const std::string& nd : a->data) {
+          const size_t eq = nd.find('=');
+          MT_CHECK(eq != std::string::npos, ValueError, "--data '", nd, "' must be NAME=DIR");
+          const PackedData d = load_dataset(nd.substr(eq + 1));
+          MT_CHECK(d.vocab <= model.config().vocab, ConfigError, "dataset ", nd, " has vocabulary ",
+                   d.vocab, ", beyond the model's ", model.config().vocab);
+          const EvalResult r = evaluate(exec, d, a->batch, a->max_sequences);
+          std::printf("%-12s %10.4f %12.2f %10lld\n", nd.substr(0, eq).c_str(), r.loss,
+                      std::exp(r.loss), static_cast<long long>(r.tokens));
+        }
+        return 0;
+      }};
 }
 
 }  // namespace mt::cli

@@ -5,12 +5,14 @@
 #include "cli/commands.h"
 #include "io/hf_adapter.h"
 #include "io/hf_forward.h"
+#include "train/checkpoint.h"
+#include "train/job.h"
 
 namespace mt::cli {
 
 Command add_forward_command(CLI::App& app) {
   struct Opts {
-    std::string model, tokens, out;
+    std::string model, checkpoint, tokens, out;
     bool grads = false;
     int threads = 0;
     std::string lora_targets, save_adapter;
@@ -21,7 +23,12 @@ Command add_forward_command(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   CLI::App* c = app.add_subcommand(
       "forward", "logits, loss and (--grads) HF-named gradients of a model on given token ids");
-  c->add_option("--model", o->model, "model directory (config.json + safetensors)")->required();
+  auto* model_opt =
+      c->add_option("--model", o->model, "model directory (config.json + safetensors)");
+  c->add_option("--checkpoint", o->checkpoint,
+                "a training checkpoint (or run's checkpoints/) of an HF model: its trained "
+                "weights and adapters, with the job's model.dir config")
+      ->excludes(model_opt);
   c->add_option("--tokens", o->tokens, "safetensors file with int tensor input_ids [B, T]")
       ->required();
   c->add_option("--out", o->out, "output safetensors: logits [B,T,V], loss [], gradients")
@@ -40,8 +47,20 @@ Command add_forward_command(CLI::App& app) {
   return {c, [o] {
             MT_CHECK(o->save_adapter.empty() || !o->lora_targets.empty(), ValueError,
                      "--save-adapter needs --lora-targets");
+            MT_CHECK(!o->model.empty() || !o->checkpoint.empty(), ValueError,
+                     "forward: give --model DIR or --checkpoint DIR");
+            MT_CHECK(o->checkpoint.empty() || o->lora_targets.empty(), ValueError,
+                     "--lora-targets draws a random adapter; a checkpoint has its own");
             LoadedModel lm;
-            if (o->lora_targets.empty()) {
+            if (!o->checkpoint.empty()) {
+              std::string ck = o->checkpoint;
+              if (std::string l = latest_checkpoint(ck); !l.empty()) ck = l;
+              const Job job = Job::load(ck + "/job.toml");
+              lm.config = load_model_config(job.model);
+              lm.model =
+                  std::make_unique<Model>(job_model_config(job), job.seed, job_model_options(job));
+              load_checkpoint(ck, *lm.model, nullptr);
+            } else if (o->lora_targets.empty()) {
               lm = load_hf_model(o->model);
             } else {
               lm = load_hf_model_with_lora(

@@ -1,3 +1,5 @@
+#include <unistd.h>
+
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -6,6 +8,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "io/hf_names.h"
 #include "train/adapter.h"
 #include "train/checkpoint.h"
 #include "train/generate.h"
@@ -41,7 +44,9 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 Command add_generate_command(CLI::App& app) {
   auto a = std::make_shared<GenerateArgs>();
   CLI::App* c = app.add_subcommand("generate", "sample text with incremental decoding");
-  c->add_option("--model", a->model, "preset or model directory (ignored with --checkpoint)")
+  c->add_option("--model", a->model,
+                "preset, config.json or HF model directory (its weights when it has any; "
+                "ignored with --checkpoint)")
       ->capture_default_str();
   c->add_option("--checkpoint", a->checkpoint,
                 "checkpoint directory or a run's checkpoints/ (weights and LoRA adapters)");
@@ -75,7 +80,15 @@ Command add_generate_command(CLI::App& app) {
             } else {
               base_job.model = a->model;
               base_job.seed = a->init_seed;
-              model = std::make_unique<Model>(ModelConfig::load(a->model), a->init_seed);
+              if (has_weights(a->model)) {
+                base_job.model_dir = a->model;
+                model = std::move(
+                    load_hf_model(a->model, {},
+                                  progress_printer(std::cerr, a->model, isatty(fileno(stderr))))
+                        .model);
+              } else {
+                model = std::make_unique<Model>(load_model_config(a->model).model, a->init_seed);
+              }
             }
             if (!a->adapter.empty()) model = apply_peft_adapter(*model, base_job, a->adapter);
             std::unique_ptr<Tokenizer> tok;

@@ -1,8 +1,10 @@
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string>
 
 #include "cli/commands.h"
+#include "io/hf_names.h"
 #include "model/model.h"
 
 namespace mt::cli {
@@ -10,10 +12,13 @@ namespace mt::cli {
 Command add_info_command(CLI::App& app) {
   auto model = std::make_shared<std::string>("small");
   CLI::App* c = app.add_subcommand("info", "describe a model: layer pattern and parameter counts");
-  c->add_option("model", *model, "preset (tiny, small, seed-2.8t) or config.json / model directory")
-      ->capture_default_str();
+  auto* pos = c->add_option("model", *model,
+                            "preset (tiny, small, seed-2.8t), config.json or HF model directory")
+                  ->capture_default_str();
+  c->add_option("--model", *model, "the same as the positional argument")->excludes(pos);
   return {c, [model] {
-            ModelConfig cfg = ModelConfig::load(*model);
+            const HfConfig hf = load_model_config(*model);
+            const ModelConfig& cfg = hf.model;
             int64_t total = 0, expert = 0;
             for (const NamedSpec& s : model_param_specs(cfg)) {
               total += s.spec.shape.numel();
@@ -35,6 +40,19 @@ Command add_info_command(CLI::App& app) {
             }
             std::cout << "\nparameters: " << total << " total, " << expert << " in routed experts, "
                       << total - expert << " other\n";
+            if (hf.model_type != "moetrain_hybrid")
+              std::cout << "family: " << hf.model_type << "\n";
+            if (has_weights(*model)) {
+              // Headers only: shapes and dtypes as shipped, nothing decoded.
+              const SafetensorsModel st(*model, fp8_blocks(hf));
+              std::map<std::string, int64_t> dtypes;
+              for (const std::string& n : st.names()) ++dtypes[st.entry(n).dtype];
+              std::cout << "weights: " << st.names().size() << " tensors in " << st.file_count()
+                        << " file(s), " << st.total_bytes() << " bytes;";
+              for (const auto& [d, n] : dtypes)
+                std::cout << " " << d << " x" << n << (d == "F8_E4M3" ? " (block-scaled)" : "");
+              std::cout << "\n";
+            }
             return 0;
           }};
 }

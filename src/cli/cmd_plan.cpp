@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "io/hf_names.h"
 #include "plan/report.h"
 
 namespace mt::cli {
@@ -36,7 +37,8 @@ Command add_plan_command(CLI::App& app) {
   auto a = std::make_shared<PlanArgs>();
   CLI::App* c = app.add_subcommand(
       "plan", "choose a parallel plan: memory per device, step time, throughput, kernels");
-  c->add_option("--model", a->model, "preset (tiny, small, seed-2.8t) or config.json / directory")
+  c->add_option("--model", a->model,
+                "preset (tiny, small, seed-2.8t), config.json or HF model directory")
       ->capture_default_str();
   c->add_option("--gpus", a->gpus, "number of devices")->required()->check(CLI::PositiveNumber);
   c->add_option("--mem-gb", a->mem_gb, "memory per device, GB (1e9 bytes)")
@@ -98,7 +100,7 @@ Command add_plan_command(CLI::App& app) {
               o.lora = {
                   .rank = a->lora_rank, .alpha = a->lora_alpha, .expert_rank = a->expert_lora_rank};
             }
-            q.cfg = plan::with_lora(ModelConfig::load(a->model), o.lora);
+            q.cfg = plan::with_lora(load_model_config(a->model).model, o.lora);
             const plan::PlanReport r = plan::run_plan(q);
             if (a->json)
               std::cout << plan::report_json(r).dump(1) << "\n";

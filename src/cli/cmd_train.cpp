@@ -12,7 +12,7 @@ namespace mt::cli {
 
 namespace {
 struct TrainArgs {
-  std::string job;
+  std::string job, model;
   std::vector<std::string> set;
   bool resume = false;
   std::string resume_from;
@@ -25,6 +25,8 @@ Command add_train_command(CLI::App& app, par::Comm* world) {
   auto a = std::make_shared<TrainArgs>();
   CLI::App* c = app.add_subcommand("train", "train (full or LoRA) as a TOML job describes");
   c->add_option("--job", a->job, "job file (TOML)")->required();
+  c->add_option("--model", a->model,
+                "HF model directory to fine-tune: its config and weights (= --set model.dir=DIR)");
   c->add_option("--set", a->set, "override a job key: --set optim.lr=1e-3 (repeatable)");
   c->add_flag("--resume", a->resume, "continue from the run directory's latest checkpoint");
   c->add_option("--resume-from", a->resume_from, "continue from this checkpoint directory");
@@ -39,6 +41,7 @@ Command add_train_command(CLI::App& app, par::Comm* world) {
   return {c, [a, world] {
             // The flags are job keys, so the resolved job.toml records them like --set does.
             std::vector<std::string> set = a->set;
+            if (!a->model.empty()) set.push_back("model.dir=\"" + a->model + "\"");
             if (!a->plan.empty()) set.push_back("parallel.plan=" + a->plan);
             if (a->mem_gb > 0) {
               std::ostringstream v;

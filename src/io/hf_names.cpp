@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <ostream>
 #include <regex>
 #include <set>
 
@@ -436,6 +438,43 @@ LoadedModel load_hf_model(const std::string& dir, const ModelOptions& opt,
 
 std::string hf_runtime_name(const std::string& model_type, const std::string& engine_name) {
   return model_type == "kimi_linear" ? forget_gate_name(engine_name) : engine_name;
+}
+
+HfConfig load_model_config(const std::string& name_or_path) {
+  for (const std::string& p : preset_names())
+    if (p == name_or_path) return hybrid_hf_config(ModelConfig::load(name_or_path));
+  return load_hf_config(name_or_path);
+}
+
+bool has_weights(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return false;
+  for (const auto& e : fs::directory_iterator(path, ec))
+    if (e.path().extension() == ".safetensors") return true;
+  return false;
+}
+
+ProgressFn progress_printer(std::ostream& os, const std::string& label, bool tty) {
+  auto last = std::make_shared<int>(-1);
+  return [&os, label, tty, last](uint64_t done, uint64_t total) {
+    const int pct = total ? static_cast<int>(100 * done / total) : 100;
+    const int step = tty ? pct : pct / 25 * 25;
+    if (step == *last) return;
+    *last = step;
+    char sizes[64];
+    const bool gb = total >= 1000000000;
+    const double unit = gb ? 1e9 : 1e6;
+    std::snprintf(sizes, sizeof sizes, "%.2f/%.2f %s", static_cast<double>(done) / unit,
+                  static_cast<double>(total) / unit, gb ? "GB" : "MB");
+    if (tty) {
+      const int w = 30, fill = pct * w / 100;
+      os << "\rloading " << label << " [" << std::string(static_cast<size_t>(fill), '#')
+         << std::string(static_cast<size_t>(w - fill), ' ') << "] " << pct << "% " << sizes
+         << (done >= total ? "\n" : "") << std::flush;
+    } else {
+      os << "loading " << label << ": " << step << "% " << sizes << "\n";
+    }
+  };
 }
 
 HfConfig hybrid_hf_config(const ModelConfig& cfg) {

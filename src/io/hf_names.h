@@ -70,4 +70,14 @@ std::string hf_runtime_name(const std::string& model_type, const std::string& en
 // An HfConfig for a model built from a ModelConfig (model_type "moetrain_hybrid").
 HfConfig hybrid_hf_config(const ModelConfig& cfg);
 
+// What every command's --model takes: a preset (tiny, small, seed-2.8t), a config.json, or a
+// model directory (config.json of any supported model_type, with or without weights).
+HfConfig load_model_config(const std::string& name_or_path);
+// Whether `path` is a directory holding safetensors weights.
+bool has_weights(const std::string& path);
+
+// A progress display for loading: on a terminal one line redrawn in place ("loading DIR
+// [#####     ] 52% 1.3/2.5 GB"), elsewhere a line at each quarter; both end with the total.
+ProgressFn progress_printer(std::ostream& os, const std::string& label, bool tty);
+
 }  // namespace mt

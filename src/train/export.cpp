@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "io/hf_adapter.h"
+#include "io/hf_names.h"
 #include "io/safetensors.h"
 #include "train/checkpoint.h"
 #include "train/job.h"
@@ -39,6 +40,8 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
   const Job job = Job::parse(ss.str(), (ck / "job.toml").string());
   Model model(job_model_config(job), job.seed, job_model_options(job));
   load_checkpoint(checkpoint, model, nullptr);
+  // The family decides the names: an HF model is written the way transformers and PEFT read it.
+  const HfConfig hf = load_model_config(job.model);
   fs::create_directories(out_dir);
 
   TensorMap out;
@@ -54,7 +57,7 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
                          [](const auto& p) { return p->spec.role == ParamRole::Lora; }),
              ValueError, "checkpoint '", checkpoint,
              "' has no LoRA adapters (a full fine-tune: use --format hf)");
-    write_peft_adapter(model, "moetrain_hybrid", info, out_dir);
+    write_peft_adapter(model, hf.model_type, info, out_dir);
     for (const auto& p : model.params().all())
       if (p->spec.role == ParamRole::Lora) out["base_model.model." + p->name] = p->value;
   } else {
@@ -93,12 +96,29 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
       }
       out[p->name] = w;
     }
-    write_safetensors((fs::path(out_dir) / "model.safetensors").string(), out);
-    write_json(fs::path(out_dir) / "config.json", cfg.to_json());
+    if (hf.model_type == "moetrain_hybrid") {
+      write_safetensors((fs::path(out_dir) / "model.safetensors").string(), out);
+      write_json(fs::path(out_dir) / "config.json", cfg.to_json());
+    } else {
+      // The merged weights in the family's checkpoint layout with its own config.json.
+      for (const auto& [name, w] : out) model.params().at(name).value.copy_from(w);
+      save_hf_model(model, hf, out_dir);
+    }
   }
   size_t bytes = 0;
   for (const auto& [n, t] : out) bytes += t.bytes();
   return cat(format, " export: ", out.size(), " tensors, ", bytes, " bytes in ", out_dir);
+}
+
+std::string export_model_dir(const std::string& dir, const std::string& format,
+                             const std::string& out_dir, const ProgressFn& progress) {
+  MT_CHECK(format == "hf", ValueError, "export --model: format '", format,
+           "' needs a trained checkpoint (--checkpoint); a model directory exports as hf");
+  MT_CHECK(has_weights(dir), IoError, "model directory '", dir, "' has no safetensors weights");
+  LoadedModel lm = load_hf_model(dir, {}, progress);
+  save_hf_model(*lm.model, lm.config, out_dir);
+  return cat("hf export: ", lm.config.model_type, " from ", dir, " (dequantised, f32) in ",
+             out_dir);
 }
 
 }  // namespace mt

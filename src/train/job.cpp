@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/hf_names.h"
 
 namespace mt {
 
@@ -190,6 +191,13 @@ Job Job::parse(const std::string& text, const std::string& source,
   r.get("run.threads", j.threads);
   r.get("model.config", j.model);
   r.get("model.init", j.init);
+  r.get("model.dir", j.model_dir);
+  if (!j.model_dir.empty()) {
+    MT_CHECK(!r.has("model.config") || j.model == j.model_dir, ConfigError, source,
+             ": model.config = \"", j.model, "\" and model.dir = \"", j.model_dir,
+             "\" disagree (model.dir alone names both the model and its weights)");
+    j.model = j.model_dir;
+  }
   r.get("model.precision", j.precision);
   r.get("data.train", j.train_data);
   r.get_string_map("data.eval", j.eval_data);
@@ -313,7 +321,9 @@ std::string Job::to_toml() const {
   toml::table root{
       {"run",
        toml::table{{"dir", run_dir}, {"seed", static_cast<int64_t>(seed)}, {"threads", threads}}},
-      {"model", toml::table{{"config", model}, {"init", init}, {"precision", precision}}},
+      {"model",
+       toml::table{
+           {"config", model}, {"dir", model_dir}, {"init", init}, {"precision", precision}}},
       {"data",
        toml::table{{"train", train_data}, {"eval", eval}, {"eval_sequences", eval_sequences}}},
       {"lora", lora},
@@ -365,7 +375,7 @@ std::string Job::to_toml() const {
 }
 
 ModelConfig job_model_config(const Job& job) {
-  ModelConfig cfg = ModelConfig::load(job.model);
+  ModelConfig cfg = load_model_config(job.model).model;
   for (const std::string& t : job.lora_targets) {
     auto it = job.lora_groups.find(t);
     LoraGroup g =

@@ -31,8 +31,11 @@ struct Job {
   uint64_t seed = 1;
   int threads = 0;
   // [model]
-  std::string model = "small";  // preset or config.json path
-  std::string init;             // checkpoint (or weights directory) to start from
+  std::string model = "small";  // preset, config.json or HF model directory (its config)
+  // An HF model directory (config.json + safetensors): the model and, unless `init` says
+  // otherwise, its starting weights (streamed; FP8 dequantised). Sets `model` to the same path.
+  std::string model_dir;
+  std::string init;  // checkpoint (or weights directory) to start from
   // Precision policy (model/precision.h): "fp32" (the CPU engine) or "bf16" (bf16 weights and
   // activations, fp32 masters and moments; the CPU engine refuses it).
   std::string precision = "fp32";

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "io/hf_names.h"
 #include "model/moe_layer.h"
 #include "ops/moe_rules.h"
 #include "plan/auto_plan.h"
@@ -264,6 +265,15 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
     std::string w = job.init;
     if (fs::is_regular_file(fs::path(w) / "latest")) w = latest_checkpoint(w);
     load_weights(w, model);
+  } else if (!job.model_dir.empty() && topt.resume_from.empty() && !topt.resume) {
+    // The HF directory's weights, streamed tensor by tensor; adapters keep their fresh values.
+    const HfConfig hf = load_hf_config(job.model_dir);
+    SafetensorsModel st(job.model_dir, fp8_blocks(hf));
+    const bool tty_log =
+        job.progress == "tty" || (job.progress == "auto" && isatty(fileno(stdout)));
+    ImportOptions io{.keep_lora = true};
+    if (job.progress != "off") io.progress = progress_printer(log, job.model_dir, tty_log);
+    import_hf_tensors(model, hf.model_type, st, job.model_dir, io);
   }
   const AdamWOptions adam{.beta1 = job.beta1,
                           .beta2 = job.beta2,
