@@ -637,3 +637,86 @@ TEST(Train, HeldOutLossPerCorpusAtTheEvalInterval) {
   }
   EXPECT_NE(evals.at(2).at("held").at("loss"), evals.at(6).at("held").at("loss"));
 }
+
+namespace {
+
+// A deepseek_v3 directory as a hub checkpoint ships it: bf16 shards, per-expert tensors.
+std::string make_hf_dir(const fs::path& dir, uint64_t seed) {
+  const nlohmann::json cfg = {{"model_type", "deepseek_v3"},
+                              {"vocab_size", 61},
+                              {"hidden_size", 16},
+                              {"intermediate_size", 20},
+                              {"moe_intermediate_size", 8},
+                              {"num_hidden_layers", 2},
+                              {"num_attention_heads", 2},
+                              {"q_lora_rank", 8},
+                              {"kv_lora_rank", 6},
+                              {"qk_nope_head_dim", 4},
+                              {"qk_rope_head_dim", 2},
+                              {"v_head_dim", 4},
+                              {"n_routed_experts", 4},
+                              {"num_experts_per_tok", 2},
+                              {"n_shared_experts", 1},
+                              {"n_group", 1},
+                              {"topk_group", 1},
+                              {"first_k_dense_replace", 1}};
+  const HfConfig h = hf_config_from_json(cfg, "v3");
+  Model m(h.model, seed);
+  TensorMap bf;
+  Rng rng(seed + 1);
+  for (auto& [name, t] : export_hf_tensors(m, "deepseek_v3")) {
+    for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = static_cast<float>(0.3 * rng.normal());
+    Tensor b = Tensor::empty(t.shape(), DType::BF16);
+    b.copy_from(t);
+    bf[name] = b;
+  }
+  fs::create_directories(dir);
+  write_safetensors_sharded(dir.string(), bf, {}, 4096);
+  std::ofstream(dir / "config.json") << cfg.dump(2);
+  return dir.string();
+}
+
+}  // namespace
+
+// `train --model DIR`: the config and the starting weights come from the HF directory (bf16,
+// sharded), LoRA trains, the resolved job reloads, and the exports use the family's layout.
+TEST(Train, FineTunesAnHfDirectory) {
+  fs::path root = temp_dir("hfdir");
+  const std::string dir = make_hf_dir(root / "hf", 11);
+  const std::string toml = base_job(root);
+  EXPECT_NE(error_of<ConfigError>([&] {
+              Job::parse(toml, "job", {"model.dir=\"" + dir + "\"", "model.config=tiny"});
+            }).find("disagree"),
+            std::string::npos);
+  Job j =
+      Job::parse(toml.substr(0, toml.find("[model]")) + toml.substr(toml.find("[data]")), "job",
+                 {"model.dir=\"" + dir + "\"", "lora.targets=[\"attention\",\"shared_experts\"]",
+                  "lora.rank=2", "schedule.steps=4", "schedule.warmup=1"});
+  EXPECT_EQ(j.model, dir);
+  EXPECT_EQ(Job::parse(j.to_toml(), "resolved").model_dir, dir);
+  std::ostringstream log;
+  TrainResult r = run_job(j, {}, log);
+  // Frozen base weights are the directory's, exactly (bf16 values widened).
+  LoadedModel shipped = load_hf_model(dir);
+  Model trained(job_model_config(j), j.seed, job_model_options(j));
+  load_checkpoint(r.checkpoint, trained, nullptr);
+  for (const auto& p : shipped.model->params().all()) {
+    const Param* q = trained.params().find(p->name);
+    ASSERT_NE(q, nullptr) << p->name;
+    if (q->trainable()) continue;
+    EXPECT_EQ(0, std::memcmp(p->value.raw(), q->value.raw(), p->value.bytes())) << p->name;
+  }
+  ASSERT_EQ(r.losses.size(), 4u);
+  EXPECT_LT(r.losses.back(), r.losses.front());
+  // The merged export is a deepseek_v3 checkpoint (per-expert tensors, the original config).
+  export_checkpoint(r.checkpoint, "hf", (root / "merged").string());
+  const SafetensorsData m = read_safetensors_model((root / "merged").string());
+  EXPECT_TRUE(m.tensors.count("model.layers.1.mlp.experts.3.down_proj.weight"));
+  EXPECT_EQ(load_hf_config((root / "merged").string()).model_type, "deepseek_v3");
+  EXPECT_NO_THROW(load_hf_model((root / "merged").string()));
+  // The adapter export names transformers' modules.
+  export_checkpoint(r.checkpoint, "peft", (root / "peft").string());
+  const SafetensorsData a =
+      read_safetensors((root / "peft" / "adapter_model.safetensors").string());
+  EXPECT_TRUE(a.tensors.count("base_model.model.model.layers.0.self_attn.q_a_proj.lora_A.weight"));
+}
