@@ -1,5 +1,6 @@
 #include "ops/kda.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "ops/cpu/kda.h"
@@ -29,6 +30,20 @@ void check_inputs(const KdaParams& p, const Tensor& q, const Tensor& k, const Te
 
 Shape state_shape(const KdaParams& p) {
   return {p.num_seqs, p.heads, p.head_k, p.head_v};
+}
+
+// What the host can check of `saved` without reading device offsets: its row dims, and a row
+// count that some documents of these tokens could need (exactly the tokens for the recurrence;
+// for chunks, between ceil(T / C) and min(T, (T + N (C - 1)) / C)). The kernels never write past
+// the rows they are given.
+[[maybe_unused]] void check_saved_bounds(const KdaParams& p, const Tensor& saved) {
+  const int64_t lo = p.chunked ? (p.tokens + p.chunk - 1) / p.chunk : p.tokens;
+  const int64_t hi =
+      p.chunked ? std::min(p.tokens, (p.tokens + p.num_seqs * (p.chunk - 1)) / p.chunk) : p.tokens;
+  MT_CHECK(saved.ndim() == 4 && saved.dim(1) == p.heads && saved.dim(2) == p.head_k &&
+               saved.dim(3) == p.head_v && saved.dim(0) >= lo && saved.dim(0) <= hi,
+           ShapeError, "kda saved has shape ", saved.shape(), ", expected [rows, ", p.heads, ", ",
+           p.head_k, ", ", p.head_v, "] with rows in [", lo, ", ", hi, "]");
 }
 
 }  // namespace
@@ -69,7 +84,8 @@ void kda_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, con
   if (op_device("kda_forward", {&cu_seqlens, &q, &k, &v, &g, &beta, &h0, &o, &hT, &saved}) ==
       Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("kda_forward");  // until src/ops/cuda/kda.cu lands
+    check_saved_bounds(p, saved);
+    return cuda::kda_forward(ctx, p, cu_seqlens, q, k, v, g, beta, h0, o, hT, saved);
 #else
     no_cuda_backend("kda_forward");
 #endif
@@ -95,7 +111,9 @@ void kda_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, co
   if (op_device("kda_backward", {&cu_seqlens, &q, &k, &v, &g, &beta, &saved, &dout, &dhT, &dq, &dk,
                                  &dv, &dg, &dbeta, &dh0}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("kda_backward");  // until src/ops/cuda/kda.cu lands
+    check_saved_bounds(p, saved);
+    return cuda::kda_backward(ctx, p, cu_seqlens, q, k, v, g, beta, saved, dout, dhT, dq, dk, dv,
+                              dg, dbeta, dh0);
 #else
     no_cuda_backend("kda_backward");
 #endif
