@@ -47,6 +47,7 @@ constexpr int64_t kMaxCpuKdaChunk = 256;
 namespace landed {
 constexpr bool cublas_bf16 = true;
 constexpr bool kda_chunk_cuda = false;
+constexpr bool kda_direct_cuda = true;
 constexpr bool flash_mla_cuda = false;
 constexpr bool sparse_mla_cuda = false;
 constexpr bool lightning_indexer_cuda = false;
@@ -126,6 +127,13 @@ KernelRegistry KernelRegistry::builtin() {
          if (s.chunk != 64) return "chunk " + std::to_string(s.chunk) + " != 64";
          if (s.head_dim > 256) return "head_dim " + std::to_string(s.head_dim) + " > 256";
          return need_bf16(s);
+       });
+  // The direct kernel: the token recurrence for both algorithms (saving what each one saves),
+  // f32 or bf16; slower than a chunked kernel, so it comes after it.
+  cuda(OpKind::KdaCore, "kda_direct_cuda", landed::kda_direct_cuda,
+       "src/ops/cuda/kda.cu (token recurrence)", [](const OpShape& s) {
+         if (s.head_dim > 256) return "head_dim " + std::to_string(s.head_dim) + " > 256";
+         return std::string();
        });
   cuda(OpKind::MlaAttention, "flash_mla_cuda", landed::flash_mla_cuda,
        "flash attention over MLA heads", [](const OpShape& s) {

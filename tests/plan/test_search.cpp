@@ -157,6 +157,12 @@ TEST(PlanKernels, ChoicesAndFallbacks) {
   EXPECT_TRUE(c.fallback);
   EXPECT_NE(c.why.find("recurrence"), std::string::npos);
   c = reg.choose(OpKind::KdaCore, Backend::Cuda, {.dtype = "bf16", .head_dim = 128, .chunk = 64});
+  if (MOETRAIN_WITH_CUDA) {
+    // The direct kernel takes what the chunked CUDA kernel (not built yet) would.
+    EXPECT_FALSE(c.fallback);
+    EXPECT_EQ(c.kernel, "kda_direct_cuda");
+    c = reg.choose(OpKind::KdaCore, Backend::Cuda, {.dtype = "bf16", .head_dim = 512, .chunk = 64});
+  }
   EXPECT_TRUE(c.fallback);
   EXPECT_EQ(c.kernel, "kda_chunked_cpu");
   EXPECT_NE(c.why.find("not built"), std::string::npos);
