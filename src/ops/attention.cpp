@@ -41,7 +41,7 @@ void causal_indices(const SeqInfo& seq, Tensor& indices) {
       " tokens, longest document ", max_doc_len(seq));
   if (op_device("causal_indices", {&indices}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("causal_indices");  // until src/ops/cuda/attention.cu lands
+    return cuda::causal_indices(seq, indices);
 #else
     no_cuda_backend("causal_indices");
 #endif
@@ -56,7 +56,7 @@ void attention_forward(Context& ctx, const AttentionParams& p, const Tensor& q, 
   expect_shape(lse, {p.tokens, p.heads}, "attention lse");
   if (op_device("attention_forward", {&q, &k, &v, &indices, &o, &lse}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("attention_forward");  // until src/ops/cuda/attention.cu lands
+    return cuda::attention_forward(ctx, p, q, k, v, indices, o, lse);
 #else
     no_cuda_backend("attention_forward");
 #endif
@@ -77,7 +77,7 @@ void attention_backward(Context& ctx, const AttentionParams& p, const Tensor& q,
   if (op_device("attention_backward", {&q, &k, &v, &indices, &o, &lse, &dout, &dq, &dk, &dv}) ==
       Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("attention_backward");  // until src/ops/cuda/attention.cu lands
+    return cuda::attention_backward(ctx, p, q, k, v, indices, o, lse, dout, dq, dk, dv);
 #else
     no_cuda_backend("attention_backward");
 #endif
@@ -96,7 +96,7 @@ void attention_prob_sum(Context& ctx, const AttentionParams& p, const Tensor& q,
   expect_shape(out, {p.tokens, p.kmax}, "attention prob sum");
   if (op_device("attention_prob_sum", {&q, &k, &indices, &lse, &out}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("attention_prob_sum");  // until src/ops/cuda/attention.cu lands
+    return cuda::attention_prob_sum(ctx, p, q, k, indices, lse, out);
 #else
     no_cuda_backend("attention_prob_sum");
 #endif

@@ -42,7 +42,7 @@ void indexer_scores_forward(Context& ctx, const IndexerParams& p, const Tensor& 
   expect_shape(scores, {p.tokens, p.kmax}, "indexer scores");
   if (op_device("indexer_scores_forward", {&q, &k, &w, &indices, &scores}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("indexer_scores_forward");  // until src/ops/cuda/indexer.cu lands
+    return cuda::indexer_scores_forward(ctx, p, q, k, w, indices, scores);
 #else
     no_cuda_backend("indexer_scores_forward");
 #endif
@@ -61,7 +61,7 @@ void indexer_scores_backward(Context& ctx, const IndexerParams& p, const Tensor&
   if (op_device("indexer_scores_backward", {&q, &k, &w, &indices, &dscores, &dq, &dk, &dw}) ==
       Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("indexer_scores_backward");  // until src/ops/cuda/indexer.cu lands
+    return cuda::indexer_scores_backward(ctx, p, q, k, w, indices, dscores, dq, dk, dw);
 #else
     no_cuda_backend("indexer_scores_backward");
 #endif
@@ -77,7 +77,7 @@ void topk_select(Context& ctx, const Tensor& scores, const Tensor& candidates, i
   MT_CHECK(out.dtype() == DType::I32, ShapeError, "topk output must be i32");
   if (op_device("topk_select", {&scores, &candidates, &out}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("topk_select");  // until src/ops/cuda/indexer.cu lands
+    return cuda::topk_select(ctx, scores, candidates, topk, out);
 #else
     no_cuda_backend("topk_select");
 #endif
@@ -92,7 +92,7 @@ double indexer_kl_forward(Context& ctx, const Tensor& scores, const Tensor& targ
   check_table(softmax, indices, "indexer kl softmax");
   if (op_device("indexer_kl_forward", {&scores, &target, &indices, &softmax}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("indexer_kl_forward");  // until src/ops/cuda/indexer.cu lands
+    return cuda::indexer_kl_forward(ctx, scores, target, indices, softmax);
 #else
     no_cuda_backend("indexer_kl_forward");
 #endif
@@ -107,7 +107,7 @@ void indexer_kl_backward(Context& ctx, const Tensor& softmax, const Tensor& targ
   check_table(dscores, indices, "indexer kl dscores");
   if (op_device("indexer_kl_backward", {&softmax, &target, &indices, &dscores}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("indexer_kl_backward");  // until src/ops/cuda/indexer.cu lands
+    return cuda::indexer_kl_backward(ctx, softmax, target, indices, dloss, dscores);
 #else
     no_cuda_backend("indexer_kl_backward");
 #endif

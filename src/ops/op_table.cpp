@@ -57,6 +57,8 @@ constexpr bool grouped_gemm_cuda = false;
 constexpr bool fused_ce_cuda = true;
 constexpr bool rmsnorm_cuda = true;
 constexpr bool causal_conv1d_cuda = true;
+constexpr bool index_attention_cuda = true;
+constexpr bool indexer_cuda = true;
 }  // namespace landed
 
 std::string any(const OpShape&) {
@@ -148,6 +150,14 @@ KernelRegistry KernelRegistry::builtin() {
        });
   cuda(OpKind::Indexer, "lightning_indexer_cuda", landed::lightning_indexer_cuda,
        "fp8/bf16 indexer scores", need_bf16);
+  // The direct kernels (one block per query row over its index list): any dtype and head dim,
+  // after the fused kernels, which the planner prefers where they apply.
+  cuda(OpKind::MlaAttention, "index_attention_cuda", landed::index_attention_cuda,
+       "src/ops/cuda/attention.cu (direct)", any);
+  cuda(OpKind::SparseAttention, "index_attention_cuda", landed::index_attention_cuda,
+       "src/ops/cuda/attention.cu (direct)", any);
+  cuda(OpKind::Indexer, "indexer_cuda", landed::indexer_cuda, "src/ops/cuda/indexer.cu (direct)",
+       any);
   cuda(OpKind::Router, "fused_router_cuda", landed::fused_router_cuda, "router top-k", any);
   cuda(OpKind::MoeDispatch, "a2a_dispatch_cuda", landed::a2a_dispatch_cuda,
        "NCCL all-to-all-v + permute", any);

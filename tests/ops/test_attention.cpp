@@ -62,20 +62,25 @@ class AttentionCase : public OpCase {
     o_ = alloc({p_.tokens, p_.heads, p_.v_dim});
     lse_ = alloc({p_.tokens, p_.heads});
     ops::attention_forward(ctx, p_, in[0], in[1], in[2], in[3], o_, lse_);
-    Tensor shown = alloc(lse_.shape());
-    const int32_t* idx = in[3].i32();
+    // Read on the host (copies when the case runs on the GPU).
+    ctx.synchronize();
+    const Tensor idx_h = in[3].to(Device::CPU), lse_h = lse_.to(Device::CPU);
+    Tensor shown_h = Tensor::empty(lse_.shape());
+    const int32_t* idx = idx_h.i32();
     for (int64_t t = 0; t < p_.tokens; ++t) {
       bool any = false;
       for (int64_t j = 0; j < p_.kmax; ++j) any |= idx[t * p_.kmax + j] >= 0;
       for (int64_t h = 0; h < p_.heads; ++h) {
-        float l = lse_.f32()[t * p_.heads + h];
+        float l = lse_h.f32()[t * p_.heads + h];
         if (!any) {
           EXPECT_EQ(l, -std::numeric_limits<float>::infinity()) << "lse of empty row " << t;
           l = 0.f;
         }
-        shown.f32()[t * p_.heads + h] = l;
+        shown_h.f32()[t * p_.heads + h] = l;
       }
     }
+    Tensor shown = alloc(lse_.shape());
+    shown.copy_from(shown_h);
     return {o_, shown};
   }
   void backward(Context& ctx, GuardedAlloc&, const std::vector<Tensor>& in,

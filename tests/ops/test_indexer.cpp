@@ -39,6 +39,19 @@ std::function<void(Rng&, Tensor&)> positive(double lo, double hi) {
   };
 }
 
+// A loss as a one-element output, and an upstream gradient read back, on either device.
+Tensor scalar(GuardedAlloc& alloc, double v) {
+  Tensor h = Tensor::empty({1});
+  h.f32()[0] = static_cast<float>(v);
+  Tensor l = alloc({1});
+  l.copy_from(h);
+  return l;
+}
+
+double host_scalar(const Tensor& t) {
+  return t.to(Device::CPU).f32()[0];
+}
+
 class ScoresCase : public OpCase {
  public:
   ScoresCase(ops::IndexerParams p, std::function<void(Rng&, Tensor&)> table)
@@ -175,13 +188,11 @@ class KlCase : public OpCase {
   std::vector<Tensor> forward(Context& ctx, GuardedAlloc& alloc,
                               const std::vector<Tensor>& in) override {
     sm_ = alloc({T_, K_});
-    Tensor l = alloc({1});
-    l.f32()[0] = static_cast<float>(ops::indexer_kl_forward(ctx, in[0], in[1], in[2], sm_));
-    return {l};
+    return {scalar(alloc, ops::indexer_kl_forward(ctx, in[0], in[1], in[2], sm_))};
   }
   void backward(Context& ctx, GuardedAlloc&, const std::vector<Tensor>& in,
                 const std::vector<Tensor>& dout, std::vector<Tensor>& grads) override {
-    ops::indexer_kl_backward(ctx, sm_, in[1], in[2], dout[0].f32()[0], grads[0]);
+    ops::indexer_kl_backward(ctx, sm_, in[1], in[2], host_scalar(dout[0]), grads[0]);
   }
   std::vector<DVec> reference(const std::vector<DVec>& in) const override {
     return {{ref::indexer_kl(in[0], in[1], in[2], T_, K_)}};
@@ -230,14 +241,12 @@ class ScoresKlCase : public OpCase {
     scores_ = alloc({p_.tokens, p_.kmax});
     sm_ = alloc({p_.tokens, p_.kmax});
     ops::indexer_scores_forward(ctx, p_, in[0], in[1], in[2], in[4], scores_);
-    Tensor l = alloc({1});
-    l.f32()[0] = static_cast<float>(ops::indexer_kl_forward(ctx, scores_, in[3], in[4], sm_));
-    return {l};
+    return {scalar(alloc, ops::indexer_kl_forward(ctx, scores_, in[3], in[4], sm_))};
   }
   void backward(Context& ctx, GuardedAlloc& alloc, const std::vector<Tensor>& in,
                 const std::vector<Tensor>& dout, std::vector<Tensor>& grads) override {
     Tensor ds = alloc({p_.tokens, p_.kmax});
-    ops::indexer_kl_backward(ctx, sm_, in[3], in[4], dout[0].f32()[0], ds);
+    ops::indexer_kl_backward(ctx, sm_, in[3], in[4], host_scalar(dout[0]), ds);
     ops::indexer_scores_backward(ctx, p_, in[0], in[1], in[2], in[4], ds, grads[0], grads[1],
                                  grads[2]);
   }

@@ -1,0 +1,265 @@
+// Attention over index lists on the GPU, the direct version: one block of four warps per
+// (query, head) walks the query's index list, each warp taking every fourth slot with its own
+// online softmax (running max, sum and output row in shared memory), merged across warps at the
+// end. q.k and p.v are warp reductions over the head dimension; statistics and accumulation are
+// fp32. The backward recomputes probabilities from the saved lse: dq per (query, head) the same
+// way, dk/dv per (key, kv head) gathered through the transposed index table (index_lists.cuh), so
+// every output row has one writer and sums run in a fixed order (no float atomics).
+#include <limits>
+#include <vector>
+
+#include "core/device.h"
+#include "ops/cuda/attention.h"
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/index_lists.cuh"
+
+namespace mt::ops::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+
+template <typename T>
+__global__ void attn_fwd_kernel(int64_t tokens, int64_t H, int64_t Hk, int64_t Dk, int64_t Dv,
+                                int64_t K, float scale, const T* q, const T* k, const T* v,
+                                const int32_t* idx, T* o, float* lse) {
+  extern __shared__ float smem[];
+  float* qs = smem;               // [Dk]
+  float* acc = qs + Dk;           // [kWarps][Dv], unnormalised output per warp
+  float* wm = acc + kWarps * Dv;  // [kWarps] running max
+  float* wl = wm + kWarps;        // [kWarps] running sum
+  const int64_t th = blockIdx.x, t = th / H, g = (th % H) / (H / Hk);
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  for (int64_t d = threadIdx.x; d < Dk; d += blockDim.x) qs[d] = ld(q, th * Dk + d);
+  float* aw = acc + w * Dv;
+  for (int64_t d = lane; d < Dv; d += 32) aw[d] = 0.f;
+  __syncthreads();
+  const int32_t* row = idx + t * K;
+  float m = -INFINITY, l = 0.f;
+  for (int64_t j = w; j < K; j += kWarps) {
+    const int32_t s = row[j];
+    if (!valid_slot(s, tokens)) continue;  // uniform across the warp
+    const float sc = scale * warp_dot(qs, k + (s * Hk + g) * Dk, Dk);
+    const float mn = fmaxf(m, sc);
+    const float corr = expf(m - mn), p = expf(sc - mn);
+    l = l * corr + p;
+    m = mn;
+    const T* vr = v + (s * Hk + g) * Dv;
+    for (int64_t d = lane; d < Dv; d += 32) aw[d] = aw[d] * corr + p * ld(vr, d);
+  }
+  if (lane == 0) {
+    wm[w] = m;
+    wl[w] = l;
+  }
+  __syncthreads();
+  float M = -INFINITY;
+  for (int i = 0; i < kWarps; ++i) M = fmaxf(M, wm[i]);
+  if (M == -INFINITY) {  // no valid slot
+    for (int64_t d = threadIdx.x; d < Dv; d += blockDim.x) st(o, th * Dv + d, 0.f);
+    if (threadIdx.x == 0) lse[th] = -INFINITY;
+    return;
+  }
+  float c[kWarps], L = 0.f;
+  for (int i = 0; i < kWarps; ++i) {
+    c[i] = expf(wm[i] - M);  // 0 for a warp that saw no slot
+    L += wl[i] * c[i];
+  }
+  const float inv = 1.f / L;
+  for (int64_t d = threadIdx.x; d < Dv; d += blockDim.x) {
+    float s = 0.f;
+    for (int i = 0; i < kWarps; ++i) s += acc[i * Dv + d] * c[i];
+    st(o, th * Dv + d, s * inv);
+  }
+  if (threadIdx.x == 0) lse[th] = M + logf(L);
+}
+
+// dq and Delta = o . dout per (query, head).
+template <typename T>
+__global__ void attn_bwd_dq_kernel(int64_t tokens, int64_t H, int64_t Hk, int64_t Dk, int64_t Dv,
+                                   int64_t K, float scale, const T* q, const T* k, const T* v,
+                                   const int32_t* idx, const T* o, const float* lse, const T* dout,
+                                   T* dq, float* delta) {
+  extern __shared__ float smem[];
+  float* qs = smem;       // [Dk]
+  float* dos = qs + Dk;   // [Dv]
+  float* acc = dos + Dv;  // [kWarps][Dk]
+  const int64_t th = blockIdx.x, t = th / H, g = (th % H) / (H / Hk);
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  for (int64_t d = threadIdx.x; d < Dk; d += blockDim.x) qs[d] = ld(q, th * Dk + d);
+  float part = 0.f;
+  for (int64_t d = threadIdx.x; d < Dv; d += blockDim.x) {
+    const float g_o = ld(dout, th * Dv + d);
+    dos[d] = g_o;
+    part += g_o * ld(o, th * Dv + d);
+  }
+  float* aw = acc + w * Dk;
+  for (int64_t d = lane; d < Dk; d += 32) aw[d] = 0.f;
+  const float dl = block_sum(part);  // its barriers also publish qs and dos
+  const float l = lse[th];
+  const int32_t* row = idx + t * K;
+  for (int64_t j = w; j < K; j += kWarps) {
+    const int32_t s = row[j];
+    if (!valid_slot(s, tokens)) continue;
+    const T* kr = k + (s * Hk + g) * Dk;
+    const float p = expf(scale * warp_dot(qs, kr, Dk) - l);
+    const float ds = p * (warp_dot(dos, v + (s * Hk + g) * Dv, Dv) - dl) * scale;
+    for (int64_t d = lane; d < Dk; d += 32) aw[d] += ds * ld(kr, d);
+  }
+  __syncthreads();
+  for (int64_t d = threadIdx.x; d < Dk; d += blockDim.x) {
+    float s = 0.f;
+    for (int i = 0; i < kWarps; ++i) s += acc[i * Dk + d];
+    st(dq, th * Dk + d, s);
+  }
+  if (threadIdx.x == 0) delta[th] = dl;
+}
+
+// dk and dv per (key, kv head), over the (slot, head of the group) pairs that reference the key.
+template <typename T>
+__global__ void attn_bwd_dkv_kernel(int64_t H, int64_t Hk, int64_t Dk, int64_t Dv, int64_t K,
+                                    float scale, const T* q, const T* k, const T* v,
+                                    const float* lse, const T* dout, const float* delta,
+                                    const int32_t* offsets, const int32_t* entries, T* dk, T* dv) {
+  extern __shared__ float smem[];
+  float* ks = smem;              // [Dk]
+  float* vs = ks + Dk;           // [Dv]
+  float* ak = vs + Dv;           // [kWarps][Dk]
+  float* av = ak + kWarps * Dk;  // [kWarps][Dv]
+  const int64_t sg = blockIdx.x, s = sg / Hk, g = sg % Hk, G = H / Hk;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  for (int64_t d = threadIdx.x; d < Dk; d += blockDim.x) ks[d] = ld(k, sg * Dk + d);
+  for (int64_t d = threadIdx.x; d < Dv; d += blockDim.x) vs[d] = ld(v, sg * Dv + d);
+  float* akw = ak + w * Dk;
+  float* avw = av + w * Dv;
+  for (int64_t d = lane; d < Dk; d += 32) akw[d] = 0.f;
+  for (int64_t d = lane; d < Dv; d += 32) avw[d] = 0.f;
+  __syncthreads();
+  const int64_t e0 = offsets[s], pairs = (offsets[s + 1] - e0) * G;
+  for (int64_t pi = w; pi < pairs; pi += kWarps) {
+    const int64_t t = entries[e0 + pi / G] / K, th = t * H + g * G + pi % G;
+    const T* qr = q + th * Dk;
+    const T* dor = dout + th * Dv;
+    const float p = expf(scale * warp_dot(qr, ks, Dk) - lse[th]);
+    const float ds = p * (warp_dot(dor, vs, Dv) - delta[th]) * scale;
+    for (int64_t d = lane; d < Dk; d += 32) akw[d] += ds * ld(qr, d);
+    for (int64_t d = lane; d < Dv; d += 32) avw[d] += p * ld(dor, d);
+  }
+  __syncthreads();
+  for (int64_t d = threadIdx.x; d < Dk; d += blockDim.x) {
+    float a = 0.f;
+    for (int i = 0; i < kWarps; ++i) a += ak[i * Dk + d];
+    st(dk, sg * Dk + d, a);
+  }
+  for (int64_t d = threadIdx.x; d < Dv; d += blockDim.x) {
+    float a = 0.f;
+    for (int i = 0; i < kWarps; ++i) a += av[i * Dv + d];
+    st(dv, sg * Dv + d, a);
+  }
+}
+
+// out[t, j] = sum_h p[t, h, j]: one block per query, one warp per slot.
+template <typename T>
+__global__ void prob_sum_kernel(int64_t tokens, int64_t H, int64_t Hk, int64_t Dk, int64_t K,
+                                float scale, const T* q, const T* k, const int32_t* idx,
+                                const float* lse, float* out) {
+  const int64_t t = blockIdx.x, G = H / Hk;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  for (int64_t j = w; j < K; j += kWarps) {
+    const int32_t s = idx[t * K + j];
+    float acc = 0.f;
+    if (valid_slot(s, tokens))
+      for (int64_t h = 0; h < H; ++h)
+        acc += expf(scale * warp_dot(q + (t * H + h) * Dk, k + (s * Hk + h / G) * Dk, Dk) -
+                    lse[t * H + h]);
+    if (lane == 0) out[t * K + j] = acc;
+  }
+}
+
+void check_dtypes(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
+  expect_same_dtype(op, q, k, "k");
+  expect_same_dtype(op, q, v, "v");
+}
+
+}  // namespace
+
+void causal_indices(const SeqInfo& seq, Tensor& indices) {
+  // Built on the host from the host-side document offsets and copied in one transfer (set-up
+  // data of a batch, like the offsets themselves).
+  const int64_t kmax = indices.dim(1);
+  std::vector<int32_t> host(static_cast<size_t>(indices.numel()), -1);
+  for (size_t d = 0; d + 1 < seq.offsets.size(); ++d)
+    for (int64_t t = seq.offsets[d]; t < seq.offsets[d + 1]; ++t)
+      for (int64_t s = seq.offsets[d]; s <= t; ++s)
+        host[static_cast<size_t>(t * kmax + s - seq.offsets[d])] = static_cast<int32_t>(s);
+  copy_bytes(indices.raw(), indices.device(), host.data(), Device::CPU,
+             host.size() * sizeof(int32_t));
+}
+
+void attention_forward(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
+                       const Tensor& v, const Tensor& indices, Tensor& o, Tensor& lse) {
+  check_dtypes("attention_forward", q, k, v);
+  expect_same_dtype("attention_forward", q, o, "o");
+  expect_f32("attention_forward", lse, "lse");
+  const int64_t NT = p.tokens, H = p.heads, Dk = p.qk_dim, Dv = p.v_dim;
+  if (NT == 0) return;
+  MT_DISPATCH_FLOAT(q, "attention_forward", {
+    auto kernel = attn_fwd_kernel<T>;
+    const size_t sm =
+        smem_for(kernel, sizeof(float) * (Dk + kWarps * Dv + 2 * kWarps), "attention_forward");
+    kernel<<<grid_of(NT * H, "attention_forward"), kThreads, sm, stream(ctx)>>>(
+        NT, H, p.kvh(), Dk, Dv, p.kmax, p.scale, ptr<T>(q), ptr<T>(k), ptr<T>(v),
+        ptr<int32_t>(indices), ptr<T>(o), ptr<float>(lse));
+  });
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+void attention_backward(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& indices, const Tensor& o, const Tensor& lse,
+                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) {
+  const char* op = "attention_backward";
+  check_dtypes(op, q, k, v);
+  expect_same_dtype(op, q, o, "o");
+  expect_same_dtype(op, q, dout, "dout");
+  expect_same_dtype(op, q, dq, "dq");
+  expect_same_dtype(op, q, dk, "dk");
+  expect_same_dtype(op, q, dv, "dv");
+  expect_f32(op, lse, "lse");
+  const int64_t NT = p.tokens, H = p.heads, Hk = p.kvh(), Dk = p.qk_dim, Dv = p.v_dim, K = p.kmax;
+  if (NT == 0) return;
+  ArenaScope scope(ctx.workspace());
+  Tensor delta = ctx.workspace().alloc({NT, H});
+  const int32_t* idx = ptr<int32_t>(indices);
+  MT_DISPATCH_FLOAT(q, op, {
+    auto k1 = attn_bwd_dq_kernel<T>;
+    const size_t sm1 = smem_for(k1, sizeof(float) * (Dk + Dv + kWarps * Dk), op);
+    k1<<<grid_of(NT * H, op), kThreads, sm1, stream(ctx)>>>(
+        NT, H, Hk, Dk, Dv, K, p.scale, ptr<T>(q), ptr<T>(k), ptr<T>(v), idx, ptr<T>(o),
+        ptr<float>(lse), ptr<T>(dout), ptr<T>(dq), ptr<float>(delta));
+    MT_CUDA_LAUNCH_CHECK();
+    const DeviceKeyLists kl = build_device_key_lists(ctx, idx, NT, K, op);
+    auto k2 = attn_bwd_dkv_kernel<T>;
+    const size_t sm2 = smem_for(k2, sizeof(float) * (kWarps + 1) * (Dk + Dv), op);
+    k2<<<grid_of(NT * Hk, op), kThreads, sm2, stream(ctx)>>>(
+        H, Hk, Dk, Dv, K, p.scale, ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<float>(lse), ptr<T>(dout),
+        ptr<float>(delta), kl.offsets, kl.entries, ptr<T>(dk), ptr<T>(dv));
+  });
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+void attention_prob_sum(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
+                        const Tensor& indices, const Tensor& lse, Tensor& out) {
+  const char* op = "attention_prob_sum";
+  expect_same_dtype(op, q, k, "k");
+  expect_f32(op, lse, "lse");
+  expect_f32(op, out, "out");
+  if (p.tokens == 0 || p.kmax == 0) return;
+  MT_DISPATCH_FLOAT(q, op, {
+    prob_sum_kernel<T><<<grid_of(p.tokens, op), kThreads, 0, stream(ctx)>>>(
+        p.tokens, p.heads, p.kvh(), p.qk_dim, p.kmax, p.scale, ptr<T>(q), ptr<T>(k),
+        ptr<int32_t>(indices), ptr<float>(lse), ptr<float>(out));
+  });
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace mt::ops::cuda
