@@ -114,6 +114,16 @@ TEST(OpTable, CudaKernelsAreBuiltOnlyWithTheBackend) {
     EXPECT_TRUE(c.fallback);
     EXPECT_EQ(c.kernel, "rmsnorm_cpu");
     EXPECT_NE(c.why.find("not built"), std::string::npos) << c.why;
+  } else {
+    // The direct attention and indexer kernels take the shapes the fused ones refuse.
+    for (ops::OpKind op : {ops::OpKind::SparseAttention, ops::OpKind::MlaAttention}) {
+      const ops::KernelChoice c =
+          reg.choose(op, ops::Backend::Cuda, {.dtype = "fp32", .topk = 100});
+      EXPECT_FALSE(c.fallback) << c.why;
+      EXPECT_EQ(c.kernel, "index_attention_cuda");
+    }
+    EXPECT_EQ(reg.choose(ops::OpKind::Indexer, ops::Backend::Cuda, {.dtype = "fp32"}).kernel,
+              "indexer_cuda");
   }
 }
 

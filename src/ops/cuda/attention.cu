@@ -185,13 +185,16 @@ void check_dtypes(const char* op, const Tensor& q, const Tensor& k, const Tensor
 
 void causal_indices(const SeqInfo& seq, Tensor& indices) {
   // Built on the host from the host-side document offsets and copied in one transfer (set-up
-  // data of a batch, like the offsets themselves).
+  // data of a batch, like the offsets themselves). Without a context there is no stream to order
+  // the copy after kernels that may still read this memory (a reused workspace block), so the
+  // device is drained first: a synchronisation point (docs/gpu.md).
   const int64_t kmax = indices.dim(1);
   std::vector<int32_t> host(static_cast<size_t>(indices.numel()), -1);
   for (size_t d = 0; d + 1 < seq.offsets.size(); ++d)
     for (int64_t t = seq.offsets[d]; t < seq.offsets[d + 1]; ++t)
       for (int64_t s = seq.offsets[d]; s <= t; ++s)
         host[static_cast<size_t>(t * kmax + s - seq.offsets[d])] = static_cast<int32_t>(s);
+  MT_CUDA_CHECK(cudaDeviceSynchronize());
   copy_bytes(indices.raw(), indices.device(), host.data(), Device::CPU,
              host.size() * sizeof(int32_t));
 }
