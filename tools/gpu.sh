@@ -23,21 +23,24 @@ pack() {
     grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcudart|libcublas[^/]*|libnvidia[^/]*|libstdc\+\+|libgcc_s|libz|libudev)\.so' |
     while read -r lib; do cp -L "$lib" .gpu/lib/; done
   strip --strip-debug .gpu/bin/* 2>/dev/null || true
+  # The device call carries at most 64 MiB with the repository: travel compressed.
+  tar -C .gpu -czf .gpu.tgz bin lib && rm -rf .gpu && mkdir .gpu && mv .gpu.tgz .gpu/pack.tgz
   du -sh .gpu
 }
 
 test_stage() {
-  local out=${OUT:-/tmp/gpu_out}
-  mkdir -p "$out"
-  export LD_LIBRARY_PATH="$PWD/.gpu/lib:${LD_LIBRARY_PATH:-}"
+  local out=${OUT:-/tmp/gpu_out} dir=/tmp/moetrain-gpu
+  mkdir -p "$out" "$dir"
+  tar -C "$dir" -xzf .gpu/pack.tgz
+  export LD_LIBRARY_PATH="$dir/lib:${LD_LIBRARY_PATH:-}"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
   local rc=0
-  .gpu/bin/gpu_suite --gtest_output=json:"$out/gpu_suite.json" 2>&1 | tee "$out/gpu_suite.log" || rc=$?
+  "$dir/bin/gpu_suite" --gtest_output=json:"$out/gpu_suite.json" 2>&1 | tee "$out/gpu_suite.log" || rc=$?
   local san="not run"
   if [ "${1:-}" = sanitize ]; then
     san=""
     for tool in memcheck racecheck; do
-      if compute-sanitizer --tool "$tool" --error-exitcode 9 .gpu/bin/gpu_suite --gtest_filter="${SANITIZE_FILTER:-*Cuda*}" \
+      if compute-sanitizer --tool "$tool" --error-exitcode 9 "$dir/bin/gpu_suite" --gtest_filter="${SANITIZE_FILTER:-*Cuda*}" \
           --gtest_brief=1 >"$out/sanitize_$tool.log" 2>&1; then
         san="$san $tool:clean"
       else

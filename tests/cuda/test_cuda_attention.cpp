@@ -71,7 +71,8 @@ void check_attention(const char* name, const ops::AttentionParams& p, Tensor tab
         OP(attention_backward)(c, p, in[0], in[1], in[2], in[3], o, lse, in[4], dq, dk, dv);
         return {o, lse, dq, dk, dv};
       },
-      seed);
+      // dk and dv sum over every (query, head) that selected the key.
+      seed, T* H);
 }
 
 TEST(CudaAttention, DenseCausalTwoDocuments) {

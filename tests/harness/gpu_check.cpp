@@ -52,7 +52,7 @@ Tensor out(Context& ctx, const Shape& s, DType dt) {
 }
 
 void run_case(const char* name, const std::vector<In>& ins, const std::vector<std::string>& names,
-              const Run& run, uint64_t seed) {
+              const Run& run, uint64_t seed, int64_t reduction_terms) {
   SCOPED_TRACE(cat(name, " seed=", seed));
   Context cpu(ContextOptions{.threads = 2, .seed = seed});
   Context gpu(ContextOptions{.device = Device::CUDA, .seed = seed});
@@ -81,7 +81,7 @@ void run_case(const char* name, const std::vector<In>& ins, const std::vector<st
       EXPECT_EQ(nonfinite, 0u) << names[j] << " (" << dtype_name(pass)
                                << " pass) has non-finite entries: unwritten?";
       const double err = rel_err(g, w);
-      double bound = kF32Rel;
+      double bound = f32_bound(reduction_terms);
       if (pass == DType::BF16) {
         const Tensor e = got[j].dtype() == DType::BF16 ? round_bf16(emul[j]) : emul[j];
         bound = kBf16Multiple * rel_err(to_dvec(e), w) + kBf16Floor;

@@ -43,7 +43,8 @@ Tensor out(Context& ctx, const Shape& s, DType dt);
 // A copy of `t` on the context's device (pre-filled accumulators, in-place operands).
 Tensor like(Context& ctx, const Tensor& t);
 // The CPU pass, the GPU f32 pass and the GPU bf16 pass; `names` label the results.
+// `reduction_terms`: the longest sum the op computes, which sets the f32 bound (tolerance.h).
 void run_case(const char* name, const std::vector<In>& ins, const std::vector<std::string>& names,
-              const Run& run, uint64_t seed);
+              const Run& run, uint64_t seed, int64_t reduction_terms = 0);
 
 }  // namespace mt::test

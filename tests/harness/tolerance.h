@@ -17,9 +17,20 @@
 // same computation in the same precision); kBf16Floor covers outputs that bf16 represents exactly.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
 namespace mt::test {
 
 inline constexpr double kF32Rel = 1e-5;
+// The f32 bound of a case whose longest sum has `terms` terms: two fp32 implementations that sum
+// in different orders each err by about sqrt(terms) units of roundoff (2^-24), products add as
+// much again, hence 4 sqrt(terms) 2^-24, and never below kF32Rel (which alone covers sums of up to
+// ~1700 terms).
+inline double f32_bound(int64_t terms) {
+  return std::max(kF32Rel, 4.0 * std::sqrt(static_cast<double>(terms)) * 0x1p-24);
+}
 inline constexpr double kBf16Multiple = 2.0;
 inline constexpr double kBf16Floor = 1e-6;
 

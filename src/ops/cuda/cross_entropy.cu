@@ -66,8 +66,10 @@ __global__ void ce_bwd_kernel(int64_t t0, int64_t V, int32_t ignore, float dloss
   const float scale = dloss / static_cast<float>(*valid > 0 ? *valid : 1);
   const float l = lse[t];
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-    float d = target == ignore ? 0.f : scale * __expf(lr[v] - l);
-    if (v == target) d -= scale;
+    // An ignored row has no gradient, also where ignore_index is itself a valid id.
+    float d = 0.f;
+    if (target != ignore)
+      d = v == target ? scale * __expf(lr[v] - l) - scale : scale * __expf(lr[v] - l);
     st(gr, v, d);
   }
 }
