@@ -7,7 +7,8 @@
 
 namespace mt {
 
-enum class DType : uint8_t { F32, BF16, I32, I64 };
+// F64 holds per-step scalars that the trainer reads once a step (losses, norms), never weights.
+enum class DType : uint8_t { F32, BF16, I32, I64, F64 };
 enum class Device : uint8_t { CPU, CUDA };
 
 constexpr size_t dtype_size(DType t) {
@@ -19,6 +20,7 @@ constexpr size_t dtype_size(DType t) {
     case DType::I32:
       return 4;
     case DType::I64:
+    case DType::F64:
       return 8;
   }
   return 0;
@@ -34,6 +36,8 @@ constexpr std::string_view dtype_name(DType t) {
       return "i32";
     case DType::I64:
       return "i64";
+    case DType::F64:
+      return "f64";
   }
   return "?";
 }

@@ -2,6 +2,7 @@
 
 #include "core/device.h"
 
+#include <array>
 #include <cstdlib>
 #include <cstring>
 
@@ -9,11 +10,11 @@ namespace mt {
 
 namespace {
 
-bool strides_are_contiguous(const Shape& shape, const std::vector<int64_t>& strides) {
+bool strides_are_contiguous(const Shape& shape, const Shape& strides) {
   int64_t want = 1;
   for (int i = shape.ndim() - 1; i >= 0; --i) {
     if (shape[i] == 0) return true;
-    if (shape[i] != 1 && strides[static_cast<size_t>(i)] != want) return false;
+    if (shape[i] != 1 && strides[i] != want) return false;
     want *= shape[i];
   }
   return true;
@@ -22,15 +23,14 @@ bool strides_are_contiguous(const Shape& shape, const std::vector<int64_t>& stri
 // Calls fn(offset_a, offset_b) (elements) for the start of every innermost row of `shape`, walked
 // with two stride sets; rows have shape[-1] elements (1 for a 0-D tensor).
 template <typename Fn>
-void for_each_row(const Shape& shape, const std::vector<int64_t>& sa,
-                  const std::vector<int64_t>& sb, Fn fn) {
+void for_each_row(const Shape& shape, const Shape& sa, const Shape& sb, Fn fn) {
   const int outer = shape.ndim() - 1;
   if (shape.numel() == 0) return;
   if (outer <= 0) {
     fn(int64_t{0}, int64_t{0});
     return;
   }
-  std::vector<int64_t> idx(static_cast<size_t>(outer), 0);
+  std::array<int64_t, kMaxDims> idx{};
   int64_t oa = 0, ob = 0;
   while (true) {
     fn(oa, ob);
@@ -38,12 +38,12 @@ void for_each_row(const Shape& shape, const std::vector<int64_t>& sa,
     for (; d >= 0; --d) {
       const auto u = static_cast<size_t>(d);
       if (++idx[u] < shape[d]) {
-        oa += sa[u];
-        ob += sb[u];
+        oa += sa[d];
+        ob += sb[d];
         break;
       }
-      oa -= sa[u] * (shape[d] - 1);
-      ob -= sb[u] * (shape[d] - 1);
+      oa -= sa[d] * (shape[d] - 1);
+      ob -= sb[d] * (shape[d] - 1);
       idx[u] = 0;
     }
     if (d < 0) return;
@@ -52,11 +52,11 @@ void for_each_row(const Shape& shape, const std::vector<int64_t>& sa,
 
 }  // namespace
 
-std::vector<int64_t> contiguous_strides(const Shape& shape) {
-  std::vector<int64_t> st(static_cast<size_t>(shape.ndim()));
+Shape contiguous_strides(const Shape& shape) {
+  Shape st = shape;
   int64_t s = 1;
   for (int i = shape.ndim() - 1; i >= 0; --i) {
-    st[static_cast<size_t>(i)] = s;
+    st.at(i) = s;
     s *= shape[i];
   }
   return st;
@@ -64,9 +64,9 @@ std::vector<int64_t> contiguous_strides(const Shape& shape) {
 
 std::string Shape::str() const {
   std::string s = "[";
-  for (size_t i = 0; i < dims_.size(); ++i) {
+  for (int i = 0; i < n_; ++i) {
     if (i) s += ',';
-    s += std::to_string(dims_[i]);
+    s += std::to_string(d_[static_cast<size_t>(i)]);
   }
   s += ']';
   return s;
@@ -87,14 +87,14 @@ Tensor::Tensor(void* data, Shape shape, DType dtype, Device device)
       dtype_(dtype),
       device_(device) {}
 
-void Tensor::set_shape(Shape shape, std::vector<int64_t> strides) {
-  shape_ = std::move(shape);
-  strides_ = std::move(strides);
+void Tensor::set_shape(const Shape& shape, const Shape& strides) {
+  shape_ = shape;
+  strides_ = strides;
   contiguous_ = strides_are_contiguous(shape_, strides_);
 }
 
 Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
-  for (int64_t d : shape.dims()) MT_CHECK(d >= 0, ShapeError, "negative dimension in ", shape);
+  for (int64_t d : shape) MT_CHECK(d >= 0, ShapeError, "negative dimension in ", shape);
   auto st =
       std::make_shared<Storage>(static_cast<size_t>(shape.numel()) * dtype_size(dtype), device);
   Tensor t(st->data, std::move(shape), dtype, device);
@@ -111,20 +111,19 @@ Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
 Tensor Tensor::view(Shape shape) const {
   MT_CHECK(shape.numel() == numel(), ShapeError, "cannot view ", shape_, " as ", shape);
   MT_CHECK(contiguous_, ShapeError, "cannot view the strided tensor ", shape_, " (strides ",
-           Shape(strides_), ") as ", shape);
+           strides_, ") as ", shape);
   Tensor t = *this;
-  std::vector<int64_t> st = contiguous_strides(shape);
-  t.set_shape(std::move(shape), std::move(st));
+  t.set_shape(shape, contiguous_strides(shape));
   return t;
 }
 
 Tensor Tensor::rows(int64_t begin, int64_t end) const {
   MT_CHECK(ndim() >= 1 && 0 <= begin && begin <= end && end <= dim(0), ShapeError, "rows [", begin,
            ",", end, ") out of ", shape_);
-  std::vector<int64_t> d = shape_.dims();
-  d[0] = end - begin;
+  Shape d = shape_;
+  d.at(0) = end - begin;
   Tensor t = *this;
-  t.set_shape(Shape(std::move(d)), strides_);
+  t.set_shape(d, strides_);
   t.data_ =
       static_cast<char*>(data_) + begin * strides_[0] * static_cast<int64_t>(dtype_size(dtype_));
   return t;
@@ -133,12 +132,12 @@ Tensor Tensor::rows(int64_t begin, int64_t end) const {
 Tensor Tensor::cols(int64_t begin, int64_t end) const {
   MT_CHECK(ndim() >= 2 && 0 <= begin && begin <= end && end <= dim(-1), ShapeError, "cols [", begin,
            ",", end, ") out of ", shape_);
-  std::vector<int64_t> d = shape_.dims();
-  d.back() = end - begin;
+  Shape d = shape_;
+  d.at(-1) = end - begin;
   Tensor t = *this;
-  t.set_shape(Shape(std::move(d)), strides_);
-  t.data_ = static_cast<char*>(data_) +
-            begin * strides_.back() * static_cast<int64_t>(dtype_size(dtype_));
+  t.set_shape(d, strides_);
+  t.data_ =
+      static_cast<char*>(data_) + begin * strides_[-1] * static_cast<int64_t>(dtype_size(dtype_));
   return t;
 }
 
@@ -232,10 +231,25 @@ Tensor Tensor::clone() const {
   return t;
 }
 
+double read_scalar(const Tensor& t) {
+  MT_CHECK(t.numel() == 1 && (t.dtype() == DType::F64 || t.dtype() == DType::F32), ShapeError,
+           "read_scalar of a ", dtype_name(t.dtype()), " tensor ", t.shape());
+  double d = 0;
+  float f = 0;
+  void* host = t.dtype() == DType::F64 ? static_cast<void*>(&d) : static_cast<void*>(&f);
+  copy_bytes(host, Device::CPU, t.raw(), t.device(), dtype_size(t.dtype()));
+  return t.dtype() == DType::F64 ? d : f;
+}
+
+void ensure_scalar(Tensor& t, Device device) {
+  if (t.defined() && t.numel() == 1 && t.dtype() == DType::F64 && t.device() == device) return;
+  t = Tensor::zeros({1}, DType::F64, device);
+}
+
 void expect_shape(const Tensor& t, const Shape& want, const char* what) {
   MT_CHECK(t.shape() == want, ShapeError, what, " has shape ", t.shape(), ", expected ", want);
   MT_CHECK(t.is_contiguous(), ShapeError, what, " is a strided view ", t.shape(), " (strides ",
-           Shape(t.strides()), "); this op needs contiguous memory");
+           t.strides(), "); this op needs contiguous memory");
 }
 
 void expect_dims(const Tensor& t, const Shape& want, const char* what) {

@@ -9,6 +9,7 @@
 // operands (matmul, grouped_matmul, copy_from, the element ops) say so and read strides.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -21,26 +22,50 @@
 
 namespace mt {
 
+// Dimensions (or element strides) held inline, so that making a tensor or a view never touches
+// the heap: a training step builds thousands of views and must not allocate (docs/gpu.md).
+constexpr int kMaxDims = 8;
+
 class Shape {
  public:
   Shape() = default;
-  Shape(std::initializer_list<int64_t> d) : dims_(d) {}
-  explicit Shape(std::vector<int64_t> d) : dims_(std::move(d)) {}
+  Shape(std::initializer_list<int64_t> d) { assign(d.begin(), d.size()); }
+  explicit Shape(const std::vector<int64_t>& d) { assign(d.data(), d.size()); }
 
-  int ndim() const { return static_cast<int>(dims_.size()); }
-  int64_t operator[](int i) const { return dims_.at(i < 0 ? i + ndim() : i); }
+  int ndim() const { return n_; }
+  int64_t operator[](int i) const {
+    const int j = i < 0 ? i + n_ : i;
+    MT_CHECK(j >= 0 && j < n_, ShapeError, "dimension ", i, " of a ", n_, "-d shape");
+    return d_[static_cast<size_t>(j)];
+  }
+  int64_t& at(int i) { return d_[static_cast<size_t>(i < 0 ? i + n_ : i)]; }
   int64_t numel() const {
     int64_t n = 1;
-    for (int64_t d : dims_) n *= d;
+    for (int i = 0; i < n_; ++i) n *= d_[static_cast<size_t>(i)];
     return n;
   }
-  const std::vector<int64_t>& dims() const { return dims_; }
-  bool operator==(const Shape& o) const { return dims_ == o.dims_; }
-  bool operator!=(const Shape& o) const { return dims_ != o.dims_; }
+  // A copy (for serialisation and error messages, outside the step).
+  std::vector<int64_t> dims() const { return {d_.begin(), d_.begin() + n_}; }
+  const int64_t* begin() const { return d_.data(); }
+  const int64_t* end() const { return d_.data() + n_; }
+  bool operator==(const Shape& o) const {
+    if (n_ != o.n_) return false;
+    for (int i = 0; i < n_; ++i)
+      if (d_[static_cast<size_t>(i)] != o.d_[static_cast<size_t>(i)]) return false;
+    return true;
+  }
+  bool operator!=(const Shape& o) const { return !(*this == o); }
   std::string str() const;
 
  private:
-  std::vector<int64_t> dims_;
+  void assign(const int64_t* d, size_t n) {
+    MT_CHECK(n <= static_cast<size_t>(kMaxDims), ShapeError, "a shape of ", n,
+             " dimensions (at most ", kMaxDims, ")");
+    n_ = static_cast<int>(n);
+    for (size_t i = 0; i < n; ++i) d_[i] = d[i];
+  }
+  std::array<int64_t, kMaxDims> d_{};
+  int n_ = 0;
 };
 
 inline std::ostream& operator<<(std::ostream& os, const Shape& s) {
@@ -79,8 +104,8 @@ class Tensor {
   void* raw() const { return data_; }
 
   // Element strides, one per dimension (row-major for anything but a column view).
-  const std::vector<int64_t>& strides() const { return strides_; }
-  int64_t stride(int i) const { return strides_.at(i < 0 ? i + ndim() : i); }
+  const Shape& strides() const { return strides_; }
+  int64_t stride(int i) const { return strides_[i]; }
   bool is_contiguous() const { return contiguous_; }
 
   // Typed host access to contiguous memory; throws ShapeError on a dtype mismatch or a strided
@@ -89,6 +114,7 @@ class Tensor {
   int32_t* i32() const { return typed<int32_t>(DType::I32); }
   int64_t* i64() const { return typed<int64_t>(DType::I64); }
   uint16_t* bf16() const { return typed<uint16_t>(DType::BF16); }
+  double* f64() const { return typed<double>(DType::F64); }
   // The same for code that walks strides() itself (CPU kernels taking strided views).
   float* f32_strided() const { return typed<float>(DType::F32, true); }
 
@@ -114,21 +140,28 @@ class Tensor {
     MT_CHECK(dtype_ == want, ShapeError, "tensor ", shape_, " is ", dtype_name(dtype_),
              ", accessed as ", dtype_name(want));
     MT_CHECK(strided_ok || contiguous_, ShapeError, "tensor ", shape_, " is a strided view",
-             " (strides ", Shape(strides_), "); this access needs contiguous memory");
+             " (strides ", strides_, "); this access needs contiguous memory");
     MT_CHECK(device_ == Device::CPU || data_ == nullptr, ValueError, "host access to a tensor on ",
              device_name(device_));
     return static_cast<T*>(data_);
   }
-  void set_shape(Shape shape, std::vector<int64_t> strides);
+  void set_shape(const Shape& shape, const Shape& strides);
 
   std::shared_ptr<Storage> storage_;
   void* data_ = nullptr;
   Shape shape_;
-  std::vector<int64_t> strides_;
+  Shape strides_;  // in elements, one per dimension
   bool contiguous_ = true;
   DType dtype_ = DType::F32;
   Device device_ = Device::CPU;
 };
+
+// The value of a one-element f64 or f32 tensor, copied to the host when it lives on a device: a
+// synchronisation point, so callers read a step's scalars once, after the step (docs/gpu.md).
+double read_scalar(const Tensor& t);
+// Makes t a one-element f64 tensor on `device` (zero); keeps it when it already is one, so that
+// the steps after the first allocate nothing.
+void ensure_scalar(Tensor& t, Device device);
 
 // Throws ShapeError naming `what` unless t has exactly this shape and is contiguous (ops that
 // accept strided views check their shapes with expect_dims).
@@ -136,6 +169,6 @@ void expect_shape(const Tensor& t, const Shape& want, const char* what);
 // Shape only; strides may be anything.
 void expect_dims(const Tensor& t, const Shape& want, const char* what);
 // Row-major strides of a shape.
-std::vector<int64_t> contiguous_strides(const Shape& shape);
+Shape contiguous_strides(const Shape& shape);
 
 }  // namespace mt

@@ -70,6 +70,8 @@ const char* format_name(DType t) {
       return "I32";
     case DType::I64:
       return "I64";
+    case DType::F64:
+      return "F64";
   }
   return "?";
 }

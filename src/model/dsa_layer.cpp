@@ -30,6 +30,7 @@ DsaLayer::DsaLayer(const DsaConfig& cfg) : MlaLayer(checked_mla(cfg)), dcfg_(cfg
   wq_b_ = LinearModule("indexer.wq_b", cfg.mla.q_lora_rank, HI * DI, cfg.mla.lora);
   wk_ = LinearModule("indexer.wk", cfg.mla.hidden, DI, cfg.mla.lora);
   weights_proj_ = LinearModule("indexer.weights_proj", cfg.mla.hidden, HI, cfg.mla.lora);
+  kl_ = {.name = "indexer_kl", .value = {}, .weight = cfg.indexer_loss_coeff};
 }
 
 float DsaLayer::weight_scale() const {
@@ -131,7 +132,8 @@ void DsaLayer::after_attention(Context& ctx, const SeqInfo& seq, Arena& acts) {
   Tensor scores = ctx.workspace().alloc({T, slots});
   ops::indexer_scores_forward(ctx, {.tokens = T, .heads = HI, .head_dim = DI, .kmax = slots},
                               qi_.view({T, HI, DI}), kn_, wts_, idx_, scores);
-  kl_ = ops::indexer_kl_forward(ctx, scores, target_, idx_, softmax_);
+  ensure_scalar(kl_.value, ctx.device());
+  ops::indexer_kl_forward(ctx, scores, target_, idx_, softmax_, kl_.value);
 }
 
 void DsaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx) {
@@ -172,10 +174,6 @@ void DsaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
   wk_.backward(ctx, dki, none);
   Tensor dq2 = dqi.view({T, HI * DI});
   wq_b_.backward(ctx, dq2, none);
-}
-
-std::vector<AuxLoss> DsaLayer::aux_losses() const {
-  return {{.name = "indexer_kl", .value = kl_, .weight = dcfg_.indexer_loss_coeff}};
 }
 
 }  // namespace mt

@@ -35,7 +35,7 @@ class DsaLayer : public MlaLayer {
   std::vector<ParamSpec> param_specs() const override;
   void bind(const ParamTable& params) override;
   void backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx) override;
-  std::vector<AuxLoss> aux_losses() const override;
+  std::span<const AuxTerm> aux_terms() const override { return {&kl_, 1}; }
 
   const DsaConfig& dsa_config() const { return dcfg_; }
   // The selected key positions of the last forward, i32 [T, slots] (increasing, -1 padded).
@@ -61,7 +61,7 @@ class DsaLayer : public MlaLayer {
   Tensor kn_;                    // [T, DI] normalised and rotated key
   Tensor wts_;                   // [T, HI] scaled head weights
   Tensor target_, softmax_;      // [T, slots] KL target (head-summed probs) and softmax(I)
-  double kl_ = 0;
+  AuxTerm kl_;                   // "indexer_kl", written by the indexer's KL op
 };
 
 }  // namespace mt

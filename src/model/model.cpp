@@ -224,11 +224,11 @@ double Model::forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const
   ops::rmsnorm_forward(ctx, np, resid_[L], final_norm_.value, final_h_, final_rstd_);
   lse_ = acts_.alloc({T});
   have_forward_ = true;
-  const double loss =
-      ops::lm_head_cross_entropy_forward(ctx, {.tokens = T, .hidden = d, .vocab = cfg_.vocab},
-                                         final_h_, lm_head_.value, targets, lse_);
+  ensure_scalar(loss_, ctx.device());
+  ops::lm_head_cross_entropy_forward(ctx, {.tokens = T, .hidden = d, .vocab = cfg_.vocab}, final_h_,
+                                     lm_head_.value, targets, lse_, loss_);
   if (hooks_) hooks_->after_forward(head);
-  return loss;
+  return read_scalar(loss_);
 }
 
 void Model::backward(Context& ctx) {
@@ -323,20 +323,22 @@ void Model::rebind_unit(int unit) {
   }
 }
 
-std::vector<AuxLoss> Model::aux_losses() const {
-  std::vector<AuxLoss> out;
-  auto add = [&](const AuxLoss& a) {
+const std::vector<AuxLoss>& Model::aux_losses() const {
+  std::vector<AuxLoss>& out = aux_read_;
+  for (AuxLoss& o : out) o.value = 0;
+  auto add = [&](const AuxTerm& a) {
+    const double v = a.value.defined() ? read_scalar(a.value) : 0.0;
     for (AuxLoss& o : out)
       if (o.name == a.name) {
-        o.value += a.value;
+        o.value += v;
         return;
       }
-    out.push_back(a);
+    out.push_back({a.name, v, a.weight});  // the first read only: names are fixed per model
   };
   for (const auto& m : mixers_)
-    for (const AuxLoss& a : m->aux_losses()) add(a);
+    for (const AuxTerm& a : m->aux_terms()) add(a);
   for (const auto& f : ffns_)
-    for (const AuxLoss& a : f->aux_losses()) add(a);
+    for (const AuxTerm& a : f->aux_terms()) add(a);
   return out;
 }
 

@@ -105,8 +105,11 @@ class Model {
   void set_recompute(ActivationRecompute r) { recompute_ = r; }
 
   // ids, targets: i32 [tokens] (targets may hold ignore_index = -100). Returns the mean
-  // cross-entropy over non-ignored targets; activations stay alive until backward().
+  // cross-entropy over non-ignored targets; activations stay alive until backward(). The op
+  // writes the loss into loss() (f64 [1], on the device); the return value reads it, the one
+  // synchronisation point of a forward (docs/gpu.md).
   double forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const Tensor& targets);
+  const Tensor& loss() const { return loss_; }
   // Adds d(loss)/d(param) into every trainable gradient (cross-entropy, plus each layer's own
   // auxiliary losses with their weights).
   void backward(Context& ctx);
@@ -118,8 +121,10 @@ class Model {
   // Final-norm hidden states [tokens, hidden] of the last forward, for callers that need the
   // logits themselves (the loss path never materialises them).
   const Tensor& final_hidden() const { return final_h_; }
-  // Auxiliary losses of the last forward, summed by name over layers.
-  std::vector<AuxLoss> aux_losses() const;
+  // Auxiliary losses of the last forward, summed by name over layers: reads every layer's
+  // AuxTerm tensors (a synchronisation point; the trainer calls it once, after the step). The
+  // result lives in the model and is refilled in place, so a step's read allocates nothing.
+  const std::vector<AuxLoss>& aux_losses() const;
 
   // The MoE layers (null entries for dense-FFN layers), for expert parallelism and load stats.
   std::vector<MoeLayer*> moe_layers();
@@ -164,6 +169,8 @@ class Model {
   Tensor ids_, targets_;
   std::vector<Tensor> resid_, normed_in_, rstd_in_, mid_, normed_post_, rstd_post_;
   Tensor final_h_, final_rstd_, lse_;
+  Tensor loss_;                            // f64 [1], written by the cross-entropy op
+  mutable std::vector<AuxLoss> aux_read_;  // aux_losses()' result, refilled in place
   bool have_forward_ = false;
   float loss_weight_ = 1.f;
   UnitHooks* hooks_ = nullptr;

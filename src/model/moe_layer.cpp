@@ -38,7 +38,10 @@ MoeLayer::MoeLayer(const MoeConfig& cfg) : cfg_(cfg) {
     shared_down_ = LinearModule("shared_experts.down_proj", S, cfg.hidden, cfg.lora, kInitStd);
   }
   load_.assign(static_cast<size_t>(cfg.num_experts), 0);
+  load_t_ = Tensor::zeros({cfg.num_experts}, DType::I64);
   expert_count_ = cfg.num_experts;
+  aux_[0] = {.name = "router_seq_aux", .value = {}, .weight = cfg.seq_aux_coeff};
+  aux_[1] = {.name = "router_z", .value = {}, .weight = cfg.z_loss_coeff};
 }
 
 void MoeLayer::set_local_experts(int64_t first, int64_t count, ExpertCompute* compute) {
@@ -285,8 +288,10 @@ void MoeLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
       trace_prio_[i] = sc.f32()[t * E + e] + (b ? b[e] : 0.f);
     }
   }
-  seq_aux_ = ops::router_seq_aux_loss(ctx, rp, seq, scores_, ids_);
-  z_ = ops::router_z_loss(ctx, rp, logits_);
+  ensure_scalar(aux_[0].value, ctx.device());
+  ensure_scalar(aux_[1].value, ctx.device());
+  ops::router_seq_aux_loss(ctx, rp, seq, scores_, ids_, aux_[0].value);
+  ops::router_z_loss(ctx, rp, logits_, aux_[1].value);
 
   perm_ = acts.alloc({N}, DType::I32);
   inv_ = acts.alloc({N}, DType::I32);
@@ -403,10 +408,6 @@ void MoeLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
   ops::matmul(ctx, dlogits, false, gate_.value, false, dx, 1.f, 1.f);
 }
 
-std::vector<AuxLoss> MoeLayer::aux_losses() const {
-  return {{"router_seq_aux", seq_aux_, cfg_.seq_aux_coeff}, {"router_z", z_, cfg_.z_loss_coeff}};
-}
-
 void MoeLayer::reset_expert_load() {
   std::fill(load_.begin(), load_.end(), int64_t{0});
 }
@@ -421,9 +422,8 @@ void MoeLayer::update_selection_bias(const std::vector<int64_t>& load) {
   MT_CHECK(static_cast<int64_t>(load.size()) == cfg_.num_experts, ShapeError, "expert load has ",
            load.size(), " entries, expected ", cfg_.num_experts);
   MT_CHECK(bias_.value.defined(), InternalError, "moe bias update before bind");
-  Tensor l = Tensor::empty({cfg_.num_experts}, DType::I64);
-  std::copy(load.begin(), load.end(), l.i64());
-  ops::router_bias_update(l, cfg_.bias_update_rate, bias_.value);
+  std::copy(load.begin(), load.end(), load_t_.i64());
+  ops::router_bias_update(load_t_, cfg_.bias_update_rate, bias_.value);
 }
 
 }  // namespace mt

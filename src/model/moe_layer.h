@@ -13,6 +13,7 @@
 // leading expert dimension like the base tensors); shared_experts.{gate,up,down}_proj.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -52,7 +53,7 @@ class MoeLayer : public Layer {
   void backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx) override;
   // "router_seq_aux" and "router_z" of the last forward (unweighted values, weights = the config
   // coefficients); backward applies their gradients when the coefficient is non-zero.
-  std::vector<AuxLoss> aux_losses() const override;
+  std::span<const AuxTerm> aux_terms() const override { return aux_; }
 
   // (token, slot) pairs routed to each expert, summed over the forwards since the last
   // reset_expert_load() / update_selection_bias() (so gradient accumulation counts a whole step).
@@ -119,7 +120,8 @@ class MoeLayer : public Layer {
   Tensor x_, logits_, scores_, ids_, weights_, perm_, inv_, offsets_;
   Tensor x_lat_, rows_, rows_out_, y_lat_, sh_gate_, sh_up_, sh_h_;
   ops::GroupedFfnSaved saved_;
-  double seq_aux_ = 0, z_ = 0;
+  std::array<AuxTerm, 2> aux_;  // router_seq_aux, router_z: written by the router's loss ops
+  Tensor load_t_;               // i64 [E]: a load handed to update_selection_bias
   float seq_aux_weight_ = 1.f;
   std::vector<int64_t> load_;
   int64_t expert_first_ = 0, expert_count_ = 0;

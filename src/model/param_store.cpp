@@ -46,9 +46,14 @@ int64_t ParamStore::count(bool trainable_only) const {
 
 std::vector<Tensor> ParamStore::grads() const {
   std::vector<Tensor> g;
-  for (const auto& p : params_)
-    if (p->trainable()) g.push_back(p->grad);
+  grads(g);
   return g;
+}
+
+void ParamStore::grads(std::vector<Tensor>& out) const {
+  out.clear();
+  for (const auto& p : params_)
+    if (p->trainable()) out.push_back(p->grad);
 }
 
 }  // namespace mt

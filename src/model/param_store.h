@@ -35,6 +35,8 @@ class ParamStore {
   void zero_grad();
   int64_t count(bool trainable_only = false) const;
   std::vector<Tensor> grads() const;  // of trainable parameters, in order
+  // The same into out, reusing its capacity (no allocation once it has held them).
+  void grads(std::vector<Tensor>& out) const;
 
  private:
   std::vector<std::unique_ptr<Param>> params_;

@@ -29,19 +29,21 @@ void check_targets(const CrossEntropyParams& p, const Tensor& targets) {
 
 }  // namespace
 
-double lm_head_cross_entropy_forward(Context& ctx, const CrossEntropyParams& p, const Tensor& h,
-                                     const Tensor& w, const Tensor& targets, Tensor& lse) {
+void lm_head_cross_entropy_forward(Context& ctx, const CrossEntropyParams& p, const Tensor& h,
+                                   const Tensor& w, const Tensor& targets, Tensor& lse,
+                                   Tensor& loss) {
   check_shapes(p, h, w, targets);
   expect_shape(lse, {p.tokens}, "cross_entropy lse");
-  if (op_device("lm_head_cross_entropy_forward", {&h, &w, &targets, &lse}) == Device::CUDA) {
+  expect_f64_scalar(loss, "cross_entropy loss");
+  if (op_device("lm_head_cross_entropy_forward", {&h, &w, &targets, &lse, &loss}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    return cuda::lm_head_cross_entropy_forward(ctx, p, h, w, targets, lse);
+    return cuda::lm_head_cross_entropy_forward(ctx, p, h, w, targets, lse, loss);
 #else
     no_cuda_backend("lm_head_cross_entropy_forward");
 #endif
   }
   check_targets(p, targets);
-  return cpu::lm_head_cross_entropy_forward(ctx, p, h, w, targets, lse);
+  cpu::lm_head_cross_entropy_forward(ctx, p, h, w, targets, lse, loss);
 }
 
 void lm_head_cross_entropy_backward(Context& ctx, const CrossEntropyParams& p, const Tensor& h,

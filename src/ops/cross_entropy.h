@@ -14,10 +14,12 @@ struct CrossEntropyParams {
 };
 
 // h [tokens, hidden], w [vocab, hidden], targets i32 [tokens]. Writes lse [tokens] (saved for
-// backward; 0 for ignored tokens) and returns the mean loss over non-ignored tokens (0 if none).
+// backward; 0 for ignored tokens) and loss f64 [1]: the mean loss over non-ignored tokens (0 if
+// none), written on the tensors' device (never returned: no host synchronisation in the op).
 // A target outside [0, vocab) that is not ignore_index is a ValueError.
-double lm_head_cross_entropy_forward(Context& ctx, const CrossEntropyParams& p, const Tensor& h,
-                                     const Tensor& w, const Tensor& targets, Tensor& lse);
+void lm_head_cross_entropy_forward(Context& ctx, const CrossEntropyParams& p, const Tensor& h,
+                                   const Tensor& w, const Tensor& targets, Tensor& lse,
+                                   Tensor& loss);
 // Gradient of dloss * mean loss: dh written, dw accumulates (skipped when undefined).
 void lm_head_cross_entropy_backward(Context& ctx, const CrossEntropyParams& p, const Tensor& h,
                                     const Tensor& w, const Tensor& targets, const Tensor& lse,

@@ -45,4 +45,10 @@ void no_cuda_kernel(const char* op) {
   MT_THROW(ValueError, op, ": got CUDA tensors, but this op has no CUDA kernel yet");
 }
 
+void expect_f64_scalar(const Tensor& t, const char* what) {
+  MT_CHECK(t.dtype() == DType::F64, ShapeError, what, " is ", dtype_name(t.dtype()),
+           ", expected f64");
+  expect_shape(t, {1}, what);
+}
+
 }  // namespace mt::ops

@@ -29,6 +29,11 @@ Device op_device(const char* op, std::initializer_list<const Tensor*> ts);
 // The same rule over a list of tensors (the gradients of a parameter set).
 Device op_device(const char* op, const std::vector<Tensor>& ts);
 
+// Checks an op's loss or norm output: one f64 element (ShapeError naming `what`). Ops write such
+// scalars instead of returning them, so that no op reads device memory on the host; the trainer
+// reads them once a step (docs/gpu.md, "Synchronisation points").
+void expect_f64_scalar(const Tensor& t, const char* what);
+
 // Thrown by an entry that got CUDA tensors in a binary built without the CUDA backend.
 [[noreturn]] void no_cuda_backend(const char* op);
 // Thrown, in a CUDA binary, by an entry whose kernel has not landed yet (its ops/cuda/X.h declares

@@ -85,19 +85,21 @@ void topk_select(Context& ctx, const Tensor& scores, const Tensor& candidates, i
   cpu::topk_select(ctx, scores, candidates, topk, out);
 }
 
-double indexer_kl_forward(Context& ctx, const Tensor& scores, const Tensor& target,
-                          const Tensor& indices, Tensor& softmax) {
+void indexer_kl_forward(Context& ctx, const Tensor& scores, const Tensor& target,
+                        const Tensor& indices, Tensor& softmax, Tensor& loss) {
   check_table(scores, indices, "indexer kl scores");
   check_table(target, indices, "indexer kl target");
   check_table(softmax, indices, "indexer kl softmax");
-  if (op_device("indexer_kl_forward", {&scores, &target, &indices, &softmax}) == Device::CUDA) {
+  expect_f64_scalar(loss, "indexer kl loss");
+  if (op_device("indexer_kl_forward", {&scores, &target, &indices, &softmax, &loss}) ==
+      Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    return cuda::indexer_kl_forward(ctx, scores, target, indices, softmax);
+    return cuda::indexer_kl_forward(ctx, scores, target, indices, softmax, loss);
 #else
     no_cuda_backend("indexer_kl_forward");
 #endif
   }
-  return cpu::indexer_kl_forward(ctx, scores, target, indices, softmax);
+  cpu::indexer_kl_forward(ctx, scores, target, indices, softmax, loss);
 }
 
 void indexer_kl_backward(Context& ctx, const Tensor& softmax, const Tensor& target,

@@ -38,9 +38,9 @@ void topk_select(Context& ctx, const Tensor& scores, const Tensor& candidates, i
 // KL(p_t || softmax(I_t)) summed over rows and divided by T, on the valid slots of `indices`.
 // p_t = target_t / sum(target_t) (L1 normalisation; target >= 0, treated as a constant). Rows
 // without valid slots or with a zero target contribute nothing. softmax [T, kmax] (written, 0 on
-// unused slots) is kept for backward. Returns the loss.
-double indexer_kl_forward(Context& ctx, const Tensor& scores, const Tensor& target,
-                          const Tensor& indices, Tensor& softmax);
+// unused slots) is kept for backward. The loss goes to loss f64 [1] (written).
+void indexer_kl_forward(Context& ctx, const Tensor& scores, const Tensor& target,
+                        const Tensor& indices, Tensor& softmax, Tensor& loss);
 // dscores [T, kmax] = dloss * (softmax - p) / T on valid slots, 0 elsewhere. Written.
 void indexer_kl_backward(Context& ctx, const Tensor& softmax, const Tensor& target,
                          const Tensor& indices, double dloss, Tensor& dscores);

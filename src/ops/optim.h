@@ -32,10 +32,11 @@ struct AdamWOptions {
 void adamw_step(Context& ctx, const AdamWParams& p, Tensor& param, const Tensor& grad, Tensor& m,
                 Tensor& v);
 
-// Sum of squares of all gradients (double accumulation).
-double grad_norm_sq(Context& ctx, const std::vector<Tensor>& grads);
-// Scales all gradients so that their global L2 norm is at most max_norm; returns the norm
-// before clipping. max_norm <= 0 disables clipping.
-double clip_grad_norm(Context& ctx, const std::vector<Tensor>& grads, double max_norm);
+// out f64 [1] = the sum of squares of all gradients (double accumulation), written.
+void grad_norm_sq(Context& ctx, const std::vector<Tensor>& grads, Tensor& out);
+// Scales all gradients so that their global L2 norm is at most max_norm; norm f64 [1] = the norm
+// before clipping (written; the scale is computed where the gradients live, never on the host).
+// max_norm <= 0 disables clipping.
+void clip_grad_norm(Context& ctx, const std::vector<Tensor>& grads, double max_norm, Tensor& norm);
 
 }  // namespace mt::ops

@@ -26,15 +26,22 @@ void check_args(const RopeParams& p, const Tensor& positions, const Tensor& x, c
 }  // namespace
 
 std::vector<double> rope_inv_freq(const RopeParams& p) {
+  std::vector<double> inv(static_cast<size_t>(std::max<int64_t>(p.rot_dim / 2, 0)));
+  rope_inv_freq(p, inv);
+  return inv;
+}
+
+void rope_inv_freq(const RopeParams& p, std::span<double> inv) {
   MT_CHECK(p.theta > 0, ValueError, "rope: theta must be positive, got ", p.theta);
   const RopeScaling& s = p.scaling;
   MT_CHECK(s.magnitude > 0 && s.factor > 0, ValueError, "rope: scaling factor ", s.factor,
            " and magnitude ", s.magnitude, " must be positive");
   const int64_t half = p.rot_dim / 2;
   const double dim = static_cast<double>(p.rot_dim), base = p.theta;
-  std::vector<double> inv(static_cast<size_t>(half));
+  MT_CHECK(static_cast<int64_t>(inv.size()) == half, ShapeError, "rope: ", inv.size(),
+           " inverse frequencies requested, rot_dim ", p.rot_dim, " has ", half);
   for (int64_t i = 0; i < half; ++i) inv[static_cast<size_t>(i)] = std::pow(base, -2.0 * i / dim);
-  if (s.factor <= 1.f || half == 0) return inv;
+  if (s.factor <= 1.f || half == 0) return;
   MT_CHECK(s.original_max_positions > 0 && s.beta_fast > 0 && s.beta_slow > 0, ValueError,
            "rope: yarn needs positive original_max_position_embeddings, beta_fast, beta_slow");
   // Pair index whose wavelength fits `rotations` times into the pretraining context.
@@ -55,7 +62,6 @@ std::vector<double> rope_inv_freq(const RopeParams& p) {
     double& f = inv[static_cast<size_t>(i)];
     f = f / s.factor * ramp + f * (1 - ramp);
   }
-  return inv;
 }
 
 void rope_forward(Context& ctx, const RopeParams& p, const Tensor& positions, const Tensor& x,

@@ -4,6 +4,7 @@
 // the head is copied unchanged.
 #pragma once
 
+#include <span>
 #include <vector>
 
 #include "core/context.h"
@@ -35,6 +36,8 @@ struct RopeParams {
 
 // The rot_dim / 2 inverse frequencies the rotation uses (validates theta and the scaling).
 std::vector<double> rope_inv_freq(const RopeParams& p);
+// The same into inv (rot_dim / 2 entries), without allocating: the form kernels call in a step.
+void rope_inv_freq(const RopeParams& p, std::span<double> inv);
 
 // x, y [tokens, heads, head_dim] (y may alias x); positions i32 [tokens].
 void rope_forward(Context& ctx, const RopeParams& p, const Tensor& positions, const Tensor& x,

@@ -61,17 +61,18 @@ void router_backward(Context& ctx, const RouterParams& p, const Tensor& scores, 
   cpu::router_backward(ctx, p, scores, ids, dweights, dlogits);
 }
 
-double router_seq_aux_loss(Context& ctx, const RouterParams& p, const SeqInfo& seq,
-                           const Tensor& scores, const Tensor& ids) {
+void router_seq_aux_loss(Context& ctx, const RouterParams& p, const SeqInfo& seq,
+                         const Tensor& scores, const Tensor& ids, Tensor& loss) {
   check_aux(p, seq, scores, ids);
-  if (op_device("router_seq_aux_loss", {&scores, &ids}) == Device::CUDA) {
+  expect_f64_scalar(loss, "router seq aux loss");
+  if (op_device("router_seq_aux_loss", {&scores, &ids, &loss}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
     no_cuda_kernel("router_seq_aux_loss");  // until src/ops/cuda/router.cu lands
 #else
     no_cuda_backend("router_seq_aux_loss");
 #endif
   }
-  return cpu::router_seq_aux_loss(ctx, p, seq, scores, ids);
+  cpu::router_seq_aux_loss(ctx, p, seq, scores, ids, loss);
 }
 
 void router_seq_aux_backward(Context& ctx, const RouterParams& p, const SeqInfo& seq,
@@ -88,16 +89,17 @@ void router_seq_aux_backward(Context& ctx, const RouterParams& p, const SeqInfo&
   cpu::router_seq_aux_backward(ctx, p, seq, scores, ids, grad, dlogits);
 }
 
-double router_z_loss(Context& ctx, const RouterParams& p, const Tensor& logits) {
+void router_z_loss(Context& ctx, const RouterParams& p, const Tensor& logits, Tensor& loss) {
   expect_shape(logits, {p.tokens, p.experts}, "router logits");
-  if (op_device("router_z_loss", {&logits}) == Device::CUDA) {
+  expect_f64_scalar(loss, "router z loss");
+  if (op_device("router_z_loss", {&logits, &loss}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
     no_cuda_kernel("router_z_loss");  // until src/ops/cuda/router.cu lands
 #else
     no_cuda_backend("router_z_loss");
 #endif
   }
-  return cpu::router_z_loss(ctx, p, logits);
+  cpu::router_z_loss(ctx, p, logits, loss);
 }
 
 void router_z_loss_backward(Context& ctx, const RouterParams& p, const Tensor& logits, float grad,

@@ -45,15 +45,16 @@ void router_backward(Context& ctx, const RouterParams& p, const Tensor& scores, 
 
 // Sequence-level balance loss (DeepSeek-V3), unweighted: for each document d of T_d tokens,
 //   f_i = E / (k T_d) * #{tokens of d that chose i},  P_i = mean_{t in d} s_{t,i} / sum_j s_{t,j},
-//   L_d = sum_i f_i P_i;  returns mean_d L_d. f is a count and carries no gradient.
-double router_seq_aux_loss(Context& ctx, const RouterParams& p, const SeqInfo& seq,
-                           const Tensor& scores, const Tensor& ids);
+//   L_d = sum_i f_i P_i;  loss f64 [1] = mean_d L_d (written). f is a count and carries no
+// gradient. Documents come from seq's host offsets.
+void router_seq_aux_loss(Context& ctx, const RouterParams& p, const SeqInfo& seq,
+                         const Tensor& scores, const Tensor& ids, Tensor& loss);
 // dlogits += grad * d(seq aux loss)/dlogits (grad: the coefficient times the upstream gradient).
 void router_seq_aux_backward(Context& ctx, const RouterParams& p, const SeqInfo& seq,
                              const Tensor& scores, const Tensor& ids, float grad, Tensor& dlogits);
 
-// Router z-loss, unweighted: mean_t logsumexp(logits_t)^2.
-double router_z_loss(Context& ctx, const RouterParams& p, const Tensor& logits);
+// Router z-loss, unweighted: loss f64 [1] = mean_t logsumexp(logits_t)^2 (written).
+void router_z_loss(Context& ctx, const RouterParams& p, const Tensor& logits, Tensor& loss);
 // dlogits += grad * d(z-loss)/dlogits.
 void router_z_loss_backward(Context& ctx, const RouterParams& p, const Tensor& logits, float grad,
                             Tensor& dlogits);

@@ -337,6 +337,8 @@ Elem elem_of(DType d) {
       return Elem::I32;
     case DType::I64:
       return Elem::I64;
+    case DType::F64:
+      return Elem::F64;
   }
   MT_THROW(InternalError, "no element type for dtype ", static_cast<int>(d));
 }

@@ -22,7 +22,11 @@ void AdamW::reset_masters(const ParamStore& store) {
 }
 
 double AdamW::step(Context& ctx, ParamStore& store, float lr) {
-  double norm = ops::clip_grad_norm(ctx, store.grads(), opt_.clip_norm);
+  // The gradient list and the norm are kept between steps (the store may rebind gradients, so
+  // the list is refilled, in place): a step allocates nothing.
+  store.grads(grads_);
+  ensure_scalar(norm_, ctx.device());
+  ops::clip_grad_norm(ctx, grads_, opt_.clip_norm, norm_);
   ++step_;
   const ops::AdamWParams hp = opt_.at(lr, step_);
   size_t i = 0;
@@ -36,7 +40,7 @@ double AdamW::step(Context& ctx, ParamStore& store, float lr) {
     }
     ++i;
   }
-  return norm;
+  return read_scalar(norm_);  // the step's one read of the norm, after the update is queued
 }
 
 int64_t AdamW::master_bytes() const {

@@ -40,6 +40,8 @@ class AdamW {
   int64_t step_ = 0;
   std::vector<Tensor> m_, v_;  // one pair per trainable parameter, in store order
   std::vector<Tensor> master_;
+  std::vector<Tensor> grads_;  // the store's trainable gradients, refilled each step
+  Tensor norm_;                // f64 [1]: the gradient norm before clipping
 };
 
 }  // namespace mt

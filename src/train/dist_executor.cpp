@@ -217,11 +217,11 @@ class DistExecutor : public StepExecutor {
       if (!loads[i].empty()) load_.push_back(layer_load(static_cast<int>(i), loads[i]));
     return norm;
   }
-  std::vector<LayerLoad> expert_load() override { return load_; }
-  std::vector<AuxLoss> aux_losses() override {
-    std::vector<AuxLoss> a = model_.aux_losses();
-    for (AuxLoss& x : a) x.value = world().all_reduce_sum(x.value) / world().size();
-    return a;
+  const std::vector<LayerLoad>& expert_load() override { return load_; }
+  const std::vector<AuxLoss>& aux_losses() override {
+    aux_ = model_.aux_losses();
+    for (AuxLoss& x : aux_) x.value = world().all_reduce_sum(x.value) / world().size();
+    return aux_;
   }
   std::string save(const std::string& root, const TrainState& st,
                    const std::string& job_toml) override {
@@ -308,6 +308,7 @@ class DistExecutor : public StepExecutor {
   par::DistTrainer trainer_;
   int64_t experts_moved_ = 0;  // by placement since the last metrics line
   std::vector<LayerLoad> load_;
+  std::vector<AuxLoss> aux_;  // aux_losses()' result, averaged over ranks
 };
 
 }  // namespace

@@ -28,7 +28,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-void for_each_moe(Model& m, const std::function<void(int, MoeLayer&)>& f) {
+// A template, not std::function: a capturing callable would allocate in every step.
+template <typename F>
+void for_each_moe(Model& m, F&& f) {
   for (int i = 0; i < m.num_layers(); ++i)
     if (auto* moe = dynamic_cast<MoeLayer*>(&m.ffn(i))) f(i, *moe);
 }
@@ -87,7 +89,16 @@ double LocalExecutor::forward_loss(const Batch& b) {
 }
 
 LayerLoad layer_load(int layer, const std::vector<int64_t>& l) {
-  LayerLoad s{.layer = layer, .load = l};
+  LayerLoad s;
+  fill_layer_load(s, layer, l);
+  return s;
+}
+
+void fill_layer_load(LayerLoad& s, int layer, const std::vector<int64_t>& l) {
+  s.layer = layer;
+  s.load.assign(l.begin(), l.end());
+  s.max_over_mean = s.hot_cold = 0;
+  s.dead = 0;
   int64_t mx = 0, mn = INT64_MAX, sum = 0;
   for (int64_t v : l) {
     mx = std::max(mx, v);
@@ -98,23 +109,26 @@ LayerLoad layer_load(int layer, const std::vector<int64_t>& l) {
   const double mean = l.empty() ? 0 : static_cast<double>(sum) / static_cast<double>(l.size());
   s.max_over_mean = mean > 0 ? static_cast<double>(mx) / mean : 0;
   s.hot_cold = mn == INT64_MAX ? 0 : static_cast<double>(mx) / static_cast<double>(mn);
-  return s;
 }
 
 double LocalExecutor::optimizer_step(float lr, double grad_scale) {
+  model_.params().grads(grads_);
   if (grad_scale != 1.0)
-    for (const Tensor& g : model_.params().grads()) {
+    for (const Tensor& g : grads_) {
       float* p = g.f32();
       const auto s = static_cast<float>(grad_scale);
       for (int64_t i = 0; i < g.numel(); ++i) p[i] *= s;
     }
   const double norm = opt_.step(ctx_, model_.params(), lr);
-  load_.clear();
+  // Refilled in place: the vectors keep their capacity from the first step.
+  size_t n = 0;
   for_each_moe(model_, [&](int layer, MoeLayer& m) {
-    load_.push_back(layer_load(layer, m.expert_load()));
+    if (n == load_.size()) load_.emplace_back();
+    fill_layer_load(load_[n++], layer, m.expert_load());
     m.update_selection_bias();
     m.reset_expert_load();
   });
+  load_.resize(n);
   return norm;
 }
 

@@ -43,8 +43,9 @@ class StepExecutor {
   // Scales gradients by grad_scale (1 / accumulation), clips, steps. Returns the gradient norm.
   virtual double optimizer_step(float lr, double grad_scale) = 0;
   // Routing load since the last step and auxiliary losses of the last forward.
-  virtual std::vector<LayerLoad> expert_load() = 0;
-  virtual std::vector<AuxLoss> aux_losses() = 0;
+  // Both refer to the executor's own storage, refilled in place (a step's reads allocate nothing).
+  virtual const std::vector<LayerLoad>& expert_load() = 0;
+  virtual const std::vector<AuxLoss>& aux_losses() = 0;
 
   // Checkpoints in the executor's own layout (one process: checkpoint.h; a mesh: sharded).
   // Loading accepts either layout. Collective on a mesh: every rank calls them.
@@ -67,6 +68,8 @@ class StepExecutor {
 
 // Load statistics of one layer from its per-expert token counts.
 LayerLoad layer_load(int layer, const std::vector<int64_t>& load);
+// The same into s, reusing its load vector's capacity.
+void fill_layer_load(LayerLoad& s, int layer, const std::vector<int64_t>& load);
 
 class LocalExecutor : public StepExecutor {
  public:
@@ -78,14 +81,15 @@ class LocalExecutor : public StepExecutor {
   double forward_backward(const Batch& b) override;
   double forward_loss(const Batch& b) override;
   double optimizer_step(float lr, double grad_scale) override;
-  std::vector<LayerLoad> expert_load() override { return load_; }
-  std::vector<AuxLoss> aux_losses() override { return model_.aux_losses(); }
+  const std::vector<LayerLoad>& expert_load() override { return load_; }
+  const std::vector<AuxLoss>& aux_losses() override { return model_.aux_losses(); }
 
  private:
   Context& ctx_;
   Model& model_;
   AdamW& opt_;
   std::vector<LayerLoad> load_;
+  std::vector<Tensor> grads_;  // the trainable gradients, refilled each step
 };
 
 // Learning rate at optimizer step `step` (1-based): linear warm-up, then cosine to

@@ -40,7 +40,7 @@ TEST(Core, ColumnViewsAreStridedAndShareMemory) {
   Tensor t = Tensor::empty({4, 5});
   for (int i = 0; i < 20; ++i) t.f32()[i] = static_cast<float>(i);
   EXPECT_TRUE(t.is_contiguous());
-  EXPECT_EQ(t.strides(), (std::vector<int64_t>{5, 1}));
+  EXPECT_EQ(t.strides(), (Shape{5, 1}));
   Tensor c = t.cols(1, 4);
   EXPECT_EQ(c.shape(), Shape({4, 3}));
   EXPECT_EQ(c.stride(0), 5);
@@ -62,7 +62,7 @@ TEST(Core, ColumnViewsAreStridedAndShareMemory) {
   EXPECT_THROW(Tensor::empty({5}).cols(0, 1), ShapeError);
   // 3-D: the last dimension is sliced, the outer strides stay.
   Tensor u = Tensor::zeros({2, 3, 4}).cols(1, 3);
-  EXPECT_EQ(u.strides(), (std::vector<int64_t>{12, 4, 1}));
+  EXPECT_EQ(u.strides(), (Shape{12, 4, 1}));
 }
 
 TEST(Core, CopyFromHandlesStridesOnBothSides) {

@@ -200,6 +200,9 @@ DVec to_dvec(const Tensor& t_any) {
     case DType::BF16:
       for (size_t i = 0; i < v.size(); ++i) v[i] = bf16_to_f32(t.bf16()[i]);
       break;
+    case DType::F64:
+      for (size_t i = 0; i < v.size(); ++i) v[i] = t.f64()[i];
+      break;
   }
   return v;
 }

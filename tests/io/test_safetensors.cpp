@@ -61,6 +61,9 @@ Tensor random_tensor(Rng& rng, Shape shape, DType dt) {
       case DType::I64:
         t.i64()[i] = static_cast<int64_t>(rng.next_u64());
         break;
+      case DType::F64:
+        t.f64()[i] = rng.normal();
+        break;
     }
   }
   return t;

@@ -78,7 +78,8 @@ TEST(OpDispatch, MixedDevicesAreRefusedNamingTheOp) {
   EXPECT_NE(e.find("same device"), std::string::npos) << e;
 
   std::vector<Tensor> grads{Tensor::zeros({5}), on_cuda({5})};
-  const std::string g = value_error([&] { ops::grad_norm_sq(ctx, grads); });
+  Tensor sq = Tensor::empty({1}, DType::F64);
+  const std::string g = value_error([&] { ops::grad_norm_sq(ctx, grads, sq); });
   EXPECT_NE(g.find("grad_norm_sq"), std::string::npos) << g;
 }
 
@@ -162,9 +163,9 @@ TEST(OpDispatch, CudaTensorsInACpuOnlyBuildNameTheMissingBackend) {
                    }});
   calls.push_back({"lm_head_cross_entropy_forward", [&] {
                      Tensor h = on_cuda({T, D}), w = on_cuda({V, D}), tg = on_cuda({T}, DType::I32),
-                            lse = on_cuda({T});
+                            lse = on_cuda({T}), loss = on_cuda({1}, DType::F64);
                      ops::lm_head_cross_entropy_forward(ctx, {.tokens = T, .hidden = D, .vocab = V},
-                                                        h, w, tg, lse);
+                                                        h, w, tg, lse, loss);
                    }});
   calls.push_back({"attention_forward", [&] {
                      const ops::AttentionParams p{
@@ -203,7 +204,8 @@ TEST(OpDispatch, CudaTensorsInACpuOnlyBuildNameTheMissingBackend) {
                    }});
   calls.push_back({"grad_norm_sq", [&] {
                      std::vector<Tensor> grads{on_cuda({D}), Tensor(), on_cuda({3})};
-                     ops::grad_norm_sq(ctx, grads);
+                     Tensor sq = on_cuda({1}, DType::F64);
+                     ops::grad_norm_sq(ctx, grads, sq);
                    }});
   for (const auto& [op, call] : calls) {
     const std::string msg = value_error(call);

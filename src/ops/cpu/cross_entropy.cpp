@@ -28,8 +28,9 @@ void chunk_logits(Context& ctx, const CrossEntropyParams& p, const Tensor& h, co
 
 }  // namespace
 
-double lm_head_cross_entropy_forward(Context& ctx, const CrossEntropyParams& p, const Tensor& h,
-                                     const Tensor& w, const Tensor& targets, Tensor& lse) {
+void lm_head_cross_entropy_forward(Context& ctx, const CrossEntropyParams& p, const Tensor& h,
+                                   const Tensor& w, const Tensor& targets, Tensor& lse,
+                                   Tensor& loss) {
   const int64_t valid = count_valid(p, targets);
   const int32_t* tg = targets.i32();
   float* plse = lse.f32();
@@ -59,7 +60,7 @@ double lm_head_cross_entropy_forward(Context& ctx, const CrossEntropyParams& p, 
     }
     total += part;
   }
-  return valid ? total / static_cast<double>(valid) : 0.0;
+  loss.f64()[0] = valid ? total / static_cast<double>(valid) : 0.0;
 }
 
 void lm_head_cross_entropy_backward(Context& ctx, const CrossEntropyParams& p, const Tensor& h,

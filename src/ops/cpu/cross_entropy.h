@@ -6,8 +6,9 @@
 
 namespace mt::ops::cpu {
 
-double lm_head_cross_entropy_forward(Context& ctx, const CrossEntropyParams& p, const Tensor& h,
-                                     const Tensor& w, const Tensor& targets, Tensor& lse);
+void lm_head_cross_entropy_forward(Context& ctx, const CrossEntropyParams& p, const Tensor& h,
+                                   const Tensor& w, const Tensor& targets, Tensor& lse,
+                                   Tensor& loss);
 void lm_head_cross_entropy_backward(Context& ctx, const CrossEntropyParams& p, const Tensor& h,
                                     const Tensor& w, const Tensor& targets, const Tensor& lse,
                                     float dloss, Tensor& dh, Tensor& dw);

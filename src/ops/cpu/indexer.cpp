@@ -1,8 +1,11 @@
 #include "ops/cpu/indexer.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -117,36 +120,47 @@ void topk_select(Context& ctx, const Tensor& scores, const Tensor& candidates, i
   const float* ps = scores.f32();
   const int32_t* pc = candidates.i32();
   int32_t* po = out.i32();
-#pragma omp parallel num_threads(ctx.threads())
+  struct Cand {
+    float score;
+    int32_t pos;
+  };
+  const int nt = ctx.threads();
+  // Per-thread candidate lists from the workspace: a step allocates no heap memory.
+  ArenaScope scope(ctx.workspace());
+  Tensor lists = ctx.workspace().alloc({nt, K}, DType::I64);  // one (score, position) per 8 bytes
+  static_assert(sizeof(Cand) == 8);
+#pragma omp parallel num_threads(nt)
   {
-    std::vector<std::pair<float, int32_t>> buf;
-    buf.reserve(static_cast<size_t>(K));
+    Cand* buf_begin = reinterpret_cast<Cand*>(lists.i64()) + omp_get_thread_num() * K;
 #pragma omp for schedule(dynamic, 8)
     for (int64_t t = 0; t < T; ++t) {
-      buf.clear();
+      std::span<Cand> buf(buf_begin, 0);
       for (int64_t j = 0; j < K; ++j) {
         const int32_t s = pc[t * K + j];
-        if (valid_slot(s, T)) buf.emplace_back(ps[t * K + j], s);
+        if (valid_slot(s, T)) {
+          buf = std::span<Cand>(buf_begin, buf.size() + 1);
+          buf.back() = Cand{ps[t * K + j], s};
+        }
       }
       // Larger score first; equal scores: lower position first (a strict weak order even with
       // duplicate positions, which tie completely and are interchangeable).
-      auto better = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
-        return a.first > b.first || (a.first == b.first && a.second < b.second);
+      auto better = [](const Cand& a, const Cand& b) {
+        return a.score > b.score || (a.score == b.score && a.pos < b.pos);
       };
       const size_t keff = std::min(buf.size(), static_cast<size_t>(topk));
       if (keff < buf.size())
         std::nth_element(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(keff), buf.end(),
                          better);
       int32_t* orow = po + t * topk;
-      for (size_t i = 0; i < keff; ++i) orow[i] = buf[i].second;
+      for (size_t i = 0; i < keff; ++i) orow[i] = buf[i].pos;
       std::sort(orow, orow + keff);
       for (int64_t i = static_cast<int64_t>(keff); i < topk; ++i) orow[i] = -1;
     }
   }
 }
 
-double indexer_kl_forward(Context& ctx, const Tensor& scores, const Tensor& target,
-                          const Tensor& indices, Tensor& softmax) {
+void indexer_kl_forward(Context& ctx, const Tensor& scores, const Tensor& target,
+                        const Tensor& indices, Tensor& softmax, Tensor& loss) {
   const int64_t T = indices.dim(0), K = indices.dim(1);
   const float* ps = scores.f32();
   const float* pt = target.f32();
@@ -191,7 +205,7 @@ double indexer_kl_forward(Context& ctx, const Tensor& scores, const Tensor& targ
   }
   double total = 0;
   for (int64_t t = 0; t < T; ++t) total += rkl[t];
-  return T ? total / static_cast<double>(T) : 0.0;
+  loss.f64()[0] = T ? total / static_cast<double>(T) : 0.0;
 }
 
 void indexer_kl_backward(Context& ctx, const Tensor& softmax, const Tensor& target,

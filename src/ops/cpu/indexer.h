@@ -13,8 +13,8 @@ void indexer_scores_backward(Context& ctx, const IndexerParams& p, const Tensor&
                              Tensor& dq, Tensor& dk, Tensor& dw);
 void topk_select(Context& ctx, const Tensor& scores, const Tensor& candidates, int64_t topk,
                  Tensor& out);
-double indexer_kl_forward(Context& ctx, const Tensor& scores, const Tensor& target,
-                          const Tensor& indices, Tensor& softmax);
+void indexer_kl_forward(Context& ctx, const Tensor& scores, const Tensor& target,
+                        const Tensor& indices, Tensor& softmax, Tensor& loss);
 void indexer_kl_backward(Context& ctx, const Tensor& softmax, const Tensor& target,
                          const Tensor& indices, double dloss, Tensor& dscores);
 

@@ -15,15 +15,15 @@ namespace {
 
 // Host view of the document layout; chunk0[n] is the first chunk (row of `saved`) of document n.
 struct Docs {
-  std::vector<int64_t> off, chunk0;
+  int64_t *off, *chunk0;  // workspace memory, [num_seqs + 1] each
 };
 
 // Offsets were validated by the entry (kda_saved_rows), so this only lays them out.
-Docs read_docs(const KdaParams& p, const Tensor& cu) {
+// From the workspace (the caller's ArenaScope releases it): a step allocates no heap memory.
+Docs read_docs(Context& ctx, const KdaParams& p, const Tensor& cu) {
   const int32_t* c = cu.i32();
-  Docs d;
-  d.off.resize(static_cast<size_t>(p.num_seqs + 1));
-  d.chunk0.resize(static_cast<size_t>(p.num_seqs + 1));
+  Docs d{ctx.workspace().alloc({p.num_seqs + 1}, DType::I64).i64(),
+         ctx.workspace().alloc({p.num_seqs + 1}, DType::I64).i64()};
   d.chunk0[0] = 0;
   for (int64_t n = 0; n <= p.num_seqs; ++n) {
     d.off[n] = c[n];
@@ -485,7 +485,8 @@ void for_each_doc_head(Context& ctx, const KdaParams& p, const Dims& d, bool bac
 void kda_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
                  const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                  const Tensor& h0, Tensor& o, Tensor& hT, Tensor& saved) {
-  const Docs docs = read_docs(p, cu_seqlens);
+  ArenaScope scope(ctx.workspace());
+  const Docs docs = read_docs(ctx, p, cu_seqlens);
   const Dims d = make_dims(p);
   const Inputs in{q.f32(), k.f32(), v.f32(), g.f32(), beta.f32()};
   const float* ph0 = h0.defined() ? h0.f32() : nullptr;
@@ -508,7 +509,8 @@ void kda_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, co
                   const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                   const Tensor& saved, const Tensor& dout, const Tensor& dhT, Tensor& dq,
                   Tensor& dk, Tensor& dv, Tensor& dg, Tensor& dbeta, Tensor& dh0) {
-  const Docs docs = read_docs(p, cu_seqlens);
+  ArenaScope scope(ctx.workspace());
+  const Docs docs = read_docs(ctx, p, cu_seqlens);
   const Dims d = make_dims(p);
   const Inputs in{q.f32(), k.f32(), v.f32(), g.f32(), beta.f32()};
   const Grads gr{dq.f32(), dk.f32(), dv.f32(), dg.f32(), dbeta.f32()};

@@ -30,7 +30,7 @@ void adamw_step(Context& ctx, const AdamWParams& p, Tensor& param, const Tensor&
   }
 }
 
-double grad_norm_sq(Context& ctx, const std::vector<Tensor>& grads) {
+void grad_norm_sq(Context& ctx, const std::vector<Tensor>& grads, Tensor& out) {
   double total = 0;
   for (const Tensor& g : grads) {
     if (!g.defined()) continue;  // frozen parameters have no gradient
@@ -41,12 +41,15 @@ double grad_norm_sq(Context& ctx, const std::vector<Tensor>& grads) {
     for (int64_t i = 0; i < n; ++i) s += static_cast<double>(pg[i]) * pg[i];
     total += s;
   }
-  return total;
+  out.f64()[0] = total;
 }
 
-double clip_grad_norm(Context& ctx, const std::vector<Tensor>& grads, double max_norm) {
-  const double norm = std::sqrt(grad_norm_sq(ctx, grads));
-  if (max_norm <= 0 || !(norm > max_norm)) return norm;
+void clip_grad_norm(Context& ctx, const std::vector<Tensor>& grads, double max_norm,
+                    Tensor& norm_out) {
+  grad_norm_sq(ctx, grads, norm_out);
+  const double norm = std::sqrt(norm_out.f64()[0]);
+  norm_out.f64()[0] = norm;
+  if (max_norm <= 0 || !(norm > max_norm)) return;
   // The 1e-6 keeps the clipped norm just under max_norm, as torch's clip_grad_norm_ does.
   const float scale = static_cast<float>(max_norm / (norm + 1e-6));
   for (const Tensor& g : grads) {
@@ -56,7 +59,6 @@ double clip_grad_norm(Context& ctx, const std::vector<Tensor>& grads, double max
 #pragma omp parallel for num_threads(ctx.threads()) schedule(static)
     for (int64_t i = 0; i < n; ++i) pg[i] *= scale;
   }
-  return norm;
 }
 
 }  // namespace mt::ops::cpu

@@ -26,8 +26,10 @@ void rotate(Context& ctx, const RopeParams& p, const Tensor& positions, const Te
   Tensor freq = ctx.workspace().alloc({half});
   float* tab = table.f32();
   float* fr = freq.f32();
-  const std::vector<double> inv = rope_inv_freq(p);
-  for (int64_t i = 0; i < half; ++i) fr[i] = static_cast<float>(inv[static_cast<size_t>(i)]);
+  Tensor inv = ctx.workspace().alloc({half}, DType::I64);  // doubles, 8 bytes each
+  auto* pinv = static_cast<double*>(inv.raw());
+  rope_inv_freq(p, std::span<double>(pinv, static_cast<size_t>(half)));
+  for (int64_t i = 0; i < half; ++i) fr[i] = static_cast<float>(pinv[i]);
   const double mag = p.scaling.magnitude;
   const bool interleaved = p.style == RopeStyle::Interleaved;
 #pragma omp parallel num_threads(nt)

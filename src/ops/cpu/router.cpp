@@ -148,8 +148,8 @@ void router_backward(Context& ctx, const RouterParams& p, const Tensor& scores, 
   }
 }
 
-double router_seq_aux_loss(Context& ctx, const RouterParams& p, const SeqInfo& seq,
-                           const Tensor& scores, const Tensor& ids) {
+void router_seq_aux_loss(Context& ctx, const RouterParams& p, const SeqInfo& seq,
+                         const Tensor& scores, const Tensor& ids, Tensor& loss) {
   const int64_t E = p.experts, K = p.top_k;
   ArenaScope scope(ctx.workspace());
   Tensor cnt_t = ctx.workspace().alloc({seq.num_seqs, E});
@@ -178,7 +178,7 @@ double router_seq_aux_loss(Context& ctx, const RouterParams& p, const SeqInfo& s
       l += (static_cast<double>(E) / static_cast<double>(K * n) * cnt[i]) * (prob[i] / n);
     total += l;
   }
-  return total / static_cast<double>(seq.num_seqs);
+  loss.f64()[0] = total / static_cast<double>(seq.num_seqs);
 }
 
 void router_seq_aux_backward(Context& ctx, const RouterParams& p, const SeqInfo& seq,
@@ -227,9 +227,10 @@ void router_seq_aux_backward(Context& ctx, const RouterParams& p, const SeqInfo&
   }
 }
 
-double router_z_loss(Context& ctx, const RouterParams& p, const Tensor& logits) {
+void router_z_loss(Context& ctx, const RouterParams& p, const Tensor& logits, Tensor& loss) {
   const int64_t T = p.tokens, E = p.experts;
-  if (T == 0) return 0;
+  loss.f64()[0] = 0;
+  if (T == 0) return;
   const float* pl = logits.f32();
   double total = 0;
 #pragma omp parallel for num_threads(ctx.threads()) schedule(static) reduction(+ : total)
@@ -242,7 +243,7 @@ double router_z_loss(Context& ctx, const RouterParams& p, const Tensor& logits) 
     const double lse = mx + std::log(sum);
     total += lse * lse;
   }
-  return total / static_cast<double>(T);
+  loss.f64()[0] = total / static_cast<double>(T);
 }
 
 void router_z_loss_backward(Context& ctx, const RouterParams& p, const Tensor& logits, float grad,

@@ -81,25 +81,31 @@ __global__ void count_valid_kernel(int64_t n, int32_t ignore, const int32_t* tg,
   if (threadIdx.x == 0) *valid = static_cast<int64_t>(s);
 }
 
+// loss = sum / valid (0 without valid targets), on the device: the op never reads it back.
+__global__ void ce_mean_kernel(const int64_t* valid, double* loss) {
+  *loss = *valid > 0 ? *loss / static_cast<double>(*valid) : 0.0;
+}
+
 MatRef mref(const Tensor& t, int64_t row0, int64_t ld) {
   return {static_cast<const char*>(t.raw()) + row0 * ld * dtype_size(t.dtype()), t.dtype(), ld};
 }
 
 }  // namespace
 
-double lm_head_cross_entropy_forward(Context& ctx, const CrossEntropyParams& p, const Tensor& h,
-                                     const Tensor& w, const Tensor& targets, Tensor& lse) {
+void lm_head_cross_entropy_forward(Context& ctx, const CrossEntropyParams& p, const Tensor& h,
+                                   const Tensor& w, const Tensor& targets, Tensor& lse,
+                                   Tensor& loss) {
   expect_same_dtype("cross_entropy", h, w, "lm_head weight");
   expect_f32("cross_entropy", lse, "lse");
-  if (p.tokens == 0) return 0.0;
-  const int64_t V = p.vocab, chunk = std::min(p.chunk_tokens, p.tokens);
   cudaStream_t s = stream(ctx);
+  MT_CUDA_CHECK(cudaMemsetAsync(loss.raw(), 0, sizeof(double), s));
+  if (p.tokens == 0) return;
+  const int64_t V = p.vocab, chunk = std::min(p.chunk_tokens, p.tokens);
   ArenaScope scope(ctx.workspace());
   Tensor logits = ctx.workspace().alloc({chunk, V});
-  Tensor sum = ctx.workspace().alloc({1}, DType::I64);  // a double
+  Tensor& sum = loss;  // the sum first, divided by the valid count at the end
   Tensor bad = ctx.workspace().alloc({1}, DType::I32);
   Tensor valid = ctx.workspace().alloc({1}, DType::I64);
-  MT_CUDA_CHECK(cudaMemsetAsync(sum.raw(), 0, sizeof(double), s));
   const int32_t big = 0x7fffffff;
   MT_CUDA_CHECK(cudaMemcpyAsync(bad.raw(), &big, sizeof big, cudaMemcpyHostToDevice, s));
   for (int64_t t0 = 0; t0 < p.tokens; t0 += chunk) {
@@ -114,13 +120,13 @@ double lm_head_cross_entropy_forward(Context& ctx, const CrossEntropyParams& p, 
   count_valid_kernel<<<1, 1024, 0, s>>>(p.tokens, p.ignore_index, ptr<int32_t>(targets),
                                         ptr<int64_t>(valid));
   MT_CUDA_LAUNCH_CHECK();
-  double total = 0;
+  ce_mean_kernel<<<1, 1, 0, s>>>(ptr<int64_t>(valid), ptr<double>(loss));
+  MT_CUDA_LAUNCH_CHECK();
+  // The one read-back left in this op: an out-of-range target is an error naming its position
+  // (docs/gpu.md, "Synchronisation points", lists it until batches are validated on the host).
   int32_t first_bad = big;
-  int64_t n_valid = 0;
-  MT_CUDA_CHECK(cudaMemcpyAsync(&total, sum.raw(), sizeof total, cudaMemcpyDeviceToHost, s));
   MT_CUDA_CHECK(
       cudaMemcpyAsync(&first_bad, bad.raw(), sizeof first_bad, cudaMemcpyDeviceToHost, s));
-  MT_CUDA_CHECK(cudaMemcpyAsync(&n_valid, valid.raw(), sizeof n_valid, cudaMemcpyDeviceToHost, s));
   MT_CUDA_CHECK(cudaStreamSynchronize(s));
   if (first_bad != big) {
     int32_t target = 0;
@@ -129,7 +135,6 @@ double lm_head_cross_entropy_forward(Context& ctx, const CrossEntropyParams& p, 
     MT_THROW(ValueError, "cross_entropy: target ", target, " at position ", first_bad,
              " is outside [0, ", V, ") and is not ignore_index ", p.ignore_index);
   }
-  return n_valid ? total / static_cast<double>(n_valid) : 0.0;
 }
 
 void lm_head_cross_entropy_backward(Context& ctx, const CrossEntropyParams& p, const Tensor& h,

@@ -339,6 +339,14 @@ void indexer_scores_forward(Context& ctx, const IndexerParams& p, const Tensor& 
   MT_CUDA_LAUNCH_CHECK();
 }
 
+namespace {
+
+__global__ void div_kernel(double* v, double by) {
+  *v /= by;
+}
+
+}  // namespace
+
 void indexer_scores_backward(Context& ctx, const IndexerParams& p, const Tensor& q, const Tensor& k,
                              const Tensor& w, const Tensor& indices, const Tensor& dscores,
                              Tensor& dq, Tensor& dk, Tensor& dw) {
@@ -385,28 +393,27 @@ void topk_select(Context& ctx, const Tensor& scores, const Tensor& candidates, i
   MT_CUDA_LAUNCH_CHECK();
 }
 
-double indexer_kl_forward(Context& ctx, const Tensor& scores, const Tensor& target,
-                          const Tensor& indices, Tensor& softmax) {
+void indexer_kl_forward(Context& ctx, const Tensor& scores, const Tensor& target,
+                        const Tensor& indices, Tensor& softmax, Tensor& loss) {
   const char* op = "indexer_kl_forward";
   expect_f32(op, scores, "scores");
   expect_f32(op, target, "target");
   expect_f32(op, softmax, "softmax");
   const int64_t NT = indices.dim(0), K = indices.dim(1);
-  if (NT == 0) return 0.0;
   cudaStream_t s = stream(ctx);
+  MT_CUDA_CHECK(cudaMemsetAsync(loss.raw(), 0, sizeof(double), s));
+  if (NT == 0) return;
   ArenaScope scope(ctx.workspace());
-  Tensor row_kl = ctx.workspace().alloc({NT}, DType::I64);  // doubles, 8 bytes each
-  Tensor total = ctx.workspace().alloc({1}, DType::I64);
+  Tensor row_kl = ctx.workspace().alloc({NT}, DType::F64);
   kl_fwd_kernel<<<grid_of(NT, op), kRowThreads, 0, s>>>(NT, K, ptr<float>(scores),
                                                         ptr<float>(target), ptr<int32_t>(indices),
                                                         ptr<float>(softmax), ptr<double>(row_kl));
   MT_CUDA_LAUNCH_CHECK();
-  sum_rows_kernel<<<1, 1024, 0, s>>>(NT, ptr<double>(row_kl), ptr<double>(total));
+  // The loss stays on the device (written, never read back here): sum, then divide.
+  sum_rows_kernel<<<1, 1024, 0, s>>>(NT, ptr<double>(row_kl), ptr<double>(loss));
   MT_CUDA_LAUNCH_CHECK();
-  double sum = 0;
-  MT_CUDA_CHECK(cudaMemcpyAsync(&sum, total.raw(), sizeof sum, cudaMemcpyDeviceToHost, s));
-  MT_CUDA_CHECK(cudaStreamSynchronize(s));
-  return sum / static_cast<double>(NT);
+  div_kernel<<<1, 1, 0, s>>>(ptr<double>(loss), static_cast<double>(NT));
+  MT_CUDA_LAUNCH_CHECK();
 }
 
 void indexer_kl_backward(Context& ctx, const Tensor& softmax, const Tensor& target,

@@ -55,7 +55,17 @@ __global__ void sum_kernel(int n, const double* partial, double* out) {
   if (threadIdx.x == 0) *out = s;
 }
 
-__global__ void scale_kernel(int64_t n, float scale, float* g) {
+// norm = sqrt(sum of squares), in place.
+__global__ void sqrt_kernel(double* norm) {
+  *norm = sqrt(*norm);
+}
+
+// The clipping of ops/cpu/optim.cpp with the norm read on the device: the 1e-6 keeps the clipped
+// norm just under max_norm, as torch's clip_grad_norm_ does.
+__global__ void clip_kernel(int64_t n, double max_norm, const double* norm, float* g) {
+  const double nv = *norm;
+  if (!(nv > max_norm)) return;
+  const float scale = static_cast<float>(max_norm / (nv + 1e-6));
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     g[i] *= scale;
@@ -78,10 +88,9 @@ void adamw_step(Context& ctx, const AdamWParams& p, Tensor& param, const Tensor&
   MT_CUDA_LAUNCH_CHECK();
 }
 
-double grad_norm_sq(Context& ctx, const std::vector<Tensor>& grads) {
+void grad_norm_sq(Context& ctx, const std::vector<Tensor>& grads, Tensor& total) {
   ArenaScope scope(ctx.workspace());
-  Tensor partial = ctx.workspace().alloc({kNormBlocks}, DType::I64);  // doubles, 8 bytes each
-  Tensor total = ctx.workspace().alloc({1}, DType::I64);
+  Tensor partial = ctx.workspace().alloc({kNormBlocks}, DType::F64);
   MT_CUDA_CHECK(cudaMemsetAsync(partial.raw(), 0, partial.bytes(), stream(ctx)));
   for (const Tensor& g : grads) {
     if (!g.defined() || g.numel() == 0) continue;
@@ -93,24 +102,19 @@ double grad_norm_sq(Context& ctx, const std::vector<Tensor>& grads) {
   sum_kernel<<<1, kThreads, 0, stream(ctx)>>>(kNormBlocks, ptr<double>(partial),
                                               ptr<double>(total));
   MT_CUDA_LAUNCH_CHECK();
-  double s = 0;
-  MT_CUDA_CHECK(
-      cudaMemcpyAsync(&s, total.raw(), sizeof(double), cudaMemcpyDeviceToHost, stream(ctx)));
-  MT_CUDA_CHECK(cudaStreamSynchronize(stream(ctx)));
-  return s;
 }
 
-double clip_grad_norm(Context& ctx, const std::vector<Tensor>& grads, double max_norm) {
-  const double norm = std::sqrt(grad_norm_sq(ctx, grads));
-  if (max_norm <= 0 || !(norm > max_norm)) return norm;
-  const float scale = static_cast<float>(max_norm / (norm + 1e-6));
+void clip_grad_norm(Context& ctx, const std::vector<Tensor>& grads, double max_norm, Tensor& norm) {
+  grad_norm_sq(ctx, grads, norm);
+  sqrt_kernel<<<1, 1, 0, stream(ctx)>>>(ptr<double>(norm));
+  MT_CUDA_LAUNCH_CHECK();
+  if (max_norm <= 0) return;
   for (const Tensor& g : grads) {
     if (!g.defined() || g.numel() == 0) continue;
-    scale_kernel<<<blocks_for(g.numel(), kThreads, 8192), kThreads, 0, stream(ctx)>>>(
-        g.numel(), scale, ptr<float>(g));
+    clip_kernel<<<blocks_for(g.numel(), kThreads, 8192), kThreads, 0, stream(ctx)>>>(
+        g.numel(), max_norm, ptr<double>(norm), ptr<float>(g));
     MT_CUDA_LAUNCH_CHECK();
   }
-  return norm;
 }
 
 }  // namespace mt::ops::cuda

@@ -8,7 +8,7 @@ namespace mt::ops::cuda {
 
 void adamw_step(Context& ctx, const AdamWParams& p, Tensor& param, const Tensor& grad, Tensor& m,
                 Tensor& v);
-double grad_norm_sq(Context& ctx, const std::vector<Tensor>& grads);
-double clip_grad_norm(Context& ctx, const std::vector<Tensor>& grads, double max_norm);
+void grad_norm_sq(Context& ctx, const std::vector<Tensor>& grads, Tensor& out);
+void clip_grad_norm(Context& ctx, const std::vector<Tensor>& grads, double max_norm, Tensor& norm);
 
 }  // namespace mt::ops::cuda

@@ -11,11 +11,11 @@ void router_forward(Context& ctx, const RouterParams& p, const Tensor& logits, c
                     Tensor& scores, Tensor& ids, Tensor& weights);
 void router_backward(Context& ctx, const RouterParams& p, const Tensor& scores, const Tensor& ids,
                      const Tensor& dweights, Tensor& dlogits);
-double router_seq_aux_loss(Context& ctx, const RouterParams& p, const SeqInfo& seq,
-                           const Tensor& scores, const Tensor& ids);
+void router_seq_aux_loss(Context& ctx, const RouterParams& p, const SeqInfo& seq,
+                         const Tensor& scores, const Tensor& ids, Tensor& loss);
 void router_seq_aux_backward(Context& ctx, const RouterParams& p, const SeqInfo& seq,
                              const Tensor& scores, const Tensor& ids, float grad, Tensor& dlogits);
-double router_z_loss(Context& ctx, const RouterParams& p, const Tensor& logits);
+void router_z_loss(Context& ctx, const RouterParams& p, const Tensor& logits, Tensor& loss);
 void router_z_loss_backward(Context& ctx, const RouterParams& p, const Tensor& logits, float grad,
                             Tensor& dlogits);
 void expert_load_counts(Context& ctx, const Tensor& ids, int64_t experts, Tensor& counts);
