@@ -49,6 +49,21 @@ void causal_indices(const SeqInfo& seq, Tensor& indices) {
   cpu::causal_indices(seq, indices);
 }
 
+void full_indices(const SeqInfo& seq, Tensor& indices) {
+  MT_CHECK(
+      indices.ndim() == 2 && indices.dim(0) == seq.tokens && indices.dim(1) >= max_doc_len(seq),
+      ShapeError, "full_indices: indices ", indices.shape(), " for ", seq.tokens,
+      " tokens, longest document ", max_doc_len(seq));
+  if (op_device("full_indices", {&indices}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    no_cuda_kernel("full_indices");  // until src/ops/cuda/attention.cu lands
+#else
+    no_cuda_backend("full_indices");
+#endif
+  }
+  cpu::full_indices(seq, indices);
+}
+
 void attention_forward(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
                        const Tensor& v, const Tensor& indices, Tensor& o, Tensor& lse) {
   check_common(p, q, k, v, indices);

@@ -32,6 +32,11 @@ int64_t max_doc_len(const SeqInfo& seq);
 // increasing order, then -1.
 void causal_indices(const SeqInfo& seq, Tensor& indices);
 
+// Bidirectional attention inside each document (the vision tower: every patch sees its whole
+// image, never another image). indices [T, kmax] (kmax >= max_doc_len): row t lists all of its
+// document's positions in increasing order, then -1.
+void full_indices(const SeqInfo& seq, Tensor& indices);
+
 // o [T, H, Dv] and lse [T, H] (natural-log log-sum-exp of the scaled scores) are written.
 void attention_forward(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
                        const Tensor& v, const Tensor& indices, Tensor& o, Tensor& lse);

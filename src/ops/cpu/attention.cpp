@@ -36,6 +36,20 @@ void causal_indices(const SeqInfo& seq, Tensor& indices) {
   }
 }
 
+void full_indices(const SeqInfo& seq, Tensor& indices) {
+  const int64_t kmax = indices.dim(1);
+  int32_t* idx = indices.i32();
+  for (size_t d = 0; d + 1 < seq.offsets.size(); ++d) {
+    const int64_t b = seq.offsets[d], e = seq.offsets[d + 1];
+    for (int64_t t = b; t < e; ++t) {
+      int32_t* row = idx + t * kmax;
+      int64_t j = 0;
+      for (int64_t s = b; s < e; ++s) row[j++] = static_cast<int32_t>(s);
+      for (; j < kmax; ++j) row[j] = -1;
+    }
+  }
+}
+
 KeyLists build_key_lists(const Tensor& indices, int64_t tokens, Arena& arena) {
   const int64_t kmax = indices.dim(1);
   const int32_t* idx = indices.i32();

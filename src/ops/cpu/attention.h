@@ -17,6 +17,7 @@ struct KeyLists {
 KeyLists build_key_lists(const Tensor& indices, int64_t tokens, Arena& arena);
 
 void causal_indices(const SeqInfo& seq, Tensor& indices);
+void full_indices(const SeqInfo& seq, Tensor& indices);
 void attention_forward(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
                        const Tensor& v, const Tensor& indices, Tensor& o, Tensor& lse);
 void attention_backward(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,

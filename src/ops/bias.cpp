@@ -1,0 +1,37 @@
+#include "ops/bias.h"
+
+#include "ops/cpu/bias.h"
+#include "ops/cuda/bias.h"
+#include "ops/dispatch.h"
+
+namespace mt::ops {
+
+void bias_add_forward(Context& ctx, const Tensor& b, Tensor& y) {
+  MT_CHECK(y.ndim() == 2, ShapeError, "bias_add y must be [rows, n], got ", y.shape());
+  expect_shape(y, y.shape(), "bias_add y");
+  expect_shape(b, {y.dim(1)}, "bias_add b");
+  if (op_device("bias_add_forward", {&b, &y}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    no_cuda_kernel("bias_add_forward");  // until src/ops/cuda/bias.cu lands
+#else
+    no_cuda_backend("bias_add_forward");
+#endif
+  }
+  cpu::bias_add_forward(ctx, b, y);
+}
+
+void bias_add_backward(Context& ctx, const Tensor& dy, Tensor& db) {
+  MT_CHECK(dy.ndim() == 2, ShapeError, "bias_add dy must be [rows, n], got ", dy.shape());
+  expect_shape(dy, dy.shape(), "bias_add dy");
+  expect_shape(db, {dy.dim(1)}, "bias_add db");
+  if (op_device("bias_add_backward", {&dy, &db}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    no_cuda_kernel("bias_add_backward");  // until src/ops/cuda/bias.cu lands
+#else
+    no_cuda_backend("bias_add_backward");
+#endif
+  }
+  cpu::bias_add_backward(ctx, dy, db);
+}
+
+}  // namespace mt::ops

@@ -1,0 +1,30 @@
+// Axial 2-D rotary embedding of the kimi_k25 / MoonViT vision tower. Each head of dimension d is
+// rotated whole, in half-split pairs (j, j + d/2) for j < d/2, with d/4 frequencies
+// f_i = theta^(-4i/d) (transformers' base^(-arange(0, d/2, 2) / (d/2))). Pair j turns by
+// col * f_{j/2} when j is even and by row * f_{j/2} when j is odd: the row and column angles
+// interleave (transformers' recomposition_frequencies, which flips (h, w) to (w, h)).
+#pragma once
+
+#include <vector>
+
+#include "core/context.h"
+#include "core/tensor.h"
+
+namespace mt::ops {
+
+struct Rope2dParams {
+  int64_t tokens = 0, heads = 0, head_dim = 0;  // head_dim a multiple of 4
+  float theta = 10000.f;
+};
+
+// The d/4 inverse frequencies (validates the params).
+std::vector<double> rope2d_inv_freq(const Rope2dParams& p);
+
+// x, y [tokens, heads, head_dim] (y may alias x); positions i32 [tokens, 2]: (row, col).
+void rope2d_forward(Context& ctx, const Rope2dParams& p, const Tensor& positions, const Tensor& x,
+                    Tensor& y);
+// The inverse rotation; dx written (may alias dy).
+void rope2d_backward(Context& ctx, const Rope2dParams& p, const Tensor& positions, const Tensor& dy,
+                     Tensor& dx);
+
+}  // namespace mt::ops
