@@ -13,16 +13,21 @@
 #include "core/tensor.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
+#include "ops/bias.h"
 #include "ops/conv1d.h"
 #include "ops/cross_entropy.h"
 #include "ops/dispatch.h"
 #include "ops/embedding.h"
+#include "ops/gelu.h"
 #include "ops/kda.h"
 #include "ops/linear.h"
 #include "ops/moe_dispatch.h"
 #include "ops/norm.h"
 #include "ops/op_table.h"
 #include "ops/optim.h"
+#include "ops/patch_merge.h"
+#include "ops/pos_embed.h"
+#include "ops/rope2d.h"
 #include "ops/router.h"
 
 namespace mt::test {
@@ -174,6 +179,38 @@ TEST(OpDispatch, CudaTensorsInACpuOnlyBuildNameTheMissingBackend) {
                             idx = on_cuda({T, T}, DType::I32), o = on_cuda({T, H, K}),
                             lse = on_cuda({T, H});
                      ops::attention_forward(ctx, p, q, kk, v, idx, o, lse);
+                   }});
+  // The vision ops (ops/gelu.h, bias.h, pos_embed.h, rope2d.h, patch_merge.h, full_indices).
+  calls.push_back({"gelu_forward", [&] {
+                     Tensor x = on_cuda({T, D}), y = on_cuda({T, D});
+                     ops::gelu_forward(ctx, ops::GeluKind::Tanh, x, y);
+                   }});
+  calls.push_back({"bias_add_forward", [&] {
+                     Tensor b = on_cuda({D}), y = on_cuda({T, D});
+                     ops::bias_add_forward(ctx, b, y);
+                   }});
+  calls.push_back({"pos_embed_forward", [&] {
+                     const ops::PosEmbedParams p{.patches = T,
+                                                 .table_rows = 2,
+                                                 .table_cols = 2,
+                                                 .dim = D,
+                                                 .mode = ops::PosInterp::Bilinear};
+                     Tensor idx = on_cuda({T, 4}, DType::I32), w = on_cuda({T, 4}),
+                            tab = on_cuda({2, 2, D}), x = on_cuda({T, D});
+                     ops::pos_embed_forward(ctx, p, idx, w, tab, x, x);
+                   }});
+  calls.push_back({"rope2d_forward", [&] {
+                     Tensor pos = on_cuda({T, 2}, DType::I32), x = on_cuda({T, H, K});
+                     ops::rope2d_forward(ctx, {.tokens = T, .heads = H, .head_dim = K}, pos, x, x);
+                   }});
+  calls.push_back(
+      {"patch_merge_forward", [&] {
+         Tensor order = on_cuda({T}, DType::I32), x = on_cuda({T, D}), y = on_cuda({T, D});
+         ops::patch_merge_forward(ctx, {.patches = T, .dim = D}, order, x, y);
+       }});
+  calls.push_back({"full_indices", [&] {
+                     Tensor idx = on_cuda({T, T}, DType::I32);
+                     ops::full_indices(SeqInfo::uniform(1, T), idx);
                    }});
   calls.push_back(
       {"kda_forward", [&] {
