@@ -7,15 +7,10 @@
 #include "model/kda_layer.h"
 #include "ops/activation.h"
 #include "ops/conv1d.h"
-#include "ops/kda_gate.h"
-#include "ops/norm.h"
 
 namespace mt {
 
 namespace {
-
-// Must match kda_layer.cpp (fla's q/k L2-norm eps).
-constexpr float kQkL2Eps = 1e-6f;
 
 Tensor one_doc(Arena& ws, int64_t n) {
   Tensor cu = ws.alloc({2}, DType::I32);
@@ -57,23 +52,10 @@ void KdaLayer::decode_step(Context& ctx, KdaDecodeState& st, const Tensor& x, Te
   Tensor qs = branch(q_proj_, q_conv_, st.q_tail);
   Tensor ks = branch(k_proj_, k_conv_, st.k_tail);
   Tensor vs = branch(v_proj_, v_conv_, st.v_tail);
-  const ops::NormParams l2{.rows = n * H, .dim = K, .eps = kQkL2Eps};
-  Tensor q = ws.alloc({n, H, K}), k = ws.alloc({n, H, K}), rstd = ws.alloc({n * H});
-  {
-    Tensor qv = q.view({n * H, K}), kv = k.view({n * H, K});
-    ops::l2norm_forward(ctx, l2, qs.view({n * H, K}), qv, rstd);
-    ops::l2norm_forward(ctx, l2, ks.view({n * H, K}), kv, rstd);
-  }
-
-  // Decay gate and beta.
-  Tensor fa = ws.alloc({n, K}), graw = ws.alloc({n, HK}), g = ws.alloc({n, HK});
-  f_a_.forward(ctx, x, fa, ws);
-  f_b_.forward(ctx, fa, graw, ws);
-  ops::kda_gate_forward(ctx, {.tokens = n, .heads = H, .head_dim = K}, graw, a_log_.value,
-                        dt_bias_.value, g);
-  Tensor beta = ws.alloc({n, H});
-  b_proj_.forward(ctx, x, beta, ws);
-  for (int64_t i = 0; i < n * H; ++i) beta.f32()[i] = ops::sigmoidf(beta.f32()[i]);
+  Tensor q = ws.alloc({n, H, K}), k = ws.alloc({n, H, K});
+  qk_l2norm(ctx, qs, ks, q, k, ws);
+  Tensor g = ws.alloc({n, HK}), beta = ws.alloc({n, H});
+  decay_and_beta(ctx, x, g, beta, ws);
 
   // The delta-rule core from the carried state.
   ops::KdaParams cp = core_params(SeqInfo{});
@@ -86,18 +68,7 @@ void KdaLayer::decode_step(Context& ctx, KdaDecodeState& st, const Tensor& x, Te
                    saved);
   std::memcpy(st.state.f32(), hT.f32(), sizeof(float) * H * K * K);
 
-  // Per-head RMSNorm, sigmoid output gate, output projection.
-  Tensor on = ws.alloc({n, HK}), orstd = ws.alloc({n * H});
-  {
-    Tensor onv = on.view({n * H, K});
-    ops::rmsnorm_forward(ctx, {.rows = n * H, .dim = K, .eps = cfg_.norm_eps}, o.view({n * H, K}),
-                         o_norm_.value, onv, orstd);
-  }
-  Tensor ga = ws.alloc({n, K}), gb = ws.alloc({n, HK}), og = ws.alloc({n, HK});
-  g_a_.forward(ctx, x, ga, ws);
-  g_b_.forward(ctx, ga, gb, ws);
-  ops::sigmoid_gate_forward(ctx, on, gb, og);
-  o_proj_.forward(ctx, og, y, ws);
+  gated_output(ctx, x, o, y, ws);
 }
 
 }  // namespace mt

@@ -2,17 +2,13 @@
 // continue a document whose keys, values (and DSA indexer keys) are cached.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <utility>
 #include <vector>
 
 #include "decode/decode.h"
 #include "model/dsa_layer.h"
-#include "ops/activation.h"
 #include "ops/indexer.h"
-#include "ops/norm.h"
-#include "ops/rope.h"
 
 namespace mt {
 
@@ -75,9 +71,8 @@ Tensor MlaLayer::decode_select(Context& ctx, AttnDecodeState& st, const Tensor&,
 }
 
 void MlaLayer::decode_step(Context& ctx, AttnDecodeState& st, const Tensor& x, Tensor& y) {
-  const int64_t n = x.dim(0), d = cfg_.hidden, H = cfg_.heads, Dqk = qk_dim(),
-                nope = cfg_.qk_nope_dim, rope = cfg_.qk_rope_dim, Dv = cfg_.v_head_dim,
-                kvr = cfg_.kv_lora_rank, pos0 = st.len;
+  const int64_t n = x.dim(0), d = cfg_.hidden, H = cfg_.heads, Dqk = qk_dim(), Dv = cfg_.v_head_dim,
+                pos0 = st.len;
   expect_shape(x, {n, d}, "mla decode x");
   expect_shape(y, {n, d}, "mla decode y");
   MT_CHECK(pos0 + n <= st.capacity, ValueError, "decode: ", pos0 + n,
@@ -87,121 +82,34 @@ void MlaLayer::decode_step(Context& ctx, AttnDecodeState& st, const Tensor& x, T
   Tensor positions = ws.alloc({n}, DType::I32);
   for (int64_t i = 0; i < n; ++i) positions.i32()[i] = static_cast<int32_t>(pos0 + i);
 
-  // Queries.
+  // The new keys and values go straight into the cache rows.
   Tensor q = ws.alloc({n, H, Dqk});
-  Tensor q2 = q.view({n, H * Dqk});
-  Tensor cqn;
-  if (cfg_.q_lora_rank > 0) {
-    Tensor cq = ws.alloc({n, cfg_.q_lora_rank}), rstd = ws.alloc({n});
-    cqn = ws.alloc({n, cfg_.q_lora_rank});
-    q_a_.forward(ctx, x, cq, ws);
-    ops::rmsnorm_forward(ctx, {.rows = n, .dim = cfg_.q_lora_rank, .eps = cfg_.norm_eps}, cq,
-                         q_norm_.value, cqn, rstd);
-    q_b_.forward(ctx, cqn, q2, ws);
-  } else {
-    q_proj_.forward(ctx, x, q2, ws);
-  }
-  const bool rotate = cfg_.use_rope && rope > 0;
-  if (rotate)
-    ops::rope_forward(ctx,
-                      {.tokens = n,
-                       .heads = H,
-                       .head_dim = Dqk,
-                       .rot_offset = nope,
-                       .rot_dim = rope,
-                       .theta = cfg_.rope_theta,
-                       .style = cfg_.rope_style,
-                       .scaling = cfg_.rope_scaling},
-                      positions, q, q);
-
-  // New keys and values, appended to the cache.
-  Tensor ckv = ws.alloc({n, kvr + rope});
-  kv_a_.forward(ctx, x, ckv, ws);
-  Tensor c = ws.alloc({n, kvr}), kpe = ws.alloc({n, 1, rope});
-  for (int64_t t = 0; t < n; ++t) {
-    std::memcpy(c.f32() + t * kvr, ckv.f32() + t * (kvr + rope), sizeof(float) * kvr);
-    std::memcpy(kpe.f32() + t * rope, ckv.f32() + t * (kvr + rope) + kvr, sizeof(float) * rope);
-  }
-  Tensor rstd = ws.alloc({n}), cn = ws.alloc({n, kvr});
-  ops::rmsnorm_forward(ctx, {.rows = n, .dim = kvr, .eps = cfg_.norm_eps}, c, kv_norm_.value, cn,
-                       rstd);
-  Tensor kv = ws.alloc({n, H * (nope + Dv)});
-  kv_b_.forward(ctx, cn, kv, ws);
-  if (rotate)
-    ops::rope_forward(ctx,
-                      {.tokens = n,
-                       .heads = 1,
-                       .head_dim = rope,
-                       .rot_offset = 0,
-                       .rot_dim = rope,
-                       .theta = cfg_.rope_theta,
-                       .style = cfg_.rope_style,
-                       .scaling = cfg_.rope_scaling},
-                      positions, kpe, kpe);
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t h = 0; h < H; ++h) {
-      const float* src = kv.f32() + (t * H + h) * (nope + Dv);
-      float* kr = st.k.f32() + ((pos0 + t) * H + h) * Dqk;
-      std::memcpy(kr, src, sizeof(float) * nope);
-      std::memcpy(kr + nope, kpe.f32() + t * rope, sizeof(float) * rope);
-      std::memcpy(st.v.f32() + ((pos0 + t) * H + h) * Dv, src + nope, sizeof(float) * Dv);
-    }
+  project_q(ctx, x, positions, q, ws);
+  Tensor k_new = st.k.rows(pos0, pos0 + n), v_new = st.v.rows(pos0, pos0 + n);
+  project_kv(ctx, x, positions, k_new, v_new, ws);
 
   // Attention over the selected cached positions (the new ones included, causally).
-  Tensor idx = decode_select(ctx, st, x, cqn, positions);
+  Tensor idx = decode_select(ctx, st, x, cqn_, positions);
   Tensor o = ws.alloc({n, H, Dv});
   cached_attention(ctx, q, st.k, st.v, idx, pos0 + n, softmax_scale(), o);
   st.len = pos0 + n;
 
-  Tensor o2 = o.view({n, H * Dv});
-  if (cfg_.output_gate) {
-    Tensor g = ws.alloc({n, H * Dv}), og = ws.alloc({n, H * Dv});
-    g_proj_.forward(ctx, x, g, ws);
-    ops::sigmoid_gate_forward(ctx, o2, g, og);
-    o_proj_.forward(ctx, og, y, ws);
-  } else {
-    o_proj_.forward(ctx, o2, y, ws);
-  }
+  project_out(ctx, x, o.view({n, H * Dv}), y, ws);
 }
 
 Tensor DsaLayer::decode_select(Context& ctx, AttnDecodeState& st, const Tensor& x,
                                const Tensor& cqn, const Tensor& positions) {
-  const int64_t n = x.dim(0), HI = dcfg_.index_heads, DI = dcfg_.index_head_dim,
-                R = dcfg_.index_rope_dim, pos0 = st.len, cached = pos0 + n;
+  const int64_t n = x.dim(0), HI = dcfg_.index_heads, DI = dcfg_.index_head_dim, pos0 = st.len,
+                cached = pos0 + n;
   Arena& ws = ctx.workspace();
   expect_shape(st.index_k, {st.capacity, DI}, "dsa decode indexer key cache");
 
   // Indexer keys of the new tokens, into the cache; queries and head weights.
-  Tensor ki = ws.alloc({n, DI}), mean = ws.alloc({n}), rstd = ws.alloc({n});
-  wk_.forward(ctx, x, ki, ws);
-  Tensor kn = st.index_k.view({st.capacity, DI});
-  Tensor kn_new = ws.alloc({n, DI});
-  ops::layernorm_forward(ctx, {.rows = n, .dim = DI, .eps = dcfg_.indexer_norm_eps}, ki,
-                         k_norm_w_.value, k_norm_b_.value, kn_new, mean, rstd);
-  Tensor qi = ws.alloc({n, HI, DI});
-  Tensor qi2 = qi.view({n, HI * DI});
-  wq_b_.forward(ctx, cqn, qi2, ws);
-  if (R > 0) {
-    ops::RopeParams rp{.tokens = n,
-                       .heads = HI,
-                       .head_dim = DI,
-                       .rot_offset = 0,
-                       .rot_dim = R,
-                       .theta = cfg_.rope_theta,
-                       .style = ops::RopeStyle::HalfSplit,
-                       .scaling = cfg_.rope_scaling};
-    ops::rope_forward(ctx, rp, positions, qi, qi);
-    rp.heads = 1;
-    Tensor k3 = kn_new.view({n, 1, DI});
-    ops::rope_forward(ctx, rp, positions, k3, k3);
-  }
-  std::memcpy(kn.f32() + pos0 * DI, kn_new.f32(), sizeof(float) * n * DI);
+  Tensor qi = ws.alloc({n, HI * DI}), w = ws.alloc({n, HI});
+  Tensor kn_new = st.index_k.rows(pos0, cached);
+  project_indexer(ctx, x, cqn, positions, qi, kn_new, w, ws);
   if (dcfg_.dense_warmup) return causal_rows(ws, positions, cached);
-
-  Tensor w = ws.alloc({n, HI});
-  weights_proj_.forward(ctx, x, w, ws);
-  const float wscale = weight_scale();
-  for (int64_t i = 0; i < n * HI; ++i) w.f32()[i] *= wscale;
+  const Tensor kn = st.index_k.rows(0, cached);
 
   // Scores of every cached causal position, then the top-k.
   Tensor scores = ws.alloc({n, cached});

@@ -77,20 +77,20 @@ void DsaLayer::plan_selection(const SeqInfo& seq, ArenaPlan& plan) const {
   plan.add_fp32({T, index_slots(seq)});  // softmax
 }
 
-void DsaLayer::select_keys(Context& ctx, const SeqInfo& seq, const Tensor& x, Arena& acts) {
-  const int64_t T = seq.tokens, HI = dcfg_.index_heads, DI = dcfg_.index_head_dim,
+void DsaLayer::project_indexer(Context& ctx, const Tensor& x, const Tensor& cqn,
+                               const Tensor& positions, Tensor& qi, Tensor& kn, Tensor& wts,
+                               Arena& acts) {
+  const int64_t n = x.dim(0), HI = dcfg_.index_heads, DI = dcfg_.index_head_dim,
                 R = dcfg_.index_rope_dim;
-  qi_ = acts.alloc({T, HI * DI});
-  wq_b_.forward(ctx, cqn_, qi_, acts);
-  ki_ = acts.alloc({T, DI});
+  wq_b_.forward(ctx, cqn, qi, acts);
+  ki_ = acts.alloc({n, DI});
   wk_.forward(ctx, x, ki_, acts);
-  k_mean_ = acts.alloc({T});
-  k_rstd_ = acts.alloc({T});
-  kn_ = acts.alloc({T, DI});
-  ops::layernorm_forward(ctx, {.rows = T, .dim = DI, .eps = dcfg_.indexer_norm_eps}, ki_,
-                         k_norm_w_.value, k_norm_b_.value, kn_, k_mean_, k_rstd_);
+  k_mean_ = acts.alloc({n});
+  k_rstd_ = acts.alloc({n});
+  ops::layernorm_forward(ctx, {.rows = n, .dim = DI, .eps = dcfg_.indexer_norm_eps}, ki_,
+                         k_norm_w_.value, k_norm_b_.value, kn, k_mean_, k_rstd_);
   if (R > 0) {
-    ops::RopeParams rp{.tokens = T,
+    ops::RopeParams rp{.tokens = n,
                        .heads = HI,
                        .head_dim = DI,
                        .rot_offset = 0,
@@ -98,15 +98,22 @@ void DsaLayer::select_keys(Context& ctx, const SeqInfo& seq, const Tensor& x, Ar
                        .theta = cfg_.rope_theta,
                        .style = ops::RopeStyle::HalfSplit,
                        .scaling = cfg_.rope_scaling};
-    Tensor q3 = qi_.view({T, HI, DI});
-    ops::rope_forward(ctx, rp, seq.positions, q3, q3);
+    Tensor q3 = qi.view({n, HI, DI});
+    ops::rope_forward(ctx, rp, positions, q3, q3);
     rp.heads = 1;
-    Tensor k3 = kn_.view({T, 1, DI});
-    ops::rope_forward(ctx, rp, seq.positions, k3, k3);
+    Tensor k3 = kn.view({n, 1, DI});
+    ops::rope_forward(ctx, rp, positions, k3, k3);
   }
+  weights_proj_.forward(ctx, x, wts, acts);
+  ops::scale(ctx, wts, weight_scale(), wts);
+}
+
+void DsaLayer::select_keys(Context& ctx, const SeqInfo& seq, const Tensor& x, Arena& acts) {
+  const int64_t T = seq.tokens, HI = dcfg_.index_heads, DI = dcfg_.index_head_dim;
+  qi_ = acts.alloc({T, HI * DI});
+  kn_ = acts.alloc({T, DI});
   wts_ = acts.alloc({T, HI});
-  weights_proj_.forward(ctx, x, wts_, acts);
-  ops::scale(ctx, wts_, weight_scale(), wts_);
+  project_indexer(ctx, x, cqn_, seq.positions, qi_, kn_, wts_, acts);
 
   if (dcfg_.dense_warmup) {
     ops::causal_indices(seq, idx_);

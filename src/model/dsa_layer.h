@@ -51,6 +51,11 @@ class DsaLayer : public MlaLayer {
 
  private:
   float weight_scale() const;
+  // The indexer's projections, shared by forward and decoding, for the rows of x at `positions`:
+  // qi [n, HI * DI], kn [n, DI] (a row view of a key cache is fine), wts [n, HI] scaled; the
+  // LayerNorm's input and statistics go to `acts`.
+  void project_indexer(Context& ctx, const Tensor& x, const Tensor& cqn, const Tensor& positions,
+                       Tensor& qi, Tensor& kn, Tensor& wts, Arena& acts);
 
   DsaConfig dcfg_;
   LinearModule wq_b_, wk_, weights_proj_;

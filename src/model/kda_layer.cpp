@@ -138,13 +138,56 @@ void KdaLayer::conv_silu_backward(Context& ctx, const SeqInfo& seq, const ParamR
                               dw);
 }
 
+void KdaLayer::qk_l2norm(Context& ctx, const Tensor& qs, const Tensor& ks, Tensor& q, Tensor& k,
+                         Arena& acts) {
+  const int64_t rows = qs.dim(0) * cfg_.heads, K = cfg_.head_dim;
+  const ops::NormParams l2{.rows = rows, .dim = K, .eps = kQkL2Eps};
+  q_rstd_ = acts.alloc({rows});
+  k_rstd_ = acts.alloc({rows});
+  Tensor qn = q.view({rows, K}), kn = k.view({rows, K});
+  ops::l2norm_forward(ctx, l2, qs.view({rows, K}), qn, q_rstd_);
+  ops::l2norm_forward(ctx, l2, ks.view({rows, K}), kn, k_rstd_);
+}
+
+void KdaLayer::decay_and_beta(Context& ctx, const Tensor& x, Tensor& g, Tensor& beta, Arena& acts) {
+  const int64_t n = x.dim(0), H = cfg_.heads, K = cfg_.head_dim;
+  fa_ = acts.alloc({n, K});
+  f_a_.forward(ctx, x, fa_, acts);
+  graw_ = acts.alloc({n, hk()});
+  f_b_.forward(ctx, fa_, graw_, acts);
+  ops::kda_gate_forward(ctx, {.tokens = n, .heads = H, .head_dim = K}, graw_, a_log_.value,
+                        dt_bias_.value, g);
+  ArenaScope scope(ctx.workspace());
+  Tensor braw = ctx.workspace().alloc({n, H});
+  b_proj_.forward(ctx, x, braw, acts);
+  ops::sigmoid_forward(ctx, braw, beta);
+}
+
+void KdaLayer::gated_output(Context& ctx, const Tensor& x, const Tensor& o, Tensor& y,
+                            Arena& acts) {
+  const int64_t n = x.dim(0), H = cfg_.heads, K = cfg_.head_dim, HK = hk();
+  on_ = acts.alloc({n, HK});
+  o_rstd_ = acts.alloc({n * H});
+  {
+    Tensor onv = on_.view({n * H, K});
+    ops::rmsnorm_forward(ctx, {.rows = n * H, .dim = K, .eps = cfg_.norm_eps}, o.view({n * H, K}),
+                         o_norm_.value, onv, o_rstd_);
+  }
+  ga_ = acts.alloc({n, K});
+  g_a_.forward(ctx, x, ga_, acts);
+  gb_ = acts.alloc({n, HK});
+  g_b_.forward(ctx, ga_, gb_, acts);
+  og_ = acts.alloc({n, HK});
+  ops::sigmoid_gate_forward(ctx, on_, gb_, og_);
+  o_proj_.forward(ctx, og_, y, acts);
+}
+
 void KdaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y, Arena& acts) {
   const int64_t T = seq.tokens, H = cfg_.heads, K = cfg_.head_dim, HK = hk();
   expect_shape(x, {T, cfg_.hidden}, "kda layer x");
   expect_shape(y, {T, cfg_.hidden}, "kda layer y");
 
   // q, k, v: projection, short conv, SiLU; q and k then L2-normalised per head.
-  const ops::NormParams l2{.rows = T * H, .dim = K, .eps = kQkL2Eps};
   struct Branch {
     LinearModule* proj;
     const ParamRef* conv;
@@ -168,29 +211,10 @@ void KdaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
   v_ = vs.view({T, H, K});
   q_ = acts.alloc({T, H, K});
   k_ = acts.alloc({T, H, K});
-  q_rstd_ = acts.alloc({T * H});
-  k_rstd_ = acts.alloc({T * H});
-  {
-    Tensor qn = q_.view({T * H, K}), kn = k_.view({T * H, K});
-    ops::l2norm_forward(ctx, l2, qs_.view({T * H, K}), qn, q_rstd_);
-    ops::l2norm_forward(ctx, l2, ks_.view({T * H, K}), kn, k_rstd_);
-  }
-
-  // Decay gate and beta.
-  fa_ = acts.alloc({T, K});
-  f_a_.forward(ctx, x, fa_, acts);
-  graw_ = acts.alloc({T, HK});
-  f_b_.forward(ctx, fa_, graw_, acts);
+  qk_l2norm(ctx, qs_, ks_, q_, k_, acts);
   g_ = acts.alloc({T, HK});
-  ops::kda_gate_forward(ctx, {.tokens = T, .heads = H, .head_dim = K}, graw_, a_log_.value,
-                        dt_bias_.value, g_);
   beta_ = acts.alloc({T, H});
-  {
-    ArenaScope scope(ctx.workspace());
-    Tensor braw = ctx.workspace().alloc({T, H});
-    b_proj_.forward(ctx, x, braw, acts);
-    ops::sigmoid_forward(ctx, braw, beta_);
-  }
+  decay_and_beta(ctx, x, g_, beta_, acts);
 
   // The delta-rule core, every document from a zero state.
   o_ = acts.alloc({T, H, K});
@@ -202,21 +226,7 @@ void KdaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
                      no_state, states_);
   }
 
-  // Per-head RMSNorm, sigmoid output gate, output projection.
-  on_ = acts.alloc({T, HK});
-  o_rstd_ = acts.alloc({T * H});
-  {
-    Tensor onv = on_.view({T * H, K});
-    ops::rmsnorm_forward(ctx, {.rows = T * H, .dim = K, .eps = cfg_.norm_eps}, o_.view({T * H, K}),
-                         o_norm_.value, onv, o_rstd_);
-  }
-  ga_ = acts.alloc({T, K});
-  g_a_.forward(ctx, x, ga_, acts);
-  gb_ = acts.alloc({T, HK});
-  g_b_.forward(ctx, ga_, gb_, acts);
-  og_ = acts.alloc({T, HK});
-  ops::sigmoid_gate_forward(ctx, on_, gb_, og_);
-  o_proj_.forward(ctx, og_, y, acts);
+  gated_output(ctx, x, o_, y, acts);
 }
 
 void KdaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx) {

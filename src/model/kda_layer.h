@@ -43,6 +43,14 @@ class KdaLayer : public Layer {
                          Tensor& pre, Tensor& out);
   void conv_silu_backward(Context& ctx, const SeqInfo& seq, const ParamRef& w, const Tensor& proj,
                           const Tensor& pre, const Tensor& dout, Tensor& dproj);
+  // The steps forward and decoding share, for n rows; what backward needs of them goes to `acts`.
+  // q, k [n, H, K] = per-head L2 norms of the SiLU outputs qs, ks [n, H*K].
+  void qk_l2norm(Context& ctx, const Tensor& qs, const Tensor& ks, Tensor& q, Tensor& k,
+                 Arena& acts);
+  // The log decay g [n, H*K] and beta [n, H] from x.
+  void decay_and_beta(Context& ctx, const Tensor& x, Tensor& g, Tensor& beta, Arena& acts);
+  // y = o_proj(RMSNorm_head(o) * sigmoid(g_b(g_a x))), o [n, H, K].
+  void gated_output(Context& ctx, const Tensor& x, const Tensor& o, Tensor& y, Arena& acts);
 
   KdaConfig cfg_;
   LinearModule q_proj_, k_proj_, v_proj_, f_a_, f_b_, b_proj_, g_a_, g_b_, o_proj_;

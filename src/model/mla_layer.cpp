@@ -130,77 +130,96 @@ void MlaLayer::plan_activations(const SeqInfo& seq, ArenaPlan& plan) const {
   o_proj_.plan(T, plan);
 }
 
-void MlaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y, Arena& acts) {
-  const int64_t T = seq.tokens, d = cfg_.hidden, H = cfg_.heads, Dqk = qk_dim(),
-                nope = cfg_.qk_nope_dim, rope = cfg_.qk_rope_dim, Dv = cfg_.v_head_dim,
-                kvr = cfg_.kv_lora_rank;
-  expect_shape(x, {T, d}, "mla x");
-  expect_shape(y, {T, d}, "mla y");
-  x_ = x;
-  ArenaScope scope(ctx.workspace());
-  Arena& ws = ctx.workspace();
-
-  // Queries.
-  q_ = acts.alloc({T, H, Dqk});
-  Tensor q2 = q_.view({T, H * Dqk});
+void MlaLayer::project_q(Context& ctx, const Tensor& x, const Tensor& positions, Tensor& q,
+                         Arena& acts) {
+  const int64_t n = x.dim(0), H = cfg_.heads, Dqk = qk_dim(), rope = cfg_.qk_rope_dim;
+  Tensor q2 = q.view({n, H * Dqk});
   if (cfg_.q_lora_rank > 0) {
-    cq_ = acts.alloc({T, cfg_.q_lora_rank});
+    cq_ = acts.alloc({n, cfg_.q_lora_rank});
     q_a_.forward(ctx, x, cq_, acts);
-    q_rstd_ = acts.alloc({T});
-    cqn_ = acts.alloc({T, cfg_.q_lora_rank});
-    ops::rmsnorm_forward(ctx, {.rows = T, .dim = cfg_.q_lora_rank, .eps = cfg_.norm_eps}, cq_,
+    q_rstd_ = acts.alloc({n});
+    cqn_ = acts.alloc({n, cfg_.q_lora_rank});
+    ops::rmsnorm_forward(ctx, {.rows = n, .dim = cfg_.q_lora_rank, .eps = cfg_.norm_eps}, cq_,
                          q_norm_.value, cqn_, q_rstd_);
     q_b_.forward(ctx, cqn_, q2, acts);
   } else {
     q_proj_.forward(ctx, x, q2, acts);
   }
-  const bool rotate = cfg_.use_rope && rope > 0;
-  const ops::RopeParams qrope{.tokens = T,
-                              .heads = H,
-                              .head_dim = Dqk,
-                              .rot_offset = nope,
-                              .rot_dim = rope,
-                              .theta = cfg_.rope_theta,
-                              .style = cfg_.rope_style,
-                              .scaling = cfg_.rope_scaling};
-  if (rotate) ops::rope_forward(ctx, qrope, seq.positions, q_, q_);
+  if (cfg_.use_rope && rope > 0)
+    ops::rope_forward(ctx,
+                      {.tokens = n,
+                       .heads = H,
+                       .head_dim = Dqk,
+                       .rot_offset = cfg_.qk_nope_dim,
+                       .rot_dim = rope,
+                       .theta = cfg_.rope_theta,
+                       .style = cfg_.rope_style,
+                       .scaling = cfg_.rope_scaling},
+                      positions, q, q);
+}
 
-  // Keys and values from the compressed latent.
-  Tensor ckv = ws.alloc({T, kvr + rope});
+void MlaLayer::project_kv(Context& ctx, const Tensor& x, const Tensor& positions, Tensor& k,
+                          Tensor& v, Arena& acts) {
+  const int64_t n = x.dim(0), H = cfg_.heads, Dqk = qk_dim(), nope = cfg_.qk_nope_dim,
+                rope = cfg_.qk_rope_dim, Dv = cfg_.v_head_dim, kvr = cfg_.kv_lora_rank;
+  ArenaScope scope(ctx.workspace());
+  Arena& ws = ctx.workspace();
+  Tensor ckv = ws.alloc({n, kvr + rope});
   kv_a_.forward(ctx, x, ckv, acts);
-  c_ = acts.alloc({T, kvr});
-  Tensor kpe = ws.alloc({T, 1, rope});
-  Tensor kpe2 = kpe.view({T, rope});
+  c_ = acts.alloc({n, kvr});
+  Tensor kpe = ws.alloc({n, 1, rope});
+  Tensor kpe2 = kpe.view({n, rope});
   // The norm and RoPE need dense rows, so the two parts of the fused latent are copied out.
   ops::copy(ctx, ckv.cols(0, kvr), c_);
   ops::copy(ctx, ckv.cols(kvr, kvr + rope), kpe2);
-  kv_rstd_ = acts.alloc({T});
-  cn_ = acts.alloc({T, kvr});
-  ops::rmsnorm_forward(ctx, {.rows = T, .dim = kvr, .eps = cfg_.norm_eps}, c_, kv_norm_.value, cn_,
+  kv_rstd_ = acts.alloc({n});
+  cn_ = acts.alloc({n, kvr});
+  ops::rmsnorm_forward(ctx, {.rows = n, .dim = kvr, .eps = cfg_.norm_eps}, c_, kv_norm_.value, cn_,
                        kv_rstd_);
-  Tensor kv = ws.alloc({T, H * (nope + Dv)});
+  Tensor kv = ws.alloc({n, H * (nope + Dv)});
   kv_b_.forward(ctx, cn_, kv, acts);
-  if (rotate) {
-    const ops::RopeParams krope{.tokens = T,
-                                .heads = 1,
-                                .head_dim = rope,
-                                .rot_offset = 0,
-                                .rot_dim = rope,
-                                .theta = cfg_.rope_theta,
-                                .style = cfg_.rope_style,
-                                .scaling = cfg_.rope_scaling};
-    ops::rope_forward(ctx, krope, seq.positions, kpe, kpe);
-  }
+  if (cfg_.use_rope && rope > 0)
+    ops::rope_forward(ctx,
+                      {.tokens = n,
+                       .heads = 1,
+                       .head_dim = rope,
+                       .rot_offset = 0,
+                       .rot_dim = rope,
+                       .theta = cfg_.rope_theta,
+                       .style = cfg_.rope_style,
+                       .scaling = cfg_.rope_scaling},
+                      positions, kpe, kpe);
   // k = [k_nope | the shared rotary key on every head], v: column views of kv_b's output.
+  const Tensor kv3 = kv.view({n, H, nope + Dv});
+  Tensor k_nope = k.cols(0, nope), k_rope = k.cols(nope, Dqk);
+  ops::copy(ctx, kv3.cols(0, nope), k_nope);
+  ops::expand_heads_forward(ctx, kpe2, k_rope);
+  ops::copy(ctx, kv3.cols(nope, nope + Dv), v);
+}
+
+void MlaLayer::project_out(Context& ctx, const Tensor& x, const Tensor& o, Tensor& y, Arena& acts) {
+  if (cfg_.output_gate) {
+    g_ = acts.alloc(o.shape());
+    g_proj_.forward(ctx, x, g_, acts);
+    og_ = acts.alloc(o.shape());
+    ops::sigmoid_gate_forward(ctx, o, g_, og_);
+    o_proj_.forward(ctx, og_, y, acts);
+  } else {
+    o_proj_.forward(ctx, o, y, acts);
+  }
+}
+
+void MlaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y, Arena& acts) {
+  const int64_t T = seq.tokens, d = cfg_.hidden, H = cfg_.heads, Dqk = qk_dim(),
+                Dv = cfg_.v_head_dim;
+  expect_shape(x, {T, d}, "mla x");
+  expect_shape(y, {T, d}, "mla y");
+  x_ = x;
+  q_ = acts.alloc({T, H, Dqk});
+  project_q(ctx, x, seq.positions, q_, acts);
   k_ = acts.alloc({T, H, Dqk});
   v_ = acts.alloc({T, H, Dv});
-  {
-    const Tensor kv3 = kv.view({T, H, nope + Dv});
-    Tensor k_nope = k_.cols(0, nope), k_rope = k_.cols(nope, Dqk);
-    ops::copy(ctx, kv3.cols(0, nope), k_nope);
-    ops::expand_heads_forward(ctx, kpe2, k_rope);
-    ops::copy(ctx, kv3.cols(nope, nope + Dv), v_);
-  }
+  project_kv(ctx, x, seq.positions, k_, v_, acts);
 
   // Attention over the selected keys.
   const int64_t slots = index_slots(seq);
@@ -210,18 +229,7 @@ void MlaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
   lse_ = acts.alloc({T, H});
   ops::attention_forward(ctx, attn_params(T, slots), q_, k_, v_, idx_, o_, lse_);
   after_attention(ctx, seq, acts);
-
-  // Output gate and projection.
-  Tensor o2 = o_.view({T, H * Dv});
-  if (cfg_.output_gate) {
-    g_ = acts.alloc({T, H * Dv});
-    g_proj_.forward(ctx, x, g_, acts);
-    og_ = acts.alloc({T, H * Dv});
-    ops::sigmoid_gate_forward(ctx, o2, g_, og_);
-    o_proj_.forward(ctx, og_, y, acts);
-  } else {
-    o_proj_.forward(ctx, o2, y, acts);
-  }
+  project_out(ctx, x, o_.view({T, H * Dv}), y, acts);
 }
 
 void MlaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx) {

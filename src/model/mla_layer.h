@@ -50,6 +50,16 @@ class MlaLayer : public Layer {
   virtual Tensor decode_select(Context& ctx, AttnDecodeState& st, const Tensor& x,
                                const Tensor& cqn, const Tensor& positions);
 
+  // The projections forward and decoding share, for the rows of x at `positions` (i32); what
+  // backward needs of them (latents, rstds, the gate) is allocated in `acts`.
+  // q [n, H, Dqk], after RoPE.
+  void project_q(Context& ctx, const Tensor& x, const Tensor& positions, Tensor& q, Arena& acts);
+  // k [n, H, Dqk] (after RoPE) and v [n, H, Dv]; row views of a KV cache are fine.
+  void project_kv(Context& ctx, const Tensor& x, const Tensor& positions, Tensor& k, Tensor& v,
+                  Arena& acts);
+  // y = o_proj(o * sigmoid(g_proj x)) (o_proj(o) without the gate), o [n, H * Dv].
+  void project_out(Context& ctx, const Tensor& x, const Tensor& o, Tensor& y, Arena& acts);
+
   ops::AttentionParams attn_params(int64_t tokens, int64_t slots) const;
   int64_t qk_dim() const { return cfg_.qk_nope_dim + cfg_.qk_rope_dim; }
   // Drops the gradient of every MLA parameter (the table is copied), so backward computes dx
