@@ -77,6 +77,17 @@ void DsaLayer::plan_selection(const SeqInfo& seq, ArenaPlan& plan) const {
   plan.add_fp32({T, index_slots(seq)});  // softmax
 }
 
+ops::RopeParams DsaLayer::index_rope(int64_t tokens) const {
+  return {.tokens = tokens,
+          .heads = dcfg_.index_heads,
+          .head_dim = dcfg_.index_head_dim,
+          .rot_offset = 0,
+          .rot_dim = dcfg_.index_rope_dim,
+          .theta = cfg_.rope_theta,
+          .style = ops::RopeStyle::HalfSplit,
+          .scaling = cfg_.rope_scaling};
+}
+
 void DsaLayer::project_indexer(Context& ctx, const Tensor& x, const Tensor& cqn,
                                const Tensor& positions, Tensor& qi, Tensor& kn, Tensor& wts,
                                Arena& acts) {
@@ -90,14 +101,7 @@ void DsaLayer::project_indexer(Context& ctx, const Tensor& x, const Tensor& cqn,
   ops::layernorm_forward(ctx, {.rows = n, .dim = DI, .eps = dcfg_.indexer_norm_eps}, ki_,
                          k_norm_w_.value, k_norm_b_.value, kn, k_mean_, k_rstd_);
   if (R > 0) {
-    ops::RopeParams rp{.tokens = n,
-                       .heads = HI,
-                       .head_dim = DI,
-                       .rot_offset = 0,
-                       .rot_dim = R,
-                       .theta = cfg_.rope_theta,
-                       .style = ops::RopeStyle::HalfSplit,
-                       .scaling = cfg_.rope_scaling};
+    ops::RopeParams rp = index_rope(n);
     Tensor q3 = qi.view({n, HI, DI});
     ops::rope_forward(ctx, rp, positions, q3, q3);
     rp.heads = 1;
@@ -161,14 +165,7 @@ void DsaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
   Tensor none;
   weights_proj_.backward(ctx, dw, none);
   if (R > 0) {
-    ops::RopeParams rp{.tokens = T,
-                       .heads = HI,
-                       .head_dim = DI,
-                       .rot_offset = 0,
-                       .rot_dim = R,
-                       .theta = cfg_.rope_theta,
-                       .style = ops::RopeStyle::HalfSplit,
-                       .scaling = cfg_.rope_scaling};
+    ops::RopeParams rp = index_rope(T);
     ops::rope_backward(ctx, rp, seq.positions, dqi, dqi);
     rp.heads = 1;
     Tensor k3 = dkn.view({T, 1, DI});

@@ -51,6 +51,8 @@ class DsaLayer : public MlaLayer {
 
  private:
   float weight_scale() const;
+  // The indexer's half-split RoPE on [tokens, HI, DI] (heads = 1 for its key).
+  ops::RopeParams index_rope(int64_t tokens) const;
   // The indexer's projections, shared by forward and decoding, for the rows of x at `positions`:
   // qi [n, HI * DI], kn [n, DI] (a row view of a key cache is fine), wts [n, HI] scaled; the
   // LayerNorm's input and statistics go to `acts`.

@@ -88,6 +88,25 @@ void MlaLayer::select_keys(Context&, const SeqInfo& seq, const Tensor&, Arena&) 
 
 void MlaLayer::after_attention(Context&, const SeqInfo&, Arena&) {}
 
+ops::RopeParams MlaLayer::q_rope(int64_t tokens) const {
+  return {.tokens = tokens,
+          .heads = cfg_.heads,
+          .head_dim = qk_dim(),
+          .rot_offset = cfg_.qk_nope_dim,
+          .rot_dim = cfg_.qk_rope_dim,
+          .theta = cfg_.rope_theta,
+          .style = cfg_.rope_style,
+          .scaling = cfg_.rope_scaling};
+}
+
+ops::RopeParams MlaLayer::k_rope(int64_t tokens) const {
+  ops::RopeParams p = q_rope(tokens);
+  p.heads = 1;
+  p.head_dim = cfg_.qk_rope_dim;
+  p.rot_offset = 0;
+  return p;
+}
+
 ops::AttentionParams MlaLayer::attn_params(int64_t tokens, int64_t slots) const {
   return {.tokens = tokens,
           .heads = cfg_.heads,
@@ -145,17 +164,7 @@ void MlaLayer::project_q(Context& ctx, const Tensor& x, const Tensor& positions,
   } else {
     q_proj_.forward(ctx, x, q2, acts);
   }
-  if (cfg_.use_rope && rope > 0)
-    ops::rope_forward(ctx,
-                      {.tokens = n,
-                       .heads = H,
-                       .head_dim = Dqk,
-                       .rot_offset = cfg_.qk_nope_dim,
-                       .rot_dim = rope,
-                       .theta = cfg_.rope_theta,
-                       .style = cfg_.rope_style,
-                       .scaling = cfg_.rope_scaling},
-                      positions, q, q);
+  if (cfg_.use_rope && rope > 0) ops::rope_forward(ctx, q_rope(n), positions, q, q);
 }
 
 void MlaLayer::project_kv(Context& ctx, const Tensor& x, const Tensor& positions, Tensor& k,
@@ -178,22 +187,12 @@ void MlaLayer::project_kv(Context& ctx, const Tensor& x, const Tensor& positions
                        kv_rstd_);
   Tensor kv = ws.alloc({n, H * (nope + Dv)});
   kv_b_.forward(ctx, cn_, kv, acts);
-  if (cfg_.use_rope && rope > 0)
-    ops::rope_forward(ctx,
-                      {.tokens = n,
-                       .heads = 1,
-                       .head_dim = rope,
-                       .rot_offset = 0,
-                       .rot_dim = rope,
-                       .theta = cfg_.rope_theta,
-                       .style = cfg_.rope_style,
-                       .scaling = cfg_.rope_scaling},
-                      positions, kpe, kpe);
+  if (cfg_.use_rope && rope > 0) ops::rope_forward(ctx, k_rope(n), positions, kpe, kpe);
   // k = [k_nope | the shared rotary key on every head], v: column views of kv_b's output.
   const Tensor kv3 = kv.view({n, H, nope + Dv});
-  Tensor k_nope = k.cols(0, nope), k_rope = k.cols(nope, Dqk);
+  Tensor k_nope = k.cols(0, nope), k_rot = k.cols(nope, Dqk);
   ops::copy(ctx, kv3.cols(0, nope), k_nope);
-  ops::expand_heads_forward(ctx, kpe2, k_rope);
+  ops::expand_heads_forward(ctx, kpe2, k_rot);
   ops::copy(ctx, kv3.cols(nope, nope + Dv), v);
 }
 
@@ -277,17 +276,7 @@ void MlaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
     ops::expand_heads_backward(ctx, dk.cols(nope, Dqk), dkpe2);
   }
   const bool rotate = cfg_.use_rope && rope > 0;
-  if (rotate) {
-    const ops::RopeParams krope{.tokens = T,
-                                .heads = 1,
-                                .head_dim = rope,
-                                .rot_offset = 0,
-                                .rot_dim = rope,
-                                .theta = cfg_.rope_theta,
-                                .style = cfg_.rope_style,
-                                .scaling = cfg_.rope_scaling};
-    ops::rope_backward(ctx, krope, seq.positions, dkpe, dkpe);
-  }
+  if (rotate) ops::rope_backward(ctx, k_rope(T), seq.positions, dkpe, dkpe);
   {
     Tensor part = dckv.cols(kvr, kvr + rope);
     ops::copy(ctx, dkpe2, part);
@@ -305,17 +294,7 @@ void MlaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
   dx_written = true;
 
   // Queries.
-  if (rotate) {
-    const ops::RopeParams qrope{.tokens = T,
-                                .heads = H,
-                                .head_dim = Dqk,
-                                .rot_offset = nope,
-                                .rot_dim = rope,
-                                .theta = cfg_.rope_theta,
-                                .style = cfg_.rope_style,
-                                .scaling = cfg_.rope_scaling};
-    ops::rope_backward(ctx, qrope, seq.positions, dq, dq);
-  }
+  if (rotate) ops::rope_backward(ctx, q_rope(T), seq.positions, dq, dq);
   Tensor dq2 = dq.view({T, H * Dqk});
   if (cfg_.q_lora_rank > 0) {
     Tensor dcqn = ws.alloc({T, cfg_.q_lora_rank});

@@ -16,6 +16,7 @@
 #include "model/layer.h"
 #include "model/linear_module.h"
 #include "ops/attention.h"
+#include "ops/rope.h"
 
 namespace mt {
 
@@ -61,6 +62,9 @@ class MlaLayer : public Layer {
   void project_out(Context& ctx, const Tensor& x, const Tensor& o, Tensor& y, Arena& acts);
 
   ops::AttentionParams attn_params(int64_t tokens, int64_t slots) const;
+  // RoPE of the queries' rotary part, and of the shared rotary key [tokens, 1, qk_rope_dim].
+  ops::RopeParams q_rope(int64_t tokens) const;
+  ops::RopeParams k_rope(int64_t tokens) const;
   int64_t qk_dim() const { return cfg_.qk_nope_dim + cfg_.qk_rope_dim; }
   // Drops the gradient of every MLA parameter (the table is copied), so backward computes dx
   // only. DsaLayer's dense warm-up binds through this.
