@@ -1,7 +1,5 @@
 #include "ops/activation.h"
 
-#include "ops/cpu/activation.h"
-#include "ops/cuda/activation.h"
 #include "ops/dispatch.h"
 
 namespace mt::ops {

@@ -8,21 +8,46 @@
 namespace mt::ops {
 
 // y = x * sigmoid(x); x, y, dy, dx all have the same shape.
-void silu_forward(Context& ctx, const Tensor& x, Tensor& y);
-void silu_backward(Context& ctx, const Tensor& x, const Tensor& dy, Tensor& dx);
+using SiluForward = void(Context& ctx, const Tensor& x, Tensor& y);
+SiluForward silu_forward;
+using SiluBackward = void(Context& ctx, const Tensor& x, const Tensor& dy, Tensor& dx);
+SiluBackward silu_backward;
 
 // y = silu(gate) * up, all [rows, n].
-void swiglu_forward(Context& ctx, const Tensor& gate, const Tensor& up, Tensor& y);
-void swiglu_backward(Context& ctx, const Tensor& gate, const Tensor& up, const Tensor& dy,
-                     Tensor& dgate, Tensor& dup);
+using SwigluForward = void(Context& ctx, const Tensor& gate, const Tensor& up, Tensor& y);
+SwigluForward swiglu_forward;
+using SwigluBackward = void(Context& ctx, const Tensor& gate, const Tensor& up, const Tensor& dy,
+                            Tensor& dgate, Tensor& dup);
+SwigluBackward swiglu_backward;
 
 // y = x * sigmoid(g) (the output gate of KDA and gated attention), same shapes.
-void sigmoid_gate_forward(Context& ctx, const Tensor& x, const Tensor& g, Tensor& y);
-void sigmoid_gate_backward(Context& ctx, const Tensor& x, const Tensor& g, const Tensor& dy,
-                           Tensor& dx, Tensor& dg);
+using SigmoidGateForward = void(Context& ctx, const Tensor& x, const Tensor& g, Tensor& y);
+SigmoidGateForward sigmoid_gate_forward;
+using SigmoidGateBackward = void(Context& ctx, const Tensor& x, const Tensor& g, const Tensor& dy,
+                                 Tensor& dx, Tensor& dg);
+SigmoidGateBackward sigmoid_gate_backward;
 
 inline float sigmoidf(float x) {
   return 1.0f / (1.0f + std::exp(-x));
 }
+
+// The backends' bodies, called by the entries above once they validated: ops/cpu/activation.cpp,
+// and ops/cuda/activation.cu in CUDA builds.
+namespace cpu {
+SiluForward silu_forward;
+SiluBackward silu_backward;
+SwigluForward swiglu_forward;
+SwigluBackward swiglu_backward;
+SigmoidGateForward sigmoid_gate_forward;
+SigmoidGateBackward sigmoid_gate_backward;
+}  // namespace cpu
+namespace cuda {
+SiluForward silu_forward;
+SiluBackward silu_backward;
+SwigluForward swiglu_forward;
+SwigluBackward swiglu_backward;
+SigmoidGateForward sigmoid_gate_forward;
+SigmoidGateBackward sigmoid_gate_backward;
+}  // namespace cuda
 
 }  // namespace mt::ops

@@ -1,7 +1,5 @@
 #include "ops/conv1d.h"
 
-#include "ops/cpu/conv1d.h"
-#include "ops/cuda/conv1d.h"
 #include "ops/dispatch.h"
 
 namespace mt::ops {

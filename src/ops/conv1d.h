@@ -13,11 +13,24 @@ struct CausalConvParams {
 
 // y[t,c] = sum_{j<kernel} w[c,j] * x[t - (kernel-1) + j, c] (HF weight [C,1,K] viewed as [C,K]:
 // w[c, kernel-1] multiplies the current token). x, y [tokens, channels]; cu_seqlens i32 [N+1].
-void causal_conv1d_forward(Context& ctx, const CausalConvParams& p, const Tensor& cu_seqlens,
-                           const Tensor& x, const Tensor& w, Tensor& y);
+using CausalConv1dForward = void(Context& ctx, const CausalConvParams& p, const Tensor& cu_seqlens,
+                                 const Tensor& x, const Tensor& w, Tensor& y);
+CausalConv1dForward causal_conv1d_forward;
 // dx written, dw accumulates.
-void causal_conv1d_backward(Context& ctx, const CausalConvParams& p, const Tensor& cu_seqlens,
-                            const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx,
-                            Tensor& dw);
+using CausalConv1dBackward = void(Context& ctx, const CausalConvParams& p, const Tensor& cu_seqlens,
+                                  const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx,
+                                  Tensor& dw);
+CausalConv1dBackward causal_conv1d_backward;
+
+// The backends' bodies, called by the entries above once they validated: ops/cpu/conv1d.cpp, and
+// ops/cuda/conv1d.cu in CUDA builds.
+namespace cpu {
+CausalConv1dForward causal_conv1d_forward;
+CausalConv1dBackward causal_conv1d_backward;
+}  // namespace cpu
+namespace cuda {
+CausalConv1dForward causal_conv1d_forward;
+CausalConv1dBackward causal_conv1d_backward;
+}  // namespace cuda
 
 }  // namespace mt::ops

@@ -1,7 +1,5 @@
 #include "ops/cross_entropy.h"
 
-#include "ops/cpu/cross_entropy.h"
-#include "ops/cuda/cross_entropy.h"
 #include "ops/dispatch.h"
 
 namespace mt::ops {

@@ -17,15 +17,31 @@ struct CrossEntropyParams {
 // backward; 0 for ignored tokens) and loss f64 [1]: the mean loss over non-ignored tokens (0 if
 // none), written on the tensors' device (never returned: no host synchronisation in the op).
 // A target outside [0, vocab) that is not ignore_index is a ValueError.
-void lm_head_cross_entropy_forward(Context& ctx, const CrossEntropyParams& p, const Tensor& h,
-                                   const Tensor& w, const Tensor& targets, Tensor& lse,
-                                   Tensor& loss);
+using LmHeadCrossEntropyForward = void(Context& ctx, const CrossEntropyParams& p, const Tensor& h,
+                                       const Tensor& w, const Tensor& targets, Tensor& lse,
+                                       Tensor& loss);
+LmHeadCrossEntropyForward lm_head_cross_entropy_forward;
 // Gradient of dloss * mean loss: dh written, dw accumulates (skipped when undefined).
-void lm_head_cross_entropy_backward(Context& ctx, const CrossEntropyParams& p, const Tensor& h,
-                                    const Tensor& w, const Tensor& targets, const Tensor& lse,
-                                    float dloss, Tensor& dh, Tensor& dw);
+using LmHeadCrossEntropyBackward = void(Context& ctx, const CrossEntropyParams& p, const Tensor& h,
+                                        const Tensor& w, const Tensor& targets, const Tensor& lse,
+                                        float dloss, Tensor& dh, Tensor& dw);
+LmHeadCrossEntropyBackward lm_head_cross_entropy_backward;
 
 // Logits of selected rows only (generation / golden checks): logits [rows, vocab] = h w^T.
-void lm_head_logits(Context& ctx, const Tensor& h, const Tensor& w, Tensor& logits);
+using LmHeadLogits = void(Context& ctx, const Tensor& h, const Tensor& w, Tensor& logits);
+LmHeadLogits lm_head_logits;
+
+// The backends' bodies, called by the entries above once they validated: ops/cpu/cross_entropy.cpp,
+// and ops/cuda/cross_entropy.cu in CUDA builds.
+namespace cpu {
+LmHeadCrossEntropyForward lm_head_cross_entropy_forward;
+LmHeadCrossEntropyBackward lm_head_cross_entropy_backward;
+LmHeadLogits lm_head_logits;
+}  // namespace cpu
+namespace cuda {
+LmHeadCrossEntropyForward lm_head_cross_entropy_forward;
+LmHeadCrossEntropyBackward lm_head_cross_entropy_backward;
+LmHeadLogits lm_head_logits;
+}  // namespace cuda
 
 }  // namespace mt::ops

@@ -1,7 +1,5 @@
 #include "ops/elementwise.h"
 
-#include "ops/cpu/elementwise.h"
-#include "ops/cuda/elementwise.h"
 #include "ops/dispatch.h"
 
 namespace mt::ops {

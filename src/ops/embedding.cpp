@@ -1,7 +1,5 @@
 #include "ops/embedding.h"
 
-#include "ops/cpu/embedding.h"
-#include "ops/cuda/embedding.h"
 #include "ops/dispatch.h"
 
 namespace mt::ops {

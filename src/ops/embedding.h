@@ -12,10 +12,23 @@ struct EmbeddingParams {
 
 // y[t] = table[ids[t]]; ids i32 [tokens], table [vocab, dim], y [tokens, dim].
 // An id outside [0, vocab) is a ValueError naming the position and the id.
-void embedding_forward(Context& ctx, const EmbeddingParams& p, const Tensor& ids,
-                       const Tensor& table, Tensor& y);
+using EmbeddingForward = void(Context& ctx, const EmbeddingParams& p, const Tensor& ids,
+                              const Tensor& table, Tensor& y);
+EmbeddingForward embedding_forward;
 // dtable[ids[t]] += dy[t] (parameter gradient: accumulates).
-void embedding_backward(Context& ctx, const EmbeddingParams& p, const Tensor& ids, const Tensor& dy,
-                        Tensor& dtable);
+using EmbeddingBackward = void(Context& ctx, const EmbeddingParams& p, const Tensor& ids,
+                               const Tensor& dy, Tensor& dtable);
+EmbeddingBackward embedding_backward;
+
+// The backends' bodies, called by the entries above once they validated: ops/cpu/embedding.cpp, and
+// ops/cuda/embedding.cu in CUDA builds.
+namespace cpu {
+EmbeddingForward embedding_forward;
+EmbeddingBackward embedding_backward;
+}  // namespace cpu
+namespace cuda {
+EmbeddingForward embedding_forward;
+EmbeddingBackward embedding_backward;
+}  // namespace cuda
 
 }  // namespace mt::ops

@@ -1,7 +1,5 @@
 #include "ops/kda_gate.h"
 
-#include "ops/cpu/kda_gate.h"
-#include "ops/cuda/kda_gate.h"
 #include "ops/dispatch.h"
 
 namespace mt::ops {

@@ -13,12 +13,25 @@ struct KdaGateParams {
 };
 
 // raw, g [tokens, heads * head_dim]; a_log [heads]; dt_bias [heads * head_dim].
-void kda_gate_forward(Context& ctx, const KdaGateParams& p, const Tensor& raw, const Tensor& a_log,
-                      const Tensor& dt_bias, Tensor& g);
+using KdaGateForward = void(Context& ctx, const KdaGateParams& p, const Tensor& raw,
+                            const Tensor& a_log, const Tensor& dt_bias, Tensor& g);
+KdaGateForward kda_gate_forward;
 
 // draw written; da_log and ddt_bias accumulate (+=), each skipped when undefined (frozen).
-void kda_gate_backward(Context& ctx, const KdaGateParams& p, const Tensor& raw, const Tensor& a_log,
-                       const Tensor& dt_bias, const Tensor& dg, Tensor& draw, Tensor& da_log,
-                       Tensor& ddt_bias);
+using KdaGateBackward = void(Context& ctx, const KdaGateParams& p, const Tensor& raw,
+                             const Tensor& a_log, const Tensor& dt_bias, const Tensor& dg,
+                             Tensor& draw, Tensor& da_log, Tensor& ddt_bias);
+KdaGateBackward kda_gate_backward;
+
+// The backends' bodies, called by the entries above once they validated: ops/cpu/kda_gate.cpp, and
+// ops/cuda/kda_gate.cu in CUDA builds.
+namespace cpu {
+KdaGateForward kda_gate_forward;
+KdaGateBackward kda_gate_backward;
+}  // namespace cpu
+namespace cuda {
+KdaGateForward kda_gate_forward;
+KdaGateBackward kda_gate_backward;
+}  // namespace cuda
 
 }  // namespace mt::ops

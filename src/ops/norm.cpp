@@ -1,7 +1,5 @@
 #include "ops/norm.h"
 
-#include "ops/cpu/norm.h"
-#include "ops/cuda/norm.h"
 #include "ops/dispatch.h"
 
 namespace mt::ops {

@@ -13,23 +13,49 @@ struct NormParams {
 };
 
 // RMSNorm: y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps); rstd [rows] is saved for backward.
-void rmsnorm_forward(Context& ctx, const NormParams& p, const Tensor& x, const Tensor& w, Tensor& y,
-                     Tensor& rstd);
+using RmsnormForward = void(Context& ctx, const NormParams& p, const Tensor& x, const Tensor& w,
+                            Tensor& y, Tensor& rstd);
+RmsnormForward rmsnorm_forward;
 // dx written, dw accumulates (skipped when undefined).
-void rmsnorm_backward(Context& ctx, const NormParams& p, const Tensor& x, const Tensor& w,
-                      const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dw);
+using RmsnormBackward = void(Context& ctx, const NormParams& p, const Tensor& x, const Tensor& w,
+                             const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dw);
+RmsnormBackward rmsnorm_backward;
 
 // LayerNorm with weight and bias: y = (x - mean) * rstd * w + b; mean, rstd [rows] saved.
-void layernorm_forward(Context& ctx, const NormParams& p, const Tensor& x, const Tensor& w,
-                       const Tensor& b, Tensor& y, Tensor& mean, Tensor& rstd);
-void layernorm_backward(Context& ctx, const NormParams& p, const Tensor& x, const Tensor& w,
-                        const Tensor& mean, const Tensor& rstd, const Tensor& dy, Tensor& dx,
-                        Tensor& dw, Tensor& db);
+using LayernormForward = void(Context& ctx, const NormParams& p, const Tensor& x, const Tensor& w,
+                              const Tensor& b, Tensor& y, Tensor& mean, Tensor& rstd);
+LayernormForward layernorm_forward;
+using LayernormBackward = void(Context& ctx, const NormParams& p, const Tensor& x, const Tensor& w,
+                               const Tensor& mean, const Tensor& rstd, const Tensor& dy, Tensor& dx,
+                               Tensor& dw, Tensor& db);
+LayernormBackward layernorm_backward;
 
 // L2 norm (no weight): y = x / sqrt(sum(x^2) + eps) (eps inside the root, as fla does);
 // rstd [rows] saved.
-void l2norm_forward(Context& ctx, const NormParams& p, const Tensor& x, Tensor& y, Tensor& rstd);
-void l2norm_backward(Context& ctx, const NormParams& p, const Tensor& x, const Tensor& rstd,
-                     const Tensor& dy, Tensor& dx);
+using L2normForward = void(Context& ctx, const NormParams& p, const Tensor& x, Tensor& y,
+                           Tensor& rstd);
+L2normForward l2norm_forward;
+using L2normBackward = void(Context& ctx, const NormParams& p, const Tensor& x, const Tensor& rstd,
+                            const Tensor& dy, Tensor& dx);
+L2normBackward l2norm_backward;
+
+// The backends' bodies, called by the entries above once they validated: ops/cpu/norm.cpp, and
+// ops/cuda/norm.cu in CUDA builds.
+namespace cpu {
+RmsnormForward rmsnorm_forward;
+RmsnormBackward rmsnorm_backward;
+LayernormForward layernorm_forward;
+LayernormBackward layernorm_backward;
+L2normForward l2norm_forward;
+L2normBackward l2norm_backward;
+}  // namespace cpu
+namespace cuda {
+RmsnormForward rmsnorm_forward;
+RmsnormBackward rmsnorm_backward;
+LayernormForward layernorm_forward;
+LayernormBackward layernorm_backward;
+L2normForward l2norm_forward;
+L2normBackward l2norm_backward;
+}  // namespace cuda
 
 }  // namespace mt::ops

@@ -1,7 +1,5 @@
 #include "ops/optim.h"
 
-#include "ops/cpu/optim.h"
-#include "ops/cuda/optim.h"
 #include "ops/dispatch.h"
 
 namespace mt::ops {

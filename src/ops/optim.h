@@ -29,14 +29,31 @@ struct AdamWOptions {
 };
 
 // param -= lr * (mhat / (sqrt(vhat) + eps) + weight_decay * param); m, v updated in place.
-void adamw_step(Context& ctx, const AdamWParams& p, Tensor& param, const Tensor& grad, Tensor& m,
-                Tensor& v);
+using AdamwStep = void(Context& ctx, const AdamWParams& p, Tensor& param, const Tensor& grad,
+                       Tensor& m, Tensor& v);
+AdamwStep adamw_step;
 
 // out f64 [1] = the sum of squares of all gradients (double accumulation), written.
-void grad_norm_sq(Context& ctx, const std::vector<Tensor>& grads, Tensor& out);
+using GradNormSq = void(Context& ctx, const std::vector<Tensor>& grads, Tensor& out);
+GradNormSq grad_norm_sq;
 // Scales all gradients so that their global L2 norm is at most max_norm; norm f64 [1] = the norm
 // before clipping (written; the scale is computed where the gradients live, never on the host).
 // max_norm <= 0 disables clipping.
-void clip_grad_norm(Context& ctx, const std::vector<Tensor>& grads, double max_norm, Tensor& norm);
+using ClipGradNorm = void(Context& ctx, const std::vector<Tensor>& grads, double max_norm,
+                          Tensor& norm);
+ClipGradNorm clip_grad_norm;
+
+// The backends' bodies, called by the entries above once they validated: ops/cpu/optim.cpp, and
+// ops/cuda/optim.cu in CUDA builds.
+namespace cpu {
+AdamwStep adamw_step;
+GradNormSq grad_norm_sq;
+ClipGradNorm clip_grad_norm;
+}  // namespace cpu
+namespace cuda {
+AdamwStep adamw_step;
+GradNormSq grad_norm_sq;
+ClipGradNorm clip_grad_norm;
+}  // namespace cuda
 
 }  // namespace mt::ops

@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "ops/cpu/rope.h"
-#include "ops/cuda/rope.h"
 #include "ops/dispatch.h"
 
 namespace mt::ops {

@@ -40,10 +40,23 @@ std::vector<double> rope_inv_freq(const RopeParams& p);
 void rope_inv_freq(const RopeParams& p, std::span<double> inv);
 
 // x, y [tokens, heads, head_dim] (y may alias x); positions i32 [tokens].
-void rope_forward(Context& ctx, const RopeParams& p, const Tensor& positions, const Tensor& x,
-                  Tensor& y);
+using RopeForward = void(Context& ctx, const RopeParams& p, const Tensor& positions,
+                         const Tensor& x, Tensor& y);
+RopeForward rope_forward;
 // The inverse rotation; dx written (may alias dy).
-void rope_backward(Context& ctx, const RopeParams& p, const Tensor& positions, const Tensor& dy,
-                   Tensor& dx);
+using RopeBackward = void(Context& ctx, const RopeParams& p, const Tensor& positions,
+                          const Tensor& dy, Tensor& dx);
+RopeBackward rope_backward;
+
+// The backends' bodies, called by the entries above once they validated: ops/cpu/rope.cpp, and
+// ops/cuda/rope.cu in CUDA builds.
+namespace cpu {
+RopeForward rope_forward;
+RopeBackward rope_backward;
+}  // namespace cpu
+namespace cuda {
+RopeForward rope_forward;
+RopeBackward rope_backward;
+}  // namespace cuda
 
 }  // namespace mt::ops

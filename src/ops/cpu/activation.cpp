@@ -1,4 +1,4 @@
-#include "ops/cpu/activation.h"
+#include "ops/activation.h"
 
 #include <cmath>
 

@@ -1,4 +1,4 @@
-#include "ops/cpu/conv1d.h"
+#include "ops/conv1d.h"
 
 #include <omp.h>
 

@@ -1,4 +1,4 @@
-#include "ops/cpu/cross_entropy.h"
+#include "ops/cross_entropy.h"
 
 #include <algorithm>
 #include <cmath>

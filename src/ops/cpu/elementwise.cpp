@@ -1,4 +1,4 @@
-#include "ops/cpu/elementwise.h"
+#include "ops/elementwise.h"
 
 #include "ops/activation.h"
 

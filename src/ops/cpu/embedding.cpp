@@ -1,4 +1,4 @@
-#include "ops/cpu/embedding.h"
+#include "ops/embedding.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "ops/cpu/kda_gate.h"
+#include "ops/kda_gate.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "ops/cpu/norm.h"
+#include "ops/norm.h"
 
 #include <omp.h>
 

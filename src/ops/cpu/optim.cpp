@@ -1,4 +1,4 @@
-#include "ops/cpu/optim.h"
+#include "ops/optim.h"
 
 #include <cmath>
 

@@ -1,4 +1,4 @@
-#include "ops/cpu/rope.h"
+#include "ops/rope.h"
 
 #include <omp.h>
 

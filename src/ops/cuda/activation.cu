@@ -1,5 +1,5 @@
 // Element-wise activations on the GPU: one thread per element, fp32 math in any storage type.
-#include "ops/cuda/activation.h"
+#include "ops/activation.h"
 #include "ops/cuda/common.cuh"
 
 namespace mt::ops::cuda {

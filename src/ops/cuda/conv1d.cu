@@ -1,8 +1,8 @@
 // Depthwise causal conv1d on the GPU, varlen: a token finds its document by binary search in
 // cu_seqlens and reads the tokens before the document start as zeros.
+#include "ops/conv1d.h"
 #include "ops/cuda/colsum.cuh"
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/conv1d.h"
 
 namespace mt::ops::cuda {
 

@@ -4,9 +4,9 @@
 // by position after the forward's one synchronisation, which the returned mean needs anyway).
 #include <algorithm>
 
+#include "ops/cross_entropy.h"
 #include "ops/cuda/blas.h"
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/cross_entropy.h"
 
 namespace mt::ops::cuda {
 

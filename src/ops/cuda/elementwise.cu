@@ -1,7 +1,7 @@
 // Element ops on the GPU: contiguous element-wise maps, and the strided copy / head expansion
 // that split and join fused projections through cols() views.
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/elementwise.h"
+#include "ops/elementwise.h"
 
 namespace mt::ops::cuda {
 

@@ -3,7 +3,7 @@
 // the token count), which is the direct version: a sort by id replaces it when it shows up in a
 // profile.
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/embedding.h"
+#include "ops/embedding.h"
 
 namespace mt::ops::cuda {
 

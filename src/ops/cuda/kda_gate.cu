@@ -2,7 +2,7 @@
 // log-decay that the KDA core sums over a chunk, so it stays f32 whatever raw's type).
 #include "ops/cuda/colsum.cuh"
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/kda_gate.h"
+#include "ops/kda_gate.h"
 
 namespace mt::ops::cuda {
 

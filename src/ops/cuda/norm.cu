@@ -2,7 +2,7 @@
 // storage type (f32 or bf16), weights in the same type, weight gradients f32 (fp32 masters).
 #include "ops/cuda/colsum.cuh"
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/norm.h"
+#include "ops/norm.h"
 
 namespace mt::ops::cuda {
 

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/optim.h"
+#include "ops/optim.h"
 
 namespace mt::ops::cuda {
 

@@ -2,7 +2,7 @@
 // uses (YaRN included) and travel in the kernel's parameters; the angle is formed in double as on
 // the CPU, because positions reach 1e5 and an fp32 angle would be off by ~1e-2 rad.
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/rope.h"
+#include "ops/rope.h"
 
 namespace mt::ops::cuda {
 
