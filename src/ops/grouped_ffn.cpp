@@ -2,6 +2,7 @@
 
 #include "ops/cpu/grouped_ffn.h"
 #include "ops/cuda/grouped_ffn.h"
+#include "ops/dispatch.h"
 #include "ops/grouped_matmul.h"
 
 namespace mt::ops {
@@ -37,6 +38,30 @@ GroupedMatmulParams scaled(GroupedMatmulParams p, float alpha, float beta) {
   p.alpha = alpha;
   p.beta = beta;
   return p;
+}
+
+// The SwiGLU between the projections runs where the tensors are (the projections dispatch
+// themselves through grouped_matmul).
+void swiglu_forward(Context& ctx, const Tensor& gate_up, Tensor& h) {
+  if (op_device("grouped_ffn_forward", {&gate_up, &h}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    return cuda::grouped_ffn_swiglu_forward(ctx, gate_up, h);
+#else
+    no_cuda_backend("grouped_ffn_forward");
+#endif
+  }
+  cpu::grouped_ffn_swiglu_forward(ctx, gate_up, h);
+}
+
+void swiglu_backward(Context& ctx, const Tensor& gate_up, const Tensor& dh, Tensor& dgate_up) {
+  if (op_device("grouped_ffn_backward", {&gate_up, &dh, &dgate_up}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    return cuda::grouped_ffn_swiglu_backward(ctx, gate_up, dh, dgate_up);
+#else
+    no_cuda_backend("grouped_ffn_backward");
+#endif
+  }
+  cpu::grouped_ffn_swiglu_backward(ctx, gate_up, dh, dgate_up);
 }
 
 }  // namespace
@@ -78,8 +103,8 @@ void grouped_ffn_forward(Context& ctx, const GroupedFfnParams& p, const Tensor& 
   }
 
   ArenaScope scope(ctx.workspace());
-  Tensor h = ctx.workspace().alloc({N, F});
-  cpu::grouped_ffn_swiglu_forward(ctx, saved.gate_up, h);
+  Tensor h = ctx.workspace().alloc({N, F}, x.dtype());
+  swiglu_forward(ctx, saved.gate_up, h);
 
   grouped_matmul(ctx, kFwd, h, offsets, w.down, y);
   if (r > 0) {
@@ -108,12 +133,14 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
   if (g_dnb) expect_shape(grads.down_b, w.down_b.shape(), "grad experts.down_lora_B");
   const float s = p.lora_scale();
 
+  // Scratch in the activations' type (f32 on the CPU; f32 or bf16 on the GPU).
   ArenaScope scope(ctx.workspace());
-  Tensor h = ctx.workspace().alloc({N, F});
-  Tensor dh = ctx.workspace().alloc({N, F});
-  Tensor dgu = ctx.workspace().alloc({N, 2 * F});
-  Tensor dr = ctx.workspace().alloc({N, r});
-  cpu::grouped_ffn_swiglu_forward(ctx, saved.gate_up, h);
+  const DType at = x.dtype();
+  Tensor h = ctx.workspace().alloc({N, F}, at);
+  Tensor dh = ctx.workspace().alloc({N, F}, at);
+  Tensor dgu = ctx.workspace().alloc({N, 2 * F}, at);
+  Tensor dr = ctx.workspace().alloc({N, r}, at);
+  swiglu_forward(ctx, saved.gate_up, h);
 
   // Down projection: dH = dY Wd (+ LoRA path), grads of Wd and its adapter.
   grouped_matmul(ctx, kDx, dy, offsets, w.down, dh);
@@ -125,7 +152,7 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
     if (g_dna) grouped_matmul(ctx, kDw, dr, offsets, h, grads.down_a);
   }
 
-  cpu::grouped_ffn_swiglu_backward(ctx, saved.gate_up, dh, dgu);
+  swiglu_backward(ctx, saved.gate_up, dh, dgu);
 
   // Gate/up projection: dX = dGU Wgu (+ LoRA path), grads of Wgu and its adapter.
   grouped_matmul(ctx, kDx, dgu, offsets, w.gate_up, dx);

@@ -2,9 +2,19 @@
 
 #include "ops/cpu/grouped_matmul.h"
 #include "ops/cuda/grouped_matmul.h"
+#include "ops/dispatch.h"
 #include "ops/gemm.h"
 
 namespace mt::ops {
+
+namespace {
+
+// bf16 weights are for the GPU path; the CPU path computes on f32 storage.
+bool gpu_bf16(const Tensor& t) {
+  return t.device() != Device::CPU && t.dtype() == DType::BF16;
+}
+
+}  // namespace
 
 void expect_group_offsets(const Tensor& offsets, int64_t groups, int64_t rows, const char* op) {
   expect_shape(offsets, {groups + 1}, op);
@@ -22,7 +32,7 @@ void grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Tensor& a,
                     const Tensor& offsets, const Tensor& b, Tensor& c) {
   const bool dw = p.form == GroupedForm::DytX;
   const Tensor& w = dw ? c : b;
-  MT_CHECK(w.ndim() == 3 && w.dtype() == DType::F32, ShapeError,
+  MT_CHECK(w.ndim() == 3 && (w.dtype() == DType::F32 || (!dw && gpu_bf16(w))), ShapeError,
            "grouped_matmul: ", dw ? "dW" : "W", " must be an f32 [groups, out, in] tensor, got ",
            w.shape());
   const int64_t G = w.dim(0), out = w.dim(1), in = w.dim(2), N = a.dim(0);
@@ -48,6 +58,14 @@ void grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Tensor& a,
   MT_CHECK(a.device() == w.device() && rows_out.device() == w.device(), ValueError,
            "grouped_matmul operands on ", device_name(a.device()), ", ", device_name(b.device()),
            ", ", device_name(c.device()));
+  // The offsets stay on the host (they drive the per-group launches); the operands pick the path.
+  if (op_device("grouped_matmul", {&a, &b, &c}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    return cuda::grouped_matmul(ctx, p, a, offsets, b, c);
+#else
+    no_cuda_backend("grouped_matmul");
+#endif
+  }
   cpu::grouped_matmul(ctx, p, a, offsets, b, c);
 }
 

@@ -23,7 +23,7 @@ void moe_dispatch_plan(Context& ctx, const Tensor& ids, int64_t experts, Tensor&
   expect_shape(offsets, {experts + 1}, "dispatch offsets");
   if (op_device("moe_dispatch_plan", {&ids, &perm, &inv, &offsets}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("moe_dispatch_plan");  // until src/ops/cuda/moe_dispatch.cu lands
+    return cuda::moe_dispatch_plan(ctx, ids, experts, perm, inv, offsets);
 #else
     no_cuda_backend("moe_dispatch_plan");
 #endif
@@ -42,7 +42,7 @@ void moe_gather(Context& ctx, const Tensor& x, const Tensor& perm, int64_t top_k
            "moe_gather: x ", x.shape(), " with k ", top_k, " -> rows ", rows.shape());
   if (op_device("moe_gather", {&x, &perm, &rows}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("moe_gather");  // until src/ops/cuda/moe_dispatch.cu lands
+    return cuda::moe_gather(ctx, x, perm, top_k, rows);
 #else
     no_cuda_backend("moe_gather");
 #endif
@@ -58,7 +58,7 @@ void moe_gather_backward(Context& ctx, const Tensor& drows, const Tensor& inv, i
            drows.shape());
   if (op_device("moe_gather_backward", {&drows, &inv, &dx}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("moe_gather_backward");  // until src/ops/cuda/moe_dispatch.cu lands
+    return cuda::moe_gather_backward(ctx, drows, inv, top_k, dx, accumulate);
 #else
     no_cuda_backend("moe_gather_backward");
 #endif
@@ -75,7 +75,7 @@ void moe_combine(Context& ctx, const Tensor& rows, const Tensor& weights, const 
            y.shape());
   if (op_device("moe_combine", {&rows, &weights, &inv, &y}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("moe_combine");  // until src/ops/cuda/moe_dispatch.cu lands
+    return cuda::moe_combine(ctx, rows, weights, inv, y);
 #else
     no_cuda_backend("moe_combine");
 #endif
@@ -95,7 +95,7 @@ void moe_combine_backward(Context& ctx, const Tensor& rows, const Tensor& weight
   if (op_device("moe_combine_backward", {&rows, &weights, &inv, &dy, &drows, &dweights}) ==
       Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("moe_combine_backward");  // until src/ops/cuda/moe_dispatch.cu lands
+    return cuda::moe_combine_backward(ctx, rows, weights, inv, dy, drows, dweights);
 #else
     no_cuda_backend("moe_combine_backward");
 #endif

@@ -51,7 +51,7 @@ constexpr bool kda_direct_cuda = true;
 constexpr bool flash_mla_cuda = false;
 constexpr bool sparse_mla_cuda = false;
 constexpr bool lightning_indexer_cuda = false;
-constexpr bool fused_router_cuda = false;
+constexpr bool fused_router_cuda = true;
 constexpr bool a2a_dispatch_cuda = false;
 constexpr bool grouped_gemm_cuda = false;
 constexpr bool fused_ce_cuda = true;
@@ -59,6 +59,9 @@ constexpr bool rmsnorm_cuda = true;
 constexpr bool causal_conv1d_cuda = true;
 constexpr bool index_attention_cuda = true;
 constexpr bool indexer_cuda = true;
+// Direct versions, registered after the fast kernels above so that those win once they land.
+constexpr bool stable_permute_cuda = true;
+constexpr bool grouped_ffn_loop_cuda = true;
 }  // namespace landed
 
 std::string any(const OpShape&) {
@@ -171,6 +174,10 @@ KernelRegistry KernelRegistry::builtin() {
   cuda(OpKind::Norm, "rmsnorm_cuda", landed::rmsnorm_cuda, "fused RMSNorm", any);
   cuda(OpKind::Conv1d, "causal_conv1d_cuda", landed::causal_conv1d_cuda,
        "depthwise causal conv, kernel <= 4", [](const OpShape&) { return std::string(); });
+  cuda(OpKind::MoeDispatch, "stable_permute_cuda", landed::stable_permute_cuda,
+       "src/ops/cuda/moe_dispatch.cu (local radix-sort permute, no all-to-all)", any);
+  cuda(OpKind::GroupedExperts, "grouped_ffn_loop_cuda", landed::grouped_ffn_loop_cuda,
+       "src/ops/cuda/grouped_matmul.cu (one cuBLASLt GEMM per expert, + expert LoRA)", any);
   return r;
 }
 

@@ -29,7 +29,7 @@ OverflowStats overflow_route_forward(Context& ctx, const OverflowParams& p, cons
   if (op_device("overflow_route_forward", {&scores, &bias, &cand, &ids, &weights}) ==
       Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("overflow_route_forward");  // until src/ops/cuda/overflow_route.cu lands
+    return cuda::overflow_route_forward(ctx, p, rp, expert_rank, scores, bias, cand, ids, weights);
 #else
     no_cuda_backend("overflow_route_forward");
 #endif

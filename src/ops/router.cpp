@@ -35,7 +35,7 @@ void router_forward(Context& ctx, const RouterParams& p, const Tensor& logits, c
   if (bias.defined() && bias.numel() > 0) expect_shape(bias, {E}, "router selection bias");
   if (op_device("router_forward", {&logits, &bias, &scores, &ids, &weights}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("router_forward");  // until src/ops/cuda/router.cu lands
+    return cuda::router_forward(ctx, p, logits, bias, scores, ids, weights);
 #else
     no_cuda_backend("router_forward");
 #endif
@@ -53,7 +53,7 @@ void router_backward(Context& ctx, const RouterParams& p, const Tensor& scores, 
   expect_shape(dlogits, {T, E}, "router dlogits");
   if (op_device("router_backward", {&scores, &ids, &dweights, &dlogits}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("router_backward");  // until src/ops/cuda/router.cu lands
+    return cuda::router_backward(ctx, p, scores, ids, dweights, dlogits);
 #else
     no_cuda_backend("router_backward");
 #endif
@@ -67,7 +67,7 @@ void router_seq_aux_loss(Context& ctx, const RouterParams& p, const SeqInfo& seq
   expect_f64_scalar(loss, "router seq aux loss");
   if (op_device("router_seq_aux_loss", {&scores, &ids, &loss}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("router_seq_aux_loss");  // until src/ops/cuda/router.cu lands
+    return cuda::router_seq_aux_loss(ctx, p, seq, scores, ids, loss);
 #else
     no_cuda_backend("router_seq_aux_loss");
 #endif
@@ -81,7 +81,7 @@ void router_seq_aux_backward(Context& ctx, const RouterParams& p, const SeqInfo&
   expect_shape(dlogits, {p.tokens, p.experts}, "router dlogits");
   if (op_device("router_seq_aux_backward", {&scores, &ids, &dlogits}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("router_seq_aux_backward");  // until src/ops/cuda/router.cu lands
+    return cuda::router_seq_aux_backward(ctx, p, seq, scores, ids, grad, dlogits);
 #else
     no_cuda_backend("router_seq_aux_backward");
 #endif
@@ -94,7 +94,7 @@ void router_z_loss(Context& ctx, const RouterParams& p, const Tensor& logits, Te
   expect_f64_scalar(loss, "router z loss");
   if (op_device("router_z_loss", {&logits, &loss}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("router_z_loss");  // until src/ops/cuda/router.cu lands
+    return cuda::router_z_loss(ctx, p, logits, loss);
 #else
     no_cuda_backend("router_z_loss");
 #endif
@@ -108,7 +108,7 @@ void router_z_loss_backward(Context& ctx, const RouterParams& p, const Tensor& l
   expect_shape(dlogits, {p.tokens, p.experts}, "router dlogits");
   if (op_device("router_z_loss_backward", {&logits, &dlogits}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("router_z_loss_backward");  // until src/ops/cuda/router.cu lands
+    return cuda::router_z_loss_backward(ctx, p, logits, grad, dlogits);
 #else
     no_cuda_backend("router_z_loss_backward");
 #endif
@@ -121,7 +121,7 @@ void expert_load_counts(Context& ctx, const Tensor& ids, int64_t experts, Tensor
   expect_shape(counts, {experts}, "expert load counts");
   if (op_device("expert_load_counts", {&ids, &counts}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("expert_load_counts");  // until src/ops/cuda/router.cu lands
+    return cuda::expert_load_counts(ctx, ids, experts, counts);
 #else
     no_cuda_backend("expert_load_counts");
 #endif
@@ -139,7 +139,7 @@ void router_bias_update(const Tensor& load, float rate, Tensor& bias) {
   expect_shape(bias, {load.dim(0)}, "router selection bias");
   if (op_device("router_bias_update", {&load, &bias}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("router_bias_update");  // until src/ops/cuda/router.cu lands
+    return cuda::router_bias_update(load, rate, bias);
 #else
     no_cuda_backend("router_bias_update");
 #endif

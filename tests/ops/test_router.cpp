@@ -13,11 +13,13 @@ double seq_aux(Context& ctx, const ops::RouterParams& p, const SeqInfo& seq, con
                const Tensor& ids) {
   Tensor loss = Tensor::empty({1}, DType::F64, scores.device());
   ops::router_seq_aux_loss(ctx, p, seq, scores, ids, loss);
+  ctx.synchronize();  // a GPU op writes on the context's stream
   return read_scalar(loss);
 }
 double z_loss(Context& ctx, const ops::RouterParams& p, const Tensor& logits) {
   Tensor loss = Tensor::empty({1}, DType::F64, logits.device());
   ops::router_z_loss(ctx, p, logits, loss);
+  ctx.synchronize();
   return read_scalar(loss);
 }
 
@@ -57,16 +59,20 @@ class RouterCase : public OpCase {
     ids_ = alloc({T, K}, DType::I32);
     Tensor w = alloc({T, K}), aux = alloc({1}), z = alloc({1});
     ops::router_forward(ctx, s_.p, in[0], s_.bias ? in[1] : Tensor(), scores_, ids_, w);
-    aux.f32()[0] = static_cast<float>(s_.aux_coeff * seq_aux(ctx, s_.p, seq_, scores_, ids_));
-    z.f32()[0] = static_cast<float>(s_.z_coeff * z_loss(ctx, s_.p, in[0]));
+    // Written through a host copy, so that the outputs live where the op ran (the device pass).
+    Tensor h = Tensor::empty({1});
+    h.f32()[0] = static_cast<float>(s_.aux_coeff * seq_aux(ctx, s_.p, seq_, scores_, ids_));
+    aux.copy_from(h);
+    h.f32()[0] = static_cast<float>(s_.z_coeff * z_loss(ctx, s_.p, in[0]));
+    z.copy_from(h);
     return {ids_, w, aux, z};
   }
   void backward(Context& ctx, GuardedAlloc&, const std::vector<Tensor>& in,
                 const std::vector<Tensor>& dout, std::vector<Tensor>& grads) override {
+    const float daux = dout[2].to(Device::CPU).f32()[0], dz = dout[3].to(Device::CPU).f32()[0];
     ops::router_backward(ctx, s_.p, scores_, ids_, dout[1], grads[0]);
-    ops::router_seq_aux_backward(ctx, s_.p, seq_, scores_, ids_, s_.aux_coeff * dout[2].f32()[0],
-                                 grads[0]);
-    ops::router_z_loss_backward(ctx, s_.p, in[0], s_.z_coeff * dout[3].f32()[0], grads[0]);
+    ops::router_seq_aux_backward(ctx, s_.p, seq_, scores_, ids_, s_.aux_coeff * daux, grads[0]);
+    ops::router_z_loss_backward(ctx, s_.p, in[0], s_.z_coeff * dz, grads[0]);
   }
   std::vector<DVec> reference(const std::vector<DVec>& in) const override {
     ref::RouterRefParams rp{.tokens = s_.p.tokens,

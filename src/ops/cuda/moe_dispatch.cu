@@ -1,0 +1,186 @@
+// Token dispatch on the GPU (direct version). The plan is a stable sort of the flat slots by expert
+// id: CUB's radix sort is stable, so equal ids keep slot order, as the CPU's counting sort does;
+// the offsets are lower bounds in the sorted ids. Gather and combine work per row or per token and
+// read through perm / inv, so every output element has one writer and no atomics are needed.
+#include <cub/cub.cuh>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/moe_dispatch.h"
+
+namespace mt::ops::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void iota_kernel(int64_t n, int32_t* v) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    v[i] = static_cast<int32_t>(i);
+}
+
+// inv[perm[p]] = p; offsets[e] = the first sorted row whose id is >= e (e in [0, E]).
+__global__ void plan_finish_kernel(int64_t n, int64_t E, const uint32_t* sorted,
+                                   const int32_t* perm, int32_t* inv, int32_t* offsets) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  for (int64_t p = first; p < n; p += stride) inv[perm[p]] = static_cast<int32_t>(p);
+  for (int64_t e = first; e <= E; e += stride) {
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (static_cast<int64_t>(sorted[mid]) < e)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    offsets[e] = static_cast<int32_t>(lo);
+  }
+}
+
+template <typename T>
+__global__ void gather_kernel(int64_t n, int64_t w, int64_t k, const T* x, const int32_t* perm,
+                              T* rows) {
+  const int64_t r = blockIdx.x;
+  if (r >= n) return;
+  const T* src = x + static_cast<int64_t>(perm[r] / k) * w;
+  for (int64_t c = threadIdx.x; c < w; c += blockDim.x) rows[r * w + c] = src[c];
+}
+
+template <typename T>
+__global__ void gather_bwd_kernel(int64_t w, int64_t k, const T* drows, const int32_t* inv, T* dx,
+                                  bool accumulate) {
+  const int64_t t = blockIdx.x;
+  for (int64_t c = threadIdx.x; c < w; c += blockDim.x) {
+    float s = accumulate ? ld(dx, t * w + c) : 0.f;
+    for (int64_t j = 0; j < k; ++j) s += ld(drows, static_cast<int64_t>(inv[t * k + j]) * w + c);
+    st(dx, t * w + c, s);
+  }
+}
+
+template <typename T>
+__global__ void combine_kernel(int64_t w, int64_t k, const T* rows, const float* weights,
+                               const int32_t* inv, T* y) {
+  const int64_t t = blockIdx.x;
+  for (int64_t c = threadIdx.x; c < w; c += blockDim.x) {
+    float s = 0.f;
+    for (int64_t j = 0; j < k; ++j)
+      s += weights[t * k + j] * ld(rows, static_cast<int64_t>(inv[t * k + j]) * w + c);
+    st(y, t * w + c, s);
+  }
+}
+
+template <typename T>
+__global__ void combine_bwd_kernel(int64_t w, int64_t k, const T* rows, const float* weights,
+                                   const int32_t* inv, const T* dy, T* drows, float* dweights) {
+  const int64_t t = blockIdx.x;
+  for (int64_t j = 0; j < k; ++j) {
+    const int64_t r = inv[t * k + j];
+    const float a = weights[t * k + j];
+    float dot = 0.f;
+    for (int64_t c = threadIdx.x; c < w; c += blockDim.x) {
+      const float g = ld(dy, t * w + c);
+      dot += g * ld(rows, r * w + c);
+      st(drows, r * w + c, a * g);
+    }
+    dot = block_sum(dot);
+    if (threadIdx.x == 0) dweights[t * k + j] = dot;
+  }
+}
+
+unsigned grid_of(int64_t n) {
+  return static_cast<unsigned>(n < 1 ? 1 : n);
+}
+
+}  // namespace
+
+void moe_dispatch_plan(Context& ctx, const Tensor& ids, int64_t experts, Tensor& perm, Tensor& inv,
+                       Tensor& offsets) {
+  const int64_t n = ids.numel();
+  cudaStream_t s = stream(ctx);
+  if (n == 0) {
+    MT_CUDA_CHECK(cudaMemsetAsync(offsets.raw(), 0, offsets.bytes(), s));
+    return;
+  }
+  MT_CHECK(n < INT32_MAX, ValueError, "moe_dispatch_plan: ", n, " slots exceed the i32 plan");
+  // Only the bits an id in [0, E) can set take part in the sort (ids are the router's, in range).
+  int end_bit = 1;
+  while ((int64_t{1} << end_bit) < experts) ++end_bit;
+  ArenaScope scope(ctx.workspace());
+  Tensor keys = ctx.workspace().alloc({n}, DType::I32);
+  Tensor slots = ctx.workspace().alloc({n}, DType::I32);
+  const auto* keys_in = static_cast<const uint32_t*>(ids.raw());
+  auto* keys_out = ptr<uint32_t>(keys);
+  size_t temp_bytes = 0;
+  MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in, keys_out,
+                                                ptr<int32_t>(slots), ptr<int32_t>(perm),
+                                                static_cast<int>(n), 0, end_bit, s));
+  Tensor temp =
+      ctx.workspace().alloc({static_cast<int64_t>((temp_bytes + 256 + 7) / 8)}, DType::I64);
+  iota_kernel<<<blocks_for(n, kThreads, 4096), kThreads, 0, s>>>(n, ptr<int32_t>(slots));
+  MT_CUDA_LAUNCH_CHECK();
+  MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.raw(), temp_bytes, keys_in, keys_out,
+                                                ptr<int32_t>(slots), ptr<int32_t>(perm),
+                                                static_cast<int>(n), 0, end_bit, s));
+  plan_finish_kernel<<<blocks_for(n > experts ? n : experts + 1, kThreads, 4096), kThreads, 0, s>>>(
+      n, experts, keys_out, ptr<int32_t>(perm), ptr<int32_t>(inv), ptr<int32_t>(offsets));
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+void moe_gather(Context& ctx, const Tensor& x, const Tensor& perm, int64_t top_k, Tensor& rows) {
+  expect_same_dtype("moe_gather", x, rows, "rows");
+  const int64_t n = rows.dim(0), w = rows.dim(1);
+  if (n == 0 || w == 0) return;
+  MT_DISPATCH_FLOAT(x, "moe_gather", {
+    gather_kernel<T><<<grid_of(n), kThreads, 0, stream(ctx)>>>(n, w, top_k, ptr<T>(x),
+                                                               ptr<int32_t>(perm), ptr<T>(rows));
+  });
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+void moe_gather_backward(Context& ctx, const Tensor& drows, const Tensor& inv, int64_t top_k,
+                         Tensor& dx, bool accumulate) {
+  expect_same_dtype("moe_gather_backward", drows, dx, "dx");
+  const int64_t T = dx.dim(0), w = dx.dim(1);
+  if (T == 0 || w == 0) return;
+  MT_DISPATCH_FLOAT(drows, "moe_gather_backward", {
+    gather_bwd_kernel<T><<<grid_of(T), kThreads, 0, stream(ctx)>>>(
+        w, top_k, ptr<T>(drows), ptr<int32_t>(inv), ptr<T>(dx), accumulate);
+  });
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+void moe_combine(Context& ctx, const Tensor& rows, const Tensor& weights, const Tensor& inv,
+                 Tensor& y) {
+  expect_same_dtype("moe_combine", rows, y, "y");
+  expect_f32("moe_combine", weights, "gate weights");
+  const int64_t T = y.dim(0), w = y.dim(1), K = weights.dim(1);
+  if (T == 0 || w == 0) return;
+  MT_DISPATCH_FLOAT(rows, "moe_combine", {
+    combine_kernel<T><<<grid_of(T), kThreads, 0, stream(ctx)>>>(
+        w, K, ptr<T>(rows), ptr<float>(weights), ptr<int32_t>(inv), ptr<T>(y));
+  });
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+void moe_combine_backward(Context& ctx, const Tensor& rows, const Tensor& weights,
+                          const Tensor& inv, const Tensor& dy, Tensor& drows, Tensor& dweights) {
+  expect_same_dtype("moe_combine_backward", rows, dy, "dy");
+  expect_same_dtype("moe_combine_backward", rows, drows, "drows");
+  expect_f32("moe_combine_backward", weights, "gate weights");
+  expect_f32("moe_combine_backward", dweights, "gate weight gradient");
+  const int64_t T = dy.dim(0), w = dy.dim(1), K = weights.dim(1);
+  if (T == 0) return;
+  if (w == 0) {
+    MT_CUDA_CHECK(cudaMemsetAsync(dweights.raw(), 0, dweights.bytes(), stream(ctx)));
+    return;
+  }
+  MT_DISPATCH_FLOAT(rows, "moe_combine_backward", {
+    combine_bwd_kernel<T><<<grid_of(T), kThreads, 0, stream(ctx)>>>(
+        w, K, ptr<T>(rows), ptr<float>(weights), ptr<int32_t>(inv), ptr<T>(dy), ptr<T>(drows),
+        ptr<float>(dweights));
+  });
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace mt::ops::cuda
