@@ -141,10 +141,10 @@ void moe_gather(Context& ctx, const Tensor& x, const Tensor& perm, int64_t top_k
 void moe_gather_backward(Context& ctx, const Tensor& drows, const Tensor& inv, int64_t top_k,
                          Tensor& dx, bool accumulate) {
   expect_same_dtype("moe_gather_backward", drows, dx, "dx");
-  const int64_t T = dx.dim(0), w = dx.dim(1);
-  if (T == 0 || w == 0) return;
+  const int64_t tokens = dx.dim(0), w = dx.dim(1);
+  if (tokens == 0 || w == 0) return;
   MT_DISPATCH_FLOAT(drows, "moe_gather_backward", {
-    gather_bwd_kernel<T><<<grid_of(T), kThreads, 0, stream(ctx)>>>(
+    gather_bwd_kernel<T><<<grid_of(tokens), kThreads, 0, stream(ctx)>>>(
         w, top_k, ptr<T>(drows), ptr<int32_t>(inv), ptr<T>(dx), accumulate);
   });
   MT_CUDA_LAUNCH_CHECK();
@@ -154,10 +154,10 @@ void moe_combine(Context& ctx, const Tensor& rows, const Tensor& weights, const 
                  Tensor& y) {
   expect_same_dtype("moe_combine", rows, y, "y");
   expect_f32("moe_combine", weights, "gate weights");
-  const int64_t T = y.dim(0), w = y.dim(1), K = weights.dim(1);
-  if (T == 0 || w == 0) return;
+  const int64_t tokens = y.dim(0), w = y.dim(1), K = weights.dim(1);
+  if (tokens == 0 || w == 0) return;
   MT_DISPATCH_FLOAT(rows, "moe_combine", {
-    combine_kernel<T><<<grid_of(T), kThreads, 0, stream(ctx)>>>(
+    combine_kernel<T><<<grid_of(tokens), kThreads, 0, stream(ctx)>>>(
         w, K, ptr<T>(rows), ptr<float>(weights), ptr<int32_t>(inv), ptr<T>(y));
   });
   MT_CUDA_LAUNCH_CHECK();
@@ -169,14 +169,14 @@ void moe_combine_backward(Context& ctx, const Tensor& rows, const Tensor& weight
   expect_same_dtype("moe_combine_backward", rows, drows, "drows");
   expect_f32("moe_combine_backward", weights, "gate weights");
   expect_f32("moe_combine_backward", dweights, "gate weight gradient");
-  const int64_t T = dy.dim(0), w = dy.dim(1), K = weights.dim(1);
-  if (T == 0) return;
+  const int64_t tokens = dy.dim(0), w = dy.dim(1), K = weights.dim(1);
+  if (tokens == 0) return;
   if (w == 0) {
     MT_CUDA_CHECK(cudaMemsetAsync(dweights.raw(), 0, dweights.bytes(), stream(ctx)));
     return;
   }
   MT_DISPATCH_FLOAT(rows, "moe_combine_backward", {
-    combine_bwd_kernel<T><<<grid_of(T), kThreads, 0, stream(ctx)>>>(
+    combine_bwd_kernel<T><<<grid_of(tokens), kThreads, 0, stream(ctx)>>>(
         w, K, ptr<T>(rows), ptr<float>(weights), ptr<int32_t>(inv), ptr<T>(dy), ptr<T>(drows),
         ptr<float>(dweights));
   });

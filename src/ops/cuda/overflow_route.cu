@@ -48,8 +48,9 @@ OverflowStats overflow_route_forward(Context& ctx, const OverflowParams& p, cons
                                      const std::vector<int32_t>& expert_rank, const Tensor& scores,
                                      const Tensor& bias, const Tensor& cand, Tensor& ids,
                                      Tensor& weights) {
-  for (const Tensor* t : {&scores, &bias, &weights})
-    expect_f32("overflow_route", *t, "a router tensor");
+  expect_f32("overflow_route", scores, "scores");
+  expect_f32("overflow_route", bias, "bias");
+  expect_f32("overflow_route", weights, "weights");
   const int64_t T = p.tokens, E = p.experts, K = p.top_k, W = p.top_k + p.extra;
   cudaStream_t s = stream(ctx);
   const bool has_bias = bias.defined() && bias.numel() > 0;
