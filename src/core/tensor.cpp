@@ -155,12 +155,48 @@ void Tensor::zero_() {
   });
 }
 
+namespace {
+
+bool is_float(DType t) {
+  return t == DType::F32 || t == DType::BF16 || t == DType::F64;
+}
+
+// One element of a float type, widened to double, and back (bf16 rounds to nearest even).
+double load_float(const char* p, DType t) {
+  if (t == DType::BF16) {
+    uint16_t v;
+    std::memcpy(&v, p, sizeof v);
+    return bf16_to_f32(v);
+  }
+  if (t == DType::F32) {
+    float f;
+    std::memcpy(&f, p, sizeof f);
+    return f;
+  }
+  double d;
+  std::memcpy(&d, p, sizeof d);
+  return d;
+}
+
+void store_float(char* p, DType t, double x) {
+  if (t == DType::BF16) {
+    const uint16_t v = f32_to_bf16(static_cast<float>(x));
+    std::memcpy(p, &v, sizeof v);
+  } else if (t == DType::F32) {
+    const float f = static_cast<float>(x);
+    std::memcpy(p, &f, sizeof f);
+  } else {
+    std::memcpy(p, &x, sizeof x);
+  }
+}
+
+}  // namespace
+
 void Tensor::copy_from(const Tensor& src) {
   MT_CHECK(src.numel() == numel(), ShapeError, "copy ", src.shape(), " into ", shape_);
   const bool same = src.dtype() == dtype_;
-  MT_CHECK(same || (src.dtype() == DType::BF16 && dtype_ == DType::F32) ||
-               (src.dtype() == DType::F32 && dtype_ == DType::BF16),
-           ShapeError, "no conversion from ", dtype_name(src.dtype()), " to ", dtype_name(dtype_));
+  MT_CHECK(same || (is_float(src.dtype()) && is_float(dtype_)), ShapeError, "no conversion from ",
+           dtype_name(src.dtype()), " to ", dtype_name(dtype_));
   if (contiguous_ && src.is_contiguous()) {
     // Any shape with the same element count (a flat copy), as before views had strides.
     if (same) {
@@ -171,14 +207,12 @@ void Tensor::copy_from(const Tensor& src) {
       Tensor host_dst = device_ == Device::CPU ? *this : Tensor::empty(shape_, dtype_);
       host_dst.copy_from(host_src);
       if (device_ != Device::CPU) copy_bytes(data_, device_, host_dst.raw(), Device::CPU, bytes());
-    } else if (dtype_ == DType::F32) {
-      const uint16_t* s = src.bf16();
-      float* d = f32();
-      for (int64_t i = 0; i < numel(); ++i) d[i] = bf16_to_f32(s[i]);
     } else {
-      const float* s = src.f32();
-      uint16_t* d = bf16();
-      for (int64_t i = 0; i < numel(); ++i) d[i] = f32_to_bf16(s[i]);
+      const char* s = static_cast<const char*>(src.raw());
+      char* d = static_cast<char*>(data_);
+      const size_t ses = dtype_size(src.dtype()), des = dtype_size(dtype_);
+      for (int64_t i = 0; i < numel(); ++i)
+        store_float(d + i * des, dtype_, load_float(s + i * ses, src.dtype()));
     }
     return;
   }
@@ -202,19 +236,10 @@ void Tensor::copy_from(const Tensor& src) {
     for (int64_t i = 0; i < n; ++i) {
       const char* from = sb + (so + i * ss) * ses;
       char* to = db + (dof + i * ds) * es;
-      if (same) {
+      if (same)
         std::memcpy(to, from, static_cast<size_t>(es));
-      } else if (dtype_ == DType::F32) {
-        uint16_t v;
-        std::memcpy(&v, from, sizeof v);
-        const float f = bf16_to_f32(v);
-        std::memcpy(to, &f, sizeof f);
-      } else {
-        float f;
-        std::memcpy(&f, from, sizeof f);
-        const uint16_t v = f32_to_bf16(f);
-        std::memcpy(to, &v, sizeof v);
-      }
+      else
+        store_float(to, dtype_, load_float(from, src.dtype()));
     }
   });
 }

@@ -12,7 +12,11 @@ constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
 
 CudaResources::CudaResources(int device_id) : device(device_id) {
   MT_CUDA_CHECK(cudaSetDevice(device));
-  MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // A blocking stream on purpose: the plain copies and memsets of core/device.h (Tensor::zeros,
+  // read_scalar, set-up copies) run on the legacy default stream, which is then ordered with
+  // this stream's kernels both ways. A non-blocking stream let read_scalar read a loss before
+  // the kernel writing it had finished (seen under compute-sanitizer).
+  MT_CUDA_CHECK(cudaStreamCreate(&stream));
   MT_CUBLAS_CHECK(cublasLtCreate(&lt));
   lt_workspace_bytes = kLtWorkspaceBytes;
   MT_CUDA_CHECK(cudaMalloc(&lt_workspace, lt_workspace_bytes));

@@ -13,7 +13,7 @@ class Context;
 
 struct CudaResources {
   int device = 0;
-  cudaStream_t stream = nullptr;
+  cudaStream_t stream = nullptr;  // blocking: ordered with the legacy default stream
   cublasLtHandle_t lt = nullptr;
   void* lt_workspace = nullptr;  // cuBLASLt's scratch, allocated once
   size_t lt_workspace_bytes = 0;

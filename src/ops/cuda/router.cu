@@ -129,6 +129,7 @@ __global__ void router_fwd_kernel(Dims d, const float* logits, const float* bias
       int g;
       lane_argmax(gs, G, lane, v, g);
       warp_argmax(v, g);
+      __syncwarp();  // every lane has read gs before lane 0 marks the chosen group
       if (lane == 0) gs[g] = __int_as_float(0x7fc00000);
       __syncwarp();
     }
@@ -145,6 +146,7 @@ __global__ void router_fwd_kernel(Dims d, const float* logits, const float* bias
     int e;
     lane_argmax(work, E, lane, v, e);
     warp_argmax(v, e);
+    __syncwarp();  // every lane has read work before lane 0 removes the chosen expert
     if (lane == 0) {
       ids[t * K + j] = e;
       work[e] = -INFINITY;
