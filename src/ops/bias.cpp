@@ -1,7 +1,5 @@
 #include "ops/bias.h"
 
-#include "ops/cpu/bias.h"
-#include "ops/cuda/bias.h"
 #include "ops/dispatch.h"
 
 namespace mt::ops {

@@ -8,8 +8,21 @@
 namespace mt::ops {
 
 // y[r, :] += b for every row r; y [rows, n], b [n], both contiguous.
-void bias_add_forward(Context& ctx, const Tensor& b, Tensor& y);
+using BiasAddForward = void(Context& ctx, const Tensor& b, Tensor& y);
+BiasAddForward bias_add_forward;
 // db[:] += sum_r dy[r, :] (a parameter gradient: accumulates). The input gradient is dy itself.
-void bias_add_backward(Context& ctx, const Tensor& dy, Tensor& db);
+using BiasAddBackward = void(Context& ctx, const Tensor& dy, Tensor& db);
+BiasAddBackward bias_add_backward;
+
+// The backends' bodies, called by the entries above once they validated: ops/cpu/bias.cpp, and
+// ops/cuda/bias.cu in CUDA builds.
+namespace cpu {
+BiasAddForward bias_add_forward;
+BiasAddBackward bias_add_backward;
+}  // namespace cpu
+namespace cuda {
+BiasAddForward bias_add_forward;
+BiasAddBackward bias_add_backward;
+}  // namespace cuda
 
 }  // namespace mt::ops

@@ -1,7 +1,5 @@
 #include "ops/expert_load.h"
 
-#include "ops/cpu/expert_load.h"
-#include "ops/cuda/expert_load.h"
 #include "ops/dispatch.h"
 
 namespace mt::ops {

@@ -1,7 +1,5 @@
 #include "ops/gelu.h"
 
-#include "ops/cpu/gelu.h"
-#include "ops/cuda/gelu.h"
 #include "ops/dispatch.h"
 
 namespace mt::ops {

@@ -13,7 +13,21 @@ enum class GeluKind {
 };
 
 // x, y, dy, dx: one shape, contiguous. y may be x; dx may be dy.
-void gelu_forward(Context& ctx, GeluKind kind, const Tensor& x, Tensor& y);
-void gelu_backward(Context& ctx, GeluKind kind, const Tensor& x, const Tensor& dy, Tensor& dx);
+using GeluForward = void(Context& ctx, GeluKind kind, const Tensor& x, Tensor& y);
+GeluForward gelu_forward;
+using GeluBackward = void(Context& ctx, GeluKind kind, const Tensor& x, const Tensor& dy,
+                          Tensor& dx);
+GeluBackward gelu_backward;
+
+// The backends' bodies, called by the entries above once they validated: ops/cpu/gelu.cpp, and
+// ops/cuda/gelu.cu in CUDA builds.
+namespace cpu {
+GeluForward gelu_forward;
+GeluBackward gelu_backward;
+}  // namespace cpu
+namespace cuda {
+GeluForward gelu_forward;
+GeluBackward gelu_backward;
+}  // namespace cuda
 
 }  // namespace mt::ops

@@ -1,7 +1,5 @@
 #include "ops/grouped_matmul.h"
 
-#include "ops/cpu/grouped_matmul.h"
-#include "ops/cuda/grouped_matmul.h"
 #include "ops/dispatch.h"
 #include "ops/gemm.h"
 

@@ -28,10 +28,20 @@ struct GroupedMatmulParams {
 
 // offsets: i32 [G+1] in host memory (the routing plan's host copy), offsets[0] = 0,
 // non-decreasing, offsets[G] = N; G, N, in and out are read from the operands.
-void grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Tensor& a,
-                    const Tensor& offsets, const Tensor& b, Tensor& c);
+using GroupedMatmul = void(Context& ctx, const GroupedMatmulParams& p, const Tensor& a,
+                           const Tensor& offsets, const Tensor& b, Tensor& c);
+GroupedMatmul grouped_matmul;
 
 // Throws ValueError naming `op` unless offsets is a host i32 [groups+1] partition of [0, rows).
 void expect_group_offsets(const Tensor& offsets, int64_t groups, int64_t rows, const char* op);
+
+// The backends' bodies, called by the entries above once they validated:
+// ops/cpu/grouped_matmul.cpp, and ops/cuda/grouped_matmul.cu in CUDA builds.
+namespace cpu {
+GroupedMatmul grouped_matmul;
+}  // namespace cpu
+namespace cuda {
+GroupedMatmul grouped_matmul;
+}  // namespace cuda
 
 }  // namespace mt::ops

@@ -2,8 +2,6 @@
 
 #include <cmath>
 
-#include "ops/cpu/indexer.h"
-#include "ops/cuda/indexer.h"
 #include "ops/dispatch.h"
 
 namespace mt::ops {

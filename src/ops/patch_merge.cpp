@@ -2,8 +2,6 @@
 
 #include <vector>
 
-#include "ops/cpu/patch_merge.h"
-#include "ops/cuda/patch_merge.h"
 #include "ops/dispatch.h"
 
 namespace mt::ops {

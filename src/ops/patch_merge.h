@@ -15,10 +15,23 @@ struct PatchMergeParams {
 };
 
 // x, y [patches, dim]; order i32 [patches], a permutation (checked). y written.
-void patch_merge_forward(Context& ctx, const PatchMergeParams& p, const Tensor& order,
-                         const Tensor& x, Tensor& y);
+using PatchMergeForward = void(Context& ctx, const PatchMergeParams& p, const Tensor& order,
+                               const Tensor& x, Tensor& y);
+PatchMergeForward patch_merge_forward;
 // dx[order[s]] = dy[s]: written (a permutation, so every row once).
-void patch_merge_backward(Context& ctx, const PatchMergeParams& p, const Tensor& order,
-                          const Tensor& dy, Tensor& dx);
+using PatchMergeBackward = void(Context& ctx, const PatchMergeParams& p, const Tensor& order,
+                                const Tensor& dy, Tensor& dx);
+PatchMergeBackward patch_merge_backward;
+
+// The backends' bodies, called by the entries above once they validated: ops/cpu/patch_merge.cpp,
+// and ops/cuda/patch_merge.cu in CUDA builds.
+namespace cpu {
+PatchMergeForward patch_merge_forward;
+PatchMergeBackward patch_merge_backward;
+}  // namespace cpu
+namespace cuda {
+PatchMergeForward patch_merge_forward;
+PatchMergeBackward patch_merge_backward;
+}  // namespace cuda
 
 }  // namespace mt::ops

@@ -2,8 +2,6 @@
 
 #include <cmath>
 
-#include "ops/cpu/pos_embed.h"
-#include "ops/cuda/pos_embed.h"
 #include "ops/dispatch.h"
 
 namespace mt::ops {

@@ -31,10 +31,23 @@ void pos_embed_taps(const PosEmbedParams& p, const std::vector<ImageGrid>& grids
 
 // y[n] = x[n] + sum_k wts[n, k] * table[idx[n, k]]; x, y [patches, dim] (y may be x); table
 // [table_rows, table_cols, dim].
-void pos_embed_forward(Context& ctx, const PosEmbedParams& p, const Tensor& idx, const Tensor& wts,
-                       const Tensor& table, const Tensor& x, Tensor& y);
+using PosEmbedForward = void(Context& ctx, const PosEmbedParams& p, const Tensor& idx,
+                             const Tensor& wts, const Tensor& table, const Tensor& x, Tensor& y);
+PosEmbedForward pos_embed_forward;
 // dtable[idx[n, k]] += wts[n, k] * dy[n] (a parameter: accumulates). The gradient of x is dy.
-void pos_embed_backward(Context& ctx, const PosEmbedParams& p, const Tensor& idx, const Tensor& wts,
-                        const Tensor& dy, Tensor& dtable);
+using PosEmbedBackward = void(Context& ctx, const PosEmbedParams& p, const Tensor& idx,
+                              const Tensor& wts, const Tensor& dy, Tensor& dtable);
+PosEmbedBackward pos_embed_backward;
+
+// The backends' bodies, called by the entries above once they validated: ops/cpu/pos_embed.cpp, and
+// ops/cuda/pos_embed.cu in CUDA builds.
+namespace cpu {
+PosEmbedForward pos_embed_forward;
+PosEmbedBackward pos_embed_backward;
+}  // namespace cpu
+namespace cuda {
+PosEmbedForward pos_embed_forward;
+PosEmbedBackward pos_embed_backward;
+}  // namespace cuda
 
 }  // namespace mt::ops

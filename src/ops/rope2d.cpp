@@ -2,8 +2,6 @@
 
 #include <cmath>
 
-#include "ops/cpu/rope2d.h"
-#include "ops/cuda/rope2d.h"
 #include "ops/dispatch.h"
 
 namespace mt::ops {

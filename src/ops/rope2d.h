@@ -21,10 +21,23 @@ struct Rope2dParams {
 std::vector<double> rope2d_inv_freq(const Rope2dParams& p);
 
 // x, y [tokens, heads, head_dim] (y may alias x); positions i32 [tokens, 2]: (row, col).
-void rope2d_forward(Context& ctx, const Rope2dParams& p, const Tensor& positions, const Tensor& x,
-                    Tensor& y);
+using Rope2dForward = void(Context& ctx, const Rope2dParams& p, const Tensor& positions,
+                           const Tensor& x, Tensor& y);
+Rope2dForward rope2d_forward;
 // The inverse rotation; dx written (may alias dy).
-void rope2d_backward(Context& ctx, const Rope2dParams& p, const Tensor& positions, const Tensor& dy,
-                     Tensor& dx);
+using Rope2dBackward = void(Context& ctx, const Rope2dParams& p, const Tensor& positions,
+                            const Tensor& dy, Tensor& dx);
+Rope2dBackward rope2d_backward;
+
+// The backends' bodies, called by the entries above once they validated: ops/cpu/rope2d.cpp, and
+// ops/cuda/rope2d.cu in CUDA builds.
+namespace cpu {
+Rope2dForward rope2d_forward;
+Rope2dBackward rope2d_backward;
+}  // namespace cpu
+namespace cuda {
+Rope2dForward rope2d_forward;
+Rope2dBackward rope2d_backward;
+}  // namespace cuda
 
 }  // namespace mt::ops

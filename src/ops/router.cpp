@@ -1,7 +1,5 @@
 #include "ops/router.h"
 
-#include "ops/cpu/router.h"
-#include "ops/cuda/router.h"
 #include "ops/dispatch.h"
 #include "ops/moe_rules.h"
 

@@ -36,33 +36,65 @@ struct RouterParams {
 
 // logits [T,E], bias [E] or undefined -> scores [T,E] (keep for backward), ids i32 [T,k],
 // weights [T,k]; all written.
-void router_forward(Context& ctx, const RouterParams& p, const Tensor& logits, const Tensor& bias,
-                    Tensor& scores, Tensor& ids, Tensor& weights);
+using RouterForward = void(Context& ctx, const RouterParams& p, const Tensor& logits,
+                           const Tensor& bias, Tensor& scores, Tensor& ids, Tensor& weights);
+RouterForward router_forward;
 
 // dweights [T,k] -> dlogits [T,E] (written). The selection itself is piecewise constant.
-void router_backward(Context& ctx, const RouterParams& p, const Tensor& scores, const Tensor& ids,
-                     const Tensor& dweights, Tensor& dlogits);
+using RouterBackward = void(Context& ctx, const RouterParams& p, const Tensor& scores,
+                            const Tensor& ids, const Tensor& dweights, Tensor& dlogits);
+RouterBackward router_backward;
 
 // Sequence-level balance loss (DeepSeek-V3), unweighted: for each document d of T_d tokens,
 //   f_i = E / (k T_d) * #{tokens of d that chose i},  P_i = mean_{t in d} s_{t,i} / sum_j s_{t,j},
 //   L_d = sum_i f_i P_i;  loss f64 [1] = mean_d L_d (written). f is a count and carries no
 // gradient. Documents come from seq's host offsets.
-void router_seq_aux_loss(Context& ctx, const RouterParams& p, const SeqInfo& seq,
-                         const Tensor& scores, const Tensor& ids, Tensor& loss);
+using RouterSeqAuxLoss = void(Context& ctx, const RouterParams& p, const SeqInfo& seq,
+                              const Tensor& scores, const Tensor& ids, Tensor& loss);
+RouterSeqAuxLoss router_seq_aux_loss;
 // dlogits += grad * d(seq aux loss)/dlogits (grad: the coefficient times the upstream gradient).
-void router_seq_aux_backward(Context& ctx, const RouterParams& p, const SeqInfo& seq,
-                             const Tensor& scores, const Tensor& ids, float grad, Tensor& dlogits);
+using RouterSeqAuxBackward = void(Context& ctx, const RouterParams& p, const SeqInfo& seq,
+                                  const Tensor& scores, const Tensor& ids, float grad,
+                                  Tensor& dlogits);
+RouterSeqAuxBackward router_seq_aux_backward;
 
 // Router z-loss, unweighted: loss f64 [1] = mean_t logsumexp(logits_t)^2 (written).
-void router_z_loss(Context& ctx, const RouterParams& p, const Tensor& logits, Tensor& loss);
+using RouterZLoss = void(Context& ctx, const RouterParams& p, const Tensor& logits, Tensor& loss);
+RouterZLoss router_z_loss;
 // dlogits += grad * d(z-loss)/dlogits.
-void router_z_loss_backward(Context& ctx, const RouterParams& p, const Tensor& logits, float grad,
-                            Tensor& dlogits);
+using RouterZLossBackward = void(Context& ctx, const RouterParams& p, const Tensor& logits,
+                                 float grad, Tensor& dlogits);
+RouterZLossBackward router_z_loss_backward;
 
 // counts i64 [E] (written): how many (token, slot) pairs chose each expert.
-void expert_load_counts(Context& ctx, const Tensor& ids, int64_t experts, Tensor& counts);
+using ExpertLoadCounts = void(Context& ctx, const Tensor& ids, int64_t experts, Tensor& counts);
+ExpertLoadCounts expert_load_counts;
 
 // Aux-loss-free balancing step: bias_i += rate * sign(mean(load) - load_i). load i64 [E].
-void router_bias_update(const Tensor& load, float rate, Tensor& bias);
+using RouterBiasUpdate = void(const Tensor& load, float rate, Tensor& bias);
+RouterBiasUpdate router_bias_update;
+
+// The backends' bodies, called by the entries above once they validated: ops/cpu/router.cpp, and
+// ops/cuda/router.cu in CUDA builds.
+namespace cpu {
+RouterForward router_forward;
+RouterBackward router_backward;
+RouterSeqAuxLoss router_seq_aux_loss;
+RouterSeqAuxBackward router_seq_aux_backward;
+RouterZLoss router_z_loss;
+RouterZLossBackward router_z_loss_backward;
+ExpertLoadCounts expert_load_counts;
+RouterBiasUpdate router_bias_update;
+}  // namespace cpu
+namespace cuda {
+RouterForward router_forward;
+RouterBackward router_backward;
+RouterSeqAuxLoss router_seq_aux_loss;
+RouterSeqAuxBackward router_seq_aux_backward;
+RouterZLoss router_z_loss;
+RouterZLossBackward router_z_loss_backward;
+ExpertLoadCounts expert_load_counts;
+RouterBiasUpdate router_bias_update;
+}  // namespace cuda
 
 }  // namespace mt::ops

@@ -12,12 +12,9 @@
 
 #include "core/seq_info.h"
 #include "harness/gpu_check.h"
-#include "ops/cuda/expert_load.h"
 #include "ops/cuda/grouped_ffn.h"
-#include "ops/cuda/grouped_matmul.h"
 #include "ops/cuda/moe_dispatch.h"
 #include "ops/cuda/overflow_route.h"
-#include "ops/cuda/router.h"
 #include "ops/expert_load.h"
 #include "ops/grouped_ffn.h"
 #include "ops/grouped_matmul.h"

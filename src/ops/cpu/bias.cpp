@@ -1,4 +1,4 @@
-#include "ops/cpu/bias.h"
+#include "ops/bias.h"
 
 namespace mt::ops::cpu {
 

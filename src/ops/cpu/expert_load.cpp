@@ -1,4 +1,4 @@
-#include "ops/cpu/expert_load.h"
+#include "ops/expert_load.h"
 
 namespace mt::ops::cpu {
 

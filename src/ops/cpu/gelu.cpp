@@ -1,4 +1,4 @@
-#include "ops/cpu/gelu.h"
+#include "ops/gelu.h"
 
 #include <cmath>
 

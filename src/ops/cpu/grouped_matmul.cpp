@@ -1,4 +1,4 @@
-#include "ops/cpu/grouped_matmul.h"
+#include "ops/grouped_matmul.h"
 
 #include "ops/cpu/gemm.h"
 

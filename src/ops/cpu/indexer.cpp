@@ -1,4 +1,4 @@
-#include "ops/cpu/indexer.h"
+#include "ops/indexer.h"
 
 #include <omp.h>
 

@@ -1,4 +1,4 @@
-#include "ops/cpu/patch_merge.h"
+#include "ops/patch_merge.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "ops/cpu/pos_embed.h"
+#include "ops/pos_embed.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "ops/cpu/rope2d.h"
+#include "ops/rope2d.h"
 
 #include <cmath>
 

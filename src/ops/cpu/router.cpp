@@ -1,4 +1,4 @@
-#include "ops/cpu/router.h"
+#include "ops/router.h"
 
 #include <algorithm>
 #include <cmath>

@@ -3,7 +3,7 @@
 // the placement (validated where they are built); an entry out of range is skipped here rather
 // than reported (docs/gpu.md).
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/expert_load.h"
+#include "ops/expert_load.h"
 
 namespace mt::ops::cuda {
 

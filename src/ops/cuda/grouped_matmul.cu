@@ -4,7 +4,7 @@
 // are f32 or bf16 (the row operands and W of one type), dW is f32 (a parameter gradient).
 #include "ops/cuda/blas.h"
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/grouped_matmul.h"
+#include "ops/grouped_matmul.h"
 
 namespace mt::ops::cuda {
 

@@ -9,7 +9,7 @@
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/index_lists.cuh"
-#include "ops/cuda/indexer.h"
+#include "ops/indexer.h"
 
 namespace mt::ops::cuda {
 

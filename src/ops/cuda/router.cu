@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/router.h"
+#include "ops/router.h"
 
 namespace mt::ops::cuda {
 
