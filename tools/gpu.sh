@@ -1,30 +1,36 @@
-#!/usr/bin/env bash
-# GPU work in stages. The device machine lacks our Debian libraries, so the CUDA build happens here
-# and travels with its shared libraries:
-#   tools/gpu.sh pack              (here)   build -DMOETRAIN_CUDA=ON into build-cuda, copy the GPU
-#                                           binaries and the libraries they need into .gpu/
-#   tools/gpu.sh test [sanitize]   (device) run the CUDA tests from .gpu/ (and compute-sanitizer
-#                                           memcheck + racecheck over them); JSON + logs to $OUT
-# The device call: run(command="tools/gpu.sh test sanitize", carry=[".gpu"]). The last lines
-# printed are a short table; $OUT/gpu_summary.json has the same in JSON.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-stage=${1:-}
-shift || true
+#!/ usr / bin / env bash
+#GPU work in stages.The device machine lacks our Debian libraries, so the CUDA build happens here
+#and travels with its shared libraries:
+#tools / gpu.sh pack(here) build - DMOETRAIN_CUDA = ON into build - cuda, copy the GPU
+#binaries and the libraries they need into.gpu /
+#tools / gpu.sh test[sanitize](device) run the CUDA tests from.gpu / (and compute - sanitizer
+#memcheck + racecheck over them); JSON + logs to $OUT
+#tools / gpu.sh bench(device) `moetrain bench step` on the Kimi - Linear - width 8 - layer
+#model(bench / models / kimi - linear - 8l.json); TOKENS = 8192
+#tools / gpu.sh anchors(device)../ shared / bench / hf_lora_step.py(transformers + PEFT +
+#fla), from the copy and the wheels that pack put in.gpu /
+#The device call : run(command = "tools/gpu.sh test sanitize", carry = [".gpu"]); stages chain:
+#"tools/gpu.sh test && tools/gpu.sh bench && tools/gpu.sh anchors".The last lines printed are a
+#short table; $OUT / gpu_summary.json, bench_step.json and hf_lora_step.json hold the same in JSON.
+set - euo pipefail cd "$(dirname " $0 ")/.." stage = ${1 : -} shift || true
 
-pack() {
+                                                     pack() {
   MOETRAIN_CMAKE_ARGS="-DMOETRAIN_WERROR=ON -DMOETRAIN_CUDA=ON ${MOETRAIN_CMAKE_ARGS:-}" \
     tools/build.sh build-cuda --target moetrain_cli gpu_suite
   rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib
   cp build-cuda/moetrain build-cuda/tests/gpu_suite .gpu/bin/
-  # Every library the binaries load except the C runtime and the CUDA driver/toolkit, which the
-  # device image has in versions the binaries accept.
+#Every library the binaries load except the C runtime and the CUDA driver / toolkit, which the
+#device image has in versions the binaries accept.
   for b in .gpu/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
     grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcudart|libcublas[^/]*|libnvidia[^/]*|libstdc\+\+|libgcc_s|libz|libudev)\.so' |
     while read -r lib; do cp -L "$lib" .gpu/lib/; done
   strip --strip-debug .gpu/bin/* 2>/dev/null || true
   # The device call carries at most 64 MiB with the repository: travel compressed.
   tar -C .gpu -czf .gpu.tgz bin lib && rm -rf .gpu && mkdir .gpu && mv .gpu.tgz .gpu/pack.tgz
+  # The anchor script and fla's wheels (the device has no package registry). WHEELS: a folder
+  # holding flash-linear-attention and fla-core 0.6.0 (pip download --no-deps ...).
+  if [ -f ../shared/bench/hf_lora_step.py ]; then cp ../shared/bench/hf_lora_step.py .gpu/; fi
+  if [ -d "${WHEELS:-}" ]; then mkdir -p .gpu/wheels && cp "$WHEELS"/*.whl .gpu/wheels/; fi
   du -sh .gpu
 }
 
@@ -72,8 +78,34 @@ PY
   return $rc
 }
 
+unpack() {
+  local dir=/tmp/moetrain-gpu
+  if [ ! -x "$dir/bin/moetrain" ]; then mkdir -p "$dir" && tar -C "$dir" -xzf .gpu/pack.tgz; fi
+  export LD_LIBRARY_PATH="$dir/lib:${LD_LIBRARY_PATH:-}"
+  MOETRAIN_BIN="$dir/bin/moetrain"
+}
+
+bench_stage() {
+  local out=${OUT:-/tmp/gpu_out}
+  mkdir -p "$out"
+  unpack
+  "$MOETRAIN_BIN" bench step --model bench/models/kimi-linear-8l.json --tokens "${TOKENS:-8192}" \
+    --steps "${STEPS:-5}" --json "$out/bench_step${TOKENS:+_$TOKENS}.json" "$@" 2>&1 | tee -a "$out/bench_step.log"
+}
+
+anchors_stage() {
+  local out=${OUT:-/tmp/gpu_out}
+  mkdir -p "$out"
+  if ! python3 -c "import fla" 2>/dev/null; then
+    pip install --no-index --no-deps .gpu/wheels/*.whl >"$out/pip.log" 2>&1 || tail -5 "$out/pip.log"
+  fi
+  OUT="$out" python3 .gpu/hf_lora_step.py "${@:-grouped}" 2>&1 | tee -a "$out/hf_lora_step.log"
+}
+
 case "$stage" in
   pack) pack ;;
   test) test_stage "$@" ;;
-  *) echo "usage: tools/gpu.sh pack | test [sanitize]" >&2; exit 2 ;;
+  bench) bench_stage "$@" ;;
+  anchors) anchors_stage "$@" ;;
+  *) echo "usage: tools/gpu.sh pack | test [sanitize] | bench [moetrain bench step options] | anchors [variant ...]" >&2; exit 2 ;;
 esac

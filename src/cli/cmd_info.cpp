@@ -6,6 +6,8 @@
 #include "cli/commands.h"
 #include "io/hf_names.h"
 #include "model/model.h"
+#include "plan/kernels.h"
+#include "train/job.h"
 
 namespace mt::cli {
 
@@ -16,7 +18,13 @@ Command add_info_command(CLI::App& app) {
                             "preset (tiny, small, seed-2.8t), config.json or HF model directory")
                   ->capture_default_str();
   c->add_option("--model", *model, "the same as the positional argument")->excludes(pos);
-  return {c, [model] {
+  auto device = std::make_shared<std::string>("auto");
+  auto precision = std::make_shared<std::string>("");
+  c->add_option("--device", *device, "cpu, cuda or auto: the device whose kernels are listed")
+      ->capture_default_str();
+  c->add_option("--precision", *precision,
+                "fp32 or bf16 (default: bf16 on a GPU, fp32 on the CPU)");
+  return {c, [model, device, precision] {
             const HfConfig hf = load_model_config(*model);
             const ModelConfig& cfg = hf.model;
             int64_t total = 0, expert = 0;
@@ -42,6 +50,19 @@ Command add_info_command(CLI::App& app) {
                       << total - expert << " other\n";
             if (hf.model_type != "moetrain_hybrid")
               std::cout << "family: " << hf.model_type << "\n";
+            Job job;
+            job.device = *device;
+            const Device dev = job_device(job);
+            const std::string prec =
+                !precision->empty() ? *precision : (dev == Device::CUDA ? "bf16" : "fp32");
+            {
+              const Context ctx(ContextOptions{.device = dev});
+              std::cout << "device: " << ctx.describe() << ", precision " << prec << "\n";
+            }
+            std::cout << plan::describe_kernels(
+                cfg,
+                plan::layer_kernels(
+                    cfg, dev == Device::CUDA ? plan::Backend::Cuda : plan::Backend::Cpu, prec));
             if (has_weights(*model)) {
               // Headers only: shapes and dtypes as shipped, nothing decoded.
               const SafetensorsModel st(*model, fp8_blocks(hf));

@@ -29,5 +29,6 @@ Command add_forward_command(CLI::App& app);
 Command add_generate_command(CLI::App& app);
 Command add_report_command(CLI::App& app);
 Command add_simulate_routing_command(CLI::App& app);
+Command add_bench_command(CLI::App& app);
 
 }  // namespace mt::cli

@@ -33,6 +33,7 @@ int run(int argc, char** argv, mt::par::Comm* world) {
       mt::cli::add_generate_command(app),
       mt::cli::add_report_command(app),
       mt::cli::add_simulate_routing_command(app),
+      mt::cli::add_bench_command(app),
   };
   try {
     app.parse(argc, argv);

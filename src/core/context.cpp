@@ -2,6 +2,8 @@
 
 #include <omp.h>
 
+#include <cstdio>
+
 #include "core/device.h"
 #if MOETRAIN_WITH_CUDA
 #include "core/cuda/check.h"
@@ -45,6 +47,16 @@ Context::Context(const ContextOptions& opt)
 }
 
 Context::~Context() = default;
+
+std::string Context::describe() const {
+  if (device_ == Device::CPU) return "cpu (" + std::to_string(threads_) + " threads)";
+  const DeviceMemory m = device_memory();
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "cuda:%d %s, %.1f of %.1f GiB free%s", device_id_,
+                cuda_device_name(device_id_).c_str(), static_cast<double>(m.free) / (1 << 30),
+                static_cast<double>(m.total) / (1 << 30), deterministic_ ? ", deterministic" : "");
+  return buf;
+}
 
 void Context::synchronize() {
 #if MOETRAIN_WITH_CUDA

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "core/arena.h"
 #include "core/rng.h"
@@ -43,6 +44,8 @@ class Context {
   // Waits for the device's queued work (a no-op on the CPU). Call sites are the documented
   // synchronisation points of a step.
   void synchronize();
+  // One line for logs: "cpu (8 threads)" or "cuda:0 NVIDIA H200, 139.5 of 139.8 GiB free".
+  std::string describe() const;
 
  private:
   Device device_;

@@ -105,4 +105,15 @@ DeviceMemory device_memory() {
   return m;
 }
 
+std::string cuda_device_name(int device_id) {
+#if MOETRAIN_WITH_CUDA
+  cudaDeviceProp prop{};
+  MT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_id));
+  return prop.name;
+#else
+  (void)device_id;
+  return {};
+#endif
+}
+
 }  // namespace mt

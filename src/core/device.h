@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "core/dtype.h"
 
@@ -29,5 +30,7 @@ struct DeviceMemory {
   size_t free = 0, total = 0;
 };
 DeviceMemory device_memory();
+// The GPU's marketing name ("NVIDIA H200"); empty without CUDA.
+std::string cuda_device_name(int device_id);
 
 }  // namespace mt

@@ -13,8 +13,12 @@ namespace mt {
 struct SeqInfo {
   int64_t tokens = 0;
   int64_t num_seqs = 0;
+  // The tensors the ops read live on the step's device (a GPU step stages them there,
+  // train/device_batch.h); the host keeps what host-side arithmetic reads (KDA's saved-state rows,
+  // loops over documents), so a GPU step never reads them back.
   Tensor cu_seqlens;             // i32 [num_seqs + 1]: cu[0] = 0, cu[num_seqs] = tokens
   Tensor positions;              // i32 [tokens]: position of each token inside its document
+  Tensor cu_seqlens_host;        // cu_seqlens in host memory (the same tensor on the CPU)
   std::vector<int64_t> offsets;  // host copy of cu_seqlens, for loops over documents
 
   // Documents of the given lengths (each > 0), packed in order.
@@ -41,6 +45,7 @@ inline SeqInfo SeqInfo::from_lengths(const std::vector<int64_t>& lengths) {
   for (int64_t d = 0; d < s.num_seqs; ++d)
     for (int64_t t = s.offsets[d]; t < s.offsets[d + 1]; ++t)
       s.positions.i32()[t] = static_cast<int32_t>(t - s.offsets[d]);
+  s.cu_seqlens_host = s.cu_seqlens;
   return s;
 }
 

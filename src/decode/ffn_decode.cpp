@@ -22,9 +22,9 @@ void forward_rows(Context& ctx, L& layer, const Tensor& x, Tensor& y) {
 
 void MoeLayer::decode_step(Context& ctx, const Tensor& x, Tensor& y) {
   // Generated tokens must not count towards the load that drives the selection-bias update.
-  const std::vector<int64_t> load = load_;
+  std::vector<int64_t> load = expert_load();
   forward_rows(ctx, *this, x, y);
-  load_ = load;
+  set_expert_load(std::move(load));
 }
 
 void DenseFfn::decode_step(Context& ctx, const Tensor& x, Tensor& y) {

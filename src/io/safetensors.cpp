@@ -533,7 +533,10 @@ void write_safetensors(const std::string& path, const TensorMap& tensors,
   }
   uint64_t offset = 0;
   std::vector<std::pair<const void*, size_t>> chunks;
-  for (const auto& [name, t] : tensors) {
+  std::vector<Tensor> host;  // host copies of device tensors (a GPU model's checkpoint)
+  for (const auto& [name, dev_t] : tensors) {
+    const Tensor& t =
+        dev_t.device() == Device::CPU ? dev_t : host.emplace_back(dev_t.to(Device::CPU));
     check_writable(name, t, path);
     json e;
     e["dtype"] = format_name(t.dtype());

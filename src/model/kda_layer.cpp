@@ -109,12 +109,12 @@ void KdaLayer::plan_activations(const SeqInfo& seq, ArenaPlan& plan) const {
   plan.add_fp32({T, HK});                          // g (the decay, in log space)
   plan.add({T, H});                                // beta
   plan.add({T, HK});                               // o
-  plan.add_fp32({ops::kda_saved_rows(core_params(seq), seq.cu_seqlens), H, K, K});  // states
-  plan.add({T, HK});                                                                // on
-  plan.add_fp32({T * H});                                                           // o_rstd
-  plan.add({T, K});                                                                 // ga
-  plan.add({T, HK});                                                                // gb
-  plan.add({T, HK});                                                                // og
+  plan.add_fp32({ops::kda_saved_rows(core_params(seq), seq.cu_seqlens_host), H, K, K});  // states
+  plan.add({T, HK});                                                                     // on
+  plan.add_fp32({T * H});                                                                // o_rstd
+  plan.add({T, K});                                                                      // ga
+  plan.add({T, HK});                                                                     // gb
+  plan.add({T, HK});                                                                     // og
 }
 
 void KdaLayer::conv_silu_forward(Context& ctx, const SeqInfo& seq, const ParamRef& w,
@@ -219,7 +219,7 @@ void KdaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
   // The delta-rule core, every document from a zero state.
   o_ = acts.alloc({T, H, K});
   const ops::KdaParams cp = core_params(seq);
-  states_ = acts.alloc({ops::kda_saved_rows(cp, seq.cu_seqlens), H, K, K});
+  states_ = acts.alloc({ops::kda_saved_rows(cp, seq.cu_seqlens_host), H, K, K});
   {
     Tensor no_state;
     ops::kda_forward(ctx, cp, seq.cu_seqlens, q_, k_, v_, g_.view({T, H, K}), beta_, Tensor(), o_,

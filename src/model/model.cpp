@@ -70,10 +70,15 @@ std::vector<NamedSpec> model_param_specs(const ModelConfig& cfg, const Precision
 }
 
 Model::Model(const ModelConfig& cfg, uint64_t seed, const ModelOptions& opt)
-    : cfg_(cfg), kernels_(opt.kernels), precision_(opt.precision), recompute_(opt.recompute) {
+    : cfg_(cfg),
+      params_(opt.device),
+      kernels_(opt.kernels),
+      precision_(opt.precision),
+      recompute_(opt.recompute) {
   MT_CHECK(kernels_.empty() || kernels_.size() == cfg.layers.size(), ConfigError,
            "model options name kernels for ", kernels_.size(), " layers, the model has ",
            cfg.layers.size());
+  params_.set_tiled_init(opt.tiled_init);
   Rng rng(seed);
   std::string prefix;  // of the layer being added, for also_train's full names
   auto trainable = [&](const ParamSpec& s) {
@@ -179,6 +184,8 @@ double Model::forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const
            "precision \"", precision_name(precision_),
            "\" cannot run on the CPU: its ops compute and store fp32 only (set model.precision = "
            "\"fp32\")");
+  MT_CHECK(ctx.device() == params_.device(), ValueError, "the model's parameters are on ",
+           device_name(params_.device()), ", the step's context on ", device_name(ctx.device()));
   ArenaPlan main_plan(precision_.activations);
   plan(seq, main_plan);
   const size_t need = main_plan.bytes(), scratch = scratch_bytes(seq);
@@ -283,6 +290,15 @@ void Model::backward(Context& ctx) {
   have_forward_ = false;
 }
 
+void Model::to_device(Device device) {
+  if (device == params_.device()) return;
+  params_.to_device(device);
+  for (int u = 0; u < num_units(); ++u) rebind_unit(u);
+  acts_ = Arena();  // re-made on the new device by the next forward
+  scratch_ = Arena();
+  have_forward_ = false;
+}
+
 std::vector<std::string> Model::unit_prefixes(int unit) const {
   const int L = num_layers();
   MT_CHECK(unit >= 0 && unit <= L + 1, ValueError, "unit ", unit, " out of range [0, ", L + 1, "]");
@@ -370,7 +386,8 @@ void Model::shard_experts(int64_t first, int64_t count,
       if (p->name.compare(0, experts.size(), experts) == 0) {
         // Slice the leading expert dimension; the full tensors are released here.
         p->value = p->value.rows(first, first + count).clone();
-        if (p->grad.defined()) p->grad = Tensor::zeros(p->value.shape());
+        if (p->grad.defined())
+          p->grad = Tensor::zeros(p->value.shape(), DType::F32, p->value.device());
       }
       table[p->name.substr(prefix.size())] = ParamRef{p->value, p->grad};
     }

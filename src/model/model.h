@@ -68,6 +68,11 @@ struct ModelOptions {
   // plan and the planner follow it; the CPU ops compute in fp32 only, so forward refuses any
   // other policy on the CPU (a bf16 model can still be built, planned and checkpointed).
   Precision precision = Precision::fp32();
+  // Where parameters, gradients and activations live; forward and backward take a context on
+  // the same device.
+  Device device = Device::CPU;
+  // ParamStore::set_tiled_init: for speed benchmarks of large models only.
+  bool tiled_init = false;
 };
 
 // One parameter of a model as declared, without allocating it (for counting and planning).
@@ -132,6 +137,10 @@ class Model {
   // initialised, so every rank's slice equals the single-process model's), frees the rest and
   // rebinds the layers; computes[i] (one per MoE layer, not owned) runs layer i's experts.
   void shard_experts(int64_t first, int64_t count, const std::vector<ExpertCompute*>& computes);
+
+  // Moves every parameter and gradient to `device` and rebinds the layers (a model is built and
+  // loaded on the host, then moved; checkpoints read and write through host copies).
+  void to_device(Device device);
 
   // Per-unit hooks (not owned; null = none).
   void set_unit_hooks(UnitHooks* hooks) { hooks_ = hooks; }

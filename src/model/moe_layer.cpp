@@ -59,6 +59,7 @@ void MoeLayer::set_expert_slots(std::vector<int32_t> slot_of) {
   if (slot_of.empty()) {
     slot_of_.clear();
     expert_at_.clear();
+    slot_of_t_ = expert_at_t_ = Tensor();
     return;
   }
   MT_CHECK(static_cast<int64_t>(slot_of.size()) == E, ValueError, "expert slots: ", slot_of.size(),
@@ -72,6 +73,7 @@ void MoeLayer::set_expert_slots(std::vector<int32_t> slot_of) {
   }
   slot_of_ = std::move(slot_of);
   expert_at_ = std::move(at);
+  slot_of_t_ = expert_at_t_ = Tensor();  // re-staged on the step's device at the next forward
 }
 
 void MoeLayer::set_overflow_policy(const ops::OverflowParams& p, std::vector<int32_t> expert_rank) {
@@ -279,13 +281,16 @@ void MoeLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
     Tensor sc = ctx.workspace().alloc({T, E});
     ops::router_forward(ctx, wide, logits_, bias_.value, sc, cand, cand_w);
     const auto n = static_cast<size_t>(T * trace_width_);
-    trace_cand_.assign(cand.i32(), cand.i32() + n);
+    // Traces are diagnostics: on a GPU they read the candidates back (a synchronisation).
+    const Tensor cand_h = cand.to(Device::CPU), sc_h = sc.to(Device::CPU);
+    const Tensor bias_h = bias_.value.defined() ? bias_.value.to(Device::CPU) : Tensor();
+    trace_cand_.assign(cand_h.i32(), cand_h.i32() + n);
     trace_prio_.resize(n);
-    const float* b = bias_.value.defined() ? bias_.value.f32() : nullptr;
+    const float* b = bias_h.defined() ? bias_h.f32() : nullptr;
     for (size_t i = 0; i < n; ++i) {
       const auto t = static_cast<int64_t>(i) / trace_width_;
       const int32_t e = trace_cand_[i];
-      trace_prio_[i] = sc.f32()[t * E + e] + (b ? b[e] : 0.f);
+      trace_prio_[i] = sc_h.f32()[t * E + e] + (b ? b[e] : 0.f);
     }
   }
   ensure_scalar(aux_[0].value, ctx.device());
@@ -296,7 +301,13 @@ void MoeLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
   perm_ = acts.alloc({N}, DType::I32);
   inv_ = acts.alloc({N}, DType::I32);
   offsets_ = acts.alloc({E + 1}, DType::I32);
-  Tensor load(load_.data(), {E}, DType::I64);
+  const bool on_host = ctx.device() == Device::CPU;
+  if (!on_host && (!load_dev_.defined() || load_dev_.device() != ctx.device())) {
+    load_dev_ = Tensor::empty({E}, DType::I64, ctx.device());
+    load_dev_.copy_from(Tensor(load_.data(), {E}, DType::I64));
+  }
+  Tensor load = on_host ? Tensor(load_.data(), {E}, DType::I64) : load_dev_;
+  load_stale_ = !on_host;
   if (slot_of_.empty()) {
     ops::moe_dispatch_plan(ctx, ids_, E, perm_, inv_, offsets_);
     ops::expert_load_count(ctx, offsets_, Tensor(), load);
@@ -304,12 +315,24 @@ void MoeLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
     // The plan sorts by the ids it is given: sort by slot, then restore the logical ids that
     // backward (router, aux loss) reads. The sort is stable, so each expert's rows keep their
     // order and its GEMM sees the same rows wherever it lives.
-    const Tensor slot_of(slot_of_.data(), {E}, DType::I32);
-    const Tensor expert_at(expert_at_.data(), {E}, DType::I32);
-    ops::map_ids(ctx, ids_, slot_of);
+    if (!slot_of_t_.defined() || slot_of_t_.device() != ctx.device()) {
+      slot_of_t_ = Tensor(slot_of_.data(), {E}, DType::I32).to(ctx.device());
+      expert_at_t_ = Tensor(expert_at_.data(), {E}, DType::I32).to(ctx.device());
+    }
+    ops::map_ids(ctx, ids_, slot_of_t_);
     ops::moe_dispatch_plan(ctx, ids_, E, perm_, inv_, offsets_);
-    ops::map_ids(ctx, ids_, expert_at);
-    ops::expert_load_count(ctx, offsets_, expert_at, load);
+    ops::map_ids(ctx, ids_, expert_at_t_);
+    ops::expert_load_count(ctx, offsets_, expert_at_t_, load);
+  }
+  // The grouped GEMMs launch per group from host offsets: on a GPU, the layer's one read of the
+  // device (docs/gpu.md, synchronisation points); backward reuses it.
+  if (on_host) {
+    group_offsets_ = offsets_;
+  } else {
+    if (!offsets_host_.defined() || offsets_host_.numel() != E + 1)
+      offsets_host_ = Tensor::empty({E + 1}, DType::I32);
+    offsets_host_.copy_from(offsets_);
+    group_offsets_ = offsets_host_;
   }
 
   if (has_latent()) {
@@ -324,9 +347,9 @@ void MoeLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
   saved_ = ops::grouped_ffn_alloc_saved(fp, acts);
   rows_out_ = acts.alloc({N, l});
   if (remote_)
-    remote_->forward(ctx, fp, rows_, offsets_, experts_, rows_out_);
+    remote_->forward(ctx, fp, rows_, group_offsets_, experts_, rows_out_);
   else
-    ops::grouped_ffn_forward(ctx, fp, rows_, offsets_, experts_, rows_out_, saved_);
+    ops::grouped_ffn_forward(ctx, fp, rows_, group_offsets_, experts_, rows_out_, saved_);
   if (has_latent()) {
     y_lat_ = acts.alloc({T, l});
     ops::moe_combine(ctx, rows_out_, weights_, inv_, y_lat_);
@@ -382,8 +405,8 @@ void MoeLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
   if (remote_)
     remote_->backward(ctx, ffn_params(T), experts_, drows_out, drows, experts_grad_);
   else
-    ops::grouped_ffn_backward(ctx, ffn_params(T), rows_, offsets_, experts_, saved_, drows_out,
-                              drows, experts_grad_);
+    ops::grouped_ffn_backward(ctx, ffn_params(T), rows_, group_offsets_, experts_, saved_,
+                              drows_out, drows, experts_grad_);
   if (has_latent()) {
     Tensor dx_lat = ws.alloc({T, l});
     ops::moe_gather_backward(ctx, drows, inv_, K, dx_lat);
@@ -408,12 +431,31 @@ void MoeLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
   ops::matmul(ctx, dlogits, false, gate_.value, false, dx, 1.f, 1.f);
 }
 
+const std::vector<int64_t>& MoeLayer::expert_load() const {
+  if (load_stale_) {
+    Tensor(load_.data(), {cfg_.num_experts}, DType::I64).copy_from(load_dev_);
+    load_stale_ = false;
+  }
+  return load_;
+}
+
+void MoeLayer::set_expert_load(std::vector<int64_t> load) {
+  MT_CHECK(static_cast<int64_t>(load.size()) == cfg_.num_experts, ShapeError, "expert load has ",
+           load.size(), " entries, expected ", cfg_.num_experts);
+  load_ = std::move(load);
+  if (load_dev_.defined())
+    load_dev_.copy_from(Tensor(load_.data(), {cfg_.num_experts}, DType::I64));
+  load_stale_ = false;
+}
+
 void MoeLayer::reset_expert_load() {
   std::fill(load_.begin(), load_.end(), int64_t{0});
+  if (load_dev_.defined()) load_dev_.zero_();
+  load_stale_ = false;
 }
 
 void MoeLayer::update_selection_bias() {
-  update_selection_bias(load_);
+  update_selection_bias(expert_load());
   reset_expert_load();
 }
 
@@ -422,7 +464,9 @@ void MoeLayer::update_selection_bias(const std::vector<int64_t>& load) {
   MT_CHECK(static_cast<int64_t>(load.size()) == cfg_.num_experts, ShapeError, "expert load has ",
            load.size(), " entries, expected ", cfg_.num_experts);
   MT_CHECK(bias_.value.defined(), InternalError, "moe bias update before bind");
-  std::copy(load.begin(), load.end(), load_t_.i64());
+  if (load_t_.device() != bias_.value.device())
+    load_t_ = Tensor::zeros({cfg_.num_experts}, DType::I64, bias_.value.device());
+  load_t_.copy_from(Tensor(const_cast<int64_t*>(load.data()), {cfg_.num_experts}, DType::I64));
   ops::router_bias_update(load_t_, cfg_.bias_update_rate, bias_.value);
 }
 

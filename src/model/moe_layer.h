@@ -57,11 +57,13 @@ class MoeLayer : public Layer {
 
   // (token, slot) pairs routed to each expert, summed over the forwards since the last
   // reset_expert_load() / update_selection_bias() (so gradient accumulation counts a whole step).
-  const std::vector<int64_t>& expert_load() const { return load_; }
+  // On a GPU the count lives on the device; reading it is a synchronisation point (the trainer
+  // reads it once, after the step).
+  const std::vector<int64_t>& expert_load() const;
   void reset_expert_load();
   // Activation recompute (Model) replays a forward in backward; it restores the count so that
   // the replay is not counted twice.
-  void set_expert_load(std::vector<int64_t> load) { load_ = std::move(load); }
+  void set_expert_load(std::vector<int64_t> load);
   // Aux-loss-free balancing after the optimizer step: b_i += rate * sign(mean(load) - load_i).
   // The first form uses this layer's expert_load() and resets it; the second takes a load summed
   // across ranks. No-op without selection_bias.
@@ -118,15 +120,20 @@ class MoeLayer : public Layer {
 
   // State of the last forward (views into acts, x kept by the caller).
   Tensor x_, logits_, scores_, ids_, weights_, perm_, inv_, offsets_;
+  // offsets_ where the grouped GEMMs read them: offsets_ itself on the CPU, else offsets_host_.
+  Tensor group_offsets_, offsets_host_;
   Tensor x_lat_, rows_, rows_out_, y_lat_, sh_gate_, sh_up_, sh_h_;
   ops::GroupedFfnSaved saved_;
   std::array<AuxTerm, 2> aux_;  // router_seq_aux, router_z: written by the router's loss ops
   Tensor load_t_;               // i64 [E]: a load handed to update_selection_bias
   float seq_aux_weight_ = 1.f;
-  std::vector<int64_t> load_;
+  mutable std::vector<int64_t> load_;  // on the host; behind load_dev_ when load_stale_
+  Tensor load_dev_;                    // i64 [E]: the count on a GPU
+  mutable bool load_stale_ = false;
   int64_t expert_first_ = 0, expert_count_ = 0;
   ExpertCompute* remote_ = nullptr;
   std::vector<int32_t> slot_of_, expert_at_;  // logical -> slot and back (empty: identity)
+  Tensor slot_of_t_, expert_at_t_;            // the same on the step's device
   bool overflow_on_ = false;
   ops::OverflowParams overflow_;
   std::vector<int32_t> overflow_rank_;

@@ -1,5 +1,10 @@
 #include "model/param_store.h"
 
+#include <algorithm>
+#include <cstring>
+
+#include "core/device.h"
+
 namespace mt {
 
 ParamTable ParamStore::add_layer(const std::string& prefix, const std::vector<ParamSpec>& specs,
@@ -11,14 +16,40 @@ ParamTable ParamStore::add_layer(const std::string& prefix, const std::vector<Pa
     auto p = std::make_unique<Param>();
     p->name = full;
     p->spec = s;
-    p->value = Tensor::empty(s.shape, s.dtype);
-    init_param(s, rng, p->value);
-    if (s.role != ParamRole::Buffer && trainable(s)) p->grad = Tensor::zeros(s.shape);
+    constexpr int64_t kTileAbove = int64_t{1} << 24, kTile = int64_t{1} << 20;
+    if (tiled_init_ && s.init == ParamInit::Normal && s.shape.numel() > kTileAbove) {
+      // One block of draws, copied into place and then doubled on the device itself.
+      Tensor wide = Tensor::empty({kTile});
+      for (int64_t i = 0; i < kTile; ++i) wide.f32()[i] = static_cast<float>(s.std * rng.normal());
+      Tensor tile = Tensor::empty({kTile}, s.dtype);
+      tile.copy_from(wide);
+      p->value = Tensor::empty(s.shape, s.dtype, device_);
+      const size_t es = dtype_size(s.dtype), n = static_cast<size_t>(s.shape.numel());
+      char* base = static_cast<char*>(p->value.raw());
+      copy_bytes(base, device_, tile.raw(), Device::CPU, static_cast<size_t>(kTile) * es);
+      for (size_t done = kTile; done < n; done *= 2)
+        copy_bytes(base + done * es, device_, base, device_, std::min(done, n - done) * es);
+    } else {
+      p->value = Tensor::empty(s.shape, s.dtype);
+      init_param(s, rng, p->value);
+      if (device_ != Device::CPU) p->value = p->value.to(device_);
+    }
+    if (s.role != ParamRole::Buffer && trainable(s))
+      p->grad = Tensor::zeros(s.shape, DType::F32, device_);
     table[s.name] = ParamRef{p->value, p->grad};
     by_name_[full] = p.get();
     params_.push_back(std::move(p));
   }
   return table;
+}
+
+void ParamStore::to_device(Device device) {
+  if (device == device_) return;
+  for (auto& p : params_) {
+    p->value = p->value.to(device);
+    if (p->grad.defined()) p->grad = p->grad.to(device);
+  }
+  device_ = device;
 }
 
 Param& ParamStore::at(const std::string& name) {

@@ -23,6 +23,18 @@ struct Param {
 
 class ParamStore {
  public:
+  // Parameters live on `device`; they are initialised on the host (the same draws on every
+  // device, so a GPU model starts from the CPU model's values) and copied there.
+  explicit ParamStore(Device device = Device::CPU) : device_(device) {}
+  Device device() const { return device_; }
+  // Benchmarks of models with billions of parameters: a Normal-initialised tensor of more than
+  // 2^24 elements repeats one block of 2^20 draws instead of drawing every element (host
+  // initialisation of a 14B-parameter model would take minutes; speed does not depend on the
+  // values, and router weights, being small, are drawn in full).
+  void set_tiled_init(bool on) { tiled_init_ = on; }
+  // Moves every value and gradient to `device` (layers holding refs must rebind).
+  void to_device(Device device);
+
   // Allocates (and initialises from rng) the parameters a layer declares, under prefix + local
   // name; `trainable(spec)` decides whether a gradient buffer exists. Returns the layer's table.
   ParamTable add_layer(const std::string& prefix, const std::vector<ParamSpec>& specs, Rng& rng,
@@ -39,6 +51,8 @@ class ParamStore {
   void grads(std::vector<Tensor>& out) const;
 
  private:
+  Device device_;
+  bool tiled_init_ = false;
   std::vector<std::unique_ptr<Param>> params_;
   std::map<std::string, Param*> by_name_;
 };

@@ -78,8 +78,9 @@ void sigmoid_backward(Context& ctx, const Tensor& y, const Tensor& dy, Tensor& d
 }
 
 void copy(Context& ctx, const Tensor& src, Tensor& dst) {
-  MT_CHECK(src.dtype() == dst.dtype(), ShapeError, "copy: ", dtype_name(src.dtype()), " into ",
-           dtype_name(dst.dtype()));
+  const auto fp = [](DType t) { return t == DType::F32 || t == DType::BF16; };
+  MT_CHECK(src.dtype() == dst.dtype() || (fp(src.dtype()) && fp(dst.dtype())), ShapeError,
+           "copy: ", dtype_name(src.dtype()), " into ", dtype_name(dst.dtype()));
   MT_CHECK(src.device() == dst.device(), ValueError, "copy: ", device_name(src.device()), " into ",
            device_name(dst.device()));
   expect_dims(src, dst.shape(), "copy src");

@@ -26,6 +26,8 @@ SigmoidBackward sigmoid_backward;
 
 // dst = src, same shape, either side any strides: the split of a fused buffer into parts (src a
 // cols() view) or the concatenation of parts (dst a cols() view). Backward is the copy back.
+// Between f32 and bf16 it converts (round to nearest even): the optimizer rounds its fp32
+// masters into bf16 weights with it, on the device that holds them.
 using Copy = void(Context& ctx, const Tensor& src, Tensor& dst);
 Copy copy;
 

@@ -1,13 +1,19 @@
 #include "train/adamw.h"
 
+#include "ops/elementwise.h"
+
 namespace mt {
 
 AdamW::AdamW(const ParamStore& store, const AdamWOptions& opt) : opt_(opt) {
   for (const auto& p : store.all()) {
     if (!p->trainable()) continue;
-    m_.push_back(Tensor::zeros(p->value.shape()));
-    v_.push_back(Tensor::zeros(p->value.shape()));
-    master_.push_back(p->value.dtype() == DType::F32 ? Tensor() : Tensor::empty(p->value.shape()));
+    // Optimizer state lives with the parameter (the GPU's memory for a GPU model).
+    const Device dev = p->value.device();
+    m_.push_back(Tensor::zeros(p->value.shape(), DType::F32, dev));
+    v_.push_back(Tensor::zeros(p->value.shape(), DType::F32, dev));
+    master_.push_back(p->value.dtype() == DType::F32
+                          ? Tensor()
+                          : Tensor::empty(p->value.shape(), DType::F32, dev));
   }
   reset_masters(store);
 }
@@ -34,7 +40,7 @@ double AdamW::step(Context& ctx, ParamStore& store, float lr) {
     if (!p->trainable()) continue;
     if (master_[i].defined()) {
       ops::adamw_step(ctx, hp, master_[i], p->grad, m_[i], v_[i]);
-      p->value.copy_from(master_[i]);
+      ops::copy(ctx, master_[i], p->value);  // rounds the master into the stored dtype
     } else {
       ops::adamw_step(ctx, hp, p->value, p->grad, m_[i], v_[i]);
     }

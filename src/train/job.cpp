@@ -6,6 +6,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "io/hf_names.h"
 
@@ -189,6 +190,8 @@ Job Job::parse(const std::string& text, const std::string& source,
   r.get("run.dir", j.run_dir);
   r.get("run.seed", j.seed);
   r.get("run.threads", j.threads);
+  r.get("run.device", j.device);
+  r.get("run.deterministic", j.deterministic);
   r.get("model.config", j.model);
   r.get("model.init", j.init);
   r.get("model.dir", j.model_dir);
@@ -275,6 +278,8 @@ Job Job::parse(const std::string& text, const std::string& source,
   need(j.a2a_chunks > 0, "parallel.a2a_chunks", j.a2a_chunks, "must be positive");
   need(j.plan == "manual" || j.plan == "auto", "parallel.plan", j.plan, "must be manual or auto");
   need(j.mem_gb >= 0, "parallel.mem_gb", j.mem_gb, "must be >= 0 (0: host memory / ranks)");
+  need(j.device == "cpu" || j.device == "cuda" || j.device == "auto", "run.device",
+       cat("\"", j.device, "\""), "must be \"cpu\", \"cuda\" or \"auto\"");
   need(j.precision == "fp32" || j.precision == "bf16", "model.precision",
        cat("\"", j.precision, "\""), "must be \"fp32\" or \"bf16\"");
   need(j.progress == "auto" || j.progress == "tty" || j.progress == "plain" || j.progress == "off",
@@ -319,8 +324,11 @@ std::string Job::to_toml() const {
   for (const auto& [g, lg] : lora_groups)
     lora.insert(g, toml::table{{"rank", lg.rank}, {"alpha", static_cast<double>(lg.alpha)}});
   toml::table root{
-      {"run",
-       toml::table{{"dir", run_dir}, {"seed", static_cast<int64_t>(seed)}, {"threads", threads}}},
+      {"run", toml::table{{"dir", run_dir},
+                          {"seed", static_cast<int64_t>(seed)},
+                          {"threads", threads},
+                          {"device", device},
+                          {"deterministic", deterministic}}},
       {"model",
        toml::table{
            {"config", model}, {"dir", model_dir}, {"init", init}, {"precision", precision}}},
@@ -431,6 +439,17 @@ ModelOptions job_model_options(const Job& job) {
     return false;
   };
   return o;
+}
+
+Device job_device(const Job& job) {
+  if (job.device == "cpu") return Device::CPU;
+  if (cuda_available()) return Device::CUDA;
+  MT_CHECK(job.device == "auto", ConfigError, "run.device = \"cuda\", but ",
+           cuda_device_count() == 0 && !cuda_available()
+               ? "no GPU is visible or this binary was built without CUDA (-DMOETRAIN_CUDA=ON)"
+               : "no GPU is usable",
+           "; use run.device = \"cpu\" or \"auto\"");
+  return Device::CPU;
 }
 
 }  // namespace mt

@@ -30,6 +30,12 @@ struct Job {
   std::string run_dir = "runs/run";
   uint64_t seed = 1;
   int threads = 0;
+  // Where the step runs: "cpu", "cuda" (GPU 0; a mesh takes one GPU per rank) or "auto" (a GPU
+  // when this binary has the CUDA backend and one is visible, else the CPU).
+  std::string device = "auto";
+  // Bit-repeatable GPU runs (fixed reduction orders; slower). No effect on the CPU, which is
+  // deterministic already.
+  bool deterministic = false;
   // [model]
   std::string model = "small";  // preset, config.json or HF model directory (its config)
   // An HF model directory (config.json + safetensors): the model and, unless `init` says
@@ -86,6 +92,9 @@ struct Job {
 // parameters train.
 ModelConfig job_model_config(const Job& job);
 ModelOptions job_model_options(const Job& job);
+// run.device resolved on this machine: "auto" is a GPU when one is visible to a CUDA build;
+// "cuda" without one is a ConfigError saying why.
+Device job_device(const Job& job);
 
 // The LoRA target group a parameter belongs to ("" for embeddings, norms, the LM head).
 std::string lora_group_of(const ModelConfig& cfg, const std::string& name);

@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "io/hf_names.h"
 #include "model/moe_layer.h"
+#include "ops/elementwise.h"
 #include "ops/moe_rules.h"
 #include "plan/auto_plan.h"
 #include "plan/kernels.h"
@@ -75,13 +76,15 @@ std::string format_eta(double s) {
 
 }  // namespace
 
-double LocalExecutor::forward_backward(const Batch& b) {
+double LocalExecutor::forward_backward(const Batch& host) {
+  const Batch& b = staged_.stage(host, ctx_.device());
   const double loss = model_.forward(ctx_, b.seq, b.ids, b.targets);
   model_.backward(ctx_);
   return loss;
 }
 
-double LocalExecutor::forward_loss(const Batch& b) {
+double LocalExecutor::forward_loss(const Batch& host) {
+  const Batch& b = staged_.stage(host, ctx_.device());
   const double loss = model_.forward(ctx_, b.seq, b.ids, b.targets);
   // Evaluation runs between steps: its routing must not count as training load.
   for_each_moe(model_, [](int, MoeLayer& m) { m.reset_expert_load(); });
@@ -114,11 +117,7 @@ void fill_layer_load(LayerLoad& s, int layer, const std::vector<int64_t>& l) {
 double LocalExecutor::optimizer_step(float lr, double grad_scale) {
   model_.params().grads(grads_);
   if (grad_scale != 1.0)
-    for (const Tensor& g : grads_) {
-      float* p = g.f32();
-      const auto s = static_cast<float>(grad_scale);
-      for (int64_t i = 0; i < g.numel(); ++i) p[i] *= s;
-    }
+    for (Tensor& g : grads_) ops::scale(ctx_, g, static_cast<float>(grad_scale), g);
   const double norm = opt_.step(ctx_, model_.params(), lr);
   // Refilled in place: the vectors keep their capacity from the first step.
   size_t n = 0;
@@ -261,14 +260,23 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
   int threads = job.threads;
   if (threads == 0 && world > 1)  // ranks share the host's cores (one host assumed)
     threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world);
-  Context ctx(ContextOptions{.threads = threads, .seed = job.seed});
+  const Device device = job_device(job);
+  MT_CHECK(!dist || device == Device::CPU, ConfigError, "run.device = \"", job.device,
+           "\" on a mesh of ", world,
+           " ranks: multi-process training runs on the CPU until the NCCL communicator lands "
+           "(set run.device = \"cpu\")");
+  Context ctx(ContextOptions{
+      .device = device, .threads = threads, .seed = job.seed, .deterministic = job.deterministic});
   ModelOptions mopt = job_model_options(job);
-  MT_CHECK(mopt.precision == Precision::fp32(), ConfigError, "model.precision = \"", job.precision,
+  MT_CHECK(device != Device::CPU || mopt.precision == Precision::fp32(), ConfigError,
+           "model.precision = \"", job.precision,
            "\" cannot train on the CPU: its ops compute and store fp32 only (bf16 is for the CUDA "
-           "engine; `moetrain plan --precision bf16` sizes it)");
+           "engine: run.device = \"cuda\"; `moetrain plan --precision bf16` sizes it)");
+  log << "device: " << ctx.describe() << "\n";
   // The kernel registry picks every layer's kernels; the choice and any fallback's reason are
   // logged once.
-  mopt.kernels = plan::layer_kernels(cfg, plan::Backend::Cpu, "fp32");
+  mopt.kernels = plan::layer_kernels(
+      cfg, device == Device::CUDA ? plan::Backend::Cuda : plan::Backend::Cpu, job.precision);
   log << plan::describe_kernels(cfg, mopt.kernels);
   Model model(cfg, job.seed, mopt);
   TrainResult r;
@@ -289,6 +297,9 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
     if (job.progress != "off") io.progress = progress_printer(log, job.model_dir, tty_log);
     import_hf_tensors(model, hf.model_type, st, job.model_dir, io);
   }
+  // Built and loaded on the host, then moved: the loaders and the initialisation stay
+  // device-independent, and the GPU model starts from the CPU model's values.
+  model.to_device(device);
   const AdamWOptions adam{.beta1 = job.beta1,
                           .beta2 = job.beta2,
                           .eps = job.eps,

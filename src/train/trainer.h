@@ -17,6 +17,7 @@
 #include "train/adamw.h"
 #include "train/checkpoint.h"
 #include "train/dataset.h"
+#include "train/device_batch.h"
 #include "train/job.h"
 
 namespace mt {
@@ -90,6 +91,7 @@ class LocalExecutor : public StepExecutor {
   AdamW& opt_;
   std::vector<LayerLoad> load_;
   std::vector<Tensor> grads_;  // the trainable gradients, refilled each step
+  DeviceBatch staged_;         // batches copied to the context's device
 };
 
 // Learning rate at optimizer step `step` (1-based): linear warm-up, then cosine to

@@ -82,8 +82,22 @@ void sigmoid_backward(Context& ctx, const Tensor& y, const Tensor& dy, Tensor& d
 }
 
 void copy(Context& ctx, const Tensor& src, Tensor& dst) {
-  expect_same_dtype("copy", src, dst, "dst");
   const Layout ls = layout(src), lt = layout(dst);
+  if (src.dtype() != dst.dtype()) {  // f32 <-> bf16, converted through float
+    MT_DISPATCH_FLOAT(src, "copy", {
+      const T* ps = ptr<T>(src);
+      if (dst.dtype() == DType::F32) {
+        float* pt = ptr<float>(dst);
+        for_each_index(ctx, src.numel(),
+                       [=] __device__(int64_t i) { st(pt, lt.offset(i), ld(ps, ls.offset(i))); });
+      } else {
+        __nv_bfloat16* pt = ptr<__nv_bfloat16>(dst);
+        for_each_index(ctx, src.numel(),
+                       [=] __device__(int64_t i) { st(pt, lt.offset(i), ld(ps, ls.offset(i))); });
+      }
+    });
+    return;
+  }
   MT_DISPATCH_FLOAT(src, "copy", {
     const T* ps = ptr<T>(src);
     T* pt = ptr<T>(dst);

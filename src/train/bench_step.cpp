@@ -1,0 +1,128 @@
+#include "train/bench_step.h"
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "core/device.h"
+#include "model/model.h"
+#include "model/moe_layer.h"
+#include "plan/model_stats.h"
+#include "train/adamw.h"
+#include "train/device_batch.h"
+#include "train/job.h"
+
+namespace mt {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double used_gib() {
+  const DeviceMemory m = device_memory();
+  return static_cast<double>(m.total - m.free) / (1 << 30);
+}
+
+}  // namespace
+
+nlohmann::json run_step_bench(const StepBenchOptions& o, std::ostream& log) {
+  MT_CHECK(o.tokens > 1 && o.steps > 0 && o.warmup >= 0, ValueError, "bench step: tokens ",
+           o.tokens, ", steps ", o.steps, ", warmup ", o.warmup);
+  Job job;
+  job.model = o.model;
+  job.lora_targets = o.lora_targets;
+  job.lora_rank = o.lora_rank;
+  job.lora_alpha = o.lora_alpha;
+  job.precision = o.precision;
+  job.device = o.device;
+  job.deterministic = o.deterministic;
+  const Device device = job_device(job);
+  const ModelConfig cfg = job_model_config(job);
+  ModelOptions mopt = job_model_options(job);
+  MT_CHECK(device != Device::CPU || mopt.precision == Precision::fp32(), ConfigError,
+           "bench step: precision \"", o.precision, "\" needs a GPU (the CPU computes fp32 only)");
+  mopt.device = device;
+  mopt.tiled_init = true;
+  // The baseline: the CUDA context itself (created by this first query), before anything of ours.
+  const double base_gib = device == Device::CUDA ? used_gib() : 0;
+  Context ctx(ContextOptions{
+      .device = device,
+      .seed = o.seed,
+      .workspace_bytes = static_cast<size_t>(o.workspace_gib * double(size_t(1) << 30)),
+      .deterministic = o.deterministic});
+  log << "device: " << ctx.describe() << "\n";
+
+  auto t0 = std::chrono::steady_clock::now();
+  Model model(cfg, o.seed, mopt);
+  AdamW opt(model.params(), {});
+  log << "model built in " << seconds_since(t0) << " s: " << model.params().count()
+      << " parameters, " << model.params().count(true) << " trainable\n";
+
+  Batch host;
+  host.seq = SeqInfo::uniform(1, o.tokens);
+  host.ids = Tensor::empty({o.tokens}, DType::I32);
+  host.targets = Tensor::empty({o.tokens}, DType::I32);
+  Rng rng(o.seed);
+  for (int64_t t = 0; t < o.tokens; ++t)
+    host.ids.i32()[t] = static_cast<int32_t>(3 + rng.below(cfg.vocab - 3));
+  for (int64_t t = 0; t < o.tokens; ++t)
+    host.targets.i32()[t] = t + 1 < o.tokens ? host.ids.i32()[t + 1] : -100;
+  host.target_tokens = o.tokens - 1;
+  DeviceBatch staged;
+  const Batch& b = staged.stage(host, device);
+
+  double loss = 0;
+  auto step = [&] {
+    model.params().zero_grad();
+    loss = model.forward(ctx, b.seq, b.ids, b.targets);
+    model.backward(ctx);
+    opt.step(ctx, model.params(), 1e-4f);
+    for (MoeLayer* m : model.moe_layers())
+      if (m) m->reset_expert_load();
+  };
+  t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < o.warmup; ++i) step();
+  ctx.synchronize();
+  log << "warm-up: " << o.warmup << " steps in " << seconds_since(t0) << " s\n";
+  std::vector<double> ms;
+  for (int64_t i = 0; i < o.steps; ++i) {
+    const auto s0 = std::chrono::steady_clock::now();
+    step();
+    ctx.synchronize();
+    ms.push_back(1e3 * seconds_since(s0));
+    log << "step " << i + 1 << ": " << ms.back() << " ms, loss " << loss << "\n";
+  }
+  double mean = 0;
+  for (double v : ms) mean += v / static_cast<double>(ms.size());
+  const double tok_s = static_cast<double>(o.tokens) / (mean / 1e3);
+  const plan::StepFlops f =
+      plan::flops_per_token(cfg, o.tokens, mopt.freeze_base, plan::Recompute::None);
+  const double peak =
+      o.peak_tflops > 0 ? o.peak_tflops : (device == Device::CUDA ? 989.0 : 0.0);  // H200 bf16
+  const double achieved = f.train.total() * tok_s / 1e12;
+  nlohmann::json j;
+  j["bench"] = "step";
+  j["model"] = o.model;
+  j["device"] = ctx.describe();
+  j["precision"] = o.precision;
+  j["tokens"] = o.tokens;
+  j["lora_rank"] = o.lora_targets.empty() ? 0 : o.lora_rank;
+  j["params"] = model.params().count();
+  j["trainable"] = model.params().count(true);
+  j["ms_per_step"] = mean;
+  j["ms_steps"] = ms;
+  j["tokens_per_s"] = tok_s;
+  j["train_tflops_per_token_model"] = f.train.total() / 1e12;
+  j["achieved_tflops"] = achieved;
+  j["mfu"] = peak > 0 ? achieved / peak : 0.0;
+  j["loss"] = loss;
+  j["activation_gib"] = static_cast<double>(model.activation_bytes_used()) / (1 << 30);
+  if (device == Device::CUDA) {
+    j["device_used_gib"] = used_gib();
+    j["device_used_gib_over_baseline"] = used_gib() - base_gib;
+  }
+  return j;
+}
+
+}  // namespace mt

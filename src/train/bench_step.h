@@ -1,0 +1,37 @@
+// The training-step benchmark: one LoRA (or full) training step of a model on one device, timed
+// after warm-up, with the figures that compare it with another engine (tokens/s, MFU by the
+// planner's FLOP formula, device memory). `moetrain bench step` prints it as JSON; tools/gpu.sh
+// runs it next to ../shared/bench/hf_lora_step.py in the same device call (bench/RESULTS.md).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace mt {
+
+struct StepBenchOptions {
+  std::string model;  // preset, config.json or HF directory (its config only: weights are random)
+  int64_t tokens = 8192;  // one document of this length
+  int64_t warmup = 2, steps = 5;
+  // LoRA groups (job.h lora.targets); empty: full training.
+  std::vector<std::string> lora_targets = {"attention", "kda", "shared_experts", "dense_ffn"};
+  int64_t lora_rank = 16;
+  float lora_alpha = 32;
+  std::string precision = "bf16";
+  std::string device = "auto";
+  bool deterministic = false;
+  // Op scratch (Context::workspace): the largest layer backward's temporaries must fit. Until
+  // the planner sizes it, 8 GiB holds the Kimi-Linear-width layers at 32K tokens.
+  double workspace_gib = 8;
+  double peak_tflops = 0;  // for MFU; 0: the device's dense bf16 figure when known (H200: 989)
+  uint64_t seed = 1;
+};
+
+// Runs the benchmark; progress lines go to `log`. The result's keys are documented in
+// docs/gpu.md ("Step benchmark").
+nlohmann::json run_step_bench(const StepBenchOptions& o, std::ostream& log);
+
+}  // namespace mt

@@ -1,0 +1,228 @@
+// The whole model on the GPU against the CPU engine: the `tiny` hybrid (KDA, gated DSA, MLA, dense
+// FFN, latent MoE with a shared expert) built from the same seed on both devices, one forward and
+// backward on the same packed documents, then a few AdamW steps. The CPU model is itself checked
+// against the double reference and finite differences (tests/model/test_tiny_model.cpp), so here
+// the CPU is the reference. Bounds come from harness/tolerance.h (the model rows). Without a GPU
+// every test skips, saying so.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/device.h"
+#include "harness/gpu_check.h"
+#include "harness/op_check.h"
+#include "harness/tolerance.h"
+#include "model/model.h"
+#include "model/moe_layer.h"
+#include "train/adamw.h"
+
+namespace mt::test {
+namespace {
+
+struct Docs {
+  SeqInfo seq;
+  Tensor ids, targets;
+};
+
+Docs make_docs(Rng& rng, const ModelConfig& cfg, const std::vector<int64_t>& lengths) {
+  Docs b;
+  b.seq = SeqInfo::from_lengths(lengths);
+  b.ids = Tensor::empty({b.seq.tokens}, DType::I32);
+  b.targets = Tensor::empty({b.seq.tokens}, DType::I32);
+  for (int64_t t = 0; t < b.seq.tokens; ++t) {
+    b.ids.i32()[t] = static_cast<int32_t>(rng.below(cfg.vocab));
+    b.targets.i32()[t] = t % 7 == 3 ? -100 : static_cast<int32_t>(rng.below(cfg.vocab));
+  }
+  return b;
+}
+
+// The same documents with their tensors on the GPU (host offsets kept, as a staged batch has).
+Docs on_gpu(const Docs& h) {
+  Docs d = h;
+  d.ids = h.ids.to(Device::CUDA);
+  d.targets = h.targets.to(Device::CUDA);
+  d.seq.cu_seqlens = h.seq.cu_seqlens.to(Device::CUDA);
+  d.seq.positions = h.seq.positions.to(Device::CUDA);
+  return d;
+}
+
+// Any float tensor as f32 on the host.
+Tensor host_f32(const Tensor& t) {
+  Tensor h = Tensor::empty(t.shape());
+  h.copy_from(t.device() == Device::CPU ? t : t.to(Device::CPU));
+  return h;
+}
+
+double rel(const Tensor& gpu, const Tensor& cpu) {
+  const Tensor a = host_f32(gpu), b = host_f32(cpu);
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double d = static_cast<double>(a.f32()[i]) - b.f32()[i];
+    num += d * d;
+    den += static_cast<double>(b.f32()[i]) * b.f32()[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+}
+
+ModelConfig hybrid_config(bool lora) {
+  ModelConfig cfg = ModelConfig::load("tiny");
+  cfg.layers.push_back(cfg.layers.back());
+  cfg.layers.back().mixer = MixerKind::Mla;  // kda, kda, kda, dsa, mla
+  if (lora) {
+    const LoraSpec l{.rank = 2, .alpha = 4.f};
+    cfg.kda.lora = cfg.mla.lora = cfg.dsa.mla.lora = cfg.moe.lora = cfg.dense.lora = l;
+    cfg.moe.expert_lora = l;
+  }
+  return cfg;
+}
+
+// Non-zero adapters, so that every LoRA gradient and every base path sees them.
+void break_symmetry(Model& m, uint64_t seed) {
+  Rng rng(seed + 1);
+  for (const auto& p : m.params().all())
+    if (p->spec.role == ParamRole::Lora) {
+      Tensor h = Tensor::empty(p->value.shape());
+      fill_normal(rng, h, 0.1);
+      p->value.copy_from(h);
+    }
+}
+
+// Forward + backward on both devices; the loss, the auxiliary losses and every gradient compared.
+void compare_step(const ModelConfig& cfg, const ModelOptions& opt, uint64_t seed) {
+  SCOPED_TRACE(cat("seed=", seed));
+  Rng rng(seed);
+  const Docs docs = make_docs(rng, cfg, {37, 1, 70, 20});  // crosses a KDA chunk of 64
+  Model cpu(cfg, seed, opt);
+  ModelOptions gopt = opt;
+  gopt.device = Device::CUDA;
+  Model gpu(cfg, seed, gopt);  // built on the device directly
+  break_symmetry(cpu, seed);
+  break_symmetry(gpu, seed);
+  Context cc(ContextOptions{.seed = seed});
+  Context gc(ContextOptions{.device = Device::CUDA, .seed = seed});
+  cpu.params().zero_grad();
+  gpu.params().zero_grad();
+  const double lc = cpu.forward(cc, docs.seq, docs.ids, docs.targets);
+  const Docs gd = on_gpu(docs);
+  const double lg = gpu.forward(gc, gd.seq, gd.ids, gd.targets);
+  EXPECT_EQ(gpu.activation_bytes_used(), gpu.activation_bytes(docs.seq));
+  cpu.backward(cc);
+  gpu.backward(gc);
+  gc.synchronize();
+  EXPECT_NEAR(lg, lc, kModelF32Rel * std::abs(lc)) << "loss";
+  const auto& ac = cpu.aux_losses();
+  const auto& ag = gpu.aux_losses();
+  ASSERT_EQ(ac.size(), ag.size());
+  for (size_t i = 0; i < ac.size(); ++i)
+    EXPECT_NEAR(ag[i].value, ac[i].value, kModelF32Rel * std::abs(ac[i].value) + 1e-9)
+        << ac[i].name;
+  int checked = 0;
+  for (const auto& p : cpu.params().all()) {
+    if (!p->trainable()) continue;
+    const Param& q = gpu.params().at(p->name);
+    ASSERT_TRUE(q.trainable()) << p->name;
+    EXPECT_EQ(q.grad.device(), Device::CUDA) << p->name;
+    EXPECT_LE(rel(q.grad, p->grad), kModelF32Rel) << p->name;
+    ++checked;
+  }
+  EXPECT_GT(checked, 10);
+  // Expert loads are integers: routing must agree exactly.
+  auto mc = cpu.moe_layers(), mg = gpu.moe_layers();
+  for (size_t i = 0; i < mc.size(); ++i) {
+    if (!mc[i]) continue;
+    EXPECT_EQ(mg[i]->expert_load(), mc[i]->expert_load()) << "layer " << i;
+  }
+}
+
+TEST(CudaModel, FullTrainingStepMatchesTheCpu) {
+  REQUIRE_GPU();
+  compare_step(hybrid_config(false), {}, fresh_seed());
+}
+
+TEST(CudaModel, LoraStepMatchesTheCpu) {
+  REQUIRE_GPU();
+  compare_step(hybrid_config(true), {.freeze_base = true}, fresh_seed());
+}
+
+TEST(CudaModel, RecurrentKdaAndTiedEmbeddings) {
+  REQUIRE_GPU();
+  ModelConfig cfg = hybrid_config(false);
+  cfg.kda.chunked = false;
+  cfg.tie_embeddings = true;
+  compare_step(cfg, {}, fresh_seed());
+}
+
+// A few optimizer steps: the GPU's losses track the CPU's (AdamW, clipping, bias updates and the
+// staged batches all on the device).
+TEST(CudaModel, AdamWStepsTrackTheCpu) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(cat("seed=", seed));
+  const ModelConfig cfg = hybrid_config(true);
+  Model cpu(cfg, seed, {.freeze_base = true});
+  Model gpu(cfg, seed, {.freeze_base = true});
+  gpu.to_device(Device::CUDA);
+  Context cc(ContextOptions{.seed = seed});
+  Context gc(ContextOptions{.device = Device::CUDA, .seed = seed});
+  AdamW oc(cpu.params(), {.clip_norm = 1.0});
+  AdamW og(gpu.params(), {.clip_norm = 1.0});
+  Rng rng(seed);
+  for (int step = 0; step < 5; ++step) {
+    const Docs d = make_docs(rng, cfg, {50, 30});
+    const Docs g = on_gpu(d);
+    cpu.params().zero_grad();
+    gpu.params().zero_grad();
+    const double lc = cpu.forward(cc, d.seq, d.ids, d.targets);
+    const double lg = gpu.forward(gc, g.seq, g.ids, g.targets);
+    EXPECT_NEAR(lg, lc, kModelF32Rel * std::abs(lc)) << "step " << step;
+    cpu.backward(cc);
+    gpu.backward(gc);
+    const double nc = oc.step(cc, cpu.params(), 1e-2f);
+    const double ng = og.step(gc, gpu.params(), 1e-2f);
+    EXPECT_NEAR(ng, nc, kModelF32Rel * nc) << "grad norm, step " << step;
+  }
+}
+
+// bf16 weights and activations on the GPU against the CPU's fp32 model holding the same
+// (bf16-rounded) weights: what remains is the rounding of activations, bounded by the model row
+// of the bf16 table.
+TEST(CudaModel, Bf16PolicyStaysWithinTheModelBound) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(cat("seed=", seed));
+  const ModelConfig cfg = hybrid_config(true);
+  Model gpu(cfg, seed,
+            {.freeze_base = true, .precision = Precision::bf16(), .device = Device::CUDA});
+  Model cpu(cfg, seed, {.freeze_base = true});
+  break_symmetry(gpu, seed);
+  for (const auto& p : cpu.params().all()) p->value.copy_from(gpu.params().at(p->name).value);
+  Rng rng(seed);
+  const Docs d = make_docs(rng, cfg, {37, 1, 70, 20});
+  const Docs g = on_gpu(d);
+  Context cc(ContextOptions{.seed = seed});
+  Context gc(ContextOptions{.device = Device::CUDA, .seed = seed});
+  cpu.params().zero_grad();
+  gpu.params().zero_grad();
+  const double lc = cpu.forward(cc, d.seq, d.ids, d.targets);
+  const double lg = gpu.forward(gc, g.seq, g.ids, g.targets);
+  EXPECT_EQ(gpu.activation_bytes_used(), gpu.activation_bytes(d.seq));
+  cpu.backward(cc);
+  gpu.backward(gc);
+  EXPECT_NEAR(lg, lc, kModelBf16LossRel * std::abs(lc)) << "loss";
+  // The whole gradient as one vector: a bf16 rounding may flip a near-tie of the router or the
+  // indexer, which moves single parameters' gradients but not the whole by more than the bound.
+  double num = 0, den = 0;
+  for (const auto& p : cpu.params().all()) {
+    if (!p->trainable()) continue;
+    const Tensor a = host_f32(gpu.params().at(p->name).grad), b = host_f32(p->grad);
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      const double e = static_cast<double>(a.f32()[i]) - b.f32()[i];
+      num += e * e;
+      den += static_cast<double>(b.f32()[i]) * b.f32()[i];
+    }
+  }
+  EXPECT_LE(std::sqrt(num / den), kModelBf16GradRel);
+}
+
+}  // namespace
+}  // namespace mt::test
