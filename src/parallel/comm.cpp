@@ -2,9 +2,13 @@
 
 #include <mpi.h>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 namespace mt::par {
@@ -75,6 +79,58 @@ int to_int(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
+// Every world rank's process id and host, for naming the peers that died, and the injected kill.
+struct Peers {
+  std::vector<int64_t> pid;
+  std::vector<uint64_t> host;  // FNV-1a of the host name
+  uint64_t my_host = 0;
+  int kill_rank = -1;
+  int64_t kill_call = 0;
+  std::string kill_in;
+};
+
+uint64_t host_hash() {
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  uint64_t h = 1469598103934665603ull;
+  for (const char* c = name; *c; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 1099511628211ull;
+  return h;
+}
+
+// The state letter of /proc/<pid>/stat ('R', 'S', 'T', 'Z', ...), or 0 when there is none.
+char proc_state(int64_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(in, line)) return 0;
+  const size_t close = line.rfind(')');  // the command name may hold spaces
+  return close != std::string::npos && close + 2 < line.size() ? line[close + 2] : 0;
+}
+
+// "; world rank 1 (pid 123) is dead" for every peer found gone, zombie or stopped.
+std::string peer_report(const Peers& peers, int self) {
+  std::string dead, stopped, unknown;
+  for (size_t r = 0; r < peers.pid.size(); ++r) {
+    if (static_cast<int>(r) == self) continue;
+    if (peers.host[r] != peers.my_host) {
+      unknown += cat(unknown.empty() ? "" : ", ", r);
+      continue;
+    }
+    const char st = proc_state(peers.pid[r]);
+    const std::string who = cat("world rank ", r, " (pid ", peers.pid[r], ")");
+    if (st == 0 || st == 'Z' || st == 'X')
+      dead += cat(dead.empty() ? "" : ", ", who);
+    else if (st == 'T' || st == 't')
+      stopped += cat(stopped.empty() ? "" : ", ", who);
+  }
+  std::string out;
+  if (!dead.empty()) out += cat("; dead: ", dead);
+  if (!stopped.empty()) out += cat("; stopped: ", stopped);
+  if (dead.empty() && stopped.empty())
+    out += "; every peer on this host is alive (a stalled peer, or one on another host)";
+  if (!unknown.empty()) out += cat("; on other hosts, not checked: world ranks ", unknown);
+  return out;
+}
+
 class DoneImpl : public Request::Impl {
  public:
   void wait() override {}
@@ -94,6 +150,7 @@ class MpiRequest : public Request::Impl {
     if (req_ != MPI_REQUEST_NULL && !timed_out_) MPI_Wait(&req_, MPI_STATUS_IGNORE);
   }
   void wait() override;
+  void poll(int* flag);
   bool done() override {
     int flag = 0;
     MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
@@ -112,8 +169,14 @@ class MpiRequest : public Request::Impl {
 
 class MpiComm : public Comm {
  public:
-  MpiComm(MPI_Comm comm, bool owned, std::string name, int world_rank, const CommOptions& opt)
-      : comm_(comm), owned_(owned), name_(std::move(name)), world_rank_(world_rank), opt_(opt) {
+  MpiComm(MPI_Comm comm, bool owned, std::string name, int world_rank, const CommOptions& opt,
+          std::shared_ptr<const Peers> peers)
+      : comm_(comm),
+        owned_(owned),
+        name_(std::move(name)),
+        world_rank_(world_rank),
+        opt_(opt),
+        peers_(std::move(peers)) {
     MT_MPI(name_, MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     MT_MPI(name_, MPI_Comm_rank(comm_, &rank_));
     MT_MPI(name_, MPI_Comm_size(comm_, &size_));
@@ -129,6 +192,9 @@ class MpiComm : public Comm {
     return cat(name_, " rank ", rank_, "/", size_, " (world rank ", world_rank_, ")");
   }
   const CommOptions& options() const { return opt_; }
+  void set_timeout(std::chrono::milliseconds t) override { opt_.timeout = t; }
+  // What a failed wait adds to its message: the peers found dead or stopped.
+  std::string peer_state() const { return peers_ ? peer_report(*peers_, world_rank_) : ""; }
 
   Request iall_reduce(void* data, int64_t count, Elem e) override {
     const int64_t b = count * static_cast<int64_t>(elem_size(e));
@@ -194,7 +260,7 @@ class MpiComm : public Comm {
   std::unique_ptr<Comm> split(int color, int key, const std::string& name) override {
     MPI_Comm sub = MPI_COMM_NULL;
     MT_MPI(where(), MPI_Comm_split(comm_, color, key, &sub));
-    return std::make_unique<MpiComm>(sub, true, name, world_rank_, opt_);
+    return std::make_unique<MpiComm>(sub, true, name, world_rank_, opt_, peers_);
   }
   [[noreturn]] void abort(int code) override {
     MPI_Abort(MPI_COMM_WORLD, code);
@@ -205,6 +271,9 @@ class MpiComm : public Comm {
   std::unique_ptr<MpiRequest> start(Collective c, int64_t sent, int64_t recv) {
     CollectiveStats& s = stats_.at(c);
     ++s.calls;
+    if (peers_ && world_rank_ == peers_->kill_rank && peers_->kill_in == collective_name(c) &&
+        s.calls == peers_->kill_call)
+      ::kill(::getpid(), SIGKILL);
     s.bytes_sent += sent;
     s.bytes_recv += recv;
     t0_ = Clock::now();
@@ -221,14 +290,27 @@ class MpiComm : public Comm {
   std::string name_;
   int world_rank_;
   CommOptions opt_;
+  std::shared_ptr<const Peers> peers_;
   int rank_ = 0, size_ = 1;
   Clock::time_point t0_;
 };
 
+// MPI_Test inside a wait: a failure (a peer's connection lost, with recovery enabled) names the
+// collective and the peers found dead, as a timeout does.
+void MpiRequest::poll(int* flag) {
+  const int rc = MPI_Test(&req_, flag, MPI_STATUS_IGNORE);
+  if (rc == MPI_SUCCESS) return;
+  timed_out_ = true;  // abandoned like a timed-out request
+  throw CommError(
+      __FILE__, __LINE__,
+      cat(comm_.where(), ": ", collective_name(coll_), " (sending ", sent_, " B, receiving ", recv_,
+          " B) failed: ", mpi_error_text(rc), comm_.peer_state()));
+}
+
 void MpiRequest::wait() {
   const auto t0 = Clock::now();
   int flag = 0;
-  MT_MPI(comm_.where(), MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
+  poll(&flag);
   const bool idle = !flag;
   // Poll rather than MPI_Wait so the wait can give up; sleeping between polls leaves the core to
   // the peers when ranks outnumber cores (oversubscribed test runs).
@@ -236,13 +318,13 @@ void MpiRequest::wait() {
     if (Clock::now() - t0 > comm_.options().timeout) {
       timed_out_ = true;
       const auto ms = comm_.options().timeout.count();
-      throw CommError(
-          __FILE__, __LINE__,
-          cat(comm_.where(), ": ", collective_name(coll_), " (sending ", sent_, " B, receiving ",
-              recv_, " B) did not complete within ", ms, " ms; a peer rank has failed or stalled"));
+      throw CommError(__FILE__, __LINE__,
+                      cat(comm_.where(), ": ", collective_name(coll_), " (sending ", sent_,
+                          " B, receiving ", recv_, " B) did not complete within ", ms,
+                          " ms; a peer rank has failed or stalled", comm_.peer_state()));
     }
     if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(50));
-    MT_MPI(comm_.where(), MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
+    poll(&flag);
   }
   CollectiveStats& s = comm_.stats_.at(coll_);
   const double dt = seconds_since(t0);
@@ -470,9 +552,26 @@ MpiRuntime::~MpiRuntime() {
 }
 
 std::unique_ptr<Comm> MpiRuntime::world(const CommOptions& opt) const {
-  int rank = 0;
+  int rank = 0, size = 1;
   MT_MPI("world", MPI_Comm_rank(MPI_COMM_WORLD, &rank));
-  return std::make_unique<MpiComm>(MPI_COMM_WORLD, false, "world", rank, opt);
+  MT_MPI("world", MPI_Comm_size(MPI_COMM_WORLD, &size));
+  auto peers = std::make_shared<Peers>();
+  peers->pid.resize(static_cast<size_t>(size));
+  peers->host.resize(static_cast<size_t>(size));
+  peers->my_host = host_hash();
+  const auto pid = static_cast<int64_t>(::getpid());
+  MT_MPI("world",
+         MPI_Allgather(&pid, 1, MPI_INT64_T, peers->pid.data(), 1, MPI_INT64_T, MPI_COMM_WORLD));
+  MT_MPI("world", MPI_Allgather(&peers->my_host, 1, MPI_UINT64_T, peers->host.data(), 1,
+                                MPI_UINT64_T, MPI_COMM_WORLD));
+  if (const char* r = std::getenv("MOETRAIN_FAULT_KILL_RANK")) {
+    peers->kill_rank = std::atoi(r);
+    const char* in = std::getenv("MOETRAIN_FAULT_KILL_IN");
+    const char* call = std::getenv("MOETRAIN_FAULT_KILL_CALL");
+    peers->kill_in = in ? in : "";
+    peers->kill_call = call ? std::atoll(call) : 1;
+  }
+  return std::make_unique<MpiComm>(MPI_COMM_WORLD, false, "world", rank, opt, std::move(peers));
 }
 
 bool MpiRuntime::launched_by_mpirun() {

@@ -1,8 +1,16 @@
 // Comm: the collectives distributed training needs, behind one interface so that the same trainer
 // code runs on MPI (CPU processes), on a single process (world 1, no MPI calls at all) and later on
 // NCCL. Every collective has an asynchronous form returning a Request; every wait is bounded by
-// the communicator's timeout and, when it expires, throws CommError naming the rank, the
-// collective and its sizes, so a dead peer turns into an error instead of a hang.
+// the communicator's timeout and, when it expires (or MPI reports the failure), throws CommError
+// naming the rank, the collective, its sizes and the peers found dead or stopped, so a dead peer
+// turns into an error instead of a hang. The ranks' process ids are exchanged when the world is
+// made; a peer on the same host is dead when its process is gone or a zombie (SIGKILL) and
+// stopped when it is in state T (SIGSTOP); one on another host is reported as unknown.
+//
+// Fault injection (tests, docs/reliability.md; read where the world is made): with
+// MOETRAIN_FAULT_KILL_RANK=R, MOETRAIN_FAULT_KILL_IN=<collective name> and
+// MOETRAIN_FAULT_KILL_CALL=N, world rank R SIGKILLs itself as it starts its N-th call (1-based) of
+// that collective on any communicator, so its peers are inside the same collective when it dies.
 //
 // The primitive calls take host pointers with element counts: collectives move flat shards and
 // slices of rows, and the counts of an all-to-all-v vary per peer. The Tensor forms take the
@@ -53,7 +61,7 @@ struct CommStats {
 };
 
 struct CommOptions {
-  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // job key parallel.comm_timeout_s
 };
 
 // A pending collective. wait() completes it (or throws CommError after the timeout); a Request
@@ -109,6 +117,8 @@ class Comm {
   virtual std::unique_ptr<Comm> split(int color, int key, const std::string& name) = 0;
   // Ends every process of the job (MPI_Abort); for a rank that cannot continue.
   [[noreturn]] virtual void abort(int code) = 0;
+  // The bound of every wait from now on; communicators split later inherit it. Not collective.
+  virtual void set_timeout(std::chrono::milliseconds timeout) { (void)timeout; }
 
   // Tensor forms (element type from the dtype, counts from the shapes).
   // In place: t = the sum of every rank's t.

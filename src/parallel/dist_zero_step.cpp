@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "model/moe_layer.h"
 #include "ops/optim.h"
 #include "parallel/dist_unit.h"
 #include "parallel/fsdp.h"
@@ -64,6 +65,15 @@ double DistTrainer::optimizer_step(Context& ctx, float lr, double grad_scale) {
     if (u->counts_norm) sq += sum_sq(u->gshard);
   }
   const double norm = std::sqrt(g_.world->all_reduce_sum(sq));
+  if (!std::isfinite(norm)) {
+    // A NaN/Inf gradient on any rank reaches every rank's norm through the reductions, so all
+    // ranks skip the same step: no update, the step's routing loads discarded.
+    for (auto& u : units_)
+      if (u->fsdp >= 0) u->gshard = Tensor();
+    for (MoeLayer* m : model_.moe_layers())
+      if (m) m->reset_expert_load();
+    return norm;
+  }
   const double clip = opt_.adam.clip_norm;
   if (clip > 0 && norm > clip) {
     // The same coefficient ops::clip_grad_norm applies on one process.

@@ -1,5 +1,7 @@
 #include "train/adamw.h"
 
+#include <cmath>
+
 #include "ops/elementwise.h"
 
 namespace mt {
@@ -33,6 +35,10 @@ double AdamW::step(Context& ctx, ParamStore& store, float lr) {
   store.grads(grads_);
   ensure_scalar(norm_, ctx.device());
   ops::clip_grad_norm(ctx, grads_, opt_.clip_norm, norm_);
+  // Read before the update, not after: a NaN/Inf gradient must be seen before it reaches the
+  // weights and moments (the trainer's train.nonfinite policy). Still the step's one read.
+  const double norm = read_scalar(norm_);
+  if (!std::isfinite(norm)) return norm;
   ++step_;
   const ops::AdamWParams hp = opt_.at(lr, step_);
   size_t i = 0;
@@ -46,7 +52,7 @@ double AdamW::step(Context& ctx, ParamStore& store, float lr) {
     }
     ++i;
   }
-  return read_scalar(norm_);  // the step's one read of the norm, after the update is queued
+  return norm;
 }
 
 int64_t AdamW::master_bytes() const {

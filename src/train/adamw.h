@@ -18,7 +18,8 @@ class AdamW {
  public:
   AdamW(const ParamStore& store, const AdamWOptions& opt);
   // Clips, then updates every trainable parameter with learning rate lr. Returns the gradient
-  // norm before clipping.
+  // norm before clipping. A non-finite norm (a NaN/Inf gradient) is returned without any update:
+  // values, moments and the step count stay as they were.
   double step(Context& ctx, ParamStore& store, float lr);
   int64_t steps() const { return step_; }
   int64_t state_bytes() const;   // the moments

@@ -11,6 +11,7 @@
 #include "io/safetensors.h"
 #include "model/precision.h"
 #include "train/dataset.h"
+#include "train/faults.h"
 #include "train/files.h"
 
 namespace mt {
@@ -39,51 +40,73 @@ std::string save_checkpoint(const std::string& root, const Model& model, const A
   std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(st.step));
   const fs::path final_dir = fs::path(root) / name;
   const fs::path tmp = fs::path(root) / (std::string(name) + ".tmp");
-  fs::remove_all(tmp);  // the leftovers of a killed save
-  fs::create_directories(tmp);
-  auto landed = [&](const char* f) {
-    if (after_file) after_file(f);
-  };
+  SaveFaults faults(FaultPlan::from_env(), st.step);
+  try {
+    fs::remove_all(tmp);  // the leftovers of a killed save
+    fs::create_directories(tmp);
+    // Each file: counted by the fault hook, then announced to the test hook.
+    auto write = [&](const char* f, const std::function<void(const fs::path&)>& body) {
+      faults.before_file();
+      body(tmp / f);
+      faults.after_file(tmp / f);
+      if (after_file) after_file(f);
+    };
 
-  TensorMap weights, moments;
-  size_t i = 0;
-  for (const auto& p : model.params().all()) {
-    weights[p->name] = p->value;
-    if (opt && p->trainable()) {
-      moments["m." + p->name] = opt->first_moments().at(i);
-      moments["v." + p->name] = opt->second_moments().at(i);
-      if (opt->masters().at(i).defined()) moments["master." + p->name] = opt->masters()[i];
-      ++i;
+    TensorMap weights, moments;
+    size_t i = 0;
+    for (const auto& p : model.params().all()) {
+      weights[p->name] = p->value;
+      if (opt && p->trainable()) {
+        moments["m." + p->name] = opt->first_moments().at(i);
+        moments["v." + p->name] = opt->second_moments().at(i);
+        if (opt->masters().at(i).defined()) moments["master." + p->name] = opt->masters()[i];
+        ++i;
+      }
     }
+    write("model.safetensors", [&](const fs::path& f) { write_safetensors(f.string(), weights); });
+    if (opt)
+      write("optimizer.safetensors",
+            [&](const fs::path& f) { write_safetensors(f.string(), moments); });
+    const nlohmann::json state = {{"step", st.step},
+                                  {"data_cursor", st.data_cursor},
+                                  {"rng_seed", st.rng_seed},
+                                  {"rng_counter", st.rng_counter},
+                                  {"optimizer_steps", opt ? opt->steps() : 0},
+                                  {"model_config", model.config().to_json()}};
+    write("state.json", [&](const fs::path& f) { write_file_atomic(f, state.dump(2)); });
+    write("job.toml", [&](const fs::path& f) { write_file_atomic(f, job_toml); });
+    nlohmann::json files = nlohmann::json::object();
+    for (const auto& e : fs::directory_iterator(tmp))
+      files[e.path().filename().string()] = {{"bytes", fs::file_size(e.path())},
+                                             {"fnv1a64", file_checksum(e.path())}};
+    const nlohmann::json manifest{{"precision", precision_name(model.precision())},
+                                  {"files", files}};
+    write("manifest.json", [&](const fs::path& f) { write_file_atomic(f, manifest.dump(2)); });
+    commit_checkpoint(root, name, faults);
+  } catch (const IoError& e) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);  // a failed save must not keep its partial files (a full disk)
+    MT_THROW(IoError, "checkpoint '", final_dir.string(), "' not saved: ", e.message());
+  } catch (const fs::filesystem_error& e) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    MT_THROW(IoError, "checkpoint '", final_dir.string(), "' not saved: ", e.what());
   }
-  write_safetensors((tmp / "model.safetensors").string(), weights);
-  landed("model.safetensors");
-  if (opt) {
-    write_safetensors((tmp / "optimizer.safetensors").string(), moments);
-    landed("optimizer.safetensors");
-  }
-  nlohmann::json state = {{"step", st.step},
-                          {"data_cursor", st.data_cursor},
-                          {"rng_seed", st.rng_seed},
-                          {"rng_counter", st.rng_counter},
-                          {"optimizer_steps", opt ? opt->steps() : 0},
-                          {"model_config", model.config().to_json()}};
-  write_file_atomic(tmp / "state.json", state.dump(2));
-  landed("state.json");
-  write_file_atomic(tmp / "job.toml", job_toml);
-  landed("job.toml");
-  nlohmann::json files = nlohmann::json::object();
-  for (const auto& e : fs::directory_iterator(tmp))
-    files[e.path().filename().string()] = {{"bytes", fs::file_size(e.path())},
-                                           {"fnv1a64", file_checksum(e.path())}};
-  write_file_atomic(
-      tmp / "manifest.json",
-      nlohmann::json{{"precision", precision_name(model.precision())}, {"files", files}}.dump(2));
-  landed("manifest.json");
-  fs::remove_all(final_dir);
-  fs::rename(tmp, final_dir);
-  write_file_atomic(fs::path(root) / "latest", std::string(name) + "\n");
   return final_dir.string();
+}
+
+void commit_checkpoint(const std::string& root, const std::string& name, const SaveFaults& faults) {
+  const fs::path dir = fs::path(root) / name, tmp = fs::path(root) / (name + ".tmp");
+  // Every file was synced when written; the directory's entries reach the disk through it.
+  fsync_path(tmp);
+  faults.point("complete");
+  // Saving over an existing step swaps the two directories: `latest` may name this step, and
+  // it must name a complete directory at every instant.
+  const bool displaced = install_dir(tmp, dir);
+  faults.point("installed");
+  write_file_atomic(fs::path(root) / "latest", name + "\n");
+  faults.point("latest");
+  if (displaced) fs::remove_all(tmp);
 }
 
 std::string latest_checkpoint(const std::string& root) {
@@ -205,6 +228,15 @@ TrainState load_checkpoint(const std::string& dir, Model& model, AdamW* opt) {
 }
 
 void prune_checkpoints(const std::string& root, int64_t keep) {
+  // The checkpoint `latest` names is never deleted: after a save killed between putting its
+  // directory in place and updating `latest`, a newer directory exists that `latest` does not
+  // name yet, and counting it must not delete the one a resume would read.
+  std::string current;
+  if (fs::is_regular_file(fs::path(root) / "latest")) {
+    current = read_file(fs::path(root) / "latest");
+    while (!current.empty() && (current.back() == '\n' || current.back() == '\r'))
+      current.pop_back();
+  }
   std::vector<fs::path> dirs;
   for (const auto& e : fs::directory_iterator(root)) {
     const std::string n = e.path().filename().string();
@@ -212,7 +244,8 @@ void prune_checkpoints(const std::string& root, int64_t keep) {
       dirs.push_back(e.path());
   }
   std::sort(dirs.begin(), dirs.end());
-  for (size_t i = 0; i + static_cast<size_t>(keep) < dirs.size(); ++i) fs::remove_all(dirs[i]);
+  for (size_t i = 0; i + static_cast<size_t>(keep) < dirs.size(); ++i)
+    if (dirs[i].filename().string() != current) fs::remove_all(dirs[i]);
 }
 
 }  // namespace mt

@@ -2,9 +2,13 @@
 // optimizer.safetensors (AdamW moments of the trainable parameters by name, and their fp32
 // masters when the policy stores them narrower), state.json (step, data cursor, RNG, optimizer
 // step, model config), job.toml (the resolved job) and manifest.json (the precision policy, and
-// bytes and FNV-1a checksum of every other file, written last). The directory is written under a
-// temporary name and renamed into place, and the run's `latest` pointer is replaced by rename too,
-// so a save killed at any point leaves the previous checkpoint intact and still the latest.
+// bytes and FNV-1a checksum of every other file, written last). The save is crash-safe: every file
+// is written under a temporary name, fsynced and renamed; the directory is written as
+// `step_NNNNNNNN.tmp`, synced, then put in place (exchanged with an existing directory of the same
+// step, never deleted first); `latest` is replaced by rename; only then is a displaced directory
+// deleted. A save killed at any byte therefore leaves `latest` naming a complete checkpoint
+// (docs/reliability.md). A save that fails (a full disk) deletes its partial directory and throws
+// IoError naming the file; the previous checkpoint is untouched.
 #pragma once
 
 #include <cstdint>
@@ -24,10 +28,16 @@ struct TrainState {
 };
 
 // Writes `<root>/step_NNNNNNNN` and points `<root>/latest` at it. `after_file` (tests) runs after
-// each file lands in the temporary directory. Returns the checkpoint path.
+// each file lands in the temporary directory. Returns the checkpoint path. Fault injection:
+// train/faults.h.
 std::string save_checkpoint(const std::string& root, const Model& model, const AdamW* opt,
                             const TrainState& state, const std::string& job_toml,
                             const std::function<void(const std::string&)>& after_file = {});
+
+class SaveFaults;
+// The end of a save whose files are complete in `<root>/<name>.tmp`: sync, put the directory in
+// place, point `latest` at it, delete what it displaced (shared with sharded checkpoints).
+void commit_checkpoint(const std::string& root, const std::string& name, const SaveFaults& faults);
 
 // The checkpoint `<root>/latest` names, or "" when there is none.
 std::string latest_checkpoint(const std::string& root);
@@ -45,7 +55,7 @@ TrainState load_checkpoint(const std::string& dir, Model& model, AdamW* opt);
 // missing tensor or shape mismatch is a ConfigError naming the tensor.
 void load_weights(const std::string& path, Model& model);
 
-// Deletes all but the newest `keep` checkpoints under root.
+// Deletes all but the newest `keep` checkpoints under root, never the one `latest` names.
 void prune_checkpoints(const std::string& root, int64_t keep);
 
 }  // namespace mt

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -14,6 +15,7 @@
 #include "model/moe_layer.h"
 #include "parallel/dist_trainer.h"
 #include "train/dataset.h"
+#include "train/faults.h"
 #include "train/files.h"
 
 namespace mt {
@@ -133,23 +135,52 @@ std::string save_sharded(const std::string& root, par::Comm& world,
   const std::string name = step_name(st.step);
   const fs::path final_dir = fs::path(root) / name;
   const fs::path tmp = fs::path(root) / (name + ".tmp");
+  SaveFaults faults(FaultPlan::from_env(), st.step);
+  // A failure on any rank (a full disk) fails the save on every rank, at the same point, so the
+  // job's checkpoint policy (checkpoint.on_error) decides the same everywhere and no rank waits
+  // in a barrier for one that threw.
+  std::string error;
+  auto agree = [&](const std::function<void()>& part) {
+    if (error.empty()) {
+      try {
+        part();
+      } catch (const Error& e) {
+        error = e.message();
+      } catch (const fs::filesystem_error& e) {
+        error = e.what();
+      }
+    }
+    const int64_t failed = world.all_reduce_sum(static_cast<int64_t>(error.empty() ? 0 : 1));
+    if (failed == 0) return;
+    if (world.rank() == 0) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
+    MT_THROW(IoError, "checkpoint '", final_dir.string(), "' not saved: ",
+             error.empty() ? cat(failed, " rank(s) failed to write their shard") : error);
+  };
   // A shared file system is assumed: rank 0 prepares the directory every rank writes into.
-  if (world.rank() == 0) {
-    fs::remove_all(tmp);
-    fs::create_directories(tmp);
-  }
-  world.barrier();
+  agree([&] {
+    if (world.rank() == 0) {
+      fs::remove_all(tmp);
+      fs::create_directories(tmp);
+    }
+  });
   char file[64];
   std::snprintf(file, sizeof file, "shard-%05d-of-%05d.safetensors", world.rank(), world.size());
-  TensorMap tensors;
-  MetadataMap meta;
-  for (const par::ShardPiece& p : pieces) {
-    tensors[cat(p.name, "@", p.begin)] = p.data;
-    meta[p.name] = nlohmann::json(p.full_shape.dims()).dump();
-  }
-  write_safetensors((tmp / file).string(), tensors, meta);
-  world.barrier();
-  if (world.rank() == 0) {
+  agree([&] {
+    TensorMap tensors;
+    MetadataMap meta;
+    for (const par::ShardPiece& p : pieces) {
+      tensors[cat(p.name, "@", p.begin)] = p.data;
+      meta[p.name] = nlohmann::json(p.full_shape.dims()).dump();
+    }
+    faults.before_file();
+    write_safetensors((tmp / file).string(), tensors, meta);
+    faults.after_file(tmp / file);
+  });
+  agree([&] {
+    if (world.rank() != 0) return;
     nlohmann::json index = {
         {"format", kFormat}, {"world", mesh.world}, {"ep", mesh.ep}, {"tensors", {}}};
     for (int r = 0; r < world.size(); ++r) {
@@ -165,26 +196,27 @@ std::string save_sharded(const std::string& root, par::Comm& world,
             {{"file", file}, {"key", e.name}, {"begin", begin}, {"end", begin + e.shape.at(0)}});
       }
     }
-    write_file_atomic(tmp / "index.json", index.dump(1));
+    auto write = [&](const char* f, const std::string& text) {
+      faults.before_file();
+      write_file_atomic(tmp / f, text);
+      faults.after_file(tmp / f);
+    };
+    write("index.json", index.dump(1));
     const nlohmann::json state = {{"step", st.step},
                                   {"data_cursor", st.data_cursor},
                                   {"rng_seed", st.rng_seed},
                                   {"rng_counter", st.rng_counter},
                                   {"optimizer_steps", optimizer_steps},
                                   {"model_config", cfg.to_json()}};
-    write_file_atomic(tmp / "state.json", state.dump(2));
-    write_file_atomic(tmp / "job.toml", job_toml);
+    write("state.json", state.dump(2));
+    write("job.toml", job_toml);
     nlohmann::json files = nlohmann::json::object();
     for (const auto& e : fs::directory_iterator(tmp))
       files[e.path().filename().string()] = {{"bytes", fs::file_size(e.path())},
                                              {"fnv1a64", file_checksum(e.path())}};
-    write_file_atomic(tmp / "manifest.json", nlohmann::json{{"files", files}}.dump(2));
-    fs::remove_all(final_dir);
-    fs::rename(tmp, final_dir);
-    write_file_atomic(fs::path(root) / "latest", name + "\n");
-  }
-  // Nobody moves on (or prunes) before the checkpoint is complete.
-  world.barrier();
+    write("manifest.json", nlohmann::json{{"files", files}}.dump(2));
+    commit_checkpoint(root, name, faults);
+  });
   return final_dir.string();
 }
 

@@ -227,14 +227,17 @@ Job Job::parse(const std::string& text, const std::string& source,
   r.get("schedule.warmup", j.warmup);
   r.get("train.batch", j.batch);
   r.get("train.grad_accum", j.grad_accum);
+  r.get("train.nonfinite", j.nonfinite);
   r.get("checkpoint.every", j.checkpoint_every);
   r.get("checkpoint.keep", j.checkpoint_keep);
+  r.get("checkpoint.on_error", j.checkpoint_on_error);
   r.get("parallel.ep", j.ep);
   r.get("parallel.a2a_chunks", j.a2a_chunks);
   r.get("parallel.shard_experts", j.shard_experts);
   r.get("parallel.fsdp", j.fsdp);
   r.get("parallel.plan", j.plan);
   r.get("parallel.mem_gb", j.mem_gb);
+  r.get("parallel.comm_timeout_s", j.comm_timeout_s);
   balance::BalanceOptions& bo = j.balance;
   r.get("balance.overflow", bo.overflow);
   r.get("balance.capacity", bo.capacity);
@@ -274,6 +277,12 @@ Job Job::parse(const std::string& text, const std::string& source,
   need(j.checkpoint_every >= 0, "checkpoint.every", j.checkpoint_every, "must be >= 0");
   need(j.checkpoint_keep > 0, "checkpoint.keep", j.checkpoint_keep, "must be positive");
   need(j.log_every > 0, "log.every", j.log_every, "must be positive");
+  need(j.nonfinite == "stop" || j.nonfinite == "skip", "train.nonfinite",
+       cat("\"", j.nonfinite, "\""), "must be \"stop\" or \"skip\"");
+  need(j.checkpoint_on_error == "stop" || j.checkpoint_on_error == "continue",
+       "checkpoint.on_error", cat("\"", j.checkpoint_on_error, "\""),
+       "must be \"stop\" or \"continue\"");
+  need(j.comm_timeout_s > 0, "parallel.comm_timeout_s", j.comm_timeout_s, "must be positive");
   need(j.ep > 0, "parallel.ep", j.ep, "must be positive");
   need(j.a2a_chunks > 0, "parallel.a2a_chunks", j.a2a_chunks, "must be positive");
   need(j.plan == "manual" || j.plan == "auto", "parallel.plan", j.plan, "must be manual or auto");
@@ -343,14 +352,18 @@ std::string Job::to_toml() const {
                             {"weight_decay", static_cast<double>(weight_decay)},
                             {"clip", clip}}},
       {"schedule", toml::table{{"steps", steps}, {"warmup", warmup}}},
-      {"train", toml::table{{"batch", batch}, {"grad_accum", grad_accum}}},
-      {"checkpoint", toml::table{{"every", checkpoint_every}, {"keep", checkpoint_keep}}},
+      {"train",
+       toml::table{{"batch", batch}, {"grad_accum", grad_accum}, {"nonfinite", nonfinite}}},
+      {"checkpoint", toml::table{{"every", checkpoint_every},
+                                 {"keep", checkpoint_keep},
+                                 {"on_error", checkpoint_on_error}}},
       {"parallel", toml::table{{"ep", ep},
                                {"a2a_chunks", a2a_chunks},
                                {"shard_experts", shard_experts},
                                {"fsdp", fsdp},
                                {"plan", plan},
-                               {"mem_gb", mem_gb}}},
+                               {"mem_gb", mem_gb},
+                               {"comm_timeout_s", comm_timeout_s}}},
       {"balance",
        [&] {
          const balance::BalanceOptions& b = balance;

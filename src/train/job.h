@@ -63,9 +63,17 @@ struct Job {
   int64_t steps = 100, warmup = 10;
   // [train]
   int64_t batch = 2, grad_accum = 1;
+  // A NaN/Inf loss or gradient norm, found before the optimizer step: "stop" (the run ends with an
+  // error; the last checkpoint stays the latest) or "skip" (the step is not applied, counted in
+  // metrics as skipped_steps; the data and schedule move on).
+  std::string nonfinite = "stop";
   // [checkpoint]
   int64_t checkpoint_every = 0;  // 0: only at the end
   int64_t checkpoint_keep = 2;
+  // A save that fails (a full disk, an unwritable directory): "stop" (the run ends with the
+  // IoError) or "continue" (logged and counted in metrics; the next save tries again). Either
+  // way the previous checkpoint stays complete and the latest.
+  std::string checkpoint_on_error = "stop";
   // [parallel] (used under mpirun; see docs/parallelism.md)
   int64_t ep = 1;              // expert-parallel size: divides the world and the expert count
   int64_t a2a_chunks = 1;      // all-to-all pieces pipelined with the expert computation
@@ -75,6 +83,9 @@ struct Job {
   // per-rank micro-batch (batch x grad_accum kept) for the world the job runs on.
   std::string plan = "manual";
   double mem_gb = 0;  // per-rank memory limit of plan = "auto"; 0: host memory / ranks
+  // Longest wait for one collective before the rank reports the peers that failed and the job
+  // ends (par::Comm's watchdog).
+  double comm_timeout_s = 300;
   // [balance] (docs/load-balancing.md, "In training"): every part off by default.
   balance::BalanceOptions balance;
   // [log]

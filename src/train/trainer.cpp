@@ -22,6 +22,7 @@
 #include "plan/auto_plan.h"
 #include "plan/kernels.h"
 #include "train/dist_executor.h"
+#include "train/faults.h"
 
 namespace mt {
 
@@ -66,6 +67,17 @@ class DataOrder {
   int64_t epoch_ = -1;
   std::vector<int64_t> perm_;
 };
+
+// The injected gradient fault (train/faults.h): one element of the first trainable gradient.
+void poison_gradient(Model& m) {
+  for (const auto& p : m.params().all())
+    if (p->trainable() && p->grad.defined() && p->grad.numel() > 0) {
+      MT_CHECK(p->grad.device() == Device::CPU, ValueError,
+               "MOETRAIN_FAULT_NAN=grad injects into host gradients only");
+      p->grad.f32()[0] = std::nanf("");
+      return;
+    }
+}
 
 std::string format_eta(double s) {
   char b[32];
@@ -119,6 +131,10 @@ double LocalExecutor::optimizer_step(float lr, double grad_scale) {
   if (grad_scale != 1.0)
     for (Tensor& g : grads_) ops::scale(ctx_, g, static_cast<float>(grad_scale), g);
   const double norm = opt_.step(ctx_, model_.params(), lr);
+  if (!std::isfinite(norm)) {  // not applied (train.nonfinite): its routing loads go too
+    for_each_moe(model_, [](int, MoeLayer& m) { m.reset_expert_load(); });
+    return norm;
+  }
   // Refilled in place: the vectors keep their capacity from the first step.
   size_t n = 0;
   for_each_moe(model_, [&](int layer, MoeLayer& m) {
@@ -232,6 +248,11 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
   for (const auto& [name, dir] : job_in.eval_data) evals.emplace(name, load_dataset(dir));
 
   const ModelConfig cfg = job_model_config(job_in);
+  // Before anything collective (the auto plan broadcasts): every wait is bounded by the job's key.
+  if (topt.world)
+    topt.world->set_timeout(std::chrono::milliseconds(
+        static_cast<int64_t>(std::llround(job_in.comm_timeout_s * 1000.0))));
+  const FaultPlan faults = FaultPlan::from_env();
   std::ostringstream not_root;
   const bool root = !topt.world || topt.world->rank() == 0;
   const Job job = job_in.plan == "auto" ? apply_auto_plan(job_in, cfg, train.seq_len, topt.world,
@@ -392,10 +413,35 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
       if (balancer) balancer->after_forward(step);
       step_tokens += batch.seq.tokens * world;
     }
+    if (faults.nan_at("loss", step, rank)) loss = std::nan("");
+    if (faults.nan_at("grad", step, rank)) poison_gradient(model);
     const double lr = schedule_lr(job, step);
+    // A non-finite loss scales the gradients by NaN: the executor's norm, reduced over every rank
+    // on a mesh, is then NaN everywhere and every rank skips the update together.
+    const bool bad_loss = !std::isfinite(loss);
     const double gnorm =
-        exec.optimizer_step(static_cast<float>(lr), 1.0 / static_cast<double>(job.grad_accum));
-    if (balancer) {
+        exec.optimizer_step(static_cast<float>(lr),
+                            bad_loss ? std::nan("") : 1.0 / static_cast<double>(job.grad_accum));
+    const bool skipped = !std::isfinite(gnorm);
+    if (skipped) {
+      ++r.skipped_steps;
+      const std::string what =
+          bad_loss ? cat("loss ", loss) : cat("gradient norm ", gnorm, " (loss ", loss, ")");
+      metrics << nlohmann::json{{"step", step},
+                                {"nonfinite", what},
+                                {"policy", job.nonfinite},
+                                {"skipped_steps", r.skipped_steps}}
+                     .dump()
+              << "\n"
+              << std::flush;
+      MT_CHECK(job.nonfinite == "skip", ValueError, "step ", step, ": non-finite ", what,
+               ", found before the optimizer step; nothing was applied and the run stops "
+               "(train.nonfinite = \"stop\"; \"skip\" skips such steps). The last checkpoint: ",
+               r.checkpoint.empty() ? "none written by this run" : r.checkpoint);
+      log << "step " << step << ": non-finite " << what << ", skipped (train.nonfinite = \"skip\"; "
+          << r.skipped_steps << " so far)\n";
+    }
+    if (balancer && !skipped) {
       std::vector<std::vector<int64_t>> loads(static_cast<size_t>(model.num_layers()));
       for (const LayerLoad& l : exec.expert_load()) loads.at(static_cast<size_t>(l.layer)) = l.load;
       if (const int c = balancer->after_step(loads); c > 0) exec.set_a2a_chunks(c);
@@ -423,6 +469,7 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
                           {"loss_per_corpus", {{"train", loss}}},
                           {"lr", lr},
                           {"grad_norm", gnorm},
+                          {"skipped_steps", r.skipped_steps},
                           {"tokens_per_s", r.tokens_per_s},
                           {"peak_rss_mb", peak_rss_mb()},
                           {"expert_load", loads},
@@ -447,8 +494,24 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
     if (last || (job.checkpoint_every > 0 && step % job.checkpoint_every == 0)) {
       st.rng_seed = ctx.rng().seed();
       st.rng_counter = ctx.rng().counter();
-      r.checkpoint = exec.save(ckpt_root, st, job_toml);
-      if (exec.is_root()) prune_checkpoints(ckpt_root, job.checkpoint_keep);
+      try {
+        r.checkpoint = exec.save(ckpt_root, st, job_toml);
+        if (exec.is_root()) prune_checkpoints(ckpt_root, job.checkpoint_keep);
+      } catch (const IoError& e) {
+        // On a mesh every rank gets the same error (save_sharded agrees), so all decide alike.
+        if (job.checkpoint_on_error == "stop") throw;
+        ++r.failed_saves;
+        metrics << nlohmann::json{{"step", step},
+                                  {"checkpoint_error", e.message()},
+                                  {"failed_saves", r.failed_saves}}
+                       .dump()
+                << "\n"
+                << std::flush;
+        log << "step " << step << ": " << e.message()
+            << "; training continues (checkpoint.on_error = \"continue\"), the next save retries; "
+               "the latest checkpoint is "
+            << (r.checkpoint.empty() ? latest_checkpoint(ckpt_root) : r.checkpoint) << "\n";
+      }
     }
   }
   if (!evals.empty()) {

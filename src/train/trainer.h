@@ -116,7 +116,9 @@ struct TrainResult {
   std::map<std::string, EvalResult> eval;  // after the last step
   int64_t trainable = 0, total = 0;
   double tokens_per_s = 0, seconds = 0;
-  std::string checkpoint;  // the last one written
+  std::string checkpoint;     // the last one written
+  int64_t skipped_steps = 0;  // non-finite steps not applied (train.nonfinite = "skip")
+  int64_t failed_saves = 0;   // checkpoint saves that failed (checkpoint.on_error = "continue")
 };
 
 struct TrainOptions {
