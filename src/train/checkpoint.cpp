@@ -46,7 +46,7 @@ std::string save_checkpoint(const std::string& root, const Model& model, const A
     fs::create_directories(tmp);
     // Each file: counted by the fault hook, then announced to the test hook.
     auto write = [&](const char* f, const std::function<void(const fs::path&)>& body) {
-      faults.before_file();
+      faults.before_file(tmp / f);
       body(tmp / f);
       faults.after_file(tmp / f);
       if (after_file) after_file(f);
@@ -95,7 +95,7 @@ std::string save_checkpoint(const std::string& root, const Model& model, const A
   return final_dir.string();
 }
 
-void commit_checkpoint(const std::string& root, const std::string& name, const SaveFaults& faults) {
+void commit_checkpoint(const std::string& root, const std::string& name, SaveFaults& faults) {
   const fs::path dir = fs::path(root) / name, tmp = fs::path(root) / (name + ".tmp");
   // Every file was synced when written; the directory's entries reach the disk through it.
   fsync_path(tmp);
@@ -104,7 +104,10 @@ void commit_checkpoint(const std::string& root, const std::string& name, const S
   // it must name a complete directory at every instant.
   const bool displaced = install_dir(tmp, dir);
   faults.point("installed");
-  write_file_atomic(fs::path(root) / "latest", name + "\n");
+  const fs::path latest = fs::path(root) / "latest";
+  faults.before_file(latest);
+  write_file_atomic(latest, name + "\n");
+  faults.after_file(latest);
   faults.point("latest");
   if (displaced) fs::remove_all(tmp);
 }

@@ -37,7 +37,7 @@ std::string save_checkpoint(const std::string& root, const Model& model, const A
 class SaveFaults;
 // The end of a save whose files are complete in `<root>/<name>.tmp`: sync, put the directory in
 // place, point `latest` at it, delete what it displaced (shared with sharded checkpoints).
-void commit_checkpoint(const std::string& root, const std::string& name, const SaveFaults& faults);
+void commit_checkpoint(const std::string& root, const std::string& name, SaveFaults& faults);
 
 // The checkpoint `<root>/latest` names, or "" when there is none.
 std::string latest_checkpoint(const std::string& root);

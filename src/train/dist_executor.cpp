@@ -175,7 +175,7 @@ std::string save_sharded(const std::string& root, par::Comm& world,
       tensors[cat(p.name, "@", p.begin)] = p.data;
       meta[p.name] = nlohmann::json(p.full_shape.dims()).dump();
     }
-    faults.before_file();
+    faults.before_file(tmp / file);
     write_safetensors((tmp / file).string(), tensors, meta);
     faults.after_file(tmp / file);
   });
@@ -197,7 +197,7 @@ std::string save_sharded(const std::string& root, par::Comm& world,
       }
     }
     auto write = [&](const char* f, const std::string& text) {
-      faults.before_file();
+      faults.before_file(tmp / f);
       write_file_atomic(tmp / f, text);
       faults.after_file(tmp / f);
     };

@@ -40,6 +40,7 @@ FaultPlan FaultPlan::from_env() {
            ConfigError, "MOETRAIN_FAULT_KILL_AT = '", p.kill_at,
            "' must be complete, installed or latest");
   p.kill_save_step = env_int("MOETRAIN_FAULT_KILL_SAVE_STEP", -1);
+  p.enospc_save_step = env_int("MOETRAIN_FAULT_ENOSPC_SAVE_STEP", -1);
   p.nan = env("MOETRAIN_FAULT_NAN");
   MT_CHECK(p.nan.empty() || p.nan == "loss" || p.nan == "grad", ConfigError,
            "MOETRAIN_FAULT_NAN = '", p.nan, "' must be loss or grad");
@@ -50,6 +51,7 @@ FaultPlan FaultPlan::from_env() {
 
 SaveFaults::SaveFaults(const FaultPlan& plan, int64_t step)
     : active_(plan.kill_save_step < 0 || plan.kill_save_step == step),
+      enospc_(plan.enospc_save_step == step),
       kill_at_byte_(plan.kill_at_byte),
       kill_at_(plan.kill_at) {
   if (active_ && kill_at_byte_ >= 0) ::signal(SIGXFSZ, kill_self);
@@ -59,7 +61,9 @@ SaveFaults::~SaveFaults() {
   disarm();
 }
 
-void SaveFaults::before_file() {
+void SaveFaults::before_file(const std::filesystem::path& file) {
+  MT_CHECK(!enospc_, IoError, "cannot write '", file.string(),
+           "': No space left on device (injected: MOETRAIN_FAULT_ENOSPC_SAVE_STEP)");
   if (!active_ || kill_at_byte_ < 0) return;
   // Already past N (a zero-byte file cannot cross it): die here, at byte N.
   if (written_ >= kill_at_byte_) kill_self(0);

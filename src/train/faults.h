@@ -10,6 +10,8 @@
 //                                   `latest`, before the displaced directory is deleted)
 //   MOETRAIN_FAULT_KILL_SAVE_STEP=S the kills above apply to the save of step S only (default:
 //                                   any save)
+//   MOETRAIN_FAULT_ENOSPC_SAVE_STEP=S  the save of step S fails as on a full disk (an IoError
+//                                   "No space left on device" naming its first file)
 //   MOETRAIN_FAULT_NAN=loss|grad    make step MOETRAIN_FAULT_NAN_STEP's loss, or one gradient
 //   MOETRAIN_FAULT_NAN_STEP=S       element, NaN; on a mesh only on MOETRAIN_FAULT_NAN_RANK
 //   MOETRAIN_FAULT_NAN_RANK=R       (default 0)
@@ -27,6 +29,7 @@ struct FaultPlan {
   int64_t kill_at_byte = -1;
   std::string kill_at;
   int64_t kill_save_step = -1;
+  int64_t enospc_save_step = -1;
   std::string nan;  // "", "loss" or "grad"
   int64_t nan_step = -1;
   int nan_rank = 0;
@@ -48,15 +51,15 @@ class SaveFaults {
   ~SaveFaults();
   SaveFaults(const SaveFaults&) = delete;
   SaveFaults& operator=(const SaveFaults&) = delete;
-  // Around each file the save writes.
-  void before_file();
+  // Around each file the save writes; before_file throws the injected ENOSPC.
+  void before_file(const std::filesystem::path& file);
   void after_file(const std::filesystem::path& written);
   // A named point of the save.
   void point(const char* name) const;
 
  private:
   void disarm();
-  bool active_ = false;
+  bool active_ = false, enospc_ = false;
   int64_t kill_at_byte_ = -1, written_ = 0;
   std::string kill_at_;
   bool armed_ = false;
