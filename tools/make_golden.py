@@ -335,6 +335,20 @@ def routing_margins(model):
     return gaps, handles
 
 
+def run_unambiguous(name, model, run):
+    """run() under the routing hooks; its output after backward, or None (and a message) when
+    a top-k boundary is within MARGIN, so the caller redraws."""
+    gaps, handles = routing_margins(model)
+    out = run()
+    for h in handles:
+        h.remove()
+    if gaps and min(gaps) < MARGIN:
+        print(f"{name}: routing/index gap {min(gaps):.2e} < {MARGIN}, redrawing")
+        return None
+    out.loss.backward()
+    return out
+
+
 def fp8_model(model_type, spec, seed, device):
     """The model with its weights replaced by their FP8 round trip, and the FP8 directory."""
     import tempfile
@@ -374,15 +388,10 @@ def write_case(out_dir, model_type, spec, device):
             model = build(model_type, spec, seed, device)
         g = torch.Generator().manual_seed(seed + 7)
         ids = torch.randint(0, spec["cfg"]["vocab_size"], (spec["B"], spec["T"]), generator=g)
-        gaps, handles = routing_margins(model)
-        out = model(input_ids=ids.to(device), labels=ids.to(device))
-        for h in handles:
-            h.remove()
-        if gaps and min(gaps) < MARGIN:
-            print(f"{spec['name']}: routing/index gap {min(gaps):.2e} < {MARGIN}, redrawing")
-            continue
-        out.loss.backward()
-        break
+        out = run_unambiguous(spec["name"], model,
+                              lambda: model(input_ids=ids.to(device), labels=ids.to(device)))
+        if out is not None:
+            break
     else:
         raise SystemExit(f"{spec['name']}: no unambiguous routing in 20 draws")
 

@@ -5,6 +5,7 @@
 #include "cli/commands.h"
 #include "io/hf_adapter.h"
 #include "io/hf_forward.h"
+#include "model/vision/vision_front.h"
 #include "train/checkpoint.h"
 #include "train/job.h"
 
@@ -29,7 +30,9 @@ Command add_forward_command(CLI::App& app) {
                 "a training checkpoint (or run's checkpoints/) of an HF model: its trained "
                 "weights and adapters, with the job's model.dir config")
       ->excludes(model_opt);
-  c->add_option("--tokens", o->tokens, "safetensors file with int tensor input_ids [B, T]")
+  c->add_option("--tokens", o->tokens,
+                "safetensors file with int tensor input_ids [B, T] (and, for kimi_k25, "
+                "pixel_values and image_grid_thw)")
       ->required();
   c->add_option("--out", o->out, "output safetensors: logits [B,T,V], loss [], gradients")
       ->required();
@@ -76,7 +79,8 @@ Command add_forward_command(CLI::App& app) {
             auto it = in.tensors.find("input_ids");
             MT_CHECK(it != in.tensors.end(), IoError, o->tokens, ": no tensor 'input_ids'");
             Context ctx(ContextOptions{.threads = o->threads});
-            HfForwardResult r = hf_forward(ctx, lm, it->second, o->grads);
+            const ImageBatch images = read_image_inputs(in.tensors);
+            HfForwardResult r = hf_forward(ctx, lm, it->second, o->grads, &images);
             TensorMap out = std::move(r.grads);
             out["logits"] = r.logits;
             Tensor loss = Tensor::empty({});

@@ -1,4 +1,6 @@
 #include "io/hf_config.h"
+
+#include "model/vision/vision_config.h"
 #include "ops/moe_rules.h"
 
 #include <cmath>
@@ -410,6 +412,29 @@ HfConfig deepseek(const json& j, const std::string& source, bool indexer) {
   return h;
 }
 
+// kimi_k25: the deepseek_v3 language model (text_config) behind a vision tower and projector
+// (vision_config, projection_*), whose rows replace the image_token_id placeholders.
+HfConfig kimi_k25(const json& j, const std::string& source) {
+  MT_CHECK(j.contains("text_config") && j["text_config"].is_object(), ConfigError, source,
+           ": missing key 'text_config'");
+  json text = j["text_config"];
+  const std::string lm = text.value("model_type", std::string("deepseek_v3"));
+  // Remote-code checkpoints call their language model kimi_k2; transformers reads it as v3.
+  MT_CHECK(lm == "deepseek_v3" || lm == "kimi_k2", ConfigError, source,
+           ".text_config: model_type '", lm, "' is not supported (deepseek_v3)");
+  text["model_type"] = "deepseek_v3";
+  HfConfig h = deepseek(text, source + ".text_config", false);
+  ModelConfig& c = h.model;
+  c.model_type = "kimi_k25";
+  c.vision = std::make_shared<const VisionConfig>(vision_config_from_kimi_k25(j, source));
+  c.image_token_id = j.value("image_token_id", int64_t{163605});
+  MT_CHECK(c.image_token_id >= 0 && c.image_token_id < c.vocab, ConfigError, source,
+           ": image_token_id ", c.image_token_id, " outside the vocabulary [0, ", c.vocab, ")");
+  // The top-level tie (the default true) is what ties lm_head in transformers.
+  c.tie_embeddings = j.value("tie_word_embeddings", true);
+  return h;
+}
+
 }  // namespace
 
 HfConfig hf_config_from_json(const json& j, const std::string& source) {
@@ -448,11 +473,14 @@ HfConfig hf_config_from_json(const json& j, const std::string& source) {
     h = kimi_linear(j, source);
   } else if (type == "deepseek_v32" || type == "deepseek_v3") {
     h = deepseek(j, source, type == "deepseek_v32");
+  } else if (type == "kimi_k25") {
+    h = kimi_k25(j, source);
   } else if (type == "moetrain_hybrid") {
     h.model = ModelConfig::from_json(j, source);
   } else {
-    MT_THROW(ConfigError, source, ": model_type '", type,
-             "' is not supported (kimi_linear, deepseek_v3, deepseek_v32, moetrain_hybrid)");
+    MT_THROW(
+        ConfigError, source, ": model_type '", type,
+        "' is not supported (kimi_linear, kimi_k25, deepseek_v3, deepseek_v32, moetrain_hybrid)");
   }
   h.model_type = type;
   h.raw = j;

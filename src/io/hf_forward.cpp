@@ -1,11 +1,39 @@
 #include "io/hf_forward.h"
 
 #include "core/seq_info.h"
+#include "model/vision/vision_front.h"
 #include "ops/gemm.h"
 
 namespace mt {
 
-HfForwardResult hf_forward(Context& ctx, LoadedModel& lm, const Tensor& input_ids, bool grads) {
+ImageBatch read_image_inputs(const TensorMap& inputs) {
+  ImageBatch b;
+  auto pv = inputs.find("pixel_values");
+  auto thw = inputs.find("image_grid_thw");
+  MT_CHECK((pv == inputs.end()) == (thw == inputs.end()), ShapeError,
+           "inputs need both pixel_values and image_grid_thw, or neither");
+  if (pv == inputs.end()) return b;
+  const Tensor& g = thw->second;
+  MT_CHECK(g.ndim() == 2 && g.dim(1) == 3 && (g.dtype() == DType::I64 || g.dtype() == DType::I32),
+           ShapeError, "image_grid_thw must be an int tensor [images, 3], got ", g.shape());
+  std::vector<std::array<int64_t, 3>> rows;
+  for (int64_t i = 0; i < g.dim(0); ++i) {
+    std::array<int64_t, 3> r{};
+    for (int64_t k = 0; k < 3; ++k)
+      r[k] = g.dtype() == DType::I64 ? g.i64()[i * 3 + k] : g.i32()[i * 3 + k];
+    rows.push_back(r);
+  }
+  b.grids = ops::grids_from_thw(rows);
+  const Tensor& p = pv->second;
+  MT_CHECK(p.ndim() >= 2 && p.dtype() == DType::F32, ShapeError,
+           "pixel_values must be f32 [patches, ...], got ", p.shape());
+  b.pixels = Tensor::empty({p.dim(0), p.numel() / p.dim(0)});
+  b.pixels.copy_from(p.view({p.dim(0), p.numel() / p.dim(0)}));
+  return b;
+}
+
+HfForwardResult hf_forward(Context& ctx, LoadedModel& lm, const Tensor& input_ids, bool grads,
+                           const ImageBatch* images) {
   Model& m = *lm.model;
   const ModelConfig& cfg = m.config();
   MT_CHECK(input_ids.ndim() == 2 && input_ids.dim(0) > 0 && input_ids.dim(1) > 0, ShapeError,
@@ -25,11 +53,16 @@ HfForwardResult hf_forward(Context& ctx, LoadedModel& lm, const Tensor& input_id
   // Labels are the inputs shifted left inside each row; a row's last token has no target.
   Tensor targets = Tensor::empty({N}, DType::I32);
   for (int64_t i = 0; i < N; ++i) targets.i32()[i] = (i % T == T - 1) ? -100 : ids.i32()[i + 1];
+  if (cfg.vision)
+    for (int64_t i = 0; i < N; ++i)
+      if (targets.i32()[i] == cfg.image_token_id) targets.i32()[i] = -100;
+  m.set_images(images);
 
   SeqInfo seq = SeqInfo::uniform(B, T);
   m.params().zero_grad();
   HfForwardResult r;
   r.loss = m.forward(ctx, seq, ids, targets);
+  m.set_images(nullptr);
 
   const Param* head =
       m.params().find(cfg.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");

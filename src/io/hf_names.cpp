@@ -1,5 +1,7 @@
 #include "io/hf_names.h"
 
+#include "model/vision/vision_config.h"
+
 #include <algorithm>
 #include <array>
 #include <cstdio>
@@ -29,6 +31,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 
 std::string forget_gate_name(const std::string& n);
+std::string k25_runtime_name(const std::string& n);
 
 std::vector<Group> groups(const Model& m, const std::string& model_type) {
   const bool kimi = model_type == "kimi_linear";
@@ -52,7 +55,11 @@ std::vector<Group> groups(const Model& m, const std::string& model_type) {
       out.push_back({forget_gate_name(n), Shape{1, 1, p->value.numel(), 1}, {p}});
       continue;
     }
-    out.push_back({kimi ? forget_gate_name(n) : n, p->value.shape(), {p}});
+    out.push_back({kimi                       ? forget_gate_name(n)
+                   : model_type == "kimi_k25" ? k25_runtime_name(n)
+                                              : n,
+                   p->value.shape(),
+                   {p}});
   }
   for (auto& [name, gi] : conv) {
     Group& g = out[gi];
@@ -130,6 +137,80 @@ std::string in_file(const Source& s) {
   return s.file.empty() ? "" : " (in " + s.file + ")";
 }
 
+// kimi_k25 keeps its language model under model.language_model.; the engine's LM parameters
+// carry the plain causal-LM names (model.layers.N..., model.embed_tokens..., model.norm...).
+std::string k25_runtime_name(const std::string& n) {
+  const bool vision =
+      n.rfind("model.vision_tower.", 0) == 0 || n.rfind("model.mm_projector.", 0) == 0;
+  if (vision || n.rfind("model.", 0) != 0) return n;
+  return "model.language_model." + n.substr(6);
+}
+
+// kimi_k25 checkpoints as save_pretrained writes them (the original remote-code spelling) ->
+// transformers' runtime names: language_model.model. / language_model.lm_head, the tower's
+// vision_tower.encoder.blocks.N.{norm0,norm1,mlp.fc0,mlp.fc1,wo} (one lower than runtime) and
+// fused wqkv whose q and k rows interleave the two halves of each rotary pair (transformers'
+// PermuteForRope de-interleaves them per head), the projector's proj.0 / proj.2. Runtime-named
+// tensors pass unchanged.
+Pool normalize_k25(const Pool& in, int64_t heads) {
+  Pool out;
+  for (const auto& [name, t] : in) {
+    std::string n = name;
+    auto swap_prefix = [&](const std::string& from, const std::string& to) {
+      if (n.rfind(from, 0) != 0) return false;
+      n = to + n.substr(from.size());
+      return true;
+    };
+    if (swap_prefix("language_model.model.", "model.language_model.")) {
+      n = replace_all(n, "model.language_model.blocks.", "model.language_model.layers.");
+    } else if (swap_prefix("language_model.lm_head.", "lm_head.")) {
+    } else if (swap_prefix("mm_projector.proj.0.", "model.mm_projector.in_proj.") ||
+               swap_prefix("mm_projector.proj.2.", "model.mm_projector.out_proj.")) {
+    } else if (n == "vision_tower.patch_embed.pos_emb.weight") {
+      n = "model.vision_tower.patch_embed.pos_emb.position_embeddings";
+    } else if (swap_prefix("vision_tower.encoder.blocks.", "model.vision_tower.layers.")) {
+      n = replace_all(n, ".norm1.", ".norm2.");
+      n = replace_all(n, ".norm0.", ".norm1.");
+      n = replace_all(n, ".mlp.fc1.", ".mlp.fc2.");
+      n = replace_all(n, ".mlp.fc0.", ".mlp.fc1.");
+      n = replace_all(n, ".wo.", ".attn.proj.");
+      const size_t at = n.find(".wqkv.");
+      if (at != std::string::npos && t.shape.ndim() >= 1 && t.shape.dims()[0] % 3 == 0 &&
+          t.dtype == DType::F32) {
+        const std::string base = n.substr(0, at) + ".attn.", leaf = n.substr(at + 6);
+        std::vector<int64_t> d = t.shape.dims();
+        const int64_t rows = d[0] / 3, cols = t.shape.numel() / d[0];
+        d[0] = rows;
+        for (int part = 0; part < 3; ++part) {
+          Source src = t;
+          src.shape = Shape(d);
+          src.bytes = t.bytes / 3;
+          src.read_into = [t, part, rows, cols, heads](Tensor& dst) {
+            Tensor all = t.read();
+            const float* from = all.f32() + part * rows * cols;
+            const int64_t hd = rows / heads, half = hd / 2;
+            for (int64_t r = 0; r < rows; ++r) {
+              // q and k: runtime row (h, j, i) holds checkpoint row (h, i, j); v as is.
+              int64_t r_src = r;
+              if (part < 2) {
+                const int64_t h = r / hd, j = (r % hd) / half, i = r % half;
+                r_src = h * hd + 2 * i + j;
+              }
+              std::copy_n(from + r_src * cols, cols, dst.f32() + r * cols);
+            }
+          };
+          out[base + "qkv"[part] + "_proj." + leaf] = src;
+        }
+        continue;
+      }
+    } else {
+      swap_prefix("vision_tower.encoder.", "model.vision_tower.");
+    }
+    out[n] = t;
+  }
+  return out;
+}
+
 // Checkpoint spellings -> transformers' runtime names. Original kimi_linear checkpoints use
 // block_sparse_moe, experts.N.w1/w3/w2 (gate/up/down), self_attn.{A_log,dt_bias,f_a_proj,
 // f_b_proj} and separate q/k/v_conv1d; deepseek_v3/v32 checkpoints use per-expert tensors (fused
@@ -187,7 +268,11 @@ Pool normalize_checkpoint(const std::string& model_type, const Pool& in) {
 // and from_pretrained converts back): per-expert tensors, and kimi's original names.
 TensorMap to_checkpoint(const std::string& model_type, const TensorMap& in) {
   const bool kimi = model_type == "kimi_linear";
-  if (!kimi && model_type != "deepseek_v32" && model_type != "deepseek_v3") return in;
+  // kimi_k25 is written under its runtime names (which transformers loads as they are), with
+  // deepseek_v3's per-expert tensors.
+  if (!kimi && model_type != "deepseek_v32" && model_type != "deepseek_v3" &&
+      model_type != "kimi_k25")
+    return in;
   TensorMap out;
   for (const auto& [name, t] : in) {
     std::string n = name;
@@ -302,7 +387,9 @@ bool fuse_experts(const std::string& prefix, bool gate_up, int64_t E, int64_t F,
 
 void import_pool(Model& m, const std::string& model_type, const Pool& raw,
                  const std::string& source, const ImportOptions& opt) {
-  Pool pool = normalize_checkpoint(model_type, raw);
+  const ModelConfig& mc = m.config();
+  Pool pool = model_type == "kimi_k25" && mc.vision ? normalize_k25(raw, mc.vision->heads)
+                                                    : normalize_checkpoint(model_type, raw);
   std::set<std::string> consumed;
   std::vector<std::string> problems;
   const ModelConfig& cfg = m.config();
@@ -437,6 +524,7 @@ LoadedModel load_hf_model(const std::string& dir, const ModelOptions& opt,
 }
 
 std::string hf_runtime_name(const std::string& model_type, const std::string& engine_name) {
+  if (model_type == "kimi_k25") return k25_runtime_name(engine_name);
   return model_type == "kimi_linear" ? forget_gate_name(engine_name) : engine_name;
 }
 

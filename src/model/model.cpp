@@ -7,6 +7,7 @@
 #include "model/kda_layer.h"
 #include "model/mla_layer.h"
 #include "model/moe_layer.h"
+#include "model/vision/vision_front.h"
 #include "ops/cross_entropy.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
@@ -65,6 +66,12 @@ std::vector<NamedSpec> model_param_specs(const ModelConfig& cfg, const Precision
   if (!cfg.tie_embeddings)
     out.push_back({"lm_head.weight",
                    {.name = "weight", .shape = {cfg.vocab, cfg.hidden}, .std = cfg.init_std}});
+  if (cfg.vision) {
+    VisionFrontEnd v(*cfg.vision, cfg.image_token_id);
+    for (ParamSpec& s : v.tower_specs()) out.push_back({VisionFrontEnd::kTowerPrefix + s.name, s});
+    for (ParamSpec& s : v.projector_specs())
+      out.push_back({VisionFrontEnd::kProjectorPrefix + s.name, s});
+  }
   for (NamedSpec& s : out) s.spec.dtype = param_dtype(s.spec, precision);
   return out;
 }
@@ -113,7 +120,17 @@ Model::Model(const ModelConfig& cfg, uint64_t seed, const ModelOptions& opt)
           ? embed_
           : single("lm_head.weight",
                    {.name = "weight", .shape = {cfg.vocab, cfg.hidden}, .std = cfg.init_std});
+  if (cfg.vision) {
+    vision_ = std::make_unique<VisionFrontEnd>(*cfg.vision, cfg.image_token_id);
+    prefix = VisionFrontEnd::kTowerPrefix;
+    params_.add_layer(prefix, stored_as(vision_->tower_specs(), precision_), rng, trainable);
+    prefix = VisionFrontEnd::kProjectorPrefix;
+    params_.add_layer(prefix, stored_as(vision_->projector_specs(), precision_), rng, trainable);
+    vision_->bind(params_);
+  }
 }
+
+Model::~Model() = default;
 
 void Model::plan_layer(size_t i, const SeqInfo& seq, ArenaPlan& p) const {
   const Shape act{seq.tokens, cfg_.hidden}, row{seq.tokens};
@@ -210,6 +227,7 @@ double Model::forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const
   if (hooks_) hooks_->before_forward(0);
   ops::embedding_forward(ctx, {.tokens = T, .vocab = cfg_.vocab, .dim = d}, ids, embed_.value,
                          resid_[0]);
+  if (vision_) vision_->forward(ctx, ids, images_, resid_[0]);
   if (hooks_) hooks_->after_forward(0);
   for (size_t i = 0; i < L; ++i) {
     const int unit = static_cast<int>(i) + 1;
@@ -283,6 +301,7 @@ void Model::backward(Context& ctx) {
     if (hooks_) hooks_->after_backward(unit);
   }
   if (hooks_) hooks_->before_backward(0);
+  if (vision_) vision_->backward(ctx, dresid);
   if (embed_.trainable())
     ops::embedding_backward(ctx, {.tokens = T, .vocab = cfg_.vocab, .dim = d}, ids_, dresid,
                             embed_.grad);

@@ -21,6 +21,8 @@ namespace mt {
 
 class MoeLayer;
 class ExpertCompute;
+class VisionFrontEnd;
+struct ImageBatch;
 
 // Per-unit callbacks around Model::forward/backward, for sharded (FSDP) parameters. Units are
 // 0 = embedding, 1 + i = layer i (both norms, mixer, FFN), num_layers() + 1 = the head (final
@@ -89,6 +91,7 @@ std::unique_ptr<Layer> make_ffn(const ModelConfig& cfg, FfnKind kind);
 class Model {
  public:
   Model(const ModelConfig& cfg, uint64_t seed, const ModelOptions& opt = {});
+  ~Model();
 
   const ModelConfig& config() const { return cfg_; }
   ParamStore& params() { return params_; }
@@ -115,6 +118,9 @@ class Model {
   // synchronisation point of a forward (docs/gpu.md).
   double forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const Tensor& targets);
   const Tensor& loss() const { return loss_; }
+  // Images of the next forwards (not owned; null = none), for models with a vision tower: their
+  // rows replace the embeddings of the image placeholder tokens in `ids`.
+  void set_images(const ImageBatch* images) { images_ = images; }
   // Adds d(loss)/d(param) into every trainable gradient (cross-entropy, plus each layer's own
   // auxiliary losses with their weights).
   void backward(Context& ctx);
@@ -183,6 +189,8 @@ class Model {
   bool have_forward_ = false;
   float loss_weight_ = 1.f;
   UnitHooks* hooks_ = nullptr;
+  std::unique_ptr<VisionFrontEnd> vision_;
+  const ImageBatch* images_ = nullptr;
 };
 
 }  // namespace mt

@@ -3,6 +3,7 @@
 // any pattern loads.
 #pragma once
 
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -10,6 +11,8 @@
 #include "model/config.h"
 
 namespace mt {
+
+struct VisionConfig;
 
 enum class MixerKind { Kda, Dsa, Mla };
 enum class FfnKind { Dense, Moe };
@@ -35,6 +38,10 @@ struct ModelConfig {
   DsaConfig dsa;  // dsa.mla mirrors `mla` with the output gate
   MoeConfig moe;
   DenseFfnConfig dense;
+  // kimi_k25: a vision tower + projector whose outputs replace the embeddings of the
+  // image_token_id placeholders (model/vision/vision_front.h). Null: text only.
+  std::shared_ptr<const VisionConfig> vision;
+  int64_t image_token_id = -1;
 
   // Parses an HF-style config. Unknown keys, wrong types and inconsistent values are
   // ConfigErrors naming `source` and the key.

@@ -74,9 +74,9 @@ ModelConfig with_lora(ModelConfig cfg, const LoraOptions& lora) {
 
 const char* component_name(Component c) {
   static constexpr const char* kNames[] = {
-      "embedding",     "lm_head",        "norms",  "kda",        "mla_attention",
-      "dsa_attention", "indexer",        "router", "latent",     "shared_experts",
-      "dense_ffn",     "routed_experts", "lora",   "expert_lora"};
+      "embedding",     "lm_head",        "norms",  "kda",         "mla_attention",
+      "dsa_attention", "indexer",        "router", "latent",      "shared_experts",
+      "dense_ffn",     "routed_experts", "lora",   "expert_lora", "vision"};
   static_assert(std::size(kNames) == kComponents);
   return kNames[static_cast<size_t>(c)];
 }
@@ -94,6 +94,8 @@ Component classify(const ModelConfig& cfg, const NamedSpec& s) {
   if (n == "model.embed_tokens.weight") return Component::Embedding;
   if (n == "lm_head.weight") return Component::LmHead;
   if (n == "model.norm.weight") return Component::Norms;
+  if (starts_with(n, "model.vision_tower.") || starts_with(n, "model.mm_projector."))
+    return Component::Vision;
   const std::string layers = "model.layers.";
   MT_CHECK(starts_with(n, layers), InternalError, "parameter '", n, "' belongs to no component");
   const size_t dot = n.find('.', layers.size());

@@ -37,6 +37,7 @@ enum class Component {
   RoutedExperts,
   Lora,        // adapters on projections
   ExpertLora,  // adapters on routed experts
+  Vision,      // kimi_k25's vision tower and projector (their adapters included)
   Count
 };
 constexpr size_t kComponents = static_cast<size_t>(Component::Count);

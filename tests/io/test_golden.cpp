@@ -11,6 +11,7 @@
 #include <iostream>
 
 #include "io/hf_forward.h"
+#include "model/vision/vision_front.h"
 
 namespace mt {
 namespace {
@@ -56,7 +57,8 @@ void check_case(const fs::path& dir) {
   SafetensorsData want = read_safetensors((dir / "outputs.safetensors").string());
   ASSERT_TRUE(in.tensors.count("input_ids"));
   Context ctx;
-  HfForwardResult got = hf_forward(ctx, lm, in.tensors.at("input_ids"), /*grads=*/true);
+  const ImageBatch images = read_image_inputs(in.tensors);  // kimi_k25 cases
+  HfForwardResult got = hf_forward(ctx, lm, in.tensors.at("input_ids"), /*grads=*/true, &images);
 
   const Tensor& logits = want.tensors.at("logits");
   ASSERT_EQ(got.logits.shape(), logits.shape());

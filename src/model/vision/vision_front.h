@@ -1,0 +1,56 @@
+// The image half of a kimi_k25 model as the language model sees it: the tower and projector
+// turn a batch of images into one text-width row per merged patch, and those rows replace the
+// embeddings of the placeholder tokens (image_token_id), in order, as transformers'
+// masked_scatter does. Backward takes the placeholders' rows of the embedding gradient (the
+// embedding table gets nothing from them) and runs the projector and, unless frozen, the tower.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "core/arena.h"
+#include "core/context.h"
+#include "model/param_store.h"
+#include "model/vision/vision_tower.h"
+
+namespace mt {
+
+// The images of one step, packed in placeholder order: pixels [patches, channels * patch^2].
+struct ImageBatch {
+  Tensor pixels;
+  std::vector<ops::ImageGrid> grids;
+};
+
+class VisionFrontEnd {
+ public:
+  VisionFrontEnd(const VisionConfig& cfg, int64_t image_token_id);
+
+  static constexpr const char* kTowerPrefix = "model.vision_tower.";
+  static constexpr const char* kProjectorPrefix = "model.mm_projector.";
+  std::vector<ParamSpec> tower_specs() const { return tower_.param_specs(); }
+  std::vector<ParamSpec> projector_specs() const { return projector_.param_specs(); }
+  // Binds both parts from the store (full names under the two prefixes).
+  void bind(const ParamStore& params);
+
+  // Placeholder count of `ids` (i32 [T]) must equal the images' merged tokens (a one-line
+  // ShapeError otherwise); `embeds` [T, text_hidden]: the placeholders' rows are replaced.
+  // No images and no placeholders: nothing to do.
+  void forward(Context& ctx, const Tensor& ids, const ImageBatch* images, Tensor& embeds);
+  // dembeds [T, text_hidden]: the placeholders' rows are read, then zeroed (the embedding
+  // lookup there was replaced, so the table gets no gradient from them).
+  void backward(Context& ctx, Tensor& dembeds);
+
+ private:
+  VisionConfig cfg_;
+  int64_t image_token_id_;
+  VisionTower tower_;
+  VisionProjector projector_;
+  bool tower_trains_ = false, projector_trains_ = false;
+  // State of the last forward with images.
+  Arena acts_;
+  VisionInputs in_;
+  std::vector<int32_t> rows_;  // placeholder positions, in order
+  bool active_ = false;
+};
+
+}  // namespace mt
