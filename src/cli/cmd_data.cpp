@@ -24,6 +24,18 @@ Command add_data_command(CLI::App& app) {
                 "a line equal to this ends a document in text files (e.g. %)");
   p->add_option("--max-bytes", o->corpus.max_bytes, "read at most this many bytes (0: all)")
       ->capture_default_str();
+  p->add_option("--image-token-id", o->images.image_token_id,
+                "inputs are interleaved image-text JSON lines; this id marks image placeholders");
+  p->add_option("--patch-size", o->images.processor.patch_size, "image patch size (pixels)")
+      ->capture_default_str();
+  p->add_option("--max-image-patches", o->images.processor.max_patches,
+                "images are shrunk to at most this many patches")
+      ->capture_default_str();
+  p->add_option("--max-image-side", o->images.processor.max_side_patches,
+                "and at most this many patches per side")
+      ->capture_default_str();
+  p->add_option("--max-image-pixels", o->images.limits.max_pixels, "larger image files are refused")
+      ->capture_default_str();
   return {c, [o] {
             prepare_data(*o, std::cout);
             return 0;

@@ -1,5 +1,7 @@
 #include "train/dataset.h"
 
+#include "train/image_data.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -248,6 +250,7 @@ void write_dataset(const PackedData& data, const std::string& dir) {
                       {"fnv1a64", cat(std::hex, fnv1a64(buf.data(), bytes))}});
   }
   index["shards"] = shards;
+  if (data.images) write_images(*data.images, tmp.string());
   const std::string text = index.dump();
   write_bytes(tmp / "index.json", text.data(), text.size());
   fs::remove_all(dir);
@@ -294,6 +297,7 @@ PackedData load_dataset(const std::string& dir) {
              ValueError, "dataset '", dir, "': target id ", d.targets[i], " at position ", i,
              " is outside its vocabulary [0, ", d.vocab, ")");
   }
+  d.images = load_images(dir);
   return d;
 }
 
@@ -317,6 +321,7 @@ Batch make_batch(const PackedData& data, const std::vector<int64_t>& indices) {
                 b.targets.i32() + static_cast<int64_t>(j) * L);
   }
   for (int64_t t = 0; t < b.seq.tokens; ++t) b.target_tokens += b.targets.i32()[t] != kIgnoreIndex;
+  if (data.images) b.images = image_batch(*data.images, indices);
   return b;
 }
 

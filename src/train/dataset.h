@@ -11,11 +11,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/seq_info.h"
 #include "core/tensor.h"
+#include "model/vision/vision_front.h"
 #include "train/tokenizer.h"
 
 namespace mt {
@@ -45,12 +47,15 @@ std::vector<Document> read_corpus(const CorpusOptions& opt, int64_t* skipped = n
 void split_corpus(const std::vector<Document>& docs, double heldout_fraction,
                   std::vector<Document>& train, std::vector<Document>& heldout);
 
+struct PackedImages;
+
 struct PackedData {
   int64_t seq_len = 0;
   int64_t vocab = 0;
   std::vector<int32_t> ids, targets;           // [sequences * seq_len]
   std::vector<std::vector<int64_t>> segments;  // per sequence, summing to seq_len
   int64_t documents = 0;
+  std::shared_ptr<const PackedImages> images;  // interleaved image-text data (train/image_data.h)
   int64_t sequences() const { return static_cast<int64_t>(segments.size()); }
   int64_t target_tokens() const;  // targets that count in the loss
 };
@@ -65,6 +70,7 @@ struct Batch {
   SeqInfo seq;
   Tensor ids, targets;
   int64_t target_tokens = 0;
+  ImageBatch images;  // empty for text-only data
 };
 Batch make_batch(const PackedData& data, const std::vector<int64_t>& indices);
 

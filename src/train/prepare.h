@@ -8,6 +8,7 @@
 #include <string>
 
 #include "train/dataset.h"
+#include "train/image_data.h"
 
 namespace mt {
 
@@ -18,6 +19,8 @@ struct PrepareOptions {
   int64_t vocab = 4096;   // when training a tokenizer
   int64_t seq_len = 256;
   double heldout = 0.1;
+  // image_token_id >= 0: the inputs are interleaved image-text JSON lines (train/image_data.h).
+  ImageDataOptions images;
 };
 
 struct PrepareResult {

@@ -90,14 +90,18 @@ std::string format_eta(double s) {
 
 double LocalExecutor::forward_backward(const Batch& host) {
   const Batch& b = staged_.stage(host, ctx_.device());
+  model_.set_images(&host.images);  // the batch outlives this step only
   const double loss = model_.forward(ctx_, b.seq, b.ids, b.targets);
+  model_.set_images(nullptr);
   model_.backward(ctx_);
   return loss;
 }
 
 double LocalExecutor::forward_loss(const Batch& host) {
   const Batch& b = staged_.stage(host, ctx_.device());
+  model_.set_images(&host.images);
   const double loss = model_.forward(ctx_, b.seq, b.ids, b.targets);
+  model_.set_images(nullptr);
   // Evaluation runs between steps: its routing must not count as training load.
   for_each_moe(model_, [](int, MoeLayer& m) { m.reset_expert_load(); });
   return loss;
