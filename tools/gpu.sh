@@ -1,26 +1,29 @@
-#!/ usr / bin / env bash
-#GPU work in stages.The device machine lacks our Debian libraries, so the CUDA build happens here
-#and travels with its shared libraries:
-#tools / gpu.sh pack(here) build - DMOETRAIN_CUDA = ON into build - cuda, copy the GPU
-#binaries and the libraries they need into.gpu /
-#tools / gpu.sh test[sanitize](device) run the CUDA tests from.gpu / (and compute - sanitizer
-#memcheck + racecheck over them); JSON + logs to $OUT
-#tools / gpu.sh bench(device) `moetrain bench step` on the Kimi - Linear - width 8 - layer
-#model(bench / models / kimi - linear - 8l.json); TOKENS = 8192
-#tools / gpu.sh anchors(device)../ shared / bench / hf_lora_step.py(transformers + PEFT +
-#fla), from the copy and the wheels that pack put in.gpu /
-#The device call : run(command = "tools/gpu.sh test sanitize", carry = [".gpu"]); stages chain:
-#"tools/gpu.sh test && tools/gpu.sh bench && tools/gpu.sh anchors".The last lines printed are a
-#short table; $OUT / gpu_summary.json, bench_step.json and hf_lora_step.json hold the same in JSON.
-set - euo pipefail cd "$(dirname " $0 ")/.." stage = ${1 : -} shift || true
+#!/usr/bin/env bash
+# GPU work in stages. The device machine lacks our Debian libraries, so the CUDA build happens here
+# and travels with its shared libraries:
+#   tools/gpu.sh pack              (here)   build -DMOETRAIN_CUDA=ON into build-cuda, copy the GPU
+#                                           binaries and the libraries they need into .gpu/
+#   tools/gpu.sh test [sanitize]   (device) run the CUDA tests from .gpu/ (and compute-sanitizer
+#                                           memcheck + racecheck over them); JSON + logs to $OUT
+#   tools/gpu.sh bench             (device) `moetrain bench step` on the Kimi-Linear-width 8-layer
+#                                           model (bench/models/kimi-linear-8l.json); TOKENS=8192
+#   tools/gpu.sh anchors           (device) ../shared/bench/hf_lora_step.py (transformers + PEFT +
+#                                           fla), from the copy and the wheels that pack put in .gpu/
+# The device call: run(command="tools/gpu.sh test sanitize", carry=[".gpu"]); stages chain:
+# "tools/gpu.sh test && tools/gpu.sh bench && tools/gpu.sh anchors". The last lines printed are a
+# short table; $OUT/gpu_summary.json, bench_step.json and hf_lora_step.json hold the same in JSON.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+stage=${1:-}
+shift || true
 
-                                                     pack() {
+pack() {
   MOETRAIN_CMAKE_ARGS="-DMOETRAIN_WERROR=ON -DMOETRAIN_CUDA=ON ${MOETRAIN_CMAKE_ARGS:-}" \
     tools/build.sh build-cuda --target moetrain_cli gpu_suite
   rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib
   cp build-cuda/moetrain build-cuda/tests/gpu_suite .gpu/bin/
-#Every library the binaries load except the C runtime and the CUDA driver / toolkit, which the
-#device image has in versions the binaries accept.
+  # Every library the binaries load except the C runtime and the CUDA driver/toolkit, which the
+  # device image has in versions the binaries accept.
   for b in .gpu/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
     grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcudart|libcublas[^/]*|libnvidia[^/]*|libstdc\+\+|libgcc_s|libz|libudev)\.so' |
     while read -r lib; do cp -L "$lib" .gpu/lib/; done
@@ -31,6 +34,8 @@ set - euo pipefail cd "$(dirname " $0 ")/.." stage = ${1 : -} shift || true
   # holding flash-linear-attention and fla-core 0.6.0 (pip download --no-deps ...).
   if [ -f ../shared/bench/hf_lora_step.py ]; then cp ../shared/bench/hf_lora_step.py .gpu/; fi
   if [ -d "${WHEELS:-}" ]; then mkdir -p .gpu/wheels && cp "$WHEELS"/*.whl .gpu/wheels/; fi
+  # Prepared datasets a device run trains on (the GPU-vs-CPU loss curves): GPU_DATA=dir.
+  if [ -d "${GPU_DATA:-}" ]; then mkdir -p .gpu/data && cp -r "$GPU_DATA" .gpu/data/; fi
   du -sh .gpu
 }
 
@@ -90,7 +95,7 @@ bench_stage() {
   mkdir -p "$out"
   unpack
   "$MOETRAIN_BIN" bench step --model bench/models/kimi-linear-8l.json --tokens "${TOKENS:-8192}" \
-    --steps "${STEPS:-5}" --json "$out/bench_step${TOKENS:+_$TOKENS}.json" "$@" 2>&1 | tee -a "$out/bench_step.log"
+    --steps "${STEPS:-5}" --json "$out/bench_step_${TOKENS:-8192}.json" "$@" 2>&1 | tee -a "$out/bench_step.log"
 }
 
 anchors_stage() {
@@ -102,10 +107,17 @@ anchors_stage() {
   OUT="$out" python3 .gpu/hf_lora_step.py "${@:-grouped}" 2>&1 | tee -a "$out/hf_lora_step.log"
 }
 
+# Any moetrain command with the packed binary: tools/gpu.sh cli train --job ...
+cli_stage() {
+  unpack
+  "$MOETRAIN_BIN" "$@"
+}
+
 case "$stage" in
   pack) pack ;;
   test) test_stage "$@" ;;
   bench) bench_stage "$@" ;;
   anchors) anchors_stage "$@" ;;
-  *) echo "usage: tools/gpu.sh pack | test [sanitize] | bench [moetrain bench step options] | anchors [variant ...]" >&2; exit 2 ;;
+  cli) cli_stage "$@" ;;
+  *) echo "usage: tools/gpu.sh pack | test [sanitize] | bench [options] | anchors [variant ...] | cli ARGS" >&2; exit 2 ;;
 esac

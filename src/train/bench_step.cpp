@@ -101,8 +101,16 @@ nlohmann::json run_step_bench(const StepBenchOptions& o, std::ostream& log) {
   const double peak =
       o.peak_tflops > 0 ? o.peak_tflops : (device == Device::CUDA ? 989.0 : 0.0);  // H200 bf16
   const double achieved = f.train.total() * tok_s / 1e12;
+  // The planner's prediction for this very step (one device, no recompute), next to what the
+  // device reports: issue 11's memory check compares the two.
+  plan::ParallelPlan pp;
+  pp.seq = o.tokens;
+  const plan::MemoryBreakdown predicted =
+      plan::predict_memory(cfg, pp, {.precision = mopt.precision, .freeze_base = mopt.freeze_base});
   nlohmann::json j;
   j["bench"] = "step";
+  j["planner"] = predicted.to_json();
+  j["planner_total_gib"] = predicted.total() / double(size_t(1) << 30);
   j["model"] = o.model;
   j["device"] = ctx.describe();
   j["precision"] = o.precision;

@@ -183,7 +183,26 @@ void check_dtypes(const char* op, const Tensor& q, const Tensor& k, const Tensor
 
 }  // namespace
 
+__global__ void causal_indices_kernel(int64_t n, int64_t kmax, const int32_t* pos, int32_t* idx) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int64_t t = i / kmax, j = i % kmax;
+  const int32_t p = pos[t];  // the token's position in its document: its row is start .. t
+  idx[i] = j <= p ? static_cast<int32_t>(t - p + j) : -1;
+}
+
 void causal_indices(const SeqInfo& seq, Tensor& indices) {
+  if (seq.positions.device() == Device::CUDA) {
+    // From the staged positions, on the legacy stream (ordered with every context's blocking
+    // stream): no host table, no copy, no wait.
+    const int64_t n = indices.numel();
+    if (n == 0) return;
+    const int threads = 256;
+    causal_indices_kernel<<<static_cast<unsigned>((n + threads - 1) / threads), threads>>>(
+        n, indices.dim(1), ptr<int32_t>(seq.positions), ptr<int32_t>(indices));
+    MT_CUDA_LAUNCH_CHECK();
+    return;
+  }
   // Built on the host from the host-side document offsets and copied in one transfer (set-up
   // data of a batch, like the offsets themselves). Without a context there is no stream to order
   // the copy after kernels that may still read this memory (a reused workspace block), so the
