@@ -15,7 +15,10 @@ Command add_data_command(CLI::App& app) {
   p->add_option("inputs", o->corpus.inputs, "files or directories (*.jsonl: JSON lines)")
       ->required();
   p->add_option("--out", o->out, "output directory")->required();
-  p->add_option("--tokenizer", o->tokenizer, "existing tokenizer.model (default: train one)");
+  p->add_option(
+      "--tokenizer", o->tokenizer,
+      "existing tokenizer.model, or an HF model directory (tokenizer.json or tiktoken.model; "
+      "default: train one)");
   p->add_option("--vocab", o->vocab, "vocabulary of a trained tokenizer")->capture_default_str();
   p->add_option("--seq", o->seq_len, "tokens per packed sequence")->capture_default_str();
   p->add_option("--heldout", o->heldout, "held-out fraction (by document)")->capture_default_str();

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -30,6 +31,31 @@ bool is_jsonl(const fs::path& p) {
   return p.extension() == ".jsonl" || p.extension() == ".json";
 }
 
+// {"input_ids": [...], "labels": [...]}: labels equal the ids where the loss counts, else -100.
+void read_token_line(const nlohmann::json& j, const std::string& where, Document& d) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    MT_CHECK(it.key() == "input_ids" || it.key() == "labels", IoError, where, ": unknown key '",
+             it.key(), "' next to input_ids (expected labels)");
+    MT_CHECK(it.value().is_array(), IoError, where, ": ", it.key(), " must be an array");
+    std::vector<int32_t>& dst = it.key() == "input_ids" ? d.ids : d.labels;
+    for (const auto& v : it.value()) {
+      MT_CHECK(v.is_number_integer() && v.get<int64_t>() >= kIgnoreIndex &&
+                   v.get<int64_t>() <= std::numeric_limits<int32_t>::max(),
+               IoError, where, ": ", it.key(), " holds ", v.dump(), ", not a token id");
+      dst.push_back(v.get<int32_t>());
+    }
+  }
+  MT_CHECK(j.contains("labels"), IoError, where, ": input_ids without labels");
+  MT_CHECK(d.ids.size() == d.labels.size(), IoError, where, ": ", d.ids.size(), " input_ids but ",
+           d.labels.size(), " labels");
+  MT_CHECK(d.ids.size() >= 2, IoError, where, ": fewer than 2 input_ids");
+  for (size_t i = 0; i < d.ids.size(); ++i) {
+    MT_CHECK(d.ids[i] >= 0, IoError, where, ": input_ids[", i, "] = ", d.ids[i], " is negative");
+    MT_CHECK(d.labels[i] == d.ids[i] || d.labels[i] == kIgnoreIndex, IoError, where, ": labels[", i,
+             "] = ", d.labels[i], " is neither input_ids[", i, "] nor -100");
+  }
+}
+
 void read_jsonl(const fs::path& p, const std::string& text, std::vector<Document>& out) {
   size_t pos = 0;
   int64_t line_no = 0;
@@ -49,6 +75,11 @@ void read_jsonl(const fs::path& p, const std::string& text, std::vector<Document
     }
     MT_CHECK(j.is_object(), IoError, where, ": expected a JSON object");
     Document d{.source = where};
+    if (j.contains("input_ids")) {
+      read_token_line(j, where, d);
+      out.push_back(std::move(d));
+      continue;
+    }
     for (auto it = j.begin(); it != j.end(); ++it) {
       MT_CHECK(it.value().is_string(), IoError, where, ": key '", it.key(), "' must be a string");
       if (it.key() == "text" || it.key() == "response")
@@ -184,14 +215,31 @@ PackedData pack_documents(const std::vector<Document>& docs, const Tokenizer& to
     if (fill == 0) out.segments.emplace_back();
   };
   for (const Document& d : docs) {
-    std::vector<int32_t> toks = d.prompt.empty() ? std::vector<int32_t>{} : tok.encode(d.prompt);
-    const size_t prompt_len = toks.size();
-    std::vector<int32_t> body = tok.encode(d.text);
-    toks.insert(toks.end(), body.begin(), body.end());
-    toks.push_back(tok.eos());
+    // toks[k] is a target when trained[k]: never bos or prompt tokens.
+    std::vector<int32_t> toks;
+    std::vector<bool> trained;
+    if (!d.ids.empty()) {
+      toks = d.ids;
+      for (size_t k = 0; k < toks.size(); ++k) {
+        MT_CHECK(toks[k] < out.vocab, ValueError, d.source, ": input_ids[", k, "] = ", toks[k],
+                 " is outside the tokenizer vocabulary [0, ", out.vocab, ")");
+        trained.push_back(d.labels[k] != kIgnoreIndex);
+      }
+    } else {
+      if (tok.document_bos() >= 0) toks.push_back(tok.document_bos());
+      if (!d.prompt.empty()) {
+        std::vector<int32_t> p = tok.encode(d.prompt);
+        toks.insert(toks.end(), p.begin(), p.end());
+      }
+      trained.assign(toks.size(), false);
+      std::vector<int32_t> body = tok.encode(d.text);
+      toks.insert(toks.end(), body.begin(), body.end());
+      toks.push_back(tok.eos());
+      trained.resize(toks.size(), true);
+    }
     if (toks.size() < 2) continue;
     ++out.documents;
-    // Pair i: input toks[i], target toks[i+1]; prompt tokens are never targets.
+    // Pair i: input toks[i], target toks[i+1] where that token is trained on.
     size_t i = 0;
     const size_t pairs = toks.size() - 1;
     while (i < pairs) {
@@ -199,7 +247,7 @@ PackedData pack_documents(const std::vector<Document>& docs, const Tokenizer& to
       const size_t take = std::min(pairs - i, static_cast<size_t>(seq_len - fill));
       for (size_t k = i; k < i + take; ++k) {
         out.ids.push_back(toks[k]);
-        out.targets.push_back(k + 1 < prompt_len ? kIgnoreIndex : toks[k + 1]);
+        out.targets.push_back(trained[k + 1] ? toks[k + 1] : kIgnoreIndex);
       }
       out.segments.back().push_back(static_cast<int64_t>(take));
       fill += static_cast<int64_t>(take);

@@ -1,9 +1,11 @@
 // Corpora and token datasets. A corpus is a list of documents read from text files (one per file,
-// or split at separator lines such as fortune's "%") or JSON lines ({"text"} or
-// {"prompt","response"}). `prepare` tokenizes documents and packs them into fixed-length
-// sequences: each sequence stores input ids, targets (the next token of the same document, or
-// -100 where the loss is masked: prompt tokens, document ends, padding) and the lengths of its
-// document segments, so packed documents never see each other (SeqInfo varlen).
+// or split at separator lines such as fortune's "%") or JSON lines ({"text"}, {"prompt","response"}
+// or, already tokenized, {"input_ids", "labels"} as tools/chat_ids.py writes them from a model's
+// chat template: labels[i] is input_ids[i] where the loss counts, -100 where it does not).
+// `prepare` tokenizes documents and packs them into fixed-length sequences: each sequence stores
+// input ids, targets (the next token of the same document, or -100 where the loss is masked: prompt
+// tokens, document ends, padding) and the lengths of its document segments, so packed documents
+// never see each other (SeqInfo varlen).
 //
 // On disk (a directory): index.json (format, seq_len, vocab, segments per sequence, shard list
 // with byte counts and FNV-1a checksums) and shard_NNNNN.bin (int32 little-endian: per sequence
@@ -28,6 +30,8 @@ struct Document {
   std::string text;    // trained on
   std::string prompt;  // conditioning only: its tokens are never targets
   std::string source;  // "file" or "file:line", for the split and for messages
+  // Pre-tokenized documents: ids as they are (no bos/eos added), labels[i] = ids[i] or -100.
+  std::vector<int32_t> ids, labels;
 };
 
 struct CorpusOptions {

@@ -1,5 +1,6 @@
 #include "train/prepare.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -57,8 +58,11 @@ PrepareResult prepare_data(const PrepareOptions& o, std::ostream& log) {
   MT_CHECK(o.heldout == 0 || !held.empty(), ValueError, "the held-out split of ",
            o.corpus.inputs.front(), " is empty: too few documents (", docs.size(), ")");
   fs::create_directories(o.out);
-  const std::string tok_path = (fs::path(o.out) / "tokenizer.model").string();
   Tokenizer tok;
+  const bool pretokenized =
+      std::any_of(docs.begin(), docs.end(), [](const Document& d) { return !d.ids.empty(); });
+  MT_CHECK(!pretokenized || !o.tokenizer.empty(), ValueError, o.corpus.inputs.front(),
+           " holds token ids (input_ids): give the --tokenizer they were made with");
   if (o.tokenizer.empty()) {
     std::vector<std::string> texts;
     for (const Document& d : train) texts.push_back(d.prompt + d.text);
@@ -66,7 +70,7 @@ PrepareResult prepare_data(const PrepareOptions& o, std::ostream& log) {
   } else {
     tok = Tokenizer::load(o.tokenizer);
   }
-  tok.save(tok_path);
+  const std::string tok_path = tok.save_into(o.out);
   PackedData tp = pack_documents(train, tok, o.seq_len);
   write_dataset(tp, (fs::path(o.out) / "train").string());
   r.train_docs = static_cast<int64_t>(train.size());
@@ -77,13 +81,10 @@ PrepareResult prepare_data(const PrepareOptions& o, std::ostream& log) {
     r.heldout_docs = static_cast<int64_t>(held.size());
     r.heldout_tokens = hp.target_tokens();
   }
-  nlohmann::json info = {{"inputs", o.corpus.inputs},
-                         {"vocab_size", tok.vocab()},
-                         {"seq_len", o.seq_len},
-                         {"train_documents", r.train_docs},
-                         {"heldout_documents", r.heldout_docs},
-                         {"train_tokens", r.train_tokens},
-                         {"heldout_tokens", r.heldout_tokens},
+  nlohmann::json info = {{"inputs", o.corpus.inputs},       {"tokenizer", tok_path},
+                         {"vocab_size", tok.vocab()},       {"seq_len", o.seq_len},
+                         {"train_documents", r.train_docs}, {"heldout_documents", r.heldout_docs},
+                         {"train_tokens", r.train_tokens},  {"heldout_tokens", r.heldout_tokens},
                          {"skipped_not_utf8", r.skipped}};
   std::ofstream(fs::path(o.out) / "prepare.json") << info.dump(2) << "\n";
   log << "prepared " << o.out << ": " << r.train_docs << " train documents (" << r.train_tokens

@@ -1,6 +1,7 @@
 // `moetrain data prepare`: corpus files -> (optionally trained) tokenizer -> deterministic
 // train / held-out split by document -> packed token datasets:
-//   <out>/tokenizer.model, <out>/train/, <out>/heldout/, <out>/prepare.json (counts).
+//   <out>/tokenizer.model (or, with an HF tokenizer, its files under <out>/tokenizer/),
+//   <out>/train/, <out>/heldout/, <out>/prepare.json (counts).
 #pragma once
 
 #include <cstdint>
@@ -15,8 +16,10 @@ namespace mt {
 struct PrepareOptions {
   CorpusOptions corpus;
   std::string out;
-  std::string tokenizer;  // existing tokenizer.model; "" = train one on the training split
-  int64_t vocab = 4096;   // when training a tokenizer
+  // existing tokenizer.model, or an HF model directory (or its tokenizer.json / tiktoken.model);
+  // "" = train one on the training split
+  std::string tokenizer;
+  int64_t vocab = 4096;  // when training a tokenizer
   int64_t seq_len = 256;
   double heldout = 0.1;
   // image_token_id >= 0: the inputs are interleaved image-text JSON lines (train/image_data.h).

@@ -13,6 +13,7 @@ namespace mt {
 
 struct Tokenizer::Impl {
   sentencepiece::SentencePieceProcessor sp;
+  std::unique_ptr<HfTokenizer> hf;  // set: an HF tokenizer, sp unused
 };
 
 namespace {
@@ -80,8 +81,18 @@ Tokenizer Tokenizer::train(const std::vector<std::string>& texts,
 }
 
 Tokenizer Tokenizer::load(const std::string& path) {
-  MT_CHECK(std::filesystem::is_regular_file(path), IoError, "tokenizer '", path,
-           "' does not exist");
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  const std::string name = p.filename().string();
+  if (fs::is_directory(p) || name == "tokenizer.json" || name == "tiktoken.model") {
+    Tokenizer t;
+    t.impl_->hf = std::make_unique<HfTokenizer>(
+        HfTokenizer::load(fs::is_directory(p) ? path : p.parent_path().string()));
+    MT_CHECK(t.impl_->hf->eos() >= 0, ConfigError, path,
+             ": the tokenizer has no eos_token (tokenizer_config.json); documents need one");
+    return t;
+  }
+  MT_CHECK(fs::is_regular_file(path), IoError, "tokenizer '", path, "' does not exist");
   Tokenizer t;
   auto st = t.impl_->sp.Load(path);
   MT_CHECK(st.ok(), IoError, "tokenizer '", path, "' does not load: ", st.ToString());
@@ -89,6 +100,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
 }
 
 void Tokenizer::save(const std::string& path) const {
+  MT_CHECK(!impl_->hf, ValueError, "an HF tokenizer is saved as a directory (save_into)");
   std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary);
@@ -99,7 +111,25 @@ void Tokenizer::save(const std::string& path) const {
   std::filesystem::rename(tmp, path);
 }
 
+std::string Tokenizer::save_into(const std::string& dir) const {
+  namespace fs = std::filesystem;
+  if (!impl_->hf) {
+    const std::string path = (fs::path(dir) / "tokenizer.model").string();
+    save(path);
+    return path;
+  }
+  const fs::path out = fs::path(dir) / "tokenizer", tmp = fs::path(dir) / "tokenizer.tmp";
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  for (const std::string& f : impl_->hf->files())
+    fs::copy_file(f, tmp / fs::path(f).filename(), fs::copy_options::overwrite_existing);
+  fs::remove_all(out);
+  fs::rename(tmp, out);
+  return out.string();
+}
+
 std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
+  if (impl_->hf) return impl_->hf->encode(text);
   std::vector<int> ids;
   auto st = impl_->sp.Encode(text, &ids);
   MT_CHECK(st.ok(), ValueError, "tokenizer encode failed: ", st.ToString());
@@ -107,6 +137,7 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+  if (impl_->hf) return impl_->hf->decode(ids);
   const int64_t v = vocab();
   for (size_t i = 0; i < ids.size(); ++i)
     MT_CHECK(ids[i] >= 0 && ids[i] < v, ValueError, "token id ", ids[i], " at position ", i,
@@ -118,24 +149,13 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
 }
 
 int64_t Tokenizer::vocab() const {
-  return impl_->sp.GetPieceSize();
+  return impl_->hf ? impl_->hf->vocab() : impl_->sp.GetPieceSize();
 }
 int32_t Tokenizer::eos() const {
-  return impl_->sp.eos_id();
+  return impl_->hf ? impl_->hf->eos() : impl_->sp.eos_id();
 }
-
-bool valid_utf8(const std::string& s) {
-  size_t i = 0;
-  const size_t n = s.size();
-  while (i < n) {
-    auto c = static_cast<unsigned char>(s[i]);
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (len == 0 || i + len > n) return false;
-    for (size_t k = 1; k < len; ++k)
-      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 2) return false;
-    i += len;
-  }
-  return true;
+int32_t Tokenizer::document_bos() const {
+  return impl_->hf && impl_->hf->add_bos() ? impl_->hf->bos() : -1;
 }
 
 }  // namespace mt
