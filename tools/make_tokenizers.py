@@ -23,6 +23,7 @@ import glob
 import json
 import os
 import random
+import unicodedata
 
 DEEPSEEK_SPLITS = [
     r"\p{N}{1,3}",
@@ -130,6 +131,65 @@ def write_json(path, obj):
         f.write("\n")
 
 
+CONVERSATIONS = [
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Sum 2+2?"},
+     {"role": "assistant", "content": "4."}, {"role": "user", "content": "和 3+3？"},
+     {"role": "assistant", "content": "六 (6) 😀"}],
+    [{"role": "user", "content": "Write hello in C.\r\n"},
+     {"role": "assistant", "content": "int main() {\n    puts(\"hello\");\n}\n"}],
+    [{"role": "user", "content": "  spaces   and\ttabs  "}, {"role": "assistant", "content": " ok "},
+     {"role": "user", "content": "1234567890"}, {"role": "assistant", "content": "０１２ e\u0301"}],
+]
+
+
+def write_chat(out):
+    """chat.jsonl (conversations), chat_<family>.ids.jsonl (tools/chat_ids.py's output, what
+    `data prepare` reads) and chat_goldens.json: per family and conversation the ids of
+    transformers' apply_chat_template (tiktoken: transformers' renderer + tiktoken) and the text of
+    each assistant turn as the template renders it (the rendered conversation through the turn
+    minus the one before it with the generation prompt), for the loss mask."""
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import chat_ids
+    from transformers import AutoTokenizer
+    from transformers.utils.chat_template_utils import render_jinja_template
+    with open(os.path.join(out, "chat.jsonl"), "w") as f:
+        for c in CONVERSATIONS:
+            f.write(json.dumps({"messages": c}, ensure_ascii=False) + "\n")
+    goldens = {}
+    for fam in ("deepseek_v3", "qwen3", "kimi"):
+        d = os.path.join(out, fam)
+        with open(os.path.join(d, "tokenizer_config.json")) as f:
+            cfg = json.load(f)
+        kw = {k: chat_ids.content(cfg.get(k)) for k in ("bos_token", "eos_token", "pad_token")}
+
+        def text(msgs, gen):
+            r = render_jinja_template([msgs], chat_template=cfg["chat_template"],
+                                      add_generation_prompt=gen, **kw)
+            r = r[0] if isinstance(r, tuple) else r
+            return r[0] if isinstance(r, list) else r
+        render = chat_ids.load(d)
+        fam_gold = {"ids": [], "assistant": []}
+        with open(os.path.join(out, f"chat_{fam}.ids.jsonl"), "w") as f:
+            for c in CONVERSATIONS:
+                ids, labels = chat_ids.to_ids(render, c)
+                if fam == "kimi":
+                    ref = render(c, False)
+                else:
+                    tok = AutoTokenizer.from_pretrained(d)
+                    ref = list(tok.apply_chat_template(c, tokenize=True)["input_ids"])
+                assert ids == ref, fam
+                f.write(json.dumps({"input_ids": ids, "labels": labels}) + "\n")
+                fam_gold["ids"].append(ref)
+                # As the engine decodes it: qwen3's tokenizer normalises to NFC.
+                norm = (lambda t: unicodedata.normalize("NFC", t)) if fam == "qwen3" else str
+                fam_gold["assistant"].append(
+                    [norm(text(c[:k + 1], False)[len(text(c[:k], True) if k else ""):])
+                     for k, m in enumerate(c) if m["role"] == "assistant"])
+        goldens[fam] = fam_gold
+    write_json(os.path.join(out, "chat_goldens.json"), goldens)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
@@ -198,6 +258,7 @@ def main():
         f.write("{\n" + ",\n".join(
             f' "{k}": [\n' + ",\n".join("  " + json.dumps(x) for x in v) + "\n ]"
             for k, v in goldens.items()) + "\n}\n")
+    write_chat(args.out)
     write_json(os.path.join(args.out, "versions.json"),
                {"tokenizers": tokenizers.__version__, "tiktoken": tiktoken.__version__,
                 "transformers": transformers.__version__})

@@ -3,7 +3,9 @@
 // pre-tokenizer) and tiktoken (Kimi's pattern), and the ids those libraries give for a corpus of
 // code, prose, CJK, emoji, combining marks, CRLF, whitespace runs, long digit runs and special
 // tokens written in the text (tests/tokenizer/goldens.json). Then the settings read from
-// tokenizer_config.json, `data prepare --tokenizer DIR`, and one-line errors for bad files.
+// tokenizer_config.json, `data prepare --tokenizer DIR`, chat data (tools/chat_ids.py) against
+// transformers' apply_chat_template with the loss on the replies only, and one-line errors for
+// bad files.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -208,6 +210,55 @@ TEST(HfTokenizer, PrepareWithModelTokenizer) {
   EXPECT_EQ(std::vector<int32_t>(data.ids.begin(), data.ids.begin() + ids.size()), ids);
   EXPECT_EQ(std::vector<int32_t>(data.targets.begin(), data.targets.begin() + ids.size()), targets);
   fs::remove_all(d);
+}
+
+// Conversations through tools/chat_ids.py (tests/tokenizer/chat_<family>.ids.jsonl) and `data
+// prepare`: the packed ids are transformers' apply_chat_template ids (chat_goldens.json), and
+// the targets that count are exactly the assistant turns, each decoding to the text the template
+// renders for it (reply + end-of-turn tokens); everything else is masked.
+void expect_chat(const std::string& family) {
+  const fs::path root = fixtures(), d = temp_dir("chat_" + family);
+  const json gold = read_json(root / "chat_goldens.json")[family];
+  PrepareOptions o{.corpus = {.inputs = {(root / ("chat_" + family + ".ids.jsonl")).string()}},
+                   .out = (d / "out").string(),
+                   .tokenizer = (root / family).string(),
+                   .seq_len = 128,
+                   .heldout = 0};
+  std::ostringstream log;
+  prepare_data(o, log);
+  const PackedData data = load_dataset((d / "out" / "train").string());
+  const HfTokenizer tok = HfTokenizer::load((root / family).string());
+  size_t off = 0;
+  for (size_t c = 0; c < gold["ids"].size(); ++c) {
+    const auto ids = gold["ids"][c].get<std::vector<int32_t>>();
+    const auto turns = gold["assistant"][c].get<std::vector<std::string>>();
+    ASSERT_LE(off + ids.size() - 1, data.ids.size());
+    std::vector<std::string> runs;
+    bool open = false;
+    for (size_t i = 0; i + 1 < ids.size(); ++i) {
+      EXPECT_EQ(data.ids[off + i], ids[i]) << family << " conversation " << c << " token " << i;
+      const int32_t t = data.targets[off + i];
+      if (t != kIgnoreIndex) {
+        EXPECT_EQ(t, ids[i + 1]);
+        if (!open) runs.emplace_back();
+        runs.back() += tok.decode({t});
+      }
+      open = t != kIgnoreIndex;
+    }
+    EXPECT_EQ(runs, turns) << family << " conversation " << c;
+    off += ids.size() - 1;
+  }
+  fs::remove_all(d);
+}
+
+TEST(HfTokenizer, ChatTemplateDeepSeekV3) {
+  expect_chat("deepseek_v3");
+}
+TEST(HfTokenizer, ChatTemplateQwen3) {
+  expect_chat("qwen3");
+}
+TEST(HfTokenizer, ChatTemplateKimi) {
+  expect_chat("kimi");
 }
 
 }  // namespace
