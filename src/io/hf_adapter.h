@@ -1,8 +1,9 @@
 // LoRA adapters on HuggingFace model types (kimi_linear, deepseek_v32) in HF PEFT's layout, so
 // an adapter trained or drawn here loads with `PeftModel.from_pretrained` on the transformers
 // model: keys "base_model.model.<transformers module>.lora_{A,B}.weight", A [r, in], B [out, r],
-// scaling lora_alpha / r. Routed experts are fused 3-D parameters in transformers, which PEFT's
-// LoRA cannot wrap: their adapters are refused here.
+// scaling lora_alpha / r. Routed experts are fused 3-D parameters in transformers: their adapters
+// go to PEFT's target_parameters (ParamWrapper layout), as do the deepseek types' MLP projections
+// (PEFT 0.21 would retarget them as modules), so PeftModel.from_pretrained loads everything as is.
 #pragma once
 
 #include <cstdint>
@@ -18,11 +19,12 @@ struct LoraTargets {
   bool kda = false;             // every KDA projection
   bool shared_experts = false;  // the shared experts' gate/up/down
   bool dense_ffn = false;       // dense MLP layers
+  bool routed_experts = false;  // every routed expert's gate_up / down
   int64_t rank = 4;
   float alpha = 8.f;
 };
 
-// "attention,kda,shared_experts,dense_ffn" (any subset); "routed_experts" is a ValueError.
+// "attention,kda,shared_experts,routed_experts,dense_ffn" (any subset).
 LoraTargets parse_lora_targets(const std::string& list, int64_t rank, float alpha);
 
 // load_hf_model with adapters attached (A random, B zero, as a fresh adapter).

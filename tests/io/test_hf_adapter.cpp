@@ -26,6 +26,7 @@ ModelConfig kimi_with(const LoraTargets& t) {
   if (t.attention) c.mla.lora = c.dsa.mla.lora = s;
   if (t.kda) c.kda.lora = s;
   if (t.shared_experts) c.moe.lora = s;
+  if (t.routed_experts) c.moe.expert_lora = s;
   return c;
 }
 
@@ -63,8 +64,55 @@ TEST(HfAdapter, PeftLayoutUsesTransformersModuleNames) {
   fs::remove_all(dir);
 }
 
+// Routed experts go to PEFT's target_parameters in its ParamWrapper layout: lora_A [E*r, in],
+// lora_B [out, r*E] with expert e's column k at k*E + e; gate_up_proj's wrapper sits inside
+// down_proj's (".base_layer."). The delta PEFT rebuilds from the file must be the engine's
+// B[e] A[e] for every expert.
+TEST(HfAdapter, RoutedExpertsAsPeftTargetParameters) {
+  const LoraTargets t = parse_lora_targets("routed_experts", 3, 6.f);
+  Model m(kimi_with(t), 1);
+  randomize_lora(m, 5);
+  const fs::path dir = fs::temp_directory_path() / "mt_hf_adapter_experts";
+  fs::remove_all(dir);
+  write_peft_adapter(m, "kimi_linear", {.r = 3, .alpha = 6.f}, dir.string());
+  SafetensorsData a = read_safetensors((dir / "adapter_model.safetensors").string());
+  const std::string pre = "base_model.model.model.layers.1.mlp.experts.";
+  for (const auto& [engine, peft] :
+       {std::pair<std::string, std::string>{"gate_up", "base_layer."}, {"down", ""}}) {
+    const Tensor& A = m.params().at("model.layers.1.mlp.experts." + engine + "_lora_A").value;
+    const Tensor& B = m.params().at("model.layers.1.mlp.experts." + engine + "_lora_B").value;
+    const int64_t E = A.dim(0), r = A.dim(1), in = A.dim(2), out = B.dim(1);
+    ASSERT_TRUE(a.tensors.count(pre + peft + "lora_A.weight")) << engine;
+    const Tensor& pa = a.tensors.at(pre + peft + "lora_A.weight");
+    const Tensor& pb = a.tensors.at(pre + peft + "lora_B.weight");
+    ASSERT_EQ(pa.shape(), (Shape{E * r, in}));
+    ASSERT_EQ(pb.shape(), (Shape{out, r * E}));
+    double worst = 0;
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t i = 0; i < in; ++i) {
+          double want = 0, got = 0;
+          for (int64_t k = 0; k < r; ++k) {
+            want +=
+                static_cast<double>(B.f32()[(e * out + o) * r + k]) * A.f32()[(e * r + k) * in + i];
+            got += static_cast<double>(pb.f32()[o * r * E + k * E + e]) *
+                   pa.f32()[(e * r + k) * in + i];
+          }
+          worst = std::max(worst, std::abs(want - got));
+        }
+    EXPECT_EQ(worst, 0.0) << engine;
+  }
+  std::ifstream f(dir / "adapter_config.json");
+  const json c = json::parse(f);
+  EXPECT_TRUE(c.at("target_modules").empty());
+  EXPECT_EQ(c.at("target_parameters").get<std::vector<std::string>>(),
+            (std::vector<std::string>{"model.layers.1.mlp.experts.down_proj",
+                                      "model.layers.1.mlp.experts.gate_up_proj"}));
+  fs::remove_all(dir);
+}
+
 TEST(HfAdapter, TargetsAreChecked) {
-  EXPECT_THROW(parse_lora_targets("routed_experts", 4, 8.f), ValueError);
+  EXPECT_TRUE(parse_lora_targets("routed_experts", 4, 8.f).routed_experts);
   EXPECT_THROW(parse_lora_targets("attention,mlp", 4, 8.f), ValueError);
   EXPECT_THROW(parse_lora_targets("attention", 0, 8.f), ValueError);
   const LoraTargets t = parse_lora_targets("attention,dense_ffn", 2, 4.f);
