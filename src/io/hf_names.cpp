@@ -471,28 +471,36 @@ void import_pool(Model& m, const std::string& model_type, const Pool& raw,
   MT_THROW(ShapeError, msg);
 }
 
+// Adapters are not part of an HF checkpoint (PEFT writes them: write_peft_adapter); gradients
+// exist for trainable non-buffer parameters only.
+bool exported(const Group& g, bool grads) {
+  for (Param* p : g.parts)
+    if (grads ? (!p->trainable() || p->spec.role == ParamRole::Buffer)
+              : p->spec.role == ParamRole::Lora)
+      return false;
+  return true;
+}
+
+// One group's f32 tensor under its transformers runtime name.
+Tensor export_group(const Group& g, bool grads) {
+  Tensor t = Tensor::empty(g.hf_shape);
+  char* dst = static_cast<char*>(t.raw());
+  for (Param* p : g.parts) {
+    const Tensor& src = grads ? p->grad : p->value;
+    Tensor f = Tensor::empty(src.shape());
+    f.copy_from(src);
+    std::memcpy(dst, f.raw(), f.bytes());
+    dst += f.bytes();
+  }
+  return t;
+}
+
 }  // namespace
 
 TensorMap export_hf_tensors(const Model& m, const std::string& model_type, bool grads) {
   TensorMap out;
-  for (const Group& g : groups(m, model_type)) {
-    bool skip = false;
-    // Adapters are not part of an HF checkpoint (PEFT writes them: write_peft_adapter).
-    for (Param* p : g.parts)
-      skip |= grads ? (!p->trainable() || p->spec.role == ParamRole::Buffer)
-                    : p->spec.role == ParamRole::Lora;
-    if (skip) continue;
-    Tensor t = Tensor::empty(g.hf_shape);
-    char* dst = static_cast<char*>(t.raw());
-    for (Param* p : g.parts) {
-      const Tensor& src = grads ? p->grad : p->value;
-      Tensor f = Tensor::empty(src.shape());
-      f.copy_from(src);
-      std::memcpy(dst, f.raw(), f.bytes());
-      dst += f.bytes();
-    }
-    out.emplace(g.hf_name, std::move(t));
-  }
+  for (const Group& g : groups(m, model_type))
+    if (exported(g, grads)) out.emplace(g.hf_name, export_group(g, grads));
   return out;
 }
 
@@ -578,9 +586,21 @@ void save_hf_model(const Model& m, const HfConfig& cfg, const std::string& dir,
   std::error_code ec;
   fs::create_directories(dir, ec);
   MT_CHECK(!ec, IoError, dir, ": cannot create directory: ", ec.message());
-  TensorMap t = to_checkpoint(cfg.model_type, export_hf_tensors(m, cfg.model_type, false));
-  if (cfg.model.tie_embeddings) t.erase("lm_head.weight");
-  write_safetensors_sharded(dir, t, {{"format", "pt"}}, max_shard_bytes);
+  // Streamed: one parameter group converted and written at a time (an export at model size
+  // holds the model once, not twice).
+  std::vector<Group> gs;
+  for (Group& g : groups(m, cfg.model_type))
+    if (exported(g, false) && !(cfg.model.tie_embeddings && g.hf_name == "lm_head.weight"))
+      gs.push_back(std::move(g));
+  write_safetensors_streamed(
+      dir, gs.size(),
+      [&](size_t u) {
+        TensorMap one =
+            to_checkpoint(cfg.model_type, {{gs[u].hf_name, export_group(gs[u], false)}});
+        return std::vector<std::pair<std::string, Tensor>>(std::make_move_iterator(one.begin()),
+                                                           std::make_move_iterator(one.end()));
+      },
+      {{"format", "pt"}}, max_shard_bytes);
   // config.json last, through a temporary name, so a directory with a config is complete.
   fs::path final_path = fs::path(dir) / "config.json";
   fs::path tmp = final_path;

@@ -251,28 +251,83 @@ void fsync_dir(const fs::path& dir) {
 
 // Writes `chunks` to a temporary sibling of `path`, syncs it and renames it into place, so a
 // reader sees either the old file or the complete new one.
+// A file written under a temporary name in its directory, then fsynced and renamed over the
+// target (and the directory fsynced): readers see the old file or the whole new one.
+class AtomicFile {
+ public:
+  explicit AtomicFile(const std::string& path) : path_(path), tmp_(path) {
+    tmp_ += ".tmp." + std::to_string(::getpid());
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    MT_CHECK(fd_ >= 0, IoError, path, ": cannot create ", tmp_.string(), ": ",
+             std::strerror(errno));
+  }
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  ~AtomicFile() {
+    if (fd_ >= 0) {
+      ::close(fd_);
+      ::unlink(tmp_.c_str());
+    }
+  }
+  void write(const void* p, size_t n) { write_all(fd_, p, n, tmp_.string()); }
+  void commit() {
+    MT_CHECK(::fsync(fd_) == 0, IoError, path_, ": fsync failed: ", std::strerror(errno));
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) {
+      ::unlink(tmp_.c_str());
+      MT_THROW(IoError, path_, ": close failed: ", std::strerror(errno));
+    }
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+      int err = errno;
+      ::unlink(tmp_.c_str());
+      MT_THROW(IoError, path_, ": rename failed: ", std::strerror(err));
+    }
+    fsync_dir(fs::path(path_).parent_path());
+  }
+
+ private:
+  std::string path_;
+  fs::path tmp_;
+  int fd_ = -1;
+};
+
 void atomic_write(const std::string& path,
                   const std::vector<std::pair<const void*, size_t>>& chunks) {
-  fs::path target(path);
-  fs::path tmp = target;
-  tmp += ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  MT_CHECK(fd >= 0, IoError, path, ": cannot create ", tmp.string(), ": ", std::strerror(errno));
-  try {
-    for (const auto& [p, n] : chunks) write_all(fd, p, n, tmp.string());
-    MT_CHECK(::fsync(fd) == 0, IoError, path, ": fsync failed: ", std::strerror(errno));
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  MT_CHECK(::close(fd) == 0, IoError, path, ": close failed: ", std::strerror(errno));
-  if (::rename(tmp.c_str(), target.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    MT_THROW(IoError, path, ": rename failed: ", std::strerror(err));
-  }
-  fsync_dir(target.parent_path());
+  AtomicFile f(path);
+  for (const auto& [p, n] : chunks) f.write(p, n);
+  f.commit();
+}
+
+// The 8-byte length and the JSON header, padded with spaces so the data section starts 8-byte
+// aligned, as the reference writer does.
+std::string header_bytes(const json& header) {
+  std::string text = header.dump();
+  text.append((8 - (8 + text.size()) % 8) % 8, ' ');
+  std::string out(8, '\0');
+  const uint64_t n = text.size();
+  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>(n >> (8 * i));
+  return out + text;
+}
+
+json metadata_json(const MetadataMap& metadata) {
+  json m = json::object();
+  for (const auto& [k, v] : metadata) m[k] = v;
+  return m;
+}
+
+std::string shard_file_name(size_t i, size_t n) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", i + 1, n);
+  return buf;
+}
+
+void write_index(const fs::path& d, const json& weight_map, uint64_t total) {
+  json index;
+  index["metadata"] = {{"total_size", total}};
+  index["weight_map"] = weight_map;
+  std::string text = index.dump(2) + "\n";
+  atomic_write((d / "model.safetensors.index.json").string(), {{text.data(), text.size()}});
 }
 
 void check_writable(const std::string& name, const Tensor& t, const std::string& path) {
@@ -526,11 +581,7 @@ SafetensorsData read_safetensors_model(const std::string& path) {
 void write_safetensors(const std::string& path, const TensorMap& tensors,
                        const MetadataMap& metadata) {
   json header = json::object();
-  if (!metadata.empty()) {
-    json m = json::object();
-    for (const auto& [k, v] : metadata) m[k] = v;
-    header["__metadata__"] = m;
-  }
+  if (!metadata.empty()) header["__metadata__"] = metadata_json(metadata);
   uint64_t offset = 0;
   std::vector<std::pair<const void*, size_t>> chunks;
   std::vector<Tensor> host;  // host copies of device tensors (a GPU model's checkpoint)
@@ -546,13 +597,8 @@ void write_safetensors(const std::string& path, const TensorMap& tensors,
     offset += t.bytes();
     if (t.bytes()) chunks.emplace_back(t.raw(), t.bytes());
   }
-  std::string text = header.dump();
-  // Pad with spaces so the data section starts 8-byte aligned, as the reference writer does.
-  text.append((8 - (8 + text.size()) % 8) % 8, ' ');
-  unsigned char len[8];
-  uint64_t n = text.size();
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-  chunks.insert(chunks.begin(), {{len, 8}, {text.data(), text.size()}});
+  const std::string head = header_bytes(header);
+  chunks.insert(chunks.begin(), {head.data(), head.size()});
   atomic_write(path, chunks);
 }
 
@@ -579,21 +625,96 @@ void write_safetensors_sharded(const std::string& dir, const TensorMap& tensors,
     fs::remove(d / "model.safetensors.index.json", ec);
     return;
   }
-  auto shard_name = [&](size_t i) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
-    return std::string(buf);
-  };
   json weight_map = json::object();
   for (size_t i = 0; i < shards.size(); ++i) {
-    write_safetensors((d / shard_name(i)).string(), shards[i], metadata);
-    for (const auto& [name, t] : shards[i]) weight_map[name] = shard_name(i);
+    const std::string name = shard_file_name(i, shards.size());
+    write_safetensors((d / name).string(), shards[i], metadata);
+    for (const auto& [t, _] : shards[i]) weight_map[t] = name;
   }
-  json index;
-  index["metadata"] = {{"total_size", total}};
-  index["weight_map"] = weight_map;
-  std::string text = index.dump(2) + "\n";
-  atomic_write((d / "model.safetensors.index.json").string(), {{text.data(), text.size()}});
+  write_index(d, weight_map, total);
+}
+
+void write_safetensors_streamed(const std::string& dir, size_t units, const TensorProducer& produce,
+                                const MetadataMap& metadata, uint64_t max_shard_bytes,
+                                const std::function<void(uint64_t, uint64_t)>& progress) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  MT_CHECK(!ec, IoError, dir, ": cannot create directory: ", ec.message());
+  // Pass 1: names, dtypes, shapes and the shard of every tensor, one unit in memory at a time.
+  struct Entry {
+    std::string name;
+    DType dtype;
+    Shape shape;
+    uint64_t bytes;
+    size_t unit, shard;
+  };
+  std::vector<Entry> entries;
+  std::set<std::string> seen;
+  uint64_t cur = 0, total = 0;
+  size_t shard = 0;
+  for (size_t u = 0; u < units; ++u) {
+    for (const auto& [name, t] : produce(u)) {
+      check_writable(name, t, dir);
+      MT_CHECK(seen.insert(name).second, IoError, dir, ": tensor '", name, "' produced twice");
+      if (cur > 0 && cur + t.bytes() > max_shard_bytes) {
+        ++shard;
+        cur = 0;
+      }
+      entries.push_back({name, t.dtype(), t.shape(), t.bytes(), u, shard});
+      cur += t.bytes();
+      total += t.bytes();
+    }
+  }
+  const size_t n_shards = shard + 1;
+  const fs::path d(dir);
+  auto file_of = [&](size_t s) {
+    return n_shards == 1 ? std::string("model.safetensors") : shard_file_name(s, n_shards);
+  };
+  // Pass 2: each shard's header (data in production order: offsets, not names, order the
+  // data section), then its tensors produced again and written one unit at a time.
+  size_t next = 0, held_unit = units;
+  std::vector<std::pair<std::string, Tensor>> held;
+  uint64_t done = 0;
+  json weight_map = json::object();
+  for (size_t s = 0; s < n_shards; ++s) {
+    json header = json::object();
+    if (!metadata.empty()) header["__metadata__"] = metadata_json(metadata);
+    uint64_t offset = 0;
+    size_t end = next;
+    for (; end < entries.size() && entries[end].shard == s; ++end) {
+      const Entry& e = entries[end];
+      header[e.name] = {{"dtype", format_name(e.dtype)},
+                        {"shape", e.shape.dims()},
+                        {"data_offsets", {offset, offset + e.bytes}}};
+      offset += e.bytes;
+      weight_map[e.name] = file_of(s);
+    }
+    AtomicFile f((d / file_of(s)).string());
+    const std::string head = header_bytes(header);
+    f.write(head.data(), head.size());
+    for (; next < end; ++next) {
+      const Entry& e = entries[next];
+      if (held_unit != e.unit) {
+        held.clear();  // the previous unit's tensors go before the next is made
+        held = produce(e.unit);
+        held_unit = e.unit;
+      }
+      auto it = std::find_if(held.begin(), held.end(),
+                             [&](const auto& kv) { return kv.first == e.name; });
+      MT_CHECK(it != held.end() && it->second.shape() == e.shape && it->second.dtype() == e.dtype,
+               InternalError, dir, ": tensor '", e.name, "' changed between the two passes");
+      f.write(it->second.raw(), e.bytes);
+      it->second = Tensor();
+      done += e.bytes;
+      if (progress) progress(done, total);
+    }
+    f.commit();
+  }
+  if (n_shards == 1) {
+    fs::remove(d / "model.safetensors.index.json", ec);
+  } else {
+    write_index(d, weight_map, total);
+  }
 }
 
 }  // namespace mt

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -113,5 +114,15 @@ void write_safetensors(const std::string& path, const TensorMap& tensors,
 void write_safetensors_sharded(const std::string& dir, const TensorMap& tensors,
                                const MetadataMap& metadata = {},
                                uint64_t max_shard_bytes = uint64_t{5} << 30);
+
+// Tensors made one unit at a time (an export at model size): `produce(u)` returns unit u's
+// tensors, a fresh allocation each call, and is called twice per unit (shapes first, then the
+// data), so at most one unit is in memory. Shards as write_safetensors_sharded; each file is
+// written under a temporary name and renamed, the index last. `progress` gets bytes written.
+using TensorProducer = std::function<std::vector<std::pair<std::string, Tensor>>(size_t unit)>;
+void write_safetensors_streamed(const std::string& dir, size_t units, const TensorProducer& produce,
+                                const MetadataMap& metadata = {},
+                                uint64_t max_shard_bytes = uint64_t{5} << 30,
+                                const std::function<void(uint64_t, uint64_t)>& progress = {});
 
 }  // namespace mt

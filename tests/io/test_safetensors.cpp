@@ -173,6 +173,53 @@ TEST(Safetensors, ShardedRoundTrip) {
   EXPECT_EQ(read_safetensors_model(dir.path().string()).tensors.size(), 1u);
 }
 
+// The streamed writer (exports at model size): units of several tensors of mixed dtypes, data
+// laid out in production order (not name order) across shards; it reads back exactly, each unit
+// is made exactly twice (shapes, then data) in order, and no temporary file is left.
+TEST(Safetensors, StreamedShardsRoundTrip) {
+  TmpDir dir;
+  Rng rng(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 13);
+  std::vector<TensorMap> units(7);
+  for (size_t u = 0; u < units.size(); ++u) {
+    // Names that sort against the unit order: z... first, a... last.
+    const std::string p = std::string(1, static_cast<char>('z' - u)) + ".";
+    units[u][p + "w"] = random_tensor(rng, {4, 5 + rng.below(4)}, DType::F32);
+    units[u][p + "b"] = random_tensor(rng, {3 + rng.below(4)}, DType::BF16);
+    if (u % 3 == 0) units[u][p + "i"] = random_tensor(rng, {2}, DType::I64);
+  }
+  std::vector<size_t> calls;
+  write_safetensors_streamed(
+      dir.path().string(), units.size(),
+      [&](size_t u) {
+        calls.push_back(u);
+        std::vector<std::pair<std::string, Tensor>> out;
+        for (const auto& [n, t] : units[u]) out.emplace_back(n, t.clone());
+        return out;
+      },
+      {{"format", "pt"}}, 150);
+  // Shapes pass, then data pass, each in unit order: never two units needed at once.
+  std::vector<size_t> want;
+  for (int pass = 0; pass < 2; ++pass)
+    for (size_t u = 0; u < units.size(); ++u) want.push_back(u);
+  EXPECT_EQ(calls, want);
+  ASSERT_TRUE(fs::exists(dir / "model.safetensors.index.json"));
+  int shards = 0;
+  for (const auto& e : fs::directory_iterator(dir.path())) {
+    shards += e.path().extension() == ".safetensors";
+    EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << e.path();
+  }
+  EXPECT_GT(shards, 2);
+  SafetensorsData d = read_safetensors_model(dir.path().string());
+  size_t n = 0;
+  for (const TensorMap& m : units)
+    for (const auto& [name, t] : m) {
+      ++n;
+      ASSERT_TRUE(d.tensors.count(name)) << name;
+      expect_loaded_equal(t, d.tensors.at(name), name);
+    }
+  EXPECT_EQ(d.tensors.size(), n);
+}
+
 // Runs f, expects an exception of type E whose message contains every needle.
 template <typename E, typename F>
 void expect_error(F f, std::initializer_list<std::string> needles) {
