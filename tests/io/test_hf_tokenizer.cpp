@@ -251,6 +251,36 @@ void expect_chat(const std::string& family) {
   fs::remove_all(d);
 }
 
+// Tokenized lines are checked before anything is written: labels that are neither the id nor
+// -100, a length mismatch, ids beyond the tokenizer, and token ids without --tokenizer.
+TEST(HfTokenizer, BadTokenizedLinesNameFileAndLine) {
+  const fs::path d = temp_dir("badids");
+  auto expect_error = [&](const std::string& line, const std::string& tokenizer,
+                          const std::string& needle) {
+    std::ofstream(d / "x.jsonl") << "{\"text\": \"fine\"}\n" << line << "\n";
+    PrepareOptions o{.corpus = {.inputs = {(d / "x.jsonl").string()}},
+                     .out = (d / "out").string(),
+                     .tokenizer = tokenizer,
+                     .seq_len = 16,
+                     .heldout = 0};
+    std::ostringstream log;
+    try {
+      prepare_data(o, log);
+      ADD_FAILURE() << "no error for " << line;
+    } catch (const Error& e) {
+      EXPECT_NE(e.message().find(needle), std::string::npos) << e.message();
+    }
+    EXPECT_FALSE(fs::exists(d / "out" / "train")) << line;
+  };
+  const std::string tok = (fixtures() / "deepseek_v3").string();
+  expect_error(R"({"input_ids": [5, 6, 7], "labels": [-100, 6, 8]})", tok, "x.jsonl:2: labels[2]");
+  expect_error(R"({"input_ids": [5, 6, 7], "labels": [-100, 6]})", tok, "x.jsonl:2: 3 input_ids");
+  expect_error(R"({"input_ids": [5, 6, 7]})", tok, "x.jsonl:2: input_ids without labels");
+  expect_error(R"({"input_ids": [5, 600], "labels": [5, 600]})", tok, "x.jsonl:2: input_ids[1]");
+  expect_error(R"({"input_ids": [5, 6], "labels": [5, 6]})", "", "give the --tokenizer");
+  fs::remove_all(d);
+}
+
 TEST(HfTokenizer, ChatTemplateDeepSeekV3) {
   expect_chat("deepseek_v3");
 }
