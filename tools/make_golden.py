@@ -130,6 +130,18 @@ def case_specs():
                       rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=40.0,
                                            original_max_position_embeddings=4096, beta_fast=32,
                                            beta_slow=1, mscale=1.0, mscale_all_dim=1.0))),
+        # Exact index-score ties at the top-k boundary: one indexer head, so ReLU zeroes whole
+        # scores and rows with fewer than index_topk positive scores choose among equal zeros.
+        # The reference runs with top-k patched to the engine's rule (the lower position wins;
+        # torch.topk leaves the order among ties unspecified); made with transformers 5.24.
+        dict(name="v32_ties", B=2, T=14, seed=16, index_ties=True,
+             cfg=dict(vocab_size=64, hidden_size=24, intermediate_size=32, moe_intermediate_size=8,
+                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                      q_lora_rank=12, kv_lora_rank=8, qk_nope_head_dim=6, qk_rope_head_dim=4,
+                      v_head_dim=6, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                      n_group=1, topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=True,
+                      first_k_dense_replace=1, index_n_heads=1, index_head_dim=8, index_topk=4,
+                      rms_norm_eps=1e-6)),
     ]
     # deepseek_v3 (DeepSeek-V3/R1, Kimi-K2): v3.2 without the indexer; made with transformers 5.24.
     v3 = [
@@ -275,8 +287,10 @@ def build(model_type, spec, seed, device):
     return model
 
 
-def routing_margins(model):
-    """Hooks every router and records the smallest top-k boundary gap it sees (float64)."""
+def routing_margins(model, exact_ties=None):
+    """Hooks every router and records the smallest top-k boundary gap it sees (float64). With a
+    list `exact_ties`, indexer boundaries between two exactly-zero scores (ReLU ties, decided by
+    the lower-position rule) are counted there instead of as gaps."""
     gaps = []
 
     def hook(module, inputs, _outputs):
@@ -322,7 +336,10 @@ def routing_margins(model):
         for b in range(B):
             for s_ in range(topk, S):  # rows with more causal positions than top-k
                 v = idx[b, s_, : s_ + 1].sort(descending=True)[0]
-                gaps.append((v[topk - 1] - v[topk]).item())
+                if exact_ties is not None and v[topk - 1] == 0 and v[topk] == 0:
+                    exact_ties.append((b, s_))
+                else:
+                    gaps.append((v[topk - 1] - v[topk]).item())
 
     handles = []
     for name, m in model.named_modules():
@@ -335,16 +352,35 @@ def routing_margins(model):
     return gaps, handles
 
 
-def run_unambiguous(name, model, run):
+def lower_position_topk(self, k, dim=-1, largest=True, sorted=True):
+    """torch.topk with the engine's tie rule: among equal values the lower index comes first."""
+    v, i = torch.sort(self, dim=dim, descending=largest, stable=True)
+    return torch.return_types.topk((v.narrow(dim, 0, k), i.narrow(dim, 0, k)))
+
+
+def run_unambiguous(name, model, run, index_ties=False):
     """run() under the routing hooks; its output after backward, or None (and a message) when
-    a top-k boundary is within MARGIN, so the caller redraws."""
-    gaps, handles = routing_margins(model)
-    out = run()
+    a top-k boundary is within MARGIN, so the caller redraws. index_ties: exact zero ties at the
+    indexer's boundary are wanted (at least one), resolved by lower_position_topk."""
+    ties = [] if index_ties else None
+    gaps, handles = routing_margins(model, ties)
+    saved = torch.Tensor.topk
+    if index_ties:
+        torch.Tensor.topk = lower_position_topk
+    try:
+        out = run()
+    finally:
+        torch.Tensor.topk = saved
     for h in handles:
         h.remove()
     if gaps and min(gaps) < MARGIN:
         print(f"{name}: routing/index gap {min(gaps):.2e} < {MARGIN}, redrawing")
         return None
+    if index_ties and not ties:
+        print(f"{name}: no exact index-score tie at the top-k boundary, redrawing")
+        return None
+    if index_ties:
+        print(f"{name}: {len(ties)} query rows choose among tied zero index scores")
     out.loss.backward()
     return out
 
@@ -389,7 +425,8 @@ def write_case(out_dir, model_type, spec, device):
         g = torch.Generator().manual_seed(seed + 7)
         ids = torch.randint(0, spec["cfg"]["vocab_size"], (spec["B"], spec["T"]), generator=g)
         out = run_unambiguous(spec["name"], model,
-                              lambda: model(input_ids=ids.to(device), labels=ids.to(device)))
+                              lambda: model(input_ids=ids.to(device), labels=ids.to(device)),
+                              index_ties=spec.get("index_ties", False))
         if out is not None:
             break
     else:
