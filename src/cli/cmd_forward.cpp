@@ -41,7 +41,8 @@ Command add_forward_command(CLI::App& app) {
   // The PEFT conformance check: a random (non-trivial) adapter, the logits with it, and the
   // adapter in PEFT layout so transformers + PEFT can reproduce the same logits.
   c->add_option("--lora-targets", o->lora_targets,
-                "attach random LoRA adapters to: attention,kda,shared_experts,dense_ffn");
+                "attach random LoRA adapters to: "
+                "attention,kda,shared_experts,routed_experts,dense_ffn");
   c->add_option("--lora-rank", o->lora_rank, "adapter rank (with --lora-targets)");
   c->add_option("--lora-alpha", o->lora_alpha, "adapter alpha (with --lora-targets)");
   c->add_option("--lora-seed", o->lora_seed, "seed of the random adapter weights");
