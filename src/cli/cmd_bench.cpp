@@ -23,7 +23,8 @@ Command add_bench_command(CLI::App& app) {
   s->add_option("--lora-rank", o->lora_rank, "LoRA rank (0: full training)")->capture_default_str();
   s->add_option("--precision", o->precision, "fp32 or bf16")->capture_default_str();
   s->add_option("--device", o->device, "cpu, cuda or auto")->capture_default_str();
-  s->add_option("--workspace-gib", o->workspace_gib, "op scratch on the device")
+  s->add_option("--workspace-gib", o->workspace_gib,
+                "op scratch on the device (0: the planner's estimate)")
       ->capture_default_str();
   s->add_flag("--deterministic", o->deterministic, "bit-repeatable GPU kernels");
   s->add_option("--peak-tflops", o->peak_tflops, "device peak for MFU (0: H200 bf16 dense, 989)");

@@ -1,6 +1,7 @@
 #include "train/bench_step.h"
 
 #include <chrono>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "core/device.h"
@@ -44,14 +45,31 @@ nlohmann::json run_step_bench(const StepBenchOptions& o, std::ostream& log) {
            "bench step: precision \"", o.precision, "\" needs a GPU (the CPU computes fp32 only)");
   mopt.device = device;
   mopt.tiled_init = true;
+  // The planner's prediction for this very step (one device, no recompute), next to what the
+  // device reports: issue 11's memory check compares the two.
+  plan::ParallelPlan pp;
+  pp.seq = o.tokens;
+  const plan::MemoryBreakdown predicted =
+      plan::predict_memory(cfg, pp, {.precision = mopt.precision, .freeze_base = mopt.freeze_base});
+  const double workspace =
+      o.workspace_gib > 0 ? o.workspace_gib * double(size_t(1) << 30) : predicted.workspace;
   // The baseline: the CUDA context itself (created by this first query), before anything of ours.
   const double base_gib = device == Device::CUDA ? used_gib() : 0;
-  Context ctx(ContextOptions{
-      .device = device,
-      .seed = o.seed,
-      .workspace_bytes = static_cast<size_t>(o.workspace_gib * double(size_t(1) << 30)),
-      .deterministic = o.deterministic});
+  Context ctx(ContextOptions{.device = device,
+                             .seed = o.seed,
+                             .workspace_bytes = static_cast<size_t>(workspace),
+                             .deterministic = o.deterministic});
   log << "device: " << ctx.describe() << "\n";
+  if (device == Device::CUDA) {
+    // The plan against the device before anything large is allocated: a step that cannot fit
+    // stops here with the plan's breakdown, not with an out-of-memory error halfway through.
+    const DeviceMemory m = device_memory();
+    MT_CHECK(predicted.total() - workspace <= static_cast<double>(m.free), MemoryError,
+             "bench step: the plan needs ", predicted.total() / double(size_t(1) << 30), " GiB (",
+             predicted.to_json().dump(), "), the device has ",
+             static_cast<double>(m.free) / double(size_t(1) << 30),
+             " GiB free: use fewer tokens, LoRA instead of full training, or bf16");
+  }
 
   auto t0 = std::chrono::steady_clock::now();
   Model model(cfg, o.seed, mopt);
@@ -101,16 +119,11 @@ nlohmann::json run_step_bench(const StepBenchOptions& o, std::ostream& log) {
   const double peak =
       o.peak_tflops > 0 ? o.peak_tflops : (device == Device::CUDA ? 989.0 : 0.0);  // H200 bf16
   const double achieved = f.train.total() * tok_s / 1e12;
-  // The planner's prediction for this very step (one device, no recompute), next to what the
-  // device reports: issue 11's memory check compares the two.
-  plan::ParallelPlan pp;
-  pp.seq = o.tokens;
-  const plan::MemoryBreakdown predicted =
-      plan::predict_memory(cfg, pp, {.precision = mopt.precision, .freeze_base = mopt.freeze_base});
   nlohmann::json j;
   j["bench"] = "step";
   j["planner"] = predicted.to_json();
   j["planner_total_gib"] = predicted.total() / double(size_t(1) << 30);
+  j["workspace_gib"] = workspace / double(size_t(1) << 30);
   j["model"] = o.model;
   j["device"] = ctx.describe();
   j["precision"] = o.precision;
@@ -127,8 +140,27 @@ nlohmann::json run_step_bench(const StepBenchOptions& o, std::ostream& log) {
   j["loss"] = loss;
   j["activation_gib"] = static_cast<double>(model.activation_bytes_used()) / (1 << 30);
   if (device == Device::CUDA) {
+    const double measured = used_gib() - base_gib, planned = j["planner_total_gib"];
     j["device_used_gib"] = used_gib();
-    j["device_used_gib_over_baseline"] = used_gib() - base_gib;
+    j["device_used_gib_over_baseline"] = measured;
+    // Issue 11's memory check: the planner within 10% of what the device reports, and a
+    // deliberately mis-planned case (the plan of half the tokens) that the same check catches.
+    plan::ParallelPlan wrong = pp;
+    wrong.seq = o.tokens / 2;
+    const double misplanned =
+        plan::predict_memory(cfg, wrong,
+                             {.precision = mopt.precision, .freeze_base = mopt.freeze_base})
+            .total() /
+        double(size_t(1) << 30);
+    const double rel = std::abs(planned - measured) / measured;
+    const double rel_wrong = std::abs(misplanned - measured) / measured;
+    j["memory_check"] = {{"planned_gib", planned},
+                         {"measured_gib", measured},
+                         {"rel_diff", rel},
+                         {"within_10pct", rel <= 0.10},
+                         {"misplanned_gib", misplanned},
+                         {"misplanned_rel_diff", rel_wrong},
+                         {"misplanned_caught", rel_wrong > 0.10}};
   }
   return j;
 }

@@ -23,9 +23,10 @@ struct StepBenchOptions {
   std::string precision = "bf16";
   std::string device = "auto";
   bool deterministic = false;
-  // Op scratch (Context::workspace): the largest layer backward's temporaries must fit. Until
-  // the planner sizes it, 8 GiB holds the Kimi-Linear-width layers at 32K tokens.
-  double workspace_gib = 8;
+  // Op scratch (Context::workspace): the largest layer backward's temporaries must fit. 0: the
+  // planner's estimate for this model and length (plan::predict_memory's workspace term), so a
+  // bad estimate fails the run with the arena's name instead of hiding behind a margin.
+  double workspace_gib = 0;
   double peak_tflops = 0;  // for MFU; 0: the device's dense bf16 figure when known (H200: 989)
   uint64_t seed = 1;
 };
