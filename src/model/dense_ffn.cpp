@@ -41,9 +41,10 @@ void DenseFfn::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
   const int64_t T = seq.tokens;
   expect_shape(x, {T, cfg_.hidden}, "dense FFN input");
   expect_shape(y, {T, cfg_.hidden}, "dense FFN output");
-  gate_out_ = acts.alloc({T, cfg_.ffn});
-  up_out_ = acts.alloc({T, cfg_.ffn});
-  act_ = acts.alloc({T, cfg_.ffn});
+  const DType at = x.dtype();
+  gate_out_ = acts.alloc({T, cfg_.ffn}, at);
+  up_out_ = acts.alloc({T, cfg_.ffn}, at);
+  act_ = acts.alloc({T, cfg_.ffn}, at);
   gate_.forward(ctx, x, gate_out_, acts);
   up_.forward(ctx, x, up_out_, acts);
   ops::swiglu_forward(ctx, gate_out_, up_out_, act_);
@@ -57,9 +58,10 @@ void DenseFfn::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
   expect_shape(dy, {T, cfg_.hidden}, "dense FFN dy");
   expect_shape(dx, {T, cfg_.hidden}, "dense FFN dx");
   ArenaScope scope(ctx.workspace());
-  Tensor dact = ctx.workspace().alloc({T, cfg_.ffn});
-  Tensor dgate = ctx.workspace().alloc({T, cfg_.ffn});
-  Tensor dup = ctx.workspace().alloc({T, cfg_.ffn});
+  const DType at = act_.dtype();
+  Tensor dact = ctx.workspace().alloc({T, cfg_.ffn}, at);
+  Tensor dgate = ctx.workspace().alloc({T, cfg_.ffn}, at);
+  Tensor dup = ctx.workspace().alloc({T, cfg_.ffn}, at);
   down_.backward(ctx, dy, dact);
   ops::swiglu_backward(ctx, gate_out_, up_out_, dact, dgate, dup);
   gate_.backward(ctx, dgate, dx);

@@ -94,10 +94,10 @@ void DsaLayer::project_indexer(Context& ctx, const Tensor& x, const Tensor& cqn,
   const int64_t n = x.dim(0), HI = dcfg_.index_heads, DI = dcfg_.index_head_dim,
                 R = dcfg_.index_rope_dim;
   wq_b_.forward(ctx, cqn, qi, acts);
-  ki_ = acts.alloc({n, DI});
+  ki_ = acts.alloc({n, DI}, x.dtype());
   wk_.forward(ctx, x, ki_, acts);
-  k_mean_ = acts.alloc({n});
-  k_rstd_ = acts.alloc({n});
+  k_mean_ = acts.alloc({n}, DType::F32);
+  k_rstd_ = acts.alloc({n}, DType::F32);
   ops::layernorm_forward(ctx, {.rows = n, .dim = DI, .eps = dcfg_.indexer_norm_eps}, ki_,
                          k_norm_w_.value, k_norm_b_.value, kn, k_mean_, k_rstd_);
   if (R > 0) {
@@ -114,9 +114,10 @@ void DsaLayer::project_indexer(Context& ctx, const Tensor& x, const Tensor& cqn,
 
 void DsaLayer::select_keys(Context& ctx, const SeqInfo& seq, const Tensor& x, Arena& acts) {
   const int64_t T = seq.tokens, HI = dcfg_.index_heads, DI = dcfg_.index_head_dim;
-  qi_ = acts.alloc({T, HI * DI});
-  kn_ = acts.alloc({T, DI});
-  wts_ = acts.alloc({T, HI});
+  const DType at = x.dtype();
+  qi_ = acts.alloc({T, HI * DI}, at);
+  kn_ = acts.alloc({T, DI}, at);
+  wts_ = acts.alloc({T, HI}, at);
   project_indexer(ctx, x, cqn_, seq.positions, qi_, kn_, wts_, acts);
 
   if (dcfg_.dense_warmup) {
@@ -127,7 +128,7 @@ void DsaLayer::select_keys(Context& ctx, const SeqInfo& seq, const Tensor& x, Ar
   const int64_t kin = ops::max_doc_len(seq);
   Tensor cand = ctx.workspace().alloc({T, kin}, DType::I32);
   ops::causal_indices(seq, cand);
-  Tensor scores = ctx.workspace().alloc({T, kin});
+  Tensor scores = ctx.workspace().alloc({T, kin}, DType::F32);
   ops::indexer_scores_forward(ctx, {.tokens = T, .heads = HI, .head_dim = DI, .kmax = kin},
                               qi_.view({T, HI, DI}), kn_, wts_, cand, scores);
   ops::topk_select(ctx, scores, cand, dcfg_.index_topk, idx_);
@@ -136,11 +137,11 @@ void DsaLayer::select_keys(Context& ctx, const SeqInfo& seq, const Tensor& x, Ar
 void DsaLayer::after_attention(Context& ctx, const SeqInfo& seq, Arena& acts) {
   const int64_t T = seq.tokens, HI = dcfg_.index_heads, DI = dcfg_.index_head_dim,
                 slots = idx_.dim(1);
-  target_ = acts.alloc({T, slots});
+  target_ = acts.alloc({T, slots}, DType::F32);
   ops::attention_prob_sum(ctx, attn_params(T, slots), q_, k_, idx_, lse_, target_);
-  softmax_ = acts.alloc({T, slots});
+  softmax_ = acts.alloc({T, slots}, DType::F32);
   ArenaScope scope(ctx.workspace());
-  Tensor scores = ctx.workspace().alloc({T, slots});
+  Tensor scores = ctx.workspace().alloc({T, slots}, DType::F32);
   ops::indexer_scores_forward(ctx, {.tokens = T, .heads = HI, .head_dim = DI, .kmax = slots},
                               qi_.view({T, HI, DI}), kn_, wts_, idx_, scores);
   ensure_scalar(kl_.value, ctx.device());
@@ -155,9 +156,10 @@ void DsaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
                 R = dcfg_.index_rope_dim, slots = idx_.dim(1);
   ArenaScope scope(ctx.workspace());
   Arena& ws = ctx.workspace();
-  Tensor dscores = ws.alloc({T, slots});
+  const DType at = qi_.dtype();
+  Tensor dscores = ws.alloc({T, slots}, DType::F32);
   ops::indexer_kl_backward(ctx, softmax_, target_, idx_, coeff, dscores);
-  Tensor dqi = ws.alloc({T, HI, DI}), dkn = ws.alloc({T, DI}), dw = ws.alloc({T, HI});
+  Tensor dqi = ws.alloc({T, HI, DI}, at), dkn = ws.alloc({T, DI}, at), dw = ws.alloc({T, HI}, at);
   ops::indexer_scores_backward(ctx, {.tokens = T, .heads = HI, .head_dim = DI, .kmax = slots},
                                qi_.view({T, HI, DI}), kn_, wts_, idx_, dscores, dqi, dkn, dw);
   ops::scale(ctx, dw, weight_scale(), dw);
@@ -171,7 +173,7 @@ void DsaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
     Tensor k3 = dkn.view({T, 1, DI});
     ops::rope_backward(ctx, rp, seq.positions, k3, k3);
   }
-  Tensor dki = ws.alloc({T, DI});
+  Tensor dki = ws.alloc({T, DI}, at);
   ops::layernorm_backward(ctx, {.rows = T, .dim = DI, .eps = dcfg_.indexer_norm_eps}, ki_,
                           k_norm_w_.value, k_mean_, k_rstd_, dkn, dki, k_norm_w_.grad,
                           k_norm_b_.grad);

@@ -62,10 +62,17 @@ std::vector<ParamSpec> KdaLayer::param_specs() const {
   f_a_.add_specs(s);
   f_b_.add_specs(s);
   b_proj_.add_specs(s);
-  s.push_back(
-      {.name = "A_log", .shape = {cfg_.heads}, .init = ParamInit::Custom, .custom = init_a_log});
-  s.push_back(
-      {.name = "dt_bias", .shape = {HK}, .init = ParamInit::Custom, .custom = init_dt_bias});
+  // kda_gate reads both in fp32 whatever the policy: they feed the fp32 decay.
+  s.push_back({.name = "A_log",
+               .shape = {cfg_.heads},
+               .init = ParamInit::Custom,
+               .custom = init_a_log,
+               .keep_fp32 = true});
+  s.push_back({.name = "dt_bias",
+               .shape = {HK},
+               .init = ParamInit::Custom,
+               .custom = init_dt_bias,
+               .keep_fp32 = true});
   g_a_.add_specs(s);
   g_b_.add_specs(s);
   s.push_back({.name = "o_norm.weight", .shape = {cfg_.head_dim}, .init = ParamInit::Ones});
@@ -107,7 +114,7 @@ void KdaLayer::plan_activations(const SeqInfo& seq, ArenaPlan& plan) const {
   plan.add({T, K});                                // fa
   plan.add({T, HK});                               // graw
   plan.add_fp32({T, HK});                          // g (the decay, in log space)
-  plan.add({T, H});                                // beta
+  plan.add_fp32({T, H});                           // beta (the kernel's dtype)
   plan.add({T, HK});                               // o
   plan.add_fp32({ops::kda_saved_rows(core_params(seq), seq.cu_seqlens_host), H, K, K});  // states
   plan.add({T, HK});                                                                     // on
@@ -131,7 +138,7 @@ void KdaLayer::conv_silu_backward(Context& ctx, const SeqInfo& seq, const ParamR
   const int64_t HK = hk(), kw = cfg_.conv_kernel;
   const ops::CausalConvParams cp{.tokens = seq.tokens, .channels = HK, .kernel = kw};
   ArenaScope scope(ctx.workspace());
-  Tensor dpre = ctx.workspace().alloc({seq.tokens, HK});
+  Tensor dpre = ctx.workspace().alloc({seq.tokens, HK}, pre.dtype());
   ops::silu_backward(ctx, pre, dout, dpre);
   Tensor dw = w.grad.defined() ? w.grad.view({HK, kw}) : Tensor();
   ops::causal_conv1d_backward(ctx, cp, seq.cu_seqlens, proj, w.value.view({HK, kw}), dpre, dproj,
@@ -142,8 +149,8 @@ void KdaLayer::qk_l2norm(Context& ctx, const Tensor& qs, const Tensor& ks, Tenso
                          Arena& acts) {
   const int64_t rows = qs.dim(0) * cfg_.heads, K = cfg_.head_dim;
   const ops::NormParams l2{.rows = rows, .dim = K, .eps = kQkL2Eps};
-  q_rstd_ = acts.alloc({rows});
-  k_rstd_ = acts.alloc({rows});
+  q_rstd_ = acts.alloc({rows}, DType::F32);
+  k_rstd_ = acts.alloc({rows}, DType::F32);
   Tensor qn = q.view({rows, K}), kn = k.view({rows, K});
   ops::l2norm_forward(ctx, l2, qs.view({rows, K}), qn, q_rstd_);
   ops::l2norm_forward(ctx, l2, ks.view({rows, K}), kn, k_rstd_);
@@ -151,33 +158,42 @@ void KdaLayer::qk_l2norm(Context& ctx, const Tensor& qs, const Tensor& ks, Tenso
 
 void KdaLayer::decay_and_beta(Context& ctx, const Tensor& x, Tensor& g, Tensor& beta, Arena& acts) {
   const int64_t n = x.dim(0), H = cfg_.heads, K = cfg_.head_dim;
-  fa_ = acts.alloc({n, K});
+  const DType at = x.dtype();
+  fa_ = acts.alloc({n, K}, at);
   f_a_.forward(ctx, x, fa_, acts);
-  graw_ = acts.alloc({n, hk()});
+  graw_ = acts.alloc({n, hk()}, at);
   f_b_.forward(ctx, fa_, graw_, acts);
   ops::kda_gate_forward(ctx, {.tokens = n, .heads = H, .head_dim = K}, graw_, a_log_.value,
                         dt_bias_.value, g);
   ArenaScope scope(ctx.workspace());
-  Tensor braw = ctx.workspace().alloc({n, H});
+  Tensor braw = ctx.workspace().alloc({n, H}, at);
   b_proj_.forward(ctx, x, braw, acts);
-  ops::sigmoid_forward(ctx, braw, beta);
+  // The projection is in the activations' dtype, the core reads beta in fp32: widen before the
+  // sigmoid, so that beta itself is never rounded.
+  Tensor braw32 = braw;
+  if (at != DType::F32) {
+    braw32 = ctx.workspace().alloc({n, H}, DType::F32);
+    ops::copy(ctx, braw, braw32);
+  }
+  ops::sigmoid_forward(ctx, braw32, beta);
 }
 
 void KdaLayer::gated_output(Context& ctx, const Tensor& x, const Tensor& o, Tensor& y,
                             Arena& acts) {
   const int64_t n = x.dim(0), H = cfg_.heads, K = cfg_.head_dim, HK = hk();
-  on_ = acts.alloc({n, HK});
-  o_rstd_ = acts.alloc({n * H});
+  const DType at = x.dtype();
+  on_ = acts.alloc({n, HK}, at);
+  o_rstd_ = acts.alloc({n * H}, DType::F32);
   {
     Tensor onv = on_.view({n * H, K});
     ops::rmsnorm_forward(ctx, {.rows = n * H, .dim = K, .eps = cfg_.norm_eps}, o.view({n * H, K}),
                          o_norm_.value, onv, o_rstd_);
   }
-  ga_ = acts.alloc({n, K});
+  ga_ = acts.alloc({n, K}, at);
   g_a_.forward(ctx, x, ga_, acts);
-  gb_ = acts.alloc({n, HK});
+  gb_ = acts.alloc({n, HK}, at);
   g_b_.forward(ctx, ga_, gb_, acts);
-  og_ = acts.alloc({n, HK});
+  og_ = acts.alloc({n, HK}, at);
   ops::sigmoid_gate_forward(ctx, on_, gb_, og_);
   o_proj_.forward(ctx, og_, y, acts);
 }
@@ -193,15 +209,16 @@ void KdaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
     const ParamRef* conv;
     Tensor *p, *c, *s;
   };
-  qp_ = acts.alloc({T, HK});
-  kp_ = acts.alloc({T, HK});
-  vp_ = acts.alloc({T, HK});
-  qc_ = acts.alloc({T, HK});
-  kc_ = acts.alloc({T, HK});
-  vc_ = acts.alloc({T, HK});
-  qs_ = acts.alloc({T, HK});
-  ks_ = acts.alloc({T, HK});
-  Tensor vs = acts.alloc({T, HK});
+  const DType at = x.dtype();
+  qp_ = acts.alloc({T, HK}, at);
+  kp_ = acts.alloc({T, HK}, at);
+  vp_ = acts.alloc({T, HK}, at);
+  qc_ = acts.alloc({T, HK}, at);
+  kc_ = acts.alloc({T, HK}, at);
+  vc_ = acts.alloc({T, HK}, at);
+  qs_ = acts.alloc({T, HK}, at);
+  ks_ = acts.alloc({T, HK}, at);
+  Tensor vs = acts.alloc({T, HK}, at);
   for (Branch b :
        {Branch{&q_proj_, &q_conv_, &qp_, &qc_, &qs_}, Branch{&k_proj_, &k_conv_, &kp_, &kc_, &ks_},
         Branch{&v_proj_, &v_conv_, &vp_, &vc_, &vs}}) {
@@ -209,17 +226,17 @@ void KdaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
     conv_silu_forward(ctx, seq, *b.conv, *b.p, *b.c, *b.s);
   }
   v_ = vs.view({T, H, K});
-  q_ = acts.alloc({T, H, K});
-  k_ = acts.alloc({T, H, K});
+  q_ = acts.alloc({T, H, K}, at);
+  k_ = acts.alloc({T, H, K}, at);
   qk_l2norm(ctx, qs_, ks_, q_, k_, acts);
-  g_ = acts.alloc({T, HK});
-  beta_ = acts.alloc({T, H});
+  g_ = acts.alloc({T, HK}, DType::F32);
+  beta_ = acts.alloc({T, H}, DType::F32);
   decay_and_beta(ctx, x, g_, beta_, acts);
 
   // The delta-rule core, every document from a zero state.
-  o_ = acts.alloc({T, H, K});
+  o_ = acts.alloc({T, H, K}, at);
   const ops::KdaParams cp = core_params(seq);
-  states_ = acts.alloc({ops::kda_saved_rows(cp, seq.cu_seqlens_host), H, K, K});
+  states_ = acts.alloc({ops::kda_saved_rows(cp, seq.cu_seqlens_host), H, K, K}, DType::F32);
   {
     Tensor no_state;
     ops::kda_forward(ctx, cp, seq.cu_seqlens, q_, k_, v_, g_.view({T, H, K}), beta_, Tensor(), o_,
@@ -237,40 +254,47 @@ void KdaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
   expect_shape(dx, {T, cfg_.hidden}, "kda layer dx");
   Arena& ws = ctx.workspace();
   ArenaScope scope(ws);
+  const DType at = og_.dtype();
 
   // Output projection and gate; the gate branch is the first to reach x, so it writes dx.
-  Tensor dog = ws.alloc({T, HK}), don = ws.alloc({T, HK}), dgb = ws.alloc({T, HK});
+  Tensor dog = ws.alloc({T, HK}, at), don = ws.alloc({T, HK}, at), dgb = ws.alloc({T, HK}, at);
   o_proj_.backward(ctx, dy, dog);
   ops::sigmoid_gate_backward(ctx, on_, gb_, dog, don, dgb);
-  Tensor dga = ws.alloc({T, K});
+  Tensor dga = ws.alloc({T, K}, at);
   g_b_.backward(ctx, dgb, dga);
   g_a_.backward(ctx, dga, dx);
 
-  Tensor dcore = ws.alloc({T, H, K});
+  Tensor dcore = ws.alloc({T, H, K}, at);
   {
     Tensor dcv = dcore.view({T * H, K});
     ops::rmsnorm_backward(ctx, {.rows = T * H, .dim = K, .eps = cfg_.norm_eps}, o_.view({T * H, K}),
                           o_norm_.value, o_rstd_, don.view({T * H, K}), dcv, o_norm_.grad);
   }
 
-  Tensor dq = ws.alloc({T, H, K}), dk = ws.alloc({T, H, K}), dv = ws.alloc({T, H, K}),
-         dg = ws.alloc({T, H, K}), dbeta = ws.alloc({T, H});
+  Tensor dq = ws.alloc({T, H, K}, at), dk = ws.alloc({T, H, K}, at), dv = ws.alloc({T, H, K}, at),
+         dg = ws.alloc({T, H, K}, DType::F32), dbeta = ws.alloc({T, H}, DType::F32);
   {
     Tensor no_dh0;
     ops::kda_backward(ctx, core_params(seq), seq.cu_seqlens, q_, k_, v_, g_.view({T, H, K}), beta_,
                       states_, dcore, Tensor(), dq, dk, dv, dg, dbeta, no_dh0);
   }
 
-  // beta = sigmoid(b_proj x).
+  // beta = sigmoid(b_proj x): the sigmoid's gradient in fp32 like beta, narrowed to the
+  // projection's dtype for its backward.
   {
-    Tensor dbraw = ws.alloc({T, H});
-    ops::sigmoid_backward(ctx, beta_, dbeta, dbraw);
+    Tensor dbraw32 = ws.alloc({T, H}, DType::F32);
+    ops::sigmoid_backward(ctx, beta_, dbeta, dbraw32);
+    Tensor dbraw = dbraw32;
+    if (at != DType::F32) {
+      dbraw = ws.alloc({T, H}, at);
+      ops::copy(ctx, dbraw32, dbraw);
+    }
     b_proj_.backward(ctx, dbraw, dx, true);
   }
 
   // Decay gate.
   {
-    Tensor dgraw = ws.alloc({T, HK}), dfa = ws.alloc({T, K});
+    Tensor dgraw = ws.alloc({T, HK}, at), dfa = ws.alloc({T, K}, at);
     ops::kda_gate_backward(ctx, {.tokens = T, .heads = H, .head_dim = K}, graw_, a_log_.value,
                            dt_bias_.value, dg.view({T, HK}), dgraw, a_log_.grad, dt_bias_.grad);
     f_b_.backward(ctx, dgraw, dfa);
@@ -279,7 +303,7 @@ void KdaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
 
   // q, k (through the L2 norm) and v.
   const ops::NormParams l2{.rows = T * H, .dim = K, .eps = kQkL2Eps};
-  Tensor ds = ws.alloc({T, HK}), dp = ws.alloc({T, HK});
+  Tensor ds = ws.alloc({T, HK}, at), dp = ws.alloc({T, HK}, at);
   Tensor dsv = ds.view({T * H, K});
   ops::l2norm_backward(ctx, l2, qs_.view({T * H, K}), q_rstd_, dq.view({T * H, K}), dsv);
   conv_silu_backward(ctx, seq, q_conv_, qp_, qc_, ds, dp);

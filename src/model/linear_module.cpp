@@ -40,7 +40,7 @@ void LinearModule::forward(Context& ctx, const Tensor& x, Tensor& y, Arena& acts
            ", expected [tokens, ", in_, "]");
   const int64_t tokens = x.dim(0);
   x_ = x;
-  xa_ = lora_.rank > 0 ? acts.alloc({tokens, lora_.rank}) : Tensor();
+  xa_ = lora_.rank > 0 ? acts.alloc({tokens, lora_.rank}, x.dtype()) : Tensor();
   ops::linear_forward(ctx, params(tokens), x, w_.value, a_.value, b_.value, y, xa_);
 }
 

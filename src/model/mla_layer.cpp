@@ -154,10 +154,10 @@ void MlaLayer::project_q(Context& ctx, const Tensor& x, const Tensor& positions,
   const int64_t n = x.dim(0), H = cfg_.heads, Dqk = qk_dim(), rope = cfg_.qk_rope_dim;
   Tensor q2 = q.view({n, H * Dqk});
   if (cfg_.q_lora_rank > 0) {
-    cq_ = acts.alloc({n, cfg_.q_lora_rank});
+    cq_ = acts.alloc({n, cfg_.q_lora_rank}, x.dtype());
     q_a_.forward(ctx, x, cq_, acts);
-    q_rstd_ = acts.alloc({n});
-    cqn_ = acts.alloc({n, cfg_.q_lora_rank});
+    q_rstd_ = acts.alloc({n}, DType::F32);
+    cqn_ = acts.alloc({n, cfg_.q_lora_rank}, x.dtype());
     ops::rmsnorm_forward(ctx, {.rows = n, .dim = cfg_.q_lora_rank, .eps = cfg_.norm_eps}, cq_,
                          q_norm_.value, cqn_, q_rstd_);
     q_b_.forward(ctx, cqn_, q2, acts);
@@ -173,19 +173,20 @@ void MlaLayer::project_kv(Context& ctx, const Tensor& x, const Tensor& positions
                 rope = cfg_.qk_rope_dim, Dv = cfg_.v_head_dim, kvr = cfg_.kv_lora_rank;
   ArenaScope scope(ctx.workspace());
   Arena& ws = ctx.workspace();
-  Tensor ckv = ws.alloc({n, kvr + rope});
+  const DType at = x.dtype();
+  Tensor ckv = ws.alloc({n, kvr + rope}, at);
   kv_a_.forward(ctx, x, ckv, acts);
-  c_ = acts.alloc({n, kvr});
-  Tensor kpe = ws.alloc({n, 1, rope});
+  c_ = acts.alloc({n, kvr}, at);
+  Tensor kpe = ws.alloc({n, 1, rope}, at);
   Tensor kpe2 = kpe.view({n, rope});
   // The norm and RoPE need dense rows, so the two parts of the fused latent are copied out.
   ops::copy(ctx, ckv.cols(0, kvr), c_);
   ops::copy(ctx, ckv.cols(kvr, kvr + rope), kpe2);
-  kv_rstd_ = acts.alloc({n});
-  cn_ = acts.alloc({n, kvr});
+  kv_rstd_ = acts.alloc({n}, DType::F32);
+  cn_ = acts.alloc({n, kvr}, at);
   ops::rmsnorm_forward(ctx, {.rows = n, .dim = kvr, .eps = cfg_.norm_eps}, c_, kv_norm_.value, cn_,
                        kv_rstd_);
-  Tensor kv = ws.alloc({n, H * (nope + Dv)});
+  Tensor kv = ws.alloc({n, H * (nope + Dv)}, at);
   kv_b_.forward(ctx, cn_, kv, acts);
   if (cfg_.use_rope && rope > 0) ops::rope_forward(ctx, k_rope(n), positions, kpe, kpe);
   // k = [k_nope | the shared rotary key on every head], v: column views of kv_b's output.
@@ -198,9 +199,9 @@ void MlaLayer::project_kv(Context& ctx, const Tensor& x, const Tensor& positions
 
 void MlaLayer::project_out(Context& ctx, const Tensor& x, const Tensor& o, Tensor& y, Arena& acts) {
   if (cfg_.output_gate) {
-    g_ = acts.alloc(o.shape());
+    g_ = acts.alloc(o.shape(), o.dtype());
     g_proj_.forward(ctx, x, g_, acts);
-    og_ = acts.alloc(o.shape());
+    og_ = acts.alloc(o.shape(), o.dtype());
     ops::sigmoid_gate_forward(ctx, o, g_, og_);
     o_proj_.forward(ctx, og_, y, acts);
   } else {
@@ -214,18 +215,19 @@ void MlaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
   expect_shape(x, {T, d}, "mla x");
   expect_shape(y, {T, d}, "mla y");
   x_ = x;
-  q_ = acts.alloc({T, H, Dqk});
+  const DType at = x.dtype();
+  q_ = acts.alloc({T, H, Dqk}, at);
   project_q(ctx, x, seq.positions, q_, acts);
-  k_ = acts.alloc({T, H, Dqk});
-  v_ = acts.alloc({T, H, Dv});
+  k_ = acts.alloc({T, H, Dqk}, at);
+  v_ = acts.alloc({T, H, Dv}, at);
   project_kv(ctx, x, seq.positions, k_, v_, acts);
 
   // Attention over the selected keys.
   const int64_t slots = index_slots(seq);
   idx_ = acts.alloc({T, slots}, DType::I32);
   select_keys(ctx, seq, x, acts);
-  o_ = acts.alloc({T, H, Dv});
-  lse_ = acts.alloc({T, H});
+  o_ = acts.alloc({T, H, Dv}, at);
+  lse_ = acts.alloc({T, H}, DType::F32);
   ops::attention_forward(ctx, attn_params(T, slots), q_, k_, v_, idx_, o_, lse_);
   after_attention(ctx, seq, acts);
   project_out(ctx, x, o_.view({T, H * Dv}), y, acts);
@@ -241,15 +243,16 @@ void MlaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
            "mla backward without a matching forward");
   ArenaScope scope(ctx.workspace());
   Arena& ws = ctx.workspace();
+  const DType at = q_.dtype();
   bool dx_written = false;
 
   // Output projection and gate.
-  Tensor dout = ws.alloc({T, H, Dv});
+  Tensor dout = ws.alloc({T, H, Dv}, at);
   Tensor dout2 = dout.view({T, H * Dv});
   if (cfg_.output_gate) {
-    Tensor dog = ws.alloc({T, H * Dv});
+    Tensor dog = ws.alloc({T, H * Dv}, at);
     o_proj_.backward(ctx, dy, dog);
-    Tensor dg = ws.alloc({T, H * Dv});
+    Tensor dg = ws.alloc({T, H * Dv}, at);
     // Attention's Delta must use the ungated gradient, which is what dout is.
     ops::sigmoid_gate_backward(ctx, o_.view({T, H * Dv}), g_, dog, dout2, dg);
     g_proj_.backward(ctx, dg, dx);
@@ -259,14 +262,15 @@ void MlaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
   }
 
   // Attention.
-  Tensor dq = ws.alloc({T, H, Dqk}), dk = ws.alloc({T, H, Dqk}), dv = ws.alloc({T, H, Dv});
+  Tensor dq = ws.alloc({T, H, Dqk}, at), dk = ws.alloc({T, H, Dqk}, at),
+         dv = ws.alloc({T, H, Dv}, at);
   ops::attention_backward(ctx, attn_params(T, idx_.dim(1)), q_, k_, v_, idx_, o_, lse_, dout, dq,
                           dk, dv);
 
   // Keys/values back to the latent: per-head parts to kv_b, the shared rotary key summed.
-  Tensor dkv = ws.alloc({T, H * (nope + Dv)});
-  Tensor dckv = ws.alloc({T, kvr + rope});
-  Tensor dkpe = ws.alloc({T, 1, rope});
+  Tensor dkv = ws.alloc({T, H * (nope + Dv)}, at);
+  Tensor dckv = ws.alloc({T, kvr + rope}, at);
+  Tensor dkpe = ws.alloc({T, 1, rope}, at);
   Tensor dkpe2 = dkpe.view({T, rope});
   {
     Tensor dkv3 = dkv.view({T, H, nope + Dv});
@@ -281,9 +285,9 @@ void MlaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
     Tensor part = dckv.cols(kvr, kvr + rope);
     ops::copy(ctx, dkpe2, part);
   }
-  Tensor dcn = ws.alloc({T, kvr});
+  Tensor dcn = ws.alloc({T, kvr}, at);
   kv_b_.backward(ctx, dkv, dcn);
-  Tensor dc = ws.alloc({T, kvr});
+  Tensor dc = ws.alloc({T, kvr}, at);
   ops::rmsnorm_backward(ctx, {.rows = T, .dim = kvr, .eps = cfg_.norm_eps}, c_, kv_norm_.value,
                         kv_rstd_, dcn, dc, kv_norm_.grad);
   {
@@ -297,9 +301,9 @@ void MlaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
   if (rotate) ops::rope_backward(ctx, q_rope(T), seq.positions, dq, dq);
   Tensor dq2 = dq.view({T, H * Dqk});
   if (cfg_.q_lora_rank > 0) {
-    Tensor dcqn = ws.alloc({T, cfg_.q_lora_rank});
+    Tensor dcqn = ws.alloc({T, cfg_.q_lora_rank}, at);
     q_b_.backward(ctx, dq2, dcqn);
-    Tensor dcq = ws.alloc({T, cfg_.q_lora_rank});
+    Tensor dcq = ws.alloc({T, cfg_.q_lora_rank}, at);
     ops::rmsnorm_backward(ctx, {.rows = T, .dim = cfg_.q_lora_rank, .eps = cfg_.norm_eps}, cq_,
                           q_norm_.value, q_rstd_, dcqn, dcq, q_norm_.grad);
     q_a_.backward(ctx, dcq, dx, true);

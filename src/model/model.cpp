@@ -178,17 +178,18 @@ size_t Model::activation_bytes(const SeqInfo& seq) const {
 void Model::layer_forward(Context& ctx, size_t i, Arena& la, Tensor& out) {
   const int64_t T = seq_.tokens, d = cfg_.hidden;
   const ops::NormParams np{.rows = T, .dim = d, .eps = cfg_.norm_eps};
-  normed_in_[i] = la.alloc({T, d});
-  rstd_in_[i] = la.alloc({T});
+  const DType at = precision_.activations;
+  normed_in_[i] = la.alloc({T, d}, at);
+  rstd_in_[i] = la.alloc({T}, DType::F32);
   ops::rmsnorm_forward(ctx, np, resid_[i], norm_in_[i].value, normed_in_[i], rstd_in_[i]);
-  Tensor m = la.alloc({T, d});
+  Tensor m = la.alloc({T, d}, at);
   mixers_[i]->forward(ctx, seq_, normed_in_[i], m, la);
   ops::add_into(ctx, resid_[i], m);  // m becomes the residual after the mixer
   mid_[i] = m;
-  normed_post_[i] = la.alloc({T, d});
-  rstd_post_[i] = la.alloc({T});
+  normed_post_[i] = la.alloc({T, d}, at);
+  rstd_post_[i] = la.alloc({T}, DType::F32);
   ops::rmsnorm_forward(ctx, np, mid_[i], norm_post_[i].value, normed_post_[i], rstd_post_[i]);
-  out = la.alloc({T, d});
+  out = la.alloc({T, d}, at);
   ffns_[i]->forward(ctx, seq_, normed_post_[i], out, la);
   ops::add_into(ctx, mid_[i], out);
 }
@@ -221,9 +222,10 @@ double Model::forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const
   normed_post_.assign(L, Tensor());
   rstd_post_.assign(L, Tensor());
   const ops::NormParams np{.rows = T, .dim = d, .eps = cfg_.norm_eps};
+  const DType at = precision_.activations;
 
   const int head = static_cast<int>(L) + 1;
-  resid_[0] = acts_.alloc({T, d});
+  resid_[0] = acts_.alloc({T, d}, at);
   if (hooks_) hooks_->before_forward(0);
   ops::embedding_forward(ctx, {.tokens = T, .vocab = cfg_.vocab, .dim = d}, ids, embed_.value,
                          resid_[0]);
@@ -233,7 +235,7 @@ double Model::forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const
     const int unit = static_cast<int>(i) + 1;
     if (hooks_) hooks_->before_forward(unit);
     if (recompute_ == ActivationRecompute::Full) {
-      resid_[i + 1] = acts_.alloc({T, d});
+      resid_[i + 1] = acts_.alloc({T, d}, at);
       scratch_.reset();
       Tensor out;
       layer_forward(ctx, i, scratch_, out);
@@ -243,11 +245,11 @@ double Model::forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const
     }
     if (hooks_) hooks_->after_forward(unit);
   }
-  final_h_ = acts_.alloc({T, d});
-  final_rstd_ = acts_.alloc({T});
+  final_h_ = acts_.alloc({T, d}, at);
+  final_rstd_ = acts_.alloc({T}, DType::F32);
   if (hooks_) hooks_->before_forward(head);
   ops::rmsnorm_forward(ctx, np, resid_[L], final_norm_.value, final_h_, final_rstd_);
-  lse_ = acts_.alloc({T});
+  lse_ = acts_.alloc({T}, DType::F32);
   have_forward_ = true;
   ensure_scalar(loss_, ctx.device());
   ops::lm_head_cross_entropy_forward(ctx, {.tokens = T, .hidden = d, .vocab = cfg_.vocab}, final_h_,
@@ -261,9 +263,10 @@ void Model::backward(Context& ctx) {
   const int64_t T = seq_.tokens, d = cfg_.hidden;
   const ops::NormParams np{.rows = T, .dim = d, .eps = cfg_.norm_eps};
   ArenaScope scope(ctx.workspace());
-  Tensor dresid = ctx.workspace().alloc({T, d});
-  Tensor dtmp = ctx.workspace().alloc({T, d});
-  Tensor dnormed = ctx.workspace().alloc({T, d});
+  const DType at = precision_.activations;
+  Tensor dresid = ctx.workspace().alloc({T, d}, at);
+  Tensor dtmp = ctx.workspace().alloc({T, d}, at);
+  Tensor dnormed = ctx.workspace().alloc({T, d}, at);
 
   const size_t L = mixers_.size();
   const int head = static_cast<int>(L) + 1;

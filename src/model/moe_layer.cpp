@@ -248,18 +248,21 @@ void MoeLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
   MT_CHECK(gate_.value.defined(), InternalError, "moe layer used before bind");
   const ops::RouterParams rp = router_params(T);
   x_ = x;
+  const DType at = x.dtype();
 
-  logits_ = acts.alloc({T, E});
+  // The router runs in fp32 from here: its GEMM reads x and the gate in their storage dtype and
+  // writes fp32 logits.
+  logits_ = acts.alloc({T, E}, DType::F32);
   ops::matmul(ctx, x, false, gate_.value, true, logits_);
-  scores_ = acts.alloc({T, E});
+  scores_ = acts.alloc({T, E}, DType::F32);
   ids_ = acts.alloc({T, K}, DType::I32);
-  weights_ = acts.alloc({T, K});
+  weights_ = acts.alloc({T, K}, DType::F32);
   if (overflow_on_) {
     ArenaScope scope(ctx.workspace());
     ops::RouterParams wide = rp;
     wide.top_k = K + overflow_.extra;
     Tensor cand = ctx.workspace().alloc({T, wide.top_k}, DType::I32);
-    Tensor cand_w = ctx.workspace().alloc({T, wide.top_k});
+    Tensor cand_w = ctx.workspace().alloc({T, wide.top_k}, DType::F32);
     ops::router_forward(ctx, wide, logits_, bias_.value, scores_, cand, cand_w);
     ops::OverflowParams op = overflow_;
     op.tokens = T;
@@ -277,8 +280,8 @@ void MoeLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
     ops::RouterParams wide = rp;
     wide.top_k = trace_width_;
     Tensor cand = ctx.workspace().alloc({T, trace_width_}, DType::I32);
-    Tensor cand_w = ctx.workspace().alloc({T, trace_width_});
-    Tensor sc = ctx.workspace().alloc({T, E});
+    Tensor cand_w = ctx.workspace().alloc({T, trace_width_}, DType::F32);
+    Tensor sc = ctx.workspace().alloc({T, E}, DType::F32);
     ops::router_forward(ctx, wide, logits_, bias_.value, sc, cand, cand_w);
     const auto n = static_cast<size_t>(T * trace_width_);
     // Traces are diagnostics: on a GPU they read the candidates back (a synchronisation).
@@ -336,22 +339,22 @@ void MoeLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
   }
 
   if (has_latent()) {
-    x_lat_ = acts.alloc({T, l});
+    x_lat_ = acts.alloc({T, l}, at);
     latent_down_.forward(ctx, x, x_lat_, acts);
   } else {
     x_lat_ = x;
   }
-  rows_ = acts.alloc({N, l});
+  rows_ = acts.alloc({N, l}, at);
   ops::moe_gather(ctx, x_lat_, perm_, K, rows_);
   const ops::GroupedFfnParams fp = ffn_params(T);
-  saved_ = ops::grouped_ffn_alloc_saved(fp, acts);
-  rows_out_ = acts.alloc({N, l});
+  saved_ = ops::grouped_ffn_alloc_saved(fp, acts, at);
+  rows_out_ = acts.alloc({N, l}, at);
   if (remote_)
     remote_->forward(ctx, fp, rows_, group_offsets_, experts_, rows_out_);
   else
     ops::grouped_ffn_forward(ctx, fp, rows_, group_offsets_, experts_, rows_out_, saved_);
   if (has_latent()) {
-    y_lat_ = acts.alloc({T, l});
+    y_lat_ = acts.alloc({T, l}, at);
     ops::moe_combine(ctx, rows_out_, weights_, inv_, y_lat_);
     latent_up_.forward(ctx, y_lat_, y, acts);
   } else {
@@ -360,14 +363,14 @@ void MoeLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
 
   if (cfg_.num_shared > 0) {
     const int64_t S = shared_width();
-    sh_gate_ = acts.alloc({T, S});
-    sh_up_ = acts.alloc({T, S});
-    sh_h_ = acts.alloc({T, S});
+    sh_gate_ = acts.alloc({T, S}, at);
+    sh_up_ = acts.alloc({T, S}, at);
+    sh_h_ = acts.alloc({T, S}, at);
     shared_gate_.forward(ctx, x, sh_gate_, acts);
     shared_up_.forward(ctx, x, sh_up_, acts);
     ops::swiglu_forward(ctx, sh_gate_, sh_up_, sh_h_);
     ArenaScope scope(ctx.workspace());
-    Tensor ys = ctx.workspace().alloc({T, d});
+    Tensor ys = ctx.workspace().alloc({T, d}, at);
     shared_down_.forward(ctx, sh_h_, ys, acts);
     ops::add_into(ctx, ys, y);
   }
@@ -382,11 +385,12 @@ void MoeLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
   expect_shape(dx, {T, d}, "moe dx");
   ArenaScope scope(ctx.workspace());
   Arena& ws = ctx.workspace();
+  const DType at = x_.dtype();
   bool dx_written = false;
 
   if (cfg_.num_shared > 0) {
     const int64_t S = shared_width();
-    Tensor dh = ws.alloc({T, S}), dg = ws.alloc({T, S}), du = ws.alloc({T, S});
+    Tensor dh = ws.alloc({T, S}, at), dg = ws.alloc({T, S}, at), du = ws.alloc({T, S}, at);
     shared_down_.backward(ctx, dy, dh);
     ops::swiglu_backward(ctx, sh_gate_, sh_up_, dh, dg, du);
     shared_gate_.backward(ctx, dg, dx);
@@ -396,19 +400,19 @@ void MoeLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
 
   Tensor dy_lat = dy;
   if (has_latent()) {
-    dy_lat = ws.alloc({T, l});
+    dy_lat = ws.alloc({T, l}, at);
     latent_up_.backward(ctx, dy, dy_lat);
   }
-  Tensor drows_out = ws.alloc({N, l}), dweights = ws.alloc({T, K});
+  Tensor drows_out = ws.alloc({N, l}, at), dweights = ws.alloc({T, K}, DType::F32);
   ops::moe_combine_backward(ctx, rows_out_, weights_, inv_, dy_lat, drows_out, dweights);
-  Tensor drows = ws.alloc({N, l});
+  Tensor drows = ws.alloc({N, l}, at);
   if (remote_)
     remote_->backward(ctx, ffn_params(T), experts_, drows_out, drows, experts_grad_);
   else
     ops::grouped_ffn_backward(ctx, ffn_params(T), rows_, group_offsets_, experts_, saved_,
                               drows_out, drows, experts_grad_);
   if (has_latent()) {
-    Tensor dx_lat = ws.alloc({T, l});
+    Tensor dx_lat = ws.alloc({T, l}, at);
     ops::moe_gather_backward(ctx, drows, inv_, K, dx_lat);
     latent_down_.backward(ctx, dx_lat, dx, dx_written);
   } else {
@@ -417,7 +421,7 @@ void MoeLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
 
   // Router: gate weights, then the balance losses with their coefficients.
   const ops::RouterParams rp = router_params(T);
-  Tensor dlogits = ws.alloc({T, E});
+  Tensor dlogits = ws.alloc({T, E}, DType::F32);
   if (overflow_on_)
     ops::overflow_route_backward(ctx, rp, scores_, ids_, dweights, dlogits);
   else
@@ -427,8 +431,15 @@ void MoeLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
                                  dlogits);
   if (cfg_.z_loss_coeff != 0.f)
     ops::router_z_loss_backward(ctx, rp, logits_, cfg_.z_loss_coeff, dlogits);
-  if (gate_.trainable()) ops::matmul(ctx, dlogits, true, x_, false, gate_.grad, 1.f, 1.f);
-  ops::matmul(ctx, dlogits, false, gate_.value, false, dx, 1.f, 1.f);
+  // The router's gradient is fp32, x and the gate are in their storage dtype, and a GEMM reads
+  // both operands in one dtype: narrow dlogits (the gate's gradient still accumulates in fp32).
+  Tensor dl = dlogits;
+  if (at != DType::F32) {
+    dl = ws.alloc({T, E}, at);
+    ops::copy(ctx, dlogits, dl);
+  }
+  if (gate_.trainable()) ops::matmul(ctx, dl, true, x_, false, gate_.grad, 1.f, 1.f);
+  ops::matmul(ctx, dl, false, gate_.value, false, dx, 1.f, 1.f);
 }
 
 const std::vector<int64_t>& MoeLayer::expert_load() const {

@@ -17,7 +17,7 @@ ParamRef optional_param(const ParamTable& table, const std::string& name, const 
 }
 
 DType param_dtype(const ParamSpec& spec, const Precision& precision) {
-  return spec.role == ParamRole::Buffer ? DType::F32 : precision.weights;
+  return spec.role == ParamRole::Buffer || spec.keep_fp32 ? DType::F32 : precision.weights;
 }
 
 void init_param(const ParamSpec& spec, Rng& rng, Tensor& t) {

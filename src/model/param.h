@@ -38,10 +38,13 @@ struct ParamSpec {
   // Dim 0 indexes the routed experts, so expert parallelism splits it across EP ranks: the
   // Expert weights and their LoRA adapters (role Lora: trainable under a frozen base).
   bool per_expert = false;
+  // Stored fp32 under every policy because its kernel reads it in fp32 (KDA's A_log and dt_bias
+  // feed the decay, which stays fp32). It trains as usual; the value is its own master.
+  bool keep_fp32 = false;
 };
 
-// The storage dtype of a parameter under a policy: the policy's weight dtype, except buffers,
-// which stay fp32.
+// The storage dtype of a parameter under a policy: the policy's weight dtype, except buffers and
+// keep_fp32 parameters, which stay fp32.
 DType param_dtype(const ParamSpec& spec, const Precision& precision);
 
 struct ParamRef {

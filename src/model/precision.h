@@ -4,10 +4,12 @@
 // rounds it into the weight, so small updates are not lost to bf16 rounding), and fp32 AdamW
 // moments. Saved activations are stored in `activations`, except the places that stay fp32 under
 // every policy because rounding them changes results, not just precision: normalisation and
-// softmax statistics (rstd, log-sum-exp), the KDA state and decay, router logits and scores,
-// losses, and parameters updated outside the optimizer (ParamRole::Buffer: the router's selection
-// bias, whose small sign steps bf16 would round away). Layers mark the activations with
-// ArenaPlan::add_fp32; param_dtype (model/param.h) places the parameters.
+// softmax statistics (rstd, log-sum-exp), the KDA state, decay and beta, router logits, scores and
+// gate weights, losses, and parameters updated outside the optimizer (ParamRole::Buffer: the
+// router's selection bias, whose small sign steps bf16 would round away) or read in fp32 by their
+// kernel (ParamSpec::keep_fp32: KDA's A_log and dt_bias, inputs of the decay). Layers mark the
+// activations with ArenaPlan::add_fp32 and allocate them as F32; param_dtype (model/param.h)
+// places the parameters.
 #pragma once
 
 #include <string>

@@ -74,12 +74,12 @@ void grouped_ffn_plan(const GroupedFfnParams& p, ArenaPlan& plan) {
   }
 }
 
-GroupedFfnSaved grouped_ffn_alloc_saved(const GroupedFfnParams& p, Arena& arena) {
+GroupedFfnSaved grouped_ffn_alloc_saved(const GroupedFfnParams& p, Arena& arena, DType at) {
   GroupedFfnSaved s;
-  s.gate_up = arena.alloc({p.rows, 2 * p.ffn});
+  s.gate_up = arena.alloc({p.rows, 2 * p.ffn}, at);
   if (p.lora_rank > 0) {
-    s.xa = arena.alloc({p.rows, p.lora_rank});
-    s.ha = arena.alloc({p.rows, p.lora_rank});
+    s.xa = arena.alloc({p.rows, p.lora_rank}, at);
+    s.ha = arena.alloc({p.rows, p.lora_rank}, at);
   }
   return s;
 }

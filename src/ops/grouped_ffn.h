@@ -39,7 +39,10 @@ struct GroupedFfnSaved {
 };
 
 void grouped_ffn_plan(const GroupedFfnParams& p, ArenaPlan& plan);
-GroupedFfnSaved grouped_ffn_alloc_saved(const GroupedFfnParams& p, Arena& arena);
+// The saved tensors in the activations' dtype `at` (the rows' dtype), as grouped_ffn_plan sizes
+// them under a plan whose activation dtype is `at`.
+GroupedFfnSaved grouped_ffn_alloc_saved(const GroupedFfnParams& p, Arena& arena,
+                                        DType at = DType::F32);
 
 // x [rows, in], offsets i32 [E+1] (offsets[E] == rows) -> y [rows, in] (written).
 void grouped_ffn_forward(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
