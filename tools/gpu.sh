@@ -102,7 +102,7 @@ anchors_stage() {
   local out=${OUT:-/tmp/gpu_out}
   mkdir -p "$out"
   if ! python3 -c "import fla" 2>/dev/null; then
-    pip install --no-index --no-deps .gpu/wheels/*.whl >"$out/pip.log" 2>&1 || tail -5 "$out/pip.log"
+    python3 -m pip install --no-index --no-deps .gpu/wheels/*.whl >"$out/pip.log" 2>&1 || tail -5 "$out/pip.log"
   fi
   OUT="$out" python3 .gpu/hf_lora_step.py "${@:-grouped}" 2>&1 | tee -a "$out/hf_lora_step.log"
 }

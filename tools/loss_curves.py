@@ -41,11 +41,17 @@ def main():
     gs, as_, bs = (smooth([d[s] for s in steps], w) for d in (g, a, b))
     inside = [min(x, y) <= z <= max(x, y) for x, y, z in zip(as_, bs, gs)]
     same_seed = max(abs(z - x) / x for x, z in zip([a[s] for s in steps], [g[s] for s in steps]))
+    # The spread the criterion is about: how far the GPU run strays from the CPU run of the same
+    # seed, against how far two CPU seeds stray from each other (smoothed curves).
+    gpu_dev = sum(abs(z - x) for x, z in zip(as_, gs)) / len(gs)
+    seed_dev = sum(abs(y - x) for x, y in zip(as_, bs)) / len(bs)
     final = {k: {"gpu": ge[k], "cpu_same_seed": ae.get(k), "rel_diff": abs(ge[k] - ae[k]) / ae[k]}
              for k in ge if k in ae}
     summary = {"steps": len(steps), "window": w, "inside_band": sum(inside),
                "inside_fraction": sum(inside) / max(1, len(inside)),
-               "max_rel_diff_vs_same_seed_cpu": same_seed, "final_eval": final,
+               "max_rel_diff_vs_same_seed_cpu": same_seed,
+               "mean_abs_gpu_vs_same_seed_cpu": gpu_dev, "mean_abs_cpu_seed_spread": seed_dev,
+               "final_eval": final,
                "final_eval_within_1pct": all(v["rel_diff"] < 0.01 for v in final.values())}
     with open(out + ".json", "w") as f:
         json.dump(summary, f, indent=1)

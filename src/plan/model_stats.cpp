@@ -180,6 +180,8 @@ ParamCounts count_params(const ModelConfig& cfg, bool freeze_base, const Precisi
     if (tr) {
       cc.trainable += n;
       c.trainable += n;
+      // Stored fp32 under a narrower policy (ParamSpec::keep_fp32): AdamW keeps no master.
+      if (s.spec.dtype == DType::F32 && precision.masters()) c.trainable_fp32 += n;
     }
     if (is_expert(s)) {
       expert_all += n;
@@ -325,19 +327,24 @@ double mixer_scratch(const ModelConfig& cfg, MixerKind k, int64_t T, int64_t max
   return std::max(fwd, bwd);
 }
 
-double ffn_scratch(const ModelConfig& cfg, FfnKind k, int64_t T) {
-  if (k == FfnKind::Dense) return fp32(T * static_cast<double>(cfg.dense.ffn)) * 3;
+// Bytes, with `act` the activation dtype's size over fp32's: tensors in the activation dtype are
+// scaled by it, the ones that stay fp32 under every policy (gate weights and their gradient, the
+// router's logits gradient) are not.
+double ffn_scratch(const ModelConfig& cfg, FfnKind k, int64_t T, double act) {
+  if (k == FfnKind::Dense) return fp32(T * static_cast<double>(cfg.dense.ffn)) * 3 * act;
   const MoeConfig& m = cfg.moe;
   const double N = static_cast<double>(T * m.top_k), l = static_cast<double>(m.latent);
   const double F = static_cast<double>(m.expert_ffn), E = static_cast<double>(m.num_experts);
   const double r = static_cast<double>(m.expert_lora.rank);
   const double S = static_cast<double>(m.num_shared * m.shared_ffn);
   const bool latent = m.latent != m.hidden;
-  double held = (m.num_shared > 0 ? fp32(T * S) * 3 : 0) + (latent ? fp32(T * l) : 0) +
-                fp32(N * l) * 2 + fp32(T * static_cast<double>(m.top_k));
+  double held =
+      ((m.num_shared > 0 ? fp32(T * S) * 3 : 0) + (latent ? fp32(T * l) : 0) + fp32(N * l) * 2) *
+          act +
+      fp32(T * static_cast<double>(m.top_k));  // dweights: fp32
   // grouped_ffn_backward (h, dh, dgu, dr), later dx_lat + router (dlogits and its own scratch).
-  const double grouped = fp32(N * F) * 4 + (r > 0 ? fp32(N * r) : 0);
-  const double router = (latent ? fp32(T * l) : 0) + fp32(T * E) * 3;
+  const double grouped = (fp32(N * F) * 4 + (r > 0 ? fp32(N * r) : 0)) * act;
+  const double router = (latent ? fp32(T * l) * act : 0) + fp32(T * E) * 3;
   // Forward: router selection scratch.
   const double fwd = fp32(T * E) * 2 + fp32(T * static_cast<double>(m.n_group)) * 2;
   return std::max(fwd, held + std::max(grouped, router));
@@ -364,6 +371,8 @@ MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& c,
              ", the memory options say ", dtype_name(o.precision.activations));
   const BytesPerElement dt = bytes_per_element(o.precision);
   const double dense_tr = static_cast<double>(c.trainable - c.expert_trainable);
+  // Masters exist only for trainable parameters stored narrower than fp32 (dense ones here).
+  const double dense_master = dense_tr - static_cast<double>(c.trainable_fp32);
   const double E = static_cast<double>(std::max<int64_t>(cfg.moe.num_experts, 1));
   // Whole experts per rank, then sharded across replicas.
   const double expert_share =
@@ -383,7 +392,7 @@ MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& c,
     const double world = static_cast<double>(p.world);
     m.weights = dense_b + ex_b * p.expert_shard;
     m.grads = (dense_tr + ex_local_tr) * dt.grad;
-    m.master = (dense_tr / world + ex_tr) * dt.master;
+    m.master = (dense_master / world + ex_tr) * dt.master;
     m.optimizer = (dense_tr / world + ex_tr) * dt.optim;
   } else if (p.engine == Engine::FsdpEp) {
     // Dense values and gradients as flat shards over the world (buffers stay whole); experts as
@@ -395,12 +404,12 @@ MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& c,
     const double buffers = static_cast<double>(c.buffer_bytes);
     m.weights = (dense_b - buffers) / world + buffers + ex_b * p.expert_shard;
     m.grads = (dense_tr / world + ex_local_tr) * dt.grad;
-    m.master = (dense_tr / world + ex_tr) * dt.master;
+    m.master = (dense_master / world + ex_tr) * dt.master;
     m.optimizer = (dense_tr / world + ex_tr) * dt.optim;
   } else {
     m.weights = dense_b / fsdp + ex_b;
     m.grads = (dense_tr / fsdp + ex_tr) * dt.grad;
-    m.master = (dense_tr / fsdp + ex_tr) * dt.master;
+    m.master = (dense_master / fsdp + ex_tr) * dt.master;
     m.optimizer = (dense_tr / fsdp + ex_tr) * dt.optim;
   }
 
@@ -423,11 +432,13 @@ MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& c,
   double ws = 0;
   const int64_t ce_rows = std::min(o.ce_chunk, T);
   ws = fp32(static_cast<double>(ce_rows * cfg.vocab));
+  const double act = dt.act / 4.0;
+  ws *= act;
   for (const LayerIR& l : cfg.layers) {
-    ws = std::max(ws, mixer_scratch(cfg, l.mixer, T, p.seq, p.mbs, o.threads));
-    ws = std::max(ws, ffn_scratch(cfg, l.ffn, T));
+    ws = std::max(ws, mixer_scratch(cfg, l.mixer, T, p.seq, p.mbs, o.threads) * act);
+    ws = std::max(ws, ffn_scratch(cfg, l.ffn, T, act));
   }
-  m.workspace = (fp32(static_cast<double>(T * d)) * 3 + ws) * dt.act / 4.0;
+  m.workspace = fp32(static_cast<double>(T * d)) * 3 * act + ws;
 
   if (p.engine != Engine::Fsdp) {
     // The optimizer step posts every unit's reduction at once: a flat copy of all trainable

@@ -59,6 +59,7 @@ struct ParamCounts {
   int64_t total = 0, trainable = 0;
   int64_t expert = 0, expert_trainable = 0;  // subset held by EP ranks
   int64_t buffers = 0;                       // non-trainable buffers (router bias): never sharded
+  int64_t trainable_fp32 = 0;    // trainable but stored fp32 under a narrower policy: no master
   int64_t active_per_token = 0;  // parameters a token touches (top_k of the routed experts)
   // FSDP units: the largest non-expert unit (a block, the embedding or the head) and the routed
   // experts of one MoE layer, all of them (a rank holds its share).

@@ -25,6 +25,33 @@ double used_gib() {
   return static_cast<double>(m.total - m.free) / (1 << 30);
 }
 
+// Per-unit forward and backward times of one step, each unit fenced by device waits (so the
+// profiled step is slower than the timed ones; it says where the time goes, not how much).
+class UnitTimer : public UnitHooks {
+ public:
+  UnitTimer(Context& ctx, int units)
+      : ctx_(ctx), fwd_(static_cast<size_t>(units)), bwd_(static_cast<size_t>(units)) {}
+  void before_forward(int) override { start(); }
+  void after_forward(int u) override { fwd_[static_cast<size_t>(u)] += stop(); }
+  void before_backward(int) override { start(); }
+  void after_backward(int u) override { bwd_[static_cast<size_t>(u)] += stop(); }
+  double fwd(int u) const { return fwd_[static_cast<size_t>(u)]; }
+  double bwd(int u) const { return bwd_[static_cast<size_t>(u)]; }
+
+ private:
+  void start() {
+    ctx_.synchronize();
+    t0_ = std::chrono::steady_clock::now();
+  }
+  double stop() {
+    ctx_.synchronize();
+    return 1e3 * seconds_since(t0_);
+  }
+  Context& ctx_;
+  std::vector<double> fwd_, bwd_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
 }  // namespace
 
 nlohmann::json run_step_bench(const StepBenchOptions& o, std::ostream& log) {
@@ -111,6 +138,30 @@ nlohmann::json run_step_bench(const StepBenchOptions& o, std::ostream& log) {
     ms.push_back(1e3 * seconds_since(s0));
     log << "step " << i + 1 << ": " << ms.back() << " ms, loss " << loss << "\n";
   }
+  // One more step with every unit fenced: where the time goes.
+  UnitTimer timer(ctx, model.num_units());
+  model.set_unit_hooks(&timer);
+  const auto p0 = std::chrono::steady_clock::now();
+  model.params().zero_grad();
+  model.forward(ctx, b.seq, b.ids, b.targets);
+  model.backward(ctx);
+  const auto o0 = std::chrono::steady_clock::now();
+  opt.step(ctx, model.params(), 1e-4f);
+  ctx.synchronize();
+  const double opt_ms = 1e3 * seconds_since(o0), profiled_ms = 1e3 * seconds_since(p0);
+  model.set_unit_hooks(nullptr);
+  nlohmann::json profile = nlohmann::json::array();
+  for (int u = 0; u < model.num_units(); ++u) {
+    std::string what = u == 0 ? "embedding" : u == model.num_units() - 1 ? "head" : "";
+    if (what.empty()) {
+      const LayerIR& l = cfg.layers[static_cast<size_t>(u - 1)];
+      what = std::string(mixer_name(l.mixer)) + (l.ffn == FfnKind::Dense ? "+ffn" : "+moe");
+    }
+    profile.push_back(
+        {{"unit", u}, {"layer", what}, {"fwd_ms", timer.fwd(u)}, {"bwd_ms", timer.bwd(u)}});
+  }
+  log << "profiled step: " << profiled_ms << " ms (optimizer " << opt_ms << " ms)\n";
+
   double mean = 0;
   for (double v : ms) mean += v / static_cast<double>(ms.size());
   const double tok_s = static_cast<double>(o.tokens) / (mean / 1e3);
@@ -138,6 +189,7 @@ nlohmann::json run_step_bench(const StepBenchOptions& o, std::ostream& log) {
   j["achieved_tflops"] = achieved;
   j["mfu"] = peak > 0 ? achieved / peak : 0.0;
   j["loss"] = loss;
+  j["profile"] = {{"units", profile}, {"optimizer_ms", opt_ms}, {"step_ms", profiled_ms}};
   j["activation_gib"] = static_cast<double>(model.activation_bytes_used()) / (1 << 30);
   if (device == Device::CUDA) {
     const double measured = used_gib() - base_gib, planned = j["planner_total_gib"];

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "io/hf_names.h"
 #include "model/moe_layer.h"
@@ -21,6 +22,7 @@
 #include "ops/moe_rules.h"
 #include "plan/auto_plan.h"
 #include "plan/kernels.h"
+#include "plan/model_stats.h"
 #include "train/dist_executor.h"
 #include "train/faults.h"
 
@@ -290,9 +292,26 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
            "\" on a mesh of ", world,
            " ranks: multi-process training runs on the CPU until the NCCL communicator lands "
            "(set run.device = \"cpu\")");
-  Context ctx(ContextOptions{
-      .device = device, .threads = threads, .seed = job.seed, .deterministic = job.deterministic});
   ModelOptions mopt = job_model_options(job);
+  // On a GPU the planner sizes the op workspace (its estimate of the largest layer's scratch)
+  // and the whole step is checked against the device's free memory before the model moves there.
+  plan::MemoryBreakdown need;
+  size_t workspace = ContextOptions{}.workspace_bytes;
+  if (device == Device::CUDA) {
+    plan::ParallelPlan pp;
+    pp.mbs = job.batch;
+    pp.seq = train.seq_len;
+    pp.recompute =
+        mopt.recompute == ActivationRecompute::Full ? plan::Recompute::Full : plan::Recompute::None;
+    need = plan::predict_memory(cfg, pp,
+                                {.precision = mopt.precision, .freeze_base = mopt.freeze_base});
+    workspace = std::max(workspace, static_cast<size_t>(need.workspace));
+  }
+  Context ctx(ContextOptions{.device = device,
+                             .threads = threads,
+                             .seed = job.seed,
+                             .workspace_bytes = workspace,
+                             .deterministic = job.deterministic});
   MT_CHECK(device != Device::CPU || mopt.precision == Precision::fp32(), ConfigError,
            "model.precision = \"", job.precision,
            "\" cannot train on the CPU: its ops compute and store fp32 only (bf16 is for the CUDA "
@@ -323,7 +342,17 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
     import_hf_tensors(model, hf.model_type, st, job.model_dir, io);
   }
   // Built and loaded on the host, then moved: the loaders and the initialisation stay
-  // device-independent, and the GPU model starts from the CPU model's values.
+  // device-independent, and the GPU model starts from the CPU model's values. The plan is checked
+  // against the device first, so a step that cannot fit stops here with its breakdown.
+  if (device == Device::CUDA) {
+    const DeviceMemory m = device_memory();  // the workspace is allocated already
+    MT_CHECK(need.total() - need.workspace <= static_cast<double>(m.free), MemoryError,
+             "the plan needs ", need.total() / double(size_t(1) << 30), " GiB on the GPU (",
+             need.to_json().dump(), ") and ", static_cast<double>(m.free) / double(size_t(1) << 30),
+             " GiB are free: lower train.batch or the sequence length, train LoRA adapters "
+             "instead of full weights (lora.targets), use model.precision = \"bf16\", or "
+             "recompute activations");
+  }
   model.to_device(device);
   const AdamWOptions adam{.beta1 = job.beta1,
                           .beta2 = job.beta2,

@@ -299,13 +299,17 @@ TEST(PlanMemory, Bf16PolicyEqualsTheEnginesStoreAndPlan) {
                                                              : ActivationRecompute::None,
                  .precision = bf16});
     AdamW opt(model.params(), AdamWOptions{});
-    double values = 0, grads = 0, frozen = 0, trainable = 0, buffers = 0;
+    double values = 0, grads = 0, frozen = 0, trainable = 0, buffers = 0, wide_trainable = 0;
     for (const auto& p : model.params().all()) {
       values += static_cast<double>(p->value.bytes());
       const double n = static_cast<double>(p->value.numel());
       if (p->spec.role == ParamRole::Buffer) {
         EXPECT_EQ(p->value.dtype(), DType::F32) << p->name;
         buffers += n;
+      } else if (p->spec.keep_fp32) {  // KDA's A_log and dt_bias: their kernel reads fp32
+        EXPECT_EQ(p->value.dtype(), DType::F32) << p->name;
+        buffers += n;  // 4 B each, like the buffers
+        if (p->trainable()) wide_trainable += n;
       } else {
         EXPECT_EQ(p->value.dtype(), DType::BF16) << p->name;
         (p->trainable() ? trainable : frozen) += n;
@@ -324,12 +328,12 @@ TEST(PlanMemory, Bf16PolicyEqualsTheEnginesStoreAndPlan) {
     EXPECT_EQ(m.master, static_cast<double>(opt.master_bytes()));
     EXPECT_EQ(m.optimizer, static_cast<double>(opt.state_bytes()));
     EXPECT_EQ(m.activations, static_cast<double>(model.activation_bytes(seq)));
-    // By hand: 2 B per stored weight (4 for buffers); trainable parameters 4 B of gradient, 4 of
-    // master and 8 of moments each.
+    // By hand: 2 B per stored weight (4 for buffers and fp32-kept ones); trainable parameters
+    // 4 B of gradient and 8 of moments each, and 4 of master unless stored fp32 already.
     EXPECT_EQ(m.weights, 2 * (frozen + trainable) + 4 * buffers);
-    EXPECT_EQ(m.grads, 4 * trainable);
+    EXPECT_EQ(m.grads, 4 * (trainable + wide_trainable));
     EXPECT_EQ(m.master, 4 * trainable);
-    EXPECT_EQ(m.optimizer, 8 * trainable);
+    EXPECT_EQ(m.optimizer, 8 * (trainable + wide_trainable));
     // Activations: bf16 halves the stored tensors but not the fp32 entries or the alignment.
     Model wide(c.cfg, 3, {.freeze_base = c.freeze, .recompute = model.recompute()});
     const double fp32_acts = static_cast<double>(wide.activation_bytes(seq));

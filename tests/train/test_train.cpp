@@ -309,7 +309,7 @@ TEST(Checkpoint, ResumesUnderAnotherPrecision) {
   size_t k = 0;
   for (const auto& p : a.params().all()) {
     const Param& q = b.params().at(p->name);
-    const bool buffer = p->spec.role == ParamRole::Buffer;
+    const bool buffer = p->spec.role == ParamRole::Buffer || p->spec.keep_fp32;
     ASSERT_EQ(q.value.dtype(), buffer ? DType::F32 : DType::BF16) << p->name;
     for (int64_t i = 0; i < p->value.numel(); ++i) {
       const float x = p->value.f32()[i];
