@@ -140,7 +140,7 @@ void Model::plan_layer(size_t i, const SeqInfo& seq, ArenaPlan& p) const {
   p.add(act);  // mixer output, then residual after the mixer
   p.add(act);  // normed mid
   p.add_fp32(row);
-  ffns_[i]->plan_activations(seq, p);
+  if (recompute_ != ActivationRecompute::Selective) ffns_[i]->plan_activations(seq, p);
   p.add(act);  // ffn output, then the next residual
 }
 
@@ -159,11 +159,16 @@ void Model::plan(const SeqInfo& seq, ArenaPlan& p) const {
 }
 
 size_t Model::scratch_bytes(const SeqInfo& seq) const {
-  if (recompute_ != ActivationRecompute::Full) return 0;
+  if (recompute_ == ActivationRecompute::None) return 0;
   size_t most = 0;
   for (size_t i = 0; i < mixers_.size(); ++i) {
     ArenaPlan p(precision_.activations);
-    plan_layer(i, seq, p);
+    if (recompute_ == ActivationRecompute::Full) {
+      plan_layer(i, seq, p);
+    } else {
+      p.add({seq.tokens, cfg_.hidden});  // the replayed FFN's output (discarded)
+      ffns_[i]->plan_activations(seq, p);
+    }
     most = std::max(most, p.bytes());
   }
   return most;
@@ -175,7 +180,7 @@ size_t Model::activation_bytes(const SeqInfo& seq) const {
   return p.bytes() + scratch_bytes(seq);
 }
 
-void Model::layer_forward(Context& ctx, size_t i, Arena& la, Tensor& out) {
+void Model::layer_forward(Context& ctx, size_t i, Arena& la, Arena& fa, Tensor& out) {
   const int64_t T = seq_.tokens, d = cfg_.hidden;
   const ops::NormParams np{.rows = T, .dim = d, .eps = cfg_.norm_eps};
   const DType at = precision_.activations;
@@ -190,8 +195,20 @@ void Model::layer_forward(Context& ctx, size_t i, Arena& la, Tensor& out) {
   rstd_post_[i] = la.alloc({T}, DType::F32);
   ops::rmsnorm_forward(ctx, np, mid_[i], norm_post_[i].value, normed_post_[i], rstd_post_[i]);
   out = la.alloc({T, d}, at);
-  ffns_[i]->forward(ctx, seq_, normed_post_[i], out, la);
+  ffns_[i]->forward(ctx, seq_, normed_post_[i], out, fa);
   ops::add_into(ctx, mid_[i], out);
+}
+
+void Model::replay_ffn(Context& ctx, size_t i) {
+  // Identical inputs and kernels give identical saved state, so the gradients equal the
+  // no-recompute run's bit for bit. The MoE load counts a step once: restore it after the replay.
+  auto* moe = dynamic_cast<MoeLayer*>(ffns_[i].get());
+  std::vector<int64_t> load;
+  if (moe) load = moe->expert_load();
+  scratch_.reset();
+  Tensor out = scratch_.alloc({seq_.tokens, cfg_.hidden}, precision_.activations);
+  ffns_[i]->forward(ctx, seq_, normed_post_[i], out, scratch_);
+  if (moe) moe->set_expert_load(std::move(load));
 }
 
 double Model::forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const Tensor& targets) {
@@ -238,10 +255,13 @@ double Model::forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const
       resid_[i + 1] = acts_.alloc({T, d}, at);
       scratch_.reset();
       Tensor out;
-      layer_forward(ctx, i, scratch_, out);
+      layer_forward(ctx, i, scratch_, scratch_, out);
       resid_[i + 1].copy_from(out);
+    } else if (recompute_ == ActivationRecompute::Selective) {
+      scratch_.reset();
+      layer_forward(ctx, i, acts_, scratch_, resid_[i + 1]);
     } else {
-      layer_forward(ctx, i, acts_, resid_[i + 1]);
+      layer_forward(ctx, i, acts_, acts_, resid_[i + 1]);
     }
     if (hooks_) hooks_->after_forward(unit);
   }
@@ -288,8 +308,10 @@ void Model::backward(Context& ctx) {
       if (moe) load = moe->expert_load();
       scratch_.reset();
       Tensor out;
-      layer_forward(ctx, i, scratch_, out);
+      layer_forward(ctx, i, scratch_, scratch_, out);
       if (moe) moe->set_expert_load(std::move(load));
+    } else if (recompute_ == ActivationRecompute::Selective) {
+      replay_ffn(ctx, i);
     }
     // resid[i+1] = mid + ffn(norm(mid))
     ffns_[i]->backward(ctx, seq_, dresid, dnormed);

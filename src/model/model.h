@@ -38,10 +38,13 @@ class UnitHooks {
   virtual void after_backward(int unit) = 0;
 };
 
-// What forward keeps for backward. None: every layer's activations. Full: only each layer's
-// input (the residual stream); backward replays layer i's forward into a scratch arena sized for
-// one layer (the largest plan_activations) just before its backward.
-enum class ActivationRecompute { None, Full };
+// What forward keeps for backward. None: every layer's activations. Selective: everything but
+// the FFN's (dense or MoE) saved tensors, which are the bulk of a MoE block's activations but the
+// cheapest part to recompute (GEMMs, where the mixer would replay the KDA / attention cores);
+// backward replays layer i's FFN into a scratch arena sized for one FFN plus its output. Full:
+// only each layer's input (the residual stream); backward replays layer i's forward into a
+// scratch arena sized for one layer (the largest plan_activations) just before its backward.
+enum class ActivationRecompute { None, Selective, Full };
 
 // Per-layer kernel choice made at build time by the caller (the kernel registry,
 // src/plan/kernels.h, consulted by the trainer): model/ knows no kernel names, so the choice
@@ -166,7 +169,10 @@ class Model {
   size_t scratch_bytes(const SeqInfo& seq) const;
   // Block i: norms, mixer and FFN with their residuals, from resid_[i] into `out`, saving
   // everything backward needs in `la`.
-  void layer_forward(Context& ctx, size_t i, Arena& la, Tensor& out);
+  // The FFN's saved tensors go to `fa` (== la unless recompute is Selective).
+  void layer_forward(Context& ctx, size_t i, Arena& la, Arena& fa, Tensor& out);
+  // Replays FFN i from the kept normed input into the scratch arena (recompute = Selective).
+  void replay_ffn(Context& ctx, size_t i);
 
   ModelConfig cfg_;
   ParamStore params_;
@@ -178,7 +184,7 @@ class Model {
 
   // State of the last forward (views into acts_).
   Arena acts_;
-  Arena scratch_;  // one layer's replay (recompute = Full)
+  Arena scratch_;  // one layer's (Full) or one FFN's (Selective) replay
   ActivationRecompute recompute_ = ActivationRecompute::None;
   SeqInfo seq_;
   Tensor ids_, targets_;

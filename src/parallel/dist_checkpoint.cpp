@@ -15,7 +15,8 @@ void DistTrainer::global_runs(const Param& p, int64_t lo, int64_t hi, F&& fn) co
     fn(lo, lo, hi - lo);
     return;
   }
-  const int64_t El = mesh_.local_experts, row = p.value.numel() / p.value.shape()[0];
+  const Shape shape = local_shape(p);
+  const int64_t El = mesh_.local_experts, row = shape.numel() / shape[0];
   const std::vector<int32_t> slots = expert_slots(model_unit(p) - 1);
   if (slots.empty()) {
     fn(mesh_.first_expert() * row + lo, lo, hi - lo);
@@ -68,7 +69,9 @@ std::vector<ShardPiece> DistTrainer::checkpoint_pieces() const {
   }
   if (fsdp_)
     fsdp_->for_each_piece([&](Param& p, int64_t begin, float* data, int64_t count) {
-      add(p.name, p.spec.shape, begin, data, count);
+      global_runs(p, begin, begin + count, [&](int64_t g, int64_t l, int64_t n) {
+        add(p.name, p.spec.shape, g, data + (l - begin), n);
+      });
     });
   for (const auto& u : units_) {
     if (!u->counts_norm) continue;  // a replica of the same state another rank writes
@@ -76,8 +79,7 @@ std::vector<ShardPiece> DistTrainer::checkpoint_pieces() const {
     const int64_t z = std::min(u->n, a + u->shard);
     int64_t o = 0;
     for (const Param* p : u->params) {
-      const int64_t n = sharded(*p) ? p->spec.shape.numel() : p->value.numel(), lo = std::max(a, o),
-                    hi = std::min(z, o + n);
+      const int64_t n = local_shape(*p).numel(), lo = std::max(a, o), hi = std::min(z, o + n);
       global_runs(*p, lo - o, hi - o, [&](int64_t g, int64_t l, int64_t c) {
         add("m." + p->name, full_shape(*p), g, u->m.f32() + (o + l - a), c);
         add("v." + p->name, full_shape(*p), g, u->v.f32() + (o + l - a), c);
@@ -93,7 +95,9 @@ void DistTrainer::load_pieces(const PieceReader& read, int64_t optimizer_steps) 
   if (fsdp_) {
     fsdp_->finish();
     fsdp_->for_each_piece([&](Param& p, int64_t begin, float* data, int64_t count) {
-      read(p.name, begin, begin + count, data);
+      global_runs(p, begin, begin + count, [&](int64_t g, int64_t l, int64_t n) {
+        read(p.name, g, g + n, data + (l - begin));
+      });
     });
   }
   for (const auto& p : model_.params().all()) {
@@ -107,8 +111,7 @@ void DistTrainer::load_pieces(const PieceReader& read, int64_t optimizer_steps) 
     const int64_t z = std::min(u->n, a + u->shard);
     int64_t o = 0;
     for (const Param* p : u->params) {
-      const int64_t n = sharded(*p) ? p->spec.shape.numel() : p->value.numel(), lo = std::max(a, o),
-                    hi = std::min(z, o + n);
+      const int64_t n = local_shape(*p).numel(), lo = std::max(a, o), hi = std::min(z, o + n);
       global_runs(*p, lo - o, hi - o, [&](int64_t g, int64_t l, int64_t c) {
         read("m." + p->name, g, g + c, u->m.f32() + (o + l - a));
         read("v." + p->name, g, g + c, u->v.f32() + (o + l - a));

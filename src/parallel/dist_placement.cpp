@@ -10,6 +10,9 @@ namespace mt::par {
 
 int64_t DistTrainer::place_experts(const std::vector<std::vector<int32_t>>& expert_rank) {
   if (mesh_.ep <= 1) return 0;
+  MT_CHECK(!opt_.shard_expert_weights, ConfigError,
+           "balance.placement with parallel.shard_expert_weights: moving sharded experts between "
+           "EP ranks is not implemented");
   const int64_t E = mesh_.num_experts, El = mesh_.local_experts;
   const int P = mesh_.ep, me = mesh_.ep_rank;
   std::vector<MoeLayer*> moes = model_.moe_layers();

@@ -89,21 +89,26 @@ DistTrainer::DistTrainer(Model& model, const Mesh& mesh, ProcessGroups& groups,
         if (p->name.compare(0, prefix.size(), prefix) == 0) unit_of_[p.get()] = k;
   // Units in store order, so every rank builds the same flat layouts: the routed experts of all
   // layers form one unit (their replicas are the EDP group), each dense model unit another.
-  std::map<int, Unit*> by_unit;  // key -1: the experts
+  // With shard_expert_weights each layer's experts are a unit of their own (their shards are the
+  // layer's Fsdp expert part).
+  std::map<int, Unit*> by_unit;  // key -1: the experts; -1 - k: the experts of model unit k
   for (const auto& p : model.params().all()) {
     if (!p->trainable()) continue;
     const bool expert = p->spec.per_expert;
-    const int key = expert ? -1 : model_unit(*p);
+    const int key = !expert ? model_unit(*p) : opt.shard_expert_weights ? -1 - model_unit(*p) : -1;
     Unit*& u = by_unit[key];
     if (!u) {
       units_.push_back(std::make_unique<Unit>());
       u = units_.back().get();
-      u->name = expert ? "experts" : unit_name(key, U);
-      u->model_unit = key;
+      u->name = !expert     ? unit_name(key, U)
+                : key == -1 ? "experts"
+                            : "experts of " + unit_name(-1 - key, U);
+      u->model_unit = expert ? -1 - key : key;
       if (expert) {
         u->comm = groups.edp.get();
-        u->sharded = mesh.shard_experts && mesh.replicas > 1;
+        u->sharded = opt.shard_expert_weights || (mesh.shard_experts && mesh.replicas > 1);
         u->counts_norm = u->sharded || groups.edp->rank() == 0;
+        if (opt.shard_expert_weights) u->part = FsdpPart::Experts;
       } else {
         u->comm = groups.world;
       }
@@ -118,7 +123,7 @@ DistTrainer::DistTrainer(Model& model, const Mesh& mesh, ProcessGroups& groups,
     u->m = Tensor::zeros({u->shard});
     u->v = Tensor::zeros({u->shard});
   }
-  if (opt.fsdp) setup_fsdp();
+  if (opt.fsdp || opt.shard_expert_weights) setup_fsdp();
   // Step buffers, planned once from the units' sizes (the worst case of every step): each
   // non-fsdp unit's gradient buffers, one parameter scratch of the largest unit, and the expert
   // loads of every MoE layer. memory() reports the same bytes.
@@ -137,7 +142,7 @@ DistTrainer::DistTrainer(Model& model, const Mesh& mesh, ProcessGroups& groups,
 }
 
 void DistTrainer::setup_fsdp() {
-  MT_CHECK(!model_.config().tie_embeddings, ConfigError,
+  MT_CHECK(!opt_.fsdp || !model_.config().tie_embeddings, ConfigError,
            "fsdp: tied embeddings are not supported (the embedding and the head units would "
            "share one weight)");
   const int U = model_.num_units();
@@ -145,21 +150,30 @@ void DistTrainer::setup_fsdp() {
   for (int k = 0; k < U; ++k)
     for (const std::string& prefix : model_.unit_prefixes(k))
       for (const auto& p : model_.params().all()) {
-        if (p->name.compare(0, prefix.size(), prefix) != 0 || p->spec.per_expert ||
-            p->spec.role == ParamRole::Buffer)
+        if (p->name.compare(0, prefix.size(), prefix) != 0 || p->spec.role == ParamRole::Buffer)
           continue;
-        (p->trainable() ? specs[static_cast<size_t>(k)].train
-                        : specs[static_cast<size_t>(k)].frozen)
-            .push_back(p.get());
+        FsdpUnitSpec& s = specs[static_cast<size_t>(k)];
+        if (p->spec.per_expert) {
+          if (opt_.shard_expert_weights)
+            (p->trainable() ? s.expert_train : s.expert_frozen).push_back(p.get());
+        } else if (opt_.fsdp) {
+          (p->trainable() ? s.train : s.frozen).push_back(p.get());
+        }
       }
   for (auto& u : units_) {
-    if (u->comm != g_.world) continue;
+    const bool expert = u->part == FsdpPart::Experts;
+    if (!(expert || (opt_.fsdp && u->comm == g_.world))) continue;
     u->fsdp = u->model_unit;
     // The optimizer's moments must share the gradient shard's layout.
-    MT_CHECK(specs[static_cast<size_t>(u->fsdp)].train == u->params, InternalError, "fsdp unit ",
-             u->fsdp, " differs from optimizer unit ", u->name);
+    const FsdpUnitSpec& s = specs[static_cast<size_t>(u->fsdp)];
+    MT_CHECK((expert ? s.expert_train : s.train) == u->params, InternalError, "fsdp unit ", u->fsdp,
+             " differs from optimizer unit ", u->name);
   }
-  fsdp_ = std::make_unique<Fsdp>(model_, *g_.world, std::move(specs));
+  fsdp_ = std::make_unique<Fsdp>(model_, *g_.world, g_.edp.get(), std::move(specs));
+}
+
+Shape DistTrainer::local_shape(const Param& p) const {
+  return fsdp_ && fsdp_->owns(&p) ? fsdp_->local_shape(&p) : p.value.shape();
 }
 
 DistTrainer::~DistTrainer() = default;
@@ -189,6 +203,7 @@ MemoryReport DistTrainer::memory() const {
     r.grads += fsdp_->memory().grad_bytes;
     r.transient = std::max(r.transient, fsdp_->memory().transient_peak);
     r.fsdp_shards = fsdp_->memory().shard_bytes;
+    r.expert_shards = fsdp_->memory().expert_shard_bytes;
     r.fsdp_transient = fsdp_->memory().transient_peak;
     r.fsdp_units_peak = fsdp_->memory().live_units_peak;
     r.fsdp_grads_peak = fsdp_->memory().live_grads_peak;

@@ -38,6 +38,11 @@ struct DistOptions {
   ops::AdamWOptions adam;
   // ZeRO-3 units for the dense parameters (tied embeddings: ConfigError).
   bool fsdp = false;
+  // ZeRO-3 for the routed experts over the EDP group: each replica keeps 1/replicas of its local
+  // experts' values, gradients and moments; a layer's experts are gathered with its unit
+  // (forward, and backward, where recompute replays them), prefetched with the next unit,
+  // freed after use, and their gradients reduce-scattered over the group (parallel/fsdp.h).
+  bool shard_expert_weights = false;
 };
 
 // Bytes one rank holds for training (activations excluded: they do not depend on the mesh).
@@ -46,9 +51,10 @@ struct MemoryReport {
   int64_t grads = 0;      // persistent gradient buffers
   int64_t optimizer = 0;  // AdamW moments
   int64_t transient = 0;  // peak of step buffers: gathers, unit gradients, flat reductions
-  // fsdp only: the dense value shards (part of params) and the peak of unit gathers and unit
-  // gradient buffers alive at once (part of transient).
-  int64_t fsdp_shards = 0, fsdp_transient = 0;
+  // fsdp / shard_expert_weights only: the value shards (part of params; the experts' part of
+  // them) and the peak of unit gathers and unit gradient buffers alive at once (part of
+  // transient).
+  int64_t fsdp_shards = 0, expert_shards = 0, fsdp_transient = 0;
   int fsdp_units_peak = 0, fsdp_grads_peak = 0;  // see FsdpMemory
   int64_t total() const { return params + grads + optimizer + transient; }
 };
@@ -155,6 +161,8 @@ class DistTrainer {
   template <typename F>
   void global_runs(const Param& p, int64_t lo, int64_t hi, F&& fn) const;
   void setup_fsdp();
+  // This rank's shape of p (a sharded Param's gathered shape; local experts: the EP slice).
+  Shape local_shape(const Param& p) const;
   void update_router_biases();  // dist_router_bias.cpp
 
   Model& model_;

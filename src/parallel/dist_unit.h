@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "parallel/dist_trainer.h"
+#include "parallel/fsdp.h"
 
 namespace mt::par {
 
@@ -26,6 +27,7 @@ struct DistTrainer::Unit {
   Request req;
   int model_unit = -1;  // the Model unit of a dense unit (0 embedding, 1 + i layer i, last head)
   int fsdp = -1;        // model unit whose Fsdp shards hold this unit's values and gradients
+  FsdpPart part = FsdpPart::Dense;  // which of that unit's parts (experts: over the EDP group)
 };
 
 }  // namespace mt::par

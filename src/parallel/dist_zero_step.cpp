@@ -48,7 +48,7 @@ double DistTrainer::optimizer_step(Context& ctx, float lr, double grad_scale) {
   if (fsdp_) fsdp_->finish();
   for (auto& u : units_) {
     if (u->fsdp >= 0) {  // already reduce-scattered, unit by unit, during backward
-      u->gshard = fsdp_->grad_shard(u->fsdp);
+      u->gshard = fsdp_->grad_shard(u->fsdp, u->part);
       continue;
     }
     pack(u->params, true, u->gflat.f32());  // the padding stays zero from the constructor
@@ -85,7 +85,7 @@ double DistTrainer::optimizer_step(Context& ctx, float lr, double grad_scale) {
   const ops::AdamWParams hp = opt_.adam.at(lr, step_);
   for (auto& u : units_) {
     if (u->fsdp >= 0) {  // the shard is the parameter; the next use gathers it
-      ops::adamw_step(ctx, hp, fsdp_->train_shard(u->fsdp), u->gshard, u->m, u->v);
+      ops::adamw_step(ctx, hp, fsdp_->train_shard(u->fsdp, u->part), u->gshard, u->m, u->v);
       u->gshard = Tensor();
       continue;
     }

@@ -7,10 +7,6 @@ namespace mt::par {
 
 namespace {
 
-int64_t numel_of(const Param& p) {
-  return p.spec.shape.numel();
-}
-
 void add_into(const Tensor& part, Tensor& acc) {
   const float* s = part.f32();
   float* d = acc.f32();
@@ -19,43 +15,59 @@ void add_into(const Tensor& part, Tensor& acc) {
 
 }  // namespace
 
-Fsdp::Fsdp(Model& model, Comm& comm, std::vector<FsdpUnitSpec> units)
-    : model_(model), comm_(comm), units_(units.size()) {
+Fsdp::Fsdp(Model& model, Comm& dense, Comm* experts, std::vector<FsdpUnitSpec> units)
+    : model_(model), units_(units.size()) {
   MT_CHECK(static_cast<int>(units.size()) == model.num_units(), InternalError,
            "fsdp: ", units.size(), " unit specs for a model of ", model.num_units(), " units");
-  const int64_t W = comm.size(), r = comm.rank();
   for (size_t u = 0; u < units.size(); ++u) {
     Unit& un = units_[u];
-    un.train.params = std::move(units[u].train);
-    un.frozen.params = std::move(units[u].frozen);
+    Part& dp = un.parts[0];
+    Part& ep = un.parts[1];
+    dp.comm = &dense;
+    dp.train.params = std::move(units[u].train);
+    dp.frozen.params = std::move(units[u].frozen);
+    ep.comm = experts;
+    ep.train.params = std::move(units[u].expert_train);
+    ep.frozen.params = std::move(units[u].expert_frozen);
+    MT_CHECK(experts || (ep.train.params.empty() && ep.frozen.params.empty()), InternalError,
+             "fsdp: unit ", u, " shards experts without an expert-data-parallel group");
     std::vector<Tensor> fulls;  // the packed values, viewed by the layer until this unit is bound
-    for (Group* g : {&un.train, &un.frozen}) {
-      for (const Param* p : g->params) {
-        MT_CHECK(p->value.shape() == p->spec.shape, InternalError, "fsdp: parameter ", p->name,
-                 " is ", p->value.shape(), ", declared ", p->spec.shape);
-        g->n += numel_of(*p);
+    for (Part* pt : {&dp, &ep}) {
+      if (!pt->comm) continue;
+      const int64_t W = pt->comm->size(), r = pt->comm->rank();
+      for (Group* g : {&pt->train, &pt->frozen}) {
+        for (const Param* p : g->params) {
+          MT_CHECK(p->value.defined() && p->value.dtype() == DType::F32, InternalError,
+                   "fsdp: parameter ", p->name, " is not a defined fp32 tensor");
+          g->shapes.push_back(p->value.shape());
+          shapes_[p] = p->value.shape();
+          g->n += p->value.numel();
+        }
+        g->padded = (g->n + W - 1) / W * W;
+        g->shard_len = g->padded / W;
+        if (g->n == 0) continue;
+        Tensor full = Tensor::zeros({g->padded});
+        int64_t off = 0;
+        for (size_t k = 0; k < g->params.size(); ++k) {
+          Param* p = g->params[k];
+          std::memcpy(full.f32() + off, p->value.f32(), p->value.bytes());
+          p->value = Tensor(full.f32() + off, g->shapes[k], DType::F32);
+          p->grad = Tensor();
+          off += g->shapes[k].numel();
+        }
+        g->shard = full.rows(r * g->shard_len, (r + 1) * g->shard_len).clone();
+        mem_.shard_bytes += static_cast<int64_t>(g->shard.bytes());
+        if (pt == &ep) mem_.expert_shard_bytes += static_cast<int64_t>(g->shard.bytes());
+        fulls.push_back(full);
       }
-      g->padded = (g->n + W - 1) / W * W;
-      g->shard_len = g->padded / W;
-      if (g->n == 0) continue;
-      Tensor full = Tensor::zeros({g->padded});
-      int64_t off = 0;
-      for (Param* p : g->params) {
-        std::memcpy(full.f32() + off, p->value.f32(), p->value.bytes());
-        p->value = Tensor(full.f32() + off, p->spec.shape, DType::F32);
-        p->grad = Tensor();
-        off += numel_of(*p);
-      }
-      g->shard = full.rows(r * g->shard_len, (r + 1) * g->shard_len).clone();
-      mem_.shard_bytes += static_cast<int64_t>(g->shard.bytes());
-      fulls.push_back(full);
+      pt->grad_shard = Tensor::zeros({std::max<int64_t>(pt->train.shard_len, 1)});
+      if (pt->train.n > 0) mem_.grad_bytes += static_cast<int64_t>(pt->grad_shard.bytes());
     }
-    un.grad_shard = Tensor::zeros({std::max<int64_t>(un.train.shard_len, 1)});
-    if (un.train.n > 0) mem_.grad_bytes += static_cast<int64_t>(un.grad_shard.bytes());
     // Rebinding drops the layer's owning references, so the full tensors die with `fulls`.
     model_.rebind_unit(static_cast<int>(u));
-    for (Group* g : {&un.train, &un.frozen})
-      for (Param* p : g->params) p->value = Tensor();
+    for (Part* pt : {&dp, &ep})
+      for (Group* g : {&pt->train, &pt->frozen})
+        for (Param* p : g->params) p->value = Tensor();
   }
   model_.set_unit_hooks(this);
 }
@@ -70,10 +82,13 @@ Fsdp::~Fsdp() {
 }
 
 bool Fsdp::owns(const Param* p) const {
-  for (const Unit& un : units_)
-    for (const Group* g : {&un.train, &un.frozen})
-      if (std::find(g->params.begin(), g->params.end(), p) != g->params.end()) return true;
-  return false;
+  return shapes_.count(p) > 0;
+}
+
+const Shape& Fsdp::local_shape(const Param* p) const {
+  const auto it = shapes_.find(p);
+  MT_CHECK(it != shapes_.end(), InternalError, "fsdp: ", p->name, " is not sharded");
+  return it->second;
 }
 
 void Fsdp::track(int64_t bytes) {
@@ -82,22 +97,24 @@ void Fsdp::track(int64_t bytes) {
 }
 
 void Fsdp::poke() {
-  for (Unit& un : units_) {
-    un.train.req.test();
-    un.frozen.req.test();
-  }
+  for (Unit& un : units_)
+    for (Part& pt : un.parts) {
+      pt.train.req.test();
+      pt.frozen.req.test();
+    }
   for (Pending& p : pending_) p.req.test();
 }
 
 void Fsdp::start_gather(int u) {
   Unit& un = units_.at(static_cast<size_t>(u));
   if (un.state != State::Free) return;
-  for (Group* g : {&un.train, &un.frozen}) {
-    if (g->n == 0) continue;
-    g->full = Tensor::empty({g->padded});
-    track(static_cast<int64_t>(g->full.bytes()));
-    g->req = comm_.iall_gather(g->shard.raw(), g->shard_len, g->full.raw(), Elem::F32);
-  }
+  for (Part& pt : un.parts)
+    for (Group* g : {&pt.train, &pt.frozen}) {
+      if (g->n == 0) continue;
+      g->full = Tensor::empty({g->padded});
+      track(static_cast<int64_t>(g->full.bytes()));
+      g->req = pt.comm->iall_gather(g->shard.raw(), g->shard_len, g->full.raw(), Elem::F32);
+    }
   un.state = State::InFlight;
   mem_.live_units_peak = std::max(mem_.live_units_peak, ++mem_.live_units);
 }
@@ -105,25 +122,31 @@ void Fsdp::start_gather(int u) {
 void Fsdp::bind(int u, bool backward) {
   Unit& un = units_.at(static_cast<size_t>(u));
   if (un.state == State::InFlight) {
-    un.train.req.wait();
-    un.frozen.req.wait();
+    for (Part& pt : un.parts) {
+      pt.train.req.wait();
+      pt.frozen.req.wait();
+    }
     un.state = State::Ready;
   }
-  if (backward && un.train.n > 0) {
-    un.grad_full = Tensor::zeros({un.train.padded});
-    track(static_cast<int64_t>(un.grad_full.bytes()));
-    mem_.live_grads_peak = std::max(mem_.live_grads_peak, ++mem_.live_grads);
-  }
-  for (Group* g : {&un.train, &un.frozen}) {
-    int64_t off = 0;
-    for (Param* p : g->params) {
-      p->value = g->full.defined() && g->full.numel() > 0
-                     ? Tensor(g->full.f32() + off, p->spec.shape, DType::F32)
-                     : Tensor();
-      p->grad = backward && g == &un.train
-                    ? Tensor(un.grad_full.f32() + off, p->spec.shape, DType::F32)
-                    : Tensor();
-      off += numel_of(*p);
+  for (int k = 0; k < 2; ++k) {
+    Part& pt = un.parts[k];
+    if (backward && pt.train.n > 0) {
+      pt.grad_full = Tensor::zeros({pt.train.padded});
+      track(static_cast<int64_t>(pt.grad_full.bytes()));
+      mem_.live_grads_peak = std::max(mem_.live_grads_peak, ++mem_.live_grads[k]);
+    }
+    for (Group* g : {&pt.train, &pt.frozen}) {
+      int64_t off = 0;
+      for (size_t j = 0; j < g->params.size(); ++j) {
+        Param* p = g->params[j];
+        p->value = g->full.defined() && g->full.numel() > 0
+                       ? Tensor(g->full.f32() + off, g->shapes[j], DType::F32)
+                       : Tensor();
+        p->grad = backward && g == &pt.train
+                      ? Tensor(pt.grad_full.f32() + off, g->shapes[j], DType::F32)
+                      : Tensor();
+        off += g->shapes[j].numel();
+      }
     }
   }
   model_.rebind_unit(u);
@@ -131,17 +154,20 @@ void Fsdp::bind(int u, bool backward) {
 
 void Fsdp::release(int u, bool handed_off) {
   Unit& un = units_.at(static_cast<size_t>(u));
-  for (Group* g : {&un.train, &un.frozen}) {
-    g->req.wait();  // a prefetch never used must land before its buffer goes
-    if (g->full.defined() && g->full.numel() > 0) track(-static_cast<int64_t>(g->full.bytes()));
-    g->full = Tensor();
-    for (Param* p : g->params) p->value = p->grad = Tensor();
+  for (int k = 0; k < 2; ++k) {
+    Part& pt = un.parts[k];
+    for (Group* g : {&pt.train, &pt.frozen}) {
+      g->req.wait();  // a prefetch never used must land before its buffer goes
+      if (g->full.defined() && g->full.numel() > 0) track(-static_cast<int64_t>(g->full.bytes()));
+      g->full = Tensor();
+      for (Param* p : g->params) p->value = p->grad = Tensor();
+    }
+    if (pt.grad_full.defined() && pt.grad_full.numel() > 0) {
+      track(-static_cast<int64_t>(pt.grad_full.bytes()));
+      if (!handed_off) --mem_.live_grads[k];  // bound but never reduced (a failed backward)
+    }
+    pt.grad_full = Tensor();
   }
-  if (un.grad_full.defined() && un.grad_full.numel() > 0) {
-    track(-static_cast<int64_t>(un.grad_full.bytes()));
-    if (!handed_off) --mem_.live_grads;  // bound but never reduced (a failed backward)
-  }
-  un.grad_full = Tensor();
   if (un.state != State::Free) --mem_.live_units;
   un.state = State::Free;
 }
@@ -149,9 +175,9 @@ void Fsdp::release(int u, bool handed_off) {
 void Fsdp::complete_front() {
   Pending& p = pending_.front();
   p.req.wait();
-  add_into(p.part, units_.at(static_cast<size_t>(p.unit)).grad_shard);
-  track(-static_cast<int64_t>(p.full.bytes() + p.part.bytes()));
-  --mem_.live_grads;
+  add_into(p.piece, units_.at(static_cast<size_t>(p.unit)).parts[p.part].grad_shard);
+  track(-static_cast<int64_t>(p.full.bytes() + p.piece.bytes()));
+  --mem_.live_grads[p.part];
   pending_.pop_front();
 }
 
@@ -175,32 +201,39 @@ void Fsdp::before_backward(int u) {
   const bool values = model_.unit_backward_reads_values(u);
   if (values) start_gather(u);
   if (u > 0 && model_.unit_backward_reads_values(u - 1)) start_gather(u - 1);
-  Unit& un = units_.at(static_cast<size_t>(u));
-  if (!values && un.train.n == 0) return;  // nothing to compute into
+  const Unit& un = units_.at(static_cast<size_t>(u));
+  if (!values && un.parts[0].train.n == 0 && un.parts[1].train.n == 0)
+    return;  // nothing to compute into
   bind(u, true);
 }
 
 void Fsdp::after_backward(int u) {
   poke();
   Unit& un = units_.at(static_cast<size_t>(u));
-  if (un.grad_full.defined() && un.train.n > 0) {
+  bool handed = false;
+  for (int k = 0; k < 2; ++k) {
+    Part& pt = un.parts[k];
+    if (!pt.grad_full.defined() || pt.train.n == 0) continue;
     Pending p;
     p.unit = u;
-    p.full = un.grad_full;
-    p.part = Tensor::empty({un.train.shard_len});
-    track(static_cast<int64_t>(p.part.bytes() + p.full.bytes()));  // release() untracks full
-    p.req = comm_.ireduce_scatter(p.full.raw(), p.part.raw(), un.train.shard_len, Elem::F32);
+    p.part = k;
+    p.full = pt.grad_full;
+    p.piece = Tensor::empty({pt.train.shard_len});
+    track(static_cast<int64_t>(p.piece.bytes() + p.full.bytes()));  // release() untracks full
+    p.req = pt.comm->ireduce_scatter(p.full.raw(), p.piece.raw(), pt.train.shard_len, Elem::F32);
     pending_.push_back(std::move(p));
-    release(u, true);
-  } else {
-    release(u);
+    handed = true;
   }
-  // One reduction stays in flight across the next unit's backward.
-  while (pending_.size() > 1 || (u == 0 && !pending_.empty())) complete_front();
+  release(u, handed);
+  // The latest unit's reductions stay in flight across the next unit's backward.
+  while (!pending_.empty() && (u == 0 || pending_.front().unit != pending_.back().unit))
+    complete_front();
 }
 
 void Fsdp::zero_grad() {
-  for (Unit& un : units_) un.grad_shard.zero_();
+  for (Unit& un : units_)
+    for (Part& pt : un.parts)
+      if (pt.grad_shard.defined()) pt.grad_shard.zero_();
 }
 
 void Fsdp::finish() {
@@ -215,13 +248,16 @@ void Fsdp::gather_to_store() {
     start_gather(ui);
     bind(ui, false);
     Unit& un = units_[u];
-    for (Group* g : {&un.train, &un.frozen})
-      for (Param* p : g->params) p->value = p->value.clone();
+    for (Part& pt : un.parts)
+      for (Group* g : {&pt.train, &pt.frozen})
+        for (Param* p : g->params)
+          if (p->value.defined()) p->value = p->value.clone();
     model_.rebind_unit(ui);
-    for (Group* g : {&un.train, &un.frozen}) {
-      if (g->full.defined() && g->full.numel() > 0) track(-static_cast<int64_t>(g->full.bytes()));
-      g->full = Tensor();
-    }
+    for (Part& pt : un.parts)
+      for (Group* g : {&pt.train, &pt.frozen}) {
+        if (g->full.defined() && g->full.numel() > 0) track(-static_cast<int64_t>(g->full.bytes()));
+        g->full = Tensor();
+      }
     un.state = State::Free;
     --mem_.live_units;
   }
@@ -229,15 +265,18 @@ void Fsdp::gather_to_store() {
 
 void Fsdp::for_each_piece(
     const std::function<void(Param&, int64_t begin, float* data, int64_t count)>& fn) {
-  const int64_t r = comm_.rank();
   for (Unit& un : units_)
-    for (Group* g : {&un.train, &un.frozen}) {
-      const int64_t a = r * g->shard_len, z = a + g->shard_len;
-      int64_t off = 0;
-      for (Param* p : g->params) {
-        const int64_t n = numel_of(*p), lo = std::max(a, off), hi = std::min(z, off + n);
-        if (lo < hi) fn(*p, lo - off, g->shard.f32() + (lo - a), hi - lo);
-        off += n;
+    for (Part& pt : un.parts) {
+      if (!pt.comm) continue;
+      const int64_t r = pt.comm->rank();
+      for (Group* g : {&pt.train, &pt.frozen}) {
+        const int64_t a = r * g->shard_len, z = a + g->shard_len;
+        int64_t off = 0;
+        for (size_t j = 0; j < g->params.size(); ++j) {
+          const int64_t n = g->shapes[j].numel(), lo = std::max(a, off), hi = std::min(z, off + n);
+          if (lo < hi) fn(*g->params[j], lo - off, g->shard.f32() + (lo - a), hi - lo);
+          off += n;
+        }
       }
     }
 }

@@ -1,10 +1,12 @@
-// FSDP units (ZeRO-3 semantics) for the dense parameters of a Model, as UnitHooks.
+// FSDP units (ZeRO-3 semantics) for the parameters of a Model, as UnitHooks.
 //
 // Each unit (embedding, each layer, the head) keeps two flat shards on this rank: its trainable
 // dense parameters (whose gradient and optimizer shards share that layout) and its frozen dense
-// parameters (values only: no gradient memory). Expert weights and buffers (the router bias)
-// are not sharded here: expert parallelism partitions the former, the latter are tiny and are
-// updated outside the optimizer.
+// parameters (values only: no gradient memory), sharded over the world. A layer's routed experts
+// (the rank's EP slice) may form a second part with the same two groups, sharded over the
+// expert-data-parallel group (the replicas holding the same experts): gathered with the layer,
+// prefetched with it, reduce-scattered over that group. Buffers (the router bias) stay whole:
+// they are tiny and updated outside the optimizer.
 //
 // Schedule per unit, forward:  gather (all-gather both shards into full-size buffers), bind the
 // store's Params and the layer to non-owning views of them, compute, free the buffers.
@@ -28,6 +30,7 @@
 
 #include <deque>
 #include <functional>
+#include <unordered_map>
 #include <vector>
 
 #include "model/model.h"
@@ -38,25 +41,36 @@ namespace mt::par {
 struct FsdpUnitSpec {
   std::vector<Param*> train;   // trainable dense parameters, store order: the gradient layout
   std::vector<Param*> frozen;  // frozen dense parameters (values only)
+  // The unit's routed experts (this rank's EP slice), sharded over the expert-data-parallel
+  // group instead of the world: ZeRO-3 for expert weights (DistOptions::shard_expert_weights).
+  std::vector<Param*> expert_train, expert_frozen;
 };
 
+// Which communicator a unit's shards live on: the dense parameters over the world, the routed
+// experts over the EDP replicas that hold the same experts.
+enum class FsdpPart { Dense = 0, Experts = 1 };
+
 struct FsdpMemory {
-  int64_t shard_bytes = 0;     // persistent value shards (trainable + frozen)
-  int64_t grad_bytes = 0;      // persistent gradient shards
-  int64_t transient_peak = 0;  // most bytes of gather and unit-gradient buffers alive at once
+  int64_t shard_bytes = 0;         // persistent value shards (trainable + frozen)
+  int64_t grad_bytes = 0;          // persistent gradient shards
+  int64_t expert_shard_bytes = 0;  // of which the experts' value shards
+  int64_t transient_peak = 0;      // most bytes of gather and unit-gradient buffers alive at once
   int64_t transient_now = 0;
-  // Units whose values are gathered (or in flight), and unit gradient buffers (bound or being
-  // reduced), at once: the schedule keeps each at most 2 (current + prefetch; current + one
-  // reduction in flight).
-  int live_units = 0, live_units_peak = 0, live_grads = 0, live_grads_peak = 0;
+  // Units whose values are gathered (or in flight), and unit gradient buffers of one part (bound
+  // or being reduced), at once: the schedule keeps each at most 2 (current + prefetch; current +
+  // one reduction in flight).
+  int live_units = 0, live_units_peak = 0, live_grads_peak = 0;
+  int live_grads[2] = {0, 0};
 };
 
 class Fsdp final : public UnitHooks {
  public:
-  // Shards the units' current values (rank r keeps elements [r * shard, (r + 1) * shard) of
-  // each zero-padded flat buffer), frees the full tensors and installs itself as the model's
-  // hooks. units[u] is model unit u. Collective-free: every rank starts from the same values.
-  Fsdp(Model& model, Comm& comm, std::vector<FsdpUnitSpec> units);
+  // Shards the units' current values (rank r of a part's communicator keeps elements
+  // [r * shard, (r + 1) * shard) of each zero-padded flat buffer), frees the full tensors and
+  // installs itself as the model's hooks. units[u] is model unit u. `experts` (the EDP group) is
+  // needed only when a unit lists expert parameters. Collective-free: every rank of a group
+  // starts from the same values.
+  Fsdp(Model& model, Comm& dense, Comm* experts, std::vector<FsdpUnitSpec> units);
   ~Fsdp() override;
   Fsdp(const Fsdp&) = delete;
   Fsdp& operator=(const Fsdp&) = delete;
@@ -66,18 +80,25 @@ class Fsdp final : public UnitHooks {
   void before_backward(int unit) override;
   void after_backward(int unit) override;
 
-  // Trainable value shard and gradient shard of a unit: [shard] with shard = padded / world,
-  // padded = trainable elements rounded up to a multiple of the world size.
-  Tensor& train_shard(int unit) { return units_.at(static_cast<size_t>(unit)).train.shard; }
-  Tensor& grad_shard(int unit) { return units_.at(static_cast<size_t>(unit)).grad_shard; }
+  // Trainable value shard and gradient shard of a unit's part: [shard] with shard = padded /
+  // group size, padded = trainable elements rounded up to a multiple of the group size.
+  Tensor& train_shard(int unit, FsdpPart part = FsdpPart::Dense) {
+    return at(unit, part).train.shard;
+  }
+  Tensor& grad_shard(int unit, FsdpPart part = FsdpPart::Dense) {
+    return at(unit, part).grad_shard;
+  }
   bool owns(const Param* p) const;
+  // The shape this rank's tensor of a sharded Param has when gathered (local experts: the
+  // rank's slice).
+  const Shape& local_shape(const Param* p) const;
   void zero_grad();
   // Completes every pending reduction and frees every gathered buffer (end of a step).
   void finish();
   // All-gathers every unit into full owning tensors in the store (collective).
   void gather_to_store();
   // Calls fn for each piece of a sharded Param this rank holds: elements [begin, begin + count)
-  // of the flattened parameter live at data.
+  // of the flattened (local) parameter live at data.
   void for_each_piece(
       const std::function<void(Param&, int64_t begin, float* data, int64_t count)>& fn);
   const FsdpMemory& memory() const { return mem_; }
@@ -85,34 +106,42 @@ class Fsdp final : public UnitHooks {
  private:
   struct Group {
     std::vector<Param*> params;
+    std::vector<Shape> shapes;  // gathered shape of each param
     int64_t n = 0, padded = 0, shard_len = 0;
     Tensor shard, full;
     Request req;
   };
-  enum class State { Free, InFlight, Ready };
-  struct Unit {
+  struct Part {
+    Comm* comm = nullptr;
     Group train, frozen;
     Tensor grad_shard, grad_full;
+  };
+  enum class State { Free, InFlight, Ready };
+  struct Unit {
+    Part parts[2];
     State state = State::Free;
   };
   struct Pending {
-    int unit = 0;
-    Tensor full, part;
+    int unit = 0, part = 0;
+    Tensor full, piece;
     Request req;
   };
 
+  Part& at(int unit, FsdpPart part) {
+    return units_.at(static_cast<size_t>(unit)).parts[static_cast<int>(part)];
+  }
   void start_gather(int u);
   void bind(int u, bool backward);
-  // handed_off: the unit gradient buffer went to a pending reduction, which now counts it.
+  // handed_off: the unit gradient buffers went to pending reductions, which now count them.
   void release(int u, bool handed_off = false);
   void complete_front();
   void poke();
   void track(int64_t bytes);
 
   Model& model_;
-  Comm& comm_;
   std::vector<Unit> units_;
   std::deque<Pending> pending_;
+  std::unordered_map<const Param*, Shape> shapes_;
   FsdpMemory mem_;
 };
 

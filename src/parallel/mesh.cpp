@@ -17,7 +17,8 @@ Mesh make_mesh(int world, int rank, int64_t num_experts, const MeshOptions& opt)
   m.replicas = world / opt.ep;
   m.ep_rank = rank % opt.ep;
   m.replica = rank / opt.ep;
-  m.shard_experts = opt.shard_experts;
+  m.shard_experts = opt.shard_experts || opt.shard_expert_weights;
+  m.shard_expert_weights = opt.shard_expert_weights;
   m.num_experts = num_experts;
   m.local_experts = num_experts / opt.ep;
   return m;
@@ -35,7 +36,10 @@ std::string Mesh::describe() const {
   for (int e = 0; e < ep; ++e) {
     os << "  experts [" << e * local_experts << ", " << (e + 1) * local_experts << "): ranks";
     for (int q = 0; q < replicas; ++q) os << " " << q * ep + e;
-    os << (replicas > 1 ? (shard_experts ? " (optimizer state sharded)" : " (replicated)") : "")
+    os << (replicas <= 1          ? ""
+           : shard_expert_weights ? " (weights, gradients and optimizer state sharded)"
+           : shard_experts        ? " (optimizer state sharded)"
+                                  : " (replicated)")
        << "\n";
   }
   return os.str();

@@ -17,15 +17,16 @@
 namespace mt::par {
 
 struct MeshOptions {
-  int ep = 1;                  // expert-parallel size
-  bool shard_experts = false;  // also shard expert optimizer state over the EDP replicas
+  int ep = 1;                         // expert-parallel size
+  bool shard_experts = false;         // also shard expert optimizer state over the EDP replicas
+  bool shard_expert_weights = false;  // and the expert weights and gradients (ZeRO-3)
 };
 
 struct Mesh {
   int world = 1, rank = 0;
   int ep = 1, replicas = 1;
   int ep_rank = 0, replica = 0;
-  bool shard_experts = false;
+  bool shard_experts = false, shard_expert_weights = false;
   int64_t num_experts = 0, local_experts = 0;
   int64_t first_expert() const { return ep_rank * local_experts; }
   // One line per group, for the start-of-run banner.

@@ -216,7 +216,7 @@ size_t BlockActs::saved(Recompute r) const {
     case Recompute::None:
       return all();
     case Recompute::Selective:
-      return boundary + ffn_bytes;
+      return boundary + mixer_bytes;
     case Recompute::Full:
       return input;
   }
@@ -422,7 +422,9 @@ MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& c,
   size_t recomputed = 0;
   for (const BlockActs& b : acts) {
     a += static_cast<double>(b.saved(p.recompute));
-    if (p.recompute == Recompute::Selective) recomputed = std::max(recomputed, b.mixer_bytes);
+    // Selective replays one FFN into scratch: its saved tensors plus its (discarded) output.
+    if (p.recompute == Recompute::Selective)
+      recomputed = std::max(recomputed, b.ffn_bytes + b.input);
     if (p.recompute == Recompute::Full) recomputed = std::max(recomputed, b.all());
   }
   a += static_cast<double>(recomputed);
@@ -615,7 +617,7 @@ StepFlops flops_per_token(const ModelConfig& cfg, int64_t seq, bool freeze_base,
     mixer_fwd[i] += fwd;
   }
   for (size_t i = 0; i < cfg.layers.size(); ++i) {
-    if (r == Recompute::Selective) out.recompute += mixer_fwd[i];
+    if (r == Recompute::Selective) out.recompute += ffn_fwd[i];
     if (r == Recompute::Full) {
       out.recompute += mixer_fwd[i];
       out.recompute += ffn_fwd[i];

@@ -12,7 +12,7 @@ namespace mt::plan {
 // What backward recomputes instead of keeping from forward.
 enum class Recompute {
   None,       // every activation forward saves stays until backward (the CPU engine today)
-  Selective,  // mixer (attention / KDA) internals recomputed; FFN/MoE activations kept
+  Selective,  // FFN / MoE internals recomputed; the mixer's (attention / KDA) activations kept
   Full,       // only each block's input kept; the whole block is recomputed in backward
 };
 const char* recompute_name(Recompute r);

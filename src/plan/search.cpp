@@ -109,11 +109,6 @@ std::string invalid_reason(const ModelConfig& cfg, const ParallelPlan& p) {
   else if (cpu && p.expert_shard != 1 && p.expert_shard != p.replicas)
     s << "the " << engine_name(p.engine) << " engine shards expert state over all " << p.replicas
       << " replicas or none (expert_shard " << p.expert_shard << ")";
-  else if (p.engine == Engine::Zero1Ep && p.recompute != Recompute::None)
-    s << "the zero1+ep engine implements recompute none only (asked " << recompute_name(p.recompute)
-      << ")";
-  else if (p.engine == Engine::FsdpEp && p.recompute == Recompute::Selective)
-    s << "the fsdp+ep engine implements recompute none or full only (asked selective)";
   return s.str();
 }
 
@@ -167,8 +162,8 @@ Evaluated evaluate_with(const ModelConfig& cfg, const ParamCounts& c,
               all.attn_dense * T / hw.attn_dense_flops +
               all.attn_sparse * T / hw.attn_sparse_flops + all.indexer * T / hw.indexer_flops;
 
-  // All-to-all: dispatch + combine in forward and in backward (and again when Full recompute
-  // replays the forward), per MoE layer. Chunks pipeline it with the expert GEMMs.
+  // All-to-all: dispatch + combine in forward and in backward (and again when recompute replays
+  // the FFN: selective and full), per MoE layer. Chunks pipeline it with the expert GEMMs.
   const int64_t Lm = moe_layers(cfg);
   if (p.ep > 1 && Lm > 0) {
     const double ep = static_cast<double>(p.ep);
@@ -178,7 +173,8 @@ Evaluated evaluate_with(const ModelConfig& cfg, const ParamCounts& c,
     const double one =
         group_time(bytes, p.ep, hw.gpus_per_node, hw.a2a_bw(bytes / chunks), hw.inter_bw) +
         hw.collective_latency * chunks;
-    const double passes = p.recompute == Recompute::Full ? 3 : 2;
+    const bool replay = p.recompute != Recompute::None;
+    const double passes = replay ? 3 : 2;
     t.a2a = static_cast<double>(Lm) * passes * 2 * one;
     // Expert compute per layer and pass, which the pipeline can hide the exchange behind.
     const double fwd_e =
@@ -186,7 +182,7 @@ Evaluated evaluate_with(const ModelConfig& cfg, const ParamCounts& c,
     const double bwd_e = (w.expert_gemm - f.forward.expert_gemm) * T / hw.grouped_flops * cap /
                          static_cast<double>(Lm);
     double hidden = std::min(2 * one, fwd_e) + std::min(2 * one, bwd_e);
-    if (p.recompute == Recompute::Full) hidden += std::min(2 * one, fwd_e);
+    if (replay) hidden += std::min(2 * one, fwd_e);
     hidden *= (chunks - 1) / chunks * static_cast<double>(Lm);
     t.a2a_exposed = std::max(0.0, t.a2a - hidden);
   }
@@ -300,17 +296,10 @@ SearchResult search(const ModelConfig& cfg, int64_t world, const Hardware& hw,
   if (o.fsdp)
     MT_CHECK(*o.fsdp >= 1 && world % *o.fsdp == 0, ValueError, "cannot use --fsdp ", *o.fsdp,
              ": it must divide --gpus ", world);
-  const bool zero1 = o.engine == Engine::Zero1Ep;
   const bool cpu = o.engine != Engine::Fsdp;
   if (cpu)
     MT_CHECK(!o.fsdp || *o.fsdp == world, ValueError, "cannot use --fsdp ", *o.fsdp, " with the ",
              engine_name(o.engine), " engine: it shards over the whole world");
-  if (zero1)
-    MT_CHECK(!o.recompute || *o.recompute == Recompute::None, ValueError,
-             "the zero1+ep engine implements recompute none only");
-  if (o.engine == Engine::FsdpEp)
-    MT_CHECK(!o.recompute || *o.recompute != Recompute::Selective, ValueError,
-             "the fsdp+ep engine implements recompute none or full only");
   if (o.mbs) MT_CHECK(*o.mbs >= 1, ValueError, "--mbs must be positive, got ", *o.mbs);
 
   SearchResult r;
@@ -324,9 +313,8 @@ SearchResult search(const ModelConfig& cfg, int64_t world, const Hardware& hw,
   std::vector<int64_t> mbss =
       o.mbs ? std::vector<int64_t>{*o.mbs} : std::vector<int64_t>{1, 2, 4, 8};
   std::vector<Recompute> recs =
-      o.recompute || zero1 ? std::vector<Recompute>{o.recompute.value_or(Recompute::None)}
-      : cpu                ? std::vector<Recompute>{Recompute::None, Recompute::Full}
-            : std::vector<Recompute>{Recompute::None, Recompute::Selective, Recompute::Full};
+      o.recompute ? std::vector<Recompute>{*o.recompute}
+                  : std::vector<Recompute>{Recompute::None, Recompute::Selective, Recompute::Full};
   std::map<Recompute, StepFlops> flops;
   for (Recompute rc : recs) flops[rc] = flops_per_token(cfg, o.seq, o.memory.freeze_base, rc);
   std::map<int64_t, std::vector<BlockActs>> acts;

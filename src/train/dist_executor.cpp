@@ -227,7 +227,10 @@ class DistExecutor : public StepExecutor {
         model_(model),
         setup_(s),
         trainer_(model, s.mesh, s.groups,
-                 {.a2a_chunks = s.a2a_chunks, .adam = adam, .fsdp = s.fsdp}) {}
+                 {.a2a_chunks = s.a2a_chunks,
+                  .adam = adam,
+                  .fsdp = s.fsdp,
+                  .shard_expert_weights = s.mesh.shard_expert_weights}) {}
 
   void zero_grad() override { trainer_.zero_grad(); }
   double forward_backward(const Batch& b) override {
@@ -347,7 +350,9 @@ class DistExecutor : public StepExecutor {
 
 DistSetup::DistSetup(par::Comm& world, const ModelConfig& cfg, const Job& job)
     : mesh(par::make_mesh(world.size(), world.rank(), cfg.moe.num_experts,
-                          {.ep = static_cast<int>(job.ep), .shard_experts = job.shard_experts})),
+                          {.ep = static_cast<int>(job.ep),
+                           .shard_experts = job.shard_experts || job.shard_expert_weights,
+                           .shard_expert_weights = job.shard_expert_weights})),
       groups(par::make_groups(world, mesh)),
       a2a_chunks(static_cast<int>(job.a2a_chunks)),
       fsdp(job.fsdp) {}

@@ -228,12 +228,14 @@ Job Job::parse(const std::string& text, const std::string& source,
   r.get("train.batch", j.batch);
   r.get("train.grad_accum", j.grad_accum);
   r.get("train.nonfinite", j.nonfinite);
+  r.get("train.recompute", j.recompute);
   r.get("checkpoint.every", j.checkpoint_every);
   r.get("checkpoint.keep", j.checkpoint_keep);
   r.get("checkpoint.on_error", j.checkpoint_on_error);
   r.get("parallel.ep", j.ep);
   r.get("parallel.a2a_chunks", j.a2a_chunks);
   r.get("parallel.shard_experts", j.shard_experts);
+  r.get("parallel.shard_expert_weights", j.shard_expert_weights);
   r.get("parallel.fsdp", j.fsdp);
   r.get("parallel.plan", j.plan);
   r.get("parallel.mem_gb", j.mem_gb);
@@ -270,6 +272,7 @@ Job Job::parse(const std::string& text, const std::string& source,
   need(j.warmup >= 0 && j.warmup <= j.steps, "schedule.warmup", j.warmup, "must be in [0, steps]");
   need(j.batch > 0, "train.batch", j.batch, "must be positive");
   need(j.grad_accum > 0, "train.grad_accum", j.grad_accum, "must be positive");
+  parse_activation_recompute(j.recompute, source + ": key 'train.recompute'");
   need(j.lr > 0, "optim.lr", j.lr, "must be positive");
   need(j.min_lr_ratio >= 0 && j.min_lr_ratio <= 1, "optim.min_lr_ratio", j.min_lr_ratio,
        "must be in [0, 1]");
@@ -352,14 +355,17 @@ std::string Job::to_toml() const {
                             {"weight_decay", static_cast<double>(weight_decay)},
                             {"clip", clip}}},
       {"schedule", toml::table{{"steps", steps}, {"warmup", warmup}}},
-      {"train",
-       toml::table{{"batch", batch}, {"grad_accum", grad_accum}, {"nonfinite", nonfinite}}},
+      {"train", toml::table{{"batch", batch},
+                            {"grad_accum", grad_accum},
+                            {"nonfinite", nonfinite},
+                            {"recompute", recompute}}},
       {"checkpoint", toml::table{{"every", checkpoint_every},
                                  {"keep", checkpoint_keep},
                                  {"on_error", checkpoint_on_error}}},
       {"parallel", toml::table{{"ep", ep},
                                {"a2a_chunks", a2a_chunks},
                                {"shard_experts", shard_experts},
+                               {"shard_expert_weights", shard_expert_weights},
                                {"fsdp", fsdp},
                                {"plan", plan},
                                {"mem_gb", mem_gb},
@@ -438,9 +444,17 @@ float lora_alpha_of(const Job& job, const std::string& group) {
   return it != job.lora_groups.end() ? it->second.alpha : job.lora_alpha;
 }
 
+ActivationRecompute parse_activation_recompute(const std::string& s, const std::string& key) {
+  if (s == "none") return ActivationRecompute::None;
+  if (s == "selective") return ActivationRecompute::Selective;
+  MT_CHECK(s == "full", ConfigError, key, " = \"", s, "\" must be none, selective or full");
+  return ActivationRecompute::Full;
+}
+
 ModelOptions job_model_options(const Job& job) {
   ModelOptions o;
   o.precision = parse_precision(job.precision, "model.precision");
+  o.recompute = parse_activation_recompute(job.recompute, "train.recompute");
   if (job.lora_targets.empty() && job.train_patterns.empty()) return o;
   o.freeze_base = true;
   std::vector<std::string> patterns = job.train_patterns;

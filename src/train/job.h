@@ -67,6 +67,9 @@ struct Job {
   // error; the last checkpoint stays the latest) or "skip" (the step is not applied, counted in
   // metrics as skipped_steps; the data and schedule move on).
   std::string nonfinite = "stop";
+  // What backward recomputes instead of keeping (ActivationRecompute, model/model.h): "none",
+  // "selective" (the FFN / MoE internals) or "full" (each layer from its input).
+  std::string recompute = "none";
   // [checkpoint]
   int64_t checkpoint_every = 0;  // 0: only at the end
   int64_t checkpoint_keep = 2;
@@ -78,9 +81,13 @@ struct Job {
   int64_t ep = 1;              // expert-parallel size: divides the world and the expert count
   int64_t a2a_chunks = 1;      // all-to-all pieces pipelined with the expert computation
   bool shard_experts = false;  // also shard expert optimizer state over the EDP replicas
-  bool fsdp = false;           // ZeRO-3 units: dense parameters live as 1/world shards
-  // "manual": the keys above; "auto": the planner chooses ep, a2a_chunks, shard_experts and the
-  // per-rank micro-batch (batch x grad_accum kept) for the world the job runs on.
+  // ZeRO-3 for the routed experts: each EDP replica keeps 1/replicas of its experts' values,
+  // gradients and moments; a layer's experts are gathered around its use (implies shard_experts).
+  bool shard_expert_weights = false;
+  bool fsdp = false;  // ZeRO-3 units: dense parameters live as 1/world shards
+  // "manual": the keys above; "auto": the planner chooses ep, a2a_chunks, shard_experts,
+  // shard_expert_weights, fsdp, train.recompute and the per-rank micro-batch (batch x grad_accum
+  // kept) for the world the job runs on.
   std::string plan = "manual";
   double mem_gb = 0;  // per-rank memory limit of plan = "auto"; 0: host memory / ranks
   // Longest wait for one collective before the rank reports the peers that failed and the job
@@ -106,6 +113,8 @@ ModelOptions job_model_options(const Job& job);
 // run.device resolved on this machine: "auto" is a GPU when one is visible to a CUDA build;
 // "cuda" without one is a ConfigError saying why.
 Device job_device(const Job& job);
+// "none" | "selective" | "full" -> the model's policy (ConfigError naming `key` otherwise).
+ActivationRecompute parse_activation_recompute(const std::string& s, const std::string& key);
 
 // The LoRA target group a parameter belongs to ("" for embeddings, norms, the LM head).
 std::string lora_group_of(const ModelConfig& cfg, const std::string& name);

@@ -1,7 +1,8 @@
-// Activation recompute (ModelOptions::recompute = Full): forward keeps only each layer's input,
-// backward replays the layer into a one-layer scratch arena. Gradients, loss, auxiliary losses
-// and expert loads must equal the no-recompute run exactly, and the activation memory must be
-// the kept residuals plus the largest layer.
+// Activation recompute (ModelOptions::recompute). Full: forward keeps only each layer's input,
+// backward replays the layer into a one-layer scratch arena. Selective: forward keeps all but
+// the FFN's saved tensors, backward replays the FFN. Gradients, loss, auxiliary losses and expert
+// loads must equal the no-recompute run exactly, and the activation memory must be the kept
+// tensors plus the largest replay.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -35,7 +36,8 @@ bool same_bits(const Tensor& a, const Tensor& b) {
   return a.numel() == b.numel() && std::memcmp(a.raw(), b.raw(), a.bytes()) == 0;
 }
 
-void expect_identical_training(ModelConfig cfg, bool lora) {
+void expect_identical_training(ModelConfig cfg, bool lora,
+                               ActivationRecompute mode = ActivationRecompute::Full) {
   ModelOptions base;
   if (lora) {
     const LoraSpec spec{.rank = 2, .alpha = 4.f};
@@ -44,7 +46,7 @@ void expect_identical_training(ModelConfig cfg, bool lora) {
     base.freeze_base = true;
   }
   ModelOptions rec = base;
-  rec.recompute = ActivationRecompute::Full;
+  rec.recompute = mode;
   Model plain(cfg, 11, base), replay(cfg, 11, rec);
   Rng rng(5);
   // Break the symmetry of fresh adapters (B = 0) so that every LoRA gradient is non-trivial.
@@ -101,6 +103,33 @@ TEST(Recompute, FullTrainingGradientsIdenticalToNoRecompute) {
 
 TEST(Recompute, LoraGradientsIdenticalToNoRecompute) {
   expect_identical_training(ModelConfig::load("tiny"), true);
+}
+
+TEST(Recompute, SelectiveFullTrainingGradientsIdenticalToNoRecompute) {
+  expect_identical_training(ModelConfig::load("tiny"), false, ActivationRecompute::Selective);
+}
+
+TEST(Recompute, SelectiveLoraGradientsIdenticalToNoRecompute) {
+  expect_identical_training(ModelConfig::load("tiny"), true, ActivationRecompute::Selective);
+}
+
+// Selective keeps everything but the FFN internals; the scratch holds the largest FFN's saved
+// tensors plus its replayed output.
+TEST(Recompute, SelectiveBytesDropTheFfnsAndAddTheLargestFfn) {
+  const ModelConfig cfg = ModelConfig::load("tiny");
+  Model plain(cfg, 3), sel(cfg, 3, {.recompute = ActivationRecompute::Selective});
+  for (const SeqInfo& seq : {SeqInfo::uniform(1, 17), SeqInfo::uniform(3, 64)}) {
+    size_t ffns = 0, largest = 0;
+    for (int i = 0; i < plain.num_layers(); ++i) {
+      ArenaPlan p;
+      plain.ffn(i).plan_activations(seq, p);
+      ffns += p.bytes();
+      largest = std::max(largest, p.bytes());
+    }
+    const size_t out = arena_footprint(static_cast<size_t>(seq.tokens * cfg.hidden) * 4);
+    EXPECT_EQ(plain.activation_bytes(seq) - ffns + largest + out, sel.activation_bytes(seq));
+    EXPECT_LT(sel.activation_bytes(seq), plain.activation_bytes(seq));
+  }
 }
 
 TEST(Recompute, ActivationBytesAreResidualsPlusTheLargestLayer) {

@@ -27,6 +27,7 @@
 #include "parallel/dist_trainer.h"
 #include "parallel/mesh.h"
 #include "train/adamw.h"
+#include "train/job.h"
 
 namespace {
 
@@ -35,7 +36,9 @@ using mt::ValueError;
 struct Args {
   int ep = 1, chunks = 1, steps = 20, experts = 12;
   bool lora = false, shard_experts = false, uneven = false, fsdp = false;
-  bool recompute = false;  // the distributed model only: the reference keeps all activations
+  bool shard_expert_weights = false;
+  // The distributed model only (the reference keeps all activations): none, selective, full.
+  std::string recompute = "none";
   int fail_rank = -1, fail_step = -1;
   int stall_rank = -1;     // never joins the collectives of fail_step (sleeps instead)
   int timeout_ms = 30000;  // of every wait
@@ -75,10 +78,13 @@ Args parse(int argc, char** argv) {
       a.uneven = true;
     else if (k == "--fsdp")
       a.fsdp = true;
-    else if (k == "--recompute")
-      a.recompute = true;
-    else if (k == "--shard-experts")
+    else if (k == "--recompute") {
+      MT_CHECK(i + 1 < argc, ValueError, "missing value after ", k);
+      a.recompute = argv[++i];
+    } else if (k == "--shard-experts")
       a.shard_experts = true;
+    else if (k == "--shard-expert-weights")
+      a.shard_expert_weights = true;
     else if (k == "--fail-rank")
       a.fail_rank = next();
     else if (k == "--fail-step")
@@ -175,8 +181,10 @@ int run(mt::par::Comm& world, const Args& a) {
     mopt.freeze_base = true;
   }
   // Before anything is allocated: an invalid mesh is a ConfigError here.
-  const par::Mesh mesh =
-      par::make_mesh(W, rank, cfg.moe.num_experts, {.ep = a.ep, .shard_experts = a.shard_experts});
+  const par::Mesh mesh = par::make_mesh(W, rank, cfg.moe.num_experts,
+                                        {.ep = a.ep,
+                                         .shard_experts = a.shard_experts,
+                                         .shard_expert_weights = a.shard_expert_weights});
   if (rank == 0) std::printf("%s", mesh.describe().c_str());
   par::ProcessGroups groups = par::make_groups(world, mesh);
 
@@ -207,12 +215,15 @@ int run(mt::par::Comm& world, const Args& a) {
   };
 
   ModelOptions dopt = mopt;
-  if (a.recompute) dopt.recompute = ActivationRecompute::Full;
+  dopt.recompute = parse_activation_recompute(a.recompute, "--recompute");
   Model model(cfg, seed, dopt);
   // Its own context, so that its workspace peak is the distributed step's alone.
   Context dctx(ContextOptions{.threads = 1});
   par::DistTrainer trainer(model, mesh, groups,
-                           {.a2a_chunks = a.chunks, .adam = adam, .fsdp = a.fsdp});
+                           {.a2a_chunks = a.chunks,
+                            .adam = adam,
+                            .fsdp = a.fsdp,
+                            .shard_expert_weights = a.shard_expert_weights});
   // The distributed state into the reference: every element is written by exactly one rank
   // (checked), so a sum over the world assembles it exactly (x + 0 = x).
   auto sync_reference = [&]() {
@@ -329,10 +340,10 @@ int run(mt::par::Comm& world, const Args& a) {
     }
     groups_n = 2 * model.num_units();
     const int64_t lo = dense / W, hi = dense / W + 4 * groups_n;
-    if (mem.fsdp_shards < lo || mem.fsdp_shards > hi || mem.fsdp_units_peak > 2 ||
-        mem.fsdp_grads_peak > 2) {
+    const int64_t shards = mem.fsdp_shards - mem.expert_shards;
+    if (shards < lo || shards > hi || mem.fsdp_units_peak > 2 || mem.fsdp_grads_peak > 2) {
       std::printf("rank %d: shards %lld B outside [%lld, %lld], or more than 2 units gathered\n",
-                  rank, static_cast<long long>(mem.fsdp_shards), static_cast<long long>(lo),
+                  rank, static_cast<long long>(shards), static_cast<long long>(lo),
                   static_cast<long long>(hi));
       mem_ok = false;
     }
@@ -341,6 +352,33 @@ int run(mt::par::Comm& world, const Args& a) {
         "units gathered at once %d, unit gradients at once %d\n",
         rank, static_cast<long long>(dense), static_cast<long long>(mem.fsdp_shards),
         static_cast<long long>(mem.fsdp_transient), mem.fsdp_units_peak, mem.fsdp_grads_peak);
+  }
+  if (a.shard_expert_weights) {
+    // ZeRO-3 for experts: between steps no expert tensor is whole, and each rank holds
+    // 1/replicas of its local experts (plus < replicas elements of padding per flat buffer).
+    int64_t local = 0;
+    for (const auto& p : model.params().all()) {
+      if (!p->spec.per_expert) continue;
+      local += static_cast<int64_t>(p->spec.shape.numel()) / cfg.moe.num_experts *
+               mesh.local_experts * 4;
+      if (p->value.raw() != nullptr) {
+        std::printf("rank %d: %s is still whole between steps\n", rank, p->name.c_str());
+        mem_ok = false;
+      }
+    }
+    const int64_t R = mesh.replicas, lo = local / R, hi = local / R + 4 * 2 * model.num_units() * R;
+    if (mem.expert_shards < lo || mem.expert_shards > hi || mem.fsdp_units_peak > 2 ||
+        mem.fsdp_grads_peak > 2) {
+      std::printf(
+          "rank %d: expert shards %lld B outside [%lld, %lld], or more than 2 units "
+          "gathered\n",
+          rank, static_cast<long long>(mem.expert_shards), static_cast<long long>(lo),
+          static_cast<long long>(hi));
+      mem_ok = false;
+    }
+    std::printf("rank %d experts: local %lld B, shards %lld B over %lld replicas\n", rank,
+                static_cast<long long>(local), static_cast<long long>(mem.expert_shards),
+                static_cast<long long>(R));
   }
   trainer.gather_params();
 

@@ -54,6 +54,19 @@ same "$T/one" "$T/one_r" "resumed on one process vs uninterrupted one process"
 "${mpirun[@]}" -np 2 "$bin" train "${S[@]}" --set "run.dir=\"$T/two_p\"" --set parallel.ep=2 \
   --resume-from "$T/one/checkpoints/step_00000004" >"$T/two_p.log"
 same "$T/one" "$T/two_p" "one-process checkpoint resumed on 2 ranks vs one process"
+# train.recompute: one process replays each FFN (selective) or each layer (full) in backward and
+# gives the no-recompute losses exactly; under mpirun (2 ranks, EP 2) selective replays the
+# expert exchange too and equals one process.
+for rc in selective full; do
+  "$bin" train "${S[@]}" --set "run.dir=\"$T/rc_$rc\"" --set train.recompute=$rc >"$T/rc_$rc.log"
+  tol=0 same "$T/one" "$T/rc_$rc" "recompute $rc on one process vs none (exact)"
+done
+"${mpirun[@]}" -np 2 "$bin" train "${S[@]}" --set "run.dir=\"$T/rc2\"" --set parallel.ep=2 \
+  --set train.recompute=selective >"$T/rc2.log"
+same "$T/one" "$T/rc2" "recompute selective on 2 ranks EP 2 vs one process"
+grep -Eq "^recompute = ['\"]selective['\"]" "$T/rc2/job.toml" ||
+  { cat "$T/rc2/job.toml"; echo "job.toml lacks train.recompute"; exit 1; }
+
 # LoRA (kda + routed experts + router) on 2 ranks with replicated experts and sharded state;
 # two micro-batches per step, so FSDP adds each micro-batch's reduce-scattered unit gradients.
 L=(--set 'lora.targets=["kda","routed_experts","router"]' --set lora.rank=2 --set schedule.steps=4

@@ -40,7 +40,7 @@ std::vector<RankBytes> measure(const MeshCase& c) {
                     std::to_string(c.world) + " " + MT_TRAIN_CHECK + " --steps 1 --ep " +
                     std::to_string(c.ep) + (c.lora ? " --lora" : "") +
                     (c.shard_experts ? " --shard-experts" : "") + (c.fsdp ? " --fsdp" : "") +
-                    (c.recompute ? " --recompute" : "") + " 2>&1";
+                    (c.recompute ? " --recompute full" : "") + " 2>&1";
   FILE* f = popen(cmd.c_str(), "r");
   EXPECT_NE(f, nullptr) << cmd;
   std::vector<RankBytes> out(static_cast<size_t>(c.world));

@@ -186,7 +186,7 @@ struct StepCase {
   ModelConfig cfg;
   bool freeze;
   int64_t mbs, seq;
-  Recompute recompute = Recompute::None;  // None or Full: the engine has no selective policy
+  Recompute recompute = Recompute::None;
 };
 
 // One real training step; every byte the engine allocates for it.
@@ -198,8 +198,9 @@ struct Measured {
 Measured run_step(const StepCase& c) {
   Model model(c.cfg, 3,
               {.freeze_base = c.freeze,
-               .recompute = c.recompute == Recompute::Full ? ActivationRecompute::Full
-                                                           : ActivationRecompute::None});
+               .recompute = c.recompute == Recompute::Full        ? ActivationRecompute::Full
+                            : c.recompute == Recompute::Selective ? ActivationRecompute::Selective
+                                                                  : ActivationRecompute::None});
   Context ctx(ContextOptions{.threads = 2, .seed = 3, .workspace_bytes = size_t(512) << 20});
   AdamW opt(model.params(), AdamWOptions{});
   const SeqInfo seq = SeqInfo::uniform(c.mbs, c.seq);
@@ -245,6 +246,10 @@ TEST(PlanMemory, PredictedPeakOfCpuStepWithin10Percent) {
       {"tiny full recompute", tiny, false, 2, 48, Recompute::Full},
       {"small dense mla full recompute", small_dense, false, 2, 128, Recompute::Full},
       {"small lora long recompute", with_lora(small, {.rank = 8}), true, 1, 768, Recompute::Full},
+      // Selective: everything but the FFN internals, plus one FFN's replay.
+      {"tiny full selective", tiny, false, 2, 48, Recompute::Selective},
+      {"small lora long selective", with_lora(small, {.rank = 8}), true, 1, 768,
+       Recompute::Selective},
   };
   for (const StepCase& c : cases) {
     SCOPED_TRACE(c.name);

@@ -250,6 +250,35 @@ TEST(Job, PrecisionKeyIsValidatedAndBf16IsRefusedOnTheCpu) {
       << msg;
 }
 
+// train.recompute reaches the model, is validated by name, survives the resolved job, and the
+// trainer gives the no-recompute losses bit for bit (same ops in the same order).
+TEST(Job, RecomputeKeyTrainsExactlyLikeNone) {
+  const std::string ok = "[data]\ntrain = \"d\"\n";
+  EXPECT_EQ(job_model_options(Job::parse(ok, "j.toml")).recompute, ActivationRecompute::None);
+  const std::string bad =
+      error_of<ConfigError>([&] { Job::parse(ok + "[train]\nrecompute = \"mixer\"\n", "j.toml"); });
+  EXPECT_NE(bad.find("'train.recompute' = \"mixer\" must be none, selective or full"),
+            std::string::npos)
+      << bad;
+  fs::path root = temp_dir("recompute");
+  std::ostringstream log;
+  const TrainResult none = run_job(Job::parse(base_job(root), "job"), {}, log);
+  for (const auto& [name, mode] :
+       {std::pair<const char*, ActivationRecompute>{"selective", ActivationRecompute::Selective},
+        {"full", ActivationRecompute::Full}}) {
+    SCOPED_TRACE(name);
+    const Job j = Job::parse(
+        base_job(root), "job",
+        {std::string("train.recompute=") + name, "run.dir=\"" + (root / name).string() + "\""});
+    EXPECT_EQ(job_model_options(j).recompute, mode);
+    EXPECT_EQ(Job::parse(j.to_toml(), "resolved").recompute, name);
+    const TrainResult r = run_job(j, {}, log);
+    ASSERT_EQ(r.losses.size(), none.losses.size());
+    for (size_t i = 0; i < r.losses.size(); ++i) EXPECT_EQ(r.losses[i], none.losses[i]) << i;
+    EXPECT_EQ(r.eval.at("held").loss, none.eval.at("held").loss);
+  }
+}
+
 namespace {
 
 // x rounded to bf16 (8 significant bits, ties to even), written from the definition rather
