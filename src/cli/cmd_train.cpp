@@ -18,6 +18,7 @@ struct TrainArgs {
   std::string resume_from;
   std::string plan;
   double mem_gb = -1;
+  bool dry_run = false;
 };
 }  // namespace
 
@@ -38,6 +39,8 @@ Command add_train_command(CLI::App& app, par::Comm* world) {
                 "memory limit per rank for --plan auto (= --set parallel.mem_gb=M; default: "
                 "host memory / ranks)")
       ->check(CLI::PositiveNumber);
+  c->add_flag("--dry-run", a->dry_run,
+              "build the mesh, the model and its shards, print what each rank holds, and stop");
   return {c, [a, world] {
             // The flags are job keys, so the resolved job.toml records them like --set does.
             std::vector<std::string> set = a->set;
@@ -49,7 +52,11 @@ Command add_train_command(CLI::App& app, par::Comm* world) {
               set.push_back("parallel.mem_gb=" + v.str());
             }
             Job job = Job::load(a->job, set);
-            run_job(job, {.resume = a->resume, .resume_from = a->resume_from, .world = world},
+            run_job(job,
+                    {.resume = a->resume,
+                     .resume_from = a->resume_from,
+                     .world = world,
+                     .dry_run = a->dry_run},
                     std::cout);
             return 0;
           }};

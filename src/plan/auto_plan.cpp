@@ -35,8 +35,10 @@ std::string breakdown(const MemoryBreakdown& m) {
 
 std::string mesh_str(const ParallelPlan& p) {
   std::ostringstream s;
+  const bool zero3 = p.engine == Engine::FsdpEp && p.expert_shard > 1;
   s << "ep " << p.ep << ", a2a_chunks " << p.a2a_chunks << ", shard_experts "
-    << (p.expert_shard > 1 ? "on" : "off") << ", " << p.mbs << " sequence(s) x " << p.seq
+    << (p.expert_shard > 1 ? "on" : "off") << ", shard_expert_weights " << (zero3 ? "on" : "off")
+    << ", recompute " << recompute_name(p.recompute) << ", " << p.mbs << " sequence(s) x " << p.seq
     << " tokens per rank per micro-batch";
   return s.str();
 }
@@ -49,6 +51,41 @@ std::vector<int64_t> divisors_desc(int64_t n, int64_t at_most) {
 }
 
 }  // namespace
+
+std::string PlanJob::set_args() const {
+  std::ostringstream s;
+  s << "--set parallel.ep=" << ep << " --set parallel.a2a_chunks=" << a2a_chunks
+    << " --set parallel.fsdp=" << (fsdp ? "true" : "false")
+    << " --set parallel.shard_experts=" << (shard_experts ? "true" : "false")
+    << " --set parallel.shard_expert_weights=" << (shard_expert_weights ? "true" : "false")
+    << " --set train.recompute=" << recompute_name(recompute) << " --set train.batch=" << batch;
+  return s.str();
+}
+
+PlanJob plan_job(const ParallelPlan& p) {
+  PlanJob j{.ep = p.ep,
+            .a2a_chunks = p.a2a_chunks,
+            .world = p.world,
+            .batch = p.mbs * p.world,
+            .recompute = p.recompute};
+  const bool sharded = p.expert_shard > 1;
+  std::ostringstream why;
+  if (p.engine == Engine::Zero1Ep) {
+    j.shard_experts = sharded;
+  } else {
+    // Fsdp (the GPU plans) and fsdp+ep: dense shards over the world, experts ZeRO-3.
+    j.fsdp = p.world > 1;
+    j.shard_experts = j.shard_expert_weights = sharded;
+    if (p.fsdp != p.world && p.world > 1)
+      why << "dense parameters sharded over " << p.fsdp << " of " << p.world
+          << " ranks (the engine shards them over all ranks)";
+  }
+  if (sharded && p.expert_shard != p.replicas)
+    why << (why.tellp() > 0 ? "; " : "") << "experts sharded over " << p.expert_shard << " of "
+        << p.replicas << " replicas (the engine shards them over all replicas)";
+  j.unsupported = why.str();
+  return j;
+}
 
 Hardware cpu_host(double mem_bytes) {
   Hardware hw;
@@ -85,7 +122,6 @@ AutoPlan choose_auto_plan(const AutoRequest& r) {
   SearchOptions o;
   o.seq = r.seq;
   o.engine = Engine::Zero1Ep;
-  o.recompute = Recompute::None;
   o.memory = {.precision = Precision::fp32(), .freeze_base = r.freeze_base};
   o.keep = 3;
 
@@ -97,46 +133,53 @@ AutoPlan choose_auto_plan(const AutoRequest& r) {
   if (!r.fsdp)
     engines = r.world > 1 ? std::vector<Engine>{Engine::Zero1Ep, Engine::FsdpEp}
                           : std::vector<Engine>{Engine::Zero1Ep};
+  // Within an engine, every micro-batch without recompute before recompute (a smaller
+  // micro-batch adds micro-steps, recompute adds a forward of work); with recompute allowed the
+  // search takes the faster policy that fits (selective before full).
   for (Engine e : engines)
-    for (int64_t mbs : divisors_desc(per_rank, job_mbs)) {
-      o.engine = e;
-      o.mbs = mbs;
-      SearchResult res = search(r.cfg, r.world, hw, o);
-      if (res.best.empty()) {
-        const auto& closest = res.rejections.front().closest;
-        why << "  " << mbs << " sequence(s) per rank, engine " << engine_name(e)
-            << ": nothing fits; closest " << mesh_str(closest.plan) << " needs "
-            << bytes_str(closest.memory.total()) << "\n";
-        last = std::move(res);
-        continue;
+    for (bool replay : {false, true})
+      for (int64_t mbs : divisors_desc(per_rank, job_mbs)) {
+        o.engine = e;
+        o.mbs = mbs;
+        o.recompute = replay ? std::nullopt : std::optional<Recompute>(Recompute::None);
+        SearchResult res = search(r.cfg, r.world, hw, o);
+        if (res.best.empty()) {
+          const auto& closest = res.rejections.front().closest;
+          why << "  " << mbs << " sequence(s) per rank, engine " << engine_name(e)
+              << (replay ? ", any recompute" : ", no recompute") << ": nothing fits; closest "
+              << mesh_str(closest.plan) << " needs " << bytes_str(closest.memory.total()) << "\n";
+          last = std::move(res);
+          continue;
+        }
+        AutoPlan a;
+        a.chosen = res.best.front();
+        const ParallelPlan& p = a.chosen.plan;
+        a.ep = p.ep;
+        a.a2a_chunks = p.a2a_chunks;
+        a.shard_experts = p.expert_shard > 1;
+        a.fsdp = p.engine == Engine::FsdpEp;
+        a.shard_expert_weights = a.fsdp && a.shard_experts;
+        a.recompute = p.recompute;
+        a.batch = mbs * r.world;
+        a.grad_accum = total / a.batch;
+        std::ostringstream s;
+        s << "plan auto (engine " << engine_name(p.engine) << ", world " << r.world << ", limit "
+          << bytes_str(r.mem_bytes) << " per rank from " << r.mem_source << "; " << res.considered
+          << " plans considered):\n"
+          << "  chosen: " << mesh_str(p) << "; train.batch " << a.batch << ", grad_accum "
+          << a.grad_accum << "\n"
+          << "  predicted per rank: " << breakdown(a.chosen.memory) << "\n"
+          << why.str();
+        if (mbs < job_mbs)
+          s << "  the job's " << job_mbs << " sequence(s) per rank do not fit; grad_accum "
+            << r.grad_accum << " -> " << a.grad_accum << " keeps " << total
+            << " sequences per step\n";
+        for (const std::string& n : res.notes) s << "  why not " << n << "\n";
+        for (const auto& rej : res.rejections)
+          s << "  rejected " << rej.count << " plan(s): " << rej.reason << "\n";
+        a.explanation = s.str();
+        return a;
       }
-      AutoPlan a;
-      a.chosen = res.best.front();
-      const ParallelPlan& p = a.chosen.plan;
-      a.ep = p.ep;
-      a.a2a_chunks = p.a2a_chunks;
-      a.shard_experts = p.expert_shard > 1;
-      a.fsdp = p.engine == Engine::FsdpEp;
-      a.batch = mbs * r.world;
-      a.grad_accum = total / a.batch;
-      std::ostringstream s;
-      s << "plan auto (engine " << engine_name(p.engine) << ", world " << r.world << ", limit "
-        << bytes_str(r.mem_bytes) << " per rank from " << r.mem_source << "; " << res.considered
-        << " plans considered):\n"
-        << "  chosen: " << mesh_str(p) << "; train.batch " << a.batch << ", grad_accum "
-        << a.grad_accum << "\n"
-        << "  predicted per rank: " << breakdown(a.chosen.memory) << "\n"
-        << why.str();
-      if (mbs < job_mbs)
-        s << "  the job's " << job_mbs << " sequence(s) per rank do not fit; grad_accum "
-          << r.grad_accum << " -> " << a.grad_accum << " keeps " << total
-          << " sequences per step\n";
-      for (const std::string& n : res.notes) s << "  why not " << n << "\n";
-      for (const auto& rej : res.rejections)
-        s << "  rejected " << rej.count << " plan(s): " << rej.reason << "\n";
-      a.explanation = s.str();
-      return a;
-    }
   std::ostringstream s;
   s << "plan auto: no parallel plan fits " << bytes_str(r.mem_bytes) << " per rank (from "
     << r.mem_source << ") on " << r.world << " rank(s), even at one sequence per rank:\n"

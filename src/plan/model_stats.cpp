@@ -395,15 +395,14 @@ MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& c,
     m.master = (dense_master / world + ex_tr) * dt.master;
     m.optimizer = (dense_tr / world + ex_tr) * dt.optim;
   } else if (p.engine == Engine::FsdpEp) {
-    // Dense values and gradients as flat shards over the world (buffers stay whole); experts as
-    // under zero1+ep. Each unit's flat groups are padded to a multiple of the world: < world
-    // elements per group, left out.
-    const double ex_local_tr =
-        static_cast<double>(c.expert_trainable) * expert_share * p.expert_shard;
+    // Dense values and gradients as flat shards over the world (buffers stay whole). Experts:
+    // with expert_shard > 1 ZeRO-3 over the replicas (parallel.shard_expert_weights: values,
+    // gradients and state as shards), else whole local experts as under zero1+ep. Each unit's
+    // flat groups are padded to a multiple of the group: < group size elements each, left out.
     const double world = static_cast<double>(p.world);
     const double buffers = static_cast<double>(c.buffer_bytes);
-    m.weights = (dense_b - buffers) / world + buffers + ex_b * p.expert_shard;
-    m.grads = (dense_tr / world + ex_local_tr) * dt.grad;
+    m.weights = (dense_b - buffers) / world + buffers + ex_b;
+    m.grads = (dense_tr / world + ex_tr) * dt.grad;
     m.master = (dense_master / world + ex_tr) * dt.master;
     m.optimizer = (dense_tr / world + ex_tr) * dt.optim;
   } else {
@@ -453,16 +452,23 @@ MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& c,
         static_cast<double>(std::max(c.largest_unit_trainable, c.expert_layer_trainable)) *
             dt.weight;
     if (p.engine == Engine::FsdpEp) {
-      // Dense gradients already live in the FSDP shards: the step packs only the experts, all of
-      // them one optimizer unit (its flat gradient, plus the reduced shard when sharded, and the
-      // flat parameters of the same unit). During backward two units are gathered (current +
-      // prefetch) and two unit gradients are being reduced, each with its shard.
-      const double with_shard =
-          p.expert_shard > 1 ? 1 + 1 / static_cast<double>(p.expert_shard) : 1;
-      const double step = 2 * ex_local_tr * with_shard * dt.grad;
-      const double units =
-          2 * static_cast<double>(c.largest_unit_bytes) +
-          static_cast<double>(c.largest_unit_trainable) * (2 + 2 / world) * dt.grad;
+      // Dense gradients already live in the FSDP shards: the step packs only whole experts, all
+      // of them one optimizer unit (its flat gradient and the flat parameters of the same unit).
+      // During backward two units are gathered (current + prefetch) and two unit gradients are
+      // being reduced, each with its shard, as the engine counts them (Fsdp counts a unit's
+      // gradient buffer twice while its reduction is posted). With ZeRO-3 experts a unit also
+      // holds the layer's local experts, gathered and reduced over the replicas; every MoE layer
+      // has the same experts, so the pending neighbour's expert gradient is as large as the
+      // bound one (3 + 2 / R full expert gradients in the count; measured within 1%).
+      const double R = static_cast<double>(p.expert_shard);
+      const double step = p.expert_shard > 1 ? 0 : 2 * ex_local_tr * dt.grad;
+      double units = 2 * static_cast<double>(c.largest_unit_bytes) +
+                     static_cast<double>(c.largest_unit_trainable) * (2 + 2 / world) * dt.grad;
+      if (p.expert_shard > 1) {
+        const double local = expert_share * R;  // the rank's whole experts of one layer
+        units += 2 * static_cast<double>(c.expert_layer_bytes) * local +
+                 static_cast<double>(c.expert_layer_trainable) * local * (3 + 2 / R) * dt.grad;
+      }
       m.fsdp_buffers = std::max(step, units);
     }
     if (p.ep > 1 && cfg.moe.num_experts > 0) {

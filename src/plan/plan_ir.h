@@ -32,7 +32,9 @@ enum class Engine {
   // The distributed CPU engine with `parallel.fsdp = true` (src/parallel/fsdp.h): dense values,
   // gradients and AdamW state sharded over the world in flat units, at most two units gathered
   // (current + prefetch) and two unit gradients alive; buffers (router bias) stay whole; experts
-  // as under zero1+ep (full local weights and gradients, state over the replicas when sharded).
+  // whole on their EP rank, or with expert_shard = replicas ZeRO-3 over the replicas too
+  // (parallel.shard_expert_weights: values, gradients and state as shards, a layer's experts
+  // gathered with its unit).
   FsdpEp,
 };
 const char* engine_name(Engine e);  // "fsdp" | "zero1+ep" | "fsdp+ep"

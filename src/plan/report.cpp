@@ -1,5 +1,7 @@
 #include "plan/report.h"
 
+#include "plan/auto_plan.h"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -98,6 +100,18 @@ nlohmann::json report_json(const PlanReport& r) {
                  {"fallback", c.fallback},
                  {"why", c.why}});
   j["kernels"] = k;
+  if (!r.result.best.empty()) {
+    const PlanJob pj = plan_job(r.result.best.front().plan);
+    j["job"] = {{"ep", pj.ep},
+                {"a2a_chunks", pj.a2a_chunks},
+                {"fsdp", pj.fsdp},
+                {"shard_experts", pj.shard_experts},
+                {"shard_expert_weights", pj.shard_expert_weights},
+                {"recompute", recompute_name(pj.recompute)},
+                {"batch", pj.batch},
+                {"set", pj.set_args()},
+                {"unsupported", pj.unsupported}};
+  }
   j["backend"] = backend_name(r.request.backend);
   nlohmann::json a;
   for (const auto& [kind, v] : acts_per_token(r))
@@ -204,6 +218,9 @@ void print_text(std::ostream& os, const PlanReport& r) {
        << gb(b.memory.optimizer) << ", activations " << gb(b.memory.activations) << ", fsdp "
        << gb(b.memory.fsdp_buffers) << ", expert gather " << gb(b.memory.expert_buffers) << ", a2a "
        << gb(b.memory.a2a_buffers) << ", workspace " << gb(b.memory.workspace) << " GB\n";
+    const PlanJob pj = plan_job(b.plan);
+    os << "job keys for plan 1 (moetrain train on " << pj.world << " ranks): " << pj.set_args()
+       << (pj.unsupported.empty() ? "" : "; the engine cannot run it: " + pj.unsupported) << "\n";
     os << "alternatives:\n";
     for (const std::string& n : s.notes) os << "  " << n << "\n";
   }
@@ -227,7 +244,15 @@ void print_markdown(std::ostream& os, const PlanReport& r) {
   os << "\n";
   for (size_t i = 0; i < s.best.size(); ++i)
     os << "| " << i + 1 << " | " << plan_cells(s.best[i], " | ") << " |\n";
-  if (s.best.empty()) os << "\n**No plan fits in " << gb(r.request.hw.mem_bytes) << " GB.**\n";
+  if (s.best.empty()) {
+    os << "\n**No plan fits in " << gb(r.request.hw.mem_bytes) << " GB.**\n";
+  } else {
+    const PlanJob pj = plan_job(s.best.front().plan);
+    os << "\nPlan 1 as job keys for `moetrain train` on " << pj.world << " ranks: `"
+       << pj.set_args() << "`"
+       << (pj.unsupported.empty() ? "" : " (the engine cannot run it: " + pj.unsupported + ")")
+       << ".\n";
+  }
   if (!s.notes.empty()) {
     os << "\nAlternatives to plan 1:\n\n";
     for (const std::string& n : s.notes) os << "- " << n << "\n";

@@ -9,6 +9,7 @@
 #include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "core/error.h"
 #include "io/safetensors.h"
@@ -233,6 +234,17 @@ class DistExecutor : public StepExecutor {
                   .shard_expert_weights = s.mesh.shard_expert_weights}) {}
 
   void zero_grad() override { trainer_.zero_grad(); }
+  std::string memory_line() const override {
+    const par::MemoryReport m = trainer_.memory();
+    std::ostringstream s;
+    s << "parameters " << m.params << " B (FSDP shards " << m.fsdp_shards << " B, of which experts "
+      << m.expert_shards << " B), gradients " << m.grads << " B, optimizer " << m.optimizer
+      << " B, step buffers " << m.transient << " B, recompute "
+      << (model_.recompute() == ActivationRecompute::None        ? "none"
+          : model_.recompute() == ActivationRecompute::Selective ? "selective"
+                                                                 : "full");
+    return s.str();
+  }
   double forward_backward(const Batch& b) override {
     return trainer_.forward_backward(ctx_, b.seq, b.ids, b.targets);
   }

@@ -240,7 +240,9 @@ Job apply_auto_plan(const Job& job, const ModelConfig& cfg, int64_t seq, par::Co
   out.ep = a.ep;
   out.a2a_chunks = a.a2a_chunks;
   out.shard_experts = a.shard_experts;
+  out.shard_expert_weights = a.shard_expert_weights;
   out.fsdp = a.fsdp;
+  out.recompute = plan::recompute_name(a.recompute);
   out.batch = a.batch;
   out.grad_accum = a.grad_accum;
   return out;
@@ -380,6 +382,18 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
     exec_ptr = std::make_unique<LocalExecutor>(ctx, model, *opt);
   }
   StepExecutor& exec = *exec_ptr;
+  if (topt.dry_run) {
+    // Every rank reports its own shards (whole lines, so mpirun's output stays readable).
+    std::ostringstream line;
+    line << "dry run rank " << rank << "/" << world << ": ";
+    const std::string m = exec.memory_line();
+    if (m.empty())
+      line << "parameters " << model.params().count() << " (one process)";
+    else
+      line << m;
+    out << line.str() + "\n" << std::flush;
+    return r;
+  }
 
   const std::string ckpt_root = (fs::path(job.run_dir) / "checkpoints").string();
   const std::string job_toml = job.to_toml();

@@ -65,6 +65,8 @@ class StepExecutor {
   virtual void place_experts(const std::vector<std::vector<int32_t>>& expert_rank) {
     (void)expert_rank;
   }
+  // What this process holds for training, one line (`moetrain train --dry-run`).
+  virtual std::string memory_line() const { return ""; }
 };
 
 // Load statistics of one layer from its per-expert token counts.
@@ -127,6 +129,9 @@ struct TrainOptions {
   // The job's processes (mpirun): the mesh comes from the job's [parallel] keys, each rank takes
   // its slice of every global micro-batch, rank 0 logs. Null: one process, LocalExecutor.
   par::Comm* world = nullptr;
+  // Build the mesh, the model and its shards, print what each rank holds, and stop (no data
+  // read beyond the dataset header checks, no step, no files written).
+  bool dry_run = false;
 };
 
 // Runs a job end to end: writes <run_dir>/job.toml, metrics.jsonl and checkpoints/, prints

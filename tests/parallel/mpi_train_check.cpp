@@ -22,6 +22,7 @@
 #include "core/rng.h"
 #include "model/model.h"
 #include "model/moe_layer.h"
+#include "ops/gemm.h"
 #include "parallel/balance/routing_sim.h"
 #include "parallel/comm.h"
 #include "parallel/dist_trainer.h"
@@ -37,6 +38,11 @@ struct Args {
   int ep = 1, chunks = 1, steps = 20, experts = 12;
   bool lora = false, shard_experts = false, uneven = false, fsdp = false;
   bool shard_expert_weights = false;
+  // Peak resident memory of the distributed step alone (no reference model, no comparison):
+  // see run_rss. The model preset and the document lengths' multiplier size the run.
+  bool measure_rss = false;
+  std::string model = "tiny";
+  int doc_scale = 1;
   // The distributed model only (the reference keeps all activations): none, selective, full.
   std::string recompute = "none";
   int fail_rank = -1, fail_step = -1;
@@ -85,7 +91,14 @@ Args parse(int argc, char** argv) {
       a.shard_experts = true;
     else if (k == "--shard-expert-weights")
       a.shard_expert_weights = true;
-    else if (k == "--fail-rank")
+    else if (k == "--measure-rss")
+      a.measure_rss = true;
+    else if (k == "--doc-scale")
+      a.doc_scale = next();
+    else if (k == "--model") {
+      MT_CHECK(i + 1 < argc, ValueError, "missing value after ", k);
+      a.model = argv[++i];
+    } else if (k == "--fail-rank")
       a.fail_rank = next();
     else if (k == "--fail-step")
       a.fail_step = next();
@@ -104,9 +117,9 @@ Args parse(int argc, char** argv) {
 // Documents of rank r: lengths differ inside a rank but every rank holds the same total. With
 // `uneven`, odd ranks hold three documents instead of two and some targets are ignored, so the
 // ranks' shares of documents and targets differ (the weighting of DistTrainer::forward_backward).
-std::vector<int64_t> doc_lens(int rank, bool uneven) {
-  if (uneven && rank % 2 == 1) return {4, 8, 12};
-  return {9, 15};
+std::vector<int64_t> doc_lens(int rank, bool uneven, int scale = 1) {
+  if (uneven && rank % 2 == 1) return {4 * scale, 8 * scale, 12 * scale};
+  return {9 * scale, 15 * scale};
 }
 
 struct Batch {
@@ -116,10 +129,10 @@ struct Batch {
 
 // The documents of ranks [first, last) at step s: token values from a counter-based hash, so
 // every rank can build any rank's documents.
-Batch make_batch(int64_t vocab, int step, int first, int last, bool uneven) {
+Batch make_batch(int64_t vocab, int step, int first, int last, bool uneven, int scale = 1) {
   std::vector<int64_t> lens, ids;
   for (int r = first; r < last; ++r) {
-    const std::vector<int64_t> l = doc_lens(r, uneven);
+    const std::vector<int64_t> l = doc_lens(r, uneven, scale);
     for (size_t j = 0; j < l.size(); ++j) {
       lens.push_back(l[j]);
       ids.push_back(r * (uneven ? 8 : 2) + static_cast<int64_t>(j));  // balanced: as before
@@ -168,18 +181,98 @@ int layer_of(const std::string& name) {
   return name.compare(0, pre.size(), pre) == 0 ? std::stoi(name.substr(pre.size())) : -1;
 }
 
+// A field of /proc/self/status in bytes ("VmRSS", "VmHWM").
+int64_t status_bytes(const char* field) {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  MT_CHECK(f, ValueError, "cannot read /proc/self/status");
+  char line[256];
+  long long kb = -1;
+  const size_t n = std::strlen(field);
+  while (std::fgets(line, sizeof line, f))
+    if (std::strncmp(line, field, n) == 0 && line[n] == ':') kb = std::atoll(line + n + 1);
+  std::fclose(f);
+  MT_CHECK(kb >= 0, ValueError, "no ", field, " in /proc/self/status");
+  return static_cast<int64_t>(kb) * 1024;
+}
+
+// The model under test: the preset, with LoRA rank 2 everywhere (experts too) when asked.
+struct DriverModel {
+  mt::ModelConfig cfg;
+  mt::ModelOptions opt;
+};
+DriverModel driver_model(const Args& a) {
+  DriverModel m{mt::ModelConfig::load(a.model), {}};
+  if (a.model == "tiny") m.cfg.moe.num_experts = a.experts;
+  if (a.lora) {
+    const mt::LoraSpec lora{.rank = 2, .alpha = 4.f};
+    m.cfg.kda.lora = m.cfg.mla.lora = m.cfg.dsa.mla.lora = m.cfg.moe.lora = m.cfg.dense.lora = lora;
+    m.cfg.moe.expert_lora = lora;
+    m.opt.freeze_base = true;
+  }
+  return m;
+}
+
+// Peak resident bytes of the distributed step, measured by the kernel rather than by the
+// engine's own counters (tests/plan/test_engine_memory.cpp compares them with the planner):
+//   baseline  VmRSS after MPI start-up and a warm-up that touches what every run touches before
+//             the model exists: the BLAS packing buffers (a 1024^3 GEMM) and the MPI transport's
+//             buffers (collectives of 4 MB);
+//   peak      VmHWM over two steps, reset (clear_refs 5) once the trainer is built, because
+//             building the model allocates every expert before the mesh slices them;
+//   measured  peak - baseline.
+// Large allocations must go straight to mmap and back (MALLOC_MMAP_THRESHOLD_), else freed
+// memory stays resident in the heap and the peak depends on the allocation order.
+int run_rss(mt::par::Comm& world, const Args& a) {
+  using namespace mt;
+  const int rank = world.rank();
+  Context dctx(ContextOptions{.threads = 1});
+  {
+    Tensor x = Tensor::zeros({1024, 1024}), y = Tensor::zeros({1024, 1024});
+    Tensor z = Tensor::empty({1024, 1024});
+    ops::matmul(dctx, x, false, y, true, z);
+    const int64_t n = int64_t{1} << 20;
+    Tensor s = Tensor::zeros({n}), all = Tensor::empty({n * world.size()});
+    world.all_gather(s.raw(), n, all.raw(), par::Elem::F32);
+    const int64_t part = n / world.size();
+    std::vector<int64_t> counts(static_cast<size_t>(world.size()), part), displs;
+    for (int r = 0; r < world.size(); ++r) displs.push_back(r * part);
+    Tensor q = Tensor::empty({n});
+    world.iall_to_all_v(s.raw(), counts, displs, q.raw(), counts, displs, par::Elem::F32).wait();
+  }
+  const int64_t baseline = status_bytes("VmRSS");
+  auto [cfg, mopt] = driver_model(a);
+  mopt.recompute = parse_activation_recompute(a.recompute, "--recompute");
+  const par::Mesh mesh = par::make_mesh(world.size(), rank, cfg.moe.num_experts,
+                                        {.ep = a.ep,
+                                         .shard_experts = a.shard_experts,
+                                         .shard_expert_weights = a.shard_expert_weights});
+  par::ProcessGroups groups = par::make_groups(world, mesh);
+  Model model(cfg, 77, mopt);
+  AdamWOptions adam;
+  par::DistTrainer trainer(model, mesh, groups,
+                           {.a2a_chunks = a.chunks,
+                            .adam = adam,
+                            .fsdp = a.fsdp,
+                            .shard_expert_weights = a.shard_expert_weights});
+  FILE* clear = std::fopen("/proc/self/clear_refs", "w");
+  MT_CHECK(clear && std::fputs("5", clear) >= 0 && std::fclose(clear) == 0, ValueError,
+           "cannot reset the peak RSS (/proc/self/clear_refs)");
+  for (int s = 0; s < 2; ++s) {
+    Batch b = make_batch(cfg.vocab, s, rank, rank + 1, false, a.doc_scale);
+    trainer.step(dctx, b.seq, b.ids, b.targets, 1e-3f);
+  }
+  const int64_t peak = status_bytes("VmHWM");
+  std::printf("rss rank %d: baseline %lld peak %lld measured %lld\n", rank,
+              static_cast<long long>(baseline), static_cast<long long>(peak),
+              static_cast<long long>(peak - baseline));
+  return 0;
+}
+
 int run(mt::par::Comm& world, const Args& a) {
   using namespace mt;
+  if (a.measure_rss) return run_rss(world, a);
   const int W = world.size(), rank = world.rank();
-  ModelConfig cfg = ModelConfig::load("tiny");
-  cfg.moe.num_experts = a.experts;
-  ModelOptions mopt;
-  if (a.lora) {
-    const LoraSpec lora{.rank = 2, .alpha = 4.f};
-    cfg.kda.lora = cfg.mla.lora = cfg.dsa.mla.lora = cfg.moe.lora = cfg.dense.lora = lora;
-    cfg.moe.expert_lora = lora;
-    mopt.freeze_base = true;
-  }
+  const auto [cfg, mopt] = driver_model(a);
   // Before anything is allocated: an invalid mesh is a ConfigError here.
   const par::Mesh mesh = par::make_mesh(W, rank, cfg.moe.num_experts,
                                         {.ep = a.ep,

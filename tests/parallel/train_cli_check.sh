@@ -67,6 +67,20 @@ same "$T/one" "$T/rc2" "recompute selective on 2 ranks EP 2 vs one process"
 grep -Eq "^recompute = ['\"]selective['\"]" "$T/rc2/job.toml" ||
   { cat "$T/rc2/job.toml"; echo "job.toml lacks train.recompute"; exit 1; }
 
+# Expert weights ZeRO-3-sharded over the 2 replicas of 4 ranks (EP 2), selective recompute: the
+# one-process losses; the sharded step-4 checkpoint resumes on 2 ranks (EP 1, experts sharded
+# over 2 replicas) and on one process, each equal to the uninterrupted run.
+"${mpirun[@]}" -np 4 "$bin" train "${S[@]}" --set "run.dir=\"$T/z3\"" --set parallel.ep=2 \
+  --set parallel.shard_expert_weights=true --set train.recompute=selective >"$T/z3.log"
+grep -q '(weights, gradients and optimizer state sharded)' "$T/z3.log" || { echo "experts not sharded"; exit 1; }
+same "$T/one" "$T/z3" "4 ranks EP 2, expert weights sharded, selective recompute vs one process"
+ck=$T/z3/checkpoints/step_00000004
+"${mpirun[@]}" -np 2 "$bin" train "${S[@]}" --set "run.dir=\"$T/z3_2\"" --set parallel.ep=1 \
+  --set parallel.shard_expert_weights=true --resume-from "$ck" >"$T/z3_2.log"
+same "$T/z3" "$T/z3_2" "expert-sharded checkpoint of 4 ranks resumed on 2 ranks (EP 1, sharded)"
+"$bin" train "${S[@]}" --set "run.dir=\"$T/z3_1\"" --resume-from "$ck" >"$T/z3_1.log"
+same "$T/z3" "$T/z3_1" "expert-sharded checkpoint of 4 ranks resumed on one process"
+
 # LoRA (kda + routed experts + router) on 2 ranks with replicated experts and sharded state;
 # two micro-batches per step, so FSDP adds each micro-batch's reduce-scattered unit gradients.
 L=(--set 'lora.targets=["kda","routed_experts","router"]' --set lora.rank=2 --set schedule.steps=4

@@ -25,7 +25,8 @@ AutoRequest request(int64_t world, double mem) {
           .mem_source = "test"};
 }
 
-MemoryBreakdown zero1(const AutoRequest& r, int64_t ep, int64_t mbs, bool shard = false) {
+MemoryBreakdown zero1(const AutoRequest& r, int64_t ep, int64_t mbs, bool shard = false,
+                      Recompute rc = Recompute::None) {
   const ParallelPlan p{.world = r.world,
                        .fsdp = r.world,
                        .ep = ep,
@@ -33,6 +34,7 @@ MemoryBreakdown zero1(const AutoRequest& r, int64_t ep, int64_t mbs, bool shard 
                        .expert_shard = shard ? r.world / ep : 1,
                        .mbs = mbs,
                        .seq = r.seq,
+                       .recompute = rc,
                        .engine = Engine::Zero1Ep};
   return predict_memory(r.cfg, p, {.precision = Precision::fp32(), .freeze_base = false});
 }
@@ -76,7 +78,8 @@ TEST(PlanAuto, TighterMemoryShrinksTheMicroBatchAndKeepsTheStepSize) {
       << a.explanation;
 }
 
-MemoryBreakdown fsdp_ep(const AutoRequest& r, int64_t ep, int64_t mbs, bool shard = false) {
+MemoryBreakdown fsdp_ep(const AutoRequest& r, int64_t ep, int64_t mbs, bool shard = false,
+                        Recompute rc = Recompute::None) {
   ParallelPlan p{.world = r.world,
                  .fsdp = r.world,
                  .ep = ep,
@@ -84,6 +87,7 @@ MemoryBreakdown fsdp_ep(const AutoRequest& r, int64_t ep, int64_t mbs, bool shar
                  .expert_shard = shard ? r.world / ep : 1,
                  .mbs = mbs,
                  .seq = r.seq,
+                 .recompute = rc,
                  .engine = Engine::FsdpEp};
   return predict_memory(r.cfg, p, {.precision = Precision::fp32(), .freeze_base = false});
 }
@@ -97,10 +101,11 @@ TEST(PlanAuto, FsdpWhenZero1FitsNoMicroBatch) {
   r.seq = 16;
   double zero1_min = 1e300, fsdp_min = 1e300;
   for (int64_t ep : {1, 2, 4})
-    for (bool shard : {false, true}) {
-      zero1_min = std::min(zero1_min, zero1(r, ep, 1, shard).total());
-      fsdp_min = std::min(fsdp_min, fsdp_ep(r, ep, 1, shard).total());
-    }
+    for (bool shard : {false, true})
+      for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+        zero1_min = std::min(zero1_min, zero1(r, ep, 1, shard, rc).total());
+        fsdp_min = std::min(fsdp_min, fsdp_ep(r, ep, 1, shard, rc).total());
+      }
   ASSERT_LT(fsdp_min, zero1_min);
   r.mem_bytes = (zero1_min + fsdp_min) / 2;
   const AutoPlan a = choose_auto_plan(r);
@@ -108,8 +113,9 @@ TEST(PlanAuto, FsdpWhenZero1FitsNoMicroBatch) {
   EXPECT_EQ(a.chosen.plan.engine, Engine::FsdpEp);
   EXPECT_LE(a.chosen.memory.total(), r.mem_bytes);
   EXPECT_EQ(a.batch * a.grad_accum, 8);
-  EXPECT_NE(a.explanation.find("1 sequence(s) per rank, engine zero1+ep: nothing fits"),
-            std::string::npos)
+  EXPECT_NE(
+      a.explanation.find("1 sequence(s) per rank, engine zero1+ep, any recompute: nothing fits"),
+      std::string::npos)
       << a.explanation;
   // A job that asks for FSDP is planned for it even with room.
   r.mem_bytes = 64e9;
@@ -118,6 +124,63 @@ TEST(PlanAuto, FsdpWhenZero1FitsNoMicroBatch) {
   // One rank has nothing to shard over.
   AutoRequest one = request(1, 64e9);
   EXPECT_FALSE(choose_auto_plan(one).fsdp);
+}
+
+// Memory that no micro-batch meets without recompute, but one does with it: the job keeps the
+// zero1+ep engine and recomputes (selective if it fits, else full) rather than gather weights.
+TEST(PlanAuto, RecomputeWhenNoMicroBatchFitsWithoutIt) {
+  AutoRequest r = request(2, 0);
+  r.seq = 256;  // activation-bound
+  double none = 1e300, replay = 1e300;
+  for (int64_t ep : {1, 2})
+    for (bool shard : {false, true}) {
+      none = std::min(none, zero1(r, ep, 1, shard).total());
+      replay = std::min(replay, zero1(r, ep, 1, shard, Recompute::Full).total());
+    }
+  ASSERT_LT(replay, none);
+  r.mem_bytes = (none + replay) / 2;
+  const AutoPlan a = choose_auto_plan(r);
+  EXPECT_NE(a.recompute, Recompute::None) << a.explanation;
+  EXPECT_EQ(a.chosen.plan.recompute, a.recompute);
+  EXPECT_EQ(a.chosen.plan.engine, Engine::Zero1Ep);
+  EXPECT_LE(a.chosen.memory.total(), r.mem_bytes);
+  EXPECT_NE(a.explanation.find("engine zero1+ep, no recompute: nothing fits"), std::string::npos)
+      << a.explanation;
+  EXPECT_NE(a.explanation.find("recompute " + std::string(recompute_name(a.recompute))),
+            std::string::npos)
+      << a.explanation;
+}
+
+// Experts that dominate the bytes of many MoE layers, 6 of them on 4 ranks (EP 1 or 2, as 896
+// experts of seed-2.8t leave EP short of the world when the exchange should stay small), and a
+// limit that only ZeRO-3 experts meet (fsdp+ep with expert_shard = replicas): the plan shards
+// the expert weights (parallel.shard_expert_weights).
+TEST(PlanAuto, ExpertWeightsShardedWhenOnlyThatFits) {
+  AutoRequest r = request(4, 0);
+  r.cfg.moe.num_experts = 6;
+  r.cfg.moe.expert_ffn *= 16;
+  const std::vector<LayerIR> block = r.cfg.layers;
+  for (int i = 0; i < 5; ++i) r.cfg.layers.insert(r.cfg.layers.end(), block.begin(), block.end());
+  r.seq = 16;
+  double other = 1e300, zero3 = 1e300;
+  for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full})
+    for (int64_t ep : {1, 2})
+      for (bool shard : {false, true}) {
+        other = std::min(other, zero1(r, ep, 1, shard, rc).total());
+        if (shard)
+          zero3 = std::min(zero3, fsdp_ep(r, ep, 1, true, rc).total());
+        else
+          other = std::min(other, fsdp_ep(r, ep, 1, shard, rc).total());
+      }
+  ASSERT_LT(zero3, other);
+  r.mem_bytes = (zero3 + other) / 2;
+  const AutoPlan a = choose_auto_plan(r);
+  EXPECT_TRUE(a.shard_expert_weights) << a.explanation;
+  EXPECT_TRUE(a.shard_experts && a.fsdp);
+  EXPECT_EQ(a.chosen.plan.engine, Engine::FsdpEp);
+  EXPECT_GT(a.chosen.plan.expert_shard, 1);
+  EXPECT_LE(a.chosen.memory.total(), r.mem_bytes);
+  EXPECT_NE(a.explanation.find("shard_expert_weights on"), std::string::npos) << a.explanation;
 }
 
 TEST(PlanAuto, NothingFitsIsAConfigErrorWithTheRejections) {
