@@ -79,7 +79,31 @@ header
 for seq in 4096 8192 16384; do
   row "fsdp 128, ep 128" --mem-gb 80 --fsdp 128 --ep 128 --mbs 1 --seq $seq --recompute full
 done
+echo
+echo "## The plan the engine runs"
+echo
+"$bin" plan --model seed-2.8t --gpus 128 --mem-gb 80 --top 1 --json |
+  jq -r '.best[0] as $b | .job as $j |
+    "Plan 1 at 80 GB: fsdp \($b.plan.fsdp), EP \($b.plan.ep) (\($b.plan.replicas) expert replicas), experts sharded over \($b.plan.expert_shard) replicas, \($b.plan.mbs) sequence(s) of \($b.plan.seq) per device, recompute \($b.plan.recompute), \($b.plan.a2a_chunks) all-to-all chunks: **\($b.memory.total/1e9*10|round/10) GB predicted per card** (weights \($b.memory.weights/1e9*10|round/10), activations \($b.memory.activations/1e9*10|round/10), FSDP gathers \($b.memory.fsdp_buffers/1e9*10|round/10), expert gathers \($b.memory.expert_buffers/1e9*10|round/10), all-to-all \($b.memory.a2a_buffers/1e9*10|round/10), workspace \($b.memory.workspace/1e9*10|round/10), gradients + master + optimizer \(($b.memory.grads + $b.memory.master + $b.memory.optimizer)/1e9*100|round/100) GB).",
+     "",
+     "As job keys of `moetrain train` on \($j.world // 128) ranks" + (if $j.unsupported == "" then " (the engine runs it as it is)" else " (the engine cannot run it: \($j.unsupported))" end) + ":",
+     "",
+     "```",
+     "moetrain train --job JOB.toml \($j.set)",
+     "```"'
 cat <<'EOF'
+
+`parallel.fsdp` shards the dense parameters over all ranks, `parallel.shard_expert_weights` shards
+each EP rank's experts over the replicas that hold them (ZeRO-3 over the expert-data-parallel
+group: a layer's experts are gathered with its unit, prefetched with the next, freed after use,
+their gradients reduce-scattered, AdamW on the shards; docs/parallelism.md), and
+`train.recompute = "full"` replays each layer in backward. `Plan.SeedPlanRunsOnTheEngine`
+(`tests/plan/seed_plan_check.sh`) takes these keys from `moetrain plan --json`, scales them to 8
+ranks with the same number of expert replicas (EP 8 / replicas) and dry-runs `moetrain train
+--dry-run` under `mpirun -np 8` on `configs/models/seed-mini.json` (the seed's layer pattern and
+proportions, 28 of its 896 experts, LoRA rank 16 on every projection, experts frozen): the mesh is
+built and every rank holds its ZeRO-3 expert shards with full recompute. The CPU engine runs fp32
+only; the bf16 policy the memory above assumes is the CUDA engine's (docs/gpu.md).
 
 ## What the planner concludes
 
@@ -91,10 +115,11 @@ cat <<'EOF'
   else. It holds when the experts are also sharded across the two replicas (`expert_shard 2`,
   i.e. ZeRO-3 over the expert-data-parallel pair) or with EP 128: weights fall to ≈43 GB and the
   peak is ≈63 GB at seq 4096 and ≈76 GB at seq 8192 (mbs 1) — the 72 GB figure sits between
-  them — but only with **full recompute**. This engine's layers save ≈0.5–1 MB of activations
-  per token per block (bf16), so without recompute a single 4096-token sequence needs >300 GB,
-  and selective recompute (mixer only) still >200 GB: the routed-expert activations (gathered
-  rows, expert outputs, SwiGLU internals for top-16 at latent 3584) dominate.
+  them — but only with **full recompute**. This engine's layers save ≈0.7–1.1 MB of activations
+  per token per block (bf16), so without recompute a single 4096-token sequence needs >300 GB;
+  selective recompute (the MoE / FFN internals replayed: gathered rows, expert outputs, SwiGLU
+  internals for top-16 at latent 3584) keeps ≈0.2–0.6 MB per token per block, the KDA layers'
+  own saved tensors then dominating, which is still far over 80 GB.
 - On 128 GB devices the un-sharded EP-64 layout fits (≈104 GB at seq 4096, full recompute).
 - EP 128 costs about as much memory as EP 64 + expert sharding but moves the all-to-all to 128
   ranks over 16 nodes: a few per cent fewer tokens/s in this model. Sharding experts across
