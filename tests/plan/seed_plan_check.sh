@@ -30,7 +30,7 @@ set_args=$(jq -r .set <<<"$job" | sed -e "s/parallel.ep=$ep/parallel.ep=$small_e
 echo "scaled to $world ranks: $set_args"
 grep -q "parallel.shard_expert_weights=true" <<<"$set_args" || fail "plan 1 does not shard the expert weights"
 
-"$bin" data prepare "$src/src" --ext .h --max-bytes 60000 --vocab 384 --seq 64 --out "$T/data" >/dev/null 2>&1
+"$bin" data prepare "$src/src" --ext .h --max-bytes 150000 --vocab 384 --seq 64 --out "$T/data" >/dev/null 2>&1
 # shellcheck disable=SC2086  # set_args is a list of --set options
 "${mpirun[@]}" -np $world "$bin" train --job "$src/configs/tiny-code.toml" \
   --set "model.config=\"$src/configs/models/seed-mini.json\"" --set "data.train=\"$T/data/train\"" \
