@@ -10,7 +10,7 @@ void bias_add_forward(Context& ctx, const Tensor& b, Tensor& y) {
   expect_shape(b, {y.dim(1)}, "bias_add b");
   if (op_device("bias_add_forward", {&b, &y}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("bias_add_forward");  // until src/ops/cuda/bias.cu lands
+    return cuda::bias_add_forward(ctx, b, y);
 #else
     no_cuda_backend("bias_add_forward");
 #endif
@@ -24,7 +24,7 @@ void bias_add_backward(Context& ctx, const Tensor& dy, Tensor& db) {
   expect_shape(db, {dy.dim(1)}, "bias_add db");
   if (op_device("bias_add_backward", {&dy, &db}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("bias_add_backward");  // until src/ops/cuda/bias.cu lands
+    return cuda::bias_add_backward(ctx, dy, db);
 #else
     no_cuda_backend("bias_add_backward");
 #endif

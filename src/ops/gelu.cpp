@@ -9,7 +9,7 @@ void gelu_forward(Context& ctx, GeluKind kind, const Tensor& x, Tensor& y) {
   expect_shape(y, x.shape(), "gelu y");
   if (op_device("gelu_forward", {&x, &y}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("gelu_forward");  // until src/ops/cuda/gelu.cu lands
+    return cuda::gelu_forward(ctx, kind, x, y);
 #else
     no_cuda_backend("gelu_forward");
 #endif
@@ -23,7 +23,7 @@ void gelu_backward(Context& ctx, GeluKind kind, const Tensor& x, const Tensor& d
   expect_shape(dx, x.shape(), "gelu dx");
   if (op_device("gelu_backward", {&x, &dy, &dx}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("gelu_backward");  // until src/ops/cuda/gelu.cu lands
+    return cuda::gelu_backward(ctx, kind, x, dy, dx);
 #else
     no_cuda_backend("gelu_backward");
 #endif

@@ -12,6 +12,14 @@ enum class GeluKind {
   Tanh,  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 };
 
+// The constants of both forms, shared by the CPU and CUDA bodies.
+namespace gelu_const {
+inline constexpr float kSqrt2OverPi = 0.7978845608028654f;
+inline constexpr float kCubic = 0.044715f;
+inline constexpr float kInvSqrt2 = 0.7071067811865476f;
+inline constexpr float kInvSqrt2Pi = 0.3989422804014327f;
+}  // namespace gelu_const
+
 // x, y, dy, dx: one shape, contiguous. y may be x; dx may be dy.
 using GeluForward = void(Context& ctx, GeluKind kind, const Tensor& x, Tensor& y);
 GeluForward gelu_forward;

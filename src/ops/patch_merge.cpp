@@ -38,7 +38,7 @@ void patch_merge_forward(Context& ctx, const PatchMergeParams& p, const Tensor& 
   check(p, order, x, y, "patch_merge x", "patch_merge y");
   if (op_device("patch_merge_forward", {&order, &x, &y}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("patch_merge_forward");  // until src/ops/cuda/patch_merge.cu lands
+    return cuda::patch_merge_forward(ctx, p, order, x, y);
 #else
     no_cuda_backend("patch_merge_forward");
 #endif
@@ -52,7 +52,7 @@ void patch_merge_backward(Context& ctx, const PatchMergeParams& p, const Tensor&
   check(p, order, dy, dx, "patch_merge dy", "patch_merge dx");
   if (op_device("patch_merge_backward", {&order, &dy, &dx}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("patch_merge_backward");  // until src/ops/cuda/patch_merge.cu lands
+    return cuda::patch_merge_backward(ctx, p, order, dy, dx);
 #else
     no_cuda_backend("patch_merge_backward");
 #endif

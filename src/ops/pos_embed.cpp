@@ -85,7 +85,7 @@ void pos_embed_forward(Context& ctx, const PosEmbedParams& p, const Tensor& idx,
   expect_shape(y, {p.patches, p.dim}, "pos_embed y");
   if (op_device("pos_embed_forward", {&idx, &wts, &table, &x, &y}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("pos_embed_forward");  // until src/ops/cuda/pos_embed.cu lands
+    return cuda::pos_embed_forward(ctx, p, idx, wts, table, x, y);
 #else
     no_cuda_backend("pos_embed_forward");
 #endif
@@ -101,7 +101,7 @@ void pos_embed_backward(Context& ctx, const PosEmbedParams& p, const Tensor& idx
   expect_shape(dtable, {p.table_rows, p.table_cols, p.dim}, "pos_embed dtable");
   if (op_device("pos_embed_backward", {&idx, &wts, &dy, &dtable}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("pos_embed_backward");  // until src/ops/cuda/pos_embed.cu lands
+    return cuda::pos_embed_backward(ctx, p, idx, wts, dy, dtable);
 #else
     no_cuda_backend("pos_embed_backward");
 #endif

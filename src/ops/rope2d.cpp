@@ -38,7 +38,7 @@ void rope2d_forward(Context& ctx, const Rope2dParams& p, const Tensor& positions
   check(p, positions, x, y, "rope2d x", "rope2d y");
   if (op_device("rope2d_forward", {&positions, &x, &y}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("rope2d_forward");  // until src/ops/cuda/rope2d.cu lands
+    return cuda::rope2d_forward(ctx, p, positions, x, y);
 #else
     no_cuda_backend("rope2d_forward");
 #endif
@@ -51,7 +51,7 @@ void rope2d_backward(Context& ctx, const Rope2dParams& p, const Tensor& position
   check(p, positions, dy, dx, "rope2d dy", "rope2d dx");
   if (op_device("rope2d_backward", {&positions, &dy, &dx}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("rope2d_backward");  // until src/ops/cuda/rope2d.cu lands
+    return cuda::rope2d_backward(ctx, p, positions, dy, dx);
 #else
     no_cuda_backend("rope2d_backward");
 #endif

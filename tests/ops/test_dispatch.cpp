@@ -29,6 +29,7 @@
 #include "ops/pos_embed.h"
 #include "ops/rope2d.h"
 #include "ops/router.h"
+#include "ops/row_scatter.h"
 
 namespace mt::test {
 namespace {
@@ -207,6 +208,11 @@ TEST(OpDispatch, CudaTensorsInACpuOnlyBuildNameTheMissingBackend) {
       {"patch_merge_forward", [&] {
          Tensor order = on_cuda({T}, DType::I32), x = on_cuda({T, D}), y = on_cuda({T, D});
          ops::patch_merge_forward(ctx, {.patches = T, .dim = D}, order, x, y);
+       }});
+  calls.push_back(
+      {"row_scatter_forward", [&] {
+         Tensor idx = on_cuda({T}, DType::I32), src = on_cuda({T, D}), dst = on_cuda({T, D});
+         ops::row_scatter_forward(ctx, {.rows = T, .dst_rows = T, .dim = D}, idx, src, dst);
        }});
   calls.push_back({"full_indices", [&] {
                      Tensor idx = on_cuda({T, T}, DType::I32);

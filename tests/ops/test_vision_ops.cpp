@@ -1,11 +1,13 @@
 // The vision-tower ops (kimi_k25 / MoonViT) against the double references of tests/ref/vision_ref.h
 // and finite differences: GELU (erf and tanh), the bias add, the patch embedding, the
 // interpolated position embeddings, the axial 2-D RoPE, bidirectional attention inside each
-// image (the attention op over full_indices), and the 2x2 patch merge.
+// image (the attention op over full_indices), the 2x2 patch merge, and the row scatter that puts
+// the image rows in place of the placeholder embeddings.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <functional>
+#include <random>
 
 #include "harness/op_check.h"
 #include "ops/attention.h"
@@ -16,6 +18,7 @@
 #include "ops/patch_merge.h"
 #include "ops/pos_embed.h"
 #include "ops/rope2d.h"
+#include "ops/row_scatter.h"
 #include "ops/vision_grid.h"
 #include "ref/vision_ref.h"
 
@@ -419,6 +422,65 @@ TEST(VisionOps, PatchMergeNonSquareKernel) {
   check_op(c);
 }
 
+// The image rows replace the placeholders' embeddings: the op gets the placeholder positions,
+// the reference only the token ids (a mask, as transformers' masked_scatter).
+class RowScatterCase : public OpCase {
+ public:
+  RowScatterCase(int64_t T, int64_t D, uint64_t seed) : T_(T), D_(D) {
+    Rng rng(seed);
+    for (int64_t t = 0; t < T; ++t) {
+      const bool image = rng.uniform() < 0.4;
+      ids_.push_back(image ? kImageToken : static_cast<int32_t>(rng.uniform() * 100));
+      if (image) rows_.push_back(static_cast<int32_t>(t));
+    }
+  }
+  std::string name() const override {
+    return cat("row_scatter T", T_, " D", D_, " placeholders ", rows_.size());
+  }
+  std::vector<InputSpec> inputs() const override {
+    const std::vector<int32_t> rows = rows_;
+    const int64_t K = static_cast<int64_t>(rows_.size());
+    return {{.name = "embeds", .shape = {T_, D_}},
+            {.name = "src", .shape = {K, D_}},
+            {.name = "index",
+             .shape = {K},
+             .dtype = DType::I32,
+             .differentiable = false,
+             .init = [rows](Rng&, Tensor& t) {
+               for (size_t k = 0; k < rows.size(); ++k) t.i32()[k] = rows[k];
+             }}};
+  }
+  std::vector<OutputSpec> outputs() const override { return {{"y"}}; }
+  std::vector<Tensor> forward(Context& ctx, GuardedAlloc& alloc,
+                              const std::vector<Tensor>& in) override {
+    Tensor y = alloc({T_, D_});
+    ops::copy(ctx, in[0], y);
+    ops::row_scatter_forward(ctx, params(), in[2], in[1], y);
+    return {y};
+  }
+  void backward(Context& ctx, GuardedAlloc&, const std::vector<Tensor>& in,
+                const std::vector<Tensor>& dout, std::vector<Tensor>& grads) override {
+    ops::copy(ctx, dout[0], grads[0]);
+    ops::row_scatter_backward(ctx, params(), in[2], grads[0], grads[1]);
+  }
+  std::vector<DVec> reference(const std::vector<DVec>& in) const override {
+    return {ref::masked_scatter(in[0], ids_, kImageToken, in[1], D_)};
+  }
+
+ private:
+  static constexpr int32_t kImageToken = 1000;
+  ops::RowScatterParams params() const {
+    return {.rows = static_cast<int64_t>(rows_.size()), .dst_rows = T_, .dim = D_};
+  }
+  int64_t T_, D_;
+  std::vector<int32_t> ids_, rows_;
+};
+
+TEST(VisionOps, RowScatterPlaceholders) {
+  RowScatterCase c(41, 13, std::random_device{}());
+  check_op(c);
+}
+
 TEST(VisionOps, BadInputsAreNamedErrors) {
   Context ctx;
   // A grid the merge kernel does not tile.
@@ -445,6 +507,11 @@ TEST(VisionOps, BadInputsAreNamedErrors) {
          tab = Tensor::zeros({2, 2, 2}), px = Tensor::zeros({1, 2}), py = Tensor::zeros({1, 2});
   idx.i32()[2] = 4;
   EXPECT_THROW(ops::pos_embed_forward(ctx, pp, idx, w, tab, px, py), ValueError);
+  // A placeholder row named twice.
+  Tensor rows = Tensor::zeros({2}, DType::I32), src = Tensor::zeros({2, 2}),
+         dst = Tensor::zeros({4, 2});
+  EXPECT_THROW(ops::row_scatter_forward(ctx, {.rows = 2, .dst_rows = 4, .dim = 2}, rows, src, dst),
+               ValueError);
   // Pixels that do not match the patch size.
   Tensor pix = Tensor::zeros({2, 3, 4, 4}), pw = Tensor::zeros({5, 3, 5, 5}),
          pb = Tensor::zeros({5}), pe = Tensor::zeros({2, 5});

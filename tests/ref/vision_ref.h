@@ -167,4 +167,19 @@ inline DVec patch_merge(const DVec& x, const Grids& grids, int64_t kh, int64_t k
   return y;
 }
 
+// transformers' masked_scatter of the image rows: embeds [T, D] with the rows of the tokens whose
+// id is `image_token` replaced, in token order, by the rows of src [placeholders, D].
+inline DVec masked_scatter(DVec embeds, const std::vector<int32_t>& ids, int32_t image_token,
+                           const DVec& src, int64_t D) {
+  size_t next = 0;
+  for (size_t t = 0; t < ids.size(); ++t)
+    if (ids[t] == image_token) {
+      for (int64_t d = 0; d < D; ++d)
+        embeds[t * static_cast<size_t>(D) + static_cast<size_t>(d)] =
+            src[next * static_cast<size_t>(D) + static_cast<size_t>(d)];
+      ++next;
+    }
+  return embeds;
+}
+
 }  // namespace mt::ref

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "ops/row_scatter.h"
+
 namespace mt {
 
 namespace {
@@ -31,48 +33,53 @@ void VisionFrontEnd::forward(Context& ctx, const Tensor& ids, const ImageBatch* 
                              Tensor& embeds) {
   const int64_t T = ids.numel(), H = cfg_.text_hidden;
   expect_shape(embeds, {T, H}, "embeddings before the image rows");
-  rows_.clear();
+  const Tensor host_ids = ids.device() == Device::CPU ? ids : ids.to(Device::CPU);
+  std::vector<int32_t> rows;
   for (int64_t t = 0; t < T; ++t)
-    if (ids.i32()[t] == image_token_id_) rows_.push_back(static_cast<int32_t>(t));
+    if (host_ids.i32()[t] == image_token_id_) rows.push_back(static_cast<int32_t>(t));
   active_ = images && !images->grids.empty();
   if (!active_) {
-    MT_CHECK(rows_.empty(), ShapeError, rows_.size(), " image placeholder tokens (id ",
+    MT_CHECK(rows.empty(), ShapeError, rows.size(), " image placeholder tokens (id ",
              image_token_id_, ") but no images in the batch");
     return;
   }
-  MT_CHECK(ctx.device() == Device::CPU, ConfigError,
-           "images: the vision tower runs on the CPU only so far");
-  in_ = VisionInputs::make(cfg_, images->grids);
+  in_ = VisionInputs::make(cfg_, images->grids, ctx.device());
   const int64_t P = in_.batch.tokens(), M = in_.merged_tokens();
-  MT_CHECK(static_cast<int64_t>(rows_.size()) == M, ShapeError, rows_.size(),
+  MT_CHECK(static_cast<int64_t>(rows.size()) == M, ShapeError, rows.size(),
            " image placeholder tokens (id ", image_token_id_, ") for ", images->grids.size(),
            " image(s) of ", M, " merged patches");
   expect_shape(images->pixels, {P, cfg_.patch_dim()}, "image pixels");
+  rows_ = Tensor::empty({M}, DType::I32);
+  std::copy(rows.begin(), rows.end(), rows_.i32());
+  rows_ = rows_.to(ctx.device());
   ArenaPlan plan(DType::F32);
   plan.add({P, cfg_.hidden});
   tower_.plan_activations(in_, plan);
   projector_.plan_activations(M, plan);
   plan.add({M, H});
+  const bool copy_pixels = images->pixels.device() != ctx.device();
+  if (copy_pixels) plan.add({P, cfg_.patch_dim()});
   if (acts_.capacity() < plan.bytes()) acts_ = Arena(plan.bytes(), ctx.device(), "vision");
   acts_.reset();
+  Tensor pixels = images->pixels;
+  if (copy_pixels) {
+    pixels = acts_.alloc({P, cfg_.patch_dim()});
+    pixels.copy_from(images->pixels);
+  }
   Tensor merged = acts_.alloc({P, cfg_.hidden});
-  tower_.forward(ctx, in_, images->pixels, merged, acts_);
+  tower_.forward(ctx, in_, pixels, merged, acts_);
   Tensor y = acts_.alloc({M, H});
   projector_.forward(ctx, merged, y, acts_);
-  for (int64_t k = 0; k < M; ++k)
-    std::copy_n(y.f32() + k * H, H, embeds.f32() + static_cast<int64_t>(rows_[k]) * H);
+  ops::row_scatter_forward(ctx, {.rows = M, .dst_rows = T, .dim = H}, rows_, y, embeds);
 }
 
 void VisionFrontEnd::backward(Context& ctx, Tensor& dembeds) {
-  const int64_t H = cfg_.text_hidden, M = static_cast<int64_t>(rows_.size());
   if (!active_) return;
+  const int64_t H = cfg_.text_hidden, M = rows_.numel();
   ArenaScope scope(ctx.workspace());
   Tensor dy = ctx.workspace().alloc({M, H});
-  for (int64_t k = 0; k < M; ++k) {
-    float* row = dembeds.f32() + static_cast<int64_t>(rows_[k]) * H;
-    std::copy_n(row, H, dy.f32() + k * H);
-    std::fill_n(row, H, 0.f);
-  }
+  ops::row_scatter_backward(ctx, {.rows = M, .dst_rows = dembeds.dim(0), .dim = H}, rows_, dembeds,
+                            dy);
   active_ = false;
   if (!tower_trains_ && !projector_trains_) return;
   Tensor dmerged = ctx.workspace().alloc({in_.batch.tokens(), cfg_.hidden});

@@ -34,7 +34,8 @@ class VisionFrontEnd {
 
   // Placeholder count of `ids` (i32 [T]) must equal the images' merged tokens (a one-line
   // ShapeError otherwise); `embeds` [T, text_hidden]: the placeholders' rows are replaced.
-  // No images and no placeholders: nothing to do.
+  // No images and no placeholders: nothing to do. On a GPU the ids come to the host (4 T bytes,
+  // to find the placeholders) and the pixels go to the device; everything else stays there.
   void forward(Context& ctx, const Tensor& ids, const ImageBatch* images, Tensor& embeds);
   // dembeds [T, text_hidden]: the placeholders' rows are read, then zeroed (the embedding
   // lookup there was replaced, so the table gets no gradient from them).
@@ -49,7 +50,7 @@ class VisionFrontEnd {
   // State of the last forward with images.
   Arena acts_;
   VisionInputs in_;
-  std::vector<int32_t> rows_;  // placeholder positions, in order
+  Tensor rows_;  // i32 [merged tokens]: placeholder positions, in order, on the step's device
   bool active_ = false;
 };
 

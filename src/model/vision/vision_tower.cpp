@@ -29,7 +29,8 @@ ops::PatchEmbedParams embed_params(const VisionConfig& c, int64_t patches) {
 
 }  // namespace
 
-VisionInputs VisionInputs::make(const VisionConfig& cfg, const std::vector<ops::ImageGrid>& grids) {
+VisionInputs VisionInputs::make(const VisionConfig& cfg, const std::vector<ops::ImageGrid>& grids,
+                                Device device) {
   VisionInputs in;
   in.batch = VisionBatch::from_grids(grids);
   const ops::PosEmbedParams pp = pos_params(cfg, in.batch.tokens());
@@ -38,6 +39,11 @@ VisionInputs VisionInputs::make(const VisionConfig& cfg, const std::vector<ops::
   ops::pos_embed_taps(pp, grids, in.pos_idx, in.pos_wts);
   in.order = ops::merge_order(grids, cfg.merge_rows, cfg.merge_cols);
   in.merge = cfg.merge_rows * cfg.merge_cols;
+  if (device != Device::CPU) {
+    for (Tensor* t : {&in.pos_idx, &in.pos_wts, &in.order, &in.batch.positions, &in.batch.indices,
+                      &in.batch.seq.cu_seqlens, &in.batch.seq.positions})
+      *t = t->to(device);
+  }
   return in;
 }
 

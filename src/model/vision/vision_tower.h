@@ -25,7 +25,10 @@ struct VisionInputs {
   int64_t merge = 1;        // patches per merged token (kh kw)
   int64_t merged_tokens() const { return batch.tokens() / merge; }
 
-  static VisionInputs make(const VisionConfig& cfg, const std::vector<ops::ImageGrid>& grids);
+  // Built on the host, then the tensors the ops read are moved to `device` (one small copy each,
+  // once a step; the host keeps the SeqInfo offsets).
+  static VisionInputs make(const VisionConfig& cfg, const std::vector<ops::ImageGrid>& grids,
+                           Device device = Device::CPU);
 };
 
 class VisionTower {

@@ -4,14 +4,7 @@
 
 namespace mt::ops::cpu {
 
-namespace {
-
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-constexpr float kCubic = 0.044715f;
-constexpr float kInvSqrt2 = 0.7071067811865476f;
-constexpr float kInvSqrt2Pi = 0.3989422804014327f;
-
-}  // namespace
+using namespace gelu_const;
 
 void gelu_forward(Context& ctx, GeluKind kind, const Tensor& x, Tensor& y) {
   const float* px = x.f32();

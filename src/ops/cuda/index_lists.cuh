@@ -76,12 +76,12 @@ __global__ inline void key_fill_kernel(int64_t n, int64_t tokens, const int32_t*
   }
 }
 
+// The lists of `n` slots idx[0, n) whose values are keys in [0, tokens) (others are skipped).
 // Allocates from ctx.workspace() (the caller holds an ArenaScope): 8 bytes per table slot plus
 // CUB's scratch, since the number of valid slots is known only on the device.
-inline DeviceKeyLists build_device_key_lists(Context& ctx, const int32_t* idx, int64_t tokens,
-                                             int64_t kmax, const char* op) {
-  const int64_t n = tokens * kmax;
-  MT_CHECK(n <= 0x7fffffff, ValueError, op, ": index table of ", tokens, " x ", kmax,
+inline DeviceKeyLists build_device_slot_lists(Context& ctx, const int32_t* idx, int64_t n,
+                                              int64_t tokens, const char* op) {
+  MT_CHECK(n <= 0x7fffffff, ValueError, op, ": index table of ", n,
            " slots exceeds the GPU key lists' 32-bit slot numbers");
   cudaStream_t s = stream(ctx);
   Arena& ws = ctx.workspace();
@@ -120,6 +120,14 @@ inline DeviceKeyLists build_device_key_lists(Context& ctx, const int32_t* idx, i
         cub::DeviceSegmentedSort::SortKeys(temp.raw(), temp_bytes, keys, n, tokens, po, po + 1, s));
   }
   return {po, keys.Current()};
+}
+
+// An index table [tokens, kmax] of key positions (attention's, the indexer's).
+inline DeviceKeyLists build_device_key_lists(Context& ctx, const int32_t* idx, int64_t tokens,
+                                             int64_t kmax, const char* op) {
+  MT_CHECK(kmax == 0 || tokens <= 0x7fffffff / kmax, ValueError, op, ": index table of ", tokens,
+           " x ", kmax, " slots exceeds the GPU key lists' 32-bit slot numbers");
+  return build_device_slot_lists(ctx, idx, tokens * kmax, tokens, op);
 }
 
 }  // namespace mt::ops::cuda

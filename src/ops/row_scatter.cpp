@@ -1,0 +1,65 @@
+#include "ops/row_scatter.h"
+
+#include <vector>
+
+#include "ops/dispatch.h"
+
+namespace mt::ops {
+
+namespace {
+
+void check(const RowScatterParams& p, const Tensor& index, const Tensor& src, const Tensor& dst,
+           const char* sn, const char* dn) {
+  MT_CHECK(p.rows >= 0 && p.dst_rows >= 0 && p.dim > 0, ValueError, "row_scatter: bad params rows ",
+           p.rows, " dst_rows ", p.dst_rows, " dim ", p.dim);
+  expect_shape(index, {p.rows}, "row_scatter index");
+  MT_CHECK(index.dtype() == DType::I32, ShapeError, "row_scatter index must be i32, got ",
+           dtype_name(index.dtype()));
+  expect_shape(src, {p.rows, p.dim}, sn);
+  expect_shape(dst, {p.dst_rows, p.dim}, dn);
+}
+
+// A repeated entry would make the forward depend on write order and the backward read a row
+// that an earlier entry already cleared.
+void check_index(const RowScatterParams& p, const Tensor& index) {
+  std::vector<char> seen(static_cast<size_t>(p.dst_rows), 0);
+  const int32_t* ix = index.i32();
+  for (int64_t k = 0; k < p.rows; ++k) {
+    MT_CHECK(ix[k] >= 0 && ix[k] < p.dst_rows && !seen[static_cast<size_t>(ix[k])], ValueError,
+             "row_scatter index[", k, "] = ", ix[k], " is out of range or repeated (", p.dst_rows,
+             " rows)");
+    seen[static_cast<size_t>(ix[k])] = 1;
+  }
+}
+
+}  // namespace
+
+void row_scatter_forward(Context& ctx, const RowScatterParams& p, const Tensor& index,
+                         const Tensor& src, Tensor& dst) {
+  check(p, index, src, dst, "row_scatter src", "row_scatter dst");
+  if (op_device("row_scatter_forward", {&index, &src, &dst}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    return cuda::row_scatter_forward(ctx, p, index, src, dst);
+#else
+    no_cuda_backend("row_scatter_forward");
+#endif
+  }
+  check_index(p, index);
+  cpu::row_scatter_forward(ctx, p, index, src, dst);
+}
+
+void row_scatter_backward(Context& ctx, const RowScatterParams& p, const Tensor& index,
+                          Tensor& ddst, Tensor& dsrc) {
+  check(p, index, dsrc, ddst, "row_scatter dsrc", "row_scatter ddst");
+  if (op_device("row_scatter_backward", {&index, &ddst, &dsrc}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    return cuda::row_scatter_backward(ctx, p, index, ddst, dsrc);
+#else
+    no_cuda_backend("row_scatter_backward");
+#endif
+  }
+  check_index(p, index);
+  cpu::row_scatter_backward(ctx, p, index, ddst, dsrc);
+}
+
+}  // namespace mt::ops
