@@ -9,6 +9,7 @@
 
 #include "cli/commands.h"
 #include "io/hf_names.h"
+#include "train/answer_match.h"
 #include "train/trainer.h"
 
 namespace mt::cli {
@@ -19,6 +20,7 @@ struct EvalArgs {
   std::vector<std::string> data;  // name=dir
   int64_t batch = 2, max_sequences = 0;
   int threads = 0;
+  bool exact_match = false;
 };
 }  // namespace
 
@@ -33,6 +35,9 @@ Command add_eval_command(CLI::App& app) {
   c->add_option("--batch", a->batch, "sequences per forward")->capture_default_str();
   c->add_option("--max-sequences", a->max_sequences, "per corpus (0: all)")->capture_default_str();
   c->add_option("--threads", a->threads, "CPU threads (0: all)")->capture_default_str();
+  c->add_flag("--exact-match", a->exact_match,
+              "also the share of answers (each document's target tokens) that greedy decoding "
+              "reproduces exactly");
   return {
       c, [a] {
         MT_CHECK(!a->checkpoint.empty() || !a->model.empty(), ValueError,
@@ -58,7 +63,11 @@ Command add_eval_command(CLI::App& app) {
         Context ctx(ContextOptions{.threads = a->threads, .seed = seed});
         AdamW opt(model.params(), {});
         LocalExecutor exec(ctx, model, opt);
-        std::printf("%-12s %10s %12s %10s\n", "corpus", "loss", "perplexity", "tokens");
+        if (a->exact_match)
+          std::printf("%-12s %10s %12s %10s %10s %12s\n", "corpus", "loss", "perplexity", "tokens",
+                      "answers", "exact_match");
+        else
+          std::printf("%-12s %10s %12s %10s\n", "corpus", "loss", "perplexity", "tokens");
         for (const std::string& nd : a->data) {
           const size_t eq = nd.find('=');
           MT_CHECK(eq != std::string::npos, ValueError, "--data '", nd, "' must be NAME=DIR");
@@ -66,8 +75,16 @@ Command add_eval_command(CLI::App& app) {
           MT_CHECK(d.vocab <= model.config().vocab, ConfigError, "dataset ", nd, " has vocabulary ",
                    d.vocab, ", beyond the model's ", model.config().vocab);
           const EvalResult r = evaluate(exec, d, a->batch, a->max_sequences);
-          std::printf("%-12s %10.4f %12.2f %10lld\n", nd.substr(0, eq).c_str(), r.loss,
-                      std::exp(r.loss), static_cast<long long>(r.tokens));
+          if (a->exact_match) {
+            const AnswerMatch m =
+                answer_exact_match(exec, model, ctx, d, a->batch, a->max_sequences);
+            std::printf("%-12s %10.4f %12.2f %10lld %10lld %12.4f\n", nd.substr(0, eq).c_str(),
+                        r.loss, std::exp(r.loss), static_cast<long long>(r.tokens),
+                        static_cast<long long>(m.answers), m.accuracy());
+          } else {
+            std::printf("%-12s %10.4f %12.2f %10lld\n", nd.substr(0, eq).c_str(), r.loss,
+                        std::exp(r.loss), static_cast<long long>(r.tokens));
+          }
         }
         return 0;
       }};

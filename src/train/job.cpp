@@ -3,19 +3,22 @@
 #include <toml++/toml.h>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <sstream>
 
 #include "core/device.h"
 #include "core/error.h"
 #include "io/hf_names.h"
+#include "model/vision/vision_front.h"
 
 namespace mt {
 
 namespace {
 
-const std::vector<std::string> kLoraGroups = {"attention",      "kda",       "shared_experts",
-                                              "routed_experts", "dense_ffn", "router"};
+const std::vector<std::string> kLoraGroups = {"attention",        "kda",         "shared_experts",
+                                              "routed_experts",   "dense_ffn",   "router",
+                                              "vision_projector", "vision_tower"};
 
 const char* type_name(const toml::node& n) {
   switch (n.type()) {
@@ -202,6 +205,7 @@ Job Job::parse(const std::string& text, const std::string& source,
     j.model = j.model_dir;
   }
   r.get("model.precision", j.precision);
+  r.get("model.vision_tower", j.vision_tower);
   r.get("data.train", j.train_data);
   r.get_string_map("data.eval", j.eval_data);
   r.get("data.eval_sequences", j.eval_sequences);
@@ -316,8 +320,12 @@ Job Job::parse(const std::string& text, const std::string& source,
     bool known = false;
     for (const std::string& g : kLoraGroups) known |= g == t;
     MT_CHECK(known, ConfigError, source, ": lora.targets: unknown target '", t,
-             "' (attention, kda, shared_experts, routed_experts, dense_ffn, router)");
+             "' (attention, kda, shared_experts, routed_experts, dense_ffn, router, "
+             "vision_projector, vision_tower)");
   }
+  MT_CHECK(j.vision_tower == "auto" || j.vision_tower == "train" || j.vision_tower == "freeze",
+           ConfigError, source, ": model.vision_tower = \"", j.vision_tower,
+           "\": must be \"auto\", \"train\" or \"freeze\"");
   for (const auto& [g, lg] : j.lora_groups)
     need(lg.rank > 0, ("lora." + g + ".rank").c_str(), lg.rank, "must be positive");
   return j;
@@ -341,9 +349,11 @@ std::string Job::to_toml() const {
                           {"threads", threads},
                           {"device", device},
                           {"deterministic", deterministic}}},
-      {"model",
-       toml::table{
-           {"config", model}, {"dir", model_dir}, {"init", init}, {"precision", precision}}},
+      {"model", toml::table{{"config", model},
+                            {"dir", model_dir},
+                            {"init", init},
+                            {"precision", precision},
+                            {"vision_tower", vision_tower}}},
       {"data",
        toml::table{{"train", train_data}, {"eval", eval}, {"eval_sequences", eval_sequences}}},
       {"lora", lora},
@@ -419,12 +429,23 @@ ModelConfig job_model_config(const Job& job) {
       cfg.moe.expert_lora = spec;
     } else if (t == "dense_ffn") {
       cfg.dense.lora = spec;
+    } else if (t == "vision_projector" || t == "vision_tower") {
+      MT_CHECK(cfg.vision != nullptr, ConfigError, "lora.targets: '", t,
+               "' needs a model with a vision tower (kimi_k25), '", job.model, "' has none");
+      auto v = std::make_shared<VisionConfig>(*cfg.vision);
+      (t == "vision_tower" ? v->lora : v->projector_lora) = spec;
+      cfg.vision = std::move(v);
     }
   }
+  MT_CHECK(job.vision_tower == "auto" || cfg.vision != nullptr, ConfigError,
+           "model.vision_tower = \"", job.vision_tower, "\", but '", job.model,
+           "' has no vision tower");
   return cfg;
 }
 
 std::string lora_group_of(const ModelConfig& cfg, const std::string& name) {
+  if (name.rfind(VisionFrontEnd::kProjectorPrefix, 0) == 0) return "vision_projector";
+  if (name.rfind(VisionFrontEnd::kTowerPrefix, 0) == 0) return "vision_tower";
   const std::string pre = "model.layers.";
   if (name.rfind(pre, 0) != 0) return "";
   const size_t dot = name.find('.', pre.size());
@@ -455,12 +476,22 @@ ModelOptions job_model_options(const Job& job) {
   ModelOptions o;
   o.precision = parse_precision(job.precision, "model.precision");
   o.recompute = parse_activation_recompute(job.recompute, "train.recompute");
-  if (job.lora_targets.empty() && job.train_patterns.empty()) return o;
+  const std::string tower = std::string(VisionFrontEnd::kTowerPrefix) + "*";
+  if (job.lora_targets.empty() && job.train_patterns.empty()) {
+    // Full training trains the tower too, unless it is frozen.
+    if (job.vision_tower != "freeze") return o;
+    o.freeze_base = true;
+    o.also_train = [tower](const std::string& name) { return !glob_match(tower, name); };
+    return o;
+  }
   o.freeze_base = true;
   std::vector<std::string> patterns = job.train_patterns;
   for (const std::string& t : job.lora_targets)
     if (t == "router") patterns.push_back("model.layers.*.mlp.gate.weight");
-  o.also_train = [patterns](const std::string& name) {
+  if (job.vision_tower == "train") patterns.push_back(tower);
+  const bool freeze_tower = job.vision_tower == "freeze";
+  o.also_train = [patterns, tower, freeze_tower](const std::string& name) {
+    if (freeze_tower && glob_match(tower, name)) return false;
     for (const std::string& p : patterns)
       if (glob_match(p, name)) return true;
     return false;

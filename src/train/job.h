@@ -20,6 +20,8 @@ namespace mt {
 //   routed_experts  model.layers.*.mlp.experts.* (per-expert adapters)
 //   dense_ffn       model.layers.*.mlp.{gate,up,down}_proj of dense FFN layers
 //   router          model.layers.*.mlp.gate.weight, trained in full (a router has no adapter)
+//   vision_projector  model.mm_projector.{in,out}_proj (kimi_k25's multimodal projector)
+//   vision_tower    model.vision_tower.layers.*.{attn.{q,k,v}_proj,attn.proj,mlp.fc1,mlp.fc2}
 struct LoraGroup {
   int64_t rank = 0;
   float alpha = 0;
@@ -45,6 +47,10 @@ struct Job {
   // Precision policy (model/precision.h): "fp32" (the CPU engine) or "bf16" (bf16 weights and
   // activations, fp32 masters and moments; the CPU engine refuses it).
   std::string precision = "fp32";
+  // kimi_k25 models: whether the vision tower's weights train. "auto" follows the base (frozen
+  // under LoRA, trained in full training), "train" trains them in full (also under LoRA),
+  // "freeze" keeps them fixed (also in full training; LoRA adapters on the tower still train).
+  std::string vision_tower = "auto";
   // [data]
   std::string train_data;                        // prepared dataset directory
   std::map<std::string, std::string> eval_data;  // corpus name -> prepared dataset directory
