@@ -1,12 +1,11 @@
 #include "harness/gpu_check.h"
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <limits>
-#include <random>
 
 #include "harness/op_check.h"
+#include "harness/seed.h"
 #include "harness/tolerance.h"
 
 namespace mt::test {
@@ -32,9 +31,7 @@ Tensor round_bf16(const Tensor& t) {
 }  // namespace
 
 uint64_t fresh_seed() {
-  std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
-         static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  return test_seed();
 }
 
 Tensor randn(Rng& rng, Shape s, double scale) {
@@ -53,7 +50,7 @@ Tensor out(Context& ctx, const Shape& s, DType dt) {
 
 void run_case(const char* name, const std::vector<In>& ins, const std::vector<std::string>& names,
               const Run& run, uint64_t seed, int64_t reduction_terms) {
-  SCOPED_TRACE(cat(name, " seed=", seed));
+  SCOPED_TRACE(cat(name, " seed=", seed, " (rerun: ", seed_note(), ")"));
   Context cpu(ContextOptions{.threads = 2, .seed = seed});
   Context gpu(ContextOptions{.device = Device::CUDA, .seed = seed});
   std::vector<Tensor> hin;

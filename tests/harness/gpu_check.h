@@ -26,7 +26,7 @@ namespace mt::test {
 // Selects the CPU entry or its CUDA twin (same signature), for the Run of a case.
 #define OP(name) (gpu ? &::mt::ops::cuda::name : &::mt::ops::name)
 
-uint64_t fresh_seed();
+uint64_t fresh_seed();  // harness/seed.h test_seed()
 
 struct In {
   Tensor host;       // f32 or an integer type, on the CPU

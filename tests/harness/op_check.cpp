@@ -2,15 +2,14 @@
 
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <random>
 
 #include "core/device.h"
+#include "harness/seed.h"
 #include "harness/tolerance.h"
 
 namespace mt::test {
@@ -19,12 +18,6 @@ namespace {
 
 constexpr uint8_t kGuardByte = 0xA5;
 constexpr size_t kGuardBytes = 256;
-
-uint64_t fresh_seed() {
-  std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
-         static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-}
 
 double norm(const DVec& a) {
   double s = 0;
@@ -220,8 +213,8 @@ double rel_err(const DVec& a, const DVec& b) {
 }
 
 void check_op(OpCase& op, const CheckOptions& opt) {
-  uint64_t seed = opt.seed ? opt.seed : fresh_seed();
-  SCOPED_TRACE(cat(op.name(), " seed=", seed));
+  uint64_t seed = opt.seed ? opt.seed : test_seed();
+  SCOPED_TRACE(cat(op.name(), " seed=", seed, opt.seed ? "" : " (rerun: " + seed_note() + ")"));
   Rng rng(seed);
   Context ctx(ContextOptions{.seed = seed});
   GuardedAlloc alloc;

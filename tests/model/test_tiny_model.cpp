@@ -1,13 +1,14 @@
 // The whole `tiny` hybrid model (KDA, gated DSA, dense FFN and latent MoE layers) against the
 // double-precision reference model: loss, and every parameter's gradient against central finite
-// differences of the reference.
+// differences of the reference, along random directions. The reference runs KDA token by token,
+// so documents longer than a KDA chunk check the chunked kernels' carry across chunk boundaries.
+// Seeds: harness/seed.h (failures print MOETRAIN_TEST_SEED=... to rerun with).
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cmath>
-#include <random>
 
 #include "harness/op_check.h"
+#include "harness/seed.h"
 #include "model/model.h"
 #include "ref/model_ref.h"
 #include "train/adamw.h"
@@ -35,11 +36,6 @@ Batch make_batch(Rng& rng, const ModelConfig& cfg, std::vector<int64_t> lengths)
   return b;
 }
 
-uint64_t fresh_seed() {
-  return std::random_device{}() ^
-         static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-}
-
 std::map<std::string, DVec> param_map(const Model& m) {
   std::map<std::string, DVec> p;
   for (const auto& prm : m.params().all()) p[prm->name] = test::to_dvec(prm->value);
@@ -56,14 +52,20 @@ double loss_for(const ModelConfig& cfg, const std::string& name, const ref::Mode
   return is_indexer(name) ? cfg.dsa.indexer_loss_coeff * o.indexer_kl : o.ce + o.router_aux;
 }
 
-void check_model_gradients(const ModelConfig& cfg, const ModelOptions& opt, uint64_t seed) {
-  SCOPED_TRACE(cat("seed=", seed));
+struct GradCheck {
+  std::vector<int64_t> lengths = {23, 1, 19};  // documents of the batch
+  int directions = 1;                          // random directions per parameter
+};
+
+void check_model_gradients(const ModelConfig& cfg, const ModelOptions& opt, uint64_t seed,
+                           const GradCheck& gc = {}) {
+  SCOPED_TRACE(cat("seed=", seed, " (rerun: ", test::seed_note(), ")"));
   Rng rng(seed);
   Model model(cfg, seed, opt);
   // Break the symmetry of fresh adapters (B = 0) so that every LoRA gradient is non-trivial.
   for (const auto& p : model.params().all())
     if (p->spec.role == ParamRole::Lora) test::fill_normal(rng, p->value, 0.1);
-  Batch b = make_batch(rng, cfg, {23, 1, 19});
+  Batch b = make_batch(rng, cfg, gc.lengths);
   Context ctx(ContextOptions{.seed = seed});
   model.params().zero_grad();
   double loss = model.forward(ctx, b.seq, b.ids, b.targets);
@@ -95,41 +97,44 @@ void check_model_gradients(const ModelConfig& cfg, const ModelOptions& opt, uint
     double xs = 0;
     for (double v : x0) xs += v * v;
     const double h = 1e-4 * std::max(1e-2, std::sqrt(xs / static_cast<double>(x0.size())));
-    // A random direction over the whole tensor; redrawn when the step would cross a routing or
-    // top-k decision (the loss jumps there, so a difference quotient means nothing).
-    bool smooth = false;
-    for (int attempt = 0; attempt < 8 && !smooth; ++attempt) {
-      // Near a decision boundary every direction crosses it; shrink the step then.
-      const double hs = h * std::pow(0.1, attempt / 2);
-      DVec u(x0.size());
-      double un = 0;
-      for (double& v : u) {
-        v = rng.normal();
-        un += v * v;
+    for (int dir = 0; dir < gc.directions; ++dir) {
+      SCOPED_TRACE(cat("direction ", dir));
+      // A random direction over the whole tensor; redrawn when the step would cross a routing or
+      // top-k decision (the loss jumps there, so a difference quotient means nothing).
+      bool smooth = false;
+      for (int attempt = 0; attempt < 8 && !smooth; ++attempt) {
+        // Near a decision boundary every direction crosses it; shrink the step then.
+        const double hs = h * std::pow(0.1, attempt / 2);
+        DVec u(x0.size());
+        double un = 0;
+        for (double& v : u) {
+          v = rng.normal();
+          un += v * v;
+        }
+        un = std::sqrt(un);
+        double an = 0;
+        for (size_t i = 0; i < u.size(); ++i) {
+          u[i] /= un;
+          an += g[i] * u[i];
+        }
+        for (size_t i = 0; i < x.size(); ++i) x[i] = x0[i] + hs * u[i];
+        ref::ModelRefOut rp = ref::model_forward(cfg, P, ids, targets, b.seq);
+        for (size_t i = 0; i < x.size(); ++i) x[i] = x0[i] - hs * u[i];
+        ref::ModelRefOut rm = ref::model_forward(cfg, P, ids, targets, b.seq);
+        x = x0;
+        if (rp.decisions != r0.decisions || rm.decisions != r0.decisions) continue;
+        smooth = true;
+        double fd = (loss_for(cfg, prm->name, rp) - loss_for(cfg, prm->name, rm)) / (2 * hs);
+        // Rounding of the double reference (~1e-14 of the loss) divided by the step.
+        const double fd_noise = 1e-13 * std::max(1.0, std::abs(r0.ce)) / hs;
+        // The indexer's KL gradient is a difference of two nearly equal distributions evaluated on
+        // the fp32 model's hidden states, so its relative error is larger than the LM path's.
+        const double rtol = is_indexer(prm->name) ? 1e-3 : 2e-4;
+        EXPECT_LE(std::abs(fd - an), rtol * gnorm + 5e-9 + fd_noise)
+            << "finite difference " << fd << " vs backward " << an << " (|grad| " << gnorm << ")";
       }
-      un = std::sqrt(un);
-      double an = 0;
-      for (size_t i = 0; i < u.size(); ++i) {
-        u[i] /= un;
-        an += g[i] * u[i];
-      }
-      for (size_t i = 0; i < x.size(); ++i) x[i] = x0[i] + hs * u[i];
-      ref::ModelRefOut rp = ref::model_forward(cfg, P, ids, targets, b.seq);
-      for (size_t i = 0; i < x.size(); ++i) x[i] = x0[i] - hs * u[i];
-      ref::ModelRefOut rm = ref::model_forward(cfg, P, ids, targets, b.seq);
-      x = x0;
-      if (rp.decisions != r0.decisions || rm.decisions != r0.decisions) continue;
-      smooth = true;
-      double fd = (loss_for(cfg, prm->name, rp) - loss_for(cfg, prm->name, rm)) / (2 * hs);
-      // Rounding of the double reference (~1e-14 of the loss) divided by the step.
-      const double fd_noise = 1e-13 * std::max(1.0, std::abs(r0.ce)) / hs;
-      // The indexer's KL gradient is a difference of two nearly equal distributions evaluated on
-      // the fp32 model's hidden states, so its relative error is larger than the LM path's.
-      const double rtol = is_indexer(prm->name) ? 1e-3 : 2e-4;
-      EXPECT_LE(std::abs(fd - an), rtol * gnorm + 5e-9 + fd_noise)
-          << "finite difference " << fd << " vs backward " << an << " (|grad| " << gnorm << ")";
+      EXPECT_TRUE(smooth) << "every direction crossed a routing decision";
     }
-    EXPECT_TRUE(smooth) << "every direction crossed a routing decision";
     EXPECT_GT(gnorm, 0.0) << "a trainable parameter received no gradient";
     ++checked;
   }
@@ -137,14 +142,28 @@ void check_model_gradients(const ModelConfig& cfg, const ModelOptions& opt, uint
 }
 
 TEST(TinyModel, LossAndEveryGradientMatchFiniteDifferences) {
-  check_model_gradients(ModelConfig::load("tiny"), {}, fresh_seed());
+  check_model_gradients(ModelConfig::load("tiny"), {}, test::test_seed());
+}
+
+// A 70-token document crosses the preset's 64-token KDA chunk; three directions per parameter.
+TEST(TinyModel, GradientsAcrossKdaChunkBoundaries) {
+  ModelConfig cfg = ModelConfig::load("tiny");
+  ASSERT_EQ(cfg.kda.chunk, 64);
+  check_model_gradients(cfg, {}, test::test_seed(), {.lengths = {70, 1, 9}, .directions = 3});
+}
+
+// Chunks of 5: every document spans several, ending mid-chunk, and one fills chunks exactly.
+TEST(TinyModel, GradientsAcrossManySmallKdaChunks) {
+  ModelConfig cfg = ModelConfig::load("tiny");
+  cfg.kda.chunk = 5;
+  check_model_gradients(cfg, {}, test::test_seed(), {.lengths = {23, 1, 20, 12}, .directions = 3});
 }
 
 TEST(TinyModel, RecurrentKdaAndTiedEmbeddings) {
   ModelConfig cfg = ModelConfig::load("tiny");
   cfg.kda.chunked = false;
   cfg.tie_embeddings = true;
-  check_model_gradients(cfg, {}, fresh_seed());
+  check_model_gradients(cfg, {}, test::test_seed());
 }
 
 TEST(TinyModel, LoraOnlyTrainsAdapters) {
@@ -160,12 +179,12 @@ TEST(TinyModel, LoraOnlyTrainsAdapters) {
   }
   EXPECT_GT(trainable, 0);
   EXPECT_LT(trainable, model.params().count() / 2);
-  check_model_gradients(cfg, {.freeze_base = true}, fresh_seed());
+  check_model_gradients(cfg, {.freeze_base = true}, test::test_seed());
 }
 
 TEST(TinyModel, OneAdamWStepLowersTheLoss) {
   ModelConfig cfg = ModelConfig::load("tiny");
-  uint64_t seed = fresh_seed();
+  uint64_t seed = test::test_seed();
   SCOPED_TRACE(cat("seed=", seed));
   Rng rng(seed);
   Model model(cfg, seed);
