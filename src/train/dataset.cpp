@@ -22,6 +22,8 @@ constexpr int64_t kShardSequences = 512;
 constexpr const char* kFormat = "moetrain-tokens-v1";
 
 std::string read_file(const fs::path& p) {
+  // An ifstream opens a directory and then throws an untyped error on the first read.
+  MT_CHECK(!fs::is_directory(p), IoError, "'", p.string(), "' is a directory, not a file");
   std::ifstream in(p, std::ios::binary);
   MT_CHECK(in.good(), IoError, "cannot read '", p.string(), "'");
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
@@ -131,6 +133,51 @@ void write_bytes(const fs::path& p, const void* data, size_t n) {
   out.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
   out.close();
   MT_CHECK(out.good(), IoError, "cannot write '", p.string(), "'");
+}
+
+// Everything load_dataset reads from index.json and the shards it names. The caller turns JSON
+// key and type errors into IoErrors; this checks what JSON cannot: sizes that agree with each
+// other, so that no shard is read past its end (fuzz/corpus/token_shards).
+void read_index(const nlohmann::json& index, const std::string& ip, const std::string& dir,
+                PackedData& d) {
+  d.seq_len = index.at("seq_len").get<int64_t>();
+  d.vocab = index.at("vocab_size").get<int64_t>();
+  d.documents = index.at("documents").get<int64_t>();
+  d.segments = index.at("segments").get<std::vector<std::vector<int64_t>>>();
+  MT_CHECK(d.seq_len > 0 && d.seq_len <= (int64_t{1} << 24), IoError, ip, ": seq_len ", d.seq_len,
+           " is not in [1, 2^24]");
+  MT_CHECK(d.vocab > 0 && d.vocab <= (int64_t{1} << 31) - 1, IoError, ip, ": vocab_size ", d.vocab,
+           " is not a positive int32");
+  for (size_t s = 0; s < d.segments.size(); ++s) {
+    int64_t sum = 0;
+    for (int64_t len : d.segments[s]) {
+      MT_CHECK(len > 0 && len <= d.seq_len, IoError, ip, ": sequence ", s, " has a segment of ",
+               len, " tokens (seq_len ", d.seq_len, ")");
+      sum += len;
+    }
+    MT_CHECK(sum == d.seq_len, IoError, ip, ": the segments of sequence ", s, " sum to ", sum,
+             ", not seq_len ", d.seq_len);
+  }
+  const auto L = static_cast<size_t>(d.seq_len);
+  for (const auto& sh : index.at("shards")) {
+    const fs::path p = fs::path(dir) / sh.at("file").get<std::string>();
+    std::string bytes = read_file(p);
+    MT_CHECK(bytes.size() == sh.at("bytes").get<size_t>(), IoError, "shard '", p.string(), "' has ",
+             bytes.size(), " bytes, index says ", sh.at("bytes").get<size_t>());
+    MT_CHECK(cat(std::hex, fnv1a64(bytes.data(), bytes.size())) == sh.at("fnv1a64"), IoError,
+             "shard '", p.string(), "' does not match its checksum");
+    const auto n = sh.at("sequences").get<size_t>();
+    MT_CHECK(n <= d.segments.size() && bytes.size() == n * 2 * L * sizeof(int32_t), IoError,
+             "shard '", p.string(), "' has ", bytes.size(), " bytes, not the ", n,
+             " sequences x 2 x ", L, " int32 its index entry declares");
+    const auto* v = reinterpret_cast<const int32_t*>(bytes.data());
+    for (size_t s = 0; s < n; ++s) {
+      d.ids.insert(d.ids.end(), v + 2 * s * L, v + (2 * s + 1) * L);
+      d.targets.insert(d.targets.end(), v + (2 * s + 1) * L, v + (2 * s + 2) * L);
+    }
+  }
+  MT_CHECK(d.ids.size() == d.segments.size() * L, IoError, "dataset '", dir, "' holds ",
+           d.ids.size(), " tokens, index declares ", d.segments.size(), " sequences of ", L);
 }
 
 }  // namespace
@@ -315,29 +362,15 @@ PackedData load_dataset(const std::string& dir) {
   } catch (const nlohmann::json::exception& e) {
     MT_THROW(IoError, ip.string(), ": ", e.what());
   }
-  MT_CHECK(index.value("format", "") == kFormat, IoError, ip.string(), ": format is not ", kFormat);
+  // A missing key or a value of the wrong type is an IoError naming the file, not a JSON exception.
   PackedData d;
-  d.seq_len = index.at("seq_len").get<int64_t>();
-  d.vocab = index.at("vocab_size").get<int64_t>();
-  d.documents = index.at("documents").get<int64_t>();
-  d.segments = index.at("segments").get<std::vector<std::vector<int64_t>>>();
-  const auto L = static_cast<size_t>(d.seq_len);
-  for (const auto& sh : index.at("shards")) {
-    const fs::path p = fs::path(dir) / sh.at("file").get<std::string>();
-    std::string bytes = read_file(p);
-    MT_CHECK(bytes.size() == sh.at("bytes").get<size_t>(), IoError, "shard '", p.string(), "' has ",
-             bytes.size(), " bytes, index says ", sh.at("bytes").get<size_t>());
-    MT_CHECK(cat(std::hex, fnv1a64(bytes.data(), bytes.size())) == sh.at("fnv1a64"), IoError,
-             "shard '", p.string(), "' does not match its checksum");
-    const auto n = sh.at("sequences").get<size_t>();
-    const auto* v = reinterpret_cast<const int32_t*>(bytes.data());
-    for (size_t s = 0; s < n; ++s) {
-      d.ids.insert(d.ids.end(), v + 2 * s * L, v + (2 * s + 1) * L);
-      d.targets.insert(d.targets.end(), v + (2 * s + 1) * L, v + (2 * s + 2) * L);
-    }
+  try {
+    MT_CHECK(index.is_object() && index.value("format", "") == kFormat, IoError, ip.string(),
+             ": format is not ", kFormat);
+    read_index(index, ip.string(), dir, d);
+  } catch (const nlohmann::json::exception& e) {
+    MT_THROW(IoError, ip.string(), ": ", e.what());
   }
-  MT_CHECK(d.ids.size() == d.segments.size() * L, IoError, "dataset '", dir, "' holds ",
-           d.ids.size(), " tokens, index declares ", d.segments.size(), " sequences of ", L);
   for (size_t i = 0; i < d.ids.size(); ++i) {
     MT_CHECK(d.ids[i] >= 0 && d.ids[i] < d.vocab, ValueError, "dataset '", dir, "': token id ",
              d.ids[i], " at position ", i, " is outside its vocabulary [0, ", d.vocab, ")");
