@@ -176,6 +176,7 @@ void read_index(const nlohmann::json& index, const std::string& ip, const std::s
       d.targets.insert(d.targets.end(), v + (2 * s + 1) * L, v + (2 * s + 2) * L);
     }
   }
+  MT_CHECK(!d.segments.empty(), IoError, "dataset '", dir, "' holds no sequence");
   MT_CHECK(d.ids.size() == d.segments.size() * L, IoError, "dataset '", dir, "' holds ",
            d.ids.size(), " tokens, index declares ", d.segments.size(), " sequences of ", L);
 }
@@ -383,6 +384,7 @@ PackedData load_dataset(const std::string& dir) {
 }
 
 Batch make_batch(const PackedData& data, const std::vector<int64_t>& indices) {
+  MT_CHECK(!indices.empty(), ValueError, "make_batch: a batch needs at least one sequence");
   Batch b;
   std::vector<int64_t> lengths;
   for (int64_t s : indices) {

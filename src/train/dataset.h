@@ -67,9 +67,10 @@ struct PackedData {
 PackedData pack_documents(const std::vector<Document>& docs, const Tokenizer& tok, int64_t seq_len);
 
 void write_dataset(const PackedData& data, const std::string& dir);  // temp dir, then rename
-PackedData load_dataset(const std::string& dir);  // checks checksums, ids < vocab
+// Checks checksums, sizes, ids < vocab; a dataset without sequences is an IoError.
+PackedData load_dataset(const std::string& dir);
 
-// `count` sequences starting at `first` as one packed batch (ids/targets i32 [count*seq_len]).
+// The sequences `indices` as one packed batch (ids/targets i32 [count*seq_len]); at least one.
 struct Batch {
   SeqInfo seq;
   Tensor ids, targets;

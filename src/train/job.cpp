@@ -20,6 +20,8 @@ const std::vector<std::string> kLoraGroups = {"attention",        "kda",        
                                               "routed_experts",   "dense_ffn",   "router",
                                               "vision_projector", "vision_tower"};
 
+constexpr const char* kRouterWeights = "model.layers.*.mlp.gate.weight";
+
 const char* type_name(const toml::node& n) {
   switch (n.type()) {
     case toml::node_type::string:
@@ -440,6 +442,24 @@ ModelConfig job_model_config(const Job& job) {
   MT_CHECK(job.vision_tower == "auto" || cfg.vision != nullptr, ConfigError,
            "model.vision_tower = \"", job.vision_tower, "\", but '", job.model,
            "' has no vision tower");
+  // A target or glob that selects nothing would quietly train less than the job asks for (or, with
+  // the base frozen, nothing at all).
+  const std::vector<NamedSpec> specs = model_param_specs(cfg);
+  for (const std::string& t : job.lora_targets) {
+    bool hit = false;
+    if (t == "vision_projector" || t == "vision_tower") hit = cfg.vision != nullptr;
+    for (const NamedSpec& s : specs)
+      hit |= t == "router" ? glob_match(kRouterWeights, s.name)
+                           : s.spec.role == ParamRole::Lora && lora_group_of(cfg, s.name) == t;
+    MT_CHECK(hit, ConfigError, "lora.targets: '", t, "' matches no module of model '", job.model,
+             "' (it has no layer of that kind)");
+  }
+  for (const std::string& p : job.train_patterns) {
+    bool hit = false;
+    for (const NamedSpec& s : specs) hit |= glob_match(p, s.name);
+    MT_CHECK(hit, ConfigError, "lora.train: pattern '", p, "' matches no parameter of model '",
+             job.model, "'");
+  }
   return cfg;
 }
 
@@ -487,7 +507,7 @@ ModelOptions job_model_options(const Job& job) {
   o.freeze_base = true;
   std::vector<std::string> patterns = job.train_patterns;
   for (const std::string& t : job.lora_targets)
-    if (t == "router") patterns.push_back("model.layers.*.mlp.gate.weight");
+    if (t == "router") patterns.push_back(kRouterWeights);
   if (job.vision_tower == "train") patterns.push_back(tower);
   const bool freeze_tower = job.vision_tower == "freeze";
   o.also_train = [patterns, tower, freeze_tower](const std::string& name) {

@@ -113,7 +113,8 @@ struct Job {
 };
 
 // The model configuration with the job's LoRA adapters switched on, and the options saying which
-// parameters train.
+// parameters train. A lora.targets entry or lora.train glob that selects no parameter of the model
+// is a ConfigError.
 ModelConfig job_model_config(const Job& job);
 ModelOptions job_model_options(const Job& job);
 // run.device resolved on this machine: "auto" is a GPU when one is visible to a CUDA build;

@@ -186,7 +186,8 @@ EvalResult evaluate(StepExecutor& exec, const PackedData& data, int64_t batch,
     sum += exec.forward_loss(b) * static_cast<double>(b.target_tokens);
     r.tokens += b.target_tokens;
   }
-  r.loss = r.tokens > 0 ? sum / static_cast<double>(r.tokens) : 0;
+  // No target token: the loss is absent (NaN, written as null in metrics), never a made-up 0.
+  r.loss = r.tokens > 0 ? sum / static_cast<double>(r.tokens) : std::nan("");
   return r;
 }
 
@@ -206,7 +207,7 @@ double unigram_baseline(const PackedData& train, const PackedData& heldout) {
       ce -= std::log(count[static_cast<size_t>(t)] / total);
       ++n;
     }
-  return n > 0 ? ce / static_cast<double>(n) : 0;
+  return n > 0 ? ce / static_cast<double>(n) : std::nan("");  // absent, as in evaluate
 }
 
 namespace {

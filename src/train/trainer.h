@@ -102,14 +102,15 @@ double schedule_lr(const Job& job, int64_t step);
 
 // Token-weighted held-out loss over the first `max_sequences` sequences (0 = all).
 struct EvalResult {
-  double loss = 0;
+  double loss = 0;  // NaN (absent) when the data holds no target token
   int64_t tokens = 0;
 };
 EvalResult evaluate(StepExecutor& exec, const PackedData& data, int64_t batch,
                     int64_t max_sequences);
 
 // Cross-entropy of a unigram (token-frequency, add-one smoothed) model fitted on `train`,
-// measured on the targets of `heldout`: the baseline a language model must beat.
+// measured on the targets of `heldout`: the baseline a language model must beat. NaN when
+// `heldout` has no target.
 double unigram_baseline(const PackedData& train, const PackedData& heldout);
 
 struct TrainResult {

@@ -1,0 +1,134 @@
+// Degenerate inputs get an explicit answer, never a made-up figure (docs/reliability.md, "Inputs"):
+// documents too short to have a target, empty datasets and batches, held-out data without a
+// target token (loss absent, not 0), and LoRA targets or train globs that select nothing.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "harness/seed.h"
+#include "train/dataset.h"
+#include "train/job.h"
+#include "train/trainer.h"
+
+namespace fs = std::filesystem;
+using namespace mt;
+
+namespace {
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d =
+      fs::temp_directory_path() / ("mt_test_degenerate_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+const Tokenizer& tokenizer() {
+  static const Tokenizer tok = [] {
+    std::vector<std::string> texts;
+    for (const Document& d :
+         read_corpus({.inputs = {"/usr/share/games/fortunes/computers"}, .separator = "%"}))
+      texts.push_back(d.text);
+    return Tokenizer::train(texts, {.vocab = 400});
+  }();
+  return tok;
+}
+
+// Random ids for the tiny model (vocab 61) whose targets are all masked (prompt tokens).
+PackedData masked_data(uint64_t seed) {
+  Rng rng(seed);
+  PackedData p{.seq_len = 12, .vocab = 61, .documents = 3};
+  for (int s = 0; s < 3; ++s) {
+    p.segments.push_back({5, 7});
+    for (int64_t t = 0; t < p.seq_len; ++t) {
+      p.ids.push_back(static_cast<int32_t>(rng.below(61)));
+      p.targets.push_back(kIgnoreIndex);
+    }
+  }
+  return p;
+}
+
+template <typename E>
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST(Degenerate, DocumentsTooShortForATargetAreSkippedAndOnlySuchIsAnError) {
+  const Tokenizer& tok = tokenizer();
+  // An empty text is just the end-of-document token: no pair (input, next token) to learn from.
+  const PackedData p = pack_documents({{.text = ""}, {.text = "a fortune"}, {.text = ""}}, tok, 16);
+  EXPECT_EQ(p.documents, 1);
+  EXPECT_GT(p.target_tokens(), 0);
+  EXPECT_NE(error_of<ValueError>([&] {
+              pack_documents({{.text = ""}, {.text = ""}}, tok, 16);
+            }),
+            "(no error)");
+}
+
+TEST(Degenerate, EmptyDatasetAndEmptyBatchAreErrors) {
+  const fs::path dir = temp_dir("empty");
+  std::ofstream(dir / "index.json")
+      << R"({"format": "moetrain-tokens-v1", "seq_len": 8, "vocab_size": 61, "documents": 0,
+             "sequences": 0, "segments": [], "shards": []})";
+  EXPECT_NE(error_of<IoError>([&] { load_dataset(dir.string()); }).find("holds no sequence"),
+            std::string::npos);
+  const PackedData p = masked_data(test::test_seed());
+  EXPECT_NE(error_of<ValueError>([&] { make_batch(p, {}); }).find("at least one sequence"),
+            std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST(Degenerate, HeldOutDataWithoutTargetsHasAnAbsentLossNotZero) {
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE(test::seed_note());
+  const PackedData held = masked_data(seed);
+  Model model(ModelConfig::load("tiny"), seed);
+  Context ctx(ContextOptions{.threads = 1, .seed = seed});
+  AdamW opt(model.params(), {});
+  LocalExecutor exec(ctx, model, opt);
+  const EvalResult r = evaluate(exec, held, 2, 0);
+  EXPECT_EQ(r.tokens, 0);
+  EXPECT_TRUE(std::isnan(r.loss)) << r.loss;
+  // The same data with one real target scores exactly that token.
+  PackedData one = held;
+  one.targets[4] = 7;
+  const EvalResult r1 = evaluate(exec, one, 2, 0);
+  EXPECT_EQ(r1.tokens, 1);
+  EXPECT_TRUE(std::isfinite(r1.loss) && r1.loss > 0);
+  // The unigram baseline, likewise.
+  EXPECT_TRUE(std::isnan(unigram_baseline(one, held)));
+  EXPECT_TRUE(std::isfinite(unigram_baseline(one, one)));
+}
+
+TEST(Degenerate, LoraTargetOrTrainGlobMatchingNothingIsAConfigError) {
+  const fs::path dir = temp_dir("lora");
+  // `tiny` without its dense first layer: every FFN is an MoE, so "dense_ffn" selects nothing.
+  nlohmann::json c = ModelConfig::load("tiny").to_json();
+  c["first_k_dense_replace"] = 0;
+  std::ofstream(dir / "config.json") << c.dump();
+  auto job = [&](const std::string& lora) {
+    return Job::parse("[data]\ntrain = \"d\"\n[model]\nconfig = \"" +
+                          (dir / "config.json").string() + "\"\n[lora]\n" + lora + "\nrank = 2\n",
+                      "j.toml");
+  };
+  EXPECT_NO_THROW(job_model_config(job("targets = [\"kda\", \"routed_experts\"]")));
+  const std::string e =
+      error_of<ConfigError>([&] { job_model_config(job("targets = [\"kda\", \"dense_ffn\"]")); });
+  EXPECT_NE(e.find("lora.targets: 'dense_ffn' matches no module"), std::string::npos) << e;
+  const std::string g = error_of<ConfigError>([&] {
+    job_model_config(job("targets = [\"kda\"]\ntrain = [\"model.norm.weight\", \"model.nrom.*\"]"));
+  });
+  EXPECT_NE(g.find("lora.train: pattern 'model.nrom.*' matches no parameter"), std::string::npos)
+      << g;
+  fs::remove_all(dir);
+}
