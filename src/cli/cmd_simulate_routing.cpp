@@ -19,12 +19,16 @@ struct SimArgs {
   double gbps = 50, tflops = 400, latency_us = 20;
 };
 
+double change(double now, double before) {
+  return 100 * (now / before - 1);
+}
+
 void print_row(const char* name, const balance::SimSummary& s) {
   const balance::SimStep& m = s.mean;
   std::printf(
-      "%-4s expert max/mean %6.2f  rank max/mean %5.3f  hot/cold %6.1f  rerouted %5.2f%%  "
+      "%-7s expert max/mean %6.2f  rank max/mean %5.3f  hot/cold %6.1f  rerouted %5.2f%%  "
       "over-cap %5.2f%%  dead %5.1f  hot %5.1f\n"
-      "     a2a MB/rank max %8.2f mean %8.2f  chunks %4.2f  step %8.1f us  idle %8.1f us  "
+      "        a2a MB/rank max %8.2f mean %8.2f  chunks %4.2f  step %8.1f us  idle %8.1f us  "
       "forecast err %5.3f  (%.1f s)\n",
       name, m.expert_max_mean, m.rank_max_mean, m.hot_cold, 100 * m.rerouted_share,
       100 * m.over_capacity_share, s.dead_experts, s.hot_experts, m.a2a_bytes_max / 1e6,
@@ -112,27 +116,41 @@ Command add_simulate_routing_command(CLI::App& app) {
                 static_cast<long long>(so.ranks), static_cast<long long>(so.ep),
                 static_cast<long long>(so.tokens_per_rank),
                 static_cast<long long>(so.sample_per_rank), static_cast<long long>(so.steps));
-            balance::SimSummary off, on;
-            if (a->policies != "on") {
-              balance::SimOptions x = so;
-              x.overflow = x.compensate = x.placement = false;
-              x.record = a->policies == "off" ? so.record : "";
-              off = balance::simulate_routing(
-                  x, a->policies == "off" ? each : std::function<void(const balance::SimStep&)>());
-              print_row("off", off);
+            if (a->policies == "both") {
+              // Against the strongest static baseline (docs/load-balancing.md, "Claims").
+              const balance::PolicyComparison cmp = balance::compare_policies(so);
+              print_row("off", cmp.given);
+              print_row(cat("static", cmp.best_chunks).c_str(), cmp.best_static);
+              print_row("chunk", cmp.chunking);
+              print_row("reroute", cmp.reroute);
+              print_row("on", cmp.both);
+              const balance::SimStep& b = cmp.best_static.mean;
+              std::printf(
+                  "against the best static setting (policies off, %d chunks; %d chunks: step "
+                  "%+.1f%%):\n"
+                  "  step time: chunking %+.1f%%, rerouting %+.1f%%, both %+.1f%%\n"
+                  "  idle wait: chunking %+.1f%%, rerouting %+.1f%%, both %+.1f%%\n"
+                  "  rank max/mean %.3f -> %.3f, rerouted %.2f%%\n",
+                  cmp.best_chunks, so.base_chunks, change(cmp.given.mean.time_max_s, b.time_max_s),
+                  change(cmp.chunking.mean.time_max_s, b.time_max_s),
+                  change(cmp.reroute.mean.time_max_s, b.time_max_s),
+                  change(cmp.both.mean.time_max_s, b.time_max_s),
+                  change(cmp.chunking.mean.idle_mean_s, b.idle_mean_s),
+                  change(cmp.reroute.mean.idle_mean_s, b.idle_mean_s),
+                  change(cmp.both.mean.idle_mean_s, b.idle_mean_s), b.rank_max_mean,
+                  cmp.both.mean.rank_max_mean, 100 * cmp.both.mean.rerouted_share);
+              if (csv) {  // the per-step figures of the policies-on run
+                balance::SimOptions x = so;
+                x.overflow = x.compensate = true;
+                x.record.clear();
+                balance::simulate_routing(x, each);
+              }
+              return 0;
             }
-            if (a->policies != "off") {
-              balance::SimOptions x = so;
-              x.overflow = x.compensate = true;
-              if (a->policies == "both") x.record.clear();
-              on = balance::simulate_routing(x, each);
-              print_row("on", on);
-            }
-            if (a->policies == "both" && off.mean.idle_mean_s > 0)
-              std::printf("idle wait %+.1f%%, rank max/mean %.3f -> %.3f, rerouted %.2f%%\n",
-                          100 * (on.mean.idle_mean_s / off.mean.idle_mean_s - 1),
-                          off.mean.rank_max_mean, on.mean.rank_max_mean,
-                          100 * on.mean.rerouted_share);
+            balance::SimOptions x = so;
+            x.overflow = x.compensate = a->policies == "on";
+            x.placement = x.placement && a->policies == "on";
+            print_row(a->policies.c_str(), balance::simulate_routing(x, each));
             return 0;
           }};
 }

@@ -81,6 +81,32 @@ SimOptions small() {
   return o;
 }
 
+// Each policy is measured against the best fixed chunk count, not against one chunk: the
+// baseline is the fastest of the policies-off runs, and the chunking-only run can only match or
+// beat a fixed count it could itself have chosen when its forecast is right.
+TEST(Balance, PoliciesAreComparedWithTheStrongestStaticBaseline) {
+  SimOptions o = small();
+  o.max_chunks = 4;
+  const PolicyComparison c = compare_policies(o);
+  ASSERT_GE(c.best_chunks, o.base_chunks);
+  ASSERT_LE(c.best_chunks, o.max_chunks);
+  for (int k = o.base_chunks; k <= o.max_chunks; ++k) {
+    SimOptions x = o;
+    x.base_chunks = k;
+    const SimSummary s = simulate_routing(x);
+    EXPECT_LE(c.best_static.mean.time_max_s, s.mean.time_max_s) << k << " chunks";
+    if (k == c.best_chunks) EXPECT_EQ(s.mean.time_max_s, c.best_static.mean.time_max_s);
+    if (k == o.base_chunks) EXPECT_EQ(s.mean.time_max_s, c.given.mean.time_max_s);
+  }
+  EXPECT_EQ(c.best_static.mean.rerouted_share, 0);
+  EXPECT_EQ(c.chunking.mean.rerouted_share, 0);
+  EXPECT_GT(c.reroute.mean.rerouted_share, 0);
+  EXPECT_EQ(c.reroute.chunks, c.best_chunks);  // rerouting alone keeps the baseline's chunks
+  // Rerouting evens the ranks' load whatever the chunking.
+  EXPECT_LT(c.reroute.mean.rank_max_mean, c.best_static.mean.rank_max_mean);
+  EXPECT_LT(c.both.mean.idle_mean_s, c.best_static.mean.idle_mean_s);
+}
+
 TEST(Balance, SimulatorPoliciesReduceIdle) {
   SimOptions o = small();
   const SimSummary off = simulate_routing(o);

@@ -425,4 +425,33 @@ SimSummary simulate_routing(const SimOptions& o, const std::function<void(const 
   return sum;
 }
 
+PolicyComparison compare_policies(const SimOptions& opt) {
+  SimOptions off = opt;
+  off.overflow = off.compensate = off.placement = false;
+  off.record.clear();
+  PolicyComparison c;
+  for (int k = opt.base_chunks; k <= opt.max_chunks; ++k) {
+    off.base_chunks = k;
+    const SimSummary s = simulate_routing(off);
+    if (k == opt.base_chunks) c.given = s;
+    if (k == opt.base_chunks || s.mean.time_max_s < c.best_static.mean.time_max_s) {
+      c.best_static = s;
+      c.best_chunks = k;
+    }
+  }
+  SimOptions x = off;
+  x.compensate = true;
+  c.chunking = simulate_routing(x);
+  x = off;
+  x.overflow = true;
+  x.placement = opt.placement;
+  x.base_chunks = c.best_chunks;
+  c.reroute = simulate_routing(x);
+  x = off;
+  x.overflow = x.compensate = true;
+  x.placement = opt.placement;
+  c.both = simulate_routing(x);
+  return c;
+}
+
 }  // namespace mt::balance

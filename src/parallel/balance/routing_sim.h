@@ -63,6 +63,22 @@ struct SimSummary {
 SimSummary simulate_routing(const SimOptions& opt,
                             const std::function<void(const SimStep&)>& each = {});
 
+// The policies measured against the strongest static baseline, so that the gain of chunking and
+// the gain of rerouting show separately: policies off at every fixed chunk count
+// base_chunks..max_chunks, the one with the least mean modeled step time kept (a fixed setting an
+// engineer could pick by hand); then forecast-driven chunking alone, rerouting alone at the
+// baseline's chunk count, and both (with opt.placement, placement joins the rerouting runs).
+// Every run replays the same trace (same seed or trace file); none records one.
+struct PolicyComparison {
+  int best_chunks = 1;     // chunk count of the strongest static baseline
+  SimSummary given;        // policies off at opt.base_chunks
+  SimSummary best_static;  // policies off at best_chunks
+  SimSummary chunking;     // forecast-driven chunks (floor opt.base_chunks), no rerouting
+  SimSummary reroute;      // overflow rerouting at best_chunks
+  SimSummary both;         // rerouting + forecast-driven chunks
+};
+PolicyComparison compare_policies(const SimOptions& opt);
+
 // Trace file: text, documented in docs/load-balancing.md.
 //   moetrain-routing-trace 1
 //   experts E top_k K width W
