@@ -95,8 +95,12 @@ TEST(Balance, PoliciesAreComparedWithTheStrongestStaticBaseline) {
     x.base_chunks = k;
     const SimSummary s = simulate_routing(x);
     EXPECT_LE(c.best_static.mean.time_max_s, s.mean.time_max_s) << k << " chunks";
-    if (k == c.best_chunks) EXPECT_EQ(s.mean.time_max_s, c.best_static.mean.time_max_s);
-    if (k == o.base_chunks) EXPECT_EQ(s.mean.time_max_s, c.given.mean.time_max_s);
+    if (k == c.best_chunks) {
+      EXPECT_EQ(s.mean.time_max_s, c.best_static.mean.time_max_s);
+    }
+    if (k == o.base_chunks) {
+      EXPECT_EQ(s.mean.time_max_s, c.given.mean.time_max_s);
+    }
   }
   EXPECT_EQ(c.best_static.mean.rerouted_share, 0);
   EXPECT_EQ(c.chunking.mean.rerouted_share, 0);
