@@ -76,18 +76,15 @@ Command add_eval_command(CLI::App& app) {
                    d.vocab, ", beyond the model's ", model.config().vocab);
           const EvalResult r = evaluate(exec, d, a->batch, a->max_sequences);
           if (r.tokens == 0) {  // nothing to score: say so rather than print a number
-            std::printf("%-12s %10s %12s %10d
-", nd.substr(0, eq).c_str(), "absent", "absent", 0);
+            std::printf("%-12s %10s %12s %10d\n", nd.substr(0, eq).c_str(), "absent", "absent", 0);
           } else if (a->exact_match) {
             const AnswerMatch m =
                 answer_exact_match(exec, model, ctx, d, a->batch, a->max_sequences);
-            std::printf("%-12s %10.4f %12.2f %10lld %10lld %12.4f
-", nd.substr(0, eq).c_str(),
+            std::printf("%-12s %10.4f %12.2f %10lld %10lld %12.4f\n", nd.substr(0, eq).c_str(),
                         r.loss, std::exp(r.loss), static_cast<long long>(r.tokens),
                         static_cast<long long>(m.answers), m.accuracy());
           } else {
-            std::printf("%-12s %10.4f %12.2f %10lld
-", nd.substr(0, eq).c_str(), r.loss,
+            std::printf("%-12s %10.4f %12.2f %10lld\n", nd.substr(0, eq).c_str(), r.loss,
                         std::exp(r.loss), static_cast<long long>(r.tokens));
           }
         }
