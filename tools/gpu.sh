@@ -19,9 +19,9 @@ shift || true
 
 pack() {
   MOETRAIN_CMAKE_ARGS="-DMOETRAIN_WERROR=ON -DMOETRAIN_CUDA=ON ${MOETRAIN_CMAKE_ARGS:-}" \
-    tools/build.sh build-cuda --target moetrain_cli gpu_suite
+    tools/build.sh build-cuda --target moetrain_cli gpu_suite test_golden
   rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib
-  cp build-cuda/moetrain build-cuda/tests/gpu_suite .gpu/bin/
+  cp build-cuda/moetrain build-cuda/tests/gpu_suite build-cuda/tests/test_golden .gpu/bin/
   # Every library the binaries load except the C runtime and the CUDA driver/toolkit, which the
   # device image has in versions the binaries accept.
   for b in .gpu/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
@@ -47,6 +47,8 @@ test_stage() {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
   local rc=0
   "$dir/bin/gpu_suite" --gtest_output=json:"$out/gpu_suite.json" 2>&1 | tee "$out/gpu_suite.log" || rc=$?
+  # The HF goldens through the GPU (moetrain forward --device cuda's path), from the repo root.
+  "$dir/bin/test_golden" --gtest_filter='GoldenCuda.*' 2>&1 | tee "$out/golden_cuda.log" | tail -3 || rc=$?
   local san="not run"
   if [ "${1:-}" = sanitize ]; then
     san=""

@@ -17,6 +17,7 @@ Command add_forward_command(CLI::App& app) {
     bool grads = false;
     int threads = 0;
     std::string lora_targets, save_adapter;
+    std::string device = "cpu";
     int64_t lora_rank = 4;
     float lora_alpha = 8.f;
     uint64_t lora_seed = 1;
@@ -38,6 +39,9 @@ Command add_forward_command(CLI::App& app) {
       ->required();
   c->add_flag("--grads", o->grads, "also write every parameter's gradient under its HF name");
   c->add_option("--threads", o->threads, "CPU threads (0: all)");
+  c->add_option("--device", o->device,
+                "cpu (default), cuda or auto: where the forward (and backward) runs")
+      ->capture_default_str();
   // The PEFT conformance check: a random (non-trivial) adapter, the logits with it, and the
   // adapter in PEFT layout so transformers + PEFT can reproduce the same logits.
   c->add_option("--lora-targets", o->lora_targets,
@@ -79,7 +83,9 @@ Command add_forward_command(CLI::App& app) {
             SafetensorsData in = read_safetensors(o->tokens);
             auto it = in.tensors.find("input_ids");
             MT_CHECK(it != in.tensors.end(), IoError, o->tokens, ": no tensor 'input_ids'");
-            Context ctx(ContextOptions{.threads = o->threads});
+            Job where;
+            where.device = o->device;
+            Context ctx(ContextOptions{.device = job_device(where), .threads = o->threads});
             const ImageBatch images = read_image_inputs(in.tensors);
             HfForwardResult r = hf_forward(ctx, lm, it->second, o->grads, &images);
             TensorMap out = std::move(r.grads);

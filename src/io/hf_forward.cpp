@@ -58,7 +58,17 @@ HfForwardResult hf_forward(Context& ctx, LoadedModel& lm, const Tensor& input_id
       if (targets.i32()[i] == cfg.image_token_id) targets.i32()[i] = -100;
   m.set_images(images);
 
+  // On a GPU context the model moves there for the computation and comes back to the host for
+  // the export (the loaders and the exporters read host memory).
+  const Device dev = ctx.device();
+  m.to_device(dev);
   SeqInfo seq = SeqInfo::uniform(B, T);
+  if (dev != Device::CPU) {
+    ids = ids.to(dev);
+    targets = targets.to(dev);
+    seq.cu_seqlens = seq.cu_seqlens.to(dev);
+    seq.positions = seq.positions.to(dev);
+  }
   m.params().zero_grad();
   HfForwardResult r;
   r.loss = m.forward(ctx, seq, ids, targets);
@@ -69,10 +79,17 @@ HfForwardResult hf_forward(Context& ctx, LoadedModel& lm, const Tensor& input_id
   MT_CHECK(head != nullptr, InternalError, "model has no LM head weight");
   r.logits = Tensor::empty({B, T, V});
   Tensor flat = r.logits.view({N, V});
-  ops::matmul(ctx, m.final_hidden(), false, head->value, true, flat);
+  if (dev == Device::CPU) {
+    ops::matmul(ctx, m.final_hidden(), false, head->value, true, flat);
+  } else {
+    Tensor on_dev = Tensor::empty({N, V}, m.final_hidden().dtype(), dev);
+    ops::matmul(ctx, m.final_hidden(), false, head->value, true, on_dev);
+    flat.copy_from(on_dev);
+  }
 
+  if (grads) m.backward(ctx);
+  m.to_device(Device::CPU);
   if (grads) {
-    m.backward(ctx);
     r.grads = export_hf_tensors(m, lm.config.model_type, /*grads=*/true);
     const int64_t pad = lm.config.pad_token_id;
     if (pad >= 0 && pad < V && has_pad) {

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "core/device.h"
 #include "io/hf_forward.h"
 #include "model/vision/vision_front.h"
 
@@ -51,12 +52,14 @@ double rel_err(const Tensor& a, const Tensor& b) {
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
-void check_case(const fs::path& dir) {
+// The same goldens on either device: the GPU runs the fp32 model the loader built, so the bounds
+// are transformers' against ours, as on the CPU.
+void check_case(const fs::path& dir, Device device) {
   LoadedModel lm = load_hf_model((dir / "model").string());
   SafetensorsData in = read_safetensors((dir / "inputs.safetensors").string());
   SafetensorsData want = read_safetensors((dir / "outputs.safetensors").string());
   ASSERT_TRUE(in.tensors.count("input_ids"));
-  Context ctx;
+  Context ctx(ContextOptions{.device = device});
   const ImageBatch images = read_image_inputs(in.tensors);  // kimi_k25 cases
   HfForwardResult got = hf_forward(ctx, lm, in.tensors.at("input_ids"), /*grads=*/true, &images);
 
@@ -87,11 +90,16 @@ void check_case(const fs::path& dir) {
 
 class GoldenCase : public ::testing::Test {
  public:
-  explicit GoldenCase(fs::path dir) : dir_(std::move(dir)) {}
-  void TestBody() override { check_case(dir_); }
+  GoldenCase(fs::path dir, Device device) : dir_(std::move(dir)), device_(device) {}
+  void TestBody() override {
+    if (device_ == Device::CUDA && !cuda_available())
+      GTEST_SKIP() << "no GPU visible (or built without CUDA): golden on CUDA skipped";
+    check_case(dir_, device_);
+  }
 
  private:
   fs::path dir_;
+  Device device_;
 };
 
 // Always present: says where goldens were looked for and how many were found.
@@ -107,8 +115,14 @@ TEST(GoldenCases, Inventory) {
 void register_cases() {
   for (const fs::path& dir : golden_cases(golden_root())) {
     std::string name = dir.filename().string();
-    ::testing::RegisterTest("Golden", name.c_str(), nullptr, nullptr, __FILE__, __LINE__,
-                            [dir]() -> ::testing::Test* { return new GoldenCase(dir); });
+    ::testing::RegisterTest(
+        "Golden", name.c_str(), nullptr, nullptr, __FILE__, __LINE__,
+        [dir]() -> ::testing::Test* { return new GoldenCase(dir, Device::CPU); });
+    // `moetrain forward --device cuda`'s path: the same cases on the GPU (skipped without one).
+    if (MOETRAIN_WITH_CUDA)
+      ::testing::RegisterTest(
+          "GoldenCuda", name.c_str(), nullptr, nullptr, __FILE__, __LINE__,
+          [dir]() -> ::testing::Test* { return new GoldenCase(dir, Device::CUDA); });
   }
 }
 
