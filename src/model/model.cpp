@@ -338,7 +338,8 @@ void Model::to_device(Device device) {
   if (device == params_.device()) return;
   params_.to_device(device);
   for (int u = 0; u < num_units(); ++u) rebind_unit(u);
-  acts_ = Arena();  // re-made on the new device by the next forward
+  if (vision_) vision_->bind(params_);  // the tower and projector hold refs too
+  acts_ = Arena();                      // re-made on the new device by the next forward
   scratch_ = Arena();
   have_forward_ = false;
 }

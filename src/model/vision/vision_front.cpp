@@ -27,6 +27,7 @@ VisionFrontEnd::VisionFrontEnd(const VisionConfig& cfg, int64_t image_token_id)
 void VisionFrontEnd::bind(const ParamStore& params) {
   tower_.bind(table_of(params, kTowerPrefix, tower_trains_));
   projector_.bind(table_of(params, kProjectorPrefix, projector_trains_));
+  acts_ = Arena();  // the parameters may have moved to another device: so will the activations
 }
 
 void VisionFrontEnd::forward(Context& ctx, const Tensor& ids, const ImageBatch* images,
