@@ -1,7 +1,5 @@
 #include "ops/linear.h"
 
-#include "ops/cpu/linear.h"
-#include "ops/cuda/linear.h"
 #include "ops/dispatch.h"
 
 namespace mt::ops {

@@ -16,13 +16,27 @@ struct LinearParams {
 
 // x [tokens, in] -> y [tokens, out] (written). With LoRA, xa [tokens, r] receives x A^T and must
 // be kept for backward; A, B, xa are ignored (may be undefined) when lora_rank == 0.
-void linear_forward(Context& ctx, const LinearParams& p, const Tensor& x, const Tensor& w,
-                    const Tensor& a, const Tensor& b, Tensor& y, Tensor& xa);
+using LinearForward = void(Context& ctx, const LinearParams& p, const Tensor& x, const Tensor& w,
+                           const Tensor& a, const Tensor& b, Tensor& y, Tensor& xa);
+LinearForward linear_forward;
 
 // dx written, or added to when accumulate_dx (an input feeding several projections); skipped
 // when dx is undefined. dw, da, db accumulate (skipped when undefined, e.g. a frozen base).
+// Declared as a plain function so the default stays on the entry; the backends share its type.
 void linear_backward(Context& ctx, const LinearParams& p, const Tensor& x, const Tensor& w,
                      const Tensor& a, const Tensor& b, const Tensor& xa, const Tensor& dy,
                      Tensor& dx, Tensor& dw, Tensor& da, Tensor& db, bool accumulate_dx = false);
+using LinearBackward = decltype(linear_backward);
+
+// The backends' bodies, called by the entries above once they validated: ops/cpu/linear.cpp, and
+// ops/cuda/linear.cu in CUDA builds.
+namespace cpu {
+LinearForward linear_forward;
+LinearBackward linear_backward;
+}  // namespace cpu
+namespace cuda {
+LinearForward linear_forward;
+LinearBackward linear_backward;
+}  // namespace cuda
 
 }  // namespace mt::ops

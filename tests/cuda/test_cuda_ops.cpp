@@ -9,7 +9,6 @@
 #include "ops/activation.h"
 #include "ops/conv1d.h"
 #include "ops/cross_entropy.h"
-#include "ops/cuda/linear.h"
 #include "ops/embedding.h"
 #include "ops/kda_gate.h"
 #include "ops/linear.h"

@@ -1,4 +1,4 @@
-#include "ops/cpu/linear.h"
+#include "ops/linear.h"
 
 #include "core/arena.h"
 #include "ops/cpu/gemm.h"

@@ -2,7 +2,7 @@
 // LoRA intermediates (x A^T, dy B) are in the activations' type; weight gradients are f32.
 #include "ops/cuda/blas.h"
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/linear.h"
+#include "ops/linear.h"
 
 namespace mt::ops::cuda {
 
