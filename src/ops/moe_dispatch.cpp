@@ -1,7 +1,5 @@
 #include "ops/moe_dispatch.h"
 
-#include "ops/cpu/moe_dispatch.h"
-#include "ops/cuda/moe_dispatch.h"
 #include "ops/dispatch.h"
 
 namespace mt::ops {

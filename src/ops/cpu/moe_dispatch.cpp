@@ -1,4 +1,4 @@
-#include "ops/cpu/moe_dispatch.h"
+#include "ops/moe_dispatch.h"
 
 #include <algorithm>
 

@@ -5,7 +5,7 @@
 #include <cub/cub.cuh>
 
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/moe_dispatch.h"
+#include "ops/moe_dispatch.h"
 
 namespace mt::ops::cuda {
 
