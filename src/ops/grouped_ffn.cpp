@@ -1,7 +1,5 @@
 #include "ops/grouped_ffn.h"
 
-#include "ops/cpu/grouped_ffn.h"
-#include "ops/cuda/grouped_ffn.h"
 #include "ops/dispatch.h"
 #include "ops/grouped_matmul.h"
 

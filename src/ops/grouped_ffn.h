@@ -54,4 +54,23 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
                           const GroupedFfnSaved& saved, const Tensor& dy, Tensor& dx,
                           GroupedFfnWeights& grads);
 
+// The backends' part: the SwiGLU between the two grouped projections (the projections themselves
+// are grouped_matmul calls), on the fused [rows, 2F] gate_up pre-activation (gate = columns
+// 0..F-1, up = F..2F-1). h = silu(gate) * up, written.
+using GroupedFfnSwigluForward = void(Context& ctx, const Tensor& gate_up, Tensor& h);
+// dgate_up from dh, written.
+using GroupedFfnSwigluBackward = void(Context& ctx, const Tensor& gate_up, const Tensor& dh,
+                                      Tensor& dgate_up);
+
+// Called by the entries above once they validated: ops/cpu/grouped_ffn.cpp, and
+// ops/cuda/grouped_ffn.cu in CUDA builds.
+namespace cpu {
+GroupedFfnSwigluForward grouped_ffn_swiglu_forward;
+GroupedFfnSwigluBackward grouped_ffn_swiglu_backward;
+}  // namespace cpu
+namespace cuda {
+GroupedFfnSwigluForward grouped_ffn_swiglu_forward;
+GroupedFfnSwigluBackward grouped_ffn_swiglu_backward;
+}  // namespace cuda
+
 }  // namespace mt::ops

@@ -1,4 +1,4 @@
-#include "ops/cpu/grouped_ffn.h"
+#include "ops/grouped_ffn.h"
 
 #include "ops/activation.h"
 

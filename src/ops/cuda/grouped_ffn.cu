@@ -2,7 +2,7 @@
 // projections through grouped_matmul): h = silu(g) * u over gate_up = [g | u] [rows, 2F], and its
 // backward, element-wise in the activations' type with fp32 arithmetic.
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/grouped_ffn.h"
+#include "ops/grouped_ffn.h"
 
 namespace mt::ops::cuda {
 
