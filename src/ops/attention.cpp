@@ -2,8 +2,6 @@
 
 #include <algorithm>
 
-#include "ops/cpu/attention.h"
-#include "ops/cuda/attention.h"
 #include "ops/dispatch.h"
 
 namespace mt::ops {

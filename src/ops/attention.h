@@ -30,26 +30,51 @@ int64_t max_doc_len(const SeqInfo& seq);
 
 // indices [T, kmax] (kmax >= max_doc_len): row t lists its document's positions start..t in
 // increasing order, then -1.
-void causal_indices(const SeqInfo& seq, Tensor& indices);
+using CausalIndices = void(const SeqInfo& seq, Tensor& indices);
+CausalIndices causal_indices;
 
 // Bidirectional attention inside each document (the vision tower: every patch sees its whole
 // image, never another image). indices [T, kmax] (kmax >= max_doc_len): row t lists all of its
 // document's positions in increasing order, then -1.
-void full_indices(const SeqInfo& seq, Tensor& indices);
+using FullIndices = void(const SeqInfo& seq, Tensor& indices);
+FullIndices full_indices;
 
 // o [T, H, Dv] and lse [T, H] (natural-log log-sum-exp of the scaled scores) are written.
-void attention_forward(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
-                       const Tensor& v, const Tensor& indices, Tensor& o, Tensor& lse);
+using AttentionForward = void(Context& ctx, const AttentionParams& p, const Tensor& q,
+                              const Tensor& k, const Tensor& v, const Tensor& indices, Tensor& o,
+                              Tensor& lse);
+AttentionForward attention_forward;
 
 // dq, dk, dv written (dk/dv sum over every query slot that references a key; keys no query
 // references get 0). Needs the forward's o and lse.
-void attention_backward(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
-                        const Tensor& v, const Tensor& indices, const Tensor& o, const Tensor& lse,
-                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv);
+using AttentionBackward = void(Context& ctx, const AttentionParams& p, const Tensor& q,
+                               const Tensor& k, const Tensor& v, const Tensor& indices,
+                               const Tensor& o, const Tensor& lse, const Tensor& dout, Tensor& dq,
+                               Tensor& dk, Tensor& dv);
+AttentionBackward attention_backward;
 
 // out [T, kmax] = sum over query heads of the attention probabilities of each slot (0 for
 // unused slots): the DSA indexer's KL target before L1 normalisation. Written.
-void attention_prob_sum(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
-                        const Tensor& indices, const Tensor& lse, Tensor& out);
+using AttentionProbSum = void(Context& ctx, const AttentionParams& p, const Tensor& q,
+                              const Tensor& k, const Tensor& indices, const Tensor& lse,
+                              Tensor& out);
+AttentionProbSum attention_prob_sum;
+
+// The backends' bodies, called by the entries above once they validated: ops/cpu/attention.cpp,
+// and ops/cuda/attention.cu in CUDA builds (which has no full_indices: the entry builds it on the
+// CPU path).
+namespace cpu {
+CausalIndices causal_indices;
+FullIndices full_indices;
+AttentionForward attention_forward;
+AttentionBackward attention_backward;
+AttentionProbSum attention_prob_sum;
+}  // namespace cpu
+namespace cuda {
+CausalIndices causal_indices;
+AttentionForward attention_forward;
+AttentionBackward attention_backward;
+AttentionProbSum attention_prob_sum;
+}  // namespace cuda
 
 }  // namespace mt::ops

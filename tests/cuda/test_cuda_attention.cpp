@@ -10,7 +10,6 @@
 #include "core/seq_info.h"
 #include "harness/gpu_check.h"
 #include "ops/attention.h"
-#include "ops/cuda/attention.h"
 
 namespace mt::test {
 namespace {

@@ -1,5 +1,4 @@
-// The CPU path of ops/attention.h: fp32 loops. Called by the entries after they validated, so it
-// does not re-check.
+// CPU-only helpers of ops/attention.h's fp32 loops (the backend bodies are declared there).
 #pragma once
 
 #include "core/arena.h"
@@ -15,15 +14,5 @@ struct KeyLists {
   Tensor entries;  // i64 [valid slots]
 };
 KeyLists build_key_lists(const Tensor& indices, int64_t tokens, Arena& arena);
-
-void causal_indices(const SeqInfo& seq, Tensor& indices);
-void full_indices(const SeqInfo& seq, Tensor& indices);
-void attention_forward(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
-                       const Tensor& v, const Tensor& indices, Tensor& o, Tensor& lse);
-void attention_backward(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
-                        const Tensor& v, const Tensor& indices, const Tensor& o, const Tensor& lse,
-                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv);
-void attention_prob_sum(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
-                        const Tensor& indices, const Tensor& lse, Tensor& out);
 
 }  // namespace mt::ops::cpu

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/device.h"
-#include "ops/cuda/attention.h"
+#include "ops/attention.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/index_lists.cuh"
 
