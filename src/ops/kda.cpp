@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "ops/cpu/kda.h"
-#include "ops/cuda/kda.h"
 #include "ops/dispatch.h"
 
 namespace mt::ops {

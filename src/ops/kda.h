@@ -32,19 +32,36 @@ int64_t kda_saved_rows(const KdaParams& p, const Tensor& cu_seqlens);
 
 // Floats of per-thread scratch kda_forward (backward = false) or kda_backward takes from the
 // workspace on `threads` threads, for memory planning (the ops allocate exactly this).
-int64_t kda_scratch_floats(const KdaParams& p, int threads, bool backward);
+using KdaScratchFloats = int64_t(const KdaParams& p, int threads, bool backward);
+KdaScratchFloats kda_scratch_floats;
 
 // o written; hT written when defined; h0 may be undefined (zero initial states); saved receives
 // what backward needs and must stay untouched until then.
-void kda_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
-                 const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                 const Tensor& h0, Tensor& o, Tensor& hT, Tensor& saved);
+using KdaForward = void(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
+                        const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                        const Tensor& h0, Tensor& o, Tensor& hT, Tensor& saved);
+KdaForward kda_forward;
 
 // All gradients are written (=): dq, dk, dv, dg, dbeta, and dh0 when defined. dhT may be
 // undefined (the final state does not reach the loss).
-void kda_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
-                  const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                  const Tensor& saved, const Tensor& dout, const Tensor& dhT, Tensor& dq,
-                  Tensor& dk, Tensor& dv, Tensor& dg, Tensor& dbeta, Tensor& dh0);
+using KdaBackward = void(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens,
+                         const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                         const Tensor& beta, const Tensor& saved, const Tensor& dout,
+                         const Tensor& dhT, Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dg,
+                         Tensor& dbeta, Tensor& dh0);
+KdaBackward kda_backward;
+
+// The backends' bodies, called by the entries above once they validated: ops/cpu/kda.cpp, and
+// ops/cuda/kda.cu in CUDA builds. cpu::kda_scratch_floats sizes the CPU path's per-thread chunk
+// buffers.
+namespace cpu {
+KdaScratchFloats kda_scratch_floats;
+KdaForward kda_forward;
+KdaBackward kda_backward;
+}  // namespace cpu
+namespace cuda {
+KdaForward kda_forward;
+KdaBackward kda_backward;
+}  // namespace cuda
 
 }  // namespace mt::ops

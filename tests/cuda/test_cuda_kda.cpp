@@ -11,7 +11,6 @@
 #include "core/seq_info.h"
 #include "harness/gpu_check.h"
 #include "harness/op_check.h"
-#include "ops/cuda/kda.h"
 #include "ops/kda.h"
 #include "ref/activation_ref.h"
 

@@ -1,4 +1,4 @@
-#include "ops/cpu/kda.h"
+#include "ops/kda.h"
 
 #include <omp.h>
 

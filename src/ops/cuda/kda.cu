@@ -21,7 +21,7 @@
 #include <utility>
 
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/kda.h"
+#include "ops/kda.h"
 
 namespace mt::ops::cuda {
 
