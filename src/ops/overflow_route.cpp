@@ -1,7 +1,5 @@
 #include "ops/overflow_route.h"
 
-#include "ops/cpu/overflow_route.h"
-#include "ops/cuda/overflow_route.h"
 #include "ops/dispatch.h"
 
 namespace mt::ops {

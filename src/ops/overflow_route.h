@@ -62,13 +62,24 @@ std::vector<int32_t> contiguous_expert_ranks(int64_t experts, int64_t ranks);
 
 // scores [T,E] (router_forward's), bias [E] or undefined (selection priority = score + bias),
 // cand i32 [T, k+m] -> ids i32 [T,k], weights [T,k] (router formula on scores), all written.
-OverflowStats overflow_route_forward(Context& ctx, const OverflowParams& p, const RouterParams& rp,
-                                     const std::vector<int32_t>& expert_rank, const Tensor& scores,
-                                     const Tensor& bias, const Tensor& cand, Tensor& ids,
-                                     Tensor& weights);
+using OverflowRouteForward = OverflowStats(Context& ctx, const OverflowParams& p,
+                                           const RouterParams& rp,
+                                           const std::vector<int32_t>& expert_rank,
+                                           const Tensor& scores, const Tensor& bias,
+                                           const Tensor& cand, Tensor& ids, Tensor& weights);
+OverflowRouteForward overflow_route_forward;
 
 // dweights [T,k] -> dlogits [T,E] (written), through the final ids.
 void overflow_route_backward(Context& ctx, const RouterParams& rp, const Tensor& scores,
                              const Tensor& ids, const Tensor& dweights, Tensor& dlogits);
+
+// The forward's backend bodies, called by the entry once it validated:
+// ops/cpu/overflow_route.cpp, and ops/cuda/overflow_route.cu in CUDA builds.
+namespace cpu {
+OverflowRouteForward overflow_route_forward;
+}  // namespace cpu
+namespace cuda {
+OverflowRouteForward overflow_route_forward;
+}  // namespace cuda
 
 }  // namespace mt::ops

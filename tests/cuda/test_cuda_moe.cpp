@@ -12,7 +12,6 @@
 
 #include "core/seq_info.h"
 #include "harness/gpu_check.h"
-#include "ops/cuda/overflow_route.h"
 #include "ops/expert_load.h"
 #include "ops/grouped_ffn.h"
 #include "ops/grouped_matmul.h"

@@ -1,4 +1,4 @@
-#include "ops/cpu/overflow_route.h"
+#include "ops/overflow_route.h"
 
 #include <algorithm>
 #include <cmath>

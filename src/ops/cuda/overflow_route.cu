@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/overflow_route.h"
+#include "ops/overflow_route.h"
 
 namespace mt::ops::cuda {
 
