@@ -1,7 +1,5 @@
 #include "ops/gemm.h"
 
-#include "ops/cpu/gemm.h"
-#include "ops/cuda/gemm.h"
 #include "ops/dispatch.h"
 
 namespace mt::ops {

@@ -14,9 +14,20 @@ namespace mt::ops {
 // elements of a row must be adjacent (stride(1) == 1).
 void matmul(Context& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
             float alpha = 1.0f, float beta = 0.0f);
+// The backends share the entry's type; the defaults stay on the entry.
+using Matmul = decltype(matmul);
 
 // Throws ShapeError naming `op` and `what` unless t is a 2-D f32 matrix whose rows are dense
 // (stride(1) == 1), which is what a BLAS-style leading dimension can describe.
 void expect_matrix(const Tensor& t, const char* op, const char* what);
+
+// The backends' bodies, called by matmul once it checked the shapes: ops/cpu/gemm.cpp, and
+// ops/cuda/gemm.cu in CUDA builds.
+namespace cpu {
+Matmul matmul;
+}  // namespace cpu
+namespace cuda {
+Matmul matmul;
+}  // namespace cuda
 
 }  // namespace mt::ops

@@ -4,6 +4,8 @@
 
 #include <cblas.h>
 
+#include "ops/gemm.h"
+
 namespace mt::ops::cpu {
 
 void gemm(Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,

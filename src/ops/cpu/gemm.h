@@ -15,8 +15,4 @@ void gemm(Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
           int64_t ldc);
 
-// ops::matmul's CPU body; the shapes are already checked.
-void matmul(Context& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
-            float alpha, float beta);
-
 }  // namespace mt::ops::cpu

@@ -1,6 +1,6 @@
 #include "ops/grouped_matmul.h"
 
-#include "ops/cpu/gemm.h"
+#include "ops/gemm.h"
 
 namespace mt::ops::cpu {
 

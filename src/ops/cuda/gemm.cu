@@ -2,7 +2,7 @@
 // operands, C f32 or bf16, fp32 accumulation).
 #include "ops/cuda/blas.h"
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/gemm.h"
+#include "ops/gemm.h"
 
 namespace mt::ops::cuda {
 
