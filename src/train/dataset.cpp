@@ -240,12 +240,20 @@ std::vector<Document> read_corpus(const CorpusOptions& opt, int64_t* skipped) {
 
 void split_corpus(const std::vector<Document>& docs, double heldout_fraction,
                   std::vector<Document>& train, std::vector<Document>& heldout) {
-  MT_CHECK(heldout_fraction >= 0 && heldout_fraction < 1, ValueError, "held-out fraction ",
-           heldout_fraction, " must be in [0, 1)");
-  const auto cut = static_cast<uint64_t>(heldout_fraction * 10000.0);
+  std::vector<Document> none;
+  split_corpus(docs, heldout_fraction, 0, train, heldout, none);
+}
+
+void split_corpus(const std::vector<Document>& docs, double validation, double test,
+                  std::vector<Document>& train, std::vector<Document>& val,
+                  std::vector<Document>& tst) {
+  MT_CHECK(validation >= 0 && test >= 0 && validation + test < 1, ValueError, "held-out fractions ",
+           validation, " + ", test, " must be in [0, 1)");
+  const auto cut_val = static_cast<uint64_t>(validation * 10000.0);
+  const auto cut_test = cut_val + static_cast<uint64_t>(test * 10000.0);
   for (const Document& d : docs) {
-    uint64_t h = fnv1a64(d.source.data(), d.source.size());
-    ((h >> 16) % 10000 < cut ? heldout : train).push_back(d);
+    const uint64_t b = (fnv1a64(d.source.data(), d.source.size()) >> 16) % 10000;
+    (b < cut_val ? val : b < cut_test ? tst : train).push_back(d);
   }
 }
 

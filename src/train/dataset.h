@@ -50,6 +50,12 @@ std::vector<Document> read_corpus(const CorpusOptions& opt, int64_t* skipped = n
 // same side, whatever else the corpus holds.
 void split_corpus(const std::vector<Document>& docs, double heldout_fraction,
                   std::vector<Document>& train, std::vector<Document>& heldout);
+// Three ways by the same hash: the first `validation` fraction of hash buckets is the validation
+// split (the held-out side of the two-way split above), the next `test` fraction the test split,
+// the rest train.
+void split_corpus(const std::vector<Document>& docs, double validation, double test,
+                  std::vector<Document>& train, std::vector<Document>& val,
+                  std::vector<Document>& tst);
 
 struct PackedImages;
 
