@@ -72,7 +72,8 @@ Command add_demo_command(CLI::App& app) {
   c->add_option("--prose", o->prose_dir, "prose corpus (fortune files)")->capture_default_str();
   c->add_option("--code-bytes", o->code_bytes, "read at most this much code")
       ->capture_default_str();
-  c->add_option("--eval-sequences", o->eval_sequences, "held-out sequences per corpus")
+  c->add_option("--eval-sequences", o->eval_sequences,
+                "sequences scored per corpus and split (0: all)")
       ->capture_default_str();
   c->add_option("--work", o->work_dir, "directory for data, runs and checkpoints")
       ->capture_default_str();
