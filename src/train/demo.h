@@ -8,10 +8,11 @@
 // Honesty of the figures: every tuned choice (steps, replay share, rank, learning rates, the
 // trained norm gains) was chosen on the validation split, which is the held-out split of the
 // earlier two-way demo. The test split is a fresh slice of what used to be training documents,
-// scored for the first time at the end of each stage; the targets are judged on it. The unigram
+// scored at the end of each stage and never tuned on; the targets are judged on it. The unigram
 // baseline is scored on exactly the tokens the model is scored on. Both are scored on the whole of
 // each split by default: a split is packed in file order, so its first 32 sequences (the earlier
-// default) held two or three files of the seventeen, too few to judge a target on.
+// default) held one to three files of the seventeen (test: aifc.py alone), too few to judge a
+// target on.
 #pragma once
 
 #include <cstdint>

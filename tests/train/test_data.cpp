@@ -5,7 +5,10 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
+#include <set>
 
+#include "harness/seed.h"
 #include "train/dataset.h"
 #include "train/tokenizer.h"
 
@@ -187,5 +190,42 @@ TEST(Data, BadInputsAreClearErrors) {
     FAIL();
   } catch (const ValueError& e) {
     EXPECT_NE(e.message().find("token id 12 at position 2"), std::string::npos) << e.message();
+  }
+}
+
+// The demo's three-way split: each document lands in exactly one split, validation is the
+// held-out side of the two-way split (the split the demo's choices were tuned on), the shares
+// follow the fractions, and a document's side depends on its name alone.
+TEST(Data, ThreeWaySplitKeepsTheTwoWayHeldOutSplitAsValidation) {
+  std::mt19937_64 rng(test::test_seed());
+  std::vector<Document> docs;
+  for (int i = 0; i < 20000; ++i)
+    docs.push_back({.text = "x", .source = "doc" + std::to_string(rng()) + ".py"});
+  std::vector<Document> train, val, tst, train2, held2;
+  split_corpus(docs, 0.1, 0.15, train, val, tst);
+  split_corpus(docs, 0.1, train2, held2);
+  ASSERT_EQ(train.size() + val.size() + tst.size(), docs.size()) << test::seed_note();
+  auto names = [](const std::vector<Document>& d) {
+    std::set<std::string> s;
+    for (const Document& x : d) s.insert(x.source);
+    return s;
+  };
+  EXPECT_EQ(names(val), names(held2)) << test::seed_note();
+  std::set<std::string> all = names(train);
+  for (const auto* part : {&val, &tst})
+    for (const Document& d : *part) EXPECT_TRUE(all.insert(d.source).second) << d.source;
+  // Binomial shares: 20000 draws, 5 standard deviations is under 1.2 points.
+  EXPECT_NEAR(static_cast<double>(val.size()) / 20000, 0.10, 0.012) << test::seed_note();
+  EXPECT_NEAR(static_cast<double>(tst.size()) / 20000, 0.15, 0.013) << test::seed_note();
+  // Reversed input order: the same documents on each side.
+  std::vector<Document> rev(docs.rbegin(), docs.rend()), train3, val3, tst3;
+  split_corpus(rev, 0.1, 0.15, train3, val3, tst3);
+  EXPECT_EQ(names(val3), names(val));
+  EXPECT_EQ(names(tst3), names(tst));
+  try {
+    split_corpus(docs, 0.6, 0.4, train3, val3, tst3);
+    FAIL();
+  } catch (const ValueError& e) {
+    EXPECT_NE(e.message().find("0.6 + 0.4"), std::string::npos) << e.message();
   }
 }
