@@ -27,7 +27,7 @@ struct DemoOptions {
   std::string prose_dir = "/usr/share/games/fortunes";
   std::string work_dir = "runs/demo";
   int64_t code_bytes = 3 << 20;  // read at most this much code
-  int64_t steps = 550;           // pretraining steps
+  int64_t steps = 800;           // pretraining steps
   int64_t lora_steps = 750;
   int64_t lora_rank = 6;
   int64_t batch = 4;
