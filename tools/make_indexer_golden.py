@@ -16,7 +16,7 @@ drawn in float32 (the values the C++ test feeds its fp32 ops exactly) and comput
 Writes tests/ops/golden/indexer.safetensors: per case C in (dense, sparse):
     C.q [T, H, D], C.k [T, D], C.w [T, H], C.target [T, K] f32; C.indices [T, K] i32;
     C.scores [T, K], C.loss [1], C.dq, C.dk, C.dw (float64 results stored as f64)
-Usage: /work/venv-hf-load/bin/python tools/make_indexer_golden.py [--out PATH] [--seed N]
+Usage: python3 tools/make_indexer_golden.py (a python with torch) [--out PATH] [--seed N]
 """
 import argparse
 import json
