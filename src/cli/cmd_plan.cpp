@@ -94,6 +94,7 @@ Command add_plan_command(CLI::App& app) {
             o.memory.precision = !a->precision.empty()             ? parse_precision(a->precision)
                                  : q.backend == plan::Backend::Cpu ? Precision::fp32()
                                                                    : Precision::bf16();
+            o.memory.device = q.backend == plan::Backend::Cpu ? Device::CPU : Device::CUDA;
             if (!a->full) {
               MT_CHECK(a->lora_rank > 0, ValueError,
                        "--lora-rank must be positive (use --full for full fine-tuning)");

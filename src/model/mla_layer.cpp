@@ -76,15 +76,13 @@ ParamTable MlaLayer::without_grads(const ParamTable& params) {
   return t;
 }
 
-int64_t MlaLayer::index_slots(const SeqInfo& seq) const {
-  return ops::max_doc_len(seq);
+int64_t MlaLayer::index_slots(const SeqInfo&) const {
+  return 0;
 }
 
 void MlaLayer::plan_selection(const SeqInfo&, ArenaPlan&) const {}
 
-void MlaLayer::select_keys(Context&, const SeqInfo& seq, const Tensor&, Arena&) {
-  ops::causal_indices(seq, idx_);
-}
+void MlaLayer::select_keys(Context&, const SeqInfo&, const Tensor&, Arena&) {}
 
 void MlaLayer::after_attention(Context&, const SeqInfo&, Arena&) {}
 
@@ -137,8 +135,10 @@ void MlaLayer::plan_activations(const SeqInfo& seq, ArenaPlan& plan) const {
   kv_b_.plan(T, plan);
   plan.add({T, H, qk_dim()});  // k
   plan.add({T, H, Dv});        // v
-  plan.add({T, index_slots(seq)}, DType::I32);
-  plan_selection(seq, plan);
+  if (index_slots(seq) > 0) {
+    plan.add({T, index_slots(seq)}, DType::I32);
+    plan_selection(seq, plan);
+  }
   plan.add({T, H, Dv});   // o
   plan.add_fp32({T, H});  // lse
   if (cfg_.output_gate) {
@@ -222,14 +222,22 @@ void MlaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
   v_ = acts.alloc({T, H, Dv}, at);
   project_kv(ctx, x, seq.positions, k_, v_, acts);
 
-  // Attention over the selected keys.
+  // Attention: over the selected keys, or dense causal inside each document.
   const int64_t slots = index_slots(seq);
-  idx_ = acts.alloc({T, slots}, DType::I32);
-  select_keys(ctx, seq, x, acts);
+  if (slots > 0) {
+    idx_ = acts.alloc({T, slots}, DType::I32);
+    select_keys(ctx, seq, x, acts);
+  } else {
+    idx_ = Tensor();
+  }
   o_ = acts.alloc({T, H, Dv}, at);
   lse_ = acts.alloc({T, H}, DType::F32);
-  ops::attention_forward(ctx, attn_params(T, slots), q_, k_, v_, idx_, o_, lse_);
-  after_attention(ctx, seq, acts);
+  if (slots > 0) {
+    ops::attention_forward(ctx, attn_params(T, slots), q_, k_, v_, idx_, o_, lse_);
+    after_attention(ctx, seq, acts);
+  } else {
+    ops::causal_attention_forward(ctx, attn_params(T, 0), seq.cu_seqlens, q_, k_, v_, o_, lse_);
+  }
   project_out(ctx, x, o_.view({T, H * Dv}), y, acts);
 }
 
@@ -264,8 +272,12 @@ void MlaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
   // Attention.
   Tensor dq = ws.alloc({T, H, Dqk}, at), dk = ws.alloc({T, H, Dqk}, at),
          dv = ws.alloc({T, H, Dv}, at);
-  ops::attention_backward(ctx, attn_params(T, idx_.dim(1)), q_, k_, v_, idx_, o_, lse_, dout, dq,
-                          dk, dv);
+  if (idx_.defined())
+    ops::attention_backward(ctx, attn_params(T, idx_.dim(1)), q_, k_, v_, idx_, o_, lse_, dout, dq,
+                            dk, dv);
+  else
+    ops::causal_attention_backward(ctx, attn_params(T, 0), seq.cu_seqlens, q_, k_, v_, o_, lse_,
+                                   dout, dq, dk, dv);
 
   // Keys/values back to the latent: per-head parts to kv_b, the shared rotary key summed.
   Tensor dkv = ws.alloc({T, H * (nope + Dv)}, at);

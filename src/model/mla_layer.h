@@ -38,13 +38,15 @@ class MlaLayer : public Layer {
   void decode_step(Context& ctx, AttnDecodeState& st, const Tensor& x, Tensor& y);
 
  protected:
-  // Slots per query of the attention index table for `seq`.
+  // Slots per query of the attention index table for `seq`. 0 here: MLA attends densely and
+  // causally inside each document with no table (ops::causal_attention_*); the hooks below run
+  // only for a layer that selects keys (DSA).
   virtual int64_t index_slots(const SeqInfo& seq) const;
   // Activations the hooks save, in addition to the MLA ones.
   virtual void plan_selection(const SeqInfo& seq, ArenaPlan& plan) const;
-  // Fills idx_ (i32 [T, index_slots]) once q_, k_, v_ and cqn_ exist; dense causal here.
+  // Fills idx_ (i32 [T, index_slots]) once q_, k_, v_ and cqn_ exist.
   virtual void select_keys(Context& ctx, const SeqInfo& seq, const Tensor& x, Arena& acts);
-  // Runs after the attention forward (o_, lse_ valid).
+  // Runs after the attention forward over idx_ (o_, lse_ valid).
   virtual void after_attention(Context& ctx, const SeqInfo& seq, Arena& acts);
   // Decoding: key positions (i32 [n, slots], workspace) for the n new tokens at `positions`,
   // whose keys are already cached; dense causal here.
@@ -79,7 +81,7 @@ class MlaLayer : public Layer {
   Tensor cq_, q_rstd_, cqn_;  // q latent before / after its RMSNorm (q_lora_rank > 0)
   Tensor c_, kv_rstd_, cn_;   // kv latent before / after its RMSNorm
   Tensor q_, k_, v_;          // [T, H, Dqk], [T, H, Dqk], [T, H, Dv] (after RoPE)
-  Tensor idx_;                // i32 [T, slots]
+  Tensor idx_;                // i32 [T, slots] (layers that select keys)
   Tensor o_, lse_;            // [T, H, Dv], [T, H]
   Tensor g_, og_;             // gate pre-activation and gated output [T, H * Dv]
 };

@@ -23,7 +23,63 @@ void check_common(const AttentionParams& p, const Tensor& q, const Tensor& k, co
            dtype_name(indices.dtype()));
 }
 
+void check_causal(const AttentionParams& p, const Tensor& cu_seqlens, const Tensor& q,
+                  const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse) {
+  MT_CHECK(p.tokens >= 0 && p.heads > 0 && p.qk_dim > 0 && p.v_dim > 0, ValueError,
+           "causal attention: bad params tokens ", p.tokens, " heads ", p.heads, " qk_dim ",
+           p.qk_dim, " v_dim ", p.v_dim);
+  MT_CHECK(p.kvh() > 0 && p.heads % p.kvh() == 0, ValueError, "causal attention: heads ", p.heads,
+           " not a multiple of kv_heads ", p.kvh());
+  MT_CHECK(cu_seqlens.dtype() == DType::I32 && cu_seqlens.ndim() == 1 && cu_seqlens.numel() >= 2,
+           ShapeError,
+           "causal attention: cu_seqlens must be i32 [num_seqs + 1] with a document, got ",
+           dtype_name(cu_seqlens.dtype()), " ", cu_seqlens.shape());
+  expect_shape(q, {p.tokens, p.heads, p.qk_dim}, "causal attention q");
+  expect_shape(k, {p.tokens, p.kvh(), p.qk_dim}, "causal attention k");
+  expect_shape(v, {p.tokens, p.kvh(), p.v_dim}, "causal attention v");
+  expect_shape(o, {p.tokens, p.heads, p.v_dim}, "causal attention o");
+  expect_shape(lse, {p.tokens, p.heads}, "causal attention lse");
+}
+
 }  // namespace
+
+bool flash_attention_fits(int64_t qk_dim, int64_t v_dim, bool kv_per_head) {
+  return kv_per_head && qk_dim <= 192 && v_dim <= 128;
+}
+
+void causal_attention_forward(Context& ctx, const AttentionParams& p, const Tensor& cu_seqlens,
+                              const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o,
+                              Tensor& lse) {
+  check_causal(p, cu_seqlens, q, k, v, o, lse);
+  if (op_device("causal_attention_forward", {&cu_seqlens, &q, &k, &v, &o, &lse}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    return cuda::causal_attention_forward(ctx, p, cu_seqlens, q, k, v, o, lse);
+#else
+    no_cuda_backend("causal_attention_forward");
+#endif
+  }
+  cpu::causal_attention_forward(ctx, p, cu_seqlens, q, k, v, o, lse);
+}
+
+void causal_attention_backward(Context& ctx, const AttentionParams& p, const Tensor& cu_seqlens,
+                               const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                               const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
+                               Tensor& dv) {
+  check_causal(p, cu_seqlens, q, k, v, o, lse);
+  expect_shape(dout, o.shape(), "causal attention dout");
+  expect_shape(dq, q.shape(), "causal attention dq");
+  expect_shape(dk, k.shape(), "causal attention dk");
+  expect_shape(dv, v.shape(), "causal attention dv");
+  if (op_device("causal_attention_backward",
+                {&cu_seqlens, &q, &k, &v, &o, &lse, &dout, &dq, &dk, &dv}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    return cuda::causal_attention_backward(ctx, p, cu_seqlens, q, k, v, o, lse, dout, dq, dk, dv);
+#else
+    no_cuda_backend("causal_attention_backward");
+#endif
+  }
+  cpu::causal_attention_backward(ctx, p, cu_seqlens, q, k, v, o, lse, dout, dq, dk, dv);
+}
 
 int64_t max_doc_len(const SeqInfo& seq) {
   int64_t m = 0;

@@ -60,6 +60,25 @@ using AttentionProbSum = void(Context& ctx, const AttentionParams& p, const Tens
                               Tensor& out);
 AttentionProbSum attention_prob_sum;
 
+// Dense causal attention inside each document, without index lists: the same results as
+// attention_forward/backward over causal_indices' lists (tests/ops checks both against one
+// reference), in O(T) memory. cu_seqlens i32 [num_seqs + 1] on the tensors' device; p.kmax is not
+// read. Written, as above.
+using CausalAttentionForward = void(Context& ctx, const AttentionParams& p,
+                                    const Tensor& cu_seqlens, const Tensor& q, const Tensor& k,
+                                    const Tensor& v, Tensor& o, Tensor& lse);
+CausalAttentionForward causal_attention_forward;
+using CausalAttentionBackward = void(Context& ctx, const AttentionParams& p,
+                                     const Tensor& cu_seqlens, const Tensor& q, const Tensor& k,
+                                     const Tensor& v, const Tensor& o, const Tensor& lse,
+                                     const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv);
+CausalAttentionBackward causal_attention_backward;
+
+// Whether the CUDA tensor-core kernel (flash_attention.cu) takes these shapes in bf16: one key
+// head per query head and head dims within its widest instantiation. Read by the CUDA entries and
+// by the op table (plan/), so both choose alike; other shapes and fp32 run the direct kernels.
+bool flash_attention_fits(int64_t qk_dim, int64_t v_dim, bool kv_per_head);
+
 // The backends' bodies, called by the entries above once they validated: ops/cpu/attention.cpp,
 // and ops/cuda/attention.cu in CUDA builds (which has no full_indices: the entry builds it on the
 // CPU path).
@@ -69,12 +88,16 @@ FullIndices full_indices;
 AttentionForward attention_forward;
 AttentionBackward attention_backward;
 AttentionProbSum attention_prob_sum;
+CausalAttentionForward causal_attention_forward;
+CausalAttentionBackward causal_attention_backward;
 }  // namespace cpu
 namespace cuda {
 CausalIndices causal_indices;
 AttentionForward attention_forward;
 AttentionBackward attention_backward;
 AttentionProbSum attention_prob_sum;
+CausalAttentionForward causal_attention_forward;
+CausalAttentionBackward causal_attention_backward;
 }  // namespace cuda
 
 }  // namespace mt::ops

@@ -1,5 +1,7 @@
 #include "ops/kda.h"
 
+#include "ops/kda_chunk_layout.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -65,6 +67,18 @@ int64_t kda_saved_rows(const KdaParams& p, const Tensor& cu_seqlens) {
   MT_CHECK(c[p.num_seqs] == p.tokens, ValueError, "kda: cu_seqlens ends at ", c[p.num_seqs],
            ", expected tokens ", p.tokens);
   return rows;
+}
+
+bool kda_chunk_kernel_fits(const KdaParams& p) {
+  return p.chunked && p.chunk <= 64 && p.head_k <= 128 && p.head_v <= 128;
+}
+
+int64_t kda_chunk_workspace_floats(const KdaParams& p, int64_t chunks, bool backward) {
+  const KdaChunkLayout lay{p.chunk, p.head_k, p.head_v};
+  // The chunk table (i32: first token and length per chunk, first chunk per document), padded.
+  const int64_t table = (2 * chunks + p.num_seqs + 1 + 15) / 16 * 16;
+  return table + chunks * p.heads * lay.block(backward) +
+         (backward ? chunks * p.heads * p.head_k * p.head_v : 0);
 }
 
 int64_t kda_scratch_floats(const KdaParams& p, int threads, bool backward) {

@@ -35,6 +35,13 @@ int64_t kda_saved_rows(const KdaParams& p, const Tensor& cu_seqlens);
 using KdaScratchFloats = int64_t(const KdaParams& p, int threads, bool backward);
 KdaScratchFloats kda_scratch_floats;
 
+// Whether the CUDA chunked kernels (ops/cuda/kda_chunk.cu) take these params: the chunked
+// algorithm with chunk <= 64 and head dims <= 128. Read by the CUDA entries and the op table.
+bool kda_chunk_kernel_fits(const KdaParams& p);
+// Floats of workspace the CUDA chunked kernels take for `chunks` saved rows
+// (ops/kda_chunk_layout.h), for memory planning (the kernels allocate exactly this).
+int64_t kda_chunk_workspace_floats(const KdaParams& p, int64_t chunks, bool backward);
+
 // o written; hT written when defined; h0 may be undefined (zero initial states); saved receives
 // what backward needs and must stay untouched until then.
 using KdaForward = void(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,

@@ -1,7 +1,9 @@
 #include "ops/op_table.h"
 
 #include "core/error.h"
+#include "ops/attention.h"
 #include "ops/dispatch.h"
+#include "ops/kda.h"
 
 namespace mt::ops {
 
@@ -46,9 +48,9 @@ constexpr int64_t kMaxCpuKdaChunk = 256;
 // entry is built only where both hold, so a CPU-only binary plans every GPU op as a fallback.
 namespace landed {
 constexpr bool cublas_bf16 = true;
-constexpr bool kda_chunk_cuda = false;
+constexpr bool kda_chunk_cuda = true;
 constexpr bool kda_direct_cuda = true;
-constexpr bool flash_mla_cuda = false;
+constexpr bool flash_mla_cuda = true;
 constexpr bool sparse_mla_cuda = false;
 constexpr bool lightning_indexer_cuda = false;
 constexpr bool fused_router_cuda = true;
@@ -58,6 +60,7 @@ constexpr bool fused_ce_cuda = true;
 constexpr bool rmsnorm_cuda = true;
 constexpr bool causal_conv1d_cuda = true;
 constexpr bool index_attention_cuda = true;
+constexpr bool causal_attention_cuda = true;
 constexpr bool indexer_cuda = true;
 // Direct versions, registered after the fast kernels above so that those win once they land.
 constexpr bool stable_permute_cuda = true;
@@ -114,7 +117,7 @@ KernelRegistry KernelRegistry::builtin() {
                           }});
   cpu_ref(OpKind::KdaCore, "kda_recurrent_cpu", "src/ops/cpu/kda.cpp (token recurrence)");
   cpu_ref(OpKind::Gemm, "blas_sgemm", "src/ops/gemm.cpp");
-  cpu_ref(OpKind::MlaAttention, "index_attention_cpu", "src/ops/cpu/attention.cpp");
+  cpu_ref(OpKind::MlaAttention, "causal_attention_cpu", "src/ops/cpu/attention.cpp");
   cpu_ref(OpKind::SparseAttention, "index_attention_cpu", "src/ops/cpu/attention.cpp");
   cpu_ref(OpKind::Indexer, "indexer_cpu", "src/ops/cpu/indexer.cpp");
   cpu_ref(OpKind::Router, "router_cpu", "src/ops/cpu/router.cpp");
@@ -126,12 +129,15 @@ KernelRegistry KernelRegistry::builtin() {
 
   // CUDA kernels (constraints as their designs state; built per the flags in `landed`).
   cuda(OpKind::Gemm, "cublas_bf16", landed::cublas_bf16, "cuBLAS", need_bf16);
-  cuda(OpKind::KdaCore, "kda_chunk_cuda", landed::kda_chunk_cuda, "fla-style chunk_kda",
-       [](const OpShape& s) {
+  cuda(OpKind::KdaCore, "kda_chunk_cuda", landed::kda_chunk_cuda,
+       "src/ops/cuda/kda_chunk.cu (chunked WY form)", [](const OpShape& s) {
          if (!s.chunked) return std::string("config asks for the recurrence");
-         if (s.chunk != 64) return "chunk " + std::to_string(s.chunk) + " != 64";
-         if (s.head_dim > 256) return "head_dim " + std::to_string(s.head_dim) + " > 256";
-         return need_bf16(s);
+         const KdaParams p{
+             .head_k = s.head_dim, .head_v = s.head_dim, .chunked = s.chunked, .chunk = s.chunk};
+         if (!kda_chunk_kernel_fits(p))
+           return "chunk " + std::to_string(s.chunk) + " > 64 or head_dim " +
+                  std::to_string(s.head_dim) + " > 128";
+         return std::string();
        });
   // The direct kernel: the token recurrence for both algorithms (saving what each one saves),
   // f32 or bf16; slower than a chunked kernel, so it comes after it.
@@ -141,22 +147,24 @@ KernelRegistry KernelRegistry::builtin() {
          return std::string();
        });
   cuda(OpKind::MlaAttention, "flash_mla_cuda", landed::flash_mla_cuda,
-       "flash attention over MLA heads", [](const OpShape& s) {
-         if (s.head_dim > 256) return "head_dim " + std::to_string(s.head_dim) + " > 256";
+       "src/ops/cuda/flash_attention.cu (dense causal, tensor cores)", [](const OpShape& s) {
+         if (!flash_attention_fits(s.head_dim, s.v_dim, true))
+           return "head dims " + std::to_string(s.head_dim) + "/" + std::to_string(s.v_dim) +
+                  " past 192/128";
          return need_bf16(s);
        });
   cuda(OpKind::SparseAttention, "sparse_mla_cuda", landed::sparse_mla_cuda, "top-k sparse MLA",
        [](const OpShape& s) {
-         if (s.topk % 64 != 0)
+         if (s.topk <= 0 || s.topk % 64 != 0)
            return "index_topk " + std::to_string(s.topk) + " not a multiple of 64";
          return need_bf16(s);
        });
   cuda(OpKind::Indexer, "lightning_indexer_cuda", landed::lightning_indexer_cuda,
        "fp8/bf16 indexer scores", need_bf16);
-  // The direct kernels (one block per query row over its index list): any dtype and head dim,
-  // after the fused kernels, which the planner prefers where they apply.
-  cuda(OpKind::MlaAttention, "index_attention_cuda", landed::index_attention_cuda,
-       "src/ops/cuda/attention.cu (direct)", any);
+  // The direct kernels (one block per query row over its index list or causal range): any dtype
+  // and head dim, after the fused kernels, which the planner prefers where they apply.
+  cuda(OpKind::MlaAttention, "causal_attention_cuda", landed::causal_attention_cuda,
+       "src/ops/cuda/attention.cu (direct, causal ranges)", any);
   cuda(OpKind::SparseAttention, "index_attention_cuda", landed::index_attention_cuda,
        "src/ops/cuda/attention.cu (direct)", any);
   cuda(OpKind::Indexer, "indexer_cuda", landed::indexer_cuda, "src/ops/cuda/indexer.cu (direct)",

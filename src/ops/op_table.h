@@ -34,7 +34,8 @@ const char* op_name(OpKind k);
 // What the op sees of the model: dtype and the dims its kernels constrain.
 struct OpShape {
   std::string dtype = "fp32";
-  int64_t head_dim = 0;
+  int64_t head_dim = 0;  // attention: the q.k width
+  int64_t v_dim = 0;     // attention: the value width
   int64_t chunk = 0;
   bool chunked = true;
   int64_t topk = 0;

@@ -280,12 +280,13 @@ double fp32(double elems) {
   return static_cast<double>(arena_footprint(static_cast<size_t>(elems) * 4));
 }
 
-// Peak scratch (fp32 elements, CPU engine) a block takes from the workspace in forward or
-// backward, following the live buffers of each layer's code (kda_layer.cpp, mla_layer.cpp,
-// dsa_layer.cpp, moe_layer.cpp, dense_ffn.cpp). Of the ops' own per-thread scratch only the KDA
-// core's is counted (the largest: C x C chunk buffers per thread); the rest is small.
+// Peak scratch (bytes) a block takes from the workspace in forward or backward, following the
+// live buffers of each layer's code (kda_layer.cpp, mla_layer.cpp, dsa_layer.cpp, moe_layer.cpp,
+// dense_ffn.cpp), activation-dtype tensors scaled by `act` (its size over fp32's). Of the ops' own
+// scratch only the KDA core's is counted (fp32: the CPU's C x C chunk buffers per thread, or the
+// CUDA chunked kernels' per-chunk products); the rest is small.
 double mixer_scratch(const ModelConfig& cfg, MixerKind k, int64_t T, int64_t max_doc, int64_t docs,
-                     int threads) {
+                     int threads, Device device, double act) {
   if (k == MixerKind::Kda) {
     const double H = static_cast<double>(cfg.kda.heads), K = static_cast<double>(cfg.kda.head_dim);
     const double HK = H * K;
@@ -296,13 +297,19 @@ double mixer_scratch(const ModelConfig& cfg, MixerKind k, int64_t T, int64_t max
                             .num_seqs = docs,
                             .chunked = cfg.kda.chunked,
                             .chunk = cfg.kda.chunk};
-    const double core_fwd = fp32(static_cast<double>(ops::kda_scratch_floats(cp, threads, false)));
-    const double core_bwd = fp32(static_cast<double>(ops::kda_scratch_floats(cp, threads, true)));
-    // Backward: dog, don, dgb, dga, dcore, dq, dk, dv, dg, dbeta live around the core's own
-    // scratch; then the largest of the later groups.
-    const double at_core = fp32(T * HK) * 8 + fp32(T * K) + fp32(T * H) + core_bwd;
-    return std::max(
-        {core_fwd, at_core, fp32(T * HK) * 9 + fp32(T * K) + fp32(T * H) + fp32(T * HK) * 2});
+    double core_fwd = fp32(static_cast<double>(ops::kda_scratch_floats(cp, threads, false)));
+    double core_bwd = fp32(static_cast<double>(ops::kda_scratch_floats(cp, threads, true)));
+    if (device == Device::CUDA && ops::kda_chunk_kernel_fits(cp)) {
+      // Every document's last chunk may be partial: at most T / C + docs chunks.
+      const int64_t chunks = (T + cp.chunk - 1) / cp.chunk + docs;
+      core_fwd = fp32(static_cast<double>(ops::kda_chunk_workspace_floats(cp, chunks, false)));
+      core_bwd = fp32(static_cast<double>(ops::kda_chunk_workspace_floats(cp, chunks, true)));
+    }
+    // Backward: dog, don, dgb, dga, dcore, dq, dk, dv (activation dtype), dg and dbeta (fp32)
+    // live around the core's own scratch; then the largest of the later groups (two more
+    // [T, H K] activations at most).
+    const double kept = (fp32(T * HK) * 7 + fp32(T * K)) * act + fp32(T * HK) + fp32(T * H);
+    return std::max({core_fwd, kept + core_bwd, kept + fp32(T * HK) * 3 * act + fp32(T * H)});
   }
   const MlaConfig& m = k == MixerKind::Dsa ? cfg.dsa.mla : cfg.mla;
   const double H = static_cast<double>(m.heads),
@@ -324,7 +331,7 @@ double mixer_scratch(const ModelConfig& cfg, MixerKind k, int64_t T, int64_t max
     // After MLA backward has released its scratch: dscores, dqi, dkn, dw, dki.
     bwd = std::max(bwd, fp32(T * slots) + fp32(T * HI * DI) + fp32(T * DI) * 2 + fp32(T * HI));
   }
-  return std::max(fwd, bwd);
+  return std::max(fwd, bwd) * act;
 }
 
 // Bytes, with `act` the activation dtype's size over fp32's: tensors in the activation dtype are
@@ -436,7 +443,7 @@ MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& c,
   const double act = dt.act / 4.0;
   ws *= act;
   for (const LayerIR& l : cfg.layers) {
-    ws = std::max(ws, mixer_scratch(cfg, l.mixer, T, p.seq, p.mbs, o.threads) * act);
+    ws = std::max(ws, mixer_scratch(cfg, l.mixer, T, p.seq, p.mbs, o.threads, o.device, act));
     ws = std::max(ws, ffn_scratch(cfg, l.ffn, T, act));
   }
   m.workspace = fp32(static_cast<double>(T * d)) * 3 * act + ws;

@@ -3,6 +3,8 @@
 // a built model holds. Nothing here allocates model memory: seed-2.8t is sized from specs alone.
 #pragma once
 
+#include "core/device.h"
+
 #include <array>
 #include <cstdint>
 #include <string>
@@ -121,6 +123,9 @@ struct MemoryOptions {
   double a2a_capacity = 1.25;  // receive headroom over the balanced share (routing skew)
   int64_t ce_chunk = 128;      // tokens per cross-entropy chunk (ops default)
   int threads = 1;             // CPU threads of the step: the KDA core's scratch is per thread
+  // Where the step runs: the ops' scratch differs (the CUDA chunked KDA keeps its per-chunk
+  // products for the whole layer, the CPU's per-thread buffers only a chunk).
+  Device device = Device::CPU;
 };
 
 // Peak bytes per device for `cfg` under `p`. With world = 1 and fp32 this is what one CPU training

@@ -76,8 +76,8 @@ nlohmann::json run_step_bench(const StepBenchOptions& o, std::ostream& log) {
   // device reports: issue 11's memory check compares the two.
   plan::ParallelPlan pp;
   pp.seq = o.tokens;
-  const plan::MemoryBreakdown predicted =
-      plan::predict_memory(cfg, pp, {.precision = mopt.precision, .freeze_base = mopt.freeze_base});
+  const plan::MemoryBreakdown predicted = plan::predict_memory(
+      cfg, pp, {.precision = mopt.precision, .freeze_base = mopt.freeze_base, .device = device});
   const double workspace =
       o.workspace_gib > 0 ? o.workspace_gib * double(size_t(1) << 30) : predicted.workspace;
   // The baseline: the CUDA context itself (created by this first query), before anything of ours.
@@ -200,8 +200,9 @@ nlohmann::json run_step_bench(const StepBenchOptions& o, std::ostream& log) {
     plan::ParallelPlan wrong = pp;
     wrong.seq = o.tokens / 2;
     const double misplanned =
-        plan::predict_memory(cfg, wrong,
-                             {.precision = mopt.precision, .freeze_base = mopt.freeze_base})
+        plan::predict_memory(
+            cfg, wrong,
+            {.precision = mopt.precision, .freeze_base = mopt.freeze_base, .device = device})
             .total() /
         double(size_t(1) << 30);
     const double rel = std::abs(planned - measured) / measured;

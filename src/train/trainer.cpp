@@ -306,8 +306,9 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
     pp.seq = train.seq_len;
     pp.recompute =
         mopt.recompute == ActivationRecompute::Full ? plan::Recompute::Full : plan::Recompute::None;
-    need = plan::predict_memory(cfg, pp,
-                                {.precision = mopt.precision, .freeze_base = mopt.freeze_base});
+    need = plan::predict_memory(
+        cfg, pp,
+        {.precision = mopt.precision, .freeze_base = mopt.freeze_base, .device = Device::CUDA});
     workspace = std::max(workspace, static_cast<size_t>(need.workspace));
   }
   Context ctx(ContextOptions{.device = device,

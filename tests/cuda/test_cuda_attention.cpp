@@ -166,6 +166,95 @@ TEST(CudaAttention, CausalIndicesMatchTheCpu) {
   EXPECT_EQ(std::memcmp(h.raw(), want.raw(), want.bytes()), 0);
 }
 
+// Dense causal attention without lists: bf16 runs the tensor-core kernels (flash_attention.cu)
+// where flash_attention_fits holds, f32 and other shapes the direct kernels over causal ranges.
+void check_causal(const char* name, const ops::AttentionParams& p,
+                  const std::vector<int64_t>& lengths, uint64_t seed, Rng& rng) {
+  const int64_t T = p.tokens, H = p.heads, Hk = p.kvh();
+  std::vector<In> ins = {{randn(rng, {T, H, p.qk_dim}, 1.5)},
+                         {randn(rng, {T, Hk, p.qk_dim})},
+                         {randn(rng, {T, Hk, p.v_dim})},
+                         {SeqInfo::from_lengths(lengths).cu_seqlens, false},
+                         {randn(rng, {T, H, p.v_dim})}};
+  run_case(
+      name, ins, {"o", "lse", "dq", "dk", "dv"},
+      [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
+        const DType dt = in[0].dtype();
+        Tensor o = out(c, {T, H, p.v_dim}, dt), lse = out(c, {T, H}, DType::F32);
+        OP(causal_attention_forward)(c, p, in[3], in[0], in[1], in[2], o, lse);
+        Tensor dq = out(c, in[0].shape(), dt), dk = out(c, in[1].shape(), dt),
+               dv = out(c, in[2].shape(), dt);
+        OP(causal_attention_backward)(c, p, in[3], in[0], in[1], in[2], o, lse, in[4], dq, dk, dv);
+        return {o, lse, dq, dk, dv};
+      },
+      seed, T* H);
+}
+
+TEST(CudaAttention, CausalMlaWidthsPackedDocuments) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  check_causal("causal 192/128", params(700, 2, 2, 192, 128, 0), {300, 1, 399}, seed, rng);
+}
+
+TEST(CudaAttention, CausalPaddedHeadDims) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  // Widths that are not multiples of 8 (element-wise tile loads) and of 16 (zero padding).
+  check_causal("causal 13/11", params(67, 3, 3, 13, 11, 0), {30, 37}, seed, rng);
+  check_causal("causal 72/64", params(1000, 2, 2, 72, 64, 0), {1000}, seed, rng);
+  check_causal("causal 128/128", params(333, 2, 2, 128, 128, 0), {64, 65, 204}, seed, rng);
+}
+
+TEST(CudaAttention, CausalDirectShapes) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  check_causal("causal gqa", params(129, 4, 2, 24, 16, 0), {100, 29}, seed, rng);
+  check_causal("causal wide", params(150, 2, 2, 256, 64, 0), {150}, seed, rng);
+}
+
+TEST(CudaAttention, CausalLongDocument) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  check_causal("causal 4096", params(4096, 2, 2, 192, 128, 0), {4000, 96}, seed, rng);
+}
+
+// The tensor-core backward writes each gradient row from one block, in a fixed order.
+TEST(CudaAttention, CausalFlashBackwardIsBitRepeatable) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(cat("seed=", seed));
+  Rng rng(seed);
+  const int64_t T = 500, H = 3;
+  const ops::AttentionParams p = params(T, H, H, 192, 128, 0);
+  Context ctx(ContextOptions{.device = Device::CUDA, .seed = seed});
+  auto bf = [&](const Tensor& host) {
+    Tensor d = out(ctx, host.shape(), DType::BF16);
+    d.copy_from(host);
+    return d;
+  };
+  Tensor q = bf(randn(rng, {T, H, 192})), k = bf(randn(rng, {T, H, 192})),
+         v = bf(randn(rng, {T, H, 128})), dout = bf(randn(rng, {T, H, 128}));
+  Tensor cu = like(ctx, SeqInfo::from_lengths({200, 300}).cu_seqlens);
+  Tensor o = out(ctx, {T, H, 128}, DType::BF16), lse = out(ctx, {T, H}, DType::F32);
+  ops::causal_attention_forward(ctx, p, cu, q, k, v, o, lse);
+  Tensor dq[2], dk[2], dv[2];
+  for (int i = 0; i < 2; ++i) {
+    dq[i] = out(ctx, q.shape(), DType::BF16);
+    dk[i] = out(ctx, k.shape(), DType::BF16);
+    dv[i] = out(ctx, v.shape(), DType::BF16);
+    ops::causal_attention_backward(ctx, p, cu, q, k, v, o, lse, dout, dq[i], dk[i], dv[i]);
+  }
+  ctx.synchronize();
+  for (Tensor* g : {dq, dk, dv}) {
+    const Tensor a = g[0].to(Device::CPU), b = g[1].to(Device::CPU);
+    EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.bytes()), 0);
+  }
+}
+
 // dk and dv are gathered in slot order per key (no float atomics): two runs agree bit for bit.
 TEST(CudaAttention, BackwardIsBitRepeatable) {
   REQUIRE_GPU();

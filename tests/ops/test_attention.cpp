@@ -1,10 +1,12 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "harness/op_check.h"
+#include "harness/seed.h"
 #include "ops/attention.h"
 #include "ref/attention_ref.h"
 
@@ -166,6 +168,104 @@ TEST(Attention, PaddedTableEqualsDenseExactly) {
   EXPECT_EQ(std::memcmp(dq[0].raw(), dq[1].raw(), dq[0].bytes()), 0);
   EXPECT_EQ(std::memcmp(dk[0].raw(), dk[1].raw(), dk[0].bytes()), 0);
   EXPECT_EQ(std::memcmp(dv[0].raw(), dv[1].raw(), dv[0].bytes()), 0);
+}
+
+// Dense causal attention without index lists (ops::causal_attention_*), against the reference
+// run over causal index rows that the reference builds itself from the document lengths.
+class CausalAttentionCase : public OpCase {
+ public:
+  CausalAttentionCase(ops::AttentionParams p, std::vector<int64_t> lengths)
+      : p_(p), lengths_(std::move(lengths)) {}
+  std::string name() const override { return "causal_attention"; }
+  std::vector<InputSpec> inputs() const override {
+    return {{.name = "q", .shape = {p_.tokens, p_.heads, p_.qk_dim}, .scale = 1.5},
+            {.name = "k", .shape = {p_.tokens, p_.kvh(), p_.qk_dim}},
+            {.name = "v", .shape = {p_.tokens, p_.kvh(), p_.v_dim}}};
+  }
+  std::vector<OutputSpec> outputs() const override { return {{"o"}, {"lse", false}}; }
+  std::vector<Tensor> forward(Context& ctx, GuardedAlloc& alloc,
+                              const std::vector<Tensor>& in) override {
+    cu_ = on_device(ctx, SeqInfo::from_lengths(lengths_).cu_seqlens);
+    o_ = alloc({p_.tokens, p_.heads, p_.v_dim});
+    lse_ = alloc({p_.tokens, p_.heads});
+    ops::causal_attention_forward(ctx, p_, cu_, in[0], in[1], in[2], o_, lse_);
+    return {o_, lse_};
+  }
+  void backward(Context& ctx, GuardedAlloc&, const std::vector<Tensor>& in,
+                const std::vector<Tensor>& dout, std::vector<Tensor>& grads) override {
+    ops::causal_attention_backward(ctx, p_, cu_, in[0], in[1], in[2], o_, lse_, dout[0], grads[0],
+                                   grads[1], grads[2]);
+  }
+  std::vector<DVec> reference(const std::vector<DVec>& in) const override {
+    const int64_t K = *std::max_element(lengths_.begin(), lengths_.end());
+    DVec idx(static_cast<size_t>(p_.tokens * K), -1.0);
+    int64_t b = 0;
+    for (int64_t l : lengths_) {
+      for (int64_t t = b; t < b + l; ++t)
+        for (int64_t s = b; s <= t; ++s) idx[static_cast<size_t>(t * K + s - b)] = double(s);
+      b += l;
+    }
+    const ref::AttnRefOut r = ref::attention(in[0], in[1], in[2], idx, p_.tokens, p_.heads,
+                                             p_.kvh(), p_.qk_dim, p_.v_dim, K, p_.scale);
+    return {r.o, r.lse};
+  }
+
+ private:
+  ops::AttentionParams p_;
+  std::vector<int64_t> lengths_;
+  Tensor cu_, o_, lse_;
+};
+
+TEST(Attention, CausalWithoutListsPackedDocuments) {
+  CausalAttentionCase c(params(67, 3, 3, 13, 11, 0), {30, 1, 36});
+  check_op(c);
+}
+
+TEST(Attention, CausalWithoutListsGroupedKeyHeads) {
+  CausalAttentionCase c(params(41, 4, 2, 6, 9, 0), {41});
+  check_op(c);
+}
+
+// Without lists and over causal_indices' lists the op computes the same sums in the same order.
+TEST(Attention, CausalWithoutListsEqualsTheListsExactly) {
+  const SeqInfo seq = SeqInfo::from_lengths({19, 44, 1});
+  const int64_t T = seq.tokens, H = 2, Dk = 10, Dv = 7, K = ops::max_doc_len(seq);
+  Context ctx;
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Rng rng(seed);
+  Tensor q = Tensor::empty({T, H, Dk}), k = Tensor::empty({T, H, Dk}),
+         v = Tensor::empty({T, H, Dv}), dout = Tensor::empty({T, H, Dv});
+  for (Tensor* t : {&q, &k, &v, &dout}) fill_normal(rng, *t);
+  Tensor idx = Tensor::empty({T, K}, DType::I32);
+  ops::causal_indices(seq, idx);
+  Tensor o[2], lse[2], dq[2], dk[2], dv[2];
+  for (int i = 0; i < 2; ++i) {
+    o[i] = Tensor::empty({T, H, Dv});
+    lse[i] = Tensor::empty({T, H});
+    dq[i] = Tensor::empty(q.shape());
+    dk[i] = Tensor::empty(k.shape());
+    dv[i] = Tensor::empty(v.shape());
+  }
+  const ops::AttentionParams p = params(T, H, H, Dk, Dv, K);
+  ops::attention_forward(ctx, p, q, k, v, idx, o[0], lse[0]);
+  ops::attention_backward(ctx, p, q, k, v, idx, o[0], lse[0], dout, dq[0], dk[0], dv[0]);
+  ops::causal_attention_forward(ctx, p, seq.cu_seqlens, q, k, v, o[1], lse[1]);
+  ops::causal_attention_backward(ctx, p, seq.cu_seqlens, q, k, v, o[1], lse[1], dout, dq[1], dk[1],
+                                 dv[1]);
+  for (Tensor* t : {o, lse, dq, dk, dv})
+    EXPECT_EQ(std::memcmp(t[0].raw(), t[1].raw(), t[0].bytes()), 0);
+}
+
+TEST(Attention, CausalWithoutListsRejectsBadOffsets) {
+  Context ctx;
+  const ops::AttentionParams p = params(6, 1, 1, 4, 4, 0);
+  Tensor q = Tensor::zeros({6, 1, 4}), k = Tensor::zeros({6, 1, 4}), v = Tensor::zeros({6, 1, 4});
+  Tensor o = Tensor::zeros({6, 1, 4}), l = Tensor::zeros({6, 1});
+  Tensor short_cu = SeqInfo::from_lengths({2, 3}).cu_seqlens;  // 5 tokens, tensors hold 6
+  EXPECT_THROW(ops::causal_attention_forward(ctx, p, short_cu, q, k, v, o, l), ShapeError);
+  Tensor no_docs = Tensor::zeros({1}, DType::I32);
+  EXPECT_THROW(ops::causal_attention_forward(ctx, p, no_docs, q, k, v, o, l), ShapeError);
 }
 
 class ProbSumCase : public OpCase {

@@ -123,12 +123,23 @@ TEST(OpTable, CudaKernelsAreBuiltOnlyWithTheBackend) {
     EXPECT_NE(c.why.find("not built"), std::string::npos) << c.why;
   } else {
     // The direct attention and indexer kernels take the shapes the fused ones refuse.
-    for (ops::OpKind op : {ops::OpKind::SparseAttention, ops::OpKind::MlaAttention}) {
-      const ops::KernelChoice c =
-          reg.choose(op, ops::Backend::Cuda, {.dtype = "fp32", .topk = 100});
-      EXPECT_FALSE(c.fallback) << c.why;
-      EXPECT_EQ(c.kernel, "index_attention_cuda");
-    }
+    const ops::KernelChoice sparse = reg.choose(ops::OpKind::SparseAttention, ops::Backend::Cuda,
+                                                {.dtype = "fp32", .topk = 100});
+    EXPECT_FALSE(sparse.fallback) << sparse.why;
+    EXPECT_EQ(sparse.kernel, "index_attention_cuda");
+    const ops::KernelChoice dense = reg.choose(ops::OpKind::MlaAttention, ops::Backend::Cuda,
+                                               {.dtype = "fp32", .head_dim = 192, .v_dim = 128});
+    EXPECT_FALSE(dense.fallback) << dense.why;
+    EXPECT_EQ(dense.kernel, "causal_attention_cuda");
+    // bf16 within the tensor-core kernel's widths takes it; wider heads fall to the direct one.
+    EXPECT_EQ(reg.choose(ops::OpKind::MlaAttention, ops::Backend::Cuda,
+                         {.dtype = "bf16", .head_dim = 192, .v_dim = 128})
+                  .kernel,
+              "flash_mla_cuda");
+    EXPECT_EQ(reg.choose(ops::OpKind::MlaAttention, ops::Backend::Cuda,
+                         {.dtype = "bf16", .head_dim = 256, .v_dim = 128})
+                  .kernel,
+              "causal_attention_cuda");
     EXPECT_EQ(reg.choose(ops::OpKind::Indexer, ops::Backend::Cuda, {.dtype = "fp32"}).kernel,
               "indexer_cuda");
   }

@@ -39,15 +39,15 @@ void expect_cpu_choices(const ModelConfig& cfg) {
         EXPECT_NE(find_op(k, "conv1d"), nullptr);
         break;
       case MixerKind::Dsa:
-        if (!cfg.dsa.dense_warmup) {
-          EXPECT_NE(find_op(k, "indexer"), nullptr);
-          ASSERT_NE(find_op(k, "sparse_attention"), nullptr);
-          EXPECT_EQ(find_op(k, "sparse_attention")->kernel, "index_attention_cpu");
-          break;
-        }
-        [[fallthrough]];
+        // Both stages attend over index lists (the dense warm-up's are causal).
+        EXPECT_EQ(find_op(k, "indexer") != nullptr, !cfg.dsa.dense_warmup);
+        ASSERT_NE(find_op(k, "sparse_attention"), nullptr);
+        EXPECT_EQ(find_op(k, "sparse_attention")->kernel, "index_attention_cpu");
+        EXPECT_EQ(find_op(k, "mla_attention"), nullptr);
+        break;
       case MixerKind::Mla:
         ASSERT_NE(find_op(k, "mla_attention"), nullptr);
+        EXPECT_EQ(find_op(k, "mla_attention")->kernel, "causal_attention_cpu");
         EXPECT_EQ(find_op(k, "sparse_attention"), nullptr);
         break;
     }

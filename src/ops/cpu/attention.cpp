@@ -71,32 +71,66 @@ KeyLists build_key_lists(const Tensor& indices, int64_t tokens, Arena& arena) {
   return kl;
 }
 
-void attention_forward(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
-                       const Tensor& v, const Tensor& indices, Tensor& o, Tensor& lse) {
-  const int64_t T = p.tokens, H = p.heads, Hk = p.kvh(), G = H / Hk, Dk = p.qk_dim, Dv = p.v_dim,
-                K = p.kmax;
+namespace {
+
+// The keys a query row attends to, walked in order: an index-table row (unused slots give -1) ...
+struct TableRows {
+  const int32_t* idx;
+  int64_t kmax, tokens;
+  int64_t count(int64_t) const { return kmax; }
+  int64_t key(int64_t t, int64_t j) const {
+    const int32_t s = idx[t * kmax + j];
+    return valid_slot(s, tokens) ? s : -1;
+  }
+};
+// ... or its document's keys up to itself.
+struct CausalRows {
+  const int32_t* start;  // [T]: first token of each token's document
+  int64_t count(int64_t t) const { return t - start[t] + 1; }
+  int64_t key(int64_t t, int64_t j) const { return start[t] + j; }
+};
+// The queries that attend to a key, in increasing order: the transposed table's list ...
+struct TableCols {
+  const int64_t* off;
+  const int64_t* ent;
+  int64_t kmax;
+  int64_t count(int64_t s) const { return off[s + 1] - off[s]; }
+  int64_t query(int64_t s, int64_t i) const { return ent[off[s] + i] / kmax; }
+};
+// ... or the key's document from the key on.
+struct CausalCols {
+  const int32_t* end;  // [T]: one past the last token of each token's document
+  int64_t count(int64_t s) const { return end[s] - s; }
+  int64_t query(int64_t s, int64_t i) const { return s + i; }
+};
+
+// `slots`: the longest row (scratch per thread).
+template <typename Rows>
+void forward_rows(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
+                  const Tensor& v, const Rows& rows, int64_t slots, Tensor& o, Tensor& lse) {
+  const int64_t T = p.tokens, H = p.heads, Hk = p.kvh(), G = H / Hk, Dk = p.qk_dim, Dv = p.v_dim;
   const float* pq = q.f32();
   const float* pk = k.f32();
   const float* pv = v.f32();
-  const int32_t* idx = indices.i32();
   float* po = o.f32();
   float* pl = lse.f32();
   const int nth = ctx.threads();
+  const int64_t width = std::max<int64_t>(slots, 1);
   ArenaScope scope(ctx.workspace());
-  Tensor scratch = ctx.workspace().alloc({static_cast<int64_t>(nth), std::max<int64_t>(K, 1)});
+  Tensor scratch = ctx.workspace().alloc({static_cast<int64_t>(nth), width});
   float* sc_all = scratch.f32();
   const float scale = p.scale;
 
 #pragma omp parallel for num_threads(nth) schedule(dynamic, 16)
   for (int64_t th = 0; th < T * H; ++th) {
-    const int64_t t = th / H, h = th % H, g = h / G;
-    float* sc = sc_all + static_cast<int64_t>(omp_get_thread_num()) * std::max<int64_t>(K, 1);
+    const int64_t t = th / H, h = th % H, g = h / G, n = rows.count(t);
+    float* sc = sc_all + static_cast<int64_t>(omp_get_thread_num()) * width;
     const float* qr = pq + th * Dk;
-    const int32_t* row = idx + t * K;
     float m = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < K; ++j) {
-      if (!valid_slot(row[j], T)) continue;
-      sc[j] = scale * dotf(qr, pk + (row[j] * Hk + g) * Dk, Dk);
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t s = rows.key(t, j);
+      if (s < 0) continue;
+      sc[j] = scale * dotf(qr, pk + (s * Hk + g) * Dk, Dk);
       m = std::max(m, sc[j]);
     }
     float* orow = po + th * Dv;
@@ -106,11 +140,12 @@ void attention_forward(Context& ctx, const AttentionParams& p, const Tensor& q, 
       continue;
     }
     float sum = 0.f;
-    for (int64_t j = 0; j < K; ++j) {
-      if (!valid_slot(row[j], T)) continue;
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t s = rows.key(t, j);
+      if (s < 0) continue;
       const float e = std::exp(sc[j] - m);
       sum += e;
-      const float* vr = pv + (row[j] * Hk + g) * Dv;
+      const float* vr = pv + (s * Hk + g) * Dv;
       for (int64_t d = 0; d < Dv; ++d) orow[d] += e * vr[d];
     }
     const float inv = 1.f / sum;
@@ -119,61 +154,69 @@ void attention_forward(Context& ctx, const AttentionParams& p, const Tensor& q, 
   }
 }
 
-void attention_backward(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
-                        const Tensor& v, const Tensor& indices, const Tensor& o, const Tensor& lse,
-                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) {
-  const int64_t T = p.tokens, H = p.heads, Hk = p.kvh(), G = H / Hk, Dk = p.qk_dim, Dv = p.v_dim,
-                K = p.kmax;
+// Pass 1, one (query, head) per iteration: Delta and dq (P recomputed from lse). Returns Delta,
+// allocated from the workspace.
+template <typename Rows>
+Tensor backward_queries(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Rows& rows, const Tensor& o, const Tensor& lse,
+                        const Tensor& dout, Tensor& dq) {
+  const int64_t T = p.tokens, H = p.heads, Hk = p.kvh(), G = H / Hk, Dk = p.qk_dim, Dv = p.v_dim;
   const float* pq = q.f32();
   const float* pk = k.f32();
   const float* pv = v.f32();
   const float* po = o.f32();
   const float* pl = lse.f32();
   const float* pdo = dout.f32();
-  const int32_t* idx = indices.i32();
   float* pdq = dq.f32();
-  float* pdk = dk.f32();
-  float* pdv = dv.f32();
   const float scale = p.scale;
-  const int nth = ctx.threads();
-
-  ArenaScope scope(ctx.workspace());
   Tensor delta_t = ctx.workspace().alloc({T, H});
   float* delta = delta_t.f32();
-
-  // Pass 1, one (query, head) per iteration: Delta and dq. P is recomputed from lse.
-#pragma omp parallel for num_threads(nth) schedule(dynamic, 16)
+#pragma omp parallel for num_threads(ctx.threads()) schedule(dynamic, 16)
   for (int64_t th = 0; th < T * H; ++th) {
-    const int64_t t = th / H, h = th % H, g = h / G;
+    const int64_t t = th / H, h = th % H, g = h / G, n = rows.count(t);
     const float* qr = pq + th * Dk;
     const float* dor = pdo + th * Dv;
     const float dl = dotf(po + th * Dv, dor, Dv);
     delta[th] = dl;
     float* dqr = pdq + th * Dk;
     std::fill(dqr, dqr + Dk, 0.f);
-    const int32_t* row = idx + t * K;
-    for (int64_t j = 0; j < K; ++j) {
-      if (!valid_slot(row[j], T)) continue;
-      const float* kr = pk + (row[j] * Hk + g) * Dk;
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t s = rows.key(t, j);
+      if (s < 0) continue;
+      const float* kr = pk + (s * Hk + g) * Dk;
       const float pr = std::exp(scale * dotf(qr, kr, Dk) - pl[th]);
-      const float ds = pr * (dotf(dor, pv + (row[j] * Hk + g) * Dv, Dv) - dl) * scale;
+      const float ds = pr * (dotf(dor, pv + (s * Hk + g) * Dv, Dv) - dl) * scale;
       for (int64_t d = 0; d < Dk; ++d) dqr[d] += ds * kr[d];
     }
   }
+  return delta_t;
+}
 
-  // Pass 2, one key position per iteration: dk and dv gathered over the queries that reference
-  // it, so no two threads write the same row and no atomics are needed.
-  KeyLists kl = build_key_lists(indices, T, ctx.workspace());
-  const int64_t* off = kl.offsets.i64();
-  const int64_t* ent = kl.entries.i64();
-#pragma omp parallel for num_threads(nth) schedule(dynamic, 4)
+// Pass 2, one key position per iteration: dk and dv gathered over the queries that attend to it,
+// so no two threads write the same row and no atomics are needed.
+template <typename Cols>
+void backward_keys(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
+                   const Tensor& v, const Cols& cols, const Tensor& lse, const Tensor& dout,
+                   const Tensor& delta_t, Tensor& dk, Tensor& dv) {
+  const int64_t T = p.tokens, H = p.heads, Hk = p.kvh(), G = H / Hk, Dk = p.qk_dim, Dv = p.v_dim;
+  const float* pq = q.f32();
+  const float* pk = k.f32();
+  const float* pv = v.f32();
+  const float* pl = lse.f32();
+  const float* pdo = dout.f32();
+  const float* delta = delta_t.f32();
+  float* pdk = dk.f32();
+  float* pdv = dv.f32();
+  const float scale = p.scale;
+#pragma omp parallel for num_threads(ctx.threads()) schedule(dynamic, 4)
   for (int64_t s = 0; s < T; ++s) {
     float* dks = pdk + s * Hk * Dk;
     float* dvs = pdv + s * Hk * Dv;
     std::fill(dks, dks + Hk * Dk, 0.f);
     std::fill(dvs, dvs + Hk * Dv, 0.f);
-    for (int64_t e = off[s]; e < off[s + 1]; ++e) {
-      const int64_t t = ent[e] / K;
+    const int64_t n = cols.count(s);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t t = cols.query(s, i);
       for (int64_t h = 0; h < H; ++h) {
         const int64_t g = h / G, th = t * H + h;
         const float* qr = pq + th * Dk;
@@ -188,6 +231,71 @@ void attention_backward(Context& ctx, const AttentionParams& p, const Tensor& q,
       }
     }
   }
+}
+
+// Each token's document bounds from the host offsets, in the workspace: i32 [T] each.
+struct DocBounds {
+  Tensor start, end;
+};
+DocBounds doc_bounds(const Tensor& cu_seqlens, int64_t tokens, Arena& ws) {
+  const int32_t* cu = cu_seqlens.i32();
+  const int64_t docs = cu_seqlens.numel() - 1;
+  MT_CHECK(cu[0] == 0 && cu[docs] == tokens, ShapeError, "causal attention: cu_seqlens spans ",
+           cu[0], "..", cu[docs], ", the tensors hold ", tokens, " tokens");
+  DocBounds b{ws.alloc({tokens}, DType::I32), ws.alloc({tokens}, DType::I32)};
+  for (int64_t d = 0; d < docs; ++d) {
+    MT_CHECK(cu[d + 1] > cu[d], ShapeError, "causal attention: document ", d, " of cu_seqlens is ",
+             "empty or reversed (", cu[d], "..", cu[d + 1], ")");
+    for (int64_t t = cu[d]; t < cu[d + 1]; ++t) {
+      b.start.i32()[t] = cu[d];
+      b.end.i32()[t] = cu[d + 1];
+    }
+  }
+  return b;
+}
+
+int64_t longest_doc(const Tensor& cu_seqlens) {
+  int64_t m = 0;
+  for (int64_t d = 0; d + 1 < cu_seqlens.numel(); ++d)
+    m = std::max<int64_t>(m, cu_seqlens.i32()[d + 1] - cu_seqlens.i32()[d]);
+  return m;
+}
+
+}  // namespace
+
+void attention_forward(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
+                       const Tensor& v, const Tensor& indices, Tensor& o, Tensor& lse) {
+  forward_rows(ctx, p, q, k, v, TableRows{indices.i32(), p.kmax, p.tokens}, p.kmax, o, lse);
+}
+
+void attention_backward(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& indices, const Tensor& o, const Tensor& lse,
+                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) {
+  ArenaScope scope(ctx.workspace());
+  const Tensor delta = backward_queries(ctx, p, q, k, v, TableRows{indices.i32(), p.kmax, p.tokens},
+                                        o, lse, dout, dq);
+  const KeyLists kl = build_key_lists(indices, p.tokens, ctx.workspace());
+  backward_keys(ctx, p, q, k, v, TableCols{kl.offsets.i64(), kl.entries.i64(), p.kmax}, lse, dout,
+                delta, dk, dv);
+}
+
+void causal_attention_forward(Context& ctx, const AttentionParams& p, const Tensor& cu_seqlens,
+                              const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o,
+                              Tensor& lse) {
+  ArenaScope scope(ctx.workspace());
+  const DocBounds b = doc_bounds(cu_seqlens, p.tokens, ctx.workspace());
+  forward_rows(ctx, p, q, k, v, CausalRows{b.start.i32()}, longest_doc(cu_seqlens), o, lse);
+}
+
+void causal_attention_backward(Context& ctx, const AttentionParams& p, const Tensor& cu_seqlens,
+                               const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                               const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
+                               Tensor& dv) {
+  ArenaScope scope(ctx.workspace());
+  const DocBounds b = doc_bounds(cu_seqlens, p.tokens, ctx.workspace());
+  const Tensor delta =
+      backward_queries(ctx, p, q, k, v, CausalRows{b.start.i32()}, o, lse, dout, dq);
+  backward_keys(ctx, p, q, k, v, CausalCols{b.end.i32()}, lse, dout, delta, dk, dv);
 }
 
 void attention_prob_sum(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,

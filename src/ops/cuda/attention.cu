@@ -5,12 +5,17 @@
 // fp32. The backward recomputes probabilities from the saved lse: dq per (query, head) the same
 // way, dk/dv per (key, kv head) gathered through the transposed index table (index_lists.cuh), so
 // every output row has one writer and sums run in a fixed order (no float atomics).
+//
+// The same kernels run dense causal attention without index lists (the key range of a query is
+// its document up to itself, found in cu_seqlens) where the tensor-core kernels of
+// flash_attention.cu do not apply: fp32, grouped key heads, head dims past their widths.
 #include <limits>
 #include <vector>
 
 #include "core/device.h"
 #include "ops/attention.h"
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/flash_attention.h"
 #include "ops/cuda/index_lists.cuh"
 
 namespace mt::ops::cuda {
@@ -20,10 +25,57 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 
-template <typename T>
-__global__ void attn_fwd_kernel(int64_t tokens, int64_t H, int64_t Hk, int64_t Dk, int64_t Dv,
-                                int64_t K, float scale, const T* q, const T* k, const T* v,
-                                const int32_t* idx, T* o, float* lse) {
+// The keys of one query row: list[j] (-1 when outside [0, tokens)), or first + j without a list.
+struct KeySpan {
+  const int32_t* list;
+  int64_t first, n, tokens;
+  __device__ int64_t key(int64_t j) const {
+    if (!list) return first + j;
+    const int32_t s = list[j];
+    return valid_slot(s, tokens) ? s : -1;
+  }
+};
+struct TableRows {
+  const int32_t* idx;
+  int64_t kmax, tokens;
+  __device__ KeySpan span(int64_t t) const { return {idx + t * kmax, 0, kmax, tokens}; }
+};
+struct CausalRows {
+  const int32_t* cu;
+  int64_t nseq, tokens;
+  __device__ KeySpan span(int64_t t) const {
+    const int64_t b = cu[doc_index(cu, nseq, t)];
+    return {nullptr, b, t - b + 1, tokens};
+  }
+};
+
+// The queries that attend to one key: entries[first + i] / kmax, or first + i without a list.
+struct QuerySpan {
+  const int32_t* entries;
+  int64_t first, n, kmax;
+  __device__ int64_t query(int64_t i) const {
+    return entries ? entries[first + i] / kmax : first + i;
+  }
+};
+struct TableCols {
+  const int32_t* offsets;
+  const int32_t* entries;
+  int64_t kmax;
+  __device__ QuerySpan span(int64_t s) const {
+    return {entries, offsets[s], offsets[s + 1] - offsets[s], kmax};
+  }
+};
+struct CausalCols {
+  const int32_t* cu;
+  int64_t nseq;
+  __device__ QuerySpan span(int64_t s) const {
+    return {nullptr, s, cu[doc_index(cu, nseq, s) + 1] - s, 1};
+  }
+};
+
+template <typename T, typename Rows>
+__global__ void attn_fwd_kernel(int64_t H, int64_t Hk, int64_t Dk, int64_t Dv, float scale,
+                                const T* q, const T* k, const T* v, Rows rows, T* o, float* lse) {
   extern __shared__ float smem[];
   float* qs = smem;               // [Dk]
   float* acc = qs + Dk;           // [kWarps][Dv], unnormalised output per warp
@@ -35,11 +87,11 @@ __global__ void attn_fwd_kernel(int64_t tokens, int64_t H, int64_t Hk, int64_t D
   float* aw = acc + w * Dv;
   for (int64_t d = lane; d < Dv; d += 32) aw[d] = 0.f;
   __syncthreads();
-  const int32_t* row = idx + t * K;
+  const KeySpan row = rows.span(t);
   float m = -INFINITY, l = 0.f;
-  for (int64_t j = w; j < K; j += kWarps) {
-    const int32_t s = row[j];
-    if (!valid_slot(s, tokens)) continue;  // uniform across the warp
+  for (int64_t j = w; j < row.n; j += kWarps) {
+    const int64_t s = row.key(j);
+    if (s < 0) continue;  // uniform across the warp
     const float sc = scale * warp_dot(qs, k + (s * Hk + g) * Dk, Dk);
     const float mn = fmaxf(m, sc);
     const float corr = expf(m - mn), p = expf(sc - mn);
@@ -75,11 +127,10 @@ __global__ void attn_fwd_kernel(int64_t tokens, int64_t H, int64_t Hk, int64_t D
 }
 
 // dq and Delta = o . dout per (query, head).
-template <typename T>
-__global__ void attn_bwd_dq_kernel(int64_t tokens, int64_t H, int64_t Hk, int64_t Dk, int64_t Dv,
-                                   int64_t K, float scale, const T* q, const T* k, const T* v,
-                                   const int32_t* idx, const T* o, const float* lse, const T* dout,
-                                   T* dq, float* delta) {
+template <typename T, typename Rows>
+__global__ void attn_bwd_dq_kernel(int64_t H, int64_t Hk, int64_t Dk, int64_t Dv, float scale,
+                                   const T* q, const T* k, const T* v, Rows rows, const T* o,
+                                   const float* lse, const T* dout, T* dq, float* delta) {
   extern __shared__ float smem[];
   float* qs = smem;       // [Dk]
   float* dos = qs + Dk;   // [Dv]
@@ -97,10 +148,10 @@ __global__ void attn_bwd_dq_kernel(int64_t tokens, int64_t H, int64_t Hk, int64_
   for (int64_t d = lane; d < Dk; d += 32) aw[d] = 0.f;
   const float dl = block_sum(part);  // its barriers also publish qs and dos
   const float l = lse[th];
-  const int32_t* row = idx + t * K;
-  for (int64_t j = w; j < K; j += kWarps) {
-    const int32_t s = row[j];
-    if (!valid_slot(s, tokens)) continue;
+  const KeySpan row = rows.span(t);
+  for (int64_t j = w; j < row.n; j += kWarps) {
+    const int64_t s = row.key(j);
+    if (s < 0) continue;
     const T* kr = k + (s * Hk + g) * Dk;
     const float p = expf(scale * warp_dot(qs, kr, Dk) - l);
     const float ds = p * (warp_dot(dos, v + (s * Hk + g) * Dv, Dv) - dl) * scale;
@@ -116,11 +167,10 @@ __global__ void attn_bwd_dq_kernel(int64_t tokens, int64_t H, int64_t Hk, int64_
 }
 
 // dk and dv per (key, kv head), over the (slot, head of the group) pairs that reference the key.
-template <typename T>
-__global__ void attn_bwd_dkv_kernel(int64_t H, int64_t Hk, int64_t Dk, int64_t Dv, int64_t K,
-                                    float scale, const T* q, const T* k, const T* v,
-                                    const float* lse, const T* dout, const float* delta,
-                                    const int32_t* offsets, const int32_t* entries, T* dk, T* dv) {
+template <typename T, typename Cols>
+__global__ void attn_bwd_dkv_kernel(int64_t H, int64_t Hk, int64_t Dk, int64_t Dv, float scale,
+                                    const T* q, const T* k, const T* v, const float* lse,
+                                    const T* dout, const float* delta, Cols cols, T* dk, T* dv) {
   extern __shared__ float smem[];
   float* ks = smem;              // [Dk]
   float* vs = ks + Dk;           // [Dv]
@@ -135,9 +185,10 @@ __global__ void attn_bwd_dkv_kernel(int64_t H, int64_t Hk, int64_t Dk, int64_t D
   for (int64_t d = lane; d < Dk; d += 32) akw[d] = 0.f;
   for (int64_t d = lane; d < Dv; d += 32) avw[d] = 0.f;
   __syncthreads();
-  const int64_t e0 = offsets[s], pairs = (offsets[s + 1] - e0) * G;
+  const QuerySpan queries = cols.span(s);
+  const int64_t pairs = queries.n * G;
   for (int64_t pi = w; pi < pairs; pi += kWarps) {
-    const int64_t t = entries[e0 + pi / G] / K, th = t * H + g * G + pi % G;
+    const int64_t t = queries.query(pi / G), th = t * H + g * G + pi % G;
     const T* qr = q + th * Dk;
     const T* dor = dout + th * Dv;
     const float p = expf(scale * warp_dot(qr, ks, Dk) - lse[th]);
@@ -218,28 +269,55 @@ void causal_indices(const SeqInfo& seq, Tensor& indices) {
              host.size() * sizeof(int32_t));
 }
 
-void attention_forward(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
-                       const Tensor& v, const Tensor& indices, Tensor& o, Tensor& lse) {
-  check_dtypes("attention_forward", q, k, v);
-  expect_same_dtype("attention_forward", q, o, "o");
-  expect_f32("attention_forward", lse, "lse");
+namespace {
+
+template <typename T, typename Rows>
+void direct_forward(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
+                    const Tensor& v, const Rows& rows, Tensor& o, Tensor& lse) {
   const int64_t NT = p.tokens, H = p.heads, Dk = p.qk_dim, Dv = p.v_dim;
-  if (NT == 0) return;
-  MT_DISPATCH_FLOAT(q, "attention_forward", {
-    auto kernel = attn_fwd_kernel<T>;
-    const size_t sm =
-        smem_for(kernel, sizeof(float) * (Dk + kWarps * Dv + 2 * kWarps), "attention_forward");
-    kernel<<<grid_of(NT * H, "attention_forward"), kThreads, sm, stream(ctx)>>>(
-        NT, H, p.kvh(), Dk, Dv, p.kmax, p.scale, ptr<T>(q), ptr<T>(k), ptr<T>(v),
-        ptr<int32_t>(indices), ptr<T>(o), ptr<float>(lse));
-  });
+  auto kernel = attn_fwd_kernel<T, Rows>;
+  const size_t sm =
+      smem_for(kernel, sizeof(float) * (Dk + kWarps * Dv + 2 * kWarps), "attention_forward");
+  kernel<<<grid_of(NT * H, "attention_forward"), kThreads, sm, stream(ctx)>>>(
+      H, p.kvh(), Dk, Dv, p.scale, ptr<T>(q), ptr<T>(k), ptr<T>(v), rows, ptr<T>(o),
+      ptr<float>(lse));
   MT_CUDA_LAUNCH_CHECK();
 }
 
-void attention_backward(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
-                        const Tensor& v, const Tensor& indices, const Tensor& o, const Tensor& lse,
-                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) {
+// dq and Delta (returned, from the workspace: the caller holds a scope).
+template <typename T, typename Rows>
+Tensor direct_backward_queries(Context& ctx, const AttentionParams& p, const Tensor& q,
+                               const Tensor& k, const Tensor& v, const Rows& rows, const Tensor& o,
+                               const Tensor& lse, const Tensor& dout, Tensor& dq) {
   const char* op = "attention_backward";
+  const int64_t NT = p.tokens, H = p.heads, Dk = p.qk_dim, Dv = p.v_dim;
+  Tensor delta = ctx.workspace().alloc({NT, H});
+  auto kernel = attn_bwd_dq_kernel<T, Rows>;
+  const size_t sm = smem_for(kernel, sizeof(float) * (Dk + Dv + kWarps * Dk), op);
+  kernel<<<grid_of(NT * H, op), kThreads, sm, stream(ctx)>>>(
+      H, p.kvh(), Dk, Dv, p.scale, ptr<T>(q), ptr<T>(k), ptr<T>(v), rows, ptr<T>(o),
+      ptr<float>(lse), ptr<T>(dout), ptr<T>(dq), ptr<float>(delta));
+  MT_CUDA_LAUNCH_CHECK();
+  return delta;
+}
+
+template <typename T, typename Cols>
+void direct_backward_keys(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
+                          const Tensor& v, const Cols& cols, const Tensor& lse, const Tensor& dout,
+                          const Tensor& delta, Tensor& dk, Tensor& dv) {
+  const char* op = "attention_backward";
+  const int64_t NT = p.tokens, H = p.heads, Hk = p.kvh(), Dk = p.qk_dim, Dv = p.v_dim;
+  auto kernel = attn_bwd_dkv_kernel<T, Cols>;
+  const size_t sm = smem_for(kernel, sizeof(float) * (kWarps + 1) * (Dk + Dv), op);
+  kernel<<<grid_of(NT * Hk, op), kThreads, sm, stream(ctx)>>>(
+      H, Hk, Dk, Dv, p.scale, ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<float>(lse), ptr<T>(dout),
+      ptr<float>(delta), cols, ptr<T>(dk), ptr<T>(dv));
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+void check_backward_dtypes(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                           const Tensor& o, const Tensor& lse, const Tensor& dout, const Tensor& dq,
+                           const Tensor& dk, const Tensor& dv) {
   check_dtypes(op, q, k, v);
   expect_same_dtype(op, q, o, "o");
   expect_same_dtype(op, q, dout, "dout");
@@ -247,26 +325,71 @@ void attention_backward(Context& ctx, const AttentionParams& p, const Tensor& q,
   expect_same_dtype(op, q, dk, "dk");
   expect_same_dtype(op, q, dv, "dv");
   expect_f32(op, lse, "lse");
-  const int64_t NT = p.tokens, H = p.heads, Hk = p.kvh(), Dk = p.qk_dim, Dv = p.v_dim, K = p.kmax;
-  if (NT == 0) return;
+}
+
+bool use_flash(const AttentionParams& p, const Tensor& q) {
+  return q.dtype() == DType::BF16 && flash_attention_fits(p.qk_dim, p.v_dim, p.kvh() == p.heads);
+}
+
+}  // namespace
+
+void attention_forward(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
+                       const Tensor& v, const Tensor& indices, Tensor& o, Tensor& lse) {
+  check_dtypes("attention_forward", q, k, v);
+  expect_same_dtype("attention_forward", q, o, "o");
+  expect_f32("attention_forward", lse, "lse");
+  if (p.tokens == 0) return;
+  const TableRows rows{ptr<int32_t>(indices), p.kmax, p.tokens};
+  MT_DISPATCH_FLOAT(q, "attention_forward", { direct_forward<T>(ctx, p, q, k, v, rows, o, lse); });
+}
+
+void attention_backward(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& indices, const Tensor& o, const Tensor& lse,
+                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) {
+  const char* op = "attention_backward";
+  check_backward_dtypes(op, q, k, v, o, lse, dout, dq, dk, dv);
+  if (p.tokens == 0) return;
   ArenaScope scope(ctx.workspace());
-  Tensor delta = ctx.workspace().alloc({NT, H});
   const int32_t* idx = ptr<int32_t>(indices);
   MT_DISPATCH_FLOAT(q, op, {
-    auto k1 = attn_bwd_dq_kernel<T>;
-    const size_t sm1 = smem_for(k1, sizeof(float) * (Dk + Dv + kWarps * Dk), op);
-    k1<<<grid_of(NT * H, op), kThreads, sm1, stream(ctx)>>>(
-        NT, H, Hk, Dk, Dv, K, p.scale, ptr<T>(q), ptr<T>(k), ptr<T>(v), idx, ptr<T>(o),
-        ptr<float>(lse), ptr<T>(dout), ptr<T>(dq), ptr<float>(delta));
-    MT_CUDA_LAUNCH_CHECK();
-    const DeviceKeyLists kl = build_device_key_lists(ctx, idx, NT, K, op);
-    auto k2 = attn_bwd_dkv_kernel<T>;
-    const size_t sm2 = smem_for(k2, sizeof(float) * (kWarps + 1) * (Dk + Dv), op);
-    k2<<<grid_of(NT * Hk, op), kThreads, sm2, stream(ctx)>>>(
-        H, Hk, Dk, Dv, K, p.scale, ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<float>(lse), ptr<T>(dout),
-        ptr<float>(delta), kl.offsets, kl.entries, ptr<T>(dk), ptr<T>(dv));
+    const Tensor delta = direct_backward_queries<T>(
+        ctx, p, q, k, v, TableRows{idx, p.kmax, p.tokens}, o, lse, dout, dq);
+    const DeviceKeyLists kl = build_device_key_lists(ctx, idx, p.tokens, p.kmax, op);
+    direct_backward_keys<T>(ctx, p, q, k, v, TableCols{kl.offsets, kl.entries, p.kmax}, lse, dout,
+                            delta, dk, dv);
   });
-  MT_CUDA_LAUNCH_CHECK();
+}
+
+void causal_attention_forward(Context& ctx, const AttentionParams& p, const Tensor& cu_seqlens,
+                              const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o,
+                              Tensor& lse) {
+  check_dtypes("causal_attention_forward", q, k, v);
+  expect_same_dtype("causal_attention_forward", q, o, "o");
+  expect_f32("causal_attention_forward", lse, "lse");
+  if (p.tokens == 0) return;
+  if (use_flash(p, q)) return flash_attention_forward(ctx, p, cu_seqlens, q, k, v, o, lse);
+  const CausalRows rows{ptr<int32_t>(cu_seqlens), cu_seqlens.numel() - 1, p.tokens};
+  MT_DISPATCH_FLOAT(q, "causal_attention_forward",
+                    { direct_forward<T>(ctx, p, q, k, v, rows, o, lse); });
+}
+
+void causal_attention_backward(Context& ctx, const AttentionParams& p, const Tensor& cu_seqlens,
+                               const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                               const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
+                               Tensor& dv) {
+  const char* op = "causal_attention_backward";
+  check_backward_dtypes(op, q, k, v, o, lse, dout, dq, dk, dv);
+  if (p.tokens == 0) return;
+  if (use_flash(p, q))
+    return flash_attention_backward(ctx, p, cu_seqlens, q, k, v, o, lse, dout, dq, dk, dv);
+  ArenaScope scope(ctx.workspace());
+  const int32_t* cu = ptr<int32_t>(cu_seqlens);
+  const int64_t nseq = cu_seqlens.numel() - 1;
+  MT_DISPATCH_FLOAT(q, op, {
+    const Tensor delta = direct_backward_queries<T>(ctx, p, q, k, v, CausalRows{cu, nseq, p.tokens},
+                                                    o, lse, dout, dq);
+    direct_backward_keys<T>(ctx, p, q, k, v, CausalCols{cu, nseq}, lse, dout, delta, dk, dv);
+  });
 }
 
 void attention_prob_sum(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,

@@ -28,6 +28,19 @@ __device__ __forceinline__ float warp_dot(const A* a, const B* b, int64_t n) {
   return warp_sum(s);
 }
 
+// The document of token t in packed offsets cu [nseq + 1]: cu[i] <= t < cu[i + 1].
+__device__ __forceinline__ int64_t doc_index(const int32_t* cu, int64_t nseq, int64_t t) {
+  int64_t lo = 0, hi = nseq - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (cu[mid] <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
 __device__ __forceinline__ bool valid_slot(int32_t s, int64_t tokens) {
   return s >= 0 && s < tokens;
 }

@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/kda_chunk.h"
 #include "ops/kda.h"
 
 namespace mt::ops::cuda {
@@ -412,6 +413,8 @@ void kda_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, con
                                 {&saved, "saved"}})
     expect_f32("kda", *t, what);
   if (p.num_seqs == 0) return;
+  if (kda_chunk_kernel_fits(p))
+    return kda_chunk_forward(ctx, p, cu_seqlens, q, k, v, g, beta, h0, o, hT, saved);
   const Split sp = split_of(p.head_v);
   Args a = make_args(p, cu_seqlens, g, beta, saved, sp);
   a.h0 = opt_in(h0);
@@ -446,6 +449,9 @@ void kda_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, co
                                 {&dh0, "dh0"}})
     expect_f32("kda", *t, what);
   if (p.num_seqs == 0) return;
+  if (kda_chunk_kernel_fits(p))
+    return kda_chunk_backward(ctx, p, cu_seqlens, q, k, v, g, beta, saved, dout, dhT, dq, dk, dv,
+                              dg, dbeta, dh0);
   const Split sp = split_of(p.head_v);
   Args a = make_args(p, cu_seqlens, g, beta, saved, sp);
   a.dhT = opt_in(dhT);

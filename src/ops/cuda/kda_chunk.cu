@@ -1,0 +1,793 @@
+// The KDA core in its chunked (WY) form on the GPU: the algorithm of ops/cpu/kda.cpp's chunked
+// path, split so that only what is truly sequential runs chunk after chunk.
+//
+// Within a chunk of L <= C tokens, Gam = inclusive cumsum of g (double, as on the CPU: exponents
+// are differences of cumsums that reach the thousands under strong decay), S0 the state entering:
+//   Aqk = scale q k^T e^(Gam_i - Gam_j) (j <= i), KK = k k^T e^(Gam_i - Gam_j) (j < i),
+//   T = (I + diag(beta) KK)^-1, W = T (beta k e^Gam), U = T (beta v),
+//   Delta = U - W S0,  o = (scale q e^Gam) S0 + Aqk Delta,
+//   S_next = diag(e^Gam_L) S0 + (k e^(Gam_L - Gam))^T Delta.
+// Forward: (1) prep, one block per (chunk, head), builds everything that does not depend on S0
+// (pairwise terms with one exponential per pair and channel, never a factorised e^Gam e^-Gam that
+// could overflow) into the workspace (ops/kda_chunk_layout.h); (2) state, one block per
+// (document, head, 32 state columns), walks the document's chunks: the columns of S evolve
+// independently, one per lane, so the state pass needs no cross-block reduction.
+// Backward: prep again; (3) the reverse state pass carries dS (again per column) and leaves
+// Delta, dR = T^T dDelta and each chunk's outgoing dS in the workspace; (4) products, per
+// (chunk, head, job): dO S0^T, dR S0^T, Delta dS^T, S0 . dS and the pair matrices dO Delta^T,
+// dR Delta^T, tiled through shared memory; (5) gradients, per (chunk, head): one thread per
+// (token, channel) sums its pair terms in a fixed order (no atomics: bit-repeatable) and the
+// reverse cumsum turns dGam into dg.
+// fp32 throughout (q, k, v, o and their gradients in the tensors' dtype); no tensor cores yet.
+#include <algorithm>
+#include <cstdint>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/kda_chunk.h"
+#include "ops/kda_chunk_layout.h"
+
+namespace mt::ops::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kCols = 32;    // state columns per block of the state passes: one per lane
+constexpr int kMaxC = 64;    // chunk (kda_chunk_kernel_fits)
+constexpr int kMaxKV = 128;  // head_k, head_v
+
+struct Args {
+  int64_t T, H, N, nchunks;
+  int C, K, V;
+  float scale;
+  KdaChunkLayout lay;
+  int64_t block;           // floats per (chunk, head)
+  const int32_t* ct0;      // [nchunks] first token of each chunk
+  const int32_t* clen;     // [nchunks] its length (0: unused row)
+  const int32_t* dchunk0;  // [N + 1] first chunk of each document
+  const float *g, *beta, *h0, *dhT;
+  float *ws, *saved, *hT, *dS, *dh0, *dg, *dbeta;
+  __device__ float* blk(int64_t c, int64_t h) const { return ws + (c * H + h) * block; }
+};
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// The chunks of each document, in saved-row order (as kda_saved_rows counts them). One thread:
+// documents are few and this runs once per call.
+__global__ void chunk_table_kernel(const int32_t* cu, int64_t N, int64_t T, int C, int64_t nchunks,
+                                   int32_t* ct0, int32_t* clen, int32_t* dchunk0) {
+  if (threadIdx.x != 0) return;
+  int64_t c = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    dchunk0[n] = static_cast<int32_t>(c);
+    const int64_t a = cu[n], b = cu[n + 1];
+    if (a < 0 || b < a || b > T) continue;  // validated on the host; never read out of range
+    for (int64_t t = a; t < b && c < nchunks; t += C, ++c) {
+      ct0[c] = static_cast<int32_t>(t);
+      clen[c] = static_cast<int32_t>(b - t < C ? b - t : C);
+    }
+  }
+  dchunk0[N] = static_cast<int32_t>(c);
+  for (; c < nchunks; ++c) ct0[c] = clen[c] = 0;
+}
+
+// Gam (double) and the chunk's q, k rows (fp32, zero past L) into shared memory. g is read in
+// coalesced rows first, then summed down each channel.
+template <typename T>
+__device__ void load_chunk(const Args& a, int64_t t0, int L, int64_t h, const T* q, const T* k,
+                           double* gam, float* qs, float* ks, float* b) {
+  const int C = a.C, K = a.K;
+  for (int i = threadIdx.x; i < C; i += kThreads) b[i] = i < L ? a.beta[(t0 + i) * a.H + h] : 0.f;
+  for (int e = threadIdx.x; e < C * K; e += kThreads) {
+    const int i = e / K, x = e % K;
+    const int64_t src = ((t0 + i) * a.H + h) * K + x;
+    qs[e] = i < L ? ld(q, src) : 0.f;
+    ks[e] = i < L ? ld(k, src) : 0.f;
+    gam[e] = i < L ? a.g[src] : 0.0;
+  }
+  __syncthreads();
+  for (int x = threadIdx.x; x < K; x += kThreads) {
+    double acc = 0;
+    for (int i = 0; i < C; ++i) {
+      acc += gam[i * K + x];
+      gam[i * K + x] = acc;
+    }
+  }
+}
+
+// (i, j) with j <= i of the p-th pair in row-major lower-triangle order.
+__device__ __forceinline__ void pair_of(int p, int& i, int& j) {
+  i = static_cast<int>((sqrtf(8.f * p + 1.f) - 1.f) * 0.5f);
+  while ((i + 1) * (i + 2) / 2 <= p) ++i;
+  while (i * (i + 1) / 2 > p) --i;
+  j = p - i * (i + 1) / 2;
+}
+
+// out[i][x] = sum_{j <= i, j < L} Tm[i][j] src[j][x] for i < C, x < n (register-blocked: rows
+// 4 ti .. 4 ti + 3, columns tx + 16 c), written to dst (row stride n).
+__device__ __forceinline__ void lower_times(const float* tm, int C, int L, const float* src, int n,
+                                            float* dst) {
+  const int ti = threadIdx.x >> 4, tx = threadIdx.x & 15;
+  float acc[4][8] = {};
+  for (int j = 0; j < L; ++j) {
+    float tv[4], sv[8];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) tv[r] = 4 * ti + r < C ? tm[(4 * ti + r) * C + j] : 0.f;
+#pragma unroll
+    for (int c = 0; c < 8; ++c) sv[c] = tx + 16 * c < n ? src[j * n + tx + 16 * c] : 0.f;
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+      for (int c = 0; c < 8; ++c) acc[r][c] += tv[r] * sv[c];
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+#pragma unroll
+    for (int c = 0; c < 8; ++c)
+      if (4 * ti + r < C && tx + 16 * c < n) dst[(4 * ti + r) * n + tx + 16 * c] = acc[r][c];
+}
+
+size_t prep_smem(int C, int K, int V) {
+  return sizeof(double) * C * K + sizeof(float) * (2 * C * K + C * V + 3 * C * C + C);
+}
+
+constexpr int kPairGroup = 4;  // pairs a warp sums at once (independent shuffle chains)
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    prep_kernel(Args a, const T* q, const T* k, const T* v) {
+  const int64_t c = blockIdx.x, h = blockIdx.y;
+  const int L = a.clen[c];
+  if (L == 0) return;
+  const int64_t t0 = a.ct0[c];
+  const int C = a.C, K = a.K, V = a.V, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  extern __shared__ __align__(16) unsigned char smem[];
+  double* gam = reinterpret_cast<double*>(smem);
+  float* qs = reinterpret_cast<float*>(gam + C * K);
+  float* ks = qs + C * K;
+  float* vs = ks + C * K;  // beta v
+  float* kk = vs + C * V;
+  float* aqk = kk + C * C;
+  float* tm = aqk + C * C;
+  float* b = tm + C * C;
+  const KdaChunkLayout& lay = a.lay;
+  float* blk = a.blk(c, h);
+  for (int e = tid; e < C * C; e += kThreads) kk[e] = aqk[e] = 0.f;
+  load_chunk(a, t0, L, h, q, k, gam, qs, ks, b);
+  for (int e = tid; e < C * V; e += kThreads) {
+    const int i = e / V;
+    vs[e] = i < L ? b[i] * ld(v, ((t0 + i) * a.H + h) * V + e % V) : 0.f;
+  }
+  __syncthreads();
+  // Pairs: a warp per group of (i, j), lanes over channels.
+  const int pairs = L * (L + 1) / 2;
+  for (int p0 = w * kPairGroup; p0 < pairs; p0 += kWarps * kPairGroup) {
+    int pi[kPairGroup], pj[kPairGroup];
+    float sqk[kPairGroup] = {}, skk[kPairGroup] = {};
+#pragma unroll
+    for (int u = 0; u < kPairGroup; ++u) {
+      pair_of(p0 + u < pairs ? p0 + u : pairs - 1, pi[u], pj[u]);
+      for (int x = lane; x < K; x += 32) {
+        const float e = __expf(static_cast<float>(gam[pi[u] * K + x] - gam[pj[u] * K + x]));
+        const float kj = ks[pj[u] * K + x] * e;
+        sqk[u] += qs[pi[u] * K + x] * kj;
+        skk[u] += ks[pi[u] * K + x] * kj;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kPairGroup; ++u) {
+      sqk[u] = warp_sum(sqk[u]);
+      skk[u] = warp_sum(skk[u]);
+    }
+    if (lane == 0)
+#pragma unroll
+      for (int u = 0; u < kPairGroup; ++u)
+        if (p0 + u < pairs) {
+          aqk[pi[u] * C + pj[u]] = a.scale * sqk[u];
+          if (pj[u] < pi[u]) kk[pi[u] * C + pj[u]] = skk[u];
+        }
+  }
+  __syncthreads();
+  // T = (I + diag(beta) KK)^-1 by forward substitution: four lanes per column split each row's
+  // sum; the column's lanes share a warp, so a warp barrier orders the rows.
+  {
+    const int col = tid >> 2, part = tid & 3;
+    for (int i = 0; i < C; ++i) {
+      float acc = 0.f;
+      if (col < C && i > col && i < L)
+        for (int j = col + part; j < i; j += 4) acc += kk[i * C + j] * tm[j * C + col];
+      acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+      acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+      if (col < C && part == 0)
+        tm[i * C + col] = i == col ? 1.f : (i > col && i < L ? -b[i] * acc : 0.f);
+      __syncwarp();
+    }
+  }
+  // The state-free row products; Kb replaces k in ks.
+  for (int e = tid; e < C * K; e += kThreads) {
+    const int i = e / K, x = e % K;
+    float qh = 0.f, kl = 0.f, kb = 0.f;
+    if (i < L) {
+      const double gi = gam[e];
+      const float eg = __expf(static_cast<float>(gi));
+      qh = a.scale * qs[e] * eg;
+      kb = b[i] * ks[e] * eg;
+      kl = ks[e] * __expf(static_cast<float>(gam[(L - 1) * K + x] - gi));
+    }
+    blk[lay.Qh() + e] = qh;
+    blk[lay.Kl() + e] = kl;
+    blk[lay.Kb() + e] = kb;
+    ks[e] = kb;
+  }
+  for (int x = tid; x < K; x += kThreads)
+    blk[lay.gL() + x] = __expf(static_cast<float>(gam[(L - 1) * K + x]));
+  __syncthreads();
+  lower_times(tm, C, L, ks, K, blk + lay.W());
+  lower_times(tm, C, L, vs, V, blk + lay.U());
+  for (int e = tid; e < C * C; e += kThreads) {
+    blk[lay.Aqk() + e] = aqk[e];
+    blk[lay.Tm() + e] = tm[e];
+    blk[lay.KK() + e] = kk[e];
+  }
+}
+
+// Copies n floats into shared memory, 16 bytes at a time where both ends allow it.
+__device__ __forceinline__ void stage_vec(float* dst, const float* src, int n) {
+  int done = 0;
+  if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) == 0) {
+    for (int e = threadIdx.x; e < n / 4; e += kThreads)
+      reinterpret_cast<float4*>(dst)[e] = reinterpret_cast<const float4*>(src)[e];
+    done = n / 4 * 4;
+  }
+  for (int e = done + threadIdx.x; e < n; e += kThreads) dst[e] = src[e];
+}
+
+// The state passes: lane = state column, warp w owns rows w + 8 r; every loop keeps one
+// accumulator per row so that the FMA chains run side by side.
+constexpr int kRowsC = kMaxC / kWarps;   // chunk rows per warp
+constexpr int kRowsK = kMaxKV / kWarps;  // state rows per warp
+
+size_t fwd_state_smem(int C, int K) {
+  return sizeof(float) * (3 * C * K + C * C + C * kCols + K + K * kCols + C * kCols);
+}
+
+// Forward state pass.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) fwd_state_kernel(Args a, T* o) {
+  const int64_t n = blockIdx.x, h = blockIdx.y;
+  const int K = a.K, V = a.V, C = a.C, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const int64_t col = static_cast<int64_t>(blockIdx.z) * kCols + lane;
+  const bool cv = col < V;
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* Wt = reinterpret_cast<float*>(smem);  // [C][K] staged per chunk
+  float* Qt = Wt + C * K;
+  float* Kt = Qt + C * K;
+  float* At = Kt + C * K;  // [C][C]
+  float* Ut = At + C * C;  // [C][kCols]
+  float* gLt = Ut + C * kCols;
+  float* S = gLt + K;        // [K][kCols]
+  float* D = S + K * kCols;  // [C][kCols]
+  const KdaChunkLayout& lay = a.lay;
+  for (int x = w; x < K; x += kWarps)
+    S[x * kCols + lane] = a.h0 && cv ? a.h0[((n * a.H + h) * K + x) * V + col] : 0.f;
+  for (int64_t c = a.dchunk0[n]; c < a.dchunk0[n + 1]; ++c) {
+    const int L = a.clen[c];
+    const int64_t t0 = a.ct0[c];
+    const float* blk = a.blk(c, h);
+    __syncthreads();                          // the previous chunk is done with the staged blocks
+    stage_vec(Wt, blk + lay.W(), 3 * C * K);  // W, Qh, Kl are contiguous
+    stage_vec(At, blk + lay.Aqk(), C * C);
+    for (int e = threadIdx.x; e < C * kCols; e += kThreads) {
+      const int i = e / kCols, j = e % kCols;
+      const int64_t cc = static_cast<int64_t>(blockIdx.z) * kCols + j;
+      Ut[e] = cc < V ? blk[lay.U() + i * V + cc] : 0.f;
+    }
+    for (int x = threadIdx.x; x < K; x += kThreads) gLt[x] = blk[lay.gL() + x];
+    if (cv)
+      for (int x = w; x < K; x += kWarps)
+        a.saved[((c * a.H + h) * K + x) * V + col] = S[x * kCols + lane];
+    __syncthreads();
+    // Delta = U - W S0, then o = Qh S0 + Aqk Delta (Aqk is zero above the diagonal).
+    float d[kRowsC], acc[kRowsC];
+#pragma unroll
+    for (int r = 0; r < kRowsC; ++r) {
+      d[r] = w + kWarps * r < C ? Ut[(w + kWarps * r) * kCols + lane] : 0.f;
+      acc[r] = 0.f;
+    }
+    for (int x = 0; x < K; ++x) {
+      const float sx = S[x * kCols + lane];
+#pragma unroll
+      for (int r = 0; r < kRowsC; ++r)
+        if (w + kWarps * r < C) {
+          d[r] -= Wt[(w + kWarps * r) * K + x] * sx;
+          acc[r] += Qt[(w + kWarps * r) * K + x] * sx;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < kRowsC; ++r)
+      if (w + kWarps * r < C) D[(w + kWarps * r) * kCols + lane] = w + kWarps * r < L ? d[r] : 0.f;
+    __syncthreads();
+    for (int m = 0; m < L; ++m) {
+      const float dm = D[m * kCols + lane];
+#pragma unroll
+      for (int r = 0; r < kRowsC; ++r)
+        if (w + kWarps * r < C) acc[r] += At[(w + kWarps * r) * C + m] * dm;
+    }
+#pragma unroll
+    for (int r = 0; r < kRowsC; ++r) {
+      const int i = w + kWarps * r;
+      if (cv && i < L) st(o, ((t0 + i) * a.H + h) * V + col, acc[r]);
+    }
+    // S = diag(gL) S0 + Kl^T Delta (each lane updates its own column).
+    float sn[kRowsK];
+#pragma unroll
+    for (int r = 0; r < kRowsK; ++r) {
+      const int x = w + kWarps * r;
+      sn[r] = x < K ? gLt[x] * S[x * kCols + lane] : 0.f;
+    }
+    for (int i = 0; i < L; ++i) {
+      const float di = D[i * kCols + lane];
+#pragma unroll
+      for (int r = 0; r < kRowsK; ++r)
+        if (w + kWarps * r < K) sn[r] += Kt[i * K + w + kWarps * r] * di;
+    }
+#pragma unroll
+    for (int r = 0; r < kRowsK; ++r)
+      if (w + kWarps * r < K) S[(w + kWarps * r) * kCols + lane] = sn[r];
+  }
+  __syncthreads();
+  if (a.hT && cv)
+    for (int x = w; x < K; x += kWarps)
+      a.hT[((n * a.H + h) * K + x) * V + col] = S[x * kCols + lane];
+}
+
+size_t bwd_state_smem(int C, int K) {
+  return sizeof(float) * (2 * C * K + 2 * C * C + C * kCols + K + 2 * K * kCols + 4 * C * kCols);
+}
+
+// Reverse state pass: carries dS (the gradient of the state leaving the chunk), leaves Delta, dR
+// and each chunk's outgoing dS for the parallel passes.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) bwd_state_kernel(Args a, const T* dout) {
+  const int64_t n = blockIdx.x, h = blockIdx.y;
+  const int K = a.K, V = a.V, C = a.C, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const int64_t col = static_cast<int64_t>(blockIdx.z) * kCols + lane;
+  const bool cv = col < V;
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* B1 = reinterpret_cast<float*>(smem);  // [C][K]: W, later Qh
+  float* B2 = B1 + C * K;                      // [C][K]: Kl, later Kb
+  float* At = B2 + C * K;                      // [C][C] Aqk
+  float* Tt = At + C * C;                      // [C][C] T
+  float* Ut = Tt + C * C;                      // [C][kCols]
+  float* gLt = Ut + C * kCols;
+  float* dS = gLt + K;         // [K][kCols]
+  float* S0 = dS + K * kCols;  // [K][kCols]
+  float* dO = S0 + K * kCols;  // [C][kCols]
+  float* D = dO + C * kCols;
+  float* dD = D + C * kCols;
+  float* dR = dD + C * kCols;
+  const KdaChunkLayout& lay = a.lay;
+  for (int x = w; x < K; x += kWarps)
+    dS[x * kCols + lane] = a.dhT && cv ? a.dhT[((n * a.H + h) * K + x) * V + col] : 0.f;
+  for (int64_t c = a.dchunk0[n + 1] - 1; c >= a.dchunk0[n]; --c) {
+    const int L = a.clen[c];
+    const int64_t t0 = a.ct0[c];
+    float* blk = a.blk(c, h);
+    __syncthreads();  // the previous chunk's dS update is complete
+    stage_vec(B1, blk + lay.W(), C * K);
+    stage_vec(B2, blk + lay.Kl(), C * K);
+    stage_vec(At, blk + lay.Aqk(), 2 * C * C);  // Aqk, T contiguous
+    for (int e = threadIdx.x; e < C * kCols; e += kThreads) {
+      const int i = e / kCols, j = e % kCols;
+      const int64_t cc = static_cast<int64_t>(blockIdx.z) * kCols + j;
+      Ut[e] = cc < V ? blk[lay.U() + i * V + cc] : 0.f;
+      dO[e] = cc < V && i < L ? ld(dout, ((t0 + i) * a.H + h) * V + cc) : 0.f;
+    }
+    for (int x = threadIdx.x; x < K; x += kThreads) gLt[x] = blk[lay.gL() + x];
+    for (int x = w; x < K; x += kWarps) {
+      const int64_t at = ((c * a.H + h) * K + x) * V + col;
+      S0[x * kCols + lane] = cv ? a.saved[at] : 0.f;
+      if (cv) a.dS[at] = dS[x * kCols + lane];
+    }
+    __syncthreads();
+    // Delta = U - W S0 and dDelta = Kl dS + Aqk^T dO.
+    float d[kRowsC], dd[kRowsC];
+#pragma unroll
+    for (int r = 0; r < kRowsC; ++r) {
+      d[r] = w + kWarps * r < C ? Ut[(w + kWarps * r) * kCols + lane] : 0.f;
+      dd[r] = 0.f;
+    }
+    for (int x = 0; x < K; ++x) {
+      const float s0 = S0[x * kCols + lane], ds = dS[x * kCols + lane];
+#pragma unroll
+      for (int r = 0; r < kRowsC; ++r)
+        if (w + kWarps * r < C) {
+          d[r] -= B1[(w + kWarps * r) * K + x] * s0;
+          dd[r] += B2[(w + kWarps * r) * K + x] * ds;
+        }
+    }
+    for (int i2 = 0; i2 < L; ++i2) {
+      const float g2 = dO[i2 * kCols + lane];
+#pragma unroll
+      for (int r = 0; r < kRowsC; ++r)
+        if (w + kWarps * r < C) dd[r] += At[i2 * C + w + kWarps * r] * g2;
+    }
+#pragma unroll
+    for (int r = 0; r < kRowsC; ++r) {
+      const int i = w + kWarps * r;
+      if (i >= C) continue;
+      D[i * kCols + lane] = i < L ? d[r] : 0.f;
+      dD[i * kCols + lane] = i < L ? dd[r] : 0.f;
+      if (cv && i < L) blk[lay.D() + i * V + col] = d[r];
+    }
+    __syncthreads();
+    // dR = T^T dDelta (T is zero above the diagonal); W and Kl give way to Qh and Kb.
+    stage_vec(B1, blk + lay.Qh(), C * K);
+    stage_vec(B2, blk + lay.Kb(), C * K);
+    float rr[kRowsC] = {};
+    for (int m = 0; m < L; ++m) {
+      const float dm = dD[m * kCols + lane];
+#pragma unroll
+      for (int r = 0; r < kRowsC; ++r)
+        if (w + kWarps * r < C) rr[r] += Tt[m * C + w + kWarps * r] * dm;
+    }
+#pragma unroll
+    for (int r = 0; r < kRowsC; ++r) {
+      const int i = w + kWarps * r;
+      if (i >= C) continue;
+      dR[i * kCols + lane] = i < L ? rr[r] : 0.f;
+      if (cv && i < L) blk[lay.dR() + i * V + col] = rr[r];
+    }
+    __syncthreads();
+    // dS0 = diag(gL) dS + Qh^T dO - Kb^T dR.
+    float sn[kRowsK];
+#pragma unroll
+    for (int r = 0; r < kRowsK; ++r) {
+      const int x = w + kWarps * r;
+      sn[r] = x < K ? gLt[x] * dS[x * kCols + lane] : 0.f;
+    }
+    for (int i = 0; i < L; ++i) {
+      const float go = dO[i * kCols + lane], gr = dR[i * kCols + lane];
+#pragma unroll
+      for (int r = 0; r < kRowsK; ++r) {
+        const int x = w + kWarps * r;
+        if (x < K) sn[r] += B1[i * K + x] * go - B2[i * K + x] * gr;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRowsK; ++r)
+      if (w + kWarps * r < K) dS[(w + kWarps * r) * kCols + lane] = sn[r];
+  }
+  __syncthreads();
+  if (a.dh0 && cv)
+    for (int x = w; x < K; x += kWarps)
+      a.dh0[((n * a.H + h) * K + x) * V + col] = dS[x * kCols + lane];
+}
+
+// out[i][x] += sum_y A[i][y] B[x][y] over one 32-wide y tile in shared memory (row stride 33):
+// the thread's rows 4 ti .. 4 ti + 3 and columns tx + 16 j.
+template <int NJ>
+__device__ __forceinline__ void tile_nt(const float* As, const float* Bs, int ti, int tx,
+                                        float (&acc)[4][NJ]) {
+#pragma unroll 4
+  for (int y = 0; y < 32; ++y) {
+    float av[4], bv[NJ];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) av[r] = As[(4 * ti + r) * 33 + y];
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) bv[j] = Bs[(tx + 16 * j) * 33 + y];
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) acc[r][j] += av[r] * bv[j];
+  }
+}
+
+// Rows [0, rows) (zero past `valid`) of a row-major source, columns y0 .. y0+31 (zero past V),
+// into a [rows][33] tile. `row` maps a row to its element offset.
+template <typename F>
+__device__ __forceinline__ void stage(float* tile, int rows, int valid, int y0, int V, F row) {
+  for (int e = threadIdx.x; e < rows * 32; e += kThreads) {
+    const int r = e >> 5, y = e & 31;
+    tile[r * 33 + y] = r < valid && y0 + y < V ? row(r, y0 + y) : 0.f;
+  }
+}
+
+constexpr size_t kProductSmem = sizeof(float) * 33 * (kMaxC + 2 * kMaxKV);
+
+// The chunk's matrix products over V (job = blockIdx.z):
+//   0: M1 = dO S0^T -> W, M2 = dR S0^T -> Qh;  1: M3 = Delta dS^T -> Kl, S0 . dS -> gL;
+//   2: tq = scale dO Delta^T -> Aqk (j <= i), ta = -dR Delta^T -> Tm (j < i).
+template <typename T>
+__global__ void __launch_bounds__(kThreads) products_kernel(Args a, const T* dout) {
+  const int64_t c = blockIdx.x, h = blockIdx.y;
+  const int job = blockIdx.z;
+  const int L = a.clen[c];
+  if (L == 0) return;
+  const int64_t t0 = a.ct0[c];
+  const int K = a.K, V = a.V, C = a.C, ti = threadIdx.x >> 4, tx = threadIdx.x & 15;
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* A1 = reinterpret_cast<float*>(smem);  // [64][33]
+  float* A2 = A1 + kMaxC * 33;                 // [128][33]
+  float* Bt = A2 + kMaxKV * 33;                // [128][33]
+  const KdaChunkLayout& lay = a.lay;
+  float* blk = a.blk(c, h);
+  const float* S0 = a.saved + (c * a.H + h) * K * V;
+  const float* dSn = a.dS + (c * a.H + h) * K * V;
+  auto dO = [&](int i, int y) { return ld(dout, ((t0 + i) * a.H + h) * V + y); };
+  auto Dl = [&](int i, int y) { return blk[lay.D() + i * V + y]; };
+  auto dRl = [&](int i, int y) { return blk[lay.dR() + i * V + y]; };
+  auto S0l = [&](int x, int y) { return S0[x * V + y]; };
+  auto dSl = [&](int x, int y) { return dSn[x * V + y]; };
+  if (job < 2) {
+    float acc1[4][8] = {}, acc2[4][8] = {};
+    float dot = 0.f;  // job 1: S0 . dS of row threadIdx.x
+    for (int y0 = 0; y0 < V; y0 += 32) {
+      __syncthreads();
+      if (job == 0) {
+        stage(A1, kMaxC, L, y0, V, dO);
+        stage(A2, kMaxC, L, y0, V, dRl);
+        stage(Bt, kMaxKV, K, y0, V, S0l);
+      } else {
+        stage(A1, kMaxC, L, y0, V, Dl);
+        stage(Bt, kMaxKV, K, y0, V, dSl);
+        stage(A2, kMaxKV, K, y0, V, S0l);
+      }
+      __syncthreads();
+      tile_nt<8>(A1, Bt, ti, tx, acc1);
+      if (job == 0) tile_nt<8>(A2, Bt, ti, tx, acc2);
+      if (job == 1 && threadIdx.x < K)
+        for (int y = 0; y < 32; ++y) dot += A2[threadIdx.x * 33 + y] * Bt[threadIdx.x * 33 + y];
+    }
+    float* out1 = blk + (job == 0 ? lay.W() : lay.Kl());
+    for (int r = 0; r < 4; ++r)
+      for (int j = 0; j < 8; ++j) {
+        const int i = 4 * ti + r, x = tx + 16 * j;
+        if (i < C && x < K) {
+          out1[i * K + x] = acc1[r][j];
+          if (job == 0) blk[lay.Qh() + i * K + x] = acc2[r][j];
+        }
+      }
+    if (job == 1 && threadIdx.x < K) blk[lay.gL() + threadIdx.x] = dot;
+  } else {
+    float tq[4][4] = {}, ta[4][4] = {};
+    for (int y0 = 0; y0 < V; y0 += 32) {
+      __syncthreads();
+      stage(A1, kMaxC, L, y0, V, dO);
+      stage(A2, kMaxC, L, y0, V, dRl);
+      stage(Bt, kMaxC, L, y0, V, Dl);
+      __syncthreads();
+      tile_nt<4>(A1, Bt, ti, tx, tq);
+      tile_nt<4>(A2, Bt, ti, tx, ta);
+    }
+    for (int r = 0; r < 4; ++r)
+      for (int j = 0; j < 4; ++j) {
+        const int i = 4 * ti + r, jj = tx + 16 * j;
+        if (i < C && jj < C) {
+          blk[lay.Aqk() + i * C + jj] = jj <= i ? a.scale * tq[r][j] : 0.f;
+          blk[lay.Tm() + i * C + jj] = jj < i ? -ta[r][j] : 0.f;
+        }
+      }
+  }
+}
+
+size_t grads_smem(int C, int K) {
+  return sizeof(double) * (C * K + K) + sizeof(float) * (2 * C * K + 2 * C * C + C);
+}
+
+constexpr int kOwners = kMaxC * kMaxKV / kThreads;  // (token, channel) pairs per thread
+
+// One thread per (token i, channel x) of the chunk: its dq, dk, dGam, and its share of dbeta.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    grads_kernel(Args a, const T* q, const T* k, const T* v, T* dq, T* dk, T* dv) {
+  const int64_t c = blockIdx.x, h = blockIdx.y;
+  const int L = a.clen[c];
+  if (L == 0) return;
+  const int64_t t0 = a.ct0[c];
+  const int C = a.C, K = a.K, V = a.V, tid = threadIdx.x;
+  extern __shared__ __align__(16) unsigned char smem[];
+  double* gam = reinterpret_cast<double*>(smem);  // [C][K], later dGam
+  double* dGamL = gam + C * K;                    // [K]
+  float* qs = reinterpret_cast<float*>(dGamL + K);
+  float* ks = qs + C * K;
+  float* tq = ks + C * K;  // [C][C]
+  float* ta = tq + C * C;  // [C][C] (-dR Delta^T, before beta)
+  float* b = ta + C * C;
+  const KdaChunkLayout& lay = a.lay;
+  const float* blk = a.blk(c, h);
+  load_chunk(a, t0, L, h, q, k, gam, qs, ks, b);
+  for (int e = tid; e < C * C; e += kThreads) {
+    tq[e] = blk[lay.Aqk() + e];
+    ta[e] = blk[lay.Tm() + e];
+  }
+  __syncthreads();  // (load_chunk's cumsum is complete too)
+  // dGam_L[x] = sum_i (Delta dS^T)[i][x] kl[i][x] + e^Gam_L (S0 . dS)[x].
+  for (int x = tid; x < K; x += kThreads) {
+    const double gl = gam[(L - 1) * K + x];
+    double s = __expf(static_cast<float>(gl)) * blk[lay.gL() + x];
+    for (int i = 0; i < L; ++i)
+      s += blk[lay.Kl() + i * K + x] * ks[i * K + x] *
+           __expf(static_cast<float>(gl - gam[i * K + x]));
+    dGamL[x] = s;
+  }
+  __syncthreads();
+  double dgam[kOwners];
+  float dbx[kOwners];
+#pragma unroll 1
+  for (int r = 0; r < kOwners; ++r) {
+    const int e = tid + r * kThreads, i = e / K, x = e % K;
+    dgam[r] = 0;
+    dbx[r] = 0.f;
+    if (i >= L || e >= C * K) continue;
+    const double gi = gam[e], gl = gam[(L - 1) * K + x];
+    const float qi = qs[e], ki = ks[e], bi = b[i], eg = __expf(static_cast<float>(gi));
+    const float elg = __expf(static_cast<float>(gl - gi));
+    const float dqg = blk[lay.W() + e] * a.scale, dkb = -blk[lay.Qh() + e],
+                dkgl = blk[lay.Kl() + e];
+    float dQ = dqg * eg, dK = bi * eg * dkb + dkgl * elg;
+    double dG = static_cast<double>(dqg) * qi * eg + static_cast<double>(dkb) * bi * ki * eg -
+                static_cast<double>(dkgl) * ki * elg;
+    dbx[r] = dkb * ki * eg;
+    // As row i of the pairs (j <= i), then as column i (rows i2 >= i).
+    for (int j = 0; j <= i; ++j) {
+      const float ex = __expf(static_cast<float>(gi - gam[j * K + x])), kj = ks[j * K + x];
+      const float eq = tq[i * C + j] * ex, eb = ta[i * C + j] * bi * ex;
+      dQ += eq * kj;
+      dK += eb * kj;
+      dG += static_cast<double>(eq) * qi * kj + static_cast<double>(eb) * ki * kj;
+    }
+    for (int i2 = i; i2 < L; ++i2) {
+      const float ex = __expf(static_cast<float>(gam[i2 * K + x] - gi));
+      const float q2 = qs[i2 * K + x], k2 = ks[i2 * K + x];
+      const float eq = tq[i2 * C + i] * ex, eb = ta[i2 * C + i] * b[i2] * ex;
+      dK += eq * q2 + eb * k2;
+      dG -= static_cast<double>(eq) * q2 * ki + static_cast<double>(eb) * k2 * ki;
+    }
+    if (i == L - 1) dG += dGamL[x];
+    dgam[r] = dG;
+    const int64_t at = ((t0 + i) * a.H + h) * K + x;
+    st(dq, at, dQ);
+    st(dk, at, dK);
+  }
+  __syncthreads();  // every thread is done reading gam and qs
+#pragma unroll 1
+  for (int r = 0; r < kOwners; ++r) {
+    const int e = tid + r * kThreads;
+    if (e < C * K) {
+      gam[e] = dgam[r];
+      qs[e] = dbx[r];
+    }
+  }
+  __syncthreads();
+  // dg = reverse cumsum of dGam over the chunk, per channel.
+  for (int x = tid; x < K; x += kThreads) {
+    double acc = 0;
+    for (int i = L - 1; i >= 0; --i) {
+      acc += gam[i * K + x];
+      a.dg[((t0 + i) * a.H + h) * K + x] = static_cast<float>(acc);
+    }
+  }
+  // dbeta_i = v_i . dR_i + sum_x (its channel shares) + sum_j ta_ij KK_ij; dv = beta dR.
+  for (int i = tid >> 5; i < L; i += kWarps) {
+    const int lane = tid & 31;
+    float s = 0.f;
+    for (int y = lane; y < V; y += 32) {
+      const int64_t at = ((t0 + i) * a.H + h) * V + y;
+      const float r = blk[lay.dR() + i * V + y];
+      s += ld(v, at) * r;
+      st(dv, at, b[i] * r);
+    }
+    for (int x = lane; x < K; x += 32) s += qs[i * K + x];
+    for (int j = lane; j < i; j += 32) s += ta[i * C + j] * blk[lay.KK() + i * C + j];
+    s = warp_sum(s);
+    if (lane == 0) a.dbeta[(t0 + i) * a.H + h] = s;
+  }
+}
+
+Args make_args(Context& ctx, const KdaParams& p, const Tensor& cu, const Tensor& g,
+               const Tensor& beta, int64_t nchunks, bool backward, Tensor& space) {
+  Args a{};
+  a.T = p.tokens;
+  a.H = p.heads;
+  a.N = p.num_seqs;
+  a.nchunks = nchunks;
+  a.C = static_cast<int>(p.chunk);
+  a.K = static_cast<int>(p.head_k);
+  a.V = static_cast<int>(p.head_v);
+  a.scale = p.qk_scale();
+  a.lay = {p.chunk, p.head_k, p.head_v};
+  a.block = a.lay.block(backward);
+  space = ctx.workspace().alloc({kda_chunk_workspace_floats(p, nchunks, backward)});
+  float* base = ptr<float>(space);
+  int32_t* table = reinterpret_cast<int32_t*>(base);
+  a.ct0 = table;
+  a.clen = table + nchunks;
+  a.dchunk0 = table + 2 * nchunks;
+  const int64_t ints = (2 * nchunks + p.num_seqs + 1 + 15) / 16 * 16;
+  a.ws = base + ints;
+  if (backward) a.dS = a.ws + nchunks * p.heads * a.block;
+  a.g = ptr<float>(g);
+  a.beta = ptr<float>(beta);
+  chunk_table_kernel<<<1, 32, 0, stream(ctx)>>>(
+      ptr<int32_t>(cu), p.num_seqs, p.tokens, a.C, nchunks, const_cast<int32_t*>(a.ct0),
+      const_cast<int32_t*>(a.clen), const_cast<int32_t*>(a.dchunk0));
+  MT_CUDA_LAUNCH_CHECK();
+  return a;
+}
+
+template <typename Kernel>
+void allow_smem(Kernel kernel, size_t bytes) {
+  MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(bytes)));
+}
+
+template <typename T>
+void prep(Context& ctx, const Args& a, const Tensor& q, const Tensor& k, const Tensor& v) {
+  const size_t sm = prep_smem(a.C, a.K, a.V);
+  allow_smem(prep_kernel<T>, sm);
+  prep_kernel<T><<<dim3(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.H)), kThreads, sm,
+                   stream(ctx)>>>(a, ptr<T>(q), ptr<T>(k), ptr<T>(v));
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+dim3 state_grid(const Args& a) {
+  return dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(a.H),
+              static_cast<unsigned>((a.V + kCols - 1) / kCols));
+}
+
+}  // namespace
+
+void kda_chunk_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
+                       const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                       const Tensor& h0, Tensor& o, Tensor& hT, Tensor& saved) {
+  ArenaScope scope(ctx.workspace());
+  Tensor space;
+  Args a = make_args(ctx, p, cu_seqlens, g, beta, saved.dim(0), false, space);
+  a.saved = ptr<float>(saved);
+  a.h0 = h0.defined() && h0.numel() ? ptr<float>(h0) : nullptr;
+  a.hT = hT.defined() && hT.numel() ? ptr<float>(hT) : nullptr;
+  MT_DISPATCH_FLOAT(q, "kda", {
+    prep<T>(ctx, a, q, k, v);
+    const size_t sm = fwd_state_smem(a.C, a.K);
+    allow_smem(fwd_state_kernel<T>, sm);
+    fwd_state_kernel<T><<<state_grid(a), kThreads, sm, stream(ctx)>>>(a, ptr<T>(o));
+    MT_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void kda_chunk_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
+                        const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                        const Tensor& saved, const Tensor& dout, const Tensor& dhT, Tensor& dq,
+                        Tensor& dk, Tensor& dv, Tensor& dg, Tensor& dbeta, Tensor& dh0) {
+  ArenaScope scope(ctx.workspace());
+  Tensor space;
+  Args a = make_args(ctx, p, cu_seqlens, g, beta, saved.dim(0), true, space);
+  a.saved = const_cast<float*>(ptr<float>(saved));
+  a.dhT = dhT.defined() && dhT.numel() ? ptr<float>(dhT) : nullptr;
+  a.dh0 = dh0.defined() && dh0.numel() ? ptr<float>(dh0) : nullptr;
+  a.dg = ptr<float>(dg);
+  a.dbeta = ptr<float>(dbeta);
+  const dim3 chunks(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.H));
+  MT_DISPATCH_FLOAT(q, "kda", {
+    prep<T>(ctx, a, q, k, v);
+    const size_t sm = bwd_state_smem(a.C, a.K);
+    allow_smem(bwd_state_kernel<T>, sm);
+    bwd_state_kernel<T><<<state_grid(a), kThreads, sm, stream(ctx)>>>(a, ptr<T>(dout));
+    MT_CUDA_LAUNCH_CHECK();
+    allow_smem(products_kernel<T>, kProductSmem);
+    products_kernel<T>
+        <<<dim3(chunks.x, chunks.y, 3), kThreads, kProductSmem, stream(ctx)>>>(a, ptr<T>(dout));
+    MT_CUDA_LAUNCH_CHECK();
+    const size_t gs = grads_smem(a.C, a.K);
+    allow_smem(grads_kernel<T>, gs);
+    grads_kernel<T><<<chunks, kThreads, gs, stream(ctx)>>>(a, ptr<T>(q), ptr<T>(k), ptr<T>(v),
+                                                           ptr<T>(dq), ptr<T>(dk), ptr<T>(dv));
+    MT_CUDA_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace mt::ops::cuda
