@@ -16,19 +16,38 @@ cudaDataType_t lt_type(DType t) {
   }
 }
 
-// cuBLASLt descriptors freed on every path out of lt_matmul.
-struct LtDescs {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  ~LtDescs() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (op) cublasLtMatmulDescDestroy(op);
-  }
-};
+// Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: the column-major view of a
+// row-major [r, c] matrix with row stride ld is a [c, r] matrix with leading dimension ld, so
+// B plays cuBLAS's A and A plays its B, each transposed iff it is transposed here.
+void build_plan(cublasLtHandle_t lt, const LtKey& key, LtPlan& plan) {
+  MT_CUBLAS_CHECK(cublasLtMatmulDescInit(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t opa = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t opb = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  MT_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(&plan.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+  MT_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(&plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+  // Stored (column-major) shapes: B as [trans_b ? k : n, trans_b ? n : k], A likewise.
+  const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
+  const int64_t m = key.m, n = key.n, k = key.k;
+  MT_CUBLAS_CHECK(cublasLtMatrixLayoutInit(&plan.a, lt_type(key.b), u(key.trans_b ? k : n),
+                                           u(key.trans_b ? n : k), key.ldb));
+  MT_CUBLAS_CHECK(cublasLtMatrixLayoutInit(&plan.b, lt_type(key.a), u(key.trans_a ? m : k),
+                                           u(key.trans_a ? k : m), key.lda));
+  MT_CUBLAS_CHECK(cublasLtMatrixLayoutInit(&plan.c, lt_type(key.c), u(n), u(m), key.ldc));
+  cublasLtMatmulPreferenceOpaque_t pref;
+  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceInit(&pref));
+  MT_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                           &key.workspace_bytes, sizeof key.workspace_bytes));
+  cublasLtMatmulHeuristicResult_t heur{};
+  int found = 0;
+  MT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, &plan.op, &plan.a, &plan.b, &plan.c, &plan.c,
+                                                 &pref, 1, &heur, &found));
+  MT_CHECK(found > 0, InternalError, "cuBLASLt has no algorithm for ", m, "x", n, "x", k, " ",
+           dtype_name(key.a), " -> ", dtype_name(key.c));
+  plan.algo = heur.algo;
+}
 
 }  // namespace
 
@@ -45,39 +64,22 @@ void lt_matmul(Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, i
                                     static_cast<size_t>(n) * dtype_size(c_dtype), cr.stream));
     return;
   }
-  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: the column-major view of a
-  // row-major [r, c] matrix with row stride ld is a [c, r] matrix with leading dimension ld, so
-  // B plays cuBLAS's A and A plays its B, each transposed iff it is transposed here.
-  LtDescs d;
-  MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t opa = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t opb = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  MT_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
-  MT_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-  // Stored (column-major) shapes: B as [trans_b ? k : n, trans_b ? n : k], A likewise.
-  const uint64_t a_rows = static_cast<uint64_t>(trans_b ? k : n);
-  const uint64_t a_cols = static_cast<uint64_t>(trans_b ? n : k);
-  const uint64_t b_rows = static_cast<uint64_t>(trans_a ? m : k);
-  const uint64_t b_cols = static_cast<uint64_t>(trans_a ? k : m);
-  MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, lt_type(b.dtype), a_rows, a_cols, b.ld));
-  MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, lt_type(a.dtype), b_rows, b_cols, a.ld));
-  MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, lt_type(c_dtype), static_cast<uint64_t>(n),
-                                             static_cast<uint64_t>(m), ldc));
-  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&d.pref));
-  MT_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                           &cr.lt_workspace_bytes, sizeof cr.lt_workspace_bytes));
-  cublasLtMatmulHeuristicResult_t heur{};
-  int found = 0;
-  MT_CUBLAS_CHECK(
-      cublasLtMatmulAlgoGetHeuristic(cr.lt, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &heur, &found));
-  MT_CHECK(found > 0, InternalError, "cuBLASLt has no algorithm for ", m, "x", n, "x", k, " ",
-           dtype_name(a.dtype), " -> ", dtype_name(c_dtype));
-  MT_CUBLAS_CHECK(cublasLtMatmul(cr.lt, d.op, &alpha, b.data, d.a, a.data, d.b, &beta, c, d.c, c,
-                                 d.c, &heur.algo, cr.lt_workspace, cr.lt_workspace_bytes,
-                                 cr.stream));
+  const LtKey key{.m = m,
+                  .n = n,
+                  .k = k,
+                  .lda = a.ld,
+                  .ldb = b.ld,
+                  .ldc = ldc,
+                  .a = a.dtype,
+                  .b = b.dtype,
+                  .c = c_dtype,
+                  .trans_a = trans_a,
+                  .trans_b = trans_b,
+                  .workspace_bytes = cr.lt_workspace_bytes};
+  LtPlan& plan = cr.lt_plans.get(key, [&](LtPlan& fresh) { build_plan(cr.lt, key, fresh); });
+  MT_CUBLAS_CHECK(cublasLtMatmul(cr.lt, &plan.op, &alpha, b.data, &plan.a, a.data, &plan.b, &beta,
+                                 c, &plan.c, c, &plan.c, &plan.algo, cr.lt_workspace,
+                                 cr.lt_workspace_bytes, cr.stream));
 }
 
 }  // namespace mt::ops::cuda
