@@ -465,20 +465,28 @@ void MoeLayer::reset_expert_load() {
   load_stale_ = false;
 }
 
-void MoeLayer::update_selection_bias() {
-  update_selection_bias(expert_load());
+void MoeLayer::update_selection_bias(Context& ctx) {
+  // A bias on a GPU means every counted forward ran there, into load_dev_. The reset's memset
+  // (legacy stream) waits for the kernel reading it: the context's stream is a blocking one.
+  if (cfg_.selection_bias && bias_.value.defined() && bias_.value.device() != Device::CPU &&
+      load_dev_.defined() && load_dev_.device() == bias_.value.device())
+    ops::router_bias_update(ctx, load_dev_, cfg_.bias_update_rate, bias_.value);
+  else
+    update_selection_bias(ctx, expert_load());
   reset_expert_load();
 }
 
-void MoeLayer::update_selection_bias(const std::vector<int64_t>& load) {
+void MoeLayer::update_selection_bias(Context& ctx, const std::vector<int64_t>& load) {
   if (!cfg_.selection_bias) return;
   MT_CHECK(static_cast<int64_t>(load.size()) == cfg_.num_experts, ShapeError, "expert load has ",
            load.size(), " entries, expected ", cfg_.num_experts);
   MT_CHECK(bias_.value.defined(), InternalError, "moe bias update before bind");
   if (load_t_.device() != bias_.value.device())
     load_t_ = Tensor::zeros({cfg_.num_experts}, DType::I64, bias_.value.device());
+  // A copy on the legacy stream: ordered after the last update's kernel, which read load_t_
+  // (the context's stream is a blocking one, core/cuda/resources.h).
   load_t_.copy_from(Tensor(const_cast<int64_t*>(load.data()), {cfg_.num_experts}, DType::I64));
-  ops::router_bias_update(load_t_, cfg_.bias_update_rate, bias_.value);
+  ops::router_bias_update(ctx, load_t_, cfg_.bias_update_rate, bias_.value);
 }
 
 }  // namespace mt

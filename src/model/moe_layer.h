@@ -64,11 +64,12 @@ class MoeLayer : public Layer {
   // Activation recompute (Model) replays a forward in backward; it restores the count so that
   // the replay is not counted twice.
   void set_expert_load(std::vector<int64_t> load);
-  // Aux-loss-free balancing after the optimizer step: b_i += rate * sign(mean(load) - load_i).
-  // The first form uses this layer's expert_load() and resets it; the second takes a load summed
-  // across ranks. No-op without selection_bias.
-  void update_selection_bias();
-  void update_selection_bias(const std::vector<int64_t>& load);
+  // Aux-loss-free balancing after the optimizer step: b_i += rate * sign(mean(load) - load_i),
+  // queued on ctx's stream. The first form uses this layer's count and resets it (on a GPU it
+  // reads the count where it lives: no copy, no wait); the second takes a load summed across
+  // ranks (one copy to the device). No-op without selection_bias.
+  void update_selection_bias(Context& ctx);
+  void update_selection_bias(Context& ctx, const std::vector<int64_t>& load);
   // Multiplies the sequence aux loss's gradient: data parallelism weights each rank's
   // per-document mean by its share of the global documents (Model::set_loss_weight).
   void set_seq_aux_weight(float w) { seq_aux_weight_ = w; }

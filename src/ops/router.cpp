@@ -132,17 +132,17 @@ void expert_load_counts(Context& ctx, const Tensor& ids, int64_t experts, Tensor
   cpu::expert_load_counts(ctx, ids, experts, counts);
 }
 
-void router_bias_update(const Tensor& load, float rate, Tensor& bias) {
+void router_bias_update(Context& ctx, const Tensor& load, float rate, Tensor& bias) {
   MT_CHECK(load.ndim() == 1, ShapeError, "expert load must be [E], got ", load.shape());
   expect_shape(bias, {load.dim(0)}, "router selection bias");
   if (op_device("router_bias_update", {&load, &bias}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    return cuda::router_bias_update(load, rate, bias);
+    return cuda::router_bias_update(ctx, load, rate, bias);
 #else
     no_cuda_backend("router_bias_update");
 #endif
   }
-  cpu::router_bias_update(load, rate, bias);
+  cpu::router_bias_update(ctx, load, rate, bias);
 }
 
 }  // namespace mt::ops

@@ -70,8 +70,9 @@ RouterZLossBackward router_z_loss_backward;
 using ExpertLoadCounts = void(Context& ctx, const Tensor& ids, int64_t experts, Tensor& counts);
 ExpertLoadCounts expert_load_counts;
 
-// Aux-loss-free balancing step: bias_i += rate * sign(mean(load) - load_i). load i64 [E].
-using RouterBiasUpdate = void(const Tensor& load, float rate, Tensor& bias);
+// Aux-loss-free balancing step: bias_i += rate * sign(mean(load) - load_i). load i64 [E]. On a
+// GPU, queued on ctx's stream after whatever wrote the load: no wait.
+using RouterBiasUpdate = void(Context& ctx, const Tensor& load, float rate, Tensor& bias);
 RouterBiasUpdate router_bias_update;
 
 // The backends' bodies, called by the entries above once they validated: ops/cpu/router.cpp, and

@@ -6,7 +6,7 @@
 
 namespace mt::par {
 
-void DistTrainer::update_router_biases() {
+void DistTrainer::update_router_biases(Context& ctx) {
   // Aux-loss-free balancing from the loads of all ranks' tokens, into the buffers the
   // constructor sized (one per MoE layer, num_experts entries).
   std::vector<MoeLayer*> moes = model_.moe_layers();
@@ -19,7 +19,7 @@ void DistTrainer::update_router_biases() {
              " experts, expected ", load.size());
     std::copy(mine.begin(), mine.end(), load.begin());
     g_.world->all_reduce(load.data(), static_cast<int64_t>(load.size()), Elem::I64);
-    m->update_selection_bias(load);
+    m->update_selection_bias(ctx, load);
     m->reset_expert_load();
   }
 }

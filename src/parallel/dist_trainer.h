@@ -163,7 +163,7 @@ class DistTrainer {
   void setup_fsdp();
   // This rank's shape of p (a sharded Param's gathered shape; local experts: the EP slice).
   Shape local_shape(const Param& p) const;
-  void update_router_biases();  // dist_router_bias.cpp
+  void update_router_biases(Context& ctx);  // dist_router_bias.cpp
 
   Model& model_;
   Mesh mesh_;

@@ -107,7 +107,7 @@ double DistTrainer::optimizer_step(Context& ctx, float lr, double grad_scale) {
     unpack(pflat.f32(), u->params);
   }
 
-  update_router_biases();
+  update_router_biases(ctx);
 
   metrics_ = {};
   metrics_.world = g_.world->stats();

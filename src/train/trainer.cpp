@@ -146,7 +146,7 @@ double LocalExecutor::optimizer_step(float lr, double grad_scale) {
   for_each_moe(model_, [&](int layer, MoeLayer& m) {
     if (n == load_.size()) load_.emplace_back();
     fill_layer_load(load_[n++], layer, m.expert_load());
-    m.update_selection_bias();
+    m.update_selection_bias(ctx_);
     m.reset_expert_load();
   });
   load_.resize(n);

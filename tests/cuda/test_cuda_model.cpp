@@ -180,6 +180,36 @@ TEST(CudaModel, AdamWStepsTrackTheCpu) {
     const double nc = oc.step(cc, cpu.params(), 1e-2f);
     const double ng = og.step(gc, gpu.params(), 1e-2f);
     EXPECT_NEAR(ng, nc, kModelF32Rel * nc) << "grad norm, step " << step;
+    // Selection-bias updates from the same integer loads add the same +-rate: bit-equal biases.
+    // Odd steps hand the load in, as data parallelism does; even steps use the layer's count,
+    // which the GPU reads where it lives.
+    auto mc = cpu.moe_layers(), mg = gpu.moe_layers();
+    int moe = 0;
+    for (size_t i = 0; i < mc.size(); ++i) {
+      if (!mc[i]) continue;
+      ASSERT_EQ(mg[i]->expert_load(), mc[i]->expert_load()) << "layer " << i << ", step " << step;
+      if (step % 2) {
+        const std::vector<int64_t> load = mc[i]->expert_load();
+        mc[i]->update_selection_bias(cc, load);
+        mg[i]->update_selection_bias(gc, load);
+        mc[i]->reset_expert_load();
+        mg[i]->reset_expert_load();
+      } else {
+        mc[i]->update_selection_bias(cc);
+        mg[i]->update_selection_bias(gc);
+      }
+      ++moe;
+    }
+    ASSERT_GT(moe, 0);
+    int biases = 0;
+    for (const auto& p : cpu.params().all())
+      if (p->name.ends_with("e_score_correction_bias")) {
+        const Tensor b = host_f32(gpu.params().at(p->name).value);
+        for (int64_t e = 0; e < b.numel(); ++e)
+          ASSERT_EQ(b.f32()[e], p->value.f32()[e]) << p->name << "[" << e << "], step " << step;
+        ++biases;
+      }
+    EXPECT_EQ(biases, moe) << "the tiny model's MoE layers use noaux_tc selection biases";
   }
 }
 

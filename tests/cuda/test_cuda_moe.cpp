@@ -283,7 +283,7 @@ TEST(CudaRouter, BiasUpdateAndMappedLoads) {
       "bias update, load count, map ids", ins, {"bias", "load", "mapped"},
       [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
         Tensor b = like(c, in[1]);
-        ops::router_bias_update(in[0], 0.01f, b);
+        OP(router_bias_update)(c, in[0], 0.01f, b);
         Tensor l = like(c, in[0]);  // accumulates onto the loads
         OP(expert_load_count)(c, in[2], in[3], l);
         Tensor ids = like(c, in[3]);

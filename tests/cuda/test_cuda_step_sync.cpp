@@ -64,15 +64,13 @@ int documented_blocking_calls(Model& m) {
   for (MoeLayer* l : m.moe_layers()) moe += l != nullptr;
   for (int i = 0; i < m.num_layers(); ++i)
     aux += static_cast<int>(m.mixer(i).aux_terms().size() + m.ffn(i).aux_terms().size());
-  const int bias = m.config().moe.selection_bias ? 1 : 0;
-  return 4                 // the staged batch: ids, targets, cu_seqlens, positions (host to device)
-         + 1 + 1           // embedding's id check; the cross-entropy's target check
-         + 1               // the loss
-         + moe             // the dispatch offsets, once per MoE layer
-         + 1               // the gradient norm
-         + moe             // the expert loads, read after the step
-         + 3 * bias * moe  // router_bias_update: the load's copy, a wait before and after
-         + aux;            // the auxiliary losses, read for the metrics
+  return 4        // the staged batch: ids, targets, cu_seqlens, positions (host to device)
+         + 1 + 1  // embedding's id check; the cross-entropy's target check
+         + 1      // the loss
+         + moe    // the dispatch offsets, once per MoE layer
+         + 1      // the gradient norm
+         + moe    // the expert loads, read after the step
+         + aux;   // the auxiliary losses, read for the metrics
 }
 
 struct Rig {
@@ -115,7 +113,7 @@ struct Rig {
     for (MoeLayer* m : model.moe_layers())
       if (m) {
         (void)m->expert_load();
-        m->update_selection_bias();
+        m->update_selection_bias(ctx);
       }
     (void)model.aux_losses();
   }

@@ -290,7 +290,7 @@ TEST(MoeLayer, ExpertLoadAndBiasUpdate) {
   int64_t total = 0;
   for (int64_t v : load) total += v;
   EXPECT_EQ(total, 2 * 11 * 2);  // two forwards of T*k slots
-  layer.update_selection_bias();
+  layer.update_selection_bias(ctx);
   const float* b = store.at("gate.e_score_correction_bias").f32();
   const double mean = static_cast<double>(total) / 8.0;
   for (int e = 0; e < 8; ++e) {

@@ -74,7 +74,7 @@ Result train(bool balance, int steps) {
       if (m) {
         moved += m->last_overflow().rerouted;
         pairs += m->last_overflow().pairs;
-        m->update_selection_bias();
+        m->update_selection_bias(ctx);
       }
   }
   double tail = 0;

@@ -91,9 +91,9 @@ void expect_identical_training(ModelConfig cfg, bool lora,
     opt_a.step(ctx, plain.params(), 1e-2f);
     opt_b.step(ctx, replay.params(), 1e-2f);
     for (MoeLayer* m : plain.moe_layers())
-      if (m) m->update_selection_bias();
+      if (m) m->update_selection_bias(ctx);
     for (MoeLayer* m : replay.moe_layers())
-      if (m) m->update_selection_bias();
+      if (m) m->update_selection_bias(ctx);
   }
 }
 

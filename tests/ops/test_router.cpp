@@ -210,7 +210,7 @@ TEST(Router, LoadCountsAndBiasUpdate) {
   EXPECT_EQ(load.i64()[3], 0);
   Tensor bias = Tensor::zeros({4});
   bias.f32()[2] = 0.25f;
-  ops::router_bias_update(load, 0.01f, bias);  // mean load 1.5
+  ops::router_bias_update(ctx, load, 0.01f, bias);  // mean load 1.5
   EXPECT_FLOAT_EQ(bias.f32()[0], -0.01f);
   EXPECT_FLOAT_EQ(bias.f32()[1], -0.01f);
   EXPECT_FLOAT_EQ(bias.f32()[2], 0.26f);
@@ -218,7 +218,7 @@ TEST(Router, LoadCountsAndBiasUpdate) {
   Tensor even = Tensor::empty({2}, DType::I64);
   even.i64()[0] = even.i64()[1] = 5;
   Tensor b2 = Tensor::zeros({2});
-  ops::router_bias_update(even, 0.01f, b2);
+  ops::router_bias_update(ctx, even, 0.01f, b2);
   EXPECT_EQ(b2.f32()[0], 0.0f);
 }
 

@@ -396,7 +396,7 @@ int run(mt::par::Comm& world, const Args& a) {
     ref.backward(ctx);
     ref_opt.step(ctx, ref.params(), lr);
     for (MoeLayer* m : ref.moe_layers())
-      if (m) m->update_selection_bias();
+      if (m) m->update_selection_bias(ctx);
 
     Batch b = make_batch(cfg.vocab, s, rank, rank + 1, a.uneven);
     par::StepResult r = trainer.step(dctx, b.seq, b.ids, b.targets, lr);

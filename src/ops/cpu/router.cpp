@@ -274,7 +274,7 @@ void expert_load_counts(Context&, const Tensor& ids, int64_t experts, Tensor& co
   }
 }
 
-void router_bias_update(const Tensor& load, float rate, Tensor& bias) {
+void router_bias_update(Context&, const Tensor& load, float rate, Tensor& bias) {
   const int64_t E = load.dim(0);
   const int64_t* l = load.i64();
   float* b = bias.f32();

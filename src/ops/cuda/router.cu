@@ -508,15 +508,13 @@ void expert_load_counts(Context& ctx, const Tensor& ids, int64_t experts, Tensor
   MT_CUDA_LAUNCH_CHECK();
 }
 
-void router_bias_update(const Tensor& load, float rate, Tensor& bias) {
+void router_bias_update(Context& ctx, const Tensor& load, float rate, Tensor& bias) {
   expect_f32("router_bias_update", bias, "bias");
-  // The public entry takes no Context, so there is no stream to order against: wait for the
-  // device (the load was counted on some stream), update on the legacy stream and wait again so
-  // the next forward sees the new bias. Once per step (docs/gpu.md).
-  MT_CUDA_CHECK(cudaDeviceSynchronize());
-  bias_update_kernel<<<1, 256>>>(load.dim(0), ptr<int64_t>(load), rate, ptr<float>(bias));
+  // The stream orders it after the kernels that counted the load and before the next forward's
+  // router reads the bias.
+  bias_update_kernel<<<1, 256, 0, stream(ctx)>>>(load.dim(0), ptr<int64_t>(load), rate,
+                                                 ptr<float>(bias));
   MT_CUDA_LAUNCH_CHECK();
-  MT_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 }  // namespace mt::ops::cuda
