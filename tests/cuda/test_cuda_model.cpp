@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "core/device.h"
+#include "harness/batch.h"
 #include "harness/gpu_check.h"
 #include "harness/op_check.h"
 #include "harness/tolerance.h"
@@ -19,26 +20,9 @@
 namespace mt::test {
 namespace {
 
-struct Docs {
-  SeqInfo seq;
-  Tensor ids, targets;
-};
-
-Docs make_docs(Rng& rng, const ModelConfig& cfg, const std::vector<int64_t>& lengths) {
-  Docs b;
-  b.seq = SeqInfo::from_lengths(lengths);
-  b.ids = Tensor::empty({b.seq.tokens}, DType::I32);
-  b.targets = Tensor::empty({b.seq.tokens}, DType::I32);
-  for (int64_t t = 0; t < b.seq.tokens; ++t) {
-    b.ids.i32()[t] = static_cast<int32_t>(rng.below(cfg.vocab));
-    b.targets.i32()[t] = t % 7 == 3 ? -100 : static_cast<int32_t>(rng.below(cfg.vocab));
-  }
-  return b;
-}
-
 // The same documents with their tensors on the GPU (host offsets kept, as a staged batch has).
-Docs on_gpu(const Docs& h) {
-  Docs d = h;
+Batch on_gpu(const Batch& h) {
+  Batch d = h;
   d.ids = h.ids.to(Device::CUDA);
   d.targets = h.targets.to(Device::CUDA);
   d.seq.cu_seqlens = h.seq.cu_seqlens.to(Device::CUDA);
@@ -91,7 +75,7 @@ void break_symmetry(Model& m, uint64_t seed) {
 void compare_step(const ModelConfig& cfg, const ModelOptions& opt, uint64_t seed) {
   SCOPED_TRACE(cat("seed=", seed));
   Rng rng(seed);
-  const Docs docs = make_docs(rng, cfg, {37, 1, 70, 20});  // crosses a KDA chunk of 64
+  const Batch docs = random_batch(rng, cfg.vocab, {37, 1, 70, 20}, 7);  // crosses a KDA chunk of 64
   Model cpu(cfg, seed, opt);
   ModelOptions gopt = opt;
   gopt.device = Device::CUDA;
@@ -103,7 +87,7 @@ void compare_step(const ModelConfig& cfg, const ModelOptions& opt, uint64_t seed
   cpu.params().zero_grad();
   gpu.params().zero_grad();
   const double lc = cpu.forward(cc, docs.seq, docs.ids, docs.targets);
-  const Docs gd = on_gpu(docs);
+  const Batch gd = on_gpu(docs);
   const double lg = gpu.forward(gc, gd.seq, gd.ids, gd.targets);
   EXPECT_EQ(gpu.activation_bytes_used(), gpu.activation_bytes(docs.seq));
   cpu.backward(cc);
@@ -168,8 +152,8 @@ TEST(CudaModel, AdamWStepsTrackTheCpu) {
   AdamW og(gpu.params(), {.clip_norm = 1.0});
   Rng rng(seed);
   for (int step = 0; step < 5; ++step) {
-    const Docs d = make_docs(rng, cfg, {50, 30});
-    const Docs g = on_gpu(d);
+    const Batch d = random_batch(rng, cfg.vocab, {50, 30}, 7);
+    const Batch g = on_gpu(d);
     cpu.params().zero_grad();
     gpu.params().zero_grad();
     const double lc = cpu.forward(cc, d.seq, d.ids, d.targets);
@@ -227,8 +211,8 @@ TEST(CudaModel, Bf16PolicyStaysWithinTheModelBound) {
   break_symmetry(gpu, seed);
   for (const auto& p : cpu.params().all()) p->value.copy_from(gpu.params().at(p->name).value);
   Rng rng(seed);
-  const Docs d = make_docs(rng, cfg, {37, 1, 70, 20});
-  const Docs g = on_gpu(d);
+  const Batch d = random_batch(rng, cfg.vocab, {37, 1, 70, 20}, 7);
+  const Batch g = on_gpu(d);
   Context cc(ContextOptions{.seed = seed});
   Context gc(ContextOptions{.device = Device::CUDA, .seed = seed});
   cpu.params().zero_grad();

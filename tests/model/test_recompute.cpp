@@ -8,29 +8,13 @@
 #include <cmath>
 #include <cstring>
 
+#include "harness/batch.h"
 #include "model/model.h"
 #include "model/moe_layer.h"
 #include "train/adamw.h"
 
 namespace mt {
 namespace {
-
-struct Batch {
-  SeqInfo seq;
-  Tensor ids, targets;
-};
-
-Batch make_batch(Rng& rng, const ModelConfig& cfg, const std::vector<int64_t>& lengths) {
-  Batch b;
-  b.seq = SeqInfo::from_lengths(lengths);
-  b.ids = Tensor::empty({b.seq.tokens}, DType::I32);
-  b.targets = Tensor::empty({b.seq.tokens}, DType::I32);
-  for (int64_t t = 0; t < b.seq.tokens; ++t) {
-    b.ids.i32()[t] = static_cast<int32_t>(rng.below(cfg.vocab));
-    b.targets.i32()[t] = t % 5 == 2 ? -100 : static_cast<int32_t>(rng.below(cfg.vocab));
-  }
-  return b;
-}
 
 bool same_bits(const Tensor& a, const Tensor& b) {
   return a.numel() == b.numel() && std::memcmp(a.raw(), b.raw(), a.bytes()) == 0;
@@ -60,7 +44,7 @@ void expect_identical_training(ModelConfig cfg, bool lora,
   AdamW opt_a(plain.params(), AdamWOptions{}), opt_b(replay.params(), AdamWOptions{});
   for (int step = 0; step < 3; ++step) {
     SCOPED_TRACE(cat("step ", step));
-    Batch b = make_batch(rng, cfg, {13, 1, 22});
+    Batch b = test::random_batch(rng, cfg.vocab, {13, 1, 22}, 5);
     plain.params().zero_grad();
     replay.params().zero_grad();
     const double la = plain.forward(ctx, b.seq, b.ids, b.targets);

@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "harness/batch.h"
 #include "harness/op_check.h"
 #include "harness/seed.h"
 #include "model/model.h"
@@ -17,24 +18,6 @@ namespace mt {
 namespace {
 
 using test::DVec;
-
-struct Batch {
-  SeqInfo seq;
-  Tensor ids, targets;
-};
-
-Batch make_batch(Rng& rng, const ModelConfig& cfg, std::vector<int64_t> lengths) {
-  Batch b;
-  b.seq = SeqInfo::from_lengths(lengths);
-  b.ids = Tensor::empty({b.seq.tokens}, DType::I32);
-  b.targets = Tensor::empty({b.seq.tokens}, DType::I32);
-  for (int64_t t = 0; t < b.seq.tokens; ++t) {
-    b.ids.i32()[t] = static_cast<int32_t>(rng.below(cfg.vocab));
-    // Every 7th target is masked out of the loss (prompt tokens, padding).
-    b.targets.i32()[t] = t % 7 == 3 ? -100 : static_cast<int32_t>(rng.below(cfg.vocab));
-  }
-  return b;
-}
 
 std::map<std::string, DVec> param_map(const Model& m) {
   std::map<std::string, DVec> p;
@@ -65,7 +48,7 @@ void check_model_gradients(const ModelConfig& cfg, const ModelOptions& opt, uint
   // Break the symmetry of fresh adapters (B = 0) so that every LoRA gradient is non-trivial.
   for (const auto& p : model.params().all())
     if (p->spec.role == ParamRole::Lora) test::fill_normal(rng, p->value, 0.1);
-  Batch b = make_batch(rng, cfg, gc.lengths);
+  Batch b = test::random_batch(rng, cfg.vocab, gc.lengths, 7);
   Context ctx(ContextOptions{.seed = seed});
   model.params().zero_grad();
   double loss = model.forward(ctx, b.seq, b.ids, b.targets);
@@ -188,7 +171,7 @@ TEST(TinyModel, OneAdamWStepLowersTheLoss) {
   SCOPED_TRACE(cat("seed=", seed));
   Rng rng(seed);
   Model model(cfg, seed);
-  Batch b = make_batch(rng, cfg, {40, 24});
+  Batch b = test::random_batch(rng, cfg.vocab, {40, 24}, 7);
   Context ctx(ContextOptions{.seed = seed});
   AdamW opt(model.params(), AdamWOptions{});
   model.params().zero_grad();
@@ -217,7 +200,7 @@ TEST(TinyModel, OutOfRangeTokenIsAnError) {
   ModelConfig cfg = ModelConfig::load("tiny");
   Model model(cfg, 1);
   Rng rng(3);
-  Batch b = make_batch(rng, cfg, {9});
+  Batch b = test::random_batch(rng, cfg.vocab, {9}, 7);
   b.ids.i32()[4] = static_cast<int32_t>(cfg.vocab);
   Context ctx;
   EXPECT_THROW(model.forward(ctx, b.seq, b.ids, b.targets), ValueError);

@@ -16,6 +16,7 @@
 #include <random>
 #include <vector>
 
+#include "harness/batch.h"
 #include "model/model.h"
 #include "model/moe_layer.h"
 #include "train/adamw.h"
@@ -137,15 +138,7 @@ int64_t allocations_in(F&& f) {
 Batch make_batch(const ModelConfig& cfg, uint64_t seed,
                  const std::vector<int64_t>& lengths = {29, 3, 17}) {
   Rng rng(seed);
-  Batch b;
-  b.seq = SeqInfo::from_lengths(lengths);
-  b.ids = Tensor::empty({b.seq.tokens}, DType::I32);
-  b.targets = Tensor::empty({b.seq.tokens}, DType::I32);
-  for (int64_t t = 0; t < b.seq.tokens; ++t) {
-    b.ids.i32()[t] = static_cast<int32_t>(rng.below(cfg.vocab));
-    b.targets.i32()[t] = t % 5 == 2 ? -100 : static_cast<int32_t>(rng.below(cfg.vocab));
-  }
-  return b;
+  return test::random_batch(rng, cfg.vocab, lengths, 5);
 }
 
 struct StepReadout {
