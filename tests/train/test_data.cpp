@@ -9,6 +9,7 @@
 #include <set>
 
 #include "harness/seed.h"
+#include "harness/train_files.h"
 #include "train/dataset.h"
 #include "train/tokenizer.h"
 
@@ -17,13 +18,7 @@ using namespace mt;
 
 namespace {
 
-fs::path temp_dir(const std::string& name) {
-  fs::path d =
-      fs::temp_directory_path() / ("mt_test_data_" + name + "_" + std::to_string(getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+using test::temp_dir;
 
 std::vector<Document> sample_corpus() {
   std::vector<Document> docs =

@@ -2,13 +2,13 @@
 // documents too short to have a target, empty datasets and batches, held-out data without a
 // target token (loss absent, not 0), and LoRA targets or train globs that select nothing.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 
 #include "harness/seed.h"
+#include "harness/train_files.h"
 #include "train/dataset.h"
 #include "train/job.h"
 #include "train/trainer.h"
@@ -18,13 +18,7 @@ using namespace mt;
 
 namespace {
 
-fs::path temp_dir(const std::string& name) {
-  fs::path d =
-      fs::temp_directory_path() / ("mt_test_degenerate_" + name + "_" + std::to_string(getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+using test::temp_dir;
 
 const Tokenizer& tokenizer() {
   static const Tokenizer tok = [] {

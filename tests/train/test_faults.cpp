@@ -23,6 +23,7 @@
 #include <sstream>
 #include <thread>
 
+#include "harness/train_files.h"
 #include "train/checkpoint.h"
 #include "train/dataset.h"
 #include "train/files.h"
@@ -36,37 +37,13 @@ using namespace mt;
 
 namespace {
 
-fs::path temp_dir(const std::string& name) {
-  fs::path d =
-      fs::temp_directory_path() / ("mt_test_faults_" + name + "_" + std::to_string(getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-// Random sequences for the tiny model (vocab 61) with a learnable pattern.
-std::string make_dataset(const fs::path& dir, uint64_t seed) {
-  Rng rng(seed);
-  PackedData p{.seq_len = 24, .vocab = 61, .documents = 0};
-  for (int s = 0; s < 16; ++s) {
-    p.segments.push_back({12, 12});
-    p.documents += 2;
-    int32_t id = static_cast<int32_t>(rng.below(61));
-    for (int64_t t = 0; t < p.seq_len; ++t) {
-      p.ids.push_back(id);
-      id = rng.uniform() < 0.8 ? (id * 7 + 3) % 61 : static_cast<int32_t>(rng.below(61));
-      p.targets.push_back(id);
-    }
-  }
-  write_dataset(p, dir.string());
-  return dir.string();
-}
+using test::temp_dir;
 
 // A job file for the tiny model; every test's runs differ only in run.dir and the overrides.
 fs::path write_job(const fs::path& root, int64_t steps, int64_t every) {
   const fs::path f = root / "job.toml";
   std::ofstream(f) << "[run]\nseed = 5\nthreads = 1\n[model]\nconfig = \"tiny\"\n[data]\ntrain = \""
-                   << make_dataset(root / "train", 7)
+                   << test::write_tiny_dataset(root / "train", 7, 16, {12, 12})
                    << "\"\n[optim]\nlr = 0.01\n[schedule]\nsteps = " << steps
                    << "\nwarmup = 2\n[train]\nbatch = 2\ngrad_accum = 2\n[checkpoint]\n"
                    << "every = " << every << "\nkeep = 100\n[log]\nprogress = \"off\"\n";

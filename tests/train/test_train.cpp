@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "decode/decode.h"
+#include "harness/train_files.h"
 #include "io/hf_names.h"
 #include "io/safetensors.h"
 #include "plan/model_stats.h"
@@ -27,38 +28,11 @@ using namespace mt;
 
 namespace {
 
-fs::path temp_dir(const std::string& name) {
-  fs::path d =
-      fs::temp_directory_path() / ("mt_test_train_" + name + "_" + std::to_string(getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+using test::temp_dir;
 
-// Random token sequences for the tiny model (vocab 61), several documents per sequence.
+// Twenty sequences of several documents each.
 std::string make_dataset(const fs::path& dir, uint64_t seed) {
-  Rng rng(seed);
-  PackedData p{.seq_len = 24, .vocab = 61, .documents = 0};
-  for (int s = 0; s < 20; ++s) {
-    int64_t left = p.seq_len;
-    std::vector<int64_t> seg;
-    while (left > 0) {
-      int64_t l = std::min<int64_t>(left, 3 + rng.below(12));
-      seg.push_back(l);
-      left -= l;
-      ++p.documents;
-    }
-    p.segments.push_back(seg);
-    // A learnable pattern: the next id is (id * 7 + 3) mod 61, with some noise.
-    int32_t id = static_cast<int32_t>(rng.below(61));
-    for (int64_t t = 0; t < p.seq_len; ++t) {
-      p.ids.push_back(id);
-      id = rng.uniform() < 0.8 ? (id * 7 + 3) % 61 : static_cast<int32_t>(rng.below(61));
-      p.targets.push_back(id);
-    }
-  }
-  write_dataset(p, dir.string());
-  return dir.string();
+  return test::write_tiny_dataset(dir, seed, 20);
 }
 
 std::string base_job(const fs::path& root) {
