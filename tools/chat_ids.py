@@ -23,52 +23,28 @@ import json
 import os
 import sys
 
+from tokenizer_util import content, kimi_encoding, render_chat
+
 IGNORE = -100
-# tokenization_kimi.py's pat_str, verbatim (tiktoken's regex engine has class intersection).
-KIMI_PAT = "|".join([
-    r"""[\p{Han}]+""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""\p{N}{1,3}""",
-    r""" ?[^\s\p{L}\p{N}]+[\r\n]*""",
-    r"""\s*[\r\n]+""",
-    r"""\s+(?!\S)""",
-    r"""\s+""",
-])
-KIMI_RESERVED = 256
-
-
-def content(tok):
-    return tok.get("content") if isinstance(tok, dict) else tok
 
 
 class TiktokenChat:
     """A tiktoken directory: template rendered by transformers, text encoded by tiktoken."""
 
     def __init__(self, model_dir):
-        import tiktoken
         ranks = {}
         with open(os.path.join(model_dir, "tiktoken.model")) as f:
             for line in f:
                 if line.strip():
                     b64, r = line.split()
                     ranks[base64.b64decode(b64)] = int(r)
-        n = len(ranks)
         with open(os.path.join(model_dir, "tokenizer_config.json")) as f:
             self.cfg = json.load(f)
-        names = {n + i: f"<|reserved_token_{n + i}|>" for i in range(KIMI_RESERVED)}
-        for k, v in self.cfg.get("added_tokens_decoder", {}).items():
-            names[int(k)] = content(v)
-        self.enc = tiktoken.Encoding(name="model", pat_str=KIMI_PAT, mergeable_ranks=ranks,
-                                     special_tokens={v: k for k, v in names.items()})
+        named = {int(k): content(v) for k, v in self.cfg.get("added_tokens_decoder", {}).items()}
+        self.enc = kimi_encoding("model", ranks, named)
 
     def __call__(self, messages, add_generation_prompt, tools=None):
-        from transformers.utils.chat_template_utils import render_jinja_template
-        kw = {k: content(self.cfg.get(k)) for k in ("bos_token", "eos_token", "pad_token")}
-        text = render_jinja_template([messages], tools=tools, chat_template=self.cfg["chat_template"],
-                                     add_generation_prompt=add_generation_prompt, **kw)
-        text = text[0] if isinstance(text, tuple) else text
-        text = text[0] if isinstance(text, list) else text
+        text = render_chat(self.cfg, messages, add_generation_prompt, tools)
         return self.enc.encode(text, allowed_special="all")
 
 

@@ -25,6 +25,9 @@ import os
 import random
 import unicodedata
 
+import chat_ids
+from tokenizer_util import KIMI_PAT, kimi_encoding, render_chat
+
 DEEPSEEK_SPLITS = [
     r"\p{N}{1,3}",
     "[一-龥\u3040-ゟ゠-ヿ]+",
@@ -32,18 +35,6 @@ DEEPSEEK_SPLITS = [
 ]
 QWEN3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-# tokenization_kimi.py's pat_str, verbatim.
-KIMI_PAT = "|".join([
-    r"""[\p{Han}]+""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""\p{N}{1,3}""",
-    r""" ?[^\s\p{L}\p{N}]+[\r\n]*""",
-    r"""\s*[\r\n]+""",
-    r"""\s+(?!\S)""",
-    r"""\s+""",
-])
-KIMI_RESERVED = 256
 DS_SPECIALS = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>", "<｜User｜>",
                "<｜Assistant｜>"]
 QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -148,11 +139,7 @@ def write_chat(out):
     transformers' apply_chat_template (tiktoken: transformers' renderer + tiktoken) and the text of
     each assistant turn as the template renders it (the rendered conversation through the turn
     minus the one before it with the generation prompt), for the loss mask."""
-    import sys
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import chat_ids
     from transformers import AutoTokenizer
-    from transformers.utils.chat_template_utils import render_jinja_template
     with open(os.path.join(out, "chat.jsonl"), "w") as f:
         for c in CONVERSATIONS:
             f.write(json.dumps({"messages": c}, ensure_ascii=False) + "\n")
@@ -161,13 +148,9 @@ def write_chat(out):
         d = os.path.join(out, fam)
         with open(os.path.join(d, "tokenizer_config.json")) as f:
             cfg = json.load(f)
-        kw = {k: chat_ids.content(cfg.get(k)) for k in ("bos_token", "eos_token", "pad_token")}
 
         def text(msgs, gen):
-            r = render_jinja_template([msgs], chat_template=cfg["chat_template"],
-                                      add_generation_prompt=gen, **kw)
-            r = r[0] if isinstance(r, tuple) else r
-            return r[0] if isinstance(r, list) else r
+            return render_chat(cfg, msgs, gen)
         render = chat_ids.load(d)
         fam_gold = {"ids": [], "assistant": []}
         with open(os.path.join(out, f"chat_{fam}.ids.jsonl"), "w") as f:
@@ -238,19 +221,14 @@ def main():
         for b, r in sorted(ranks.items(), key=lambda kv: kv[1]):
             f.write(f"{base64.b64encode(b).decode()} {r}\n")
     n = len(ranks)
-    special = {f"<|reserved_token_{i}|>": i for i in range(n, n + KIMI_RESERVED)}
-    decoder = {}
-    for off, content in KIMI_SPECIALS.items():
-        del special[f"<|reserved_token_{n + off}|>"]
-        special[content] = n + off
-        decoder[str(n + off)] = {"content": content, "lstrip": False, "normalized": False,
-                                 "rstrip": False, "single_word": False, "special": True}
+    named = {n + off: content for off, content in KIMI_SPECIALS.items()}
+    decoder = {str(i): {"content": content, "lstrip": False, "normalized": False, "rstrip": False,
+                        "single_word": False, "special": True} for i, content in named.items()}
     write_json(os.path.join(d, "tokenizer_config.json"),
                {"added_tokens_decoder": decoder, "bos_token": "[BOS]", "eos_token": "[EOS]",
                 "pad_token": "[EOS]", "chat_template": KIMI_TEMPLATE, "model_max_length": 4096,
                 "tokenizer_class": "TikTokenTokenizer"})
-    enc = tiktoken.Encoding(name="kimi_small", pat_str=KIMI_PAT, mergeable_ranks=ranks,
-                            special_tokens=special)
+    enc = kimi_encoding("kimi_small", ranks, named)
     goldens["kimi"] = [enc.encode(c, allowed_special="all") for c in cases]
     for c, ids in zip(cases, goldens["kimi"]):
         assert enc.decode(ids) == c, c
