@@ -52,13 +52,13 @@ std::vector<Group> groups(const Model& m, const std::string& model_type) {
       continue;
     }
     if (kimi && ends_with(n, ".self_attn.A_log")) {
-      out.push_back({forget_gate_name(n), Shape{1, 1, p->value.numel(), 1}, {p}});
+      out.push_back({forget_gate_name(n), Shape{1, 1, p->spec.shape.numel(), 1}, {p}});
       continue;
     }
     out.push_back({kimi                       ? forget_gate_name(n)
                    : model_type == "kimi_k25" ? k25_runtime_name(n)
                                               : n,
-                   p->value.shape(),
+                   p->spec.shape,
                    {p}});
   }
   for (auto& [name, gi] : conv) {
@@ -71,8 +71,8 @@ std::vector<Group> groups(const Model& m, const std::string& model_type) {
       return rank(a->name) < rank(b->name);
     });
     int64_t rows = 0;
-    for (Param* p : g.parts) rows += p->value.dim(0);
-    std::vector<int64_t> d = g.parts[0]->value.shape().dims();
+    for (Param* p : g.parts) rows += p->spec.shape[0];
+    std::vector<int64_t> d = g.parts[0]->spec.shape.dims();
     d[0] = rows;
     g.hf_shape = Shape(d);
   }
@@ -108,10 +108,18 @@ struct Source {
   uint64_t bytes = 0;  // in the file (progress)
   // Decodes the tensor into `dst` (contiguous, `dtype`, as many elements as `shape`).
   std::function<void(Tensor& dst)> read_into;
+  // Elements [begin, begin + count) of the flattened f32 tensor into `out`, decoding only those
+  // (null: the source cannot slice, and read_range decodes it whole).
+  std::function<void(int64_t begin, int64_t count, float* out)> range;
   Tensor read() const {
     Tensor t = Tensor::empty(shape, dtype);
     read_into(t);
     return t;
+  }
+  void read_range(int64_t begin, int64_t count, float* out) const {
+    if (range) return range(begin, count, out);
+    const Tensor all = read();
+    std::copy_n(all.f32() + begin, count, out);
   }
 };
 using Pool = std::map<std::string, Source>;
@@ -119,7 +127,7 @@ using Pool = std::map<std::string, Source>;
 Pool pool_of(const TensorMap& tensors) {
   Pool p;
   for (const auto& [name, t] : tensors)
-    p[name] = {t.shape(), t.dtype(), "", t.bytes(), [t](Tensor& dst) { dst.copy_from(t); }};
+    p[name] = {t.shape(), t.dtype(), "", t.bytes(), [t](Tensor& dst) { dst.copy_from(t); }, {}};
   return p;
 }
 
@@ -127,8 +135,14 @@ Pool pool_of(const SafetensorsModel& st) {
   Pool p;
   for (const std::string& name : st.names()) {
     const SafetensorsEntry& e = st.entry(name);
-    p[name] = {Shape(e.shape), st.loaded_dtype(name), fs::path(st.file_of(name)).filename(),
-               e.end - e.begin, [&st, name](Tensor& dst) { st.read_into(name, dst); }};
+    p[name] = {Shape(e.shape),
+               st.loaded_dtype(name),
+               fs::path(st.file_of(name)).filename(),
+               e.end - e.begin,
+               [&st, name](Tensor& dst) { st.read_into(name, dst); },
+               [&st, name](int64_t begin, int64_t count, float* out) {
+                 st.read_range(name, begin, count, out);
+               }};
   }
   return p;
 }
@@ -183,6 +197,7 @@ Pool normalize_k25(const Pool& in, int64_t heads) {
         d[0] = rows;
         for (int part = 0; part < 3; ++part) {
           Source src = t;
+          src.range = nullptr;  // rows are permuted: read whole (the vision tower is small)
           src.shape = Shape(d);
           src.bytes = t.bytes / 3;
           src.read_into = [t, part, rows, cols, heads](Tensor& dst) {
@@ -252,12 +267,25 @@ Pool normalize_checkpoint(const std::string& model_type, const Pool& in) {
     d[0] *= 3;
     std::array<Source, 3> ps{*parts[0], *parts[1], *parts[2]};
     Shape fused(d);
-    out[name] = {fused, DType::F32, ps[0].file, 3 * ps[0].bytes, [ps](Tensor& dst) {
+    out[name] = {fused,
+                 DType::F32,
+                 ps[0].file,
+                 3 * ps[0].bytes,
+                 [ps](Tensor& dst) {
                    char* at = static_cast<char*>(dst.raw());
                    for (const Source& p : ps) {
                      Tensor part(at, p.shape, DType::F32);
                      p.read_into(part);
                      at += part.bytes();
+                   }
+                 },
+                 [ps](int64_t begin, int64_t count, float* dst) {
+                   int64_t o = 0;  // the part's first element in the fused tensor
+                   for (const Source& p : ps) {
+                     const int64_t n = p.shape.numel();
+                     const int64_t lo = std::max(begin, o), hi = std::min(begin + count, o + n);
+                     if (lo < hi) p.read_range(lo - o, hi - lo, dst + (lo - begin));
+                     o += n;
                    }
                  }};
   }
@@ -385,21 +413,28 @@ bool fuse_experts(const std::string& prefix, bool gate_up, int64_t E, int64_t F,
   return true;
 }
 
-void import_pool(Model& m, const std::string& model_type, const Pool& raw,
-                 const std::string& source, const ImportOptions& opt) {
-  const ModelConfig& mc = m.config();
-  Pool pool = model_type == "kimi_k25" && mc.vision ? normalize_k25(raw, mc.vision->heads)
-                                                    : normalize_checkpoint(model_type, raw);
+// What an import reads, every name and shape checked: each group with its source (null: the
+// checkpoint's per-expert tensors, fused by fuse_experts).
+struct ImportPlan {
+  std::vector<Group> gs;
+  Pool pool;
+  std::vector<std::pair<const Group*, const Source*>> reads;
+  uint64_t total = 0;  // bytes of the checkpoint's tensors (progress)
+};
+
+// Checks every name and shape of `raw` against the model before anything is read; every
+// missing, unexpected and mis-shaped tensor is reported in one ShapeError.
+void plan_import(const Model& m, const std::string& model_type, const Pool& raw,
+                 const std::string& source, const ImportOptions& opt, ImportPlan& ip) {
+  const ModelConfig& cfg = m.config();
+  ip.pool = model_type == "kimi_k25" && cfg.vision ? normalize_k25(raw, cfg.vision->heads)
+                                                   : normalize_checkpoint(model_type, raw);
+  const Pool& pool = ip.pool;
   std::set<std::string> consumed;
   std::vector<std::string> problems;
-  const ModelConfig& cfg = m.config();
-  uint64_t total = 0, done = 0;
-  for (const auto& [name, s] : raw) total += s.bytes;
-  // Every name and shape is checked before anything is read, so a bad checkpoint fails fast
-  // and a good one is read exactly once.
-  std::vector<std::pair<const Group*, const Source*>> plan;
-  const std::vector<Group> gs = groups(m, model_type);
-  for (const Group& g : gs) {
+  for (const auto& [name, s] : raw) ip.total += s.bytes;
+  ip.gs = groups(m, model_type);
+  for (const Group& g : ip.gs) {
     bool lora = false;
     for (Param* p : g.parts) lora |= p->spec.role == ParamRole::Lora;
     auto it = pool.find(g.hf_name);
@@ -412,41 +447,21 @@ void import_pool(Model& m, const std::string& model_type, const Pool& raw,
                            g.hf_shape.str() + in_file(it->second));
         continue;
       }
-      plan.emplace_back(&g, &it->second);
+      ip.reads.emplace_back(&g, &it->second);
       continue;
     }
     const bool gate_up = ends_with(g.hf_name, ".mlp.experts.gate_up_proj");
     if (gate_up || ends_with(g.hf_name, ".mlp.experts.down_proj")) {
-      if (pool.count(g.hf_name.substr(0, g.hf_name.rfind('.') + 1) + "0.gate_proj.weight")) {
-        plan.emplace_back(&g, nullptr);  // per-expert tensors, fused below
+      const std::string base = g.hf_name.substr(0, g.hf_name.rfind('.') + 1);
+      uint64_t none = 0;
+      if (fuse_experts(base, gate_up, cfg.moe.num_experts, cfg.moe.expert_ffn, cfg.moe.latent, pool,
+                       consumed, problems, nullptr, none)) {
+        ip.reads.emplace_back(&g, nullptr);  // per-expert tensors, fused when read
         continue;
       }
     }
     if (g.hf_name == "lm_head.weight" && cfg.tie_embeddings) continue;
     problems.push_back("missing " + g.hf_name + " " + g.hf_shape.str());
-  }
-  auto report = [&] {
-    if (opt.progress) opt.progress(done, total);
-  };
-  for (const auto& [g, src] : plan) {
-    if (src) {
-      if (!problems.empty()) continue;
-      Tensor dst = destination(*g);
-      src->read_into(dst);
-      scatter(*g, dst);
-      done += src->bytes;
-      report();
-      continue;
-    }
-    const bool gate_up = ends_with(g->hf_name, "gate_up_proj");
-    const std::string base = g->hf_name.substr(0, g->hf_name.rfind('.') + 1);
-    // Once a problem is known nothing more is read: the remaining names and shapes are checked.
-    const bool read = problems.empty();
-    Tensor dst = read ? destination(*g) : Tensor();
-    fuse_experts(base, gate_up, cfg.moe.num_experts, cfg.moe.expert_ffn, cfg.moe.latent, pool,
-                 consumed, problems, read ? &dst : nullptr, done);
-    if (read && problems.empty()) scatter(*g, dst);
-    report();
   }
   const int64_t n_layers = static_cast<int64_t>(cfg.layers.size());
   for (const auto& [name, t] : pool) {
@@ -469,6 +484,31 @@ void import_pool(Model& m, const std::string& model_type, const Pool& raw,
   for (size_t i = 0; i < shown; ++i) msg += (i ? "; " : "") + problems[i];
   if (shown < problems.size()) msg += cat("; and ", problems.size() - shown, " more");
   MT_THROW(ShapeError, msg);
+}
+
+void import_pool(Model& m, const std::string& model_type, const Pool& raw,
+                 const std::string& source, const ImportOptions& opt) {
+  ImportPlan ip;
+  plan_import(m, model_type, raw, source, opt, ip);
+  const ModelConfig& cfg = m.config();
+  uint64_t done = 0;
+  for (const auto& [g, src] : ip.reads) {
+    Tensor dst = destination(*g);
+    if (src) {
+      src->read_into(dst);
+      done += src->bytes;
+    } else {
+      std::set<std::string> consumed;
+      std::vector<std::string> problems;
+      fuse_experts(g->hf_name.substr(0, g->hf_name.rfind('.') + 1),
+                   ends_with(g->hf_name, "gate_up_proj"), cfg.moe.num_experts, cfg.moe.expert_ffn,
+                   cfg.moe.latent, ip.pool, consumed, problems, &dst, done);
+      MT_CHECK(problems.empty(), InternalError, source, ": ", problems.front(),
+               " after the plan was checked");
+    }
+    scatter(*g, dst);
+    if (opt.progress) opt.progress(done, ip.total);
+  }
 }
 
 // Adapters are not part of an HF checkpoint (PEFT writes them: write_peft_adapter); gradients
@@ -512,6 +552,75 @@ void import_hf_tensors(Model& m, const std::string& model_type, const TensorMap&
 void import_hf_tensors(Model& m, const std::string& model_type, const SafetensorsModel& st,
                        const std::string& source, const ImportOptions& opt) {
   import_pool(m, model_type, pool_of(st), source, opt);
+}
+
+struct HfSliceReader::Impl {
+  ImportPlan ip;
+  struct Slot {
+    const Group* group = nullptr;
+    const Source* src = nullptr;  // null: per-expert tensors
+    int64_t offset = 0;           // the parameter's first element in its group's HF tensor
+  };
+  std::map<std::string, Slot> slots;
+  int64_t E = 0, F = 0, d = 0;
+  uint64_t elements = 0;
+
+  // Elements [begin, begin + count) of a fused expert tensor (gate_up [E, 2F, d] or down
+  // [E, d, F]) from the checkpoint's per-expert tensors, each of them read only where it
+  // overlaps.
+  void read_experts(const Group& g, int64_t begin, int64_t count, float* out) const {
+    const bool gate_up = ends_with(g.hf_name, "gate_up_proj");
+    const std::string base = g.hf_name.substr(0, g.hf_name.rfind('.') + 1);
+    const int64_t part = F * d;  // one gate, up or down matrix
+    for (int64_t at = begin; at < begin + count;) {
+      const int64_t k = at / part, end = std::min(begin + count, (k + 1) * part);
+      const int64_t e = gate_up ? k / 2 : k;
+      const char* leaf = !gate_up ? "down_proj.weight"
+                         : k % 2  ? "up_proj.weight"
+                                  : "gate_proj.weight";
+      ip.pool.at(base + std::to_string(e) + "." + leaf)
+          .read_range(at - k * part, end - at, out + (at - begin));
+      at = end;
+    }
+  }
+};
+
+HfSliceReader::HfSliceReader(const Model& m, const std::string& model_type,
+                             const SafetensorsModel& st, const std::string& source,
+                             const ImportOptions& opt)
+    : impl_(std::make_unique<Impl>()) {
+  plan_import(m, model_type, pool_of(st), source, opt, impl_->ip);
+  for (const auto& [g, src] : impl_->ip.reads) {
+    int64_t offset = 0;
+    for (const Param* p : g->parts) {
+      impl_->slots[p->name] = {g, src, offset};
+      offset += p->spec.shape.numel();
+    }
+  }
+  impl_->E = m.config().moe.num_experts;
+  impl_->F = m.config().moe.expert_ffn;
+  impl_->d = m.config().moe.latent;
+}
+
+HfSliceReader::~HfSliceReader() = default;
+
+bool HfSliceReader::read(const Param& p, int64_t begin, int64_t end, float* out) const {
+  const auto it = impl_->slots.find(p.name);
+  if (it == impl_->slots.end()) return false;
+  MT_CHECK(0 <= begin && begin <= end && end <= p.spec.shape.numel(), ShapeError, "parameter ",
+           p.name, " ", p.spec.shape, ": elements [", begin, ", ", end, ") out of range");
+  const Impl::Slot& s = it->second;
+  const int64_t b = s.offset + begin, n = end - begin;
+  if (s.src)
+    s.src->read_range(b, n, out);
+  else
+    impl_->read_experts(*s.group, b, n, out);
+  impl_->elements += static_cast<uint64_t>(n);
+  return true;
+}
+
+uint64_t HfSliceReader::elements_read() const {
+  return impl_->elements;
 }
 
 Fp8Blocks fp8_blocks(const HfConfig& cfg) {

@@ -45,6 +45,31 @@ void import_hf_tensors(Model& m, const std::string& model_type, const TensorMap&
 void import_hf_tensors(Model& m, const std::string& model_type, const SafetensorsModel& st,
                        const std::string& source, const ImportOptions& opt = {});
 
+// Slices of a model's parameters read straight from an HF directory's files, for a rank that
+// keeps only its own slice of every tensor (parallel/dist_trainer.h, load_pieces): elements
+// [begin, end) of a parameter flattened in single-process coordinates (the declared shape: all
+// experts), decoding only the bytes of those elements (FP8: only the scales of their rows'
+// blocks) and handing those pages back, so no rank holds more of the files than the slice it
+// is copying. Layout changes (fused per-expert tensors, kimi's split conv1d, renames) map ranges
+// to the checkpoint tensors they come from. The constructor checks every name and shape as
+// import_hf_tensors does, before anything is read. `st` must outlive the reader.
+class HfSliceReader {
+ public:
+  HfSliceReader(const Model& m, const std::string& model_type, const SafetensorsModel& st,
+                const std::string& source, const ImportOptions& opt = {});
+  ~HfSliceReader();
+  HfSliceReader(const HfSliceReader&) = delete;
+  HfSliceReader& operator=(const HfSliceReader&) = delete;
+  // Fills out[0, end - begin). False (nothing written): the checkpoint has no tensor for `p`,
+  // which keeps its value (an adapter, with keep_lora).
+  bool read(const Param& p, int64_t begin, int64_t end, float* out) const;
+  uint64_t elements_read() const;  // summed over read() calls
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 // The FP8 block size the config's quantization_config declares (128x128 when it says none).
 Fp8Blocks fp8_blocks(const HfConfig& cfg);
 

@@ -185,11 +185,11 @@ DType loaded_dtype_of(const std::string& d) {
   return d == "I32" ? DType::I32 : d == "I64" ? DType::I64 : DType::F32;
 }
 
-// Decodes entry `e` (bytes at `src`) into `out`, which holds numel elements of its loaded dtype.
-void decode(const SafetensorsEntry& e, const char* src, const std::string& path, void* out) {
-  const int64_t n = Shape(e.shape).numel();
+// Decodes `n` elements of entry `e` starting at `src` into `out` (its loaded dtype).
+void decode_n(const SafetensorsEntry& e, const char* src, int64_t n, const std::string& path,
+              void* out) {
   if (e.dtype == "F32" || e.dtype == "I32" || e.dtype == "I64") {
-    if (n) std::memcpy(out, src, static_cast<size_t>(e.end - e.begin));
+    if (n) std::memcpy(out, src, static_cast<size_t>(n) * format_dtype_size(e.dtype));
     return;
   }
   float* d = static_cast<float*>(out);
@@ -213,6 +213,11 @@ void decode(const SafetensorsEntry& e, const char* src, const std::string& path,
   MT_THROW(IoError, path, ": tensor '", e.name, "': dtype ", e.dtype,
            " is not supported (F32, F16, BF16, F64, I32, I64 are; F8_E4M3 with its "
            "'_scale_inv' block scales in a model directory)");
+}
+
+// Decodes all of entry `e` (bytes at `src`) into `out`, which holds numel elements.
+void decode(const SafetensorsEntry& e, const char* src, const std::string& path, void* out) {
+  decode_n(e, src, Shape(e.shape).numel(), path, out);
 }
 
 void check_decodable(const SafetensorsEntry& e, const std::string& path) {
@@ -392,11 +397,13 @@ struct SafetensorsModel::File {
   const char* data(const SafetensorsEntry& e) const { return base + header.data_start + e.begin; }
   // The pages of a decoded tensor are not needed again: drop them from this process, so the
   // resident set holds at most the tensor being decoded (the page cache keeps what it wants).
-  void release(const SafetensorsEntry& e) const {
-    if (!base || e.end == e.begin) return;
+  void release(const SafetensorsEntry& e) const { release(data(e), e.end - e.begin); }
+  // The same for bytes [p, p + n) of the mapping (a slice; neighbours fault back in if read).
+  void release(const char* p, uint64_t n) const {
+    if (!base || n == 0) return;
     const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-    uintptr_t lo = reinterpret_cast<uintptr_t>(data(e)) & ~(page - 1);
-    uintptr_t hi = reinterpret_cast<uintptr_t>(data(e)) + (e.end - e.begin);
+    uintptr_t lo = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
+    uintptr_t hi = reinterpret_cast<uintptr_t>(p) + n;
     (void)::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
   }
 };
@@ -568,6 +575,46 @@ void SafetensorsModel::read_into(const std::string& name, Tensor& dst) const {
     for (int64_t j = 0; j < C; ++j) d[i * C + j] = lut[src[i * C + j]] * srow[j / fp8_.cols];
   }
   f.release(e);
+}
+
+void SafetensorsModel::read_range(const std::string& name, int64_t begin, int64_t count,
+                                  float* out) const {
+  auto it = where_.find(name);
+  MT_CHECK(it != where_.end(), IoError, "no tensor '", name, "' in the model files");
+  const File& f = *files_[it->second.file];
+  const SafetensorsEntry& e = f.header.entries[it->second.entry];
+  const int64_t n = Shape(e.shape).numel();
+  MT_CHECK(loaded_dtype(name) == DType::F32, IoError, f.path, ": tensor '", name, "' is ", e.dtype,
+           "; only floating tensors are read in slices");
+  MT_CHECK(begin >= 0 && count >= 0 && begin + count <= n, ShapeError, f.path, ": tensor '", name,
+           "' (", Shape(e.shape), "): elements [", begin, ", ", begin + count, ") out of range");
+  if (count == 0) return;
+  if (it->second.scale.empty()) {
+    check_decodable(e, f.path);
+    const size_t es = format_dtype_size(e.dtype);
+    const char* src = f.data(e) + static_cast<size_t>(begin) * es;
+    decode_n(e, src, count, f.path, out);
+    f.release(src, static_cast<uint64_t>(count) * es);
+    return;
+  }
+  // FP8: only the scale rows of the rows the slice touches are decoded.
+  const Where& sw = scales_.at(it->second.scale);
+  const File& sf = *files_[sw.file];
+  const SafetensorsEntry& se = sf.header.entries[sw.entry];
+  const int64_t C = e.shape[1], SC = se.shape[1];
+  const int64_t br0 = begin / C / fp8_.rows, br1 = (begin + count - 1) / C / fp8_.rows + 1;
+  std::vector<float> scale(static_cast<size_t>((br1 - br0) * SC));
+  const size_t ses = format_dtype_size(se.dtype);
+  decode_n(se, sf.data(se) + static_cast<size_t>(br0 * SC) * ses, (br1 - br0) * SC, sf.path,
+           scale.data());
+  float lut[256];
+  for (int b = 0; b < 256; ++b) lut[b] = fp8_e4m3_to_f32(static_cast<uint8_t>(b));
+  const auto* src = reinterpret_cast<const uint8_t*>(f.data(e)) + begin;
+  for (int64_t k = 0; k < count; ++k) {
+    const int64_t i = (begin + k) / C, j = (begin + k) % C;
+    out[k] = lut[src[k]] * scale[static_cast<size_t>((i / fp8_.rows - br0) * SC + j / fp8_.cols)];
+  }
+  f.release(f.data(e) + begin, static_cast<uint64_t>(count));
 }
 
 SafetensorsData read_safetensors_model(const std::string& path) {

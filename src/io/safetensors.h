@@ -75,6 +75,10 @@ class SafetensorsModel {
   Tensor read(const std::string& name) const;
   // The same into `dst` (contiguous, host, loaded_dtype, as many elements): no staging copy.
   void read_into(const std::string& name, Tensor& dst) const;
+  // Elements [begin, begin + count) of a floating tensor, flattened, as f32 into `out`: only
+  // their bytes are decoded (FP8: with the scales of their rows' blocks alone) and those pages
+  // handed back, so a rank that needs a slice of a tensor never holds the rest of it.
+  void read_range(const std::string& name, int64_t begin, int64_t count, float* out) const;
   uint64_t total_bytes() const { return total_bytes_; }  // the data sections' sizes, summed
   size_t file_count() const { return files_.size(); }
   const MetadataMap& metadata() const { return metadata_; }

@@ -86,6 +86,7 @@ Model::Model(const ModelConfig& cfg, uint64_t seed, const ModelOptions& opt)
            "model options name kernels for ", kernels_.size(), " layers, the model has ",
            cfg.layers.size());
   params_.set_tiled_init(opt.tiled_init);
+  params_.set_deferred(opt.defer_weights);
   Rng rng(seed);
   std::string prefix;  // of the layer being added, for also_train's full names
   auto trainable = [&](const ParamSpec& s) {
@@ -354,6 +355,19 @@ std::vector<std::string> Model::unit_prefixes(int unit) const {
   return {layer_prefix(static_cast<size_t>(unit - 1))};
 }
 
+void Model::materialize_deferred(const std::function<bool(const Param&)>& whole) {
+  bool any = false;
+  for (const auto& p : params_.all()) {
+    if (!is_placeholder(p->value) || !whole(*p)) continue;
+    p->value = Tensor::zeros(p->value.shape(), p->value.dtype(), p->value.device());
+    if (p->grad.defined()) p->grad.zero_();
+    any = true;
+  }
+  if (!any) return;
+  for (int u = 0; u < num_units(); ++u) rebind_unit(u);
+  if (vision_) vision_->bind(params_);
+}
+
 void Model::rebind_unit(int unit) {
   const int L = num_layers();
   MT_CHECK(unit >= 0 && unit <= L + 1, ValueError, "unit ", unit, " out of range [0, ", L + 1, "]");
@@ -430,7 +444,13 @@ void Model::shard_experts(int64_t first, int64_t count,
       if (p->name.compare(0, prefix.size(), prefix) != 0) continue;
       if (p->name.compare(0, experts.size(), experts) == 0) {
         // Slice the leading expert dimension; the full tensors are released here.
-        p->value = p->value.rows(first, first + count).clone();
+        if (is_placeholder(p->value)) {
+          std::vector<int64_t> d = p->value.shape().dims();
+          d[0] = count;
+          p->value = Tensor::zeros(Shape(d), p->value.dtype(), p->value.device());
+        } else {
+          p->value = p->value.rows(first, first + count).clone();
+        }
         if (p->grad.defined())
           p->grad = Tensor::zeros(p->value.shape(), DType::F32, p->value.device());
       }

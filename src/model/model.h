@@ -78,6 +78,11 @@ struct ModelOptions {
   Device device = Device::CPU;
   // ParamStore::set_tiled_init: for speed benchmarks of large models only.
   bool tiled_init = false;
+  // Under a mesh whose ranks load their slices from a file (par::DistTrainer::load_pieces): the
+  // base weights get no memory here (ParamStore::set_deferred), so no rank ever holds the whole
+  // model; shard_experts and the FSDP units allocate only their slices, and the model must not
+  // run before they are filled.
+  bool defer_weights = false;
 };
 
 // One parameter of a model as declared, without allocating it (for counting and planning).
@@ -145,7 +150,13 @@ class Model {
   // Expert parallelism: keeps only experts [first, first + count) of every MoE layer (values as
   // initialised, so every rank's slice equals the single-process model's), frees the rest and
   // rebinds the layers; computes[i] (one per MoE layer, not owned) runs layer i's experts.
+  // Deferred weights (ModelOptions::defer_weights) become zero-filled slices, for a loader.
   void shard_experts(int64_t first, int64_t count, const std::vector<ExpertCompute*>& computes);
+
+  // Deferred weights (ModelOptions::defer_weights) for which `whole` holds get zero-filled
+  // values (and zeroed gradients) of their full shape, and every layer is rebound: a mesh calls
+  // it for what it keeps whole before it slices the rest.
+  void materialize_deferred(const std::function<bool(const Param&)>& whole);
 
   // Moves every parameter and gradient to `device` and rebinds the layers (a model is built and
   // loaded on the host, then moved; checkpoints read and write through host copies).

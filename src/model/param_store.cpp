@@ -17,6 +17,19 @@ ParamTable ParamStore::add_layer(const std::string& prefix, const std::vector<Pa
     p->name = full;
     p->spec = s;
     constexpr int64_t kTileAbove = int64_t{1} << 24, kTile = int64_t{1} << 20;
+    const bool weight = s.role == ParamRole::Dense || s.role == ParamRole::Expert;
+    if (deferred_ && weight && s.init != ParamInit::Custom) {
+      // Normal draws take two counters per element (Rng::normal); the others take none.
+      if (s.init == ParamInit::Normal)
+        rng = Rng(rng.seed(), rng.counter() + 2 * static_cast<uint64_t>(s.shape.numel()));
+      p->value = Tensor(nullptr, s.shape, s.dtype, device_);
+      // Untouched until the mesh replaces it with its slice's (or zeroes the whole one it keeps).
+      if (trainable(s)) p->grad = Tensor::empty(s.shape, DType::F32, device_);
+      table[s.name] = ParamRef{p->value, p->grad};
+      by_name_[full] = p.get();
+      params_.push_back(std::move(p));
+      continue;
+    }
     if (tiled_init_ && s.init == ParamInit::Normal && s.shape.numel() > kTileAbove) {
       // One block of draws, copied into place and then doubled on the device itself.
       Tensor wide = Tensor::empty({kTile});

@@ -21,6 +21,11 @@ struct Param {
   bool trainable() const { return grad.defined(); }
 };
 
+// A deferred parameter's value before a mesh slices it: a shape with no storage.
+inline bool is_placeholder(const Tensor& t) {
+  return t.numel() > 0 && t.raw() == nullptr;
+}
+
 class ParamStore {
  public:
   // Parameters live on `device`; they are initialised on the host (the same draws on every
@@ -32,6 +37,12 @@ class ParamStore {
   // initialisation of a 14B-parameter model would take minutes; speed does not depend on the
   // values, and router weights, being small, are drawn in full).
   void set_tiled_init(bool on) { tiled_init_ = on; }
+  // Base weights that a loader will overwrite once a mesh has sliced them (ModelOptions::
+  // defer_weights): Dense and Expert parameters with a Normal, Zeros or Ones initialisation get a
+  // placeholder value (shape and dtype, no storage: see is_placeholder) and, when trainable, an
+  // untouched gradient allocation; the RNG advances exactly as if they were drawn, so every
+  // other parameter gets the values of an ordinary build.
+  void set_deferred(bool on) { deferred_ = on; }
   // Moves every value and gradient to `device` (layers holding refs must rebind).
   void to_device(Device device);
 
@@ -53,6 +64,7 @@ class ParamStore {
  private:
   Device device_;
   bool tiled_init_ = false;
+  bool deferred_ = false;
   std::vector<std::unique_ptr<Param>> params_;
   std::map<std::string, Param*> by_name_;
 };

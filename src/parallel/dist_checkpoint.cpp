@@ -32,6 +32,21 @@ void DistTrainer::global_runs(const Param& p, int64_t lo, int64_t hi, F&& fn) co
     l = end;
   }
 }
+template <typename F>
+void DistTrainer::moment_runs(F&& fn) const {
+  for (const auto& u : units_) {
+    const int64_t a = u->sharded ? u->comm->rank() * u->shard : 0;
+    const int64_t z = std::min(u->n, a + u->shard);
+    int64_t o = 0;
+    for (const Param* p : u->params) {
+      const int64_t n = local_shape(*p).numel(), lo = std::max(a, o), hi = std::min(z, o + n);
+      global_runs(*p, lo - o, hi - o,
+                  [&](int64_t g, int64_t l, int64_t c) { fn(*u, *p, g, o + l - a, c); });
+      o += n;
+    }
+  }
+}
+
 namespace {
 
 // Even split of n elements over `parts`: the range of part i.
@@ -73,24 +88,24 @@ std::vector<ShardPiece> DistTrainer::checkpoint_pieces() const {
         add(p.name, p.spec.shape, g, data + (l - begin), n);
       });
     });
-  for (const auto& u : units_) {
-    if (!u->counts_norm) continue;  // a replica of the same state another rank writes
-    const int64_t a = u->sharded ? u->comm->rank() * u->shard : 0;
-    const int64_t z = std::min(u->n, a + u->shard);
-    int64_t o = 0;
-    for (const Param* p : u->params) {
-      const int64_t n = local_shape(*p).numel(), lo = std::max(a, o), hi = std::min(z, o + n);
-      global_runs(*p, lo - o, hi - o, [&](int64_t g, int64_t l, int64_t c) {
-        add("m." + p->name, full_shape(*p), g, u->m.f32() + (o + l - a), c);
-        add("v." + p->name, full_shape(*p), g, u->v.f32() + (o + l - a), c);
-      });
-      o += n;
-    }
-  }
+  moment_runs([&](const Unit& u, const Param& p, int64_t g, int64_t at, int64_t c) {
+    if (!u.counts_norm) return;  // a replica of the same state another rank writes
+    add("m." + p.name, full_shape(p), g, u.m.f32() + at, c);
+    add("v." + p.name, full_shape(p), g, u.v.f32() + at, c);
+  });
   return out;
 }
 
 void DistTrainer::load_pieces(const PieceReader& read, int64_t optimizer_steps) {
+  load_weights(read);
+  moment_runs([&](const Unit& u, const Param& p, int64_t g, int64_t at, int64_t c) {
+    read("m." + p.name, g, g + c, u.m.f32() + at);
+    read("v." + p.name, g, g + c, u.v.f32() + at);
+  });
+  step_ = optimizer_steps;
+}
+
+void DistTrainer::load_weights(const PieceReader& read) {
   const auto sharded = [&](const Param& p) { return fsdp_ && fsdp_->owns(&p); };
   if (fsdp_) {
     fsdp_->finish();
@@ -106,20 +121,6 @@ void DistTrainer::load_pieces(const PieceReader& read, int64_t optimizer_steps) 
       read(p->name, g, g + n, p->value.f32() + l);
     });
   }
-  for (auto& u : units_) {
-    const int64_t a = u->sharded ? u->comm->rank() * u->shard : 0;
-    const int64_t z = std::min(u->n, a + u->shard);
-    int64_t o = 0;
-    for (const Param* p : u->params) {
-      const int64_t n = local_shape(*p).numel(), lo = std::max(a, o), hi = std::min(z, o + n);
-      global_runs(*p, lo - o, hi - o, [&](int64_t g, int64_t l, int64_t c) {
-        read("m." + p->name, g, g + c, u->m.f32() + (o + l - a));
-        read("v." + p->name, g, g + c, u->v.f32() + (o + l - a));
-      });
-      o += n;
-    }
-  }
-  step_ = optimizer_steps;
 }
 
 }  // namespace mt::par

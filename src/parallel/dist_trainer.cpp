@@ -70,6 +70,11 @@ DistTrainer::DistTrainer(Model& model, const Mesh& mesh, ProcessGroups& groups,
     MT_CHECK(moes.front()->config().num_experts == mesh.num_experts, ConfigError, "mesh built for ",
              mesh.num_experts, " experts, the model has ", moes.front()->config().num_experts);
   }
+  // Deferred weights this rank keeps whole get their memory now; the sliced ones get only their
+  // slices (shard_experts, Fsdp), for load_pieces to fill.
+  model.materialize_deferred([&](const Param& p) {
+    return p.spec.per_expert ? mesh.ep == 1 && !opt.shard_expert_weights : !opt.fsdp;
+  });
   if (mesh.ep > 1) {
     std::vector<ExpertCompute*> computes;
     for (size_t i = 0; i < moes.size(); ++i) {

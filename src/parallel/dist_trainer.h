@@ -143,6 +143,11 @@ class DistTrainer {
   std::vector<ShardPiece> checkpoint_pieces() const;
   // Loads weights and moments written by any mesh (or one process) through `read`.
   void load_pieces(const PieceReader& read, int64_t optimizer_steps);
+  // Loads weights alone (moments and the step count stay): each rank asks `read` for exactly the
+  // ranges it holds (its FSDP shards, its experts or their shard, whatever it keeps whole), in
+  // single-process coordinates. With ModelOptions::defer_weights and an HF reader
+  // (io/hf_names.h, HfSliceReader) no rank reads or holds more of a checkpoint than its slices.
+  void load_weights(const PieceReader& read);
 
  private:
   struct Unit;
@@ -160,6 +165,10 @@ class DistTrainer {
   // not contiguous there; everything else is one run.
   template <typename F>
   void global_runs(const Param& p, int64_t lo, int64_t hi, F&& fn) const;
+  // Every run of this rank's moment shards: fn(unit, param, global begin, index into the
+  // unit's m and v, count).
+  template <typename F>
+  void moment_runs(F&& fn) const;
   void setup_fsdp();
   // This rank's shape of p (a sharded Param's gathered shape; local experts: the EP slice).
   Shape local_shape(const Param& p) const;

@@ -36,9 +36,14 @@ Fsdp::Fsdp(Model& model, Comm& dense, Comm* experts, std::vector<FsdpUnitSpec> u
       if (!pt->comm) continue;
       const int64_t W = pt->comm->size(), r = pt->comm->rank();
       for (Group* g : {&pt->train, &pt->frozen}) {
+        // Deferred weights (ModelOptions::defer_weights): a loader fills the shard afterwards,
+        // so a group of nothing else needs neither the whole values nor their pages.
+        bool deferred = true;
         for (const Param* p : g->params) {
-          MT_CHECK(p->value.defined() && p->value.dtype() == DType::F32, InternalError,
-                   "fsdp: parameter ", p->name, " is not a defined fp32 tensor");
+          MT_CHECK(
+              (p->value.defined() || is_placeholder(p->value)) && p->value.dtype() == DType::F32,
+              InternalError, "fsdp: parameter ", p->name, " is not a defined fp32 tensor");
+          deferred = deferred && is_placeholder(p->value);
           g->shapes.push_back(p->value.shape());
           shapes_[p] = p->value.shape();
           g->n += p->value.numel();
@@ -46,16 +51,19 @@ Fsdp::Fsdp(Model& model, Comm& dense, Comm* experts, std::vector<FsdpUnitSpec> u
         g->padded = (g->n + W - 1) / W * W;
         g->shard_len = g->padded / W;
         if (g->n == 0) continue;
-        Tensor full = Tensor::zeros({g->padded});
+        // Deferred: never written, so it stays virtual until freed (the layers only view it).
+        Tensor full = deferred ? Tensor::empty({g->padded}) : Tensor::zeros({g->padded});
         int64_t off = 0;
         for (size_t k = 0; k < g->params.size(); ++k) {
           Param* p = g->params[k];
-          std::memcpy(full.f32() + off, p->value.f32(), p->value.bytes());
+          if (!is_placeholder(p->value))
+            std::memcpy(full.f32() + off, p->value.f32(), p->value.bytes());
           p->value = Tensor(full.f32() + off, g->shapes[k], DType::F32);
           p->grad = Tensor();
           off += g->shapes[k].numel();
         }
-        g->shard = full.rows(r * g->shard_len, (r + 1) * g->shard_len).clone();
+        g->shard = deferred ? Tensor::zeros({g->shard_len})
+                            : full.rows(r * g->shard_len, (r + 1) * g->shard_len).clone();
         mem_.shard_bytes += static_cast<int64_t>(g->shard.bytes());
         if (pt == &ep) mem_.expert_shard_bytes += static_cast<int64_t>(g->shard.bytes());
         fulls.push_back(full);

@@ -92,6 +92,42 @@ TEST(Fp8, BlockDequantisationMatchesPyTorch) {
   EXPECT_FALSE(st.contains("partial_scale_inv"));  // folded into its weight
 }
 
+// Any range of an FP8 tensor decodes to the same values as the whole tensor (its rows' scales
+// alone are read), and so does any range of a bf16 one.
+TEST(Fp8, RangesEqualTheWholeTensor) {
+  const fs::path golden = fp8_golden();
+  ASSERT_FALSE(golden.empty()) << "tests/fp8/fp8_blocks.safetensors not found";
+  SafetensorsModel st(golden.string());
+  Rng rng(test_seed());
+  int cases = 0;
+  auto check = [&](const SafetensorsModel& m, const std::string& name) {
+    const Tensor whole = m.read(name);
+    const int64_t n = whole.numel();
+    for (int k = 0; k < 20; ++k) {
+      const int64_t a = rng.below(n), b = a + 1 + rng.below(n - a);
+      std::vector<float> got(static_cast<size_t>(b - a));
+      m.read_range(name, a, b - a, got.data());
+      for (int64_t i = a; i < b; ++i)
+        ASSERT_EQ(0, std::memcmp(&got[static_cast<size_t>(i - a)], whole.f32() + i, 4))
+            << name << "[" << i << "] of [" << a << ", " << b << ")";
+    }
+    ++cases;
+  };
+  for (const std::string& name : st.names())
+    if (st.entry(name).dtype == "F8_E4M3") check(st, name);
+  EXPECT_EQ(cases, 4);
+  TmpDir dir;
+  Tensor w = Tensor::empty({37, 29}, DType::BF16);
+  Tensor wide = Tensor::empty({37, 29});
+  for (int64_t i = 0; i < wide.numel(); ++i) wide.f32()[i] = static_cast<float>(rng.normal());
+  w.copy_from(wide);
+  write_safetensors(dir / "bf16.safetensors", {{"w", w}});
+  check(SafetensorsModel(dir / "bf16.safetensors"), "w");
+  std::vector<float> x(1);
+  expect_error<ShapeError>([&] { st.read_range("partial", -1, 1, x.data()); },
+                           {"partial", "out of range"});
+}
+
 // A DeepSeek-V3 config small enough to write quickly.
 json v3_json(int64_t hidden, int64_t vocab, int64_t experts, int64_t ffn, int64_t layers = 3) {
   return json{{"model_type", "deepseek_v3"},

@@ -187,6 +187,77 @@ void round_trip(const HfConfig& h, uint64_t seed) {
     EXPECT_EQ(0, std::memcmp(g.raw(), rb.grads.at(name).raw(), g.bytes())) << name;
 }
 
+// Every parameter's slices read by HfSliceReader equal the same elements of a whole load (the
+// path checked against transformers), bit for bit: random ranges that straddle the parts of a
+// fused tensor (per-expert gate/up/down, kimi's q/k/v conv1d), single elements, whole tensors.
+void slices_equal_full_load(const HfConfig& h, uint64_t seed) {
+  TmpDir dir;
+  {
+    Model m(h.model, seed);
+    randomize(m, seed + 1);
+    save_hf_model(m, h, dir.path.string(), 4096);
+  }
+  LoadedModel full = load_hf_model(dir.path.string());
+  SafetensorsModel st(dir.path.string());
+  const Model shape_only(h.model, seed + 2, {.defer_weights = true});
+  HfSliceReader reader(shape_only, h.model_type, st, dir.path.string());
+  Rng rng(seed + 3);
+  int64_t ranges = 0;
+  for (const auto& p : full.model->params().all()) {
+    const int64_t n = p->value.numel();
+    const float* want = p->value.f32();
+    std::vector<std::pair<int64_t, int64_t>> rs = {{0, n}, {n - 1, n}};
+    for (int k = 0; k < 6; ++k) {
+      const int64_t a = rng.below(n), b = a + 1 + rng.below(n - a);
+      rs.emplace_back(a, b);
+    }
+    for (const auto& [a, b] : rs) {
+      std::vector<float> got(static_cast<size_t>(b - a), std::nanf(""));
+      const Param* q = shape_only.params().find(p->name);
+      ASSERT_NE(q, nullptr) << p->name;
+      ASSERT_TRUE(reader.read(*q, a, b, got.data())) << p->name;
+      ASSERT_EQ(0, std::memcmp(got.data(), want + a, got.size() * sizeof(float)))
+          << p->name << " [" << a << ", " << b << ")";
+      ++ranges;
+    }
+  }
+  EXPECT_GT(ranges, 100);
+  const Param& any = *shape_only.params().all().front();
+  float x = 0;
+  EXPECT_THROW(reader.read(any, 0, any.spec.shape.numel() + 1, &x), ShapeError);
+}
+
+TEST(HfNames, SlicesEqualTheFullLoadKimi) {
+  slices_equal_full_load(hf_config_from_json(kimi_json(), "kimi"), test_seed());
+}
+TEST(HfNames, SlicesEqualTheFullLoadDeepseekV32) {
+  slices_equal_full_load(hf_config_from_json(v32_json(), "v32"), test_seed());
+}
+TEST(HfNames, SlicesEqualTheFullLoadHybrid) {
+  slices_equal_full_load(hybrid_hf_config(ModelConfig::load("tiny")), test_seed());
+}
+
+// A slice reader checks names and shapes up front, as a whole load does.
+TEST(HfNames, SliceReaderRefusesAMismatchedCheckpoint) {
+  TmpDir dir;
+  const HfConfig h = hf_config_from_json(v32_json(), "v32");
+  {
+    Model m(h.model, test_seed());
+    save_hf_model(m, h, dir.path.string(), 4096);
+  }
+  HfConfig other = h;
+  other.model.hidden = 24;
+  SafetensorsModel st(dir.path.string());
+  const Model shape_only(other.model, test_seed(), {.defer_weights = true});
+  try {
+    HfSliceReader reader(shape_only, h.model_type, st, dir.path.string());
+    ADD_FAILURE() << "no error";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("mis-shaped model.embed_tokens.weight"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(HfNames, HybridSaveLoadForwardEqual) {
   round_trip(hybrid_hf_config(ModelConfig::load("tiny")), test_seed());
 }
