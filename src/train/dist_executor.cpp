@@ -275,6 +275,7 @@ class DistExecutor : public StepExecutor {
     return save_sharded(root, world(), trainer_.checkpoint_pieces(), st, trainer_.optimizer_steps(),
                         model_.config(), setup_.mesh, job_toml);
   }
+  void load_weights(const par::PieceReader& read) { trainer_.load_weights(read); }
   TrainState load(const std::string& dir) override {
     MT_CHECK(fs::is_directory(dir), IoError, "checkpoint '", dir, "' does not exist");
     PieceSource src(dir, model_.config());
@@ -370,8 +371,11 @@ DistSetup::DistSetup(par::Comm& world, const ModelConfig& cfg, const Job& job)
       fsdp(job.fsdp) {}
 
 std::unique_ptr<StepExecutor> make_dist_executor(Context& ctx, Model& model, DistSetup& setup,
-                                                 const AdamWOptions& adam) {
-  return std::make_unique<DistExecutor>(ctx, model, setup, adam);
+                                                 const AdamWOptions& adam,
+                                                 const par::PieceReader& weights) {
+  auto exec = std::make_unique<DistExecutor>(ctx, model, setup, adam);
+  if (weights) exec->load_weights(weights);
+  return exec;
 }
 
 bool is_sharded_checkpoint(const std::string& dir) {

@@ -18,6 +18,7 @@
 
 #include "model/model.h"
 #include "parallel/comm.h"
+#include "parallel/dist_trainer.h"
 #include "parallel/mesh.h"
 #include "train/adamw.h"
 #include "train/checkpoint.h"
@@ -36,9 +37,12 @@ struct DistSetup {
   bool fsdp = false;
 };
 
-// The executor of one rank; slices the model's experts to the rank's share.
+// The executor of one rank; slices the model's experts to the rank's share. `weights` (optional)
+// then fills the rank's slices (par::DistTrainer::load_weights): a model built with deferred
+// weights is loaded without any rank holding the whole of it.
 std::unique_ptr<StepExecutor> make_dist_executor(Context& ctx, Model& model, DistSetup& setup,
-                                                 const AdamWOptions& adam);
+                                                 const AdamWOptions& adam,
+                                                 const par::PieceReader& weights = {});
 
 bool is_sharded_checkpoint(const std::string& dir);
 // One process reading a sharded checkpoint: full tensors assembled from the pieces.

@@ -326,6 +326,12 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
   mopt.kernels = plan::layer_kernels(
       cfg, device == Device::CUDA ? plan::Backend::Cuda : plan::Backend::Cpu, job.precision);
   log << plan::describe_kernels(cfg, mopt.kernels);
+  // Under a mesh on the host, an HF directory's weights are read slice by slice once the mesh has
+  // sliced the model, so no rank builds or reads the whole model (docs/parallelism.md).
+  const bool fresh = topt.resume_from.empty() && !topt.resume;
+  const bool sliced_load =
+      dist && device == Device::CPU && job.init.empty() && !job.model_dir.empty() && fresh;
+  mopt.defer_weights = sliced_load;
   Model model(cfg, job.seed, mopt);
   TrainResult r;
   r.total = model.params().count();  // before a mesh slices the experts
@@ -335,7 +341,7 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
     std::string w = job.init;
     if (fs::is_regular_file(fs::path(w) / "latest")) w = latest_checkpoint(w);
     load_weights(w, model);
-  } else if (!job.model_dir.empty() && topt.resume_from.empty() && !topt.resume) {
+  } else if (!job.model_dir.empty() && fresh && !sliced_load) {
     // The HF directory's weights, streamed tensor by tensor; adapters keep their fresh values.
     const HfConfig hf = load_hf_config(job.model_dir);
     SafetensorsModel st(job.model_dir, fp8_blocks(hf));
@@ -378,7 +384,21 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
   std::unique_ptr<StepExecutor> exec_ptr;
   if (dist) {
     log << dist->mesh.describe();
-    exec_ptr = make_dist_executor(ctx, model, *dist, adam);
+    if (sliced_load) {
+      const HfConfig hf = load_hf_config(job.model_dir);
+      SafetensorsModel st(job.model_dir, fp8_blocks(hf));
+      const HfSliceReader reader(model, hf.model_type, st, job.model_dir, {.keep_lora = true});
+      exec_ptr = make_dist_executor(ctx, model, *dist, adam,
+                                    [&](const std::string& name, int64_t b, int64_t e, float* dst) {
+                                      reader.read(model.params().at(name), b, e, dst);
+                                    });
+      if (job.progress != "off")
+        log << "loaded " << job.model_dir << ": this rank's slices, "
+            << static_cast<double>(reader.elements_read()) * 4 / 1e6 << " MB of "
+            << static_cast<double>(st.total_bytes()) / 1e6 << " MB in the files\n";
+    } else {
+      exec_ptr = make_dist_executor(ctx, model, *dist, adam);
+    }
   } else {
     opt = std::make_unique<AdamW>(model.params(), adam);
     exec_ptr = std::make_unique<LocalExecutor>(ctx, model, *opt);

@@ -22,6 +22,7 @@
 #include "core/rng.h"
 #include "model/model.h"
 #include "model/moe_layer.h"
+#include "mpi_check.h"
 #include "ops/gemm.h"
 #include "parallel/balance/routing_sim.h"
 #include "parallel/comm.h"
@@ -181,19 +182,7 @@ int layer_of(const std::string& name) {
   return name.compare(0, pre.size(), pre) == 0 ? std::stoi(name.substr(pre.size())) : -1;
 }
 
-// A field of /proc/self/status in bytes ("VmRSS", "VmHWM").
-int64_t status_bytes(const char* field) {
-  FILE* f = std::fopen("/proc/self/status", "r");
-  MT_CHECK(f, ValueError, "cannot read /proc/self/status");
-  char line[256];
-  long long kb = -1;
-  const size_t n = std::strlen(field);
-  while (std::fgets(line, sizeof line, f))
-    if (std::strncmp(line, field, n) == 0 && line[n] == ':') kb = std::atoll(line + n + 1);
-  std::fclose(f);
-  MT_CHECK(kb >= 0, ValueError, "no ", field, " in /proc/self/status");
-  return static_cast<int64_t>(kb) * 1024;
-}
+using mt::test::status_bytes;
 
 // The model under test: the preset, with LoRA rank 2 everywhere (experts too) when asked.
 struct DriverModel {
@@ -254,9 +243,7 @@ int run_rss(mt::par::Comm& world, const Args& a) {
                             .adam = adam,
                             .fsdp = a.fsdp,
                             .shard_expert_weights = a.shard_expert_weights});
-  FILE* clear = std::fopen("/proc/self/clear_refs", "w");
-  MT_CHECK(clear && std::fputs("5", clear) >= 0 && std::fclose(clear) == 0, ValueError,
-           "cannot reset the peak RSS (/proc/self/clear_refs)");
+  test::reset_peak_rss();
   for (int s = 0; s < 2; ++s) {
     Batch b = make_batch(cfg.vocab, s, rank, rank + 1, false, a.doc_scale);
     trainer.step(dctx, b.seq, b.ids, b.targets, 1e-3f);
@@ -631,23 +618,10 @@ int run(mt::par::Comm& world, const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  mt::par::MpiRuntime mpi(&argc, &argv);
-  Args args;
-  try {
-    args = parse(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 2;
-  }
-  auto world = mpi.world({.timeout = std::chrono::milliseconds(args.timeout_ms)});
-  int rc = 0;
-  try {
-    rc = run(*world, args);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "rank %d failed: %s\n", world->rank(), e.what());
-    std::fflush(stderr);
-    world->abort(2);
-  }
-  std::fflush(stdout);
-  return rc;
+  return mt::test::mpi_main(
+      argc, argv, parse,
+      [](const Args& a) {
+        return mt::par::CommOptions{.timeout = std::chrono::milliseconds(a.timeout_ms)};
+      },
+      run);
 }
