@@ -34,7 +34,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // Rows row0 .. row0+R-1 of head h of a [T, H, D] tensor into tile[R][DP + kPad], zero past D
-// and past T. `vec`: D is a multiple of 8 and the base 16-byte aligned, so 8 elements move at once.
+// and past T. `vec`: D is a multiple of 8 and the base 16-byte aligned, so 8 elements move at once
+// through cp.async (in flight until the caller's cp_async_wait; the zero fill is immediate).
 template <int R, int DP>
 __device__ __forceinline__ void load_tile(bf16* tile, const bf16* src, int64_t T, int64_t H,
                                           int64_t h, int D, int64_t row0, bool vec) {
@@ -45,7 +46,7 @@ __device__ __forceinline__ void load_tile(bf16* tile, const bf16* src, int64_t T
     bf16* d = tile + r * ld + c;
     const bf16* s = src + (t * H + h) * D + c;
     if (vec && t < T && c + 8 <= D) {
-      *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(s);
+      mma::cp_async16(d, s);
     } else {
       for (int e = 0; e < 8; ++e) d[e] = (t < T && c + e < D) ? s[e] : __float2bfloat16(0.f);
     }
@@ -75,89 +76,106 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int LK = DK + kPad, LV = DV + kPad;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Qs = reinterpret_cast<bf16*>(smem);
-  bf16* Ks = Qs + kBlockM * LK;
-  bf16* Vs = Ks + kBlockN * LK;
-  int* start = reinterpret_cast<int*>(Vs + kBlockN * LV);
+  bf16* Kb[2] = {Qs + kBlockM * LK, Qs + kBlockM * LK + kBlockN * (LK + LV)};
+  bf16* Vb[2] = {Kb[0] + kBlockN * LK, Kb[1] + kBlockN * LK};
+  int* start = reinterpret_cast<int*>(Vb[1] + kBlockN * LV);
   // The longest tiles (latest queries) first, so that short ones fill the tail.
   const int64_t h = blockIdx.y, q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kBlockM;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
   load_rows<kBlockM>(start, nullptr, nullptr, T, H, h, q0, cu, nseq, nullptr, nullptr);
   load_tile<kBlockM, DK>(Qs, q, T, H, h, dk, q0, vec);
+  mma::cp_async_commit();
+  __syncthreads();  // start[]
+  const int64_t last = (q0 + kBlockM < T ? q0 + kBlockM : T) - 1;
+  const int64_t kb0 = start[0] / kBlockN * kBlockN;
+  const int tiles = static_cast<int>((last - kb0) / kBlockN + 1);
+  // Key/value tiles double-buffered: tile it+1 is in flight while tile it is computed.
+  load_tile<kBlockN, DK>(Kb[0], k, T, H, h, dk, kb0, vec);
+  load_tile<kBlockN, DV>(Vb[0], v, T, H, h, dv, kb0, vec);
+  mma::cp_async_commit();
+  mma::cp_async_wait<1>();  // q
   __syncthreads();
 
   uint32_t qa[DK / 16][4];
 #pragma unroll
-  for (int kk = 0; kk < DK / 16; ++kk) mma::load_a(qa[kk], Qs, LK, 16 * w, 16 * kk, lane);
+  for (int kk = 0; kk < DK / 16; ++kk) mma::ldsm_a(qa[kk], Qs, LK, 16 * w, 16 * kk, lane);
   float acc[DV / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const int64_t t0 = q0 + 16 * w + g, t1 = t0 + 8;
   const int s0 = start[16 * w + g], s1 = start[16 * w + g + 8];
   const int warp_start = start[16 * w];  // the smallest of the warp's rows
-  const int64_t last = (q0 + kBlockM < T ? q0 + kBlockM : T) - 1;
-  for (int64_t kb = start[0] / kBlockN * kBlockN; kb <= last; kb += kBlockN) {
-    __syncthreads();  // every warp is done with the previous tile
-    load_tile<kBlockN, DK>(Ks, k, T, H, h, dk, kb, vec);
-    load_tile<kBlockN, DV>(Vs, v, T, H, h, dv, kb, vec);
-    __syncthreads();
+  for (int it = 0; it < tiles; ++it) {
+    const int64_t kb = kb0 + static_cast<int64_t>(it) * kBlockN;
+    if (it + 1 < tiles) {
+      load_tile<kBlockN, DK>(Kb[(it + 1) & 1], k, T, H, h, dk, kb + kBlockN, vec);
+      load_tile<kBlockN, DV>(Vb[(it + 1) & 1], v, T, H, h, dv, kb + kBlockN, vec);
+    }
+    mma::cp_async_commit();
+    mma::cp_async_wait<1>();
+    __syncthreads();  // tile it has landed for every thread
+    const bf16* Ks = Kb[it & 1];
+    const bf16* Vs = Vb[it & 1];
     // Warp-uniform: a tile wholly after the warp's rows, or before their documents.
-    if (kb > q0 + 16 * w + 15 || kb + kBlockN <= warp_start) continue;
-
-    float s[kBlockN / 8][4] = {};
+    if (kb <= q0 + 16 * w + 15 && kb + kBlockN > warp_start) {
+      float s[kBlockN / 8][4] = {};
 #pragma unroll
-    for (int kk = 0; kk < DK / 16; ++kk)
+      for (int kk = 0; kk < DK / 16; ++kk)
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; j += 2) {
+          uint32_t b0[2], b1[2];
+          mma::ldsm_b_nk2(b0, b1, Ks, LK, 8 * j, 16 * kk, lane);
+          mma::mma_bf16(s[j], qa[kk], b0);
+          mma::mma_bf16(s[j + 1], qa[kk], b1);
+        }
+      float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int64_t key = kb + 8 * j + 2 * c + e;
+          s[j][e] = (key <= t0 && key >= s0) ? s[j][e] * scale_log2 : -INFINITY;
+          s[j][2 + e] = (key <= t1 && key >= s1) ? s[j][2 + e] * scale_log2 : -INFINITY;
+          mx0 = fmaxf(mx0, s[j][e]);
+          mx1 = fmaxf(mx1, s[j][2 + e]);
+        }
+      const float mn0 = fmaxf(m[0], mma::quad_max(mx0)), mn1 = fmaxf(m[1], mma::quad_max(mx1));
+      // A row with nothing unmasked yet keeps max -inf; 0 keeps its exponentials at 0, not NaN.
+      const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
+      const float al0 = exp2f(m[0] - mu0), al1 = exp2f(m[1] - mu1);
+      m[0] = mn0;
+      m[1] = mn1;
+      float rs0 = 0.f, rs1 = 0.f;
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j) {
-        uint32_t b[2];
-        mma::load_b_nk(b, Ks, LK, 8 * j, 16 * kk, lane);
-        mma::mma_bf16(s[j], qa[kk], b);
+        s[j][0] = exp2f(s[j][0] - mu0);
+        s[j][1] = exp2f(s[j][1] - mu0);
+        s[j][2] = exp2f(s[j][2] - mu1);
+        s[j][3] = exp2f(s[j][3] - mu1);
+        rs0 += s[j][0] + s[j][1];
+        rs1 += s[j][2] + s[j][3];
       }
-    float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int64_t key = kb + 8 * j + 2 * c + e;
-        s[j][e] = (key <= t0 && key >= s0) ? s[j][e] * scale_log2 : -INFINITY;
-        s[j][2 + e] = (key <= t1 && key >= s1) ? s[j][2 + e] * scale_log2 : -INFINITY;
-        mx0 = fmaxf(mx0, s[j][e]);
-        mx1 = fmaxf(mx1, s[j][2 + e]);
-      }
-    const float mn0 = fmaxf(m[0], mma::quad_max(mx0)), mn1 = fmaxf(m[1], mma::quad_max(mx1));
-    // A row with nothing unmasked yet keeps max -inf; 0 keeps its exponentials at 0, not NaN.
-    const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
-    const float al0 = exp2f(m[0] - mu0), al1 = exp2f(m[1] - mu1);
-    m[0] = mn0;
-    m[1] = mn1;
-    float rs0 = 0.f, rs1 = 0.f;
-#pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j) {
-      s[j][0] = exp2f(s[j][0] - mu0);
-      s[j][1] = exp2f(s[j][1] - mu0);
-      s[j][2] = exp2f(s[j][2] - mu1);
-      s[j][3] = exp2f(s[j][3] - mu1);
-      rs0 += s[j][0] + s[j][1];
-      rs1 += s[j][2] + s[j][3];
-    }
-    l[0] = l[0] * al0 + rs0;
-    l[1] = l[1] * al1 + rs1;
-#pragma unroll
-    for (int jv = 0; jv < DV / 8; ++jv) {
-      acc[jv][0] *= al0;
-      acc[jv][1] *= al0;
-      acc[jv][2] *= al1;
-      acc[jv][3] *= al1;
-    }
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      uint32_t a[4];
-      mma::c_to_a(a, s[2 * kk], s[2 * kk + 1]);
+      l[0] = l[0] * al0 + rs0;
+      l[1] = l[1] * al1 + rs1;
 #pragma unroll
       for (int jv = 0; jv < DV / 8; ++jv) {
-        uint32_t b[2];
-        mma::load_b_kn(b, Vs, LV, 16 * kk, 8 * jv, lane);
-        mma::mma_bf16(acc[jv], a, b);
+        acc[jv][0] *= al0;
+        acc[jv][1] *= al0;
+        acc[jv][2] *= al1;
+        acc[jv][3] *= al1;
+      }
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        uint32_t a[4];
+        mma::c_to_a(a, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+        for (int jv = 0; jv < DV / 8; ++jv) {
+          uint32_t b[2];
+          mma::load_b_kn(b, Vs, LV, 16 * kk, 8 * jv, lane);
+          mma::mma_bf16(acc[jv], a, b);
+        }
       }
     }
+    __syncthreads();  // every warp is done with this buffer before it is refilled
   }
 
   // Every row in range saw its own key, so its sum is positive.
@@ -200,9 +218,9 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Qs = reinterpret_cast<bf16*>(smem);
   bf16* Os = Qs + kBlockM * LK;  // dout rows
-  bf16* Ks = Os + kBlockM * LV;
-  bf16* Vs = Ks + kBlockN * LK;
-  int* start = reinterpret_cast<int*>(Vs + kBlockN * LV);
+  bf16* Kb[2] = {Os + kBlockM * LV, Os + kBlockM * LV + kBlockN * (LK + LV)};
+  bf16* Vb[2] = {Kb[0] + kBlockN * LK, Kb[1] + kBlockN * LK};
+  int* start = reinterpret_cast<int*>(Vb[1] + kBlockN * LV);
   float* lse2 = reinterpret_cast<float*>(start + kBlockM);
   float* dl = lse2 + kBlockM;
   const int64_t h = blockIdx.y, q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kBlockM;
@@ -210,67 +228,82 @@ __global__ void __launch_bounds__(kThreads)
   load_rows<kBlockM>(start, lse2, dl, T, H, h, q0, cu, nseq, lse, delta);
   load_tile<kBlockM, DK>(Qs, q, T, H, h, dk, q0, vec);
   load_tile<kBlockM, DV>(Os, dout, T, H, h, dv, q0, vec);
-  __syncthreads();
+  mma::cp_async_commit();
+  __syncthreads();  // start[]
+  const int64_t last = (q0 + kBlockM < T ? q0 + kBlockM : T) - 1;
+  const int64_t kb0 = start[0] / kBlockN * kBlockN;
+  const int tiles = static_cast<int>((last - kb0) / kBlockN + 1);
+  load_tile<kBlockN, DK>(Kb[0], k, T, H, h, dk, kb0, vec);
+  load_tile<kBlockN, DV>(Vb[0], v, T, H, h, dv, kb0, vec);
+  mma::cp_async_commit();
 
   float acc[DK / 8][4] = {};
   const int r0 = 16 * w + g, r1 = r0 + 8;
   const int64_t t0 = q0 + r0, t1 = q0 + r1;
   const int warp_start = start[16 * w];
-  const int64_t last = (q0 + kBlockM < T ? q0 + kBlockM : T) - 1;
-  for (int64_t kb = start[0] / kBlockN * kBlockN; kb <= last; kb += kBlockN) {
+  for (int it = 0; it < tiles; ++it) {
+    const int64_t kb = kb0 + static_cast<int64_t>(it) * kBlockN;
+    if (it + 1 < tiles) {
+      load_tile<kBlockN, DK>(Kb[(it + 1) & 1], k, T, H, h, dk, kb + kBlockN, vec);
+      load_tile<kBlockN, DV>(Vb[(it + 1) & 1], v, T, H, h, dv, kb + kBlockN, vec);
+    }
+    mma::cp_async_commit();
+    mma::cp_async_wait<1>();
     __syncthreads();
-    load_tile<kBlockN, DK>(Ks, k, T, H, h, dk, kb, vec);
-    load_tile<kBlockN, DV>(Vs, v, T, H, h, dv, kb, vec);
+    const bf16* Ks = Kb[it & 1];
+    const bf16* Vs = Vb[it & 1];
+    if (kb <= q0 + 16 * w + 15 && kb + kBlockN > warp_start) {
+      float s[kBlockN / 8][4] = {}, dp[kBlockN / 8][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < DK / 16; ++kk) {
+        uint32_t a[4];
+        mma::ldsm_a(a, Qs, LK, 16 * w, 16 * kk, lane);
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; j += 2) {
+          uint32_t b0[2], b1[2];
+          mma::ldsm_b_nk2(b0, b1, Ks, LK, 8 * j, 16 * kk, lane);
+          mma::mma_bf16(s[j], a, b0);
+          mma::mma_bf16(s[j + 1], a, b1);
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < DV / 16; ++kk) {
+        uint32_t a[4];
+        mma::ldsm_a(a, Os, LV, 16 * w, 16 * kk, lane);
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; j += 2) {
+          uint32_t b0[2], b1[2];
+          mma::ldsm_b_nk2(b0, b1, Vs, LV, 8 * j, 16 * kk, lane);
+          mma::mma_bf16(dp[j], a, b0);
+          mma::mma_bf16(dp[j + 1], a, b1);
+        }
+      }
+      // dS = P (dP - Delta), P = exp2(s * scale log2e - lse log2e); the softmax scale comes last.
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int64_t key = kb + 8 * j + 2 * c + e;
+          const float p0 =
+              (key <= t0 && key >= start[r0]) ? exp2f(s[j][e] * scale_log2 - lse2[r0]) : 0.f;
+          const float p1 =
+              (key <= t1 && key >= start[r1]) ? exp2f(s[j][2 + e] * scale_log2 - lse2[r1]) : 0.f;
+          s[j][e] = p0 * (dp[j][e] - dl[r0]);
+          s[j][2 + e] = p1 * (dp[j][2 + e] - dl[r1]);
+        }
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        uint32_t a[4];
+        mma::c_to_a(a, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+        for (int jd = 0; jd < DK / 8; ++jd) {
+          uint32_t b[2];
+          mma::load_b_kn(b, Ks, LK, 16 * kk, 8 * jd, lane);
+          mma::mma_bf16(acc[jd], a, b);
+        }
+      }
+    }
     __syncthreads();
-    if (kb > q0 + 16 * w + 15 || kb + kBlockN <= warp_start) continue;
-
-    float s[kBlockN / 8][4] = {}, dp[kBlockN / 8][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < DK / 16; ++kk) {
-      uint32_t a[4];
-      mma::load_a(a, Qs, LK, 16 * w, 16 * kk, lane);
-#pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) {
-        uint32_t b[2];
-        mma::load_b_nk(b, Ks, LK, 8 * j, 16 * kk, lane);
-        mma::mma_bf16(s[j], a, b);
-      }
-    }
-#pragma unroll
-    for (int kk = 0; kk < DV / 16; ++kk) {
-      uint32_t a[4];
-      mma::load_a(a, Os, LV, 16 * w, 16 * kk, lane);
-#pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) {
-        uint32_t b[2];
-        mma::load_b_nk(b, Vs, LV, 8 * j, 16 * kk, lane);
-        mma::mma_bf16(dp[j], a, b);
-      }
-    }
-    // dS = P (dP - Delta), P = exp2(s * scale log2e - lse log2e); the softmax scale comes last.
-#pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int64_t key = kb + 8 * j + 2 * c + e;
-        const float p0 =
-            (key <= t0 && key >= start[r0]) ? exp2f(s[j][e] * scale_log2 - lse2[r0]) : 0.f;
-        const float p1 =
-            (key <= t1 && key >= start[r1]) ? exp2f(s[j][2 + e] * scale_log2 - lse2[r1]) : 0.f;
-        s[j][e] = p0 * (dp[j][e] - dl[r0]);
-        s[j][2 + e] = p1 * (dp[j][2 + e] - dl[r1]);
-      }
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      uint32_t a[4];
-      mma::c_to_a(a, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-      for (int jd = 0; jd < DK / 8; ++jd) {
-        uint32_t b[2];
-        mma::load_b_kn(b, Ks, LK, 16 * kk, 8 * jd, lane);
-        mma::mma_bf16(acc[jd], a, b);
-      }
-    }
   }
 
   const int64_t rows[2] = {t0, t1};
@@ -297,11 +330,13 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Ks = reinterpret_cast<bf16*>(smem);
   bf16* Vs = Ks + kBlockN * LK;
-  bf16* Qs = Vs + kBlockN * LV;
-  bf16* Os = Qs + kBlockQ * LK;  // dout rows
-  int* start = reinterpret_cast<int*>(Os + kBlockQ * LV);
-  float* lse2 = reinterpret_cast<float*>(start + kBlockQ);
-  float* dl = lse2 + kBlockQ;
+  // Query tiles double-buffered: tile it+1 (rows and their lse, Delta, document starts) is in
+  // flight while tile it is computed.
+  bf16* Qb[2] = {Vs + kBlockN * LV, Vs + kBlockN * LV + kBlockQ * (LK + LV)};
+  bf16* Ob[2] = {Qb[0] + kBlockQ * LK, Qb[1] + kBlockQ * LK};    // dout rows
+  int* startb = reinterpret_cast<int*>(Ob[1] + kBlockQ * LV);    // [2][kBlockQ]
+  float* lseb = reinterpret_cast<float*>(startb + 2 * kBlockQ);  // [2][kBlockQ]
+  float* dlb = lseb + 2 * kBlockQ;                               // [2][kBlockQ]
   __shared__ int64_t query_end;
   const int64_t h = blockIdx.y, kb = static_cast<int64_t>(blockIdx.x) * kBlockN;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
@@ -313,79 +348,98 @@ __global__ void __launch_bounds__(kThreads)
     query_end = cu[doc_index(cu, nseq, key_last) + 1];
   }
   __syncthreads();
+  const int tiles = static_cast<int>((query_end - kb + kBlockQ - 1) / kBlockQ);
+  auto load_queries = [&](int it) {
+    const int b = it & 1;
+    const int64_t qb = kb + static_cast<int64_t>(it) * kBlockQ;
+    load_rows<kBlockQ>(startb + b * kBlockQ, lseb + b * kBlockQ, dlb + b * kBlockQ, T, H, h, qb, cu,
+                       nseq, lse, delta);
+    load_tile<kBlockQ, DK>(Qb[b], q, T, H, h, dk, qb, vec);
+    load_tile<kBlockQ, DV>(Ob[b], dout, T, H, h, dv, qb, vec);
+  };
+  if (tiles > 0) load_queries(0);
+  mma::cp_async_commit();
 
   float ak[DK / 8][4] = {}, av[DV / 8][4] = {};
   const int64_t key0 = kb + 16 * w + g, key1 = key0 + 8;
-  for (int64_t qb = kb; qb < query_end; qb += kBlockQ) {
+  for (int it = 0; it < tiles; ++it) {
+    const int64_t qb = kb + static_cast<int64_t>(it) * kBlockQ;
+    if (it + 1 < tiles) load_queries(it + 1);
+    mma::cp_async_commit();
+    mma::cp_async_wait<1>();
     __syncthreads();
-    load_rows<kBlockQ>(start, lse2, dl, T, H, h, qb, cu, nseq, lse, delta);
-    load_tile<kBlockQ, DK>(Qs, q, T, H, h, dk, qb, vec);
-    load_tile<kBlockQ, DV>(Os, dout, T, H, h, dv, qb, vec);
-    __syncthreads();
+    const bf16* Qs = Qb[it & 1];
+    const bf16* Os = Ob[it & 1];
+    const int* start = startb + (it & 1) * kBlockQ;
+    const float* lse2 = lseb + (it & 1) * kBlockQ;
+    const float* dl = dlb + (it & 1) * kBlockQ;
     // Warp-uniform: every key of the warp after every query of the tile, or past T.
-    if (kb + 16 * w > qb + kBlockQ - 1 || kb + 16 * w >= T) continue;
-
-    // Transposed scores: rows are the warp's keys, columns the tile's queries.
-    float s[kBlockQ / 8][4] = {}, dp[kBlockQ / 8][4] = {};
+    if (kb + 16 * w <= qb + kBlockQ - 1 && kb + 16 * w < T) {
+      // Transposed scores: rows are the warp's keys, columns the tile's queries.
+      float s[kBlockQ / 8][4] = {}, dp[kBlockQ / 8][4] = {};
 #pragma unroll
-    for (int kk = 0; kk < DK / 16; ++kk) {
-      uint32_t a[4];
-      mma::load_a(a, Ks, LK, 16 * w, 16 * kk, lane);
+      for (int kk = 0; kk < DK / 16; ++kk) {
+        uint32_t a[4];
+        mma::ldsm_a(a, Ks, LK, 16 * w, 16 * kk, lane);
 #pragma unroll
-      for (int j = 0; j < kBlockQ / 8; ++j) {
-        uint32_t b[2];
-        mma::load_b_nk(b, Qs, LK, 8 * j, 16 * kk, lane);
-        mma::mma_bf16(s[j], a, b);
+        for (int j = 0; j < kBlockQ / 8; j += 2) {
+          uint32_t b0[2], b1[2];
+          mma::ldsm_b_nk2(b0, b1, Qs, LK, 8 * j, 16 * kk, lane);
+          mma::mma_bf16(s[j], a, b0);
+          mma::mma_bf16(s[j + 1], a, b1);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kBlockQ / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = 8 * j + 2 * c + (e & 1);
+          const int64_t t = qb + col, key = e < 2 ? key0 : key1;
+          s[j][e] = (key <= t && key >= start[col]) ? exp2f(s[j][e] * scale_log2 - lse2[col]) : 0.f;
+        }
+        // dv += P^T dout.
+#pragma unroll
+      for (int kk = 0; kk < kBlockQ / 16; ++kk) {
+        uint32_t a[4];
+        mma::c_to_a(a, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+        for (int jv = 0; jv < DV / 8; ++jv) {
+          uint32_t b[2];
+          mma::load_b_kn(b, Os, LV, 16 * kk, 8 * jv, lane);
+          mma::mma_bf16(av[jv], a, b);
+        }
+      }
+      // dP^T = v dout^T, then dS^T = P^T (dP^T - Delta).
+#pragma unroll
+      for (int kk = 0; kk < DV / 16; ++kk) {
+        uint32_t a[4];
+        mma::ldsm_a(a, Vs, LV, 16 * w, 16 * kk, lane);
+#pragma unroll
+        for (int j = 0; j < kBlockQ / 8; j += 2) {
+          uint32_t b0[2], b1[2];
+          mma::ldsm_b_nk2(b0, b1, Os, LV, 8 * j, 16 * kk, lane);
+          mma::mma_bf16(dp[j], a, b0);
+          mma::mma_bf16(dp[j + 1], a, b1);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kBlockQ / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[j][e] *= dp[j][e] - dl[8 * j + 2 * c + (e & 1)];
+          // dk += dS^T q.
+#pragma unroll
+      for (int kk = 0; kk < kBlockQ / 16; ++kk) {
+        uint32_t a[4];
+        mma::c_to_a(a, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+        for (int jd = 0; jd < DK / 8; ++jd) {
+          uint32_t b[2];
+          mma::load_b_kn(b, Qs, LK, 16 * kk, 8 * jd, lane);
+          mma::mma_bf16(ak[jd], a, b);
+        }
       }
     }
-#pragma unroll
-    for (int j = 0; j < kBlockQ / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = 8 * j + 2 * c + (e & 1);
-        const int64_t t = qb + col, key = e < 2 ? key0 : key1;
-        s[j][e] = (key <= t && key >= start[col]) ? exp2f(s[j][e] * scale_log2 - lse2[col]) : 0.f;
-      }
-      // dv += P^T dout.
-#pragma unroll
-    for (int kk = 0; kk < kBlockQ / 16; ++kk) {
-      uint32_t a[4];
-      mma::c_to_a(a, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-      for (int jv = 0; jv < DV / 8; ++jv) {
-        uint32_t b[2];
-        mma::load_b_kn(b, Os, LV, 16 * kk, 8 * jv, lane);
-        mma::mma_bf16(av[jv], a, b);
-      }
-    }
-    // dP^T = v dout^T, then dS^T = P^T (dP^T - Delta).
-#pragma unroll
-    for (int kk = 0; kk < DV / 16; ++kk) {
-      uint32_t a[4];
-      mma::load_a(a, Vs, LV, 16 * w, 16 * kk, lane);
-#pragma unroll
-      for (int j = 0; j < kBlockQ / 8; ++j) {
-        uint32_t b[2];
-        mma::load_b_nk(b, Os, LV, 8 * j, 16 * kk, lane);
-        mma::mma_bf16(dp[j], a, b);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kBlockQ / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] *= dp[j][e] - dl[8 * j + 2 * c + (e & 1)];
-        // dk += dS^T q.
-#pragma unroll
-    for (int kk = 0; kk < kBlockQ / 16; ++kk) {
-      uint32_t a[4];
-      mma::c_to_a(a, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-      for (int jd = 0; jd < DK / 8; ++jd) {
-        uint32_t b[2];
-        mma::load_b_kn(b, Qs, LK, 16 * kk, 8 * jd, lane);
-        mma::mma_bf16(ak[jd], a, b);
-      }
-    }
+    __syncthreads();
   }
 
   const int64_t keys[2] = {key0, key1};
@@ -443,7 +497,7 @@ void forward_as(Context& ctx, const Launch& l, const Tensor& q, const Tensor& k,
   constexpr size_t LK = DK + kPad, LV = DV + kPad;
   auto kernel = flash_fwd_kernel<DK, DV>;
   const size_t sm = smem_for(
-      kernel, sizeof(bf16) * (kBlockM * LK + kBlockN * LK + kBlockN * LV) + sizeof(int) * kBlockM,
+      kernel, sizeof(bf16) * (kBlockM * LK + 2 * kBlockN * (LK + LV)) + sizeof(int) * kBlockM,
       "flash_attention_forward");
   kernel<<<dim3(l.tiles(kBlockM), static_cast<unsigned>(l.H)), kThreads, sm, stream(ctx)>>>(
       l.T, l.H, l.dk, l.dv, l.scale * kLog2e, l.cu, l.nseq, l.vec, ptr<bf16>(q), ptr<bf16>(k),
@@ -460,14 +514,16 @@ void backward_as(Context& ctx, const Launch& l, const Tensor& q, const Tensor& k
   const size_t rows_bytes = sizeof(int) + 2 * sizeof(float);
   auto k1 = flash_dq_kernel<DK, DV>;
   const size_t sm1 = smem_for(
-      k1, sizeof(bf16) * (kBlockM * (LK + LV) + kBlockN * (LK + LV)) + rows_bytes * kBlockM, op);
+      k1, sizeof(bf16) * (kBlockM * (LK + LV) + 2 * kBlockN * (LK + LV)) + rows_bytes * kBlockM,
+      op);
   k1<<<dim3(l.tiles(kBlockM), static_cast<unsigned>(l.H)), kThreads, sm1, stream(ctx)>>>(
       l.T, l.H, l.dk, l.dv, l.scale * kLog2e, l.scale, l.cu, l.nseq, l.vec, ptr<bf16>(q),
       ptr<bf16>(k), ptr<bf16>(v), ptr<bf16>(dout), ptr<float>(lse), delta, ptr<bf16>(dq));
   MT_CUDA_LAUNCH_CHECK();
   auto k2 = flash_dkv_kernel<DK, DV>;
   const size_t sm2 = smem_for(
-      k2, sizeof(bf16) * (kBlockN * (LK + LV) + kBlockQ * (LK + LV)) + rows_bytes * kBlockQ, op);
+      k2, sizeof(bf16) * (kBlockN * (LK + LV) + 2 * kBlockQ * (LK + LV)) + 2 * rows_bytes * kBlockQ,
+      op);
   k2<<<dim3(l.tiles(kBlockN), static_cast<unsigned>(l.H)), kThreads, sm2, stream(ctx)>>>(
       l.T, l.H, l.dk, l.dv, l.scale * kLog2e, l.scale, l.cu, l.nseq, l.vec, ptr<bf16>(q),
       ptr<bf16>(k), ptr<bf16>(v), ptr<bf16>(dout), ptr<float>(lse), delta, ptr<bf16>(dk),

@@ -21,11 +21,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// Two consecutive bf16 elements of shared memory (4-byte aligned) as one register.
-__device__ __forceinline__ uint32_t ld_pair(const __nv_bfloat16* p) {
-  return *reinterpret_cast<const uint32_t*>(p);
-}
-
 // c += a * b.
 __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], const uint32_t b[2]) {
   asm volatile(
@@ -33,28 +28,6 @@ __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], const 
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// A fragment of rows r0 .. r0+15, cols k0 .. k0+15 of a row-major bf16 tile with leading
-// dimension `ld` (elements).
-__device__ __forceinline__ void load_a(uint32_t a[4], const __nv_bfloat16* tile, int ld, int r0,
-                                       int k0, int lane) {
-  const int g = lane >> 2, c = lane & 3;
-  const __nv_bfloat16* p = tile + (r0 + g) * ld + k0 + 2 * c;
-  a[0] = ld_pair(p);
-  a[1] = ld_pair(p + 8 * ld);
-  a[2] = ld_pair(p + 8);
-  a[3] = ld_pair(p + 8 * ld + 8);
-}
-
-// B fragment (k0 .. k0+15) x (n0 .. n0+7) from a tile stored n-major: tile[n][k] (B transposed,
-// e.g. keys [key][dim] for q.k^T). Two consecutive k of one n are adjacent.
-__device__ __forceinline__ void load_b_nk(uint32_t b[2], const __nv_bfloat16* tile, int ld, int n0,
-                                          int k0, int lane) {
-  const int g = lane >> 2, c = lane & 3;
-  const __nv_bfloat16* p = tile + (n0 + g) * ld + k0 + 2 * c;
-  b[0] = ld_pair(p);
-  b[1] = ld_pair(p + 8);
 }
 
 // B fragment (k0 .. k0+15) x (n0 .. n0+7) from a tile stored k-major: tile[k][n] (e.g. values
@@ -67,6 +40,46 @@ __device__ __forceinline__ void load_b_kn(uint32_t b[2], const __nv_bfloat16* ti
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
                : "=r"(b[0]), "=r"(b[1])
                : "r"(addr));
+}
+
+// A fragment (rows r0 .. r0+15, k0 .. k0+15 of a row-major tile) through ldmatrix .x4 (16-byte
+// aligned rows): lanes 0-7
+// address rows r0..r0+7 at k0, 8-15 rows r0+8.. at k0, 16-23 rows r0.. at k0+8, 24-31 rows r0+8..
+// at k0+8, so the four 8x8 blocks land in a0..a3.
+__device__ __forceinline__ void ldsm_a(uint32_t a[4], const __nv_bfloat16* tile, int ld, int r0,
+                                       int k0, int lane) {
+  const __nv_bfloat16* p = tile + (r0 + (lane & 15)) * ld + k0 + (lane >> 4) * 8;
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(addr));
+}
+
+// B fragments of two adjacent n-tiles (n0..n0+7 and n0+8..n0+15; k0..k0+15) from an n-major
+// tile[n][k] through one ldmatrix .x4: b0 = the first tile's, b1 = the second's.
+__device__ __forceinline__ void ldsm_b_nk2(uint32_t b0[2], uint32_t b1[2],
+                                           const __nv_bfloat16* tile, int ld, int n0, int k0,
+                                           int lane) {
+  const __nv_bfloat16* p =
+      tile + (n0 + (lane & 7) + ((lane >> 4) << 3)) * ld + k0 + ((lane >> 3) & 1) * 8;
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(b0[0]), "=r"(b0[1]), "=r"(b1[0]), "=r"(b1[1])
+               : "r"(addr));
+}
+
+// 16 bytes global -> shared without a register round trip (completes at cp_async_wait).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(addr), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 // The A fragment (16 rows x 16 k) held by C tiles j and j+1 (k = 8 j .. 8 j + 15), rounded to bf16.
