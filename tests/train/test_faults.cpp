@@ -23,6 +23,7 @@
 #include <sstream>
 #include <thread>
 
+#include "harness/seed.h"
 #include "harness/train_files.h"
 #include "train/checkpoint.h"
 #include "train/dataset.h"
@@ -132,7 +133,13 @@ fs::path expect_loadable_latest(const fs::path& root) {
 TEST(Faults, KillAtAnyByteOfASaveResumesBitExact) {
   const fs::path root = temp_dir("bytes");
   const fs::path job = write_job(root, 6, 2);
-  run_cli_ok(job, root / "ref", {});
+  // Every run, the reference too, runs in the same directory: the saved job.toml names it, and
+  // the manifest's checksum of job.toml is unpadded hex, so another name could shorten the save
+  // by a byte and move the kill at `total - 1` past its end (the run then exits 0, unkilled).
+  const fs::path run = root / "run";
+  run_cli_ok(job, run, {});
+  fs::rename(run, root / "ref");
+  fs::rename(root / "run.log", root / "ref.log");
   const fs::path ref = root / "ref" / "checkpoints";
   const fs::path ck4 = ref / step_dir(4);
   const int64_t total = save_bytes(ck4);
@@ -154,31 +161,34 @@ TEST(Faults, KillAtAnyByteOfASaveResumesBitExact) {
                                   total - 40,
                                   total - 12,
                                   total - 1};
-  const auto seed = static_cast<uint64_t>(std::random_device{}());
-  SCOPED_TRACE("seed " + std::to_string(seed) + " (offsets drawn from it)");
-  std::mt19937_64 gen(seed);
+  SCOPED_TRACE(test::seed_note() + " (offsets drawn from it)");
+  std::mt19937_64 gen(test::test_seed());
   while (offsets.size() < 24)
     offsets.push_back(static_cast<int64_t>(gen() % static_cast<uint64_t>(total)));
   std::vector<std::vector<std::string>> kills;
   for (int64_t o : offsets) kills.push_back({"MOETRAIN_FAULT_KILL_AT_BYTE=" + std::to_string(o)});
   for (const char* p : {"complete", "installed", "latest"})
     kills.push_back({std::string("MOETRAIN_FAULT_KILL_AT=") + p});
-  int n = 0;
   for (auto env : kills) {
     SCOPED_TRACE(env[0]);
     env.push_back("MOETRAIN_FAULT_KILL_SAVE_STEP=4");
-    char name[16];  // as long as "ref": job.toml names the run directory, and sizes must match
-    std::snprintf(name, sizeof name, "k%02d", n++);
-    const fs::path run = root / name;
     const int st = wait_status(start_cli(job, run, {}, env));
-    ASSERT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) << "not killed: status " << st;
+    ASSERT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL)
+        << "not killed: status " << st << "; its step-4 save wrote "
+        << (fs::exists(run / "checkpoints" / step_dir(4))
+                ? save_bytes(run / "checkpoints" / step_dir(4))
+                : 0)
+        << " bytes, the reference's " << total;
     const fs::path latest = expect_loadable_latest(run / "checkpoints");
     const bool past_latest = env[0] == "MOETRAIN_FAULT_KILL_AT=latest";
     EXPECT_EQ(latest.filename().string(), step_dir(past_latest ? 4 : 2));
     expect_same_state(ref / latest.filename(), latest);
     run_cli_ok(job, run, {"--resume"});
     expect_same_state(ref / step_dir(6), run / "checkpoints" / step_dir(6));
+    // The offsets above hold only while every save writes the reference's bytes.
+    EXPECT_EQ(save_bytes(run / "checkpoints" / step_dir(4)), total);
     fs::remove_all(run);
+    fs::remove(root / "run.log");
   }
   fs::remove_all(root);
 }
@@ -240,9 +250,8 @@ TEST(Faults, ExternalSigkillAtRandomTimesResumesBitExact) {
   const double run_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   const fs::path ref = root / "ref" / "checkpoints";
-  const auto seed = static_cast<uint64_t>(std::random_device{}());
-  SCOPED_TRACE("seed " + std::to_string(seed) + " (kill times drawn from it)");
-  std::mt19937_64 gen(seed);
+  SCOPED_TRACE(test::seed_note() + " (kill times drawn from it)");
+  std::mt19937_64 gen(test::test_seed());
   const fs::path run = root / "run";
   int kills = 0;
   // The reference run's time only estimates this one's (a loaded machine speeds up or slows
