@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -79,6 +80,14 @@ void poison_gradient(Model& m) {
       p->grad.f32()[0] = std::nanf("");
       return;
     }
+}
+
+// Loss targets of sequence `s`. Every rank walks the whole global micro-batch, so counting them
+// here gives every rank the global count without a collective.
+int64_t sequence_targets(const PackedData& d, int64_t s) {
+  const auto first = d.targets.begin() + static_cast<ptrdiff_t>(s * d.seq_len);
+  return std::count_if(first, first + static_cast<ptrdiff_t>(d.seq_len),
+                       [](int32_t t) { return t != kIgnoreIndex; });
 }
 
 std::string format_eta(double s) {
@@ -468,13 +477,14 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
   for (int64_t step = st.step + 1; step <= job.steps; ++step) {
     exec.zero_grad();
     double loss = 0;
-    int64_t step_tokens = 0;
+    int64_t step_tokens = 0, step_targets = 0;
     for (int64_t a = 0; a < job.grad_accum; ++a) {
       // Every rank walks the same global order; rank r takes the r-th slice of the micro-batch.
       std::vector<int64_t> idx;
       const int64_t per_rank = job.batch / world;
       for (int64_t b = 0; b < job.batch; ++b) {
         const int64_t s = order.at(st.data_cursor++);
+        step_targets += sequence_targets(train, s);
         if (b / per_rank == rank) idx.push_back(s);
       }
       Batch batch = make_batch(train, idx);
@@ -518,6 +528,9 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
     }
     st.step = step;
     tokens_done += step_tokens;
+    // A step without a target token has no loss: logged as absent (NaN, null in metrics.jsonl),
+    // not the 0 its micro-batches report. Its update (auxiliary losses, decay) still applies.
+    if (step_targets == 0) loss = std::nan("");
     r.losses.push_back(loss);
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     r.tokens_per_s = static_cast<double>(tokens_done) / r.seconds;
@@ -549,10 +562,12 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
     }
     if (show) {
       char line[200];
-      std::snprintf(line, sizeof line,
-                    "step %5lld/%lld  loss %.4f  lr %.2e  grad-norm %.3f  %.0f tok/s  eta %s",
-                    static_cast<long long>(step), static_cast<long long>(job.steps), loss, lr,
-                    gnorm, r.tokens_per_s, format_eta(eta).c_str());
+      std::snprintf(
+          line, sizeof line,
+          "step %5lld/%lld  loss %s  lr %.2e  grad-norm %.3f  %.0f tok/s  eta %s",
+          static_cast<long long>(step), static_cast<long long>(job.steps),
+          step_targets == 0 ? "absent" : cat(std::fixed, std::setprecision(4), loss).c_str(), lr,
+          gnorm, r.tokens_per_s, format_eta(eta).c_str());
       if (tty)
         log << "\r" << line << (step == job.steps ? "\n" : "") << std::flush;
       else if (step % job.log_every == 0 || step == job.steps)

@@ -6,6 +6,9 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <tuple>
 
 #include "harness/seed.h"
 #include "harness/train_files.h"
@@ -124,5 +127,65 @@ TEST(Degenerate, LoraTargetOrTrainGlobMatchingNothingIsAConfigError) {
   });
   EXPECT_NE(g.find("lora.train: pattern 'model.nrom.*' matches no parameter"), std::string::npos)
       << g;
+  fs::remove_all(dir);
+}
+
+// A training step whose micro-batches hold no target token (a prompt longer than whole
+// sequences) has no loss: metrics.jsonl writes null and the progress line says so, never 0. It is
+// no fault either: under the default train.nonfinite = "stop" the run goes on to the end.
+// Four sequences, batch 2, four steps: two epochs, so the one sequence with targets is drawn
+// exactly twice and exactly two steps have a loss.
+TEST(Degenerate, TrainingStepWithoutTargetsLogsItsLossAsAbsentNotZero) {
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE(test::seed_note());
+  const fs::path dir = temp_dir("step");
+  PackedData p = masked_data(seed);
+  p.segments.push_back({12});
+  for (int64_t t = 0; t < p.seq_len; ++t) {
+    p.ids.push_back(static_cast<int32_t>(t % 61));
+    p.targets.push_back(kIgnoreIndex);
+  }
+  const PackedData none = p;
+  for (int64_t t = 12; t < 24; ++t)
+    p.targets[static_cast<size_t>(t)] = static_cast<int32_t>(t % 61);
+  auto train = [&](const PackedData& d, const std::string& name) {
+    write_dataset(d, (dir / name).string());
+    const Job job = Job::parse(
+        "[run]\nthreads = 1\n[model]\nconfig = \"tiny\"\n[data]\ntrain = \"" +
+            (dir / name).string() +
+            "\"\n[schedule]\nsteps = 4\nwarmup = 1\n[train]\nbatch = 2\n[checkpoint]\nevery = 0\n"
+            "[log]\nprogress = \"plain\"\n",
+        "j.toml", {"run.dir=\"" + (dir / (name + "_run")).string() + "\""});
+    std::ostringstream log;
+    const TrainResult r = run_job(job, {}, log);
+    std::vector<nlohmann::json> lines;
+    std::ifstream in(dir / (name + "_run") / "metrics.jsonl");
+    for (std::string l; std::getline(in, l);)
+      if (const auto j = nlohmann::json::parse(l); j.contains("loss")) lines.push_back(j);
+    EXPECT_EQ(lines.size(), 4u);
+    EXPECT_EQ(r.skipped_steps, 0);
+    return std::make_tuple(r, lines, log.str());
+  };
+  const auto [r0, lines0, log0] = train(none, "none");
+  ASSERT_EQ(r0.losses.size(), 4u);
+  for (size_t i = 0; i < lines0.size(); ++i) {
+    EXPECT_TRUE(std::isnan(r0.losses[i])) << r0.losses[i];
+    EXPECT_TRUE(lines0[i].at("loss").is_null()) << lines0[i].dump();
+    EXPECT_TRUE(lines0[i].at("loss_per_corpus").at("train").is_null()) << lines0[i].dump();
+  }
+  EXPECT_NE(log0.find("loss absent"), std::string::npos) << log0;
+  EXPECT_EQ(log0.find("loss nan"), std::string::npos) << log0;
+  EXPECT_EQ(log0.find("loss 0.0000"), std::string::npos) << log0;
+  const auto [r1, lines1, log1] = train(p, "one");
+  int with_loss = 0;
+  for (size_t i = 0; i < lines1.size(); ++i) {
+    const bool has = !lines1[i].at("loss").is_null();
+    with_loss += has;
+    EXPECT_EQ(has, std::isfinite(r1.losses[i]));
+    if (has) {
+      EXPECT_GT(lines1[i].at("loss").get<double>(), 0.5);
+    }
+  }
+  EXPECT_EQ(with_loss, 2);
   fs::remove_all(dir);
 }
