@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <memory>
 
 #include "layers/test_mla_layer_case.h"
 #include "model/dsa_layer.h"
@@ -159,6 +160,8 @@ struct LayerRun {
   std::vector<Tensor> values, grads;
   Tensor y, dx;
   double kl = 0;
+  // The layer's activations (its selection among them) live here: kept for reads after the run.
+  std::unique_ptr<Arena> acts;
 };
 
 // Runs one forward + backward with parameters drawn from `seed` (same names -> same values).
@@ -182,10 +185,10 @@ LayerRun run_layer(Layer& layer, uint64_t seed, const SeqInfo& seq, const Tensor
   Context ctx;
   ArenaPlan plan;
   layer.plan_activations(seq, plan);
-  Arena acts(plan.bytes(), Device::CPU, "acts");
+  r.acts = std::make_unique<Arena>(plan.bytes(), Device::CPU, "acts");
   r.y = Tensor::empty(x.shape());
   r.dx = Tensor::empty(x.shape());
-  layer.forward(ctx, seq, x, r.y, acts);
+  layer.forward(ctx, seq, x, r.y, *r.acts);
   layer.backward(ctx, seq, dy, r.dx);
   for (const AuxLoss& a : layer.aux_losses())
     if (a.name == "indexer_kl") r.kl = a.value;
@@ -238,7 +241,7 @@ TEST(DsaLayer, SelectionIsTopkOfCausalPositions) {
   Tensor x = Tensor::empty({seq.tokens, 24}), dy = Tensor::zeros({seq.tokens, 24});
   fill_normal(rng, x);
   DsaLayer dsa(cfg);
-  run_layer(dsa, 3, seq, x, dy);
+  const LayerRun run = run_layer(dsa, 3, seq, x, dy);  // holds the arena `selected` points into
   const Tensor& sel = dsa.selected();
   ASSERT_EQ(sel.shape(), (Shape{67, 16}));
   for (int64_t t = 0; t < 67; ++t) {
