@@ -4,7 +4,7 @@ set -euo pipefail
 pkgs=(cmake ninja-build g++ make libopenblas-dev nlohmann-json3-dev libgtest-dev libgmock-dev
       libbenchmark-dev clang-format libcli11-dev libtomlplusplus-dev
       libopenmpi-dev openmpi-bin libsentencepiece-dev fortunes gnuplot-nox pkg-config
-      libpython3.11-stdlib libpng-dev libjpeg62-turbo-dev libpcre2-dev libutf8proc-dev)
+      libpython3.11-stdlib libpng-dev libjpeg62-turbo-dev libpcre2-dev libutf8proc-dev ccache)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

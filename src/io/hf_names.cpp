@@ -126,8 +126,10 @@ using Pool = std::map<std::string, Source>;
 
 Pool pool_of(const TensorMap& tensors) {
   Pool p;
+  // `t = t`: clang before 16 cannot capture a structured binding by name (tools/fuzz.sh builds
+  // with clang 14).
   for (const auto& [name, t] : tensors)
-    p[name] = {t.shape(), t.dtype(), "", t.bytes(), [t](Tensor& dst) { dst.copy_from(t); }, {}};
+    p[name] = {t.shape(), t.dtype(), "", t.bytes(), [t = t](Tensor& dst) { dst.copy_from(t); }, {}};
   return p;
 }
 
@@ -200,7 +202,7 @@ Pool normalize_k25(const Pool& in, int64_t heads) {
           src.range = nullptr;  // rows are permuted: read whole (the vision tower is small)
           src.shape = Shape(d);
           src.bytes = t.bytes / 3;
-          src.read_into = [t, part, rows, cols, heads](Tensor& dst) {
+          src.read_into = [t = t, part, rows, cols, heads](Tensor& dst) {
             Tensor all = t.read();
             const float* from = all.f32() + part * rows * cols;
             const int64_t hd = rows / heads, half = hd / 2;
