@@ -305,5 +305,21 @@ TEST(HfConfig, UnsupportedFieldsAreNamed) {
   expect_config_error(j, "wrong type");
 }
 
+// Numbers for integer keys must be integers in range: a float beyond int64 was undefined
+// behaviour in the JSON library's cast (libFuzzer, fuzz/crashes/hf_config), a fraction or an
+// integer beyond the key's type was truncated or wrapped silently. An integral float still reads.
+TEST(HfConfig, IntegerKeysRejectFractionsAndOutOfRangeNumbers) {
+  for (const json& bad : {json(5e69), json(2.5), json(9223372036854775808.0), json(-1e300),
+                          json(18446744073709551615ull), json(std::nan(""))}) {
+    json j = v32_json();
+    j["n_group"] = bad;
+    SCOPED_TRACE(bad.dump());
+    expect_config_error(j, "'n_group' = ");
+  }
+  json j = v32_json();
+  j["n_group"] = 4.0;
+  EXPECT_EQ(hf_config_from_json(j, "cfg.json").model.moe.n_group, 4);
+}
+
 }  // namespace
 }  // namespace mt
