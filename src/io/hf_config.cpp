@@ -1,15 +1,14 @@
 #include "io/hf_config.h"
 
+#include "model/json_integer.h"
 #include "model/vision/vision_config.h"
 #include "ops/moe_rules.h"
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 #include <set>
 #include <type_traits>
-#include <utility>
 
 namespace mt {
 namespace {
@@ -69,24 +68,9 @@ class Keys {
   }
   template <typename T>
   T as(const json& v, const char* key) const {
-    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-      // nlohmann converts numbers to an integer with a plain cast: a float out of range is
-      // undefined behaviour (fuzz/crashes/hf_config), anything else truncates or wraps silently.
-      bool fits = true;
-      if (v.is_number_unsigned()) {
-        fits = std::in_range<T>(v.get<uint64_t>());
-      } else if (v.is_number_integer()) {
-        fits = std::in_range<T>(v.get<int64_t>());
-      } else if (v.is_number_float()) {
-        const double d = v.get<double>();
-        fits = std::isfinite(d) && d == std::trunc(d) &&
-               d >= static_cast<double>(std::numeric_limits<T>::min()) &&
-               d < std::ldexp(1.0, std::numeric_limits<T>::digits);
-        if (fits) return static_cast<T>(d);
-      }
-      MT_CHECK(fits, ConfigError, where_, ": key '", key, "' = ", v.dump(),
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
+      MT_CHECK(json_integer_fits<T>(v), ConfigError, where_, ": key '", key, "' = ", v.dump(),
                " is not an integer in range");
-    }
     try {
       return v.get<T>();
     } catch (const json::exception&) {

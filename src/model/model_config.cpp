@@ -3,7 +3,9 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <type_traits>
 
+#include "model/json_integer.h"
 #include "model/presets_embedded.h"
 #include "ops/moe_rules.h"
 
@@ -62,6 +64,9 @@ class Reader {
  private:
   template <typename T>
   T as(const std::string& key) {
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
+      MT_CHECK(json_integer_fits<T>(j_.at(key)), ConfigError, where_, ": key '", key,
+               "' = ", j_.at(key).dump(), " is not an integer in range");
     try {
       return j_.at(key).get<T>();
     } catch (const json::exception& e) {

@@ -319,6 +319,14 @@ TEST(HfConfig, IntegerKeysRejectFractionsAndOutOfRangeNumbers) {
   json j = v32_json();
   j["n_group"] = 4.0;
   EXPECT_EQ(hf_config_from_json(j, "cfg.json").model.moe.n_group, 4);
+  // moetrain's own config.json (ModelConfig::from_json, the presets' reader) likewise.
+  json own = ModelConfig::load("tiny").to_json();
+  own["hidden_size"] = 4.4e36;
+  expect_config_error(own, "'hidden_size' = ");
+  own["hidden_size"] = 24.5;
+  expect_config_error(own, "'hidden_size' = ");
+  own["hidden_size"] = 24.0;
+  EXPECT_EQ(hf_config_from_json(own, "cfg.json").model.hidden, 24);
 }
 
 }  // namespace
