@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "model/json_integer.h"
 
 namespace mt {
 
@@ -135,15 +136,31 @@ void write_bytes(const fs::path& p, const void* data, size_t n) {
   MT_CHECK(out.good(), IoError, "cannot write '", p.string(), "'");
 }
 
+// An integer of index.json: nlohmann's own cast of a float beyond T is undefined behaviour
+// (model/json_integer.h), of a fraction a silent truncation.
+template <typename T>
+T index_integer(const nlohmann::json& v, const std::string& ip, const char* key) {
+  MT_CHECK(v.is_number() && json_integer_fits<T>(v), IoError, ip, ": ", key, " = ", v.dump(),
+           " is not an integer in range");
+  return v.get<T>();
+}
+
 // Everything load_dataset reads from index.json and the shards it names. The caller turns JSON
 // key and type errors into IoErrors; this checks what JSON cannot: sizes that agree with each
 // other, so that no shard is read past its end (fuzz/corpus/token_shards).
 void read_index(const nlohmann::json& index, const std::string& ip, const std::string& dir,
                 PackedData& d) {
-  d.seq_len = index.at("seq_len").get<int64_t>();
-  d.vocab = index.at("vocab_size").get<int64_t>();
-  d.documents = index.at("documents").get<int64_t>();
-  d.segments = index.at("segments").get<std::vector<std::vector<int64_t>>>();
+  d.seq_len = index_integer<int64_t>(index.at("seq_len"), ip, "seq_len");
+  d.vocab = index_integer<int64_t>(index.at("vocab_size"), ip, "vocab_size");
+  d.documents = index_integer<int64_t>(index.at("documents"), ip, "documents");
+  const nlohmann::json& segments = index.at("segments");
+  MT_CHECK(segments.is_array(), IoError, ip, ": segments is not an array");
+  for (const auto& seq : segments) {
+    MT_CHECK(seq.is_array(), IoError, ip, ": segments holds ", seq.dump(), ", not an array");
+    d.segments.emplace_back();
+    for (const auto& len : seq)
+      d.segments.back().push_back(index_integer<int64_t>(len, ip, "segments"));
+  }
   MT_CHECK(d.seq_len > 0 && d.seq_len <= (int64_t{1} << 24), IoError, ip, ": seq_len ", d.seq_len,
            " is not in [1, 2^24]");
   MT_CHECK(d.vocab > 0 && d.vocab <= (int64_t{1} << 31) - 1, IoError, ip, ": vocab_size ", d.vocab,
@@ -162,11 +179,12 @@ void read_index(const nlohmann::json& index, const std::string& ip, const std::s
   for (const auto& sh : index.at("shards")) {
     const fs::path p = fs::path(dir) / sh.at("file").get<std::string>();
     std::string bytes = read_file(p);
-    MT_CHECK(bytes.size() == sh.at("bytes").get<size_t>(), IoError, "shard '", p.string(), "' has ",
-             bytes.size(), " bytes, index says ", sh.at("bytes").get<size_t>());
+    const auto declared = index_integer<size_t>(sh.at("bytes"), ip, "bytes");
+    MT_CHECK(bytes.size() == declared, IoError, "shard '", p.string(), "' has ", bytes.size(),
+             " bytes, index says ", declared);
     MT_CHECK(cat(std::hex, fnv1a64(bytes.data(), bytes.size())) == sh.at("fnv1a64"), IoError,
              "shard '", p.string(), "' does not match its checksum");
-    const auto n = sh.at("sequences").get<size_t>();
+    const auto n = index_integer<size_t>(sh.at("sequences"), ip, "sequences");
     MT_CHECK(n <= d.segments.size() && bytes.size() == n * 2 * L * sizeof(int32_t), IoError,
              "shard '", p.string(), "' has ", bytes.size(), " bytes, not the ", n,
              " sequences x 2 x ", L, " int32 its index entry declares");
