@@ -9,6 +9,9 @@
 #                                           model (bench/models/kimi-linear-8l.json); TOKENS=8192
 #   tools/gpu.sh anchors           (device) ../shared/bench/hf_lora_step.py (transformers + PEFT +
 #                                           fla), from the copy and the wheels that pack put in .gpu/
+#   tools/gpu.sh kernels           (device) ncu times of the first LAUNCHES (12) launches of the
+#                                           kernels matching KERNELS (our attention and KDA kernels)
+#                                           in one bench step; a table and $OUT/kernels.json
 # The device call: run(command="tools/gpu.sh test sanitize", carry=[".gpu"]); stages chain:
 # "tools/gpu.sh test && tools/gpu.sh bench && tools/gpu.sh anchors". The last lines printed are a
 # short table; $OUT/gpu_summary.json, bench_step.json and hf_lora_step.json hold the same in JSON.
@@ -109,6 +112,33 @@ anchors_stage() {
   OUT="$out" python3 .gpu/hf_lora_step.py "${@:-grouped}" 2>&1 | tee -a "$out/hf_lora_step.log"
 }
 
+kernels_stage() {
+  local out=${OUT:-/tmp/gpu_out}
+  mkdir -p "$out"
+  unpack
+  ncu --kernel-name "regex:${KERNELS:-flash_|state_kernel|products_kernel|grads_kernel|prep_kernel}" \
+    --launch-count "${LAUNCHES:-12}" --metrics gpu__time_duration.sum --csv \
+    "$MOETRAIN_BIN" bench step --model bench/models/kimi-linear-8l.json --tokens "${TOKENS:-8192}" \
+    --steps 1 >"$out/kernels.csv" 2>"$out/kernels.log" || { tail -5 "$out/kernels.log"; return 1; }
+  python3 - "$out" <<'PY'
+import csv, json, sys
+out = sys.argv[1]
+scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3}
+rows = []
+lines = [l for l in open(f"{out}/kernels.csv") if l.startswith('"')]
+for r in csv.DictReader(lines):
+    if r.get("Metric Name") != "gpu__time_duration.sum":
+        continue
+    name = r["Kernel Name"].replace("(anonymous namespace)::", "").split("(")[0]
+    name = name.replace("void ", "")
+    ms = float(r["Metric Value"].replace(",", "")) * scale.get(r["Metric Unit"], 1.0)
+    rows.append({"kernel": name, "grid": r.get("Grid Size", ""), "ms": ms})
+json.dump(rows, open(f"{out}/kernels.json", "w"), indent=1)
+for r in sorted(rows, key=lambda r: -r["ms"]):
+    print(f'{r["ms"]:9.3f} ms  {r["kernel"]}  {r["grid"]}')
+PY
+}
+
 # Any moetrain command with the packed binary: tools/gpu.sh cli train --job ...
 cli_stage() {
   unpack
@@ -120,6 +150,7 @@ case "$stage" in
   test) test_stage "$@" ;;
   bench) bench_stage "$@" ;;
   anchors) anchors_stage "$@" ;;
+  kernels) kernels_stage ;;
   cli) cli_stage "$@" ;;
-  *) echo "usage: tools/gpu.sh pack | test [sanitize] | bench [options] | anchors [variant ...] | cli ARGS" >&2; exit 2 ;;
+  *) echo "usage: tools/gpu.sh pack | test [sanitize] | bench [options] | anchors [variant ...] | kernels | cli ARGS" >&2; exit 2 ;;
 esac
