@@ -11,7 +11,7 @@ mpirun=("$@")
 src=$(cd "$(dirname "$0")/../.." && pwd)
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 
-"$bin" data prepare "$src/src" --ext .h --max-bytes 60000 --vocab 384 --seq 64 --out "$T/data" >/dev/null 2>&1
+"$bin" data prepare "$src/src" --ext .h --max-bytes 150000 --vocab 384 --seq 64 --out "$T/data" >/dev/null 2>&1
 S=(--job "$src/configs/tiny-code.toml" --set "model.config=\"$src/configs/models/tiny-code.json\""
    --set "data.train=\"$T/data/train\"" --set "data.eval.code=\"$T/data/heldout\""
    --set schedule.steps=4 --set checkpoint.every=2 --set checkpoint.keep=4
