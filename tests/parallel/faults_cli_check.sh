@@ -11,13 +11,9 @@
 set -euo pipefail
 bin=$1; shift
 mpirun=("$@")
-src=$(cd "$(dirname "$0")/../.." && pwd)
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+source "$(dirname "$0")/cli_setup.sh"
 
-"$bin" data prepare "$src/src" --ext .h --max-bytes 150000 --vocab 384 --seq 64 --out "$T/data" >/dev/null 2>&1
-S=(--job "$src/configs/tiny-code.toml" --set "model.config=\"$src/configs/models/tiny-code.json\""
-   --set "data.train=\"$T/data/train\"" --set "data.eval.code=\"$T/data/heldout\""
-   --set schedule.steps=6 --set checkpoint.keep=10)
+S+=(--set schedule.steps=6 --set checkpoint.keep=10)
 
 # A rank killed inside collective $1 (its $2-th call) on $3 ranks with the extra keys after.
 dead_rank() {

@@ -8,14 +8,10 @@
 set -euo pipefail
 bin=$1 check=$2; shift 2
 mpirun=("$@")
-src=$(cd "$(dirname "$0")/../.." && pwd)
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+source "$(dirname "$0")/cli_setup.sh"
 
-"$bin" data prepare "$src/src" --ext .h --max-bytes 150000 --vocab 384 --seq 64 --out "$T/data" >/dev/null 2>&1
-S=(--job "$src/configs/tiny-code.toml" --set "model.config=\"$src/configs/models/tiny-code.json\""
-   --set "data.train=\"$T/data/train\"" --set "data.eval.code=\"$T/data/heldout\""
-   --set schedule.steps=4 --set checkpoint.every=2 --set checkpoint.keep=4
-   --set log.progress=\"off\")
+S+=(--set schedule.steps=4 --set checkpoint.every=2 --set checkpoint.keep=4
+     --set log.progress=\"off\")
 "${mpirun[@]}" -np 4 "$bin" train "${S[@]}" --set "run.dir=\"$T/four\"" --set parallel.ep=4 >"$T/four.log"
 "$bin" train "${S[@]}" --set "run.dir=\"$T/one\"" >"$T/one.log"
 ck=$T/four/checkpoints/step_00000004
