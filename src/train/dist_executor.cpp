@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "model/json_integer.h"
 #include "model/moe_layer.h"
 #include "parallel/dist_trainer.h"
 #include "train/dataset.h"
@@ -31,6 +32,17 @@ std::string step_name(int64_t step) {
   char name[32];
   std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
   return name;
+}
+
+// An integer of a checkpoint's index.json or state.json: nlohmann's own cast of a float beyond T
+// is undefined behaviour (model/json_integer.h), of a fraction a silent truncation.
+template <typename T>
+T checkpoint_integer(const nlohmann::json& obj, const fs::path& file, const char* key) {
+  MT_CHECK(obj.is_object() && obj.contains(key), IoError, file.string(), ": no key '", key, "'");
+  const nlohmann::json& v = obj.at(key);
+  MT_CHECK(v.is_number() && json_integer_fits<T>(v), IoError, file.string(), ": key '", key,
+           "' = ", v.dump(), " is not an integer in range");
+  return v.get<T>();
 }
 
 // A checkpoint of either layout, verified, read as pieces of full tensors. Files are read on
@@ -63,8 +75,9 @@ class PieceSource {
       for (auto it = index.at("tensors").begin(); it != index.at("tensors").end(); ++it)
         for (const auto& p : it.value().at("pieces"))
           pieces_[it.key()].push_back({p.at("file").get<std::string>(),
-                                       p.at("key").get<std::string>(), p.at("begin").get<int64_t>(),
-                                       p.at("end").get<int64_t>()});
+                                       p.at("key").get<std::string>(),
+                                       checkpoint_integer<int64_t>(p, d / "index.json", "begin"),
+                                       checkpoint_integer<int64_t>(p, d / "index.json", "end")});
     } else {
       // A one-process checkpoint: every tensor is one piece.
       for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
@@ -100,12 +113,15 @@ class PieceSource {
              ") (a checkpoint of another model size?)");
   }
 
-  const nlohmann::json& state() const { return state_; }
   TrainState train_state() const {
-    return {.step = state_.at("step").get<int64_t>(),
-            .data_cursor = state_.at("data_cursor").get<int64_t>(),
-            .rng_seed = state_.at("rng_seed").get<uint64_t>(),
-            .rng_counter = state_.at("rng_counter").get<uint64_t>()};
+    const fs::path f = fs::path(dir_) / "state.json";
+    return {.step = checkpoint_integer<int64_t>(state_, f, "step"),
+            .data_cursor = checkpoint_integer<int64_t>(state_, f, "data_cursor"),
+            .rng_seed = checkpoint_integer<uint64_t>(state_, f, "rng_seed"),
+            .rng_counter = checkpoint_integer<uint64_t>(state_, f, "rng_counter")};
+  }
+  int64_t optimizer_steps() const {
+    return checkpoint_integer<int64_t>(state_, fs::path(dir_) / "state.json", "optimizer_steps");
   }
 
  private:
@@ -281,7 +297,7 @@ class DistExecutor : public StepExecutor {
     PieceSource src(dir, model_.config());
     trainer_.load_pieces(
         [&](const std::string& n, int64_t b, int64_t e, float* out) { src.read(n, b, e, out); },
-        src.state().at("optimizer_steps").get<int64_t>());
+        src.optimizer_steps());
     return src.train_state();
   }
   bool is_root() const override { return setup_.mesh.rank == 0; }
@@ -392,7 +408,7 @@ TrainState load_sharded_checkpoint(const std::string& dir, Model& model, AdamW* 
     src.read("v." + p->name, 0, p->value.numel(), opt->second_moments().at(i).f32());
     ++i;
   }
-  if (opt) opt->set_steps(src.state().at("optimizer_steps").get<int64_t>());
+  if (opt) opt->set_steps(src.optimizer_steps());
   return src.train_state();
 }
 

@@ -7,11 +7,26 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "model/json_integer.h"
 #include "train/files.h"
 
 namespace mt {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// An integer of a document or of images.json: nlohmann's own cast of a float beyond T is
+// undefined behaviour (model/json_integer.h), of a fraction a silent truncation, of an unsigned
+// beyond int64 a wrap to a negative.
+template <typename T>
+T image_integer(const nlohmann::json& v, const std::string& where, const std::string& key) {
+  MT_CHECK(v.is_number() && json_integer_fits<T>(v), IoError, where, ": '", key, "' = ", v.dump(),
+           " is not an integer in range");
+  return v.get<T>();
+}
+
+}  // namespace
 
 std::vector<InterleavedDoc> read_interleaved(const std::string& file) {
   std::ifstream in(file);
@@ -38,7 +53,7 @@ std::vector<InterleavedDoc> read_interleaved(const std::string& file) {
         if (p.contains("placeholders")) {
           MT_CHECK(p["placeholders"].is_number_integer(), IoError, where,
                    ": 'placeholders' must be an integer");
-          part.placeholders = p["placeholders"].get<int64_t>();
+          part.placeholders = image_integer<int64_t>(p["placeholders"], where, "placeholders");
         }
         MT_CHECK(p.size() == (p.contains("placeholders") ? 2u : 1u), IoError, where,
                  ": an image part holds 'image' and optionally 'placeholders' only");
@@ -133,12 +148,22 @@ std::shared_ptr<const PackedImages> load_images(const std::string& dir) {
   auto out = std::make_shared<PackedImages>();
   nlohmann::json j = nlohmann::json::parse(read_file(jp), nullptr, false);
   MT_CHECK(!j.is_discarded() && j.contains("images"), IoError, jp.string(), ": invalid");
-  out->patch_dim = j.at("patch_dim").get<int64_t>();
-  for (const auto& e : j.at("images"))
-    out->images.push_back(
-        {e[0].get<int64_t>(), e[1].get<int64_t>(), e[2].get<int64_t>(), e[3].get<int64_t>()});
+  const std::string jn = jp.string();
+  MT_CHECK(j.is_object() && j.contains("patch_dim") && j.contains("bytes") &&
+               j.contains("fnv1a64") && j.at("images").is_array(),
+           IoError, jn, ": needs patch_dim, bytes, fnv1a64 and a list of images");
+  out->patch_dim = image_integer<int64_t>(j.at("patch_dim"), jn, "patch_dim");
+  const nlohmann::json& list = j.at("images");
+  for (size_t i = 0; i < list.size(); ++i) {
+    const nlohmann::json& e = list[i];
+    MT_CHECK(e.is_array() && e.size() == 4, IoError, jn, ": images[", i,
+             "] is not [sequence, rows, cols, first_patch]");
+    int64_t x[4];
+    for (size_t k = 0; k < 4; ++k) x[k] = image_integer<int64_t>(e[k], jn, cat("images[", i, "]"));
+    out->images.push_back({x[0], x[1], x[2], x[3]});
+  }
   const std::string bytes = read_file(fs::path(dir) / "images.bin");
-  MT_CHECK(bytes.size() == j.at("bytes").get<size_t>() &&
+  MT_CHECK(bytes.size() == image_integer<size_t>(j.at("bytes"), jn, "bytes") &&
                cat(std::hex, fnv1a64(bytes.data(), bytes.size())) == j.at("fnv1a64"),
            IoError, dir, "/images.bin does not match its size or checksum");
   out->pixels.resize(bytes.size() / sizeof(float));
