@@ -1,7 +1,8 @@
-// Integers read from the image-data files and from a sharded checkpoint's index.json and
-// state.json (docs/reliability.md, "Inputs"): a float beyond the type (undefined behaviour in
-// nlohmann's cast), a fraction (truncated) or an unsigned beyond int64 (wrapped) is an IoError
-// naming the file and the key, at every call site; a well-formed file still loads exactly.
+// Integers read from a token dataset's index.json, the image-data files and a sharded
+// checkpoint's index.json and state.json (docs/reliability.md, "Inputs"): a float beyond the type
+// (undefined behaviour in nlohmann's cast), a fraction (truncated) or an unsigned beyond int64
+// (wrapped) is an IoError naming the file and the key, at every call site; a well-formed file still
+// loads exactly.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +17,7 @@
 #include "harness/train_files.h"
 #include "io/safetensors.h"
 #include "train/checkpoint.h"
+#include "train/dataset.h"
 #include "train/dist_executor.h"
 #include "train/files.h"
 #include "train/image_data.h"
@@ -191,4 +193,32 @@ TEST(FaultsInputs, ShardedCheckpointIntegersOutOfRangeOrFractionalAreIoErrors) {
       expect_names(load, "index.json", std::string("key '") + key + "'", v);
     }
   fs::remove_all(root);
+}
+
+TEST(FaultsInputs, DatasetIndexIntegersOutOfRangeOrFractionalAreIoErrors) {
+  SCOPED_TRACE(test::seed_note());
+  std::mt19937_64 gen(test::test_seed());
+  const fs::path dir = test::temp_dir("dataset_ints") / "train";
+  test::write_tiny_dataset(dir, gen(), 3 + static_cast<int>(gen() % 4));
+  const json good = read_json(dir / "index.json");
+  const PackedData loaded = load_dataset(dir.string());
+  EXPECT_EQ(loaded.seq_len, good.at("seq_len").get<int64_t>());
+  EXPECT_EQ(loaded.segments.size() * static_cast<size_t>(loaded.seq_len), loaded.ids.size());
+  // Every integer load_dataset reads; the size_t keys also with -1, the int64 keys with 2^63.
+  const std::vector<std::pair<std::string, std::string>> sites = {
+      {"/seq_len", "seq_len"},      {"/vocab_size", "vocab_size"},
+      {"/documents", "documents"},  {"/segments/0/0", "segments"},
+      {"/shards/0/bytes", "bytes"}, {"/shards/0/sequences", "sequences"}};
+  for (const auto& [ptr, key] : sites) {
+    std::vector<std::string> bad(std::begin(kBadAlways), std::end(kBadAlways));
+    bad.push_back(key == "bytes" || key == "sequences" ? "-1" : "9223372036854775808");
+    for (const std::string& v : bad) {
+      SCOPED_TRACE(ptr + " = " + v);
+      json j = good;
+      j[json::json_pointer(ptr)] = json::parse(v);
+      write_json(dir / "index.json", j);
+      expect_names([&] { load_dataset(dir.string()); }, "index.json", key + " = ", v);
+    }
+  }
+  fs::remove_all(dir.parent_path());
 }
