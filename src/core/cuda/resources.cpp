@@ -20,6 +20,9 @@ CudaResources::CudaResources(int device_id) : device(device_id) {
   MT_CUBLAS_CHECK(cublasLtCreate(&lt));
   lt_workspace_bytes = kLtWorkspaceBytes;
   MT_CUDA_CHECK(cudaMalloc(&lt_workspace, lt_workspace_bytes));
+  MT_CUBLAS_CHECK(cublasCreate(&blas));
+  MT_CUBLAS_CHECK(cublasSetStream(blas, stream));
+  MT_CUBLAS_CHECK(cublasSetWorkspace(blas, lt_workspace, lt_workspace_bytes));
   MT_CUDA_CHECK(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device));
 }
 
@@ -27,6 +30,7 @@ CudaResources::~CudaResources() {
   // Destructors cannot report: release what exists and ignore failures of a dying context.
   if (stream) cudaStreamSynchronize(stream);
   if (lt_workspace) cudaFree(lt_workspace);
+  if (blas) cublasDestroy(blas);
   if (lt) cublasLtDestroy(lt);
   if (stream) cudaStreamDestroy(stream);
 }

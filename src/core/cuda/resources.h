@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -25,6 +26,9 @@ struct CudaResources {
   int device = 0;
   cudaStream_t stream = nullptr;  // blocking: ordered with the legacy default stream
   cublasLtHandle_t lt = nullptr;
+  // cuBLAS proper, for its grouped GEMM (one call for every expert of a projection); it shares
+  // cuBLASLt's workspace (both run in order on `stream`).
+  cublasHandle_t blas = nullptr;
   void* lt_workspace = nullptr;  // cuBLASLt's scratch, allocated once
   size_t lt_workspace_bytes = 0;
   LtPlanCache<LtPlan> lt_plans{4096};  // ~0.5 KiB a plan

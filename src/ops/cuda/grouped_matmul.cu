@@ -1,7 +1,12 @@
-// Grouped matmul on the GPU, direct version: the host holds the group offsets (the routing plan's
-// host copy), so it loops over the non-empty groups and calls cuBLASLt once per group on that
-// group's row range. A single grouped launch replaces the loop in the MoE kernel issue. Operands
-// are f32 or bf16 (the row operands and W of one type), dW is f32 (a parameter gradient).
+// Grouped matmul on the GPU: one cuBLAS grouped GEMM (cublasGemmGroupedBatchedEx) per call for
+// all non-empty groups. The host holds the group offsets (the routing plan's host copy, read
+// once per MoE layer), so it lays out the per-group problem sizes; the per-group matrix
+// addresses are formed on the device by a small kernel from the same offsets, passed by value
+// (no host-to-device copy, no wait). Operands are f32 or bf16 (the row operands and W of one
+// type), dW is f32 (a parameter gradient). More groups than one launch's table holds fall back
+// to one cuBLASLt call per group.
+#include <vector>
+
 #include "ops/cuda/blas.h"
 #include "ops/cuda/common.cuh"
 #include "ops/grouped_matmul.h"
@@ -36,6 +41,72 @@ void* rows_ptr(const Tensor& t, int64_t r0) {
          r0 * t.stride(0) * static_cast<int64_t>(dtype_size(t.dtype()));
 }
 
+// The non-empty groups of one call, by value into the address kernel (CUDA 12.1+ takes kernel
+// parameters up to 32 KB; this is 8 KB).
+constexpr int kMaxGroups = 1024;
+struct GroupTable {
+  int32_t group[kMaxGroups];  // group index
+  int32_t row0[kMaxGroups];   // its first row
+};
+
+// Where one operand of group g starts: base + row0 * row_bytes + g * group_bytes (rows of the
+// packed operands, or whole [out, in] blocks of W).
+struct Operand {
+  const char* base;
+  int64_t row_bytes, group_bytes;
+  __device__ const char* at(int32_t g, int32_t r0) const {
+    return base + r0 * row_bytes + static_cast<int64_t>(g) * group_bytes;
+  }
+};
+
+__global__ void addresses_kernel(GroupTable t, int n, Operand a, Operand b, Operand c,
+                                 const void** pa, const void** pb, void** pc) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  pa[i] = a.at(t.group[i], t.row0[i]);
+  pb[i] = b.at(t.group[i], t.row0[i]);
+  pc[i] = const_cast<char*>(c.at(t.group[i], t.row0[i]));
+}
+
+cudaDataType_t blas_type(DType t) {
+  return t == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+// cuBLAS is column-major: row-major C = op(A) op(B) is C^T = op(B)^T op(A)^T, so cuBLAS's A is
+// our B and its B our A (as in blas.cu). Per group: our op dims (m, n, k), our A / B / C.
+struct Problem {
+  bool trans_a, trans_b;
+  Operand a, b, c;
+  int64_t lda, ldb, ldc;
+  DType ab, ct;
+};
+
+void grouped_call(Context& ctx, const Problem& pr, const GroupTable& table,
+                  const std::vector<int>& m, const std::vector<int>& n, const std::vector<int>& k,
+                  float alpha, float beta) {
+  const int count = static_cast<int>(m.size());
+  CudaResources& cr = cuda_resources(ctx);
+  ArenaScope scope(ctx.workspace());
+  Tensor ptrs = ctx.workspace().alloc({3 * static_cast<int64_t>(count)}, DType::I64);
+  auto** base = static_cast<void**>(ptrs.raw());
+  const void** pa = const_cast<const void**>(base);
+  const void** pb = const_cast<const void**>(base + count);
+  void** pc = base + 2 * count;
+  // cuBLAS's A is our B, its B our A.
+  addresses_kernel<<<blocks_for(count, 128), 128, 0, cr.stream>>>(table, count, pr.b, pr.a, pr.c,
+                                                                  pa, pb, pc);
+  MT_CUDA_LAUNCH_CHECK();
+  const std::vector<cublasOperation_t> opa(count, pr.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N),
+      opb(count, pr.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
+  const std::vector<int> lda(count, static_cast<int>(pr.ldb)), ldb(count, static_cast<int>(pr.lda)),
+      ldc(count, static_cast<int>(pr.ldc)), ones(count, 1);
+  const std::vector<float> alphas(count, alpha), betas(count, beta);
+  MT_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(
+      cr.blas, opa.data(), opb.data(), n.data(), m.data(), k.data(), alphas.data(), pa,
+      blas_type(pr.ab), lda.data(), pb, blas_type(pr.ab), ldb.data(), betas.data(), pc,
+      blas_type(pr.ct), ldc.data(), count, ones.data(), CUBLAS_COMPUTE_32F));
+}
+
 }  // namespace
 
 void grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Tensor& a,
@@ -50,31 +121,94 @@ void grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Tensor& a,
     expect_same_dtype("grouped_matmul", a, c, "C");
   const int32_t* off = offsets.i32();
   const int64_t wsize = out * in;
+  // Empty groups: the weight-gradient form still scales its block by beta.
+  for (int64_t g = 0; g < G; ++g)
+    if (off[g + 1] == off[g] && dw && p.beta != 1.f && wsize > 0) {
+      scale_kernel<<<blocks_for(wsize, 256, 1024), 256, 0, stream(ctx)>>>(
+          wsize, p.beta, ptr<float>(c) + g * wsize);
+      MT_CUDA_LAUNCH_CHECK();
+    }
+
+  int count = 0;
+  for (int64_t g = 0; g < G; ++g) count += off[g + 1] > off[g];
+  if (count == 0) return;
+  const bool fits = count <= kMaxGroups && out <= INT32_MAX && in <= INT32_MAX &&
+                    a.stride(0) <= INT32_MAX && b.stride(0) <= INT32_MAX &&
+                    c.stride(0) <= INT32_MAX;
+  if (!fits) {  // one cuBLASLt call per group
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t r0 = off[g], m = off[g + 1] - off[g];
+      if (m == 0) continue;
+      switch (p.form) {
+        case GroupedForm::XWt:
+          lt_matmul(ctx, false, true, m, out, in, p.alpha, rows_of(a, r0), weight_of(b, g), p.beta,
+                    rows_ptr(c, r0), c.dtype(), c.stride(0));
+          break;
+        case GroupedForm::DyW:
+          lt_matmul(ctx, false, false, m, in, out, p.alpha, rows_of(a, r0), weight_of(b, g), p.beta,
+                    rows_ptr(c, r0), c.dtype(), c.stride(0));
+          break;
+        case GroupedForm::DytX:
+          lt_matmul(ctx, true, false, out, in, m, p.alpha, rows_of(a, r0), rows_of(b, r0), p.beta,
+                    ptr<float>(c) + g * wsize, DType::F32, in);
+          break;
+      }
+    }
+    return;
+  }
+
+  GroupTable table;
+  std::vector<int> M, N, K;
   for (int64_t g = 0; g < G; ++g) {
     const int64_t r0 = off[g], m = off[g + 1] - off[g];
-    if (m == 0) {
-      if (dw && p.beta != 1.f && wsize > 0) {
-        scale_kernel<<<blocks_for(wsize, 256, 1024), 256, 0, stream(ctx)>>>(
-            wsize, p.beta, ptr<float>(c) + g * wsize);
-        MT_CUDA_LAUNCH_CHECK();
-      }
-      continue;
-    }
+    if (m == 0) continue;
+    const int i = static_cast<int>(M.size());
+    table.group[i] = static_cast<int32_t>(g);
+    table.row0[i] = static_cast<int32_t>(r0);
     switch (p.form) {
       case GroupedForm::XWt:  // C_g [m, out] = A_g [m, in] W_g^T
-        lt_matmul(ctx, false, true, m, out, in, p.alpha, rows_of(a, r0), weight_of(b, g), p.beta,
-                  rows_ptr(c, r0), c.dtype(), c.stride(0));
+        M.push_back(static_cast<int>(m));
+        N.push_back(static_cast<int>(out));
+        K.push_back(static_cast<int>(in));
         break;
       case GroupedForm::DyW:  // C_g [m, in] = A_g [m, out] W_g
-        lt_matmul(ctx, false, false, m, in, out, p.alpha, rows_of(a, r0), weight_of(b, g), p.beta,
-                  rows_ptr(c, r0), c.dtype(), c.stride(0));
+        M.push_back(static_cast<int>(m));
+        N.push_back(static_cast<int>(in));
+        K.push_back(static_cast<int>(out));
         break;
       case GroupedForm::DytX:  // dW_g [out, in] = A_g^T [out, m] X_g [m, in]
-        lt_matmul(ctx, true, false, out, in, m, p.alpha, rows_of(a, r0), rows_of(b, r0), p.beta,
-                  ptr<float>(c) + g * wsize, DType::F32, in);
+        M.push_back(static_cast<int>(out));
+        N.push_back(static_cast<int>(in));
+        K.push_back(static_cast<int>(m));
         break;
     }
   }
+  const auto rows = [](const Tensor& t) {
+    return Operand{static_cast<const char*>(t.raw()),
+                   t.stride(0) * static_cast<int64_t>(dtype_size(t.dtype())), 0};
+  };
+  const auto blocks = [&](const Tensor& t) {
+    return Operand{static_cast<const char*>(t.raw()), 0,
+                   wsize * static_cast<int64_t>(dtype_size(t.dtype()))};
+  };
+  Problem pr{};
+  pr.ab = a.dtype();
+  pr.ct = c.dtype();
+  switch (p.form) {
+    case GroupedForm::XWt:
+      pr = {false,       true, rows(a),     blocks(b), rows(c),
+            a.stride(0), in,   c.stride(0), a.dtype(), c.dtype()};
+      break;
+    case GroupedForm::DyW:
+      pr = {false,       false, rows(a),     blocks(b), rows(c),
+            a.stride(0), in,    c.stride(0), a.dtype(), c.dtype()};
+      break;
+    case GroupedForm::DytX:
+      pr = {true,        false,       rows(a), rows(b),   blocks(c),
+            a.stride(0), b.stride(0), in,      a.dtype(), DType::F32};
+      break;
+  }
+  grouped_call(ctx, pr, table, M, N, K, p.alpha, p.beta);
 }
 
 }  // namespace mt::ops::cuda
