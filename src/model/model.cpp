@@ -273,8 +273,12 @@ double Model::forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const
   lse_ = acts_.alloc({T}, DType::F32);
   have_forward_ = true;
   ensure_scalar(loss_, ctx.device());
-  ops::lm_head_cross_entropy_forward(ctx, {.tokens = T, .hidden = d, .vocab = cfg_.vocab}, final_h_,
-                                     lm_head_.value, targets, lse_, loss_);
+  ops::lm_head_cross_entropy_forward(ctx,
+                                     {.tokens = T,
+                                      .hidden = d,
+                                      .vocab = cfg_.vocab,
+                                      .chunk_tokens = ops::ce_chunk_tokens(ctx.device())},
+                                     final_h_, lm_head_.value, targets, lse_, loss_);
   if (hooks_) hooks_->after_forward(head);
   return read_scalar(loss_);
 }
@@ -292,7 +296,11 @@ void Model::backward(Context& ctx) {
   const size_t L = mixers_.size();
   const int head = static_cast<int>(L) + 1;
   if (hooks_) hooks_->before_backward(head);
-  ops::lm_head_cross_entropy_backward(ctx, {.tokens = T, .hidden = d, .vocab = cfg_.vocab},
+  ops::lm_head_cross_entropy_backward(ctx,
+                                      {.tokens = T,
+                                       .hidden = d,
+                                       .vocab = cfg_.vocab,
+                                       .chunk_tokens = ops::ce_chunk_tokens(ctx.device())},
                                       final_h_, lm_head_.value, targets_, lse_, loss_weight_,
                                       dnormed, lm_head_.grad);
   ops::rmsnorm_backward(ctx, np, resid_[L], final_norm_.value, final_rstd_, dnormed, dresid,

@@ -27,6 +27,10 @@ void check_targets(const CrossEntropyParams& p, const Tensor& targets) {
 
 }  // namespace
 
+int64_t ce_chunk_tokens(Device device) {
+  return device == Device::CUDA ? 1024 : 128;
+}
+
 void lm_head_cross_entropy_forward(Context& ctx, const CrossEntropyParams& p, const Tensor& h,
                                    const Tensor& w, const Tensor& targets, Tensor& lse,
                                    Tensor& loss) {

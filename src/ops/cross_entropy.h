@@ -3,9 +3,17 @@
 #pragma once
 
 #include "core/context.h"
+#include "core/device.h"
 #include "core/tensor.h"
 
 namespace mt::ops {
+
+// Tokens per chunk the model uses on `device`. Every chunk reads the whole [vocab, hidden] head:
+// on the GPU 128-token chunks made an 8K-token step read it 64 times per pass (755 MB each time
+// at Kimi's 163,840 x 2,304), so the GPU takes 1,024 (its chunk buffers: fp32 logits plus their
+// gradient in the activation dtype, 1 GB at that vocab); the CPU keeps 128 (its workspace is not
+// planned per job).
+int64_t ce_chunk_tokens(Device device);
 
 struct CrossEntropyParams {
   int64_t tokens = 0, hidden = 0, vocab = 0;

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "ops/cross_entropy.h"
 #include "ops/kda.h"
 
 namespace mt::plan {
@@ -437,11 +438,10 @@ MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& c,
   m.activations = a;
 
   // Workspace: residual gradients (3 x [T, d]) + the largest of cross-entropy and block scratch.
-  double ws = 0;
-  const int64_t ce_rows = std::min(o.ce_chunk, T);
-  ws = fp32(static_cast<double>(ce_rows * cfg.vocab));
+  // Cross-entropy's backward holds a chunk's fp32 logits and their gradient (activation dtype).
   const double act = dt.act / 4.0;
-  ws *= act;
+  const int64_t ce_rows = std::min(o.ce_chunk > 0 ? o.ce_chunk : ops::ce_chunk_tokens(o.device), T);
+  double ws = fp32(static_cast<double>(ce_rows * cfg.vocab)) * (1 + act);
   for (const LayerIR& l : cfg.layers) {
     ws = std::max(ws, mixer_scratch(cfg, l.mixer, T, p.seq, p.mbs, o.threads, o.device, act));
     ws = std::max(ws, ffn_scratch(cfg, l.ffn, T, act));

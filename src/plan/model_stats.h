@@ -121,7 +121,7 @@ struct MemoryOptions {
   Precision precision = Precision::bf16();  // what the GPU runs; the CPU engine runs fp32
   bool freeze_base = true;
   double a2a_capacity = 1.25;  // receive headroom over the balanced share (routing skew)
-  int64_t ce_chunk = 128;      // tokens per cross-entropy chunk (ops default)
+  int64_t ce_chunk = 0;        // tokens per cross-entropy chunk; 0: the model's for `device`
   int threads = 1;             // CPU threads of the step: the KDA core's scratch is per thread
   // Where the step runs: the ops' scratch differs (the CUDA chunked KDA keeps its per-chunk
   // products for the whole layer, the CPU's per-thread buffers only a chunk).
