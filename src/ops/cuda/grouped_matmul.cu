@@ -132,7 +132,10 @@ void grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Tensor& a,
   int count = 0;
   for (int64_t g = 0; g < G; ++g) count += off[g + 1] > off[g];
   if (count == 0) return;
-  const bool fits = count <= kMaxGroups && out <= INT32_MAX && in <= INT32_MAX &&
+  // cuBLAS's grouped GEMM takes one type for A, B and C (bf16 or f32): the bf16 weight-gradient
+  // form (f32 dW) goes group by group through cuBLASLt.
+  const bool same_types = !(dw && a.dtype() != DType::F32);
+  const bool fits = same_types && count <= kMaxGroups && out <= INT32_MAX && in <= INT32_MAX &&
                     a.stride(0) <= INT32_MAX && b.stride(0) <= INT32_MAX &&
                     c.stride(0) <= INT32_MAX;
   if (!fits) {  // one cuBLASLt call per group
