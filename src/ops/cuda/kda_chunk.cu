@@ -18,9 +18,13 @@
 // dR Delta^T, tiled through shared memory; (5) gradients, per (chunk, head): one thread per
 // (token, channel) sums its pair terms in a fixed order (no atomics: bit-repeatable) and the
 // reverse cumsum turns dGam into dg.
-// fp32 throughout (q, k, v, o and their gradients in the tensors' dtype); no tensor cores yet.
+// fp32 arithmetic (q, k, v, o and their gradients in the tensors' dtype), exponent differences
+// and dGam sums in Wide<T> (double for fp32 tensors, float for bf16); no tensor cores yet. The
+// prep and gradient kernels run 2 and 1 blocks of 8 and 16 warps per SM, the state passes one
+// block of 16 warps per (document, head, 32 columns): all are latency-bound (bench/RESULTS.md).
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kda_chunk.h"
@@ -50,6 +54,13 @@ struct Args {
   __device__ float* blk(int64_t c, int64_t h) const { return ws + (c * H + h) * block; }
 };
 
+// The exponent differences and the dGam sums: double for fp32 tensors (their 1e-5 check, with
+// cumsums that reach the thousands under strong decay), float for bf16, whose rounding of every
+// input and output (2^-9) dwarfs the float error of a difference of cumsums (|Gam| 2^-24) and
+// which then runs without conversions and with half the shared memory for Gam.
+template <typename T>
+using Wide = std::conditional_t<std::is_same_v<T, float>, double, float>;
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -74,23 +85,23 @@ __global__ void chunk_table_kernel(const int32_t* cu, int64_t N, int64_t T, int 
   for (; c < nchunks; ++c) ct0[c] = clen[c] = 0;
 }
 
-// Gam (double) and the chunk's q, k rows (fp32, zero past L) into shared memory. g is read in
+// Gam (Wide) and the chunk's q, k rows (fp32, zero past L) into shared memory. g is read in
 // coalesced rows first, then summed down each channel.
-template <typename T>
+template <typename T, typename W>
 __device__ void load_chunk(const Args& a, int64_t t0, int L, int64_t h, const T* q, const T* k,
-                           double* gam, float* qs, float* ks, float* b) {
+                           W* gam, float* qs, float* ks, float* b) {
   const int C = a.C, K = a.K;
-  for (int i = threadIdx.x; i < C; i += kThreads) b[i] = i < L ? a.beta[(t0 + i) * a.H + h] : 0.f;
-  for (int e = threadIdx.x; e < C * K; e += kThreads) {
+  for (int i = threadIdx.x; i < C; i += blockDim.x) b[i] = i < L ? a.beta[(t0 + i) * a.H + h] : 0.f;
+  for (int e = threadIdx.x; e < C * K; e += blockDim.x) {
     const int i = e / K, x = e % K;
     const int64_t src = ((t0 + i) * a.H + h) * K + x;
     qs[e] = i < L ? ld(q, src) : 0.f;
     ks[e] = i < L ? ld(k, src) : 0.f;
-    gam[e] = i < L ? a.g[src] : 0.0;
+    gam[e] = i < L ? static_cast<W>(a.g[src]) : W(0);
   }
   __syncthreads();
-  for (int x = threadIdx.x; x < K; x += kThreads) {
-    double acc = 0;
+  for (int x = threadIdx.x; x < K; x += blockDim.x) {
+    W acc = 0;
     for (int i = 0; i < C; ++i) {
       acc += gam[i * K + x];
       gam[i * K + x] = acc;
@@ -130,8 +141,17 @@ __device__ __forceinline__ void lower_times(const float* tm, int C, int L, const
       if (4 * ti + r < C && tx + 16 * c < n) dst[(4 * ti + r) * n + tx + 16 * c] = acc[r][c];
 }
 
+// Shared memory of the prep: [Gam (Wide), later T] [q, later beta v] [k, later Kb] [KK] [beta].
+// Aqk goes straight to global memory and the row products come before T, so that the dead Gam
+// and q make room for T and beta v: 112 KB at C 64, K = V = 128 in bf16, two blocks per SM.
+template <typename T>
+__host__ __device__ size_t prep_gam_bytes(int C, int K) {
+  return std::max(sizeof(Wide<T>) * C * K, sizeof(float) * C * C);
+}
+
+template <typename T>
 size_t prep_smem(int C, int K, int V) {
-  return sizeof(double) * C * K + sizeof(float) * (2 * C * K + C * V + 3 * C * C + C);
+  return prep_gam_bytes<T>(C, K) + sizeof(float) * (std::max(C * K, C * V) + C * K + C * C + C);
 }
 
 constexpr int kPairGroup = 4;  // pairs a warp sums at once (independent shuffle chains)
@@ -145,22 +165,22 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t t0 = a.ct0[c];
   const int C = a.C, K = a.K, V = a.V, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
   extern __shared__ __align__(16) unsigned char smem[];
-  double* gam = reinterpret_cast<double*>(smem);
-  float* qs = reinterpret_cast<float*>(gam + C * K);
-  float* ks = qs + C * K;
-  float* vs = ks + C * K;  // beta v
-  float* kk = vs + C * V;
-  float* aqk = kk + C * C;
-  float* tm = aqk + C * C;
-  float* b = tm + C * C;
+  Wide<T>* gam = reinterpret_cast<Wide<T>*>(smem);
+  float* tm = reinterpret_cast<float*>(smem);
+  float* qs = reinterpret_cast<float*>(smem + prep_gam_bytes<T>(C, K));
+  float* vs = qs;  // beta v
+  float* ks = qs + std::max(C * K, C * V);
+  float* kk = ks + C * K;
+  float* b = kk + C * C;
   const KdaChunkLayout& lay = a.lay;
   float* blk = a.blk(c, h);
-  for (int e = tid; e < C * C; e += kThreads) kk[e] = aqk[e] = 0.f;
-  load_chunk(a, t0, L, h, q, k, gam, qs, ks, b);
-  for (int e = tid; e < C * V; e += kThreads) {
-    const int i = e / V;
-    vs[e] = i < L ? b[i] * ld(v, ((t0 + i) * a.H + h) * V + e % V) : 0.f;
+  // Aqk is written where a pair lands; the rest of its block is zero.
+  for (int e = tid; e < C * C; e += kThreads) {
+    const int i = e / C, j = e % C;
+    kk[e] = 0.f;
+    if (j > i || i >= L) blk[lay.Aqk() + e] = 0.f;
   }
+  load_chunk(a, t0, L, h, q, k, gam, qs, ks, b);
   __syncthreads();
   // Pairs: a warp per group of (i, j), lanes over channels.
   const int pairs = L * (L + 1) / 2;
@@ -186,11 +206,34 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int u = 0; u < kPairGroup; ++u)
         if (p0 + u < pairs) {
-          aqk[pi[u] * C + pj[u]] = a.scale * sqk[u];
+          blk[lay.Aqk() + pi[u] * C + pj[u]] = a.scale * sqk[u];
           if (pj[u] < pi[u]) kk[pi[u] * C + pj[u]] = skk[u];
         }
   }
   __syncthreads();
+  // The state-free row products; Kb replaces k in ks.
+  for (int e = tid; e < C * K; e += kThreads) {
+    const int i = e / K, x = e % K;
+    float qh = 0.f, kl = 0.f, kb = 0.f;
+    if (i < L) {
+      const Wide<T> gi = gam[e];
+      const float eg = __expf(static_cast<float>(gi));
+      qh = a.scale * qs[e] * eg;
+      kb = b[i] * ks[e] * eg;
+      kl = ks[e] * __expf(static_cast<float>(gam[(L - 1) * K + x] - gi));
+    }
+    blk[lay.Qh() + e] = qh;
+    blk[lay.Kl() + e] = kl;
+    blk[lay.Kb() + e] = kb;
+    ks[e] = kb;
+  }
+  for (int x = tid; x < K; x += kThreads)
+    blk[lay.gL() + x] = __expf(static_cast<float>(gam[(L - 1) * K + x]));
+  __syncthreads();  // Gam and q are dead: T and beta v take their places
+  for (int e = tid; e < C * V; e += kThreads) {
+    const int i = e / V;
+    vs[e] = i < L ? b[i] * ld(v, ((t0 + i) * a.H + h) * V + e % V) : 0.f;
+  }
   // T = (I + diag(beta) KK)^-1 by forward substitution: four lanes per column split each row's
   // sum; the column's lanes share a warp, so a warp barrier orders the rows.
   {
@@ -206,29 +249,10 @@ __global__ void __launch_bounds__(kThreads)
       __syncwarp();
     }
   }
-  // The state-free row products; Kb replaces k in ks.
-  for (int e = tid; e < C * K; e += kThreads) {
-    const int i = e / K, x = e % K;
-    float qh = 0.f, kl = 0.f, kb = 0.f;
-    if (i < L) {
-      const double gi = gam[e];
-      const float eg = __expf(static_cast<float>(gi));
-      qh = a.scale * qs[e] * eg;
-      kb = b[i] * ks[e] * eg;
-      kl = ks[e] * __expf(static_cast<float>(gam[(L - 1) * K + x] - gi));
-    }
-    blk[lay.Qh() + e] = qh;
-    blk[lay.Kl() + e] = kl;
-    blk[lay.Kb() + e] = kb;
-    ks[e] = kb;
-  }
-  for (int x = tid; x < K; x += kThreads)
-    blk[lay.gL() + x] = __expf(static_cast<float>(gam[(L - 1) * K + x]));
   __syncthreads();
   lower_times(tm, C, L, ks, K, blk + lay.W());
   lower_times(tm, C, L, vs, V, blk + lay.U());
   for (int e = tid; e < C * C; e += kThreads) {
-    blk[lay.Aqk() + e] = aqk[e];
     blk[lay.Tm() + e] = tm[e];
     blk[lay.KK() + e] = kk[e];
   }
@@ -238,29 +262,112 @@ __global__ void __launch_bounds__(kThreads)
 __device__ __forceinline__ void stage_vec(float* dst, const float* src, int n) {
   int done = 0;
   if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) == 0) {
-    for (int e = threadIdx.x; e < n / 4; e += kThreads)
+    for (int e = threadIdx.x; e < n / 4; e += blockDim.x)
       reinterpret_cast<float4*>(dst)[e] = reinterpret_cast<const float4*>(src)[e];
     done = n / 4 * 4;
   }
-  for (int e = done + threadIdx.x; e < n; e += kThreads) dst[e] = src[e];
+  for (int e = done + threadIdx.x; e < n; e += blockDim.x) dst[e] = src[e];
 }
 
-// The state passes: lane = state column, warp w owns rows w + 8 r; every loop keeps one
-// accumulator per row so that the FMA chains run side by side.
-constexpr int kRowsC = kMaxC / kWarps;   // chunk rows per warp
-constexpr int kRowsK = kMaxKV / kWarps;  // state rows per warp
+// The state passes: lane = state column; warp w owns the contiguous chunk rows kRowsC w + r and
+// state rows kRowsK w + r, so that a thread's operands sit side by side in shared memory and
+// arrive four at a time (one 16-byte broadcast load instead of four: these passes are bound by
+// instruction issue). Every sum keeps its element order, so the results do not depend on the
+// vector width. Each loop keeps one accumulator per row so that the FMA chains run side by side.
+// 16 warps: one block per SM fits (its staged chunk takes most of the shared memory), and a
+// chunk's steps are sequential, so more warps mean fewer rows per thread on the critical path.
+constexpr int kStateThreads = 2 * kThreads;
+constexpr int kStateWarps = kStateThreads / 32;
+constexpr int kRowsC = kMaxC / kStateWarps;   // chunk rows per warp
+constexpr int kRowsK = kMaxKV / kStateWarps;  // state rows per warp
+
+// p[0..3], one 16-byte load where Vec says p is 16-byte aligned. A compile-time choice: a
+// run-time one let the compiler issue both forms and select (the passes ran 1.7x slower).
+template <bool Vec>
+__device__ __forceinline__ float4 ld4(const float* p) {
+  if constexpr (Vec)
+    return *reinterpret_cast<const float4*>(p);
+  else
+    return make_float4(p[0], p[1], p[2], p[3]);
+}
+
+// acc[r] (op)= sum_x M[(r0 + r) ld + x] s[x kCols] over x < n in order, for the rows r0 + r < rows
+// (fma(-m, s, acc) for Sub, as `acc -= m * s` compiles).
+template <bool Sub, bool Vec, int R>
+__device__ __forceinline__ void rows_dot(const float* M, int ld, int r0, int rows, const float* s,
+                                         int n, float (&acc)[R]) {
+  const int n4 = n & ~3;
+  for (int x = 0; x < n4; x += 4) {
+    const float s0 = s[x * kCols], s1 = s[(x + 1) * kCols], s2 = s[(x + 2) * kCols],
+                s3 = s[(x + 3) * kCols];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      if (r0 + r < rows) {
+        const float4 m = ld4<Vec>(M + (r0 + r) * ld + x);
+        if (Sub) {
+          acc[r] -= m.x * s0;
+          acc[r] -= m.y * s1;
+          acc[r] -= m.z * s2;
+          acc[r] -= m.w * s3;
+        } else {
+          acc[r] += m.x * s0;
+          acc[r] += m.y * s1;
+          acc[r] += m.z * s2;
+          acc[r] += m.w * s3;
+        }
+      }
+  }
+  for (int x = n4; x < n; ++x) {
+    const float sx = s[x * kCols];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      if (r0 + r < rows) {
+        if (Sub)
+          acc[r] -= M[(r0 + r) * ld + x] * sx;
+        else
+          acc[r] += M[(r0 + r) * ld + x] * sx;
+      }
+  }
+}
+
+// acc[r] += sum_m M[m ld + r0 + r] s[m kCols] over m < n in order (a column block of M), for the
+// columns r0 + r < cols.
+template <bool Vec, int R>
+__device__ __forceinline__ void cols_dot(const float* M, int ld, int r0, int cols, const float* s,
+                                         int n, float (&acc)[R]) {
+  for (int m = 0; m < n; ++m) {
+    const float sm = s[m * kCols];
+#pragma unroll
+    for (int q = 0; q < R; q += 4) {
+      const float* row = M + m * ld + r0 + q;
+      if (r0 + q + 3 < cols) {
+        const float4 v = ld4<Vec>(row);
+        acc[q] += v.x * sm;
+        acc[q + 1] += v.y * sm;
+        acc[q + 2] += v.z * sm;
+        acc[q + 3] += v.w * sm;
+      } else {
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          if (r0 + q + u < cols) acc[q + u] += row[u] * sm;
+      }
+    }
+  }
+}
 
 size_t fwd_state_smem(int C, int K) {
   return sizeof(float) * (3 * C * K + C * C + C * kCols + K + K * kCols + C * kCols);
 }
 
 // Forward state pass.
-template <typename T>
-__global__ void __launch_bounds__(kThreads) fwd_state_kernel(Args a, T* o) {
+// Vec: K and C are multiples of four (16-byte shared loads; the blocks below then start aligned).
+template <typename T, bool Vec>
+__global__ void __launch_bounds__(kStateThreads) fwd_state_kernel(Args a, T* o) {
   const int64_t n = blockIdx.x, h = blockIdx.y;
   const int K = a.K, V = a.V, C = a.C, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int64_t col = static_cast<int64_t>(blockIdx.z) * kCols + lane;
   const bool cv = col < V;
+  const int i0 = kRowsC * w, x0 = kRowsK * w;  // this warp's chunk rows and state rows
   extern __shared__ __align__(16) unsigned char smem[];
   float* Wt = reinterpret_cast<float*>(smem);  // [C][K] staged per chunk
   float* Qt = Wt + C * K;
@@ -271,7 +378,7 @@ __global__ void __launch_bounds__(kThreads) fwd_state_kernel(Args a, T* o) {
   float* S = gLt + K;        // [K][kCols]
   float* D = S + K * kCols;  // [C][kCols]
   const KdaChunkLayout& lay = a.lay;
-  for (int x = w; x < K; x += kWarps)
+  for (int x = w; x < K; x += kStateWarps)
     S[x * kCols + lane] = a.h0 && cv ? a.h0[((n * a.H + h) * K + x) * V + col] : 0.f;
   for (int64_t c = a.dchunk0[n]; c < a.dchunk0[n + 1]; ++c) {
     const int L = a.clen[c];
@@ -280,67 +387,50 @@ __global__ void __launch_bounds__(kThreads) fwd_state_kernel(Args a, T* o) {
     __syncthreads();                          // the previous chunk is done with the staged blocks
     stage_vec(Wt, blk + lay.W(), 3 * C * K);  // W, Qh, Kl are contiguous
     stage_vec(At, blk + lay.Aqk(), C * C);
-    for (int e = threadIdx.x; e < C * kCols; e += kThreads) {
+    for (int e = threadIdx.x; e < C * kCols; e += kStateThreads) {
       const int i = e / kCols, j = e % kCols;
       const int64_t cc = static_cast<int64_t>(blockIdx.z) * kCols + j;
       Ut[e] = cc < V ? blk[lay.U() + i * V + cc] : 0.f;
     }
-    for (int x = threadIdx.x; x < K; x += kThreads) gLt[x] = blk[lay.gL() + x];
+    for (int x = threadIdx.x; x < K; x += kStateThreads) gLt[x] = blk[lay.gL() + x];
     if (cv)
-      for (int x = w; x < K; x += kWarps)
+      for (int x = w; x < K; x += kStateWarps)
         a.saved[((c * a.H + h) * K + x) * V + col] = S[x * kCols + lane];
     __syncthreads();
     // Delta = U - W S0, then o = Qh S0 + Aqk Delta (Aqk is zero above the diagonal).
     float d[kRowsC], acc[kRowsC];
 #pragma unroll
     for (int r = 0; r < kRowsC; ++r) {
-      d[r] = w + kWarps * r < C ? Ut[(w + kWarps * r) * kCols + lane] : 0.f;
+      d[r] = i0 + r < C ? Ut[(i0 + r) * kCols + lane] : 0.f;
       acc[r] = 0.f;
     }
-    for (int x = 0; x < K; ++x) {
-      const float sx = S[x * kCols + lane];
-#pragma unroll
-      for (int r = 0; r < kRowsC; ++r)
-        if (w + kWarps * r < C) {
-          d[r] -= Wt[(w + kWarps * r) * K + x] * sx;
-          acc[r] += Qt[(w + kWarps * r) * K + x] * sx;
-        }
-    }
+    rows_dot<true, Vec>(Wt, K, i0, C, S + lane, K, d);
+    rows_dot<false, Vec>(Qt, K, i0, C, S + lane, K, acc);
 #pragma unroll
     for (int r = 0; r < kRowsC; ++r)
-      if (w + kWarps * r < C) D[(w + kWarps * r) * kCols + lane] = w + kWarps * r < L ? d[r] : 0.f;
+      if (i0 + r < C) D[(i0 + r) * kCols + lane] = i0 + r < L ? d[r] : 0.f;
     __syncthreads();
-    for (int m = 0; m < L; ++m) {
-      const float dm = D[m * kCols + lane];
-#pragma unroll
-      for (int r = 0; r < kRowsC; ++r)
-        if (w + kWarps * r < C) acc[r] += At[(w + kWarps * r) * C + m] * dm;
-    }
+    rows_dot<false, Vec>(At, C, i0, C, D + lane, L, acc);
 #pragma unroll
     for (int r = 0; r < kRowsC; ++r) {
-      const int i = w + kWarps * r;
+      const int i = i0 + r;
       if (cv && i < L) st(o, ((t0 + i) * a.H + h) * V + col, acc[r]);
     }
     // S = diag(gL) S0 + Kl^T Delta (each lane updates its own column).
     float sn[kRowsK];
 #pragma unroll
     for (int r = 0; r < kRowsK; ++r) {
-      const int x = w + kWarps * r;
+      const int x = x0 + r;
       sn[r] = x < K ? gLt[x] * S[x * kCols + lane] : 0.f;
     }
-    for (int i = 0; i < L; ++i) {
-      const float di = D[i * kCols + lane];
-#pragma unroll
-      for (int r = 0; r < kRowsK; ++r)
-        if (w + kWarps * r < K) sn[r] += Kt[i * K + w + kWarps * r] * di;
-    }
+    cols_dot<Vec>(Kt, K, x0, K, D + lane, L, sn);
 #pragma unroll
     for (int r = 0; r < kRowsK; ++r)
-      if (w + kWarps * r < K) S[(w + kWarps * r) * kCols + lane] = sn[r];
+      if (x0 + r < K) S[(x0 + r) * kCols + lane] = sn[r];
   }
   __syncthreads();
   if (a.hT && cv)
-    for (int x = w; x < K; x += kWarps)
+    for (int x = w; x < K; x += kStateWarps)
       a.hT[((n * a.H + h) * K + x) * V + col] = S[x * kCols + lane];
 }
 
@@ -350,12 +440,13 @@ size_t bwd_state_smem(int C, int K) {
 
 // Reverse state pass: carries dS (the gradient of the state leaving the chunk), leaves Delta, dR
 // and each chunk's outgoing dS for the parallel passes.
-template <typename T>
-__global__ void __launch_bounds__(kThreads) bwd_state_kernel(Args a, const T* dout) {
+template <typename T, bool Vec>
+__global__ void __launch_bounds__(kStateThreads) bwd_state_kernel(Args a, const T* dout) {
   const int64_t n = blockIdx.x, h = blockIdx.y;
   const int K = a.K, V = a.V, C = a.C, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int64_t col = static_cast<int64_t>(blockIdx.z) * kCols + lane;
   const bool cv = col < V;
+  const int i0 = kRowsC * w, x0 = kRowsK * w;
   extern __shared__ __align__(16) unsigned char smem[];
   float* B1 = reinterpret_cast<float*>(smem);  // [C][K]: W, later Qh
   float* B2 = B1 + C * K;                      // [C][K]: Kl, later Kb
@@ -370,7 +461,7 @@ __global__ void __launch_bounds__(kThreads) bwd_state_kernel(Args a, const T* do
   float* dD = D + C * kCols;
   float* dR = dD + C * kCols;
   const KdaChunkLayout& lay = a.lay;
-  for (int x = w; x < K; x += kWarps)
+  for (int x = w; x < K; x += kStateWarps)
     dS[x * kCols + lane] = a.dhT && cv ? a.dhT[((n * a.H + h) * K + x) * V + col] : 0.f;
   for (int64_t c = a.dchunk0[n + 1] - 1; c >= a.dchunk0[n]; --c) {
     const int L = a.clen[c];
@@ -380,14 +471,14 @@ __global__ void __launch_bounds__(kThreads) bwd_state_kernel(Args a, const T* do
     stage_vec(B1, blk + lay.W(), C * K);
     stage_vec(B2, blk + lay.Kl(), C * K);
     stage_vec(At, blk + lay.Aqk(), 2 * C * C);  // Aqk, T contiguous
-    for (int e = threadIdx.x; e < C * kCols; e += kThreads) {
+    for (int e = threadIdx.x; e < C * kCols; e += kStateThreads) {
       const int i = e / kCols, j = e % kCols;
       const int64_t cc = static_cast<int64_t>(blockIdx.z) * kCols + j;
       Ut[e] = cc < V ? blk[lay.U() + i * V + cc] : 0.f;
       dO[e] = cc < V && i < L ? ld(dout, ((t0 + i) * a.H + h) * V + cc) : 0.f;
     }
-    for (int x = threadIdx.x; x < K; x += kThreads) gLt[x] = blk[lay.gL() + x];
-    for (int x = w; x < K; x += kWarps) {
+    for (int x = threadIdx.x; x < K; x += kStateThreads) gLt[x] = blk[lay.gL() + x];
+    for (int x = w; x < K; x += kStateWarps) {
       const int64_t at = ((c * a.H + h) * K + x) * V + col;
       S0[x * kCols + lane] = cv ? a.saved[at] : 0.f;
       if (cv) a.dS[at] = dS[x * kCols + lane];
@@ -397,27 +488,15 @@ __global__ void __launch_bounds__(kThreads) bwd_state_kernel(Args a, const T* do
     float d[kRowsC], dd[kRowsC];
 #pragma unroll
     for (int r = 0; r < kRowsC; ++r) {
-      d[r] = w + kWarps * r < C ? Ut[(w + kWarps * r) * kCols + lane] : 0.f;
+      d[r] = i0 + r < C ? Ut[(i0 + r) * kCols + lane] : 0.f;
       dd[r] = 0.f;
     }
-    for (int x = 0; x < K; ++x) {
-      const float s0 = S0[x * kCols + lane], ds = dS[x * kCols + lane];
-#pragma unroll
-      for (int r = 0; r < kRowsC; ++r)
-        if (w + kWarps * r < C) {
-          d[r] -= B1[(w + kWarps * r) * K + x] * s0;
-          dd[r] += B2[(w + kWarps * r) * K + x] * ds;
-        }
-    }
-    for (int i2 = 0; i2 < L; ++i2) {
-      const float g2 = dO[i2 * kCols + lane];
-#pragma unroll
-      for (int r = 0; r < kRowsC; ++r)
-        if (w + kWarps * r < C) dd[r] += At[i2 * C + w + kWarps * r] * g2;
-    }
+    rows_dot<true, Vec>(B1, K, i0, C, S0 + lane, K, d);
+    rows_dot<false, Vec>(B2, K, i0, C, dS + lane, K, dd);
+    cols_dot<Vec>(At, C, i0, C, dO + lane, L, dd);
 #pragma unroll
     for (int r = 0; r < kRowsC; ++r) {
-      const int i = w + kWarps * r;
+      const int i = i0 + r;
       if (i >= C) continue;
       D[i * kCols + lane] = i < L ? d[r] : 0.f;
       dD[i * kCols + lane] = i < L ? dd[r] : 0.f;
@@ -428,15 +507,10 @@ __global__ void __launch_bounds__(kThreads) bwd_state_kernel(Args a, const T* do
     stage_vec(B1, blk + lay.Qh(), C * K);
     stage_vec(B2, blk + lay.Kb(), C * K);
     float rr[kRowsC] = {};
-    for (int m = 0; m < L; ++m) {
-      const float dm = dD[m * kCols + lane];
-#pragma unroll
-      for (int r = 0; r < kRowsC; ++r)
-        if (w + kWarps * r < C) rr[r] += Tt[m * C + w + kWarps * r] * dm;
-    }
+    cols_dot<Vec>(Tt, C, i0, C, dD + lane, L, rr);
 #pragma unroll
     for (int r = 0; r < kRowsC; ++r) {
-      const int i = w + kWarps * r;
+      const int i = i0 + r;
       if (i >= C) continue;
       dR[i * kCols + lane] = i < L ? rr[r] : 0.f;
       if (cv && i < L) blk[lay.dR() + i * V + col] = rr[r];
@@ -446,24 +520,35 @@ __global__ void __launch_bounds__(kThreads) bwd_state_kernel(Args a, const T* do
     float sn[kRowsK];
 #pragma unroll
     for (int r = 0; r < kRowsK; ++r) {
-      const int x = w + kWarps * r;
+      const int x = x0 + r;
       sn[r] = x < K ? gLt[x] * dS[x * kCols + lane] : 0.f;
     }
     for (int i = 0; i < L; ++i) {
       const float go = dO[i * kCols + lane], gr = dR[i * kCols + lane];
+      const float* q = B1 + i * K + x0;
+      const float* kb = B2 + i * K + x0;
 #pragma unroll
-      for (int r = 0; r < kRowsK; ++r) {
-        const int x = w + kWarps * r;
-        if (x < K) sn[r] += B1[i * K + x] * go - B2[i * K + x] * gr;
+      for (int r = 0; r < kRowsK; r += 4) {
+        if (x0 + r + 3 < K) {
+          const float4 qv = ld4<Vec>(q + r), kv = ld4<Vec>(kb + r);
+          sn[r] += qv.x * go - kv.x * gr;
+          sn[r + 1] += qv.y * go - kv.y * gr;
+          sn[r + 2] += qv.z * go - kv.z * gr;
+          sn[r + 3] += qv.w * go - kv.w * gr;
+        } else {
+#pragma unroll
+          for (int u = 0; u < 4; ++u)
+            if (x0 + r + u < K) sn[r + u] += q[r + u] * go - kb[r + u] * gr;
+        }
       }
     }
 #pragma unroll
     for (int r = 0; r < kRowsK; ++r)
-      if (w + kWarps * r < K) dS[(w + kWarps * r) * kCols + lane] = sn[r];
+      if (x0 + r < K) dS[(x0 + r) * kCols + lane] = sn[r];
   }
   __syncthreads();
   if (a.dh0 && cv)
-    for (int x = w; x < K; x += kWarps)
+    for (int x = w; x < K; x += kStateWarps)
       a.dh0[((n * a.H + h) * K + x) * V + col] = dS[x * kCols + lane];
 }
 
@@ -574,79 +659,85 @@ __global__ void __launch_bounds__(kThreads) products_kernel(Args a, const T* dou
   }
 }
 
+template <typename T>
 size_t grads_smem(int C, int K) {
-  return sizeof(double) * (C * K + K) + sizeof(float) * (2 * C * K + 2 * C * C + C);
+  return sizeof(Wide<T>) * (C * K + K) + sizeof(float) * (2 * C * K + 2 * C * C + C);
 }
 
-constexpr int kOwners = kMaxC * kMaxKV / kThreads;  // (token, channel) pairs per thread
+// Twice the threads of the other kernels: one block per SM fits (129 KB of shared memory in bf16),
+// and the pair loops wait on shared loads, so more warps hide more of the latency.
+constexpr int kGradThreads = 2 * kThreads;
+constexpr int kOwners = kMaxC * kMaxKV / kGradThreads;  // (token, channel) pairs per thread
 
 // One thread per (token i, channel x) of the chunk: its dq, dk, dGam, and its share of dbeta.
+// The pair terms of row i and of column i are summed first (sQ, sK, sC) and scaled by the
+// owner's q and k once: dQ gets sQ, dGam q sQ, and so on, instead of three products per pair.
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kGradThreads)
     grads_kernel(Args a, const T* q, const T* k, const T* v, T* dq, T* dk, T* dv) {
+  using W = Wide<T>;
   const int64_t c = blockIdx.x, h = blockIdx.y;
   const int L = a.clen[c];
   if (L == 0) return;
   const int64_t t0 = a.ct0[c];
   const int C = a.C, K = a.K, V = a.V, tid = threadIdx.x;
   extern __shared__ __align__(16) unsigned char smem[];
-  double* gam = reinterpret_cast<double*>(smem);  // [C][K], later dGam
-  double* dGamL = gam + C * K;                    // [K]
+  W* gam = reinterpret_cast<W*>(smem);  // [C][K], later dGam
+  W* dGamL = gam + C * K;               // [K]
   float* qs = reinterpret_cast<float*>(dGamL + K);
   float* ks = qs + C * K;
   float* tq = ks + C * K;  // [C][C]
-  float* ta = tq + C * C;  // [C][C] (-dR Delta^T, before beta)
-  float* b = ta + C * C;
+  float* tb = tq + C * C;  // [C][C] -dR Delta^T, row i scaled by beta_i
+  float* b = tb + C * C;
   const KdaChunkLayout& lay = a.lay;
   const float* blk = a.blk(c, h);
-  load_chunk(a, t0, L, h, q, k, gam, qs, ks, b);
-  for (int e = tid; e < C * C; e += kThreads) {
+  load_chunk(a, t0, L, h, q, k, gam, qs, ks, b);  // b is complete at its barrier
+  for (int e = tid; e < C * C; e += kGradThreads) {
     tq[e] = blk[lay.Aqk() + e];
-    ta[e] = blk[lay.Tm() + e];
+    tb[e] = blk[lay.Tm() + e] * b[e / C];
   }
   __syncthreads();  // (load_chunk's cumsum is complete too)
   // dGam_L[x] = sum_i (Delta dS^T)[i][x] kl[i][x] + e^Gam_L (S0 . dS)[x].
-  for (int x = tid; x < K; x += kThreads) {
-    const double gl = gam[(L - 1) * K + x];
-    double s = __expf(static_cast<float>(gl)) * blk[lay.gL() + x];
+  for (int x = tid; x < K; x += kGradThreads) {
+    const W gl = gam[(L - 1) * K + x];
+    W s = __expf(static_cast<float>(gl)) * blk[lay.gL() + x];
     for (int i = 0; i < L; ++i)
       s += blk[lay.Kl() + i * K + x] * ks[i * K + x] *
            __expf(static_cast<float>(gl - gam[i * K + x]));
     dGamL[x] = s;
   }
   __syncthreads();
-  double dgam[kOwners];
+  W dgam[kOwners];
   float dbx[kOwners];
 #pragma unroll 1
   for (int r = 0; r < kOwners; ++r) {
-    const int e = tid + r * kThreads, i = e / K, x = e % K;
+    const int e = tid + r * kGradThreads, i = e / K, x = e % K;
     dgam[r] = 0;
     dbx[r] = 0.f;
     if (i >= L || e >= C * K) continue;
-    const double gi = gam[e], gl = gam[(L - 1) * K + x];
+    const W gi = gam[e], gl = gam[(L - 1) * K + x];
     const float qi = qs[e], ki = ks[e], bi = b[i], eg = __expf(static_cast<float>(gi));
     const float elg = __expf(static_cast<float>(gl - gi));
     const float dqg = blk[lay.W() + e] * a.scale, dkb = -blk[lay.Qh() + e],
                 dkgl = blk[lay.Kl() + e];
-    float dQ = dqg * eg, dK = bi * eg * dkb + dkgl * elg;
-    double dG = static_cast<double>(dqg) * qi * eg + static_cast<double>(dkb) * bi * ki * eg -
-                static_cast<double>(dkgl) * ki * elg;
-    dbx[r] = dkb * ki * eg;
-    // As row i of the pairs (j <= i), then as column i (rows i2 >= i).
+    // As row i of the pairs (j <= i): sQ = sum tq_ij e_ij k_j, sK = sum tb_ij e_ij k_j.
+    W sQ = 0, sK = 0;
     for (int j = 0; j <= i; ++j) {
-      const float ex = __expf(static_cast<float>(gi - gam[j * K + x])), kj = ks[j * K + x];
-      const float eq = tq[i * C + j] * ex, eb = ta[i * C + j] * bi * ex;
-      dQ += eq * kj;
-      dK += eb * kj;
-      dG += static_cast<double>(eq) * qi * kj + static_cast<double>(eb) * ki * kj;
+      const float ek = __expf(static_cast<float>(gi - gam[j * K + x])) * ks[j * K + x];
+      sQ += tq[i * C + j] * ek;
+      sK += tb[i * C + j] * ek;
     }
+    // As column i (rows i2 >= i): sC = sum e_i2i (tq_i2i q_i2 + tb_i2i k_i2).
+    W sC = 0;
     for (int i2 = i; i2 < L; ++i2) {
       const float ex = __expf(static_cast<float>(gam[i2 * K + x] - gi));
-      const float q2 = qs[i2 * K + x], k2 = ks[i2 * K + x];
-      const float eq = tq[i2 * C + i] * ex, eb = ta[i2 * C + i] * b[i2] * ex;
-      dK += eq * q2 + eb * k2;
-      dG -= static_cast<double>(eq) * q2 * ki + static_cast<double>(eb) * k2 * ki;
+      sC += ex * (tq[i2 * C + i] * qs[i2 * K + x] + tb[i2 * C + i] * ks[i2 * K + x]);
     }
+    const float dQ = dqg * eg + static_cast<float>(sQ);
+    const float dK = bi * eg * dkb + dkgl * elg + static_cast<float>(sK + sC);
+    W dG = static_cast<W>(dqg) * qi * eg + static_cast<W>(dkb) * bi * ki * eg -
+           static_cast<W>(dkgl) * ki * elg + qi * sQ + ki * (sK - sC);
+    dbx[r] = dkb * ki * eg;
     if (i == L - 1) dG += dGamL[x];
     dgam[r] = dG;
     const int64_t at = ((t0 + i) * a.H + h) * K + x;
@@ -656,7 +747,7 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();  // every thread is done reading gam and qs
 #pragma unroll 1
   for (int r = 0; r < kOwners; ++r) {
-    const int e = tid + r * kThreads;
+    const int e = tid + r * kGradThreads;
     if (e < C * K) {
       gam[e] = dgam[r];
       qs[e] = dbx[r];
@@ -664,15 +755,15 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   // dg = reverse cumsum of dGam over the chunk, per channel.
-  for (int x = tid; x < K; x += kThreads) {
-    double acc = 0;
+  for (int x = tid; x < K; x += kGradThreads) {
+    W acc = 0;
     for (int i = L - 1; i >= 0; --i) {
       acc += gam[i * K + x];
       a.dg[((t0 + i) * a.H + h) * K + x] = static_cast<float>(acc);
     }
   }
   // dbeta_i = v_i . dR_i + sum_x (its channel shares) + sum_j ta_ij KK_ij; dv = beta dR.
-  for (int i = tid >> 5; i < L; i += kWarps) {
+  for (int i = tid >> 5; i < L; i += kGradThreads / 32) {
     const int lane = tid & 31;
     float s = 0.f;
     for (int y = lane; y < V; y += 32) {
@@ -682,7 +773,7 @@ __global__ void __launch_bounds__(kThreads)
       st(dv, at, b[i] * r);
     }
     for (int x = lane; x < K; x += 32) s += qs[i * K + x];
-    for (int j = lane; j < i; j += 32) s += ta[i * C + j] * blk[lay.KK() + i * C + j];
+    for (int j = lane; j < i; j += 32) s += blk[lay.Tm() + i * C + j] * blk[lay.KK() + i * C + j];
     s = warp_sum(s);
     if (lane == 0) a.dbeta[(t0 + i) * a.H + h] = s;
   }
@@ -723,15 +814,23 @@ template <typename Kernel>
 void allow_smem(Kernel kernel, size_t bytes) {
   MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(bytes)));
+  // All of L1 as shared memory, so that kernels under half of it fit twice per SM.
+  MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     cudaSharedmemCarveoutMaxShared));
 }
 
 template <typename T>
 void prep(Context& ctx, const Args& a, const Tensor& q, const Tensor& k, const Tensor& v) {
-  const size_t sm = prep_smem(a.C, a.K, a.V);
+  const size_t sm = prep_smem<T>(a.C, a.K, a.V);
   allow_smem(prep_kernel<T>, sm);
   prep_kernel<T><<<dim3(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.H)), kThreads, sm,
                    stream(ctx)>>>(a, ptr<T>(q), ptr<T>(k), ptr<T>(v));
   MT_CUDA_LAUNCH_CHECK();
+}
+
+// The state passes' 16-byte shared loads need rows of a multiple of four floats.
+bool vector_rows(const Args& a) {
+  return a.K % 4 == 0 && a.C % 4 == 0;
 }
 
 dim3 state_grid(const Args& a) {
@@ -753,9 +852,15 @@ void kda_chunk_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlen
   MT_DISPATCH_FLOAT(q, "kda", {
     prep<T>(ctx, a, q, k, v);
     const size_t sm = fwd_state_smem(a.C, a.K);
-    allow_smem(fwd_state_kernel<T>, sm);
-    fwd_state_kernel<T><<<state_grid(a), kThreads, sm, stream(ctx)>>>(a, ptr<T>(o));
-    MT_CUDA_LAUNCH_CHECK();
+    const auto launch = [&](auto kernel) {
+      allow_smem(kernel, sm);
+      kernel<<<state_grid(a), kStateThreads, sm, stream(ctx)>>>(a, ptr<T>(o));
+      MT_CUDA_LAUNCH_CHECK();
+    };
+    if (vector_rows(a))
+      launch(fwd_state_kernel<T, true>);
+    else
+      launch(fwd_state_kernel<T, false>);
   });
 }
 
@@ -775,17 +880,23 @@ void kda_chunk_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqle
   MT_DISPATCH_FLOAT(q, "kda", {
     prep<T>(ctx, a, q, k, v);
     const size_t sm = bwd_state_smem(a.C, a.K);
-    allow_smem(bwd_state_kernel<T>, sm);
-    bwd_state_kernel<T><<<state_grid(a), kThreads, sm, stream(ctx)>>>(a, ptr<T>(dout));
-    MT_CUDA_LAUNCH_CHECK();
+    const auto launch = [&](auto kernel) {
+      allow_smem(kernel, sm);
+      kernel<<<state_grid(a), kStateThreads, sm, stream(ctx)>>>(a, ptr<T>(dout));
+      MT_CUDA_LAUNCH_CHECK();
+    };
+    if (vector_rows(a))
+      launch(bwd_state_kernel<T, true>);
+    else
+      launch(bwd_state_kernel<T, false>);
     allow_smem(products_kernel<T>, kProductSmem);
     products_kernel<T>
         <<<dim3(chunks.x, chunks.y, 3), kThreads, kProductSmem, stream(ctx)>>>(a, ptr<T>(dout));
     MT_CUDA_LAUNCH_CHECK();
-    const size_t gs = grads_smem(a.C, a.K);
+    const size_t gs = grads_smem<T>(a.C, a.K);
     allow_smem(grads_kernel<T>, gs);
-    grads_kernel<T><<<chunks, kThreads, gs, stream(ctx)>>>(a, ptr<T>(q), ptr<T>(k), ptr<T>(v),
-                                                           ptr<T>(dq), ptr<T>(dk), ptr<T>(dv));
+    grads_kernel<T><<<chunks, kGradThreads, gs, stream(ctx)>>>(a, ptr<T>(q), ptr<T>(k), ptr<T>(v),
+                                                               ptr<T>(dq), ptr<T>(dk), ptr<T>(dv));
     MT_CUDA_LAUNCH_CHECK();
   });
 }
