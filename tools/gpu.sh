@@ -12,6 +12,8 @@
 #   tools/gpu.sh kernels           (device) ncu times of the first LAUNCHES (12) launches of the
 #                                           kernels matching KERNELS (our attention and KDA kernels)
 #                                           in one bench step; a table and $OUT/kernels.json
+#   tools/gpu.sh nsys              (device) every kernel of two bench steps through Nsight Systems,
+#                                           summed by name: $OUT/nsys_kernels.json and a table
 # The device call: run(command="tools/gpu.sh test sanitize", carry=[".gpu"]); stages chain:
 # "tools/gpu.sh test && tools/gpu.sh bench && tools/gpu.sh anchors". The last lines printed are a
 # short table; $OUT/gpu_summary.json, bench_step.json and hf_lora_step.json hold the same in JSON.
@@ -123,19 +125,50 @@ kernels_stage() {
   python3 - "$out" <<'PY'
 import csv, json, sys
 out = sys.argv[1]
-scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3}
+scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3, "ns": 1e-6, "us": 1e-3,
+         "ms": 1.0, "s": 1e3}
 rows = []
 lines = [l for l in open(f"{out}/kernels.csv") if l.startswith('"')]
 for r in csv.DictReader(lines):
     if r.get("Metric Name") != "gpu__time_duration.sum":
         continue
-    name = r["Kernel Name"].replace("(anonymous namespace)::", "").split("(")[0]
+    name = r["Kernel Name"].replace("(anonymous namespace)::", "").replace("<unnamed>::", "")
+    name = name.split("(")[0]
     name = name.replace("void ", "")
     ms = float(r["Metric Value"].replace(",", "")) * scale.get(r["Metric Unit"], 1.0)
     rows.append({"kernel": name, "grid": r.get("Grid Size", ""), "ms": ms})
 json.dump(rows, open(f"{out}/kernels.json", "w"), indent=1)
 for r in sorted(rows, key=lambda r: -r["ms"]):
     print(f'{r["ms"]:9.3f} ms  {r["kernel"]}  {r["grid"]}')
+PY
+}
+
+# Where a whole step's GPU time goes: nsys over two bench steps (after the warm-up), the kernels
+# summed by name, the top TOP (40) as a table and $OUT/nsys_kernels.json (Nsight Systems times each
+# kernel without replay, unlike ncu: cheap enough for every kernel of a step).
+nsys_stage() {
+  local out=${OUT:-/tmp/gpu_out}
+  mkdir -p "$out"
+  unpack
+  nsys profile --trace cuda --sample none --cpuctxsw none -o "$out/step" --force-overwrite true \
+    "$MOETRAIN_BIN" bench step --model bench/models/kimi-linear-8l.json --tokens "${TOKENS:-8192}" \
+    --steps 2 >"$out/nsys.log" 2>&1 || { tail -5 "$out/nsys.log"; return 1; }
+  nsys stats --report cuda_gpu_kern_sum --format csv --output "$out/kern" "$out/step.nsys-rep" \
+    >>"$out/nsys.log" 2>&1 || { tail -5 "$out/nsys.log"; return 1; }
+  rm -f "$out/step.nsys-rep" "$out/step.sqlite"
+  python3 - "$out" "${TOP:-40}" <<'PY'
+import csv, json, sys, glob
+out, top = sys.argv[1], int(sys.argv[2])
+rows = []
+for r in csv.DictReader(open(glob.glob(f"{out}/kern*.csv")[0])):
+    name = r["Name"].replace("(anonymous namespace)::", "").replace("void ", "").split("(")[0]
+    rows.append({"kernel": name[:90], "ms": float(r["Total Time (ns)"]) / 1e6,
+                 "calls": int(r["Instances"])})
+json.dump(rows, open(f"{out}/nsys_kernels.json", "w"), indent=1)
+total = sum(r["ms"] for r in rows)
+print(f"all kernels: {total:.1f} ms over the warm-up, 2 steps and the profiled step")
+for r in sorted(rows, key=lambda r: -r["ms"])[:top]:
+    print(f'{r["ms"]:9.2f} ms {100 * r["ms"] / total:5.1f}% {r["calls"]:6d}  {r["kernel"]}')
 PY
 }
 
@@ -151,6 +184,7 @@ case "$stage" in
   bench) bench_stage "$@" ;;
   anchors) anchors_stage "$@" ;;
   kernels) kernels_stage ;;
+  nsys) nsys_stage ;;
   cli) cli_stage "$@" ;;
-  *) echo "usage: tools/gpu.sh pack | test [sanitize] | bench [options] | anchors [variant ...] | kernels | cli ARGS" >&2; exit 2 ;;
+  *) echo "usage: tools/gpu.sh pack | test [sanitize] | bench [options] | anchors [variant ...] | kernels | nsys | cli ARGS" >&2; exit 2 ;;
 esac
