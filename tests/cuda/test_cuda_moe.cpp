@@ -1,9 +1,9 @@
 // The MoE op families on the GPU against the CPU engine, through harness/gpu_check.h: router
 // (scores, group-limited top-k, weights, seq aux and z losses, their backwards, load counts),
-// dispatch (plan, gather, combine and backwards), overflow rerouting, grouped matmul and the
-// grouped SwiGLU experts. Integer results (ids, plans, counts, rerouting statistics) must match the
-// CPU exactly; they are compared as numbers by run_case and element by element here. Without a GPU
-// every test skips, saying so.
+// dispatch (plan, gather, combine and backwards) and overflow rerouting; grouped matmul and the
+// grouped SwiGLU experts are in test_cuda_grouped.cpp. Integer results (ids, plans, counts,
+// rerouting statistics) must match the CPU exactly; they are compared as numbers by run_case and
+// element by element here. Without a GPU every test skips, saying so.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,8 +13,6 @@
 #include "core/seq_info.h"
 #include "harness/gpu_check.h"
 #include "ops/expert_load.h"
-#include "ops/grouped_ffn.h"
-#include "ops/grouped_matmul.h"
 #include "ops/moe_dispatch.h"
 #include "ops/overflow_route.h"
 #include "ops/router.h"
@@ -406,117 +404,6 @@ TEST(CudaOverflowRoute, ReroutesLikeTheCpuWithItsBackward) {
   overflow_check("overflow sigmoid", 16, 10, 3, 3, 2, false);
   overflow_check("overflow softmax", 16, 10, 3, 3, 2, true);
   overflow_check("overflow 2048x64 top-8", 2048, 64, 8, 4, 8, false);
-}
-
-// Every form with alpha and beta, over groups with empty ones (dW of an empty group is scaled).
-TEST(CudaGroupedMatmul, AllFormsAlphaBetaEmptyGroups) {
-  REQUIRE_GPU();
-  const uint64_t seed = fresh_seed();
-  Rng rng(seed);
-  const int64_t N = 301, G = 9, in = 40, out = 24;
-  Tensor off = Tensor::empty({G + 1}, DType::I32);
-  std::vector<int32_t> cnt(G, 0);
-  for (int64_t r = 0; r < N; ++r) ++cnt[1 + 3 * rng.below(3)];  // groups 1, 4, 7 only
-  off.i32()[0] = 0;
-  for (int64_t g = 0; g < G; ++g) off.i32()[g + 1] = off.i32()[g] + cnt[g];
-  std::vector<In> ins = {{randn(rng, {N, in})},  {randn(rng, {G, out, in})},
-                         {randn(rng, {N, out})}, {randn(rng, {N, out})},
-                         {randn(rng, {N, in})},  {randn(rng, {G, out, in}), false}};
-  run_case(
-      "grouped_matmul forms", ins, {"xwt", "dyw", "dytx"},
-      [&](Context& c, const std::vector<Tensor>& in_, bool gpu) -> std::vector<Tensor> {
-        Tensor y = like(c, in_[3]), dx = like(c, in_[4]), dw = like(c, in_[5]);
-        OP(grouped_matmul)
-        (c, {.form = ops::GroupedForm::XWt, .alpha = 0.7f, .beta = 0.3f}, in_[0], off, in_[1], y);
-        OP(grouped_matmul)
-        (c, {.form = ops::GroupedForm::DyW, .alpha = -1.2f, .beta = 0.5f}, in_[2], off, in_[1], dx);
-        OP(grouped_matmul)
-        (c, {.form = ops::GroupedForm::DytX, .alpha = 0.9f, .beta = 0.5f}, in_[2], off, in_[0], dw);
-        return {y, dx, dw};
-      },
-      seed);
-}
-
-struct FfnSetup {
-  int64_t rows = 0, experts = 0, in = 0, ffn = 0, rank = 0;
-  float alpha = 16.f;
-  bool frozen_base = false;
-};
-
-void ffn_check(const char* name, const FfnSetup& s) {
-  const uint64_t seed = fresh_seed();
-  Rng rng(seed);
-  const int64_t N = s.rows, E = s.experts, l = s.in, F = s.ffn, r = s.rank;
-  const ops::GroupedFfnParams p{
-      .rows = N, .experts = E, .in = l, .ffn = F, .lora_rank = r, .lora_alpha = s.alpha};
-  Tensor off = Tensor::empty({E + 1}, DType::I32);  // the plan's host copy on either device
-  {
-    std::vector<int32_t> cnt(static_cast<size_t>(E), 0);
-    for (int64_t i = 0; i < N; ++i) {
-      int64_t e = rng.below(E);
-      if (e % 3 == 1) e = (e + 1) % E;  // every third expert empty
-      ++cnt[e];
-    }
-    off.i32()[0] = 0;
-    for (int64_t e = 0; e < E; ++e) off.i32()[e + 1] = off.i32()[e] + cnt[e];
-  }
-  const Shape gu{E, 2 * F, l}, dn{E, l, F}, gua{E, r, l}, gub{E, 2 * F, r}, dna{E, r, F},
-      dnb{E, l, r};
-  std::vector<In> ins = {{randn(rng, {N, l})},          {randn(rng, {N, l})},
-                         {randn(rng, gu, 0.2)},         {randn(rng, dn, 0.2)},
-                         {randn(rng, gu, 1e-2), false}, {randn(rng, dn, 1e-2), false}};
-  if (r > 0) {
-    for (const Shape& sh : {gua, gub, dna, dnb}) ins.push_back({randn(rng, sh, 0.2)});
-    for (const Shape& sh : {gua, gub, dna, dnb}) ins.push_back({randn(rng, sh, 1e-2), false});
-  }
-  std::vector<std::string> names = {"y", "dx"};
-  if (!s.frozen_base) names.insert(names.end(), {"dgate_up", "ddown"});
-  if (r > 0) names.insert(names.end(), {"dgu_A", "dgu_B", "ddown_A", "ddown_B"});
-  run_case(
-      name, ins, names,
-      [&](Context& c, const std::vector<Tensor>& in, bool) -> std::vector<Tensor> {
-        const DType at = in[0].dtype();
-        ops::GroupedFfnWeights w{.gate_up = in[2], .down = in[3]}, g;
-        if (!s.frozen_base) {
-          g.gate_up = like(c, in[4]);
-          g.down = like(c, in[5]);
-        }
-        if (r > 0) {
-          w.gate_up_a = in[6];
-          w.gate_up_b = in[7];
-          w.down_a = in[8];
-          w.down_b = in[9];
-          g.gate_up_a = like(c, in[10]);
-          g.gate_up_b = like(c, in[11]);
-          g.down_a = like(c, in[12]);
-          g.down_b = like(c, in[13]);
-        }
-        ops::GroupedFfnSaved saved{.gate_up = out(c, {N, 2 * F}, at)};
-        if (r > 0) {
-          saved.xa = out(c, {N, r}, at);
-          saved.ha = out(c, {N, r}, at);
-        }
-        Tensor y = out(c, {N, l}, at), dx = out(c, {N, l}, at);
-        ops::grouped_ffn_forward(c, p, in[0], off, w, y, saved);
-        ops::grouped_ffn_backward(c, p, in[0], off, w, saved, in[1], dx, g);
-        std::vector<Tensor> res = {y, dx};
-        if (!s.frozen_base) res.insert(res.end(), {g.gate_up, g.down});
-        if (r > 0) res.insert(res.end(), {g.gate_up_a, g.gate_up_b, g.down_a, g.down_b});
-        return res;
-      },
-      seed);
-}
-
-TEST(CudaGroupedFfn, SwigluExpertsWithLoraForwardBackward) {
-  REQUIRE_GPU();
-  ffn_check("grouped_ffn zero-token experts", {.rows = 10, .experts = 8, .in = 19, .ffn = 23});
-  ffn_check("grouped_ffn odd sizes", {.rows = 53, .experts = 5, .in = 19, .ffn = 23});
-  ffn_check("grouped_ffn lora",
-            {.rows = 41, .experts = 7, .in = 19, .ffn = 23, .rank = 3, .alpha = 8.f});
-  ffn_check("grouped_ffn lora frozen base",
-            {.rows = 41, .experts = 7, .in = 19, .ffn = 23, .rank = 3, .frozen_base = true});
-  ffn_check("grouped_ffn 16384 rows 64 experts lora",
-            {.rows = 16384, .experts = 64, .in = 256, .ffn = 128, .rank = 8});
 }
 
 }  // namespace

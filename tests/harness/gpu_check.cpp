@@ -19,6 +19,8 @@ Tensor host_f32(Context& ctx, const Tensor& t) {
   return h;
 }
 
+}  // namespace
+
 Tensor round_bf16(const Tensor& t) {
   if (t.dtype() != DType::F32) return t;
   Tensor b = Tensor::empty(t.shape(), DType::BF16);
@@ -27,8 +29,6 @@ Tensor round_bf16(const Tensor& t) {
   r.copy_from(b);
   return r;
 }
-
-}  // namespace
 
 uint64_t fresh_seed() {
   return test_seed();
@@ -49,7 +49,7 @@ Tensor out(Context& ctx, const Shape& s, DType dt) {
 }
 
 void run_case(const char* name, const std::vector<In>& ins, const std::vector<std::string>& names,
-              const Run& run, uint64_t seed, int64_t reduction_terms) {
+              const Run& run, uint64_t seed, int64_t reduction_terms, const Run& bf16_emulation) {
   SCOPED_TRACE(cat(name, " seed=", seed, " (rerun: ", seed_note(), ")"));
   Context cpu(ContextOptions{.threads = 2, .seed = seed});
   Context gpu(ContextOptions{.device = Device::CUDA, .seed = seed});
@@ -70,7 +70,7 @@ void run_case(const char* name, const std::vector<In>& ins, const std::vector<st
     const std::vector<Tensor> got = run(gpu, din, true);
     ASSERT_EQ(got.size(), want.size());
     std::vector<Tensor> emul;
-    if (pass == DType::BF16) emul = run(cpu, emul_in, false);
+    if (pass == DType::BF16) emul = (bf16_emulation ? bf16_emulation : run)(cpu, emul_in, false);
     for (size_t j = 0; j < got.size(); ++j) {
       const DVec g = to_dvec(host_f32(gpu, got[j])), w = to_dvec(want[j]);
       size_t nonfinite = 0;

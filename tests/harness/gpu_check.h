@@ -42,9 +42,15 @@ Tensor randn(Rng& rng, Shape s, double scale = 1.0);
 Tensor out(Context& ctx, const Shape& s, DType dt);
 // A copy of `t` on the context's device (pre-filled accumulators, in-place operands).
 Tensor like(Context& ctx, const Tensor& t);
+// An f32 tensor rounded to bf16 (to nearest even, as the GPU stores), as f32; others unchanged.
+Tensor round_bf16(const Tensor& t);
 // The CPU pass, the GPU f32 pass and the GPU bf16 pass; `names` label the results.
 // `reduction_terms`: the longest sum the op computes, which sets the f32 bound (tolerance.h).
+// `bf16_emulation`: the CPU run that sets the bf16 bound, for an op whose GPU path stores
+// intermediates in bf16 that `run` on the CPU keeps in fp32 (it rounds them at the same points);
+// by default `run` itself, which rounds only the inputs and the outputs.
 void run_case(const char* name, const std::vector<In>& ins, const std::vector<std::string>& names,
-              const Run& run, uint64_t seed, int64_t reduction_terms = 0);
+              const Run& run, uint64_t seed, int64_t reduction_terms = 0,
+              const Run& bf16_emulation = {});
 
 }  // namespace mt::test
