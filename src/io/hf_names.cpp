@@ -523,14 +523,21 @@ bool exported(const Group& g, bool grads) {
   return true;
 }
 
-// One group's f32 tensor under its transformers runtime name.
-Tensor export_group(const Group& g, bool grads) {
+// One group's f32 tensor under its transformers runtime name; `values` (optional) gives the
+// parameters' values in place of their own.
+Tensor export_group(const Group& g, bool grads, const ParamValues& values = {}) {
+  if (values && g.parts.size() == 1) return values(*g.parts[0]).view(g.hf_shape);
   Tensor t = Tensor::empty(g.hf_shape);
   char* dst = static_cast<char*>(t.raw());
   for (Param* p : g.parts) {
-    const Tensor& src = grads ? p->grad : p->value;
-    Tensor f = Tensor::empty(src.shape());
-    f.copy_from(src);
+    Tensor f;
+    if (values) {
+      f = values(*p);
+    } else {
+      const Tensor& src = grads ? p->grad : p->value;
+      f = Tensor::empty(src.shape());
+      f.copy_from(src);
+    }
     std::memcpy(dst, f.raw(), f.bytes());
     dst += f.bytes();
   }
@@ -693,7 +700,7 @@ HfConfig hybrid_hf_config(const ModelConfig& cfg) {
 }
 
 void save_hf_model(const Model& m, const HfConfig& cfg, const std::string& dir,
-                   uint64_t max_shard_bytes) {
+                   uint64_t max_shard_bytes, const ParamValues& values) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   MT_CHECK(!ec, IoError, dir, ": cannot create directory: ", ec.message());
@@ -707,7 +714,7 @@ void save_hf_model(const Model& m, const HfConfig& cfg, const std::string& dir,
       dir, gs.size(),
       [&](size_t u) {
         TensorMap one =
-            to_checkpoint(cfg.model_type, {{gs[u].hf_name, export_group(gs[u], false)}});
+            to_checkpoint(cfg.model_type, {{gs[u].hf_name, export_group(gs[u], false, values)}});
         return std::vector<std::pair<std::string, Tensor>>(std::make_move_iterator(one.begin()),
                                                            std::make_move_iterator(one.end()));
       },

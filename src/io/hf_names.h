@@ -83,10 +83,17 @@ struct LoadedModel {
 LoadedModel load_hf_model(const std::string& dir, const ModelOptions& opt = {},
                           const ProgressFn& progress = {});
 
+// A parameter's f32 value as a fresh tensor of its declared shape, made when its tensor is
+// written: an export reads each weight from a checkpoint (and merges its adapter) there, so the
+// model it writes may hold placeholders (ModelOptions::defer_weights).
+using ParamValues = std::function<Tensor(const Param& p)>;
+
 // Writes DIR/config.json (the original HF config, or the hybrid's own) and the weights as
-// safetensors (sharded above `max_shard_bytes`), each file atomically.
+// safetensors (sharded above `max_shard_bytes`), each file atomically. Streamed: one HF tensor
+// (with its per-expert split) is in memory at a time besides the model. `values` (optional)
+// replaces the parameters' own values.
 void save_hf_model(const Model& m, const HfConfig& cfg, const std::string& dir,
-                   uint64_t max_shard_bytes = uint64_t{5} << 30);
+                   uint64_t max_shard_bytes = uint64_t{5} << 30, const ParamValues& values = {});
 
 // transformers' runtime name of an engine parameter or module that maps one-to-one (no
 // conv1d fusion or reshape): kimi_linear's forget-gate projections move under forget_gate.

@@ -13,9 +13,9 @@
 
 #include "core/error.h"
 #include "io/safetensors.h"
-#include "model/json_integer.h"
 #include "model/moe_layer.h"
 #include "parallel/dist_trainer.h"
+#include "train/checkpoint_reader.h"
 #include "train/dataset.h"
 #include "train/faults.h"
 #include "train/files.h"
@@ -26,124 +26,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kFormat = "moetrain-sharded-1";
-
 std::string step_name(int64_t step) {
   char name[32];
   std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
   return name;
 }
-
-// An integer of a checkpoint's index.json or state.json: nlohmann's own cast of a float beyond T
-// is undefined behaviour (model/json_integer.h), of a fraction a silent truncation.
-template <typename T>
-T checkpoint_integer(const nlohmann::json& obj, const fs::path& file, const char* key) {
-  MT_CHECK(obj.is_object() && obj.contains(key), IoError, file.string(), ": no key '", key, "'");
-  const nlohmann::json& v = obj.at(key);
-  MT_CHECK(v.is_number() && json_integer_fits<T>(v), IoError, file.string(), ": key '", key,
-           "' = ", v.dump(), " is not an integer in range");
-  return v.get<T>();
-}
-
-// A checkpoint of either layout, verified, read as pieces of full tensors. Files are read on
-// first use and kept (a rank touches the files holding its ranges only).
-class PieceSource {
- public:
-  PieceSource(const std::string& dir, const ModelConfig& cfg) : dir_(dir) {
-    const fs::path d = dir;
-    MT_CHECK(fs::is_regular_file(d / "manifest.json"), IoError, "checkpoint '", dir,
-             "' has no manifest.json (an incomplete save?)");
-    const nlohmann::json manifest = nlohmann::json::parse(read_file(d / "manifest.json"));
-    for (auto it = manifest.at("files").begin(); it != manifest.at("files").end(); ++it) {
-      const fs::path f = d / it.key();
-      MT_CHECK(fs::is_regular_file(f), IoError, "checkpoint '", dir, "' lacks ", it.key());
-      MT_CHECK(file_checksum(f) == it.value().at("fnv1a64").get<std::string>(), IoError,
-               "checkpoint '", dir, "': ", it.key(), " does not match its checksum (corrupted)");
-    }
-    state_ = nlohmann::json::parse(read_file(d / "state.json"));
-    const nlohmann::json& a = state_.at("model_config");
-    const nlohmann::json b = cfg.to_json();
-    for (auto it = b.begin(); it != b.end(); ++it)
-      MT_CHECK(a.contains(it.key()) && a.at(it.key()) == it.value(), ConfigError, "checkpoint '",
-               dir, "' was written for another model: ", it.key(), " = ",
-               a.contains(it.key()) ? a.at(it.key()).dump() : "absent", " in the checkpoint, ",
-               it.value().dump(), " in this model");
-    if (fs::is_regular_file(d / "index.json")) {
-      const nlohmann::json index = nlohmann::json::parse(read_file(d / "index.json"));
-      MT_CHECK(index.value("format", "") == kFormat, IoError, "checkpoint '", dir,
-               "': index.json is not ", kFormat);
-      for (auto it = index.at("tensors").begin(); it != index.at("tensors").end(); ++it)
-        for (const auto& p : it.value().at("pieces"))
-          pieces_[it.key()].push_back({p.at("file").get<std::string>(),
-                                       p.at("key").get<std::string>(),
-                                       checkpoint_integer<int64_t>(p, d / "index.json", "begin"),
-                                       checkpoint_integer<int64_t>(p, d / "index.json", "end")});
-    } else {
-      // A one-process checkpoint: every tensor is one piece.
-      for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
-        if (!fs::is_regular_file(d / f)) continue;
-        for (const SafetensorsEntry& e : read_safetensors_header((d / f).string())) {
-          int64_t n = 1;
-          for (int64_t x : e.shape) n *= x;
-          pieces_[e.name].push_back({f, e.name, 0, n});
-        }
-      }
-    }
-  }
-
-  void read(const std::string& name, int64_t begin, int64_t end, float* out) {
-    auto it = pieces_.find(name);
-    MT_CHECK(it != pieces_.end(), ConfigError, "checkpoint '", dir_, "' has no tensor '", name, "'",
-             name.rfind("m.", 0) == 0 || name.rfind("v.", 0) == 0
-                 ? " (optimizer state: trained with other LoRA targets?)"
-                 : "");
-    int64_t covered = 0;
-    for (const Piece& p : it->second) {
-      const int64_t lo = std::max(begin, p.begin), hi = std::min(end, p.end);
-      if (lo >= hi) continue;
-      const Tensor& t = tensor(p);
-      MT_CHECK(t.numel() == p.end - p.begin, IoError, "checkpoint '", dir_, "': piece ", p.key,
-               " of ", p.file, " holds ", t.numel(), " elements, the index says ", p.end - p.begin);
-      std::memcpy(out + (lo - begin), t.f32() + (lo - p.begin),
-                  static_cast<size_t>(hi - lo) * sizeof(float));
-      covered += hi - lo;
-    }
-    MT_CHECK(covered == end - begin, ConfigError, "checkpoint '", dir_, "': tensor '", name,
-             "' covers ", covered, " of elements [", begin, ", ", end,
-             ") (a checkpoint of another model size?)");
-  }
-
-  TrainState train_state() const {
-    const fs::path f = fs::path(dir_) / "state.json";
-    return {.step = checkpoint_integer<int64_t>(state_, f, "step"),
-            .data_cursor = checkpoint_integer<int64_t>(state_, f, "data_cursor"),
-            .rng_seed = checkpoint_integer<uint64_t>(state_, f, "rng_seed"),
-            .rng_counter = checkpoint_integer<uint64_t>(state_, f, "rng_counter")};
-  }
-  int64_t optimizer_steps() const {
-    return checkpoint_integer<int64_t>(state_, fs::path(dir_) / "state.json", "optimizer_steps");
-  }
-
- private:
-  struct Piece {
-    std::string file, key;
-    int64_t begin, end;
-  };
-  const Tensor& tensor(const Piece& p) {
-    auto f = files_.find(p.file);
-    if (f == files_.end())
-      f = files_.emplace(p.file, read_safetensors((fs::path(dir_) / p.file).string())).first;
-    auto t = f->second.tensors.find(p.key);
-    MT_CHECK(t != f->second.tensors.end(), IoError, "checkpoint '", dir_, "': ", p.file, " lacks ",
-             p.key);
-    return t->second;
-  }
-
-  std::string dir_;
-  nlohmann::json state_;
-  std::map<std::string, std::vector<Piece>> pieces_;
-  std::map<std::string, SafetensorsData> files_;
-};
 
 std::string save_sharded(const std::string& root, par::Comm& world,
                          const std::vector<par::ShardPiece>& pieces, const TrainState& st,
@@ -198,8 +85,10 @@ std::string save_sharded(const std::string& root, par::Comm& world,
   });
   agree([&] {
     if (world.rank() != 0) return;
-    nlohmann::json index = {
-        {"format", kFormat}, {"world", mesh.world}, {"ep", mesh.ep}, {"tensors", {}}};
+    nlohmann::json index = {{"format", kShardedCheckpointFormat},
+                            {"world", mesh.world},
+                            {"ep", mesh.ep},
+                            {"tensors", {}}};
     for (int r = 0; r < world.size(); ++r) {
       std::snprintf(file, sizeof file, "shard-%05d-of-%05d.safetensors", r, world.size());
       MetadataMap m;
@@ -294,7 +183,7 @@ class DistExecutor : public StepExecutor {
   void load_weights(const par::PieceReader& read) { trainer_.load_weights(read); }
   TrainState load(const std::string& dir) override {
     MT_CHECK(fs::is_directory(dir), IoError, "checkpoint '", dir, "' does not exist");
-    PieceSource src(dir, model_.config());
+    const CheckpointReader src(dir, model_.config());
     trainer_.load_pieces(
         [&](const std::string& n, int64_t b, int64_t e, float* out) { src.read(n, b, e, out); },
         src.optimizer_steps());
@@ -399,7 +288,7 @@ bool is_sharded_checkpoint(const std::string& dir) {
 }
 
 TrainState load_sharded_checkpoint(const std::string& dir, Model& model, AdamW* opt) {
-  PieceSource src(dir, model.config());
+  const CheckpointReader src(dir, model.config());
   size_t i = 0;
   for (const auto& p : model.params().all()) {
     src.read(p->name, 0, p->value.numel(), p->value.f32());

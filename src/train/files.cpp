@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <vector>
 
 #include "core/error.h"
 #include "train/dataset.h"
@@ -89,8 +90,17 @@ bool install_dir(const fs::path& from, const fs::path& to) {
 }
 
 std::string file_checksum(const fs::path& p) {
-  const std::string bytes = read_file(p);
-  return cat(std::hex, fnv1a64(bytes.data(), bytes.size()));
+  // In 1 MiB blocks: checkpoints are model-sized, and verifying one must not hold it.
+  std::ifstream in(p, std::ios::binary);
+  MT_CHECK(in.good(), IoError, "cannot read '", p.string(), "'");
+  std::vector<char> block(size_t{1} << 20);
+  uint64_t h = fnv1a64(nullptr, 0);
+  while (in) {
+    in.read(block.data(), static_cast<std::streamsize>(block.size()));
+    h = fnv1a64(block.data(), static_cast<size_t>(in.gcount()), h);
+  }
+  MT_CHECK(in.eof(), IoError, "cannot read '", p.string(), "'");
+  return cat(std::hex, h);
 }
 
 }  // namespace mt
