@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -669,22 +670,39 @@ bool has_weights(const std::string& path) {
 }
 
 ProgressFn progress_printer(std::ostream& os, const std::string& label, bool tty) {
-  auto last = std::make_shared<int>(-1);
-  return [&os, label, tty, last](uint64_t done, uint64_t total) {
+  struct State {
+    int last = -1;
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  };
+  auto st = std::make_shared<State>();
+  return [&os, label, tty, st](uint64_t done, uint64_t total) {
     const int pct = total ? static_cast<int>(100 * done / total) : 100;
     const int step = tty ? pct : pct / 25 * 25;
-    if (step == *last) return;
-    *last = step;
+    if (step == st->last) return;
+    st->last = step;
     char sizes[64];
     const bool gb = total >= 1000000000;
     const double unit = gb ? 1e9 : 1e6;
     std::snprintf(sizes, sizeof sizes, "%.2f/%.2f %s", static_cast<double>(done) / unit,
                   static_cast<double>(total) / unit, gb ? "GB" : "MB");
     if (tty) {
+      // Rate and time left from the mean since the first call: reads of one model run at one
+      // speed (the disk's or the decoder's), so the mean is the forecast.
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - st->start).count();
+      const double rate = secs > 0 ? static_cast<double>(done) / secs : 0;
+      char speed[64] = "";
+      if (rate > 0 && done < total) {
+        const auto left = static_cast<int64_t>(static_cast<double>(total - done) / rate + 0.5);
+        std::snprintf(speed, sizeof speed, " %.1f MB/s ETA %lld:%02lld", rate / 1e6,
+                      static_cast<long long>(left / 60), static_cast<long long>(left % 60));
+      } else if (rate > 0) {
+        std::snprintf(speed, sizeof speed, " %.1f MB/s in %.1f s", rate / 1e6, secs);
+      }
       const int w = 30, fill = pct * w / 100;
       os << "\rloading " << label << " [" << std::string(static_cast<size_t>(fill), '#')
-         << std::string(static_cast<size_t>(w - fill), ' ') << "] " << pct << "% " << sizes
-         << (done >= total ? "\n" : "") << std::flush;
+         << std::string(static_cast<size_t>(w - fill), ' ') << "] " << pct << "% " << sizes << speed
+         << "\033[K" << (done >= total ? "\n" : "") << std::flush;
     } else {
       os << "loading " << label << ": " << step << "% " << sizes << "\n";
     }

@@ -109,7 +109,8 @@ HfConfig load_model_config(const std::string& name_or_path);
 bool has_weights(const std::string& path);
 
 // A progress display for loading: on a terminal one line redrawn in place ("loading DIR
-// [#####     ] 52% 1.3/2.5 GB"), elsewhere a line at each quarter; both end with the total.
+// [#####     ] 52% 1.30/2.50 GB 210.3 MB/s ETA 0:06", the last with the time taken), elsewhere
+// a line at each quarter (quiet in logs); both end with the total.
 ProgressFn progress_printer(std::ostream& os, const std::string& label, bool tty);
 
 }  // namespace mt

@@ -105,22 +105,37 @@ void DistTrainer::load_pieces(const PieceReader& read, int64_t optimizer_steps) 
   step_ = optimizer_steps;
 }
 
-void DistTrainer::load_weights(const PieceReader& read) {
+void DistTrainer::load_weights(const PieceReader& read, const LoadProgress& progress) {
+  // The rank's reads are listed first, so that progress knows their total before the first.
+  struct Read {
+    const std::string* name;
+    int64_t begin, end;
+    float* out;
+  };
+  std::vector<Read> reads;
   const auto sharded = [&](const Param& p) { return fsdp_ && fsdp_->owns(&p); };
   if (fsdp_) {
     fsdp_->finish();
     fsdp_->for_each_piece([&](Param& p, int64_t begin, float* data, int64_t count) {
       global_runs(p, begin, begin + count, [&](int64_t g, int64_t l, int64_t n) {
-        read(p.name, g, g + n, data + (l - begin));
+        reads.push_back({&p.name, g, g + n, data + (l - begin)});
       });
     });
   }
   for (const auto& p : model_.params().all()) {
     if (sharded(*p)) continue;
     global_runs(*p, 0, p->value.numel(), [&](int64_t g, int64_t l, int64_t n) {
-      read(p->name, g, g + n, p->value.f32() + l);
+      reads.push_back({&p->name, g, g + n, p->value.f32() + l});
     });
   }
+  uint64_t total = 0, done = 0;
+  for (const Read& r : reads) total += static_cast<uint64_t>(r.end - r.begin) * sizeof(float);
+  for (const Read& r : reads) {
+    read(*r.name, r.begin, r.end, r.out);
+    done += static_cast<uint64_t>(r.end - r.begin) * sizeof(float);
+    if (progress) progress(done, total);
+  }
+  if (progress && reads.empty()) progress(0, 0);
 }
 
 }  // namespace mt::par

@@ -86,6 +86,8 @@ struct ShardPiece {
 // Fills out[0 .. end - begin) with elements [begin, end) of the full tensor `name`.
 using PieceReader =
     std::function<void(const std::string& name, int64_t begin, int64_t end, float* out)>;
+// Bytes (f32) of this rank's slices filled so far and in all, after each read.
+using LoadProgress = std::function<void(uint64_t done, uint64_t total)>;
 
 class Fsdp;
 
@@ -147,7 +149,8 @@ class DistTrainer {
   // ranges it holds (its FSDP shards, its experts or their shard, whatever it keeps whole), in
   // single-process coordinates. With ModelOptions::defer_weights and an HF reader
   // (io/hf_names.h, HfSliceReader) no rank reads or holds more of a checkpoint than its slices.
-  void load_weights(const PieceReader& read);
+  // `progress` (optional) hears of every read, against the total of the rank's slices.
+  void load_weights(const PieceReader& read, const LoadProgress& progress = {});
 
  private:
   struct Unit;

@@ -180,7 +180,9 @@ class DistExecutor : public StepExecutor {
     return save_sharded(root, world(), trainer_.checkpoint_pieces(), st, trainer_.optimizer_steps(),
                         model_.config(), setup_.mesh, job_toml);
   }
-  void load_weights(const par::PieceReader& read) { trainer_.load_weights(read); }
+  void load_weights(const par::PieceReader& read, const par::LoadProgress& progress) {
+    trainer_.load_weights(read, progress);
+  }
   TrainState load(const std::string& dir) override {
     MT_CHECK(fs::is_directory(dir), IoError, "checkpoint '", dir, "' does not exist");
     const CheckpointReader src(dir, model_.config());
@@ -277,9 +279,10 @@ DistSetup::DistSetup(par::Comm& world, const ModelConfig& cfg, const Job& job)
 
 std::unique_ptr<StepExecutor> make_dist_executor(Context& ctx, Model& model, DistSetup& setup,
                                                  const AdamWOptions& adam,
-                                                 const par::PieceReader& weights) {
+                                                 const par::PieceReader& weights,
+                                                 const par::LoadProgress& progress) {
   auto exec = std::make_unique<DistExecutor>(ctx, model, setup, adam);
-  if (weights) exec->load_weights(weights);
+  if (weights) exec->load_weights(weights, progress);
   return exec;
 }
 

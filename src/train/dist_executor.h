@@ -39,10 +39,11 @@ struct DistSetup {
 
 // The executor of one rank; slices the model's experts to the rank's share. `weights` (optional)
 // then fills the rank's slices (par::DistTrainer::load_weights): a model built with deferred
-// weights is loaded without any rank holding the whole of it.
+// weights is loaded without any rank holding the whole of it; `progress` hears of its reads.
 std::unique_ptr<StepExecutor> make_dist_executor(Context& ctx, Model& model, DistSetup& setup,
                                                  const AdamWOptions& adam,
-                                                 const par::PieceReader& weights = {});
+                                                 const par::PieceReader& weights = {},
+                                                 const par::LoadProgress& progress = {});
 
 bool is_sharded_checkpoint(const std::string& dir);
 // One process reading a sharded checkpoint: full tensors assembled from the pieces.

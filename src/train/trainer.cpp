@@ -338,6 +338,7 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
   // Under a mesh on the host, an HF directory's weights are read slice by slice once the mesh has
   // sliced the model, so no rank builds or reads the whole model (docs/parallelism.md).
   const bool fresh = topt.resume_from.empty() && !topt.resume;
+  const bool tty_log = job.progress == "tty" || (job.progress == "auto" && isatty(fileno(stdout)));
   const bool sliced_load =
       dist && device == Device::CPU && job.init.empty() && !job.model_dir.empty() && fresh;
   mopt.defer_weights = sliced_load;
@@ -354,8 +355,6 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
     // The HF directory's weights, streamed tensor by tensor; adapters keep their fresh values.
     const HfConfig hf = load_hf_config(job.model_dir);
     SafetensorsModel st(job.model_dir, fp8_blocks(hf));
-    const bool tty_log =
-        job.progress == "tty" || (job.progress == "auto" && isatty(fileno(stdout)));
     ImportOptions io{.keep_lora = true};
     if (job.progress != "off") io.progress = progress_printer(log, job.model_dir, tty_log);
     import_hf_tensors(model, hf.model_type, st, job.model_dir, io);
@@ -397,10 +396,16 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
       const HfConfig hf = load_hf_config(job.model_dir);
       SafetensorsModel st(job.model_dir, fp8_blocks(hf));
       const HfSliceReader reader(model, hf.model_type, st, job.model_dir, {.keep_lora = true});
-      exec_ptr = make_dist_executor(ctx, model, *dist, adam,
-                                    [&](const std::string& name, int64_t b, int64_t e, float* dst) {
-                                      reader.read(model.params().at(name), b, e, dst);
-                                    });
+      // Every rank reports to its own log; only rank 0's is printed (the slices are alike).
+      par::LoadProgress progress;
+      if (job.progress != "off")
+        progress = progress_printer(log, job.model_dir + " (this rank's slices)", tty_log);
+      exec_ptr = make_dist_executor(
+          ctx, model, *dist, adam,
+          [&](const std::string& name, int64_t b, int64_t e, float* dst) {
+            reader.read(model.params().at(name), b, e, dst);
+          },
+          progress);
       if (job.progress != "off")
         log << "loaded " << job.model_dir << ": this rank's slices, "
             << static_cast<double>(reader.elements_read()) * 4 / 1e6 << " MB of "

@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <sstream>
 
 #include "core/rng.h"
 #include "io/hf_forward.h"
@@ -287,6 +289,28 @@ TEST(HfNames, LossMatchesLogits) {
       sum += mx + std::log(z) - row[ids.i64()[b * T + t + 1]];
     }
   EXPECT_NEAR(r.loss, sum / (B * (T - 1)), 1e-5 * std::abs(r.loss));
+}
+
+// The loading display: on a terminal one redrawn line with bytes, rate and time left, ending
+// with the time taken; elsewhere one line per quarter, however many reads there are.
+TEST(HfNames, ProgressPrinterShowsRateOnATerminalAndQuartersElsewhere) {
+  const uint64_t total = 3000000;
+  std::ostringstream tty, plain;
+  const ProgressFn t = progress_printer(tty, "m", true), p = progress_printer(plain, "m", false);
+  for (uint64_t done = 30000; done <= total; done += 30000) {
+    t(done, total);
+    p(done, total);
+  }
+  const std::string a = tty.str(), b = plain.str();
+  EXPECT_EQ(std::count(a.begin(), a.end(), '\r'), 100) << a;  // one redraw per percent
+  EXPECT_EQ(std::count(a.begin(), a.end(), '\n'), 1);
+  EXPECT_NE(a.find("] 50% 1.50/3.00 MB "), std::string::npos) << a;
+  EXPECT_NE(a.find(" MB/s ETA 0:"), std::string::npos) << a;
+  EXPECT_NE(a.find("] 100% 3.00/3.00 MB "), std::string::npos) << a;
+  EXPECT_NE(a.find(" s\033[K\n"), std::string::npos) << a;  // the last line: the time taken
+  EXPECT_EQ(b,
+            "loading m: 0% 0.03/3.00 MB\nloading m: 25% 0.75/3.00 MB\nloading m: 50% 1.50/3.00 "
+            "MB\nloading m: 75% 2.25/3.00 MB\nloading m: 100% 3.00/3.00 MB\n");
 }
 
 }  // namespace

@@ -6,8 +6,8 @@
 # tree nor the temporary directory's name, which the held-out split hashes, changes the run).
 #   LoRA (attention, shared and routed experts, dense MLP) for 8 steps on one process and on
 #   2 ranks (EP 2, FSDP units), where each rank loads only its slices of the shards: the step
-#   losses agree to relative 1e-5 (summation order only) and fall; the rank's slice load is
-#   reported; `export --format hf` of the sharded checkpoint equals the one-process merged model,
+#   losses agree to relative 1e-5 (summation order only) and fall; the slice load shows its
+#   progress (a line per quarter in a log); `export --format hf` of the sharded checkpoint equals the one-process merged model,
 #   each tensor to 1e-4 of its largest value (observed 7e-7), and `export --format peft` the
 #   one-process adapter to 2e-3 (observed 7e-5, 6e-4 on other data: a rarely routed expert's B
 #   sees gradients near zero, whose AdamW-normalised updates magnify summation-order differences;
@@ -36,6 +36,10 @@ J=(--job "$src/configs/lora-hf.toml" --model "$model" --set "data.train=\"$T/dat
   --set parallel.fsdp=true >"$T/two.log"
 cat "$T/two.log"
 grep -q "^loaded $model: this rank's slices" "$T/two.log" || { echo "no sliced load"; exit 1; }
+# Not a terminal: the slice load's progress in quarters, ending at 100%.
+[ "$(grep -c "^loading $model (this rank's slices): " "$T/two.log")" = 5 ] &&
+  grep -q "^loading $model (this rank's slices): 100% " "$T/two.log" ||
+  { echo "no progress of the slice load"; exit 1; }
 
 # "step loss" per optimizer step from a run's metrics.jsonl.
 losses() { sed -n 's/.*"grad_norm".*"loss":\([^,]*\),.*"step":\([0-9]*\).*/\2 \1/p' "$1/metrics.jsonl"; }

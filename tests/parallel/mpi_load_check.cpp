@@ -139,12 +139,25 @@ int run(mt::par::Comm& world, const Args& a) {
   par::ProcessGroups groups = par::make_groups(world, mesh);
   Model model(cfg, 7, sliced);
   par::DistTrainer trainer(model, mesh, groups, {.fsdp = true});
+  // The load's progress (what the train command displays): monotone, one total, ending at it,
+  // which is the bytes of the rank's slices.
+  uint64_t progress_done = 0, progress_total = 0, read_bytes = 0, filled = 0;
+  bool progress_ok = true;
   {
     SafetensorsModel st(a.dir, fp8_blocks(h));
     const HfSliceReader reader(model, h.model_type, st, a.dir, {.keep_lora = true});
-    trainer.load_weights([&](const std::string& name, int64_t b, int64_t e, float* out) {
-      reader.read(model.params().at(name), b, e, out);
-    });
+    trainer.load_weights(
+        [&](const std::string& name, int64_t b, int64_t e, float* out) {
+          reader.read(model.params().at(name), b, e, out);
+          filled += static_cast<uint64_t>(e - b) * sizeof(float);
+        },
+        [&](uint64_t done, uint64_t total) {
+          progress_ok = progress_ok && done >= progress_done && done <= total &&
+                        (progress_total == 0 || total == progress_total);
+          progress_done = done;
+          progress_total = total;
+        });
+    read_bytes = reader.elements_read() * sizeof(float);
   }
   const int64_t peak = status_bytes("VmHWM") - baseline;
   const double fraction = static_cast<double>(peak) / static_cast<double>(model_bytes);
@@ -182,6 +195,17 @@ int run(mt::par::Comm& world, const Args& a) {
   }
   std::printf("rank %d: %lld pieces (%lld elements) equal the single-process load\n", rank,
               static_cast<long long>(pieces), static_cast<long long>(elements));
+  // Progress counts what the rank fills: the checkpoint's bytes plus the adapters it keeps.
+  std::printf("rank %d: load progress ended at %llu of %llu bytes (%llu filled, %llu read)\n", rank,
+              static_cast<unsigned long long>(progress_done),
+              static_cast<unsigned long long>(progress_total),
+              static_cast<unsigned long long>(filled), static_cast<unsigned long long>(read_bytes));
+  if (!progress_ok || progress_done != progress_total || progress_total != filled ||
+      read_bytes > filled || read_bytes == 0) {
+    std::printf("rank %d: FAIL the load's progress is not monotone up to the rank's slices\n",
+                rank);
+    ++failures;
+  }
 
   // Loss: the distributed forward over every rank's documents against one process over all.
   Context ctx(ContextOptions{.threads = 1});
