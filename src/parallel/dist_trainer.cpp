@@ -77,9 +77,12 @@ DistTrainer::DistTrainer(Model& model, const Mesh& mesh, ProcessGroups& groups,
   });
   if (mesh.ep > 1) {
     std::vector<ExpertCompute*> computes;
+    // One set of exchange buffers for all layers: only one layer exchanges at a time.
+    auto buffers = std::make_shared<DispatchBuffers>();
     for (size_t i = 0; i < moes.size(); ++i) {
-      ep_.push_back(std::make_unique<ExpertParallel>(*groups.ep, mesh.num_experts,
-                                                     ExpertParallelOptions{opt.a2a_chunks}));
+      ep_.push_back(std::make_unique<ExpertParallel>(
+          *groups.ep, mesh.num_experts,
+          ExpertParallelOptions{.chunks = opt.a2a_chunks, .buffers = buffers}));
       computes.push_back(ep_.back().get());
     }
     model.shard_experts(mesh.first_expert(), mesh.local_experts, computes);

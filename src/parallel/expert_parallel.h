@@ -2,11 +2,13 @@
 //
 // The layer's rows arrive sorted by global expert, and rank p of the EP group owns the contiguous
 // experts [p*El, (p+1)*El), so the rows bound for each destination are already one contiguous
-// segment: the send buffer is the layer's own row buffer, nothing is packed.
+// segment: the send buffer is the layer's own row buffer, nothing is packed. The layout (counts,
+// pieces, sort order) is a DispatchLayout (dispatch_layout.h), the transport-independent part.
 //
 //   1. per-destination, per-expert row counts are exchanged (all-to-all of El counts per peer);
 //   2. every segment is cut into `chunks` pieces; piece c of all segments travels in all-to-all-v
-//      number c (rows at latent width l). All dispatches are posted at once;
+//      number c (rows at latent width l) into the shared DispatchBuffers, reserved once for the
+//      worst case. All dispatches are posted at once;
 //   3. as chunk c lands, its rows are ordered by local expert (stable in source order) and run
 //      as one grouped SwiGLU over the El local experts; the outputs are unsorted and sent back
 //      (all-to-all-v, posted without waiting) while chunk c+1 computes;
@@ -21,11 +23,17 @@
 #include "core/arena.h"
 #include "model/moe_layer.h"
 #include "parallel/comm.h"
+#include "parallel/dispatch_layout.h"
 
 namespace mt::par {
 
 struct ExpertParallelOptions {
   int chunks = 1;  // all-to-all pieces pipelined with the expert computation
+  // The most rows (tokens x top_k) a rank sends in one forward, for sizing the buffers once;
+  // 0: the first forward's rows (ranks hold equal token counts, so that is every step's).
+  int64_t max_rows = 0;
+  // Shared by every layer of a model (one layer exchanges at a time); null: the layer's own.
+  std::shared_ptr<DispatchBuffers> buffers;
 };
 
 class ExpertParallel : public ExpertCompute {
@@ -44,30 +52,31 @@ class ExpertParallel : public ExpertCompute {
   void set_chunks(int chunks);
   int chunks() const { return chunks_; }
   void reset_stats() { rows_received_ = 0; }
+  const DispatchLayout& layout() const { return layout_; }
+  const DispatchBuffers& buffers() const { return *buffers_; }
 
  private:
-  struct Chunk {
-    // Element counts/displacements (rows * l) for sending our rows and receiving peers' rows.
-    std::vector<int64_t> send_counts, send_displs, recv_counts, recv_displs;
-    int64_t recv_begin = 0, rows = 0;  // rows of this chunk in the receive buffer
-    std::vector<int32_t> order;        // sorted position -> row within the chunk
-    Tensor offsets;                    // i32 [El+1] over the sorted rows
-    Tensor x;                          // sorted inputs, kept for backward
-    std::unique_ptr<Arena> saved_mem;
-    ops::GroupedFfnSaved saved;
+  // What a chunk's forward keeps for its backward.
+  struct Saved {
+    Tensor x;        // sorted inputs
+    Tensor offsets;  // i32 [El+1], the layout's offsets as a tensor
+    std::unique_ptr<Arena> mem;
+    ops::GroupedFfnSaved ffn;
   };
   ops::GroupedFfnParams local_params(const ops::GroupedFfnParams& p, int64_t rows) const;
-  // Sends `src` ([N, l] in expert order) to the owners and returns what arrives ([R, l]) through
-  // `each(c)` as every chunk lands; then sends `back` ([R, l]) to `dst` ([N, l]).
+  // Sends `src` ([N, l] in expert order) to the owners and passes what arrives (`recv`, [R, l])
+  // to `each(c)` as every chunk lands; `each` fills `back` ([R, l]), which returns to `dst`.
   template <typename F>
-  void exchange(const Tensor& src, Tensor& recv, Tensor& back, Tensor& dst, F&& each);
+  void exchange(const Tensor& src, const Tensor& recv, const Tensor& back, Tensor& dst, F&& each);
 
   Comm& ep_;
   int P_;
   int64_t E_, El_;
   int chunks_;
-  int64_t l_ = 0, recv_total_ = 0;
-  std::vector<Chunk> chunk_;
+  int64_t max_rows_;
+  DispatchLayout layout_;
+  std::shared_ptr<DispatchBuffers> buffers_;
+  std::vector<Saved> saved_;
   int64_t rows_received_ = 0;
 };
 

@@ -1,0 +1,111 @@
+#include "parallel/dispatch_layout.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "core/error.h"
+
+namespace mt::par {
+
+namespace {
+
+// Piece boundaries: chunk c of n rows is [n*c/chunks, n*(c+1)/chunks), sizes differing by <= 1.
+int64_t piece_begin(int64_t n, int c, int chunks) {
+  return n * c / chunks;
+}
+
+}  // namespace
+
+DispatchLayout::DispatchLayout(int ranks, int64_t local_experts) : P_(ranks), El_(local_experts) {
+  MT_CHECK(ranks >= 1 && local_experts >= 1, ConfigError, "dispatch layout of ", ranks,
+           " ranks with ", local_experts, " local experts");
+}
+
+std::vector<int64_t> DispatchLayout::send_counts(const int32_t* offsets) const {
+  std::vector<int64_t> cnt(static_cast<size_t>(P_ * El_));
+  for (size_t e = 0; e < cnt.size(); ++e) cnt[e] = offsets[e + 1] - offsets[e];
+  return cnt;
+}
+
+void DispatchLayout::plan(const int32_t* offsets, const std::vector<int64_t>& recv_counts,
+                          int chunks, int64_t width) {
+  const size_t P = static_cast<size_t>(P_), El = static_cast<size_t>(El_);
+  MT_CHECK(chunks >= 1, ConfigError, "all-to-all chunks must be >= 1, got ", chunks);
+  MT_CHECK(recv_counts.size() == P * El, ShapeError,
+           "dispatch receive counts: ", recv_counts.size(),
+           " entries, expected ranks x local experts = ", P * El);
+  width_ = width;
+  std::vector<int64_t> send_start(P), send_rows(P), recv_rows(P, 0);
+  for (size_t d = 0; d < P; ++d) {
+    send_start[d] = offsets[d * El];
+    send_rows[d] = offsets[(d + 1) * El] - send_start[d];
+    for (size_t j = 0; j < El; ++j) {
+      MT_CHECK(recv_counts[d * El + j] >= 0, ValueError, "dispatch: rank ", d, " sends ",
+               recv_counts[d * El + j], " rows to local expert ", j);
+      recv_rows[d] += recv_counts[d * El + j];
+    }
+  }
+  send_total_ = offsets[P * El] - offsets[0];
+
+  chunks_.clear();
+  chunks_.resize(static_cast<size_t>(chunks));
+  int64_t pos = 0;
+  std::vector<int64_t> count(El);
+  std::vector<std::pair<int32_t, int32_t>> expert_row;  // (local expert, row in chunk)
+  for (int c = 0; c < chunks; ++c) {
+    DispatchChunk& k = chunks_[static_cast<size_t>(c)];
+    k.send_counts.resize(P);
+    k.send_displs.resize(P);
+    k.recv_counts.resize(P);
+    k.recv_displs.resize(P);
+    k.recv_begin = pos;
+    std::fill(count.begin(), count.end(), 0);
+    expert_row.clear();
+    for (size_t s = 0; s < P; ++s) {
+      const int64_t sb = piece_begin(send_rows[s], c, chunks),
+                    se = piece_begin(send_rows[s], c + 1, chunks);
+      k.send_counts[s] = (se - sb) * width;
+      k.send_displs[s] = (send_start[s] + sb) * width;
+      const int64_t rb = piece_begin(recv_rows[s], c, chunks),
+                    re = piece_begin(recv_rows[s], c + 1, chunks);
+      k.recv_counts[s] = (re - rb) * width;
+      k.recv_displs[s] = pos * width;
+      // Which local expert each received row belongs to: the source sent them in expert order.
+      size_t j = 0;
+      int64_t end_j = recv_counts[s * El];
+      for (int64_t r = rb; r < re; ++r) {
+        while (r >= end_j) end_j += recv_counts[s * El + ++j];
+        expert_row.emplace_back(static_cast<int32_t>(j), static_cast<int32_t>(pos - k.recv_begin));
+        ++count[j];
+        ++pos;
+      }
+    }
+    k.rows = pos - k.recv_begin;
+    k.offsets.assign(El + 1, 0);
+    for (size_t j = 0; j < El; ++j)
+      k.offsets[j + 1] = k.offsets[j] + static_cast<int32_t>(count[j]);
+    std::vector<int32_t> fill(k.offsets.begin(), k.offsets.end() - 1);
+    k.order.assign(static_cast<size_t>(k.rows), 0);
+    for (const auto& [j, r] : expert_row)
+      k.order[static_cast<size_t>(fill[static_cast<size_t>(j)]++)] = r;
+  }
+  recv_total_ = pos;
+}
+
+DispatchBuffers::DispatchBuffers(Device device) : device_(device) {}
+
+void DispatchBuffers::reserve(int64_t rows, int64_t width) {
+  MT_CHECK(rows >= 0 && width >= 1, ValueError, "dispatch buffers of ", rows, " rows x ", width);
+  if (rows * width <= capacity_) return;
+  capacity_ = rows * width;
+  block_ = Tensor::empty({kBuffers * capacity_}, DType::F32, device_);
+  ++allocations_;
+}
+
+Tensor DispatchBuffers::get(int which, int64_t rows, int64_t width) const {
+  MT_CHECK(rows * width <= capacity_, InternalError, "dispatch buffer of ", rows, " x ", width,
+           " beyond its reserved ", capacity_, " elements");
+  return block_.rows(which * capacity_, which * capacity_ + rows * width).view({rows, width});
+}
+
+}  // namespace mt::par
