@@ -85,6 +85,7 @@ struct Peers {
   std::vector<uint64_t> host;  // FNV-1a of the host name
   uint64_t my_host = 0;
   int kill_rank = -1;
+  int kill_signal = SIGKILL;  // SIGSTOP: the rank stops answering but stays alive
   int64_t kill_call = 0;
   std::string kill_in;
 };
@@ -273,7 +274,7 @@ class MpiComm : public Comm {
     ++s.calls;
     if (peers_ && world_rank_ == peers_->kill_rank && peers_->kill_in == collective_name(c) &&
         s.calls == peers_->kill_call)
-      ::kill(::getpid(), SIGKILL);
+      ::kill(::getpid(), peers_->kill_signal);
     s.bytes_sent += sent;
     s.bytes_recv += recv;
     t0_ = Clock::now();
@@ -570,6 +571,11 @@ std::unique_ptr<Comm> MpiRuntime::world(const CommOptions& opt) const {
     const char* call = std::getenv("MOETRAIN_FAULT_KILL_CALL");
     peers->kill_in = in ? in : "";
     peers->kill_call = call ? std::atoll(call) : 1;
+    const char* sig = std::getenv("MOETRAIN_FAULT_SIGNAL");
+    const std::string how = sig ? sig : "KILL";
+    MT_CHECK(how == "KILL" || how == "STOP", ConfigError, "MOETRAIN_FAULT_SIGNAL = '", how,
+             "': KILL or STOP");
+    peers->kill_signal = how == "STOP" ? SIGSTOP : SIGKILL;
   }
   return std::make_unique<MpiComm>(MPI_COMM_WORLD, false, "world", rank, opt, std::move(peers));
 }

@@ -11,6 +11,8 @@
 // MOETRAIN_FAULT_KILL_RANK=R, MOETRAIN_FAULT_KILL_IN=<collective name> and
 // MOETRAIN_FAULT_KILL_CALL=N, world rank R SIGKILLs itself as it starts its N-th call (1-based) of
 // that collective on any communicator, so its peers are inside the same collective when it dies.
+// MOETRAIN_FAULT_SIGNAL=STOP sends SIGSTOP instead: the rank stops answering without dying (the
+// peers' bounded waits report it as stopped; their abort ends it).
 //
 // The primitive calls take host pointers with element counts: collectives move flat shards and
 // slices of rows, and the counts of an all-to-all-v vary per peer. The Tensor forms take the
