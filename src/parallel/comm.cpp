@@ -223,9 +223,7 @@ class MpiComm : public Comm {
                         const std::vector<int64_t>& recv_counts,
                         const std::vector<int64_t>& recv_displs, Elem e) override {
     const size_t P = static_cast<size_t>(size_);
-    MT_CHECK(send_counts.size() == P && send_displs.size() == P && recv_counts.size() == P &&
-                 recv_displs.size() == P,
-             ValueError, where(), ": all_to_all_v needs ", P, " counts and displacements");
+    check_peer_counts(send_counts, send_displs, recv_counts, recv_displs);
     int64_t sb = 0, rb = 0;
     for (size_t i = 0; i < P; ++i) {
       sb += send_counts[i];
@@ -428,10 +426,11 @@ Elem elem_of(DType d) {
 
 namespace {
 
-// What MPI can read and write: contiguous host memory.
+// What the transport can read and write: contiguous memory where it works (the host for MPI).
 void check_host(const Comm& c, const Tensor& t, const char* what) {
-  MT_CHECK(t.defined() && t.device() == Device::CPU && t.is_contiguous(), ValueError, c.where(),
-           ": ", what, " must be a contiguous host tensor");
+  MT_CHECK(t.defined() && t.device() == c.memory() && t.is_contiguous(), ValueError, c.where(),
+           ": ", what, " must be a contiguous ", c.memory() == Device::CPU ? "host" : "device",
+           " tensor");
 }
 
 void check_count(const Comm& c, const Tensor& t, int64_t n, const char* what) {
@@ -490,6 +489,16 @@ Request Comm::ibroadcast(Tensor& t, int root) {
   return ibroadcast(t.raw(), t.numel(), elem_of(t.dtype()), root);
 }
 
+void Comm::check_peer_counts(const std::vector<int64_t>& send_counts,
+                             const std::vector<int64_t>& send_displs,
+                             const std::vector<int64_t>& recv_counts,
+                             const std::vector<int64_t>& recv_displs) const {
+  const size_t P = static_cast<size_t>(size());
+  MT_CHECK(send_counts.size() == P && send_displs.size() == P && recv_counts.size() == P &&
+               recv_displs.size() == P,
+           ValueError, where(), ": all_to_all_v needs ", P, " counts and displacements");
+}
+
 const char* collective_name(Collective c) {
   static constexpr const char* kNames[kNumCollectives] = {
       "all_gather", "reduce_scatter", "all_reduce", "all_to_all_v", "broadcast", "barrier"};
@@ -538,6 +547,15 @@ void Request::wait() {
 
 std::unique_ptr<Comm> make_local_comm() {
   return std::make_unique<LocalComm>();
+}
+
+int local_rank(Comm& world) {
+  std::vector<uint64_t> hosts(static_cast<size_t>(world.size()));
+  const uint64_t mine = host_hash();
+  world.all_gather(&mine, 1, hosts.data(), Elem::I64);
+  int below = 0;
+  for (int r = 0; r < world.rank(); ++r) below += hosts[static_cast<size_t>(r)] == mine;
+  return below;
 }
 
 MpiRuntime::MpiRuntime(int* argc, char*** argv) {

@@ -121,6 +121,8 @@ class Comm {
   [[noreturn]] virtual void abort(int code) = 0;
   // The bound of every wait from now on; communicators split later inherit it. Not collective.
   virtual void set_timeout(std::chrono::milliseconds timeout) { (void)timeout; }
+  // Where the Tensor forms' tensors live: host memory for MPI and the local comm, the GPU for NCCL.
+  virtual Device memory() const { return Device::CPU; }
 
   // Tensor forms (element type from the dtype, counts from the shapes).
   // In place: t = the sum of every rank's t.
@@ -160,11 +162,21 @@ class Comm {
   const CommStats& stats() const { return stats_; }
 
  protected:
+  // One count and displacement per peer, or ValueError naming this rank.
+  void check_peer_counts(const std::vector<int64_t>& send_counts,
+                         const std::vector<int64_t>& send_displs,
+                         const std::vector<int64_t>& recv_counts,
+                         const std::vector<int64_t>& recv_displs) const;
+
   CommStats stats_;
 };
 
 // World of one process: every collective is a copy; no MPI call is made.
 std::unique_ptr<Comm> make_local_comm();
+
+// This rank's index among the ranks of `world` on the same host (collective): one process per
+// GPU takes device local_rank % devices.
+int local_rank(Comm& world);
 
 // Owns MPI_Init_thread / MPI_Finalize for the lifetime of a program (cli or test driver).
 class MpiRuntime {
