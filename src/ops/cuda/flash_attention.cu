@@ -11,8 +11,9 @@
 //
 // Head dims are padded with zeros in shared memory to the next instantiated width (64/64,
 // 128/128, 192/128), so any qk_dim <= 192 and v_dim <= 128 run here; rows past the end and keys
-// outside a query's document are masked. Tiles come from global memory through plain 16-byte
-// loads (a first version: no cp.async pipeline, no TMA; see bench/RESULTS.md for what it reaches).
+// outside a query's document are masked. Tiles come from global memory through cp.async: double
+// buffered in the forward and dk/dv kernels, one stage in dq (whose q and dout rows leave room
+// for two blocks per SM only then); no TMA or wgmma yet (bench/RESULTS.md: what it reaches).
 #include <climits>
 
 #include "ops/cuda/flash_attention.h"
@@ -216,11 +217,13 @@ __global__ void __launch_bounds__(kThreads)
                     bf16* dq) {
   constexpr int LK = DK + kPad, LV = DV + kPad;
   extern __shared__ __align__(16) unsigned char smem[];
+  // One stage of key tiles, not two: the q and dout rows already take 43 KB at 192/128, and a
+  // second block per SM (87 KB each) hides the loads better than double buffering in one.
   bf16* Qs = reinterpret_cast<bf16*>(smem);
   bf16* Os = Qs + kBlockM * LK;  // dout rows
-  bf16* Kb[2] = {Os + kBlockM * LV, Os + kBlockM * LV + kBlockN * (LK + LV)};
-  bf16* Vb[2] = {Kb[0] + kBlockN * LK, Kb[1] + kBlockN * LK};
-  int* start = reinterpret_cast<int*>(Vb[1] + kBlockN * LV);
+  bf16* Ks = Os + kBlockM * LV;
+  bf16* Vs = Ks + kBlockN * LK;
+  int* start = reinterpret_cast<int*>(Vs + kBlockN * LV);
   float* lse2 = reinterpret_cast<float*>(start + kBlockM);
   float* dl = lse2 + kBlockM;
   const int64_t h = blockIdx.y, q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kBlockM;
@@ -233,9 +236,6 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t last = (q0 + kBlockM < T ? q0 + kBlockM : T) - 1;
   const int64_t kb0 = start[0] / kBlockN * kBlockN;
   const int tiles = static_cast<int>((last - kb0) / kBlockN + 1);
-  load_tile<kBlockN, DK>(Kb[0], k, T, H, h, dk, kb0, vec);
-  load_tile<kBlockN, DV>(Vb[0], v, T, H, h, dv, kb0, vec);
-  mma::cp_async_commit();
 
   float acc[DK / 8][4] = {};
   const int r0 = 16 * w + g, r1 = r0 + 8;
@@ -243,15 +243,11 @@ __global__ void __launch_bounds__(kThreads)
   const int warp_start = start[16 * w];
   for (int it = 0; it < tiles; ++it) {
     const int64_t kb = kb0 + static_cast<int64_t>(it) * kBlockN;
-    if (it + 1 < tiles) {
-      load_tile<kBlockN, DK>(Kb[(it + 1) & 1], k, T, H, h, dk, kb + kBlockN, vec);
-      load_tile<kBlockN, DV>(Vb[(it + 1) & 1], v, T, H, h, dv, kb + kBlockN, vec);
-    }
+    load_tile<kBlockN, DK>(Ks, k, T, H, h, dk, kb, vec);
+    load_tile<kBlockN, DV>(Vs, v, T, H, h, dv, kb, vec);
     mma::cp_async_commit();
-    mma::cp_async_wait<1>();
+    mma::cp_async_wait<0>();
     __syncthreads();
-    const bf16* Ks = Kb[it & 1];
-    const bf16* Vs = Vb[it & 1];
     if (kb <= q0 + 16 * w + 15 && kb + kBlockN > warp_start) {
       float s[kBlockN / 8][4] = {}, dp[kBlockN / 8][4] = {};
 #pragma unroll
@@ -514,8 +510,7 @@ void backward_as(Context& ctx, const Launch& l, const Tensor& q, const Tensor& k
   const size_t rows_bytes = sizeof(int) + 2 * sizeof(float);
   auto k1 = flash_dq_kernel<DK, DV>;
   const size_t sm1 = smem_for(
-      k1, sizeof(bf16) * (kBlockM * (LK + LV) + 2 * kBlockN * (LK + LV)) + rows_bytes * kBlockM,
-      op);
+      k1, sizeof(bf16) * (kBlockM * (LK + LV) + kBlockN * (LK + LV)) + rows_bytes * kBlockM, op);
   k1<<<dim3(l.tiles(kBlockM), static_cast<unsigned>(l.H)), kThreads, sm1, stream(ctx)>>>(
       l.T, l.H, l.dk, l.dv, l.scale * kLog2e, l.scale, l.cu, l.nseq, l.vec, ptr<bf16>(q),
       ptr<bf16>(k), ptr<bf16>(v), ptr<bf16>(dout), ptr<float>(lse), delta, ptr<bf16>(dq));

@@ -62,6 +62,9 @@ size_t smem_for(Kernel kernel, size_t bytes, const char* op) {
              most);
     MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(bytes)));
+    // All of L1 as shared memory, so that blocks under half of it fit twice per SM.
+    MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                       cudaSharedmemCarveoutMaxShared));
   }
   return bytes;
 }
