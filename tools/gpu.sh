@@ -27,10 +27,10 @@ pack() {
     tools/build.sh build-cuda --target moetrain_cli gpu_suite test_golden
   rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib
   cp build-cuda/moetrain build-cuda/tests/gpu_suite build-cuda/tests/test_golden .gpu/bin/
-  # Every library the binaries load except the C runtime and the CUDA driver/toolkit, which the
-  # device image has in versions the binaries accept.
+  # Every library the binaries load except the C runtime, the CUDA driver/toolkit and NCCL (218 MB:
+  # over the carry limit), which the device image has in versions the binaries accept (2.28).
   for b in .gpu/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
-    grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcudart|libcublas[^/]*|libnvidia[^/]*|libstdc\+\+|libgcc_s|libz|libudev)\.so' |
+    grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcudart|libcublas[^/]*|libnccl|libnvidia[^/]*|libstdc\+\+|libgcc_s|libz|libudev)\.so' |
     while read -r lib; do cp -L "$lib" .gpu/lib/; done
   strip --strip-debug .gpu/bin/* 2>/dev/null || true
   # The device call carries at most 64 MiB with the repository: travel compressed.

@@ -163,7 +163,10 @@ TEST(CudaNccl, StepThroughNcclEqualsPlainGpuStepBitwise) {
 void stall_and_report() {
   Context ctx(ContextOptions{.device = Device::CUDA});
   auto boot = par::make_local_comm();
-  auto nccl = par::make_nccl_comm(*boot, ctx, {.timeout = std::chrono::milliseconds(300)});
+  // Initialisation keeps the default bound (a fresh process's NCCL start took over 300 ms on the
+  // H200); only the collective below runs under the short one.
+  auto nccl = par::make_nccl_comm(*boot, ctx);
+  nccl->set_timeout(std::chrono::milliseconds(300));
   Tensor t = Tensor::zeros({1000}, DType::F32, Device::CUDA);
   cudaStream_t s = cuda_resources(ctx).stream;
   auto hold = [](void*) { std::this_thread::sleep_for(std::chrono::seconds(3)); };
