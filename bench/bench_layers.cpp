@@ -19,6 +19,7 @@ struct LayerBench {
   SeqInfo seq;
   Tensor x, y, dy, dx;
   Arena acts;
+  std::unique_ptr<LayerState> state;
 };
 
 std::unique_ptr<LayerBench> make(const std::string& which) {
@@ -45,6 +46,7 @@ std::unique_ptr<LayerBench> make(const std::string& which) {
   ArenaPlan plan;
   b->layer->plan_activations(b->seq, plan);
   b->acts = Arena(plan.bytes(), Device::CPU, "activations");
+  b->state = b->layer->make_state();
   return b;
 }
 
@@ -53,8 +55,8 @@ void run(benchmark::State& state, const std::string& which, bool backward) {
   Context ctx;
   for (auto _ : state) {
     b->acts.reset();
-    b->layer->forward(ctx, b->seq, b->x, b->y, b->acts);
-    if (backward) b->layer->backward(ctx, b->seq, b->dy, b->dx);
+    b->layer->forward(ctx, b->seq, b->x, b->y, b->acts, *b->state);
+    if (backward) b->layer->backward(ctx, b->seq, b->dy, b->dx, *b->state);
     benchmark::DoNotOptimize(b->y.f32());
   }
   state.counters["tokens_per_s"] = benchmark::Counter(

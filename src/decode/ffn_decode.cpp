@@ -15,7 +15,8 @@ void forward_rows(Context& ctx, L& layer, const Tensor& x, Tensor& y) {
   ArenaPlan plan;
   layer.plan_activations(seq, plan);
   Arena acts(plan.bytes(), ctx.device(), "decode ffn activations");
-  layer.forward(ctx, seq, x, y, acts);
+  typename L::Saved discarded;
+  layer.forward(ctx, seq, x, y, acts, discarded);
 }
 
 }  // namespace

@@ -29,15 +29,17 @@ void KdaLayer::decode_step(Context& ctx, KdaDecodeState& st, const Tensor& x, Te
   expect_shape(st.state, {1, H, K, K}, "kda decode state");
   Arena& ws = ctx.workspace();
   ArenaScope scope(ws);
+  Saved s;  // what a training forward would keep; decoding discards it
 
   // q, k, v: the short conv runs over [tail | new] as one document, so the new rows see exactly
   // the kernel-1 previous inputs (zeros at the document start); the tail then moves forward.
   const Tensor cu_conv = one_doc(ws, tail + n);
-  auto branch = [&](LinearModule& proj, const ParamRef& w, Tensor& tail_buf) {
+  auto branch = [&](LinearModule& proj, LinearModule::Saved& ps, const ParamRef& w,
+                    Tensor& tail_buf) {
     Tensor buf = ws.alloc({tail + n, HK});
     if (tail > 0) std::memcpy(buf.f32(), tail_buf.f32(), sizeof(float) * tail * HK);
     Tensor newrows = ws.alloc({n, HK});
-    proj.forward(ctx, x, newrows, ws);
+    proj.forward(ctx, x, newrows, ws, ps);
     std::memcpy(buf.f32() + tail * HK, newrows.f32(), sizeof(float) * n * HK);
     Tensor conv = ws.alloc({tail + n, HK});
     ops::causal_conv1d_forward(ctx, {.tokens = tail + n, .channels = HK, .kernel = tail + 1},
@@ -49,13 +51,13 @@ void KdaLayer::decode_step(Context& ctx, KdaDecodeState& st, const Tensor& x, Te
     ops::silu_forward(ctx, conv_new, out);
     return out;
   };
-  Tensor qs = branch(q_proj_, q_conv_, st.q_tail);
-  Tensor ks = branch(k_proj_, k_conv_, st.k_tail);
-  Tensor vs = branch(v_proj_, v_conv_, st.v_tail);
+  Tensor qs = branch(q_proj_, s.q_proj, q_conv_, st.q_tail);
+  Tensor ks = branch(k_proj_, s.k_proj, k_conv_, st.k_tail);
+  Tensor vs = branch(v_proj_, s.v_proj, v_conv_, st.v_tail);
   Tensor q = ws.alloc({n, H, K}), k = ws.alloc({n, H, K});
-  qk_l2norm(ctx, qs, ks, q, k, ws);
+  qk_l2norm(ctx, qs, ks, q, k, ws, s);
   Tensor g = ws.alloc({n, HK}), beta = ws.alloc({n, H});
-  decay_and_beta(ctx, x, g, beta, ws);
+  decay_and_beta(ctx, x, g, beta, ws, s);
 
   // The delta-rule core from the carried state.
   ops::KdaParams cp = core_params(SeqInfo{});
@@ -68,7 +70,7 @@ void KdaLayer::decode_step(Context& ctx, KdaDecodeState& st, const Tensor& x, Te
                    saved);
   std::memcpy(st.state.f32(), hT.f32(), sizeof(float) * H * K * K);
 
-  gated_output(ctx, x, o, y, ws);
+  gated_output(ctx, x, o, y, ws, s);
 }
 
 }  // namespace mt

@@ -79,22 +79,23 @@ void MlaLayer::decode_step(Context& ctx, AttnDecodeState& st, const Tensor& x, T
            " tokens exceed the KV cache capacity ", st.capacity);
   Arena& ws = ctx.workspace();
   ArenaScope scope(ws);
+  Saved s;  // what a training forward would keep; decoding discards it
   Tensor positions = ws.alloc({n}, DType::I32);
   for (int64_t i = 0; i < n; ++i) positions.i32()[i] = static_cast<int32_t>(pos0 + i);
 
   // The new keys and values go straight into the cache rows.
   Tensor q = ws.alloc({n, H, Dqk});
-  project_q(ctx, x, positions, q, ws);
+  project_q(ctx, x, positions, q, ws, s);
   Tensor k_new = st.k.rows(pos0, pos0 + n), v_new = st.v.rows(pos0, pos0 + n);
-  project_kv(ctx, x, positions, k_new, v_new, ws);
+  project_kv(ctx, x, positions, k_new, v_new, ws, s);
 
   // Attention over the selected cached positions (the new ones included, causally).
-  Tensor idx = decode_select(ctx, st, x, cqn_, positions);
+  Tensor idx = decode_select(ctx, st, x, s.cqn, positions);
   Tensor o = ws.alloc({n, H, Dv});
   cached_attention(ctx, q, st.k, st.v, idx, pos0 + n, softmax_scale(), o);
   st.len = pos0 + n;
 
-  project_out(ctx, x, o.view({n, H * Dv}), y, ws);
+  project_out(ctx, x, o.view({n, H * Dv}), y, ws, s);
 }
 
 Tensor DsaLayer::decode_select(Context& ctx, AttnDecodeState& st, const Tensor& x,
@@ -107,7 +108,8 @@ Tensor DsaLayer::decode_select(Context& ctx, AttnDecodeState& st, const Tensor& 
   // Indexer keys of the new tokens, into the cache; queries and head weights.
   Tensor qi = ws.alloc({n, HI * DI}), w = ws.alloc({n, HI});
   Tensor kn_new = st.index_k.rows(pos0, cached);
-  project_indexer(ctx, x, cqn, positions, qi, kn_new, w, ws);
+  Saved discarded;  // what a training forward would keep
+  project_indexer(ctx, x, cqn, positions, qi, kn_new, w, ws, discarded);
   if (dcfg_.dense_warmup) return causal_rows(ws, positions, cached);
   const Tensor kn = st.index_k.rows(0, cached);
 

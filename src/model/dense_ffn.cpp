@@ -37,35 +37,39 @@ void DenseFfn::plan_activations(const SeqInfo& seq, ArenaPlan& plan) const {
   down_.plan(T, plan);
 }
 
-void DenseFfn::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y, Arena& acts) {
+void DenseFfn::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y, Arena& acts,
+                       LayerState& st) {
+  Saved& s = state_as<Saved>(st, "dense FFN");
   const int64_t T = seq.tokens;
   expect_shape(x, {T, cfg_.hidden}, "dense FFN input");
   expect_shape(y, {T, cfg_.hidden}, "dense FFN output");
   const DType at = x.dtype();
-  gate_out_ = acts.alloc({T, cfg_.ffn}, at);
-  up_out_ = acts.alloc({T, cfg_.ffn}, at);
-  act_ = acts.alloc({T, cfg_.ffn}, at);
-  gate_.forward(ctx, x, gate_out_, acts);
-  up_.forward(ctx, x, up_out_, acts);
-  ops::swiglu_forward(ctx, gate_out_, up_out_, act_);
-  down_.forward(ctx, act_, y, acts);
+  s.gate_out = acts.alloc({T, cfg_.ffn}, at);
+  s.up_out = acts.alloc({T, cfg_.ffn}, at);
+  s.act = acts.alloc({T, cfg_.ffn}, at);
+  gate_.forward(ctx, x, s.gate_out, acts, s.gate);
+  up_.forward(ctx, x, s.up_out, acts, s.up);
+  ops::swiglu_forward(ctx, s.gate_out, s.up_out, s.act);
+  down_.forward(ctx, s.act, y, acts, s.down);
 }
 
-void DenseFfn::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx) {
+void DenseFfn::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx,
+                        LayerState& st) {
+  const Saved& s = state_as<Saved>(st, "dense FFN");
   const int64_t T = seq.tokens;
-  MT_CHECK(act_.defined() && act_.dim(0) == T, InternalError,
+  MT_CHECK(s.act.defined() && s.act.dim(0) == T, InternalError,
            "dense FFN backward without a matching forward");
   expect_shape(dy, {T, cfg_.hidden}, "dense FFN dy");
   expect_shape(dx, {T, cfg_.hidden}, "dense FFN dx");
   ArenaScope scope(ctx.workspace());
-  const DType at = act_.dtype();
+  const DType at = s.act.dtype();
   Tensor dact = ctx.workspace().alloc({T, cfg_.ffn}, at);
   Tensor dgate = ctx.workspace().alloc({T, cfg_.ffn}, at);
   Tensor dup = ctx.workspace().alloc({T, cfg_.ffn}, at);
-  down_.backward(ctx, dy, dact);
-  ops::swiglu_backward(ctx, gate_out_, up_out_, dact, dgate, dup);
-  gate_.backward(ctx, dgate, dx);
-  up_.backward(ctx, dup, dx, /*accumulate_dx=*/true);  // x feeds both projections
+  down_.backward(ctx, s.down, dy, dact);
+  ops::swiglu_backward(ctx, s.gate_out, s.up_out, dact, dgate, dup);
+  gate_.backward(ctx, s.gate, dgate, dx);
+  up_.backward(ctx, s.up, dup, dx, /*accumulate_dx=*/true);  // x feeds both projections
 }
 
 }  // namespace mt

@@ -17,16 +17,22 @@ class DenseFfn : public Layer {
   std::vector<ParamSpec> param_specs() const override;
   void bind(const ParamTable& params) override;
   void plan_activations(const SeqInfo& seq, ArenaPlan& plan) const override;
-  void forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y, Arena& acts) override;
-  void backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx) override;
+  // Both SwiGLU inputs, its output (the input down_proj keeps a view of), the projections' own.
+  struct Saved : LayerState {
+    Tensor gate_out, up_out, act;
+    LinearModule::Saved gate, up, down;
+  };
+  std::unique_ptr<LayerState> make_state() const override { return std::make_unique<Saved>(); }
+  void forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y, Arena& acts,
+               LayerState& st) override;
+  void backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx,
+                LayerState& st) override;
   // Inference only (decode/decode.h): y = forward(x) for x [n, hidden].
   void decode_step(Context& ctx, const Tensor& x, Tensor& y);
 
  private:
   DenseFfnConfig cfg_;
   LinearModule gate_, up_, down_;
-  // Saved for backward: both SwiGLU inputs, and its output (the input down_proj keeps a view of).
-  Tensor gate_out_, up_out_, act_;
 };
 
 }  // namespace mt

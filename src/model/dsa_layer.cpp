@@ -90,16 +90,16 @@ ops::RopeParams DsaLayer::index_rope(int64_t tokens) const {
 
 void DsaLayer::project_indexer(Context& ctx, const Tensor& x, const Tensor& cqn,
                                const Tensor& positions, Tensor& qi, Tensor& kn, Tensor& wts,
-                               Arena& acts) {
+                               Arena& acts, Saved& s) const {
   const int64_t n = x.dim(0), HI = dcfg_.index_heads, DI = dcfg_.index_head_dim,
                 R = dcfg_.index_rope_dim;
-  wq_b_.forward(ctx, cqn, qi, acts);
-  ki_ = acts.alloc({n, DI}, x.dtype());
-  wk_.forward(ctx, x, ki_, acts);
-  k_mean_ = acts.alloc({n}, DType::F32);
-  k_rstd_ = acts.alloc({n}, DType::F32);
-  ops::layernorm_forward(ctx, {.rows = n, .dim = DI, .eps = dcfg_.indexer_norm_eps}, ki_,
-                         k_norm_w_.value, k_norm_b_.value, kn, k_mean_, k_rstd_);
+  wq_b_.forward(ctx, cqn, qi, acts, s.wq_b);
+  s.ki = acts.alloc({n, DI}, x.dtype());
+  wk_.forward(ctx, x, s.ki, acts, s.wk);
+  s.k_mean = acts.alloc({n}, DType::F32);
+  s.k_rstd = acts.alloc({n}, DType::F32);
+  ops::layernorm_forward(ctx, {.rows = n, .dim = DI, .eps = dcfg_.indexer_norm_eps}, s.ki,
+                         k_norm_w_.value, k_norm_b_.value, kn, s.k_mean, s.k_rstd);
   if (R > 0) {
     ops::RopeParams rp = index_rope(n);
     Tensor q3 = qi.view({n, HI, DI});
@@ -108,20 +108,23 @@ void DsaLayer::project_indexer(Context& ctx, const Tensor& x, const Tensor& cqn,
     Tensor k3 = kn.view({n, 1, DI});
     ops::rope_forward(ctx, rp, positions, k3, k3);
   }
-  weights_proj_.forward(ctx, x, wts, acts);
+  weights_proj_.forward(ctx, x, wts, acts, s.weights_proj);
   ops::scale(ctx, wts, weight_scale(), wts);
 }
 
-void DsaLayer::select_keys(Context& ctx, const SeqInfo& seq, const Tensor& x, Arena& acts) {
+void DsaLayer::select_keys(Context& ctx, const SeqInfo& seq, const Tensor& x, Arena& acts,
+                           MlaLayer::Saved& ms) {
+  Saved& s = state_as<Saved>(ms, "dsa layer");
+  selected_ = s.idx;
   const int64_t T = seq.tokens, HI = dcfg_.index_heads, DI = dcfg_.index_head_dim;
   const DType at = x.dtype();
-  qi_ = acts.alloc({T, HI * DI}, at);
-  kn_ = acts.alloc({T, DI}, at);
-  wts_ = acts.alloc({T, HI}, at);
-  project_indexer(ctx, x, cqn_, seq.positions, qi_, kn_, wts_, acts);
+  s.qi = acts.alloc({T, HI * DI}, at);
+  s.kn = acts.alloc({T, DI}, at);
+  s.wts = acts.alloc({T, HI}, at);
+  project_indexer(ctx, x, s.cqn, seq.positions, s.qi, s.kn, s.wts, acts, s);
 
   if (dcfg_.dense_warmup) {
-    ops::causal_indices(seq, idx_);
+    ops::causal_indices(seq, s.idx);
     return;
   }
   ArenaScope scope(ctx.workspace());
@@ -130,42 +133,45 @@ void DsaLayer::select_keys(Context& ctx, const SeqInfo& seq, const Tensor& x, Ar
   ops::causal_indices(seq, cand);
   Tensor scores = ctx.workspace().alloc({T, kin}, DType::F32);
   ops::indexer_scores_forward(ctx, {.tokens = T, .heads = HI, .head_dim = DI, .kmax = kin},
-                              qi_.view({T, HI, DI}), kn_, wts_, cand, scores);
-  ops::topk_select(ctx, scores, cand, dcfg_.index_topk, idx_);
+                              s.qi.view({T, HI, DI}), s.kn, s.wts, cand, scores);
+  ops::topk_select(ctx, scores, cand, dcfg_.index_topk, s.idx);
 }
 
-void DsaLayer::after_attention(Context& ctx, const SeqInfo& seq, Arena& acts) {
+void DsaLayer::after_attention(Context& ctx, const SeqInfo& seq, Arena& acts, MlaLayer::Saved& ms) {
+  Saved& s = state_as<Saved>(ms, "dsa layer");
   const int64_t T = seq.tokens, HI = dcfg_.index_heads, DI = dcfg_.index_head_dim,
-                slots = idx_.dim(1);
-  target_ = acts.alloc({T, slots}, DType::F32);
-  ops::attention_prob_sum(ctx, attn_params(T, slots), q_, k_, idx_, lse_, target_);
-  softmax_ = acts.alloc({T, slots}, DType::F32);
+                slots = s.idx.dim(1);
+  s.target = acts.alloc({T, slots}, DType::F32);
+  ops::attention_prob_sum(ctx, attn_params(T, slots), s.q, s.k, s.idx, s.lse, s.target);
+  s.softmax = acts.alloc({T, slots}, DType::F32);
   ArenaScope scope(ctx.workspace());
   Tensor scores = ctx.workspace().alloc({T, slots}, DType::F32);
   ops::indexer_scores_forward(ctx, {.tokens = T, .heads = HI, .head_dim = DI, .kmax = slots},
-                              qi_.view({T, HI, DI}), kn_, wts_, idx_, scores);
+                              s.qi.view({T, HI, DI}), s.kn, s.wts, s.idx, scores);
   ensure_scalar(kl_.value, ctx.device());
-  ops::indexer_kl_forward(ctx, scores, target_, idx_, softmax_, kl_.value);
+  ops::indexer_kl_forward(ctx, scores, s.target, s.idx, s.softmax, kl_.value);
 }
 
-void DsaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx) {
-  MlaLayer::backward(ctx, seq, dy, dx);
+void DsaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx,
+                        LayerState& st) {
+  MlaLayer::backward(ctx, seq, dy, dx, st);
+  Saved& s = state_as<Saved>(st, "dsa layer");
   const float coeff = dcfg_.indexer_loss_coeff;
   if (coeff == 0.f) return;
   const int64_t T = seq.tokens, HI = dcfg_.index_heads, DI = dcfg_.index_head_dim,
-                R = dcfg_.index_rope_dim, slots = idx_.dim(1);
+                R = dcfg_.index_rope_dim, slots = s.idx.dim(1);
   ArenaScope scope(ctx.workspace());
   Arena& ws = ctx.workspace();
-  const DType at = qi_.dtype();
+  const DType at = s.qi.dtype();
   Tensor dscores = ws.alloc({T, slots}, DType::F32);
-  ops::indexer_kl_backward(ctx, softmax_, target_, idx_, coeff, dscores);
+  ops::indexer_kl_backward(ctx, s.softmax, s.target, s.idx, coeff, dscores);
   Tensor dqi = ws.alloc({T, HI, DI}, at), dkn = ws.alloc({T, DI}, at), dw = ws.alloc({T, HI}, at);
   ops::indexer_scores_backward(ctx, {.tokens = T, .heads = HI, .head_dim = DI, .kmax = slots},
-                               qi_.view({T, HI, DI}), kn_, wts_, idx_, dscores, dqi, dkn, dw);
+                               s.qi.view({T, HI, DI}), s.kn, s.wts, s.idx, dscores, dqi, dkn, dw);
   ops::scale(ctx, dw, weight_scale(), dw);
   // The indexer's inputs are detached: its projections get weight gradients only.
   Tensor none;
-  weights_proj_.backward(ctx, dw, none);
+  weights_proj_.backward(ctx, s.weights_proj, dw, none);
   if (R > 0) {
     ops::RopeParams rp = index_rope(T);
     ops::rope_backward(ctx, rp, seq.positions, dqi, dqi);
@@ -174,12 +180,12 @@ void DsaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
     ops::rope_backward(ctx, rp, seq.positions, k3, k3);
   }
   Tensor dki = ws.alloc({T, DI}, at);
-  ops::layernorm_backward(ctx, {.rows = T, .dim = DI, .eps = dcfg_.indexer_norm_eps}, ki_,
-                          k_norm_w_.value, k_mean_, k_rstd_, dkn, dki, k_norm_w_.grad,
+  ops::layernorm_backward(ctx, {.rows = T, .dim = DI, .eps = dcfg_.indexer_norm_eps}, s.ki,
+                          k_norm_w_.value, s.k_mean, s.k_rstd, dkn, dki, k_norm_w_.grad,
                           k_norm_b_.grad);
-  wk_.backward(ctx, dki, none);
+  wk_.backward(ctx, s.wk, dki, none);
   Tensor dq2 = dqi.view({T, HI * DI});
-  wq_b_.backward(ctx, dq2, none);
+  wq_b_.backward(ctx, s.wq_b, dq2, none);
 }
 
 }  // namespace mt

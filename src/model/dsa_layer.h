@@ -34,18 +34,30 @@ class DsaLayer : public MlaLayer {
 
   std::vector<ParamSpec> param_specs() const override;
   void bind(const ParamTable& params) override;
-  void backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx) override;
+  // MLA's state plus the indexer's.
+  struct Saved : MlaLayer::Saved {
+    Tensor qi;                  // [T, HI * DI] after RoPE
+    Tensor ki, k_mean, k_rstd;  // wk x and its LayerNorm statistics
+    Tensor kn;                  // [T, DI] normalised and rotated key
+    Tensor wts;                 // [T, HI] scaled head weights
+    Tensor target, softmax;     // [T, slots] KL target (head-summed probs) and softmax(I)
+    LinearModule::Saved wq_b, wk, weights_proj;
+  };
+  std::unique_ptr<LayerState> make_state() const override { return std::make_unique<Saved>(); }
+  void backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx,
+                LayerState& st) override;
   std::span<const AuxTerm> aux_terms() const override { return {&kl_, 1}; }
 
   const DsaConfig& dsa_config() const { return dcfg_; }
   // The selected key positions of the last forward, i32 [T, slots] (increasing, -1 padded).
-  const Tensor& selected() const { return idx_; }
+  const Tensor& selected() const { return selected_; }
 
  protected:
   int64_t index_slots(const SeqInfo& seq) const override;
   void plan_selection(const SeqInfo& seq, ArenaPlan& plan) const override;
-  void select_keys(Context& ctx, const SeqInfo& seq, const Tensor& x, Arena& acts) override;
-  void after_attention(Context& ctx, const SeqInfo& seq, Arena& acts) override;
+  void select_keys(Context& ctx, const SeqInfo& seq, const Tensor& x, Arena& acts,
+                   MlaLayer::Saved& s) override;
+  void after_attention(Context& ctx, const SeqInfo& seq, Arena& acts, MlaLayer::Saved& s) override;
   Tensor decode_select(Context& ctx, AttnDecodeState& st, const Tensor& x, const Tensor& cqn,
                        const Tensor& positions) override;
 
@@ -55,20 +67,16 @@ class DsaLayer : public MlaLayer {
   ops::RopeParams index_rope(int64_t tokens) const;
   // The indexer's projections, shared by forward and decoding, for the rows of x at `positions`:
   // qi [n, HI * DI], kn [n, DI] (a row view of a key cache is fine), wts [n, HI] scaled; the
-  // LayerNorm's input and statistics go to `acts`.
+  // LayerNorm's input and statistics go to `s`, their tensors in `acts`.
   void project_indexer(Context& ctx, const Tensor& x, const Tensor& cqn, const Tensor& positions,
-                       Tensor& qi, Tensor& kn, Tensor& wts, Arena& acts);
+                       Tensor& qi, Tensor& kn, Tensor& wts, Arena& acts, Saved& s) const;
 
   DsaConfig dcfg_;
   LinearModule wq_b_, wk_, weights_proj_;
   ParamRef k_norm_w_, k_norm_b_;
 
-  Tensor qi_;                    // [T, HI * DI] after RoPE
-  Tensor ki_, k_mean_, k_rstd_;  // wk x and its LayerNorm statistics
-  Tensor kn_;                    // [T, DI] normalised and rotated key
-  Tensor wts_;                   // [T, HI] scaled head weights
-  Tensor target_, softmax_;      // [T, slots] KL target (head-summed probs) and softmax(I)
-  AuxTerm kl_;                   // "indexer_kl", written by the indexer's KL op
+  AuxTerm kl_;       // "indexer_kl", written by the indexer's KL op (a readout)
+  Tensor selected_;  // the last forward's s.idx (a readout)
 };
 
 }  // namespace mt

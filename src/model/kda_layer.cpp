@@ -146,28 +146,29 @@ void KdaLayer::conv_silu_backward(Context& ctx, const SeqInfo& seq, const ParamR
 }
 
 void KdaLayer::qk_l2norm(Context& ctx, const Tensor& qs, const Tensor& ks, Tensor& q, Tensor& k,
-                         Arena& acts) {
+                         Arena& acts, Saved& s) const {
   const int64_t rows = qs.dim(0) * cfg_.heads, K = cfg_.head_dim;
   const ops::NormParams l2{.rows = rows, .dim = K, .eps = kQkL2Eps};
-  q_rstd_ = acts.alloc({rows}, DType::F32);
-  k_rstd_ = acts.alloc({rows}, DType::F32);
+  s.q_rstd = acts.alloc({rows}, DType::F32);
+  s.k_rstd = acts.alloc({rows}, DType::F32);
   Tensor qn = q.view({rows, K}), kn = k.view({rows, K});
-  ops::l2norm_forward(ctx, l2, qs.view({rows, K}), qn, q_rstd_);
-  ops::l2norm_forward(ctx, l2, ks.view({rows, K}), kn, k_rstd_);
+  ops::l2norm_forward(ctx, l2, qs.view({rows, K}), qn, s.q_rstd);
+  ops::l2norm_forward(ctx, l2, ks.view({rows, K}), kn, s.k_rstd);
 }
 
-void KdaLayer::decay_and_beta(Context& ctx, const Tensor& x, Tensor& g, Tensor& beta, Arena& acts) {
+void KdaLayer::decay_and_beta(Context& ctx, const Tensor& x, Tensor& g, Tensor& beta, Arena& acts,
+                              Saved& s) const {
   const int64_t n = x.dim(0), H = cfg_.heads, K = cfg_.head_dim;
   const DType at = x.dtype();
-  fa_ = acts.alloc({n, K}, at);
-  f_a_.forward(ctx, x, fa_, acts);
-  graw_ = acts.alloc({n, hk()}, at);
-  f_b_.forward(ctx, fa_, graw_, acts);
-  ops::kda_gate_forward(ctx, {.tokens = n, .heads = H, .head_dim = K}, graw_, a_log_.value,
+  s.fa = acts.alloc({n, K}, at);
+  f_a_.forward(ctx, x, s.fa, acts, s.f_a);
+  s.graw = acts.alloc({n, hk()}, at);
+  f_b_.forward(ctx, s.fa, s.graw, acts, s.f_b);
+  ops::kda_gate_forward(ctx, {.tokens = n, .heads = H, .head_dim = K}, s.graw, a_log_.value,
                         dt_bias_.value, g);
   ArenaScope scope(ctx.workspace());
   Tensor braw = ctx.workspace().alloc({n, H}, at);
-  b_proj_.forward(ctx, x, braw, acts);
+  b_proj_.forward(ctx, x, braw, acts, s.b_proj);
   // The projection is in the activations' dtype, the core reads beta in fp32: widen before the
   // sigmoid, so that beta itself is never rounded.
   Tensor braw32 = braw;
@@ -178,141 +179,147 @@ void KdaLayer::decay_and_beta(Context& ctx, const Tensor& x, Tensor& g, Tensor& 
   ops::sigmoid_forward(ctx, braw32, beta);
 }
 
-void KdaLayer::gated_output(Context& ctx, const Tensor& x, const Tensor& o, Tensor& y,
-                            Arena& acts) {
+void KdaLayer::gated_output(Context& ctx, const Tensor& x, const Tensor& o, Tensor& y, Arena& acts,
+                            Saved& s) const {
   const int64_t n = x.dim(0), H = cfg_.heads, K = cfg_.head_dim, HK = hk();
   const DType at = x.dtype();
-  on_ = acts.alloc({n, HK}, at);
-  o_rstd_ = acts.alloc({n * H}, DType::F32);
+  s.on = acts.alloc({n, HK}, at);
+  s.o_rstd = acts.alloc({n * H}, DType::F32);
   {
-    Tensor onv = on_.view({n * H, K});
+    Tensor onv = s.on.view({n * H, K});
     ops::rmsnorm_forward(ctx, {.rows = n * H, .dim = K, .eps = cfg_.norm_eps}, o.view({n * H, K}),
-                         o_norm_.value, onv, o_rstd_);
+                         o_norm_.value, onv, s.o_rstd);
   }
-  ga_ = acts.alloc({n, K}, at);
-  g_a_.forward(ctx, x, ga_, acts);
-  gb_ = acts.alloc({n, HK}, at);
-  g_b_.forward(ctx, ga_, gb_, acts);
-  og_ = acts.alloc({n, HK}, at);
-  ops::sigmoid_gate_forward(ctx, on_, gb_, og_);
-  o_proj_.forward(ctx, og_, y, acts);
+  s.ga = acts.alloc({n, K}, at);
+  g_a_.forward(ctx, x, s.ga, acts, s.g_a);
+  s.gb = acts.alloc({n, HK}, at);
+  g_b_.forward(ctx, s.ga, s.gb, acts, s.g_b);
+  s.og = acts.alloc({n, HK}, at);
+  ops::sigmoid_gate_forward(ctx, s.on, s.gb, s.og);
+  o_proj_.forward(ctx, s.og, y, acts, s.o_proj);
 }
 
-void KdaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y, Arena& acts) {
+void KdaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y, Arena& acts,
+                       LayerState& st) {
+  Saved& s = state_as<Saved>(st, "kda layer");
   const int64_t T = seq.tokens, H = cfg_.heads, K = cfg_.head_dim, HK = hk();
   expect_shape(x, {T, cfg_.hidden}, "kda layer x");
   expect_shape(y, {T, cfg_.hidden}, "kda layer y");
 
   // q, k, v: projection, short conv, SiLU; q and k then L2-normalised per head.
   struct Branch {
-    LinearModule* proj;
+    const LinearModule* proj;
+    LinearModule::Saved* saved;
     const ParamRef* conv;
     Tensor *p, *c, *s;
   };
   const DType at = x.dtype();
-  qp_ = acts.alloc({T, HK}, at);
-  kp_ = acts.alloc({T, HK}, at);
-  vp_ = acts.alloc({T, HK}, at);
-  qc_ = acts.alloc({T, HK}, at);
-  kc_ = acts.alloc({T, HK}, at);
-  vc_ = acts.alloc({T, HK}, at);
-  qs_ = acts.alloc({T, HK}, at);
-  ks_ = acts.alloc({T, HK}, at);
+  s.qp = acts.alloc({T, HK}, at);
+  s.kp = acts.alloc({T, HK}, at);
+  s.vp = acts.alloc({T, HK}, at);
+  s.qc = acts.alloc({T, HK}, at);
+  s.kc = acts.alloc({T, HK}, at);
+  s.vc = acts.alloc({T, HK}, at);
+  s.qs = acts.alloc({T, HK}, at);
+  s.ks = acts.alloc({T, HK}, at);
   Tensor vs = acts.alloc({T, HK}, at);
-  for (Branch b :
-       {Branch{&q_proj_, &q_conv_, &qp_, &qc_, &qs_}, Branch{&k_proj_, &k_conv_, &kp_, &kc_, &ks_},
-        Branch{&v_proj_, &v_conv_, &vp_, &vc_, &vs}}) {
-    b.proj->forward(ctx, x, *b.p, acts);
+  for (Branch b : {Branch{&q_proj_, &s.q_proj, &q_conv_, &s.qp, &s.qc, &s.qs},
+                   Branch{&k_proj_, &s.k_proj, &k_conv_, &s.kp, &s.kc, &s.ks},
+                   Branch{&v_proj_, &s.v_proj, &v_conv_, &s.vp, &s.vc, &vs}}) {
+    b.proj->forward(ctx, x, *b.p, acts, *b.saved);
     conv_silu_forward(ctx, seq, *b.conv, *b.p, *b.c, *b.s);
   }
-  v_ = vs.view({T, H, K});
-  q_ = acts.alloc({T, H, K}, at);
-  k_ = acts.alloc({T, H, K}, at);
-  qk_l2norm(ctx, qs_, ks_, q_, k_, acts);
-  g_ = acts.alloc({T, HK}, DType::F32);
-  beta_ = acts.alloc({T, H}, DType::F32);
-  decay_and_beta(ctx, x, g_, beta_, acts);
+  s.v = vs.view({T, H, K});
+  s.q = acts.alloc({T, H, K}, at);
+  s.k = acts.alloc({T, H, K}, at);
+  qk_l2norm(ctx, s.qs, s.ks, s.q, s.k, acts, s);
+  s.g = acts.alloc({T, HK}, DType::F32);
+  s.beta = acts.alloc({T, H}, DType::F32);
+  decay_and_beta(ctx, x, s.g, s.beta, acts, s);
 
   // The delta-rule core, every document from a zero state.
-  o_ = acts.alloc({T, H, K}, at);
+  s.o = acts.alloc({T, H, K}, at);
   const ops::KdaParams cp = core_params(seq);
-  states_ = acts.alloc({ops::kda_saved_rows(cp, seq.cu_seqlens_host), H, K, K}, DType::F32);
+  s.states = acts.alloc({ops::kda_saved_rows(cp, seq.cu_seqlens_host), H, K, K}, DType::F32);
   {
     Tensor no_state;
-    ops::kda_forward(ctx, cp, seq.cu_seqlens, q_, k_, v_, g_.view({T, H, K}), beta_, Tensor(), o_,
-                     no_state, states_);
+    ops::kda_forward(ctx, cp, seq.cu_seqlens, s.q, s.k, s.v, s.g.view({T, H, K}), s.beta, Tensor(),
+                     s.o, no_state, s.states);
   }
 
-  gated_output(ctx, x, o_, y, acts);
+  gated_output(ctx, x, s.o, y, acts, s);
 }
 
-void KdaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx) {
+void KdaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx,
+                        LayerState& st) {
+  Saved& s = state_as<Saved>(st, "kda layer");
   const int64_t T = seq.tokens, H = cfg_.heads, K = cfg_.head_dim, HK = hk();
-  MT_CHECK(og_.defined() && og_.dim(0) == T, InternalError,
+  MT_CHECK(s.og.defined() && s.og.dim(0) == T, InternalError,
            "kda layer backward without a matching forward");
   expect_shape(dy, {T, cfg_.hidden}, "kda layer dy");
   expect_shape(dx, {T, cfg_.hidden}, "kda layer dx");
   Arena& ws = ctx.workspace();
   ArenaScope scope(ws);
-  const DType at = og_.dtype();
+  const DType at = s.og.dtype();
 
   // Output projection and gate; the gate branch is the first to reach x, so it writes dx.
   Tensor dog = ws.alloc({T, HK}, at), don = ws.alloc({T, HK}, at), dgb = ws.alloc({T, HK}, at);
-  o_proj_.backward(ctx, dy, dog);
-  ops::sigmoid_gate_backward(ctx, on_, gb_, dog, don, dgb);
+  o_proj_.backward(ctx, s.o_proj, dy, dog);
+  ops::sigmoid_gate_backward(ctx, s.on, s.gb, dog, don, dgb);
   Tensor dga = ws.alloc({T, K}, at);
-  g_b_.backward(ctx, dgb, dga);
-  g_a_.backward(ctx, dga, dx);
+  g_b_.backward(ctx, s.g_b, dgb, dga);
+  g_a_.backward(ctx, s.g_a, dga, dx);
 
   Tensor dcore = ws.alloc({T, H, K}, at);
   {
     Tensor dcv = dcore.view({T * H, K});
-    ops::rmsnorm_backward(ctx, {.rows = T * H, .dim = K, .eps = cfg_.norm_eps}, o_.view({T * H, K}),
-                          o_norm_.value, o_rstd_, don.view({T * H, K}), dcv, o_norm_.grad);
+    ops::rmsnorm_backward(ctx, {.rows = T * H, .dim = K, .eps = cfg_.norm_eps},
+                          s.o.view({T * H, K}), o_norm_.value, s.o_rstd, don.view({T * H, K}), dcv,
+                          o_norm_.grad);
   }
 
   Tensor dq = ws.alloc({T, H, K}, at), dk = ws.alloc({T, H, K}, at), dv = ws.alloc({T, H, K}, at),
          dg = ws.alloc({T, H, K}, DType::F32), dbeta = ws.alloc({T, H}, DType::F32);
   {
     Tensor no_dh0;
-    ops::kda_backward(ctx, core_params(seq), seq.cu_seqlens, q_, k_, v_, g_.view({T, H, K}), beta_,
-                      states_, dcore, Tensor(), dq, dk, dv, dg, dbeta, no_dh0);
+    ops::kda_backward(ctx, core_params(seq), seq.cu_seqlens, s.q, s.k, s.v, s.g.view({T, H, K}),
+                      s.beta, s.states, dcore, Tensor(), dq, dk, dv, dg, dbeta, no_dh0);
   }
 
   // beta = sigmoid(b_proj x): the sigmoid's gradient in fp32 like beta, narrowed to the
   // projection's dtype for its backward.
   {
     Tensor dbraw32 = ws.alloc({T, H}, DType::F32);
-    ops::sigmoid_backward(ctx, beta_, dbeta, dbraw32);
+    ops::sigmoid_backward(ctx, s.beta, dbeta, dbraw32);
     Tensor dbraw = dbraw32;
     if (at != DType::F32) {
       dbraw = ws.alloc({T, H}, at);
       ops::copy(ctx, dbraw32, dbraw);
     }
-    b_proj_.backward(ctx, dbraw, dx, true);
+    b_proj_.backward(ctx, s.b_proj, dbraw, dx, true);
   }
 
   // Decay gate.
   {
     Tensor dgraw = ws.alloc({T, HK}, at), dfa = ws.alloc({T, K}, at);
-    ops::kda_gate_backward(ctx, {.tokens = T, .heads = H, .head_dim = K}, graw_, a_log_.value,
+    ops::kda_gate_backward(ctx, {.tokens = T, .heads = H, .head_dim = K}, s.graw, a_log_.value,
                            dt_bias_.value, dg.view({T, HK}), dgraw, a_log_.grad, dt_bias_.grad);
-    f_b_.backward(ctx, dgraw, dfa);
-    f_a_.backward(ctx, dfa, dx, true);
+    f_b_.backward(ctx, s.f_b, dgraw, dfa);
+    f_a_.backward(ctx, s.f_a, dfa, dx, true);
   }
 
   // q, k (through the L2 norm) and v.
   const ops::NormParams l2{.rows = T * H, .dim = K, .eps = kQkL2Eps};
   Tensor ds = ws.alloc({T, HK}, at), dp = ws.alloc({T, HK}, at);
   Tensor dsv = ds.view({T * H, K});
-  ops::l2norm_backward(ctx, l2, qs_.view({T * H, K}), q_rstd_, dq.view({T * H, K}), dsv);
-  conv_silu_backward(ctx, seq, q_conv_, qp_, qc_, ds, dp);
-  q_proj_.backward(ctx, dp, dx, true);
-  ops::l2norm_backward(ctx, l2, ks_.view({T * H, K}), k_rstd_, dk.view({T * H, K}), dsv);
-  conv_silu_backward(ctx, seq, k_conv_, kp_, kc_, ds, dp);
-  k_proj_.backward(ctx, dp, dx, true);
-  conv_silu_backward(ctx, seq, v_conv_, vp_, vc_, dv.view({T, HK}), dp);
-  v_proj_.backward(ctx, dp, dx, true);
+  ops::l2norm_backward(ctx, l2, s.qs.view({T * H, K}), s.q_rstd, dq.view({T * H, K}), dsv);
+  conv_silu_backward(ctx, seq, q_conv_, s.qp, s.qc, ds, dp);
+  q_proj_.backward(ctx, s.q_proj, dp, dx, true);
+  ops::l2norm_backward(ctx, l2, s.ks.view({T * H, K}), s.k_rstd, dk.view({T * H, K}), dsv);
+  conv_silu_backward(ctx, seq, k_conv_, s.kp, s.kc, ds, dp);
+  k_proj_.backward(ctx, s.k_proj, dp, dx, true);
+  conv_silu_backward(ctx, seq, v_conv_, s.vp, s.vc, dv.view({T, HK}), dp);
+  v_proj_.backward(ctx, s.v_proj, dp, dx, true);
 }
 
 }  // namespace mt

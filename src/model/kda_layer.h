@@ -28,8 +28,25 @@ class KdaLayer : public Layer {
   std::vector<ParamSpec> param_specs() const override;
   void bind(const ParamTable& params) override;
   void plan_activations(const SeqInfo& seq, ArenaPlan& plan) const override;
-  void forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y, Arena& acts) override;
-  void backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx) override;
+  // What forward keeps: views into `acts` (x itself is kept by the projections' states).
+  struct Saved : LayerState {
+    Tensor qp, kp, vp;      // projections [T, H*K]
+    Tensor qc, kc, vc;      // after the short conv (SiLU inputs)
+    Tensor qs, ks;          // after SiLU (L2-norm inputs)
+    Tensor q, k, v;         // core inputs [T, H, K]
+    Tensor q_rstd, k_rstd;  // [T * H]
+    Tensor fa, graw, g;     // gate low-rank, pre-activation, log decay
+    Tensor beta;            // [T, H]
+    Tensor o, states;       // core output [T, H, K] and its saved states
+    Tensor on, o_rstd;      // per-head RMSNorm output and rstd [T * H]
+    Tensor ga, gb, og;      // output-gate low-rank, gate pre-activation, gated output
+    LinearModule::Saved q_proj, k_proj, v_proj, f_a, f_b, b_proj, g_a, g_b, o_proj;
+  };
+  std::unique_ptr<LayerState> make_state() const override { return std::make_unique<Saved>(); }
+  void forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y, Arena& acts,
+               LayerState& st) override;
+  void backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx,
+                LayerState& st) override;
 
   const KdaConfig& config() const { return cfg_; }
   // Inference only (decode/decode.h): x [n, hidden] continues the document `st` holds.
@@ -43,30 +60,21 @@ class KdaLayer : public Layer {
                          Tensor& pre, Tensor& out);
   void conv_silu_backward(Context& ctx, const SeqInfo& seq, const ParamRef& w, const Tensor& proj,
                           const Tensor& pre, const Tensor& dout, Tensor& dproj);
-  // The steps forward and decoding share, for n rows; what backward needs of them goes to `acts`.
+  // The steps forward and decoding share, for n rows; what backward needs of them goes to `s`
+  // (tensors in `acts`).
   // q, k [n, H, K] = per-head L2 norms of the SiLU outputs qs, ks [n, H*K].
   void qk_l2norm(Context& ctx, const Tensor& qs, const Tensor& ks, Tensor& q, Tensor& k,
-                 Arena& acts);
+                 Arena& acts, Saved& s) const;
   // The log decay g [n, H*K] and beta [n, H] from x.
-  void decay_and_beta(Context& ctx, const Tensor& x, Tensor& g, Tensor& beta, Arena& acts);
+  void decay_and_beta(Context& ctx, const Tensor& x, Tensor& g, Tensor& beta, Arena& acts,
+                      Saved& s) const;
   // y = o_proj(RMSNorm_head(o) * sigmoid(g_b(g_a x))), o [n, H, K].
-  void gated_output(Context& ctx, const Tensor& x, const Tensor& o, Tensor& y, Arena& acts);
+  void gated_output(Context& ctx, const Tensor& x, const Tensor& o, Tensor& y, Arena& acts,
+                    Saved& s) const;
 
   KdaConfig cfg_;
   LinearModule q_proj_, k_proj_, v_proj_, f_a_, f_b_, b_proj_, g_a_, g_b_, o_proj_;
   ParamRef q_conv_, k_conv_, v_conv_, a_log_, dt_bias_, o_norm_;
-
-  // State of the last forward: views into `acts` (x itself is kept by the projections).
-  Tensor qp_, kp_, vp_;     // projections [T, H*K]
-  Tensor qc_, kc_, vc_;     // after the short conv (SiLU inputs)
-  Tensor qs_, ks_;          // after SiLU (L2-norm inputs)
-  Tensor q_, k_, v_;        // core inputs [T, H, K]
-  Tensor q_rstd_, k_rstd_;  // [T * H]
-  Tensor fa_, graw_, g_;    // gate low-rank, pre-activation, log decay
-  Tensor beta_;             // [T, H]
-  Tensor o_, states_;       // core output [T, H, K] and its saved states
-  Tensor on_, o_rstd_;      // per-head RMSNorm output and rstd [T * H]
-  Tensor ga_, gb_, og_;     // output-gate low-rank, gate pre-activation, gated output
 };
 
 }  // namespace mt

@@ -1,15 +1,20 @@
 // The interface every layer of the model implements: explicit forward and backward, no tape.
 //
 // Contract:
-// - forward(x) -> y writes y. It may keep views of x (the caller keeps x alive until backward)
-//   and saves everything else backward needs into `acts`, an arena the caller sized with
-//   plan_activations() for the same SeqInfo (and does not reset before backward).
-// - backward(dy) -> dx writes dx (activation gradient) and *adds* parameter gradients into the
-//   bound grad tensors (frozen parameters have none and get none). Auxiliary losses the layer
+// - forward(x) -> y writes y. Everything backward needs goes into `st`, a state the caller owns
+//   (make_state(), one per micro-batch in flight): views of x (the caller keeps x alive until
+//   backward) and of `acts`, an arena the caller sized with plan_activations() for the same
+//   SeqInfo (and does not reset before backward). Forward changes no member of the layer that
+//   backward reads, so several forwards may be in flight, each with its own state and arena.
+// - backward(dy, st) -> dx writes dx (activation gradient) and *adds* parameter gradients into
+//   the bound grad tensors (frozen parameters have none and get none). Auxiliary losses the layer
 //   owns (indexer KL, router aux/z-loss) add their own gradients here with their coefficients.
+// - Readouts of the last forward (aux loss values, expert ids, loads) stay members: backward
+//   never reads them.
 // - Scratch comes from ctx.workspace() inside an ArenaScope.
 #pragma once
 
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -17,6 +22,7 @@
 
 #include "core/arena.h"
 #include "core/context.h"
+#include "core/error.h"
 #include "core/seq_info.h"
 #include "model/param.h"
 
@@ -37,15 +43,32 @@ struct AuxTerm {
   double weight = 0;
 };
 
+// What one forward saves for its backward. Each layer kind derives its own (e.g.
+// KdaLayer::Saved); the caller holds one per micro-batch in flight and hands it to both calls.
+struct LayerState {
+  virtual ~LayerState() = default;
+};
+
+// `st` as the state type S of `layer`; a state made by another layer kind is a ValueError.
+template <class S>
+S& state_as(LayerState& st, const char* layer) {
+  auto* s = dynamic_cast<S*>(&st);
+  MT_CHECK(s != nullptr, ValueError, layer, ": the state was made by another layer kind");
+  return *s;
+}
+
 class Layer {
  public:
   virtual ~Layer() = default;
   virtual std::vector<ParamSpec> param_specs() const = 0;
   virtual void bind(const ParamTable& params) = 0;
   virtual void plan_activations(const SeqInfo& seq, ArenaPlan& plan) const = 0;
-  virtual void forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y,
-                       Arena& acts) = 0;
-  virtual void backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx) = 0;
+  // An empty state for forward to fill (allocated once per micro-batch slot, reused every step).
+  virtual std::unique_ptr<LayerState> make_state() const = 0;
+  virtual void forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y, Arena& acts,
+                       LayerState& st) = 0;
+  virtual void backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx,
+                        LayerState& st) = 0;
   // Auxiliary losses of the last forward, as tensors (persistent: the same tensors every step).
   virtual std::span<const AuxTerm> aux_terms() const { return {}; }
   // The same read on the host (a synchronisation point: tests and reports, not the step).

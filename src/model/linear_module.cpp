@@ -34,19 +34,20 @@ void LinearModule::plan(int64_t tokens, ArenaPlan& plan) const {
   if (lora_.rank > 0) plan.add({tokens, lora_.rank});
 }
 
-void LinearModule::forward(Context& ctx, const Tensor& x, Tensor& y, Arena& acts) {
+void LinearModule::forward(Context& ctx, const Tensor& x, Tensor& y, Arena& acts, Saved& s) const {
   MT_CHECK(w_.value.defined(), InternalError, "linear '", name_, "' used before bind");
   MT_CHECK(x.ndim() == 2, ShapeError, "linear '", name_, "' input has shape ", x.shape(),
            ", expected [tokens, ", in_, "]");
   const int64_t tokens = x.dim(0);
-  x_ = x;
-  xa_ = lora_.rank > 0 ? acts.alloc({tokens, lora_.rank}, x.dtype()) : Tensor();
-  ops::linear_forward(ctx, params(tokens), x, w_.value, a_.value, b_.value, y, xa_);
+  s.x = x;
+  s.xa = lora_.rank > 0 ? acts.alloc({tokens, lora_.rank}, x.dtype()) : Tensor();
+  ops::linear_forward(ctx, params(tokens), x, w_.value, a_.value, b_.value, y, s.xa);
 }
 
-void LinearModule::backward(Context& ctx, const Tensor& dy, Tensor& dx, bool accumulate_dx) {
-  MT_CHECK(x_.defined(), InternalError, "linear '", name_, "' backward without forward");
-  ops::linear_backward(ctx, params(x_.dim(0)), x_, w_.value, a_.value, b_.value, xa_, dy, dx,
+void LinearModule::backward(Context& ctx, const Saved& s, const Tensor& dy, Tensor& dx,
+                            bool accumulate_dx) {
+  MT_CHECK(s.x.defined(), InternalError, "linear '", name_, "' backward without forward");
+  ops::linear_backward(ctx, params(s.x.dim(0)), s.x, w_.value, a_.value, b_.value, s.xa, dy, dx,
                        w_.grad, a_.grad, b_.grad, accumulate_dx);
 }
 

@@ -1,6 +1,6 @@
 // A projection as layers use it: base weight (HF name "<name>.weight", [out, in]) plus an
 // optional LoRA adapter under PEFT names ("<name>.lora_A.weight" [r, in], "<name>.lora_B.weight"
-// [out, r]). Wraps ops::linear_* and owns the bookkeeping (saved x, saved x A^T).
+// [out, r]). Wraps ops::linear_*; what backward needs (x, x A^T) is the caller's Saved.
 #pragma once
 
 #include <string>
@@ -30,10 +30,15 @@ class LinearModule {
   void bind(const ParamTable& table);
   // Activation bytes forward saves for `tokens` rows (x A^T when LoRA is on).
   void plan(int64_t tokens, ArenaPlan& plan) const;
-  // y [tokens, out] = x [tokens, in] W^T (+ LoRA). Keeps a view of x for backward.
-  void forward(Context& ctx, const Tensor& x, Tensor& y, Arena& acts);
+  // What forward keeps for backward: a view of x, and x A^T (in `acts`) when LoRA is on.
+  struct Saved {
+    Tensor x, xa;
+  };
+  // y [tokens, out] = x [tokens, in] W^T (+ LoRA).
+  void forward(Context& ctx, const Tensor& x, Tensor& y, Arena& acts, Saved& s) const;
   // dx written (or added to when accumulate_dx; skipped if undefined); weight grads accumulate.
-  void backward(Context& ctx, const Tensor& dy, Tensor& dx, bool accumulate_dx = false);
+  void backward(Context& ctx, const Saved& s, const Tensor& dy, Tensor& dx,
+                bool accumulate_dx = false);
 
   const std::string& name() const { return name_; }
   int64_t in() const { return in_; }
@@ -52,7 +57,6 @@ class LinearModule {
   LoraSpec lora_;
   float std_ = 0.02f;
   ParamRef w_, a_, b_;
-  Tensor x_, xa_;
 };
 
 }  // namespace mt

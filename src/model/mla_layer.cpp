@@ -82,9 +82,9 @@ int64_t MlaLayer::index_slots(const SeqInfo&) const {
 
 void MlaLayer::plan_selection(const SeqInfo&, ArenaPlan&) const {}
 
-void MlaLayer::select_keys(Context&, const SeqInfo&, const Tensor&, Arena&) {}
+void MlaLayer::select_keys(Context&, const SeqInfo&, const Tensor&, Arena&, Saved&) {}
 
-void MlaLayer::after_attention(Context&, const SeqInfo&, Arena&) {}
+void MlaLayer::after_attention(Context&, const SeqInfo&, Arena&, Saved&) {}
 
 ops::RopeParams MlaLayer::q_rope(int64_t tokens) const {
   return {.tokens = tokens,
@@ -150,44 +150,44 @@ void MlaLayer::plan_activations(const SeqInfo& seq, ArenaPlan& plan) const {
 }
 
 void MlaLayer::project_q(Context& ctx, const Tensor& x, const Tensor& positions, Tensor& q,
-                         Arena& acts) {
+                         Arena& acts, Saved& s) const {
   const int64_t n = x.dim(0), H = cfg_.heads, Dqk = qk_dim(), rope = cfg_.qk_rope_dim;
   Tensor q2 = q.view({n, H * Dqk});
   if (cfg_.q_lora_rank > 0) {
-    cq_ = acts.alloc({n, cfg_.q_lora_rank}, x.dtype());
-    q_a_.forward(ctx, x, cq_, acts);
-    q_rstd_ = acts.alloc({n}, DType::F32);
-    cqn_ = acts.alloc({n, cfg_.q_lora_rank}, x.dtype());
-    ops::rmsnorm_forward(ctx, {.rows = n, .dim = cfg_.q_lora_rank, .eps = cfg_.norm_eps}, cq_,
-                         q_norm_.value, cqn_, q_rstd_);
-    q_b_.forward(ctx, cqn_, q2, acts);
+    s.cq = acts.alloc({n, cfg_.q_lora_rank}, x.dtype());
+    q_a_.forward(ctx, x, s.cq, acts, s.q_a);
+    s.q_rstd = acts.alloc({n}, DType::F32);
+    s.cqn = acts.alloc({n, cfg_.q_lora_rank}, x.dtype());
+    ops::rmsnorm_forward(ctx, {.rows = n, .dim = cfg_.q_lora_rank, .eps = cfg_.norm_eps}, s.cq,
+                         q_norm_.value, s.cqn, s.q_rstd);
+    q_b_.forward(ctx, s.cqn, q2, acts, s.q_b);
   } else {
-    q_proj_.forward(ctx, x, q2, acts);
+    q_proj_.forward(ctx, x, q2, acts, s.q_proj);
   }
   if (cfg_.use_rope && rope > 0) ops::rope_forward(ctx, q_rope(n), positions, q, q);
 }
 
 void MlaLayer::project_kv(Context& ctx, const Tensor& x, const Tensor& positions, Tensor& k,
-                          Tensor& v, Arena& acts) {
+                          Tensor& v, Arena& acts, Saved& s) const {
   const int64_t n = x.dim(0), H = cfg_.heads, Dqk = qk_dim(), nope = cfg_.qk_nope_dim,
                 rope = cfg_.qk_rope_dim, Dv = cfg_.v_head_dim, kvr = cfg_.kv_lora_rank;
   ArenaScope scope(ctx.workspace());
   Arena& ws = ctx.workspace();
   const DType at = x.dtype();
   Tensor ckv = ws.alloc({n, kvr + rope}, at);
-  kv_a_.forward(ctx, x, ckv, acts);
-  c_ = acts.alloc({n, kvr}, at);
+  kv_a_.forward(ctx, x, ckv, acts, s.kv_a);
+  s.c = acts.alloc({n, kvr}, at);
   Tensor kpe = ws.alloc({n, 1, rope}, at);
   Tensor kpe2 = kpe.view({n, rope});
   // The norm and RoPE need dense rows, so the two parts of the fused latent are copied out.
-  ops::copy(ctx, ckv.cols(0, kvr), c_);
+  ops::copy(ctx, ckv.cols(0, kvr), s.c);
   ops::copy(ctx, ckv.cols(kvr, kvr + rope), kpe2);
-  kv_rstd_ = acts.alloc({n}, DType::F32);
-  cn_ = acts.alloc({n, kvr}, at);
-  ops::rmsnorm_forward(ctx, {.rows = n, .dim = kvr, .eps = cfg_.norm_eps}, c_, kv_norm_.value, cn_,
-                       kv_rstd_);
+  s.kv_rstd = acts.alloc({n}, DType::F32);
+  s.cn = acts.alloc({n, kvr}, at);
+  ops::rmsnorm_forward(ctx, {.rows = n, .dim = kvr, .eps = cfg_.norm_eps}, s.c, kv_norm_.value,
+                       s.cn, s.kv_rstd);
   Tensor kv = ws.alloc({n, H * (nope + Dv)}, at);
-  kv_b_.forward(ctx, cn_, kv, acts);
+  kv_b_.forward(ctx, s.cn, kv, acts, s.kv_b);
   if (cfg_.use_rope && rope > 0) ops::rope_forward(ctx, k_rope(n), positions, kpe, kpe);
   // k = [k_nope | the shared rotary key on every head], v: column views of kv_b's output.
   const Tensor kv3 = kv.view({n, H, nope + Dv});
@@ -197,61 +197,67 @@ void MlaLayer::project_kv(Context& ctx, const Tensor& x, const Tensor& positions
   ops::copy(ctx, kv3.cols(nope, nope + Dv), v);
 }
 
-void MlaLayer::project_out(Context& ctx, const Tensor& x, const Tensor& o, Tensor& y, Arena& acts) {
+void MlaLayer::project_out(Context& ctx, const Tensor& x, const Tensor& o, Tensor& y, Arena& acts,
+                           Saved& s) const {
   if (cfg_.output_gate) {
-    g_ = acts.alloc(o.shape(), o.dtype());
-    g_proj_.forward(ctx, x, g_, acts);
-    og_ = acts.alloc(o.shape(), o.dtype());
-    ops::sigmoid_gate_forward(ctx, o, g_, og_);
-    o_proj_.forward(ctx, og_, y, acts);
+    s.g = acts.alloc(o.shape(), o.dtype());
+    g_proj_.forward(ctx, x, s.g, acts, s.g_proj);
+    s.og = acts.alloc(o.shape(), o.dtype());
+    ops::sigmoid_gate_forward(ctx, o, s.g, s.og);
+    o_proj_.forward(ctx, s.og, y, acts, s.o_proj);
   } else {
-    o_proj_.forward(ctx, o, y, acts);
+    o_proj_.forward(ctx, o, y, acts, s.o_proj);
   }
 }
 
-void MlaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y, Arena& acts) {
+void MlaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y, Arena& acts,
+                       LayerState& st) {
+  Saved& s = state_as<Saved>(st, "mla layer");
   const int64_t T = seq.tokens, d = cfg_.hidden, H = cfg_.heads, Dqk = qk_dim(),
                 Dv = cfg_.v_head_dim;
   expect_shape(x, {T, d}, "mla x");
   expect_shape(y, {T, d}, "mla y");
-  x_ = x;
+  s.x = x;
   const DType at = x.dtype();
-  q_ = acts.alloc({T, H, Dqk}, at);
-  project_q(ctx, x, seq.positions, q_, acts);
-  k_ = acts.alloc({T, H, Dqk}, at);
-  v_ = acts.alloc({T, H, Dv}, at);
-  project_kv(ctx, x, seq.positions, k_, v_, acts);
+  s.q = acts.alloc({T, H, Dqk}, at);
+  project_q(ctx, x, seq.positions, s.q, acts, s);
+  s.k = acts.alloc({T, H, Dqk}, at);
+  s.v = acts.alloc({T, H, Dv}, at);
+  project_kv(ctx, x, seq.positions, s.k, s.v, acts, s);
 
   // Attention: over the selected keys, or dense causal inside each document.
   const int64_t slots = index_slots(seq);
   if (slots > 0) {
-    idx_ = acts.alloc({T, slots}, DType::I32);
-    select_keys(ctx, seq, x, acts);
+    s.idx = acts.alloc({T, slots}, DType::I32);
+    select_keys(ctx, seq, x, acts, s);
   } else {
-    idx_ = Tensor();
+    s.idx = Tensor();
   }
-  o_ = acts.alloc({T, H, Dv}, at);
-  lse_ = acts.alloc({T, H}, DType::F32);
+  s.o = acts.alloc({T, H, Dv}, at);
+  s.lse = acts.alloc({T, H}, DType::F32);
   if (slots > 0) {
-    ops::attention_forward(ctx, attn_params(T, slots), q_, k_, v_, idx_, o_, lse_);
-    after_attention(ctx, seq, acts);
+    ops::attention_forward(ctx, attn_params(T, slots), s.q, s.k, s.v, s.idx, s.o, s.lse);
+    after_attention(ctx, seq, acts, s);
   } else {
-    ops::causal_attention_forward(ctx, attn_params(T, 0), seq.cu_seqlens, q_, k_, v_, o_, lse_);
+    ops::causal_attention_forward(ctx, attn_params(T, 0), seq.cu_seqlens, s.q, s.k, s.v, s.o,
+                                  s.lse);
   }
-  project_out(ctx, x, o_.view({T, H * Dv}), y, acts);
+  project_out(ctx, x, s.o.view({T, H * Dv}), y, acts, s);
 }
 
-void MlaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx) {
+void MlaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx,
+                        LayerState& st) {
+  Saved& s = state_as<Saved>(st, "mla layer");
   const int64_t T = seq.tokens, d = cfg_.hidden, H = cfg_.heads, Dqk = qk_dim(),
                 nope = cfg_.qk_nope_dim, rope = cfg_.qk_rope_dim, Dv = cfg_.v_head_dim,
                 kvr = cfg_.kv_lora_rank;
   expect_shape(dy, {T, d}, "mla dy");
   expect_shape(dx, {T, d}, "mla dx");
-  MT_CHECK(q_.defined() && q_.dim(0) == T, InternalError,
+  MT_CHECK(s.q.defined() && s.q.dim(0) == T, InternalError,
            "mla backward without a matching forward");
   ArenaScope scope(ctx.workspace());
   Arena& ws = ctx.workspace();
-  const DType at = q_.dtype();
+  const DType at = s.q.dtype();
   bool dx_written = false;
 
   // Output projection and gate.
@@ -259,25 +265,25 @@ void MlaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
   Tensor dout2 = dout.view({T, H * Dv});
   if (cfg_.output_gate) {
     Tensor dog = ws.alloc({T, H * Dv}, at);
-    o_proj_.backward(ctx, dy, dog);
+    o_proj_.backward(ctx, s.o_proj, dy, dog);
     Tensor dg = ws.alloc({T, H * Dv}, at);
     // Attention's Delta must use the ungated gradient, which is what dout is.
-    ops::sigmoid_gate_backward(ctx, o_.view({T, H * Dv}), g_, dog, dout2, dg);
-    g_proj_.backward(ctx, dg, dx);
+    ops::sigmoid_gate_backward(ctx, s.o.view({T, H * Dv}), s.g, dog, dout2, dg);
+    g_proj_.backward(ctx, s.g_proj, dg, dx);
     dx_written = true;
   } else {
-    o_proj_.backward(ctx, dy, dout2);
+    o_proj_.backward(ctx, s.o_proj, dy, dout2);
   }
 
   // Attention.
   Tensor dq = ws.alloc({T, H, Dqk}, at), dk = ws.alloc({T, H, Dqk}, at),
          dv = ws.alloc({T, H, Dv}, at);
-  if (idx_.defined())
-    ops::attention_backward(ctx, attn_params(T, idx_.dim(1)), q_, k_, v_, idx_, o_, lse_, dout, dq,
-                            dk, dv);
+  if (s.idx.defined())
+    ops::attention_backward(ctx, attn_params(T, s.idx.dim(1)), s.q, s.k, s.v, s.idx, s.o, s.lse,
+                            dout, dq, dk, dv);
   else
-    ops::causal_attention_backward(ctx, attn_params(T, 0), seq.cu_seqlens, q_, k_, v_, o_, lse_,
-                                   dout, dq, dk, dv);
+    ops::causal_attention_backward(ctx, attn_params(T, 0), seq.cu_seqlens, s.q, s.k, s.v, s.o,
+                                   s.lse, dout, dq, dk, dv);
 
   // Keys/values back to the latent: per-head parts to kv_b, the shared rotary key summed.
   Tensor dkv = ws.alloc({T, H * (nope + Dv)}, at);
@@ -298,15 +304,15 @@ void MlaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
     ops::copy(ctx, dkpe2, part);
   }
   Tensor dcn = ws.alloc({T, kvr}, at);
-  kv_b_.backward(ctx, dkv, dcn);
+  kv_b_.backward(ctx, s.kv_b, dkv, dcn);
   Tensor dc = ws.alloc({T, kvr}, at);
-  ops::rmsnorm_backward(ctx, {.rows = T, .dim = kvr, .eps = cfg_.norm_eps}, c_, kv_norm_.value,
-                        kv_rstd_, dcn, dc, kv_norm_.grad);
+  ops::rmsnorm_backward(ctx, {.rows = T, .dim = kvr, .eps = cfg_.norm_eps}, s.c, kv_norm_.value,
+                        s.kv_rstd, dcn, dc, kv_norm_.grad);
   {
     Tensor part = dckv.cols(0, kvr);
     ops::copy(ctx, dc, part);
   }
-  kv_a_.backward(ctx, dckv, dx, dx_written);
+  kv_a_.backward(ctx, s.kv_a, dckv, dx, dx_written);
   dx_written = true;
 
   // Queries.
@@ -314,13 +320,13 @@ void MlaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
   Tensor dq2 = dq.view({T, H * Dqk});
   if (cfg_.q_lora_rank > 0) {
     Tensor dcqn = ws.alloc({T, cfg_.q_lora_rank}, at);
-    q_b_.backward(ctx, dq2, dcqn);
+    q_b_.backward(ctx, s.q_b, dq2, dcqn);
     Tensor dcq = ws.alloc({T, cfg_.q_lora_rank}, at);
-    ops::rmsnorm_backward(ctx, {.rows = T, .dim = cfg_.q_lora_rank, .eps = cfg_.norm_eps}, cq_,
-                          q_norm_.value, q_rstd_, dcqn, dcq, q_norm_.grad);
-    q_a_.backward(ctx, dcq, dx, true);
+    ops::rmsnorm_backward(ctx, {.rows = T, .dim = cfg_.q_lora_rank, .eps = cfg_.norm_eps}, s.cq,
+                          q_norm_.value, s.q_rstd, dcqn, dcq, q_norm_.grad);
+    q_a_.backward(ctx, s.q_a, dcq, dx, true);
   } else {
-    q_proj_.backward(ctx, dq2, dx, true);
+    q_proj_.backward(ctx, s.q_proj, dq2, dx, true);
   }
 }
 

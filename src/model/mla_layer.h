@@ -29,8 +29,22 @@ class MlaLayer : public Layer {
   std::vector<ParamSpec> param_specs() const override;
   void bind(const ParamTable& params) override;
   void plan_activations(const SeqInfo& seq, ArenaPlan& plan) const override;
-  void forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y, Arena& acts) override;
-  void backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx) override;
+  // What forward keeps (views into `acts`, or of x).
+  struct Saved : LayerState {
+    Tensor x;
+    Tensor cq, q_rstd, cqn;  // q latent before / after its RMSNorm (q_lora_rank > 0)
+    Tensor c, kv_rstd, cn;   // kv latent before / after its RMSNorm
+    Tensor q, k, v;          // [T, H, Dqk], [T, H, Dqk], [T, H, Dv] (after RoPE)
+    Tensor idx;              // i32 [T, slots] (layers that select keys)
+    Tensor o, lse;           // [T, H, Dv], [T, H]
+    Tensor g, og;            // gate pre-activation and gated output [T, H * Dv]
+    LinearModule::Saved q_a, q_b, q_proj, kv_a, kv_b, o_proj, g_proj;
+  };
+  std::unique_ptr<LayerState> make_state() const override { return std::make_unique<Saved>(); }
+  void forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y, Arena& acts,
+               LayerState& st) override;
+  void backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx,
+                LayerState& st) override;
 
   const MlaConfig& config() const { return cfg_; }
   float softmax_scale() const;
@@ -44,24 +58,28 @@ class MlaLayer : public Layer {
   virtual int64_t index_slots(const SeqInfo& seq) const;
   // Activations the hooks save, in addition to the MLA ones.
   virtual void plan_selection(const SeqInfo& seq, ArenaPlan& plan) const;
-  // Fills idx_ (i32 [T, index_slots]) once q_, k_, v_ and cqn_ exist.
-  virtual void select_keys(Context& ctx, const SeqInfo& seq, const Tensor& x, Arena& acts);
-  // Runs after the attention forward over idx_ (o_, lse_ valid).
-  virtual void after_attention(Context& ctx, const SeqInfo& seq, Arena& acts);
+  // Fills s.idx (i32 [T, index_slots]) once s.q, s.k, s.v and s.cqn exist; `s` is the state
+  // make_state() made.
+  virtual void select_keys(Context& ctx, const SeqInfo& seq, const Tensor& x, Arena& acts,
+                           Saved& s);
+  // Runs after the attention forward over s.idx (s.o, s.lse valid).
+  virtual void after_attention(Context& ctx, const SeqInfo& seq, Arena& acts, Saved& s);
   // Decoding: key positions (i32 [n, slots], workspace) for the n new tokens at `positions`,
   // whose keys are already cached; dense causal here.
   virtual Tensor decode_select(Context& ctx, AttnDecodeState& st, const Tensor& x,
                                const Tensor& cqn, const Tensor& positions);
 
   // The projections forward and decoding share, for the rows of x at `positions` (i32); what
-  // backward needs of them (latents, rstds, the gate) is allocated in `acts`.
+  // backward needs of them (latents, rstds, the gate) goes to `s`, its tensors in `acts`.
   // q [n, H, Dqk], after RoPE.
-  void project_q(Context& ctx, const Tensor& x, const Tensor& positions, Tensor& q, Arena& acts);
+  void project_q(Context& ctx, const Tensor& x, const Tensor& positions, Tensor& q, Arena& acts,
+                 Saved& s) const;
   // k [n, H, Dqk] (after RoPE) and v [n, H, Dv]; row views of a KV cache are fine.
   void project_kv(Context& ctx, const Tensor& x, const Tensor& positions, Tensor& k, Tensor& v,
-                  Arena& acts);
+                  Arena& acts, Saved& s) const;
   // y = o_proj(o * sigmoid(g_proj x)) (o_proj(o) without the gate), o [n, H * Dv].
-  void project_out(Context& ctx, const Tensor& x, const Tensor& o, Tensor& y, Arena& acts);
+  void project_out(Context& ctx, const Tensor& x, const Tensor& o, Tensor& y, Arena& acts,
+                   Saved& s) const;
 
   ops::AttentionParams attn_params(int64_t tokens, int64_t slots) const;
   // RoPE of the queries' rotary part, and of the shared rotary key [tokens, 1, qk_rope_dim].
@@ -75,15 +93,6 @@ class MlaLayer : public Layer {
   MlaConfig cfg_;
   LinearModule q_a_, q_b_, q_proj_, kv_a_, kv_b_, o_proj_, g_proj_;
   ParamRef q_norm_, kv_norm_;
-
-  // State of the last forward (views into `acts`, or of x).
-  Tensor x_;
-  Tensor cq_, q_rstd_, cqn_;  // q latent before / after its RMSNorm (q_lora_rank > 0)
-  Tensor c_, kv_rstd_, cn_;   // kv latent before / after its RMSNorm
-  Tensor q_, k_, v_;          // [T, H, Dqk], [T, H, Dqk], [T, H, Dv] (after RoPE)
-  Tensor idx_;                // i32 [T, slots] (layers that select keys)
-  Tensor o_, lse_;            // [T, H, Dv], [T, H]
-  Tensor g_, og_;             // gate pre-activation and gated output [T, H * Dv]
 };
 
 }  // namespace mt

@@ -181,38 +181,65 @@ size_t Model::activation_bytes(const SeqInfo& seq) const {
   return p.bytes() + scratch_bytes(seq);
 }
 
-void Model::layer_forward(Context& ctx, size_t i, Arena& la, Arena& fa, Tensor& out) {
-  const int64_t T = seq_.tokens, d = cfg_.hidden;
-  const ops::NormParams np{.rows = T, .dim = d, .eps = cfg_.norm_eps};
-  const DType at = precision_.activations;
-  normed_in_[i] = la.alloc({T, d}, at);
-  rstd_in_[i] = la.alloc({T}, DType::F32);
-  ops::rmsnorm_forward(ctx, np, resid_[i], norm_in_[i].value, normed_in_[i], rstd_in_[i]);
-  Tensor m = la.alloc({T, d}, at);
-  mixers_[i]->forward(ctx, seq_, normed_in_[i], m, la);
-  ops::add_into(ctx, resid_[i], m);  // m becomes the residual after the mixer
-  mid_[i] = m;
-  normed_post_[i] = la.alloc({T, d}, at);
-  rstd_post_[i] = la.alloc({T}, DType::F32);
-  ops::rmsnorm_forward(ctx, np, mid_[i], norm_post_[i].value, normed_post_[i], rstd_post_[i]);
-  out = la.alloc({T, d}, at);
-  ffns_[i]->forward(ctx, seq_, normed_post_[i], out, fa);
-  ops::add_into(ctx, mid_[i], out);
+Model::MicroBatch& Model::micro_batch(int slot) {
+  MT_CHECK(slot >= 0, ValueError, "micro-batch slot ", slot, " is negative");
+  const auto k = static_cast<size_t>(slot);
+  if (k >= slots_.size()) slots_.resize(k + 1);
+  if (!slots_[k]) {
+    auto mb = std::make_unique<MicroBatch>();
+    for (const auto& m : mixers_) mb->mixer.push_back(m->make_state());
+    for (const auto& f : ffns_) mb->ffn.push_back(f->make_state());
+    slots_[k] = std::move(mb);
+  }
+  return *slots_[k];
 }
 
-void Model::replay_ffn(Context& ctx, size_t i) {
+size_t Model::activation_bytes_used() const {
+  const size_t k = static_cast<size_t>(last_slot_);
+  const size_t acts = k < slots_.size() && slots_[k] ? slots_[k]->acts.used() : 0;
+  return acts + scratch_.peak();
+}
+
+const Tensor& Model::final_hidden() const {
+  const size_t k = static_cast<size_t>(last_slot_);
+  MT_CHECK(k < slots_.size() && slots_[k], InternalError, "Model::final_hidden before a forward");
+  return slots_[k]->final_h;
+}
+
+void Model::layer_forward(Context& ctx, MicroBatch& mb, size_t i, Arena& la, Arena& fa,
+                          Tensor& out) {
+  const int64_t T = mb.seq.tokens, d = cfg_.hidden;
+  const ops::NormParams np{.rows = T, .dim = d, .eps = cfg_.norm_eps};
+  const DType at = precision_.activations;
+  mb.normed_in[i] = la.alloc({T, d}, at);
+  mb.rstd_in[i] = la.alloc({T}, DType::F32);
+  ops::rmsnorm_forward(ctx, np, mb.resid[i], norm_in_[i].value, mb.normed_in[i], mb.rstd_in[i]);
+  Tensor m = la.alloc({T, d}, at);
+  mixers_[i]->forward(ctx, mb.seq, mb.normed_in[i], m, la, *mb.mixer[i]);
+  ops::add_into(ctx, mb.resid[i], m);  // m becomes the residual after the mixer
+  mb.mid[i] = m;
+  mb.normed_post[i] = la.alloc({T, d}, at);
+  mb.rstd_post[i] = la.alloc({T}, DType::F32);
+  ops::rmsnorm_forward(ctx, np, mb.mid[i], norm_post_[i].value, mb.normed_post[i], mb.rstd_post[i]);
+  out = la.alloc({T, d}, at);
+  ffns_[i]->forward(ctx, mb.seq, mb.normed_post[i], out, fa, *mb.ffn[i]);
+  ops::add_into(ctx, mb.mid[i], out);
+}
+
+void Model::replay_ffn(Context& ctx, MicroBatch& mb, size_t i) {
   // Identical inputs and kernels give identical saved state, so the gradients equal the
   // no-recompute run's bit for bit. The MoE load counts a step once: restore it after the replay.
   auto* moe = dynamic_cast<MoeLayer*>(ffns_[i].get());
   std::vector<int64_t> load;
   if (moe) load = moe->expert_load();
   scratch_.reset();
-  Tensor out = scratch_.alloc({seq_.tokens, cfg_.hidden}, precision_.activations);
-  ffns_[i]->forward(ctx, seq_, normed_post_[i], out, scratch_);
+  Tensor out = scratch_.alloc({mb.seq.tokens, cfg_.hidden}, precision_.activations);
+  ffns_[i]->forward(ctx, mb.seq, mb.normed_post[i], out, scratch_, *mb.ffn[i]);
   if (moe) moe->set_expert_load(std::move(load));
 }
 
-double Model::forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const Tensor& targets) {
+double Model::forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const Tensor& targets,
+                      int slot) {
   const int64_t T = seq.tokens, d = cfg_.hidden;
   expect_shape(ids, {T}, "input ids");
   expect_shape(targets, {T}, "targets");
@@ -222,70 +249,74 @@ double Model::forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const
            "\"fp32\")");
   MT_CHECK(ctx.device() == params_.device(), ValueError, "the model's parameters are on ",
            device_name(params_.device()), ", the step's context on ", device_name(ctx.device()));
+  MicroBatch& mb = micro_batch(slot);
+  last_slot_ = slot;
   ArenaPlan main_plan(precision_.activations);
   plan(seq, main_plan);
   const size_t need = main_plan.bytes(), scratch = scratch_bytes(seq);
-  if (acts_.capacity() != need) acts_ = Arena(need, ctx.device(), "activations");
-  acts_.reset();
+  if (mb.acts.capacity() != need) mb.acts = Arena(need, ctx.device(), "activations");
+  mb.acts.reset();
   // A fresh arena each step, so that its peak is this step's.
   scratch_ = scratch > 0 ? Arena(scratch, ctx.device(), "recompute scratch") : Arena();
-  seq_ = seq;
-  ids_ = ids;
-  targets_ = targets;
+  mb.seq = seq;
+  mb.ids = ids;
+  mb.targets = targets;
   const size_t L = mixers_.size();
-  resid_.assign(L + 1, Tensor());
-  normed_in_.assign(L, Tensor());
-  rstd_in_.assign(L, Tensor());
-  mid_.assign(L, Tensor());
-  normed_post_.assign(L, Tensor());
-  rstd_post_.assign(L, Tensor());
+  mb.resid.assign(L + 1, Tensor());
+  mb.normed_in.assign(L, Tensor());
+  mb.rstd_in.assign(L, Tensor());
+  mb.mid.assign(L, Tensor());
+  mb.normed_post.assign(L, Tensor());
+  mb.rstd_post.assign(L, Tensor());
   const ops::NormParams np{.rows = T, .dim = d, .eps = cfg_.norm_eps};
   const DType at = precision_.activations;
 
   const int head = static_cast<int>(L) + 1;
-  resid_[0] = acts_.alloc({T, d}, at);
+  mb.resid[0] = mb.acts.alloc({T, d}, at);
   if (hooks_) hooks_->before_forward(0);
   ops::embedding_forward(ctx, {.tokens = T, .vocab = cfg_.vocab, .dim = d}, ids, embed_.value,
-                         resid_[0]);
-  if (vision_) vision_->forward(ctx, ids, images_, resid_[0]);
+                         mb.resid[0]);
+  if (vision_) vision_->forward(ctx, ids, images_, mb.resid[0]);
   if (hooks_) hooks_->after_forward(0);
   for (size_t i = 0; i < L; ++i) {
     const int unit = static_cast<int>(i) + 1;
     if (hooks_) hooks_->before_forward(unit);
     if (recompute_ == ActivationRecompute::Full) {
-      resid_[i + 1] = acts_.alloc({T, d}, at);
+      mb.resid[i + 1] = mb.acts.alloc({T, d}, at);
       scratch_.reset();
       Tensor out;
-      layer_forward(ctx, i, scratch_, scratch_, out);
-      resid_[i + 1].copy_from(out);
+      layer_forward(ctx, mb, i, scratch_, scratch_, out);
+      mb.resid[i + 1].copy_from(out);
     } else if (recompute_ == ActivationRecompute::Selective) {
       scratch_.reset();
-      layer_forward(ctx, i, acts_, scratch_, resid_[i + 1]);
+      layer_forward(ctx, mb, i, mb.acts, scratch_, mb.resid[i + 1]);
     } else {
-      layer_forward(ctx, i, acts_, acts_, resid_[i + 1]);
+      layer_forward(ctx, mb, i, mb.acts, mb.acts, mb.resid[i + 1]);
     }
     if (hooks_) hooks_->after_forward(unit);
   }
-  final_h_ = acts_.alloc({T, d}, at);
-  final_rstd_ = acts_.alloc({T}, DType::F32);
+  mb.final_h = mb.acts.alloc({T, d}, at);
+  mb.final_rstd = mb.acts.alloc({T}, DType::F32);
   if (hooks_) hooks_->before_forward(head);
-  ops::rmsnorm_forward(ctx, np, resid_[L], final_norm_.value, final_h_, final_rstd_);
-  lse_ = acts_.alloc({T}, DType::F32);
-  have_forward_ = true;
+  ops::rmsnorm_forward(ctx, np, mb.resid[L], final_norm_.value, mb.final_h, mb.final_rstd);
+  mb.lse = mb.acts.alloc({T}, DType::F32);
+  mb.have_forward = true;
   ensure_scalar(loss_, ctx.device());
   ops::lm_head_cross_entropy_forward(ctx,
                                      {.tokens = T,
                                       .hidden = d,
                                       .vocab = cfg_.vocab,
                                       .chunk_tokens = ops::ce_chunk_tokens(ctx.device())},
-                                     final_h_, lm_head_.value, targets, lse_, loss_);
+                                     mb.final_h, lm_head_.value, targets, mb.lse, loss_);
   if (hooks_) hooks_->after_forward(head);
   return read_scalar(loss_);
 }
 
-void Model::backward(Context& ctx) {
-  MT_CHECK(have_forward_, InternalError, "Model::backward without a forward");
-  const int64_t T = seq_.tokens, d = cfg_.hidden;
+void Model::backward(Context& ctx, int slot) {
+  MicroBatch& mb = micro_batch(slot);
+  MT_CHECK(mb.have_forward, InternalError, "Model::backward of micro-batch slot ", slot,
+           " without its forward");
+  const int64_t T = mb.seq.tokens, d = cfg_.hidden;
   const ops::NormParams np{.rows = T, .dim = d, .eps = cfg_.norm_eps};
   ArenaScope scope(ctx.workspace());
   const DType at = precision_.activations;
@@ -295,15 +326,18 @@ void Model::backward(Context& ctx) {
 
   const size_t L = mixers_.size();
   const int head = static_cast<int>(L) + 1;
+  // Another slot's forward may have re-made the scratch arena for a smaller batch.
+  const size_t scratch = scratch_bytes(mb.seq);
+  if (scratch_.capacity() < scratch) scratch_ = Arena(scratch, ctx.device(), "recompute scratch");
   if (hooks_) hooks_->before_backward(head);
   ops::lm_head_cross_entropy_backward(ctx,
                                       {.tokens = T,
                                        .hidden = d,
                                        .vocab = cfg_.vocab,
                                        .chunk_tokens = ops::ce_chunk_tokens(ctx.device())},
-                                      final_h_, lm_head_.value, targets_, lse_, loss_weight_,
+                                      mb.final_h, lm_head_.value, mb.targets, mb.lse, loss_weight_,
                                       dnormed, lm_head_.grad);
-  ops::rmsnorm_backward(ctx, np, resid_[L], final_norm_.value, final_rstd_, dnormed, dresid,
+  ops::rmsnorm_backward(ctx, np, mb.resid[L], final_norm_.value, mb.final_rstd, dnormed, dresid,
                         final_norm_.grad);
   if (hooks_) hooks_->after_backward(head);
   for (size_t i = L; i-- > 0;) {
@@ -317,19 +351,19 @@ void Model::backward(Context& ctx) {
       if (moe) load = moe->expert_load();
       scratch_.reset();
       Tensor out;
-      layer_forward(ctx, i, scratch_, scratch_, out);
+      layer_forward(ctx, mb, i, scratch_, scratch_, out);
       if (moe) moe->set_expert_load(std::move(load));
     } else if (recompute_ == ActivationRecompute::Selective) {
-      replay_ffn(ctx, i);
+      replay_ffn(ctx, mb, i);
     }
     // resid[i+1] = mid + ffn(norm(mid))
-    ffns_[i]->backward(ctx, seq_, dresid, dnormed);
-    ops::rmsnorm_backward(ctx, np, mid_[i], norm_post_[i].value, rstd_post_[i], dnormed, dtmp,
+    ffns_[i]->backward(ctx, mb.seq, dresid, dnormed, *mb.ffn[i]);
+    ops::rmsnorm_backward(ctx, np, mb.mid[i], norm_post_[i].value, mb.rstd_post[i], dnormed, dtmp,
                           norm_post_[i].grad);
     ops::add_into(ctx, dtmp, dresid);
     // mid = resid[i] + mixer(norm(resid[i]))
-    mixers_[i]->backward(ctx, seq_, dresid, dnormed);
-    ops::rmsnorm_backward(ctx, np, resid_[i], norm_in_[i].value, rstd_in_[i], dnormed, dtmp,
+    mixers_[i]->backward(ctx, mb.seq, dresid, dnormed, *mb.mixer[i]);
+    ops::rmsnorm_backward(ctx, np, mb.resid[i], norm_in_[i].value, mb.rstd_in[i], dnormed, dtmp,
                           norm_in_[i].grad);
     ops::add_into(ctx, dtmp, dresid);
     if (hooks_) hooks_->after_backward(unit);
@@ -337,10 +371,10 @@ void Model::backward(Context& ctx) {
   if (hooks_) hooks_->before_backward(0);
   if (vision_) vision_->backward(ctx, dresid);
   if (embed_.trainable())
-    ops::embedding_backward(ctx, {.tokens = T, .vocab = cfg_.vocab, .dim = d}, ids_, dresid,
+    ops::embedding_backward(ctx, {.tokens = T, .vocab = cfg_.vocab, .dim = d}, mb.ids, dresid,
                             embed_.grad);
   if (hooks_) hooks_->after_backward(0);
-  have_forward_ = false;
+  mb.have_forward = false;
 }
 
 void Model::to_device(Device device) {
@@ -348,9 +382,8 @@ void Model::to_device(Device device) {
   params_.to_device(device);
   for (int u = 0; u < num_units(); ++u) rebind_unit(u);
   if (vision_) vision_->bind(params_);  // the tower and projector hold refs too
-  acts_ = Arena();                      // re-made on the new device by the next forward
+  slots_.clear();                       // re-made on the new device by the next forward
   scratch_ = Arena();
-  have_forward_ = false;
 }
 
 std::vector<std::string> Model::unit_prefixes(int unit) const {

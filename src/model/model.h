@@ -114,8 +114,9 @@ class Model {
   // Bytes of activation memory for one step over `seq`: the arena forward keeps, plus with
   // recompute the scratch arena one layer's replay uses.
   size_t activation_bytes(const SeqInfo& seq) const;
-  // Bytes the last step actually took from them (equal to the plan: a test checks it).
-  size_t activation_bytes_used() const { return acts_.used() + scratch_.peak(); }
+  // Bytes the last forward's micro-batch and the replays since took from them (equal to the
+  // plan: a test checks it).
+  size_t activation_bytes_used() const;
   ActivationRecompute recompute() const { return recompute_; }
   // Takes effect at the next forward.
   void set_recompute(ActivationRecompute r) { recompute_ = r; }
@@ -124,14 +125,20 @@ class Model {
   // cross-entropy over non-ignored targets; activations stay alive until backward(). The op
   // writes the loss into loss() (f64 [1], on the device); the return value reads it, the one
   // synchronisation point of a forward (docs/gpu.md).
-  double forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const Tensor& targets);
+  // `slot` names the micro-batch: each slot owns its activation arena and every layer's state
+  // (Layer::make_state), made by its first forward and reused after, so forwards of several
+  // slots may be in flight before their backwards, in any order. backward(ctx, slot) consumes
+  // the slot's forward. The recompute scratch arena is shared: a replay fills it just before the
+  // backward that reads it.
+  double forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const Tensor& targets,
+                 int slot = 0);
   const Tensor& loss() const { return loss_; }
   // Images of the next forwards (not owned; null = none), for models with a vision tower: their
   // rows replace the embeddings of the image placeholder tokens in `ids`.
   void set_images(const ImageBatch* images) { images_ = images; }
   // Adds d(loss)/d(param) into every trainable gradient (cross-entropy, plus each layer's own
   // auxiliary losses with their weights).
-  void backward(Context& ctx);
+  void backward(Context& ctx, int slot = 0);
   // Multiplies backward's gradient of the cross-entropy (a mean over targets) and of the MoE
   // sequence aux loss (a mean over documents). Data parallelism weights each rank's means by its
   // share of the global targets / documents, so that the sum over ranks is the gradient of the
@@ -139,7 +146,7 @@ class Model {
   void set_loss_weight(float ce, float seq_aux = 1.f);
   // Final-norm hidden states [tokens, hidden] of the last forward, for callers that need the
   // logits themselves (the loss path never materialises them).
-  const Tensor& final_hidden() const { return final_h_; }
+  const Tensor& final_hidden() const;
   // Auxiliary losses of the last forward, summed by name over layers: reads every layer's
   // AuxTerm tensors (a synchronisation point; the trainer calls it once, after the step). The
   // result lives in the model and is refilled in place, so a step's read allocates nothing.
@@ -174,6 +181,18 @@ class Model {
   void rebind_unit(int unit);
 
  private:
+  // What one forward keeps for its backward: the micro-batch's arena, its residual stream and
+  // norms, and every layer's state.
+  struct MicroBatch {
+    Arena acts;
+    SeqInfo seq;
+    Tensor ids, targets;
+    std::vector<Tensor> resid, normed_in, rstd_in, mid, normed_post, rstd_post;
+    Tensor final_h, final_rstd, lse;
+    std::vector<std::unique_ptr<LayerState>> mixer, ffn;
+    bool have_forward = false;
+  };
+  MicroBatch& micro_batch(int slot);
   void plan(const SeqInfo& seq, ArenaPlan& p) const;
   // One layer's activations, in allocation order, including its output (the next residual).
   void plan_layer(size_t i, const SeqInfo& seq, ArenaPlan& p) const;
@@ -181,9 +200,9 @@ class Model {
   // Block i: norms, mixer and FFN with their residuals, from resid_[i] into `out`, saving
   // everything backward needs in `la`.
   // The FFN's saved tensors go to `fa` (== la unless recompute is Selective).
-  void layer_forward(Context& ctx, size_t i, Arena& la, Arena& fa, Tensor& out);
+  void layer_forward(Context& ctx, MicroBatch& mb, size_t i, Arena& la, Arena& fa, Tensor& out);
   // Replays FFN i from the kept normed input into the scratch arena (recompute = Selective).
-  void replay_ffn(Context& ctx, size_t i);
+  void replay_ffn(Context& ctx, MicroBatch& mb, size_t i);
 
   ModelConfig cfg_;
   ParamStore params_;
@@ -193,17 +212,12 @@ class Model {
   std::vector<LayerKernels> kernels_;
   Precision precision_;
 
-  // State of the last forward (views into acts_).
-  Arena acts_;
+  std::vector<std::unique_ptr<MicroBatch>> slots_;  // by slot; made by a slot's first forward
+  int last_slot_ = 0;                               // of the last forward (readouts)
   Arena scratch_;  // one layer's (Full) or one FFN's (Selective) replay
   ActivationRecompute recompute_ = ActivationRecompute::None;
-  SeqInfo seq_;
-  Tensor ids_, targets_;
-  std::vector<Tensor> resid_, normed_in_, rstd_in_, mid_, normed_post_, rstd_post_;
-  Tensor final_h_, final_rstd_, lse_;
   Tensor loss_;                            // f64 [1], written by the cross-entropy op
   mutable std::vector<AuxLoss> aux_read_;  // aux_losses()' result, refilled in place
-  bool have_forward_ = false;
   float loss_weight_ = 1.f;
   UnitHooks* hooks_ = nullptr;
   std::unique_ptr<VisionFrontEnd> vision_;

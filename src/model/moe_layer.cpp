@@ -240,38 +240,41 @@ void MoeLayer::plan_activations(const SeqInfo& seq, ArenaPlan& plan) const {
   }
 }
 
-void MoeLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y, Arena& acts) {
+void MoeLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y, Arena& acts,
+                       LayerState& st) {
+  Saved& s = state_as<Saved>(st, "moe layer");
   const int64_t T = seq.tokens, E = cfg_.num_experts, K = cfg_.top_k, d = cfg_.hidden;
   const int64_t l = cfg_.latent, N = T * K;
   expect_shape(x, {T, d}, "moe input");
   expect_shape(y, {T, d}, "moe output");
   MT_CHECK(gate_.value.defined(), InternalError, "moe layer used before bind");
   const ops::RouterParams rp = router_params(T);
-  x_ = x;
+  s.x = x;
   const DType at = x.dtype();
 
   // The router runs in fp32 from here: its GEMM reads x and the gate in their storage dtype and
   // writes fp32 logits.
-  logits_ = acts.alloc({T, E}, DType::F32);
-  ops::matmul(ctx, x, false, gate_.value, true, logits_);
-  scores_ = acts.alloc({T, E}, DType::F32);
-  ids_ = acts.alloc({T, K}, DType::I32);
-  weights_ = acts.alloc({T, K}, DType::F32);
-  if (overflow_on_) {
+  s.logits = acts.alloc({T, E}, DType::F32);
+  ops::matmul(ctx, x, false, gate_.value, true, s.logits);
+  s.scores = acts.alloc({T, E}, DType::F32);
+  s.ids = acts.alloc({T, K}, DType::I32);
+  s.weights = acts.alloc({T, K}, DType::F32);
+  s.overflow = overflow_on_;
+  if (s.overflow) {
     ArenaScope scope(ctx.workspace());
     ops::RouterParams wide = rp;
     wide.top_k = K + overflow_.extra;
     Tensor cand = ctx.workspace().alloc({T, wide.top_k}, DType::I32);
     Tensor cand_w = ctx.workspace().alloc({T, wide.top_k}, DType::F32);
-    ops::router_forward(ctx, wide, logits_, bias_.value, scores_, cand, cand_w);
+    ops::router_forward(ctx, wide, s.logits, bias_.value, s.scores, cand, cand_w);
     ops::OverflowParams op = overflow_;
     op.tokens = T;
     op.experts = E;
     op.top_k = K;
-    overflow_stats_ = ops::overflow_route_forward(ctx, op, rp, overflow_rank_, scores_, bias_.value,
-                                                  cand, ids_, weights_);
+    overflow_stats_ = ops::overflow_route_forward(ctx, op, rp, overflow_rank_, s.scores,
+                                                  bias_.value, cand, s.ids, s.weights);
   } else {
-    ops::router_forward(ctx, rp, logits_, bias_.value, scores_, ids_, weights_);
+    ops::router_forward(ctx, rp, s.logits, bias_.value, s.scores, s.ids, s.weights);
   }
   if (trace_width_ > 0) {
     // A separate top-W pass: the routing above may use another width (or none), and a trace must
@@ -282,7 +285,7 @@ void MoeLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
     Tensor cand = ctx.workspace().alloc({T, trace_width_}, DType::I32);
     Tensor cand_w = ctx.workspace().alloc({T, trace_width_}, DType::F32);
     Tensor sc = ctx.workspace().alloc({T, E}, DType::F32);
-    ops::router_forward(ctx, wide, logits_, bias_.value, sc, cand, cand_w);
+    ops::router_forward(ctx, wide, s.logits, bias_.value, sc, cand, cand_w);
     const auto n = static_cast<size_t>(T * trace_width_);
     // Traces are diagnostics: on a GPU they read the candidates back (a synchronisation).
     const Tensor cand_h = cand.to(Device::CPU), sc_h = sc.to(Device::CPU);
@@ -296,14 +299,15 @@ void MoeLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
       trace_prio_[i] = sc_h.f32()[t * E + e] + (b ? b[e] : 0.f);
     }
   }
+  last_ids_ = s.ids;
   ensure_scalar(aux_[0].value, ctx.device());
   ensure_scalar(aux_[1].value, ctx.device());
-  ops::router_seq_aux_loss(ctx, rp, seq, scores_, ids_, aux_[0].value);
-  ops::router_z_loss(ctx, rp, logits_, aux_[1].value);
+  ops::router_seq_aux_loss(ctx, rp, seq, s.scores, s.ids, aux_[0].value);
+  ops::router_z_loss(ctx, rp, s.logits, aux_[1].value);
 
-  perm_ = acts.alloc({N}, DType::I32);
-  inv_ = acts.alloc({N}, DType::I32);
-  offsets_ = acts.alloc({E + 1}, DType::I32);
+  s.perm = acts.alloc({N}, DType::I32);
+  s.inv = acts.alloc({N}, DType::I32);
+  s.offsets = acts.alloc({E + 1}, DType::I32);
   const bool on_host = ctx.device() == Device::CPU;
   if (!on_host && (!load_dev_.defined() || load_dev_.device() != ctx.device())) {
     load_dev_ = Tensor::empty({E}, DType::I64, ctx.device());
@@ -312,8 +316,8 @@ void MoeLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
   Tensor load = on_host ? Tensor(load_.data(), {E}, DType::I64) : load_dev_;
   load_stale_ = !on_host;
   if (slot_of_.empty()) {
-    ops::moe_dispatch_plan(ctx, ids_, E, perm_, inv_, offsets_);
-    ops::expert_load_count(ctx, offsets_, Tensor(), load);
+    ops::moe_dispatch_plan(ctx, s.ids, E, s.perm, s.inv, s.offsets);
+    ops::expert_load_count(ctx, s.offsets, Tensor(), load);
   } else {
     // The plan sorts by the ids it is given: sort by slot, then restore the logical ids that
     // backward (router, aux loss) reads. The sort is stable, so each expert's rows keep their
@@ -322,115 +326,117 @@ void MoeLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
       slot_of_t_ = Tensor(slot_of_.data(), {E}, DType::I32).to(ctx.device());
       expert_at_t_ = Tensor(expert_at_.data(), {E}, DType::I32).to(ctx.device());
     }
-    ops::map_ids(ctx, ids_, slot_of_t_);
-    ops::moe_dispatch_plan(ctx, ids_, E, perm_, inv_, offsets_);
-    ops::map_ids(ctx, ids_, expert_at_t_);
-    ops::expert_load_count(ctx, offsets_, expert_at_t_, load);
+    ops::map_ids(ctx, s.ids, slot_of_t_);
+    ops::moe_dispatch_plan(ctx, s.ids, E, s.perm, s.inv, s.offsets);
+    ops::map_ids(ctx, s.ids, expert_at_t_);
+    ops::expert_load_count(ctx, s.offsets, expert_at_t_, load);
   }
   // The grouped GEMMs launch per group from host offsets: on a GPU, the layer's one read of the
   // device (docs/gpu.md, synchronisation points); backward reuses it.
   if (on_host) {
-    group_offsets_ = offsets_;
+    s.group_offsets = s.offsets;
   } else {
-    if (!offsets_host_.defined() || offsets_host_.numel() != E + 1)
-      offsets_host_ = Tensor::empty({E + 1}, DType::I32);
-    offsets_host_.copy_from(offsets_);
-    group_offsets_ = offsets_host_;
+    if (!s.offsets_host.defined() || s.offsets_host.numel() != E + 1)
+      s.offsets_host = Tensor::empty({E + 1}, DType::I32);
+    s.offsets_host.copy_from(s.offsets);
+    s.group_offsets = s.offsets_host;
   }
 
   if (has_latent()) {
-    x_lat_ = acts.alloc({T, l}, at);
-    latent_down_.forward(ctx, x, x_lat_, acts);
+    s.x_lat = acts.alloc({T, l}, at);
+    latent_down_.forward(ctx, x, s.x_lat, acts, s.latent_down);
   } else {
-    x_lat_ = x;
+    s.x_lat = x;
   }
-  rows_ = acts.alloc({N, l}, at);
-  ops::moe_gather(ctx, x_lat_, perm_, K, rows_);
+  s.rows = acts.alloc({N, l}, at);
+  ops::moe_gather(ctx, s.x_lat, s.perm, K, s.rows);
   const ops::GroupedFfnParams fp = ffn_params(T);
-  saved_ = ops::grouped_ffn_alloc_saved(fp, acts, at);
-  rows_out_ = acts.alloc({N, l}, at);
+  s.ffn = ops::grouped_ffn_alloc_saved(fp, acts, at);
+  s.rows_out = acts.alloc({N, l}, at);
   if (remote_)
-    remote_->forward(ctx, fp, rows_, group_offsets_, experts_, rows_out_);
+    remote_->forward(ctx, fp, s.rows, s.group_offsets, experts_, s.rows_out);
   else
-    ops::grouped_ffn_forward(ctx, fp, rows_, group_offsets_, experts_, rows_out_, saved_);
+    ops::grouped_ffn_forward(ctx, fp, s.rows, s.group_offsets, experts_, s.rows_out, s.ffn);
   if (has_latent()) {
-    y_lat_ = acts.alloc({T, l}, at);
-    ops::moe_combine(ctx, rows_out_, weights_, inv_, y_lat_);
-    latent_up_.forward(ctx, y_lat_, y, acts);
+    s.y_lat = acts.alloc({T, l}, at);
+    ops::moe_combine(ctx, s.rows_out, s.weights, s.inv, s.y_lat);
+    latent_up_.forward(ctx, s.y_lat, y, acts, s.latent_up);
   } else {
-    ops::moe_combine(ctx, rows_out_, weights_, inv_, y);
+    ops::moe_combine(ctx, s.rows_out, s.weights, s.inv, y);
   }
 
   if (cfg_.num_shared > 0) {
     const int64_t S = shared_width();
-    sh_gate_ = acts.alloc({T, S}, at);
-    sh_up_ = acts.alloc({T, S}, at);
-    sh_h_ = acts.alloc({T, S}, at);
-    shared_gate_.forward(ctx, x, sh_gate_, acts);
-    shared_up_.forward(ctx, x, sh_up_, acts);
-    ops::swiglu_forward(ctx, sh_gate_, sh_up_, sh_h_);
+    s.sh_gate = acts.alloc({T, S}, at);
+    s.sh_up = acts.alloc({T, S}, at);
+    s.sh_h = acts.alloc({T, S}, at);
+    shared_gate_.forward(ctx, x, s.sh_gate, acts, s.shared_gate);
+    shared_up_.forward(ctx, x, s.sh_up, acts, s.shared_up);
+    ops::swiglu_forward(ctx, s.sh_gate, s.sh_up, s.sh_h);
     ArenaScope scope(ctx.workspace());
     Tensor ys = ctx.workspace().alloc({T, d}, at);
-    shared_down_.forward(ctx, sh_h_, ys, acts);
+    shared_down_.forward(ctx, s.sh_h, ys, acts, s.shared_down);
     ops::add_into(ctx, ys, y);
   }
 }
 
-void MoeLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx) {
+void MoeLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx,
+                        LayerState& st) {
+  Saved& s = state_as<Saved>(st, "moe layer");
   const int64_t T = seq.tokens, E = cfg_.num_experts, K = cfg_.top_k, d = cfg_.hidden;
   const int64_t l = cfg_.latent, N = T * K;
-  MT_CHECK(x_.defined() && x_.dim(0) == T, InternalError,
+  MT_CHECK(s.x.defined() && s.x.dim(0) == T, InternalError,
            "moe backward without a matching forward");
   expect_shape(dy, {T, d}, "moe dy");
   expect_shape(dx, {T, d}, "moe dx");
   ArenaScope scope(ctx.workspace());
   Arena& ws = ctx.workspace();
-  const DType at = x_.dtype();
+  const DType at = s.x.dtype();
   bool dx_written = false;
 
   if (cfg_.num_shared > 0) {
     const int64_t S = shared_width();
     Tensor dh = ws.alloc({T, S}, at), dg = ws.alloc({T, S}, at), du = ws.alloc({T, S}, at);
-    shared_down_.backward(ctx, dy, dh);
-    ops::swiglu_backward(ctx, sh_gate_, sh_up_, dh, dg, du);
-    shared_gate_.backward(ctx, dg, dx);
-    shared_up_.backward(ctx, du, dx, /*accumulate_dx=*/true);
+    shared_down_.backward(ctx, s.shared_down, dy, dh);
+    ops::swiglu_backward(ctx, s.sh_gate, s.sh_up, dh, dg, du);
+    shared_gate_.backward(ctx, s.shared_gate, dg, dx);
+    shared_up_.backward(ctx, s.shared_up, du, dx, /*accumulate_dx=*/true);
     dx_written = true;
   }
 
   Tensor dy_lat = dy;
   if (has_latent()) {
     dy_lat = ws.alloc({T, l}, at);
-    latent_up_.backward(ctx, dy, dy_lat);
+    latent_up_.backward(ctx, s.latent_up, dy, dy_lat);
   }
   Tensor drows_out = ws.alloc({N, l}, at), dweights = ws.alloc({T, K}, DType::F32);
-  ops::moe_combine_backward(ctx, rows_out_, weights_, inv_, dy_lat, drows_out, dweights);
+  ops::moe_combine_backward(ctx, s.rows_out, s.weights, s.inv, dy_lat, drows_out, dweights);
   Tensor drows = ws.alloc({N, l}, at);
   if (remote_)
     remote_->backward(ctx, ffn_params(T), experts_, drows_out, drows, experts_grad_);
   else
-    ops::grouped_ffn_backward(ctx, ffn_params(T), rows_, group_offsets_, experts_, saved_,
+    ops::grouped_ffn_backward(ctx, ffn_params(T), s.rows, s.group_offsets, experts_, s.ffn,
                               drows_out, drows, experts_grad_);
   if (has_latent()) {
     Tensor dx_lat = ws.alloc({T, l}, at);
-    ops::moe_gather_backward(ctx, drows, inv_, K, dx_lat);
-    latent_down_.backward(ctx, dx_lat, dx, dx_written);
+    ops::moe_gather_backward(ctx, drows, s.inv, K, dx_lat);
+    latent_down_.backward(ctx, s.latent_down, dx_lat, dx, dx_written);
   } else {
-    ops::moe_gather_backward(ctx, drows, inv_, K, dx, dx_written);
+    ops::moe_gather_backward(ctx, drows, s.inv, K, dx, dx_written);
   }
 
   // Router: gate weights, then the balance losses with their coefficients.
   const ops::RouterParams rp = router_params(T);
   Tensor dlogits = ws.alloc({T, E}, DType::F32);
-  if (overflow_on_)
-    ops::overflow_route_backward(ctx, rp, scores_, ids_, dweights, dlogits);
+  if (s.overflow)
+    ops::overflow_route_backward(ctx, rp, s.scores, s.ids, dweights, dlogits);
   else
-    ops::router_backward(ctx, rp, scores_, ids_, dweights, dlogits);
+    ops::router_backward(ctx, rp, s.scores, s.ids, dweights, dlogits);
   if (cfg_.seq_aux_coeff != 0.f)
-    ops::router_seq_aux_backward(ctx, rp, seq, scores_, ids_, cfg_.seq_aux_coeff * seq_aux_weight_,
-                                 dlogits);
+    ops::router_seq_aux_backward(ctx, rp, seq, s.scores, s.ids,
+                                 cfg_.seq_aux_coeff * seq_aux_weight_, dlogits);
   if (cfg_.z_loss_coeff != 0.f)
-    ops::router_z_loss_backward(ctx, rp, logits_, cfg_.z_loss_coeff, dlogits);
+    ops::router_z_loss_backward(ctx, rp, s.logits, cfg_.z_loss_coeff, dlogits);
   // The router's gradient is fp32, x and the gate are in their storage dtype, and a GEMM reads
   // both operands in one dtype: narrow dlogits (the gate's gradient still accumulates in fp32).
   Tensor dl = dlogits;
@@ -438,7 +444,7 @@ void MoeLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
     dl = ws.alloc({T, E}, at);
     ops::copy(ctx, dlogits, dl);
   }
-  if (gate_.trainable()) ops::matmul(ctx, dl, true, x_, false, gate_.grad, 1.f, 1.f);
+  if (gate_.trainable()) ops::matmul(ctx, dl, true, s.x, false, gate_.grad, 1.f, 1.f);
   ops::matmul(ctx, dl, false, gate_.value, false, dx, 1.f, 1.f);
 }
 

@@ -49,8 +49,22 @@ class MoeLayer : public Layer {
   std::vector<ParamSpec> param_specs() const override;
   void bind(const ParamTable& params) override;
   void plan_activations(const SeqInfo& seq, ArenaPlan& plan) const override;
-  void forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y, Arena& acts) override;
-  void backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx) override;
+  // What forward keeps (views into acts, x kept by the caller).
+  struct Saved : LayerState {
+    Tensor x, logits, scores, ids, weights, perm, inv, offsets;
+    // offsets where the grouped GEMMs read them: offsets itself on the CPU, else offsets_host
+    // (a host buffer of this state, made by its first forward on a GPU).
+    Tensor group_offsets, offsets_host;
+    Tensor x_lat, rows, rows_out, y_lat, sh_gate, sh_up, sh_h;
+    ops::GroupedFfnSaved ffn;
+    bool overflow = false;  // routed by the overflow policy (its backward differs)
+    LinearModule::Saved latent_down, latent_up, shared_gate, shared_up, shared_down;
+  };
+  std::unique_ptr<LayerState> make_state() const override { return std::make_unique<Saved>(); }
+  void forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y, Arena& acts,
+               LayerState& st) override;
+  void backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx,
+                LayerState& st) override;
   // "router_seq_aux" and "router_z" of the last forward (unweighted values, weights = the config
   // coefficients); backward applies their gradients when the coefficient is non-zero.
   std::span<const AuxTerm> aux_terms() const override { return aux_; }
@@ -75,7 +89,7 @@ class MoeLayer : public Layer {
   void set_seq_aux_weight(float w) { seq_aux_weight_ = w; }
 
   // Expert ids i32 [T, k] of the last forward (a view into its activations), for routing stats.
-  const Tensor& last_expert_ids() const { return ids_; }
+  const Tensor& last_expert_ids() const { return last_ids_; }
   const MoeConfig& config() const { return cfg_; }
 
   // Expert parallelism: this rank holds experts [first, first + count) (bind() then expects expert
@@ -119,12 +133,7 @@ class MoeLayer : public Layer {
   ParamRef gate_, bias_;
   ops::GroupedFfnWeights experts_, experts_grad_;
 
-  // State of the last forward (views into acts, x kept by the caller).
-  Tensor x_, logits_, scores_, ids_, weights_, perm_, inv_, offsets_;
-  // offsets_ where the grouped GEMMs read them: offsets_ itself on the CPU, else offsets_host_.
-  Tensor group_offsets_, offsets_host_;
-  Tensor x_lat_, rows_, rows_out_, y_lat_, sh_gate_, sh_up_, sh_h_;
-  ops::GroupedFfnSaved saved_;
+  Tensor last_ids_;             // the last forward's expert ids (a readout)
   std::array<AuxTerm, 2> aux_;  // router_seq_aux, router_z: written by the router's loss ops
   Tensor load_t_;               // i64 [E]: a load handed to update_selection_bias
   float seq_aux_weight_ = 1.f;

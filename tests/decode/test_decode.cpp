@@ -72,7 +72,7 @@ std::vector<float> full_logits(Context& ctx, Model& m, const SeqInfo& seq, const
           normed, rstd);
       Tensor out = acts.alloc({T, d});
       Layer& layer = half == 0 ? m.mixer(i) : m.ffn(i);
-      layer.forward(ctx, seq, normed, out, acts);
+      layer.forward(ctx, seq, normed, out, acts, *layer.make_state());
       for (int64_t k = 0; k < T * d; ++k) h.f32()[k] += out.f32()[k];
       normed = acts.alloc({T, d});  // the layer may keep a view of its input
     }

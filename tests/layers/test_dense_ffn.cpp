@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <map>
+#include <memory>
 
 #include "harness/op_check.h"
 #include "model/dense_ffn.h"
@@ -51,14 +52,15 @@ class DenseFfnCase : public OpCase {
     layer_.plan_activations(seq_, plan);
     acts_ = Arena(plan.bytes(), Device::CPU, "dense_ffn acts");
     Tensor y = alloc({seq_.tokens, s_.cfg.hidden});
-    layer_.forward(ctx, seq_, in[0], y, acts_);
+    state_ = layer_.make_state();
+    layer_.forward(ctx, seq_, in[0], y, acts_, *state_);
     EXPECT_EQ(acts_.used(), plan.bytes()) << "plan_activations differs from what forward took";
     return {y};
   }
   void backward(Context& ctx, GuardedAlloc&, const std::vector<Tensor>& in,
                 const std::vector<Tensor>& dout, std::vector<Tensor>& grads) override {
     layer_.bind(table(in, grads));
-    layer_.backward(ctx, seq_, dout[0], grads[0]);
+    layer_.backward(ctx, seq_, dout[0], grads[0], *state_);
   }
   std::vector<DVec> reference(const std::vector<DVec>& in) const override {
     std::map<std::string, DVec> params;
@@ -79,6 +81,7 @@ class DenseFfnCase : public OpCase {
   DenseFfn layer_;
   std::vector<ParamSpec> specs_;
   Arena acts_;
+  std::unique_ptr<LayerState> state_;
 };
 
 TEST(DenseFfn, Plain) {

@@ -188,8 +188,9 @@ LayerRun run_layer(Layer& layer, uint64_t seed, const SeqInfo& seq, const Tensor
   r.acts = std::make_unique<Arena>(plan.bytes(), Device::CPU, "acts");
   r.y = Tensor::empty(x.shape());
   r.dx = Tensor::empty(x.shape());
-  layer.forward(ctx, seq, x, r.y, *r.acts);
-  layer.backward(ctx, seq, dy, r.dx);
+  DsaLayer::Saved st;
+  layer.forward(ctx, seq, x, r.y, *r.acts, st);
+  layer.backward(ctx, seq, dy, r.dx, st);
   for (const AuxLoss& a : layer.aux_losses())
     if (a.name == "indexer_kl") r.kl = a.value;
   return r;

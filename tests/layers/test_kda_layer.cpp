@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <map>
+#include <memory>
 
 #include "harness/op_check.h"
 #include "model/kda_layer.h"
@@ -81,13 +82,14 @@ class KdaLayerCase : public OpCase {
     layer_.plan_activations(seq_, plan);
     acts_ = Arena(plan.bytes(), Device::CPU, "kda acts");
     Tensor y = alloc({seq_.tokens, s_.cfg.hidden});
-    layer_.forward(ctx, seq_, in[0], y, acts_);
+    state_ = layer_.make_state();
+    layer_.forward(ctx, seq_, in[0], y, acts_, *state_);
     EXPECT_EQ(acts_.used(), plan.bytes()) << "plan_activations differs from what forward took";
     return {y};
   }
   void backward(Context& ctx, GuardedAlloc&, const std::vector<Tensor>&,
                 const std::vector<Tensor>& dout, std::vector<Tensor>& grads) override {
-    layer_.backward(ctx, seq_, dout[0], grads[0]);
+    layer_.backward(ctx, seq_, dout[0], grads[0], *state_);
     for (size_t i = 0; i < specs_.size(); ++i) {
       if (!own_grads_[i].defined()) continue;
       float* g = grads[i + 1].f32();
@@ -109,6 +111,7 @@ class KdaLayerCase : public OpCase {
   std::vector<ParamSpec> specs_;
   std::vector<Tensor> own_grads_, prefill_;
   Arena acts_;
+  std::unique_ptr<LayerState> state_;
 };
 
 KdaConfig base_cfg() {

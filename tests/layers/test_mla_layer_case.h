@@ -110,7 +110,8 @@ class LayerCase : public OpCase {
     layer_->plan_activations(seq_, plan);
     acts_ = Arena(plan.bytes(), Device::CPU, "acts");
     Tensor y = alloc({T_, s_.hidden});
-    layer_->forward(ctx, seq_, in[0], y, acts_);
+    state_ = layer_->make_state();
+    layer_->forward(ctx, seq_, in[0], y, acts_, *state_);
     EXPECT_EQ(acts_.used(), plan.bytes()) << "activations differ from plan_activations";
     std::vector<Tensor> out;
     if (s_.output_y) out.push_back(y);
@@ -132,7 +133,7 @@ class LayerCase : public OpCase {
                 const std::vector<Tensor>& dout, std::vector<Tensor>& grads) override {
     Tensor dy = s_.output_y ? dout[0] : Tensor::zeros({T_, s_.hidden});
     Tensor dx = s_.x_differentiable ? grads[0] : alloc({T_, s_.hidden});
-    layer_->backward(ctx, seq_, dy, dx);
+    layer_->backward(ctx, seq_, dy, dx, *state_);
     if (s_.expect_zero_dx) {
       size_t nonzero = 0;
       for (int64_t e = 0; e < dx.numel(); ++e) nonzero += dx.f32()[e] != 0.f;
@@ -179,6 +180,7 @@ class LayerCase : public OpCase {
   std::vector<Tensor> own_, prefill_;
   SeqInfo seq_;
   Arena acts_;
+  std::unique_ptr<LayerState> state_;
 };
 
 inline std::vector<int64_t> offsets_of(const std::vector<int64_t>& lengths) {

@@ -43,8 +43,9 @@ LayerRun run_layer(const ops::OverflowParams* policy) {
   ArenaPlan plan;
   layer.plan_activations(seq, plan);
   Arena acts(plan.bytes(), Device::CPU, "acts");
-  layer.forward(ctx, seq, x, y, acts);
-  layer.backward(ctx, seq, dy, dx);
+  MoeLayer::Saved st;
+  layer.forward(ctx, seq, x, y, acts, st);
+  layer.backward(ctx, seq, dy, dx, st);
   LayerRun r;
   r.y.assign(y.f32(), y.f32() + y.numel());
   r.dx.assign(dx.f32(), dx.f32() + dx.numel());

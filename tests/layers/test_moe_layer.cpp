@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <map>
+#include <memory>
 
 #include "harness/op_check.h"
 #include "model/moe_layer.h"
@@ -84,7 +85,8 @@ class MoeLayerCase : public OpCase {
     layer_.plan_activations(seq_, plan);
     acts_ = Arena(plan.bytes(), Device::CPU, "moe acts");
     Tensor y = alloc({seq_.tokens, s_.cfg.hidden});
-    layer_.forward(ctx, seq_, in[0], y, acts_);
+    state_ = layer_.make_state();
+    layer_.forward(ctx, seq_, in[0], y, acts_, *state_);
     EXPECT_EQ(acts_.used(), plan.bytes()) << "plan_activations differs from what forward took";
     Tensor ids = alloc({seq_.tokens, s_.cfg.top_k}, DType::I32);
     ids.copy_from(layer_.last_expert_ids());
@@ -97,7 +99,7 @@ class MoeLayerCase : public OpCase {
   void backward(Context& ctx, GuardedAlloc&, const std::vector<Tensor>&,
                 const std::vector<Tensor>& dout, std::vector<Tensor>& grads) override {
     aux_dout_ = dout[2].f32()[0];
-    layer_.backward(ctx, seq_, dout[0], grads[0]);
+    layer_.backward(ctx, seq_, dout[0], grads[0], *state_);
     for (size_t i = 0; i < specs_.size(); ++i) {
       if (!own_grads_[i].defined()) continue;
       float* g = grads[i + 1].f32();
@@ -123,6 +125,7 @@ class MoeLayerCase : public OpCase {
   std::vector<ParamSpec> specs_;
   std::vector<Tensor> own_grads_, prefill_;
   Arena acts_;
+  std::unique_ptr<LayerState> state_;
   double aux_dout_ = 1.0;
 };
 
@@ -284,7 +287,8 @@ TEST(MoeLayer, ExpertLoadAndBiasUpdate) {
   fill_normal(rng, x);
   for (int step = 0; step < 2; ++step) {
     acts.reset();
-    layer.forward(ctx, seq, x, y, acts);
+    MoeLayer::Saved st;
+    layer.forward(ctx, seq, x, y, acts, st);
   }
   std::vector<int64_t> load = layer.expert_load();
   int64_t total = 0;

@@ -7,6 +7,7 @@
 // (tests/cuda/test_cuda_model.cpp) checks that a bf16 forward allocates exactly this plan.
 #include <gtest/gtest.h>
 
+#include "harness/model_configs.h"
 #include "model/dense_ffn.h"
 #include "model/dsa_layer.h"
 #include "model/kda_layer.h"
@@ -41,15 +42,7 @@ struct Expected {
 };
 
 ModelConfig config(bool lora) {
-  ModelConfig cfg = ModelConfig::load("tiny");
-  cfg.layers.push_back(cfg.layers.back());
-  cfg.layers.back().mixer = MixerKind::Mla;
-  if (lora) {
-    const LoraSpec l{.rank = 2, .alpha = 4.f};
-    cfg.kda.lora = cfg.mla.lora = cfg.dsa.mla.lora = cfg.moe.lora = cfg.dense.lora = l;
-    cfg.moe.expert_lora = l;
-  }
-  return cfg;
+  return test::every_layer_kind(lora);
 }
 
 const SeqInfo& docs() {

@@ -51,14 +51,15 @@ TEST(LinearModule, FreshAdapterIsANoOp) {
   Arena acts(plan.bytes(), Device::CPU, "acts");
   Tensor x = Tensor::empty({T, 13}), y = Tensor::empty({T, 9});
   fill_normal(rng, x);
-  m.forward(ctx, x, y, acts);
+  LinearModule::Saved saved;
+  m.forward(ctx, x, y, acts, saved);
   EXPECT_EQ(acts.used(), plan.bytes());
   DVec want = ref::matmul_nt(to_dvec(x), values["up_proj.weight"], T, 13, 9);
   EXPECT_LE(rel_err(to_dvec(y), want), 1e-6);
   // With B = 0 only B receives a gradient from the adapter.
   Tensor dy = Tensor::empty({T, 9}), dx = Tensor::empty({T, 13});
   fill_normal(rng, dy);
-  m.backward(ctx, dy, dx);
+  m.backward(ctx, saved, dy, dx);
   for (double g : to_dvec(table["up_proj.lora_A.weight"].grad)) EXPECT_EQ(g, 0.0);
   double bsum = 0;
   for (double g : to_dvec(table["up_proj.lora_B.weight"].grad)) bsum += std::abs(g);

@@ -18,13 +18,13 @@ void BiasedLinear::bind(const ParamTable& table) {
 }
 
 void BiasedLinear::forward(Context& ctx, const Tensor& x, Tensor& y, Arena& acts) {
-  lin_.forward(ctx, x, y, acts);
+  lin_.forward(ctx, x, y, acts, saved_);
   ops::bias_add_forward(ctx, b_.value, y);
 }
 
 void BiasedLinear::backward(Context& ctx, const Tensor& dy, Tensor& dx, bool accumulate_dx) {
   if (b_.trainable()) ops::bias_add_backward(ctx, dy, b_.grad);
-  lin_.backward(ctx, dy, dx, accumulate_dx);
+  lin_.backward(ctx, saved_, dy, dx, accumulate_dx);
 }
 
 }  // namespace mt

@@ -30,6 +30,8 @@ class BiasedLinear {
   int64_t out_ = 0;
   LinearModule lin_;
   ParamRef b_;
+  // The vision tower still keeps its forward's state in its modules (one image batch in flight).
+  LinearModule::Saved saved_;
 };
 
 }  // namespace mt

@@ -1,0 +1,130 @@
+// Caller-owned layer state (Layer::make_state, Model micro-batch slots): two micro-batches
+// forwarded through the same model before either backward must give exactly the gradients and
+// losses of running them one after the other, for a model with every layer kind (KDA, DSA, MLA,
+// dense FFN, latent MoE). When layers kept their saved tensors as members, the second forward
+// overwrote the first's (and the model reset its one activation arena), so the first backward
+// read the second micro-batch's activations: with the two batches' token counts differing here,
+// it would have thrown a shape error or produced the second batch's gradients.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "harness/batch.h"
+#include "harness/model_configs.h"
+#include "harness/seed.h"
+#include "model/dense_ffn.h"
+#include "model/kda_layer.h"
+#include "model/model.h"
+
+namespace mt {
+namespace {
+
+using Grads = std::map<std::string, std::vector<char>>;
+
+Grads grads_of(const Model& m) {
+  Grads g;
+  for (const auto& p : m.params().all()) {
+    if (!p->trainable()) continue;
+    const auto* b = static_cast<const char*>(p->grad.raw());
+    g[p->name].assign(b, b + p->grad.bytes());
+  }
+  return g;
+}
+
+void expect_same_bits(const Grads& want, const Grads& got, const char* what) {
+  SCOPED_TRACE(test::seed_note());
+  ASSERT_EQ(want.size(), got.size()) << what;
+  ASSERT_GT(want.size(), 0u) << what;
+  for (const auto& [name, bytes] : want)
+    EXPECT_TRUE(got.at(name) == bytes) << what << ": gradient of " << name << " differs";
+}
+
+void expect_interleaved_equals_sequential(ActivationRecompute recompute, bool lora, bool lifo) {
+  const ModelConfig cfg = test::every_layer_kind(lora);
+  ModelOptions opt{.freeze_base = lora, .recompute = recompute};
+  Model seq_model(cfg, 21, opt), mixed(cfg, 21, opt);
+  Rng rng(test::test_seed());
+  if (lora)  // fresh adapters have B = 0: make every LoRA gradient non-trivial
+    for (const auto& p : seq_model.params().all())
+      if (p->spec.role == ParamRole::Lora) {
+        for (int64_t i = 0; i < p->value.numel(); ++i)
+          p->value.f32()[i] = 0.1f * static_cast<float>(rng.normal());
+        mixed.params().at(p->name).value.copy_from(p->value);
+      }
+  // A is the longer batch, so that B's forward re-sizes the shared recompute scratch below
+  // what A's backward needs.
+  const Batch a = test::random_batch(rng, cfg.vocab, {19, 1, 30}, 3);
+  const Batch b = test::random_batch(rng, cfg.vocab, {7, 12}, 2);
+  Context ctx(ContextOptions{.threads = 2, .seed = 1});
+
+  // One after the other, each gradient from zero.
+  seq_model.params().zero_grad();
+  const double la = seq_model.forward(ctx, a.seq, a.ids, a.targets);
+  seq_model.backward(ctx);
+  const Grads ga = grads_of(seq_model);
+  seq_model.params().zero_grad();
+  const double lb = seq_model.forward(ctx, b.seq, b.ids, b.targets);
+  seq_model.backward(ctx);
+  const Grads gb = grads_of(seq_model);
+
+  // Both forwards in flight, then the backwards (last in first out, or first in first out).
+  mixed.params().zero_grad();
+  EXPECT_EQ(mixed.forward(ctx, a.seq, a.ids, a.targets, /*slot=*/0), la);
+  EXPECT_EQ(mixed.forward(ctx, b.seq, b.ids, b.targets, /*slot=*/1), lb);
+  const int first = lifo ? 1 : 0;
+  mixed.backward(ctx, first);
+  expect_same_bits(first == 1 ? gb : ga, grads_of(mixed), "first backward");
+  mixed.params().zero_grad();
+  mixed.backward(ctx, 1 - first);
+  expect_same_bits(first == 1 ? ga : gb, grads_of(mixed), "second backward");
+}
+
+TEST(LayerState, TwoMicroBatchesInFlightLifoMatchSequential) {
+  expect_interleaved_equals_sequential(ActivationRecompute::None, false, true);
+}
+
+TEST(LayerState, TwoMicroBatchesInFlightFifoMatchSequential) {
+  expect_interleaved_equals_sequential(ActivationRecompute::None, false, false);
+}
+
+TEST(LayerState, TwoMicroBatchesInFlightLoraMatchSequential) {
+  expect_interleaved_equals_sequential(ActivationRecompute::None, true, true);
+}
+
+TEST(LayerState, TwoMicroBatchesInFlightSelectiveRecomputeMatchSequential) {
+  expect_interleaved_equals_sequential(ActivationRecompute::Selective, false, false);
+}
+
+TEST(LayerState, TwoMicroBatchesInFlightFullRecomputeMatchSequential) {
+  expect_interleaved_equals_sequential(ActivationRecompute::Full, false, true);
+}
+
+TEST(LayerState, BackwardOfASlotWithoutItsForwardIsAnError) {
+  Model m(test::every_layer_kind(false), 3);
+  Rng rng(test::test_seed());
+  const Batch a = test::random_batch(rng, m.config().vocab, {9}, 1);
+  Context ctx;
+  m.forward(ctx, a.seq, a.ids, a.targets, /*slot=*/0);
+  EXPECT_THROW(m.backward(ctx, /*slot=*/1), InternalError);
+  EXPECT_THROW(m.forward(ctx, a.seq, a.ids, a.targets, /*slot=*/-1), ValueError);
+  m.backward(ctx, 0);
+  EXPECT_THROW(m.backward(ctx, 0), InternalError);  // a forward is consumed by its backward
+}
+
+TEST(LayerState, AStateOfAnotherLayerKindIsRefused) {
+  const ModelConfig cfg = ModelConfig::load("tiny");
+  KdaLayer kda(cfg.kda);
+  DenseFfn ffn(cfg.dense);
+  const std::unique_ptr<LayerState> wrong = ffn.make_state();
+  const SeqInfo seq = SeqInfo::uniform(1, 4);
+  Tensor x = Tensor::zeros({4, cfg.hidden}), y = Tensor::zeros({4, cfg.hidden});
+  Arena acts;
+  Context ctx;
+  EXPECT_THROW(kda.forward(ctx, seq, x, y, acts, *wrong), ValueError);
+}
+
+}  // namespace
+}  // namespace mt
