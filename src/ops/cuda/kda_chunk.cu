@@ -828,14 +828,20 @@ void prep(Context& ctx, const Args& a, const Tensor& q, const Tensor& k, const T
   MT_CUDA_LAUNCH_CHECK();
 }
 
-// The state passes' 16-byte shared loads need rows of a multiple of four floats.
-bool vector_rows(const Args& a) {
-  return a.K % 4 == 0 && a.C % 4 == 0;
-}
-
 dim3 state_grid(const Args& a) {
   return dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(a.H),
               static_cast<unsigned>((a.V + kCols - 1) / kCols));
+}
+
+// One state pass (forward or reverse) over every (document, head, 32 columns). Its 16-byte
+// shared loads need rows of a multiple of four floats: the vector instantiation where they are.
+template <typename Out>
+void launch_state(Context& ctx, const Args& a, size_t smem, void (*vec_kernel)(Args, Out*),
+                  void (*plain_kernel)(Args, Out*), std::type_identity_t<Out>* arg) {
+  auto* kernel = a.K % 4 == 0 && a.C % 4 == 0 ? vec_kernel : plain_kernel;
+  allow_smem(kernel, smem);
+  kernel<<<state_grid(a), kStateThreads, smem, stream(ctx)>>>(a, arg);
+  MT_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
@@ -851,16 +857,8 @@ void kda_chunk_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlen
   a.hT = hT.defined() && hT.numel() ? ptr<float>(hT) : nullptr;
   MT_DISPATCH_FLOAT(q, "kda", {
     prep<T>(ctx, a, q, k, v);
-    const size_t sm = fwd_state_smem(a.C, a.K);
-    const auto launch = [&](auto kernel) {
-      allow_smem(kernel, sm);
-      kernel<<<state_grid(a), kStateThreads, sm, stream(ctx)>>>(a, ptr<T>(o));
-      MT_CUDA_LAUNCH_CHECK();
-    };
-    if (vector_rows(a))
-      launch(fwd_state_kernel<T, true>);
-    else
-      launch(fwd_state_kernel<T, false>);
+    launch_state(ctx, a, fwd_state_smem(a.C, a.K), fwd_state_kernel<T, true>,
+                 fwd_state_kernel<T, false>, ptr<T>(o));
   });
 }
 
@@ -879,16 +877,8 @@ void kda_chunk_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqle
   const dim3 chunks(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.H));
   MT_DISPATCH_FLOAT(q, "kda", {
     prep<T>(ctx, a, q, k, v);
-    const size_t sm = bwd_state_smem(a.C, a.K);
-    const auto launch = [&](auto kernel) {
-      allow_smem(kernel, sm);
-      kernel<<<state_grid(a), kStateThreads, sm, stream(ctx)>>>(a, ptr<T>(dout));
-      MT_CUDA_LAUNCH_CHECK();
-    };
-    if (vector_rows(a))
-      launch(bwd_state_kernel<T, true>);
-    else
-      launch(bwd_state_kernel<T, false>);
+    launch_state(ctx, a, bwd_state_smem(a.C, a.K), bwd_state_kernel<T, true>,
+                 bwd_state_kernel<T, false>, ptr<T>(dout));
     allow_smem(products_kernel<T>, kProductSmem);
     products_kernel<T>
         <<<dim3(chunks.x, chunks.y, 3), kThreads, kProductSmem, stream(ctx)>>>(a, ptr<T>(dout));
