@@ -16,3 +16,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+# The CUDA build's CUTLASS headers (pinned wheel from PyPI), where there is a CUDA toolkit.
+if command -v nvcc >/dev/null 2>&1; then
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    sudo_cmd=""
+    [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends python3-pip >/dev/null
+  fi
+  "$(dirname "$0")/fetch_cutlass.sh"
+fi

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "harness/gpu_check.h"
@@ -52,6 +53,41 @@ TEST(CudaGroupedMatmul, AllFormsAlphaBetaEmptyGroups) {
         return {y, dx, dw};
       },
       seed);
+}
+
+// The bf16 forward and input-gradient forms run CUTLASS's Hopper kernel when rows and widths are
+// 16-byte multiples (ops/cuda/grouped_matmul.cu), cuBLAS's otherwise: many groups of uneven
+// sizes against its 128 x 256 x 64 tiles (k = 264: a partial k tile; n = 200: a partial n tile),
+// and widths of 36 and 20 that send the same call to cuBLAS.
+TEST(CudaGroupedMatmul, TileEdgesAndTheUnalignedFallback) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  for (const auto& [in, out] : std::vector<std::pair<int64_t, int64_t>>{{264, 200}, {36, 20}}) {
+    const int64_t N = 2000, G = 64;
+    Tensor off = Tensor::empty({G + 1}, DType::I32);
+    std::vector<int32_t> cnt(G, 0);
+    for (int64_t r = 0; r < N; ++r) ++cnt[rng.below(G) * rng.below(2)];  // group 0 heavy
+    off.i32()[0] = 0;
+    for (int64_t g = 0; g < G; ++g) off.i32()[g + 1] = off.i32()[g] + cnt[g];
+    std::vector<In> ins = {{randn(rng, {N, in})},
+                           {randn(rng, {G, out, in})},
+                           {randn(rng, {N, out})},
+                           {randn(rng, {N, out})},
+                           {randn(rng, {N, in})}};
+    const std::string name = "grouped_matmul tiles in=" + std::to_string(in);
+    run_case(
+        name.c_str(), ins, {"xwt", "dyw"},
+        [&](Context& c, const std::vector<Tensor>& in_, bool gpu) -> std::vector<Tensor> {
+          Tensor y = like(c, in_[3]), dx = like(c, in_[4]);
+          OP(grouped_matmul)
+          (c, {.form = ops::GroupedForm::XWt, .alpha = 1.f, .beta = 0.f}, in_[0], off, in_[1], y);
+          OP(grouped_matmul)
+          (c, {.form = ops::GroupedForm::DyW, .alpha = 0.5f, .beta = 1.f}, in_[2], off, in_[1], dx);
+          return {y, dx};
+        },
+        seed);
+  }
 }
 
 struct FfnSetup {

@@ -227,6 +227,10 @@ TEST(CudaRouter, LargeGroupLimitedTop8) {
   router_check("router 2048x384 softmax top-8",
                {.p = {.tokens = 2048, .experts = 384, .top_k = 8, .score = ops::ScoreFunc::Softmax},
                 .docs = {2048}});
+  // Documents on and off the 64-token chunks the per-document statistics sum over
+  // (ops/cuda/router.cu): starting and ending on a chunk edge, one token, one short of a chunk.
+  router_check("router 2048x256 sigmoid top-8 chunk edges",
+               {.p = {.tokens = 2048, .experts = 256, .top_k = 8}, .docs = {64, 128, 1, 63, 1792}});
 }
 
 // Exact ties everywhere (logits from three values): experts and groups go to the lower index on

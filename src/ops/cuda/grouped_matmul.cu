@@ -1,14 +1,18 @@
-// Grouped matmul on the GPU: one cuBLAS grouped GEMM (cublasGemmGroupedBatchedEx) per call for
-// all non-empty groups. The host holds the group offsets (the routing plan's host copy, read
-// once per MoE layer), so it lays out the per-group problem sizes; the per-group matrix
-// addresses are formed on the device by a small kernel from the same offsets, passed by value
-// (no host-to-device copy, no wait). Operands are f32 or bf16 (the row operands and W of one
-// type), dW is f32 (a parameter gradient). More groups than one launch's table holds fall back
-// to one cuBLASLt call per group.
+// Grouped matmul on the GPU: one grouped GEMM launch per call for all non-empty groups. The bf16
+// forward and input-gradient forms go to CUTLASS's Hopper grouped kernel (cutlass/
+// grouped_gemm_sm90.h: TMA + wgmma, about twice cuBLAS's grouped GEMM there, which ran an sm80
+// kernel); the rest (f32, the f32 weight gradient, rows TMA cannot address) to cuBLAS's grouped
+// GEMM (cublasGemmGroupedBatchedEx). The host holds the group offsets (the routing plan's host
+// copy, read once per MoE layer), so it lays out the per-group problem sizes; the per-group
+// matrix addresses are formed on the device by a small kernel from the same offsets, passed by
+// value (no host-to-device copy, no wait). dW is f32 (a parameter gradient). More groups than one
+// launch's table holds fall back to one cuBLASLt call per group.
 #include <vector>
 
+#include "core/cuda/resources.h"
 #include "ops/cuda/blas.h"
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/cutlass/grouped_gemm_sm90.h"
 #include "ops/grouped_matmul.h"
 
 namespace mt::ops::cuda {
@@ -41,14 +45,6 @@ void* rows_ptr(const Tensor& t, int64_t r0) {
          r0 * t.stride(0) * static_cast<int64_t>(dtype_size(t.dtype()));
 }
 
-// The non-empty groups of one call, by value into the address kernel (CUDA 12.1+ takes kernel
-// parameters up to 32 KB; this is 8 KB).
-constexpr int kMaxGroups = 1024;
-struct GroupTable {
-  int32_t group[kMaxGroups];  // group index
-  int32_t row0[kMaxGroups];   // its first row
-};
-
 // Where one operand of group g starts: base + row0 * row_bytes + g * group_bytes (rows of the
 // packed operands, or whole [out, in] blocks of W).
 struct Operand {
@@ -59,7 +55,7 @@ struct Operand {
   }
 };
 
-__global__ void addresses_kernel(GroupTable t, int n, Operand a, Operand b, Operand c,
+__global__ void addresses_kernel(GroupRows t, int n, Operand a, Operand b, Operand c,
                                  const void** pa, const void** pb, void** pc) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
@@ -81,7 +77,7 @@ struct Problem {
   DType ab, ct;
 };
 
-void grouped_call(Context& ctx, const Problem& pr, const GroupTable& table,
+void grouped_call(Context& ctx, const Problem& pr, const GroupRows& table,
                   const std::vector<int>& m, const std::vector<int>& n, const std::vector<int>& k,
                   float alpha, float beta) {
   const int count = static_cast<int>(m.size());
@@ -105,6 +101,35 @@ void grouped_call(Context& ctx, const Problem& pr, const GroupTable& table,
       cr.blas, opa.data(), opb.data(), n.data(), m.data(), k.data(), alphas.data(), pa,
       blas_type(pr.ab), lda.data(), pb, blas_type(pr.ab), ldb.data(), betas.data(), pc,
       blas_type(pr.ct), ldc.data(), count, ones.data(), CUBLAS_COMPUTE_32F));
+}
+
+// The bf16 forward / input-gradient forms on CUTLASS's Hopper kernel; false when its alignment
+// rules refuse the operands (the caller then takes cuBLAS's grouped GEMM).
+bool sm90_grouped(Context& ctx, const GroupedMatmulParams& p, const Tensor& a, const Tensor& w,
+                  Tensor& c, const GroupRows& table, int count) {
+  Sm90Grouped g;
+  g.w_nk = p.form == GroupedForm::XWt;
+  g.a = a.raw();
+  g.lda = a.stride(0);
+  g.w = w.raw();
+  g.c = c.raw();
+  g.ldc = c.stride(0);
+  g.n = g.w_nk ? w.dim(1) : w.dim(2);
+  g.k = g.w_nk ? w.dim(2) : w.dim(1);
+  g.alpha = p.alpha;
+  g.beta = p.beta;
+  if (!sm90_grouped_fits(g, count)) return false;
+  CudaResources& cr = cuda_resources(ctx);
+  const Sm90Launch at{cr.stream, cr.device, cr.multiprocessors};
+  ArenaScope scope(ctx.workspace());
+  const size_t bytes = sm90_grouped_scratch(g, table, count, at);
+  // +256 to align the start: the arena aligns to 64 bytes, TMA descriptors want more.
+  Tensor scratch = ctx.workspace().alloc({static_cast<int64_t>(bytes / 8 + 33)}, DType::I64);
+  const auto base = (reinterpret_cast<uintptr_t>(scratch.raw()) + 255) / 256 * 256;
+  const char* failed = sm90_grouped_gemm(g, table, count, at, reinterpret_cast<void*>(base));
+  MT_CHECK(failed == nullptr, InternalError, "grouped_matmul (CUTLASS sm90, ", count, " groups, n ",
+           g.n, ", k ", g.k, "): ", failed ? failed : "");
+  return true;
 }
 
 }  // namespace
@@ -160,7 +185,7 @@ void grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Tensor& a,
     return;
   }
 
-  GroupTable table;
+  GroupRows table;
   std::vector<int> M, N, K;
   for (int64_t g = 0; g < G; ++g) {
     const int64_t r0 = off[g], m = off[g + 1] - off[g];
@@ -168,6 +193,7 @@ void grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Tensor& a,
     const int i = static_cast<int>(M.size());
     table.group[i] = static_cast<int32_t>(g);
     table.row0[i] = static_cast<int32_t>(r0);
+    table.rows[i] = static_cast<int32_t>(m);
     switch (p.form) {
       case GroupedForm::XWt:  // C_g [m, out] = A_g [m, in] W_g^T
         M.push_back(static_cast<int>(m));
@@ -186,6 +212,7 @@ void grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Tensor& a,
         break;
     }
   }
+  if (!dw && a.dtype() == DType::BF16 && sm90_grouped(ctx, p, a, b, c, table, count)) return;
   const auto rows = [](const Tensor& t) {
     return Operand{static_cast<const char*>(t.raw()),
                    t.stride(0) * static_cast<int64_t>(dtype_size(t.dtype())), 0};
