@@ -19,10 +19,12 @@ inline size_t arena_footprint(size_t bytes) {
 
 // Accumulates the footprint of a sequence of allocations. Every entry has a dtype: activations
 // take the plan's activation dtype (the precision policy's, model/precision.h), the places that
-// stay fp32 under every policy say so with add_fp32, and integer entries name their type.
+// stay fp32 under every policy say so with add_fp32, and integer entries name their type. The
+// device is where the arena will live: a layer may keep more for a backend's kernels there.
 class ArenaPlan {
  public:
-  explicit ArenaPlan(DType activations = DType::F32) : act_(activations) {}
+  explicit ArenaPlan(DType activations = DType::F32, Device device = Device::CPU)
+      : act_(activations), device_(device) {}
 
   // An activation, stored in the plan's activation dtype.
   void add(const Shape& shape) { add(shape, act_); }
@@ -34,9 +36,11 @@ class ArenaPlan {
   void add_bytes(size_t bytes) { bytes_ += arena_footprint(bytes); }
   size_t bytes() const { return bytes_; }
   DType activations() const { return act_; }
+  Device device() const { return device_; }
 
  private:
   DType act_;
+  Device device_;
   size_t bytes_ = 0;
 };
 

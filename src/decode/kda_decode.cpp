@@ -66,8 +66,9 @@ void KdaLayer::decode_step(Context& ctx, KdaDecodeState& st, const Tensor& x, Te
   const Tensor cu = one_doc(ws, n);
   Tensor o = ws.alloc({n, H, K}), hT = ws.alloc({1, H, K, K});
   Tensor saved = ws.alloc({ops::kda_saved_rows(cp, cu), H, K, K});
+  Tensor no_prepared;  // one token: nothing to carry to a backward
   ops::kda_forward(ctx, cp, cu, q, k, vs.view({n, H, K}), g.view({n, H, K}), beta, st.state, o, hT,
-                   saved);
+                   saved, no_prepared);
   std::memcpy(st.state.f32(), hT.f32(), sizeof(float) * H * K * K);
 
   gated_output(ctx, x, o, y, ws, s);

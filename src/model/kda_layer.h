@@ -38,6 +38,7 @@ class KdaLayer : public Layer {
     Tensor fa, graw, g;     // gate low-rank, pre-activation, log decay
     Tensor beta;            // [T, H]
     Tensor o, states;       // core output [T, H, K] and its saved states
+    Tensor prepared;        // the CUDA chunked kernels' products, forward to backward (ops/kda.h)
     Tensor on, o_rstd;      // per-head RMSNorm output and rstd [T * H]
     Tensor ga, gb, og;      // output-gate low-rank, gate pre-activation, gated output
     LinearModule::Saved q_proj, k_proj, v_proj, f_a, f_b, b_proj, g_a, g_b, o_proj;

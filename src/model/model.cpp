@@ -157,13 +157,14 @@ void Model::plan(const SeqInfo& seq, ArenaPlan& p) const {
   p.add(act);  // final norm
   p.add_fp32(row);
   p.add_fp32(row);  // lse
+  p.add(act);       // the head's input gradient (a Train forward of a frozen head)
 }
 
 size_t Model::scratch_bytes(const SeqInfo& seq) const {
   if (recompute_ == ActivationRecompute::None) return 0;
   size_t most = 0;
   for (size_t i = 0; i < mixers_.size(); ++i) {
-    ArenaPlan p(precision_.activations);
+    ArenaPlan p(precision_.activations, params_.device());
     if (recompute_ == ActivationRecompute::Full) {
       plan_layer(i, seq, p);
     } else {
@@ -176,7 +177,7 @@ size_t Model::scratch_bytes(const SeqInfo& seq) const {
 }
 
 size_t Model::activation_bytes(const SeqInfo& seq) const {
-  ArenaPlan p(precision_.activations);
+  ArenaPlan p(precision_.activations, params_.device());
   plan(seq, p);
   return p.bytes() + scratch_bytes(seq);
 }
@@ -239,7 +240,7 @@ void Model::replay_ffn(Context& ctx, MicroBatch& mb, size_t i) {
 }
 
 double Model::forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const Tensor& targets,
-                      int slot) {
+                      int slot, Pass pass) {
   const int64_t T = seq.tokens, d = cfg_.hidden;
   expect_shape(ids, {T}, "input ids");
   expect_shape(targets, {T}, "targets");
@@ -251,7 +252,7 @@ double Model::forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const
            device_name(params_.device()), ", the step's context on ", device_name(ctx.device()));
   MicroBatch& mb = micro_batch(slot);
   last_slot_ = slot;
-  ArenaPlan main_plan(precision_.activations);
+  ArenaPlan main_plan(precision_.activations, params_.device());
   plan(seq, main_plan);
   const size_t need = main_plan.bytes(), scratch = scratch_bytes(seq);
   if (mb.acts.capacity() != need) mb.acts = Arena(need, ctx.device(), "activations");
@@ -302,12 +303,18 @@ double Model::forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const
   mb.lse = mb.acts.alloc({T}, DType::F32);
   mb.have_forward = true;
   ensure_scalar(loss_, ctx.device());
-  ops::lm_head_cross_entropy_forward(ctx,
-                                     {.tokens = T,
-                                      .hidden = d,
-                                      .vocab = cfg_.vocab,
-                                      .chunk_tokens = ops::ce_chunk_tokens(ctx.device())},
-                                     mb.final_h, lm_head_.value, targets, mb.lse, loss_);
+  const ops::CrossEntropyParams cp{.tokens = T,
+                                   .hidden = d,
+                                   .vocab = cfg_.vocab,
+                                   .chunk_tokens = ops::ce_chunk_tokens(ctx.device())};
+  mb.head_dh = mb.acts.alloc({T, d}, at);
+  mb.head_dh_valid = pass == Pass::Train && !lm_head_.grad.defined();
+  mb.head_dloss = loss_weight_;
+  if (mb.head_dh_valid)
+    ops::lm_head_cross_entropy_forward_backward(ctx, cp, mb.final_h, lm_head_.value, targets,
+                                                loss_weight_, mb.lse, loss_, mb.head_dh);
+  else
+    ops::lm_head_cross_entropy_forward(ctx, cp, mb.final_h, lm_head_.value, targets, mb.lse, loss_);
   if (hooks_) hooks_->after_forward(head);
   return read_scalar(loss_);
 }
@@ -330,15 +337,18 @@ void Model::backward(Context& ctx, int slot) {
   const size_t scratch = scratch_bytes(mb.seq);
   if (scratch_.capacity() < scratch) scratch_ = Arena(scratch, ctx.device(), "recompute scratch");
   if (hooks_) hooks_->before_backward(head);
-  ops::lm_head_cross_entropy_backward(ctx,
-                                      {.tokens = T,
-                                       .hidden = d,
-                                       .vocab = cfg_.vocab,
-                                       .chunk_tokens = ops::ce_chunk_tokens(ctx.device())},
-                                      mb.final_h, lm_head_.value, mb.targets, mb.lse, loss_weight_,
-                                      dnormed, lm_head_.grad);
-  ops::rmsnorm_backward(ctx, np, mb.resid[L], final_norm_.value, mb.final_rstd, dnormed, dresid,
-                        final_norm_.grad);
+  // The head's input gradient from a Train forward, unless the loss weight changed since.
+  const bool head_done = mb.head_dh_valid && mb.head_dloss == loss_weight_;
+  if (!head_done)
+    ops::lm_head_cross_entropy_backward(ctx,
+                                        {.tokens = T,
+                                         .hidden = d,
+                                         .vocab = cfg_.vocab,
+                                         .chunk_tokens = ops::ce_chunk_tokens(ctx.device())},
+                                        mb.final_h, lm_head_.value, mb.targets, mb.lse,
+                                        loss_weight_, dnormed, lm_head_.grad);
+  ops::rmsnorm_backward(ctx, np, mb.resid[L], final_norm_.value, mb.final_rstd,
+                        head_done ? mb.head_dh : dnormed, dresid, final_norm_.grad);
   if (hooks_) hooks_->after_backward(head);
   for (size_t i = L; i-- > 0;) {
     const int unit = static_cast<int>(i) + 1;

@@ -130,8 +130,11 @@ class Model {
   // slots may be in flight before their backwards, in any order. backward(ctx, slot) consumes
   // the slot's forward. The recompute scratch arena is shared: a replay fills it just before the
   // backward that reads it.
+  // `pass`: Train when backward(ctx, slot) follows: a frozen LM head then computes its input
+  // gradient with the loss (the logits are formed once per step instead of twice).
+  enum class Pass { Loss, Train };
   double forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const Tensor& targets,
-                 int slot = 0);
+                 int slot = 0, Pass pass = Pass::Loss);
   const Tensor& loss() const { return loss_; }
   // Images of the next forwards (not owned; null = none), for models with a vision tower: their
   // rows replace the embeddings of the image placeholder tokens in `ids`.
@@ -189,6 +192,12 @@ class Model {
     Tensor ids, targets;
     std::vector<Tensor> resid, normed_in, rstd_in, mid, normed_post, rstd_post;
     Tensor final_h, final_rstd, lse;
+    // d(loss)/d(final_h) for head_dloss (the loss weight then), when head_dh_valid: a Train
+    // forward of a frozen head. Its room is taken by every forward, so that the arena's use
+    // equals its plan whichever the pass.
+    Tensor head_dh;
+    float head_dloss = 0.f;
+    bool head_dh_valid = false;
     std::vector<std::unique_ptr<LayerState>> mixer, ffn;
     bool have_forward = false;
   };

@@ -67,6 +67,29 @@ void lm_head_cross_entropy_backward(Context& ctx, const CrossEntropyParams& p, c
   cpu::lm_head_cross_entropy_backward(ctx, p, h, w, targets, lse, dloss, dh, dw);
 }
 
+void lm_head_cross_entropy_forward_backward(Context& ctx, const CrossEntropyParams& p,
+                                            const Tensor& h, const Tensor& w, const Tensor& targets,
+                                            float dloss, Tensor& lse, Tensor& loss, Tensor& dh) {
+  check_shapes(p, h, w, targets);
+  expect_shape(lse, {p.tokens}, "cross_entropy lse");
+  expect_f64_scalar(loss, "cross_entropy loss");
+  expect_shape(dh, {p.tokens, p.hidden}, "cross_entropy dh");
+  if (op_device("lm_head_cross_entropy_forward_backward", {&h, &w, &targets, &lse, &loss, &dh}) ==
+      Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    return cuda::lm_head_cross_entropy_forward_backward(ctx, p, h, w, targets, dloss, lse, loss,
+                                                        dh);
+#else
+    no_cuda_backend("lm_head_cross_entropy_forward_backward");
+#endif
+  }
+  // The CPU computes the logits chunk by chunk in either pass anyway: the two passes in a row.
+  check_targets(p, targets);
+  Tensor no_dw;
+  cpu::lm_head_cross_entropy_forward(ctx, p, h, w, targets, lse, loss);
+  cpu::lm_head_cross_entropy_backward(ctx, p, h, w, targets, lse, dloss, dh, no_dw);
+}
+
 void lm_head_logits(Context& ctx, const Tensor& h, const Tensor& w, Tensor& logits) {
   MT_CHECK(h.ndim() == 2 && w.ndim() == 2 && h.dim(1) == w.dim(1), ShapeError, "lm_head_logits: h ",
            h.shape(), " and lm_head weight ", w.shape(), " need the same hidden size");

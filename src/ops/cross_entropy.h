@@ -35,6 +35,15 @@ using LmHeadCrossEntropyBackward = void(Context& ctx, const CrossEntropyParams& 
                                         float dloss, Tensor& dh, Tensor& dw);
 LmHeadCrossEntropyBackward lm_head_cross_entropy_backward;
 
+// Forward and backward in one pass over the vocabulary, for a frozen head (no dw): what forward
+// writes, and dh as backward would write it for this dloss. A training step needs the logits
+// twice otherwise (backward recomputes them: on the GPU one of the head's three GEMMs per chunk).
+using LmHeadCrossEntropyForwardBackward = void(Context& ctx, const CrossEntropyParams& p,
+                                               const Tensor& h, const Tensor& w,
+                                               const Tensor& targets, float dloss, Tensor& lse,
+                                               Tensor& loss, Tensor& dh);
+LmHeadCrossEntropyForwardBackward lm_head_cross_entropy_forward_backward;
+
 // Logits of selected rows only (generation / golden checks): logits [rows, vocab] = h w^T.
 using LmHeadLogits = void(Context& ctx, const Tensor& h, const Tensor& w, Tensor& logits);
 LmHeadLogits lm_head_logits;
@@ -49,6 +58,7 @@ LmHeadLogits lm_head_logits;
 namespace cuda {
 LmHeadCrossEntropyForward lm_head_cross_entropy_forward;
 LmHeadCrossEntropyBackward lm_head_cross_entropy_backward;
+LmHeadCrossEntropyForwardBackward lm_head_cross_entropy_forward_backward;
 LmHeadLogits lm_head_logits;
 }  // namespace cuda
 

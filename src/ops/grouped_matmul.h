@@ -12,6 +12,7 @@
 // are contiguous.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "core/context.h"
@@ -25,6 +26,11 @@ struct GroupedMatmulParams {
   GroupedForm form = GroupedForm::XWt;
   float alpha = 1.f, beta = 0.f;
 };
+
+// Bytes of workspace one call may take at most (the GPU's per-group address tables and CUTLASS's
+// scratch: about 100 KB for 256 groups on the H200); the planner reserves it
+// (plan/model_stats.cpp).
+constexpr size_t kGroupedMatmulScratchBytes = size_t{1} << 20;
 
 // offsets: i32 [G+1] in host memory (the routing plan's host copy), offsets[0] = 0,
 // non-decreasing, offsets[G] = N; G, N, in and out are read from the operands.

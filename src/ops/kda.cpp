@@ -46,6 +46,21 @@ Shape state_shape(const KdaParams& p) {
            p.head_k, ", ", p.head_v, "] with rows in [", lo, ", ", hi, "]");
 }
 
+// `prepared`, where given, fits the kernels that read it: f32, one float per prepared product of
+// every saved row (the chunk count comes from `saved`, checked above).
+[[maybe_unused]] void check_prepared(const KdaParams& p, const Tensor& saved,
+                                     const Tensor& prepared) {
+  if (!prepared.defined()) return;
+  MT_CHECK(kda_chunk_kernel_fits(p), ShapeError,
+           "kda prepared given for params the chunked kernels do not take (chunked ", p.chunked,
+           ", chunk ", p.chunk, ", head_k ", p.head_k, ", head_v ", p.head_v, ")");
+  MT_CHECK(
+      prepared.dtype() == DType::F32 && prepared.numel() == kda_prepared_floats(p, saved.dim(0)),
+      ShapeError, "kda prepared has shape ", prepared.shape(), " ", dtype_name(prepared.dtype()),
+      ", expected ", kda_prepared_floats(p, saved.dim(0)), " f32 for ", saved.dim(0),
+      " saved rows");
+}
+
 }  // namespace
 
 float KdaParams::qk_scale() const {
@@ -73,12 +88,18 @@ bool kda_chunk_kernel_fits(const KdaParams& p) {
   return p.chunked && p.chunk <= 64 && p.head_k <= 128 && p.head_v <= 128;
 }
 
-int64_t kda_chunk_workspace_floats(const KdaParams& p, int64_t chunks, bool backward) {
+int64_t kda_chunk_workspace_floats(const KdaParams& p, int64_t chunks, bool backward,
+                                   bool prepared) {
   const KdaChunkLayout lay{p.chunk, p.head_k, p.head_v};
   // The chunk table (i32: first token and length per chunk, first chunk per document), padded.
   const int64_t table = (2 * chunks + p.num_seqs + 1 + 15) / 16 * 16;
-  return table + chunks * p.heads * lay.block(backward) +
-         (backward ? chunks * p.heads * p.head_k * p.head_v : 0);
+  // Backward: Delta and dR, and the outgoing dS of every chunk.
+  const int64_t back = backward ? chunks * p.heads * (lay.back_block() + p.head_k * p.head_v) : 0;
+  return table + (prepared ? 0 : kda_prepared_floats(p, chunks)) + back;
+}
+
+int64_t kda_prepared_floats(const KdaParams& p, int64_t chunks) {
+  return chunks * p.heads * KdaChunkLayout{p.chunk, p.head_k, p.head_v}.block();
 }
 
 int64_t kda_scratch_floats(const KdaParams& p, int threads, bool backward) {
@@ -87,29 +108,30 @@ int64_t kda_scratch_floats(const KdaParams& p, int threads, bool backward) {
 
 void kda_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
                  const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                 const Tensor& h0, Tensor& o, Tensor& hT, Tensor& saved) {
+                 const Tensor& h0, Tensor& o, Tensor& hT, Tensor& saved, Tensor& prepared) {
   check_params(p, cu_seqlens);
   check_inputs(p, q, k, v, g, beta);
   expect_shape(o, {p.tokens, p.heads, p.head_v}, "kda o");
   if (h0.defined()) expect_shape(h0, state_shape(p), "kda h0");
   if (hT.defined()) expect_shape(hT, state_shape(p), "kda hT");
-  if (op_device("kda_forward", {&cu_seqlens, &q, &k, &v, &g, &beta, &h0, &o, &hT, &saved}) ==
-      Device::CUDA) {
+  if (op_device("kda_forward", {&cu_seqlens, &q, &k, &v, &g, &beta, &h0, &o, &hT, &saved,
+                                &prepared}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
     check_saved_bounds(p, saved);
-    return cuda::kda_forward(ctx, p, cu_seqlens, q, k, v, g, beta, h0, o, hT, saved);
+    check_prepared(p, saved, prepared);
+    return cuda::kda_forward(ctx, p, cu_seqlens, q, k, v, g, beta, h0, o, hT, saved, prepared);
 #else
     no_cuda_backend("kda_forward");
 #endif
   }
   expect_shape(saved, {kda_saved_rows(p, cu_seqlens), p.heads, p.head_k, p.head_v}, "kda saved");
-  cpu::kda_forward(ctx, p, cu_seqlens, q, k, v, g, beta, h0, o, hT, saved);
+  cpu::kda_forward(ctx, p, cu_seqlens, q, k, v, g, beta, h0, o, hT, saved, prepared);
 }
 
 void kda_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
                   const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                  const Tensor& saved, const Tensor& dout, const Tensor& dhT, Tensor& dq,
-                  Tensor& dk, Tensor& dv, Tensor& dg, Tensor& dbeta, Tensor& dh0) {
+                  const Tensor& saved, Tensor& prepared, const Tensor& dout, const Tensor& dhT,
+                  Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dg, Tensor& dbeta, Tensor& dh0) {
   check_params(p, cu_seqlens);
   check_inputs(p, q, k, v, g, beta);
   expect_shape(dout, {p.tokens, p.heads, p.head_v}, "kda dout");
@@ -120,19 +142,20 @@ void kda_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, co
   expect_shape(dv, v.shape(), "kda dv");
   expect_shape(dg, g.shape(), "kda dg");
   expect_shape(dbeta, beta.shape(), "kda dbeta");
-  if (op_device("kda_backward", {&cu_seqlens, &q, &k, &v, &g, &beta, &saved, &dout, &dhT, &dq, &dk,
-                                 &dv, &dg, &dbeta, &dh0}) == Device::CUDA) {
+  if (op_device("kda_backward", {&cu_seqlens, &q, &k, &v, &g, &beta, &saved, &prepared, &dout, &dhT,
+                                 &dq, &dk, &dv, &dg, &dbeta, &dh0}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
     check_saved_bounds(p, saved);
-    return cuda::kda_backward(ctx, p, cu_seqlens, q, k, v, g, beta, saved, dout, dhT, dq, dk, dv,
-                              dg, dbeta, dh0);
+    check_prepared(p, saved, prepared);
+    return cuda::kda_backward(ctx, p, cu_seqlens, q, k, v, g, beta, saved, prepared, dout, dhT, dq,
+                              dk, dv, dg, dbeta, dh0);
 #else
     no_cuda_backend("kda_backward");
 #endif
   }
   expect_shape(saved, {kda_saved_rows(p, cu_seqlens), p.heads, p.head_k, p.head_v}, "kda saved");
-  cpu::kda_backward(ctx, p, cu_seqlens, q, k, v, g, beta, saved, dout, dhT, dq, dk, dv, dg, dbeta,
-                    dh0);
+  cpu::kda_backward(ctx, p, cu_seqlens, q, k, v, g, beta, saved, prepared, dout, dhT, dq, dk, dv,
+                    dg, dbeta, dh0);
 }
 
 }  // namespace mt::ops

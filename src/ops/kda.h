@@ -39,23 +39,31 @@ KdaScratchFloats kda_scratch_floats;
 // algorithm with chunk <= 64 and head dims <= 128. Read by the CUDA entries and the op table.
 bool kda_chunk_kernel_fits(const KdaParams& p);
 // Floats of workspace the CUDA chunked kernels take for `chunks` saved rows
-// (ops/kda_chunk_layout.h), for memory planning (the kernels allocate exactly this).
-int64_t kda_chunk_workspace_floats(const KdaParams& p, int64_t chunks, bool backward);
+// (ops/kda_chunk_layout.h), for memory planning (the kernels allocate exactly this); `prepared`:
+// the caller passes a prepared tensor (below), which then holds what the workspace would.
+int64_t kda_chunk_workspace_floats(const KdaParams& p, int64_t chunks, bool backward,
+                                   bool prepared);
+// Floats of the `prepared` tensor for `chunks` saved rows: the CUDA chunked kernels' intra-chunk
+// products (ops/kda_chunk_layout.h), about 13 times the chunk states at C 64, K = V = 128.
+int64_t kda_prepared_floats(const KdaParams& p, int64_t chunks);
 
 // o written; hT written when defined; h0 may be undefined (zero initial states); saved receives
-// what backward needs and must stay untouched until then.
+// what backward needs and must stay untouched until then. prepared: undefined, or f32
+// [kda_prepared_floats(p, saved rows)] on the op's device where kda_chunk_kernel_fits: the CUDA
+// chunked kernels' intra-chunk products, which forward leaves there and backward reads instead
+// of computing them again (and then overwrites: one backward per forward). The CPU ignores it.
 using KdaForward = void(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                        const Tensor& h0, Tensor& o, Tensor& hT, Tensor& saved);
+                        const Tensor& h0, Tensor& o, Tensor& hT, Tensor& saved, Tensor& prepared);
 KdaForward kda_forward;
 
 // All gradients are written (=): dq, dk, dv, dg, dbeta, and dh0 when defined. dhT may be
 // undefined (the final state does not reach the loss).
 using KdaBackward = void(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens,
                          const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-                         const Tensor& beta, const Tensor& saved, const Tensor& dout,
-                         const Tensor& dhT, Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dg,
-                         Tensor& dbeta, Tensor& dh0);
+                         const Tensor& beta, const Tensor& saved, Tensor& prepared,
+                         const Tensor& dout, const Tensor& dhT, Tensor& dq, Tensor& dk, Tensor& dv,
+                         Tensor& dg, Tensor& dbeta, Tensor& dh0);
 KdaBackward kda_backward;
 
 // The backends' bodies, called by the entries above once they validated: ops/cpu/kda.cpp, and

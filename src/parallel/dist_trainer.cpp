@@ -261,10 +261,11 @@ void DistTrainer::zero_grad() {
 double DistTrainer::forward_backward(Context& ctx, const SeqInfo& seq, const Tensor& ids,
                                      const Tensor& targets) {
   const Shares sh = check_balanced(seq, targets);
-  const double loss = model_.forward(ctx, seq, ids, targets);
-  // Weights are exactly 1 when the ranks hold equal shares, so the balanced case is untouched.
+  // Weights are exactly 1 when the ranks hold equal shares, so the balanced case is untouched. Set
+  // before the forward, which may compute the head's gradient with the loss (Model::Pass).
   model_.set_loss_weight(sh.valid > 0 ? static_cast<float>(sh.ce * mesh_.world) : 0.f,
                          static_cast<float>(sh.docs * mesh_.world));
+  const double loss = model_.forward(ctx, seq, ids, targets, 0, Model::Pass::Train);
   model_.backward(ctx);
   model_.set_loss_weight(1.f, 1.f);
   return g_.world->all_reduce_sum(sh.valid > 0 ? loss * sh.ce : 0.0);

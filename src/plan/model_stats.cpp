@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "ops/cross_entropy.h"
+#include "ops/grouped_matmul.h"
 #include "ops/kda.h"
 
 namespace mt::plan {
@@ -225,29 +226,29 @@ size_t BlockActs::saved(Recompute r) const {
 }
 
 std::vector<BlockActs> block_activations(const ModelConfig& cfg, int64_t mbs, int64_t seq,
-                                         DType activations) {
+                                         DType activations, Device device) {
   MT_CHECK(mbs > 0 && seq > 0, ValueError, "micro-batch and sequence length must be positive, got ",
            mbs, " x ", seq);
   const SeqInfo si = SeqInfo::uniform(mbs, seq);
   const int64_t T = si.tokens, d = cfg.hidden;
   // What Model::plan keeps around each block: normed input + rstd, mixer output (= residual),
   // normed mid + rstd, FFN output (= next residual). A test checks the sum against the model.
-  ArenaPlan b(activations);
+  ArenaPlan b(activations, device);
   for (int i = 0; i < 4; ++i) b.add({T, d});
   for (int i = 0; i < 2; ++i) b.add_fp32({T});
-  ArenaPlan in(activations);
+  ArenaPlan in(activations, device);
   in.add({T, d});
   std::map<int, size_t> mixer_bytes, ffn_bytes;
   std::vector<BlockActs> out;
   for (const LayerIR& l : cfg.layers) {
     const int mk = static_cast<int>(l.mixer), fk = static_cast<int>(l.ffn);
     if (!mixer_bytes.count(mk)) {
-      ArenaPlan p(activations);
+      ArenaPlan p(activations, device);
       make_mixer(cfg, l.mixer)->plan_activations(si, p);
       mixer_bytes[mk] = p.bytes();
     }
     if (!ffn_bytes.count(fk)) {
-      ArenaPlan p(activations);
+      ArenaPlan p(activations, device);
       make_ffn(cfg, l.ffn)->plan_activations(si, p);
       ffn_bytes[fk] = p.bytes();
     }
@@ -303,8 +304,10 @@ double mixer_scratch(const ModelConfig& cfg, MixerKind k, int64_t T, int64_t max
     if (device == Device::CUDA && ops::kda_chunk_kernel_fits(cp)) {
       // Every document's last chunk may be partial: at most T / C + docs chunks.
       const int64_t chunks = (T + cp.chunk - 1) / cp.chunk + docs;
-      core_fwd = fp32(static_cast<double>(ops::kda_chunk_workspace_floats(cp, chunks, false)));
-      core_bwd = fp32(static_cast<double>(ops::kda_chunk_workspace_floats(cp, chunks, true)));
+      // The layer keeps the prepared products with its activations (KdaLayer::plan_activations).
+      core_fwd =
+          fp32(static_cast<double>(ops::kda_chunk_workspace_floats(cp, chunks, false, true)));
+      core_bwd = fp32(static_cast<double>(ops::kda_chunk_workspace_floats(cp, chunks, true, true)));
     }
     // Backward: dog, don, dgb, dga, dcore, dq, dk, dv (activation dtype), dg and dbeta (fp32)
     // live around the core's own scratch; then the largest of the later groups (two more
@@ -338,7 +341,7 @@ double mixer_scratch(const ModelConfig& cfg, MixerKind k, int64_t T, int64_t max
 // Bytes, with `act` the activation dtype's size over fp32's: tensors in the activation dtype are
 // scaled by it, the ones that stay fp32 under every policy (gate weights and their gradient, the
 // router's logits gradient) are not.
-double ffn_scratch(const ModelConfig& cfg, FfnKind k, int64_t T, double act) {
+double ffn_scratch(const ModelConfig& cfg, FfnKind k, int64_t T, Device device, double act) {
   if (k == FfnKind::Dense) return fp32(T * static_cast<double>(cfg.dense.ffn)) * 3 * act;
   const MoeConfig& m = cfg.moe;
   const double N = static_cast<double>(T * m.top_k), l = static_cast<double>(m.latent);
@@ -355,7 +358,11 @@ double ffn_scratch(const ModelConfig& cfg, FfnKind k, int64_t T, double act) {
   const double router = (latent ? fp32(T * l) * act : 0) + fp32(T * E) * 3;
   // Forward: router selection scratch.
   const double fwd = fp32(T * E) * 2 + fp32(T * static_cast<double>(m.n_group)) * 2;
-  return std::max(fwd, held + std::max(grouped, router));
+  // On the GPU each expert GEMM call takes its own small scratch on top (per-group addresses,
+  // CUTLASS's).
+  const double gemm =
+      device == Device::CUDA ? static_cast<double>(ops::kGroupedMatmulScratchBytes) : 0.0;
+  return std::max(fwd, held + std::max(grouped, router)) + gemm;
 }
 
 }  // namespace
@@ -363,7 +370,8 @@ double ffn_scratch(const ModelConfig& cfg, FfnKind k, int64_t T, double act) {
 MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParallelPlan& p,
                                const MemoryOptions& o) {
   return predict_memory(cfg, count_params(cfg, o.freeze_base, o.precision),
-                        block_activations(cfg, p.mbs, p.seq, o.precision.activations), p, o);
+                        block_activations(cfg, p.mbs, p.seq, o.precision.activations, o.device), p,
+                        o);
 }
 
 MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& c,
@@ -422,10 +430,11 @@ MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& c,
 
   // Activations: what each block keeps, plus the one block being recomputed in backward.
   const int64_t T = p.tokens(), d = cfg.hidden;
-  // Embedding output and final norm (activations), final rstd and lse (fp32).
+  // Embedding output, final norm and the head's input gradient (activations), final rstd and lse
+  // (fp32).
   const double act_bytes = static_cast<double>(
       arena_footprint(static_cast<size_t>(T * d) * dtype_size(o.precision.activations)));
-  double a = act_bytes * 2 + fp32(static_cast<double>(T)) * 2;
+  double a = act_bytes * 3 + fp32(static_cast<double>(T)) * 2;
   size_t recomputed = 0;
   for (const BlockActs& b : acts) {
     a += static_cast<double>(b.saved(p.recompute));
@@ -444,7 +453,7 @@ MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& c,
   double ws = fp32(static_cast<double>(ce_rows * cfg.vocab)) * (1 + act);
   for (const LayerIR& l : cfg.layers) {
     ws = std::max(ws, mixer_scratch(cfg, l.mixer, T, p.seq, p.mbs, o.threads, o.device, act));
-    ws = std::max(ws, ffn_scratch(cfg, l.ffn, T, act));
+    ws = std::max(ws, ffn_scratch(cfg, l.ffn, T, o.device, act));
   }
   m.workspace = fp32(static_cast<double>(T * d)) * 3 * act + ws;
 

@@ -99,9 +99,10 @@ struct BlockActs {
   size_t all() const { return boundary + mixer_bytes + ffn_bytes; }
 };
 // Per block, activations stored as `activations` (fp32 entries stay fp32), for mbs documents of
-// seq tokens packed together.
+// seq tokens packed together, in an arena on `device` (layers may keep more there for its kernels).
 std::vector<BlockActs> block_activations(const ModelConfig& cfg, int64_t mbs, int64_t seq,
-                                         DType activations = DType::F32);
+                                         DType activations = DType::F32,
+                                         Device device = Device::CPU);
 
 struct MemoryBreakdown {
   double weights = 0, grads = 0, master = 0, optimizer = 0;

@@ -128,7 +128,8 @@ std::vector<std::pair<std::string, std::array<int64_t, 3>>> acts_per_token(const
   std::vector<std::pair<std::string, std::array<int64_t, 3>>> out;
   const double scale = 1.0 / static_cast<double>(q.options.seq);
   for (const BlockActs& b :
-       block_activations(q.cfg, 1, q.options.seq, q.options.memory.precision.activations)) {
+       block_activations(q.cfg, 1, q.options.seq, q.options.memory.precision.activations,
+                         q.options.memory.device)) {
     const std::string kind =
         std::string(mixer_name(b.mixer)) + (b.ffn == FfnKind::Dense ? "+ffn" : "+moe");
     bool seen = false;

@@ -318,7 +318,8 @@ SearchResult search(const ModelConfig& cfg, int64_t world, const Hardware& hw,
   std::map<Recompute, StepFlops> flops;
   for (Recompute rc : recs) flops[rc] = flops_per_token(cfg, o.seq, o.memory.freeze_base, rc);
   std::map<int64_t, std::vector<BlockActs>> acts;
-  for (int64_t m : mbss) acts[m] = block_activations(cfg, m, o.seq, o.memory.precision.activations);
+  for (int64_t m : mbss)
+    acts[m] = block_activations(cfg, m, o.seq, o.memory.precision.activations, o.memory.device);
 
   std::vector<Evaluated> all;
   for (int64_t ep : eps)

@@ -120,7 +120,7 @@ nlohmann::json run_step_bench(const StepBenchOptions& o, std::ostream& log) {
   double loss = 0;
   auto step = [&] {
     model.params().zero_grad();
-    loss = model.forward(ctx, b.seq, b.ids, b.targets);
+    loss = model.forward(ctx, b.seq, b.ids, b.targets, 0, Model::Pass::Train);
     model.backward(ctx);
     opt.step(ctx, model.params(), 1e-4f);
     for (MoeLayer* m : model.moe_layers())
@@ -143,7 +143,7 @@ nlohmann::json run_step_bench(const StepBenchOptions& o, std::ostream& log) {
   model.set_unit_hooks(&timer);
   const auto p0 = std::chrono::steady_clock::now();
   model.params().zero_grad();
-  model.forward(ctx, b.seq, b.ids, b.targets);
+  model.forward(ctx, b.seq, b.ids, b.targets, 0, Model::Pass::Train);
   model.backward(ctx);
   const auto o0 = std::chrono::steady_clock::now();
   opt.step(ctx, model.params(), 1e-4f);

@@ -102,7 +102,7 @@ std::string format_eta(double s) {
 double LocalExecutor::forward_backward(const Batch& host) {
   const Batch& b = staged_.stage(host, ctx_.device());
   model_.set_images(&host.images);  // the batch outlives this step only
-  const double loss = model_.forward(ctx_, b.seq, b.ids, b.targets);
+  const double loss = model_.forward(ctx_, b.seq, b.ids, b.targets, 0, Model::Pass::Train);
   model_.set_images(nullptr);
   model_.backward(ctx_);
   return loss;

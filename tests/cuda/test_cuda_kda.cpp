@@ -95,13 +95,19 @@ TEST_P(CudaKda, ForwardBackward) {
         const Tensor h0 = s.h0 ? in[6] : Tensor(), dhT = s.dhT ? in[8] : Tensor();
         Tensor o = out(c, {T, H, V}, dt), hT = out(c, {N, H, K, V}, DType::F32);
         Tensor saved = out(c, {rows, H, K, V}, DType::F32);
-        OP(kda_forward)(c, p, in[0], in[1], in[2], in[3], in[4], in[5], h0, o, hT, saved);
+        // The GPU carries the chunked kernels' products from forward to backward, as the model
+        // does (KdaLayer); CudaKdaPrepared checks that this equals recomputing them.
+        Tensor prepared = gpu && ops::kda_chunk_kernel_fits(p)
+                              ? out(c, {ops::kda_prepared_floats(p, rows)}, DType::F32)
+                              : Tensor();
+        OP(kda_forward)
+        (c, p, in[0], in[1], in[2], in[3], in[4], in[5], h0, o, hT, saved, prepared);
         Tensor dq = out(c, {T, H, K}, dt), dk = out(c, {T, H, K}, dt), dv = out(c, {T, H, V}, dt);
         Tensor dg = out(c, {T, H, K}, DType::F32), dbeta = out(c, {T, H}, DType::F32);
         Tensor dh0 = out(c, {N, H, K, V}, DType::F32);
         OP(kda_backward)
-        (c, p, in[0], in[1], in[2], in[3], in[4], in[5], saved, in[7], dhT, dq, dk, dv, dg, dbeta,
-         dh0);
+        (c, p, in[0], in[1], in[2], in[3], in[4], in[5], saved, prepared, in[7], dhT, dq, dk, dv,
+         dg, dbeta, dh0);
         return {o, hT, saved, dq, dk, dv, dg, dbeta, dh0};
       },
       seed);
@@ -140,7 +146,8 @@ TEST(CudaKdaEntry, PublicApiDispatchesToTheGpu) {
   Tensor o = Tensor::empty({T, H, V}), hT = Tensor::empty({N, H, K, V});
   Tensor saved = Tensor::empty({rows, H, K, V});
   Context cpu;
-  ops::kda_forward(cpu, p, seq.cu_seqlens, q, k, v, g, beta, Tensor(), o, hT, saved);
+  Tensor none;
+  ops::kda_forward(cpu, p, seq.cu_seqlens, q, k, v, g, beta, Tensor(), o, hT, saved, none);
 
   Context gpu(ContextOptions{.device = Device::CUDA});
   const Device D = Device::CUDA;
@@ -148,7 +155,7 @@ TEST(CudaKdaEntry, PublicApiDispatchesToTheGpu) {
          ghT = Tensor::empty(hT.shape(), DType::F32, D);
   Tensor gsaved = Tensor::empty(saved.shape(), DType::F32, D);
   ops::kda_forward(gpu, p, seq.cu_seqlens.to(D), q.to(D), k.to(D), v.to(D), g.to(D), beta.to(D),
-                   Tensor(), go, ghT, gsaved);
+                   Tensor(), go, ghT, gsaved, none);
   gpu.synchronize();
   EXPECT_LE(rel_err(to_dvec(go), to_dvec(o)), 1e-5);
   EXPECT_LE(rel_err(to_dvec(ghT), to_dvec(hT)), 1e-5);
@@ -156,8 +163,60 @@ TEST(CudaKdaEntry, PublicApiDispatchesToTheGpu) {
   // A `saved` no documents of these tokens could fill is refused on the host.
   Tensor wrong = Tensor::empty({rows + 5, H, K, V}, DType::F32, D);
   EXPECT_THROW(ops::kda_forward(gpu, p, seq.cu_seqlens.to(D), q.to(D), k.to(D), v.to(D), g.to(D),
-                                beta.to(D), Tensor(), go, ghT, wrong),
+                                beta.to(D), Tensor(), go, ghT, wrong, none),
                ShapeError);
+  // So is a prepared tensor of the wrong size.
+  Tensor short_prepared = Tensor::empty({ops::kda_prepared_floats(p, rows) - 1}, DType::F32, D);
+  EXPECT_THROW(ops::kda_forward(gpu, p, seq.cu_seqlens.to(D), q.to(D), k.to(D), v.to(D), g.to(D),
+                                beta.to(D), Tensor(), go, ghT, gsaved, short_prepared),
+               ShapeError);
+}
+
+// Backward reading the products forward left in `prepared` gives the very bits of backward
+// recomputing them (the same kernel computes both), bf16 and fp32, on uneven documents.
+TEST(CudaKdaPrepared, BackwardFromPreparedEqualsRecomputedBitwise) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  const SeqInfo seq = SeqInfo::from_lengths({3, 64, 130, 90});
+  const int64_t T = seq.tokens, N = seq.num_seqs, H = 3, K = 128, V = 64;
+  const ops::KdaParams p{.tokens = T, .heads = H, .head_k = K, .head_v = V, .num_seqs = N};
+  const int64_t rows = ops::kda_saved_rows(p, seq.cu_seqlens);
+  const Device D = Device::CUDA;
+  Tensor beta = Tensor::empty({T, H});
+  for (int64_t i = 0; i < beta.numel(); ++i)
+    beta.f32()[i] = static_cast<float>(ref::sigmoid(rng.normal()));
+  const Tensor q0 = randn(rng, {T, H, K}), k0 = unit_rows(rng, {T, H, K}),
+               v0 = randn(rng, {T, H, V}), dout0 = randn(rng, {T, H, V});
+  const Tensor g = log_decay(rng, {T, H, K}, false).to(D), b = beta.to(D),
+               cu = seq.cu_seqlens.to(D);
+  Context gpu(ContextOptions{.device = Device::CUDA});
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const auto on_gpu = [&](const Tensor& t) {
+      Tensor d = Tensor::empty(t.shape(), dt, D);
+      d.copy_from(t);  // converts to bf16 where dt says so
+      return d;
+    };
+    const Tensor q = on_gpu(q0), k = on_gpu(k0), v = on_gpu(v0), dout = on_gpu(dout0);
+    std::vector<std::vector<double>> got[2];
+    for (int keep = 0; keep < 2; ++keep) {
+      Tensor o = Tensor::empty({T, H, V}, dt, D), none;
+      Tensor saved = Tensor::empty({rows, H, K, V}, DType::F32, D);
+      Tensor prepared =
+          keep ? Tensor::empty({ops::kda_prepared_floats(p, rows)}, DType::F32, D) : Tensor();
+      ops::kda_forward(gpu, p, cu, q, k, v, g, b, Tensor(), o, none, saved, prepared);
+      Tensor dq = Tensor::empty({T, H, K}, dt, D), dk = Tensor::empty({T, H, K}, dt, D),
+             dv = Tensor::empty({T, H, V}, dt, D), dg = Tensor::empty({T, H, K}, DType::F32, D),
+             dbeta = Tensor::empty({T, H}, DType::F32, D);
+      ops::kda_backward(gpu, p, cu, q, k, v, g, b, saved, prepared, dout, Tensor(), dq, dk, dv, dg,
+                        dbeta, none);
+      gpu.synchronize();
+      for (const Tensor* t : {&o, &dq, &dk, &dv, &dg, &dbeta}) got[keep].push_back(to_dvec(*t));
+    }
+    const char* names[] = {"o", "dq", "dk", "dv", "dg", "dbeta"};
+    for (size_t i = 0; i < got[0].size(); ++i)
+      EXPECT_EQ(got[0][i], got[1][i]) << names[i] << " (" << dtype_name(dt) << "), seed " << seed;
+  }
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include "core/seq_info.h"
 #include "harness/gpu_check.h"
+#include "harness/op_check.h"
 #include "ops/activation.h"
 #include "ops/conv1d.h"
 #include "ops/cross_entropy.h"
@@ -321,6 +322,46 @@ TEST(CudaCrossEntropy, ChunkedLmHeadWithIgnoredTargets) {
         return {l, lse, dh, dw};
       },
       seed);
+}
+
+// The one-pass form (a Train forward of a frozen head) against the CPU's two passes, and on the
+// GPU against its own two passes: the same dlogits floats reach the same GEMM, so dh is
+// bit-identical (the loss sums rows by atomics in either: equal to rounding).
+TEST(CudaCrossEntropy, ForwardBackwardInOnePassEqualsTwo) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  const int64_t T = 300, D = 96, V = 1000;
+  Tensor tg = Tensor::empty({T}, DType::I32);
+  for (int64_t t = 0; t < T; ++t)
+    tg.i32()[t] = t % 5 == 1 ? -100 : static_cast<int32_t>(rng.below(V));
+  const ops::CrossEntropyParams p{.tokens = T, .hidden = D, .vocab = V, .chunk_tokens = 128};
+  std::vector<In> ins = {{tg, false}, {randn(rng, {T, D})}, {randn(rng, {V, D}, 0.2)}};
+  std::vector<std::vector<double>> fused_gpu, split_gpu;
+  run_case(
+      "lm_head+cross_entropy one pass", ins, {"loss", "lse", "dh"},
+      [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
+        Tensor lse = out(c, {T}, DType::F32), dh = out(c, {T, D}, in[1].dtype());
+        Tensor loss = out(c, {1}, DType::F64);
+        OP(lm_head_cross_entropy_forward_backward)(c, p, in[1], in[2], in[0], 0.7f, lse, loss, dh);
+        if (gpu) {
+          Tensor lse2 = out(c, {T}, DType::F32), dh2 = out(c, {T, D}, in[1].dtype()), none;
+          Tensor loss2 = out(c, {1}, DType::F64);
+          ops::lm_head_cross_entropy_forward(c, p, in[1], in[2], in[0], lse2, loss2);
+          ops::lm_head_cross_entropy_backward(c, p, in[1], in[2], in[0], lse2, 0.7f, dh2, none);
+          c.synchronize();
+          fused_gpu.push_back(to_dvec(dh));
+          fused_gpu.push_back(to_dvec(lse));
+          split_gpu.push_back(to_dvec(dh2));
+          split_gpu.push_back(to_dvec(lse2));
+          EXPECT_NEAR(read_scalar(loss), read_scalar(loss2), 1e-12 * std::abs(read_scalar(loss2)));
+        }
+        Tensor l = Tensor::empty({1});
+        l.f32()[0] = static_cast<float>(read_scalar(loss));
+        return {l, lse, dh};
+      },
+      seed);
+  EXPECT_EQ(fused_gpu, split_gpu) << "seed " << seed;
 }
 
 }  // namespace

@@ -172,6 +172,7 @@ void expect_model(const ModelConfig& cfg, const SeqInfo& seq, Expected& e) {
   e.act({T, d});  // final norm, its rstd, the loss's log-sum-exp
   e.f32({T});
   e.f32({T});
+  e.act({T, d});  // the head's input gradient (a Train forward of a frozen head)
 }
 
 size_t planned(const Layer& layer, DType at) {

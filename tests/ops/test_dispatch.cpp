@@ -235,7 +235,7 @@ TEST(OpDispatch, CudaTensorsInACpuOnlyBuildNameTheMissingBackend) {
          Tensor cu = on_cuda({2}, DType::I32), q = on_cuda({T, H, K}), kk = on_cuda({T, H, K}),
                 v = on_cuda({T, H, K}), g = on_cuda({T, H, K}), beta = on_cuda({T, H}),
                 o = on_cuda({T, H, K}), saved = on_cuda({1}), none;
-         ops::kda_forward(ctx, p, cu, q, kk, v, g, beta, none, o, none, saved);
+         ops::kda_forward(ctx, p, cu, q, kk, v, g, beta, none, o, none, saved, none);
        }});
   calls.push_back({"router_forward", [&] {
                      Tensor l = on_cuda({T, E}), s = on_cuda({T, E}),

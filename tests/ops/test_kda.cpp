@@ -165,15 +165,15 @@ class KdaCase : public OpCase {
     Tensor hT = alloc({seq_.num_seqs, s_.heads, s_.head_k, s_.head_v});
     saved_ = alloc({ops::kda_saved_rows(p_, seq_.cu_seqlens), s_.heads, s_.head_k, s_.head_v});
     ops::kda_forward(ctx, p_, on_device(ctx, seq_.cu_seqlens), in[0], in[1], in[2], in[3], in[4],
-                     h0(in), o, hT, saved_);
+                     h0(in), o, hT, saved_, no_prepared_);
     return {o, hT};
   }
   void backward(Context& ctx, GuardedAlloc& alloc, const std::vector<Tensor>& in,
                 const std::vector<Tensor>& dout, std::vector<Tensor>& grads) override {
     Tensor dh0 = s_.h0 ? grads[5] : alloc({seq_.num_seqs, s_.heads, s_.head_k, s_.head_v});
     ops::kda_backward(ctx, p_, on_device(ctx, seq_.cu_seqlens), in[0], in[1], in[2], in[3], in[4],
-                      saved_, dout[0], dout[1], grads[0], grads[1], grads[2], grads[3], grads[4],
-                      dh0);
+                      saved_, no_prepared_, dout[0], dout[1], grads[0], grads[1], grads[2],
+                      grads[3], grads[4], dh0);
   }
   std::vector<DVec> reference(const std::vector<DVec>& in) const override {
     ref::KdaDims d{
@@ -188,6 +188,7 @@ class KdaCase : public OpCase {
   SeqInfo seq_;
   ops::KdaParams p_;
   Tensor saved_;
+  Tensor no_prepared_;  // the CPU ignores it; tests/cuda/test_cuda_kda.cpp passes one
 };
 
 CheckOptions kda_tol() {
@@ -269,9 +270,10 @@ void chunked_matches_recurrent(bool strong_decay) {
              Tensor::empty(k.shape()),    Tensor::empty(v.shape()),    Tensor::empty(g.shape()),
              Tensor::empty(beta.shape()), Tensor::empty(h0.shape())};
     Tensor saved = Tensor::empty({ops::kda_saved_rows(p, seq.cu_seqlens), H, K, V});
-    ops::kda_forward(ctx, p, seq.cu_seqlens, q, k, v, g, beta, h0, r.o, r.hT, saved);
-    ops::kda_backward(ctx, p, seq.cu_seqlens, q, k, v, g, beta, saved, dout, dhT, r.dq, r.dk, r.dv,
-                      r.dg, r.dbeta, r.dh0);
+    Tensor no_prepared;
+    ops::kda_forward(ctx, p, seq.cu_seqlens, q, k, v, g, beta, h0, r.o, r.hT, saved, no_prepared);
+    ops::kda_backward(ctx, p, seq.cu_seqlens, q, k, v, g, beta, saved, no_prepared, dout, dhT, r.dq,
+                      r.dk, r.dv, r.dg, r.dbeta, r.dh0);
     return r;
   };
   Result a = run(true), b = run(false);
@@ -305,8 +307,9 @@ TEST(Kda, BadCuSeqlensIsAnError) {
   Tensor q = Tensor::zeros({7, 1, 2}), v = Tensor::zeros({7, 1, 3}), beta = Tensor::zeros({7, 1}),
          o = Tensor::zeros({7, 1, 2}), saved = Tensor::zeros({2, 1, 2, 2});
   Tensor none;
-  EXPECT_THROW(ops::kda_forward(ctx, p, seq.cu_seqlens, q, q, v, q, beta, none, o, none, saved),
-               ShapeError);
+  EXPECT_THROW(
+      ops::kda_forward(ctx, p, seq.cu_seqlens, q, q, v, q, beta, none, o, none, saved, none),
+      ShapeError);
 }
 
 }  // namespace

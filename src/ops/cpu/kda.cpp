@@ -484,7 +484,7 @@ void for_each_doc_head(Context& ctx, const KdaParams& p, const Dims& d, bool bac
 
 void kda_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
                  const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                 const Tensor& h0, Tensor& o, Tensor& hT, Tensor& saved) {
+                 const Tensor& h0, Tensor& o, Tensor& hT, Tensor& saved, Tensor& /*prepared*/) {
   ArenaScope scope(ctx.workspace());
   const Docs docs = read_docs(ctx, p, cu_seqlens);
   const Dims d = make_dims(p);
@@ -507,8 +507,8 @@ void kda_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, con
 
 void kda_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
                   const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                  const Tensor& saved, const Tensor& dout, const Tensor& dhT, Tensor& dq,
-                  Tensor& dk, Tensor& dv, Tensor& dg, Tensor& dbeta, Tensor& dh0) {
+                  const Tensor& saved, Tensor& /*prepared*/, const Tensor& dout, const Tensor& dhT,
+                  Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dg, Tensor& dbeta, Tensor& dh0) {
   ArenaScope scope(ctx.workspace());
   const Docs docs = read_docs(ctx, p, cu_seqlens);
   const Dims d = make_dims(p);

@@ -74,6 +74,43 @@ __global__ void ce_bwd_kernel(int64_t t0, int64_t V, int32_t ignore, float dloss
   }
 }
 
+// Both at once for a row: lse and its loss as ce_fwd_kernel, then dlogits as ce_bwd_kernel with
+// that lse (the same float backward would read), so the row's logits are read twice, not four
+// times. `valid` is counted before the first chunk.
+template <typename T>
+__global__ void ce_fused_kernel(int64_t t0, int64_t V, int32_t ignore, float dloss,
+                                const int64_t* valid, const float* logits, const int32_t* tg,
+                                float* lse, double* loss_sum, int32_t* bad, T* g) {
+  const int64_t r = blockIdx.x, t = t0 + r;
+  const int32_t target = tg[t];
+  T* gr = g + r * V;
+  if (target == ignore || target < 0 || target >= V) {
+    if (threadIdx.x == 0) {
+      if (target == ignore)
+        lse[t] = 0.f;
+      else
+        atomicMin(bad, static_cast<int32_t>(t));
+    }
+    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) st(gr, v, 0.f);
+    return;
+  }
+  const float* lr = logits + r * V;
+  float mx = -INFINITY;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, lr[v]);
+  mx = block_max(mx);
+  float s = 0.f;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) s += __expf(lr[v] - mx);
+  s = block_sum(s);
+  const float l = mx + logf(s);
+  if (threadIdx.x == 0) {
+    lse[t] = l;
+    atomicAdd(loss_sum, static_cast<double>(l) - lr[target]);
+  }
+  const float scale = dloss / static_cast<float>(*valid > 0 ? *valid : 1);
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
+    st(gr, v, v == target ? scale * __expf(lr[v] - l) - scale : scale * __expf(lr[v] - l));
+}
+
 __global__ void count_valid_kernel(int64_t n, int32_t ignore, const int32_t* tg, int64_t* valid) {
   int64_t c = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) c += tg[i] != ignore;
@@ -88,6 +125,28 @@ __global__ void ce_mean_kernel(const int64_t* valid, double* loss) {
 
 MatRef mref(const Tensor& t, int64_t row0, int64_t ld) {
   return {static_cast<const char*>(t.raw()) + row0 * ld * dtype_size(t.dtype()), t.dtype(), ld};
+}
+
+// The mean from the sum, then the one read-back of the forward ops: an out-of-range target is an
+// error naming its position (docs/gpu.md, "Synchronisation points", lists it until batches are
+// validated on the host).
+void finish_forward(Context& ctx, const CrossEntropyParams& p, const Tensor& targets,
+                    const Tensor& valid, const Tensor& bad, Tensor& loss) {
+  cudaStream_t s = stream(ctx);
+  const int32_t big = 0x7fffffff;
+  ce_mean_kernel<<<1, 1, 0, s>>>(ptr<int64_t>(valid), ptr<double>(loss));
+  MT_CUDA_LAUNCH_CHECK();
+  int32_t first_bad = big;
+  MT_CUDA_CHECK(
+      cudaMemcpyAsync(&first_bad, bad.raw(), sizeof first_bad, cudaMemcpyDeviceToHost, s));
+  MT_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (first_bad != big) {
+    int32_t target = 0;
+    MT_CUDA_CHECK(cudaMemcpy(&target, ptr<int32_t>(targets) + first_bad, sizeof target,
+                             cudaMemcpyDeviceToHost));
+    MT_THROW(ValueError, "cross_entropy: target ", target, " at position ", first_bad,
+             " is outside [0, ", p.vocab, ") and is not ignore_index ", p.ignore_index);
+  }
 }
 
 }  // namespace
@@ -120,21 +179,43 @@ void lm_head_cross_entropy_forward(Context& ctx, const CrossEntropyParams& p, co
   count_valid_kernel<<<1, 1024, 0, s>>>(p.tokens, p.ignore_index, ptr<int32_t>(targets),
                                         ptr<int64_t>(valid));
   MT_CUDA_LAUNCH_CHECK();
-  ce_mean_kernel<<<1, 1, 0, s>>>(ptr<int64_t>(valid), ptr<double>(loss));
+  finish_forward(ctx, p, targets, valid, bad, loss);
+}
+
+void lm_head_cross_entropy_forward_backward(Context& ctx, const CrossEntropyParams& p,
+                                            const Tensor& h, const Tensor& w, const Tensor& targets,
+                                            float dloss, Tensor& lse, Tensor& loss, Tensor& dh) {
+  expect_same_dtype("cross_entropy", h, w, "lm_head weight");
+  expect_same_dtype("cross_entropy", h, dh, "dh");
+  expect_f32("cross_entropy", lse, "lse");
+  cudaStream_t s = stream(ctx);
+  MT_CUDA_CHECK(cudaMemsetAsync(loss.raw(), 0, sizeof(double), s));
+  if (p.tokens == 0) return;
+  const int64_t V = p.vocab, D = p.hidden, chunk = std::min(p.chunk_tokens, p.tokens);
+  ArenaScope scope(ctx.workspace());
+  Tensor logits = ctx.workspace().alloc({chunk, V});
+  Tensor g = ctx.workspace().alloc({chunk, V}, h.dtype());  // dlogits
+  Tensor bad = ctx.workspace().alloc({1}, DType::I32);
+  Tensor valid = ctx.workspace().alloc({1}, DType::I64);
+  const int32_t big = 0x7fffffff;
+  MT_CUDA_CHECK(cudaMemcpyAsync(bad.raw(), &big, sizeof big, cudaMemcpyHostToDevice, s));
+  count_valid_kernel<<<1, 1024, 0, s>>>(p.tokens, p.ignore_index, ptr<int32_t>(targets),
+                                        ptr<int64_t>(valid));
   MT_CUDA_LAUNCH_CHECK();
-  // The one read-back left in this op: an out-of-range target is an error naming its position
-  // (docs/gpu.md, "Synchronisation points", lists it until batches are validated on the host).
-  int32_t first_bad = big;
-  MT_CUDA_CHECK(
-      cudaMemcpyAsync(&first_bad, bad.raw(), sizeof first_bad, cudaMemcpyDeviceToHost, s));
-  MT_CUDA_CHECK(cudaStreamSynchronize(s));
-  if (first_bad != big) {
-    int32_t target = 0;
-    MT_CUDA_CHECK(cudaMemcpy(&target, ptr<int32_t>(targets) + first_bad, sizeof target,
-                             cudaMemcpyDeviceToHost));
-    MT_THROW(ValueError, "cross_entropy: target ", target, " at position ", first_bad,
-             " is outside [0, ", V, ") and is not ignore_index ", p.ignore_index);
+  for (int64_t t0 = 0; t0 < p.tokens; t0 += chunk) {
+    const int64_t rows = std::min(chunk, p.tokens - t0);
+    lt_matmul(ctx, false, true, rows, V, D, 1.f, mref(h, t0, D), mref(w, 0, D), 0.f, logits.raw(),
+              DType::F32, V);
+    MT_DISPATCH_FLOAT(h, "cross_entropy", {
+      ce_fused_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
+          t0, V, p.ignore_index, dloss, ptr<int64_t>(valid), ptr<float>(logits),
+          ptr<int32_t>(targets), ptr<float>(lse), ptr<double>(loss), ptr<int32_t>(bad), ptr<T>(g));
+    });
+    MT_CUDA_LAUNCH_CHECK();
+    lt_matmul(ctx, false, false, rows, D, V, 1.f, mref(g, 0, V), mref(w, 0, D), 0.f,
+              static_cast<char*>(dh.raw()) + t0 * D * dtype_size(dh.dtype()), dh.dtype(), D);
   }
+  finish_forward(ctx, p, targets, valid, bad, loss);
 }
 
 void lm_head_cross_entropy_backward(Context& ctx, const CrossEntropyParams& p, const Tensor& h,

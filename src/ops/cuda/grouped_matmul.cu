@@ -123,6 +123,9 @@ bool sm90_grouped(Context& ctx, const GroupedMatmulParams& p, const Tensor& a, c
   const Sm90Launch at{cr.stream, cr.device, cr.multiprocessors};
   ArenaScope scope(ctx.workspace());
   const size_t bytes = sm90_grouped_scratch(g, table, count, at);
+  MT_CHECK(bytes + 256 <= kGroupedMatmulScratchBytes, InternalError,
+           "grouped_matmul (CUTLASS sm90, ", count, " groups): needs ", bytes + 256,
+           " bytes of scratch, over the ", kGroupedMatmulScratchBytes, " the planner reserves");
   // +256 to align the start: the arena aligns to 64 bytes, TMA descriptors want more.
   Tensor scratch = ctx.workspace().alloc({static_cast<int64_t>(bytes / 8 + 33)}, DType::I64);
   const auto base = (reinterpret_cast<uintptr_t>(scratch.raw()) + 255) / 256 * 256;

@@ -401,7 +401,7 @@ float* opt_out(Tensor& t) {
 
 void kda_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
                  const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                 const Tensor& h0, Tensor& o, Tensor& hT, Tensor& saved) {
+                 const Tensor& h0, Tensor& o, Tensor& hT, Tensor& saved, Tensor& prepared) {
   check_dims(p, cu_seqlens);
   expect_same_dtype("kda", q, k, "k");
   expect_same_dtype("kda", q, v, "v");
@@ -414,7 +414,7 @@ void kda_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, con
     expect_f32("kda", *t, what);
   if (p.num_seqs == 0) return;
   if (kda_chunk_kernel_fits(p))
-    return kda_chunk_forward(ctx, p, cu_seqlens, q, k, v, g, beta, h0, o, hT, saved);
+    return kda_chunk_forward(ctx, p, cu_seqlens, q, k, v, g, beta, h0, o, hT, saved, prepared);
   const Split sp = split_of(p.head_v);
   Args a = make_args(p, cu_seqlens, g, beta, saved, sp);
   a.h0 = opt_in(h0);
@@ -431,8 +431,8 @@ void kda_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, con
 
 void kda_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
                   const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                  const Tensor& saved, const Tensor& dout, const Tensor& dhT, Tensor& dq,
-                  Tensor& dk, Tensor& dv, Tensor& dg, Tensor& dbeta, Tensor& dh0) {
+                  const Tensor& saved, Tensor& prepared, const Tensor& dout, const Tensor& dhT,
+                  Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dg, Tensor& dbeta, Tensor& dh0) {
   check_dims(p, cu_seqlens);
   expect_same_dtype("kda", q, k, "k");
   expect_same_dtype("kda", q, v, "v");
@@ -450,8 +450,8 @@ void kda_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, co
     expect_f32("kda", *t, what);
   if (p.num_seqs == 0) return;
   if (kda_chunk_kernel_fits(p))
-    return kda_chunk_backward(ctx, p, cu_seqlens, q, k, v, g, beta, saved, dout, dhT, dq, dk, dv,
-                              dg, dbeta, dh0);
+    return kda_chunk_backward(ctx, p, cu_seqlens, q, k, v, g, beta, saved, prepared, dout, dhT, dq,
+                              dk, dv, dg, dbeta, dh0);
   const Split sp = split_of(p.head_v);
   Args a = make_args(p, cu_seqlens, g, beta, saved, sp);
   a.dhT = opt_in(dhT);

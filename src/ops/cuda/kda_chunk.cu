@@ -45,13 +45,17 @@ struct Args {
   int C, K, V;
   float scale;
   KdaChunkLayout lay;
-  int64_t block;           // floats per (chunk, head)
+  int64_t block;           // prepared floats per (chunk, head)
   const int32_t* ct0;      // [nchunks] first token of each chunk
   const int32_t* clen;     // [nchunks] its length (0: unused row)
   const int32_t* dchunk0;  // [N + 1] first chunk of each document
   const float *g, *beta, *h0, *dhT;
-  float *ws, *saved, *hT, *dS, *dh0, *dg, *dbeta;
+  float *ws, *back, *saved, *hT, *dS, *dh0, *dg, *dbeta;  // ws: the prepared blocks
   __device__ float* blk(int64_t c, int64_t h) const { return ws + (c * H + h) * block; }
+  // Backward's Delta and dR of (c, h).
+  __device__ float* bblk(int64_t c, int64_t h) const {
+    return back + (c * H + h) * lay.back_block();
+  }
 };
 
 // The exponent differences and the dGam sums: double for fp32 tensors (their 1e-5 check, with
@@ -467,6 +471,7 @@ __global__ void __launch_bounds__(kStateThreads) bwd_state_kernel(Args a, const 
     const int L = a.clen[c];
     const int64_t t0 = a.ct0[c];
     float* blk = a.blk(c, h);
+    float* bb = a.bblk(c, h);
     __syncthreads();  // the previous chunk's dS update is complete
     stage_vec(B1, blk + lay.W(), C * K);
     stage_vec(B2, blk + lay.Kl(), C * K);
@@ -500,7 +505,7 @@ __global__ void __launch_bounds__(kStateThreads) bwd_state_kernel(Args a, const 
       if (i >= C) continue;
       D[i * kCols + lane] = i < L ? d[r] : 0.f;
       dD[i * kCols + lane] = i < L ? dd[r] : 0.f;
-      if (cv && i < L) blk[lay.D() + i * V + col] = d[r];
+      if (cv && i < L) bb[lay.D() + i * V + col] = d[r];
     }
     __syncthreads();
     // dR = T^T dDelta (T is zero above the diagonal); W and Kl give way to Qh and Kb.
@@ -513,7 +518,7 @@ __global__ void __launch_bounds__(kStateThreads) bwd_state_kernel(Args a, const 
       const int i = i0 + r;
       if (i >= C) continue;
       dR[i * kCols + lane] = i < L ? rr[r] : 0.f;
-      if (cv && i < L) blk[lay.dR() + i * V + col] = rr[r];
+      if (cv && i < L) bb[lay.dR() + i * V + col] = rr[r];
     }
     __syncthreads();
     // dS0 = diag(gL) dS + Qh^T dO - Kb^T dR.
@@ -603,8 +608,9 @@ __global__ void __launch_bounds__(kThreads) products_kernel(Args a, const T* dou
   const float* S0 = a.saved + (c * a.H + h) * K * V;
   const float* dSn = a.dS + (c * a.H + h) * K * V;
   auto dO = [&](int i, int y) { return ld(dout, ((t0 + i) * a.H + h) * V + y); };
-  auto Dl = [&](int i, int y) { return blk[lay.D() + i * V + y]; };
-  auto dRl = [&](int i, int y) { return blk[lay.dR() + i * V + y]; };
+  const float* bb = a.bblk(c, h);
+  auto Dl = [&](int i, int y) { return bb[lay.D() + i * V + y]; };
+  auto dRl = [&](int i, int y) { return bb[lay.dR() + i * V + y]; };
   auto S0l = [&](int x, int y) { return S0[x * V + y]; };
   auto dSl = [&](int x, int y) { return dSn[x * V + y]; };
   if (job < 2) {
@@ -768,7 +774,7 @@ __global__ void __launch_bounds__(kGradThreads)
     float s = 0.f;
     for (int y = lane; y < V; y += 32) {
       const int64_t at = ((t0 + i) * a.H + h) * V + y;
-      const float r = blk[lay.dR() + i * V + y];
+      const float r = a.bblk(c, h)[lay.dR() + i * V + y];
       s += ld(v, at) * r;
       st(dv, at, b[i] * r);
     }
@@ -779,8 +785,10 @@ __global__ void __launch_bounds__(kGradThreads)
   }
 }
 
+// `prepared`: the caller's prepared blocks (undefined: they go to the workspace).
 Args make_args(Context& ctx, const KdaParams& p, const Tensor& cu, const Tensor& g,
-               const Tensor& beta, int64_t nchunks, bool backward, Tensor& space) {
+               const Tensor& beta, int64_t nchunks, bool backward, const Tensor& prepared,
+               Tensor& space) {
   Args a{};
   a.T = p.tokens;
   a.H = p.heads;
@@ -791,16 +799,25 @@ Args make_args(Context& ctx, const KdaParams& p, const Tensor& cu, const Tensor&
   a.V = static_cast<int>(p.head_v);
   a.scale = p.qk_scale();
   a.lay = {p.chunk, p.head_k, p.head_v};
-  a.block = a.lay.block(backward);
-  space = ctx.workspace().alloc({kda_chunk_workspace_floats(p, nchunks, backward)});
+  a.block = a.lay.block();
+  const bool kept = prepared.defined();
+  space = ctx.workspace().alloc({kda_chunk_workspace_floats(p, nchunks, backward, kept)});
   float* base = ptr<float>(space);
   int32_t* table = reinterpret_cast<int32_t*>(base);
   a.ct0 = table;
   a.clen = table + nchunks;
   a.dchunk0 = table + 2 * nchunks;
-  const int64_t ints = (2 * nchunks + p.num_seqs + 1 + 15) / 16 * 16;
-  a.ws = base + ints;
-  if (backward) a.dS = a.ws + nchunks * p.heads * a.block;
+  float* next = base + (2 * nchunks + p.num_seqs + 1 + 15) / 16 * 16;
+  if (kept) {
+    a.ws = const_cast<float*>(ptr<float>(prepared));
+  } else {
+    a.ws = next;
+    next += nchunks * p.heads * a.block;
+  }
+  if (backward) {
+    a.back = next;
+    a.dS = a.back + nchunks * p.heads * a.lay.back_block();
+  }
   a.g = ptr<float>(g);
   a.beta = ptr<float>(beta);
   chunk_table_kernel<<<1, 32, 0, stream(ctx)>>>(
@@ -848,10 +865,10 @@ void launch_state(Context& ctx, const Args& a, size_t smem, void (*vec_kernel)(A
 
 void kda_chunk_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
                        const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                       const Tensor& h0, Tensor& o, Tensor& hT, Tensor& saved) {
+                       const Tensor& h0, Tensor& o, Tensor& hT, Tensor& saved, Tensor& prepared) {
   ArenaScope scope(ctx.workspace());
   Tensor space;
-  Args a = make_args(ctx, p, cu_seqlens, g, beta, saved.dim(0), false, space);
+  Args a = make_args(ctx, p, cu_seqlens, g, beta, saved.dim(0), false, prepared, space);
   a.saved = ptr<float>(saved);
   a.h0 = h0.defined() && h0.numel() ? ptr<float>(h0) : nullptr;
   a.hT = hT.defined() && hT.numel() ? ptr<float>(hT) : nullptr;
@@ -864,11 +881,12 @@ void kda_chunk_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlen
 
 void kda_chunk_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                        const Tensor& saved, const Tensor& dout, const Tensor& dhT, Tensor& dq,
-                        Tensor& dk, Tensor& dv, Tensor& dg, Tensor& dbeta, Tensor& dh0) {
+                        const Tensor& saved, Tensor& prepared, const Tensor& dout,
+                        const Tensor& dhT, Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dg,
+                        Tensor& dbeta, Tensor& dh0) {
   ArenaScope scope(ctx.workspace());
   Tensor space;
-  Args a = make_args(ctx, p, cu_seqlens, g, beta, saved.dim(0), true, space);
+  Args a = make_args(ctx, p, cu_seqlens, g, beta, saved.dim(0), true, prepared, space);
   a.saved = const_cast<float*>(ptr<float>(saved));
   a.dhT = dhT.defined() && dhT.numel() ? ptr<float>(dhT) : nullptr;
   a.dh0 = dh0.defined() && dh0.numel() ? ptr<float>(dh0) : nullptr;
@@ -876,7 +894,7 @@ void kda_chunk_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqle
   a.dbeta = ptr<float>(dbeta);
   const dim3 chunks(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.H));
   MT_DISPATCH_FLOAT(q, "kda", {
-    prep<T>(ctx, a, q, k, v);
+    if (!prepared.defined()) prep<T>(ctx, a, q, k, v);
     launch_state(ctx, a, bwd_state_smem(a.C, a.K), bwd_state_kernel<T, true>,
                  bwd_state_kernel<T, false>, ptr<T>(dout));
     allow_smem(products_kernel<T>, kProductSmem);

@@ -8,10 +8,11 @@ namespace mt::ops::cuda {
 
 void kda_chunk_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
                        const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                       const Tensor& h0, Tensor& o, Tensor& hT, Tensor& saved);
+                       const Tensor& h0, Tensor& o, Tensor& hT, Tensor& saved, Tensor& prepared);
 void kda_chunk_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                        const Tensor& saved, const Tensor& dout, const Tensor& dhT, Tensor& dq,
-                        Tensor& dk, Tensor& dv, Tensor& dg, Tensor& dbeta, Tensor& dh0);
+                        const Tensor& saved, Tensor& prepared, const Tensor& dout,
+                        const Tensor& dhT, Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dg,
+                        Tensor& dbeta, Tensor& dh0);
 
 }  // namespace mt::ops::cuda
