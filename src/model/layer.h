@@ -50,8 +50,9 @@ struct LayerState {
 };
 
 // `st` as the state type S of `layer`; a state made by another layer kind is a ValueError.
-template <class S>
-S& state_as(LayerState& st, const char* layer) {
+// Base: LayerState, or another state hierarchy (ExpertState).
+template <class S, class Base>
+S& state_as(Base& st, const char* layer) {
   auto* s = dynamic_cast<S*>(&st);
   MT_CHECK(s != nullptr, ValueError, layer, ": the state was made by another layer kind");
   return *s;

@@ -353,10 +353,15 @@ void MoeLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
   const ops::GroupedFfnParams fp = ffn_params(T);
   s.ffn = ops::grouped_ffn_alloc_saved(fp, acts, at);
   s.rows_out = acts.alloc({N, l}, at);
-  if (remote_)
-    remote_->forward(ctx, fp, s.rows, s.group_offsets, experts_, s.rows_out);
-  else
+  if (remote_) {
+    if (s.expert_by != remote_) {
+      s.expert = remote_->make_state();
+      s.expert_by = remote_;
+    }
+    remote_->forward(ctx, fp, s.rows, s.group_offsets, experts_, s.rows_out, *s.expert);
+  } else {
     ops::grouped_ffn_forward(ctx, fp, s.rows, s.group_offsets, experts_, s.rows_out, s.ffn);
+  }
   if (has_latent()) {
     s.y_lat = acts.alloc({T, l}, at);
     ops::moe_combine(ctx, s.rows_out, s.weights, s.inv, s.y_lat);
@@ -412,11 +417,14 @@ void MoeLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
   Tensor drows_out = ws.alloc({N, l}, at), dweights = ws.alloc({T, K}, DType::F32);
   ops::moe_combine_backward(ctx, s.rows_out, s.weights, s.inv, dy_lat, drows_out, dweights);
   Tensor drows = ws.alloc({N, l}, at);
-  if (remote_)
-    remote_->backward(ctx, ffn_params(T), experts_, drows_out, drows, experts_grad_);
-  else
+  if (remote_) {
+    MT_CHECK(s.expert && s.expert_by == remote_, InternalError,
+             "moe backward: the forward ran without this expert compute");
+    remote_->backward(ctx, ffn_params(T), experts_, drows_out, drows, experts_grad_, *s.expert);
+  } else {
     ops::grouped_ffn_backward(ctx, ffn_params(T), s.rows, s.group_offsets, experts_, s.ffn,
                               drows_out, drows, experts_grad_);
+  }
   if (has_latent()) {
     Tensor dx_lat = ws.alloc({T, l}, at);
     ops::moe_gather_backward(ctx, drows, s.inv, K, dx_lat);

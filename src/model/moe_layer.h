@@ -15,6 +15,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "model/config.h"
@@ -26,20 +27,28 @@
 
 namespace mt {
 
+// What an ExpertCompute's forward keeps for its backward: made by its make_state(), held in the
+// MoE layer's Saved, so each micro-batch in flight has its own (as every layer state has).
+struct ExpertState {
+  virtual ~ExpertState() = default;
+};
+
 // Runs the routed experts somewhere else (expert parallelism, src/parallel). The layer hands it
 // the rows of its tokens sorted by global expert and gets the expert outputs back in the same
-// order; the weights it passes are the layer's local experts only. One instance per layer: it
-// keeps what backward needs between the two calls.
+// order; the weights it passes are the layer's local experts only. One instance per layer; what
+// backward needs goes into the caller's ExpertState, never into the instance.
 class ExpertCompute {
  public:
   virtual ~ExpertCompute() = default;
+  virtual std::unique_ptr<ExpertState> make_state() const = 0;
   // rows [N, l] sorted by expert, offsets i32 [E+1] over all experts -> out [N, l] (written).
   virtual void forward(Context& ctx, const ops::GroupedFfnParams& p, const Tensor& rows,
-                       const Tensor& offsets, const ops::GroupedFfnWeights& local, Tensor& out) = 0;
-  // dout [N, l] -> drows [N, l] (written); local expert grads accumulate.
+                       const Tensor& offsets, const ops::GroupedFfnWeights& local, Tensor& out,
+                       ExpertState& st) = 0;
+  // dout [N, l] -> drows [N, l] (written); local expert grads accumulate. Consumes st's forward.
   virtual void backward(Context& ctx, const ops::GroupedFfnParams& p,
                         const ops::GroupedFfnWeights& local, const Tensor& dout, Tensor& drows,
-                        ops::GroupedFfnWeights& local_grads) = 0;
+                        ops::GroupedFfnWeights& local_grads, ExpertState& st) = 0;
 };
 
 class MoeLayer : public Layer {
@@ -59,6 +68,10 @@ class MoeLayer : public Layer {
     ops::GroupedFfnSaved ffn;
     bool overflow = false;  // routed by the overflow policy (its backward differs)
     LinearModule::Saved latent_down, latent_up, shared_gate, shared_up, shared_down;
+    // Under expert parallelism: the ExpertCompute's state, made by the first forward through
+    // `expert_by` (and again when the layer's compute changes).
+    std::unique_ptr<ExpertState> expert;
+    const ExpertCompute* expert_by = nullptr;
   };
   std::unique_ptr<LayerState> make_state() const override { return std::make_unique<Saved>(); }
   void forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y, Arena& acts,

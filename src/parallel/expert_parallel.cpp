@@ -22,9 +22,12 @@ ExpertParallel::ExpertParallel(Comm& ep, int64_t num_experts, const ExpertParall
       El_(local_experts(ep, num_experts)),
       chunks_(opt.chunks),
       max_rows_(opt.max_rows),
-      layout_(P_, El_),
       buffers_(opt.buffers ? opt.buffers : std::make_shared<DispatchBuffers>()) {
   MT_CHECK(opt.chunks >= 1, ConfigError, "all-to-all chunks must be >= 1, got ", opt.chunks);
+}
+
+std::unique_ptr<ExpertState> ExpertParallel::make_state() const {
+  return std::make_unique<State>(P_, El_);
 }
 
 void ExpertParallel::set_chunks(int chunks) {
@@ -41,10 +44,10 @@ ops::GroupedFfnParams ExpertParallel::local_params(const ops::GroupedFfnParams& 
 }
 
 template <typename F>
-void ExpertParallel::exchange(const Tensor& src, const Tensor& recv, const Tensor& back,
-                              Tensor& dst, F&& each) {
+void ExpertParallel::exchange(const DispatchLayout& layout, const Tensor& src, const Tensor& recv,
+                              const Tensor& back, Tensor& dst, F&& each) {
   // The plan's own chunks: a set_chunks between forward and backward must not change backward.
-  const std::vector<DispatchChunk>& chunks = layout_.chunks();
+  const std::vector<DispatchChunk>& chunks = layout.chunks();
   const size_t n = chunks.size();
   std::vector<Request> out(n), ret(n);
   for (size_t c = 0; c < n; ++c) {
@@ -84,15 +87,19 @@ void permute_rows(const Tensor& src, const Tensor& dst, int64_t begin,
 
 void ExpertParallel::forward(Context& ctx, const ops::GroupedFfnParams& p, const Tensor& rows,
                              const Tensor& offsets, const ops::GroupedFfnWeights& local,
-                             Tensor& out) {
+                             Tensor& out, ExpertState& st) {
+  State& s = state_as<State>(st, "expert-parallel forward");
   const int64_t N = p.rows, l = p.in;
   expect_shape(rows, {N, l}, "expert-parallel rows");
   expect_shape(out, {N, l}, "expert-parallel output");
   expect_shape(offsets, {E_ + 1}, "expert-parallel offsets");
+  MT_CHECK(s.layout.ranks() == P_ && s.layout.local_experts() == El_, ValueError,
+           "expert-parallel forward: a state for ", s.layout.ranks(), " ranks x ",
+           s.layout.local_experts(), " local experts, this group has ", P_, " x ", El_);
   const int32_t* off = offsets.i32();
 
   // 1. Counts: for each destination, rows per expert it owns.
-  std::vector<int64_t> send_cnt = layout_.send_counts(off), recv_cnt(send_cnt.size());
+  std::vector<int64_t> send_cnt = s.layout.send_counts(off), recv_cnt(send_cnt.size());
   {
     const size_t P = static_cast<size_t>(P_);
     std::vector<int64_t> cnt(P, El_), displs(P);
@@ -101,57 +108,67 @@ void ExpertParallel::forward(Context& ctx, const ops::GroupedFfnParams& p, const
   }
 
   // 2. The chunk plan, and buffers for the worst case (reserved once).
-  layout_.plan(off, recv_cnt, chunks_, l);
-  const int64_t R = layout_.recv_rows();
+  s.layout.plan(off, recv_cnt, chunks_, l);
+  const int64_t R = s.layout.recv_rows();
   rows_received_ += R;
   max_rows_ = std::max(max_rows_, N);  // only a forward beyond the hint grows the buffers
   buffers_->reserve(std::max(DispatchLayout::recv_capacity(P_, max_rows_), R), l);
 
-  // 3. Dispatch, compute as chunks land, return.
+  // 3. What backward reads, per chunk, from the state's arena.
+  const std::vector<DispatchChunk>& chunks = s.layout.chunks();
+  ArenaPlan plan;
+  for (const DispatchChunk& k : chunks) {
+    plan.add({k.rows, l});
+    ops::grouped_ffn_plan(local_params(p, k.rows), plan);
+  }
+  if (s.mem.capacity() < plan.bytes())
+    s.mem = Arena(plan.bytes(), ctx.device(), "expert-parallel saved");
+  s.mem.reset();
+  s.chunks.resize(chunks.size());
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    State::Chunk& sc = s.chunks[c];
+    const DispatchChunk& k = chunks[c];
+    sc.x = s.mem.alloc({k.rows, l});
+    sc.ffn = ops::grouped_ffn_alloc_saved(local_params(p, k.rows), s.mem);
+    // The layout keeps its offsets until the state's next forward, after this backward.
+    sc.offsets = Tensor(const_cast<int32_t*>(k.offsets.data()), {El_ + 1}, DType::I32);
+  }
+
+  // 4. Dispatch, compute as chunks land, return.
   const Tensor recv = buffers_->get(DispatchBuffers::kRecv, R, l),
                back = buffers_->get(DispatchBuffers::kBack, R, l);
-  saved_.clear();
-  saved_.resize(layout_.chunks().size());
-  exchange(rows, recv, back, out, [&](size_t c, const DispatchChunk& k) {
-    Saved& s = saved_[c];
-    const ops::GroupedFfnParams q = local_params(p, k.rows);
-    ArenaPlan plan;
-    plan.add({k.rows, l});
-    ops::grouped_ffn_plan(q, plan);
-    s.mem = std::make_unique<Arena>(plan.bytes(), ctx.device(), "expert-parallel saved");
-    s.x = s.mem->alloc({k.rows, l});
-    s.ffn = ops::grouped_ffn_alloc_saved(q, *s.mem);
-    // The layout keeps its offsets until the next forward re-plans, after this backward.
-    s.offsets = Tensor(const_cast<int32_t*>(k.offsets.data()), {El_ + 1}, DType::I32);
-    permute_rows(recv, s.x, k.recv_begin, k.order, true);
+  exchange(s.layout, rows, recv, back, out, [&](size_t c, const DispatchChunk& k) {
+    State::Chunk& sc = s.chunks[c];
+    permute_rows(recv, sc.x, k.recv_begin, k.order, true);
     Tensor y = buffers_->get(DispatchBuffers::kSortedA, k.rows, l);
-    ops::grouped_ffn_forward(ctx, q, s.x, s.offsets, local, y, s.ffn);
+    ops::grouped_ffn_forward(ctx, local_params(p, k.rows), sc.x, sc.offsets, local, y, sc.ffn);
     permute_rows(y, back, k.recv_begin, k.order, false);
   });
+  s.pending = true;
 }
 
 void ExpertParallel::backward(Context& ctx, const ops::GroupedFfnParams& p,
                               const ops::GroupedFfnWeights& local, const Tensor& dout,
-                              Tensor& drows, ops::GroupedFfnWeights& local_grads) {
+                              Tensor& drows, ops::GroupedFfnWeights& local_grads, ExpertState& st) {
+  State& s = state_as<State>(st, "expert-parallel backward");
   const int64_t N = p.rows, l = p.in;
-  MT_CHECK(layout_.planned() && l == layout_.width() && saved_.size() == layout_.chunks().size(),
+  MT_CHECK(s.pending && s.layout.planned() && l == s.layout.width() && N == s.layout.send_rows(),
            InternalError, "expert-parallel backward without a matching forward");
   expect_shape(dout, {N, l}, "expert-parallel dout");
   expect_shape(drows, {N, l}, "expert-parallel drows");
-  const int64_t R = layout_.recv_rows();
+  const int64_t R = s.layout.recv_rows();
   const Tensor recv = buffers_->get(DispatchBuffers::kRecv, R, l),
                back = buffers_->get(DispatchBuffers::kBack, R, l);
-  exchange(dout, recv, back, drows, [&](size_t c, const DispatchChunk& k) {
-    Saved& s = saved_[c];
-    const ops::GroupedFfnParams q = local_params(p, k.rows);
+  exchange(s.layout, dout, recv, back, drows, [&](size_t c, const DispatchChunk& k) {
+    State::Chunk& sc = s.chunks[c];
     Tensor dy = buffers_->get(DispatchBuffers::kSortedA, k.rows, l),
            dx = buffers_->get(DispatchBuffers::kSortedB, k.rows, l);
     permute_rows(recv, dy, k.recv_begin, k.order, true);
-    ops::grouped_ffn_backward(ctx, q, s.x, s.offsets, local, s.ffn, dy, dx, local_grads);
+    ops::grouped_ffn_backward(ctx, local_params(p, k.rows), sc.x, sc.offsets, local, sc.ffn, dy, dx,
+                              local_grads);
     permute_rows(dx, back, k.recv_begin, k.order, false);
   });
-  // The saved activations are dead now; free them before the next layer's backward.
-  saved_.clear();
+  s.pending = false;
 }
 
 }  // namespace mt::par

@@ -40,10 +40,28 @@ class ExpertParallel : public ExpertCompute {
  public:
   ExpertParallel(Comm& ep, int64_t num_experts, const ExpertParallelOptions& opt);
 
+  // What one forward keeps for its backward, one per micro-batch in flight (the MoE layer's
+  // Saved holds it): the exchange's plan, and per chunk the rows sorted by local expert and the
+  // grouped FFN's saved tensors, all in one arena re-made only when a forward needs more.
+  struct State : ExpertState {
+    State(int ranks, int64_t local_experts) : layout(ranks, local_experts) {}
+    struct Chunk {
+      Tensor x;        // sorted inputs
+      Tensor offsets;  // i32 [El+1]: a view of the layout's offsets
+      ops::GroupedFfnSaved ffn;
+    };
+    DispatchLayout layout;
+    std::vector<Chunk> chunks;
+    Arena mem;
+    bool pending = false;  // a forward awaits its backward
+  };
+  std::unique_ptr<ExpertState> make_state() const override;
   void forward(Context& ctx, const ops::GroupedFfnParams& p, const Tensor& rows,
-               const Tensor& offsets, const ops::GroupedFfnWeights& local, Tensor& out) override;
+               const Tensor& offsets, const ops::GroupedFfnWeights& local, Tensor& out,
+               ExpertState& st) override;
   void backward(Context& ctx, const ops::GroupedFfnParams& p, const ops::GroupedFfnWeights& local,
-                const Tensor& dout, Tensor& drows, ops::GroupedFfnWeights& local_grads) override;
+                const Tensor& dout, Tensor& drows, ops::GroupedFfnWeights& local_grads,
+                ExpertState& st) override;
 
   // Rows (token-expert pairs) this rank's experts received, summed over forwards since reset.
   int64_t rows_received() const { return rows_received_; }
@@ -52,31 +70,23 @@ class ExpertParallel : public ExpertCompute {
   void set_chunks(int chunks);
   int chunks() const { return chunks_; }
   void reset_stats() { rows_received_ = 0; }
-  const DispatchLayout& layout() const { return layout_; }
   const DispatchBuffers& buffers() const { return *buffers_; }
 
  private:
-  // What a chunk's forward keeps for its backward.
-  struct Saved {
-    Tensor x;        // sorted inputs
-    Tensor offsets;  // i32 [El+1], the layout's offsets as a tensor
-    std::unique_ptr<Arena> mem;
-    ops::GroupedFfnSaved ffn;
-  };
   ops::GroupedFfnParams local_params(const ops::GroupedFfnParams& p, int64_t rows) const;
-  // Sends `src` ([N, l] in expert order) to the owners and passes what arrives (`recv`, [R, l])
-  // to `each(c)` as every chunk lands; `each` fills `back` ([R, l]), which returns to `dst`.
+  // Sends `src` ([N, l] in expert order) to the owners as `layout` says and passes what arrives
+  // (`recv`, [R, l]) to `each(c)` as every chunk lands; `each` fills `back` ([R, l]), which
+  // returns to `dst`.
   template <typename F>
-  void exchange(const Tensor& src, const Tensor& recv, const Tensor& back, Tensor& dst, F&& each);
+  void exchange(const DispatchLayout& layout, const Tensor& src, const Tensor& recv,
+                const Tensor& back, Tensor& dst, F&& each);
 
   Comm& ep_;
   int P_;
   int64_t E_, El_;
   int chunks_;
   int64_t max_rows_;
-  DispatchLayout layout_;
   std::shared_ptr<DispatchBuffers> buffers_;
-  std::vector<Saved> saved_;
   int64_t rows_received_ = 0;
 };
 

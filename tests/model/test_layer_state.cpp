@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "harness/batch.h"
+#include "harness/grad_bits.h"
 #include "harness/model_configs.h"
 #include "harness/seed.h"
 #include "model/dense_ffn.h"
@@ -22,17 +23,8 @@
 namespace mt {
 namespace {
 
-using Grads = std::map<std::string, std::vector<char>>;
-
-Grads grads_of(const Model& m) {
-  Grads g;
-  for (const auto& p : m.params().all()) {
-    if (!p->trainable()) continue;
-    const auto* b = static_cast<const char*>(p->grad.raw());
-    g[p->name].assign(b, b + p->grad.bytes());
-  }
-  return g;
-}
+using Grads = test::GradBits;
+using test::grad_bits;
 
 void expect_same_bits(const Grads& want, const Grads& got, const char* what) {
   SCOPED_TRACE(test::seed_note());
@@ -64,11 +56,11 @@ void expect_interleaved_equals_sequential(ActivationRecompute recompute, bool lo
   seq_model.params().zero_grad();
   const double la = seq_model.forward(ctx, a.seq, a.ids, a.targets);
   seq_model.backward(ctx);
-  const Grads ga = grads_of(seq_model);
+  const Grads ga = grad_bits(seq_model);
   seq_model.params().zero_grad();
   const double lb = seq_model.forward(ctx, b.seq, b.ids, b.targets);
   seq_model.backward(ctx);
-  const Grads gb = grads_of(seq_model);
+  const Grads gb = grad_bits(seq_model);
 
   // Both forwards in flight, then the backwards (last in first out, or first in first out).
   mixed.params().zero_grad();
@@ -76,10 +68,10 @@ void expect_interleaved_equals_sequential(ActivationRecompute recompute, bool lo
   EXPECT_EQ(mixed.forward(ctx, b.seq, b.ids, b.targets, /*slot=*/1), lb);
   const int first = lifo ? 1 : 0;
   mixed.backward(ctx, first);
-  expect_same_bits(first == 1 ? gb : ga, grads_of(mixed), "first backward");
+  expect_same_bits(first == 1 ? gb : ga, grad_bits(mixed), "first backward");
   mixed.params().zero_grad();
   mixed.backward(ctx, 1 - first);
-  expect_same_bits(first == 1 ? ga : gb, grads_of(mixed), "second backward");
+  expect_same_bits(first == 1 ? ga : gb, grad_bits(mixed), "second backward");
 }
 
 TEST(LayerState, TwoMicroBatchesInFlightLifoMatchSequential) {

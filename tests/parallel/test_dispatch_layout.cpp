@@ -216,8 +216,9 @@ TEST(DispatchBuffers, ExpertParallelReservesAtTheFirstForwardOnly) {
           e + 1 == E ? static_cast<int32_t>(N) : off.i32()[e] + static_cast<int32_t>(rng.below(4));
     Tensor x = randn({N, l}), y = Tensor::empty({N, l}), dx = Tensor::empty({N, l});
     for (ExpertParallel* ep : {&a, &b}) {
-      ep->forward(ctx, p, x, off, w, y);
-      ep->backward(ctx, p, w, y, dx, g);
+      const std::unique_ptr<ExpertState> st = ep->make_state();
+      ep->forward(ctx, p, x, off, w, y, *st);
+      ep->backward(ctx, p, w, y, dx, g, *st);
     }
   }
   EXPECT_EQ(buffers->allocations(), 1);

@@ -79,8 +79,9 @@ TEST(ExpertParallel, ChunkedExchangeOnOneRankEqualsGroupedFfn) {
     Tensor y = Tensor::empty({N, l}), dx = Tensor::empty({N, l});
     ops::GroupedFfnWeights g{.gate_up = Tensor::zeros({E, 2 * F, l}),
                              .down = Tensor::zeros({E, l, F})};
-    ep.forward(ctx, p, x, off, w, y);
-    ep.backward(ctx, p, w, dy, dx, g);
+    const std::unique_ptr<ExpertState> st = ep.make_state();
+    ep.forward(ctx, p, x, off, w, y, *st);
+    ep.backward(ctx, p, w, dy, dx, g, *st);
     EXPECT_EQ(ep.rows_received(), N);
     auto near = [&](const Tensor& a, const Tensor& b, const char* what) {
       for (int64_t i = 0; i < a.numel(); ++i)
