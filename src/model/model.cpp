@@ -190,6 +190,7 @@ Model::MicroBatch& Model::micro_batch(int slot) {
     auto mb = std::make_unique<MicroBatch>();
     for (const auto& m : mixers_) mb->mixer.push_back(m->make_state());
     for (const auto& f : ffns_) mb->ffn.push_back(f->make_state());
+    if (vision_) mb->vision = vision_->make_state();
     slots_[k] = std::move(mb);
   }
   return *slots_[k];
@@ -277,7 +278,7 @@ double Model::forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const
   if (hooks_) hooks_->before_forward(0);
   ops::embedding_forward(ctx, {.tokens = T, .vocab = cfg_.vocab, .dim = d}, ids, embed_.value,
                          mb.resid[0]);
-  if (vision_) vision_->forward(ctx, ids, images_, mb.resid[0]);
+  if (vision_) vision_->forward(ctx, ids, images_, mb.resid[0], *mb.vision);
   if (hooks_) hooks_->after_forward(0);
   for (size_t i = 0; i < L; ++i) {
     const int unit = static_cast<int>(i) + 1;
@@ -379,7 +380,7 @@ void Model::backward(Context& ctx, int slot) {
     if (hooks_) hooks_->after_backward(unit);
   }
   if (hooks_) hooks_->before_backward(0);
-  if (vision_) vision_->backward(ctx, dresid);
+  if (vision_) vision_->backward(ctx, dresid, *mb.vision);
   if (embed_.trainable())
     ops::embedding_backward(ctx, {.tokens = T, .vocab = cfg_.vocab, .dim = d}, mb.ids, dresid,
                             embed_.grad);

@@ -185,7 +185,7 @@ class Model {
 
  private:
   // What one forward keeps for its backward: the micro-batch's arena, its residual stream and
-  // norms, and every layer's state.
+  // norms, every layer's state and the vision front end's.
   struct MicroBatch {
     Arena acts;
     SeqInfo seq;
@@ -199,6 +199,7 @@ class Model {
     float head_dloss = 0.f;
     bool head_dh_valid = false;
     std::vector<std::unique_ptr<LayerState>> mixer, ffn;
+    std::unique_ptr<LayerState> vision;  // with a vision tower only
     bool have_forward = false;
   };
   MicroBatch& micro_batch(int slot);

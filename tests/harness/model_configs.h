@@ -2,6 +2,7 @@
 #pragma once
 
 #include "model/model_config.h"
+#include "model/vision/vision_config.h"
 
 namespace mt::test {
 
@@ -17,6 +18,22 @@ inline ModelConfig every_layer_kind(bool lora) {
     cfg.moe.expert_lora = l;
   }
   return cfg;
+}
+
+// A two-layer vision tower small enough for finite differences: 2x2 patches of 3 channels,
+// hidden 8 over 2 heads, a 3x3 position table (resampled to every image), projected to
+// text_hidden.
+inline VisionConfig tiny_vision(int64_t text_hidden) {
+  VisionConfig c;
+  c.channels = 3;
+  c.patch_size = 2;
+  c.hidden = 8;
+  c.heads = 2;
+  c.layers = 2;
+  c.intermediate = 12;
+  c.pos_rows = c.pos_cols = 3;
+  c.text_hidden = text_hidden;
+  return c;
 }
 
 }  // namespace mt::test

@@ -55,14 +55,14 @@ class VisionBlockCase : public OpCase {
     layer_.plan_activations(batch_, plan);
     acts_ = Arena(plan.bytes(), Device::CPU, "vision block acts");
     Tensor y = alloc({batch_.tokens(), s_.cfg.hidden});
-    layer_.forward(ctx, batch_, in[0], y, acts_);
+    layer_.forward(ctx, batch_, in[0], y, acts_, saved_);
     EXPECT_EQ(acts_.used(), plan.bytes()) << "plan_activations differs from what forward took";
     return {y};
   }
   void backward(Context& ctx, GuardedAlloc&, const std::vector<Tensor>& in,
                 const std::vector<Tensor>& dout, std::vector<Tensor>& grads) override {
     layer_.bind(table(in, grads));
-    layer_.backward(ctx, batch_, dout[0], grads[0]);
+    layer_.backward(ctx, batch_, dout[0], grads[0], saved_);
   }
   std::vector<DVec> reference(const std::vector<DVec>& in) const override {
     ref::Params params;
@@ -84,6 +84,7 @@ class VisionBlockCase : public OpCase {
   VisionBlock layer_;
   std::vector<ParamSpec> specs_;
   Arena acts_;
+  VisionBlock::Saved saved_;
 };
 
 TEST(VisionBlock, PackedImagesOfSeveralSizes) {

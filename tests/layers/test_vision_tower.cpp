@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "harness/model_configs.h"
 #include "harness/op_check.h"
 #include "model/vision/vision_tower.h"
 #include "ref/vision_block_ref.h"
@@ -14,15 +15,7 @@ namespace mt::test {
 namespace {
 
 VisionConfig tiny(int64_t projector_lora) {
-  VisionConfig c;
-  c.channels = 3;
-  c.patch_size = 2;
-  c.hidden = 8;
-  c.heads = 2;
-  c.layers = 2;
-  c.intermediate = 12;
-  c.pos_rows = c.pos_cols = 3;
-  c.text_hidden = 5;
+  VisionConfig c = tiny_vision(5);
   c.projector_lora = {.rank = projector_lora, .alpha = 2.f};
   return c;
 }
@@ -81,8 +74,8 @@ class VisionTowerCase : public OpCase {
     acts_ = Arena(plan.bytes(), Device::CPU, "vision tower acts");
     merged_ = acts_.alloc({in_.batch.tokens(), cfg_.hidden});
     Tensor y = alloc({in_.merged_tokens(), cfg_.text_hidden});
-    tower_.forward(ctx, in_, in[0], merged_, acts_);
-    proj_.forward(ctx, merged_, y, acts_);
+    tower_.forward(ctx, in_, in[0], merged_, acts_, tower_saved_);
+    proj_.forward(ctx, merged_, y, acts_, proj_saved_);
     EXPECT_EQ(acts_.used(), plan.bytes()) << "plan_activations differs from what forward took";
     return {y};
   }
@@ -91,8 +84,8 @@ class VisionTowerCase : public OpCase {
     bind(in, grads);
     ArenaScope scope(ctx.workspace());
     Tensor dmerged = ctx.workspace().alloc(merged_.shape());
-    proj_.backward(ctx, dout[0], dmerged);
-    tower_.backward(ctx, in_, dmerged);
+    proj_.backward(ctx, dout[0], dmerged, proj_saved_);
+    tower_.backward(ctx, in_, dmerged, tower_saved_);
   }
   std::vector<DVec> reference(const std::vector<DVec>& in) const override {
     ref::Params params;
@@ -124,6 +117,8 @@ class VisionTowerCase : public OpCase {
   size_t n_tower_ = 0;
   Arena acts_;
   Tensor merged_;
+  VisionTower::Saved tower_saved_;
+  VisionProjector::Saved proj_saved_;
 };
 
 TEST(VisionTower, PackedImagesTrainEverything) {

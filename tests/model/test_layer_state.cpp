@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "model/dense_ffn.h"
 #include "model/kda_layer.h"
 #include "model/model.h"
+#include "model/vision/vision_front.h"
 
 namespace mt {
 namespace {
@@ -34,8 +36,37 @@ void expect_same_bits(const Grads& want, const Grads& got, const char* what) {
     EXPECT_TRUE(got.at(name) == bytes) << what << ": gradient of " << name << " differs";
 }
 
-void expect_interleaved_equals_sequential(ActivationRecompute recompute, bool lora, bool lifo) {
-  const ModelConfig cfg = test::every_layer_kind(lora);
+// The tiny preset's text model with a two-layer vision tower whose rows replace the
+// placeholders (the last token id).
+ModelConfig with_vision(ModelConfig cfg) {
+  cfg.vision = std::make_shared<const VisionConfig>(test::tiny_vision(cfg.hidden));
+  cfg.image_token_id = cfg.vocab - 1;
+  return cfg;
+}
+
+// Images of the given grids for `batch`: random pixels, and one placeholder per merged patch from
+// token `first` on (no other token is a placeholder).
+ImageBatch images_for(Rng& rng, const ModelConfig& cfg, Batch& batch,
+                      std::vector<ops::ImageGrid> grids, int64_t first) {
+  const VisionConfig& v = *cfg.vision;
+  ImageBatch im{.grids = std::move(grids)};
+  int64_t patches = 0;
+  for (const ops::ImageGrid& g : im.grids) patches += g.rows * g.cols;
+  im.pixels = Tensor::empty({patches, v.patch_dim()});
+  for (int64_t i = 0; i < im.pixels.numel(); ++i)
+    im.pixels.f32()[i] = static_cast<float>(rng.normal());
+  const auto id = static_cast<int32_t>(cfg.image_token_id);
+  for (int64_t t = 0; t < batch.seq.tokens; ++t)
+    if (batch.ids.i32()[t] == id) batch.ids.i32()[t] = 0;
+  const int64_t merged = patches / (v.merge_rows * v.merge_cols);
+  for (int64_t t = first; t < first + merged; ++t) batch.ids.i32()[t] = id;
+  return im;
+}
+
+void expect_interleaved_equals_sequential(ActivationRecompute recompute, bool lora, bool lifo,
+                                          bool images = false) {
+  const ModelConfig text = test::every_layer_kind(lora);
+  const ModelConfig cfg = images ? with_vision(text) : text;
   ModelOptions opt{.freeze_base = lora, .recompute = recompute};
   Model seq_model(cfg, 21, opt), mixed(cfg, 21, opt);
   Rng rng(test::test_seed());
@@ -48,24 +79,42 @@ void expect_interleaved_equals_sequential(ActivationRecompute recompute, bool lo
       }
   // A is the longer batch, so that B's forward re-sizes the shared recompute scratch below
   // what A's backward needs.
-  const Batch a = test::random_batch(rng, cfg.vocab, {19, 1, 30}, 3);
-  const Batch b = test::random_batch(rng, cfg.vocab, {7, 12}, 2);
+  Batch a = test::random_batch(rng, cfg.vocab, {19, 1, 30}, 3);
+  Batch b = test::random_batch(rng, cfg.vocab, {7, 12}, 2);
+  // With a tower, A's images are more and larger than B's (so B's would not fit A's state).
+  ImageBatch ia, ib;
+  if (images) {
+    ia = images_for(rng, cfg, a, {{2, 4}, {4, 4}, {2, 2}}, 3);
+    ib = images_for(rng, cfg, b, {{2, 2}}, 9);
+  }
   Context ctx(ContextOptions{.threads = 2, .seed = 1});
+  auto forward = [&](Model& m, const Batch& x, const ImageBatch& im, int slot) {
+    m.set_images(images ? &im : nullptr);
+    return m.forward(ctx, x.seq, x.ids, x.targets, slot);
+  };
 
   // One after the other, each gradient from zero.
   seq_model.params().zero_grad();
-  const double la = seq_model.forward(ctx, a.seq, a.ids, a.targets);
+  const double la = forward(seq_model, a, ia, 0);
   seq_model.backward(ctx);
   const Grads ga = grad_bits(seq_model);
+  if (images)  // the tower and projector must get gradients, or comparing them proves nothing
+    for (const char* part : {VisionFrontEnd::kTowerPrefix, VisionFrontEnd::kProjectorPrefix}) {
+      bool nonzero = false;
+      for (const auto& [name, bytes] : ga)
+        if (name.rfind(part, 0) == 0)
+          for (char c : bytes) nonzero |= c != 0;
+      EXPECT_TRUE(nonzero) << "no gradient under " << part;
+    }
   seq_model.params().zero_grad();
-  const double lb = seq_model.forward(ctx, b.seq, b.ids, b.targets);
+  const double lb = forward(seq_model, b, ib, 0);
   seq_model.backward(ctx);
   const Grads gb = grad_bits(seq_model);
 
   // Both forwards in flight, then the backwards (last in first out, or first in first out).
   mixed.params().zero_grad();
-  EXPECT_EQ(mixed.forward(ctx, a.seq, a.ids, a.targets, /*slot=*/0), la);
-  EXPECT_EQ(mixed.forward(ctx, b.seq, b.ids, b.targets, /*slot=*/1), lb);
+  EXPECT_EQ(forward(mixed, a, ia, /*slot=*/0), la);
+  EXPECT_EQ(forward(mixed, b, ib, /*slot=*/1), lb);
   const int first = lifo ? 1 : 0;
   mixed.backward(ctx, first);
   expect_same_bits(first == 1 ? gb : ga, grad_bits(mixed), "first backward");
@@ -92,6 +141,15 @@ TEST(LayerState, TwoMicroBatchesInFlightSelectiveRecomputeMatchSequential) {
 
 TEST(LayerState, TwoMicroBatchesInFlightFullRecomputeMatchSequential) {
   expect_interleaved_equals_sequential(ActivationRecompute::Full, false, true);
+}
+
+// The vision tower's state is the slot's too: A's images differ from B's in count and size.
+TEST(LayerState, TwoImageBatchesInFlightMatchSequential) {
+  expect_interleaved_equals_sequential(ActivationRecompute::None, false, true, /*images=*/true);
+}
+
+TEST(LayerState, TwoImageBatchesInFlightFifoSelectiveRecomputeMatchSequential) {
+  expect_interleaved_equals_sequential(ActivationRecompute::Selective, false, false, true);
 }
 
 TEST(LayerState, BackwardOfASlotWithoutItsForwardIsAnError) {

@@ -17,14 +17,16 @@ void BiasedLinear::bind(const ParamTable& table) {
   b_ = need_param(table, name_ + ".bias", {out_});
 }
 
-void BiasedLinear::forward(Context& ctx, const Tensor& x, Tensor& y, Arena& acts) {
-  lin_.forward(ctx, x, y, acts, saved_);
+void BiasedLinear::forward(Context& ctx, const Tensor& x, Tensor& y, Arena& acts,
+                           LinearModule::Saved& s) const {
+  lin_.forward(ctx, x, y, acts, s);
   ops::bias_add_forward(ctx, b_.value, y);
 }
 
-void BiasedLinear::backward(Context& ctx, const Tensor& dy, Tensor& dx, bool accumulate_dx) {
+void BiasedLinear::backward(Context& ctx, const LinearModule::Saved& s, const Tensor& dy,
+                            Tensor& dx, bool accumulate_dx) {
   if (b_.trainable()) ops::bias_add_backward(ctx, dy, b_.grad);
-  lin_.backward(ctx, saved_, dy, dx, accumulate_dx);
+  lin_.backward(ctx, s, dy, dx, accumulate_dx);
 }
 
 }  // namespace mt

@@ -19,19 +19,18 @@ class BiasedLinear {
   void add_specs(std::vector<ParamSpec>& specs) const;
   void bind(const ParamTable& table);
   void plan(int64_t tokens, ArenaPlan& plan) const { lin_.plan(tokens, plan); }
-  // y [tokens, out] = x W^T + b (+ LoRA). Keeps a view of x.
-  void forward(Context& ctx, const Tensor& x, Tensor& y, Arena& acts);
+  // y [tokens, out] = x W^T + b (+ LoRA). `s` (the caller's) keeps a view of x.
+  void forward(Context& ctx, const Tensor& x, Tensor& y, Arena& acts, LinearModule::Saved& s) const;
   // dx written (added to when accumulate_dx; skipped if undefined); weight and bias grads
   // accumulate.
-  void backward(Context& ctx, const Tensor& dy, Tensor& dx, bool accumulate_dx = false);
+  void backward(Context& ctx, const LinearModule::Saved& s, const Tensor& dy, Tensor& dx,
+                bool accumulate_dx = false);
 
  private:
   std::string name_;
   int64_t out_ = 0;
   LinearModule lin_;
   ParamRef b_;
-  // The vision tower still keeps its forward's state in its modules (one image batch in flight).
-  LinearModule::Saved saved_;
 };
 
 }  // namespace mt

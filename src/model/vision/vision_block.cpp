@@ -77,55 +77,56 @@ void VisionBlock::plan_activations(const VisionBatch& batch, ArenaPlan& plan) co
 }
 
 void VisionBlock::forward(Context& ctx, const VisionBatch& batch, const Tensor& x, Tensor& y,
-                          Arena& acts) {
+                          Arena& acts, Saved& s) const {
   const int64_t T = batch.tokens(), D = cfg_.hidden, I = cfg_.intermediate, H = cfg_.heads,
                 Dh = cfg_.head_dim();
   expect_shape(x, {T, D}, "vision block input");
   expect_shape(y, {T, D}, "vision block output");
   const ops::NormParams np{.rows = T, .dim = D, .eps = cfg_.norm_eps};
-  x_ = x;
-  h1_ = acts.alloc({T, D});
-  mean1_ = acts.alloc({T});
-  rstd1_ = acts.alloc({T});
-  ops::layernorm_forward(ctx, np, x, n1w_.value, n1b_.value, h1_, mean1_, rstd1_);
+  s.x = x;
+  s.h1 = acts.alloc({T, D});
+  s.mean1 = acts.alloc({T});
+  s.rstd1 = acts.alloc({T});
+  ops::layernorm_forward(ctx, np, x, n1w_.value, n1b_.value, s.h1, s.mean1, s.rstd1);
 
-  qr_ = acts.alloc({T, D});
-  kr_ = acts.alloc({T, D});
-  v_out_ = acts.alloc({T, D});
-  q_.forward(ctx, h1_, qr_, acts);
-  k_.forward(ctx, h1_, kr_, acts);
-  v_.forward(ctx, h1_, v_out_, acts);
+  s.qr = acts.alloc({T, D});
+  s.kr = acts.alloc({T, D});
+  s.v_out = acts.alloc({T, D});
+  q_.forward(ctx, s.h1, s.qr, acts, s.q);
+  k_.forward(ctx, s.h1, s.kr, acts, s.k);
+  v_.forward(ctx, s.h1, s.v_out, acts, s.v);
   const ops::Rope2dParams rp{.tokens = T, .heads = H, .head_dim = Dh, .theta = cfg_.rope_theta};
-  Tensor q3 = qr_.view({T, H, Dh}), k3 = kr_.view({T, H, Dh});
+  Tensor q3 = s.qr.view({T, H, Dh}), k3 = s.kr.view({T, H, Dh});
   ops::rope2d_forward(ctx, rp, batch.positions, q3, q3);
   ops::rope2d_forward(ctx, rp, batch.positions, k3, k3);
 
-  o_ = acts.alloc({T, D});
-  lse_ = acts.alloc({T, H});
-  Tensor o3 = o_.view({T, H, Dh});
-  ops::attention_forward(ctx, attn_params(batch), q3, k3, v_out_.view({T, H, Dh}), batch.indices,
-                         o3, lse_);
+  s.o = acts.alloc({T, D});
+  s.lse = acts.alloc({T, H});
+  Tensor o3 = s.o.view({T, H, Dh});
+  ops::attention_forward(ctx, attn_params(batch), q3, k3, s.v_out.view({T, H, Dh}), batch.indices,
+                         o3, s.lse);
 
-  x1_ = acts.alloc({T, D});
-  proj_.forward(ctx, o_, x1_, acts);
-  ops::add_into(ctx, x, x1_);
+  s.x1 = acts.alloc({T, D});
+  proj_.forward(ctx, s.o, s.x1, acts, s.proj);
+  ops::add_into(ctx, x, s.x1);
 
-  h2_ = acts.alloc({T, D});
-  mean2_ = acts.alloc({T});
-  rstd2_ = acts.alloc({T});
-  ops::layernorm_forward(ctx, np, x1_, n2w_.value, n2b_.value, h2_, mean2_, rstd2_);
-  f_ = acts.alloc({T, I});
-  g_ = acts.alloc({T, I});
-  fc1_.forward(ctx, h2_, f_, acts);
-  ops::gelu_forward(ctx, cfg_.act, f_, g_);
-  fc2_.forward(ctx, g_, y, acts);
-  ops::add_into(ctx, x1_, y);
+  s.h2 = acts.alloc({T, D});
+  s.mean2 = acts.alloc({T});
+  s.rstd2 = acts.alloc({T});
+  ops::layernorm_forward(ctx, np, s.x1, n2w_.value, n2b_.value, s.h2, s.mean2, s.rstd2);
+  s.f = acts.alloc({T, I});
+  s.g = acts.alloc({T, I});
+  fc1_.forward(ctx, s.h2, s.f, acts, s.fc1);
+  ops::gelu_forward(ctx, cfg_.act, s.f, s.g);
+  fc2_.forward(ctx, s.g, y, acts, s.fc2);
+  ops::add_into(ctx, s.x1, y);
 }
 
-void VisionBlock::backward(Context& ctx, const VisionBatch& batch, const Tensor& dy, Tensor& dx) {
+void VisionBlock::backward(Context& ctx, const VisionBatch& batch, const Tensor& dy, Tensor& dx,
+                           const Saved& s) {
   const int64_t T = batch.tokens(), D = cfg_.hidden, I = cfg_.intermediate, H = cfg_.heads,
                 Dh = cfg_.head_dim();
-  MT_CHECK(g_.defined() && g_.dim(0) == T, InternalError,
+  MT_CHECK(s.g.defined() && s.g.dim(0) == T, InternalError,
            "vision block backward without a matching forward");
   expect_shape(dy, {T, D}, "vision block dy");
   expect_shape(dx, {T, D}, "vision block dx");
@@ -135,30 +136,32 @@ void VisionBlock::backward(Context& ctx, const VisionBatch& batch, const Tensor&
 
   // MLP branch: dx1 = dy + ln2'(fc1'(gelu'(fc2'(dy)))).
   Tensor dg = ws.alloc({T, I});
-  fc2_.backward(ctx, dy, dg);
-  ops::gelu_backward(ctx, cfg_.act, f_, dg, dg);
+  fc2_.backward(ctx, s.fc2, dy, dg);
+  ops::gelu_backward(ctx, cfg_.act, s.f, dg, dg);
   Tensor dh2 = ws.alloc({T, D});
-  fc1_.backward(ctx, dg, dh2);
+  fc1_.backward(ctx, s.fc1, dg, dh2);
   Tensor dx1 = ws.alloc({T, D});
-  ops::layernorm_backward(ctx, np, x1_, n2w_.value, mean2_, rstd2_, dh2, dx1, n2w_.grad, n2b_.grad);
+  ops::layernorm_backward(ctx, np, s.x1, n2w_.value, s.mean2, s.rstd2, dh2, dx1, n2w_.grad,
+                          n2b_.grad);
   ops::add_into(ctx, dy, dx1);
 
   // Attention branch: dx = dx1 + ln1'(q'/k'/v'(...)).
   Tensor d_o = ws.alloc({T, D});
-  proj_.backward(ctx, dx1, d_o);
+  proj_.backward(ctx, s.proj, dx1, d_o);
   Tensor dq = ws.alloc({T, D}), dk = ws.alloc({T, D}), dv = ws.alloc({T, D});
   Tensor dq3 = dq.view({T, H, Dh}), dk3 = dk.view({T, H, Dh}), dv3 = dv.view({T, H, Dh});
-  ops::attention_backward(ctx, attn_params(batch), qr_.view({T, H, Dh}), kr_.view({T, H, Dh}),
-                          v_out_.view({T, H, Dh}), batch.indices, o_.view({T, H, Dh}), lse_,
+  ops::attention_backward(ctx, attn_params(batch), s.qr.view({T, H, Dh}), s.kr.view({T, H, Dh}),
+                          s.v_out.view({T, H, Dh}), batch.indices, s.o.view({T, H, Dh}), s.lse,
                           d_o.view({T, H, Dh}), dq3, dk3, dv3);
   const ops::Rope2dParams rp{.tokens = T, .heads = H, .head_dim = Dh, .theta = cfg_.rope_theta};
   ops::rope2d_backward(ctx, rp, batch.positions, dq3, dq3);
   ops::rope2d_backward(ctx, rp, batch.positions, dk3, dk3);
   Tensor dh1 = ws.alloc({T, D});
-  q_.backward(ctx, dq, dh1);
-  k_.backward(ctx, dk, dh1, /*accumulate_dx=*/true);
-  v_.backward(ctx, dv, dh1, /*accumulate_dx=*/true);
-  ops::layernorm_backward(ctx, np, x_, n1w_.value, mean1_, rstd1_, dh1, dx, n1w_.grad, n1b_.grad);
+  q_.backward(ctx, s.q, dq, dh1);
+  k_.backward(ctx, s.k, dk, dh1, /*accumulate_dx=*/true);
+  v_.backward(ctx, s.v, dv, dh1, /*accumulate_dx=*/true);
+  ops::layernorm_backward(ctx, np, s.x, n1w_.value, s.mean1, s.rstd1, dh1, dx, n1w_.grad,
+                          n1b_.grad);
   ops::add_into(ctx, dx1, dx);
 }
 

@@ -33,18 +33,24 @@ class VisionBlock {
   std::vector<ParamSpec> param_specs() const;
   void bind(const ParamTable& params);
   void plan_activations(const VisionBatch& batch, ArenaPlan& plan) const;
-  // x, y [T, hidden]. Keeps a view of x (the caller keeps it alive until backward).
-  void forward(Context& ctx, const VisionBatch& batch, const Tensor& x, Tensor& y, Arena& acts);
+  // What forward keeps for backward (views of x and of acts), the caller's: one per batch of
+  // images in flight.
+  struct Saved {
+    Tensor x, h1, mean1, rstd1, qr, kr, v_out, o, lse, x1, h2, mean2, rstd2, f, g;
+    LinearModule::Saved q, k, v, proj, fc1, fc2;
+  };
+  // x, y [T, hidden]. `s` keeps a view of x (the caller keeps it alive until backward).
+  void forward(Context& ctx, const VisionBatch& batch, const Tensor& x, Tensor& y, Arena& acts,
+               Saved& s) const;
   // dx written; parameter gradients accumulate.
-  void backward(Context& ctx, const VisionBatch& batch, const Tensor& dy, Tensor& dx);
+  void backward(Context& ctx, const VisionBatch& batch, const Tensor& dy, Tensor& dx,
+                const Saved& s);
 
  private:
   ops::AttentionParams attn_params(const VisionBatch& batch) const;
   VisionBlockConfig cfg_;
   BiasedLinear q_, k_, v_, proj_, fc1_, fc2_;
   ParamRef n1w_, n1b_, n2w_, n2b_;
-  // Saved by forward.
-  Tensor x_, h1_, mean1_, rstd1_, qr_, kr_, v_out_, o_, lse_, x1_, h2_, mean2_, rstd2_, f_, g_;
 };
 
 }  // namespace mt

@@ -27,65 +27,68 @@ VisionFrontEnd::VisionFrontEnd(const VisionConfig& cfg, int64_t image_token_id)
 void VisionFrontEnd::bind(const ParamStore& params) {
   tower_.bind(table_of(params, kTowerPrefix, tower_trains_));
   projector_.bind(table_of(params, kProjectorPrefix, projector_trains_));
-  acts_ = Arena();  // the parameters may have moved to another device: so will the activations
 }
 
 void VisionFrontEnd::forward(Context& ctx, const Tensor& ids, const ImageBatch* images,
-                             Tensor& embeds) {
+                             Tensor& embeds, LayerState& st) const {
+  Saved& s = state_as<Saved>(st, "vision front end");
   const int64_t T = ids.numel(), H = cfg_.text_hidden;
   expect_shape(embeds, {T, H}, "embeddings before the image rows");
   const Tensor host_ids = ids.device() == Device::CPU ? ids : ids.to(Device::CPU);
   std::vector<int32_t> rows;
   for (int64_t t = 0; t < T; ++t)
     if (host_ids.i32()[t] == image_token_id_) rows.push_back(static_cast<int32_t>(t));
-  active_ = images && !images->grids.empty();
-  if (!active_) {
+  s.active = images && !images->grids.empty();
+  if (!s.active) {
     MT_CHECK(rows.empty(), ShapeError, rows.size(), " image placeholder tokens (id ",
              image_token_id_, ") but no images in the batch");
     return;
   }
-  in_ = VisionInputs::make(cfg_, images->grids, ctx.device());
-  const int64_t P = in_.batch.tokens(), M = in_.merged_tokens();
+  s.in = VisionInputs::make(cfg_, images->grids, ctx.device());
+  const int64_t P = s.in.batch.tokens(), M = s.in.merged_tokens();
   MT_CHECK(static_cast<int64_t>(rows.size()) == M, ShapeError, rows.size(),
            " image placeholder tokens (id ", image_token_id_, ") for ", images->grids.size(),
            " image(s) of ", M, " merged patches");
   expect_shape(images->pixels, {P, cfg_.patch_dim()}, "image pixels");
-  rows_ = Tensor::empty({M}, DType::I32);
-  std::copy(rows.begin(), rows.end(), rows_.i32());
-  rows_ = rows_.to(ctx.device());
+  s.rows = Tensor::empty({M}, DType::I32);
+  std::copy(rows.begin(), rows.end(), s.rows.i32());
+  s.rows = s.rows.to(ctx.device());
   ArenaPlan plan(DType::F32);
   plan.add({P, cfg_.hidden});
-  tower_.plan_activations(in_, plan);
+  tower_.plan_activations(s.in, plan);
   projector_.plan_activations(M, plan);
   plan.add({M, H});
   const bool copy_pixels = images->pixels.device() != ctx.device();
   if (copy_pixels) plan.add({P, cfg_.patch_dim()});
-  if (acts_.capacity() < plan.bytes()) acts_ = Arena(plan.bytes(), ctx.device(), "vision");
-  acts_.reset();
+  // A model moved to another device drops its micro-batches' states, so the arena is always on
+  // the step's device.
+  if (s.acts.capacity() < plan.bytes()) s.acts = Arena(plan.bytes(), ctx.device(), "vision");
+  s.acts.reset();
   Tensor pixels = images->pixels;
   if (copy_pixels) {
-    pixels = acts_.alloc({P, cfg_.patch_dim()});
+    pixels = s.acts.alloc({P, cfg_.patch_dim()});
     pixels.copy_from(images->pixels);
   }
-  Tensor merged = acts_.alloc({P, cfg_.hidden});
-  tower_.forward(ctx, in_, pixels, merged, acts_);
-  Tensor y = acts_.alloc({M, H});
-  projector_.forward(ctx, merged, y, acts_);
-  ops::row_scatter_forward(ctx, {.rows = M, .dst_rows = T, .dim = H}, rows_, y, embeds);
+  Tensor merged = s.acts.alloc({P, cfg_.hidden});
+  tower_.forward(ctx, s.in, pixels, merged, s.acts, s.tower);
+  Tensor y = s.acts.alloc({M, H});
+  projector_.forward(ctx, merged, y, s.acts, s.projector);
+  ops::row_scatter_forward(ctx, {.rows = M, .dst_rows = T, .dim = H}, s.rows, y, embeds);
 }
 
-void VisionFrontEnd::backward(Context& ctx, Tensor& dembeds) {
-  if (!active_) return;
-  const int64_t H = cfg_.text_hidden, M = rows_.numel();
+void VisionFrontEnd::backward(Context& ctx, Tensor& dembeds, LayerState& st) {
+  Saved& s = state_as<Saved>(st, "vision front end");
+  if (!s.active) return;
+  const int64_t H = cfg_.text_hidden, M = s.rows.numel();
   ArenaScope scope(ctx.workspace());
   Tensor dy = ctx.workspace().alloc({M, H});
-  ops::row_scatter_backward(ctx, {.rows = M, .dst_rows = dembeds.dim(0), .dim = H}, rows_, dembeds,
+  ops::row_scatter_backward(ctx, {.rows = M, .dst_rows = dembeds.dim(0), .dim = H}, s.rows, dembeds,
                             dy);
-  active_ = false;
+  s.active = false;
   if (!tower_trains_ && !projector_trains_) return;
-  Tensor dmerged = ctx.workspace().alloc({in_.batch.tokens(), cfg_.hidden});
-  projector_.backward(ctx, dy, dmerged);
-  if (tower_trains_) tower_.backward(ctx, in_, dmerged);
+  Tensor dmerged = ctx.workspace().alloc({s.in.batch.tokens(), cfg_.hidden});
+  projector_.backward(ctx, dy, dmerged, s.projector);
+  if (tower_trains_) tower_.backward(ctx, s.in, dmerged, s.tower);
 }
 
 }  // namespace mt

@@ -32,14 +32,29 @@ class VisionFrontEnd {
   // Binds both parts from the store (full names under the two prefixes).
   void bind(const ParamStore& params);
 
+  // What a forward with images keeps for its backward, the caller's (one per micro-batch in
+  // flight, as a layer's state): its activation arena (sized by the first forward that needs
+  // more, reused after), the images' inputs, the placeholder rows and the parts' saved tensors.
+  struct Saved : LayerState {
+    Arena acts;
+    VisionInputs in;
+    Tensor rows;  // i32 [merged tokens]: placeholder positions, in order, on the step's device
+    VisionTower::Saved tower;
+    VisionProjector::Saved projector;
+    bool active = false;  // a forward with images awaits its backward
+  };
+  std::unique_ptr<LayerState> make_state() const { return std::make_unique<Saved>(); }
+
   // Placeholder count of `ids` (i32 [T]) must equal the images' merged tokens (a one-line
   // ShapeError otherwise); `embeds` [T, text_hidden]: the placeholders' rows are replaced.
   // No images and no placeholders: nothing to do. On a GPU the ids come to the host (4 T bytes,
   // to find the placeholders) and the pixels go to the device; everything else stays there.
-  void forward(Context& ctx, const Tensor& ids, const ImageBatch* images, Tensor& embeds);
+  // The pixels are kept as a view (the caller keeps them alive until backward).
+  void forward(Context& ctx, const Tensor& ids, const ImageBatch* images, Tensor& embeds,
+               LayerState& st) const;
   // dembeds [T, text_hidden]: the placeholders' rows are read, then zeroed (the embedding
   // lookup there was replaced, so the table gets no gradient from them).
-  void backward(Context& ctx, Tensor& dembeds);
+  void backward(Context& ctx, Tensor& dembeds, LayerState& st);
 
  private:
   VisionConfig cfg_;
@@ -47,11 +62,6 @@ class VisionFrontEnd {
   VisionTower tower_;
   VisionProjector projector_;
   bool tower_trains_ = false, projector_trains_ = false;
-  // State of the last forward with images.
-  Arena acts_;
-  VisionInputs in_;
-  Tensor rows_;  // i32 [merged tokens]: placeholder positions, in order, on the step's device
-  bool active_ = false;
 };
 
 }  // namespace mt

@@ -105,48 +105,50 @@ void VisionTower::plan_activations(const VisionInputs& in, ArenaPlan& plan) cons
 }
 
 void VisionTower::forward(Context& ctx, const VisionInputs& in, const Tensor& pixels,
-                          Tensor& merged, Arena& acts) {
+                          Tensor& merged, Arena& acts, Saved& s) const {
   const int64_t T = in.batch.tokens(), D = cfg_.hidden;
   expect_shape(pixels, {T, cfg_.patch_dim()}, "vision tower pixels");
   expect_shape(merged, {T, D}, "vision tower merged output");
-  pixels_ = pixels;
-  hs_.clear();
+  s.pixels = pixels;
+  s.hs.clear();
+  s.blocks.resize(blocks_.size());
   Tensor e = acts.alloc({T, D});
   ops::patch_embed_forward(ctx, embed_params(cfg_, T), pixels, pw_.value, pb_.value, e);
   ops::pos_embed_forward(ctx, pos_params(cfg_, T), in.pos_idx, in.pos_wts, table_.value, e, e);
-  hs_.push_back(e);
-  for (const auto& b : blocks_) {
+  s.hs.push_back(e);
+  for (size_t i = 0; i < blocks_.size(); ++i) {
     Tensor h = acts.alloc({T, D});
-    b->forward(ctx, in.batch, hs_.back(), h, acts);
-    hs_.push_back(h);
+    blocks_[i]->forward(ctx, in.batch, s.hs.back(), h, acts, s.blocks[i]);
+    s.hs.push_back(h);
   }
-  fn_ = acts.alloc({T, D});
-  fmean_ = acts.alloc({T});
-  frstd_ = acts.alloc({T});
-  ops::layernorm_forward(ctx, {.rows = T, .dim = D, .eps = cfg_.norm_eps}, hs_.back(), fw_.value,
-                         fb_.value, fn_, fmean_, frstd_);
-  ops::patch_merge_forward(ctx, {.patches = T, .dim = D}, in.order, fn_, merged);
+  s.fn = acts.alloc({T, D});
+  s.fmean = acts.alloc({T});
+  s.frstd = acts.alloc({T});
+  ops::layernorm_forward(ctx, {.rows = T, .dim = D, .eps = cfg_.norm_eps}, s.hs.back(), fw_.value,
+                         fb_.value, s.fn, s.fmean, s.frstd);
+  ops::patch_merge_forward(ctx, {.patches = T, .dim = D}, in.order, s.fn, merged);
 }
 
-void VisionTower::backward(Context& ctx, const VisionInputs& in, const Tensor& dmerged) {
+void VisionTower::backward(Context& ctx, const VisionInputs& in, const Tensor& dmerged,
+                           const Saved& s) {
   const int64_t T = in.batch.tokens(), D = cfg_.hidden;
-  MT_CHECK(fn_.defined() && fn_.dim(0) == T, InternalError,
+  MT_CHECK(s.fn.defined() && s.fn.dim(0) == T && s.blocks.size() == blocks_.size(), InternalError,
            "vision tower backward without a matching forward");
   expect_shape(dmerged, {T, D}, "vision tower dmerged");
   ArenaScope scope(ctx.workspace());
   Arena& ws = ctx.workspace();
   Tensor dfn = ws.alloc({T, D}), dh = ws.alloc({T, D}), dnext = ws.alloc({T, D});
   ops::patch_merge_backward(ctx, {.patches = T, .dim = D}, in.order, dmerged, dfn);
-  ops::layernorm_backward(ctx, {.rows = T, .dim = D, .eps = cfg_.norm_eps}, hs_.back(), fw_.value,
-                          fmean_, frstd_, dfn, dh, fw_.grad, fb_.grad);
+  ops::layernorm_backward(ctx, {.rows = T, .dim = D, .eps = cfg_.norm_eps}, s.hs.back(), fw_.value,
+                          s.fmean, s.frstd, dfn, dh, fw_.grad, fb_.grad);
   for (size_t i = blocks_.size(); i-- > 0;) {
-    blocks_[i]->backward(ctx, in.batch, dh, dnext);
+    blocks_[i]->backward(ctx, in.batch, dh, dnext, s.blocks[i]);
     std::swap(dh, dnext);
   }
   if (table_.trainable())
     ops::pos_embed_backward(ctx, pos_params(cfg_, T), in.pos_idx, in.pos_wts, dh, table_.grad);
   Tensor no_pixel_grad;
-  ops::patch_embed_backward(ctx, embed_params(cfg_, T), pixels_, pw_.value, dh, no_pixel_grad,
+  ops::patch_embed_backward(ctx, embed_params(cfg_, T), s.pixels, pw_.value, dh, no_pixel_grad,
                             pw_.grad, pb_.grad);
 }
 
@@ -185,38 +187,39 @@ void VisionProjector::plan_activations(int64_t merged_tokens, ArenaPlan& plan) c
   out_.plan(M, plan);
 }
 
-void VisionProjector::forward(Context& ctx, const Tensor& merged, Tensor& y, Arena& acts) {
+void VisionProjector::forward(Context& ctx, const Tensor& merged, Tensor& y, Arena& acts,
+                              Saved& s) const {
   const int64_t D = cfg_.hidden, K = cfg_.merged_dim();
   MT_CHECK(merged.ndim() == 2 && merged.dim(1) == D && merged.dim(0) % (K / D) == 0, ShapeError,
            "vision projector input ", merged.shape(), ", expected [merged_tokens * ", K / D, ", ",
            D, "]");
   const int64_t T = merged.dim(0), M = T / (K / D);
   expect_shape(y, {M, cfg_.text_hidden}, "vision projector output");
-  x_ = merged;
-  n_ = acts.alloc({T, D});
-  mean_ = acts.alloc({T});
-  rstd_ = acts.alloc({T});
+  s.x = merged;
+  s.n = acts.alloc({T, D});
+  s.mean = acts.alloc({T});
+  s.rstd = acts.alloc({T});
   ops::layernorm_forward(ctx, {.rows = T, .dim = D, .eps = cfg_.projector_eps}, merged, nw_.value,
-                         nb_.value, n_, mean_, rstd_);
-  a_ = acts.alloc({M, K});
-  g_ = acts.alloc({M, K});
-  in_.forward(ctx, n_.view({M, K}), a_, acts);
-  ops::gelu_forward(ctx, ops::GeluKind::Erf, a_, g_);
-  out_.forward(ctx, g_, y, acts);
+                         nb_.value, s.n, s.mean, s.rstd);
+  s.a = acts.alloc({M, K});
+  s.g = acts.alloc({M, K});
+  in_.forward(ctx, s.n.view({M, K}), s.a, acts, s.in);
+  ops::gelu_forward(ctx, ops::GeluKind::Erf, s.a, s.g);
+  out_.forward(ctx, s.g, y, acts, s.out);
 }
 
-void VisionProjector::backward(Context& ctx, const Tensor& dy, Tensor& dmerged) {
-  MT_CHECK(g_.defined(), InternalError, "vision projector backward without forward");
-  const int64_t D = cfg_.hidden, K = cfg_.merged_dim(), M = g_.dim(0), T = x_.dim(0);
+void VisionProjector::backward(Context& ctx, const Tensor& dy, Tensor& dmerged, const Saved& s) {
+  MT_CHECK(s.g.defined(), InternalError, "vision projector backward without forward");
+  const int64_t D = cfg_.hidden, K = cfg_.merged_dim(), M = s.g.dim(0), T = s.x.dim(0);
   expect_shape(dy, {M, cfg_.text_hidden}, "vision projector dy");
   expect_shape(dmerged, {T, D}, "vision projector dmerged");
   ArenaScope scope(ctx.workspace());
   Tensor dg = ctx.workspace().alloc({M, K}), dn = ctx.workspace().alloc({M, K});
-  out_.backward(ctx, dy, dg);
-  ops::gelu_backward(ctx, ops::GeluKind::Erf, a_, dg, dg);
-  in_.backward(ctx, dg, dn);
-  ops::layernorm_backward(ctx, {.rows = T, .dim = D, .eps = cfg_.projector_eps}, x_, nw_.value,
-                          mean_, rstd_, dn.view({T, D}), dmerged, nw_.grad, nb_.grad);
+  out_.backward(ctx, s.out, dy, dg);
+  ops::gelu_backward(ctx, ops::GeluKind::Erf, s.a, dg, dg);
+  in_.backward(ctx, s.in, dg, dn);
+  ops::layernorm_backward(ctx, {.rows = T, .dim = D, .eps = cfg_.projector_eps}, s.x, nw_.value,
+                          s.mean, s.rstd, dn.view({T, D}), dmerged, nw_.grad, nb_.grad);
 }
 
 }  // namespace mt

@@ -38,20 +38,24 @@ class VisionTower {
   std::vector<ParamSpec> param_specs() const;
   void bind(const ParamTable& params);
   void plan_activations(const VisionInputs& in, ArenaPlan& plan) const;
+  // What forward keeps for backward, the caller's (views of pixels and of acts).
+  struct Saved {
+    Tensor pixels;
+    std::vector<Tensor> hs;  // input of each block, then the last block's output
+    std::vector<VisionBlock::Saved> blocks;
+    Tensor fn, fmean, frstd;
+  };
   // pixels [patches, channels * patch^2] (processor order); merged [patches, hidden], i.e.
   // [merged_tokens, kh kw hidden] row-major: written.
   void forward(Context& ctx, const VisionInputs& in, const Tensor& pixels, Tensor& merged,
-               Arena& acts);
+               Arena& acts, Saved& s) const;
   // Parameter gradients accumulate; pixels get none (they are data).
-  void backward(Context& ctx, const VisionInputs& in, const Tensor& dmerged);
+  void backward(Context& ctx, const VisionInputs& in, const Tensor& dmerged, const Saved& s);
 
  private:
   VisionConfig cfg_;
   std::vector<std::unique_ptr<VisionBlock>> blocks_;
   ParamRef pw_, pb_, table_, fw_, fb_;
-  Tensor pixels_;
-  std::vector<Tensor> hs_;  // input of each block, then the last block's output
-  Tensor fn_, fmean_, frstd_;
 };
 
 class VisionProjector {
@@ -61,16 +65,20 @@ class VisionProjector {
   std::vector<ParamSpec> param_specs() const;
   void bind(const ParamTable& params);
   void plan_activations(int64_t merged_tokens, ArenaPlan& plan) const;
+  // What forward keeps for backward, the caller's (views of merged and of acts).
+  struct Saved {
+    Tensor x, n, mean, rstd, a, g;
+    LinearModule::Saved in, out;
+  };
   // merged [merged_tokens * kh kw, hidden] (the tower's output); y [merged_tokens, text_hidden].
-  void forward(Context& ctx, const Tensor& merged, Tensor& y, Arena& acts);
+  void forward(Context& ctx, const Tensor& merged, Tensor& y, Arena& acts, Saved& s) const;
   // dmerged written; parameter gradients accumulate.
-  void backward(Context& ctx, const Tensor& dy, Tensor& dmerged);
+  void backward(Context& ctx, const Tensor& dy, Tensor& dmerged, const Saved& s);
 
  private:
   VisionConfig cfg_;
   BiasedLinear in_, out_;
   ParamRef nw_, nb_;
-  Tensor x_, n_, mean_, rstd_, a_, g_;
 };
 
 }  // namespace mt
