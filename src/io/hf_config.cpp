@@ -1,6 +1,6 @@
 #include "io/hf_config.h"
 
-#include "model/json_integer.h"
+#include "model/json_keys.h"
 #include "model/vision/vision_config.h"
 #include "ops/moe_rules.h"
 
@@ -15,76 +15,7 @@ namespace {
 
 using nlohmann::json;
 
-// Typed access that records consumed keys, so leftovers can be reported by name. Aliases
-// (transformers writes some keys under attribute_map names) resolve to the first one present.
-class Keys {
- public:
-  Keys(const json& j, std::string where) : j_(j), where_(std::move(where)) {
-    MT_CHECK(j.is_object(), ConfigError, where_, ": expected a JSON object");
-  }
-  bool has(std::initializer_list<const char*> names) const { return find(names) != nullptr; }
-  template <typename T>
-  T get(std::initializer_list<const char*> names, T fallback) {
-    for (const char* n : names) used_.insert(n);
-    const json* v = find(names);
-    return v ? as<T>(*v, *names.begin()) : fallback;
-  }
-  template <typename T>
-  T need(std::initializer_list<const char*> names) {
-    for (const char* n : names) used_.insert(n);
-    const json* v = find(names);
-    MT_CHECK(v, ConfigError, where_, ": missing key '", *names.begin(), "'");
-    return as<T>(*v, *names.begin());
-  }
-  const json* raw(const char* name) {
-    used_.insert(name);
-    return find({name});
-  }
-  // Keys with no effect on the forward/backward math (token ids, caching, bookkeeping).
-  void ignore(std::initializer_list<const char*> names) {
-    for (const char* n : names) used_.insert(n);
-  }
-  // A key that is accepted only with one value (the one the engine implements).
-  template <typename T>
-  void only(const char* name, T allowed) {
-    used_.insert(name);
-    const json* v = find({name});
-    if (!v) return;
-    MT_CHECK(as<T>(*v, name) == allowed, ConfigError, where_, ": '", name, "' = ", v->dump(),
-             " is not supported (only ", json(allowed).dump(), ")");
-  }
-  void reject_unknown() const {
-    for (auto it = j_.begin(); it != j_.end(); ++it)
-      MT_CHECK(used_.count(it.key()), ConfigError, where_, ": unknown or unsupported key '",
-               it.key(), "'");
-  }
-  const std::string& where() const { return where_; }
-
- private:
-  const json* find(std::initializer_list<const char*> names) const {
-    for (const char* n : names)
-      if (j_.contains(n) && !j_.at(n).is_null()) return &j_.at(n);
-    return nullptr;
-  }
-  template <typename T>
-  T as(const json& v, const char* key) const {
-    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
-      MT_CHECK(json_integer_fits<T>(v), ConfigError, where_, ": key '", key, "' = ", v.dump(),
-               " is not an integer in range");
-    try {
-      return v.get<T>();
-    } catch (const json::exception&) {
-      MT_THROW(ConfigError, where_, ": key '", key, "' has the wrong type (", v.type_name(), ")");
-    }
-  }
-  const json& j_;
-  std::string where_;
-  std::set<std::string> used_;
-};
-
-void positive(int64_t v, const std::string& where, const char* key) {
-  MT_CHECK(v > 0, ConfigError, where, ": '", key, "' must be positive, got ", v);
-}
+using Keys = JsonKeys;
 
 // Keys PreTrainedConfig writes for every model; none changes training math.
 void ignore_generic(Keys& k) {
@@ -151,9 +82,9 @@ void deepseek_moe(Keys& k, ModelConfig& c) {
   bool any_moe = false;
   for (const LayerIR& l : c.layers) any_moe |= l.ffn == FfnKind::Moe;
   if (!any_moe) return;
-  positive(c.moe.num_experts, k.where(), "n_routed_experts");
-  positive(c.moe.top_k, k.where(), "num_experts_per_tok");
-  positive(c.moe.expert_ffn, k.where(), "moe_intermediate_size");
+  require_positive(c.moe.num_experts, k.where(), "n_routed_experts");
+  require_positive(c.moe.top_k, k.where(), "num_experts_per_tok");
+  require_positive(c.moe.expert_ffn, k.where(), "moe_intermediate_size");
   MT_CHECK(c.moe.num_shared >= 0, ConfigError, k.where(), ": n_shared_experts is negative");
   const std::string routing =
       ops::routing_error(c.moe.num_experts, c.moe.top_k, c.moe.n_group, c.moe.topk_group);
@@ -186,10 +117,11 @@ void mla_common(Keys& k, ModelConfig& c) {
   k.only("qk_head_dim", qk);  // derived too; any other value would contradict the two dims
   c.mla.norm_eps = 1e-6f;     // q_a_layernorm / kv_a_layernorm use RMSNorm's default eps
   c.mla.output_gate = false;
-  positive(c.mla.heads, k.where(), "num_attention_heads");
-  positive(c.mla.kv_lora_rank, k.where(), "kv_lora_rank");
-  positive(c.mla.v_head_dim, k.where(), "v_head_dim");
-  positive(c.mla.qk_nope_dim + c.mla.qk_rope_dim, k.where(), "qk_nope_head_dim+qk_rope_head_dim");
+  require_positive(c.mla.heads, k.where(), "num_attention_heads");
+  require_positive(c.mla.kv_lora_rank, k.where(), "kv_lora_rank");
+  require_positive(c.mla.v_head_dim, k.where(), "v_head_dim");
+  require_positive(c.mla.qk_nope_dim + c.mla.qk_rope_dim, k.where(),
+                   "qk_nope_head_dim+qk_rope_head_dim");
   MT_CHECK(c.mla.qk_rope_dim % 2 == 0, ConfigError, k.where(), ": qk_rope_head_dim must be even");
 }
 
@@ -224,7 +156,7 @@ void rope_settings(Keys& k, MlaConfig& m, int64_t default_max_positions) {
   ops::RopeScaling& y = m.rope_scaling;
   const int64_t max_pos = k.get<int64_t>({"max_position_embeddings"}, default_max_positions);
   y.original_max_positions = r.get<int64_t>({"original_max_position_embeddings"}, max_pos);
-  positive(y.original_max_positions, r.where(), "original_max_position_embeddings");
+  require_positive(y.original_max_positions, r.where(), "original_max_position_embeddings");
   // transformers derives a missing factor from the two context lengths.
   const double factor = r.get<double>(
       {"factor"}, static_cast<double>(max_pos) / static_cast<double>(y.original_max_positions));
@@ -268,9 +200,9 @@ HfConfig kimi_linear(const json& j, const std::string& source) {
   c.vocab = k.need<int64_t>({"vocab_size"});
   c.hidden = k.need<int64_t>({"hidden_size"});
   int64_t n = k.need<int64_t>({"num_hidden_layers"});
-  positive(c.vocab, source, "vocab_size");
-  positive(c.hidden, source, "hidden_size");
-  positive(n, source, "num_hidden_layers");
+  require_positive(c.vocab, source, "vocab_size");
+  require_positive(c.hidden, source, "hidden_size");
+  require_positive(n, source, "num_hidden_layers");
   c.norm_eps = k.get<float>({"rms_norm_eps"}, 1e-5f);
   c.tie_embeddings = k.get<bool>({"tie_word_embeddings"}, false);
   h.pad_token_id = k.get<int64_t>({"pad_token_id"}, -1);
@@ -317,9 +249,9 @@ HfConfig kimi_linear(const json& j, const std::string& source) {
         kind == "linear_attention" ? MixerKind::Kda : MixerKind::Mla;
     any_attn |= kind == "full_attention";
   }
-  positive(c.kda.heads, source, "linear_attn_config.num_heads");
-  positive(c.kda.head_dim, source, "linear_attn_config.head_dim");
-  positive(c.kda.conv_kernel, source, "linear_attn_config.short_conv_kernel_size");
+  require_positive(c.kda.heads, source, "linear_attn_config.num_heads");
+  require_positive(c.kda.head_dim, source, "linear_attn_config.head_dim");
+  require_positive(c.kda.conv_kernel, source, "linear_attn_config.short_conv_kernel_size");
 
   if (any_attn) {
     mla_common(k, c);
@@ -338,7 +270,7 @@ HfConfig kimi_linear(const json& j, const std::string& source) {
   c.dense.ffn = k.get<int64_t>({"intermediate_size"}, 0);
   ffn_kinds(k, c, n, 1);
   for (const LayerIR& l : c.layers)
-    if (l.ffn == FfnKind::Dense) positive(c.dense.ffn, source, "intermediate_size");
+    if (l.ffn == FfnKind::Dense) require_positive(c.dense.ffn, source, "intermediate_size");
   deepseek_moe(k, c);
   k.only("num_nextn_predict_layers", int64_t{0});
   router_output_keys(k);
@@ -358,9 +290,9 @@ HfConfig deepseek(const json& j, const std::string& source, bool indexer) {
   c.vocab = k.need<int64_t>({"vocab_size"});
   c.hidden = k.need<int64_t>({"hidden_size"});
   int64_t n = k.need<int64_t>({"num_hidden_layers"});
-  positive(c.vocab, source, "vocab_size");
-  positive(c.hidden, source, "hidden_size");
-  positive(n, source, "num_hidden_layers");
+  require_positive(c.vocab, source, "vocab_size");
+  require_positive(c.hidden, source, "hidden_size");
+  require_positive(n, source, "num_hidden_layers");
   c.norm_eps = k.get<float>({"rms_norm_eps"}, 1e-6f);
   c.tie_embeddings = k.get<bool>({"tie_word_embeddings"}, false);
   h.pad_token_id = k.get<int64_t>({"pad_token_id"}, -1);
@@ -382,7 +314,7 @@ HfConfig deepseek(const json& j, const std::string& source, bool indexer) {
   }
   mla_common(k, c);
   if (indexer)
-    positive(c.mla.q_lora_rank, source, "q_lora_rank (the indexer reads the query latent)");
+    require_positive(c.mla.q_lora_rank, source, "q_lora_rank (the indexer reads the query latent)");
   c.mla.use_rope = true;
   // transformers' DeepSeek attention de-interleaves q/k rope dims unless rope_interleave is off.
   c.mla.rope_style = k.get<bool>({"rope_interleave"}, true) ? ops::RopeStyle::Interleaved
@@ -397,9 +329,9 @@ HfConfig deepseek(const json& j, const std::string& source, bool indexer) {
     c.dsa.indexer_norm_eps = 1e-6f;
     // transformers runs the indexer under no_grad: its weights get no gradient from the LM loss.
     c.dsa.indexer_loss_coeff = 0.f;
-    positive(c.dsa.index_heads, source, "index_n_heads");
-    positive(c.dsa.index_head_dim, source, "index_head_dim");
-    positive(c.dsa.index_topk, source, "index_topk");
+    require_positive(c.dsa.index_heads, source, "index_n_heads");
+    require_positive(c.dsa.index_head_dim, source, "index_head_dim");
+    require_positive(c.dsa.index_topk, source, "index_topk");
     MT_CHECK(c.dsa.index_rope_dim <= c.dsa.index_head_dim, ConfigError, source,
              ": qk_rope_head_dim exceeds index_head_dim");
   }
@@ -408,7 +340,7 @@ HfConfig deepseek(const json& j, const std::string& source, bool indexer) {
   c.dense.ffn = k.get<int64_t>({"intermediate_size"}, 0);
   ffn_kinds(k, c, n, 3);
   for (const LayerIR& l : c.layers)
-    if (l.ffn == FfnKind::Dense) positive(c.dense.ffn, source, "intermediate_size");
+    if (l.ffn == FfnKind::Dense) require_positive(c.dense.ffn, source, "intermediate_size");
   deepseek_moe(k, c);
   // Multi-token-prediction layers are not part of the causal LM; transformers drops them too.
   k.ignore({"num_nextn_predict_layers"});

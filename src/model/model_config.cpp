@@ -5,7 +5,7 @@
 #include <set>
 #include <type_traits>
 
-#include "model/json_integer.h"
+#include "model/json_keys.h"
 #include "model/presets_embedded.h"
 #include "ops/moe_rules.h"
 
@@ -27,61 +27,7 @@ const char* mixer_name(MixerKind k) {
 
 namespace {
 
-// Reads typed keys from a JSON object, remembering which ones were consumed so that leftovers
-// can be reported as unknown.
-class Reader {
- public:
-  Reader(const json& j, std::string where) : j_(j), where_(std::move(where)) {
-    MT_CHECK(j.is_object(), ConfigError, where_, ": expected a JSON object");
-  }
-  template <typename T>
-  T get(const std::string& key, T fallback) {
-    used_.insert(key);
-    if (!j_.contains(key) || j_.at(key).is_null()) return fallback;
-    return as<T>(key);
-  }
-  template <typename T>
-  T need(const std::string& key) {
-    used_.insert(key);
-    MT_CHECK(j_.contains(key) && !j_.at(key).is_null(), ConfigError, where_, ": missing key '", key,
-             "'");
-    return as<T>(key);
-  }
-  bool has(const std::string& key) const { return j_.contains(key) && !j_.at(key).is_null(); }
-  Reader child(const std::string& key) {
-    used_.insert(key);
-    static const json empty = json::object();
-    return Reader(has(key) ? j_.at(key) : empty, where_ + "." + key);
-  }
-  void ignore(const std::string& key) { used_.insert(key); }
-  void reject_unknown() const {
-    for (auto it = j_.begin(); it != j_.end(); ++it)
-      MT_CHECK(used_.count(it.key()), ConfigError, where_, ": unknown or unsupported key '",
-               it.key(), "'");
-  }
-  const std::string& where() const { return where_; }
-
- private:
-  template <typename T>
-  T as(const std::string& key) {
-    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
-      MT_CHECK(json_integer_fits<T>(j_.at(key)), ConfigError, where_, ": key '", key,
-               "' = ", j_.at(key).dump(), " is not an integer in range");
-    try {
-      return j_.at(key).get<T>();
-    } catch (const json::exception& e) {
-      MT_THROW(ConfigError, where_, ": key '", key, "' has the wrong type (",
-               j_.at(key).type_name(), ")");
-    }
-  }
-  const json& j_;
-  std::string where_;
-  std::set<std::string> used_;
-};
-
-void positive(int64_t v, const std::string& where, const char* key) {
-  MT_CHECK(v > 0, ConfigError, where, ": '", key, "' must be positive, got ", v);
-}
+using Reader = JsonKeys;
 
 }  // namespace
 
@@ -98,9 +44,9 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   c.hidden = r.need<int64_t>("hidden_size");
   c.max_positions = r.get<int64_t>("max_position_embeddings", 4096);
   int64_t n_layers = r.need<int64_t>("num_hidden_layers");
-  positive(c.vocab, source, "vocab_size");
-  positive(c.hidden, source, "hidden_size");
-  positive(n_layers, source, "num_hidden_layers");
+  require_positive(c.vocab, source, "vocab_size");
+  require_positive(c.hidden, source, "hidden_size");
+  require_positive(n_layers, source, "num_hidden_layers");
   c.norm_eps = r.get<float>("rms_norm_eps", 1e-5f);
   c.tie_embeddings = r.get<bool>("tie_word_embeddings", false);
   c.init_std = r.get<float>("initializer_range", 0.02f);
@@ -139,9 +85,9 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
     c.kda.conv_kernel = k.get<int64_t>("short_conv_kernel_size", 4);
     c.kda.chunk = k.get<int64_t>("chunk_size", 64);
     c.kda.norm_eps = c.norm_eps;
-    positive(c.kda.heads, k.where(), "num_heads");
-    positive(c.kda.head_dim, k.where(), "head_dim");
-    positive(c.kda.chunk, k.where(), "chunk_size");
+    require_positive(c.kda.heads, k.where(), "num_heads");
+    require_positive(c.kda.head_dim, k.where(), "head_dim");
+    require_positive(c.kda.chunk, k.where(), "chunk_size");
     k.reject_unknown();
   } else {
     r.ignore("linear_attn_config");
@@ -160,10 +106,11 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   c.mla.output_gate = r.get<bool>("attn_output_gate", false);
   c.mla.norm_eps = 1e-6f;
   if (any_attn) {
-    positive(c.mla.heads, source, "num_attention_heads");
-    positive(c.mla.kv_lora_rank, source, "kv_lora_rank");
-    positive(c.mla.qk_nope_dim + c.mla.qk_rope_dim, source, "qk_nope_head_dim + qk_rope_head_dim");
-    positive(c.mla.v_head_dim, source, "v_head_dim");
+    require_positive(c.mla.heads, source, "num_attention_heads");
+    require_positive(c.mla.kv_lora_rank, source, "kv_lora_rank");
+    require_positive(c.mla.qk_nope_dim + c.mla.qk_rope_dim, source,
+                     "qk_nope_head_dim + qk_rope_head_dim");
+    require_positive(c.mla.v_head_dim, source, "v_head_dim");
     MT_CHECK(c.mla.qk_rope_dim % 2 == 0, ConfigError, source, ": qk_rope_head_dim must be even");
   }
   c.dsa.mla = c.mla;
@@ -173,17 +120,17 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   c.dsa.index_topk = r.get<int64_t>("index_topk", 0);
   c.dsa.indexer_loss_coeff = r.get<float>("indexer_loss_coef", 1.0f);
   if (any_dsa) {
-    positive(c.dsa.index_heads, source, "index_n_heads");
-    positive(c.dsa.index_head_dim, source, "index_head_dim");
-    positive(c.dsa.index_topk, source, "index_topk");
-    positive(c.mla.q_lora_rank, source, "q_lora_rank (DSA layers need the query latent)");
+    require_positive(c.dsa.index_heads, source, "index_n_heads");
+    require_positive(c.dsa.index_head_dim, source, "index_head_dim");
+    require_positive(c.dsa.index_topk, source, "index_topk");
+    require_positive(c.mla.q_lora_rank, source, "q_lora_rank (DSA layers need the query latent)");
     MT_CHECK(c.dsa.index_rope_dim <= c.dsa.index_head_dim, ConfigError, source,
              ": qk_rope_head_dim exceeds index_head_dim");
   }
 
   c.dense.hidden = c.hidden;
   c.dense.ffn = r.get<int64_t>("intermediate_size", 0);
-  if (first_dense > 0) positive(c.dense.ffn, source, "intermediate_size");
+  if (first_dense > 0) require_positive(c.dense.ffn, source, "intermediate_size");
 
   bool any_moe = first_dense < n_layers;
   c.moe.hidden = c.hidden;
@@ -209,10 +156,10 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   c.moe.seq_aux_coeff = r.get<float>("router_aux_loss_coef", 0.0f);
   c.moe.z_loss_coeff = r.get<float>("router_z_loss_coef", 0.0f);
   if (any_moe) {
-    positive(c.moe.num_experts, source, "n_routed_experts");
-    positive(c.moe.top_k, source, "num_experts_per_tok");
-    positive(c.moe.expert_ffn, source, "moe_intermediate_size");
-    positive(c.moe.latent, source, "moe_latent_size");
+    require_positive(c.moe.num_experts, source, "n_routed_experts");
+    require_positive(c.moe.top_k, source, "num_experts_per_tok");
+    require_positive(c.moe.expert_ffn, source, "moe_intermediate_size");
+    require_positive(c.moe.latent, source, "moe_latent_size");
     MT_CHECK(c.moe.latent <= c.hidden, ConfigError, source, ": moe_latent_size ", c.moe.latent,
              " exceeds hidden_size ", c.hidden);
     const std::string routing =

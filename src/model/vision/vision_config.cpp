@@ -4,73 +4,15 @@
 #include <utility>
 #include <vector>
 
+#include "model/json_keys.h"
+
 namespace mt {
 
 namespace {
 
 using nlohmann::json;
 
-// Typed reads from one JSON object; keys never read are reported as unknown.
-class Keys {
- public:
-  Keys(const json& j, std::string where) : j_(j), where_(std::move(where)) {
-    MT_CHECK(j.is_object(), ConfigError, where_, ": expected a JSON object");
-  }
-  bool has(const char* key) const { return j_.contains(key) && !j_.at(key).is_null(); }
-  template <typename T>
-  T get(const char* key, T fallback) {
-    used_.insert(key);
-    return has(key) ? as<T>(key) : fallback;
-  }
-  template <typename T>
-  T need(const char* key) {
-    used_.insert(key);
-    MT_CHECK(has(key), ConfigError, where_, ": missing key '", key, "'");
-    return as<T>(key);
-  }
-  const json& at(const char* key) {
-    used_.insert(key);
-    return j_.at(key);
-  }
-  void ignore(std::initializer_list<const char*> keys) {
-    for (const char* k : keys) used_.insert(k);
-  }
-  template <typename T>
-  void only(const char* key, T allowed) {
-    used_.insert(key);
-    if (!has(key)) return;
-    MT_CHECK(as<T>(key) == allowed, ConfigError, where_, ": '", key, "' = ", j_.at(key).dump(),
-             " is not supported (only ", json(allowed).dump(), ")");
-  }
-  void refuse(std::initializer_list<const char*> keys, const char* why) const {
-    for (const char* k : keys)
-      MT_CHECK(!has(k), ConfigError, where_, ": '", k, "' is not supported (", why, ")");
-  }
-  void reject_unknown() const {
-    for (auto it = j_.begin(); it != j_.end(); ++it)
-      MT_CHECK(used_.count(it.key()), ConfigError, where_, ": unknown or unsupported key '",
-               it.key(), "'");
-  }
-  const std::string& where() const { return where_; }
-
- private:
-  template <typename T>
-  T as(const char* key) const {
-    try {
-      return j_.at(key).get<T>();
-    } catch (const json::exception&) {
-      MT_THROW(ConfigError, where_, ": key '", key, "' has the wrong type (",
-               j_.at(key).type_name(), ")");
-    }
-  }
-  const json& j_;
-  std::string where_;
-  std::set<std::string> used_;
-};
-
-void positive(int64_t v, const std::string& where, const char* key) {
-  MT_CHECK(v > 0, ConfigError, where, ": '", key, "' must be positive, got ", v);
-}
+using Keys = JsonKeys;
 
 // Keys PreTrainedConfig writes into every (sub-)config; none changes the tower's math.
 void ignore_generic(Keys& k) {
@@ -93,7 +35,7 @@ VisionConfig vision_config_from_kimi_k25(const json& config, const std::string& 
   MT_CHECK(top.has("text_config"), ConfigError, source, ": missing key 'text_config'");
   VisionConfig c;
   {
-    Keys v(top.at("vision_config"), source + ".vision_config");
+    Keys v = top.child("vision_config");
     ignore_generic(v);
     v.only("model_type", std::string("kimi_k25_vision"));
     // The remote-code (pre-transformers) checkpoints' time-axis keys.
@@ -121,7 +63,7 @@ VisionConfig vision_config_from_kimi_k25(const json& config, const std::string& 
       v.ignore({"merge_kernel_size"});
     }
     if (v.has("rope_parameters")) {
-      Keys r(v.at("rope_parameters"), v.where() + ".rope_parameters");
+      Keys r = v.child("rope_parameters");
       r.only("rope_type", std::string("axial"));
       c.rope_theta = static_cast<float>(r.get<double>("rope_theta", c.rope_theta));
       r.reject_unknown();
@@ -137,7 +79,7 @@ VisionConfig vision_config_from_kimi_k25(const json& config, const std::string& 
         {"num_hidden_layers", c.layers},       {"hidden_size", c.hidden},
         {"intermediate_size", c.intermediate}, {"merge_kernel_size", c.merge_rows},
         {"merge_kernel_size", c.merge_cols}};
-    for (const auto& [key, val] : sizes) positive(val, w, key);
+    for (const auto& [key, val] : sizes) require_positive(val, w, key);
     // transformers indexes the flattened table with pos_emb_height as the row length, which is
     // the table's layout only when it is square.
     MT_CHECK(c.pos_rows == c.pos_cols, ConfigError, w, ": pos_emb_height ", c.pos_rows,
@@ -148,9 +90,9 @@ VisionConfig vision_config_from_kimi_k25(const json& config, const std::string& 
     MT_CHECK(c.rope_theta > 1.f, ConfigError, w, ": rope_theta must be > 1, got ", c.rope_theta);
   }
   {
-    Keys t(top.at("text_config"), source + ".text_config");
+    Keys t = top.child("text_config");
     c.text_hidden = t.need<int64_t>("hidden_size");
-    positive(c.text_hidden, t.where(), "hidden_size");
+    require_positive(c.text_hidden, t.where(), "hidden_size");
     // The language model's own keys belong to its parser (deepseek_v3), not to this one.
   }
   const int64_t proj_hidden = top.get<int64_t>("projection_hidden_size", c.hidden);
