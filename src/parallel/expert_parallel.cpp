@@ -2,14 +2,18 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
+
+#include "ops/moe_rules.h"
 
 namespace mt::par {
 
 namespace {
 
 int64_t local_experts(const Comm& ep, int64_t num_experts) {
-  MT_CHECK(num_experts > 0 && num_experts % ep.size() == 0, ConfigError, "expert-parallel size ",
-           ep.size(), " does not divide the ", num_experts, " routed experts");
+  const std::string bad = ops::expert_parallel_error(ep.size(), num_experts);
+  MT_CHECK(bad.empty() && num_experts > 0, ConfigError, "expert parallelism over ", ep.where(),
+           ": ", bad.empty() ? cat("no routed experts (", num_experts, ")") : bad);
   return num_experts / ep.size();
 }
 
@@ -121,9 +125,7 @@ void ExpertParallel::forward(Context& ctx, const ops::GroupedFfnParams& p, const
     plan.add({k.rows, l});
     ops::grouped_ffn_plan(local_params(p, k.rows), plan);
   }
-  if (s.mem.capacity() < plan.bytes())
-    s.mem = Arena(plan.bytes(), ctx.device(), "expert-parallel saved");
-  s.mem.reset();
+  s.mem = Arena(plan.bytes(), ctx.device(), "expert-parallel saved");
   s.chunks.resize(chunks.size());
   for (size_t c = 0; c < chunks.size(); ++c) {
     State::Chunk& sc = s.chunks[c];
@@ -168,6 +170,10 @@ void ExpertParallel::backward(Context& ctx, const ops::GroupedFfnParams& p,
                               local_grads);
     permute_rows(dx, back, k.recv_begin, k.order, false);
   });
+  // The saved rows are dead now: free them before the next layer's backward, so that they do
+  // not stay resident through the optimizer step (the planner's peak counts them until here).
+  s.chunks.clear();
+  s.mem = Arena();
   s.pending = false;
 }
 

@@ -42,7 +42,7 @@ class ExpertParallel : public ExpertCompute {
 
   // What one forward keeps for its backward, one per micro-batch in flight (the MoE layer's
   // Saved holds it): the exchange's plan, and per chunk the rows sorted by local expert and the
-  // grouped FFN's saved tensors, all in one arena re-made only when a forward needs more.
+  // grouped FFN's saved tensors, in one arena that the forward allocates and the backward frees.
   struct State : ExpertState {
     State(int ranks, int64_t local_experts) : layout(ranks, local_experts) {}
     struct Chunk {

@@ -183,10 +183,9 @@ std::vector<int32_t> greedy_placement(const std::vector<double>& load, int64_t r
 
 SimSummary simulate_routing(const SimOptions& o, const std::function<void(const SimStep&)>& each) {
   const auto t0 = std::chrono::steady_clock::now();
-  MT_CHECK(o.ranks > 0 && o.ep > 0 && o.ranks % o.ep == 0, ConfigError, "expert-parallel size ",
-           o.ep, " does not divide the rank count ", o.ranks);
-  MT_CHECK(o.experts % o.ep == 0, ConfigError, "expert-parallel size ", o.ep,
-           " does not divide the expert count ", o.experts);
+  MT_CHECK(o.ranks > 0, ConfigError, "routing simulation over ", o.ranks, " ranks");
+  const std::string bad = ops::expert_parallel_error(o.ep, o.experts, o.ranks);
+  MT_CHECK(bad.empty(), ConfigError, "routing simulation: ", bad);
   MT_CHECK(o.top_k > 0 && o.top_k + o.extra <= o.experts && o.extra >= 0, ConfigError, "top_k ",
            o.top_k, " + extra ", o.extra, " candidates of ", o.experts, " experts");
   MT_CHECK(o.steps > 0 && o.tokens_per_rank > 0 && o.sample_per_rank > 0, ConfigError,
