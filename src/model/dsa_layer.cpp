@@ -127,14 +127,8 @@ void DsaLayer::select_keys(Context& ctx, const SeqInfo& seq, const Tensor& x, Ar
     ops::causal_indices(seq, s.idx);
     return;
   }
-  ArenaScope scope(ctx.workspace());
-  const int64_t kin = ops::max_doc_len(seq);
-  Tensor cand = ctx.workspace().alloc({T, kin}, DType::I32);
-  ops::causal_indices(seq, cand);
-  Tensor scores = ctx.workspace().alloc({T, kin}, DType::F32);
-  ops::indexer_scores_forward(ctx, {.tokens = T, .heads = HI, .head_dim = DI, .kmax = kin},
-                              s.qi.view({T, HI, DI}), s.kn, s.wts, cand, scores);
-  ops::topk_select(ctx, scores, cand, dcfg_.index_topk, s.idx);
+  ops::indexer_causal_topk(ctx, {.tokens = T, .heads = HI, .head_dim = DI}, seq,
+                           s.qi.view({T, HI, DI}), s.kn, s.wts, dcfg_.index_topk, s.idx);
 }
 
 void DsaLayer::after_attention(Context& ctx, const SeqInfo& seq, Arena& acts, MlaLayer::Saved& ms) {

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "ops/attention.h"
 #include "ops/dispatch.h"
 
 namespace mt::ops {
@@ -81,6 +82,54 @@ void topk_select(Context& ctx, const Tensor& scores, const Tensor& candidates, i
 #endif
   }
   cpu::topk_select(ctx, scores, candidates, topk, out);
+}
+
+int64_t IndexerTopkTile::smem_bytes(int64_t heads, int64_t head_dim) {
+  const int64_t ld = padded_dim(head_dim) + pad;
+  // bf16 q rows of every head and two key tiles; f32 head weights; i32 histograms; five i32 words
+  // of per-row state.
+  return 2 * (heads * rows * ld + 2 * keys * ld) + 4 * rows * heads + 4 * rows * bins +
+         4 * 5 * rows;
+}
+
+bool indexer_topk_fits(int64_t heads, int64_t head_dim) {
+  return head_dim <= 128 &&
+         IndexerTopkTile::smem_bytes(heads, head_dim) <= IndexerTopkTile::smem_limit;
+}
+
+void indexer_causal_topk(Context& ctx, const IndexerParams& p, const SeqInfo& seq, const Tensor& q,
+                         const Tensor& k, const Tensor& w, int64_t topk, Tensor& out) {
+  MT_CHECK(p.tokens == seq.tokens, ValueError, "indexer_causal_topk: params say ", p.tokens,
+           " tokens, the batch has ", seq.tokens);
+  MT_CHECK(topk > 0, ValueError, "indexer_causal_topk: topk must be positive, got ", topk);
+  IndexerParams sp = p;
+  sp.kmax = max_doc_len(seq);
+  MT_CHECK(p.tokens >= 0 && p.heads > 0 && p.head_dim > 0, ValueError,
+           "indexer_causal_topk: bad params tokens ", p.tokens, " heads ", p.heads, " head_dim ",
+           p.head_dim);
+  expect_shape(q, {p.tokens, p.heads, p.head_dim}, "indexer q");
+  expect_shape(k, {p.tokens, p.head_dim}, "indexer k");
+  expect_shape(w, {p.tokens, p.heads}, "indexer w");
+  expect_shape(out, {p.tokens, topk}, "indexer top-k output");
+  MT_CHECK(out.dtype() == DType::I32, ShapeError, "indexer top-k output must be i32, got ",
+           dtype_name(out.dtype()));
+  if (op_device("indexer_causal_topk", {&q, &k, &w, &out}) == Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    if (q.dtype() == DType::BF16 && indexer_topk_fits(p.heads, p.head_dim) &&
+        seq.cu_seqlens.device() == Device::CUDA)
+      return cuda::indexer_causal_topk(ctx, p, seq.cu_seqlens, q, k, w, topk, out);
+#else
+    no_cuda_backend("indexer_causal_topk");
+#endif
+  }
+  // The composite: every causal candidate scored into a table, then selected.
+  ArenaScope scope(ctx.workspace());
+  Arena& ws = ctx.workspace();
+  Tensor cand = ws.alloc({p.tokens, sp.kmax}, DType::I32);
+  causal_indices(seq, cand);
+  Tensor scores = ws.alloc({p.tokens, sp.kmax}, DType::F32);
+  indexer_scores_forward(ctx, sp, q, k, w, cand, scores);
+  topk_select(ctx, scores, cand, topk, out);
 }
 
 void indexer_kl_forward(Context& ctx, const Tensor& scores, const Tensor& target,

@@ -9,6 +9,7 @@
 #pragma once
 
 #include "core/context.h"
+#include "core/seq_info.h"
 #include "core/tensor.h"
 
 namespace mt::ops {
@@ -39,6 +40,28 @@ using TopkSelect = void(Context& ctx, const Tensor& scores, const Tensor& candid
                         Tensor& out);
 TopkSelect topk_select;
 
+// The sparse stage's selection in one call: for every query t, the min(topk, t - start + 1)
+// positions of its document up to t with the largest scores, in increasing order, then -1: exactly
+// topk_select over the scores of causal_indices' table (ties to the lower position). p.kmax is not
+// read. On the GPU, bf16 tensors within indexer_topk_fits and cu_seqlens on the device run a fused
+// kernel that keeps no score table (ops/cuda/dsa_indexer_topk.cu); everything else runs that
+// composite through a [T, longest document] candidate and score table in the workspace.
+using IndexerCausalTopk = void(Context& ctx, const IndexerParams& p, const SeqInfo& seq,
+                               const Tensor& q, const Tensor& k, const Tensor& w, int64_t topk,
+                               Tensor& out);
+IndexerCausalTopk indexer_causal_topk;
+
+// The fused kernel's tile: 64 queries (16 per warp) against 64 keys, the heads' q rows and a
+// 256-bin histogram per query in shared memory, head dims padded to 64 or 128. One rule for the
+// launcher, the entry and the op table.
+struct IndexerTopkTile {
+  static constexpr int64_t rows = 64, keys = 64, pad = 8, bins = 256;
+  static constexpr int64_t smem_limit = 232448;  // Hopper's opt-in shared memory per block
+  static int64_t padded_dim(int64_t head_dim) { return head_dim <= 64 ? 64 : 128; }
+  static int64_t smem_bytes(int64_t heads, int64_t head_dim);
+};
+bool indexer_topk_fits(int64_t heads, int64_t head_dim);
+
 // KL(p_t || softmax(I_t)) summed over rows and divided by T, on the valid slots of `indices`.
 // p_t = target_t / sum(target_t) (L1 normalisation; target >= 0, treated as a constant). Rows
 // without valid slots or with a zero target contribute nothing. softmax [T, kmax] (written, 0 on
@@ -61,6 +84,10 @@ IndexerKlForward indexer_kl_forward;
 IndexerKlBackward indexer_kl_backward;
 }  // namespace cpu
 namespace cuda {
+// The fused kernel (no score table); cu_seqlens i32 [num_seqs + 1] on the device.
+void indexer_causal_topk(Context& ctx, const IndexerParams& p, const Tensor& cu_seqlens,
+                         const Tensor& q, const Tensor& k, const Tensor& w, int64_t topk,
+                         Tensor& out);
 IndexerScoresForward indexer_scores_forward;
 IndexerScoresBackward indexer_scores_backward;
 TopkSelect topk_select;

@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "ops/attention.h"
 #include "ops/dispatch.h"
+#include "ops/indexer.h"
 #include "ops/kda.h"
 
 namespace mt::ops {
@@ -52,7 +53,7 @@ constexpr bool kda_chunk_cuda = true;
 constexpr bool kda_direct_cuda = true;
 constexpr bool flash_mla_cuda = true;
 constexpr bool sparse_mla_cuda = false;
-constexpr bool lightning_indexer_cuda = false;
+constexpr bool lightning_indexer_cuda = true;
 constexpr bool fused_router_cuda = true;
 constexpr bool a2a_dispatch_cuda = false;
 constexpr bool grouped_gemm_cuda = false;
@@ -160,7 +161,13 @@ KernelRegistry KernelRegistry::builtin() {
          return need_bf16(s);
        });
   cuda(OpKind::Indexer, "lightning_indexer_cuda", landed::lightning_indexer_cuda,
-       "fp8/bf16 indexer scores", need_bf16);
+       "src/ops/cuda/dsa_indexer_topk.cu (fused scores + top-k, tensor cores)",
+       [](const OpShape& s) {
+         if (!indexer_topk_fits(s.heads, s.head_dim))
+           return std::to_string(s.heads) + " heads x " + std::to_string(s.head_dim) +
+                  " past the fused kernel's shared memory";
+         return need_bf16(s);
+       });
   // The direct kernels (one block per query row over its index list or causal range): any dtype
   // and head dim, after the fused kernels, which the planner prefers where they apply.
   cuda(OpKind::MlaAttention, "causal_attention_cuda", landed::causal_attention_cuda,

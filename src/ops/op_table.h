@@ -35,6 +35,7 @@ const char* op_name(OpKind k);
 struct OpShape {
   std::string dtype = "fp32";
   int64_t head_dim = 0;  // attention: the q.k width
+  int64_t heads = 0;     // indexer: its heads
   int64_t v_dim = 0;     // attention: the value width
   int64_t chunk = 0;
   bool chunked = true;

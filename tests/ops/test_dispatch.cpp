@@ -19,6 +19,7 @@
 #include "ops/dispatch.h"
 #include "ops/embedding.h"
 #include "ops/gelu.h"
+#include "ops/indexer.h"
 #include "ops/kda.h"
 #include "ops/linear.h"
 #include "ops/moe_dispatch.h"
@@ -142,6 +143,16 @@ TEST(OpTable, CudaKernelsAreBuiltOnlyWithTheBackend) {
               "causal_attention_cuda");
     EXPECT_EQ(reg.choose(ops::OpKind::Indexer, ops::Backend::Cuda, {.dtype = "fp32"}).kernel,
               "indexer_cuda");
+    // bf16 indexers within the fused kernel's shared memory take it (the benchmark's 8 x 64);
+    // DeepSeek-V3.2's 64 x 128 runs the direct kernels.
+    EXPECT_EQ(reg.choose(ops::OpKind::Indexer, ops::Backend::Cuda,
+                         {.dtype = "bf16", .head_dim = 64, .heads = 8})
+                  .kernel,
+              "lightning_indexer_cuda");
+    EXPECT_EQ(reg.choose(ops::OpKind::Indexer, ops::Backend::Cuda,
+                         {.dtype = "bf16", .head_dim = 128, .heads = 64})
+                  .kernel,
+              "indexer_cuda");
   }
 }
 
@@ -191,6 +202,12 @@ TEST(OpDispatch, CudaTensorsInACpuOnlyBuildNameTheMissingBackend) {
                             idx = on_cuda({T, T}, DType::I32), o = on_cuda({T, H, K}),
                             lse = on_cuda({T, H});
                      ops::attention_forward(ctx, p, q, kk, v, idx, o, lse);
+                   }});
+  calls.push_back({"indexer_causal_topk", [&] {
+                     Tensor q = on_cuda({T, H, K}, DType::BF16), kk = on_cuda({T, K}, DType::BF16),
+                            w = on_cuda({T, H}, DType::BF16), idx = on_cuda({T, 2}, DType::I32);
+                     ops::indexer_causal_topk(ctx, {.tokens = T, .heads = H, .head_dim = K},
+                                              SeqInfo::uniform(1, T), q, kk, w, 2, idx);
                    }});
   // The vision ops (ops/gelu.h, bias.h, pos_embed.h, rope2d.h, patch_merge.h, full_indices).
   calls.push_back({"gelu_forward", [&] {
