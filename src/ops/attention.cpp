@@ -47,6 +47,12 @@ bool flash_attention_fits(int64_t qk_dim, int64_t v_dim, bool kv_per_head) {
   return kv_per_head && qk_dim <= 192 && v_dim <= 128;
 }
 
+bool sparse_attention_fits(int64_t heads, int64_t kv_heads, int64_t qk_dim, int64_t v_dim) {
+  if (kv_heads <= 0 || heads % kv_heads != 0) return false;
+  const int64_t group = heads / kv_heads;
+  return group % 16 == 0 && group <= 64 && qk_dim <= 192 && v_dim <= 128;
+}
+
 void causal_attention_forward(Context& ctx, const AttentionParams& p, const Tensor& cu_seqlens,
                               const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o,
                               Tensor& lse) {

@@ -78,6 +78,11 @@ CausalAttentionBackward causal_attention_backward;
 // head per query head and head dims within its widest instantiation. Read by the CUDA entries and
 // by the op table (plan/), so both choose alike; other shapes and fp32 run the direct kernels.
 bool flash_attention_fits(int64_t qk_dim, int64_t v_dim, bool kv_per_head);
+// Whether the CUDA tensor-core kernel over index lists (dsa_sparse_attention.cu) takes these
+// shapes in bf16: query heads sharing each key head in groups of 16, 32, 48 or 64 (the heads of a
+// query share its index list and, then, its keys: they are the MMA's rows), head dims within
+// 192 (q.k) and 128 (values). The per-head layout (kv_heads = heads) runs the direct kernels.
+bool sparse_attention_fits(int64_t heads, int64_t kv_heads, int64_t qk_dim, int64_t v_dim);
 
 // The backends' bodies, called by the entries above once they validated: ops/cpu/attention.cpp,
 // and ops/cuda/attention.cu in CUDA builds (which has no full_indices: the entry builds it on the

@@ -6,6 +6,9 @@
 // way, dk/dv per (key, kv head) gathered through the transposed index table (index_lists.cuh), so
 // every output row has one writer and sums run in a fixed order (no float atomics).
 //
+// bf16 with query heads sharing key heads in groups of 16 to 64 runs the tensor-core kernels of
+// dsa_sparse_attention.cu instead (the backward outside deterministic mode).
+//
 // The same kernels run dense causal attention without index lists (the key range of a query is
 // its document up to itself, found in cu_seqlens) where the tensor-core kernels of
 // flash_attention.cu do not apply: fp32, grouped key heads, head dims past their widths.
@@ -15,6 +18,7 @@
 #include "core/device.h"
 #include "ops/attention.h"
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/dsa_sparse_attention.h"
 #include "ops/cuda/flash_attention.h"
 #include "ops/cuda/index_lists.cuh"
 
@@ -331,6 +335,10 @@ bool use_flash(const AttentionParams& p, const Tensor& q) {
   return q.dtype() == DType::BF16 && flash_attention_fits(p.qk_dim, p.v_dim, p.kvh() == p.heads);
 }
 
+bool use_sparse(const AttentionParams& p, const Tensor& q) {
+  return q.dtype() == DType::BF16 && sparse_attention_fits(p.heads, p.kvh(), p.qk_dim, p.v_dim);
+}
+
 }  // namespace
 
 void attention_forward(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
@@ -339,6 +347,7 @@ void attention_forward(Context& ctx, const AttentionParams& p, const Tensor& q, 
   expect_same_dtype("attention_forward", q, o, "o");
   expect_f32("attention_forward", lse, "lse");
   if (p.tokens == 0) return;
+  if (use_sparse(p, q)) return sparse_attention_forward(ctx, p, q, k, v, indices, o, lse);
   const TableRows rows{ptr<int32_t>(indices), p.kmax, p.tokens};
   MT_DISPATCH_FLOAT(q, "attention_forward", { direct_forward<T>(ctx, p, q, k, v, rows, o, lse); });
 }
@@ -349,6 +358,9 @@ void attention_backward(Context& ctx, const AttentionParams& p, const Tensor& q,
   const char* op = "attention_backward";
   check_backward_dtypes(op, q, k, v, o, lse, dout, dq, dk, dv);
   if (p.tokens == 0) return;
+  // The tensor-core backward adds key gradients with float atomics: not bit-repeatable.
+  if (use_sparse(p, q) && !ctx.deterministic())
+    return sparse_attention_backward(ctx, p, q, k, v, indices, o, lse, dout, dq, dk, dv);
   ArenaScope scope(ctx.workspace());
   const int32_t* idx = ptr<int32_t>(indices);
   MT_DISPATCH_FLOAT(q, op, {
