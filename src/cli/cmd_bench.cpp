@@ -1,14 +1,189 @@
+#include <chrono>
+#include <cmath>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 
 #include "cli/commands.h"
+#include "core/device.h"
+#include "core/rng.h"
+#include "ops/attention.h"
+#include "ops/indexer.h"
 #include "train/bench_step.h"
 #include "train/files.h"
 
 namespace mt::cli {
+
+namespace {
+
+// The DSA layer's kernels at the benchmark layer's shapes (issue 13): 32 heads with their own
+// keys, q/k 192, v 128, indexer 8 x 64, top-2048, bf16, one document; bench/dsa_torch.py times
+// the plain-PyTorch layer in the same parts.
+struct DsaBenchOptions {
+  std::string tokens = "8192,32768,65536,131072";
+  int64_t heads = 32, qk_dim = 192, v_dim = 128, index_heads = 8, index_dim = 64, topk = 2048;
+  int64_t kv_heads = 0;  // 0: one key head per query head (the engine's MLA layout)
+  int64_t warmup = 1, iters = 3;
+  double workspace_gib = 8;
+};
+
+// A device tensor of `s` in `dt` holding one block of 2^20 standard normal draws (times `scale`)
+// over and over: speed does not depend on the values, and a 131072-token q stays cheap to fill.
+Tensor random_device(const Shape& s, DType dt, Rng& rng, double scale = 1) {
+  Tensor d = Tensor::empty(s, dt, Device::CUDA);
+  const int64_t n = d.numel(), block = std::min<int64_t>(n, 1 << 20);
+  Tensor h = Tensor::empty({block});
+  for (int64_t i = 0; i < block; ++i) h.f32()[i] = static_cast<float>(scale * rng.normal());
+  Tensor flat = d.view({n});
+  for (int64_t b = 0; b < n; b += block) {
+    const int64_t e = std::min(n, b + block);
+    Tensor part = flat.rows(b, e);
+    part.copy_from(h.rows(0, e - b));
+  }
+  return d;
+}
+
+double used_gib() {
+  const DeviceMemory m = device_memory();
+  return static_cast<double>(m.total - m.free) / (1 << 30);
+}
+
+nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
+  using clock = std::chrono::steady_clock;
+  nlohmann::json r = {{"T", T}};
+  const double base = used_gib();
+  Context ctx(ContextOptions{
+      .device = Device::CUDA,
+      .workspace_bytes = static_cast<size_t>(o.workspace_gib * static_cast<double>(1 << 30))});
+  Rng rng(1);
+  const int64_t H = o.heads, Hk = o.kv_heads ? o.kv_heads : o.heads, HI = o.index_heads,
+                DI = o.index_dim, K = o.topk;
+  const DType bf = DType::BF16;
+  SeqInfo seq = SeqInfo::uniform(1, T);
+  seq.cu_seqlens = seq.cu_seqlens.to(Device::CUDA);
+  seq.positions = seq.positions.to(Device::CUDA);
+  Tensor q = random_device({T, H, o.qk_dim}, bf, rng),
+         k = random_device({T, Hk, o.qk_dim}, bf, rng),
+         v = random_device({T, Hk, o.v_dim}, bf, rng),
+         dout = random_device({T, H, o.v_dim}, bf, rng);
+  Tensor out_o = Tensor::empty({T, H, o.v_dim}, bf, Device::CUDA),
+         lse = Tensor::empty({T, H}, DType::F32, Device::CUDA);
+  Tensor dq = Tensor::empty(q.shape(), bf, Device::CUDA),
+         dk = Tensor::empty(k.shape(), bf, Device::CUDA),
+         dv = Tensor::empty(v.shape(), bf, Device::CUDA);
+  Tensor qi = random_device({T, HI, DI}, bf, rng), ki = random_device({T, DI}, bf, rng),
+         wi = random_device({T, HI}, bf, rng, 1 / std::sqrt(static_cast<double>(HI)));
+  Tensor idx = Tensor::empty({T, K}, DType::I32, Device::CUDA);
+  // The KL loss's tensors, as the layer keeps them.
+  Tensor target = Tensor::empty({T, K}, DType::F32, Device::CUDA),
+         softmax = Tensor::empty({T, K}, DType::F32, Device::CUDA),
+         scores = Tensor::empty({T, K}, DType::F32, Device::CUDA),
+         dscores = Tensor::empty({T, K}, DType::F32, Device::CUDA),
+         loss = Tensor::empty({1}, DType::F64, Device::CUDA);
+  Tensor dqi = Tensor::empty(qi.shape(), bf, Device::CUDA),
+         dki = Tensor::empty(ki.shape(), bf, Device::CUDA),
+         dwi = Tensor::empty(wi.shape(), bf, Device::CUDA);
+  r["allocated_gib"] = used_gib() - base;
+  r["workspace_gib"] = o.workspace_gib;
+
+  const ops::IndexerParams ip{.tokens = T, .heads = HI, .head_dim = DI};
+  const ops::IndexerParams sp{.tokens = T, .heads = HI, .head_dim = DI, .kmax = K};
+  const ops::AttentionParams ap{.tokens = T,
+                                .heads = H,
+                                .kv_heads = Hk,
+                                .qk_dim = o.qk_dim,
+                                .v_dim = o.v_dim,
+                                .kmax = K,
+                                .scale = 1.f / std::sqrt(static_cast<float>(o.qk_dim))};
+  auto select = [&] { ops::indexer_causal_topk(ctx, ip, seq, qi, ki, wi, K, idx); };
+  auto attn_fwd = [&] { ops::attention_forward(ctx, ap, q, k, v, idx, out_o, lse); };
+  auto attn_bwd = [&] {
+    ops::attention_backward(ctx, ap, q, k, v, idx, out_o, lse, dout, dq, dk, dv);
+  };
+  auto kl_fwd = [&] {
+    ops::attention_prob_sum(ctx, ap, q, k, idx, lse, target);
+    ops::indexer_scores_forward(ctx, sp, qi, ki, wi, idx, scores);
+    ops::indexer_kl_forward(ctx, scores, target, idx, softmax, loss);
+  };
+  auto kl_bwd = [&] {
+    ops::indexer_kl_backward(ctx, softmax, target, idx, 1.0, dscores);
+    ops::indexer_scores_backward(ctx, sp, qi, ki, wi, idx, dscores, dqi, dki, dwi);
+  };
+  auto time = [&](const std::function<void()>& f) {
+    for (int64_t i = 0; i < o.warmup; ++i) f();
+    ctx.synchronize();
+    const auto t0 = clock::now();
+    for (int64_t i = 0; i < o.iters; ++i) f();
+    ctx.synchronize();
+    return 1e3 * std::chrono::duration<double>(clock::now() - t0).count() /
+           static_cast<double>(o.iters);
+  };
+  r["selection_path"] = ops::indexer_topk_fits(HI, DI) ? "fused" : "composite";
+  r["attention_path"] =
+      ops::sparse_attention_fits(H, Hk, o.qk_dim, o.v_dim) ? "tensor cores" : "direct";
+  r["indexer_selection_fwd_ms"] = time(select);
+  r["attention_fwd_ms"] = time(attn_fwd);
+  r["attention_fwdbwd_ms"] = time([&] {
+    attn_fwd();
+    attn_bwd();
+  });
+  r["kl_fwd_ms"] = time(kl_fwd);
+  r["kl_fwdbwd_ms"] = time([&] {
+    kl_fwd();
+    kl_bwd();
+  });
+  r["layer_fwd_ms"] = time([&] {
+    select();
+    attn_fwd();
+    kl_fwd();
+  });
+  r["layer_fwdbwd_ms"] = time([&] {
+    select();
+    attn_fwd();
+    kl_fwd();
+    attn_bwd();
+    kl_bwd();
+  });
+  r["device_used_gib"] = used_gib() - base;
+  return r;
+}
+
+nlohmann::json run_dsa_bench(const DsaBenchOptions& o, std::ostream& log) {
+  MT_CHECK(cuda_available(), ValueError, "bench dsa: needs a GPU (and a binary built with CUDA)");
+  nlohmann::json j = {{"heads", o.heads},
+                      {"kv_heads", o.kv_heads ? o.kv_heads : o.heads},
+                      {"qk_dim", o.qk_dim},
+                      {"v_dim", o.v_dim},
+                      {"index_heads", o.index_heads},
+                      {"index_dim", o.index_dim},
+                      {"topk", o.topk},
+                      {"device", cuda_device_name(0)},
+                      {"runs", nlohmann::json::array()}};
+  std::stringstream ss(o.tokens);
+  for (std::string tok; std::getline(ss, tok, ',');) {
+    int64_t T = 0;
+    try {
+      T = std::stoll(tok);
+    } catch (const std::exception&) {
+      MT_THROW(ValueError, "bench dsa: --tokens wants comma-separated lengths, got \"", tok, "\"");
+    }
+    MT_CHECK(T > 0, ValueError, "bench dsa: length ", T, " must be positive");
+    log << "bench dsa: T = " << T << "\n";
+    try {
+      j["runs"].push_back(bench_dsa_at(o, T));
+    } catch (const MemoryError& e) {
+      j["runs"].push_back({{"T", T}, {"oom", e.what()}});
+    }
+    log << j["runs"].back().dump() << "\n";
+  }
+  return j;
+}
+
+}  // namespace
 
 Command add_bench_command(CLI::App& app) {
   auto o = std::make_shared<StepBenchOptions>();
@@ -29,9 +204,33 @@ Command add_bench_command(CLI::App& app) {
   s->add_flag("--deterministic", o->deterministic, "bit-repeatable GPU kernels");
   s->add_option("--peak-tflops", o->peak_tflops, "device peak for MFU (0: H200 bf16 dense, 989)");
   s->add_option("--json", *json_out, "also write the result to this file");
-  return {c, [o, json_out] {
-            if (o->lora_rank == 0) o->lora_targets.clear();
-            const nlohmann::json j = run_step_bench(*o, std::cerr);
+  auto d = std::make_shared<DsaBenchOptions>();
+  CLI::App* ds = c->add_subcommand("dsa",
+                                   "time the DSA layer's kernels (indexer, top-k, "
+                                   "attention, KL) at the benchmark layer's shapes");
+  ds->add_option("--tokens", d->tokens, "comma-separated lengths (one document each)")
+      ->capture_default_str();
+  ds->add_option("--heads", d->heads, "attention heads")->capture_default_str();
+  ds->add_option("--kv-heads", d->kv_heads,
+                 "key heads (0: one per query head; 1: MQA, the tensor-core sparse kernels)")
+      ->capture_default_str();
+  ds->add_option("--qk-dim", d->qk_dim, "q/k head dim")->capture_default_str();
+  ds->add_option("--v-dim", d->v_dim, "value head dim")->capture_default_str();
+  ds->add_option("--index-heads", d->index_heads, "indexer heads")->capture_default_str();
+  ds->add_option("--index-dim", d->index_dim, "indexer head dim")->capture_default_str();
+  ds->add_option("--topk", d->topk, "index_topk")->capture_default_str();
+  ds->add_option("--iters", d->iters, "timed runs per part")->capture_default_str();
+  ds->add_option("--workspace-gib", d->workspace_gib, "op scratch on the device")
+      ->capture_default_str();
+  ds->add_option("--json", *json_out, "also write the result to this file");
+  return {c, [o, d, ds, json_out] {
+            nlohmann::json j;
+            if (ds->parsed()) {
+              j = run_dsa_bench(*d, std::cerr);
+            } else {
+              if (o->lora_rank == 0) o->lora_targets.clear();
+              j = run_step_bench(*o, std::cerr);
+            }
             std::cout << j.dump() << "\n";
             if (!json_out->empty()) write_file_atomic(*json_out, j.dump(2) + "\n");
             return 0;
