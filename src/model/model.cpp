@@ -121,6 +121,7 @@ Model::Model(const ModelConfig& cfg, uint64_t seed, const ModelOptions& opt)
           ? embed_
           : single("lm_head.weight",
                    {.name = "weight", .shape = {cfg.vocab, cfg.hidden}, .std = cfg.init_std});
+  head_trains_ = lm_head_.trainable();
   if (cfg.vision) {
     vision_ = std::make_unique<VisionFrontEnd>(*cfg.vision, cfg.image_token_id);
     prefix = VisionFrontEnd::kTowerPrefix;
@@ -309,7 +310,7 @@ double Model::forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const
                                    .vocab = cfg_.vocab,
                                    .chunk_tokens = ops::ce_chunk_tokens(ctx.device())};
   mb.head_dh = mb.acts.alloc({T, d}, at);
-  mb.head_dh_valid = pass == Pass::Train && !lm_head_.grad.defined();
+  mb.head_dh_valid = pass == Pass::Train && !head_trains_;
   mb.head_dloss = loss_weight_;
   if (mb.head_dh_valid)
     ops::lm_head_cross_entropy_forward_backward(ctx, cp, mb.final_h, lm_head_.value, targets,

@@ -217,6 +217,8 @@ class Model {
   ModelConfig cfg_;
   ParamStore params_;
   ParamRef embed_, lm_head_, final_norm_;
+  // Whether the head trains, fixed at construction (FSDP binds its gradient in backward only).
+  bool head_trains_ = false;
   std::vector<ParamRef> norm_in_, norm_post_;
   std::vector<std::unique_ptr<Layer>> mixers_, ffns_;
   std::vector<LayerKernels> kernels_;

@@ -14,17 +14,43 @@ namespace {
 
 constexpr int kThreads = 512;
 
-__device__ __forceinline__ float block_max(float v) {
-  __shared__ float part[32];
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+// (m, s) pairs: the running max and the sum of exp(x - m) over what a thread has seen.
+__device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2) {
+  const float mn = fmaxf(m, m2);
+  s = (m == -INFINITY ? 0.f : s * __expf(m - mn)) + (m2 == -INFINITY ? 0.f : s2 * __expf(m2 - mn));
+  m = mn;
+}
+
+// log sum exp of a row of V logits in one read (an online max and sum per thread, merged across
+// the block); every thread gets it. The row is read once here and once more by the gradient: the
+// logits of a 1,024-token chunk are 671 MB at Kimi's vocabulary.
+__device__ __forceinline__ float row_lse(const float* lr, int64_t V) {
+  float m = -INFINITY, s = 0.f;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    const float x = lr[v];
+    if (x > m) {
+      s = (m == -INFINITY ? 0.f : s * __expf(m - x)) + 1.f;
+      m = x;
+    } else {
+      s += __expf(x - m);
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1)
+    lse_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  __shared__ float pm[32], ps[32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();
-  if (lane == 0) part[warp] = v;
+  __syncthreads();  // pm/ps may still be read by a previous call
+  if (lane == 0) {
+    pm[warp] = m;
+    ps[warp] = s;
+  }
   __syncthreads();
   const int warps = (blockDim.x + 31) >> 5;
-  float m = lane < warps ? part[lane] : -INFINITY;
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  return m;
+  m = lane < warps ? pm[lane] : -INFINITY;
+  s = lane < warps ? ps[lane] : 0.f;
+  for (int o = 16; o > 0; o >>= 1)
+    lse_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  return m + logf(s);
 }
 
 // Per row of the chunk: lse and the row's loss (lse - logit[target]); ignored rows give 0 and 0.
@@ -41,14 +67,8 @@ __global__ void ce_fwd_kernel(int64_t t0, int64_t V, int32_t ignore, const float
     return;
   }
   const float* lr = logits + r * V;
-  float mx = -INFINITY;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, lr[v]);
-  mx = block_max(mx);
-  float s = 0.f;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) s += __expf(lr[v] - mx);
-  s = block_sum(s);
+  const float l = row_lse(lr, V);
   if (threadIdx.x == 0) {
-    const float l = mx + logf(s);
     lse[t] = l;
     atomicAdd(loss_sum, static_cast<double>(l) - lr[target]);
   }
@@ -75,7 +95,7 @@ __global__ void ce_bwd_kernel(int64_t t0, int64_t V, int32_t ignore, float dloss
 }
 
 // Both at once for a row: lse and its loss as ce_fwd_kernel, then dlogits as ce_bwd_kernel with
-// that lse (the same float backward would read), so the row's logits are read twice, not four
+// that lse (the same float backward would read), so the row's logits are read twice, not three
 // times. `valid` is counted before the first chunk.
 template <typename T>
 __global__ void ce_fused_kernel(int64_t t0, int64_t V, int32_t ignore, float dloss,
@@ -95,13 +115,7 @@ __global__ void ce_fused_kernel(int64_t t0, int64_t V, int32_t ignore, float dlo
     return;
   }
   const float* lr = logits + r * V;
-  float mx = -INFINITY;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, lr[v]);
-  mx = block_max(mx);
-  float s = 0.f;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) s += __expf(lr[v] - mx);
-  s = block_sum(s);
-  const float l = mx + logf(s);
+  const float l = row_lse(lr, V);
   if (threadIdx.x == 0) {
     lse[t] = l;
     atomicAdd(loss_sum, static_cast<double>(l) - lr[target]);
