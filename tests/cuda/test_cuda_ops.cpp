@@ -296,16 +296,21 @@ TEST(CudaKdaGate, ForwardBackward) {
       seed);
 }
 
+// T targets below V, every `every`-th from `first` ignored (-100).
+Tensor ce_targets(Rng& rng, int64_t T, int64_t V, int64_t every, int64_t first) {
+  Tensor tg = Tensor::empty({T}, DType::I32);
+  for (int64_t t = 0; t < T; ++t)
+    tg.i32()[t] = t % every == first ? -100 : static_cast<int32_t>(rng.below(V));
+  return tg;
+}
+
 TEST(CudaCrossEntropy, ChunkedLmHeadWithIgnoredTargets) {
   REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
   Rng rng(seed);
   const int64_t T = 300, D = 96, V = 1000;
-  Tensor tg = Tensor::empty({T}, DType::I32);
-  for (int64_t t = 0; t < T; ++t)
-    tg.i32()[t] = t % 7 == 3 ? -100 : static_cast<int32_t>(rng.below(V));
   const ops::CrossEntropyParams p{.tokens = T, .hidden = D, .vocab = V, .chunk_tokens = 128};
-  std::vector<In> ins = {{tg, false},
+  std::vector<In> ins = {{ce_targets(rng, T, V, 7, 3), false},
                          {randn(rng, {T, D})},
                          {randn(rng, {V, D}, 0.2)},
                          {randn(rng, {V, D}, 1e-2), false}};
@@ -332,11 +337,9 @@ TEST(CudaCrossEntropy, ForwardBackwardInOnePassEqualsTwo) {
   const uint64_t seed = fresh_seed();
   Rng rng(seed);
   const int64_t T = 300, D = 96, V = 1000;
-  Tensor tg = Tensor::empty({T}, DType::I32);
-  for (int64_t t = 0; t < T; ++t)
-    tg.i32()[t] = t % 5 == 1 ? -100 : static_cast<int32_t>(rng.below(V));
   const ops::CrossEntropyParams p{.tokens = T, .hidden = D, .vocab = V, .chunk_tokens = 128};
-  std::vector<In> ins = {{tg, false}, {randn(rng, {T, D})}, {randn(rng, {V, D}, 0.2)}};
+  std::vector<In> ins = {
+      {ce_targets(rng, T, V, 5, 1), false}, {randn(rng, {T, D})}, {randn(rng, {V, D}, 0.2)}};
   std::vector<std::vector<double>> fused_gpu, split_gpu;
   run_case(
       "lm_head+cross_entropy one pass", ins, {"loss", "lse", "dh"},

@@ -53,25 +53,54 @@ __device__ __forceinline__ float row_lse(const float* lr, int64_t V) {
   return m + logf(s);
 }
 
-// Per row of the chunk: lse and the row's loss (lse - logit[target]); ignored rows give 0 and 0.
-__global__ void ce_fwd_kernel(int64_t t0, int64_t V, int32_t ignore, const float* logits,
-                              const int32_t* tg, float* lse, double* loss_sum, int32_t* bad) {
-  const int64_t r = blockIdx.x, t = t0 + r;
-  const int32_t target = tg[t];
-  if (target == ignore) {
-    if (threadIdx.x == 0) lse[t] = 0.f;
-    return;
+// A row with no loss: an ignored target (lse 0) or one out of range (reported by position).
+__device__ __forceinline__ bool row_skipped(int64_t t, int32_t target, int32_t ignore, int64_t V,
+                                            float* lse, int32_t* bad) {
+  if (target != ignore && target >= 0 && target < V) return false;
+  if (threadIdx.x == 0) {
+    if (target == ignore)
+      lse[t] = 0.f;
+    else
+      atomicMin(bad, static_cast<int32_t>(t));
   }
-  if (target < 0 || target >= V) {
-    if (threadIdx.x == 0) atomicMin(bad, static_cast<int32_t>(t));
-    return;
-  }
-  const float* lr = logits + r * V;
+  return true;
+}
+
+// The row's lse into lse[t] and its loss (lse - logit[target]) into the sum; every thread gets lse.
+__device__ __forceinline__ float row_loss(int64_t t, const float* lr, int64_t V, int32_t target,
+                                          float* lse, double* loss_sum) {
   const float l = row_lse(lr, V);
   if (threadIdx.x == 0) {
     lse[t] = l;
     atomicAdd(loss_sum, static_cast<double>(l) - lr[target]);
   }
+  return l;
+}
+
+// dlogits of a row = scale * (softmax - onehot); an ignored row (target < 0) gets zeros, also
+// where ignore_index is itself a valid id (the caller passes -1 then).
+template <typename T>
+__device__ __forceinline__ void row_grad(T* gr, const float* lr, int64_t V, int32_t target, float l,
+                                         float scale) {
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    float d = 0.f;
+    if (target >= 0)
+      d = v == target ? scale * __expf(lr[v] - l) - scale : scale * __expf(lr[v] - l);
+    st(gr, v, d);
+  }
+}
+
+__device__ __forceinline__ float grad_scale(float dloss, const int64_t* valid) {
+  return dloss / static_cast<float>(*valid > 0 ? *valid : 1);
+}
+
+// Per row of the chunk: lse and the row's loss; ignored rows give 0 and 0.
+__global__ void ce_fwd_kernel(int64_t t0, int64_t V, int32_t ignore, const float* logits,
+                              const int32_t* tg, float* lse, double* loss_sum, int32_t* bad) {
+  const int64_t r = blockIdx.x, t = t0 + r;
+  const int32_t target = tg[t];
+  if (row_skipped(t, target, ignore, V, lse, bad)) return;
+  row_loss(t, logits + r * V, V, target, lse, loss_sum);
 }
 
 // dlogits = scale * (softmax - onehot), scale = dloss / valid read from the device.
@@ -81,17 +110,8 @@ __global__ void ce_bwd_kernel(int64_t t0, int64_t V, int32_t ignore, float dloss
                               const float* lse, T* g) {
   const int64_t r = blockIdx.x, t = t0 + r;
   const int32_t target = tg[t];
-  const float* lr = logits + r * V;
-  T* gr = g + r * V;
-  const float scale = dloss / static_cast<float>(*valid > 0 ? *valid : 1);
-  const float l = lse[t];
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-    // An ignored row has no gradient, also where ignore_index is itself a valid id.
-    float d = 0.f;
-    if (target != ignore)
-      d = v == target ? scale * __expf(lr[v] - l) - scale : scale * __expf(lr[v] - l);
-    st(gr, v, d);
-  }
+  row_grad(g + r * V, logits + r * V, V, target == ignore ? -1 : target, lse[t],
+           grad_scale(dloss, valid));
 }
 
 // Both at once for a row: lse and its loss as ce_fwd_kernel, then dlogits as ce_bwd_kernel with
@@ -103,26 +123,13 @@ __global__ void ce_fused_kernel(int64_t t0, int64_t V, int32_t ignore, float dlo
                                 float* lse, double* loss_sum, int32_t* bad, T* g) {
   const int64_t r = blockIdx.x, t = t0 + r;
   const int32_t target = tg[t];
-  T* gr = g + r * V;
-  if (target == ignore || target < 0 || target >= V) {
-    if (threadIdx.x == 0) {
-      if (target == ignore)
-        lse[t] = 0.f;
-      else
-        atomicMin(bad, static_cast<int32_t>(t));
-    }
-    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) st(gr, v, 0.f);
+  const float* lr = logits + r * V;
+  if (row_skipped(t, target, ignore, V, lse, bad)) {
+    row_grad(g + r * V, lr, V, -1, 0.f, 0.f);
     return;
   }
-  const float* lr = logits + r * V;
-  const float l = row_lse(lr, V);
-  if (threadIdx.x == 0) {
-    lse[t] = l;
-    atomicAdd(loss_sum, static_cast<double>(l) - lr[target]);
-  }
-  const float scale = dloss / static_cast<float>(*valid > 0 ? *valid : 1);
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
-    st(gr, v, v == target ? scale * __expf(lr[v] - l) - scale : scale * __expf(lr[v] - l));
+  const float l = row_loss(t, lr, V, target, lse, loss_sum);
+  row_grad(g + r * V, lr, V, target, l, grad_scale(dloss, valid));
 }
 
 __global__ void count_valid_kernel(int64_t n, int32_t ignore, const int32_t* tg, int64_t* valid) {
