@@ -225,7 +225,8 @@ void check_op(OpCase& op, const CheckOptions& opt) {
   std::vector<DVec> in_d;
   // The cap only stops a case whose accept() can never hold; cases that reject most draws (near
   // ties among many scores) need many tries, so it is generous.
-  for (int draw = 0;; ++draw) {
+  int draw = 0;
+  for (;; ++draw) {
     ASSERT_LT(draw, 2000) << "no acceptable input draw in 2000 tries";
     in.clear();
     in_d.clear();
@@ -242,6 +243,10 @@ void check_op(OpCase& op, const CheckOptions& opt) {
     for (const Tensor& t : in) in_d.push_back(to_dvec(t));
     if (op.accept(in_d)) break;
   }
+  const std::string note = op.accept_note();
+  SCOPED_TRACE(note.empty() && draw == 0
+                   ? std::string("first draw")
+                   : cat("draw ", draw + 1, " accepted", note.empty() ? "" : ": ", note));
 
   // 2. Forward vs reference.
   std::vector<OutputSpec> ospecs = op.outputs();

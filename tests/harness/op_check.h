@@ -71,6 +71,9 @@ class OpCase {
   // Rejects a draw of inputs on which the op is not smooth enough to compare (e.g. a near-tie
   // in a top-k selection that fp32 and double could break differently); check_op redraws.
   virtual bool accept(const std::vector<DVec>& /*in*/) const { return true; }
+  // What made the last draw acceptable (its margins), printed with any failure: a failure on a
+  // draw that only just passed accept() points at the margin before the code.
+  virtual std::string accept_note() const { return ""; }
 };
 
 struct CheckOptions {

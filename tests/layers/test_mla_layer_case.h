@@ -41,8 +41,9 @@ struct LayerCaseSpec {
   NamePred untouched = [](const std::string&) { return false; };  // grad must stay as it was
   bool expect_zero_dx = false;  // with x not differentiable: dx must be exactly 0
   std::function<std::vector<DVec>(const std::map<std::string, DVec>&, const DVec&)> reference;
-  // Optional: rejects draws too close to a discrete decision (see OpCase::accept).
-  std::function<bool(const std::map<std::string, DVec>&, const DVec&)> accept;
+  // Optional: rejects draws too close to a discrete decision (see OpCase::accept); writes the
+  // draw's margins to `note` (OpCase::accept_note).
+  std::function<bool(const std::map<std::string, DVec>&, const DVec&, std::string& note)> accept;
 };
 
 inline bool ends_with(const std::string& s, const std::string& suffix) {
@@ -167,8 +168,9 @@ class LayerCase : public OpCase {
     if (!s_.accept) return true;
     std::map<std::string, DVec> params;
     for (size_t i = 0; i < specs_.size(); ++i) params[specs_[i].name] = in[1 + i];
-    return s_.accept(params, in[0]);
+    return s_.accept(params, in[0], note_);
   }
+  std::string accept_note() const override { return note_; }
 
   Layer& layer() { return *layer_; }
 
@@ -181,6 +183,7 @@ class LayerCase : public OpCase {
   SeqInfo seq_;
   Arena acts_;
   std::unique_ptr<LayerState> state_;
+  mutable std::string note_;  // accept() is const: it records the margins of the draw it judged
 };
 
 inline std::vector<int64_t> offsets_of(const std::vector<int64_t>& lengths) {

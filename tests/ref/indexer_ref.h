@@ -37,6 +37,31 @@ inline DVec indexer_scores(const DVec& q, const DVec& k, const DVec& w, const DV
   return out;
 }
 
+// Smallest |q[t,h,:] . k[s,:]| / (|q[t,h,:]| |k[s,:]|) over every head and valid slot of `idx`:
+// how far the scores on that table are from a kink of their ReLU. A finite-difference step
+// that crosses a kink measures the mean of the two one-sided slopes, not the gradient.
+inline double relu_margin(const DVec& q, const DVec& k, const DVec& idx, int64_t T, int64_t H,
+                          int64_t D, int64_t kmax) {
+  double margin = std::numeric_limits<double>::infinity();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < kmax; ++j) {
+      const double pos = idx[t * kmax + j];
+      if (!ref_valid(pos, T)) continue;
+      const int64_t s = static_cast<int64_t>(pos);
+      for (int64_t h = 0; h < H; ++h) {
+        double d = 0, qq = 0, kk = 0;
+        for (int64_t e = 0; e < D; ++e) {
+          const double a = q[(t * H + h) * D + e], b = k[s * D + e];
+          d += a * b;
+          qq += a * a;
+          kk += b * b;
+        }
+        margin = std::min(margin, std::abs(d) / std::max(std::sqrt(qq * kk), 1e-300));
+      }
+    }
+  return margin;
+}
+
 // Per row: the min(topk, valid) best candidates (score descending, position ascending on ties),
 // listed by increasing position, then -1.
 inline DVec topk_select(const DVec& scores, const DVec& cand, int64_t T, int64_t kin,
