@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <random>
 
@@ -32,6 +33,27 @@ uint64_t read_base() {
          static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
 }
 
+// Prints the rerun command under every failed test that drew a seed: a test drawing its own
+// inputs with test_seed() needs no trace of its own to be repeatable.
+class SeedPrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit SeedPrinter(const std::string* drew) : drew_(drew) {}
+  void OnTestEnd(const ::testing::TestInfo& info) override {
+    const std::string name = cat(info.test_suite_name(), ".", info.name());
+    if (!info.result()->Failed() || name != *drew_) return;
+    // A malformed MOETRAIN_TEST_SEED fails the test from test_seed(); nothing to print then.
+    if (const char* s = std::getenv("MOETRAIN_TEST_SEED");
+        s && *s && std::string(s).find_first_not_of("0123456789") != std::string::npos)
+      return;
+    std::printf("%s drew fresh inputs; rerun them: %s ctest -R '^%s$'\n", name.c_str(),
+                seed_note().c_str(), name.c_str());
+    std::fflush(stdout);
+  }
+
+ private:
+  const std::string* drew_;  // the last test that called test_seed()
+};
+
 }  // namespace
 
 uint64_t base_seed() {
@@ -42,6 +64,11 @@ uint64_t base_seed() {
 uint64_t test_seed() {
   static std::string test;
   static uint64_t drawn = 0;
+  // Registered by the first draw, so binaries that never draw print nothing extra.
+  [[maybe_unused]] static const bool printing = [] {
+    ::testing::UnitTest::GetInstance()->listeners().Append(new SeedPrinter(&test));
+    return true;
+  }();
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
   const std::string name = info ? cat(info->test_suite_name(), ".", info->name()) : "";
   if (name != test) {

@@ -12,7 +12,8 @@ namespace mt::test {
 // The base seed of this run: MOETRAIN_TEST_SEED when set (decimal), else a fresh random one.
 uint64_t base_seed();
 
-// A fresh seed for the running test (see above).
+// A fresh seed for the running test (see above). A failed test that drew one prints
+// "MOETRAIN_TEST_SEED=<base> ctest -R <test>" at its end.
 uint64_t test_seed();
 
 // "MOETRAIN_TEST_SEED=<base>": what failure messages print so the run can be repeated.

@@ -141,7 +141,7 @@ TEST(Attention, PaddedTableEqualsDenseExactly) {
   SeqInfo seq = SeqInfo::from_lengths(lengths);
   const int64_t T = seq.tokens, H = 3, Dk = 12, Dv = 8;
   Context ctx;
-  Rng rng(7);
+  Rng rng(test_seed());
   Tensor q = Tensor::empty({T, H, Dk}), k = Tensor::empty({T, H, Dk}),
          v = Tensor::empty({T, H, Dv});
   fill_normal(rng, q);

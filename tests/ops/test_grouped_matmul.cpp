@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "harness/op_check.h"
+#include "harness/seed.h"
 #include "ops/elementwise.h"
 #include "ops/gemm.h"
 #include "ops/grouped_matmul.h"
@@ -98,7 +99,7 @@ TEST(GroupedMatmul, NoRows) {
 // group's dW block is only scaled.
 TEST(GroupedMatmul, AlphaBetaAllForms) {
   Context ctx;
-  Rng rng(0x6d61746d);
+  Rng rng(test_seed());
   const int64_t N = 23, G = 5, in = 7, out = 6;
   Tensor off = Tensor::empty({G + 1}, DType::I32);
   draw_offsets(rng, off, N);

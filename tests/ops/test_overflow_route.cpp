@@ -9,6 +9,7 @@
 
 #include "core/rng.h"
 #include "harness/op_check.h"
+#include "harness/seed.h"
 #include "ops/overflow_route.h"
 
 namespace mt {
@@ -190,7 +191,7 @@ TEST(OverflowRoute, AmpleCandidatesMeetCapacity) {
 }
 
 TEST(OverflowRoute, NoBoundNoChange) {
-  Rng rng(3);
+  Rng rng(test::test_seed());
   std::vector<int32_t> cand;
   std::vector<float> prio;
   draw_candidates(rng, 20, 8, 5, cand, prio);
