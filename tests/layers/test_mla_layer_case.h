@@ -20,6 +20,7 @@
 
 #include "core/arena.h"
 #include "harness/op_check.h"
+#include "harness/seed.h"
 #include "model/layer.h"
 
 namespace mt::test {
@@ -94,7 +95,7 @@ class LayerCase : public OpCase {
     ParamTable table;
     own_.assign(specs_.size(), Tensor());
     prefill_.assign(specs_.size(), Tensor());
-    Rng rng(99);
+    Rng rng(prefill_seed_);
     for (size_t i = 0; i < specs_.size(); ++i) {
       ParamRef r{.value = in[1 + i], .grad = Tensor()};
       if (!s_.frozen(specs_[i].name)) {
@@ -183,6 +184,8 @@ class LayerCase : public OpCase {
   SeqInfo seq_;
   Arena acts_;
   std::unique_ptr<LayerState> state_;
+  // Drawn once per case: the device pass pre-fills the gradients as the CPU pass did.
+  uint64_t prefill_seed_ = test_seed();
   mutable std::string note_;  // accept() is const: it records the margins of the draw it judged
 };
 

@@ -6,6 +6,7 @@
 
 #include "core/rng.h"
 #include "harness/op_check.h"
+#include "harness/seed.h"
 #include "model/moe_layer.h"
 
 namespace mt {
@@ -17,12 +18,13 @@ struct LayerRun {
   ops::OverflowStats st;
 };
 
-// One forward/backward of a fresh layer on fixed parameters (experts 0-1 made hot via the gate).
-LayerRun run_layer(const ops::OverflowParams* policy) {
+// One forward/backward of a fresh layer on parameters drawn from `seed` (experts 0-1 made hot via
+// the gate): the runs a test compares share the seed.
+LayerRun run_layer(uint64_t seed, const ops::OverflowParams* policy) {
   MoeConfig c{.hidden = 21, .latent = 13, .num_experts = 8, .top_k = 2, .expert_ffn = 11};
   MoeLayer layer(c);
   const SeqInfo seq = SeqInfo::from_lengths({40});
-  Rng rng(5);
+  Rng rng(seed);
   ParamTable table;
   std::vector<Tensor> keep;
   for (const ParamSpec& s : layer.param_specs()) {
@@ -59,7 +61,8 @@ LayerRun run_layer(const ops::OverflowParams* policy) {
 
 TEST(MoeBalance, UnboundPolicyIsTheRouter) {
   const ops::OverflowParams none{.extra = 3, .expert_capacity = 0.f, .rank_capacity = 0.f};
-  const LayerRun a = run_layer(nullptr), b = run_layer(&none);
+  const uint64_t seed = test::test_seed();
+  const LayerRun a = run_layer(seed, nullptr), b = run_layer(seed, &none);
   EXPECT_EQ(b.st.rerouted, 0);
   EXPECT_EQ(a.ids, b.ids);
   EXPECT_EQ(a.y, b.y);
@@ -70,7 +73,8 @@ TEST(MoeBalance, UnboundPolicyIsTheRouter) {
 TEST(MoeBalance, BoundPolicyReroutesWithinCapacity) {
   const ops::OverflowParams p{
       .extra = 3, .expert_capacity = 1.2f, .rank_capacity = 0.f, .max_reroute_share = 0.5f};
-  const LayerRun a = run_layer(nullptr), b = run_layer(&p);
+  const uint64_t seed = test::test_seed();
+  const LayerRun a = run_layer(seed, nullptr), b = run_layer(seed, &p);
   EXPECT_GT(b.st.rerouted, 0);
   std::vector<int64_t> la(8, 0), lb(8, 0);
   for (int32_t e : a.ids) ++la[e];
