@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/rng.h"
+#include "harness/seed.h"
 #include "ops/grouped_ffn.h"
 #include "parallel/comm.h"
 #include "parallel/expert_parallel.h"
@@ -48,7 +49,7 @@ TEST(LocalComm, CollectivesAreCopiesAndCounted) {
 // One rank, several chunks, an expert with no rows: the exchange must reproduce grouped_ffn.
 TEST(ExpertParallel, ChunkedExchangeOnOneRankEqualsGroupedFfn) {
   Context ctx(ContextOptions{.threads = 1});
-  Rng rng(3);
+  Rng rng(test::test_seed());
   const int64_t E = 4, l = 5, F = 3, N = 11;
   const int32_t counts[E] = {4, 0, 6, 1};
   ops::GroupedFfnParams p{.rows = N, .experts = E, .in = l, .ffn = F};
