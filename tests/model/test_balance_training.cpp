@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "core/rng.h"
+#include "harness/seed.h"
 #include "model/model.h"
 #include "model/moe_layer.h"
 #include "train/adamw.h"
@@ -39,16 +40,28 @@ Batch make_batch(Rng& rng, int64_t vocab, int64_t docs, int64_t len) {
 }
 
 struct Result {
+  double initial_loss = 0;  // the held-out loss of the initial weights
   double final_loss = 0;
   double rerouted = 0;
 };
 
-Result train(bool balance, int steps) {
+// The runs a test compares share `seed`: the same initial weights, training and held-out data.
+Result train(bool balance, int steps, uint64_t seed) {
   ModelConfig cfg = ModelConfig::load("tiny");
   cfg.moe.num_experts = 12;
   cfg.moe.n_group = 1;
   cfg.moe.topk_group = 1;
-  Model model(cfg, 11);
+  Model model(cfg, seed);
+  Context ctx(ContextOptions{.seed = 3});
+  Rng data = Rng(seed).fork(1), held = Rng(seed).fork(2);
+  std::vector<Batch> eval;
+  for (int i = 0; i < 4; ++i) eval.push_back(make_batch(held, cfg.vocab, 4, 24));
+  Result r;
+  {
+    // A copy of the initial weights: a forward counts expert loads into the selection bias.
+    Model start(cfg, seed);
+    for (const Batch& b : eval) r.initial_loss += start.forward(ctx, b.seq, b.ids, b.targets) / 4;
+  }
   if (balance)
     for (MoeLayer* m : model.moe_layers())
       if (m)
@@ -57,12 +70,7 @@ Result train(bool balance, int steps) {
                                 .rank_capacity = 1.1f,
                                 .max_reroute_share = 0.05f},
                                ops::contiguous_expert_ranks(12, 4));
-  Context ctx(ContextOptions{.seed = 3});
   AdamW opt(model.params(), AdamWOptions{});
-  Rng data(42), held(43);
-  std::vector<Batch> eval;
-  for (int i = 0; i < 4; ++i) eval.push_back(make_batch(held, cfg.vocab, 4, 24));
-  Result r;
   int64_t moved = 0, pairs = 0;
   for (int s = 0; s < steps; ++s) {
     const Batch b = make_batch(data, cfg.vocab, 4, 24);  // fresh data: the noise cannot be learnt
@@ -85,12 +93,18 @@ Result train(bool balance, int steps) {
 }
 
 TEST(BalanceTraining, OverflowPolicyKeepsConvergence) {
-  const Result off = train(false, 40), on = train(true, 40);
-  std::printf("final loss off %.5f on %.5f (%+.2f%%), rerouted %.2f%%\n", off.final_loss,
-              on.final_loss, 100 * (on.final_loss / off.final_loss - 1), 100 * on.rerouted);
+  const uint64_t seed = test::test_seed();
+  const Result off = train(false, 40, seed), on = train(true, 40, seed);
+  std::printf("initial loss %.5f, final loss off %.5f on %.5f (%+.2f%%), rerouted %.2f%%\n",
+              off.initial_loss, off.final_loss, on.final_loss,
+              100 * (on.final_loss / off.final_loss - 1), 100 * on.rerouted);
   EXPECT_GT(on.rerouted, 0) << "the policy must bind for the comparison to mean anything";
   EXPECT_LE(on.rerouted, 0.05);
-  EXPECT_LT(off.final_loss, std::log(61.0) * 0.93) << "training must make progress";
+  // The 2% band below compares training only if training moved the loss well beyond it: by more
+  // than twice the band from where it started. (It was 0.93 ln V, tuned on one draw; fresh draws
+  // start at 4.15-4.28, above ln V = 4.11, and fall 9-15% in 40 steps, to 3.62-3.88: 5 of 24
+  // missed 3.823.)
+  EXPECT_LT(off.final_loss, off.initial_loss * (1 - 2 * 0.02)) << "training must make progress";
   EXPECT_LE(std::abs(on.final_loss / off.final_loss - 1), 0.02);
 }
 

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "harness/batch.h"
+#include "harness/seed.h"
 #include "model/model.h"
 #include "model/moe_layer.h"
 #include "train/adamw.h"
@@ -31,8 +32,9 @@ void expect_identical_training(ModelConfig cfg, bool lora,
   }
   ModelOptions rec = base;
   rec.recompute = mode;
-  Model plain(cfg, 11, base), replay(cfg, 11, rec);
-  Rng rng(5);
+  const uint64_t init = test::test_seed();
+  Model plain(cfg, init, base), replay(cfg, init, rec);
+  Rng rng(test::test_seed());
   // Break the symmetry of fresh adapters (B = 0) so that every LoRA gradient is non-trivial.
   for (const auto& p : plain.params().all())
     if (p->spec.role == ParamRole::Lora) {

@@ -198,8 +198,8 @@ TEST(TinyModel, ParamSpecsMatchTheBuiltModel) {
 
 TEST(TinyModel, OutOfRangeTokenIsAnError) {
   ModelConfig cfg = ModelConfig::load("tiny");
-  Model model(cfg, 1);
-  Rng rng(3);
+  Model model(cfg, test::test_seed());
+  Rng rng(test::test_seed());
   Batch b = test::random_batch(rng, cfg.vocab, {9}, 7);
   b.ids.i32()[4] = static_cast<int32_t>(cfg.vocab);
   Context ctx;

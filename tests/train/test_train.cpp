@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "decode/decode.h"
+#include "harness/seed.h"
 #include "harness/train_files.h"
 #include "io/hf_names.h"
 #include "io/safetensors.h"
@@ -35,6 +36,14 @@ std::string make_dataset(const fs::path& dir, uint64_t seed) {
   return test::write_tiny_dataset(dir, seed, 20);
 }
 
+// Fixed draws (job seed 3, datasets 1 and 2), not fresh ones: under fresh draws two bounds held
+// only for these. Train.FineTunesAnHfDirectory's "last step's loss below the first" compares two
+// different batches after 4 LoRA steps, a coin flip (10 of 20 draws failed), and
+// Export.MergedHfModelComputesWhatTheLoraModelComputes's "adapters move the loss by 100 times the
+// merge tolerance" failed 3 of 20 (the loss moved 12 to 64 times), and 2 of 20 with this job
+// and fresh token ids for its comparison alone. Both need a measure that does
+// not depend on the draw (the same batch before and after; logits, not the loss) before these
+// jobs can draw fresh data.
 std::string base_job(const fs::path& root) {
   return "[run]\ndir = \"" + (root / "run").string() +
          "\"\nseed = 3\nthreads = 1\n[model]\nconfig = \"tiny\"\n[data]\ntrain = \"" +
@@ -458,7 +467,7 @@ TEST(Export, MergedHfModelComputesWhatTheLoraModelComputes) {
   for (const auto& p : merged.model->params().all())
     EXPECT_NE(p->spec.role, ParamRole::Lora) << p->name << " left in the merged model";
 
-  Rng rng(5);
+  Rng rng(5);  // fixed: see base_job
   SeqInfo seq = SeqInfo::from_lengths({29, 18});
   Tensor ids = Tensor::empty({seq.tokens}, DType::I32),
          tgt = Tensor::empty({seq.tokens}, DType::I32);
@@ -612,7 +621,7 @@ TEST(Train, HeldOutLossPerCorpusAtTheEvalInterval) {
   Job j = Job::parse(
       base_job(root), "job",
       {"log.eval_every=2", "checkpoint.every=2", "checkpoint.keep=10", "data.eval_sequences=4"});
-  j.eval_data["other"] = make_dataset(root / "other", 7);
+  j.eval_data["other"] = make_dataset(root / "other", test::test_seed());
   std::ostringstream log;
   run_job(j, {}, log);
   std::map<int64_t, nlohmann::json> evals;
