@@ -5,11 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <random>
 
 #include "decode/decode.h"
+#include "harness/seed.h"
 #include "model/model.h"
 #include "ops/embedding.h"
 #include "ops/gemm.h"
@@ -17,11 +16,6 @@
 
 namespace mt {
 namespace {
-
-uint64_t fresh_seed() {
-  return std::random_device{}() ^
-         static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-}
 
 // tiny, with every mixer (kda, mla, dsa) and both FFN kinds, and LoRA everywhere.
 const std::vector<LayerIR> kAllKinds = {{MixerKind::Kda, FfnKind::Dense},
@@ -84,6 +78,26 @@ std::vector<float> full_logits(Context& ctx, Model& m, const SeqInfo& seq, const
   return logits;
 }
 
+// full_logits with every parameter moved one unit in the last place, up or down at random (then
+// restored): the draw's sensitivity to rounding, see check_decode_matches_full.
+std::vector<float> ulp_moved_logits(Context& ctx, Model& m, const SeqInfo& seq, const Tensor& ids,
+                                    Rng rng) {
+  std::vector<std::vector<float>> kept;
+  for (const auto& p : m.params().all()) {
+    float* v = p->value.f32();
+    kept.emplace_back(v, v + p->value.numel());
+    for (int64_t i = 0; i < p->value.numel(); ++i)
+      v[i] = std::nextafter(v[i], rng.below(2) ? INFINITY : -INFINITY);
+  }
+  std::vector<float> logits = full_logits(ctx, m, seq, ids);
+  auto saved = kept.begin();
+  for (const auto& p : m.params().all()) {
+    std::copy(saved->begin(), saved->end(), p->value.f32());
+    ++saved;
+  }
+  return logits;
+}
+
 double mean_ce(const std::vector<float>& logits, const Tensor& targets, int64_t V) {
   double sum = 0;
   for (int64_t t = 0; t < targets.numel(); ++t) {
@@ -95,9 +109,26 @@ double mean_ce(const std::vector<float>& logits, const Tensor& targets, int64_t 
   return sum / static_cast<double>(targets.numel());
 }
 
-void check_decode_matches_full(bool lora, const std::vector<LayerIR>& layers = kAllKinds) {
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed=" << seed << " lora=" << lora);
+// Decoding and the full forward are two fp32 evaluations of one function that sum in different
+// orders (the KDA scan in other chunks, attention over a cache, GEMMs over other row counts), so
+// they differ by rounding, and that difference is not a fixed fraction of the logits: an RMSNorm
+// divides by the norm of a sum (the residual stream; a KDA head's output, before its o_norm)
+// whose terms can be large where the sum is small, and so multiplies the terms' rounding errors
+// by |terms| / |sum| for every layer after it. The old bound, 1e-5 of the largest logit, failed
+// 3 of 330 fresh draws of the LoRA model: with seed 43316461280073 (IllConditionedDraw below), at
+// token 25 of the first document a KDA head's output in layer 0 was a third of its usual size and
+// the residual after that layer a quarter, so layer 3's KDA inputs there (its short conv reaches
+// tokens 25-28) erred by 1e-5 instead of 1e-7, and the logits by 2.25e-5 (largest 1.5).
+// The bound is the draw's own sensitivity to rounding instead: the full forward again with every
+// parameter one ulp up or down (a relative move of u to 2u, u = 2^-24, of every term of every
+// sum: one rounding's worth), times C. A sum of n terms rounded in sequence errs by about
+// u n |term| / sqrt(6) (n partial sums of size sqrt(k) |term|, each rounded by u / sqrt(3)), two
+// orders differ by sqrt(2) times that, and moving every term by 1.5 u on average moves the sum by
+// 1.5 u sqrt(n) |term|: a ratio of sqrt(n) / (1.5 sqrt(3)), 3.1 for the longest sums here
+// (n <= 64: positions attended, KDA steps, the FFN width 40), so C = 4. Measured over 325 draws
+// of each test (1,950 in all): median 0.46, largest 1.68; 1.84 for the seed above.
+void check_decode_matches_full(bool lora, const std::vector<LayerIR>& layers = kAllKinds,
+                               uint64_t seed = test::test_seed()) {
   Rng rng(seed);
   const ModelConfig cfg = all_kinds_config(lora, layers);
   Model model(cfg, seed);
@@ -117,6 +148,10 @@ void check_decode_matches_full(bool lora, const std::vector<LayerIR>& layers = k
   // The reference stack is Model::forward's.
   const double loss = model.forward(ctx, seq, ids, targets);
   ASSERT_NEAR(mean_ce(ref, targets, V), loss, 1e-5 * std::max(1.0, std::abs(loss)));
+  const std::vector<float> moved = ulp_moved_logits(ctx, model, seq, ids, rng.fork(1));
+  double spread = 0;
+  for (size_t i = 0; i < ref.size(); ++i)
+    spread = std::max(spread, std::abs(static_cast<double>(moved[i]) - ref[i]));
 
   Decoder dec(model, lens[0]);
   double max_ref = 0, max_err = 0;
@@ -142,7 +177,9 @@ void check_decode_matches_full(bool lora, const std::vector<LayerIR>& layers = k
     EXPECT_EQ(dec.position(), len);
   }
   EXPECT_GT(max_ref, 0.1);
-  EXPECT_LE(max_err, 1e-5 * max_ref) << "max |decode - full| " << max_err << " of " << max_ref;
+  EXPECT_GT(spread, 0.0);
+  EXPECT_LE(max_err, 4 * spread) << "max |decode - full| " << max_err << ", max |logit| " << max_ref
+                                 << ", one ulp on every parameter moves the logits by " << spread;
 }
 
 TEST(Decode, MatchesFullRecomputation) {
@@ -151,6 +188,11 @@ TEST(Decode, MatchesFullRecomputation) {
 
 TEST(Decode, MatchesFullRecomputationWithLora) {
   check_decode_matches_full(true);
+}
+
+// The draw that failed the old bound (see check_decode_matches_full), kept as a fixed case.
+TEST(Decode, IllConditionedDrawMatchesFullRecomputation) {
+  check_decode_matches_full(true, kAllKinds, 43316461280073ull);
 }
 
 // One mixer kind at a time, so a failure names the layer.
@@ -168,8 +210,7 @@ TEST(Decode, MoeMatchesFullRecomputation) {
 }
 
 TEST(Decode, NeverRecomputesThePrefix) {
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed=" << seed);
+  const uint64_t seed = test::test_seed();
   Rng rng(seed);
   const ModelConfig cfg = all_kinds_config(false);
   Model model(cfg, seed);
