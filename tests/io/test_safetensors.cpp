@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/rng.h"
+#include "harness/seed.h"
 
 namespace mt {
 namespace {
@@ -98,10 +99,10 @@ TensorMap random_map(Rng& rng) {
 
 TEST(Safetensors, RoundTripRandom) {
   TmpDir dir;
-  for (uint64_t seed = 1; seed <= 5; ++seed) {
-    Rng rng(seed * 7919 + static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()));
+  for (int draw = 1; draw <= 5; ++draw) {
+    Rng rng(test::test_seed());
     TensorMap m = random_map(rng);
-    MetadataMap meta{{"format", "pt"}, {"note", "seed " + std::to_string(seed)}};
+    MetadataMap meta{{"format", "pt"}, {"note", "draw " + std::to_string(draw)}};
     std::string path = dir / "x.safetensors";
     write_safetensors(path, m, meta);
     SafetensorsData d = read_safetensors(path);
@@ -155,7 +156,7 @@ TEST(Safetensors, ReadsHandWrittenFloatFormats) {
 
 TEST(Safetensors, ShardedRoundTrip) {
   TmpDir dir;
-  Rng rng(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 11);
+  Rng rng(test::test_seed());
   TensorMap m;
   for (int i = 0; i < 9; ++i)
     m["layer." + std::to_string(i) + ".w"] = random_tensor(rng, {4, 5 + rng.below(4)}, DType::F32);
@@ -181,7 +182,7 @@ TEST(Safetensors, ShardedRoundTrip) {
 // is made exactly twice (shapes, then data) in order, and no temporary file is left.
 TEST(Safetensors, StreamedShardsRoundTrip) {
   TmpDir dir;
-  Rng rng(static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 13);
+  Rng rng(test::test_seed());
   std::vector<TensorMap> units(7);
   for (size_t u = 0; u < units.size(); ++u) {
     // Names that sort against the unit order: z... first, a... last.

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "core/rng.h"
+#include "harness/seed.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 
@@ -20,10 +21,6 @@ using nlohmann::json;
 
 constexpr int kMaxCases = 4000;
 constexpr double kBudgetSeconds = 5.0;
-
-uint64_t seed() {
-  return static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) + 0x5eed;
-}
 
 std::string mutate(Rng& rng, std::string s) {
   int edits = 1 + static_cast<int>(rng.below(4));
@@ -70,9 +67,10 @@ std::string read_file(const std::string& p) {
 }
 
 TEST(SafetensorsFuzz, MutatedFilesRaiseOnlyTypedErrors) {
-  fs::path dir = fs::temp_directory_path() / ("mt_fuzz_" + std::to_string(seed()));
+  const uint64_t seed = test::test_seed();
+  fs::path dir = fs::temp_directory_path() / ("mt_fuzz_" + std::to_string(seed));
   fs::create_directories(dir);
-  Rng rng(seed());
+  Rng rng(seed);
   TensorMap m;
   m["a"] = Tensor::zeros({3, 4});
   m["b"] = Tensor::zeros({5}, DType::BF16);
@@ -162,7 +160,7 @@ TEST(ConfigFuzz, MutatedConfigsRaiseOnlyTypedErrors) {
         "index_n_heads": 2, "index_head_dim": 4, "index_topk": 3,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000}})"),
       ModelConfig::load("tiny").to_json()};
-  Rng rng(seed() + 1);
+  Rng rng(test::test_seed());
   auto start = std::chrono::steady_clock::now();
   int cases = 0, rejected = 0;
   for (; cases < kMaxCases; ++cases) {

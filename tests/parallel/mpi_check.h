@@ -1,12 +1,15 @@
-// Shared by the mpirun checks (mpi_train_check, mpi_load_check): the kernel's count of this
-// process's resident memory (independent of the engine's own counters), and how a rank runs.
+// Shared by the mpirun checks (mpi_train_check, mpi_load_check, mpi_comm_check): the kernel's
+// count of this process's resident memory (independent of the engine's own counters), the run's
+// seed (one for the whole world), and how a rank runs.
 #pragma once
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "core/error.h"
+#include "harness/seed.h"
 #include "parallel/comm.h"
 
 namespace mt::test {
@@ -32,9 +35,28 @@ inline void reset_peak_rss() {
            "cannot reset the peak RSS (/proc/self/clear_refs)");
 }
 
-// The main of an mpirun check: arguments parsed (a bad one: exit 2), then `run(world, args)`
-// (returning the exit status) on this rank; a rank that throws prints "rank R failed: ..." and
-// aborts the job, so no peer can hang. `options(args)`: the world's CommOptions.
+// The run's seed, the same on every rank: rank 0's base_seed() (MOETRAIN_TEST_SEED when set,
+// else fresh), broadcast, because each rank draws its own fresh one. Collective.
+inline uint64_t world_seed(par::Comm& world) {
+  int64_t s = world.rank() == 0 ? static_cast<int64_t>(base_seed()) : 0;
+  world.broadcast(&s, 1, par::Elem::I64, 0);
+  return static_cast<uint64_t>(s);
+}
+
+// The line a failed check ends with, so that its draw can be repeated.
+inline void print_rerun(uint64_t seed) {
+  std::fprintf(stderr,
+               "this run drew its inputs from MOETRAIN_TEST_SEED=%llu; rerun them: "
+               "MOETRAIN_TEST_SEED=%llu ctest -R <test>\n",
+               static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed));
+  std::fflush(stderr);
+}
+
+// The main of an mpirun check: arguments parsed (a bad one: exit 2), then `run(world, args, seed)`
+// (returning the exit status) on this rank, the world's seed drawn for it (world_seed) and
+// printed when the check fails (print_rerun); a `run(world, args)` draws its own, if any. A rank
+// that throws prints "rank R failed: ..." and aborts the job, so no peer can hang.
+// `options(args)`: the world's CommOptions.
 template <typename Parse, typename Options, typename Run>
 int mpi_main(int argc, char** argv, Parse&& parse, Options&& options, Run&& run) {
   par::MpiRuntime mpi(&argc, &argv);
@@ -46,15 +68,21 @@ int mpi_main(int argc, char** argv, Parse&& parse, Options&& options, Run&& run)
     return 2;
   }
   auto world = mpi.world(options(args));
+  constexpr bool seeded = std::is_invocable_v<Run, par::Comm&, decltype(args)&, uint64_t>;
+  const uint64_t seed = seeded ? world_seed(*world) : 0;
   int rc = 0;
   try {
-    rc = run(*world, args);
+    if constexpr (seeded)
+      rc = run(*world, args, seed);
+    else
+      rc = run(*world, args);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d failed: %s\n", world->rank(), e.what());
-    std::fflush(stderr);
+    if (seeded) print_rerun(seed);
     world->abort(2);
   }
   std::fflush(stdout);
+  if (seeded && rc != 0 && world->rank() == 0) print_rerun(seed);
   return rc;
 }
 

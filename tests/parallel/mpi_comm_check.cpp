@@ -12,6 +12,7 @@
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "mpi_check.h"
 #include "parallel/comm.h"
 
 namespace {
@@ -43,7 +44,8 @@ float at(const Tensor& t, int64_t i) {
   return t.dtype() == DType::BF16 ? mt::bf16_to_f32(t.bf16()[i]) : t.f32()[i];
 }
 
-int check(Comm& c, const char* where) {
+// seed: the run's (test::world_seed), of the random bf16 sum.
+int check(Comm& c, const char* where, uint64_t seed) {
   const int W = c.size(), me = c.rank();
   int bad = 0;
   auto expect = [&](bool ok, const std::string& what) {
@@ -100,7 +102,7 @@ int check(Comm& c, const char* where) {
   // A bf16 sum of values that do not add exactly: within W - 1 roundings of the fp32 sum.
   {
     const int64_t n = 257;
-    mt::Rng rng(11);
+    mt::Rng rng(seed);
     std::vector<float> all(static_cast<size_t>(W * n));
     for (float& v : all) v = static_cast<float>(rng.normal());
     Tensor t = Tensor::empty({n}, DType::BF16);
@@ -139,11 +141,13 @@ int check(Comm& c, const char* where) {
 int main(int argc, char** argv) {
   mt::par::MpiRuntime mpi(&argc, &argv);
   auto world = mpi.world();
-  int bad = check(*world, "mpi");
-  if (world->rank() == 0) bad += check(*mt::par::make_local_comm(), "local");
+  const uint64_t seed = mt::test::world_seed(*world);
+  int bad = check(*world, "mpi", seed);
+  if (world->rank() == 0) bad += check(*mt::par::make_local_comm(), "local", seed);
   const int64_t total = world->all_reduce_sum(static_cast<int64_t>(bad));
   if (world->rank() == 0)
     std::printf("%s: %lld mismatches over %d ranks\n", total ? "FAIL" : "PASS",
                 static_cast<long long>(total), world->size());
+  if (total && world->rank() == 0) mt::test::print_rerun(seed);
   return total ? 1 : 0;
 }

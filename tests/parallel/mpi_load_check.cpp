@@ -91,14 +91,14 @@ struct Batch {
   mt::SeqInfo seq;
   mt::Tensor ids, targets;
 };
-Batch make_batch(int64_t vocab, int first, int last) {
+Batch make_batch(uint64_t seed, int64_t vocab, int first, int last) {
   std::vector<int64_t> lens;
   for (int r = first; r < last; ++r) lens.insert(lens.end(), {11, 21});
   Batch b;
   b.seq = mt::SeqInfo::from_lengths(lens);
   b.ids = mt::Tensor::empty({b.seq.tokens}, mt::DType::I32);
   b.targets = mt::Tensor::empty({b.seq.tokens}, mt::DType::I32);
-  mt::Rng rng(1234);
+  mt::Rng rng(seed);
   // Every rank draws the same global stream and keeps its own part of it.
   const int64_t skip = static_cast<int64_t>(first) * 32;
   for (int64_t i = 0; i < skip; ++i) (void)rng.next_u64(), (void)rng.next_u64();
@@ -109,7 +109,8 @@ Batch make_batch(int64_t vocab, int first, int last) {
   return b;
 }
 
-int run(mt::par::Comm& world, const Args& a) {
+// seed: the run's (test::world_seed): the checkpoint's values, the adapters', the documents.
+int run(mt::par::Comm& world, const Args& a, uint64_t seed) {
   using namespace mt;
   const int W = world.size(), rank = world.rank();
   const HfConfig h = checkpoint_config(a.experts);
@@ -122,7 +123,7 @@ int run(mt::par::Comm& world, const Args& a) {
   for (const NamedSpec& s : model_param_specs(h.model)) model_bytes += s.spec.shape.numel() * 4;
   if (rank == 0) {
     // The checkpoint, written in 16 MB shards; its values are an ordinary build's.
-    Model src(h.model, 11);
+    Model src(h.model, seed);
     save_hf_model(src, h, a.dir, uint64_t{16} << 20);
   }
   world.barrier();
@@ -137,7 +138,7 @@ int run(mt::par::Comm& world, const Args& a) {
   const int ep = a.ep > 0 ? a.ep : W;
   const par::Mesh mesh = par::make_mesh(W, rank, cfg.moe.num_experts, {.ep = ep});
   par::ProcessGroups groups = par::make_groups(world, mesh);
-  Model model(cfg, 7, sliced);
+  Model model(cfg, seed + 1, sliced);
   par::DistTrainer trainer(model, mesh, groups, {.fsdp = true});
   // The load's progress (what the train command displays): monotone, one total, ending at it,
   // which is the bytes of the rank's slices.
@@ -174,7 +175,7 @@ int run(mt::par::Comm& world, const Args& a) {
 
   // Values: a single-process load of the same setting (fresh adapters drawn as an ordinary
   // build draws them, then the checkpoint).
-  Model ref(cfg, 7, {.freeze_base = true});
+  Model ref(cfg, seed + 1, {.freeze_base = true});
   {
     SafetensorsModel st(a.dir, fp8_blocks(h));
     import_hf_tensors(ref, h.model_type, st, a.dir, {.keep_lora = true});
@@ -209,9 +210,9 @@ int run(mt::par::Comm& world, const Args& a) {
 
   // Loss: the distributed forward over every rank's documents against one process over all.
   Context ctx(ContextOptions{.threads = 1});
-  const Batch mine = make_batch(cfg.vocab, rank, rank + 1);
+  const Batch mine = make_batch(seed, cfg.vocab, rank, rank + 1);
   const double dist_loss = trainer.forward_backward(ctx, mine.seq, mine.ids, mine.targets);
-  const Batch all = make_batch(cfg.vocab, 0, W);
+  const Batch all = make_batch(seed, cfg.vocab, 0, W);
   const double ref_loss = ref.forward(ctx, all.seq, all.ids, all.targets);
   const double diff = std::fabs(dist_loss - ref_loss);
   std::printf("rank %d: loss %.9f distributed, %.9f one process (|diff| %.2e)\n", rank, dist_loss,

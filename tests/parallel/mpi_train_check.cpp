@@ -128,9 +128,10 @@ struct Batch {
   mt::Tensor ids, targets;
 };
 
-// The documents of ranks [first, last) at step s: token values from a counter-based hash, so
-// every rank can build any rank's documents.
-Batch make_batch(int64_t vocab, int step, int first, int last, bool uneven, int scale = 1) {
+// The documents of ranks [first, last) at step s: token values from a counter-based hash of the
+// run's seed, so every rank can build any rank's documents.
+Batch make_batch(uint64_t seed, int64_t vocab, int step, int first, int last, bool uneven,
+                 int scale = 1) {
   std::vector<int64_t> lens, ids;
   for (int r = first; r < last; ++r) {
     const std::vector<int64_t> l = doc_lens(r, uneven, scale);
@@ -147,8 +148,8 @@ Batch make_batch(int64_t vocab, int step, int first, int last, bool uneven, int 
   for (size_t k = 0; k < lens.size(); ++k)
     for (int64_t i = 0; i < lens[k]; ++i, ++t) {
       uint64_t h =
-          (static_cast<uint64_t>(step) * 1000003u + static_cast<uint64_t>(ids[k])) * 7919u +
-          static_cast<uint64_t>(i);
+          seed ^ ((static_cast<uint64_t>(step) * 1000003u + static_cast<uint64_t>(ids[k])) * 7919u +
+                  static_cast<uint64_t>(i));
       h ^= h >> 13;
       h *= 0x9E3779B97F4A7C15ull;
       h ^= h >> 29;
@@ -211,7 +212,7 @@ DriverModel driver_model(const Args& a) {
 //   measured  peak - baseline.
 // Large allocations must go straight to mmap and back (MALLOC_MMAP_THRESHOLD_), else freed
 // memory stays resident in the heap and the peak depends on the allocation order.
-int run_rss(mt::par::Comm& world, const Args& a) {
+int run_rss(mt::par::Comm& world, const Args& a, uint64_t seed) {
   using namespace mt;
   const int rank = world.rank();
   Context dctx(ContextOptions{.threads = 1});
@@ -236,7 +237,7 @@ int run_rss(mt::par::Comm& world, const Args& a) {
                                          .shard_experts = a.shard_experts,
                                          .shard_expert_weights = a.shard_expert_weights});
   par::ProcessGroups groups = par::make_groups(world, mesh);
-  Model model(cfg, 77, mopt);
+  Model model(cfg, seed, mopt);
   AdamWOptions adam;
   par::DistTrainer trainer(model, mesh, groups,
                            {.a2a_chunks = a.chunks,
@@ -245,7 +246,7 @@ int run_rss(mt::par::Comm& world, const Args& a) {
                             .shard_expert_weights = a.shard_expert_weights});
   test::reset_peak_rss();
   for (int s = 0; s < 2; ++s) {
-    Batch b = make_batch(cfg.vocab, s, rank, rank + 1, false, a.doc_scale);
+    Batch b = make_batch(seed, cfg.vocab, s, rank, rank + 1, false, a.doc_scale);
     trainer.step(dctx, b.seq, b.ids, b.targets, 1e-3f);
   }
   const int64_t peak = status_bytes("VmHWM");
@@ -255,9 +256,10 @@ int run_rss(mt::par::Comm& world, const Args& a) {
   return 0;
 }
 
-int run(mt::par::Comm& world, const Args& a) {
+// seed: the run's (test::world_seed), of the weights and the documents.
+int run(mt::par::Comm& world, const Args& a, uint64_t seed) {
   using namespace mt;
-  if (a.measure_rss) return run_rss(world, a);
+  if (a.measure_rss) return run_rss(world, a, seed);
   const int W = world.size(), rank = world.rank();
   const auto [cfg, mopt] = driver_model(a);
   // Before anything is allocated: an invalid mesh is a ConfigError here.
@@ -269,7 +271,6 @@ int run(mt::par::Comm& world, const Args& a) {
   par::ProcessGroups groups = par::make_groups(world, mesh);
 
   Context ctx(ContextOptions{.threads = 1});
-  const uint64_t seed = 77;
   const float lr = 1e-2f;
   AdamWOptions adam;
   adam.weight_decay = 0.01f;
@@ -340,7 +341,7 @@ int run(mt::par::Comm& world, const Args& a) {
   for (int s = 0; s < a.steps; ++s) {
     if (a.place_every > 0 && s > 0 && s % a.place_every == 0) {
       // Same inputs before and after the move: the model's outputs must not change.
-      Batch pb = make_batch(cfg.vocab, s, rank, rank + 1, a.uneven);
+      Batch pb = make_batch(seed, cfg.vocab, s, rank, rank + 1, a.uneven);
       std::vector<std::vector<int64_t>> keep;
       for (MoeLayer* m : model.moe_layers())
         keep.push_back(m ? m->expert_load() : std::vector<int64_t>{});
@@ -377,7 +378,7 @@ int run(mt::par::Comm& world, const Args& a) {
       std::this_thread::sleep_for(std::chrono::seconds(60));
       MT_THROW(ValueError, "stalled rank was not ended by its peers");
     }
-    const Batch gb = make_batch(cfg.vocab, s, 0, W, a.uneven);
+    const Batch gb = make_batch(seed, cfg.vocab, s, 0, W, a.uneven);
     ref.params().zero_grad();
     const double ref_loss = ref.forward(ctx, gb.seq, gb.ids, gb.targets);
     ref.backward(ctx);
@@ -385,7 +386,7 @@ int run(mt::par::Comm& world, const Args& a) {
     for (MoeLayer* m : ref.moe_layers())
       if (m) m->update_selection_bias(ctx);
 
-    Batch b = make_batch(cfg.vocab, s, rank, rank + 1, a.uneven);
+    Batch b = make_batch(seed, cfg.vocab, s, rank, rank + 1, a.uneven);
     par::StepResult r = trainer.step(dctx, b.seq, b.ids, b.targets, lr);
     const double err = std::abs(r.loss - ref_loss) / std::abs(ref_loss);
     max_loss_err = std::max(max_loss_err, err);

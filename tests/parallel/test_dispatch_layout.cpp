@@ -11,6 +11,7 @@
 #include <set>
 
 #include "core/rng.h"
+#include "harness/seed.h"
 #include "parallel/comm.h"
 #include "parallel/dispatch_layout.h"
 #include "parallel/expert_parallel.h"
@@ -161,10 +162,9 @@ void check_layout(int P, int64_t El, int chunks, uint64_t seed) {
 }
 
 TEST(DispatchLayout, ExchangeMatchesReferenceForRanksExpertsAndChunks) {
-  uint64_t seed = 11;
   for (int P : {1, 2, 3, 4})
     for (int64_t El : {1, 3})
-      for (int chunks : {1, 2, 5, 40}) check_layout(P, El, chunks, seed++);
+      for (int chunks : {1, 2, 5, 40}) check_layout(P, El, chunks, test::test_seed());
 }
 
 TEST(DispatchLayout, RejectsCountsOfTheWrongSize) {
@@ -193,7 +193,7 @@ TEST(DispatchBuffers, ReservedOnceAndSharedByLayers) {
 // first forward (the worst case of a world of one is its own rows).
 TEST(DispatchBuffers, ExpertParallelReservesAtTheFirstForwardOnly) {
   Context ctx(ContextOptions{.threads = 1});
-  Rng rng(5);
+  Rng rng(test::test_seed());
   const int64_t E = 3, l = 4, F = 2, N = 9;
   auto comm = make_local_comm();
   auto buffers = std::make_shared<DispatchBuffers>();
