@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <sstream>
 
 #include "decode/decode.h"
@@ -17,6 +18,7 @@
 #include "harness/train_files.h"
 #include "io/hf_names.h"
 #include "io/safetensors.h"
+#include "ops/gemm.h"
 #include "plan/model_stats.h"
 #include "train/adapter.h"
 #include "train/checkpoint.h"
@@ -36,19 +38,24 @@ std::string make_dataset(const fs::path& dir, uint64_t seed) {
   return test::write_tiny_dataset(dir, seed, 20);
 }
 
-// Fixed draws (job seed 3, datasets 1 and 2), not fresh ones: under fresh draws two bounds held
-// only for these. Train.FineTunesAnHfDirectory's "last step's loss below the first" compares two
-// different batches after 4 LoRA steps, a coin flip (10 of 20 draws failed), and
-// Export.MergedHfModelComputesWhatTheLoraModelComputes's "adapters move the loss by 100 times the
-// merge tolerance" failed 3 of 20 (the loss moved 12 to 64 times), and 2 of 20 with this job
-// and fresh token ids for its comparison alone. Both need a measure that does
-// not depend on the draw (the same batch before and after; logits, not the loss) before these
-// jobs can draw fresh data.
+// The base job: a fresh run seed and fresh training and held-out data, drawn at a test's first
+// call, so that a test building it more than once (a base run, then LoRA on it) trains on the same
+// data each time.
 std::string base_job(const fs::path& root) {
-  return "[run]\ndir = \"" + (root / "run").string() +
-         "\"\nseed = 3\nthreads = 1\n[model]\nconfig = \"tiny\"\n[data]\ntrain = \"" +
-         make_dataset(root / "train", 1) + "\"\neval = { held = \"" +
-         make_dataset(root / "held", 2) +
+  static std::string drawn_for;
+  static uint64_t seed = 0, train = 0, held = 0;
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  const std::string test = info ? std::string(info->test_suite_name()) + "." + info->name() : "";
+  if (test != drawn_for) {
+    drawn_for = test;
+    seed = test::test_seed() >> 33;  // a TOML integer
+    train = test::test_seed();
+    held = test::test_seed();
+  }
+  return "[run]\ndir = \"" + (root / "run").string() + "\"\nseed = " + std::to_string(seed) +
+         "\nthreads = 1\n[model]\nconfig = \"tiny\"\n[data]\ntrain = \"" +
+         make_dataset(root / "train", train) + "\"\neval = { held = \"" +
+         make_dataset(root / "held", held) +
          "\" }\n[optim]\nlr = 0.01\n[schedule]\nsteps = 6\nwarmup = 2\n[train]\nbatch = 2\n"
          "grad_accum = 2\n[log]\nprogress = \"off\"\n";
 }
@@ -448,6 +455,22 @@ TEST(Export, PeftKeyNamesAndShapes) {
   EXPECT_FALSE(h.tensors.count(q + ".lora_A.weight"));
 }
 
+namespace {
+
+// Logits [T, V] of a forward over ids (the loss path never materialises them).
+std::vector<float> forward_logits(Context& ctx, Model& m, const SeqInfo& seq, const Tensor& ids,
+                                  const Tensor& targets) {
+  m.forward(ctx, seq, ids, targets);
+  const Tensor& h = m.final_hidden();
+  const bool tied = m.config().tie_embeddings;
+  const Tensor& head = m.params().at(tied ? "model.embed_tokens.weight" : "lm_head.weight").value;
+  Tensor logits = Tensor::empty({h.dim(0), m.config().vocab});
+  ops::matmul(ctx, h, false, head, true, logits);
+  return {logits.f32(), logits.f32() + logits.numel()};
+}
+
+}  // namespace
+
 // The merged export (--format hf) is a plain model that computes what the LoRA model computes,
 // routed-expert adapters included (merged per expert).
 TEST(Export, MergedHfModelComputesWhatTheLoraModelComputes) {
@@ -467,7 +490,7 @@ TEST(Export, MergedHfModelComputesWhatTheLoraModelComputes) {
   for (const auto& p : merged.model->params().all())
     EXPECT_NE(p->spec.role, ParamRole::Lora) << p->name << " left in the merged model";
 
-  Rng rng(5);  // fixed: see base_job
+  Rng rng(test::test_seed());
   SeqInfo seq = SeqInfo::from_lengths({29, 18});
   Tensor ids = Tensor::empty({seq.tokens}, DType::I32),
          tgt = Tensor::empty({seq.tokens}, DType::I32);
@@ -475,16 +498,24 @@ TEST(Export, MergedHfModelComputesWhatTheLoraModelComputes) {
     ids.i32()[t] = static_cast<int32_t>(rng.below(cfg.vocab));
     tgt.i32()[t] = static_cast<int32_t>(rng.below(cfg.vocab));
   }
+  // Compared by their logits, not their losses: a loss averages the logits' changes, which can
+  // cancel (in 3 of 20 draws the adapters moved the loss by only 12 to 64 times the merge
+  // tolerance, below the 100 asked for below).
   Context ctx(ContextOptions{.threads = 1});
-  const double with_lora = lora.forward(ctx, seq, ids, tgt);
-  const double with_merge = merged.model->forward(ctx, seq, ids, tgt);
+  const std::vector<float> with_lora = forward_logits(ctx, lora, seq, ids, tgt);
+  const std::vector<float> with_merge = forward_logits(ctx, *merged.model, seq, ids, tgt);
   for (const auto& p : lora.params().all())  // the base alone: adapters off
     if (p->name.find("lora_B") != std::string::npos) p->value.zero_();
-  const double base_only = lora.forward(ctx, seq, ids, tgt);
-  EXPECT_NEAR(with_merge, with_lora, 1e-5 * with_lora);
-  // The adapters, routed experts' included, change the loss far beyond that tolerance.
-  EXPECT_GT(std::abs(base_only - with_lora), 100 * 1e-5 * with_lora)
-      << "adapters too small for the test to mean anything";
+  const std::vector<float> base_only = forward_logits(ctx, lora, seq, ids, tgt);
+  double scale = 0, merge_err = 0, moved = 0;
+  for (size_t i = 0; i < with_lora.size(); ++i) {
+    scale = std::max(scale, std::abs(static_cast<double>(with_lora[i])));
+    merge_err = std::max(merge_err, std::abs(static_cast<double>(with_merge[i]) - with_lora[i]));
+    moved = std::max(moved, std::abs(static_cast<double>(base_only[i]) - with_lora[i]));
+  }
+  EXPECT_LE(merge_err, 1e-5 * scale);
+  // The adapters, routed experts' included, change the logits far beyond that tolerance.
+  EXPECT_GT(moved, 100 * 1e-5 * scale) << "adapters too small for the test to mean anything";
   const std::string ex = "model.layers.1.mlp.experts.gate_up_proj";
   const Tensor &wb = lora.params().at(ex).value, &wm = merged.model->params().at(ex).value;
   double diff = 0;
@@ -694,7 +725,7 @@ std::string make_hf_dir(const fs::path& dir, uint64_t seed) {
 // sharded), LoRA trains, the resolved job reloads, and the exports use the family's layout.
 TEST(Train, FineTunesAnHfDirectory) {
   fs::path root = temp_dir("hfdir");
-  const std::string dir = make_hf_dir(root / "hf", 11);
+  const std::string dir = make_hf_dir(root / "hf", test::test_seed());
   const std::string toml = base_job(root);
   EXPECT_NE(error_of<ConfigError>([&] {
               Job::parse(toml, "job", {"model.dir=\"" + dir + "\"", "model.config=tiny"});
@@ -719,7 +750,19 @@ TEST(Train, FineTunesAnHfDirectory) {
     EXPECT_EQ(0, std::memcmp(p->value.raw(), q->value.raw(), p->value.bytes())) << p->name;
   }
   ASSERT_EQ(r.losses.size(), 4u);
-  EXPECT_LT(r.losses.back(), r.losses.front());
+  // The loss falls on the same sequences: the whole training set through the directory's model
+  // and through the trained one. The run's own losses are of other batches at every step, whose
+  // spread is larger than what 4 small steps change (the last below the first in 10 of 20 draws).
+  const PackedData data = load_dataset(j.train_data);
+  std::vector<int64_t> every(data.ids.size() / static_cast<size_t>(data.seq_len));
+  std::iota(every.begin(), every.end(), int64_t{0});
+  const Batch all = make_batch(data, every);
+  Context ctx(ContextOptions{.threads = 1});
+  const double before = shipped.model->forward(ctx, all.seq, all.ids, all.targets);
+  const double after = trained.forward(ctx, all.seq, all.ids, all.targets);
+  // Beyond rounding (the loss of 480 tokens in fp32 rounds at about 1e-6 of itself); the falls
+  // seen over 25 draws were 4.5e-4 to 1.8e-3 of the loss.
+  EXPECT_LT(after, before * (1 - 1e-5)) << "before " << before << ", after " << after;
   // The merged export is a deepseek_v3 checkpoint (per-expert tensors, the original config).
   export_checkpoint(r.checkpoint, "hf", (root / "merged").string());
   const SafetensorsData m = read_safetensors_model((root / "merged").string());
