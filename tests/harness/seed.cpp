@@ -54,6 +54,11 @@ class SeedPrinter : public ::testing::EmptyTestEventListener {
   const std::string* drew_;  // the last test that called test_seed()
 };
 
+std::string running_test() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  return info ? cat(info->test_suite_name(), ".", info->name()) : "";
+}
+
 }  // namespace
 
 uint64_t base_seed() {
@@ -69,8 +74,7 @@ uint64_t test_seed() {
     ::testing::UnitTest::GetInstance()->listeners().Append(new SeedPrinter(&test));
     return true;
   }();
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  const std::string name = info ? cat(info->test_suite_name(), ".", info->name()) : "";
+  const std::string name = running_test();
   if (name != test) {
     test = name;
     drawn = 0;
@@ -78,6 +82,19 @@ uint64_t test_seed() {
   uint64_t h = base_seed();
   for (char c : name) h = splitmix(h ^ static_cast<unsigned char>(c));
   return splitmix(h + drawn++);
+}
+
+uint64_t case_seed() {
+  static std::string test;
+  static uint64_t seed = 0;
+  static bool drawn = false;
+  const std::string name = running_test();
+  if (!drawn || name != test) {
+    test = name;
+    seed = test_seed();
+    drawn = true;
+  }
+  return seed;
 }
 
 std::string seed_note() {

@@ -16,6 +16,10 @@ uint64_t base_seed();
 // "MOETRAIN_TEST_SEED=<base> ctest -R <test>" at its end.
 uint64_t test_seed();
 
+// One test_seed() per test, the same at every call within it: for helpers that several parts of a
+// test call and that must draw alike each time (one job's data, one temporary model).
+uint64_t case_seed();
+
 // "MOETRAIN_TEST_SEED=<base>": what failure messages print so the run can be repeated.
 std::string seed_note();
 

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/rng.h"
+#include "harness/seed.h"
 #include "io/hf_names.h"
 
 namespace mt {
@@ -19,8 +20,9 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+// Fresh per test, the same at every call within it (the offsets added to it tell draws apart).
 uint64_t test_seed() {
-  return static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) * 7919 + 29;
+  return test::case_seed();
 }
 
 struct TmpDir {

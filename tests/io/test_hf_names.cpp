@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/rng.h"
+#include "harness/seed.h"
 #include "io/hf_forward.h"
 
 namespace mt {
@@ -16,8 +17,9 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+// Fresh per test, the same at every call within it (the offsets added to it tell draws apart).
 uint64_t test_seed() {
-  return static_cast<uint64_t>(::testing::UnitTest::GetInstance()->random_seed()) * 7919 + 17;
+  return test::case_seed();
 }
 
 struct TmpDir {

@@ -38,20 +38,12 @@ std::string make_dataset(const fs::path& dir, uint64_t seed) {
   return test::write_tiny_dataset(dir, seed, 20);
 }
 
-// The base job: a fresh run seed and fresh training and held-out data, drawn at a test's first
-// call, so that a test building it more than once (a base run, then LoRA on it) trains on the same
-// data each time.
+// The base job: a fresh run seed and fresh training and held-out data, the same at every call
+// within a test, so that a test building it more than once (a base run, then LoRA on it) trains on
+// the same data each time.
 std::string base_job(const fs::path& root) {
-  static std::string drawn_for;
-  static uint64_t seed = 0, train = 0, held = 0;
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  const std::string test = info ? std::string(info->test_suite_name()) + "." + info->name() : "";
-  if (test != drawn_for) {
-    drawn_for = test;
-    seed = test::test_seed() >> 33;  // a TOML integer
-    train = test::test_seed();
-    held = test::test_seed();
-  }
+  const uint64_t seed = test::case_seed() >> 33, train = test::case_seed() + 1,
+                 held = test::case_seed() + 2;
   return "[run]\ndir = \"" + (root / "run").string() + "\"\nseed = " + std::to_string(seed) +
          "\nthreads = 1\n[model]\nconfig = \"tiny\"\n[data]\ntrain = \"" +
          make_dataset(root / "train", train) + "\"\neval = { held = \"" +
