@@ -30,14 +30,11 @@ void init_a_log(Rng& rng, Tensor& t) {
     t.f32()[i] = static_cast<float>(std::log(rng.uniform(1.0, 16.0)));
 }
 
-// On the GPU the layer keeps the chunked kernels' intra-chunk products from forward to backward
-// (about 13 times the chunk states: 0.87 GB per layer at 8K tokens, 32 heads of 128), which
-// spares backward their recomputation (4.5 ms of 25 per layer on the H200).
-bool keeps_prepared(Device device, const ops::KdaParams& cp) {
+}  // namespace
+
+bool KdaLayer::keeps_prepared(Device device, const ops::KdaParams& cp) {
   return device == Device::CUDA && ops::kda_chunk_kernel_fits(cp);
 }
-
-}  // namespace
 
 KdaLayer::KdaLayer(const KdaConfig& cfg) : cfg_(cfg) {
   MT_CHECK(

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "model/kda_layer.h"
 #include "ops/cross_entropy.h"
 #include "ops/grouped_matmul.h"
 #include "ops/kda.h"
@@ -304,10 +305,12 @@ double mixer_scratch(const ModelConfig& cfg, MixerKind k, int64_t T, int64_t max
     if (device == Device::CUDA && ops::kda_chunk_kernel_fits(cp)) {
       // Every document's last chunk may be partial: at most T / C + docs chunks.
       const int64_t chunks = (T + cp.chunk - 1) / cp.chunk + docs;
-      // The layer keeps the prepared products with its activations (KdaLayer::plan_activations).
+      // Kept prepared products live with the layer's activations (KdaLayer::plan_activations).
+      const bool keeps = KdaLayer::keeps_prepared(device, cp);
       core_fwd =
-          fp32(static_cast<double>(ops::kda_chunk_workspace_floats(cp, chunks, false, true)));
-      core_bwd = fp32(static_cast<double>(ops::kda_chunk_workspace_floats(cp, chunks, true, true)));
+          fp32(static_cast<double>(ops::kda_chunk_workspace_floats(cp, chunks, false, keeps)));
+      core_bwd =
+          fp32(static_cast<double>(ops::kda_chunk_workspace_floats(cp, chunks, true, keeps)));
     }
     // Backward: dog, don, dgb, dga, dcore, dq, dk, dv (activation dtype), dg and dbeta (fp32)
     // live around the core's own scratch; then the largest of the later groups (two more

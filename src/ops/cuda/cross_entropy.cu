@@ -148,20 +148,54 @@ MatRef mref(const Tensor& t, int64_t row0, int64_t ld) {
   return {static_cast<const char*>(t.raw()) + row0 * ld * dtype_size(t.dtype()), t.dtype(), ld};
 }
 
+// logits [rows, V] (f32) = h[t0 .. t0 + rows) w^T.
+void chunk_logits(Context& ctx, const CrossEntropyParams& p, const Tensor& h, const Tensor& w,
+                  int64_t t0, int64_t rows, Tensor& logits) {
+  lt_matmul(ctx, false, true, rows, p.vocab, p.hidden, 1.f, mref(h, t0, p.hidden),
+            mref(w, 0, p.hidden), 0.f, logits.raw(), DType::F32, p.vocab);
+}
+
+// dh[t0 .. t0 + rows) = g [rows, V] w.
+void chunk_dh(Context& ctx, const CrossEntropyParams& p, const Tensor& g, const Tensor& w,
+              int64_t t0, int64_t rows, Tensor& dh) {
+  lt_matmul(ctx, false, false, rows, p.hidden, p.vocab, 1.f, mref(g, 0, p.vocab),
+            mref(w, 0, p.hidden), 0.f,
+            static_cast<char*>(dh.raw()) + t0 * p.hidden * dtype_size(dh.dtype()), dh.dtype(),
+            p.hidden);
+}
+
+// The number of non-ignored targets, into valid (i64 [1], on the device).
+Tensor count_valid(Context& ctx, const CrossEntropyParams& p, const Tensor& targets) {
+  Tensor valid = ctx.workspace().alloc({1}, DType::I64);
+  count_valid_kernel<<<1, 1024, 0, stream(ctx)>>>(p.tokens, p.ignore_index, ptr<int32_t>(targets),
+                                                  ptr<int64_t>(valid));
+  MT_CUDA_LAUNCH_CHECK();
+  return valid;
+}
+
+constexpr int32_t kNoBadTarget = 0x7fffffff;
+
+// The first out-of-range target's position (i32 [1]), kNoBadTarget until a kernel finds one.
+Tensor bad_target_slot(Context& ctx) {
+  Tensor bad = ctx.workspace().alloc({1}, DType::I32);
+  MT_CUDA_CHECK(cudaMemcpyAsync(bad.raw(), &kNoBadTarget, sizeof kNoBadTarget,
+                                cudaMemcpyHostToDevice, stream(ctx)));
+  return bad;
+}
+
 // The mean from the sum, then the one read-back of the forward ops: an out-of-range target is an
 // error naming its position (docs/gpu.md, "Synchronisation points", lists it until batches are
 // validated on the host).
 void finish_forward(Context& ctx, const CrossEntropyParams& p, const Tensor& targets,
                     const Tensor& valid, const Tensor& bad, Tensor& loss) {
   cudaStream_t s = stream(ctx);
-  const int32_t big = 0x7fffffff;
   ce_mean_kernel<<<1, 1, 0, s>>>(ptr<int64_t>(valid), ptr<double>(loss));
   MT_CUDA_LAUNCH_CHECK();
-  int32_t first_bad = big;
+  int32_t first_bad = kNoBadTarget;
   MT_CUDA_CHECK(
       cudaMemcpyAsync(&first_bad, bad.raw(), sizeof first_bad, cudaMemcpyDeviceToHost, s));
   MT_CUDA_CHECK(cudaStreamSynchronize(s));
-  if (first_bad != big) {
+  if (first_bad != kNoBadTarget) {
     int32_t target = 0;
     MT_CUDA_CHECK(cudaMemcpy(&target, ptr<int32_t>(targets) + first_bad, sizeof target,
                              cudaMemcpyDeviceToHost));
@@ -184,23 +218,16 @@ void lm_head_cross_entropy_forward(Context& ctx, const CrossEntropyParams& p, co
   ArenaScope scope(ctx.workspace());
   Tensor logits = ctx.workspace().alloc({chunk, V});
   Tensor& sum = loss;  // the sum first, divided by the valid count at the end
-  Tensor bad = ctx.workspace().alloc({1}, DType::I32);
-  Tensor valid = ctx.workspace().alloc({1}, DType::I64);
-  const int32_t big = 0x7fffffff;
-  MT_CUDA_CHECK(cudaMemcpyAsync(bad.raw(), &big, sizeof big, cudaMemcpyHostToDevice, s));
+  Tensor bad = bad_target_slot(ctx);
   for (int64_t t0 = 0; t0 < p.tokens; t0 += chunk) {
     const int64_t rows = std::min(chunk, p.tokens - t0);
-    lt_matmul(ctx, false, true, rows, V, p.hidden, 1.f, mref(h, t0, p.hidden), mref(w, 0, p.hidden),
-              0.f, logits.raw(), DType::F32, V);
+    chunk_logits(ctx, p, h, w, t0, rows, logits);
     ce_fwd_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
         t0, V, p.ignore_index, ptr<float>(logits), ptr<int32_t>(targets), ptr<float>(lse),
         ptr<double>(sum), ptr<int32_t>(bad));
     MT_CUDA_LAUNCH_CHECK();
   }
-  count_valid_kernel<<<1, 1024, 0, s>>>(p.tokens, p.ignore_index, ptr<int32_t>(targets),
-                                        ptr<int64_t>(valid));
-  MT_CUDA_LAUNCH_CHECK();
-  finish_forward(ctx, p, targets, valid, bad, loss);
+  finish_forward(ctx, p, targets, count_valid(ctx, p, targets), bad, loss);
 }
 
 void lm_head_cross_entropy_forward_backward(Context& ctx, const CrossEntropyParams& p,
@@ -212,29 +239,22 @@ void lm_head_cross_entropy_forward_backward(Context& ctx, const CrossEntropyPara
   cudaStream_t s = stream(ctx);
   MT_CUDA_CHECK(cudaMemsetAsync(loss.raw(), 0, sizeof(double), s));
   if (p.tokens == 0) return;
-  const int64_t V = p.vocab, D = p.hidden, chunk = std::min(p.chunk_tokens, p.tokens);
+  const int64_t V = p.vocab, chunk = std::min(p.chunk_tokens, p.tokens);
   ArenaScope scope(ctx.workspace());
   Tensor logits = ctx.workspace().alloc({chunk, V});
   Tensor g = ctx.workspace().alloc({chunk, V}, h.dtype());  // dlogits
-  Tensor bad = ctx.workspace().alloc({1}, DType::I32);
-  Tensor valid = ctx.workspace().alloc({1}, DType::I64);
-  const int32_t big = 0x7fffffff;
-  MT_CUDA_CHECK(cudaMemcpyAsync(bad.raw(), &big, sizeof big, cudaMemcpyHostToDevice, s));
-  count_valid_kernel<<<1, 1024, 0, s>>>(p.tokens, p.ignore_index, ptr<int32_t>(targets),
-                                        ptr<int64_t>(valid));
-  MT_CUDA_LAUNCH_CHECK();
+  Tensor bad = bad_target_slot(ctx);
+  const Tensor valid = count_valid(ctx, p, targets);
   for (int64_t t0 = 0; t0 < p.tokens; t0 += chunk) {
     const int64_t rows = std::min(chunk, p.tokens - t0);
-    lt_matmul(ctx, false, true, rows, V, D, 1.f, mref(h, t0, D), mref(w, 0, D), 0.f, logits.raw(),
-              DType::F32, V);
+    chunk_logits(ctx, p, h, w, t0, rows, logits);
     MT_DISPATCH_FLOAT(h, "cross_entropy", {
       ce_fused_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
           t0, V, p.ignore_index, dloss, ptr<int64_t>(valid), ptr<float>(logits),
           ptr<int32_t>(targets), ptr<float>(lse), ptr<double>(loss), ptr<int32_t>(bad), ptr<T>(g));
     });
     MT_CUDA_LAUNCH_CHECK();
-    lt_matmul(ctx, false, false, rows, D, V, 1.f, mref(g, 0, V), mref(w, 0, D), 0.f,
-              static_cast<char*>(dh.raw()) + t0 * D * dtype_size(dh.dtype()), dh.dtype(), D);
+    chunk_dh(ctx, p, g, w, t0, rows, dh);
   }
   finish_forward(ctx, p, targets, valid, bad, loss);
 }
@@ -251,22 +271,17 @@ void lm_head_cross_entropy_backward(Context& ctx, const CrossEntropyParams& p, c
   ArenaScope scope(ctx.workspace());
   Tensor logits = ctx.workspace().alloc({chunk, V});
   Tensor g = ctx.workspace().alloc({chunk, V}, h.dtype());  // dlogits, an operand of two GEMMs
-  Tensor valid = ctx.workspace().alloc({1}, DType::I64);
-  count_valid_kernel<<<1, 1024, 0, s>>>(p.tokens, p.ignore_index, ptr<int32_t>(targets),
-                                        ptr<int64_t>(valid));
-  MT_CUDA_LAUNCH_CHECK();
+  const Tensor valid = count_valid(ctx, p, targets);
   for (int64_t t0 = 0; t0 < p.tokens; t0 += chunk) {
     const int64_t rows = std::min(chunk, p.tokens - t0);
-    lt_matmul(ctx, false, true, rows, V, D, 1.f, mref(h, t0, D), mref(w, 0, D), 0.f, logits.raw(),
-              DType::F32, V);
+    chunk_logits(ctx, p, h, w, t0, rows, logits);
     MT_DISPATCH_FLOAT(h, "cross_entropy", {
       ce_bwd_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
           t0, V, p.ignore_index, dloss, ptr<int64_t>(valid), ptr<float>(logits),
           ptr<int32_t>(targets), ptr<float>(lse), ptr<T>(g));
     });
     MT_CUDA_LAUNCH_CHECK();
-    lt_matmul(ctx, false, false, rows, D, V, 1.f, mref(g, 0, V), mref(w, 0, D), 0.f,
-              static_cast<char*>(dh.raw()) + t0 * D * dtype_size(dh.dtype()), dh.dtype(), D);
+    chunk_dh(ctx, p, g, w, t0, rows, dh);
     if (dw.defined())
       lt_matmul(ctx, true, false, V, D, rows, 1.f, mref(g, 0, V), mref(h, t0, D), 1.f, dw.raw(),
                 DType::F32, D);
