@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include "core/rng.h"
 #include "ops/attention.h"
 #include "ops/indexer.h"
+#include "ops/kda.h"
 #include "train/bench_step.h"
 #include "train/files.h"
 
@@ -47,13 +49,25 @@ Tensor random_device(const Shape& s, DType dt, Rng& rng, double scale = 1) {
   return d;
 }
 
+// Mean wall milliseconds of `iters` runs of f after `warmup` untimed ones, the device drained
+// before and after.
+double mean_ms(Context& ctx, int64_t warmup, int64_t iters, const std::function<void()>& f) {
+  using clock = std::chrono::steady_clock;
+  for (int64_t i = 0; i < warmup; ++i) f();
+  ctx.synchronize();
+  const auto t0 = clock::now();
+  for (int64_t i = 0; i < iters; ++i) f();
+  ctx.synchronize();
+  return 1e3 * std::chrono::duration<double>(clock::now() - t0).count() /
+         static_cast<double>(iters);
+}
+
 double used_gib() {
   const DeviceMemory m = device_memory();
   return static_cast<double>(m.total - m.free) / (1 << 30);
 }
 
 nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
-  using clock = std::chrono::steady_clock;
   nlohmann::json r = {{"T", T}};
   const double base = used_gib();
   Context ctx(ContextOptions{
@@ -113,15 +127,7 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
     ops::indexer_kl_backward(ctx, softmax, target, idx, 1.0, dscores);
     ops::indexer_scores_backward(ctx, sp, qi, ki, wi, idx, dscores, dqi, dki, dwi);
   };
-  auto time = [&](const std::function<void()>& f) {
-    for (int64_t i = 0; i < o.warmup; ++i) f();
-    ctx.synchronize();
-    const auto t0 = clock::now();
-    for (int64_t i = 0; i < o.iters; ++i) f();
-    ctx.synchronize();
-    return 1e3 * std::chrono::duration<double>(clock::now() - t0).count() /
-           static_cast<double>(o.iters);
-  };
+  auto time = [&](const std::function<void()>& f) { return mean_ms(ctx, o.warmup, o.iters, f); };
   r["selection_path"] = ops::indexer_topk_fits(HI, DI) ? "fused" : "composite";
   r["attention_path"] =
       ops::sparse_attention_fits(H, Hk, o.qk_dim, o.v_dim) ? "tensor cores" : "direct";
@@ -150,6 +156,85 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
   });
   r["device_used_gib"] = used_gib() - base;
   return r;
+}
+
+// The KDA core (ops/kda.h, chunked, bf16 q/k/v/o, f32 gate and beta) at issue 12's shapes:
+// B2 T8192 and B1 T65536 with H32 D128, and a packed case of 16 documents of mixed lengths
+// summing to 16384 tokens; bench/kda_fla.py times fla's chunk_kda on the same shapes.
+struct KdaBenchOptions {
+  int64_t heads = 32, head_dim = 128, warmup = 2, iters = 10;
+  double workspace_gib = 8;
+};
+
+nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
+                            const std::vector<int64_t>& lengths) {
+  Context ctx(ContextOptions{
+      .device = Device::CUDA,
+      .workspace_bytes = static_cast<size_t>(o.workspace_gib * static_cast<double>(1 << 30))});
+  Rng rng(1);
+  SeqInfo seq = SeqInfo::from_lengths(lengths);
+  const int64_t T = seq.tokens, H = o.heads, D = o.head_dim, N = seq.num_seqs;
+  const ops::KdaParams p{.tokens = T, .heads = H, .head_k = D, .head_v = D, .num_seqs = N};
+  const int64_t rows = ops::kda_saved_rows(p, seq.cu_seqlens);
+  const Tensor cu = seq.cu_seqlens.to(Device::CUDA);
+  const DType bf = DType::BF16, f32 = DType::F32;
+  // Unit-norm q and k rows (the layer normalises them before the core), a mild decay, beta in
+  // (0, 1): the values only have to keep the arithmetic finite.
+  const double unit = 1 / std::sqrt(static_cast<double>(D));
+  Tensor q = random_device({T, H, D}, bf, rng, unit), k = random_device({T, H, D}, bf, rng, unit),
+         v = random_device({T, H, D}, bf, rng), dout = random_device({T, H, D}, bf, rng);
+  const auto constant = [](const Shape& s, float value) {
+    Tensor t = Tensor::empty(s);
+    std::fill(t.f32(), t.f32() + t.numel(), value);
+    return t.to(Device::CUDA);
+  };
+  Tensor g = constant({T, H, D}, -0.05f), beta = constant({T, H}, 0.5f);
+  Tensor out = Tensor::empty({T, H, D}, bf, Device::CUDA), none;
+  Tensor saved = Tensor::empty({rows, H, D, D}, f32, Device::CUDA);
+  Tensor prepared = Tensor::empty({ops::kda_prepared_floats(p, rows)}, f32, Device::CUDA);
+  Tensor dq = Tensor::empty(q.shape(), bf, Device::CUDA),
+         dk = Tensor::empty(k.shape(), bf, Device::CUDA),
+         dv = Tensor::empty(v.shape(), bf, Device::CUDA),
+         dg = Tensor::empty(g.shape(), f32, Device::CUDA),
+         dbeta = Tensor::empty(beta.shape(), f32, Device::CUDA);
+  auto fwd = [&] {
+    ops::kda_forward(ctx, p, cu, q, k, v, g, beta, Tensor(), out, none, saved, prepared);
+  };
+  auto bwd = [&] {
+    ops::kda_backward(ctx, p, cu, q, k, v, g, beta, saved, prepared, dout, Tensor(), dq, dk, dv, dg,
+                      dbeta, none);
+  };
+  auto time = [&](const std::function<void()>& f) { return mean_ms(ctx, o.warmup, o.iters, f); };
+  const double f = time(fwd), fb = time([&] {
+                                fwd();
+                                bwd();
+                              });
+  return {{"case", name},
+          {"tokens", T},
+          {"documents", N},
+          {"H", H},
+          {"D", D},
+          {"fwd_ms", f},
+          {"fwdbwd_ms", fb},
+          {"fwd_Mtok_s", T / f / 1e3},
+          {"fwdbwd_Mtok_s", T / fb / 1e3}};
+}
+
+nlohmann::json run_kda_bench(const KdaBenchOptions& o, std::ostream& log) {
+  MT_CHECK(cuda_available(), ValueError, "bench kda: needs a GPU (and a binary built with CUDA)");
+  // The packed case: 16 documents of mixed lengths (not multiples of the chunk), 16384 tokens in
+  // all; bench/kda_fla.py lists the same.
+  const std::vector<int64_t> packed = {100,  1500, 700,  2300, 64,   900, 1200, 333,
+                                       1777, 450,  2048, 129,  1000, 640, 1111, 2132};
+  nlohmann::json j = {{"device", cuda_device_name(0)}, {"runs", nlohmann::json::array()}};
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> cases = {
+      {"B2_T8192", {8192, 8192}}, {"B1_T65536", {65536}}, {"packed16_T16384", packed}};
+  for (const auto& [name, lengths] : cases) {
+    log << "bench kda: " << name << "\n";
+    j["runs"].push_back(bench_kda_at(o, name, lengths));
+    log << j["runs"].back().dump() << "\n";
+  }
+  return j;
 }
 
 nlohmann::json run_dsa_bench(const DsaBenchOptions& o, std::ostream& log) {
@@ -223,9 +308,19 @@ Command add_bench_command(CLI::App& app) {
   ds->add_option("--workspace-gib", d->workspace_gib, "op scratch on the device")
       ->capture_default_str();
   ds->add_option("--json", *json_out, "also write the result to this file");
-  return {c, [o, d, ds, json_out] {
+  auto kb = std::make_shared<KdaBenchOptions>();
+  CLI::App* ks = c->add_subcommand("kda",
+                                   "time the chunked KDA core, forward and forward+backward, at "
+                                   "issue 12's shapes (bench/kda_fla.py: fla's chunk_kda)");
+  ks->add_option("--heads", kb->heads, "heads")->capture_default_str();
+  ks->add_option("--head-dim", kb->head_dim, "head_k = head_v")->capture_default_str();
+  ks->add_option("--iters", kb->iters, "timed runs")->capture_default_str();
+  ks->add_option("--json", *json_out, "also write the result to this file");
+  return {c, [o, d, ds, kb, ks, json_out] {
             nlohmann::json j;
-            if (ds->parsed()) {
+            if (ks->parsed()) {
+              j = run_kda_bench(*kb, std::cerr);
+            } else if (ds->parsed()) {
               j = run_dsa_bench(*d, std::cerr);
             } else {
               if (o->lora_rank == 0) o->lora_targets.clear();

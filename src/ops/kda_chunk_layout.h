@@ -7,10 +7,11 @@
 //   Kb = beta k e^Gam [C, K], Aqk [C, C], T = (I + diag(beta) KK)^-1 [C, C], KK [C, C],
 //   gL = e^Gam_L [K].
 // It lives in the workspace, or in the caller's `prepared` tensor that carries it from forward
-// to backward (ops/kda.h), which then skips prep. Backward keeps Delta [C, V] and dR [C, V] per
-// (chunk, head) in a block of its own, and its gradient pass reuses the prepared block: W, Qh and
-// Kl receive its products dO S0^T, dR S0^T and Delta dS^T, Aqk and T the pair terms, gL S0 . dS,
-// and U + Kb (contiguous) serve as scratch.
+// to backward (ops/kda.h), which then skips prep. Delta [C, V] and dR [C, V] per (chunk, head) have
+// a block of their own (forward's tensor-core pass keeps Delta there for its output pass; the
+// backward, for its gradient pass), and backward's gradient pass reuses the prepared block: W, Qh
+// and Kl receive its products dO S0^T, dR S0^T and Delta dS^T, Aqk and T the pair terms, gL S0 .
+// dS, and U + Kb (contiguous) serve as scratch.
 #pragma once
 
 #include <cstdint>

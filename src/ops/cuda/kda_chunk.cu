@@ -28,35 +28,21 @@
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kda_chunk.h"
+#include "ops/cuda/kda_chunk_args.cuh"
+#include "ops/cuda/kda_state_tc.h"
 #include "ops/kda_chunk_layout.h"
 
 namespace mt::ops::cuda {
 
 namespace {
 
+using kda_detail::Args;
+
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kCols = 32;    // state columns per block of the state passes: one per lane
 constexpr int kMaxC = 64;    // chunk (kda_chunk_kernel_fits)
 constexpr int kMaxKV = 128;  // head_k, head_v
-
-struct Args {
-  int64_t T, H, N, nchunks;
-  int C, K, V;
-  float scale;
-  KdaChunkLayout lay;
-  int64_t block;           // prepared floats per (chunk, head)
-  const int32_t* ct0;      // [nchunks] first token of each chunk
-  const int32_t* clen;     // [nchunks] its length (0: unused row)
-  const int32_t* dchunk0;  // [N + 1] first chunk of each document
-  const float *g, *beta, *h0, *dhT;
-  float *ws, *back, *saved, *hT, *dS, *dh0, *dg, *dbeta;  // ws: the prepared blocks
-  __device__ float* blk(int64_t c, int64_t h) const { return ws + (c * H + h) * block; }
-  // Backward's Delta and dR of (c, h).
-  __device__ float* bblk(int64_t c, int64_t h) const {
-    return back + (c * H + h) * lay.back_block();
-  }
-};
 
 // The exponent differences and the dGam sums: double for fp32 tensors (their 1e-5 check, with
 // cumsums that reach the thousands under strong decay), float for bf16, whose rounding of every
@@ -814,10 +800,8 @@ Args make_args(Context& ctx, const KdaParams& p, const Tensor& cu, const Tensor&
     a.ws = next;
     next += nchunks * p.heads * a.block;
   }
-  if (backward) {
-    a.back = next;
-    a.dS = a.back + nchunks * p.heads * a.lay.back_block();
-  }
+  a.back = next;
+  if (backward) a.dS = a.back + nchunks * p.heads * a.lay.back_block();
   a.g = ptr<float>(g);
   a.beta = ptr<float>(beta);
   chunk_table_kernel<<<1, 32, 0, stream(ctx)>>>(
@@ -874,6 +858,10 @@ void kda_chunk_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlen
   a.hT = hT.defined() && hT.numel() ? ptr<float>(hT) : nullptr;
   MT_DISPATCH_FLOAT(q, "kda", {
     prep<T>(ctx, a, q, k, v);
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      if (kda_detail::state_tc_fits(a))
+        return kda_detail::forward_state_tc(ctx, a, ptr<__nv_bfloat16>(o));
+    }
     launch_state(ctx, a, fwd_state_smem(a.C, a.K), fwd_state_kernel<T, true>,
                  fwd_state_kernel<T, false>, ptr<T>(o));
   });
@@ -895,8 +883,13 @@ void kda_chunk_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqle
   const dim3 chunks(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.H));
   MT_DISPATCH_FLOAT(q, "kda", {
     if (!prepared.defined()) prep<T>(ctx, a, q, k, v);
-    launch_state(ctx, a, bwd_state_smem(a.C, a.K), bwd_state_kernel<T, true>,
-                 bwd_state_kernel<T, false>, ptr<T>(dout));
+    bool tensor_cores = false;
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) tensor_cores = kda_detail::state_tc_fits(a);
+    if (tensor_cores)
+      kda_detail::backward_state_tc(ctx, a, ptr<__nv_bfloat16>(dout));
+    else
+      launch_state(ctx, a, bwd_state_smem(a.C, a.K), bwd_state_kernel<T, true>,
+                   bwd_state_kernel<T, false>, ptr<T>(dout));
     allow_smem(products_kernel<T>, kProductSmem);
     products_kernel<T>
         <<<dim3(chunks.x, chunks.y, 3), kThreads, kProductSmem, stream(ctx)>>>(a, ptr<T>(dout));

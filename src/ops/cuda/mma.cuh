@@ -90,6 +90,50 @@ __device__ __forceinline__ void c_to_a(uint32_t a[4], const float c0[4], const f
   a[3] = pack_bf16(c1[2], c1[3]);
 }
 
+// tf32 m16n8k8 with fp32 accumulators, for products whose operands are fp32 (the KDA state
+// passes): each operand is rounded to tf32 (10-bit mantissa, to nearest) on the way in.
+// Fragments: A (16 x 8, row-major) a0 = (g, c), a1 = (g+8, c), a2 = (g, c+4), a3 = (g+8, c+4);
+// B (8 x 8, k x n) b0 = (k c, n g), b1 = (k c+4, n g); C as for the bf16 MMA.
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// c += a * b.
+__device__ __forceinline__ void mma_tf32(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// acc[nt] += A(m0 .. m0+15, k) B(k, n0 + 8 nt .. n0 + 8 nt + 7) over k < kd (a multiple of 8), both
+// operands fp32 in shared memory: A(m, k) = A[m lda + k], or A[k lda + m] when TransA; B(k, n) =
+// B[k ldb + n]. Conflict-free fragment loads need lda = 4 (mod 32) row-major, lda = 8 or 24
+// (mod 32) transposed, and ldb = 8 or 24 (mod 32).
+template <bool TransA, int NT>
+__device__ __forceinline__ void warp_mma_tf32(float (&acc)[NT][4], const float* A, int lda, int m0,
+                                              const float* B, int ldb, int n0, int kd, int lane) {
+  const int g = lane >> 2, c = lane & 3;
+  const auto at = [&](int m, int k) { return TransA ? A[k * lda + m] : A[m * lda + k]; };
+  for (int k0 = 0; k0 < kd; k0 += 8) {
+    uint32_t a[4], b[NT][2];
+    a[0] = to_tf32(at(m0 + g, k0 + c));
+    a[1] = to_tf32(at(m0 + g + 8, k0 + c));
+    a[2] = to_tf32(at(m0 + g, k0 + c + 4));
+    a[3] = to_tf32(at(m0 + g + 8, k0 + c + 4));
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      b[nt][0] = to_tf32(B[(k0 + c) * ldb + n0 + 8 * nt + g]);
+      b[nt][1] = to_tf32(B[(k0 + c + 4) * ldb + n0 + 8 * nt + g]);
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) mma_tf32(acc[nt], a, b[nt]);
+  }
+}
+
 // Max and sum over the four lanes that share a fragment row.
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));

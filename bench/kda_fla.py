@@ -1,0 +1,62 @@
+"""fla 0.6.0's chunk_kda at the shapes of `moetrain bench kda` (issue 12): B2 T8192 and B1 T65536
+with H32 D128, and 16 packed documents (cu_seqlens) of 16384 tokens. bf16 q/k/v/g/beta, the gate
+given as a log decay (as our core takes it), forward and forward+backward, printing JSON lines.
+Run in the same device call as `moetrain bench kda`; fla's Triton autotuning is warmed first.
+`--l2norm`: q/k L2-normalised inside fla's kernel (the anchor script's call); by default fla gets
+unit rows already, as our core does."""
+import json
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from fla.ops.kda import chunk_kda
+
+dev = "cuda"
+L2 = "--l2norm" in sys.argv
+PACKED = [100, 1500, 700, 2300, 64, 900, 1200, 333, 1777, 450, 2048, 129, 1000, 640, 1111, 2132]
+
+
+def bench(f, warmup=2, iters=10):
+    for _ in range(warmup):
+        f()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        f()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3 / iters
+
+
+def case(name, B, T, H, D, cu=None):
+    torch.manual_seed(0)
+    bf = torch.bfloat16
+    q = F.normalize(torch.randn(B, T, H, D, device=dev), dim=-1).to(bf).requires_grad_(True)
+    k = F.normalize(torch.randn(B, T, H, D, device=dev), dim=-1).to(bf).requires_grad_(True)
+    v = torch.randn(B, T, H, D, device=dev, dtype=bf, requires_grad=True)
+    g = torch.full((B, T, H, D), -0.05, device=dev, dtype=bf, requires_grad=True)
+    beta = torch.full((B, T, H), 0.5, device=dev, dtype=bf, requires_grad=True)
+    do = torch.randn(B, T, H, D, device=dev, dtype=bf)
+    kw = dict(use_qk_l2norm_in_kernel=L2)
+    if cu is not None:
+        kw["cu_seqlens"] = cu
+
+    def fwd():
+        with torch.no_grad():
+            chunk_kda(q, k, v, g, beta, **kw)
+
+    def fwdbwd():
+        o, _ = chunk_kda(q, k, v, g, beta, **kw)
+        o.backward(do)
+
+    fwdbwd()  # autotune
+    torch.cuda.synchronize()
+    f, fb = bench(fwd), bench(fwdbwd)
+    print(json.dumps({"bench": "fla_chunk_kda", "case": name, "tokens": B * T, "H": H, "D": D,
+                      "l2norm_in_kernel": L2, "fwd_ms": f, "fwdbwd_ms": fb}), flush=True)
+
+
+case("B2_T8192", 2, 8192, 32, 128)
+case("B1_T65536", 1, 65536, 32, 128)
+cu = torch.tensor([0] + list(torch.tensor(PACKED).cumsum(0)), device=dev, dtype=torch.int32)
+case("packed16_T16384", 1, sum(PACKED), 32, 128, cu.long())

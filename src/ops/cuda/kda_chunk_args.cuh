@@ -1,0 +1,30 @@
+// The argument block every chunked-KDA kernel takes (ops/cuda/kda_chunk.cu builds it; the
+// tensor-core state passes of ops/cuda/kda_state_tc.cu read it too): the chunk table, the
+// prepared blocks (ops/kda_chunk_layout.h), the backward's own blocks and the op's tensors.
+#pragma once
+
+#include <cstdint>
+
+#include "ops/kda_chunk_layout.h"
+
+namespace mt::ops::cuda::kda_detail {
+
+struct Args {
+  int64_t T, H, N, nchunks;
+  int C, K, V;
+  float scale;
+  KdaChunkLayout lay;
+  int64_t block;           // prepared floats per (chunk, head)
+  const int32_t* ct0;      // [nchunks] first token of each chunk
+  const int32_t* clen;     // [nchunks] its length (0: unused row)
+  const int32_t* dchunk0;  // [N + 1] first chunk of each document
+  const float *g, *beta, *h0, *dhT;
+  float *ws, *back, *saved, *hT, *dS, *dh0, *dg, *dbeta;  // ws: the prepared blocks
+  __device__ float* blk(int64_t c, int64_t h) const { return ws + (c * H + h) * block; }
+  // Backward's Delta and dR of (c, h).
+  __device__ float* bblk(int64_t c, int64_t h) const {
+    return back + (c * H + h) * lay.back_block();
+  }
+};
+
+}  // namespace mt::ops::cuda::kda_detail

@@ -1,0 +1,440 @@
+// The chunked KDA's state passes on tensor cores, for bf16 tensors (kda_state_tc.h). The
+// algorithm and the prepared blocks are kda_chunk.cu's; only the state passes change.
+//
+// What is sequential is the recurrence alone; everything that does not depend on the carried
+// state leaves the sequential kernels:
+//   forward:  (1) per (document, head, 16 columns), chunk after chunk: Delta = U - W S0 and
+//             S = diag(gL) S0 + Kl^T Delta; S0 goes to `saved`, Delta to the backward blocks' D;
+//             (2) per (chunk, head, 64 columns), in parallel: o = Qh S0 + Aqk Delta.
+//   backward: (1) per (chunk, head, 64 columns), in parallel: Delta = U - W S0 into D,
+//             E = Aqk^T dO into dR's place and F = Qh^T dO into the chunk's dS slot;
+//             (2) per (document, head, 16 columns), in reverse: dDelta = E + Kl dS,
+//             dR = T^T dDelta, dS = diag(gL) dS + F - Kb^T dR; each chunk's outgoing dS replaces
+//             F in its slot, dR replaces E.
+// Every product is a warp-level tf32 MMA (mma.cuh) over fp32 tiles in shared memory: the
+// prepared blocks are fp32, and tf32's rounding (2^-11) stays below the bf16 rounding of every
+// input and output (2^-9). The state is carried in the MMA accumulators (fp32) of the warp that
+// owns its rows, and copied to shared memory once per chunk as the B operand of W S0 / Kl dS.
+// The sequential kernels stage the next chunk's W, Kl, T, Kb through cp.async as soon as the
+// current chunk is done with each (one buffer each: two blocks of 4 warps then fit per SM, and
+// 16-column blocks give 8 per head: the grid fills the GPU with one document of 32 heads).
+#include <algorithm>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/index_lists.cuh"
+#include "ops/cuda/kda_state_tc.h"
+#include "ops/cuda/mma.cuh"
+
+namespace mt::ops::cuda::kda_detail {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kC = 64;   // chunk
+constexpr int kK = 128;  // largest head_k, head_v
+constexpr int kNB = 16;  // state columns per block of the sequential passes
+constexpr int kNO = 64;  // columns per block of the parallel passes
+constexpr int kThreads = 128;
+// Shared row strides (floats) that make mma.cuh's fragment loads conflict-free and keep rows
+// 16-byte aligned for cp.async: row-major A operands over K or C columns, transposed A operands
+// whose rows run over K or C, and B operands of kNB or kNO columns.
+constexpr int kLdRowK = kK + 4, kLdRowC = kC + 4;
+constexpr int kLdTrK = kK + 8, kLdTrC = kC + 8;
+constexpr int kLdNB = kNB + 8, kLdNO = kNO + 8;
+
+// rows x cols floats (cols a multiple of 4, rows of the source gld apart) into a shared tile of
+// row stride sld, 16 bytes per cp.async (complete at the caller's cp_async_wait).
+__device__ __forceinline__ void stage(float* dst, int sld, const float* src, int64_t gld, int rows,
+                                      int cols) {
+  const int per = cols >> 2;
+  for (int e = threadIdx.x; e < rows * per; e += kThreads) {
+    const int r = e / per, q = (e - r * per) * 4;
+    mma::cp_async16(dst + r * sld + q, src + r * gld + q);
+  }
+}
+
+// The accumulator tile acc[NT][4] of rows m0 .. m0+15: f(row, col, acc element pair) for its
+// two rows, columns 8 nt + 2c (and + 1).
+template <int NT, typename F>
+__device__ __forceinline__ void for_pairs(float (&acc)[NT][4], int m0, int lane, F f) {
+  const int g = lane >> 2, c = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    f(m0 + g, 8 * nt + 2 * c, acc[nt][0], acc[nt][1]);
+    f(m0 + g + 8, 8 * nt + 2 * c, acc[nt][2], acc[nt][3]);
+  }
+}
+
+__device__ __forceinline__ float2* at2(float* p) {
+  return reinterpret_cast<float2*>(p);
+}
+__device__ __forceinline__ const float2* at2(const float* p) {
+  return reinterpret_cast<const float2*>(p);
+}
+
+// The state tile a warp of the sequential passes carries (rows 16 (w + 4 mt) + ..., kNB columns)
+// to dst, or else from src (zeros where src is null), [K][V] states whose column block starts
+// there.
+__device__ __forceinline__ void state_io(float (&s)[2][2][4], const float* src, float* dst, int K,
+                                         int V) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+    const int x0 = 16 * (w + 4 * mt);
+    for_pairs(s[mt], x0, lane, [&](int x, int col, float& s0, float& s1) {
+      if (dst) {
+        if (x0 < K) *at2(dst + x * V + col) = make_float2(s0, s1);
+        return;
+      }
+      const float2 v = src && x0 < K ? *at2(src + x * V + col) : make_float2(0.f, 0.f);
+      s0 = v.x;
+      s1 = v.y;
+    });
+  }
+}
+
+constexpr size_t kFwdStateSmem =
+    sizeof(float) * (kC * kLdRowK + kC * kLdTrK + kC * kNB + kK + kK * kLdNB + kC * kLdNB);
+
+__global__ void __launch_bounds__(kThreads, 2) fwd_state_tc_kernel(Args a) {
+  const int64_t n = blockIdx.x, h = blockIdx.y, H = a.H;
+  const int col0 = blockIdx.z * kNB, K = a.K, V = a.V, lane = threadIdx.x & 31,
+            w = threadIdx.x >> 5;
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* Ws = reinterpret_cast<float*>(smem);  // [kC][kLdRowK]
+  float* Kls = Ws + kC * kLdRowK;              // [kC][kLdTrK]
+  float* Us = Kls + kC * kLdTrK;               // [kC][kNB]
+  float* gLs = Us + kC * kNB;                  // [kK]
+  float* Ss = gLs + kK;                        // [kK][kLdNB]
+  float* Ds = Ss + kK * kLdNB;                 // [kC][kLdNB]
+  const KdaChunkLayout& lay = a.lay;
+  // The warp's state rows: m-tiles w and w + 4 (those below K).
+  float s[2][2][4];
+  state_io(s, a.h0 ? a.h0 + (n * H + h) * K * V + col0 : nullptr, nullptr, K, V);
+  const int64_t cb = a.dchunk0[n], ce = a.dchunk0[n + 1];
+  const auto stage_w = [&](int64_t c) {
+    const float* blk = a.blk(c, h);
+    stage(Ws, kLdRowK, blk + lay.W(), K, kC, K);
+    stage(Us, kNB, blk + lay.U() + col0, V, kC, kNB);
+  };
+  const auto stage_kl = [&](int64_t c) {
+    const float* blk = a.blk(c, h);
+    stage(Kls, kLdTrK, blk + lay.Kl(), K, kC, K);
+    stage(gLs, 0, blk + lay.gL(), 0, 1, K);
+  };
+  if (cb < ce) stage_w(cb);
+  mma::cp_async_commit();
+  if (cb < ce) stage_kl(cb);
+  mma::cp_async_commit();
+  for (int64_t c = cb; c < ce; ++c) {
+    const int L = a.clen[c], kd = (L + 7) & ~7;
+    // S entering the chunk: kept for backward, and the B operand of W S0.
+    float* sv = a.saved + (c * H + h) * K * V + col0;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+      if (16 * (w + 4 * mt) < K)
+        for_pairs(s[mt], 16 * (w + 4 * mt), lane, [&](int x, int col, float& s0, float& s1) {
+          *at2(Ss + x * kLdNB + col) = make_float2(s0, s1);
+          *at2(sv + x * V + col) = make_float2(s0, s1);
+        });
+    mma::cp_async_wait<1>();  // W, U of this chunk
+    __syncthreads();
+    // Delta = U - W S0, rows 16 w .. 16 w + 15 (zero past L).
+    float d[2][4] = {};
+    mma::warp_mma_tf32<false, 2>(d, Ws, kLdRowK, 16 * w, Ss, kLdNB, 0, K, lane);
+    float* Dg = a.bblk(c, h) + lay.D() + col0;
+    for_pairs(d, 16 * w, lane, [&](int i, int col, float& d0, float& d1) {
+      const float2 u = *at2(Us + i * kNB + col);
+      const float2 v = i < L ? make_float2(u.x - d0, u.y - d1) : make_float2(0.f, 0.f);
+      *at2(Ds + i * kLdNB + col) = v;
+      *at2(Dg + i * V + col) = v;
+    });
+    __syncthreads();  // Delta complete; W and U free
+    if (c + 1 < ce) stage_w(c + 1);
+    mma::cp_async_commit();
+    mma::cp_async_wait<1>();  // Kl, gL of this chunk
+    __syncthreads();
+    // S = diag(gL) S0 + Kl^T Delta.
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      const int x0 = 16 * (w + 4 * mt);
+      if (x0 >= K) continue;
+      for_pairs(s[mt], x0, lane, [&](int x, int, float& s0, float& s1) {
+        s0 *= gLs[x];
+        s1 *= gLs[x];
+      });
+      mma::warp_mma_tf32<true, 2>(s[mt], Kls, kLdTrK, x0, Ds, kLdNB, 0, kd, lane);
+    }
+    __syncthreads();  // Kl, gL and Delta free
+    if (c + 1 < ce) stage_kl(c + 1);
+    mma::cp_async_commit();
+  }
+  if (a.hT) state_io(s, nullptr, a.hT + (n * H + h) * K * V + col0, K, V);
+}
+
+constexpr size_t kOutSmem = sizeof(float) * (kC * kLdRowK + kK * kLdNO + kC * kLdRowC + kC * kLdNO);
+
+// o = Qh S0 + Aqk Delta for one chunk, head and 64 columns; warp w computes rows 16 w ...
+__global__ void __launch_bounds__(kThreads, 2) out_tc_kernel(Args a, bf16* o) {
+  const int64_t c = blockIdx.x, h = blockIdx.y, H = a.H;
+  const int L = a.clen[c];
+  if (L == 0) return;
+  const int col0 = blockIdx.z * kNO, K = a.K, V = a.V, lane = threadIdx.x & 31,
+            w = threadIdx.x >> 5, nc = V - col0 < kNO ? V - col0 : kNO;
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* Qs = reinterpret_cast<float*>(smem);  // [kC][kLdRowK]
+  float* S0s = Qs + kC * kLdRowK;              // [kK][kLdNO]
+  float* As = S0s + kK * kLdNO;                // [kC][kLdRowC]
+  float* Ds = As + kC * kLdRowC;               // [kC][kLdNO]
+  const KdaChunkLayout& lay = a.lay;
+  const float* blk = a.blk(c, h);
+  stage(Qs, kLdRowK, blk + lay.Qh(), K, kC, K);
+  stage(S0s, kLdNO, a.saved + (c * H + h) * K * V + col0, V, K, nc);
+  stage(As, kLdRowC, blk + lay.Aqk(), kC, kC, kC);
+  stage(Ds, kLdNO, a.bblk(c, h) + lay.D() + col0, V, kC, nc);
+  mma::cp_async_commit();
+  mma::cp_async_wait<0>();
+  __syncthreads();
+  // Columns past nc hold stale shared memory: they reach only outputs that are not written.
+  float acc[kNO / 8][4] = {};
+  mma::warp_mma_tf32<false, kNO / 8>(acc, Qs, kLdRowK, 16 * w, S0s, kLdNO, 0, K, lane);
+  mma::warp_mma_tf32<false, kNO / 8>(acc, As, kLdRowC, 16 * w, Ds, kLdNO, 0, (L + 7) & ~7, lane);
+  const int64_t t0 = a.ct0[c];
+  for_pairs(acc, 16 * w, lane, [&](int i, int col, float& o0, float& o1) {
+    if (i < L && col < nc)
+      *reinterpret_cast<__nv_bfloat162*>(o + ((t0 + i) * H + h) * V + col0 + col) =
+          __floats2bfloat162_rn(o0, o1);
+  });
+}
+
+constexpr size_t kPreSmem =
+    sizeof(float) * std::max(kC * kLdRowK + kK * kLdNO, kC* kLdTrC + kC * kLdNO + kC * kLdTrK);
+
+// Backward's products that do not depend on dS, per (chunk, head, 64 columns): job 0 (even z)
+// Delta = U - W S0 into D; job 1 (odd z) E = Aqk^T dO into dR and F = Qh^T dO into the dS slot.
+__global__ void __launch_bounds__(kThreads) bwd_pre_tc_kernel(Args a, const bf16* dout) {
+  const int64_t c = blockIdx.x, h = blockIdx.y, H = a.H;
+  const int L = a.clen[c];
+  if (L == 0) return;
+  const int job = blockIdx.z & 1, col0 = (blockIdx.z >> 1) * kNO, K = a.K, V = a.V,
+            lane = threadIdx.x & 31, w = threadIdx.x >> 5, nc = V - col0 < kNO ? V - col0 : kNO;
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* base = reinterpret_cast<float*>(smem);
+  const KdaChunkLayout& lay = a.lay;
+  const float* blk = a.blk(c, h);
+  float* bb = a.bblk(c, h);
+  const auto keep = [&](float* dst, int i, int col, float v0, float v1) {
+    if (col < nc) *at2(dst + static_cast<int64_t>(i) * V + col) = make_float2(v0, v1);
+  };
+  if (job == 0) {
+    float* Ws = base;                // [kC][kLdRowK]
+    float* S0s = Ws + kC * kLdRowK;  // [kK][kLdNO]
+    stage(Ws, kLdRowK, blk + lay.W(), K, kC, K);
+    stage(S0s, kLdNO, a.saved + (c * H + h) * K * V + col0, V, K, nc);
+    mma::cp_async_commit();
+    mma::cp_async_wait<0>();
+    __syncthreads();
+    float d[kNO / 8][4] = {};
+    mma::warp_mma_tf32<false, kNO / 8>(d, Ws, kLdRowK, 16 * w, S0s, kLdNO, 0, K, lane);
+    const float* U = blk + lay.U() + col0;
+    for_pairs(d, 16 * w, lane, [&](int i, int col, float& d0, float& d1) {
+      if (col >= nc) return;
+      const float u0 = U[i * V + col], u1 = U[i * V + col + 1];
+      keep(bb + lay.D() + col0, i, col, i < L ? u0 - d0 : 0.f, i < L ? u1 - d1 : 0.f);
+    });
+    return;
+  }
+  float* As = base;               // [kC][kLdTrC]: Aqk, read transposed
+  float* dOs = As + kC * kLdTrC;  // [kC][kLdNO]
+  float* Qs = dOs + kC * kLdNO;   // [kC][kLdTrK]: Qh, read transposed
+  stage(As, kLdTrC, blk + lay.Aqk(), kC, kC, kC);
+  stage(Qs, kLdTrK, blk + lay.Qh(), K, kC, K);
+  mma::cp_async_commit();
+  const int64_t t0 = a.ct0[c];
+  for (int e = threadIdx.x; e < kC * kNO; e += kThreads) {
+    const int i = e / kNO, y = e % kNO;
+    dOs[i * kLdNO + y] = i < L && y < nc ? ld(dout, ((t0 + i) * H + h) * V + col0 + y) : 0.f;
+  }
+  mma::cp_async_wait<0>();
+  __syncthreads();
+  const int kd = (L + 7) & ~7;
+  {
+    float e[kNO / 8][4] = {};
+    mma::warp_mma_tf32<true, kNO / 8>(e, As, kLdTrC, 16 * w, dOs, kLdNO, 0, kd, lane);
+    for_pairs(e, 16 * w, lane, [&](int i, int col, float& e0, float& e1) {
+      keep(bb + lay.dR() + col0, i, col, e0, e1);
+    });
+  }
+  float* F = a.dS + (c * H + h) * K * V + col0;
+#pragma unroll 1
+  for (int mt = 0; mt < 2; ++mt) {
+    const int x0 = 16 * (w + 4 * mt);
+    if (x0 >= K) break;
+    float f[kNO / 8][4] = {};
+    mma::warp_mma_tf32<true, kNO / 8>(f, Qs, kLdTrK, x0, dOs, kLdNO, 0, kd, lane);
+    for_pairs(f, x0, lane, [&](int x, int col, float& f0, float& f1) { keep(F, x, col, f0, f1); });
+  }
+}
+
+constexpr size_t kBwdStateSmem =
+    sizeof(float) * (kC * kLdRowK + kC * kLdTrC + kC * kLdTrK + kK + kK * kLdNB + 2 * kC * kLdNB);
+
+__global__ void __launch_bounds__(kThreads, 2) bwd_state_tc_kernel(Args a) {
+  const int64_t n = blockIdx.x, h = blockIdx.y, H = a.H;
+  const int col0 = blockIdx.z * kNB, K = a.K, V = a.V, lane = threadIdx.x & 31,
+            w = threadIdx.x >> 5;
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* Kls = reinterpret_cast<float*>(smem);  // [kC][kLdRowK]
+  float* Ts = Kls + kC * kLdRowK;               // [kC][kLdTrC]: T, read transposed
+  float* Kbs = Ts + kC * kLdTrC;                // [kC][kLdTrK]: Kb, read transposed
+  float* gLs = Kbs + kC * kLdTrK;               // [kK]
+  float* dSs = gLs + kK;                        // [kK][kLdNB]
+  float* dDs = dSs + kK * kLdNB;                // [kC][kLdNB]
+  float* nRs = dDs + kC * kLdNB;                // [kC][kLdNB]: -dR
+  const KdaChunkLayout& lay = a.lay;
+  float s[2][2][4];  // dS, rows as in the forward pass
+  state_io(s, a.dhT ? a.dhT + (n * H + h) * K * V + col0 : nullptr, nullptr, K, V);
+  const int64_t cb = a.dchunk0[n], ce = a.dchunk0[n + 1];
+  const auto stage_kl = [&](int64_t c) { stage(Kls, kLdRowK, a.blk(c, h) + lay.Kl(), K, kC, K); };
+  const auto stage_t = [&](int64_t c) { stage(Ts, kLdTrC, a.blk(c, h) + lay.Tm(), kC, kC, kC); };
+  const auto stage_kb = [&](int64_t c) {
+    stage(Kbs, kLdTrK, a.blk(c, h) + lay.Kb(), K, kC, K);
+    stage(gLs, 0, a.blk(c, h) + lay.gL(), 0, 1, K);
+  };
+  if (cb < ce) stage_kl(ce - 1);
+  mma::cp_async_commit();
+  if (cb < ce) stage_t(ce - 1);
+  mma::cp_async_commit();
+  if (cb < ce) stage_kb(ce - 1);
+  mma::cp_async_commit();
+  // F = Qh^T dO and E = Aqk^T dO of a chunk, which the parallel pass left in its dS slot and in
+  // dR's place: read one chunk ahead, so that their latency hides behind the chunk before. The
+  // slots then take the chunk's outgoing dS and dR (the same thread reads and writes each
+  // element).
+  const auto slot_of = [&](int64_t c) { return a.dS + (c * H + h) * K * V + col0; };
+  const auto dR_of = [&](int64_t c) { return a.bblk(c, h) + lay.dR() + col0; };
+  float f[2][2][4] = {}, e[2][4] = {};
+  const auto load_fe = [&](int64_t c) {
+    const float* slot = slot_of(c);
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+      if (16 * (w + 4 * mt) < K)
+        for_pairs(f[mt], 16 * (w + 4 * mt), lane, [&](int x, int col, float& f0, float& f1) {
+          const float2 v = *at2(slot + x * V + col);
+          f0 = v.x;
+          f1 = v.y;
+        });
+    const float* E = dR_of(c);
+    for_pairs(e, 16 * w, lane, [&](int i, int col, float& e0, float& e1) {
+      const float2 v = *at2(E + i * V + col);
+      e0 = v.x;
+      e1 = v.y;
+    });
+  };
+  if (cb < ce) load_fe(ce - 1);
+  for (int64_t c = ce - 1; c >= cb; --c) {
+    const int L = a.clen[c], kd = (L + 7) & ~7;
+    float* slot = slot_of(c);
+    float* dRg = dR_of(c);
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+      if (16 * (w + 4 * mt) < K)
+        for_pairs(s[mt], 16 * (w + 4 * mt), lane, [&](int x, int col, float& s0, float& s1) {
+          *at2(dSs + x * kLdNB + col) = make_float2(s0, s1);
+          *at2(slot + x * V + col) = make_float2(s0, s1);
+        });
+    // dDelta = E + Kl dS.
+    float dd[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int u = 0; u < 4; ++u) dd[nt][u] = e[nt][u];
+    float fc[2][2][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int u = 0; u < 4; ++u) fc[mt][nt][u] = f[mt][nt][u];
+    if (c > cb) load_fe(c - 1);
+    mma::cp_async_wait<2>();  // Kl of this chunk
+    __syncthreads();
+    mma::warp_mma_tf32<false, 2>(dd, Kls, kLdRowK, 16 * w, dSs, kLdNB, 0, K, lane);
+    for_pairs(dd, 16 * w, lane, [&](int i, int col, float& d0, float& d1) {
+      *at2(dDs + i * kLdNB + col) = i < L ? make_float2(d0, d1) : make_float2(0.f, 0.f);
+    });
+    __syncthreads();  // dDelta complete; Kl free
+    if (c > cb) stage_kl(c - 1);
+    mma::cp_async_commit();
+    mma::cp_async_wait<2>();  // T of this chunk
+    __syncthreads();
+    // dR = T^T dDelta.
+    float r[2][4] = {};
+    mma::warp_mma_tf32<true, 2>(r, Ts, kLdTrC, 16 * w, dDs, kLdNB, 0, kd, lane);
+    for_pairs(r, 16 * w, lane, [&](int i, int col, float& r0, float& r1) {
+      const float2 v = i < L ? make_float2(r0, r1) : make_float2(0.f, 0.f);
+      *at2(dRg + i * V + col) = v;
+      *at2(nRs + i * kLdNB + col) = make_float2(-v.x, -v.y);
+    });
+    __syncthreads();  // -dR complete; T free
+    if (c > cb) stage_t(c - 1);
+    mma::cp_async_commit();
+    mma::cp_async_wait<2>();  // Kb, gL of this chunk
+    __syncthreads();
+    // dS = diag(gL) dS + F - Kb^T dR.
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      const int x0 = 16 * (w + 4 * mt);
+      if (x0 >= K) continue;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          s[mt][nt][u] = gLs[x0 + (lane >> 2) + (u >> 1) * 8] * s[mt][nt][u] + fc[mt][nt][u];
+      mma::warp_mma_tf32<true, 2>(s[mt], Kbs, kLdTrK, x0, nRs, kLdNB, 0, kd, lane);
+    }
+    __syncthreads();  // Kb, gL and -dR free
+    if (c > cb) stage_kb(c - 1);
+    mma::cp_async_commit();
+  }
+  if (a.dh0) state_io(s, nullptr, a.dh0 + (n * H + h) * K * V + col0, K, V);
+}
+
+dim3 state_grid(const Args& a) {
+  return dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(a.H),
+              static_cast<unsigned>(a.V / kNB));
+}
+
+dim3 chunk_grid(const Args& a, int jobs) {
+  return dim3(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.H),
+              static_cast<unsigned>(jobs * ((a.V + kNO - 1) / kNO)));
+}
+
+}  // namespace
+
+bool state_tc_fits(const Args& a) {
+  return a.C == kC && a.K % 16 == 0 && a.V % 16 == 0 && a.K <= kK && a.V <= kK;
+}
+
+void forward_state_tc(Context& ctx, const Args& a, bf16* o) {
+  const char* op = "kda_forward";
+  fwd_state_tc_kernel<<<state_grid(a), kThreads, smem_for(fwd_state_tc_kernel, kFwdStateSmem, op),
+                        stream(ctx)>>>(a);
+  MT_CUDA_LAUNCH_CHECK();
+  out_tc_kernel<<<chunk_grid(a, 1), kThreads, smem_for(out_tc_kernel, kOutSmem, op), stream(ctx)>>>(
+      a, o);
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+void backward_state_tc(Context& ctx, const Args& a, const bf16* dout) {
+  const char* op = "kda_backward";
+  bwd_pre_tc_kernel<<<chunk_grid(a, 2), kThreads, smem_for(bwd_pre_tc_kernel, kPreSmem, op),
+                      stream(ctx)>>>(a, dout);
+  MT_CUDA_LAUNCH_CHECK();
+  bwd_state_tc_kernel<<<state_grid(a), kThreads, smem_for(bwd_state_tc_kernel, kBwdStateSmem, op),
+                        stream(ctx)>>>(a);
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace mt::ops::cuda::kda_detail
