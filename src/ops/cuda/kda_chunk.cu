@@ -9,19 +9,21 @@
 //   S_next = diag(e^Gam_L) S0 + (k e^(Gam_L - Gam))^T Delta.
 // Forward: (1) prep, one block per (chunk, head), builds everything that does not depend on S0
 // (pairwise terms with one exponential per pair and channel, never a factorised e^Gam e^-Gam that
-// could overflow) into the workspace (ops/kda_chunk_layout.h); (2) state, one block per
-// (document, head, 32 state columns), walks the document's chunks: the columns of S evolve
-// independently, one per lane, so the state pass needs no cross-block reduction.
-// Backward: prep again; (3) the reverse state pass carries dS (again per column) and leaves
-// Delta, dR = T^T dDelta and each chunk's outgoing dS in the workspace; (4) products, per
-// (chunk, head, job): dO S0^T, dR S0^T, Delta dS^T, S0 . dS and the pair matrices dO Delta^T,
-// dR Delta^T, tiled through shared memory; (5) gradients, per (chunk, head): one thread per
-// (token, channel) sums its pair terms in a fixed order (no atomics: bit-repeatable) and the
-// reverse cumsum turns dGam into dg.
+// could overflow; for bf16 at chunk 64 and K 128 the pairs across 16-row blocks are tf32 MMAs of
+// factors bounded by one, prep_block_pairs) into the workspace (ops/kda_chunk_layout.h); (2) state,
+// one block per (document, head, 32 state columns), walks the document's chunks: the columns of S
+// evolve independently, one per lane, so the state pass needs no cross-block reduction. Backward:
+// prep again; (3) the reverse state pass carries dS (again per column) and leaves Delta, dR = T^T
+// dDelta and each chunk's outgoing dS in the workspace; (4) products, per (chunk, head, job): dO
+// S0^T, dR S0^T, Delta dS^T, S0 . dS and the pair matrices dO Delta^T, dR Delta^T, tiled through
+// shared memory; (5) gradients, per (chunk, head): one thread per (token, channel) sums its pair
+// terms in a fixed order (no atomics: bit-repeatable) and the reverse cumsum turns dGam into dg.
 // fp32 arithmetic (q, k, v, o and their gradients in the tensors' dtype), exponent differences
-// and dGam sums in Wide<T> (double for fp32 tensors, float for bf16); no tensor cores yet. The
-// prep and gradient kernels run 2 and 1 blocks of 8 and 16 warps per SM, the state passes one
-// block of 16 warps per (document, head, 32 columns): all are latency-bound (bench/RESULTS.md).
+// and dGam sums in Wide<T> (double for fp32 tensors, float for bf16). For bf16 tensors whose
+// shapes fit (kda_state_tc.h) the state passes (2, 3) run on tensor cores instead
+// (kda_state_tc.cu); fp32 tensors keep the CUDA-core passes below. The prep and gradient kernels
+// run 2 and 1 blocks of 8 and 16 warps per SM, the CUDA-core state passes one block of 16 warps
+// per (document, head, 32 columns): all are latency-bound (bench/RESULTS.md).
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -30,6 +32,7 @@
 #include "ops/cuda/kda_chunk.h"
 #include "ops/cuda/kda_chunk_args.cuh"
 #include "ops/cuda/kda_state_tc.h"
+#include "ops/cuda/mma.cuh"
 #include "ops/kda_chunk_layout.h"
 
 namespace mt::ops::cuda {
@@ -144,9 +147,102 @@ size_t prep_smem(int C, int K, int V) {
   return prep_gam_bytes<T>(C, K) + sizeof(float) * (std::max(C * K, C * V) + C * K + C * C + C);
 }
 
-constexpr int kPairGroup = 4;  // pairs a warp sums at once (independent shuffle chains)
+constexpr int kPairGroup = 4;   // pairs a warp sums at once (independent shuffle chains)
+constexpr int kBlockRows = 16;  // TC: the chunk's 16-row blocks
+constexpr int kBlockPairs = kBlockRows * (kBlockRows + 1) / 2;
 
-template <typename T>
+// TC's shared layout of the scaled q/k tiles: element (i, x) of a row of kMaxKV floats sits at
+// column x ^ 4 (i mod 8), which makes the MMA fragment loads of eight consecutive rows hit 32
+// different banks.
+__device__ __forceinline__ int swz(int i, int x) {
+  return i * kMaxKV + (x ^ ((i & 7) << 2));
+}
+
+// TC: the pairs (i, j) whose rows lie in different 16-row blocks, p > r, on tensor cores. With
+// G = Gam and the block references R_p = G at row 16 p (G only falls along a chunk: g <= 0),
+//   sum_x q_i k_j e^(G_i - G_j) = sum_x [q_i e^(G_i - R_p)] [k_j e^(R_(r+1) - G_j)] e^(R_p -
+//   R_(r+1)),
+// every factor at most one, so nothing overflows however strong the decay (inside a block the
+// factors would not be bounded: those pairs stay on the direct loop). The three tiles replace q,
+// k and Gam in shared memory (swizzled, swz); the references go to q's rows 0-2, which no tile
+// needs. K = 128, 256 threads: each thread owns one channel of 32 rows.
+__device__ __forceinline__ void prep_block_pairs(const Args& a, float* blk, float* gam, float* qs,
+                                                 float* ks, float* kk) {
+  constexpr int K = kMaxKV, rows = kMaxC * K / kThreads, step = kThreads / K;
+  const int tid = threadIdx.x, x = tid % K, lane = tid & 31, w = tid >> 5;
+  const KdaChunkLayout& lay = a.lay;
+  const float r1 = gam[16 * K + x], r2 = gam[32 * K + x], r3 = gam[48 * K + x];
+  const auto ref = [&](int bi) { return bi == 1 ? r1 : bi == 2 ? r2 : r3; };  // bi in 1..3
+  float t1[rows], t2[rows];
+#pragma unroll
+  for (int t = 0; t < rows; ++t) {
+    const int i = tid / K + t * step, bi = i >> 4;
+    t1[t] = bi ? qs[i * K + x] * __expf(gam[i * K + x] - ref(bi)) : 0.f;
+  }
+  __syncthreads();  // every thread has read its q
+#pragma unroll
+  for (int t = 0; t < rows; ++t) {
+    const int i = tid / K + t * step;
+    if (i >= kBlockRows) qs[swz(i, x)] = t1[t];
+  }
+  if (tid < K) {
+    qs[x] = r1;
+    qs[K + x] = r2;
+    qs[2 * K + x] = r3;
+  }
+#pragma unroll
+  for (int t = 0; t < rows; ++t) {
+    const int i = tid / K + t * step, bi = i >> 4;
+    const float kv = ks[i * K + x], gv = gam[i * K + x];
+    t1[t] = bi ? kv * __expf(gv - ref(bi)) : 0.f;
+    t2[t] = bi < 3 ? kv * __expf(ref(bi + 1) - gv) : 0.f;
+  }
+  __syncthreads();  // every thread has read its k and Gam
+#pragma unroll
+  for (int t = 0; t < rows; ++t) {
+    const int i = tid / K + t * step;
+    if (i >= kBlockRows) ks[swz(i, x)] = t1[t];
+    if (i < 48) gam[swz(i, x)] = t2[t];
+  }
+  __syncthreads();
+  // Warp w < 6: block pair (p, r) = (1,0), (2,0), (2,1), (3,0), (3,1), (3,2).
+  if (w < 6) {
+    const int p = w < 1 ? 1 : w < 3 ? 2 : 3, r = w - p * (p - 1) / 2;
+    const float* Rp = qs + (p - 1) * K;  // R_p
+    const float* Rr = qs + r * K;        // R_(r+1)
+    const int g = lane >> 2, c = lane & 3, i0 = 16 * p + g, j0 = 16 * r + g;
+    float aq[2][4] = {}, ak[2][4] = {};
+    for (int k0 = 0; k0 < K; k0 += 8) {
+      const int x0 = k0 + c, x1 = x0 + 4;
+      const float d0 = __expf(Rp[x0] - Rr[x0]), d1 = __expf(Rp[x1] - Rr[x1]);
+      const uint32_t fq[4] = {mma::to_tf32(qs[swz(i0, x0)]), mma::to_tf32(qs[swz(i0 + 8, x0)]),
+                              mma::to_tf32(qs[swz(i0, x1)]), mma::to_tf32(qs[swz(i0 + 8, x1)])};
+      const uint32_t fk[4] = {mma::to_tf32(ks[swz(i0, x0)]), mma::to_tf32(ks[swz(i0 + 8, x0)]),
+                              mma::to_tf32(ks[swz(i0, x1)]), mma::to_tf32(ks[swz(i0 + 8, x1)])};
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const int j = j0 + 8 * nt;
+        const uint32_t fb[2] = {mma::to_tf32(gam[swz(j, x0)] * d0),
+                                mma::to_tf32(gam[swz(j, x1)] * d1)};
+        mma::mma_tf32(aq[nt], fq, fb);
+        mma::mma_tf32(ak[nt], fk, fb);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = i0 + (e >> 1) * 8, j = 16 * r + 8 * nt + 2 * c + (e & 1);
+        blk[lay.Aqk() + i * kMaxC + j] = a.scale * aq[nt][e];
+        kk[i * kMaxC + j] = ak[nt][e];
+      }
+  }
+  __syncthreads();
+}
+
+// TC (bf16, chunk 64, K 128): the pairs across 16-row blocks on tensor cores
+// (prep_block_pairs); the direct loop then sums only the pairs inside each block.
+template <typename T, bool TC>
 __global__ void __launch_bounds__(kThreads)
     prep_kernel(Args a, const T* q, const T* k, const T* v) {
   const int64_t c = blockIdx.x, h = blockIdx.y;
@@ -172,14 +268,21 @@ __global__ void __launch_bounds__(kThreads)
   }
   load_chunk(a, t0, L, h, q, k, gam, qs, ks, b);
   __syncthreads();
-  // Pairs: a warp per group of (i, j), lanes over channels.
-  const int pairs = L * (L + 1) / 2;
+  // Pairs: a warp per group of (i, j), lanes over channels (TC: those inside each 16-row block).
+  const int pairs = TC ? (kMaxC / kBlockRows) * kBlockPairs : L * (L + 1) / 2;
   for (int p0 = w * kPairGroup; p0 < pairs; p0 += kWarps * kPairGroup) {
     int pi[kPairGroup], pj[kPairGroup];
     float sqk[kPairGroup] = {}, skk[kPairGroup] = {};
 #pragma unroll
     for (int u = 0; u < kPairGroup; ++u) {
-      pair_of(p0 + u < pairs ? p0 + u : pairs - 1, pi[u], pj[u]);
+      const int pu = p0 + u < pairs ? p0 + u : pairs - 1;
+      if (TC) {
+        pair_of(pu % kBlockPairs, pi[u], pj[u]);
+        pi[u] += pu / kBlockPairs * kBlockRows;
+        pj[u] += pu / kBlockPairs * kBlockRows;
+      } else {
+        pair_of(pu, pi[u], pj[u]);
+      }
       for (int x = lane; x < K; x += 32) {
         const float e = __expf(static_cast<float>(gam[pi[u] * K + x] - gam[pj[u] * K + x]));
         const float kj = ks[pj[u] * K + x] * e;
@@ -195,13 +298,13 @@ __global__ void __launch_bounds__(kThreads)
     if (lane == 0)
 #pragma unroll
       for (int u = 0; u < kPairGroup; ++u)
-        if (p0 + u < pairs) {
+        if (p0 + u < pairs && pi[u] < L) {
           blk[lay.Aqk() + pi[u] * C + pj[u]] = a.scale * sqk[u];
           if (pj[u] < pi[u]) kk[pi[u] * C + pj[u]] = skk[u];
         }
   }
   __syncthreads();
-  // The state-free row products; Kb replaces k in ks.
+  // The state-free row products; Kb replaces k in ks (TC: after the block pairs, from blk).
   for (int e = tid; e < C * K; e += kThreads) {
     const int i = e / K, x = e % K;
     float qh = 0.f, kl = 0.f, kb = 0.f;
@@ -215,11 +318,16 @@ __global__ void __launch_bounds__(kThreads)
     blk[lay.Qh() + e] = qh;
     blk[lay.Kl() + e] = kl;
     blk[lay.Kb() + e] = kb;
-    ks[e] = kb;
+    if (!TC) ks[e] = kb;
   }
   for (int x = tid; x < K; x += kThreads)
     blk[lay.gL() + x] = __expf(static_cast<float>(gam[(L - 1) * K + x]));
-  __syncthreads();  // Gam and q are dead: T and beta v take their places
+  __syncthreads();
+  if constexpr (TC) {
+    prep_block_pairs(a, blk, gam, qs, ks, kk);
+    for (int e = tid; e < C * K; e += kThreads) ks[e] = blk[lay.Kb() + e];
+  }
+  // Gam and q are dead: T and beta v take their places.
   for (int e = tid; e < C * V; e += kThreads) {
     const int i = e / V;
     vs[e] = i < L ? b[i] * ld(v, ((t0 + i) * a.H + h) * V + e % V) : 0.f;
@@ -823,9 +931,14 @@ void allow_smem(Kernel kernel, size_t bytes) {
 template <typename T>
 void prep(Context& ctx, const Args& a, const Tensor& q, const Tensor& k, const Tensor& v) {
   const size_t sm = prep_smem<T>(a.C, a.K, a.V);
-  allow_smem(prep_kernel<T>, sm);
-  prep_kernel<T><<<dim3(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.H)), kThreads, sm,
-                   stream(ctx)>>>(a, ptr<T>(q), ptr<T>(k), ptr<T>(v));
+  // The block pairs on tensor cores: bf16 (float Gam), chunk 64, K 128 (one channel per thread).
+  auto* kernel = prep_kernel<T, false>;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (a.C == kMaxC && a.K == kMaxKV) kernel = prep_kernel<T, true>;
+  }
+  allow_smem(kernel, sm);
+  kernel<<<dim3(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.H)), kThreads, sm,
+           stream(ctx)>>>(a, ptr<T>(q), ptr<T>(k), ptr<T>(v));
   MT_CUDA_LAUNCH_CHECK();
 }
 
