@@ -8,20 +8,15 @@
 # with a final checkpoint whose every file (both shards, index.json, state.json, job.toml,
 # manifest.json) equals the uninterrupted run's byte for byte.
 # Usage: sharded_kill_check.sh MOETRAIN MPIRUN... (the mpirun command with its flags)
-# MOETRAIN_TEST_SEED picks the extra offsets (printed).
+# The job seed (cli_setup.sh: MOETRAIN_TEST_SEED when set, printed on failure) also picks the extra
+# offsets.
 set -euo pipefail
 bin=$1; shift
 mpirun=("$@")
-src=$(cd "$(dirname "$0")/../.." && pwd)
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-seed=${MOETRAIN_TEST_SEED:-$(( (RANDOM << 15) | RANDOM ))}
-echo "MOETRAIN_TEST_SEED=$seed (offsets drawn from it)"
+source "$(dirname "$0")/cli_setup.sh"
 RANDOM=$seed
 
-"$bin" data prepare "$src/src" --ext .h --max-bytes 150000 --vocab 384 --seq 64 --out "$T/data" >/dev/null 2>&1
-A=(train --job "$src/configs/tiny-code.toml" --set "model.config=\"$src/configs/models/tiny-code.json\""
-   --set "data.train=\"$T/data/train\"" --set "data.eval.code=\"$T/data/heldout\""
-   --set schedule.steps=6 --set checkpoint.every=2 --set checkpoint.keep=10
+A=(train "${S[@]}" --set schedule.steps=6 --set checkpoint.every=2 --set checkpoint.keep=10
    --set parallel.ep=2 --set parallel.fsdp=true --set "run.dir=\"$T/run\"")
 files=(shard-00000-of-00002.safetensors shard-00001-of-00002.safetensors index.json state.json
        job.toml manifest.json)

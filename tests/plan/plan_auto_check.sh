@@ -9,14 +9,10 @@
 set -euo pipefail
 bin=$1; shift
 mpirun=("$@")
-src=$(cd "$(dirname "$0")/../.." && pwd)
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+source "$(dirname "$0")/../parallel/cli_setup.sh"
 tol=1e-5
 
-"$bin" data prepare "$src/src" --ext .h --max-bytes 150000 --vocab 384 --seq 64 --out "$T/data" >/dev/null 2>&1
-S=(--job "$src/configs/tiny-code.toml" --set "model.config=\"$src/configs/models/tiny-code.json\""
-   --set "data.train=\"$T/data/train\"" --set "data.eval.code=\"$T/data/heldout\""
-   --set schedule.steps=4 --set checkpoint.every=0)
+S+=(--set schedule.steps=4 --set checkpoint.every=0)
 
 losses() {
   sed -n 's/.*"grad_norm".*"loss":\([^,]*\),.*"step":\([0-9]*\).*/\2 \1/p' "$1/metrics.jsonl"

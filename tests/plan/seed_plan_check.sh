@@ -10,8 +10,7 @@
 set -euo pipefail
 bin=$1; shift
 mpirun=("$@")
-src=$(cd "$(dirname "$0")/../.." && pwd)
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+source "$(dirname "$0")/../parallel/cli_setup.sh"
 fail() { echo "FAIL: $*"; exit 1; }
 
 j=$("$bin" plan --model seed-2.8t --gpus 128 --mem-gb 80 --top 1 --json)
@@ -30,10 +29,9 @@ set_args=$(jq -r .set <<<"$job" | sed -e "s/parallel.ep=$ep/parallel.ep=$small_e
 echo "scaled to $world ranks: $set_args"
 grep -q "parallel.shard_expert_weights=true" <<<"$set_args" || fail "plan 1 does not shard the expert weights"
 
-"$bin" data prepare "$src/src" --ext .h --max-bytes 150000 --vocab 384 --seq 64 --out "$T/data" >/dev/null 2>&1
 # shellcheck disable=SC2086  # set_args is a list of --set options
-"${mpirun[@]}" -np $world "$bin" train --job "$src/configs/tiny-code.toml" \
-  --set "model.config=\"$src/configs/models/seed-mini.json\"" --set "data.train=\"$T/data/train\"" \
+"${mpirun[@]}" -np $world "$bin" train "${S[@]}" \
+  --set "model.config=\"$src/configs/models/seed-mini.json\"" \
   --set 'data.eval={}' --set "run.dir=\"$T/run\"" $set_args --dry-run \
   --set 'lora.targets=["attention","kda","shared_experts","dense_ffn"]' --set lora.rank=16 \
   >"$T/dry.log"

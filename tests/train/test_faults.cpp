@@ -40,11 +40,14 @@ namespace {
 
 using test::temp_dir;
 
-// A job file for the tiny model; every test's runs differ only in run.dir and the overrides.
+// A job file for the tiny model; every test's runs differ only in run.dir and the overrides. Its
+// run seed and data are the test's fresh draw (case_seed: alike at every call within the test; the
+// run seed shifted into a non-negative TOML integer).
 fs::path write_job(const fs::path& root, int64_t steps, int64_t every) {
   const fs::path f = root / "job.toml";
-  std::ofstream(f) << "[run]\nseed = 5\nthreads = 1\n[model]\nconfig = \"tiny\"\n[data]\ntrain = \""
-                   << test::write_tiny_dataset(root / "train", 7, 16, {12, 12})
+  std::ofstream(f) << "[run]\nseed = " << (test::case_seed() >> 1)
+                   << "\nthreads = 1\n[model]\nconfig = \"tiny\"\n[data]\ntrain = \""
+                   << test::write_tiny_dataset(root / "train", test::case_seed() + 1, 16, {12, 12})
                    << "\"\n[optim]\nlr = 0.01\n[schedule]\nsteps = " << steps
                    << "\nwarmup = 2\n[train]\nbatch = 2\ngrad_accum = 2\n[checkpoint]\n"
                    << "every = " << every << "\nkeep = 100\n[log]\nprogress = \"off\"\n";

@@ -4,14 +4,16 @@
 # image-text data prepared with --image-token-id, a LoRA run on the language model and the
 # projector with the tower trained in full (model.vision_tower = "train"), then eval with the
 # exact-match columns. The model is the k25_a golden's config with a vocabulary that holds the
-# tokenizer's 300 ids and the image token (moetrain initialises it).
+# tokenizer's 300 ids and the image token (moetrain initialises it). The images and the job draw
+# from a fresh seed (cli_setup.sh: MOETRAIN_TEST_SEED when set, printed on failure).
 # Usage: vision_cli_check.sh MOETRAIN
 set -euo pipefail
 bin=$1
-src=$(cd "$(dirname "$0")/../.." && pwd)
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+own_data=1  # its own data; the job seed from cli_setup.sh
+source "$(dirname "$0")/../parallel/cli_setup.sh"
 
-python3 "$src/tools/make_vision_demo.py" --out "$T/task" --train 48 --heldout 16 >/dev/null
+python3 "$src/tools/make_vision_demo.py" --out "$T/task" --train 48 --heldout 16 --seed "$run_seed" \
+  >/dev/null
 python3 - "$src/tests/golden/k25_a/model/config.json" "$T/model.json" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1]))
@@ -27,6 +29,7 @@ done
 cat >"$T/job.toml" <<TOML
 [run]
 dir = "$T/run"
+seed = $run_seed
 threads = 1
 device = "cpu"
 [model]
