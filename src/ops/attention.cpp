@@ -57,14 +57,8 @@ void causal_attention_forward(Context& ctx, const AttentionParams& p, const Tens
                               const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o,
                               Tensor& lse) {
   check_causal(p, cu_seqlens, q, k, v, o, lse);
-  if (op_device("causal_attention_forward", {&cu_seqlens, &q, &k, &v, &o, &lse}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::causal_attention_forward(ctx, p, cu_seqlens, q, k, v, o, lse);
-#else
-    no_cuda_backend("causal_attention_forward");
-#endif
-  }
-  cpu::causal_attention_forward(ctx, p, cu_seqlens, q, k, v, o, lse);
+  dispatch(MT_OP_BODIES(causal_attention_forward), {&cu_seqlens, &q, &k, &v, &o, &lse}, ctx, p,
+           cu_seqlens, q, k, v, o, lse);
 }
 
 void causal_attention_backward(Context& ctx, const AttentionParams& p, const Tensor& cu_seqlens,
@@ -76,15 +70,9 @@ void causal_attention_backward(Context& ctx, const AttentionParams& p, const Ten
   expect_shape(dq, q.shape(), "causal attention dq");
   expect_shape(dk, k.shape(), "causal attention dk");
   expect_shape(dv, v.shape(), "causal attention dv");
-  if (op_device("causal_attention_backward",
-                {&cu_seqlens, &q, &k, &v, &o, &lse, &dout, &dq, &dk, &dv}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::causal_attention_backward(ctx, p, cu_seqlens, q, k, v, o, lse, dout, dq, dk, dv);
-#else
-    no_cuda_backend("causal_attention_backward");
-#endif
-  }
-  cpu::causal_attention_backward(ctx, p, cu_seqlens, q, k, v, o, lse, dout, dq, dk, dv);
+  dispatch(MT_OP_BODIES(causal_attention_backward),
+           {&cu_seqlens, &q, &k, &v, &o, &lse, &dout, &dq, &dk, &dv}, ctx, p, cu_seqlens, q, k, v,
+           o, lse, dout, dq, dk, dv);
 }
 
 int64_t max_doc_len(const SeqInfo& seq) {
@@ -99,14 +87,7 @@ void causal_indices(const SeqInfo& seq, Tensor& indices) {
       indices.ndim() == 2 && indices.dim(0) == seq.tokens && indices.dim(1) >= max_doc_len(seq),
       ShapeError, "causal_indices: indices ", indices.shape(), " for ", seq.tokens,
       " tokens, longest document ", max_doc_len(seq));
-  if (op_device("causal_indices", {&indices}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::causal_indices(seq, indices);
-#else
-    no_cuda_backend("causal_indices");
-#endif
-  }
-  cpu::causal_indices(seq, indices);
+  dispatch(MT_OP_BODIES(causal_indices), {&indices}, seq, indices);
 }
 
 void full_indices(const SeqInfo& seq, Tensor& indices) {
@@ -129,14 +110,8 @@ void attention_forward(Context& ctx, const AttentionParams& p, const Tensor& q, 
   check_common(p, q, k, v, indices);
   expect_shape(o, {p.tokens, p.heads, p.v_dim}, "attention o");
   expect_shape(lse, {p.tokens, p.heads}, "attention lse");
-  if (op_device("attention_forward", {&q, &k, &v, &indices, &o, &lse}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::attention_forward(ctx, p, q, k, v, indices, o, lse);
-#else
-    no_cuda_backend("attention_forward");
-#endif
-  }
-  cpu::attention_forward(ctx, p, q, k, v, indices, o, lse);
+  dispatch(MT_OP_BODIES(attention_forward), {&q, &k, &v, &indices, &o, &lse}, ctx, p, q, k, v,
+           indices, o, lse);
 }
 
 void attention_backward(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
@@ -149,15 +124,8 @@ void attention_backward(Context& ctx, const AttentionParams& p, const Tensor& q,
   expect_shape(dq, q.shape(), "attention dq");
   expect_shape(dk, k.shape(), "attention dk");
   expect_shape(dv, v.shape(), "attention dv");
-  if (op_device("attention_backward", {&q, &k, &v, &indices, &o, &lse, &dout, &dq, &dk, &dv}) ==
-      Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::attention_backward(ctx, p, q, k, v, indices, o, lse, dout, dq, dk, dv);
-#else
-    no_cuda_backend("attention_backward");
-#endif
-  }
-  cpu::attention_backward(ctx, p, q, k, v, indices, o, lse, dout, dq, dk, dv);
+  dispatch(MT_OP_BODIES(attention_backward), {&q, &k, &v, &indices, &o, &lse, &dout, &dq, &dk, &dv},
+           ctx, p, q, k, v, indices, o, lse, dout, dq, dk, dv);
 }
 
 void attention_prob_sum(Context& ctx, const AttentionParams& p, const Tensor& q, const Tensor& k,
@@ -169,14 +137,8 @@ void attention_prob_sum(Context& ctx, const AttentionParams& p, const Tensor& q,
   expect_shape(indices, {p.tokens, p.kmax}, "attention indices");
   expect_shape(lse, {p.tokens, p.heads}, "attention lse");
   expect_shape(out, {p.tokens, p.kmax}, "attention prob sum");
-  if (op_device("attention_prob_sum", {&q, &k, &indices, &lse, &out}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::attention_prob_sum(ctx, p, q, k, indices, lse, out);
-#else
-    no_cuda_backend("attention_prob_sum");
-#endif
-  }
-  cpu::attention_prob_sum(ctx, p, q, k, indices, lse, out);
+  dispatch(MT_OP_BODIES(attention_prob_sum), {&q, &k, &indices, &lse, &out}, ctx, p, q, k, indices,
+           lse, out);
 }
 
 }  // namespace mt::ops

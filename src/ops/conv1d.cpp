@@ -34,13 +34,8 @@ void causal_conv1d_forward(Context& ctx, const CausalConvParams& p, const Tensor
                            const Tensor& x, const Tensor& w, Tensor& y) {
   check_shapes(p, cu_seqlens, x, w);
   expect_shape(y, {p.tokens, p.channels}, "causal_conv1d y");
-  if (op_device("causal_conv1d_forward", {&cu_seqlens, &x, &w, &y}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::causal_conv1d_forward(ctx, p, cu_seqlens, x, w, y);
-#else
-    no_cuda_backend("causal_conv1d_forward");
-#endif
-  }
+  if (auto* cuda = cuda_body(MT_OP_BODIES(causal_conv1d_forward), {&cu_seqlens, &x, &w, &y}))
+    return cuda(ctx, p, cu_seqlens, x, w, y);
   check_offsets(p, cu_seqlens);
   cpu::causal_conv1d_forward(ctx, p, cu_seqlens, x, w, y);
 }
@@ -52,13 +47,9 @@ void causal_conv1d_backward(Context& ctx, const CausalConvParams& p, const Tenso
   expect_shape(dy, {p.tokens, p.channels}, "causal_conv1d dy");
   expect_shape(dx, {p.tokens, p.channels}, "causal_conv1d dx");
   if (dw.defined()) expect_shape(dw, {p.channels, p.kernel}, "causal_conv1d dw");
-  if (op_device("causal_conv1d_backward", {&cu_seqlens, &x, &w, &dy, &dx, &dw}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::causal_conv1d_backward(ctx, p, cu_seqlens, x, w, dy, dx, dw);
-#else
-    no_cuda_backend("causal_conv1d_backward");
-#endif
-  }
+  if (auto* cuda =
+          cuda_body(MT_OP_BODIES(causal_conv1d_backward), {&cu_seqlens, &x, &w, &dy, &dx, &dw}))
+    return cuda(ctx, p, cu_seqlens, x, w, dy, dx, dw);
   check_offsets(p, cu_seqlens);
   cpu::causal_conv1d_backward(ctx, p, cu_seqlens, x, w, dy, dx, dw);
 }

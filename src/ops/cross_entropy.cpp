@@ -37,13 +37,9 @@ void lm_head_cross_entropy_forward(Context& ctx, const CrossEntropyParams& p, co
   check_shapes(p, h, w, targets);
   expect_shape(lse, {p.tokens}, "cross_entropy lse");
   expect_f64_scalar(loss, "cross_entropy loss");
-  if (op_device("lm_head_cross_entropy_forward", {&h, &w, &targets, &lse, &loss}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::lm_head_cross_entropy_forward(ctx, p, h, w, targets, lse, loss);
-#else
-    no_cuda_backend("lm_head_cross_entropy_forward");
-#endif
-  }
+  if (auto* cuda =
+          cuda_body(MT_OP_BODIES(lm_head_cross_entropy_forward), {&h, &w, &targets, &lse, &loss}))
+    return cuda(ctx, p, h, w, targets, lse, loss);
   check_targets(p, targets);
   cpu::lm_head_cross_entropy_forward(ctx, p, h, w, targets, lse, loss);
 }
@@ -55,14 +51,9 @@ void lm_head_cross_entropy_backward(Context& ctx, const CrossEntropyParams& p, c
   expect_shape(lse, {p.tokens}, "cross_entropy lse");
   expect_shape(dh, {p.tokens, p.hidden}, "cross_entropy dh");
   if (dw.defined()) expect_shape(dw, {p.vocab, p.hidden}, "cross_entropy dw");
-  if (op_device("lm_head_cross_entropy_backward", {&h, &w, &targets, &lse, &dh, &dw}) ==
-      Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::lm_head_cross_entropy_backward(ctx, p, h, w, targets, lse, dloss, dh, dw);
-#else
-    no_cuda_backend("lm_head_cross_entropy_backward");
-#endif
-  }
+  if (auto* cuda = cuda_body(MT_OP_BODIES(lm_head_cross_entropy_backward),
+                             {&h, &w, &targets, &lse, &dh, &dw}))
+    return cuda(ctx, p, h, w, targets, lse, dloss, dh, dw);
   check_targets(p, targets);
   cpu::lm_head_cross_entropy_backward(ctx, p, h, w, targets, lse, dloss, dh, dw);
 }
@@ -74,6 +65,7 @@ void lm_head_cross_entropy_forward_backward(Context& ctx, const CrossEntropyPara
   expect_shape(lse, {p.tokens}, "cross_entropy lse");
   expect_f64_scalar(loss, "cross_entropy loss");
   expect_shape(dh, {p.tokens, p.hidden}, "cross_entropy dh");
+  // No CPU body of its own (the two passes below), so no OpBodies.
   if (op_device("lm_head_cross_entropy_forward_backward", {&h, &w, &targets, &lse, &loss, &dh}) ==
       Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
@@ -94,14 +86,7 @@ void lm_head_logits(Context& ctx, const Tensor& h, const Tensor& w, Tensor& logi
   MT_CHECK(h.ndim() == 2 && w.ndim() == 2 && h.dim(1) == w.dim(1), ShapeError, "lm_head_logits: h ",
            h.shape(), " and lm_head weight ", w.shape(), " need the same hidden size");
   expect_shape(logits, {h.dim(0), w.dim(0)}, "lm_head_logits logits");
-  if (op_device("lm_head_logits", {&h, &w, &logits}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::lm_head_logits(ctx, h, w, logits);
-#else
-    no_cuda_backend("lm_head_logits");
-#endif
-  }
-  cpu::lm_head_logits(ctx, h, w, logits);
+  dispatch(MT_OP_BODIES(lm_head_logits), {&h, &w, &logits}, ctx, h, w, logits);
 }
 
 }  // namespace mt::ops

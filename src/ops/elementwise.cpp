@@ -23,42 +23,21 @@ void add_into(Context& ctx, const Tensor& x, Tensor& acc) {
   same_f32(x, acc, "add_into", "x", "acc");
   expect_shape(x, acc.shape(), "add_into x");
   expect_shape(acc, x.shape(), "add_into acc");
-  if (op_device("add_into", {&x, &acc}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::add_into(ctx, x, acc);
-#else
-    no_cuda_backend("add_into");
-#endif
-  }
-  cpu::add_into(ctx, x, acc);
+  dispatch(MT_OP_BODIES(add_into), {&x, &acc}, ctx, x, acc);
 }
 
 void scale(Context& ctx, const Tensor& x, float s, Tensor& y) {
   same_f32(x, y, "scale", "x", "y");
   expect_shape(x, y.shape(), "scale x");
   expect_shape(y, x.shape(), "scale y");
-  if (op_device("scale", {&x, &y}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::scale(ctx, x, s, y);
-#else
-    no_cuda_backend("scale");
-#endif
-  }
-  cpu::scale(ctx, x, s, y);
+  dispatch(MT_OP_BODIES(scale), {&x, &y}, ctx, x, s, y);
 }
 
 void sigmoid_forward(Context& ctx, const Tensor& x, Tensor& y) {
   same_f32(x, y, "sigmoid_forward", "x", "y");
   expect_shape(x, y.shape(), "sigmoid x");
   expect_shape(y, x.shape(), "sigmoid y");
-  if (op_device("sigmoid_forward", {&x, &y}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::sigmoid_forward(ctx, x, y);
-#else
-    no_cuda_backend("sigmoid_forward");
-#endif
-  }
-  cpu::sigmoid_forward(ctx, x, y);
+  dispatch(MT_OP_BODIES(sigmoid_forward), {&x, &y}, ctx, x, y);
 }
 
 void sigmoid_backward(Context& ctx, const Tensor& y, const Tensor& dy, Tensor& dx) {
@@ -67,14 +46,7 @@ void sigmoid_backward(Context& ctx, const Tensor& y, const Tensor& dy, Tensor& d
   expect_shape(y, dx.shape(), "sigmoid y");
   expect_shape(dy, dx.shape(), "sigmoid dy");
   expect_shape(dx, y.shape(), "sigmoid dx");
-  if (op_device("sigmoid_backward", {&y, &dy, &dx}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::sigmoid_backward(ctx, y, dy, dx);
-#else
-    no_cuda_backend("sigmoid_backward");
-#endif
-  }
-  cpu::sigmoid_backward(ctx, y, dy, dx);
+  dispatch(MT_OP_BODIES(sigmoid_backward), {&y, &dy, &dx}, ctx, y, dy, dx);
 }
 
 void copy(Context& ctx, const Tensor& src, Tensor& dst) {
@@ -84,14 +56,7 @@ void copy(Context& ctx, const Tensor& src, Tensor& dst) {
   MT_CHECK(src.device() == dst.device(), ValueError, "copy: ", device_name(src.device()), " into ",
            device_name(dst.device()));
   expect_dims(src, dst.shape(), "copy src");
-  if (op_device("copy", {&src, &dst}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::copy(ctx, src, dst);
-#else
-    no_cuda_backend("copy");
-#endif
-  }
-  cpu::copy(ctx, src, dst);
+  dispatch(MT_OP_BODIES(copy), {&src, &dst}, ctx, src, dst);
 }
 
 void expand_heads_forward(Context& ctx, const Tensor& x, Tensor& y) {
@@ -99,14 +64,7 @@ void expand_heads_forward(Context& ctx, const Tensor& x, Tensor& y) {
   MT_CHECK(y.ndim() == 3, ShapeError, "expand_heads y has shape ", y.shape(),
            ", expected [T, heads, D]");
   expect_dims(x, {y.dim(0), y.dim(2)}, "expand_heads x");
-  if (op_device("expand_heads_forward", {&x, &y}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::expand_heads_forward(ctx, x, y);
-#else
-    no_cuda_backend("expand_heads_forward");
-#endif
-  }
-  cpu::expand_heads_forward(ctx, x, y);
+  dispatch(MT_OP_BODIES(expand_heads_forward), {&x, &y}, ctx, x, y);
 }
 
 void expand_heads_backward(Context& ctx, const Tensor& dy, Tensor& dx) {
@@ -114,14 +72,7 @@ void expand_heads_backward(Context& ctx, const Tensor& dy, Tensor& dx) {
   MT_CHECK(dy.ndim() == 3, ShapeError, "expand_heads dy has shape ", dy.shape(),
            ", expected [T, heads, D]");
   expect_dims(dx, {dy.dim(0), dy.dim(2)}, "expand_heads dx");
-  if (op_device("expand_heads_backward", {&dy, &dx}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::expand_heads_backward(ctx, dy, dx);
-#else
-    no_cuda_backend("expand_heads_backward");
-#endif
-  }
-  cpu::expand_heads_backward(ctx, dy, dx);
+  dispatch(MT_OP_BODIES(expand_heads_backward), {&dy, &dx}, ctx, dy, dx);
 }
 
 }  // namespace mt::ops

@@ -26,13 +26,8 @@ void embedding_forward(Context& ctx, const EmbeddingParams& p, const Tensor& ids
                        const Tensor& table, Tensor& y) {
   check_shapes(p, ids, table);
   expect_shape(y, {p.tokens, p.dim}, "embedding output");
-  if (op_device("embedding_forward", {&ids, &table, &y}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::embedding_forward(ctx, p, ids, table, y);
-#else
-    no_cuda_backend("embedding_forward");
-#endif
-  }
+  if (auto* cuda = cuda_body(MT_OP_BODIES(embedding_forward), {&ids, &table, &y}))
+    return cuda(ctx, p, ids, table, y);
   check_ids(p, ids);
   cpu::embedding_forward(ctx, p, ids, table, y);
 }
@@ -41,13 +36,8 @@ void embedding_backward(Context& ctx, const EmbeddingParams& p, const Tensor& id
                         Tensor& dtable) {
   check_shapes(p, ids, dtable);
   expect_shape(dy, {p.tokens, p.dim}, "embedding dy");
-  if (op_device("embedding_backward", {&ids, &dy, &dtable}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::embedding_backward(ctx, p, ids, dy, dtable);
-#else
-    no_cuda_backend("embedding_backward");
-#endif
-  }
+  if (auto* cuda = cuda_body(MT_OP_BODIES(embedding_backward), {&ids, &dy, &dtable}))
+    return cuda(ctx, p, ids, dy, dtable);
   check_ids(p, ids);
   cpu::embedding_backward(ctx, p, ids, dy, dtable);
 }

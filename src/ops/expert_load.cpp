@@ -19,14 +19,8 @@ void expert_load_count(Context& ctx, const Tensor& offsets, const Tensor& slot_e
            "expert_load_count load must be i64 [experts], got ", load.shape(), " ",
            dtype_name(load.dtype()));
   expect_shape(load, load.shape(), "expert_load_count load");
-  if (op_device("expert_load_count", {&offsets, &slot_expert, &load}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::expert_load_count(ctx, offsets, slot_expert, load);
-#else
-    no_cuda_backend("expert_load_count");
-#endif
-  }
-  cpu::expert_load_count(ctx, offsets, slot_expert, load);
+  dispatch(MT_OP_BODIES(expert_load_count), {&offsets, &slot_expert, &load}, ctx, offsets,
+           slot_expert, load);
 }
 
 void map_ids(Context& ctx, Tensor& ids, const Tensor& table) {
@@ -35,14 +29,7 @@ void map_ids(Context& ctx, Tensor& ids, const Tensor& table) {
            table.shape(), " ", dtype_name(table.dtype()),
            "; expected i32 ids and an i32 [n] table");
   expect_shape(ids, ids.shape(), "map_ids ids");
-  if (op_device("map_ids", {&ids, &table}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::map_ids(ctx, ids, table);
-#else
-    no_cuda_backend("map_ids");
-#endif
-  }
-  cpu::map_ids(ctx, ids, table);
+  dispatch(MT_OP_BODIES(map_ids), {&ids, &table}, ctx, ids, table);
 }
 
 }  // namespace mt::ops

@@ -23,14 +23,7 @@ void matmul(Context& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool t
   const int64_t kb = trans_b ? b.dim(1) : b.dim(0), n = trans_b ? b.dim(0) : b.dim(1);
   MT_CHECK(k == kb && c.dim(0) == m && c.dim(1) == n, ShapeError, "matmul shapes ", a.shape(),
            trans_a ? "^T" : "", " x ", b.shape(), trans_b ? "^T" : "", " -> ", c.shape());
-  if (op_device("matmul", {&a, &b, &c}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::matmul(ctx, a, trans_a, b, trans_b, c, alpha, beta);
-#else
-    no_cuda_backend("matmul");
-#endif
-  }
-  cpu::matmul(ctx, a, trans_a, b, trans_b, c, alpha, beta);
+  dispatch(MT_OP_BODIES(matmul), {&a, &b, &c}, ctx, a, trans_a, b, trans_b, c, alpha, beta);
 }
 
 }  // namespace mt::ops

@@ -41,25 +41,17 @@ GroupedMatmulParams scaled(GroupedMatmulParams p, float alpha, float beta) {
 // The SwiGLU between the projections runs where the tensors are (the projections dispatch
 // themselves through grouped_matmul).
 void swiglu_forward(Context& ctx, const Tensor& gate_up, Tensor& h) {
-  if (op_device("grouped_ffn_forward", {&gate_up, &h}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::grouped_ffn_swiglu_forward(ctx, gate_up, h);
-#else
-    no_cuda_backend("grouped_ffn_forward");
-#endif
-  }
-  cpu::grouped_ffn_swiglu_forward(ctx, gate_up, h);
+  const OpBodies<decltype(cpu::grouped_ffn_swiglu_forward)> op{
+      "grouped_ffn_forward", &cpu::grouped_ffn_swiglu_forward,
+      MT_CUDA_BODY(grouped_ffn_swiglu_forward)};
+  dispatch(op, {&gate_up, &h}, ctx, gate_up, h);
 }
 
 void swiglu_backward(Context& ctx, const Tensor& gate_up, const Tensor& dh, Tensor& dgate_up) {
-  if (op_device("grouped_ffn_backward", {&gate_up, &dh, &dgate_up}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::grouped_ffn_swiglu_backward(ctx, gate_up, dh, dgate_up);
-#else
-    no_cuda_backend("grouped_ffn_backward");
-#endif
-  }
-  cpu::grouped_ffn_swiglu_backward(ctx, gate_up, dh, dgate_up);
+  const OpBodies<decltype(cpu::grouped_ffn_swiglu_backward)> op{
+      "grouped_ffn_backward", &cpu::grouped_ffn_swiglu_backward,
+      MT_CUDA_BODY(grouped_ffn_swiglu_backward)};
+  dispatch(op, {&gate_up, &dh, &dgate_up}, ctx, gate_up, dh, dgate_up);
 }
 
 }  // namespace

@@ -57,14 +57,7 @@ void grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Tensor& a,
            "grouped_matmul operands on ", device_name(a.device()), ", ", device_name(b.device()),
            ", ", device_name(c.device()));
   // The offsets stay on the host (they drive the per-group launches); the operands pick the path.
-  if (op_device("grouped_matmul", {&a, &b, &c}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::grouped_matmul(ctx, p, a, offsets, b, c);
-#else
-    no_cuda_backend("grouped_matmul");
-#endif
-  }
-  cpu::grouped_matmul(ctx, p, a, offsets, b, c);
+  dispatch(MT_OP_BODIES(grouped_matmul), {&a, &b, &c}, ctx, p, a, offsets, b, c);
 }
 
 }  // namespace mt::ops

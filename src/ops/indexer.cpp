@@ -39,14 +39,8 @@ void indexer_scores_forward(Context& ctx, const IndexerParams& p, const Tensor& 
                             const Tensor& w, const Tensor& indices, Tensor& scores) {
   check_scores(p, q, k, w, indices);
   expect_shape(scores, {p.tokens, p.kmax}, "indexer scores");
-  if (op_device("indexer_scores_forward", {&q, &k, &w, &indices, &scores}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::indexer_scores_forward(ctx, p, q, k, w, indices, scores);
-#else
-    no_cuda_backend("indexer_scores_forward");
-#endif
-  }
-  cpu::indexer_scores_forward(ctx, p, q, k, w, indices, scores);
+  dispatch(MT_OP_BODIES(indexer_scores_forward), {&q, &k, &w, &indices, &scores}, ctx, p, q, k, w,
+           indices, scores);
 }
 
 void indexer_scores_backward(Context& ctx, const IndexerParams& p, const Tensor& q, const Tensor& k,
@@ -57,15 +51,8 @@ void indexer_scores_backward(Context& ctx, const IndexerParams& p, const Tensor&
   expect_shape(dq, q.shape(), "indexer dq");
   expect_shape(dk, k.shape(), "indexer dk");
   expect_shape(dw, w.shape(), "indexer dw");
-  if (op_device("indexer_scores_backward", {&q, &k, &w, &indices, &dscores, &dq, &dk, &dw}) ==
-      Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::indexer_scores_backward(ctx, p, q, k, w, indices, dscores, dq, dk, dw);
-#else
-    no_cuda_backend("indexer_scores_backward");
-#endif
-  }
-  cpu::indexer_scores_backward(ctx, p, q, k, w, indices, dscores, dq, dk, dw);
+  dispatch(MT_OP_BODIES(indexer_scores_backward), {&q, &k, &w, &indices, &dscores, &dq, &dk, &dw},
+           ctx, p, q, k, w, indices, dscores, dq, dk, dw);
 }
 
 void topk_select(Context& ctx, const Tensor& scores, const Tensor& candidates, int64_t topk,
@@ -74,14 +61,8 @@ void topk_select(Context& ctx, const Tensor& scores, const Tensor& candidates, i
   MT_CHECK(topk > 0, ValueError, "topk must be positive, got ", topk);
   expect_shape(out, {candidates.dim(0), topk}, "topk output");
   MT_CHECK(out.dtype() == DType::I32, ShapeError, "topk output must be i32");
-  if (op_device("topk_select", {&scores, &candidates, &out}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::topk_select(ctx, scores, candidates, topk, out);
-#else
-    no_cuda_backend("topk_select");
-#endif
-  }
-  cpu::topk_select(ctx, scores, candidates, topk, out);
+  dispatch(MT_OP_BODIES(topk_select), {&scores, &candidates, &out}, ctx, scores, candidates, topk,
+           out);
 }
 
 int64_t IndexerTopkTile::smem_bytes(int64_t heads, int64_t head_dim) {
@@ -138,15 +119,8 @@ void indexer_kl_forward(Context& ctx, const Tensor& scores, const Tensor& target
   check_table(target, indices, "indexer kl target");
   check_table(softmax, indices, "indexer kl softmax");
   expect_f64_scalar(loss, "indexer kl loss");
-  if (op_device("indexer_kl_forward", {&scores, &target, &indices, &softmax, &loss}) ==
-      Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::indexer_kl_forward(ctx, scores, target, indices, softmax, loss);
-#else
-    no_cuda_backend("indexer_kl_forward");
-#endif
-  }
-  cpu::indexer_kl_forward(ctx, scores, target, indices, softmax, loss);
+  dispatch(MT_OP_BODIES(indexer_kl_forward), {&scores, &target, &indices, &softmax, &loss}, ctx,
+           scores, target, indices, softmax, loss);
 }
 
 void indexer_kl_backward(Context& ctx, const Tensor& softmax, const Tensor& target,
@@ -154,14 +128,8 @@ void indexer_kl_backward(Context& ctx, const Tensor& softmax, const Tensor& targ
   check_table(softmax, indices, "indexer kl softmax");
   check_table(target, indices, "indexer kl target");
   check_table(dscores, indices, "indexer kl dscores");
-  if (op_device("indexer_kl_backward", {&softmax, &target, &indices, &dscores}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::indexer_kl_backward(ctx, softmax, target, indices, dloss, dscores);
-#else
-    no_cuda_backend("indexer_kl_backward");
-#endif
-  }
-  cpu::indexer_kl_backward(ctx, softmax, target, indices, dloss, dscores);
+  dispatch(MT_OP_BODIES(indexer_kl_backward), {&softmax, &target, &indices, &dscores}, ctx, softmax,
+           target, indices, dloss, dscores);
 }
 
 }  // namespace mt::ops

@@ -21,14 +21,8 @@ void kda_gate_forward(Context& ctx, const KdaGateParams& p, const Tensor& raw, c
                       const Tensor& dt_bias, Tensor& g) {
   check_shapes(p, raw, a_log, dt_bias);
   expect_shape(g, raw.shape(), "kda_gate g");
-  if (op_device("kda_gate_forward", {&raw, &a_log, &dt_bias, &g}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::kda_gate_forward(ctx, p, raw, a_log, dt_bias, g);
-#else
-    no_cuda_backend("kda_gate_forward");
-#endif
-  }
-  cpu::kda_gate_forward(ctx, p, raw, a_log, dt_bias, g);
+  dispatch(MT_OP_BODIES(kda_gate_forward), {&raw, &a_log, &dt_bias, &g}, ctx, p, raw, a_log,
+           dt_bias, g);
 }
 
 void kda_gate_backward(Context& ctx, const KdaGateParams& p, const Tensor& raw, const Tensor& a_log,
@@ -39,15 +33,9 @@ void kda_gate_backward(Context& ctx, const KdaGateParams& p, const Tensor& raw, 
   expect_shape(draw, raw.shape(), "kda_gate draw");
   if (da_log.defined()) expect_shape(da_log, a_log.shape(), "kda_gate dA_log");
   if (ddt_bias.defined()) expect_shape(ddt_bias, dt_bias.shape(), "kda_gate ddt_bias");
-  if (op_device("kda_gate_backward", {&raw, &a_log, &dt_bias, &dg, &draw, &da_log, &ddt_bias}) ==
-      Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::kda_gate_backward(ctx, p, raw, a_log, dt_bias, dg, draw, da_log, ddt_bias);
-#else
-    no_cuda_backend("kda_gate_backward");
-#endif
-  }
-  cpu::kda_gate_backward(ctx, p, raw, a_log, dt_bias, dg, draw, da_log, ddt_bias);
+  dispatch(MT_OP_BODIES(kda_gate_backward),
+           {&raw, &a_log, &dt_bias, &dg, &draw, &da_log, &ddt_bias}, ctx, p, raw, a_log, dt_bias,
+           dg, draw, da_log, ddt_bias);
 }
 
 }  // namespace mt::ops

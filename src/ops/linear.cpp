@@ -26,14 +26,7 @@ void linear_forward(Context& ctx, const LinearParams& p, const Tensor& x, const 
   check_args(p, x, w, a, b);
   expect_shape(y, {p.tokens, p.out}, "linear y");
   if (p.lora_rank) expect_shape(xa, {p.tokens, p.lora_rank}, "linear xa");
-  if (op_device("linear_forward", {&x, &w, &a, &b, &y, &xa}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::linear_forward(ctx, p, x, w, a, b, y, xa);
-#else
-    no_cuda_backend("linear_forward");
-#endif
-  }
-  cpu::linear_forward(ctx, p, x, w, a, b, y, xa);
+  dispatch(MT_OP_BODIES(linear_forward), {&x, &w, &a, &b, &y, &xa}, ctx, p, x, w, a, b, y, xa);
 }
 
 void linear_backward(Context& ctx, const LinearParams& p, const Tensor& x, const Tensor& w,
@@ -47,15 +40,8 @@ void linear_backward(Context& ctx, const LinearParams& p, const Tensor& x, const
   if (r) expect_shape(xa, {T, r}, "linear xa");
   if (r && da.defined()) expect_shape(da, {r, p.in}, "linear lora_A grad");
   if (r && db.defined()) expect_shape(db, {p.out, r}, "linear lora_B grad");
-  if (op_device("linear_backward", {&x, &w, &a, &b, &xa, &dy, &dx, &dw, &da, &db}) ==
-      Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::linear_backward(ctx, p, x, w, a, b, xa, dy, dx, dw, da, db, accumulate_dx);
-#else
-    no_cuda_backend("linear_backward");
-#endif
-  }
-  cpu::linear_backward(ctx, p, x, w, a, b, xa, dy, dx, dw, da, db, accumulate_dx);
+  dispatch(MT_OP_BODIES(linear_backward), {&x, &w, &a, &b, &xa, &dy, &dx, &dw, &da, &db}, ctx, p, x,
+           w, a, b, xa, dy, dx, dw, da, db, accumulate_dx);
 }
 
 }  // namespace mt::ops

@@ -24,14 +24,7 @@ void rmsnorm_forward(Context& ctx, const NormParams& p, const Tensor& x, const T
   check_rows(p, y, "rmsnorm y");
   expect_shape(w, {p.dim}, "rmsnorm weight");
   expect_shape(rstd, {p.rows}, "rmsnorm rstd");
-  if (op_device("rmsnorm_forward", {&x, &w, &y, &rstd}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::rmsnorm_forward(ctx, p, x, w, y, rstd);
-#else
-    no_cuda_backend("rmsnorm_forward");
-#endif
-  }
-  cpu::rmsnorm_forward(ctx, p, x, w, y, rstd);
+  dispatch(MT_OP_BODIES(rmsnorm_forward), {&x, &w, &y, &rstd}, ctx, p, x, w, y, rstd);
 }
 
 void rmsnorm_backward(Context& ctx, const NormParams& p, const Tensor& x, const Tensor& w,
@@ -43,14 +36,8 @@ void rmsnorm_backward(Context& ctx, const NormParams& p, const Tensor& x, const 
   expect_shape(w, {p.dim}, "rmsnorm weight");
   expect_shape(rstd, {p.rows}, "rmsnorm rstd");
   if (dw.defined()) expect_shape(dw, {p.dim}, "rmsnorm dw");
-  if (op_device("rmsnorm_backward", {&x, &w, &rstd, &dy, &dx, &dw}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::rmsnorm_backward(ctx, p, x, w, rstd, dy, dx, dw);
-#else
-    no_cuda_backend("rmsnorm_backward");
-#endif
-  }
-  cpu::rmsnorm_backward(ctx, p, x, w, rstd, dy, dx, dw);
+  dispatch(MT_OP_BODIES(rmsnorm_backward), {&x, &w, &rstd, &dy, &dx, &dw}, ctx, p, x, w, rstd, dy,
+           dx, dw);
 }
 
 void layernorm_forward(Context& ctx, const NormParams& p, const Tensor& x, const Tensor& w,
@@ -62,14 +49,8 @@ void layernorm_forward(Context& ctx, const NormParams& p, const Tensor& x, const
   expect_shape(b, {p.dim}, "layernorm bias");
   expect_shape(mean, {p.rows}, "layernorm mean");
   expect_shape(rstd, {p.rows}, "layernorm rstd");
-  if (op_device("layernorm_forward", {&x, &w, &b, &y, &mean, &rstd}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::layernorm_forward(ctx, p, x, w, b, y, mean, rstd);
-#else
-    no_cuda_backend("layernorm_forward");
-#endif
-  }
-  cpu::layernorm_forward(ctx, p, x, w, b, y, mean, rstd);
+  dispatch(MT_OP_BODIES(layernorm_forward), {&x, &w, &b, &y, &mean, &rstd}, ctx, p, x, w, b, y,
+           mean, rstd);
 }
 
 void layernorm_backward(Context& ctx, const NormParams& p, const Tensor& x, const Tensor& w,
@@ -84,14 +65,8 @@ void layernorm_backward(Context& ctx, const NormParams& p, const Tensor& x, cons
   expect_shape(rstd, {p.rows}, "layernorm rstd");
   if (dw.defined()) expect_shape(dw, {p.dim}, "layernorm dw");
   if (db.defined()) expect_shape(db, {p.dim}, "layernorm db");
-  if (op_device("layernorm_backward", {&x, &w, &mean, &rstd, &dy, &dx, &dw, &db}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::layernorm_backward(ctx, p, x, w, mean, rstd, dy, dx, dw, db);
-#else
-    no_cuda_backend("layernorm_backward");
-#endif
-  }
-  cpu::layernorm_backward(ctx, p, x, w, mean, rstd, dy, dx, dw, db);
+  dispatch(MT_OP_BODIES(layernorm_backward), {&x, &w, &mean, &rstd, &dy, &dx, &dw, &db}, ctx, p, x,
+           w, mean, rstd, dy, dx, dw, db);
 }
 
 void l2norm_forward(Context& ctx, const NormParams& p, const Tensor& x, Tensor& y, Tensor& rstd) {
@@ -99,14 +74,7 @@ void l2norm_forward(Context& ctx, const NormParams& p, const Tensor& x, Tensor& 
   check_rows(p, x, "l2norm x");
   check_rows(p, y, "l2norm y");
   expect_shape(rstd, {p.rows}, "l2norm rstd");
-  if (op_device("l2norm_forward", {&x, &y, &rstd}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::l2norm_forward(ctx, p, x, y, rstd);
-#else
-    no_cuda_backend("l2norm_forward");
-#endif
-  }
-  cpu::l2norm_forward(ctx, p, x, y, rstd);
+  dispatch(MT_OP_BODIES(l2norm_forward), {&x, &y, &rstd}, ctx, p, x, y, rstd);
 }
 
 void l2norm_backward(Context& ctx, const NormParams& p, const Tensor& x, const Tensor& rstd,
@@ -116,14 +84,7 @@ void l2norm_backward(Context& ctx, const NormParams& p, const Tensor& x, const T
   check_rows(p, dy, "l2norm dy");
   check_rows(p, dx, "l2norm dx");
   expect_shape(rstd, {p.rows}, "l2norm rstd");
-  if (op_device("l2norm_backward", {&x, &rstd, &dy, &dx}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::l2norm_backward(ctx, p, x, rstd, dy, dx);
-#else
-    no_cuda_backend("l2norm_backward");
-#endif
-  }
-  cpu::l2norm_backward(ctx, p, x, rstd, dy, dx);
+  dispatch(MT_OP_BODIES(l2norm_backward), {&x, &rstd, &dy, &dx}, ctx, p, x, rstd, dy, dx);
 }
 
 }  // namespace mt::ops

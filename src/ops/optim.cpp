@@ -10,14 +10,7 @@ void adamw_step(Context& ctx, const AdamWParams& p, Tensor& param, const Tensor&
   expect_shape(grad, param.shape(), "adamw grad");
   expect_shape(m, param.shape(), "adamw first moment");
   expect_shape(v, param.shape(), "adamw second moment");
-  if (op_device("adamw_step", {&param, &grad, &m, &v}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::adamw_step(ctx, p, param, grad, m, v);
-#else
-    no_cuda_backend("adamw_step");
-#endif
-  }
-  cpu::adamw_step(ctx, p, param, grad, m, v);
+  dispatch(MT_OP_BODIES(adamw_step), {&param, &grad, &m, &v}, ctx, p, param, grad, m, v);
 }
 
 void grad_norm_sq(Context& ctx, const std::vector<Tensor>& grads, Tensor& out) {

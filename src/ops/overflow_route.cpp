@@ -24,14 +24,9 @@ OverflowStats overflow_route_forward(Context& ctx, const OverflowParams& p, cons
   expect_shape(ids, {T, K}, "overflow ids");
   expect_shape(weights, {T, K}, "overflow weights");
   if (bias.defined()) expect_shape(bias, {E}, "overflow bias");
-  if (op_device("overflow_route_forward", {&scores, &bias, &cand, &ids, &weights}) ==
-      Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::overflow_route_forward(ctx, p, rp, expert_rank, scores, bias, cand, ids, weights);
-#else
-    no_cuda_backend("overflow_route_forward");
-#endif
-  }
+  if (auto* cuda =
+          cuda_body(MT_OP_BODIES(overflow_route_forward), {&scores, &bias, &cand, &ids, &weights}))
+    return cuda(ctx, p, rp, expert_rank, scores, bias, cand, ids, weights);
   // Reads the candidates, so only on the host path (overflow_assign checks the rest).
   const int32_t* c = cand.i32();
   for (int64_t i = 0; i < T * W; ++i)

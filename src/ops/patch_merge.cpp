@@ -36,13 +36,8 @@ void check_permutation(const PatchMergeParams& p, const Tensor& order) {
 void patch_merge_forward(Context& ctx, const PatchMergeParams& p, const Tensor& order,
                          const Tensor& x, Tensor& y) {
   check(p, order, x, y, "patch_merge x", "patch_merge y");
-  if (op_device("patch_merge_forward", {&order, &x, &y}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::patch_merge_forward(ctx, p, order, x, y);
-#else
-    no_cuda_backend("patch_merge_forward");
-#endif
-  }
+  if (auto* cuda = cuda_body(MT_OP_BODIES(patch_merge_forward), {&order, &x, &y}))
+    return cuda(ctx, p, order, x, y);
   check_permutation(p, order);
   cpu::patch_merge_forward(ctx, p, order, x, y);
 }
@@ -50,13 +45,8 @@ void patch_merge_forward(Context& ctx, const PatchMergeParams& p, const Tensor& 
 void patch_merge_backward(Context& ctx, const PatchMergeParams& p, const Tensor& order,
                           const Tensor& dy, Tensor& dx) {
   check(p, order, dy, dx, "patch_merge dy", "patch_merge dx");
-  if (op_device("patch_merge_backward", {&order, &dy, &dx}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::patch_merge_backward(ctx, p, order, dy, dx);
-#else
-    no_cuda_backend("patch_merge_backward");
-#endif
-  }
+  if (auto* cuda = cuda_body(MT_OP_BODIES(patch_merge_backward), {&order, &dy, &dx}))
+    return cuda(ctx, p, order, dy, dx);
   check_permutation(p, order);
   cpu::patch_merge_backward(ctx, p, order, dy, dx);
 }

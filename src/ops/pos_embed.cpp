@@ -83,13 +83,8 @@ void pos_embed_forward(Context& ctx, const PosEmbedParams& p, const Tensor& idx,
   expect_shape(table, {p.table_rows, p.table_cols, p.dim}, "pos_embed table");
   expect_shape(x, {p.patches, p.dim}, "pos_embed x");
   expect_shape(y, {p.patches, p.dim}, "pos_embed y");
-  if (op_device("pos_embed_forward", {&idx, &wts, &table, &x, &y}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::pos_embed_forward(ctx, p, idx, wts, table, x, y);
-#else
-    no_cuda_backend("pos_embed_forward");
-#endif
-  }
+  if (auto* cuda = cuda_body(MT_OP_BODIES(pos_embed_forward), {&idx, &wts, &table, &x, &y}))
+    return cuda(ctx, p, idx, wts, table, x, y);
   check_idx(p, idx);
   cpu::pos_embed_forward(ctx, p, idx, wts, table, x, y);
 }
@@ -99,13 +94,8 @@ void pos_embed_backward(Context& ctx, const PosEmbedParams& p, const Tensor& idx
   check_common(p, idx, wts);
   expect_shape(dy, {p.patches, p.dim}, "pos_embed dy");
   expect_shape(dtable, {p.table_rows, p.table_cols, p.dim}, "pos_embed dtable");
-  if (op_device("pos_embed_backward", {&idx, &wts, &dy, &dtable}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::pos_embed_backward(ctx, p, idx, wts, dy, dtable);
-#else
-    no_cuda_backend("pos_embed_backward");
-#endif
-  }
+  if (auto* cuda = cuda_body(MT_OP_BODIES(pos_embed_backward), {&idx, &wts, &dy, &dtable}))
+    return cuda(ctx, p, idx, wts, dy, dtable);
   check_idx(p, idx);
   cpu::pos_embed_backward(ctx, p, idx, wts, dy, dtable);
 }

@@ -65,27 +65,13 @@ void rope_inv_freq(const RopeParams& p, std::span<double> inv) {
 void rope_forward(Context& ctx, const RopeParams& p, const Tensor& positions, const Tensor& x,
                   Tensor& y) {
   check_args(p, positions, x, y);
-  if (op_device("rope_forward", {&positions, &x, &y}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::rope_forward(ctx, p, positions, x, y);
-#else
-    no_cuda_backend("rope_forward");
-#endif
-  }
-  cpu::rope_forward(ctx, p, positions, x, y);
+  dispatch(MT_OP_BODIES(rope_forward), {&positions, &x, &y}, ctx, p, positions, x, y);
 }
 
 void rope_backward(Context& ctx, const RopeParams& p, const Tensor& positions, const Tensor& dy,
                    Tensor& dx) {
   check_args(p, positions, dy, dx);
-  if (op_device("rope_backward", {&positions, &dy, &dx}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::rope_backward(ctx, p, positions, dy, dx);
-#else
-    no_cuda_backend("rope_backward");
-#endif
-  }
-  cpu::rope_backward(ctx, p, positions, dy, dx);
+  dispatch(MT_OP_BODIES(rope_backward), {&positions, &dy, &dx}, ctx, p, positions, dy, dx);
 }
 
 }  // namespace mt::ops

@@ -36,27 +36,13 @@ std::vector<double> rope2d_inv_freq(const Rope2dParams& p) {
 void rope2d_forward(Context& ctx, const Rope2dParams& p, const Tensor& positions, const Tensor& x,
                     Tensor& y) {
   check(p, positions, x, y, "rope2d x", "rope2d y");
-  if (op_device("rope2d_forward", {&positions, &x, &y}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::rope2d_forward(ctx, p, positions, x, y);
-#else
-    no_cuda_backend("rope2d_forward");
-#endif
-  }
-  cpu::rope2d_forward(ctx, p, positions, x, y);
+  dispatch(MT_OP_BODIES(rope2d_forward), {&positions, &x, &y}, ctx, p, positions, x, y);
 }
 
 void rope2d_backward(Context& ctx, const Rope2dParams& p, const Tensor& positions, const Tensor& dy,
                      Tensor& dx) {
   check(p, positions, dy, dx, "rope2d dy", "rope2d dx");
-  if (op_device("rope2d_backward", {&positions, &dy, &dx}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::rope2d_backward(ctx, p, positions, dy, dx);
-#else
-    no_cuda_backend("rope2d_backward");
-#endif
-  }
-  cpu::rope2d_backward(ctx, p, positions, dy, dx);
+  dispatch(MT_OP_BODIES(rope2d_backward), {&positions, &dy, &dx}, ctx, p, positions, dy, dx);
 }
 
 }  // namespace mt::ops

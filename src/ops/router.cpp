@@ -31,14 +31,8 @@ void router_forward(Context& ctx, const RouterParams& p, const Tensor& logits, c
   expect_shape(ids, {T, K}, "router ids");
   expect_shape(weights, {T, K}, "router weights");
   if (bias.defined() && bias.numel() > 0) expect_shape(bias, {E}, "router selection bias");
-  if (op_device("router_forward", {&logits, &bias, &scores, &ids, &weights}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::router_forward(ctx, p, logits, bias, scores, ids, weights);
-#else
-    no_cuda_backend("router_forward");
-#endif
-  }
-  cpu::router_forward(ctx, p, logits, bias, scores, ids, weights);
+  dispatch(MT_OP_BODIES(router_forward), {&logits, &bias, &scores, &ids, &weights}, ctx, p, logits,
+           bias, scores, ids, weights);
 }
 
 void router_backward(Context& ctx, const RouterParams& p, const Tensor& scores, const Tensor& ids,
@@ -49,81 +43,45 @@ void router_backward(Context& ctx, const RouterParams& p, const Tensor& scores, 
   expect_shape(ids, {T, K}, "router ids");
   expect_shape(dweights, {T, K}, "router dweights");
   expect_shape(dlogits, {T, E}, "router dlogits");
-  if (op_device("router_backward", {&scores, &ids, &dweights, &dlogits}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::router_backward(ctx, p, scores, ids, dweights, dlogits);
-#else
-    no_cuda_backend("router_backward");
-#endif
-  }
-  cpu::router_backward(ctx, p, scores, ids, dweights, dlogits);
+  dispatch(MT_OP_BODIES(router_backward), {&scores, &ids, &dweights, &dlogits}, ctx, p, scores, ids,
+           dweights, dlogits);
 }
 
 void router_seq_aux_loss(Context& ctx, const RouterParams& p, const SeqInfo& seq,
                          const Tensor& scores, const Tensor& ids, Tensor& loss) {
   check_aux(p, seq, scores, ids);
   expect_f64_scalar(loss, "router seq aux loss");
-  if (op_device("router_seq_aux_loss", {&scores, &ids, &loss}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::router_seq_aux_loss(ctx, p, seq, scores, ids, loss);
-#else
-    no_cuda_backend("router_seq_aux_loss");
-#endif
-  }
-  cpu::router_seq_aux_loss(ctx, p, seq, scores, ids, loss);
+  dispatch(MT_OP_BODIES(router_seq_aux_loss), {&scores, &ids, &loss}, ctx, p, seq, scores, ids,
+           loss);
 }
 
 void router_seq_aux_backward(Context& ctx, const RouterParams& p, const SeqInfo& seq,
                              const Tensor& scores, const Tensor& ids, float grad, Tensor& dlogits) {
   check_aux(p, seq, scores, ids);
   expect_shape(dlogits, {p.tokens, p.experts}, "router dlogits");
-  if (op_device("router_seq_aux_backward", {&scores, &ids, &dlogits}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::router_seq_aux_backward(ctx, p, seq, scores, ids, grad, dlogits);
-#else
-    no_cuda_backend("router_seq_aux_backward");
-#endif
-  }
-  cpu::router_seq_aux_backward(ctx, p, seq, scores, ids, grad, dlogits);
+  dispatch(MT_OP_BODIES(router_seq_aux_backward), {&scores, &ids, &dlogits}, ctx, p, seq, scores,
+           ids, grad, dlogits);
 }
 
 void router_z_loss(Context& ctx, const RouterParams& p, const Tensor& logits, Tensor& loss) {
   expect_shape(logits, {p.tokens, p.experts}, "router logits");
   expect_f64_scalar(loss, "router z loss");
-  if (op_device("router_z_loss", {&logits, &loss}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::router_z_loss(ctx, p, logits, loss);
-#else
-    no_cuda_backend("router_z_loss");
-#endif
-  }
-  cpu::router_z_loss(ctx, p, logits, loss);
+  dispatch(MT_OP_BODIES(router_z_loss), {&logits, &loss}, ctx, p, logits, loss);
 }
 
 void router_z_loss_backward(Context& ctx, const RouterParams& p, const Tensor& logits, float grad,
                             Tensor& dlogits) {
   expect_shape(logits, {p.tokens, p.experts}, "router logits");
   expect_shape(dlogits, {p.tokens, p.experts}, "router dlogits");
-  if (op_device("router_z_loss_backward", {&logits, &dlogits}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::router_z_loss_backward(ctx, p, logits, grad, dlogits);
-#else
-    no_cuda_backend("router_z_loss_backward");
-#endif
-  }
-  cpu::router_z_loss_backward(ctx, p, logits, grad, dlogits);
+  dispatch(MT_OP_BODIES(router_z_loss_backward), {&logits, &dlogits}, ctx, p, logits, grad,
+           dlogits);
 }
 
 void expert_load_counts(Context& ctx, const Tensor& ids, int64_t experts, Tensor& counts) {
   MT_CHECK(ids.ndim() == 2, ShapeError, "expert ids must be [T,k], got ", ids.shape());
   expect_shape(counts, {experts}, "expert load counts");
-  if (op_device("expert_load_counts", {&ids, &counts}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::expert_load_counts(ctx, ids, experts, counts);
-#else
-    no_cuda_backend("expert_load_counts");
-#endif
-  }
+  if (auto* cuda = cuda_body(MT_OP_BODIES(expert_load_counts), {&ids, &counts}))
+    return cuda(ctx, ids, experts, counts);
   // Reads the ids, so only on the host path.
   const int32_t* pid = ids.i32();
   for (int64_t i = 0; i < ids.numel(); ++i)
@@ -135,14 +93,7 @@ void expert_load_counts(Context& ctx, const Tensor& ids, int64_t experts, Tensor
 void router_bias_update(Context& ctx, const Tensor& load, float rate, Tensor& bias) {
   MT_CHECK(load.ndim() == 1, ShapeError, "expert load must be [E], got ", load.shape());
   expect_shape(bias, {load.dim(0)}, "router selection bias");
-  if (op_device("router_bias_update", {&load, &bias}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::router_bias_update(ctx, load, rate, bias);
-#else
-    no_cuda_backend("router_bias_update");
-#endif
-  }
-  cpu::router_bias_update(ctx, load, rate, bias);
+  dispatch(MT_OP_BODIES(router_bias_update), {&load, &bias}, ctx, load, rate, bias);
 }
 
 }  // namespace mt::ops

@@ -37,13 +37,8 @@ void check_index(const RowScatterParams& p, const Tensor& index) {
 void row_scatter_forward(Context& ctx, const RowScatterParams& p, const Tensor& index,
                          const Tensor& src, Tensor& dst) {
   check(p, index, src, dst, "row_scatter src", "row_scatter dst");
-  if (op_device("row_scatter_forward", {&index, &src, &dst}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::row_scatter_forward(ctx, p, index, src, dst);
-#else
-    no_cuda_backend("row_scatter_forward");
-#endif
-  }
+  if (auto* cuda = cuda_body(MT_OP_BODIES(row_scatter_forward), {&index, &src, &dst}))
+    return cuda(ctx, p, index, src, dst);
   check_index(p, index);
   cpu::row_scatter_forward(ctx, p, index, src, dst);
 }
@@ -51,13 +46,8 @@ void row_scatter_forward(Context& ctx, const RowScatterParams& p, const Tensor& 
 void row_scatter_backward(Context& ctx, const RowScatterParams& p, const Tensor& index,
                           Tensor& ddst, Tensor& dsrc) {
   check(p, index, dsrc, ddst, "row_scatter dsrc", "row_scatter ddst");
-  if (op_device("row_scatter_backward", {&index, &ddst, &dsrc}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::row_scatter_backward(ctx, p, index, ddst, dsrc);
-#else
-    no_cuda_backend("row_scatter_backward");
-#endif
-  }
+  if (auto* cuda = cuda_body(MT_OP_BODIES(row_scatter_backward), {&index, &ddst, &dsrc}))
+    return cuda(ctx, p, index, ddst, dsrc);
   check_index(p, index);
   cpu::row_scatter_backward(ctx, p, index, ddst, dsrc);
 }
