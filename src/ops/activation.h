@@ -4,6 +4,7 @@
 
 #include "core/context.h"
 #include "core/tensor.h"
+#include "ops/backends.h"
 
 namespace mt::ops {
 
@@ -33,21 +34,8 @@ inline float sigmoidf(float x) {
 
 // The backends' bodies, called by the entries above once they validated: ops/cpu/activation.cpp,
 // and ops/cuda/activation.cu in CUDA builds.
-namespace cpu {
-SiluForward silu_forward;
-SiluBackward silu_backward;
-SwigluForward swiglu_forward;
-SwigluBackward swiglu_backward;
-SigmoidGateForward sigmoid_gate_forward;
-SigmoidGateBackward sigmoid_gate_backward;
-}  // namespace cpu
-namespace cuda {
-SiluForward silu_forward;
-SiluBackward silu_backward;
-SwigluForward swiglu_forward;
-SwigluBackward swiglu_backward;
-SigmoidGateForward sigmoid_gate_forward;
-SigmoidGateBackward sigmoid_gate_backward;
-}  // namespace cuda
+MT_OP_BACKENDS(SiluForward silu_forward; SiluBackward silu_backward; SwigluForward swiglu_forward;
+               SwigluBackward swiglu_backward; SigmoidGateForward sigmoid_gate_forward;
+               SigmoidGateBackward sigmoid_gate_backward;)
 
 }  // namespace mt::ops

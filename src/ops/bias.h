@@ -4,6 +4,7 @@
 
 #include "core/context.h"
 #include "core/tensor.h"
+#include "ops/backends.h"
 
 namespace mt::ops {
 
@@ -16,13 +17,6 @@ BiasAddBackward bias_add_backward;
 
 // The backends' bodies, called by the entries above once they validated: ops/cpu/bias.cpp, and
 // ops/cuda/bias.cu in CUDA builds.
-namespace cpu {
-BiasAddForward bias_add_forward;
-BiasAddBackward bias_add_backward;
-}  // namespace cpu
-namespace cuda {
-BiasAddForward bias_add_forward;
-BiasAddBackward bias_add_backward;
-}  // namespace cuda
+MT_OP_BACKENDS(BiasAddForward bias_add_forward; BiasAddBackward bias_add_backward;)
 
 }  // namespace mt::ops

@@ -4,6 +4,7 @@
 
 #include "core/context.h"
 #include "core/tensor.h"
+#include "ops/backends.h"
 
 namespace mt::ops {
 
@@ -24,13 +25,7 @@ CausalConv1dBackward causal_conv1d_backward;
 
 // The backends' bodies, called by the entries above once they validated: ops/cpu/conv1d.cpp, and
 // ops/cuda/conv1d.cu in CUDA builds.
-namespace cpu {
-CausalConv1dForward causal_conv1d_forward;
-CausalConv1dBackward causal_conv1d_backward;
-}  // namespace cpu
-namespace cuda {
-CausalConv1dForward causal_conv1d_forward;
-CausalConv1dBackward causal_conv1d_backward;
-}  // namespace cuda
+MT_OP_BACKENDS(CausalConv1dForward causal_conv1d_forward;
+               CausalConv1dBackward causal_conv1d_backward;)
 
 }  // namespace mt::ops

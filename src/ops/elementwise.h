@@ -6,6 +6,7 @@
 
 #include "core/context.h"
 #include "core/tensor.h"
+#include "ops/backends.h"
 
 namespace mt::ops {
 
@@ -41,23 +42,8 @@ ExpandHeadsBackward expand_heads_backward;
 
 // The backends' bodies, called by the entries above once they validated: ops/cpu/elementwise.cpp,
 // and ops/cuda/elementwise.cu in CUDA builds.
-namespace cpu {
-AddInto add_into;
-Scale scale;
-SigmoidForward sigmoid_forward;
-SigmoidBackward sigmoid_backward;
-Copy copy;
-ExpandHeadsForward expand_heads_forward;
-ExpandHeadsBackward expand_heads_backward;
-}  // namespace cpu
-namespace cuda {
-AddInto add_into;
-Scale scale;
-SigmoidForward sigmoid_forward;
-SigmoidBackward sigmoid_backward;
-Copy copy;
-ExpandHeadsForward expand_heads_forward;
-ExpandHeadsBackward expand_heads_backward;
-}  // namespace cuda
+MT_OP_BACKENDS(AddInto add_into; Scale scale; SigmoidForward sigmoid_forward;
+               SigmoidBackward sigmoid_backward; Copy copy; ExpandHeadsForward expand_heads_forward;
+               ExpandHeadsBackward expand_heads_backward;)
 
 }  // namespace mt::ops

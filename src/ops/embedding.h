@@ -3,6 +3,7 @@
 
 #include "core/context.h"
 #include "core/tensor.h"
+#include "ops/backends.h"
 
 namespace mt::ops {
 
@@ -22,13 +23,6 @@ EmbeddingBackward embedding_backward;
 
 // The backends' bodies, called by the entries above once they validated: ops/cpu/embedding.cpp, and
 // ops/cuda/embedding.cu in CUDA builds.
-namespace cpu {
-EmbeddingForward embedding_forward;
-EmbeddingBackward embedding_backward;
-}  // namespace cpu
-namespace cuda {
-EmbeddingForward embedding_forward;
-EmbeddingBackward embedding_backward;
-}  // namespace cuda
+MT_OP_BACKENDS(EmbeddingForward embedding_forward; EmbeddingBackward embedding_backward;)
 
 }  // namespace mt::ops

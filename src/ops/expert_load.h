@@ -5,6 +5,7 @@
 
 #include "core/context.h"
 #include "core/tensor.h"
+#include "ops/backends.h"
 
 namespace mt::ops {
 
@@ -22,13 +23,6 @@ MapIds map_ids;
 
 // The backends' bodies, called by the entries above once they validated: ops/cpu/expert_load.cpp,
 // and ops/cuda/expert_load.cu in CUDA builds.
-namespace cpu {
-ExpertLoadCount expert_load_count;
-MapIds map_ids;
-}  // namespace cpu
-namespace cuda {
-ExpertLoadCount expert_load_count;
-MapIds map_ids;
-}  // namespace cuda
+MT_OP_BACKENDS(ExpertLoadCount expert_load_count; MapIds map_ids;)
 
 }  // namespace mt::ops

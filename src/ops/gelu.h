@@ -4,6 +4,7 @@
 
 #include "core/context.h"
 #include "core/tensor.h"
+#include "ops/backends.h"
 
 namespace mt::ops {
 
@@ -29,13 +30,6 @@ GeluBackward gelu_backward;
 
 // The backends' bodies, called by the entries above once they validated: ops/cpu/gelu.cpp, and
 // ops/cuda/gelu.cu in CUDA builds.
-namespace cpu {
-GeluForward gelu_forward;
-GeluBackward gelu_backward;
-}  // namespace cpu
-namespace cuda {
-GeluForward gelu_forward;
-GeluBackward gelu_backward;
-}  // namespace cuda
+MT_OP_BACKENDS(GeluForward gelu_forward; GeluBackward gelu_backward;)
 
 }  // namespace mt::ops

@@ -5,6 +5,7 @@
 
 #include "core/context.h"
 #include "core/tensor.h"
+#include "ops/backends.h"
 
 namespace mt::ops {
 
@@ -23,11 +24,6 @@ void expect_matrix(const Tensor& t, const char* op, const char* what);
 
 // The backends' bodies, called by matmul once it checked the shapes: ops/cpu/gemm.cpp, and
 // ops/cuda/gemm.cu in CUDA builds.
-namespace cpu {
-Matmul matmul;
-}  // namespace cpu
-namespace cuda {
-Matmul matmul;
-}  // namespace cuda
+MT_OP_BACKENDS(Matmul matmul;)
 
 }  // namespace mt::ops

@@ -14,6 +14,7 @@
 #include "core/arena.h"
 #include "core/context.h"
 #include "core/tensor.h"
+#include "ops/backends.h"
 
 namespace mt::ops {
 
@@ -64,13 +65,7 @@ using GroupedFfnSwigluBackward = void(Context& ctx, const Tensor& gate_up, const
 
 // Called by the entries above once they validated: ops/cpu/grouped_ffn.cpp, and
 // ops/cuda/grouped_ffn.cu in CUDA builds.
-namespace cpu {
-GroupedFfnSwigluForward grouped_ffn_swiglu_forward;
-GroupedFfnSwigluBackward grouped_ffn_swiglu_backward;
-}  // namespace cpu
-namespace cuda {
-GroupedFfnSwigluForward grouped_ffn_swiglu_forward;
-GroupedFfnSwigluBackward grouped_ffn_swiglu_backward;
-}  // namespace cuda
+MT_OP_BACKENDS(GroupedFfnSwigluForward grouped_ffn_swiglu_forward;
+               GroupedFfnSwigluBackward grouped_ffn_swiglu_backward;)
 
 }  // namespace mt::ops

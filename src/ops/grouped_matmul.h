@@ -17,6 +17,7 @@
 
 #include "core/context.h"
 #include "core/tensor.h"
+#include "ops/backends.h"
 
 namespace mt::ops {
 
@@ -43,11 +44,6 @@ void expect_group_offsets(const Tensor& offsets, int64_t groups, int64_t rows, c
 
 // The backends' bodies, called by the entries above once they validated:
 // ops/cpu/grouped_matmul.cpp, and ops/cuda/grouped_matmul.cu in CUDA builds.
-namespace cpu {
-GroupedMatmul grouped_matmul;
-}  // namespace cpu
-namespace cuda {
-GroupedMatmul grouped_matmul;
-}  // namespace cuda
+MT_OP_BACKENDS(GroupedMatmul grouped_matmul;)
 
 }  // namespace mt::ops

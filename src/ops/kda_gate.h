@@ -5,6 +5,7 @@
 
 #include "core/context.h"
 #include "core/tensor.h"
+#include "ops/backends.h"
 
 namespace mt::ops {
 
@@ -25,13 +26,6 @@ KdaGateBackward kda_gate_backward;
 
 // The backends' bodies, called by the entries above once they validated: ops/cpu/kda_gate.cpp, and
 // ops/cuda/kda_gate.cu in CUDA builds.
-namespace cpu {
-KdaGateForward kda_gate_forward;
-KdaGateBackward kda_gate_backward;
-}  // namespace cpu
-namespace cuda {
-KdaGateForward kda_gate_forward;
-KdaGateBackward kda_gate_backward;
-}  // namespace cuda
+MT_OP_BACKENDS(KdaGateForward kda_gate_forward; KdaGateBackward kda_gate_backward;)
 
 }  // namespace mt::ops

@@ -4,6 +4,7 @@
 
 #include "core/context.h"
 #include "core/tensor.h"
+#include "ops/backends.h"
 
 namespace mt::ops {
 
@@ -30,13 +31,6 @@ using LinearBackward = decltype(linear_backward);
 
 // The backends' bodies, called by the entries above once they validated: ops/cpu/linear.cpp, and
 // ops/cuda/linear.cu in CUDA builds.
-namespace cpu {
-LinearForward linear_forward;
-LinearBackward linear_backward;
-}  // namespace cpu
-namespace cuda {
-LinearForward linear_forward;
-LinearBackward linear_backward;
-}  // namespace cuda
+MT_OP_BACKENDS(LinearForward linear_forward; LinearBackward linear_backward;)
 
 }  // namespace mt::ops

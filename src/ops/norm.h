@@ -4,6 +4,7 @@
 
 #include "core/context.h"
 #include "core/tensor.h"
+#include "ops/backends.h"
 
 namespace mt::ops {
 
@@ -41,21 +42,8 @@ L2normBackward l2norm_backward;
 
 // The backends' bodies, called by the entries above once they validated: ops/cpu/norm.cpp, and
 // ops/cuda/norm.cu in CUDA builds.
-namespace cpu {
-RmsnormForward rmsnorm_forward;
-RmsnormBackward rmsnorm_backward;
-LayernormForward layernorm_forward;
-LayernormBackward layernorm_backward;
-L2normForward l2norm_forward;
-L2normBackward l2norm_backward;
-}  // namespace cpu
-namespace cuda {
-RmsnormForward rmsnorm_forward;
-RmsnormBackward rmsnorm_backward;
-LayernormForward layernorm_forward;
-LayernormBackward layernorm_backward;
-L2normForward l2norm_forward;
-L2normBackward l2norm_backward;
-}  // namespace cuda
+MT_OP_BACKENDS(RmsnormForward rmsnorm_forward; RmsnormBackward rmsnorm_backward;
+               LayernormForward layernorm_forward; LayernormBackward layernorm_backward;
+               L2normForward l2norm_forward; L2normBackward l2norm_backward;)
 
 }  // namespace mt::ops

@@ -5,6 +5,7 @@
 
 #include "core/context.h"
 #include "core/tensor.h"
+#include "ops/backends.h"
 
 namespace mt::ops {
 
@@ -45,15 +46,6 @@ ClipGradNorm clip_grad_norm;
 
 // The backends' bodies, called by the entries above once they validated: ops/cpu/optim.cpp, and
 // ops/cuda/optim.cu in CUDA builds.
-namespace cpu {
-AdamwStep adamw_step;
-GradNormSq grad_norm_sq;
-ClipGradNorm clip_grad_norm;
-}  // namespace cpu
-namespace cuda {
-AdamwStep adamw_step;
-GradNormSq grad_norm_sq;
-ClipGradNorm clip_grad_norm;
-}  // namespace cuda
+MT_OP_BACKENDS(AdamwStep adamw_step; GradNormSq grad_norm_sq; ClipGradNorm clip_grad_norm;)
 
 }  // namespace mt::ops

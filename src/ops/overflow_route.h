@@ -27,6 +27,7 @@
 
 #include "core/context.h"
 #include "core/tensor.h"
+#include "ops/backends.h"
 #include "ops/router.h"
 
 namespace mt::ops {
@@ -75,11 +76,6 @@ void overflow_route_backward(Context& ctx, const RouterParams& rp, const Tensor&
 
 // The forward's backend bodies, called by the entry once it validated:
 // ops/cpu/overflow_route.cpp, and ops/cuda/overflow_route.cu in CUDA builds.
-namespace cpu {
-OverflowRouteForward overflow_route_forward;
-}  // namespace cpu
-namespace cuda {
-OverflowRouteForward overflow_route_forward;
-}  // namespace cuda
+MT_OP_BACKENDS(OverflowRouteForward overflow_route_forward;)
 
 }  // namespace mt::ops

@@ -7,6 +7,7 @@
 
 #include "core/context.h"
 #include "core/tensor.h"
+#include "ops/backends.h"
 
 namespace mt::ops {
 
@@ -25,13 +26,6 @@ PatchMergeBackward patch_merge_backward;
 
 // The backends' bodies, called by the entries above once they validated: ops/cpu/patch_merge.cpp,
 // and ops/cuda/patch_merge.cu in CUDA builds.
-namespace cpu {
-PatchMergeForward patch_merge_forward;
-PatchMergeBackward patch_merge_backward;
-}  // namespace cpu
-namespace cuda {
-PatchMergeForward patch_merge_forward;
-PatchMergeBackward patch_merge_backward;
-}  // namespace cuda
+MT_OP_BACKENDS(PatchMergeForward patch_merge_forward; PatchMergeBackward patch_merge_backward;)
 
 }  // namespace mt::ops

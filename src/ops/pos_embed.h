@@ -12,6 +12,7 @@
 
 #include "core/context.h"
 #include "core/tensor.h"
+#include "ops/backends.h"
 #include "ops/vision_grid.h"
 
 namespace mt::ops {
@@ -41,13 +42,6 @@ PosEmbedBackward pos_embed_backward;
 
 // The backends' bodies, called by the entries above once they validated: ops/cpu/pos_embed.cpp, and
 // ops/cuda/pos_embed.cu in CUDA builds.
-namespace cpu {
-PosEmbedForward pos_embed_forward;
-PosEmbedBackward pos_embed_backward;
-}  // namespace cpu
-namespace cuda {
-PosEmbedForward pos_embed_forward;
-PosEmbedBackward pos_embed_backward;
-}  // namespace cuda
+MT_OP_BACKENDS(PosEmbedForward pos_embed_forward; PosEmbedBackward pos_embed_backward;)
 
 }  // namespace mt::ops

@@ -9,6 +9,7 @@
 
 #include "core/context.h"
 #include "core/tensor.h"
+#include "ops/backends.h"
 
 namespace mt::ops {
 
@@ -50,13 +51,6 @@ RopeBackward rope_backward;
 
 // The backends' bodies, called by the entries above once they validated: ops/cpu/rope.cpp, and
 // ops/cuda/rope.cu in CUDA builds.
-namespace cpu {
-RopeForward rope_forward;
-RopeBackward rope_backward;
-}  // namespace cpu
-namespace cuda {
-RopeForward rope_forward;
-RopeBackward rope_backward;
-}  // namespace cuda
+MT_OP_BACKENDS(RopeForward rope_forward; RopeBackward rope_backward;)
 
 }  // namespace mt::ops

@@ -9,6 +9,7 @@
 
 #include "core/context.h"
 #include "core/tensor.h"
+#include "ops/backends.h"
 
 namespace mt::ops {
 
@@ -31,13 +32,6 @@ Rope2dBackward rope2d_backward;
 
 // The backends' bodies, called by the entries above once they validated: ops/cpu/rope2d.cpp, and
 // ops/cuda/rope2d.cu in CUDA builds.
-namespace cpu {
-Rope2dForward rope2d_forward;
-Rope2dBackward rope2d_backward;
-}  // namespace cpu
-namespace cuda {
-Rope2dForward rope2d_forward;
-Rope2dBackward rope2d_backward;
-}  // namespace cuda
+MT_OP_BACKENDS(Rope2dForward rope2d_forward; Rope2dBackward rope2d_backward;)
 
 }  // namespace mt::ops

@@ -21,6 +21,7 @@
 #include "core/context.h"
 #include "core/seq_info.h"
 #include "core/tensor.h"
+#include "ops/backends.h"
 
 namespace mt::ops {
 
@@ -77,25 +78,9 @@ RouterBiasUpdate router_bias_update;
 
 // The backends' bodies, called by the entries above once they validated: ops/cpu/router.cpp, and
 // ops/cuda/router.cu in CUDA builds.
-namespace cpu {
-RouterForward router_forward;
-RouterBackward router_backward;
-RouterSeqAuxLoss router_seq_aux_loss;
-RouterSeqAuxBackward router_seq_aux_backward;
-RouterZLoss router_z_loss;
-RouterZLossBackward router_z_loss_backward;
-ExpertLoadCounts expert_load_counts;
-RouterBiasUpdate router_bias_update;
-}  // namespace cpu
-namespace cuda {
-RouterForward router_forward;
-RouterBackward router_backward;
-RouterSeqAuxLoss router_seq_aux_loss;
-RouterSeqAuxBackward router_seq_aux_backward;
-RouterZLoss router_z_loss;
-RouterZLossBackward router_z_loss_backward;
-ExpertLoadCounts expert_load_counts;
-RouterBiasUpdate router_bias_update;
-}  // namespace cuda
+MT_OP_BACKENDS(RouterForward router_forward; RouterBackward router_backward;
+               RouterSeqAuxLoss router_seq_aux_loss; RouterSeqAuxBackward router_seq_aux_backward;
+               RouterZLoss router_z_loss; RouterZLossBackward router_z_loss_backward;
+               ExpertLoadCounts expert_load_counts; RouterBiasUpdate router_bias_update;)
 
 }  // namespace mt::ops

@@ -5,6 +5,7 @@
 
 #include "core/context.h"
 #include "core/tensor.h"
+#include "ops/backends.h"
 
 namespace mt::ops {
 
@@ -28,13 +29,6 @@ RowScatterBackward row_scatter_backward;
 
 // The backends' bodies, called by the entries above once they validated: ops/cpu/row_scatter.cpp,
 // and ops/cuda/row_scatter.cu in CUDA builds.
-namespace cpu {
-RowScatterForward row_scatter_forward;
-RowScatterBackward row_scatter_backward;
-}  // namespace cpu
-namespace cuda {
-RowScatterForward row_scatter_forward;
-RowScatterBackward row_scatter_backward;
-}  // namespace cuda
+MT_OP_BACKENDS(RowScatterForward row_scatter_forward; RowScatterBackward row_scatter_backward;)
 
 }  // namespace mt::ops
