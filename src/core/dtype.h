@@ -5,6 +5,8 @@
 #include <cstring>
 #include <string_view>
 
+#include "core/names.h"
+
 namespace mt {
 
 // F64 holds per-step scalars that the trainer reads once a step (losses, norms), never weights.
@@ -26,20 +28,15 @@ constexpr size_t dtype_size(DType t) {
   return 0;
 }
 
+inline constexpr EnumName<DType> kDTypeNames[] = {{DType::F32, "f32"},
+                                                  {DType::BF16, "bf16"},
+                                                  {DType::I32, "i32"},
+                                                  {DType::I64, "i64"},
+                                                  {DType::F64, "f64"}};
+static_assert(std::size(kDTypeNames) == static_cast<size_t>(DType::F64) + 1);
+
 constexpr std::string_view dtype_name(DType t) {
-  switch (t) {
-    case DType::F32:
-      return "f32";
-    case DType::BF16:
-      return "bf16";
-    case DType::I32:
-      return "i32";
-    case DType::I64:
-      return "i64";
-    case DType::F64:
-      return "f64";
-  }
-  return "?";
+  return name_of(kDTypeNames, t);
 }
 
 constexpr std::string_view device_name(Device d) {

@@ -60,20 +60,16 @@ float f16_to_f32(uint16_t h) {
   return f;
 }
 
+// The safetensors spelling of each dtype.
+constexpr EnumName<DType> kFormatNames[] = {{DType::F32, "F32"},
+                                            {DType::BF16, "BF16"},
+                                            {DType::I32, "I32"},
+                                            {DType::I64, "I64"},
+                                            {DType::F64, "F64"}};
+static_assert(std::size(kFormatNames) == std::size(kDTypeNames));
+
 const char* format_name(DType t) {
-  switch (t) {
-    case DType::F32:
-      return "F32";
-    case DType::BF16:
-      return "BF16";
-    case DType::I32:
-      return "I32";
-    case DType::I64:
-      return "I64";
-    case DType::F64:
-      return "F64";
-  }
-  return "?";
+  return name_of(kFormatNames, t);
 }
 
 uint64_t file_size_of(const std::string& path) {

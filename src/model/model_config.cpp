@@ -13,16 +13,12 @@ namespace mt {
 
 using nlohmann::json;
 
+constexpr EnumName<MixerKind> kMixerNames[] = {
+    {MixerKind::Kda, "kda"}, {MixerKind::Dsa, "dsa"}, {MixerKind::Mla, "mla"}};
+static_assert(std::size(kMixerNames) == static_cast<size_t>(MixerKind::Mla) + 1);
+
 const char* mixer_name(MixerKind k) {
-  switch (k) {
-    case MixerKind::Kda:
-      return "kda";
-    case MixerKind::Dsa:
-      return "dsa";
-    case MixerKind::Mla:
-      return "mla";
-  }
-  return "?";
+  return name_of(kMixerNames, k);
 }
 
 namespace {
@@ -61,15 +57,10 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   for (int64_t i = 0; i < n_layers; ++i) {
     const std::string& k = kinds[static_cast<size_t>(i)];
     LayerIR l;
-    if (k == "kda")
-      l.mixer = MixerKind::Kda;
-    else if (k == "dsa")
-      l.mixer = MixerKind::Dsa;
-    else if (k == "mla")
-      l.mixer = MixerKind::Mla;
-    else
-      MT_THROW(ConfigError, source, ": layer_types[", i, "] = '", k,
-               "' (expected kda, dsa or mla)");
+    const std::optional<MixerKind> mixer = value_of(kMixerNames, k);
+    MT_CHECK(mixer, ConfigError, source, ": layer_types[", i, "] = '", k,
+             "' (expected kda, dsa or mla)");
+    l.mixer = *mixer;
     l.ffn = i < first_dense ? FfnKind::Dense : FfnKind::Moe;
     any_kda |= l.mixer == MixerKind::Kda;
     any_attn |= l.mixer != MixerKind::Kda;

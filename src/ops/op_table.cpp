@@ -13,31 +13,19 @@ const char* backend_name(Backend b) {
 }
 
 const char* op_name(OpKind k) {
-  switch (k) {
-    case OpKind::Gemm:
-      return "gemm";
-    case OpKind::KdaCore:
-      return "kda_core";
-    case OpKind::MlaAttention:
-      return "mla_attention";
-    case OpKind::SparseAttention:
-      return "sparse_attention";
-    case OpKind::Indexer:
-      return "indexer";
-    case OpKind::Router:
-      return "router";
-    case OpKind::MoeDispatch:
-      return "moe_dispatch";
-    case OpKind::GroupedExperts:
-      return "grouped_experts";
-    case OpKind::CrossEntropy:
-      return "cross_entropy";
-    case OpKind::Norm:
-      return "norm";
-    case OpKind::Conv1d:
-      return "conv1d";
-  }
-  return "?";
+  static constexpr EnumName<OpKind> kNames[] = {{OpKind::Gemm, "gemm"},
+                                                {OpKind::KdaCore, "kda_core"},
+                                                {OpKind::MlaAttention, "mla_attention"},
+                                                {OpKind::SparseAttention, "sparse_attention"},
+                                                {OpKind::Indexer, "indexer"},
+                                                {OpKind::Router, "router"},
+                                                {OpKind::MoeDispatch, "moe_dispatch"},
+                                                {OpKind::GroupedExperts, "grouped_experts"},
+                                                {OpKind::CrossEntropy, "cross_entropy"},
+                                                {OpKind::Norm, "norm"},
+                                                {OpKind::Conv1d, "conv1d"}};
+  static_assert(std::size(kNames) == static_cast<size_t>(OpKind::Conv1d) + 1);
+  return name_of(kNames, k);
 }
 
 namespace {

@@ -12,23 +12,25 @@
 
 namespace mt::plan {
 
+namespace {
+
+constexpr EnumName<Recompute> kRecomputeNames[] = {
+    {Recompute::None, "none"}, {Recompute::Selective, "selective"}, {Recompute::Full, "full"}};
+static_assert(std::size(kRecomputeNames) == static_cast<size_t>(Recompute::Full) + 1);
+constexpr EnumName<Engine> kEngineNames[] = {
+    {Engine::Fsdp, "fsdp"}, {Engine::Zero1Ep, "zero1+ep"}, {Engine::FsdpEp, "fsdp+ep"}};
+static_assert(std::size(kEngineNames) == static_cast<size_t>(Engine::FsdpEp) + 1);
+
+}  // namespace
+
 const char* recompute_name(Recompute r) {
-  switch (r) {
-    case Recompute::None:
-      return "none";
-    case Recompute::Selective:
-      return "selective";
-    case Recompute::Full:
-      return "full";
-  }
-  return "?";
+  return name_of(kRecomputeNames, r);
 }
 
 Recompute parse_recompute(const std::string& s) {
-  if (s == "none") return Recompute::None;
-  if (s == "selective") return Recompute::Selective;
-  if (s == "full") return Recompute::Full;
-  MT_THROW(ValueError, "recompute policy must be none, selective or full, got '", s, "'");
+  const std::optional<Recompute> r = value_of(kRecomputeNames, s);
+  MT_CHECK(r, ValueError, "recompute policy must be none, selective or full, got '", s, "'");
+  return *r;
 }
 
 nlohmann::json ParallelPlan::to_json() const {
@@ -46,22 +48,13 @@ nlohmann::json ParallelPlan::to_json() const {
 }
 
 const char* engine_name(Engine e) {
-  switch (e) {
-    case Engine::Fsdp:
-      return "fsdp";
-    case Engine::Zero1Ep:
-      return "zero1+ep";
-    case Engine::FsdpEp:
-      return "fsdp+ep";
-  }
-  return "?";
+  return name_of(kEngineNames, e);
 }
 
 Engine parse_engine(const std::string& s) {
-  if (s == "fsdp") return Engine::Fsdp;
-  if (s == "zero1+ep") return Engine::Zero1Ep;
-  if (s == "fsdp+ep") return Engine::FsdpEp;
-  MT_THROW(ValueError, "unknown engine '", s, "' (expected fsdp, zero1+ep or fsdp+ep)");
+  const std::optional<Engine> e = value_of(kEngineNames, s);
+  MT_CHECK(e, ValueError, "unknown engine '", s, "' (expected fsdp, zero1+ep or fsdp+ep)");
+  return *e;
 }
 
 ModelConfig with_lora(ModelConfig cfg, const LoraOptions& lora) {
