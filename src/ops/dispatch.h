@@ -56,10 +56,10 @@ struct OpBodies {
 #else
 #define MT_CUDA_BODY(f) nullptr
 #endif
-#define MT_OP_BODIES(f)                              \
-  ::mt::ops::OpBodies<decltype(::mt::ops::cpu::f)> { \
-#f, &::mt::ops::cpu::f, MT_CUDA_BODY(f)          \
-  }
+#define MT_OP_BODIES(f) MT_NAMED_OP_BODIES(#f, f)
+// The same under another name in errors: an entry whose bodies are shared or named otherwise.
+#define MT_NAMED_OP_BODIES(name, f) \
+  (::mt::ops::OpBodies<decltype(::mt::ops::cpu::f)>{name, &::mt::ops::cpu::f, MT_CUDA_BODY(f)})
 
 // The CUDA body to run when the tensors `ts` live on CUDA (no_cuda_backend when this binary has
 // none); null when they live on the CPU.

@@ -41,17 +41,13 @@ GroupedMatmulParams scaled(GroupedMatmulParams p, float alpha, float beta) {
 // The SwiGLU between the projections runs where the tensors are (the projections dispatch
 // themselves through grouped_matmul).
 void swiglu_forward(Context& ctx, const Tensor& gate_up, Tensor& h) {
-  const OpBodies<decltype(cpu::grouped_ffn_swiglu_forward)> op{
-      "grouped_ffn_forward", &cpu::grouped_ffn_swiglu_forward,
-      MT_CUDA_BODY(grouped_ffn_swiglu_forward)};
-  dispatch(op, {&gate_up, &h}, ctx, gate_up, h);
+  dispatch(MT_NAMED_OP_BODIES("grouped_ffn_forward", grouped_ffn_swiglu_forward), {&gate_up, &h},
+           ctx, gate_up, h);
 }
 
 void swiglu_backward(Context& ctx, const Tensor& gate_up, const Tensor& dh, Tensor& dgate_up) {
-  const OpBodies<decltype(cpu::grouped_ffn_swiglu_backward)> op{
-      "grouped_ffn_backward", &cpu::grouped_ffn_swiglu_backward,
-      MT_CUDA_BODY(grouped_ffn_swiglu_backward)};
-  dispatch(op, {&gate_up, &dh, &dgate_up}, ctx, gate_up, dh, dgate_up);
+  dispatch(MT_NAMED_OP_BODIES("grouped_ffn_backward", grouped_ffn_swiglu_backward),
+           {&gate_up, &dh, &dgate_up}, ctx, gate_up, dh, dgate_up);
 }
 
 }  // namespace

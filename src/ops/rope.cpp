@@ -65,13 +65,15 @@ void rope_inv_freq(const RopeParams& p, std::span<double> inv) {
 void rope_forward(Context& ctx, const RopeParams& p, const Tensor& positions, const Tensor& x,
                   Tensor& y) {
   check_args(p, positions, x, y);
-  dispatch(MT_OP_BODIES(rope_forward), {&positions, &x, &y}, ctx, p, positions, x, y);
+  dispatch(MT_NAMED_OP_BODIES("rope_forward", rope_rotate), {&positions, &x, &y}, ctx, p, positions,
+           x, y, 1.0);
 }
 
 void rope_backward(Context& ctx, const RopeParams& p, const Tensor& positions, const Tensor& dy,
                    Tensor& dx) {
   check_args(p, positions, dy, dx);
-  dispatch(MT_OP_BODIES(rope_backward), {&positions, &dy, &dx}, ctx, p, positions, dy, dx);
+  dispatch(MT_NAMED_OP_BODIES("rope_backward", rope_rotate), {&positions, &dy, &dx}, ctx, p,
+           positions, dy, dx, -1.0);
 }
 
 }  // namespace mt::ops

@@ -49,8 +49,11 @@ using RopeBackward = void(Context& ctx, const RopeParams& p, const Tensor& posit
                           const Tensor& dy, Tensor& dx);
 RopeBackward rope_backward;
 
-// The backends' bodies, called by the entries above once they validated: ops/cpu/rope.cpp, and
-// ops/cuda/rope.cu in CUDA builds.
-MT_OP_BACKENDS(RopeForward rope_forward; RopeBackward rope_backward;)
+// The backends' one body, called by the entries above once they validated (ops/cpu/rope.cpp, and
+// ops/cuda/rope.cu in CUDA builds): the rotation by sign times each angle, +1 for rope_forward and
+// -1 for rope_backward (a rotation's inverse is its transpose).
+using RopeRotate = void(Context& ctx, const RopeParams& p, const Tensor& positions, const Tensor& x,
+                        Tensor& y, double sign);
+MT_OP_BACKENDS(RopeRotate rope_rotate;)
 
 }  // namespace mt::ops

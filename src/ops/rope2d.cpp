@@ -36,13 +36,15 @@ std::vector<double> rope2d_inv_freq(const Rope2dParams& p) {
 void rope2d_forward(Context& ctx, const Rope2dParams& p, const Tensor& positions, const Tensor& x,
                     Tensor& y) {
   check(p, positions, x, y, "rope2d x", "rope2d y");
-  dispatch(MT_OP_BODIES(rope2d_forward), {&positions, &x, &y}, ctx, p, positions, x, y);
+  dispatch(MT_NAMED_OP_BODIES("rope2d_forward", rope2d_rotate), {&positions, &x, &y}, ctx, p,
+           positions, x, y, 1.0);
 }
 
 void rope2d_backward(Context& ctx, const Rope2dParams& p, const Tensor& positions, const Tensor& dy,
                      Tensor& dx) {
   check(p, positions, dy, dx, "rope2d dy", "rope2d dx");
-  dispatch(MT_OP_BODIES(rope2d_backward), {&positions, &dy, &dx}, ctx, p, positions, dy, dx);
+  dispatch(MT_NAMED_OP_BODIES("rope2d_backward", rope2d_rotate), {&positions, &dy, &dx}, ctx, p,
+           positions, dy, dx, -1.0);
 }
 
 }  // namespace mt::ops

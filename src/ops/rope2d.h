@@ -30,8 +30,11 @@ using Rope2dBackward = void(Context& ctx, const Rope2dParams& p, const Tensor& p
                             const Tensor& dy, Tensor& dx);
 Rope2dBackward rope2d_backward;
 
-// The backends' bodies, called by the entries above once they validated: ops/cpu/rope2d.cpp, and
-// ops/cuda/rope2d.cu in CUDA builds.
-MT_OP_BACKENDS(Rope2dForward rope2d_forward; Rope2dBackward rope2d_backward;)
+// The backends' one body, called by the entries above once they validated (ops/cpu/rope2d.cpp, and
+// ops/cuda/rope2d.cu in CUDA builds): the rotation by sign times each angle, +1 for
+// rope2d_forward and -1 for rope2d_backward.
+using Rope2dRotate = void(Context& ctx, const Rope2dParams& p, const Tensor& positions,
+                          const Tensor& x, Tensor& y, double sign);
+MT_OP_BACKENDS(Rope2dRotate rope2d_rotate;)
 
 }  // namespace mt::ops

@@ -9,11 +9,9 @@
 
 namespace mt::ops::cpu {
 
-namespace {
-
 // sign = +1 rotates by +pos * freq (forward), -1 by the opposite angle (its inverse/transpose).
-void rotate(Context& ctx, const RopeParams& p, const Tensor& positions, const Tensor& x, Tensor& y,
-            double sign) {
+void rope_rotate(Context& ctx, const RopeParams& p, const Tensor& positions, const Tensor& x,
+                 Tensor& y, double sign) {
   const int64_t half = p.rot_dim / 2, H = p.heads, D = p.head_dim, off = p.rot_offset;
   const bool in_place = x.raw() == y.raw();
   const int32_t* pos = positions.i32();
@@ -60,18 +58,6 @@ void rotate(Context& ctx, const RopeParams& p, const Tensor& positions, const Te
       }
     }
   }
-}
-
-}  // namespace
-
-void rope_forward(Context& ctx, const RopeParams& p, const Tensor& positions, const Tensor& x,
-                  Tensor& y) {
-  rotate(ctx, p, positions, x, y, 1.0);
-}
-
-void rope_backward(Context& ctx, const RopeParams& p, const Tensor& positions, const Tensor& dy,
-                   Tensor& dx) {
-  rotate(ctx, p, positions, dy, dx, -1.0);
 }
 
 }  // namespace mt::ops::cpu

@@ -4,11 +4,9 @@
 
 namespace mt::ops::cpu {
 
-namespace {
-
 // sign = +1 rotates forward, -1 by the opposite angles (the inverse, i.e. the transpose).
-void rotate(Context& ctx, const Rope2dParams& p, const Tensor& positions, const Tensor& x,
-            Tensor& y, double sign) {
+void rope2d_rotate(Context& ctx, const Rope2dParams& p, const Tensor& positions, const Tensor& x,
+                   Tensor& y, double sign) {
   const int64_t D = p.head_dim, half = D / 2, H = p.heads;
   const std::vector<double> inv = rope2d_inv_freq(p);
   const int32_t* pos = positions.i32();
@@ -28,18 +26,6 @@ void rotate(Context& ctx, const Rope2dParams& p, const Tensor& positions, const 
       }
     }
   }
-}
-
-}  // namespace
-
-void rope2d_forward(Context& ctx, const Rope2dParams& p, const Tensor& positions, const Tensor& x,
-                    Tensor& y) {
-  rotate(ctx, p, positions, x, y, 1.0);
-}
-
-void rope2d_backward(Context& ctx, const Rope2dParams& p, const Tensor& positions, const Tensor& dy,
-                     Tensor& dx) {
-  rotate(ctx, p, positions, dy, dx, -1.0);
 }
 
 }  // namespace mt::ops::cpu

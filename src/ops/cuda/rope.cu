@@ -45,8 +45,10 @@ __global__ void rope_kernel(const __grid_constant__ RopeArgs a, const int32_t* p
   }
 }
 
-void rotate(Context& ctx, const RopeParams& p, const Tensor& positions, const Tensor& x, Tensor& y,
-            double sign) {
+}  // namespace
+
+void rope_rotate(Context& ctx, const RopeParams& p, const Tensor& positions, const Tensor& x,
+                 Tensor& y, double sign) {
   expect_same_dtype("rope", x, y, "output");
   const int64_t half = p.rot_dim / 2;
   MT_CHECK(half <= kMaxHalf, ValueError, "rope: CUDA path rotates at most ", 2 * kMaxHalf,
@@ -69,18 +71,6 @@ void rotate(Context& ctx, const RopeParams& p, const Tensor& positions, const Te
         a, ptr<int32_t>(positions), ptr<T>(x), ptr<T>(y));
   });
   MT_CUDA_LAUNCH_CHECK();
-}
-
-}  // namespace
-
-void rope_forward(Context& ctx, const RopeParams& p, const Tensor& positions, const Tensor& x,
-                  Tensor& y) {
-  rotate(ctx, p, positions, x, y, 1.0);
-}
-
-void rope_backward(Context& ctx, const RopeParams& p, const Tensor& positions, const Tensor& dy,
-                   Tensor& dx) {
-  rotate(ctx, p, positions, dy, dx, -1.0);
 }
 
 }  // namespace mt::ops::cuda

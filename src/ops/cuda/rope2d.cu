@@ -6,12 +6,10 @@
 
 namespace mt::ops::cuda {
 
-namespace {
-
 // sign = +1 rotates forward, -1 by the opposite angles (the backward). y may alias x: each
 // thread reads its pair before writing it.
-void rotate(Context& ctx, const Rope2dParams& p, const Tensor& positions, const Tensor& x,
-            Tensor& y, double sign) {
+void rope2d_rotate(Context& ctx, const Rope2dParams& p, const Tensor& positions, const Tensor& x,
+                   Tensor& y, double sign) {
   expect_same_dtype("rope2d", x, y, "output");
   const int64_t D = p.head_dim, half = D / 2, H = p.heads;
   const double theta = p.theta;
@@ -30,18 +28,6 @@ void rotate(Context& ctx, const Rope2dParams& p, const Tensor& positions, const 
       st(py, base + j + half, b * c + a * s);
     });
   });
-}
-
-}  // namespace
-
-void rope2d_forward(Context& ctx, const Rope2dParams& p, const Tensor& positions, const Tensor& x,
-                    Tensor& y) {
-  rotate(ctx, p, positions, x, y, 1.0);
-}
-
-void rope2d_backward(Context& ctx, const Rope2dParams& p, const Tensor& positions, const Tensor& dy,
-                     Tensor& dx) {
-  rotate(ctx, p, positions, dy, dx, -1.0);
 }
 
 }  // namespace mt::ops::cuda
