@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "ops/dispatch.h"
+#include "ops/row_scatter.h"
 
 namespace mt::ops {
 
@@ -19,16 +20,14 @@ void check(const PatchMergeParams& p, const Tensor& order, const Tensor& a, cons
   expect_shape(b, {p.patches, p.dim}, bn);
 }
 
-// A repeated or out-of-range entry would leave rows unwritten (backward) or read twice.
+// The permutation `order` as row_scatter's index: patches entries into as many rows. A repeated
+// or out-of-range entry would leave rows unwritten (backward) or read twice.
+RowScatterParams as_scatter(const PatchMergeParams& p) {
+  return {.rows = p.patches, .dst_rows = p.patches, .dim = p.dim};
+}
+
 void check_permutation(const PatchMergeParams& p, const Tensor& order) {
-  std::vector<char> seen(static_cast<size_t>(p.patches), 0);
-  const int32_t* o = order.i32();
-  for (int64_t s = 0; s < p.patches; ++s) {
-    MT_CHECK(o[s] >= 0 && o[s] < p.patches && !seen[static_cast<size_t>(o[s])], ValueError,
-             "patch_merge order[", s, "] = ", o[s], " is out of range or repeated (", p.patches,
-             " patches)");
-    seen[static_cast<size_t>(o[s])] = 1;
-  }
+  check_row_index(as_scatter(p), order, "patch_merge order", "patches");
 }
 
 }  // namespace
@@ -45,10 +44,12 @@ void patch_merge_forward(Context& ctx, const PatchMergeParams& p, const Tensor& 
 void patch_merge_backward(Context& ctx, const PatchMergeParams& p, const Tensor& order,
                           const Tensor& dy, Tensor& dx) {
   check(p, order, dy, dx, "patch_merge dy", "patch_merge dx");
-  if (auto* cuda = cuda_body(MT_OP_BODIES(patch_merge_backward), {&order, &dy, &dx}))
-    return cuda(ctx, p, order, dy, dx);
+  // dx[order[s]] = dy[s]: row_scatter's forward body.
+  const auto op = MT_NAMED_OP_BODIES("patch_merge_backward", row_scatter_forward);
+  if (auto* cuda = cuda_body(op, {&order, &dy, &dx}))
+    return cuda(ctx, as_scatter(p), order, dy, dx);
   check_permutation(p, order);
-  cpu::patch_merge_backward(ctx, p, order, dy, dx);
+  op.cpu(ctx, as_scatter(p), order, dy, dx);
 }
 
 }  // namespace mt::ops

@@ -25,7 +25,8 @@ using PatchMergeBackward = void(Context& ctx, const PatchMergeParams& p, const T
 PatchMergeBackward patch_merge_backward;
 
 // The backends' bodies, called by the entries above once they validated: ops/cpu/patch_merge.cpp,
-// and ops/cuda/patch_merge.cu in CUDA builds.
-MT_OP_BACKENDS(PatchMergeForward patch_merge_forward; PatchMergeBackward patch_merge_backward;)
+// and ops/cuda/patch_merge.cu in CUDA builds. The backward is a row scatter by `order`, so it
+// runs row_scatter's forward body (ops/row_scatter.h).
+MT_OP_BACKENDS(PatchMergeForward patch_merge_forward;)
 
 }  // namespace mt::ops

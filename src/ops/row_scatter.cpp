@@ -19,27 +19,26 @@ void check(const RowScatterParams& p, const Tensor& index, const Tensor& src, co
   expect_shape(dst, {p.dst_rows, p.dim}, dn);
 }
 
-// A repeated entry would make the forward depend on write order and the backward read a row
-// that an earlier entry already cleared.
-void check_index(const RowScatterParams& p, const Tensor& index) {
+}  // namespace
+
+void check_row_index(const RowScatterParams& p, const Tensor& index, const char* what,
+                     const char* unit) {
   std::vector<char> seen(static_cast<size_t>(p.dst_rows), 0);
   const int32_t* ix = index.i32();
   for (int64_t k = 0; k < p.rows; ++k) {
     MT_CHECK(ix[k] >= 0 && ix[k] < p.dst_rows && !seen[static_cast<size_t>(ix[k])], ValueError,
-             "row_scatter index[", k, "] = ", ix[k], " is out of range or repeated (", p.dst_rows,
-             " rows)");
+             what, "[", k, "] = ", ix[k], " is out of range or repeated (", p.dst_rows, " ", unit,
+             ")");
     seen[static_cast<size_t>(ix[k])] = 1;
   }
 }
-
-}  // namespace
 
 void row_scatter_forward(Context& ctx, const RowScatterParams& p, const Tensor& index,
                          const Tensor& src, Tensor& dst) {
   check(p, index, src, dst, "row_scatter src", "row_scatter dst");
   if (auto* cuda = cuda_body(MT_OP_BODIES(row_scatter_forward), {&index, &src, &dst}))
     return cuda(ctx, p, index, src, dst);
-  check_index(p, index);
+  check_row_index(p, index, "row_scatter index", "rows");
   cpu::row_scatter_forward(ctx, p, index, src, dst);
 }
 
@@ -48,7 +47,7 @@ void row_scatter_backward(Context& ctx, const RowScatterParams& p, const Tensor&
   check(p, index, dsrc, ddst, "row_scatter dsrc", "row_scatter ddst");
   if (auto* cuda = cuda_body(MT_OP_BODIES(row_scatter_backward), {&index, &ddst, &dsrc}))
     return cuda(ctx, p, index, ddst, dsrc);
-  check_index(p, index);
+  check_row_index(p, index, "row_scatter index", "rows");
   cpu::row_scatter_backward(ctx, p, index, ddst, dsrc);
 }
 

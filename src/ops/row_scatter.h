@@ -27,8 +27,14 @@ using RowScatterBackward = void(Context& ctx, const RowScatterParams& p, const T
                                 Tensor& ddst, Tensor& dsrc);
 RowScatterBackward row_scatter_backward;
 
+// Reads index (host memory): a ValueError "<what>[k] = v is out of range or repeated (<dst_rows>
+// <unit>)" unless its p.rows entries are distinct and in [0, p.dst_rows). A repeated entry would
+// make the forward depend on write order and the backward read a row already cleared.
+void check_row_index(const RowScatterParams& p, const Tensor& index, const char* what,
+                     const char* unit);
+
 // The backends' bodies, called by the entries above once they validated: ops/cpu/row_scatter.cpp,
-// and ops/cuda/row_scatter.cu in CUDA builds.
+// and ops/cuda/row_scatter.cu in CUDA builds (also patch_merge_backward's, a scatter by `order`).
 MT_OP_BACKENDS(RowScatterForward row_scatter_forward; RowScatterBackward row_scatter_backward;)
 
 }  // namespace mt::ops

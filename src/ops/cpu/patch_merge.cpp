@@ -17,15 +17,4 @@ void patch_merge_forward(Context& ctx, const PatchMergeParams& p, const Tensor& 
   }
 }
 
-void patch_merge_backward(Context& ctx, const PatchMergeParams& p, const Tensor& order,
-                          const Tensor& dy, Tensor& dx) {
-  const int64_t D = p.dim;
-  const int32_t* o = order.i32();
-  const float* pdy = dy.f32();
-  float* pdx = dx.f32();
-#pragma omp parallel for num_threads(ctx.threads()) schedule(static)
-  for (int64_t s = 0; s < p.patches; ++s)
-    std::copy(pdy + s * D, pdy + (s + 1) * D, pdx + static_cast<int64_t>(o[s]) * D);
-}
-
 }  // namespace mt::ops::cpu

@@ -1,7 +1,7 @@
-// The spatial patch merge on the GPU: a row gather (forward) and its scatter (backward), one
-// thread per element. The entry checks that `order` is a permutation only on the host path (it
-// would have to read device memory); here an entry out of range is skipped, so a bad order
-// leaves rows unwritten rather than touching memory outside the tensors.
+// The spatial patch merge on the GPU: a row gather, one thread per element (its backward, a
+// scatter, is row_scatter.cu's forward). The entry checks that `order` is a permutation only on
+// the host path (it would have to read device memory); here an entry out of range is skipped, so
+// a bad order leaves rows unwritten rather than touching memory outside the tensors.
 #include "ops/cuda/common.cuh"
 #include "ops/patch_merge.h"
 
@@ -18,21 +18,6 @@ void patch_merge_forward(Context& ctx, const PatchMergeParams& p, const Tensor& 
     for_each_index(ctx, N * D, [=] __device__(int64_t i) {
       const int64_t s = i / D, src = o[s];
       if (src >= 0 && src < N) py[i] = px[src * D + i % D];
-    });
-  });
-}
-
-void patch_merge_backward(Context& ctx, const PatchMergeParams& p, const Tensor& order,
-                          const Tensor& dy, Tensor& dx) {
-  expect_same_dtype("patch_merge", dy, dx, "dx");
-  const int64_t D = p.dim, N = p.patches;
-  const int32_t* o = ptr<int32_t>(order);
-  MT_DISPATCH_FLOAT(dy, "patch_merge", {
-    const T* pdy = ptr<T>(dy);
-    T* pdx = ptr<T>(dx);
-    for_each_index(ctx, N * D, [=] __device__(int64_t i) {
-      const int64_t s = i / D, dst = o[s];
-      if (dst >= 0 && dst < N) pdx[dst * D + i % D] = pdy[i];
     });
   });
 }
