@@ -10,44 +10,29 @@ namespace mt::ops::cpu {
 
 namespace {
 
-inline float dotf(const float* a, const float* b, int64_t n) {
-  float s = 0.f;
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
-inline bool valid_slot(int32_t s, int64_t tokens) {
-  return s >= 0 && s < tokens;
+// Row t lists its document's keys from the first up to t (causal) or to the last, then -1s.
+void document_indices(const SeqInfo& seq, bool causal, Tensor& indices) {
+  const int64_t kmax = indices.dim(1);
+  int32_t* idx = indices.i32();
+  for (size_t d = 0; d + 1 < seq.offsets.size(); ++d) {
+    const int64_t b = seq.offsets[d], e = seq.offsets[d + 1];
+    for (int64_t t = b; t < e; ++t) {
+      int32_t* row = idx + t * kmax;
+      int64_t j = 0;
+      for (int64_t s = b; s < (causal ? t + 1 : e); ++s) row[j++] = static_cast<int32_t>(s);
+      for (; j < kmax; ++j) row[j] = -1;
+    }
+  }
 }
 
 }  // namespace
 
 void causal_indices(const SeqInfo& seq, Tensor& indices) {
-  const int64_t kmax = indices.dim(1);
-  int32_t* idx = indices.i32();
-  for (size_t d = 0; d + 1 < seq.offsets.size(); ++d) {
-    const int64_t b = seq.offsets[d], e = seq.offsets[d + 1];
-    for (int64_t t = b; t < e; ++t) {
-      int32_t* row = idx + t * kmax;
-      int64_t j = 0;
-      for (int64_t s = b; s <= t; ++s) row[j++] = static_cast<int32_t>(s);
-      for (; j < kmax; ++j) row[j] = -1;
-    }
-  }
+  document_indices(seq, true, indices);
 }
 
 void full_indices(const SeqInfo& seq, Tensor& indices) {
-  const int64_t kmax = indices.dim(1);
-  int32_t* idx = indices.i32();
-  for (size_t d = 0; d + 1 < seq.offsets.size(); ++d) {
-    const int64_t b = seq.offsets[d], e = seq.offsets[d + 1];
-    for (int64_t t = b; t < e; ++t) {
-      int32_t* row = idx + t * kmax;
-      int64_t j = 0;
-      for (int64_t s = b; s < e; ++s) row[j++] = static_cast<int32_t>(s);
-      for (; j < kmax; ++j) row[j] = -1;
-    }
-  }
+  document_indices(seq, false, indices);
 }
 
 KeyLists build_key_lists(const Tensor& indices, int64_t tokens, Arena& arena) {

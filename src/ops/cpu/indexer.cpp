@@ -14,20 +14,6 @@
 
 namespace mt::ops::cpu {
 
-namespace {
-
-inline float dotf(const float* a, const float* b, int64_t n) {
-  float s = 0.f;
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
-inline bool valid_slot(int32_t s, int64_t tokens) {
-  return s >= 0 && s < tokens;
-}
-
-}  // namespace
-
 void indexer_scores_forward(Context& ctx, const IndexerParams& p, const Tensor& q, const Tensor& k,
                             const Tensor& w, const Tensor& indices, Tensor& scores) {
   const int64_t T = p.tokens, H = p.heads, D = p.head_dim, K = p.kmax;
