@@ -18,12 +18,11 @@ void reduce_partials(const Tensor& partial, int64_t dim, float* dst) {
     for (int64_t d = 0; d < dim; ++d) dst[d] += pp[t * dim + d];
 }
 
-}  // namespace
-
-void rmsnorm_forward(Context& ctx, const NormParams& p, const Tensor& x, const Tensor& w, Tensor& y,
-                     Tensor& rstd) {
+// RMSNorm (mean = true: the mean square, times the weight pw) and L2 normalisation (mean = false:
+// the sum of squares, no weight) are one row scaling: rstd = 1 / sqrt(squares + eps), y = x * rstd.
+void scale_rows(Context& ctx, const NormParams& p, bool mean, const Tensor& x, const float* pw,
+                Tensor& y, Tensor& rstd) {
   const float* px = x.f32();
-  const float* pw = w.f32();
   float* py = y.f32();
   float* pr = rstd.f32();
   const int64_t D = p.dim;
@@ -32,11 +31,21 @@ void rmsnorm_forward(Context& ctx, const NormParams& p, const Tensor& x, const T
     const float* xr = px + r * D;
     double ss = 0;
     for (int64_t d = 0; d < D; ++d) ss += static_cast<double>(xr[d]) * xr[d];
-    const float rs = static_cast<float>(1.0 / std::sqrt(ss / D + p.eps));
+    const float rs = static_cast<float>(1.0 / std::sqrt((mean ? ss / D : ss) + p.eps));
     pr[r] = rs;
     float* yr = py + r * D;
-    for (int64_t d = 0; d < D; ++d) yr[d] = xr[d] * rs * pw[d];
+    if (pw)
+      for (int64_t d = 0; d < D; ++d) yr[d] = xr[d] * rs * pw[d];
+    else
+      for (int64_t d = 0; d < D; ++d) yr[d] = xr[d] * rs;
   }
+}
+
+}  // namespace
+
+void rmsnorm_forward(Context& ctx, const NormParams& p, const Tensor& x, const Tensor& w, Tensor& y,
+                     Tensor& rstd) {
+  scale_rows(ctx, p, true, x, w.f32(), y, rstd);
 }
 
 void rmsnorm_backward(Context& ctx, const NormParams& p, const Tensor& x, const Tensor& w,
@@ -149,20 +158,7 @@ void layernorm_backward(Context& ctx, const NormParams& p, const Tensor& x, cons
 }
 
 void l2norm_forward(Context& ctx, const NormParams& p, const Tensor& x, Tensor& y, Tensor& rstd) {
-  const float* px = x.f32();
-  float* py = y.f32();
-  float* pr = rstd.f32();
-  const int64_t D = p.dim;
-#pragma omp parallel for num_threads(ctx.threads()) schedule(static)
-  for (int64_t r = 0; r < p.rows; ++r) {
-    const float* xr = px + r * D;
-    double ss = 0;
-    for (int64_t d = 0; d < D; ++d) ss += static_cast<double>(xr[d]) * xr[d];
-    const float rs = static_cast<float>(1.0 / std::sqrt(ss + p.eps));
-    pr[r] = rs;
-    float* yr = py + r * D;
-    for (int64_t d = 0; d < D; ++d) yr[d] = xr[d] * rs;
-  }
+  scale_rows(ctx, p, false, x, nullptr, y, rstd);
 }
 
 void l2norm_backward(Context& ctx, const NormParams& p, const Tensor& x, const Tensor& rstd,
