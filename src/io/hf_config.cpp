@@ -33,6 +33,26 @@ void ignore_generic(Keys& k) {
   k.only("pretraining_tp", int64_t{1});
 }
 
+// The keys every text model reads alike: model type, sizes, norm eps (its default per family),
+// tied embeddings, pad id. Returns num_hidden_layers.
+int64_t text_model_keys(Keys& k, HfConfig& h, const std::string& source, const char* model_type,
+                        float eps_default) {
+  ModelConfig& c = h.model;
+  c.model_type = model_type;
+  ignore_generic(k);
+  k.ignore({"model_type"});
+  c.vocab = k.need<int64_t>({"vocab_size"});
+  c.hidden = k.need<int64_t>({"hidden_size"});
+  const int64_t n = k.need<int64_t>({"num_hidden_layers"});
+  require_positive(c.vocab, source, "vocab_size");
+  require_positive(c.hidden, source, "hidden_size");
+  require_positive(n, source, "num_hidden_layers");
+  c.norm_eps = k.get<float>({"rms_norm_eps"}, eps_default);
+  c.tie_embeddings = k.get<bool>({"tie_word_embeddings"}, false);
+  h.pad_token_id = k.get<int64_t>({"pad_token_id"}, -1);
+  return n;
+}
+
 // Layer FFN kinds: mlp_layer_types ("dense"/"sparse") wins, else first_k_dense_replace.
 void ffn_kinds(Keys& k, ModelConfig& c, int64_t n_layers, int64_t first_dense_default) {
   const json* mlp = k.raw("mlp_layer_types");
@@ -190,22 +210,23 @@ void rope_settings(Keys& k, MlaConfig& m, int64_t default_max_positions) {
   r.reject_unknown();
 }
 
+// The dense FFN (intermediate_size, required where a layer is dense), the layers' FFN kinds
+// (first_k_dense_replace's default per family) and the DeepSeek MoE keys.
+void deepseek_ffn(Keys& k, ModelConfig& c, int64_t n, int64_t first_dense_default,
+                  const std::string& source) {
+  c.dense.hidden = c.hidden;
+  c.dense.ffn = k.get<int64_t>({"intermediate_size"}, 0);
+  ffn_kinds(k, c, n, first_dense_default);
+  for (const LayerIR& l : c.layers)
+    if (l.ffn == FfnKind::Dense) require_positive(c.dense.ffn, source, "intermediate_size");
+  deepseek_moe(k, c);
+}
+
 HfConfig kimi_linear(const json& j, const std::string& source) {
   Keys k(j, source);
   HfConfig h;
   ModelConfig& c = h.model;
-  c.model_type = "kimi_linear";
-  ignore_generic(k);
-  k.ignore({"model_type"});
-  c.vocab = k.need<int64_t>({"vocab_size"});
-  c.hidden = k.need<int64_t>({"hidden_size"});
-  int64_t n = k.need<int64_t>({"num_hidden_layers"});
-  require_positive(c.vocab, source, "vocab_size");
-  require_positive(c.hidden, source, "hidden_size");
-  require_positive(n, source, "num_hidden_layers");
-  c.norm_eps = k.get<float>({"rms_norm_eps"}, 1e-5f);
-  c.tie_embeddings = k.get<bool>({"tie_word_embeddings"}, false);
-  h.pad_token_id = k.get<int64_t>({"pad_token_id"}, -1);
+  const int64_t n = text_model_keys(k, h, source, "kimi_linear", 1e-5f);
   c.layers.assign(static_cast<size_t>(n), LayerIR{});
 
   // Layer kinds: layer_types wins; else linear_attn_config's 1-based lists; else every 4th.
@@ -266,12 +287,7 @@ HfConfig kimi_linear(const json& j, const std::string& source) {
   k.ignore({"rope_theta", "rope_scaling", "rope_parameters"});
   c.dsa.mla = c.mla;
 
-  c.dense.hidden = c.hidden;
-  c.dense.ffn = k.get<int64_t>({"intermediate_size"}, 0);
-  ffn_kinds(k, c, n, 1);
-  for (const LayerIR& l : c.layers)
-    if (l.ffn == FfnKind::Dense) require_positive(c.dense.ffn, source, "intermediate_size");
-  deepseek_moe(k, c);
+  deepseek_ffn(k, c, n, 1, source);
   k.only("num_nextn_predict_layers", int64_t{0});
   router_output_keys(k);
   k.reject_unknown();
@@ -284,18 +300,7 @@ HfConfig deepseek(const json& j, const std::string& source, bool indexer) {
   Keys k(j, source);
   HfConfig h;
   ModelConfig& c = h.model;
-  c.model_type = indexer ? "deepseek_v32" : "deepseek_v3";
-  ignore_generic(k);
-  k.ignore({"model_type"});
-  c.vocab = k.need<int64_t>({"vocab_size"});
-  c.hidden = k.need<int64_t>({"hidden_size"});
-  int64_t n = k.need<int64_t>({"num_hidden_layers"});
-  require_positive(c.vocab, source, "vocab_size");
-  require_positive(c.hidden, source, "hidden_size");
-  require_positive(n, source, "num_hidden_layers");
-  c.norm_eps = k.get<float>({"rms_norm_eps"}, 1e-6f);
-  c.tie_embeddings = k.get<bool>({"tie_word_embeddings"}, false);
-  h.pad_token_id = k.get<int64_t>({"pad_token_id"}, -1);
+  const int64_t n = text_model_keys(k, h, source, indexer ? "deepseek_v32" : "deepseek_v3", 1e-6f);
   const MixerKind mixer = indexer ? MixerKind::Dsa : MixerKind::Mla;
   c.layers.assign(static_cast<size_t>(n), LayerIR{mixer, FfnKind::Moe});
   if (k.has({"layer_types"})) {
@@ -336,12 +341,7 @@ HfConfig deepseek(const json& j, const std::string& source, bool indexer) {
              ": qk_rope_head_dim exceeds index_head_dim");
   }
 
-  c.dense.hidden = c.hidden;
-  c.dense.ffn = k.get<int64_t>({"intermediate_size"}, 0);
-  ffn_kinds(k, c, n, 3);
-  for (const LayerIR& l : c.layers)
-    if (l.ffn == FfnKind::Dense) require_positive(c.dense.ffn, source, "intermediate_size");
-  deepseek_moe(k, c);
+  deepseek_ffn(k, c, n, 3, source);
   // Multi-token-prediction layers are not part of the causal LM; transformers drops them too.
   k.ignore({"num_nextn_predict_layers"});
   router_output_keys(k);
