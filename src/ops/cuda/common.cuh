@@ -89,15 +89,17 @@ void for_each_index(Context& ctx, int64_t n, F f) {
 }
 
 // Sum over a block of blockDim.x threads (a multiple of 32, at most 1024); every thread gets it.
-__device__ __forceinline__ float block_sum(float v) {
-  __shared__ float part[32];
+// T is float or double (the reductions that accumulate in double).
+template <typename T>
+__device__ __forceinline__ T block_sum(T v) {
+  __shared__ T part[32];
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __syncthreads();  // part[] may still be read by a previous call
   if (lane == 0) part[warp] = v;
   __syncthreads();
   const int warps = (blockDim.x + 31) >> 5;
-  float s = lane < warps ? part[lane] : 0.f;
+  T s = lane < warps ? part[lane] : T(0);
   for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
   return s;
 }

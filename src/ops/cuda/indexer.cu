@@ -219,19 +219,6 @@ __global__ void topk_kernel(int64_t tokens, int64_t K, int64_t topk, int64_t nso
   for (int64_t i = threadIdx.x; i < topk; i += blockDim.x) orow[i] = i < keff ? sel[i] : -1;
 }
 
-__device__ __forceinline__ double block_sum_d(double v) {
-  __shared__ double part[32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();
-  if (lane == 0) part[warp] = v;
-  __syncthreads();
-  const int warps = (blockDim.x + 31) >> 5;
-  double s = lane < warps ? part[lane] : 0.0;
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-  return s;
-}
-
 __device__ __forceinline__ float block_max(float v) {
   __shared__ float part[32];
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -261,7 +248,7 @@ __global__ void kl_fwd_kernel(int64_t tokens, int64_t K, const float* scores, co
     ts += trow[j];
   }
   m = block_max(m);
-  const double tsum = block_sum_d(ts);
+  const double tsum = block_sum(ts);
   if (m == -INFINITY) {
     for (int64_t j = threadIdx.x; j < K; j += blockDim.x) mrow[j] = 0.f;
     if (threadIdx.x == 0) row_kl[t] = 0;
@@ -270,7 +257,7 @@ __global__ void kl_fwd_kernel(int64_t tokens, int64_t K, const float* scores, co
   double z = 0;
   for (int64_t j = threadIdx.x; j < K; j += blockDim.x)
     if (valid_slot(row[j], tokens)) z += exp(static_cast<double>(srow[j] - m));
-  const double logz = m + log(block_sum_d(z));
+  const double logz = m + log(block_sum(z));
   double kl = 0;
   for (int64_t j = threadIdx.x; j < K; j += blockDim.x) {
     if (!valid_slot(row[j], tokens)) {
@@ -284,7 +271,7 @@ __global__ void kl_fwd_kernel(int64_t tokens, int64_t K, const float* scores, co
       kl += pj * (log(pj) - logq);
     }
   }
-  kl = block_sum_d(kl);
+  kl = block_sum(kl);
   if (threadIdx.x == 0) row_kl[t] = kl;
 }
 
@@ -292,7 +279,7 @@ __global__ void kl_fwd_kernel(int64_t tokens, int64_t K, const float* scores, co
 __global__ void sum_rows_kernel(int64_t n, const double* v, double* total) {
   double s = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += v[i];
-  s = block_sum_d(s);
+  s = block_sum(s);
   if (threadIdx.x == 0) *total = s;
 }
 
@@ -303,7 +290,7 @@ __global__ void kl_bwd_kernel(int64_t tokens, int64_t K, double c, const float* 
   double ts = 0;
   for (int64_t j = threadIdx.x; j < K; j += blockDim.x)
     if (valid_slot(row[j], tokens)) ts += target[t * K + j];
-  const double tsum = block_sum_d(ts);
+  const double tsum = block_sum(ts);
   for (int64_t j = threadIdx.x; j < K; j += blockDim.x) {
     float g = 0.f;
     // A zero target contributes no loss, hence no gradient (softmax sums to 1 regardless).

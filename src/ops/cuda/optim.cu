@@ -27,31 +27,19 @@ __global__ void adamw_kernel(int64_t n, float b1, float b2, float eps, float ste
   }
 }
 
-__device__ double block_sum_d(double v) {
-  __shared__ double part[32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();
-  if (lane == 0) part[warp] = v;
-  __syncthreads();
-  double s = lane < static_cast<int>((blockDim.x + 31) >> 5) ? part[lane] : 0.0;
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-  return s;
-}
-
 __global__ void sumsq_partial_kernel(int64_t n, const float* g, double* partial) {
   double s = 0;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     s += static_cast<double>(g[i]) * g[i];
-  s = block_sum_d(s);
+  s = block_sum(s);
   if (threadIdx.x == 0) partial[blockIdx.x] += s;
 }
 
 __global__ void sum_kernel(int n, const double* partial, double* out) {
   double s = 0;
   for (int i = threadIdx.x; i < n; i += blockDim.x) s += partial[i];
-  s = block_sum_d(s);
+  s = block_sum(s);
   if (threadIdx.x == 0) *out = s;
 }
 
