@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "ops/activation.h"
@@ -28,6 +29,16 @@ void score_backward_row(ScoreFunc f, const float* s, const float* ds, float* dl,
   } else {
     for (int64_t i = 0; i < e; ++i) dl[i] = ds[i] * s[i] * (1.0f - s[i]);
   }
+}
+
+// A row of logits' largest value and the sum of exp(l - max): the row's log-sum-exp is
+// max + log(sum) and its softmax exp(l - max) / sum.
+std::pair<double, double> row_exp(const float* l, int64_t E) {
+  double mx = l[0];
+  for (int64_t i = 1; i < E; ++i) mx = std::max(mx, static_cast<double>(l[i]));
+  double sum = 0;
+  for (int64_t i = 0; i < E; ++i) sum += std::exp(l[i] - mx);
+  return {mx, sum};
 }
 
 }  // namespace
@@ -236,10 +247,7 @@ void router_z_loss(Context& ctx, const RouterParams& p, const Tensor& logits, Te
 #pragma omp parallel for num_threads(ctx.threads()) schedule(static) reduction(+ : total)
   for (int64_t t = 0; t < T; ++t) {
     const float* l = pl + t * E;
-    double mx = l[0];
-    for (int64_t i = 1; i < E; ++i) mx = std::max(mx, static_cast<double>(l[i]));
-    double sum = 0;
-    for (int64_t i = 0; i < E; ++i) sum += std::exp(l[i] - mx);
+    const auto [mx, sum] = row_exp(l, E);
     const double lse = mx + std::log(sum);
     total += lse * lse;
   }
@@ -254,10 +262,7 @@ void router_z_loss_backward(Context& ctx, const RouterParams& p, const Tensor& l
 #pragma omp parallel for num_threads(ctx.threads()) schedule(static)
   for (int64_t t = 0; t < T; ++t) {
     const float* l = pl + t * E;
-    double mx = l[0];
-    for (int64_t i = 1; i < E; ++i) mx = std::max(mx, static_cast<double>(l[i]));
-    double sum = 0;
-    for (int64_t i = 0; i < E; ++i) sum += std::exp(l[i] - mx);
+    const auto [mx, sum] = row_exp(l, E);
     const double lse = mx + std::log(sum);
     const double c = grad * 2.0 * lse / static_cast<double>(T);
     for (int64_t i = 0; i < E; ++i)
