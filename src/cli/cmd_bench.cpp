@@ -13,6 +13,7 @@
 #include "core/device.h"
 #include "core/rng.h"
 #include "ops/attention.h"
+#include "ops/grouped_ffn.h"
 #include "ops/indexer.h"
 #include "ops/kda.h"
 #include "train/bench_step.h"
@@ -237,6 +238,142 @@ nlohmann::json run_kda_bench(const KdaBenchOptions& o, std::ostream& log) {
   return j;
 }
 
+// The routed experts' grouped SwiGLU FFN (ops/grouped_ffn.h, bf16) at issue 14's shapes: A =
+// 16384 tokens x top-8 over 64 experts, d 2048, ffn 1024; B = 8192 x top-8 over 256 experts, d
+// 2304, ffn 1024; near-uniform routing and skewed routing (every eighth expert hot, 30x the rows
+// of the others). Forward, forward+backward with a frozen base (dX only), with the base training
+// (dX + dW) and with LoRA on every expert projection (dX + the adapters' grads);
+// bench/moe_torch.py times torch._grouped_mm on the same shapes and row counts.
+struct MoeBenchOptions {
+  int64_t lora_rank = 16, warmup = 2, iters = 10;
+  double workspace_gib = 4;
+};
+
+// Rows per expert summing to `rows`: equal, or every eighth expert `hot` times the others.
+std::vector<int32_t> expert_offsets(int64_t rows, int64_t experts, bool skewed) {
+  const int64_t hot = 30;
+  const auto weight = [&](size_t e) { return skewed && e % 8 == 0 ? hot : int64_t{1}; };
+  const size_t n = static_cast<size_t>(experts);
+  int64_t total = 0;
+  for (size_t e = 0; e < n; ++e) total += weight(e);
+  std::vector<int32_t> off(n + 1, 0);
+  int64_t given = 0;
+  for (size_t e = 0; e < n; ++e) {
+    const int64_t share = rows * weight(e) / total;
+    off[e + 1] = static_cast<int32_t>(off[e] + share);
+    given += share;
+  }
+  // The remainder, one row each to the first experts.
+  for (size_t e = 0; given < rows; ++e, ++given)
+    for (size_t f = e + 1; f <= n; ++f) ++off[f];
+  return off;
+}
+
+nlohmann::json bench_moe_at(const MoeBenchOptions& o, const std::string& name, int64_t tokens,
+                            int64_t topk, int64_t E, int64_t d, int64_t F, bool skewed) {
+  Context ctx(ContextOptions{
+      .device = Device::CUDA,
+      .workspace_bytes = static_cast<size_t>(o.workspace_gib * static_cast<double>(1 << 30))});
+  Rng rng(1);
+  const DType bf = DType::BF16, f32 = DType::F32;
+  const Device D = Device::CUDA;
+  const int64_t rows = tokens * topk, r = o.lora_rank;
+  const std::vector<int32_t> off = expert_offsets(rows, E, skewed);
+  Tensor offsets = Tensor::empty({E + 1}, DType::I32);
+  std::copy(off.begin(), off.end(), offsets.i32());
+  offsets = offsets.to(D);
+  const double sd = 1 / std::sqrt(static_cast<double>(d)),
+               sf = 1 / std::sqrt(static_cast<double>(F));
+  Tensor x = random_device({rows, d}, bf, rng), dy = random_device({rows, d}, bf, rng);
+  Tensor y = Tensor::empty({rows, d}, bf, D), dx = Tensor::empty({rows, d}, bf, D);
+  ops::GroupedFfnWeights w{.gate_up = random_device({E, 2 * F, d}, bf, rng, sd),
+                           .down = random_device({E, d, F}, bf, rng, sf)};
+  ops::GroupedFfnWeights lw = w;
+  lw.gate_up_a = random_device({E, r, d}, bf, rng, sd);
+  lw.gate_up_b = random_device({E, 2 * F, r}, bf, rng, 0.01);
+  lw.down_a = random_device({E, r, F}, bf, rng, sf);
+  lw.down_b = random_device({E, d, r}, bf, rng, 0.01);
+  const ops::GroupedFfnParams p{.rows = rows, .experts = E, .in = d, .ffn = F};
+  ops::GroupedFfnParams lp = p;
+  lp.lora_rank = r;
+  lp.lora_alpha = static_cast<float>(2 * r);
+  ArenaPlan plan(bf, D), lplan(bf, D);
+  ops::grouped_ffn_plan(p, plan);
+  ops::grouped_ffn_plan(lp, lplan);
+  Arena arena(plan.bytes(), D, "bench moe saved"), larena(lplan.bytes(), D, "bench moe saved");
+  ops::GroupedFfnSaved saved = ops::grouped_ffn_alloc_saved(p, arena, bf);
+  ops::GroupedFfnSaved lsaved = ops::grouped_ffn_alloc_saved(lp, larena, bf);
+  // Gradients are fp32 (as the parameter store keeps them); frozen members stay undefined.
+  ops::GroupedFfnWeights frozen, full{.gate_up = Tensor::zeros({E, 2 * F, d}, f32, D),
+                                      .down = Tensor::zeros({E, d, F}, f32, D)};
+  ops::GroupedFfnWeights lora{.gate_up_a = Tensor::zeros({E, r, d}, f32, D),
+                              .gate_up_b = Tensor::zeros({E, 2 * F, r}, f32, D),
+                              .down_a = Tensor::zeros({E, r, F}, f32, D),
+                              .down_b = Tensor::zeros({E, d, r}, f32, D)};
+  auto time = [&](const std::function<void()>& f) { return mean_ms(ctx, o.warmup, o.iters, f); };
+  auto fwd = [&] { ops::grouped_ffn_forward(ctx, p, x, offsets, w, y, saved); };
+  auto lfwd = [&] { ops::grouped_ffn_forward(ctx, lp, x, offsets, lw, y, lsaved); };
+  auto bwd = [&](ops::GroupedFfnWeights& g) {
+    ops::grouped_ffn_backward(ctx, p, x, offsets, w, saved, dy, dx, g);
+  };
+  // FLOPs as ../shared/bench/anchors_torch.py counts them: the up (2F) and down (F) projections
+  // forward, twice that again for dX and for dW.
+  const double flops =
+      2.0 * static_cast<double>(rows) * static_cast<double>(d) * 3.0 * static_cast<double>(F);
+  const double f = time(fwd);
+  const double fb_frozen = time([&] {
+    fwd();
+    bwd(frozen);
+  });
+  const double fb_full = time([&] {
+    fwd();
+    bwd(full);
+  });
+  const double lf = time(lfwd);
+  const double lfb = time([&] {
+    lfwd();
+    ops::grouped_ffn_backward(ctx, lp, x, offsets, lw, lsaved, dy, dx, lora);
+  });
+  const auto tf = [&](double mult, double ms) { return mult * flops / ms / 1e9; };
+  int32_t most = 0;
+  for (size_t e = 0; e + 1 < off.size(); ++e) most = std::max(most, off[e + 1] - off[e]);
+  return {{"case", name},
+          {"routing", skewed ? "skewed" : "uniform"},
+          {"tokens", tokens},
+          {"topk", topk},
+          {"experts", E},
+          {"d", d},
+          {"ffn", F},
+          {"max_rows_per_expert", most},
+          {"fwd_ms", f},
+          {"fwd_tflops", tf(1, f)},
+          {"fwdbwd_frozen_ms", fb_frozen},
+          {"fwdbwd_frozen_tflops", tf(2, fb_frozen)},
+          {"fwdbwd_full_ms", fb_full},
+          {"fwdbwd_full_tflops", tf(3, fb_full)},
+          {"lora_rank", r},
+          {"lora_fwd_ms", lf},
+          {"lora_fwdbwd_ms", lfb},
+          {"lora_overhead_fwdbwd", lfb / fb_frozen - 1}};
+}
+
+nlohmann::json run_moe_bench(const MoeBenchOptions& o, std::ostream& log) {
+  MT_CHECK(cuda_available(), ValueError, "bench moe: needs a GPU (and a binary built with CUDA)");
+  nlohmann::json j = {{"device", cuda_device_name(0)}, {"runs", nlohmann::json::array()}};
+  struct Shape5 {
+    const char* name;
+    int64_t tokens, topk, experts, d, ffn;
+  };
+  for (const Shape5& s :
+       {Shape5{"A", 16384, 8, 64, 2048, 1024}, Shape5{"B", 8192, 8, 256, 2304, 1024}})
+    for (bool skewed : {false, true}) {
+      log << "bench moe: " << s.name << (skewed ? " skewed" : " uniform") << "\n";
+      j["runs"].push_back(bench_moe_at(o, s.name, s.tokens, s.topk, s.experts, s.d, s.ffn, skewed));
+      log << j["runs"].back().dump() << "\n";
+    }
+  return j;
+}
+
 nlohmann::json run_dsa_bench(const DsaBenchOptions& o, std::ostream& log) {
   MT_CHECK(cuda_available(), ValueError, "bench dsa: needs a GPU (and a binary built with CUDA)");
   nlohmann::json j = {{"heads", o.heads},
@@ -316,9 +453,20 @@ Command add_bench_command(CLI::App& app) {
   ks->add_option("--head-dim", kb->head_dim, "head_k = head_v")->capture_default_str();
   ks->add_option("--iters", kb->iters, "timed runs")->capture_default_str();
   ks->add_option("--json", *json_out, "also write the result to this file");
-  return {c, [o, d, ds, kb, ks, json_out] {
+  auto mb = std::make_shared<MoeBenchOptions>();
+  CLI::App* ms = c->add_subcommand("moe",
+                                   "time the routed experts' grouped SwiGLU FFN (frozen, full, "
+                                   "LoRA) at issue 14's shapes (bench/moe_torch.py: "
+                                   "torch._grouped_mm)");
+  ms->add_option("--lora-rank", mb->lora_rank, "LoRA rank of the adapter runs")
+      ->capture_default_str();
+  ms->add_option("--iters", mb->iters, "timed runs")->capture_default_str();
+  ms->add_option("--json", *json_out, "also write the result to this file");
+  return {c, [o, d, ds, kb, ks, mb, ms, json_out] {
             nlohmann::json j;
-            if (ks->parsed()) {
+            if (ms->parsed()) {
+              j = run_moe_bench(*mb, std::cerr);
+            } else if (ks->parsed()) {
               j = run_kda_bench(*kb, std::cerr);
             } else if (ds->parsed()) {
               j = run_dsa_bench(*d, std::cerr);
