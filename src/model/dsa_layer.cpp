@@ -62,6 +62,12 @@ int64_t DsaLayer::index_slots(const SeqInfo& seq) const {
   return dcfg_.dense_warmup ? ops::max_doc_len(seq) : dcfg_.index_topk;
 }
 
+// The top-k of a document no longer than index_topk is every causal key (DsaLayer's test
+// TopkAtLeastTEqualsDenseMlaExactly).
+bool DsaLayer::selects_every_key(const SeqInfo& seq) const {
+  return dcfg_.dense_warmup || ops::max_doc_len(seq) <= dcfg_.index_topk;
+}
+
 void DsaLayer::plan_selection(const SeqInfo& seq, ArenaPlan& plan) const {
   const int64_t T = seq.tokens, HI = dcfg_.index_heads, DI = dcfg_.index_head_dim;
   plan.add({T, HI * DI});  // qi

@@ -54,6 +54,7 @@ class DsaLayer : public MlaLayer {
 
  protected:
   int64_t index_slots(const SeqInfo& seq) const override;
+  bool selects_every_key(const SeqInfo& seq) const override;
   void plan_selection(const SeqInfo& seq, ArenaPlan& plan) const override;
   void select_keys(Context& ctx, const SeqInfo& seq, const Tensor& x, Arena& acts,
                    MlaLayer::Saved& s) override;

@@ -80,6 +80,10 @@ int64_t MlaLayer::index_slots(const SeqInfo&) const {
   return 0;
 }
 
+bool MlaLayer::selects_every_key(const SeqInfo&) const {
+  return false;
+}
+
 void MlaLayer::plan_selection(const SeqInfo&, ArenaPlan&) const {}
 
 void MlaLayer::select_keys(Context&, const SeqInfo&, const Tensor&, Arena&, Saved&) {}
@@ -235,13 +239,13 @@ void MlaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
   }
   s.o = acts.alloc({T, H, Dv}, at);
   s.lse = acts.alloc({T, H}, DType::F32);
-  if (slots > 0) {
-    ops::attention_forward(ctx, attn_params(T, slots), s.q, s.k, s.v, s.idx, s.o, s.lse);
-    after_attention(ctx, seq, acts, s);
-  } else {
+  s.dense = slots == 0 || selects_every_key(seq);
+  if (s.dense)
     ops::causal_attention_forward(ctx, attn_params(T, 0), seq.cu_seqlens, s.q, s.k, s.v, s.o,
                                   s.lse);
-  }
+  else
+    ops::attention_forward(ctx, attn_params(T, slots), s.q, s.k, s.v, s.idx, s.o, s.lse);
+  if (slots > 0) after_attention(ctx, seq, acts, s);
   project_out(ctx, x, s.o.view({T, H * Dv}), y, acts, s);
 }
 
@@ -278,12 +282,12 @@ void MlaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
   // Attention.
   Tensor dq = ws.alloc({T, H, Dqk}, at), dk = ws.alloc({T, H, Dqk}, at),
          dv = ws.alloc({T, H, Dv}, at);
-  if (s.idx.defined())
-    ops::attention_backward(ctx, attn_params(T, s.idx.dim(1)), s.q, s.k, s.v, s.idx, s.o, s.lse,
-                            dout, dq, dk, dv);
-  else
+  if (s.dense)
     ops::causal_attention_backward(ctx, attn_params(T, 0), seq.cu_seqlens, s.q, s.k, s.v, s.o,
                                    s.lse, dout, dq, dk, dv);
+  else
+    ops::attention_backward(ctx, attn_params(T, s.idx.dim(1)), s.q, s.k, s.v, s.idx, s.o, s.lse,
+                            dout, dq, dk, dv);
 
   // Keys/values back to the latent: per-head parts to kv_b, the shared rotary key summed.
   Tensor dkv = ws.alloc({T, H * (nope + Dv)}, at);

@@ -36,6 +36,7 @@ class MlaLayer : public Layer {
     Tensor c, kv_rstd, cn;   // kv latent before / after its RMSNorm
     Tensor q, k, v;          // [T, H, Dqk], [T, H, Dqk], [T, H, Dv] (after RoPE)
     Tensor idx;              // i32 [T, slots] (layers that select keys)
+    bool dense = true;       // attention ran densely and causally (no table, or one of every key)
     Tensor o, lse;           // [T, H, Dv], [T, H]
     Tensor g, og;            // gate pre-activation and gated output [T, H * Dv]
     LinearModule::Saved q_a, q_b, q_proj, kv_a, kv_b, o_proj, g_proj;
@@ -56,6 +57,10 @@ class MlaLayer : public Layer {
   // causally inside each document with no table (ops::causal_attention_*); the hooks below run
   // only for a layer that selects keys (DSA).
   virtual int64_t index_slots(const SeqInfo& seq) const;
+  // Whether the table select_keys fills for `seq` holds every causal key of every query (DSA's
+  // warm-up, or documents no longer than index_topk): attention then runs densely
+  // (ops::causal_attention_*, the flash kernels on the GPU), which is the same attention.
+  virtual bool selects_every_key(const SeqInfo& seq) const;
   // Activations the hooks save, in addition to the MLA ones.
   virtual void plan_selection(const SeqInfo& seq, ArenaPlan& plan) const;
   // Fills s.idx (i32 [T, index_slots]) once s.q, s.k, s.v and s.cqn exist; `s` is the state

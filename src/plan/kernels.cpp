@@ -26,13 +26,12 @@ void layer_ops(const ModelConfig& cfg, const LayerIR& l,
   } else {
     const MlaConfig& m = l.mixer == MixerKind::Dsa ? cfg.dsa.mla : cfg.mla;
     const int64_t hd = m.qk_nope_dim + m.qk_rope_dim;
-    if (l.mixer == MixerKind::Dsa) {
-      // The dense warm-up attends over causal index lists (the KL target needs them): topk 0.
-      if (!cfg.dsa.dense_warmup)
-        pick(OpKind::Indexer, {.head_dim = cfg.dsa.index_head_dim, .heads = cfg.dsa.index_heads});
-      pick(OpKind::SparseAttention,
-           {.head_dim = hd, .topk = cfg.dsa.dense_warmup ? 0 : cfg.dsa.index_topk});
+    if (l.mixer == MixerKind::Dsa && !cfg.dsa.dense_warmup) {
+      pick(OpKind::Indexer, {.head_dim = cfg.dsa.index_head_dim, .heads = cfg.dsa.index_heads});
+      pick(OpKind::SparseAttention, {.head_dim = hd, .topk = cfg.dsa.index_topk});
     } else {
+      // MLA, and DSA's dense warm-up, which attends densely (MlaLayer::selects_every_key; its KL
+      // target still reads causal index lists).
       pick(OpKind::MlaAttention, {.head_dim = hd, .v_dim = m.v_head_dim});
     }
   }

@@ -7,6 +7,7 @@
 #include "layers/test_mla_layer_case.h"
 #include "model/dsa_layer.h"
 #include "model/mla_layer.h"
+#include "ops/attention.h"
 #include "ref/dsa_ref.h"
 
 namespace mt::test {
@@ -215,8 +216,9 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 }
 
 // With index_topk >= T every causal position is selected, in the dense table's order, so the
-// sparse layer is bit-identical to dense MLA: output, dx and every MLA gradient. Its KL equals
-// the warm-up's (same set, same target).
+// sparse layer is bit-identical to dense MLA: output, dx and every MLA gradient (the layer then
+// attends densely: selects_every_key, which the table check below justifies). Its KL equals the
+// warm-up's (same set, same target).
 TEST(DsaLayer, TopkAtLeastTEqualsDenseMlaExactly) {
   SeqInfo seq = SeqInfo::from_lengths(kLengths);
   Rng rng(test_seed());
@@ -230,6 +232,9 @@ TEST(DsaLayer, TopkAtLeastTEqualsDenseMlaExactly) {
     MlaLayer mla(cfg.mla);
     LayerRun a = run_layer(dsa, params, seq, x, dy);
     LayerRun b = run_layer(mla, params, seq, x, dy);
+    Tensor dense_table = Tensor::empty(dsa.selected().shape(), DType::I32);
+    ops::causal_indices(seq, dense_table);
+    EXPECT_TRUE(same_bits(dsa.selected(), dense_table)) << "selection, topk " << topk;
     EXPECT_TRUE(same_bits(a.y, b.y)) << "y, topk " << topk;
     EXPECT_TRUE(same_bits(a.dx, b.dx)) << "dx, topk " << topk;
     for (size_t i = 0; i < b.specs.size(); ++i) {

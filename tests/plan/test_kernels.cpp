@@ -39,11 +39,16 @@ void expect_cpu_choices(const ModelConfig& cfg) {
         EXPECT_NE(find_op(k, "conv1d"), nullptr);
         break;
       case MixerKind::Dsa:
-        // Both stages attend over index lists (the dense warm-up's are causal).
+        // The sparse stage attends over the indexer's lists; the dense warm-up attends densely.
         EXPECT_EQ(find_op(k, "indexer") != nullptr, !cfg.dsa.dense_warmup);
-        ASSERT_NE(find_op(k, "sparse_attention"), nullptr);
-        EXPECT_EQ(find_op(k, "sparse_attention")->kernel, "index_attention_cpu");
-        EXPECT_EQ(find_op(k, "mla_attention"), nullptr);
+        if (cfg.dsa.dense_warmup) {
+          ASSERT_NE(find_op(k, "mla_attention"), nullptr);
+          EXPECT_EQ(find_op(k, "sparse_attention"), nullptr);
+        } else {
+          ASSERT_NE(find_op(k, "sparse_attention"), nullptr);
+          EXPECT_EQ(find_op(k, "sparse_attention")->kernel, "index_attention_cpu");
+          EXPECT_EQ(find_op(k, "mla_attention"), nullptr);
+        }
         break;
       case MixerKind::Mla:
         ASSERT_NE(find_op(k, "mla_attention"), nullptr);
