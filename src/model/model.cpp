@@ -472,8 +472,9 @@ const std::vector<AuxLoss>& Model::aux_losses() const {
 
 void Model::set_loss_weight(float ce, float seq_aux) {
   loss_weight_ = ce;
-  for (MoeLayer* m : moe_layers())
-    if (m) m->set_seq_aux_weight(seq_aux);
+  // Over the layers themselves: moe_layers() builds a vector, and this runs in every step.
+  for (auto& f : ffns_)
+    if (auto* m = dynamic_cast<MoeLayer*>(f.get())) m->set_seq_aux_weight(seq_aux);
 }
 
 std::vector<MoeLayer*> Model::moe_layers() {

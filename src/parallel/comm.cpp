@@ -132,10 +132,12 @@ std::string peer_report(const Peers& peers, int self) {
   return out;
 }
 
+// One shared instance stands for every completed collective of a LocalComm.
 class DoneImpl : public Request::Impl {
  public:
   void wait() override {}
   bool done() override { return true; }
+  void recycle() override {}
 };
 
 class MpiComm;
@@ -151,11 +153,19 @@ class MpiRequest : public Request::Impl {
     if (req_ != MPI_REQUEST_NULL && !timed_out_) MPI_Wait(&req_, MPI_STATUS_IGNORE);
   }
   void wait() override;
+  void recycle() override;
   void poll(int* flag);
   bool done() override {
     int flag = 0;
     MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
     return flag != 0;
+  }
+
+  // A request taken from the communicator's pool for the collective c.
+  void reuse(Collective c, int64_t sent, int64_t recv) {
+    coll_ = c;
+    sent_ = sent;
+    recv_ = recv;
   }
 
   MPI_Request req_ = MPI_REQUEST_NULL;
@@ -276,7 +286,11 @@ class MpiComm : public Comm {
     s.bytes_sent += sent;
     s.bytes_recv += recv;
     t0_ = Clock::now();
-    return std::make_unique<MpiRequest>(*this, c, sent, recv);
+    if (pool_.empty()) return std::make_unique<MpiRequest>(*this, c, sent, recv);
+    std::unique_ptr<MpiRequest> r = std::move(pool_.back());
+    pool_.pop_back();
+    r->reuse(c, sent, recv);
+    return r;
   }
   Request finish(Collective c, std::unique_ptr<MpiRequest> r) {
     stats_.at(c).seconds += seconds_since(t0_);
@@ -292,7 +306,20 @@ class MpiComm : public Comm {
   std::shared_ptr<const Peers> peers_;
   int rank_ = 0, size_ = 1;
   Clock::time_point t0_;
+  // Completed requests, kept for the next collectives: after warm-up (the most requests ever in
+  // flight at once) a collective allocates nothing of ours.
+  std::vector<std::unique_ptr<MpiRequest>> pool_;
 };
+
+void MpiRequest::recycle() {
+  // A timed-out or failed request may still be written by MPI: never reused (see ~MpiRequest).
+  if (timed_out_) {
+    delete this;
+    return;
+  }
+  if (req_ != MPI_REQUEST_NULL) MPI_Wait(&req_, MPI_STATUS_IGNORE);
+  comm_.pool_.emplace_back(this);
+}
 
 // MPI_Test inside a wait: a failure (a peer's connection lost, with recovery enabled) names the
 // collective and the peers found dead, as a timeout does.
@@ -380,7 +407,10 @@ class LocalComm : public Comm {
   [[noreturn]] void abort(int code) override { std::_Exit(code); }
 
  private:
-  static Request done() { return Request(std::make_unique<DoneImpl>()); }
+  static Request done() {
+    static DoneImpl shared;
+    return Request(std::unique_ptr<Request::Impl>(&shared));
+  }
   static void copy(void* dst, const void* src, int64_t count, Elem e) {
     if (dst != src && count > 0) std::memmove(dst, src, static_cast<size_t>(count) * elem_size(e));
   }

@@ -77,9 +77,12 @@ class Request {
     virtual ~Impl() = default;
     virtual void wait() = 0;
     virtual bool done() = 0;
+    // Called once the Request lets go of it: a communicator may keep it for its next collective,
+    // so that a step after warm-up allocates none.
+    virtual void recycle() { delete this; }
   };
   Request() = default;
-  explicit Request(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  explicit Request(std::unique_ptr<Impl> impl) : impl_(impl.release()) {}
   Request(Request&&) noexcept = default;
   Request& operator=(Request&& o) noexcept;
   ~Request();
@@ -90,7 +93,10 @@ class Request {
   bool test() { return !impl_ || impl_->done(); }
 
  private:
-  std::unique_ptr<Impl> impl_;
+  struct Recycle {
+    void operator()(Impl* p) const { p->recycle(); }
+  };
+  std::unique_ptr<Impl, Recycle> impl_;
 };
 
 class Comm {

@@ -21,10 +21,25 @@ DispatchLayout::DispatchLayout(int ranks, int64_t local_experts) : P_(ranks), El
            " ranks with ", local_experts, " local experts");
 }
 
-std::vector<int64_t> DispatchLayout::send_counts(const int32_t* offsets) const {
-  std::vector<int64_t> cnt(static_cast<size_t>(P_ * El_));
-  for (size_t e = 0; e < cnt.size(); ++e) cnt[e] = offsets[e + 1] - offsets[e];
-  return cnt;
+void DispatchLayout::send_counts(const int32_t* offsets, std::vector<int64_t>& out) const {
+  out.resize(static_cast<size_t>(P_ * El_));
+  for (size_t e = 0; e < out.size(); ++e) out[e] = offsets[e + 1] - offsets[e];
+}
+
+void DispatchLayout::reserve(int chunks, int64_t max_recv_rows) {
+  // A chunk takes at most ceil(rows / chunks) of every source's rows.
+  const int64_t per_chunk = std::min(max_recv_rows, max_recv_rows / chunks + P_);
+  const size_t P = static_cast<size_t>(P_), El = static_cast<size_t>(El_);
+  if (chunks_.size() < static_cast<size_t>(chunks)) chunks_.resize(static_cast<size_t>(chunks));
+  for (DispatchChunk& k : chunks_) {
+    for (auto* v : {&k.send_counts, &k.send_displs, &k.recv_counts, &k.recv_displs}) v->reserve(P);
+    k.order.reserve(static_cast<size_t>(per_chunk));
+    k.offsets.reserve(El + 1);
+  }
+  for (auto* v : {&send_start_, &send_rows_, &recv_rows_}) v->reserve(P);
+  count_.reserve(El);
+  fill_.reserve(El);
+  expert_row_.reserve(static_cast<size_t>(per_chunk));
 }
 
 void DispatchLayout::plan(const int32_t* offsets, const std::vector<int64_t>& recv_counts,
@@ -35,7 +50,10 @@ void DispatchLayout::plan(const int32_t* offsets, const std::vector<int64_t>& re
            "dispatch receive counts: ", recv_counts.size(),
            " entries, expected ranks x local experts = ", P * El);
   width_ = width;
-  std::vector<int64_t> send_start(P), send_rows(P), recv_rows(P, 0);
+  std::vector<int64_t>&send_start = send_start_, &send_rows = send_rows_, &recv_rows = recv_rows_;
+  send_start.assign(P, 0);
+  send_rows.assign(P, 0);
+  recv_rows.assign(P, 0);
   for (size_t d = 0; d < P; ++d) {
     send_start[d] = offsets[d * El];
     send_rows[d] = offsets[(d + 1) * El] - send_start[d];
@@ -47,11 +65,12 @@ void DispatchLayout::plan(const int32_t* offsets, const std::vector<int64_t>& re
   }
   send_total_ = offsets[P * El] - offsets[0];
 
-  chunks_.clear();
+  // Resized, not cleared: the chunks keep their vectors' storage from the last plan.
   chunks_.resize(static_cast<size_t>(chunks));
   int64_t pos = 0;
-  std::vector<int64_t> count(El);
-  std::vector<std::pair<int32_t, int32_t>> expert_row;  // (local expert, row in chunk)
+  std::vector<int64_t>& count = count_;
+  count.assign(El, 0);
+  std::vector<std::pair<int32_t, int32_t>>& expert_row = expert_row_;
   for (int c = 0; c < chunks; ++c) {
     DispatchChunk& k = chunks_[static_cast<size_t>(c)];
     k.send_counts.resize(P);
@@ -84,12 +103,14 @@ void DispatchLayout::plan(const int32_t* offsets, const std::vector<int64_t>& re
     k.offsets.assign(El + 1, 0);
     for (size_t j = 0; j < El; ++j)
       k.offsets[j + 1] = k.offsets[j] + static_cast<int32_t>(count[j]);
-    std::vector<int32_t> fill(k.offsets.begin(), k.offsets.end() - 1);
+    std::vector<int32_t>& fill = fill_;
+    fill.assign(k.offsets.begin(), k.offsets.end() - 1);
     k.order.assign(static_cast<size_t>(k.rows), 0);
     for (const auto& [j, r] : expert_row)
       k.order[static_cast<size_t>(fill[static_cast<size_t>(j)]++)] = r;
   }
   recv_total_ = pos;
+  planned_ = true;
 }
 
 DispatchBuffers::DispatchBuffers(Device device) : device_(device) {}

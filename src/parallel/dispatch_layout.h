@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -44,7 +45,11 @@ class DispatchLayout {
 
   // This rank's rows per (destination, local expert), [P*El], from the offsets over all P*El
   // experts ([P*El + 1]); what the count exchange sends.
-  std::vector<int64_t> send_counts(const int32_t* offsets) const;
+  void send_counts(const int32_t* offsets, std::vector<int64_t>& out) const;
+
+  // Sizes the plan's own vectors for `chunks` chunks of at most `max_recv_rows` received rows in
+  // all, so that plan() allocates nothing while its arguments stay within these bounds.
+  void reserve(int chunks, int64_t max_recv_rows);
 
   // Plans the exchange of rows `width` elements wide. `offsets` as above; `recv_counts` [P*El]:
   // the rows each source sends per local expert of this rank (the count exchange's result).
@@ -56,13 +61,18 @@ class DispatchLayout {
   int64_t width() const { return width_; }
   int64_t send_rows() const { return send_total_; }
   int64_t recv_rows() const { return recv_total_; }
-  bool planned() const { return !chunks_.empty(); }
+  bool planned() const { return planned_; }
   const std::vector<DispatchChunk>& chunks() const { return chunks_; }
 
  private:
   int P_;
   int64_t El_, width_ = 0, send_total_ = 0, recv_total_ = 0;
+  bool planned_ = false;
   std::vector<DispatchChunk> chunks_;
+  // plan()'s scratch, kept for the next plan: per peer, per local expert, per received row.
+  std::vector<int64_t> send_start_, send_rows_, recv_rows_, count_;
+  std::vector<int32_t> fill_;
+  std::vector<std::pair<int32_t, int32_t>> expert_row_;  // (local expert, row in chunk)
 };
 
 // The exchange's data buffers: receive, return and two scratch blocks for the rows sorted by

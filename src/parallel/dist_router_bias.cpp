@@ -9,7 +9,7 @@ namespace mt::par {
 void DistTrainer::update_router_biases(Context& ctx) {
   // Aux-loss-free balancing from the loads of all ranks' tokens, into the buffers the
   // constructor sized (one per MoE layer, num_experts entries).
-  std::vector<MoeLayer*> moes = model_.moe_layers();
+  const std::vector<MoeLayer*>& moes = moe_layers_;
   for (size_t i = 0; i < moes.size(); ++i) {
     MoeLayer* m = moes[i];
     if (!m) continue;

@@ -60,7 +60,7 @@ std::string StepMetrics::line(int rank) const {
 
 DistTrainer::DistTrainer(Model& model, const Mesh& mesh, ProcessGroups& groups,
                          const DistOptions& opt)
-    : model_(model), mesh_(mesh), g_(groups), opt_(opt) {
+    : model_(model), mesh_(mesh), g_(groups), opt_(opt), moe_layers_(model.moe_layers()) {
   MT_CHECK(groups.world && groups.world->size() == mesh.world, InternalError,
            "process groups do not match the mesh");
   std::vector<MoeLayer*> moes;
@@ -229,7 +229,8 @@ DistTrainer::Shares DistTrainer::check_balanced(const SeqInfo& seq, const Tensor
   int64_t valid = 0;
   for (int64_t i = 0; i < targets.numel(); ++i) valid += targets.i32()[i] != -100;
   int64_t mine[3] = {seq.tokens, seq.num_seqs, valid};
-  std::vector<int64_t> all(3 * static_cast<size_t>(mesh_.world));
+  std::vector<int64_t>& all = balance_;  // kept: a step allocates nothing
+  all.resize(3 * static_cast<size_t>(mesh_.world));
   g_.world->all_gather(mine, 3, all.data(), Elem::I64);
   int64_t docs = 0, targets_all = 0;
   for (int r = 0; r < mesh_.world; ++r) {

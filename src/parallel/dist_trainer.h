@@ -186,6 +186,8 @@ class DistTrainer {
   std::unique_ptr<Fsdp> fsdp_;
   int64_t step_ = 0;
   std::vector<std::vector<int64_t>> loads_;        // per model layer, sized once
+  std::vector<MoeLayer*> moe_layers_;              // per model layer (null: dense), as loads_
+  std::vector<int64_t> balance_;                   // check_balanced's gather, kept
   Tensor pflat_, mine_;                            // parameter scratch of the largest unit / shard
   std::vector<std::vector<int32_t>> slots_;        // per model layer, see expert_slots()
   std::unordered_map<const Param*, int> unit_of_;  // see model_unit()

@@ -28,6 +28,10 @@ ExpertParallel::ExpertParallel(Comm& ep, int64_t num_experts, const ExpertParall
       max_rows_(opt.max_rows),
       buffers_(opt.buffers ? opt.buffers : std::make_shared<DispatchBuffers>()) {
   MT_CHECK(opt.chunks >= 1, ConfigError, "all-to-all chunks must be >= 1, got ", opt.chunks);
+  // The count exchange's layout never changes: El counts to and from every peer.
+  cnt_.assign(static_cast<size_t>(P_), El_);
+  displs_.resize(static_cast<size_t>(P_));
+  for (int i = 0; i < P_; ++i) displs_[static_cast<size_t>(i)] = i * El_;
 }
 
 std::unique_ptr<ExpertState> ExpertParallel::make_state() const {
@@ -47,13 +51,27 @@ ops::GroupedFfnParams ExpertParallel::local_params(const ops::GroupedFfnParams& 
   return q;
 }
 
+size_t ExpertParallel::saved_capacity(const ops::GroupedFfnParams& p, int chunks,
+                                      int64_t max_recv_rows) const {
+  // A chunk takes at most ceil(rows / chunks) of every source's rows (DispatchLayout::reserve).
+  const int64_t rows = std::min(max_recv_rows, max_recv_rows / chunks + P_);
+  ArenaPlan plan;
+  for (int c = 0; c < chunks; ++c) {
+    plan.add({rows, p.in});
+    ops::grouped_ffn_plan(local_params(p, rows), plan);
+  }
+  return plan.bytes();
+}
+
 template <typename F>
 void ExpertParallel::exchange(const DispatchLayout& layout, const Tensor& src, const Tensor& recv,
                               const Tensor& back, Tensor& dst, F&& each) {
   // The plan's own chunks: a set_chunks between forward and backward must not change backward.
   const std::vector<DispatchChunk>& chunks = layout.chunks();
   const size_t n = chunks.size();
-  std::vector<Request> out(n), ret(n);
+  std::vector<Request>&out = out_, &ret = ret_;
+  out.resize(n);
+  ret.resize(n);
   for (size_t c = 0; c < n; ++c) {
     const DispatchChunk& k = chunks[c];
     out[c] = ep_.iall_to_all_v(src.raw(), k.send_counts, k.send_displs, recv.raw(), k.recv_counts,
@@ -103,29 +121,32 @@ void ExpertParallel::forward(Context& ctx, const ops::GroupedFfnParams& p, const
   const int32_t* off = offsets.i32();
 
   // 1. Counts: for each destination, rows per expert it owns.
-  std::vector<int64_t> send_cnt = s.layout.send_counts(off), recv_cnt(send_cnt.size());
-  {
-    const size_t P = static_cast<size_t>(P_);
-    std::vector<int64_t> cnt(P, El_), displs(P);
-    for (size_t i = 0; i < P; ++i) displs[i] = static_cast<int64_t>(i) * El_;
-    ep_.iall_to_all_v(send_cnt.data(), cnt, displs, recv_cnt.data(), cnt, displs, Elem::I64).wait();
-  }
+  s.layout.send_counts(off, send_cnt_);
+  recv_cnt_.resize(send_cnt_.size());
+  ep_.iall_to_all_v(send_cnt_.data(), cnt_, displs_, recv_cnt_.data(), cnt_, displs_, Elem::I64)
+      .wait();
 
   // 2. The chunk plan, and buffers for the worst case (reserved once).
-  s.layout.plan(off, recv_cnt, chunks_, l);
+  max_rows_ = std::max(max_rows_, N);  // only a forward beyond the hint grows the buffers
+  const int64_t worst = DispatchLayout::recv_capacity(P_, max_rows_);
+  s.layout.reserve(chunks_, worst);
+  s.layout.plan(off, recv_cnt_, chunks_, l);
   const int64_t R = s.layout.recv_rows();
   rows_received_ += R;
-  max_rows_ = std::max(max_rows_, N);  // only a forward beyond the hint grows the buffers
-  buffers_->reserve(std::max(DispatchLayout::recv_capacity(P_, max_rows_), R), l);
+  buffers_->reserve(std::max(worst, R), l);
 
-  // 3. What backward reads, per chunk, from the state's arena.
+  // 3. What backward reads, per chunk, from the state's arena: sized for the worst case of this
+  // chunk count once, and kept, so that the steps after the first allocate nothing.
   const std::vector<DispatchChunk>& chunks = s.layout.chunks();
   ArenaPlan plan;
   for (const DispatchChunk& k : chunks) {
     plan.add({k.rows, l});
     ops::grouped_ffn_plan(local_params(p, k.rows), plan);
   }
-  s.mem = Arena(plan.bytes(), ctx.device(), "expert-parallel saved");
+  if (plan.bytes() > s.mem.capacity())
+    s.mem = Arena(std::max(plan.bytes(), saved_capacity(p, static_cast<int>(chunks.size()), worst)),
+                  ctx.device(), "expert-parallel saved");
+  s.mem.reset();
   s.chunks.resize(chunks.size());
   for (size_t c = 0; c < chunks.size(); ++c) {
     State::Chunk& sc = s.chunks[c];
@@ -170,10 +191,9 @@ void ExpertParallel::backward(Context& ctx, const ops::GroupedFfnParams& p,
                               local_grads);
     permute_rows(dx, back, k.recv_begin, k.order, false);
   });
-  // The saved rows are dead now: free them before the next layer's backward, so that they do
-  // not stay resident through the optimizer step (the planner's peak counts them until here).
+  // The saved rows are dead now; their arena stays for the next forward.
   s.chunks.clear();
-  s.mem = Arena();
+  s.mem.reset();
   s.pending = false;
 }
 

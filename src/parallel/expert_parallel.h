@@ -42,7 +42,8 @@ class ExpertParallel : public ExpertCompute {
 
   // What one forward keeps for its backward, one per micro-batch in flight (the MoE layer's
   // Saved holds it): the exchange's plan, and per chunk the rows sorted by local expert and the
-  // grouped FFN's saved tensors, in one arena that the forward allocates and the backward frees.
+  // grouped FFN's saved tensors, in one arena that the first forward sizes for the worst case
+  // (every peer sending all its rows here) and later forwards reuse.
   struct State : ExpertState {
     State(int ranks, int64_t local_experts) : layout(ranks, local_experts) {}
     struct Chunk {
@@ -74,6 +75,8 @@ class ExpertParallel : public ExpertCompute {
 
  private:
   ops::GroupedFfnParams local_params(const ops::GroupedFfnParams& p, int64_t rows) const;
+  // Bytes of a state's arena for `chunks` chunks of at most `max_recv_rows` received rows.
+  size_t saved_capacity(const ops::GroupedFfnParams& p, int chunks, int64_t max_recv_rows) const;
   // Sends `src` ([N, l] in expert order) to the owners as `layout` says and passes what arrives
   // (`recv`, [R, l]) to `each(c)` as every chunk lands; `each` fills `back` ([R, l]), which
   // returns to `dst`.
@@ -88,6 +91,10 @@ class ExpertParallel : public ExpertCompute {
   int64_t max_rows_;
   std::shared_ptr<DispatchBuffers> buffers_;
   int64_t rows_received_ = 0;
+  // Per-forward counts and requests, kept so that a step allocates nothing (one forward or
+  // backward of this layer runs at a time; its micro-batch's own data is in the State).
+  std::vector<int64_t> send_cnt_, recv_cnt_, cnt_, displs_;
+  std::vector<Request> out_, ret_;
 };
 
 }  // namespace mt::par

@@ -163,10 +163,15 @@ class DistExecutor : public StepExecutor {
   }
   double optimizer_step(float lr, double grad_scale) override {
     const double norm = trainer_.optimizer_step(ctx_, lr, grad_scale);
-    load_.clear();
+    // Refilled in place: the vectors keep their capacity from the first step.
+    size_t n = 0;
     const auto& loads = trainer_.global_loads();
-    for (size_t i = 0; i < loads.size(); ++i)
-      if (!loads[i].empty()) load_.push_back(layer_load(static_cast<int>(i), loads[i]));
+    for (size_t i = 0; i < loads.size(); ++i) {
+      if (loads[i].empty()) continue;
+      if (n == load_.size()) load_.emplace_back();
+      fill_layer_load(load_[n++], static_cast<int>(i), loads[i]);
+    }
+    load_.resize(n);
     return norm;
   }
   const std::vector<LayerLoad>& expert_load() override { return load_; }

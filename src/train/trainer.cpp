@@ -118,12 +118,6 @@ double LocalExecutor::forward_loss(const Batch& host) {
   return loss;
 }
 
-LayerLoad layer_load(int layer, const std::vector<int64_t>& l) {
-  LayerLoad s;
-  fill_layer_load(s, layer, l);
-  return s;
-}
-
 void fill_layer_load(LayerLoad& s, int layer, const std::vector<int64_t>& l) {
   s.layer = layer;
   s.load.assign(l.begin(), l.end());

@@ -69,8 +69,6 @@ class StepExecutor {
   virtual std::string memory_line() const { return ""; }
 };
 
-// Load statistics of one layer from its per-expert token counts.
-LayerLoad layer_load(int layer, const std::vector<int64_t>& load);
 // The same into s, reusing its load vector's capacity.
 void fill_layer_load(LayerLoad& s, int layer, const std::vector<int64_t>& load);
 

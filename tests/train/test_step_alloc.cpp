@@ -1,139 +1,29 @@
 // A training step allocates no heap memory after warm-up: every buffer a step needs (activation
 // and scratch arenas, saved layer state, loss and statistics tensors, expert loads) is planned and
 // allocated by the first step. The test binary replaces the global allocation functions (operator
-// new and the C allocator) with counting ones and measures whole steps of the trainer's
-// LocalExecutor (zero_grad, forward + backward, AdamW, reading the step's loss, norm, auxiliary
-// losses and expert loads) on the tiny preset, full and LoRA. A negative control allocates inside
-// the measured region and must be seen, so a silent hook cannot pass the test.
-#include <execinfo.h>
+// new and the C allocator) with counting ones (tests/harness/alloc_hooks.h) and measures whole
+// steps of the trainer's LocalExecutor (zero_grad, forward + backward, AdamW, reading the step's
+// loss, norm, auxiliary losses and expert loads) on the tiny preset, full and LoRA. A negative
+// control allocates inside the measured region and must be seen, so a silent hook cannot pass the
+// test.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstdlib>
-#include <new>
 #include <random>
 #include <vector>
 
+#include "harness/alloc_hooks.h"
 #include "harness/batch.h"
 #include "model/model.h"
 #include "model/moe_layer.h"
 #include "train/adamw.h"
 #include "train/trainer.h"
 
-extern "C" {
-void* __libc_malloc(size_t);
-void* __libc_calloc(size_t, size_t);
-void* __libc_realloc(void*, size_t);
-void* __libc_memalign(size_t, size_t);
-void __libc_free(void*);
-}
-
-namespace {
-
-std::atomic<bool> g_counting{false};
-std::atomic<int64_t> g_count{0};
-thread_local bool t_in_hook = false;
-
-// Counts one allocation; MT_ALLOC_TRACE=1 prints where it came from (diagnosis only).
-void note_alloc() {
-  if (!g_counting.load(std::memory_order_relaxed) || t_in_hook) return;
-  g_count.fetch_add(1, std::memory_order_relaxed);
-  static const bool trace = std::getenv("MT_ALLOC_TRACE") != nullptr;
-  if (trace) {
-    t_in_hook = true;
-    void* frames[24];
-    const int n = backtrace(frames, 24);
-    backtrace_symbols_fd(frames, n, STDERR_FILENO);
-    const char sep[] = "----\n";
-    (void)!write(STDERR_FILENO, sep, sizeof sep - 1);
-    t_in_hook = false;
-  }
-}
-
-}  // namespace
-
-extern "C" {
-void* malloc(size_t n) {
-  note_alloc();
-  return __libc_malloc(n);
-}
-void* calloc(size_t n, size_t s) {
-  note_alloc();
-  return __libc_calloc(n, s);
-}
-void* realloc(void* p, size_t n) {
-  note_alloc();
-  return __libc_realloc(p, n);
-}
-int posix_memalign(void** p, size_t a, size_t n) {
-  note_alloc();
-  *p = __libc_memalign(a, n);
-  return *p ? 0 : ENOMEM;
-}
-void* aligned_alloc(size_t a, size_t n) {
-  note_alloc();
-  return __libc_memalign(a, n);
-}
-void free(void* p) {
-  __libc_free(p);
-}
-}
-
-void* operator new(size_t n) {
-  note_alloc();
-  if (void* p = __libc_malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](size_t n) {
-  return operator new(n);
-}
-void* operator new(size_t n, std::align_val_t a) {
-  note_alloc();
-  if (void* p = __libc_memalign(static_cast<size_t>(a), n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](size_t n, std::align_val_t a) {
-  return operator new(n, a);
-}
-void operator delete(void* p) noexcept {
-  __libc_free(p);
-}
-void operator delete[](void* p) noexcept {
-  __libc_free(p);
-}
-void operator delete(void* p, size_t) noexcept {
-  __libc_free(p);
-}
-void operator delete[](void* p, size_t) noexcept {
-  __libc_free(p);
-}
-void operator delete(void* p, std::align_val_t) noexcept {
-  __libc_free(p);
-}
-void operator delete[](void* p, std::align_val_t) noexcept {
-  __libc_free(p);
-}
-void operator delete(void* p, size_t, std::align_val_t) noexcept {
-  __libc_free(p);
-}
-void operator delete[](void* p, size_t, std::align_val_t) noexcept {
-  __libc_free(p);
-}
-
 namespace mt {
 namespace {
 
-// Allocations made by f() on any thread.
-template <typename F>
-int64_t allocations_in(F&& f) {
-  g_count = 0;
-  g_counting = true;
-  f();
-  g_counting = false;
-  return g_count.load();
-}
+using test::alloc_hooks::allocations_in;
 
 Batch make_batch(const ModelConfig& cfg, uint64_t seed,
                  const std::vector<int64_t>& lengths = {29, 3, 17}) {
