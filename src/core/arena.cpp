@@ -1,5 +1,8 @@
 #include "core/arena.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 
 namespace mt {
@@ -21,6 +24,17 @@ Tensor Arena::zeros(const Shape& shape, DType dtype) {
   Tensor t = alloc(shape, dtype);
   t.zero_();
   return t;
+}
+
+void Arena::discard() {
+  used_ = 0;
+  if (!storage_ || storage_->device != Device::CPU) return;
+  // Whole pages inside the block only: the rest of a page may belong to another allocation.
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(storage_->data);
+  const uintptr_t first = (begin + page - 1) / page * page,
+                  end = (begin + storage_->bytes) / page * page;
+  if (end > first) madvise(reinterpret_cast<void*>(first), end - first, MADV_DONTNEED);
 }
 
 }  // namespace mt

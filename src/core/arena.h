@@ -56,6 +56,9 @@ class Arena {
   size_t mark() const { return used_; }
   void release(size_t mark) { used_ = mark; }
   void reset() { used_ = 0; }
+  // reset(), and host pages handed back to the system while the allocation stays: the memory of
+  // a dead arena stops counting as resident, and reusing it later allocates nothing.
+  void discard();
 
   size_t capacity() const { return storage_ ? storage_->bytes : 0; }
   size_t used() const { return used_; }

@@ -191,9 +191,11 @@ void ExpertParallel::backward(Context& ctx, const ops::GroupedFfnParams& p,
                               local_grads);
     permute_rows(dx, back, k.recv_begin, k.order, false);
   });
-  // The saved rows are dead now; their arena stays for the next forward.
+  // The saved rows are dead now: their pages go back to the system before the next layer's
+  // backward, so that they do not stay resident through the optimizer step (the planner's peak
+  // counts them until here); the allocation stays for the next forward.
   s.chunks.clear();
-  s.mem.reset();
+  s.mem.discard();
   s.pending = false;
 }
 
