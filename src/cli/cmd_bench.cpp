@@ -63,6 +63,12 @@ double mean_ms(Context& ctx, int64_t warmup, int64_t iters, const std::function<
          static_cast<double>(iters);
 }
 
+// A benchmark's device context: the GPU with `workspace_gib` of op scratch.
+ContextOptions gpu_options(double workspace_gib) {
+  return {.device = Device::CUDA,
+          .workspace_bytes = static_cast<size_t>(workspace_gib * static_cast<double>(1 << 30))};
+}
+
 double used_gib() {
   const DeviceMemory m = device_memory();
   return static_cast<double>(m.total - m.free) / (1 << 30);
@@ -71,9 +77,7 @@ double used_gib() {
 nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
   nlohmann::json r = {{"T", T}};
   const double base = used_gib();
-  Context ctx(ContextOptions{
-      .device = Device::CUDA,
-      .workspace_bytes = static_cast<size_t>(o.workspace_gib * static_cast<double>(1 << 30))});
+  Context ctx(gpu_options(o.workspace_gib));
   Rng rng(1);
   const int64_t H = o.heads, Hk = o.kv_heads ? o.kv_heads : o.heads, HI = o.index_heads,
                 DI = o.index_dim, K = o.topk;
@@ -169,9 +173,7 @@ struct KdaBenchOptions {
 
 nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
                             const std::vector<int64_t>& lengths) {
-  Context ctx(ContextOptions{
-      .device = Device::CUDA,
-      .workspace_bytes = static_cast<size_t>(o.workspace_gib * static_cast<double>(1 << 30))});
+  Context ctx(gpu_options(o.workspace_gib));
   Rng rng(1);
   SeqInfo seq = SeqInfo::from_lengths(lengths);
   const int64_t T = seq.tokens, H = o.heads, D = o.head_dim, N = seq.num_seqs;
@@ -271,9 +273,7 @@ std::vector<int32_t> expert_offsets(int64_t rows, int64_t experts, bool skewed) 
 
 nlohmann::json bench_moe_at(const MoeBenchOptions& o, const std::string& name, int64_t tokens,
                             int64_t topk, int64_t E, int64_t d, int64_t F, bool skewed) {
-  Context ctx(ContextOptions{
-      .device = Device::CUDA,
-      .workspace_bytes = static_cast<size_t>(o.workspace_gib * static_cast<double>(1 << 30))});
+  Context ctx(gpu_options(o.workspace_gib));
   Rng rng(1);
   const DType bf = DType::BF16, f32 = DType::F32;
   const Device D = Device::CUDA;
