@@ -17,7 +17,8 @@
 // dDelta and each chunk's outgoing dS in the workspace; (4) products, per (chunk, head, job): dO
 // S0^T, dR S0^T, Delta dS^T, S0 . dS and the pair matrices dO Delta^T, dR Delta^T, tiled through
 // shared memory; (5) gradients, per (chunk, head): one thread per (token, channel) sums its pair
-// terms in a fixed order (no atomics: bit-repeatable) and the reverse cumsum turns dGam into dg.
+// terms in a fixed order (no atomics: bit-repeatable; for bf16 at chunk 64 and K 128 the pairs
+// across 16-row blocks are tf32 MMAs, grads_block_pairs) and the reverse cumsum turns dGam into dg.
 // fp32 arithmetic (q, k, v, o and their gradients in the tensors' dtype), exponent differences
 // and dGam sums in Wide<T> (double for fp32 tensors, float for bf16). For bf16 tensors whose
 // shapes fit (kda_state_tc.h) the state passes (2, 3) run on tensor cores instead
@@ -764,15 +765,131 @@ size_t grads_smem(int C, int K) {
   return sizeof(Wide<T>) * (C * K + K) + sizeof(float) * (2 * C * K + 2 * C * C + C);
 }
 
+// TC: three fp32 tiles of the 48 rows of three 16-row blocks, with rows of 136 floats (8 mod 32:
+// conflict-free B fragments).
+constexpr int kTileLd = kMaxKV + 8;
+constexpr size_t kGradTileFloats = 48 * kTileLd;
+constexpr size_t kGradTileBytes = 3 * sizeof(float) * kGradTileFloats;
+
 // Twice the threads of the other kernels: one block per SM fits (129 KB of shared memory in bf16),
 // and the pair loops wait on shared loads, so more warps hide more of the latency.
 constexpr int kGradThreads = 2 * kThreads;
 constexpr int kOwners = kMaxC * kMaxKV / kGradThreads;  // (token, channel) pairs per thread
 
+// TC: the pair sums of grads_kernel whose two rows lie in different 16-row blocks, on tensor
+// cores, with the bounded factors of prep_block_pairs (R_b = Gam at row 16 b; Gam only falls):
+//   sQ_i = sum_(j in r < p) tq_ij e^(G_i - G_j) k_j
+//        = e^(G_i - R_p) sum_r e^(R_p - R_(r+1)) sum_j tq_ij [k_j e^(R_(r+1) - G_j)]   (i in p),
+//   sC_i = sum_(i2 in p > r) e^(G_i2 - G_i) (tq_i2i q_i2 + tb_i2i k_i2)
+//        = e^(R_(r+1) - G_i) sum_p e^(R_p - R_(r+1)) sum_i2 (tq_i2i [q_i2 e^(G_i2 - R_p)]
+//          + tb_i2i [k_i2 e^(G_i2 - R_p)])                                           (i in r),
+// sK as sQ with tb. Every factor is at most one. In: kd = the bracketed k of blocks 0-2, qu and
+// ku = the bracketed q and k of blocks 1-3 (rows 16 (p - 1) ..). Out, in the same tiles: qu =
+// sQ's and ku = sK's sums over r for blocks 1-3, kd = sC's sum over p for blocks 0-2, all before
+// the outer factor (the owners apply it). A warp per (block, 16 columns) item, three items per
+// warp: 24 items of sQ/sK (sharing kd), 24 of sC.
+__device__ __forceinline__ void grads_block_pairs(const float* gam, const float* tq,
+                                                  const float* tb, float* kd, float* qu,
+                                                  float* ku) {
+  constexpr int C = kMaxC, K = kMaxKV, LD = kTileLd;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+  const auto ref = [&](int b, int x) { return gam[16 * b * K + x]; };  // R_b
+  float out[3][2][2][4] = {};  // [item][sQ or sC, sK][n-tile][fragment]
+#pragma unroll
+  for (int u = 0; u < 3; ++u) {
+    const int item = w + 16 * u, cg = item % 8, n0 = 16 * cg;
+    if (item < 24) {
+      const int p = 1 + item / 8;
+      for (int r = 0; r < p; ++r) {
+        float cq[2][4] = {}, ck[2][4] = {};
+#pragma unroll
+        for (int k0 = 0; k0 < 16; k0 += 8) {
+          const int i0 = (16 * p + g) * C, i1 = i0 + 8 * C, j = 16 * r + k0 + c;
+          const uint32_t aq[4] = {mma::to_tf32(tq[i0 + j]), mma::to_tf32(tq[i1 + j]),
+                                  mma::to_tf32(tq[i0 + j + 4]), mma::to_tf32(tq[i1 + j + 4])};
+          const uint32_t ak[4] = {mma::to_tf32(tb[i0 + j]), mma::to_tf32(tb[i1 + j]),
+                                  mma::to_tf32(tb[i0 + j + 4]), mma::to_tf32(tb[i1 + j + 4])};
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) {
+            const int col = n0 + 8 * nt + g;
+            const uint32_t b[2] = {mma::to_tf32(kd[j * LD + col]),
+                                   mma::to_tf32(kd[(j + 4) * LD + col])};
+            mma::mma_tf32(cq[nt], aq, b);
+            mma::mma_tf32(ck[nt], ak, b);
+          }
+        }
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int x = n0 + 8 * nt + 2 * c + (e & 1);
+            const float d = __expf(ref(p, x) - ref(r + 1, x));
+            out[u][0][nt][e] += d * cq[nt][e];
+            out[u][1][nt][e] += d * ck[nt][e];
+          }
+      }
+    } else {
+      const int r = (item - 24) / 8;
+      for (int p = r + 1; p < 4; ++p) {
+        float cc[2][4] = {};
+#pragma unroll
+        for (int k0 = 0; k0 < 16; k0 += 8) {
+          const int i2 = 16 * p + k0 + c, m = 16 * r + g, t = i2 - 16;  // t: row in qu, ku
+          const uint32_t aq[4] = {mma::to_tf32(tq[i2 * C + m]), mma::to_tf32(tq[i2 * C + m + 8]),
+                                  mma::to_tf32(tq[(i2 + 4) * C + m]),
+                                  mma::to_tf32(tq[(i2 + 4) * C + m + 8])};
+          const uint32_t ak[4] = {mma::to_tf32(tb[i2 * C + m]), mma::to_tf32(tb[i2 * C + m + 8]),
+                                  mma::to_tf32(tb[(i2 + 4) * C + m]),
+                                  mma::to_tf32(tb[(i2 + 4) * C + m + 8])};
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) {
+            const int col = n0 + 8 * nt + g;
+            const uint32_t bq[2] = {mma::to_tf32(qu[t * LD + col]),
+                                    mma::to_tf32(qu[(t + 4) * LD + col])};
+            const uint32_t bk[2] = {mma::to_tf32(ku[t * LD + col]),
+                                    mma::to_tf32(ku[(t + 4) * LD + col])};
+            mma::mma_tf32(cc[nt], aq, bq);
+            mma::mma_tf32(cc[nt], ak, bk);
+          }
+        }
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int x = n0 + 8 * nt + 2 * c + (e & 1);
+            out[u][0][nt][e] += __expf(ref(p, x) - ref(r + 1, x)) * cc[nt][e];
+          }
+      }
+    }
+  }
+  __syncthreads();  // every warp is done reading kd, qu, ku
+#pragma unroll
+  for (int u = 0; u < 3; ++u) {
+    const int item = w + 16 * u, cg = item % 8;
+    const bool rows_of_i = item < 24;  // sQ/sK of block p: rows 16 (p - 1) of qu, ku
+    const int row0 = rows_of_i ? 16 * (item / 8) : 16 * ((item - 24) / 8);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int at = (row0 + g + 8 * (e >> 1)) * LD + 16 * cg + 8 * nt + 2 * c + (e & 1);
+        if (rows_of_i) {
+          qu[at] = out[u][0][nt][e];
+          ku[at] = out[u][1][nt][e];
+        } else {
+          kd[at] = out[u][0][nt][e];
+        }
+      }
+  }
+  __syncthreads();
+}
+
 // One thread per (token i, channel x) of the chunk: its dq, dk, dGam, and its share of dbeta.
 // The pair terms of row i and of column i are summed first (sQ, sK, sC) and scaled by the
 // owner's q and k once: dQ gets sQ, dGam q sQ, and so on, instead of three products per pair.
-template <typename T>
+// TC (bf16, chunk 64, K 128): the pairs across 16-row blocks on tensor cores (grads_block_pairs);
+// the direct loops then sum only the pairs inside the owner's block.
+template <typename T, bool TC>
 __global__ void __launch_bounds__(kGradThreads)
     grads_kernel(Args a, const T* q, const T* k, const T* v, T* dq, T* dk, T* dv) {
   using W = Wide<T>;
@@ -806,7 +923,25 @@ __global__ void __launch_bounds__(kGradThreads)
            __expf(static_cast<float>(gl - gam[i * K + x]));
     dGamL[x] = s;
   }
-  __syncthreads();
+  float* kd = b + C;  // TC: the block-pair tiles (grads_block_pairs)
+  float* qu = kd + kGradTileFloats;
+  float* ku = qu + kGradTileFloats;
+  if constexpr (TC) {
+    static_assert(std::is_same_v<W, float>);
+    constexpr int K4 = kMaxKV, LD = kTileLd;
+    for (int e = tid; e < 48 * K4; e += kGradThreads) {
+      const int i = e / K4, x = e % K4, bi = i >> 4;  // kd: row i (blocks 0-2); qu, ku: i + 16
+      const float gd = gam[i * K4 + x], gu = gam[(i + 16) * K4 + x];
+      kd[i * LD + x] = ks[i * K4 + x] * __expf(gam[16 * (bi + 1) * K4 + x] - gd);
+      const float eu = __expf(gu - gam[16 * (bi + 1) * K4 + x]);
+      qu[i * LD + x] = qs[(i + 16) * K4 + x] * eu;
+      ku[i * LD + x] = ks[(i + 16) * K4 + x] * eu;
+    }
+    __syncthreads();
+    grads_block_pairs(gam, tq, tb, kd, qu, ku);
+  } else {
+    __syncthreads();
+  }
   W dgam[kOwners];
   float dbx[kOwners];
 #pragma unroll 1
@@ -821,17 +956,28 @@ __global__ void __launch_bounds__(kGradThreads)
     const float dqg = blk[lay.W() + e] * a.scale, dkb = -blk[lay.Qh() + e],
                 dkgl = blk[lay.Kl() + e];
     // As row i of the pairs (j <= i): sQ = sum tq_ij e_ij k_j, sK = sum tb_ij e_ij k_j.
+    // TC: j and i2 within i's 16-row block here, the other blocks' sums from the tiles.
+    const int ib = i >> 4, blk0 = TC ? 16 * ib : 0, blk_end = TC ? min(L, 16 * ib + 16) : L;
     W sQ = 0, sK = 0;
-    for (int j = 0; j <= i; ++j) {
+    for (int j = blk0; j <= i; ++j) {
       const float ek = __expf(static_cast<float>(gi - gam[j * K + x])) * ks[j * K + x];
       sQ += tq[i * C + j] * ek;
       sK += tb[i * C + j] * ek;
     }
     // As column i (rows i2 >= i): sC = sum e_i2i (tq_i2i q_i2 + tb_i2i k_i2).
     W sC = 0;
-    for (int i2 = i; i2 < L; ++i2) {
+    for (int i2 = i; i2 < blk_end; ++i2) {
       const float ex = __expf(static_cast<float>(gam[i2 * K + x] - gi));
       sC += ex * (tq[i2 * C + i] * qs[i2 * K + x] + tb[i2 * C + i] * ks[i2 * K + x]);
+    }
+    if constexpr (TC) {
+      if (ib > 0) {
+        const float f = __expf(static_cast<float>(gi) - gam[16 * ib * K + x]);
+        sQ += f * qu[(i - 16) * kTileLd + x];
+        sK += f * ku[(i - 16) * kTileLd + x];
+      }
+      if (ib < 3)
+        sC += __expf(gam[16 * (ib + 1) * K + x] - static_cast<float>(gi)) * kd[i * kTileLd + x];
     }
     const float dQ = dqg * eg + static_cast<float>(sQ);
     const float dK = bi * eg * dkb + dkgl * elg + static_cast<float>(sK + sC);
@@ -942,6 +1088,24 @@ void prep(Context& ctx, const Args& a, const Tensor& q, const Tensor& k, const T
   MT_CUDA_LAUNCH_CHECK();
 }
 
+template <typename T>
+void grads(Context& ctx, const Args& a, const Tensor& q, const Tensor& k, const Tensor& v,
+           Tensor& dq, Tensor& dk, Tensor& dv) {
+  size_t sm = grads_smem<T>(a.C, a.K);
+  // The block pairs on tensor cores under prep's condition.
+  auto* kernel = grads_kernel<T, false>;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (a.C == kMaxC && a.K == kMaxKV) {
+      kernel = grads_kernel<T, true>;
+      sm += kGradTileBytes;
+    }
+  }
+  allow_smem(kernel, sm);
+  kernel<<<dim3(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.H)), kGradThreads, sm,
+           stream(ctx)>>>(a, ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dq), ptr<T>(dk), ptr<T>(dv));
+  MT_CUDA_LAUNCH_CHECK();
+}
+
 dim3 state_grid(const Args& a) {
   return dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(a.H),
               static_cast<unsigned>((a.V + kCols - 1) / kCols));
@@ -1007,11 +1171,7 @@ void kda_chunk_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqle
     products_kernel<T>
         <<<dim3(chunks.x, chunks.y, 3), kThreads, kProductSmem, stream(ctx)>>>(a, ptr<T>(dout));
     MT_CUDA_LAUNCH_CHECK();
-    const size_t gs = grads_smem<T>(a.C, a.K);
-    allow_smem(grads_kernel<T>, gs);
-    grads_kernel<T><<<chunks, kGradThreads, gs, stream(ctx)>>>(a, ptr<T>(q), ptr<T>(k), ptr<T>(v),
-                                                               ptr<T>(dq), ptr<T>(dk), ptr<T>(dv));
-    MT_CUDA_LAUNCH_CHECK();
+    grads<T>(ctx, a, q, k, v, dq, dk, dv);
   });
 }
 
