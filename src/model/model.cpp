@@ -424,6 +424,8 @@ void Model::materialize_deferred(const std::function<bool(const Param&)>& whole)
 void Model::rebind_unit(int unit) {
   const int L = num_layers();
   MT_CHECK(unit >= 0 && unit <= L + 1, ValueError, "unit ", unit, " out of range [0, ", L + 1, "]");
+  if (unit_binds_.empty()) unit_binds_.assign(static_cast<size_t>(num_units()), 0);
+  ++unit_binds_[static_cast<size_t>(unit)];
   auto ref = [&](const std::string& name) {
     const Param& p = params_.at(name);
     return ParamRef{p.value, p.grad};

@@ -182,6 +182,11 @@ class Model {
   bool unit_backward_reads_values(int unit) const { return unit != 0; }
   // Re-reads unit u's parameters (value and grad tensors) from the store and binds them.
   void rebind_unit(int unit);
+  // How many times rebind_unit(unit) ran: a hook that binds a unit once to views that stay valid
+  // across steps (Fsdp) rebinds it only after someone else did, since binding allocates.
+  int64_t unit_binds(int unit) const {
+    return unit_binds_.empty() ? 0 : unit_binds_.at(static_cast<size_t>(unit));
+  }
 
  private:
   // What one forward keeps for its backward: the micro-batch's arena, its residual stream and
@@ -232,6 +237,7 @@ class Model {
   mutable std::vector<AuxLoss> aux_read_;  // aux_losses()' result, refilled in place
   float loss_weight_ = 1.f;
   UnitHooks* hooks_ = nullptr;
+  std::vector<int64_t> unit_binds_;  // by unit, see unit_binds()
   std::unique_ptr<VisionFrontEnd> vision_;
   const ImageBatch* images_ = nullptr;
 };

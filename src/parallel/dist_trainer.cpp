@@ -209,10 +209,10 @@ MemoryReport DistTrainer::memory() const {
   if (fsdp_) {
     r.params += fsdp_->memory().shard_bytes;
     r.grads += fsdp_->memory().grad_bytes;
-    r.transient = std::max(r.transient, fsdp_->memory().transient_peak);
+    r.transient = std::max(r.transient, fsdp_->memory().buffer_bytes);
     r.fsdp_shards = fsdp_->memory().shard_bytes;
     r.expert_shards = fsdp_->memory().expert_shard_bytes;
-    r.fsdp_transient = fsdp_->memory().transient_peak;
+    r.fsdp_buffers = fsdp_->memory().buffer_bytes;
     r.fsdp_units_peak = fsdp_->memory().live_units_peak;
     r.fsdp_grads_peak = fsdp_->memory().live_grads_peak;
   }

@@ -52,9 +52,8 @@ struct MemoryReport {
   int64_t optimizer = 0;  // AdamW moments
   int64_t transient = 0;  // peak of step buffers: gathers, unit gradients, flat reductions
   // fsdp / shard_expert_weights only: the value shards (part of params; the experts' part of
-  // them) and the peak of unit gathers and unit gradient buffers alive at once (part of
-  // transient).
-  int64_t fsdp_shards = 0, expert_shards = 0, fsdp_transient = 0;
+  // them) and Fsdp's step buffers (unit gathers, unit gradients; part of transient).
+  int64_t fsdp_shards = 0, expert_shards = 0, fsdp_buffers = 0;
   int fsdp_units_peak = 0, fsdp_grads_peak = 0;  // see FsdpMemory
   int64_t total() const { return params + grads + optimizer + transient; }
 };

@@ -7,10 +7,9 @@ namespace mt::par {
 
 namespace {
 
-void add_into(const Tensor& part, Tensor& acc) {
-  const float* s = part.f32();
+void add_into(const float* part, int64_t n, Tensor& acc) {
   float* d = acc.f32();
-  for (int64_t i = 0; i < part.numel(); ++i) d[i] += s[i];
+  for (int64_t i = 0; i < n; ++i) d[i] += part[i];
 }
 
 }  // namespace
@@ -31,19 +30,14 @@ Fsdp::Fsdp(Model& model, Comm& dense, Comm* experts, std::vector<FsdpUnitSpec> u
     ep.frozen.params = std::move(units[u].expert_frozen);
     MT_CHECK(experts || (ep.train.params.empty() && ep.frozen.params.empty()), InternalError,
              "fsdp: unit ", u, " shards experts without an expert-data-parallel group");
-    std::vector<Tensor> fulls;  // the packed values, viewed by the layer until this unit is bound
     for (Part* pt : {&dp, &ep}) {
       if (!pt->comm) continue;
-      const int64_t W = pt->comm->size(), r = pt->comm->rank();
+      const int64_t W = pt->comm->size();
       for (Group* g : {&pt->train, &pt->frozen}) {
-        // Deferred weights (ModelOptions::defer_weights): a loader fills the shard afterwards,
-        // so a group of nothing else needs neither the whole values nor their pages.
-        bool deferred = true;
         for (const Param* p : g->params) {
           MT_CHECK(
               (p->value.defined() || is_placeholder(p->value)) && p->value.dtype() == DType::F32,
               InternalError, "fsdp: parameter ", p->name, " is not a defined fp32 tensor");
-          deferred = deferred && is_placeholder(p->value);
           g->shapes.push_back(p->value.shape());
           shapes_[p] = p->value.shape();
           g->n += p->value.numel();
@@ -51,32 +45,32 @@ Fsdp::Fsdp(Model& model, Comm& dense, Comm* experts, std::vector<FsdpUnitSpec> u
         g->padded = (g->n + W - 1) / W * W;
         g->shard_len = g->padded / W;
         if (g->n == 0) continue;
-        // Deferred: never written, so it stays virtual until freed (the layers only view it).
-        Tensor full = deferred ? Tensor::empty({g->padded}) : Tensor::zeros({g->padded});
-        int64_t off = 0;
-        for (size_t k = 0; k < g->params.size(); ++k) {
-          Param* p = g->params[k];
-          if (!is_placeholder(p->value))
-            std::memcpy(full.f32() + off, p->value.f32(), p->value.bytes());
-          p->value = Tensor(full.f32() + off, g->shapes[k], DType::F32);
-          p->grad = Tensor();
-          off += g->shapes[k].numel();
-        }
-        g->shard = deferred ? Tensor::zeros({g->shard_len})
-                            : full.rows(r * g->shard_len, (r + 1) * g->shard_len).clone();
+        // Zero padding; deferred weights (ModelOptions::defer_weights) stay zero until a loader
+        // fills the shard.
+        g->shard = Tensor::zeros({g->shard_len});
         mem_.shard_bytes += static_cast<int64_t>(g->shard.bytes());
         if (pt == &ep) mem_.expert_shard_bytes += static_cast<int64_t>(g->shard.bytes());
-        fulls.push_back(full);
       }
+      pt->frozen.offset = pt->train.padded;
       pt->grad_shard = Tensor::zeros({std::max<int64_t>(pt->train.shard_len, 1)});
       if (pt->train.n > 0) mem_.grad_bytes += static_cast<int64_t>(pt->grad_shard.bytes());
     }
-    // Rebinding drops the layer's owning references, so the full tensors die with `fulls`.
-    model_.rebind_unit(static_cast<int>(u));
-    for (Part* pt : {&dp, &ep})
-      for (Group* g : {&pt->train, &pt->frozen})
-        for (Param* p : g->params) p->value = Tensor();
   }
+  // Rank r of a part's communicator keeps elements [r * shard, (r + 1) * shard) of each flat
+  // buffer: the same pieces a checkpoint loader writes.
+  for_each_piece([](Param& p, int64_t begin, float* data, int64_t count) {
+    if (!is_placeholder(p.value))
+      std::memcpy(data, p.value.f32() + begin, static_cast<size_t>(count) * sizeof(float));
+  });
+  plan_buffers();
+  for (size_t u = 0; u < units_.size(); ++u) {
+    // Rebinding drops the layer's references to the whole tensors, which die here.
+    bind_layers(static_cast<int>(u));
+    for (Part& pt : units_[u].parts)
+      for (Group* g : {&pt.train, &pt.frozen})
+        for (Param* p : g->params) p->value = p->grad = Tensor();
+  }
+  pending_.reserve(4);
   model_.set_unit_hooks(this);
 }
 
@@ -89,6 +83,53 @@ Fsdp::~Fsdp() {
   }
 }
 
+void Fsdp::plan_buffers() {
+  // Both parities sized for the largest unit, as the planner counts them (plan/model_stats.cpp).
+  int64_t values[2] = {}, grads[2] = {}, pieces[2] = {};
+  for (const Unit& un : units_)
+    for (int k = 0; k < 2; ++k) {
+      const Part& pt = un.parts[k];
+      values[k] = std::max(values[k], pt.train.padded + pt.frozen.padded);
+      grads[k] = std::max(grads[k], pt.train.padded);
+      pieces[k] = std::max(pieces[k], pt.train.shard_len);
+    }
+  for (int k = 0; k < 2; ++k)
+    for (Buffers& b : buffers_[k]) {
+      if (values[k] > 0) {
+        b.values_mem = Arena(arena_footprint(static_cast<size_t>(values[k]) * sizeof(float)),
+                             Device::CPU, "fsdp unit values");
+        b.values = b.values_mem.alloc({values[k]});
+      }
+      if (grads[k] > 0) {
+        b.grad_mem = Arena(arena_footprint(static_cast<size_t>(grads[k]) * sizeof(float)) +
+                               arena_footprint(static_cast<size_t>(pieces[k]) * sizeof(float)),
+                           Device::CPU, "fsdp unit gradient");
+        b.grad = b.grad_mem.alloc({grads[k]});
+        b.piece = b.grad_mem.alloc({pieces[k]});
+      }
+      mem_.buffer_bytes += static_cast<int64_t>(b.values_mem.capacity() + b.grad_mem.capacity());
+    }
+}
+
+void Fsdp::bind_layers(int u) {
+  Unit& un = units_.at(static_cast<size_t>(u));
+  for (int k = 0; k < 2; ++k) {
+    Part& pt = un.parts[k];
+    const Buffers& b = buffers(u, k);
+    for (Group* g : {&pt.train, &pt.frozen}) {
+      int64_t off = 0;
+      for (size_t j = 0; j < g->params.size(); ++j) {
+        Param* p = g->params[j];
+        p->value = Tensor(b.values.f32() + g->offset + off, g->shapes[j], DType::F32);
+        p->grad = g == &pt.train ? Tensor(b.grad.f32() + off, g->shapes[j], DType::F32) : Tensor();
+        off += g->shapes[j].numel();
+      }
+    }
+  }
+  model_.rebind_unit(u);
+  un.binds = model_.unit_binds(u);
+}
+
 bool Fsdp::owns(const Param* p) const {
   return shapes_.count(p) > 0;
 }
@@ -97,11 +138,6 @@ const Shape& Fsdp::local_shape(const Param* p) const {
   const auto it = shapes_.find(p);
   MT_CHECK(it != shapes_.end(), InternalError, "fsdp: ", p->name, " is not sharded");
   return it->second;
-}
-
-void Fsdp::track(int64_t bytes) {
-  mem_.transient_now += bytes;
-  mem_.transient_peak = std::max(mem_.transient_peak, mem_.transient_now);
 }
 
 void Fsdp::poke() {
@@ -116,13 +152,18 @@ void Fsdp::poke() {
 void Fsdp::start_gather(int u) {
   Unit& un = units_.at(static_cast<size_t>(u));
   if (un.state != State::Free) return;
-  for (Part& pt : un.parts)
-    for (Group* g : {&pt.train, &pt.frozen}) {
-      if (g->n == 0) continue;
-      g->full = Tensor::empty({g->padded});
-      track(static_cast<int64_t>(g->full.bytes()));
-      g->req = pt.comm->iall_gather(g->shard.raw(), g->shard_len, g->full.raw(), Elem::F32);
-    }
+  for (int k = 0; k < 2; ++k) {
+    Part& pt = un.parts[k];
+    if (pt.train.n + pt.frozen.n == 0) continue;
+    Buffers& b = buffers(u, k);
+    MT_CHECK(b.value_owner < 0, InternalError, "fsdp: gathering unit ", u,
+             " would overwrite the values of unit ", b.value_owner, " (buffer ", u % 2, ")");
+    b.value_owner = u;
+    for (Group* g : {&pt.train, &pt.frozen})
+      if (g->n > 0)
+        g->req = pt.comm->iall_gather(g->shard.raw(), g->shard_len, b.values.f32() + g->offset,
+                                      Elem::F32);
+  }
   un.state = State::InFlight;
   mem_.live_units_peak = std::max(mem_.live_units_peak, ++mem_.live_units);
 }
@@ -136,64 +177,80 @@ void Fsdp::bind(int u, bool backward) {
     }
     un.state = State::Ready;
   }
+  if (un.binds != model_.unit_binds(u)) bind_layers(u);
   for (int k = 0; k < 2; ++k) {
     Part& pt = un.parts[k];
-    if (backward && pt.train.n > 0) {
-      pt.grad_full = Tensor::zeros({pt.train.padded});
-      track(static_cast<int64_t>(pt.grad_full.bytes()));
+    Buffers& b = buffers(u, k);
+    const bool grads = backward && pt.train.n > 0;
+    if (grads) {
+      MT_CHECK(b.grad_owner < 0, InternalError, "fsdp: unit ", u,
+               " needs the gradient buffer still holding unit ", b.grad_owner);
+      b.grad_owner = u;
+      pt.grad_bound = true;
+      std::memset(b.grad.raw(), 0, static_cast<size_t>(pt.train.padded) * sizeof(float));
       mem_.live_grads_peak = std::max(mem_.live_grads_peak, ++mem_.live_grads[k]);
     }
     for (Group* g : {&pt.train, &pt.frozen}) {
       int64_t off = 0;
       for (size_t j = 0; j < g->params.size(); ++j) {
         Param* p = g->params[j];
-        p->value = g->full.defined() && g->full.numel() > 0
-                       ? Tensor(g->full.f32() + off, g->shapes[j], DType::F32)
+        p->value = un.state == State::Ready
+                       ? Tensor(b.values.f32() + g->offset + off, g->shapes[j], DType::F32)
                        : Tensor();
-        p->grad = backward && g == &pt.train
-                      ? Tensor(pt.grad_full.f32() + off, g->shapes[j], DType::F32)
-                      : Tensor();
+        p->grad = grads && g == &pt.train ? Tensor(b.grad.f32() + off, g->shapes[j], DType::F32)
+                                          : Tensor();
         off += g->shapes[j].numel();
       }
     }
   }
-  model_.rebind_unit(u);
 }
 
-void Fsdp::release(int u, bool handed_off) {
+void Fsdp::free_buffers(int u) {
   Unit& un = units_.at(static_cast<size_t>(u));
   for (int k = 0; k < 2; ++k) {
     Part& pt = un.parts[k];
-    for (Group* g : {&pt.train, &pt.frozen}) {
-      g->req.wait();  // a prefetch never used must land before its buffer goes
-      if (g->full.defined() && g->full.numel() > 0) track(-static_cast<int64_t>(g->full.bytes()));
-      g->full = Tensor();
-      for (Param* p : g->params) p->value = p->grad = Tensor();
+    Buffers& b = buffers(u, k);
+    pt.train.req.wait();  // a prefetch never used must land before its buffer is reused
+    pt.frozen.req.wait();
+    if (b.value_owner == u) {
+      b.value_owner = -1;
+      b.values_mem.discard();
     }
-    if (pt.grad_full.defined() && pt.grad_full.numel() > 0) {
-      track(-static_cast<int64_t>(pt.grad_full.bytes()));
-      if (!handed_off) --mem_.live_grads[k];  // bound but never reduced (a failed backward)
+    if (pt.grad_bound) {  // bound but never reduced (a failed backward)
+      b.grad_owner = -1;
+      b.grad_mem.discard();
+      pt.grad_bound = false;
+      --mem_.live_grads[k];
     }
-    pt.grad_full = Tensor();
   }
   if (un.state != State::Free) --mem_.live_units;
   un.state = State::Free;
 }
 
+void Fsdp::release(int u) {
+  free_buffers(u);
+  for (Part& pt : units_.at(static_cast<size_t>(u)).parts)
+    for (Group* g : {&pt.train, &pt.frozen})
+      for (Param* p : g->params) p->value = p->grad = Tensor();
+}
+
 void Fsdp::complete_front() {
   Pending& p = pending_.front();
   p.req.wait();
-  add_into(p.piece, units_.at(static_cast<size_t>(p.unit)).parts[p.part].grad_shard);
-  track(-static_cast<int64_t>(p.full.bytes() + p.piece.bytes()));
+  Buffers& b = buffers(p.unit, p.part);
+  Part& pt = units_.at(static_cast<size_t>(p.unit)).parts[p.part];
+  add_into(b.piece.f32(), pt.train.shard_len, pt.grad_shard);
+  b.grad_owner = -1;
+  b.grad_mem.discard();
   --mem_.live_grads[p.part];
-  pending_.pop_front();
+  pending_.erase(pending_.begin());
 }
 
 void Fsdp::before_forward(int u) {
   poke();
   if (u == 0)  // a forward without backward (evaluation) leaves the head gathered
     for (size_t v = 0; v < units_.size(); ++v)
-      if (units_[v].state == State::Ready) release(static_cast<int>(v));
+      if (units_[v].state != State::Free) release(static_cast<int>(v));
   start_gather(u);
   if (u + 1 < model_.num_units()) start_gather(u + 1);
   bind(u, false);
@@ -218,21 +275,17 @@ void Fsdp::before_backward(int u) {
 void Fsdp::after_backward(int u) {
   poke();
   Unit& un = units_.at(static_cast<size_t>(u));
-  bool handed = false;
   for (int k = 0; k < 2; ++k) {
     Part& pt = un.parts[k];
-    if (!pt.grad_full.defined() || pt.train.n == 0) continue;
-    Pending p;
-    p.unit = u;
-    p.part = k;
-    p.full = pt.grad_full;
-    p.piece = Tensor::empty({pt.train.shard_len});
-    track(static_cast<int64_t>(p.piece.bytes() + p.full.bytes()));  // release() untracks full
-    p.req = pt.comm->ireduce_scatter(p.full.raw(), p.piece.raw(), pt.train.shard_len, Elem::F32);
-    pending_.push_back(std::move(p));
-    handed = true;
+    if (!pt.grad_bound) continue;
+    const Buffers& b = buffers(u, k);
+    pending_.push_back({.unit = u,
+                        .part = k,
+                        .req = pt.comm->ireduce_scatter(b.grad.raw(), b.piece.raw(),
+                                                        pt.train.shard_len, Elem::F32)});
+    pt.grad_bound = false;  // the pending reduction owns the buffer now
   }
-  release(u, handed);
+  release(u);
   // The latest unit's reductions stay in flight across the next unit's backward.
   while (!pending_.empty() && (u == 0 || pending_.front().unit != pending_.back().unit))
     complete_front();
@@ -260,14 +313,9 @@ void Fsdp::gather_to_store() {
       for (Group* g : {&pt.train, &pt.frozen})
         for (Param* p : g->params)
           if (p->value.defined()) p->value = p->value.clone();
+    // The layers now hold the whole copies; the next bind() returns them to the buffers.
     model_.rebind_unit(ui);
-    for (Part& pt : un.parts)
-      for (Group* g : {&pt.train, &pt.frozen}) {
-        if (g->full.defined() && g->full.numel() > 0) track(-static_cast<int64_t>(g->full.bytes()));
-        g->full = Tensor();
-      }
-    un.state = State::Free;
-    --mem_.live_units;
+    free_buffers(ui);
   }
 }
 

@@ -8,31 +8,27 @@
 // prefetched with it, reduce-scattered over that group. Buffers (the router bias) stay whole:
 // they are tiny and updated outside the optimizer.
 //
-// Schedule per unit, forward:  gather (all-gather both shards into full-size buffers), bind the
-// store's Params and the layer to non-owning views of them, compute, free the buffers.
-// Backward: gather again, bind the gradients to a zeroed full-size unit gradient buffer, compute,
-// post the reduce-scatter of that buffer, free the values; the reduction completes at the next
-// unit's end (so it overlaps that unit's backward) and is added into the gradient shard.
+// Schedule per unit, forward:  gather (all-gather both shards into the unit's value buffer),
+// bind the store's Params to non-owning views of it, compute, free the buffer for the next unit.
+// Backward: gather again, bind the gradients to the zeroed unit gradient buffer, compute, post
+// the reduce-scatter of that buffer, free the values; the reduction completes at the next unit's
+// end (so it overlaps that unit's backward) and is added into the gradient shard.
 // Prefetch: the next unit's gathers are posted before the current unit computes.
 //
-// Overlap uses nonblocking MPI collectives on the calling thread, not a communication thread:
-// the runtime is initialised without MPI_THREAD_MULTIPLE guarantees, and a thread would need a
-// second communicator per group plus locking for every collective the step issues. Without
-// MPI's own progress thread a nonblocking collective advances only inside MPI calls, so every
-// hook first tests (MPI_Test) all requests in flight: progress happens at each unit boundary and
-// during the expert exchanges' own MPI calls. The world communicator is used by this thread
-// only, and every rank posts the same collectives in the same order.
-//
-// Between its uses a unit's Params hold undefined tensors in the store (stray reads fail loudly)
-// and its layer holds dangling views that it must not read; gather_to_store() restores full
-// values for callers outside a step (comparisons, export).
+// Buffers, planned once (the constructor), so that a step after warm-up allocates nothing: per
+// part, two value buffers, two unit gradient buffers and two reduce-scatter pieces, buffer
+// u % 2 serving unit u. The schedule only ever holds a unit with one neighbour (the prefetch; the
+// reduction in flight), whose parity differs; each buffer is sized for the largest unit, and a
+// unit's buffers sit at the same address in every step. The layers are therefore
+// bound once to views of them (Model::rebind_unit, which builds name tables) and again only
+// after someone else rebound the unit (Model::unit_binds: gather_to_store, a device move).
 #pragma once
 
-#include <deque>
 #include <functional>
 #include <unordered_map>
 #include <vector>
 
+#include "core/arena.h"
 #include "model/model.h"
 #include "parallel/comm.h"
 
@@ -54,11 +50,11 @@ struct FsdpMemory {
   int64_t shard_bytes = 0;         // persistent value shards (trainable + frozen)
   int64_t grad_bytes = 0;          // persistent gradient shards
   int64_t expert_shard_bytes = 0;  // of which the experts' value shards
-  int64_t transient_peak = 0;      // most bytes of gather and unit-gradient buffers alive at once
-  int64_t transient_now = 0;
+  // The step's buffers (value gathers, unit gradients, reduce-scatter pieces), allocated once.
+  int64_t buffer_bytes = 0;
   // Units whose values are gathered (or in flight), and unit gradient buffers of one part (bound
   // or being reduced), at once: the schedule keeps each at most 2 (current + prefetch; current +
-  // one reduction in flight).
+  // one reduction in flight), which the buffers' parity relies on.
   int live_units = 0, live_units_peak = 0, live_grads_peak = 0;
   int live_grads[2] = {0, 0};
 };
@@ -108,39 +104,58 @@ class Fsdp final : public UnitHooks {
     std::vector<Param*> params;
     std::vector<Shape> shapes;  // gathered shape of each param
     int64_t n = 0, padded = 0, shard_len = 0;
-    Tensor shard, full;
+    int64_t offset = 0;  // of the group in its part's value buffer (train first, then frozen)
+    Tensor shard;
     Request req;
   };
   struct Part {
     Comm* comm = nullptr;
     Group train, frozen;
-    Tensor grad_shard, grad_full;
+    Tensor grad_shard;
+    bool grad_bound = false;  // its unit gradient buffer is bound (backward), not yet reduced
   };
   enum class State { Free, InFlight, Ready };
   struct Unit {
     Part parts[2];
     State state = State::Free;
+    int64_t binds = -1;  // Model::unit_binds when its layers were bound to the buffers
+  };
+  // One part's buffers of one parity; `*_owner` is the unit using them (-1: free). A freed
+  // buffer hands its host pages back (Arena::discard), so that between uses it is not resident
+  // and the step's peak stays what a fresh allocation per unit gave.
+  struct Buffers {
+    Arena values_mem, grad_mem;
+    Tensor values;  // [train.padded + frozen.padded] of the largest unit
+    Tensor grad;    // [train.padded]
+    Tensor piece;   // [train.shard_len]: this rank's reduce-scattered share of `grad`
+    int value_owner = -1, grad_owner = -1;
   };
   struct Pending {
     int unit = 0, part = 0;
-    Tensor full, piece;
     Request req;
   };
 
   Part& at(int unit, FsdpPart part) {
     return units_.at(static_cast<size_t>(unit)).parts[static_cast<int>(part)];
   }
+  Buffers& buffers(int unit, int part) { return buffers_[part][unit % 2]; }
+  void plan_buffers();
+  // Binds the layers of unit u to views of its buffers (allocates: outside the steady state).
+  void bind_layers(int u);
   void start_gather(int u);
   void bind(int u, bool backward);
-  // handed_off: the unit gradient buffers went to pending reductions, which now count them.
-  void release(int u, bool handed_off = false);
+  // Frees the unit's buffers (a gradient buffer handed to a reduction stays its) and, release
+  // only, empties its Params in the store.
+  void release(int u);
+  void free_buffers(int u);
   void complete_front();
   void poke();
-  void track(int64_t bytes);
 
   Model& model_;
   std::vector<Unit> units_;
-  std::deque<Pending> pending_;
+  Buffers buffers_[2][2];  // [part][unit parity]
+  // Reductions in flight, oldest first: at most two units' parts (reserved, so never grown).
+  std::vector<Pending> pending_;
   std::unordered_map<const Param*, Shape> shapes_;
   FsdpMemory mem_;
 };

@@ -429,10 +429,10 @@ int run(mt::par::Comm& world, const Args& a, uint64_t seed) {
       mem_ok = false;
     }
     std::printf(
-        "rank %d fsdp: dense %lld B, shards %lld B, peak gathers + unit gradients %lld B, "
+        "rank %d fsdp: dense %lld B, shards %lld B, gather + unit gradient buffers %lld B, "
         "units gathered at once %d, unit gradients at once %d\n",
         rank, static_cast<long long>(dense), static_cast<long long>(mem.fsdp_shards),
-        static_cast<long long>(mem.fsdp_transient), mem.fsdp_units_peak, mem.fsdp_grads_peak);
+        static_cast<long long>(mem.fsdp_buffers), mem.fsdp_units_peak, mem.fsdp_grads_peak);
   }
   if (a.shard_expert_weights) {
     // ZeRO-3 for experts: between steps no expert tensor is whole, and each rank holds
