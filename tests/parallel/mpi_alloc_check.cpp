@@ -1,15 +1,15 @@
 // The distributed training step allocates no heap memory after warm-up, on every rank: the
 // mpirun counterpart of tests/train/test_step_alloc.cpp, run by ctest (tests/CMakeLists.txt).
-// Each rank builds the DistExecutor of the tiny preset (experts over `--ep` ranks, LoRA when
-// asked), runs warm-up steps, then counts the allocations (tests/harness/alloc_hooks.h) of
-// whole steps: zero_grad, two micro-batches of forward + backward (the expert exchange included),
-// the ZeRO step, the averaged auxiliary losses and the expert loads.
-// Open MPI allocates inside its own calls (libnbc builds a schedule per nonblocking collective)
-// and on its own threads; those allocations are beyond the engine's control and are left out:
-// an allocation counts unless its call stack passes through the MPI library or its runtime, so
-// every allocation of our code, the communicator's requests included, still counts. Two negative
-// controls must be seen on every rank: a tensor allocated inside a measured step, and a longer
-// batch, which re-plans the activation arena. A rank that fails names itself and its count.
+// Each rank builds the DistExecutor of the tiny preset (experts over `--ep` ranks, LoRA, FSDP
+// units and ZeRO-3 experts when asked), runs warm-up steps, then counts the allocations
+// (tests/harness/alloc_hooks.h) of whole steps: zero_grad, two micro-batches of forward + backward
+// (the expert exchange included), the ZeRO step, the averaged auxiliary losses and the expert
+// loads. Open MPI allocates inside its own calls (libnbc builds a schedule per nonblocking
+// collective) and on its own threads; those allocations are beyond the engine's control and are
+// left out: an allocation counts unless its call stack passes through the MPI library or its
+// runtime, so every allocation of our code, the communicator's requests included, still counts. Two
+// negative controls must be seen on every rank: a tensor allocated inside a measured step, and a
+// longer batch, which re-plans the activation arena. A rank that fails names itself and its count.
 #include "harness/alloc_hooks.h"
 
 #include <cmath>
@@ -33,16 +33,20 @@ using test::alloc_hooks::allocations_in;
 
 struct Args {
   int ep = 1, chunks = 1;
-  bool lora = false, fsdp = false;
+  bool lora = false, fsdp = false, shard_expert_weights = false;
 };
 
-// --ep N, --chunks N, --lora, --fsdp (FSDP is not allocation-free yet: for diagnosis only).
+// --ep N, --chunks N, --lora, --fsdp, --shard-expert-weights.
 Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
-    if (k == "--lora" || k == "--fsdp") {
-      (k == "--lora" ? a.lora : a.fsdp) = true;
+    bool* flag = k == "--lora"                   ? &a.lora
+                 : k == "--fsdp"                 ? &a.fsdp
+                 : k == "--shard-expert-weights" ? &a.shard_expert_weights
+                                                 : nullptr;
+    if (flag) {
+      *flag = true;
       continue;
     }
     int* v = k == "--ep" ? &a.ep : k == "--chunks" ? &a.chunks : nullptr;
@@ -74,6 +78,7 @@ int run(par::Comm& world, const Args& a, uint64_t seed) {
   job.ep = a.ep;
   job.a2a_chunks = a.chunks;
   job.fsdp = a.fsdp;
+  job.shard_expert_weights = a.shard_expert_weights;
   DistSetup setup(world, cfg, job);
   Model model(cfg, seed, mo);
   Context ctx(ContextOptions{.threads = 1, .seed = seed});
