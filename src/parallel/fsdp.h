@@ -19,9 +19,21 @@
 // part, two value buffers, two unit gradient buffers and two reduce-scatter pieces, buffer
 // u % 2 serving unit u. The schedule only ever holds a unit with one neighbour (the prefetch; the
 // reduction in flight), whose parity differs; each buffer is sized for the largest unit, and a
-// unit's buffers sit at the same address in every step. The layers are therefore
-// bound once to views of them (Model::rebind_unit, which builds name tables) and again only
-// after someone else rebound the unit (Model::unit_binds: gather_to_store, a device move).
+// unit's buffers sit at the same address in every step. The layers are therefore bound once to
+// views of them (Model::rebind_unit, which builds name tables) and again only after someone
+// else rebound the unit (Model::unit_binds: gather_to_store, a device move).
+//
+// Overlap uses nonblocking MPI collectives on the calling thread, not a communication thread:
+// the runtime is initialised without MPI_THREAD_MULTIPLE guarantees, and a thread would need a
+// second communicator per group plus locking for every collective the step issues. Without
+// MPI's own progress thread a nonblocking collective advances only inside MPI calls, so every
+// hook first tests (MPI_Test) all requests in flight: progress happens at each unit boundary and
+// during the expert exchanges' own MPI calls. The world communicator is used by this thread
+// only, and every rank posts the same collectives in the same order.
+//
+// Between its uses a unit's Params hold undefined tensors in the store (stray reads fail loudly)
+// and its layer holds views of buffers that other units reuse, which it must not read;
+// gather_to_store() restores full values for callers outside a step (comparisons, export).
 #pragma once
 
 #include <functional>
