@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "core/device.h"
 #include "io/hf_names.h"
 #include "train/adapter.h"
 #include "train/checkpoint.h"
@@ -23,6 +24,7 @@ struct GenerateArgs {
   SamplingOptions sampling;
   uint64_t init_seed = 1;
   int threads = 0;
+  std::string device = "cpu";
 };
 
 std::vector<int32_t> parse_ids(const std::string& s) {
@@ -64,10 +66,23 @@ Command add_generate_command(CLI::App& app) {
   c->add_option("--init-seed", a->init_seed, "weight init seed when no checkpoint is given")
       ->capture_default_str();
   c->add_option("--threads", a->threads, "CPU threads (0: all)")->capture_default_str();
+  c->add_option("--device", a->device,
+                "cpu (default), cuda or auto: where the model and the decoder's state live")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
+      ->capture_default_str();
   return {c, [a] {
             MT_CHECK(!a->prompt.empty() || !a->prompt_ids.empty(), ValueError,
                      "generate: give --prompt TEXT or --prompt-ids IDS");
-            Context ctx(ContextOptions{.threads = a->threads});
+            MT_CHECK(a->device != "cuda" || cuda_available(), ValueError,
+                     "generate --device cuda: ",
+                     cuda_device_count() == 0 ? "no GPU is visible or this binary was built "
+                                                "without CUDA (-DMOETRAIN_CUDA=ON)"
+                                              : "no GPU is usable",
+                     "; use --device cpu or auto");
+            Job where;
+            where.device = a->device;
+            const Device dev = job_device(where);
+            Context ctx(ContextOptions{.device = dev, .threads = a->threads});
             std::unique_ptr<Model> model;
             Job base_job;
             if (!a->checkpoint.empty()) {
@@ -101,6 +116,7 @@ Command add_generate_command(CLI::App& app) {
               prompt = tok->encode(a->prompt);
             else
               for (unsigned char ch : a->prompt) prompt.push_back(ch);  // byte-level ids
+            model->to_device(dev);  // built and loaded on the host
             Generator gen(*model);
             auto show = [&](const std::vector<int32_t>& ids) {
               if (tok) return tok->decode(ids);
@@ -110,6 +126,12 @@ Command add_generate_command(CLI::App& app) {
             };
             const std::vector<int32_t> out = gen.generate(ctx, prompt, a->sampling);
             std::cout << show(prompt) << (tok ? "" : "| ") << show(out) << "\n";
+            const GenerateStats& st = gen.stats();
+            std::cerr << "generate on " << ctx.describe() << ": prompt " << st.prompt_tokens
+                      << " tokens in " << st.prompt_seconds << " s (" << st.prompt_tokens_per_s()
+                      << " tokens/s), generated " << st.generated << " tokens, " << st.decode_steps
+                      << " decode steps in " << st.decode_seconds << " s ("
+                      << st.decode_tokens_per_s() << " tokens/s)\n";
             return 0;
           }};
 }

@@ -12,6 +12,13 @@
 // Capacity is fixed when the Decoder is built (memory is planned, never grown); feeding past it
 // is a ValueError.
 //
+// Devices: the Decoder runs where the model's parameters live (Model::to_device), its state and
+// caches next to them, in the model's activation dtype (the KDA state fp32), every step through op
+// entries only, so one code path serves the CPU and the GPU. A step stages its host-built inputs
+// (ids, positions, offsets) to the device in one copy and copies the logits back in one copy: on a
+// GPU these are the step's synchronisation points, with the MoE layers' read of their dispatch
+// offsets (docs/gpu.md, "Synchronisation points").
+//
 // The layers' decode_step methods run their projections through the layers' own modules, so
 // they overwrite what a training forward saved for backward: do not decode between a forward and
 // its backward.
@@ -20,12 +27,21 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/arena.h"
 #include "core/context.h"
+#include "core/seq_info.h"
 #include "core/tensor.h"
 
 namespace mt {
 
 class Model;
+
+// What every layer of one step reads, on the model's device, staged once per step.
+struct DecodeInputs {
+  Tensor ids;      // i32 [n]
+  SeqInfo seq;     // the n new tokens as one document; positions = their absolute positions
+  Tensor cu_conv;  // i32 [2] = {0, conv tail + n}: the short convolution's document
+};
 
 struct KdaDecodeState {
   Tensor state;                   // [1, H, K, K] f32
@@ -41,12 +57,15 @@ struct AttnDecodeState {
 
 class Decoder {
  public:
-  // State for documents of up to max_tokens tokens; the model must outlive the decoder.
+  // State for documents of up to max_tokens tokens, on the model's device; the model must
+  // outlive the decoder and stay on that device.
   Decoder(Model& model, int64_t max_tokens);
 
   // Back to an empty document (states zeroed, caches emptied).
   void reset();
-  // Feeds ids (i32 [n], n >= 1, continuing the current document); writes logits [n, vocab].
+  // Feeds ids (host i32 [n], n >= 1, continuing the current document); writes host f32 logits
+  // [n, vocab], or [1, vocab]: the last token's only (the LM head then runs on that row alone).
+  // ctx must be on the model's device.
   void step(Context& ctx, const Tensor& ids, Tensor& logits);
 
   int64_t position() const { return pos_; }
@@ -62,6 +81,8 @@ class Decoder {
   int64_t rows_ = 0;
   std::vector<KdaDecodeState> kda_;    // per layer (unused entries for other kinds)
   std::vector<AttnDecodeState> attn_;  // per layer
+  Tensor staged_host_, staged_;        // i32 [2 * max_tokens + 4]: ids | positions | offsets
+  Arena ffn_acts_;                     // the FFN forwards' throw-away activations
 };
 
 }  // namespace mt

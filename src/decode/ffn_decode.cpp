@@ -1,7 +1,5 @@
 // Decoding through the feed-forward blocks: they are per token, so a decode step is their
-// training forward over the new rows, with its saved activations in a throw-away arena.
-#include <vector>
-
+// training forward over the new rows, its saved activations in the caller's throw-away arena.
 #include "model/dense_ffn.h"
 #include "model/moe_layer.h"
 
@@ -10,26 +8,43 @@ namespace mt {
 namespace {
 
 template <class L>
-void forward_rows(Context& ctx, L& layer, const Tensor& x, Tensor& y) {
-  const SeqInfo seq = SeqInfo::uniform(1, x.dim(0));
-  ArenaPlan plan;
+void forward_rows(Context& ctx, L& layer, const SeqInfo& seq, const Tensor& x, Tensor& y,
+                  Arena& acts) {
+  ArenaPlan plan(x.dtype(), ctx.device());
   layer.plan_activations(seq, plan);
-  Arena acts(plan.bytes(), ctx.device(), "decode ffn activations");
+  // Grown, never shrunk: the prompt's step sizes it for the single tokens after it.
+  if (acts.capacity() < plan.bytes())
+    acts = Arena(plan.bytes(), ctx.device(), "decode ffn activations");
+  acts.reset();
   typename L::Saved discarded;
   layer.forward(ctx, seq, x, y, acts, discarded);
 }
 
 }  // namespace
 
-void MoeLayer::decode_step(Context& ctx, const Tensor& x, Tensor& y) {
-  // Generated tokens must not count towards the load that drives the selection-bias update.
-  std::vector<int64_t> load = expert_load();
-  forward_rows(ctx, *this, x, y);
-  set_expert_load(std::move(load));
+void MoeLayer::decode_step(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y,
+                           Arena& acts) {
+  // Generated tokens must not count towards the load that drives the selection-bias update. The
+  // forward counts into load_ (host) or load_dev_ (GPU): the host count is restored afterwards,
+  // the device count is swapped for a scratch one, so that no step reads the device.
+  if (ctx.device() == Device::CPU) {
+    std::vector<int64_t> load = load_;
+    forward_rows(ctx, *this, seq, x, y, acts);
+    load_ = std::move(load);
+    return;
+  }
+  ArenaScope scope(ctx.workspace());
+  Tensor kept = load_dev_;
+  const bool stale = load_stale_;
+  load_dev_ = ctx.workspace().alloc({cfg_.num_experts}, DType::I64);
+  forward_rows(ctx, *this, seq, x, y, acts);
+  load_dev_ = kept;
+  load_stale_ = stale;
 }
 
-void DenseFfn::decode_step(Context& ctx, const Tensor& x, Tensor& y) {
-  forward_rows(ctx, *this, x, y);
+void DenseFfn::decode_step(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y,
+                           Arena& acts) {
+  forward_rows(ctx, *this, seq, x, y, acts);
 }
 
 }  // namespace mt

@@ -27,8 +27,9 @@ class DenseFfn : public Layer {
                LayerState& st) override;
   void backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx,
                 LayerState& st) override;
-  // Inference only (decode/decode.h): y = forward(x) for x [n, hidden].
-  void decode_step(Context& ctx, const Tensor& x, Tensor& y);
+  // Inference only (decode/decode.h): y = forward(x) for x [n, hidden] (one document `seq`),
+  // its saved activations in `acts` (grown to fit, reset by each call).
+  void decode_step(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y, Arena& acts);
 
  private:
   DenseFfnConfig cfg_;

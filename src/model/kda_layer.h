@@ -20,6 +20,7 @@
 namespace mt {
 
 struct KdaDecodeState;
+struct DecodeInputs;
 
 class KdaLayer : public Layer {
  public:
@@ -56,8 +57,10 @@ class KdaLayer : public Layer {
                 LayerState& st) override;
 
   const KdaConfig& config() const { return cfg_; }
-  // Inference only (decode/decode.h): x [n, hidden] continues the document `st` holds.
-  void decode_step(Context& ctx, KdaDecodeState& st, const Tensor& x, Tensor& y);
+  // Inference only (decode/decode.h): x [n, hidden] continues the document `st` holds; `in`
+  // holds the step's offsets on x's device.
+  void decode_step(Context& ctx, const DecodeInputs& in, KdaDecodeState& st, const Tensor& x,
+                   Tensor& y);
 
  private:
   ops::KdaParams core_params(const SeqInfo& seq) const;

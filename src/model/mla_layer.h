@@ -21,6 +21,7 @@
 namespace mt {
 
 struct AttnDecodeState;
+struct DecodeInputs;
 
 class MlaLayer : public Layer {
  public:
@@ -49,8 +50,10 @@ class MlaLayer : public Layer {
 
   const MlaConfig& config() const { return cfg_; }
   float softmax_scale() const;
-  // Inference only (decode/decode.h): x [n, hidden] continues the document `st` caches.
-  void decode_step(Context& ctx, AttnDecodeState& st, const Tensor& x, Tensor& y);
+  // Inference only (decode/decode.h): x [n, hidden] continues the document `st` caches; `in`
+  // holds the step's positions on x's device.
+  void decode_step(Context& ctx, const DecodeInputs& in, AttnDecodeState& st, const Tensor& x,
+                   Tensor& y);
 
  protected:
   // Slots per query of the attention index table for `seq`. 0 here: MLA attends densely and
@@ -70,7 +73,7 @@ class MlaLayer : public Layer {
   // Runs after the attention forward over s.idx (s.o, s.lse valid).
   virtual void after_attention(Context& ctx, const SeqInfo& seq, Arena& acts, Saved& s);
   // Decoding: key positions (i32 [n, slots], workspace) for the n new tokens at `positions`,
-  // whose keys are already cached; dense causal here.
+  // whose keys are already cached, or an undefined tensor for every causal key (here).
   virtual Tensor decode_select(Context& ctx, AttnDecodeState& st, const Tensor& x,
                                const Tensor& cqn, const Tensor& positions);
 

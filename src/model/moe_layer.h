@@ -132,8 +132,10 @@ class MoeLayer : public Layer {
   void set_trace_width(int64_t width);
   const std::vector<int32_t>& trace_candidates() const { return trace_cand_; }
   const std::vector<float>& trace_priorities() const { return trace_prio_; }
-  // Inference only (decode/decode.h): forward on x [n, hidden] without counting expert load.
-  void decode_step(Context& ctx, const Tensor& x, Tensor& y);
+  // Inference only (decode/decode.h): forward on x [n, hidden] (one document `seq`) without
+  // counting expert load and without reading the device's count; saved activations in `acts`
+  // (grown to fit, reset by each call).
+  void decode_step(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor& y, Arena& acts);
 
  private:
   ops::RouterParams router_params(int64_t tokens) const;

@@ -1,6 +1,7 @@
 #include "train/generate.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
 
@@ -60,20 +61,26 @@ std::vector<int32_t> Generator::generate(Context& ctx, const std::vector<int32_t
   Rng rng(opt.seed);
   Tensor ids = Tensor::empty({P}, DType::I32);
   std::copy(prompt.begin(), prompt.end(), ids.i32());
-  Tensor logits = Tensor::empty({P, V});
-  dec.step(ctx, ids, logits);
-  const float* last = logits.f32() + (P - 1) * V;
+  // Only the last row's logits are needed: the decoder runs the LM head on it alone.
+  Tensor row = Tensor::empty({1, V});
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  dec.step(ctx, ids, row);
+  const auto t1 = Clock::now();
+  stats_ = {.prompt_tokens = P, .prompt_seconds = std::chrono::duration<double>(t1 - t0).count()};
   std::vector<int32_t> out;
-  Tensor one = Tensor::empty({1}, DType::I32), row = Tensor::empty({1, V});
+  Tensor one = Tensor::empty({1}, DType::I32);
   for (int64_t i = 0; i < opt.max_new; ++i) {
-    const int32_t tok = sample_token(last, V, opt, rng);
+    const int32_t tok = sample_token(row.f32(), V, opt, rng);
     out.push_back(tok);
     if (on_token) on_token(tok);
     if (tok == opt.eos || i + 1 == opt.max_new) break;
     one.i32()[0] = tok;
     dec.step(ctx, one, row);
-    last = row.f32();
   }
+  stats_.generated = static_cast<int64_t>(out.size());
+  stats_.decode_steps = stats_.generated > 0 ? stats_.generated - 1 : 0;
+  stats_.decode_seconds = std::chrono::duration<double>(Clock::now() - t1).count();
   return out;
 }
 
