@@ -14,6 +14,7 @@
 #include "ops/activation.h"
 #include "ops/attention.h"
 #include "ops/bias.h"
+#include "ops/cached_attention.h"
 #include "ops/conv1d.h"
 #include "ops/cross_entropy.h"
 #include "ops/dispatch.h"
@@ -21,6 +22,7 @@
 #include "ops/gelu.h"
 #include "ops/indexer.h"
 #include "ops/kda.h"
+#include "ops/kda_step.h"
 #include "ops/linear.h"
 #include "ops/moe_dispatch.h"
 #include "ops/norm.h"
@@ -188,6 +190,27 @@ TEST(OpDispatch, CudaTensorsInACpuOnlyBuildNameTheMissingBackend) {
                             y = on_cuda({T, D});
                      ops::causal_conv1d_forward(ctx, {.tokens = T, .channels = D, .kernel = 4}, cu,
                                                 x, w, y);
+                   }});
+  calls.push_back({"cached_attention_forward", [&] {
+                     Tensor q = on_cuda({1, H, K}), kc = on_cuda({T, H, K}), v = on_cuda({T, H, K}),
+                            pos = on_cuda({1}, DType::I32), o = on_cuda({1, H, K}), none;
+                     ops::cached_attention_forward(
+                         ctx, {.tokens = 1, .heads = H, .qk_dim = K, .v_dim = K, .cached = T}, q,
+                         kc, v, pos, none, o);
+                   }});
+  calls.push_back({"cached_indexer_topk", [&] {
+                     Tensor q = on_cuda({1, H, K}), kc = on_cuda({T, K}), w = on_cuda({1, H}),
+                            pos = on_cuda({1}, DType::I32), o = on_cuda({1, k}, DType::I32);
+                     ops::cached_indexer_topk(
+                         ctx, {.tokens = 1, .heads = H, .head_dim = K, .cached = T, .topk = k}, q,
+                         kc, w, pos, o);
+                   }});
+  calls.push_back({"kda_recurrent_step", [&] {
+                     Tensor q = on_cuda({1, H, K}), g = on_cuda({1, H, K}), b = on_cuda({1, H}),
+                            s = on_cuda({1, H, K, K}), o = on_cuda({1, H, K});
+                     ops::kda_recurrent_step(ctx,
+                                             {.tokens = 1, .heads = H, .head_k = K, .head_v = K}, q,
+                                             q, q, g, b, s, o);
                    }});
   calls.push_back({"lm_head_cross_entropy_forward", [&] {
                      Tensor h = on_cuda({T, D}), w = on_cuda({V, D}), tg = on_cuda({T}, DType::I32),
