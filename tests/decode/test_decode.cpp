@@ -10,6 +10,7 @@
 #include "decode/decode.h"
 #include "harness/seed.h"
 #include "model/model.h"
+#include "model/moe_layer.h"
 #include "ops/embedding.h"
 #include "ops/gemm.h"
 #include "ops/norm.h"
@@ -229,6 +230,39 @@ TEST(Decode, NeverRecomputesThePrefix) {
   }
   // The caches are full: one more token is a clear error, not a reallocation.
   EXPECT_THROW(dec.step(ctx, one, row), ValueError);
+}
+
+// A step may ask for its last row's logits only (the LM head then runs on that row): they equal
+// the last of the full rows. Decoding leaves the MoE layers' expert-load counts as it found them.
+TEST(Decode, LastRowLogitsAndUntouchedExpertLoads) {
+  const uint64_t seed = test::test_seed();
+  Rng rng(seed);
+  const ModelConfig cfg = all_kinds_config(false);
+  Model model(cfg, seed);
+  Context ctx;
+  std::vector<std::vector<int64_t>> loads;
+  for (MoeLayer* m : model.moe_layers())
+    if (m) loads.push_back(m->expert_load());
+  ASSERT_FALSE(loads.empty());
+  const int64_t P = 20 + rng.below(20), V = cfg.vocab;
+  Tensor pid = Tensor::empty({P}, DType::I32);
+  for (int64_t i = 0; i < P; ++i) pid.i32()[i] = static_cast<int32_t>(rng.below(V));
+  Decoder all(model, P + 1), last(model, P + 1);
+  Tensor full = Tensor::empty({P, V}), row = Tensor::empty({1, V});
+  all.step(ctx, pid, full);
+  last.step(ctx, pid, row);
+  double num = 0, den = 0;
+  for (int64_t v = 0; v < V; ++v) {
+    const double want = full.f32()[(P - 1) * V + v];
+    num += (row.f32()[v] - want) * (row.f32()[v] - want);
+    den += want * want;
+  }
+  EXPECT_LE(std::sqrt(num / den), 1e-6);
+  size_t i = 0;
+  for (MoeLayer* m : model.moe_layers())
+    if (m) {
+      EXPECT_EQ(m->expert_load(), loads[i++]);
+    }
 }
 
 }  // namespace

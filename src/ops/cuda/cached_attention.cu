@@ -44,7 +44,7 @@ __global__ void cached_attention_kernel(CachedAttentionParams p, const T* __rest
     for (int64_t e = lane; e < Dqk; e += 32) dot += qs[e] * ld(k, (s * H + h) * Dqk + e);
     for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
     const float sc = p.scale * dot, mn = fmaxf(m, sc);
-    const float corr = __expf(m - mn), w = __expf(sc - mn);
+    const float corr = expf(m - mn), w = expf(sc - mn);
     sum = sum * corr + w;
     for (int64_t e = lane; e < Dv; e += 32)
       acc[warp * Dv + e] = acc[warp * Dv + e] * corr + w * ld(v, (s * H + h) * Dv + e);
@@ -59,12 +59,12 @@ __global__ void cached_attention_kernel(CachedAttentionParams p, const T* __rest
   for (int w = 0; w < kAttnWarps; ++w) M = fmaxf(M, wm[w]);
   float total = 0.f;
   for (int w = 0; w < kAttnWarps; ++w)
-    if (wm[w] != -INFINITY) total += wsum[w] * __expf(wm[w] - M);
+    if (wm[w] != -INFINITY) total += wsum[w] * expf(wm[w] - M);
   for (int64_t e = threadIdx.x; e < Dv; e += blockDim.x) {
     float r = 0.f;
     if (M != -INFINITY) {
       for (int w = 0; w < kAttnWarps; ++w)
-        if (wm[w] != -INFINITY) r += acc[w * Dv + e] * __expf(wm[w] - M);
+        if (wm[w] != -INFINITY) r += acc[w * Dv + e] * expf(wm[w] - M);
       r /= total;
     }
     st(o, (i * H + h) * Dv + e, r);

@@ -35,7 +35,7 @@ __global__ void kda_step_kernel(KdaStepParams p, float scale, const T* __restric
     for (int64_t i = tid; i < K; i += kCols * kRowThreads) {
       ks[i] = ld(k, r * K + i);
       qs[i] = ld(q, r * K + i);
-      decay[i] = __expf(g[r * K + i]);
+      decay[i] = expf(g[r * K + i]);
     }
     __syncthreads();
     float acc = 0.f;
