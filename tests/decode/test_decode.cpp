@@ -210,6 +210,12 @@ TEST(Decode, MoeMatchesFullRecomputation) {
   check_decode_matches_full(true, {{MixerKind::Mla, FfnKind::Moe}});
 }
 
+Tensor random_prompt(Rng& rng, int64_t n, int64_t vocab) {
+  Tensor ids = Tensor::empty({n}, DType::I32);
+  for (int64_t i = 0; i < n; ++i) ids.i32()[i] = static_cast<int32_t>(rng.below(vocab));
+  return ids;
+}
+
 TEST(Decode, NeverRecomputesThePrefix) {
   const uint64_t seed = test::test_seed();
   Rng rng(seed);
@@ -218,8 +224,7 @@ TEST(Decode, NeverRecomputesThePrefix) {
   Context ctx;
   const int64_t P = 30 + rng.below(20), G = 25;
   Decoder dec(model, P + G);
-  Tensor pid = Tensor::empty({P}, DType::I32), logits = Tensor::empty({P, cfg.vocab});
-  for (int64_t i = 0; i < P; ++i) pid.i32()[i] = static_cast<int32_t>(rng.below(cfg.vocab));
+  Tensor pid = random_prompt(rng, P, cfg.vocab), logits = Tensor::empty({P, cfg.vocab});
   dec.step(ctx, pid, logits);
   EXPECT_EQ(dec.rows_computed(), P);
   Tensor one = Tensor::empty({1}, DType::I32), row = Tensor::empty({1, cfg.vocab});
@@ -236,17 +241,16 @@ TEST(Decode, NeverRecomputesThePrefix) {
 // the last of the full rows. Decoding leaves the MoE layers' expert-load counts as it found them.
 TEST(Decode, LastRowLogitsAndUntouchedExpertLoads) {
   const uint64_t seed = test::test_seed();
+  Model model(all_kinds_config(false), seed);
+  const int64_t V = model.config().vocab;
   Rng rng(seed);
-  const ModelConfig cfg = all_kinds_config(false);
-  Model model(cfg, seed);
-  Context ctx;
   std::vector<std::vector<int64_t>> loads;
   for (MoeLayer* m : model.moe_layers())
     if (m) loads.push_back(m->expert_load());
   ASSERT_FALSE(loads.empty());
-  const int64_t P = 20 + rng.below(20), V = cfg.vocab;
-  Tensor pid = Tensor::empty({P}, DType::I32);
-  for (int64_t i = 0; i < P; ++i) pid.i32()[i] = static_cast<int32_t>(rng.below(V));
+  const int64_t P = 20 + rng.below(20);
+  const Tensor pid = random_prompt(rng, P, V);
+  Context ctx;
   Decoder all(model, P + 1), last(model, P + 1);
   Tensor full = Tensor::empty({P, V}), row = Tensor::empty({1, V});
   all.step(ctx, pid, full);
