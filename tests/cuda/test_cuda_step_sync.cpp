@@ -11,6 +11,7 @@
 #include <map>
 #include <string>
 
+#include "decode/decode.h"
 #include "harness/gpu_check.h"
 #include "model/model.h"
 #include "model/moe_layer.h"
@@ -119,6 +120,13 @@ struct Rig {
   }
 };
 
+// Every runtime and driver call from now on goes to `log` (while log.on).
+void watch(RuntimeLog& log, CUpti_SubscriberHandle& sub) {
+  MT_CUPTI_CHECK(cuptiSubscribe(&sub, on_call, &log));
+  MT_CUPTI_CHECK(cuptiEnableDomain(1, sub, CUPTI_CB_DOMAIN_RUNTIME_API));
+  MT_CUPTI_CHECK(cuptiEnableDomain(1, sub, CUPTI_CB_DOMAIN_DRIVER_API));
+}
+
 std::string table(const RuntimeLog& log) {
   std::string s;
   for (const auto& [f, n] : log.calls) s += cat("  ", f, " x", n, "\n");
@@ -134,9 +142,7 @@ TEST(CudaStepSync, AStepAllocatesNothingAndWaitsOnlyWhereDocumented) {
   rig.step();
   RuntimeLog log;
   CUpti_SubscriberHandle sub{};
-  MT_CUPTI_CHECK(cuptiSubscribe(&sub, on_call, &log));
-  MT_CUPTI_CHECK(cuptiEnableDomain(1, sub, CUPTI_CB_DOMAIN_RUNTIME_API));
-  MT_CUPTI_CHECK(cuptiEnableDomain(1, sub, CUPTI_CB_DOMAIN_DRIVER_API));
+  ASSERT_NO_FATAL_FAILURE(watch(log, sub));
 
   log.on = true;
   rig.step();
@@ -160,6 +166,34 @@ TEST(CudaStepSync, AStepAllocatesNothingAndWaitsOnlyWhereDocumented) {
   log.on = false;
   EXPECT_GE(log.allocs, 1) << "an extra device allocation went unseen";
   MT_CUPTI_CHECK(cuptiUnsubscribe(sub));
+}
+
+// A decode step (one generated token) after warm-up: no allocation, and exactly the waits of
+// docs/gpu.md, "Decoding": the staged inputs, the embedding's id check, the MoE layers' dispatch
+// offsets and the logits' copy to the host.
+TEST(CudaStepSync, ADecodeStepWaitsOnlyWhereDocumented) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(cat("seed=", seed));
+  Rig rig(seed);
+  Decoder dec(rig.model, 40);
+  Tensor prompt = Tensor::empty({20}, DType::I32), one = Tensor::empty({1}, DType::I32);
+  for (int64_t i = 0; i < 20; ++i) prompt.i32()[i] = static_cast<int32_t>(i % rig.cfg.vocab);
+  one.i32()[0] = 3;
+  Tensor row = Tensor::empty({1, rig.cfg.vocab});
+  dec.step(rig.ctx, prompt, row);  // warm-up: the FFN arena, sized by the prompt
+  dec.step(rig.ctx, one, row);
+  RuntimeLog log;
+  CUpti_SubscriberHandle sub{};
+  ASSERT_NO_FATAL_FAILURE(watch(log, sub));
+  log.on = true;
+  dec.step(rig.ctx, one, row);
+  log.on = false;
+  MT_CUPTI_CHECK(cuptiUnsubscribe(sub));
+  int moe = 0;
+  for (MoeLayer* l : rig.model.moe_layers()) moe += l != nullptr;
+  EXPECT_EQ(log.allocs, 0) << table(log);
+  EXPECT_EQ(log.blocking, 3 + moe) << table(log);
 }
 
 }  // namespace
