@@ -417,6 +417,11 @@ Command add_bench_command(CLI::App& app) {
   s->add_option("--steps", o->steps, "timed steps")->capture_default_str();
   s->add_option("--warmup", o->warmup, "untimed steps first")->capture_default_str();
   s->add_option("--lora-rank", o->lora_rank, "LoRA rank (0: full training)")->capture_default_str();
+  s->add_option("--lora-targets", o->lora_targets,
+                "LoRA groups, comma-separated (job.toml's lora.targets); the default matches "
+                "hf_lora_step.py's 'grouped' variant, add routed_experts for its 'experts' one")
+      ->delimiter(',')
+      ->capture_default_str();
   s->add_option("--precision", o->precision, "fp32 or bf16")->capture_default_str();
   s->add_option("--device", o->device, "cpu, cuda or auto")->capture_default_str();
   s->add_option("--workspace-gib", o->workspace_gib,

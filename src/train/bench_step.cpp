@@ -59,6 +59,7 @@ nlohmann::json run_step_bench(const StepBenchOptions& o, std::ostream& log) {
            o.tokens, ", steps ", o.steps, ", warmup ", o.warmup);
   Job job;
   job.model = o.model;
+  check_lora_targets(o.lora_targets, "bench step --lora-targets");
   job.lora_targets = o.lora_targets;
   job.lora_rank = o.lora_rank;
   job.lora_alpha = o.lora_alpha;

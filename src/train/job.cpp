@@ -318,13 +318,7 @@ Job Job::parse(const std::string& text, const std::string& source,
   need(bo.placement_every >= 0, "balance.placement_every", bo.placement_every, "must be >= 0");
   need(!bo.placement || bo.placement_every > 0, "balance.placement_every", bo.placement_every,
        "must be > 0 with balance.placement");
-  for (const std::string& t : j.lora_targets) {
-    bool known = false;
-    for (const std::string& g : kLoraGroups) known |= g == t;
-    MT_CHECK(known, ConfigError, source, ": lora.targets: unknown target '", t,
-             "' (attention, kda, shared_experts, routed_experts, dense_ffn, router, "
-             "vision_projector, vision_tower)");
-  }
+  check_lora_targets(j.lora_targets, source);
   MT_CHECK(j.vision_tower == "auto" || j.vision_tower == "train" || j.vision_tower == "freeze",
            ConfigError, source, ": model.vision_tower = \"", j.vision_tower,
            "\": must be \"auto\", \"train\" or \"freeze\"");
@@ -411,6 +405,16 @@ std::string Job::to_toml() const {
   std::ostringstream os;
   os << root << "\n";
   return os.str();
+}
+
+void check_lora_targets(const std::vector<std::string>& targets, const std::string& source) {
+  for (const std::string& t : targets) {
+    bool known = false;
+    for (const std::string& g : kLoraGroups) known |= g == t;
+    MT_CHECK(known, ConfigError, source, ": lora.targets: unknown target '", t,
+             "' (attention, kda, shared_experts, routed_experts, dense_ffn, router, "
+             "vision_projector, vision_tower)");
+  }
 }
 
 ModelConfig job_model_config(const Job& job) {

@@ -116,6 +116,9 @@ struct Job {
 // parameters train. A lora.targets entry or lora.train glob that selects no parameter of the model
 // is a ConfigError.
 ModelConfig job_model_config(const Job& job);
+// Throws ConfigError naming `source` unless every entry of `targets` is a LoRA group that
+// lora.targets accepts (attention, kda, shared_experts, routed_experts, ...).
+void check_lora_targets(const std::vector<std::string>& targets, const std::string& source);
 ModelOptions job_model_options(const Job& job);
 // run.device resolved on this machine: "auto" is a GPU when one is visible to a CUDA build;
 // "cuda" without one is a ConfigError saying why.
