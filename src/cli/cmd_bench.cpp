@@ -16,6 +16,7 @@
 #include "ops/grouped_ffn.h"
 #include "ops/indexer.h"
 #include "ops/kda.h"
+#include "train/bench_decode.h"
 #include "train/bench_step.h"
 #include "train/files.h"
 
@@ -466,9 +467,23 @@ Command add_bench_command(CLI::App& app) {
       ->capture_default_str();
   ms->add_option("--iters", mb->iters, "timed runs")->capture_default_str();
   ms->add_option("--json", *json_out, "also write the result to this file");
-  return {c, [o, d, ds, kb, ks, mb, ms, json_out] {
+  auto db = std::make_shared<DecodeBenchOptions>();
+  CLI::App* dc = c->add_subcommand("decode",
+                                   "incremental decoding tokens/s: a prompt, then greedy "
+                                   "single-token steps, with KDA's single-token kernel and with "
+                                   "the chunked core (random weights)");
+  dc->add_option("--model", db->model, "preset, config.json or HF model directory")->required();
+  dc->add_option("--prompt", db->prompt, "prompt tokens")->capture_default_str();
+  dc->add_option("--tokens", db->tokens, "generated tokens (timed)")->capture_default_str();
+  dc->add_option("--precision", db->precision, "fp32 or bf16")->capture_default_str();
+  dc->add_option("--device", db->device, "cpu, cuda or auto")->capture_default_str();
+  dc->add_option("--workspace-gib", db->workspace_gib, "op scratch")->capture_default_str();
+  dc->add_option("--json", *json_out, "also write the result to this file");
+  return {c, [o, d, ds, kb, ks, mb, ms, db, dc, json_out] {
             nlohmann::json j;
-            if (ms->parsed()) {
+            if (dc->parsed()) {
+              j = run_decode_bench(*db, std::cerr);
+            } else if (ms->parsed()) {
               j = run_moe_bench(*mb, std::cerr);
             } else if (ks->parsed()) {
               j = run_kda_bench(*kb, std::cerr);

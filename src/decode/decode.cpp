@@ -33,8 +33,11 @@ int64_t conv_tail(const ModelConfig& cfg) {
 
 }  // namespace
 
-Decoder::Decoder(Model& model, int64_t max_tokens) : model_(model), max_tokens_(max_tokens) {
+Decoder::Decoder(Model& model, int64_t max_tokens, const DecoderOptions& opt)
+    : model_(model), max_tokens_(max_tokens), opt_(opt) {
   MT_CHECK(max_tokens > 0, ValueError, "decode: max_tokens must be positive, got ", max_tokens);
+  MT_CHECK(opt.kda_recurrent_max >= 0, ValueError, "decode: kda_recurrent_max must be >= 0, got ",
+           opt.kda_recurrent_max);
   const ModelConfig& cfg = model.config();
   const Device dev = model.params().device();
   const DType at = model.precision().activations;
@@ -117,6 +120,7 @@ void Decoder::step(Context& ctx, const Tensor& ids, Tensor& logits) {
   in.seq.cu_seqlens_host = staged_host_.rows(2 * n, 2 * n + 2);
   in.seq.offsets = {0, n};
   in.cu_conv = staged.rows(2 * n + 2, 2 * n + 4);
+  in.kda_recurrent_max = opt_.kda_recurrent_max;
 
   const DType at = model_.precision().activations;
   Arena& ws = ctx.workspace();

@@ -41,6 +41,16 @@ struct DecodeInputs {
   Tensor ids;      // i32 [n]
   SeqInfo seq;     // the n new tokens as one document; positions = their absolute positions
   Tensor cu_conv;  // i32 [2] = {0, conv tail + n}: the short convolution's document
+  // KDA: steps of at most this many tokens run the per-token recurrence (ops::kda_recurrent_step),
+  // longer ones the chunked core (DecoderOptions).
+  int64_t kda_recurrent_max = 16;
+};
+
+struct DecoderOptions {
+  // A prompt runs KDA's chunked core (its per-chunk products pay off over many tokens); a few
+  // tokens run the recurrence, which reads and writes the state once. 0: always the chunked core
+  // (for comparisons: `moetrain bench decode`).
+  int64_t kda_recurrent_max = 16;
 };
 
 struct KdaDecodeState {
@@ -59,7 +69,7 @@ class Decoder {
  public:
   // State for documents of up to max_tokens tokens, on the model's device; the model must
   // outlive the decoder and stay on that device.
-  Decoder(Model& model, int64_t max_tokens);
+  Decoder(Model& model, int64_t max_tokens, const DecoderOptions& opt = {});
 
   // Back to an empty document (states zeroed, caches emptied).
   void reset();
@@ -79,6 +89,7 @@ class Decoder {
   int64_t max_tokens_;
   int64_t pos_ = 0;
   int64_t rows_ = 0;
+  DecoderOptions opt_;
   std::vector<KdaDecodeState> kda_;    // per layer (unused entries for other kinds)
   std::vector<AttnDecodeState> attn_;  // per layer
   Tensor staged_host_, staged_;        // i32 [2 * max_tokens + 4]: ids | positions | offsets

@@ -9,14 +9,6 @@
 
 namespace mt {
 
-namespace {
-
-// A prompt runs the chunked core (its per-chunk products pay off over many tokens); a few tokens
-// run the recurrence, which reads and writes the state once.
-constexpr int64_t kRecurrentTokens = 16;
-
-}  // namespace
-
 void KdaLayer::decode_step(Context& ctx, const DecodeInputs& in, KdaDecodeState& st,
                            const Tensor& x, Tensor& y) {
   const int64_t n = x.dim(0), H = cfg_.heads, K = cfg_.head_dim, HK = hk(),
@@ -58,7 +50,7 @@ void KdaLayer::decode_step(Context& ctx, const DecodeInputs& in, KdaDecodeState&
   // The delta-rule core from the carried state.
   Tensor o = ws.alloc({n, H, K}, at);
   ops::KdaParams cp = core_params(in.seq);
-  if (n <= kRecurrentTokens) {
+  if (n <= in.kda_recurrent_max) {
     ops::kda_recurrent_step(ctx,
                             {.tokens = n, .heads = H, .head_k = K, .head_v = K, .scale = cp.scale},
                             q, k, vs.view({n, H, K}), g.view({n, H, K}), beta, st.state, o);

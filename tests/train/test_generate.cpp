@@ -4,9 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
+#include <sstream>
 
+#include "harness/seed.h"
+#include "train/bench_decode.h"
 #include "train/generate.h"
 
 namespace mt {
@@ -92,6 +96,31 @@ TEST(Generator, SeededAndChecked) {
   EXPECT_THROW(g.generate(ctx, {3, 61}, s), ValueError);
   EXPECT_THROW(g.generate(ctx, prompt, {.temperature = -1.f}), ValueError);
   EXPECT_THROW(g.generate(ctx, prompt, {.top_p = 0.f}), ValueError);
+}
+
+// `moetrain bench decode` on the CPU: both KDA paths time positive rates and, from the same
+// prompt, decode the same greedy ids (fp32: the paths differ by float rounding, far below the
+// logit gaps of a random model); bad sizes are refused.
+TEST(DecodeBench, RecurrentAndChunkedStepsDecodeTheSameGreedyIds) {
+  const uint64_t seed = test::test_seed();
+  std::ostringstream log;
+  const nlohmann::json j = run_decode_bench({.model = "tiny",
+                                             .prompt = 24,
+                                             .tokens = 8,
+                                             .precision = "fp32",
+                                             .device = "cpu",
+                                             .workspace_gib = 0.25,
+                                             .seed = seed},
+                                            log);
+  ASSERT_EQ(j["runs"].size(), 2u);
+  EXPECT_EQ(j["runs"][0]["kda_step"], "recurrent");
+  EXPECT_EQ(j["runs"][1]["kda_step"], "chunked");
+  for (const auto& r : j["runs"]) {
+    EXPECT_GT(r["prompt_tokens_per_s"].get<double>(), 0.0);
+    EXPECT_GT(r["decode_tokens_per_s"].get<double>(), 0.0);
+  }
+  EXPECT_EQ(j["greedy_ids_agree_for"].get<int64_t>(), 8) << log.str();
+  EXPECT_THROW(run_decode_bench({.model = "tiny", .prompt = 0, .device = "cpu"}, log), ValueError);
 }
 
 }  // namespace
