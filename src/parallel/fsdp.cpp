@@ -183,6 +183,9 @@ void Fsdp::bind(int u, bool backward) {
     Buffers& b = buffers(u, k);
     const bool grads = backward && pt.train.n > 0;
     if (grads) {
+      // A later unit's reduction may still hold this parity's buffer when the units between
+      // have nothing to train (an odd run of frozen units): it lands first.
+      while (b.grad_owner >= 0 && !pending_.empty()) complete_front();
       MT_CHECK(b.grad_owner < 0, InternalError, "fsdp: unit ", u,
                " needs the gradient buffer still holding unit ", b.grad_owner);
       b.grad_owner = u;

@@ -39,6 +39,9 @@ struct Args {
   int ep = 1, chunks = 1, steps = 20, experts = 12;
   bool lora = false, shard_experts = false, uneven = false, fsdp = false;
   bool shard_expert_weights = false;
+  // Full training of these layers only (the rest frozen, base weights included): a frozen unit
+  // between trainable ones, e.g. "0,2" (FSDP's gradient buffers alternate by unit parity).
+  std::vector<int> train_layers;
   // Peak resident memory of the distributed step alone (no reference model, no comparison):
   // see run_rss. The model preset and the document lengths' multiplier size the run.
   bool measure_rss = false;
@@ -109,7 +112,15 @@ Args parse(int argc, char** argv) {
       a.timeout_ms = next();
     else if (k == "--place-every")
       a.place_every = next();
-    else
+    else if (k == "--train-layers") {
+      MT_CHECK(i + 1 < argc, ValueError, "missing value after ", k);
+      std::string list = argv[++i];
+      for (size_t at = 0; at <= list.size();) {
+        const size_t end = std::min(list.find(',', at), list.size());
+        a.train_layers.push_back(std::stoi(list.substr(at, end - at)));
+        at = end + 1;
+      }
+    } else
       MT_THROW(ValueError, "unknown argument ", k);
   }
   return a;
@@ -198,6 +209,12 @@ DriverModel driver_model(const Args& a) {
     m.cfg.kda.lora = m.cfg.mla.lora = m.cfg.dsa.mla.lora = m.cfg.moe.lora = m.cfg.dense.lora = lora;
     m.cfg.moe.expert_lora = lora;
     m.opt.freeze_base = true;
+  }
+  if (!a.train_layers.empty()) {
+    m.opt.freeze_base = true;
+    m.opt.also_train = [layers = a.train_layers](const std::string& name) {
+      return std::find(layers.begin(), layers.end(), layer_of(name)) != layers.end();
+    };
   }
   return m;
 }
