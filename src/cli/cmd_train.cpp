@@ -16,7 +16,7 @@ struct TrainArgs {
   std::vector<std::string> set;
   bool resume = false;
   std::string resume_from;
-  std::string plan;
+  std::string plan, device;
   double mem_gb = -1;
   bool dry_run = false;
 };
@@ -31,6 +31,10 @@ Command add_train_command(CLI::App& app, par::Comm* world) {
   c->add_option("--set", a->set, "override a job key: --set optim.lr=1e-3 (repeatable)");
   c->add_flag("--resume", a->resume, "continue from the run directory's latest checkpoint");
   c->add_option("--resume-from", a->resume_from, "continue from this checkpoint directory");
+  c->add_option("--device", a->device,
+                "cpu, cuda or auto (= --set run.device=D); under mpirun with cuda each rank takes "
+                "GPU local rank % GPUs and the trainer's collectives run over NCCL")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   c->add_option("--plan", a->plan,
                 "auto: the planner chooses ep, a2a_chunks, shard_experts and the micro-batch "
                 "(= --set parallel.plan=auto); manual: the job's [parallel] keys")
@@ -46,6 +50,7 @@ Command add_train_command(CLI::App& app, par::Comm* world) {
             std::vector<std::string> set = a->set;
             if (!a->model.empty()) set.push_back("model.dir=\"" + a->model + "\"");
             if (!a->plan.empty()) set.push_back("parallel.plan=" + a->plan);
+            if (!a->device.empty()) set.push_back("run.device=\"" + a->device + "\"");
             if (a->mem_gb > 0) {
               std::ostringstream v;
               v << std::setprecision(17) << a->mem_gb;

@@ -34,6 +34,7 @@ void DispatchLayout::reserve(int chunks, int64_t max_recv_rows) {
   for (DispatchChunk& k : chunks_) {
     for (auto* v : {&k.send_counts, &k.send_displs, &k.recv_counts, &k.recv_displs}) v->reserve(P);
     k.order.reserve(static_cast<size_t>(per_chunk));
+    k.inverse.reserve(static_cast<size_t>(per_chunk));
     k.offsets.reserve(El + 1);
   }
   for (auto* v : {&send_start_, &send_rows_, &recv_rows_}) v->reserve(P);
@@ -106,20 +107,23 @@ void DispatchLayout::plan(const int32_t* offsets, const std::vector<int64_t>& re
     std::vector<int32_t>& fill = fill_;
     fill.assign(k.offsets.begin(), k.offsets.end() - 1);
     k.order.assign(static_cast<size_t>(k.rows), 0);
-    for (const auto& [j, r] : expert_row)
-      k.order[static_cast<size_t>(fill[static_cast<size_t>(j)]++)] = r;
+    k.inverse.assign(static_cast<size_t>(k.rows), 0);
+    for (const auto& [j, r] : expert_row) {
+      const int32_t at = fill[static_cast<size_t>(j)]++;
+      k.order[static_cast<size_t>(at)] = r;
+      k.inverse[static_cast<size_t>(r)] = at;
+    }
   }
   recv_total_ = pos;
   planned_ = true;
 }
 
-DispatchBuffers::DispatchBuffers(Device device) : device_(device) {}
-
-void DispatchBuffers::reserve(int64_t rows, int64_t width) {
+void DispatchBuffers::reserve(int64_t rows, int64_t width, DType dtype, Device device) {
   MT_CHECK(rows >= 0 && width >= 1, ValueError, "dispatch buffers of ", rows, " rows x ", width);
-  if (rows * width <= capacity_) return;
-  capacity_ = rows * width;
-  block_ = Tensor::empty({kBuffers * capacity_}, DType::F32, device_);
+  const bool same = block_.defined() && block_.dtype() == dtype && block_.device() == device;
+  if (same && rows * width <= capacity_) return;
+  capacity_ = std::max(rows * width, same ? capacity_ : int64_t{0});
+  block_ = Tensor::empty({kBuffers * capacity_}, dtype, device);
   ++allocations_;
 }
 

@@ -30,6 +30,7 @@ struct DispatchChunk {
   std::vector<int64_t> send_counts, send_displs, recv_counts, recv_displs;
   int64_t recv_begin = 0, rows = 0;  // this chunk's rows in the receive buffer
   std::vector<int32_t> order;        // sorted position -> row within the chunk
+  std::vector<int32_t> inverse;      // row within the chunk -> sorted position
   std::vector<int32_t> offsets;      // [El+1] over the sorted rows
 };
 
@@ -76,22 +77,23 @@ class DispatchLayout {
 };
 
 // The exchange's data buffers: receive, return and two scratch blocks for the rows sorted by
-// local expert, each [rows, width] fp32. Sized from the worst case (recv_capacity) and shared by
-// every MoE layer of a model, as only one layer exchanges at a time; reserve() allocates only when
-// asked for more than ever before, so a step with the hinted sizes allocates nothing.
+// local expert, each [rows, width] in the rows' dtype, on the rows' device (host memory for MPI,
+// the GPU for NCCL). Sized from the worst case (recv_capacity) and shared by every MoE layer of a
+// model, as only one layer exchanges at a time; reserve() allocates only when asked for more than
+// ever before (or another dtype or device), so a step with the hinted sizes allocates nothing.
 class DispatchBuffers {
  public:
   enum Which { kRecv = 0, kBack = 1, kSortedA = 2, kSortedB = 3 };
-  explicit DispatchBuffers(Device device = Device::CPU);
-  void reserve(int64_t rows, int64_t width);
+  void reserve(int64_t rows, int64_t width, DType dtype = DType::F32, Device device = Device::CPU);
   // [rows, width] at the start of buffer `which`; rows * width within the reserve.
   Tensor get(int which, int64_t rows, int64_t width) const;
   int allocations() const { return allocations_; }
-  int64_t bytes() const { return kBuffers * capacity_ * static_cast<int64_t>(sizeof(float)); }
+  int64_t bytes() const {
+    return block_.defined() ? static_cast<int64_t>(block_.bytes()) : int64_t{0};
+  }
 
  private:
   static constexpr int64_t kBuffers = 4;
-  Device device_;
   int64_t capacity_ = 0;  // elements per buffer
   int allocations_ = 0;
   Tensor block_;

@@ -1,7 +1,6 @@
 // DistTrainer, part: sharded checkpoint pieces in single-process coordinates, and loading them
 // into any mesh.
 #include <algorithm>
-#include <cstring>
 
 #include "parallel/dist_unit.h"
 #include "parallel/fsdp.h"
@@ -55,16 +54,34 @@ std::pair<int64_t, int64_t> even_range(int64_t n, int parts, int i) {
   return {std::min(n, c * i), std::min(n, c * (i + 1))};
 }
 
+// Elements [begin, begin + count) of a tensor, flattened: a view on the tensor's device.
+Tensor flat_range(const Tensor& t, int64_t begin, int64_t count) {
+  return t.view({t.numel()}).rows(begin, begin + count);
+}
+
+// Reads a piece into `dst` (a 1-D view): directly on the host, through a host copy on a GPU
+// (checkpoints are not part of a step, so the copy's wait is free to take).
+void read_into(const PieceReader& read, const std::string& name, int64_t begin, Tensor dst) {
+  if (dst.device() == Device::CPU) {
+    read(name, begin, begin + dst.numel(), dst.f32());
+    return;
+  }
+  Tensor host = Tensor::empty({dst.numel()});
+  read(name, begin, begin + dst.numel(), host.f32());
+  dst.copy_from(host);
+}
+
 }  // namespace
 
 std::vector<ShardPiece> DistTrainer::checkpoint_pieces() const {
   std::vector<ShardPiece> out;
-  auto add = [&](const std::string& name, const Shape& full, int64_t begin, const float* src,
-                 int64_t count) {
+  // Pieces are host tensors: a GPU's are copied back (one copy each, outside the step).
+  auto add = [&](const std::string& name, const Shape& full, int64_t begin, const Tensor& src) {
+    const int64_t count = src.numel();
     if (count <= 0) return;
     ShardPiece sp{.name = name, .full_shape = full, .begin = begin, .end = begin + count};
     sp.data = Tensor::empty({count});
-    std::memcpy(sp.data.f32(), src, static_cast<size_t>(count) * sizeof(float));
+    sp.data.copy_from(src);
     out.push_back(std::move(sp));
   };
   const auto sharded = [&](const Param& p) { return fsdp_ && fsdp_->owns(&p); };
@@ -79,19 +96,19 @@ std::vector<ShardPiece> DistTrainer::checkpoint_pieces() const {
     Comm& group = p->spec.per_expert ? *g_.edp : *g_.world;
     const auto [b, e] = even_range(p->value.numel(), group.size(), group.rank());
     global_runs(*p, b, e, [&](int64_t g, int64_t l, int64_t n) {
-      add(p->name, full_shape(*p), g, p->value.f32() + l, n);
+      add(p->name, full_shape(*p), g, flat_range(p->value, l, n));
     });
   }
   if (fsdp_)
-    fsdp_->for_each_piece([&](Param& p, int64_t begin, float* data, int64_t count) {
-      global_runs(p, begin, begin + count, [&](int64_t g, int64_t l, int64_t n) {
-        add(p.name, p.spec.shape, g, data + (l - begin), n);
+    fsdp_->for_each_piece([&](Param& p, int64_t begin, Tensor piece) {
+      global_runs(p, begin, begin + piece.numel(), [&](int64_t g, int64_t l, int64_t n) {
+        add(p.name, p.spec.shape, g, piece.rows(l - begin, l - begin + n));
       });
     });
   moment_runs([&](const Unit& u, const Param& p, int64_t g, int64_t at, int64_t c) {
     if (!u.counts_norm) return;  // a replica of the same state another rank writes
-    add("m." + p.name, full_shape(p), g, u.m.f32() + at, c);
-    add("v." + p.name, full_shape(p), g, u.v.f32() + at, c);
+    add("m." + p.name, full_shape(p), g, u.m.rows(at, at + c));
+    add("v." + p.name, full_shape(p), g, u.v.rows(at, at + c));
   });
   return out;
 }
@@ -99,8 +116,8 @@ std::vector<ShardPiece> DistTrainer::checkpoint_pieces() const {
 void DistTrainer::load_pieces(const PieceReader& read, int64_t optimizer_steps) {
   load_weights(read);
   moment_runs([&](const Unit& u, const Param& p, int64_t g, int64_t at, int64_t c) {
-    read("m." + p.name, g, g + c, u.m.f32() + at);
-    read("v." + p.name, g, g + c, u.v.f32() + at);
+    read_into(read, "m." + p.name, g, u.m.rows(at, at + c));
+    read_into(read, "v." + p.name, g, u.v.rows(at, at + c));
   });
   step_ = optimizer_steps;
 }
@@ -110,28 +127,28 @@ void DistTrainer::load_weights(const PieceReader& read, const LoadProgress& prog
   struct Read {
     const std::string* name;
     int64_t begin, end;
-    float* out;
+    Tensor out;  // 1-D view of the destination
   };
   std::vector<Read> reads;
   const auto sharded = [&](const Param& p) { return fsdp_ && fsdp_->owns(&p); };
   if (fsdp_) {
     fsdp_->finish();
-    fsdp_->for_each_piece([&](Param& p, int64_t begin, float* data, int64_t count) {
-      global_runs(p, begin, begin + count, [&](int64_t g, int64_t l, int64_t n) {
-        reads.push_back({&p.name, g, g + n, data + (l - begin)});
+    fsdp_->for_each_piece([&](Param& p, int64_t begin, Tensor piece) {
+      global_runs(p, begin, begin + piece.numel(), [&](int64_t g, int64_t l, int64_t n) {
+        reads.push_back({&p.name, g, g + n, piece.rows(l - begin, l - begin + n)});
       });
     });
   }
   for (const auto& p : model_.params().all()) {
     if (sharded(*p)) continue;
     global_runs(*p, 0, p->value.numel(), [&](int64_t g, int64_t l, int64_t n) {
-      reads.push_back({&p->name, g, g + n, p->value.f32() + l});
+      reads.push_back({&p->name, g, g + n, flat_range(p->value, l, n)});
     });
   }
   uint64_t total = 0, done = 0;
   for (const Read& r : reads) total += static_cast<uint64_t>(r.end - r.begin) * sizeof(float);
   for (const Read& r : reads) {
-    read(*r.name, r.begin, r.end, r.out);
+    read_into(read, *r.name, r.begin, r.out);
     done += static_cast<uint64_t>(r.end - r.begin) * sizeof(float);
     if (progress) progress(done, total);
   }

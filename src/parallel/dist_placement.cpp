@@ -10,6 +10,9 @@ namespace mt::par {
 
 int64_t DistTrainer::place_experts(const std::vector<std::vector<int32_t>>& expert_rank) {
   if (mesh_.ep <= 1) return 0;
+  MT_CHECK(dev_ == Device::CPU, ConfigError,
+           "balance.placement on a GPU mesh: moving experts between EP ranks runs on host "
+           "memory only so far");
   MT_CHECK(!opt_.shard_expert_weights, ConfigError,
            "balance.placement with parallel.shard_expert_weights: moving sharded experts between "
            "EP ranks is not implemented");

@@ -60,9 +60,22 @@ std::string StepMetrics::line(int rank) const {
 
 DistTrainer::DistTrainer(Model& model, const Mesh& mesh, ProcessGroups& groups,
                          const DistOptions& opt)
-    : model_(model), mesh_(mesh), g_(groups), opt_(opt), moe_layers_(model.moe_layers()) {
+    : model_(model),
+      dev_(model.params().device()),
+      mesh_(mesh),
+      g_(groups),
+      opt_(opt),
+      moe_layers_(model.moe_layers()) {
   MT_CHECK(groups.world && groups.world->size() == mesh.world, InternalError,
            "process groups do not match the mesh");
+  MT_CHECK(groups.world->memory() == dev_, ConfigError, "a model on ", device_name(dev_),
+           " with a communicator of ", device_name(groups.world->memory()),
+           " memory (MPI and the local comm move host memory, NCCL GPU memory)");
+  for (const auto& p : model.params().all())
+    MT_CHECK(is_placeholder(p->value) || p->value.dtype() == DType::F32, ConfigError,
+             "distributed training keeps fp32 parameters (flat fp32 shards and reductions); ",
+             p->name, " is ", dtype_name(p->value.dtype()),
+             " (model.precision = \"fp32\" on a mesh)");
   std::vector<MoeLayer*> moes;
   for (MoeLayer* m : model.moe_layers())
     if (m) moes.push_back(m);
@@ -75,7 +88,7 @@ DistTrainer::DistTrainer(Model& model, const Mesh& mesh, ProcessGroups& groups,
   model.materialize_deferred([&](const Param& p) {
     return p.spec.per_expert ? mesh.ep == 1 && !opt.shard_expert_weights : !opt.fsdp;
   });
-  if (mesh.ep > 1) {
+  if (mesh.ep > 1 || (opt.exchange_at_ep1 && !moes.empty())) {
     std::vector<ExpertCompute*> computes;
     // One set of exchange buffers for all layers: only one layer exchanges at a time.
     auto buffers = std::make_shared<DispatchBuffers>();
@@ -128,8 +141,8 @@ DistTrainer::DistTrainer(Model& model, const Mesh& mesh, ProcessGroups& groups,
     const int64_t parts = u->sharded ? u->comm->size() : 1;
     u->padded = (u->n + parts - 1) / parts * parts;
     u->shard = u->padded / parts;
-    u->m = Tensor::zeros({u->shard});
-    u->v = Tensor::zeros({u->shard});
+    u->m = Tensor::zeros({u->shard}, DType::F32, dev_);
+    u->v = Tensor::zeros({u->shard}, DType::F32, dev_);
   }
   if (opt.fsdp || opt.shard_expert_weights) setup_fsdp();
   // Step buffers, planned once from the units' sizes (the worst case of every step): each
@@ -138,13 +151,14 @@ DistTrainer::DistTrainer(Model& model, const Mesh& mesh, ProcessGroups& groups,
   int64_t widest = 0, widest_shard = 0;
   for (auto& u : units_) {
     if (u->fsdp >= 0) continue;
-    u->gflat = Tensor::zeros({u->padded});
-    u->gshard = u->sharded ? Tensor::zeros({u->shard}) : u->gflat;
+    u->gflat = Tensor::zeros({u->padded}, DType::F32, dev_);
+    u->gshard = u->sharded ? Tensor::zeros({u->shard}, DType::F32, dev_) : u->gflat;
     widest = std::max(widest, u->padded);
     if (u->sharded) widest_shard = std::max(widest_shard, u->shard);
   }
-  pflat_ = Tensor::zeros({std::max<int64_t>(widest, 1)});
-  mine_ = Tensor::zeros({std::max<int64_t>(widest_shard, 1)});
+  pflat_ = Tensor::zeros({std::max<int64_t>(widest, 1)}, DType::F32, dev_);
+  mine_ = Tensor::zeros({std::max<int64_t>(widest_shard, 1)}, DType::F32, dev_);
+  norm_grads_.reserve(units_.size());
   for (MoeLayer* m : model.moe_layers())
     loads_.emplace_back(m ? static_cast<size_t>(m->config().num_experts) : 0, int64_t{0});
 }
@@ -177,7 +191,7 @@ void DistTrainer::setup_fsdp() {
     MT_CHECK((expert ? s.expert_train : s.train) == u->params, InternalError, "fsdp unit ", u->fsdp,
              " differs from optimizer unit ", u->name);
   }
-  fsdp_ = std::make_unique<Fsdp>(model_, *g_.world, g_.edp.get(), std::move(specs));
+  fsdp_ = std::make_unique<Fsdp>(model_, *g_.world, g_.edp.get(), std::move(specs), dev_);
 }
 
 Shape DistTrainer::local_shape(const Param& p) const {
@@ -225,9 +239,15 @@ int64_t DistTrainer::optimizer_bytes() const {
   return b;
 }
 
-DistTrainer::Shares DistTrainer::check_balanced(const SeqInfo& seq, const Tensor& targets) {
-  int64_t valid = 0;
-  for (int64_t i = 0; i < targets.numel(); ++i) valid += targets.i32()[i] != -100;
+DistTrainer::Shares DistTrainer::check_balanced(const SeqInfo& seq, const Tensor& targets,
+                                                int64_t valid) {
+  if (valid < 0) {
+    MT_CHECK(targets.device() == Device::CPU, ValueError, "forward_backward: targets on ",
+             device_name(targets.device()),
+             " need their count of valid targets from the caller (reading them back would wait)");
+    valid = 0;
+    for (int64_t i = 0; i < targets.numel(); ++i) valid += targets.i32()[i] != -100;
+  }
   int64_t mine[3] = {seq.tokens, seq.num_seqs, valid};
   std::vector<int64_t>& all = balance_;  // kept: a step allocates nothing
   all.resize(3 * static_cast<size_t>(mesh_.world));
@@ -260,8 +280,11 @@ void DistTrainer::zero_grad() {
 }
 
 double DistTrainer::forward_backward(Context& ctx, const SeqInfo& seq, const Tensor& ids,
-                                     const Tensor& targets) {
-  const Shares sh = check_balanced(seq, targets);
+                                     const Tensor& targets, int64_t valid) {
+  MT_CHECK(ctx.device() == dev_, ValueError, "forward_backward on ", device_name(ctx.device()),
+           " for a model on ", device_name(dev_));
+  if (fsdp_) fsdp_->set_context(&ctx);
+  const Shares sh = check_balanced(seq, targets, valid);
   // Weights are exactly 1 when the ranks hold equal shares, so the balanced case is untouched. Set
   // before the forward, which may compute the head's gradient with the loss (Model::Pass).
   model_.set_loss_weight(sh.valid > 0 ? static_cast<float>(sh.ce * mesh_.world) : 0.f,

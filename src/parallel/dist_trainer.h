@@ -11,6 +11,11 @@
 // rank's cross-entropy gradient is weighted by world * (its targets / all targets) and every
 // gradient is scaled by 1 / world, so the sum is the gradient of the global token mean.
 //
+// The step runs where the model lives: host memory over MPI, or a GPU with an NCCL communicator
+// (parallel/nccl_comm.h), with the same code: buffers are tensors on the model's device, data
+// moves through Comm calls and ops on the context's stream, and only the counts, the layouts and
+// a few scalars (the norm, the loss, the balance check) are host values (docs/parallelism.md).
+//
 // With DistOptions::fsdp the dense units are FSDP units (parallel/fsdp.h): each rank keeps only
 // its flat shards of values, gradients and moments; values are gathered per unit around its
 // forward and backward and gradients reduce-scattered as each unit's backward ends. Without it,
@@ -43,6 +48,9 @@ struct DistOptions {
   // (forward, and backward, where recompute replays them), prefetched with the next unit,
   // freed after use, and their gradients reduce-scattered over the group (parallel/fsdp.h).
   bool shard_expert_weights = false;
+  // Route the experts through ExpertParallel's exchange even when the EP group is one rank (where
+  // it is a copy): a world of one then runs the dispatch code path of a larger mesh (tests).
+  bool exchange_at_ep1 = false;
 };
 
 // Bytes one rank holds for training (activations excluded: they do not depend on the mesh).
@@ -103,9 +111,11 @@ class DistTrainer {
   // rank's documents. Every rank must hold the same number of tokens (ValueError naming the ranks
   // otherwise). Targets and documents may differ: each rank's cross-entropy and sequence aux
   // gradients are weighted by its share of the global targets and documents.
-  // Returns the global token-mean loss.
+  // Returns the global token-mean loss. The tensors live on the model's device; `valid` is the
+  // number of targets that are not -100 (counted from `targets` when negative, which then must
+  // be host memory: a GPU caller counts on its host copy rather than reading the device).
   double forward_backward(Context& ctx, const SeqInfo& seq, const Tensor& ids,
-                          const Tensor& targets);
+                          const Tensor& targets, int64_t valid = -1);
   // Reduces the accumulated gradients (times grad_scale), clips on the global norm, AdamW on the
   // shards, gathers parameters, updates router biases from global loads. Returns the norm.
   double optimizer_step(Context& ctx, float lr, double grad_scale = 1.0);
@@ -158,7 +168,7 @@ class DistTrainer {
     int64_t valid = 0;
     double ce = 0, docs = 0;
   };
-  Shares check_balanced(const SeqInfo& seq, const Tensor& targets);
+  Shares check_balanced(const SeqInfo& seq, const Tensor& targets, int64_t valid);
   bool is_local_expert(const Param& p) const;
   // Model unit of a parameter: 0 embedding, 1 + i layer i, num_units() - 1 the head.
   int model_unit(const Param& p) const;
@@ -177,6 +187,7 @@ class DistTrainer {
   void update_router_biases(Context& ctx);  // dist_router_bias.cpp
 
   Model& model_;
+  Device dev_;  // the model's: every step buffer, moment and shard lives there
   Mesh mesh_;
   ProcessGroups& g_;
   DistOptions opt_;
@@ -188,6 +199,8 @@ class DistTrainer {
   std::vector<MoeLayer*> moe_layers_;              // per model layer (null: dense), as loads_
   std::vector<int64_t> balance_;                   // check_balanced's gather, kept
   Tensor pflat_, mine_;                            // parameter scratch of the largest unit / shard
+  std::vector<Tensor> norm_grads_;                 // the shards the norm counts, refilled in place
+  Tensor norm_sq_;                                 // f64 [1]: their sum of squares
   std::vector<std::vector<int32_t>> slots_;        // per model layer, see expert_slots()
   std::unordered_map<const Param*, int> unit_of_;  // see model_unit()
   StepMetrics metrics_;

@@ -2,9 +2,9 @@
 // completed in order; the global norm clips; AdamW runs on this rank's shard; the shards are
 // gathered back (fsdp units keep the shard: the next use gathers it).
 #include <cmath>
-#include <cstring>
 
 #include "model/moe_layer.h"
+#include "ops/elementwise.h"
 #include "ops/optim.h"
 #include "parallel/dist_unit.h"
 #include "parallel/fsdp.h"
@@ -13,58 +13,63 @@ namespace mt::par {
 
 namespace {
 
-void pack(const std::vector<Param*>& ps, bool grads, float* dst) {
+// The params' gradients (or values) into consecutive elements of `flat`, and values back: ops on
+// the context's stream, so the same code packs host memory and device memory.
+void pack(Context& ctx, const std::vector<Param*>& ps, bool grads, const Tensor& flat) {
+  int64_t o = 0;
   for (const Param* p : ps) {
     const Tensor& t = grads ? p->grad : p->value;
-    std::memcpy(dst, t.f32(), t.bytes());
-    dst += t.numel();
+    const int64_t n = t.numel();
+    Tensor dst = flat.rows(o, o + n);
+    ops::copy(ctx, t.view({n}), dst);
+    o += n;
   }
 }
 
-void unpack(const float* src, const std::vector<Param*>& ps) {
+void unpack(Context& ctx, const Tensor& flat, const std::vector<Param*>& ps) {
+  int64_t o = 0;
   for (Param* p : ps) {
-    std::memcpy(p->value.f32(), src, p->value.bytes());
-    src += p->value.numel();
+    const int64_t n = p->value.numel();
+    Tensor dst = p->value.view({n});
+    ops::copy(ctx, flat.rows(o, o + n), dst);
+    o += n;
   }
-}
-
-double sum_sq(const Tensor& t) {
-  double s = 0;
-  const float* p = t.f32();
-  for (int64_t i = 0; i < t.numel(); ++i) s += static_cast<double>(p[i]) * p[i];
-  return s;
-}
-
-void scale(Tensor& t, float a) {
-  float* p = t.f32();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] *= a;
 }
 
 }  // namespace
 
 double DistTrainer::optimizer_step(Context& ctx, float lr, double grad_scale) {
+  MT_CHECK(ctx.device() == dev_, ValueError, "optimizer step on ", device_name(ctx.device()),
+           " for a model on ", device_name(dev_));
   // Post every unit's gradient reduction, then complete them in order.
   const auto gs = static_cast<float>(grad_scale / mesh_.world);
-  if (fsdp_) fsdp_->finish();
+  if (fsdp_) {
+    fsdp_->set_context(&ctx);
+    fsdp_->finish();
+  }
   for (auto& u : units_) {
     if (u->fsdp >= 0) {  // already reduce-scattered, unit by unit, during backward
       u->gshard = fsdp_->grad_shard(u->fsdp, u->part);
       continue;
     }
-    pack(u->params, true, u->gflat.f32());  // the padding stays zero from the constructor
+    pack(ctx, u->params, true, u->gflat);  // the padding stays zero from the constructor
     if (u->sharded) {
       u->req = u->comm->ireduce_scatter(u->gflat.raw(), u->gshard.raw(), u->shard, Elem::F32);
     } else {
       u->req = u->comm->iall_reduce(u->gflat.raw(), u->padded, Elem::F32);
     }
   }
-  double sq = 0;
+  // The norm's one read (on a GPU the step's synchronisation point, as the one-process
+  // optimizer's): the shards' squares summed where they live, then over the world.
+  norm_grads_.clear();
   for (auto& u : units_) {
     u->req.wait();
-    scale(u->gshard, gs);
-    if (u->counts_norm) sq += sum_sq(u->gshard);
+    if (gs != 1.f) ops::scale(ctx, u->gshard, gs, u->gshard);
+    if (u->counts_norm) norm_grads_.push_back(u->gshard);
   }
-  const double norm = std::sqrt(g_.world->all_reduce_sum(sq));
+  ensure_scalar(norm_sq_, dev_);
+  ops::grad_norm_sq(ctx, norm_grads_, norm_sq_);
+  const double norm = std::sqrt(g_.world->all_reduce_sum(read_scalar(norm_sq_)));
   if (!std::isfinite(norm)) {
     // A NaN/Inf gradient on any rank reaches every rank's norm through the reductions, so all
     // ranks skip the same step: no update, the step's routing loads discarded.
@@ -78,7 +83,7 @@ double DistTrainer::optimizer_step(Context& ctx, float lr, double grad_scale) {
   if (clip > 0 && norm > clip) {
     // The same coefficient ops::clip_grad_norm applies on one process.
     const float c = static_cast<float>(clip / (norm + 1e-6));
-    for (auto& u : units_) scale(u->gshard, c);
+    for (auto& u : units_) ops::scale(ctx, u->gshard, c, u->gshard);
   }
 
   ++step_;
@@ -92,19 +97,19 @@ double DistTrainer::optimizer_step(Context& ctx, float lr, double grad_scale) {
     // One scratch for all units (the largest unit's size); the padding is zeroed so that the
     // padded tail of the shard steps from zero with a zero gradient, as it would in fresh memory.
     Tensor pflat = pflat_.rows(0, u->padded);
-    pack(u->params, false, pflat.f32());
-    std::memset(pflat.f32() + u->n, 0, static_cast<size_t>(u->padded - u->n) * sizeof(float));
+    pack(ctx, u->params, false, pflat);
+    if (u->padded > u->n) pflat.rows(u->n, u->padded).zero_();
     if (u->sharded) {
       const int64_t b = u->comm->rank() * u->shard;
       Tensor mine = mine_.rows(0, u->shard);
-      std::memcpy(mine.f32(), pflat.f32() + b, static_cast<size_t>(u->shard) * sizeof(float));
+      ops::copy(ctx, pflat.rows(b, b + u->shard), mine);
       ops::adamw_step(ctx, hp, mine, u->gshard, u->m, u->v);
       u->req = u->comm->iall_gather(mine.raw(), u->shard, pflat.raw(), Elem::F32);
       u->req.wait();
     } else {
       ops::adamw_step(ctx, hp, pflat, u->gshard, u->m, u->v);
     }
-    unpack(pflat.f32(), u->params);
+    unpack(ctx, pflat, u->params);
   }
 
   update_router_biases(ctx);

@@ -9,12 +9,19 @@
 //   2. every segment is cut into `chunks` pieces; piece c of all segments travels in all-to-all-v
 //      number c (rows at latent width l) into the shared DispatchBuffers, reserved once for the
 //      worst case. All dispatches are posted at once;
-//   3. as chunk c lands, its rows are ordered by local expert (stable in source order) and run
-//      as one grouped SwiGLU over the El local experts; the outputs are unsorted and sent back
+//   3. as chunk c lands, its rows are ordered by local expert (stable in source order; a row
+//      gather, ops::moe_gather, by the layout's order) and run as one grouped SwiGLU over the El
+//      local experts; the outputs are unsorted (a gather by the inverse order) and sent back
 //      (all-to-all-v, posted without waiting) while chunk c+1 computes;
 //   4. backward reuses the same plan: the output gradients travel like the rows did, the
 //      grouped backward runs per chunk on the saved inputs, input gradients travel back.
 // A rank or an expert with zero rows is an empty segment; nothing special happens.
+//
+// One code path for both transports: the rows, the exchange buffers and the saved tensors live
+// on the rows' device and in their dtype (host fp32 under MPI; the GPU, fp32 or bf16, under
+// NCCL), every data movement is a Comm call or an op, and the counts and the layout stay host
+// integers (NCCL stages the count exchange through host memory: one wait per MoE layer's
+// forward; the chunks' sort indices then reach the GPU in one copy; docs/gpu.md).
 #pragma once
 
 #include <memory>
@@ -48,12 +55,20 @@ class ExpertParallel : public ExpertCompute {
     State(int ranks, int64_t local_experts) : layout(ranks, local_experts) {}
     struct Chunk {
       Tensor x;        // sorted inputs
-      Tensor offsets;  // i32 [El+1]: a view of the layout's offsets
+      Tensor offsets;  // i32 [El+1]: a view of the layout's offsets (host: the GEMMs launch per
+                       // group from them)
+      Tensor order, inverse;  // i32 [rows] on the rows' device: the sort and its inverse
       ops::GroupedFfnSaved ffn;
     };
     DispatchLayout layout;
     std::vector<Chunk> chunks;
     Arena mem;
+    Device mem_device = Device::CPU;  // where mem lives
+    // On a GPU: every chunk's order and inverse in one device buffer, filled by one copy from
+    // index_host per forward (sized for the worst case, like the arena). Unused on the host, where
+    // the chunks view the layout's own vectors.
+    Tensor index;
+    std::vector<int32_t> index_host;
     bool pending = false;  // a forward awaits its backward
   };
   std::unique_ptr<ExpertState> make_state() const override;
@@ -75,8 +90,12 @@ class ExpertParallel : public ExpertCompute {
 
  private:
   ops::GroupedFfnParams local_params(const ops::GroupedFfnParams& p, int64_t rows) const;
-  // Bytes of a state's arena for `chunks` chunks of at most `max_recv_rows` received rows.
-  size_t saved_capacity(const ops::GroupedFfnParams& p, int chunks, int64_t max_recv_rows) const;
+  // Bytes of a state's arena for `chunks` chunks of at most `max_recv_rows` received rows of
+  // dtype `at`.
+  size_t saved_capacity(const ops::GroupedFfnParams& p, int chunks, int64_t max_recv_rows,
+                        DType at) const;
+  // Points every chunk's order and inverse at index tensors on `device` (see State::index).
+  static void bind_index(State& s, Device device, int64_t max_recv_rows);
   // Sends `src` ([N, l] in expert order) to the owners as `layout` says and passes what arrives
   // (`recv`, [R, l]) to `each(c)` as every chunk lands; `each` fills `back` ([R, l]), which
   // returns to `dst`.

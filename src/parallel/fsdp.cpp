@@ -1,21 +1,22 @@
 #include "parallel/fsdp.h"
 
 #include <algorithm>
-#include <cstring>
+
+#include "ops/elementwise.h"
 
 namespace mt::par {
 
 namespace {
 
-void add_into(const float* part, int64_t n, Tensor& acc) {
-  float* d = acc.f32();
-  for (int64_t i = 0; i < n; ++i) d[i] += part[i];
+// Elements [begin, begin + n) of a buffer, in the shape of the parameter they hold.
+Tensor flat_view(const Tensor& buffer, int64_t begin, const Shape& shape) {
+  return buffer.rows(begin, begin + shape.numel()).view(shape);
 }
 
 }  // namespace
 
-Fsdp::Fsdp(Model& model, Comm& dense, Comm* experts, std::vector<FsdpUnitSpec> units)
-    : model_(model), units_(units.size()) {
+Fsdp::Fsdp(Model& model, Comm& dense, Comm* experts, std::vector<FsdpUnitSpec> units, Device device)
+    : model_(model), device_(device), units_(units.size()) {
   MT_CHECK(static_cast<int>(units.size()) == model.num_units(), InternalError,
            "fsdp: ", units.size(), " unit specs for a model of ", model.num_units(), " units");
   for (size_t u = 0; u < units.size(); ++u) {
@@ -47,20 +48,21 @@ Fsdp::Fsdp(Model& model, Comm& dense, Comm* experts, std::vector<FsdpUnitSpec> u
         if (g->n == 0) continue;
         // Zero padding; deferred weights (ModelOptions::defer_weights) stay zero until a loader
         // fills the shard.
-        g->shard = Tensor::zeros({g->shard_len});
+        g->shard = Tensor::zeros({g->shard_len}, DType::F32, device_);
         mem_.shard_bytes += static_cast<int64_t>(g->shard.bytes());
         if (pt == &ep) mem_.expert_shard_bytes += static_cast<int64_t>(g->shard.bytes());
       }
       pt->frozen.offset = pt->train.padded;
-      pt->grad_shard = Tensor::zeros({std::max<int64_t>(pt->train.shard_len, 1)});
+      pt->grad_shard =
+          Tensor::zeros({std::max<int64_t>(pt->train.shard_len, 1)}, DType::F32, device_);
       if (pt->train.n > 0) mem_.grad_bytes += static_cast<int64_t>(pt->grad_shard.bytes());
     }
   }
   // Rank r of a part's communicator keeps elements [r * shard, (r + 1) * shard) of each flat
   // buffer: the same pieces a checkpoint loader writes.
-  for_each_piece([](Param& p, int64_t begin, float* data, int64_t count) {
+  for_each_piece([](Param& p, int64_t begin, Tensor piece) {
     if (!is_placeholder(p.value))
-      std::memcpy(data, p.value.f32() + begin, static_cast<size_t>(count) * sizeof(float));
+      piece.copy_from(p.value.view({p.value.numel()}).rows(begin, begin + piece.numel()));
   });
   plan_buffers();
   for (size_t u = 0; u < units_.size(); ++u) {
@@ -97,13 +99,13 @@ void Fsdp::plan_buffers() {
     for (Buffers& b : buffers_[k]) {
       if (values[k] > 0) {
         b.values_mem = Arena(arena_footprint(static_cast<size_t>(values[k]) * sizeof(float)),
-                             Device::CPU, "fsdp unit values");
+                             device_, "fsdp unit values");
         b.values = b.values_mem.alloc({values[k]});
       }
       if (grads[k] > 0) {
         b.grad_mem = Arena(arena_footprint(static_cast<size_t>(grads[k]) * sizeof(float)) +
                                arena_footprint(static_cast<size_t>(pieces[k]) * sizeof(float)),
-                           Device::CPU, "fsdp unit gradient");
+                           device_, "fsdp unit gradient");
         b.grad = b.grad_mem.alloc({grads[k]});
         b.piece = b.grad_mem.alloc({pieces[k]});
       }
@@ -120,8 +122,8 @@ void Fsdp::bind_layers(int u) {
       int64_t off = 0;
       for (size_t j = 0; j < g->params.size(); ++j) {
         Param* p = g->params[j];
-        p->value = Tensor(b.values.f32() + g->offset + off, g->shapes[j], DType::F32);
-        p->grad = g == &pt.train ? Tensor(b.grad.f32() + off, g->shapes[j], DType::F32) : Tensor();
+        p->value = flat_view(b.values, g->offset + off, g->shapes[j]);
+        p->grad = g == &pt.train ? flat_view(b.grad, off, g->shapes[j]) : Tensor();
         off += g->shapes[j].numel();
       }
     }
@@ -161,8 +163,9 @@ void Fsdp::start_gather(int u) {
     b.value_owner = u;
     for (Group* g : {&pt.train, &pt.frozen})
       if (g->n > 0)
-        g->req = pt.comm->iall_gather(g->shard.raw(), g->shard_len, b.values.f32() + g->offset,
-                                      Elem::F32);
+        g->req =
+            pt.comm->iall_gather(g->shard.raw(), g->shard_len,
+                                 b.values.rows(g->offset, g->offset + g->padded).raw(), Elem::F32);
   }
   un.state = State::InFlight;
   mem_.live_units_peak = std::max(mem_.live_units_peak, ++mem_.live_units);
@@ -190,18 +193,16 @@ void Fsdp::bind(int u, bool backward) {
                " needs the gradient buffer still holding unit ", b.grad_owner);
       b.grad_owner = u;
       pt.grad_bound = true;
-      std::memset(b.grad.raw(), 0, static_cast<size_t>(pt.train.padded) * sizeof(float));
+      b.grad.rows(0, pt.train.padded).zero_();
       mem_.live_grads_peak = std::max(mem_.live_grads_peak, ++mem_.live_grads[k]);
     }
     for (Group* g : {&pt.train, &pt.frozen}) {
       int64_t off = 0;
       for (size_t j = 0; j < g->params.size(); ++j) {
         Param* p = g->params[j];
-        p->value = un.state == State::Ready
-                       ? Tensor(b.values.f32() + g->offset + off, g->shapes[j], DType::F32)
-                       : Tensor();
-        p->grad = grads && g == &pt.train ? Tensor(b.grad.f32() + off, g->shapes[j], DType::F32)
-                                          : Tensor();
+        p->value = un.state == State::Ready ? flat_view(b.values, g->offset + off, g->shapes[j])
+                                            : Tensor();
+        p->grad = grads && g == &pt.train ? flat_view(b.grad, off, g->shapes[j]) : Tensor();
         off += g->shapes[j].numel();
       }
     }
@@ -242,7 +243,9 @@ void Fsdp::complete_front() {
   p.req.wait();
   Buffers& b = buffers(p.unit, p.part);
   Part& pt = units_.at(static_cast<size_t>(p.unit)).parts[p.part];
-  add_into(b.piece.f32(), pt.train.shard_len, pt.grad_shard);
+  MT_CHECK(ctx_, InternalError, "fsdp: a gradient reduction completes without a context");
+  Tensor acc = pt.grad_shard.rows(0, pt.train.shard_len);
+  ops::add_into(*ctx_, b.piece.rows(0, pt.train.shard_len), acc);
   b.grad_owner = -1;
   b.grad_mem.discard();
   --mem_.live_grads[p.part];
@@ -322,8 +325,7 @@ void Fsdp::gather_to_store() {
   }
 }
 
-void Fsdp::for_each_piece(
-    const std::function<void(Param&, int64_t begin, float* data, int64_t count)>& fn) {
+void Fsdp::for_each_piece(const std::function<void(Param&, int64_t begin, Tensor piece)>& fn) {
   for (Unit& un : units_)
     for (Part& pt : un.parts) {
       if (!pt.comm) continue;
@@ -333,7 +335,7 @@ void Fsdp::for_each_piece(
         int64_t off = 0;
         for (size_t j = 0; j < g->params.size(); ++j) {
           const int64_t n = g->shapes[j].numel(), lo = std::max(a, off), hi = std::min(z, off + n);
-          if (lo < hi) fn(*g->params[j], lo - off, g->shard.f32() + (lo - a), hi - lo);
+          if (lo < hi) fn(*g->params[j], lo - off, g->shard.rows(lo - a, hi - a));
           off += n;
         }
       }

@@ -23,6 +23,10 @@
 // views of them (Model::rebind_unit, which builds name tables) and again only after someone
 // else rebound the unit (Model::unit_binds: gather_to_store, a device move).
 //
+// Every buffer is a tensor on the model's device and every value view a rows() view of one, so
+// the same code runs on host memory over MPI and on a GPU over NCCL (where a collective is
+// stream-ordered: wait() makes the compute stream wait, the host does not block).
+//
 // Overlap uses nonblocking MPI collectives on the calling thread, not a communication thread:
 // the runtime is initialised without MPI_THREAD_MULTIPLE guarantees, and a thread would need a
 // second communicator per group plus locking for every collective the step issues. Without
@@ -76,12 +80,18 @@ class Fsdp final : public UnitHooks {
   // Shards the units' current values (rank r of a part's communicator keeps elements
   // [r * shard, (r + 1) * shard) of each zero-padded flat buffer), frees the full tensors and
   // installs itself as the model's hooks. units[u] is model unit u. `experts` (the EDP group) is
-  // needed only when a unit lists expert parameters. Collective-free: every rank of a group
-  // starts from the same values.
-  Fsdp(Model& model, Comm& dense, Comm* experts, std::vector<FsdpUnitSpec> units);
+  // needed only when a unit lists expert parameters. Shards and buffers live on `device` (the
+  // model's; the communicators move that memory). Collective-free: every rank of a group starts
+  // from the same values.
+  Fsdp(Model& model, Comm& dense, Comm* experts, std::vector<FsdpUnitSpec> units,
+       Device device = Device::CPU);
   ~Fsdp() override;
   Fsdp(const Fsdp&) = delete;
   Fsdp& operator=(const Fsdp&) = delete;
+
+  // The context the hooks' ops (gradient accumulation) run on: the step's, set by the trainer
+  // before each forward/backward and optimizer step (the hooks' signatures carry none).
+  void set_context(Context* ctx) { ctx_ = ctx; }
 
   void before_forward(int unit) override;
   void after_forward(int unit) override;
@@ -105,10 +115,10 @@ class Fsdp final : public UnitHooks {
   void finish();
   // All-gathers every unit into full owning tensors in the store (collective).
   void gather_to_store();
-  // Calls fn for each piece of a sharded Param this rank holds: elements [begin, begin + count)
-  // of the flattened (local) parameter live at data.
-  void for_each_piece(
-      const std::function<void(Param&, int64_t begin, float* data, int64_t count)>& fn);
+  // Calls fn for each piece of a sharded Param this rank holds: elements [begin, begin +
+  // piece.numel()) of the flattened (local) parameter are `piece`, a 1-D view of the shard (on
+  // the shards' device).
+  void for_each_piece(const std::function<void(Param&, int64_t begin, Tensor piece)>& fn);
   const FsdpMemory& memory() const { return mem_; }
 
  private:
@@ -133,8 +143,9 @@ class Fsdp final : public UnitHooks {
     int64_t binds = -1;  // Model::unit_binds when its layers were bound to the buffers
   };
   // One part's buffers of one parity; `*_owner` is the unit using them (-1: free). A freed
-  // buffer hands its host pages back (Arena::discard), so that between uses it is not resident
-  // and the step's peak stays what a fresh allocation per unit gave.
+  // buffer hands its host pages back (Arena::discard; device memory stays allocated), so that
+  // between uses it is not resident and the step's peak stays what a fresh allocation per unit
+  // gave.
   struct Buffers {
     Arena values_mem, grad_mem;
     Tensor values;  // [train.padded + frozen.padded] of the largest unit
@@ -164,6 +175,8 @@ class Fsdp final : public UnitHooks {
   void poke();
 
   Model& model_;
+  Device device_;
+  Context* ctx_ = nullptr;
   std::vector<Unit> units_;
   Buffers buffers_[2][2];  // [part][unit parity]
   // Reductions in flight, oldest first: at most two units' parts (reserved, so never grown).

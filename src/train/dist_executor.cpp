@@ -15,8 +15,10 @@
 #include "io/safetensors.h"
 #include "model/moe_layer.h"
 #include "parallel/dist_trainer.h"
+#include "parallel/nccl_comm.h"
 #include "train/checkpoint_reader.h"
 #include "train/dataset.h"
+#include "train/device_batch.h"
 #include "train/faults.h"
 #include "train/files.h"
 
@@ -150,12 +152,16 @@ class DistExecutor : public StepExecutor {
                                                                  : "full");
     return s.str();
   }
-  double forward_backward(const Batch& b) override {
-    return trainer_.forward_backward(ctx_, b.seq, b.ids, b.targets);
+  // On a GPU the batch is staged into buffers kept across steps; its valid targets are counted
+  // on the host copy.
+  double forward_backward(const Batch& host) override {
+    const Batch& b = staged_.stage(host, ctx_.device());
+    return trainer_.forward_backward(ctx_, b.seq, b.ids, b.targets, host.target_tokens);
   }
   // Every rank evaluates the same batch (the experts need every rank in the exchange), so the
   // loss is already global.
-  double forward_loss(const Batch& b) override {
+  double forward_loss(const Batch& host) override {
+    const Batch& b = staged_.stage(host, ctx_.device());
     const double loss = model_.forward(ctx_, b.seq, b.ids, b.targets);
     for (MoeLayer* m : model_.moe_layers())
       if (m) m->reset_expert_load();
@@ -266,6 +272,7 @@ class DistExecutor : public StepExecutor {
   Model& model_;
   DistSetup& setup_;
   par::DistTrainer trainer_;
+  DeviceBatch staged_;
   int64_t experts_moved_ = 0;  // by placement since the last metrics line
   std::vector<LayerLoad> load_;
   std::vector<AuxLoss> aux_;  // aux_losses()' result, averaged over ranks
@@ -281,6 +288,11 @@ DistSetup::DistSetup(par::Comm& world, const ModelConfig& cfg, const Job& job)
       groups(par::make_groups(world, mesh)),
       a2a_chunks(static_cast<int>(job.a2a_chunks)),
       fsdp(job.fsdp) {}
+
+void DistSetup::use_nccl(par::Comm& world, Context& ctx, const par::CommOptions& opt) {
+  transport = par::make_nccl_comm(world, ctx, opt);
+  groups = par::make_groups(*transport, mesh);
+}
 
 std::unique_ptr<StepExecutor> make_dist_executor(Context& ctx, Model& model, DistSetup& setup,
                                                  const AdamWOptions& adam,

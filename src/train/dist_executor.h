@@ -31,7 +31,12 @@ namespace mt {
 // model is allocated. Collective over `world`.
 struct DistSetup {
   DistSetup(par::Comm& world, const ModelConfig& cfg, const Job& job);
+  // A GPU mesh: `ctx` is this rank's GPU context (device local rank % GPUs); an NCCL communicator
+  // over `world` (the bootstrap, MPI) becomes the transport and the groups are split from it, so
+  // the trainer's collectives move device memory. Collective over `world`.
+  void use_nccl(par::Comm& world, Context& ctx, const par::CommOptions& opt);
   par::Mesh mesh;
+  std::unique_ptr<par::Comm> transport;  // NCCL on a GPU mesh; null: the groups split `world`
   par::ProcessGroups groups;
   int a2a_chunks = 1;
   bool fsdp = false;

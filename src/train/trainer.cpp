@@ -294,11 +294,28 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
   if (threads == 0 && world > 1)  // ranks share the host's cores (one host assumed)
     threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world);
   const Device device = job_device(job);
-  MT_CHECK(!dist || device == Device::CPU, ConfigError, "run.device = \"", job.device,
-           "\" on a mesh of ", world,
-           " ranks: multi-process training runs on the CPU until the NCCL communicator lands "
-           "(set run.device = \"cpu\")");
   ModelOptions mopt = job_model_options(job);
+  // A GPU mesh: one process per GPU, device = local rank % visible GPUs, and the trainer's
+  // collectives over NCCL (made below, once the rank's context exists).
+  const bool gpu_mesh = dist && device == Device::CUDA;
+  int device_id = 0;
+  std::string gpu_ranks;  // the banner's line of every rank's GPU
+  if (gpu_mesh) {
+    MT_CHECK(mopt.precision == Precision::fp32(), ConfigError, "model.precision = \"",
+             job.precision,
+             "\" on a GPU mesh: distributed training keeps fp32 parameters (flat "
+             "fp32 shards and reductions); use model.precision = \"fp32\"");
+    const int local = par::local_rank(*topt.world);
+    device_id = local % std::max(1, cuda_device_count());
+    std::vector<int64_t> ids(static_cast<size_t>(2 * world));
+    const int64_t mine[2] = {local, device_id};
+    topt.world->all_gather(mine, 2, ids.data(), par::Elem::I64);
+    std::ostringstream line;
+    line << "  GPUs (NCCL, one per rank, device = local rank % " << cuda_device_count() << "):";
+    for (int r = 0; r < world; ++r)
+      line << " rank " << r << " -> cuda:" << ids[static_cast<size_t>(2 * r + 1)];
+    gpu_ranks = line.str() + "\n";
+  }
   // On a GPU the planner sizes the op workspace (its estimate of the largest layer's scratch)
   // and the whole step is checked against the device's free memory before the model moves there.
   plan::MemoryBreakdown need;
@@ -315,6 +332,7 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
     workspace = std::max(workspace, static_cast<size_t>(need.workspace));
   }
   Context ctx(ContextOptions{.device = device,
+                             .device_id = device_id,
                              .threads = threads,
                              .seed = job.seed,
                              .workspace_bytes = workspace,
@@ -324,6 +342,10 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
            "\" cannot train on the CPU: its ops compute and store fp32 only (bf16 is for the CUDA "
            "engine: run.device = \"cuda\"; `moetrain plan --precision bf16` sizes it)");
   log << "device: " << ctx.describe() << "\n";
+  if (gpu_mesh)
+    dist->use_nccl(*topt.world, ctx,
+                   {.timeout = std::chrono::milliseconds(
+                        static_cast<int64_t>(std::llround(job.comm_timeout_s * 1000.0)))});
   // The kernel registry picks every layer's kernels; the choice and any fallback's reason are
   // logged once.
   mopt.kernels = plan::layer_kernels(
@@ -385,7 +407,7 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
   std::unique_ptr<AdamW> opt;
   std::unique_ptr<StepExecutor> exec_ptr;
   if (dist) {
-    log << dist->mesh.describe();
+    log << dist->mesh.describe() << gpu_ranks;
     if (sliced_load) {
       const HfConfig hf = load_hf_config(job.model_dir);
       SafetensorsModel st(job.model_dir, fp8_blocks(hf));
