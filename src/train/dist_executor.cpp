@@ -309,12 +309,29 @@ bool is_sharded_checkpoint(const std::string& dir) {
 
 TrainState load_sharded_checkpoint(const std::string& dir, Model& model, AdamW* opt) {
   const CheckpointReader src(dir, model.config());
+  // A GPU model (or a bf16 value) is filled from an fp32 host copy.
+  Tensor host;
+  auto read = [&](const std::string& name, Tensor& dst) {
+    if (dst.device() == Device::CPU && dst.dtype() == DType::F32) {
+      src.read(name, 0, dst.numel(), dst.f32());
+      return;
+    }
+    if (!host.defined() || host.numel() < dst.numel()) host = Tensor::empty({dst.numel()});
+    Tensor h = host.rows(0, dst.numel());
+    src.read(name, 0, dst.numel(), h.f32());
+    dst.copy_from(h);
+  };
   size_t i = 0;
   for (const auto& p : model.params().all()) {
-    src.read(p->name, 0, p->value.numel(), p->value.f32());
+    // A parameter stored narrower than its fp32 master takes the checkpoint's fp32 values in the
+    // master, then their rounding.
+    Tensor* master =
+        opt && p->trainable() && opt->masters().at(i).defined() ? &opt->masters()[i] : nullptr;
+    read(p->name, master ? *master : p->value);
+    if (master) p->value.copy_from(*master);
     if (!opt || !p->trainable()) continue;
-    src.read("m." + p->name, 0, p->value.numel(), opt->first_moments().at(i).f32());
-    src.read("v." + p->name, 0, p->value.numel(), opt->second_moments().at(i).f32());
+    read("m." + p->name, opt->first_moments().at(i));
+    read("v." + p->name, opt->second_moments().at(i));
     ++i;
   }
   if (opt) opt->set_steps(src.optimizer_steps());

@@ -24,12 +24,6 @@
 namespace mt::test {
 namespace {
 
-std::vector<uint8_t> host_bytes(const Tensor& t) {
-  const Tensor h = t.to(Device::CPU);
-  const auto* p = static_cast<const uint8_t*>(h.raw());
-  return {p, p + h.bytes()};
-}
-
 Tensor on_gpu(const Tensor& host, DType dt) {
   Tensor t = Tensor::empty(host.shape(), dt, Device::CUDA);
   t.copy_from(host);

@@ -90,6 +90,12 @@ void run_case(const char* name, const std::vector<In>& ins, const std::vector<st
   }
 }
 
+std::vector<uint8_t> host_bytes(const Tensor& t) {
+  const Tensor h = t.to(Device::CPU);
+  const auto* p = static_cast<const uint8_t*>(h.raw());
+  return {p, p + h.bytes()};
+}
+
 Tensor like(Context& ctx, const Tensor& t) {
   Tensor c = Tensor::empty(t.shape(), t.dtype(), ctx.device());
   c.copy_from(t);

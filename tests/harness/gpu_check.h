@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -42,6 +43,8 @@ Tensor randn(Rng& rng, Shape s, double scale = 1.0);
 Tensor out(Context& ctx, const Shape& s, DType dt);
 // A copy of `t` on the context's device (pre-filled accumulators, in-place operands).
 Tensor like(Context& ctx, const Tensor& t);
+// The bytes of a tensor on any device, for bit-for-bit comparisons.
+std::vector<uint8_t> host_bytes(const Tensor& t);
 // An f32 tensor rounded to bf16 (to nearest even, as the GPU stores), as f32; others unchanged.
 Tensor round_bf16(const Tensor& t);
 // The CPU pass, the GPU f32 pass and the GPU bf16 pass; `names` label the results.

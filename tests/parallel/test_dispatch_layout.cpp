@@ -109,6 +109,11 @@ void check_layout(int P, int64_t El, int chunks, uint64_t seed) {
       const DispatchChunk& k = lay[static_cast<size_t>(q)].chunks()[c];
       ASSERT_EQ(k.offsets.size(), static_cast<size_t>(El + 1));
       ASSERT_EQ(k.offsets.back(), k.rows);
+      // The inverse undoes the sort: the way back gathers every row from its sorted position.
+      ASSERT_EQ(k.inverse.size(), static_cast<size_t>(k.rows));
+      for (int64_t i = 0; i < k.rows; ++i)
+        ASSERT_EQ(k.inverse[static_cast<size_t>(k.order[static_cast<size_t>(i)])], i)
+            << "chunk " << c << " sorted position " << i;
       std::pair<int64_t, int64_t> prev{-1, -1};  // (local expert, arrival key) of the last row
       for (int64_t i = 0; i < k.rows; ++i) {
         const int64_t row = k.recv_begin + k.order[static_cast<size_t>(i)];
