@@ -69,6 +69,14 @@ __device__ __forceinline__ void load_rows(int* start, float* lse2, float* dl, in
   }
 }
 
+// Whether a tile of kBlockN keys from kb needs no mask for a warp's 16 rows from `row0` (in
+// their order, so the first row is the earliest): every key at or before the first row and at or
+// after the last row's document start (the latest start: INT_MAX past T). Warp-uniform, so the
+// masked and the plain loops do not diverge; most tiles of a long document take the plain one.
+__device__ __forceinline__ bool inside(int64_t kb, int64_t row0, int last_start) {
+  return kb + kBlockN - 1 <= row0 && kb >= last_start;
+}
+
 template <int DK, int DV>
 __global__ void __launch_bounds__(kThreads)
     flash_fwd_kernel(int64_t T, int64_t H, int dk, int dv, float scale_log2, const int32_t* cu,
@@ -104,7 +112,8 @@ __global__ void __launch_bounds__(kThreads)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const int64_t t0 = q0 + 16 * w + g, t1 = t0 + 8;
   const int s0 = start[16 * w + g], s1 = start[16 * w + g + 8];
-  const int warp_start = start[16 * w];  // the smallest of the warp's rows
+  const int warp_start = start[16 * w];      // the smallest of the warp's rows
+  const int warp_last = start[16 * w + 15];  // the largest (INT_MAX past T)
   for (int it = 0; it < tiles; ++it) {
     const int64_t kb = kb0 + static_cast<int64_t>(it) * kBlockN;
     if (it + 1 < tiles) {
@@ -129,16 +138,29 @@ __global__ void __launch_bounds__(kThreads)
           mma::mma_bf16(s[j + 1], qa[kk], b1);
         }
       float mx0 = -INFINITY, mx1 = -INFINITY;
+      if (inside(kb, q0 + 16 * w, warp_last)) {
 #pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j)
+        for (int j = 0; j < kBlockN / 8; ++j)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int64_t key = kb + 8 * j + 2 * c + e;
-          s[j][e] = (key <= t0 && key >= s0) ? s[j][e] * scale_log2 : -INFINITY;
-          s[j][2 + e] = (key <= t1 && key >= s1) ? s[j][2 + e] * scale_log2 : -INFINITY;
-          mx0 = fmaxf(mx0, s[j][e]);
-          mx1 = fmaxf(mx1, s[j][2 + e]);
-        }
+          for (int e = 0; e < 4; ++e) {
+            s[j][e] *= scale_log2;
+            if (e < 2)
+              mx0 = fmaxf(mx0, s[j][e]);
+            else
+              mx1 = fmaxf(mx1, s[j][e]);
+          }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int64_t key = kb + 8 * j + 2 * c + e;
+            s[j][e] = (key <= t0 && key >= s0) ? s[j][e] * scale_log2 : -INFINITY;
+            s[j][2 + e] = (key <= t1 && key >= s1) ? s[j][2 + e] * scale_log2 : -INFINITY;
+            mx0 = fmaxf(mx0, s[j][e]);
+            mx1 = fmaxf(mx1, s[j][2 + e]);
+          }
+      }
       const float mn0 = fmaxf(m[0], mma::quad_max(mx0)), mn1 = fmaxf(m[1], mma::quad_max(mx1));
       // A row with nothing unmasked yet keeps max -inf; 0 keeps its exponentials at 0, not NaN.
       const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
@@ -240,7 +262,7 @@ __global__ void __launch_bounds__(kThreads)
   float acc[DK / 8][4] = {};
   const int r0 = 16 * w + g, r1 = r0 + 8;
   const int64_t t0 = q0 + r0, t1 = q0 + r1;
-  const int warp_start = start[16 * w];
+  const int warp_start = start[16 * w], warp_last = start[16 * w + 15];
   for (int it = 0; it < tiles; ++it) {
     const int64_t kb = kb0 + static_cast<int64_t>(it) * kBlockN;
     load_tile<kBlockN, DK>(Ks, k, T, H, h, dk, kb, vec);
@@ -275,18 +297,28 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
       // dS = P (dP - Delta), P = exp2(s * scale log2e - lse log2e); the softmax scale comes last.
+      const float l0 = lse2[r0], l1 = lse2[r1], d0 = dl[r0], d1 = dl[r1];
+      if (inside(kb, q0 + 16 * w, warp_last)) {
 #pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j)
+        for (int j = 0; j < kBlockN / 8; ++j)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int64_t key = kb + 8 * j + 2 * c + e;
-          const float p0 =
-              (key <= t0 && key >= start[r0]) ? exp2f(s[j][e] * scale_log2 - lse2[r0]) : 0.f;
-          const float p1 =
-              (key <= t1 && key >= start[r1]) ? exp2f(s[j][2 + e] * scale_log2 - lse2[r1]) : 0.f;
-          s[j][e] = p0 * (dp[j][e] - dl[r0]);
-          s[j][2 + e] = p1 * (dp[j][2 + e] - dl[r1]);
-        }
+          for (int e = 0; e < 2; ++e) {
+            s[j][e] = exp2f(s[j][e] * scale_log2 - l0) * (dp[j][e] - d0);
+            s[j][2 + e] = exp2f(s[j][2 + e] * scale_log2 - l1) * (dp[j][2 + e] - d1);
+          }
+      } else {
+        const int st0 = start[r0], st1 = start[r1];
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int64_t key = kb + 8 * j + 2 * c + e;
+            const float p0 = (key <= t0 && key >= st0) ? exp2f(s[j][e] * scale_log2 - l0) : 0.f;
+            const float p1 = (key <= t1 && key >= st1) ? exp2f(s[j][2 + e] * scale_log2 - l1) : 0.f;
+            s[j][e] = p0 * (dp[j][e] - d0);
+            s[j][2 + e] = p1 * (dp[j][2 + e] - d1);
+          }
+      }
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
         uint32_t a[4];
@@ -385,15 +417,26 @@ __global__ void __launch_bounds__(kThreads)
           mma::mma_bf16(s[j + 1], a, b1);
         }
       }
+      // Unmasked when every key of the warp is at or before the tile's first query and at or after
+      // its last query's document start (INT_MAX past T).
+      if (kb + 16 * w + 15 <= qb && kb + 16 * w >= start[kBlockQ - 1]) {
 #pragma unroll
-      for (int j = 0; j < kBlockQ / 8; ++j)
+        for (int j = 0; j < kBlockQ / 8; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = 8 * j + 2 * c + (e & 1);
-          const int64_t t = qb + col, key = e < 2 ? key0 : key1;
-          s[j][e] = (key <= t && key >= start[col]) ? exp2f(s[j][e] * scale_log2 - lse2[col]) : 0.f;
-        }
-        // dv += P^T dout.
+          for (int e = 0; e < 4; ++e)
+            s[j][e] = exp2f(s[j][e] * scale_log2 - lse2[8 * j + 2 * c + (e & 1)]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kBlockQ / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = 8 * j + 2 * c + (e & 1);
+            const int64_t t = qb + col, key = e < 2 ? key0 : key1;
+            s[j][e] =
+                (key <= t && key >= start[col]) ? exp2f(s[j][e] * scale_log2 - lse2[col]) : 0.f;
+          }
+      }
+      // dv += P^T dout.
 #pragma unroll
       for (int kk = 0; kk < kBlockQ / 16; ++kk) {
         uint32_t a[4];
