@@ -135,6 +135,37 @@ __device__ __forceinline__ void lower_times(const float* tm, int C, int L, const
       if (4 * ti + r < C && tx + 16 * c < n) dst[(4 * ti + r) * n + tx + 16 * c] = acc[r][c];
 }
 
+// TC: lower_times on tensor cores (tf32 MMAs, fp32 accumulation) for C = 64 and n a multiple of
+// 16, eight warps: warp w owns rows 16 (w mod 4) .. +15 and half of the columns. T is lower
+// triangular, so a row tile stops at its last row's column.
+__device__ __forceinline__ void lower_times_tc(const float* tm, const float* src, int n,
+                                               float* dst) {
+  constexpr int C = kMaxC;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+  const int m0 = 16 * (w & 3), half = n / 2, n0 = (w >> 2) * half, nts = half / 8;
+  float acc[8][4] = {};
+  for (int k0 = 0; k0 < m0 + 16; k0 += 8) {
+    const uint32_t a[4] = {mma::to_tf32(tm[(m0 + g) * C + k0 + c]),
+                           mma::to_tf32(tm[(m0 + g + 8) * C + k0 + c]),
+                           mma::to_tf32(tm[(m0 + g) * C + k0 + c + 4]),
+                           mma::to_tf32(tm[(m0 + g + 8) * C + k0 + c + 4])};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+      if (nt < nts) {
+        const int col = n0 + 8 * nt + g;
+        const uint32_t b[2] = {mma::to_tf32(src[(k0 + c) * n + col]),
+                               mma::to_tf32(src[(k0 + c + 4) * n + col])};
+        mma::mma_tf32(acc[nt], a, b);
+      }
+  }
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+    if (nt < nts)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        dst[(m0 + g + 8 * (e >> 1)) * n + n0 + 8 * nt + 2 * c + (e & 1)] = acc[nt][e];
+}
+
 // Shared memory of the prep: [Gam (Wide), later T] [q, later beta v] [k, later Kb] [KK] [beta].
 // Aqk goes straight to global memory and the row products come before T, so that the dead Gam
 // and q make room for T and beta v: 112 KB at C 64, K = V = 128 in bf16, two blocks per SM.
@@ -349,8 +380,18 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   __syncthreads();
-  lower_times(tm, C, L, ks, K, blk + lay.W());
-  lower_times(tm, C, L, vs, V, blk + lay.U());
+  // TC: all C rows (T's rows past L are zero but for their unit diagonal, whose Kb and beta v
+  // rows are zero: the same W and U as lower_times' sum over j < L).
+  if constexpr (TC) {
+    lower_times_tc(tm, ks, K, blk + lay.W());
+    if (V % 16 == 0)
+      lower_times_tc(tm, vs, V, blk + lay.U());
+    else
+      lower_times(tm, C, L, vs, V, blk + lay.U());
+  } else {
+    lower_times(tm, C, L, ks, K, blk + lay.W());
+    lower_times(tm, C, L, vs, V, blk + lay.U());
+  }
   for (int e = tid; e < C * C; e += kThreads) {
     blk[lay.Tm() + e] = tm[e];
     blk[lay.KK() + e] = kk[e];
