@@ -69,6 +69,19 @@ __device__ __forceinline__ void load_rows(int* start, float* lse2, float* dl, in
   }
 }
 
+// Fragment row r (0: the lane's row g, 1: row g + 8) of a warp's N accumulator tiles of 8
+// columns, times `mul`, as bf16 into `out` (columns below d).
+template <int N>
+__device__ __forceinline__ void store_row(bf16* out, int d, const float (&acc)[N][4], int r,
+                                          float mul, int c) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    const int col = 8 * j + 2 * c;
+    if (col < d) out[col] = __float2bfloat16(acc[j][2 * r] * mul);
+    if (col + 1 < d) out[col + 1] = __float2bfloat16(acc[j][2 * r + 1] * mul);
+  }
+}
+
 // Whether a tile of kBlockN keys from kb needs no mask for a warp's 16 rows from `row0` (in
 // their order, so the first row is the earliest): every key at or before the first row and at or
 // after the last row's document start (the latest start: INT_MAX past T). Warp-uniform, so the
@@ -207,14 +220,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (rows[r] >= T) continue;
-    const float inv = 1.f / L[r];
-    bf16* orow = o + (rows[r] * H + h) * dv;
-#pragma unroll
-    for (int jv = 0; jv < DV / 8; ++jv) {
-      const int col = 8 * jv + 2 * c;
-      if (col < dv) orow[col] = __float2bfloat16(acc[jv][2 * r] * inv);
-      if (col + 1 < dv) orow[col + 1] = __float2bfloat16(acc[jv][2 * r + 1] * inv);
-    }
+    store_row(o + (rows[r] * H + h) * dv, dv, acc, r, 1.f / L[r], c);
     if (c == 0) lse[rows[r] * H + h] = (m[r] + log2f(L[r])) * kLn2;
   }
 }
@@ -338,13 +344,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (rows[r] >= T) continue;
-    bf16* out = dq + (rows[r] * H + h) * dk;
-#pragma unroll
-    for (int jd = 0; jd < DK / 8; ++jd) {
-      const int col = 8 * jd + 2 * c;
-      if (col < dk) out[col] = __float2bfloat16(acc[jd][2 * r] * scale);
-      if (col + 1 < dk) out[col + 1] = __float2bfloat16(acc[jd][2 * r + 1] * scale);
-    }
+    store_row(dq + (rows[r] * H + h) * dk, dk, acc, r, scale, c);
   }
 }
 
@@ -485,20 +485,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (keys[r] >= T) continue;
-    bf16* ko = dkey + (keys[r] * H + h) * dk;
-    bf16* vo = dval + (keys[r] * H + h) * dv;
-#pragma unroll
-    for (int jd = 0; jd < DK / 8; ++jd) {
-      const int col = 8 * jd + 2 * c;
-      if (col < dk) ko[col] = __float2bfloat16(ak[jd][2 * r] * scale);
-      if (col + 1 < dk) ko[col + 1] = __float2bfloat16(ak[jd][2 * r + 1] * scale);
-    }
-#pragma unroll
-    for (int jv = 0; jv < DV / 8; ++jv) {
-      const int col = 8 * jv + 2 * c;
-      if (col < dv) vo[col] = __float2bfloat16(av[jv][2 * r]);
-      if (col + 1 < dv) vo[col + 1] = __float2bfloat16(av[jv][2 * r + 1]);
-    }
+    store_row(dkey + (keys[r] * H + h) * dk, dk, ak, r, scale, c);
+    store_row(dval + (keys[r] * H + h) * dv, dv, av, r, 1.f, c);
   }
 }
 

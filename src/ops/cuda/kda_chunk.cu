@@ -145,16 +145,13 @@ __device__ __forceinline__ void lower_times_tc(const float* tm, const float* src
   const int m0 = 16 * (w & 3), half = n / 2, n0 = (w >> 2) * half, nts = half / 8;
   float acc[8][4] = {};
   for (int k0 = 0; k0 < m0 + 16; k0 += 8) {
-    const uint32_t a[4] = {mma::to_tf32(tm[(m0 + g) * C + k0 + c]),
-                           mma::to_tf32(tm[(m0 + g + 8) * C + k0 + c]),
-                           mma::to_tf32(tm[(m0 + g) * C + k0 + c + 4]),
-                           mma::to_tf32(tm[(m0 + g + 8) * C + k0 + c + 4])};
+    uint32_t a[4];
+    mma::load_a_tf32<false>(a, tm, C, m0, k0, lane);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
       if (nt < nts) {
-        const int col = n0 + 8 * nt + g;
-        const uint32_t b[2] = {mma::to_tf32(src[(k0 + c) * n + col]),
-                               mma::to_tf32(src[(k0 + c + 4) * n + col])};
+        uint32_t b[2];
+        mma::load_b_tf32(b, src, n, k0, n0 + 8 * nt, lane);
         mma::mma_tf32(acc[nt], a, b);
       }
   }
@@ -844,17 +841,14 @@ __device__ __forceinline__ void grads_block_pairs(const float* gam, const float*
       for (int r = 0; r < p; ++r) {
         float cq[2][4] = {}, ck[2][4] = {};
 #pragma unroll
-        for (int k0 = 0; k0 < 16; k0 += 8) {
-          const int i0 = (16 * p + g) * C, i1 = i0 + 8 * C, j = 16 * r + k0 + c;
-          const uint32_t aq[4] = {mma::to_tf32(tq[i0 + j]), mma::to_tf32(tq[i1 + j]),
-                                  mma::to_tf32(tq[i0 + j + 4]), mma::to_tf32(tq[i1 + j + 4])};
-          const uint32_t ak[4] = {mma::to_tf32(tb[i0 + j]), mma::to_tf32(tb[i1 + j]),
-                                  mma::to_tf32(tb[i0 + j + 4]), mma::to_tf32(tb[i1 + j + 4])};
+        for (int k0 = 16 * r; k0 < 16 * r + 16; k0 += 8) {
+          uint32_t aq[4], ak[4];
+          mma::load_a_tf32<false>(aq, tq, C, 16 * p, k0, lane);
+          mma::load_a_tf32<false>(ak, tb, C, 16 * p, k0, lane);
 #pragma unroll
           for (int nt = 0; nt < 2; ++nt) {
-            const int col = n0 + 8 * nt + g;
-            const uint32_t b[2] = {mma::to_tf32(kd[j * LD + col]),
-                                   mma::to_tf32(kd[(j + 4) * LD + col])};
+            uint32_t b[2];
+            mma::load_b_tf32(b, kd, LD, k0, n0 + 8 * nt, lane);
             mma::mma_tf32(cq[nt], aq, b);
             mma::mma_tf32(ck[nt], ak, b);
           }
@@ -873,22 +867,21 @@ __device__ __forceinline__ void grads_block_pairs(const float* gam, const float*
       const int r = (item - 24) / 8;
       for (int p = r + 1; p < 4; ++p) {
         float cc[2][4] = {};
+        // A(m, k) = tq[(16 p + k) C + 16 r + m]: block (p, r) transposed; B rows 16 (p - 1) on.
+        const float* tqp = tq + 16 * p * C;
+        const float* tbp = tb + 16 * p * C;
+        const float* qup = qu + 16 * (p - 1) * LD;
+        const float* kup = ku + 16 * (p - 1) * LD;
 #pragma unroll
         for (int k0 = 0; k0 < 16; k0 += 8) {
-          const int i2 = 16 * p + k0 + c, m = 16 * r + g, t = i2 - 16;  // t: row in qu, ku
-          const uint32_t aq[4] = {mma::to_tf32(tq[i2 * C + m]), mma::to_tf32(tq[i2 * C + m + 8]),
-                                  mma::to_tf32(tq[(i2 + 4) * C + m]),
-                                  mma::to_tf32(tq[(i2 + 4) * C + m + 8])};
-          const uint32_t ak[4] = {mma::to_tf32(tb[i2 * C + m]), mma::to_tf32(tb[i2 * C + m + 8]),
-                                  mma::to_tf32(tb[(i2 + 4) * C + m]),
-                                  mma::to_tf32(tb[(i2 + 4) * C + m + 8])};
+          uint32_t aq[4], ak[4];
+          mma::load_a_tf32<true>(aq, tqp, C, 16 * r, k0, lane);
+          mma::load_a_tf32<true>(ak, tbp, C, 16 * r, k0, lane);
 #pragma unroll
           for (int nt = 0; nt < 2; ++nt) {
-            const int col = n0 + 8 * nt + g;
-            const uint32_t bq[2] = {mma::to_tf32(qu[t * LD + col]),
-                                    mma::to_tf32(qu[(t + 4) * LD + col])};
-            const uint32_t bk[2] = {mma::to_tf32(ku[t * LD + col]),
-                                    mma::to_tf32(ku[(t + 4) * LD + col])};
+            uint32_t bq[2], bk[2];
+            mma::load_b_tf32(bq, qup, LD, k0, n0 + 8 * nt, lane);
+            mma::load_b_tf32(bk, kup, LD, k0, n0 + 8 * nt, lane);
             mma::mma_tf32(cc[nt], aq, bq);
             mma::mma_tf32(cc[nt], ak, bk);
           }

@@ -109,26 +109,39 @@ __device__ __forceinline__ void mma_tf32(float c[4], const uint32_t a[4], const 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// The tf32 A fragment (rows m0 .. m0+15, k0 .. k0+7) of an fp32 matrix in shared memory:
+// A(m, k) = A[m lda + k], or A[k lda + m] when TransA.
+template <bool TransA>
+__device__ __forceinline__ void load_a_tf32(uint32_t a[4], const float* A, int lda, int m0, int k0,
+                                            int lane) {
+  const int g = lane >> 2, c = lane & 3;
+  const auto at = [&](int m, int k) { return TransA ? A[k * lda + m] : A[m * lda + k]; };
+  a[0] = to_tf32(at(m0 + g, k0 + c));
+  a[1] = to_tf32(at(m0 + g + 8, k0 + c));
+  a[2] = to_tf32(at(m0 + g, k0 + c + 4));
+  a[3] = to_tf32(at(m0 + g + 8, k0 + c + 4));
+}
+
+// The tf32 B fragment (k0 .. k0+7, columns n0 .. n0+7) of B(k, n) = B[k ldb + n].
+__device__ __forceinline__ void load_b_tf32(uint32_t b[2], const float* B, int ldb, int k0, int n0,
+                                            int lane) {
+  const int g = lane >> 2, c = lane & 3;
+  b[0] = to_tf32(B[(k0 + c) * ldb + n0 + g]);
+  b[1] = to_tf32(B[(k0 + c + 4) * ldb + n0 + g]);
+}
+
 // acc[nt] += A(m0 .. m0+15, k) B(k, n0 + 8 nt .. n0 + 8 nt + 7) over k < kd (a multiple of 8), both
-// operands fp32 in shared memory: A(m, k) = A[m lda + k], or A[k lda + m] when TransA; B(k, n) =
-// B[k ldb + n]. Conflict-free fragment loads need lda = 4 (mod 32) row-major, lda = 8 or 24
-// (mod 32) transposed, and ldb = 8 or 24 (mod 32).
+// operands fp32 in shared memory as load_a_tf32 and load_b_tf32 read them. Conflict-free fragment
+// loads need lda = 4 (mod 32) row-major, lda = 8 or 24 (mod 32) transposed, and ldb = 8 or 24
+// (mod 32).
 template <bool TransA, int NT>
 __device__ __forceinline__ void warp_mma_tf32(float (&acc)[NT][4], const float* A, int lda, int m0,
                                               const float* B, int ldb, int n0, int kd, int lane) {
-  const int g = lane >> 2, c = lane & 3;
-  const auto at = [&](int m, int k) { return TransA ? A[k * lda + m] : A[m * lda + k]; };
   for (int k0 = 0; k0 < kd; k0 += 8) {
     uint32_t a[4], b[NT][2];
-    a[0] = to_tf32(at(m0 + g, k0 + c));
-    a[1] = to_tf32(at(m0 + g + 8, k0 + c));
-    a[2] = to_tf32(at(m0 + g, k0 + c + 4));
-    a[3] = to_tf32(at(m0 + g + 8, k0 + c + 4));
+    load_a_tf32<TransA>(a, A, lda, m0, k0, lane);
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      b[nt][0] = to_tf32(B[(k0 + c) * ldb + n0 + 8 * nt + g]);
-      b[nt][1] = to_tf32(B[(k0 + c + 4) * ldb + n0 + 8 * nt + g]);
-    }
+    for (int nt = 0; nt < NT; ++nt) load_b_tf32(b[nt], B, ldb, k0, n0 + 8 * nt, lane);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) mma_tf32(acc[nt], a, b[nt]);
   }
