@@ -66,6 +66,15 @@ __device__ __forceinline__ void for_pairs(float (&acc)[NT][4], int m0, int lane,
   }
 }
 
+// for_pairs over the warp's state m-tiles that lie below K (rows 16 (w + 4 mt) + ...).
+template <typename F>
+__device__ __forceinline__ void for_state_pairs(float (&s)[2][2][4], int K, int lane, F f) {
+  const int w = threadIdx.x >> 5;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+    if (16 * (w + 4 * mt) < K) for_pairs(s[mt], 16 * (w + 4 * mt), lane, f);
+}
+
 __device__ __forceinline__ float2* at2(float* p) {
   return reinterpret_cast<float2*>(p);
 }
@@ -131,13 +140,10 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_state_tc_kernel(Args a) {
     const int L = a.clen[c], kd = (L + 7) & ~7;
     // S entering the chunk: kept for backward, and the B operand of W S0.
     float* sv = a.saved + (c * H + h) * K * V + col0;
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-      if (16 * (w + 4 * mt) < K)
-        for_pairs(s[mt], 16 * (w + 4 * mt), lane, [&](int x, int col, float& s0, float& s1) {
-          *at2(Ss + x * kLdNB + col) = make_float2(s0, s1);
-          *at2(sv + x * V + col) = make_float2(s0, s1);
-        });
+    for_state_pairs(s, K, lane, [&](int x, int col, float& s0, float& s1) {
+      *at2(Ss + x * kLdNB + col) = make_float2(s0, s1);
+      *at2(sv + x * V + col) = make_float2(s0, s1);
+    });
     mma::cp_async_wait<1>();  // W, U of this chunk
     __syncthreads();
     // Delta = U - W S0, rows 16 w .. 16 w + 15 (zero past L).
@@ -317,14 +323,11 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_state_tc_kernel(Args a) {
   float f[2][2][4] = {}, e[2][4] = {};
   const auto load_fe = [&](int64_t c) {
     const float* slot = slot_of(c);
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-      if (16 * (w + 4 * mt) < K)
-        for_pairs(f[mt], 16 * (w + 4 * mt), lane, [&](int x, int col, float& f0, float& f1) {
-          const float2 v = *at2(slot + x * V + col);
-          f0 = v.x;
-          f1 = v.y;
-        });
+    for_state_pairs(f, K, lane, [&](int x, int col, float& f0, float& f1) {
+      const float2 v = *at2(slot + x * V + col);
+      f0 = v.x;
+      f1 = v.y;
+    });
     const float* E = dR_of(c);
     for_pairs(e, 16 * w, lane, [&](int i, int col, float& e0, float& e1) {
       const float2 v = *at2(E + i * V + col);
@@ -337,13 +340,10 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_state_tc_kernel(Args a) {
     const int L = a.clen[c], kd = (L + 7) & ~7;
     float* slot = slot_of(c);
     float* dRg = dR_of(c);
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-      if (16 * (w + 4 * mt) < K)
-        for_pairs(s[mt], 16 * (w + 4 * mt), lane, [&](int x, int col, float& s0, float& s1) {
-          *at2(dSs + x * kLdNB + col) = make_float2(s0, s1);
-          *at2(slot + x * V + col) = make_float2(s0, s1);
-        });
+    for_state_pairs(s, K, lane, [&](int x, int col, float& s0, float& s1) {
+      *at2(dSs + x * kLdNB + col) = make_float2(s0, s1);
+      *at2(slot + x * V + col) = make_float2(s0, s1);
+    });
     // dDelta = E + Kl dS.
     float dd[2][4];
 #pragma unroll
