@@ -38,6 +38,23 @@ GroupedMatmulParams scaled(GroupedMatmulParams p, float alpha, float beta) {
   return p;
 }
 
+// out = base(beta) + LoRA. On the GPU the LoRA term is written first and the base GEMM adds into
+// it (beta = 1): the base GEMM is compute-bound, so reading C in its epilogue is nearly free,
+// whereas the rank-r product adding into C afterwards is a read and a write of the whole output.
+// The CPU keeps the base first (its results, and the bf16 emulation that mirrors them in
+// tests/cuda/test_cuda_grouped.cpp, are unchanged).
+// (Templates, not std::function: a step allocates nothing.)
+template <typename Base, typename Lora>
+void with_lora(const Tensor& x, const Base& base, const Lora& lora) {
+  if (x.device() == Device::CUDA) {
+    lora(0.f);
+    base(1.f);
+  } else {
+    base(0.f);
+    lora(1.f);
+  }
+}
+
 // The SwiGLU between the projections runs where the tensors are (the projections dispatch
 // themselves through grouped_matmul).
 void swiglu_forward(Context& ctx, const Tensor& gate_up, Tensor& h) {
@@ -82,21 +99,22 @@ void grouped_ffn_forward(Context& ctx, const GroupedFfnParams& p, const Tensor& 
     expect_shape(saved.ha, {N, r}, "grouped_ffn saved ha");
   }
   const float s = p.lora_scale();
-  grouped_matmul(ctx, kFwd, x, offsets, w.gate_up, saved.gate_up);
-  if (r > 0) {
-    grouped_matmul(ctx, kFwd, x, offsets, w.gate_up_a, saved.xa);
-    grouped_matmul(ctx, scaled(kFwd, s, 1.f), saved.xa, offsets, w.gate_up_b, saved.gate_up);
-  }
+  // y = X W^T + s (X A^T) B^T, with X A^T kept in `xa`.
+  const auto project = [&](const Tensor& in, const Tensor& wt, const Tensor& a, const Tensor& b,
+                           Tensor& xa, Tensor& out) {
+    if (r == 0) return grouped_matmul(ctx, kFwd, in, offsets, wt, out);
+    grouped_matmul(ctx, kFwd, in, offsets, a, xa);
+    with_lora(
+        in, [&](float beta) { grouped_matmul(ctx, scaled(kFwd, 1.f, beta), in, offsets, wt, out); },
+        [&](float beta) { grouped_matmul(ctx, scaled(kFwd, s, beta), xa, offsets, b, out); });
+  };
+  project(x, w.gate_up, w.gate_up_a, w.gate_up_b, saved.xa, saved.gate_up);
 
   ArenaScope scope(ctx.workspace());
   Tensor h = ctx.workspace().alloc({N, F}, x.dtype());
   swiglu_forward(ctx, saved.gate_up, h);
 
-  grouped_matmul(ctx, kFwd, h, offsets, w.down, y);
-  if (r > 0) {
-    grouped_matmul(ctx, kFwd, h, offsets, w.down_a, saved.ha);
-    grouped_matmul(ctx, scaled(kFwd, s, 1.f), saved.ha, offsets, w.down_b, y);
-  }
+  project(h, w.down, w.down_a, w.down_b, saved.ha, y);
 }
 
 void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
@@ -128,27 +146,28 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
   Tensor dr = ctx.workspace().alloc({N, r}, at);
   swiglu_forward(ctx, saved.gate_up, h);
 
-  // Down projection: dH = dY Wd (+ LoRA path), grads of Wd and its adapter.
-  grouped_matmul(ctx, kDx, dy, offsets, w.down, dh);
-  if (g_dn) grouped_matmul(ctx, kDw, dy, offsets, h, grads.down);
-  if (r > 0) {
-    grouped_matmul(ctx, scaled(kDx, s, 0.f), dy, offsets, w.down_b, dr);
-    grouped_matmul(ctx, scaled(kDx, 1.f, 1.f), dr, offsets, w.down_a, dh);
-    if (g_dnb) grouped_matmul(ctx, scaled(kDw, s, 1.f), dy, offsets, saved.ha, grads.down_b);
-    if (g_dna) grouped_matmul(ctx, kDw, dr, offsets, h, grads.down_a);
-  }
-
+  // dIn = dOut W + (s dOut B) A, with s dOut B in `dr`; the base and adapter weight grads.
+  const auto project_back = [&](const Tensor& dout, const Tensor& in, const Tensor& wt,
+                                const Tensor& a, const Tensor& b, const Tensor& xa, Tensor& din,
+                                Tensor& gw, Tensor& ga, Tensor& gb) {
+    if (r == 0) {
+      grouped_matmul(ctx, kDx, dout, offsets, wt, din);
+    } else {
+      grouped_matmul(ctx, scaled(kDx, s, 0.f), dout, offsets, b, dr);
+      with_lora(
+          dout,
+          [&](float beta) { grouped_matmul(ctx, scaled(kDx, 1.f, beta), dout, offsets, wt, din); },
+          [&](float beta) { grouped_matmul(ctx, scaled(kDx, 1.f, beta), dr, offsets, a, din); });
+    }
+    if (has(gw)) grouped_matmul(ctx, kDw, dout, offsets, in, gw);
+    if (r > 0 && has(gb)) grouped_matmul(ctx, scaled(kDw, s, 1.f), dout, offsets, xa, gb);
+    if (r > 0 && has(ga)) grouped_matmul(ctx, kDw, dr, offsets, in, ga);
+  };
+  project_back(dy, h, w.down, w.down_a, w.down_b, saved.ha, dh, grads.down, grads.down_a,
+               grads.down_b);
   swiglu_backward(ctx, saved.gate_up, dh, dgu);
-
-  // Gate/up projection: dX = dGU Wgu (+ LoRA path), grads of Wgu and its adapter.
-  grouped_matmul(ctx, kDx, dgu, offsets, w.gate_up, dx);
-  if (g_gu) grouped_matmul(ctx, kDw, dgu, offsets, x, grads.gate_up);
-  if (r > 0) {
-    grouped_matmul(ctx, scaled(kDx, s, 0.f), dgu, offsets, w.gate_up_b, dr);
-    grouped_matmul(ctx, scaled(kDx, 1.f, 1.f), dr, offsets, w.gate_up_a, dx);
-    if (g_gub) grouped_matmul(ctx, scaled(kDw, s, 1.f), dgu, offsets, saved.xa, grads.gate_up_b);
-    if (g_gua) grouped_matmul(ctx, kDw, dr, offsets, x, grads.gate_up_a);
-  }
+  project_back(dgu, x, w.gate_up, w.gate_up_a, w.gate_up_b, saved.xa, dx, grads.gate_up,
+               grads.gate_up_a, grads.gate_up_b);
 }
 
 }  // namespace mt::ops

@@ -5,11 +5,13 @@
 // is honest only if the emulation rounds to bf16 wherever the GPU stores bf16. In the bf16 pass
 // every activation-typed tensor of grouped_ffn (ops/grouped_ffn.cpp) is bf16 on the GPU: cuBLAS
 // reads and writes C in its type (ops/cuda/grouped_matmul.cu), so the saved gate_up, xa, ha, y,
-// and backward's dh, dr, dgu, dx are rounded at every write, twice where a LoRA term is added into
-// them (beta = 1); the SwiGLU kernels (ops/cuda/grouped_ffn.cu) round h and dgu. Parameter
-// gradients are f32 on both devices. The CPU op keeps all of these in fp32, and an emulation that
-// rounded only inputs and outputs put the GPU at up to 1.13 times the bound (y, dgu_A, ddown_B in
-// 3 of 6 runs): ffn_emulated rounds at the GPU's stores.
+// and backward's dh, dr, dgu, dx are rounded at every write, twice where a LoRA term and a base
+// term meet (the GPU writes the LoRA term first, then the base GEMM adds into it with beta = 1:
+// its first rounding is of the smaller term, so the emulation's order bounds it); the SwiGLU
+// kernels (ops/cuda/grouped_ffn.cu) round h and dgu. Parameter gradients are f32 on both devices.
+// The CPU op keeps all of these in fp32, and an emulation that rounded only inputs and outputs put
+// the GPU at up to 1.13 times the bound (y, dgu_A, ddown_B in 3 of 6 runs): ffn_emulated rounds at
+// the GPU's stores.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -280,6 +282,16 @@ TEST(CudaGroupedFfn, SwigluExpertsWithLoraForwardBackward) {
   ffn_check("grouped_ffn lora", kFfnSetups[2]);
   ffn_check("grouped_ffn lora frozen base", kFfnSetups[3]);
   ffn_check("grouped_ffn 16384 rows 64 experts lora", kFfnSetups[4]);
+}
+
+// The experts on the skinny kernels' path (ops/cuda/lora_grouped.h: bf16, widths multiples of 8,
+// ranks 16 and 32), with partial tiles (in 264, ffn 136) and the frozen base.
+TEST(CudaGroupedFfn, SkinnyLoraPathRanks16And32) {
+  REQUIRE_GPU();
+  ffn_check("grouped_ffn skinny lora r16",
+            {.rows = 3000, .experts = 16, .in = 264, .ffn = 136, .rank = 16});
+  ffn_check("grouped_ffn skinny lora r32 frozen",
+            {.rows = 3000, .experts = 16, .in = 264, .ffn = 136, .rank = 32, .frozen_base = true});
 }
 
 // The bf16 emulation follows the op's own sequence of writes: without rounding it reproduces the

@@ -6,13 +6,15 @@
 // copy, read once per MoE layer), so it lays out the per-group problem sizes; the per-group
 // matrix addresses are formed on the device by a small kernel from the same offsets, passed by
 // value (no host-to-device copy, no wait). dW is f32 (a parameter gradient). More groups than one
-// launch's table holds fall back to one cuBLASLt call per group.
+// launch's table holds fall back to one cuBLASLt call per group. bf16 calls where one dimension is
+// a LoRA rank (at most 64) go first to the skinny kernels of lora_grouped.h.
 #include <vector>
 
 #include "core/cuda/resources.h"
 #include "ops/cuda/blas.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cutlass/grouped_gemm_sm90.h"
+#include "ops/cuda/lora_grouped.h"
 #include "ops/grouped_matmul.h"
 
 namespace mt::ops::cuda {
@@ -160,6 +162,8 @@ void grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Tensor& a,
   int count = 0;
   for (int64_t g = 0; g < G; ++g) count += off[g + 1] > off[g];
   if (count == 0) return;
+  // Expert LoRA's rank-r products (one dimension at most 64) on the skinny kernels.
+  if (a.dtype() == DType::BF16 && skinny_grouped_matmul(ctx, p, a, offsets, b, c)) return;
   // cuBLAS's grouped GEMM takes one type for A, B and C (bf16 or f32): the bf16 weight-gradient
   // form (f32 dW) goes group by group through cuBLASLt.
   const bool same_types = !(dw && a.dtype() != DType::F32);

@@ -1,0 +1,443 @@
+// The skinny grouped products of expert LoRA (lora_grouped.h). Every kernel runs 128 threads (4
+// warps) on bf16 tiles in shared memory fed by 16-byte loads, zero-filled past the group's rows,
+// the widths and the rank, so the MMAs need no bounds of their own; results are stored only
+// where they exist. The rank is padded to a multiple of 16 in shared memory (zeros), which makes
+// it one or more whole mma k-steps (up) or n-tile pairs (down, dW).
+//
+// Blocks find their tile of rows from a table of the non-empty groups passed by value
+// (__grid_constant__, read in place: a dynamically indexed by-value parameter would otherwise be
+// copied to local memory), by binary search over the groups' first tiles: no host-to-device copy.
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/cutlass/grouped_gemm_sm90.h"
+#include "ops/cuda/lora_grouped.h"
+#include "ops/cuda/mma.cuh"
+
+namespace mt::ops::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kThreads = 128;
+constexpr int kRowTile = 64;   // rows of a down / up block: 4 warps x 16
+constexpr int kKStage = 64;    // k per shared-memory stage of the down product
+constexpr int kColTile = 128;  // output columns of an up block, wide columns of a dW block
+constexpr int kDwRows = 32;    // rows per shared-memory stage of the dW product
+constexpr int kDwChunk = 512;  // rows of a group per dW block outside deterministic mode
+constexpr int kPairs = 4;      // n-tile pairs of the widest rank (64 = 4 x 16)
+constexpr int kLd = kSkinnyMaxRank + 8;  // a 64-wide tile's row pitch: 144 bytes, so the 8 rows
+                                         // an ldmatrix reads fall in distinct banks
+constexpr int kLdWide = kColTile + 8;    // a 128-wide tile's pitch (272 bytes), likewise
+
+// The non-empty groups and, for a tile height, the first tile of each: tile0[i] .. tile0[i+1]-1
+// are group[i]'s tiles (tile0[count] = the total).
+struct Tiles {
+  int32_t group[kMaxGroups], row0[kMaxGroups], rows[kMaxGroups];
+  int32_t tile0[kMaxGroups + 1];
+  int32_t count = 0, tile_rows = 0;
+};
+
+struct Tile {
+  int group, r0, rows;  // the group, the tile's first row, its row count (1 .. tile_rows)
+};
+
+__device__ Tile find_tile(const Tiles& t, int b) {
+  int lo = 0, hi = t.count - 1;  // the last entry whose first tile is <= b
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (t.tile0[mid] <= b)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const int r0 = t.row0[lo] + (b - t.tile0[lo]) * t.tile_rows;
+  return {t.group[lo], r0, min(t.tile_rows, t.row0[lo] + t.rows[lo] - r0)};
+}
+
+__device__ __forceinline__ uint4 ld16(const bf16* p) {
+  return *reinterpret_cast<const uint4*>(p);
+}
+
+// A fragment (m0 .. m0+15, k0 .. k0+15) from a k-major tile[k][m] (the weight gradient's rows
+// are its k): ldmatrix .x4 .trans, matrix i = lane / 8 takes rows k0 + (i / 2) 8 .. + 7 at
+// column m0 + (i % 2) 8, so that a0..a3 come out in mma.cuh's order (see ldsm_a).
+__device__ __forceinline__ void ldsm_a_km(uint32_t a[4], const bf16* tile, int ld, int m0, int k0,
+                                          int lane) {
+  const int i = lane >> 3;
+  const bf16* p = tile + (k0 + (lane & 7) + ((i >> 1) << 3)) * ld + m0 + ((i & 1) << 3);
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(addr));
+}
+
+// c0 += a B(k0 .. k0+15, n0 .. n0+7) and c1 += a B(.., n0+8 .. n0+15), B from a tile stored
+// n-major (tile[n][k]) when `n_major`, else k-major (tile[k][n]); `ld` is the tile's pitch.
+__device__ __forceinline__ void mma_pair(float c0[4], float c1[4], const uint32_t a[4],
+                                         const bf16* tile, bool n_major, int ld, int n0, int k0,
+                                         int lane) {
+  uint32_t b0[2], b1[2];
+  if (n_major) {
+    mma::ldsm_b_nk2(b0, b1, tile, ld, n0, k0, lane);
+  } else {
+    mma::load_b_kn(b0, tile, ld, k0, n0, lane);
+    mma::load_b_kn(b1, tile, ld, k0, n0 + 8, lane);
+  }
+  mma::mma_bf16(c0, a, b0);
+  mma::mma_bf16(c1, a, b1);
+}
+
+// Two adjacent columns of a bf16 row, one 4-byte store (col even, the row 4-byte aligned).
+__device__ __forceinline__ void st_pair(bf16* p, float lo, float hi) {
+  *reinterpret_cast<uint32_t*>(p) = mma::pack_bf16(lo, hi);
+}
+
+// C [rows, r] = alpha X W^T (w_rk: W_g [r, K]) or alpha X W (W_g [K, r]), one 64-row tile per
+// block, K in stages of 64.
+struct DownArgs {
+  const bf16* x;
+  int64_t ldx, K;
+  const bf16* w;
+  bool w_rk;
+  int r;
+  bf16* c;
+  int64_t ldc;
+  float alpha;
+};
+
+__global__ void __launch_bounds__(kThreads)
+    down_kernel(const __grid_constant__ Tiles tiles, const DownArgs p) {
+  __shared__ alignas(16) bf16 xs[kRowTile * kLd];
+  __shared__ alignas(16) bf16 ws[kKStage * kLd];  // [r16][k] (w_rk) or [k][r16]
+  const Tile t = find_tile(tiles, static_cast<int>(blockIdx.x));
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int r16 = (p.r + 15) & ~15, pairs = r16 >> 4;
+  const bf16* w = p.w + static_cast<int64_t>(t.group) * p.r * p.K;
+  float acc[2 * kPairs][4] = {};
+  for (int64_t k0 = 0; k0 < p.K; k0 += kKStage) {
+    // X: 64 rows x 8 chunks of 8 columns (K is a multiple of 8: a chunk is all in or all out).
+    for (int i = tid; i < kRowTile * (kKStage / 8); i += kThreads) {
+      const int row = i >> 3, col = (i & 7) << 3;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (row < t.rows && k0 + col < p.K) v = ld16(p.x + (t.r0 + row) * p.ldx + k0 + col);
+      *reinterpret_cast<uint4*>(&xs[row * kLd + col]) = v;
+    }
+    if (p.w_rk) {  // [r16 rows j][64 k]
+      for (int i = tid; i < r16 * (kKStage / 8); i += kThreads) {
+        const int j = i >> 3, col = (i & 7) << 3;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (j < p.r && k0 + col < p.K) v = ld16(w + j * p.K + k0 + col);
+        *reinterpret_cast<uint4*>(&ws[j * kLd + col]) = v;
+      }
+    } else {  // [64 k][r16 columns j]
+      const int chunks = r16 >> 3;
+      for (int i = tid; i < kKStage * chunks; i += kThreads) {
+        const int kk = i / chunks, j = (i % chunks) << 3;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (j < p.r && k0 + kk < p.K) v = ld16(w + (k0 + kk) * p.r + j);
+        *reinterpret_cast<uint4*>(&ws[kk * kLd + j]) = v;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kKStage; kk += 16) {
+      uint32_t a[4];
+      mma::ldsm_a(a, xs, kLd, warp * 16, kk, lane);
+#pragma unroll
+      for (int q = 0; q < kPairs; ++q) {
+        if (q >= pairs) break;
+        mma_pair(acc[2 * q], acc[2 * q + 1], a, ws, p.w_rk, kLd, 16 * q, kk, lane);
+      }
+    }
+    __syncthreads();  // the tiles are refilled next stage
+  }
+  const int g = lane >> 2, c = lane & 3;
+#pragma unroll
+  for (int n = 0; n < 2 * kPairs; ++n) {
+    const int col = 8 * n + 2 * c;
+    if (col >= p.r) break;  // r is a multiple of 8: col + 1 < r too
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = warp * 16 + g + 8 * h;
+      if (row < t.rows)
+        st_pair(p.c + (t.r0 + row) * p.ldc + col, p.alpha * acc[n][2 * h],
+                p.alpha * acc[n][2 * h + 1]);
+    }
+  }
+}
+
+// C [rows, n] = alpha S W^T (w_nr: W_g [n, r]) or alpha S W (W_g [r, n]), + beta C; one block per
+// 64-row tile (blockIdx.x) and 128 columns (blockIdx.y). The whole rank is one stage.
+struct UpArgs {
+  const bf16* s;
+  int64_t lds;
+  int r;
+  const bf16* w;
+  bool w_nr;
+  int64_t n;
+  bf16* c;
+  int64_t ldc;
+  float alpha, beta;
+};
+
+__global__ void __launch_bounds__(kThreads)
+    up_kernel(const __grid_constant__ Tiles tiles, const UpArgs p) {
+  __shared__ alignas(16) bf16 ss[kRowTile * kLd];
+  __shared__ alignas(16) bf16 ws[kColTile * kLd];  // [128 n][r16] (w_nr) or [r16][128 n]
+  static_assert(kSkinnyMaxRank * kLdWide <= kColTile * kLd, "ws holds either layout");
+  const Tile t = find_tile(tiles, static_cast<int>(blockIdx.x));
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int r16 = (p.r + 15) & ~15, chunks = r16 >> 3;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kColTile;
+  const bf16* w = p.w + static_cast<int64_t>(t.group) * p.r * p.n;
+  for (int i = tid; i < kRowTile * chunks; i += kThreads) {
+    const int row = i / chunks, j = (i % chunks) << 3;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (row < t.rows && j < p.r) v = ld16(p.s + (t.r0 + row) * p.lds + j);
+    *reinterpret_cast<uint4*>(&ss[row * kLd + j]) = v;
+  }
+  if (p.w_nr) {  // [128 rows n][r16 columns j]
+    for (int i = tid; i < kColTile * chunks; i += kThreads) {
+      const int nn = i / chunks, j = (i % chunks) << 3;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (n0 + nn < p.n && j < p.r) v = ld16(w + (n0 + nn) * p.r + j);
+      *reinterpret_cast<uint4*>(&ws[nn * kLd + j]) = v;
+    }
+  } else {  // [r16 rows j][128 columns n]
+    for (int i = tid; i < r16 * (kColTile / 8); i += kThreads) {
+      const int j = i / (kColTile / 8), nn = (i % (kColTile / 8)) << 3;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (j < p.r && n0 + nn < p.n) v = ld16(w + j * p.n + n0 + nn);
+      *reinterpret_cast<uint4*>(&ws[j * kLdWide + nn]) = v;
+    }
+  }
+  __syncthreads();
+  float acc[kColTile / 8][4] = {};
+#pragma unroll
+  for (int kk = 0; kk < kSkinnyMaxRank; kk += 16) {
+    if (kk >= r16) break;
+    uint32_t a[4];
+    mma::ldsm_a(a, ss, kLd, warp * 16, kk, lane);
+#pragma unroll
+    for (int q = 0; q < kColTile / 16; ++q) {
+      mma_pair(acc[2 * q], acc[2 * q + 1], a, ws, p.w_nr, p.w_nr ? kLd : kLdWide, 16 * q, kk, lane);
+    }
+  }
+  const int g = lane >> 2, c = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < kColTile / 8; ++nt) {
+    const int64_t col = n0 + 8 * nt + 2 * c;
+    if (col >= p.n) break;  // n is a multiple of 8: col + 1 < n too
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = warp * 16 + g + 8 * h;
+      if (row >= t.rows) continue;
+      bf16* out = p.c + (t.r0 + row) * p.ldc + col;
+      float v0 = p.alpha * acc[nt][2 * h], v1 = p.alpha * acc[nt][2 * h + 1];
+      if (p.beta != 0.f) {  // beta = 0 never reads C (it may hold NaN)
+        v0 += p.beta * __bfloat162float(out[0]);
+        v1 += p.beta * __bfloat162float(out[1]);
+      }
+      st_pair(out, v0, v1);
+    }
+  }
+}
+
+// dW_g += alpha sum over the tile's rows of P[row]^T S[row] (P [rows, wide], S [rows, r]):
+// dW_g [r, wide] (s_first: the form's A is S) or [wide, r]; one block per row tile
+// (blockIdx.x) and 128 wide columns (blockIdx.y), rows in stages of 32. The MMA's m is the wide
+// column, its n the rank, its k the row.
+struct DwArgs {
+  const bf16* pw;  // the wide operand
+  int64_t ldp, wide;
+  const bf16* s;
+  int64_t lds;
+  int r;
+  bool s_first, atomic;
+  float* dw;
+  float alpha;
+};
+
+__global__ void __launch_bounds__(kThreads)
+    dw_kernel(const __grid_constant__ Tiles tiles, const DwArgs p) {
+  __shared__ alignas(16) bf16 ps[kDwRows * kLdWide];
+  __shared__ alignas(16) bf16 ss[kDwRows * kLd];
+  const Tile t = find_tile(tiles, static_cast<int>(blockIdx.x));
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int r16 = (p.r + 15) & ~15, pairs = r16 >> 4, chunks = r16 >> 3;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kColTile;
+  float acc[2][2 * kPairs][4] = {};
+  for (int s0 = 0; s0 < t.rows; s0 += kDwRows) {
+    const int rows = min(kDwRows, t.rows - s0);
+    const int64_t row0 = t.r0 + s0;
+    for (int i = tid; i < kDwRows * (kColTile / 8); i += kThreads) {
+      const int row = i / (kColTile / 8), col = (i % (kColTile / 8)) << 3;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (row < rows && m0 + col < p.wide) v = ld16(p.pw + (row0 + row) * p.ldp + m0 + col);
+      *reinterpret_cast<uint4*>(&ps[row * kLdWide + col]) = v;
+    }
+    for (int i = tid; i < kDwRows * chunks; i += kThreads) {
+      const int row = i / chunks, j = (i % chunks) << 3;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (row < rows && j < p.r) v = ld16(p.s + (row0 + row) * p.lds + j);
+      *reinterpret_cast<uint4*>(&ss[row * kLd + j]) = v;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kDwRows; kk += 16) {
+      uint32_t a[2][4];
+      ldsm_a_km(a[0], ps, kLdWide, warp * 32, kk, lane);
+      ldsm_a_km(a[1], ps, kLdWide, warp * 32 + 16, kk, lane);
+#pragma unroll
+      for (int q = 0; q < kPairs; ++q) {
+        if (q >= pairs) break;
+        uint32_t b0[2], b1[2];
+        mma::load_b_kn(b0, ss, kLd, kk, 16 * q, lane);
+        mma::load_b_kn(b1, ss, kLd, kk, 16 * q + 8, lane);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          mma::mma_bf16(acc[mt][2 * q], a[mt], b0);
+          mma::mma_bf16(acc[mt][2 * q + 1], a[mt], b1);
+        }
+      }
+    }
+    __syncthreads();  // the tiles are refilled next stage
+  }
+  const int g = lane >> 2, c = lane & 3;
+  float* dw = p.dw + static_cast<int64_t>(t.group) * p.r * p.wide;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int n = 0; n < 2 * kPairs; ++n) {
+      const int j = 8 * n + 2 * c;
+      if (j >= p.r) break;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {  // c0, c1: (m g, j, j+1); c2, c3: (m g+8, same)
+        const int64_t m = m0 + warp * 32 + 16 * mt + g + 8 * (e >> 1);
+        const int jj = j + (e & 1);
+        if (m >= p.wide) continue;
+        float* out = dw + (p.s_first ? jj * p.wide + m : m * p.r + jj);
+        const float v = p.alpha * acc[mt][n][e];
+        if (p.atomic)
+          atomicAdd(out, v);
+        else
+          *out += v;  // this block is the element's only writer
+      }
+    }
+}
+
+// dW_g *= beta for the groups listed (beta = 0 clears, NaN included), before the dW kernel adds.
+__global__ void scale_groups_kernel(const __grid_constant__ Tiles tiles, int64_t wsize, float beta,
+                                    float* dw) {
+  const int64_t n = static_cast<int64_t>(tiles.count) * wsize;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float* e = dw + tiles.group[i / wsize] * wsize + i % wsize;
+    *e = beta == 0.f ? 0.f : beta * *e;
+  }
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+// A row operand the kernels' 16-byte loads can read: bf16, 16-byte base, row pitch and width.
+bool rows_ok(const Tensor& t) {
+  return t.dtype() == DType::BF16 && aligned16(t.raw()) && t.stride(0) % 8 == 0 &&
+         t.dim(1) % 8 == 0 && t.stride(1) == 1;
+}
+
+bool rank_ok(int64_t r) {
+  return r > 0 && r <= kSkinnyMaxRank && r % 8 == 0;
+}
+
+// The non-empty groups of `off` in tiles of `tile_rows` rows; false when they are too many.
+bool make_tiles(const int32_t* off, int64_t groups, int tile_rows, Tiles& t) {
+  t.count = 0;
+  t.tile_rows = tile_rows;
+  int64_t tiles = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int32_t rows = off[g + 1] - off[g];
+    if (rows == 0) continue;
+    if (t.count == kMaxGroups) return false;
+    t.group[t.count] = static_cast<int32_t>(g);
+    t.row0[t.count] = off[g];
+    t.rows[t.count] = rows;
+    t.tile0[t.count] = static_cast<int32_t>(tiles);
+    tiles += (rows + tile_rows - 1) / tile_rows;
+    ++t.count;
+  }
+  t.tile0[t.count] = static_cast<int32_t>(tiles);
+  return tiles <= INT32_MAX;
+}
+
+unsigned col_blocks(int64_t n) {
+  return static_cast<unsigned>((n + kColTile - 1) / kColTile);
+}
+
+}  // namespace
+
+bool skinny_grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Tensor& a,
+                           const Tensor& offsets, const Tensor& b, Tensor& c) {
+  if (!rows_ok(a)) return false;
+  const int32_t* off = offsets.i32();
+  const int64_t groups = offsets.numel() - 1;
+  cudaStream_t st = stream(ctx);
+  // The table is ~16 KB: kept off the host stack (the launch copies it).
+  thread_local Tiles tiles;
+  if (p.form == GroupedForm::DytX) {
+    // dW [G, out, in] += A^T B: A [rows, out], B [rows, in]; the rank is out (A skinny) or in.
+    if (!rows_ok(b) || c.dtype() != DType::F32 || !c.is_contiguous()) return false;
+    const int64_t out = c.dim(1), in = c.dim(2);
+    const bool s_first = rank_ok(out);
+    if (!s_first && !rank_ok(in)) return false;
+    int tile_rows = kDwChunk;
+    if (ctx.deterministic())  // a group's rows all in one block, summed in row order
+      for (int64_t g = 0; g < groups; ++g) tile_rows = std::max(tile_rows, off[g + 1] - off[g]);
+    if (!make_tiles(off, groups, tile_rows, tiles)) return false;
+    const Tensor &s = s_first ? a : b, &pw = s_first ? b : a;
+    if (p.beta != 1.f) {
+      scale_groups_kernel<<<blocks_for(tiles.count * out * in, 256, 1024), 256, 0, st>>>(
+          tiles, out * in, p.beta, ptr<float>(c));
+      MT_CUDA_LAUNCH_CHECK();
+    }
+    const DwArgs args{ptr<bf16>(pw), pw.stride(0),         pw.dim(1),
+                      ptr<bf16>(s),  s.stride(0),          static_cast<int>(s.dim(1)),
+                      s_first,       !ctx.deterministic(), ptr<float>(c),
+                      p.alpha};
+    dw_kernel<<<dim3(tiles.tile0[tiles.count], col_blocks(pw.dim(1))), kThreads, 0, st>>>(tiles,
+                                                                                          args);
+    MT_CUDA_LAUNCH_CHECK();
+    return true;
+  }
+  // XWt: C [rows, out] = A [rows, in] W_g^T with W [G, out, in]; DyW: C [rows, in] = A [rows, out]
+  // W_g. Down when C's width is the rank, up when A's is.
+  if (!rows_ok(c) || b.dtype() != DType::BF16 || !b.is_contiguous() || !aligned16(b.raw()))
+    return false;
+  const bool xwt = p.form == GroupedForm::XWt;
+  const int64_t kdim = a.dim(1), ndim = c.dim(1);
+  if (rank_ok(ndim) && p.beta == 0.f) {
+    if (!make_tiles(off, groups, kRowTile, tiles)) return false;
+    const DownArgs args{ptr<bf16>(a),           a.stride(0),  kdim,        ptr<bf16>(b), xwt,
+                        static_cast<int>(ndim), ptr<bf16>(c), c.stride(0), p.alpha};
+    down_kernel<<<tiles.tile0[tiles.count], kThreads, 0, st>>>(tiles, args);
+    MT_CUDA_LAUNCH_CHECK();
+    return true;
+  }
+  if (rank_ok(kdim)) {
+    if (!make_tiles(off, groups, kRowTile, tiles)) return false;
+    const UpArgs args{ptr<bf16>(a), a.stride(0), static_cast<int>(kdim), ptr<bf16>(b),
+                      xwt,          ndim,        ptr<bf16>(c),           c.stride(0),
+                      p.alpha,      p.beta};
+    up_kernel<<<dim3(tiles.tile0[tiles.count], col_blocks(ndim)), kThreads, 0, st>>>(tiles, args);
+    MT_CUDA_LAUNCH_CHECK();
+    return true;
+  }
+  return false;
+}
+
+}  // namespace mt::ops::cuda

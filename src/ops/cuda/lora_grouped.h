@@ -1,0 +1,34 @@
+// Skinny grouped products: the grouped_matmul calls of expert LoRA, where one dimension is the
+// adapter rank r (at most 64, a multiple of 8). On CUTLASS's 128 x 256 x 64 tiles or cuBLAS's
+// grouped GEMM such a call wastes most of every tile, and the bf16 weight-gradient form went group
+// by group through cuBLASLt; these are mma.sync (m16n8k16, bf16, fp32 accumulation) kernels, one
+// launch per call across all groups, that read the large operand once:
+//   down: C_g = alpha X_g W_g^T (XWt, W_g [r, K]) or alpha X_g W_g (DyW, W_g [K, r]): C [rows, r];
+//   up:   C_g = alpha S_g W_g^T + beta C_g (XWt, W_g [n, r]) or alpha S_g W_g (DyW, W_g [r, n]),
+//         S [rows, r];
+//   dW:   dW_g = alpha A_g^T B_g + beta dW_g (DytX) with A [rows, r] (dW_g [r, K]) or B [rows, r]
+//         (dW_g [n, r]), f32. The rows of a group are split over blocks whose partial sums meet
+//         through f32 atomics; a deterministic context gives each group's rows to one block, which
+//         sums them in row order (bit-repeatable, at less parallelism for a hot expert).
+// ops/cuda/grouped_matmul.cu calls this first for bf16 operands; it declines (false) whatever
+// it does not take (f32, r > 64 or not a multiple of 8, rows or widths not 16-byte aligned, a down
+// product with beta != 0, more than kMaxGroups non-empty groups), and the call goes on to
+// CUTLASS or cuBLAS.
+#pragma once
+
+#include "core/context.h"
+#include "core/tensor.h"
+#include "ops/grouped_matmul.h"
+
+namespace mt::ops::cuda {
+
+// The widest rank the skinny kernels take.
+constexpr int64_t kSkinnyMaxRank = 64;
+
+// Runs grouped_matmul(ctx, p, a, offsets, b, c) (validated by the caller, offsets on the host)
+// on the skinny kernels and returns true, or returns false having done nothing. The caller has
+// already scaled the weight-gradient blocks of empty groups by beta.
+bool skinny_grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Tensor& a,
+                           const Tensor& offsets, const Tensor& b, Tensor& c);
+
+}  // namespace mt::ops::cuda

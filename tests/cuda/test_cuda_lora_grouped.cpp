@@ -1,0 +1,125 @@
+// The skinny grouped products of expert LoRA (ops/cuda/lora_grouped.h) against the CPU
+// grouped_matmul, through harness/gpu_check.h: the bf16 pass runs the skinny kernels (the f32
+// pass goes to cuBLAS, the kernels take bf16 only). Groups are empty, of one row, and skewed (one
+// holds most rows, so the weight gradient splits it over several blocks); widths leave partial
+// tiles (K = 136 against stages of 64, n = 200 against column tiles of 128). Without a GPU the
+// checks skip, saying so.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "harness/gpu_check.h"
+#include "harness/seed.h"
+#include "ops/grouped_matmul.h"
+
+namespace mt::test {
+namespace {
+
+constexpr auto XWt = ops::GroupedForm::XWt, DyW = ops::GroupedForm::DyW,
+               DytX = ops::GroupedForm::DytX;
+
+// Offsets of G groups: group 0 and G-1 empty, group 1 one row, group 2 `heavy` rows, the rest
+// 0..40 rows at random.
+Tensor skewed_offsets(Rng& rng, int64_t G, int32_t heavy) {
+  Tensor off = Tensor::empty({G + 1}, DType::I32);
+  off.i32()[0] = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    int32_t n = static_cast<int32_t>(rng.below(41));
+    if (g == 0 || g == G - 1) n = 0;
+    if (g == 1) n = 1;
+    if (g == 2) n = heavy;
+    off.i32()[g + 1] = off.i32()[g] + n;
+  }
+  return off;
+}
+
+// Every skinny product: down (XWt with W [G, r, K], DyW with W [G, K, r]), up (XWt with
+// W [G, n, r] and beta, DyW with W [G, r, n]) and both weight-gradient layouts (dW [G, r, K] from
+// A = the rank-wide rows, dW [G, n, r] from B = them), with alpha and beta.
+TEST(CudaLoraGrouped, SkinnyProductsAgainstCpu) {
+  REQUIRE_GPU();
+  for (const int64_t r : {8, 16, 32}) {
+    const uint64_t seed = fresh_seed();
+    Rng rng(seed);
+    const int64_t G = 12, K = 136, n = 200;
+    const int32_t heavy = 1500;
+    const Tensor off = skewed_offsets(rng, G, heavy);
+    const int64_t N = off.i32()[G];
+    const std::vector<In> ins = {{randn(rng, {N, K})},           {randn(rng, {G, r, K})},
+                                 {randn(rng, {G, n, r})},        {randn(rng, {G, K, r})},
+                                 {randn(rng, {G, r, n})},        {randn(rng, {N, r})},
+                                 {randn(rng, {N, n})},           {randn(rng, {N, n})},
+                                 {randn(rng, {G, r, K}), false}, {randn(rng, {G, n, r}), false}};
+    const std::string name = "skinny grouped r=" + std::to_string(r);
+    run_case(
+        name.c_str(), ins, {"down_xwt", "down_dyw", "up_xwt", "up_dyw", "dw_rk", "dw_nr"},
+        [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
+          const DType at = in[0].dtype();
+          Tensor down1 = out(c, {N, r}, at), down2 = out(c, {N, r}, at), up1 = like(c, in[7]),
+                 up2 = out(c, {N, n}, at), dw1 = like(c, in[8]), dw2 = like(c, in[9]);
+          OP(grouped_matmul)(c, {.form = XWt, .alpha = 0.7f}, in[0], off, in[1], down1);
+          OP(grouped_matmul)(c, {.form = DyW, .alpha = -1.3f}, in[0], off, in[3], down2);
+          OP(grouped_matmul)
+          (c, {.form = XWt, .alpha = 0.5f, .beta = 0.75f}, in[5], off, in[2], up1);
+          OP(grouped_matmul)(c, {.form = DyW, .alpha = 2.f}, in[5], off, in[4], up2);
+          OP(grouped_matmul)
+          (c, {.form = DytX, .alpha = 0.9f, .beta = 0.5f}, in[5], off, in[0], dw1);
+          OP(grouped_matmul)
+          (c, {.form = DytX, .alpha = 1.1f, .beta = 1.f}, in[6], off, in[5], dw2);
+          return {down1, down2, up1, up2, dw1, dw2};
+        },
+        seed, std::max<int64_t>(heavy, K));
+  }
+}
+
+// A deterministic context sums each group's rows in one block, in row order: two runs of every
+// skinny product from the same inputs and pre-filled gradients agree bit for bit.
+TEST(CudaLoraGrouped, DeterministicModeRepeatsBitwise) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(cat("seed=", seed, " (", seed_note(), ")"));
+  Rng rng(seed);
+  const int64_t G = 6, K = 264, n = 128, r = 16;
+  const Tensor off = skewed_offsets(rng, G, 5000);
+  const int64_t N = off.i32()[G];
+  Context c(ContextOptions{.device = Device::CUDA, .seed = seed, .deterministic = true});
+  const auto dev = [&](const Tensor& host, DType dt) {
+    Tensor d = Tensor::empty(host.shape(), dt, Device::CUDA);
+    d.copy_from(host);
+    return d;
+  };
+  const Tensor x = dev(randn(rng, {N, K}), DType::BF16), s = dev(randn(rng, {N, r}), DType::BF16),
+               dy = dev(randn(rng, {N, n}), DType::BF16),
+               a = dev(randn(rng, {G, r, K}), DType::BF16),
+               b = dev(randn(rng, {G, n, r}), DType::BF16);
+  const Tensor ga0 = randn(rng, {G, r, K}), gb0 = randn(rng, {G, n, r});
+  const auto run = [&]() -> std::vector<Tensor> {
+    Tensor xa = out(c, {N, r}, DType::BF16), y = out(c, {N, n}, DType::BF16),
+           ga = dev(ga0, DType::F32), gb = dev(gb0, DType::F32);
+    ops::grouped_matmul(c, {.form = XWt}, x, off, a, xa);
+    ops::grouped_matmul(c, {.form = XWt, .alpha = 2.f}, s, off, b, y);
+    ops::grouped_matmul(c, {.form = DytX, .beta = 1.f}, s, off, x, ga);
+    ops::grouped_matmul(c, {.form = DytX, .alpha = 2.f, .beta = 1.f}, dy, off, s, gb);
+    std::vector<Tensor> res;
+    for (const Tensor& t : {xa, y, ga, gb}) {
+      Tensor h = Tensor::empty(t.shape());
+      c.synchronize();
+      h.copy_from(t);
+      res.push_back(h);
+    }
+    return res;
+  };
+  const std::vector<Tensor> first = run(), second = run();
+  const char* names[] = {"xa", "y", "dA", "dB"};
+  for (size_t j = 0; j < first.size(); ++j)
+    EXPECT_EQ(std::memcmp(first[j].f32(), second[j].f32(),
+                          static_cast<size_t>(first[j].numel()) * sizeof(float)),
+              0)
+        << names[j] << " differs between two deterministic runs";
+}
+
+}  // namespace
+}  // namespace mt::test
