@@ -5,6 +5,8 @@
 // up), down [E, in, F]. Optional per-expert LoRA (rank r, scale alpha / r) on both projections,
 // applied as (X A^T) B^T so Delta W = B A is never formed:
 //   gate_up_a [E, r, in], gate_up_b [E, 2F, r], down_a [E, r, F], down_b [E, in, r].
+// On the GPU the rank-r products run on skinny kernels (ops/cuda/lora_grouped.h, through
+// grouped_matmul), and the LoRA term is written before the base GEMM adds into it.
 // Gradient contract: dx is written; weight and LoRA grads accumulate (+=) and are skipped when
 // undefined (a frozen base, or no adapter).
 #pragma once

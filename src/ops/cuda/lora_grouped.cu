@@ -383,7 +383,7 @@ unsigned col_blocks(int64_t n) {
 
 bool skinny_grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Tensor& a,
                            const Tensor& offsets, const Tensor& b, Tensor& c) {
-  if (!rows_ok(a)) return false;
+  if (!rows_ok(a) || a.dim(1) == 0 || b.numel() == 0 || c.numel() == 0) return false;
   const int32_t* off = offsets.i32();
   const int64_t groups = offsets.numel() - 1;
   cudaStream_t st = stream(ctx);
