@@ -1,13 +1,12 @@
 #include "ops/kda_step.h"
 
-#include <cmath>
-
 #include "ops/dispatch.h"
+#include "ops/kda.h"
 
 namespace mt::ops {
 
 float KdaStepParams::qk_scale() const {
-  return scale != 0.f ? scale : 1.f / std::sqrt(static_cast<float>(head_k));
+  return KdaParams{.head_k = head_k, .scale = scale}.qk_scale();  // one default for both forms
 }
 
 void kda_recurrent_step(Context& ctx, const KdaStepParams& p, const Tensor& q, const Tensor& k,

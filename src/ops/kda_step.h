@@ -17,8 +17,8 @@ namespace mt::ops {
 
 struct KdaStepParams {
   int64_t tokens = 0, heads = 0, head_k = 0, head_v = 0;
-  float scale = 0.f;  // 0: head_k^-0.5
-  float qk_scale() const;
+  float scale = 0.f;       // 0: head_k^-0.5
+  float qk_scale() const;  // KdaParams::qk_scale's rule
 };
 
 // state f32 [H, K, V] (any leading 1s allowed: [1, H, K, V]) is updated in place to the state

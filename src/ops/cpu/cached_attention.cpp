@@ -1,11 +1,14 @@
 #include "ops/cached_attention.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <utility>
-#include <vector>
+#include <span>
 
+#include "core/arena.h"
+#include "ops/cpu/attention.h"
 #include "ops/indexer.h"
 
 namespace mt::ops::cpu {
@@ -35,18 +38,14 @@ void cached_attention_forward(Context& ctx, const CachedAttentionParams& p, cons
       for (int64_t j = 0; j < count; ++j) {
         const int64_t s = key(j);
         if (s < 0 || s >= cached) continue;
-        float dot = 0.f;
-        for (int64_t e = 0; e < Dqk; ++e) dot += qr[e] * pk[(s * H + h) * Dqk + e];
-        m = std::max(m, p.scale * dot);
+        m = std::max(m, p.scale * dotf(qr, pk + (s * H + h) * Dqk, Dqk));
       }
       if (m == -std::numeric_limits<float>::infinity()) continue;
       float sum = 0.f;
       for (int64_t j = 0; j < count; ++j) {
         const int64_t s = key(j);
         if (s < 0 || s >= cached) continue;
-        float dot = 0.f;
-        for (int64_t e = 0; e < Dqk; ++e) dot += qr[e] * pk[(s * H + h) * Dqk + e];
-        const float w = std::exp(p.scale * dot - m);
+        const float w = std::exp(p.scale * dotf(qr, pk + (s * H + h) * Dqk, Dqk) - m);
         sum += w;
         for (int64_t e = 0; e < Dv; ++e) orow[e] += w * pv[(s * H + h) * Dv + e];
       }
@@ -63,29 +62,24 @@ void cached_indexer_topk(Context& ctx, const CachedIndexerParams& p, const Tenso
   const float* pw = w.f32();
   const int32_t* pos = positions.i32();
   int32_t* po = out.i32();
-#pragma omp parallel for num_threads(ctx.threads()) schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    std::vector<std::pair<float, int32_t>> cand;
-    cand.reserve(static_cast<size_t>(pos[i]) + 1);
-    for (int32_t s = 0; s <= pos[i]; ++s) {
-      float acc = 0.f;
-      for (int64_t h = 0; h < HI; ++h) {
-        float dot = 0.f;
-        for (int64_t e = 0; e < DI; ++e) dot += pq[(i * HI + h) * DI + e] * pk[s * DI + e];
-        acc += pw[i * HI + h] * std::max(0.f, dot);
+  const int nt = ctx.threads();
+  // Per-thread candidate lists from the workspace, as ops::topk_select keeps them.
+  ArenaScope scope(ctx.workspace());
+  Tensor lists = ctx.workspace().alloc({nt, p.cached}, DType::I64);  // one ScoredPos per 8 bytes
+#pragma omp parallel num_threads(nt)
+  {
+    ScoredPos* cand = reinterpret_cast<ScoredPos*>(lists.i64()) + omp_get_thread_num() * p.cached;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t count = pos[i] + 1;  // the entry checked pos[i] < cached
+      for (int32_t s = 0; s < count; ++s) {
+        float acc = 0.f;
+        for (int64_t h = 0; h < HI; ++h)
+          acc += pw[i * HI + h] * std::max(0.f, dotf(pq + (i * HI + h) * DI, pk + s * DI, DI));
+        cand[s] = ScoredPos{acc * scale, s};
       }
-      cand.emplace_back(acc * scale, s);
+      select_topk_row(std::span<ScoredPos>(cand, static_cast<size_t>(count)), topk, po + i * topk);
     }
-    // Larger score first, ties to the lower position: the rule of ops::topk_select.
-    const size_t keff = std::min(cand.size(), static_cast<size_t>(topk));
-    std::partial_sort(cand.begin(), cand.begin() + static_cast<std::ptrdiff_t>(keff), cand.end(),
-                      [](const auto& a, const auto& b) {
-                        return a.first > b.first || (a.first == b.first && a.second < b.second);
-                      });
-    int32_t* row = po + i * topk;
-    for (size_t j = 0; j < keff; ++j) row[j] = cand[j].second;
-    std::sort(row, row + keff);
-    for (int64_t j = static_cast<int64_t>(keff); j < topk; ++j) row[j] = -1;
   }
 }
 

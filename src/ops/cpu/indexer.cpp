@@ -106,41 +106,21 @@ void topk_select(Context& ctx, const Tensor& scores, const Tensor& candidates, i
   const float* ps = scores.f32();
   const int32_t* pc = candidates.i32();
   int32_t* po = out.i32();
-  struct Cand {
-    float score;
-    int32_t pos;
-  };
   const int nt = ctx.threads();
   // Per-thread candidate lists from the workspace: a step allocates no heap memory.
   ArenaScope scope(ctx.workspace());
-  Tensor lists = ctx.workspace().alloc({nt, K}, DType::I64);  // one (score, position) per 8 bytes
-  static_assert(sizeof(Cand) == 8);
+  Tensor lists = ctx.workspace().alloc({nt, K}, DType::I64);  // one ScoredPos per 8 bytes
 #pragma omp parallel num_threads(nt)
   {
-    Cand* buf_begin = reinterpret_cast<Cand*>(lists.i64()) + omp_get_thread_num() * K;
+    ScoredPos* buf_begin = reinterpret_cast<ScoredPos*>(lists.i64()) + omp_get_thread_num() * K;
 #pragma omp for schedule(dynamic, 8)
     for (int64_t t = 0; t < T; ++t) {
-      std::span<Cand> buf(buf_begin, 0);
+      size_t count = 0;
       for (int64_t j = 0; j < K; ++j) {
         const int32_t s = pc[t * K + j];
-        if (valid_slot(s, T)) {
-          buf = std::span<Cand>(buf_begin, buf.size() + 1);
-          buf.back() = Cand{ps[t * K + j], s};
-        }
+        if (valid_slot(s, T)) buf_begin[count++] = ScoredPos{ps[t * K + j], s};
       }
-      // Larger score first; equal scores: lower position first (a strict weak order even with
-      // duplicate positions, which tie completely and are interchangeable).
-      auto better = [](const Cand& a, const Cand& b) {
-        return a.score > b.score || (a.score == b.score && a.pos < b.pos);
-      };
-      const size_t keff = std::min(buf.size(), static_cast<size_t>(topk));
-      if (keff < buf.size())
-        std::nth_element(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(keff), buf.end(),
-                         better);
-      int32_t* orow = po + t * topk;
-      for (size_t i = 0; i < keff; ++i) orow[i] = buf[i].pos;
-      std::sort(orow, orow + keff);
-      for (int64_t i = static_cast<int64_t>(keff); i < topk; ++i) orow[i] = -1;
+      select_topk_row(std::span<ScoredPos>(buf_begin, count), topk, po + t * topk);
     }
   }
 }
