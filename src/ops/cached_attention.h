@@ -7,7 +7,9 @@
 // Layout: q [n, H, Dqk]; the caches k [capacity, H, Dqk], v [capacity, H, Dv] (per-head keys, as
 // MLA after kv_b), of which rows [0, cached) hold keys; positions i32 [n] the absolute position of
 // each query (its own key is cached too: positions[i] < cached). Storage f32 or bf16 (one type per
-// call), arithmetic in fp32.
+// call), arithmetic in fp32. The host path refuses a position outside [0, cached) (ValueError); the
+// device path does not read them on the host, and clamps a row's key count to [0, cached] instead,
+// so a bad position never reads or writes outside the cache and the row.
 #pragma once
 
 #include "core/context.h"
@@ -44,7 +46,9 @@ struct CachedIndexerParams {
 // min(topk, positions[i] + 1) positions s <= positions[i] with the largest
 //   I[i, s] = scale * sum_h w[i, h] * ReLU(q[i, h, :] . k[s, :]),
 // ties to the lower position, listed in increasing order, then -1: out i32 [n, topk] (written).
-// q [n, HI, DI], k [capacity, DI] (rows [0, cached) used), w [n, HI].
+// q [n, HI, DI], k [capacity, DI] (rows [0, cached) used), w [n, HI]. The GPU keeps an fp32
+// [n, cached] score table in the workspace: a step whose table does not fit is a ValueError naming
+// both sizes (a long prompt decodes in shorter steps).
 using CachedIndexerTopk = void(Context& ctx, const CachedIndexerParams& p, const Tensor& q,
                                const Tensor& k, const Tensor& w, const Tensor& positions,
                                Tensor& out);

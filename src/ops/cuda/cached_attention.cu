@@ -3,11 +3,18 @@
 //   with its own online softmax (running max, sum and fp32 output accumulators in shared memory),
 //   and the warps' partial results merge at the end. One pass over the keys.
 // - Indexer top-k: a score kernel (one warp per cached position, the row's queries in shared
-//   memory) fills a [n, cached] fp32 table in the workspace; a per-row kernel then finds the k-th
+//   memory; key blocks on grid.x, whose limit is 2^31 - 1, and query rows strided over grid.y)
+//   fills a [n, cached] fp32 table in the workspace; a per-row kernel then finds the k-th
 //   best (score, position) key by an 8-bit radix select over 64-bit keys (ordered score bits, then
 //   the inverted position, so ties go to the lower position) and writes the winners in increasing
 //   position through a block scan.
+// The device path never reads the positions on the host (ops/cached_attention.cpp checks them on
+// the CPU path only), so every kernel clamps a row's key count to [0, cached]: a bad position then
+// reads no key past the cache and writes nothing outside its row.
 #include <cub/block/block_scan.cuh>
+
+#include <algorithm>
+#include <limits>
 
 #include "ops/cached_attention.h"
 #include "ops/cuda/common.cuh"
@@ -18,6 +25,13 @@ namespace mt::ops::cuda {
 namespace {
 
 constexpr int kAttnWarps = 4;
+
+// Row i's causal key count, positions[i] + 1, within [0, cached].
+__device__ __forceinline__ int64_t causal_count(const int32_t* positions, int64_t i,
+                                                int64_t cached) {
+  const int64_t c = static_cast<int64_t>(positions[i]) + 1;
+  return c < 0 ? 0 : (c > cached ? cached : c);
+}
 
 template <typename T>
 __global__ void cached_attention_kernel(CachedAttentionParams p, const T* __restrict__ q,
@@ -35,7 +49,7 @@ __global__ void cached_attention_kernel(CachedAttentionParams p, const T* __rest
   for (int64_t e = lane; e < Dv; e += 32) acc[warp * Dv + e] = 0.f;
   __syncthreads();
   const bool listed = indices != nullptr;
-  const int64_t count = listed ? p.kmax : static_cast<int64_t>(positions[i]) + 1;
+  const int64_t count = listed ? p.kmax : causal_count(positions, i, p.cached);
   float m = -INFINITY, sum = 0.f;
   for (int64_t j = warp; j < count; j += kAttnWarps) {
     const int64_t s = listed ? indices[i * p.kmax + j] : j;
@@ -73,32 +87,36 @@ __global__ void cached_attention_kernel(CachedAttentionParams p, const T* __rest
 
 constexpr int kScoreWarps = 8;
 
-// scores[i, s] for s <= positions[i]; the rest of the row is never read.
+// scores[i, s] for s < causal_count(i); the rest of the row is never read. Block (x, y) holds key
+// block x (kScoreWarps positions) for rows y, y + gridDim.y, ...: grid.y stays within its 65535.
 template <typename T>
 __global__ void cached_scores_kernel(CachedIndexerParams p, float scale, const T* __restrict__ q,
                                      const T* __restrict__ k, const T* __restrict__ w,
                                      const int32_t* __restrict__ positions,
                                      float* __restrict__ scores) {
   extern __shared__ float smem[];
-  const int64_t i = blockIdx.x, HI = p.heads, DI = p.head_dim;
+  const int64_t HI = p.heads, DI = p.head_dim;
   float* qs = smem;          // [HI, DI]
   float* ws = qs + HI * DI;  // [HI]
-  for (int64_t e = threadIdx.x; e < HI * DI; e += blockDim.x) qs[e] = ld(q, i * HI * DI + e);
-  for (int64_t e = threadIdx.x; e < HI; e += blockDim.x) ws[e] = ld(w, i * HI + e);
-  __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t s = static_cast<int64_t>(blockIdx.y) * kScoreWarps + warp;
-  if (s > positions[i]) return;
-  float acc = 0.f;
-  for (int64_t h = 0; h < HI; ++h) {
-    float dot = 0.f;
-    for (int64_t e = lane; e < DI; e += 32) dot += qs[h * DI + e] * ld(k, s * DI + e);
-    for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-    acc += ws[h] * fmaxf(0.f, dot);
+  const int64_t s = static_cast<int64_t>(blockIdx.x) * kScoreWarps + warp;
+  for (int64_t i = blockIdx.y; i < p.tokens; i += gridDim.y) {
+    __syncthreads();  // the previous row's queries are read by every warp
+    for (int64_t e = threadIdx.x; e < HI * DI; e += blockDim.x) qs[e] = ld(q, i * HI * DI + e);
+    for (int64_t e = threadIdx.x; e < HI; e += blockDim.x) ws[e] = ld(w, i * HI + e);
+    __syncthreads();
+    if (s >= causal_count(positions, i, p.cached)) continue;  // whole warps: s is per warp
+    // acc starts at +0 and only adds: a row without positive dots scores +0, never -0, so the
+    // top-k's key bits see one zero.
+    float acc = 0.f;
+    for (int64_t h = 0; h < HI; ++h) {
+      float dot = 0.f;
+      for (int64_t e = lane; e < DI; e += 32) dot += qs[h * DI + e] * ld(k, s * DI + e);
+      for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+      acc += ws[h] * fmaxf(0.f, dot);
+    }
+    if (lane == 0) scores[i * p.cached + s] = acc * scale;
   }
-  float sc = acc * scale;
-  if (sc == 0.f) sc = 0.f;  // -0 and +0 are one score: the key bits must agree
-  if (lane == 0) scores[i * p.cached + s] = sc;
 }
 
 // Larger key = better candidate: the score's bits made order-preserving as an unsigned integer,
@@ -120,7 +138,7 @@ __global__ void cached_topk_kernel(CachedIndexerParams p, const float* __restric
   __shared__ uint64_t prefix_s;
   __shared__ int64_t need_s;
   __shared__ int written_s;
-  const int64_t i = blockIdx.x, count = static_cast<int64_t>(positions[i]) + 1;
+  const int64_t i = blockIdx.x, count = causal_count(positions, i, p.cached);
   const int64_t keff = count < p.topk ? count : p.topk;
   const float* row = scores + i * p.cached;
   uint64_t thr = 0;  // every key is above 0: all candidates win when keff == count
@@ -192,11 +210,24 @@ void cached_indexer_topk(Context& ctx, const CachedIndexerParams& p, const Tenso
   const size_t smem = sizeof(float) * static_cast<size_t>(p.heads * p.head_dim + p.heads);
   MT_CHECK(smem <= 48 * 1024, ShapeError, "cached_indexer_topk: ", p.heads, " heads of ",
            p.head_dim, " exceed the score kernel's shared memory");
+  // Positions are i32 and the top-k's keys hold the inverted position in 32 bits.
+  MT_CHECK(p.cached <= std::numeric_limits<int32_t>::max(), ValueError,
+           "cached_indexer_topk: cached = ", p.cached, " positions exceed the i32 positions");
+  // The [tokens, cached] fp32 score table must fit the workspace: say so with both sizes rather
+  // than as the arena's failure (a long prompt against a long cache is what reaches it).
+  Arena& ws = ctx.workspace();
+  const size_t table = arena_footprint(static_cast<size_t>(p.tokens * p.cached) * sizeof(float));
+  MT_CHECK(ws.used() + table <= ws.capacity(), ValueError,
+           "cached_indexer_topk: the score table of ", p.tokens, " rows x cached = ", p.cached,
+           " positions needs ", table, " bytes; the workspace has ", ws.capacity() - ws.used(),
+           " of ", ws.capacity(),
+           " free (decode the prompt in shorter steps or grow the workspace)");
   const float scale = IndexerParams{.head_dim = p.head_dim, .scale = p.scale}.eff_scale();
-  ArenaScope scope(ctx.workspace());
-  Tensor scores = ctx.workspace().alloc({p.tokens, p.cached}, DType::F32);
-  const dim3 grid(static_cast<unsigned>(p.tokens),
-                  static_cast<unsigned>((p.cached + kScoreWarps - 1) / kScoreWarps));
+  ArenaScope scope(ws);
+  Tensor scores = ws.alloc({p.tokens, p.cached}, DType::F32);
+  constexpr int64_t kMaxGridY = 65535;
+  const dim3 grid(static_cast<unsigned>((p.cached + kScoreWarps - 1) / kScoreWarps),
+                  static_cast<unsigned>(std::min(p.tokens, kMaxGridY)));
   MT_DISPATCH_FLOAT(q, "cached_indexer_topk", {
     cached_scores_kernel<T><<<grid, 32 * kScoreWarps, smem, stream(ctx)>>>(
         p, scale, ptr<const T>(q), ptr<const T>(k), ptr<const T>(w), ptr<const int32_t>(positions),
