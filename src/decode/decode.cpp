@@ -157,7 +157,10 @@ void Decoder::step(Context& ctx, const Tensor& ids, Tensor& logits) {
   if (dev == Device::CPU) {
     ops::matmul(ctx, last, false, head, true, logits);
   } else {
-    Tensor on_dev = ws.alloc({rows, V}, at);
+    // f32 whatever the model's dtype (the GEMM takes bf16 operands with an f32 result): sampling
+    // needs more than bf16's 8 bits (near-ties, the temperature's softmax), and a same-dtype copy
+    // is one device-to-host memcpy, with no host conversion per token.
+    Tensor on_dev = ws.alloc({rows, V}, DType::F32);
     ops::matmul(ctx, last, false, head, true, on_dev);
     logits.copy_from(on_dev);  // waits for the step: the one read per token
   }
