@@ -3,23 +3,30 @@
 // whole Decoder: a hybrid model (KDA, gated DSA, MLA, dense FFN, latent MoE) decodes a prompt and
 // 16 single tokens on both devices, logits compared step by step (the model rows of
 // harness/tolerance.h), and greedy generation picks the CPU's ids wherever the CPU's logit margin
-// exceeds the two devices' difference. Without a GPU every test skips, saying so.
+// exceeds the two devices' difference. Cache rows past `cached` hold NaN, so a kernel that reads
+// one fails. Without a GPU every test skips, saying so.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
+#include <numeric>
 #include <vector>
 
 #include "core/device.h"
 #include "decode/decode.h"
+#include "harness/batch.h"
 #include "harness/gpu_check.h"
+#include "harness/op_check.h"
 #include "harness/tolerance.h"
 #include "model/model.h"
+#include "model/moe_layer.h"
 #include "ops/cached_attention.h"
 #include "ops/kda_step.h"
+#include "ref/cached_attention_ref.h"
 #include "train/generate.h"
 
 namespace mt::test {
@@ -31,18 +38,31 @@ Tensor positions_for(int64_t n, int64_t cached) {
   return t;
 }
 
+// A cache of [capacity, ...] random rows whose rows from `cached` on hold NaN (never to be read).
+Tensor cache(Rng& rng, const Shape& s, int64_t cached) {
+  Tensor t = randn(rng, s);
+  for (int64_t i = cached * (t.numel() / s[0]); i < t.numel(); ++i)
+    t.f32()[i] = std::numeric_limits<float>::quiet_NaN();
+  return t;
+}
+
 void attention_case(const char* name, int64_t n, int64_t cached, int64_t kmax, uint64_t seed) {
   Rng rng(seed);
   const int64_t H = 4, Dqk = 24, Dv = 16, cap = cached + 5;
   Tensor idx;
-  if (kmax > 0) {  // random cached positions, -1 and duplicates
+  if (kmax > 0) {  // random cached positions, -1, slots past the cache (NaN rows or past the
+                   // capacity: unused), duplicates (random draws repeat)
     idx = Tensor::empty({n, kmax}, DType::I32);
-    for (int64_t i = 0; i < idx.numel(); ++i)
-      idx.i32()[i] = rng.below(8) == 0 ? -1 : static_cast<int32_t>(rng.below(cached - n + 1));
+    for (int64_t i = 0; i < idx.numel(); ++i) {
+      const uint64_t r = rng.below(8);
+      idx.i32()[i] = r == 0   ? -1
+                     : r == 1 ? static_cast<int32_t>(cached + rng.below(cap - cached + 3))
+                              : static_cast<int32_t>(rng.below(cached - n + 1));
+    }
   }
   std::vector<In> ins = {{randn(rng, {n, H, Dqk})},
-                         {randn(rng, {cap, H, Dqk})},
-                         {randn(rng, {cap, H, Dv})},
+                         {cache(rng, {cap, H, Dqk}, cached)},
+                         {cache(rng, {cap, H, Dv}, cached)},
                          {positions_for(n, cached), false},
                          {kmax > 0 ? idx : Tensor::zeros({1}, DType::I32), false}};
   const ops::CachedAttentionParams p{.tokens = n,
@@ -114,25 +134,101 @@ void check_topk(const char* name, const Tensor& q, const Tensor& k, const Tensor
     ASSERT_EQ(h.i32()[i], want.i32()[i]) << "row " << i / topk << " slot " << i % topk;
 }
 
+// Random scores, redrawn (as the CPU test does) until every row's gap between its last selected
+// and first rejected score exceeds 1e-4: the devices sum in different orders, so a closer call
+// may go either way in fp32 and exact agreement would be luck. Rows of the cache past the last
+// position hold NaN.
+void check_clear_topk(Rng& rng, const char* name, int64_t n, int64_t HI, int64_t DI, int64_t cached,
+                      int64_t topk) {
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    Tensor q = randn(rng, {n, HI, DI}), k = cache(rng, {cached + 3, DI}, cached),
+           w = randn(rng, {n, HI}), pos = positions_for(n, cached);
+    double margin = 0;
+    ref::cached_indexer_topk(to_dvec(q), to_dvec(k), to_dvec(w),
+                             {pos.i32(), pos.i32() + pos.numel()}, HI, DI, topk,
+                             1.0 / std::sqrt(static_cast<double>(DI)), &margin);
+    if (margin < 1e-4) continue;
+    check_topk(name, q, k, w, pos, cached, topk);
+    return;
+  }
+  ADD_FAILURE() << name << ": no draw with a clear top-k boundary in 50";
+}
+
 TEST(CudaDecodeOps, CachedIndexerTopkMatchesTheCpuExactly) {
   REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(cat("seed=", seed));
   Rng rng(seed);
   const int64_t HI = 4, DI = 64, cached = 700;
-  // Random scores: distinct in fp32 with overwhelming probability at this spread.
-  check_topk("one token", randn(rng, {1, HI, DI}), randn(rng, {cached, DI}), randn(rng, {1, HI}),
-             positions_for(1, cached), cached, 64);
-  check_topk("a prompt", randn(rng, {9, HI, DI}), randn(rng, {cached, DI}), randn(rng, {9, HI}),
-             positions_for(9, 40), 40, 16);
-  // Equal keys: every score ties, the lowest positions win; zero keys give scores of both signs.
-  Tensor same = randn(rng, {cached, DI});
+  check_clear_topk(rng, "one token", 1, HI, DI, cached, 64);
+  check_clear_topk(rng, "a prompt", 9, HI, DI, 40, 16);
+  // Equal keys: every score ties exactly (each position's sum runs the same arithmetic), the
+  // lowest positions win.
+  Tensor same = cache(rng, {cached + 3, DI}, cached);
   for (int64_t s = 1; s < cached; ++s)
     for (int64_t e = 0; e < DI; ++e) same.f32()[s * DI + e] = same.f32()[e];
   check_topk("equal keys", randn(rng, {2, HI, DI}), same, randn(rng, {2, HI}),
              positions_for(2, cached), cached, 100);
+  // Zero keys: every score is +0 (ReLU's zeros only add to the +0 start), one complete tie.
   check_topk("zero keys", randn(rng, {2, HI, DI}), Tensor::zeros({cached, DI}), randn(rng, {2, HI}),
              positions_for(2, cached), cached, 7);
+}
+
+// The device path does not read the positions on the host (the CPU path refuses a bad one), so
+// its kernels clamp each row's causal count to [0, cached]: a position past the cache reads every
+// cached key and no row beyond (they hold NaN), one below -1 (count < 0) selects nothing and writes
+// nothing outside its row. Under compute-sanitizer this is the out-of-bounds check.
+TEST(CudaDecodeOps, PositionsOutsideTheCacheStayInside) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(cat("seed=", seed));
+  Rng rng(seed);
+  const int64_t HI = 2, DI = 32, cached = 50, topk = 8, H = 2, D = 16;
+  Tensor bad = Tensor::empty({3}, DType::I32), clamped = Tensor::empty({3}, DType::I32);
+  const int32_t bad_pos[3] = {static_cast<int32_t>(cached) + 40, -7, 5};
+  const int32_t clamped_pos[3] = {static_cast<int32_t>(cached) - 1, -1, 5};
+  std::copy(bad_pos, bad_pos + 3, bad.i32());
+  std::copy(clamped_pos, clamped_pos + 3, clamped.i32());
+  Context gpu(ContextOptions{.device = Device::CUDA});
+
+  Tensor q = randn(rng, {3, HI, DI}), k = cache(rng, {cached + 60, DI}, cached),
+         w = randn(rng, {3, HI});
+  const ops::CachedIndexerParams ip{
+      .tokens = 3, .heads = HI, .head_dim = DI, .cached = cached, .topk = topk};
+  // The output's 3 rows and a guard row after them, all pre-filled with the guard value.
+  const int32_t guard = 12345;
+  Tensor fill = Tensor::empty({3 + 1, topk}, DType::I32);
+  std::fill(fill.i32(), fill.i32() + fill.numel(), guard);
+  Tensor sel = like(gpu, fill), sel3 = sel.rows(0, 3);
+  ops::cached_indexer_topk(gpu, ip, like(gpu, q), like(gpu, k), like(gpu, w), like(gpu, bad), sel3);
+  const Tensor got = sel.to(Device::CPU);
+  // What the clamped positions select, on the same device (row 1: no candidate, all -1).
+  Tensor want = Tensor::empty({3, topk}, DType::I32, Device::CUDA);
+  ops::cached_indexer_topk(gpu, ip, like(gpu, q), like(gpu, k), like(gpu, w), like(gpu, clamped),
+                           want);
+  const Tensor wh = want.to(Device::CPU);
+  for (int64_t i = 0; i < 3 * topk; ++i)
+    EXPECT_EQ(got.i32()[i], wh.i32()[i]) << "row " << i / topk << " slot " << i % topk;
+  for (int64_t j = 0; j < topk; ++j) {
+    EXPECT_EQ(got.i32()[topk + j], -1) << "slot " << j;
+    EXPECT_EQ(got.i32()[3 * topk + j], guard) << "the guard row, slot " << j;
+  }
+
+  // Dense attention: the position past the cache attends to every cached key (finite output).
+  const ops::CachedAttentionParams ap{
+      .tokens = 3, .heads = H, .qk_dim = D, .v_dim = D, .cached = cached, .scale = 0.25f};
+  Tensor aq = randn(rng, {3, H, D}), ak = cache(rng, {cached + 60, H, D}, cached),
+         av = cache(rng, {cached + 60, H, D}, cached);
+  Tensor o_bad = out(gpu, {3, H, D}, DType::F32), o_want = out(gpu, {3, H, D}, DType::F32);
+  ops::cached_attention_forward(gpu, ap, like(gpu, aq), like(gpu, ak), like(gpu, av),
+                                like(gpu, bad), Tensor(), o_bad);
+  ops::cached_attention_forward(gpu, ap, like(gpu, aq), like(gpu, ak), like(gpu, av),
+                                like(gpu, clamped), Tensor(), o_want);
+  const Tensor ob = o_bad.to(Device::CPU), ow = o_want.to(Device::CPU);
+  for (int64_t i = 0; i < ob.numel(); ++i) {
+    ASSERT_TRUE(std::isfinite(ob.f32()[i])) << "element " << i;
+    EXPECT_EQ(ob.f32()[i], ow.f32()[i]) << "element " << i;
+  }
 }
 
 ModelConfig hybrid() {
@@ -238,6 +334,67 @@ TEST(CudaDecode, Bf16LogitsStayWithinTheModelBound) {
   Model cpu(hybrid(), seed);
   for (const auto& p : cpu.params().all()) p->value.copy_from(gpu.params().at(p->name).value);
   compare_decoding(cpu, gpu, kModelBf16GradRel, seed);
+  // The LM head's result stays fp32 on the device: a bf16 result widened on the way would leave
+  // every logit's low 16 bits zero, sampling would see ~3 digits (greedy ties to the lowest id).
+  Context gc(ContextOptions{.device = Device::CUDA});
+  Decoder dec(gpu, 4);
+  const int64_t V = gpu.config().vocab;
+  Tensor ids = Tensor::empty({3}, DType::I32), row = Tensor::empty({1, V});
+  for (int64_t i = 0; i < 3; ++i) ids.i32()[i] = static_cast<int32_t>(i + 1);
+  dec.step(gc, ids, row);
+  int64_t finer = 0;
+  for (int64_t v = 0; v < V; ++v) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, row.f32() + v, sizeof bits);
+    finer += (bits & 0xffffu) != 0;
+  }
+  EXPECT_GT(finer, V / 2) << "of " << V << " logits, " << finer << " carry bits below bf16's";
+}
+
+// Decoding leaves the expert loads as it found them, from non-zero device counts: each MoE layer
+// counts into workspace scratch during a step and puts its own count back, which a later training
+// forward still counts into (every token adds top_k routes, whatever the routing).
+TEST(CudaDecode, ExpertLoadsSurviveDecoding) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(cat("seed=", seed));
+  Model gpu(hybrid(), seed);
+  gpu.to_device(Device::CUDA);
+  Rng rng(seed);
+  Batch docs = random_batch(rng, gpu.config().vocab, {23, 9}, 7);
+  docs.ids = docs.ids.to(Device::CUDA);
+  docs.targets = docs.targets.to(Device::CUDA);
+  docs.seq.cu_seqlens = docs.seq.cu_seqlens.to(Device::CUDA);
+  docs.seq.positions = docs.seq.positions.to(Device::CUDA);
+  Context gc(ContextOptions{.device = Device::CUDA, .seed = seed});
+  gpu.forward(gc, docs.seq, docs.ids, docs.targets);
+  auto sum = [](const std::vector<int64_t>& l) {
+    return std::accumulate(l.begin(), l.end(), int64_t{0});
+  };
+  std::vector<std::vector<int64_t>> loads;
+  for (MoeLayer* m : gpu.moe_layers())
+    if (m) {
+      loads.push_back(m->expert_load());
+      EXPECT_GT(sum(loads.back()), 0);
+    }
+  ASSERT_FALSE(loads.empty());
+  std::vector<int32_t> prompt(kPrompt), forced(kSteps);
+  for (int32_t& t : prompt) t = static_cast<int32_t>(rng.below(gpu.config().vocab));
+  for (int32_t& t : forced) t = static_cast<int32_t>(rng.below(gpu.config().vocab));
+  decode(gc, gpu, prompt, forced);
+  size_t i = 0;
+  for (MoeLayer* m : gpu.moe_layers())
+    if (m) {
+      EXPECT_EQ(m->expert_load(), loads[i]) << "MoE layer " << i;
+      ++i;
+    }
+  gpu.forward(gc, docs.seq, docs.ids, docs.targets);
+  i = 0;
+  for (MoeLayer* m : gpu.moe_layers())
+    if (m) {
+      EXPECT_EQ(sum(m->expert_load()), 2 * sum(loads[i])) << "MoE layer " << i;
+      ++i;
+    }
 }
 
 TEST(CudaDecode, DecoderStateLivesOnTheModelsDevice) {

@@ -161,7 +161,9 @@ TEST(CachedIndexerTopk, MatchesReference) {
 TEST(CachedIndexerTopk, TiesGoToTheLowerPosition) {
   Rng rng(test_seed());
   check_topk(rng, 3, 2, 8, 30, 5, true);
-  Context ctx;  // all-zero keys: scores of both signs of zero, one tie
+  // All-zero keys: every score is zero, one complete tie. A negative weight adds -1 * ReLU's 0 =
+  // -0 to the +0 sum, which stays +0 (so there is one zero, not two).
+  Context ctx;
   Tensor q = randn(rng, {1, 2, 8}), k = Tensor::zeros({12, 8}), w = randn(rng, {1, 2});
   w.f32()[0] = -1.f;
   Tensor out = Tensor::empty({1, 4}, DType::I32);
@@ -221,14 +223,23 @@ TEST(KdaRecurrentStep, AgreesWithTheChunkedOp) {
   EXPECT_LE(rel_err(to_dvec(state), to_dvec(hT)), 1e-5);
 }
 
+// A bf16 state (the state stays fp32) and a state one value column too wide: both refused, the
+// message naming the state.
 TEST(KdaRecurrentStep, RejectsANarrowState) {
   Context ctx;
   Rng rng(test_seed());
   Tensor q = randn(rng, {1, 2, 4}), v = randn(rng, {1, 2, 4}), beta = randn(rng, {1, 2}),
-         state = Tensor::empty({2, 4, 4}, DType::BF16), o = Tensor::empty({1, 2, 4});
-  EXPECT_THROW(ops::kda_recurrent_step(ctx, {.tokens = 1, .heads = 2, .head_k = 4, .head_v = 4}, q,
-                                       q, v, q, beta, state, o),
-               ShapeError);
+         o = Tensor::empty({1, 2, 4});
+  const ops::KdaStepParams p{.tokens = 1, .heads = 2, .head_k = 4, .head_v = 4};
+  Tensor bf16_state = Tensor::empty({2, 4, 4}, DType::BF16);
+  EXPECT_THROW(ops::kda_recurrent_step(ctx, p, q, q, v, q, beta, bf16_state, o), ShapeError);
+  Tensor wide = randn(rng, {1, 2, 4, 5});
+  try {
+    ops::kda_recurrent_step(ctx, p, q, q, v, q, beta, wide, o);
+    ADD_FAILURE() << "a [1, 2, 4, 5] state was accepted for head_v 4";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(e.message().find("state has shape [1,2,4,5]"), std::string::npos) << e.message();
+  }
 }
 
 }  // namespace
