@@ -5,18 +5,13 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "core/rng.h"
 #include "decode/decode.h"
 #include "model/model.h"
-#include "train/job.h"
+#include "train/bench_setup.h"
 
 namespace mt {
 
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 int32_t argmax(const Tensor& logits) {
   const float* p = logits.f32();
@@ -54,18 +49,8 @@ nlohmann::json run_decode_bench(const DecodeBenchOptions& o, std::ostream& log) 
   MT_CHECK(o.prompt > 0 && o.tokens > 0 && o.workspace_gib > 0, ValueError, "bench decode: prompt ",
            o.prompt, ", tokens ", o.tokens, ", workspace_gib ", o.workspace_gib,
            " must be positive");
-  Job job;
-  job.model = o.model;
-  job.precision = o.precision;
-  job.device = o.device;
-  const Device device = job_device(job);
-  const ModelConfig cfg = job_model_config(job);
-  ModelOptions mopt = job_model_options(job);
-  MT_CHECK(device != Device::CPU || mopt.precision == Precision::fp32(), ConfigError,
-           "bench decode: precision \"", o.precision,
-           "\" needs a GPU (the CPU computes fp32 only)");
-  mopt.device = device;
-  mopt.tiled_init = true;
+  const auto [device, cfg, mopt] =
+      bench_model(bench_job(o.model, o.precision, o.device), "bench decode");
   Context ctx(ContextOptions{
       .device = device,
       .seed = o.seed,
@@ -77,8 +62,7 @@ nlohmann::json run_decode_bench(const DecodeBenchOptions& o, std::ostream& log) 
       << " parameters\n";
   Tensor prompt = Tensor::empty({o.prompt}, DType::I32);
   Rng rng(o.seed);
-  for (int64_t t = 0; t < o.prompt; ++t)
-    prompt.i32()[t] = static_cast<int32_t>(3 + rng.below(cfg.vocab - 3));
+  random_ids(prompt, cfg.vocab, rng);
 
   // A short untimed run first: kernels loaded, arenas and staging buffers sized.
   DecodeBenchOptions warm = o;

@@ -9,16 +9,13 @@
 #include "model/moe_layer.h"
 #include "plan/model_stats.h"
 #include "train/adamw.h"
+#include "train/bench_setup.h"
 #include "train/device_batch.h"
 #include "train/job.h"
 
 namespace mt {
 
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 double used_gib() {
   const DeviceMemory m = device_memory();
@@ -57,22 +54,13 @@ class UnitTimer : public UnitHooks {
 nlohmann::json run_step_bench(const StepBenchOptions& o, std::ostream& log) {
   MT_CHECK(o.tokens > 1 && o.steps > 0 && o.warmup >= 0, ValueError, "bench step: tokens ",
            o.tokens, ", steps ", o.steps, ", warmup ", o.warmup);
-  Job job;
-  job.model = o.model;
+  Job job = bench_job(o.model, o.precision, o.device);
   check_lora_targets(o.lora_targets, "bench step --lora-targets");
   job.lora_targets = o.lora_targets;
   job.lora_rank = o.lora_rank;
   job.lora_alpha = o.lora_alpha;
-  job.precision = o.precision;
-  job.device = o.device;
   job.deterministic = o.deterministic;
-  const Device device = job_device(job);
-  const ModelConfig cfg = job_model_config(job);
-  ModelOptions mopt = job_model_options(job);
-  MT_CHECK(device != Device::CPU || mopt.precision == Precision::fp32(), ConfigError,
-           "bench step: precision \"", o.precision, "\" needs a GPU (the CPU computes fp32 only)");
-  mopt.device = device;
-  mopt.tiled_init = true;
+  const auto [device, cfg, mopt] = bench_model(job, "bench step");
   // The planner's prediction for this very step (one device, no recompute), next to what the
   // device reports: issue 11's memory check compares the two.
   plan::ParallelPlan pp;
@@ -110,8 +98,7 @@ nlohmann::json run_step_bench(const StepBenchOptions& o, std::ostream& log) {
   host.ids = Tensor::empty({o.tokens}, DType::I32);
   host.targets = Tensor::empty({o.tokens}, DType::I32);
   Rng rng(o.seed);
-  for (int64_t t = 0; t < o.tokens; ++t)
-    host.ids.i32()[t] = static_cast<int32_t>(3 + rng.below(cfg.vocab - 3));
+  random_ids(host.ids, cfg.vocab, rng);
   for (int64_t t = 0; t < o.tokens; ++t)
     host.targets.i32()[t] = t + 1 < o.tokens ? host.ids.i32()[t + 1] : -100;
   host.target_tokens = o.tokens - 1;
