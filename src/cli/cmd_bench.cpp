@@ -413,7 +413,16 @@ Command add_bench_command(CLI::App& app) {
   CLI::App* c = app.add_subcommand("bench", "benchmarks that print JSON (see docs/gpu.md)");
   CLI::App* s = c->add_subcommand("step", "time one training step of a model on one device");
   c->require_subcommand(1);
-  s->add_option("--model", o->model, "preset, config.json or HF model directory")->required();
+  // The options of the benchmarks that build a model (step, decode): its config (weights are
+  // random), then, where each puts them, the precision and device a job would give.
+  const auto add_model = [](CLI::App* sub, std::string& model) {
+    sub->add_option("--model", model, "preset, config.json or HF model directory")->required();
+  };
+  const auto add_precision_device = [](CLI::App* sub, std::string& precision, std::string& device) {
+    sub->add_option("--precision", precision, "fp32 or bf16")->capture_default_str();
+    sub->add_option("--device", device, "cpu, cuda or auto")->capture_default_str();
+  };
+  add_model(s, o->model);
   s->add_option("--tokens", o->tokens, "tokens per step (one document)")->capture_default_str();
   s->add_option("--steps", o->steps, "timed steps")->capture_default_str();
   s->add_option("--warmup", o->warmup, "untimed steps first")->capture_default_str();
@@ -423,14 +432,12 @@ Command add_bench_command(CLI::App& app) {
                 "hf_lora_step.py's 'grouped' variant, add routed_experts for its 'experts' one")
       ->delimiter(',')
       ->capture_default_str();
-  s->add_option("--precision", o->precision, "fp32 or bf16")->capture_default_str();
-  s->add_option("--device", o->device, "cpu, cuda or auto")->capture_default_str();
+  add_precision_device(s, o->precision, o->device);
   s->add_option("--workspace-gib", o->workspace_gib,
                 "op scratch on the device (0: the planner's estimate)")
       ->capture_default_str();
   s->add_flag("--deterministic", o->deterministic, "bit-repeatable GPU kernels");
   s->add_option("--peak-tflops", o->peak_tflops, "device peak for MFU (0: H200 bf16 dense, 989)");
-  s->add_option("--json", *json_out, "also write the result to this file");
   auto d = std::make_shared<DsaBenchOptions>();
   CLI::App* ds = c->add_subcommand("dsa",
                                    "time the DSA layer's kernels (indexer, top-k, "
@@ -449,7 +456,6 @@ Command add_bench_command(CLI::App& app) {
   ds->add_option("--iters", d->iters, "timed runs per part")->capture_default_str();
   ds->add_option("--workspace-gib", d->workspace_gib, "op scratch on the device")
       ->capture_default_str();
-  ds->add_option("--json", *json_out, "also write the result to this file");
   auto kb = std::make_shared<KdaBenchOptions>();
   CLI::App* ks = c->add_subcommand("kda",
                                    "time the chunked KDA core, forward and forward+backward, at "
@@ -457,7 +463,6 @@ Command add_bench_command(CLI::App& app) {
   ks->add_option("--heads", kb->heads, "heads")->capture_default_str();
   ks->add_option("--head-dim", kb->head_dim, "head_k = head_v")->capture_default_str();
   ks->add_option("--iters", kb->iters, "timed runs")->capture_default_str();
-  ks->add_option("--json", *json_out, "also write the result to this file");
   auto mb = std::make_shared<MoeBenchOptions>();
   CLI::App* ms = c->add_subcommand("moe",
                                    "time the routed experts' grouped SwiGLU FFN (frozen, full, "
@@ -466,19 +471,19 @@ Command add_bench_command(CLI::App& app) {
   ms->add_option("--lora-rank", mb->lora_rank, "LoRA rank of the adapter runs")
       ->capture_default_str();
   ms->add_option("--iters", mb->iters, "timed runs")->capture_default_str();
-  ms->add_option("--json", *json_out, "also write the result to this file");
   auto db = std::make_shared<DecodeBenchOptions>();
   CLI::App* dc = c->add_subcommand("decode",
                                    "incremental decoding tokens/s: a prompt, then greedy "
                                    "single-token steps, with KDA's single-token kernel and with "
                                    "the chunked core (random weights)");
-  dc->add_option("--model", db->model, "preset, config.json or HF model directory")->required();
+  add_model(dc, db->model);
   dc->add_option("--prompt", db->prompt, "prompt tokens")->capture_default_str();
   dc->add_option("--tokens", db->tokens, "generated tokens (timed)")->capture_default_str();
-  dc->add_option("--precision", db->precision, "fp32 or bf16")->capture_default_str();
-  dc->add_option("--device", db->device, "cpu, cuda or auto")->capture_default_str();
+  add_precision_device(dc, db->precision, db->device);
   dc->add_option("--workspace-gib", db->workspace_gib, "op scratch")->capture_default_str();
-  dc->add_option("--json", *json_out, "also write the result to this file");
+  // Last in every benchmark's option list.
+  for (CLI::App* sub : {s, ds, ks, ms, dc})
+    sub->add_option("--json", *json_out, "also write the result to this file");
   return {c, [o, d, ds, kb, ks, mb, ms, db, dc, json_out] {
             nlohmann::json j;
             if (dc->parsed()) {

@@ -27,10 +27,8 @@ struct EvalArgs {
 Command add_eval_command(CLI::App& app) {
   auto a = std::make_shared<EvalArgs>();
   CLI::App* c = app.add_subcommand("eval", "held-out loss and perplexity per corpus");
-  auto* ck_opt = c->add_option("--checkpoint", a->checkpoint,
-                               "checkpoint directory (or a run's checkpoints/)");
-  c->add_option("--model", a->model, "HF model directory: evaluate its weights as shipped")
-      ->excludes(ck_opt);
+  add_checkpoint_or_model(c, a->checkpoint, a->model,
+                          "HF model directory: evaluate its weights as shipped");
   c->add_option("--data", a->data, "NAME=DIR of a prepared dataset (repeatable)")->required();
   c->add_option("--batch", a->batch, "sequences per forward")->capture_default_str();
   c->add_option("--max-sequences", a->max_sequences, "per corpus (0: all)")->capture_default_str();
@@ -40,8 +38,7 @@ Command add_eval_command(CLI::App& app) {
               "reproduces exactly");
   return {
       c, [a] {
-        MT_CHECK(!a->checkpoint.empty() || !a->model.empty(), ValueError,
-                 "eval: give --checkpoint DIR or --model DIR");
+        need_checkpoint_or_model("eval", a->checkpoint, a->model);
         std::unique_ptr<Model> owned;
         uint64_t seed = 1;
         if (!a->model.empty()) {
@@ -52,12 +49,9 @@ Command add_eval_command(CLI::App& app) {
                                       progress_printer(std::cerr, a->model, isatty(fileno(stderr))))
                             .model);
         } else {
-          std::string ck = a->checkpoint;
-          if (std::string l = latest_checkpoint(ck); !l.empty()) ck = l;
-          const Job job = Job::load(ck + "/job.toml");
-          seed = job.seed;
-          owned = std::make_unique<Model>(job_model_config(job), job.seed, job_model_options(job));
-          load_checkpoint(ck, *owned, nullptr);
+          CheckpointModel cm = load_checkpoint_model(a->checkpoint);
+          seed = cm.job.seed;
+          owned = std::move(cm.model);
         }
         Model& model = *owned;
         Context ctx(ContextOptions{.threads = a->threads, .seed = seed});

@@ -61,8 +61,7 @@ Command add_forward_command(CLI::App& app) {
                      "--lora-targets draws a random adapter; a checkpoint has its own");
             LoadedModel lm;
             if (!o->checkpoint.empty()) {
-              std::string ck = o->checkpoint;
-              if (std::string l = latest_checkpoint(ck); !l.empty()) ck = l;
+              const std::string ck = resolve_checkpoint(o->checkpoint);
               const Job job = Job::load(ck + "/job.toml");
               lm.config = load_model_config(job.model);
               lm.model =

@@ -86,12 +86,9 @@ Command add_generate_command(CLI::App& app) {
             std::unique_ptr<Model> model;
             Job base_job;
             if (!a->checkpoint.empty()) {
-              std::string ck = a->checkpoint;
-              if (std::string l = latest_checkpoint(ck); !l.empty()) ck = l;
-              base_job = Job::load(ck + "/job.toml");
-              model = std::make_unique<Model>(job_model_config(base_job), base_job.seed,
-                                              job_model_options(base_job));
-              load_checkpoint(ck, *model, nullptr);
+              CheckpointModel cm = load_checkpoint_model(a->checkpoint);
+              base_job = std::move(cm.job);
+              model = std::move(cm.model);
             } else {
               base_job.model = a->model;
               base_job.seed = a->init_seed;

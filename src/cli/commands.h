@@ -5,6 +5,10 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <memory>
+#include <string>
+
+#include "train/job.h"
 
 namespace mt::par {
 class Comm;
@@ -30,5 +34,21 @@ Command add_generate_command(CLI::App& app);
 Command add_report_command(CLI::App& app);
 Command add_simulate_routing_command(CLI::App& app);
 Command add_bench_command(CLI::App& app);
+
+// The commands that read either a training checkpoint or an HF model directory (cli/
+// checkpoint_args.cpp). --checkpoint DIR or --model DIR, not both (`model_help` says what --model
+// reads); need_checkpoint_or_model refuses neither (ValueError naming `cmd`).
+void add_checkpoint_or_model(CLI::App* c, std::string& checkpoint, std::string& model,
+                             const std::string& model_help);
+void need_checkpoint_or_model(const char* cmd, const std::string& checkpoint,
+                              const std::string& model);
+// A checkpoint directory as given, or the latest one when `dir` is a run's checkpoints/.
+std::string resolve_checkpoint(const std::string& dir);
+// The checkpoint's job and its model with the checkpoint's weights (no optimizer state).
+struct CheckpointModel {
+  Job job;
+  std::unique_ptr<Model> model;
+};
+CheckpointModel load_checkpoint_model(const std::string& dir);
 
 }  // namespace mt::cli

@@ -15,15 +15,12 @@ namespace {
 
 using nlohmann::json;
 
-using Keys = JsonKeys;
-
-// Keys PreTrainedConfig writes for every model; none changes training math.
-void ignore_generic(Keys& k) {
-  k.ignore({"architectures", "auto_map", "torch_dtype", "dtype", "transformers_version",
-            "use_cache", "bos_token_id", "eos_token_id", "initializer_range", "_name_or_path",
-            "output_attentions", "output_hidden_states", "return_dict", "id2label", "label2id",
-            "ep_size", "model_max_length", "max_position_embeddings", "tokenizer_class",
-            "chunk_size_feed_forward", "is_encoder_decoder", "problem_type",
+// Keys PreTrainedConfig writes for every model, and the ones text models add; none changes
+// training math.
+void ignore_generic(JsonKeys& k) {
+  k.ignore_pretrained_config();
+  k.ignore({"auto_map", "bos_token_id", "eos_token_id", "ep_size", "model_max_length",
+            "max_position_embeddings", "tokenizer_class",
             // Validated by hf_config_from_json; FP8 weights are dequantised on load.
             "quantization_config"});
   k.only("attention_dropout", 0.0);
@@ -35,7 +32,7 @@ void ignore_generic(Keys& k) {
 
 // The keys every text model reads alike: model type, sizes, norm eps (its default per family),
 // tied embeddings, pad id. Returns num_hidden_layers.
-int64_t text_model_keys(Keys& k, HfConfig& h, const std::string& source, const char* model_type,
+int64_t text_model_keys(JsonKeys& k, HfConfig& h, const std::string& source, const char* model_type,
                         float eps_default) {
   ModelConfig& c = h.model;
   c.model_type = model_type;
@@ -54,7 +51,7 @@ int64_t text_model_keys(Keys& k, HfConfig& h, const std::string& source, const c
 }
 
 // Layer FFN kinds: mlp_layer_types ("dense"/"sparse") wins, else first_k_dense_replace.
-void ffn_kinds(Keys& k, ModelConfig& c, int64_t n_layers, int64_t first_dense_default) {
+void ffn_kinds(JsonKeys& k, ModelConfig& c, int64_t n_layers, int64_t first_dense_default) {
   const json* mlp = k.raw("mlp_layer_types");
   int64_t first_dense = k.get<int64_t>({"first_k_dense_replace"}, first_dense_default);
   k.only("moe_layer_freq", int64_t{1});
@@ -74,7 +71,7 @@ void ffn_kinds(Keys& k, ModelConfig& c, int64_t n_layers, int64_t first_dense_de
 
 // The DeepSeek-V3 MoE block as transformers implements it: sigmoid scores, the
 // e_score_correction_bias buffer for selection, group-limited top-k, no latent projection.
-void deepseek_moe(Keys& k, ModelConfig& c) {
+void deepseek_moe(JsonKeys& k, ModelConfig& c) {
   c.moe.hidden = c.hidden;
   c.moe.latent = c.hidden;
   c.moe.num_experts = k.get<int64_t>({"n_routed_experts", "num_experts", "num_local_experts"}, 0);
@@ -116,12 +113,12 @@ void deepseek_moe(Keys& k, ModelConfig& c) {
 // transformers 5.24 writes output_router_logits for MoE models. Off, it only decides what the
 // forward returns; on, transformers adds router_aux_loss_coef times its load-balancing loss to
 // the LM loss, which the engine does not reproduce.
-void router_output_keys(Keys& k) {
+void router_output_keys(JsonKeys& k) {
   k.only("output_router_logits", false);
   k.ignore({"router_aux_loss_coef"});
 }
 
-void mla_common(Keys& k, ModelConfig& c) {
+void mla_common(JsonKeys& k, ModelConfig& c) {
   c.mla.hidden = c.hidden;
   c.mla.heads = k.need<int64_t>({"num_attention_heads"});
   int64_t kv_heads = k.get<int64_t>({"num_key_value_heads"}, c.mla.heads);
@@ -154,7 +151,7 @@ double yarn_mscale(double scale, double m) {
 // a top-level rope_theta as the fallback base. "yarn" sets the frequency correction, the cos/sin
 // magnitude (attention_factor) and, through mscale_all_dim, the attention softmax scale, exactly
 // as transformers' DeepSeek attention does; other rope types are refused by name.
-void rope_settings(Keys& k, MlaConfig& m, int64_t default_max_positions) {
+void rope_settings(JsonKeys& k, MlaConfig& m, int64_t default_max_positions) {
   float theta = k.get<float>({"rope_theta"}, 10000.f);
   const json* rs = k.raw("rope_scaling");
   const json* rp = k.raw("rope_parameters");
@@ -164,7 +161,7 @@ void rope_settings(Keys& k, MlaConfig& m, int64_t default_max_positions) {
   m.rope_scaling = {};
   m.softmax_scale = 0;
   if (!p || (p->is_object() && p->empty())) return;
-  Keys r(*p, k.where() + "." + key);
+  JsonKeys r(*p, k.where() + "." + key);
   m.rope_theta = r.get<float>({"rope_theta"}, theta);
   const std::string type = r.get<std::string>({"rope_type", "type"}, "default");
   if (type == "default") {
@@ -212,7 +209,7 @@ void rope_settings(Keys& k, MlaConfig& m, int64_t default_max_positions) {
 
 // The dense FFN (intermediate_size, required where a layer is dense), the layers' FFN kinds
 // (first_k_dense_replace's default per family) and the DeepSeek MoE keys.
-void deepseek_ffn(Keys& k, ModelConfig& c, int64_t n, int64_t first_dense_default,
+void deepseek_ffn(JsonKeys& k, ModelConfig& c, int64_t n, int64_t first_dense_default,
                   const std::string& source) {
   c.dense.hidden = c.hidden;
   c.dense.ffn = k.get<int64_t>({"intermediate_size"}, 0);
@@ -223,7 +220,7 @@ void deepseek_ffn(Keys& k, ModelConfig& c, int64_t n, int64_t first_dense_defaul
 }
 
 HfConfig kimi_linear(const json& j, const std::string& source) {
-  Keys k(j, source);
+  JsonKeys k(j, source);
   HfConfig h;
   ModelConfig& c = h.model;
   const int64_t n = text_model_keys(k, h, source, "kimi_linear", 1e-5f);
@@ -232,7 +229,7 @@ HfConfig kimi_linear(const json& j, const std::string& source) {
   // Layer kinds: layer_types wins; else linear_attn_config's 1-based lists; else every 4th.
   const json* lac = k.raw("linear_attn_config");
   json lac_obj = lac ? *lac : json::object();
-  Keys la(lac_obj, source + ".linear_attn_config");
+  JsonKeys la(lac_obj, source + ".linear_attn_config");
   c.kda.hidden = c.hidden;
   c.kda.heads = la.get<int64_t>({"num_heads"}, k.get<int64_t>({"linear_num_heads"}, 32));
   c.kda.head_dim = la.get<int64_t>({"head_dim"}, k.get<int64_t>({"linear_head_dim"}, 128));
@@ -297,7 +294,7 @@ HfConfig kimi_linear(const json& j, const std::string& source) {
 // deepseek_v3 (DeepSeek-V3/R1, Kimi-K2) and deepseek_v32 share everything but the attention:
 // v3.2 adds the lightning indexer (DSA) to the same MLA.
 HfConfig deepseek(const json& j, const std::string& source, bool indexer) {
-  Keys k(j, source);
+  JsonKeys k(j, source);
   HfConfig h;
   ModelConfig& c = h.model;
   const int64_t n = text_model_keys(k, h, source, indexer ? "deepseek_v32" : "deepseek_v3", 1e-6f);
@@ -387,7 +384,7 @@ HfConfig hf_config_from_json(const json& j, const std::string& source) {
                                    : std::string("unspecified");
     MT_CHECK(method == "\"fp8\"", ConfigError, source, ": 'quantization_config' (quant_method ",
              method, ") is not supported (block-scaled fp8 is): dequantize the checkpoint first");
-    Keys qk(q, source + ".quantization_config");
+    JsonKeys qk(q, source + ".quantization_config");
     qk.ignore({"quant_method", "modules_to_not_convert"});
     // Activations are computed in the engine's precision, so how FP8 inference would scale them
     // does not apply.

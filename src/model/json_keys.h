@@ -66,6 +66,14 @@ class JsonKeys {
   // Keys with no effect on the forward/backward math (token ids, caching, bookkeeping).
   void ignore(Names names) { use(names); }
   void ignore(const std::string& key) { used_.insert(key); }
+  // The keys transformers' PreTrainedConfig writes into every (sub-)config: bookkeeping, none of
+  // them changes the math. Each parser ignores its family's further keys itself.
+  void ignore_pretrained_config() {
+    ignore({"architectures", "torch_dtype", "dtype", "transformers_version", "_name_or_path",
+            "initializer_range", "output_attentions", "output_hidden_states", "return_dict",
+            "id2label", "label2id", "use_cache", "chunk_size_feed_forward", "is_encoder_decoder",
+            "problem_type"});
+  }
   // A key that is accepted only with one value (the one the engine implements).
   template <typename T>
   void only(const std::string& key, T allowed) {

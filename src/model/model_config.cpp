@@ -21,14 +21,8 @@ const char* mixer_name(MixerKind k) {
   return name_of(kMixerNames, k);
 }
 
-namespace {
-
-using Reader = JsonKeys;
-
-}  // namespace
-
 ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
-  Reader r(j, source);
+  JsonKeys r(j, source);
   ModelConfig c;
   c.model_type = r.need<std::string>("model_type");
   MT_CHECK(c.model_type == "moetrain_hybrid", ConfigError, source, ": model_type '", c.model_type,
@@ -69,7 +63,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   }
 
   if (any_kda) {
-    Reader k = r.child("linear_attn_config");
+    JsonKeys k = r.child("linear_attn_config");
     c.kda.hidden = c.hidden;
     c.kda.heads = k.need<int64_t>("num_heads");
     c.kda.head_dim = k.need<int64_t>("head_dim");

@@ -15,6 +15,21 @@ void same_shapes(const char* what, const Tensor& first, std::initializer_list<co
              t->shape());
 }
 
+// swiglu and sigmoid_gate: x gated by g elementwise, every operand of one shape.
+template <typename F>
+void gate_forward(Context& ctx, const OpBodies<F>& op, const char* what, const Tensor& x,
+                  const Tensor& g, Tensor& y) {
+  same_shapes(what, x, {&g, &y});
+  dispatch(op, {&x, &g, &y}, ctx, x, g, y);
+}
+
+template <typename F>
+void gate_backward(Context& ctx, const OpBodies<F>& op, const char* what, const Tensor& x,
+                   const Tensor& g, const Tensor& dy, Tensor& dx, Tensor& dg) {
+  same_shapes(what, x, {&g, &dy, &dx, &dg});
+  dispatch(op, {&x, &g, &dy, &dx, &dg}, ctx, x, g, dy, dx, dg);
+}
+
 }  // namespace
 
 void silu_forward(Context& ctx, const Tensor& x, Tensor& y) {
@@ -28,26 +43,22 @@ void silu_backward(Context& ctx, const Tensor& x, const Tensor& dy, Tensor& dx) 
 }
 
 void swiglu_forward(Context& ctx, const Tensor& gate, const Tensor& up, Tensor& y) {
-  same_shapes("swiglu", gate, {&up, &y});
-  dispatch(MT_OP_BODIES(swiglu_forward), {&gate, &up, &y}, ctx, gate, up, y);
+  gate_forward(ctx, MT_OP_BODIES(swiglu_forward), "swiglu", gate, up, y);
 }
 
 void swiglu_backward(Context& ctx, const Tensor& gate, const Tensor& up, const Tensor& dy,
                      Tensor& dgate, Tensor& dup) {
-  same_shapes("swiglu backward", gate, {&up, &dy, &dgate, &dup});
-  dispatch(MT_OP_BODIES(swiglu_backward), {&gate, &up, &dy, &dgate, &dup}, ctx, gate, up, dy, dgate,
-           dup);
+  gate_backward(ctx, MT_OP_BODIES(swiglu_backward), "swiglu backward", gate, up, dy, dgate, dup);
 }
 
 void sigmoid_gate_forward(Context& ctx, const Tensor& x, const Tensor& g, Tensor& y) {
-  same_shapes("sigmoid_gate", x, {&g, &y});
-  dispatch(MT_OP_BODIES(sigmoid_gate_forward), {&x, &g, &y}, ctx, x, g, y);
+  gate_forward(ctx, MT_OP_BODIES(sigmoid_gate_forward), "sigmoid_gate", x, g, y);
 }
 
 void sigmoid_gate_backward(Context& ctx, const Tensor& x, const Tensor& g, const Tensor& dy,
                            Tensor& dx, Tensor& dg) {
-  same_shapes("sigmoid_gate backward", x, {&g, &dy, &dx, &dg});
-  dispatch(MT_OP_BODIES(sigmoid_gate_backward), {&x, &g, &dy, &dx, &dg}, ctx, x, g, dy, dx, dg);
+  gate_backward(ctx, MT_OP_BODIES(sigmoid_gate_backward), "sigmoid_gate backward", x, g, dy, dx,
+                dg);
 }
 
 }  // namespace mt::ops

@@ -19,13 +19,8 @@ void moe_dispatch_plan(Context& ctx, const Tensor& ids, int64_t experts, Tensor&
   expect_shape(perm, {ids.numel()}, "dispatch perm");
   expect_shape(inv, {ids.numel()}, "dispatch inv");
   expect_shape(offsets, {experts + 1}, "dispatch offsets");
-  if (op_device("moe_dispatch_plan", {&ids, &perm, &inv, &offsets}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::moe_dispatch_plan(ctx, ids, experts, perm, inv, offsets);
-#else
-    no_cuda_backend("moe_dispatch_plan");
-#endif
-  }
+  if (auto* cuda = cuda_body(MT_OP_BODIES(moe_dispatch_plan), {&ids, &perm, &inv, &offsets}))
+    return cuda(ctx, ids, experts, perm, inv, offsets);
   // Reads the ids, so only on the host path.
   const int32_t* pid = ids.i32();
   for (int64_t s = 0; s < ids.numel(); ++s)
@@ -38,14 +33,7 @@ void moe_gather(Context& ctx, const Tensor& x, const Tensor& perm, int64_t top_k
   check_rows(rows, perm, "moe_gather");
   MT_CHECK(x.ndim() == 2 && x.dim(1) == rows.dim(1) && x.dim(0) * top_k == rows.dim(0), ShapeError,
            "moe_gather: x ", x.shape(), " with k ", top_k, " -> rows ", rows.shape());
-  if (op_device("moe_gather", {&x, &perm, &rows}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::moe_gather(ctx, x, perm, top_k, rows);
-#else
-    no_cuda_backend("moe_gather");
-#endif
-  }
-  cpu::moe_gather(ctx, x, perm, top_k, rows);
+  dispatch(MT_OP_BODIES(moe_gather), {&x, &perm, &rows}, ctx, x, perm, top_k, rows);
 }
 
 void moe_gather_backward(Context& ctx, const Tensor& drows, const Tensor& inv, int64_t top_k,
@@ -54,14 +42,8 @@ void moe_gather_backward(Context& ctx, const Tensor& drows, const Tensor& inv, i
   MT_CHECK(dx.ndim() == 2 && dx.dim(1) == drows.dim(1) && dx.dim(0) * top_k == drows.dim(0),
            ShapeError, "moe_gather backward: dx ", dx.shape(), " with k ", top_k, " <- drows ",
            drows.shape());
-  if (op_device("moe_gather_backward", {&drows, &inv, &dx}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::moe_gather_backward(ctx, drows, inv, top_k, dx, accumulate);
-#else
-    no_cuda_backend("moe_gather_backward");
-#endif
-  }
-  cpu::moe_gather_backward(ctx, drows, inv, top_k, dx, accumulate);
+  dispatch(MT_OP_BODIES(moe_gather_backward), {&drows, &inv, &dx}, ctx, drows, inv, top_k, dx,
+           accumulate);
 }
 
 void moe_combine(Context& ctx, const Tensor& rows, const Tensor& weights, const Tensor& inv,
@@ -71,14 +53,7 @@ void moe_combine(Context& ctx, const Tensor& rows, const Tensor& weights, const 
                weights.numel() == rows.dim(0) && y.dim(1) == rows.dim(1),
            ShapeError, "moe_combine: rows ", rows.shape(), ", weights ", weights.shape(), " -> y ",
            y.shape());
-  if (op_device("moe_combine", {&rows, &weights, &inv, &y}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::moe_combine(ctx, rows, weights, inv, y);
-#else
-    no_cuda_backend("moe_combine");
-#endif
-  }
-  cpu::moe_combine(ctx, rows, weights, inv, y);
+  dispatch(MT_OP_BODIES(moe_combine), {&rows, &weights, &inv, &y}, ctx, rows, weights, inv, y);
 }
 
 void moe_combine_backward(Context& ctx, const Tensor& rows, const Tensor& weights,
@@ -90,15 +65,8 @@ void moe_combine_backward(Context& ctx, const Tensor& rows, const Tensor& weight
                weights.numel() == rows.dim(0) && dy.dim(1) == rows.dim(1),
            ShapeError, "moe_combine backward: rows ", rows.shape(), ", weights ", weights.shape(),
            ", dy ", dy.shape());
-  if (op_device("moe_combine_backward", {&rows, &weights, &inv, &dy, &drows, &dweights}) ==
-      Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    return cuda::moe_combine_backward(ctx, rows, weights, inv, dy, drows, dweights);
-#else
-    no_cuda_backend("moe_combine_backward");
-#endif
-  }
-  cpu::moe_combine_backward(ctx, rows, weights, inv, dy, drows, dweights);
+  dispatch(MT_OP_BODIES(moe_combine_backward), {&rows, &weights, &inv, &dy, &drows, &dweights}, ctx,
+           rows, weights, inv, dy, drows, dweights);
 }
 
 }  // namespace mt::ops

@@ -12,10 +12,15 @@ void check_params(const RouterParams& p) {
   MT_CHECK(routing.empty(), ValueError, "router: ", routing);
 }
 
+// What the forward writes and every later router op reads: scores [T, E], ids [T, K].
+void check_choice(const RouterParams& p, const Tensor& scores, const Tensor& ids) {
+  expect_shape(scores, {p.tokens, p.experts}, "router scores");
+  expect_shape(ids, {p.tokens, p.top_k}, "router ids");
+}
+
 void check_aux(const RouterParams& p, const SeqInfo& seq, const Tensor& scores, const Tensor& ids) {
+  check_choice(p, scores, ids);
   const int64_t T = p.tokens;
-  expect_shape(scores, {T, p.experts}, "router scores");
-  expect_shape(ids, {T, p.top_k}, "router ids");
   MT_CHECK(seq.tokens == T && seq.num_seqs > 0, ShapeError, "router aux: SeqInfo has ", seq.tokens,
            " tokens, router ", T);
 }
@@ -25,12 +30,10 @@ void check_aux(const RouterParams& p, const SeqInfo& seq, const Tensor& scores, 
 void router_forward(Context& ctx, const RouterParams& p, const Tensor& logits, const Tensor& bias,
                     Tensor& scores, Tensor& ids, Tensor& weights) {
   check_params(p);
-  const int64_t T = p.tokens, E = p.experts, K = p.top_k;
-  expect_shape(logits, {T, E}, "router logits");
-  expect_shape(scores, {T, E}, "router scores");
-  expect_shape(ids, {T, K}, "router ids");
-  expect_shape(weights, {T, K}, "router weights");
-  if (bias.defined() && bias.numel() > 0) expect_shape(bias, {E}, "router selection bias");
+  expect_shape(logits, {p.tokens, p.experts}, "router logits");
+  check_choice(p, scores, ids);
+  expect_shape(weights, {p.tokens, p.top_k}, "router weights");
+  if (bias.defined() && bias.numel() > 0) expect_shape(bias, {p.experts}, "router selection bias");
   dispatch(MT_OP_BODIES(router_forward), {&logits, &bias, &scores, &ids, &weights}, ctx, p, logits,
            bias, scores, ids, weights);
 }
@@ -38,11 +41,9 @@ void router_forward(Context& ctx, const RouterParams& p, const Tensor& logits, c
 void router_backward(Context& ctx, const RouterParams& p, const Tensor& scores, const Tensor& ids,
                      const Tensor& dweights, Tensor& dlogits) {
   check_params(p);
-  const int64_t T = p.tokens, E = p.experts, K = p.top_k;
-  expect_shape(scores, {T, E}, "router scores");
-  expect_shape(ids, {T, K}, "router ids");
-  expect_shape(dweights, {T, K}, "router dweights");
-  expect_shape(dlogits, {T, E}, "router dlogits");
+  check_choice(p, scores, ids);
+  expect_shape(dweights, {p.tokens, p.top_k}, "router dweights");
+  expect_shape(dlogits, {p.tokens, p.experts}, "router dlogits");
   dispatch(MT_OP_BODIES(router_backward), {&scores, &ids, &dweights, &dlogits}, ctx, p, scores, ids,
            dweights, dlogits);
 }

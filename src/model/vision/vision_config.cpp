@@ -12,14 +12,11 @@ namespace {
 
 using nlohmann::json;
 
-using Keys = JsonKeys;
-
-// Keys PreTrainedConfig writes into every (sub-)config; none changes the tower's math.
-void ignore_generic(Keys& k) {
-  k.ignore({"architectures", "torch_dtype", "dtype", "transformers_version", "_name_or_path",
-            "initializer_range", "output_attentions", "output_hidden_states", "return_dict",
-            "id2label", "label2id", "use_cache", "chunk_size_feed_forward", "is_encoder_decoder",
-            "problem_type", "tie_word_embeddings", "_attn_implementation_autoset"});
+// Keys PreTrainedConfig writes into every (sub-)config, and the two the kimi_k25 configs add;
+// none changes the tower's math.
+void ignore_generic(JsonKeys& k) {
+  k.ignore_pretrained_config();
+  k.ignore({"tie_word_embeddings", "_attn_implementation_autoset"});
 }
 
 constexpr const char* kVideo = "video / time-axis inputs have no engine path; images only";
@@ -27,7 +24,7 @@ constexpr const char* kVideo = "video / time-axis inputs have no engine path; im
 }  // namespace
 
 VisionConfig vision_config_from_kimi_k25(const json& config, const std::string& source) {
-  Keys top(config, source);
+  JsonKeys top(config, source);
   const std::string type = top.get<std::string>("model_type", "");
   MT_CHECK(type == "kimi_k25", ConfigError, source, ": model_type '", type,
            "' is not kimi_k25 (the vision parser reads kimi_k25 configs)");
@@ -35,7 +32,7 @@ VisionConfig vision_config_from_kimi_k25(const json& config, const std::string& 
   MT_CHECK(top.has("text_config"), ConfigError, source, ": missing key 'text_config'");
   VisionConfig c;
   {
-    Keys v = top.child("vision_config");
+    JsonKeys v = top.child("vision_config");
     ignore_generic(v);
     v.only("model_type", std::string("kimi_k25_vision"));
     // The remote-code (pre-transformers) checkpoints' time-axis keys.
@@ -63,7 +60,7 @@ VisionConfig vision_config_from_kimi_k25(const json& config, const std::string& 
       v.ignore({"merge_kernel_size"});
     }
     if (v.has("rope_parameters")) {
-      Keys r = v.child("rope_parameters");
+      JsonKeys r = v.child("rope_parameters");
       r.only("rope_type", std::string("axial"));
       c.rope_theta = static_cast<float>(r.get<double>("rope_theta", c.rope_theta));
       r.reject_unknown();
@@ -90,7 +87,7 @@ VisionConfig vision_config_from_kimi_k25(const json& config, const std::string& 
     MT_CHECK(c.rope_theta > 1.f, ConfigError, w, ": rope_theta must be > 1, got ", c.rope_theta);
   }
   {
-    Keys t = top.child("text_config");
+    JsonKeys t = top.child("text_config");
     c.text_hidden = t.need<int64_t>("hidden_size");
     require_positive(c.text_hidden, t.where(), "hidden_size");
     // The language model's own keys belong to its parser (deepseek_v3), not to this one.
