@@ -36,21 +36,21 @@ namespace mt {
 
 class Model;
 
+struct DecoderOptions {
+  // A prompt runs KDA's chunked core (its per-chunk products pay off over many tokens); a few
+  // tokens run the recurrence, which reads and writes the state once. 0: always the chunked core
+  // (for comparisons: `moetrain bench decode`).
+  int64_t kda_recurrent_max = 16;
+};
+
 // What every layer of one step reads, on the model's device, staged once per step.
 struct DecodeInputs {
   Tensor ids;      // i32 [n]
   SeqInfo seq;     // the n new tokens as one document; positions = their absolute positions
   Tensor cu_conv;  // i32 [2] = {0, conv tail + n}: the short convolution's document
   // KDA: steps of at most this many tokens run the per-token recurrence (ops::kda_recurrent_step),
-  // longer ones the chunked core (DecoderOptions).
-  int64_t kda_recurrent_max = 16;
-};
-
-struct DecoderOptions {
-  // A prompt runs KDA's chunked core (its per-chunk products pay off over many tokens); a few
-  // tokens run the recurrence, which reads and writes the state once. 0: always the chunked core
-  // (for comparisons: `moetrain bench decode`).
-  int64_t kda_recurrent_max = 16;
+  // longer ones the chunked core; the Decoder copies it from its DecoderOptions.
+  int64_t kda_recurrent_max = DecoderOptions{}.kda_recurrent_max;
 };
 
 struct KdaDecodeState {

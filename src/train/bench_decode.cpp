@@ -80,7 +80,8 @@ nlohmann::json run_decode_bench(const DecodeBenchOptions& o, std::ostream& log) 
   j["decode_tokens"] = o.tokens;
   std::vector<int32_t> first;
   for (const auto& [name, max] :
-       {std::pair<const char*, int64_t>{"recurrent", 16}, {"chunked", 0}}) {
+       {std::pair<const char*, int64_t>{"recurrent", DecoderOptions{}.kda_recurrent_max},
+        {"chunked", 0}}) {
     const DecodeRun r = decode(ctx, model, o, prompt, {.kda_recurrent_max = max});
     const double tok_s = static_cast<double>(o.tokens) / r.decode_s;
     log << "bench decode, KDA " << name << ": prompt " << o.prompt << " tokens in " << r.prompt_s

@@ -132,6 +132,13 @@ void watch(RuntimeLog& log, CUpti_SubscriberHandle& sub, bool& held) {
   MT_CUPTI_CHECK(cuptiEnableDomain(1, sub, CUPTI_CB_DOMAIN_DRIVER_API));
 }
 
+// In a test body: subscribe `log`, or skip the test where another CUPTI client holds the
+// callbacks.
+#define WATCH_OR_SKIP(log, sub)                    \
+  bool held_ = false;                              \
+  ASSERT_NO_FATAL_FAILURE(watch(log, sub, held_)); \
+  if (held_) GTEST_SKIP() << "another CUPTI client (a sanitizer or profiler) holds the callbacks"
+
 std::string table(const RuntimeLog& log) {
   std::string s;
   for (const auto& [f, n] : log.calls) s += cat("  ", f, " x", n, "\n");
@@ -147,9 +154,7 @@ TEST(CudaStepSync, AStepAllocatesNothingAndWaitsOnlyWhereDocumented) {
   rig.step();
   RuntimeLog log;
   CUpti_SubscriberHandle sub{};
-  bool held = false;
-  ASSERT_NO_FATAL_FAILURE(watch(log, sub, held));
-  if (held) GTEST_SKIP() << "another CUPTI client (a sanitizer or profiler) holds the callbacks";
+  WATCH_OR_SKIP(log, sub);
 
   log.on = true;
   rig.step();
@@ -192,9 +197,7 @@ TEST(CudaStepSync, ADecodeStepWaitsOnlyWhereDocumented) {
   dec.step(rig.ctx, one, row);
   RuntimeLog log;
   CUpti_SubscriberHandle sub{};
-  bool held = false;
-  ASSERT_NO_FATAL_FAILURE(watch(log, sub, held));
-  if (held) GTEST_SKIP() << "another CUPTI client (a sanitizer or profiler) holds the callbacks";
+  WATCH_OR_SKIP(log, sub);
   log.on = true;
   dec.step(rig.ctx, one, row);
   log.on = false;
