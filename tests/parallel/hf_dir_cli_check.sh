@@ -7,13 +7,17 @@
 # job's seed is fresh: cli_setup.sh, MOETRAIN_TEST_SEED when set, printed on failure).
 #   LoRA (attention, shared and routed experts, dense MLP) for 8 steps on one process and on
 #   2 ranks (EP 2, FSDP units), where each rank loads only its slices of the shards: the step
-#   losses agree to relative 1e-5 (summation order only) and the training set's loss falls; the
-#   slice load shows its progress (a line per quarter in a log); `export --format hf` of the sharded checkpoint equals the one-process merged model,
-#   each tensor to 1e-4 of its largest value (observed 7e-7), and `export --format peft` the
-#   one-process adapter to 2e-3 (observed 7e-5, 6e-4 on other data: a rarely routed expert's B
-#   sees gradients near zero, whose AdamW-normalised updates magnify summation-order differences;
-#   the merged weights above are what the adapter computes). A wrong slice, expert order or merge
-#   is off by O(1).
+#   losses agree to relative 1e-6 (summation order only; observed 3e-8) and the training set's
+#   loss falls; the slice load shows its progress (a line per quarter in a log); `export --format
+#   hf` of the sharded checkpoint equals the one-process merged model, each tensor to 1e-5 of its
+#   largest value (observed 9e-7), and `export --format peft` the one-process adapter to 2e-4
+#   (observed 2e-5). A wrong slice, expert order or merge is off by O(1).
+#   AdamW runs with eps 1e-3, above most of these gradients (RMS about 5e-3, many far smaller), and
+#   lr 2e-2. With the job file's eps 1e-8 its first steps are sign descent: an update of +-lr for
+#   any nonzero gradient, so an element whose gradient is zero up to rounding takes a full step
+#   of either sign, and the two summation orders' parameters parted by up to 6% of a tensor's
+#   largest element (LoRA A after a B flipped at step 1; 3 seeds in 25 failed). With eps above the
+#   gradients the update is lr g / (sqrt(v) + eps), Lipschitz in g, and rounding stays rounding.
 # Usage: hf_dir_cli_check.sh MOETRAIN MPIRUN... (the mpirun command with its flags)
 set -euo pipefail
 bin=$1; shift
@@ -29,7 +33,8 @@ split -l 1 --additional-suffix=.txt "$src/tests/tokenizer/chat.jsonl" "$T/txt/h_
 J=(--job "$src/configs/lora-hf.toml" --model "$model" --set "data.train=\"$T/data/train\""
    --set 'lora.targets=["attention","shared_experts","routed_experts","dense_ffn"]'
    --set lora.rank=4 --set schedule.steps=8 --set schedule.warmup=2 --set train.batch=4
-   --set log.every=1 --set run.threads=1 --set "run.seed=$run_seed")
+   --set log.every=1 --set run.threads=1 --set "run.seed=$run_seed"
+   --set optim.eps=1e-3 --set optim.lr=2e-2)
 
 "$bin" train "${J[@]}" --set "run.dir=\"$T/one\"" >"$T/one.log"
 "${mpirun[@]}" -np 2 "$bin" train "${J[@]}" --set "run.dir=\"$T/two\"" --set parallel.ep=2 \
@@ -45,7 +50,7 @@ grep -q "^loaded $model: this rank's slices" "$T/two.log" || { echo "no sliced l
 losses() { sed -n 's/.*"grad_norm".*"loss":\([^,]*\),.*"step":\([0-9]*\).*/\2 \1/p' "$1/metrics.jsonl"; }
 awk 'NR == FNR { want[$1] = $2; next }
   { d = $2 - want[$1]; if (d < 0) d = -d; r = d / (want[$1] < 0 ? -want[$1] : want[$1]);
-    if (r > worst) worst = r; if (!($1 in want) || r > 1e-5) bad = bad " " $1; n++;
+    if (r > worst) worst = r; if (!($1 in want) || r > 1e-6) bad = bad " " $1; n++;
     if (n == 1) first = $2; last = $2 }
   END { printf "2 ranks EP 2 + FSDP vs one process: %d losses, worst rel err %.3g; loss %.4f -> %.4f\n",
         n, worst, first, last;
@@ -54,7 +59,7 @@ awk 'NR == FNR { want[$1] = $2; next }
 # The fall, over the whole training set: the directory's model (LoRA's B starts at zero, so the
 # untrained adapters change nothing) against the one-process run's. Not the first and last step
 # losses: those are two batches, whose difference a fresh seed's data order can swamp (falls
-# seen 0.19 to 0.26 over 12 seeds).
+# seen 0.31 to 0.38 over 16 seeds).
 set_loss() { "$bin" eval "$@" --data "train=$T/data/train" --threads 1 | awk '$1 == "train" { print $2 }'; }
 before=$(set_loss --model "$model") after=$(set_loss --checkpoint "$T/one/checkpoints")
 awk -v a="$before" -v b="$after" 'BEGIN { printf "training-set loss %.4f -> %.4f\n", a, b; exit !(b < a - 0.1) }' ||
@@ -92,7 +97,7 @@ def load(d):
             out[k] = (e["shape"], v)
     return out
 bad = 0
-for fmt, tol in (("peft", 2e-3), ("hf", 1e-4)):
+for fmt, tol in (("peft", 2e-4), ("hf", 1e-5)):
     a, b = load(os.path.join(sys.argv[1], fmt + ".one")), load(os.path.join(sys.argv[1], fmt + ".two"))
     if sorted(a) != sorted(b) or not a:
         print("%s: the exports hold different tensors" % fmt); bad += 1; continue
