@@ -437,6 +437,7 @@ Command add_bench_command(CLI::App& app) {
                 "op scratch on the device (0: the planner's estimate)")
       ->capture_default_str();
   s->add_flag("--deterministic", o->deterministic, "bit-repeatable GPU kernels");
+  s->add_option("--threads", o->threads, "CPU threads (0: all)")->capture_default_str();
   s->add_option("--peak-tflops", o->peak_tflops, "device peak for MFU (0: H200 bf16 dense, 989)");
   auto d = std::make_shared<DsaBenchOptions>();
   CLI::App* ds = c->add_subcommand("dsa",

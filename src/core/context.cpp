@@ -35,10 +35,14 @@ std::unique_ptr<CudaResources> make_cuda(const ContextOptions& opt) {
 
 }  // namespace
 
+int Context::resolved_threads(int requested) {
+  return requested > 0 ? requested : omp_get_max_threads();
+}
+
 Context::Context(const ContextOptions& opt)
     : device_(opt.device),
       device_id_(opt.device_id),
-      threads_(opt.threads > 0 ? opt.threads : omp_get_max_threads()),
+      threads_(resolved_threads(opt.threads)),
       deterministic_(opt.deterministic),
       rng_(opt.seed),
       cuda_(make_cuda(opt)),

@@ -34,6 +34,9 @@ class Context {
   Device device() const { return device_; }
   int device_id() const { return device_id_; }
   int threads() const { return threads_; }
+  // The thread count a context made with ContextOptions::threads = `requested` runs (0: all
+  // hardware threads), for plans sized before the context exists (per-thread scratch).
+  static int resolved_threads(int requested);
   bool deterministic() const { return deterministic_; }
   Rng& rng() { return rng_; }
   // Scratch memory on the context's device; an op takes what it needs inside an ArenaScope and

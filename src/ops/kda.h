@@ -30,8 +30,9 @@ struct KdaParams {
 // tokens (recurrent) or the number of chunks (chunked).
 int64_t kda_saved_rows(const KdaParams& p, const Tensor& cu_seqlens);
 
-// Floats of per-thread scratch kda_forward (backward = false) or kda_backward takes from the
-// workspace on `threads` threads, for memory planning (the ops allocate exactly this).
+// Floats of scratch kda_forward (backward = false) or kda_backward takes from the workspace on
+// `threads` threads (per-thread buffers and the document tables), for memory planning (the ops
+// allocate exactly this).
 using KdaScratchFloats = int64_t(const KdaParams& p, int threads, bool backward);
 KdaScratchFloats kda_scratch_floats;
 

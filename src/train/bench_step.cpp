@@ -65,13 +65,18 @@ nlohmann::json run_step_bench(const StepBenchOptions& o, std::ostream& log) {
   // device reports: issue 11's memory check compares the two.
   plan::ParallelPlan pp;
   pp.seq = o.tokens;
-  const plan::MemoryBreakdown predicted = plan::predict_memory(
-      cfg, pp, {.precision = mopt.precision, .freeze_base = mopt.freeze_base, .device = device});
+  // The CPU's KDA scratch is per thread: the plan counts the threads the context will run.
+  const plan::MemoryOptions plan_options{.precision = mopt.precision,
+                                         .freeze_base = mopt.freeze_base,
+                                         .threads = Context::resolved_threads(o.threads),
+                                         .device = device};
+  const plan::MemoryBreakdown predicted = plan::predict_memory(cfg, pp, plan_options);
   const double workspace =
       o.workspace_gib > 0 ? o.workspace_gib * double(size_t(1) << 30) : predicted.workspace;
   // The baseline: the CUDA context itself (created by this first query), before anything of ours.
   const double base_gib = device == Device::CUDA ? used_gib() : 0;
   Context ctx(ContextOptions{.device = device,
+                             .threads = o.threads,
                              .seed = o.seed,
                              .workspace_bytes = static_cast<size_t>(workspace),
                              .deterministic = o.deterministic});
@@ -188,11 +193,7 @@ nlohmann::json run_step_bench(const StepBenchOptions& o, std::ostream& log) {
     plan::ParallelPlan wrong = pp;
     wrong.seq = o.tokens / 2;
     const double misplanned =
-        plan::predict_memory(
-            cfg, wrong,
-            {.precision = mopt.precision, .freeze_base = mopt.freeze_base, .device = device})
-            .total() /
-        double(size_t(1) << 30);
+        plan::predict_memory(cfg, wrong, plan_options).total() / double(size_t(1) << 30);
     const double rel = std::abs(planned - measured) / measured;
     const double rel_wrong = std::abs(misplanned - measured) / measured;
     j["memory_check"] = {{"planned_gib", planned},

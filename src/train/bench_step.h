@@ -23,6 +23,7 @@ struct StepBenchOptions {
   std::string precision = "bf16";
   std::string device = "auto";
   bool deterministic = false;
+  int threads = 0;  // CPU threads (0: all hardware threads)
   // Op scratch (Context::workspace): the largest layer backward's temporaries must fit. 0: the
   // planner's estimate for this model and length (plan::predict_memory's workspace term), so a
   // bad estimate fails the run with the arena's name instead of hiding behind a margin.

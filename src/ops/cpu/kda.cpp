@@ -458,7 +458,10 @@ int64_t scratch_threads(int threads, const KdaParams& p) {
 }  // namespace
 
 int64_t kda_scratch_floats(const KdaParams& p, int threads, bool backward) {
-  return scratch_threads(threads, p) * scratch_per_thread(p, make_dims(p), backward);
+  // read_docs' two [num_seqs + 1] int64 tables come first, each an arena footprint of its own.
+  const auto docs = static_cast<int64_t>(
+      2 * arena_footprint(static_cast<size_t>(p.num_seqs + 1) * sizeof(int64_t)) / sizeof(float));
+  return docs + scratch_threads(threads, p) * scratch_per_thread(p, make_dims(p), backward);
 }
 
 namespace {
