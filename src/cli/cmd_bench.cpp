@@ -16,6 +16,7 @@
 #include "ops/grouped_ffn.h"
 #include "ops/indexer.h"
 #include "ops/kda.h"
+#include "ops/kda_prep_path.h"
 #include "train/bench_decode.h"
 #include "train/bench_step.h"
 #include "train/files.h"
@@ -218,6 +219,7 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
           {"documents", N},
           {"H", H},
           {"D", D},
+          {"prep_path", ops::kda_prep_path_name(ops::kda_bf16_prep_path(p))},
           {"fwd_ms", f},
           {"fwdbwd_ms", fb},
           {"fwd_Mtok_s", T / f / 1e3},

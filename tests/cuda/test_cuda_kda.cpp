@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/seq_info.h"
+#include "cuda/kda_inputs.h"
 #include "harness/gpu_check.h"
 #include "harness/op_check.h"
 #include "ops/kda.h"
@@ -34,30 +35,6 @@ void PrintTo(const KdaGpuSetup& s, std::ostream* os) {
   *os << setup_name(s);
 }
 
-// Unit-norm key rows (as the layer feeds them): the delta rule is then a contraction.
-Tensor unit_rows(Rng& rng, const Shape& s) {
-  Tensor t = randn(rng, s);
-  const int64_t K = t.dim(-1), rows = t.numel() / K;
-  float* p = t.f32();
-  for (int64_t r = 0; r < rows; ++r) {
-    double n = 0;
-    for (int64_t i = 0; i < K; ++i) n += double(p[r * K + i]) * p[r * K + i];
-    for (int64_t i = 0; i < K; ++i) p[r * K + i] = static_cast<float>(p[r * K + i] / std::sqrt(n));
-  }
-  return t;
-}
-
-// Log decays: mostly mild (the state survives chunks), or as strong as the layer's gate makes them.
-Tensor log_decay(Rng& rng, const Shape& s, bool strong) {
-  Tensor t = Tensor::empty(s);
-  for (int64_t i = 0; i < t.numel(); ++i)
-    t.f32()[i] =
-        strong
-            ? static_cast<float>(-rng.uniform(1.0, 16.0) * ref::softplus(2.0 * rng.normal() + 1.0))
-            : static_cast<float>(-std::log1p(std::exp(-(1.5 * rng.normal() + 2.0))));
-  return t;
-}
-
 class CudaKda : public ::testing::TestWithParam<KdaGpuSetup> {};
 
 TEST_P(CudaKda, ForwardBackward) {
@@ -75,19 +52,9 @@ TEST_P(CudaKda, ForwardBackward) {
                          .chunked = s.chunked,
                          .chunk = s.chunk};
   const int64_t rows = ops::kda_saved_rows(p, seq.cu_seqlens);
-  Tensor beta = Tensor::empty({T, H});
-  for (int64_t i = 0; i < beta.numel(); ++i)
-    beta.f32()[i] = static_cast<float>(ref::sigmoid(rng.normal()));
-  // q, k, v and dout are stored in the op's type; g, beta and the states stay f32.
-  const std::vector<In> ins = {{seq.cu_seqlens, false},
-                               {randn(rng, {T, H, K})},
-                               {unit_rows(rng, {T, H, K})},
-                               {randn(rng, {T, H, V})},
-                               {log_decay(rng, {T, H, K}, s.strong_decay), false},
-                               {beta, false},
-                               {randn(rng, {N, H, K, V}, 0.5), false},
-                               {randn(rng, {T, H, V})},
-                               {randn(rng, {N, H, K, V}), false}};
+  const std::vector<In> ins =
+      kda_inputs(rng, seq.cu_seqlens, T, N, H, K, V,
+                 [&](Rng& r, const Shape& sh) { return log_decay(r, sh, s.strong_decay); });
   run_case(
       setup_name(s).c_str(), ins, {"o", "hT", "saved", "dq", "dk", "dv", "dg", "dbeta", "dh0"},
       [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {

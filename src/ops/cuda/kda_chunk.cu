@@ -32,6 +32,7 @@
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kda_chunk.h"
 #include "ops/cuda/kda_chunk_args.cuh"
+#include "ops/cuda/kda_fwd_tc.h"
 #include "ops/cuda/kda_state_tc.h"
 #include "ops/cuda/mma.cuh"
 #include "ops/kda_chunk_layout.h"
@@ -1114,6 +1115,9 @@ void prep(Context& ctx, const Args& a, const Tensor& q, const Tensor& k, const T
   // The block pairs on tensor cores: bf16 (float Gam), chunk 64, K 128 (one channel per thread).
   auto* kernel = prep_kernel<T, false>;
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    // bf16 tensor-core products where they fit (kda_fwd_tc.h); the same prepared block.
+    if (kda_detail::prep_tc_fits(a, q.raw(), k.raw(), v.raw()))
+      return kda_detail::prep_tc(ctx, a, ptr<T>(q), ptr<T>(k), ptr<T>(v));
     if (a.C == kMaxC && a.K == kMaxKV) kernel = prep_kernel<T, true>;
   }
   allow_smem(kernel, sm);

@@ -1,0 +1,424 @@
+// The chunked KDA's intra-chunk pass (prep) with bf16 tensor-core products, for bf16 tensors at
+// chunk 64 and head dims 64 or 128 (kda_fwd_tc.h). It writes the prepared block of
+// ops/kda_chunk_layout.h exactly as kda_chunk.cu's CUDA-core prep does (same quantities, fp32),
+// so the tensor-core state passes, the output and the backward are unchanged.
+//
+// One block of 8 warps per (chunk, head); G = the in-chunk cumsum of g (fp32), rows past the
+// chunk's length L zero in q, k, v and beta (so G stays constant there):
+//   (1) Aqk = scale q k^T e^(G_i - G_j) and KK = k k^T e^(G_i - G_j), per 16-row block p with the
+//       reference R_p = G at row 16 p, as bf16 m16n8k16 MMAs of the operands q_i e^(G_i - R_p)
+//       and k_j e^(R_p - G_j). G never rises along a chunk (g <= 0), so for columns j < 16 p both
+//       factors are at most one: no exponential overflows however strong the decay. Inside the
+//       diagonal block the column factor e^(R_p - G_j) rises up to e^range with range = max over
+//       channels of R_p - G_(16 p + 15); where range <= kDiagRange (40) both factors stay normal
+//       numbers in [e^-40, e^40] (no overflow, no subnormal loss; each is rounded to bf16, 2^-9
+//       relative, as fla does) and the block is two more n-tiles of the same MMAs; where the decay
+//       is stronger the warp sums those 136 pairs directly, one e^(G_i - G_j) <= 1 per pair and
+//       channel (the form of the CUDA-core prep).
+//   (2) T = (I + diag(beta) KK)^-1: the four 16 x 16 diagonal blocks by forward substitution (a
+//       warp each), then block rows 1..3 in turn, T_pr = -T_pp sum_(m=r)^(p-1) diag(beta) KK_pm
+//       T_mr, fp32 on CUDA cores (16 products of 16 x 16 x 16 in place of 64 dependent row
+//       steps).
+//   (3) W = T Kb and U = T (beta v): tf32 MMAs over fp32 tiles (tf32 rounds to 2^-11, below the
+//       bf16 rounding of the inputs), T's zero upper blocks skipped.
+// HBM per (chunk, head) at K = V = 128: reads q, k, v 48 KB (bf16) and g 32 KB; writes the
+// prepared block, 213 KB fp32 (W, Qh, Kl, U, Kb 160 KB, Aqk, T, KK 48 KB, gL): ~290 KB, every
+// access 8 or 16 bytes wide and coalesced into whole sectors.
+// Shared memory: G (later Kb) 34 KB, q and k bf16 (later beta v fp32) 34 KB, KK 17 KB, T 17 KB:
+// 103 KB at K = V = 128, two blocks (16 warps) per SM.
+#include <algorithm>
+#include <cstdint>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/index_lists.cuh"
+#include "ops/cuda/kda_fwd_tc.h"
+#include "ops/cuda/mma.cuh"
+#include "ops/kda_chunk_layout.h"
+#include "ops/kda_prep_path.h"
+
+namespace mt::ops::cuda::kda_detail {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kC = 64;
+constexpr int kThreads = 256;
+constexpr int kBlockRows = 16;
+constexpr float kDiagRange = 40.f;
+
+// Shared layout (bytes) and row strides. Strides make the fragment loads conflict-free: G and
+// Kb (fp32, K + 8: 8 banks per row, float2 fragment pairs), q and k (bf16, K + 8: 4 words per
+// row), beta v (fp32, V + 8: tf32 B operands), KK and T (fp32, C + 4: tf32 A operands).
+template <int K, int V>
+struct Smem {
+  static constexpr int LdG = K + 8, LdH = K + 8, LdV = V + 8, LdC = kC + 4;
+  static constexpr size_t gam = 0;
+  static constexpr size_t qk = gam + sizeof(float) * kC * LdG;
+  static constexpr size_t kk = qk + std::max(2 * sizeof(bf16) * kC * LdH, sizeof(float) * kC * LdV);
+  static constexpr size_t tm = kk + sizeof(float) * kC * LdC;
+  static constexpr size_t beta = tm + sizeof(float) * kC * LdC;
+  static constexpr size_t glast = beta + sizeof(float) * kC;
+  static constexpr size_t bytes = glast + sizeof(float) * K;
+  static_assert(qk % 16 == 0 && kk % 16 == 0 && tm % 16 == 0 && beta % 16 == 0 && glast % 16 == 0);
+};
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ float2 bf2(const bf16* p) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+}
+
+__device__ __forceinline__ float2& f2(float* p) {
+  return *reinterpret_cast<float2*>(p);
+}
+
+__device__ __forceinline__ float4& f4(float* p) {
+  return *reinterpret_cast<float4*>(p);
+}
+
+// Eight bf16 (one 16-byte load) as floats.
+__device__ __forceinline__ void unpack8(const uint4& u, float (&out)[8]) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[e]));
+    out[2 * e] = f.x;
+    out[2 * e + 1] = f.y;
+  }
+}
+
+// Rows 0..63 of a [tokens, H, D] bf16 tensor for this chunk and head into a shared tile of row
+// stride ld, zeros past L, 16 bytes per load.
+template <int D>
+__device__ __forceinline__ void load_bf16_rows(const bf16* src, int64_t t0, int L, int64_t H,
+                                               int64_t h, bf16* dst, int ld) {
+  constexpr int per = D / 8;
+  for (int e = threadIdx.x; e < kC * per; e += kThreads) {
+    const int i = e / per, x = (e - i * per) * 8;
+    uint4 u = make_uint4(0, 0, 0, 0);
+    if (i < L) u = *reinterpret_cast<const uint4*>(src + ((t0 + i) * H + h) * D + x);
+    *reinterpret_cast<uint4*>(dst + i * ld + x) = u;
+  }
+}
+
+// Phase (1), warp (p, which): row block p of Aqk (which = 0, q rows; to global memory, scaled)
+// or of KK (which = 1, k rows; to shared memory), all 64 columns written (zeros above the
+// diagonal).
+template <int K, int V>
+__device__ __forceinline__ void block_row_pairs(const Args& a, float* blk, const float* gam,
+                                                const bf16* qs, const bf16* ks, float* kk) {
+  using S = Smem<K, V>;
+  constexpr int LdG = S::LdG, LdH = S::LdH, LdC = S::LdC;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, p = w & 3, gq = lane >> 2, cq = lane & 3;
+  const bool is_kk = w >= 4;
+  const bf16* src = is_kk ? ks : qs;
+  const float* R = gam + kBlockRows * p * LdG;
+  float range = 0.f;
+  for (int x = lane; x < K; x += 32)
+    range = fmaxf(range, R[x] - gam[(kBlockRows * p + kBlockRows - 1) * LdG + x]);
+  const bool diag_mma = warp_max(range) <= kDiagRange;
+  const int nts = 2 * p + (diag_mma ? 2 : 0);  // n-tiles of 8 columns on the MMAs
+  const int i0 = kBlockRows * p + gq;
+  float acc[8][4] = {};
+  for (int k0 = 0; k0 < K; k0 += 16) {
+    uint32_t af[4];
+    float2 r[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int x = k0 + 2 * cq + 8 * hh;
+      r[hh] = *reinterpret_cast<const float2*>(R + x);
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const int i = i0 + 8 * rr;
+        const float2 gv = *reinterpret_cast<const float2*>(gam + i * LdG + x);
+        const float2 sv = bf2(src + i * LdH + x);
+        af[2 * hh + rr] =
+            mma::pack_bf16(sv.x * __expf(gv.x - r[hh].x), sv.y * __expf(gv.y - r[hh].y));
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+      if (nt < nts) {
+        const int j = 8 * nt + gq;
+        uint32_t bfr[2];
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int x = k0 + 2 * cq + 8 * hh;
+          const float2 gv = *reinterpret_cast<const float2*>(gam + j * LdG + x);
+          const float2 kv = bf2(ks + j * LdH + x);
+          bfr[hh] = mma::pack_bf16(kv.x * __expf(r[hh].x - gv.x), kv.y * __expf(r[hh].y - gv.y));
+        }
+        mma::mma_bf16(acc[nt], af, bfr);
+      }
+  }
+  float* aqk = blk + a.lay.Aqk();
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+    if (nt >> 1 == p && !diag_mma) continue;  // the direct sums below write the diagonal block
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int i = i0 + 8 * rr, j = 8 * nt + 2 * cq;
+      const float v0 = nt < nts ? acc[nt][2 * rr] : 0.f, v1 = nt < nts ? acc[nt][2 * rr + 1] : 0.f;
+      if (is_kk)
+        f2(kk + i * LdC + j) = make_float2(j < i ? v0 : 0.f, j + 1 < i ? v1 : 0.f);
+      else
+        f2(aqk + i * kC + j) =
+            make_float2(j <= i ? a.scale * v0 : 0.f, j + 1 <= i ? a.scale * v1 : 0.f);
+    }
+  }
+  if (diag_mma) return;
+  // Strong decay inside the block: each pair directly, lanes over channels.
+  for (int il = 0; il < kBlockRows; ++il) {
+    const int i = kBlockRows * p + il;
+    for (int jl = 0; jl <= il; ++jl) {
+      const int j = kBlockRows * p + jl;
+      float s = 0.f;
+      for (int x = lane; x < K; x += 32)
+        s += __bfloat162float(src[i * LdH + x]) * __bfloat162float(ks[j * LdH + x]) *
+             __expf(gam[i * LdG + x] - gam[j * LdG + x]);
+      s = warp_sum(s);
+      if (lane == 0) {
+        if (is_kk)
+          kk[i * LdC + j] = jl < il ? s : 0.f;
+        else
+          aqk[i * kC + j] = a.scale * s;
+      }
+    }
+    if (lane > il && lane < kBlockRows) {
+      const int j = kBlockRows * p + lane;
+      if (is_kk)
+        kk[i * LdC + j] = 0.f;
+      else
+        aqk[i * kC + j] = 0.f;
+    }
+  }
+}
+
+// Phase (3): dst[16 mb + .., n0 + ..] = T[16 mb + .., :] src for the warp's NT n-tiles, every
+// row block, T's zero upper blocks skipped.
+template <int NT>
+__device__ __forceinline__ void lower_times(const float* tm, int ldc, const float* src, int ld,
+                                            int n0, float* dst, int ldd) {
+  const int lane = threadIdx.x & 31, gq = lane >> 2, cq = lane & 3;
+#pragma unroll 1
+  for (int mb = 0; mb < kC / kBlockRows; ++mb) {
+    float acc[NT][4] = {};
+    mma::warp_mma_tf32<false, NT>(acc, tm, ldc, kBlockRows * mb, src, ld, n0, kBlockRows * (mb + 1),
+                                  lane);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr)
+        f2(dst + (kBlockRows * mb + gq + 8 * rr) * ldd + n0 + 8 * nt + 2 * cq) =
+            make_float2(acc[nt][2 * rr], acc[nt][2 * rr + 1]);
+  }
+}
+
+template <int K, int V>
+__global__ void __launch_bounds__(kThreads, 2)
+    prep_tc_kernel(Args a, const bf16* q, const bf16* k, const bf16* v) {
+  using S = Smem<K, V>;
+  constexpr int LdG = S::LdG, LdH = S::LdH, LdV = S::LdV, LdC = S::LdC;
+  static_assert(K % 64 == 0 && V % 64 == 0 && K <= 128 && V <= 128, "8 warps x K/64 n-tiles");
+  const int64_t c = blockIdx.x, h = blockIdx.y;
+  const int L = a.clen[c];
+  if (L == 0) return;
+  const int64_t t0 = a.ct0[c];
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* gam = reinterpret_cast<float*>(smem + S::gam);  // G, later Kb
+  bf16* qs = reinterpret_cast<bf16*>(smem + S::qk);
+  bf16* ks = qs + kC * LdH;
+  float* vs = reinterpret_cast<float*>(smem + S::qk);  // beta v, once q and k are dead
+  float* kk = reinterpret_cast<float*>(smem + S::kk);
+  float* tm = reinterpret_cast<float*>(smem + S::tm);
+  float* b = reinterpret_cast<float*>(smem + S::beta);
+  float* glast = reinterpret_cast<float*>(smem + S::glast);
+  float* blk = a.blk(c, h);
+  const KdaChunkLayout& lay = a.lay;
+
+  // Loads: beta, q, k (bf16), g (fp32); T starts at zero (its upper blocks stay so).
+  if (tid < kC) b[tid] = tid < L ? a.beta[(t0 + tid) * a.H + h] : 0.f;
+  load_bf16_rows<K>(q, t0, L, a.H, h, qs, LdH);
+  load_bf16_rows<K>(k, t0, L, a.H, h, ks, LdH);
+  for (int e = tid; e < kC * K / 4; e += kThreads) {
+    const int i = e / (K / 4), x = (e - i * (K / 4)) * 4;
+    float4 u = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (i < L) u = *reinterpret_cast<const float4*>(a.g + ((t0 + i) * a.H + h) * K + x);
+    f4(gam + i * LdG + x) = u;
+  }
+  for (int e = tid; e < kC * kC; e += kThreads) tm[(e / kC) * LdC + e % kC] = 0.f;
+  __syncthreads();
+
+  // G: parts of kC / P rows per (channel, part) summed in registers, then each part adds the
+  // running total of the parts before it (the same additions in every thread, so the last row
+  // of a part equals the next part's offset and G still never rises).
+  {
+    constexpr int P = kThreads / K, Rn = kC / P;
+    const int x = tid % K, part = tid / K;
+    float* col = gam + part * Rn * LdG + x;
+    float vals[Rn];
+    float run = 0.f;
+#pragma unroll
+    for (int r = 0; r < Rn; ++r) vals[r] = col[r * LdG];
+#pragma unroll
+    for (int r = 0; r < Rn; ++r) {
+      run += vals[r];
+      vals[r] = run;
+      col[r * LdG] = run;
+    }
+    __syncthreads();
+    float off = 0.f;
+    for (int pp = 0; pp < part; ++pp) off += gam[((pp + 1) * Rn - 1) * LdG + x];
+    __syncthreads();
+    if (part > 0)
+#pragma unroll
+      for (int r = 0; r < Rn; ++r) col[r * LdG] = vals[r] + off;
+  }
+  __syncthreads();
+
+  for (int x = tid; x < K; x += kThreads) {
+    const float gl = gam[(L - 1) * LdG + x];
+    glast[x] = gl;
+    blk[lay.gL() + x] = __expf(gl);
+  }
+  block_row_pairs<K, V>(a, blk, gam, qs, ks, kk);
+  __syncthreads();
+
+  // Row products Qh, Kl, Kb (Kb also replaces G in place for W), four channels per thread;
+  // v's loads go out first so that they overlap.
+  constexpr int VG = kC * V / 8 / kThreads;
+  uint4 vr[VG];
+#pragma unroll
+  for (int u = 0; u < VG; ++u) {
+    const int e = tid + u * kThreads, i = e / (V / 8), x = (e - i * (V / 8)) * 8;
+    vr[u] = make_uint4(0, 0, 0, 0);
+    if (i < L) vr[u] = *reinterpret_cast<const uint4*>(v + ((t0 + i) * a.H + h) * V + x);
+  }
+  for (int e = tid; e < kC * K / 4; e += kThreads) {
+    const int i = e / (K / 4), x = (e - i * (K / 4)) * 4;
+    const float4 gv = f4(gam + i * LdG + x), gl = f4(glast + x);
+    const float2 q01 = bf2(qs + i * LdH + x), q23 = bf2(qs + i * LdH + x + 2);
+    const float2 k01 = bf2(ks + i * LdH + x), k23 = bf2(ks + i * LdH + x + 2);
+    const float e0 = __expf(gv.x), e1 = __expf(gv.y), e2 = __expf(gv.z), e3 = __expf(gv.w);
+    const float s = a.scale, bi = b[i];
+    f4(blk + lay.Qh() + i * K + x) =
+        make_float4(s * q01.x * e0, s * q01.y * e1, s * q23.x * e2, s * q23.y * e3);
+    f4(blk + lay.Kl() + i * K + x) =
+        make_float4(k01.x * __expf(gl.x - gv.x), k01.y * __expf(gl.y - gv.y),
+                    k23.x * __expf(gl.z - gv.z), k23.y * __expf(gl.w - gv.w));
+    const float4 kb =
+        make_float4(bi * k01.x * e0, bi * k01.y * e1, bi * k23.x * e2, bi * k23.y * e3);
+    f4(blk + lay.Kb() + i * K + x) = kb;
+    f4(gam + i * LdG + x) = kb;
+  }
+  __syncthreads();
+
+  // q and k are dead: beta v takes their place. Then T's diagonal blocks (warps 0-3: the rows of
+  // one block in order, two lanes per column) while warps 4-7 copy KK out.
+#pragma unroll
+  for (int u = 0; u < VG; ++u) {
+    const int e = tid + u * kThreads, i = e / (V / 8), x = (e - i * (V / 8)) * 8;
+    float f[8];
+    unpack8(vr[u], f);
+    const float bi = b[i];
+    f4(vs + i * LdV + x) = make_float4(bi * f[0], bi * f[1], bi * f[2], bi * f[3]);
+    f4(vs + i * LdV + x + 4) = make_float4(bi * f[4], bi * f[5], bi * f[6], bi * f[7]);
+  }
+  if (w < 4) {
+    const int p = w, col = lane & 15, part = lane >> 4;
+    float* tb = tm + kBlockRows * p * (LdC + 1);
+    const float* kd = kk + kBlockRows * p * (LdC + 1);
+    for (int il = 0; il < kBlockRows; ++il) {
+      float acc = 0.f;
+      if (il > col)
+        for (int l = col + part; l < il; l += 2) acc += kd[il * LdC + l] * tb[l * LdC + col];
+      acc += __shfl_xor_sync(0xffffffffu, acc, 16);
+      if (part == 0)
+        tb[il * LdC + col] = il == col ? 1.f : (il > col ? -b[kBlockRows * p + il] * acc : 0.f);
+      __syncwarp();
+    }
+  } else {
+    for (int e = tid - 128; e < kC * kC / 4; e += kThreads - 128) {
+      const int i = e / (kC / 4), x = (e - i * (kC / 4)) * 4;
+      f4(blk + lay.KK() + i * kC + x) = f4(kk + i * LdC + x);
+    }
+  }
+  __syncthreads();
+
+  // T's block rows below the diagonal: X = diag(beta) KK_p,<p T_<p,<p into T's (p, < p) slots
+  // (nothing reads them in this step), then T_p,<p = -T_pp X.
+#pragma unroll 1
+  for (int p = 1; p < kC / kBlockRows; ++p) {
+    const int cols = kBlockRows * p, n = kBlockRows * cols;
+    for (int e = tid; e < n; e += kThreads) {
+      const int i = cols + e / cols, j = e % cols;
+      float s = 0.f;
+      for (int l = j; l < cols; ++l) s += kk[i * LdC + l] * tm[l * LdC + j];
+      tm[i * LdC + j] = b[i] * s;
+    }
+    __syncthreads();
+    float r[3];
+#pragma unroll
+    for (int u = 0; u < 3; ++u) {
+      const int e = tid + u * kThreads;
+      r[u] = 0.f;
+      if (e < n) {
+        const int i = cols + e / cols, j = e % cols;
+        float s = 0.f;
+        for (int m = cols; m <= i; ++m) s += tm[i * LdC + m] * tm[m * LdC + j];
+        r[u] = -s;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < 3; ++u) {
+      const int e = tid + u * kThreads;
+      if (e < n) tm[(cols + e / cols) * LdC + e % cols] = r[u];
+    }
+    __syncthreads();
+  }
+
+  // W = T Kb and U = T beta v (warp w: its n-tiles of both), T out.
+  lower_times<K / 64>(tm, LdC, gam, LdG, w * K / 8, blk + lay.W(), K);
+  lower_times<V / 64>(tm, LdC, vs, LdV, w * V / 8, blk + lay.U(), V);
+  for (int e = tid; e < kC * kC / 4; e += kThreads) {
+    const int i = e / (kC / 4), x = (e - i * (kC / 4)) * 4;
+    f4(blk + lay.Tm() + i * kC + x) = f4(tm + i * LdC + x);
+  }
+}
+
+template <int K, int V>
+void launch(Context& ctx, const Args& a, const bf16* q, const bf16* k, const bf16* v) {
+  const size_t sm = smem_for(prep_tc_kernel<K, V>, Smem<K, V>::bytes, "kda_forward");
+  prep_tc_kernel<K, V><<<dim3(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.H)),
+                         kThreads, sm, stream(ctx)>>>(a, q, k, v);
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+
+}  // namespace
+
+bool prep_tc_fits(const Args& a, const void* q, const void* k, const void* v) {
+  const KdaParams p{.head_k = a.K, .head_v = a.V, .chunk = a.C};
+  return kda_bf16_prep_path(p) == KdaPrepPath::TensorCoreBf16 && aligned16(q) && aligned16(k) &&
+         aligned16(v) && aligned16(a.g) && aligned16(a.ws);
+}
+
+void prep_tc(Context& ctx, const Args& a, const bf16* q, const bf16* k, const bf16* v) {
+  if (a.K == 64 && a.V == 64) return launch<64, 64>(ctx, a, q, k, v);
+  if (a.K == 64 && a.V == 128) return launch<64, 128>(ctx, a, q, k, v);
+  if (a.K == 128 && a.V == 64) return launch<128, 64>(ctx, a, q, k, v);
+  MT_CHECK(a.K == 128 && a.V == 128, ValueError, "kda tensor-core prep: head_k ", a.K, " head_v ",
+           a.V, " (prep_tc_fits admits 64 and 128)");
+  launch<128, 128>(ctx, a, q, k, v);
+}
+
+}  // namespace mt::ops::cuda::kda_detail

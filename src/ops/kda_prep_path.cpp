@@ -1,0 +1,28 @@
+#include "ops/kda_prep_path.h"
+
+namespace mt::ops {
+
+namespace {
+bool tensor_core_prep = true;
+}  // namespace
+
+KdaPrepPath kda_bf16_prep_path(const KdaParams& p) {
+  const auto dim_ok = [](int64_t d) { return d == 64 || d == 128; };
+  return tensor_core_prep && p.chunked && p.chunk == 64 && dim_ok(p.head_k) && dim_ok(p.head_v)
+             ? KdaPrepPath::TensorCoreBf16
+             : KdaPrepPath::CudaCores;
+}
+
+const char* kda_prep_path_name(KdaPrepPath path) {
+  return path == KdaPrepPath::TensorCoreBf16 ? "tensor_core_bf16" : "cuda_cores";
+}
+
+void kda_set_tensor_core_prep(bool on) {
+  tensor_core_prep = on;
+}
+
+bool kda_tensor_core_prep() {
+  return tensor_core_prep;
+}
+
+}  // namespace mt::ops

@@ -1,0 +1,24 @@
+// Which intra-chunk pass (prep) the CUDA chunked KDA kernels run: the bf16 tensor-core prep
+// (ops/cuda/kda_fwd_tc.cu) or the CUDA-core prep of ops/cuda/kda_chunk.cu. Plain C++, so that the
+// tests (which compare the two) and `moetrain bench kda` (which reports the one it timed) read it
+// without CUDA headers.
+#pragma once
+
+#include "ops/kda.h"
+
+namespace mt::ops {
+
+enum class KdaPrepPath { TensorCoreBf16, CudaCores };
+
+// The prep for bf16 tensors with these params: the tensor-core one at chunk 64 with head_k and
+// head_v 64 or 128 (where its tensors are 16-byte aligned, which the kernels check too; fp32
+// tensors always take the CUDA-core prep), unless switched off below.
+KdaPrepPath kda_bf16_prep_path(const KdaParams& p);
+const char* kda_prep_path_name(KdaPrepPath path);
+
+// Off: every call takes the CUDA-core prep, so that a test can compare the two paths on the same
+// inputs. Process-wide and not synchronised: flip it only while no KDA kernel is being launched.
+void kda_set_tensor_core_prep(bool on);
+bool kda_tensor_core_prep();
+
+}  // namespace mt::ops

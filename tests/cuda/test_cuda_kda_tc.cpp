@@ -1,0 +1,181 @@
+// The chunked KDA's bf16 tensor-core prep (ops/cuda/kda_fwd_tc.cu) on the GPU: forward and
+// backward (which reads the prepared block it leaves) against the CPU engine through the
+// harness's bounds (its bf16 pass takes the tensor-core prep, its f32 pass the CUDA-core one),
+// and against the CUDA-core prep on the same bf16 inputs. Head dims 64 and 128, packed documents
+// whose lengths straddle the chunk, initial and final states, and decays from mild to strong,
+// mixed inside a chunk so that both forms of the diagonal 16-row blocks (MMAs, direct pairs) run.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/seq_info.h"
+#include "cuda/kda_inputs.h"
+#include "harness/gpu_check.h"
+#include "harness/op_check.h"
+#include "harness/tolerance.h"
+#include "ops/kda.h"
+#include "ops/kda_prep_path.h"
+
+namespace mt::test {
+namespace {
+
+enum class Decay { Mild, Strong, Mixed };
+
+struct TcSetup {
+  int64_t head_k = 128, head_v = 128;
+  std::vector<int64_t> lengths = {1, 63, 64, 65, 200};
+  bool h0 = true, dhT = true;
+  Decay decay = Decay::Mild;
+};
+
+std::string setup_name(const TcSetup& s) {
+  std::string n = "K" + std::to_string(s.head_k) + "V" + std::to_string(s.head_v) + "_T";
+  int64_t T = 0;
+  for (int64_t l : s.lengths) T += l;
+  n += std::to_string(T) + "_docs" + std::to_string(s.lengths.size());
+  n += s.h0 ? "_h0" : "_zeroState";
+  n += s.dhT ? "_dhT" : "_noDhT";
+  n += s.decay == Decay::Mild ? "_mild" : s.decay == Decay::Strong ? "_strong" : "_mixed";
+  return n;
+}
+
+void PrintTo(const TcSetup& s, std::ostream* os) {
+  *os << setup_name(s);
+}
+
+// Mixed: a token's decays are strong with probability 0.15, so that some 16-row blocks of a
+// chunk exceed the tensor-core prep's diagonal range and others do not.
+Tensor decays(Rng& rng, const Shape& s, Decay d) {
+  if (d != Decay::Mixed) return log_decay(rng, s, d == Decay::Strong);
+  Tensor t = Tensor::empty(s);
+  const int64_t per_token = s[1] * s[2];
+  for (int64_t tok = 0; tok < s[0]; ++tok) {
+    const bool strong = rng.uniform(0.0, 1.0) < 0.15;
+    for (int64_t e = 0; e < per_token; ++e)
+      t.f32()[tok * per_token + e] = log_decay_value(rng, strong);
+  }
+  return t;
+}
+
+struct TcCase {
+  SeqInfo seq;
+  ops::KdaParams p;
+  int64_t rows;
+  std::vector<In> ins;  // cu_seqlens, q, k, v, g, beta, h0, dout, dhT
+};
+
+TcCase make_case(const TcSetup& s, Rng& rng) {
+  TcCase c{.seq = SeqInfo::from_lengths(s.lengths)};
+  const int64_t T = c.seq.tokens, N = c.seq.num_seqs, H = 2, K = s.head_k, V = s.head_v;
+  c.p = {.tokens = T, .heads = H, .head_k = K, .head_v = V, .num_seqs = N};
+  c.rows = ops::kda_saved_rows(c.p, c.seq.cu_seqlens);
+  c.ins = kda_inputs(rng, c.seq.cu_seqlens, T, N, H, K, V,
+                     [&](Rng& r, const Shape& sh) { return decays(r, sh, s.decay); });
+  return c;
+}
+
+const std::vector<std::string> kNames = {"o",  "hT", "saved", "dq", "dk",
+                                         "dv", "dg", "dbeta", "dh0"};
+
+// Forward, then backward from the prepared block forward left (as the KDA layer runs them).
+std::vector<Tensor> forward_backward(const TcSetup& s, const TcCase& tc, Context& c,
+                                     const std::vector<Tensor>& in, bool gpu) {
+  const ops::KdaParams& p = tc.p;
+  const int64_t T = p.tokens, N = p.num_seqs, H = p.heads, K = p.head_k, V = p.head_v;
+  const DType dt = in[1].dtype();
+  const Tensor h0 = s.h0 ? in[6] : Tensor(), dhT = s.dhT ? in[8] : Tensor();
+  Tensor o = out(c, {T, H, V}, dt), hT = out(c, {N, H, K, V}, DType::F32);
+  Tensor saved = out(c, {tc.rows, H, K, V}, DType::F32);
+  Tensor prepared = gpu ? out(c, {ops::kda_prepared_floats(p, tc.rows)}, DType::F32) : Tensor();
+  OP(kda_forward)(c, p, in[0], in[1], in[2], in[3], in[4], in[5], h0, o, hT, saved, prepared);
+  Tensor dq = out(c, {T, H, K}, dt), dk = out(c, {T, H, K}, dt), dv = out(c, {T, H, V}, dt);
+  Tensor dg = out(c, {T, H, K}, DType::F32), dbeta = out(c, {T, H}, DType::F32);
+  Tensor dh0 = out(c, {N, H, K, V}, DType::F32);
+  OP(kda_backward)
+  (c, p, in[0], in[1], in[2], in[3], in[4], in[5], saved, prepared, in[7], dhT, dq, dk, dv, dg,
+   dbeta, dh0);
+  return {o, hT, saved, dq, dk, dv, dg, dbeta, dh0};
+}
+
+class CudaKdaTc : public ::testing::TestWithParam<TcSetup> {};
+
+TEST_P(CudaKdaTc, ForwardBackwardAgainstTheCpu) {
+  REQUIRE_GPU();
+  const TcSetup s = GetParam();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  const TcCase tc = make_case(s, rng);
+  ASSERT_TRUE(ops::kda_tensor_core_prep());
+  ASSERT_EQ(ops::kda_bf16_prep_path(tc.p), ops::KdaPrepPath::TensorCoreBf16);
+  run_case(
+      setup_name(s).c_str(), tc.ins, kNames,
+      [&](Context& c, const std::vector<Tensor>& in, bool gpu) {
+        return forward_backward(s, tc, c, in, gpu);
+      },
+      seed);
+}
+
+// The same bf16 inputs through both preps: they must agree within the bf16 row of the tolerance
+// table (twice the error that rounding the inputs and outputs to bf16 alone causes on the CPU),
+// and so must each against the CPU.
+TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
+  REQUIRE_GPU();
+  const TcSetup s = GetParam();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(setup_name(s) + " seed=" + std::to_string(seed));
+  Rng rng(seed);
+  const TcCase tc = make_case(s, rng);
+  Context cpu(ContextOptions{.threads = 2, .seed = seed});
+  Context gpu(ContextOptions{.device = Device::CUDA, .seed = seed});
+  std::vector<Tensor> hin, emul_in, din;
+  for (const In& i : tc.ins) {
+    const bool low = i.lowp && i.host.dtype() == DType::F32;
+    hin.push_back(i.host);
+    emul_in.push_back(low ? round_bf16(i.host) : i.host);
+    Tensor d = Tensor::empty(i.host.shape(), low ? DType::BF16 : i.host.dtype(), Device::CUDA);
+    d.copy_from(i.host);
+    din.push_back(d);
+  }
+  const std::vector<Tensor> want = forward_backward(s, tc, cpu, hin, false);
+  const std::vector<Tensor> emul = forward_backward(s, tc, cpu, emul_in, false);
+  ASSERT_EQ(ops::kda_bf16_prep_path(tc.p), ops::KdaPrepPath::TensorCoreBf16);
+  const std::vector<Tensor> tensor_cores = forward_backward(s, tc, gpu, din, true);
+  std::vector<Tensor> cuda_cores;
+  {
+    // Back on however this scope ends, so that no later test inherits the switch.
+    struct Off {
+      Off() { ops::kda_set_tensor_core_prep(false); }
+      ~Off() { ops::kda_set_tensor_core_prep(true); }
+    } off;
+    cuda_cores = forward_backward(s, tc, gpu, din, true);
+    gpu.synchronize();
+  }
+  for (size_t j = 0; j < want.size(); ++j) {
+    const bool low = tensor_cores[j].dtype() == DType::BF16;
+    const DVec w = to_dvec(want[j]), tcv = to_dvec(tensor_cores[j]), ccv = to_dvec(cuda_cores[j]);
+    const double bound =
+        kBf16Multiple * rel_err(to_dvec(low ? round_bf16(emul[j]) : emul[j]), w) + kBf16Floor;
+    const double between = rel_err(tcv, ccv), tc_err = rel_err(tcv, w), cc_err = rel_err(ccv, w);
+    EXPECT_LE(between, bound) << kNames[j] << ": tensor-core prep against CUDA-core prep";
+    EXPECT_LE(tc_err, bound) << kNames[j] << ": tensor-core prep against the CPU";
+    std::printf(
+        "  %-40s %-5s tc vs cuda cores %.3g, vs cpu: tc %.3g, cuda cores %.3g (bound %.3g)\n",
+        setup_name(s).c_str(), kNames[j].c_str(), between, tc_err, cc_err, bound);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    KdaTc, CudaKdaTc,
+    ::testing::Values(
+        TcSetup{.head_k = 64, .head_v = 64}, TcSetup{.lengths = {130, 7, 64, 257}, .h0 = false},
+        TcSetup{.head_v = 64, .decay = Decay::Strong},
+        TcSetup{.head_k = 64, .head_v = 128, .decay = Decay::Mixed},
+        TcSetup{.lengths = {64, 64, 64}, .h0 = false, .dhT = false, .decay = Decay::Mixed},
+        TcSetup{.lengths = {300}, .decay = Decay::Strong}),
+    [](const ::testing::TestParamInfo<TcSetup>& pi) { return setup_name(pi.param); });
+
+}  // namespace
+}  // namespace mt::test
