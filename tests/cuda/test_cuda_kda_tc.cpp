@@ -6,17 +6,22 @@
 // mixed inside a chunk so that both forms of the diagonal 16-row blocks (MMAs, direct pairs) run.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
+#include <memory>
 #include <ostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/seq_info.h"
 #include "cuda/kda_inputs.h"
 #include "harness/gpu_check.h"
 #include "harness/op_check.h"
 #include "harness/tolerance.h"
 #include "ops/kda.h"
+#include "ops/kda_chunk_layout.h"
 #include "ops/kda_prep_path.h"
 
 namespace mt::test {
@@ -32,14 +37,15 @@ struct TcSetup {
 };
 
 std::string setup_name(const TcSetup& s) {
-  std::string n = "K" + std::to_string(s.head_k) + "V" + std::to_string(s.head_v) + "_T";
   int64_t T = 0;
   for (int64_t l : s.lengths) T += l;
-  n += std::to_string(T) + "_docs" + std::to_string(s.lengths.size());
-  n += s.h0 ? "_h0" : "_zeroState";
-  n += s.dhT ? "_dhT" : "_noDhT";
-  n += s.decay == Decay::Mild ? "_mild" : s.decay == Decay::Strong ? "_strong" : "_mixed";
-  return n;
+  std::ostringstream n;
+  n << "K" << s.head_k << "V" << s.head_v << "_T" << T << "_docs" << s.lengths.size()
+    << (s.h0 ? "_h0" : "_zeroState") << (s.dhT ? "_dhT" : "_noDhT")
+    << (s.decay == Decay::Mild     ? "_mild"
+        : s.decay == Decay::Strong ? "_strong"
+                                   : "_mixed");
+  return n.str();
 }
 
 void PrintTo(const TcSetup& s, std::ostream* os) {
@@ -100,6 +106,27 @@ std::vector<Tensor> forward_backward(const TcSetup& s, const TcCase& tc, Context
   return {o, hT, saved, dq, dk, dv, dg, dbeta, dh0};
 }
 
+// Switches the tensor-core prep off for its scope, and back on however the scope ends, so that
+// no later test inherits the switch.
+struct CudaCorePrepOnly {
+  CudaCorePrepOnly() { ops::kda_set_tensor_core_prep(false); }
+  ~CudaCorePrepOnly() { ops::kda_set_tensor_core_prep(true); }
+  CudaCorePrepOnly(const CudaCorePrepOnly&) = delete;
+  CudaCorePrepOnly& operator=(const CudaCorePrepOnly&) = delete;
+};
+
+// The case's inputs on the GPU, q, k, v and dout in bf16.
+std::vector<Tensor> bf16_on_gpu(const TcCase& tc) {
+  std::vector<Tensor> din;
+  for (const In& i : tc.ins) {
+    const bool low = i.lowp && i.host.dtype() == DType::F32;
+    Tensor d = Tensor::empty(i.host.shape(), low ? DType::BF16 : i.host.dtype(), Device::CUDA);
+    d.copy_from(i.host);
+    din.push_back(d);
+  }
+  return din;
+}
+
 class CudaKdaTc : public ::testing::TestWithParam<TcSetup> {};
 
 TEST_P(CudaKdaTc, ForwardBackwardAgainstTheCpu) {
@@ -125,31 +152,24 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
   REQUIRE_GPU();
   const TcSetup s = GetParam();
   const uint64_t seed = fresh_seed();
-  SCOPED_TRACE(setup_name(s) + " seed=" + std::to_string(seed));
+  SCOPED_TRACE(cat(setup_name(s), " seed=", seed));
   Rng rng(seed);
   const TcCase tc = make_case(s, rng);
   Context cpu(ContextOptions{.threads = 2, .seed = seed});
   Context gpu(ContextOptions{.device = Device::CUDA, .seed = seed});
-  std::vector<Tensor> hin, emul_in, din;
+  std::vector<Tensor> hin, emul_in;
   for (const In& i : tc.ins) {
-    const bool low = i.lowp && i.host.dtype() == DType::F32;
     hin.push_back(i.host);
-    emul_in.push_back(low ? round_bf16(i.host) : i.host);
-    Tensor d = Tensor::empty(i.host.shape(), low ? DType::BF16 : i.host.dtype(), Device::CUDA);
-    d.copy_from(i.host);
-    din.push_back(d);
+    emul_in.push_back(i.lowp ? round_bf16(i.host) : i.host);
   }
+  const std::vector<Tensor> din = bf16_on_gpu(tc);
   const std::vector<Tensor> want = forward_backward(s, tc, cpu, hin, false);
   const std::vector<Tensor> emul = forward_backward(s, tc, cpu, emul_in, false);
   ASSERT_EQ(ops::kda_bf16_prep_path(tc.p), ops::KdaPrepPath::TensorCoreBf16);
   const std::vector<Tensor> tensor_cores = forward_backward(s, tc, gpu, din, true);
   std::vector<Tensor> cuda_cores;
   {
-    // Back on however this scope ends, so that no later test inherits the switch.
-    struct Off {
-      Off() { ops::kda_set_tensor_core_prep(false); }
-      ~Off() { ops::kda_set_tensor_core_prep(true); }
-    } off;
+    const CudaCorePrepOnly off;
     cuda_cores = forward_backward(s, tc, gpu, din, true);
     gpu.synchronize();
   }
@@ -176,6 +196,67 @@ INSTANTIATE_TEST_SUITE_P(
         TcSetup{.lengths = {64, 64, 64}, .h0 = false, .dhT = false, .decay = Decay::Mixed},
         TcSetup{.lengths = {300}, .decay = Decay::Strong}),
     [](const ::testing::TestParamInfo<TcSetup>& pi) { return setup_name(pi.param); });
+
+// The prepared block the tensor-core prep leaves: every float written (the buffer starts as
+// NaN) and finite, and above the diagonal of Aqk, KK and T exactly zero, KK's diagonal zero and
+// T's one, as the CUDA-core prep leaves them. Each part's relative difference to the CUDA-core
+// prep's block is printed for diagnosis (the bounds are those of the outputs, above).
+TEST(CudaKdaTcPrepared, BlockIsCompleteAndShapedAsTheCudaCorePreps) {
+  REQUIRE_GPU();
+  for (const TcSetup& s : {TcSetup{.head_v = 64, .decay = Decay::Mixed},
+                           TcSetup{.head_k = 64, .decay = Decay::Mixed}}) {
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE(cat(setup_name(s), " seed=", seed));
+    Rng rng(seed);
+    const TcCase tc = make_case(s, rng);
+    const ops::KdaParams& p = tc.p;
+    Context gpu(ContextOptions{.device = Device::CUDA, .seed = seed});
+    const std::vector<Tensor> in = bf16_on_gpu(tc);
+    const auto prepared_by = [&](bool tensor_cores) {
+      std::unique_ptr<CudaCorePrepOnly> off;
+      if (!tensor_cores) off = std::make_unique<CudaCorePrepOnly>();
+      Tensor o = out(gpu, {p.tokens, p.heads, p.head_v}, DType::BF16), none;
+      Tensor saved = out(gpu, {tc.rows, p.heads, p.head_k, p.head_v}, DType::F32);
+      Tensor prepared = out(gpu, {ops::kda_prepared_floats(p, tc.rows)}, DType::F32);
+      ops::kda_forward(gpu, p, in[0], in[1], in[2], in[3], in[4], in[5], Tensor(), o, none, saved,
+                       prepared);
+      gpu.synchronize();
+      return to_dvec(prepared);
+    };
+    const DVec t = prepared_by(true), c = prepared_by(false);
+    const ops::KdaChunkLayout lay{p.chunk, p.head_k, p.head_v};
+    const int64_t C = p.chunk, blocks = tc.rows * p.heads;
+    size_t nonfinite = 0, misshaped = 0;
+    for (double x : t) nonfinite += !std::isfinite(x);
+    for (int64_t b = 0; b < blocks; ++b)
+      for (int64_t i = 0; i < C; ++i)
+        for (int64_t j = i; j < C; ++j) {
+          const int64_t at = b * lay.block() + i * C + j;
+          const double aqk = t[at + lay.Aqk()], kk = t[at + lay.KK()], tm = t[at + lay.Tm()];
+          misshaped += j > i ? (aqk != 0 || kk != 0 || tm != 0) : (kk != 0 || tm != 1);
+        }
+    EXPECT_EQ(nonfinite, 0u) << "prepared floats unwritten or not finite";
+    EXPECT_EQ(misshaped, 0u) << "entries on or above the diagonals of Aqk, KK, T";
+    const struct {
+      const char* name;
+      int64_t at, n;
+    } parts[] = {{"W", lay.W(), C * p.head_k},   {"Qh", lay.Qh(), C * p.head_k},
+                 {"Kl", lay.Kl(), C * p.head_k}, {"U", lay.U(), C * p.head_v},
+                 {"Kb", lay.Kb(), C * p.head_k}, {"Aqk", lay.Aqk(), C * C},
+                 {"T", lay.Tm(), C * C},         {"KK", lay.KK(), C * C},
+                 {"gL", lay.gL(), p.head_k}};
+    for (const auto& part : parts) {
+      DVec pt, pc;
+      for (int64_t b = 0; b < blocks; ++b)
+        for (int64_t e = 0; e < part.n; ++e) {
+          pt.push_back(t[b * lay.block() + part.at + e]);
+          pc.push_back(c[b * lay.block() + part.at + e]);
+        }
+      std::printf("  %-40s prepared %-3s tensor-core vs CUDA-core prep: rel diff %.3g\n",
+                  setup_name(s).c_str(), part.name, rel_err(pt, pc));
+    }
+  }
+}
 
 }  // namespace
 }  // namespace mt::test
