@@ -949,14 +949,23 @@ __global__ void __launch_bounds__(kGradThreads)
     tb[e] = blk[lay.Tm() + e] * b[e / C];
   }
   __syncthreads();  // (load_chunk's cumsum is complete too)
-  // dGam_L[x] = sum_i (Delta dS^T)[i][x] kl[i][x] + e^Gam_L (S0 . dS)[x].
-  for (int x = tid; x < K; x += kGradThreads) {
-    const W gl = gam[(L - 1) * K + x];
-    W s = __expf(static_cast<float>(gl)) * blk[lay.gL() + x];
-    for (int i = 0; i < L; ++i)
-      s += blk[lay.Kl() + i * K + x] * ks[i * K + x] *
-           __expf(static_cast<float>(gl - gam[i * K + x]));
-    dGamL[x] = s;
+  // dGam_L[x] = sum_i (Delta dS^T)[i][x] kl[i][x] + e^Gam_L (S0 . dS)[x]. The four threads of a
+  // quad split a channel's rows (in a fixed order: bit-repeatable), so that all 16 warps, not 4,
+  // wait on these global loads, a quarter as many rounds each, before the block's next barrier.
+  static_assert(kGradThreads >= 4 * kMaxKV, "a quad per channel");
+  {
+    const int x = tid >> 2, part = tid & 3;
+    W s = 0;
+    if (x < K) {
+      const W gl = gam[(L - 1) * K + x];
+      for (int i = part; i < L; i += 4)
+        s += blk[lay.Kl() + i * K + x] * ks[i * K + x] *
+             __expf(static_cast<float>(gl - gam[i * K + x]));
+    }
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    if (x < K && part == 0)
+      dGamL[x] = __expf(static_cast<float>(gam[(L - 1) * K + x])) * blk[lay.gL() + x] + s;
   }
   float* kd = b + C;  // TC: the block-pair tiles (grads_block_pairs)
   float* qu = kd + kGradTileFloats;
