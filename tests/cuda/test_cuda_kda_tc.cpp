@@ -3,7 +3,8 @@
 // harness's bounds (its bf16 pass takes the tensor-core prep, its f32 pass the CUDA-core one),
 // and against the CUDA-core prep on the same bf16 inputs. Head dims 64 and 128, packed documents
 // whose lengths straddle the chunk, initial and final states, and decays from mild to strong,
-// mixed inside a chunk so that both forms of the diagonal 16-row blocks (MMAs, direct pairs) run.
+// mixed inside a chunk so that both forms of the diagonal 16-row blocks (MMAs, direct pairs) run;
+// and 32 heads, whose forward state pass on the H200 takes 32 state columns per block.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -30,7 +31,7 @@ namespace {
 enum class Decay { Mild, Moderate, Strong, Mixed };
 
 struct TcSetup {
-  int64_t head_k = 128, head_v = 128;
+  int64_t heads = 2, head_k = 128, head_v = 128;
   std::vector<int64_t> lengths = {1, 63, 64, 65, 200};
   bool h0 = true, dhT = true;
   Decay decay = Decay::Mild;
@@ -40,8 +41,8 @@ std::string setup_name(const TcSetup& s) {
   int64_t T = 0;
   for (int64_t l : s.lengths) T += l;
   std::ostringstream n;
-  n << "K" << s.head_k << "V" << s.head_v << "_T" << T << "_docs" << s.lengths.size()
-    << (s.h0 ? "_h0" : "_zeroState") << (s.dhT ? "_dhT" : "_noDhT")
+  n << "H" << s.heads << "K" << s.head_k << "V" << s.head_v << "_T" << T << "_docs"
+    << s.lengths.size() << (s.h0 ? "_h0" : "_zeroState") << (s.dhT ? "_dhT" : "_noDhT")
     << (s.decay == Decay::Mild       ? "_mild"
         : s.decay == Decay::Moderate ? "_moderate"
         : s.decay == Decay::Strong   ? "_strong"
@@ -85,7 +86,7 @@ struct TcCase {
 
 TcCase make_case(const TcSetup& s, Rng& rng) {
   TcCase c{.seq = SeqInfo::from_lengths(s.lengths)};
-  const int64_t T = c.seq.tokens, N = c.seq.num_seqs, H = 2, K = s.head_k, V = s.head_v;
+  const int64_t T = c.seq.tokens, N = c.seq.num_seqs, H = s.heads, K = s.head_k, V = s.head_v;
   c.p = {.tokens = T, .heads = H, .head_k = K, .head_v = V, .num_seqs = N};
   c.rows = ops::kda_saved_rows(c.p, c.seq.cu_seqlens);
   c.ins = kda_inputs(rng, c.seq.cu_seqlens, T, N, H, K, V,
@@ -205,7 +206,10 @@ INSTANTIATE_TEST_SUITE_P(
         TcSetup{.head_k = 64, .head_v = 128, .decay = Decay::Mixed},
         TcSetup{.lengths = {64, 64, 64}, .h0 = false, .dhT = false, .decay = Decay::Mixed},
         TcSetup{.lengths = {300}, .decay = Decay::Strong},
-        TcSetup{.lengths = {200, 64}, .decay = Decay::Moderate}),
+        TcSetup{.lengths = {200, 64}, .decay = Decay::Moderate},
+        // More state-column blocks of 16 than fit on an H200 at once (2 x 32 x 8 > 2 x 132): the
+        // forward state pass takes 32 columns per block (kda_state_tc.cu).
+        TcSetup{.heads = 32, .lengths = {100, 150}}),
     [](const ::testing::TestParamInfo<TcSetup>& pi) { return setup_name(pi.param); });
 
 // The prepared block the tensor-core prep leaves: every float written (the buffer starts as

@@ -3,7 +3,7 @@
 //
 // What is sequential is the recurrence alone; everything that does not depend on the carried
 // state leaves the sequential kernels:
-//   forward:  (1) per (document, head, 16 columns), chunk after chunk: Delta = U - W S0 and
+//   forward:  (1) per (document, head, 16 or 32 columns), chunk after chunk: Delta = U - W S0 and
 //             S = diag(gL) S0 + Kl^T Delta; S0 goes to `saved`, Delta to the backward blocks' D;
 //             (2) per (chunk, head, 64 columns), in parallel: o = Qh S0 + Aqk Delta.
 //   backward: (1) per (chunk, head, 64 columns), in parallel: Delta = U - W S0 into D,
@@ -67,8 +67,8 @@ __device__ __forceinline__ void for_pairs(float (&acc)[NT][4], int m0, int lane,
 }
 
 // for_pairs over the warp's state m-tiles that lie below K (rows 16 (w + 4 mt) + ...).
-template <typename F>
-__device__ __forceinline__ void for_state_pairs(float (&s)[2][2][4], int K, int lane, F f) {
+template <int NT, typename F>
+__device__ __forceinline__ void for_state_pairs(float (&s)[2][NT][4], int K, int lane, F f) {
   const int w = threadIdx.x >> 5;
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
@@ -85,7 +85,8 @@ __device__ __forceinline__ const float2* at2(const float* p) {
 // The state tile a warp of the sequential passes carries (rows 16 (w + 4 mt) + ..., kNB columns)
 // to dst, or else from src (zeros where src is null), [K][V] states whose column block starts
 // there.
-__device__ __forceinline__ void state_io(float (&s)[2][2][4], const float* src, float* dst, int K,
+template <int NT>
+__device__ __forceinline__ void state_io(float (&s)[2][NT][4], const float* src, float* dst, int K,
                                          int V) {
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
 #pragma unroll
@@ -103,29 +104,36 @@ __device__ __forceinline__ void state_io(float (&s)[2][2][4], const float* src, 
   }
 }
 
-constexpr size_t kFwdStateSmem =
-    sizeof(float) * (kC * kLdRowK + kC * kLdTrK + kC * kNB + kK + kK * kLdNB + kC * kLdNB);
+template <int NB>
+constexpr size_t fwd_state_smem() {
+  return sizeof(float) * (kC * kLdRowK + kC * kLdTrK + kC * NB + kK + (kK + kC) * (NB + 8));
+}
 
+// NB = kNB state columns per block, or twice that where kNB-column blocks would not all fit on
+// the GPU at once (forward_state_tc): each step of the chain then does twice the MMAs but the
+// chain runs in one wave instead of two, and reads W and Kl half as often.
+template <int NB>
 __global__ void __launch_bounds__(kThreads, 2) fwd_state_tc_kernel(Args a) {
+  static_assert(NB % 8 == 0 && (NB + 8) % 32 % 16 == 8, "B operands of NB / 8 n-tiles");
+  constexpr int NT = NB / 8, kLdB = NB + 8;
   const int64_t n = blockIdx.x, h = blockIdx.y, H = a.H;
-  const int col0 = blockIdx.z * kNB, K = a.K, V = a.V, lane = threadIdx.x & 31,
-            w = threadIdx.x >> 5;
+  const int col0 = blockIdx.z * NB, K = a.K, V = a.V, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   extern __shared__ __align__(16) unsigned char smem[];
   float* Ws = reinterpret_cast<float*>(smem);  // [kC][kLdRowK]
   float* Kls = Ws + kC * kLdRowK;              // [kC][kLdTrK]
-  float* Us = Kls + kC * kLdTrK;               // [kC][kNB]
-  float* gLs = Us + kC * kNB;                  // [kK]
-  float* Ss = gLs + kK;                        // [kK][kLdNB]
-  float* Ds = Ss + kK * kLdNB;                 // [kC][kLdNB]
+  float* Us = Kls + kC * kLdTrK;               // [kC][NB]
+  float* gLs = Us + kC * NB;                   // [kK]
+  float* Ss = gLs + kK;                        // [kK][kLdB]
+  float* Ds = Ss + kK * kLdB;                  // [kC][kLdB]
   const KdaChunkLayout& lay = a.lay;
   // The warp's state rows: m-tiles w and w + 4 (those below K).
-  float s[2][2][4];
+  float s[2][NT][4];
   state_io(s, a.h0 ? a.h0 + (n * H + h) * K * V + col0 : nullptr, nullptr, K, V);
   const int64_t cb = a.dchunk0[n], ce = a.dchunk0[n + 1];
   const auto stage_w = [&](int64_t c) {
     const float* blk = a.blk(c, h);
     stage(Ws, kLdRowK, blk + lay.W(), K, kC, K);
-    stage(Us, kNB, blk + lay.U() + col0, V, kC, kNB);
+    stage(Us, NB, blk + lay.U() + col0, V, kC, NB);
   };
   const auto stage_kl = [&](int64_t c) {
     const float* blk = a.blk(c, h);
@@ -141,19 +149,19 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_state_tc_kernel(Args a) {
     // S entering the chunk: kept for backward, and the B operand of W S0.
     float* sv = a.saved + (c * H + h) * K * V + col0;
     for_state_pairs(s, K, lane, [&](int x, int col, float& s0, float& s1) {
-      *at2(Ss + x * kLdNB + col) = make_float2(s0, s1);
+      *at2(Ss + x * kLdB + col) = make_float2(s0, s1);
       *at2(sv + x * V + col) = make_float2(s0, s1);
     });
     mma::cp_async_wait<1>();  // W, U of this chunk
     __syncthreads();
     // Delta = U - W S0, rows 16 w .. 16 w + 15 (zero past L).
-    float d[2][4] = {};
-    mma::warp_mma_tf32<false, 2>(d, Ws, kLdRowK, 16 * w, Ss, kLdNB, 0, K, lane);
+    float d[NT][4] = {};
+    mma::warp_mma_tf32<false, NT>(d, Ws, kLdRowK, 16 * w, Ss, kLdB, 0, K, lane);
     float* Dg = a.bblk(c, h) + lay.D() + col0;
     for_pairs(d, 16 * w, lane, [&](int i, int col, float& d0, float& d1) {
-      const float2 u = *at2(Us + i * kNB + col);
+      const float2 u = *at2(Us + i * NB + col);
       const float2 v = i < L ? make_float2(u.x - d0, u.y - d1) : make_float2(0.f, 0.f);
-      *at2(Ds + i * kLdNB + col) = v;
+      *at2(Ds + i * kLdB + col) = v;
       *at2(Dg + i * V + col) = v;
     });
     __syncthreads();  // Delta complete; W and U free
@@ -170,7 +178,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_state_tc_kernel(Args a) {
         s0 *= gLs[x];
         s1 *= gLs[x];
       });
-      mma::warp_mma_tf32<true, 2>(s[mt], Kls, kLdTrK, x0, Ds, kLdNB, 0, kd, lane);
+      mma::warp_mma_tf32<true, NT>(s[mt], Kls, kLdTrK, x0, Ds, kLdB, 0, kd, lane);
     }
     __syncthreads();  // Kl, gL and Delta free
     if (c + 1 < ce) stage_kl(c + 1);
@@ -401,9 +409,9 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_state_tc_kernel(Args a) {
   if (a.dh0) state_io(s, nullptr, a.dh0 + (n * H + h) * K * V + col0, K, V);
 }
 
-dim3 state_grid(const Args& a) {
+dim3 state_grid(const Args& a, int nb = kNB) {
   return dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(a.H),
-              static_cast<unsigned>(a.V / kNB));
+              static_cast<unsigned>(a.V / nb));
 }
 
 dim3 chunk_grid(const Args& a, int jobs) {
@@ -419,8 +427,19 @@ bool state_tc_fits(const Args& a) {
 
 void forward_state_tc(Context& ctx, const Args& a, bf16* o) {
   const char* op = "kda_forward";
-  fwd_state_tc_kernel<<<state_grid(a), kThreads, smem_for(fwd_state_tc_kernel, kFwdStateSmem, op),
-                        stream(ctx)>>>(a);
+  // Two blocks per SM: where kNB-column blocks would need a second wave, 2 kNB columns each.
+  int dev = 0, sms = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&dev));
+  MT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  if (a.N * a.H * (a.V / kNB) > 2 * static_cast<int64_t>(sms) && a.V % (2 * kNB) == 0) {
+    auto* kernel = fwd_state_tc_kernel<2 * kNB>;
+    kernel<<<state_grid(a, 2 * kNB), kThreads, smem_for(kernel, fwd_state_smem<2 * kNB>(), op),
+             stream(ctx)>>>(a);
+  } else {
+    auto* kernel = fwd_state_tc_kernel<kNB>;
+    kernel<<<state_grid(a), kThreads, smem_for(kernel, fwd_state_smem<kNB>(), op), stream(ctx)>>>(
+        a);
+  }
   MT_CUDA_LAUNCH_CHECK();
   out_tc_kernel<<<chunk_grid(a, 1), kThreads, smem_for(out_tc_kernel, kOutSmem, op), stream(ctx)>>>(
       a, o);
