@@ -145,14 +145,13 @@ DistTrainer::DistTrainer(Model& model, const Mesh& mesh, ProcessGroups& groups,
     u->v = Tensor::zeros({u->shard}, DType::F32, dev_);
   }
   if (opt.fsdp || opt.shard_expert_weights) setup_fsdp();
-  // Step buffers, planned once from the units' sizes (the worst case of every step): each
-  // non-fsdp unit's gradient buffers, one parameter scratch of the largest unit, and the expert
-  // loads of every MoE layer. memory() reports the same bytes.
+  // Step buffers, planned once from the units' sizes (the worst case of every step): the
+  // gradient buckets of the non-fsdp units, one parameter scratch of the largest unit, and the
+  // expert loads of every MoE layer. memory() reports the same bytes.
+  plan_buckets();
   int64_t widest = 0, widest_shard = 0;
   for (auto& u : units_) {
     if (u->fsdp >= 0) continue;
-    u->gflat = Tensor::zeros({u->padded}, DType::F32, dev_);
-    u->gshard = u->sharded ? Tensor::zeros({u->shard}, DType::F32, dev_) : u->gflat;
     widest = std::max(widest, u->padded);
     if (u->sharded) widest_shard = std::max(widest_shard, u->shard);
   }
@@ -198,7 +197,16 @@ Shape DistTrainer::local_shape(const Param& p) const {
   return fsdp_ && fsdp_->owns(&p) ? fsdp_->local_shape(&p) : p.value.shape();
 }
 
-DistTrainer::~DistTrainer() = default;
+DistTrainer::~DistTrainer() {
+  if (bucket_hooks_) model_.set_unit_hooks(fsdp_.get());
+  for (Bucket& b : buckets_) {
+    try {
+      b.req.wait();
+    } catch (...) {
+      // A failed collective already surfaced to the step; the job is ending.
+    }
+  }
+}
 
 void DistTrainer::gather_params() {
   if (fsdp_) fsdp_->gather_to_store();
@@ -215,7 +223,8 @@ MemoryReport DistTrainer::memory() const {
   int64_t step = 0, largest = 0;
   for (const auto& u : units_) {
     if (u->fsdp >= 0) continue;
-    // gflat (and gshard) of every unit, one pflat + shard scratch for all (the constructor's plan).
+    // Every unit's part of its bucket (flat, and the reduced row when sharded), one pflat + shard
+    // scratch for all (the constructor's plan).
     step += u->padded * 4 + (u->sharded ? u->shard * 4 : 0);
     largest = std::max(largest, u->padded * 4 + (u->sharded ? u->shard * 4 : 0));
   }
@@ -275,6 +284,11 @@ void DistTrainer::zero_grad() {
   g_.ep->stats() = {};
   g_.edp->stats() = {};
   for (auto& e : ep_) e->reset_stats();
+  micro_ = 0;
+  for (Bucket& b : buckets_) {  // an optimizer step that never came: its reductions are void
+    b.req.wait();
+    b.posted = false;
+  }
   model_.params().zero_grad();
   if (fsdp_) fsdp_->zero_grad();
 }
@@ -284,6 +298,13 @@ double DistTrainer::forward_backward(Context& ctx, const SeqInfo& seq, const Ten
   MT_CHECK(ctx.device() == dev_, ValueError, "forward_backward on ", device_name(ctx.device()),
            " for a model on ", device_name(dev_));
   if (fsdp_) fsdp_->set_context(&ctx);
+  step_ctx_ = &ctx;
+  // More micro-batches than DistOptions::micro_batches: the buckets posted in an earlier
+  // backward miss this one's gradients; optimizer_step reduces them again.
+  for (Bucket& b : buckets_) {
+    b.req.wait();
+    b.posted = false;
+  }
   const Shares sh = check_balanced(seq, targets, valid);
   // Weights are exactly 1 when the ranks hold equal shares, so the balanced case is untouched. Set
   // before the forward, which may compute the head's gradient with the loss (Model::Pass).
@@ -291,6 +312,7 @@ double DistTrainer::forward_backward(Context& ctx, const SeqInfo& seq, const Ten
                          static_cast<float>(sh.docs * mesh_.world));
   const double loss = model_.forward(ctx, seq, ids, targets, 0, Model::Pass::Train);
   model_.backward(ctx);
+  ++micro_;
   model_.set_loss_weight(1.f, 1.f);
   return g_.world->all_reduce_sum(sh.valid > 0 ? loss * sh.ce : 0.0);
 }

@@ -19,7 +19,8 @@
 // With DistOptions::fsdp the dense units are FSDP units (parallel/fsdp.h): each rank keeps only
 // its flat shards of values, gradients and moments; values are gathered per unit around its
 // forward and backward and gradients reduce-scattered as each unit's backward ends. Without it,
-// ranks keep full dense parameters and reduce the gradients after backward.
+// ranks keep full dense parameters and reduce the gradients in buckets (DistOptions::bucket_mib),
+// each posted during backward as soon as the units in it are done.
 #pragma once
 
 #include <functional>
@@ -51,6 +52,13 @@ struct DistOptions {
   // Route the experts through ExpertParallel's exchange even when the EP group is one rank (where
   // it is a copy): a world of one then runs the dispatch code path of a larger mesh (tests).
   bool exchange_at_ep1 = false;
+  // Gradient buckets without FSDP (dist_unit.h, DistTrainer::Bucket): units whose gradients are
+  // final are reduced together in collectives of about this size, posted during backward.
+  double bucket_mib = 25;
+  // Micro-batches per optimizer step (gradient accumulation): the buckets are posted in the last
+  // one's backward. A caller running more keeps correct results: the early reductions are
+  // redone after backward (the reduction is then not overlapped).
+  int micro_batches = 1;
 };
 
 // Bytes one rank holds for training (activations excluded: they do not depend on the mesh).
@@ -163,6 +171,14 @@ class DistTrainer {
 
  private:
   struct Unit;
+  struct Bucket;
+  struct BucketHooks;  // dist_buckets.cpp: posts buckets from the model's unit hooks
+  void plan_buckets();
+  void pack_bucket(Context& ctx, Bucket& b);
+  void post_bucket(Context& ctx, Bucket& b);
+  // After unit u's backward: posts the buckets it completes (in the micro-batch that ends the
+  // accumulation).
+  void unit_backward_done(int u);
   // This rank's shares of the global targets and documents of a micro-batch.
   struct Shares {
     int64_t valid = 0;
@@ -194,6 +210,10 @@ class DistTrainer {
   std::vector<std::unique_ptr<ExpertParallel>> ep_;
   std::vector<std::unique_ptr<Unit>> units_;
   std::unique_ptr<Fsdp> fsdp_;
+  std::vector<Bucket> buckets_;
+  std::unique_ptr<BucketHooks> bucket_hooks_;  // after fsdp_: it forwards to it, dies first
+  Context* step_ctx_ = nullptr;                // forward_backward's, for the hooks' ops
+  int micro_ = 0;                              // micro-batches since zero_grad
   int64_t step_ = 0;
   std::vector<std::vector<int64_t>> loads_;        // per model layer, sized once
   std::vector<MoeLayer*> moe_layers_;              // per model layer (null: dense), as loads_

@@ -1,6 +1,7 @@
-// DistTrainer, part: the ZeRO optimizer step. Gradient reductions of every unit are posted, then
-// completed in order; the global norm clips; AdamW runs on this rank's shard; the shards are
-// gathered back (fsdp units keep the shard: the next use gathers it).
+// DistTrainer, part: the ZeRO optimizer step. The gradient buckets not yet posted in backward
+// (dist_buckets.cpp) are posted, every reduction completes, the global norm clips, AdamW runs on
+// this rank's shard, and the shards are gathered back (fsdp units keep the shard: the next use
+// gathers it).
 #include <cmath>
 
 #include "model/moe_layer.h"
@@ -13,15 +14,14 @@ namespace mt::par {
 
 namespace {
 
-// The params' gradients (or values) into consecutive elements of `flat`, and values back: ops on
-// the context's stream, so the same code packs host memory and device memory.
-void pack(Context& ctx, const std::vector<Param*>& ps, bool grads, const Tensor& flat) {
+// The params' values into consecutive elements of `flat`, and back: ops on the context's
+// stream, so the same code packs host memory and device memory.
+void pack(Context& ctx, const std::vector<Param*>& ps, const Tensor& flat) {
   int64_t o = 0;
   for (const Param* p : ps) {
-    const Tensor& t = grads ? p->grad : p->value;
-    const int64_t n = t.numel();
+    const int64_t n = p->value.numel();
     Tensor dst = flat.rows(o, o + n);
-    ops::copy(ctx, t.view({n}), dst);
+    ops::copy(ctx, p->value.view({n}), dst);
     o += n;
   }
 }
@@ -41,29 +41,25 @@ void unpack(Context& ctx, const Tensor& flat, const std::vector<Param*>& ps) {
 double DistTrainer::optimizer_step(Context& ctx, float lr, double grad_scale) {
   MT_CHECK(ctx.device() == dev_, ValueError, "optimizer step on ", device_name(ctx.device()),
            " for a model on ", device_name(dev_));
-  // Post every unit's gradient reduction, then complete them in order.
+  // Buckets not posted during backward (the last micro-batch's, or all after an unplanned extra
+  // micro-batch) go now; then every reduction completes.
   const auto gs = static_cast<float>(grad_scale / mesh_.world);
   if (fsdp_) {
     fsdp_->set_context(&ctx);
     fsdp_->finish();
   }
-  for (auto& u : units_) {
-    if (u->fsdp >= 0) {  // already reduce-scattered, unit by unit, during backward
-      u->gshard = fsdp_->grad_shard(u->fsdp, u->part);
-      continue;
-    }
-    pack(ctx, u->params, true, u->gflat);  // the padding stays zero from the constructor
-    if (u->sharded) {
-      u->req = u->comm->ireduce_scatter(u->gflat.raw(), u->gshard.raw(), u->shard, Elem::F32);
-    } else {
-      u->req = u->comm->iall_reduce(u->gflat.raw(), u->padded, Elem::F32);
-    }
+  for (Bucket& b : buckets_)
+    if (!b.posted) post_bucket(ctx, b);
+  for (Bucket& b : buckets_) {
+    b.req.wait();
+    b.posted = false;
   }
   // The norm's one read (on a GPU the step's synchronisation point, as the one-process
   // optimizer's): the shards' squares summed where they live, then over the world.
   norm_grads_.clear();
   for (auto& u : units_) {
-    u->req.wait();
+    if (u->fsdp >= 0)  // already reduce-scattered, unit by unit, during backward
+      u->gshard = fsdp_->grad_shard(u->fsdp, u->part);
     if (gs != 1.f) ops::scale(ctx, u->gshard, gs, u->gshard);
     if (u->counts_norm) norm_grads_.push_back(u->gshard);
   }
@@ -97,7 +93,7 @@ double DistTrainer::optimizer_step(Context& ctx, float lr, double grad_scale) {
     // One scratch for all units (the largest unit's size); the padding is zeroed so that the
     // padded tail of the shard steps from zero with a zero gradient, as it would in fresh memory.
     Tensor pflat = pflat_.rows(0, u->padded);
-    pack(ctx, u->params, false, pflat);
+    pack(ctx, u->params, pflat);
     if (u->padded > u->n) pflat.rows(u->n, u->padded).zero_();
     if (u->sharded) {
       const int64_t b = u->comm->rank() * u->shard;

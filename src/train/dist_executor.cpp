@@ -138,7 +138,9 @@ class DistExecutor : public StepExecutor {
                  {.a2a_chunks = s.a2a_chunks,
                   .adam = adam,
                   .fsdp = s.fsdp,
-                  .shard_expert_weights = s.mesh.shard_expert_weights}) {}
+                  .shard_expert_weights = s.mesh.shard_expert_weights,
+                  .bucket_mib = s.bucket_mib,
+                  .micro_batches = s.micro_batches}) {}
 
   void zero_grad() override { trainer_.zero_grad(); }
   std::string memory_line() const override {
@@ -287,7 +289,8 @@ DistSetup::DistSetup(par::Comm& world, const ModelConfig& cfg, const Job& job)
                            .shard_expert_weights = job.shard_expert_weights})),
       groups(par::make_groups(world, mesh)),
       a2a_chunks(static_cast<int>(job.a2a_chunks)),
-      fsdp(job.fsdp) {}
+      fsdp(job.fsdp),
+      micro_batches(static_cast<int>(job.grad_accum)) {}
 
 void DistSetup::use_nccl(par::Comm& world, Context& ctx, const par::CommOptions& opt) {
   transport = par::make_nccl_comm(world, ctx, opt);

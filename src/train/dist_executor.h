@@ -40,6 +40,8 @@ struct DistSetup {
   par::ProcessGroups groups;
   int a2a_chunks = 1;
   bool fsdp = false;
+  int micro_batches = 1;                              // train.grad_accum
+  double bucket_mib = par::DistOptions{}.bucket_mib;  // gradient buckets without FSDP
 };
 
 // The executor of one rank; slices the model's experts to the rank's share. `weights` (optional)

@@ -33,10 +33,11 @@ using test::alloc_hooks::allocations_in;
 
 struct Args {
   int ep = 1, chunks = 1;
+  int bucket_kib = 0;  // gradient buckets of this many KiB (DistOptions::bucket_mib); 0: default
   bool lora = false, fsdp = false, shard_expert_weights = false;
 };
 
-// --ep N, --chunks N, --lora, --fsdp, --shard-expert-weights.
+// --ep N, --chunks N, --bucket-kib N, --lora, --fsdp, --shard-expert-weights.
 Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
@@ -49,7 +50,10 @@ Args parse(int argc, char** argv) {
       *flag = true;
       continue;
     }
-    int* v = k == "--ep" ? &a.ep : k == "--chunks" ? &a.chunks : nullptr;
+    int* v = k == "--ep"           ? &a.ep
+             : k == "--chunks"     ? &a.chunks
+             : k == "--bucket-kib" ? &a.bucket_kib
+                                   : nullptr;
     MT_CHECK(v, ValueError, "unknown argument ", k);
     MT_CHECK(i + 1 < argc, ValueError, "missing value after ", k);
     *v = std::atoi(argv[++i]);
@@ -79,7 +83,11 @@ int run(par::Comm& world, const Args& a, uint64_t seed) {
   job.a2a_chunks = a.chunks;
   job.fsdp = a.fsdp;
   job.shard_expert_weights = a.shard_expert_weights;
+  // Two micro-batches per step (below): the gradient buckets are posted in the second one's
+  // backward.
+  job.grad_accum = 2;
   DistSetup setup(world, cfg, job);
+  if (a.bucket_kib > 0) setup.bucket_mib = a.bucket_kib / 1024.0;
   Model model(cfg, seed, mo);
   Context ctx(ContextOptions{.threads = 1, .seed = seed});
   auto exec =

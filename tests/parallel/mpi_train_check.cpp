@@ -53,6 +53,8 @@ struct Args {
   int stall_rank = -1;     // never joins the collectives of fail_step (sleeps instead)
   int timeout_ms = 30000;  // of every wait
   int place_every = 0;     // move experts between EP ranks before every n-th step (0: never)
+  // Gradient buckets (DistOptions::bucket_mib) of this many KiB; 0: the default size.
+  int bucket_kib = 0;
   double tol = 1e-5;
   // Of a gradient element, relative to the largest of its tensor: summation order only
   // (measured: up to 9.5e-6 over every configuration below, OpenBLAS Haswell and SkylakeX
@@ -72,6 +74,8 @@ Args parse(int argc, char** argv) {
       a.ep = next();
     else if (k == "--chunks")
       a.chunks = next();
+    else if (k == "--bucket-kib")
+      a.bucket_kib = next();
     else if (k == "--steps")
       a.steps = next();
     else if (k == "--experts")
@@ -219,6 +223,15 @@ DriverModel driver_model(const Args& a) {
   return m;
 }
 
+mt::par::DistOptions dist_options(const Args& a, const mt::AdamWOptions& adam) {
+  mt::par::DistOptions o{.a2a_chunks = a.chunks,
+                         .adam = adam,
+                         .fsdp = a.fsdp,
+                         .shard_expert_weights = a.shard_expert_weights};
+  if (a.bucket_kib > 0) o.bucket_mib = a.bucket_kib / 1024.0;
+  return o;
+}
+
 // Peak resident bytes of the distributed step, measured by the kernel rather than by the
 // engine's own counters (tests/plan/test_engine_memory.cpp compares them with the planner):
 //   baseline  VmRSS after MPI start-up and a warm-up that touches what every run touches before
@@ -256,11 +269,7 @@ int run_rss(mt::par::Comm& world, const Args& a, uint64_t seed) {
   par::ProcessGroups groups = par::make_groups(world, mesh);
   Model model(cfg, seed, mopt);
   AdamWOptions adam;
-  par::DistTrainer trainer(model, mesh, groups,
-                           {.a2a_chunks = a.chunks,
-                            .adam = adam,
-                            .fsdp = a.fsdp,
-                            .shard_expert_weights = a.shard_expert_weights});
+  par::DistTrainer trainer(model, mesh, groups, dist_options(a, adam));
   test::reset_peak_rss();
   for (int s = 0; s < 2; ++s) {
     Batch b = make_batch(seed, cfg.vocab, s, rank, rank + 1, false, a.doc_scale);
@@ -317,11 +326,7 @@ int run(mt::par::Comm& world, const Args& a, uint64_t seed) {
   Model model(cfg, seed, dopt);
   // Its own context, so that its workspace peak is the distributed step's alone.
   Context dctx(ContextOptions{.threads = 1});
-  par::DistTrainer trainer(model, mesh, groups,
-                           {.a2a_chunks = a.chunks,
-                            .adam = adam,
-                            .fsdp = a.fsdp,
-                            .shard_expert_weights = a.shard_expert_weights});
+  par::DistTrainer trainer(model, mesh, groups, dist_options(a, adam));
   // The distributed state into the reference: every element is written by exactly one rank
   // (checked), so a sum over the world assembles it exactly (x + 0 = x).
   auto sync_reference = [&]() {
