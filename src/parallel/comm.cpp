@@ -543,6 +543,7 @@ CollectiveStats CommStats::total() const {
     t.bytes_recv += s.bytes_recv;
     t.seconds += s.seconds;
     t.idle_seconds += s.idle_seconds;
+    t.device_seconds += s.device_seconds;
   }
   return t;
 }

@@ -51,9 +51,12 @@ const char* collective_name(Collective c);
 // Per-collective counters since the last reset. `seconds` is wall time spent inside the calls
 // and waits of this communicator; `idle_seconds` the part of the waits spent on requests that
 // had not completed when the wait began (time the rank sat waiting for its peers).
+// `device_seconds` is the time the collectives took where they ran, filled by settle_stats():
+// on NCCL the sum of CUDA event intervals around each collective on its stream (the simulated
+// delay included), on MPI and the local comm the host seconds.
 struct CollectiveStats {
   int64_t calls = 0, bytes_sent = 0, bytes_recv = 0;
-  double seconds = 0, idle_seconds = 0;
+  double seconds = 0, idle_seconds = 0, device_seconds = 0;
 };
 struct CommStats {
   CollectiveStats per[kNumCollectives];
@@ -64,6 +67,13 @@ struct CommStats {
 
 struct CommOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // job key parallel.comm_timeout_s
+  // NCCL only, for measuring overlap at world 1 (env MOETRAIN_SIM_COMM_US, read by DistSetup):
+  // a spin kernel of this many microseconds runs on the collective's stream before each
+  // collective, as a slow peer would hold it.
+  int64_t simulated_us = 0;
+  // NCCL only: false runs every collective on the compute stream (env MOETRAIN_COMM_OVERLAP=0),
+  // the serial baseline against which overlap is measured.
+  bool overlap = true;
 };
 
 // A pending collective. wait() completes it (or throws CommError after the timeout); a Request
@@ -164,6 +174,11 @@ class Comm {
     return v;
   }
 
+  // Brings the device times of completed collectives into stats() (device_seconds); called once
+  // per step, after the step's last wait. Collectives still running count in a later call.
+  virtual void settle_stats() {
+    for (CollectiveStats& c : stats_.per) c.device_seconds = c.seconds;
+  }
   CommStats& stats() { return stats_; }
   const CommStats& stats() const { return stats_; }
 

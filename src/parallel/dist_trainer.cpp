@@ -29,6 +29,7 @@ void add_stats(CommStats& into, const CommStats& s) {
     a.bytes_recv += b.bytes_recv;
     a.seconds += b.seconds;
     a.idle_seconds += b.idle_seconds;
+    a.device_seconds += b.device_seconds;
   }
 }
 
@@ -41,10 +42,14 @@ double StepMetrics::idle_seconds() const {
   return world.total().idle_seconds + ep.total().idle_seconds + edp.total().idle_seconds;
 }
 
+double StepMetrics::device_seconds() const {
+  return world.total().device_seconds + ep.total().device_seconds + edp.total().device_seconds;
+}
+
 std::string StepMetrics::line(int rank) const {
   std::ostringstream os;
   os << "rank " << rank << ": comm " << comm_seconds() * 1e3 << " ms (idle " << idle_seconds() * 1e3
-     << " ms), rows received " << rows_received;
+     << " ms, on the device " << device_seconds() * 1e3 << " ms), rows received " << rows_received;
   CommStats all;
   add_stats(all, world);
   add_stats(all, ep);

@@ -85,6 +85,7 @@ struct StepMetrics {
   int64_t rows_received = 0;  // token-expert pairs this rank's experts computed
   double comm_seconds() const;
   double idle_seconds() const;
+  double device_seconds() const;     // CollectiveStats::device_seconds of the three groups
   std::string line(int rank) const;  // one human-readable line per rank
 };
 

@@ -111,6 +111,7 @@ double DistTrainer::optimizer_step(Context& ctx, float lr, double grad_scale) {
   update_router_biases(ctx);
 
   metrics_ = {};
+  for (Comm* c : {g_.world, g_.ep.get(), g_.edp.get()}) c->settle_stats();
   metrics_.world = g_.world->stats();
   metrics_.ep = g_.ep->stats();
   metrics_.edp = g_.edp->stats();

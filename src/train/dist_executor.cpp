@@ -1,7 +1,9 @@
 #include "train/dist_executor.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -27,6 +29,18 @@ namespace mt {
 namespace fs = std::filesystem;
 
 namespace {
+
+// The measurement knobs of the distributed step (docs/parallelism.md, "Measuring overlap"),
+// read by DistSetup and nowhere else; unset in normal runs.
+double env_number(const char* name, double otherwise) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return otherwise;
+  char* end = nullptr;
+  const double x = std::strtod(v, &end);
+  MT_CHECK(end && *end == '\0' && x >= 0, ConfigError, name, " = '", v,
+           "' is not a non-negative number");
+  return x;
+}
 
 std::string step_name(int64_t step) {
   char name[32];
@@ -139,6 +153,7 @@ class DistExecutor : public StepExecutor {
                   .adam = adam,
                   .fsdp = s.fsdp,
                   .shard_expert_weights = s.mesh.shard_expert_weights,
+                  .exchange_at_ep1 = s.exchange_at_ep1,
                   .bucket_mib = s.bucket_mib,
                   .micro_batches = s.micro_batches}) {}
 
@@ -229,43 +244,56 @@ class DistExecutor : public StepExecutor {
         all.per[k].bytes_sent += c->per[k].bytes_sent;
         all.per[k].bytes_recv += c->per[k].bytes_recv;
         all.per[k].seconds += c->per[k].seconds;
+        all.per[k].device_seconds += c->per[k].device_seconds;
       }
     const int W = world().size();
+    // Per rank: 4 totals, then per collective bytes sent and received, calls, device seconds.
     std::vector<double> mine = {m.comm_seconds(), m.idle_seconds(),
-                                static_cast<double>(m.rows_received)};
+                                static_cast<double>(m.rows_received), m.device_seconds()};
     for (int k = 0; k < par::kNumCollectives; ++k) {
       mine.push_back(static_cast<double>(all.per[k].bytes_sent));
       mine.push_back(static_cast<double>(all.per[k].bytes_recv));
+      mine.push_back(static_cast<double>(all.per[k].calls));
+      mine.push_back(all.per[k].device_seconds);
     }
     const auto n = static_cast<int64_t>(mine.size());
     std::vector<double> every(mine.size() * static_cast<size_t>(W));
     world().all_gather(mine.data(), n, every.data(), par::Elem::F64);
-    nlohmann::json comm = nlohmann::json::object();
-    double comm_max = 0, idle_max = 0;
+    nlohmann::json comm = nlohmann::json::object(), calls = nlohmann::json::object();
+    double comm_max = 0, idle_max = 0, device_max = 0;
     nlohmann::json rows = nlohmann::json::array(), idle = nlohmann::json::array();
     for (int r = 0; r < W; ++r) {
       const double* v = every.data() + static_cast<size_t>(r) * mine.size();
       comm_max = std::max(comm_max, v[0]);
       idle_max = std::max(idle_max, v[1]);
+      device_max = std::max(device_max, v[3]);
       rows.push_back(static_cast<int64_t>(v[2]));
       idle.push_back(v[1]);
     }
     for (int k = 0; k < par::kNumCollectives; ++k) {
-      double sent = 0, recv = 0;
+      double sent = 0, recv = 0, ncalls = 0, device = 0;
       for (int r = 0; r < W; ++r) {
-        sent += every[static_cast<size_t>(r) * mine.size() + 3 + 2 * static_cast<size_t>(k)];
-        recv += every[static_cast<size_t>(r) * mine.size() + 4 + 2 * static_cast<size_t>(k)];
+        const double* v = every.data() + static_cast<size_t>(r) * mine.size() + 4 + 4 * k;
+        sent += v[0];
+        recv += v[1];
+        ncalls += v[2];
+        device = std::max(device, v[3]);
       }
+      const char* name = par::collective_name(static_cast<par::Collective>(k));
+      if (ncalls > 0)
+        calls[name] = {{"calls", static_cast<int64_t>(ncalls)}, {"device_ms_max", device * 1e3}};
       if (sent == 0 && recv == 0) continue;
-      comm[par::collective_name(static_cast<par::Collective>(k))] = {
-          {"bytes_sent", static_cast<int64_t>(sent)}, {"bytes_recv", static_cast<int64_t>(recv)}};
+      comm[name] = {{"bytes_sent", static_cast<int64_t>(sent)},
+                    {"bytes_recv", static_cast<int64_t>(recv)}};
     }
     line["comm"] = {{"world", W},
                     {"seconds_max", comm_max},
                     {"idle_seconds_max", idle_max},
                     {"idle_seconds_per_rank", idle},
                     {"rows_received_per_rank", rows},
-                    {"bytes", comm}};
+                    {"device_seconds_max", device_max},
+                    {"bytes", comm},
+                    {"collectives", calls}};
   }
 
  private:
@@ -290,10 +318,16 @@ DistSetup::DistSetup(par::Comm& world, const ModelConfig& cfg, const Job& job)
       groups(par::make_groups(world, mesh)),
       a2a_chunks(static_cast<int>(job.a2a_chunks)),
       fsdp(job.fsdp),
-      micro_batches(static_cast<int>(job.grad_accum)) {}
+      micro_batches(static_cast<int>(job.grad_accum)),
+      bucket_mib(env_number("MOETRAIN_BUCKET_MIB", par::DistOptions{}.bucket_mib)),
+      exchange_at_ep1(env_number("MOETRAIN_EXCHANGE_AT_EP1", 0) != 0) {}
 
 void DistSetup::use_nccl(par::Comm& world, Context& ctx, const par::CommOptions& opt) {
-  transport = par::make_nccl_comm(world, ctx, opt);
+  par::CommOptions o = opt;
+  o.simulated_us =
+      std::llround(env_number("MOETRAIN_SIM_COMM_US", static_cast<double>(opt.simulated_us)));
+  o.overlap = env_number("MOETRAIN_COMM_OVERLAP", opt.overlap ? 1 : 0) != 0;
+  transport = par::make_nccl_comm(world, ctx, o);
   groups = par::make_groups(*transport, mesh);
 }
 

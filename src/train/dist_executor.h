@@ -40,8 +40,12 @@ struct DistSetup {
   par::ProcessGroups groups;
   int a2a_chunks = 1;
   bool fsdp = false;
-  int micro_batches = 1;                              // train.grad_accum
-  double bucket_mib = par::DistOptions{}.bucket_mib;  // gradient buckets without FSDP
+  int micro_batches = 1;  // train.grad_accum
+  // Measurement knobs (docs/parallelism.md, "Measuring overlap"), from the environment: the
+  // gradient bucket size (MOETRAIN_BUCKET_MIB), the experts through the exchange at EP 1
+  // (MOETRAIN_EXCHANGE_AT_EP1=1); use_nccl reads MOETRAIN_SIM_COMM_US and MOETRAIN_COMM_OVERLAP.
+  double bucket_mib = par::DistOptions{}.bucket_mib;
+  bool exchange_at_ep1 = false;
 };
 
 // The executor of one rank; slices the model's experts to the rank's share. `weights` (optional)

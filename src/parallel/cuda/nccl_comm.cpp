@@ -15,6 +15,7 @@
 #include "core/context.h"
 #include "core/cuda/check.h"
 #include "core/cuda/resources.h"
+#include "parallel/cuda/spin.h"
 
 namespace mt::par {
 
@@ -48,11 +49,12 @@ bool on_device(const void* p) {
   return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
 }
 
-// A pair of events one collective uses: `ready` on the compute stream, `done` on the
-// communicator's. Returned to the pool when both the watchdog (completion seen) and the Request
-// (waited) let go, so an event is never re-recorded while someone may still wait on it.
+// The events one collective uses: `ready` on the compute stream; `start` and `done` on the
+// communicator's, around the collective (timing events: their interval is its device time).
+// Returned to the pool when both the watchdog (completion seen) and the Request (waited) let go,
+// so an event is never re-recorded while someone may still wait on it.
 struct Slot {
-  cudaEvent_t ready = nullptr, done = nullptr;
+  cudaEvent_t ready = nullptr, start = nullptr, done = nullptr;
   int holds = 0;
 };
 
@@ -90,7 +92,13 @@ class NcclComm : public Comm {
         opt_(opt) {
     MT_NCCL(name_, ncclCommUserRank(comm_, &rank_));
     MT_NCCL(name_, ncclCommCount(comm_, &size_));
-    MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    // Serial (no overlap): the collectives queue behind and ahead of the compute in one stream.
+    if (opt_.overlap)
+      MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    else
+      stream_ = compute_;
+    MT_CUDA_CHECK(cudaEventCreate(&host_start_));
+    MT_CUDA_CHECK(cudaEventCreate(&host_end_));
     MT_CUDA_CHECK(cudaEventCreateWithFlags(&host_done_, cudaEventDisableTiming));
     watchdog_ = std::thread([this] { watch(); });
   }
@@ -121,10 +129,13 @@ class NcclComm : public Comm {
     }
     for (auto& s : slots_) {
       cudaEventDestroy(s->ready);
+      cudaEventDestroy(s->start);
       cudaEventDestroy(s->done);
     }
+    cudaEventDestroy(host_start_);
+    cudaEventDestroy(host_end_);
     cudaEventDestroy(host_done_);
-    cudaStreamDestroy(stream_);
+    if (stream_ != compute_) cudaStreamDestroy(stream_);
     if (dstage_) cudaFree(dstage_);
     if (hstage_) cudaFreeHost(hstage_);
   }
@@ -139,6 +150,14 @@ class NcclComm : public Comm {
   void set_timeout(std::chrono::milliseconds t) override {
     std::lock_guard<std::mutex> lk(mu_);
     opt_.timeout = t;
+  }
+  void settle_stats() override {
+    std::lock_guard<std::mutex> lk(mu_);
+    reap_locked();
+    for (int c = 0; c < kNumCollectives; ++c) {
+      stats_.per[c].device_seconds += device_s_[c];
+      device_s_[c] = 0;
+    }
   }
 
   Request iall_reduce(void* data, int64_t count, Elem e) override {
@@ -257,6 +276,8 @@ class NcclComm : public Comm {
     Slot* s = take_slot_locked();
     MT_CUDA_CHECK(cudaEventRecord(s->ready, compute_));
     MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, s->ready, 0));
+    MT_CUDA_CHECK(cudaEventRecord(s->start, stream_));
+    if (opt_.simulated_us > 0) spin_on_stream(stream_, opt_.simulated_us);
     MT_NCCL(where(), enqueue());
     // A nonblocking communicator may still be launching; the event must follow the launch.
     settle_locked(comm_, c, sent, recv);
@@ -292,13 +313,17 @@ class NcclComm : public Comm {
       std::memcpy(h, send, sb);
       MT_CUDA_CHECK(cudaMemcpyAsync(dsend, h, sb, cudaMemcpyHostToDevice, stream_));
     }
+    MT_CUDA_CHECK(cudaEventRecord(host_start_, stream_));
+    if (opt_.simulated_us > 0) spin_on_stream(stream_, opt_.simulated_us);
     MT_NCCL(where(), run(dsend, drecv));
     settle_locked(comm_, c, sent, got);
+    MT_CUDA_CHECK(cudaEventRecord(host_end_, stream_));
     char* hrecv = in_place ? h : h + recv_at;
     if (rb > 0) MT_CUDA_CHECK(cudaMemcpyAsync(hrecv, drecv, rb, cudaMemcpyDeviceToHost, stream_));
     MT_CUDA_CHECK(cudaEventRecord(host_done_, stream_));
     lk.unlock();
-    host_wait(host_done_, c, sent, got);
+    host_wait(host_done_, c, sent, got);  // after host_end_ on the stream: both complete
+    add_device_time(c, host_start_, host_end_);
     if (ranges) {
       for (const auto& [at, n] : *ranges)
         if (n > 0) std::memcpy(static_cast<char*>(recv) + at, hrecv + at, static_cast<size_t>(n));
@@ -327,7 +352,8 @@ class NcclComm : public Comm {
     if (free_.empty()) {
       auto s = std::make_unique<Slot>();
       MT_CUDA_CHECK(cudaEventCreateWithFlags(&s->ready, cudaEventDisableTiming));
-      MT_CUDA_CHECK(cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming));
+      MT_CUDA_CHECK(cudaEventCreate(&s->start));
+      MT_CUDA_CHECK(cudaEventCreate(&s->done));
       free_.push_back(s.get());
       slots_.push_back(std::move(s));
     }
@@ -415,22 +441,43 @@ class NcclComm : public Comm {
     }
   }
 
+  // Adds the interval between two completed timing events to collective c's device time.
+  void add_device_time(Collective c, cudaEvent_t from, cudaEvent_t to) {
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, from, to) != cudaSuccess) {
+      (void)cudaGetLastError();  // a measurement, not a failure: leave it out
+      return;
+    }
+    std::lock_guard<std::mutex> lk(mu_);
+    device_s_[static_cast<int>(c)] += ms * 1e-3;
+  }
+
+  // Retires the completed collectives at the front (in order on stream_), adding their device
+  // times; returns the oldest one still running, or null.
+  const Pending* reap_locked() {
+    while (!pending_.empty()) {
+      const Pending& p = pending_.front();
+      if (cudaEventQuery(p.slot->done) != cudaSuccess) return &p;
+      float ms = 0;
+      if (cudaEventElapsedTime(&ms, p.slot->start, p.slot->done) == cudaSuccess)
+        device_s_[static_cast<int>(p.coll)] += ms * 1e-3;
+      else
+        (void)cudaGetLastError();
+      release_locked(p.slot);
+      pending_.pop_front();
+    }
+    return nullptr;
+  }
+
   // The watchdog: collectives complete in order on stream_, so the oldest pending one decides.
   void watch() {
     cudaSetDevice(device_);
     std::unique_lock<std::mutex> lk(mu_);
     while (!stop_) {
       cv_.wait_for(lk, std::chrono::milliseconds(10));
-      while (!pending_.empty() && error_.empty()) {
-        const Pending& p = pending_.front();
-        if (cudaEventQuery(p.slot->done) == cudaSuccess) {
-          release_locked(p.slot);
-          pending_.pop_front();
-          continue;
-        }
-        if (Clock::now() - p.t0 > opt_.timeout) fail_locked(report(p.coll, p.sent, p.recv));
-        break;
-      }
+      if (!error_.empty()) continue;
+      const Pending* p = reap_locked();
+      if (p && Clock::now() - p->t0 > opt_.timeout) fail_locked(report(p->coll, p->sent, p->recv));
     }
   }
 
@@ -441,12 +488,14 @@ class NcclComm : public Comm {
   cudaStream_t compute_, stream_ = nullptr;
   CommOptions opt_;
   int rank_ = 0, size_ = 1;
-  cudaEvent_t host_done_ = nullptr;
+  // A staged call: start and end around its collective (timing), done after the copy back.
+  cudaEvent_t host_start_ = nullptr, host_end_ = nullptr, host_done_ = nullptr;
+  double device_s_[kNumCollectives] = {};  // device seconds of collectives retired since settled
   void* dstage_ = nullptr;  // device and pinned host staging, grown to the largest staged call
   void* hstage_ = nullptr;
   size_t stage_bytes_ = 0;
 
-  std::mutex mu_;  // guards comm_, error_, the slots, pending_, stop_
+  std::mutex mu_;  // guards comm_, error_, the slots, pending_, stop_, device_s_
   std::condition_variable cv_;
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<Slot*> free_;
