@@ -160,15 +160,20 @@ struct DistGpu {
   par::ProcessGroups groups;
   par::DistTrainer trainer;
   DeviceBatch staged;
-  DistGpu(const ModelConfig& cfg, uint64_t seed, bool fsdp, int chunks)
+  DistGpu(const ModelConfig& cfg, uint64_t seed, bool fsdp, int chunks,
+          const par::CommOptions& copt = {}, double bucket_mib = par::DistOptions{}.bucket_mib)
       : model(cfg, seed, {.device = Device::CUDA}),
         ctx(ContextOptions{.device = Device::CUDA, .seed = seed, .deterministic = true}),
         boot(par::make_local_comm()),
-        nccl(par::make_nccl_comm(*boot, ctx)),
+        nccl(par::make_nccl_comm(*boot, ctx, copt)),
         mesh(par::make_mesh(1, 0, cfg.moe.num_experts, {.ep = 1})),
         groups(par::make_groups(*nccl, mesh)),
         trainer(model, mesh, groups,
-                {.a2a_chunks = chunks, .adam = kAdam, .fsdp = fsdp, .exchange_at_ep1 = true}) {}
+                {.a2a_chunks = chunks,
+                 .adam = kAdam,
+                 .fsdp = fsdp,
+                 .exchange_at_ep1 = true,
+                 .bucket_mib = bucket_mib}) {}
   double step(const Batch& host) {
     const Batch& b = staged.stage(host, Device::CUDA);
     trainer.zero_grad();
@@ -283,6 +288,56 @@ TEST(CudaDist, TrainerWithFsdpAndChunkedExchangeMatchesPlainGpuTrainer) {
   const auto& pc = fresh.model.params().all();
   for (size_t i = 0; i < pb.size(); ++i)
     EXPECT_EQ(host_bytes(pb[i]->value), host_bytes(pc[i]->value)) << pb[i]->name << " reloaded";
+}
+
+// Overlap changes when the collectives run, never what they compute: with a simulated peer delay
+// of 200 us before every collective (a spin kernel on its stream) and gradient buckets of 4 KiB
+// (several per step, posted during backward), on the communicators' own streams and serialised
+// on the compute stream, three deterministic steps equal the plain GPU trainer bit for bit
+// (losses, values, gradients), as without the delay (the test above). The device times then
+// cover the delay: at least 200 us per collective, read once per step.
+TEST(CudaDist, DelayedOverlappedAndSerialCollectivesKeepTheStepBitwise) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(cat("seed=", seed));
+  const ModelConfig cfg = ModelConfig::load("tiny");
+  constexpr int64_t kDelayUs = 200;
+  constexpr double kBucketMib = 4.0 / 1024;
+  PlainGpu plain(cfg, seed);
+  DistGpu overlapped(cfg, seed, false, 1, {.simulated_us = kDelayUs}, kBucketMib);
+  DistGpu serial(cfg, seed, false, 1, {.simulated_us = kDelayUs, .overlap = false}, kBucketMib);
+  expect_experts_exchanged(overlapped.model);
+  for (int s = 0; s < kSteps; ++s) {
+    const Batch host = tiny_batch(cfg, seed + static_cast<uint64_t>(s));
+    const double a = plain.step(host);
+    EXPECT_EQ(a, overlapped.step(host)) << "loss, overlapped, step " << s;
+    EXPECT_EQ(a, serial.step(host)) << "loss, serial, step " << s;
+    for (DistGpu* d : {&overlapped, &serial}) {
+      const par::StepMetrics& m = d->trainer.metrics();
+      int64_t calls = 0;
+      for (const par::CommStats* c : {&m.world, &m.ep, &m.edp}) calls += c->total().calls;
+      EXPECT_GT(calls, 0);
+      // Collectives still running at the step's settle count in the next step's.
+      EXPECT_GE(m.device_seconds(), 0.9 * kDelayUs * 1e-6 * static_cast<double>(calls) / 2)
+          << m.line(0);
+    }
+  }
+  const auto& pa = plain.model.params().all();
+  for (DistGpu* d : {&overlapped, &serial}) {
+    const auto& pb = d->model.params().all();
+    ASSERT_EQ(pa.size(), pb.size());
+    for (size_t i = 0; i < pa.size(); ++i) {
+      EXPECT_EQ(host_bytes(pa[i]->value), host_bytes(pb[i]->value)) << pa[i]->name;
+      if (pa[i]->trainable()) {
+        EXPECT_EQ(host_bytes(pa[i]->grad), host_bytes(pb[i]->grad)) << pa[i]->name << " gradient";
+      }
+    }
+  }
+  // Several buckets, not one per communicator.
+  EXPECT_GT(overlapped.groups.world->stats().at(par::Collective::ReduceScatter).calls, 2);
+  std::printf("[ note ] delayed steps: %s\n[ note ]                %s\n",
+              overlapped.trainer.metrics().line(0).c_str(),
+              serial.trainer.metrics().line(0).c_str());
 }
 
 }  // namespace
