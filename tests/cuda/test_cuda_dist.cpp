@@ -202,6 +202,19 @@ void expect_experts_exchanged(Model& m) {
   EXPECT_GT(exchanged, 0) << "the MoE layers must run through ExpertParallel";
 }
 
+// Values, and gradients of the trainable parameters, of two models bit for bit.
+void expect_params_bitwise(Model& a, Model& b) {
+  const auto& pa = a.params().all();
+  const auto& pb = b.params().all();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_EQ(host_bytes(pa[i]->value), host_bytes(pb[i]->value)) << pa[i]->name;
+    if (pa[i]->trainable()) {
+      EXPECT_EQ(host_bytes(pa[i]->grad), host_bytes(pb[i]->grad)) << pa[i]->name << " gradient";
+    }
+  }
+}
+
 // Replicated dense parameters (no FSDP): every parameter stays its own tensor, the experts run
 // through the exchange (one chunk: a copy), gradients through flat NCCL reductions and AdamW on
 // the flat shard, all elementwise-identical to the one-process step: values, gradients and
@@ -215,15 +228,7 @@ TEST(CudaDist, TrainerAtWorldOneOverNcclEqualsPlainGpuTrainerBitwise) {
   DistGpu dist(cfg, seed, /*fsdp=*/false, /*chunks=*/1);
   expect_experts_exchanged(dist.model);
   for (const auto& [a, b] : train_both(plain, dist, cfg, seed)) EXPECT_EQ(a, b) << "loss";
-  const auto& pa = plain.model.params().all();
-  const auto& pb = dist.model.params().all();
-  ASSERT_EQ(pa.size(), pb.size());
-  for (size_t i = 0; i < pa.size(); ++i) {
-    EXPECT_EQ(host_bytes(pa[i]->value), host_bytes(pb[i]->value)) << pa[i]->name;
-    if (pa[i]->trainable()) {
-      EXPECT_EQ(host_bytes(pa[i]->grad), host_bytes(pb[i]->grad)) << pa[i]->name << " gradient";
-    }
-  }
+  expect_params_bitwise(plain.model, dist.model);
   EXPECT_GT(dist.groups.world->stats().at(par::Collective::ReduceScatter).calls, 0);
 }
 
@@ -322,17 +327,7 @@ TEST(CudaDist, DelayedOverlappedAndSerialCollectivesKeepTheStepBitwise) {
           << m.line(0);
     }
   }
-  const auto& pa = plain.model.params().all();
-  for (DistGpu* d : {&overlapped, &serial}) {
-    const auto& pb = d->model.params().all();
-    ASSERT_EQ(pa.size(), pb.size());
-    for (size_t i = 0; i < pa.size(); ++i) {
-      EXPECT_EQ(host_bytes(pa[i]->value), host_bytes(pb[i]->value)) << pa[i]->name;
-      if (pa[i]->trainable()) {
-        EXPECT_EQ(host_bytes(pa[i]->grad), host_bytes(pb[i]->grad)) << pa[i]->name << " gradient";
-      }
-    }
-  }
+  for (DistGpu* d : {&overlapped, &serial}) expect_params_bitwise(plain.model, d->model);
   // Several buckets, not one per communicator.
   EXPECT_GT(overlapped.groups.world->stats().at(par::Collective::ReduceScatter).calls, 2);
   std::printf("[ note ] delayed steps: %s\n[ note ]                %s\n",
