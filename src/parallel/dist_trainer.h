@@ -123,6 +123,8 @@ class DistTrainer {
   // Returns the global token-mean loss. The tensors live on the model's device; `valid` is the
   // number of targets that are not -100 (counted from `targets` when negative, which then must
   // be host memory: a GPU caller counts on its host copy rather than reading the device).
+  // The micro-batch that ends the accumulation (DistOptions::micro_batches) posts the gradient
+  // buckets during its backward: gradients changed after it are not seen by optimizer_step.
   double forward_backward(Context& ctx, const SeqInfo& seq, const Tensor& ids,
                           const Tensor& targets, int64_t valid = -1);
   // Reduces the accumulated gradients (times grad_scale), clips on the global norm, AdamW on the

@@ -497,6 +497,9 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
 
   for (int64_t step = st.step + 1; step <= job.steps; ++step) {
     exec.zero_grad();
+    // Before backward, which accumulates into it (+=): a mesh reduces its gradients in buckets
+    // during the last micro-batch's backward, so a gradient changed after it would go unseen.
+    if (faults.nan_at("grad", step, rank)) poison_gradient(model);
     double loss = 0;
     int64_t step_tokens = 0, step_targets = 0;
     for (int64_t a = 0; a < job.grad_accum; ++a) {
@@ -514,7 +517,6 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
       step_tokens += batch.seq.tokens * world;
     }
     if (faults.nan_at("loss", step, rank)) loss = std::nan("");
-    if (faults.nan_at("grad", step, rank)) poison_gradient(model);
     const double lr = schedule_lr(job, step);
     // A non-finite loss scales the gradients by NaN: the executor's norm, reduced over every rank
     // on a mesh, is then NaN everywhere and every rank skips the update together.
