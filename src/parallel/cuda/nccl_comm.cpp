@@ -112,11 +112,18 @@ class NcclComm : public Comm {
     watchdog_.join();
     // Destructors cannot report: drain within the bound, finalise, or abort what is stuck.
     if (comm_) {
+      // Drained when every event this communicator recorded has completed. Not a query of
+      // stream_: serialised (overlap off), that is the context's compute stream, which the
+      // context may already have destroyed (querying it crashed at exit).
+      const auto drained = [this] {
+        for (const auto& s : slots_)
+          if (cudaEventQuery(s->done) != cudaSuccess) return false;
+        return cudaEventQuery(host_done_) == cudaSuccess;
+      };
       const auto t0 = Clock::now();
-      while (cudaStreamQuery(stream_) == cudaErrorNotReady && Clock::now() - t0 < opt_.timeout)
+      while (!drained() && Clock::now() - t0 < opt_.timeout)
         std::this_thread::sleep_for(std::chrono::microseconds(100));
-      const ncclResult_t fin =
-          cudaStreamQuery(stream_) == cudaSuccess ? ncclCommFinalize(comm_) : ncclInternalError;
+      const ncclResult_t fin = drained() ? ncclCommFinalize(comm_) : ncclInternalError;
       const bool clean = fin == ncclSuccess || fin == ncclInProgress;
       ncclResult_t st = ncclInProgress;
       while (clean && ncclCommGetAsyncError(comm_, &st) == ncclSuccess && st == ncclInProgress &&
