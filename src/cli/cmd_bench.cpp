@@ -12,11 +12,13 @@
 #include "cli/commands.h"
 #include "core/device.h"
 #include "core/rng.h"
+#include "model/mla_layer.h"
 #include "ops/attention.h"
 #include "ops/grouped_ffn.h"
 #include "ops/indexer.h"
 #include "ops/kda.h"
 #include "ops/kda_prep_path.h"
+#include "ops/sparse_mqa_attention.h"
 #include "train/bench_decode.h"
 #include "train/bench_step.h"
 #include "train/files.h"
@@ -32,6 +34,10 @@ struct DsaBenchOptions {
   std::string tokens = "8192,32768,65536,131072";
   int64_t heads = 32, qk_dim = 192, v_dim = 128, index_heads = 8, index_dim = 64, topk = 2048;
   int64_t kv_heads = 0;  // 0: one key head per query head (the engine's MLA layout)
+  // MLA's latent and rotary widths: with kv_rank > 0 and per-head keys, attention runs as the DSA
+  // layer runs it, in the absorbed MQA form (576-wide shared entries, 512-wide values, the
+  // per-head W_UK / W_UV products included); 0: over the per-head keys.
+  int64_t kv_rank = 512, rope_dim = 64;
   int64_t warmup = 1, iters = 3;
   double workspace_gib = 8;
 };
@@ -121,10 +127,47 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
                                 .kmax = K,
                                 .scale = 1.f / std::sqrt(static_cast<float>(o.qk_dim))};
   auto select = [&] { ops::indexer_causal_topk(ctx, ip, seq, qi, ki, wi, K, idx); };
-  auto attn_fwd = [&] { ops::attention_forward(ctx, ap, q, k, v, idx, out_o, lse); };
-  auto attn_bwd = [&] {
+  std::function<void()> attn_fwd = [&] {
+    ops::attention_forward(ctx, ap, q, k, v, idx, out_o, lse);
+  };
+  std::function<void()> attn_bwd = [&] {
     ops::attention_backward(ctx, ap, q, k, v, idx, out_o, lse, dout, dq, dk, dv);
   };
+  // The absorbed form, as MlaLayer::absorbed_forward / absorbed_backward run it.
+  const bool absorbed = o.kv_rank > 0 && Hk == H;
+  const MlaAbsorbDims ad{.heads = H,
+                         .nope = o.qk_dim - o.rope_dim,
+                         .rope = o.rope_dim,
+                         .v_dim = o.v_dim,
+                         .kv_rank = o.kv_rank};
+  const ops::SparseMqaParams mp{.tokens = T,
+                                .heads = H,
+                                .qk_dim = ad.latent(),
+                                .v_dim = ad.kv_rank,
+                                .kmax = K,
+                                .scale = ap.scale};
+  Tensor wkv, wgrad, qa, kvl, ol, dol, dqa, dkvl;
+  if (absorbed) {
+    MT_CHECK(ad.nope > 0, ValueError, "bench dsa: rope_dim ", o.rope_dim, " must be below qk_dim ",
+             o.qk_dim);
+    wkv = random_device({H * (ad.nope + o.v_dim), ad.kv_rank}, bf, rng, 0.05);
+    wgrad = Tensor::zeros(wkv.shape(), DType::F32, Device::CUDA);
+    kvl = random_device({T, ad.latent()}, bf, rng);
+    for (Tensor* t : {&qa, &dqa}) *t = Tensor::empty({T, H, ad.latent()}, bf, Device::CUDA);
+    for (Tensor* t : {&ol, &dol}) *t = Tensor::empty({T, H, ad.kv_rank}, bf, Device::CUDA);
+    dkvl = Tensor::empty(kvl.shape(), bf, Device::CUDA);
+    attn_fwd = [&] {
+      mla_absorb_q(ctx, ad, wkv, q, qa);
+      ops::sparse_mqa_forward(ctx, mp, qa, kvl, idx, ol, lse);
+      mla_expand_o(ctx, ad, wkv, ol, out_o);
+    };
+    attn_bwd = [&] {
+      mla_expand_o_backward(ctx, ad, wkv, ol, dout, dol, wgrad);
+      ops::sparse_mqa_backward(ctx, mp, qa, kvl, idx, ol, lse, dol, dqa, dkvl);
+      mla_absorb_q_backward(ctx, ad, wkv, q, dqa, dq, wgrad);
+    };
+    r["allocated_gib"] = used_gib() - base;
+  }
   auto kl_fwd = [&] {
     ops::attention_prob_sum(ctx, ap, q, k, idx, lse, target);
     ops::indexer_scores_forward(ctx, sp, qi, ki, wi, idx, scores);
@@ -136,8 +179,13 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
   };
   auto time = [&](const std::function<void()>& f) { return mean_ms(ctx, o.warmup, o.iters, f); };
   r["selection_path"] = ops::indexer_topk_fits(HI, DI) ? "fused" : "composite";
-  r["attention_path"] =
-      ops::sparse_attention_fits(H, Hk, o.qk_dim, o.v_dim) ? "tensor cores" : "direct";
+  if (absorbed)
+    r["attention_path"] = ops::sparse_mqa_fits(H, mp.qk_dim, mp.v_dim) && !ctx.deterministic()
+                              ? "absorbed mqa, tensor cores"
+                              : "absorbed mqa, composite (direct kernels)";
+  else
+    r["attention_path"] =
+        ops::sparse_attention_fits(H, Hk, o.qk_dim, o.v_dim) ? "tensor cores" : "direct";
   r["indexer_selection_fwd_ms"] = time(select);
   r["attention_fwd_ms"] = time(attn_fwd);
   r["attention_fwdbwd_ms"] = time([&] {
@@ -238,6 +286,9 @@ nlohmann::json run_kda_bench(const KdaBenchOptions& o, std::ostream& log) {
   for (const auto& [name, lengths] : cases) {
     log << "bench kda: " << name << "\n";
     j["runs"].push_back(bench_kda_at(o, name, lengths));
+    if (j["runs"].back().contains("attention_path"))
+      log << "bench dsa: attention path: " << j["runs"].back()["attention_path"].get<std::string>()
+          << "\n";
     log << j["runs"].back().dump() << "\n";
   }
   return j;
@@ -371,6 +422,9 @@ nlohmann::json run_moe_bench(const MoeBenchOptions& o, std::ostream& log) {
     for (bool skewed : {false, true}) {
       log << "bench moe: " << s.name << (skewed ? " skewed" : " uniform") << "\n";
       j["runs"].push_back(bench_moe_at(o, s.name, s.tokens, s.topk, s.experts, s.d, s.ffn, skewed));
+      if (j["runs"].back().contains("attention_path"))
+        log << "bench dsa: attention path: "
+            << j["runs"].back()["attention_path"].get<std::string>() << "\n";
       log << j["runs"].back().dump() << "\n";
     }
   return j;
@@ -385,6 +439,8 @@ nlohmann::json run_dsa_bench(const DsaBenchOptions& o, std::ostream& log) {
                       {"index_heads", o.index_heads},
                       {"index_dim", o.index_dim},
                       {"topk", o.topk},
+                      {"kv_rank", o.kv_rank},
+                      {"rope_dim", o.rope_dim},
                       {"device", cuda_device_name(0)},
                       {"runs", nlohmann::json::array()}};
   std::stringstream ss(o.tokens);
@@ -402,6 +458,9 @@ nlohmann::json run_dsa_bench(const DsaBenchOptions& o, std::ostream& log) {
     } catch (const MemoryError& e) {
       j["runs"].push_back({{"T", T}, {"oom", e.what()}});
     }
+    if (j["runs"].back().contains("attention_path"))
+      log << "bench dsa: attention path: " << j["runs"].back()["attention_path"].get<std::string>()
+          << "\n";
     log << j["runs"].back().dump() << "\n";
   }
   return j;
@@ -456,6 +515,11 @@ Command add_bench_command(CLI::App& app) {
   ds->add_option("--index-heads", d->index_heads, "indexer heads")->capture_default_str();
   ds->add_option("--index-dim", d->index_dim, "indexer head dim")->capture_default_str();
   ds->add_option("--topk", d->topk, "index_topk")->capture_default_str();
+  ds->add_option("--kv-rank", d->kv_rank,
+                 "MLA latent width: attention in the absorbed MQA form, as the DSA layer runs it "
+                 "(0: over the per-head keys)")
+      ->capture_default_str();
+  ds->add_option("--rope-dim", d->rope_dim, "rotary part of qk-dim")->capture_default_str();
   ds->add_option("--iters", d->iters, "timed runs per part")->capture_default_str();
   ds->add_option("--workspace-gib", d->workspace_gib, "op scratch on the device")
       ->capture_default_str();

@@ -31,6 +31,7 @@ DsaLayer::DsaLayer(const DsaConfig& cfg) : MlaLayer(checked_mla(cfg)), dcfg_(cfg
   wk_ = LinearModule("indexer.wk", cfg.mla.hidden, DI, cfg.mla.lora);
   weights_proj_ = LinearModule("indexer.weights_proj", cfg.mla.hidden, HI, cfg.mla.lora);
   kl_ = {.name = "indexer_kl", .value = {}, .weight = cfg.indexer_loss_coeff};
+  absorb_ = true;
 }
 
 float DsaLayer::weight_scale() const {

@@ -49,6 +49,9 @@ class DsaLayer : public MlaLayer {
   std::span<const AuxTerm> aux_terms() const override { return {&kl_, 1}; }
 
   const DsaConfig& dsa_config() const { return dcfg_; }
+  // Attention over the selection in the absorbed MQA form (MlaLayer::absorbs; on by default)
+  // or per head (the reference the tests compare it with).
+  void set_absorbed(bool on) { absorb_ = on; }
   // The selected key positions of the last forward, i32 [T, slots] (increasing, -1 padded).
   const Tensor& selected() const { return selected_; }
 

@@ -4,10 +4,88 @@
 
 #include "ops/activation.h"
 #include "ops/elementwise.h"
+#include "ops/gemm.h"
 #include "ops/norm.h"
 #include "ops/rope.h"
+#include "ops/sparse_mqa_attention.h"
 
 namespace mt {
+
+namespace {
+
+Tensor w_uk(const MlaAbsorbDims& d, const Tensor& w, int64_t h) {
+  const int64_t r = h * (d.nope + d.v_dim);
+  return w.rows(r, r + d.nope);
+}
+
+Tensor w_uv(const MlaAbsorbDims& d, const Tensor& w, int64_t h) {
+  const int64_t r = h * (d.nope + d.v_dim) + d.nope;
+  return w.rows(r, r + d.v_dim);
+}
+
+}  // namespace
+
+void mla_absorb_q(Context& ctx, const MlaAbsorbDims& d, const Tensor& w, const Tensor& q,
+                  Tensor& qa) {
+  const int64_t T = q.dim(0), H = d.heads, Dq = d.qk(), Da = d.latent(), kvr = d.kv_rank;
+  const Tensor q2 = q.view({T, H * Dq});
+  Tensor qa2 = qa.view({T, H * Da});
+  for (int64_t h = 0; h < H; ++h) {
+    Tensor qa_h = qa2.cols(h * Da, h * Da + kvr);
+    ops::matmul(ctx, q2.cols(h * Dq, h * Dq + d.nope), false, w_uk(d, w, h), false, qa_h);
+  }
+  if (d.rope > 0) {
+    Tensor pe = qa.cols(kvr, Da);
+    ops::copy(ctx, q.cols(d.nope, Dq), pe);
+  }
+}
+
+void mla_absorb_q_backward(Context& ctx, const MlaAbsorbDims& d, const Tensor& w, const Tensor& q,
+                           const Tensor& dqa, Tensor& dq, Tensor& wgrad) {
+  const int64_t T = q.dim(0), H = d.heads, Dq = d.qk(), Da = d.latent(), kvr = d.kv_rank;
+  const Tensor dqa2 = dqa.view({T, H * Da}), q2 = q.view({T, H * Dq});
+  Tensor dq2 = dq.view({T, H * Dq});
+  for (int64_t h = 0; h < H; ++h) {
+    const Tensor dqa_h = dqa2.cols(h * Da, h * Da + kvr);
+    Tensor dq_h = dq2.cols(h * Dq, h * Dq + d.nope);
+    ops::matmul(ctx, dqa_h, false, w_uk(d, w, h), true, dq_h);
+    if (wgrad.defined()) {
+      Tensor g = w_uk(d, wgrad, h);
+      ops::matmul(ctx, q2.cols(h * Dq, h * Dq + d.nope), true, dqa_h, false, g, 1.f, 1.f);
+    }
+  }
+  if (d.rope > 0) {
+    Tensor pe = dq.cols(d.nope, Dq);
+    ops::copy(ctx, dqa.cols(kvr, Da), pe);
+  }
+}
+
+void mla_expand_o(Context& ctx, const MlaAbsorbDims& d, const Tensor& w, const Tensor& ol,
+                  Tensor& o) {
+  const int64_t T = ol.dim(0), H = d.heads, Dv = d.v_dim, kvr = d.kv_rank;
+  const Tensor ol2 = ol.view({T, H * kvr});
+  Tensor o2 = o.view({T, H * Dv});
+  for (int64_t h = 0; h < H; ++h) {
+    Tensor o_h = o2.cols(h * Dv, (h + 1) * Dv);
+    ops::matmul(ctx, ol2.cols(h * kvr, (h + 1) * kvr), false, w_uv(d, w, h), true, o_h);
+  }
+}
+
+void mla_expand_o_backward(Context& ctx, const MlaAbsorbDims& d, const Tensor& w, const Tensor& ol,
+                           const Tensor& dout, Tensor& dol, Tensor& wgrad) {
+  const int64_t T = ol.dim(0), H = d.heads, Dv = d.v_dim, kvr = d.kv_rank;
+  const Tensor dout2 = dout.view({T, H * Dv}), ol2 = ol.view({T, H * kvr});
+  Tensor dol2 = dol.view({T, H * kvr});
+  for (int64_t h = 0; h < H; ++h) {
+    const Tensor dout_h = dout2.cols(h * Dv, (h + 1) * Dv);
+    Tensor dol_h = dol2.cols(h * kvr, (h + 1) * kvr);
+    ops::matmul(ctx, dout_h, false, w_uv(d, w, h), false, dol_h);
+    if (wgrad.defined()) {
+      Tensor g = w_uv(d, wgrad, h);
+      ops::matmul(ctx, dout_h, true, ol2.cols(h * kvr, (h + 1) * kvr), false, g, 1.f, 1.f);
+    }
+  }
+}
 
 MlaLayer::MlaLayer(const MlaConfig& cfg) : cfg_(cfg) {
   MT_CHECK(cfg.hidden > 0 && cfg.heads > 0 && cfg.kv_lora_rank > 0 && cfg.v_head_dim > 0 &&
@@ -66,6 +144,8 @@ void MlaLayer::bind(const ParamTable& params) {
   kv_a_.bind(params);
   kv_norm_ = need_param(params, "kv_a_layernorm.weight", {cfg_.kv_lora_rank});
   kv_b_.bind(params);
+  kv_b_w_ = need_param(params, "kv_b_proj.weight",
+                       {cfg_.heads * (cfg_.qk_nope_dim + cfg_.v_head_dim), cfg_.kv_lora_rank});
   o_proj_.bind(params);
   if (cfg_.output_gate) g_proj_.bind(params);
 }
@@ -109,6 +189,23 @@ ops::RopeParams MlaLayer::k_rope(int64_t tokens) const {
   return p;
 }
 
+ops::SparseMqaParams MlaLayer::mqa_params(int64_t tokens, int64_t slots) const {
+  return {.tokens = tokens,
+          .heads = cfg_.heads,
+          .qk_dim = cfg_.kv_lora_rank + cfg_.qk_rope_dim,
+          .v_dim = cfg_.kv_lora_rank,
+          .kmax = slots,
+          .scale = softmax_scale()};
+}
+
+MlaAbsorbDims MlaLayer::absorb_dims() const {
+  return {.heads = cfg_.heads,
+          .nope = cfg_.qk_nope_dim,
+          .rope = cfg_.qk_rope_dim,
+          .v_dim = cfg_.v_head_dim,
+          .kv_rank = cfg_.kv_lora_rank};
+}
+
 ops::AttentionParams MlaLayer::attn_params(int64_t tokens, int64_t slots) const {
   return {.tokens = tokens,
           .heads = cfg_.heads,
@@ -117,6 +214,11 @@ ops::AttentionParams MlaLayer::attn_params(int64_t tokens, int64_t slots) const 
           .v_dim = cfg_.v_head_dim,
           .kmax = slots,
           .scale = softmax_scale()};
+}
+
+bool MlaLayer::absorbs(const SeqInfo& seq) const {
+  return absorb_ && cfg_.lora.rank == 0 && cfg_.qk_nope_dim > 0 && index_slots(seq) > 0 &&
+         !selects_every_key(seq);
 }
 
 void MlaLayer::plan_activations(const SeqInfo& seq, ArenaPlan& plan) const {
@@ -142,6 +244,12 @@ void MlaLayer::plan_activations(const SeqInfo& seq, ArenaPlan& plan) const {
   if (index_slots(seq) > 0) {
     plan.add({T, index_slots(seq)}, DType::I32);
     plan_selection(seq, plan);
+  }
+  if (absorbs(seq)) {
+    const int64_t kvr = cfg_.kv_lora_rank, Da = kvr + cfg_.qk_rope_dim;
+    plan.add({T, H, Da});   // qa
+    plan.add({T, Da});      // kvl
+    plan.add({T, H, kvr});  // ol
   }
   plan.add({T, H, Dv});   // o
   plan.add_fp32({T, H});  // lse
@@ -240,21 +348,86 @@ void MlaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
   s.o = acts.alloc({T, H, Dv}, at);
   s.lse = acts.alloc({T, H}, DType::F32);
   s.dense = slots == 0 || selects_every_key(seq);
+  s.absorbed = absorbs(seq);
   if (s.dense)
     ops::causal_attention_forward(ctx, attn_params(T, 0), seq.cu_seqlens, s.q, s.k, s.v, s.o,
                                   s.lse);
+  else if (s.absorbed)
+    absorbed_forward(ctx, T, acts, s);
   else
     ops::attention_forward(ctx, attn_params(T, slots), s.q, s.k, s.v, s.idx, s.o, s.lse);
   if (slots > 0) after_attention(ctx, seq, acts, s);
   project_out(ctx, x, s.o.view({T, H * Dv}), y, acts, s);
 }
 
+void MlaLayer::absorbed_forward(Context& ctx, int64_t T, Arena& acts, Saved& s) const {
+  const MlaAbsorbDims d = absorb_dims();
+  const int64_t H = cfg_.heads, Dqk = qk_dim(), kvr = d.kv_rank, Da = d.latent();
+  const DType at = s.q.dtype();
+  s.qa = acts.alloc({T, H, Da}, at);
+  s.kvl = acts.alloc({T, Da}, at);
+  s.ol = acts.alloc({T, H, kvr}, at);
+  mla_absorb_q(ctx, d, kv_b_w_.value, s.q, s.qa);
+  // kvl = [c_norm ; k_pe], k_pe (after RoPE) read back from the first head's keys.
+  Tensor lat = s.kvl.cols(0, kvr);
+  ops::copy(ctx, s.cn, lat);
+  if (d.rope > 0) {
+    Tensor pe = s.kvl.cols(kvr, Da);
+    ops::copy(ctx, s.k.view({T, H * Dqk}).cols(d.nope, Dqk), pe);
+  }
+  ops::sparse_mqa_forward(ctx, mqa_params(T, s.idx.dim(1)), s.qa, s.kvl, s.idx, s.ol, s.lse);
+  mla_expand_o(ctx, d, kv_b_w_.value, s.ol, s.o);
+}
+
+void MlaLayer::absorbed_backward(Context& ctx, const Saved& s, const Tensor& dout, Tensor& dq,
+                                 Tensor& dcn, Tensor& dkpe) {
+  const MlaAbsorbDims d = absorb_dims();
+  const int64_t T = s.q.dim(0), H = cfg_.heads, kvr = d.kv_rank, Da = d.latent();
+  ArenaScope scope(ctx.workspace());
+  Arena& ws = ctx.workspace();
+  const DType at = s.q.dtype();
+  Tensor dol = ws.alloc({T, H, kvr}, at), dqa = ws.alloc({T, H, Da}, at),
+         dkvl = ws.alloc({T, Da}, at);
+  Tensor wgrad = kv_b_w_.grad;  // undefined when frozen: no dW_UK, dW_UV
+  mla_expand_o_backward(ctx, d, kv_b_w_.value, s.ol, dout, dol, wgrad);
+  ops::sparse_mqa_backward(ctx, mqa_params(T, s.idx.dim(1)), s.qa, s.kvl, s.idx, s.ol, s.lse, dol,
+                           dqa, dkvl);
+  mla_absorb_q_backward(ctx, d, kv_b_w_.value, s.q, dqa, dq, wgrad);
+  if (d.rope > 0) ops::copy(ctx, dkvl.cols(kvr, Da), dkpe);
+  ops::copy(ctx, dkvl.cols(0, kvr), dcn);
+}
+
+void MlaLayer::per_head_backward(Context& ctx, const SeqInfo& seq, const Saved& s,
+                                 const Tensor& dout, Tensor& dq, Tensor& dcn, Tensor& dkpe) {
+  const int64_t T = seq.tokens, H = cfg_.heads, Dqk = qk_dim(), nope = cfg_.qk_nope_dim,
+                Dv = cfg_.v_head_dim;
+  ArenaScope scope(ctx.workspace());
+  Arena& ws = ctx.workspace();
+  const DType at = s.q.dtype();
+  Tensor dk = ws.alloc({T, H, Dqk}, at), dv = ws.alloc({T, H, Dv}, at);
+  if (s.dense)
+    ops::causal_attention_backward(ctx, attn_params(T, 0), seq.cu_seqlens, s.q, s.k, s.v, s.o,
+                                   s.lse, dout, dq, dk, dv);
+  else
+    ops::attention_backward(ctx, attn_params(T, s.idx.dim(1)), s.q, s.k, s.v, s.idx, s.o, s.lse,
+                            dout, dq, dk, dv);
+  // Keys/values back to the latent: per-head parts to kv_b, the shared rotary key summed.
+  Tensor dkv = ws.alloc({T, H * (nope + Dv)}, at);
+  {
+    Tensor dkv3 = dkv.view({T, H, nope + Dv});
+    Tensor dk_nope = dkv3.cols(0, nope), dv_part = dkv3.cols(nope, nope + Dv);
+    ops::copy(ctx, dk.cols(0, nope), dk_nope);
+    ops::copy(ctx, dv, dv_part);
+    ops::expand_heads_backward(ctx, dk.cols(nope, Dqk), dkpe);
+  }
+  kv_b_.backward(ctx, s.kv_b, dkv, dcn);
+}
+
 void MlaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx,
                         LayerState& st) {
   Saved& s = state_as<Saved>(st, "mla layer");
   const int64_t T = seq.tokens, d = cfg_.hidden, H = cfg_.heads, Dqk = qk_dim(),
-                nope = cfg_.qk_nope_dim, rope = cfg_.qk_rope_dim, Dv = cfg_.v_head_dim,
-                kvr = cfg_.kv_lora_rank;
+                rope = cfg_.qk_rope_dim, Dv = cfg_.v_head_dim, kvr = cfg_.kv_lora_rank;
   expect_shape(dy, {T, d}, "mla dy");
   expect_shape(dx, {T, d}, "mla dx");
   MT_CHECK(s.q.defined() && s.q.dim(0) == T, InternalError,
@@ -279,36 +452,21 @@ void MlaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
     o_proj_.backward(ctx, s.o_proj, dy, dout2);
   }
 
-  // Attention.
-  Tensor dq = ws.alloc({T, H, Dqk}, at), dk = ws.alloc({T, H, Dqk}, at),
-         dv = ws.alloc({T, H, Dv}, at);
-  if (s.dense)
-    ops::causal_attention_backward(ctx, attn_params(T, 0), seq.cu_seqlens, s.q, s.k, s.v, s.o,
-                                   s.lse, dout, dq, dk, dv);
-  else
-    ops::attention_backward(ctx, attn_params(T, s.idx.dim(1)), s.q, s.k, s.v, s.idx, s.o, s.lse,
-                            dout, dq, dk, dv);
-
-  // Keys/values back to the latent: per-head parts to kv_b, the shared rotary key summed.
-  Tensor dkv = ws.alloc({T, H * (nope + Dv)}, at);
+  // Attention, and the keys back to the latent: the normed latent's dcn, the rotary key's dkpe.
+  Tensor dq = ws.alloc({T, H, Dqk}, at), dcn = ws.alloc({T, kvr}, at);
   Tensor dckv = ws.alloc({T, kvr + rope}, at);
   Tensor dkpe = ws.alloc({T, 1, rope}, at);
   Tensor dkpe2 = dkpe.view({T, rope});
-  {
-    Tensor dkv3 = dkv.view({T, H, nope + Dv});
-    Tensor dk_nope = dkv3.cols(0, nope), dv_part = dkv3.cols(nope, nope + Dv);
-    ops::copy(ctx, dk.cols(0, nope), dk_nope);
-    ops::copy(ctx, dv, dv_part);
-    ops::expand_heads_backward(ctx, dk.cols(nope, Dqk), dkpe2);
-  }
+  if (s.absorbed)
+    absorbed_backward(ctx, s, dout, dq, dcn, dkpe2);
+  else
+    per_head_backward(ctx, seq, s, dout, dq, dcn, dkpe2);
   const bool rotate = cfg_.use_rope && rope > 0;
   if (rotate) ops::rope_backward(ctx, k_rope(T), seq.positions, dkpe, dkpe);
   {
     Tensor part = dckv.cols(kvr, kvr + rope);
     ops::copy(ctx, dkpe2, part);
   }
-  Tensor dcn = ws.alloc({T, kvr}, at);
-  kv_b_.backward(ctx, s.kv_b, dkv, dcn);
   Tensor dc = ws.alloc({T, kvr}, at);
   ops::rmsnorm_backward(ctx, {.rows = T, .dim = kvr, .eps = cfg_.norm_eps}, s.c, kv_norm_.value,
                         s.kv_rstd, dcn, dc, kv_norm_.grad);

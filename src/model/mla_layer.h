@@ -17,11 +17,35 @@
 #include "model/linear_module.h"
 #include "ops/attention.h"
 #include "ops/rope.h"
+#include "ops/sparse_mqa_attention.h"
 
 namespace mt {
 
 struct AttnDecodeState;
 struct DecodeInputs;
+
+// The per-head products of MLA's absorbed form on kv_b_proj's weight w [H (nope + Dv), kvr]
+// (rows of head h: W_UK,h [nope, kvr], then W_UV,h [Dv, kvr]), one matmul per head on column
+// views. Shared by MlaLayer and `moetrain bench dsa`.
+struct MlaAbsorbDims {
+  int64_t heads = 0, nope = 0, rope = 0, v_dim = 0, kv_rank = 0;
+  int64_t qk() const { return nope + rope; }
+  int64_t latent() const { return kv_rank + rope; }
+};
+// qa [T, H, kvr + rope] = [q_nope,h W_UK,h ; q_pe,h] from q [T, H, nope + rope]. Written.
+void mla_absorb_q(Context& ctx, const MlaAbsorbDims& d, const Tensor& w, const Tensor& q,
+                  Tensor& qa);
+// Its backward: dq [T, H, nope + rope] written from dqa; wgrad (W_UK rows) += q_nope^T dqa
+// unless undefined.
+void mla_absorb_q_backward(Context& ctx, const MlaAbsorbDims& d, const Tensor& w, const Tensor& q,
+                           const Tensor& dqa, Tensor& dq, Tensor& wgrad);
+// o [T, H, Dv] = ol_h W_UV,h^T from the latent-space output ol [T, H, kvr]. Written.
+void mla_expand_o(Context& ctx, const MlaAbsorbDims& d, const Tensor& w, const Tensor& ol,
+                  Tensor& o);
+// Its backward: dol [T, H, kvr] = dout_h W_UV,h written; wgrad (W_UV rows) += dout_h^T ol_h
+// unless undefined.
+void mla_expand_o_backward(Context& ctx, const MlaAbsorbDims& d, const Tensor& w, const Tensor& ol,
+                           const Tensor& dout, Tensor& dol, Tensor& wgrad);
 
 class MlaLayer : public Layer {
  public:
@@ -40,6 +64,10 @@ class MlaLayer : public Layer {
     bool dense = true;       // attention ran densely and causally (no table, or one of every key)
     Tensor o, lse;           // [T, H, Dv], [T, H]
     Tensor g, og;            // gate pre-activation and gated output [T, H * Dv]
+    // The absorbed form (absorbs()): q with W_UK folded in [T, H, kvr + rope], the shared
+    // latent entries [c_norm | k_pe] [T, kvr + rope], the latent-space output [T, H, kvr].
+    bool absorbed = false;
+    Tensor qa, kvl, ol;
     LinearModule::Saved q_a, q_b, q_proj, kv_a, kv_b, o_proj, g_proj;
   };
   std::unique_ptr<LayerState> make_state() const override { return std::make_unique<Saved>(); }
@@ -90,6 +118,15 @@ class MlaLayer : public Layer {
                    Saved& s) const;
 
   ops::AttentionParams attn_params(int64_t tokens, int64_t slots) const;
+  MlaAbsorbDims absorb_dims() const;
+  ops::SparseMqaParams mqa_params(int64_t tokens, int64_t slots) const;
+  // Whether attention over the index lists runs in the absorbed MQA form (DeepSeek-V3.2's
+  // sparse prefill; ops/sparse_mqa_attention.h): q_h W_UK,h against the shared latent entry
+  // [c_norm ; k_pe], values the latent, o_h = o_latent,h W_UV,h^T. Same scores and outputs as
+  // the per-head form, but one gather per (query, key) serves every head. Only where the layer
+  // asks for it (absorb_), over lists that are not every causal key, and with kv_b_proj
+  // without a LoRA adapter (its weight is read directly; an adapter would have to be merged).
+  bool absorbs(const SeqInfo& seq) const;
   // RoPE of the queries' rotary part, and of the shared rotary key [tokens, 1, qk_rope_dim].
   ops::RopeParams q_rope(int64_t tokens) const;
   ops::RopeParams k_rope(int64_t tokens) const;
@@ -101,6 +138,19 @@ class MlaLayer : public Layer {
   MlaConfig cfg_;
   LinearModule q_a_, q_b_, q_proj_, kv_a_, kv_b_, o_proj_, g_proj_;
   ParamRef q_norm_, kv_norm_;
+  bool absorb_ = false;  // DsaLayer: attend over its selection in the absorbed form
+  ParamRef kv_b_w_;      // kv_b_proj.weight, [H (nope + Dv), kvr]: W_UK,h and W_UV,h rows
+
+ private:
+  // Attention over s.idx in the absorbed form: s.qa, s.kvl, s.ol (in `acts`), s.o and s.lse.
+  void absorbed_forward(Context& ctx, int64_t tokens, Arena& acts, Saved& s) const;
+  // Its backward from the ungated dout: dq [T, H, Dqk] and, for the latent, dcn [T, kvr] and the
+  // rotary key's dkpe [T, rope] written; dW_UK, dW_UV accumulated into kv_b_proj's gradient.
+  void absorbed_backward(Context& ctx, const Saved& s, const Tensor& dout, Tensor& dq, Tensor& dcn,
+                         Tensor& dkpe);
+  // The per-head form's backward, with the same outputs (kv_b_proj's backward included).
+  void per_head_backward(Context& ctx, const SeqInfo& seq, const Saved& s, const Tensor& dout,
+                         Tensor& dq, Tensor& dcn, Tensor& dkpe);
 };
 
 }  // namespace mt

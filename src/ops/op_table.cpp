@@ -5,6 +5,7 @@
 #include "ops/dispatch.h"
 #include "ops/indexer.h"
 #include "ops/kda.h"
+#include "ops/sparse_mqa_attention.h"
 
 namespace mt::ops {
 
@@ -40,7 +41,7 @@ constexpr bool cublas_bf16 = true;
 constexpr bool kda_chunk_cuda = true;
 constexpr bool kda_direct_cuda = true;
 constexpr bool flash_mla_cuda = true;
-constexpr bool sparse_mla_cuda = false;
+constexpr bool sparse_mla_cuda = true;
 constexpr bool lightning_indexer_cuda = true;
 constexpr bool fused_router_cuda = true;
 constexpr bool a2a_dispatch_cuda = false;
@@ -142,10 +143,14 @@ KernelRegistry KernelRegistry::builtin() {
                   " past 192/128";
          return need_bf16(s);
        });
-  cuda(OpKind::SparseAttention, "sparse_mla_cuda", landed::sparse_mla_cuda, "top-k sparse MLA",
-       [](const OpShape& s) {
-         if (s.topk <= 0 || s.topk % 64 != 0)
-           return "index_topk " + std::to_string(s.topk) + " not a multiple of 64";
+  // The absorbed MQA form: head_dim / v_dim are the shared entry's (kv_lora_rank + rope /
+  // kv_lora_rank); LoRA on kv_b_proj keeps the layer on the per-head keys (MlaLayer::absorbs).
+  cuda(OpKind::SparseAttention, "sparse_mla_cuda", landed::sparse_mla_cuda,
+       "src/ops/cuda/sparse_mqa_attention.cu (absorbed MQA, tensor cores)", [](const OpShape& s) {
+         if (s.lora_rank > 0) return std::string("kv_b_proj has a LoRA adapter: per-head keys");
+         if (!sparse_mqa_fits(1, s.head_dim, s.v_dim))
+           return "latent entry " + std::to_string(s.head_dim) + "/" + std::to_string(s.v_dim) +
+                  " is not 576/512";
          return need_bf16(s);
        });
   cuda(OpKind::Indexer, "lightning_indexer_cuda", landed::lightning_indexer_cuda,

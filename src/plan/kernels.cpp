@@ -28,7 +28,11 @@ void layer_ops(const ModelConfig& cfg, const LayerIR& l,
     const int64_t hd = m.qk_nope_dim + m.qk_rope_dim;
     if (l.mixer == MixerKind::Dsa && !cfg.dsa.dense_warmup) {
       pick(OpKind::Indexer, {.head_dim = cfg.dsa.index_head_dim, .heads = cfg.dsa.index_heads});
-      pick(OpKind::SparseAttention, {.head_dim = hd, .topk = cfg.dsa.index_topk});
+      // The layer attends in the absorbed form (MlaLayer::absorbs): shared latent entries.
+      pick(OpKind::SparseAttention, {.head_dim = m.kv_lora_rank + m.qk_rope_dim,
+                                     .v_dim = m.kv_lora_rank,
+                                     .topk = cfg.dsa.index_topk,
+                                     .lora_rank = m.lora.rank});
     } else {
       // MLA, and DSA's dense warm-up, which attends densely (MlaLayer::selects_every_key; its KL
       // target still reads causal index lists).

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <memory>
 
@@ -253,6 +254,39 @@ TEST(DsaLayer, TopkAtLeastTEqualsDenseMlaExactly) {
         EXPECT_TRUE(same_bits(a.grads[i], w.grads[i])) << w.specs[i].name << ", topk " << topk;
       }
   }
+}
+
+// The absorbed MQA form (W_UK folded into q, W_UV applied after, one shared latent entry per
+// key) is the per-head form rearranged: the same selection, output, dx and every parameter
+// gradient (kv_b_proj's W_UK and W_UV rows included) up to fp32 rounding. SparseTopkLmPath and
+// SparseTopkIndexerKl check the absorbed layer (the default) against the double reference and
+// finite differences; this pins it to the per-head path directly.
+TEST(DsaLayer, AbsorbedEqualsPerHead) {
+  SeqInfo seq = SeqInfo::from_lengths(kLengths);
+  Rng rng(test_seed());
+  const uint64_t params = test_seed();
+  Tensor x = Tensor::empty({seq.tokens, 24}), dy = Tensor::empty({seq.tokens, 24});
+  fill_normal(rng, x);
+  fill_normal(rng, dy);
+  DsaConfig cfg = base_config(16);
+  cfg.indexer_loss_coeff = 0.5f;
+  DsaLayer absorbed(cfg), per_head(cfg);
+  per_head.set_absorbed(false);
+  // The absorbed layer plans its latent-space tensors (qa, kvl, ol): it takes that path.
+  ArenaPlan plan_a, plan_p;
+  absorbed.plan_activations(seq, plan_a);
+  per_head.plan_activations(seq, plan_p);
+  EXPECT_GT(plan_a.bytes(), plan_p.bytes());
+  LayerRun a = run_layer(absorbed, params, seq, x, dy);
+  LayerRun b = run_layer(per_head, params, seq, x, dy);
+  EXPECT_TRUE(same_bits(absorbed.selected(), per_head.selected()));
+  auto close = [](const Tensor& u, const Tensor& v, const std::string& what) {
+    EXPECT_LT(rel_err(to_dvec(u), to_dvec(v)), 2e-6) << what;
+  };
+  close(a.y, b.y, "y");
+  close(a.dx, b.dx, "dx");
+  EXPECT_NEAR(a.kl, b.kl, 1e-6 * std::abs(b.kl));
+  for (size_t i = 0; i < b.specs.size(); ++i) close(a.grads[i], b.grads[i], b.specs[i].name);
 }
 
 TEST(DsaLayer, SelectionIsTopkOfCausalPositions) {

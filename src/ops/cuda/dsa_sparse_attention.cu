@@ -36,19 +36,6 @@ constexpr int kLP = kSlots + kPad;  // row length of the P and dS tiles
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// A fragment (rows m0 .. m0+15, k0 .. k0+15) of the transpose of a tile stored [k][m]: ldmatrix
-// .trans hands each lane the elements of the stored columns, so lanes 8i .. 8i+7 address the
-// stored rows (k) of block i: a0 (m 0-7, k 0-7), a1 (m 8-15, k 0-7), a2 (m 0-7, k 8-15), a3.
-__device__ __forceinline__ void ldsm_a_trans(uint32_t a[4], const bf16* tile, int ld, int m0,
-                                             int k0, int lane) {
-  const int blk = lane >> 3;
-  const bf16* p = tile + (k0 + (lane & 7) + (blk >> 1) * 8) * ld + m0 + (blk & 1) * 8;
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-               : "r"(addr));
-}
-
 // n consecutive rows (stride `stride`) of `width` elements into tile[r][DP + kPad], zero past
 // `width`; 16-byte cp.async when `vec`.
 template <int DP>
@@ -368,7 +355,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
         float cf[4] = {};
         for (int kk = 0; kk < G / 16; ++kk) {
           uint32_t a[4], bb[2];
-          ldsm_a_trans(a, A, kLP, m0, 16 * kk, lane);
+          mma::ldsm_a_trans(a, A, kLP, m0, 16 * kk, lane);
           mma::load_b_kn(bb, B, ldb, 16 * kk, 8 * nn, lane);
           mma::mma_bf16(cf, a, bb);
         }

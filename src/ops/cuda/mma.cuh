@@ -68,6 +68,30 @@ __device__ __forceinline__ void ldsm_b_nk2(uint32_t b0[2], uint32_t b1[2],
                : "r"(addr));
 }
 
+// B fragment (k0 .. k0+15) x (n0 .. n0+7) from an n-major tile[n][k] through ldmatrix .x2:
+// lanes 0-7 address rows n0.. at k0, lanes 8-15 the same rows at k0 + 8.
+__device__ __forceinline__ void ldsm_b_nk(uint32_t b[2], const __nv_bfloat16* tile, int ld, int n0,
+                                          int k0, int lane) {
+  const __nv_bfloat16* p = tile + (n0 + (lane & 7)) * ld + k0 + ((lane >> 3) & 1) * 8;
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(b[0]), "=r"(b[1])
+               : "r"(addr));
+}
+
+// A fragment (rows m0 .. m0+15, k0 .. k0+15) of the transpose of a tile stored [k][m]: ldmatrix
+// .trans hands each lane the elements of the stored columns, so lanes 8i .. 8i+7 address the
+// stored rows (k) of block i: a0 (m 0-7, k 0-7), a1 (m 8-15, k 0-7), a2 (m 0-7, k 8-15), a3.
+__device__ __forceinline__ void ldsm_a_trans(uint32_t a[4], const __nv_bfloat16* tile, int ld,
+                                             int m0, int k0, int lane) {
+  const int blk = lane >> 3;
+  const __nv_bfloat16* p = tile + (k0 + (lane & 7) + (blk >> 1) * 8) * ld + m0 + (blk & 1) * 8;
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(addr));
+}
+
 // 16 bytes global -> shared without a register round trip (completes at cp_async_wait).
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));

@@ -1,0 +1,466 @@
+// Sparse attention in the absorbed MQA form (ops/sparse_mqa_attention.h) on tensor cores: every
+// head of a query reads the same 576-wide latent + rope entry per listed key, so one block per
+// (query, up to 64 heads) gathers each key once for all of them, and the heads are the MMA's rows.
+//
+// Warps: R row groups of 16 heads x kCols = 4. The 576 / 512 widths are too wide for one warp's
+// accumulators (16 x 512 fp32 would be 256 registers per lane; FlashMLA splits the value dims
+// over warp groups for the same reason), so the four warps of a row group split the work:
+// - S = q k^T: warp cg takes keys 8 cg .. 8 cg + 7 of the 32-key tile, over all 576 dims; the
+//   tile's row maxima meet in shared memory, and P (bf16) goes to shared memory for
+// - O += P V: warp cg owns value columns 128 cg .. 128 cg + 127 over the tile's 32 keys.
+// Keys are gathered 32 at a time through cp.async, double buffered, unused slots zero-filled and
+// masked; online softmax in log2 units, lse saved (natural log); a row without a valid slot gives
+// o = 0 and lse = -inf, as on the CPU.
+//
+// Backward, per (query, heads) again, P recomputed from the lse: warp cg forms S and
+// dP = dout V^T for its 8 keys, P and dS = scale P (dP - Delta) go to shared memory; then
+// dq (16 x 144 columns per warp) += dS K, and the tile's key gradient
+// dkv[key] += dS^T q (576 columns) + P^T dout (the first 512), summed over all the block's heads
+// on the tensor cores, is added with fp32 float4 atomics (sm_90's vector red) into an f32 buffer,
+// rounded to bf16 at the end. Atomics rather than a transposed index table: gathering per key
+// would re-read a query's whole q and dout rows (64 x 1088 bf16) and recompute P for every
+// (key, query) pair, where here each product is formed once next to its operands, and the lists
+// of the selection are dense in popular keys (every query lists its recent neighbours). The
+// additions' order varies, so a deterministic context runs the composite (the direct kernels'
+// transposed table, one writer per key gradient) instead.
+#include <algorithm>
+#include <climits>
+
+#include "ops/cuda/index_lists.cuh"
+#include "ops/cuda/mma.cuh"
+#include "ops/sparse_mqa_attention.h"
+
+namespace mt::ops::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kDk = 576, kDv = 512;
+constexpr int kSlots = 32;  // keys per tile
+constexpr int kCols = 4;    // warps per row group of 16 heads
+constexpr int kPad = 8;     // bf16 padding per shared row: strides of 16 (mod 128) bytes
+constexpr int kLd = kDk + kPad, kLdv = kDv + kPad, kLp = kSlots + kPad;
+constexpr int kVCols = kDv / kCols, kQCols = kDk / kCols;  // per warp: 128 and 144
+constexpr int kMaxRows = 4;                                // row groups: 64 heads per block
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+static_assert(kSlots == 32, "a tile's slots are one per lane (the block-uniform empty-tile test)");
+static_assert(kSlots / kCols == 8, "S: one m16n8 tile of keys per warp");
+static_assert(kVCols % 8 == 0 && kQCols % 8 == 0 && kDk % 16 == 0 && kDv % 16 == 0,
+              "column quarters of whole n-tiles, k of whole m16n8k16 steps");
+static_assert((kLd * 2) % 128 == 16 && (kLdv * 2) % 128 == 16, "conflict-free ldmatrix rows");
+
+struct Launch {
+  int64_t T, H, K;
+  float scale;
+};
+
+// `rows` rows of D elements (row stride D in global memory) into tile[rows][LD]; rows from
+// `valid` on are zero (heads past H in the last block).
+template <int D, int LD>
+__device__ __forceinline__ void stage_rows(bf16* tile, const bf16* src, int rows, int valid) {
+  constexpr int chunks = D / 8;
+  for (int i = threadIdx.x; i < rows * chunks; i += blockDim.x) {
+    const int r = i / chunks, c8 = (i % chunks) * 8;
+    bf16* d = tile + r * LD + c8;
+    if (r < valid)
+      mma::cp_async16(d, src + static_cast<int64_t>(r) * D + c8);
+    else
+      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// The entries listed in slots j0 .. j0 + kSlots - 1 of `row` into tile[kSlots][kLd] (zero for
+// unused slots: their P is 0, and 0 x stale shared memory could be NaN), their positions into
+// slot[] (-1 when unused).
+__device__ __forceinline__ void gather(bf16* tile, int* slot, const bf16* kv, int64_t T,
+                                       const int32_t* row, int64_t j0, int64_t K) {
+  constexpr int chunks = kDk / 8;
+  for (int i = threadIdx.x; i < kSlots * chunks; i += blockDim.x) {
+    const int r = i / chunks, c8 = (i % chunks) * 8;
+    const int64_t j = j0 + r;
+    const int32_t s = j < K ? row[j] : -1;
+    const bool ok = valid_slot(s, T);
+    bf16* d = tile + r * kLd + c8;
+    if (ok)
+      mma::cp_async16(d, kv + static_cast<int64_t>(s) * kDk + c8);
+    else
+      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+    if (c8 == 0) slot[r] = ok ? s : -1;
+  }
+}
+
+// Starts gathering tile it + 1 into the other buffer and waits until tile it (and everything
+// committed before it) has landed for every thread; returns tile it's buffer.
+__device__ __forceinline__ int next_tile(const Launch& l, bf16* const buf[2], int* slots,
+                                         const bf16* kv, const int32_t* row, int it, int tiles) {
+  const int b = it & 1;
+  if (it + 1 < tiles)
+    gather(buf[b ^ 1], slots + (b ^ 1) * kSlots, kv, l.T, row,
+           static_cast<int64_t>(it + 1) * kSlots, l.K);
+  mma::cp_async_commit();
+  mma::cp_async_wait<1>();
+  __syncthreads();
+  return b;
+}
+
+// Where a thread works: the block's query t and first head h0, the heads it holds (valid; the
+// rest of the M rows are padding), the lane's fragment rows r0 and r1 = r0 + 8 in row group rg
+// and its key / column quarter cg.
+struct Place {
+  int64_t t, h0;
+  int valid, lane, w, rg, cg, c, r0, r1;
+};
+
+template <int M>
+__device__ __forceinline__ Place place_of(const Launch& l) {
+  const int64_t h0 = static_cast<int64_t>(blockIdx.y) * M;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, rg = w / kCols;
+  return {static_cast<int64_t>(blockIdx.x),
+          h0,
+          static_cast<int>(min(static_cast<int64_t>(M), l.H - h0)),
+          lane,
+          w,
+          rg,
+          w % kCols,
+          lane & 3,
+          16 * rg + (lane >> 2),
+          16 * rg + (lane >> 2) + 8};
+}
+
+// Stages the block's q rows (and, for the backward, its dout rows into Os) as one cp.async group
+// and starts gathering tile 0 as the next; returns the number of tiles.
+template <int M>
+__device__ __forceinline__ int start(const Launch& l, const Place& pl, bf16* Qs, const bf16* q,
+                                     bf16* const buf[2], int* slots, const bf16* kv,
+                                     const int32_t* row, bf16* Os = nullptr,
+                                     const bf16* dout = nullptr) {
+  const int64_t th = pl.t * l.H + pl.h0;
+  stage_rows<kDk, kLd>(Qs, q + th * kDk, M, pl.valid);
+  if (Os) stage_rows<kDv, kLdv>(Os, dout + th * kDv, M, pl.valid);
+  mma::cp_async_commit();
+  const int tiles = static_cast<int>((l.K + kSlots - 1) / kSlots);
+  if (tiles > 0) gather(buf[0], slots, kv, l.T, row, 0, l.K);
+  mma::cp_async_commit();
+  return tiles;
+}
+
+// c += A B^T for rows 16 rg .. of A (row-major, width D) against keys n0 .. n0 + 7 of B.
+template <int D>
+__device__ __forceinline__ void scores(float c[4], const bf16* A, int lda, int rg, const bf16* B,
+                                       int n0, int lane) {
+#pragma unroll 4
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t a[4], b[2];
+    mma::ldsm_a(a, A, lda, 16 * rg, 16 * kk, lane);
+    mma::ldsm_b_nk(b, B, kLd, n0, 16 * kk, lane);
+    mma::mma_bf16(c, a, b);
+  }
+}
+
+// c[jn] += X[16 rows of rg][kSlots] B[kSlots][n0 + 8 jn ..] with X (P or dS) in shared memory.
+template <int NT>
+__device__ __forceinline__ void times_tile(float (&c)[NT][4], const bf16* X, int rg, const bf16* B,
+                                           int n0, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < kSlots / 16; ++kk) {
+    uint32_t a[4];
+    mma::ldsm_a(a, X, kLp, 16 * rg, 16 * kk, lane);
+#pragma unroll
+    for (int jn = 0; jn < NT; ++jn) {
+      uint32_t b[2];
+      mma::load_b_kn(b, B, kLd, 16 * kk, n0 + 8 * jn, lane);
+      mma::mma_bf16(c[jn], a, b);
+    }
+  }
+}
+
+template <int R>
+constexpr size_t fwd_smem() {
+  return sizeof(bf16) * (16 * R * kLd + 2 * kSlots * kLd + 16 * R * kLp) +
+         sizeof(float) * 16 * R * kCols + sizeof(int) * 2 * kSlots;
+}
+
+template <int R>
+__global__ void __launch_bounds__(R* kCols * 32)
+    mqa_fwd_kernel(Launch l, const bf16* q, const bf16* kv, const int32_t* idx, bf16* o,
+                   float* lse) {
+  constexpr int M = 16 * R;
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* Qs = reinterpret_cast<bf16*>(smem);  // [M][kLd]
+  bf16* const buf[2] = {Qs + M * kLd, Qs + M * kLd + kSlots * kLd};
+  bf16* Ps = buf[1] + kSlots * kLd;                      // [M][kLp]
+  float* red = reinterpret_cast<float*>(Ps + M * kLp);   // [M][kCols] row maxima, then sums
+  int* slots = reinterpret_cast<int*>(red + M * kCols);  // [2][kSlots]
+  const Place pl = place_of<M>(l);
+  const auto [t, h0, valid, lane, w, rg, cg, c, r0, r1] = pl;
+  const int32_t* row = idx + t * l.K;
+  const float scale_log2 = l.scale * kLog2e;
+  const int tiles = start<M>(l, pl, Qs, q, buf, slots, kv, row);
+  float acc[kVCols / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.f, 0.f};
+  for (int it = 0; it < tiles; ++it) {
+    const int b = next_tile(l, buf, slots, kv, row, it, tiles);
+    const int* sl = slots + b * kSlots;
+    const bf16* Ks = buf[b];
+    if (__any_sync(0xffffffffu, sl[lane] >= 0)) {  // block-uniform
+      float s[4] = {};
+      scores<kDk>(s, Qs, kLd, rg, Ks, 8 * cg, lane);
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool ok = sl[8 * cg + 2 * c + (e & 1)] >= 0;
+        s[e] = ok ? s[e] * scale_log2 : -INFINITY;
+        mx[e >> 1] = fmaxf(mx[e >> 1], s[e]);
+      }
+      mx[0] = mma::quad_max(mx[0]);
+      mx[1] = mma::quad_max(mx[1]);
+      if (c == 0) {
+        red[r0 * kCols + cg] = mx[0];
+        red[r1 * kCols + cg] = mx[1];
+      }
+      __syncthreads();
+      float al[2], mu[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float* rr = red + (r ? r1 : r0) * kCols;
+        const float mn = fmaxf(fmaxf(m[r], fmaxf(rr[0], rr[1])), fmaxf(rr[2], rr[3]));
+        mu[r] = mn == -INFINITY ? 0.f : mn;
+        al[r] = exp2f(m[r] - mu[r]);
+        m[r] = mn;
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[e] = exp2f(s[e] - mu[e >> 1]);
+      lsum[0] = lsum[0] * al[0] + s[0] + s[1];
+      lsum[1] = lsum[1] * al[1] + s[2] + s[3];
+      *reinterpret_cast<uint32_t*>(Ps + r0 * kLp + 8 * cg + 2 * c) = mma::pack_bf16(s[0], s[1]);
+      *reinterpret_cast<uint32_t*>(Ps + r1 * kLp + 8 * cg + 2 * c) = mma::pack_bf16(s[2], s[3]);
+#pragma unroll
+      for (int jn = 0; jn < kVCols / 8; ++jn) {
+        acc[jn][0] *= al[0];
+        acc[jn][1] *= al[0];
+        acc[jn][2] *= al[1];
+        acc[jn][3] *= al[1];
+      }
+      __syncthreads();  // P of all four key quarters
+      times_tile<kVCols / 8>(acc, Ps, rg, Ks, kVCols * cg, lane);
+    }
+    __syncthreads();  // every warp is done with this buffer, P and red before they are refilled
+  }
+  const float part[2] = {mma::quad_sum(lsum[0]), mma::quad_sum(lsum[1])};
+  if (c == 0) {
+    red[r0 * kCols + cg] = part[0];
+    red[r1 * kCols + cg] = part[1];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int hr = r ? r1 : r0;
+    if (hr >= valid) continue;
+    const float* rr = red + hr * kCols;
+    const float L = (rr[0] + rr[1]) + (rr[2] + rr[3]);
+    const float inv = L > 0.f ? 1.f / L : 0.f;  // no valid slot: o = 0, lse = -inf
+    const int64_t th = t * l.H + h0 + hr;
+    bf16* orow = o + th * kDv + kVCols * cg + 2 * c;
+#pragma unroll
+    for (int jn = 0; jn < kVCols / 8; ++jn)
+      *reinterpret_cast<__nv_bfloat162*>(orow + 8 * jn) =
+          __floats2bfloat162_rn(acc[jn][2 * r] * inv, acc[jn][2 * r + 1] * inv);
+    if (cg == 0 && c == 0) lse[th] = L > 0.f ? (m[r] + log2f(L)) * kLn2 : -INFINITY;
+  }
+}
+
+template <int R>
+constexpr size_t bwd_smem() {
+  return sizeof(bf16) * (16 * R * (kLd + kLdv) + 2 * kSlots * kLd + 2 * 16 * R * kLp) +
+         sizeof(float) * 2 * 16 * R + sizeof(int) * 2 * kSlots;
+}
+
+// Adds a C fragment (rows: slots m0 + g, m0 + g + 8; columns 8 n + 2c, +1) into the f32 rows of
+// the listed keys, one float4 per lane: lanes c and c ^ 1 swap halves, so even c holds row g's
+// columns 8 n + 2c .. + 3 and odd c row g + 8's columns 8 n + 2c - 2 .. + 1.
+__device__ __forceinline__ void add_key_rows(float* dst, const int* sl, int m0, int n,
+                                             const float cf[4], int lane) {
+  const int c = lane & 3, g = lane >> 2;
+  const bool even = (c & 1) == 0;
+  const float x0 = __shfl_xor_sync(0xffffffffu, even ? cf[2] : cf[0], 1);
+  const float x1 = __shfl_xor_sync(0xffffffffu, even ? cf[3] : cf[1], 1);
+  const int s = sl[m0 + g + (even ? 0 : 8)];
+  if (s < 0) return;
+  const int col = 8 * n + 2 * c - (even ? 0 : 2);
+  const float4 v = even ? make_float4(cf[0], cf[1], x0, x1) : make_float4(x0, x1, cf[2], cf[3]);
+  atomicAdd(reinterpret_cast<float4*>(dst + static_cast<int64_t>(s) * kDk + col), v);
+}
+
+template <int R>
+__global__ void __launch_bounds__(R* kCols * 32)
+    mqa_bwd_kernel(Launch l, const bf16* q, const bf16* kv, const int32_t* idx, const bf16* o,
+                   const float* lse, const bf16* dout, bf16* dq, float* dkv_acc) {
+  constexpr int M = 16 * R, W = R * kCols;
+  // The key-gradient products: 2 slot halves x 72 column tiles, dealt as (half, run of NT).
+  constexpr int NT = (kDk / 8) / (W / 2);
+  static_assert(NT * (W / 2) == kDk / 8, "column tiles split evenly over the warps");
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* Qs = reinterpret_cast<bf16*>(smem);  // [M][kLd]
+  bf16* Os = Qs + M * kLd;                   // [M][kLdv] dout
+  bf16* const buf[2] = {Os + M * kLdv, Os + M * kLdv + kSlots * kLd};
+  bf16* Ps = buf[1] + kSlots * kLd;                      // [M][kLp]
+  bf16* Ds = Ps + M * kLp;                               // [M][kLp] scale * dS
+  float* lse2 = reinterpret_cast<float*>(Ds + M * kLp);  // [M] log2 units
+  float* dl = lse2 + M;                                  // [M] Delta
+  int* slots = reinterpret_cast<int*>(dl + M);           // [2][kSlots]
+  const Place pl = place_of<M>(l);
+  const auto [t, h0, valid, lane, w, rg, cg, c, r0, r1] = pl;
+  const int32_t* row = idx + t * l.K;
+  const float scale_log2 = l.scale * kLog2e;
+  const int tiles = start<M>(l, pl, Qs, q, buf, slots, kv, row, Os, dout);
+  // Delta = o . dout per head, a warp per head; padded heads get P = 0 through lse = -inf.
+  for (int r = w; r < M; r += W) {
+    const int64_t th = t * l.H + h0 + r;
+    float s = 0.f;
+    if (r < valid)
+      for (int d = lane; d < kDv; d += 32)
+        s += __bfloat162float(o[th * kDv + d]) * __bfloat162float(dout[th * kDv + d]);
+    s = warp_sum(s);
+    if (lane == 0) {
+      dl[r] = s;
+      lse2[r] = r < valid ? lse[th] * kLog2e : -INFINITY;
+    }
+  }
+  float acc[kQCols / 8][4] = {};
+  for (int it = 0; it < tiles; ++it) {
+    const int b = next_tile(l, buf, slots, kv, row, it, tiles);  // also Delta and lse
+    const int* sl = slots + b * kSlots;
+    const bf16* Ks = buf[b];
+    const bool any = __any_sync(0xffffffffu, sl[lane] >= 0);  // block-uniform
+    if (any) {
+      float s[4] = {}, dp[4] = {};
+      scores<kDk>(s, Qs, kLd, rg, Ks, 8 * cg, lane);
+      scores<kDv>(dp, Os, kLdv, rg, Ks, 8 * cg, lane);
+      const float lr[2] = {lse2[r0], lse2[r1]}, dr[2] = {dl[r0], dl[r1]};
+      float p[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1;
+        const bool ok = sl[8 * cg + 2 * c + (e & 1)] >= 0 && lr[r] != -INFINITY;
+        p[e] = ok ? exp2f(s[e] * scale_log2 - lr[r]) : 0.f;
+        s[e] = l.scale * p[e] * (dp[e] - dr[r]);
+      }
+      const int col = 8 * cg + 2 * c;
+      *reinterpret_cast<uint32_t*>(Ps + r0 * kLp + col) = mma::pack_bf16(p[0], p[1]);
+      *reinterpret_cast<uint32_t*>(Ps + r1 * kLp + col) = mma::pack_bf16(p[2], p[3]);
+      *reinterpret_cast<uint32_t*>(Ds + r0 * kLp + col) = mma::pack_bf16(s[0], s[1]);
+      *reinterpret_cast<uint32_t*>(Ds + r1 * kLp + col) = mma::pack_bf16(s[2], s[3]);
+    }
+    __syncthreads();  // P and dS of every key quarter
+    if (any) {
+      times_tile<kQCols / 8>(acc, Ds, rg, Ks, kQCols * cg, lane);  // dq += dS K
+      const int m0 = 16 * (w & 1), n_begin = NT * (w >> 1);
+      uint32_t ad[R][4], ap[R][4];
+#pragma unroll
+      for (int kk = 0; kk < R; ++kk) {
+        mma::ldsm_a_trans(ad[kk], Ds, kLp, m0, 16 * kk, lane);
+        mma::ldsm_a_trans(ap[kk], Ps, kLp, m0, 16 * kk, lane);
+      }
+#pragma unroll 1
+      for (int n = n_begin; n < n_begin + NT; ++n) {
+        float cf[4] = {};
+#pragma unroll
+        for (int kk = 0; kk < R; ++kk) {
+          uint32_t bq[2];
+          mma::load_b_kn(bq, Qs, kLd, 16 * kk, 8 * n, lane);
+          mma::mma_bf16(cf, ad[kk], bq);
+          if (8 * n < kDv) {  // the value columns: + P^T dout
+            uint32_t bo[2];
+            mma::load_b_kn(bo, Os, kLdv, 16 * kk, 8 * n, lane);
+            mma::mma_bf16(cf, ap[kk], bo);
+          }
+        }
+        add_key_rows(dkv_acc, sl, m0, n, cf, lane);
+      }
+    }
+    __syncthreads();  // the buffers and P / dS are refilled next
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int hr = r ? r1 : r0;
+    if (hr >= valid) continue;
+    bf16* out = dq + (t * l.H + h0 + hr) * kDk + kQCols * cg + 2 * c;
+#pragma unroll
+    for (int jd = 0; jd < kQCols / 8; ++jd)
+      *reinterpret_cast<__nv_bfloat162*>(out + 8 * jd) =
+          __floats2bfloat162_rn(acc[jd][2 * r], acc[jd][2 * r + 1]);
+  }
+}
+
+// Row groups per block: enough for the heads, at most kMaxRows (larger H: more blocks per query).
+template <typename F>
+void with_rows(int64_t heads, F&& f) {
+  const int64_t r = std::min<int64_t>(kMaxRows, (heads + 15) / 16);
+  if (r == 1)
+    f.template operator()<1>();
+  else if (r == 2)
+    f.template operator()<2>();
+  else if (r == 3)
+    f.template operator()<3>();
+  else
+    f.template operator()<4>();
+}
+
+// The kernels' shapes, bf16, and 16-byte aligned rows for cp.async.
+bool takes(const SparseMqaParams& p, std::initializer_list<const Tensor*> ts) {
+  if (!sparse_mqa_fits(p.heads, p.qk_dim, p.v_dim)) return false;
+  for (const Tensor* t : ts)
+    if (t->dtype() != DType::BF16 || reinterpret_cast<uintptr_t>(t->raw()) % 16 != 0) return false;
+  return true;
+}
+
+dim3 grid_of(const SparseMqaParams& p, int rows) {
+  const int64_t per_block = 16 * rows, blocks = (p.heads + per_block - 1) / per_block;
+  MT_CHECK(p.tokens < INT_MAX && blocks <= 65535, ValueError, "sparse_mqa: ", p.tokens,
+           " tokens or ", p.heads, " heads exceed one grid");
+  return dim3(static_cast<unsigned>(p.tokens), static_cast<unsigned>(blocks));
+}
+
+}  // namespace
+
+void sparse_mqa_forward(Context& ctx, const SparseMqaParams& p, const Tensor& q, const Tensor& kv,
+                        const Tensor& indices, Tensor& o, Tensor& lse) {
+  if (!takes(p, {&q, &kv, &o})) return sparse_mqa_composite_forward(ctx, p, q, kv, indices, o, lse);
+  if (p.tokens == 0) return;
+  const Launch l{p.tokens, p.heads, p.kmax, p.scale};
+  with_rows(p.heads, [&]<int R>() {
+    auto kernel = mqa_fwd_kernel<R>;
+    const size_t sm = smem_for(kernel, fwd_smem<R>(), "sparse_mqa_forward");
+    kernel<<<grid_of(p, R), R * kCols * 32, sm, stream(ctx)>>>(
+        l, ptr<bf16>(q), ptr<bf16>(kv), ptr<int32_t>(indices), ptr<bf16>(o), ptr<float>(lse));
+    MT_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void sparse_mqa_backward(Context& ctx, const SparseMqaParams& p, const Tensor& q, const Tensor& kv,
+                         const Tensor& indices, const Tensor& o, const Tensor& lse,
+                         const Tensor& dout, Tensor& dq, Tensor& dkv) {
+  if (ctx.deterministic() || !takes(p, {&q, &kv, &o, &dout, &dq, &dkv}))
+    return sparse_mqa_composite_backward(ctx, p, q, kv, indices, o, lse, dout, dq, dkv);
+  if (p.tokens == 0) return;
+  const Launch l{p.tokens, p.heads, p.kmax, p.scale};
+  ArenaScope scope(ctx.workspace());
+  Tensor acc = ctx.workspace().alloc(dkv.shape(), DType::F32);
+  cudaStream_t s = stream(ctx);
+  MT_CUDA_CHECK(cudaMemsetAsync(acc.raw(), 0, acc.bytes(), s));
+  with_rows(p.heads, [&]<int R>() {
+    auto kernel = mqa_bwd_kernel<R>;
+    const size_t sm = smem_for(kernel, bwd_smem<R>(), "sparse_mqa_backward");
+    kernel<<<grid_of(p, R), R * kCols * 32, sm, s>>>(
+        l, ptr<bf16>(q), ptr<bf16>(kv), ptr<int32_t>(indices), ptr<bf16>(o), ptr<float>(lse),
+        ptr<bf16>(dout), ptr<bf16>(dq), ptr<float>(acc));
+    MT_CUDA_LAUNCH_CHECK();
+  });
+  const float* pa = ptr<float>(acc);
+  bf16* out = ptr<bf16>(dkv);
+  for_each_index(ctx, dkv.numel(), [=] __device__(int64_t i) { out[i] = __float2bfloat16(pa[i]); });
+}
+
+}  // namespace mt::ops::cuda

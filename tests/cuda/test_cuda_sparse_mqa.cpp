@@ -1,0 +1,103 @@
+// Sparse attention in the absorbed MQA form on tensor cores (ops/cuda/sparse_mqa_attention.cu:
+// DeepSeek's 576-wide latent + rope entries, 512-wide values, heads as the MMA's rows in blocks
+// of up to 64) against the CPU op, forward and backward, through the harness's three passes
+// (harness/gpu_check.h): the bf16 pass runs the tensor-core kernels and must stay within the bf16
+// row of the tolerance table; the f32 pass runs the composite (the direct kernels). Lists as the
+// top-k writes them (increasing, -1 padded) and scattered ones with duplicates and unused slots,
+// varlen documents, T and list lengths off the 32-key tile, head counts that leave padded MMA
+// rows. Without a GPU every test skips, saying so.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "harness/gpu_check.h"
+#include "ops/sparse_mqa_attention.h"
+
+namespace mt::test {
+namespace {
+
+// Row t of a document starting at b: its causal keys b .. t when they fit in K slots, else K of
+// them drawn without replacement, sorted, t always among them; then -1. `scatter` shuffles the
+// row, turns a fifth of the slots into -1 and repeats some positions (t stays if all go).
+Tensor lists(Rng& rng, const std::vector<int64_t>& lengths, int64_t K, bool scatter) {
+  int64_t T = 0;
+  for (int64_t l : lengths) T += l;
+  Tensor table = Tensor::empty({T, K}, DType::I32);
+  int64_t b = 0;
+  for (int64_t len : lengths) {
+    for (int64_t t = b; t < b + len; ++t) {
+      std::vector<int32_t> keys;
+      for (int64_t s = b; s < t; ++s) keys.push_back(static_cast<int32_t>(s));
+      for (size_t i = keys.size(); i > 1; --i)  // Fisher-Yates, then keep K - 1 and t
+        std::swap(keys[i - 1], keys[static_cast<size_t>(rng.below(static_cast<int64_t>(i)))]);
+      keys.resize(std::min<size_t>(keys.size(), static_cast<size_t>(K - 1)));
+      keys.push_back(static_cast<int32_t>(t));
+      if (!scatter) std::sort(keys.begin(), keys.end());
+      keys.resize(static_cast<size_t>(K), -1);
+      if (scatter)
+        for (int32_t& s : keys)
+          s = rng.uniform() < 0.2 ? -1 : (rng.uniform() < 0.1 ? static_cast<int32_t>(t) : s);
+      // No empty rows here (their lse is -inf on both sides; tests/ops covers them).
+      if (std::all_of(keys.begin(), keys.end(), [](int32_t s) { return s < 0; }))
+        keys[0] = static_cast<int32_t>(t);
+      std::copy(keys.begin(), keys.end(), table.i32() + t * K);
+    }
+    b += len;
+  }
+  return table;
+}
+
+void check_mqa(const char* name, int64_t H, int64_t K, const std::vector<int64_t>& lengths,
+               bool scatter, uint64_t seed, Rng& rng) {
+  ASSERT_TRUE(ops::sparse_mqa_fits(H, 576, 512)) << name;
+  const Tensor table = lists(rng, lengths, K, scatter);
+  const int64_t T = table.dim(0);
+  // DeepSeek-V3.2's scale (192^-0.5 times the YaRN mscale squared), not 576^-0.5.
+  const ops::SparseMqaParams p{
+      .tokens = T, .heads = H, .qk_dim = 576, .v_dim = 512, .kmax = K, .scale = 0.135234f};
+  std::vector<In> ins = {{randn(rng, {T, H, 576}, 0.5)},
+                         {randn(rng, {T, 576}, 0.5)},
+                         {table, false},
+                         {randn(rng, {T, H, 512})}};
+  run_case(
+      name, ins, {"o", "lse", "dq", "dkv"},
+      [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
+        const DType dt = in[0].dtype();
+        Tensor o = out(c, {T, H, 512}, dt), lse = out(c, {T, H}, DType::F32);
+        OP(sparse_mqa_forward)(c, p, in[0], in[1], in[2], o, lse);
+        Tensor dq = out(c, in[0].shape(), dt), dkv = out(c, in[1].shape(), dt);
+        OP(sparse_mqa_backward)(c, p, in[0], in[1], in[2], o, lse, in[3], dq, dkv);
+        return {o, lse, dq, dkv};
+      },
+      // A key's gradient sums over every (query, head) that lists it.
+      seed, T* H);
+}
+
+TEST(CudaSparseMqa, Heads16_32_64) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  check_mqa("16 heads, two documents, scattered", 16, 64, {70, 61}, true, seed, rng);
+  check_mqa("32 heads, selection lists, 3 tiles", 32, 96, {130, 70}, false, seed, rng);
+  check_mqa("64 heads, lists off the tile", 64, 40, {150}, false, seed, rng);
+}
+
+// 24 heads: one block with 8 padded MMA rows; 80: a block of 64 and one of 16 padded to 64.
+TEST(CudaSparseMqa, PaddedHeadBlocks) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  check_mqa("24 heads", 24, 50, {45, 1, 54}, true, seed, rng);
+  check_mqa("80 heads", 80, 33, {77}, false, seed, rng);
+}
+
+TEST(CudaSparseMqa, LargerSelection) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  check_mqa("T=700 k=256", 32, 256, {500, 200}, false, seed, rng);
+}
+
+}  // namespace
+}  // namespace mt::test

@@ -1,0 +1,131 @@
+// The absorbed MQA form of sparse attention (ops/sparse_mqa_attention.h) against its double
+// reference, with finite-difference gradients: the key gradient of a shared latent row sums the
+// key path (all columns) and the value path (its first Dv columns) over every listed slot.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "harness/op_check.h"
+#include "ops/sparse_mqa_attention.h"
+#include "ref/sparse_mqa_ref.h"
+
+namespace mt::test {
+namespace {
+
+// Row t of each document: up to kmax positions of the document up to t. `sorted`: as the top-k
+// writes them (increasing, -1 padded, always t itself); otherwise scattered with -1 slots and
+// duplicates, every 9th row empty.
+std::function<void(Rng&, Tensor&)> lists(std::vector<int64_t> lengths, bool sorted) {
+  return [lengths, sorted](Rng& rng, Tensor& t) {
+    const int64_t K = t.dim(1);
+    int32_t* p = t.i32();
+    int64_t b = 0;
+    for (int64_t len : lengths) {
+      for (int64_t r = b; r < b + len; ++r) {
+        std::vector<int32_t> row;
+        for (int64_t j = 0; j < K; ++j) {
+          const int64_t s = b + rng.below(r - b + 1);
+          row.push_back(sorted
+                            ? (rng.uniform() < 0.5 ? static_cast<int32_t>(s) : -1)
+                            : (rng.uniform() < 0.2 || r % 9 == 4 ? -1 : static_cast<int32_t>(s)));
+        }
+        if (sorted) {
+          row[0] = static_cast<int32_t>(r);
+          std::sort(row.begin(), row.end());
+          row.erase(std::unique(row.begin(), row.end()), row.end());
+          row.erase(std::remove(row.begin(), row.end(), -1), row.end());
+          row.resize(static_cast<size_t>(K), -1);
+        }
+        std::copy(row.begin(), row.end(), p + r * K);
+      }
+      b += len;
+    }
+  };
+}
+
+class SparseMqaCase : public OpCase {
+ public:
+  SparseMqaCase(std::string name, ops::SparseMqaParams p, std::function<void(Rng&, Tensor&)> table)
+      : name_(std::move(name)), p_(p), table_(std::move(table)) {}
+  std::string name() const override { return name_; }
+  std::vector<InputSpec> inputs() const override {
+    return {{.name = "q", .shape = {p_.tokens, p_.heads, p_.qk_dim}, .scale = 1.5},
+            {.name = "kv", .shape = {p_.tokens, p_.qk_dim}},
+            {.name = "indices",
+             .shape = {p_.tokens, p_.kmax},
+             .dtype = DType::I32,
+             .differentiable = false,
+             .init = table_}};
+  }
+  // lse is compared as Z = exp(lse), the row's partition sum: finite everywhere, and 0 exactly
+  // for a row without valid slots (lse = -inf, o = 0).
+  std::vector<OutputSpec> outputs() const override { return {{"o"}, {"Z", false}}; }
+  std::vector<Tensor> forward(Context& ctx, GuardedAlloc& alloc,
+                              const std::vector<Tensor>& in) override {
+    o_ = alloc({p_.tokens, p_.heads, p_.v_dim});
+    lse_ = alloc({p_.tokens, p_.heads});
+    ops::sparse_mqa_forward(ctx, p_, in[0], in[1], in[2], o_, lse_);
+    ctx.synchronize();
+    Tensor z_h = lse_.to(Device::CPU);
+    std::transform(z_h.f32(), z_h.f32() + z_h.numel(), z_h.f32(),
+                   [](float l) { return std::exp(l); });
+    Tensor z = alloc(lse_.shape());
+    z.copy_from(z_h);
+    return {o_, z};
+  }
+  void backward(Context& ctx, GuardedAlloc&, const std::vector<Tensor>& in,
+                const std::vector<Tensor>& dout, std::vector<Tensor>& grads) override {
+    ops::sparse_mqa_backward(ctx, p_, in[0], in[1], in[2], o_, lse_, dout[0], grads[0], grads[1]);
+  }
+  std::vector<DVec> reference(const std::vector<DVec>& in) const override {
+    ref::AttnRefOut r = ref::sparse_mqa(in[0], in[1], in[2], p_.tokens, p_.heads, p_.qk_dim,
+                                        p_.v_dim, p_.kmax, p_.scale);
+    for (double& l : r.lse) l = std::exp(l);
+    return {r.o, r.lse};
+  }
+
+ private:
+  std::string name_;
+  ops::SparseMqaParams p_;
+  std::function<void(Rng&, Tensor&)> table_;
+  Tensor o_, lse_;
+};
+
+ops::SparseMqaParams params(int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t K) {
+  return {.tokens = T,
+          .heads = H,
+          .qk_dim = Dk,
+          .v_dim = Dv,
+          .kmax = K,
+          .scale = 1.f / std::sqrt(static_cast<float>(Dk))};
+}
+
+TEST(SparseMqaAttention, ScatteredListsWithEmptyRowsTwoDocuments) {
+  SparseMqaCase c("scattered", params(53, 5, 40, 32, 13), lists({30, 23}, false));
+  check_op(c);
+}
+
+// DeepSeek-V3.2's widths (576 = 512 latent + 64 rope, values the latent), lists as the top-k
+// writes them, T not a multiple of the GPU's tiles.
+TEST(SparseMqaAttention, DeepSeekWidthsSelectionLists) {
+  SparseMqaCase c("576/512", params(37, 16, 576, 512, 24), lists({20, 17}, true));
+  check_op(c,
+           {.fwd_rtol = 2e-5, .grad_rtol = 2e-4, .fd_step = 1e-6, .directions = 1, .elements = 4});
+}
+
+TEST(SparseMqaAttention, ShapeMismatchIsAnError) {
+  Context ctx;
+  Tensor q = Tensor::zeros({5, 2, 8}), kv = Tensor::zeros({5, 8}), o = Tensor::zeros({5, 2, 6}),
+         lse = Tensor::zeros({5, 2}), idx = Tensor::zeros({5, 3}, DType::I32);
+  EXPECT_THROW(ops::sparse_mqa_forward(ctx, params(5, 2, 8, 9, 3), q, kv, idx, o, lse), ValueError);
+  Tensor kv3 = Tensor::zeros({5, 1, 8});
+  EXPECT_THROW(ops::sparse_mqa_forward(ctx, params(5, 2, 8, 6, 3), q, kv3, idx, o, lse),
+               ShapeError);
+  Tensor idx64 = Tensor::zeros({5, 3}, DType::I64);
+  EXPECT_THROW(ops::sparse_mqa_forward(ctx, params(5, 2, 8, 6, 3), q, kv, idx64, o, lse),
+               ShapeError);
+}
+
+}  // namespace
+}  // namespace mt::test
