@@ -169,7 +169,10 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
     r["allocated_gib"] = used_gib() - base;
   }
   auto kl_fwd = [&] {
-    ops::attention_prob_sum(ctx, ap, q, k, idx, lse, target);
+    if (absorbed)
+      ops::sparse_mqa_prob_sum(ctx, mp, qa, kvl, idx, lse, target);
+    else
+      ops::attention_prob_sum(ctx, ap, q, k, idx, lse, target);
     ops::indexer_scores_forward(ctx, sp, qi, ki, wi, idx, scores);
     ops::indexer_kl_forward(ctx, scores, target, idx, softmax, loss);
   };

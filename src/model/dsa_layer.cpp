@@ -143,7 +143,10 @@ void DsaLayer::after_attention(Context& ctx, const SeqInfo& seq, Arena& acts, Ml
   const int64_t T = seq.tokens, HI = dcfg_.index_heads, DI = dcfg_.index_head_dim,
                 slots = s.idx.dim(1);
   s.target = acts.alloc({T, slots}, DType::F32);
-  ops::attention_prob_sum(ctx, attn_params(T, slots), s.q, s.k, s.idx, s.lse, s.target);
+  if (s.absorbed)
+    ops::sparse_mqa_prob_sum(ctx, mqa_params(T, slots), s.qa, s.kvl, s.idx, s.lse, s.target);
+  else
+    ops::attention_prob_sum(ctx, attn_params(T, slots), s.q, s.k, s.idx, s.lse, s.target);
   s.softmax = acts.alloc({T, slots}, DType::F32);
   ArenaScope scope(ctx.workspace());
   Tensor scores = ctx.workspace().alloc({T, slots}, DType::F32);

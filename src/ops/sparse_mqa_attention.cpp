@@ -10,7 +10,7 @@ namespace mt::ops {
 namespace {
 
 void check_common(const SparseMqaParams& p, const Tensor& q, const Tensor& kv,
-                  const Tensor& indices, const Tensor& o, const Tensor& lse) {
+                  const Tensor& indices, const Tensor& lse) {
   MT_CHECK(p.tokens >= 0 && p.heads > 0 && p.qk_dim > 0 && p.v_dim > 0 && p.v_dim <= p.qk_dim &&
                p.kmax >= 0,
            ValueError, "sparse_mqa: bad params tokens ", p.tokens, " heads ", p.heads, " qk_dim ",
@@ -20,7 +20,6 @@ void check_common(const SparseMqaParams& p, const Tensor& q, const Tensor& kv,
   expect_shape(indices, {p.tokens, p.kmax}, "sparse_mqa indices");
   MT_CHECK(indices.dtype() == DType::I32, ShapeError, "sparse_mqa indices must be i32, got ",
            dtype_name(indices.dtype()));
-  expect_shape(o, {p.tokens, p.heads, p.v_dim}, "sparse_mqa o");
   expect_shape(lse, {p.tokens, p.heads}, "sparse_mqa lse");
   MT_CHECK(lse.dtype() == DType::F32, ShapeError, "sparse_mqa lse must be f32, got ",
            dtype_name(lse.dtype()));
@@ -44,7 +43,8 @@ bool sparse_mqa_fits(int64_t heads, int64_t qk_dim, int64_t v_dim) {
 
 void sparse_mqa_forward(Context& ctx, const SparseMqaParams& p, const Tensor& q, const Tensor& kv,
                         const Tensor& indices, Tensor& o, Tensor& lse) {
-  check_common(p, q, kv, indices, o, lse);
+  check_common(p, q, kv, indices, lse);
+  expect_shape(o, {p.tokens, p.heads, p.v_dim}, "sparse_mqa o");
   dispatch(MT_OP_BODIES(sparse_mqa_forward), {&q, &kv, &indices, &o, &lse}, ctx, p, q, kv, indices,
            o, lse);
 }
@@ -52,12 +52,29 @@ void sparse_mqa_forward(Context& ctx, const SparseMqaParams& p, const Tensor& q,
 void sparse_mqa_backward(Context& ctx, const SparseMqaParams& p, const Tensor& q, const Tensor& kv,
                          const Tensor& indices, const Tensor& o, const Tensor& lse,
                          const Tensor& dout, Tensor& dq, Tensor& dkv) {
-  check_common(p, q, kv, indices, o, lse);
+  check_common(p, q, kv, indices, lse);
+  expect_shape(o, {p.tokens, p.heads, p.v_dim}, "sparse_mqa o");
   expect_shape(dout, o.shape(), "sparse_mqa dout");
   expect_shape(dq, q.shape(), "sparse_mqa dq");
   expect_shape(dkv, kv.shape(), "sparse_mqa dkv");
   dispatch(MT_OP_BODIES(sparse_mqa_backward), {&q, &kv, &indices, &o, &lse, &dout, &dq, &dkv}, ctx,
            p, q, kv, indices, o, lse, dout, dq, dkv);
+}
+
+void sparse_mqa_prob_sum(Context& ctx, const SparseMqaParams& p, const Tensor& q, const Tensor& kv,
+                         const Tensor& indices, const Tensor& lse, Tensor& out) {
+  check_common(p, q, kv, indices, lse);
+  expect_shape(out, {p.tokens, p.kmax}, "sparse_mqa prob sum");
+  MT_CHECK(out.dtype() == DType::F32, ShapeError, "sparse_mqa prob sum must be f32, got ",
+           dtype_name(out.dtype()));
+  dispatch(MT_OP_BODIES(sparse_mqa_prob_sum), {&q, &kv, &indices, &lse, &out}, ctx, p, q, kv,
+           indices, lse, out);
+}
+
+void sparse_mqa_composite_prob_sum(Context& ctx, const SparseMqaParams& p, const Tensor& q,
+                                   const Tensor& kv, const Tensor& indices, const Tensor& lse,
+                                   Tensor& out) {
+  attention_prob_sum(ctx, per_head(p), q, kv.view({p.tokens, 1, p.qk_dim}), indices, lse, out);
 }
 
 void sparse_mqa_composite_forward(Context& ctx, const SparseMqaParams& p, const Tensor& q,

@@ -39,6 +39,13 @@ using SparseMqaBackward = void(Context& ctx, const SparseMqaParams& p, const Ten
                                const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dkv);
 SparseMqaBackward sparse_mqa_backward;
 
+// out [T, kmax] = the attention probabilities of each slot summed over the heads (0 for unused
+// slots), from the forward's lse: the DSA indexer's KL target before L1 normalisation. Written.
+using SparseMqaProbSum = void(Context& ctx, const SparseMqaParams& p, const Tensor& q,
+                              const Tensor& kv, const Tensor& indices, const Tensor& lse,
+                              Tensor& out);
+SparseMqaProbSum sparse_mqa_prob_sum;
+
 // Whether the tensor-core kernels (ops/cuda/sparse_mqa_attention.cu) take these shapes in bf16:
 // DeepSeek's 576 / 512 widths, any head count (blocks of up to 64 heads). Read by the CUDA
 // bodies and the op table, so both choose alike; other shapes, f32, and the backward of a
@@ -50,7 +57,9 @@ bool sparse_mqa_fits(int64_t heads, int64_t qk_dim, int64_t v_dim);
 // key head, and the value gradient added into dkv's first Dv columns. Its parts dispatch.
 SparseMqaForward sparse_mqa_composite_forward;
 SparseMqaBackward sparse_mqa_composite_backward;
+SparseMqaProbSum sparse_mqa_composite_prob_sum;
 
-MT_OP_BACKENDS(SparseMqaForward sparse_mqa_forward; SparseMqaBackward sparse_mqa_backward;)
+MT_OP_BACKENDS(SparseMqaForward sparse_mqa_forward; SparseMqaBackward sparse_mqa_backward;
+               SparseMqaProbSum sparse_mqa_prob_sum;)
 
 }  // namespace mt::ops

@@ -1,11 +1,11 @@
 // Sparse attention in the absorbed MQA form on tensor cores (ops/cuda/sparse_mqa_attention.cu:
 // DeepSeek's 576-wide latent + rope entries, 512-wide values, heads as the MMA's rows in blocks
-// of up to 64) against the CPU op, forward and backward, through the harness's three passes
-// (harness/gpu_check.h): the bf16 pass runs the tensor-core kernels and must stay within the bf16
-// row of the tolerance table; the f32 pass runs the composite (the direct kernels). Lists as the
-// top-k writes them (increasing, -1 padded) and scattered ones with duplicates and unused slots,
-// varlen documents, T and list lengths off the 32-key tile, head counts that leave padded MMA
-// rows. Without a GPU every test skips, saying so.
+// of up to 64) against the CPU op: forward, the head-summed probabilities (the DSA KL target) and
+// backward, through the harness's three passes (harness/gpu_check.h): the bf16 pass runs the
+// tensor-core kernels and must stay within the bf16 row of the tolerance table; the f32 pass runs
+// the composite (the direct kernels). Lists as the top-k writes them (increasing, -1 padded) and
+// scattered ones with duplicates and unused slots, varlen documents, T and list lengths off the
+// 32-key tile, head counts that leave padded MMA rows. Without a GPU every test skips, saying so.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -61,14 +61,16 @@ void check_mqa(const char* name, int64_t H, int64_t K, const std::vector<int64_t
                          {table, false},
                          {randn(rng, {T, H, 512})}};
   run_case(
-      name, ins, {"o", "lse", "dq", "dkv"},
+      name, ins, {"o", "lse", "prob_sum", "dq", "dkv"},
       [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
         const DType dt = in[0].dtype();
         Tensor o = out(c, {T, H, 512}, dt), lse = out(c, {T, H}, DType::F32);
         OP(sparse_mqa_forward)(c, p, in[0], in[1], in[2], o, lse);
+        Tensor prob = out(c, {T, K}, DType::F32);
+        OP(sparse_mqa_prob_sum)(c, p, in[0], in[1], in[2], lse, prob);
         Tensor dq = out(c, in[0].shape(), dt), dkv = out(c, in[1].shape(), dt);
         OP(sparse_mqa_backward)(c, p, in[0], in[1], in[2], o, lse, in[3], dq, dkv);
-        return {o, lse, dq, dkv};
+        return {o, lse, prob, dq, dkv};
       },
       // A key's gradient sums over every (query, head) that lists it.
       seed, T* H);

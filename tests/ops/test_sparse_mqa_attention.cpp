@@ -1,6 +1,7 @@
 // The absorbed MQA form of sparse attention (ops/sparse_mqa_attention.h) against its double
 // reference, with finite-difference gradients: the key gradient of a shared latent row sums the
-// key path (all columns) and the value path (its first Dv columns) over every listed slot.
+// key path (all columns) and the value path (its first Dv columns) over every listed slot. The
+// head-summed probabilities (the DSA KL target) ride along as a third output.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -60,7 +61,10 @@ class SparseMqaCase : public OpCase {
   }
   // lse is compared as Z = exp(lse), the row's partition sum: finite everywhere, and 0 exactly
   // for a row without valid slots (lse = -inf, o = 0).
-  std::vector<OutputSpec> outputs() const override { return {{"o"}, {"Z", false}}; }
+  // prob_sum: the head-summed probabilities per slot (the DSA KL target), from the lse.
+  std::vector<OutputSpec> outputs() const override {
+    return {{"o"}, {"Z", false}, {"prob_sum", false}};
+  }
   std::vector<Tensor> forward(Context& ctx, GuardedAlloc& alloc,
                               const std::vector<Tensor>& in) override {
     o_ = alloc({p_.tokens, p_.heads, p_.v_dim});
@@ -72,7 +76,9 @@ class SparseMqaCase : public OpCase {
                    [](float l) { return std::exp(l); });
     Tensor z = alloc(lse_.shape());
     z.copy_from(z_h);
-    return {o_, z};
+    Tensor prob = alloc({p_.tokens, p_.kmax});
+    ops::sparse_mqa_prob_sum(ctx, p_, in[0], in[1], in[2], lse_, prob);
+    return {o_, z, prob};
   }
   void backward(Context& ctx, GuardedAlloc&, const std::vector<Tensor>& in,
                 const std::vector<Tensor>& dout, std::vector<Tensor>& grads) override {
@@ -82,7 +88,12 @@ class SparseMqaCase : public OpCase {
     ref::AttnRefOut r = ref::sparse_mqa(in[0], in[1], in[2], p_.tokens, p_.heads, p_.qk_dim,
                                         p_.v_dim, p_.kmax, p_.scale);
     for (double& l : r.lse) l = std::exp(l);
-    return {r.o, r.lse};
+    DVec prob(static_cast<size_t>(p_.tokens * p_.kmax), 0.0);
+    for (int64_t t = 0; t < p_.tokens; ++t)
+      for (int64_t h = 0; h < p_.heads; ++h)
+        for (int64_t j = 0; j < p_.kmax; ++j)
+          prob[t * p_.kmax + j] += r.p[(t * p_.heads + h) * p_.kmax + j];
+    return {r.o, r.lse, prob};
   }
 
  private:

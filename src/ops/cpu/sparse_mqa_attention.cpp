@@ -15,4 +15,9 @@ void sparse_mqa_backward(Context& ctx, const SparseMqaParams& p, const Tensor& q
   sparse_mqa_composite_backward(ctx, p, q, kv, indices, o, lse, dout, dq, dkv);
 }
 
+void sparse_mqa_prob_sum(Context& ctx, const SparseMqaParams& p, const Tensor& q, const Tensor& kv,
+                         const Tensor& indices, const Tensor& lse, Tensor& out) {
+  sparse_mqa_composite_prob_sum(ctx, p, q, kv, indices, lse, out);
+}
+
 }  // namespace mt::ops::cpu

@@ -394,6 +394,70 @@ __global__ void __launch_bounds__(R* kCols * 32)
   }
 }
 
+template <int R>
+constexpr size_t prob_sum_smem() {
+  return sizeof(bf16) * (16 * R * kLd + 2 * kSlots * kLd) + sizeof(float) * (R * kSlots + 16 * R) +
+         sizeof(int) * 2 * kSlots;
+}
+
+// The KL target: per tile, warp cg forms P for its 8 keys from the lse as the backward does and
+// sums its 16 heads across the fragment's rows (shuffles over lane bits 2-4); the row groups
+// meet in shared memory and one warp writes the tile's slots (adds, when the heads span blocks).
+template <int R>
+__global__ void __launch_bounds__(R* kCols * 32)
+    mqa_prob_sum_kernel(Launch l, const bf16* q, const bf16* kv, const int32_t* idx,
+                        const float* lse, float* out, bool add) {
+  constexpr int M = 16 * R;
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* Qs = reinterpret_cast<bf16*>(smem);  // [M][kLd]
+  bf16* const buf[2] = {Qs + M * kLd, Qs + M * kLd + kSlots * kLd};
+  float* part = reinterpret_cast<float*>(buf[1] + kSlots * kLd);  // [R][kSlots]
+  float* lse2 = part + R * kSlots;                                // [M] log2 units
+  int* slots = reinterpret_cast<int*>(lse2 + M);                  // [2][kSlots]
+  const Place pl = place_of<M>(l);
+  const auto [t, h0, valid, lane, w, rg, cg, c, r0, r1] = pl;
+  const int32_t* row = idx + t * l.K;
+  const float scale_log2 = l.scale * kLog2e;
+  const int tiles = start<M>(l, pl, Qs, q, buf, slots, kv, row);
+  for (int r = threadIdx.x; r < M; r += blockDim.x)
+    lse2[r] = r < valid ? lse[t * l.H + h0 + r] * kLog2e : -INFINITY;
+  for (int it = 0; it < tiles; ++it) {
+    const int b = next_tile(l, buf, slots, kv, row, it, tiles);  // also lse2
+    const int* sl = slots + b * kSlots;
+    const bool any = __any_sync(0xffffffffu, sl[lane] >= 0);  // block-uniform
+    if (any) {
+      float s[4] = {};
+      scores<kDk>(s, Qs, kLd, rg, buf[b], 8 * cg, lane);
+      const float lr[2] = {lse2[r0], lse2[r1]};
+      float v[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const bool ok = sl[8 * cg + 2 * c + e] >= 0;
+        v[e] = (ok && lr[0] != -INFINITY ? exp2f(s[e] * scale_log2 - lr[0]) : 0.f) +
+               (ok && lr[1] != -INFINITY ? exp2f(s[2 + e] * scale_log2 - lr[1]) : 0.f);
+#pragma unroll
+        for (int x = 4; x < 32; x <<= 1) v[e] += __shfl_xor_sync(0xffffffffu, v[e], x);
+      }
+      if (lane < 4) {
+        part[rg * kSlots + 8 * cg + 2 * c] = v[0];
+        part[rg * kSlots + 8 * cg + 2 * c + 1] = v[1];
+      }
+    }
+    __syncthreads();  // every row group's sums
+    const int64_t j = static_cast<int64_t>(it) * kSlots + threadIdx.x;
+    if (threadIdx.x < kSlots && j < l.K) {
+      float v = 0.f;
+      if (any)
+#pragma unroll
+        for (int g = 0; g < R; ++g) v += part[g * kSlots + threadIdx.x];
+      if (add)
+        atomicAdd(out + t * l.K + j, v);
+      else
+        out[t * l.K + j] = v;
+    }
+  }
+}
+
 // Row groups per block: enough for the heads, at most kMaxRows (larger H: more blocks per query).
 template <typename F>
 void with_rows(int64_t heads, F&& f) {
@@ -461,6 +525,25 @@ void sparse_mqa_backward(Context& ctx, const SparseMqaParams& p, const Tensor& q
   const float* pa = ptr<float>(acc);
   bf16* out = ptr<bf16>(dkv);
   for_each_index(ctx, dkv.numel(), [=] __device__(int64_t i) { out[i] = __float2bfloat16(pa[i]); });
+}
+
+void sparse_mqa_prob_sum(Context& ctx, const SparseMqaParams& p, const Tensor& q, const Tensor& kv,
+                         const Tensor& indices, const Tensor& lse, Tensor& out) {
+  if (!takes(p, {&q, &kv})) return sparse_mqa_composite_prob_sum(ctx, p, q, kv, indices, lse, out);
+  if (p.tokens == 0 || p.kmax == 0) return;
+  const Launch l{p.tokens, p.heads, p.kmax, p.scale};
+  with_rows(p.heads, [&]<int R>() {
+    const dim3 grid = grid_of(p, R);
+    // Heads over several blocks add into a zeroed table; one block per query writes its slots.
+    const bool add = grid.y > 1;
+    if (add) MT_CUDA_CHECK(cudaMemsetAsync(out.raw(), 0, out.bytes(), stream(ctx)));
+    auto kernel = mqa_prob_sum_kernel<R>;
+    const size_t sm = smem_for(kernel, prob_sum_smem<R>(), "sparse_mqa_prob_sum");
+    kernel<<<grid, R * kCols * 32, sm, stream(ctx)>>>(l, ptr<bf16>(q), ptr<bf16>(kv),
+                                                      ptr<int32_t>(indices), ptr<float>(lse),
+                                                      ptr<float>(out), add);
+    MT_CUDA_LAUNCH_CHECK();
+  });
 }
 
 }  // namespace mt::ops::cuda
