@@ -78,7 +78,9 @@ void expect_kda(const KdaConfig& c, const SeqInfo& seq, Expected& e) {
   e.act({T, HK});                                                  // gated output
 }
 
-void expect_mla(const MlaConfig& c, int64_t slots, const SeqInfo& seq, Expected& e) {
+// `absorbed`: DSA's sparse stage in the absorbed MQA form (MlaLayer::absorbs).
+void expect_mla(const MlaConfig& c, int64_t slots, const SeqInfo& seq, Expected& e,
+                bool absorbed = false) {
   const int64_t T = seq.tokens, H = c.heads, Dqk = c.qk_nope_dim + c.qk_rope_dim, Dv = c.v_head_dim;
   if (c.q_lora_rank > 0) {
     e.lora(2, T, c.lora);
@@ -96,8 +98,14 @@ void expect_mla(const MlaConfig& c, int64_t slots, const SeqInfo& seq, Expected&
   e.act({T, H, Dqk});
   e.act({T, H, Dv});
   if (slots > 0) e.i32({T, slots});  // the index table of a layer that selects keys
-  e.act({T, H, Dv});                 // o
-  e.f32({T, H});                     // lse
+  if (absorbed) {
+    const int64_t Da = c.kv_lora_rank + c.qk_rope_dim;
+    e.act({T, H, Da});  // q with W_UK folded in, the shared latent entries, the latent output
+    e.act({T, Da});
+    e.act({T, H, c.kv_lora_rank});
+  }
+  e.act({T, H, Dv});  // o
+  e.f32({T, H});      // lse
   if (c.output_gate) {
     e.lora(1, T, c.lora);
     e.act({T, H * Dv});
@@ -108,7 +116,9 @@ void expect_mla(const MlaConfig& c, int64_t slots, const SeqInfo& seq, Expected&
 void expect_dsa(const DsaConfig& c, const SeqInfo& seq, Expected& e) {
   const int64_t T = seq.tokens, HI = c.index_heads, DI = c.index_head_dim;
   const int64_t slots = c.dense_warmup ? ops::max_doc_len(seq) : c.index_topk;
-  expect_mla(c.mla, slots, seq, e);
+  const bool absorbed = !c.dense_warmup && c.mla.lora.rank == 0 && c.mla.qk_nope_dim > 0 &&
+                        ops::max_doc_len(seq) > c.index_topk;
+  expect_mla(c.mla, slots, seq, e, absorbed);
   e.lora(3, T, c.mla.lora);
   e.act({T, HI * DI});  // indexer q, key before and after its LayerNorm, head weights
   e.act({T, DI});

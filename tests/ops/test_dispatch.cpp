@@ -33,6 +33,7 @@
 #include "ops/rope2d.h"
 #include "ops/router.h"
 #include "ops/row_scatter.h"
+#include "ops/sparse_mqa_attention.h"
 
 namespace mt::test {
 namespace {
@@ -225,6 +226,14 @@ TEST(OpDispatch, CudaTensorsInACpuOnlyBuildNameTheMissingBackend) {
                             idx = on_cuda({T, T}, DType::I32), o = on_cuda({T, H, K}),
                             lse = on_cuda({T, H});
                      ops::attention_forward(ctx, p, q, kk, v, idx, o, lse);
+                   }});
+  calls.push_back({"sparse_mqa_forward", [&] {
+                     const ops::SparseMqaParams p{
+                         .tokens = T, .heads = H, .qk_dim = D, .v_dim = K, .kmax = k, .scale = 1};
+                     Tensor q = on_cuda({T, H, D}), kv = on_cuda({T, D}),
+                            idx = on_cuda({T, k}, DType::I32), o = on_cuda({T, H, K}),
+                            lse = on_cuda({T, H});
+                     ops::sparse_mqa_forward(ctx, p, q, kv, idx, o, lse);
                    }});
   calls.push_back({"indexer_causal_topk", [&] {
                      Tensor q = on_cuda({T, H, K}, DType::BF16), kk = on_cuda({T, K}, DType::BF16),
