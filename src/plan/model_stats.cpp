@@ -330,6 +330,16 @@ double mixer_scratch(const ModelConfig& cfg, MixerKind k, int64_t T, int64_t max
     if (!s.dense_warmup) fwd = std::max(fwd, 2 * fp32(T * static_cast<double>(max_doc)));
     // After MLA backward has released its scratch: dscores, dqi, dkn, dw, dki.
     bwd = std::max(bwd, fp32(T * slots) + fp32(T * HI * DI) + fp32(T * DI) * 2 + fp32(T * HI));
+    // The absorbed sparse stage (MlaLayer::absorbs): dout, gate grads, dq, dcn, dckv, dkpe, then
+    // dol, dqa, dkvl and the CUDA kernel's fp32 key-gradient sum (counted twice: it stays fp32)
+    // in place of dk, dv and dkv.
+    if (!s.dense_warmup && m.lora.rank == 0 && m.qk_nope_dim > 0 && max_doc > s.index_topk) {
+      double abs_bwd = fp32(T * H * Dv) * (m.output_gate ? 3 : 1) + fp32(T * H * Dqk) +
+                       fp32(T * kvr) * 2 + fp32(T * (kvr + rope)) * 4 + fp32(T * rope) +
+                       fp32(T * H * kvr) + fp32(T * H * (kvr + rope));
+      if (m.q_lora_rank > 0) abs_bwd += fp32(T * static_cast<double>(m.q_lora_rank)) * 2;
+      bwd = std::max(bwd, abs_bwd);
+    }
   }
   return std::max(fwd, bwd) * act;
 }
