@@ -191,6 +191,15 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
         ops::sparse_attention_fits(H, Hk, o.qk_dim, o.v_dim) ? "tensor cores" : "direct";
   r["indexer_selection_fwd_ms"] = time(select);
   r["attention_fwd_ms"] = time(attn_fwd);
+  if (absorbed) {
+    // What the absorbed kernels execute (one document: query t lists min(t + 1, K) keys), for
+    // reading the forward time against the tensor cores' rate.
+    const double keys =
+        static_cast<double>(std::min(T, K)) * static_cast<double>(std::min(T, K) + 1) / 2 +
+        static_cast<double>(std::max<int64_t>(T - K, 0)) * static_cast<double>(K);
+    r["attention_fwd_tflops"] = 2.0 * static_cast<double>(H * (mp.qk_dim + mp.v_dim)) * keys /
+                                (r["attention_fwd_ms"].get<double>() * 1e9);
+  }
   r["attention_fwdbwd_ms"] = time([&] {
     attn_fwd();
     attn_bwd();
