@@ -15,6 +15,7 @@
 #include "model/mla_layer.h"
 #include "ops/attention.h"
 #include "ops/grouped_ffn.h"
+#include "ops/grouped_matmul.h"
 #include "ops/indexer.h"
 #include "ops/kda.h"
 #include "ops/kda_prep_path.h"
@@ -424,7 +425,11 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const std::string& name, i
 
 nlohmann::json run_moe_bench(const MoeBenchOptions& o, std::ostream& log) {
   MT_CHECK(cuda_available(), ValueError, "bench moe: needs a GPU (and a binary built with CUDA)");
-  nlohmann::json j = {{"device", cuda_device_name(0)}, {"runs", nlohmann::json::array()}};
+  // The grouped GEMM configuration every call below runs (MOETRAIN_GROUPED_GEMM sweeps them).
+  const std::string gemm = ops::grouped_gemm_config_name(ops::grouped_gemm_config_from_env());
+  log << "bench moe: grouped GEMM " << gemm << "\n";
+  nlohmann::json j = {
+      {"device", cuda_device_name(0)}, {"grouped_gemm", gemm}, {"runs", nlohmann::json::array()}};
   struct Shape5 {
     const char* name;
     int64_t tokens, topk, experts, d, ffn;

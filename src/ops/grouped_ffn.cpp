@@ -28,9 +28,14 @@ void check(const GroupedFfnParams& p, const Tensor& x, const Tensor& offsets,
   expect_group_offsets(offsets, E, p.rows, "grouped_ffn offsets");
 }
 
-constexpr GroupedMatmulParams kFwd{.form = GroupedForm::XWt};
-constexpr GroupedMatmulParams kDx{.form = GroupedForm::DyW};
-constexpr GroupedMatmulParams kDw{.form = GroupedForm::DytX, .beta = 1.f};
+// The projections' forms, with the op's GEMM configuration.
+struct Forms {
+  GroupedMatmulParams fwd, dx, dw;
+  explicit Forms(const GroupedFfnParams& p)
+      : fwd{.form = GroupedForm::XWt, .gemm = p.gemm},
+        dx{.form = GroupedForm::DyW, .gemm = p.gemm},
+        dw{.form = GroupedForm::DytX, .beta = 1.f, .gemm = p.gemm} {}
+};
 
 GroupedMatmulParams scaled(GroupedMatmulParams p, float alpha, float beta) {
   p.alpha = alpha;
@@ -99,14 +104,21 @@ void grouped_ffn_forward(Context& ctx, const GroupedFfnParams& p, const Tensor& 
     expect_shape(saved.ha, {N, r}, "grouped_ffn saved ha");
   }
   const float s = p.lora_scale();
+  const Forms form(p);
+  // Traffic over HBM per pass, in elements (b bytes each; N rows, d = in, weights read once):
+  // the gate/up GEMM reads X (N d) and writes gate_up (2 N F); SwiGLU reads 2 N F and writes h
+  // (N F); the down GEMM reads h (N F) and writes y (N d). With LoRA each projection adds a read
+  // of its input for X A^T (N d or N F, writing N r), the up product's write of the output
+  // (2 N F or N d) and the base GEMM's read of it (beta = 1; see with_lora).
   // y = X W^T + s (X A^T) B^T, with X A^T kept in `xa`.
   const auto project = [&](const Tensor& in, const Tensor& wt, const Tensor& a, const Tensor& b,
                            Tensor& xa, Tensor& out) {
-    if (r == 0) return grouped_matmul(ctx, kFwd, in, offsets, wt, out);
-    grouped_matmul(ctx, kFwd, in, offsets, a, xa);
+    if (r == 0) return grouped_matmul(ctx, form.fwd, in, offsets, wt, out);
+    grouped_matmul(ctx, form.fwd, in, offsets, a, xa);
     with_lora(
-        in, [&](float beta) { grouped_matmul(ctx, scaled(kFwd, 1.f, beta), in, offsets, wt, out); },
-        [&](float beta) { grouped_matmul(ctx, scaled(kFwd, s, beta), xa, offsets, b, out); });
+        in,
+        [&](float beta) { grouped_matmul(ctx, scaled(form.fwd, 1.f, beta), in, offsets, wt, out); },
+        [&](float beta) { grouped_matmul(ctx, scaled(form.fwd, s, beta), xa, offsets, b, out); });
   };
   project(x, w.gate_up, w.gate_up_a, w.gate_up_b, saved.xa, saved.gate_up);
 
@@ -136,32 +148,48 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
   if (g_dna) expect_shape(grads.down_a, w.down_a.shape(), "grad experts.down_lora_A");
   if (g_dnb) expect_shape(grads.down_b, w.down_b.shape(), "grad experts.down_lora_B");
   const float s = p.lora_scale();
+  const Forms form(p);
 
   // Scratch in the activations' type (f32 on the CPU; f32 or bf16 on the GPU).
   ArenaScope scope(ctx.workspace());
   const DType at = x.dtype();
-  Tensor h = ctx.workspace().alloc({N, F}, at);
+  // h = swiglu(gate_up) is recomputed only for the passes that read it, dW_down and the down
+  // adapter's dA (dB reads the saved ha): a frozen base without a down adapter skips a pass that
+  // reads 2 N F and writes N F elements.
+  const bool need_h = g_dn || g_dna;
+  Tensor h = need_h ? ctx.workspace().alloc({N, F}, at) : Tensor();
   Tensor dh = ctx.workspace().alloc({N, F}, at);
   Tensor dgu = ctx.workspace().alloc({N, 2 * F}, at);
   Tensor dr = ctx.workspace().alloc({N, r}, at);
-  swiglu_forward(ctx, saved.gate_up, h);
+  if (need_h) swiglu_forward(ctx, saved.gate_up, h);
+
+  // Traffic per pass, in elements (N rows, d = in): the down projection's dX GEMM reads dY (N d)
+  // and writes dh (N F), its dW GEMM reads dY and h (N d + N F); SwiGLU's backward reads gate_up
+  // and dh (3 N F) and writes dgate_up (2 N F); the gate/up projection's dX GEMM reads dgate_up
+  // (2 N F) and writes dX (N d), its dW GEMM reads dgate_up and X (2 N F + N d). With LoRA, per
+  // projection: dr = s dOut B reads dOut, dr A writes dIn before the base GEMM reads it back,
+  // dB reads dOut again and dA its input.
 
   // dIn = dOut W + (s dOut B) A, with s dOut B in `dr`; the base and adapter weight grads.
   const auto project_back = [&](const Tensor& dout, const Tensor& in, const Tensor& wt,
                                 const Tensor& a, const Tensor& b, const Tensor& xa, Tensor& din,
                                 Tensor& gw, Tensor& ga, Tensor& gb) {
     if (r == 0) {
-      grouped_matmul(ctx, kDx, dout, offsets, wt, din);
+      grouped_matmul(ctx, form.dx, dout, offsets, wt, din);
     } else {
-      grouped_matmul(ctx, scaled(kDx, s, 0.f), dout, offsets, b, dr);
+      grouped_matmul(ctx, scaled(form.dx, s, 0.f), dout, offsets, b, dr);
       with_lora(
           dout,
-          [&](float beta) { grouped_matmul(ctx, scaled(kDx, 1.f, beta), dout, offsets, wt, din); },
-          [&](float beta) { grouped_matmul(ctx, scaled(kDx, 1.f, beta), dr, offsets, a, din); });
+          [&](float beta) {
+            grouped_matmul(ctx, scaled(form.dx, 1.f, beta), dout, offsets, wt, din);
+          },
+          [&](float beta) {
+            grouped_matmul(ctx, scaled(form.dx, 1.f, beta), dr, offsets, a, din);
+          });
     }
-    if (has(gw)) grouped_matmul(ctx, kDw, dout, offsets, in, gw);
-    if (r > 0 && has(gb)) grouped_matmul(ctx, scaled(kDw, s, 1.f), dout, offsets, xa, gb);
-    if (r > 0 && has(ga)) grouped_matmul(ctx, kDw, dr, offsets, in, ga);
+    if (has(gw)) grouped_matmul(ctx, form.dw, dout, offsets, in, gw);
+    if (r > 0 && has(gb)) grouped_matmul(ctx, scaled(form.dw, s, 1.f), dout, offsets, xa, gb);
+    if (r > 0 && has(ga)) grouped_matmul(ctx, form.dw, dr, offsets, in, ga);
   };
   project_back(dy, h, w.down, w.down_a, w.down_b, saved.ha, dh, grads.down, grads.down_a,
                grads.down_b);

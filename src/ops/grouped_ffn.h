@@ -12,11 +12,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "core/arena.h"
 #include "core/context.h"
 #include "core/tensor.h"
 #include "ops/backends.h"
+#include "ops/grouped_matmul.h"
 
 namespace mt::ops {
 
@@ -24,6 +26,7 @@ struct GroupedFfnParams {
   int64_t rows = 0, experts = 0, in = 0, ffn = 0;
   int64_t lora_rank = 0;  // 0: no adapter
   float lora_alpha = 0;
+  std::optional<GroupedGemmConfig> gemm;  // the projections' (grouped_matmul.h); unset: the env's
   float lora_scale() const { return lora_rank ? lora_alpha / static_cast<float>(lora_rank) : 0.f; }
 };
 

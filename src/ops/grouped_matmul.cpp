@@ -1,5 +1,9 @@
 #include "ops/grouped_matmul.h"
 
+#include <algorithm>
+#include <cstdlib>
+#include <iterator>
+
 #include "ops/dispatch.h"
 #include "ops/gemm.h"
 
@@ -13,6 +17,47 @@ bool gpu_bf16(const Tensor& t) {
 }
 
 }  // namespace
+
+GroupedGemmConfig parse_grouped_gemm_config(std::string_view name) {
+  GroupedGemmConfig c;
+  const std::string_view kernel = name.substr(0, name.find(':'));
+  int found = -1;
+  for (int i = 0; i < static_cast<int>(std::size(kGroupedGemmKernels)); ++i)
+    if (kernel == kGroupedGemmKernels[i]) found = i;
+  std::string choices;
+  for (const char* k : kGroupedGemmKernels) choices += cat(choices.empty() ? "" : ", ", k);
+  MT_CHECK(found >= 0, ValueError, "grouped GEMM configuration \"", name, "\": unknown kernel \"",
+           kernel, "\" (one of ", choices, ", then optionally :s1, :s2, :s4, :s8, :n)");
+  c.kernel = found;
+  for (size_t at = kernel.size(); at < name.size();) {
+    const size_t end = std::min(name.find(':', at + 1), name.size());
+    const std::string_view part = name.substr(at + 1, end - at - 1);
+    if (part == "n")
+      c.along_n = true;
+    else if (part == "s1" || part == "s2" || part == "s4" || part == "s8")
+      c.swizzle = part[1] - '0';
+    else
+      MT_THROW(ValueError, "grouped GEMM configuration \"", name, "\": unknown part \"", part,
+               "\" (:s1, :s2, :s4, :s8 or :n)");
+    at = end;
+  }
+  return c;
+}
+
+std::string grouped_gemm_config_name(const GroupedGemmConfig& c) {
+  std::string s = kGroupedGemmKernels[c.kernel];
+  if (c.swizzle != 1) s += cat(":s", c.swizzle);
+  if (c.along_n) s += ":n";
+  return s;
+}
+
+const GroupedGemmConfig& grouped_gemm_config_from_env() {
+  static const GroupedGemmConfig config = [] {
+    const char* v = std::getenv("MOETRAIN_GROUPED_GEMM");
+    return v && *v ? parse_grouped_gemm_config(v) : GroupedGemmConfig{};
+  }();
+  return config;
+}
 
 void expect_group_offsets(const Tensor& offsets, int64_t groups, int64_t rows, const char* op) {
   expect_shape(offsets, {groups + 1}, op);

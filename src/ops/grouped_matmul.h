@@ -14,6 +14,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
 
 #include "core/context.h"
 #include "core/tensor.h"
@@ -23,9 +26,30 @@ namespace mt::ops {
 
 enum class GroupedForm { XWt, DyW, DytX };
 
+// The GPU's grouped GEMM configuration (ops/cuda/cutlass/grouped_gemm_sm90.h), for tuning: one of
+// the compiled kernels and the tile scheduler's swizzle and raster order, named
+// "kernel[:sN][:n]" (e.g. "pingpong128x128c2x1:s4:n": swizzle 4, rastered along N). The kernel
+// applies to the bf16 forward and input-gradient forms, the swizzle and raster also to the bf16
+// weight gradient; the CPU and the other GPU paths ignore it.
+inline constexpr const char* kGroupedGemmKernels[] = {"coop128x256c2x1", "coop128x256c1x2",
+                                                      "coop256x128c2x1", "pingpong128x128c2x1"};
+struct GroupedGemmConfig {
+  int kernel = 0;   // index into kGroupedGemmKernels
+  int swizzle = 1;  // 1, 2, 4 or 8
+  bool along_n = false;
+};
+// Throws ValueError naming `name` and the choices unless it names a configuration.
+GroupedGemmConfig parse_grouped_gemm_config(std::string_view name);
+std::string grouped_gemm_config_name(const GroupedGemmConfig& c);
+// The calls' configuration unless they carry their own: MOETRAIN_GROUPED_GEMM's (the one
+// environment read of the op, at the first call; unset or empty: the default), thrown on
+// (ValueError) at every call while it does not parse.
+const GroupedGemmConfig& grouped_gemm_config_from_env();
+
 struct GroupedMatmulParams {
   GroupedForm form = GroupedForm::XWt;
   float alpha = 1.f, beta = 0.f;
+  std::optional<GroupedGemmConfig> gemm;  // unset: grouped_gemm_config_from_env()
 };
 
 // Bytes of workspace one call may take at most (the GPU's per-group address tables and CUTLASS's

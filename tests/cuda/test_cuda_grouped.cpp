@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -96,6 +97,9 @@ struct FfnSetup {
   int64_t rows = 0, experts = 0, in = 0, ffn = 0, rank = 0;
   float alpha = 16.f;
   bool frozen_base = false;
+  // Skewed counts: expert 0 takes most rows, experts 2 and E-1 one row each, every third empty.
+  bool skewed = false;
+  std::optional<ops::GroupedGemmConfig> gemm;
 };
 
 // Inputs: x, dy, gate_up, down, their pre-filled gradients, then (LoRA) the four factors and
@@ -111,12 +115,23 @@ FfnCase ffn_case(const FfnSetup& s, Rng& rng) {
   const int64_t N = s.rows, E = s.experts, l = s.in, F = s.ffn, r = s.rank;
   FfnCase k;
   k.p = {.rows = N, .experts = E, .in = l, .ffn = F, .lora_rank = r, .lora_alpha = s.alpha};
+  k.p.gemm = s.gemm;
   k.off = Tensor::empty({E + 1}, DType::I32);
   std::vector<int32_t> cnt(static_cast<size_t>(E), 0);
-  for (int64_t i = 0; i < N; ++i) {
-    int64_t e = rng.below(E);
-    if (e % 3 == 1) e = (e + 1) % E;  // every third expert empty
-    ++cnt[e];
+  if (s.skewed) {
+    int64_t given = 0;
+    for (int64_t e = 1; e < E; ++e) {
+      cnt[e] = e % 3 == 1 ? 0 : (e == 2 || e == E - 1) ? 1 : static_cast<int32_t>(rng.below(40));
+      given += cnt[e];
+    }
+    MT_CHECK(given < N, ValueError, "ffn_case: ", N, " rows leave none to the hot expert");
+    cnt[0] = static_cast<int32_t>(N - given);
+  } else {
+    for (int64_t i = 0; i < N; ++i) {
+      int64_t e = rng.below(E);
+      if (e % 3 == 1) e = (e + 1) % E;  // every third expert empty
+      ++cnt[e];
+    }
   }
   k.off.i32()[0] = 0;
   for (int64_t e = 0; e < E; ++e) k.off.i32()[e + 1] = k.off.i32()[e] + cnt[e];
@@ -319,6 +334,128 @@ TEST(CudaGroupedFfn, Bf16EmulationIsTheCpuOpComposedAgain) {
       EXPECT_NE(std::memcmp(op[j].f32(), rounded[j].f32(), bytes), 0)
           << k.names[j] << ": rounding the stored intermediates changed nothing";
     }
+  }
+}
+
+// The grouped GEMM configurations by name (ops/grouped_matmul.h): every kernel with every
+// swizzle and raster order survives a round trip, and a wrong name is refused saying why.
+TEST(CudaGroupedGemmConfig, NamesRoundTripAndWrongNamesAreRefused) {
+  for (int kernel = 0; kernel < static_cast<int>(std::size(ops::kGroupedGemmKernels)); ++kernel)
+    for (int swizzle : {1, 2, 4, 8})
+      for (bool along_n : {false, true}) {
+        const ops::GroupedGemmConfig c{kernel, swizzle, along_n};
+        const std::string name = ops::grouped_gemm_config_name(c);
+        const ops::GroupedGemmConfig back = ops::parse_grouped_gemm_config(name);
+        EXPECT_EQ(back.kernel, kernel) << name;
+        EXPECT_EQ(back.swizzle, swizzle) << name;
+        EXPECT_EQ(back.along_n, along_n) << name;
+      }
+  EXPECT_EQ(ops::parse_grouped_gemm_config("pingpong128x128c2x1:n:s8").swizzle, 8);
+  for (const char* bad : {"", "coop", "coop128x256c2x1:s3", "coop128x256c2x1:", "x:n"})
+    EXPECT_THROW(ops::parse_grouped_gemm_config(bad), ValueError) << bad;
+}
+
+// Every compiled kernel configuration, and swizzle / raster variants, through the tests' own
+// choice (not MOETRAIN_GROUPED_GEMM), so one gpu_suite run checks them all.
+std::vector<ops::GroupedGemmConfig> all_gemm_configs() {
+  std::vector<ops::GroupedGemmConfig> all;
+  for (int k = 0; k < static_cast<int>(std::size(ops::kGroupedGemmKernels)); ++k)
+    all.push_back({.kernel = k});
+  all.push_back({.kernel = 0, .swizzle = 4, .along_n = true});
+  all.push_back({.kernel = 3, .swizzle = 2});
+  return all;
+}
+
+// The three bf16 forms on CUTLASS (the weight gradient into f32 dW included) under each
+// configuration: a hot group, one-row groups and empty ones, partial tiles in every dimension
+// (n 200 and 264 against tiles of 128 and 256; k 136), alpha and beta.
+TEST(CudaGroupedGemmConfig, EveryConfigurationEveryFormSkewedGroups) {
+  REQUIRE_GPU();
+  for (const ops::GroupedGemmConfig& cfg : all_gemm_configs()) {
+    const uint64_t seed = fresh_seed();
+    Rng rng(seed);
+    const int64_t G = 12, in = 136, out = 200;
+    Tensor off = Tensor::empty({G + 1}, DType::I32);
+    off.i32()[0] = 0;
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t n = g == 0 ? 700 : g % 4 == 1 ? 0 : g % 4 == 2 ? 1 : rng.below(90);
+      off.i32()[g + 1] = off.i32()[g] + static_cast<int32_t>(n);
+    }
+    const int64_t N = off.i32()[G];
+    std::vector<In> ins = {{randn(rng, {N, in})},  {randn(rng, {G, out, in})},
+                           {randn(rng, {N, out})}, {randn(rng, {N, out})},
+                           {randn(rng, {N, in})},  {randn(rng, {G, out, in}), false}};
+    const std::string name = "grouped_matmul " + ops::grouped_gemm_config_name(cfg);
+    run_case(
+        name.c_str(), ins, {"xwt", "dyw", "dytx"},
+        [&](Context& c, const std::vector<Tensor>& in_, bool gpu) -> std::vector<Tensor> {
+          Tensor y = like(c, in_[3]), dx = like(c, in_[4]), dw = like(c, in_[5]);
+          OP(grouped_matmul)
+          (c, {.form = ops::GroupedForm::XWt, .alpha = 0.7f, .beta = 0.3f, .gemm = cfg}, in_[0],
+           off, in_[1], y);
+          OP(grouped_matmul)
+          (c, {.form = ops::GroupedForm::DyW, .alpha = -1.2f, .beta = 0.f, .gemm = cfg}, in_[2],
+           off, in_[1], dx);
+          OP(grouped_matmul)
+          (c, {.form = ops::GroupedForm::DytX, .alpha = 0.9f, .beta = 1.f, .gemm = cfg}, in_[2],
+           off, in_[0], dw);
+          return {y, dx, dw};
+        },
+        seed, 700);
+  }
+}
+
+// The experts under each configuration, skewed (a hot expert, one-row and empty experts), with
+// the base training and frozen, and LoRA of ranks 8, 16 and 32 on the skinny kernels.
+TEST(CudaGroupedGemmConfig, EveryConfigurationExpertsSkewedWithLora) {
+  REQUIRE_GPU();
+  for (const ops::GroupedGemmConfig& cfg : all_gemm_configs()) {
+    const std::string name = ops::grouped_gemm_config_name(cfg);
+    FfnSetup s{.rows = 2000, .experts = 16, .in = 264, .ffn = 136, .skewed = true, .gemm = cfg};
+    ffn_check(("grouped_ffn full " + name).c_str(), s);
+    for (int64_t r : {8, 16, 32}) {
+      s.rank = r;
+      s.frozen_base = r == 16;
+      ffn_check(cat("grouped_ffn lora r", r, s.frozen_base ? " frozen " : " ", name).c_str(), s);
+    }
+  }
+}
+
+// A deterministic context runs the experts (base and LoRA training) bit for bit the same twice,
+// under each configuration: no split-k, no atomics on its path.
+TEST(CudaGroupedGemmConfig, DeterministicExpertsRepeatBitwise) {
+  REQUIRE_GPU();
+  for (const ops::GroupedGemmConfig& cfg : all_gemm_configs()) {
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE(cat(ops::grouped_gemm_config_name(cfg), " seed=", seed, " (", seed_note(), ")"));
+    Rng rng(seed);
+    const FfnSetup s{.rows = 3000,
+                     .experts = 16,
+                     .in = 264,
+                     .ffn = 136,
+                     .rank = 16,
+                     .skewed = true,
+                     .gemm = cfg};
+    const FfnCase k = ffn_case(s, rng);
+    Context c(ContextOptions{.device = Device::CUDA, .seed = seed, .deterministic = true});
+    std::vector<Tensor> in;
+    for (const In& i : k.ins) {
+      Tensor d = Tensor::empty(i.host.shape(), i.lowp ? DType::BF16 : DType::F32, Device::CUDA);
+      d.copy_from(i.host);
+      in.push_back(d);
+    }
+    const auto run = [&] {
+      std::vector<std::vector<uint8_t>> bytes;
+      for (const Tensor& t : ffn_op(c, s, k, in)) {
+        c.synchronize();
+        bytes.push_back(host_bytes(t));
+      }
+      return bytes;
+    };
+    const auto first = run(), second = run();
+    ASSERT_EQ(first.size(), k.names.size());
+    for (size_t j = 0; j < first.size(); ++j)
+      EXPECT_EQ(first[j], second[j]) << k.names[j] << " differs between two deterministic runs";
   }
 }
 

@@ -1,13 +1,14 @@
 // Grouped matmul on the GPU: one grouped GEMM launch per call for all non-empty groups. The bf16
-// forward and input-gradient forms go to CUTLASS's Hopper grouped kernel (cutlass/
+// forms (the weight gradient into f32 dW) go to CUTLASS's Hopper grouped kernels (cutlass/
 // grouped_gemm_sm90.h: TMA + wgmma, about twice cuBLAS's grouped GEMM there, which ran an sm80
-// kernel); the rest (f32, the f32 weight gradient, rows TMA cannot address) to cuBLAS's grouped
-// GEMM (cublasGemmGroupedBatchedEx). The host holds the group offsets (the routing plan's host
-// copy, read once per MoE layer), so it lays out the per-group problem sizes; the per-group
-// matrix addresses are formed on the device by a small kernel from the same offsets, passed by
-// value (no host-to-device copy, no wait). dW is f32 (a parameter gradient). More groups than one
-// launch's table holds fall back to one cuBLASLt call per group. bf16 calls where one dimension is
-// a LoRA rank (at most 64) go first to the skinny kernels of lora_grouped.h.
+// kernel, and one launch where the bf16 weight gradient took one cuBLASLt call per group); the
+// rest (f32, rows TMA cannot address) to cuBLAS's grouped GEMM (cublasGemmGroupedBatchedEx). The
+// host holds the group offsets (the routing plan's host copy, read once per MoE layer), so it lays
+// out the per-group problem sizes; the per-group matrix addresses are formed on the device by a
+// small kernel from the same offsets, passed by value (no host-to-device copy, no wait). dW is f32
+// (a parameter gradient). More groups than one launch's table holds fall back to one cuBLASLt call
+// per group. bf16 calls where one dimension is a LoRA rank (at most 64) go first to the skinny
+// kernels of lora_grouped.h.
 #include <vector>
 
 #include "core/cuda/resources.h"
@@ -105,24 +106,40 @@ void grouped_call(Context& ctx, const Problem& pr, const GroupRows& table,
       blas_type(pr.ct), ldc.data(), count, ones.data(), CUBLAS_COMPUTE_32F));
 }
 
-// The bf16 forward / input-gradient forms on CUTLASS's Hopper kernel; false when its alignment
-// rules refuse the operands (the caller then takes cuBLAS's grouped GEMM).
-bool sm90_grouped(Context& ctx, const GroupedMatmulParams& p, const Tensor& a, const Tensor& w,
+// The bf16 forms on CUTLASS's Hopper kernels; false when their alignment rules refuse the
+// operands (the caller then takes cuBLAS).
+bool sm90_grouped(Context& ctx, const GroupedMatmulParams& p, const Tensor& a, const Tensor& b,
                   Tensor& c, const GroupRows& table, int count) {
   Sm90Grouped g;
-  g.w_nk = p.form == GroupedForm::XWt;
   g.a = a.raw();
   g.lda = a.stride(0);
-  g.w = w.raw();
+  g.b = b.raw();
   g.c = c.raw();
-  g.ldc = c.stride(0);
-  g.n = g.w_nk ? w.dim(1) : w.dim(2);
-  g.k = g.w_nk ? w.dim(2) : w.dim(1);
   g.alpha = p.alpha;
   g.beta = p.beta;
+  switch (p.form) {
+    case GroupedForm::XWt:    // W [G, n, k]
+    case GroupedForm::DyW: {  // W [G, k, n]
+      const bool fwd = p.form == GroupedForm::XWt;
+      g.form = fwd ? Sm90Form::Forward : Sm90Form::InputGrad;
+      g.n = b.dim(fwd ? 1 : 2);
+      g.k = b.dim(fwd ? 2 : 1);
+      g.ldc = c.stride(0);
+      break;
+    }
+    case GroupedForm::DytX:  // dW [G, m, n] f32
+      if (c.dtype() != DType::F32 || !c.is_contiguous()) return false;
+      g.form = Sm90Form::WeightGrad;
+      g.ldb = b.stride(0);
+      g.m = c.dim(1);
+      g.n = c.dim(2);
+      break;
+  }
   if (!sm90_grouped_fits(g, count)) return false;
   CudaResources& cr = cuda_resources(ctx);
-  const Sm90Launch at{cr.stream, cr.device, cr.multiprocessors};
+  const GroupedGemmConfig& cfg = p.gemm ? *p.gemm : grouped_gemm_config_from_env();
+  const Sm90Launch at{
+      cr.stream, cr.device, cr.multiprocessors, {cfg.kernel, cfg.swizzle, cfg.along_n}};
   ArenaScope scope(ctx.workspace());
   const size_t bytes = sm90_grouped_scratch(g, table, count, at);
   MT_CHECK(bytes + 256 <= kGroupedMatmulScratchBytes, InternalError,
@@ -132,8 +149,9 @@ bool sm90_grouped(Context& ctx, const GroupedMatmulParams& p, const Tensor& a, c
   Tensor scratch = ctx.workspace().alloc({static_cast<int64_t>(bytes / 8 + 33)}, DType::I64);
   const auto base = (reinterpret_cast<uintptr_t>(scratch.raw()) + 255) / 256 * 256;
   const char* failed = sm90_grouped_gemm(g, table, count, at, reinterpret_cast<void*>(base));
-  MT_CHECK(failed == nullptr, InternalError, "grouped_matmul (CUTLASS sm90, ", count, " groups, n ",
-           g.n, ", k ", g.k, "): ", failed ? failed : "");
+  MT_CHECK(failed == nullptr, InternalError, "grouped_matmul (CUTLASS sm90 ",
+           grouped_gemm_config_name(cfg), ", ", count, " groups, m ", g.m, ", n ", g.n, ", k ", g.k,
+           "): ", failed ? failed : "");
   return true;
 }
 
@@ -164,8 +182,19 @@ void grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Tensor& a,
   if (count == 0) return;
   // Expert LoRA's rank-r products (one dimension at most 64) on the skinny kernels.
   if (a.dtype() == DType::BF16 && skinny_grouped_matmul(ctx, p, a, offsets, b, c)) return;
+  GroupRows table;
+  if (count <= kMaxGroups) {
+    int i = 0;
+    for (int64_t g = 0; g < G; ++g)
+      if (off[g + 1] > off[g]) {
+        table.group[i] = static_cast<int32_t>(g);
+        table.row0[i] = off[g];
+        table.rows[i++] = off[g + 1] - off[g];
+      }
+    if (a.dtype() == DType::BF16 && sm90_grouped(ctx, p, a, b, c, table, count)) return;
+  }
   // cuBLAS's grouped GEMM takes one type for A, B and C (bf16 or f32): the bf16 weight-gradient
-  // form (f32 dW) goes group by group through cuBLASLt.
+  // form (f32 dW) that CUTLASS refused goes group by group through cuBLASLt.
   const bool same_types = !(dw && a.dtype() != DType::F32);
   const bool fits = same_types && count <= kMaxGroups && out <= INT32_MAX && in <= INT32_MAX &&
                     a.stride(0) <= INT32_MAX && b.stride(0) <= INT32_MAX &&
@@ -192,15 +221,9 @@ void grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Tensor& a,
     return;
   }
 
-  GroupRows table;
   std::vector<int> M, N, K;
-  for (int64_t g = 0; g < G; ++g) {
-    const int64_t r0 = off[g], m = off[g + 1] - off[g];
-    if (m == 0) continue;
-    const int i = static_cast<int>(M.size());
-    table.group[i] = static_cast<int32_t>(g);
-    table.row0[i] = static_cast<int32_t>(r0);
-    table.rows[i] = static_cast<int32_t>(m);
+  for (int i = 0; i < count; ++i) {
+    const int64_t m = table.rows[i];
     switch (p.form) {
       case GroupedForm::XWt:  // C_g [m, out] = A_g [m, in] W_g^T
         M.push_back(static_cast<int>(m));
@@ -219,7 +242,6 @@ void grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Tensor& a,
         break;
     }
   }
-  if (!dw && a.dtype() == DType::BF16 && sm90_grouped(ctx, p, a, b, c, table, count)) return;
   const auto rows = [](const Tensor& t) {
     return Operand{static_cast<const char*>(t.raw()),
                    t.stride(0) * static_cast<int64_t>(dtype_size(t.dtype())), 0};

@@ -1,11 +1,17 @@
 // The grouped expert GEMM on Hopper's tensor cores: CUTLASS's pointer-array grouped kernel
-// (TMA loads, wgmma, warp-specialised cooperative schedule), one launch for every non-empty group.
-// grouped_matmul.cu calls it for the bf16 forward and input-gradient forms and keeps cuBLAS's
-// grouped GEMM for the rest (f32, the f32 weight gradient, rows TMA cannot address).
+// (TMA loads, wgmma, warp-specialised schedules), one launch for every non-empty group.
+// grouped_matmul.cu calls it for the bf16 forms (the weight gradient with an f32 dW) and keeps
+// cuBLAS's grouped GEMM for the rest (f32, rows TMA cannot address).
 //
-// The .cu includes no engine header and talks to the engine through plain values (the caller owns
-// the context, the scratch and the errors): its minute-long CUTLASS compile is not redone when an
-// engine header changes, and CUTLASS's include path stays on this one file.
+// Several kernel configurations (tile, schedule, cluster) are compiled, one per file
+// grouped_gemm_sm90_<name>.cu, and chosen per call (ops/grouped_matmul.h: GroupedGemmConfig,
+// the environment's MOETRAIN_GROUPED_GEMM by default), so one device run compares them. The
+// weight gradient has one configuration (grouped_gemm_sm90_wgrad.cu); the scheduler's swizzle and
+// raster order apply to all.
+//
+// The .cu files include no engine header and talk to the engine through plain values (the caller
+// owns the context, the scratch and the errors): their minute-long CUTLASS compiles are not redone
+// when an engine header changes, and CUTLASS's include path stays on these files.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -25,27 +31,43 @@ struct GroupRows {
   int32_t rows[kMaxGroups];   // its row count (> 0)
 };
 
-// C_g [m_g, n] = alpha A_g [m_g, k] op(W_g) + beta C_g, all bf16, f32 accumulation. A and C are
-// row views (leading dimensions lda, ldc); W [G, ...] is contiguous, W_g [n, k] when `w_nk` (the
-// forward X W^T) and [k, n] otherwise (the input gradient dY W).
+// Per group g, with A and B row views (leading dimensions lda, ldb) and W [G, ...] contiguous:
+//   Forward:    C_g [m_g, n] = alpha A_g [m_g, k] W_g^T + beta C_g,  W_g [n, k]   (X W^T)
+//   InputGrad:  C_g [m_g, n] = alpha A_g [m_g, k] W_g   + beta C_g,  W_g [k, n]   (dY W)
+//   WeightGrad: C_g [m, n]   = alpha A_g^T B_g          + beta C_g,  A_g [m_g, m], B_g [m_g, n],
+//               C = dW [G, m, n] f32 (dW = dY^T X)
+// A, B, W and the forward forms' C are bf16; f32 accumulation.
+enum class Sm90Form { Forward, InputGrad, WeightGrad };
 struct Sm90Grouped {
-  bool w_nk = true;
+  Sm90Form form = Sm90Form::Forward;
   const void* a = nullptr;
   int64_t lda = 0;
-  const void* w = nullptr;
+  const void* b = nullptr;  // W, or the weight gradient's B rows
+  int64_t ldb = 0;          // the weight gradient's B only
   void* c = nullptr;
-  int64_t ldc = 0;
-  int64_t n = 0, k = 0;
+  int64_t ldc = 0;              // the forward forms' only (dW_g is contiguous)
+  int64_t m = 0, n = 0, k = 0;  // m: the weight gradient's only; k: the forward forms' only
   float alpha = 1.f, beta = 0.f;
+};
+
+// The kernel configurations, in the order of ops/grouped_matmul.h's kGroupedGemmKernels.
+constexpr int kSm90Kernels = 4;
+// Which kernel, and the tile scheduler's swizzle (1, 2, 4 or 8) and raster order.
+struct Sm90Config {
+  int kernel = 0;
+  int swizzle = 1;
+  bool along_n = false;
 };
 
 // Where and on what it runs: the stream, the device and its multiprocessor count.
 struct Sm90Launch {
   cudaStream_t stream = nullptr;
   int device = 0, multiprocessors = 0;
+  Sm90Config config;
 };
 
-// Whether sm90_grouped_gemm takes the call: TMA needs 16-byte aligned bases and row pitches.
+// Whether sm90_grouped_gemm takes the call: TMA needs 16-byte aligned bases, row pitches and
+// contiguous extents.
 bool sm90_grouped_fits(const Sm90Grouped& g, int count);
 
 // Device scratch bytes one call needs (the per-group arrays and CUTLASS's own workspace).
@@ -56,5 +78,16 @@ size_t sm90_grouped_scratch(const Sm90Grouped& g, const GroupRows& rows, int cou
 // what failed (CUTLASS's status or the launch's error) for the caller to raise.
 const char* sm90_grouped_gemm(const Sm90Grouped& g, const GroupRows& rows, int count,
                               const Sm90Launch& at, void* scratch);
+
+// One compiled configuration's entry points (grouped_gemm_sm90_<name>.cu), for the dispatcher.
+struct Sm90Kernel {
+  size_t (*scratch)(const Sm90Grouped&, const GroupRows&, int, const Sm90Launch&);
+  const char* (*run)(const Sm90Grouped&, const GroupRows&, int, const Sm90Launch&, void*);
+};
+Sm90Kernel sm90_coop128x256c2x1();  // the forward forms; the default
+Sm90Kernel sm90_coop128x256c1x2();
+Sm90Kernel sm90_coop256x128c2x1();
+Sm90Kernel sm90_pingpong128x128c2x1();
+Sm90Kernel sm90_wgrad();  // the weight gradient (cooperative 128 x 256 x 64, cluster 2 x 1)
 
 }  // namespace mt::ops::cuda
