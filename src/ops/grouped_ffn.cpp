@@ -72,6 +72,13 @@ void swiglu_backward(Context& ctx, const Tensor& gate_up, const Tensor& dh, Tens
            {&gate_up, &dh, &dgate_up}, ctx, gate_up, dh, dgate_up);
 }
 
+void lora_out_grads(Context& ctx, const GroupedFfnParams& p, const Tensor& dout,
+                    const Tensor& offsets, const Tensor& b, const Tensor& xa, Tensor& dr,
+                    Tensor& db) {
+  dispatch(MT_NAMED_OP_BODIES("grouped_ffn_backward", grouped_ffn_lora_out_grads),
+           {&dout, &b, &xa, &dr, &db}, ctx, p, dout, offsets, b, xa, dr, db);
+}
+
 }  // namespace
 
 void grouped_ffn_plan(const GroupedFfnParams& p, ArenaPlan& plan) {
@@ -147,7 +154,6 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
   if (g_gub) expect_shape(grads.gate_up_b, w.gate_up_b.shape(), "grad experts.gate_up_lora_B");
   if (g_dna) expect_shape(grads.down_a, w.down_a.shape(), "grad experts.down_lora_A");
   if (g_dnb) expect_shape(grads.down_b, w.down_b.shape(), "grad experts.down_lora_B");
-  const float s = p.lora_scale();
   const Forms form(p);
 
   // Scratch in the activations' type (f32 on the CPU; f32 or bf16 on the GPU).
@@ -167,8 +173,8 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
   // and writes dh (N F), its dW GEMM reads dY and h (N d + N F); SwiGLU's backward reads gate_up
   // and dh (3 N F) and writes dgate_up (2 N F); the gate/up projection's dX GEMM reads dgate_up
   // (2 N F) and writes dX (N d), its dW GEMM reads dgate_up and X (2 N F + N d). With LoRA, per
-  // projection: dr = s dOut B reads dOut, dr A writes dIn before the base GEMM reads it back,
-  // dB reads dOut again and dA its input.
+  // projection: dr = s dOut B and dB read dOut (once together on the GPU, twice on the CPU),
+  // dr A writes dIn before the base GEMM reads it back, and dA reads the projection's input.
 
   // dIn = dOut W + (s dOut B) A, with s dOut B in `dr`; the base and adapter weight grads.
   const auto project_back = [&](const Tensor& dout, const Tensor& in, const Tensor& wt,
@@ -177,7 +183,8 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
     if (r == 0) {
       grouped_matmul(ctx, form.dx, dout, offsets, wt, din);
     } else {
-      grouped_matmul(ctx, scaled(form.dx, s, 0.f), dout, offsets, b, dr);
+      // dr = s dOut B and dB += s dOut^T xa: one pass over dOut on the GPU.
+      lora_out_grads(ctx, p, dout, offsets, b, xa, dr, gb);
       with_lora(
           dout,
           [&](float beta) {
@@ -188,7 +195,6 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
           });
     }
     if (has(gw)) grouped_matmul(ctx, form.dw, dout, offsets, in, gw);
-    if (r > 0 && has(gb)) grouped_matmul(ctx, scaled(form.dw, s, 1.f), dout, offsets, xa, gb);
     if (r > 0 && has(ga)) grouped_matmul(ctx, form.dw, dr, offsets, in, ga);
   };
   project_back(dy, h, w.down, w.down_a, w.down_b, saved.ha, dh, grads.down, grads.down_a,

@@ -68,9 +68,18 @@ using GroupedFfnSwigluForward = void(Context& ctx, const Tensor& gate_up, Tensor
 using GroupedFfnSwigluBackward = void(Context& ctx, const Tensor& gate_up, const Tensor& dh,
                                       Tensor& dgate_up);
 
+// The adapter's backward products that read a projection's output gradient dOut [rows, out]
+// (B [E, out, r], the saved X A^T xa [rows, r], s = p.lora_scale()): dr = s dOut B, written, and
+// when db is defined dB += s dOut^T xa. The CPU runs them as two grouped_matmul calls; the GPU
+// reads dOut once where it can (ops/cuda/lora_grouped.h).
+using GroupedFfnLoraOutGrads = void(Context& ctx, const GroupedFfnParams& p, const Tensor& dout,
+                                    const Tensor& offsets, const Tensor& b, const Tensor& xa,
+                                    Tensor& dr, Tensor& db);
+
 // Called by the entries above once they validated: ops/cpu/grouped_ffn.cpp, and
 // ops/cuda/grouped_ffn.cu in CUDA builds.
 MT_OP_BACKENDS(GroupedFfnSwigluForward grouped_ffn_swiglu_forward;
-               GroupedFfnSwigluBackward grouped_ffn_swiglu_backward;)
+               GroupedFfnSwigluBackward grouped_ffn_swiglu_backward;
+               GroupedFfnLoraOutGrads grouped_ffn_lora_out_grads;)
 
 }  // namespace mt::ops

@@ -1,6 +1,7 @@
 #include "ops/grouped_ffn.h"
 
 #include "ops/activation.h"
+#include "ops/grouped_matmul.h"
 
 namespace mt::ops::cpu {
 
@@ -36,6 +37,18 @@ void grouped_ffn_swiglu_backward(Context& ctx, const Tensor& gate_up, const Tens
       dg[c] = d[c] * u[c] * sg * (1.0f + g[c] * (1.0f - sg));
     }
   }
+}
+
+// Two grouped_matmul calls (which dispatch on the tensors' device: the GPU's body falls back to
+// this one when its fused kernel declines).
+void grouped_ffn_lora_out_grads(Context& ctx, const GroupedFfnParams& p, const Tensor& dout,
+                                const Tensor& offsets, const Tensor& b, const Tensor& xa,
+                                Tensor& dr, Tensor& db) {
+  const float s = p.lora_scale();
+  grouped_matmul(ctx, {.form = GroupedForm::DyW, .alpha = s, .gemm = p.gemm}, dout, offsets, b, dr);
+  if (db.defined() && db.numel() > 0)
+    grouped_matmul(ctx, {.form = GroupedForm::DytX, .alpha = s, .beta = 1.f, .gemm = p.gemm}, dout,
+                   offsets, xa, db);
 }
 
 }  // namespace mt::ops::cpu

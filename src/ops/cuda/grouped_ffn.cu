@@ -10,6 +10,7 @@
 #include <initializer_list>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/lora_grouped.h"
 #include "ops/grouped_ffn.h"
 
 namespace mt::ops::cuda {
@@ -122,6 +123,13 @@ void grouped_ffn_swiglu_backward(Context& ctx, const Tensor& gate_up, const Tens
           rows, F, ptr<T>(gate_up), ptr<T>(dh), ptr<T>(dgate_up));
   });
   MT_CUDA_LAUNCH_CHECK();
+}
+
+void grouped_ffn_lora_out_grads(Context& ctx, const GroupedFfnParams& p, const Tensor& dout,
+                                const Tensor& offsets, const Tensor& b, const Tensor& xa,
+                                Tensor& dr, Tensor& db) {
+  if (!skinny_lora_out_grads(ctx, dout, offsets, b, xa, p.lora_scale(), dr, db))
+    cpu::grouped_ffn_lora_out_grads(ctx, p, dout, offsets, b, xa, dr, db);
 }
 
 }  // namespace mt::ops::cuda

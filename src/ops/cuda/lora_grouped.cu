@@ -341,6 +341,112 @@ __global__ void scale_groups_kernel(const __grid_constant__ Tiles tiles, int64_t
   }
 }
 
+// The two products of expert LoRA's backward that read the projection's output gradient dOut
+// [rows, K], in one pass over it (the separate kernels read it twice, once per product):
+//   dr = s dOut_g B_g (B_g [K, r], written, bf16) and dB_g += s dOut_g^T xa_g (f32, atomics).
+// One block per chunk of up to 256 rows of a group; K in stages of 64 columns, and per stage the
+// chunk's 64-row subtiles: the subtile's dOut tile feeds both MMAs (dr's rows accumulate in
+// registers over the stages, dB's stage columns over the subtiles, then meet the other blocks'
+// through f32 atomics: one per element of the stage per 256 rows). Ranks up to 32.
+constexpr int kFusedRows = 256;
+constexpr int kFusedSubs = kFusedRows / kRowTile;
+constexpr int kFusedMaxRank = 32;
+constexpr int kFusedPairs = kFusedMaxRank / 16;
+constexpr int kLdR = kFusedMaxRank + 8;  // 80-byte pitch: ldmatrix's 8 rows in distinct banks
+
+struct OutGradArgs {
+  const bf16* dout;
+  int64_t ldo, K;
+  const bf16* b;  // [G, K, r]
+  const bf16* xa;
+  int64_t ldx;
+  int r;
+  bf16* dr;
+  int64_t lddr;
+  float* db;  // [G, K, r], or null
+  float s;
+};
+
+__global__ void __launch_bounds__(kThreads)
+    out_grads_kernel(const __grid_constant__ Tiles tiles, const OutGradArgs p) {
+  __shared__ alignas(16) bf16 ds[kRowTile * kLd];     // dOut subtile [64 rows][64 k]
+  __shared__ alignas(16) bf16 bs[kKStage * kLdR];     // B_g stage [64 k][r16]
+  __shared__ alignas(16) bf16 xs[kFusedRows * kLdR];  // xa of the chunk [256 rows][r16]
+  const Tile t = find_tile(tiles, static_cast<int>(blockIdx.x));
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int r16 = (p.r + 15) & ~15, pairs = r16 >> 4, chunks = r16 >> 3;
+  const int subs = (t.rows + kRowTile - 1) / kRowTile;
+  const bf16* b = p.b + static_cast<int64_t>(t.group) * p.K * p.r;
+  for (int i = tid; i < kFusedRows * chunks; i += kThreads) {
+    const int row = i / chunks, j = (i % chunks) << 3;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (row < t.rows && j < p.r) v = ld16(p.xa + (t.r0 + row) * p.ldx + j);
+    *reinterpret_cast<uint4*>(&xs[row * kLdR + j]) = v;
+  }
+  float dr[kFusedSubs][2 * kFusedPairs][4] = {};
+  const int g = lane >> 2, c = lane & 3;
+  for (int64_t k0 = 0; k0 < p.K; k0 += kKStage) {
+    for (int i = tid; i < kKStage * chunks; i += kThreads) {
+      const int kk = i / chunks, j = (i % chunks) << 3;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (j < p.r && k0 + kk < p.K) v = ld16(b + (k0 + kk) * p.r + j);
+      *reinterpret_cast<uint4*>(&bs[kk * kLdR + j]) = v;
+    }
+    float db[2 * kFusedPairs][4] = {};
+#pragma unroll
+    for (int sub = 0; sub < kFusedSubs; ++sub) {
+      if (sub >= subs) break;  // the same for every thread of the block
+      for (int i = tid; i < kRowTile * (kKStage / 8); i += kThreads) {
+        const int row = i >> 3, col = (i & 7) << 3, at = sub * kRowTile + row;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (at < t.rows && k0 + col < p.K) v = ld16(p.dout + (t.r0 + at) * p.ldo + k0 + col);
+        *reinterpret_cast<uint4*>(&ds[row * kLd + col]) = v;
+      }
+      __syncthreads();  // ds, and at the first subtile bs (and xs)
+      const bf16* xsub = xs + sub * kRowTile * kLdR;
+#pragma unroll
+      for (int kk = 0; kk < kKStage; kk += 16) {
+        uint32_t a[4], a_t[4];
+        mma::ldsm_a(a, ds, kLd, warp * 16, kk, lane);  // dr: rows x stage columns
+        ldsm_a_km(a_t, ds, kLd, warp * 16, kk, lane);  // dB: stage columns x rows
+#pragma unroll
+        for (int q = 0; q < kFusedPairs; ++q) {
+          if (q >= pairs) break;
+          mma_pair(dr[sub][2 * q], dr[sub][2 * q + 1], a, bs, false, kLdR, 16 * q, kk, lane);
+          mma_pair(db[2 * q], db[2 * q + 1], a_t, xsub, false, kLdR, 16 * q, kk, lane);
+        }
+      }
+      __syncthreads();  // ds is refilled by the next subtile, bs by the next stage
+    }
+    if (p.db == nullptr) continue;
+    float* out = p.db + static_cast<int64_t>(t.group) * p.K * p.r;
+#pragma unroll
+    for (int n = 0; n < 2 * kFusedPairs; ++n) {
+      const int j = 8 * n + 2 * c;
+      if (j >= p.r) break;  // r is a multiple of 8: j + 1 < r too
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {  // e: (k g, j), (k g, j+1), (k g+8, j), (k g+8, j+1)
+        const int64_t k = k0 + warp * 16 + g + 8 * (e >> 1);
+        if (k < p.K) atomicAdd(out + k * p.r + j + (e & 1), p.s * db[n][e]);
+      }
+    }
+  }
+#pragma unroll
+  for (int sub = 0; sub < kFusedSubs; ++sub)
+#pragma unroll
+    for (int n = 0; n < 2 * kFusedPairs; ++n) {
+      const int col = 8 * n + 2 * c;
+      if (col >= p.r) break;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = sub * kRowTile + warp * 16 + g + 8 * h;
+        if (row < t.rows)
+          st_pair(p.dr + (t.r0 + row) * p.lddr + col, p.s * dr[sub][n][2 * h],
+                  p.s * dr[sub][n][2 * h + 1]);
+      }
+    }
+}
+
 bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
@@ -438,6 +544,35 @@ bool skinny_grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Ten
     return true;
   }
   return false;
+}
+
+bool skinny_lora_out_grads(Context& ctx, const Tensor& dout, const Tensor& offsets, const Tensor& b,
+                           const Tensor& xa, float s, Tensor& dr, Tensor& db) {
+  // dB's partial sums meet through atomics: a deterministic context keeps the separate kernels.
+  if (ctx.deterministic() || !rows_ok(dout) || !rows_ok(xa) || !rows_ok(dr)) return false;
+  const int64_t r = xa.dim(1), K = dout.dim(1), groups = offsets.numel() - 1;
+  if (!rank_ok(r) || r > kFusedMaxRank || dr.dim(1) != r || b.dtype() != DType::BF16 ||
+      !b.is_contiguous() || !aligned16(b.raw()) || b.dim(1) != K || b.dim(2) != r)
+    return false;
+  const bool with_db = db.defined() && db.numel() > 0;
+  if (with_db && (db.dtype() != DType::F32 || !db.is_contiguous())) return false;
+  thread_local Tiles tiles;
+  if (!make_tiles(offsets.i32(), groups, kFusedRows, tiles)) return false;
+  if (tiles.tile0[tiles.count] == 0) return true;  // no rows: dr is empty, dB gains nothing
+  const OutGradArgs args{ptr<bf16>(dout),
+                         dout.stride(0),
+                         K,
+                         ptr<bf16>(b),
+                         ptr<bf16>(xa),
+                         xa.stride(0),
+                         static_cast<int>(r),
+                         ptr<bf16>(dr),
+                         dr.stride(0),
+                         with_db ? ptr<float>(db) : nullptr,
+                         s};
+  out_grads_kernel<<<tiles.tile0[tiles.count], kThreads, 0, stream(ctx)>>>(tiles, args);
+  MT_CUDA_LAUNCH_CHECK();
+  return true;
 }
 
 }  // namespace mt::ops::cuda

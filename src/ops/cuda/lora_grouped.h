@@ -31,4 +31,12 @@ constexpr int64_t kSkinnyMaxRank = 64;
 bool skinny_grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Tensor& a,
                            const Tensor& offsets, const Tensor& b, Tensor& c);
 
+// Expert LoRA's backward products that read the output gradient dOut [rows, K] (B [G, K, r],
+// xa [rows, r], both bf16), in one pass over it: dr = s dOut_g B_g (written) and, when db is
+// defined, dB_g += s dOut_g^T xa_g (f32). Returns false having done nothing when it does not take
+// the call (a deterministic context: dB meets through atomics; r > 32; what the skinny kernels
+// refuse); the caller then runs the two grouped_matmul calls.
+bool skinny_lora_out_grads(Context& ctx, const Tensor& dout, const Tensor& offsets, const Tensor& b,
+                           const Tensor& xa, float s, Tensor& dr, Tensor& db);
+
 }  // namespace mt::ops::cuda
