@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "core/device.h"
@@ -316,6 +317,9 @@ nlohmann::json run_kda_bench(const KdaBenchOptions& o, std::ostream& log) {
 struct MoeBenchOptions {
   int64_t lora_rank = 16, warmup = 2, iters = 10;
   double workspace_gib = 4;
+  // Grouped GEMM configurations to run in turn (ops/grouped_matmul.h names, comma-separated);
+  // empty: MOETRAIN_GROUPED_GEMM's, or the default.
+  std::string gemm;
 };
 
 // Rows per expert summing to `rows`: equal, or every eighth expert `hot` times the others.
@@ -338,8 +342,9 @@ std::vector<int32_t> expert_offsets(int64_t rows, int64_t experts, bool skewed) 
   return off;
 }
 
-nlohmann::json bench_moe_at(const MoeBenchOptions& o, const std::string& name, int64_t tokens,
-                            int64_t topk, int64_t E, int64_t d, int64_t F, bool skewed) {
+nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConfig& gemm,
+                            const std::string& name, int64_t tokens, int64_t topk, int64_t E,
+                            int64_t d, int64_t F, bool skewed) {
   Context ctx(gpu_options(o.workspace_gib));
   Rng rng(1);
   const DType bf = DType::BF16, f32 = DType::F32;
@@ -359,7 +364,7 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const std::string& name, i
   lw.gate_up_b = random_device({E, 2 * F, r}, bf, rng, 0.01);
   lw.down_a = random_device({E, r, F}, bf, rng, sf);
   lw.down_b = random_device({E, d, r}, bf, rng, 0.01);
-  const ops::GroupedFfnParams p{.rows = rows, .experts = E, .in = d, .ffn = F};
+  const ops::GroupedFfnParams p{.rows = rows, .experts = E, .in = d, .ffn = F, .gemm = gemm};
   ops::GroupedFfnParams lp = p;
   lp.lora_rank = r;
   lp.lora_alpha = static_cast<float>(2 * r);
@@ -404,6 +409,7 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const std::string& name, i
   int32_t most = 0;
   for (size_t e = 0; e + 1 < off.size(); ++e) most = std::max(most, off[e + 1] - off[e]);
   return {{"case", name},
+          {"grouped_gemm", ops::grouped_gemm_config_name(gemm)},
           {"routing", skewed ? "skewed" : "uniform"},
           {"tokens", tokens},
           {"topk", topk},
@@ -425,25 +431,27 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const std::string& name, i
 
 nlohmann::json run_moe_bench(const MoeBenchOptions& o, std::ostream& log) {
   MT_CHECK(cuda_available(), ValueError, "bench moe: needs a GPU (and a binary built with CUDA)");
-  // The grouped GEMM configuration every call below runs (MOETRAIN_GROUPED_GEMM sweeps them).
-  const std::string gemm = ops::grouped_gemm_config_name(ops::grouped_gemm_config_from_env());
-  log << "bench moe: grouped GEMM " << gemm << "\n";
-  nlohmann::json j = {
-      {"device", cuda_device_name(0)}, {"grouped_gemm", gemm}, {"runs", nlohmann::json::array()}};
+  // The grouped GEMM configurations to compare, each run over every shape.
+  std::vector<ops::GroupedGemmConfig> gemms;
+  std::stringstream names(o.gemm);
+  for (std::string n; std::getline(names, n, ',');)
+    gemms.push_back(ops::parse_grouped_gemm_config(n));
+  if (gemms.empty()) gemms.push_back(ops::grouped_gemm_config_from_env());
+  nlohmann::json j = {{"device", cuda_device_name(0)}, {"runs", nlohmann::json::array()}};
   struct Shape5 {
     const char* name;
     int64_t tokens, topk, experts, d, ffn;
   };
-  for (const Shape5& s :
-       {Shape5{"A", 16384, 8, 64, 2048, 1024}, Shape5{"B", 8192, 8, 256, 2304, 1024}})
-    for (bool skewed : {false, true}) {
-      log << "bench moe: " << s.name << (skewed ? " skewed" : " uniform") << "\n";
-      j["runs"].push_back(bench_moe_at(o, s.name, s.tokens, s.topk, s.experts, s.d, s.ffn, skewed));
-      if (j["runs"].back().contains("attention_path"))
-        log << "bench dsa: attention path: "
-            << j["runs"].back()["attention_path"].get<std::string>() << "\n";
-      log << j["runs"].back().dump() << "\n";
-    }
+  for (const ops::GroupedGemmConfig& gemm : gemms)
+    for (const Shape5& s :
+         {Shape5{"A", 16384, 8, 64, 2048, 1024}, Shape5{"B", 8192, 8, 256, 2304, 1024}})
+      for (bool skewed : {false, true}) {
+        log << "bench moe: " << s.name << (skewed ? " skewed" : " uniform") << ", grouped GEMM "
+            << ops::grouped_gemm_config_name(gemm) << "\n";
+        j["runs"].push_back(
+            bench_moe_at(o, gemm, s.name, s.tokens, s.topk, s.experts, s.d, s.ffn, skewed));
+        log << j["runs"].back().dump() << "\n";
+      }
   return j;
 }
 
@@ -555,6 +563,9 @@ Command add_bench_command(CLI::App& app) {
   ms->add_option("--lora-rank", mb->lora_rank, "LoRA rank of the adapter runs")
       ->capture_default_str();
   ms->add_option("--iters", mb->iters, "timed runs")->capture_default_str();
+  ms->add_option("--gemm", mb->gemm,
+                 "grouped GEMM configurations to run in turn, comma-separated (kernel[:sN][:n], "
+                 "docs/gpu.md); default: MOETRAIN_GROUPED_GEMM's or the default");
   auto db = std::make_shared<DecodeBenchOptions>();
   CLI::App* dc = c->add_subcommand("decode",
                                    "incremental decoding tokens/s: a prompt, then greedy "

@@ -421,6 +421,17 @@ TEST(CudaGroupedGemmConfig, EveryConfigurationExpertsSkewedWithLora) {
   }
 }
 
+// The LoRA backward's one pass over dOut (ops/cuda/lora_grouped.h: dr and dB together) at a rank
+// that is a multiple of 8 but not of 16 (the padded half pair), and its widest rank, 32, with K
+// of several stages and a partial one (in 2056 = 32 x 64 + 8), a hot expert over many 256-row
+// chunks, one-row and empty experts.
+TEST(CudaGroupedFfn, LoraBackwardOnePassOverDout) {
+  REQUIRE_GPU();
+  for (int64_t r : {24, 32})
+    ffn_check(cat("grouped_ffn lora out grads r", r).c_str(),
+              {.rows = 3000, .experts = 8, .in = 2056, .ffn = 72, .rank = r, .skewed = true});
+}
+
 // A deterministic context runs the experts (base and LoRA training) bit for bit the same twice,
 // under each configuration: no split-k, no atomics on its path.
 TEST(CudaGroupedGemmConfig, DeterministicExpertsRepeatBitwise) {
