@@ -32,7 +32,8 @@ enum class GroupedForm { XWt, DyW, DytX };
 // applies to the bf16 forward and input-gradient forms, the swizzle and raster also to the bf16
 // weight gradient; the CPU and the other GPU paths ignore it.
 inline constexpr const char* kGroupedGemmKernels[] = {"coop128x256c2x1", "coop128x256c1x2",
-                                                      "coop256x128c2x1", "pingpong128x128c2x1"};
+                                                      "coop256x128c2x1", "pingpong128x128c2x1",
+                                                      "pingpong64x256c2x1"};
 struct GroupedGemmConfig {
   int kernel = 0;   // index into kGroupedGemmKernels
   int swizzle = 1;  // 1, 2, 4 or 8

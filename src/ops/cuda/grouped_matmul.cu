@@ -9,6 +9,7 @@
 // (a parameter gradient). More groups than one launch's table holds fall back to one cuBLASLt call
 // per group. bf16 calls where one dimension is a LoRA rank (at most 64) go first to the skinny
 // kernels of lora_grouped.h.
+#include <iterator>
 #include <vector>
 
 #include "core/cuda/resources.h"
@@ -19,6 +20,9 @@
 #include "ops/grouped_matmul.h"
 
 namespace mt::ops::cuda {
+
+static_assert(kSm90Kernels == std::size(kGroupedGemmKernels),
+              "every named grouped GEMM kernel is compiled (cutlass/grouped_gemm_sm90.h)");
 
 namespace {
 

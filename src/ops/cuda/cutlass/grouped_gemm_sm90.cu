@@ -21,6 +21,8 @@ Sm90Kernel kernel_for(const Sm90Grouped& g, const Sm90Launch& at) {
       return sm90_coop256x128c2x1();
     case 3:
       return sm90_pingpong128x128c2x1();
+    case 4:
+      return sm90_pingpong64x256c2x1();
     default:
       return sm90_coop128x256c2x1();
   }

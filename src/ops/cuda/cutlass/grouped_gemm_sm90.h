@@ -51,7 +51,7 @@ struct Sm90Grouped {
 };
 
 // The kernel configurations, in the order of ops/grouped_matmul.h's kGroupedGemmKernels.
-constexpr int kSm90Kernels = 4;
+constexpr int kSm90Kernels = 5;
 // Which kernel, and the tile scheduler's swizzle (1, 2, 4 or 8) and raster order.
 struct Sm90Config {
   int kernel = 0;
@@ -88,6 +88,7 @@ Sm90Kernel sm90_coop128x256c2x1();  // the forward forms; the default
 Sm90Kernel sm90_coop128x256c1x2();
 Sm90Kernel sm90_coop256x128c2x1();
 Sm90Kernel sm90_pingpong128x128c2x1();
+Sm90Kernel sm90_pingpong64x256c2x1();
 Sm90Kernel sm90_wgrad();  // the weight gradient (cooperative 128 x 256 x 64, cluster 2 x 1)
 
 }  // namespace mt::ops::cuda
