@@ -72,6 +72,12 @@ void swiglu_backward(Context& ctx, const Tensor& gate_up, const Tensor& dh, Tens
            {&gate_up, &dh, &dgate_up}, ctx, gate_up, dh, dgate_up);
 }
 
+void lora_swiglu(Context& ctx, const GroupedFfnParams& p, const Tensor& xa, const Tensor& offsets,
+                 const Tensor& b, Tensor& gate_up, Tensor& h) {
+  dispatch(MT_NAMED_OP_BODIES("grouped_ffn_forward", grouped_ffn_lora_swiglu),
+           {&xa, &b, &gate_up, &h}, ctx, p, xa, offsets, b, gate_up, h);
+}
+
 void lora_out_grads(Context& ctx, const GroupedFfnParams& p, const Tensor& dout,
                     const Tensor& offsets, const Tensor& b, const Tensor& xa, Tensor& dr,
                     Tensor& db) {
@@ -115,9 +121,10 @@ void grouped_ffn_forward(Context& ctx, const GroupedFfnParams& p, const Tensor& 
   // Traffic over HBM per pass, in elements (b bytes each; N rows, d = in, weights read once):
   // the gate/up GEMM reads X (N d) and writes gate_up (2 N F); SwiGLU reads 2 N F and writes h
   // (N F); the down GEMM reads h (N F) and writes y (N d). With LoRA each projection adds a read
-  // of its input for X A^T (N d or N F, writing N r), the up product's write of the output
-  // (2 N F or N d) and the base GEMM's read of it (beta = 1; see with_lora).
-  // y = X W^T + s (X A^T) B^T, with X A^T kept in `xa`.
+  // of its input for X A^T (N d or N F, writing N r); the gate/up projection's adapter term then
+  // rides with SwiGLU (gate_up read and written once more), the down projection's is written
+  // into y first and read back by the base GEMM (beta = 1; see with_lora).
+  // The down projection: y = h W^T + s (h A^T) B^T, with h A^T kept in `ha`.
   const auto project = [&](const Tensor& in, const Tensor& wt, const Tensor& a, const Tensor& b,
                            Tensor& xa, Tensor& out) {
     if (r == 0) return grouped_matmul(ctx, form.fwd, in, offsets, wt, out);
@@ -127,11 +134,19 @@ void grouped_ffn_forward(Context& ctx, const GroupedFfnParams& p, const Tensor& 
         [&](float beta) { grouped_matmul(ctx, scaled(form.fwd, 1.f, beta), in, offsets, wt, out); },
         [&](float beta) { grouped_matmul(ctx, scaled(form.fwd, s, beta), xa, offsets, b, out); });
   };
-  project(x, w.gate_up, w.gate_up_a, w.gate_up_b, saved.xa, saved.gate_up);
-
   ArenaScope scope(ctx.workspace());
   Tensor h = ctx.workspace().alloc({N, F}, x.dtype());
-  swiglu_forward(ctx, saved.gate_up, h);
+  if (r == 0) {
+    grouped_matmul(ctx, form.fwd, x, offsets, w.gate_up, saved.gate_up);
+    swiglu_forward(ctx, saved.gate_up, h);
+  } else {
+    // The gate/up projection's base GEMM writes gate_up, then its adapter term and SwiGLU follow
+    // in one pass on the GPU (5 N F elements moved, where the up product written first, read back
+    // by the base GEMM and then by SwiGLU moved 7 N F).
+    grouped_matmul(ctx, form.fwd, x, offsets, w.gate_up_a, saved.xa);
+    grouped_matmul(ctx, form.fwd, x, offsets, w.gate_up, saved.gate_up);
+    lora_swiglu(ctx, p, saved.xa, offsets, w.gate_up_b, saved.gate_up, h);
+  }
 
   project(h, w.down, w.down_a, w.down_b, saved.ha, y);
 }

@@ -76,10 +76,18 @@ using GroupedFfnLoraOutGrads = void(Context& ctx, const GroupedFfnParams& p, con
                                     const Tensor& offsets, const Tensor& b, const Tensor& xa,
                                     Tensor& dr, Tensor& db);
 
+// The gate/up projection's adapter term and the SwiGLU, after the base GEMM wrote gate_up
+// [rows, 2F]: gate_up += s xa B^T (B = gate_up_b [E, 2F, r], s = p.lora_scale()), then h =
+// silu(gate) * up, written. One pass over gate_up on the GPU (ops/cuda/lora_grouped.h).
+using GroupedFfnLoraSwiglu = void(Context& ctx, const GroupedFfnParams& p, const Tensor& xa,
+                                  const Tensor& offsets, const Tensor& b, Tensor& gate_up,
+                                  Tensor& h);
+
 // Called by the entries above once they validated: ops/cpu/grouped_ffn.cpp, and
 // ops/cuda/grouped_ffn.cu in CUDA builds.
 MT_OP_BACKENDS(GroupedFfnSwigluForward grouped_ffn_swiglu_forward;
                GroupedFfnSwigluBackward grouped_ffn_swiglu_backward;
-               GroupedFfnLoraOutGrads grouped_ffn_lora_out_grads;)
+               GroupedFfnLoraOutGrads grouped_ffn_lora_out_grads;
+               GroupedFfnLoraSwiglu grouped_ffn_lora_swiglu;)
 
 }  // namespace mt::ops

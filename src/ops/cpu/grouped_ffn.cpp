@@ -51,4 +51,12 @@ void grouped_ffn_lora_out_grads(Context& ctx, const GroupedFfnParams& p, const T
                    offsets, xa, db);
 }
 
+void grouped_ffn_lora_swiglu(Context& ctx, const GroupedFfnParams& p, const Tensor& xa,
+                             const Tensor& offsets, const Tensor& b, Tensor& gate_up, Tensor& h) {
+  grouped_matmul(ctx,
+                 {.form = GroupedForm::XWt, .alpha = p.lora_scale(), .beta = 1.f, .gemm = p.gemm},
+                 xa, offsets, b, gate_up);
+  grouped_ffn_swiglu_forward(ctx, gate_up, h);
+}
+
 }  // namespace mt::ops::cpu

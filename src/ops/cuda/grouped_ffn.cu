@@ -132,4 +132,13 @@ void grouped_ffn_lora_out_grads(Context& ctx, const GroupedFfnParams& p, const T
     cpu::grouped_ffn_lora_out_grads(ctx, p, dout, offsets, b, xa, dr, db);
 }
 
+void grouped_ffn_lora_swiglu(Context& ctx, const GroupedFfnParams& p, const Tensor& xa,
+                             const Tensor& offsets, const Tensor& b, Tensor& gate_up, Tensor& h) {
+  if (skinny_lora_swiglu(ctx, xa, offsets, b, p.lora_scale(), gate_up, h)) return;
+  grouped_matmul(ctx,
+                 {.form = GroupedForm::XWt, .alpha = p.lora_scale(), .beta = 1.f, .gemm = p.gemm},
+                 xa, offsets, b, gate_up);
+  grouped_ffn_swiglu_forward(ctx, gate_up, h);
+}
+
 }  // namespace mt::ops::cuda

@@ -170,6 +170,53 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The rank-r operand's 64-row tile of a group ([64][r16], zeros past the rows and the rank).
+__device__ __forceinline__ void load_rank_tile(bf16* ss, const bf16* src, int64_t ld, const Tile& t,
+                                               int r, int tid) {
+  const int chunks = ((r + 15) & ~15) >> 3;
+  for (int i = tid; i < kRowTile * chunks; i += kThreads) {
+    const int row = i / chunks, j = (i % chunks) << 3;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (row < t.rows && j < r) v = ld16(src + (t.r0 + row) * ld + j);
+    *reinterpret_cast<uint4*>(&ss[row * kLd + j]) = v;
+  }
+}
+
+// acc (64 rows x 128 columns: warp w has rows 16 w .. 16 w + 15) = the rank tile ss times the
+// weight tile ws ([128 n][r16] when w_nr, else [r16][128 n]), over the padded rank r16.
+__device__ __forceinline__ void up_mma(float (&acc)[kColTile / 8][4], const bf16* ss,
+                                       const bf16* ws, bool w_nr, int r16, int warp, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < kSkinnyMaxRank; kk += 16) {
+    if (kk >= r16) break;
+    uint32_t a[4];
+    mma::ldsm_a(a, ss, kLd, warp * 16, kk, lane);
+#pragma unroll
+    for (int q = 0; q < kColTile / 16; ++q)
+      mma_pair(acc[2 * q], acc[2 * q + 1], a, ws, w_nr, w_nr ? kLd : kLdWide, 16 * q, kk, lane);
+  }
+}
+
+// Calls f(row, col, nt, h) for each pair of adjacent elements (row, col), (row, col + 1) that
+// this lane holds in acc[nt][2 h], acc[nt][2 h + 1] of a 64-row tile (warp w: rows 16 w ..),
+// over the first kTiles n-tiles: columns n0 + 8 nt + 2 (lane % 4) below n (a multiple of 8),
+// rows below `rows`.
+template <int kTiles, typename F>
+__device__ __forceinline__ void for_each_pair(int64_t n0, int64_t n, int rows, int warp, int lane,
+                                              const F& f) {
+  const int g = lane >> 2, c = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < kTiles; ++nt) {
+    const int64_t col = n0 + 8 * nt + 2 * c;
+    if (col >= n) break;  // n is a multiple of 8: col + 1 < n too
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = warp * 16 + g + 8 * h;
+      if (row < rows) f(row, col, nt, h);
+    }
+  }
+}
+
 // C [rows, n] = alpha S W^T (w_nr: W_g [n, r]) or alpha S W (W_g [r, n]), + beta C; one block per
 // 64-row tile (blockIdx.x) and 128 columns (blockIdx.y). The whole rank is one stage.
 struct UpArgs {
@@ -194,12 +241,7 @@ __global__ void __launch_bounds__(kThreads)
   const int r16 = (p.r + 15) & ~15, chunks = r16 >> 3;
   const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kColTile;
   const bf16* w = p.w + static_cast<int64_t>(t.group) * p.r * p.n;
-  for (int i = tid; i < kRowTile * chunks; i += kThreads) {
-    const int row = i / chunks, j = (i % chunks) << 3;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (row < t.rows && j < p.r) v = ld16(p.s + (t.r0 + row) * p.lds + j);
-    *reinterpret_cast<uint4*>(&ss[row * kLd + j]) = v;
-  }
+  load_rank_tile(ss, p.s, p.lds, t, p.r, tid);
   if (p.w_nr) {  // [128 rows n][r16 columns j]
     for (int i = tid; i < kColTile * chunks; i += kThreads) {
       const int nn = i / chunks, j = (i % chunks) << 3;
@@ -217,34 +259,74 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   float acc[kColTile / 8][4] = {};
-#pragma unroll
-  for (int kk = 0; kk < kSkinnyMaxRank; kk += 16) {
-    if (kk >= r16) break;
-    uint32_t a[4];
-    mma::ldsm_a(a, ss, kLd, warp * 16, kk, lane);
-#pragma unroll
-    for (int q = 0; q < kColTile / 16; ++q) {
-      mma_pair(acc[2 * q], acc[2 * q + 1], a, ws, p.w_nr, p.w_nr ? kLd : kLdWide, 16 * q, kk, lane);
-    }
+  up_mma(acc, ss, ws, p.w_nr, r16, warp, lane);
+  for_each_pair<kColTile / 8>(
+      n0, p.n, t.rows, warp, lane, [&](int row, int64_t col, int nt, int h) {
+        bf16* out = p.c + (t.r0 + row) * p.ldc + col;
+        float v0 = p.alpha * acc[nt][2 * h], v1 = p.alpha * acc[nt][2 * h + 1];
+        if (p.beta != 0.f) {  // beta = 0 never reads C (it may hold NaN)
+          v0 += p.beta * __bfloat162float(out[0]);
+          v1 += p.beta * __bfloat162float(out[1]);
+        }
+        st_pair(out, v0, v1);
+      });
+}
+
+// The gate/up projection's adapter term and SwiGLU in one pass, after the base GEMM wrote
+// gate_up = [g | u] [rows, 2F]: g += s xa B_g[:F]^T, u += s xa B_g[F:]^T (B_g [2F, r]), both
+// stored (backward reads them), then h = silu(g) * u from the stored (rounded) values. One block
+// per 64-row tile (blockIdx.x) and 64 columns c0 .. c0+63 of F (blockIdx.y): the 128 columns of
+// the up product's tile are gate c0.. and up F+c0.., so a thread holds g and u of the same
+// elements.
+struct SwigluArgs {
+  const bf16* xa;
+  int64_t ldx;
+  int r;
+  const bf16* b;  // [G, 2F, r]
+  int64_t F;
+  bf16* gu;
+  int64_t ldgu;
+  bf16* h;
+  int64_t ldh;
+  float s;
+};
+
+constexpr int kHalfTile = kColTile / 2;
+
+__global__ void __launch_bounds__(kThreads)
+    up_swiglu_kernel(const __grid_constant__ Tiles tiles, const SwigluArgs p) {
+  __shared__ alignas(16) bf16 ss[kRowTile * kLd];
+  __shared__ alignas(16) bf16 ws[kColTile * kLd];  // [gate c0.., up F+c0..][r16]
+  const Tile t = find_tile(tiles, static_cast<int>(blockIdx.x));
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int r16 = (p.r + 15) & ~15, chunks = r16 >> 3;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kHalfTile;
+  const bf16* w = p.b + static_cast<int64_t>(t.group) * 2 * p.F * p.r;
+  load_rank_tile(ss, p.xa, p.ldx, t, p.r, tid);
+  for (int i = tid; i < kColTile * chunks; i += kThreads) {
+    const int nn = i / chunks, j = (i % chunks) << 3;
+    const int64_t col = c0 + (nn < kHalfTile ? nn : nn - kHalfTile);  // of the F columns
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (col < p.F && j < p.r) v = ld16(w + (col + (nn < kHalfTile ? 0 : p.F)) * p.r + j);
+    *reinterpret_cast<uint4*>(&ws[nn * kLd + j]) = v;
   }
-  const int g = lane >> 2, c = lane & 3;
-#pragma unroll
-  for (int nt = 0; nt < kColTile / 8; ++nt) {
-    const int64_t col = n0 + 8 * nt + 2 * c;
-    if (col >= p.n) break;  // n is a multiple of 8: col + 1 < n too
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = warp * 16 + g + 8 * h;
-      if (row >= t.rows) continue;
-      bf16* out = p.c + (t.r0 + row) * p.ldc + col;
-      float v0 = p.alpha * acc[nt][2 * h], v1 = p.alpha * acc[nt][2 * h + 1];
-      if (p.beta != 0.f) {  // beta = 0 never reads C (it may hold NaN)
-        v0 += p.beta * __bfloat162float(out[0]);
-        v1 += p.beta * __bfloat162float(out[1]);
-      }
-      st_pair(out, v0, v1);
-    }
-  }
+  __syncthreads();
+  float acc[kColTile / 8][4] = {};
+  up_mma(acc, ss, ws, true, r16, warp, lane);
+  const auto bf = [](float v) { return __bfloat162float(__float2bfloat16(v)); };
+  constexpr int kUp = kHalfTile / 8;  // the first up n-tile
+  for_each_pair<kUp>(c0, p.F, t.rows, warp, lane, [&](int row, int64_t col, int nt, int h) {
+    bf16* gp = p.gu + (t.r0 + row) * p.ldgu + col;
+    bf16* up = gp + p.F;
+    const float g0 = bf(p.s * acc[nt][2 * h] + __bfloat162float(gp[0])),
+                g1 = bf(p.s * acc[nt][2 * h + 1] + __bfloat162float(gp[1])),
+                u0 = bf(p.s * acc[nt + kUp][2 * h] + __bfloat162float(up[0])),
+                u1 = bf(p.s * acc[nt + kUp][2 * h + 1] + __bfloat162float(up[1]));
+    st_pair(gp, g0, g1);
+    st_pair(up, u0, u1);
+    st_pair(p.h + (t.r0 + row) * p.ldh + col, g0 / (1.0f + expf(-g0)) * u0,
+            g1 / (1.0f + expf(-g1)) * u1);
+  });
 }
 
 // dW_g += alpha sum over the tile's rows of P[row]^T S[row] (P [rows, wide], S [rows, r]):
@@ -571,6 +653,25 @@ bool skinny_lora_out_grads(Context& ctx, const Tensor& dout, const Tensor& offse
                          with_db ? ptr<float>(db) : nullptr,
                          s};
   out_grads_kernel<<<tiles.tile0[tiles.count], kThreads, 0, stream(ctx)>>>(tiles, args);
+  MT_CUDA_LAUNCH_CHECK();
+  return true;
+}
+
+bool skinny_lora_swiglu(Context& ctx, const Tensor& xa, const Tensor& offsets, const Tensor& b,
+                        float s, Tensor& gate_up, Tensor& h) {
+  if (!rows_ok(xa) || !rows_ok(gate_up) || !rows_ok(h) || b.dtype() != DType::BF16 ||
+      !b.is_contiguous() || !aligned16(b.raw()))
+    return false;
+  const int64_t r = xa.dim(1), F = h.dim(1), groups = offsets.numel() - 1;
+  if (!rank_ok(r) || b.dim(1) != 2 * F || b.dim(2) != r || gate_up.dim(1) != 2 * F) return false;
+  thread_local Tiles tiles;
+  if (!make_tiles(offsets.i32(), groups, kRowTile, tiles)) return false;
+  if (tiles.tile0[tiles.count] == 0) return true;  // no rows
+  const SwigluArgs args{
+      ptr<bf16>(xa),      xa.stride(0),      static_cast<int>(r), ptr<bf16>(b), F,
+      ptr<bf16>(gate_up), gate_up.stride(0), ptr<bf16>(h),        h.stride(0),  s};
+  const unsigned cols = static_cast<unsigned>((F + kHalfTile - 1) / kHalfTile);
+  up_swiglu_kernel<<<dim3(tiles.tile0[tiles.count], cols), kThreads, 0, stream(ctx)>>>(tiles, args);
   MT_CUDA_LAUNCH_CHECK();
   return true;
 }

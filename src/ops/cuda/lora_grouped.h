@@ -39,4 +39,11 @@ bool skinny_grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Ten
 bool skinny_lora_out_grads(Context& ctx, const Tensor& dout, const Tensor& offsets, const Tensor& b,
                            const Tensor& xa, float s, Tensor& dr, Tensor& db);
 
+// The gate/up projection's adapter term and SwiGLU in one pass after the base GEMM wrote gate_up
+// [rows, 2F] (bf16, B [G, 2F, r], xa [rows, r]): gate_up += s xa B^T, then h [rows, F] =
+// silu(gate) * up from the stored values. False having done nothing when it does not take the
+// call (what the skinny kernels refuse); the caller then runs the up product and the SwiGLU.
+bool skinny_lora_swiglu(Context& ctx, const Tensor& xa, const Tensor& offsets, const Tensor& b,
+                        float s, Tensor& gate_up, Tensor& h);
+
 }  // namespace mt::ops::cuda
