@@ -45,17 +45,18 @@ void grouped_ffn_lora_out_grads(Context& ctx, const GroupedFfnParams& p, const T
                                 const Tensor& offsets, const Tensor& b, const Tensor& xa,
                                 Tensor& dr, Tensor& db) {
   const float s = p.lora_scale();
-  grouped_matmul(ctx, {.form = GroupedForm::DyW, .alpha = s, .gemm = p.gemm}, dout, offsets, b, dr);
+  ops::grouped_matmul(ctx, {.form = GroupedForm::DyW, .alpha = s, .gemm = p.gemm}, dout, offsets, b,
+                      dr);
   if (db.defined() && db.numel() > 0)
-    grouped_matmul(ctx, {.form = GroupedForm::DytX, .alpha = s, .beta = 1.f, .gemm = p.gemm}, dout,
-                   offsets, xa, db);
+    ops::grouped_matmul(ctx, {.form = GroupedForm::DytX, .alpha = s, .beta = 1.f, .gemm = p.gemm},
+                        dout, offsets, xa, db);
 }
 
 void grouped_ffn_lora_swiglu(Context& ctx, const GroupedFfnParams& p, const Tensor& xa,
                              const Tensor& offsets, const Tensor& b, Tensor& gate_up, Tensor& h) {
-  grouped_matmul(ctx,
-                 {.form = GroupedForm::XWt, .alpha = p.lora_scale(), .beta = 1.f, .gemm = p.gemm},
-                 xa, offsets, b, gate_up);
+  ops::grouped_matmul(
+      ctx, {.form = GroupedForm::XWt, .alpha = p.lora_scale(), .beta = 1.f, .gemm = p.gemm}, xa,
+      offsets, b, gate_up);
   grouped_ffn_swiglu_forward(ctx, gate_up, h);
 }
 
