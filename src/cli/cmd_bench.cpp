@@ -300,9 +300,6 @@ nlohmann::json run_kda_bench(const KdaBenchOptions& o, std::ostream& log) {
   for (const auto& [name, lengths] : cases) {
     log << "bench kda: " << name << "\n";
     j["runs"].push_back(bench_kda_at(o, name, lengths));
-    if (j["runs"].back().contains("attention_path"))
-      log << "bench dsa: attention path: " << j["runs"].back()["attention_path"].get<std::string>()
-          << "\n";
     log << j["runs"].back().dump() << "\n";
   }
   return j;
