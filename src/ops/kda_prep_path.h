@@ -1,7 +1,8 @@
 // Which intra-chunk pass (prep) the CUDA chunked KDA kernels run: the bf16 tensor-core prep
-// (ops/cuda/kda_fwd_tc.cu) or the CUDA-core prep of ops/cuda/kda_chunk.cu. Plain C++, so that the
-// tests (which compare the two) and `moetrain bench kda` (which reports the one it timed) read it
-// without CUDA headers.
+// (ops/cuda/kda_fwd_tc.cu) or the CUDA-core prep of ops/cuda/kda_chunk.cu. The backward's
+// products follow the same choice: tensor cores (ops/cuda/kda_bwd_tc.cu) or kda_chunk.cu's
+// products_kernel. Plain C++, so that the tests (which compare the two) and `moetrain bench kda`
+// (which reports the one it timed) read it without CUDA headers.
 #pragma once
 
 #include "ops/kda.h"
@@ -16,8 +17,9 @@ enum class KdaPrepPath { TensorCoreBf16, CudaCores };
 KdaPrepPath kda_bf16_prep_path(const KdaParams& p);
 const char* kda_prep_path_name(KdaPrepPath path);
 
-// Off: every call takes the CUDA-core prep, so that a test can compare the two paths on the same
-// inputs. Process-wide and not synchronised: flip it only while no KDA kernel is being launched.
+// Off: every call takes the CUDA-core prep and products, so that a test can compare the two paths
+// on the same inputs. Process-wide and not synchronised: flip it only while no KDA kernel is being
+// launched.
 void kda_set_tensor_core_prep(bool on);
 bool kda_tensor_core_prep();
 

@@ -1,7 +1,8 @@
-// The chunked KDA's bf16 tensor-core prep (ops/cuda/kda_fwd_tc.cu) on the GPU: forward and
-// backward (which reads the prepared block it leaves) against the CPU engine through the
-// harness's bounds (its bf16 pass takes the tensor-core prep, its f32 pass the CUDA-core one),
-// and against the CUDA-core prep on the same bf16 inputs. Head dims 64 and 128, packed documents
+// The chunked KDA's bf16 tensor-core prep (ops/cuda/kda_fwd_tc.cu) and backward products
+// (ops/cuda/kda_bwd_tc.cu) on the GPU: forward and backward (which reads the prepared block the
+// prep leaves) against the CPU engine through the harness's bounds (its bf16 pass takes the
+// tensor-core paths, its f32 pass the CUDA-core ones), and against the CUDA-core paths on the same
+// bf16 inputs (ops/kda_prep_path.h switches both). Head dims 64 and 128, packed documents
 // whose lengths straddle the chunk, initial and final states, and decays from mild to strong,
 // mixed inside a chunk so that both forms of the diagonal 16-row blocks (MMAs, direct pairs) run;
 // and 32 heads, whose forward state pass on the H200 takes 32 state columns per block.
@@ -98,8 +99,10 @@ const std::vector<std::string> kNames = {"o",  "hT", "saved", "dq", "dk",
                                          "dv", "dg", "dbeta", "dh0"};
 
 // Forward, then backward from the prepared block forward left (as the KDA layer runs them).
+// `prepared_out` (GPU only): that block as backward leaves it, holding backward's products.
 std::vector<Tensor> forward_backward(const TcSetup& s, const TcCase& tc, Context& c,
-                                     const std::vector<Tensor>& in, bool gpu) {
+                                     const std::vector<Tensor>& in, bool gpu,
+                                     Tensor* prepared_out = nullptr) {
   const ops::KdaParams& p = tc.p;
   const int64_t T = p.tokens, N = p.num_seqs, H = p.heads, K = p.head_k, V = p.head_v;
   const DType dt = in[1].dtype();
@@ -114,6 +117,7 @@ std::vector<Tensor> forward_backward(const TcSetup& s, const TcCase& tc, Context
   OP(kda_backward)
   (c, p, in[0], in[1], in[2], in[3], in[4], in[5], saved, prepared, in[7], dhT, dq, dk, dv, dg,
    dbeta, dh0);
+  if (prepared_out) *prepared_out = prepared;
   return {o, hT, saved, dq, dk, dv, dg, dbeta, dh0};
 }
 
@@ -268,6 +272,65 @@ TEST(CudaKdaTcPrepared, BlockIsCompleteAndShapedAsTheCudaCorePreps) {
           pc.push_back(c[b * lay.block() + part.at + e]);
         }
       std::printf("  %-40s prepared %-3s tensor-core vs CUDA-core prep: rel diff %.3g\n",
+                  setup_name(s).c_str(), part.name, rel_err(pt, pc));
+    }
+  }
+}
+
+// The products backward leaves in the prepared block (ops/cuda/kda_bwd_tc.cu on tensor cores,
+// kda_chunk.cu's products_kernel with the switch off): finite, Aqk exactly zero above its
+// diagonal and T on and above its own, as products_kernel leaves them. Each slot's relative
+// difference between the two is printed for diagnosis (the bounds are those of the gradients,
+// which read these slots: CudaKdaTc above).
+TEST(CudaKdaTcPrepared, BackwardProductsAreCompleteAndShapedAsTheCudaCoreOnes) {
+  REQUIRE_GPU();
+  for (const TcSetup& s : {TcSetup{.head_v = 64, .decay = Decay::Mixed},
+                           TcSetup{.head_k = 64, .lengths = {130, 7, 64, 257}, .h0 = false}}) {
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE(cat(setup_name(s), " seed=", seed));
+    Rng rng(seed);
+    const TcCase tc = make_case(s, rng);
+    const ops::KdaParams& p = tc.p;
+    Context gpu(ContextOptions{.device = Device::CUDA, .seed = seed});
+    const std::vector<Tensor> in = bf16_on_gpu(tc);
+    const auto products_by = [&](bool tensor_cores) {
+      std::unique_ptr<CudaCorePrepOnly> off;
+      if (!tensor_cores) off = std::make_unique<CudaCorePrepOnly>();
+      Tensor prepared;
+      forward_backward(s, tc, gpu, in, true, &prepared);
+      gpu.synchronize();
+      return to_dvec(prepared);
+    };
+    const DVec t = products_by(true), c = products_by(false);
+    const ops::KdaChunkLayout lay{p.chunk, p.head_k, p.head_v};
+    const int64_t C = p.chunk, blocks = tc.rows * p.heads;
+    const struct {
+      const char* name;
+      int64_t at, n;
+    } parts[] = {{"dO S0^T", lay.W(), C * p.head_k}, {"dR S0^T", lay.Qh(), C * p.head_k},
+                 {"D dS^T", lay.Kl(), C * p.head_k}, {"dO D^T", lay.Aqk(), C * C},
+                 {"-dR D^T", lay.Tm(), C * C},       {"S0.dS", lay.gL(), p.head_k}};
+    size_t nonfinite = 0, misshaped = 0;
+    for (int64_t b = 0; b < blocks; ++b) {
+      for (const auto& part : parts)
+        for (int64_t e = 0; e < part.n; ++e)
+          nonfinite += !std::isfinite(t[b * lay.block() + part.at + e]);
+      for (int64_t i = 0; i < C; ++i)
+        for (int64_t j = i; j < C; ++j) {
+          const int64_t at = b * lay.block() + i * C + j;
+          misshaped += (j > i && t[at + lay.Aqk()] != 0) || t[at + lay.Tm()] != 0;
+        }
+    }
+    EXPECT_EQ(nonfinite, 0u) << "backward products unwritten or not finite";
+    EXPECT_EQ(misshaped, 0u) << "entries above the diagonal of dO D^T or on and above -dR D^T's";
+    for (const auto& part : parts) {
+      DVec pt, pc;
+      for (int64_t b = 0; b < blocks; ++b)
+        for (int64_t e = 0; e < part.n; ++e) {
+          pt.push_back(t[b * lay.block() + part.at + e]);
+          pc.push_back(c[b * lay.block() + part.at + e]);
+        }
+      std::printf("  %-40s backward %-7s tensor cores vs CUDA cores: rel diff %.3g\n",
                   setup_name(s).c_str(), part.name, rel_err(pt, pc));
     }
   }

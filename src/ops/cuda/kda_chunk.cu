@@ -16,20 +16,22 @@
 // prep again; (3) the reverse state pass carries dS (again per column) and leaves Delta, dR = T^T
 // dDelta and each chunk's outgoing dS in the workspace; (4) products, per (chunk, head, job): dO
 // S0^T, dR S0^T, Delta dS^T, S0 . dS and the pair matrices dO Delta^T, dR Delta^T, tiled through
-// shared memory; (5) gradients, per (chunk, head): one thread per (token, channel) sums its pair
-// terms in a fixed order (no atomics: bit-repeatable; for bf16 at chunk 64 and K 128 the pairs
-// across 16-row blocks are tf32 MMAs, grads_block_pairs) and the reverse cumsum turns dGam into dg.
-// fp32 arithmetic (q, k, v, o and their gradients in the tensors' dtype), exponent differences
-// and dGam sums in Wide<T> (double for fp32 tensors, float for bf16). For bf16 tensors whose
-// shapes fit (kda_state_tc.h) the state passes (2, 3) run on tensor cores instead
-// (kda_state_tc.cu); fp32 tensors keep the CUDA-core passes below. The prep and gradient kernels
-// run 2 and 1 blocks of 8 and 16 warps per SM, the CUDA-core state passes one block of 16 warps
-// per (document, head, 32 columns): all are latency-bound (bench/RESULTS.md).
+// shared memory (for bf16 where the tensor-core prep runs, tf32 MMAs in kda_bwd_tc.cu); (5)
+// gradients, per (chunk, head): one thread per (token, channel) sums its pair terms in a fixed
+// order (no atomics: bit-repeatable; for bf16 at chunk 64 and K 128 the pairs across 16-row blocks
+// are tf32 MMAs, grads_block_pairs) and the reverse cumsum turns dGam into dg. fp32 arithmetic (q,
+// k, v, o and their gradients in the tensors' dtype), exponent differences and dGam sums in Wide<T>
+// (double for fp32 tensors, float for bf16). For bf16 tensors whose shapes fit (kda_state_tc.h) the
+// state passes (2, 3) run on tensor cores instead (kda_state_tc.cu); fp32 tensors keep the
+// CUDA-core passes below. The prep and gradient kernels run 2 and 1 blocks of 8 and 16 warps per
+// SM, the CUDA-core state passes one block of 16 warps per (document, head, 32 columns): all are
+// latency-bound (bench/RESULTS.md).
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/kda_bwd_tc.h"
 #include "ops/cuda/kda_chunk.h"
 #include "ops/cuda/kda_chunk_args.cuh"
 #include "ops/cuda/kda_fwd_tc.h"
@@ -1214,10 +1216,17 @@ void kda_chunk_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqle
     else
       launch_state(ctx, a, bwd_state_smem(a.C, a.K), bwd_state_kernel<T, true>,
                    bwd_state_kernel<T, false>, ptr<T>(dout));
-    allow_smem(products_kernel<T>, kProductSmem);
-    products_kernel<T>
-        <<<dim3(chunks.x, chunks.y, 3), kThreads, kProductSmem, stream(ctx)>>>(a, ptr<T>(dout));
-    MT_CUDA_LAUNCH_CHECK();
+    bool tc_products = false;
+    if constexpr (std::is_same_v<T, __nv_bfloat16>)
+      tc_products = kda_detail::products_tc_fits(a, dout.raw());
+    if (tc_products) {
+      kda_detail::products_tc(ctx, a, ptr<__nv_bfloat16>(dout));
+    } else {
+      allow_smem(products_kernel<T>, kProductSmem);
+      products_kernel<T>
+          <<<dim3(chunks.x, chunks.y, 3), kThreads, kProductSmem, stream(ctx)>>>(a, ptr<T>(dout));
+      MT_CUDA_LAUNCH_CHECK();
+    }
     grads<T>(ctx, a, q, k, v, dq, dk, dv);
   });
 }
