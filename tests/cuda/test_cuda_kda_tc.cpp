@@ -216,6 +216,28 @@ INSTANTIATE_TEST_SUITE_P(
         TcSetup{.heads = 32, .lengths = {100, 150}}),
     [](const ::testing::TestParamInfo<TcSetup>& pi) { return setup_name(pi.param); });
 
+// A slot of the prepared block: its offset and floats per (chunk, head).
+struct Part {
+  const char* name;
+  int64_t at, n;
+};
+
+// Each slot's relative difference between the tensor-core and the CUDA-core paths' prepared
+// buffers (`blocks` blocks of `block` floats), printed for diagnosis.
+void print_part_diffs(const TcSetup& s, const char* what, const DVec& t, const DVec& c,
+                      int64_t blocks, int64_t block, const std::vector<Part>& parts) {
+  for (const Part& part : parts) {
+    DVec pt, pc;
+    for (int64_t b = 0; b < blocks; ++b)
+      for (int64_t e = 0; e < part.n; ++e) {
+        pt.push_back(t[b * block + part.at + e]);
+        pc.push_back(c[b * block + part.at + e]);
+      }
+    std::printf("  %-40s %s %-7s tensor cores vs CUDA cores: rel diff %.3g\n",
+                setup_name(s).c_str(), what, part.name, rel_err(pt, pc));
+  }
+}
+
 // The prepared block the tensor-core prep leaves: every float written (the buffer starts as
 // NaN) and finite, and above the diagonal of Aqk, KK and T exactly zero, KK's diagonal zero and
 // T's one, as the CUDA-core prep leaves them. Each part's relative difference to the CUDA-core
@@ -256,24 +278,12 @@ TEST(CudaKdaTcPrepared, BlockIsCompleteAndShapedAsTheCudaCorePreps) {
         }
     EXPECT_EQ(nonfinite, 0u) << "prepared floats unwritten or not finite";
     EXPECT_EQ(misshaped, 0u) << "entries on or above the diagonals of Aqk, KK, T";
-    const struct {
-      const char* name;
-      int64_t at, n;
-    } parts[] = {{"W", lay.W(), C * p.head_k},   {"Qh", lay.Qh(), C * p.head_k},
-                 {"Kl", lay.Kl(), C * p.head_k}, {"U", lay.U(), C * p.head_v},
-                 {"Kb", lay.Kb(), C * p.head_k}, {"Aqk", lay.Aqk(), C * C},
-                 {"T", lay.Tm(), C * C},         {"KK", lay.KK(), C * C},
-                 {"gL", lay.gL(), p.head_k}};
-    for (const auto& part : parts) {
-      DVec pt, pc;
-      for (int64_t b = 0; b < blocks; ++b)
-        for (int64_t e = 0; e < part.n; ++e) {
-          pt.push_back(t[b * lay.block() + part.at + e]);
-          pc.push_back(c[b * lay.block() + part.at + e]);
-        }
-      std::printf("  %-40s prepared %-3s tensor-core vs CUDA-core prep: rel diff %.3g\n",
-                  setup_name(s).c_str(), part.name, rel_err(pt, pc));
-    }
+    const std::vector<Part> parts = {{"W", lay.W(), C * p.head_k},   {"Qh", lay.Qh(), C * p.head_k},
+                                     {"Kl", lay.Kl(), C * p.head_k}, {"U", lay.U(), C * p.head_v},
+                                     {"Kb", lay.Kb(), C * p.head_k}, {"Aqk", lay.Aqk(), C * C},
+                                     {"T", lay.Tm(), C * C},         {"KK", lay.KK(), C * C},
+                                     {"gL", lay.gL(), p.head_k}};
+    print_part_diffs(s, "prepared", t, c, blocks, lay.block(), parts);
   }
 }
 
@@ -304,12 +314,10 @@ TEST(CudaKdaTcPrepared, BackwardProductsAreCompleteAndShapedAsTheCudaCoreOnes) {
     const DVec t = products_by(true), c = products_by(false);
     const ops::KdaChunkLayout lay{p.chunk, p.head_k, p.head_v};
     const int64_t C = p.chunk, blocks = tc.rows * p.heads;
-    const struct {
-      const char* name;
-      int64_t at, n;
-    } parts[] = {{"dO S0^T", lay.W(), C * p.head_k}, {"dR S0^T", lay.Qh(), C * p.head_k},
-                 {"D dS^T", lay.Kl(), C * p.head_k}, {"dO D^T", lay.Aqk(), C * C},
-                 {"-dR D^T", lay.Tm(), C * C},       {"S0.dS", lay.gL(), p.head_k}};
+    const std::vector<Part> parts = {
+        {"dO S0^T", lay.W(), C * p.head_k}, {"dR S0^T", lay.Qh(), C * p.head_k},
+        {"D dS^T", lay.Kl(), C * p.head_k}, {"dO D^T", lay.Aqk(), C * C},
+        {"-dR D^T", lay.Tm(), C * C},       {"S0.dS", lay.gL(), p.head_k}};
     size_t nonfinite = 0, misshaped = 0;
     for (int64_t b = 0; b < blocks; ++b) {
       for (const auto& part : parts)
@@ -323,16 +331,7 @@ TEST(CudaKdaTcPrepared, BackwardProductsAreCompleteAndShapedAsTheCudaCoreOnes) {
     }
     EXPECT_EQ(nonfinite, 0u) << "backward products unwritten or not finite";
     EXPECT_EQ(misshaped, 0u) << "entries above the diagonal of dO D^T or on and above -dR D^T's";
-    for (const auto& part : parts) {
-      DVec pt, pc;
-      for (int64_t b = 0; b < blocks; ++b)
-        for (int64_t e = 0; e < part.n; ++e) {
-          pt.push_back(t[b * lay.block() + part.at + e]);
-          pc.push_back(c[b * lay.block() + part.at + e]);
-        }
-      std::printf("  %-40s backward %-7s tensor cores vs CUDA cores: rel diff %.3g\n",
-                  setup_name(s).c_str(), part.name, rel_err(pt, pc));
-    }
+    print_part_diffs(s, "backward", t, c, blocks, lay.block(), parts);
   }
 }
 
