@@ -16,11 +16,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define MT_HD __host__ __device__
-#else
-#define MT_HD
-#endif
+#include "core/host_device.h"
 
 namespace mt::ops {
 

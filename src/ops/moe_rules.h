@@ -4,11 +4,30 @@
 // name). Header-only: they are arithmetic on a few integers.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <sstream>
 #include <string>
 
+#include "core/host_device.h"
+
 namespace mt::ops {
+
+// The score of one group of `n` expert scores in group-limited routing, formed the same way by the
+// CPU router and the GPU kernel: the sum of its two best under sigmoid scoring (`top2`), its best
+// under softmax (and for a group of one).
+MT_HD inline float group_score(const float* v, int64_t n, bool top2) {
+  float best = v[0], second = -INFINITY;
+  for (int64_t i = 1; i < n; ++i) {
+    if (v[i] > best) {
+      second = best;
+      best = v[i];
+    } else if (v[i] > second) {
+      second = v[i];
+    }
+  }
+  return (top2 && n >= 2) ? best + second : best;
+}
 
 // Group-limited top-k: `top_k` of `experts`, which form `n_group` equal groups of which the best
 // `topk_group` are kept. Empty when valid, else what is wrong (in the HF config's key names).

@@ -535,16 +535,19 @@ const char* collective_name(Collective c) {
   return kNames[static_cast<int>(c)];
 }
 
+CollectiveStats& CollectiveStats::operator+=(const CollectiveStats& o) {
+  calls += o.calls;
+  bytes_sent += o.bytes_sent;
+  bytes_recv += o.bytes_recv;
+  seconds += o.seconds;
+  idle_seconds += o.idle_seconds;
+  device_seconds += o.device_seconds;
+  return *this;
+}
+
 CollectiveStats CommStats::total() const {
   CollectiveStats t;
-  for (const CollectiveStats& s : per) {
-    t.calls += s.calls;
-    t.bytes_sent += s.bytes_sent;
-    t.bytes_recv += s.bytes_recv;
-    t.seconds += s.seconds;
-    t.idle_seconds += s.idle_seconds;
-    t.device_seconds += s.device_seconds;
-  }
+  for (const CollectiveStats& s : per) t += s;
   return t;
 }
 

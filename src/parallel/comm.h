@@ -57,6 +57,7 @@ const char* collective_name(Collective c);
 struct CollectiveStats {
   int64_t calls = 0, bytes_sent = 0, bytes_recv = 0;
   double seconds = 0, idle_seconds = 0, device_seconds = 0;
+  CollectiveStats& operator+=(const CollectiveStats& o);
 };
 struct CommStats {
   CollectiveStats per[kNumCollectives];

@@ -21,16 +21,7 @@ std::string unit_name(int unit, int units) {
 }
 
 void add_stats(CommStats& into, const CommStats& s) {
-  for (int c = 0; c < kNumCollectives; ++c) {
-    CollectiveStats& a = into.per[c];
-    const CollectiveStats& b = s.per[c];
-    a.calls += b.calls;
-    a.bytes_sent += b.bytes_sent;
-    a.bytes_recv += b.bytes_recv;
-    a.seconds += b.seconds;
-    a.idle_seconds += b.idle_seconds;
-    a.device_seconds += b.device_seconds;
-  }
+  for (int c = 0; c < kNumCollectives; ++c) into.per[c] += s.per[c];
 }
 
 }  // namespace

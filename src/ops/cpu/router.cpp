@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ops/activation.h"
+#include "ops/moe_rules.h"
 
 namespace mt::ops::cpu {
 
@@ -88,19 +89,8 @@ void router_forward(Context& ctx, const RouterParams& p, const Tensor& logits, c
     int64_t n_cand = 0;
     if (G > 1) {
       float* gs = pg_all + t * G;
-      for (int64_t g = 0; g < G; ++g) {
-        const float* v = sel + g * gsize;
-        float best = v[0], second = -INFINITY;
-        for (int64_t i = 1; i < gsize; ++i) {
-          if (v[i] > best) {
-            second = best;
-            best = v[i];
-          } else if (v[i] > second) {
-            second = v[i];
-          }
-        }
-        gs[g] = (p.score == ScoreFunc::Sigmoid && gsize >= 2) ? best + second : best;
-      }
+      for (int64_t g = 0; g < G; ++g)
+        gs[g] = group_score(sel + g * gsize, gsize, p.score == ScoreFunc::Sigmoid);
       int32_t* gi = pgi_all + t * G;
       for (int64_t g = 0; g < G; ++g) gi[g] = static_cast<int32_t>(g);
       std::partial_sort(gi, gi + p.topk_group, gi + G, ByScore{gs});

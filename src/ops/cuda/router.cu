@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ops/cuda/common.cuh"
+#include "ops/moe_rules.h"
 #include "ops/router.h"
 
 namespace mt::ops::cuda {
@@ -109,19 +110,8 @@ __global__ void router_fwd_kernel(Dims d, const float* logits, const float* bias
     // Group scores as the CPU forms them (top-2 sum for sigmoid, max for softmax), one lane per
     // group; then the kept groups by repeated arg-max; experts of other groups are excluded.
     const int64_t gsize = E / G;
-    for (int64_t g = lane; g < G; g += kWarp) {
-      const float* v = work + g * gsize;
-      float best = v[0], second = -INFINITY;
-      for (int64_t i = 1; i < gsize; ++i) {
-        if (v[i] > best) {
-          second = best;
-          best = v[i];
-        } else if (v[i] > second) {
-          second = v[i];
-        }
-      }
-      gs[g] = (!d.softmax && gsize >= 2) ? best + second : best;
-    }
+    for (int64_t g = lane; g < G; g += kWarp)
+      gs[g] = group_score(work + g * gsize, gsize, !d.softmax);
     __syncwarp();
     // A kept group's score becomes NaN: no later arg-max picks it (NaN compares false), and the
     // experts of the groups still holding a number are excluded from the top-k below.
