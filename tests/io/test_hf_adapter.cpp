@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "harness/train_files.h"
+
 namespace mt {
 namespace {
 
@@ -34,8 +36,7 @@ TEST(HfAdapter, PeftLayoutUsesTransformersModuleNames) {
   const LoraTargets t = parse_lora_targets("kda,attention,shared_experts", 3, 6.f);
   Model m(kimi_with(t), 1);
   randomize_lora(m, 5);
-  const fs::path dir = fs::temp_directory_path() / "mt_hf_adapter_test";
-  fs::remove_all(dir);
+  const fs::path dir = test::temp_dir("adapter");
   const size_t n = write_peft_adapter(m, "kimi_linear", {.r = 3, .alpha = 6.f}, dir.string());
   SafetensorsData a = read_safetensors((dir / "adapter_model.safetensors").string());
   EXPECT_EQ(a.tensors.size(), n);
@@ -72,8 +73,7 @@ TEST(HfAdapter, RoutedExpertsAsPeftTargetParameters) {
   const LoraTargets t = parse_lora_targets("routed_experts", 3, 6.f);
   Model m(kimi_with(t), 1);
   randomize_lora(m, 5);
-  const fs::path dir = fs::temp_directory_path() / "mt_hf_adapter_experts";
-  fs::remove_all(dir);
+  const fs::path dir = test::temp_dir("adapter_experts");
   write_peft_adapter(m, "kimi_linear", {.r = 3, .alpha = 6.f}, dir.string());
   SafetensorsData a = read_safetensors((dir / "adapter_model.safetensors").string());
   const std::string pre = "base_model.model.model.layers.1.mlp.experts.";

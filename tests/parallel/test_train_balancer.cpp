@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "harness/train_files.h"
 #include "model/model.h"
 #include "model/moe_layer.h"
 #include "parallel/balance/routing_sim.h"
@@ -176,8 +177,8 @@ TEST(TrainBalancer, ForecastImbalanceAndChunksFollowTheLoads) {
 
 TEST(TrainBalancer, TraceRecordsTheRoutersCandidates) {
   const ModelConfig cfg = tiny_cfg();
-  const std::string path =
-      (std::filesystem::temp_directory_path() / "moetrain_test_train_trace.txt").string();
+  // Its own directory (suite, name, pid): two test runs at once must not share the file.
+  const std::string path = (test::temp_dir("trace") / "train_trace.txt").string();
   Model model(cfg, 5);
   const Data d = make_data(cfg.vocab, 2, 12, 4);
   std::vector<std::vector<std::set<int32_t>>> chosen;  // [layer][token] -> the router's top-k
@@ -200,7 +201,7 @@ TEST(TrainBalancer, TraceRecordsTheRoutersCandidates) {
   }
   balance::TraceHeader h;
   const std::vector<balance::TraceStep> steps = balance::read_trace(path, h);
-  std::filesystem::remove(path);
+  std::filesystem::remove_all(std::filesystem::path(path).parent_path());
   EXPECT_EQ(h.experts, cfg.moe.num_experts);
   EXPECT_EQ(h.top_k, cfg.moe.top_k);
   EXPECT_EQ(h.width, cfg.moe.top_k + 2);
