@@ -144,8 +144,12 @@ void MlaLayer::bind(const ParamTable& params) {
   kv_a_.bind(params);
   kv_norm_ = need_param(params, "kv_a_layernorm.weight", {cfg_.kv_lora_rank});
   kv_b_.bind(params);
-  kv_b_w_ = need_param(params, "kv_b_proj.weight",
-                       {cfg_.heads * (cfg_.qk_nope_dim + cfg_.v_head_dim), cfg_.kv_lora_rank});
+  const int64_t kv_out = cfg_.heads * (cfg_.qk_nope_dim + cfg_.v_head_dim);
+  kv_b_w_ = need_param(params, "kv_b_proj.weight", {kv_out, cfg_.kv_lora_rank});
+  if (cfg_.lora.rank > 0) {
+    kv_b_a_ = need_param(params, "kv_b_proj.lora_A.weight", {cfg_.lora.rank, cfg_.kv_lora_rank});
+    kv_b_b_ = need_param(params, "kv_b_proj.lora_B.weight", {kv_out, cfg_.lora.rank});
+  }
   o_proj_.bind(params);
   if (cfg_.output_gate) g_proj_.bind(params);
 }
@@ -217,8 +221,19 @@ ops::AttentionParams MlaLayer::attn_params(int64_t tokens, int64_t slots) const 
 }
 
 bool MlaLayer::absorbs(const SeqInfo& seq) const {
-  return absorb_ && cfg_.lora.rank == 0 && cfg_.qk_nope_dim > 0 && index_slots(seq) > 0 &&
-         !selects_every_key(seq);
+  return absorb_ && cfg_.qk_nope_dim > 0 && index_slots(seq) > 0 && !selects_every_key(seq);
+}
+
+float MlaLayer::kv_b_lora_scale() const {
+  return cfg_.lora.alpha / static_cast<float>(cfg_.lora.rank);
+}
+
+Tensor MlaLayer::absorb_weight(Context& ctx) const {
+  if (cfg_.lora.rank == 0) return kv_b_w_.value;
+  Tensor w = ctx.workspace().alloc(kv_b_w_.value.shape(), kv_b_w_.value.dtype());
+  ops::copy(ctx, kv_b_w_.value, w);
+  ops::matmul(ctx, kv_b_b_.value, false, kv_b_a_.value, false, w, kv_b_lora_scale(), 1.f);
+  return w;
 }
 
 void MlaLayer::plan_activations(const SeqInfo& seq, ArenaPlan& plan) const {
@@ -367,7 +382,9 @@ void MlaLayer::absorbed_forward(Context& ctx, int64_t T, Arena& acts, Saved& s) 
   s.qa = acts.alloc({T, H, Da}, at);
   s.kvl = acts.alloc({T, Da}, at);
   s.ol = acts.alloc({T, H, kvr}, at);
-  mla_absorb_q(ctx, d, kv_b_w_.value, s.q, s.qa);
+  ArenaScope scope(ctx.workspace());
+  const Tensor w = absorb_weight(ctx);
+  mla_absorb_q(ctx, d, w, s.q, s.qa);
   // kvl = [c_norm ; k_pe], k_pe (after RoPE) read back from the first head's keys.
   Tensor lat = s.kvl.cols(0, kvr);
   ops::copy(ctx, s.cn, lat);
@@ -376,7 +393,7 @@ void MlaLayer::absorbed_forward(Context& ctx, int64_t T, Arena& acts, Saved& s) 
     ops::copy(ctx, s.k.view({T, H * Dqk}).cols(d.nope, Dqk), pe);
   }
   ops::sparse_mqa_forward(ctx, mqa_params(T, s.idx.dim(1)), s.qa, s.kvl, s.idx, s.ol, s.lse);
-  mla_expand_o(ctx, d, kv_b_w_.value, s.ol, s.o);
+  mla_expand_o(ctx, d, w, s.ol, s.o);
 }
 
 void MlaLayer::absorbed_backward(Context& ctx, const Saved& s, const Tensor& dout, Tensor& dq,
@@ -388,13 +405,42 @@ void MlaLayer::absorbed_backward(Context& ctx, const Saved& s, const Tensor& dou
   const DType at = s.q.dtype();
   Tensor dol = ws.alloc({T, H, kvr}, at), dqa = ws.alloc({T, H, Da}, at),
          dkvl = ws.alloc({T, Da}, at);
-  Tensor wgrad = kv_b_w_.grad;  // undefined when frozen: no dW_UK, dW_UV
-  mla_expand_o_backward(ctx, d, kv_b_w_.value, s.ol, dout, dol, wgrad);
+  const Tensor w = absorb_weight(ctx);
+  const bool lora = cfg_.lora.rank > 0;
+  // Without an adapter dW_UK, dW_UV go straight into W's gradient (undefined when frozen: none);
+  // with one, into dW_eff, which the adapter (and a training base) read below.
+  Tensor wgrad = kv_b_w_.grad;
+  if (lora) {
+    wgrad = Tensor();
+    if (kv_b_w_.grad.defined() || kv_b_a_.grad.defined() || kv_b_b_.grad.defined()) {
+      wgrad = ws.alloc(w.shape(), DType::F32);
+      wgrad.zero_();
+    }
+  }
+  mla_expand_o_backward(ctx, d, w, s.ol, dout, dol, wgrad);
   ops::sparse_mqa_backward(ctx, mqa_params(T, s.idx.dim(1)), s.qa, s.kvl, s.idx, s.ol, s.lse, dol,
                            dqa, dkvl);
-  mla_absorb_q_backward(ctx, d, kv_b_w_.value, s.q, dqa, dq, wgrad);
+  mla_absorb_q_backward(ctx, d, w, s.q, dqa, dq, wgrad);
+  if (lora && wgrad.defined()) lora_grads_from(ctx, wgrad);
   if (d.rope > 0) ops::copy(ctx, dkvl.cols(kvr, Da), dkpe);
   ops::copy(ctx, dkvl.cols(0, kvr), dcn);
+}
+
+void MlaLayer::lora_grads_from(Context& ctx, const Tensor& dw_eff) {
+  if (kv_b_w_.grad.defined()) ops::add_into(ctx, dw_eff, kv_b_w_.grad);
+  // The GEMMs take operands of one dtype: bf16 adapters are widened to match the fp32 dW_eff
+  // ([O, r] and [r, kvr], small).
+  auto as_f32 = [&](const Tensor& t) {
+    if (t.dtype() == DType::F32) return t;
+    Tensor f = ctx.workspace().alloc(t.shape(), DType::F32);
+    ops::copy(ctx, t, f);
+    return f;
+  };
+  const float sc = kv_b_lora_scale();
+  if (kv_b_a_.grad.defined())
+    ops::matmul(ctx, as_f32(kv_b_b_.value), true, dw_eff, false, kv_b_a_.grad, sc, 1.f);
+  if (kv_b_b_.grad.defined())
+    ops::matmul(ctx, dw_eff, false, as_f32(kv_b_a_.value), true, kv_b_b_.grad, sc, 1.f);
 }
 
 void MlaLayer::per_head_backward(Context& ctx, const SeqInfo& seq, const Saved& s,

@@ -124,9 +124,14 @@ class MlaLayer : public Layer {
   // sparse prefill; ops/sparse_mqa_attention.h): q_h W_UK,h against the shared latent entry
   // [c_norm ; k_pe], values the latent, o_h = o_latent,h W_UV,h^T. Same scores and outputs as
   // the per-head form, but one gather per (query, key) serves every head. Only where the layer
-  // asks for it (absorb_), over lists that are not every causal key, and with kv_b_proj
-  // without a LoRA adapter (its weight is read directly; an adapter would have to be merged).
+  // asks for it (absorb_) and over lists that are not every causal key; a LoRA adapter on
+  // kv_b_proj is merged once per pass (absorb_weight).
   bool absorbs(const SeqInfo& seq) const;
+  // kv_b_proj's weight as the absorbed form reads it: W itself, or with an adapter
+  // W_eff = W + s B A [H (nope + Dv), kvr] built in ctx.workspace() (under the caller's
+  // ArenaScope): one GEMM of O r kvr multiply-adds, O = H (nope + Dv), small beside attention.
+  Tensor absorb_weight(Context& ctx) const;
+  float kv_b_lora_scale() const;
   // RoPE of the queries' rotary part, and of the shared rotary key [tokens, 1, qk_rope_dim].
   ops::RopeParams q_rope(int64_t tokens) const;
   ops::RopeParams k_rope(int64_t tokens) const;
@@ -138,16 +143,21 @@ class MlaLayer : public Layer {
   MlaConfig cfg_;
   LinearModule q_a_, q_b_, q_proj_, kv_a_, kv_b_, o_proj_, g_proj_;
   ParamRef q_norm_, kv_norm_;
-  bool absorb_ = false;  // DsaLayer: attend over its selection in the absorbed form
-  ParamRef kv_b_w_;      // kv_b_proj.weight, [H (nope + Dv), kvr]: W_UK,h and W_UV,h rows
+  bool absorb_ = false;       // DsaLayer: attend over its selection in the absorbed form
+  ParamRef kv_b_w_;           // kv_b_proj.weight, [H (nope + Dv), kvr]: W_UK,h and W_UV,h rows
+  ParamRef kv_b_a_, kv_b_b_;  // its LoRA adapter (lora.rank > 0): A [r, kvr], B [O, r]
 
  private:
   // Attention over s.idx in the absorbed form: s.qa, s.kvl, s.ol (in `acts`), s.o and s.lse.
   void absorbed_forward(Context& ctx, int64_t tokens, Arena& acts, Saved& s) const;
   // Its backward from the ungated dout: dq [T, H, Dqk] and, for the latent, dcn [T, kvr] and the
-  // rotary key's dkpe [T, rope] written; dW_UK, dW_UV accumulated into kv_b_proj's gradient.
+  // rotary key's dkpe [T, rope] written; dW_UK, dW_UV accumulated into kv_b_proj's gradient, or
+  // with an adapter, dW_eff turned into dA = s B^T dW_eff, dB = s dW_eff A^T (and dW += dW_eff
+  // when the base trains).
   void absorbed_backward(Context& ctx, const Saved& s, const Tensor& dout, Tensor& dq, Tensor& dcn,
                          Tensor& dkpe);
+  // An adapter's gradients from dW_eff [O, kvr] fp32 (and dW += dW_eff when the base trains).
+  void lora_grads_from(Context& ctx, const Tensor& dw_eff);
   // The per-head form's backward, with the same outputs (kv_b_proj's backward included).
   void per_head_backward(Context& ctx, const SeqInfo& seq, const Saved& s, const Tensor& dout,
                          Tensor& dq, Tensor& dcn, Tensor& dkpe);

@@ -144,10 +144,9 @@ KernelRegistry KernelRegistry::builtin() {
          return need_bf16(s);
        });
   // The absorbed MQA form: head_dim / v_dim are the shared entry's (kv_lora_rank + rope /
-  // kv_lora_rank); LoRA on kv_b_proj keeps the layer on the per-head keys (MlaLayer::absorbs).
+  // kv_lora_rank); a LoRA adapter on kv_b_proj is merged into the absorbed weight per pass.
   cuda(OpKind::SparseAttention, "sparse_mla_cuda", landed::sparse_mla_cuda,
        "src/ops/cuda/sparse_mqa_attention.cu (absorbed MQA, tensor cores)", [](const OpShape& s) {
-         if (s.lora_rank > 0) return std::string("kv_b_proj has a LoRA adapter: per-head keys");
          if (!sparse_mqa_fits(1, s.head_dim, s.v_dim))
            return "latent entry " + std::to_string(s.head_dim) + "/" + std::to_string(s.v_dim) +
                   " is not 576/512";

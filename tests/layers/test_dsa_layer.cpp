@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 
 #include "harness/seed.h"
@@ -180,9 +181,11 @@ struct LayerRun {
   std::unique_ptr<Arena> acts;
 };
 
-// Runs one forward + backward with parameters drawn from `seed` (same names -> same values).
+// Runs one forward + backward with parameters drawn from `seed` (same names -> same values);
+// parameters `frozen` names are bound without a gradient.
 LayerRun run_layer(Layer& layer, uint64_t seed, const SeqInfo& seq, const Tensor& x,
-                   const Tensor& dy) {
+                   const Tensor& dy,
+                   const std::function<bool(const std::string&)>& frozen = nullptr) {
   LayerRun r;
   r.specs = layer.param_specs();
   ParamTable table;
@@ -192,7 +195,7 @@ LayerRun run_layer(Layer& layer, uint64_t seed, const SeqInfo& seq, const Tensor
     fill_normal(rng, v, ends_with(p.name, "norm.weight") ? 0.0 : 0.3);
     if (ends_with(p.name, "norm.weight"))
       for (int64_t e = 0; e < v.numel(); ++e) v.f32()[e] += 1.f;
-    Tensor g = Tensor::zeros(p.shape);
+    Tensor g = frozen && frozen(p.name) ? Tensor() : Tensor::zeros(p.shape);
     r.values.push_back(v);
     r.grads.push_back(g);
     table[p.name] = {.value = v, .grad = g};
@@ -261,15 +264,14 @@ TEST(DsaLayer, TopkAtLeastTEqualsDenseMlaExactly) {
 // gradient (kv_b_proj's W_UK and W_UV rows included) up to fp32 rounding. SparseTopkLmPath and
 // SparseTopkIndexerKl check the absorbed layer (the default) against the double reference and
 // finite differences; this pins it to the per-head path directly.
-TEST(DsaLayer, AbsorbedEqualsPerHead) {
+void expect_absorbed_equals_per_head(
+    const DsaConfig& cfg, const std::function<bool(const std::string&)>& frozen = nullptr) {
   SeqInfo seq = SeqInfo::from_lengths(kLengths);
   Rng rng(test_seed());
   const uint64_t params = test_seed();
   Tensor x = Tensor::empty({seq.tokens, 24}), dy = Tensor::empty({seq.tokens, 24});
   fill_normal(rng, x);
   fill_normal(rng, dy);
-  DsaConfig cfg = base_config(16);
-  cfg.indexer_loss_coeff = 0.5f;
   DsaLayer absorbed(cfg), per_head(cfg);
   per_head.set_absorbed(false);
   // The absorbed layer plans its latent-space tensors (qa, kvl, ol): it takes that path.
@@ -277,8 +279,8 @@ TEST(DsaLayer, AbsorbedEqualsPerHead) {
   absorbed.plan_activations(seq, plan_a);
   per_head.plan_activations(seq, plan_p);
   EXPECT_GT(plan_a.bytes(), plan_p.bytes());
-  LayerRun a = run_layer(absorbed, params, seq, x, dy);
-  LayerRun b = run_layer(per_head, params, seq, x, dy);
+  LayerRun a = run_layer(absorbed, params, seq, x, dy, frozen);
+  LayerRun b = run_layer(per_head, params, seq, x, dy, frozen);
   EXPECT_TRUE(same_bits(absorbed.selected(), per_head.selected()));
   auto close = [](const Tensor& u, const Tensor& v, const std::string& what) {
     EXPECT_LT(rel_err(to_dvec(u), to_dvec(v)), 2e-6) << what;
@@ -286,7 +288,32 @@ TEST(DsaLayer, AbsorbedEqualsPerHead) {
   close(a.y, b.y, "y");
   close(a.dx, b.dx, "dx");
   EXPECT_NEAR(a.kl, b.kl, 1e-6 * std::abs(b.kl));
-  for (size_t i = 0; i < b.specs.size(); ++i) close(a.grads[i], b.grads[i], b.specs[i].name);
+  for (size_t i = 0; i < b.specs.size(); ++i) {
+    ASSERT_EQ(a.grads[i].defined(), b.grads[i].defined()) << b.specs[i].name;
+    if (b.grads[i].defined()) close(a.grads[i], b.grads[i], b.specs[i].name);
+  }
+}
+
+TEST(DsaLayer, AbsorbedEqualsPerHead) {
+  DsaConfig cfg = base_config(16);
+  cfg.indexer_loss_coeff = 0.5f;
+  expect_absorbed_equals_per_head(cfg);
+}
+
+// With a LoRA adapter on kv_b_proj the absorbed form reads W_eff = W + s B A and turns dW_eff
+// into the adapter's gradients: every adapter gradient (and the base's, when it trains) matches
+// the per-head path, which runs the adapter through ops::linear. run_layer draws B nonzero, so
+// the adapter moves the output.
+TEST(DsaLayer, AbsorbedEqualsPerHeadLora) {
+  DsaConfig cfg = base_config(16);
+  cfg.indexer_loss_coeff = 0.5f;
+  cfg.mla.lora = {.rank = 2, .alpha = 4.f};
+  expect_absorbed_equals_per_head(cfg);
+  // A LoRA fine-tune: the base weights frozen, only the adapters (and norms) train.
+  expect_absorbed_equals_per_head(cfg, [](const std::string& n) {
+    return ends_with(n, "proj.weight") || ends_with(n, "mqa.weight") ||
+           ends_with(n, "wq_b.weight") || ends_with(n, "wk.weight");
+  });
 }
 
 TEST(DsaLayer, SelectionIsTopkOfCausalPositions) {

@@ -116,8 +116,8 @@ void expect_mla(const MlaConfig& c, int64_t slots, const SeqInfo& seq, Expected&
 void expect_dsa(const DsaConfig& c, const SeqInfo& seq, Expected& e) {
   const int64_t T = seq.tokens, HI = c.index_heads, DI = c.index_head_dim;
   const int64_t slots = c.dense_warmup ? ops::max_doc_len(seq) : c.index_topk;
-  const bool absorbed = !c.dense_warmup && c.mla.lora.rank == 0 && c.mla.qk_nope_dim > 0 &&
-                        ops::max_doc_len(seq) > c.index_topk;
+  const bool absorbed =
+      !c.dense_warmup && c.mla.qk_nope_dim > 0 && ops::max_doc_len(seq) > c.index_topk;
   expect_mla(c.mla, slots, seq, e, absorbed);
   e.lora(3, T, c.mla.lora);
   e.act({T, HI * DI});  // indexer q, key before and after its LayerNorm, head weights
