@@ -253,17 +253,21 @@ void MlaLayer::plan_activations(const SeqInfo& seq, ArenaPlan& plan) const {
   plan.add({T, cfg_.kv_lora_rank});  // c
   plan.add_fp32({T});                // kv_rstd
   plan.add({T, cfg_.kv_lora_rank});  // cn
-  kv_b_.plan(T, plan);
-  plan.add({T, H, qk_dim()});  // k
-  plan.add({T, H, Dv});        // v
+  const bool absorbed = absorbs(seq);
+  const int64_t kvr = cfg_.kv_lora_rank, Da = kvr + cfg_.qk_rope_dim;
+  if (absorbed) {
+    plan.add({T, Da});  // kvl, in place of kv_b_proj's output k, v
+  } else {
+    kv_b_.plan(T, plan);
+    plan.add({T, H, qk_dim()});  // k
+    plan.add({T, H, Dv});        // v
+  }
   if (index_slots(seq) > 0) {
     plan.add({T, index_slots(seq)}, DType::I32);
     plan_selection(seq, plan);
   }
-  if (absorbs(seq)) {
-    const int64_t kvr = cfg_.kv_lora_rank, Da = kvr + cfg_.qk_rope_dim;
+  if (absorbed) {
     plan.add({T, H, Da});   // qa
-    plan.add({T, Da});      // kvl
     plan.add({T, H, kvr});  // ol
   }
   plan.add({T, H, Dv});   // o
@@ -294,28 +298,37 @@ void MlaLayer::project_q(Context& ctx, const Tensor& x, const Tensor& positions,
   if (cfg_.use_rope && rope > 0) ops::rope_forward(ctx, q_rope(n), positions, q, q);
 }
 
-void MlaLayer::project_kv(Context& ctx, const Tensor& x, const Tensor& positions, Tensor& k,
-                          Tensor& v, Arena& acts, Saved& s) const {
-  const int64_t n = x.dim(0), H = cfg_.heads, Dqk = qk_dim(), nope = cfg_.qk_nope_dim,
-                rope = cfg_.qk_rope_dim, Dv = cfg_.v_head_dim, kvr = cfg_.kv_lora_rank;
+void MlaLayer::project_latent(Context& ctx, const Tensor& x, const Tensor& positions, Tensor& kpe,
+                              Arena& acts, Saved& s) const {
+  const int64_t n = x.dim(0), rope = cfg_.qk_rope_dim, kvr = cfg_.kv_lora_rank;
   ArenaScope scope(ctx.workspace());
-  Arena& ws = ctx.workspace();
   const DType at = x.dtype();
-  Tensor ckv = ws.alloc({n, kvr + rope}, at);
+  Tensor ckv = ctx.workspace().alloc({n, kvr + rope}, at);
   kv_a_.forward(ctx, x, ckv, acts, s.kv_a);
   s.c = acts.alloc({n, kvr}, at);
-  Tensor kpe = ws.alloc({n, 1, rope}, at);
-  Tensor kpe2 = kpe.view({n, rope});
   // The norm and RoPE need dense rows, so the two parts of the fused latent are copied out.
   ops::copy(ctx, ckv.cols(0, kvr), s.c);
+  Tensor kpe2 = kpe.view({n, rope});
   ops::copy(ctx, ckv.cols(kvr, kvr + rope), kpe2);
   s.kv_rstd = acts.alloc({n}, DType::F32);
   s.cn = acts.alloc({n, kvr}, at);
   ops::rmsnorm_forward(ctx, {.rows = n, .dim = kvr, .eps = cfg_.norm_eps}, s.c, kv_norm_.value,
                        s.cn, s.kv_rstd);
+  if (cfg_.use_rope && rope > 0) ops::rope_forward(ctx, k_rope(n), positions, kpe, kpe);
+}
+
+void MlaLayer::project_kv(Context& ctx, const Tensor& x, const Tensor& positions, Tensor& k,
+                          Tensor& v, Arena& acts, Saved& s) const {
+  const int64_t n = x.dim(0), H = cfg_.heads, Dqk = qk_dim(), nope = cfg_.qk_nope_dim,
+                rope = cfg_.qk_rope_dim, Dv = cfg_.v_head_dim;
+  ArenaScope scope(ctx.workspace());
+  Arena& ws = ctx.workspace();
+  const DType at = x.dtype();
+  Tensor kpe = ws.alloc({n, 1, rope}, at);
+  Tensor kpe2 = kpe.view({n, rope});
+  project_latent(ctx, x, positions, kpe, acts, s);
   Tensor kv = ws.alloc({n, H * (nope + Dv)}, at);
   kv_b_.forward(ctx, s.cn, kv, acts, s.kv_b);
-  if (cfg_.use_rope && rope > 0) ops::rope_forward(ctx, k_rope(n), positions, kpe, kpe);
   // k = [k_nope | the shared rotary key on every head], v: column views of kv_b's output.
   const Tensor kv3 = kv.view({n, H, nope + Dv});
   Tensor k_nope = k.cols(0, nope), k_rot = k.cols(nope, Dqk);
@@ -348,9 +361,24 @@ void MlaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
   const DType at = x.dtype();
   s.q = acts.alloc({T, H, Dqk}, at);
   project_q(ctx, x, seq.positions, s.q, acts, s);
-  s.k = acts.alloc({T, H, Dqk}, at);
-  s.v = acts.alloc({T, H, Dv}, at);
-  project_kv(ctx, x, seq.positions, s.k, s.v, acts, s);
+  s.absorbed = absorbs(seq);
+  if (s.absorbed) {
+    // The absorbed attention reads only the shared latent entries [c_norm ; k_pe]: per-head k
+    // and v ([T, H, Dqk + Dv], 17.8x the entries' width at DeepSeek's shapes) are never formed.
+    const int64_t kvr = cfg_.kv_lora_rank, Da = kvr + cfg_.qk_rope_dim;
+    s.k = s.v = Tensor();
+    s.kvl = acts.alloc({T, Da}, at);
+    ArenaScope scope(ctx.workspace());
+    Tensor kpe = ctx.workspace().alloc({T, 1, cfg_.qk_rope_dim}, at);
+    project_latent(ctx, x, seq.positions, kpe, acts, s);
+    Tensor lat = s.kvl.cols(0, kvr), pe = s.kvl.cols(kvr, Da);
+    ops::copy(ctx, s.cn, lat);
+    if (cfg_.qk_rope_dim > 0) ops::copy(ctx, kpe.view({T, cfg_.qk_rope_dim}), pe);
+  } else {
+    s.k = acts.alloc({T, H, Dqk}, at);
+    s.v = acts.alloc({T, H, Dv}, at);
+    project_kv(ctx, x, seq.positions, s.k, s.v, acts, s);
+  }
 
   // Attention: over the selected keys, or dense causal inside each document.
   const int64_t slots = index_slots(seq);
@@ -363,7 +391,6 @@ void MlaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
   s.o = acts.alloc({T, H, Dv}, at);
   s.lse = acts.alloc({T, H}, DType::F32);
   s.dense = slots == 0 || selects_every_key(seq);
-  s.absorbed = absorbs(seq);
   if (s.dense)
     ops::causal_attention_forward(ctx, attn_params(T, 0), seq.cu_seqlens, s.q, s.k, s.v, s.o,
                                   s.lse);
@@ -377,21 +404,13 @@ void MlaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
 
 void MlaLayer::absorbed_forward(Context& ctx, int64_t T, Arena& acts, Saved& s) const {
   const MlaAbsorbDims d = absorb_dims();
-  const int64_t H = cfg_.heads, Dqk = qk_dim(), kvr = d.kv_rank, Da = d.latent();
+  const int64_t H = cfg_.heads, kvr = d.kv_rank, Da = d.latent();
   const DType at = s.q.dtype();
   s.qa = acts.alloc({T, H, Da}, at);
-  s.kvl = acts.alloc({T, Da}, at);
   s.ol = acts.alloc({T, H, kvr}, at);
   ArenaScope scope(ctx.workspace());
   const Tensor w = absorb_weight(ctx);
   mla_absorb_q(ctx, d, w, s.q, s.qa);
-  // kvl = [c_norm ; k_pe], k_pe (after RoPE) read back from the first head's keys.
-  Tensor lat = s.kvl.cols(0, kvr);
-  ops::copy(ctx, s.cn, lat);
-  if (d.rope > 0) {
-    Tensor pe = s.kvl.cols(kvr, Da);
-    ops::copy(ctx, s.k.view({T, H * Dqk}).cols(d.nope, Dqk), pe);
-  }
   ops::sparse_mqa_forward(ctx, mqa_params(T, s.idx.dim(1)), s.qa, s.kvl, s.idx, s.ol, s.lse);
   mla_expand_o(ctx, d, w, s.ol, s.o);
 }

@@ -59,11 +59,12 @@ class MlaLayer : public Layer {
     Tensor x;
     Tensor cq, q_rstd, cqn;  // q latent before / after its RMSNorm (q_lora_rank > 0)
     Tensor c, kv_rstd, cn;   // kv latent before / after its RMSNorm
-    Tensor q, k, v;          // [T, H, Dqk], [T, H, Dqk], [T, H, Dv] (after RoPE)
-    Tensor idx;              // i32 [T, slots] (layers that select keys)
-    bool dense = true;       // attention ran densely and causally (no table, or one of every key)
-    Tensor o, lse;           // [T, H, Dv], [T, H]
-    Tensor g, og;            // gate pre-activation and gated output [T, H * Dv]
+    // [T, H, Dqk], [T, H, Dqk], [T, H, Dv] (after RoPE); k and v undefined when absorbed.
+    Tensor q, k, v;
+    Tensor idx;         // i32 [T, slots] (layers that select keys)
+    bool dense = true;  // attention ran densely and causally (no table, or one of every key)
+    Tensor o, lse;      // [T, H, Dv], [T, H]
+    Tensor g, og;       // gate pre-activation and gated output [T, H * Dv]
     // The absorbed form (absorbs()): q with W_UK folded in [T, H, kvr + rope], the shared
     // latent entries [c_norm | k_pe] [T, kvr + rope], the latent-space output [T, H, kvr].
     bool absorbed = false;
@@ -94,7 +95,8 @@ class MlaLayer : public Layer {
   virtual bool selects_every_key(const SeqInfo& seq) const;
   // Activations the hooks save, in addition to the MLA ones.
   virtual void plan_selection(const SeqInfo& seq, ArenaPlan& plan) const;
-  // Fills s.idx (i32 [T, index_slots]) once s.q, s.k, s.v and s.cqn exist; `s` is the state
+  // Fills s.idx (i32 [T, index_slots]) once s.q, s.cqn and the keys (s.k, s.v, or s.kvl when
+  // absorbed) exist; `s` is the state
   // make_state() made.
   virtual void select_keys(Context& ctx, const SeqInfo& seq, const Tensor& x, Arena& acts,
                            Saved& s);
@@ -110,6 +112,10 @@ class MlaLayer : public Layer {
   // q [n, H, Dqk], after RoPE.
   void project_q(Context& ctx, const Tensor& x, const Tensor& positions, Tensor& q, Arena& acts,
                  Saved& s) const;
+  // The latent part: s.c, s.kv_rstd, s.cn (in `acts`) and the rotary key kpe [n, 1, rope]
+  // (after RoPE) written.
+  void project_latent(Context& ctx, const Tensor& x, const Tensor& positions, Tensor& kpe,
+                      Arena& acts, Saved& s) const;
   // k [n, H, Dqk] (after RoPE) and v [n, H, Dv]; row views of a KV cache are fine.
   void project_kv(Context& ctx, const Tensor& x, const Tensor& positions, Tensor& k, Tensor& v,
                   Arena& acts, Saved& s) const;
@@ -148,7 +154,8 @@ class MlaLayer : public Layer {
   ParamRef kv_b_a_, kv_b_b_;  // its LoRA adapter (lora.rank > 0): A [r, kvr], B [O, r]
 
  private:
-  // Attention over s.idx in the absorbed form: s.qa, s.kvl, s.ol (in `acts`), s.o and s.lse.
+  // Attention over s.idx in the absorbed form (s.kvl filled by forward): s.qa, s.ol (in `acts`),
+  // s.o and s.lse.
   void absorbed_forward(Context& ctx, int64_t tokens, Arena& acts, Saved& s) const;
   // Its backward from the ungated dout: dq [T, H, Dqk] and, for the latent, dcn [T, kvr] and the
   // rotary key's dkpe [T, rope] written; dW_UK, dW_UV accumulated into kv_b_proj's gradient, or

@@ -274,11 +274,20 @@ void expect_absorbed_equals_per_head(
   fill_normal(rng, dy);
   DsaLayer absorbed(cfg), per_head(cfg);
   per_head.set_absorbed(false);
-  // The absorbed layer plans its latent-space tensors (qa, kvl, ol): it takes that path.
-  ArenaPlan plan_a, plan_p;
+  // The absorbed layer plans its latent-space tensors (qa, kvl, ol) in place of per-head k, v
+  // and kv_b_proj's LoRA projection: it takes that path, and saves nothing else.
+  ArenaPlan plan_a, plan_p, only_a, only_p;
   absorbed.plan_activations(seq, plan_a);
   per_head.plan_activations(seq, plan_p);
-  EXPECT_GT(plan_a.bytes(), plan_p.bytes());
+  const MlaConfig& m = cfg.mla;
+  const int64_t T = seq.tokens, H = m.heads, Da = m.kv_lora_rank + m.qk_rope_dim;
+  only_a.add({T, Da});
+  only_a.add({T, H, Da});
+  only_a.add({T, H, m.kv_lora_rank});
+  only_p.add({T, H, m.qk_nope_dim + m.qk_rope_dim});
+  only_p.add({T, H, m.v_head_dim});
+  if (m.lora.rank > 0) only_p.add({T, m.lora.rank});
+  EXPECT_EQ(plan_a.bytes() - only_a.bytes(), plan_p.bytes() - only_p.bytes());
   LayerRun a = run_layer(absorbed, params, seq, x, dy, frozen);
   LayerRun b = run_layer(per_head, params, seq, x, dy, frozen);
   EXPECT_TRUE(same_bits(absorbed.selected(), per_head.selected()));

@@ -90,18 +90,22 @@ void expect_mla(const MlaConfig& c, int64_t slots, const SeqInfo& seq, Expected&
   } else {
     e.lora(1, T, c.lora);
   }
-  e.lora(3, T, c.lora);  // kv_a, kv_b, o_proj
+  const int64_t Da = c.kv_lora_rank + c.qk_rope_dim;
+  // kv_a, kv_b, o_proj; the absorbed form never runs kv_b_proj on the latent.
+  e.lora(absorbed ? 2 : 3, T, c.lora);
   e.act({T, c.kv_lora_rank});
   e.act({T, c.kv_lora_rank});
   e.f32({T});
-  e.act({T, H, Dqk});  // q, k, v
-  e.act({T, H, Dqk});
-  e.act({T, H, Dv});
+  e.act({T, H, Dqk});  // q
+  if (absorbed) {
+    e.act({T, Da});  // the shared latent entries in place of per-head k, v
+  } else {
+    e.act({T, H, Dqk});  // k, v
+    e.act({T, H, Dv});
+  }
   if (slots > 0) e.i32({T, slots});  // the index table of a layer that selects keys
   if (absorbed) {
-    const int64_t Da = c.kv_lora_rank + c.qk_rope_dim;
-    e.act({T, H, Da});  // q with W_UK folded in, the shared latent entries, the latent output
-    e.act({T, Da});
+    e.act({T, H, Da});  // q with W_UK folded in, the latent output
     e.act({T, H, c.kv_lora_rank});
   }
   e.act({T, H, Dv});  // o
