@@ -266,12 +266,9 @@ void MlaLayer::plan_activations(const SeqInfo& seq, ArenaPlan& plan) const {
     plan.add({T, index_slots(seq)}, DType::I32);
     plan_selection(seq, plan);
   }
-  if (absorbed) {
-    plan.add({T, H, Da});   // qa
-    plan.add({T, H, kvr});  // ol
-  }
-  plan.add({T, H, Dv});   // o
-  plan.add_fp32({T, H});  // lse
+  if (absorbed) plan.add({T, H, kvr});  // ol (qa lives in the workspace)
+  plan.add({T, H, Dv});                 // o
+  plan.add_fp32({T, H});                // lse
   if (cfg_.output_gate) {
     plan.add({T, H * Dv});  // g
     g_proj_.plan(T, plan);
@@ -391,14 +388,20 @@ void MlaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
   s.o = acts.alloc({T, H, Dv}, at);
   s.lse = acts.alloc({T, H}, DType::F32);
   s.dense = slots == 0 || selects_every_key(seq);
-  if (s.dense)
-    ops::causal_attention_forward(ctx, attn_params(T, 0), seq.cu_seqlens, s.q, s.k, s.v, s.o,
-                                  s.lse);
-  else if (s.absorbed)
-    absorbed_forward(ctx, T, acts, s);
-  else
-    ops::attention_forward(ctx, attn_params(T, slots), s.q, s.k, s.v, s.idx, s.o, s.lse);
-  if (slots > 0) after_attention(ctx, seq, acts, s);
+  {
+    // The absorbed form's qa lives in the workspace until after_attention has read it; backward
+    // rebuilds it (absorbed_backward).
+    ArenaScope scope(ctx.workspace());
+    if (s.dense)
+      ops::causal_attention_forward(ctx, attn_params(T, 0), seq.cu_seqlens, s.q, s.k, s.v, s.o,
+                                    s.lse);
+    else if (s.absorbed)
+      absorbed_forward(ctx, T, acts, s);
+    else
+      ops::attention_forward(ctx, attn_params(T, slots), s.q, s.k, s.v, s.idx, s.o, s.lse);
+    if (slots > 0) after_attention(ctx, seq, acts, s);
+    s.qa = Tensor();
+  }
   project_out(ctx, x, s.o.view({T, H * Dv}), y, acts, s);
 }
 
@@ -406,7 +409,7 @@ void MlaLayer::absorbed_forward(Context& ctx, int64_t T, Arena& acts, Saved& s) 
   const MlaAbsorbDims d = absorb_dims();
   const int64_t H = cfg_.heads, kvr = d.kv_rank, Da = d.latent();
   const DType at = s.q.dtype();
-  s.qa = acts.alloc({T, H, Da}, at);
+  s.qa = ctx.workspace().alloc({T, H, Da}, at);  // the caller's scope: read by after_attention
   s.ol = acts.alloc({T, H, kvr}, at);
   ArenaScope scope(ctx.workspace());
   const Tensor w = absorb_weight(ctx);
@@ -423,8 +426,12 @@ void MlaLayer::absorbed_backward(Context& ctx, const Saved& s, const Tensor& dou
   Arena& ws = ctx.workspace();
   const DType at = s.q.dtype();
   Tensor dol = ws.alloc({T, H, kvr}, at), dqa = ws.alloc({T, H, Da}, at),
-         dkvl = ws.alloc({T, Da}, at);
+         dkvl = ws.alloc({T, Da}, at), qa = ws.alloc({T, H, Da}, at);
   const Tensor w = absorb_weight(ctx);
+  // qa is not saved ([T, H, kvr + rope], the widest activation of the form: 36 KiB a token at
+  // DeepSeek's shapes); rebuilding it costs H products of T x nope x kvr, 2 T H nope kvr FLOPs
+  // (0.3 TFLOP at T65536, 32 heads), well under the attention backward's.
+  mla_absorb_q(ctx, d, w, s.q, qa);
   const bool lora = cfg_.lora.rank > 0;
   // Without an adapter dW_UK, dW_UV go straight into W's gradient (undefined when frozen: none);
   // with one, into dW_eff, which the adapter (and a training base) read below.
@@ -437,7 +444,7 @@ void MlaLayer::absorbed_backward(Context& ctx, const Saved& s, const Tensor& dou
     }
   }
   mla_expand_o_backward(ctx, d, w, s.ol, dout, dol, wgrad);
-  ops::sparse_mqa_backward(ctx, mqa_params(T, s.idx.dim(1)), s.qa, s.kvl, s.idx, s.ol, s.lse, dol,
+  ops::sparse_mqa_backward(ctx, mqa_params(T, s.idx.dim(1)), qa, s.kvl, s.idx, s.ol, s.lse, dol,
                            dqa, dkvl);
   mla_absorb_q_backward(ctx, d, w, s.q, dqa, dq, wgrad);
   if (lora && wgrad.defined()) lora_grads_from(ctx, wgrad);

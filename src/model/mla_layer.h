@@ -65,8 +65,9 @@ class MlaLayer : public Layer {
     bool dense = true;  // attention ran densely and causally (no table, or one of every key)
     Tensor o, lse;      // [T, H, Dv], [T, H]
     Tensor g, og;       // gate pre-activation and gated output [T, H * Dv]
-    // The absorbed form (absorbs()): q with W_UK folded in [T, H, kvr + rope], the shared
-    // latent entries [c_norm | k_pe] [T, kvr + rope], the latent-space output [T, H, kvr].
+    // The absorbed form (absorbs()): q with W_UK folded in [T, H, kvr + rope] (workspace, valid
+    // in forward until after_attention returns; backward rebuilds it), the shared latent
+    // entries [c_norm | k_pe] [T, kvr + rope], the latent-space output [T, H, kvr].
     bool absorbed = false;
     Tensor qa, kvl, ol;
     LinearModule::Saved q_a, q_b, q_proj, kv_a, kv_b, o_proj, g_proj;
@@ -154,8 +155,8 @@ class MlaLayer : public Layer {
   ParamRef kv_b_a_, kv_b_b_;  // its LoRA adapter (lora.rank > 0): A [r, kvr], B [O, r]
 
  private:
-  // Attention over s.idx in the absorbed form (s.kvl filled by forward): s.qa, s.ol (in `acts`),
-  // s.o and s.lse.
+  // Attention over s.idx in the absorbed form (s.kvl filled by forward): s.qa (in the caller's
+  // workspace scope), s.ol (in `acts`), s.o and s.lse.
   void absorbed_forward(Context& ctx, int64_t tokens, Arena& acts, Saved& s) const;
   // Its backward from the ungated dout: dq [T, H, Dqk] and, for the latent, dcn [T, kvr] and the
   // rotary key's dkpe [T, rope] written; dW_UK, dW_UV accumulated into kv_b_proj's gradient, or

@@ -274,15 +274,15 @@ void expect_absorbed_equals_per_head(
   fill_normal(rng, dy);
   DsaLayer absorbed(cfg), per_head(cfg);
   per_head.set_absorbed(false);
-  // The absorbed layer plans its latent-space tensors (qa, kvl, ol) in place of per-head k, v
-  // and kv_b_proj's LoRA projection: it takes that path, and saves nothing else.
+  // The absorbed layer plans its latent-space tensors (kvl, ol; qa is rebuilt in backward) in
+  // place of per-head k, v and kv_b_proj's LoRA projection: it takes that path, and saves
+  // nothing else.
   ArenaPlan plan_a, plan_p, only_a, only_p;
   absorbed.plan_activations(seq, plan_a);
   per_head.plan_activations(seq, plan_p);
   const MlaConfig& m = cfg.mla;
   const int64_t T = seq.tokens, H = m.heads, Da = m.kv_lora_rank + m.qk_rope_dim;
   only_a.add({T, Da});
-  only_a.add({T, H, Da});
   only_a.add({T, H, m.kv_lora_rank});
   only_p.add({T, H, m.qk_nope_dim + m.qk_rope_dim});
   only_p.add({T, H, m.v_head_dim});

@@ -103,13 +103,10 @@ void expect_mla(const MlaConfig& c, int64_t slots, const SeqInfo& seq, Expected&
     e.act({T, H, Dqk});  // k, v
     e.act({T, H, Dv});
   }
-  if (slots > 0) e.i32({T, slots});  // the index table of a layer that selects keys
-  if (absorbed) {
-    e.act({T, H, Da});  // q with W_UK folded in, the latent output
-    e.act({T, H, c.kv_lora_rank});
-  }
-  e.act({T, H, Dv});  // o
-  e.f32({T, H});      // lse
+  if (slots > 0) e.i32({T, slots});             // the index table of a layer that selects keys
+  if (absorbed) e.act({T, H, c.kv_lora_rank});  // the latent output (qa is rebuilt)
+  e.act({T, H, Dv});                            // o
+  e.f32({T, H});                                // lse
   if (c.output_gate) {
     e.lora(1, T, c.lora);
     e.act({T, H * Dv});
