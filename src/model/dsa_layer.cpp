@@ -80,8 +80,7 @@ void DsaLayer::plan_selection(const SeqInfo& seq, ArenaPlan& plan) const {
   plan.add({T, DI});   // kn
   plan.add({T, HI});   // wts
   weights_proj_.plan(T, plan);
-  plan.add_fp32({T, index_slots(seq)});  // target distribution of the KL loss
-  plan.add_fp32({T, index_slots(seq)});  // softmax
+  if (dcfg_.indexer_loss_coeff != 0.f) plan.add_fp32({T, index_slots(seq)});  // KL's dscores
 }
 
 ops::RopeParams DsaLayer::index_rope(int64_t tokens) const {
@@ -142,18 +141,25 @@ void DsaLayer::after_attention(Context& ctx, const SeqInfo& seq, Arena& acts, Ml
   Saved& s = state_as<Saved>(ms, "dsa layer");
   const int64_t T = seq.tokens, HI = dcfg_.index_heads, DI = dcfg_.index_head_dim,
                 slots = s.idx.dim(1);
-  s.target = acts.alloc({T, slots}, DType::F32);
-  if (s.absorbed)
-    ops::sparse_mqa_prob_sum(ctx, mqa_params(T, slots), s.qa, s.kvl, s.idx, s.lse, s.target);
-  else
-    ops::attention_prob_sum(ctx, attn_params(T, slots), s.q, s.k, s.idx, s.lse, s.target);
-  s.softmax = acts.alloc({T, slots}, DType::F32);
+  // The KL's gradient into the scores, coeff (softmax - p) / T, depends on nothing backward
+  // brings (the loss enters with its fixed coefficient), so forward forms it and saves it alone:
+  // one [T, slots] fp32 table instead of the target and the softmax (8 KiB a token less at
+  // top-2048), and backward skips a pass over both.
+  const float coeff = dcfg_.indexer_loss_coeff;
+  if (coeff != 0.f) s.dscores = acts.alloc({T, slots}, DType::F32);
   ArenaScope scope(ctx.workspace());
-  Tensor scores = ctx.workspace().alloc({T, slots}, DType::F32);
+  Arena& ws = ctx.workspace();
+  Tensor target = ws.alloc({T, slots}, DType::F32), softmax = ws.alloc({T, slots}, DType::F32);
+  if (s.absorbed)
+    ops::sparse_mqa_prob_sum(ctx, mqa_params(T, slots), s.qa, s.kvl, s.idx, s.lse, target);
+  else
+    ops::attention_prob_sum(ctx, attn_params(T, slots), s.q, s.k, s.idx, s.lse, target);
+  Tensor scores = ws.alloc({T, slots}, DType::F32);
   ops::indexer_scores_forward(ctx, {.tokens = T, .heads = HI, .head_dim = DI, .kmax = slots},
                               s.qi.view({T, HI, DI}), s.kn, s.wts, s.idx, scores);
   ensure_scalar(kl_.value, ctx.device());
-  ops::indexer_kl_forward(ctx, scores, s.target, s.idx, s.softmax, kl_.value);
+  ops::indexer_kl_forward(ctx, scores, target, s.idx, softmax, kl_.value);
+  if (coeff != 0.f) ops::indexer_kl_backward(ctx, softmax, target, s.idx, coeff, s.dscores);
 }
 
 void DsaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx,
@@ -167,11 +173,9 @@ void DsaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
   ArenaScope scope(ctx.workspace());
   Arena& ws = ctx.workspace();
   const DType at = s.qi.dtype();
-  Tensor dscores = ws.alloc({T, slots}, DType::F32);
-  ops::indexer_kl_backward(ctx, s.softmax, s.target, s.idx, coeff, dscores);
   Tensor dqi = ws.alloc({T, HI, DI}, at), dkn = ws.alloc({T, DI}, at), dw = ws.alloc({T, HI}, at);
   ops::indexer_scores_backward(ctx, {.tokens = T, .heads = HI, .head_dim = DI, .kmax = slots},
-                               s.qi.view({T, HI, DI}), s.kn, s.wts, s.idx, dscores, dqi, dkn, dw);
+                               s.qi.view({T, HI, DI}), s.kn, s.wts, s.idx, s.dscores, dqi, dkn, dw);
   ops::scale(ctx, dw, weight_scale(), dw);
   // The indexer's inputs are detached: its projections get weight gradients only.
   Tensor none;

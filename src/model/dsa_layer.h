@@ -40,7 +40,7 @@ class DsaLayer : public MlaLayer {
     Tensor ki, k_mean, k_rstd;  // wk x and its LayerNorm statistics
     Tensor kn;                  // [T, DI] normalised and rotated key
     Tensor wts;                 // [T, HI] scaled head weights
-    Tensor target, softmax;     // [T, slots] KL target (head-summed probs) and softmax(I)
+    Tensor dscores;             // [T, slots] the KL's gradient into I (indexer_loss_coeff != 0)
     LinearModule::Saved wq_b, wk, weights_proj;
   };
   std::unique_ptr<LayerState> make_state() const override { return std::make_unique<Saved>(); }

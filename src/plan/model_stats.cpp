@@ -328,18 +328,20 @@ double mixer_scratch(const ModelConfig& cfg, MixerKind k, int64_t T, int64_t max
                  DI = static_cast<double>(s.index_head_dim);
     const double slots = static_cast<double>(s.dense_warmup ? max_doc : s.index_topk);
     if (!s.dense_warmup) fwd = std::max(fwd, 2 * fp32(T * static_cast<double>(max_doc)));
+    // The KL's target, softmax and scores (fp32: counted twice).
+    fwd = std::max(fwd, fp32(T * slots) * 6);
     // After MLA backward has released its scratch: dscores, dqi, dkn, dw, dki.
     bwd = std::max(bwd, fp32(T * slots) + fp32(T * HI * DI) + fp32(T * DI) * 2 + fp32(T * HI));
     // The absorbed sparse stage (MlaLayer::absorbs): dout, gate grads, dq, dcn, dckv, dkpe, then
     // dol, dqa, dkvl and the CUDA kernel's fp32 key-gradient sum (counted twice: it stays fp32)
     // in place of dk, dv and dkv, and qa rebuilt. A LoRA adapter on kv_b_proj adds W_eff,
     // dW_eff and fp32 copies of A and B (MlaLayer::absorb_weight, lora_grads_from). Forward
-    // holds qa in the workspace through the KL's fp32 scores (twice: they stay fp32).
+    // holds qa in the workspace through the KL's fp32 tables (twice: they stay fp32).
     if (!s.dense_warmup && m.qk_nope_dim > 0 && max_doc > s.index_topk) {
       double abs_bwd = fp32(T * H * Dv) * (m.output_gate ? 3 : 1) + fp32(T * H * Dqk) +
                        fp32(T * kvr) * 2 + fp32(T * (kvr + rope)) * 4 + fp32(T * rope) +
                        fp32(T * H * kvr) + fp32(T * H * (kvr + rope)) * 2;
-      double abs_fwd = fp32(T * H * (kvr + rope)) + fp32(T * slots) * 2;
+      double abs_fwd = fp32(T * H * (kvr + rope)) + fp32(T * slots) * 6;
       if (m.lora.rank > 0) {
         const double out = H * (static_cast<double>(m.qk_nope_dim) + Dv),
                      r = static_cast<double>(m.lora.rank);

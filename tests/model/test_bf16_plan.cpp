@@ -127,8 +127,7 @@ void expect_dsa(const DsaConfig& c, const SeqInfo& seq, Expected& e) {
   e.act({T, HI});
   e.f32({T});  // LayerNorm mean and rstd
   e.f32({T});
-  e.f32({T, slots});  // KL target and softmax
-  e.f32({T, slots});
+  if (c.indexer_loss_coeff != 0.f) e.f32({T, slots});  // the KL's gradient into the scores
 }
 
 void expect_dense(const DenseFfnConfig& c, const SeqInfo& seq, Expected& e) {
