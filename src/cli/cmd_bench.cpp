@@ -107,7 +107,7 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
   Tensor qi = random_device({T, HI, DI}, bf, rng), ki = random_device({T, DI}, bf, rng),
          wi = random_device({T, HI}, bf, rng, 1 / std::sqrt(static_cast<double>(HI)));
   Tensor idx = Tensor::empty({T, K}, DType::I32, Device::CUDA);
-  // The KL loss's tensors, as the layer keeps them.
+  // The KL loss's tensors: the layer saves dscores, the rest is its forward's workspace.
   Tensor target = Tensor::empty({T, K}, DType::F32, Device::CUDA),
          softmax = Tensor::empty({T, K}, DType::F32, Device::CUDA),
          scores = Tensor::empty({T, K}, DType::F32, Device::CUDA),
@@ -164,6 +164,7 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
       mla_expand_o(ctx, ad, wkv, ol, out_o);
     };
     attn_bwd = [&] {
+      mla_absorb_q(ctx, ad, wkv, q, qa);  // rebuilt, not saved (MlaLayer::absorbed_backward)
       mla_expand_o_backward(ctx, ad, wkv, ol, dout, dol, wgrad);
       ops::sparse_mqa_backward(ctx, mp, qa, kvl, idx, ol, lse, dol, dqa, dkvl);
       mla_absorb_q_backward(ctx, ad, wkv, q, dqa, dq, wgrad);
@@ -177,9 +178,10 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
       ops::attention_prob_sum(ctx, ap, q, k, idx, lse, target);
     ops::indexer_scores_forward(ctx, sp, qi, ki, wi, idx, scores);
     ops::indexer_kl_forward(ctx, scores, target, idx, softmax, loss);
+    // The layer forms the score gradient in forward (DsaLayer::after_attention).
+    ops::indexer_kl_backward(ctx, softmax, target, idx, 1.0, dscores);
   };
   auto kl_bwd = [&] {
-    ops::indexer_kl_backward(ctx, softmax, target, idx, 1.0, dscores);
     ops::indexer_scores_backward(ctx, sp, qi, ki, wi, idx, dscores, dqi, dki, dwi);
   };
   auto time = [&](const std::function<void()>& f) { return mean_ms(ctx, o.warmup, o.iters, f); };
