@@ -319,7 +319,21 @@ struct MoeBenchOptions {
   // Grouped GEMM configurations to run in turn (ops/grouped_matmul.h names, comma-separated);
   // empty: MOETRAIN_GROUPED_GEMM's, or the default.
   std::string gemm;
+  // Cases to run, comma-separated ("A", "B:skewed", ...: a shape, optionally its routing); empty:
+  // all four. A profiler run (ncu) wants one.
+  std::string cases;
 };
+
+// Whether `cases` (MoeBenchOptions::cases) selects shape `name` with this routing.
+bool moe_case_selected(const std::string& cases, const std::string& name, bool skewed) {
+  if (cases.empty()) return true;
+  std::stringstream ss(cases);
+  for (std::string c; std::getline(ss, c, ',');) {
+    const std::string routing = skewed ? "skewed" : "uniform";
+    if (c == name || c == name + ":" + routing) return true;
+  }
+  return false;
+}
 
 // Rows per expert summing to `rows`: equal, or every eighth expert `hot` times the others.
 std::vector<int32_t> expert_offsets(int64_t rows, int64_t experts, bool skewed) {
@@ -436,6 +450,14 @@ nlohmann::json run_moe_bench(const MoeBenchOptions& o, std::ostream& log) {
   for (std::string n; std::getline(names, n, ',');)
     gemms.push_back(ops::parse_grouped_gemm_config(n));
   if (gemms.empty()) gemms.push_back(ops::grouped_gemm_config_from_env());
+  if (!o.cases.empty()) {
+    std::stringstream ss(o.cases);
+    for (std::string c; std::getline(ss, c, ',');)
+      MT_CHECK(c == "A" || c == "B" || c == "A:uniform" || c == "A:skewed" || c == "B:uniform" ||
+                   c == "B:skewed",
+               ValueError, "bench moe: --cases wants A, B, A:uniform, A:skewed, B:uniform or ",
+               "B:skewed (comma-separated), got \"", c, "\"");
+  }
   nlohmann::json j = {{"device", cuda_device_name(0)}, {"runs", nlohmann::json::array()}};
   struct Shape5 {
     const char* name;
@@ -445,6 +467,7 @@ nlohmann::json run_moe_bench(const MoeBenchOptions& o, std::ostream& log) {
     for (const Shape5& s :
          {Shape5{"A", 16384, 8, 64, 2048, 1024}, Shape5{"B", 8192, 8, 256, 2304, 1024}})
       for (bool skewed : {false, true}) {
+        if (!moe_case_selected(o.cases, s.name, skewed)) continue;
         log << "bench moe: " << s.name << (skewed ? " skewed" : " uniform") << ", grouped GEMM "
             << ops::grouped_gemm_config_name(gemm) << "\n";
         j["runs"].push_back(
@@ -562,6 +585,10 @@ Command add_bench_command(CLI::App& app) {
   ms->add_option("--lora-rank", mb->lora_rank, "LoRA rank of the adapter runs")
       ->capture_default_str();
   ms->add_option("--iters", mb->iters, "timed runs")->capture_default_str();
+  ms->add_option("--warmup", mb->warmup, "untimed runs first")->capture_default_str();
+  ms->add_option("--cases", mb->cases,
+                 "shapes to run, comma-separated: A, B, or one routing of one (A:uniform, "
+                 "B:skewed, ...); default: all four");
   ms->add_option("--gemm", mb->gemm,
                  "grouped GEMM configurations to run in turn, comma-separated (kernel[:sN][:n], "
                  "docs/gpu.md); default: MOETRAIN_GROUPED_GEMM's or the default");
