@@ -12,14 +12,21 @@
 
 #include "cli/commands.h"
 #include "core/device.h"
+#include "core/graph.h"
 #include "core/rng.h"
+#include "core/seq_info.h"
 #include "model/mla_layer.h"
 #include "ops/attention.h"
+#include "ops/elementwise.h"
+#include "ops/expert_load.h"
+#include "ops/gemm.h"
 #include "ops/grouped_ffn.h"
 #include "ops/grouped_matmul.h"
 #include "ops/indexer.h"
 #include "ops/kda.h"
 #include "ops/kda_prep_path.h"
+#include "ops/moe_dispatch.h"
+#include "ops/router.h"
 #include "ops/sparse_mqa_attention.h"
 #include "train/bench_decode.h"
 #include "train/bench_step.h"
@@ -312,7 +319,9 @@ nlohmann::json run_kda_bench(const KdaBenchOptions& o, std::ostream& log) {
 // 2304, ffn 1024; near-uniform routing and skewed routing (every eighth expert hot, 30x the rows
 // of the others). Forward, forward+backward with a frozen base (dX only), with the base training
 // (dX + dW) and with LoRA on every expert projection (dX + the adapters' grads);
-// bench/moe_torch.py times torch._grouped_mm on the same shapes and row counts.
+// bench/moe_torch.py times torch._grouped_mm on the same shapes and row counts. Beside them: the
+// frozen and LoRA forward+backward replayed from a CUDA graph, and the MoE layer's routing,
+// permutation and combine (bench_routing), each part and its share (docs/cli.md, bench moe).
 struct MoeBenchOptions {
   int64_t lora_rank = 16, warmup = 2, iters = 10;
   double workspace_gib = 4;
@@ -353,6 +362,113 @@ std::vector<int32_t> expert_offsets(int64_t rows, int64_t experts, bool skewed) 
   for (size_t e = 0; given < rows; ++e, ++given)
     for (size_t f = e + 1; f <= n; ++f) ++off[f];
   return off;
+}
+
+// The MoE layer's routing around the grouped experts, timed per part on the same ops in the same
+// order as MoeLayer::forward / backward (model/moe_layer.cpp; no latent projection, as at the
+// bench shapes, and no shared experts): forward the router GEMM (bf16 tokens x gate -> f32
+// logits), the router (sigmoid scores, top-k on score + correction bias, renormalised weights
+// times Kimi-Linear's routed scaling 2.446, one group as Kimi's configs have it) with the aux
+// statistics the layer always computes (seq aux loss, z-loss), the dispatch plan (CUB's sort,
+// offsets, the expert load count and the offsets' copy to the host: the layer's one wait), the
+// gather of token rows into expert order and the weighted combine; backward the combine's
+// (row gradients and weight gradients), the gather's, the router's (with the seq aux loss's
+// gradient at the seed config's coefficient; the z-loss's is off there) and the router GEMM's
+// two (dlogits narrowed to bf16, then the gate's gradient and dX). The routing is the router's
+// own choice on random tokens (N(0, 1), gate N(0, 1/d): near-uniform), one document; the
+// grouped FFN beside it runs the case's synthetic offsets.
+nlohmann::json bench_routing(Context& ctx, int64_t T, int64_t K, int64_t E, int64_t d,
+                             const std::function<double(const std::function<void()>&)>& time) {
+  Rng rng(2);
+  const DType bf = DType::BF16, f32 = DType::F32, i32 = DType::I32;
+  const Device D = Device::CUDA;
+  const int64_t N = T * K;
+  const float seq_aux_coeff = 1e-4f;  // configs/seed-2.8t.json's router_aux_loss_coef
+  const ops::RouterParams rp{.tokens = T,
+                             .experts = E,
+                             .top_k = K,
+                             .score = ops::ScoreFunc::Sigmoid,
+                             .n_group = 1,
+                             .topk_group = 1,
+                             .norm_topk_prob = true,
+                             .routed_scaling = 2.446f};
+  const SeqInfo seq = SeqInfo::uniform(1, T);  // the aux statistics read its host offsets
+  const Tensor x = random_device({T, d}, bf, rng),
+               gate = random_device({E, d}, bf, rng, 1 / std::sqrt(static_cast<double>(d))),
+               bias = random_device({E}, f32, rng, 0.01);
+  Tensor logits = Tensor::empty({T, E}, f32, D), scores = Tensor::empty({T, E}, f32, D),
+         ids = Tensor::empty({T, K}, i32, D), weights = Tensor::empty({T, K}, f32, D),
+         aux = Tensor::empty({1}, DType::F64, D), zloss = Tensor::empty({1}, DType::F64, D);
+  Tensor perm = Tensor::empty({N}, i32, D), inv = Tensor::empty({N}, i32, D),
+         offsets = Tensor::empty({E + 1}, i32, D), offsets_host = Tensor::empty({E + 1}, i32),
+         load = Tensor::zeros({E}, DType::I64, D);
+  // Expert outputs and row gradients: random stand-ins for what the grouped FFN would write.
+  const Tensor rows_out = random_device({N, d}, bf, rng), drows = random_device({N, d}, bf, rng),
+               dy = random_device({T, d}, bf, rng);
+  Tensor rows = Tensor::empty({N, d}, bf, D), y = Tensor::empty({T, d}, bf, D),
+         drows_out = Tensor::empty({N, d}, bf, D), dweights = Tensor::empty({T, K}, f32, D),
+         dx = Tensor::empty({T, d}, bf, D), dlogits = Tensor::empty({T, E}, f32, D),
+         dl = Tensor::empty({T, E}, bf, D), dgate = Tensor::zeros({E, d}, f32, D);
+  nlohmann::json r;
+  // In the layer's order, so each part reads what the one before wrote (warm-up included).
+  const double gemm_f = time([&] { ops::matmul(ctx, x, false, gate, true, logits); });
+  const double router_f = time([&] {
+    ops::router_forward(ctx, rp, logits, bias, scores, ids, weights);
+    ops::router_seq_aux_loss(ctx, rp, seq, scores, ids, aux);
+    ops::router_z_loss(ctx, rp, logits, zloss);
+  });
+  const double plan = time([&] {
+    ops::moe_dispatch_plan(ctx, ids, E, perm, inv, offsets);
+    ops::expert_load_count(ctx, offsets, Tensor(), load);
+    offsets_host.copy_from(offsets);
+  });
+  const double gather = time([&] { ops::moe_gather(ctx, x, perm, K, rows); });
+  const double combine_f = time([&] { ops::moe_combine(ctx, rows_out, weights, inv, y); });
+  const double combine_b = time(
+      [&] { ops::moe_combine_backward(ctx, rows_out, weights, inv, dy, drows_out, dweights); });
+  const double gather_b = time([&] { ops::moe_gather_backward(ctx, drows, inv, K, dx); });
+  const double router_b = time([&] {
+    ops::router_backward(ctx, rp, scores, ids, dweights, dlogits);
+    ops::router_seq_aux_backward(ctx, rp, seq, scores, ids, seq_aux_coeff, dlogits);
+  });
+  const double gemm_b = time([&] {
+    ops::copy(ctx, dlogits, dl);
+    ops::matmul(ctx, dl, true, x, false, dgate, 1.f, 1.f);
+    ops::matmul(ctx, dl, false, gate, false, dx, 1.f, 1.f);
+  });
+  int32_t most = 0;
+  for (int64_t e = 0; e < E; ++e)
+    most = std::max(most, offsets_host.i32()[e + 1] - offsets_host.i32()[e]);
+  r["routing_max_rows_per_expert"] = most;
+  r["router_gemm_fwd_ms"] = gemm_f;
+  r["router_fwd_ms"] = router_f;
+  r["dispatch_plan_ms"] = plan;
+  r["gather_ms"] = gather;
+  r["combine_fwd_ms"] = combine_f;
+  r["routing_total_fwd_ms"] = gemm_f + router_f + plan + gather + combine_f;
+  r["combine_bwd_ms"] = combine_b;
+  r["gather_bwd_ms"] = gather_b;
+  r["router_bwd_ms"] = router_b;
+  r["router_gemm_bwd_ms"] = gemm_b;
+  r["routing_total_bwd_ms"] = combine_b + gather_b + router_b + gemm_b;
+  return r;
+}
+
+// A CUDA graph of `f` (core/graph.h) replayed `iters` times: its mean time under `key` and the
+// launches one call makes under `launches_key` (the graph's kernel nodes; memsets under
+// `launches_key` + "_memsets"), or, where capture fails, the reason under `key` + "_error".
+void time_graph(Context& ctx, const MoeBenchOptions& o, const std::function<void()>& f,
+                const std::string& key, const std::string& launches_key, nlohmann::json& out) {
+  OpGraph g;
+  try {
+    g.capture(ctx, f);
+  } catch (const Error& e) {
+    out[key + "_error"] = e.what();
+    return;
+  }
+  out[key] = mean_ms(ctx, o.warmup, o.iters, [&] { g.replay(ctx); });
+  out[launches_key] = g.nodes().kernels;
+  out[launches_key + "_memsets"] = g.nodes().memsets;
 }
 
 nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConfig& gemm,
@@ -421,25 +537,53 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
   const auto tf = [&](double mult, double ms) { return mult * flops / ms / 1e9; };
   int32_t most = 0;
   for (size_t e = 0; e + 1 < off.size(); ++e) most = std::max(most, off[e + 1] - off[e]);
-  return {{"case", name},
-          {"grouped_gemm", ops::grouped_gemm_config_name(gemm)},
-          {"routing", skewed ? "skewed" : "uniform"},
-          {"tokens", tokens},
-          {"topk", topk},
-          {"experts", E},
-          {"d", d},
-          {"ffn", F},
-          {"max_rows_per_expert", most},
-          {"fwd_ms", f},
-          {"fwd_tflops", tf(1, f)},
-          {"fwdbwd_frozen_ms", fb_frozen},
-          {"fwdbwd_frozen_tflops", tf(2, fb_frozen)},
-          {"fwdbwd_full_ms", fb_full},
-          {"fwdbwd_full_tflops", tf(3, fb_full)},
-          {"lora_rank", r},
-          {"lora_fwd_ms", lf},
-          {"lora_fwdbwd_ms", lfb},
-          {"lora_overhead_fwdbwd", lfb / fb_frozen - 1}};
+  nlohmann::json run = {{"case", name},
+                        {"grouped_gemm", ops::grouped_gemm_config_name(gemm)},
+                        {"routing", skewed ? "skewed" : "uniform"},
+                        {"tokens", tokens},
+                        {"topk", topk},
+                        {"experts", E},
+                        {"d", d},
+                        {"ffn", F},
+                        {"max_rows_per_expert", most},
+                        {"fwd_ms", f},
+                        {"fwd_tflops", tf(1, f)},
+                        {"fwdbwd_frozen_ms", fb_frozen},
+                        {"fwdbwd_frozen_tflops", tf(2, fb_frozen)},
+                        {"fwdbwd_full_ms", fb_full},
+                        {"fwdbwd_full_tflops", tf(3, fb_full)},
+                        {"lora_rank", r},
+                        {"lora_fwd_ms", lf},
+                        {"lora_fwdbwd_ms", lfb},
+                        {"lora_overhead_fwdbwd", lfb / fb_frozen - 1}};
+  // The same forward+backward replayed from a CUDA graph: the offsets are fixed here, so the
+  // problem sizes the grouped GEMMs take from their host copy hold at every replay.
+  time_graph(
+      ctx, o,
+      [&] {
+        fwd();
+        bwd(frozen);
+      },
+      "graph_fwdbwd_frozen_ms", "fwdbwd_frozen_launches", run);
+  time_graph(
+      ctx, o,
+      [&] {
+        lfwd();
+        ops::grouped_ffn_backward(ctx, lp, x, offsets, lw, lsaved, dy, dx, lora);
+      },
+      "graph_lora_fwdbwd_ms", "lora_fwdbwd_launches", run);
+  if (run.contains("graph_fwdbwd_frozen_ms"))
+    run["graph_saving_fwdbwd_frozen"] = 1 - run["graph_fwdbwd_frozen_ms"].get<double>() / fb_frozen;
+  if (run.contains("graph_lora_fwdbwd_ms"))
+    run["graph_saving_lora_fwdbwd"] = 1 - run["graph_lora_fwdbwd_ms"].get<double>() / lfb;
+  // Routing, permutation and combine beside the grouped FFN, and their share of the two.
+  run.update(bench_routing(ctx, tokens, topk, E, d, time));
+  const double rf = run["routing_total_fwd_ms"].get<double>(),
+               rfb = rf + run["routing_total_bwd_ms"].get<double>();
+  run["routing_share_fwd"] = rf / (rf + f);
+  run["routing_share_fwdbwd_frozen"] = rfb / (rfb + fb_frozen);
+  run["routing_share_lora_fwdbwd"] = rfb / (rfb + lfb);
+  return run;
 }
 
 nlohmann::json run_moe_bench(const MoeBenchOptions& o, std::ostream& log) {
@@ -580,8 +724,9 @@ Command add_bench_command(CLI::App& app) {
   auto mb = std::make_shared<MoeBenchOptions>();
   CLI::App* ms = c->add_subcommand("moe",
                                    "time the routed experts' grouped SwiGLU FFN (frozen, full, "
-                                   "LoRA) at issue 14's shapes (bench/moe_torch.py: "
-                                   "torch._grouped_mm)");
+                                   "LoRA; eager and from a CUDA graph) and the layer's routing, "
+                                   "permutation and combine at issue 14's shapes "
+                                   "(bench/moe_torch.py: torch._grouped_mm)");
   ms->add_option("--lora-rank", mb->lora_rank, "LoRA rank of the adapter runs")
       ->capture_default_str();
   ms->add_option("--iters", mb->iters, "timed runs")->capture_default_str();
