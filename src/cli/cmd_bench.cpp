@@ -576,8 +576,14 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
     run["graph_saving_fwdbwd_frozen"] = 1 - run["graph_fwdbwd_frozen_ms"].get<double>() / fb_frozen;
   if (run.contains("graph_lora_fwdbwd_ms"))
     run["graph_saving_lora_fwdbwd"] = 1 - run["graph_lora_fwdbwd_ms"].get<double>() / lfb;
-  // Routing, permutation and combine beside the grouped FFN, and their share of the two.
-  run.update(bench_routing(ctx, tokens, topk, E, d, time));
+  // Routing, permutation and combine beside the grouped FFN, and their share of the two. A
+  // failure there (memory) leaves its reason and keeps the expert timings above.
+  try {
+    run.update(bench_routing(ctx, tokens, topk, E, d, time));
+  } catch (const Error& e) {
+    run["routing_error"] = e.what();
+    return run;
+  }
   const double rf = run["routing_total_fwd_ms"].get<double>(),
                rfb = rf + run["routing_total_bwd_ms"].get<double>();
   run["routing_share_fwd"] = rf / (rf + f);
