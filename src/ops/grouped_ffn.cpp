@@ -92,6 +92,7 @@ void grouped_ffn_plan(const GroupedFfnParams& p, ArenaPlan& plan) {
   if (p.lora_rank > 0) {
     plan.add({p.rows, p.lora_rank});
     plan.add({p.rows, p.lora_rank});
+    plan.add({p.rows, p.ffn});
   }
 }
 
@@ -101,6 +102,7 @@ GroupedFfnSaved grouped_ffn_alloc_saved(const GroupedFfnParams& p, Arena& arena,
   if (p.lora_rank > 0) {
     s.xa = arena.alloc({p.rows, p.lora_rank}, at);
     s.ha = arena.alloc({p.rows, p.lora_rank}, at);
+    s.h = arena.alloc({p.rows, p.ffn}, at);
   }
   return s;
 }
@@ -115,6 +117,7 @@ void grouped_ffn_forward(Context& ctx, const GroupedFfnParams& p, const Tensor& 
   if (r > 0) {
     expect_shape(saved.xa, {N, r}, "grouped_ffn saved xa");
     expect_shape(saved.ha, {N, r}, "grouped_ffn saved ha");
+    expect_shape(saved.h, {N, F}, "grouped_ffn saved h");
   }
   const float s = p.lora_scale();
   const Forms form(p);
@@ -135,7 +138,7 @@ void grouped_ffn_forward(Context& ctx, const GroupedFfnParams& p, const Tensor& 
         [&](float beta) { grouped_matmul(ctx, scaled(form.fwd, s, beta), xa, offsets, b, out); });
   };
   ArenaScope scope(ctx.workspace());
-  Tensor h = ctx.workspace().alloc({N, F}, x.dtype());
+  Tensor h = r > 0 ? saved.h : ctx.workspace().alloc({N, F}, x.dtype());
   if (r == 0) {
     grouped_matmul(ctx, form.fwd, x, offsets, w.gate_up, saved.gate_up);
     swiglu_forward(ctx, saved.gate_up, h);
@@ -174,15 +177,15 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
   // Scratch in the activations' type (f32 on the CPU; f32 or bf16 on the GPU).
   ArenaScope scope(ctx.workspace());
   const DType at = x.dtype();
-  // h = swiglu(gate_up) is recomputed only for the passes that read it, dW_down and the down
-  // adapter's dA (dB reads the saved ha): a frozen base without a down adapter skips a pass that
-  // reads 2 N F and writes N F elements.
+  // h = swiglu(gate_up): forward's with LoRA; without, recomputed only for the pass that reads
+  // it, dW_down (a frozen base skips a pass that reads 2 N F and writes N F elements).
+  if (r > 0) expect_shape(saved.h, {N, F}, "grouped_ffn saved h");
   const bool need_h = g_dn || g_dna;
-  Tensor h = need_h ? ctx.workspace().alloc({N, F}, at) : Tensor();
+  Tensor h = r > 0 ? saved.h : need_h ? ctx.workspace().alloc({N, F}, at) : Tensor();
   Tensor dh = ctx.workspace().alloc({N, F}, at);
   Tensor dgu = ctx.workspace().alloc({N, 2 * F}, at);
   Tensor dr = ctx.workspace().alloc({N, r}, at);
-  if (need_h) swiglu_forward(ctx, saved.gate_up, h);
+  if (need_h && r == 0) swiglu_forward(ctx, saved.gate_up, h);
 
   // Traffic per pass, in elements (N rows, d = in): the down projection's dX GEMM reads dY (N d)
   // and writes dh (N F), its dW GEMM reads dY and h (N d + N F); SwiGLU's backward reads gate_up

@@ -36,12 +36,15 @@ struct GroupedFfnWeights {
   Tensor gate_up_a, gate_up_b, down_a, down_b;  // used only when lora_rank > 0
 };
 
-// What forward keeps for backward: the pre-activations and, with LoRA, the rank-r projections.
-// h is recomputed in backward from gate_up rather than stored.
+// What forward keeps for backward: the pre-activations and, with LoRA, the rank-r projections and
+// h. Without LoRA h is recomputed in backward from gate_up where a pass reads it (dW_down); with
+// LoRA the down adapter's dA always reads it, and keeping it (rows x F, a third of gate_up) saves
+// backward a pass that reads gate_up and writes h.
 struct GroupedFfnSaved {
   Tensor gate_up;  // [rows, 2F]
   Tensor xa;       // [rows, r]: X A_gu^T
   Tensor ha;       // [rows, r]: h A_down^T
+  Tensor h;        // [rows, F] with LoRA: swiglu(gate_up), as forward computed it
 };
 
 void grouped_ffn_plan(const GroupedFfnParams& p, ArenaPlan& plan);

@@ -514,7 +514,8 @@ MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& c,
       int64_t moe = 0;
       for (const LayerIR& layer : cfg.layers) moe += layer.ffn == FfnKind::Moe;
       m.a2a_buffers =
-          (fp32(rows * l) * 4 + static_cast<double>(moe) * fp32(rows * (l + 2 * F + 2 * r))) *
+          (fp32(rows * l) * 4 +
+           static_cast<double>(moe) * fp32(rows * (l + 2 * F + 2 * r + (r > 0 ? F : 0)))) *
           dt.act / 4.0;
     }
     return m;

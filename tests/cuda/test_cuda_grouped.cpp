@@ -178,6 +178,7 @@ FfnOperands ffn_operands(Context& c, const FfnSetup& s, const std::vector<Tensor
     o.g.down_b = like(c, in[13]);
     o.saved.xa = out(c, {N, r}, at);
     o.saved.ha = out(c, {N, r}, at);
+    o.saved.h = out(c, {N, F}, at);
   }
   o.saved.gate_up = out(c, {N, 2 * F}, at);
   o.y = out(c, {N, l}, at);

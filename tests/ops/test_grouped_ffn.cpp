@@ -89,6 +89,7 @@ class GroupedFfnCase : public OpCase {
     if (p.lora_rank > 0) {
       saved_.xa = alloc({p.rows, p.lora_rank});
       saved_.ha = alloc({p.rows, p.lora_rank});
+      saved_.h = alloc({p.rows, p.ffn});
     }
     Tensor y = alloc({p.rows, p.in});
     ops::grouped_ffn_forward(ctx, p, in[0], in[1], pack(in, s_.rank > 0), y, saved_);

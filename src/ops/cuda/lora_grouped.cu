@@ -217,8 +217,34 @@ __device__ __forceinline__ void for_each_pair(int64_t n0, int64_t n, int rows, i
   }
 }
 
+// The up products' output tiles are staged in shared memory ([64 rows][128 columns], pitch
+// kLdWide) and move between it and global memory in 16-byte chunks, a warp covering two whole rows
+// of 256 bytes: storing the MMA fragments straight to global memory (4 bytes per lane, 8 rows per
+// warp access) ran these bandwidth-bound kernels at a third of HBM's speed. A block walks several
+// column tiles of its row tile, so the rank tile and the group lookup serve 512 columns.
+constexpr int kUpTilesPerBlock = 4;
+
+// Global -> shared (cp.async, uncommitted) or shared -> global for the tile's rows < rows and
+// 8-column chunks whose first column `col(c)` of global memory (c = the tile's column) is < n.
+template <bool kLoad, typename Col>
+__device__ __forceinline__ void move_tile(bf16* tile, bf16* g, int64_t ld, int rows, int64_t n,
+                                          const Col& col, int tid) {
+  constexpr int kChunks = kColTile / 8;
+  for (int i = tid; i < kRowTile * kChunks; i += kThreads) {
+    const int row = i / kChunks, c = (i % kChunks) << 3;
+    const int64_t gc = col(c);
+    if (row >= rows || gc >= n) continue;
+    bf16* sm = tile + row * kLdWide + c;
+    if constexpr (kLoad)
+      mma::cp_async16(sm, g + row * ld + gc);
+    else
+      *reinterpret_cast<uint4*>(g + row * ld + gc) = *reinterpret_cast<const uint4*>(sm);
+  }
+}
+
 // C [rows, n] = alpha S W^T (w_nr: W_g [n, r]) or alpha S W (W_g [r, n]), + beta C; one block per
-// 64-row tile (blockIdx.x) and 128 columns (blockIdx.y). The whole rank is one stage.
+// 64-row tile (blockIdx.x) and kUpTilesPerBlock tiles of 128 columns (blockIdx.y). The whole rank
+// is one stage.
 struct UpArgs {
   const bf16* s;
   int64_t lds;
@@ -234,50 +260,65 @@ struct UpArgs {
 __global__ void __launch_bounds__(kThreads)
     up_kernel(const __grid_constant__ Tiles tiles, const UpArgs p) {
   __shared__ alignas(16) bf16 ss[kRowTile * kLd];
-  __shared__ alignas(16) bf16 ws[kColTile * kLd];  // [128 n][r16] (w_nr) or [r16][128 n]
+  __shared__ alignas(16) bf16 ws[kColTile * kLd];      // [128 n][r16] (w_nr) or [r16][128 n]
+  __shared__ alignas(16) bf16 os[kRowTile * kLdWide];  // C's tile in, the output tile out
   static_assert(kSkinnyMaxRank * kLdWide <= kColTile * kLd, "ws holds either layout");
   const Tile t = find_tile(tiles, static_cast<int>(blockIdx.x));
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int r16 = (p.r + 15) & ~15, chunks = r16 >> 3;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kColTile;
   const bf16* w = p.w + static_cast<int64_t>(t.group) * p.r * p.n;
+  bf16* c = p.c + static_cast<int64_t>(t.r0) * p.ldc;
   load_rank_tile(ss, p.s, p.lds, t, p.r, tid);
-  if (p.w_nr) {  // [128 rows n][r16 columns j]
-    for (int i = tid; i < kColTile * chunks; i += kThreads) {
-      const int nn = i / chunks, j = (i % chunks) << 3;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (n0 + nn < p.n && j < p.r) v = ld16(w + (n0 + nn) * p.r + j);
-      *reinterpret_cast<uint4*>(&ws[nn * kLd + j]) = v;
+  for (int tile = 0; tile < kUpTilesPerBlock; ++tile) {
+    const int64_t n0 = (static_cast<int64_t>(blockIdx.y) * kUpTilesPerBlock + tile) * kColTile;
+    if (n0 >= p.n) break;
+    if (p.beta != 0.f)  // beta = 0 never reads C (it may hold NaN)
+      move_tile<true>(
+          os, c, p.ldc, t.rows, p.n, [&](int col) { return n0 + col; }, tid);
+    mma::cp_async_commit();
+    if (p.w_nr) {  // [128 rows n][r16 columns j]
+      for (int i = tid; i < kColTile * chunks; i += kThreads) {
+        const int nn = i / chunks, j = (i % chunks) << 3;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (n0 + nn < p.n && j < p.r) v = ld16(w + (n0 + nn) * p.r + j);
+        *reinterpret_cast<uint4*>(&ws[nn * kLd + j]) = v;
+      }
+    } else {  // [r16 rows j][128 columns n]
+      for (int i = tid; i < r16 * (kColTile / 8); i += kThreads) {
+        const int j = i / (kColTile / 8), nn = (i % (kColTile / 8)) << 3;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (j < p.r && n0 + nn < p.n) v = ld16(w + j * p.n + n0 + nn);
+        *reinterpret_cast<uint4*>(&ws[j * kLdWide + nn]) = v;
+      }
     }
-  } else {  // [r16 rows j][128 columns n]
-    for (int i = tid; i < r16 * (kColTile / 8); i += kThreads) {
-      const int j = i / (kColTile / 8), nn = (i % (kColTile / 8)) << 3;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (j < p.r && n0 + nn < p.n) v = ld16(w + j * p.n + n0 + nn);
-      *reinterpret_cast<uint4*>(&ws[j * kLdWide + nn]) = v;
-    }
+    mma::cp_async_wait<0>();
+    __syncthreads();
+    float acc[kColTile / 8][4] = {};
+    up_mma(acc, ss, ws, p.w_nr, r16, warp, lane);
+    for_each_pair<kColTile / 8>(
+        0, p.n - n0, t.rows, warp, lane, [&](int row, int64_t col, int nt, int h) {
+          bf16* o = &os[row * kLdWide + col];
+          float v0 = p.alpha * acc[nt][2 * h], v1 = p.alpha * acc[nt][2 * h + 1];
+          if (p.beta != 0.f) {
+            v0 += p.beta * __bfloat162float(o[0]);
+            v1 += p.beta * __bfloat162float(o[1]);
+          }
+          st_pair(o, v0, v1);
+        });
+    __syncthreads();
+    move_tile<false>(
+        os, c, p.ldc, t.rows, p.n, [&](int col) { return n0 + col; }, tid);
+    __syncthreads();  // os and ws are refilled for the next tile
   }
-  __syncthreads();
-  float acc[kColTile / 8][4] = {};
-  up_mma(acc, ss, ws, p.w_nr, r16, warp, lane);
-  for_each_pair<kColTile / 8>(
-      n0, p.n, t.rows, warp, lane, [&](int row, int64_t col, int nt, int h) {
-        bf16* out = p.c + (t.r0 + row) * p.ldc + col;
-        float v0 = p.alpha * acc[nt][2 * h], v1 = p.alpha * acc[nt][2 * h + 1];
-        if (p.beta != 0.f) {  // beta = 0 never reads C (it may hold NaN)
-          v0 += p.beta * __bfloat162float(out[0]);
-          v1 += p.beta * __bfloat162float(out[1]);
-        }
-        st_pair(out, v0, v1);
-      });
 }
 
 // The gate/up projection's adapter term and SwiGLU in one pass, after the base GEMM wrote
 // gate_up = [g | u] [rows, 2F]: g += s xa B_g[:F]^T, u += s xa B_g[F:]^T (B_g [2F, r]), both
 // stored (backward reads them), then h = silu(g) * u from the stored (rounded) values. One block
-// per 64-row tile (blockIdx.x) and 64 columns c0 .. c0+63 of F (blockIdx.y): the 128 columns of
-// the up product's tile are gate c0.. and up F+c0.., so a thread holds g and u of the same
-// elements.
+// per 64-row tile (blockIdx.x) and kUpTilesPerBlock tiles of 64 columns c0 .. c0+63 of F
+// (blockIdx.y): the 128 columns of the up product's tile are gate c0.. and up F+c0.., so a thread
+// holds g and u of the same elements; g and u come in and go out through the staged tile, h
+// through the weight tile's space once the MMAs are done with it.
 struct SwigluArgs {
   const bf16* xa;
   int64_t ldx;
@@ -296,37 +337,62 @@ constexpr int kHalfTile = kColTile / 2;
 __global__ void __launch_bounds__(kThreads)
     up_swiglu_kernel(const __grid_constant__ Tiles tiles, const SwigluArgs p) {
   __shared__ alignas(16) bf16 ss[kRowTile * kLd];
-  __shared__ alignas(16) bf16 ws[kColTile * kLd];  // [gate c0.., up F+c0..][r16]
+  __shared__ alignas(16) bf16 ws[kColTile * kLd];      // [gate c0.., up F+c0..][r16], then h's tile
+  __shared__ alignas(16) bf16 os[kRowTile * kLdWide];  // [64 rows][gate c0.., up F+c0..]
+  static_assert(kRowTile * kLd <= kColTile * kLd, "h's tile fits in the weight tile");
   const Tile t = find_tile(tiles, static_cast<int>(blockIdx.x));
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int r16 = (p.r + 15) & ~15, chunks = r16 >> 3;
-  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kHalfTile;
   const bf16* w = p.b + static_cast<int64_t>(t.group) * 2 * p.F * p.r;
+  bf16* gu = p.gu + static_cast<int64_t>(t.r0) * p.ldgu;
+  bf16* hg = p.h + static_cast<int64_t>(t.r0) * p.ldh;
   load_rank_tile(ss, p.xa, p.ldx, t, p.r, tid);
-  for (int i = tid; i < kColTile * chunks; i += kThreads) {
-    const int nn = i / chunks, j = (i % chunks) << 3;
-    const int64_t col = c0 + (nn < kHalfTile ? nn : nn - kHalfTile);  // of the F columns
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (col < p.F && j < p.r) v = ld16(w + (col + (nn < kHalfTile ? 0 : p.F)) * p.r + j);
-    *reinterpret_cast<uint4*>(&ws[nn * kLd + j]) = v;
-  }
-  __syncthreads();
-  float acc[kColTile / 8][4] = {};
-  up_mma(acc, ss, ws, true, r16, warp, lane);
   const auto bf = [](float v) { return __bfloat162float(__float2bfloat16(v)); };
-  constexpr int kUp = kHalfTile / 8;  // the first up n-tile
-  for_each_pair<kUp>(c0, p.F, t.rows, warp, lane, [&](int row, int64_t col, int nt, int h) {
-    bf16* gp = p.gu + (t.r0 + row) * p.ldgu + col;
-    bf16* up = gp + p.F;
-    const float g0 = bf(p.s * acc[nt][2 * h] + __bfloat162float(gp[0])),
-                g1 = bf(p.s * acc[nt][2 * h + 1] + __bfloat162float(gp[1])),
-                u0 = bf(p.s * acc[nt + kUp][2 * h] + __bfloat162float(up[0])),
-                u1 = bf(p.s * acc[nt + kUp][2 * h + 1] + __bfloat162float(up[1]));
-    st_pair(gp, g0, g1);
-    st_pair(up, u0, u1);
-    st_pair(p.h + (t.r0 + row) * p.ldh + col, g0 / (1.0f + expf(-g0)) * u0,
-            g1 / (1.0f + expf(-g1)) * u1);
-  });
+  for (int tile = 0; tile < kUpTilesPerBlock; ++tile) {
+    const int64_t c0 = (static_cast<int64_t>(blockIdx.y) * kUpTilesPerBlock + tile) * kHalfTile;
+    if (c0 >= p.F) break;
+    // Column cc of the staged tile: gate c0 + cc, or up F + c0 + cc - 64 (bounded by F).
+    const auto gu_col = [&](int cc) -> int64_t {
+      const int64_t col = c0 + (cc & (kHalfTile - 1));
+      return col >= p.F ? 2 * p.F : col + (cc < kHalfTile ? 0 : p.F);
+    };
+    move_tile<true>(os, gu, p.ldgu, t.rows, 2 * p.F, gu_col, tid);
+    mma::cp_async_commit();
+    for (int i = tid; i < kColTile * chunks; i += kThreads) {
+      const int nn = i / chunks, j = (i % chunks) << 3;
+      const int64_t col = c0 + (nn < kHalfTile ? nn : nn - kHalfTile);  // of the F columns
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (col < p.F && j < p.r) v = ld16(w + (col + (nn < kHalfTile ? 0 : p.F)) * p.r + j);
+      *reinterpret_cast<uint4*>(&ws[nn * kLd + j]) = v;
+    }
+    mma::cp_async_wait<0>();
+    __syncthreads();
+    float acc[kColTile / 8][4] = {};
+    up_mma(acc, ss, ws, true, r16, warp, lane);
+    __syncthreads();  // every warp is done with ws: h's tile goes there
+    bf16* hs = ws;
+    constexpr int kUp = kHalfTile / 8;  // the first up n-tile
+    for_each_pair<kUp>(0, p.F - c0, t.rows, warp, lane, [&](int row, int64_t col, int nt, int h) {
+      bf16* gp = &os[row * kLdWide + col];
+      bf16* up = gp + kHalfTile;
+      const float g0 = bf(p.s * acc[nt][2 * h] + __bfloat162float(gp[0])),
+                  g1 = bf(p.s * acc[nt][2 * h + 1] + __bfloat162float(gp[1])),
+                  u0 = bf(p.s * acc[nt + kUp][2 * h] + __bfloat162float(up[0])),
+                  u1 = bf(p.s * acc[nt + kUp][2 * h + 1] + __bfloat162float(up[1]));
+      st_pair(gp, g0, g1);
+      st_pair(up, u0, u1);
+      st_pair(&hs[row * kLd + col], g0 / (1.0f + expf(-g0)) * u0, g1 / (1.0f + expf(-g1)) * u1);
+    });
+    __syncthreads();
+    move_tile<false>(os, gu, p.ldgu, t.rows, 2 * p.F, gu_col, tid);
+    for (int i = tid; i < kRowTile * (kHalfTile / 8); i += kThreads) {
+      const int row = i / (kHalfTile / 8), cc = (i % (kHalfTile / 8)) << 3;
+      if (row < t.rows && c0 + cc < p.F)
+        *reinterpret_cast<uint4*>(hg + row * p.ldh + c0 + cc) =
+            *reinterpret_cast<const uint4*>(&hs[row * kLd + cc]);
+    }
+    __syncthreads();  // os and ws are refilled for the next tile
+  }
 }
 
 // dW_g += alpha sum over the tile's rows of P[row]^T S[row] (P [rows, wide], S [rows, r]):
@@ -567,6 +633,12 @@ unsigned col_blocks(int64_t n) {
   return static_cast<unsigned>((n + kColTile - 1) / kColTile);
 }
 
+// The up kernels' blocks along n: kUpTilesPerBlock tiles of `tile` columns each.
+unsigned up_col_blocks(int64_t n, int64_t tile) {
+  const int64_t per_block = tile * kUpTilesPerBlock;
+  return static_cast<unsigned>((n + per_block - 1) / per_block);
+}
+
 }  // namespace
 
 bool skinny_grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Tensor& a,
@@ -621,7 +693,8 @@ bool skinny_grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Ten
     const UpArgs args{ptr<bf16>(a), a.stride(0), static_cast<int>(kdim), ptr<bf16>(b),
                       xwt,          ndim,        ptr<bf16>(c),           c.stride(0),
                       p.alpha,      p.beta};
-    up_kernel<<<dim3(tiles.tile0[tiles.count], col_blocks(ndim)), kThreads, 0, st>>>(tiles, args);
+    up_kernel<<<dim3(tiles.tile0[tiles.count], up_col_blocks(ndim, kColTile)), kThreads, 0, st>>>(
+        tiles, args);
     MT_CUDA_LAUNCH_CHECK();
     return true;
   }
@@ -670,7 +743,7 @@ bool skinny_lora_swiglu(Context& ctx, const Tensor& xa, const Tensor& offsets, c
   const SwigluArgs args{
       ptr<bf16>(xa),      xa.stride(0),      static_cast<int>(r), ptr<bf16>(b), F,
       ptr<bf16>(gate_up), gate_up.stride(0), ptr<bf16>(h),        h.stride(0),  s};
-  const unsigned cols = static_cast<unsigned>((F + kHalfTile - 1) / kHalfTile);
+  const unsigned cols = up_col_blocks(F, kHalfTile);
   up_swiglu_kernel<<<dim3(tiles.tile0[tiles.count], cols), kThreads, 0, stream(ctx)>>>(tiles, args);
   MT_CUDA_LAUNCH_CHECK();
   return true;
