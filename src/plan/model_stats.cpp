@@ -8,6 +8,7 @@
 #include "model/kda_layer.h"
 #include "ops/cross_entropy.h"
 #include "ops/grouped_matmul.h"
+#include "ops/indexer.h"
 #include "ops/kda.h"
 
 namespace mt::plan {
@@ -327,7 +328,14 @@ double mixer_scratch(const ModelConfig& cfg, MixerKind k, int64_t T, int64_t max
     const double HI = static_cast<double>(s.index_heads),
                  DI = static_cast<double>(s.index_head_dim);
     const double slots = static_cast<double>(s.dense_warmup ? max_doc : s.index_topk);
-    if (!s.dense_warmup) fwd = std::max(fwd, 2 * fp32(T * static_cast<double>(max_doc)));
+    // The composite selection's [T, longest document] candidate (i32) and score (f32) tables,
+    // fp32-sized under every policy. The GPU's fused kernel (bf16 within indexer_topk_fits,
+    // ops/cuda/dsa_indexer_topk.cu) keeps neither: counting them there planned 64 GiB of
+    // workspace that a T = 131072 step never takes.
+    const bool fused_selection = device == Device::CUDA && act < 1 &&
+                                 ops::indexer_topk_fits(s.index_heads, s.index_head_dim);
+    if (!s.dense_warmup && !fused_selection)
+      fwd = std::max(fwd, 2 * fp32(T * static_cast<double>(max_doc)) / act);
     // The KL's target, softmax and scores (fp32: counted twice).
     fwd = std::max(fwd, fp32(T * slots) * 6);
     // After MLA backward has released its scratch: dscores, dqi, dkn, dw, dki.

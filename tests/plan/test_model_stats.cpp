@@ -12,6 +12,7 @@
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "model/model.h"
+#include "ops/indexer.h"
 #include "plan/model_stats.h"
 #include "train/adamw.h"
 
@@ -346,6 +347,35 @@ TEST(PlanMemory, Bf16PolicyEqualsTheEnginesStoreAndPlan) {
     EXPECT_LT(m.activations, fp32_acts);
     EXPECT_GT(m.activations, fp32_acts / 2);
   }
+}
+
+// The DSA layer's selection at a long document: the composite (CPU, or shapes the fused kernel
+// does not take) scores every causal candidate into [T, T] i32 and f32 tables in the workspace;
+// the GPU's fused indexer + top-k (bf16, indexer_topk_fits) keeps no table, so its plan must not
+// hold them (at T = 131072 they are 128 GiB, which made a step that fits look impossible).
+TEST(PlanMemory, FusedDsaSelectionPlansNoScoreTable) {
+  const ModelConfig cfg = with_layers(ModelConfig::load("tiny"), {MixerKind::Dsa});
+  ASSERT_TRUE(ops::indexer_topk_fits(cfg.dsa.index_heads, cfg.dsa.index_head_dim));
+  const int64_t T = 65536;
+  const double tables = 2.0 * 4.0 * static_cast<double>(T) * static_cast<double>(T);
+  const auto ws = [&](Device device, Precision precision) {
+    return predict_memory(cfg, {.mbs = 1, .seq = T},
+                          {.precision = precision, .threads = 1, .device = device})
+        .workspace;
+  };
+  EXPECT_GE(ws(Device::CPU, Precision::fp32()), tables);
+  EXPECT_GE(ws(Device::CUDA, Precision::fp32()), tables);  // f32 runs the composite
+  EXPECT_LT(ws(Device::CUDA, Precision::bf16()), tables / 100);
+  // Index heads past the fused kernel's shared memory (DeepSeek-V3.2's 64 x 128): the composite,
+  // whose tables stay fp32-sized under bf16.
+  ModelConfig wide = cfg;
+  wide.dsa.index_heads = 64;
+  wide.dsa.index_head_dim = 128;
+  ASSERT_FALSE(ops::indexer_topk_fits(64, 128));
+  EXPECT_GE(predict_memory(wide, {.mbs = 1, .seq = T},
+                           {.precision = Precision::bf16(), .threads = 1, .device = Device::CUDA})
+                .workspace,
+            tables);
 }
 
 // A bf16 model is built, planned and checkpointed on the CPU but never run there: forward names
