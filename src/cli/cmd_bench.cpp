@@ -697,6 +697,11 @@ Command add_bench_command(CLI::App& app) {
   s->add_flag("--deterministic", o->deterministic, "bit-repeatable GPU kernels");
   s->add_option("--threads", o->threads, "CPU threads (0: all)")->capture_default_str();
   s->add_option("--peak-tflops", o->peak_tflops, "device peak for MFU (0: H200 bf16 dense, 989)");
+  s->add_option("--lr", o->lr, "AdamW learning rate (every step trains on the same batch)")
+      ->capture_default_str();
+  s->add_flag("--plan-only", o->plan_only,
+              "print the planner's memory prediction for the step (cuda unless --device cpu) and "
+              "stop, without building the model");
   auto d = std::make_shared<DsaBenchOptions>();
   CLI::App* ds = c->add_subcommand("dsa",
                                    "time the DSA layer's kernels (indexer, top-k, "

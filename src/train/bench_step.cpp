@@ -60,7 +60,15 @@ nlohmann::json run_step_bench(const StepBenchOptions& o, std::ostream& log) {
   job.lora_rank = o.lora_rank;
   job.lora_alpha = o.lora_alpha;
   job.deterministic = o.deterministic;
-  const auto [device, cfg, mopt] = bench_model(job, "bench step");
+  MT_CHECK(o.lr > 0 && std::isfinite(o.lr), ValueError, "bench step: lr ", o.lr,
+           " must be positive");
+  // The plan alone needs no device: the model the step would build, on the device it would run.
+  const BenchModel bm = o.plan_only
+                            ? BenchModel{.device = o.device == "cpu" ? Device::CPU : Device::CUDA,
+                                         .cfg = job_model_config(job),
+                                         .mopt = job_model_options(job)}
+                            : bench_model(job, "bench step");
+  const auto& [device, cfg, mopt] = bm;
   // The planner's prediction for this very step (one device, no recompute), next to what the
   // device reports: issue 11's memory check compares the two.
   plan::ParallelPlan pp;
@@ -73,6 +81,20 @@ nlohmann::json run_step_bench(const StepBenchOptions& o, std::ostream& log) {
   const plan::MemoryBreakdown predicted = plan::predict_memory(cfg, pp, plan_options);
   const double workspace =
       o.workspace_gib > 0 ? o.workspace_gib * double(size_t(1) << 30) : predicted.workspace;
+  if (o.plan_only) {
+    nlohmann::json j;
+    j["bench"] = "step";
+    j["plan_only"] = true;
+    j["model"] = o.model;
+    j["device"] = device_name(device);
+    j["precision"] = o.precision;
+    j["tokens"] = o.tokens;
+    j["lora_rank"] = o.lora_targets.empty() ? 0 : o.lora_rank;
+    j["planner"] = predicted.to_json();
+    j["planner_total_gib"] = predicted.total() / double(size_t(1) << 30);
+    j["workspace_gib"] = workspace / double(size_t(1) << 30);
+    return j;
+  }
   // The baseline: the CUDA context itself (created by this first query), before anything of ours.
   const double base_gib = device == Device::CUDA ? used_gib() : 0;
   Context ctx(ContextOptions{.device = device,
@@ -111,16 +133,22 @@ nlohmann::json run_step_bench(const StepBenchOptions& o, std::ostream& log) {
   const Batch& b = staged.stage(host, device);
 
   double loss = 0;
+  // Every step's loss, warm-up included: the same batch each time, so they fall as it trains.
+  std::vector<double> losses;
   auto step = [&] {
     model.params().zero_grad();
     loss = model.forward(ctx, b.seq, b.ids, b.targets, 0, Model::Pass::Train);
+    losses.push_back(loss);
     model.backward(ctx);
-    opt.step(ctx, model.params(), 1e-4f);
+    opt.step(ctx, model.params(), o.lr);
     for (MoeLayer* m : model.moe_layers())
       if (m) m->reset_expert_load();
   };
   t0 = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < o.warmup; ++i) step();
+  for (int64_t i = 0; i < o.warmup; ++i) {
+    step();
+    log << "warm-up step " << i + 1 << ": loss " << loss << "\n";
+  }
   ctx.synchronize();
   log << "warm-up: " << o.warmup << " steps in " << seconds_since(t0) << " s\n";
   std::vector<double> ms;
@@ -139,7 +167,7 @@ nlohmann::json run_step_bench(const StepBenchOptions& o, std::ostream& log) {
   model.forward(ctx, b.seq, b.ids, b.targets, 0, Model::Pass::Train);
   model.backward(ctx);
   const auto o0 = std::chrono::steady_clock::now();
-  opt.step(ctx, model.params(), 1e-4f);
+  opt.step(ctx, model.params(), o.lr);
   ctx.synchronize();
   const double opt_ms = 1e3 * seconds_since(o0), profiled_ms = 1e3 * seconds_since(p0);
   model.set_unit_hooks(nullptr);
@@ -182,6 +210,9 @@ nlohmann::json run_step_bench(const StepBenchOptions& o, std::ostream& log) {
   j["achieved_tflops"] = achieved;
   j["mfu"] = peak > 0 ? achieved / peak : 0.0;
   j["loss"] = loss;
+  j["lr"] = o.lr;
+  j["losses"] = losses;  // warm-up and timed steps, in order (the profiled step's not included)
+  j["loss_fell"] = losses.size() > 1 && losses.back() < losses.front();
   j["profile"] = {{"units", profile}, {"optimizer_ms", opt_ms}, {"step_ms", profiled_ms}};
   j["activation_gib"] = static_cast<double>(model.activation_bytes_used()) / (1 << 30);
   if (device == Device::CUDA) {

@@ -30,6 +30,12 @@ struct StepBenchOptions {
   double workspace_gib = 0;
   double peak_tflops = 0;  // for MFU; 0: the device's dense bf16 figure when known (H200: 989)
   uint64_t seed = 1;
+  // AdamW's learning rate: every step trains on the same batch, so its loss falls (the issue 13
+  // check that a DSA model trains at a length) once the rate is large enough to show in a few.
+  float lr = 1e-4f;
+  // Print the planner's prediction for this model, length and device (cuda unless --device cpu)
+  // and stop: nothing is built or allocated, so it runs without a GPU.
+  bool plan_only = false;
 };
 
 // Runs the benchmark; progress lines go to `log`. The result's keys are documented in
