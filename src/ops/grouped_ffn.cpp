@@ -73,9 +73,18 @@ void swiglu_backward(Context& ctx, const Tensor& gate_up, const Tensor& dh, Tens
 }
 
 void lora_swiglu(Context& ctx, const GroupedFfnParams& p, const Tensor& xa, const Tensor& offsets,
-                 const Tensor& b, Tensor& gate_up, Tensor& h) {
+                 const Tensor& b, const Tensor& gate_up, Tensor& h) {
   dispatch(MT_NAMED_OP_BODIES("grouped_ffn_forward", grouped_ffn_lora_swiglu),
            {&xa, &b, &gate_up, &h}, ctx, p, xa, offsets, b, gate_up, h);
+}
+
+void lora_swiglu_backward(Context& ctx, const GroupedFfnParams& p, const Tensor& gate_up,
+                          const Tensor& xa, const Tensor& offsets, const Tensor& b,
+                          const Tensor& dh, const Tensor& dr, const Tensor& a_down,
+                          Tensor& dgate_up) {
+  dispatch(MT_NAMED_OP_BODIES("grouped_ffn_backward", grouped_ffn_lora_swiglu_backward),
+           {&gate_up, &xa, &b, &dh, &dr, &a_down, &dgate_up}, ctx, p, gate_up, xa, offsets, b, dh,
+           dr, a_down, dgate_up);
 }
 
 void lora_out_grads(Context& ctx, const GroupedFfnParams& p, const Tensor& dout,
@@ -144,8 +153,8 @@ void grouped_ffn_forward(Context& ctx, const GroupedFfnParams& p, const Tensor& 
     swiglu_forward(ctx, saved.gate_up, h);
   } else {
     // The gate/up projection's base GEMM writes gate_up, then its adapter term and SwiGLU follow
-    // in one pass on the GPU (5 N F elements moved, where the up product written first, read back
-    // by the base GEMM and then by SwiGLU moved 7 N F).
+    // in one pass on the GPU that leaves gate_up as it is (3 N F elements moved, where the up
+    // product written first, read back by the base GEMM and then by SwiGLU moved 7 N F).
     grouped_matmul(ctx, form.fwd, x, offsets, w.gate_up_a, saved.xa);
     grouped_matmul(ctx, form.fwd, x, offsets, w.gate_up, saved.gate_up);
     lora_swiglu(ctx, p, saved.xa, offsets, w.gate_up_b, saved.gate_up, h);
@@ -191,14 +200,19 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
   // and writes dh (N F), its dW GEMM reads dY and h (N d + N F); SwiGLU's backward reads gate_up
   // and dh (3 N F) and writes dgate_up (2 N F); the gate/up projection's dX GEMM reads dgate_up
   // (2 N F) and writes dX (N d), its dW GEMM reads dgate_up and X (2 N F + N d). With LoRA, per
-  // projection: dr = s dOut B and dB read dOut (once together on the GPU, twice on the CPU),
-  // dr A writes dIn before the base GEMM reads it back, and dA reads the projection's input.
+  // projection: dr = s dOut B and dB read dOut (once together on the GPU, twice on the CPU) and
+  // dA reads the projection's input; the gate/up projection's dr A writes dX before the base GEMM
+  // reads it back, the down projection's joins SwiGLU's backward (which forms the adapted gate_up
+  // again from xa in the same pass on the GPU: 5 N F elements moved, where writing dh's adapter
+  // term first, adding the base into it and reading both gate_up and dh moved 7 N F).
 
-  // dIn = dOut W + (s dOut B) A, with s dOut B in `dr`; the base and adapter weight grads.
+  // dIn = dOut W (+ (s dOut B) A when `adapter_in`), with s dOut B in `dr`; the base and adapter
+  // weight grads.
   const auto project_back = [&](const Tensor& dout, const Tensor& in, const Tensor& wt,
                                 const Tensor& a, const Tensor& b, const Tensor& xa, Tensor& din,
-                                Tensor& gw, Tensor& ga, Tensor& gb) {
-    if (r == 0) {
+                                Tensor& gw, Tensor& ga, Tensor& gb, bool adapter_in) {
+    if (r == 0 || !adapter_in) {
+      if (r > 0) lora_out_grads(ctx, p, dout, offsets, b, xa, dr, gb);
       grouped_matmul(ctx, form.dx, dout, offsets, wt, din);
     } else {
       // dr = s dOut B and dB += s dOut^T xa: one pass over dOut on the GPU.
@@ -216,10 +230,14 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
     if (r > 0 && has(ga)) grouped_matmul(ctx, form.dw, dr, offsets, in, ga);
   };
   project_back(dy, h, w.down, w.down_a, w.down_b, saved.ha, dh, grads.down, grads.down_a,
-               grads.down_b);
-  swiglu_backward(ctx, saved.gate_up, dh, dgu);
+               grads.down_b, false);
+  if (r > 0)  // dh + dr A_down, with dr the down projection's
+    lora_swiglu_backward(ctx, p, saved.gate_up, saved.xa, offsets, w.gate_up_b, dh, dr, w.down_a,
+                         dgu);
+  else
+    swiglu_backward(ctx, saved.gate_up, dh, dgu);
   project_back(dgu, x, w.gate_up, w.gate_up_a, w.gate_up_b, saved.xa, dx, grads.gate_up,
-               grads.gate_up_a, grads.gate_up_b);
+               grads.gate_up_a, grads.gate_up_b, true);
 }
 
 }  // namespace mt::ops

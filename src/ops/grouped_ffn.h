@@ -80,17 +80,28 @@ using GroupedFfnLoraOutGrads = void(Context& ctx, const GroupedFfnParams& p, con
                                     Tensor& dr, Tensor& db);
 
 // The gate/up projection's adapter term and the SwiGLU, after the base GEMM wrote gate_up
-// [rows, 2F]: gate_up += s xa B^T (B = gate_up_b [E, 2F, r], s = p.lora_scale()), then h =
-// silu(gate) * up, written. One pass over gate_up on the GPU (ops/cuda/lora_grouped.h).
+// [rows, 2F]: h = silu(g) * u, written, with [g | u] = gate_up + s xa B^T (B = gate_up_b [E, 2F,
+// r], s = p.lora_scale()) in the activations' type. gate_up stays as the base GEMM wrote it:
+// backward forms the sum again (grouped_ffn_lora_swiglu_backward), which costs less than storing
+// it back. One pass over gate_up on the GPU (ops/cuda/lora_grouped.h).
 using GroupedFfnLoraSwiglu = void(Context& ctx, const GroupedFfnParams& p, const Tensor& xa,
-                                  const Tensor& offsets, const Tensor& b, Tensor& gate_up,
+                                  const Tensor& offsets, const Tensor& b, const Tensor& gate_up,
                                   Tensor& h);
+// Its backward, joined with the down projection's adapter input gradient: dgate_up, written, is
+// SwiGLU's derivative at [g | u] = gate_up + s xa B^T (as forward rounded it) applied to dh + dr
+// A_down (dh: the base GEMM's dOut W_down; dr [rows, r]: s dOut B_down; A_down [E, r, F]). One
+// pass on the GPU, where the separate up product wrote dh whole before the base GEMM added into it.
+using GroupedFfnLoraSwigluBackward = void(Context& ctx, const GroupedFfnParams& p,
+                                          const Tensor& gate_up, const Tensor& xa,
+                                          const Tensor& offsets, const Tensor& b, const Tensor& dh,
+                                          const Tensor& dr, const Tensor& a_down, Tensor& dgate_up);
 
 // Called by the entries above once they validated: ops/cpu/grouped_ffn.cpp, and
 // ops/cuda/grouped_ffn.cu in CUDA builds.
 MT_OP_BACKENDS(GroupedFfnSwigluForward grouped_ffn_swiglu_forward;
                GroupedFfnSwigluBackward grouped_ffn_swiglu_backward;
                GroupedFfnLoraOutGrads grouped_ffn_lora_out_grads;
-               GroupedFfnLoraSwiglu grouped_ffn_lora_swiglu;)
+               GroupedFfnLoraSwiglu grouped_ffn_lora_swiglu;
+               GroupedFfnLoraSwigluBackward grouped_ffn_lora_swiglu_backward;)
 
 }  // namespace mt::ops

@@ -379,8 +379,10 @@ double ffn_scratch(const ModelConfig& cfg, FfnKind k, int64_t T, Device device, 
       ((m.num_shared > 0 ? fp32(T * S) * 3 : 0) + (latent ? fp32(T * l) : 0) + fp32(N * l) * 2) *
           act +
       fp32(T * static_cast<double>(m.top_k));  // dweights: fp32
-  // grouped_ffn_backward (h, dh, dgu, dr), later dx_lat + router (dlogits and its own scratch).
-  const double grouped = (fp32(N * F) * 4 + (r > 0 ? fp32(N * r) : 0)) * act;
+  // grouped_ffn_backward (h without LoRA, dh, dgu, dr; with LoRA the composite SwiGLU backward's
+  // adapted gate_up and dh, ops/grouped_ffn_lora.h), later dx_lat + router (dlogits and its own
+  // scratch).
+  const double grouped = (fp32(N * F) * (r > 0 ? 6 : 4) + (r > 0 ? fp32(N * r) : 0)) * act;
   const double router = (latent ? fp32(T * l) * act : 0) + fp32(T * E) * 3;
   // Forward: router selection scratch.
   const double fwd = fp32(T * E) * 2 + fp32(T * static_cast<double>(m.n_group)) * 2;

@@ -6,11 +6,13 @@
 // every activation-typed tensor of grouped_ffn (ops/grouped_ffn.cpp) is bf16 on the GPU: cuBLAS
 // reads and writes C in its type (ops/cuda/grouped_matmul.cu), so the saved gate_up, xa, ha, y,
 // and backward's dh, dr, dgu, dx are rounded at every write, twice where a LoRA term and a base
-// term meet (gate_up: the base GEMM's write, then the adapter term's, added in the pass that
-// computes h, the emulation's order; elsewhere the GPU writes the LoRA term first, then the base
-// GEMM adds into it with beta = 1: its first rounding is of the smaller term, so the emulation's
-// order bounds it); the SwiGLU kernels (ops/cuda/grouped_ffn.cu, lora_grouped.cu) round h and
-// dgu. Parameter gradients are f32 on both devices.
+// term meet (gate_up: the base GEMM's write, then the adapter term added and rounded by the
+// passes that compute h and dgu, which keep the sum in registers, the emulation's order; dh: the
+// fused SwiGLU backward adds the down adapter's term in fp32 without storing it, one rounding
+// fewer than the emulation's; elsewhere the GPU writes the LoRA term first, then the base GEMM
+// adds into it with beta = 1: its first rounding is of the smaller term, so the emulation's order
+// bounds it); the SwiGLU kernels (ops/cuda/grouped_ffn.cu, lora_grouped.cu) round h and dgu.
+// Parameter gradients are f32 on both devices.
 // The CPU op keeps all of these in fp32, and an emulation that rounded only inputs and outputs put
 // the GPU at up to 1.13 times the bound (y, dgu_A, ddown_B in 3 of 6 runs): ffn_emulated rounds at
 // the GPU's stores.
@@ -232,7 +234,7 @@ std::vector<Tensor> ffn_emulated(Context& c, const FfnSetup& s, const FfnCase& k
     mm(XWt, ls, 1.f, o.saved.xa, w.gate_up_b, gu);
     store(gu);
   }
-  // Backward recomputes h from the stored gate_up: the same values.
+  // h from the adapted gate_up (the GPU keeps the sum in registers, rounded as stored here).
   Tensor h = Tensor::empty({N, F});
   ops::cpu::grouped_ffn_swiglu_forward(c, gu, h);
   store(h);

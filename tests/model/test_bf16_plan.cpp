@@ -156,6 +156,7 @@ void expect_moe(const MoeConfig& c, const SeqInfo& seq, Expected& e) {
   if (c.expert_lora.rank > 0) {
     e.act({N, c.expert_lora.rank});
     e.act({N, c.expert_lora.rank});
+    e.act({N, F});  // h, which the down adapter's dA reads in backward
   }
   if (c.num_shared > 0) {
     e.lora(3, T, c.lora);

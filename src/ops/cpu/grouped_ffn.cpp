@@ -1,6 +1,7 @@
 #include "ops/grouped_ffn.h"
 
 #include "ops/activation.h"
+#include "ops/grouped_ffn_lora.h"
 #include "ops/grouped_matmul.h"
 
 namespace mt::ops::cpu {
@@ -53,11 +54,17 @@ void grouped_ffn_lora_out_grads(Context& ctx, const GroupedFfnParams& p, const T
 }
 
 void grouped_ffn_lora_swiglu(Context& ctx, const GroupedFfnParams& p, const Tensor& xa,
-                             const Tensor& offsets, const Tensor& b, Tensor& gate_up, Tensor& h) {
-  ops::grouped_matmul(
-      ctx, {.form = GroupedForm::XWt, .alpha = p.lora_scale(), .beta = 1.f, .gemm = p.gemm}, xa,
-      offsets, b, gate_up);
-  grouped_ffn_swiglu_forward(ctx, gate_up, h);
+                             const Tensor& offsets, const Tensor& b, const Tensor& gate_up,
+                             Tensor& h) {
+  lora_composite::swiglu(ctx, p, xa, offsets, b, gate_up, h, grouped_ffn_swiglu_forward);
+}
+
+void grouped_ffn_lora_swiglu_backward(Context& ctx, const GroupedFfnParams& p,
+                                      const Tensor& gate_up, const Tensor& xa,
+                                      const Tensor& offsets, const Tensor& b, const Tensor& dh,
+                                      const Tensor& dr, const Tensor& a_down, Tensor& dgate_up) {
+  lora_composite::swiglu_backward(ctx, p, gate_up, xa, offsets, b, dh, dr, a_down, dgate_up,
+                                  grouped_ffn_swiglu_backward);
 }
 
 }  // namespace mt::ops::cpu

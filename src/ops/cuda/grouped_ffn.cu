@@ -12,6 +12,7 @@
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/lora_grouped.h"
 #include "ops/grouped_ffn.h"
+#include "ops/grouped_ffn_lora.h"
 
 namespace mt::ops::cuda {
 
@@ -133,12 +134,21 @@ void grouped_ffn_lora_out_grads(Context& ctx, const GroupedFfnParams& p, const T
 }
 
 void grouped_ffn_lora_swiglu(Context& ctx, const GroupedFfnParams& p, const Tensor& xa,
-                             const Tensor& offsets, const Tensor& b, Tensor& gate_up, Tensor& h) {
+                             const Tensor& offsets, const Tensor& b, const Tensor& gate_up,
+                             Tensor& h) {
   if (skinny_lora_swiglu(ctx, xa, offsets, b, p.lora_scale(), gate_up, h)) return;
-  grouped_matmul(ctx,
-                 {.form = GroupedForm::XWt, .alpha = p.lora_scale(), .beta = 1.f, .gemm = p.gemm},
-                 xa, offsets, b, gate_up);
-  grouped_ffn_swiglu_forward(ctx, gate_up, h);
+  lora_composite::swiglu(ctx, p, xa, offsets, b, gate_up, h, grouped_ffn_swiglu_forward);
+}
+
+void grouped_ffn_lora_swiglu_backward(Context& ctx, const GroupedFfnParams& p,
+                                      const Tensor& gate_up, const Tensor& xa,
+                                      const Tensor& offsets, const Tensor& b, const Tensor& dh,
+                                      const Tensor& dr, const Tensor& a_down, Tensor& dgate_up) {
+  if (skinny_lora_swiglu_backward(ctx, gate_up, xa, offsets, b, dh, dr, a_down, p.lora_scale(),
+                                  dgate_up))
+    return;
+  lora_composite::swiglu_backward(ctx, p, gate_up, xa, offsets, b, dh, dr, a_down, dgate_up,
+                                  grouped_ffn_swiglu_backward);
 }
 
 }  // namespace mt::ops::cuda

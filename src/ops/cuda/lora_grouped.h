@@ -40,10 +40,17 @@ bool skinny_lora_out_grads(Context& ctx, const Tensor& dout, const Tensor& offse
                            const Tensor& xa, float s, Tensor& dr, Tensor& db);
 
 // The gate/up projection's adapter term and SwiGLU in one pass after the base GEMM wrote gate_up
-// [rows, 2F] (bf16, B [G, 2F, r], xa [rows, r]): gate_up += s xa B^T, then h [rows, F] =
-// silu(gate) * up from the stored values. False having done nothing when it does not take the
-// call (what the skinny kernels refuse); the caller then runs the up product and the SwiGLU.
+// [rows, 2F] (bf16, B [G, 2F, r], xa [rows, r]): h [rows, F] = silu(g) * u with [g | u] = gate_up
+// + s xa B^T rounded to bf16; gate_up is left as it is. False having done nothing when it does not
+// take the call (what the skinny kernels refuse); the caller then runs the composite form.
 bool skinny_lora_swiglu(Context& ctx, const Tensor& xa, const Tensor& offsets, const Tensor& b,
-                        float s, Tensor& gate_up, Tensor& h);
+                        float s, const Tensor& gate_up, Tensor& h);
+
+// Its backward in one pass (ops/grouped_ffn.h, grouped_ffn_lora_swiglu_backward): dgate_up from
+// the same [g | u] and dh + dr A_down (dr [rows, r], A_down [G, r, F], bf16). False having done
+// nothing when it does not take the call.
+bool skinny_lora_swiglu_backward(Context& ctx, const Tensor& gate_up, const Tensor& xa,
+                                 const Tensor& offsets, const Tensor& b, const Tensor& dh,
+                                 const Tensor& dr, const Tensor& a_down, float s, Tensor& dgate_up);
 
 }  // namespace mt::ops::cuda
