@@ -12,7 +12,7 @@ D=/tmp/moetrain-gpu; mkdir -p $D; tar -C $D -xzf .gpu/pack.tgz; export LD_LIBRAR
 el test; timeout 200 $D/bin/gpu_suite --gtest_filter='CudaGrouped*:CudaLora*:CudaGraph*:CudaMoe*' > "$L/suite.txt" 2>&1; echo "suite rc=$?"
 grep -E "^\[  (PASSED|FAILED)|tests ran|Failure|error" "$L/suite.txt" | head -20; pack
 el ncu moe; timeout 100 ncu --metrics gpu__time_duration.sum --csv $D/bin/moetrain bench moe --cases A:uniform --iters 1 --warmup 1 > "$L/ncu_moe.csv" 2> "$L/ncu_moe.log"; echo "rc=$?"; pack
-el ncu detail; timeout 60 ncu --kernel-name regex:"up_swiglu_kernel|up_kernel|out_grads_kernel" --launch-count 3 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats $D/bin/moetrain bench moe --cases A:uniform --iters 1 --warmup 0 > "$L/ncu_detail.txt" 2>&1; echo "rc=$?"; pack
+el ncu detail; timeout 60 ncu --kernel-name regex:"up_swiglu_kernel|out_grads_kernel|up_swiglu_bwd_kernel" --launch-count 4 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats $D/bin/moetrain bench moe --cases A:uniform --iters 1 --warmup 0 > "$L/ncu_detail.txt" 2>&1; echo "rc=$?"; pack
 el moe; timeout 150 $D/bin/moetrain bench moe --json "$L/bench_moe.json" > "$L/moe.txt" 2>&1; echo "rc=$?"
 timeout 60 python3 bench/moe_torch.py > "$L/moe_torch.jsonl" 2> "$L/moe_torch.err"; echo "torch rc=$?"; pack
 el step; timeout 80 $D/bin/moetrain bench step --model bench/models/kimi-linear-8l.json --tokens 8192 --steps 3 --warmup 1 --json "$L/step_experts.json" --lora-targets attention,kda,shared_experts,dense_ffn,routed_experts > "$L/step_experts.txt" 2>&1; echo "step rc=$?"; pack
