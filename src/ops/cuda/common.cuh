@@ -6,6 +6,8 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <initializer_list>
+#include <type_traits>
 
 #include "core/context.h"
 #include "core/cuda/check.h"
@@ -86,6 +88,42 @@ void for_each_index(Context& ctx, int64_t n, F f) {
   constexpr int threads = 256;
   for_each_index_kernel<<<blocks_for(n, threads), threads, 0, stream(ctx)>>>(n, f);
   MT_CUDA_LAUNCH_CHECK();
+}
+
+// V elements of T moved as one 16-byte (or narrower) access: the element-wise kernels that are
+// bound by HBM read and write whole packs where widths and addresses allow.
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+template <typename T, int V>
+__device__ __forceinline__ Pack<T, V> load_pack(const T* p) {
+  return *reinterpret_cast<const Pack<T, V>*>(p);
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& x) {
+  *reinterpret_cast<Pack<T, V>*>(p) = x;
+}
+
+// Whether rows of width w of T can move in 16-byte packs: w a whole number of packs and every
+// base 16-byte aligned (the row pitches then are too).
+template <typename T>
+bool packs_fit(int64_t w, std::initializer_list<const void*> bases) {
+  bool ok = w % (16 / static_cast<int64_t>(sizeof(T))) == 0;
+  for (const void* p : bases) ok = ok && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+  return ok;
+}
+
+// f(std::integral_constant<int, V>{}) with V the 16-byte pack of T when `packed`, else 1: one
+// launch site for both forms of a pack kernel.
+template <typename T, typename F>
+void with_pack(bool packed, const F& f) {
+  if (packed)
+    f(std::integral_constant<int, static_cast<int>(16 / sizeof(T))>{});
+  else
+    f(std::integral_constant<int, 1>{});
 }
 
 // Sum over a block of blockDim.x threads (a multiple of 32, at most 1024); every thread gets it.

@@ -20,21 +20,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
-
-template <typename T, int V>
-__device__ __forceinline__ Pack<T, V> load(const T* p) {
-  return *reinterpret_cast<const Pack<T, V>*>(p);
-}
-
-template <typename T, int V>
-__device__ __forceinline__ void store(T* p, const Pack<T, V>& x) {
-  *reinterpret_cast<Pack<T, V>*>(p) = x;
-}
-
 // Pack i of the [rows, F / V] grid: its row and first column.
 __device__ __forceinline__ void pack_at(int64_t i, int64_t packs, int V, int64_t& r, int64_t& c) {
   r = i / packs;
@@ -48,14 +33,15 @@ __global__ void swiglu_fwd_kernel(int64_t rows, int64_t F, const T* gu, T* h) {
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t r, c;
     pack_at(i, packs, V, r, c);
-    const Pack<T, V> g = load<T, V>(gu + r * 2 * F + c), u = load<T, V>(gu + r * 2 * F + F + c);
+    const Pack<T, V> g = load_pack<T, V>(gu + r * 2 * F + c),
+                     u = load_pack<T, V>(gu + r * 2 * F + F + c);
     Pack<T, V> out;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const float gj = ld(g.v, j);
       st(out.v, j, gj / (1.0f + expf(-gj)) * ld(u.v, j));
     }
-    store(h + r * F + c, out);
+    store_pack(h + r * F + c, out);
   }
 }
 
@@ -66,8 +52,9 @@ __global__ void swiglu_bwd_kernel(int64_t rows, int64_t F, const T* gu, const T*
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t r, c;
     pack_at(i, packs, V, r, c);
-    const Pack<T, V> g = load<T, V>(gu + r * 2 * F + c), u = load<T, V>(gu + r * 2 * F + F + c),
-                     d = load<T, V>(dh + r * F + c);
+    const Pack<T, V> g = load_pack<T, V>(gu + r * 2 * F + c),
+                     u = load_pack<T, V>(gu + r * 2 * F + F + c),
+                     d = load_pack<T, V>(dh + r * F + c);
     Pack<T, V> dg, du;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
@@ -76,18 +63,9 @@ __global__ void swiglu_bwd_kernel(int64_t rows, int64_t F, const T* gu, const T*
       st(du.v, j, dj * gj * sg);
       st(dg.v, j, dj * uj * sg * (1.0f + gj * (1.0f - sg)));
     }
-    store(dgu + r * 2 * F + c, dg);
-    store(dgu + r * 2 * F + F + c, du);
+    store_pack(dgu + r * 2 * F + c, dg);
+    store_pack(dgu + r * 2 * F + F + c, du);
   }
-}
-
-// 16-byte packs when F is a whole number of them and every base is 16-byte aligned (the rows'
-// pitches, F and 2F, then are too).
-template <typename T>
-bool packed(int64_t F, std::initializer_list<const void*> bases) {
-  bool ok = F % (16 / static_cast<int64_t>(sizeof(T))) == 0;
-  for (const void* p : bases) ok = ok && reinterpret_cast<uintptr_t>(p) % 16 == 0;
-  return ok;
 }
 
 }  // namespace
@@ -98,7 +76,7 @@ void grouped_ffn_swiglu_forward(Context& ctx, const Tensor& gate_up, Tensor& h) 
   if (rows * F == 0) return;
   MT_DISPATCH_FLOAT(gate_up, "grouped_ffn swiglu", {
     constexpr int V = 16 / sizeof(T);
-    if (packed<T>(F, {gate_up.raw(), h.raw()}))
+    if (packs_fit<T>(F, {gate_up.raw(), h.raw()}))
       swiglu_fwd_kernel<T, V><<<blocks_for(rows * F / V, kThreads), kThreads, 0, stream(ctx)>>>(
           rows, F, ptr<T>(gate_up), ptr<T>(h));
     else
@@ -116,7 +94,7 @@ void grouped_ffn_swiglu_backward(Context& ctx, const Tensor& gate_up, const Tens
   if (rows * F == 0) return;
   MT_DISPATCH_FLOAT(gate_up, "grouped_ffn swiglu", {
     constexpr int V = 16 / sizeof(T);
-    if (packed<T>(F, {gate_up.raw(), dh.raw(), dgate_up.raw()}))
+    if (packs_fit<T>(F, {gate_up.raw(), dh.raw(), dgate_up.raw()}))
       swiglu_bwd_kernel<T, V><<<blocks_for(rows * F / V, kThreads), kThreads, 0, stream(ctx)>>>(
           rows, F, ptr<T>(gate_up), ptr<T>(dh), ptr<T>(dgate_up));
     else

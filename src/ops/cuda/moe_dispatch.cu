@@ -38,39 +38,60 @@ __global__ void plan_finish_kernel(int64_t n, int64_t E, const uint32_t* sorted,
   }
 }
 
-template <typename T>
+// The row kernels below move V elements per access (16-byte packs where the width and the
+// addresses allow, single elements otherwise: with_pack): one element at a time they ran
+// at 1-2 TB/s (bench moe, session 10). Sums keep the k slots' order per element.
+template <typename T, int V>
 __global__ void gather_kernel(int64_t n, int64_t w, int64_t k, const T* x, const int32_t* perm,
                               T* rows) {
   const int64_t r = blockIdx.x;
   if (r >= n) return;
   const T* src = x + static_cast<int64_t>(perm[r] / k) * w;
-  for (int64_t c = threadIdx.x; c < w; c += blockDim.x) rows[r * w + c] = src[c];
+  for (int64_t c = threadIdx.x * V; c < w; c += blockDim.x * V)
+    store_pack(rows + r * w + c, load_pack<T, V>(src + c));
 }
 
-template <typename T>
+template <typename T, int V>
 __global__ void gather_bwd_kernel(int64_t w, int64_t k, const T* drows, const int32_t* inv, T* dx,
                                   bool accumulate) {
   const int64_t t = blockIdx.x;
-  for (int64_t c = threadIdx.x; c < w; c += blockDim.x) {
-    float s = accumulate ? ld(dx, t * w + c) : 0.f;
-    for (int64_t j = 0; j < k; ++j) s += ld(drows, static_cast<int64_t>(inv[t * k + j]) * w + c);
-    st(dx, t * w + c, s);
+  for (int64_t c = threadIdx.x * V; c < w; c += blockDim.x * V) {
+    float s[V];
+    Pack<T, V> out;
+    if (accumulate) out = load_pack<T, V>(dx + t * w + c);
+#pragma unroll
+    for (int e = 0; e < V; ++e) s[e] = accumulate ? ld(out.v, e) : 0.f;
+    for (int64_t j = 0; j < k; ++j) {
+      const Pack<T, V> d = load_pack<T, V>(drows + static_cast<int64_t>(inv[t * k + j]) * w + c);
+#pragma unroll
+      for (int e = 0; e < V; ++e) s[e] += ld(d.v, e);
+    }
+#pragma unroll
+    for (int e = 0; e < V; ++e) st(out.v, e, s[e]);
+    store_pack(dx + t * w + c, out);
   }
 }
 
-template <typename T>
+template <typename T, int V>
 __global__ void combine_kernel(int64_t w, int64_t k, const T* rows, const float* weights,
                                const int32_t* inv, T* y) {
   const int64_t t = blockIdx.x;
-  for (int64_t c = threadIdx.x; c < w; c += blockDim.x) {
-    float s = 0.f;
-    for (int64_t j = 0; j < k; ++j)
-      s += weights[t * k + j] * ld(rows, static_cast<int64_t>(inv[t * k + j]) * w + c);
-    st(y, t * w + c, s);
+  for (int64_t c = threadIdx.x * V; c < w; c += blockDim.x * V) {
+    float s[V] = {};
+    for (int64_t j = 0; j < k; ++j) {
+      const float a = weights[t * k + j];
+      const Pack<T, V> x = load_pack<T, V>(rows + static_cast<int64_t>(inv[t * k + j]) * w + c);
+#pragma unroll
+      for (int e = 0; e < V; ++e) s[e] += a * ld(x.v, e);
+    }
+    Pack<T, V> out;
+#pragma unroll
+    for (int e = 0; e < V; ++e) st(out.v, e, s[e]);
+    store_pack(y + t * w + c, out);
   }
 }
 
-template <typename T>
+template <typename T, int V>
 __global__ void combine_bwd_kernel(int64_t w, int64_t k, const T* rows, const float* weights,
                                    const int32_t* inv, const T* dy, T* drows, float* dweights) {
   const int64_t t = blockIdx.x;
@@ -78,10 +99,15 @@ __global__ void combine_bwd_kernel(int64_t w, int64_t k, const T* rows, const fl
     const int64_t r = inv[t * k + j];
     const float a = weights[t * k + j];
     float dot = 0.f;
-    for (int64_t c = threadIdx.x; c < w; c += blockDim.x) {
-      const float g = ld(dy, t * w + c);
-      dot += g * ld(rows, r * w + c);
-      st(drows, r * w + c, a * g);
+    for (int64_t c = threadIdx.x * V; c < w; c += blockDim.x * V) {
+      const Pack<T, V> g = load_pack<T, V>(dy + t * w + c), x = load_pack<T, V>(rows + r * w + c);
+      Pack<T, V> out;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        dot += ld(g.v, e) * ld(x.v, e);
+        st(out.v, e, a * ld(g.v, e));
+      }
+      store_pack(drows + r * w + c, out);
     }
     dot = block_sum(dot);
     if (threadIdx.x == 0) dweights[t * k + j] = dot;
@@ -132,8 +158,10 @@ void moe_gather(Context& ctx, const Tensor& x, const Tensor& perm, int64_t top_k
   const int64_t n = rows.dim(0), w = rows.dim(1);
   if (n == 0 || w == 0) return;
   MT_DISPATCH_FLOAT(x, "moe_gather", {
-    gather_kernel<T><<<grid_of(n), kThreads, 0, stream(ctx)>>>(n, w, top_k, ptr<T>(x),
-                                                               ptr<int32_t>(perm), ptr<T>(rows));
+    with_pack<T>(packs_fit<T>(w, {x.raw(), rows.raw()}), [&](auto v) {
+      gather_kernel<T, v()><<<grid_of(n), kThreads, 0, stream(ctx)>>>(
+          n, w, top_k, ptr<T>(x), ptr<int32_t>(perm), ptr<T>(rows));
+    });
   });
   MT_CUDA_LAUNCH_CHECK();
 }
@@ -144,8 +172,10 @@ void moe_gather_backward(Context& ctx, const Tensor& drows, const Tensor& inv, i
   const int64_t tokens = dx.dim(0), w = dx.dim(1);
   if (tokens == 0 || w == 0) return;
   MT_DISPATCH_FLOAT(drows, "moe_gather_backward", {
-    gather_bwd_kernel<T><<<grid_of(tokens), kThreads, 0, stream(ctx)>>>(
-        w, top_k, ptr<T>(drows), ptr<int32_t>(inv), ptr<T>(dx), accumulate);
+    with_pack<T>(packs_fit<T>(w, {drows.raw(), dx.raw()}), [&](auto v) {
+      gather_bwd_kernel<T, v()><<<grid_of(tokens), kThreads, 0, stream(ctx)>>>(
+          w, top_k, ptr<T>(drows), ptr<int32_t>(inv), ptr<T>(dx), accumulate);
+    });
   });
   MT_CUDA_LAUNCH_CHECK();
 }
@@ -157,8 +187,10 @@ void moe_combine(Context& ctx, const Tensor& rows, const Tensor& weights, const 
   const int64_t tokens = y.dim(0), w = y.dim(1), K = weights.dim(1);
   if (tokens == 0 || w == 0) return;
   MT_DISPATCH_FLOAT(rows, "moe_combine", {
-    combine_kernel<T><<<grid_of(tokens), kThreads, 0, stream(ctx)>>>(
-        w, K, ptr<T>(rows), ptr<float>(weights), ptr<int32_t>(inv), ptr<T>(y));
+    with_pack<T>(packs_fit<T>(w, {rows.raw(), y.raw()}), [&](auto v) {
+      combine_kernel<T, v()><<<grid_of(tokens), kThreads, 0, stream(ctx)>>>(
+          w, K, ptr<T>(rows), ptr<float>(weights), ptr<int32_t>(inv), ptr<T>(y));
+    });
   });
   MT_CUDA_LAUNCH_CHECK();
 }
@@ -176,9 +208,11 @@ void moe_combine_backward(Context& ctx, const Tensor& rows, const Tensor& weight
     return;
   }
   MT_DISPATCH_FLOAT(rows, "moe_combine_backward", {
-    combine_bwd_kernel<T><<<grid_of(tokens), kThreads, 0, stream(ctx)>>>(
-        w, K, ptr<T>(rows), ptr<float>(weights), ptr<int32_t>(inv), ptr<T>(dy), ptr<T>(drows),
-        ptr<float>(dweights));
+    with_pack<T>(packs_fit<T>(w, {rows.raw(), dy.raw(), drows.raw()}), [&](auto v) {
+      combine_bwd_kernel<T, v()><<<grid_of(tokens), kThreads, 0, stream(ctx)>>>(
+          w, K, ptr<T>(rows), ptr<float>(weights), ptr<int32_t>(inv), ptr<T>(dy), ptr<T>(drows),
+          ptr<float>(dweights));
+    });
   });
   MT_CUDA_LAUNCH_CHECK();
 }
