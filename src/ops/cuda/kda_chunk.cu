@@ -801,21 +801,74 @@ __global__ void __launch_bounds__(kThreads) products_kernel(Args a, const T* dou
   }
 }
 
+// The gradient kernel's blocks: 8 warps. TC (bf16, chunk 64, K 128) splits the channels in
+// halves, a block per (chunk, head, half): per-channel quantities (dq, dk, dGam, dg, dGam_L) do
+// not mix channels, so only dbeta needs both halves (dbeta_sum_kernel). A half's block takes
+// 107 KB of shared memory, so two blocks (16 warps) share an SM and one's barriers hide behind
+// the other's work; the other shapes keep one block per (chunk, head).
+constexpr int kGradThreads = kThreads;
+constexpr int kGradSplit = 2;                              // TC: channel groups per (chunk, head)
+constexpr int kHalf = kMaxKV / kGradSplit;                 // TC: channels per block
+constexpr int kOwnersMax = kMaxC * kMaxKV / kGradThreads;  // (token, channel) pairs per thread
+
+// Shared memory of the gradient kernel over KB channels: [Gam, later dGam (Wide)] [dGam_L (Wide)]
+// [scan partials (Wide)] [tq] [tb] [beta] [Tm.KK row halves] (TC: [the three block-pair tiles])
+// [q, later (with k) the dbeta shares in fp32] [k]. q and k keep the tensors' dtype: bf16 rows
+// are exact in bf16 and take half the room of fp32.
 template <typename T>
-size_t grads_smem(int C, int K) {
-  return sizeof(Wide<T>) * (C * K + K) + sizeof(float) * (2 * C * K + 2 * C * C + C);
+size_t grads_smem(int C, int KB) {
+  return sizeof(Wide<T>) * (C * KB + KB + kGradThreads) + sizeof(float) * (2 * C * C + 3 * C) +
+         sizeof(T) * 2 * C * KB;
 }
 
-// TC: three fp32 tiles of the 48 rows of three 16-row blocks, with rows of 136 floats (8 mod 32:
+// TC: three fp32 tiles of the 48 rows of three 16-row blocks, with rows of 72 floats (8 mod 32:
 // conflict-free B fragments).
-constexpr int kTileLd = kMaxKV + 8;
+constexpr int kTileLd = kHalf + 8;
 constexpr size_t kGradTileFloats = 48 * kTileLd;
 constexpr size_t kGradTileBytes = 3 * sizeof(float) * kGradTileFloats;
 
-// Twice the threads of the other kernels: one block per SM fits (129 KB of shared memory in bf16),
-// and the pair loops wait on shared loads, so more warps hide more of the latency.
-constexpr int kGradThreads = 2 * kThreads;
-constexpr int kOwners = kMaxC * kMaxKV / kGradThreads;  // (token, channel) pairs per thread
+// 2^x, flushing results below 2^-126 to zero (no pair term that small counts): one instruction
+// where __expf takes five (the scaling by log2 e and the subnormal fix-up). TC keeps Gam in units
+// of log2 (Gam log2 e) so that every e^(difference) is one of these.
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// In-place inclusive cumsum of the rows of a [C][n] shared array (Reverse: from the last row
+// up), over all kGradThreads threads instead of one per column: thread t takes segment t / n of
+// column t % n, sums it, then starts from the totals of the segments before it (summed in
+// segment order: bit-repeatable) and rewrites its rows, times `scale`. part holds kGradThreads
+// values; n <= kGradThreads. Ends with a barrier; expects one before (a's rows complete).
+template <bool Reverse, typename W>
+__device__ void scan_rows(W* arr, int C, int n, W* part, W scale = 1) {
+  const int nseg = kGradThreads / n, rows = (C + nseg - 1) / nseg;
+  const int x = threadIdx.x % n, s = threadIdx.x / n;
+  const bool mine = s < nseg;
+  const int lo = mine ? min(C, s * rows) : 0, hi = mine ? min(C, lo + rows) : 0;
+  W acc = 0;
+  for (int i = lo; i < hi; ++i) acc += arr[i * n + x];
+  if (mine) part[threadIdx.x] = acc;  // = part[s * n + x]
+  __syncthreads();
+  if (mine) {
+    acc = 0;
+    if constexpr (Reverse) {
+      for (int s2 = nseg - 1; s2 > s; --s2) acc += part[s2 * n + x];
+      for (int i = hi - 1; i >= lo; --i) {
+        acc += arr[i * n + x];
+        arr[i * n + x] = acc * scale;
+      }
+    } else {
+      for (int s2 = 0; s2 < s; ++s2) acc += part[s2 * n + x];
+      for (int i = lo; i < hi; ++i) {
+        acc += arr[i * n + x];
+        arr[i * n + x] = acc * scale;
+      }
+    }
+  }
+  __syncthreads();
+}
 
 // TC: the pair sums of grads_kernel whose two rows lie in different 16-row blocks, on tensor
 // cores, with the bounded factors of prep_block_pairs (R_b = Gam at row 16 b; Gam only falls):
@@ -825,22 +878,24 @@ constexpr int kOwners = kMaxC * kMaxKV / kGradThreads;  // (token, channel) pair
 //        = e^(R_(r+1) - G_i) sum_p e^(R_p - R_(r+1)) sum_i2 (tq_i2i [q_i2 e^(G_i2 - R_p)]
 //          + tb_i2i [k_i2 e^(G_i2 - R_p)])                                           (i in r),
 // sK as sQ with tb. Every factor is at most one. In: kd = the bracketed k of blocks 0-2, qu and
-// ku = the bracketed q and k of blocks 1-3 (rows 16 (p - 1) ..). Out, in the same tiles: qu =
-// sQ's and ku = sK's sums over r for blocks 1-3, kd = sC's sum over p for blocks 0-2, all before
-// the outer factor (the owners apply it). A warp per (block, 16 columns) item, three items per
-// warp: 24 items of sQ/sK (sharing kd), 24 of sC.
+// ku = the bracketed q and k of blocks 1-3 (rows 16 (p - 1) ..), over the block's kHalf
+// channels. Out, in the same tiles: qu = sQ's and ku = sK's sums over r for blocks 1-3, kd =
+// sC's sum over p for blocks 0-2, all before the outer factor (the owners apply it). gam in log2
+// units (Gam log2 e). A warp per (block, 16 columns) item, three items per warp: 12 items of sQ/sK
+// (sharing kd), 12 of sC.
 __device__ __forceinline__ void grads_block_pairs(const float* gam, const float* tq,
                                                   const float* tb, float* kd, float* qu,
                                                   float* ku) {
-  constexpr int C = kMaxC, K = kMaxKV, LD = kTileLd;
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+  constexpr int C = kMaxC, K = kHalf, LD = kTileLd, NW = kGradThreads / 32, NCG = K / 16;
+  static_assert(6 * NCG == 3 * NW, "three items per warp");
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, c = lane & 3;
   const auto ref = [&](int b, int x) { return gam[16 * b * K + x]; };  // R_b
   float out[3][2][2][4] = {};  // [item][sQ or sC, sK][n-tile][fragment]
 #pragma unroll
   for (int u = 0; u < 3; ++u) {
-    const int item = w + 16 * u, cg = item % 8, n0 = 16 * cg;
-    if (item < 24) {
-      const int p = 1 + item / 8;
+    const int item = w + NW * u, cg = item % NCG, n0 = 16 * cg;
+    if (item < 3 * NCG) {
+      const int p = 1 + item / NCG;
       for (int r = 0; r < p; ++r) {
         float cq[2][4] = {}, ck[2][4] = {};
 #pragma unroll
@@ -861,13 +916,13 @@ __device__ __forceinline__ void grads_block_pairs(const float* gam, const float*
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int x = n0 + 8 * nt + 2 * c + (e & 1);
-            const float d = __expf(ref(p, x) - ref(r + 1, x));
+            const float d = ex2(ref(p, x) - ref(r + 1, x));
             out[u][0][nt][e] += d * cq[nt][e];
             out[u][1][nt][e] += d * ck[nt][e];
           }
       }
     } else {
-      const int r = (item - 24) / 8;
+      const int r = (item - 3 * NCG) / NCG;
       for (int p = r + 1; p < 4; ++p) {
         float cc[2][4] = {};
         // A(m, k) = tq[(16 p + k) C + 16 r + m]: block (p, r) transposed; B rows 16 (p - 1) on.
@@ -894,17 +949,18 @@ __device__ __forceinline__ void grads_block_pairs(const float* gam, const float*
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int x = n0 + 8 * nt + 2 * c + (e & 1);
-            out[u][0][nt][e] += __expf(ref(p, x) - ref(r + 1, x)) * cc[nt][e];
+            out[u][0][nt][e] += ex2(ref(p, x) - ref(r + 1, x)) * cc[nt][e];
           }
       }
     }
   }
   __syncthreads();  // every warp is done reading kd, qu, ku
+  const int g = lane >> 2;
 #pragma unroll
   for (int u = 0; u < 3; ++u) {
-    const int item = w + 16 * u, cg = item % 8;
-    const bool rows_of_i = item < 24;  // sQ/sK of block p: rows 16 (p - 1) of qu, ku
-    const int row0 = rows_of_i ? 16 * (item / 8) : 16 * ((item - 24) / 8);
+    const int item = w + NW * u, cg = item % NCG;
+    const bool rows_of_i = item < 3 * NCG;  // sQ/sK of block p: rows 16 (p - 1) of qu, ku
+    const int row0 = rows_of_i ? 16 * (item / NCG) : 16 * ((item - 3 * NCG) / NCG);
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -921,109 +977,222 @@ __device__ __forceinline__ void grads_block_pairs(const float* gam, const float*
   __syncthreads();
 }
 
-// One thread per (token i, channel x) of the chunk: its dq, dk, dGam, and its share of dbeta.
-// The pair terms of row i and of column i are summed first (sQ, sK, sC) and scaled by the
+// One thread per (token i, channel x) of the block's channels: its dq, dk, dGam, and its share of
+// dbeta. The pair terms of row i and of column i are summed first (sQ, sK, sC) and scaled by the
 // owner's q and k once: dQ gets sQ, dGam q sQ, and so on, instead of three products per pair.
-// TC (bf16, chunk 64, K 128): the pairs across 16-row blocks on tensor cores (grads_block_pairs);
-// the direct loops then sum only the pairs inside the owner's block.
+// TC (bf16, chunk 64, K 128): a block per half of the channels (blockIdx.z; kGradSplit), the
+// pairs across 16-row blocks on tensor cores (grads_block_pairs), the direct loops only over
+// the pairs inside the owner's block; the halves' dbeta shares go to the U rows of the prepared
+// block (dead in backward) and dbeta_sum_kernel adds them. Otherwise one block per (chunk, head)
+// writes dbeta itself.
 template <typename T, bool TC>
-__global__ void __launch_bounds__(kGradThreads)
+__global__ void __launch_bounds__(kGradThreads, TC ? 2 : 1)
     grads_kernel(Args a, const T* q, const T* k, const T* v, T* dq, T* dk, T* dv) {
   using W = Wide<T>;
   const int64_t c = blockIdx.x, h = blockIdx.y;
   const int L = a.clen[c];
   if (L == 0) return;
   const int64_t t0 = a.ct0[c];
-  const int C = a.C, K = a.K, V = a.V, tid = threadIdx.x;
+  const int C = TC ? kMaxC : a.C, K = TC ? kMaxKV : a.K, V = a.V, tid = threadIdx.x;
+  const int z = TC ? static_cast<int>(blockIdx.z) : 0, KB = TC ? kHalf : K, x0 = z * KB;
   extern __shared__ __align__(16) unsigned char smem[];
-  W* gam = reinterpret_cast<W*>(smem);  // [C][K], later dGam
-  W* dGamL = gam + C * K;               // [K]
-  float* qs = reinterpret_cast<float*>(dGamL + K);
-  float* ks = qs + C * K;
-  float* tq = ks + C * K;  // [C][C]
+  W* gam = reinterpret_cast<W*>(smem);                        // [C][KB], later dGam
+  W* dGamL = gam + C * KB;                                    // [KB]
+  W* part = dGamL + KB;                                       // [kGradThreads]
+  float* tq = reinterpret_cast<float*>(part + kGradThreads);  // [C][C]
   float* tb = tq + C * C;  // [C][C] -dR Delta^T, row i scaled by beta_i
   float* b = tb + C * C;
-  const KdaChunkLayout& lay = a.lay;
-  const float* blk = a.blk(c, h);
-  load_chunk(a, t0, L, h, q, k, gam, qs, ks, b);  // b is complete at its barrier
-  for (int e = tid; e < C * C; e += kGradThreads) {
-    tq[e] = blk[lay.Aqk() + e];
-    tb[e] = blk[lay.Tm() + e] * b[e / C];
-  }
-  __syncthreads();  // (load_chunk's cumsum is complete too)
-  // dGam_L[x] = sum_i (Delta dS^T)[i][x] kl[i][x] + e^Gam_L (S0 . dS)[x]. The four threads of a
-  // quad split a channel's rows (in a fixed order: bit-repeatable), so that all 16 warps, not 4,
-  // wait on these global loads, a quarter as many rounds each, before the block's next barrier.
-  static_assert(kGradThreads >= 4 * kMaxKV, "a quad per channel");
-  {
-    const int x = tid >> 2, part = tid & 3;
-    W s = 0;
-    if (x < K) {
-      const W gl = gam[(L - 1) * K + x];
-      for (int i = part; i < L; i += 4)
-        s += blk[lay.Kl() + i * K + x] * ks[i * K + x] *
-             __expf(static_cast<float>(gl - gam[i * K + x]));
-    }
-    s += __shfl_xor_sync(0xffffffffu, s, 1);
-    s += __shfl_xor_sync(0xffffffffu, s, 2);
-    if (x < K && part == 0)
-      dGamL[x] = __expf(static_cast<float>(gam[(L - 1) * K + x])) * blk[lay.gL() + x] + s;
-  }
-  float* kd = b + C;  // TC: the block-pair tiles (grads_block_pairs)
+  float* tkk = b + C;       // TC: [C] the rows of Tm . KK (of the half's parity)
+  float* kd = tkk + 2 * C;  // TC: the block-pair tiles (grads_block_pairs)
   float* qu = kd + kGradTileFloats;
   float* ku = qu + kGradTileFloats;
+  T* qs = reinterpret_cast<T*>(TC ? ku + kGradTileFloats : kd);  // [C][KB]
+  T* ks = qs + C * KB;                                           // [C][KB]
+  const KdaChunkLayout& lay = a.lay;
+  float* blk = a.blk(c, h);
+  // e^(difference of Gam): TC keeps Gam in log2 units (scan below), so one ex2 each.
+  const auto expg = [](W d) {
+    if constexpr (TC)
+      return ex2(d);
+    else
+      return __expf(static_cast<float>(d));
+  };
+  for (int i = tid; i < C; i += kGradThreads) b[i] = i < L ? a.beta[(t0 + i) * a.H + h] : 0.f;
   if constexpr (TC) {
-    static_assert(std::is_same_v<W, float>);
-    constexpr int K4 = kMaxKV, LD = kTileLd;
-    for (int e = tid; e < 48 * K4; e += kGradThreads) {
-      const int i = e / K4, x = e % K4, bi = i >> 4;  // kd: row i (blocks 0-2); qu, ku: i + 16
-      const float gd = gam[i * K4 + x], gu = gam[(i + 16) * K4 + x];
-      kd[i * LD + x] = ks[i * K4 + x] * __expf(gam[16 * (bi + 1) * K4 + x] - gd);
-      const float eu = __expf(gu - gam[16 * (bi + 1) * K4 + x]);
-      qu[i * LD + x] = qs[(i + 16) * K4 + x] * eu;
-      ku[i * LD + x] = ks[(i + 16) * K4 + x] * eu;
+    // Every global read of the load phase goes out before the first store, 16 bytes wide (one
+    // latency, not one per row): q and k (8 bf16 a load), g, Aqk, Tm, beta and, for the rows of
+    // the half's parity, KK (dbeta's sum_j Tm_ij KK_ij, j < i, while Tm is at hand). The C x C
+    // matrices have as many elements as [C][kHalf], so the same e serves both.
+    static_assert(kMaxC == kHalf, "one index for [C][C] and [C][kHalf]");
+    constexpr int KH = kHalf;
+    uint4 q8[2], k8[2];
+    float4 g4[4], aq4[4], tm4[4], kk4[4];
+    float be[4];
+    const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      const int e = 8 * (tid + kGradThreads * m), i = e / KH;
+      q8[m] = k8[m] = make_uint4(0u, 0u, 0u, 0u);
+      if (i < L) {
+        const int64_t src = ((t0 + i) * a.H + h) * K + x0 + e % KH;
+        q8[m] = *reinterpret_cast<const uint4*>(q + src);
+        k8[m] = *reinterpret_cast<const uint4*>(k + src);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int e = 4 * (tid + kGradThreads * m), i = e / KH;
+      const bool in = i < L;
+      g4[m] = in ? *reinterpret_cast<const float4*>(a.g + ((t0 + i) * a.H + h) * K + x0 + e % KH)
+                 : zero4;
+      aq4[m] = *reinterpret_cast<const float4*>(blk + lay.Aqk() + e);
+      tm4[m] = *reinterpret_cast<const float4*>(blk + lay.Tm() + e);
+      kk4[m] = in && (i & 1) == z ? *reinterpret_cast<const float4*>(blk + lay.KK() + e) : zero4;
+      be[m] = in ? a.beta[(t0 + i) * a.H + h] : 0.f;
+    }
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      const int e = 8 * (tid + kGradThreads * m);
+      *reinterpret_cast<uint4*>(qs + e) = q8[m];
+      *reinterpret_cast<uint4*>(ks + e) = k8[m];
+    }
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int e = 4 * (tid + kGradThreads * m), i = e / kMaxC, j = e % kMaxC;
+      *reinterpret_cast<float4*>(gam + e) = g4[m];
+      *reinterpret_cast<float4*>(tq + e) = aq4[m];
+      const float4 t = tm4[m];
+      *reinterpret_cast<float4*>(tb + e) =
+          make_float4(t.x * be[m], t.y * be[m], t.z * be[m], t.w * be[m]);
+      // Row i's Tm . KK: 16 lanes hold its 64 columns (xor 8 .. 1 stays in them), fixed order.
+      const float4 kk = kk4[m];
+      float pr = (j < i ? t.x * kk.x : 0.f) + (j + 1 < i ? t.y * kk.y : 0.f) +
+                 (j + 2 < i ? t.z * kk.z : 0.f) + (j + 3 < i ? t.w * kk.w : 0.f);
+      for (int o = 8; o > 0; o >>= 1) pr += __shfl_xor_sync(0xffffffffu, pr, o);
+      if ((tid & 15) == 0 && (i & 1) == z) tkk[i] = pr;
     }
     __syncthreads();
-    grads_block_pairs(gam, tq, tb, kd, qu, ku);
   } else {
+    for (int e = tid; e < C * KB; e += kGradThreads) {
+      const int i = e / KB, x = e % KB;
+      const int64_t src = ((t0 + i) * a.H + h) * K + x0 + x;
+      if (i < L) {
+        qs[e] = q[src];
+        ks[e] = k[src];
+      } else {
+        st(qs, e, 0.f);
+        st(ks, e, 0.f);
+      }
+      gam[e] = i < L ? static_cast<W>(a.g[src]) : W(0);
+    }
+    for (int e = tid; e < C * C; e += kGradThreads) {
+      tq[e] = blk[lay.Aqk() + e];
+      tb[e] = blk[lay.Tm() + e];
+    }
     __syncthreads();
+    for (int e = tid; e < C * C; e += kGradThreads) tb[e] *= b[e / C];
   }
-  W dgam[kOwners];
-  float dbx[kOwners];
+  scan_rows<false>(gam, C, KB, part, TC ? W(1.4426950408889634) : W(1));  // Gam (TC: log2 e Gam)
+  // dGam_L[x] = sum_i (Delta dS^T)[i][x] kl[i][x] + e^Gam_L (S0 . dS)[x]: the block's threads
+  // split a channel's rows (rows s, s + nseg, ..., coalesced global loads), summed per channel in
+  // segment order below (bit-repeatable).
+  {
+    const int nseg = kGradThreads / KB, x = tid % KB, s = tid / KB;
+    W acc = 0;
+    if (s < nseg) {
+      const W gl = gam[(L - 1) * KB + x];
+      if constexpr (TC) {
+        constexpr int NS = kGradThreads / kHalf, R = kMaxC / NS;  // TC: all reads at once
+        float kl[R];
+#pragma unroll
+        for (int m = 0; m < R; ++m) {
+          const int i = s + NS * m;
+          kl[m] = i < L ? blk[lay.Kl() + i * K + x0 + x] : 0.f;
+        }
+#pragma unroll
+        for (int m = 0; m < R; ++m) {
+          const int i = s + NS * m;
+          acc += kl[m] * ld(ks, i * KB + x) * expg(gl - gam[i * KB + x]);
+        }
+      } else {
+        for (int i = s; i < L; i += nseg)
+          acc += blk[lay.Kl() + i * K + x0 + x] * ld(ks, i * KB + x) * expg(gl - gam[i * KB + x]);
+      }
+      part[tid] = acc;
+    }
+  }
+  if constexpr (TC) {
+    static_assert(std::is_same_v<W, float>);
+    constexpr int KH = kHalf, LD = kTileLd;
+    for (int e = tid; e < 48 * KH; e += kGradThreads) {
+      const int i = e / KH, x = e % KH, bi = i >> 4;  // kd: row i (blocks 0-2); qu, ku: i + 16
+      const float gd = gam[i * KH + x], gu = gam[(i + 16) * KH + x];
+      const float rr = gam[16 * (bi + 1) * KH + x];
+      kd[i * LD + x] = ld(ks, i * KH + x) * expg(rr - gd);
+      const float eu = expg(gu - rr);
+      qu[i * LD + x] = ld(qs, (i + 16) * KH + x) * eu;
+      ku[i * LD + x] = ld(ks, (i + 16) * KH + x) * eu;
+    }
+  }
+  __syncthreads();
+  if (tid < KB) {
+    const int nseg = kGradThreads / KB;
+    W s = 0;
+    for (int s2 = 0; s2 < nseg; ++s2) s += part[s2 * KB + tid];
+    dGamL[tid] = expg(gam[(L - 1) * KB + tid]) * blk[lay.gL() + x0 + tid] + s;
+  }
+  if constexpr (TC)
+    grads_block_pairs(gam, tq, tb, kd, qu, ku);  // (its barriers publish dGam_L too)
+  else
+    __syncthreads();
+  // The owners' three global reads go out one owner ahead (they were the loop's latency).
+  const int owners = (C * KB + kGradThreads - 1) / kGradThreads;
+  const auto fetch = [&](int r, float(&f)[3]) {
+    const int e = tid + r * kGradThreads, i = e / KB, x = e % KB;
+    if (r < owners && e < C * KB && i < L) {
+      const int64_t at = i * K + x0 + x;
+      f[0] = blk[lay.W() + at];
+      f[1] = blk[lay.Qh() + at];
+      f[2] = blk[lay.Kl() + at];
+    }
+  };
+  W dgam[kOwnersMax];
+  float dbx[kOwnersMax];
+  float nxt[3] = {};
+  fetch(0, nxt);
 #pragma unroll 1
-  for (int r = 0; r < kOwners; ++r) {
-    const int e = tid + r * kGradThreads, i = e / K, x = e % K;
+  for (int r = 0; r < owners; ++r) {
+    const int e = tid + r * kGradThreads, i = e / KB, x = e % KB;
+    const float dqg = nxt[0] * a.scale, dkb = -nxt[1], dkgl = nxt[2];
+    fetch(r + 1, nxt);
     dgam[r] = 0;
     dbx[r] = 0.f;
-    if (i >= L || e >= C * K) continue;
-    const W gi = gam[e], gl = gam[(L - 1) * K + x];
-    const float qi = qs[e], ki = ks[e], bi = b[i], eg = __expf(static_cast<float>(gi));
-    const float elg = __expf(static_cast<float>(gl - gi));
-    const float dqg = blk[lay.W() + e] * a.scale, dkb = -blk[lay.Qh() + e],
-                dkgl = blk[lay.Kl() + e];
+    if (i >= L || e >= C * KB) continue;
+    const W gi = gam[e], gl = gam[(L - 1) * KB + x];
+    const float qi = ld(qs, e), ki = ld(ks, e), bi = b[i], eg = expg(gi);
+    const float elg = expg(gl - gi);
     // As row i of the pairs (j <= i): sQ = sum tq_ij e_ij k_j, sK = sum tb_ij e_ij k_j.
     // TC: j and i2 within i's 16-row block here, the other blocks' sums from the tiles.
     const int ib = i >> 4, blk0 = TC ? 16 * ib : 0, blk_end = TC ? min(L, 16 * ib + 16) : L;
     W sQ = 0, sK = 0;
     for (int j = blk0; j <= i; ++j) {
-      const float ek = __expf(static_cast<float>(gi - gam[j * K + x])) * ks[j * K + x];
+      const float ek = expg(gi - gam[j * KB + x]) * ld(ks, j * KB + x);
       sQ += tq[i * C + j] * ek;
       sK += tb[i * C + j] * ek;
     }
     // As column i (rows i2 >= i): sC = sum e_i2i (tq_i2i q_i2 + tb_i2i k_i2).
     W sC = 0;
     for (int i2 = i; i2 < blk_end; ++i2) {
-      const float ex = __expf(static_cast<float>(gam[i2 * K + x] - gi));
-      sC += ex * (tq[i2 * C + i] * qs[i2 * K + x] + tb[i2 * C + i] * ks[i2 * K + x]);
+      const float ex = expg(gam[i2 * KB + x] - gi);
+      sC += ex * (tq[i2 * C + i] * ld(qs, i2 * KB + x) + tb[i2 * C + i] * ld(ks, i2 * KB + x));
     }
     if constexpr (TC) {
       if (ib > 0) {
-        const float f = __expf(static_cast<float>(gi) - gam[16 * ib * K + x]);
+        const float f = expg(gi - gam[16 * ib * KB + x]);
         sQ += f * qu[(i - 16) * kTileLd + x];
         sK += f * ku[(i - 16) * kTileLd + x];
       }
-      if (ib < 3)
-        sC += __expf(gam[16 * (ib + 1) * K + x] - static_cast<float>(gi)) * kd[i * kTileLd + x];
+      if (ib < 3) sC += expg(gam[16 * (ib + 1) * KB + x] - gi) * kd[i * kTileLd + x];
     }
     const float dQ = dqg * eg + static_cast<float>(sQ);
     const float dK = bi * eg * dkb + dkgl * elg + static_cast<float>(sK + sC);
@@ -1032,43 +1201,104 @@ __global__ void __launch_bounds__(kGradThreads)
     dbx[r] = dkb * ki * eg;
     if (i == L - 1) dG += dGamL[x];
     dgam[r] = dG;
-    const int64_t at = ((t0 + i) * a.H + h) * K + x;
+    const int64_t at = ((t0 + i) * a.H + h) * K + x0 + x;
     st(dq, at, dQ);
     st(dk, at, dK);
   }
-  __syncthreads();  // every thread is done reading gam and qs
+  // TC: dbeta's reads of dR and v for the rows of the half's parity, i = 2 (w + 8 m) + z, go out
+  // now, to arrive during the reverse cumsum.
+  constexpr int kDbRows = kMaxC / 2 / (kGradThreads / 32);
+  float dr[kDbRows][4], vv[kDbRows][4];
+  if constexpr (TC) {
+    const int lane = tid & 31, w = tid >> 5;
+#pragma unroll
+    for (int m = 0; m < kDbRows; ++m) {
+      const int i = 2 * (w + kGradThreads / 32 * m) + z;
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        const int y = lane + 32 * n;
+        const bool ok = i < L && y < V;
+        dr[m][n] = ok ? a.bblk(c, h)[lay.dR() + i * V + y] : 0.f;
+        vv[m][n] = ok ? ld(v, ((t0 + i) * a.H + h) * V + y) : 0.f;
+      }
+    }
+  }
+  __syncthreads();  // every thread is done reading gam, qs and ks
+  // The dbeta shares in fp32 over q and k (together at least C KB floats: sizeof(T) >= 2).
+  float* dbs = reinterpret_cast<float*>(qs);
 #pragma unroll 1
-  for (int r = 0; r < kOwners; ++r) {
+  for (int r = 0; r < owners; ++r) {
     const int e = tid + r * kGradThreads;
-    if (e < C * K) {
+    if (e < C * KB) {
       gam[e] = dgam[r];
-      qs[e] = dbx[r];
+      dbs[e] = dbx[r];
     }
   }
   __syncthreads();
-  // dg = reverse cumsum of dGam over the chunk, per channel.
-  for (int x = tid; x < K; x += kGradThreads) {
-    W acc = 0;
-    for (int i = L - 1; i >= 0; --i) {
-      acc += gam[i * K + x];
-      a.dg[((t0 + i) * a.H + h) * K + x] = static_cast<float>(acc);
-    }
+  // dg = reverse cumsum of dGam over the chunk, per channel (rows past L hold zero).
+  scan_rows<true>(gam, C, KB, part);
+  for (int e = tid; e < L * KB; e += kGradThreads) {
+    const int i = e / KB, x = e % KB;
+    a.dg[((t0 + i) * a.H + h) * K + x0 + x] = static_cast<float>(gam[e]);
   }
   // dbeta_i = v_i . dR_i + sum_x (its channel shares) + sum_j ta_ij KK_ij; dv = beta dR.
-  for (int i = tid >> 5; i < L; i += kGradThreads / 32) {
-    const int lane = tid & 31;
-    float s = 0.f;
-    for (int y = lane; y < V; y += 32) {
-      const int64_t at = ((t0 + i) * a.H + h) * V + y;
-      const float r = a.bblk(c, h)[lay.dR() + i * V + y];
-      s += ld(v, at) * r;
-      st(dv, at, b[i] * r);
+  if constexpr (TC) {
+    // The half z: v . dR, dv and Tm . KK of the rows of its parity (i1), every row's share of
+    // its channels (i1 and the other parity's i2), into the U rows of the prepared block.
+    const int lane = tid & 31, w = tid >> 5;
+#pragma unroll
+    for (int m = 0; m < kDbRows; ++m) {
+      const int i1 = 2 * (w + kGradThreads / 32 * m) + z, i2 = i1 + 1 - 2 * z;
+      if (i1 < L) {
+        float s = 0.f;
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+          const int y = lane + 32 * n;
+          if (y < V) {
+            s += vv[m][n] * dr[m][n];
+            st(dv, ((t0 + i1) * a.H + h) * V + y, b[i1] * dr[m][n]);
+          }
+        }
+        if (lane == 0) s += tkk[i1];
+        for (int x = lane; x < KB; x += 32) s += dbs[i1 * KB + x];
+        s = warp_sum(s);
+        if (lane == 0) blk[lay.U() + z * C + i1] = s;
+      }
+      if (i2 < L) {
+        float s = 0.f;
+        for (int x = lane; x < KB; x += 32) s += dbs[i2 * KB + x];
+        s = warp_sum(s);
+        if (lane == 0) blk[lay.U() + z * C + i2] = s;
+      }
     }
-    for (int x = lane; x < K; x += 32) s += qs[i * K + x];
-    for (int j = lane; j < i; j += 32) s += blk[lay.Tm() + i * C + j] * blk[lay.KK() + i * C + j];
-    s = warp_sum(s);
-    if (lane == 0) a.dbeta[(t0 + i) * a.H + h] = s;
+  } else {
+    for (int i = tid >> 5; i < L; i += kGradThreads / 32) {
+      const int lane = tid & 31;
+      float s = 0.f;
+      for (int y = lane; y < V; y += 32) {
+        const int64_t at = ((t0 + i) * a.H + h) * V + y;
+        const float r = a.bblk(c, h)[lay.dR() + i * V + y];
+        s += ld(v, at) * r;
+        st(dv, at, b[i] * r);
+      }
+      for (int j = lane; j < i; j += 32) s += blk[lay.Tm() + i * C + j] * blk[lay.KK() + i * C + j];
+      for (int x = lane; x < KB; x += 32) s += dbs[i * KB + x];
+      s = warp_sum(s);
+      if (lane == 0) a.dbeta[(t0 + i) * a.H + h] = s;
+    }
   }
+}
+
+// TC: dbeta_i = the channel halves' shares (grads_kernel, in the U rows of the prepared block),
+// added in the order of the halves: bit-repeatable, no atomics. A thread per row of the chunk.
+__global__ void dbeta_sum_kernel(Args a) {
+  const int64_t c = blockIdx.x, h = blockIdx.y;
+  const int i = threadIdx.x;
+  if (i >= a.clen[c]) return;
+  const float* u = a.blk(c, h) + a.lay.U();
+  float s = u[i];
+  for (int z = 1; z < kGradSplit; ++z) s += u[z * a.C + i];
+  a.dbeta[(a.ct0[c] + i) * a.H + h] = s;
 }
 
 // `prepared`: the caller's prepared blocks (undefined: they go to the workspace).
@@ -1141,18 +1371,27 @@ template <typename T>
 void grads(Context& ctx, const Args& a, const Tensor& q, const Tensor& k, const Tensor& v,
            Tensor& dq, Tensor& dk, Tensor& dv) {
   size_t sm = grads_smem<T>(a.C, a.K);
-  // The block pairs on tensor cores under prep's condition.
+  unsigned split = 1;
+  // The block pairs on tensor cores and the channel halves under prep's condition, where q, k
+  // and g take the 16-byte loads of TC's load phase.
   auto* kernel = grads_kernel<T, false>;
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    if (a.C == kMaxC && a.K == kMaxKV) {
+    const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    if (a.C == kMaxC && a.K == kMaxKV && aligned(q.raw()) && aligned(k.raw()) && aligned(a.g)) {
       kernel = grads_kernel<T, true>;
-      sm += kGradTileBytes;
+      sm = grads_smem<T>(kMaxC, kHalf) + kGradTileBytes;
+      split = kGradSplit;
     }
   }
   allow_smem(kernel, sm);
-  kernel<<<dim3(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.H)), kGradThreads, sm,
-           stream(ctx)>>>(a, ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dq), ptr<T>(dk), ptr<T>(dv));
+  const dim3 chunks(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.H));
+  kernel<<<dim3(chunks.x, chunks.y, split), kGradThreads, sm, stream(ctx)>>>(
+      a, ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dq), ptr<T>(dk), ptr<T>(dv));
   MT_CUDA_LAUNCH_CHECK();
+  if (split > 1) {
+    dbeta_sum_kernel<<<chunks, kMaxC, 0, stream(ctx)>>>(a);
+    MT_CUDA_LAUNCH_CHECK();
+  }
 }
 
 dim3 state_grid(const Args& a) {
