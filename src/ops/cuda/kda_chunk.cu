@@ -19,13 +19,14 @@
 // shared memory (for bf16 where the tensor-core prep runs, tf32 MMAs in kda_bwd_tc.cu); (5)
 // gradients, per (chunk, head): one thread per (token, channel) sums its pair terms in a fixed
 // order (no atomics: bit-repeatable; for bf16 at chunk 64 and K 128 the pairs across 16-row blocks
-// are tf32 MMAs, grads_block_pairs) and the reverse cumsum turns dGam into dg. fp32 arithmetic (q,
+// are tf32 MMAs, grads_block_pairs, and a block takes half of the channels, dbeta_sum_kernel adding
+// the halves' dbeta shares) and the reverse cumsum turns dGam into dg. fp32 arithmetic (q,
 // k, v, o and their gradients in the tensors' dtype), exponent differences and dGam sums in Wide<T>
 // (double for fp32 tensors, float for bf16). For bf16 tensors whose shapes fit (kda_state_tc.h) the
 // state passes (2, 3) run on tensor cores instead (kda_state_tc.cu); fp32 tensors keep the
-// CUDA-core passes below. The prep and gradient kernels run 2 and 1 blocks of 8 and 16 warps per
-// SM, the CUDA-core state passes one block of 16 warps per (document, head, 32 columns): all are
-// latency-bound (bench/RESULTS.md).
+// CUDA-core passes below. The prep and gradient kernels run 2 blocks of 8 warps per SM (the
+// gradient kernel's fp32 form, with double Gam, 1), the CUDA-core state passes
+// one block of 16 warps per (document, head, 32 columns): all are latency-bound (bench/RESULTS.md).
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -870,6 +871,25 @@ __device__ void scan_rows(W* arr, int C, int n, W* part, W scale = 1) {
   __syncthreads();
 }
 
+// N consecutive values (N = 2: one 8-byte or, for bf16, 4-byte load) as D.
+template <int N, typename S, typename D>
+__device__ __forceinline__ void load_n(const S* p, D (&o)[N]) {
+  if constexpr (N == 2 && std::is_same_v<S, __nv_bfloat16>) {
+    const __nv_bfloat162 v2 = *reinterpret_cast<const __nv_bfloat162*>(p);
+    o[0] = __low2float(v2);
+    o[1] = __high2float(v2);
+  } else if constexpr (N == 2) {
+    static_assert(std::is_same_v<S, float>);
+    const float2 v2 = *reinterpret_cast<const float2*>(p);
+    o[0] = v2.x;
+    o[1] = v2.y;
+  } else if constexpr (std::is_same_v<S, __nv_bfloat16>) {
+    o[0] = __bfloat162float(p[0]);
+  } else {
+    o[0] = static_cast<D>(p[0]);
+  }
+}
+
 // TC: the pair sums of grads_kernel whose two rows lie in different 16-row blocks, on tensor
 // cores, with the bounded factors of prep_block_pairs (R_b = Gam at row 16 b; Gam only falls):
 //   sQ_i = sum_(j in r < p) tq_ij e^(G_i - G_j) k_j
@@ -1145,65 +1165,120 @@ __global__ void __launch_bounds__(kGradThreads, TC ? 2 : 1)
     grads_block_pairs(gam, tq, tb, kd, qu, ku);  // (its barriers publish dGam_L too)
   else
     __syncthreads();
-  // The owners' three global reads go out one owner ahead (they were the loop's latency).
-  const int owners = (C * KB + kGradThreads - 1) / kGradThreads;
-  const auto fetch = [&](int r, float(&f)[3]) {
-    const int e = tid + r * kGradThreads, i = e / KB, x = e % KB;
-    if (r < owners && e < C * KB && i < L) {
+  // The owners: TC gives each thread two adjacent channels of a row (8-byte shared loads, and
+  // the broadcast tq/tb loads serve both), elsewhere one. The three global reads go out one
+  // owner ahead (they were the loop's latency).
+  constexpr int NCH = TC ? 2 : 1;
+  const int per_row = KB / NCH, owners = (C * per_row + kGradThreads - 1) / kGradThreads;
+  const auto lw = [](const auto* p, auto& o) { load_n<NCH>(p, o); };
+  const auto lt = [](const T* p, float(&o)[NCH]) { load_n<NCH>(p, o); };
+  const auto fetch = [&](int r, float(&f)[3][NCH]) {
+    const int o = tid + r * kGradThreads, i = o / per_row, x = NCH * (o % per_row);
+    if (r < owners && o < C * per_row && i < L) {
       const int64_t at = i * K + x0 + x;
-      f[0] = blk[lay.W() + at];
-      f[1] = blk[lay.Qh() + at];
-      f[2] = blk[lay.Kl() + at];
+      lw(blk + lay.W() + at, f[0]);
+      lw(blk + lay.Qh() + at, f[1]);
+      lw(blk + lay.Kl() + at, f[2]);
     }
   };
   W dgam[kOwnersMax];
   float dbx[kOwnersMax];
-  float nxt[3] = {};
+  float nxt[3][NCH] = {};
   fetch(0, nxt);
 #pragma unroll 1
   for (int r = 0; r < owners; ++r) {
-    const int e = tid + r * kGradThreads, i = e / KB, x = e % KB;
-    const float dqg = nxt[0] * a.scale, dkb = -nxt[1], dkgl = nxt[2];
+    const int o = tid + r * kGradThreads, i = o / per_row, x = NCH * (o % per_row);
+    float dqg[NCH], dkb[NCH], dkgl[NCH];
+#pragma unroll
+    for (int u = 0; u < NCH; ++u) {
+      dqg[u] = nxt[0][u] * a.scale;
+      dkb[u] = -nxt[1][u];
+      dkgl[u] = nxt[2][u];
+      dgam[NCH * r + u] = 0;
+      dbx[NCH * r + u] = 0.f;
+    }
     fetch(r + 1, nxt);
-    dgam[r] = 0;
-    dbx[r] = 0.f;
-    if (i >= L || e >= C * KB) continue;
-    const W gi = gam[e], gl = gam[(L - 1) * KB + x];
-    const float qi = ld(qs, e), ki = ld(ks, e), bi = b[i], eg = expg(gi);
-    const float elg = expg(gl - gi);
+    if (i >= L || o >= C * per_row) continue;
+    W gi[NCH], gl[NCH];
+    float qi[NCH], ki[NCH], eg[NCH], elg[NCH];
+    lw(gam + i * KB + x, gi);
+    lw(gam + (L - 1) * KB + x, gl);
+    lt(qs + i * KB + x, qi);
+    lt(ks + i * KB + x, ki);
+    const float bi = b[i];
+#pragma unroll
+    for (int u = 0; u < NCH; ++u) {
+      eg[u] = expg(gi[u]);
+      elg[u] = expg(gl[u] - gi[u]);
+    }
     // As row i of the pairs (j <= i): sQ = sum tq_ij e_ij k_j, sK = sum tb_ij e_ij k_j.
     // TC: j and i2 within i's 16-row block here, the other blocks' sums from the tiles.
     const int ib = i >> 4, blk0 = TC ? 16 * ib : 0, blk_end = TC ? min(L, 16 * ib + 16) : L;
-    W sQ = 0, sK = 0;
+    W sQ[NCH] = {}, sK[NCH] = {}, sC[NCH] = {};
     for (int j = blk0; j <= i; ++j) {
-      const float ek = expg(gi - gam[j * KB + x]) * ld(ks, j * KB + x);
-      sQ += tq[i * C + j] * ek;
-      sK += tb[i * C + j] * ek;
+      W gj[NCH];
+      float kj[NCH];
+      lw(gam + j * KB + x, gj);
+      lt(ks + j * KB + x, kj);
+      const float aq = tq[i * C + j], ak = tb[i * C + j];
+#pragma unroll
+      for (int u = 0; u < NCH; ++u) {
+        const float ek = expg(gi[u] - gj[u]) * kj[u];
+        sQ[u] += aq * ek;
+        sK[u] += ak * ek;
+      }
     }
     // As column i (rows i2 >= i): sC = sum e_i2i (tq_i2i q_i2 + tb_i2i k_i2).
-    W sC = 0;
     for (int i2 = i; i2 < blk_end; ++i2) {
-      const float ex = expg(gam[i2 * KB + x] - gi);
-      sC += ex * (tq[i2 * C + i] * ld(qs, i2 * KB + x) + tb[i2 * C + i] * ld(ks, i2 * KB + x));
+      W gj[NCH];
+      float qj[NCH], kj[NCH];
+      lw(gam + i2 * KB + x, gj);
+      lt(qs + i2 * KB + x, qj);
+      lt(ks + i2 * KB + x, kj);
+      const float aq = tq[i2 * C + i], ak = tb[i2 * C + i];
+#pragma unroll
+      for (int u = 0; u < NCH; ++u) sC[u] += expg(gj[u] - gi[u]) * (aq * qj[u] + ak * kj[u]);
     }
     if constexpr (TC) {
       if (ib > 0) {
-        const float f = expg(gi - gam[16 * ib * KB + x]);
-        sQ += f * qu[(i - 16) * kTileLd + x];
-        sK += f * ku[(i - 16) * kTileLd + x];
+        float tu[NCH], tk[NCH], gr[NCH];
+        lw(qu + (i - 16) * kTileLd + x, tu);
+        lw(ku + (i - 16) * kTileLd + x, tk);
+        lw(gam + 16 * ib * KB + x, gr);
+#pragma unroll
+        for (int u = 0; u < NCH; ++u) {
+          const float f = expg(gi[u] - gr[u]);
+          sQ[u] += f * tu[u];
+          sK[u] += f * tk[u];
+        }
       }
-      if (ib < 3) sC += expg(gam[16 * (ib + 1) * KB + x] - gi) * kd[i * kTileLd + x];
+      if (ib < 3) {
+        float td[NCH], gr[NCH];
+        lw(kd + i * kTileLd + x, td);
+        lw(gam + 16 * (ib + 1) * KB + x, gr);
+#pragma unroll
+        for (int u = 0; u < NCH; ++u) sC[u] += expg(gr[u] - gi[u]) * td[u];
+      }
     }
-    const float dQ = dqg * eg + static_cast<float>(sQ);
-    const float dK = bi * eg * dkb + dkgl * elg + static_cast<float>(sK + sC);
-    W dG = static_cast<W>(dqg) * qi * eg + static_cast<W>(dkb) * bi * ki * eg -
-           static_cast<W>(dkgl) * ki * elg + qi * sQ + ki * (sK - sC);
-    dbx[r] = dkb * ki * eg;
-    if (i == L - 1) dG += dGamL[x];
-    dgam[r] = dG;
+    float dQ[NCH], dK[NCH];
+#pragma unroll
+    for (int u = 0; u < NCH; ++u) {
+      dQ[u] = dqg[u] * eg[u] + static_cast<float>(sQ[u]);
+      dK[u] = bi * eg[u] * dkb[u] + dkgl[u] * elg[u] + static_cast<float>(sK[u] + sC[u]);
+      W dG = static_cast<W>(dqg[u]) * qi[u] * eg[u] + static_cast<W>(dkb[u]) * bi * ki[u] * eg[u] -
+             static_cast<W>(dkgl[u]) * ki[u] * elg[u] + qi[u] * sQ[u] + ki[u] * (sK[u] - sC[u]);
+      dbx[NCH * r + u] = dkb[u] * ki[u] * eg[u];
+      if (i == L - 1) dG += dGamL[x + u];
+      dgam[NCH * r + u] = dG;
+    }
     const int64_t at = ((t0 + i) * a.H + h) * K + x0 + x;
-    st(dq, at, dQ);
-    st(dk, at, dK);
+    if constexpr (NCH == 2) {
+      *reinterpret_cast<__nv_bfloat162*>(dq + at) = __floats2bfloat162_rn(dQ[0], dQ[1]);
+      *reinterpret_cast<__nv_bfloat162*>(dk + at) = __floats2bfloat162_rn(dK[0], dK[1]);
+    } else {
+      st(dq, at, dQ[0]);
+      st(dk, at, dK[0]);
+    }
   }
   // TC: dbeta's reads of dR and v for the rows of the half's parity, i = 2 (w + 8 m) + z, go out
   // now, to arrive during the reverse cumsum.
@@ -1228,11 +1303,13 @@ __global__ void __launch_bounds__(kGradThreads, TC ? 2 : 1)
   float* dbs = reinterpret_cast<float*>(qs);
 #pragma unroll 1
   for (int r = 0; r < owners; ++r) {
-    const int e = tid + r * kGradThreads;
-    if (e < C * KB) {
-      gam[e] = dgam[r];
-      dbs[e] = dbx[r];
-    }
+    const int o = tid + r * kGradThreads;
+    if (o < C * per_row)
+#pragma unroll
+      for (int u = 0; u < NCH; ++u) {
+        gam[NCH * o + u] = dgam[NCH * r + u];
+        dbs[NCH * o + u] = dbx[NCH * r + u];
+      }
   }
   __syncthreads();
   // dg = reverse cumsum of dGam over the chunk, per channel (rows past L hold zero).
@@ -1373,11 +1450,12 @@ void grads(Context& ctx, const Args& a, const Tensor& q, const Tensor& k, const 
   size_t sm = grads_smem<T>(a.C, a.K);
   unsigned split = 1;
   // The block pairs on tensor cores and the channel halves under prep's condition, where q, k
-  // and g take the 16-byte loads of TC's load phase.
+  // and g take the 16-byte loads of TC's load phase (and dq, dk its pair stores).
   auto* kernel = grads_kernel<T, false>;
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-    if (a.C == kMaxC && a.K == kMaxKV && aligned(q.raw()) && aligned(k.raw()) && aligned(a.g)) {
+    if (a.C == kMaxC && a.K == kMaxKV && aligned(q.raw()) && aligned(k.raw()) && aligned(a.g) &&
+        aligned(dq.raw()) && aligned(dk.raw())) {
       kernel = grads_kernel<T, true>;
       sm = grads_smem<T>(kMaxC, kHalf) + kGradTileBytes;
       split = kGradSplit;
