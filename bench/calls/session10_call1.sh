@@ -4,12 +4,10 @@
 # full and LoRA runs) and of bench kda; bench dsa after dsa9b. Logs in one tarball.
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/gpu_out}; L=/tmp/logs; mkdir -p "$OUT" "$L"
-t0=$(date +%s); el() { echo "[t=$(( $(date +%s) - t0 ))s] $*"; }
-pack() { tar -C "$L" -czf "$OUT/logs.tgz" .; }
+. bench/calls/lib.sh
 el test; OUT=$L timeout 220 tools/gpu.sh test > "$L/test.txt" 2>&1; tail -2 "$L/test.txt"
 grep -E "^FAIL|\[  FAILED" "$L/test.txt" | cut -c1-300 | head -30; pack
-D=/tmp/moetrain-gpu; export LD_LIBRARY_PATH=$D/lib:${LD_LIBRARY_PATH:-}
+export LD_LIBRARY_PATH=$D/lib:${LD_LIBRARY_PATH:-}  # tools/gpu.sh test unpacked into $D
 el dsa; timeout 60 $D/bin/moetrain bench dsa --tokens 8192,32768 --json "$L/bench_dsa.json" > "$L/dsa.txt" 2>&1; echo "rc=$?"
 python3 -c "
 import json

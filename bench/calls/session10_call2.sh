@@ -4,10 +4,8 @@
 # with torch._grouped_mm in the same call, the expert-LoRA step. Logs in one tarball.
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/gpu_out}; L=/tmp/logs; mkdir -p "$OUT" "$L"
-t0=$(date +%s); el() { echo "[t=$(( $(date +%s) - t0 ))s] $*"; }
-pack() { tar -C "$L" -czf "$OUT/logs.tgz" .; }
-D=/tmp/moetrain-gpu; mkdir -p $D; tar -C $D -xzf .gpu/pack.tgz; export LD_LIBRARY_PATH=$D/lib:${LD_LIBRARY_PATH:-}
+. bench/calls/lib.sh
+unpack
 el test; timeout 150 $D/bin/gpu_suite --gtest_filter='CudaGrouped*:CudaLora*:CudaGraph*:CudaMoe*:CudaModel*:CudaRouter*' > "$L/suite.txt" 2>&1; echo "suite rc=$?"
 grep -E "^\[  (PASSED|FAILED)|tests ran" "$L/suite.txt" | head -20; pack
 el ncu moe; timeout 100 ncu --metrics gpu__time_duration.sum --csv $D/bin/moetrain bench moe --cases A:uniform --iters 1 --warmup 1 > "$L/ncu_moe.csv" 2> "$L/ncu_moe.log"; echo "rc=$?"; pack

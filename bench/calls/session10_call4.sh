@@ -5,10 +5,8 @@
 # step model at 8K.
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/gpu_out}; L=/tmp/logs; mkdir -p "$OUT" "$L"
-t0=$(date +%s); el() { echo "[t=$(( $(date +%s) - t0 ))s] $*"; }
-pack() { tar -C "$L" -czf "$OUT/logs.tgz" .; }
-D=/tmp/moetrain-gpu; mkdir -p $D; tar -C $D -xzf .gpu/pack.tgz; export LD_LIBRARY_PATH=$D/lib:${LD_LIBRARY_PATH:-}
+. bench/calls/lib.sh
+unpack
 el test; timeout 150 $D/bin/gpu_suite --gtest_filter='CudaGrouped*:CudaLora*:CudaGraph*:CudaMoe*:*CudaKda*:CudaDsaLong*' > "$L/suite.txt" 2>&1; echo "suite rc=$?"
 grep -E "^\[  (PASSED|FAILED)|tests ran" "$L/suite.txt" | head -20; pack
 el moe; timeout 100 $D/bin/moetrain bench moe --cases A:uniform,B:uniform,B:skewed --iters 5 --json "$L/bench_moe.json" > "$L/moe.txt" 2>&1; echo "rc=$?"

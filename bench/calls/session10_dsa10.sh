@@ -6,10 +6,8 @@
 # gpu_suite into .gpu/pack.tgz (tools/gpu.sh pack, or the same by hand without test_golden).
 set -u
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
-D=/tmp/moetrain-gpu; mkdir -p "$D"; tar -C "$D" -xzf .gpu/pack.tgz
-export LD_LIBRARY_PATH=$D/lib:${LD_LIBRARY_PATH:-}
-t0=$(date +%s); el() { echo "[t=$(( $(date +%s) - t0 ))s] $*"; }
+. bench/calls/lib.sh
+unpack
 summary() {  # bench step JSON -> one line
   python3 - "$1" <<'PY'
 import json, sys

@@ -211,12 +211,11 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
   const auto project_back = [&](const Tensor& dout, const Tensor& in, const Tensor& wt,
                                 const Tensor& a, const Tensor& b, const Tensor& xa, Tensor& din,
                                 Tensor& gw, Tensor& ga, Tensor& gb, bool adapter_in) {
+    // dr = s dOut B and dB += s dOut^T xa: one pass over dOut on the GPU.
+    if (r > 0) lora_out_grads(ctx, p, dout, offsets, b, xa, dr, gb);
     if (r == 0 || !adapter_in) {
-      if (r > 0) lora_out_grads(ctx, p, dout, offsets, b, xa, dr, gb);
       grouped_matmul(ctx, form.dx, dout, offsets, wt, din);
     } else {
-      // dr = s dOut B and dB += s dOut^T xa: one pass over dOut on the GPU.
-      lora_out_grads(ctx, p, dout, offsets, b, xa, dr, gb);
       with_lora(
           dout,
           [&](float beta) {

@@ -227,15 +227,17 @@ constexpr int kUpTilesPerBlock = 4;
 
 // Global -> shared (cp.async, uncommitted) or shared -> global for the tile's rows < rows and
 // 8-column chunks whose first column `col(c)` of global memory (c = the tile's column) is < n.
-template <bool kLoad, typename G, typename Col>
+// A tile is kCols wide at pitch kPitch: the output tiles (128, kLdWide) or, in the SwiGLU
+// kernels, the 64-column h and dh tiles (64, kLd).
+template <bool kLoad, int kCols = kColTile, int kPitch = kLdWide, typename G, typename Col>
 __device__ __forceinline__ void move_tile(bf16* tile, G* g, int64_t ld, int rows, int64_t n,
                                           const Col& col, int tid) {
-  constexpr int kChunks = kColTile / 8;
+  constexpr int kChunks = kCols / 8;
   for (int i = tid; i < kRowTile * kChunks; i += kThreads) {
     const int row = i / kChunks, c = (i % kChunks) << 3;
     const int64_t gc = col(c);
     if (row >= rows || gc >= n) continue;
-    bf16* sm = tile + row * kLdWide + c;
+    bf16* sm = tile + row * kPitch + c;
     if constexpr (kLoad)
       mma::cp_async16(sm, g + row * ld + gc);
     else
@@ -313,6 +315,42 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+constexpr int kHalfTile = kColTile / 2;
+constexpr int kUpTile = kHalfTile / 8;  // the first up n-tile of a SwiGLU kernel's accumulators
+
+// The SwiGLU kernels' staged [gate | up] tile for the F columns c0 .. c0+63: its column cc is
+// gate_up's column c0 + cc (gate) or F + c0 + cc - 64 (up); past F, 2F (outside every row).
+struct GateUpCols {
+  int64_t c0, F;
+  __device__ int64_t operator()(int cc) const {
+    const int64_t col = c0 + (cc & (kHalfTile - 1));
+    return col >= F ? 2 * F : col + (cc < kHalfTile ? 0 : F);
+  }
+};
+
+// B_g's rows for those columns, [gate c0.., up F+c0..][r16] (B_g [2F, r]; zeros past F and r).
+__device__ __forceinline__ void load_gate_up_b(bf16* ws, const bf16* w, int64_t c0, int64_t F,
+                                               int r, int tid) {
+  const int chunks = ((r + 15) & ~15) >> 3;
+  for (int i = tid; i < kColTile * chunks; i += kThreads) {
+    const int nn = i / chunks, j = (i % chunks) << 3;
+    const int64_t col = c0 + (nn < kHalfTile ? nn : nn - kHalfTile);  // of the F columns
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (col < F && j < r) v = ld16(w + (col + (nn < kHalfTile ? 0 : F)) * r + j);
+    *reinterpret_cast<uint4*>(&ws[nn * kLd + j]) = v;
+  }
+}
+
+// The adapted gate and up of element e of the pair (nt, h) this lane holds: the staged value plus
+// s times the up product, rounded to bf16 as both SwiGLU kernels round it (`gp` points at the
+// pair's gate column in the staged tile, its up column kHalfTile further).
+__device__ __forceinline__ void adapted_gate_up(const float (&acc)[kColTile / 8][4], const bf16* gp,
+                                                int nt, int h, int e, float s, float& g, float& u) {
+  const auto bf = [](float v) { return __bfloat162float(__float2bfloat16(v)); };
+  g = bf(s * acc[nt][2 * h + e] + __bfloat162float(gp[e]));
+  u = bf(s * acc[nt + kUpTile][2 * h + e] + __bfloat162float(gp[kHalfTile + e]));
+}
+
 // The gate/up projection's adapter term and SwiGLU in one pass, after the base GEMM wrote
 // gate_up = [g | u] [rows, 2F]: h = silu(g) * u with g = bf16(g + s xa B_g[:F]^T), u = bf16(u +
 // s xa B_g[F:]^T) (B_g [2F, r]); gate_up is only read (backward forms the sums again). One block
@@ -333,8 +371,6 @@ struct SwigluArgs {
   float s;
 };
 
-constexpr int kHalfTile = kColTile / 2;
-
 __global__ void __launch_bounds__(kThreads)
     up_swiglu_kernel(const __grid_constant__ Tiles tiles, const SwigluArgs p) {
   __shared__ alignas(16) bf16 ss[kRowTile * kLd];
@@ -343,52 +379,34 @@ __global__ void __launch_bounds__(kThreads)
   static_assert(kRowTile * kLd <= kColTile * kLd, "h's tile fits in the weight tile");
   const Tile t = find_tile(tiles, static_cast<int>(blockIdx.x));
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int r16 = (p.r + 15) & ~15, chunks = r16 >> 3;
+  const int r16 = (p.r + 15) & ~15;
   const bf16* w = p.b + static_cast<int64_t>(t.group) * 2 * p.F * p.r;
   const bf16* gu = p.gu + static_cast<int64_t>(t.r0) * p.ldgu;
   bf16* hg = p.h + static_cast<int64_t>(t.r0) * p.ldh;
   load_rank_tile(ss, p.xa, p.ldx, t, p.r, tid);
-  const auto bf = [](float v) { return __bfloat162float(__float2bfloat16(v)); };
   for (int tile = 0; tile < kUpTilesPerBlock; ++tile) {
     const int64_t c0 = (static_cast<int64_t>(blockIdx.y) * kUpTilesPerBlock + tile) * kHalfTile;
     if (c0 >= p.F) break;
-    // Column cc of the staged tile: gate c0 + cc, or up F + c0 + cc - 64 (bounded by F).
-    const auto gu_col = [&](int cc) -> int64_t {
-      const int64_t col = c0 + (cc & (kHalfTile - 1));
-      return col >= p.F ? 2 * p.F : col + (cc < kHalfTile ? 0 : p.F);
-    };
-    move_tile<true>(os, gu, p.ldgu, t.rows, 2 * p.F, gu_col, tid);
+    const auto f_col = [&](int cc) { return c0 + cc; };
+    move_tile<true>(os, gu, p.ldgu, t.rows, 2 * p.F, GateUpCols{c0, p.F}, tid);
     mma::cp_async_commit();
-    for (int i = tid; i < kColTile * chunks; i += kThreads) {
-      const int nn = i / chunks, j = (i % chunks) << 3;
-      const int64_t col = c0 + (nn < kHalfTile ? nn : nn - kHalfTile);  // of the F columns
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (col < p.F && j < p.r) v = ld16(w + (col + (nn < kHalfTile ? 0 : p.F)) * p.r + j);
-      *reinterpret_cast<uint4*>(&ws[nn * kLd + j]) = v;
-    }
+    load_gate_up_b(ws, w, c0, p.F, p.r, tid);
     mma::cp_async_wait<0>();
     __syncthreads();
     float acc[kColTile / 8][4] = {};
     up_mma(acc, ss, ws, true, r16, warp, lane);
     __syncthreads();  // every warp is done with ws: h's tile goes there
     bf16* hs = ws;
-    constexpr int kUp = kHalfTile / 8;  // the first up n-tile
-    for_each_pair<kUp>(0, p.F - c0, t.rows, warp, lane, [&](int row, int64_t col, int nt, int h) {
-      const bf16* gp = &os[row * kLdWide + col];
-      const bf16* up = gp + kHalfTile;
-      const float g0 = bf(p.s * acc[nt][2 * h] + __bfloat162float(gp[0])),
-                  g1 = bf(p.s * acc[nt][2 * h + 1] + __bfloat162float(gp[1])),
-                  u0 = bf(p.s * acc[nt + kUp][2 * h] + __bfloat162float(up[0])),
-                  u1 = bf(p.s * acc[nt + kUp][2 * h + 1] + __bfloat162float(up[1]));
-      st_pair(&hs[row * kLd + col], g0 / (1.0f + expf(-g0)) * u0, g1 / (1.0f + expf(-g1)) * u1);
-    });
+    for_each_pair<kUpTile>(
+        0, p.F - c0, t.rows, warp, lane, [&](int row, int64_t col, int nt, int h) {
+          float g[2], u[2];
+          for (int e = 0; e < 2; ++e)
+            adapted_gate_up(acc, &os[row * kLdWide + col], nt, h, e, p.s, g[e], u[e]);
+          st_pair(&hs[row * kLd + col], g[0] / (1.0f + expf(-g[0])) * u[0],
+                  g[1] / (1.0f + expf(-g[1])) * u[1]);
+        });
     __syncthreads();
-    for (int i = tid; i < kRowTile * (kHalfTile / 8); i += kThreads) {
-      const int row = i / (kHalfTile / 8), cc = (i % (kHalfTile / 8)) << 3;
-      if (row < t.rows && c0 + cc < p.F)
-        *reinterpret_cast<uint4*>(hg + row * p.ldh + c0 + cc) =
-            *reinterpret_cast<const uint4*>(&hs[row * kLd + cc]);
-    }
+    move_tile<false, kHalfTile, kLd>(hs, hg, p.ldh, t.rows, p.F, f_col, tid);
     __syncthreads();  // os and ws are refilled for the next tile
   }
 }
@@ -432,7 +450,7 @@ __global__ void __launch_bounds__(kThreads)
   bf16* ds = os + kRowTile * kLdWide;        // dh: [64][64]
   const Tile t = find_tile(tiles, static_cast<int>(blockIdx.x));
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int r16 = (p.r + 15) & ~15, chunks = r16 >> 3;
+  const int r16 = (p.r + 15) & ~15;
   const bf16* wb = p.b + static_cast<int64_t>(t.group) * 2 * p.F * p.r;
   const bf16* wa = p.a + static_cast<int64_t>(t.group) * p.r * p.F;
   const bf16* gu = p.gu + static_cast<int64_t>(t.r0) * p.ldgu;
@@ -440,28 +458,15 @@ __global__ void __launch_bounds__(kThreads)
   bf16* dgu = p.dgu + static_cast<int64_t>(t.r0) * p.lddgu;
   load_rank_tile(ss, p.xa, p.ldx, t, p.r, tid);
   load_rank_tile(rs, p.dr, p.ldr, t, p.r, tid);
-  const auto bf = [](float v) { return __bfloat162float(__float2bfloat16(v)); };
   for (int tile = 0; tile < kUpTilesPerBlock; ++tile) {
     const int64_t c0 = (static_cast<int64_t>(blockIdx.y) * kUpTilesPerBlock + tile) * kHalfTile;
     if (c0 >= p.F) break;
-    const auto gu_col = [&](int cc) -> int64_t {
-      const int64_t col = c0 + (cc & (kHalfTile - 1));
-      return col >= p.F ? 2 * p.F : col + (cc < kHalfTile ? 0 : p.F);
-    };
+    const GateUpCols gu_col{c0, p.F};
     move_tile<true>(os, gu, p.ldgu, t.rows, 2 * p.F, gu_col, tid);
-    for (int i = tid; i < kRowTile * (kHalfTile / 8); i += kThreads) {
-      const int row = i / (kHalfTile / 8), cc = (i % (kHalfTile / 8)) << 3;
-      if (row < t.rows && c0 + cc < p.F)
-        mma::cp_async16(&ds[row * kLd + cc], dh + row * p.lddh + c0 + cc);
-    }
+    move_tile<true, kHalfTile, kLd>(
+        ds, dh, p.lddh, t.rows, p.F, [&](int cc) { return c0 + cc; }, tid);
     mma::cp_async_commit();
-    for (int i = tid; i < kColTile * chunks; i += kThreads) {
-      const int nn = i / chunks, j = (i % chunks) << 3;
-      const int64_t col = c0 + (nn < kHalfTile ? nn : nn - kHalfTile);  // of the F columns
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (col < p.F && j < p.r) v = ld16(wb + (col + (nn < kHalfTile ? 0 : p.F)) * p.r + j);
-      *reinterpret_cast<uint4*>(&ws[nn * kLd + j]) = v;
-    }
+    load_gate_up_b(ws, wb, c0, p.F, p.r, tid);
     for (int i = tid; i < r16 * (kHalfTile / 8); i += kThreads) {  // [r16 rows j][64 columns]
       const int j = i / (kHalfTile / 8), cc = (i % (kHalfTile / 8)) << 3;
       uint4 v = make_uint4(0, 0, 0, 0);
@@ -482,24 +487,24 @@ __global__ void __launch_bounds__(kThreads)
       for (int q = 0; q < kHalfTile / 16; ++q)
         mma_pair(accd[2 * q], accd[2 * q + 1], a, as, false, kLd, 16 * q, kk, lane);
     }
-    constexpr int kUp = kHalfTile / 8;  // the first up n-tile
-    for_each_pair<kUp>(0, p.F - c0, t.rows, warp, lane, [&](int row, int64_t col, int nt, int h) {
-      bf16* gp = &os[row * kLdWide + col];
-      bf16* up = gp + kHalfTile;
-      const bf16* dp = &ds[row * kLd + col];
-      float dg[2], du[2];
+    for_each_pair<kUpTile>(
+        0, p.F - c0, t.rows, warp, lane, [&](int row, int64_t col, int nt, int h) {
+          bf16* gp = &os[row * kLdWide + col];
+          bf16* up = gp + kHalfTile;
+          const bf16* dp = &ds[row * kLd + col];
+          float dg[2], du[2];
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {  // as swiglu_bwd_kernel (ops/cuda/grouped_ffn.cu)
-        const float g = bf(p.s * acc[nt][2 * h + e] + __bfloat162float(gp[e])),
-                    u = bf(p.s * acc[nt + kUp][2 * h + e] + __bfloat162float(up[e])),
-                    d = __bfloat162float(dp[e]) + accd[nt][2 * h + e];
-        const float sg = 1.0f / (1.0f + expf(-g));
-        du[e] = d * g * sg;
-        dg[e] = d * u * sg * (1.0f + g * (1.0f - sg));
-      }
-      st_pair(gp, dg[0], dg[1]);
-      st_pair(up, du[0], du[1]);
-    });
+          for (int e = 0; e < 2; ++e) {  // as swiglu_bwd_kernel (ops/cuda/grouped_ffn.cu)
+            float g, u;
+            adapted_gate_up(acc, gp, nt, h, e, p.s, g, u);
+            const float d = __bfloat162float(dp[e]) + accd[nt][2 * h + e];
+            const float sg = 1.0f / (1.0f + expf(-g));
+            du[e] = d * g * sg;
+            dg[e] = d * u * sg * (1.0f + g * (1.0f - sg));
+          }
+          st_pair(gp, dg[0], dg[1]);
+          st_pair(up, du[0], du[1]);
+        });
     __syncthreads();
     move_tile<false>(os, dgu, p.lddgu, t.rows, 2 * p.F, gu_col, tid);
     __syncthreads();  // the tiles are refilled for the next tile
