@@ -44,6 +44,31 @@ TEST_P(CudaNorm, RmsNormForwardBackward) {
       seed);
 }
 
+// More rows than 64-row chunks fit in a grid's y extent (65535): the per-head norms of a long
+// sequence (131072 tokens x 32 heads) reach this; the weight gradient's column sum takes longer
+// chunks there.
+TEST(CudaNormLong, RmsNormWeightGradientOverFourMillionRows) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  const int64_t R = 65535 * 64 + 65, D = 8;
+  const ops::NormParams p{.rows = R, .dim = D, .eps = 1e-6f};
+  std::vector<In> ins = {{randn(rng, {R, D}, 2.0)},
+                         {randn(rng, {D})},
+                         {randn(rng, {R, D})},
+                         {randn(rng, {D}, 1e-2), false}};
+  run_case(
+      "rmsnorm 4M rows", ins, {"dx", "dw"},
+      [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
+        Tensor y = out(c, {R, D}, in[0].dtype()), rstd = out(c, {R}, DType::F32);
+        OP(rmsnorm_forward)(c, p, in[0], in[1], y, rstd);
+        Tensor dx = out(c, {R, D}, in[0].dtype()), dw = like(c, in[3]);
+        OP(rmsnorm_backward)(c, p, in[0], in[1], rstd, in[2], dx, dw);
+        return {dx, dw};
+      },
+      seed);
+}
+
 TEST_P(CudaNorm, LayerNormForwardBackward) {
   REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
