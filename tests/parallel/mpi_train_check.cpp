@@ -60,6 +60,10 @@ struct Args {
   // (measured: up to 9.5e-6 over every configuration below, OpenBLAS Haswell and SkylakeX
   // kernels; a wrong gradient is off by O(1)).
   double grad_tol = 3e-5;
+  // The check's own test: the second moments of A_log compared 1% off, a 0.5% gradient error
+  // (the allowance widened by the order probe must still catch that; a wrong gradient is off by
+  // O(1)), on whichever rank holds them.
+  bool perturb = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -114,6 +118,8 @@ Args parse(int argc, char** argv) {
       a.stall_rank = next();
     else if (k == "--timeout-ms")
       a.timeout_ms = next();
+    else if (k == "--perturb")
+      a.perturb = true;
     else if (k == "--place-every")
       a.place_every = next();
     else if (k == "--train-layers") {
@@ -138,17 +144,23 @@ std::vector<int64_t> doc_lens(int rank, bool uneven, int scale = 1) {
   return {9 * scale, 15 * scale};
 }
 
+// How many times the measured order difference of two single-process runs a distributed
+// gradient may differ by (its reductions take yet other orders).
+constexpr double kOrderMargin = 4;
+
 struct Batch {
   mt::SeqInfo seq;
   mt::Tensor ids, targets;
 };
 
 // The documents of ranks [first, last) at step s: token values from a counter-based hash of the
-// run's seed, so every rank can build any rank's documents.
+// run's seed, so every rank can build any rank's documents. `reversed` packs the ranks' documents
+// last rank first: the same tokens, summed in another order.
 Batch make_batch(uint64_t seed, int64_t vocab, int step, int first, int last, bool uneven,
-                 int scale = 1) {
+                 int scale = 1, bool reversed = false) {
   std::vector<int64_t> lens, ids;
-  for (int r = first; r < last; ++r) {
+  for (int i = first; i < last; ++i) {
+    const int r = reversed ? last - 1 - (i - first) : i;
     const std::vector<int64_t> l = doc_lens(r, uneven, scale);
     for (size_t j = 0; j < l.size(); ++j) {
       lens.push_back(l[j]);
@@ -282,6 +294,39 @@ int run_rss(mt::par::Comm& world, const Args& a, uint64_t seed) {
   return 0;
 }
 
+// A single process's gradients over the same documents packed in another order differ from the
+// reference's by summation order alone. Their largest difference per trainable tensor measures
+// how far order moves that tensor's gradient, independently of the distributed engine. The
+// probe's forward leaves the experts' load counts (which the router bias update reads) as the
+// reference's forward left them, and the reference's gradients in place.
+std::map<std::string, double> probe_order_noise(mt::Context& ctx, mt::Model& ref,
+                                                const Batch& other) {
+  using namespace mt;
+  std::map<std::string, Tensor> keep;
+  for (const auto& p : ref.params().all())
+    if (p->trainable()) keep[p->name] = p->grad.clone();
+  std::vector<std::vector<int64_t>> loads;
+  for (MoeLayer* m : ref.moe_layers())
+    loads.push_back(m ? m->expert_load() : std::vector<int64_t>{});
+  ref.params().zero_grad();
+  ref.forward(ctx, other.seq, other.ids, other.targets);
+  ref.backward(ctx);
+  std::map<std::string, double> noise;
+  for (const auto& p : ref.params().all()) {
+    if (!p->trainable()) continue;
+    const Tensor& g0 = keep.at(p->name);
+    double d = 0;
+    for (int64_t i = 0; i < g0.numel(); ++i)
+      d = std::max(d, static_cast<double>(std::abs(p->grad.f32()[i] - g0.f32()[i])));
+    noise[p->name] = d;
+    std::memcpy(p->grad.raw(), g0.raw(), g0.bytes());
+  }
+  std::vector<MoeLayer*> moes = ref.moe_layers();
+  for (size_t i = 0; i < moes.size(); ++i)
+    if (moes[i]) moes[i]->set_expert_load(loads[i]);
+  return noise;
+}
+
 // seed: the run's (test::world_seed), of the weights and the documents.
 int run(mt::par::Comm& world, const Args& a, uint64_t seed) {
   using namespace mt;
@@ -360,6 +405,7 @@ int run(mt::par::Comm& world, const Args& a, uint64_t seed) {
 
   double max_loss_err = 0, max_place_err = 0;
   int64_t experts_moved = 0;
+  std::map<std::string, double> order_noise;  // of the compared (last) step
   for (int s = 0; s < a.steps; ++s) {
     if (a.place_every > 0 && s > 0 && s % a.place_every == 0) {
       // Same inputs before and after the move: the model's outputs must not change.
@@ -404,6 +450,9 @@ int run(mt::par::Comm& world, const Args& a, uint64_t seed) {
     ref.params().zero_grad();
     const double ref_loss = ref.forward(ctx, gb.seq, gb.ids, gb.targets);
     ref.backward(ctx);
+    if (s == a.steps - 1)
+      order_noise =
+          probe_order_noise(ctx, ref, make_batch(seed, cfg.vocab, s, 0, W, a.uneven, 1, true));
     ref_opt.step(ctx, ref.params(), lr);
     for (MoeLayer* m : ref.moe_layers())
       if (m) m->update_selection_bias(ctx);
@@ -500,7 +549,10 @@ int run(mt::par::Comm& world, const Args& a, uint64_t seed) {
     double g = 0;
     for (int64_t i = 0; i < p->grad.numel(); ++i)
       g = std::max(g, static_cast<double>(std::abs(p->grad.f32()[i])));
-    delta[p->name] = a.grad_tol * g;
+    // Where the tensor's sum cancels (a per-head A_log sums many terms of both signs into a small
+    // gradient), the order error scales with the terms, not with the result: the measured
+    // difference of two single-process orders, with a margin, bounds it there.
+    delta[p->name] = std::max(a.grad_tol * g, kOrderMargin * order_noise[p->name]);
   }
   auto value_allow = [&](const std::string& name, double m, double v) {
     const auto it = delta.find(name);
@@ -569,7 +621,11 @@ int run(mt::par::Comm& world, const Args& a, uint64_t seed) {
   for (const par::ShardPiece& sp : trainer.checkpoint_pieces()) {
     const Tensor& want = ref_tensor(sp.name);
     for (int64_t i = sp.begin; i < sp.end; ++i) {
-      const double r = ratio(sp.data.f32()[i - sp.begin], want.f32()[i], allow(sp.name, i));
+      const double off =
+          a.perturb && sp.name.rfind("v.", 0) == 0 && sp.name.find("A_log") != std::string::npos
+              ? 1.01
+              : 1.0;
+      const double r = ratio(off * sp.data.f32()[i - sp.begin], want.f32()[i], allow(sp.name, i));
       if (r > max_piece_ratio) {
         max_piece_ratio = r;
         worst_piece = sp.name;
