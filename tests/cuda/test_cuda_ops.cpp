@@ -66,7 +66,7 @@ TEST(CudaNormLong, RmsNormWeightGradientOverFourMillionRows) {
         OP(rmsnorm_backward)(c, p, in[0], in[1], rstd, in[2], dx, dw);
         return {dx, dw};
       },
-      seed);
+      seed, /*reduction_terms=*/R);  // dw sums over every row
 }
 
 TEST_P(CudaNorm, LayerNormForwardBackward) {
@@ -160,6 +160,29 @@ TEST(CudaEmbedding, LookupAndGradientWithRepeatedIds) {
         return {y, dt};
       },
       seed);
+}
+
+// The gradient's sort by id over a long batch: half the tokens share one id (a run of 20000 rows
+// summed by one block), the rest spread over a vocabulary that needs 12 of the sort's bits.
+TEST(CudaEmbedding, GradientOverALongSkewedBatch) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  const int64_t T = 40000, V = 3000, D = 64;
+  Tensor ids = Tensor::empty({T}, DType::I32);
+  for (int64_t t = 0; t < T; ++t)
+    ids.i32()[t] = static_cast<int32_t>(t % 2 == 0 ? 7 : rng.below(V));
+  const ops::EmbeddingParams p{.tokens = T, .vocab = V, .dim = D};
+  std::vector<In> ins = {
+      {ids, false}, {randn(rng, {V, D})}, {randn(rng, {T, D})}, {randn(rng, {V, D}, 1e-2), false}};
+  run_case(
+      "embedding long", ins, {"dtable"},
+      [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
+        Tensor dt = like(c, in[3]);
+        OP(embedding_backward)(c, p, in[0], in[2], dt);
+        return {dt};
+      },
+      seed, /*reduction_terms=*/T / 2);
 }
 
 TEST(CudaEmbedding, OutOfRangeIdIsAnErrorNamingThePosition) {
