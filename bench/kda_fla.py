@@ -28,6 +28,35 @@ def bench(f, warmup=2, iters=10):
     return (time.perf_counter() - t0) * 1e3 / iters
 
 
+def launches(f):
+    """Kernels one call of f launches (torch's profiler, after warm-up: no autotuning inside)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        f()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and "memcpy" not in e.name.lower() and "memset" not in e.name.lower())
+
+
+def saved_gib(f, inputs):
+    """GiB that autograd keeps from the forward for the backward beside the inputs themselves
+    (distinct storages, the inputs' excluded)."""
+    seen, total = {t.untyped_storage().data_ptr() for t in inputs}, 0
+
+    def pack(t):
+        nonlocal total
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in seen:
+            seen.add(ptr)
+            total += t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        o, _ = f()
+    del o
+    return total / 2**30
+
+
 def case(name, B, T, H, D, cu=None):
     torch.manual_seed(0)
     bf = torch.bfloat16
@@ -53,7 +82,10 @@ def case(name, B, T, H, D, cu=None):
     torch.cuda.synchronize()
     f, fb = bench(fwd), bench(fwdbwd)
     print(json.dumps({"bench": "fla_chunk_kda", "case": name, "tokens": B * T, "H": H, "D": D,
-                      "l2norm_in_kernel": L2, "fwd_ms": f, "fwdbwd_ms": fb}), flush=True)
+                      "l2norm_in_kernel": L2, "fwd_ms": f, "fwdbwd_ms": fb,
+                      "launches_fwd": launches(fwd), "launches_fwdbwd": launches(fwdbwd),
+                      "saved_for_backward_gib": saved_gib(lambda: chunk_kda(q, k, v, g, beta, **kw),
+                                                          (q, k, v, g, beta))}), flush=True)
 
 
 case("B2_T8192", 2, 8192, 32, 128)

@@ -244,6 +244,21 @@ struct KdaBenchOptions {
   double workspace_gib = 8;
 };
 
+// The launches one call of `f` makes (kernel and memset nodes of its CUDA graph, captured and
+// not run), or the capture's error under `key` + "_error".
+void count_launches(Context& ctx, const std::function<void()>& f, const std::string& key,
+                    nlohmann::json& out) {
+  OpGraph g;
+  try {
+    g.capture(ctx, f);
+  } catch (const Error& e) {
+    out[key + "_error"] = e.what();
+    return;
+  }
+  out[key] = g.nodes().kernels;
+  out[key + "_memsets"] = g.nodes().memsets;
+}
+
 nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
                             const std::vector<int64_t>& lengths) {
   Context ctx(gpu_options(o.workspace_gib));
@@ -285,16 +300,23 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
                                 fwd();
                                 bwd();
                               });
-  return {{"case", name},
-          {"tokens", T},
-          {"documents", N},
-          {"H", H},
-          {"D", D},
-          {"prep_path", ops::kda_prep_path_name(ops::kda_bf16_prep_path(p))},
-          {"fwd_ms", f},
-          {"fwdbwd_ms", fb},
-          {"fwd_Mtok_s", T / f / 1e3},
-          {"fwdbwd_Mtok_s", T / fb / 1e3}};
+  nlohmann::json r = {{"case", name},
+                      {"tokens", T},
+                      {"documents", N},
+                      {"H", H},
+                      {"D", D},
+                      {"prep_path", ops::kda_prep_path_name(ops::kda_bf16_prep_path(p))},
+                      {"fwd_ms", f},
+                      {"fwdbwd_ms", fb},
+                      {"fwd_Mtok_s", T / f / 1e3},
+                      {"fwdbwd_Mtok_s", T / fb / 1e3},
+                      // Kept from forward for backward beside the inputs: the states at the
+                      // documents' chunk boundaries (`saved`) and the prepared blocks.
+                      {"saved_for_backward_gib",
+                       static_cast<double>(saved.bytes() + prepared.bytes()) / (1 << 30)}};
+  count_launches(ctx, fwd, "launches_fwd", r);
+  count_launches(ctx, bwd, "launches_bwd", r);
+  return r;
 }
 
 nlohmann::json run_kda_bench(const KdaBenchOptions& o, std::ostream& log) {
