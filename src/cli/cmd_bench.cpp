@@ -267,7 +267,7 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
   Tensor g = constant({T, H, D}, -0.05f), beta = constant({T, H}, 0.5f);
   Tensor out = Tensor::empty({T, H, D}, bf, Device::CUDA), none;
   Tensor saved = Tensor::empty({rows, H, D, D}, f32, Device::CUDA);
-  Tensor prepared = Tensor::empty({ops::kda_prepared_floats(p, rows)}, f32, Device::CUDA);
+  Tensor prepared = Tensor::empty({ops::kda_prepared_floats(p, rows, bf)}, f32, Device::CUDA);
   Tensor dq = Tensor::empty(q.shape(), bf, Device::CUDA),
          dk = Tensor::empty(k.shape(), bf, Device::CUDA),
          dv = Tensor::empty(v.shape(), bf, Device::CUDA),

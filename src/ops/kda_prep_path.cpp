@@ -13,6 +13,12 @@ KdaPrepPath kda_bf16_prep_path(const KdaParams& p) {
              : KdaPrepPath::CudaCores;
 }
 
+KdaChunkLayout kda_chunk_layout(const KdaParams& p, DType dtype) {
+  const bool half = dtype == DType::BF16 && kda_bf16_prep_path(p) == KdaPrepPath::TensorCoreBf16;
+  // half keeps Delta dS^T in the outgoing-dS slot (K V floats), which needs V >= C.
+  return {p.chunk, p.head_k, p.head_v, half && p.head_v >= p.chunk};
+}
+
 const char* kda_prep_path_name(KdaPrepPath path) {
   return path == KdaPrepPath::TensorCoreBf16 ? "tensor_core_bf16" : "cuda_cores";
 }
