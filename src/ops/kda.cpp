@@ -94,9 +94,9 @@ int64_t kda_chunk_workspace_floats(const KdaParams& p, int64_t chunks, bool back
   const KdaChunkLayout lay{p.chunk, p.head_k, p.head_v};
   // The chunk table (i32: first token and length per chunk, first chunk per document), padded.
   const int64_t table = (2 * chunks + p.num_seqs + 1 + 15) / 16 * 16;
-  // Delta and dR per chunk (forward: Delta for the output pass), and in backward the outgoing
-  // dS of every chunk.
-  const int64_t back = chunks * p.heads * (lay.back_block() + (backward ? p.head_k * p.head_v : 0));
+  // Backward: Delta, dR and the outgoing dS per chunk (forward's state pass forms each chunk's
+  // output in the same step, so it keeps nothing per chunk but the prepared blocks).
+  const int64_t back = backward ? chunks * p.heads * (lay.back_block() + p.head_k * p.head_v) : 0;
   return table + (prepared ? 0 : kda_prepared_floats(p, chunks, dtype)) + back;
 }
 

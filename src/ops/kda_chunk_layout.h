@@ -12,10 +12,9 @@
 // chunked kernels", for why each): 132 KB in place of 213 KB per (chunk, head) at C 64, K = V =
 // 128.
 // It lives in the workspace, or in the caller's `prepared` tensor that carries it from forward
-// to backward (ops/kda.h), which then skips prep. Delta [C, V] and dR [C, V] per (chunk, head) have
-// a block of their own (forward's tensor-core pass keeps Delta there for its output pass; the
-// backward, for its gradient pass), and backward's gradient pass reuses the prepared block (dead
-// by then but for KK): dO S0^T at dOS0(), dR S0^T at dRS0() (fp32 [C, K] each), Delta dS^T in
+// to backward (ops/kda.h), which then skips prep. Backward's Delta [C, V] and dR [C, V] per
+// (chunk, head) have a block of their own, and backward's gradient pass reuses the prepared block
+// (dead by then but for KK): dO S0^T at dOS0(), dR S0^T at dRS0() (fp32 [C, K] each), Delta dS^T in
 // Kl's place (fp32 layout) or in the chunk's outgoing-dS slot of the workspace (half: the block
 // has no room for a third fp32 [C, K]; V >= C, so the slot's K V floats hold C K), Aqk and T the
 // pair terms, gL S0 . dS, and the dbeta shares of the gradient kernel's channel halves at

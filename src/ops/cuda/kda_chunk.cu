@@ -1413,8 +1413,10 @@ Args make_args(Context& ctx, const KdaParams& p, const Tensor& cu, const Tensor&
     a.ws = next;
     next += nchunks * p.heads * a.block;
   }
-  a.back = next;
-  if (backward) a.dS = a.back + nchunks * p.heads * a.lay.back_block();
+  if (backward) {
+    a.back = next;
+    a.dS = a.back + nchunks * p.heads * a.lay.back_block();
+  }
   a.g = ptr<float>(g);
   a.beta = ptr<float>(beta);
   chunk_table_kernel<<<1, 32, 0, stream(ctx)>>>(

@@ -3,9 +3,11 @@
 //
 // What is sequential is the recurrence alone; everything that does not depend on the carried
 // state leaves the sequential kernels:
-//   forward:  (1) per (document, head, 16 or 32 columns), chunk after chunk: Delta = U - W S0 and
-//             S = diag(gL) S0 + Kl^T Delta; S0 goes to `saved`, Delta to the backward blocks' D;
-//             (2) per (chunk, head, 64 columns), in parallel: o = Qh S0 + Aqk Delta.
+//   forward:  per (document, head, 16 or 32 columns), chunk after chunk: Delta = U - W S0 and
+//             S = diag(gL) S0 + Kl^T Delta; S0 goes to `saved`; the chunk's output columns
+//             o = Qh S0 + Aqk Delta are formed in the same step from the S0 and Delta tiles the
+//             block holds anyway (independent of the recurrence, their MMAs interleave with the
+//             state update's; no Delta round trip through HBM, no second pass re-reading S0).
 //   backward: (1) per (chunk, head, 64 columns), in parallel: Delta = U - W S0 into D,
 //             E = Aqk^T dO into dR's place and F = Qh^T dO into the chunk's dS slot;
 //             (2) per (document, head, 16 columns), in reverse: dDelta = E + Kl dS,
@@ -130,31 +132,35 @@ __device__ __forceinline__ void state_io(float (&s)[2][NT][4], const float* src,
   }
 }
 
-// Shared bytes of the forward state pass: W and Kl (E), U's NB columns (E), then gL, S0 and
-// Delta (fp32).
+// Shared bytes of the forward state pass: W, Kl and Qh (E), U's NB columns (E), then Aqk, gL,
+// S0 and Delta (fp32).
 template <int NB, typename E>
 constexpr size_t fwd_state_smem() {
-  return sizeof(E) * (kC * OpLd<E>::row + kC * OpLd<E>::tr + kC * NB) +
-         sizeof(float) * (kK + (kK + kC) * (NB + 8));
+  return sizeof(E) * (kC * OpLd<E>::row + 2 * kC * OpLd<E>::tr + kC * NB) +
+         sizeof(float) * (kC * kLdRowC + kK + (kK + kC) * (NB + 8));
 }
 
 // NB = kNB state columns per block, or twice that where kNB-column blocks would not all fit on
 // the GPU at once (forward_state_tc): each step of the chain then does twice the MMAs but the
-// chain runs in one wave instead of two, and reads W and Kl half as often. E: the prepared
-// operands' type (the layout's).
+// chain runs in one wave instead of two, and reads W, Kl and Qh half as often. E: the prepared
+// operands' type (the layout's). Two cp.async groups per chunk: W and U (free once Delta is
+// formed), then Kl, gL, Qh and Aqk (free once the state and the output are).
 template <int NB, typename E>
-__global__ void __launch_bounds__(kThreads, 2) fwd_state_tc_kernel(Args a) {
+__global__ void __launch_bounds__(kThreads, 2) fwd_state_tc_kernel(Args a, bf16* o) {
   static_assert(NB % 8 == 0 && (NB + 8) % 32 % 16 == 8, "B operands of NB / 8 n-tiles");
-  constexpr int NT = NB / 8, kLdB = NB + 8, kLdW = OpLd<E>::row, kLdKl = OpLd<E>::tr;
+  constexpr int NT = NB / 8, kLdB = NB + 8, kLdW = OpLd<E>::row, kLdKl = OpLd<E>::tr,
+                kLdQ = OpLd<E>::row;
   const int64_t n = blockIdx.x, h = blockIdx.y, H = a.H;
   const int col0 = blockIdx.z * NB, K = a.K, V = a.V, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   extern __shared__ __align__(16) unsigned char smem[];
-  E* Ws = reinterpret_cast<E*>(smem);                   // [kC][kLdW]
-  E* Kls = Ws + kC * kLdW;                              // [kC][kLdKl]
-  E* Us = Kls + kC * kLdKl;                             // [kC][NB]
-  float* gLs = reinterpret_cast<float*>(Us + kC * NB);  // [kK]
-  float* Ss = gLs + kK;                                 // [kK][kLdB]
-  float* Ds = Ss + kK * kLdB;                           // [kC][kLdB]
+  E* Ws = reinterpret_cast<E*>(smem);                  // [kC][kLdW]
+  E* Kls = Ws + kC * kLdW;                             // [kC][kLdKl]
+  E* Qs = Kls + kC * kLdKl;                            // [kC][kLdQ]
+  E* Us = Qs + kC * kLdQ;                              // [kC][NB]
+  float* As = reinterpret_cast<float*>(Us + kC * NB);  // [kC][kLdRowC]
+  float* gLs = As + kC * kLdRowC;                      // [kK]
+  float* Ss = gLs + kK;                                // [kK][kLdB]
+  float* Ds = Ss + kK * kLdB;                          // [kC][kLdB]
   const KdaChunkLayout& lay = a.lay;
   // The warp's state rows: m-tiles w and w + 4 (those below K).
   float s[2][NT][4];
@@ -169,6 +175,8 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_state_tc_kernel(Args a) {
     const float* blk = a.blk(c, h);
     stage(Kls, kLdKl, slot<E>(blk, lay.Kl()), K, kC, K);
     stage(gLs, 0, blk + lay.gL(), 0, 1, K);
+    stage(Qs, kLdQ, slot<E>(blk, lay.Qh()), K, kC, K);
+    stage(As, kLdRowC, blk + lay.Aqk(), kC, kC, kC);
   };
   if (cb < ce) stage_w(cb);
   mma::cp_async_commit();
@@ -176,7 +184,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_state_tc_kernel(Args a) {
   mma::cp_async_commit();
   for (int64_t c = cb; c < ce; ++c) {
     const int L = a.clen[c], kd = (L + 7) & ~7;
-    // S entering the chunk: kept for backward, and the B operand of W S0.
+    // S entering the chunk: kept for backward, and the B operand of W S0 and Qh S0.
     float* sv = a.saved + (c * H + h) * K * V + col0;
     for_state_pairs(s, K, lane, [&](int x, int col, float& s0, float& s1) {
       *at2(Ss + x * kLdB + col) = make_float2(s0, s1);
@@ -187,17 +195,14 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_state_tc_kernel(Args a) {
     // Delta = U - W S0, rows 16 w .. 16 w + 15 (zero past L).
     float d[NT][4] = {};
     mma::warp_mma_tf32<false, NT>(d, Ws, kLdW, 16 * w, Ss, kLdB, 0, K, lane);
-    float* Dg = a.bblk(c, h) + lay.D() + col0;
     for_pairs(d, 16 * w, lane, [&](int i, int col, float& d0, float& d1) {
       const float2 u = ld2(Us + i * NB + col);
-      const float2 v = i < L ? make_float2(u.x - d0, u.y - d1) : make_float2(0.f, 0.f);
-      *at2(Ds + i * kLdB + col) = v;
-      *at2(Dg + i * V + col) = v;
+      *at2(Ds + i * kLdB + col) = i < L ? make_float2(u.x - d0, u.y - d1) : make_float2(0.f, 0.f);
     });
     __syncthreads();  // Delta complete; W and U free
     if (c + 1 < ce) stage_w(c + 1);
     mma::cp_async_commit();
-    mma::cp_async_wait<1>();  // Kl, gL of this chunk
+    mma::cp_async_wait<1>();  // Kl, gL, Qh, Aqk of this chunk
     __syncthreads();
     // S = diag(gL) S0 + Kl^T Delta.
 #pragma unroll
@@ -210,51 +215,23 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_state_tc_kernel(Args a) {
       });
       mma::warp_mma_tf32<true, NT>(s[mt], Kls, kLdKl, x0, Ds, kLdB, 0, kd, lane);
     }
-    __syncthreads();  // Kl, gL and Delta free
+    // o = Qh S0 + Aqk Delta, rows 16 w .. 16 w + 15 of the block's columns (Ss still holds S0).
+    {
+      float acc[NT][4] = {};
+      mma::warp_mma_tf32<false, NT>(acc, Qs, kLdQ, 16 * w, Ss, kLdB, 0, K, lane);
+      mma::warp_mma_tf32<false, NT>(acc, As, kLdRowC, 16 * w, Ds, kLdB, 0, kd, lane);
+      const int64_t t0 = a.ct0[c];
+      for_pairs(acc, 16 * w, lane, [&](int i, int col, float& o0, float& o1) {
+        if (i < L)
+          *reinterpret_cast<__nv_bfloat162*>(o + ((t0 + i) * H + h) * V + col0 + col) =
+              __floats2bfloat162_rn(o0, o1);
+      });
+    }
+    __syncthreads();  // Kl, gL, Qh, Aqk, S0 and Delta free
     if (c + 1 < ce) stage_kl(c + 1);
     mma::cp_async_commit();
   }
   if (a.hT) state_io(s, nullptr, a.hT + (n * H + h) * K * V + col0, K, V);
-}
-
-template <typename E>
-constexpr size_t out_smem() {
-  return sizeof(E) * kC * OpLd<E>::row + sizeof(float) * (kK * kLdNO + kC * kLdRowC + kC * kLdNO);
-}
-
-// o = Qh S0 + Aqk Delta for one chunk, head and 64 columns; warp w computes rows 16 w ...
-template <typename E>
-__global__ void __launch_bounds__(kThreads, 2) out_tc_kernel(Args a, bf16* o) {
-  const int64_t c = blockIdx.x, h = blockIdx.y, H = a.H;
-  const int L = a.clen[c];
-  if (L == 0) return;
-  const int col0 = blockIdx.z * kNO, K = a.K, V = a.V, lane = threadIdx.x & 31,
-            w = threadIdx.x >> 5, nc = V - col0 < kNO ? V - col0 : kNO;
-  constexpr int kLdQ = OpLd<E>::row;
-  extern __shared__ __align__(16) unsigned char smem[];
-  float* S0s = reinterpret_cast<float*>(smem);    // [kK][kLdNO]
-  float* As = S0s + kK * kLdNO;                   // [kC][kLdRowC]
-  float* Ds = As + kC * kLdRowC;                  // [kC][kLdNO]
-  E* Qs = reinterpret_cast<E*>(Ds + kC * kLdNO);  // [kC][kLdQ]
-  const KdaChunkLayout& lay = a.lay;
-  const float* blk = a.blk(c, h);
-  stage(Qs, kLdQ, slot<E>(blk, lay.Qh()), K, kC, K);
-  stage(S0s, kLdNO, a.saved + (c * H + h) * K * V + col0, V, K, nc);
-  stage(As, kLdRowC, blk + lay.Aqk(), kC, kC, kC);
-  stage(Ds, kLdNO, a.bblk(c, h) + lay.D() + col0, V, kC, nc);
-  mma::cp_async_commit();
-  mma::cp_async_wait<0>();
-  __syncthreads();
-  // Columns past nc hold stale shared memory: they reach only outputs that are not written.
-  float acc[kNO / 8][4] = {};
-  mma::warp_mma_tf32<false, kNO / 8>(acc, Qs, kLdQ, 16 * w, S0s, kLdNO, 0, K, lane);
-  mma::warp_mma_tf32<false, kNO / 8>(acc, As, kLdRowC, 16 * w, Ds, kLdNO, 0, (L + 7) & ~7, lane);
-  const int64_t t0 = a.ct0[c];
-  for_pairs(acc, 16 * w, lane, [&](int i, int col, float& o0, float& o1) {
-    if (i < L && col < nc)
-      *reinterpret_cast<__nv_bfloat162*>(o + ((t0 + i) * H + h) * V + col0 + col) =
-          __floats2bfloat162_rn(o0, o1);
-  });
 }
 
 template <typename E>
@@ -477,15 +454,12 @@ void forward_state_as(Context& ctx, const Args& a, bf16* o) {
   if (a.N * a.H * (a.V / kNB) > 2 * static_cast<int64_t>(sms) && a.V % (2 * kNB) == 0) {
     auto* kernel = fwd_state_tc_kernel<2 * kNB, E>;
     kernel<<<state_grid(a, 2 * kNB), kThreads, smem_for(kernel, fwd_state_smem<2 * kNB, E>(), op),
-             stream(ctx)>>>(a);
+             stream(ctx)>>>(a, o);
   } else {
     auto* kernel = fwd_state_tc_kernel<kNB, E>;
     kernel<<<state_grid(a), kThreads, smem_for(kernel, fwd_state_smem<kNB, E>(), op),
-             stream(ctx)>>>(a);
+             stream(ctx)>>>(a, o);
   }
-  MT_CUDA_LAUNCH_CHECK();
-  auto* out = out_tc_kernel<E>;
-  out<<<chunk_grid(a, 1), kThreads, smem_for(out, out_smem<E>(), op), stream(ctx)>>>(a, o);
   MT_CUDA_LAUNCH_CHECK();
 }
 
