@@ -133,6 +133,14 @@ struct CudaCorePrepOnly {
   CudaCorePrepOnly& operator=(const CudaCorePrepOnly&) = delete;
 };
 
+// Keeps the tensor-core path on the fp32 prepared layout for its scope (ops/kda_prep_path.h).
+struct Fp32Prepared {
+  Fp32Prepared() { ops::kda_set_bf16_prepared(false); }
+  ~Fp32Prepared() { ops::kda_set_bf16_prepared(true); }
+  Fp32Prepared(const Fp32Prepared&) = delete;
+  Fp32Prepared& operator=(const Fp32Prepared&) = delete;
+};
+
 // The case's inputs on the GPU, q, k, v and dout in bf16.
 std::vector<Tensor> bf16_on_gpu(const TcCase& tc) {
   std::vector<Tensor> din;
@@ -165,7 +173,7 @@ TEST_P(CudaKdaTc, ForwardBackwardAgainstTheCpu) {
 
 // The same bf16 inputs through both preps: they must agree within the bf16 row of the tolerance
 // table (twice the error that rounding the inputs and outputs to bf16 alone causes on the CPU),
-// and so must each against the CPU.
+// and so must each against the CPU, as must the tensor-core path with the fp32 prepared layout.
 TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
   REQUIRE_GPU();
   const TcSetup s = GetParam();
@@ -185,23 +193,34 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
   const std::vector<Tensor> emul = forward_backward(s, tc, cpu, emul_in, false);
   ASSERT_EQ(ops::kda_bf16_prep_path(tc.p), ops::KdaPrepPath::TensorCoreBf16);
   const std::vector<Tensor> tensor_cores = forward_backward(s, tc, gpu, din, true);
-  std::vector<Tensor> cuda_cores;
+  std::vector<Tensor> cuda_cores, fp32_block;
   {
     const CudaCorePrepOnly off;
     cuda_cores = forward_backward(s, tc, gpu, din, true);
     gpu.synchronize();
   }
+  {
+    // The tensor-core path with the fp32 prepared layout: what the bf16 storage of W, Qh, Kl, U,
+    // Kb adds to the error shows as the difference of the two tc columns below.
+    const Fp32Prepared fp32;
+    fp32_block = forward_backward(s, tc, gpu, din, true);
+    gpu.synchronize();
+  }
   for (size_t j = 0; j < want.size(); ++j) {
     const bool low = tensor_cores[j].dtype() == DType::BF16;
-    const DVec w = to_dvec(want[j]), tcv = to_dvec(tensor_cores[j]), ccv = to_dvec(cuda_cores[j]);
+    const DVec w = to_dvec(want[j]), tcv = to_dvec(tensor_cores[j]), ccv = to_dvec(cuda_cores[j]),
+               fbv = to_dvec(fp32_block[j]);
     const double bound =
         kBf16Multiple * rel_err(to_dvec(low ? round_bf16(emul[j]) : emul[j]), w) + kBf16Floor;
-    const double between = rel_err(tcv, ccv), tc_err = rel_err(tcv, w), cc_err = rel_err(ccv, w);
+    const double between = rel_err(tcv, ccv), tc_err = rel_err(tcv, w), cc_err = rel_err(ccv, w),
+                 fb_err = rel_err(fbv, w);
     EXPECT_LE(between, bound) << kNames[j] << ": tensor-core prep against CUDA-core prep";
     EXPECT_LE(tc_err, bound) << kNames[j] << ": tensor-core prep against the CPU";
+    EXPECT_LE(fb_err, bound) << kNames[j] << ": tensor cores, fp32 prepared block, against the CPU";
     std::printf(
-        "  %-40s %-5s tc vs cuda cores %.3g, vs cpu: tc %.3g, cuda cores %.3g (bound %.3g)\n",
-        setup_name(s).c_str(), kNames[j].c_str(), between, tc_err, cc_err, bound);
+        "  %-40s %-5s tc vs cuda cores %.3g, vs cpu: tc %.3g (fp32 block %.3g), cuda cores %.3g "
+        "(bound %.3g)\n",
+        setup_name(s).c_str(), kNames[j].c_str(), between, tc_err, fb_err, cc_err, bound);
   }
 }
 

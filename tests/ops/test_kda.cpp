@@ -319,7 +319,7 @@ TEST(Kda, BadCuSeqlensIsAnError) {
 
 // The CUDA chunked kernels' prepared block (ops/kda_chunk_layout.h), in both layouts: bf16 slots
 // exactly where the bf16 tensor-core path runs (bf16 tensors, chunk 64, head dims 64 or 128,
-// the switch on), the slots tiling the block without overlap, backward's fp32 products and dbeta
+// both switches on), the slots tiling the block without overlap, backward's fp32 products and dbeta
 // shares inside what backward may overwrite (below Aqk, or W .. Kb's fp32 places), and
 // kda_prepared_floats and the workspace count following the layout. Plain arithmetic on the
 // host: the kernels read the same struct.
@@ -328,15 +328,17 @@ TEST(KdaChunkLayout, Bf16SlotsOnlyOnTheTensorCorePathAndSlotsTileTheBlock) {
     for (const int64_t V : {32, 64, 128})
       for (const int64_t C : {16, 64})
         for (const DType dt : {DType::F32, DType::BF16})
-          for (const bool switch_on : {true, false}) {
-            SCOPED_TRACE(
-                cat("K ", K, " V ", V, " C ", C, " ", dtype_name(dt), " switch ", switch_on));
+          for (const int switches : {0, 1, 2, 3}) {
+            const bool switch_on = switches & 1, bf16_on = switches & 2;
+            SCOPED_TRACE(cat("K ", K, " V ", V, " C ", C, " ", dtype_name(dt), " tensor cores ",
+                             switch_on, " bf16 prepared ", bf16_on));
             ops::kda_set_tensor_core_prep(switch_on);
+            ops::kda_set_bf16_prepared(bf16_on);
             const ops::KdaParams p{
                 .tokens = 200, .heads = 3, .head_k = K, .head_v = V, .num_seqs = 2, .chunk = C};
             const ops::KdaChunkLayout lay = ops::kda_chunk_layout(p, dt);
-            const bool tc = dt == DType::BF16 && switch_on && C == 64 && (K == 64 || K == 128) &&
-                            (V == 64 || V == 128);
+            const bool tc = dt == DType::BF16 && switch_on && bf16_on && C == 64 &&
+                            (K == 64 || K == 128) && (V == 64 || V == 128);
             EXPECT_EQ(lay.half, tc);
             // Slots in order, in floats: bf16 slots take half as many.
             const int64_t s = tc ? 2 : 1;
@@ -374,6 +376,7 @@ TEST(KdaChunkLayout, Bf16SlotsOnlyOnTheTensorCorePathAndSlotsTileTheBlock) {
                       kept_fwd + 5 * p.heads * (2 * C * V + K * V));
           }
   ops::kda_set_tensor_core_prep(true);
+  ops::kda_set_bf16_prepared(true);
   // At the benchmark shape the bf16 block is 132 KB in place of 213 KB.
   const ops::KdaParams p{.tokens = 64, .heads = 1, .head_k = 128, .head_v = 128, .num_seqs = 1};
   EXPECT_EQ(ops::kda_chunk_layout(p, DType::BF16).block() * 4, 131584);

@@ -1441,9 +1441,14 @@ void prep(Context& ctx, const Args& a, const Tensor& q, const Tensor& k, const T
   // The block pairs on tensor cores: bf16 (float Gam), chunk 64, K 128 (one channel per thread).
   auto* kernel = prep_kernel<T, false>;
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    // The bf16 layout is the tensor-core prep's alone (kda_fwd_tc.h), and it takes every call
-    // with that layout (unaligned tensors through narrower loads).
-    if (a.lay.half) return kda_detail::prep_tc(ctx, a, ptr<T>(q), ptr<T>(k), ptr<T>(v));
+    // The tensor-core prep takes every call on its path (kda_fwd_tc.h; unaligned tensors through
+    // narrower loads), and only it writes the bf16 layout.
+    // (A caller's prepared tensor off 16-byte alignment keeps the fp32 layout's CUDA-core prep.)
+    const KdaParams pp{.head_k = a.K, .head_v = a.V, .chunk = a.C};
+    if (kda_bf16_prep_path(pp) == KdaPrepPath::TensorCoreBf16 &&
+        (a.lay.half || reinterpret_cast<uintptr_t>(a.ws) % 16 == 0))
+      return kda_detail::prep_tc(ctx, a, ptr<T>(q), ptr<T>(k), ptr<T>(v));
+    MT_CHECK(!a.lay.half, ValueError, "kda: bf16 prepared layout off the tensor-core path");
     if (a.C == kMaxC && a.K == kMaxKV) kernel = prep_kernel<T, true>;
   }
   allow_smem(kernel, sm);

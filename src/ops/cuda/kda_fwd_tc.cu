@@ -1,8 +1,8 @@
 // The chunked KDA's intra-chunk pass (prep) with bf16 tensor-core products, for bf16 tensors at
 // chunk 64 and head dims 64 or 128 (kda_fwd_tc.h). It writes the quantities kda_chunk.cu's
-// CUDA-core prep writes, in the prepared block's bf16 layout (ops/kda_chunk_layout.h): W, Qh,
-// Kl, U and Kb rounded once to bf16 (computed in fp32: W and U from the fp32 Kb and beta v),
-// Aqk, T, KK and gL fp32.
+// CUDA-core prep writes, in the prepared block's layout (ops/kda_chunk_layout.h): normally the
+// bf16 one, W, Qh, Kl, U and Kb rounded once to bf16 (computed in fp32: W and U from the fp32 Kb
+// and beta v), Aqk, T, KK and gL fp32; with kda_set_bf16_prepared(false) all fp32.
 //
 // One block of 8 warps per (chunk, head); G = the in-chunk cumsum of g (fp32), rows past the
 // chunk's length L zero in q, k, v and beta (so G stays constant there):
@@ -116,9 +116,20 @@ __device__ __forceinline__ void load_bf16_rows(const bf16* src, int64_t t0, int 
   }
 }
 
-// Four floats as bf16 at p (8-byte aligned).
-__device__ __forceinline__ void store4_bf16(bf16* p, float a, float b, float c, float d) {
+// Four floats at p as the layout's element type: bf16 (8-byte aligned) or fp32 (16-byte).
+__device__ __forceinline__ void store4(bf16* p, float a, float b, float c, float d) {
   *reinterpret_cast<uint2*>(p) = make_uint2(mma::pack_bf16(a, b), mma::pack_bf16(c, d));
+}
+__device__ __forceinline__ void store4(float* p, float a, float b, float c, float d) {
+  *reinterpret_cast<float4*>(p) = make_float4(a, b, c, d);
+}
+
+// Two floats at p (4- or 8-byte aligned) as the layout's element type.
+__device__ __forceinline__ void store2(bf16* p, float a, float b) {
+  *reinterpret_cast<uint32_t*>(p) = mma::pack_bf16(a, b);
+}
+__device__ __forceinline__ void store2(float* p, float a, float b) {
+  *reinterpret_cast<float2*>(p) = make_float2(a, b);
 }
 
 // Phase (1), warp (p, which): row block p of Aqk (which = 0, q rows; to global memory, scaled)
@@ -215,10 +226,10 @@ __device__ __forceinline__ void block_row_pairs(const Args& a, float* blk, const
 }
 
 // Phase (3): dst[16 mb + .., n0 + ..] = T[16 mb + .., :] src for the warp's NT n-tiles, every
-// row block, T's zero upper blocks skipped; accumulated in fp32, stored as bf16.
-template <int NT>
+// row block, T's zero upper blocks skipped; accumulated in fp32, stored as P (the layout's).
+template <int NT, typename P>
 __device__ __forceinline__ void lower_times(const float* tm, int ldc, const float* src, int ld,
-                                            int n0, bf16* dst, int ldd) {
+                                            int n0, P* dst, int ldd) {
   const int lane = threadIdx.x & 31, gq = lane >> 2, cq = lane & 3;
 #pragma unroll 1
   for (int mb = 0; mb < kC / kBlockRows; ++mb) {
@@ -229,12 +240,13 @@ __device__ __forceinline__ void lower_times(const float* tm, int ldc, const floa
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr)
-        *reinterpret_cast<uint32_t*>(dst + (kBlockRows * mb + gq + 8 * rr) * ldd + n0 + 8 * nt +
-                                     2 * cq) = mma::pack_bf16(acc[nt][2 * rr], acc[nt][2 * rr + 1]);
+        store2(dst + (kBlockRows * mb + gq + 8 * rr) * ldd + n0 + 8 * nt + 2 * cq, acc[nt][2 * rr],
+               acc[nt][2 * rr + 1]);
   }
 }
 
-template <int K, int V>
+// Big: the element type of W, Qh, Kl, U, Kb in the layout (bf16 where half, else fp32).
+template <int K, int V, typename Big>
 __global__ void __launch_bounds__(kThreads, 2)
     prep_tc_kernel(Args a, const bf16* q, const bf16* k, const bf16* v, bool vec) {
   using S = Smem<K, V>;
@@ -256,10 +268,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   float* glast = reinterpret_cast<float*>(smem + S::glast);
   float* blk = a.blk(c, h);
   const KdaChunkLayout& lay = a.lay;
-  // The bf16 slots of the layout (kda_fwd_tc.h: half).
-  const auto half_slot = [&](int64_t at) { return reinterpret_cast<bf16*>(blk + at); };
-  bf16 *const qh = half_slot(lay.Qh()), *const kl = half_slot(lay.Kl()),
-              *const kbg = half_slot(lay.Kb());
+  // The layout's slots of Big elements.
+  const auto big_slot = [&](int64_t at) { return reinterpret_cast<Big*>(blk + at); };
+  Big *const qh = big_slot(lay.Qh()), *const kl = big_slot(lay.Kl()),
+             *const kbg = big_slot(lay.Kb());
 
   // Loads: beta, q, k (bf16), g (fp32); T starts at zero (its upper blocks stay so).
   if (tid < kC) b[tid] = tid < L ? a.beta[(t0 + tid) * a.H + h] : 0.f;
@@ -329,12 +341,12 @@ __global__ void __launch_bounds__(kThreads, 2)
     const float2 k01 = bf2(ks + i * LdH + x), k23 = bf2(ks + i * LdH + x + 2);
     const float e0 = __expf(gv.x), e1 = __expf(gv.y), e2 = __expf(gv.z), e3 = __expf(gv.w);
     const float s = a.scale, bi = b[i];
-    store4_bf16(qh + i * K + x, s * q01.x * e0, s * q01.y * e1, s * q23.x * e2, s * q23.y * e3);
-    store4_bf16(kl + i * K + x, k01.x * __expf(gl.x - gv.x), k01.y * __expf(gl.y - gv.y),
-                k23.x * __expf(gl.z - gv.z), k23.y * __expf(gl.w - gv.w));
+    store4(qh + i * K + x, s * q01.x * e0, s * q01.y * e1, s * q23.x * e2, s * q23.y * e3);
+    store4(kl + i * K + x, k01.x * __expf(gl.x - gv.x), k01.y * __expf(gl.y - gv.y),
+           k23.x * __expf(gl.z - gv.z), k23.y * __expf(gl.w - gv.w));
     const float4 kb =
         make_float4(bi * k01.x * e0, bi * k01.y * e1, bi * k23.x * e2, bi * k23.y * e3);
-    store4_bf16(kbg + i * K + x, kb.x, kb.y, kb.z, kb.w);
+    store4(kbg + i * K + x, kb.x, kb.y, kb.z, kb.w);
     f4(gam + i * LdG + x) = kb;
   }
   __syncthreads();
@@ -405,8 +417,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 
   // W = T Kb and U = T beta v (warp w: its n-tiles of both), T out.
-  lower_times<K / 64>(tm, LdC, gam, LdG, w * K / 8, half_slot(lay.W()), K);
-  lower_times<V / 64>(tm, LdC, vs, LdV, w * V / 8, half_slot(lay.U()), V);
+  lower_times<K / 64>(tm, LdC, gam, LdG, w * K / 8, big_slot(lay.W()), K);
+  lower_times<V / 64>(tm, LdC, vs, LdV, w * V / 8, big_slot(lay.U()), V);
   for (int e = tid; e < kC * kC / 4; e += kThreads) {
     const int i = e / (kC / 4), x = (e - i * (kC / 4)) * 4;
     f4(blk + lay.Tm() + i * kC + x) = f4(tm + i * LdC + x);
@@ -419,24 +431,30 @@ bool aligned16(const void* p) {
 
 template <int K, int V>
 void launch(Context& ctx, const Args& a, const bf16* q, const bf16* k, const bf16* v) {
-  const size_t sm = smem_for(prep_tc_kernel<K, V>, Smem<K, V>::bytes, "kda_forward");
   const bool vec = aligned16(q) && aligned16(k) && aligned16(v) && aligned16(a.g);
-  prep_tc_kernel<K, V><<<dim3(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.H)),
-                         kThreads, sm, stream(ctx)>>>(a, q, k, v, vec);
+  const dim3 grid(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.H));
+  if (a.lay.half) {
+    auto* kernel = prep_tc_kernel<K, V, bf16>;
+    kernel<<<grid, kThreads, smem_for(kernel, Smem<K, V>::bytes, "kda_forward"), stream(ctx)>>>(
+        a, q, k, v, vec);
+  } else {
+    auto* kernel = prep_tc_kernel<K, V, float>;
+    kernel<<<grid, kThreads, smem_for(kernel, Smem<K, V>::bytes, "kda_forward"), stream(ctx)>>>(
+        a, q, k, v, vec);
+  }
   MT_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
 
 void prep_tc(Context& ctx, const Args& a, const bf16* q, const bf16* k, const bf16* v) {
-  MT_CHECK(a.lay.half && a.C == kC && aligned16(a.ws), ValueError,
-           "kda tensor-core prep: the bf16 layout at chunk 64 with 16-byte aligned blocks (half ",
-           a.lay.half, ", chunk ", a.C, ")");
+  MT_CHECK(a.C == kC && aligned16(a.ws), ValueError,
+           "kda tensor-core prep: chunk 64 with 16-byte aligned blocks (chunk ", a.C, ")");
   if (a.K == 64 && a.V == 64) return launch<64, 64>(ctx, a, q, k, v);
   if (a.K == 64 && a.V == 128) return launch<64, 128>(ctx, a, q, k, v);
   if (a.K == 128 && a.V == 64) return launch<128, 64>(ctx, a, q, k, v);
   MT_CHECK(a.K == 128 && a.V == 128, ValueError, "kda tensor-core prep: head_k ", a.K, " head_v ",
-           a.V, " (the bf16 layout admits 64 and 128)");
+           a.V, " (the tensor-core path admits 64 and 128)");
   launch<128, 128>(ctx, a, q, k, v);
 }
 
