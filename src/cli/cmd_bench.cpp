@@ -242,6 +242,7 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
 struct KdaBenchOptions {
   int64_t heads = 32, head_dim = 128, warmup = 2, iters = 10;
   double workspace_gib = 8;
+  std::string prepared = "bf16";  // the tensor-core path's prepared layout (ops/kda_prep_path.h)
 };
 
 // The launches one call of `f` makes (kernel and memset nodes of its CUDA graph, captured and
@@ -282,7 +283,7 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
   Tensor g = constant({T, H, D}, -0.05f), beta = constant({T, H}, 0.5f);
   Tensor out = Tensor::empty({T, H, D}, bf, Device::CUDA), none;
   Tensor saved = Tensor::empty({rows, H, D, D}, f32, Device::CUDA);
-  Tensor prepared = Tensor::empty({ops::kda_prepared_floats(p, rows)}, f32, Device::CUDA);
+  Tensor prepared = Tensor::empty({ops::kda_prepared_floats(p, rows, bf)}, f32, Device::CUDA);
   Tensor dq = Tensor::empty(q.shape(), bf, Device::CUDA),
          dk = Tensor::empty(k.shape(), bf, Device::CUDA),
          dv = Tensor::empty(v.shape(), bf, Device::CUDA),
@@ -306,6 +307,7 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
                       {"H", H},
                       {"D", D},
                       {"prep_path", ops::kda_prep_path_name(ops::kda_bf16_prep_path(p))},
+                      {"prepared_layout", ops::kda_chunk_layout(p, bf).half ? "bf16" : "f32"},
                       {"fwd_ms", f},
                       {"fwdbwd_ms", fb},
                       {"fwd_Mtok_s", T / f / 1e3},
@@ -328,11 +330,15 @@ nlohmann::json run_kda_bench(const KdaBenchOptions& o, std::ostream& log) {
   nlohmann::json j = {{"device", cuda_device_name(0)}, {"runs", nlohmann::json::array()}};
   const std::vector<std::pair<std::string, std::vector<int64_t>>> cases = {
       {"B2_T8192", {8192, 8192}}, {"B1_T65536", {65536}}, {"packed16_T16384", packed}};
+  MT_CHECK(o.prepared == "bf16" || o.prepared == "f32", ValueError,
+           "bench kda: --prepared is bf16 or f32, not ", o.prepared);
+  ops::kda_set_bf16_prepared(o.prepared == "bf16");
   for (const auto& [name, lengths] : cases) {
     log << "bench kda: " << name << "\n";
     j["runs"].push_back(bench_kda_at(o, name, lengths));
     log << j["runs"].back().dump() << "\n";
   }
+  ops::kda_set_bf16_prepared(true);
   return j;
 }
 
@@ -754,6 +760,9 @@ Command add_bench_command(CLI::App& app) {
   ks->add_option("--heads", kb->heads, "heads")->capture_default_str();
   ks->add_option("--head-dim", kb->head_dim, "head_k = head_v")->capture_default_str();
   ks->add_option("--iters", kb->iters, "timed runs")->capture_default_str();
+  ks->add_option("--prepared", kb->prepared,
+                 "the tensor-core path's prepared block: bf16 (W, Qh, Kl, U, Kb as bf16) or f32")
+      ->capture_default_str();
   auto mb = std::make_shared<MoeBenchOptions>();
   CLI::App* ms = c->add_subcommand("moe",
                                    "time the routed experts' grouped SwiGLU FFN (frozen, full, "

@@ -123,7 +123,8 @@ void KdaLayer::plan_activations(const SeqInfo& seq, ArenaPlan& plan) const {
   const ops::KdaParams cp = core_params(seq);
   const int64_t rows = ops::kda_saved_rows(cp, seq.cu_seqlens_host);
   plan.add_fp32({rows, H, K, K});  // states
-  if (keeps_prepared(plan.device(), cp)) plan.add_fp32({ops::kda_prepared_floats(cp, rows)});
+  if (keeps_prepared(plan.device(), cp))
+    plan.add_fp32({ops::kda_prepared_floats(cp, rows, plan.activations())});
   plan.add({T, HK});       // on
   plan.add_fp32({T * H});  // o_rstd
   plan.add({T, K});        // ga
@@ -250,7 +251,7 @@ void KdaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
   const int64_t rows = ops::kda_saved_rows(cp, seq.cu_seqlens_host);
   s.states = acts.alloc({rows, H, K, K}, DType::F32);
   s.prepared = keeps_prepared(ctx.device(), cp)
-                   ? acts.alloc({ops::kda_prepared_floats(cp, rows)}, DType::F32)
+                   ? acts.alloc({ops::kda_prepared_floats(cp, rows, s.q.dtype())}, DType::F32)
                    : Tensor();
   {
     Tensor no_state;

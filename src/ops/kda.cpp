@@ -1,6 +1,7 @@
 #include "ops/kda.h"
 
 #include "ops/kda_chunk_layout.h"
+#include "ops/kda_prep_path.h"
 
 #include <algorithm>
 #include <cmath>
@@ -49,16 +50,16 @@ Shape state_shape(const KdaParams& p) {
 // `prepared`, where given, fits the kernels that read it: f32, one float per prepared product of
 // every saved row (the chunk count comes from `saved`, checked above).
 [[maybe_unused]] void check_prepared(const KdaParams& p, const Tensor& saved,
-                                     const Tensor& prepared) {
+                                     const Tensor& prepared, DType dtype) {
   if (!prepared.defined()) return;
   MT_CHECK(kda_chunk_kernel_fits(p), ShapeError,
            "kda prepared given for params the chunked kernels do not take (chunked ", p.chunked,
            ", chunk ", p.chunk, ", head_k ", p.head_k, ", head_v ", p.head_v, ")");
-  MT_CHECK(
-      prepared.dtype() == DType::F32 && prepared.numel() == kda_prepared_floats(p, saved.dim(0)),
-      ShapeError, "kda prepared has shape ", prepared.shape(), " ", dtype_name(prepared.dtype()),
-      ", expected ", kda_prepared_floats(p, saved.dim(0)), " f32 for ", saved.dim(0),
-      " saved rows");
+  MT_CHECK(prepared.dtype() == DType::F32 &&
+               prepared.numel() == kda_prepared_floats(p, saved.dim(0), dtype),
+           ShapeError, "kda prepared has shape ", prepared.shape(), " ",
+           dtype_name(prepared.dtype()), ", expected ", kda_prepared_floats(p, saved.dim(0), dtype),
+           " f32 for ", saved.dim(0), " saved rows");
 }
 
 }  // namespace
@@ -88,19 +89,19 @@ bool kda_chunk_kernel_fits(const KdaParams& p) {
   return p.chunked && p.chunk <= 64 && p.head_k <= 128 && p.head_v <= 128;
 }
 
-int64_t kda_chunk_workspace_floats(const KdaParams& p, int64_t chunks, bool backward,
-                                   bool prepared) {
+int64_t kda_chunk_workspace_floats(const KdaParams& p, int64_t chunks, bool backward, bool prepared,
+                                   DType dtype) {
   const KdaChunkLayout lay{p.chunk, p.head_k, p.head_v};
   // The chunk table (i32: first token and length per chunk, first chunk per document), padded.
   const int64_t table = (2 * chunks + p.num_seqs + 1 + 15) / 16 * 16;
-  // Delta and dR per chunk (forward: Delta for the output pass), and in backward the outgoing
-  // dS of every chunk.
-  const int64_t back = chunks * p.heads * (lay.back_block() + (backward ? p.head_k * p.head_v : 0));
-  return table + (prepared ? 0 : kda_prepared_floats(p, chunks)) + back;
+  // Backward: Delta, dR and the outgoing dS per chunk (forward's state pass forms each chunk's
+  // output in the same step, so it keeps nothing per chunk but the prepared blocks).
+  const int64_t back = backward ? chunks * p.heads * (lay.back_block() + p.head_k * p.head_v) : 0;
+  return table + (prepared ? 0 : kda_prepared_floats(p, chunks, dtype)) + back;
 }
 
-int64_t kda_prepared_floats(const KdaParams& p, int64_t chunks) {
-  return chunks * p.heads * KdaChunkLayout{p.chunk, p.head_k, p.head_v}.block();
+int64_t kda_prepared_floats(const KdaParams& p, int64_t chunks, DType dtype) {
+  return chunks * p.heads * kda_chunk_layout(p, dtype).block();
 }
 
 int64_t kda_scratch_floats(const KdaParams& p, int threads, bool backward) {
@@ -119,7 +120,7 @@ void kda_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, con
                                 &prepared}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
     check_saved_bounds(p, saved);
-    check_prepared(p, saved, prepared);
+    check_prepared(p, saved, prepared, q.dtype());
     return cuda::kda_forward(ctx, p, cu_seqlens, q, k, v, g, beta, h0, o, hT, saved, prepared);
 #else
     no_cuda_backend("kda_forward");
@@ -147,7 +148,7 @@ void kda_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, co
                                  &dq, &dk, &dv, &dg, &dbeta, &dh0}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
     check_saved_bounds(p, saved);
-    check_prepared(p, saved, prepared);
+    check_prepared(p, saved, prepared, q.dtype());
     return cuda::kda_backward(ctx, p, cu_seqlens, q, k, v, g, beta, saved, prepared, dout, dhT, dq,
                               dk, dv, dg, dbeta, dh0);
 #else

@@ -39,20 +39,23 @@ KdaScratchFloats kda_scratch_floats;
 // Whether the CUDA chunked kernels (ops/cuda/kda_chunk.cu) take these params: the chunked
 // algorithm with chunk <= 64 and head dims <= 128. Read by the CUDA entries and the op table.
 bool kda_chunk_kernel_fits(const KdaParams& p);
-// Floats of workspace the CUDA chunked kernels take for `chunks` saved rows
-// (ops/kda_chunk_layout.h), for memory planning (the kernels allocate exactly this); `prepared`:
-// the caller passes a prepared tensor (below), which then holds what the workspace would.
-int64_t kda_chunk_workspace_floats(const KdaParams& p, int64_t chunks, bool backward,
-                                   bool prepared);
-// Floats of the `prepared` tensor for `chunks` saved rows: the CUDA chunked kernels' intra-chunk
-// products (ops/kda_chunk_layout.h), about 13 times the chunk states at C 64, K = V = 128.
-int64_t kda_prepared_floats(const KdaParams& p, int64_t chunks);
+// Floats of workspace the CUDA chunked kernels take for `chunks` saved rows and q, k, v of
+// `dtype` (ops/kda_chunk_layout.h), for memory planning (the kernels allocate exactly this);
+// `prepared`: the caller passes a prepared tensor (below), which then holds what the workspace
+// would.
+int64_t kda_chunk_workspace_floats(const KdaParams& p, int64_t chunks, bool backward, bool prepared,
+                                   DType dtype);
+// Floats of the `prepared` tensor for `chunks` saved rows and q, k, v of `dtype`: the CUDA
+// chunked kernels' intra-chunk products (ops/kda_chunk_layout.h), about 3.3 times the chunk
+// states at C 64, K = V = 128 (bf16 on the tensor-core path; fp32: 5.2 times).
+int64_t kda_prepared_floats(const KdaParams& p, int64_t chunks, DType dtype);
 
 // o written; hT written when defined; h0 may be undefined (zero initial states); saved receives
 // what backward needs and must stay untouched until then. prepared: undefined, or f32
-// [kda_prepared_floats(p, saved rows)] on the op's device where kda_chunk_kernel_fits: the CUDA
-// chunked kernels' intra-chunk products, which forward leaves there and backward reads instead
-// of computing them again (and then overwrites: one backward per forward). The CPU ignores it.
+// [kda_prepared_floats(p, saved rows, q's dtype)] on the op's device where kda_chunk_kernel_fits:
+// the CUDA chunked kernels' intra-chunk products, which forward leaves there and backward reads
+// instead of computing them again (and then overwrites: one backward per forward). The CPU ignores
+// it.
 using KdaForward = void(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                         const Tensor& h0, Tensor& o, Tensor& hT, Tensor& saved, Tensor& prepared);

@@ -4,6 +4,7 @@ namespace mt::ops {
 
 namespace {
 bool tensor_core_prep = true;
+bool bf16_prepared = true;
 }  // namespace
 
 KdaPrepPath kda_bf16_prep_path(const KdaParams& p) {
@@ -11,6 +12,13 @@ KdaPrepPath kda_bf16_prep_path(const KdaParams& p) {
   return tensor_core_prep && p.chunked && p.chunk == 64 && dim_ok(p.head_k) && dim_ok(p.head_v)
              ? KdaPrepPath::TensorCoreBf16
              : KdaPrepPath::CudaCores;
+}
+
+KdaChunkLayout kda_chunk_layout(const KdaParams& p, DType dtype) {
+  const bool half =
+      bf16_prepared && dtype == DType::BF16 && kda_bf16_prep_path(p) == KdaPrepPath::TensorCoreBf16;
+  // half keeps Delta dS^T in the outgoing-dS slot (K V floats), which needs V >= C.
+  return {p.chunk, p.head_k, p.head_v, half && p.head_v >= p.chunk};
 }
 
 const char* kda_prep_path_name(KdaPrepPath path) {
@@ -23,6 +31,14 @@ void kda_set_tensor_core_prep(bool on) {
 
 bool kda_tensor_core_prep() {
   return tensor_core_prep;
+}
+
+void kda_set_bf16_prepared(bool on) {
+  bf16_prepared = on;
+}
+
+bool kda_bf16_prepared() {
+  return bf16_prepared;
 }
 
 }  // namespace mt::ops

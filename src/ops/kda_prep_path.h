@@ -5,7 +5,9 @@
 // (which reports the one it timed) read it without CUDA headers.
 #pragma once
 
+#include "core/dtype.h"
 #include "ops/kda.h"
+#include "ops/kda_chunk_layout.h"
 
 namespace mt::ops {
 
@@ -16,6 +18,20 @@ enum class KdaPrepPath { TensorCoreBf16, CudaCores };
 // tensors always take the CUDA-core prep), unless switched off below.
 KdaPrepPath kda_bf16_prep_path(const KdaParams& p);
 const char* kda_prep_path_name(KdaPrepPath path);
+
+// The prepared block's layout (ops/kda_chunk_layout.h) for tensors of `dtype`, the one place that
+// chooses it: bf16 storage of W, Qh, Kl, U, Kb (half) exactly where the bf16 tensor-core prep,
+// state passes and products run (kda_bf16_prep_path above) unless switched off below, fp32
+// everywhere else. Read by the kernels, kda_prepared_floats and the workspace count, so that they
+// cannot disagree.
+KdaChunkLayout kda_chunk_layout(const KdaParams& p, DType dtype);
+
+// Off: the tensor-core path keeps the fp32 layout (the tensor-core kernels then read fp32
+// operands), so that a test or a benchmark can tell the bf16 storage's error and bytes apart from
+// the rest. Process-wide and not synchronised, like the switch above; a prepared tensor must be
+// sized (kda_prepared_floats) under the setting its forward and backward run with.
+void kda_set_bf16_prepared(bool on);
+bool kda_bf16_prepared();
 
 // Off: every call takes the CUDA-core prep and products, so that a test can compare the two paths
 // on the same inputs. Process-wide and not synchronised: flip it only while no KDA kernel is being

@@ -283,7 +283,7 @@ double fp32(double elems) {
 // scratch only the KDA core's is counted (fp32: the CPU's C x C chunk buffers per thread, or the
 // CUDA chunked kernels' per-chunk products); the rest is small.
 double mixer_scratch(const ModelConfig& cfg, MixerKind k, int64_t T, int64_t max_doc, int64_t docs,
-                     int threads, Device device, double act) {
+                     int threads, Device device, DType act_dtype, double act) {
   if (k == MixerKind::Kda) {
     const double H = static_cast<double>(cfg.kda.heads), K = static_cast<double>(cfg.kda.head_dim);
     const double HK = H * K;
@@ -301,10 +301,10 @@ double mixer_scratch(const ModelConfig& cfg, MixerKind k, int64_t T, int64_t max
       const int64_t chunks = (T + cp.chunk - 1) / cp.chunk + docs;
       // Kept prepared products live with the layer's activations (KdaLayer::plan_activations).
       const bool keeps = KdaLayer::keeps_prepared(device, cp);
-      core_fwd =
-          fp32(static_cast<double>(ops::kda_chunk_workspace_floats(cp, chunks, false, keeps)));
-      core_bwd =
-          fp32(static_cast<double>(ops::kda_chunk_workspace_floats(cp, chunks, true, keeps)));
+      core_fwd = fp32(static_cast<double>(
+          ops::kda_chunk_workspace_floats(cp, chunks, false, keeps, act_dtype)));
+      core_bwd = fp32(
+          static_cast<double>(ops::kda_chunk_workspace_floats(cp, chunks, true, keeps, act_dtype)));
     }
     // Backward: dog, don, dgb, dga, dcore, dq, dk, dv (activation dtype), dg and dbeta (fp32)
     // live around the core's own scratch; then the largest of the later groups (two more
@@ -480,7 +480,8 @@ MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& c,
   const int64_t ce_rows = std::min(o.ce_chunk > 0 ? o.ce_chunk : ops::ce_chunk_tokens(o.device), T);
   double ws = fp32(static_cast<double>(ce_rows * cfg.vocab)) * (1 + act);
   for (const LayerIR& l : cfg.layers) {
-    ws = std::max(ws, mixer_scratch(cfg, l.mixer, T, p.seq, p.mbs, o.threads, o.device, act));
+    ws = std::max(ws, mixer_scratch(cfg, l.mixer, T, p.seq, p.mbs, o.threads, o.device,
+                                    o.precision.activations, act));
     ws = std::max(ws, ffn_scratch(cfg, l.ffn, T, o.device, act));
   }
   m.workspace = fp32(static_cast<double>(T * d)) * 3 * act + ws;

@@ -65,7 +65,7 @@ TEST_P(CudaKda, ForwardBackward) {
         // The GPU carries the chunked kernels' products from forward to backward, as the model
         // does (KdaLayer); CudaKdaPrepared checks that this equals recomputing them.
         Tensor prepared = gpu && ops::kda_chunk_kernel_fits(p)
-                              ? out(c, {ops::kda_prepared_floats(p, rows)}, DType::F32)
+                              ? out(c, {ops::kda_prepared_floats(p, rows, dt)}, DType::F32)
                               : Tensor();
         OP(kda_forward)
         (c, p, in[0], in[1], in[2], in[3], in[4], in[5], h0, o, hT, saved, prepared);
@@ -133,7 +133,8 @@ TEST(CudaKdaEntry, PublicApiDispatchesToTheGpu) {
                                 beta.to(D), Tensor(), go, ghT, wrong, none),
                ShapeError);
   // So is a prepared tensor of the wrong size.
-  Tensor short_prepared = Tensor::empty({ops::kda_prepared_floats(p, rows) - 1}, DType::F32, D);
+  Tensor short_prepared =
+      Tensor::empty({ops::kda_prepared_floats(p, rows, DType::F32) - 1}, DType::F32, D);
   EXPECT_THROW(ops::kda_forward(gpu, p, seq.cu_seqlens.to(D), q.to(D), k.to(D), v.to(D), g.to(D),
                                 beta.to(D), Tensor(), go, ghT, gsaved, short_prepared),
                ShapeError);
@@ -170,7 +171,7 @@ TEST(CudaKdaPrepared, BackwardFromPreparedEqualsRecomputedBitwise) {
       Tensor o = Tensor::empty({T, H, V}, dt, D), none;
       Tensor saved = Tensor::empty({rows, H, K, V}, DType::F32, D);
       Tensor prepared =
-          keep ? Tensor::empty({ops::kda_prepared_floats(p, rows)}, DType::F32, D) : Tensor();
+          keep ? Tensor::empty({ops::kda_prepared_floats(p, rows, dt)}, DType::F32, D) : Tensor();
       ops::kda_forward(gpu, p, cu, q, k, v, g, b, Tensor(), o, none, saved, prepared);
       Tensor dq = Tensor::empty({T, H, K}, dt, D), dk = Tensor::empty({T, H, K}, dt, D),
              dv = Tensor::empty({T, H, V}, dt, D), dg = Tensor::empty({T, H, K}, DType::F32, D),

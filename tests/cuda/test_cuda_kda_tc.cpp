@@ -9,11 +9,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <ostream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -109,7 +112,7 @@ std::vector<Tensor> forward_backward(const TcSetup& s, const TcCase& tc, Context
   const Tensor h0 = s.h0 ? in[6] : Tensor(), dhT = s.dhT ? in[8] : Tensor();
   Tensor o = out(c, {T, H, V}, dt), hT = out(c, {N, H, K, V}, DType::F32);
   Tensor saved = out(c, {tc.rows, H, K, V}, DType::F32);
-  Tensor prepared = gpu ? out(c, {ops::kda_prepared_floats(p, tc.rows)}, DType::F32) : Tensor();
+  Tensor prepared = gpu ? out(c, {ops::kda_prepared_floats(p, tc.rows, dt)}, DType::F32) : Tensor();
   OP(kda_forward)(c, p, in[0], in[1], in[2], in[3], in[4], in[5], h0, o, hT, saved, prepared);
   Tensor dq = out(c, {T, H, K}, dt), dk = out(c, {T, H, K}, dt), dv = out(c, {T, H, V}, dt);
   Tensor dg = out(c, {T, H, K}, DType::F32), dbeta = out(c, {T, H}, DType::F32);
@@ -128,6 +131,14 @@ struct CudaCorePrepOnly {
   ~CudaCorePrepOnly() { ops::kda_set_tensor_core_prep(true); }
   CudaCorePrepOnly(const CudaCorePrepOnly&) = delete;
   CudaCorePrepOnly& operator=(const CudaCorePrepOnly&) = delete;
+};
+
+// Keeps the tensor-core path on the fp32 prepared layout for its scope (ops/kda_prep_path.h).
+struct Fp32Prepared {
+  Fp32Prepared() { ops::kda_set_bf16_prepared(false); }
+  ~Fp32Prepared() { ops::kda_set_bf16_prepared(true); }
+  Fp32Prepared(const Fp32Prepared&) = delete;
+  Fp32Prepared& operator=(const Fp32Prepared&) = delete;
 };
 
 // The case's inputs on the GPU, q, k, v and dout in bf16.
@@ -162,7 +173,7 @@ TEST_P(CudaKdaTc, ForwardBackwardAgainstTheCpu) {
 
 // The same bf16 inputs through both preps: they must agree within the bf16 row of the tolerance
 // table (twice the error that rounding the inputs and outputs to bf16 alone causes on the CPU),
-// and so must each against the CPU.
+// and so must each against the CPU, as must the tensor-core path with the fp32 prepared layout.
 TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
   REQUIRE_GPU();
   const TcSetup s = GetParam();
@@ -182,23 +193,34 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
   const std::vector<Tensor> emul = forward_backward(s, tc, cpu, emul_in, false);
   ASSERT_EQ(ops::kda_bf16_prep_path(tc.p), ops::KdaPrepPath::TensorCoreBf16);
   const std::vector<Tensor> tensor_cores = forward_backward(s, tc, gpu, din, true);
-  std::vector<Tensor> cuda_cores;
+  std::vector<Tensor> cuda_cores, fp32_block;
   {
     const CudaCorePrepOnly off;
     cuda_cores = forward_backward(s, tc, gpu, din, true);
     gpu.synchronize();
   }
+  {
+    // The tensor-core path with the fp32 prepared layout: what the bf16 storage of W, Qh, Kl, U,
+    // Kb adds to the error shows as the difference of the two tc columns below.
+    const Fp32Prepared fp32;
+    fp32_block = forward_backward(s, tc, gpu, din, true);
+    gpu.synchronize();
+  }
   for (size_t j = 0; j < want.size(); ++j) {
     const bool low = tensor_cores[j].dtype() == DType::BF16;
-    const DVec w = to_dvec(want[j]), tcv = to_dvec(tensor_cores[j]), ccv = to_dvec(cuda_cores[j]);
+    const DVec w = to_dvec(want[j]), tcv = to_dvec(tensor_cores[j]), ccv = to_dvec(cuda_cores[j]),
+               fbv = to_dvec(fp32_block[j]);
     const double bound =
         kBf16Multiple * rel_err(to_dvec(low ? round_bf16(emul[j]) : emul[j]), w) + kBf16Floor;
-    const double between = rel_err(tcv, ccv), tc_err = rel_err(tcv, w), cc_err = rel_err(ccv, w);
+    const double between = rel_err(tcv, ccv), tc_err = rel_err(tcv, w), cc_err = rel_err(ccv, w),
+                 fb_err = rel_err(fbv, w);
     EXPECT_LE(between, bound) << kNames[j] << ": tensor-core prep against CUDA-core prep";
     EXPECT_LE(tc_err, bound) << kNames[j] << ": tensor-core prep against the CPU";
+    EXPECT_LE(fb_err, bound) << kNames[j] << ": tensor cores, fp32 prepared block, against the CPU";
     std::printf(
-        "  %-40s %-5s tc vs cuda cores %.3g, vs cpu: tc %.3g, cuda cores %.3g (bound %.3g)\n",
-        setup_name(s).c_str(), kNames[j].c_str(), between, tc_err, cc_err, bound);
+        "  %-40s %-5s tc vs cuda cores %.3g, vs cpu: tc %.3g (fp32 block %.3g), cuda cores %.3g "
+        "(bound %.3g)\n",
+        setup_name(s).c_str(), kNames[j].c_str(), between, tc_err, fb_err, cc_err, bound);
   }
 }
 
@@ -216,32 +238,76 @@ INSTANTIATE_TEST_SUITE_P(
         TcSetup{.heads = 32, .lengths = {100, 150}}),
     [](const ::testing::TestParamInfo<TcSetup>& pi) { return setup_name(pi.param); });
 
-// A slot of the prepared block: its offset and floats per (chunk, head).
-struct Part {
-  const char* name;
-  int64_t at, n;
+// A prepared buffer copied to the host, read in its layout: fp32 slots as they are, and the bf16
+// slots (W, Qh, Kl, U, Kb where the layout is half) element by element from their raw bits.
+struct Blocks {
+  Tensor host;
+  ops::KdaChunkLayout lay;
+  int64_t count;  // blocks: chunks x heads
+  double f32(int64_t b, int64_t at, int64_t e) const {
+    return host.f32()[b * lay.block() + at + e];
+  }
+  double big(int64_t b, int64_t at, int64_t e) const {
+    if (!lay.half) return f32(b, at, e);
+    const auto* h = reinterpret_cast<const uint16_t*>(host.f32() + b * lay.block() + at);
+    const uint32_t bits = static_cast<uint32_t>(h[e]) << 16;
+    float x;
+    std::memcpy(&x, &bits, sizeof x);
+    return x;
+  }
 };
 
-// Each slot's relative difference between the tensor-core and the CUDA-core paths' prepared
-// buffers (`blocks` blocks of `block` floats), printed for diagnosis.
-void print_part_diffs(const TcSetup& s, const char* what, const DVec& t, const DVec& c,
-                      int64_t blocks, int64_t block, const std::vector<Part>& parts) {
-  for (const Part& part : parts) {
-    DVec pt, pc;
-    for (int64_t b = 0; b < blocks; ++b)
-      for (int64_t e = 0; e < part.n; ++e) {
-        pt.push_back(t[b * block + part.at + e]);
-        pc.push_back(c[b * block + part.at + e]);
-      }
-    std::printf("  %-40s %s %-7s tensor cores vs CUDA cores: rel diff %.3g\n",
-                setup_name(s).c_str(), what, part.name, rel_err(pt, pc));
-  }
+// A slot of the prepared block in the two layouts: its offsets (tensor-core path, CUDA-core
+// path), elements per (chunk, head), and whether it is one of the layout's bf16 slots.
+struct Part {
+  const char* name;
+  int64_t at_tc, at_cc, n;
+  bool big;
+};
+
+// Each slot's values (every block) in a buffer, and whether all are finite.
+DVec part_values(const Blocks& x, const Part& part, bool tc, size_t* nonfinite) {
+  DVec v;
+  for (int64_t b = 0; b < x.count; ++b)
+    for (int64_t e = 0; e < part.n; ++e) {
+      const int64_t at = tc ? part.at_tc : part.at_cc;
+      const double y = part.big ? x.big(b, at, e) : x.f32(b, at, e);
+      if (nonfinite) *nonfinite += !std::isfinite(y);
+      v.push_back(y);
+    }
+  return v;
 }
 
-// The prepared block the tensor-core prep leaves: every float written (the buffer starts as
-// NaN) and finite, and above the diagonal of Aqk, KK and T exactly zero, KK's diagonal zero and
-// T's one, as the CUDA-core prep leaves them. Each part's relative difference to the CUDA-core
-// prep's block is printed for diagnosis (the bounds are those of the outputs, above).
+// Each slot's relative difference between the tensor-core and the CUDA-core paths' prepared
+// buffers, printed for diagnosis.
+void print_part_diffs(const TcSetup& s, const char* what, const Blocks& t, const Blocks& c,
+                      const std::vector<Part>& parts) {
+  for (const Part& part : parts)
+    std::printf("  %-40s %s %-7s tensor cores vs CUDA cores: rel diff %.3g\n",
+                setup_name(s).c_str(), what, part.name,
+                rel_err(part_values(t, part, true, nullptr), part_values(c, part, false, nullptr)));
+}
+
+// A prepared tensor for these params on the GPU, its bytes all ones: NaN as fp32 and as each of
+// its bf16 halves, so that an element the kernels leave unwritten reads as NaN in either layout.
+Tensor nan_prepared(const ops::KdaParams& p, int64_t rows) {
+  Tensor h = Tensor::empty({ops::kda_prepared_floats(p, rows, DType::BF16)});
+  std::memset(h.f32(), 0xff, static_cast<size_t>(h.numel()) * sizeof(float));
+  return h.to(Device::CUDA);
+}
+
+// The layouts the two paths take: bf16 slots on the tensor-core path, fp32 on the CUDA-core one.
+std::pair<ops::KdaChunkLayout, ops::KdaChunkLayout> tc_and_cc_layouts(const ops::KdaParams& p) {
+  const ops::KdaChunkLayout t = ops::kda_chunk_layout(p, DType::BF16);
+  EXPECT_TRUE(t.half) << "the tensor-core path takes the bf16 layout";
+  return {t, ops::KdaChunkLayout{p.chunk, p.head_k, p.head_v}};
+}
+
+// The prepared block the tensor-core prep leaves (the bf16 layout): every element written (the
+// buffer starts as NaN) and finite, and above the diagonal of Aqk, KK and T exactly zero, KK's
+// diagonal zero and T's one, as the CUDA-core prep leaves them in the fp32 layout. Each part's
+// relative difference to the CUDA-core prep's block is printed for diagnosis (the bounds are
+// those of the outputs, above; the bf16 slots differ by their rounding, 2^-9).
 TEST(CudaKdaTcPrepared, BlockIsCompleteAndShapedAsTheCudaCorePreps) {
   REQUIRE_GPU();
   for (const TcSetup& s : {TcSetup{.head_v = 64, .decay = Decay::Mixed},
@@ -253,45 +319,54 @@ TEST(CudaKdaTcPrepared, BlockIsCompleteAndShapedAsTheCudaCorePreps) {
     const ops::KdaParams& p = tc.p;
     Context gpu(ContextOptions{.device = Device::CUDA, .seed = seed});
     const std::vector<Tensor> in = bf16_on_gpu(tc);
+    const auto layouts = tc_and_cc_layouts(p);
+    const ops::KdaChunkLayout tl = layouts.first, cl = layouts.second;
+    const int64_t C = p.chunk, blocks = tc.rows * p.heads;
     const auto prepared_by = [&](bool tensor_cores) {
       std::unique_ptr<CudaCorePrepOnly> off;
       if (!tensor_cores) off = std::make_unique<CudaCorePrepOnly>();
       Tensor o = out(gpu, {p.tokens, p.heads, p.head_v}, DType::BF16), none;
       Tensor saved = out(gpu, {tc.rows, p.heads, p.head_k, p.head_v}, DType::F32);
-      Tensor prepared = out(gpu, {ops::kda_prepared_floats(p, tc.rows)}, DType::F32);
+      Tensor prepared =
+          tensor_cores ? nan_prepared(p, tc.rows)
+                       : out(gpu, {ops::kda_prepared_floats(p, tc.rows, DType::BF16)}, DType::F32);
       ops::kda_forward(gpu, p, in[0], in[1], in[2], in[3], in[4], in[5], Tensor(), o, none, saved,
                        prepared);
       gpu.synchronize();
-      return to_dvec(prepared);
+      return Blocks{prepared.to(Device::CPU), tensor_cores ? tl : cl, blocks};
     };
-    const DVec t = prepared_by(true), c = prepared_by(false);
-    const ops::KdaChunkLayout lay{p.chunk, p.head_k, p.head_v};
-    const int64_t C = p.chunk, blocks = tc.rows * p.heads;
+    const Blocks t = prepared_by(true), c = prepared_by(false);
+    ASSERT_EQ(t.host.numel(), blocks * tl.block());
+    ASSERT_EQ(c.host.numel(), blocks * cl.block());
     size_t nonfinite = 0, misshaped = 0;
-    for (double x : t) nonfinite += !std::isfinite(x);
     for (int64_t b = 0; b < blocks; ++b)
       for (int64_t i = 0; i < C; ++i)
         for (int64_t j = i; j < C; ++j) {
-          const int64_t at = b * lay.block() + i * C + j;
-          const double aqk = t[at + lay.Aqk()], kk = t[at + lay.KK()], tm = t[at + lay.Tm()];
+          const int64_t at = i * C + j;
+          const double aqk = t.f32(b, tl.Aqk(), at), kk = t.f32(b, tl.KK(), at),
+                       tm = t.f32(b, tl.Tm(), at);
           misshaped += j > i ? (aqk != 0 || kk != 0 || tm != 0) : (kk != 0 || tm != 1);
         }
-    EXPECT_EQ(nonfinite, 0u) << "prepared floats unwritten or not finite";
+    const std::vector<Part> parts = {
+        {"W", tl.W(), cl.W(), C * p.head_k, true},    {"Qh", tl.Qh(), cl.Qh(), C * p.head_k, true},
+        {"Kl", tl.Kl(), cl.Kl(), C * p.head_k, true}, {"U", tl.U(), cl.U(), C * p.head_v, true},
+        {"Kb", tl.Kb(), cl.Kb(), C * p.head_k, true}, {"Aqk", tl.Aqk(), cl.Aqk(), C * C, false},
+        {"T", tl.Tm(), cl.Tm(), C * C, false},        {"KK", tl.KK(), cl.KK(), C * C, false},
+        {"gL", tl.gL(), cl.gL(), p.head_k, false}};
+    // Every element of every slot, read in the layout's own types (the slots tile the block).
+    for (const Part& part : parts) part_values(t, part, true, &nonfinite);
+    EXPECT_EQ(nonfinite, 0u) << "prepared elements unwritten or not finite";
     EXPECT_EQ(misshaped, 0u) << "entries on or above the diagonals of Aqk, KK, T";
-    const std::vector<Part> parts = {{"W", lay.W(), C * p.head_k},   {"Qh", lay.Qh(), C * p.head_k},
-                                     {"Kl", lay.Kl(), C * p.head_k}, {"U", lay.U(), C * p.head_v},
-                                     {"Kb", lay.Kb(), C * p.head_k}, {"Aqk", lay.Aqk(), C * C},
-                                     {"T", lay.Tm(), C * C},         {"KK", lay.KK(), C * C},
-                                     {"gL", lay.gL(), p.head_k}};
-    print_part_diffs(s, "prepared", t, c, blocks, lay.block(), parts);
+    print_part_diffs(s, "prepared", t, c, parts);
   }
 }
 
 // The products backward leaves in the prepared block (ops/cuda/kda_bwd_tc.cu on tensor cores,
-// kda_chunk.cu's products_kernel with the switch off): finite, Aqk exactly zero above its
-// diagonal and T on and above its own, as products_kernel leaves them. Each slot's relative
-// difference between the two is printed for diagnosis (the bounds are those of the gradients,
-// which read these slots: CudaKdaTc above).
+// kda_chunk.cu's products_kernel with the switch off; ops/kda_chunk_layout.h's slots in the two
+// layouts): finite, Aqk exactly zero above its diagonal and T on and above its own, as
+// products_kernel leaves them. Each slot's relative difference between the two is printed for
+// diagnosis (the bounds are those of the gradients, which read these slots: CudaKdaTc above).
+// Delta dS^T, which the bf16 layout keeps in the workspace, reaches the test only through them.
 TEST(CudaKdaTcPrepared, BackwardProductsAreCompleteAndShapedAsTheCudaCoreOnes) {
   REQUIRE_GPU();
   for (const TcSetup& s : {TcSetup{.head_v = 64, .decay = Decay::Mixed},
@@ -303,35 +378,34 @@ TEST(CudaKdaTcPrepared, BackwardProductsAreCompleteAndShapedAsTheCudaCoreOnes) {
     const ops::KdaParams& p = tc.p;
     Context gpu(ContextOptions{.device = Device::CUDA, .seed = seed});
     const std::vector<Tensor> in = bf16_on_gpu(tc);
+    const auto layouts = tc_and_cc_layouts(p);
+    const ops::KdaChunkLayout tl = layouts.first, cl = layouts.second;
+    const int64_t C = p.chunk, blocks = tc.rows * p.heads;
     const auto products_by = [&](bool tensor_cores) {
       std::unique_ptr<CudaCorePrepOnly> off;
       if (!tensor_cores) off = std::make_unique<CudaCorePrepOnly>();
       Tensor prepared;
       forward_backward(s, tc, gpu, in, true, &prepared);
       gpu.synchronize();
-      return to_dvec(prepared);
+      return Blocks{prepared.to(Device::CPU), tensor_cores ? tl : cl, blocks};
     };
-    const DVec t = products_by(true), c = products_by(false);
-    const ops::KdaChunkLayout lay{p.chunk, p.head_k, p.head_v};
-    const int64_t C = p.chunk, blocks = tc.rows * p.heads;
-    const std::vector<Part> parts = {
-        {"dO S0^T", lay.W(), C * p.head_k}, {"dR S0^T", lay.Qh(), C * p.head_k},
-        {"D dS^T", lay.Kl(), C * p.head_k}, {"dO D^T", lay.Aqk(), C * C},
-        {"-dR D^T", lay.Tm(), C * C},       {"S0.dS", lay.gL(), p.head_k}};
+    const Blocks t = products_by(true), c = products_by(false);
+    const std::vector<Part> parts = {{"dO S0^T", tl.dOS0(), cl.dOS0(), C * p.head_k, false},
+                                     {"dR S0^T", tl.dRS0(), cl.dRS0(), C * p.head_k, false},
+                                     {"dO D^T", tl.Aqk(), cl.Aqk(), C * C, false},
+                                     {"-dR D^T", tl.Tm(), cl.Tm(), C * C, false},
+                                     {"S0.dS", tl.gL(), cl.gL(), p.head_k, false}};
     size_t nonfinite = 0, misshaped = 0;
-    for (int64_t b = 0; b < blocks; ++b) {
-      for (const auto& part : parts)
-        for (int64_t e = 0; e < part.n; ++e)
-          nonfinite += !std::isfinite(t[b * lay.block() + part.at + e]);
+    for (const Part& part : parts) part_values(t, part, true, &nonfinite);
+    for (int64_t b = 0; b < blocks; ++b)
       for (int64_t i = 0; i < C; ++i)
         for (int64_t j = i; j < C; ++j) {
-          const int64_t at = b * lay.block() + i * C + j;
-          misshaped += (j > i && t[at + lay.Aqk()] != 0) || t[at + lay.Tm()] != 0;
+          const int64_t at = i * C + j;
+          misshaped += (j > i && t.f32(b, tl.Aqk(), at) != 0) || t.f32(b, tl.Tm(), at) != 0;
         }
-    }
     EXPECT_EQ(nonfinite, 0u) << "backward products unwritten or not finite";
     EXPECT_EQ(misshaped, 0u) << "entries above the diagonal of dO D^T or on and above -dR D^T's";
-    print_part_diffs(s, "backward", t, c, blocks, lay.block(), parts);
+    print_part_diffs(s, "backward", t, c, parts);
   }
 }
 

@@ -2,12 +2,16 @@
 
 #include <cmath>
 #include <numeric>
+#include <utility>
+#include <vector>
 
 #include "core/seq_info.h"
 #include "harness/op_check.h"
 #include "harness/seed.h"
 #include "ops/kda.h"
+#include "ops/kda_chunk_layout.h"
 #include "ops/kda_gate.h"
+#include "ops/kda_prep_path.h"
 #include "ref/kda_ref.h"
 
 namespace mt::test {
@@ -311,6 +315,72 @@ TEST(Kda, BadCuSeqlensIsAnError) {
   EXPECT_THROW(
       ops::kda_forward(ctx, p, seq.cu_seqlens, q, q, v, q, beta, none, o, none, saved, none),
       ShapeError);
+}
+
+// The CUDA chunked kernels' prepared block (ops/kda_chunk_layout.h), in both layouts: bf16 slots
+// exactly where the bf16 tensor-core path runs (bf16 tensors, chunk 64, head dims 64 or 128,
+// both switches on), the slots tiling the block without overlap, backward's fp32 products and dbeta
+// shares inside what backward may overwrite (below Aqk, or W .. Kb's fp32 places), and
+// kda_prepared_floats and the workspace count following the layout. Plain arithmetic on the
+// host: the kernels read the same struct.
+TEST(KdaChunkLayout, Bf16SlotsOnlyOnTheTensorCorePathAndSlotsTileTheBlock) {
+  for (const int64_t K : {16, 64, 128})
+    for (const int64_t V : {32, 64, 128})
+      for (const int64_t C : {16, 64})
+        for (const DType dt : {DType::F32, DType::BF16})
+          for (const int switches : {0, 1, 2, 3}) {
+            const bool switch_on = switches & 1, bf16_on = switches & 2;
+            SCOPED_TRACE(cat("K ", K, " V ", V, " C ", C, " ", dtype_name(dt), " tensor cores ",
+                             switch_on, " bf16 prepared ", bf16_on));
+            ops::kda_set_tensor_core_prep(switch_on);
+            ops::kda_set_bf16_prepared(bf16_on);
+            const ops::KdaParams p{
+                .tokens = 200, .heads = 3, .head_k = K, .head_v = V, .num_seqs = 2, .chunk = C};
+            const ops::KdaChunkLayout lay = ops::kda_chunk_layout(p, dt);
+            const bool tc = dt == DType::BF16 && switch_on && bf16_on && C == 64 &&
+                            (K == 64 || K == 128) && (V == 64 || V == 128);
+            EXPECT_EQ(lay.half, tc);
+            // Slots in order, in floats: bf16 slots take half as many.
+            const int64_t s = tc ? 2 : 1;
+            const std::vector<std::pair<int64_t, int64_t>> slots = {
+                {lay.W(), C * K / s}, {lay.Qh(), C * K / s}, {lay.Kl(), C * K / s},
+                {lay.U(), C * V / s}, {lay.Kb(), C * K / s}, {lay.Aqk(), C * C},
+                {lay.Tm(), C * C},    {lay.KK(), C * C},     {lay.gL(), K}};
+            int64_t at = 0;
+            for (const auto& [start, n] : slots) {
+              EXPECT_EQ(start, at);
+              at += n;
+            }
+            EXPECT_EQ(lay.block(), at);
+            if (tc) {
+              EXPECT_EQ(lay.block(), 2 * C * K + C * V / 2 + 3 * C * C + K);
+            }
+            // Backward's products: dO S0^T and dR S0^T (fp32 [C, K] each), then the two dbeta
+            // shares of C floats, all in the part of the block backward no longer reads.
+            EXPECT_EQ(lay.dOS0(), 0);
+            EXPECT_EQ(lay.dRS0(), C * K);
+            EXPECT_GE(lay.dbeta_parts(), lay.dRS0() + C * K);
+            EXPECT_LE(lay.dbeta_parts() + 2 * C, tc ? lay.Aqk() : lay.Kb());
+            // fp32: Delta dS^T in Kl's place; bf16: in the outgoing-dS slot, which holds it.
+            if (tc) {
+              EXPECT_GE(K * V, C * K);
+            } else {
+              EXPECT_EQ(lay.Kl(), 2 * C * K);
+            }
+            // The planner's counts follow the layout.
+            EXPECT_EQ(ops::kda_prepared_floats(p, 5, dt), 5 * p.heads * lay.block());
+            const int64_t kept_fwd = ops::kda_chunk_workspace_floats(p, 5, false, true, dt);
+            EXPECT_EQ(ops::kda_chunk_workspace_floats(p, 5, false, false, dt),
+                      kept_fwd + 5 * p.heads * lay.block());
+            EXPECT_EQ(ops::kda_chunk_workspace_floats(p, 5, true, true, dt),
+                      kept_fwd + 5 * p.heads * (2 * C * V + K * V));
+          }
+  ops::kda_set_tensor_core_prep(true);
+  ops::kda_set_bf16_prepared(true);
+  // At the benchmark shape the bf16 block is 132 KB in place of 213 KB.
+  const ops::KdaParams p{.tokens = 64, .heads = 1, .head_k = 128, .head_v = 128, .num_seqs = 1};
+  EXPECT_EQ(ops::kda_chunk_layout(p, DType::BF16).block() * 4, 131584);
+  EXPECT_EQ(ops::kda_chunk_layout(p, DType::F32).block() * 4, 213504);
 }
 
 }  // namespace

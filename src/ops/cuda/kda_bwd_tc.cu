@@ -1,8 +1,9 @@
 // The chunked KDA backward's products (kda_chunk.cu, step 4) on tensor cores, for bf16 tensors at
 // chunk 64 and head dims 64 or 128 (kda_bwd_tc.h). Per (chunk, head, job), sums over V:
-//   job 0: dO S0^T -> W, dR S0^T -> Qh;  job 1: Delta dS^T -> Kl, S0 . dS -> gL;
+//   job 0: dO S0^T -> dOS0, dR S0^T -> dRS0;  job 1: Delta dS^T -> Args::dds, S0 . dS -> gL;
 //   job 2: scale dO Delta^T -> Aqk (j <= i), -dR Delta^T -> Tm (j < i), zero elsewhere,
-// exactly the slots and meaning of products_kernel, so the gradient pass is unchanged. None of
+// exactly the slots and meaning of products_kernel (ops/kda_chunk_layout.h), so the gradient
+// pass is unchanged. None of
 // these products carries a decay factor (the decays enter in the gradient pass), so they are
 // plain matrix products. tf32 m16n8k8 MMAs with fp32 accumulation rather than bf16: S0, dS, Delta
 // and dR are fp32 state-sized quantities whose magnitudes grow along a document; tf32 rounds them
@@ -159,8 +160,10 @@ __global__ void __launch_bounds__(kThreads, 2) products_tc_kernel(Args a, const 
         }
       }
     }
-    float* out1 = blk + (job == 0 ? lay.W() : lay.Kl());
-    float* out2 = blk + lay.Qh();
+    // Job 1 may write into the dS slot it read (the bf16 layout, Args::dds): every read of it
+    // lies before the last tile's barrier, and no other block reads it.
+    float* out1 = job == 0 ? blk + lay.dOS0() : a.dds(c, h);
+    float* out2 = blk + lay.dRS0();
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll

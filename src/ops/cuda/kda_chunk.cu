@@ -39,6 +39,7 @@
 #include "ops/cuda/kda_state_tc.h"
 #include "ops/cuda/mma.cuh"
 #include "ops/kda_chunk_layout.h"
+#include "ops/kda_prep_path.h"
 
 namespace mt::ops::cuda {
 
@@ -726,8 +727,9 @@ __device__ __forceinline__ void stage(float* tile, int rows, int valid, int y0, 
 constexpr size_t kProductSmem = sizeof(float) * 33 * (kMaxC + 2 * kMaxKV);
 
 // The chunk's matrix products over V (job = blockIdx.z):
-//   0: M1 = dO S0^T -> W, M2 = dR S0^T -> Qh;  1: M3 = Delta dS^T -> Kl, S0 . dS -> gL;
-//   2: tq = scale dO Delta^T -> Aqk (j <= i), ta = -dR Delta^T -> Tm (j < i).
+//   0: M1 = dO S0^T -> dOS0, M2 = dR S0^T -> dRS0;  1: M3 = Delta dS^T -> Args::dds, S0 . dS
+//   -> gL;  2: tq = scale dO Delta^T -> Aqk (j <= i), ta = -dR Delta^T -> Tm (j < i)
+//   (ops/kda_chunk_layout.h).
 template <typename T>
 __global__ void __launch_bounds__(kThreads) products_kernel(Args a, const T* dout) {
   const int64_t c = blockIdx.x, h = blockIdx.y;
@@ -770,13 +772,15 @@ __global__ void __launch_bounds__(kThreads) products_kernel(Args a, const T* dou
       if (job == 1 && threadIdx.x < K)
         for (int y = 0; y < 32; ++y) dot += A2[threadIdx.x * 33 + y] * Bt[threadIdx.x * 33 + y];
     }
-    float* out1 = blk + (job == 0 ? lay.W() : lay.Kl());
+    // job 1 may write into the dS slot it read (the bf16 layout): every read of it lies before
+    // the last tile's barrier.
+    float* out1 = job == 0 ? blk + lay.dOS0() : a.dds(c, h);
     for (int r = 0; r < 4; ++r)
       for (int j = 0; j < 8; ++j) {
         const int i = 4 * ti + r, x = tx + 16 * j;
         if (i < C && x < K) {
           out1[i * K + x] = acc1[r][j];
-          if (job == 0) blk[lay.Qh() + i * K + x] = acc2[r][j];
+          if (job == 0) blk[lay.dRS0() + i * K + x] = acc2[r][j];
         }
       }
     if (job == 1 && threadIdx.x < K) blk[lay.gL() + threadIdx.x] = dot;
@@ -1030,6 +1034,7 @@ __global__ void __launch_bounds__(kGradThreads, TC ? 2 : 1)
   T* ks = qs + C * KB;                                           // [C][KB]
   const KdaChunkLayout& lay = a.lay;
   float* blk = a.blk(c, h);
+  const float* dds = a.dds(c, h);  // backward's products (ops/kda_chunk_layout.h)
   // e^(difference of Gam): TC keeps Gam in log2 units (scan below), so one ex2 each.
   const auto expg = [](W d) {
     if constexpr (TC)
@@ -1127,7 +1132,7 @@ __global__ void __launch_bounds__(kGradThreads, TC ? 2 : 1)
 #pragma unroll
         for (int m = 0; m < R; ++m) {
           const int i = s + NS * m;
-          kl[m] = i < L ? blk[lay.Kl() + i * K + x0 + x] : 0.f;
+          kl[m] = i < L ? dds[i * K + x0 + x] : 0.f;
         }
 #pragma unroll
         for (int m = 0; m < R; ++m) {
@@ -1136,7 +1141,7 @@ __global__ void __launch_bounds__(kGradThreads, TC ? 2 : 1)
         }
       } else {
         for (int i = s; i < L; i += nseg)
-          acc += blk[lay.Kl() + i * K + x0 + x] * ld(ks, i * KB + x) * expg(gl - gam[i * KB + x]);
+          acc += dds[i * K + x0 + x] * ld(ks, i * KB + x) * expg(gl - gam[i * KB + x]);
       }
       part[tid] = acc;
     }
@@ -1176,9 +1181,9 @@ __global__ void __launch_bounds__(kGradThreads, TC ? 2 : 1)
     const int o = tid + r * kGradThreads, i = o / per_row, x = NCH * (o % per_row);
     if (r < owners && o < C * per_row && i < L) {
       const int64_t at = i * K + x0 + x;
-      lw(blk + lay.W() + at, f[0]);
-      lw(blk + lay.Qh() + at, f[1]);
-      lw(blk + lay.Kl() + at, f[2]);
+      lw(blk + lay.dOS0() + at, f[0]);
+      lw(blk + lay.dRS0() + at, f[1]);
+      lw(dds + at, f[2]);
     }
   };
   W dgam[kOwnersMax];
@@ -1339,13 +1344,13 @@ __global__ void __launch_bounds__(kGradThreads, TC ? 2 : 1)
         if (lane == 0) s += tkk[i1];
         for (int x = lane; x < KB; x += 32) s += dbs[i1 * KB + x];
         s = warp_sum(s);
-        if (lane == 0) blk[lay.U() + z * C + i1] = s;
+        if (lane == 0) blk[lay.dbeta_parts() + z * C + i1] = s;
       }
       if (i2 < L) {
         float s = 0.f;
         for (int x = lane; x < KB; x += 32) s += dbs[i2 * KB + x];
         s = warp_sum(s);
-        if (lane == 0) blk[lay.U() + z * C + i2] = s;
+        if (lane == 0) blk[lay.dbeta_parts() + z * C + i2] = s;
       }
     }
   } else {
@@ -1372,14 +1377,14 @@ __global__ void dbeta_sum_kernel(Args a) {
   const int64_t c = blockIdx.x, h = blockIdx.y;
   const int i = threadIdx.x;
   if (i >= a.clen[c]) return;
-  const float* u = a.blk(c, h) + a.lay.U();
+  const float* u = a.blk(c, h) + a.lay.dbeta_parts();
   float s = u[i];
   for (int z = 1; z < kGradSplit; ++z) s += u[z * a.C + i];
   a.dbeta[(a.ct0[c] + i) * a.H + h] = s;
 }
 
 // `prepared`: the caller's prepared blocks (undefined: they go to the workspace).
-Args make_args(Context& ctx, const KdaParams& p, const Tensor& cu, const Tensor& g,
+Args make_args(Context& ctx, const KdaParams& p, const Tensor& cu, const Tensor& q, const Tensor& g,
                const Tensor& beta, int64_t nchunks, bool backward, const Tensor& prepared,
                Tensor& space) {
   Args a{};
@@ -1391,10 +1396,11 @@ Args make_args(Context& ctx, const KdaParams& p, const Tensor& cu, const Tensor&
   a.K = static_cast<int>(p.head_k);
   a.V = static_cast<int>(p.head_v);
   a.scale = p.qk_scale();
-  a.lay = {p.chunk, p.head_k, p.head_v};
+  a.lay = kda_chunk_layout(p, q.dtype());
   a.block = a.lay.block();
   const bool kept = prepared.defined();
-  space = ctx.workspace().alloc({kda_chunk_workspace_floats(p, nchunks, backward, kept)});
+  space =
+      ctx.workspace().alloc({kda_chunk_workspace_floats(p, nchunks, backward, kept, q.dtype())});
   float* base = ptr<float>(space);
   int32_t* table = reinterpret_cast<int32_t*>(base);
   a.ct0 = table;
@@ -1407,8 +1413,10 @@ Args make_args(Context& ctx, const KdaParams& p, const Tensor& cu, const Tensor&
     a.ws = next;
     next += nchunks * p.heads * a.block;
   }
-  a.back = next;
-  if (backward) a.dS = a.back + nchunks * p.heads * a.lay.back_block();
+  if (backward) {
+    a.back = next;
+    a.dS = a.back + nchunks * p.heads * a.lay.back_block();
+  }
   a.g = ptr<float>(g);
   a.beta = ptr<float>(beta);
   chunk_table_kernel<<<1, 32, 0, stream(ctx)>>>(
@@ -1433,9 +1441,14 @@ void prep(Context& ctx, const Args& a, const Tensor& q, const Tensor& k, const T
   // The block pairs on tensor cores: bf16 (float Gam), chunk 64, K 128 (one channel per thread).
   auto* kernel = prep_kernel<T, false>;
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    // bf16 tensor-core products where they fit (kda_fwd_tc.h); the same prepared block.
-    if (kda_detail::prep_tc_fits(a, q.raw(), k.raw(), v.raw()))
+    // The tensor-core prep takes every call on its path (kda_fwd_tc.h; unaligned tensors through
+    // narrower loads), and only it writes the bf16 layout.
+    // (A caller's prepared tensor off 16-byte alignment keeps the fp32 layout's CUDA-core prep.)
+    const KdaParams pp{.head_k = a.K, .head_v = a.V, .chunk = a.C};
+    if (kda_bf16_prep_path(pp) == KdaPrepPath::TensorCoreBf16 &&
+        (a.lay.half || reinterpret_cast<uintptr_t>(a.ws) % 16 == 0))
       return kda_detail::prep_tc(ctx, a, ptr<T>(q), ptr<T>(k), ptr<T>(v));
+    MT_CHECK(!a.lay.half, ValueError, "kda: bf16 prepared layout off the tensor-core path");
     if (a.C == kMaxC && a.K == kMaxKV) kernel = prep_kernel<T, true>;
   }
   allow_smem(kernel, sm);
@@ -1495,7 +1508,7 @@ void kda_chunk_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlen
                        const Tensor& h0, Tensor& o, Tensor& hT, Tensor& saved, Tensor& prepared) {
   ArenaScope scope(ctx.workspace());
   Tensor space;
-  Args a = make_args(ctx, p, cu_seqlens, g, beta, saved.dim(0), false, prepared, space);
+  Args a = make_args(ctx, p, cu_seqlens, q, g, beta, saved.dim(0), false, prepared, space);
   a.saved = ptr<float>(saved);
   a.h0 = h0.defined() && h0.numel() ? ptr<float>(h0) : nullptr;
   a.hT = hT.defined() && hT.numel() ? ptr<float>(hT) : nullptr;
@@ -1505,6 +1518,8 @@ void kda_chunk_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlen
       if (kda_detail::state_tc_fits(a))
         return kda_detail::forward_state_tc(ctx, a, ptr<__nv_bfloat16>(o));
     }
+    // The CUDA-core passes read the fp32 layout only; the bf16 one implies state_tc_fits.
+    MT_CHECK(!a.lay.half, ValueError, "kda_forward: bf16 prepared layout without tensor cores");
     launch_state(ctx, a, fwd_state_smem(a.C, a.K), fwd_state_kernel<T, true>,
                  fwd_state_kernel<T, false>, ptr<T>(o));
   });
@@ -1517,7 +1532,7 @@ void kda_chunk_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqle
                         Tensor& dbeta, Tensor& dh0) {
   ArenaScope scope(ctx.workspace());
   Tensor space;
-  Args a = make_args(ctx, p, cu_seqlens, g, beta, saved.dim(0), true, prepared, space);
+  Args a = make_args(ctx, p, cu_seqlens, q, g, beta, saved.dim(0), true, prepared, space);
   a.saved = const_cast<float*>(ptr<float>(saved));
   a.dhT = dhT.defined() && dhT.numel() ? ptr<float>(dhT) : nullptr;
   a.dh0 = dh0.defined() && dh0.numel() ? ptr<float>(dh0) : nullptr;
@@ -1528,6 +1543,8 @@ void kda_chunk_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqle
     if (!prepared.defined()) prep<T>(ctx, a, q, k, v);
     bool tensor_cores = false;
     if constexpr (std::is_same_v<T, __nv_bfloat16>) tensor_cores = kda_detail::state_tc_fits(a);
+    MT_CHECK(tensor_cores || !a.lay.half, ValueError,
+             "kda_backward: bf16 prepared layout without tensor cores");
     if (tensor_cores)
       kda_detail::backward_state_tc(ctx, a, ptr<__nv_bfloat16>(dout));
     else

@@ -21,6 +21,11 @@ struct Args {
   const float *g, *beta, *h0, *dhT;
   float *ws, *back, *saved, *hT, *dS, *dh0, *dg, *dbeta;  // ws: the prepared blocks
   __device__ float* blk(int64_t c, int64_t h) const { return ws + (c * H + h) * block; }
+  // Where backward's products put Delta dS^T of (c, h) [C, K] (ops/kda_chunk_layout.h): Kl's
+  // place, or with the bf16 layout the chunk's outgoing-dS slot, which only that product reads.
+  __device__ float* dds(int64_t c, int64_t h) const {
+    return lay.half ? dS + (c * H + h) * K * V : blk(c, h) + lay.Kl();
+  }
   // Backward's Delta and dR of (c, h).
   __device__ float* bblk(int64_t c, int64_t h) const {
     return back + (c * H + h) * lay.back_block();

@@ -1,7 +1,8 @@
 // The chunked KDA's intra-chunk pass (prep) with bf16 tensor-core products, for bf16 tensors at
-// chunk 64 and head dims 64 or 128 (kda_fwd_tc.h). It writes the prepared block of
-// ops/kda_chunk_layout.h exactly as kda_chunk.cu's CUDA-core prep does (same quantities, fp32),
-// so the tensor-core state passes, the output and the backward are unchanged.
+// chunk 64 and head dims 64 or 128 (kda_fwd_tc.h). It writes the quantities kda_chunk.cu's
+// CUDA-core prep writes, in the prepared block's layout (ops/kda_chunk_layout.h): normally the
+// bf16 one, W, Qh, Kl, U and Kb rounded once to bf16 (computed in fp32: W and U from the fp32 Kb
+// and beta v), Aqk, T, KK and gL fp32; with kda_set_bf16_prepared(false) all fp32.
 //
 // One block of 8 warps per (chunk, head); G = the in-chunk cumsum of g (fp32), rows past the
 // chunk's length L zero in q, k, v and beta (so G stays constant there):
@@ -22,8 +23,8 @@
 //   (3) W = T Kb and U = T (beta v): tf32 MMAs over fp32 tiles (tf32 rounds to 2^-11, below the
 //       bf16 rounding of the inputs), T's zero upper blocks skipped.
 // HBM per (chunk, head) at K = V = 128: reads q, k, v 48 KB (bf16) and g 32 KB; writes the
-// prepared block, 213 KB fp32 (W, Qh, Kl, U, Kb 160 KB, Aqk, T, KK 48 KB, gL): ~290 KB, every
-// access 8 or 16 bytes wide and coalesced into whole sectors.
+// prepared block, 132 KB (W, Qh, Kl, U, Kb 80 KB bf16, Aqk, T, KK 48 KB fp32, gL): ~212 KB, every
+// access 4 to 16 bytes wide and coalesced into whole sectors.
 // Shared memory: G (later Kb) 34 KB, q and k bf16 (later beta v fp32) 34 KB, KK 17 KB, T 17 KB:
 // 103 KB at K = V = 128, two blocks (16 warps) per SM.
 #include <algorithm>
@@ -34,7 +35,6 @@
 #include "ops/cuda/kda_fwd_tc.h"
 #include "ops/cuda/mma.cuh"
 #include "ops/kda_chunk_layout.h"
-#include "ops/kda_prep_path.h"
 
 namespace mt::ops::cuda::kda_detail {
 
@@ -91,18 +91,45 @@ __device__ __forceinline__ void unpack8(const uint4& u, float (&out)[8]) {
   }
 }
 
+// Eight bf16 at p (a row's 8 elements): one 16-byte load where vec (the tensor 16-byte aligned),
+// else one load each.
+__device__ __forceinline__ uint4 load8(const bf16* p, bool vec) {
+  if (vec) return *reinterpret_cast<const uint4*>(p);
+  uint4 u;
+  bf16* e = reinterpret_cast<bf16*>(&u);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) e[j] = p[j];
+  return u;
+}
+
 // Rows 0..63 of a [tokens, H, D] bf16 tensor for this chunk and head into a shared tile of row
-// stride ld, zeros past L, 16 bytes per load.
+// stride ld, zeros past L, 16 bytes per load where vec.
 template <int D>
 __device__ __forceinline__ void load_bf16_rows(const bf16* src, int64_t t0, int L, int64_t H,
-                                               int64_t h, bf16* dst, int ld) {
+                                               int64_t h, bf16* dst, int ld, bool vec) {
   constexpr int per = D / 8;
   for (int e = threadIdx.x; e < kC * per; e += kThreads) {
     const int i = e / per, x = (e - i * per) * 8;
     uint4 u = make_uint4(0, 0, 0, 0);
-    if (i < L) u = *reinterpret_cast<const uint4*>(src + ((t0 + i) * H + h) * D + x);
+    if (i < L) u = load8(src + ((t0 + i) * H + h) * D + x, vec);
     *reinterpret_cast<uint4*>(dst + i * ld + x) = u;
   }
+}
+
+// Four floats at p as the layout's element type: bf16 (8-byte aligned) or fp32 (16-byte).
+__device__ __forceinline__ void store4(bf16* p, float a, float b, float c, float d) {
+  *reinterpret_cast<uint2*>(p) = make_uint2(mma::pack_bf16(a, b), mma::pack_bf16(c, d));
+}
+__device__ __forceinline__ void store4(float* p, float a, float b, float c, float d) {
+  *reinterpret_cast<float4*>(p) = make_float4(a, b, c, d);
+}
+
+// Two floats at p (4- or 8-byte aligned) as the layout's element type.
+__device__ __forceinline__ void store2(bf16* p, float a, float b) {
+  *reinterpret_cast<uint32_t*>(p) = mma::pack_bf16(a, b);
+}
+__device__ __forceinline__ void store2(float* p, float a, float b) {
+  *reinterpret_cast<float2*>(p) = make_float2(a, b);
 }
 
 // Phase (1), warp (p, which): row block p of Aqk (which = 0, q rows; to global memory, scaled)
@@ -199,10 +226,10 @@ __device__ __forceinline__ void block_row_pairs(const Args& a, float* blk, const
 }
 
 // Phase (3): dst[16 mb + .., n0 + ..] = T[16 mb + .., :] src for the warp's NT n-tiles, every
-// row block, T's zero upper blocks skipped.
-template <int NT>
+// row block, T's zero upper blocks skipped; accumulated in fp32, stored as P (the layout's).
+template <int NT, typename P>
 __device__ __forceinline__ void lower_times(const float* tm, int ldc, const float* src, int ld,
-                                            int n0, float* dst, int ldd) {
+                                            int n0, P* dst, int ldd) {
   const int lane = threadIdx.x & 31, gq = lane >> 2, cq = lane & 3;
 #pragma unroll 1
   for (int mb = 0; mb < kC / kBlockRows; ++mb) {
@@ -213,14 +240,15 @@ __device__ __forceinline__ void lower_times(const float* tm, int ldc, const floa
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr)
-        f2(dst + (kBlockRows * mb + gq + 8 * rr) * ldd + n0 + 8 * nt + 2 * cq) =
-            make_float2(acc[nt][2 * rr], acc[nt][2 * rr + 1]);
+        store2(dst + (kBlockRows * mb + gq + 8 * rr) * ldd + n0 + 8 * nt + 2 * cq, acc[nt][2 * rr],
+               acc[nt][2 * rr + 1]);
   }
 }
 
-template <int K, int V>
+// Big: the element type of W, Qh, Kl, U, Kb in the layout (bf16 where half, else fp32).
+template <int K, int V, typename Big>
 __global__ void __launch_bounds__(kThreads, 2)
-    prep_tc_kernel(Args a, const bf16* q, const bf16* k, const bf16* v) {
+    prep_tc_kernel(Args a, const bf16* q, const bf16* k, const bf16* v, bool vec) {
   using S = Smem<K, V>;
   constexpr int LdG = S::LdG, LdH = S::LdH, LdV = S::LdV, LdC = S::LdC;
   static_assert(K % 64 == 0 && V % 64 == 0 && K <= 128 && V <= 128, "8 warps x K/64 n-tiles");
@@ -240,15 +268,22 @@ __global__ void __launch_bounds__(kThreads, 2)
   float* glast = reinterpret_cast<float*>(smem + S::glast);
   float* blk = a.blk(c, h);
   const KdaChunkLayout& lay = a.lay;
+  // The layout's slots of Big elements.
+  const auto big_slot = [&](int64_t at) { return reinterpret_cast<Big*>(blk + at); };
+  Big *const qh = big_slot(lay.Qh()), *const kl = big_slot(lay.Kl()),
+             *const kbg = big_slot(lay.Kb());
 
   // Loads: beta, q, k (bf16), g (fp32); T starts at zero (its upper blocks stay so).
   if (tid < kC) b[tid] = tid < L ? a.beta[(t0 + tid) * a.H + h] : 0.f;
-  load_bf16_rows<K>(q, t0, L, a.H, h, qs, LdH);
-  load_bf16_rows<K>(k, t0, L, a.H, h, ks, LdH);
+  load_bf16_rows<K>(q, t0, L, a.H, h, qs, LdH, vec);
+  load_bf16_rows<K>(k, t0, L, a.H, h, ks, LdH, vec);
   for (int e = tid; e < kC * K / 4; e += kThreads) {
     const int i = e / (K / 4), x = (e - i * (K / 4)) * 4;
     float4 u = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (i < L) u = *reinterpret_cast<const float4*>(a.g + ((t0 + i) * a.H + h) * K + x);
+    if (i < L) {
+      const float* gp = a.g + ((t0 + i) * a.H + h) * K + x;
+      u = vec ? *reinterpret_cast<const float4*>(gp) : make_float4(gp[0], gp[1], gp[2], gp[3]);
+    }
     f4(gam + i * LdG + x) = u;
   }
   for (int e = tid; e < kC * kC; e += kThreads) tm[(e / kC) * LdC + e % kC] = 0.f;
@@ -297,7 +332,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int u = 0; u < VG; ++u) {
     const int e = tid + u * kThreads, i = e / (V / 8), x = (e - i * (V / 8)) * 8;
     vr[u] = make_uint4(0, 0, 0, 0);
-    if (i < L) vr[u] = *reinterpret_cast<const uint4*>(v + ((t0 + i) * a.H + h) * V + x);
+    if (i < L) vr[u] = load8(v + ((t0 + i) * a.H + h) * V + x, vec);
   }
   for (int e = tid; e < kC * K / 4; e += kThreads) {
     const int i = e / (K / 4), x = (e - i * (K / 4)) * 4;
@@ -306,14 +341,12 @@ __global__ void __launch_bounds__(kThreads, 2)
     const float2 k01 = bf2(ks + i * LdH + x), k23 = bf2(ks + i * LdH + x + 2);
     const float e0 = __expf(gv.x), e1 = __expf(gv.y), e2 = __expf(gv.z), e3 = __expf(gv.w);
     const float s = a.scale, bi = b[i];
-    f4(blk + lay.Qh() + i * K + x) =
-        make_float4(s * q01.x * e0, s * q01.y * e1, s * q23.x * e2, s * q23.y * e3);
-    f4(blk + lay.Kl() + i * K + x) =
-        make_float4(k01.x * __expf(gl.x - gv.x), k01.y * __expf(gl.y - gv.y),
-                    k23.x * __expf(gl.z - gv.z), k23.y * __expf(gl.w - gv.w));
+    store4(qh + i * K + x, s * q01.x * e0, s * q01.y * e1, s * q23.x * e2, s * q23.y * e3);
+    store4(kl + i * K + x, k01.x * __expf(gl.x - gv.x), k01.y * __expf(gl.y - gv.y),
+           k23.x * __expf(gl.z - gv.z), k23.y * __expf(gl.w - gv.w));
     const float4 kb =
         make_float4(bi * k01.x * e0, bi * k01.y * e1, bi * k23.x * e2, bi * k23.y * e3);
-    f4(blk + lay.Kb() + i * K + x) = kb;
+    store4(kbg + i * K + x, kb.x, kb.y, kb.z, kb.w);
     f4(gam + i * LdG + x) = kb;
   }
   __syncthreads();
@@ -384,40 +417,44 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 
   // W = T Kb and U = T beta v (warp w: its n-tiles of both), T out.
-  lower_times<K / 64>(tm, LdC, gam, LdG, w * K / 8, blk + lay.W(), K);
-  lower_times<V / 64>(tm, LdC, vs, LdV, w * V / 8, blk + lay.U(), V);
+  lower_times<K / 64>(tm, LdC, gam, LdG, w * K / 8, big_slot(lay.W()), K);
+  lower_times<V / 64>(tm, LdC, vs, LdV, w * V / 8, big_slot(lay.U()), V);
   for (int e = tid; e < kC * kC / 4; e += kThreads) {
     const int i = e / (kC / 4), x = (e - i * (kC / 4)) * 4;
     f4(blk + lay.Tm() + i * kC + x) = f4(tm + i * LdC + x);
   }
 }
 
-template <int K, int V>
-void launch(Context& ctx, const Args& a, const bf16* q, const bf16* k, const bf16* v) {
-  const size_t sm = smem_for(prep_tc_kernel<K, V>, Smem<K, V>::bytes, "kda_forward");
-  prep_tc_kernel<K, V><<<dim3(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.H)),
-                         kThreads, sm, stream(ctx)>>>(a, q, k, v);
-  MT_CUDA_LAUNCH_CHECK();
-}
-
 bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
 
-}  // namespace
-
-bool prep_tc_fits(const Args& a, const void* q, const void* k, const void* v) {
-  const KdaParams p{.head_k = a.K, .head_v = a.V, .chunk = a.C};
-  return kda_bf16_prep_path(p) == KdaPrepPath::TensorCoreBf16 && aligned16(q) && aligned16(k) &&
-         aligned16(v) && aligned16(a.g) && aligned16(a.ws);
+template <int K, int V>
+void launch(Context& ctx, const Args& a, const bf16* q, const bf16* k, const bf16* v) {
+  const bool vec = aligned16(q) && aligned16(k) && aligned16(v) && aligned16(a.g);
+  const dim3 grid(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.H));
+  if (a.lay.half) {
+    auto* kernel = prep_tc_kernel<K, V, bf16>;
+    kernel<<<grid, kThreads, smem_for(kernel, Smem<K, V>::bytes, "kda_forward"), stream(ctx)>>>(
+        a, q, k, v, vec);
+  } else {
+    auto* kernel = prep_tc_kernel<K, V, float>;
+    kernel<<<grid, kThreads, smem_for(kernel, Smem<K, V>::bytes, "kda_forward"), stream(ctx)>>>(
+        a, q, k, v, vec);
+  }
+  MT_CUDA_LAUNCH_CHECK();
 }
 
+}  // namespace
+
 void prep_tc(Context& ctx, const Args& a, const bf16* q, const bf16* k, const bf16* v) {
+  MT_CHECK(a.C == kC && aligned16(a.ws), ValueError,
+           "kda tensor-core prep: chunk 64 with 16-byte aligned blocks (chunk ", a.C, ")");
   if (a.K == 64 && a.V == 64) return launch<64, 64>(ctx, a, q, k, v);
   if (a.K == 64 && a.V == 128) return launch<64, 128>(ctx, a, q, k, v);
   if (a.K == 128 && a.V == 64) return launch<128, 64>(ctx, a, q, k, v);
   MT_CHECK(a.K == 128 && a.V == 128, ValueError, "kda tensor-core prep: head_k ", a.K, " head_v ",
-           a.V, " (prep_tc_fits admits 64 and 128)");
+           a.V, " (the tensor-core path admits 64 and 128)");
   launch<128, 128>(ctx, a, q, k, v);
 }
 

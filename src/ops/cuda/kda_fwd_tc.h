@@ -1,6 +1,7 @@
 // The chunked KDA's intra-chunk pass (prep) on bf16 tensor cores (kda_fwd_tc.cu): the prepared
-// block of ops/kda_chunk_layout.h, as kda_chunk.cu's CUDA-core prep writes it, so that the state
-// passes, the output and the backward read it unchanged.
+// block of ops/kda_chunk_layout.h in the layout Args carries (the bf16 one unless
+// kda_set_bf16_prepared(false)); the tensor-core state passes, the output and the backward read
+// it.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,11 +11,9 @@
 
 namespace mt::ops::cuda::kda_detail {
 
-// Chunk 64, head_k and head_v 64 or 128, q, k, v, g and the prepared blocks 16-byte aligned
-// (the kernel's vector loads and stores), and the tensor-core prep not switched off
-// (ops/kda_prep_path.h).
-bool prep_tc_fits(const Args& a, const void* q, const void* k, const void* v);
-
+// For bf16 tensors on the tensor-core path (ops/kda_prep_path.h: chunk 64, head_k and head_v 64
+// or 128, the switch on); the prepared blocks 16-byte aligned. q, k, v and g may be unaligned
+// (narrower loads then).
 void prep_tc(Context& ctx, const Args& a, const __nv_bfloat16* q, const __nv_bfloat16* k,
              const __nv_bfloat16* v);
 

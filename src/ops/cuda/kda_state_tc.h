@@ -13,8 +13,8 @@ namespace mt::ops::cuda::kda_detail {
 // Chunk 64, head dims multiples of 16 up to 128 (kda_state_tc.cu's tiles).
 bool state_tc_fits(const Args& a);
 
-// Forward: the state pass (S0 of every chunk into `saved`, Delta into the backward blocks' D,
-// the final state into hT), then o = Qh S0 + Aqk Delta for every chunk in parallel.
+// Forward: the state pass (S0 of every chunk into `saved`, the final state into hT), which forms
+// each chunk's o = Qh S0 + Aqk Delta in the same step.
 void forward_state_tc(Context& ctx, const Args& a, __nv_bfloat16* o);
 
 // Backward: Delta, Aqk^T dO and Qh^T dO for every chunk in parallel, then the reverse pass

@@ -124,6 +124,12 @@ __device__ __forceinline__ uint32_t to_tf32(float x) {
   return r;
 }
 
+// A bf16 value as a tf32 operand: exact (bf16's 8-bit significand fits tf32's 11), so operands
+// stored as bf16 (the KDA prepared block's bf16 layout) enter tf32 MMAs without a second rounding.
+__device__ __forceinline__ uint32_t to_tf32(__nv_bfloat16 x) {
+  return static_cast<uint32_t>(__bfloat16_as_ushort(x)) << 16;
+}
+
 // c += a * b.
 __device__ __forceinline__ void mma_tf32(float c[4], const uint32_t a[4], const uint32_t b[2]) {
   asm volatile(
@@ -133,10 +139,10 @@ __device__ __forceinline__ void mma_tf32(float c[4], const uint32_t a[4], const 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// The tf32 A fragment (rows m0 .. m0+15, k0 .. k0+7) of an fp32 matrix in shared memory:
-// A(m, k) = A[m lda + k], or A[k lda + m] when TransA.
-template <bool TransA>
-__device__ __forceinline__ void load_a_tf32(uint32_t a[4], const float* A, int lda, int m0, int k0,
+// The tf32 A fragment (rows m0 .. m0+15, k0 .. k0+7) of an fp32 or bf16 matrix in shared
+// memory: A(m, k) = A[m lda + k], or A[k lda + m] when TransA.
+template <bool TransA, typename TA>
+__device__ __forceinline__ void load_a_tf32(uint32_t a[4], const TA* A, int lda, int m0, int k0,
                                             int lane) {
   const int g = lane >> 2, c = lane & 3;
   const auto at = [&](int m, int k) { return TransA ? A[k * lda + m] : A[m * lda + k]; };
@@ -154,12 +160,12 @@ __device__ __forceinline__ void load_b_tf32(uint32_t b[2], const float* B, int l
   b[1] = to_tf32(B[(k0 + c + 4) * ldb + n0 + g]);
 }
 
-// acc[nt] += A(m0 .. m0+15, k) B(k, n0 + 8 nt .. n0 + 8 nt + 7) over k < kd (a multiple of 8), both
-// operands fp32 in shared memory as load_a_tf32 and load_b_tf32 read them. Conflict-free fragment
-// loads need lda = 4 (mod 32) row-major, lda = 8 or 24 (mod 32) transposed, and ldb = 8 or 24
-// (mod 32).
-template <bool TransA, int NT>
-__device__ __forceinline__ void warp_mma_tf32(float (&acc)[NT][4], const float* A, int lda, int m0,
+// acc[nt] += A(m0 .. m0+15, k) B(k, n0 + 8 nt .. n0 + 8 nt + 7) over k < kd (a multiple of 8), A
+// fp32 or bf16 and B fp32 in shared memory as load_a_tf32 and load_b_tf32 read them.
+// Conflict-free fragment loads need, for fp32 A, lda = 4 (mod 32) row-major and lda = 8 or 24
+// (mod 32) transposed; for bf16 A, lda = 8 (mod 64) either way; and ldb = 8 or 24 (mod 32).
+template <bool TransA, int NT, typename TA>
+__device__ __forceinline__ void warp_mma_tf32(float (&acc)[NT][4], const TA* A, int lda, int m0,
                                               const float* B, int ldb, int n0, int kd, int lane) {
   for (int k0 = 0; k0 < kd; k0 += 8) {
     uint32_t a[4], b[NT][2];
