@@ -245,17 +245,24 @@ struct KdaBenchOptions {
   std::string prepared = "bf16";  // the tensor-core path's prepared layout (ops/kda_prep_path.h)
 };
 
+// Captures `f` into g (core/graph.h); where capture fails, its reason goes to `error_key`.
+bool capture_or_report(Context& ctx, const std::function<void()>& f, OpGraph& g,
+                       const std::string& error_key, nlohmann::json& out) {
+  try {
+    g.capture(ctx, f);
+  } catch (const Error& e) {
+    out[error_key] = e.what();
+    return false;
+  }
+  return true;
+}
+
 // The launches one call of `f` makes (kernel and memset nodes of its CUDA graph, captured and
 // not run), or the capture's error under `key` + "_error".
 void count_launches(Context& ctx, const std::function<void()>& f, const std::string& key,
                     nlohmann::json& out) {
   OpGraph g;
-  try {
-    g.capture(ctx, f);
-  } catch (const Error& e) {
-    out[key + "_error"] = e.what();
-    return;
-  }
+  if (!capture_or_report(ctx, f, g, key + "_error", out)) return;
   out[key] = g.nodes().kernels;
   out[key + "_memsets"] = g.nodes().memsets;
 }
@@ -488,12 +495,7 @@ nlohmann::json bench_routing(Context& ctx, int64_t T, int64_t K, int64_t E, int6
 void time_graph(Context& ctx, const MoeBenchOptions& o, const std::function<void()>& f,
                 const std::string& key, const std::string& launches_key, nlohmann::json& out) {
   OpGraph g;
-  try {
-    g.capture(ctx, f);
-  } catch (const Error& e) {
-    out[key + "_error"] = e.what();
-    return;
-  }
+  if (!capture_or_report(ctx, f, g, key + "_error", out)) return;
   out[key] = mean_ms(ctx, o.warmup, o.iters, [&] { g.replay(ctx); });
   out[launches_key] = g.nodes().kernels;
   out[launches_key + "_memsets"] = g.nodes().memsets;

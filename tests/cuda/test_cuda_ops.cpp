@@ -22,18 +22,17 @@ namespace {
 
 class CudaNorm : public ::testing::TestWithParam<int64_t> {};
 
-TEST_P(CudaNorm, RmsNormForwardBackward) {
-  REQUIRE_GPU();
+// rmsnorm forward and backward over R x D against the CPU; `terms`: dw's sum over the rows.
+void check_rmsnorm(const char* name, int64_t R, int64_t D, int64_t terms = 0) {
   const uint64_t seed = fresh_seed();
   Rng rng(seed);
-  const int64_t R = 257, D = GetParam();
   const ops::NormParams p{.rows = R, .dim = D, .eps = 1e-6f};
   std::vector<In> ins = {{randn(rng, {R, D}, 2.0)},
                          {randn(rng, {D})},
                          {randn(rng, {R, D})},
                          {randn(rng, {D}, 1e-2), false}};
   run_case(
-      "rmsnorm", ins, {"y", "rstd", "dx", "dw"},
+      name, ins, {"y", "rstd", "dx", "dw"},
       [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
         Tensor y = out(c, {R, D}, in[0].dtype()), rstd = out(c, {R}, DType::F32);
         OP(rmsnorm_forward)(c, p, in[0], in[1], y, rstd);
@@ -41,7 +40,12 @@ TEST_P(CudaNorm, RmsNormForwardBackward) {
         OP(rmsnorm_backward)(c, p, in[0], in[1], rstd, in[2], dx, dw);
         return {y, rstd, dx, dw};
       },
-      seed);
+      seed, terms);
+}
+
+TEST_P(CudaNorm, RmsNormForwardBackward) {
+  REQUIRE_GPU();
+  check_rmsnorm("rmsnorm", 257, GetParam());
 }
 
 // More rows than 64-row chunks fit in a grid's y extent (65535): the per-head norms of a long
@@ -49,24 +53,8 @@ TEST_P(CudaNorm, RmsNormForwardBackward) {
 // chunks there.
 TEST(CudaNormLong, RmsNormWeightGradientOverFourMillionRows) {
   REQUIRE_GPU();
-  const uint64_t seed = fresh_seed();
-  Rng rng(seed);
-  const int64_t R = 65535 * 64 + 65, D = 8;
-  const ops::NormParams p{.rows = R, .dim = D, .eps = 1e-6f};
-  std::vector<In> ins = {{randn(rng, {R, D}, 2.0)},
-                         {randn(rng, {D})},
-                         {randn(rng, {R, D})},
-                         {randn(rng, {D}, 1e-2), false}};
-  run_case(
-      "rmsnorm 4M rows", ins, {"dx", "dw"},
-      [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
-        Tensor y = out(c, {R, D}, in[0].dtype()), rstd = out(c, {R}, DType::F32);
-        OP(rmsnorm_forward)(c, p, in[0], in[1], y, rstd);
-        Tensor dx = out(c, {R, D}, in[0].dtype()), dw = like(c, in[3]);
-        OP(rmsnorm_backward)(c, p, in[0], in[1], rstd, in[2], dx, dw);
-        return {dx, dw};
-      },
-      seed, /*reduction_terms=*/R);  // dw sums over every row
+  const int64_t R = 65535 * 64 + 65;
+  check_rmsnorm("rmsnorm 4M rows", R, 8, /*terms=*/R);
 }
 
 TEST_P(CudaNorm, LayerNormForwardBackward) {
