@@ -132,4 +132,35 @@ void indexer_kl_backward(Context& ctx, const Tensor& softmax, const Tensor& targ
            target, indices, dloss, dscores);
 }
 
+bool indexer_scores_kl_fits(int64_t heads, int64_t head_dim, int64_t slots) {
+  if (heads < 1 || heads > 64 || (head_dim != 64 && head_dim != 128)) return false;
+  const int64_t ld = head_dim + 8, hp = (heads + 15) / 16 * 16;
+  return 2 * (hp * ld + 2 * 64 * ld) + 4 * hp + 4 * slots <= IndexerTopkTile::smem_limit;
+}
+
+void indexer_scores_kl(Context& ctx, const IndexerParams& p, const Tensor& q, const Tensor& k,
+                       const Tensor& w, const Tensor& indices, const Tensor& target, double dloss,
+                       Tensor& loss, Tensor& dscores) {
+  check_scores(p, q, k, w, indices);
+  check_table(target, indices, "indexer kl target");
+  if (dscores.defined()) check_table(dscores, indices, "indexer kl dscores");
+  expect_f64_scalar(loss, "indexer kl loss");
+  if (op_device("indexer_scores_kl", {&q, &k, &w, &indices, &target, &loss, &dscores}) ==
+      Device::CUDA) {
+#if MOETRAIN_WITH_CUDA
+    if (cuda::indexer_scores_kl_takes(p, q, k))
+      return cuda::indexer_scores_kl(ctx, p, q, k, w, indices, target, dloss, loss, dscores);
+#else
+    no_cuda_backend("indexer_scores_kl");
+#endif
+  }
+  ArenaScope scope(ctx.workspace());
+  Arena& ws = ctx.workspace();
+  Tensor scores = ws.alloc({p.tokens, p.kmax}, DType::F32),
+         softmax = ws.alloc({p.tokens, p.kmax}, DType::F32);
+  indexer_scores_forward(ctx, p, q, k, w, indices, scores);
+  indexer_kl_forward(ctx, scores, target, indices, softmax, loss);
+  if (dscores.defined()) indexer_kl_backward(ctx, softmax, target, indices, dloss, dscores);
+}
+
 }  // namespace mt::ops

@@ -74,6 +74,19 @@ using IndexerKlBackward = void(Context& ctx, const Tensor& softmax, const Tensor
                                const Tensor& indices, double dloss, Tensor& dscores);
 IndexerKlBackward indexer_kl_backward;
 
+// The sparse stage's KL loss from the indexer's inputs in one call: the scores on the table's
+// slots (indexer_scores_forward), the loss (indexer_kl_forward into loss f64 [1], written) and,
+// when `dscores` is defined, its gradient dloss (softmax - p) / T (indexer_kl_backward), with the
+// same results. On the GPU, bf16 within cuda::indexer_scores_kl_takes runs one kernel per query
+// that keeps the row's scores in shared memory, so that neither the score nor the softmax table
+// ([T, kmax] f32 each) exists; elsewhere the composite through both, in the workspace.
+void indexer_scores_kl(Context& ctx, const IndexerParams& p, const Tensor& q, const Tensor& k,
+                       const Tensor& w, const Tensor& indices, const Tensor& target, double dloss,
+                       Tensor& loss, Tensor& dscores);
+// The fused KL kernel's rule (bf16, on the GPU): up to 64 heads of 64 or 128 dims, the heads' q
+// rows, two 64-slot key tiles and the row's `slots` fp32 scores within one block's shared memory.
+bool indexer_scores_kl_fits(int64_t heads, int64_t head_dim, int64_t slots);
+
 // The backends' bodies, called by the entries above once they validated: ops/cpu/indexer.cpp, and
 // ops/cuda/indexer.cu in CUDA builds.
 namespace cpu {
@@ -88,6 +101,12 @@ namespace cuda {
 void indexer_causal_topk(Context& ctx, const IndexerParams& p, const Tensor& cu_seqlens,
                          const Tensor& q, const Tensor& k, const Tensor& w, int64_t topk,
                          Tensor& out);
+// The fused KL (ops/cuda/indexer_tc.cu): bf16 within the tensor-core scores' shapes, with the
+// row's kmax fp32 scores within the shared memory.
+bool indexer_scores_kl_takes(const IndexerParams& p, const Tensor& q, const Tensor& k);
+void indexer_scores_kl(Context& ctx, const IndexerParams& p, const Tensor& q, const Tensor& k,
+                       const Tensor& w, const Tensor& indices, const Tensor& target, double dloss,
+                       Tensor& loss, Tensor& dscores);
 IndexerScoresForward indexer_scores_forward;
 IndexerScoresBackward indexer_scores_backward;
 TopkSelect topk_select;

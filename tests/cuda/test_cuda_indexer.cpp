@@ -4,8 +4,10 @@
 // its gradient. Without a GPU every test skips, saying so.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "core/seq_info.h"
 #include "harness/gpu_check.h"
@@ -43,14 +45,44 @@ Tensor random_table(Rng& rng, const std::vector<int64_t>& lengths, int64_t K,
   return t;
 }
 
+// The DSA layer's table after the selection: per row min(K, causal keys) distinct positions of its
+// document in increasing order (a random subset where there are more), then -1.
+Tensor selection_table(Rng& rng, const std::vector<int64_t>& lengths, int64_t K) {
+  int64_t T = 0;
+  for (int64_t l : lengths) T += l;
+  Tensor t = Tensor::empty({T, K}, DType::I32);
+  int32_t* p = t.i32();
+  std::vector<int32_t> pool;
+  int64_t b = 0;
+  for (int64_t l : lengths) {
+    for (int64_t r = b; r < b + l; ++r) {
+      pool.clear();
+      for (int64_t s = b; s <= r; ++s) pool.push_back(static_cast<int32_t>(s));
+      const int64_t n = std::min<int64_t>(K, static_cast<int64_t>(pool.size()));
+      for (int64_t i = 0; i < n; ++i)
+        std::swap(pool[i], pool[i + rng.below(static_cast<int64_t>(pool.size()) - i)]);
+      std::sort(pool.begin(), pool.begin() + n);
+      for (int64_t j = 0; j < K; ++j) p[r * K + j] = j < n ? pool[j] : -1;
+    }
+    b += l;
+  }
+  return t;
+}
+
+// `zero_every` > 0 zeroes every such (query, head) q row and key row, so that q . k is exactly 0
+// (ReLU's tie: no score, no gradient) on both devices.
 void check_scores(const char* name, const ops::IndexerParams& p, Tensor table, uint64_t seed,
-                  Rng& rng) {
+                  Rng& rng, int64_t zero_every = 0) {
   const int64_t T = p.tokens, H = p.heads, D = p.head_dim, K = p.kmax;
-  std::vector<In> ins = {{randn(rng, {T, H, D})},
-                         {randn(rng, {T, D})},
-                         {randn(rng, {T, H})},
-                         {table, false},
-                         {randn(rng, {T, K}), false}};
+  Tensor q = randn(rng, {T, H, D}), k = randn(rng, {T, D});
+  if (zero_every > 0) {
+    for (int64_t r = 0; r < T * H; r += zero_every)
+      for (int64_t d = 0; d < D; ++d) q.f32()[r * D + d] = 0.f;
+    for (int64_t s = 1; s < T; s += zero_every)
+      for (int64_t d = 0; d < D; ++d) k.f32()[s * D + d] = 0.f;
+  }
+  std::vector<In> ins = {
+      {q}, {k}, {randn(rng, {T, H})}, {table, false}, {randn(rng, {T, K}), false}};
   run_case(
       name, ins, {"scores", "dq", "dk", "dw"},
       [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
@@ -87,6 +119,119 @@ TEST(CudaIndexer, ScoresLarger) {
   Rng rng(seed);
   check_scores("scores larger", {.tokens = 1000, .heads = 8, .head_dim = 64, .kmax = 64},
                random_table(rng, {700, 300}, 64), seed, rng);
+}
+
+// bf16 with up to 64 heads of 64 or 128 dims runs the tensor-core kernels (indexer_tc.cu): the
+// benchmark layer's shape on the selection's tables, DeepSeek-V3.2's 64 x 128, head counts off the
+// 16-row MMA groups, tables off the 64-slot tile, unused slots, varlen, and exact ReLU zeros.
+TEST(CudaIndexer, ScoresTensorCoreBenchShape) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  check_scores("tc 8x64 top-2048", {.tokens = 3000, .heads = 8, .head_dim = 64, .kmax = 2048},
+               selection_table(rng, {3000}, 2048), seed, rng);
+}
+
+TEST(CudaIndexer, ScoresTensorCoreOddShapes) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  check_scores("tc 64x128 varlen", {.tokens = 301, .heads = 64, .head_dim = 128, .kmax = 200},
+               selection_table(rng, {150, 151}, 200), seed, rng);
+  check_scores("tc 24x128 sparse", {.tokens = 333, .heads = 24, .head_dim = 128, .kmax = 77},
+               random_table(rng, {200, 133}, 77, 19), seed, rng);
+  check_scores("tc 5x64 sparse", {.tokens = 190, .heads = 5, .head_dim = 64, .kmax = 130},
+               random_table(rng, {100, 1, 89}, 130, 13), seed, rng);
+  check_scores("tc 17x64 selection", {.tokens = 257, .heads = 17, .head_dim = 64, .kmax = 64},
+               selection_table(rng, {257}, 64), seed, rng);
+}
+
+TEST(CudaIndexer, ScoresTensorCoreReluTies) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  check_scores("tc ties 8x64", {.tokens = 500, .heads = 8, .head_dim = 64, .kmax = 128},
+               selection_table(rng, {260, 240}, 128), seed, rng, 3);
+  check_scores("tc ties 2x128", {.tokens = 300, .heads = 2, .head_dim = 128, .kmax = 96},
+               random_table(rng, {300}, 96, 7), seed, rng, 2);
+}
+
+// The KL loss from the indexer's inputs in one call (ops::indexer_scores_kl): on the GPU in bf16
+// the fused kernel, its row's scores in shared memory, against the CPU's composite; f32 runs the
+// composite on the GPU too.
+void check_scores_kl(const char* name, const ops::IndexerParams& p, Tensor table, uint64_t seed,
+                     Rng& rng) {
+  const int64_t T = p.tokens, H = p.heads, D = p.head_dim, K = p.kmax;
+  Tensor target = Tensor::empty({T, K});
+  for (int64_t i = 0; i < target.numel(); ++i)
+    target.f32()[i] = static_cast<float>(rng.uniform(0.0, 3.0));
+  for (int64_t t = 5; t < T; t += 23)  // rows with a zero target contribute nothing
+    for (int64_t j = 0; j < K; ++j) target.f32()[t * K + j] = 0.f;
+  std::vector<In> ins = {{randn(rng, {T, H, D})},
+                         {randn(rng, {T, D})},
+                         {randn(rng, {T, H}, 0.5)},
+                         {table, false},
+                         {target, false}};
+  const double dloss = 0.7;
+  run_case(
+      name, ins, {"loss", "dscores", "loss (no gradient)"},
+      [&](Context& c, const std::vector<Tensor>& in, bool) -> std::vector<Tensor> {
+        Tensor ds = out(c, {T, K}, DType::F32), kl = out(c, {1}, DType::F64),
+               kl2 = out(c, {1}, DType::F64), none;
+        ops::indexer_scores_kl(c, p, in[0], in[1], in[2], in[3], in[4], dloss, kl, ds);
+        ops::indexer_scores_kl(c, p, in[0], in[1], in[2], in[3], in[4], dloss, kl2, none);
+        Tensor loss = Tensor::empty({1}), loss2 = Tensor::empty({1});
+        loss.f32()[0] = static_cast<float>(read_scalar(kl));
+        loss2.f32()[0] = static_cast<float>(read_scalar(kl2));
+        return {like(c, loss), ds, like(c, loss2)};
+      },
+      seed);
+}
+
+TEST(CudaIndexer, ScoresKlFused) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  check_scores_kl("kl fused 8x64 top-2048",
+                  {.tokens = 2500, .heads = 8, .head_dim = 64, .kmax = 2048},
+                  selection_table(rng, {2500}, 2048), seed, rng);
+  check_scores_kl("kl fused 64x128 varlen",
+                  {.tokens = 211, .heads = 64, .head_dim = 128, .kmax = 150},
+                  selection_table(rng, {100, 111}, 150), seed, rng);
+  check_scores_kl("kl fused 3x64 sparse", {.tokens = 190, .heads = 3, .head_dim = 64, .kmax = 70},
+                  random_table(rng, {100, 90}, 70, 11), seed, rng);
+}
+
+// The backward has one writer per output and a fixed order: two runs agree bit for bit.
+TEST(CudaIndexer, ScoresBackwardRepeatable) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(cat("seed=", seed));
+  Rng rng(seed);
+  const ops::IndexerParams p{.tokens = 1500, .heads = 8, .head_dim = 64, .kmax = 512};
+  Context gpu(ContextOptions{.device = Device::CUDA, .seed = seed});
+  auto dev = [&](const Tensor& h) {
+    Tensor d = Tensor::empty(h.shape(), DType::BF16, Device::CUDA);
+    d.copy_from(h);
+    return d;
+  };
+  const Tensor q = dev(randn(rng, {p.tokens, p.heads, p.head_dim})),
+               k = dev(randn(rng, {p.tokens, p.head_dim})),
+               w = dev(randn(rng, {p.tokens, p.heads}));
+  const Tensor idx = like(gpu, selection_table(rng, {p.tokens}, p.kmax));
+  const Tensor g = like(gpu, randn(rng, {p.tokens, p.kmax}));
+  std::vector<std::vector<uint8_t>> first;
+  for (int run = 0; run < 2; ++run) {
+    Tensor dq = out(gpu, q.shape(), DType::BF16), dk = out(gpu, k.shape(), DType::BF16),
+           dw = out(gpu, w.shape(), DType::BF16);
+    ops::indexer_scores_backward(gpu, p, q, k, w, idx, g, dq, dk, dw);
+    gpu.synchronize();
+    const std::vector<std::vector<uint8_t>> b = {host_bytes(dq), host_bytes(dk), host_bytes(dw)};
+    if (run == 0)
+      first = b;
+    else
+      for (size_t i = 0; i < b.size(); ++i) EXPECT_TRUE(b[i] == first[i]) << "output " << i;
+  }
 }
 
 // The GPU's selection equals the CPU's exactly.

@@ -1,14 +1,17 @@
-// The lightning indexer on the GPU, the direct version. Scores: one block per query holds the
-// query's heads in shared memory; each warp takes one slot at a time and reduces q_h . k_s over
-// the head dimension. Backward: dq/dw per (query, head), dk per key through the transposed index
-// table (index_lists.cuh), each output row with one writer and a fixed summation order. Scores,
-// their gradients, targets and the KL softmax are f32; q, k, w and their gradients are the op's
-// storage type. top-k is a per-row radix select over (score, position) keys read tile by tile from
-// the score table, so it needs no buffer of the row beyond a histogram and the selected positions.
+// The lightning indexer on the GPU, the direct version (bf16 with up to 64 heads of 64 or 128
+// dims runs ops/cuda/indexer_tc.cu's tensor-core kernels instead: indexer_scores_tc_takes). Scores:
+// one block per query holds the query's heads in shared memory; each warp takes one slot at a time
+// and reduces q_h . k_s over the head dimension. Backward: dq/dw per (query, head), dk per key
+// through the transposed index table (index_lists.cuh), each output row with one writer and a fixed
+// summation order. Scores, their gradients, targets and the KL softmax are f32; q, k, w and their
+// gradients are the op's storage type. top-k is a per-row radix select over (score, position) keys
+// read tile by tile from the score table, so it needs no buffer of the row beyond a histogram and
+// the selected positions.
 #include <algorithm>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/index_lists.cuh"
+#include "ops/cuda/indexer_tc.h"
 #include "ops/indexer.h"
 
 namespace mt::ops::cuda {
@@ -315,6 +318,8 @@ void indexer_scores_forward(Context& ctx, const IndexerParams& p, const Tensor& 
   expect_same_dtype(op, q, w, "w");
   expect_f32(op, scores, "scores");
   if (p.tokens == 0 || p.kmax == 0) return;
+  if (indexer_scores_tc_takes(p, q, k))
+    return indexer_scores_forward_tc(ctx, p, q, k, w, indices, scores);
   const int64_t H = p.heads, D = p.head_dim;
   MT_DISPATCH_FLOAT(q, op, {
     auto kernel = scores_fwd_kernel<T>;
@@ -346,6 +351,8 @@ void indexer_scores_backward(Context& ctx, const IndexerParams& p, const Tensor&
   expect_f32(op, dscores, "dscores");
   const int64_t NT = p.tokens, H = p.heads, D = p.head_dim, K = p.kmax;
   if (NT == 0) return;
+  if (indexer_scores_tc_takes(p, q, k))
+    return indexer_scores_backward_tc(ctx, p, q, k, w, indices, dscores, dq, dk, dw);
   const float scale = p.eff_scale();
   const int32_t* idx = ptr<int32_t>(indices);
   ArenaScope scope(ctx.workspace());
