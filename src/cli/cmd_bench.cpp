@@ -102,9 +102,13 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
   SeqInfo seq = SeqInfo::uniform(1, T);
   seq.cu_seqlens = seq.cu_seqlens.to(Device::CUDA);
   seq.positions = seq.positions.to(Device::CUDA);
+  // The absorbed form (below) never forms per-head keys and values: only the per-head layout
+  // allocates k, v and their gradients.
+  const bool absorbed = o.kv_rank > 0 && Hk == H;
+  const int64_t kv_tokens = absorbed ? 0 : T;
   Tensor q = random_device({T, H, o.qk_dim}, bf, rng),
-         k = random_device({T, Hk, o.qk_dim}, bf, rng),
-         v = random_device({T, Hk, o.v_dim}, bf, rng),
+         k = random_device({kv_tokens, Hk, o.qk_dim}, bf, rng),
+         v = random_device({kv_tokens, Hk, o.v_dim}, bf, rng),
          dout = random_device({T, H, o.v_dim}, bf, rng);
   Tensor out_o = Tensor::empty({T, H, o.v_dim}, bf, Device::CUDA),
          lse = Tensor::empty({T, H}, DType::F32, Device::CUDA);
@@ -114,11 +118,9 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
   Tensor qi = random_device({T, HI, DI}, bf, rng), ki = random_device({T, DI}, bf, rng),
          wi = random_device({T, HI}, bf, rng, 1 / std::sqrt(static_cast<double>(HI)));
   Tensor idx = Tensor::empty({T, K}, DType::I32, Device::CUDA);
-  // The KL loss's tensors: the layer saves dscores, the rest is its forward's workspace.
-  Tensor target = Tensor::empty({T, K}, DType::F32, Device::CUDA),
-         softmax = Tensor::empty({T, K}, DType::F32, Device::CUDA),
-         scores = Tensor::empty({T, K}, DType::F32, Device::CUDA),
-         dscores = Tensor::empty({T, K}, DType::F32, Device::CUDA),
+  // The KL loss: the layer saves dscores; the target (and, off the fused kernel, the scores and
+  // softmax) is its forward's workspace, as here (kl_fwd).
+  Tensor dscores = Tensor::empty({T, K}, DType::F32, Device::CUDA),
          loss = Tensor::empty({1}, DType::F64, Device::CUDA);
   Tensor dqi = Tensor::empty(qi.shape(), bf, Device::CUDA),
          dki = Tensor::empty(ki.shape(), bf, Device::CUDA),
@@ -143,7 +145,6 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
     ops::attention_backward(ctx, ap, q, k, v, idx, out_o, lse, dout, dq, dk, dv);
   };
   // The absorbed form, as MlaLayer::absorbed_forward / absorbed_backward run it.
-  const bool absorbed = o.kv_rank > 0 && Hk == H;
   const MlaAbsorbDims ad{.heads = H,
                          .nope = o.qk_dim - o.rope_dim,
                          .rope = o.rope_dim,
@@ -178,15 +179,16 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
     };
     r["allocated_gib"] = used_gib() - base;
   }
+  // As DsaLayer::after_attention: the target in the workspace, then scores, loss and the score
+  // gradient (formed in forward) in one call.
   auto kl_fwd = [&] {
+    ArenaScope scope(ctx.workspace());
+    Tensor target = ctx.workspace().alloc({T, K}, DType::F32);
     if (absorbed)
       ops::sparse_mqa_prob_sum(ctx, mp, qa, kvl, idx, lse, target);
     else
       ops::attention_prob_sum(ctx, ap, q, k, idx, lse, target);
-    ops::indexer_scores_forward(ctx, sp, qi, ki, wi, idx, scores);
-    ops::indexer_kl_forward(ctx, scores, target, idx, softmax, loss);
-    // The layer forms the score gradient in forward (DsaLayer::after_attention).
-    ops::indexer_kl_backward(ctx, softmax, target, idx, 1.0, dscores);
+    ops::indexer_scores_kl(ctx, sp, qi, ki, wi, idx, target, 1.0, loss, dscores);
   };
   auto kl_bwd = [&] {
     ops::indexer_scores_backward(ctx, sp, qi, ki, wi, idx, dscores, dqi, dki, dwi);
@@ -233,6 +235,14 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
     kl_bwd();
   });
   r["device_used_gib"] = used_gib() - base;
+  // What the layer really holds at its peak: the tensors above (inputs, saved activations,
+  // outputs and gradients, allocated outright) plus the workspace arena's high-water mark, not its
+  // nominal size (workspace_gib, part of allocated_gib).
+  const double gib = static_cast<double>(1 << 30);
+  r["tensors_gib"] = r["allocated_gib"].get<double>() - o.workspace_gib;
+  r["workspace_peak_gib"] = static_cast<double>(ctx.workspace().peak()) / gib;
+  r["layer_peak_gib"] = r["tensors_gib"].get<double>() + r["workspace_peak_gib"].get<double>();
+  r["kl_path"] = ops::indexer_scores_kl_fits(HI, DI, K) ? "fused" : "composite";
   return r;
 }
 

@@ -149,17 +149,18 @@ void DsaLayer::after_attention(Context& ctx, const SeqInfo& seq, Arena& acts, Ml
   if (coeff != 0.f) s.dscores = acts.alloc({T, slots}, DType::F32);
   ArenaScope scope(ctx.workspace());
   Arena& ws = ctx.workspace();
-  Tensor target = ws.alloc({T, slots}, DType::F32), softmax = ws.alloc({T, slots}, DType::F32);
+  Tensor target = ws.alloc({T, slots}, DType::F32);
   if (s.absorbed)
     ops::sparse_mqa_prob_sum(ctx, mqa_params(T, slots), s.qa, s.kvl, s.idx, s.lse, target);
   else
     ops::attention_prob_sum(ctx, attn_params(T, slots), s.q, s.k, s.idx, s.lse, target);
-  Tensor scores = ws.alloc({T, slots}, DType::F32);
-  ops::indexer_scores_forward(ctx, {.tokens = T, .heads = HI, .head_dim = DI, .kmax = slots},
-                              s.qi.view({T, HI, DI}), s.kn, s.wts, s.idx, scores);
   ensure_scalar(kl_.value, ctx.device());
-  ops::indexer_kl_forward(ctx, scores, target, s.idx, softmax, kl_.value);
-  if (coeff != 0.f) ops::indexer_kl_backward(ctx, softmax, target, s.idx, coeff, s.dscores);
+  // Scores, softmax, loss and gradient in one call: on the GPU one kernel per query row, with no
+  // score or softmax table.
+  Tensor none;
+  ops::indexer_scores_kl(ctx, {.tokens = T, .heads = HI, .head_dim = DI, .kmax = slots},
+                         s.qi.view({T, HI, DI}), s.kn, s.wts, s.idx, target, coeff, kl_.value,
+                         coeff != 0.f ? s.dscores : none);
 }
 
 void DsaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx,

@@ -336,8 +336,13 @@ double mixer_scratch(const ModelConfig& cfg, MixerKind k, int64_t T, int64_t max
                                  ops::indexer_topk_fits(s.index_heads, s.index_head_dim);
     if (!s.dense_warmup && !fused_selection)
       fwd = std::max(fwd, 2 * fp32(T * static_cast<double>(max_doc)) / act);
-    // The KL's target, softmax and scores (fp32: counted twice).
-    fwd = std::max(fwd, fp32(T * slots) * 6);
+    // The KL's target, softmax and scores (fp32: counted twice); the GPU's fused KL (bf16 within
+    // indexer_scores_kl_fits, ops/cuda/indexer_tc.cu) keeps only the target.
+    const bool fused_kl =
+        device == Device::CUDA && act < 1 &&
+        ops::indexer_scores_kl_fits(s.index_heads, s.index_head_dim, static_cast<int64_t>(slots));
+    const double kl_tables = fp32(T * slots) * (fused_kl ? 2 : 6);
+    fwd = std::max(fwd, kl_tables);
     // After MLA backward has released its scratch: dscores, dqi, dkn, dw, dki.
     bwd = std::max(bwd, fp32(T * slots) + fp32(T * HI * DI) + fp32(T * DI) * 2 + fp32(T * HI));
     // The absorbed sparse stage (MlaLayer::absorbs): dout, gate grads, dq, dcn, dckv, dkpe, then
@@ -349,7 +354,7 @@ double mixer_scratch(const ModelConfig& cfg, MixerKind k, int64_t T, int64_t max
       double abs_bwd = fp32(T * H * Dv) * (m.output_gate ? 3 : 1) + fp32(T * H * Dqk) +
                        fp32(T * kvr) * 2 + fp32(T * (kvr + rope)) * 4 + fp32(T * rope) +
                        fp32(T * H * kvr) + fp32(T * H * (kvr + rope)) * 2;
-      double abs_fwd = fp32(T * H * (kvr + rope)) + fp32(T * slots) * 6;
+      double abs_fwd = fp32(T * H * (kvr + rope)) + kl_tables;
       if (m.lora.rank > 0) {
         const double out = H * (static_cast<double>(m.qk_nope_dim) + Dv),
                      r = static_cast<double>(m.lora.rank);
