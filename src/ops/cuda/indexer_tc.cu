@@ -69,6 +69,14 @@ __device__ __forceinline__ void stage_heads(bf16* Qs, const bf16* qt, int h0, in
   }
 }
 
+// Whether any of this warp's 16 slots j0 .. j0 + 15 is used (warp-uniform): the upper triangle of
+// a causal candidate table (the composite selection's) skips its products.
+__device__ __forceinline__ bool warp_slots_used(const int32_t* row, int64_t j0, int64_t K,
+                                                int64_t tokens, int lane) {
+  const int64_t j = j0 + (lane & 15);
+  return __any_sync(0xffffffffu, j < K && valid_slot(row[j], tokens));
+}
+
 // S (16 heads of rows r0.. of Qs x this warp's 16 slots of Ks) into two C tiles: s[j] holds slots
 // 16 wp + 8 j .. + 7.
 template <int DP>
@@ -177,7 +185,8 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();  // tile it (and, first, the q rows and weights) landed for every thread
     const bf16* Ks = Kb + (it & 1) * kSlots * LD;
     float acc[2][2] = {};
-    for (int hg = 0; hg < HP; hg += 16) {
+    const bool used = warp_slots_used(row, it * kSlots + 16 * wp, K, tokens, lane);
+    for (int hg = 0; used && hg < HP; hg += 16) {
       float s[2][4];
       head_slot_product<DP>(s, Qs, hg, Ks, wp, lane);
       const float w0 = Ws[hg + g], w1 = Ws[hg + g + 8];
@@ -256,29 +265,31 @@ __global__ void __launch_bounds__(kThreads)
     mma::cp_async_wait<1>();
     __syncthreads();
     const bf16* Ks = Kb + (it & 1) * kSlots * LD;
-    float s[2][4];
-    head_slot_product<DP>(s, Qs, 0, Ks, wp, lane);
-    // G (rows heads g, g + 8; columns this lane's slots) and its bf16 high / low parts.
-    float hi[2][4], lo[2][4];
+    if (warp_slots_used(row, it * kSlots + 16 * wp, K, tokens, lane)) {
+      float s[2][4];
+      head_slot_product<DP>(s, Qs, 0, Ks, wp, lane);
+      // G (rows heads g, g + 8; columns this lane's slots) and its bf16 high / low parts.
+      float hi[2][4], lo[2][4];
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
+      for (int j = 0; j < 2; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float gv = gk[j][e & 1];
-        dwa[e >> 1] += gv * fmaxf(s[j][e], 0.f);
-        const float G = s[j][e] > 0.f ? gv : 0.f;
-        hi[j][e] = __bfloat162float(__float2bfloat16(G));
-        lo[j][e] = G - hi[j][e];
+        for (int e = 0; e < 4; ++e) {
+          const float gv = gk[j][e & 1];
+          dwa[e >> 1] += gv * fmaxf(s[j][e], 0.f);
+          const float G = s[j][e] > 0.f ? gv : 0.f;
+          hi[j][e] = __bfloat162float(__float2bfloat16(G));
+          lo[j][e] = G - hi[j][e];
+        }
+      uint32_t ah[4], al[4];
+      mma::c_to_a(ah, hi[0], hi[1]);
+      mma::c_to_a(al, lo[0], lo[1]);
+#pragma unroll
+      for (int nt = 0; nt < DP / 8; ++nt) {
+        uint32_t b[2];
+        mma::load_b_kn(b, Ks, LD, 16 * wp, 8 * nt, lane);
+        mma::mma_bf16(dqa[nt], ah, b);
+        mma::mma_bf16(dqa[nt], al, b);
       }
-    uint32_t ah[4], al[4];
-    mma::c_to_a(ah, hi[0], hi[1]);
-    mma::c_to_a(al, lo[0], lo[1]);
-#pragma unroll
-    for (int nt = 0; nt < DP / 8; ++nt) {
-      uint32_t b[2];
-      mma::load_b_kn(b, Ks, LD, 16 * wp, 8 * nt, lane);
-      mma::mma_bf16(dqa[nt], ah, b);
-      mma::mma_bf16(dqa[nt], al, b);
     }
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
