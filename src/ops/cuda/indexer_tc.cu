@@ -13,13 +13,15 @@
 //   columns slots) goes straight from the accumulators into the A fragment of dQ = G K, split
 //   into a bf16 high and low part (two products) so that the gradient keeps about 16 bits of g,
 //   not the 8 of one bf16 rounding. scale w[t, h] is applied per row at the end; the four warps'
-//   partial dq meet in shared memory in a fixed order.
+//   partial dq meet in shared memory in a fixed order. It also writes, per slot and group of 16
+//   heads, the bits of the heads with S > 0 (2 bytes a slot up to 16 heads, workspace).
 // - dk: one block per key through the transposed index table (index_lists.cuh), as the direct
 //   kernel, but with 16-byte loads: DP / 8 lanes share one (query, head) row of q, so a warp
-//   reads 512 contiguous bytes of a query's heads per load, recomputes q . k by shuffles and
-//   adds w g q where it is positive. Every output has one writer and a fixed summation order
-//   (bit-repeatable, no float atomics). Its cost is the q rows it reads (entries x heads x head
-//   dim x 2 bytes, from L2 at 8K: q is 8 MB).
+//   reads 512 contiguous bytes of a query's heads per load, and only the rows whose bit says
+//   q . k > 0 (no dot product recomputed; the same indicator as dq's), adding w g q. Every output
+//   has one writer and a fixed summation order (bit-repeatable, no float atomics). Its cost is
+//   the q rows it reads (positive (entry, head) pairs x head dim x 2 bytes, from L2 at 8K: q is
+//   8 MB).
 #include <algorithm>
 
 #include "ops/cuda/index_lists.cuh"
@@ -231,7 +233,7 @@ template <int DP>
 __global__ void __launch_bounds__(kThreads)
     scores_bwd_dq_tc_kernel(int64_t tokens, int H, int64_t K, float scale, const bf16* q,
                             const bf16* k, const bf16* w, const int32_t* idx, const float* dscores,
-                            bf16* dq, bf16* dw) {
+                            bf16* dq, bf16* dw, uint16_t* pos) {
   constexpr int LD = DP + kPad;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Qs = reinterpret_cast<bf16*>(smem);   // [16][LD]
@@ -268,6 +270,17 @@ __global__ void __launch_bounds__(kThreads)
     if (warp_slots_used(row, it * kSlots + 16 * wp, K, tokens, lane)) {
       float s[2][4];
       head_slot_product<DP>(s, Qs, 0, Ks, wp, lane);
+      // Which of the 16 heads have q . k > 0, per slot: the dk kernel's indicator, so that it
+      // neither recomputes q . k nor reads the q rows of the others.
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          uint32_t bits = (s[j][e] > 0.f ? 1u << g : 0u) | (s[j][e + 2] > 0.f ? 1u << (g + 8) : 0u);
+          for (int o = 4; o < 32; o <<= 1) bits |= __shfl_xor_sync(0xffffffffu, bits, o);
+          const int64_t jj = it * kSlots + 16 * wp + 8 * j + 2 * c + e;
+          if (g == 0 && jj < K) pos[(t * K + jj) * gridDim.y + blockIdx.y] = bits;
+        }
       // G (rows heads g, g + 8; columns this lane's slots) and its bf16 high / low parts.
       float hi[2][4], lo[2][4];
 #pragma unroll
@@ -343,12 +356,13 @@ __device__ __forceinline__ void unpack8(float (&f)[8], const uint4& v) {
   }
 }
 
-// dk[s] = scale sum_{(t, j) -> s} g_tj sum_h w_th 1[q_th . k_s > 0] q_th, one block per key.
+// dk[s] = scale sum_{(t, j) -> s} g_tj sum_h w_th 1[q_th . k_s > 0] q_th, one block per key; the
+// indicator comes from the dq kernel's bits `pos` ([T, kmax, head groups] u16, bit h % 16).
 template <int DP>
 __global__ void __launch_bounds__(kThreads)
-    scores_bwd_dk_vec_kernel(int H, int64_t K, float scale, const bf16* q, const bf16* k,
-                             const bf16* w, const float* dscores, const int32_t* offsets,
-                             const int32_t* entries, bf16* dk) {
+    scores_bwd_dk_vec_kernel(int H, int64_t K, float scale, const bf16* q, const bf16* w,
+                             const float* dscores, const uint16_t* pos, int groups,
+                             const int32_t* offsets, const int32_t* entries, bf16* dk) {
   constexpr int L = DP / 8;  // lanes per (query, head) row: 8 dims each
   constexpr int R = 32 / L;  // rows per warp and load
   constexpr int U = 4;       // loads in flight per lane
@@ -356,38 +370,32 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float red[kWarps][DP];
   const int64_t s = blockIdx.x;
   const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, sub = lane % L, rg = lane / L;
-  float kv[8];
-  unpack8(kv, *reinterpret_cast<const uint4*>(k + s * DP + 8 * sub));
   float acc[8] = {};
   const int64_t e0 = offsets[s], pairs = static_cast<int64_t>(offsets[s + 1] - e0) * H;
-  // Warp-uniform trip count: the shuffles below need every lane.
   for (int64_t base = static_cast<int64_t>(wp) * R; base < pairs; base += step * U) {
     uint4 qv[U];
     float cf[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t pi = base + u * step + rg;
+      qv[u] = make_uint4(0u, 0u, 0u, 0u);
+      cf[u] = 0.f;
       if (pi < pairs) {
-        const int64_t e = entries[e0 + pi / H], th = (e / K) * H + pi % H;
-        qv[u] = *reinterpret_cast<const uint4*>(q + th * DP + 8 * sub);
-        cf[u] = dscores[e] * __bfloat162float(w[th]);
-      } else {
-        qv[u] = make_uint4(0u, 0u, 0u, 0u);
-        cf[u] = 0.f;
+        const int64_t e = entries[e0 + pi / H];
+        const int h = static_cast<int>(pi % H);
+        if ((pos[e * groups + h / 16] >> (h % 16)) & 1u) {
+          const int64_t th = (e / K) * H + h;
+          qv[u] = *reinterpret_cast<const uint4*>(q + th * DP + 8 * sub);
+          cf[u] = dscores[e] * __bfloat162float(w[th]);
+        }
       }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       float qf[8];
       unpack8(qf, qv[u]);
-      float a = 0.f;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) a += qf[i] * kv[i];
-#pragma unroll
-      for (int o = L / 2; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-      if (a > 0.f)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[i] += cf[u] * qf[i];
+      for (int i = 0; i < 8; ++i) acc[i] += cf[u] * qf[i];
     }
   }
 #pragma unroll
@@ -436,22 +444,26 @@ void backward_as(Context& ctx, const IndexerParams& p, const Tensor& q, const Te
   const int64_t NT = p.tokens, H = p.heads, K = p.kmax;
   const float scale = p.eff_scale();
   const int32_t* idx = ptr<int32_t>(indices);
+  const int64_t groups = (H + 15) / 16;
+  ArenaScope scope(ctx.workspace());
+  // 16-bit words (no u16 dtype): per slot and head group, which heads have q . k > 0.
+  Tensor pos = ctx.workspace().alloc({std::max<int64_t>(NT * K * groups, 1)}, DType::BF16);
+  uint16_t* pp = reinterpret_cast<uint16_t*>(pos.raw());
   auto k1 = scores_bwd_dq_tc_kernel<DP>;
   const size_t sm1 =
       smem_for(k1,
                static_cast<size_t>(2 * 16 * LD +
                                    std::max<int64_t>(2 * 2 * kSlots * LD, 4 * kWarps * 16 * DP)),
                op);
-  const dim3 grid1(grid_of(NT, op), static_cast<unsigned>((H + 15) / 16));
+  const dim3 grid1(grid_of(NT, op), static_cast<unsigned>(groups));
   k1<<<grid1, kThreads, sm1, stream(ctx)>>>(NT, static_cast<int>(H), K, scale, ptr<bf16>(q),
                                             ptr<bf16>(k), ptr<bf16>(w), idx, ptr<float>(dscores),
-                                            ptr<bf16>(dq), ptr<bf16>(dw));
+                                            ptr<bf16>(dq), ptr<bf16>(dw), pp);
   MT_CUDA_LAUNCH_CHECK();
-  ArenaScope scope(ctx.workspace());
   const DeviceKeyLists kl = build_device_key_lists(ctx, idx, NT, K, op);
   scores_bwd_dk_vec_kernel<DP><<<grid_of(NT, op), kThreads, 0, stream(ctx)>>>(
-      static_cast<int>(H), K, scale, ptr<bf16>(q), ptr<bf16>(k), ptr<bf16>(w), ptr<float>(dscores),
-      kl.offsets, kl.entries, ptr<bf16>(dk));
+      static_cast<int>(H), K, scale, ptr<bf16>(q), ptr<bf16>(w), ptr<float>(dscores), pp,
+      static_cast<int>(groups), kl.offsets, kl.entries, ptr<bf16>(dk));
   MT_CUDA_LAUNCH_CHECK();
 }
 
