@@ -343,8 +343,18 @@ double mixer_scratch(const ModelConfig& cfg, MixerKind k, int64_t T, int64_t max
         ops::indexer_scores_kl_fits(s.index_heads, s.index_head_dim, static_cast<int64_t>(slots));
     const double kl_tables = fp32(T * slots) * (fused_kl ? 2 : 6);
     fwd = std::max(fwd, kl_tables);
-    // After MLA backward has released its scratch: dscores, dqi, dkn, dw, dki.
-    bwd = std::max(bwd, fp32(T * slots) + fp32(T * HI * DI) + fp32(T * DI) * 2 + fp32(T * HI));
+    // After MLA backward has released its scratch: dscores, dqi, dkn, dw, dki. On the GPU the
+    // key gradient's transposed index table (two i32 buffers a slot) and, on the tensor-core path
+    // (ops/cuda/indexer_tc.cu), the heads' q . k > 0 bits (u16 a slot and 16-head group) take
+    // their sizes whatever the activation dtype.
+    double index_bwd = fp32(T * slots) + fp32(T * HI * DI) + fp32(T * DI) * 2 + fp32(T * HI);
+    if (device == Device::CUDA) {
+      const bool tc =
+          act < 1 && s.index_heads <= 64 && (s.index_head_dim == 64 || s.index_head_dim == 128);
+      const double groups = std::ceil(HI / 16);
+      index_bwd += (fp32(T * slots) * 2 + (tc ? fp32(T * slots * groups / 2) : 0)) / act;
+    }
+    bwd = std::max(bwd, index_bwd);
     // The absorbed sparse stage (MlaLayer::absorbs): dout, gate grads, dq, dcn, dckv, dkpe, then
     // dol, dqa, dkvl and the CUDA kernel's fp32 key-gradient sum (counted twice: it stays fp32)
     // in place of dk, dv and dkv, and qa rebuilt. A LoRA adapter on kv_b_proj adds W_eff,
