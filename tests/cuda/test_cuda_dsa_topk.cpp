@@ -136,6 +136,10 @@ TEST(CudaDsaTopk, FallbackPathsMatchToo) {
           DType::F32);
   compare("64 x 128 (past the shared memory)",
           {.lengths = {200}, .heads = 64, .head_dim = 128, .topk = 32}, rng);
+  // The composite's scores run on tensor cores (indexer_tc.cu) over a causal table whose upper
+  // triangle is unused: whole tiles of it skipped, documents off the 64-slot tile.
+  compare("64 x 128 varlen, many tiles",
+          {.lengths = {450, 1, 329}, .heads = 64, .head_dim = 128, .topk = 100}, rng);
 }
 
 // The layer's sizes: top-2048 of up to 8192 causal keys per row.
