@@ -195,6 +195,9 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
   };
   auto time = [&](const std::function<void()>& f) { return mean_ms(ctx, o.warmup, o.iters, f); };
   r["selection_path"] = ops::indexer_topk_fits(HI, DI) ? "fused" : "composite";
+  // Heads whose q rows the fused kernel keeps in shared memory (fewer than index_heads: staged a
+  // slice at a time per key tile).
+  r["selection_resident_heads"] = ops::IndexerTopkTile::resident_heads(HI, DI);
   if (absorbed)
     r["attention_path"] = ops::sparse_mqa_fits(H, mp.qk_dim, mp.v_dim) && !ctx.deterministic()
                               ? "absorbed mqa, tensor cores"

@@ -65,17 +65,33 @@ void topk_select(Context& ctx, const Tensor& scores, const Tensor& candidates, i
            out);
 }
 
+namespace {
+
+// bf16 q rows of `resident` heads and two key tiles; f32 weights of every head; i32 histograms;
+// five i32 words of per-row state.
+int64_t topk_smem(int64_t heads, int64_t resident, int64_t head_dim) {
+  using Tile = IndexerTopkTile;
+  const int64_t ld = Tile::padded_dim(head_dim) + Tile::pad;
+  return 2 * (resident * Tile::rows * ld + 2 * Tile::keys * ld) + 4 * Tile::rows * heads +
+         4 * Tile::rows * Tile::bins + 4 * 5 * Tile::rows;
+}
+
+}  // namespace
+
+int64_t IndexerTopkTile::resident_heads(int64_t heads, int64_t head_dim) {
+  if (heads <= 0 || head_dim > 128) return 0;
+  if (topk_smem(heads, heads, head_dim) <= smem_limit) return heads;
+  for (int64_t r = 32; r >= 1; r /= 2)
+    if (r < heads && topk_smem(heads, r, head_dim) <= smem_limit) return r;
+  return 0;
+}
+
 int64_t IndexerTopkTile::smem_bytes(int64_t heads, int64_t head_dim) {
-  const int64_t ld = padded_dim(head_dim) + pad;
-  // bf16 q rows of every head and two key tiles; f32 head weights; i32 histograms; five i32 words
-  // of per-row state.
-  return 2 * (heads * rows * ld + 2 * keys * ld) + 4 * rows * heads + 4 * rows * bins +
-         4 * 5 * rows;
+  return topk_smem(heads, resident_heads(heads, head_dim), head_dim);
 }
 
 bool indexer_topk_fits(int64_t heads, int64_t head_dim) {
-  return head_dim <= 128 &&
-         IndexerTopkTile::smem_bytes(heads, head_dim) <= IndexerTopkTile::smem_limit;
+  return IndexerTopkTile::resident_heads(heads, head_dim) > 0;
 }
 
 void indexer_causal_topk(Context& ctx, const IndexerParams& p, const SeqInfo& seq, const Tensor& q,

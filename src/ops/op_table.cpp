@@ -43,7 +43,6 @@ constexpr bool kda_direct_cuda = true;
 constexpr bool flash_mla_cuda = true;
 constexpr bool sparse_mla_cuda = true;
 constexpr bool lightning_indexer_cuda = true;
-constexpr bool indexer_tc_cuda = true;
 constexpr bool fused_router_cuda = true;
 constexpr bool a2a_dispatch_cuda = false;
 constexpr bool grouped_gemm_cuda = false;
@@ -159,15 +158,6 @@ KernelRegistry KernelRegistry::builtin() {
          if (!indexer_topk_fits(s.heads, s.head_dim))
            return std::to_string(s.heads) + " heads x " + std::to_string(s.head_dim) +
                   " past the fused kernel's shared memory";
-         return need_bf16(s);
-       });
-  // Past the fused kernel's shared memory (DeepSeek-V3.2's 64 x 128) the selection is the
-  // composite, whose scores (and the KL's, and their gradients) run on tensor cores in bf16.
-  cuda(OpKind::Indexer, "indexer_tc_cuda", landed::indexer_tc_cuda,
-       "src/ops/cuda/indexer_tc.cu (scores over index lists, tensor cores)", [](const OpShape& s) {
-         if (s.heads > 64 || (s.head_dim != 64 && s.head_dim != 128))
-           return std::to_string(s.heads) + " heads x " + std::to_string(s.head_dim) +
-                  " past 64 heads of 64 or 128";
          return need_bf16(s);
        });
   // The direct kernels (one block per query row over its index list or causal range): any dtype

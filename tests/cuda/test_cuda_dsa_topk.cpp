@@ -134,12 +134,30 @@ TEST(CudaDsaTopk, FallbackPathsMatchToo) {
   Rng rng(seed);
   compare("f32 tensors", {.lengths = {150, 90}, .heads = 4, .head_dim = 64, .topk = 32}, rng,
           DType::F32);
-  compare("64 x 128 (past the shared memory)",
-          {.lengths = {200}, .heads = 64, .head_dim = 128, .topk = 32}, rng);
-  // The composite's scores run on tensor cores (indexer_tc.cu) over a causal table whose upper
-  // triangle is unused: whole tiles of it skipped, documents off the 64-slot tile.
+  compare("head dim past 128", {.lengths = {150, 70}, .heads = 3, .head_dim = 160, .topk = 24},
+          rng);
+}
+
+// Heads whose q rows do not all fit the shared memory are staged a slice at a time per key tile
+// (IndexerTopkTile::resident_heads): DeepSeek-V3.2's 64 x 128 four at a time, 13 x 128 in slices
+// of 4, 4, 4, 1, 64 x 64 eight at a time; the result is the CPU's selection all the same.
+TEST(CudaDsaTopk, StagedHeadSlices) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(cat("seed=", seed));
+  Rng rng(seed);
+  ASSERT_EQ(ops::IndexerTopkTile::resident_heads(64, 128), 4);
+  ASSERT_EQ(ops::IndexerTopkTile::resident_heads(13, 128), 4);
+  ASSERT_EQ(ops::IndexerTopkTile::resident_heads(64, 64), 8);
+  ASSERT_EQ(ops::IndexerTopkTile::resident_heads(8, 64), 8);
+  compare("64 x 128", {.lengths = {200}, .heads = 64, .head_dim = 128, .topk = 32}, rng);
   compare("64 x 128 varlen, many tiles",
           {.lengths = {450, 1, 329}, .heads = 64, .head_dim = 128, .topk = 100}, rng);
+  compare("13 x 128, a partial slice", {.lengths = {390}, .heads = 13, .head_dim = 128, .topk = 70},
+          rng);
+  compare("64 x 64", {.lengths = {300, 77}, .heads = 64, .head_dim = 64, .topk = 50}, rng);
+  compare("64 x 128, weights of three values",
+          {.lengths = {260}, .heads = 64, .head_dim = 128, .topk = 40, .w_lim = 1}, rng);
 }
 
 // The layer's sizes: top-2048 of up to 8192 causal keys per row.

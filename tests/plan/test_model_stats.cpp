@@ -366,16 +366,21 @@ TEST(PlanMemory, FusedDsaSelectionPlansNoScoreTable) {
   EXPECT_GE(ws(Device::CPU, Precision::fp32()), tables);
   EXPECT_GE(ws(Device::CUDA, Precision::fp32()), tables);  // f32 runs the composite
   EXPECT_LT(ws(Device::CUDA, Precision::bf16()), tables / 100);
-  // Index heads past the fused kernel's shared memory (DeepSeek-V3.2's 64 x 128): the composite,
-  // whose tables stay fp32-sized under bf16.
+  // DeepSeek-V3.2's 64 x 128 takes the fused kernel too (its q rows staged four heads at a time);
+  // index heads past 128 dims run the composite, whose tables stay fp32-sized under bf16.
   ModelConfig wide = cfg;
   wide.dsa.index_heads = 64;
   wide.dsa.index_head_dim = 128;
-  ASSERT_FALSE(ops::indexer_topk_fits(64, 128));
-  EXPECT_GE(predict_memory(wide, {.mbs = 1, .seq = T},
-                           {.precision = Precision::bf16(), .threads = 1, .device = Device::CUDA})
-                .workspace,
-            tables);
+  ASSERT_TRUE(ops::indexer_topk_fits(64, 128));
+  const auto wide_ws = [&](const ModelConfig& c) {
+    return predict_memory(c, {.mbs = 1, .seq = T},
+                          {.precision = Precision::bf16(), .threads = 1, .device = Device::CUDA})
+        .workspace;
+  };
+  EXPECT_LT(wide_ws(wide), tables / 10);  // its wider heads take more of the rest
+  wide.dsa.index_head_dim = 192;
+  ASSERT_FALSE(ops::indexer_topk_fits(64, 192));
+  EXPECT_GE(wide_ws(wide), tables);
 }
 
 // A bf16 model is built, planned and checkpointed on the CPU but never run there: forward names

@@ -20,6 +20,9 @@
 // Queries with no more causal keys than top-k take them all without any score (the dense part of
 // the layer below index_topk tokens). Scores are recomputed per sweep: at most five products of
 // the queries with their keys, no memory beyond the output.
+// Where every head's q rows do not fit the shared memory (DeepSeek-V3.2's 64 x 128: 1.2 MB),
+// IndexerTopkTile::resident_heads of them are staged at a time, per key tile, from L2: the same
+// products in the same head order, with the q rows re-read once per tile and sweep.
 #include <climits>
 
 #include "ops/cuda/index_lists.cuh"
@@ -91,13 +94,13 @@ struct RowState {
 
 template <int DP>
 __global__ void __launch_bounds__(kThreads)
-    topk_fused_kernel(int64_t T, int H, int D, float scale, int topk, const int32_t* cu,
+    topk_fused_kernel(int64_t T, int H, int HS, int D, float scale, int topk, const int32_t* cu,
                       int64_t nseq, bool vec, const bf16* q, const bf16* k, const bf16* w,
                       int32_t* out) {
   constexpr int LD = DP + kPad;
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* Qs = reinterpret_cast<bf16*>(smem);                   // [H][kRows][LD]
-  bf16* Kb = Qs + H * kRows * LD;                             // [2][kKeys][LD]
+  bf16* Qs = reinterpret_cast<bf16*>(smem);                   // [HS][kRows][LD]
+  bf16* Kb = Qs + HS * kRows * LD;                            // [2][kKeys][LD]
   float* Ws = reinterpret_cast<float*>(Kb + 2 * kKeys * LD);  // [kRows][H]
   int* hist = reinterpret_cast<int*>(Ws + kRows * H);         // [kRows][kBins]
   int* start = hist + kRows * kBins;                          // [kRows]
@@ -124,9 +127,15 @@ __global__ void __launch_bounds__(kThreads)
     done[r] = n <= topk;
     if (n > topk) atomicAdd(&open_rows, 1);
   }
-  for (int h = 0; h < H; ++h)
-    stage_rows<DP>(Qs + h * kRows * LD, q + (q0 * H + h) * D, static_cast<int64_t>(H) * D, kRows,
-                   rows_in, D, vec);
+  // Every head's q rows stay in shared memory where they fit (HS == H); otherwise HS of them at a
+  // time are staged per key tile (stage_heads below).
+  const bool sliced = HS < H;
+  const auto stage_heads = [&](int h0, int hn) {
+    for (int h = 0; h < hn; ++h)
+      stage_rows<DP>(Qs + h * kRows * LD, q + (q0 * H + h0 + h) * D, static_cast<int64_t>(H) * D,
+                     kRows, rows_in, D, vec);
+  };
+  if (!sliced) stage_heads(0, H);
   mma::cp_async_commit();
   for (int i = threadIdx.x; i < kRows * H; i += kThreads) {
     const int r = i / H;
@@ -184,34 +193,50 @@ __global__ void __launch_bounds__(kThreads)
       __syncthreads();  // tile it (and, in the first sweep, the q rows) landed for every thread
       const bf16* Ks = Kb + (it & 1) * kKeys * LD;
       // Warp-uniform: a tile wholly after the warp's rows, or before their documents.
-      if (active && kb <= warp_last && kb + kKeys > warp_first) {
-        float acc[kKeys / 8][4] = {};
-        if (warp_scores) {
-          for (int h = 0; h < H; ++h) {
-            const bf16* Qh = Qs + h * kRows * LD;
-            float s[kKeys / 8][4] = {};
+      const bool meets = active && kb <= warp_last && kb + kKeys > warp_first;
+      float acc[kKeys / 8][4] = {};
+      // The weighted ReLU sum over heads h0 .. h1 - 1, whose q rows are at Qs from head h0 - q_at.
+      const auto add_heads = [&](int h0, int h1, int q_at) {
+        for (int h = h0; h < h1; ++h) {
+          const bf16* Qh = Qs + (h - q_at) * kRows * LD;
+          float s[kKeys / 8][4] = {};
 #pragma unroll
-            for (int kk = 0; kk < DP / 16; ++kk) {
-              uint32_t a[4];
-              mma::ldsm_a(a, Qh, LD, 16 * wp, 16 * kk, lane);
+          for (int kk = 0; kk < DP / 16; ++kk) {
+            uint32_t a[4];
+            mma::ldsm_a(a, Qh, LD, 16 * wp, 16 * kk, lane);
 #pragma unroll
-              for (int j = 0; j < kKeys / 8; j += 2) {
-                uint32_t b0[2], b1[2];
-                mma::ldsm_b_nk2(b0, b1, Ks, LD, 8 * j, 16 * kk, lane);
-                mma::mma_bf16(s[j], a, b0);
-                mma::mma_bf16(s[j + 1], a, b1);
-              }
-            }
-            const float w0 = Ws[r0 * H + h], w1 = Ws[r1 * H + h];
-#pragma unroll
-            for (int j = 0; j < kKeys / 8; ++j) {
-              acc[j][0] += w0 * fmaxf(s[j][0], 0.f);
-              acc[j][1] += w0 * fmaxf(s[j][1], 0.f);
-              acc[j][2] += w1 * fmaxf(s[j][2], 0.f);
-              acc[j][3] += w1 * fmaxf(s[j][3], 0.f);
+            for (int j = 0; j < kKeys / 8; j += 2) {
+              uint32_t b0[2], b1[2];
+              mma::ldsm_b_nk2(b0, b1, Ks, LD, 8 * j, 16 * kk, lane);
+              mma::mma_bf16(s[j], a, b0);
+              mma::mma_bf16(s[j + 1], a, b1);
             }
           }
+          const float w0 = Ws[r0 * H + h], w1 = Ws[r1 * H + h];
+#pragma unroll
+          for (int j = 0; j < kKeys / 8; ++j) {
+            acc[j][0] += w0 * fmaxf(s[j][0], 0.f);
+            acc[j][1] += w0 * fmaxf(s[j][1], 0.f);
+            acc[j][2] += w1 * fmaxf(s[j][2], 0.f);
+            acc[j][3] += w1 * fmaxf(s[j][3], 0.f);
+          }
         }
+      };
+      if (!sliced) {
+        if (meets && warp_scores) add_heads(0, H, 0);
+      } else if (__syncthreads_or(meets && warp_scores)) {
+        // In the CPU's head order, slice by slice; every thread stages, every scoring warp adds.
+        for (int h0 = 0; h0 < H; h0 += HS) {
+          const int hn = H - h0 < HS ? H - h0 : HS;
+          __syncthreads();  // the previous slice is read no more
+          stage_heads(h0, hn);
+          mma::cp_async_commit();
+          mma::cp_async_wait<0>();
+          __syncthreads();
+          if (meets && warp_scores) add_heads(h0, h0 + hn, h0);
+        }
+      }
+      if (meets) {
 #pragma unroll
         for (int j = 0; j < kKeys / 8; ++j) {
           const int64_t key0 = kb + 8 * j + 2 * c;
@@ -284,9 +309,10 @@ void launch_as(Context& ctx, const IndexerParams& p, const Tensor& cu_seqlens, c
   const size_t sm =
       smem_for(kernel, static_cast<size_t>(Tile::smem_bytes(p.heads, p.head_dim)), op);
   kernel<<<grid_of((p.tokens + kRows - 1) / kRows, op), kThreads, sm, stream(ctx)>>>(
-      p.tokens, static_cast<int>(p.heads), static_cast<int>(p.head_dim), p.eff_scale(),
-      static_cast<int>(topk), ptr<int32_t>(cu_seqlens), cu_seqlens.numel() - 1, vec, ptr<bf16>(q),
-      ptr<bf16>(k), ptr<bf16>(w), ptr<int32_t>(out));
+      p.tokens, static_cast<int>(p.heads),
+      static_cast<int>(Tile::resident_heads(p.heads, p.head_dim)), static_cast<int>(p.head_dim),
+      p.eff_scale(), static_cast<int>(topk), ptr<int32_t>(cu_seqlens), cu_seqlens.numel() - 1, vec,
+      ptr<bf16>(q), ptr<bf16>(k), ptr<bf16>(w), ptr<int32_t>(out));
   MT_CUDA_LAUNCH_CHECK();
 }
 
