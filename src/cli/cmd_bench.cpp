@@ -225,6 +225,20 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
     kl_fwd();
     kl_bwd();
   });
+  // The indexer's share of the KL path alone (the target, attention's prob sum, left out): its
+  // scores with the loss and score gradient (one kernel on the fused path), and its backward
+  // (dq / dw, the transposed index table, dk).
+  {
+    ArenaScope scope(ctx.workspace());
+    Tensor target = ctx.workspace().alloc({T, K}, DType::F32);
+    if (absorbed)
+      ops::sparse_mqa_prob_sum(ctx, mp, qa, kvl, idx, lse, target);
+    else
+      ops::attention_prob_sum(ctx, ap, q, k, idx, lse, target);
+    r["indexer_kl_ms"] =
+        time([&] { ops::indexer_scores_kl(ctx, sp, qi, ki, wi, idx, target, 1.0, loss, dscores); });
+  }
+  r["indexer_bwd_ms"] = time(kl_bwd);
   r["layer_fwd_ms"] = time([&] {
     select();
     attn_fwd();
