@@ -1,5 +1,6 @@
 #include "ops/indexer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "ops/attention.h"
@@ -80,10 +81,10 @@ int64_t topk_smem(int64_t heads, int64_t resident, int64_t head_dim) {
 
 int64_t IndexerTopkTile::resident_heads(int64_t heads, int64_t head_dim) {
   if (heads <= 0 || head_dim > 128) return 0;
-  if (topk_smem(heads, heads, head_dim) <= smem_limit) return heads;
-  for (int64_t r = 32; r >= 1; r /= 2)
-    if (r < heads && topk_smem(heads, r, head_dim) <= smem_limit) return r;
-  return 0;
+  const int64_t fixed = topk_smem(heads, 0, head_dim),
+                per_head = topk_smem(heads, 1, head_dim) - fixed;
+  if (fixed + per_head > smem_limit) return 0;
+  return std::min(heads, (smem_limit - fixed) / per_head);
 }
 
 int64_t IndexerTopkTile::smem_bytes(int64_t heads, int64_t head_dim) {

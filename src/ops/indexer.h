@@ -53,13 +53,13 @@ IndexerCausalTopk indexer_causal_topk;
 
 // The fused kernel's tile: 64 queries (16 per warp) against 64 keys, the heads' q rows and a
 // 256-bin histogram per query in shared memory, head dims padded to 64 or 128. Where every head's
-// q rows do not fit (DeepSeek-V3.2's 64 x 128), `resident_heads` of them (a power of two) are
+// q rows do not fit (DeepSeek-V3.2's 64 x 128), `resident_heads` of them (as many as fit) are
 // staged at a time, per key tile. One rule for the launcher, the entry and the op table.
 struct IndexerTopkTile {
   static constexpr int64_t rows = 64, keys = 64, pad = 8, bins = 256;
   static constexpr int64_t smem_limit = 232448;  // Hopper's opt-in shared memory per block
   static int64_t padded_dim(int64_t head_dim) { return head_dim <= 64 ? 64 : 128; }
-  // heads where they all fit, else the largest power of two below that does; 0: none.
+  // heads where they all fit, else as many as fit; 0: not even one.
   static int64_t resident_heads(int64_t heads, int64_t head_dim);
   static int64_t smem_bytes(int64_t heads, int64_t head_dim);  // with resident_heads' q rows
 };

@@ -147,7 +147,7 @@ TEST(OpTable, CudaKernelsAreBuiltOnlyWithTheBackend) {
     EXPECT_EQ(reg.choose(ops::OpKind::Indexer, ops::Backend::Cuda, {.dtype = "fp32"}).kernel,
               "indexer_cuda");
     // bf16 indexers with head dims up to 128 take the fused kernel (the benchmark's 8 x 64 with
-    // every head's q rows in shared memory, DeepSeek-V3.2's 64 x 128 four heads at a time);
+    // every head's q rows in shared memory, DeepSeek-V3.2's 64 x 128 six heads at a time);
     // wider heads run the direct kernels.
     EXPECT_EQ(reg.choose(ops::OpKind::Indexer, ops::Backend::Cuda,
                          {.dtype = "bf16", .head_dim = 64, .heads = 8})

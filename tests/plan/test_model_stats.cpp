@@ -366,7 +366,7 @@ TEST(PlanMemory, FusedDsaSelectionPlansNoScoreTable) {
   EXPECT_GE(ws(Device::CPU, Precision::fp32()), tables);
   EXPECT_GE(ws(Device::CUDA, Precision::fp32()), tables);  // f32 runs the composite
   EXPECT_LT(ws(Device::CUDA, Precision::bf16()), tables / 100);
-  // DeepSeek-V3.2's 64 x 128 takes the fused kernel too (its q rows staged four heads at a time);
+  // DeepSeek-V3.2's 64 x 128 takes the fused kernel too (its q rows staged six heads at a time);
   // index heads past 128 dims run the composite, whose tables stay fp32-sized under bf16.
   ModelConfig wide = cfg;
   wide.dsa.index_heads = 64;
