@@ -560,6 +560,22 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
   Arena arena(plan.bytes(), D, "bench moe saved"), larena(lplan.bytes(), D, "bench moe saved");
   ops::GroupedFfnSaved saved = ops::grouped_ffn_alloc_saved(p, arena, bf);
   ops::GroupedFfnSaved lsaved = ops::grouped_ffn_alloc_saved(lp, larena, bf);
+  // Expert LoRA K-concatenated where it applies (ops/grouped_ffn.h), as the MoE layer runs it:
+  // the base weights in their padded buffers (copies here, so that the frozen runs and the
+  // separate passes timed beside it keep theirs) and rows with r spare columns.
+  const bool kconcat = ops::grouped_ffn_kconcat(lp, D, bf);
+  ops::GroupedFfnWeights kw = lw;
+  ops::GroupedFfnParams kp = lp;
+  Tensor kx = x, kdy = dy;
+  if (kconcat) {
+    kw.gate_up = ops::grouped_ffn_pad_weight(w.gate_up, r);
+    kw.down = ops::grouped_ffn_pad_weight(w.down, r);
+    kp.padded_rows = true;
+    kx = Tensor::empty({rows, d + r}, bf, D).cols(0, d);
+    kx.copy_from(x);
+    kdy = Tensor::empty({rows, d + r}, bf, D).cols(0, d);
+    kdy.copy_from(dy);
+  }
   // Gradients are fp32 (as the parameter store keeps them); frozen members stay undefined.
   ops::GroupedFfnWeights frozen, full{.gate_up = Tensor::zeros({E, 2 * F, d}, f32, D),
                                       .down = Tensor::zeros({E, d, F}, f32, D)};
@@ -569,7 +585,9 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
                               .down_b = Tensor::zeros({E, d, r}, f32, D)};
   auto time = [&](const std::function<void()>& f) { return mean_ms(ctx, o.warmup, o.iters, f); };
   auto fwd = [&] { ops::grouped_ffn_forward(ctx, p, x, offsets, w, y, saved); };
-  auto lfwd = [&] { ops::grouped_ffn_forward(ctx, lp, x, offsets, lw, y, lsaved); };
+  auto lfwd = [&] { ops::grouped_ffn_forward(ctx, kp, kx, offsets, kw, y, lsaved); };
+  auto lbwd = [&] { ops::grouped_ffn_backward(ctx, kp, kx, offsets, kw, lsaved, kdy, dx, lora); };
+  auto sfwd = [&] { ops::grouped_ffn_forward(ctx, lp, x, offsets, lw, y, lsaved); };
   auto bwd = [&](ops::GroupedFfnWeights& g) {
     ops::grouped_ffn_backward(ctx, p, x, offsets, w, saved, dy, dx, g);
   };
@@ -589,7 +607,7 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
   const double lf = time(lfwd);
   const double lfb = time([&] {
     lfwd();
-    ops::grouped_ffn_backward(ctx, lp, x, offsets, lw, lsaved, dy, dx, lora);
+    lbwd();
   });
   const auto tf = [&](double mult, double ms) { return mult * flops / ms / 1e9; };
   int32_t most = 0;
@@ -612,7 +630,18 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
                         {"lora_rank", r},
                         {"lora_fwd_ms", lf},
                         {"lora_fwdbwd_ms", lfb},
-                        {"lora_overhead_fwdbwd", lfb / fb_frozen - 1}};
+                        {"lora_overhead_fwdbwd", lfb / fb_frozen - 1},
+                        {"lora_path", kconcat ? "kconcat" : "separate"}};
+  if (kconcat) {  // the separate passes on the same shapes, for the comparison
+    const double sep_f = time(sfwd);
+    const double sep_fb = time([&] {
+      sfwd();
+      ops::grouped_ffn_backward(ctx, lp, x, offsets, lw, lsaved, dy, dx, lora);
+    });
+    run["lora_separate_fwd_ms"] = sep_f;
+    run["lora_separate_fwdbwd_ms"] = sep_fb;
+    run["lora_separate_overhead_fwdbwd"] = sep_fb / fb_frozen - 1;
+  }
   // The same forward+backward replayed from a CUDA graph: the offsets are fixed here, so the
   // problem sizes the grouped GEMMs take from their host copy hold at every replay.
   time_graph(
@@ -626,7 +655,7 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
       ctx, o,
       [&] {
         lfwd();
-        ops::grouped_ffn_backward(ctx, lp, x, offsets, lw, lsaved, dy, dx, lora);
+        lbwd();
       },
       "graph_lora_fwdbwd_ms", "lora_fwdbwd_launches", run);
   if (run.contains("graph_fwdbwd_frozen_ms"))

@@ -84,6 +84,22 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 #endif
 }
 
+void copy_rows(void* dst, size_t dst_pitch, Device dst_device, const void* src, size_t src_pitch,
+               Device src_device, size_t width, size_t rows) {
+  if (width == 0 || rows == 0) return;
+  if (dst_device == Device::CPU && src_device == Device::CPU) {
+    for (size_t i = 0; i < rows; ++i)
+      std::memcpy(static_cast<char*>(dst) + i * dst_pitch,
+                  static_cast<const char*>(src) + i * src_pitch, width);
+    return;
+  }
+#if MOETRAIN_WITH_CUDA
+  MT_CUDA_CHECK(cudaMemcpy2D(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDefault));
+#else
+  no_cuda("a copy to or from the GPU");
+#endif
+}
+
 void zero_bytes(void* p, Device device, size_t bytes) {
   if (bytes == 0) return;
   if (device == Device::CPU) {

@@ -24,6 +24,9 @@ void device_free(void* p, Device device);
 // training step's inner loop).
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 void zero_bytes(void* p, Device device, size_t bytes);
+// `rows` rows of `width` bytes at the given pitches (bytes), under copy_bytes's rules.
+void copy_rows(void* dst, size_t dst_pitch, Device dst_device, const void* src, size_t src_pitch,
+               Device src_device, size_t width, size_t rows);
 
 // Device memory in use and total, in bytes (cudaMemGetInfo); {0, 0} without CUDA.
 struct DeviceMemory {

@@ -141,6 +141,18 @@ Tensor Tensor::cols(int64_t begin, int64_t end) const {
   return t;
 }
 
+Tensor Tensor::narrow(int dim, int64_t begin, int64_t end) const {
+  MT_CHECK(dim >= 0 && dim < ndim() && 0 <= begin && begin <= end && end <= this->dim(dim),
+           ShapeError, "narrow dim ", dim, " [", begin, ",", end, ") out of ", shape_);
+  Shape d = shape_;
+  d.at(dim) = end - begin;
+  Tensor t = *this;
+  t.set_shape(d, strides_);
+  t.data_ =
+      static_cast<char*>(data_) + begin * strides_[dim] * static_cast<int64_t>(dtype_size(dtype_));
+  return t;
+}
+
 void Tensor::zero_() {
   if (contiguous_) {
     zero_bytes(data_, device_, bytes());
@@ -214,6 +226,34 @@ void Tensor::copy_from(const Tensor& src) {
       for (int64_t i = 0; i < numel(); ++i)
         store_float(d + i * des, dtype_, load_float(s + i * ses, src.dtype()));
     }
+    return;
+  }
+  if (same && (device_ != Device::CPU || src.device() != Device::CPU) && ndim() >= 2 &&
+      src.shape() == shape_ && stride(-1) == 1 && src.stride(-1) == 1) {
+    // Dense rows at some pitch on a device (a weight inside a padded buffer, ops/grouped_ffn.h):
+    // one 2-D copy per block of the leading dimensions.
+    const int nd = ndim();
+    std::vector<int64_t> lead = shape_.dims(), ls = src.strides().dims(), ld = strides_.dims();
+    lead.pop_back();
+    ls.pop_back();
+    ld.pop_back();
+    const auto es = static_cast<int64_t>(dtype_size(dtype_));
+    for_each_row(Shape(lead), Shape(ls), Shape(ld), [&](int64_t so, int64_t dof) {
+      copy_rows(static_cast<char*>(data_) + dof * es, static_cast<size_t>(stride(nd - 2) * es),
+                device_, static_cast<const char*>(src.raw()) + so * es,
+                static_cast<size_t>(src.stride(nd - 2) * es), src.device(),
+                static_cast<size_t>(dim(nd - 1) * es), static_cast<size_t>(dim(nd - 2)));
+    });
+    return;
+  }
+  if (src.device() != Device::CPU && !src.is_contiguous()) {  // through a dense copy on its device
+    copy_from(src.clone());
+    return;
+  }
+  if (device_ != Device::CPU && !contiguous_) {  // convert into a dense copy, then place it
+    Tensor dense = Tensor::empty(shape_, dtype_, device_);
+    dense.copy_from(src);
+    copy_from(dense);
     return;
   }
   MT_CHECK(device_ == Device::CPU && src.device() == Device::CPU, ValueError, "strided copy from ",

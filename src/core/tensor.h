@@ -125,6 +125,9 @@ class Tensor {
   // Columns [begin, end) along the last dimension (at least 2-D), sharing memory: the result
   // keeps the parent's strides, so it is strided unless it spans every column.
   Tensor cols(int64_t begin, int64_t end) const;
+  // [begin, end) along dimension `dim`, sharing memory (strides kept): a block of a padded buffer,
+  // e.g. an expert weight inside its LoRA-padded storage (ops/grouped_ffn.h).
+  Tensor narrow(int dim, int64_t begin, int64_t end) const;
 
   void zero_();
   // Same element count (same shape when either side is strided); converts between f32 and bf16;

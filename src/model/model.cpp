@@ -11,6 +11,7 @@
 #include "ops/cross_entropy.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
+#include "ops/grouped_ffn.h"
 #include "ops/norm.h"
 
 namespace mt {
@@ -112,8 +113,12 @@ Model::Model(const ModelConfig& cfg, uint64_t seed, const ModelOptions& opt)
     norm_post_.push_back(single(p + "post_attention_layernorm.weight", ones("weight", cfg.hidden)));
     auto ffn = make_ffn(cfg, cfg.layers[i].ffn);
     prefix = p + "mlp.";
-    ffn->bind(params_.add_layer(prefix, stored_as(ffn->param_specs(), precision_), rng, trainable));
+    ParamTable ffn_table =
+        params_.add_layer(prefix, stored_as(ffn->param_specs(), precision_), rng, trainable);
     ffns_.push_back(std::move(ffn));
+    if (pad_experts(i))
+      for (auto& [name, ref] : ffn_table) ref.value = params_.at(prefix + name).value;
+    ffns_.back()->bind(ffn_table);
   }
   final_norm_ = single("model.norm.weight", ones("weight", cfg.hidden));
   lm_head_ =
@@ -449,8 +454,27 @@ void Model::rebind_unit(int unit) {
     norm_in_[i] = ref(p + "input_layernorm.weight");
     norm_post_[i] = ref(p + "post_attention_layernorm.weight");
     mixers_[i]->bind(table(p + "self_attn."));
+    pad_experts(i);
     ffns_[i]->bind(table(p + "mlp."));
   }
+}
+
+bool Model::pad_experts(size_t layer) {
+  const auto* moe = dynamic_cast<const MoeLayer*>(ffns_.at(layer).get());
+  if (moe == nullptr || moe->config().expert_lora.rank <= 0) return false;
+  bool moved = false;
+  for (const char* name : {"experts.gate_up_proj", "experts.down_proj"}) {
+    Param& p = params_.at(layer_prefix(layer) + "mlp." + name);
+    // A trained base stays dense: the optimizer and the sharded paths walk values as flat
+    // buffers. A frozen one (expert LoRA's case) is only read, by the GEMMs and the loaders.
+    if (p.trainable() || is_placeholder(p.value) ||
+        !moe->pads_expert_weights(p.value.device(), p.value.dtype()))
+      continue;
+    Tensor padded = ops::grouped_ffn_pad_weight(p.value, moe->config().expert_lora.rank);
+    moved = moved || padded.raw() != p.value.raw();
+    p.value = std::move(padded);
+  }
+  return moved;
 }
 
 const std::vector<AuxLoss>& Model::aux_losses() const {

@@ -189,6 +189,11 @@ class Model {
   }
 
  private:
+  // Moves layer i's frozen routed expert base weights into the padded buffers of the
+  // K-concatenation path when its MoE layer runs it (MoeLayer::pads_expert_weights,
+  // ops/grouped_ffn.h): the store's value becomes the view of the W block and the old storage
+  // goes. True when a value moved.
+  bool pad_experts(size_t layer);
   // What one forward keeps for its backward: the micro-batch's arena, its residual stream and
   // norms, every layer's state and the vision front end's.
   struct MicroBatch {

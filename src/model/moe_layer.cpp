@@ -44,6 +44,16 @@ MoeLayer::MoeLayer(const MoeConfig& cfg) : cfg_(cfg) {
   aux_[1] = {.name = "router_z", .value = {}, .weight = cfg.z_loss_coeff};
 }
 
+bool MoeLayer::pads_expert_weights(Device device, DType dtype) const {
+  return remote_ == nullptr && ops::grouped_ffn_kconcat(ffn_params(1), device, dtype);
+}
+
+ops::GroupedFfnParams MoeLayer::ffn_params(int64_t tokens, Device device, DType at) const {
+  ops::GroupedFfnParams p = ffn_params(tokens);
+  p.padded_rows = pads_expert_weights(device, at);
+  return p;
+}
+
 void MoeLayer::set_local_experts(int64_t first, int64_t count, ExpertCompute* compute) {
   MT_CHECK(first >= 0 && count > 0 && first + count <= cfg_.num_experts, ValueError,
            "local experts [", first, ", ", first + count, ") of ", cfg_.num_experts);
@@ -224,8 +234,10 @@ void MoeLayer::plan_activations(const SeqInfo& seq, ArenaPlan& plan) const {
     plan.add({T, l});
     latent_down_.plan(T, plan);
   }
-  plan.add({N, l});  // gathered rows
-  ops::grouped_ffn_plan(ffn_params(T), plan);
+  // Gathered rows, with the K-concatenation path's r spare columns where it runs.
+  const ops::GroupedFfnParams fp = ffn_params(T, plan.device(), plan.activations());
+  plan.add({N, l + (fp.padded_rows ? fp.lora_rank : 0)});
+  ops::grouped_ffn_plan(fp, plan);
   plan.add({N, l});  // expert outputs
   if (has_latent()) {
     plan.add({T, l});
@@ -348,9 +360,11 @@ void MoeLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
   } else {
     s.x_lat = x;
   }
-  s.rows = acts.alloc({N, l}, at);
+  // K-concatenation: the experts write X A^T into the rows' last r columns (ops/grouped_ffn.h).
+  const ops::GroupedFfnParams fp = ffn_params(T, ctx.device(), at);
+  const int64_t pad = fp.padded_rows ? fp.lora_rank : 0;
+  s.rows = acts.alloc({N, l + pad}, at).cols(0, l);
   ops::moe_gather(ctx, s.x_lat, s.perm, K, s.rows);
-  const ops::GroupedFfnParams fp = ffn_params(T);
   s.ffn = ops::grouped_ffn_alloc_saved(fp, acts, at);
   s.rows_out = acts.alloc({N, l}, at);
   if (remote_) {
@@ -414,16 +428,20 @@ void MoeLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
     dy_lat = ws.alloc({T, l}, at);
     latent_up_.backward(ctx, s.latent_up, dy, dy_lat);
   }
-  Tensor drows_out = ws.alloc({N, l}, at), dweights = ws.alloc({T, K}, DType::F32);
+  // As forward's rows: dY with the r columns the experts fill with s dY B (ops/grouped_ffn.h).
+  const ops::GroupedFfnParams fp = ffn_params(T, ctx.device(), at);
+  const int64_t pad = fp.padded_rows ? fp.lora_rank : 0;
+  Tensor drows_out = ws.alloc({N, l + pad}, at).cols(0, l);
+  Tensor dweights = ws.alloc({T, K}, DType::F32);
   ops::moe_combine_backward(ctx, s.rows_out, s.weights, s.inv, dy_lat, drows_out, dweights);
   Tensor drows = ws.alloc({N, l}, at);
   if (remote_) {
     MT_CHECK(s.expert && s.expert_by == remote_, InternalError,
              "moe backward: the forward ran without this expert compute");
-    remote_->backward(ctx, ffn_params(T), experts_, drows_out, drows, experts_grad_, *s.expert);
+    remote_->backward(ctx, fp, experts_, drows_out, drows, experts_grad_, *s.expert);
   } else {
-    ops::grouped_ffn_backward(ctx, ffn_params(T), s.rows, s.group_offsets, experts_, s.ffn,
-                              drows_out, drows, experts_grad_);
+    ops::grouped_ffn_backward(ctx, fp, s.rows, s.group_offsets, experts_, s.ffn, drows_out, drows,
+                              experts_grad_);
   }
   if (has_latent()) {
     Tensor dx_lat = ws.alloc({T, l}, at);

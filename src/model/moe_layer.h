@@ -101,6 +101,12 @@ class MoeLayer : public Layer {
   // per-document mean by its share of the global documents (Model::set_loss_weight).
   void set_seq_aux_weight(float w) { seq_aux_weight_ = w; }
 
+  // Whether the routed experts run K-concatenated (ops/grouped_ffn.h, grouped_ffn_kconcat) with
+  // base weights of this device and dtype: expert LoRA in bf16 on the GPU, experts computed here
+  // (expert parallelism keeps the separate passes). The model then keeps experts.gate_up_proj and
+  // experts.down_proj in their padded buffers (Model::pad_experts), and the layer pads its rows.
+  bool pads_expert_weights(Device device, DType dtype) const;
+
   // Expert ids i32 [T, k] of the last forward (a view into its activations), for routing stats.
   const Tensor& last_expert_ids() const { return last_ids_; }
   const MoeConfig& config() const { return cfg_; }
@@ -140,6 +146,9 @@ class MoeLayer : public Layer {
  private:
   ops::RouterParams router_params(int64_t tokens) const;
   ops::GroupedFfnParams ffn_params(int64_t tokens) const;
+  // ffn_params with padded_rows set where the experts' rows get r spare columns (the
+  // K-concatenation path); the row padding is then p.lora_rank, else 0.
+  ops::GroupedFfnParams ffn_params(int64_t tokens, Device device, DType at) const;
   bool has_latent() const { return cfg_.latent < cfg_.hidden; }
   int64_t shared_width() const { return cfg_.num_shared * cfg_.shared_ffn; }
 

@@ -1,6 +1,7 @@
 #include "ops/grouped_ffn.h"
 
 #include "ops/dispatch.h"
+#include "ops/elementwise.h"
 #include "ops/grouped_matmul.h"
 
 namespace mt::ops {
@@ -16,9 +17,10 @@ void check(const GroupedFfnParams& p, const Tensor& x, const Tensor& offsets,
   const int64_t E = p.experts, l = p.in, F = p.ffn, r = p.lora_rank;
   MT_CHECK(E > 0 && l > 0 && F > 0 && r >= 0, ValueError, "grouped_ffn: experts ", E, ", in ", l,
            ", ffn ", F, ", rank ", r);
-  expect_shape(x, {p.rows, l}, "grouped_ffn x");
-  expect_shape(w.gate_up, {E, 2 * F, l}, "experts.gate_up_proj");
-  expect_shape(w.down, {E, l, F}, "experts.down_proj");
+  expect_dims(x, {p.rows, l}, "grouped_ffn x");
+  // The base weights may be blocks of their K-concatenation buffers (grouped_ffn_pad_weight).
+  expect_dims(w.gate_up, {E, 2 * F, l}, "experts.gate_up_proj");
+  expect_dims(w.down, {E, l, F}, "experts.down_proj");
   if (r > 0) {
     expect_shape(w.gate_up_a, {E, r, l}, "experts.gate_up_lora_A");
     expect_shape(w.gate_up_b, {E, 2 * F, r}, "experts.gate_up_lora_B");
@@ -94,14 +96,154 @@ void lora_out_grads(Context& ctx, const GroupedFfnParams& p, const Tensor& dout,
            {&dout, &b, &xa, &dr, &db}, ctx, p, dout, offsets, b, xa, dr, db);
 }
 
+// The K-concatenation path (grouped_ffn.h). The padded [E, out + r, in + r] buffer around a
+// padded weight's block, and the [rows, w + r] buffer around a padded activation's first w
+// columns: non-owning views for the call (the weight's view, the caller's rows keep them alive).
+Tensor padded_weight(const Tensor& w, int64_t r) {
+  return Tensor(w.raw(), {w.dim(0), w.dim(1) + r, w.dim(2) + r}, w.dtype(), w.device());
+}
+
+Tensor padded_rows(const Tensor& t, int64_t r) {
+  return Tensor(t.raw(), {t.dim(0), t.dim(1) + r}, t.dtype(), t.device());
+}
+
+// Whether this call runs K-concatenated: the path applies, the base weights sit in their padded
+// buffers, and the saved h has ha beside it (grouped_ffn_alloc_saved laid them out so).
+bool kconcat_call(const GroupedFfnParams& p, const Tensor& x, const GroupedFfnWeights& w,
+                  const GroupedFfnSaved& saved) {
+  const int64_t r = p.lora_rank, F = p.ffn;
+  return grouped_ffn_kconcat(p, x.device(), x.dtype()) && grouped_ffn_padded(w.gate_up, r) &&
+         grouped_ffn_padded(w.down, r) && saved.h.defined() && saved.h.stride(0) == F + r &&
+         saved.ha.defined() &&
+         saved.ha.raw() == static_cast<char*>(saved.h.raw()) + F * dtype_size(saved.h.dtype()) &&
+         (!p.padded_rows || x.stride(0) == p.in + r);
+}
+
+// [[W, s B], [A, 0]]: A and s B (s = the LoRA scale, rounded into B's type once) into the pads
+// of W's buffer, E r (out + in) elements per projection. Every forward does it: the optimizer
+// updates A and B in place between steps, and the copy costs less than tracking that.
+void pack_adapter(Context& ctx, float s, const Tensor& a, const Tensor& b, const Tensor& w) {
+  const int64_t r = a.dim(1), out = w.dim(1), in = w.dim(2);
+  const Tensor buf = padded_weight(w, r);
+  Tensor a_at = buf.narrow(1, out, out + r).narrow(2, 0, in);
+  ops::copy(ctx, a, a_at);
+  ArenaScope scope(ctx.workspace());
+  Tensor sb = ctx.workspace().alloc(b.shape(), b.dtype());
+  ops::scale(ctx, b, s, sb);
+  Tensor b_at = buf.narrow(1, 0, out).narrow(2, in, in + r);
+  ops::copy(ctx, sb, b_at);
+}
+
+// Traffic per pass, in elements (N rows, d = in; each GEMM reads its padded input and writes its
+// output once): xa = X A^T reads X (N d) into X's padding, the gate/up GEMM reads [X | xa] and
+// writes the adapted gate_up (2 N F), SwiGLU reads it and writes h (3 N F), ha = h A_down^T reads
+// h into h's padding, the down GEMM reads [h | ha] and writes y (N d). Against the separate passes
+// this saves the up product's write of y and the base GEMM's read of it back (2 N d), and SwiGLU
+// needs no adapter term (no rank-r MMAs in a memory-bound pass).
+void forward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
+                     const Tensor& offsets, const GroupedFfnWeights& w, Tensor& y,
+                     GroupedFfnSaved& saved) {
+  const int64_t l = p.in, F = p.ffn, r = p.lora_rank, N = p.rows;
+  const GroupedMatmulParams fwd{.form = GroupedForm::XWt, .gemm = p.gemm};
+  pack_adapter(ctx, p.lora_scale(), w.gate_up_a, w.gate_up_b, w.gate_up);
+  pack_adapter(ctx, p.lora_scale(), w.down_a, w.down_b, w.down);
+  ArenaScope scope(ctx.workspace());
+  Tensor xp;
+  if (p.padded_rows) {
+    xp = padded_rows(x, r);
+  } else {  // one copy of X: the caller's rows have no padding to lend
+    xp = ctx.workspace().alloc({N, l + r}, x.dtype());
+    Tensor head = xp.cols(0, l);
+    ops::copy(ctx, x, head);
+  }
+  Tensor xa = xp.cols(l, l + r);
+  grouped_matmul(ctx, fwd, x, offsets, w.gate_up_a, xa);
+  ops::copy(ctx, xa, saved.xa);  // for dB in backward (N r elements)
+  grouped_matmul(ctx, fwd, xp, offsets, padded_weight(w.gate_up, r).narrow(1, 0, 2 * F),
+                 saved.gate_up);
+  swiglu_forward(ctx, saved.gate_up, saved.h);
+  grouped_matmul(ctx, fwd, saved.h, offsets, w.down_a, saved.ha);
+  grouped_matmul(ctx, fwd, padded_rows(saved.h, r), offsets,
+                 padded_weight(w.down, r).narrow(1, 0, l), y);
+}
+
+// Backward per pass: dr = s dY B_down and dB_down read dY once, dr into dY's padding; the down
+// dX GEMM reads [dY | dr] against [W_down ; A_down] and writes the whole dh (N F); SwiGLU's
+// backward reads gate_up and dh and writes dgate_up (5 N F) into a [N, 2F + r] buffer whose
+// padding the gate/up projection's dr = s dgate_up B and dB fill in one pass over dgate_up; the
+// gate/up dX GEMM reads [dgate_up | dr] against [W_gu ; A_gu] and writes dX. dA = dr^T (input)
+// and, with a trained base, dW stay separate grouped products.
+void backward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
+                      const Tensor& offsets, const GroupedFfnWeights& w,
+                      const GroupedFfnSaved& saved, const Tensor& dy, Tensor& dx,
+                      GroupedFfnWeights& grads) {
+  const int64_t l = p.in, F = p.ffn, r = p.lora_rank, N = p.rows;
+  const DType at = x.dtype();
+  const Forms form(p);
+  ArenaScope scope(ctx.workspace());
+  Tensor dyp;
+  if (p.padded_rows) {
+    dyp = padded_rows(dy, r);
+  } else {
+    dyp = ctx.workspace().alloc({N, l + r}, at);
+    Tensor head = dyp.cols(0, l);
+    ops::copy(ctx, dy, head);
+  }
+  const auto grad = [](const Tensor& g) { return has(g) ? g : Tensor(); };
+  Tensor dr_down = dyp.cols(l, l + r), db_down = grad(grads.down_b);
+  lora_out_grads(ctx, p, dy, offsets, w.down_b, saved.ha, dr_down, db_down);
+  Tensor dh = ctx.workspace().alloc({N, F}, at);
+  grouped_matmul(ctx, form.dx, dyp, offsets, padded_weight(w.down, r).narrow(2, 0, F), dh);
+  if (has(grads.down)) grouped_matmul(ctx, form.dw, dy, offsets, saved.h, grads.down);
+  if (has(grads.down_a)) grouped_matmul(ctx, form.dw, dr_down, offsets, saved.h, grads.down_a);
+
+  Tensor dgp = ctx.workspace().alloc({N, 2 * F + r}, at);
+  Tensor dgu = dgp.cols(0, 2 * F), dr_gu = dgp.cols(2 * F, 2 * F + r);
+  swiglu_backward(ctx, saved.gate_up, dh, dgu);
+  Tensor db_gu = grad(grads.gate_up_b);
+  lora_out_grads(ctx, p, dgu, offsets, w.gate_up_b, saved.xa, dr_gu, db_gu);
+  grouped_matmul(ctx, form.dx, dgp, offsets, padded_weight(w.gate_up, r).narrow(2, 0, l), dx);
+  if (has(grads.gate_up)) grouped_matmul(ctx, form.dw, dgu, offsets, x, grads.gate_up);
+  if (has(grads.gate_up_a)) grouped_matmul(ctx, form.dw, dr_gu, offsets, x, grads.gate_up_a);
+}
+
 }  // namespace
+
+bool grouped_ffn_kconcat(const GroupedFfnParams& p, Device device, DType at) {
+  // bf16 rows at the padded pitches (in + r, F + r, 2F + r) stay 16-byte multiples, as TMA and
+  // the skinny kernels' 16-byte loads want; the rank-r products run on the skinny kernels
+  // (ops/cuda/lora_grouped.h: ranks that are multiples of 8 up to 64).
+  const int64_t r = p.lora_rank;
+  return device == Device::CUDA && at == DType::BF16 && r > 0 && r <= 64 && r % 8 == 0 &&
+         p.in % 8 == 0 && p.ffn % 8 == 0;
+}
+
+bool grouped_ffn_padded(const Tensor& w, int64_t r) {
+  if (!w.defined() || w.ndim() != 3 || r <= 0 || w.raw() == nullptr) return false;
+  const int64_t out = w.dim(1), in = w.dim(2);
+  return w.stride(2) == 1 && w.stride(1) == in + r && w.stride(0) == (out + r) * (in + r);
+}
+
+Tensor grouped_ffn_pad_weight(const Tensor& w, int64_t r) {
+  MT_CHECK(w.ndim() == 3 && r > 0, ShapeError, "grouped_ffn_pad_weight: ", w.shape(), ", rank ", r);
+  if (grouped_ffn_padded(w, r)) return w;
+  const int64_t E = w.dim(0), out = w.dim(1), in = w.dim(2);
+  const Tensor buf = Tensor::zeros({E, out + r, in + r}, w.dtype(), w.device());
+  Tensor block = buf.narrow(1, 0, out).narrow(2, 0, in);
+  block.copy_from(w);
+  return block;
+}
 
 void grouped_ffn_plan(const GroupedFfnParams& p, ArenaPlan& plan) {
   plan.add({p.rows, 2 * p.ffn});
   if (p.lora_rank > 0) {
     plan.add({p.rows, p.lora_rank});
-    plan.add({p.rows, p.lora_rank});
-    plan.add({p.rows, p.ffn});
+    if (grouped_ffn_kconcat(p, plan.device(), plan.activations())) {  // as alloc_saved lays out
+      plan.add({p.rows, p.ffn + p.lora_rank});
+    } else {
+      plan.add({p.rows, p.lora_rank});
+      plan.add({p.rows, p.ffn});
+    }
   }
 }
 
@@ -110,8 +252,14 @@ GroupedFfnSaved grouped_ffn_alloc_saved(const GroupedFfnParams& p, Arena& arena,
   s.gate_up = arena.alloc({p.rows, 2 * p.ffn}, at);
   if (p.lora_rank > 0) {
     s.xa = arena.alloc({p.rows, p.lora_rank}, at);
-    s.ha = arena.alloc({p.rows, p.lora_rank}, at);
-    s.h = arena.alloc({p.rows, p.ffn}, at);
+    if (grouped_ffn_kconcat(p, s.xa.device(), at)) {  // h and ha side by side: [h | ha]
+      const Tensor hp = arena.alloc({p.rows, p.ffn + p.lora_rank}, at);
+      s.h = hp.cols(0, p.ffn);
+      s.ha = hp.cols(p.ffn, p.ffn + p.lora_rank);
+    } else {
+      s.ha = arena.alloc({p.rows, p.lora_rank}, at);
+      s.h = arena.alloc({p.rows, p.ffn}, at);
+    }
   }
   return s;
 }
@@ -125,9 +273,11 @@ void grouped_ffn_forward(Context& ctx, const GroupedFfnParams& p, const Tensor& 
   expect_shape(saved.gate_up, {N, 2 * F}, "grouped_ffn saved gate_up");
   if (r > 0) {
     expect_shape(saved.xa, {N, r}, "grouped_ffn saved xa");
-    expect_shape(saved.ha, {N, r}, "grouped_ffn saved ha");
-    expect_shape(saved.h, {N, F}, "grouped_ffn saved h");
+    expect_dims(saved.ha, {N, r}, "grouped_ffn saved ha");
+    expect_dims(saved.h, {N, F}, "grouped_ffn saved h");
   }
+  if (r > 0 && kconcat_call(p, x, w, saved))
+    return forward_kconcat(ctx, p, x, offsets, w, y, saved);
   const float s = p.lora_scale();
   const Forms form(p);
   // Traffic over HBM per pass, in elements (b bytes each; N rows, d = in, weights read once):
@@ -169,7 +319,7 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
                           GroupedFfnWeights& grads) {
   check(p, x, offsets, w);
   const int64_t l = p.in, F = p.ffn, r = p.lora_rank, N = p.rows;
-  expect_shape(dy, {N, l}, "grouped_ffn dy");
+  expect_dims(dy, {N, l}, "grouped_ffn dy");
   expect_shape(dx, {N, l}, "grouped_ffn dx");
   expect_shape(saved.gate_up, {N, 2 * F}, "grouped_ffn saved gate_up");
   const bool g_gu = has(grads.gate_up), g_dn = has(grads.down);
@@ -181,6 +331,9 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
   if (g_gub) expect_shape(grads.gate_up_b, w.gate_up_b.shape(), "grad experts.gate_up_lora_B");
   if (g_dna) expect_shape(grads.down_a, w.down_a.shape(), "grad experts.down_lora_A");
   if (g_dnb) expect_shape(grads.down_b, w.down_b.shape(), "grad experts.down_lora_B");
+  if (r > 0) expect_dims(saved.h, {N, F}, "grouped_ffn saved h");
+  if (r > 0 && kconcat_call(p, x, w, saved) && (!p.padded_rows || dy.stride(0) == l + r))
+    return backward_kconcat(ctx, p, x, offsets, w, saved, dy, dx, grads);
   const Forms form(p);
 
   // Scratch in the activations' type (f32 on the CPU; f32 or bf16 on the GPU).
@@ -188,7 +341,6 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
   const DType at = x.dtype();
   // h = swiglu(gate_up): forward's with LoRA; without, recomputed only for the pass that reads
   // it, dW_down (a frozen base skips a pass that reads 2 N F and writes N F elements).
-  if (r > 0) expect_shape(saved.h, {N, F}, "grouped_ffn saved h");
   const bool need_h = g_dn || g_dna;
   Tensor h = r > 0 ? saved.h : need_h ? ctx.workspace().alloc({N, F}, at) : Tensor();
   Tensor dh = ctx.workspace().alloc({N, F}, at);

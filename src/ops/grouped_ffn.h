@@ -7,8 +7,18 @@
 //   gate_up_a [E, r, in], gate_up_b [E, 2F, r], down_a [E, r, F], down_b [E, in, r].
 // On the GPU the rank-r products run on skinny kernels (ops/cuda/lora_grouped.h, through
 // grouped_matmul), and the LoRA term is written before the base GEMM adds into it.
-// Gradient contract: dx is written; weight and LoRA grads accumulate (+=) and are skipped when
-// undefined (a frozen base, or no adapter).
+//
+// K-concatenation (bf16 on the GPU, grouped_ffn_kconcat): the adapter rides in the base GEMMs' K
+// dimension instead, y = X W^T + (X A^T)(s B)^T = [X | X A^T] [W | s B]^T and dX = dY W + (s dY B)
+// A = [dY | s dY B] [W ; A]. Each projection's base weight then lives inside a padded buffer
+// [E, out + r, in + r] = [[W, s B], [A, 0]] (grouped_ffn_pad_weight; the op copies A and s B into
+// the pads at every forward), and the activations that feed a GEMM carry the rank-r product in r
+// extra columns: X [rows, in + r], h [rows, F + r], and in backward dY [rows, in + r], dgate_up
+// [rows, 2F + r]. The base GEMMs then carry LoRA for r / in (or r / F, r / 2F) more K, and no pass
+// re-reads an output to add an adapter term; the rank-r products xa = X A^T, ha = h A^T, dr = s
+// dOut B, dB and dA stay skinny kernels, written into the padding columns. Gradient contract: dx is
+// written; weight and LoRA grads accumulate (+=) and are skipped when undefined (a frozen base, or
+// no adapter).
 #pragma once
 
 #include <cstdint>
@@ -26,6 +36,10 @@ struct GroupedFfnParams {
   int64_t rows = 0, experts = 0, in = 0, ffn = 0;
   int64_t lora_rank = 0;  // 0: no adapter
   float lora_alpha = 0;
+  // The K-concatenation path only: x (forward) and dy (backward) are the first `in` columns of
+  // [rows, in + lora_rank] buffers whose last lora_rank columns the op may overwrite (the MoE
+  // layer allocates its rows so). Otherwise the op copies them into padded scratch.
+  bool padded_rows = false;
   std::optional<GroupedGemmConfig> gemm;  // the projections' (grouped_matmul.h); unset: the env's
   float lora_scale() const { return lora_rank ? lora_alpha / static_cast<float>(lora_rank) : 0.f; }
 };
@@ -45,11 +59,26 @@ struct GroupedFfnSaved {
   Tensor xa;       // [rows, r]: X A_gu^T
   Tensor ha;       // [rows, r]: h A_down^T
   Tensor h;        // [rows, F] with LoRA: swiglu(gate_up), as forward computed it
+  // On the K-concatenation path h and ha are the two column blocks of one [rows, F + r] buffer
+  // (the down GEMM's padded input) and gate_up holds the adapted pre-activations.
 };
+
+// Whether the K-concatenation path serves p on `device` with activations of type `at`: the one
+// place that selects it (bf16 on the GPU, an adapter of rank <= 64 and widths that keep the padded
+// rows 16-byte aligned for TMA). The op takes it when this holds and the base weights are padded
+// (grouped_ffn_padded); the MoE layer and the model pad them when it holds.
+bool grouped_ffn_kconcat(const GroupedFfnParams& p, Device device, DType at);
+// Whether w [E, out, in] is the W block of a padded [E, out + r, in + r] buffer.
+bool grouped_ffn_padded(const Tensor& w, int64_t r);
+// W [E, out, in] moved into a new zeroed [E, out + r, in + r] buffer on its device, returned as the
+// strided view of its W block (which keeps the buffer alive); w itself when it already is one. The
+// caller drops w's own storage: the padded buffer replaces it, it does not sit beside it.
+Tensor grouped_ffn_pad_weight(const Tensor& w, int64_t r);
 
 void grouped_ffn_plan(const GroupedFfnParams& p, ArenaPlan& plan);
 // The saved tensors in the activations' dtype `at` (the rows' dtype), as grouped_ffn_plan sizes
-// them under a plan whose activation dtype is `at`.
+// them under a plan whose activation dtype is `at`; h and ha padded together where
+// grouped_ffn_kconcat holds on the arena's device.
 GroupedFfnSaved grouped_ffn_alloc_saved(const GroupedFfnParams& p, Arena& arena,
                                         DType at = DType::F32);
 
@@ -65,7 +94,8 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
 
 // The backends' part: the SwiGLU between the two grouped projections (the projections themselves
 // are grouped_matmul calls), on the fused [rows, 2F] gate_up pre-activation (gate = columns
-// 0..F-1, up = F..2F-1). h = silu(gate) * up, written.
+// 0..F-1, up = F..2F-1). h = silu(gate) * up, written. On the GPU gate_up, h, dh and dgate_up may
+// be row-pitched views (the K-concatenation path's padded buffers); the CPU takes contiguous ones.
 using GroupedFfnSwigluForward = void(Context& ctx, const Tensor& gate_up, Tensor& h);
 // dgate_up from dh, written.
 using GroupedFfnSwigluBackward = void(Context& ctx, const Tensor& gate_up, const Tensor& dh,

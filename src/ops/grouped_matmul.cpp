@@ -79,7 +79,14 @@ void grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Tensor& a,
            "grouped_matmul: ", dw ? "dW" : "W", " must be an f32 [groups, out, in] tensor, got ",
            w.shape());
   const int64_t G = w.dim(0), out = w.dim(1), in = w.dim(2), N = a.dim(0);
-  expect_shape(w, {G, out, in}, dw ? "grouped_matmul dW" : "grouped_matmul W");
+  // A GPU's W may be a block of a padded buffer (the expert LoRA's K-concatenated weights,
+  // ops/grouped_ffn.h): rows of `in` contiguous elements at any pitch, groups at any stride.
+  if (!dw && w.device() != Device::CPU && !w.is_contiguous())
+    MT_CHECK(w.stride(2) == 1 && w.stride(1) >= in && w.stride(0) >= out * w.stride(1), ShapeError,
+             "grouped_matmul W ", w.shape(), ": strides ", w.strides(),
+             " are not a row-pitched block");
+  else
+    expect_shape(w, {G, out, in}, dw ? "grouped_matmul dW" : "grouped_matmul W");
   expect_matrix(a, "grouped_matmul", "A");
   const Tensor& rows_out = dw ? b : c;  // the other [N, *] operand
   expect_matrix(rows_out, "grouped_matmul", dw ? "X" : "C");

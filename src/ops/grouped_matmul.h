@@ -8,8 +8,10 @@
 //   in]
 // XWt is the forward, DyW the input gradient (written with beta = 0), DytX the weight gradient
 // (accumulated with beta = 1). An empty group leaves its rows alone and, in DytX, only scales its
-// C_g by beta. Row operands ([N, *]) may be row-strided views (cols() of a fused buffer); W / dW
-// are contiguous.
+// C_g by beta. Row operands ([N, *]) may be row-strided views (cols() of a fused buffer); dW is
+// contiguous, and so is W on the CPU; a GPU's W may be a row-pitched block of a larger buffer
+// (stride(2) = 1, any row pitch and group stride: the K-concatenated expert LoRA weights of
+// ops/grouped_ffn.h).
 #pragma once
 
 #include <cstddef>

@@ -59,7 +59,7 @@ void moe_combine(Context& ctx, const Tensor& rows, const Tensor& weights, const 
 void moe_combine_backward(Context& ctx, const Tensor& rows, const Tensor& weights,
                           const Tensor& inv, const Tensor& dy, Tensor& drows, Tensor& dweights) {
   check_rows(rows, inv, "moe_combine backward");
-  expect_shape(drows, rows.shape(), "moe_combine drows");
+  expect_dims(drows, rows.shape(), "moe_combine drows");  // a GPU's may be row-pitched
   expect_shape(dweights, weights.shape(), "moe_combine dweights");
   MT_CHECK(weights.ndim() == 2 && dy.ndim() == 2 && weights.dim(0) == dy.dim(0) &&
                weights.numel() == rows.dim(0) && dy.dim(1) == rows.dim(1),

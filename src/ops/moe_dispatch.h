@@ -19,7 +19,8 @@ using MoeDispatchPlan = void(Context& ctx, const Tensor& ids, int64_t experts, T
                              Tensor& inv, Tensor& offsets);
 MoeDispatchPlan moe_dispatch_plan;
 
-// rows[p] = x[perm[p] / k]; x [T, w], rows [T*k, w].
+// rows[p] = x[perm[p] / k]; x [T, w], rows [T*k, w] (on the GPU rows may be row-pitched: the
+// first w columns of the experts' K-concatenated input, ops/grouped_ffn.h).
 using MoeGather = void(Context& ctx, const Tensor& x, const Tensor& perm, int64_t top_k,
                        Tensor& rows);
 MoeGather moe_gather;
@@ -34,7 +35,7 @@ using MoeCombine = void(Context& ctx, const Tensor& rows, const Tensor& weights,
                         Tensor& y);
 MoeCombine moe_combine;
 // drows[inv[t*k+j]] = weights[t,j] * dy[t], dweights[t,j] = <dy[t], rows[inv[t*k+j]]>; both
-// written.
+// written (on the GPU drows may be row-pitched, as moe_gather's rows).
 using MoeCombineBackward = void(Context& ctx, const Tensor& rows, const Tensor& weights,
                                 const Tensor& inv, const Tensor& dy, Tensor& drows,
                                 Tensor& dweights);

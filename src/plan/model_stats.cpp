@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "model/kda_layer.h"
 #include "ops/cross_entropy.h"
+#include "ops/grouped_ffn.h"
 #include "ops/grouped_matmul.h"
 #include "ops/indexer.h"
 #include "ops/kda.h"
@@ -390,10 +391,13 @@ double ffn_scratch(const ModelConfig& cfg, FfnKind k, int64_t T, Device device, 
   const double r = static_cast<double>(m.expert_lora.rank);
   const double S = static_cast<double>(m.num_shared * m.shared_ffn);
   const bool latent = m.latent != m.hidden;
-  double held =
-      ((m.num_shared > 0 ? fp32(T * S) * 3 : 0) + (latent ? fp32(T * l) : 0) + fp32(N * l) * 2) *
-          act +
-      fp32(T * static_cast<double>(m.top_k));  // dweights: fp32
+  // drows_out carries the K-concatenation path's r spare columns (ops/grouped_ffn.h) where the
+  // path may run: bf16 on the GPU (an upper bound by N r elements elsewhere).
+  const double pad = device == Device::CUDA && act < 1.0 ? r : 0.0;
+  double held = ((m.num_shared > 0 ? fp32(T * S) * 3 : 0) + (latent ? fp32(T * l) : 0) +
+                 fp32(N * l) * 2 + fp32(N * pad)) *
+                    act +
+                fp32(T * static_cast<double>(m.top_k));  // dweights: fp32
   // grouped_ffn_backward (h without LoRA, dh, dgu, dr; with LoRA the composite SwiGLU backward's
   // adapted gate_up and dh, ops/grouped_ffn_lora.h), later dx_lat + router (dlogits and its own
   // scratch).
@@ -406,6 +410,27 @@ double ffn_scratch(const ModelConfig& cfg, FfnKind k, int64_t T, Device device, 
   const double gemm =
       device == Device::CUDA ? static_cast<double>(ops::kGroupedMatmulScratchBytes) : 0.0;
   return std::max(fwd, held + std::max(grouped, router)) + gemm;
+}
+
+// The K-concatenation path's pads around the routed experts' base weights (ops/grouped_ffn.h:
+// each projection's frozen W [E, out, in] lives in [E, out + r, in + r]), where a GPU runs it:
+// experts computed where they live (no expert parallelism), bf16. E r (out + in + r) elements per
+// projection and MoE layer, a term in E x r x (d + ffn), never in E x d x ffn.
+double kconcat_pad_bytes(const ModelConfig& cfg, const ParallelPlan& p, const MemoryOptions& o) {
+  const MoeConfig& m = cfg.moe;
+  const ops::GroupedFfnParams gp{.rows = 1,
+                                 .experts = m.num_experts,
+                                 .in = m.latent,
+                                 .ffn = m.expert_ffn,
+                                 .lora_rank = m.expert_lora.rank};
+  if (!o.freeze_base || p.ep != 1 || !ops::grouped_ffn_kconcat(gp, o.device, o.precision.weights))
+    return 0;
+  double layers = 0;
+  for (const LayerIR& layer : cfg.layers) layers += layer.ffn == FfnKind::Moe;
+  const double E = static_cast<double>(m.num_experts), r = static_cast<double>(m.expert_lora.rank);
+  const double l = static_cast<double>(m.latent), F = static_cast<double>(m.expert_ffn);
+  return layers * E * r * ((2 * F + l + r) + (l + F + r)) *
+         static_cast<double>(dtype_size(o.precision.weights));
 }
 
 }  // namespace
@@ -465,7 +490,7 @@ MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& c,
     m.master = (dense_master / world + ex_tr) * dt.master;
     m.optimizer = (dense_tr / world + ex_tr) * dt.optim;
   } else {
-    m.weights = dense_b / fsdp + ex_b;
+    m.weights = dense_b / fsdp + ex_b + kconcat_pad_bytes(cfg, p, o);
     m.grads = (dense_tr / fsdp + ex_tr) * dt.grad;
     m.master = (dense_master / fsdp + ex_tr) * dt.master;
     m.optimizer = (dense_tr / fsdp + ex_tr) * dt.optim;

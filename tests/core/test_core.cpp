@@ -66,6 +66,28 @@ TEST(Core, ColumnViewsAreStridedAndShareMemory) {
   EXPECT_EQ(u.strides(), (Shape{12, 4, 1}));
 }
 
+// narrow() slices any dimension: a weight block inside its padded buffer (ops/grouped_ffn.h).
+TEST(Core, NarrowSlicesAnyDimensionAndSharesMemory) {
+  Tensor t = Tensor::empty({2, 5, 6});
+  for (int i = 0; i < 60; ++i) t.f32()[i] = static_cast<float>(i);
+  Tensor w = t.narrow(1, 0, 3).narrow(2, 0, 4);  // [2, 3, 4] at pitch 6, groups 30 apart
+  EXPECT_EQ(w.shape(), Shape({2, 3, 4}));
+  EXPECT_EQ(w.strides(), (Shape{30, 6, 1}));
+  EXPECT_FALSE(w.is_contiguous());
+  EXPECT_EQ(w.f32_strided()[1 * 30 + 2 * 6 + 3], 45.0f);
+  Tensor tail = t.narrow(1, 3, 5).narrow(2, 4, 6);  // the other corner
+  EXPECT_EQ(tail.f32_strided()[0], 22.0f);
+  EXPECT_TRUE(t.narrow(0, 1, 2).is_contiguous());
+  EXPECT_THROW(t.narrow(3, 0, 1), ShapeError);
+  EXPECT_THROW(t.narrow(1, 4, 6), ShapeError);
+  // A dense copy of the block holds exactly its elements.
+  const Tensor d = w.clone();
+  for (int64_t g = 0; g < 2; ++g)
+    for (int64_t r = 0; r < 3; ++r)
+      for (int64_t c = 0; c < 4; ++c)
+        EXPECT_EQ(d.f32()[(g * 3 + r) * 4 + c], static_cast<float>(g * 30 + r * 6 + c));
+}
+
 TEST(Core, CopyFromHandlesStridesOnBothSides) {
   Rng rng(test::test_seed());
   Tensor a = Tensor::empty({6, 7}), b = Tensor::zeros({6, 9});

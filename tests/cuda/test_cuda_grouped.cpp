@@ -27,6 +27,7 @@
 
 #include "harness/gpu_check.h"
 #include "harness/seed.h"
+#include "ops/elementwise.h"
 #include "ops/grouped_ffn.h"
 #include "ops/grouped_matmul.h"
 
@@ -104,6 +105,10 @@ struct FfnSetup {
   // Skewed counts: expert 0 takes most rows, experts 2 and E-1 one row each, every third empty.
   bool skewed = false;
   std::optional<ops::GroupedGemmConfig> gemm;
+  // The K-concatenation path (ops/grouped_ffn.h) in the GPU's bf16 pass: the base weights in
+  // their padded buffers and h beside ha; with pad_rows x and dy lend their padding too (else the
+  // op copies them into padded scratch).
+  bool kconcat = false, pad_rows = false;
 };
 
 // Inputs: x, dy, gate_up, down, their pre-filled gradients, then (LoRA) the four factors and
@@ -153,6 +158,13 @@ FfnCase ffn_case(const FfnSetup& s, Rng& rng) {
   return k;
 }
 
+// Whether this pass of a kconcat setup runs the K-concatenation path: the GPU's bf16 pass.
+bool kconcat_pass(const FfnSetup& s, const std::vector<Tensor>& in) {
+  const ops::GroupedFfnParams p{
+      .rows = s.rows, .experts = s.experts, .in = s.in, .ffn = s.ffn, .lora_rank = s.rank};
+  return s.kconcat && ops::grouped_ffn_kconcat(p, in[0].device(), in[0].dtype());
+}
+
 // The op's operands on the context's device, from the case's inputs.
 struct FfnOperands {
   ops::GroupedFfnWeights w, g;
@@ -185,6 +197,13 @@ FfnOperands ffn_operands(Context& c, const FfnSetup& s, const std::vector<Tensor
   o.saved.gate_up = out(c, {N, 2 * F}, at);
   o.y = out(c, {N, l}, at);
   o.dx = out(c, {N, l}, at);
+  if (kconcat_pass(s, in)) {
+    o.w.gate_up = ops::grouped_ffn_pad_weight(in[2], r);
+    o.w.down = ops::grouped_ffn_pad_weight(in[3], r);
+    const Tensor hp = out(c, {N, F + r}, at);  // NaN: the op writes ha before the GEMM reads it
+    o.saved.h = hp.cols(0, F);
+    o.saved.ha = hp.cols(F, F + r);
+  }
   return o;
 }
 
@@ -195,11 +214,40 @@ std::vector<Tensor> ffn_results(const FfnSetup& s, const FfnOperands& o) {
   return res;
 }
 
+// [rows, w + r] NaN-filled on the context's device with t in its first w columns, returned as
+// the view of those columns (the MoE layer's padded rows).
+Tensor padded_copy(Context& c, const Tensor& t, int64_t r) {
+  const Tensor buf = out(c, {t.dim(0), t.dim(1) + r}, t.dtype());
+  Tensor head = buf.cols(0, t.dim(1));
+  ops::copy(c, t, head);
+  return head;
+}
+
 std::vector<Tensor> ffn_op(Context& c, const FfnSetup& s, const FfnCase& k,
                            const std::vector<Tensor>& in) {
   FfnOperands o = ffn_operands(c, s, in);
-  ops::grouped_ffn_forward(c, k.p, in[0], k.off, o.w, o.y, o.saved);
-  ops::grouped_ffn_backward(c, k.p, in[0], k.off, o.w, o.saved, in[1], o.dx, o.g);
+  ops::GroupedFfnParams p = k.p;
+  Tensor x = in[0], dy = in[1];
+  const int64_t l = s.in, r = s.rank;
+  if (kconcat_pass(s, in)) {
+    // The path's preconditions hold (else a fallback would pass this case unexercised), and the
+    // padded weights hold W.
+    EXPECT_TRUE(ops::grouped_ffn_padded(o.w.gate_up, r) && ops::grouped_ffn_padded(o.w.down, r));
+    EXPECT_TRUE(host_bytes(o.w.gate_up.clone()) == host_bytes(in[2])) << "padded gate_up";
+    EXPECT_TRUE(host_bytes(o.w.down.clone()) == host_bytes(in[3])) << "padded down";
+    if (s.pad_rows) {
+      p.padded_rows = true;
+      x = padded_copy(c, in[0], r);
+      dy = padded_copy(c, in[1], r);
+    }
+  }
+  ops::grouped_ffn_forward(c, p, x, k.off, o.w, o.y, o.saved);
+  if (p.padded_rows) {  // the rows' padding holds X A^T, as saved for dB
+    const Tensor padded(x.raw(), {s.rows, l + r}, x.dtype(), x.device());
+    EXPECT_TRUE(host_bytes(padded.cols(l, l + r).clone()) == host_bytes(o.saved.xa))
+        << "x's padding after forward";
+  }
+  ops::grouped_ffn_backward(c, p, x, k.off, o.w, o.saved, dy, o.dx, o.g);
   return ffn_results(s, o);
 }
 
@@ -312,6 +360,51 @@ TEST(CudaGroupedFfn, SkinnyLoraPathRanks16And32) {
             {.rows = 3000, .experts = 16, .in = 264, .ffn = 136, .rank = 16});
   ffn_check("grouped_ffn skinny lora r32 frozen",
             {.rows = 3000, .experts = 16, .in = 264, .ffn = 136, .rank = 32, .frozen_base = true});
+}
+
+// Expert LoRA carried in the base GEMMs' K dimension (ops/grouped_ffn.h, K-concatenation) in the
+// bf16 pass, against the same emulation as the separate passes (the path rounds each adapted
+// output once where the emulation rounds twice, and s B once into the padded weight): forward,
+// backward with dX, dA and dB, frozen and trained base; skewed counts (a hot expert, one-token
+// experts, every third empty); rows padded by the caller or copied by the op; rank 64 takes the
+// two-call dr / dB form (the one-pass kernel stops at 32); widths with partial tiles.
+TEST(CudaGroupedFfn, KConcatLoraInTheBaseGemms) {
+  REQUIRE_GPU();
+  ffn_check("grouped_ffn kconcat r16 skewed frozen, padded rows", {.rows = 3000,
+                                                                   .experts = 16,
+                                                                   .in = 264,
+                                                                   .ffn = 136,
+                                                                   .rank = 16,
+                                                                   .frozen_base = true,
+                                                                   .skewed = true,
+                                                                   .kconcat = true,
+                                                                   .pad_rows = true});
+  ffn_check("grouped_ffn kconcat r8 trained base, copied rows",
+            {.rows = 2000, .experts = 9, .in = 64, .ffn = 48, .rank = 8, .kconcat = true});
+  ffn_check("grouped_ffn kconcat r32 skewed trained base, padded rows", {.rows = 3000,
+                                                                         .experts = 16,
+                                                                         .in = 264,
+                                                                         .ffn = 136,
+                                                                         .rank = 32,
+                                                                         .skewed = true,
+                                                                         .kconcat = true,
+                                                                         .pad_rows = true});
+  ffn_check("grouped_ffn kconcat r64 frozen, padded rows", {.rows = 1500,
+                                                            .experts = 8,
+                                                            .in = 128,
+                                                            .ffn = 64,
+                                                            .rank = 64,
+                                                            .frozen_base = true,
+                                                            .kconcat = true,
+                                                            .pad_rows = true});
+  ffn_check("grouped_ffn kconcat 16384 rows 64 experts r16 frozen", {.rows = 16384,
+                                                                     .experts = 64,
+                                                                     .in = 256,
+                                                                     .ffn = 128,
+                                                                     .rank = 16,
+                                                                     .frozen_base = true,
+                                                                     .kconcat = true,
+                                                                     .pad_rows = true});
 }
 
 // The bf16 emulation follows the op's own sequence of writes: without rounding it reproduces the

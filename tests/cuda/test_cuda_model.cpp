@@ -15,6 +15,7 @@
 #include "harness/tolerance.h"
 #include "model/model.h"
 #include "model/moe_layer.h"
+#include "ops/grouped_ffn.h"
 #include "train/adamw.h"
 
 namespace mt::test {
@@ -200,14 +201,22 @@ TEST(CudaModel, AdamWStepsTrackTheCpu) {
 // bf16 weights and activations on the GPU against the CPU's fp32 model holding the same
 // (bf16-rounded) weights: what remains is the rounding of activations, bounded by the model row
 // of the bf16 table.
-TEST(CudaModel, Bf16PolicyStaysWithinTheModelBound) {
-  REQUIRE_GPU();
+void bf16_step_check(const ModelConfig& cfg, bool kconcat) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(cat("seed=", seed));
-  const ModelConfig cfg = hybrid_config(true);
   Model gpu(cfg, seed,
             {.freeze_base = true, .precision = Precision::bf16(), .device = Device::CUDA});
   Model cpu(cfg, seed, {.freeze_base = true});
+  // The routed experts' base weights live in the K-concatenation path's padded buffers exactly
+  // where it runs (ops/grouped_ffn.h; Model::pad_experts).
+  int experts = 0;
+  for (const auto& p : gpu.params().all())
+    if (p->name.ends_with("mlp.experts.gate_up_proj") ||
+        p->name.ends_with("mlp.experts.down_proj")) {
+      EXPECT_EQ(ops::grouped_ffn_padded(p->value, cfg.moe.expert_lora.rank), kconcat) << p->name;
+      ++experts;
+    }
+  EXPECT_GT(experts, 0);
   break_symmetry(gpu, seed);
   for (const auto& p : cpu.params().all()) p->value.copy_from(gpu.params().at(p->name).value);
   Rng rng(seed);
@@ -236,6 +245,21 @@ TEST(CudaModel, Bf16PolicyStaysWithinTheModelBound) {
     }
   }
   EXPECT_LE(std::sqrt(num / den), kModelBf16GradRel);
+}
+
+TEST(CudaModel, Bf16PolicyStaysWithinTheModelBound) {
+  REQUIRE_GPU();
+  bf16_step_check(hybrid_config(true), false);  // expert LoRA rank 2: the separate passes
+}
+
+// Expert LoRA at a rank and widths the K-concatenation path takes (rank 8, latent 16, expert
+// ffn 16): the layer runs its experts K-concatenated, forward and backward, in the whole model.
+TEST(CudaModel, Bf16ExpertLoraKConcatenatedStaysWithinTheModelBound) {
+  REQUIRE_GPU();
+  ModelConfig cfg = hybrid_config(true);
+  cfg.moe.expert_ffn = 16;
+  cfg.moe.expert_lora = LoraSpec{.rank = 8, .alpha = 16.f};
+  bf16_step_check(cfg, true);
 }
 
 }  // namespace

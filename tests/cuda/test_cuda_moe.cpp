@@ -298,8 +298,10 @@ TEST(CudaRouter, BiasUpdateAndMappedLoads) {
   expect_same_ints(cpu_ints, gpu_ints, "loads and mapped ids");
 }
 
-// Dispatch: plan, gather (+ backward, written and accumulated), combine (+ backward).
-void dispatch_check(const char* name, int64_t T, int64_t E, int64_t K, int64_t W) {
+// Dispatch: plan, gather (+ backward, written and accumulated), combine (+ backward). With `pad`,
+// the GPU's gathered rows and row gradients are the first W columns of [T*K, W + pad] buffers
+// (the K-concatenated expert LoRA's padded rows, ops/grouped_ffn.h).
+void dispatch_check(const char* name, int64_t T, int64_t E, int64_t K, int64_t W, int64_t pad = 0) {
   const uint64_t seed = fresh_seed();
   Rng rng(seed);
   Tensor ids = Tensor::empty({T, K}, DType::I32);
@@ -325,18 +327,19 @@ void dispatch_check(const char* name, int64_t T, int64_t E, int64_t K, int64_t W
         const DType at = in[0].dtype();
         Tensor perm = int_out(c, {T * K}), inv = int_out(c, {T * K}), off = int_out(c, {E + 1});
         OP(moe_dispatch_plan)(c, in[1], E, perm, inv, off);
-        Tensor rows = out(c, {T * K, W}, at), y = out(c, {T, W}, at);
+        const int64_t pitch = W + (gpu ? pad : 0);
+        Tensor rows = out(c, {T * K, pitch}, at).cols(0, W), y = out(c, {T, W}, at);
         OP(moe_gather)(c, in[0], perm, K, rows);
         OP(moe_combine)(c, in[2], in[3], inv, y);
         Tensor dx = out(c, {T, W}, at), dxa = like(c, in[6]);
         OP(moe_gather_backward)(c, in[5], inv, K, dx, false);
         OP(moe_gather_backward)(c, in[5], inv, K, dxa, true);
-        Tensor dr = out(c, {T * K, W}, at), dw = out(c, {T, K}, DType::F32);
+        Tensor dr = out(c, {T * K, pitch}, at).cols(0, W), dw = out(c, {T, K}, DType::F32);
         OP(moe_combine_backward)(c, in[2], in[3], inv, in[4], dr, dw);
         auto* keep = gpu ? &gpu_ints : &cpu_ints;
         Tensor fp = ints_as_f32(c, perm, keep), fi = ints_as_f32(c, inv, keep),
                fo = ints_as_f32(c, off, keep);
-        return {fp, fi, fo, rows, y, dx, dxa, dr, dw};
+        return {fp, fi, fo, rows.clone(), y, dx, dxa, dr.clone(), dw};
       },
       seed);
   expect_same_ints(cpu_ints, gpu_ints, name);
@@ -349,6 +352,8 @@ TEST(CudaDispatch, PlanGatherCombineForwardBackward) {
   dispatch_check("dispatch top-1", 17, 4, 1, 7);
   dispatch_check("dispatch 2048x64 top-8", 2048, 64, 8, 256);
   dispatch_check("dispatch 3000x384 top-8", 3000, 384, 8, 64);
+  dispatch_check("dispatch pitched rows, packs", 300, 16, 8, 64, 16);
+  dispatch_check("dispatch pitched rows, elements", 37, 11, 3, 19, 5);
 }
 
 // Overflow rerouting on scores and candidates that both devices get as inputs (the router's

@@ -383,6 +383,33 @@ TEST(PlanMemory, FusedDsaSelectionPlansNoScoreTable) {
   EXPECT_GE(wide_ws(wide), tables);
 }
 
+// The K-concatenated expert LoRA keeps each frozen routed projection W [E, out, in] in
+// [E, out + r, in + r] (ops/grouped_ffn.h): bf16 on the GPU the weights grow by E r (out + in +
+// r) elements per projection and MoE layer, by hand; nowhere else (f32, the CPU, a trained base,
+// expert parallelism).
+TEST(PlanMemory, KConcatExpertLoraCountsTheWeightPads) {
+  ModelConfig cfg = ModelConfig::load("tiny");
+  cfg.moe.expert_ffn = 16;
+  cfg.moe.expert_lora = LoraSpec{.rank = 8, .alpha = 16.f};
+  const auto weights = [&](Device device, Precision precision, bool frozen, int64_t ep) {
+    return predict_memory(cfg, {.world = ep, .ep = ep, .mbs = 1, .seq = 64},
+                          {.precision = precision, .freeze_base = frozen, .device = device})
+        .weights;
+  };
+  const Precision bf = Precision::bf16(), f32 = Precision::fp32();
+  double moe_layers = 0;
+  for (const LayerIR& l : cfg.layers) moe_layers += l.ffn == FfnKind::Moe;
+  ASSERT_GT(moe_layers, 0);
+  const double E = 6, r = 8, d = 16, F = 16;  // tiny: 6 experts, latent 16
+  ASSERT_EQ(cfg.moe.num_experts, 6);
+  ASSERT_EQ(cfg.moe.latent, 16);
+  const double pads = moe_layers * E * r * ((2 * F + d + r) + (d + F + r)) * 2;  // bf16 bytes
+  EXPECT_DOUBLE_EQ(weights(Device::CUDA, bf, true, 1) - weights(Device::CPU, bf, true, 1), pads);
+  EXPECT_DOUBLE_EQ(weights(Device::CUDA, f32, true, 1), weights(Device::CPU, f32, true, 1));
+  EXPECT_DOUBLE_EQ(weights(Device::CUDA, bf, false, 1), weights(Device::CPU, bf, false, 1));
+  EXPECT_DOUBLE_EQ(weights(Device::CUDA, bf, true, 2), weights(Device::CPU, bf, true, 2));
+}
+
 // A bf16 model is built, planned and checkpointed on the CPU but never run there: forward names
 // the key that chose the policy.
 TEST(PlanMemory, Bf16ForwardIsRefusedOnTheCpu) {

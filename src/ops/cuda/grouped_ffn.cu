@@ -26,35 +26,42 @@ __device__ __forceinline__ void pack_at(int64_t i, int64_t packs, int V, int64_t
   c = (i - r * packs) * V;
 }
 
+// Row pitches in elements: the tensors may be row-pitched views (the K-concatenation path's
+// padded h and dgate_up, ops/grouped_ffn.h).
+struct Pitches {
+  int64_t gu, h, dgu;
+};
+
 template <typename T, int V>
-__global__ void swiglu_fwd_kernel(int64_t rows, int64_t F, const T* gu, T* h) {
+__global__ void swiglu_fwd_kernel(int64_t rows, int64_t F, const T* gu, T* h, Pitches pitch) {
   const int64_t packs = F / V;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * packs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t r, c;
     pack_at(i, packs, V, r, c);
-    const Pack<T, V> g = load_pack<T, V>(gu + r * 2 * F + c),
-                     u = load_pack<T, V>(gu + r * 2 * F + F + c);
+    const Pack<T, V> g = load_pack<T, V>(gu + r * pitch.gu + c),
+                     u = load_pack<T, V>(gu + r * pitch.gu + F + c);
     Pack<T, V> out;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const float gj = ld(g.v, j);
       st(out.v, j, gj / (1.0f + expf(-gj)) * ld(u.v, j));
     }
-    store_pack(h + r * F + c, out);
+    store_pack(h + r * pitch.h + c, out);
   }
 }
 
 template <typename T, int V>
-__global__ void swiglu_bwd_kernel(int64_t rows, int64_t F, const T* gu, const T* dh, T* dgu) {
+__global__ void swiglu_bwd_kernel(int64_t rows, int64_t F, const T* gu, const T* dh, T* dgu,
+                                  Pitches pitch) {
   const int64_t packs = F / V;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * packs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t r, c;
     pack_at(i, packs, V, r, c);
-    const Pack<T, V> g = load_pack<T, V>(gu + r * 2 * F + c),
-                     u = load_pack<T, V>(gu + r * 2 * F + F + c),
-                     d = load_pack<T, V>(dh + r * F + c);
+    const Pack<T, V> g = load_pack<T, V>(gu + r * pitch.gu + c),
+                     u = load_pack<T, V>(gu + r * pitch.gu + F + c),
+                     d = load_pack<T, V>(dh + r * pitch.h + c);
     Pack<T, V> dg, du;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
@@ -63,25 +70,43 @@ __global__ void swiglu_bwd_kernel(int64_t rows, int64_t F, const T* gu, const T*
       st(du.v, j, dj * gj * sg);
       st(dg.v, j, dj * uj * sg * (1.0f + gj * (1.0f - sg)));
     }
-    store_pack(dgu + r * 2 * F + c, dg);
-    store_pack(dgu + r * 2 * F + F + c, du);
+    store_pack(dgu + r * pitch.dgu + c, dg);
+    store_pack(dgu + r * pitch.dgu + F + c, du);
   }
+}
+
+// Whether rows of width F move in 16-byte packs: the bases aligned and every pitch a whole number
+// of packs.
+template <typename T>
+bool pitched_packs_fit(int64_t F, std::initializer_list<const void*> bases,
+                       std::initializer_list<int64_t> pitches) {
+  bool ok = packs_fit<T>(F, bases);
+  for (int64_t w : pitches) ok = ok && w % (16 / static_cast<int64_t>(sizeof(T))) == 0;
+  return ok;
+}
+
+void expect_rows(const Tensor& t, const char* what) {
+  MT_CHECK(t.ndim() == 2 && t.stride(1) == 1, ShapeError, "grouped_ffn swiglu ", what, " ",
+           t.shape(), ": rows must be dense (strides ", t.strides(), ")");
 }
 
 }  // namespace
 
 void grouped_ffn_swiglu_forward(Context& ctx, const Tensor& gate_up, Tensor& h) {
   expect_same_dtype("grouped_ffn swiglu", gate_up, h, "h");
+  expect_rows(gate_up, "gate_up");
+  expect_rows(h, "h");
   const int64_t rows = h.dim(0), F = h.dim(1);
   if (rows * F == 0) return;
+  const Pitches pitches{gate_up.stride(0), h.stride(0), 0};
   MT_DISPATCH_FLOAT(gate_up, "grouped_ffn swiglu", {
     constexpr int V = 16 / sizeof(T);
-    if (packs_fit<T>(F, {gate_up.raw(), h.raw()}))
+    if (pitched_packs_fit<T>(F, {gate_up.raw(), h.raw()}, {pitches.gu, pitches.h}))
       swiglu_fwd_kernel<T, V><<<blocks_for(rows * F / V, kThreads), kThreads, 0, stream(ctx)>>>(
-          rows, F, ptr<T>(gate_up), ptr<T>(h));
+          rows, F, static_cast<const T*>(gate_up.raw()), static_cast<T*>(h.raw()), pitches);
     else
       swiglu_fwd_kernel<T, 1><<<blocks_for(rows * F, kThreads), kThreads, 0, stream(ctx)>>>(
-          rows, F, ptr<T>(gate_up), ptr<T>(h));
+          rows, F, static_cast<const T*>(gate_up.raw()), static_cast<T*>(h.raw()), pitches);
   });
   MT_CUDA_LAUNCH_CHECK();
 }
@@ -90,16 +115,24 @@ void grouped_ffn_swiglu_backward(Context& ctx, const Tensor& gate_up, const Tens
                                  Tensor& dgate_up) {
   expect_same_dtype("grouped_ffn swiglu", gate_up, dh, "dh");
   expect_same_dtype("grouped_ffn swiglu", gate_up, dgate_up, "dgate_up");
+  expect_rows(gate_up, "gate_up");
+  expect_rows(dh, "dh");
+  expect_rows(dgate_up, "dgate_up");
   const int64_t rows = dh.dim(0), F = dh.dim(1);
   if (rows * F == 0) return;
+  const Pitches pitches{gate_up.stride(0), dh.stride(0), dgate_up.stride(0)};
   MT_DISPATCH_FLOAT(gate_up, "grouped_ffn swiglu", {
     constexpr int V = 16 / sizeof(T);
-    if (packs_fit<T>(F, {gate_up.raw(), dh.raw(), dgate_up.raw()}))
+    const auto* gu = static_cast<const T*>(gate_up.raw());
+    const auto* d = static_cast<const T*>(dh.raw());
+    auto* dg = static_cast<T*>(dgate_up.raw());
+    if (pitched_packs_fit<T>(F, {gate_up.raw(), dh.raw(), dgate_up.raw()},
+                             {pitches.gu, pitches.h, pitches.dgu}))
       swiglu_bwd_kernel<T, V><<<blocks_for(rows * F / V, kThreads), kThreads, 0, stream(ctx)>>>(
-          rows, F, ptr<T>(gate_up), ptr<T>(dh), ptr<T>(dgate_up));
+          rows, F, gu, d, dg, pitches);
     else
       swiglu_bwd_kernel<T, 1><<<blocks_for(rows * F, kThreads), kThreads, 0, stream(ctx)>>>(
-          rows, F, ptr<T>(gate_up), ptr<T>(dh), ptr<T>(dgate_up));
+          rows, F, gu, d, dg, pitches);
   });
   MT_CUDA_LAUNCH_CHECK();
 }

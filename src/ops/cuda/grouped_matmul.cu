@@ -39,12 +39,11 @@ MatRef rows_of(const Tensor& t, int64_t r0) {
           t.stride(0)};
 }
 
-// Group g's [out, in] block of W [G, out, in].
+// Group g's [out, in] block of W [G, out, in] (a row-pitched view, or contiguous).
 MatRef weight_of(const Tensor& w, int64_t g) {
-  const int64_t out = w.dim(1), in = w.dim(2);
   return {static_cast<const char*>(w.raw()) +
-              g * out * in * static_cast<int64_t>(dtype_size(w.dtype())),
-          w.dtype(), in};
+              g * w.stride(0) * static_cast<int64_t>(dtype_size(w.dtype())),
+          w.dtype(), w.stride(1)};
 }
 
 void* rows_ptr(const Tensor& t, int64_t r0) {
@@ -129,6 +128,10 @@ bool sm90_grouped(Context& ctx, const GroupedMatmulParams& p, const Tensor& a, c
       g.n = b.dim(fwd ? 1 : 2);
       g.k = b.dim(fwd ? 2 : 1);
       g.ldc = c.stride(0);
+      if (!b.is_contiguous()) {  // a block of a padded buffer (grouped_matmul.h)
+        g.ldw = b.stride(1);
+        g.w_group = b.stride(0);
+      }
       break;
     }
     case GroupedForm::DytX:  // dW [G, m, n] f32
@@ -202,7 +205,7 @@ void grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Tensor& a,
   const bool same_types = !(dw && a.dtype() != DType::F32);
   const bool fits = same_types && count <= kMaxGroups && out <= INT32_MAX && in <= INT32_MAX &&
                     a.stride(0) <= INT32_MAX && b.stride(0) <= INT32_MAX &&
-                    c.stride(0) <= INT32_MAX;
+                    b.stride(1) <= INT32_MAX && c.stride(0) <= INT32_MAX;
   if (!fits) {  // one cuBLASLt call per group
     for (int64_t g = 0; g < G; ++g) {
       const int64_t r0 = off[g], m = off[g + 1] - off[g];
@@ -250,21 +253,21 @@ void grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Tensor& a,
     return Operand{static_cast<const char*>(t.raw()),
                    t.stride(0) * static_cast<int64_t>(dtype_size(t.dtype())), 0};
   };
-  const auto blocks = [&](const Tensor& t) {
+  const auto blocks = [&](const Tensor& t) {  // W's groups (any stride), or dW's (contiguous)
     return Operand{static_cast<const char*>(t.raw()), 0,
-                   wsize * static_cast<int64_t>(dtype_size(t.dtype()))};
+                   t.stride(0) * static_cast<int64_t>(dtype_size(t.dtype()))};
   };
   Problem pr{};
   pr.ab = a.dtype();
   pr.ct = c.dtype();
   switch (p.form) {
     case GroupedForm::XWt:
-      pr = {false,       true, rows(a),     blocks(b), rows(c),
-            a.stride(0), in,   c.stride(0), a.dtype(), c.dtype()};
+      pr = {false,       true,        rows(a),     blocks(b), rows(c),
+            a.stride(0), b.stride(1), c.stride(0), a.dtype(), c.dtype()};
       break;
     case GroupedForm::DyW:
-      pr = {false,       false, rows(a),     blocks(b), rows(c),
-            a.stride(0), in,    c.stride(0), a.dtype(), c.dtype()};
+      pr = {false,       false,       rows(a),     blocks(b), rows(c),
+            a.stride(0), b.stride(1), c.stride(0), a.dtype(), c.dtype()};
       break;
     case GroupedForm::DytX:
       pr = {true,        false,       rows(a), rows(b),   blocks(c),

@@ -43,12 +43,12 @@ __global__ void plan_finish_kernel(int64_t n, int64_t E, const uint32_t* sorted,
 // at 1-2 TB/s (bench moe, session 10). Sums keep the k slots' order per element.
 template <typename T, int V>
 __global__ void gather_kernel(int64_t n, int64_t w, int64_t k, const T* x, const int32_t* perm,
-                              T* rows) {
+                              T* rows, int64_t ldr) {
   const int64_t r = blockIdx.x;
   if (r >= n) return;
   const T* src = x + static_cast<int64_t>(perm[r] / k) * w;
   for (int64_t c = threadIdx.x * V; c < w; c += blockDim.x * V)
-    store_pack(rows + r * w + c, load_pack<T, V>(src + c));
+    store_pack(rows + r * ldr + c, load_pack<T, V>(src + c));
 }
 
 template <typename T, int V>
@@ -93,7 +93,8 @@ __global__ void combine_kernel(int64_t w, int64_t k, const T* rows, const float*
 
 template <typename T, int V>
 __global__ void combine_bwd_kernel(int64_t w, int64_t k, const T* rows, const float* weights,
-                                   const int32_t* inv, const T* dy, T* drows, float* dweights) {
+                                   const int32_t* inv, const T* dy, T* drows, int64_t lddr,
+                                   float* dweights) {
   const int64_t t = blockIdx.x;
   for (int64_t j = 0; j < k; ++j) {
     const int64_t r = inv[t * k + j];
@@ -107,7 +108,7 @@ __global__ void combine_bwd_kernel(int64_t w, int64_t k, const T* rows, const fl
         dot += ld(g.v, e) * ld(x.v, e);
         st(out.v, e, a * ld(g.v, e));
       }
-      store_pack(drows + r * w + c, out);
+      store_pack(drows + r * lddr + c, out);
     }
     dot = block_sum(dot);
     if (threadIdx.x == 0) dweights[t * k + j] = dot;
@@ -155,13 +156,18 @@ void moe_dispatch_plan(Context& ctx, const Tensor& ids, int64_t experts, Tensor&
 
 void moe_gather(Context& ctx, const Tensor& x, const Tensor& perm, int64_t top_k, Tensor& rows) {
   expect_same_dtype("moe_gather", x, rows, "rows");
-  const int64_t n = rows.dim(0), w = rows.dim(1);
+  MT_CHECK(x.is_contiguous() && rows.stride(1) == 1, ShapeError, "moe_gather: x ", x.strides(),
+           ", rows ", rows.strides(), ": dense rows expected");
+  const int64_t n = rows.dim(0), w = rows.dim(1), ldr = rows.stride(0);
   if (n == 0 || w == 0) return;
+  // rows may be row-pitched: the first columns of the experts' padded input (ops/grouped_ffn.h).
   MT_DISPATCH_FLOAT(x, "moe_gather", {
-    with_pack<T>(packs_fit<T>(w, {x.raw(), rows.raw()}), [&](auto v) {
-      gather_kernel<T, v()><<<grid_of(n), kThreads, 0, stream(ctx)>>>(
-          n, w, top_k, ptr<T>(x), ptr<int32_t>(perm), ptr<T>(rows));
-    });
+    with_pack<T>(
+        packs_fit<T>(w, {x.raw(), rows.raw()}) && ldr % static_cast<int64_t>(16 / sizeof(T)) == 0,
+        [&](auto v) {
+          gather_kernel<T, v()><<<grid_of(n), kThreads, 0, stream(ctx)>>>(
+              n, w, top_k, ptr<T>(x), ptr<int32_t>(perm), ptr<T>(rows), ldr);
+        });
   });
   MT_CUDA_LAUNCH_CHECK();
 }
@@ -207,12 +213,18 @@ void moe_combine_backward(Context& ctx, const Tensor& rows, const Tensor& weight
     MT_CUDA_CHECK(cudaMemsetAsync(dweights.raw(), 0, dweights.bytes(), stream(ctx)));
     return;
   }
+  MT_CHECK(rows.is_contiguous() && dy.is_contiguous() && drows.stride(1) == 1, ShapeError,
+           "moe_combine_backward: drows ", drows.strides(), ": dense rows expected");
+  // drows may be row-pitched: the first columns of the experts' padded dY (ops/grouped_ffn.h).
+  const int64_t lddr = drows.stride(0);
   MT_DISPATCH_FLOAT(rows, "moe_combine_backward", {
-    with_pack<T>(packs_fit<T>(w, {rows.raw(), dy.raw(), drows.raw()}), [&](auto v) {
-      combine_bwd_kernel<T, v()><<<grid_of(tokens), kThreads, 0, stream(ctx)>>>(
-          w, K, ptr<T>(rows), ptr<float>(weights), ptr<int32_t>(inv), ptr<T>(dy), ptr<T>(drows),
-          ptr<float>(dweights));
-    });
+    with_pack<T>(packs_fit<T>(w, {rows.raw(), dy.raw(), drows.raw()}) &&
+                     lddr % static_cast<int64_t>(16 / sizeof(T)) == 0,
+                 [&](auto v) {
+                   combine_bwd_kernel<T, v()><<<grid_of(tokens), kThreads, 0, stream(ctx)>>>(
+                       w, K, ptr<T>(rows), ptr<float>(weights), ptr<int32_t>(inv), ptr<T>(dy),
+                       ptr<T>(drows), lddr, ptr<float>(dweights));
+                 });
   });
   MT_CUDA_LAUNCH_CHECK();
 }

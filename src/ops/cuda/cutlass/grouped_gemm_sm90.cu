@@ -37,7 +37,7 @@ bool sm90_grouped_fits(const Sm90Grouped& g, int count) {
   // The weight gradient reads A over m and B over n contiguously (bf16: 8 to 16 bytes); dW is
   // contiguous f32.
   if (g.form == Sm90Form::WeightGrad) return g.ldb % 8 == 0 && g.m % 8 == 0 && g.m <= INT32_MAX;
-  return g.ldc % 8 == 0 && g.k % 8 == 0 && g.k <= INT32_MAX;
+  return g.ldc % 8 == 0 && g.k % 8 == 0 && g.k <= INT32_MAX && g.ldw % 8 == 0 && g.w_group % 8 == 0;
 }
 
 size_t sm90_grouped_scratch(const Sm90Grouped& g, const GroupRows& rows, int count,

@@ -45,7 +45,10 @@ struct Sm90Grouped {
   const void* b = nullptr;  // W, or the weight gradient's B rows
   int64_t ldb = 0;          // the weight gradient's B only
   void* c = nullptr;
-  int64_t ldc = 0;              // the forward forms' only (dW_g is contiguous)
+  int64_t ldc = 0;  // the forward forms' only (dW_g is contiguous)
+  // The forward forms' W: its row pitch and group stride in elements; 0 = contiguous [G, n, k]
+  // (Forward) or [G, k, n] (InputGrad). A block of a padded buffer sets both.
+  int64_t ldw = 0, w_group = 0;
   int64_t m = 0, n = 0, k = 0;  // m: the weight gradient's only; k: the forward forms' only
   float alpha = 1.f, beta = 0.f;
 };

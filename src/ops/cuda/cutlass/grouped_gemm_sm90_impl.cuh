@@ -116,13 +116,14 @@ __global__ void layout_kernel(GroupRows t, int count, Sm90Grouped g, Arrays<G> o
   out.shape[i] = shape_of(g, t.rows[i]);
   out.a[i] = static_cast<const Bf16*>(g.a) + row0 * g.lda;
   // B: the weight gradient's rows of X, or W_g ([n, k] K-major, [k, n] N-major).
-  out.b[i] = static_cast<const Bf16*>(g.b) + (wgrad ? row0 * g.ldb : group * g.n * g.k);
+  const int64_t w_group = g.w_group ? g.w_group : g.n * g.k;
+  out.b[i] = static_cast<const Bf16*>(g.b) + (wgrad ? row0 * g.ldb : group * w_group);
   out.c[i] = static_cast<C*>(g.c) + (wgrad ? group * g.m * g.n : row0 * g.ldc);
   if constexpr (G::kAKMajor)
     out.sa[i] = cute::make_stride(g.lda, _1{}, Zero{});
   else
     out.sa[i] = cute::make_stride(_1{}, g.lda, Zero{});
-  const int64_t ldb = wgrad ? g.ldb : (G::kBKMajor ? g.k : g.n);
+  const int64_t ldb = wgrad ? g.ldb : g.ldw ? g.ldw : (G::kBKMajor ? g.k : g.n);
   if constexpr (G::kBKMajor)
     out.sb[i] = cute::make_stride(ldb, _1{}, Zero{});
   else
