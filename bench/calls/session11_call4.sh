@@ -17,11 +17,13 @@ grep -E "^FAIL|\[  FAILED" "$L/test.txt" | cut -c1-300 | head -20; pack
 export LD_LIBRARY_PATH=$D/lib:${LD_LIBRARY_PATH:-}  # tools/gpu.sh test unpacked into $D
 el dsa; timeout 60 $D/bin/moetrain bench dsa --tokens 8192,32768 --json "$L/bench_dsa.json" > "$L/dsa.txt" 2>&1; echo "rc=$?"; dsa_rows "$L/bench_dsa.json"; pack
 el ncu dsa; timeout 60 ncu --metrics gpu__time_duration.sum --csv $D/bin/moetrain bench dsa --tokens 8192 --iters 1 > "$L/ncu_dsa.csv" 2> "$L/ncu_dsa.log"; echo "rc=$?"; pack
-el moe; timeout 90 $D/bin/moetrain bench moe --json "$L/bench_moe.json" > "$L/moe.txt" 2>&1; echo "rc=$?"
+el moe; timeout 120 $D/bin/moetrain bench moe --json "$L/bench_moe.json" > "$L/moe.txt" 2>&1; echo "rc=$?"
 timeout 60 python3 bench/moe_torch.py > "$L/moe_torch.jsonl" 2> "$L/moe_torch.err"; echo "torch rc=$?"; pack
 el ncu moe; timeout 60 ncu --metrics gpu__time_duration.sum --csv $D/bin/moetrain bench moe --cases A:uniform --iters 1 --warmup 1 > "$L/ncu_moe.csv" 2> "$L/ncu_moe.log"; echo "rc=$?"; pack
 el step experts; timeout 80 $D/bin/moetrain bench step --model bench/models/kimi-linear-8l.json --tokens 8192 --steps 3 --warmup 1 --json "$L/step_experts.json" --lora-targets attention,kda,shared_experts,dense_ffn,routed_experts > "$L/step_experts.txt" 2>&1; echo "rc=$?"; step_line "$L/step_experts.json"; pack
 el step; timeout 70 $D/bin/moetrain bench step --model bench/models/kimi-linear-8l.json --tokens 8192 --steps 3 --warmup 1 --json "$L/step.json" > "$L/step.txt" 2>&1; echo "rc=$?"; step_line "$L/step.json"; pack
+el memcheck; timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 $D/bin/gpu_suite --gtest_filter='*KConcat*:*CudaIndexer*:*CudaDsaTopk*' --gtest_brief=1 > "$L/memcheck.txt" 2>&1; echo "rc=$?"
+grep -E "ERROR SUMMARY|FAILED|tests ran" "$L/memcheck.txt" | head -5; pack
 el v32; timeout 50 $D/bin/moetrain bench dsa --tokens 8192,32768 --index-heads 64 --index-dim 128 --iters 1 --json "$L/bench_dsa_v32.json" > "$L/dsa_v32.txt" 2>&1; echo "rc=$?"; dsa_rows "$L/bench_dsa_v32.json"; pack
 el dsa long; timeout 60 $D/bin/moetrain bench dsa --tokens 65536,131072 --iters 1 --json "$L/bench_dsa_long.json" > "$L/dsa_long.txt" 2>&1; echo "rc=$?"; dsa_rows "$L/bench_dsa_long.json"; pack
 el done
