@@ -222,19 +222,6 @@ __global__ void topk_kernel(int64_t tokens, int64_t K, int64_t topk, int64_t nso
   for (int64_t i = threadIdx.x; i < topk; i += blockDim.x) orow[i] = i < keff ? sel[i] : -1;
 }
 
-__device__ __forceinline__ float block_max(float v) {
-  __shared__ float part[32];
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();
-  if (lane == 0) part[warp] = v;
-  __syncthreads();
-  const int warps = (blockDim.x + 31) >> 5;
-  float m = lane < warps ? part[lane] : -INFINITY;
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  return m;
-}
-
 // Per row: softmax of the scores over the valid slots and KL(p || softmax) in double, as the CPU.
 __global__ void kl_fwd_kernel(int64_t tokens, int64_t K, const float* scores, const float* target,
                               const int32_t* idx, float* softmax, double* row_kl) {

@@ -99,18 +99,6 @@ __device__ __forceinline__ void head_slot_product(float (&s)[2][4], const bf16* 
   }
 }
 
-__device__ __forceinline__ float block_max(float v) {
-  __shared__ float part[32];
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();
-  if (lane == 0) part[warp] = v;
-  __syncthreads();
-  float m = lane < kWarps ? part[lane] : -INFINITY;
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  return m;
-}
-
 // The KL of one row from its scores in shared memory, as indexer.cu's kl_fwd_kernel and
 // kl_bwd_kernel compute it (double softmax sums, the same roundings), so that the fused and the
 // composite paths agree but for the scores' summation order.
