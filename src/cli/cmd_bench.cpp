@@ -141,7 +141,9 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
   std::function<void()> attn_fwd = [&] {
     ops::attention_forward(ctx, ap, q, k, v, idx, out_o, lse);
   };
-  std::function<void()> attn_bwd = [&] {
+  // The attention backward; `target`, where defined, also gets the KL target (the absorbed
+  // form only: the per-head backward has no such output).
+  std::function<void(Tensor&)> attn_bwd_target = [&](Tensor&) {
     ops::attention_backward(ctx, ap, q, k, v, idx, out_o, lse, dout, dq, dk, dv);
   };
   // The absorbed form, as MlaLayer::absorbed_forward / absorbed_backward run it.
@@ -171,16 +173,21 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
       ops::sparse_mqa_forward(ctx, mp, qa, kvl, idx, ol, lse);
       mla_expand_o(ctx, ad, wkv, ol, out_o);
     };
-    attn_bwd = [&] {
+    attn_bwd_target = [&](Tensor& target) {
       mla_absorb_q(ctx, ad, wkv, q, qa);  // rebuilt, not saved (MlaLayer::absorbed_backward)
       mla_expand_o_backward(ctx, ad, wkv, ol, dout, dol, wgrad);
-      ops::sparse_mqa_backward(ctx, mp, qa, kvl, idx, ol, lse, dol, dqa, dkvl);
+      ops::sparse_mqa_backward(ctx, mp, qa, kvl, idx, ol, lse, dol, dqa, dkvl, target);
       mla_absorb_q_backward(ctx, ad, wkv, q, dqa, dq, wgrad);
     };
     r["allocated_gib"] = used_gib() - base;
   }
-  // As DsaLayer::after_attention: the target in the workspace, then scores, loss and the score
-  // gradient (formed in forward) in one call.
+  auto attn_bwd = [&] {
+    Tensor none;
+    attn_bwd_target(none);
+  };
+  // A forward whose backward does not follow (DsaLayer::after_attention without
+  // backward_follows: evaluation): the target's own pass in the workspace, then scores, loss and
+  // the score gradient in one call.
   auto kl_fwd = [&] {
     ArenaScope scope(ctx.workspace());
     Tensor target = ctx.workspace().alloc({T, K}, DType::F32);
@@ -192,6 +199,17 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
   };
   auto kl_bwd = [&] {
     ops::indexer_scores_backward(ctx, sp, qi, ki, wi, idx, dscores, dqi, dki, dwi);
+  };
+  // A training step's backward (DsaLayer::backward after a forward with backward_follows): the
+  // attention backward writes the target on the absorbed path (the per-head one runs the prob sum
+  // pass first), then the KL (scores, loss, score gradient) and the indexer's backward.
+  auto layer_bwd = [&] {
+    ArenaScope scope(ctx.workspace());
+    Tensor target = ctx.workspace().alloc({T, K}, DType::F32), none;
+    if (!absorbed) ops::attention_prob_sum(ctx, ap, q, k, idx, lse, target);
+    attn_bwd_target(absorbed ? target : none);
+    ops::indexer_scores_kl(ctx, sp, qi, ki, wi, idx, target, 1.0, loss, dscores);
+    kl_bwd();
   };
   auto time = [&](const std::function<void()>& f) { return mean_ms(ctx, o.warmup, o.iters, f); };
   r["selection_path"] = ops::indexer_topk_fits(HI, DI) ? "fused" : "composite";
@@ -220,6 +238,14 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
     attn_fwd();
     attn_bwd();
   });
+  // The same with the KL target formed by the backward (absorbed form; the per-head backward
+  // takes none, so there it equals attention_fwdbwd_ms): the difference is the target's cost.
+  r["attention_fwdbwd_target_ms"] = time([&] {
+    ArenaScope scope(ctx.workspace());
+    Tensor target = ctx.workspace().alloc({T, K}, DType::F32), none;
+    attn_fwd();
+    attn_bwd_target(absorbed ? target : none);
+  });
   r["kl_fwd_ms"] = time(kl_fwd);
   r["kl_fwdbwd_ms"] = time([&] {
     kl_fwd();
@@ -239,17 +265,21 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
         time([&] { ops::indexer_scores_kl(ctx, sp, qi, ki, wi, idx, target, 1.0, loss, dscores); });
   }
   r["indexer_bwd_ms"] = time(kl_bwd);
+  // The layer as a training step runs it: the forward leaves the KL to backward.
   r["layer_fwd_ms"] = time([&] {
     select();
     attn_fwd();
-    kl_fwd();
   });
   r["layer_fwdbwd_ms"] = time([&] {
     select();
     attn_fwd();
+    layer_bwd();
+  });
+  // An evaluation forward (no backward follows): the KL with its own target pass.
+  r["layer_eval_fwd_ms"] = time([&] {
+    select();
+    attn_fwd();
     kl_fwd();
-    attn_bwd();
-    kl_bwd();
   });
   r["device_used_gib"] = used_gib() - base;
   // What the layer really holds at its peak: the tensors above (inputs, saved activations,

@@ -444,8 +444,9 @@ void MlaLayer::absorbed_backward(Context& ctx, const Saved& s, const Tensor& dou
     }
   }
   mla_expand_o_backward(ctx, d, w, s.ol, dout, dol, wgrad);
+  Tensor prob_sum = s.prob_sum;
   ops::sparse_mqa_backward(ctx, mqa_params(T, s.idx.dim(1)), qa, s.kvl, s.idx, s.ol, s.lse, dol,
-                           dqa, dkvl);
+                           dqa, dkvl, prob_sum);
   mla_absorb_q_backward(ctx, d, w, s.q, dqa, dq, wgrad);
   if (lora && wgrad.defined()) lora_grads_from(ctx, wgrad);
   if (d.rope > 0) ops::copy(ctx, dkvl.cols(kvr, Da), dkpe);

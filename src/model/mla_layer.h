@@ -70,6 +70,9 @@ class MlaLayer : public Layer {
     // entries [c_norm | k_pe] [T, kvr + rope], the latent-space output [T, H, kvr].
     bool absorbed = false;
     Tensor qa, kvl, ol;
+    // Set by a subclass before backward (DsaLayer's KL target, f32 [T, slots]): the absorbed
+    // attention backward writes the head-summed probabilities into it (sparse_mqa_backward).
+    Tensor prob_sum;
     LinearModule::Saved q_a, q_b, q_proj, kv_a, kv_b, o_proj, g_proj;
   };
   std::unique_ptr<LayerState> make_state() const override { return std::make_unique<Saved>(); }

@@ -25,6 +25,12 @@ void check_common(const SparseMqaParams& p, const Tensor& q, const Tensor& kv,
            dtype_name(lse.dtype()));
 }
 
+void check_prob_sum(const SparseMqaParams& p, const Tensor& out) {
+  expect_shape(out, {p.tokens, p.kmax}, "sparse_mqa prob sum");
+  MT_CHECK(out.dtype() == DType::F32, ShapeError, "sparse_mqa prob sum must be f32, got ",
+           dtype_name(out.dtype()));
+}
+
 AttentionParams per_head(const SparseMqaParams& p) {
   return {.tokens = p.tokens,
           .heads = p.heads,
@@ -51,22 +57,22 @@ void sparse_mqa_forward(Context& ctx, const SparseMqaParams& p, const Tensor& q,
 
 void sparse_mqa_backward(Context& ctx, const SparseMqaParams& p, const Tensor& q, const Tensor& kv,
                          const Tensor& indices, const Tensor& o, const Tensor& lse,
-                         const Tensor& dout, Tensor& dq, Tensor& dkv) {
+                         const Tensor& dout, Tensor& dq, Tensor& dkv, Tensor& prob_sum) {
   check_common(p, q, kv, indices, lse);
   expect_shape(o, {p.tokens, p.heads, p.v_dim}, "sparse_mqa o");
   expect_shape(dout, o.shape(), "sparse_mqa dout");
   expect_shape(dq, q.shape(), "sparse_mqa dq");
   expect_shape(dkv, kv.shape(), "sparse_mqa dkv");
-  dispatch(MT_OP_BODIES(sparse_mqa_backward), {&q, &kv, &indices, &o, &lse, &dout, &dq, &dkv}, ctx,
-           p, q, kv, indices, o, lse, dout, dq, dkv);
+  if (prob_sum.defined()) check_prob_sum(p, prob_sum);
+  dispatch(MT_OP_BODIES(sparse_mqa_backward),
+           {&q, &kv, &indices, &o, &lse, &dout, &dq, &dkv, &prob_sum}, ctx, p, q, kv, indices, o,
+           lse, dout, dq, dkv, prob_sum);
 }
 
 void sparse_mqa_prob_sum(Context& ctx, const SparseMqaParams& p, const Tensor& q, const Tensor& kv,
                          const Tensor& indices, const Tensor& lse, Tensor& out) {
   check_common(p, q, kv, indices, lse);
-  expect_shape(out, {p.tokens, p.kmax}, "sparse_mqa prob sum");
-  MT_CHECK(out.dtype() == DType::F32, ShapeError, "sparse_mqa prob sum must be f32, got ",
-           dtype_name(out.dtype()));
+  check_prob_sum(p, out);
   dispatch(MT_OP_BODIES(sparse_mqa_prob_sum), {&q, &kv, &indices, &lse, &out}, ctx, p, q, kv,
            indices, lse, out);
 }
@@ -89,8 +95,10 @@ void sparse_mqa_composite_forward(Context& ctx, const SparseMqaParams& p, const 
 
 void sparse_mqa_composite_backward(Context& ctx, const SparseMqaParams& p, const Tensor& q,
                                    const Tensor& kv, const Tensor& indices, const Tensor& o,
-                                   const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dkv) {
+                                   const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dkv,
+                                   Tensor& prob_sum) {
   const int64_t T = p.tokens, Dv = p.v_dim;
+  if (prob_sum.defined()) sparse_mqa_composite_prob_sum(ctx, p, q, kv, indices, lse, prob_sum);
   ArenaScope scope(ctx.workspace());
   Arena& ws = ctx.workspace();
   Tensor v = ws.alloc({T, 1, Dv}, kv.dtype()), dv = ws.alloc({T, 1, Dv}, kv.dtype());

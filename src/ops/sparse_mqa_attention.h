@@ -33,10 +33,14 @@ SparseMqaForward sparse_mqa_forward;
 
 // dq [T, H, Dqk] and dkv [T, Dqk] are written: dkv sums, over every (query, head, slot) that
 // lists a key, dS q (all columns) plus P dout (the first Dv); keys nobody lists get 0. Needs the
-// forward's o and lse.
+// forward's o and lse. When `prob_sum` is defined (f32 [T, kmax]) it is written with what
+// sparse_mqa_prob_sum writes: the backward recomputes every P from the lse anyway, so the DSA
+// layer's KL target costs a head sum there instead of a pass of its own (on the GPU the tensor-
+// core kernel sums its block's rows per tile; the composite runs sparse_mqa_prob_sum after).
 using SparseMqaBackward = void(Context& ctx, const SparseMqaParams& p, const Tensor& q,
                                const Tensor& kv, const Tensor& indices, const Tensor& o,
-                               const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dkv);
+                               const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dkv,
+                               Tensor& prob_sum);
 SparseMqaBackward sparse_mqa_backward;
 
 // out [T, kmax] = the attention probabilities of each slot summed over the heads (0 for unused

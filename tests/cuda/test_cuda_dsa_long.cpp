@@ -188,7 +188,8 @@ void check_sampled_rows(Device device, DType dt, int64_t T, int64_t topk) {
          ol = Tensor::empty({T, kH, kKvr}, bf, device),
          lse = Tensor::empty({T, kH}, DType::F32, device),
          o = Tensor::empty({T, kH, kDv}, bf, device), og = Tensor::empty({T, kH * kDv}, bf, device),
-         prob = Tensor::empty({T, topk}, DType::F32, device);
+         prob = Tensor::empty({T, topk}, DType::F32, device),
+         prob_bwd = Tensor::empty({T, topk}, DType::F32, device);
   const Tensor o2 = o.view({T, kH * kDv});
   mla_absorb_q(ctx, ad, w, q, qa);
   ops::sparse_mqa_forward(ctx, mp, qa, kvl, idx, ol, lse);
@@ -204,7 +205,8 @@ void check_sampled_rows(Device device, DType dt, int64_t T, int64_t topk) {
   Tensor dout2 = dout.view({T, kH * kDv});
   ops::sigmoid_gate_backward(ctx, o2, g, dog, dout2, dg);
   mla_expand_o_backward(ctx, ad, w, ol, dout, dol, dw);
-  ops::sparse_mqa_backward(ctx, mp, qa, kvl, idx, ol, lse, dol, dqa, dkvl);
+  // With the KL target, as the layer's training step forms it (DsaLayer::backward).
+  ops::sparse_mqa_backward(ctx, mp, qa, kvl, idx, ol, lse, dol, dqa, dkvl, prob_bwd);
   mla_absorb_q_backward(ctx, ad, w, q, dqa, dq, dw);
   ctx.synchronize();
   std::printf("  forward + backward (first calls included) in %.1f s\n", seconds_since(t_gpu));
@@ -294,7 +296,7 @@ void check_sampled_rows(Device device, DType dt, int64_t T, int64_t topk) {
     (i % 2 ? emul : exact)[r] = ref::dsa_row(dims, wd, ins[r], i % 2 == 1);
   }
 
-  Compared c_o, c_og, c_lse, c_prob, c_dg, c_dq;
+  Compared c_o, c_og, c_lse, c_prob, c_prob_bwd, c_dg, c_dq;
   for (size_t r = 0; r < R; ++r) {
     const int64_t t = rows[r];
     auto add = [&](Compared& c, const ref::DVec& gpu, const ref::DVec& ex, const ref::DVec& em) {
@@ -305,11 +307,13 @@ void check_sampled_rows(Device device, DType dt, int64_t T, int64_t topk) {
     add(c_o, row(o2, t), exact[r].o, emul[r].o);
     add(c_og, row(og, t), exact[r].og, emul[r].og);
     add(c_lse, row(lse, t), exact[r].lse, emul[r].lse);
-    ref::DVec p = row(prob, t);
-    for (size_t j = lists[r].size(); j < p.size(); ++j)
-      EXPECT_EQ(p[j], 0.0) << "row " << t << ": unused slot " << j << " has probability";
-    p.resize(lists[r].size());
-    add(c_prob, p, exact[r].prob, emul[r].prob);
+    for (auto [table, c] : {std::pair{&prob, &c_prob}, std::pair{&prob_bwd, &c_prob_bwd}}) {
+      ref::DVec p = row(*table, t);
+      for (size_t j = lists[r].size(); j < p.size(); ++j)
+        EXPECT_EQ(p[j], 0.0) << "row " << t << ": unused slot " << j << " has probability";
+      p.resize(lists[r].size());
+      add(*c, p, exact[r].prob, emul[r].prob);
+    }
     add(c_dg, row(dg, t), exact[r].dg, emul[r].dg);
     add(c_dq, row(dq.view({T, kH * kDq}), t), exact[r].dq, emul[r].dq);
   }
@@ -358,6 +362,7 @@ void check_sampled_rows(Device device, DType dt, int64_t T, int64_t topk) {
   expect_within("gated o", c_og, dt, terms);
   expect_within("lse", c_lse, dt, terms);
   expect_within("prob_sum", c_prob, dt, terms);
+  expect_within("prob_sum (backward's)", c_prob_bwd, dt, terms);
   expect_within("dg", c_dg, dt, terms);
   expect_within("dq", c_dq, dt, terms);
   expect_within("dkv", c_dkv, dt, terms);

@@ -48,6 +48,22 @@ Tensor lists(Rng& rng, const std::vector<int64_t>& lengths, int64_t K, bool scat
   return table;
 }
 
+// The backward's target against the prob-sum pass of the same run (host copies): one pass's P
+// summed in the same order, so at most a rounding apart (bit for bit by construction).
+void expect_same_target(const Tensor& prob, const Tensor& pb, const char* name, bool gpu,
+                        DType dt) {
+  const Tensor a = prob.to(Device::CPU), b = pb.to(Device::CPU);
+  double worst = 0;
+  int64_t bad = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double x = a.f32()[i], y = b.f32()[i], d = std::abs(x - y);
+    worst = std::max(worst, d);
+    bad += !(d <= 1e-6 * std::abs(x) + 1e-7);  // NaN counts
+  }
+  EXPECT_EQ(bad, 0) << name << (gpu ? " (GPU, " : " (CPU, ") << dtype_name(dt)
+                    << "): backward's target vs sparse_mqa_prob_sum, worst |diff| " << worst;
+}
+
 void check_mqa(const char* name, int64_t H, int64_t K, const std::vector<int64_t>& lengths,
                bool scatter, uint64_t seed, Rng& rng) {
   ASSERT_TRUE(ops::sparse_mqa_fits(H, 576, 512)) << name;
@@ -61,16 +77,23 @@ void check_mqa(const char* name, int64_t H, int64_t K, const std::vector<int64_t
                          {table, false},
                          {randn(rng, {T, H, 512})}};
   run_case(
-      name, ins, {"o", "lse", "prob_sum", "dq", "dkv"},
+      name, ins,
+      {"o", "lse", "prob_sum", "dq", "dkv", "bwd prob_sum", "dq (with it)", "dkv (with it)"},
       [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
         const DType dt = in[0].dtype();
         Tensor o = out(c, {T, H, 512}, dt), lse = out(c, {T, H}, DType::F32);
         OP(sparse_mqa_forward)(c, p, in[0], in[1], in[2], o, lse);
         Tensor prob = out(c, {T, K}, DType::F32);
         OP(sparse_mqa_prob_sum)(c, p, in[0], in[1], in[2], lse, prob);
-        Tensor dq = out(c, in[0].shape(), dt), dkv = out(c, in[1].shape(), dt);
-        OP(sparse_mqa_backward)(c, p, in[0], in[1], in[2], o, lse, in[3], dq, dkv);
-        return {o, lse, prob, dq, dkv};
+        Tensor dq = out(c, in[0].shape(), dt), dkv = out(c, in[1].shape(), dt), none;
+        OP(sparse_mqa_backward)(c, p, in[0], in[1], in[2], o, lse, in[3], dq, dkv, none);
+        // The backward's KL target (the DSA layer's training step): the prob-sum pass's values,
+        // formed from the same S and lse in the same order, so equal to rounding on every pass.
+        Tensor pb = out(c, {T, K}, DType::F32);
+        Tensor dq2 = out(c, in[0].shape(), dt), dkv2 = out(c, in[1].shape(), dt);
+        OP(sparse_mqa_backward)(c, p, in[0], in[1], in[2], o, lse, in[3], dq2, dkv2, pb);
+        expect_same_target(prob, pb, name, gpu, dt);
+        return {o, lse, prob, dq, dkv, pb, dq2, dkv2};
       },
       // A key's gradient sums over every (query, head) that lists it.
       seed, T* H);

@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "harness/op_check.h"
+#include "harness/seed.h"
 #include "ops/sparse_mqa_attention.h"
 #include "ref/sparse_mqa_ref.h"
 
@@ -82,7 +84,9 @@ class SparseMqaCase : public OpCase {
   }
   void backward(Context& ctx, GuardedAlloc&, const std::vector<Tensor>& in,
                 const std::vector<Tensor>& dout, std::vector<Tensor>& grads) override {
-    ops::sparse_mqa_backward(ctx, p_, in[0], in[1], in[2], o_, lse_, dout[0], grads[0], grads[1]);
+    Tensor none;
+    ops::sparse_mqa_backward(ctx, p_, in[0], in[1], in[2], o_, lse_, dout[0], grads[0], grads[1],
+                             none);
   }
   std::vector<DVec> reference(const std::vector<DVec>& in) const override {
     ref::AttnRefOut r = ref::sparse_mqa(in[0], in[1], in[2], p_.tokens, p_.heads, p_.qk_dim,
@@ -123,6 +127,48 @@ TEST(SparseMqaAttention, DeepSeekWidthsSelectionLists) {
   SparseMqaCase c("576/512", params(37, 16, 576, 512, 24), lists({20, 17}, true));
   check_op(c,
            {.fwd_rtol = 2e-5, .grad_rtol = 2e-4, .fd_step = 1e-6, .directions = 1, .elements = 4});
+}
+
+// The backward's optional KL target (the DSA layer's, in a training step) against the double
+// reference's head-summed P, with dq and dkv unchanged by asking for it.
+TEST(SparseMqaAttention, BackwardWritesTheKlTarget) {
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE(cat("seed=", seed, " (rerun: ", seed_note(), ")"));
+  Rng rng(seed);
+  const ops::SparseMqaParams p = params(41, 6, 48, 40, 17);
+  Tensor q = Tensor::empty({p.tokens, p.heads, p.qk_dim}), kv = Tensor::empty({p.tokens, p.qk_dim});
+  Tensor idx = Tensor::empty({p.tokens, p.kmax}, DType::I32),
+         dout = Tensor::empty({p.tokens, p.heads, p.v_dim});
+  fill_normal(rng, q, 1.5);
+  fill_normal(rng, kv);
+  fill_normal(rng, dout);
+  lists({25, 16}, false)(rng, idx);  // empty rows, -1 slots and duplicates
+  Context ctx;
+  Tensor o = Tensor::empty({p.tokens, p.heads, p.v_dim}), lse = Tensor::empty({p.tokens, p.heads});
+  ops::sparse_mqa_forward(ctx, p, q, kv, idx, o, lse);
+  Tensor dq = Tensor::empty(q.shape()), dkv = Tensor::empty(kv.shape());
+  Tensor dq1 = Tensor::empty(q.shape()), dkv1 = Tensor::empty(kv.shape());
+  Tensor prob = Tensor::empty({p.tokens, p.kmax}), none;
+  std::fill(prob.f32(), prob.f32() + prob.numel(), 7.f);  // every slot must be written
+  ops::sparse_mqa_backward(ctx, p, q, kv, idx, o, lse, dout, dq, dkv, prob);
+  ops::sparse_mqa_backward(ctx, p, q, kv, idx, o, lse, dout, dq1, dkv1, none);
+  EXPECT_EQ(std::memcmp(dq.raw(), dq1.raw(), dq.bytes()), 0);
+  EXPECT_EQ(std::memcmp(dkv.raw(), dkv1.raw(), dkv.bytes()), 0);
+  const ref::AttnRefOut r = ref::sparse_mqa(to_dvec(q), to_dvec(kv), to_dvec(idx), p.tokens,
+                                            p.heads, p.qk_dim, p.v_dim, p.kmax, p.scale);
+  int64_t nonzero = 0;
+  for (int64_t t = 0; t < p.tokens; ++t)
+    for (int64_t j = 0; j < p.kmax; ++j) {
+      double want = 0;
+      for (int64_t h = 0; h < p.heads; ++h) want += r.p[(t * p.heads + h) * p.kmax + j];
+      const float got = prob.f32()[t * p.kmax + j];
+      EXPECT_NEAR(got, want, 1e-5 * std::abs(want) + 1e-6) << "t " << t << " slot " << j;
+      nonzero += want > 0;
+    }
+  EXPECT_GT(nonzero, p.tokens);
+  Tensor bad = Tensor::zeros({p.tokens, p.kmax + 1});
+  EXPECT_THROW(ops::sparse_mqa_backward(ctx, p, q, kv, idx, o, lse, dout, dq, dkv, bad),
+               ShapeError);
 }
 
 TEST(SparseMqaAttention, ShapeMismatchIsAnError) {

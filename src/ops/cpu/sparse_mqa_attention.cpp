@@ -11,8 +11,8 @@ void sparse_mqa_forward(Context& ctx, const SparseMqaParams& p, const Tensor& q,
 
 void sparse_mqa_backward(Context& ctx, const SparseMqaParams& p, const Tensor& q, const Tensor& kv,
                          const Tensor& indices, const Tensor& o, const Tensor& lse,
-                         const Tensor& dout, Tensor& dq, Tensor& dkv) {
-  sparse_mqa_composite_backward(ctx, p, q, kv, indices, o, lse, dout, dq, dkv);
+                         const Tensor& dout, Tensor& dq, Tensor& dkv, Tensor& prob_sum) {
+  sparse_mqa_composite_backward(ctx, p, q, kv, indices, o, lse, dout, dq, dkv, prob_sum);
 }
 
 void sparse_mqa_prob_sum(Context& ctx, const SparseMqaParams& p, const Tensor& q, const Tensor& kv,

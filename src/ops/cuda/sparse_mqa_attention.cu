@@ -23,6 +23,10 @@
 // of the selection are dense in popular keys (every query lists its recent neighbours). The
 // additions' order varies, so a deterministic context runs the composite (the direct kernels'
 // transposed table, one writer per key gradient) instead.
+// Asked for the DSA KL target, the backward also sums P over its block's heads per tile
+// (head_sum_part: mqa_prob_sum_kernel's sums bit for bit) and writes the tile's slots: shuffles
+// and one 32-float row per row group, where the separate pass re-gathers every key and
+// recomputes S for all heads.
 #include <algorithm>
 #include <climits>
 
@@ -274,7 +278,44 @@ __global__ void __launch_bounds__(R* kCols * 32)
 template <int R>
 constexpr size_t bwd_smem() {
   return sizeof(bf16) * (16 * R * (kLd + kLdv) + 2 * kSlots * kLd + 2 * 16 * R * kLp) +
-         sizeof(float) * 2 * 16 * R + sizeof(int) * 2 * kSlots;
+         sizeof(float) * (2 * 16 * R + R * kSlots) + sizeof(int) * 2 * kSlots;
+}
+static_assert(bwd_smem<kMaxRows>() <= 232448, "the backward's tiles fit Hopper's shared memory");
+
+// The KL target's share of one tile (mqa_prob_sum_kernel and mqa_bwd_kernel, which must agree bit
+// for bit): the lane's P of rows r0 and r1 for its two key columns summed over the fragment's
+// rows (lane bits 2-4), the row group's sums into part[rg][kSlots].
+__device__ __forceinline__ void head_sum_part(float* part, const float p[4], int rg, int cg, int c,
+                                              int lane) {
+  float v[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    v[e] = p[e] + p[2 + e];
+#pragma unroll
+    for (int x = 4; x < 32; x <<= 1) v[e] += __shfl_xor_sync(0xffffffffu, v[e], x);
+  }
+  if (lane < 4) {
+    part[rg * kSlots + 8 * cg + 2 * c] = v[0];
+    part[rg * kSlots + 8 * cg + 2 * c + 1] = v[1];
+  }
+}
+
+// Thread j < kSlots writes slot it * kSlots + j of query t: the row groups' sums (0 for a tile
+// without a valid slot), added when the heads span several blocks.
+template <int R>
+__device__ __forceinline__ void write_prob_sum(float* out, const float* part, const Launch& l,
+                                               int64_t t, int it, bool any, bool add) {
+  const int64_t j = static_cast<int64_t>(it) * kSlots + threadIdx.x;
+  if (threadIdx.x < kSlots && j < l.K) {
+    float v = 0.f;
+    if (any)
+#pragma unroll
+      for (int g = 0; g < R; ++g) v += part[g * kSlots + threadIdx.x];
+    if (add)
+      atomicAdd(out + t * l.K + j, v);
+    else
+      out[t * l.K + j] = v;
+  }
 }
 
 // Adds a C fragment (rows: slots m0 + g, m0 + g + 8; columns 8 n + 2c, +1) into the f32 rows of
@@ -296,7 +337,8 @@ __device__ __forceinline__ void add_key_rows(float* dst, const int* sl, int m0, 
 template <int R>
 __global__ void __launch_bounds__(R* kCols * 32)
     mqa_bwd_kernel(Launch l, const bf16* q, const bf16* kv, const int32_t* idx, const bf16* o,
-                   const float* lse, const bf16* dout, bf16* dq, float* dkv_acc) {
+                   const float* lse, const bf16* dout, bf16* dq, float* dkv_acc, float* psum,
+                   bool padd) {
   constexpr int M = 16 * R, W = R * kCols;
   // The key-gradient products: 2 slot halves x 72 column tiles, dealt as (half, run of NT).
   constexpr int NT = (kDk / 8) / (W / 2);
@@ -305,11 +347,12 @@ __global__ void __launch_bounds__(R* kCols * 32)
   bf16* Qs = reinterpret_cast<bf16*>(smem);  // [M][kLd]
   bf16* Os = Qs + M * kLd;                   // [M][kLdv] dout
   bf16* const buf[2] = {Os + M * kLdv, Os + M * kLdv + kSlots * kLd};
-  bf16* Ps = buf[1] + kSlots * kLd;                      // [M][kLp]
-  bf16* Ds = Ps + M * kLp;                               // [M][kLp] scale * dS
-  float* lse2 = reinterpret_cast<float*>(Ds + M * kLp);  // [M] log2 units
-  float* dl = lse2 + M;                                  // [M] Delta
-  int* slots = reinterpret_cast<int*>(dl + M);           // [2][kSlots]
+  bf16* Ps = buf[1] + kSlots * kLd;                        // [M][kLp]
+  bf16* Ds = Ps + M * kLp;                                 // [M][kLp] scale * dS
+  float* lse2 = reinterpret_cast<float*>(Ds + M * kLp);    // [M] log2 units
+  float* dl = lse2 + M;                                    // [M] Delta
+  float* part = dl + M;                                    // [R][kSlots] the KL target's sums
+  int* slots = reinterpret_cast<int*>(part + R * kSlots);  // [2][kSlots]
   const Place pl = place_of<M>(l);
   const auto [t, h0, valid, lane, w, rg, cg, c, r0, r1] = pl;
   const int32_t* row = idx + t * l.K;
@@ -352,8 +395,11 @@ __global__ void __launch_bounds__(R* kCols * 32)
       *reinterpret_cast<uint32_t*>(Ps + r1 * kLp + col) = mma::pack_bf16(p[2], p[3]);
       *reinterpret_cast<uint32_t*>(Ds + r0 * kLp + col) = mma::pack_bf16(s[0], s[1]);
       *reinterpret_cast<uint32_t*>(Ds + r1 * kLp + col) = mma::pack_bf16(s[2], s[3]);
+      if (psum) head_sum_part(part, p, rg, cg, c, lane);
     }
-    __syncthreads();  // P and dS of every key quarter
+    __syncthreads();  // P and dS of every key quarter (and the target's sums)
+    // part is next written after the end-of-tile barrier, so warp 0 reads it before its MMAs.
+    if (psum) write_prob_sum<R>(psum, part, l, t, it, any, padd);
     if (any) {
       times_tile<kQCols / 8>(acc, Ds, rg, Ks, kQCols * cg, lane);  // dq += dS K
       const int m0 = 16 * (w & 1), n_begin = NT * (w >> 1);
@@ -429,32 +475,17 @@ __global__ void __launch_bounds__(R* kCols * 32)
       float s[4] = {};
       scores<kDk>(s, Qs, kLd, rg, buf[b], 8 * cg, lane);
       const float lr[2] = {lse2[r0], lse2[r1]};
-      float v[2];
+      float p[4];
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const bool ok = sl[8 * cg + 2 * c + e] >= 0;
-        v[e] = (ok && lr[0] != -INFINITY ? exp2f(s[e] * scale_log2 - lr[0]) : 0.f) +
-               (ok && lr[1] != -INFINITY ? exp2f(s[2 + e] * scale_log2 - lr[1]) : 0.f);
-#pragma unroll
-        for (int x = 4; x < 32; x <<= 1) v[e] += __shfl_xor_sync(0xffffffffu, v[e], x);
+      for (int e = 0; e < 4; ++e) {  // as the backward forms P
+        const int r = e >> 1;
+        const bool ok = sl[8 * cg + 2 * c + (e & 1)] >= 0 && lr[r] != -INFINITY;
+        p[e] = ok ? exp2f(s[e] * scale_log2 - lr[r]) : 0.f;
       }
-      if (lane < 4) {
-        part[rg * kSlots + 8 * cg + 2 * c] = v[0];
-        part[rg * kSlots + 8 * cg + 2 * c + 1] = v[1];
-      }
+      head_sum_part(part, p, rg, cg, c, lane);
     }
     __syncthreads();  // every row group's sums
-    const int64_t j = static_cast<int64_t>(it) * kSlots + threadIdx.x;
-    if (threadIdx.x < kSlots && j < l.K) {
-      float v = 0.f;
-      if (any)
-#pragma unroll
-        for (int g = 0; g < R; ++g) v += part[g * kSlots + threadIdx.x];
-      if (add)
-        atomicAdd(out + t * l.K + j, v);
-      else
-        out[t * l.K + j] = v;
-    }
+    write_prob_sum<R>(out, part, l, t, it, any, add);
   }
 }
 
@@ -505,21 +536,26 @@ void sparse_mqa_forward(Context& ctx, const SparseMqaParams& p, const Tensor& q,
 
 void sparse_mqa_backward(Context& ctx, const SparseMqaParams& p, const Tensor& q, const Tensor& kv,
                          const Tensor& indices, const Tensor& o, const Tensor& lse,
-                         const Tensor& dout, Tensor& dq, Tensor& dkv) {
+                         const Tensor& dout, Tensor& dq, Tensor& dkv, Tensor& prob_sum) {
   if (ctx.deterministic() || !takes(p, {&q, &kv, &o, &dout, &dq, &dkv}))
-    return sparse_mqa_composite_backward(ctx, p, q, kv, indices, o, lse, dout, dq, dkv);
+    return sparse_mqa_composite_backward(ctx, p, q, kv, indices, o, lse, dout, dq, dkv, prob_sum);
   if (p.tokens == 0) return;
   const Launch l{p.tokens, p.heads, p.kmax, p.scale};
   ArenaScope scope(ctx.workspace());
   Tensor acc = ctx.workspace().alloc(dkv.shape(), DType::F32);
   cudaStream_t s = stream(ctx);
   MT_CUDA_CHECK(cudaMemsetAsync(acc.raw(), 0, acc.bytes(), s));
+  float* psum = prob_sum.defined() && p.kmax > 0 ? ptr<float>(prob_sum) : nullptr;
   with_rows(p.heads, [&]<int R>() {
+    const dim3 grid = grid_of(p, R);
+    // As sparse_mqa_prob_sum: heads over several blocks add into a zeroed table.
+    const bool padd = psum && grid.y > 1;
+    if (padd) MT_CUDA_CHECK(cudaMemsetAsync(psum, 0, prob_sum.bytes(), s));
     auto kernel = mqa_bwd_kernel<R>;
     const size_t sm = smem_for(kernel, bwd_smem<R>(), "sparse_mqa_backward");
-    kernel<<<grid_of(p, R), R * kCols * 32, sm, s>>>(
-        l, ptr<bf16>(q), ptr<bf16>(kv), ptr<int32_t>(indices), ptr<bf16>(o), ptr<float>(lse),
-        ptr<bf16>(dout), ptr<bf16>(dq), ptr<float>(acc));
+    kernel<<<grid, R * kCols * 32, sm, s>>>(l, ptr<bf16>(q), ptr<bf16>(kv), ptr<int32_t>(indices),
+                                            ptr<bf16>(o), ptr<float>(lse), ptr<bf16>(dout),
+                                            ptr<bf16>(dq), ptr<float>(acc), psum, padd);
     MT_CUDA_LAUNCH_CHECK();
   });
   const float* pa = ptr<float>(acc);
