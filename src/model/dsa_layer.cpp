@@ -137,24 +137,17 @@ void DsaLayer::select_keys(Context& ctx, const SeqInfo& seq, const Tensor& x, Ar
                            s.qi.view({T, HI, DI}), s.kn, s.wts, dcfg_.index_topk, s.idx);
 }
 
-void DsaLayer::after_attention(Context& ctx, const SeqInfo& seq, Arena& acts, MlaLayer::Saved& ms) {
-  Saved& s = state_as<Saved>(ms, "dsa layer");
-  const int64_t T = seq.tokens, HI = dcfg_.index_heads, DI = dcfg_.index_head_dim,
-                slots = s.idx.dim(1);
-  // The KL's gradient into the scores, coeff (softmax - p) / T, depends on nothing backward
-  // brings (the loss enters with its fixed coefficient), so forward forms it and saves it alone:
-  // one [T, slots] fp32 table instead of the target and the softmax (8 KiB a token less at
-  // top-2048), and backward skips a pass over both.
-  const float coeff = dcfg_.indexer_loss_coeff;
-  if (coeff != 0.f) s.dscores = acts.alloc({T, slots}, DType::F32);
-  ArenaScope scope(ctx.workspace());
-  Arena& ws = ctx.workspace();
-  Tensor target = ws.alloc({T, slots}, DType::F32);
+void DsaLayer::kl_target(Context& ctx, int64_t T, Saved& s, Tensor& target) const {
+  const int64_t slots = s.idx.dim(1);
   if (s.absorbed)
     ops::sparse_mqa_prob_sum(ctx, mqa_params(T, slots), s.qa, s.kvl, s.idx, s.lse, target);
   else
     ops::attention_prob_sum(ctx, attn_params(T, slots), s.q, s.k, s.idx, s.lse, target);
-  ensure_scalar(kl_.value, ctx.device());
+}
+
+void DsaLayer::indexer_kl(Context& ctx, int64_t T, Saved& s, const Tensor& target) {
+  const int64_t HI = dcfg_.index_heads, DI = dcfg_.index_head_dim, slots = s.idx.dim(1);
+  const float coeff = dcfg_.indexer_loss_coeff;
   // Scores, softmax, loss and gradient in one call: on the GPU one kernel per query row, with no
   // score or softmax table.
   Tensor none;
@@ -163,14 +156,48 @@ void DsaLayer::after_attention(Context& ctx, const SeqInfo& seq, Arena& acts, Ml
                          coeff != 0.f ? s.dscores : none);
 }
 
+void DsaLayer::after_attention(Context& ctx, const SeqInfo& seq, Arena& acts, MlaLayer::Saved& ms) {
+  Saved& s = state_as<Saved>(ms, "dsa layer");
+  const int64_t T = seq.tokens, slots = s.idx.dim(1);
+  // The KL's gradient into the scores, coeff (softmax - p) / T, depends on nothing backward
+  // brings (the loss enters with its fixed coefficient), so it is saved alone: one [T, slots]
+  // fp32 table instead of the target and the softmax (8 KiB a token less at top-2048).
+  if (dcfg_.indexer_loss_coeff != 0.f) s.dscores = acts.alloc({T, slots}, DType::F32);
+  ensure_scalar(kl_.value, ctx.device());
+  s.prob_sum = Tensor();  // set by backward alone, for the call it makes
+  s.kl_in_backward = s.backward_follows;
+  if (s.kl_in_backward) return;
+  ArenaScope scope(ctx.workspace());
+  Tensor target = ctx.workspace().alloc({T, slots}, DType::F32);
+  kl_target(ctx, T, s, target);
+  indexer_kl(ctx, T, s, target);
+}
+
 void DsaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx,
                         LayerState& st) {
-  MlaLayer::backward(ctx, seq, dy, dx, st);
   Saved& s = state_as<Saved>(st, "dsa layer");
+  const int64_t T = seq.tokens;
+  if (s.kl_in_backward) {
+    // The absorbed attention backward writes the target as it recomputes P (no pass of its own;
+    // qa is rebuilt there). The per-head form's attention backward has no such output: its prob
+    // sum runs as in forward, on the saved q and k, at the same cost as there.
+    ArenaScope scope(ctx.workspace());
+    Tensor target = ctx.workspace().alloc({T, s.idx.dim(1)}, DType::F32);
+    if (s.absorbed)
+      s.prob_sum = target;
+    else
+      kl_target(ctx, T, s, target);
+    MlaLayer::backward(ctx, seq, dy, dx, st);
+    s.prob_sum = Tensor();
+    indexer_kl(ctx, T, s, target);
+    s.kl_in_backward = false;
+  } else {
+    MlaLayer::backward(ctx, seq, dy, dx, st);
+  }
   const float coeff = dcfg_.indexer_loss_coeff;
   if (coeff == 0.f) return;
-  const int64_t T = seq.tokens, HI = dcfg_.index_heads, DI = dcfg_.index_head_dim,
-                R = dcfg_.index_rope_dim, slots = s.idx.dim(1);
+  const int64_t HI = dcfg_.index_heads, DI = dcfg_.index_head_dim, R = dcfg_.index_rope_dim,
+                slots = s.idx.dim(1);
   ArenaScope scope(ctx.workspace());
   Arena& ws = ctx.workspace();
   const DType at = s.qi.dtype();

@@ -16,6 +16,12 @@
 //   attention probabilities L1-normalised (a constant), trains only the indexer: its inputs are
 //   detached, so it contributes nothing to dx or to q_a_proj. Its gradient enters backward
 //   multiplied by indexer_loss_coeff.
+// - Where the KL is formed: a forward whose backward follows (LayerState::backward_follows,
+//   Model::Pass::Train) leaves it to backward, whose attention backward recomputes every P anyway
+//   and sums them over the heads on the way (sparse_mqa_backward's prob_sum; the per-head form
+//   runs attention_prob_sum there): the loss is then readable after backward. Any other forward
+//   forms it at once, from a prob-sum pass of its own (evaluation, the layer tests'
+//   finite differences). Both give the same loss and gradient.
 // - Dense warm-up (dense_warmup = true): attention is dense causal and the KL target covers all
 //   causal positions. The MLA parameters are frozen: they are bound without gradients, so
 //   backward adds nothing to them (their grad buffers are left untouched). dx is still the exact
@@ -41,6 +47,9 @@ class DsaLayer : public MlaLayer {
     Tensor kn;                  // [T, DI] normalised and rotated key
     Tensor wts;                 // [T, HI] scaled head weights
     Tensor dscores;             // [T, slots] the KL's gradient into I (indexer_loss_coeff != 0)
+    // The KL waits for backward (backward_follows): its target is then the attention backward's
+    // by-product, and dscores is written there.
+    bool kl_in_backward = false;
     LinearModule::Saved wq_b, wk, weights_proj;
   };
   std::unique_ptr<LayerState> make_state() const override { return std::make_unique<Saved>(); }
@@ -67,6 +76,12 @@ class DsaLayer : public MlaLayer {
 
  private:
   float weight_scale() const;
+  // The KL's target (P summed over the heads per slot) over s.idx from the forward's lse, as its
+  // own pass: the per-head form's attention_prob_sum, or the absorbed form's sparse_mqa_prob_sum
+  // (s.qa valid).
+  void kl_target(Context& ctx, int64_t tokens, Saved& s, Tensor& target) const;
+  // The loss into kl_ and, with a coefficient, its gradient into s.dscores, from the target.
+  void indexer_kl(Context& ctx, int64_t tokens, Saved& s, const Tensor& target);
   // The indexer's half-split RoPE on [tokens, HI, DI] (heads = 1 for its key).
   ops::RopeParams index_rope(int64_t tokens) const;
   // The indexer's projections, shared by forward and decoding, for the rows of x at `positions`:

@@ -47,6 +47,11 @@ struct AuxTerm {
 // KdaLayer::Saved); the caller holds one per micro-batch in flight and hands it to both calls.
 struct LayerState {
   virtual ~LayerState() = default;
+  // Set by forward's caller: backward will consume this forward (Model::Pass::Train). A layer may
+  // then leave to backward what only a readout needs from forward and backward can form more
+  // cheaply (DsaLayer's KL loss: its target falls out of the attention backward). False: forward
+  // leaves every readout (aux_terms) written, as an evaluation or a test that reads it expects.
+  bool backward_follows = false;
 };
 
 // `st` as the state type S of `layer`; a state made by another layer kind is a ValueError.
@@ -71,6 +76,7 @@ class Layer {
   virtual void backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tensor& dx,
                         LayerState& st) = 0;
   // Auxiliary losses of the last forward, as tensors (persistent: the same tensors every step).
+  // A layer that leaves one to backward (LayerState::backward_follows) writes it there.
   virtual std::span<const AuxTerm> aux_terms() const { return {}; }
   // The same read on the host (a synchronisation point: tests and reports, not the step).
   std::vector<AuxLoss> aux_losses() const {

@@ -279,6 +279,12 @@ double Model::forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const
   const ops::NormParams np{.rows = T, .dim = d, .eps = cfg_.norm_eps};
   const DType at = precision_.activations;
 
+  // A Train forward's backward follows: layers may leave readouts to it (LayerState). A replay
+  // (recompute) reuses the states, and with them this flag.
+  for (size_t i = 0; i < L; ++i) {
+    mb.mixer[i]->backward_follows = pass == Pass::Train;
+    mb.ffn[i]->backward_follows = pass == Pass::Train;
+  }
   const int head = static_cast<int>(L) + 1;
   mb.resid[0] = mb.acts.alloc({T, d}, at);
   if (hooks_) hooks_->before_forward(0);

@@ -131,7 +131,9 @@ class Model {
   // the slot's forward. The recompute scratch arena is shared: a replay fills it just before the
   // backward that reads it.
   // `pass`: Train when backward(ctx, slot) follows: a frozen LM head then computes its input
-  // gradient with the loss (the logits are formed once per step instead of twice).
+  // gradient with the loss (the logits are formed once per step instead of twice), and DSA
+  // layers form their indexer KL in backward (from the attention backward's probabilities), so
+  // that aux_losses() holds it once backward has run; after a Loss forward it holds it at once.
   enum class Pass { Loss, Train };
   double forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const Tensor& targets,
                  int slot = 0, Pass pass = Pass::Loss);
@@ -150,7 +152,8 @@ class Model {
   // Final-norm hidden states [tokens, hidden] of the last forward, for callers that need the
   // logits themselves (the loss path never materialises them).
   const Tensor& final_hidden() const;
-  // Auxiliary losses of the last forward, summed by name over layers: reads every layer's
+  // Auxiliary losses of the last forward (a DSA layer's KL after a Train forward: once its
+  // backward has run), summed by name over layers: reads every layer's
   // AuxTerm tensors (a synchronisation point; the trainer calls it once, after the step). The
   // result lives in the model and is refilled in place, so a step's read allocates nothing.
   const std::vector<AuxLoss>& aux_losses() const;

@@ -355,16 +355,19 @@ double mixer_scratch(const ModelConfig& cfg, MixerKind k, int64_t T, int64_t max
       const double groups = std::ceil(HI / 16);
       index_bwd += (fp32(T * slots) * 2 + (tc ? fp32(T * slots * groups / 2) : 0)) / act;
     }
-    bwd = std::max(bwd, index_bwd);
+    // A training step forms the KL in backward (DsaLayer::backward after a forward told that
+    // backward follows): the same tables once MLA backward has returned.
+    bwd = std::max({bwd, index_bwd, kl_tables});
     // The absorbed sparse stage (MlaLayer::absorbs): dout, gate grads, dq, dcn, dckv, dkpe, then
     // dol, dqa, dkvl and the CUDA kernel's fp32 key-gradient sum (counted twice: it stays fp32)
-    // in place of dk, dv and dkv, and qa rebuilt. A LoRA adapter on kv_b_proj adds W_eff,
+    // in place of dk, dv and dkv, and qa rebuilt; in a training step also the KL target the
+    // attention backward writes (fp32: twice). A LoRA adapter on kv_b_proj adds W_eff,
     // dW_eff and fp32 copies of A and B (MlaLayer::absorb_weight, lora_grads_from). Forward
     // holds qa in the workspace through the KL's fp32 tables (twice: they stay fp32).
     if (!s.dense_warmup && m.qk_nope_dim > 0 && max_doc > s.index_topk) {
       double abs_bwd = fp32(T * H * Dv) * (m.output_gate ? 3 : 1) + fp32(T * H * Dqk) +
                        fp32(T * kvr) * 2 + fp32(T * (kvr + rope)) * 4 + fp32(T * rope) +
-                       fp32(T * H * kvr) + fp32(T * H * (kvr + rope)) * 2;
+                       fp32(T * H * kvr) + fp32(T * H * (kvr + rope)) * 2 + fp32(T * slots) * 2;
       double abs_fwd = fp32(T * H * (kvr + rope)) + kl_tables;
       if (m.lora.rank > 0) {
         const double out = H * (static_cast<double>(m.qk_nope_dim) + Dv),

@@ -16,6 +16,7 @@
 #include "model/model.h"
 #include "model/moe_layer.h"
 #include "ops/grouped_ffn.h"
+#include "ops/sparse_mqa_attention.h"
 #include "train/adamw.h"
 
 namespace mt::test {
@@ -260,6 +261,74 @@ TEST(CudaModel, Bf16ExpertLoraKConcatenatedStaysWithinTheModelBound) {
   cfg.moe.expert_ffn = 16;
   cfg.moe.expert_lora = LoraSpec{.rank = 8, .alpha = 16.f};
   bf16_step_check(cfg, true);
+}
+
+// The DSA layer's KL formed in backward (Model::Pass::Train) on the absorbed tensor-core path:
+// its latent widened to DeepSeek's (kv_lora_rank 512 + rope 64: sparse_mqa_fits), so that the
+// training backward's mqa_bwd_kernel writes the KL target. Against the same bf16 model run with
+// Pass::Loss (the target from the prob-sum pass in forward, the old order): the KL within
+// rounding and the indexer's gradients (their only input from the attention is the target,
+// formed the same way) close; every gradient of both runs within the model's bf16 bound of the
+// CPU's fp32 model, which runs its own prob sum in backward (Train) or forward (Loss).
+TEST(CudaModel, Bf16DsaKlInBackwardMatchesKlInForward) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(cat("seed=", seed));
+  ModelConfig cfg = hybrid_config(false);
+  cfg.dsa.mla.kv_lora_rank = 512;
+  cfg.dsa.mla.qk_rope_dim = 64;
+  ASSERT_TRUE(ops::sparse_mqa_fits(cfg.dsa.mla.heads, 576, 512));
+  const ModelOptions bf{.precision = Precision::bf16(), .device = Device::CUDA};
+  Model loss_pass(cfg, seed, bf), train_pass(cfg, seed, bf), cpu(cfg, seed);
+  for (const auto& p : loss_pass.params().all()) {
+    train_pass.params().at(p->name).value.copy_from(p->value);
+    cpu.params().at(p->name).value.copy_from(p->value);  // the same bf16-rounded weights
+  }
+  Rng rng(seed);
+  const Batch d = random_batch(rng, cfg.vocab, {37, 1, 70, 20}, 7);  // past top-8: sparse
+  const Batch g = on_gpu(d);
+  Context cc(ContextOptions{.seed = seed});
+  Context gc(ContextOptions{.device = Device::CUDA, .seed = seed});
+  auto step = [&](Model& m, Context& c, const Batch& b, Model::Pass pass) {
+    m.params().zero_grad();
+    m.forward(c, b.seq, b.ids, b.targets, 0, pass);
+    m.backward(c);
+    c.synchronize();
+    const std::vector<AuxLoss> aux = m.aux_losses();  // a copy: the model refills its own
+    for (const AuxLoss& a : aux)
+      if (a.name == "indexer_kl") return a.value;
+    ADD_FAILURE() << "no indexer_kl";
+    return 0.0;
+  };
+  const double kl_loss = step(loss_pass, gc, g, Model::Pass::Loss);
+  const double kl_train = step(train_pass, gc, g, Model::Pass::Train);
+  const double kl_cpu = step(cpu, cc, d, Model::Pass::Train);
+  EXPECT_GT(kl_cpu, 0.0);
+  EXPECT_NEAR(kl_train, kl_loss, 1e-5 * std::abs(kl_loss)) << "KL: backward's target vs forward's";
+  // bf16 activations may flip a near-tie of a row's top-8 (the whole-gradient bound below
+  // absorbs such flips too): a looser bound than the loss's, still far below a wrong target's.
+  EXPECT_NEAR(kl_train, kl_cpu, 5e-2 * std::abs(kl_cpu)) << "KL vs the CPU";
+  int indexer = 0;
+  double num = 0, den = 0, num_l = 0;
+  for (const auto& p : cpu.params().all()) {
+    if (!p->trainable()) continue;
+    const Tensor a = host_f32(train_pass.params().at(p->name).grad),
+                 l = host_f32(loss_pass.params().at(p->name).grad), b = host_f32(p->grad);
+    if (p->name.find(".indexer.") != std::string::npos) {
+      EXPECT_LE(rel(a, l), 1e-4) << p->name << ": Train vs Loss pass";
+      ++indexer;
+    }
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      const double e = static_cast<double>(a.f32()[i]) - b.f32()[i],
+                   el = static_cast<double>(l.f32()[i]) - b.f32()[i];
+      num += e * e;
+      num_l += el * el;
+      den += static_cast<double>(b.f32()[i]) * b.f32()[i];
+    }
+  }
+  EXPECT_GE(indexer, 5);
+  EXPECT_LE(std::sqrt(num / den), kModelBf16GradRel) << "Train pass vs the CPU";
+  EXPECT_LE(std::sqrt(num_l / den), kModelBf16GradRel) << "Loss pass vs the CPU";
 }
 
 }  // namespace

@@ -182,10 +182,12 @@ struct LayerRun {
 };
 
 // Runs one forward + backward with parameters drawn from `seed` (same names -> same values);
-// parameters `frozen` names are bound without a gradient.
+// parameters `frozen` names are bound without a gradient. `backward_follows`: the forward is told
+// so (a training step's, Model::Pass::Train); the KL is read after backward either way.
 LayerRun run_layer(Layer& layer, uint64_t seed, const SeqInfo& seq, const Tensor& x,
                    const Tensor& dy,
-                   const std::function<bool(const std::string&)>& frozen = nullptr) {
+                   const std::function<bool(const std::string&)>& frozen = nullptr,
+                   bool backward_follows = false) {
   LayerRun r;
   r.specs = layer.param_specs();
   ParamTable table;
@@ -208,7 +210,9 @@ LayerRun run_layer(Layer& layer, uint64_t seed, const SeqInfo& seq, const Tensor
   r.y = Tensor::empty(x.shape());
   r.dx = Tensor::empty(x.shape());
   DsaLayer::Saved st;
+  st.backward_follows = backward_follows;
   layer.forward(ctx, seq, x, r.y, *r.acts, st);
+  EXPECT_EQ(r.acts->used(), plan.bytes()) << "activations differ from plan_activations";
   layer.backward(ctx, seq, dy, r.dx, st);
   for (const AuxLoss& a : layer.aux_losses())
     if (a.name == "indexer_kl") r.kl = a.value;
@@ -323,6 +327,100 @@ TEST(DsaLayer, AbsorbedEqualsPerHeadLora) {
     return ends_with(n, "proj.weight") || ends_with(n, "mqa.weight") ||
            ends_with(n, "wq_b.weight") || ends_with(n, "wk.weight");
   });
+}
+
+// A forward told that backward follows leaves the KL to backward (its target from the attention
+// backward: sparse_mqa_backward's prob_sum on the absorbed path, the prob-sum pass there on the
+// per-head one). After backward the output, dx and every gradient equal the forward-KL run's bit
+// for bit on the CPU (same ops, same inputs: qa is rebuilt by the same products), the loss to
+// its summation's rounding, and the loss equals the double reference's. Sparse and above-T
+// selections, both forms, a zero coefficient (the loss is still logged), the dense warm-up.
+void expect_kl_in_backward_equals_forward(const DsaConfig& cfg, bool absorbed) {
+  SCOPED_TRACE(cat("topk ", cfg.index_topk, absorbed ? ", absorbed" : ", per head", ", coeff ",
+                   cfg.indexer_loss_coeff, cfg.dense_warmup ? ", dense warm-up" : ""));
+  SeqInfo seq = SeqInfo::from_lengths(kLengths);
+  Rng rng(test_seed());
+  const uint64_t params = test_seed();
+  Tensor x = Tensor::empty({seq.tokens, 24}), dy = Tensor::empty({seq.tokens, 24});
+  fill_normal(rng, x);
+  fill_normal(rng, dy);
+  DsaLayer fwd_kl(cfg), bwd_kl(cfg);
+  fwd_kl.set_absorbed(absorbed);
+  bwd_kl.set_absorbed(absorbed);
+  const LayerRun a = run_layer(fwd_kl, params, seq, x, dy, nullptr, false);
+  const LayerRun b = run_layer(bwd_kl, params, seq, x, dy, nullptr, true);
+  EXPECT_TRUE(same_bits(a.y, b.y));
+  EXPECT_TRUE(same_bits(a.dx, b.dx));
+  // The loss is a threaded sum whose order may differ between two runs (test_recompute.cpp).
+  EXPECT_NEAR(a.kl, b.kl, 1e-12 * std::abs(a.kl));
+  int64_t indexer_grads = 0;
+  for (size_t i = 0; i < a.specs.size(); ++i) {
+    ASSERT_EQ(a.grads[i].defined(), b.grads[i].defined()) << a.specs[i].name;
+    if (!a.grads[i].defined()) continue;
+    EXPECT_TRUE(same_bits(a.grads[i], b.grads[i])) << a.specs[i].name;
+    if (is_indexer(a.specs[i].name))
+      for (int64_t e = 0; e < b.grads[i].numel(); ++e) indexer_grads += b.grads[i].f32()[e] != 0.f;
+  }
+  EXPECT_EQ(indexer_grads > 0, cfg.indexer_loss_coeff != 0.f);
+  // The loss itself, against the double reference on the same parameters.
+  std::map<std::string, DVec> P;
+  for (size_t i = 0; i < b.specs.size(); ++i) P[b.specs[i].name] = to_dvec(b.values[i]);
+  const ref::DsaRefOut r = ref::dsa_layer(cfg, P, to_dvec(x), offsets_of(kLengths));
+  EXPECT_GT(r.kl, 0.0);
+  EXPECT_NEAR(b.kl, r.kl, 1e-4 * r.kl + 1e-9);
+}
+
+TEST(DsaLayer, KlInBackwardEqualsKlInForward) {
+  for (bool absorbed : {true, false})
+    for (int64_t topk : {16, 80}) {
+      DsaConfig cfg = base_config(topk);
+      cfg.indexer_loss_coeff = 0.5f;
+      expect_kl_in_backward_equals_forward(cfg, absorbed);
+    }
+  DsaConfig zero = base_config(16);
+  zero.indexer_loss_coeff = 0.f;
+  expect_kl_in_backward_equals_forward(zero, true);
+  DsaConfig warmup = base_config(16);
+  warmup.indexer_loss_coeff = 0.5f;
+  warmup.dense_warmup = true;
+  expect_kl_in_backward_equals_forward(warmup, true);
+}
+
+// A forward with backward to follow leaves the loss to backward, which overwrites whatever the
+// value held.
+TEST(DsaLayer, KlInBackwardIsWrittenByBackward) {
+  DsaConfig cfg = base_config(16);
+  cfg.indexer_loss_coeff = 0.5f;
+  SeqInfo seq = SeqInfo::from_lengths(kLengths);
+  Rng rng(test_seed());
+  Tensor x = Tensor::empty({seq.tokens, 24}), dy = Tensor::empty({seq.tokens, 24});
+  fill_normal(rng, x);
+  fill_normal(rng, dy);
+  DsaLayer dsa(cfg);
+  ParamTable table;
+  std::vector<Tensor> keep;
+  for (const ParamSpec& p : dsa.param_specs()) {
+    Tensor v = Tensor::empty(p.shape), g = Tensor::zeros(p.shape);
+    fill_normal(rng, v, 0.3);
+    keep.push_back(v);
+    keep.push_back(g);
+    table[p.name] = {.value = v, .grad = g};
+  }
+  dsa.bind(table);
+  Context ctx;
+  ArenaPlan plan;
+  dsa.plan_activations(seq, plan);
+  Arena acts(plan.bytes(), Device::CPU, "acts");
+  Tensor y = Tensor::empty(x.shape()), dx = Tensor::empty(x.shape());
+  DsaLayer::Saved st;
+  st.backward_follows = true;
+  dsa.forward(ctx, seq, x, y, acts, st);
+  ASSERT_EQ(dsa.aux_losses().size(), 1u);
+  const Tensor& kl = dsa.aux_terms()[0].value;
+  ASSERT_TRUE(kl.defined());
+  kl.f64()[0] = -1.0;  // a marker backward must overwrite
+  dsa.backward(ctx, seq, dy, dx, st);
+  EXPECT_GT(dsa.aux_losses()[0].value, 0.0);
 }
 
 TEST(DsaLayer, SelectionIsTopkOfCausalPositions) {

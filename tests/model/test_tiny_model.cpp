@@ -38,6 +38,9 @@ double loss_for(const ModelConfig& cfg, const std::string& name, const ref::Mode
 struct GradCheck {
   std::vector<int64_t> lengths = {23, 1, 19};  // documents of the batch
   int directions = 1;                          // random directions per parameter
+  // Train: the forward is told that backward follows (DSA layers then form their KL in backward;
+  // the losses are read after backward either way).
+  Model::Pass pass = Model::Pass::Loss;
 };
 
 void check_model_gradients(const ModelConfig& cfg, const ModelOptions& opt, uint64_t seed,
@@ -51,7 +54,7 @@ void check_model_gradients(const ModelConfig& cfg, const ModelOptions& opt, uint
   Batch b = test::random_batch(rng, cfg.vocab, gc.lengths, 7);
   Context ctx(ContextOptions{.seed = seed});
   model.params().zero_grad();
-  double loss = model.forward(ctx, b.seq, b.ids, b.targets);
+  double loss = model.forward(ctx, b.seq, b.ids, b.targets, 0, gc.pass);
   EXPECT_EQ(model.activation_bytes_used(), model.activation_bytes(b.seq));
   model.backward(ctx);
 
@@ -129,6 +132,14 @@ TEST(TinyModel, LossAndEveryGradientMatchFiniteDifferences) {
 }
 
 // A 70-token document crosses the preset's 64-token KDA chunk; three directions per parameter.
+// A training step's forward (Model::Pass::Train): the DSA layer's KL and its indexer gradients
+// come from backward (the attention backward's probabilities), the frozen-head shortcut stays
+// off (the head trains); loss, KL and every gradient against the reference as above.
+TEST(TinyModel, TrainPassFormsTheKlInBackward) {
+  check_model_gradients(ModelConfig::load("tiny"), {}, test::test_seed(),
+                        {.pass = Model::Pass::Train});
+}
+
 TEST(TinyModel, GradientsAcrossKdaChunkBoundaries) {
   ModelConfig cfg = ModelConfig::load("tiny");
   ASSERT_EQ(cfg.kda.chunk, 64);
