@@ -21,7 +21,9 @@
 //       warp each, a column per lane in registers), then the blocks below by the block inverse
 //       of a lower triangular matrix: the corners T_10 and T_32 of the 32 x 32 halves, then
 //       T_[23][01] = -T_[23][23] A_[23][01] T_[01][01] (A = diag(beta) KK); 16 x 8 column slices
-//       of 16 x 16 x 16 products, fp32 on CUDA cores, a warp per slice (four barriers).
+//       of 16 x 16 x 16 products, fp32 on CUDA cores, a warp per slice (three barriers). The
+//       diagonal blocks share a phase with the row products Qh, Kl, Kb, and beta v with T's
+//       first step.
 //   (3) W = T Kb and U = T (beta v): tf32 MMAs over fp32 tiles (tf32 rounds to 2^-11, below the
 //       bf16 rounding of the inputs), T's zero upper blocks skipped.
 // HBM per (chunk, head) at K = V = 128: reads q, k, v 48 KB (bf16) and g 32 KB (q, k and g by
@@ -449,7 +451,18 @@ __global__ void __launch_bounds__(kThreads, 2)
   block_row_pairs<K, V>(a, blk, gam, qs, ks, kk);
   __syncthreads();
 
-  // Row products Qh, Kl, Kb (Kb also replaces G in place for W), four channels per thread.
+  // T's diagonal blocks (warps 0-3, one each) while warps 4-7 copy KK out, then the row
+  // products Qh, Kl, Kb (Kb also replaces G in place for W), four channels per thread: the
+  // substitution's FMA chains overlap the products' exponentials on the same schedulers (they
+  // share no shared memory but beta, which both only read).
+  if (w < 4) {
+    diag_inverse(kk, tm, b, w, LdC);
+  } else {
+    for (int e = tid - 128; e < kC * kC / 4; e += kThreads - 128) {
+      const int i = e / (kC / 4), x = (e - i * (kC / 4)) * 4;
+      f4(blk + lay.KK() + i * kC + x) = f4(kk + i * LdC + x);
+    }
+  }
   for (int e = tid; e < kC * K / 4; e += kThreads) {
     const int i = e / (K / 4), x = (e - i * (K / 4)) * 4;
     const float4 gv = f4(gam + i * LdG + x), gl = f4(glast + x);
@@ -467,35 +480,15 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   __syncthreads();
 
-  // q and k are dead: beta v takes their place. Then T's diagonal blocks (warps 0-3, one each)
-  // while warps 4-7 copy KK out.
-#pragma unroll
-  for (int u = 0; u < VG; ++u) {
-    const int e = tid + u * kThreads, i = e / (V / 8), x = (e - i * (V / 8)) * 8;
-    float f[8];
-    unpack8(vr[u], f);
-    const float bi = b[i];
-    f4(vs + i * LdV + x) = make_float4(bi * f[0], bi * f[1], bi * f[2], bi * f[3]);
-    f4(vs + i * LdV + x + 4) = make_float4(bi * f[4], bi * f[5], bi * f[6], bi * f[7]);
-  }
-  if (w < 4) {
-    diag_inverse(kk, tm, b, w, LdC);
-  } else {
-    for (int e = tid - 128; e < kC * kC / 4; e += kThreads - 128) {
-      const int i = e / (kC / 4), x = (e - i * (kC / 4)) * 4;
-      f4(blk + lay.KK() + i * kC + x) = f4(kk + i * LdC + x);
-    }
-  }
-  __syncthreads();
-
   // T's blocks below the diagonal by the inverse of a block lower triangular matrix,
   // [[L1, 0], [B, L2]]^-1 = [[L1^-1, 0], [-L2^-1 B L1^-1, L2^-1]], with A = diag(beta) KK: first
   // the corners of the two 32 x 32 diagonal halves, T_10 = -T_11 A_10 T_00 and T_32 = -T_33 A_32
   // T_22, then Y = A_[23][01] T_[01][01] and T_[23][01] = -T_[23][23] Y. Each warp takes 8
   // columns of a 16 x 16 block, and a column slice of each product reads only the same columns
-  // of the blocks it builds on, so a warp's consecutive steps need only __syncwarp: four barriers
-  // in place of ten, and fp32 FMAs over registers and broadcast float4 loads in place of dot
-  // products of two scalar shared loads each (the same fp32 arithmetic, in another order).
+  // of the blocks it builds on, so a warp's consecutive steps need only __syncwarp: three barriers
+  // after the diagonal blocks' (shared with the row products) in place of nine, and fp32 FMAs over
+  // registers and broadcast float4 loads in place of dot products of two scalar shared loads each
+  // (the same fp32 arithmetic, in another order).
   {
     constexpr int R = kBlockRows, NC = 4;
     const int hf = w & 1, r = lane >> 1;
@@ -520,6 +513,16 @@ __global__ void __launch_bounds__(kThreads, 2)
       mm16<NC>(y, kblk(p, 1), slice(1, 1), LdC);
       put16<NC>(slice(p, 1), LdC, y, b[R * p + r]);
       mm16<NC>(part, kblk(p, 0), slice(0, 0), LdC);
+    }
+    // q and k are dead: beta v takes their place (the T steps touch neither).
+#pragma unroll
+    for (int u = 0; u < VG; ++u) {
+      const int e = tid + u * kThreads, i = e / (V / 8), x = (e - i * (V / 8)) * 8;
+      float f[8];
+      unpack8(vr[u], f);
+      const float bi = b[i];
+      f4(vs + i * LdV + x) = make_float4(bi * f[0], bi * f[1], bi * f[2], bi * f[3]);
+      f4(vs + i * LdV + x + 4) = make_float4(bi * f[4], bi * f[5], bi * f[6], bi * f[7]);
     }
     __syncthreads();
     if (w >= 4) {
