@@ -530,6 +530,12 @@ __global__ void __launch_bounds__(kThreads, 2)
       const int p = w < 6 ? 2 : 3;
       mm16<NC>(part, kblk(p, 1), slice(1, 0), LdC);
       put16<NC>(slice(p, 0), LdC, part, b[R * p + r]);
+    } else {
+      // Meanwhile T's first 32 rows, final now, go out.
+      for (int e = tid; e < kC * kC / 8; e += kThreads / 2) {
+        const int i = e / (kC / 4), x = (e - i * (kC / 4)) * 4;
+        f4(blk + lay.Tm() + i * kC + x) = f4(tm + i * LdC + x);
+      }
     }
     __syncthreads();
     if (w < 4) {
@@ -547,10 +553,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     __syncthreads();
   }
 
-  // W = T Kb and U = T beta v (warp w: its n-tiles of both), T out.
+  // W = T Kb and U = T beta v (warp w: its n-tiles of both), T's last 32 rows out.
   lower_times<K / 64, V / 64>(tm, LdC, gam, LdG, w * K / 8, big_slot(lay.W()), K, vs, LdV,
                               w * V / 8, big_slot(lay.U()), V);
-  for (int e = tid; e < kC * kC / 4; e += kThreads) {
+  for (int e = kC * kC / 8 + tid; e < kC * kC / 4; e += kThreads) {
     const int i = e / (kC / 4), x = (e - i * (kC / 4)) * 4;
     f4(blk + lay.Tm() + i * kC + x) = f4(tm + i * LdC + x);
   }
