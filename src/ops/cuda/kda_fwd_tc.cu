@@ -15,16 +15,21 @@
 //       numbers in [e^-40, e^40] (no overflow, no subnormal loss; each is rounded to bf16, 2^-9
 //       relative, as fla does) and the block is two more n-tiles of the same MMAs; where the decay
 //       is stronger the warp sums those 136 pairs directly, one e^(G_i - G_j) <= 1 per pair and
-//       channel (the form of the CUDA-core prep).
+//       channel (the form of the CUDA-core prep). A warp forms Aqk's and KK's tiles of a row
+//       block together (the same exponentials), at most 3 of the 20 n-tiles.
 //   (2) T = (I + diag(beta) KK)^-1: the four 16 x 16 diagonal blocks by forward substitution (a
-//       warp each), then block rows 1..3 in turn, T_pr = -T_pp sum_(m=r)^(p-1) diag(beta) KK_pm
-//       T_mr, fp32 on CUDA cores (16 products of 16 x 16 x 16 in place of 64 dependent row
-//       steps).
+//       warp each, a column per lane in registers), then the blocks below by the block inverse
+//       of a lower triangular matrix: the corners T_10 and T_32 of the 32 x 32 halves, then
+//       T_[23][01] = -T_[23][23] A_[23][01] T_[01][01] (A = diag(beta) KK); 16 x 8 column slices
+//       of 16 x 16 x 16 products, fp32 on CUDA cores, a warp per slice (three barriers). The
+//       diagonal blocks share a phase with the row products Qh, Kl, Kb, and beta v with T's
+//       first step.
 //   (3) W = T Kb and U = T (beta v): tf32 MMAs over fp32 tiles (tf32 rounds to 2^-11, below the
 //       bf16 rounding of the inputs), T's zero upper blocks skipped.
-// HBM per (chunk, head) at K = V = 128: reads q, k, v 48 KB (bf16) and g 32 KB; writes the
-// prepared block, 132 KB (W, Qh, Kl, U, Kb 80 KB bf16, Aqk, T, KK 48 KB fp32, gL): ~212 KB, every
-// access 4 to 16 bytes wide and coalesced into whole sectors.
+// HBM per (chunk, head) at K = V = 128: reads q, k, v 48 KB (bf16) and g 32 KB (q, k and g by
+// cp.async, all in flight at once); writes the prepared block, 132 KB (W, Qh, Kl, U, Kb 80 KB
+// bf16, Aqk, T, KK 48 KB fp32, gL): ~212 KB, every access 4 to 16 bytes wide and coalesced into
+// whole sectors.
 // Shared memory: G (later Kb) 34 KB, q and k bf16 (later beta v fp32) 34 KB, KK 17 KB, T 17 KB:
 // 103 KB at K = V = 128, two blocks (16 warps) per SM.
 #include <algorithm>
@@ -103,16 +108,22 @@ __device__ __forceinline__ uint4 load8(const bf16* p, bool vec) {
 }
 
 // Rows 0..63 of a [tokens, H, D] bf16 tensor for this chunk and head into a shared tile of row
-// stride ld, zeros past L, 16 bytes per load where vec.
+// stride ld, zeros past L. Where vec, 16 bytes per cp.async (the caller commits and waits): every
+// thread's loads are in flight at once, not one register round trip per unrolled group.
 template <int D>
 __device__ __forceinline__ void load_bf16_rows(const bf16* src, int64_t t0, int L, int64_t H,
                                                int64_t h, bf16* dst, int ld, bool vec) {
   constexpr int per = D / 8;
-  for (int e = threadIdx.x; e < kC * per; e += kThreads) {
-    const int i = e / per, x = (e - i * per) * 8;
-    uint4 u = make_uint4(0, 0, 0, 0);
-    if (i < L) u = load8(src + ((t0 + i) * H + h) * D + x, vec);
-    *reinterpret_cast<uint4*>(dst + i * ld + x) = u;
+  static_assert(kC * per % kThreads == 0);
+#pragma unroll
+  for (int u = 0; u < kC * per / kThreads; ++u) {
+    const int e = threadIdx.x + u * kThreads, i = e / per, x = (e - i * per) * 8;
+    bf16* d = dst + i * ld + x;
+    const bf16* s = src + ((t0 + i) * H + h) * D + x;
+    if (i < L && vec)
+      mma::cp_async16(d, s);
+    else
+      *reinterpret_cast<uint4*>(d) = i < L ? load8(s, false) : make_uint4(0, 0, 0, 0);
   }
 }
 
@@ -132,27 +143,35 @@ __device__ __forceinline__ void store2(float* p, float a, float b) {
   *reinterpret_cast<float2*>(p) = make_float2(a, b);
 }
 
-// Phase (1), warp (p, which): row block p of Aqk (which = 0, q rows; to global memory, scaled)
-// or of KK (which = 1, k rows; to shared memory), all 64 columns written (zeros above the
-// diagonal).
+// Phase (1): row block p of Aqk (q rows; to global memory, scaled) and of KK (k rows; to shared
+// memory), all 64 columns written (zeros above the diagonal). Both products take the same
+// exponentials: the A fragments differ only in q_i or k_i times the same e^(G_i - R_p), and the
+// B fragments k_j e^(R_p - G_j) are the same, so one warp forms both (half the exponentials of a
+// warp per matrix). Block p has 2 p + 2 n-tiles of 8 columns with the diagonal block, 20 in all:
+// warp w takes n-tiles [t0, t1) of block p, at most 3, and the warps that share a scheduler (w
+// and w + 4) 5 between them. The warp that ends at the diagonal block (t1 = 2 p + 2) writes the
+// zero tiles above it and, where the decay is too strong for the diagonal block's MMAs, sums its
+// pairs directly.
 template <int K, int V>
 __device__ __forceinline__ void block_row_pairs(const Args& a, float* blk, const float* gam,
                                                 const bf16* qs, const bf16* ks, float* kk) {
   using S = Smem<K, V>;
-  constexpr int LdG = S::LdG, LdH = S::LdH, LdC = S::LdC;
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, p = w & 3, gq = lane >> 2, cq = lane & 3;
-  const bool is_kk = w >= 4;
-  const bf16* src = is_kk ? ks : qs;
+  constexpr int LdG = S::LdG, LdH = S::LdH, LdC = S::LdC, kMaxTiles = 3;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gq = lane >> 2, cq = lane & 3;
+  // w = 0..7: p 0 1 1 2 2 3 3 3, t0 0 0 2 0 3 0 3 6, t1 2 2 4 3 6 3 6 8 (a nibble per warp).
+  const int p = (0x33322110u >> (4 * w)) & 15, t0 = (0x63030200u >> (4 * w)) & 15,
+            t1 = (0x86363422u >> (4 * w)) & 15;
+  const bool owner = t1 == 2 * p + 2;
   const float* R = gam + kBlockRows * p * LdG;
   float range = 0.f;
   for (int x = lane; x < K; x += 32)
     range = fmaxf(range, R[x] - gam[(kBlockRows * p + kBlockRows - 1) * LdG + x]);
   const bool diag_mma = warp_max(range) <= kDiagRange;
-  const int nts = 2 * p + (diag_mma ? 2 : 0);  // n-tiles of 8 columns on the MMAs
+  const int nts = 2 * p + (diag_mma ? 2 : 0);  // n-tiles below nts go through the MMAs
   const int i0 = kBlockRows * p + gq;
-  float acc[8][4] = {};
+  float acc[2][kMaxTiles][4] = {};  // [q, k][the warp's n-tile]
   for (int k0 = 0; k0 < K; k0 += 16) {
-    uint32_t af[4];
+    uint32_t aq[4], ak[4];
     float2 r[2];
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
@@ -162,14 +181,16 @@ __device__ __forceinline__ void block_row_pairs(const Args& a, float* blk, const
       for (int rr = 0; rr < 2; ++rr) {
         const int i = i0 + 8 * rr;
         const float2 gv = *reinterpret_cast<const float2*>(gam + i * LdG + x);
-        const float2 sv = bf2(src + i * LdH + x);
-        af[2 * hh + rr] =
-            mma::pack_bf16(sv.x * __expf(gv.x - r[hh].x), sv.y * __expf(gv.y - r[hh].y));
+        const float e0 = __expf(gv.x - r[hh].x), e1 = __expf(gv.y - r[hh].y);
+        const float2 qv = bf2(qs + i * LdH + x), kv = bf2(ks + i * LdH + x);
+        aq[2 * hh + rr] = mma::pack_bf16(qv.x * e0, qv.y * e1);
+        ak[2 * hh + rr] = mma::pack_bf16(kv.x * e0, kv.y * e1);
       }
     }
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-      if (nt < nts) {
+    for (int u = 0; u < kMaxTiles; ++u) {
+      const int nt = t0 + u;
+      if (nt < t1 && nt < nts) {
         const int j = 8 * nt + gq;
         uint32_t bfr[2];
 #pragma unroll
@@ -179,69 +200,160 @@ __device__ __forceinline__ void block_row_pairs(const Args& a, float* blk, const
           const float2 kv = bf2(ks + j * LdH + x);
           bfr[hh] = mma::pack_bf16(kv.x * __expf(r[hh].x - gv.x), kv.y * __expf(r[hh].y - gv.y));
         }
-        mma::mma_bf16(acc[nt], af, bfr);
+        mma::mma_bf16(acc[0][u], aq, bfr);
+        mma::mma_bf16(acc[1][u], ak, bfr);
       }
+    }
   }
   float* aqk = blk + a.lay.Aqk();
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt) {
-    if (nt >> 1 == p && !diag_mma) continue;  // the direct sums below write the diagonal block
+  for (int u = 0; u < kMaxTiles; ++u) {
+    const int nt = t0 + u;
+    if (nt >= t1 || (nt >> 1 == p && !diag_mma)) continue;  // the direct sums write those
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       const int i = i0 + 8 * rr, j = 8 * nt + 2 * cq;
-      const float v0 = nt < nts ? acc[nt][2 * rr] : 0.f, v1 = nt < nts ? acc[nt][2 * rr + 1] : 0.f;
-      if (is_kk)
-        f2(kk + i * LdC + j) = make_float2(j < i ? v0 : 0.f, j + 1 < i ? v1 : 0.f);
-      else
-        f2(aqk + i * kC + j) =
-            make_float2(j <= i ? a.scale * v0 : 0.f, j + 1 <= i ? a.scale * v1 : 0.f);
+      const float* q = acc[0][u];
+      const float* k = acc[1][u];
+      f2(aqk + i * kC + j) = make_float2(j <= i ? a.scale * q[2 * rr] : 0.f,
+                                         j + 1 <= i ? a.scale * q[2 * rr + 1] : 0.f);
+      f2(kk + i * LdC + j) = make_float2(j < i ? k[2 * rr] : 0.f, j + 1 < i ? k[2 * rr + 1] : 0.f);
     }
   }
+  if (!owner) return;
+  for (int nt = t1; nt < kC / 8; ++nt)
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int i = i0 + 8 * rr, j = 8 * nt + 2 * cq;
+      f2(aqk + i * kC + j) = make_float2(0.f, 0.f);
+      f2(kk + i * LdC + j) = make_float2(0.f, 0.f);
+    }
   if (diag_mma) return;
   // Strong decay inside the block: each pair directly, lanes over channels.
-  for (int il = 0; il < kBlockRows; ++il) {
-    const int i = kBlockRows * p + il;
-    for (int jl = 0; jl <= il; ++jl) {
-      const int j = kBlockRows * p + jl;
-      float s = 0.f;
-      for (int x = lane; x < K; x += 32)
-        s += __bfloat162float(src[i * LdH + x]) * __bfloat162float(ks[j * LdH + x]) *
-             __expf(gam[i * LdG + x] - gam[j * LdG + x]);
-      s = warp_sum(s);
-      if (lane == 0) {
-        if (is_kk)
-          kk[i * LdC + j] = jl < il ? s : 0.f;
-        else
-          aqk[i * kC + j] = a.scale * s;
+  for (int which = 0; which < 2; ++which) {
+    const bf16* src = which ? ks : qs;
+    for (int il = 0; il < kBlockRows; ++il) {
+      const int i = kBlockRows * p + il;
+      for (int jl = 0; jl <= il; ++jl) {
+        const int j = kBlockRows * p + jl;
+        float s = 0.f;
+        for (int x = lane; x < K; x += 32)
+          s += __bfloat162float(src[i * LdH + x]) * __bfloat162float(ks[j * LdH + x]) *
+               __expf(gam[i * LdG + x] - gam[j * LdG + x]);
+        s = warp_sum(s);
+        if (lane == 0) {
+          if (which)
+            kk[i * LdC + j] = jl < il ? s : 0.f;
+          else
+            aqk[i * kC + j] = a.scale * s;
+        }
       }
-    }
-    if (lane > il && lane < kBlockRows) {
-      const int j = kBlockRows * p + lane;
-      if (is_kk)
-        kk[i * LdC + j] = 0.f;
-      else
-        aqk[i * kC + j] = 0.f;
+      if (lane > il && lane < kBlockRows) {
+        const int j = kBlockRows * p + lane;
+        if (which)
+          kk[i * LdC + j] = 0.f;
+        else
+          aqk[i * kC + j] = 0.f;
+      }
     }
   }
 }
 
-// Phase (3): dst[16 mb + .., n0 + ..] = T[16 mb + .., :] src for the warp's NT n-tiles, every
-// row block, T's zero upper blocks skipped; accumulated in fp32, stored as P (the layout's).
-template <int NT, typename P>
-__device__ __forceinline__ void lower_times(const float* tm, int ldc, const float* src, int ld,
-                                            int n0, P* dst, int ldd) {
+// Phase (2), the diagonal block p of T = (I + diag(beta) KK)^-1 by forward substitution, lane c
+// (and c + 16, which only repeats it) holding column c in registers: row i of the column needs
+// rows < i only, so the 16 rows are a chain of one FMA and one multiply each, KK's rows broadcast
+// as float4 loads (in place of a shuffle, a barrier and scalar loads per row).
+__device__ __forceinline__ void diag_inverse(const float* kk, float* tm, const float* b, int p,
+                                             int ld) {
+  const int lane = threadIdx.x & 31, c = lane & 15;
+  const float* kd = kk + kBlockRows * p * (ld + 1);
+  float t[kBlockRows];
+#pragma unroll
+  for (int i = 0; i < kBlockRows; ++i) {
+    float s = 0.f;  // t[l] is zero for l < c, so the sum may start at 0
+#pragma unroll
+    for (int l4 = 0; l4 < i; l4 += 4) {
+      const float4 k4 = *reinterpret_cast<const float4*>(kd + i * ld + l4);
+      const float kv[4] = {k4.x, k4.y, k4.z, k4.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (l4 + e < i) s += kv[e] * t[l4 + e];
+    }
+    t[i] = i == c ? 1.f : (i > c ? -b[kBlockRows * p + i] * s : 0.f);
+  }
+  if (lane < kBlockRows)
+#pragma unroll
+    for (int i = 0; i < kBlockRows; ++i) tm[(kBlockRows * p + i) * ld + kBlockRows * p + c] = t[i];
+}
+
+// acc[n] += sum_k A[r][k] B[k][c0 + n] over the 16 k of two 16 x 16 fp32 blocks in shared memory
+// (row stride ld, 16-byte aligned rows), r = lane / 2, c0 = (lane & 1) NC, B pointing at the
+// first of the warp's 2 NC columns: fp32 FMAs, so T keeps the precision of the substitution.
+template <int NC>
+__device__ __forceinline__ void mm16(float (&acc)[NC], const float* A, const float* B, int ld) {
+  const int lane = threadIdx.x & 31, r = lane >> 1, c0 = (lane & 1) * NC;
+#pragma unroll
+  for (int k4 = 0; k4 < kBlockRows; k4 += 4) {
+    const float4 a4 = *reinterpret_cast<const float4*>(A + r * ld + k4);
+    const float av[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+    for (int kq = 0; kq < 4; ++kq)
+#pragma unroll
+      for (int n = 0; n < NC; n += 4) {
+        const float4 b4 = *reinterpret_cast<const float4*>(B + (k4 + kq) * ld + c0 + n);
+        acc[n] += av[kq] * b4.x;
+        acc[n + 1] += av[kq] * b4.y;
+        acc[n + 2] += av[kq] * b4.z;
+        acc[n + 3] += av[kq] * b4.w;
+      }
+  }
+}
+
+// mm16's lane slice times s into D (the slice's first column).
+template <int NC>
+__device__ __forceinline__ void put16(float* D, int ld, const float (&v)[NC], float s) {
+  const int lane = threadIdx.x & 31, r = lane >> 1, c0 = (lane & 1) * NC;
+#pragma unroll
+  for (int n = 0; n < NC; n += 4)
+    *reinterpret_cast<float4*>(D + r * ld + c0 + n) =
+        make_float4(s * v[n], s * v[n + 1], s * v[n + 2], s * v[n + 3]);
+}
+
+// Phase (3): W[16 mb + .., nw + ..] = T[16 mb + .., :] Kb and U[16 mb + .., nu + ..] = T[16 mb +
+// .., :] (beta v) for the warp's NW and NU n-tiles, every row block, T's zero upper blocks
+// skipped; each T fragment loaded once for both products, accumulated in fp32, stored as P (the
+// layout's). The row blocks stay a loop: unrolled, they take the kernel past 128 registers.
+template <int NW, int NU, typename P>
+__device__ __forceinline__ void lower_times(const float* tm, int ldc, const float* kb, int ldk,
+                                            int nw, P* wdst, int ldw, const float* bv, int ldv,
+                                            int nu, P* udst, int ldu) {
   const int lane = threadIdx.x & 31, gq = lane >> 2, cq = lane & 3;
 #pragma unroll 1
   for (int mb = 0; mb < kC / kBlockRows; ++mb) {
-    float acc[NT][4] = {};
-    mma::warp_mma_tf32<false, NT>(acc, tm, ldc, kBlockRows * mb, src, ld, n0, kBlockRows * (mb + 1),
-                                  lane);
+    float aw[NW][4] = {}, au[NU][4] = {};
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+    for (int k0 = 0; k0 < kBlockRows * (mb + 1); k0 += 8) {
+      uint32_t af[4], bw[NW][2], bu[NU][2];
+      mma::load_a_tf32<false>(af, tm, ldc, kBlockRows * mb, k0, lane);
 #pragma unroll
-      for (int rr = 0; rr < 2; ++rr)
-        store2(dst + (kBlockRows * mb + gq + 8 * rr) * ldd + n0 + 8 * nt + 2 * cq, acc[nt][2 * rr],
-               acc[nt][2 * rr + 1]);
+      for (int nt = 0; nt < NW; ++nt) mma::load_b_tf32(bw[nt], kb, ldk, k0, nw + 8 * nt, lane);
+#pragma unroll
+      for (int nt = 0; nt < NU; ++nt) mma::load_b_tf32(bu[nt], bv, ldv, k0, nu + 8 * nt, lane);
+#pragma unroll
+      for (int nt = 0; nt < NW; ++nt) mma::mma_tf32(aw[nt], af, bw[nt]);
+#pragma unroll
+      for (int nt = 0; nt < NU; ++nt) mma::mma_tf32(au[nt], af, bu[nt]);
+    }
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int i = kBlockRows * mb + gq + 8 * rr;
+#pragma unroll
+      for (int nt = 0; nt < NW; ++nt)
+        store2(wdst + i * ldw + nw + 8 * nt + 2 * cq, aw[nt][2 * rr], aw[nt][2 * rr + 1]);
+#pragma unroll
+      for (int nt = 0; nt < NU; ++nt)
+        store2(udst + i * ldu + nu + 8 * nt + 2 * cq, au[nt][2 * rr], au[nt][2 * rr + 1]);
+    }
   }
 }
 
@@ -273,20 +385,35 @@ __global__ void __launch_bounds__(kThreads, 2)
   Big *const qh = big_slot(lay.Qh()), *const kl = big_slot(lay.Kl()),
              *const kbg = big_slot(lay.Kb());
 
-  // Loads: beta, q, k (bf16), g (fp32); T starts at zero (its upper blocks stay so).
-  if (tid < kC) b[tid] = tid < L ? a.beta[(t0 + tid) * a.H + h] : 0.f;
+  // Loads: q, k (bf16), g (fp32) by cp.async, v, beta; T starts at zero (its upper blocks stay
+  // so).
   load_bf16_rows<K>(q, t0, L, a.H, h, qs, LdH, vec);
   load_bf16_rows<K>(k, t0, L, a.H, h, ks, LdH, vec);
-  for (int e = tid; e < kC * K / 4; e += kThreads) {
-    const int i = e / (K / 4), x = (e - i * (K / 4)) * 4;
-    float4 u = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (i < L) {
-      const float* gp = a.g + ((t0 + i) * a.H + h) * K + x;
-      u = vec ? *reinterpret_cast<const float4*>(gp) : make_float4(gp[0], gp[1], gp[2], gp[3]);
-    }
-    f4(gam + i * LdG + x) = u;
+  static_assert(kC * K / 4 % kThreads == 0);
+#pragma unroll
+  for (int u = 0; u < kC * K / 4 / kThreads; ++u) {
+    const int e = tid + u * kThreads, i = e / (K / 4), x = (e - i * (K / 4)) * 4;
+    const float* gp = a.g + ((t0 + i) * a.H + h) * K + x;
+    if (i < L && vec)
+      mma::cp_async16(gam + i * LdG + x, gp);
+    else
+      f4(gam + i * LdG + x) =
+          i < L ? make_float4(gp[0], gp[1], gp[2], gp[3]) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
+  mma::cp_async_commit();
+  // v into registers (beta v takes q's and k's place after the row products): issued with the
+  // rest, its latency hides behind the cumsum and the pair products.
+  constexpr int VG = kC * V / 8 / kThreads;
+  uint4 vr[VG];
+#pragma unroll
+  for (int u = 0; u < VG; ++u) {
+    const int e = tid + u * kThreads, i = e / (V / 8), x = (e - i * (V / 8)) * 8;
+    vr[u] = make_uint4(0, 0, 0, 0);
+    if (i < L) vr[u] = load8(v + ((t0 + i) * a.H + h) * V + x, vec);
+  }
+  if (tid < kC) b[tid] = tid < L ? a.beta[(t0 + tid) * a.H + h] : 0.f;
   for (int e = tid; e < kC * kC; e += kThreads) tm[(e / kC) * LdC + e % kC] = 0.f;
+  mma::cp_async_wait<0>();
   __syncthreads();
 
   // G: parts of kC / P rows per (channel, part) summed in registers, then each part adds the
@@ -324,15 +451,17 @@ __global__ void __launch_bounds__(kThreads, 2)
   block_row_pairs<K, V>(a, blk, gam, qs, ks, kk);
   __syncthreads();
 
-  // Row products Qh, Kl, Kb (Kb also replaces G in place for W), four channels per thread;
-  // v's loads go out first so that they overlap.
-  constexpr int VG = kC * V / 8 / kThreads;
-  uint4 vr[VG];
-#pragma unroll
-  for (int u = 0; u < VG; ++u) {
-    const int e = tid + u * kThreads, i = e / (V / 8), x = (e - i * (V / 8)) * 8;
-    vr[u] = make_uint4(0, 0, 0, 0);
-    if (i < L) vr[u] = load8(v + ((t0 + i) * a.H + h) * V + x, vec);
+  // T's diagonal blocks (warps 0-3, one each) while warps 4-7 copy KK out, then the row
+  // products Qh, Kl, Kb (Kb also replaces G in place for W), four channels per thread: the
+  // substitution's FMA chains overlap the products' exponentials on the same schedulers (they
+  // share no shared memory but beta, which both only read).
+  if (w < 4) {
+    diag_inverse(kk, tm, b, w, LdC);
+  } else {
+    for (int e = tid - 128; e < kC * kC / 4; e += kThreads - 128) {
+      const int i = e / (kC / 4), x = (e - i * (kC / 4)) * 4;
+      f4(blk + lay.KK() + i * kC + x) = f4(kk + i * LdC + x);
+    }
   }
   for (int e = tid; e < kC * K / 4; e += kThreads) {
     const int i = e / (K / 4), x = (e - i * (K / 4)) * 4;
@@ -351,75 +480,83 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   __syncthreads();
 
-  // q and k are dead: beta v takes their place. Then T's diagonal blocks (warps 0-3: the rows of
-  // one block in order, two lanes per column) while warps 4-7 copy KK out.
-#pragma unroll
-  for (int u = 0; u < VG; ++u) {
-    const int e = tid + u * kThreads, i = e / (V / 8), x = (e - i * (V / 8)) * 8;
-    float f[8];
-    unpack8(vr[u], f);
-    const float bi = b[i];
-    f4(vs + i * LdV + x) = make_float4(bi * f[0], bi * f[1], bi * f[2], bi * f[3]);
-    f4(vs + i * LdV + x + 4) = make_float4(bi * f[4], bi * f[5], bi * f[6], bi * f[7]);
-  }
-  if (w < 4) {
-    const int p = w, col = lane & 15, part = lane >> 4;
-    float* tb = tm + kBlockRows * p * (LdC + 1);
-    const float* kd = kk + kBlockRows * p * (LdC + 1);
-    for (int il = 0; il < kBlockRows; ++il) {
-      float acc = 0.f;
-      if (il > col)
-        for (int l = col + part; l < il; l += 2) acc += kd[il * LdC + l] * tb[l * LdC + col];
-      acc += __shfl_xor_sync(0xffffffffu, acc, 16);
-      if (part == 0)
-        tb[il * LdC + col] = il == col ? 1.f : (il > col ? -b[kBlockRows * p + il] * acc : 0.f);
+  // T's blocks below the diagonal by the inverse of a block lower triangular matrix,
+  // [[L1, 0], [B, L2]]^-1 = [[L1^-1, 0], [-L2^-1 B L1^-1, L2^-1]], with A = diag(beta) KK: first
+  // the corners of the two 32 x 32 diagonal halves, T_10 = -T_11 A_10 T_00 and T_32 = -T_33 A_32
+  // T_22, then Y = A_[23][01] T_[01][01] and T_[23][01] = -T_[23][23] Y. Each warp takes 8
+  // columns of a 16 x 16 block, and a column slice of each product reads only the same columns
+  // of the blocks it builds on, so a warp's consecutive steps need only __syncwarp: three barriers
+  // after the diagonal blocks' (shared with the row products) in place of nine, and fp32 FMAs over
+  // registers and broadcast float4 loads in place of dot products of two scalar shared loads each
+  // (the same fp32 arithmetic, in another order).
+  {
+    constexpr int R = kBlockRows, NC = 4;
+    const int hf = w & 1, r = lane >> 1;
+    const auto slice = [&](int rb, int cb) { return tm + R * rb * LdC + R * cb + 8 * hf; };
+    const auto tblk = [&](int rb, int cb) { return tm + R * rb * LdC + R * cb; };
+    const auto kblk = [&](int rb, int cb) { return kk + R * rb * LdC + R * cb; };
+    float part[NC] = {};
+    if (w < 4) {
+      // T_p,p-1 with p = 1 (warps 0, 1) or 3 (warps 2, 3); X = A_p,p-1 T_p-1,p-1 in its slot.
+      const int p = w < 2 ? 1 : 3;
+      float x[NC] = {}, t[NC] = {};
+      mm16<NC>(x, kblk(p, p - 1), slice(p - 1, p - 1), LdC);
+      put16<NC>(slice(p, p - 1), LdC, x, b[R * p + r]);
       __syncwarp();
+      mm16<NC>(t, tblk(p, p), slice(p, p - 1), LdC);
+      __syncwarp();
+      put16<NC>(slice(p, p - 1), LdC, t, -1.f);
+    } else {
+      // Y_p1 = A_p1 T_11 whole, and KK_p0 T_00 of Y_p0 kept, p = 2 (warps 4, 5) or 3 (6, 7).
+      const int p = w < 6 ? 2 : 3;
+      float y[NC] = {};
+      mm16<NC>(y, kblk(p, 1), slice(1, 1), LdC);
+      put16<NC>(slice(p, 1), LdC, y, b[R * p + r]);
+      mm16<NC>(part, kblk(p, 0), slice(0, 0), LdC);
     }
-  } else {
-    for (int e = tid - 128; e < kC * kC / 4; e += kThreads - 128) {
-      const int i = e / (kC / 4), x = (e - i * (kC / 4)) * 4;
-      f4(blk + lay.KK() + i * kC + x) = f4(kk + i * LdC + x);
-    }
-  }
-  __syncthreads();
-
-  // T's block rows below the diagonal: X = diag(beta) KK_p,<p T_<p,<p into T's (p, < p) slots
-  // (nothing reads them in this step), then T_p,<p = -T_pp X.
-#pragma unroll 1
-  for (int p = 1; p < kC / kBlockRows; ++p) {
-    const int cols = kBlockRows * p, n = kBlockRows * cols;
-    for (int e = tid; e < n; e += kThreads) {
-      const int i = cols + e / cols, j = e % cols;
-      float s = 0.f;
-      for (int l = j; l < cols; ++l) s += kk[i * LdC + l] * tm[l * LdC + j];
-      tm[i * LdC + j] = b[i] * s;
+    // q and k are dead: beta v takes their place (the T steps touch neither).
+#pragma unroll
+    for (int u = 0; u < VG; ++u) {
+      const int e = tid + u * kThreads, i = e / (V / 8), x = (e - i * (V / 8)) * 8;
+      float f[8];
+      unpack8(vr[u], f);
+      const float bi = b[i];
+      f4(vs + i * LdV + x) = make_float4(bi * f[0], bi * f[1], bi * f[2], bi * f[3]);
+      f4(vs + i * LdV + x + 4) = make_float4(bi * f[4], bi * f[5], bi * f[6], bi * f[7]);
     }
     __syncthreads();
-    float r[3];
-#pragma unroll
-    for (int u = 0; u < 3; ++u) {
-      const int e = tid + u * kThreads;
-      r[u] = 0.f;
-      if (e < n) {
-        const int i = cols + e / cols, j = e % cols;
-        float s = 0.f;
-        for (int m = cols; m <= i; ++m) s += tm[i * LdC + m] * tm[m * LdC + j];
-        r[u] = -s;
+    if (w >= 4) {
+      // Y_p0 = A_p0 T_00 + A_p1 T_10, T_10 final now.
+      const int p = w < 6 ? 2 : 3;
+      mm16<NC>(part, kblk(p, 1), slice(1, 0), LdC);
+      put16<NC>(slice(p, 0), LdC, part, b[R * p + r]);
+    } else {
+      // Meanwhile T's first 32 rows, final now, go out.
+      for (int e = tid; e < kC * kC / 8; e += kThreads / 2) {
+        const int i = e / (kC / 4), x = (e - i * (kC / 4)) * 4;
+        f4(blk + lay.Tm() + i * kC + x) = f4(tm + i * LdC + x);
       }
     }
     __syncthreads();
-#pragma unroll
-    for (int u = 0; u < 3; ++u) {
-      const int e = tid + u * kThreads;
-      if (e < n) tm[(cols + e / cols) * LdC + e % cols] = r[u];
+    if (w < 4) {
+      // T_2c = -T_22 Y_2c and T_3c = -(T_32 Y_2c + T_33 Y_3c), c = 0 (warps 0, 1) or 1 (2, 3),
+      // written over the warp's own slices of Y once it has read them.
+      const int cb = w >> 1;
+      float t2[NC] = {}, t3[NC] = {};
+      mm16<NC>(t2, tblk(2, 2), slice(2, cb), LdC);
+      mm16<NC>(t3, tblk(3, 2), slice(2, cb), LdC);
+      mm16<NC>(t3, tblk(3, 3), slice(3, cb), LdC);
+      __syncwarp();
+      put16<NC>(slice(2, cb), LdC, t2, -1.f);
+      put16<NC>(slice(3, cb), LdC, t3, -1.f);
     }
     __syncthreads();
   }
 
-  // W = T Kb and U = T beta v (warp w: its n-tiles of both), T out.
-  lower_times<K / 64>(tm, LdC, gam, LdG, w * K / 8, big_slot(lay.W()), K);
-  lower_times<V / 64>(tm, LdC, vs, LdV, w * V / 8, big_slot(lay.U()), V);
-  for (int e = tid; e < kC * kC / 4; e += kThreads) {
+  // W = T Kb and U = T beta v (warp w: its n-tiles of both), T's last 32 rows out.
+  lower_times<K / 64, V / 64>(tm, LdC, gam, LdG, w * K / 8, big_slot(lay.W()), K, vs, LdV,
+                              w * V / 8, big_slot(lay.U()), V);
+  for (int e = kC * kC / 8 + tid; e < kC * kC / 4; e += kThreads) {
     const int i = e / (kC / 4), x = (e - i * (kC / 4)) * 4;
     f4(blk + lay.Tm() + i * kC + x) = f4(tm + i * LdC + x);
   }
