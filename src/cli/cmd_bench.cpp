@@ -634,6 +634,14 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
     fwd();
     bwd(full);
   });
+  // The same where the gradients are known to hold zeros (a step's first backward since
+  // zero_grad, as the MoE layer runs it): dW written, its f32 buffers never read.
+  ops::GroupedFfnParams pz = p;
+  pz.weight_grads_zero = true;
+  const double fb_full_written = time([&] {
+    fwd();
+    ops::grouped_ffn_backward(ctx, pz, x, offsets, w, saved, dy, dx, full);
+  });
   const double lf = time(lfwd);
   const double lfb = time([&] {
     lfwd();
@@ -657,6 +665,8 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
                         {"fwdbwd_frozen_tflops", tf(2, fb_frozen)},
                         {"fwdbwd_full_ms", fb_full},
                         {"fwdbwd_full_tflops", tf(3, fb_full)},
+                        {"fwdbwd_full_written_ms", fb_full_written},
+                        {"fwdbwd_full_written_tflops", tf(3, fb_full_written)},
                         {"lora_rank", r},
                         {"lora_fwd_ms", lf},
                         {"lora_fwdbwd_ms", lfb},

@@ -438,14 +438,14 @@ void Model::rebind_unit(int unit) {
   if (unit_binds_.empty()) unit_binds_.assign(static_cast<size_t>(num_units()), 0);
   ++unit_binds_[static_cast<size_t>(unit)];
   auto ref = [&](const std::string& name) {
-    const Param& p = params_.at(name);
-    return ParamRef{p.value, p.grad};
+    Param& p = params_.at(name);
+    return p.ref();
   };
   auto table = [&](const std::string& prefix) {
     ParamTable t;
     for (const auto& p : params_.all())
       if (p->name.compare(0, prefix.size(), prefix) == 0)
-        t[p->name.substr(prefix.size())] = ParamRef{p->value, p->grad};
+        t[p->name.substr(prefix.size())] = p->ref();
     return t;
   };
   if (unit == 0) {
@@ -540,7 +540,7 @@ void Model::shard_experts(int64_t first, int64_t count,
         if (p->grad.defined())
           p->grad = Tensor::zeros(p->value.shape(), DType::F32, p->value.device());
       }
-      table[p->name.substr(prefix.size())] = ParamRef{p->value, p->grad};
+      table[p->name.substr(prefix.size())] = p->ref();
     }
     moe->set_local_experts(first, count, computes[k++]);
     moe->bind(table);

@@ -185,6 +185,15 @@ std::vector<ParamSpec> MoeLayer::param_specs() const {
   return s;
 }
 
+bool MoeLayer::take_experts_grad_zero() {
+  const auto [gu, dn] = experts_grad_zero_;
+  const bool zero =
+      experts_grad_.gate_up.defined() && experts_grad_.down.defined() && gu && dn && *gu && *dn;
+  for (bool* z : experts_grad_zero_)
+    if (z) *z = false;
+  return zero;
+}
+
 void MoeLayer::bind(const ParamTable& params) {
   const int64_t E = cfg_.num_experts, d = cfg_.hidden, l = cfg_.latent, F = cfg_.expert_ffn;
   const int64_t r = cfg_.expert_lora.rank, El = expert_count_;
@@ -199,6 +208,7 @@ void MoeLayer::bind(const ParamTable& params) {
   ParamRef dn = need_param(params, "experts.down_proj", {El, l, F});
   experts_ = {.gate_up = gu.value, .down = dn.value};
   experts_grad_ = {.gate_up = gu.grad, .down = dn.grad};
+  experts_grad_zero_ = {gu.grad_zero, dn.grad_zero};
   if (r > 0) {
     ParamRef gua = need_param(params, "experts.gate_up_lora_A", {El, r, l});
     ParamRef gub = need_param(params, "experts.gate_up_lora_B", {El, 2 * F, r});
@@ -429,7 +439,10 @@ void MoeLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
     latent_up_.backward(ctx, s.latent_up, dy, dy_lat);
   }
   // As forward's rows: dY with the r columns the experts fill with s dY B (ops/grouped_ffn.h).
-  const ops::GroupedFfnParams fp = ffn_params(T, ctx.device(), at);
+  ops::GroupedFfnParams fp = ffn_params(T, ctx.device(), at);
+  // The experts' weight gradients are this backward's alone: the first since zero_grad writes
+  // them (its dW GEMMs skip reading the f32 buffers), later ones (accumulation) add.
+  fp.weight_grads_zero = take_experts_grad_zero();
   const int64_t pad = fp.padded_rows ? fp.lora_rank : 0;
   Tensor drows_out = ws.alloc({N, l + pad}, at).cols(0, l);
   Tensor dweights = ws.alloc({T, K}, DType::F32);

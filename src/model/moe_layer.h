@@ -45,7 +45,8 @@ class ExpertCompute {
   virtual void forward(Context& ctx, const ops::GroupedFfnParams& p, const Tensor& rows,
                        const Tensor& offsets, const ops::GroupedFfnWeights& local, Tensor& out,
                        ExpertState& st) = 0;
-  // dout [N, l] -> drows [N, l] (written); local expert grads accumulate. Consumes st's forward.
+  // dout [N, l] -> drows [N, l] (written); local expert grads accumulate, or are written where
+  // p.weight_grads_zero says they hold zeros. Consumes st's forward.
   virtual void backward(Context& ctx, const ops::GroupedFfnParams& p,
                         const ops::GroupedFfnWeights& local, const Tensor& dout, Tensor& drows,
                         ops::GroupedFfnWeights& local_grads, ExpertState& st) = 0;
@@ -156,6 +157,10 @@ class MoeLayer : public Layer {
   LinearModule latent_down_, latent_up_, shared_gate_, shared_up_, shared_down_;
   ParamRef gate_, bias_;
   ops::GroupedFfnWeights experts_, experts_grad_;
+  // The base expert weights' ParamStore flags "gradient holds zeros" (null when unknown).
+  std::array<bool*, 2> experts_grad_zero_{};
+  // Whether both base expert gradients hold zeros; clears the flags (they are written next).
+  bool take_experts_grad_zero();
 
   Tensor last_ids_;             // the last forward's expert ids (a readout)
   std::array<AuxTerm, 2> aux_;  // router_seq_aux, router_z: written by the router's loss ops

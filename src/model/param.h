@@ -50,6 +50,9 @@ DType param_dtype(const ParamSpec& spec, const Precision& precision);
 struct ParamRef {
   Tensor value;
   Tensor grad;  // undefined: frozen (no gradient is computed for it)
+  // The parameter's "gradient holds zeros" flag (ParamStore::zero_grad sets it; null: unknown). A
+  // layer whose backward is the gradient's only writer may take it and write instead of adding.
+  bool* grad_zero = nullptr;
   bool trainable() const { return grad.defined(); }
 };
 

@@ -25,7 +25,7 @@ ParamTable ParamStore::add_layer(const std::string& prefix, const std::vector<Pa
       p->value = Tensor(nullptr, s.shape, s.dtype, device_);
       // Untouched until the mesh replaces it with its slice's (or zeroes the whole one it keeps).
       if (trainable(s)) p->grad = Tensor::empty(s.shape, DType::F32, device_);
-      table[s.name] = ParamRef{p->value, p->grad};
+      table[s.name] = p->ref();
       by_name_[full] = p.get();
       params_.push_back(std::move(p));
       continue;
@@ -49,7 +49,7 @@ ParamTable ParamStore::add_layer(const std::string& prefix, const std::vector<Pa
     }
     if (s.role != ParamRole::Buffer && trainable(s))
       p->grad = Tensor::zeros(s.shape, DType::F32, device_);
-    table[s.name] = ParamRef{p->value, p->grad};
+    table[s.name] = p->ref();
     by_name_[full] = p.get();
     params_.push_back(std::move(p));
   }
@@ -78,7 +78,10 @@ const Param* ParamStore::find(const std::string& name) const {
 
 void ParamStore::zero_grad() {
   for (auto& p : params_)
-    if (p->trainable()) p->grad.zero_();
+    if (p->trainable()) {
+      p->grad.zero_();
+      p->grad_zero = true;
+    }
 }
 
 int64_t ParamStore::count(bool trainable_only) const {

@@ -18,7 +18,12 @@ struct Param {
   ParamSpec spec;    // spec.name is the layer-local name
   Tensor value;
   Tensor grad;  // undefined when frozen
+  // Set by ParamStore::zero_grad: grad holds zeros and nothing has written it since. The layer
+  // that owns the parameter may clear it in its backward and write the gradient (=) instead of
+  // adding into it (MoeLayer's expert weights: a dW GEMM that skips reading an f32 buffer).
+  bool grad_zero = false;
   bool trainable() const { return grad.defined(); }
+  ParamRef ref() { return {value, grad, &grad_zero}; }
 };
 
 // A deferred parameter's value before a mesh slices it: a shape with no storage.

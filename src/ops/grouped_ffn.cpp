@@ -31,12 +31,16 @@ void check(const GroupedFfnParams& p, const Tensor& x, const Tensor& offsets,
 }
 
 // The projections' forms, with the op's GEMM configuration.
+// dw adds into a gradient; dw_base is the base weights', which writes where the caller says they
+// hold zeros (GroupedFfnParams::weight_grads_zero).
 struct Forms {
-  GroupedMatmulParams fwd, dx, dw;
+  GroupedMatmulParams fwd, dx, dw, dw_base;
   explicit Forms(const GroupedFfnParams& p)
       : fwd{.form = GroupedForm::XWt, .gemm = p.gemm},
         dx{.form = GroupedForm::DyW, .gemm = p.gemm},
-        dw{.form = GroupedForm::DytX, .beta = 1.f, .gemm = p.gemm} {}
+        dw{.form = GroupedForm::DytX, .beta = 1.f, .gemm = p.gemm},
+        dw_base{
+            .form = GroupedForm::DytX, .beta = p.weight_grads_zero ? 0.f : 1.f, .gemm = p.gemm} {}
 };
 
 GroupedMatmulParams scaled(GroupedMatmulParams p, float alpha, float beta) {
@@ -194,7 +198,7 @@ void backward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
   lora_out_grads(ctx, p, dy, offsets, w.down_b, saved.ha, dr_down, db_down);
   Tensor dh = ctx.workspace().alloc({N, F}, at);
   grouped_matmul(ctx, form.dx, dyp, offsets, padded_weight(w.down, r).narrow(2, 0, F), dh);
-  if (has(grads.down)) grouped_matmul(ctx, form.dw, dy, offsets, saved.h, grads.down);
+  if (has(grads.down)) grouped_matmul(ctx, form.dw_base, dy, offsets, saved.h, grads.down);
   if (has(grads.down_a)) grouped_matmul(ctx, form.dw, dr_down, offsets, saved.h, grads.down_a);
 
   Tensor dgp = ctx.workspace().alloc({N, 2 * F + r}, at);
@@ -203,7 +207,7 @@ void backward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
   Tensor db_gu = grad(grads.gate_up_b);
   lora_out_grads(ctx, p, dgu, offsets, w.gate_up_b, saved.xa, dr_gu, db_gu);
   grouped_matmul(ctx, form.dx, dgp, offsets, padded_weight(w.gate_up, r).narrow(2, 0, l), dx);
-  if (has(grads.gate_up)) grouped_matmul(ctx, form.dw, dgu, offsets, x, grads.gate_up);
+  if (has(grads.gate_up)) grouped_matmul(ctx, form.dw_base, dgu, offsets, x, grads.gate_up);
   if (has(grads.gate_up_a)) grouped_matmul(ctx, form.dw, dr_gu, offsets, x, grads.gate_up_a);
 }
 
@@ -377,7 +381,7 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
             grouped_matmul(ctx, scaled(form.dx, 1.f, beta), dr, offsets, a, din);
           });
     }
-    if (has(gw)) grouped_matmul(ctx, form.dw, dout, offsets, in, gw);
+    if (has(gw)) grouped_matmul(ctx, form.dw_base, dout, offsets, in, gw);
     if (r > 0 && has(ga)) grouped_matmul(ctx, form.dw, dr, offsets, in, ga);
   };
   project_back(dy, h, w.down, w.down_a, w.down_b, saved.ha, dh, grads.down, grads.down_a,

@@ -18,7 +18,7 @@
 // re-reads an output to add an adapter term; the rank-r products xa = X A^T, ha = h A^T, dr = s
 // dOut B, dB and dA stay skinny kernels, written into the padding columns. Gradient contract: dx is
 // written; weight and LoRA grads accumulate (+=) and are skipped when undefined (a frozen base, or
-// no adapter).
+// no adapter); the base weights' grads are written under weight_grads_zero.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +40,11 @@ struct GroupedFfnParams {
   // [rows, in + lora_rank] buffers whose last lora_rank columns the op may overwrite (the MoE
   // layer allocates its rows so). Otherwise the op copies them into padded scratch.
   bool padded_rows = false;
+  // The caller knows the base weights' gradient buffers hold zeros (the first backward since the
+  // gradients were zeroed): their weight-gradient GEMMs then write dW (beta 0) instead of adding
+  // into it and skip reading the f32 buffers (the same bits as adding into zeros; empty experts'
+  // blocks are written as zeros). A hint: it changes traffic, not results.
+  bool weight_grads_zero = false;
   std::optional<GroupedGemmConfig> gemm;  // the projections' (grouped_matmul.h); unset: the env's
   float lora_scale() const { return lora_rank ? lora_alpha / static_cast<float>(lora_rank) : 0.f; }
 };

@@ -214,14 +214,18 @@ void ExpertParallel::backward(Context& ctx, const ops::GroupedFfnParams& p,
   const int64_t R = s.layout.recv_rows();
   const Tensor recv = buffers_->get(DispatchBuffers::kRecv, R, l),
                back = buffers_->get(DispatchBuffers::kBack, R, l);
+  // The chunks add into the same expert gradients: only the first may find them zero.
+  bool grads_zero = p.weight_grads_zero;
   exchange(s.layout, dout, recv, back, drows, [&](size_t c, const DispatchChunk& k) {
     State::Chunk& sc = s.chunks[c];
     const int64_t b = k.recv_begin, e = k.recv_begin + k.rows;
     Tensor dy = buffers_->get(DispatchBuffers::kSortedA, k.rows, l),
            dx = buffers_->get(DispatchBuffers::kSortedB, k.rows, l);
     ops::moe_gather(ctx, recv.rows(b, e), sc.order, 1, dy);
-    ops::grouped_ffn_backward(ctx, local_params(p, k.rows), sc.x, sc.offsets, local, sc.ffn, dy, dx,
-                              local_grads);
+    ops::GroupedFfnParams cp = local_params(p, k.rows);
+    cp.weight_grads_zero = grads_zero;
+    grads_zero = false;
+    ops::grouped_ffn_backward(ctx, cp, sc.x, sc.offsets, local, sc.ffn, dy, dx, local_grads);
     Tensor to = back.rows(b, e);
     ops::moe_gather(ctx, dx, sc.inverse, 1, to);
   });

@@ -109,6 +109,9 @@ struct FfnSetup {
   // their padded buffers and h beside ha; with pad_rows x and dy lend their padding too (else the
   // op copies them into padded scratch).
   bool kconcat = false, pad_rows = false;
+  // GroupedFfnParams::weight_grads_zero: the base weights' pre-filled (random) grads are then
+  // overwritten on both devices, where they are otherwise added into.
+  bool weight_grads_zero = false;
 };
 
 // Inputs: x, dy, gate_up, down, their pre-filled gradients, then (LoRA) the four factors and
@@ -125,6 +128,7 @@ FfnCase ffn_case(const FfnSetup& s, Rng& rng) {
   FfnCase k;
   k.p = {.rows = N, .experts = E, .in = l, .ffn = F, .lora_rank = r, .lora_alpha = s.alpha};
   k.p.gemm = s.gemm;
+  k.p.weight_grads_zero = s.weight_grads_zero;
   k.off = Tensor::empty({E + 1}, DType::I32);
   std::vector<int32_t> cnt(static_cast<size_t>(E), 0);
   if (s.skewed) {
@@ -298,7 +302,8 @@ std::vector<Tensor> ffn_emulated(Context& c, const FfnSetup& s, const FfnCase& k
   Tensor dh = Tensor::empty({N, F}), dgu = Tensor::empty({N, 2 * F}), dr = Tensor::empty({N, r});
   mm(DyW, 1.f, 0.f, dy, w.down, dh);
   store(dh);
-  if (g.down.defined()) mm(DytX, 1.f, 1.f, dy, h, g.down);
+  const float dw_beta = s.weight_grads_zero ? 0.f : 1.f;
+  if (g.down.defined()) mm(DytX, 1.f, dw_beta, dy, h, g.down);
   if (r > 0) {
     mm(DyW, ls, 0.f, dy, w.down_b, dr);
     store(dr);
@@ -311,7 +316,7 @@ std::vector<Tensor> ffn_emulated(Context& c, const FfnSetup& s, const FfnCase& k
   store(dgu);
   mm(DyW, 1.f, 0.f, dgu, w.gate_up, o.dx);
   store(o.dx);
-  if (g.gate_up.defined()) mm(DytX, 1.f, 1.f, dgu, x, g.gate_up);
+  if (g.gate_up.defined()) mm(DytX, 1.f, dw_beta, dgu, x, g.gate_up);
   if (r > 0) {
     mm(DyW, ls, 0.f, dgu, w.gate_up_b, dr);
     store(dr);
@@ -405,6 +410,30 @@ TEST(CudaGroupedFfn, KConcatLoraInTheBaseGemms) {
                                                                      .frozen_base = true,
                                                                      .kconcat = true,
                                                                      .pad_rows = true});
+}
+
+// The weight-gradient hint (GroupedFfnParams::weight_grads_zero): dW written, with empty experts'
+// blocks zeroed, on the separate-pass path (CUTLASS's grouped GEMM with beta 0 at the larger
+// size) and on the K-concatenation path with a trained base.
+TEST(CudaGroupedFfn, WeightGradsWrittenUnderTheZeroHint) {
+  REQUIRE_GPU();
+  ffn_check("grouped_ffn dW written, empty experts",
+            {.rows = 53, .experts = 5, .in = 19, .ffn = 23, .weight_grads_zero = true});
+  ffn_check("grouped_ffn dW written, 4096 rows skewed", {.rows = 4096,
+                                                         .experts = 16,
+                                                         .in = 256,
+                                                         .ffn = 128,
+                                                         .skewed = true,
+                                                         .weight_grads_zero = true});
+  ffn_check("grouped_ffn kconcat r16 dW written, padded rows", {.rows = 3000,
+                                                                .experts = 16,
+                                                                .in = 264,
+                                                                .ffn = 136,
+                                                                .rank = 16,
+                                                                .skewed = true,
+                                                                .kconcat = true,
+                                                                .pad_rows = true,
+                                                                .weight_grads_zero = true});
 }
 
 // The bf16 emulation follows the op's own sequence of writes: without rounding it reproduces the

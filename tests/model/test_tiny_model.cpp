@@ -193,6 +193,54 @@ TEST(TinyModel, OneAdamWStepLowersTheLoss) {
   EXPECT_LT(after, before - 1e-3) << "loss " << before << " -> " << after;
 }
 
+// zero_grad marks every gradient as holding zeros; the MoE layers take their experts' marks in
+// backward and write those gradients (the other tests check their values against finite
+// differences). A second backward without zero_grad finds the marks cleared and adds: every
+// gradient is then twice the first (the same batch, so the same terms).
+TEST(TinyModel, ExpertGradientsWrittenFirstThenAccumulated) {
+  ModelConfig cfg = ModelConfig::load("tiny");
+  uint64_t seed = test::test_seed();
+  SCOPED_TRACE(cat("seed=", seed));
+  Rng rng(seed);
+  Model model(cfg, seed);
+  Batch b = test::random_batch(rng, cfg.vocab, {40, 24}, 7);
+  Context ctx(ContextOptions{.seed = seed});
+  const auto is_expert = [](const std::string& n) {
+    return n.find(".experts.gate_up_proj") != std::string::npos ||
+           n.find(".experts.down_proj") != std::string::npos;
+  };
+  model.params().zero_grad();
+  int experts = 0;
+  for (const auto& p : model.params().all())
+    if (p->trainable()) {
+      EXPECT_TRUE(p->grad_zero) << p->name;
+      experts += is_expert(p->name);
+    }
+  ASSERT_GT(experts, 0) << "the tiny model has trainable routed experts";
+  model.forward(ctx, b.seq, b.ids, b.targets);
+  model.backward(ctx);
+  std::map<std::string, DVec> first;
+  for (const auto& p : model.params().all())
+    if (p->trainable()) {
+      if (is_expert(p->name)) {
+        EXPECT_FALSE(p->grad_zero) << p->name << " was not taken";
+      }
+      first[p->name] = test::to_dvec(p->grad);
+    }
+  model.forward(ctx, b.seq, b.ids, b.targets);
+  model.backward(ctx);
+  for (const auto& p : model.params().all()) {
+    if (!p->trainable()) continue;
+    const DVec second = test::to_dvec(p->grad), &g = first[p->name];
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      err = std::max(err, std::abs(second[i] - 2 * g[i]));
+      norm = std::max(norm, std::abs(g[i]));
+    }
+    EXPECT_LE(err, 1e-5 * norm + 1e-12) << p->name;
+  }
+}
+
 TEST(TinyModel, ParamSpecsMatchTheBuiltModel) {
   for (const char* preset : {"tiny", "small"}) {
     ModelConfig cfg = ModelConfig::load(preset);

@@ -11,6 +11,9 @@ struct FfnSetup {
   int64_t rows = 0, experts = 0, in = 0, ffn = 0, rank = 0;
   float alpha = 16.f;
   bool frozen_base = false;
+  // GroupedFfnParams::weight_grads_zero: the base weights' grads are then written (the harness
+  // pre-fills written grads with NaN, so a read of them shows).
+  bool weight_grads_zero = false;
 };
 
 // Row counts per expert with every third expert (1, 4, 7, ...) empty.
@@ -31,7 +34,7 @@ class GroupedFfnCase : public OpCase {
   explicit GroupedFfnCase(FfnSetup s) : s_(s) {}
   std::string name() const override {
     return cat("grouped_ffn N", s_.rows, " E", s_.experts, " l", s_.in, " F", s_.ffn, " r", s_.rank,
-               s_.frozen_base ? " frozen" : "");
+               s_.frozen_base ? " frozen" : "", s_.weight_grads_zero ? " dW written" : "");
   }
   ops::GroupedFfnParams params() const {
     return {.rows = s_.rows,
@@ -39,7 +42,8 @@ class GroupedFfnCase : public OpCase {
             .in = s_.in,
             .ffn = s_.ffn,
             .lora_rank = s_.rank,
-            .lora_alpha = s_.alpha};
+            .lora_alpha = s_.alpha,
+            .weight_grads_zero = s_.weight_grads_zero};
   }
   std::vector<InputSpec> inputs() const override {
     const int64_t E = s_.experts, l = s_.in, F = s_.ffn, r = s_.rank, N = s_.rows;
@@ -54,12 +58,12 @@ class GroupedFfnCase : public OpCase {
                               {.name = "gate_up_proj",
                                .shape = {E, 2 * F, l},
                                .differentiable = base,
-                               .accumulate = true,
+                               .accumulate = !s_.weight_grads_zero,
                                .scale = 0.4},
                               {.name = "down_proj",
                                .shape = {E, l, F},
                                .differentiable = base,
-                               .accumulate = true,
+                               .accumulate = !s_.weight_grads_zero,
                                .scale = 0.3}};
     if (r > 0) {
       in.push_back(
@@ -150,6 +154,20 @@ TEST(GroupedFfn, PerExpertLoraFrozenBase) {
                     .alpha = 6.f,
                     .frozen_base = true});
   check_op(c);
+}
+
+// Empty experts (every third) get their dW blocks written as zeros, not left as they were.
+TEST(GroupedFfn, WeightGradsWrittenWhenTheCallerSaysTheyAreZero) {
+  GroupedFfnCase plain({.rows = 37, .experts = 7, .in = 19, .ffn = 23, .weight_grads_zero = true});
+  check_op(plain);
+  GroupedFfnCase lora({.rows = 41,
+                       .experts = 7,
+                       .in = 19,
+                       .ffn = 23,
+                       .rank = 3,
+                       .alpha = 8.f,
+                       .weight_grads_zero = true});
+  check_op(lora);
 }
 
 TEST(GroupedFfn, NoRows) {

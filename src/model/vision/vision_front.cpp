@@ -13,7 +13,7 @@ ParamTable table_of(const ParamStore& store, const std::string& prefix, bool& tr
   trains = false;
   for (const auto& p : store.all())
     if (p->name.compare(0, prefix.size(), prefix) == 0) {
-      t[p->name.substr(prefix.size())] = ParamRef{p->value, p->grad};
+      t[p->name.substr(prefix.size())] = p->ref();
       trains |= p->trainable();
     }
   return t;
