@@ -3,7 +3,9 @@ with H32 D128, and 16 packed documents (cu_seqlens) of 16384 tokens. bf16 q/k/v/
 given as a log decay (as our core takes it), forward and forward+backward, printing JSON lines.
 Run in the same device call as `moetrain bench kda`; fla's Triton autotuning is warmed first.
 `--l2norm`: q/k L2-normalised inside fla's kernel (the anchor script's call); by default fla gets
-unit rows already, as our core does. `--skip-long`: leave out B1 T65536."""
+unit rows already, as our core does. `--skip-long`: leave out B1 T65536. Each case is followed by
+the same with the decay gate inside fla's kernel (use_gate_in_kernel: the raw gate, A_log and
+dt_bias in, "gate_in_kernel": true), against `moetrain bench kda`'s gate_core_* timings."""
 import json
 import sys
 import time
@@ -57,7 +59,7 @@ def saved_gib(f, inputs):
     return total / 2**30
 
 
-def case(name, B, T, H, D, cu=None):
+def case(name, B, T, H, D, cu=None, gate=False):
     torch.manual_seed(0)
     bf = torch.bfloat16
     q = F.normalize(torch.randn(B, T, H, D, device=dev), dim=-1).to(bf).requires_grad_(True)
@@ -67,6 +69,11 @@ def case(name, B, T, H, D, cu=None):
     beta = torch.full((B, T, H), 0.5, device=dev, dtype=bf, requires_grad=True)
     do = torch.randn(B, T, H, D, device=dev, dtype=bf)
     kw = dict(use_qk_l2norm_in_kernel=L2)
+    if gate:  # g holds the raw gate; fla forms -exp(A_log) softplus(g + dt_bias) in its cumsum
+        g = torch.randn(B, T, H, D, device=dev, dtype=bf, requires_grad=True)
+        a_log = (0.5 * torch.randn(H, device=dev)).requires_grad_(True)
+        dt_bias = (0.1 * torch.randn(H * D, device=dev)).requires_grad_(True)
+        kw.update(use_gate_in_kernel=True, A_log=a_log, dt_bias=dt_bias)
     if cu is not None:
         kw["cu_seqlens"] = cu
 
@@ -82,7 +89,7 @@ def case(name, B, T, H, D, cu=None):
     torch.cuda.synchronize()
     f, fb = bench(fwd), bench(fwdbwd)
     print(json.dumps({"bench": "fla_chunk_kda", "case": name, "tokens": B * T, "H": H, "D": D,
-                      "l2norm_in_kernel": L2, "fwd_ms": f, "fwdbwd_ms": fb,
+                      "l2norm_in_kernel": L2, "gate_in_kernel": gate, "fwd_ms": f, "fwdbwd_ms": fb,
                       "launches_fwd": launches(fwd), "launches_fwdbwd": launches(fwdbwd),
                       "saved_for_backward_gib": saved_gib(lambda: chunk_kda(q, k, v, g, beta, **kw),
                                                           (q, k, v, g, beta))}), flush=True)
@@ -91,7 +98,9 @@ def case(name, B, T, H, D, cu=None):
 # The long case last: its first autotune takes minutes on a fresh machine, and a call that runs out
 # of time then still has the other two.
 case("B2_T8192", 2, 8192, 32, 128)
+case("B2_T8192", 2, 8192, 32, 128, gate=True)
 cu = torch.tensor([0] + list(torch.tensor(PACKED).cumsum(0)), device=dev, dtype=torch.int32)
 case("packed16_T16384", 1, sum(PACKED), 32, 128, cu.long())
+case("packed16_T16384", 1, sum(PACKED), 32, 128, cu.long(), gate=True)
 if "--skip-long" not in sys.argv:
     case("B1_T65536", 1, 65536, 32, 128)

@@ -24,6 +24,7 @@
 #include "ops/grouped_matmul.h"
 #include "ops/indexer.h"
 #include "ops/kda.h"
+#include "ops/kda_gate.h"
 #include "ops/kda_prep_path.h"
 #include "ops/moe_dispatch.h"
 #include "ops/router.h"
@@ -365,6 +366,25 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
                                 fwd();
                                 bwd();
                               });
+  // With the decay gate in front (ops/kda_gate.h, as the KDA layer runs it: raw in the
+  // activations' type, g in f32), against fla's chunk_kda with use_gate_in_kernel.
+  const ops::KdaGateParams gp{.tokens = T, .heads = H, .head_dim = D};
+  Tensor raw = random_device({T, H * D}, bf, rng), a_log = random_device({H}, f32, rng, 0.5),
+         dt_bias = random_device({H * D}, f32, rng, 0.1), gv = g.view({T, H * D});
+  Tensor draw = Tensor::empty(raw.shape(), bf, Device::CUDA),
+         da_log = Tensor::zeros(a_log.shape(), f32, Device::CUDA),
+         ddt_bias = Tensor::zeros(dt_bias.shape(), f32, Device::CUDA);
+  const auto gate_fwd = [&] {
+    ops::kda_gate_forward(ctx, gp, raw, a_log, dt_bias, gv);
+    fwd();
+  };
+  const double gf = time(gate_fwd),
+               gfb = time([&] {
+                 gate_fwd();
+                 bwd();
+                 ops::kda_gate_backward(ctx, gp, raw, a_log, dt_bias, dg.view({T, H * D}), draw,
+                                        da_log, ddt_bias);
+               });
   nlohmann::json r = {{"case", name},
                       {"tokens", T},
                       {"documents", N},
@@ -374,6 +394,8 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
                       {"prepared_layout", ops::kda_chunk_layout(p, bf).half ? "bf16" : "f32"},
                       {"fwd_ms", f},
                       {"fwdbwd_ms", fb},
+                      {"gate_core_fwd_ms", gf},
+                      {"gate_core_fwdbwd_ms", gfb},
                       {"fwd_Mtok_s", T / f / 1e3},
                       {"fwdbwd_Mtok_s", T / fb / 1e3},
                       // Kept from forward for backward beside the inputs: the states at the
