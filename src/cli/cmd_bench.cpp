@@ -366,6 +366,13 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
                                 fwd();
                                 bwd();
                               });
+  // An evaluation forward (no backward follows: nothing kept for it), as fla's chunk_kda under
+  // torch.no_grad.
+  ops::KdaParams pe = p;
+  pe.keep_for_backward = false;
+  const double fe = time([&] {
+    ops::kda_forward(ctx, pe, cu, q, k, v, g, beta, Tensor(), out, none, saved, prepared);
+  });
   // With the decay gate in front (ops/kda_gate.h, as the KDA layer runs it: raw in the
   // activations' type, g in f32), against fla's chunk_kda with use_gate_in_kernel.
   const ops::KdaGateParams gp{.tokens = T, .heads = H, .head_dim = D};
@@ -394,6 +401,7 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
                       {"prepared_layout", ops::kda_chunk_layout(p, bf).half ? "bf16" : "f32"},
                       {"fwd_ms", f},
                       {"fwdbwd_ms", fb},
+                      {"fwd_eval_ms", fe},
                       {"gate_core_fwd_ms", gf},
                       {"gate_core_fwdbwd_ms", gfb},
                       {"fwd_Mtok_s", T / f / 1e3},

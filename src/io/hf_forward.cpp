@@ -71,7 +71,7 @@ HfForwardResult hf_forward(Context& ctx, LoadedModel& lm, const Tensor& input_id
   }
   m.params().zero_grad();
   HfForwardResult r;
-  r.loss = m.forward(ctx, seq, ids, targets, 0, grads ? Model::Pass::Train : Model::Pass::Loss);
+  r.loss = m.forward(ctx, seq, ids, targets, 0, grads ? Model::Pass::Train : Model::Pass::Eval);
   m.set_images(nullptr);
 
   const Param* head =

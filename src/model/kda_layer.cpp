@@ -247,7 +247,8 @@ void KdaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
 
   // The delta-rule core, every document from a zero state.
   s.o = acts.alloc({T, H, K}, at);
-  const ops::KdaParams cp = core_params(seq);
+  ops::KdaParams cp = core_params(seq);
+  cp.keep_for_backward = !s.no_backward;
   const int64_t rows = ops::kda_saved_rows(cp, seq.cu_seqlens_host);
   s.states = acts.alloc({rows, H, K, K}, DType::F32);
   s.prepared = keeps_prepared(ctx.device(), cp)

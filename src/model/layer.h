@@ -52,6 +52,10 @@ struct LayerState {
   // cheaply (DsaLayer's KL loss: its target falls out of the attention backward). False: forward
   // leaves every readout (aux_terms) written, as an evaluation or a test that reads it expects.
   bool backward_follows = false;
+  // Set by forward's caller: no backward will consume this forward (Model::Pass::Eval). A layer
+  // may then skip what only backward reads (KdaLayer: the core's chunk states and prepared
+  // blocks); its backward must not be called.
+  bool no_backward = false;
 };
 
 // `st` as the state type S of `layer`; a state made by another layer kind is a ValueError.

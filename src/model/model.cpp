@@ -284,6 +284,7 @@ double Model::forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const
   for (size_t i = 0; i < L; ++i) {
     mb.mixer[i]->backward_follows = pass == Pass::Train;
     mb.ffn[i]->backward_follows = pass == Pass::Train;
+    mb.mixer[i]->no_backward = mb.ffn[i]->no_backward = pass == Pass::Eval;
   }
   const int head = static_cast<int>(L) + 1;
   mb.resid[0] = mb.acts.alloc({T, d}, at);
@@ -315,6 +316,7 @@ double Model::forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const
   ops::rmsnorm_forward(ctx, np, mb.resid[L], final_norm_.value, mb.final_h, mb.final_rstd);
   mb.lse = mb.acts.alloc({T}, DType::F32);
   mb.have_forward = true;
+  mb.eval_forward = pass == Pass::Eval;
   ensure_scalar(loss_, ctx.device());
   const ops::CrossEntropyParams cp{.tokens = T,
                                    .hidden = d,
@@ -336,6 +338,8 @@ void Model::backward(Context& ctx, int slot) {
   MicroBatch& mb = micro_batch(slot);
   MT_CHECK(mb.have_forward, InternalError, "Model::backward of micro-batch slot ", slot,
            " without its forward");
+  MT_CHECK(!mb.eval_forward, InternalError, "Model::backward of micro-batch slot ", slot,
+           " after an Eval forward (it kept nothing for backward)");
   const int64_t T = mb.seq.tokens, d = cfg_.hidden;
   const ops::NormParams np{.rows = T, .dim = d, .eps = cfg_.norm_eps};
   ArenaScope scope(ctx.workspace());

@@ -134,7 +134,9 @@ class Model {
   // gradient with the loss (the logits are formed once per step instead of twice), and DSA
   // layers form their indexer KL in backward (from the attention backward's probabilities), so
   // that aux_losses() holds it once backward has run; after a Loss forward it holds it at once.
-  enum class Pass { Loss, Train };
+  // Eval: no backward follows (an evaluation); layers may skip what only backward reads (KDA's
+  // chunk states on the GPU), and backward(ctx, slot) then refuses the slot.
+  enum class Pass { Loss, Train, Eval };
   double forward(Context& ctx, const SeqInfo& seq, const Tensor& ids, const Tensor& targets,
                  int slot = 0, Pass pass = Pass::Loss);
   const Tensor& loss() const { return loss_; }
@@ -214,6 +216,7 @@ class Model {
     std::vector<std::unique_ptr<LayerState>> mixer, ffn;
     std::unique_ptr<LayerState> vision;  // with a vision tower only
     bool have_forward = false;
+    bool eval_forward = false;  // the last forward was a Pass::Eval one
   };
   MicroBatch& micro_batch(int slot);
   void plan(const SeqInfo& seq, ArenaPlan& p) const;

@@ -23,6 +23,10 @@ struct KdaParams {
   float scale = 0.f;     // 0: head_k^-0.5
   bool chunked = true;   // false: token-by-token recurrence
   int64_t chunk = 64;    // chunk length of the chunked form; a document's last chunk may be shorter
+  // False: no backward will read this forward's `saved` or `prepared` (an evaluation), so the
+  // forward may skip writing them (the GPU's tensor-core path then writes neither the chunk states
+  // nor the prepared block's backward-only parts); o and hT are the same bits either way.
+  bool keep_for_backward = true;
   float qk_scale() const;
 };
 

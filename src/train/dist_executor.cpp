@@ -179,7 +179,7 @@ class DistExecutor : public StepExecutor {
   // loss is already global.
   double forward_loss(const Batch& host) override {
     const Batch& b = staged_.stage(host, ctx_.device());
-    const double loss = model_.forward(ctx_, b.seq, b.ids, b.targets);
+    const double loss = model_.forward(ctx_, b.seq, b.ids, b.targets, 0, Model::Pass::Eval);
     for (MoeLayer* m : model_.moe_layers())
       if (m) m->reset_expert_load();
     return loss;

@@ -111,7 +111,7 @@ double LocalExecutor::forward_backward(const Batch& host) {
 double LocalExecutor::forward_loss(const Batch& host) {
   const Batch& b = staged_.stage(host, ctx_.device());
   model_.set_images(&host.images);
-  const double loss = model_.forward(ctx_, b.seq, b.ids, b.targets);
+  const double loss = model_.forward(ctx_, b.seq, b.ids, b.targets, 0, Model::Pass::Eval);
   model_.set_images(nullptr);
   // Evaluation runs between steps: its routing must not count as training load.
   for_each_moe(model_, [](int, MoeLayer& m) { m.reset_expert_load(); });

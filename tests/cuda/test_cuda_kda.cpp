@@ -4,6 +4,7 @@
 // is compared, `saved` included: the CPU and the GPU must agree on what it holds.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <ostream>
 #include <string>
@@ -185,6 +186,54 @@ TEST(CudaKdaPrepared, BackwardFromPreparedEqualsRecomputedBitwise) {
     for (size_t i = 0; i < got[0].size(); ++i)
       EXPECT_EQ(got[0][i], got[1][i]) << names[i] << " (" << dtype_name(dt) << "), seed " << seed;
   }
+}
+
+// An evaluation forward (KdaParams::keep_for_backward false) gives the bits of a training one,
+// o and the final states, and on the tensor-core path (bf16, K = V = 128) leaves the chunk states
+// unwritten (the NaN fill survives): what it exists to skip.
+TEST(CudaKdaEval, ForwardWithoutBackwardGivesTheSameOutputs) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  const SeqInfo seq = SeqInfo::from_lengths({3, 64, 130, 90});
+  const int64_t T = seq.tokens, N = seq.num_seqs, H = 3, K = 128, V = 128;
+  ops::KdaParams p{.tokens = T, .heads = H, .head_k = K, .head_v = V, .num_seqs = N};
+  const int64_t rows = ops::kda_saved_rows(p, seq.cu_seqlens);
+  const Device D = Device::CUDA;
+  Tensor beta = Tensor::empty({T, H});
+  for (int64_t i = 0; i < beta.numel(); ++i)
+    beta.f32()[i] = static_cast<float>(ref::sigmoid(rng.normal()));
+  const auto bf = [&](const Tensor& t) {
+    Tensor d = Tensor::empty(t.shape(), DType::BF16, D);
+    d.copy_from(t);
+    return d;
+  };
+  const Tensor q = bf(randn(rng, {T, H, K})), k = bf(unit_rows(rng, {T, H, K})),
+               v = bf(randn(rng, {T, H, V})), g = log_decay(rng, {T, H, K}, false).to(D),
+               b = beta.to(D), h0 = randn(rng, {N, H, K, V}, 0.5).to(D), cu = seq.cu_seqlens.to(D);
+  Context gpu(ContextOptions{.device = Device::CUDA});
+  std::vector<double> o[2], hT[2], saved_after[2];
+  for (int keep = 0; keep < 2; ++keep) {
+    p.keep_for_backward = keep == 1;
+    Tensor out = Tensor::empty({T, H, V}, DType::BF16, D),
+           fin = Tensor::empty({N, H, K, V}, DType::F32, D), none;
+    Tensor fill = Tensor::empty({rows, H, K, V});
+    std::fill(fill.f32(), fill.f32() + fill.numel(), std::nanf(""));
+    Tensor saved = fill.to(D);
+    ops::kda_forward(gpu, p, cu, q, k, v, g, b, h0, out, fin, saved, none);
+    gpu.synchronize();
+    o[keep] = to_dvec(out);
+    hT[keep] = to_dvec(fin);
+    saved_after[keep] = to_dvec(saved);
+  }
+  EXPECT_EQ(o[0], o[1]) << "o, seed " << seed;
+  EXPECT_EQ(hT[0], hT[1]) << "hT, seed " << seed;
+  const auto nans = [](const std::vector<double>& x) {
+    return std::count_if(x.begin(), x.end(), [](double e) { return std::isnan(e); });
+  };
+  EXPECT_EQ(nans(saved_after[0]), static_cast<int64_t>(saved_after[0].size()))
+      << "the evaluation forward wrote chunk states";
+  EXPECT_EQ(nans(saved_after[1]), 0) << "the training forward left chunk states unwritten";
 }
 
 }  // namespace

@@ -241,6 +241,27 @@ TEST(TinyModel, ExpertGradientsWrittenFirstThenAccumulated) {
   }
 }
 
+// An Eval forward gives a Loss forward's loss and auxiliary losses (the DSA KL formed in forward)
+// and refuses the backward it kept nothing for.
+TEST(TinyModel, EvalForwardGivesTheLossAndRefusesBackward) {
+  ModelConfig cfg = ModelConfig::load("tiny");
+  uint64_t seed = test::test_seed();
+  SCOPED_TRACE(cat("seed=", seed));
+  Rng rng(seed);
+  Model model(cfg, seed);
+  Batch b = test::random_batch(rng, cfg.vocab, {40, 24}, 7);
+  Context ctx(ContextOptions{.seed = seed});
+  const double loss = model.forward(ctx, b.seq, b.ids, b.targets);
+  std::vector<double> aux;
+  for (const AuxLoss& a : model.aux_losses()) aux.push_back(a.value);
+  model.backward(ctx);
+  const double eval = model.forward(ctx, b.seq, b.ids, b.targets, 0, Model::Pass::Eval);
+  EXPECT_EQ(eval, loss);
+  ASSERT_EQ(model.aux_losses().size(), aux.size());
+  for (size_t i = 0; i < aux.size(); ++i) EXPECT_EQ(model.aux_losses()[i].value, aux[i]) << i;
+  EXPECT_THROW(model.backward(ctx), InternalError);
+}
+
 TEST(TinyModel, ParamSpecsMatchTheBuiltModel) {
   for (const char* preset : {"tiny", "small"}) {
     ModelConfig cfg = ModelConfig::load(preset);

@@ -1396,6 +1396,7 @@ Args make_args(Context& ctx, const KdaParams& p, const Tensor& cu, const Tensor&
   a.K = static_cast<int>(p.head_k);
   a.V = static_cast<int>(p.head_v);
   a.scale = p.qk_scale();
+  a.keep = backward || p.keep_for_backward;
   a.lay = kda_chunk_layout(p, q.dtype());
   a.block = a.lay.block();
   const bool kept = prepared.defined();

@@ -13,6 +13,9 @@ struct Args {
   int64_t T, H, N, nchunks;
   int C, K, V;
   float scale;
+  // KdaParams::keep_for_backward: false lets the tensor-core forward skip what only backward
+  // reads (the chunk states in `saved`; the prepared block's T, KK and Kb).
+  bool keep = true;
   KdaChunkLayout lay;
   int64_t block;           // prepared floats per (chunk, head)
   const int32_t* ct0;      // [nchunks] first token of each chunk

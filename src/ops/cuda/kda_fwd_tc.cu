@@ -457,7 +457,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   // share no shared memory but beta, which both only read).
   if (w < 4) {
     diag_inverse(kk, tm, b, w, LdC);
-  } else {
+  } else if (a.keep) {
     for (int e = tid - 128; e < kC * kC / 4; e += kThreads - 128) {
       const int i = e / (kC / 4), x = (e - i * (kC / 4)) * 4;
       f4(blk + lay.KK() + i * kC + x) = f4(kk + i * LdC + x);
@@ -475,7 +475,7 @@ __global__ void __launch_bounds__(kThreads, 2)
            k23.x * __expf(gl.z - gv.z), k23.y * __expf(gl.w - gv.w));
     const float4 kb =
         make_float4(bi * k01.x * e0, bi * k01.y * e1, bi * k23.x * e2, bi * k23.y * e3);
-    store4(kbg + i * K + x, kb.x, kb.y, kb.z, kb.w);
+    if (a.keep) store4(kbg + i * K + x, kb.x, kb.y, kb.z, kb.w);
     f4(gam + i * LdG + x) = kb;
   }
   __syncthreads();
@@ -530,7 +530,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       const int p = w < 6 ? 2 : 3;
       mm16<NC>(part, kblk(p, 1), slice(1, 0), LdC);
       put16<NC>(slice(p, 0), LdC, part, b[R * p + r]);
-    } else {
+    } else if (a.keep) {
       // Meanwhile T's first 32 rows, final now, go out.
       for (int e = tid; e < kC * kC / 8; e += kThreads / 2) {
         const int i = e / (kC / 4), x = (e - i * (kC / 4)) * 4;
@@ -556,6 +556,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   // W = T Kb and U = T beta v (warp w: its n-tiles of both), T's last 32 rows out.
   lower_times<K / 64, V / 64>(tm, LdC, gam, LdG, w * K / 8, big_slot(lay.W()), K, vs, LdV,
                               w * V / 8, big_slot(lay.U()), V);
+  if (!a.keep) return;
   for (int e = kC * kC / 8 + tid; e < kC * kC / 4; e += kThreads) {
     const int i = e / (kC / 4), x = (e - i * (kC / 4)) * 4;
     f4(blk + lay.Tm() + i * kC + x) = f4(tm + i * LdC + x);

@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_state_tc_kernel(Args a, bf16*
     float* sv = a.saved + (c * H + h) * K * V + col0;
     for_state_pairs(s, K, lane, [&](int x, int col, float& s0, float& s1) {
       *at2(Ss + x * kLdB + col) = make_float2(s0, s1);
-      *at2(sv + x * V + col) = make_float2(s0, s1);
+      if (a.keep) *at2(sv + x * V + col) = make_float2(s0, s1);
     });
     mma::cp_async_wait<1>();  // W, U of this chunk
     __syncthreads();
