@@ -59,6 +59,13 @@ __device__ Tile find_tile(const Tiles& t, int b) {
   return {t.group[lo], r0, min(t.tile_rows, t.row0[lo] + t.rows[lo] - r0)};
 }
 
+// The tile of a block that takes the tiles last first: the down and out_grads kernels read an
+// activation the kernel before them wrote in ascending row order (h by SwiGLU, dgate_up by its
+// backward, X and dY by the gather and the combine), so its last rows may still sit in L2.
+__device__ __forceinline__ Tile last_first_tile(const Tiles& t) {
+  return find_tile(t, static_cast<int>(gridDim.x - 1 - blockIdx.x));
+}
+
 __device__ __forceinline__ uint4 ld16(const bf16* p) {
   return *reinterpret_cast<const uint4*>(p);
 }
@@ -191,7 +198,7 @@ __global__ void __launch_bounds__(kThreads)
   using L = DownLayout<kP>;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* ring = reinterpret_cast<bf16*>(smem);
-  const Tile t = find_tile(tiles, static_cast<int>(blockIdx.x));
+  const Tile t = last_first_tile(tiles);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int r16 = (p.r + 15) & ~15, pairs = r16 >> 4, chunks = r16 >> 3;
   const int wld = p.w_rk ? kLd : rank_ld(r16);
@@ -747,7 +754,7 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* ring = reinterpret_cast<bf16*>(smem);
   bf16* xs = ring + kStages * L::kSlot;
-  const Tile t = find_tile(tiles, static_cast<int>(blockIdx.x));
+  const Tile t = last_first_tile(tiles);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int r16 = (p.r + 15) & ~15, chunks = r16 >> 3;  // r16 = 16 kP
   const bf16* dout = p.dout + static_cast<int64_t>(t.r0) * p.ldo;
