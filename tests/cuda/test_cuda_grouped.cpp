@@ -550,7 +550,7 @@ TEST(CudaGroupedGemmConfig, EveryConfigurationExpertsSkewedWithLora) {
 
 // The LoRA backward's one pass over dOut (ops/cuda/lora_grouped.h: dr and dB together) at a rank
 // that is a multiple of 8 but not of 16 (the padded half pair), and its widest rank, 32, with K
-// of several stages and a partial one (in 2056 = 32 x 64 + 8), a hot expert over many 256-row
+// of several stages and a partial one (in 2056 = 32 x 64 + 8), a hot expert over many 128-row
 // chunks, one-row and empty experts.
 TEST(CudaGroupedFfn, LoraBackwardOnePassOverDout) {
   REQUIRE_GPU();

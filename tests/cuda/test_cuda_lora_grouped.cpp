@@ -2,8 +2,9 @@
 // grouped_matmul, through harness/gpu_check.h: the bf16 pass runs the skinny kernels (the f32
 // pass goes to cuBLAS, the kernels take bf16 only). Groups are empty, of one row, and skewed (one
 // holds most rows, so the weight gradient splits it over several blocks); widths leave partial
-// tiles (K = 136 against stages of 64, n = 200 against column tiles of 128). Without a GPU the
-// checks skip, saying so.
+// tiles (K = 136 against stages of 64, n = 200 against column tiles of 128). Ranks 8 to 64 take
+// each accumulator width the kernels are built for (one, two and four n-tile pairs; 48 the four
+// with one unused). Without a GPU the checks skip, saying so.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -41,7 +42,7 @@ Tensor skewed_offsets(Rng& rng, int64_t G, int32_t heavy) {
 // A = the rank-wide rows, dW [G, n, r] from B = them), with alpha and beta.
 TEST(CudaLoraGrouped, SkinnyProductsAgainstCpu) {
   REQUIRE_GPU();
-  for (const int64_t r : {8, 16, 32}) {
+  for (const int64_t r : {8, 16, 32, 48, 64}) {
     const uint64_t seed = fresh_seed();
     Rng rng(seed);
     const int64_t G = 12, K = 136, n = 200;

@@ -11,6 +11,7 @@
 #include <climits>
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cutlass/grouped_gemm_sm90.h"
@@ -29,7 +30,6 @@ constexpr int kKStage = 64;    // k per shared-memory stage of the down product
 constexpr int kColTile = 128;  // output columns of an up block, wide columns of a dW block
 constexpr int kDwRows = 32;    // rows per shared-memory stage of the dW product
 constexpr int kDwChunk = 512;  // rows of a group per dW block outside deterministic mode
-constexpr int kPairs = 4;      // n-tile pairs of the widest rank (64 = 4 x 16)
 constexpr int kLd = kSkinnyMaxRank + 8;  // a 64-wide tile's row pitch: 144 bytes, so the 8 rows
                                          // an ldmatrix reads fall in distinct banks
 constexpr int kLdWide = kColTile + 8;    // a 128-wide tile's pitch (272 bytes), likewise
@@ -57,6 +57,13 @@ __device__ Tile find_tile(const Tiles& t, int b) {
   }
   const int r0 = t.row0[lo] + (b - t.tile0[lo]) * t.tile_rows;
   return {t.group[lo], r0, min(t.tile_rows, t.row0[lo] + t.rows[lo] - r0)};
+}
+
+// The tile of a block that takes the tiles last first: the down and out_grads kernels read an
+// activation the kernel before them wrote in ascending row order (h by SwiGLU, dgate_up by its
+// backward, X and dY by the gather and the combine), so its last rows may still sit in L2.
+__device__ __forceinline__ Tile last_first_tile(const Tiles& t) {
+  return find_tile(t, static_cast<int>(gridDim.x - 1 - blockIdx.x));
 }
 
 __device__ __forceinline__ uint4 ld16(const bf16* p) {
@@ -97,8 +104,74 @@ __device__ __forceinline__ void st_pair(bf16* p, float lo, float hi) {
   *reinterpret_cast<uint32_t*>(p) = mma::pack_bf16(lo, hi);
 }
 
+// The streaming kernels (down, dW, out_grads) each read a large operand once, so HBM's speed is
+// theirs only with enough bytes in flight (about 30 KB per SM at 4 TB/s and a microsecond of
+// latency): they fill a ring of kStages shared-memory stages through cp.async, kStages - 1 stages
+// ahead of the MMAs. Loading a stage synchronously and then computing on it left an SM a block's
+// single stage in flight per resident block half of the time (session 11, shape A: out_grads 1.9
+// TB/s at 4 blocks per SM, dW 2.4 at 4, down 3.3 at 8). Accumulators are sized by the padded rank
+// (kP = its n-tile pairs, a template argument): sized for rank 64 they held 128 registers.
+constexpr int kStages = 4;
+
+// 16 bytes global -> shared through cp.async, or 16 zeros when !valid (src-size 0: nothing is
+// read; `src` is a mapped address all the same). Zeros past the rows, widths and rank keep the
+// MMAs free of bounds and of the garbage a stale stage would add to a reduction over rows.
+__device__ __forceinline__ void cp16_or_zero(bf16* dst, const bf16* src, bool valid) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+
+// A [rows][r16] rank tile's pitch: 16-byte rows whose 8 rows of an ldmatrix fall in distinct
+// banks (48, 80, 112 or 144 bytes).
+__host__ __device__ constexpr int rank_ld(int r16) {
+  return r16 + 8;
+}
+
+// The template's n-tile pairs for rank r: 1, 2 or 4 (a padded rank of 48 runs kP = 4 with three
+// pairs used).
+int rank_pairs(int64_t r) {
+  const int64_t pairs = (r + 15) / 16;
+  return pairs <= 1 ? 1 : pairs == 2 ? 2 : 4;
+}
+
+// Calls f(std::integral_constant<int, kP>) for the pairs of rank r.
+template <typename F>
+void with_pairs(int64_t r, const F& f) {
+  switch (rank_pairs(r)) {
+    case 1:
+      return f(std::integral_constant<int, 1>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    default:
+      return f(std::integral_constant<int, 4>{});
+  }
+}
+
+// Runs the ring: load(s) issues stage s's copies into slot s % kStages, compute(s, slot) consumes
+// it. One commit group per stage (empty past the last), so wait_group<kStages - 2> means stage s
+// has landed; the barrier after it also tells every thread that the slot refilled next (the one
+// consumed last iteration) is free. Ends with every copy landed and the slots free again.
+template <typename Load, typename Compute>
+__device__ __forceinline__ void run_ring(int stages, const Load& load, const Compute& compute) {
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < stages) load(s);
+    mma::cp_async_commit();
+  }
+  for (int s = 0; s < stages; ++s) {
+    mma::cp_async_wait<kStages - 2>();
+    __syncthreads();
+    if (s + kStages - 1 < stages) load(s + kStages - 1);
+    mma::cp_async_commit();
+    compute(s, s % kStages);
+  }
+  mma::cp_async_wait<0>();
+  __syncthreads();
+}
+
 // C [rows, r] = alpha X W^T (w_rk: W_g [r, K]) or alpha X W (W_g [K, r]), one 64-row tile per
-// block, K in stages of 64.
+// block, K in stages of 64 through the ring (dynamic shared memory: DownLayout).
 struct DownArgs {
   const bf16* x;
   int64_t ldx, K;
@@ -110,55 +183,70 @@ struct DownArgs {
   float alpha;
 };
 
+template <int kP>
+struct DownLayout {
+  static constexpr int kX = kRowTile * kLd;  // X [64 rows][64 k]
+  // W's stage: [r16 rows j][64 k] at kLd (w_rk) or [64 k][r16 columns j] at rank_ld.
+  static constexpr int kW = std::max(16 * kP * kLd, kKStage* rank_ld(16 * kP));
+  static constexpr int kSlot = kX + kW;
+  static constexpr int kBytes = kStages * kSlot * static_cast<int>(sizeof(bf16));
+};
+
+template <int kP>
 __global__ void __launch_bounds__(kThreads)
     down_kernel(const __grid_constant__ Tiles tiles, const DownArgs p) {
-  __shared__ alignas(16) bf16 xs[kRowTile * kLd];
-  __shared__ alignas(16) bf16 ws[kKStage * kLd];  // [r16][k] (w_rk) or [k][r16]
-  const Tile t = find_tile(tiles, static_cast<int>(blockIdx.x));
+  using L = DownLayout<kP>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* ring = reinterpret_cast<bf16*>(smem);
+  const Tile t = last_first_tile(tiles);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int r16 = (p.r + 15) & ~15, pairs = r16 >> 4;
+  const int r16 = (p.r + 15) & ~15, pairs = r16 >> 4, chunks = r16 >> 3;
+  const int wld = p.w_rk ? kLd : rank_ld(r16);
+  const bf16* x = p.x + static_cast<int64_t>(t.r0) * p.ldx;
   const bf16* w = p.w + static_cast<int64_t>(t.group) * p.r * p.K;
-  float acc[2 * kPairs][4] = {};
-  for (int64_t k0 = 0; k0 < p.K; k0 += kKStage) {
+  const auto load = [&](int s) {
+    bf16* xs = ring + (s % kStages) * L::kSlot;
+    bf16* ws = xs + L::kX;
+    const int64_t k0 = static_cast<int64_t>(s) * kKStage;
     // X: 64 rows x 8 chunks of 8 columns (K is a multiple of 8: a chunk is all in or all out).
     for (int i = tid; i < kRowTile * (kKStage / 8); i += kThreads) {
       const int row = i >> 3, col = (i & 7) << 3;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (row < t.rows && k0 + col < p.K) v = ld16(p.x + (t.r0 + row) * p.ldx + k0 + col);
-      *reinterpret_cast<uint4*>(&xs[row * kLd + col]) = v;
+      const bool ok = row < t.rows && k0 + col < p.K;
+      cp16_or_zero(&xs[row * kLd + col], ok ? x + row * p.ldx + k0 + col : p.x, ok);
     }
     if (p.w_rk) {  // [r16 rows j][64 k]
       for (int i = tid; i < r16 * (kKStage / 8); i += kThreads) {
         const int j = i >> 3, col = (i & 7) << 3;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (j < p.r && k0 + col < p.K) v = ld16(w + j * p.K + k0 + col);
-        *reinterpret_cast<uint4*>(&ws[j * kLd + col]) = v;
+        const bool ok = j < p.r && k0 + col < p.K;
+        cp16_or_zero(&ws[j * kLd + col], ok ? w + j * p.K + k0 + col : p.w, ok);
       }
     } else {  // [64 k][r16 columns j]
-      const int chunks = r16 >> 3;
       for (int i = tid; i < kKStage * chunks; i += kThreads) {
         const int kk = i / chunks, j = (i % chunks) << 3;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (j < p.r && k0 + kk < p.K) v = ld16(w + (k0 + kk) * p.r + j);
-        *reinterpret_cast<uint4*>(&ws[kk * kLd + j]) = v;
+        const bool ok = j < p.r && k0 + kk < p.K;
+        cp16_or_zero(&ws[kk * wld + j], ok ? w + (k0 + kk) * p.r + j : p.w, ok);
       }
     }
-    __syncthreads();
+  };
+  float acc[2 * kP][4] = {};
+  const auto compute = [&](int, int slot) {
+    const bf16* xs = ring + slot * L::kSlot;
+    const bf16* ws = xs + L::kX;
 #pragma unroll
     for (int kk = 0; kk < kKStage; kk += 16) {
       uint32_t a[4];
       mma::ldsm_a(a, xs, kLd, warp * 16, kk, lane);
 #pragma unroll
-      for (int q = 0; q < kPairs; ++q) {
+      for (int q = 0; q < kP; ++q) {
         if (q >= pairs) break;
-        mma_pair(acc[2 * q], acc[2 * q + 1], a, ws, p.w_rk, kLd, 16 * q, kk, lane);
+        mma_pair(acc[2 * q], acc[2 * q + 1], a, ws, p.w_rk, wld, 16 * q, kk, lane);
       }
     }
-    __syncthreads();  // the tiles are refilled next stage
-  }
+  };
+  run_ring(static_cast<int>((p.K + kKStage - 1) / kKStage), load, compute);
   const int g = lane >> 2, c = lane & 3;
 #pragma unroll
-  for (int n = 0; n < 2 * kPairs; ++n) {
+  for (int n = 0; n < 2 * kP; ++n) {
     const int col = 8 * n + 2 * c;
     if (col >= p.r) break;  // r is a multiple of 8: col + 1 < r too
 #pragma unroll
@@ -512,9 +600,11 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // dW_g += alpha sum over the tile's rows of P[row]^T S[row] (P [rows, wide], S [rows, r]):
-// dW_g [r, wide] (s_first: the form's A is S) or [wide, r]; one block per row tile
-// (blockIdx.x) and 128 wide columns (blockIdx.y), rows in stages of 32. The MMA's m is the wide
-// column, its n the rank, its k the row.
+// dW_g [r, wide] (s_first: the form's A is S) or [wide, r]. One block per 128 wide columns
+// (blockIdx.x: the blocks that share a row tile run side by side, so S's rows come from L2 and
+// P's rows are read whole at once) and row tile (blockIdx.y, striding by gridDim.y past 65535
+// tiles); rows in stages of 32 through the ring (DwLayout). The MMA's m is the wide column, its n
+// the rank, its k the row.
 struct DwArgs {
   const bf16* pw;  // the wide operand
   int64_t ldp, wide;
@@ -526,72 +616,88 @@ struct DwArgs {
   float alpha;
 };
 
+template <int kP>
+struct DwLayout {
+  static constexpr int kPw = kDwRows * kLdWide;                   // P [32 rows][128 wide]
+  static constexpr int kSlot = kPw + kDwRows * rank_ld(16 * kP);  // + S [32 rows][r16]
+  static constexpr int kBytes = kStages * kSlot * static_cast<int>(sizeof(bf16));
+};
+
+template <int kP>
 __global__ void __launch_bounds__(kThreads)
     dw_kernel(const __grid_constant__ Tiles tiles, const DwArgs p) {
-  __shared__ alignas(16) bf16 ps[kDwRows * kLdWide];
-  __shared__ alignas(16) bf16 ss[kDwRows * kLd];
-  const Tile t = find_tile(tiles, static_cast<int>(blockIdx.x));
+  using L = DwLayout<kP>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* ring = reinterpret_cast<bf16*>(smem);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int r16 = (p.r + 15) & ~15, pairs = r16 >> 4, chunks = r16 >> 3;
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kColTile;
-  float acc[2][2 * kPairs][4] = {};
-  for (int s0 = 0; s0 < t.rows; s0 += kDwRows) {
-    const int rows = min(kDwRows, t.rows - s0);
-    const int64_t row0 = t.r0 + s0;
-    for (int i = tid; i < kDwRows * (kColTile / 8); i += kThreads) {
-      const int row = i / (kColTile / 8), col = (i % (kColTile / 8)) << 3;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (row < rows && m0 + col < p.wide) v = ld16(p.pw + (row0 + row) * p.ldp + m0 + col);
-      *reinterpret_cast<uint4*>(&ps[row * kLdWide + col]) = v;
-    }
-    for (int i = tid; i < kDwRows * chunks; i += kThreads) {
-      const int row = i / chunks, j = (i % chunks) << 3;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (row < rows && j < p.r) v = ld16(p.s + (row0 + row) * p.lds + j);
-      *reinterpret_cast<uint4*>(&ss[row * kLd + j]) = v;
-    }
-    __syncthreads();
+  const int r16 = (p.r + 15) & ~15, pairs = r16 >> 4, chunks = r16 >> 3, sld = rank_ld(r16);
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kColTile;
+  const int g = lane >> 2, c = lane & 3;
+  for (int tb = static_cast<int>(blockIdx.y); tb < tiles.tile0[tiles.count];
+       tb += static_cast<int>(gridDim.y)) {
+    const Tile t = find_tile(tiles, tb);
+    const auto load = [&](int s) {
+      bf16* ps = ring + (s % kStages) * L::kSlot;
+      bf16* ss = ps + L::kPw;
+      const int s0 = s * kDwRows, rows = min(kDwRows, t.rows - s0);
+      const int64_t row0 = t.r0 + s0;
+      for (int i = tid; i < kDwRows * (kColTile / 8); i += kThreads) {
+        const int row = i / (kColTile / 8), col = (i % (kColTile / 8)) << 3;
+        const bool ok = row < rows && m0 + col < p.wide;
+        cp16_or_zero(&ps[row * kLdWide + col], ok ? p.pw + (row0 + row) * p.ldp + m0 + col : p.pw,
+                     ok);
+      }
+      for (int i = tid; i < kDwRows * chunks; i += kThreads) {
+        const int row = i / chunks, j = (i % chunks) << 3;
+        const bool ok = row < rows && j < p.r;
+        cp16_or_zero(&ss[row * sld + j], ok ? p.s + (row0 + row) * p.lds + j : p.s, ok);
+      }
+    };
+    float acc[2][2 * kP][4] = {};
+    const auto compute = [&](int, int slot) {
+      const bf16* ps = ring + slot * L::kSlot;
+      const bf16* ss = ps + L::kPw;
 #pragma unroll
-    for (int kk = 0; kk < kDwRows; kk += 16) {
-      uint32_t a[2][4];
-      ldsm_a_km(a[0], ps, kLdWide, warp * 32, kk, lane);
-      ldsm_a_km(a[1], ps, kLdWide, warp * 32 + 16, kk, lane);
+      for (int kk = 0; kk < kDwRows; kk += 16) {
+        uint32_t a[2][4];
+        ldsm_a_km(a[0], ps, kLdWide, warp * 32, kk, lane);
+        ldsm_a_km(a[1], ps, kLdWide, warp * 32 + 16, kk, lane);
 #pragma unroll
-      for (int q = 0; q < kPairs; ++q) {
-        if (q >= pairs) break;
-        uint32_t b0[2], b1[2];
-        mma::load_b_kn(b0, ss, kLd, kk, 16 * q, lane);
-        mma::load_b_kn(b1, ss, kLd, kk, 16 * q + 8, lane);
+        for (int q = 0; q < kP; ++q) {
+          if (q >= pairs) break;
+          uint32_t b0[2], b1[2];
+          mma::load_b_kn(b0, ss, sld, kk, 16 * q, lane);
+          mma::load_b_kn(b1, ss, sld, kk, 16 * q + 8, lane);
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          mma::mma_bf16(acc[mt][2 * q], a[mt], b0);
-          mma::mma_bf16(acc[mt][2 * q + 1], a[mt], b1);
+          for (int mt = 0; mt < 2; ++mt) {
+            mma::mma_bf16(acc[mt][2 * q], a[mt], b0);
+            mma::mma_bf16(acc[mt][2 * q + 1], a[mt], b1);
+          }
         }
       }
-    }
-    __syncthreads();  // the tiles are refilled next stage
-  }
-  const int g = lane >> 2, c = lane & 3;
-  float* dw = p.dw + static_cast<int64_t>(t.group) * p.r * p.wide;
+    };
+    run_ring((t.rows + kDwRows - 1) / kDwRows, load, compute);
+    float* dw = p.dw + static_cast<int64_t>(t.group) * p.r * p.wide;
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int n = 0; n < 2 * kPairs; ++n) {
-      const int j = 8 * n + 2 * c;
-      if (j >= p.r) break;
+      for (int n = 0; n < 2 * kP; ++n) {
+        const int j = 8 * n + 2 * c;
+        if (j >= p.r) break;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {  // c0, c1: (m g, j, j+1); c2, c3: (m g+8, same)
-        const int64_t m = m0 + warp * 32 + 16 * mt + g + 8 * (e >> 1);
-        const int jj = j + (e & 1);
-        if (m >= p.wide) continue;
-        float* out = dw + (p.s_first ? jj * p.wide + m : m * p.r + jj);
-        const float v = p.alpha * acc[mt][n][e];
-        if (p.atomic)
-          atomicAdd(out, v);
-        else
-          *out += v;  // this block is the element's only writer
+        for (int e = 0; e < 4; ++e) {  // c0, c1: (m g, j, j+1); c2, c3: (m g+8, same)
+          const int64_t m = m0 + warp * 32 + 16 * mt + g + 8 * (e >> 1);
+          const int jj = j + (e & 1);
+          if (m >= p.wide) continue;
+          float* out = dw + (p.s_first ? jj * p.wide + m : m * p.r + jj);
+          const float v = p.alpha * acc[mt][n][e];
+          if (p.atomic)
+            atomicAdd(out, v);
+          else
+            *out += v;  // this block is the element's only writer
+        }
       }
-    }
+  }
 }
 
 // dW_g *= beta for the groups listed (beta = 0 clears, NaN included), before the dW kernel adds.
@@ -608,15 +714,14 @@ __global__ void scale_groups_kernel(const __grid_constant__ Tiles tiles, int64_t
 // The two products of expert LoRA's backward that read the projection's output gradient dOut
 // [rows, K], in one pass over it (the separate kernels read it twice, once per product):
 //   dr = s dOut_g B_g (B_g [K, r], written, bf16) and dB_g += s dOut_g^T xa_g (f32, atomics).
-// One block per chunk of up to 256 rows of a group; K in stages of 64 columns, and per stage the
-// chunk's 64-row subtiles: the subtile's dOut tile feeds both MMAs (dr's rows accumulate in
-// registers over the stages, dB's stage columns over the subtiles, then meet the other blocks'
-// through f32 atomics: one per element of the stage per 256 rows). Ranks up to 32.
-constexpr int kFusedRows = 256;
-constexpr int kFusedSubs = kFusedRows / kRowTile;
-constexpr int kFusedMaxRank = 32;
-constexpr int kFusedPairs = kFusedMaxRank / 16;
-constexpr int kLdR = kFusedMaxRank + 8;  // 80-byte pitch: ldmatrix's 8 rows in distinct banks
+// One block per chunk of up to 128 rows of a group; K in stages of 64 columns through the ring
+// (OgLayout): a stage's [128 rows][64 k] tile feeds both MMAs. Warp w owns rows 32 w .. 32 w + 31
+// of dr (accumulated in registers over the stages) and columns 16 w .. 16 w + 15 of the stage's
+// dB (summed over the chunk's rows, then met with the other chunks' through f32 atomics, two
+// adjacent elements per float2 atomic). 128 rows rather than 256 give shape B (256 experts of
+// ~256 rows) 512 blocks for 264 resident; each dB element takes rows / 128 atomics. Ranks up to 32.
+constexpr int kOgRows = 128;
+constexpr int kFusedMaxRank = 32;  // out_grads_kernel<1> and <2>
 
 struct OutGradArgs {
   const bf16* dout;
@@ -631,82 +736,111 @@ struct OutGradArgs {
   float s;
 };
 
+template <int kP>
+struct OgLayout {
+  static constexpr int kLdB = rank_ld(16 * kP);
+  static constexpr int kD = kOgRows * kLd;           // dOut [128 rows][64 k]
+  static constexpr int kSlot = kD + kKStage * kLdB;  // + B_g's stage [64 k][r16]
+  static constexpr int kXa = kOgRows * kLdB;         // xa of the chunk, once
+  static constexpr int kBytes = (kStages * kSlot + kXa) * static_cast<int>(sizeof(bf16));
+};
+
+template <int kP>
 __global__ void __launch_bounds__(kThreads)
     out_grads_kernel(const __grid_constant__ Tiles tiles, const OutGradArgs p) {
-  __shared__ alignas(16) bf16 ds[kRowTile * kLd];     // dOut subtile [64 rows][64 k]
-  __shared__ alignas(16) bf16 bs[kKStage * kLdR];     // B_g stage [64 k][r16]
-  __shared__ alignas(16) bf16 xs[kFusedRows * kLdR];  // xa of the chunk [256 rows][r16]
-  const Tile t = find_tile(tiles, static_cast<int>(blockIdx.x));
+  using L = OgLayout<kP>;
+  static_assert(kOgRows == 32 * (kThreads / 32) && kKStage == 16 * (kThreads / 32),
+                "a warp owns 32 rows of dr and 16 columns of a stage's dB");
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* ring = reinterpret_cast<bf16*>(smem);
+  bf16* xs = ring + kStages * L::kSlot;
+  const Tile t = last_first_tile(tiles);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int r16 = (p.r + 15) & ~15, pairs = r16 >> 4, chunks = r16 >> 3;
-  const int subs = (t.rows + kRowTile - 1) / kRowTile;
+  const int r16 = (p.r + 15) & ~15, chunks = r16 >> 3;  // r16 = 16 kP
+  const bf16* dout = p.dout + static_cast<int64_t>(t.r0) * p.ldo;
   const bf16* b = p.b + static_cast<int64_t>(t.group) * p.K * p.r;
-  for (int i = tid; i < kFusedRows * chunks; i += kThreads) {
+  float* db_g = p.db == nullptr ? nullptr : p.db + static_cast<int64_t>(t.group) * p.K * p.r;
+  for (int i = tid; i < kOgRows * chunks; i += kThreads) {  // lands with stage 0
     const int row = i / chunks, j = (i % chunks) << 3;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (row < t.rows && j < p.r) v = ld16(p.xa + (t.r0 + row) * p.ldx + j);
-    *reinterpret_cast<uint4*>(&xs[row * kLdR + j]) = v;
+    const bool ok = row < t.rows && j < p.r;
+    cp16_or_zero(&xs[row * L::kLdB + j], ok ? p.xa + (t.r0 + row) * p.ldx + j : p.xa, ok);
   }
-  float dr[kFusedSubs][2 * kFusedPairs][4] = {};
-  const int g = lane >> 2, c = lane & 3;
-  for (int64_t k0 = 0; k0 < p.K; k0 += kKStage) {
+  const auto load = [&](int s) {
+    bf16* ds = ring + (s % kStages) * L::kSlot;
+    bf16* bs = ds + L::kD;
+    const int64_t k0 = static_cast<int64_t>(s) * kKStage;
+    for (int i = tid; i < kOgRows * (kKStage / 8); i += kThreads) {
+      const int row = i >> 3, col = (i & 7) << 3;
+      const bool ok = row < t.rows && k0 + col < p.K;
+      cp16_or_zero(&ds[row * kLd + col], ok ? dout + row * p.ldo + k0 + col : p.dout, ok);
+    }
     for (int i = tid; i < kKStage * chunks; i += kThreads) {
       const int kk = i / chunks, j = (i % chunks) << 3;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (j < p.r && k0 + kk < p.K) v = ld16(b + (k0 + kk) * p.r + j);
-      *reinterpret_cast<uint4*>(&bs[kk * kLdR + j]) = v;
+      const bool ok = j < p.r && k0 + kk < p.K;
+      cp16_or_zero(&bs[kk * L::kLdB + j], ok ? b + (k0 + kk) * p.r + j : p.b, ok);
     }
-    float db[2 * kFusedPairs][4] = {};
+  };
+  const int g = lane >> 2, c = lane & 3;
+  float dr[2][2 * kP][4] = {};
+  const auto compute = [&](int s, int slot) {
+    const bf16* ds = ring + slot * L::kSlot;
+    const bf16* bs = ds + L::kD;
 #pragma unroll
-    for (int sub = 0; sub < kFusedSubs; ++sub) {
-      if (sub >= subs) break;  // the same for every thread of the block
-      for (int i = tid; i < kRowTile * (kKStage / 8); i += kThreads) {
-        const int row = i >> 3, col = (i & 7) << 3, at = sub * kRowTile + row;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (at < t.rows && k0 + col < p.K) v = ld16(p.dout + (t.r0 + at) * p.ldo + k0 + col);
-        *reinterpret_cast<uint4*>(&ds[row * kLd + col]) = v;
+    for (int kk = 0; kk < kKStage; kk += 16) {  // dr: the warp's rows x the stage's k
+      uint32_t b0[kP][2], b1[kP][2];
+#pragma unroll
+      for (int q = 0; q < kP; ++q) {
+        mma::load_b_kn(b0[q], bs, L::kLdB, kk, 16 * q, lane);
+        mma::load_b_kn(b1[q], bs, L::kLdB, kk, 16 * q + 8, lane);
       }
-      __syncthreads();  // ds, and at the first subtile bs (and xs)
-      const bf16* xsub = xs + sub * kRowTile * kLdR;
 #pragma unroll
-      for (int kk = 0; kk < kKStage; kk += 16) {
-        uint32_t a[4], a_t[4];
-        mma::ldsm_a(a, ds, kLd, warp * 16, kk, lane);  // dr: rows x stage columns
-        ldsm_a_km(a_t, ds, kLd, warp * 16, kk, lane);  // dB: stage columns x rows
+      for (int mt = 0; mt < 2; ++mt) {
+        uint32_t a[4];
+        mma::ldsm_a(a, ds, kLd, warp * 32 + 16 * mt, kk, lane);
 #pragma unroll
-        for (int q = 0; q < kFusedPairs; ++q) {
-          if (q >= pairs) break;
-          mma_pair(dr[sub][2 * q], dr[sub][2 * q + 1], a, bs, false, kLdR, 16 * q, kk, lane);
-          mma_pair(db[2 * q], db[2 * q + 1], a_t, xsub, false, kLdR, 16 * q, kk, lane);
+        for (int q = 0; q < kP; ++q) {
+          mma::mma_bf16(dr[mt][2 * q], a, b0[q]);
+          mma::mma_bf16(dr[mt][2 * q + 1], a, b1[q]);
         }
       }
-      __syncthreads();  // ds is refilled by the next subtile, bs by the next stage
     }
-    if (p.db == nullptr) continue;
-    float* out = p.db + static_cast<int64_t>(t.group) * p.K * p.r;
+    if (db_g == nullptr) return;
+    float db[2 * kP][4] = {};
 #pragma unroll
-    for (int n = 0; n < 2 * kFusedPairs; ++n) {
+    for (int kr = 0; kr < kOgRows; kr += 16) {  // dB: the warp's stage columns x the rows
+      uint32_t a_t[4];
+      ldsm_a_km(a_t, ds, kLd, warp * 16, kr, lane);
+#pragma unroll
+      for (int q = 0; q < kP; ++q)
+        mma_pair(db[2 * q], db[2 * q + 1], a_t, xs, false, L::kLdB, 16 * q, kr, lane);
+    }
+    const int64_t k0 = static_cast<int64_t>(s) * kKStage;
+#pragma unroll
+    for (int n = 0; n < 2 * kP; ++n) {
       const int j = 8 * n + 2 * c;
       if (j >= p.r) break;  // r is a multiple of 8: j + 1 < r too
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {  // e: (k g, j), (k g, j+1), (k g+8, j), (k g+8, j+1)
-        const int64_t k = k0 + warp * 16 + g + 8 * (e >> 1);
-        if (k < p.K) atomicAdd(out + k * p.r + j + (e & 1), p.s * db[n][e]);
+      for (int h = 0; h < 2; ++h) {  // (k g, j..j+1), (k g+8, j..j+1): adjacent, 8-byte aligned
+        const int64_t k = k0 + warp * 16 + g + 8 * h;
+        if (k < p.K)
+          atomicAdd(reinterpret_cast<float2*>(db_g + k * p.r + j),
+                    make_float2(p.s * db[n][2 * h], p.s * db[n][2 * h + 1]));
       }
     }
-  }
+  };
+  run_ring(static_cast<int>((p.K + kKStage - 1) / kKStage), load, compute);
 #pragma unroll
-  for (int sub = 0; sub < kFusedSubs; ++sub)
+  for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int n = 0; n < 2 * kFusedPairs; ++n) {
+    for (int n = 0; n < 2 * kP; ++n) {
       const int col = 8 * n + 2 * c;
       if (col >= p.r) break;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int row = sub * kRowTile + warp * 16 + g + 8 * h;
+        const int row = warp * 32 + 16 * mt + g + 8 * h;
         if (row < t.rows)
-          st_pair(p.dr + (t.r0 + row) * p.lddr + col, p.s * dr[sub][n][2 * h],
-                  p.s * dr[sub][n][2 * h + 1]);
+          st_pair(p.dr + (t.r0 + row) * p.lddr + col, p.s * dr[mt][n][2 * h],
+                  p.s * dr[mt][n][2 * h + 1]);
       }
     }
 }
@@ -749,6 +883,16 @@ unsigned col_blocks(int64_t n) {
   return static_cast<unsigned>((n + kColTile - 1) / kColTile);
 }
 
+// Launches a ring kernel (128 threads) with `bytes` of dynamic shared memory, opting in past the
+// default 48 KB.
+template <typename Args>
+void launch_ring(void (*kernel)(Tiles, Args), dim3 grid, int bytes, cudaStream_t st,
+                 const Tiles& tiles, const Args& args) {
+  MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  kernel<<<grid, kThreads, bytes, st>>>(tiles, args);
+  MT_CUDA_LAUNCH_CHECK();
+}
+
 // The up kernels' blocks along n: kUpTilesPerBlock tiles of `tile` columns each.
 unsigned up_col_blocks(int64_t n, int64_t tile) {
   const int64_t per_block = tile * kUpTilesPerBlock;
@@ -785,9 +929,13 @@ bool skinny_grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Ten
                       ptr<bf16>(s),  s.stride(0),          static_cast<int>(s.dim(1)),
                       s_first,       !ctx.deterministic(), ptr<float>(c),
                       p.alpha};
-    dw_kernel<<<dim3(tiles.tile0[tiles.count], col_blocks(pw.dim(1))), kThreads, 0, st>>>(tiles,
-                                                                                          args);
-    MT_CUDA_LAUNCH_CHECK();
+    const int64_t ntiles = tiles.tile0[tiles.count];
+    if (ntiles == 0) return true;  // no rows: dW is scaled only
+    const dim3 grid(col_blocks(pw.dim(1)), static_cast<unsigned>(std::min<int64_t>(ntiles, 65535)));
+    with_pairs(s.dim(1), [&](auto kp) {
+      constexpr int kP = decltype(kp)::value;
+      launch_ring(dw_kernel<kP>, grid, DwLayout<kP>::kBytes, st, tiles, args);
+    });
     return true;
   }
   // XWt: C [rows, out] = A [rows, in] W_g^T with W [G, out, in]; DyW: C [rows, in] = A [rows, out]
@@ -800,8 +948,12 @@ bool skinny_grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Ten
     if (!make_tiles(off, groups, kRowTile, tiles)) return false;
     const DownArgs args{ptr<bf16>(a),           a.stride(0),  kdim,        ptr<bf16>(b), xwt,
                         static_cast<int>(ndim), ptr<bf16>(c), c.stride(0), p.alpha};
-    down_kernel<<<tiles.tile0[tiles.count], kThreads, 0, st>>>(tiles, args);
-    MT_CUDA_LAUNCH_CHECK();
+    if (tiles.tile0[tiles.count] == 0) return true;  // no rows
+    with_pairs(ndim, [&](auto kp) {
+      constexpr int kP = decltype(kp)::value;
+      launch_ring(down_kernel<kP>, dim3(tiles.tile0[tiles.count]), DownLayout<kP>::kBytes, st,
+                  tiles, args);
+    });
     return true;
   }
   if (rank_ok(kdim)) {
@@ -828,7 +980,7 @@ bool skinny_lora_out_grads(Context& ctx, const Tensor& dout, const Tensor& offse
   const bool with_db = db.defined() && db.numel() > 0;
   if (with_db && (db.dtype() != DType::F32 || !db.is_contiguous())) return false;
   thread_local Tiles tiles;
-  if (!make_tiles(offsets.i32(), groups, kFusedRows, tiles)) return false;
+  if (!make_tiles(offsets.i32(), groups, kOgRows, tiles)) return false;
   if (tiles.tile0[tiles.count] == 0) return true;  // no rows: dr is empty, dB gains nothing
   const OutGradArgs args{ptr<bf16>(dout),
                          dout.stride(0),
@@ -841,8 +993,11 @@ bool skinny_lora_out_grads(Context& ctx, const Tensor& dout, const Tensor& offse
                          dr.stride(0),
                          with_db ? ptr<float>(db) : nullptr,
                          s};
-  out_grads_kernel<<<tiles.tile0[tiles.count], kThreads, 0, stream(ctx)>>>(tiles, args);
-  MT_CUDA_LAUNCH_CHECK();
+  const dim3 grid(tiles.tile0[tiles.count]);
+  if (rank_pairs(r) == 1)
+    launch_ring(out_grads_kernel<1>, grid, OgLayout<1>::kBytes, stream(ctx), tiles, args);
+  else  // r <= kFusedMaxRank: two pairs
+    launch_ring(out_grads_kernel<2>, grid, OgLayout<2>::kBytes, stream(ctx), tiles, args);
   return true;
 }
 
