@@ -42,7 +42,7 @@ struct GroupedFfnParams {
   bool padded_rows = false;
   // The caller knows the base weights' gradient buffers hold zeros (the first backward since the
   // gradients were zeroed): their weight-gradient GEMMs then write dW (beta 0) instead of adding
-  // into it and skip reading the f32 buffers (the same bits as adding into zeros; empty experts'
+  // into it and skip reading the f32 buffers (the same values as adding into zeros; empty experts'
   // blocks are written as zeros). A hint: it changes traffic, not results.
   bool weight_grads_zero = false;
   std::optional<GroupedGemmConfig> gemm;  // the projections' (grouped_matmul.h); unset: the env's

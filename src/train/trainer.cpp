@@ -78,6 +78,7 @@ void poison_gradient(Model& m) {
       MT_CHECK(p->grad.device() == Device::CPU, ValueError,
                "MOETRAIN_FAULT_NAN=grad injects into host gradients only");
       p->grad.f32()[0] = std::nanf("");
+      p->grad_zero = false;  // a layer that takes the mark would write over the NaN
       return;
     }
 }

@@ -978,7 +978,10 @@ bool skinny_lora_out_grads(Context& ctx, const Tensor& dout, const Tensor& offse
       !b.is_contiguous() || !aligned16(b.raw()) || b.dim(1) != K || b.dim(2) != r)
     return false;
   const bool with_db = db.defined() && db.numel() > 0;
-  if (with_db && (db.dtype() != DType::F32 || !db.is_contiguous())) return false;
+  // dB's partial sums go in as float2 atomics: 8-byte aligned rows.
+  if (with_db && (db.dtype() != DType::F32 || !db.is_contiguous() ||
+                  reinterpret_cast<uintptr_t>(db.raw()) % 8 != 0))
+    return false;
   thread_local Tiles tiles;
   if (!make_tiles(offsets.i32(), groups, kOgRows, tiles)) return false;
   if (tiles.tile0[tiles.count] == 0) return true;  // no rows: dr is empty, dB gains nothing
