@@ -40,7 +40,7 @@ el racecheck; timeout 35 compute-sanitizer --tool racecheck --error-exitcode 9 $
 grep -E "RACECHECK SUMMARY|tests ran|PASSED|FAILED" "$L/racecheck.txt" | head -4; pack
 el step experts; timeout 75 $D/bin/moetrain bench step --model bench/models/kimi-linear-8l.json --tokens 8192 --steps 3 --warmup 1 --json "$L/step_experts.json" --lora-targets attention,kda,shared_experts,dense_ffn,routed_experts > "$L/step_experts.txt" 2>&1; echo "rc=$?"; step_line "$L/step_experts.json"; pack
 el step; timeout 65 $D/bin/moetrain bench step --model bench/models/kimi-linear-8l.json --tokens 8192 --steps 3 --warmup 1 --json "$L/step.json" > "$L/step.txt" 2>&1; echo "rc=$?"; step_line "$L/step.json"; pack
-left=$(( 585 - ($(date +%s) - t0) )); el "fla (${left}s left)"
+left=$(( 520 - ($(date +%s) - t0) )); el "fla (${left}s left)"
 if [ "$left" -gt 60 ]; then
   python3 -m pip install --no-index --no-deps .gpu/wheels/*.whl > "$L/pip.log" 2>&1 || tail -3 "$L/pip.log"
   timeout $(( left - 5 )) python3 bench/kda_fla.py --skip-long > "$L/kda_fla.jsonl" 2> "$L/kda_fla.err"; echo "fla rc=$?"; cut -c1-330 "$L/kda_fla.jsonl"; tail -2 "$L/kda_fla.err"; pack
