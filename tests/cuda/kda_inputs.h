@@ -40,15 +40,21 @@ inline Tensor log_decay(Rng& rng, const Shape& s, bool strong) {
   return t;
 }
 
+// beta [T, H] in (0, 1), as the layer's sigmoid gives it.
+inline Tensor random_beta(Rng& rng, int64_t T, int64_t H) {
+  Tensor beta = Tensor::empty({T, H});
+  for (int64_t i = 0; i < beta.numel(); ++i)
+    beta.f32()[i] = static_cast<float>(ref::sigmoid(rng.normal()));
+  return beta;
+}
+
 // The inputs of a KDA case in the order the checks pass them: cu_seqlens, q, k, v, g, beta, h0,
 // dout, dhT. q, k, v and dout are stored in the op's type; g, beta and the states stay f32.
 // `decay` draws g [T, H, K] (between v and beta, so that a case's draws keep their order).
 inline std::vector<In> kda_inputs(Rng& rng, const Tensor& cu_seqlens, int64_t T, int64_t N,
                                   int64_t H, int64_t K, int64_t V,
                                   const std::function<Tensor(Rng&, const Shape&)>& decay) {
-  Tensor beta = Tensor::empty({T, H});
-  for (int64_t i = 0; i < beta.numel(); ++i)
-    beta.f32()[i] = static_cast<float>(ref::sigmoid(rng.normal()));
+  Tensor beta = random_beta(rng, T, H);
   return {{cu_seqlens, false},
           {randn(rng, {T, H, K})},
           {unit_rows(rng, {T, H, K})},

@@ -152,9 +152,7 @@ TEST(CudaKdaPrepared, BackwardFromPreparedEqualsRecomputedBitwise) {
   const ops::KdaParams p{.tokens = T, .heads = H, .head_k = K, .head_v = V, .num_seqs = N};
   const int64_t rows = ops::kda_saved_rows(p, seq.cu_seqlens);
   const Device D = Device::CUDA;
-  Tensor beta = Tensor::empty({T, H});
-  for (int64_t i = 0; i < beta.numel(); ++i)
-    beta.f32()[i] = static_cast<float>(ref::sigmoid(rng.normal()));
+  const Tensor beta = random_beta(rng, T, H);
   const Tensor q0 = randn(rng, {T, H, K}), k0 = unit_rows(rng, {T, H, K}),
                v0 = randn(rng, {T, H, V}), dout0 = randn(rng, {T, H, V});
   const Tensor g = log_decay(rng, {T, H, K}, false).to(D), b = beta.to(D),
@@ -200,9 +198,7 @@ TEST(CudaKdaEval, ForwardWithoutBackwardGivesTheSameOutputs) {
   ops::KdaParams p{.tokens = T, .heads = H, .head_k = K, .head_v = V, .num_seqs = N};
   const int64_t rows = ops::kda_saved_rows(p, seq.cu_seqlens);
   const Device D = Device::CUDA;
-  Tensor beta = Tensor::empty({T, H});
-  for (int64_t i = 0; i < beta.numel(); ++i)
-    beta.f32()[i] = static_cast<float>(ref::sigmoid(rng.normal()));
+  const Tensor beta = random_beta(rng, T, H);
   const auto bf = [&](const Tensor& t) {
     Tensor d = Tensor::empty(t.shape(), DType::BF16, D);
     d.copy_from(t);

@@ -17,6 +17,20 @@ namespace {
 
 const std::vector<int64_t> kLengths{30, 37};  // T = 67 over two documents
 
+// A layer input and output gradient [T, 24] over kLengths, drawn from rng (x first).
+struct LayerIo {
+  SeqInfo seq;
+  Tensor x, dy;
+};
+LayerIo layer_io(Rng& rng) {
+  LayerIo io{.seq = SeqInfo::from_lengths(kLengths)};
+  io.x = Tensor::empty({io.seq.tokens, 24});
+  io.dy = Tensor::empty({io.seq.tokens, 24});
+  fill_normal(rng, io.x);
+  fill_normal(rng, io.dy);
+  return io;
+}
+
 DsaConfig base_config(int64_t topk) {
   DsaConfig c;
   c.mla = {.hidden = 24,
@@ -270,12 +284,9 @@ TEST(DsaLayer, TopkAtLeastTEqualsDenseMlaExactly) {
 // finite differences; this pins it to the per-head path directly.
 void expect_absorbed_equals_per_head(
     const DsaConfig& cfg, const std::function<bool(const std::string&)>& frozen = nullptr) {
-  SeqInfo seq = SeqInfo::from_lengths(kLengths);
   Rng rng(test_seed());
   const uint64_t params = test_seed();
-  Tensor x = Tensor::empty({seq.tokens, 24}), dy = Tensor::empty({seq.tokens, 24});
-  fill_normal(rng, x);
-  fill_normal(rng, dy);
+  auto [seq, x, dy] = layer_io(rng);
   DsaLayer absorbed(cfg), per_head(cfg);
   per_head.set_absorbed(false);
   // The absorbed layer plans its latent-space tensors (kvl, ol; qa is rebuilt in backward) in
@@ -338,12 +349,9 @@ TEST(DsaLayer, AbsorbedEqualsPerHeadLora) {
 void expect_kl_in_backward_equals_forward(const DsaConfig& cfg, bool absorbed) {
   SCOPED_TRACE(cat("topk ", cfg.index_topk, absorbed ? ", absorbed" : ", per head", ", coeff ",
                    cfg.indexer_loss_coeff, cfg.dense_warmup ? ", dense warm-up" : ""));
-  SeqInfo seq = SeqInfo::from_lengths(kLengths);
   Rng rng(test_seed());
   const uint64_t params = test_seed();
-  Tensor x = Tensor::empty({seq.tokens, 24}), dy = Tensor::empty({seq.tokens, 24});
-  fill_normal(rng, x);
-  fill_normal(rng, dy);
+  auto [seq, x, dy] = layer_io(rng);
   DsaLayer fwd_kl(cfg), bwd_kl(cfg);
   fwd_kl.set_absorbed(absorbed);
   bwd_kl.set_absorbed(absorbed);
@@ -391,11 +399,8 @@ TEST(DsaLayer, KlInBackwardEqualsKlInForward) {
 TEST(DsaLayer, KlInBackwardIsWrittenByBackward) {
   DsaConfig cfg = base_config(16);
   cfg.indexer_loss_coeff = 0.5f;
-  SeqInfo seq = SeqInfo::from_lengths(kLengths);
   Rng rng(test_seed());
-  Tensor x = Tensor::empty({seq.tokens, 24}), dy = Tensor::empty({seq.tokens, 24});
-  fill_normal(rng, x);
-  fill_normal(rng, dy);
+  auto [seq, x, dy] = layer_io(rng);
   DsaLayer dsa(cfg);
   ParamTable table;
   std::vector<Tensor> keep;

@@ -176,14 +176,23 @@ TEST(TinyModel, LoraOnlyTrainsAdapters) {
   check_model_gradients(cfg, {.freeze_base = true}, test::test_seed());
 }
 
-TEST(TinyModel, OneAdamWStepLowersTheLoss) {
+// The `tiny` model at a fresh seed, one batch of two documents, a context: the setup of the
+// tests below that step, accumulate or evaluate it.
+struct TinyRun {
   ModelConfig cfg = ModelConfig::load("tiny");
   uint64_t seed = test::test_seed();
-  SCOPED_TRACE(cat("seed=", seed));
-  Rng rng(seed);
-  Model model(cfg, seed);
-  Batch b = test::random_batch(rng, cfg.vocab, {40, 24}, 7);
-  Context ctx(ContextOptions{.seed = seed});
+  Rng rng{seed};
+  Model model{cfg, seed};
+  Batch batch = test::random_batch(rng, cfg.vocab, {40, 24}, 7);
+  Context ctx{ContextOptions{.seed = seed}};
+};
+
+TEST(TinyModel, OneAdamWStepLowersTheLoss) {
+  TinyRun run;
+  SCOPED_TRACE(cat("seed=", run.seed));
+  Model& model = run.model;
+  const Batch& b = run.batch;
+  Context& ctx = run.ctx;
   AdamW opt(model.params(), AdamWOptions{});
   model.params().zero_grad();
   double before = model.forward(ctx, b.seq, b.ids, b.targets);
@@ -198,13 +207,11 @@ TEST(TinyModel, OneAdamWStepLowersTheLoss) {
 // differences). A second backward without zero_grad finds the marks cleared and adds: every
 // gradient is then twice the first (the same batch, so the same terms).
 TEST(TinyModel, ExpertGradientsWrittenFirstThenAccumulated) {
-  ModelConfig cfg = ModelConfig::load("tiny");
-  uint64_t seed = test::test_seed();
-  SCOPED_TRACE(cat("seed=", seed));
-  Rng rng(seed);
-  Model model(cfg, seed);
-  Batch b = test::random_batch(rng, cfg.vocab, {40, 24}, 7);
-  Context ctx(ContextOptions{.seed = seed});
+  TinyRun run;
+  SCOPED_TRACE(cat("seed=", run.seed));
+  Model& model = run.model;
+  const Batch& b = run.batch;
+  Context& ctx = run.ctx;
   const auto is_expert = [](const std::string& n) {
     return n.find(".experts.gate_up_proj") != std::string::npos ||
            n.find(".experts.down_proj") != std::string::npos;
@@ -244,13 +251,11 @@ TEST(TinyModel, ExpertGradientsWrittenFirstThenAccumulated) {
 // An Eval forward gives a Loss forward's loss and auxiliary losses (the DSA KL formed in forward)
 // and refuses the backward it kept nothing for.
 TEST(TinyModel, EvalForwardGivesTheLossAndRefusesBackward) {
-  ModelConfig cfg = ModelConfig::load("tiny");
-  uint64_t seed = test::test_seed();
-  SCOPED_TRACE(cat("seed=", seed));
-  Rng rng(seed);
-  Model model(cfg, seed);
-  Batch b = test::random_batch(rng, cfg.vocab, {40, 24}, 7);
-  Context ctx(ContextOptions{.seed = seed});
+  TinyRun run;
+  SCOPED_TRACE(cat("seed=", run.seed));
+  Model& model = run.model;
+  const Batch& b = run.batch;
+  Context& ctx = run.ctx;
   const double loss = model.forward(ctx, b.seq, b.ids, b.targets);
   std::vector<double> aux;
   for (const AuxLoss& a : model.aux_losses()) aux.push_back(a.value);
