@@ -312,11 +312,11 @@ TEST(CudaConv1d, VarlenForwardBackward) {
       seed);
 }
 
-TEST(CudaKdaGate, ForwardBackward) {
-  REQUIRE_GPU();
+// The gate over T x H heads of K: g, draw and the parameter sums (over the tokens, and for
+// dA_log the head's channels too) against the CPU.
+void check_kda_gate(const char* name, int64_t T, int64_t H, int64_t K) {
   const uint64_t seed = fresh_seed();
   Rng rng(seed);
-  const int64_t T = 211, H = 4, K = 32;
   const ops::KdaGateParams p{.tokens = T, .heads = H, .head_dim = K};
   Tensor raw = randn(rng, {T, H * K}, 4.0);
   raw.f32()[5] = 25.f;  // past softplus's threshold: the identity branch
@@ -327,7 +327,7 @@ TEST(CudaKdaGate, ForwardBackward) {
                          {randn(rng, {H}, 1e-2), false},
                          {randn(rng, {H * K}, 1e-2), false}};
   run_case(
-      "kda_gate", ins, {"g", "draw", "dA_log", "ddt_bias"},
+      name, ins, {"g", "draw", "dA_log", "ddt_bias"},
       [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
         Tensor g = out(c, {T, H * K}, DType::F32), draw = out(c, {T, H * K}, in[0].dtype());
         Tensor da = like(c, in[4]), db = like(c, in[5]);
@@ -335,7 +335,19 @@ TEST(CudaKdaGate, ForwardBackward) {
         OP(kda_gate_backward)(c, p, in[0], in[1], in[2], in[3], draw, da, db);
         return {g, draw, da, db};
       },
-      seed);
+      seed, T* K);  // dA_log: a sum over the tokens and the head's channels
+}
+
+TEST(CudaKdaGate, ForwardBackward) {
+  REQUIRE_GPU();
+  // 16-byte packs of channels (K a multiple of the pack).
+  check_kda_gate("kda_gate", 211, 4, 32);
+}
+
+TEST(CudaKdaGate, OddHeadDimTakesSingleChannels) {
+  REQUIRE_GPU();
+  // K = 13: no pack fits a head, one channel per thread; more rows than one chunk of partials.
+  check_kda_gate("kda_gate_odd", 1500, 3, 13);
 }
 
 // T targets below V, every `every`-th from `first` ignored (-100).
