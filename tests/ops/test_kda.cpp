@@ -244,6 +244,100 @@ TEST(Kda, RecurrentStrongDecay) {
   check_op(c, kda_tol());
 }
 
+// The core with the gate fused (ops::kda_gated_*) against the double gate composed with the
+// double recurrence: o and hT, and through the harness every gradient (q, k, v, graw, A_log and
+// dt_bias accumulating, beta, h0).
+class KdaGatedCase : public OpCase {
+ public:
+  KdaGatedCase(KdaSetup s, double raw_shift, double raw_scale)
+      : s_(std::move(s)),
+        seq_(seq_of(s_)),
+        p_(params_of(s_, seq_)),
+        raw_shift_(raw_shift),
+        raw_scale_(raw_scale) {}
+  std::string name() const override {
+    return cat("kda_gated ", s_.chunked ? "chunked" : "recurrent", " H", s_.heads, " K", s_.head_k,
+               " V", s_.head_v, " raw ", raw_shift_, "+-", raw_scale_);
+  }
+  std::vector<InputSpec> inputs() const override {
+    const int64_t T = seq_.tokens, H = s_.heads, K = s_.head_k, V = s_.head_v;
+    const double shift = raw_shift_, scale = raw_scale_;
+    return {{.name = "q", .shape = {T, H, K}},
+            {.name = "k", .shape = {T, H, K}, .init = init_unit_rows},
+            {.name = "v", .shape = {T, H, V}},
+            {.name = "graw",
+             .shape = {T, H, K},
+             .init =
+                 [shift, scale](Rng& rng, Tensor& t) {
+                   for (int64_t i = 0; i < t.numel(); ++i)
+                     t.f32()[i] = static_cast<float>(shift + scale * rng.normal());
+                 }},
+            {.name = "A_log",
+             .shape = {H},
+             .accumulate = true,
+             .init =
+                 [](Rng& rng, Tensor& t) {
+                   for (int64_t i = 0; i < t.numel(); ++i)
+                     t.f32()[i] = static_cast<float>(std::log(rng.uniform(1.0, 16.0)));
+                 }},
+            {.name = "dt_bias", .shape = {H * K}, .accumulate = true, .scale = 0.5},
+            {.name = "beta", .shape = {T, H}, .init = init_beta},
+            {.name = "h0", .shape = {seq_.num_seqs, H, K, V}, .scale = 0.5}};
+  }
+  std::vector<OutputSpec> outputs() const override { return {{"o"}, {"hT"}}; }
+  std::vector<Tensor> forward(Context& ctx, GuardedAlloc& alloc,
+                              const std::vector<Tensor>& in) override {
+    Tensor o = alloc({seq_.tokens, s_.heads, s_.head_v});
+    Tensor hT = alloc({seq_.num_seqs, s_.heads, s_.head_k, s_.head_v});
+    saved_ = alloc({ops::kda_saved_rows(p_, seq_.cu_seqlens), s_.heads, s_.head_k, s_.head_v});
+    ops::kda_gated_forward(ctx, p_, on_device(ctx, seq_.cu_seqlens), in[0], in[1], in[2], in[3],
+                           in[4], in[5], in[6], in[7], o, hT, saved_, no_prepared_);
+    return {o, hT};
+  }
+  void backward(Context& ctx, GuardedAlloc&, const std::vector<Tensor>& in,
+                const std::vector<Tensor>& dout, std::vector<Tensor>& grads) override {
+    ops::kda_gated_backward(ctx, p_, on_device(ctx, seq_.cu_seqlens), in[0], in[1], in[2], in[3],
+                            in[4], in[5], in[6], saved_, no_prepared_, dout[0], dout[1], grads[0],
+                            grads[1], grads[2], grads[3], grads[4], grads[5], grads[6], grads[7]);
+  }
+  std::vector<DVec> reference(const std::vector<DVec>& in) const override {
+    ref::KdaDims d{
+        .heads = s_.heads, .head_k = s_.head_k, .head_v = s_.head_v, .offsets = seq_.offsets};
+    const DVec g = ref::kda_gate(in[3], in[4], in[5], s_.heads, s_.head_k);
+    auto [o, hT] = ref::kda(d, in[0], in[1], in[2], g, in[6], in[7]);
+    return {o, hT};
+  }
+
+ private:
+  KdaSetup s_;
+  SeqInfo seq_;
+  ops::KdaParams p_;
+  double raw_shift_, raw_scale_;
+  Tensor saved_;
+  Tensor no_prepared_;
+};
+
+// Mild decays (softplus of about -3), several documents, T not a multiple of the chunk.
+TEST(KdaGated, ChunkedMildDecayDocs) {
+  KdaGatedCase c({.lengths = {67, 1, 30}, .heads = 2, .head_k = 8, .head_v = 6, .chunk = 16}, -3.0,
+                 1.0);
+  check_op(c, kda_tol());
+}
+
+// Strong decays: raw spread past softplus's threshold of 20 (its identity branch) with
+// exp(A_log) up to 16.
+TEST(KdaGated, ChunkedStrongDecayPastThreshold) {
+  KdaGatedCase c({.lengths = {40, 29}, .heads = 2, .head_k = 8, .head_v = 6, .chunk = 16}, 15.0,
+                 10.0);
+  check_op(c, kda_tol());
+}
+
+TEST(KdaGated, Recurrent) {
+  KdaGatedCase c({.lengths = {23, 9}, .heads = 2, .head_k = 8, .head_v = 6, .chunked = false}, -1.0,
+                 2.0);
+  check_op(c, kda_tol());
+}
+
 // The chunked form against the recurrence on the same inputs: outputs and every gradient.
 void chunked_matches_recurrent(bool strong_decay) {
   const std::vector<int64_t> lengths = {67, 1, 64, 30, 130};
