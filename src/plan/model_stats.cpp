@@ -302,10 +302,11 @@ double mixer_scratch(const ModelConfig& cfg, MixerKind k, int64_t T, int64_t max
       const int64_t chunks = (T + cp.chunk - 1) / cp.chunk + docs;
       // Kept prepared products live with the layer's activations (KdaLayer::plan_activations).
       const bool keeps = KdaLayer::keeps_prepared(device, cp);
+      const bool gated = KdaLayer::fuses_gate(device, cp);
       core_fwd = fp32(static_cast<double>(
-          ops::kda_chunk_workspace_floats(cp, chunks, false, keeps, act_dtype)));
-      core_bwd = fp32(
-          static_cast<double>(ops::kda_chunk_workspace_floats(cp, chunks, true, keeps, act_dtype)));
+          ops::kda_chunk_workspace_floats(cp, chunks, false, keeps, act_dtype, gated)));
+      core_bwd = fp32(static_cast<double>(
+          ops::kda_chunk_workspace_floats(cp, chunks, true, keeps, act_dtype, gated)));
     }
     // Backward: dog, don, dgb, dga, dcore, dq, dk, dv (activation dtype), dg and dbeta (fp32)
     // live around the core's own scratch; then the largest of the later groups (two more
