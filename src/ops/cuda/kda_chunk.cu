@@ -1066,18 +1066,18 @@ __device__ void gate_grads(const Args& a, int64_t c, int64_t h, int64_t t0, int 
 }
 
 // The fused gate's parameter gradients from gpart (gate_grads), over the chunks in order (unused
-// chunk rows skipped): blocks [0, dt_blocks) a thread per channel of ddt_bias, then a block per
-// head of da_log (block_sum's fixed tree). Both accumulate (+=).
+// chunk rows skipped): blocks [0, dt_blocks) kSumCols channels of ddt_bias each (column_sum),
+// then a block per head of da_log (block_sum's fixed tree). Both accumulate (+=). kThreads
+// threads.
 __global__ void gate_sum_kernel(Args a, unsigned dt_blocks, float* ddt_bias, float* da_log) {
+  namespace gm = kda_gate_math;
   const int64_t K = a.K, HK = a.H * K;
   if (blockIdx.x < dt_blocks) {
-    const int64_t ch = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-    if (!ddt_bias || ch >= HK) return;
-    const int64_t h = ch / K, x = ch - h * K;
-    float s = 0.f;
-    for (int64_t c = 0; c < a.nchunks; ++c)
-      if (a.clen[c] > 0) s += a.gpart[(c * a.H + h) * 2 * K + x];
-    ddt_bias[ch] += s;
+    const int64_t ch = blockIdx.x * static_cast<int64_t>(gm::kSumCols) + threadIdx.x % gm::kSumCols;
+    const bool in = ddt_bias && ch < HK;
+    const int64_t h = in ? ch / K : 0, x = in ? ch - h * K : 0;
+    const float s = gm::column_sum(a.gpart + h * 2 * K + x, a.nchunks, 2 * HK, a.clen, in);
+    if (in && threadIdx.x < gm::kSumCols) ddt_bias[ch] += s;
     return;
   }
   if (!da_log) return;  // uniform over the block
@@ -1600,7 +1600,8 @@ void gate_sums(Context& ctx, const Args& a, const KdaChunkGate& gate) {
   const bool want_dt = gate.ddt_bias && gate.ddt_bias->defined() && gate.ddt_bias->numel(),
              want_a = gate.da_log && gate.da_log->defined() && gate.da_log->numel();
   if (!want_dt && !want_a) return;
-  const unsigned dt_blocks = blocks_for(a.H * a.K, kThreads);
+  static_assert(kThreads == kda_gate_math::kSumCols * kda_gate_math::kSumGroups);
+  const unsigned dt_blocks = blocks_for(a.H * a.K, kda_gate_math::kSumCols);
   gate_sum_kernel<<<dt_blocks + static_cast<unsigned>(a.H), kThreads, 0, stream(ctx)>>>(
       a, dt_blocks, want_dt ? ptr<float>(*gate.ddt_bias) : nullptr,
       want_a ? ptr<float>(*gate.da_log) : nullptr);

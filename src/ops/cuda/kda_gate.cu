@@ -118,18 +118,17 @@ __global__ void gate_bwd_kernel(int64_t rows, int64_t HK, int K, int64_t per_chu
   if (part_a) part_a[blockIdx.y * (HK / V) + pk] = sa;
 }
 
-// Blocks [0, dt_blocks): ddt_bias[c] += sum over chunks of part_dt; the next `heads` blocks:
-// dA_log[h] += sum over chunks and the head's packs of part_a, in a fixed order (block_sum's tree
-// over a fixed assignment).
+// Blocks [0, dt_blocks): ddt_bias[c] += sum over chunks of part_dt, kSumCols channels a block
+// (column_sum); the next `heads` blocks: dA_log[h] += sum over chunks and the head's packs of
+// part_a. Both in a fixed order (block_sum's tree over a fixed assignment). kThreads threads.
 __global__ void gate_finish_kernel(int64_t chunks, int64_t HK, int64_t npacks,
                                    int64_t packs_per_head, unsigned dt_blocks, const float* part_dt,
                                    const float* part_a, float* ddt_bias, float* da_log) {
   if (blockIdx.x < dt_blocks) {
-    const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-    if (!ddt_bias || c >= HK) return;
-    float s = 0.f;
-    for (int64_t k = 0; k < chunks; ++k) s += part_dt[k * HK + c];
-    ddt_bias[c] += s;  // parameter gradients accumulate
+    const int64_t c = blockIdx.x * static_cast<int64_t>(gm::kSumCols) + threadIdx.x % gm::kSumCols;
+    const bool in = ddt_bias && c < HK;
+    const float s = gm::column_sum(part_dt + (in ? c : 0), chunks, HK, nullptr, in);
+    if (in && threadIdx.x < gm::kSumCols) ddt_bias[c] += s;  // parameter gradients accumulate
     return;
   }
   if (!da_log) return;  // uniform over the block
@@ -203,7 +202,8 @@ void kda_gate_backward(Context& ctx, const KdaGateParams& p, const Tensor& raw, 
           ptr<float>(dt_bias), ptr<float>(dg), ptr<T>(draw), part_dt, part_a);
       MT_CUDA_LAUNCH_CHECK();
       if (!want_dt && !want_a) return;
-      const unsigned dt_blocks = blocks_for(HK, kThreads);
+      static_assert(kThreads == gm::kSumCols * gm::kSumGroups, "column_sum's block");
+      const unsigned dt_blocks = blocks_for(HK, gm::kSumCols);
       gate_finish_kernel<<<dt_blocks + static_cast<unsigned>(p.heads), kThreads, 0, stream(ctx)>>>(
           chunks, HK, npacks, K / V, dt_blocks, part_dt, part_a,
           want_dt ? ptr<float>(ddt_bias) : nullptr, want_a ? ptr<float>(da_log) : nullptr);
