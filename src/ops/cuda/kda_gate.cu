@@ -77,6 +77,7 @@ __global__ void gate_fwd_kernel(int64_t rows, int64_t HK, int K, const T* raw, c
   const float a = expf(a_log[c0 / K]);
   float db[V];
   load_v<float, V>(dt_bias + c0, db);
+#pragma unroll 4
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     float x[V];
     load_v<T, V>(raw + r * HK + c0, x);
