@@ -48,6 +48,9 @@ struct DsaBenchOptions {
   // layer runs it, in the absorbed MQA form (576-wide shared entries, 512-wide values, the
   // per-head W_UK / W_UV products included); 0: over the per-head keys.
   int64_t kv_rank = 512, rope_dim = 64;
+  // The generation of the absorbed form's kernels the layer timings run (ops::SparseMqaKernels:
+  // split or chained); the kernels' own fields time both either way.
+  std::string mqa_kernels = "split";
   int64_t warmup = 1, iters = 3;
   double workspace_gib = 8;
 };
@@ -217,11 +220,12 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
   // Heads whose q rows the fused kernel keeps in shared memory (fewer than index_heads: staged a
   // slice at a time per key tile).
   r["selection_resident_heads"] = ops::IndexerTopkTile::resident_heads(HI, DI);
-  if (absorbed)
+  if (absorbed) {
     r["attention_path"] = ops::sparse_mqa_fits(H, mp.qk_dim, mp.v_dim) && !ctx.deterministic()
                               ? "absorbed mqa, tensor cores"
                               : "absorbed mqa, composite (direct kernels)";
-  else
+    r["mqa_kernels"] = ops::sparse_mqa_kernels_name(ops::sparse_mqa_kernels());
+  } else
     r["attention_path"] =
         ops::sparse_attention_fits(H, Hk, o.qk_dim, o.v_dim) ? "tensor cores" : "direct";
   r["indexer_selection_fwd_ms"] = time(select);
@@ -247,6 +251,25 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
     attn_fwd();
     attn_bwd_target(absorbed ? target : none);
   });
+  if (absorbed) {
+    // The sparse MQA kernels alone, each generation in the same run (ops::SparseMqaKernels): the
+    // forward, and the backward writing the KL target as a training step runs it (its f32
+    // key-gradient sum's zeroing and rounding to bf16 included); qa and dol as the parts above
+    // left them.
+    const ops::SparseMqaKernels chosen = ops::sparse_mqa_kernels();
+    for (const ops::SparseMqaKernels g :
+         {ops::SparseMqaKernels::Split, ops::SparseMqaKernels::Chained}) {
+      ops::sparse_mqa_set_kernels(g);
+      const std::string n = ops::sparse_mqa_kernels_name(g);
+      ArenaScope scope(ctx.workspace());
+      Tensor target = ctx.workspace().alloc({T, K}, DType::F32);
+      r["mqa_fwd_ms_" + n] = time([&] { ops::sparse_mqa_forward(ctx, mp, qa, kvl, idx, ol, lse); });
+      r["mqa_bwd_ms_" + n] = time([&] {
+        ops::sparse_mqa_backward(ctx, mp, qa, kvl, idx, ol, lse, dol, dqa, dkvl, target);
+      });
+    }
+    ops::sparse_mqa_set_kernels(chosen);
+  }
   r["kl_fwd_ms"] = time(kl_fwd);
   r["kl_fwdbwd_ms"] = time([&] {
     kl_fwd();
@@ -816,6 +839,10 @@ nlohmann::json run_moe_bench(const MoeBenchOptions& o, std::ostream& log) {
 
 nlohmann::json run_dsa_bench(const DsaBenchOptions& o, std::ostream& log) {
   MT_CHECK(cuda_available(), ValueError, "bench dsa: needs a GPU (and a binary built with CUDA)");
+  MT_CHECK(o.mqa_kernels == "split" || o.mqa_kernels == "chained", ValueError,
+           "bench dsa: --mqa-kernels wants split or chained, got \"", o.mqa_kernels, "\"");
+  ops::sparse_mqa_set_kernels(o.mqa_kernels == "split" ? ops::SparseMqaKernels::Split
+                                                       : ops::SparseMqaKernels::Chained);
   nlohmann::json j = {{"heads", o.heads},
                       {"kv_heads", o.kv_heads ? o.kv_heads : o.heads},
                       {"qk_dim", o.qk_dim},
@@ -909,6 +936,10 @@ Command add_bench_command(CLI::App& app) {
                  "(0: over the per-head keys)")
       ->capture_default_str();
   ds->add_option("--rope-dim", d->rope_dim, "rotary part of qk-dim")->capture_default_str();
+  ds->add_option("--mqa-kernels", d->mqa_kernels,
+                 "the absorbed form's kernels for the layer timings: split or chained (the "
+                 "mqa_*_ms_* fields time both)")
+      ->capture_default_str();
   ds->add_option("--iters", d->iters, "timed runs per part")->capture_default_str();
   ds->add_option("--workspace-gib", d->workspace_gib, "op scratch on the device")
       ->capture_default_str();

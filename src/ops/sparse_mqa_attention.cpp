@@ -31,6 +31,8 @@ void check_prob_sum(const SparseMqaParams& p, const Tensor& out) {
            dtype_name(out.dtype()));
 }
 
+SparseMqaKernels kernels_in_use = SparseMqaKernels::Split;
+
 AttentionParams per_head(const SparseMqaParams& p) {
   return {.tokens = p.tokens,
           .heads = p.heads,
@@ -45,6 +47,18 @@ AttentionParams per_head(const SparseMqaParams& p) {
 
 bool sparse_mqa_fits(int64_t heads, int64_t qk_dim, int64_t v_dim) {
   return heads > 0 && qk_dim == 576 && v_dim == 512;
+}
+
+void sparse_mqa_set_kernels(SparseMqaKernels k) {
+  kernels_in_use = k;
+}
+
+SparseMqaKernels sparse_mqa_kernels() {
+  return kernels_in_use;
+}
+
+const char* sparse_mqa_kernels_name(SparseMqaKernels k) {
+  return k == SparseMqaKernels::Split ? "split" : "chained";
 }
 
 void sparse_mqa_forward(Context& ctx, const SparseMqaParams& p, const Tensor& q, const Tensor& kv,

@@ -57,6 +57,18 @@ SparseMqaProbSum sparse_mqa_prob_sum;
 // one key head: the direct kernels, whose key gradients have one writer each).
 bool sparse_mqa_fits(int64_t heads, int64_t qk_dim, int64_t v_dim);
 
+// Which generation of the tensor-core kernels the CUDA bodies run: Split (session 13, the
+// default: independent MMA accumulator chains, one barrier less per key tile in forward, and a
+// backward with one key buffer whose next gather overlaps the key-gradient products, which lets
+// two 32-head blocks share an SM) or Chained (the kernels before it). The two agree up to fp32
+// summation order. Kept so that `moetrain bench dsa` times both in one run and the device tests
+// check both; process-wide and not synchronised, like kda_set_tensor_core_prep: flip it only
+// while no sparse MQA kernel is being launched.
+enum class SparseMqaKernels { Chained, Split };
+void sparse_mqa_set_kernels(SparseMqaKernels k);
+SparseMqaKernels sparse_mqa_kernels();
+const char* sparse_mqa_kernels_name(SparseMqaKernels k);
+
 // The composite both backends fall back on: the values copied out of kv, attention_* with one
 // key head, and the value gradient added into dkv's first Dv columns. Its parts dispatch.
 SparseMqaForward sparse_mqa_composite_forward;

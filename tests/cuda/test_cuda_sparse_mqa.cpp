@@ -5,11 +5,16 @@
 // tensor-core kernels and must stay within the bf16 row of the tolerance table; the f32 pass runs
 // the composite (the direct kernels). Lists as the top-k writes them (increasing, -1 padded) and
 // scattered ones with duplicates and unused slots, varlen documents, T and list lengths off the
-// 32-key tile, head counts that leave padded MMA rows. Without a GPU every test skips, saying so.
+// 32-key tile, head counts that leave padded MMA rows. Every case runs both generations of the
+// kernels (ops::SparseMqaKernels: Split, the default, and Chained), each against the CPU; Split's
+// own edges (one key buffer whose next gather starts mid-tile, no end-of-tile barrier) get lists of
+// one tile, a second tile of one slot, and a tile with no valid slot between valid ones. Without a
+// GPU every test skips, saying so.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "harness/gpu_check.h"
 #include "ops/sparse_mqa_attention.h"
@@ -20,7 +25,9 @@ namespace {
 // Row t of a document starting at b: its causal keys b .. t when they fit in K slots, else K of
 // them drawn without replacement, sorted, t always among them; then -1. `scatter` shuffles the
 // row, turns a fifth of the slots into -1 and repeats some positions (t stays if all go).
-Tensor lists(Rng& rng, const std::vector<int64_t>& lengths, int64_t K, bool scatter) {
+// `blank`: slots blank .. blank + 31 become -1 in every row (a key tile without a valid slot).
+Tensor lists(Rng& rng, const std::vector<int64_t>& lengths, int64_t K, bool scatter,
+             int64_t blank = -1) {
   int64_t T = 0;
   for (int64_t l : lengths) T += l;
   Tensor table = Tensor::empty({T, K}, DType::I32);
@@ -38,6 +45,8 @@ Tensor lists(Rng& rng, const std::vector<int64_t>& lengths, int64_t K, bool scat
       if (scatter)
         for (int32_t& s : keys)
           s = rng.uniform() < 0.2 ? -1 : (rng.uniform() < 0.1 ? static_cast<int32_t>(t) : s);
+      if (blank >= 0)
+        for (int64_t j = blank; j < std::min(K, blank + 32); ++j) keys[static_cast<size_t>(j)] = -1;
       // No empty rows here (their lse is -inf on both sides; tests/ops covers them).
       if (std::all_of(keys.begin(), keys.end(), [](int32_t s) { return s < 0; }))
         keys[0] = static_cast<int32_t>(t);
@@ -64,10 +73,18 @@ void expect_same_target(const Tensor& prob, const Tensor& pb, const char* name, 
                     << "): backward's target vs sparse_mqa_prob_sum, worst |diff| " << worst;
 }
 
-void check_mqa(const char* name, int64_t H, int64_t K, const std::vector<int64_t>& lengths,
-               bool scatter, uint64_t seed, Rng& rng) {
+// Runs the CUDA bodies on one generation of the kernels for its scope (ops/sparse_mqa_attention.h).
+struct WithKernels {
+  explicit WithKernels(ops::SparseMqaKernels k) { ops::sparse_mqa_set_kernels(k); }
+  ~WithKernels() { ops::sparse_mqa_set_kernels(ops::SparseMqaKernels::Split); }
+  WithKernels(const WithKernels&) = delete;
+  WithKernels& operator=(const WithKernels&) = delete;
+};
+
+void check_one(const std::string& name, int64_t H, int64_t K, const std::vector<int64_t>& lengths,
+               bool scatter, int64_t blank, uint64_t seed, Rng& rng) {
   ASSERT_TRUE(ops::sparse_mqa_fits(H, 576, 512)) << name;
-  const Tensor table = lists(rng, lengths, K, scatter);
+  const Tensor table = lists(rng, lengths, K, scatter, blank);
   const int64_t T = table.dim(0);
   // DeepSeek-V3.2's scale (192^-0.5 times the YaRN mscale squared), not 576^-0.5.
   const ops::SparseMqaParams p{
@@ -77,7 +94,7 @@ void check_mqa(const char* name, int64_t H, int64_t K, const std::vector<int64_t
                          {table, false},
                          {randn(rng, {T, H, 512})}};
   run_case(
-      name, ins,
+      name.c_str(), ins,
       {"o", "lse", "prob_sum", "dq", "dkv", "bwd prob_sum", "dq (with it)", "dkv (with it)"},
       [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
         const DType dt = in[0].dtype();
@@ -92,11 +109,22 @@ void check_mqa(const char* name, int64_t H, int64_t K, const std::vector<int64_t
         Tensor pb = out(c, {T, K}, DType::F32);
         Tensor dq2 = out(c, in[0].shape(), dt), dkv2 = out(c, in[1].shape(), dt);
         OP(sparse_mqa_backward)(c, p, in[0], in[1], in[2], o, lse, in[3], dq2, dkv2, pb);
-        expect_same_target(prob, pb, name, gpu, dt);
+        expect_same_target(prob, pb, name.c_str(), gpu, dt);
         return {o, lse, prob, dq, dkv, pb, dq2, dkv2};
       },
       // A key's gradient sums over every (query, head) that lists it.
       seed, T* H);
+}
+
+// The case on each generation of the kernels, fresh inputs for each.
+void check_mqa(const char* name, int64_t H, int64_t K, const std::vector<int64_t>& lengths,
+               bool scatter, uint64_t seed, Rng& rng, int64_t blank = -1) {
+  for (const ops::SparseMqaKernels k :
+       {ops::SparseMqaKernels::Split, ops::SparseMqaKernels::Chained}) {
+    const WithKernels use(k);
+    check_one(std::string(name) + " [" + ops::sparse_mqa_kernels_name(k) + " kernels]", H, K,
+              lengths, scatter, blank, seed, rng);
+  }
 }
 
 TEST(CudaSparseMqa, Heads16_32_64) {
@@ -122,6 +150,19 @@ TEST(CudaSparseMqa, LargerSelection) {
   const uint64_t seed = fresh_seed();
   Rng rng(seed);
   check_mqa("T=700 k=256", 32, 256, {500, 200}, false, seed, rng);
+}
+
+// The Split kernels' tile edges: one tile (no gather inside the loop), a second tile of one
+// slot, and a tile whose slots are all unused between valid ones (its barriers without work, the
+// next gather still issued), at 32 and 16 heads.
+TEST(CudaSparseMqa, SplitTileEdges) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  check_mqa("32 heads, one tile of 20 slots", 32, 20, {40, 23}, false, seed, rng);
+  check_mqa("32 heads, k=33", 32, 33, {90}, true, seed, rng);
+  check_mqa("32 heads, second tile blank", 32, 96, {120}, false, seed, rng, 32);
+  check_mqa("16 heads, first tile blank, scattered", 16, 70, {60, 50}, true, seed, rng, 0);
 }
 
 }  // namespace

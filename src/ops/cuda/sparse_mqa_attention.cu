@@ -163,6 +163,69 @@ __device__ __forceinline__ void scores(float c[4], const bf16* A, int lda, int r
   }
 }
 
+// s = A B^T as `scores` forms it, over two accumulators (even and odd k steps) added at the
+// end: one chain of D / 16 dependent MMAs waits out the MMA's latency at every step (at two to
+// four warps per SM sub-partition nothing else fills it), two chains halve that wait. The Split
+// kernels' forward, backward (scores_dp: the same chains) and prob sum all form S this way, so
+// the backward's P and the KL target agree with the forward's lse and with each other bit for
+// bit, as the Chained kernels' single chains do.
+template <int D>
+__device__ __forceinline__ void scores2(float s[4], const bf16* A, int lda, int rg, const bf16* B,
+                                        int n0, int lane) {
+  static_assert(D % 32 == 0, "whole pairs of k steps");
+  float c[2][4] = {};
+#pragma unroll 3
+  for (int kk = 0; kk < D / 16; kk += 2) {
+    uint32_t a[2][4], b[2][2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      mma::ldsm_a(a[j], A, lda, 16 * rg, 16 * (kk + j), lane);
+      mma::ldsm_b_nk(b[j], B, kLd, n0, 16 * (kk + j), lane);
+    }
+    mma::mma_bf16(c[0], a[0], b[0]);
+    mma::mma_bf16(c[1], a[1], b[1]);
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) s[e] = c[0][e] + c[1][e];
+}
+
+// The Split backward's S = q k^T (576 dims, in scores2's two chains) and dP = dout v^T (the
+// keys' first 512 dims, two chains of its own) for keys n0 .. n0 + 7: each key fragment feeds
+// both products (the Chained kernel loaded it twice) and four chains overlap.
+__device__ __forceinline__ void scores_dp(float s[4], float dp[4], const bf16* Qs, const bf16* Os,
+                                          int rg, const bf16* Ks, int n0, int lane) {
+  static_assert(kDv % 32 == 0 && (kDk - kDv) % 32 == 0, "whole pairs of k steps");
+  float cs[2][4] = {}, cd[2][4] = {};
+#pragma unroll 2
+  for (int kk = 0; kk < kDv / 16; kk += 2) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      uint32_t aq[4], ao[4], b[2];
+      mma::ldsm_a(aq, Qs, kLd, 16 * rg, 16 * (kk + j), lane);
+      mma::ldsm_a(ao, Os, kLdv, 16 * rg, 16 * (kk + j), lane);
+      mma::ldsm_b_nk(b, Ks, kLd, n0, 16 * (kk + j), lane);
+      mma::mma_bf16(cs[j], aq, b);
+      mma::mma_bf16(cd[j], ao, b);
+    }
+  }
+#pragma unroll
+  for (int kk = kDv / 16; kk < kDk / 16; kk += 2) {  // the rope dims: S only
+    uint32_t aq[2][4], b[2][2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      mma::ldsm_a(aq[j], Qs, kLd, 16 * rg, 16 * (kk + j), lane);
+      mma::ldsm_b_nk(b[j], Ks, kLd, n0, 16 * (kk + j), lane);
+    }
+    mma::mma_bf16(cs[0], aq[0], b[0]);
+    mma::mma_bf16(cs[1], aq[1], b[1]);
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    s[e] = cs[0][e] + cs[1][e];
+    dp[e] = cd[0][e] + cd[1][e];
+  }
+}
+
 // c[jn] += X[16 rows of rg][kSlots] B[kSlots][n0 + 8 jn ..] with X (P or dS) in shared memory.
 template <int NT>
 __device__ __forceinline__ void times_tile(float (&c)[NT][4], const bf16* X, int rg, const bf16* B,
@@ -186,8 +249,12 @@ constexpr size_t fwd_smem() {
          sizeof(float) * 16 * R * kCols + sizeof(int) * 2 * kSlots;
 }
 
-template <int R>
-__global__ void __launch_bounds__(R* kCols * 32)
+// Split (the SparseMqaKernels choice): S in scores2's two chains, and the next tile's gather
+// issued right after the barrier that publishes this one, which every warp reaches only when done
+// with the previous tile's buffer, P and maxima: the end-of-tile barrier goes (three per tile,
+// not four).
+template <int R, bool Split>
+__global__ void __launch_bounds__(R* kCols * 32, Split ? 2 : 0)
     mqa_fwd_kernel(Launch l, const bf16* q, const bf16* kv, const int32_t* idx, bf16* o,
                    float* lse) {
   constexpr int M = 16 * R;
@@ -205,12 +272,25 @@ __global__ void __launch_bounds__(R* kCols * 32)
   float acc[kVCols / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.f, 0.f};
   for (int it = 0; it < tiles; ++it) {
-    const int b = next_tile(l, buf, slots, kv, row, it, tiles);
+    int b = it & 1;
+    if constexpr (Split) {
+      mma::cp_async_wait<0>();
+      __syncthreads();  // tile it landed; every warp is done with tile it - 1
+      if (it + 1 < tiles)
+        gather(buf[b ^ 1], slots + (b ^ 1) * kSlots, kv, l.T, row,
+               static_cast<int64_t>(it + 1) * kSlots, l.K);
+      mma::cp_async_commit();
+    } else {
+      b = next_tile(l, buf, slots, kv, row, it, tiles);
+    }
     const int* sl = slots + b * kSlots;
     const bf16* Ks = buf[b];
     if (__any_sync(0xffffffffu, sl[lane] >= 0)) {  // block-uniform
       float s[4] = {};
-      scores<kDk>(s, Qs, kLd, rg, Ks, 8 * cg, lane);
+      if constexpr (Split)
+        scores2<kDk>(s, Qs, kLd, rg, Ks, 8 * cg, lane);
+      else
+        scores<kDk>(s, Qs, kLd, rg, Ks, 8 * cg, lane);
       float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -250,7 +330,8 @@ __global__ void __launch_bounds__(R* kCols * 32)
       __syncthreads();  // P of all four key quarters
       times_tile<kVCols / 8>(acc, Ps, rg, Ks, kVCols * cg, lane);
     }
-    __syncthreads();  // every warp is done with this buffer, P and red before they are refilled
+    // Chained: every warp is done with this buffer, P and red before they are refilled.
+    if constexpr (!Split) __syncthreads();
   }
   const float part[2] = {mma::quad_sum(lsum[0]), mma::quad_sum(lsum[1])};
   if (c == 0) {
@@ -275,12 +356,18 @@ __global__ void __launch_bounds__(R* kCols * 32)
   }
 }
 
-template <int R>
+// The Split backward keeps one key buffer (the Chained one two): 113,920 bytes at 32 heads, so
+// two blocks share an SM (2 x (111.25 + 1) KiB of the 228).
+template <int R, bool Split>
 constexpr size_t bwd_smem() {
-  return sizeof(bf16) * (16 * R * (kLd + kLdv) + 2 * kSlots * kLd + 2 * 16 * R * kLp) +
+  constexpr int buffers = Split ? 1 : 2;
+  return sizeof(bf16) * (16 * R * (kLd + kLdv) + buffers * kSlots * kLd + 2 * 16 * R * kLp) +
          sizeof(float) * (2 * 16 * R + R * kSlots) + sizeof(int) * 2 * kSlots;
 }
-static_assert(bwd_smem<kMaxRows>() <= 232448, "the backward's tiles fit Hopper's shared memory");
+static_assert(bwd_smem<kMaxRows, false>() <= 232448,
+              "the backward's tiles fit Hopper's shared memory");
+static_assert(2 * (bwd_smem<2, true>() + 1024) <= 233472,
+              "two 32-head Split backward blocks fit an SM");
 
 // The KL target's share of one tile (mqa_prob_sum_kernel and mqa_bwd_kernel, which must agree bit
 // for bit): the lane's P of rows r0 and r1 for its two key columns summed over the fragment's
@@ -334,8 +421,38 @@ __device__ __forceinline__ void add_key_rows(float* dst, const int* sl, int m0, 
   atomicAdd(reinterpret_cast<float4*>(dst + static_cast<int64_t>(s) * kDk + col), v);
 }
 
+// Column tile n of the tile's key gradient (the Split backward): dS^T q and P^T dout in
+// accumulators of their own, added before the atomics, so two chains of R MMAs overlap where the
+// Chained loop waited on one chain of 2 R. (Two tiles at a time, four chains, spill at 128
+// registers.)
 template <int R>
-__global__ void __launch_bounds__(R* kCols * 32)
+__device__ __forceinline__ void key_grad_tile(float* dkv_acc, const int* sl, int m0, int n,
+                                              const uint32_t (&ad)[R][4],
+                                              const uint32_t (&ap)[R][4], const bf16* Qs,
+                                              const bf16* Os, int lane) {
+  float cq[4] = {}, co[4] = {};
+#pragma unroll
+  for (int kk = 0; kk < R; ++kk) {
+    uint32_t bq[2];
+    mma::load_b_kn(bq, Qs, kLd, 16 * kk, 8 * n, lane);
+    mma::mma_bf16(cq, ad[kk], bq);
+    if (8 * n < kDv) {  // the value columns: + P^T dout
+      uint32_t bo[2];
+      mma::load_b_kn(bo, Os, kLdv, 16 * kk, 8 * n, lane);
+      mma::mma_bf16(co, ap[kk], bo);
+    }
+  }
+  const float cf[4] = {cq[0] + co[0], cq[1] + co[1], cq[2] + co[2], cq[3] + co[3]};
+  add_key_rows(dkv_acc, sl, m0, n, cf, lane);
+}
+
+// Split (the SparseMqaKernels choice): S and dP through scores_dp; one key buffer, whose next
+// tile is gathered once dq += dS K is done with it, under the key-gradient products (which read
+// only q, dout, P and dS), behind a barrier that replaces the end-of-tile one; the key gradient
+// in two chains per column tile (key_grad_tile). Blocks of up to 32 heads only (with_split): two
+// share an SM (bwd_smem, and at most 128 registers a thread).
+template <int R, bool Split>
+__global__ void __launch_bounds__(R* kCols * 32, Split ? 2 : 0)
     mqa_bwd_kernel(Launch l, const bf16* q, const bf16* kv, const int32_t* idx, const bf16* o,
                    const float* lse, const bf16* dout, bf16* dq, float* dkv_acc, float* psum,
                    bool padd) {
@@ -346,7 +463,8 @@ __global__ void __launch_bounds__(R* kCols * 32)
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Qs = reinterpret_cast<bf16*>(smem);  // [M][kLd]
   bf16* Os = Qs + M * kLd;                   // [M][kLdv] dout
-  bf16* const buf[2] = {Os + M * kLdv, Os + M * kLdv + kSlots * kLd};
+  // Key tiles [Split ? 1 : 2][kSlots][kLd] (Split: both names are the one buffer).
+  bf16* const buf[2] = {Os + M * kLdv, Os + M * kLdv + (Split ? 0 : kSlots * kLd)};
   bf16* Ps = buf[1] + kSlots * kLd;                        // [M][kLp]
   bf16* Ds = Ps + M * kLp;                                 // [M][kLp] scale * dS
   float* lse2 = reinterpret_cast<float*>(Ds + M * kLp);    // [M] log2 units
@@ -373,14 +491,24 @@ __global__ void __launch_bounds__(R* kCols * 32)
   }
   float acc[kQCols / 8][4] = {};
   for (int it = 0; it < tiles; ++it) {
-    const int b = next_tile(l, buf, slots, kv, row, it, tiles);  // also Delta and lse
+    int b = it & 1;  // Split: the slot list's buffer (the keys have one)
+    if constexpr (Split) {
+      mma::cp_async_wait<0>();
+      __syncthreads();  // tile it landed (also Delta and lse); every warp is done with tile it - 1
+    } else {
+      b = next_tile(l, buf, slots, kv, row, it, tiles);  // also Delta and lse
+    }
     const int* sl = slots + b * kSlots;
-    const bf16* Ks = buf[b];
+    const bf16* Ks = buf[Split ? 0 : b];
     const bool any = __any_sync(0xffffffffu, sl[lane] >= 0);  // block-uniform
     if (any) {
       float s[4] = {}, dp[4] = {};
-      scores<kDk>(s, Qs, kLd, rg, Ks, 8 * cg, lane);
-      scores<kDv>(dp, Os, kLdv, rg, Ks, 8 * cg, lane);
+      if constexpr (Split) {
+        scores_dp(s, dp, Qs, Os, rg, Ks, 8 * cg, lane);
+      } else {
+        scores<kDk>(s, Qs, kLd, rg, Ks, 8 * cg, lane);
+        scores<kDv>(dp, Os, kLdv, rg, Ks, 8 * cg, lane);
+      }
       const float lr[2] = {lse2[r0], lse2[r1]}, dr[2] = {dl[r0], dl[r1]};
       float p[4];
 #pragma unroll
@@ -398,10 +526,19 @@ __global__ void __launch_bounds__(R* kCols * 32)
       if (psum) head_sum_part(part, p, rg, cg, c, lane);
     }
     __syncthreads();  // P and dS of every key quarter (and the target's sums)
-    // part is next written after the end-of-tile barrier, so warp 0 reads it before its MMAs.
+    // part is next written after the next tile's first barrier, so warp 0 reads it now.
     if (psum) write_prob_sum<R>(psum, part, l, t, it, any, padd);
+    if constexpr (Split) {
+      if (any) times_tile<kQCols / 8>(acc, Ds, rg, Ks, kQCols * cg, lane);  // dq += dS K
+      if (it + 1 < tiles) {
+        __syncthreads();  // every warp is done with the keys: gather the next tile meanwhile
+        gather(buf[0], slots + (b ^ 1) * kSlots, kv, l.T, row,
+               static_cast<int64_t>(it + 1) * kSlots, l.K);
+        mma::cp_async_commit();
+      }
+    }
     if (any) {
-      times_tile<kQCols / 8>(acc, Ds, rg, Ks, kQCols * cg, lane);  // dq += dS K
+      if constexpr (!Split) times_tile<kQCols / 8>(acc, Ds, rg, Ks, kQCols * cg, lane);  // dq
       const int m0 = 16 * (w & 1), n_begin = NT * (w >> 1);
       uint32_t ad[R][4], ap[R][4];
 #pragma unroll
@@ -409,24 +546,31 @@ __global__ void __launch_bounds__(R* kCols * 32)
         mma::ldsm_a_trans(ad[kk], Ds, kLp, m0, 16 * kk, lane);
         mma::ldsm_a_trans(ap[kk], Ps, kLp, m0, 16 * kk, lane);
       }
+      if constexpr (Split) {
 #pragma unroll 1
-      for (int n = n_begin; n < n_begin + NT; ++n) {
-        float cf[4] = {};
+        for (int n = n_begin; n < n_begin + NT; ++n)
+          key_grad_tile<R>(dkv_acc, sl, m0, n, ad, ap, Qs, Os, lane);
+      } else {
+#pragma unroll 1
+        for (int n = n_begin; n < n_begin + NT; ++n) {
+          float cf[4] = {};
 #pragma unroll
-        for (int kk = 0; kk < R; ++kk) {
-          uint32_t bq[2];
-          mma::load_b_kn(bq, Qs, kLd, 16 * kk, 8 * n, lane);
-          mma::mma_bf16(cf, ad[kk], bq);
-          if (8 * n < kDv) {  // the value columns: + P^T dout
-            uint32_t bo[2];
-            mma::load_b_kn(bo, Os, kLdv, 16 * kk, 8 * n, lane);
-            mma::mma_bf16(cf, ap[kk], bo);
+          for (int kk = 0; kk < R; ++kk) {
+            uint32_t bq[2];
+            mma::load_b_kn(bq, Qs, kLd, 16 * kk, 8 * n, lane);
+            mma::mma_bf16(cf, ad[kk], bq);
+            if (8 * n < kDv) {  // the value columns: + P^T dout
+              uint32_t bo[2];
+              mma::load_b_kn(bo, Os, kLdv, 16 * kk, 8 * n, lane);
+              mma::mma_bf16(cf, ap[kk], bo);
+            }
           }
+          add_key_rows(dkv_acc, sl, m0, n, cf, lane);
         }
-        add_key_rows(dkv_acc, sl, m0, n, cf, lane);
       }
     }
-    __syncthreads();  // the buffers and P / dS are refilled next
+    // Chained: the buffers and P / dS are refilled next.
+    if constexpr (!Split) __syncthreads();
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -449,7 +593,8 @@ constexpr size_t prob_sum_smem() {
 // The KL target: per tile, warp cg forms P for its 8 keys from the lse as the backward does and
 // sums its 16 heads across the fragment's rows (shuffles over lane bits 2-4); the row groups
 // meet in shared memory and one warp writes the tile's slots (adds, when the heads span blocks).
-template <int R>
+// Split: S as the Split backward forms it (scores2), so that the two targets agree bit for bit.
+template <int R, bool Split>
 __global__ void __launch_bounds__(R* kCols * 32)
     mqa_prob_sum_kernel(Launch l, const bf16* q, const bf16* kv, const int32_t* idx,
                         const float* lse, float* out, bool add) {
@@ -473,7 +618,10 @@ __global__ void __launch_bounds__(R* kCols * 32)
     const bool any = __any_sync(0xffffffffu, sl[lane] >= 0);  // block-uniform
     if (any) {
       float s[4] = {};
-      scores<kDk>(s, Qs, kLd, rg, buf[b], 8 * cg, lane);
+      if constexpr (Split)
+        scores2<kDk>(s, Qs, kLd, rg, buf[b], 8 * cg, lane);
+      else
+        scores<kDk>(s, Qs, kLd, rg, buf[b], 8 * cg, lane);
       const float lr[2] = {lse2[r0], lse2[r1]};
       float p[4];
 #pragma unroll
@@ -489,18 +637,28 @@ __global__ void __launch_bounds__(R* kCols * 32)
   }
 }
 
-// Row groups per block: enough for the heads, at most kMaxRows (larger H: more blocks per query).
+// Row groups per block: enough for the heads, at most kMaxRows (larger H: more blocks per query);
+// and the kernels' generation (sparse_mqa_kernels()): Split for blocks of up to 32 heads only.
+// Past that a block fills an SM's shared memory either way, and the Split backward's second
+// accumulator chains spill at 128 registers a thread (64 heads: 512 threads).
+template <int R, typename F>
+void with_split(F&& f) {
+  if constexpr (R <= 2)
+    if (sparse_mqa_kernels() == SparseMqaKernels::Split) return f.template operator()<R, true>();
+  f.template operator()<R, false>();
+}
+
 template <typename F>
 void with_rows(int64_t heads, F&& f) {
   const int64_t r = std::min<int64_t>(kMaxRows, (heads + 15) / 16);
   if (r == 1)
-    f.template operator()<1>();
+    with_split<1>(f);
   else if (r == 2)
-    f.template operator()<2>();
+    with_split<2>(f);
   else if (r == 3)
-    f.template operator()<3>();
+    with_split<3>(f);
   else
-    f.template operator()<4>();
+    with_split<4>(f);
 }
 
 // The kernels' shapes, bf16, and 16-byte aligned rows for cp.async.
@@ -525,8 +683,8 @@ void sparse_mqa_forward(Context& ctx, const SparseMqaParams& p, const Tensor& q,
   if (!takes(p, {&q, &kv, &o})) return sparse_mqa_composite_forward(ctx, p, q, kv, indices, o, lse);
   if (p.tokens == 0) return;
   const Launch l{p.tokens, p.heads, p.kmax, p.scale};
-  with_rows(p.heads, [&]<int R>() {
-    auto kernel = mqa_fwd_kernel<R>;
+  with_rows(p.heads, [&]<int R, bool Split>() {
+    auto kernel = mqa_fwd_kernel<R, Split>;
     const size_t sm = smem_for(kernel, fwd_smem<R>(), "sparse_mqa_forward");
     kernel<<<grid_of(p, R), R * kCols * 32, sm, stream(ctx)>>>(
         l, ptr<bf16>(q), ptr<bf16>(kv), ptr<int32_t>(indices), ptr<bf16>(o), ptr<float>(lse));
@@ -546,13 +704,13 @@ void sparse_mqa_backward(Context& ctx, const SparseMqaParams& p, const Tensor& q
   cudaStream_t s = stream(ctx);
   MT_CUDA_CHECK(cudaMemsetAsync(acc.raw(), 0, acc.bytes(), s));
   float* psum = prob_sum.defined() && p.kmax > 0 ? ptr<float>(prob_sum) : nullptr;
-  with_rows(p.heads, [&]<int R>() {
+  with_rows(p.heads, [&]<int R, bool Split>() {
     const dim3 grid = grid_of(p, R);
     // As sparse_mqa_prob_sum: heads over several blocks add into a zeroed table.
     const bool padd = psum && grid.y > 1;
     if (padd) MT_CUDA_CHECK(cudaMemsetAsync(psum, 0, prob_sum.bytes(), s));
-    auto kernel = mqa_bwd_kernel<R>;
-    const size_t sm = smem_for(kernel, bwd_smem<R>(), "sparse_mqa_backward");
+    auto kernel = mqa_bwd_kernel<R, Split>;
+    const size_t sm = smem_for(kernel, bwd_smem<R, Split>(), "sparse_mqa_backward");
     kernel<<<grid, R * kCols * 32, sm, s>>>(l, ptr<bf16>(q), ptr<bf16>(kv), ptr<int32_t>(indices),
                                             ptr<bf16>(o), ptr<float>(lse), ptr<bf16>(dout),
                                             ptr<bf16>(dq), ptr<float>(acc), psum, padd);
@@ -568,12 +726,12 @@ void sparse_mqa_prob_sum(Context& ctx, const SparseMqaParams& p, const Tensor& q
   if (!takes(p, {&q, &kv})) return sparse_mqa_composite_prob_sum(ctx, p, q, kv, indices, lse, out);
   if (p.tokens == 0 || p.kmax == 0) return;
   const Launch l{p.tokens, p.heads, p.kmax, p.scale};
-  with_rows(p.heads, [&]<int R>() {
+  with_rows(p.heads, [&]<int R, bool Split>() {
     const dim3 grid = grid_of(p, R);
     // Heads over several blocks add into a zeroed table; one block per query writes its slots.
     const bool add = grid.y > 1;
     if (add) MT_CUDA_CHECK(cudaMemsetAsync(out.raw(), 0, out.bytes(), stream(ctx)));
-    auto kernel = mqa_prob_sum_kernel<R>;
+    auto kernel = mqa_prob_sum_kernel<R, Split>;
     const size_t sm = smem_for(kernel, prob_sum_smem<R>(), "sparse_mqa_prob_sum");
     kernel<<<grid, R * kCols * 32, sm, stream(ctx)>>>(l, ptr<bf16>(q), ptr<bf16>(kv),
                                                       ptr<int32_t>(indices), ptr<float>(lse),
