@@ -249,10 +249,17 @@ constexpr size_t fwd_smem() {
          sizeof(float) * 16 * R * kCols + sizeof(int) * 2 * kSlots;
 }
 
-// Split (the SparseMqaKernels choice): S in scores2's two chains, and the next tile's gather
-// issued right after the barrier that publishes this one, which every warp reaches only when done
-// with the previous tile's buffer, P and maxima: the end-of-tile barrier goes (three per tile,
-// not four).
+// Barrier for the kCols warps of row group rg alone (named barrier 1 + rg; __syncthreads takes
+// 0): a row group's maxima and P are written and read by its own warps only.
+__device__ __forceinline__ void row_group_sync(int rg) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(1 + rg), "n"(kCols * 32) : "memory");
+}
+
+// Split (the SparseMqaKernels choice): S in scores2's two chains; the next tile's gather issued
+// right after the barrier that publishes this one, which every warp reaches only when done with
+// the previous tile's buffer, P and maxima, so the end-of-tile barrier goes; and the maxima and P
+// exchanged behind row-group barriers (row_group_sync), so the row groups do not wait for each
+// other within a tile: one block-wide barrier per tile, not four.
 template <int R, bool Split>
 __global__ void __launch_bounds__(R* kCols * 32, Split ? 2 : 0)
     mqa_fwd_kernel(Launch l, const bf16* q, const bf16* kv, const int32_t* idx, bf16* o,
@@ -304,7 +311,10 @@ __global__ void __launch_bounds__(R* kCols * 32, Split ? 2 : 0)
         red[r0 * kCols + cg] = mx[0];
         red[r1 * kCols + cg] = mx[1];
       }
-      __syncthreads();
+      if constexpr (Split)
+        row_group_sync(rg);
+      else
+        __syncthreads();
       float al[2], mu[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -327,7 +337,11 @@ __global__ void __launch_bounds__(R* kCols * 32, Split ? 2 : 0)
         acc[jn][2] *= al[1];
         acc[jn][3] *= al[1];
       }
-      __syncthreads();  // P of all four key quarters
+      // P of all four key quarters.
+      if constexpr (Split)
+        row_group_sync(rg);
+      else
+        __syncthreads();
       times_tile<kVCols / 8>(acc, Ps, rg, Ks, kVCols * cg, lane);
     }
     // Chained: every warp is done with this buffer, P and red before they are refilled.
@@ -547,7 +561,7 @@ __global__ void __launch_bounds__(R* kCols * 32, Split ? 2 : 0)
         mma::ldsm_a_trans(ap[kk], Ps, kLp, m0, 16 * kk, lane);
       }
       if constexpr (Split) {
-#pragma unroll 1
+#pragma unroll 2
         for (int n = n_begin; n < n_begin + NT; ++n)
           key_grad_tile<R>(dkv_acc, sl, m0, n, ad, ap, Qs, Os, lane);
       } else {
