@@ -460,11 +460,12 @@ __device__ __forceinline__ void key_grad_tile(float* dkv_acc, const int* sl, int
   add_key_rows(dkv_acc, sl, m0, n, cf, lane);
 }
 
-// Split (the SparseMqaKernels choice): S and dP through scores_dp; one key buffer, whose next
-// tile is gathered once dq += dS K is done with it, under the key-gradient products (which read
-// only q, dout, P and dS), behind a barrier that replaces the end-of-tile one; the key gradient
-// in two chains per column tile (key_grad_tile). Blocks of up to 32 heads only (with_split): two
-// share an SM (bwd_smem, and at most 128 registers a thread).
+// Split (the SparseMqaKernels choice): S and dP through scores_dp; dq += dS K behind a barrier of
+// the row group (it reads its own rows of dS only); one key buffer, whose next tile is gathered
+// once dq is done with it, under the key-gradient products (which read only q, dout, P and dS):
+// two block-wide barriers per tile and one of a row group, where Chained had three block-wide;
+// the key gradient in two chains per column tile (key_grad_tile). Blocks of up to 32 heads only
+// (with_split): two share an SM (bwd_smem, and at most 128 registers a thread).
 template <int R, bool Split>
 __global__ void __launch_bounds__(R* kCols * 32, Split ? 2 : 0)
     mqa_bwd_kernel(Launch l, const bf16* q, const bf16* kv, const int32_t* idx, const bf16* o,
@@ -539,17 +540,24 @@ __global__ void __launch_bounds__(R* kCols * 32, Split ? 2 : 0)
       *reinterpret_cast<uint32_t*>(Ds + r1 * kLp + col) = mma::pack_bf16(s[2], s[3]);
       if (psum) head_sum_part(part, p, rg, cg, c, lane);
     }
-    __syncthreads();  // P and dS of every key quarter (and the target's sums)
-    // part is next written after the next tile's first barrier, so warp 0 reads it now.
-    if (psum) write_prob_sum<R>(psum, part, l, t, it, any, padd);
     if constexpr (Split) {
+      // dq += dS K reads its own row group's dS only: behind that group's barrier. Then one
+      // block-wide barrier publishes every P and dS (for the key gradient) and the target's sums,
+      // and frees the keys, whose next tile is gathered under the key-gradient products.
+      row_group_sync(rg);
       if (any) times_tile<kQCols / 8>(acc, Ds, rg, Ks, kQCols * cg, lane);  // dq += dS K
+      __syncthreads();
+      // part is next written after the next tile's first barrier, so warp 0 reads it now.
+      if (psum) write_prob_sum<R>(psum, part, l, t, it, any, padd);
       if (it + 1 < tiles) {
-        __syncthreads();  // every warp is done with the keys: gather the next tile meanwhile
         gather(buf[0], slots + (b ^ 1) * kSlots, kv, l.T, row,
                static_cast<int64_t>(it + 1) * kSlots, l.K);
         mma::cp_async_commit();
       }
+    } else {
+      __syncthreads();  // P and dS of every key quarter (and the target's sums)
+      // part is next written after the end-of-tile barrier, so warp 0 reads it before its MMAs.
+      if (psum) write_prob_sum<R>(psum, part, l, t, it, any, padd);
     }
     if (any) {
       if constexpr (!Split) times_tile<kQCols / 8>(acc, Ds, rg, Ks, kQCols * cg, lane);  // dq
