@@ -111,17 +111,21 @@ __device__ __forceinline__ int next_tile(const Launch& l, bf16* const buf[2], in
 
 // Where a thread works: the block's query t and first head h0, the heads it holds (valid; the
 // rest of the M rows are padding), the lane's fragment rows r0 and r1 = r0 + 8 in row group rg
-// and its key / column quarter cg.
+// and its key / column quarter cg. Split kernels take the queries last to first: a causal
+// selection's later queries list the most keys, so the blocks that start last are the shortest
+// and the launch's tail is short (at 8K, 8,192 blocks over 264 resident ones: in query order the
+// last to start are full 64-tile blocks, about one such block's time, 1/31 of the launch, with
+// the SMs emptying; estimated, not measured on its own).
 struct Place {
   int64_t t, h0;
   int valid, lane, w, rg, cg, c, r0, r1;
 };
 
-template <int M>
+template <int M, bool Split>
 __device__ __forceinline__ Place place_of(const Launch& l) {
   const int64_t h0 = static_cast<int64_t>(blockIdx.y) * M;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, rg = w / kCols;
-  return {static_cast<int64_t>(blockIdx.x),
+  return {Split ? l.T - 1 - static_cast<int64_t>(blockIdx.x) : static_cast<int64_t>(blockIdx.x),
           h0,
           static_cast<int>(min(static_cast<int64_t>(M), l.H - h0)),
           lane,
@@ -271,7 +275,7 @@ __global__ void __launch_bounds__(R* kCols * 32, Split ? 2 : 0)
   bf16* Ps = buf[1] + kSlots * kLd;                      // [M][kLp]
   float* red = reinterpret_cast<float*>(Ps + M * kLp);   // [M][kCols] row maxima, then sums
   int* slots = reinterpret_cast<int*>(red + M * kCols);  // [2][kSlots]
-  const Place pl = place_of<M>(l);
+  const Place pl = place_of<M, Split>(l);
   const auto [t, h0, valid, lane, w, rg, cg, c, r0, r1] = pl;
   const int32_t* row = idx + t * l.K;
   const float scale_log2 = l.scale * kLog2e;
@@ -486,7 +490,7 @@ __global__ void __launch_bounds__(R* kCols * 32, Split ? 2 : 0)
   float* dl = lse2 + M;                                    // [M] Delta
   float* part = dl + M;                                    // [R][kSlots] the KL target's sums
   int* slots = reinterpret_cast<int*>(part + R * kSlots);  // [2][kSlots]
-  const Place pl = place_of<M>(l);
+  const Place pl = place_of<M, Split>(l);
   const auto [t, h0, valid, lane, w, rg, cg, c, r0, r1] = pl;
   const int32_t* row = idx + t * l.K;
   const float scale_log2 = l.scale * kLog2e;
@@ -627,7 +631,7 @@ __global__ void __launch_bounds__(R* kCols * 32)
   float* part = reinterpret_cast<float*>(buf[1] + kSlots * kLd);  // [R][kSlots]
   float* lse2 = part + R * kSlots;                                // [M] log2 units
   int* slots = reinterpret_cast<int*>(lse2 + M);                  // [2][kSlots]
-  const Place pl = place_of<M>(l);
+  const Place pl = place_of<M, Split>(l);
   const auto [t, h0, valid, lane, w, rg, cg, c, r0, r1] = pl;
   const int32_t* row = idx + t * l.K;
   const float scale_log2 = l.scale * kLog2e;
