@@ -137,19 +137,56 @@ __device__ __forceinline__ Place place_of(const Launch& l) {
           16 * rg + (lane >> 2) + 8};
 }
 
+// The Split kernels' gather: a block of NTHR threads gives each slot of the tile NTHR / kSlots
+// threads, and thread i copies chunks i % (NTHR / kSlots) + k NTHR / kSlots of slot i /
+// (NTHR / kSlots): one slot index per thread, which the kernel loads a tile ahead (slot_of), so
+// that the index's global latency (a miss at 8K, where the [T, 2048] table is 64 MiB) no longer
+// stalls every warp right after the barrier that publishes a tile, as `gather`'s loads did.
+template <int NTHR>
+__device__ __forceinline__ int32_t slot_of(const int32_t* row, int64_t tile, int64_t K) {
+  const int64_t j = tile * kSlots + threadIdx.x / (NTHR / kSlots);
+  return j < K ? row[j] : -1;
+}
+
+template <int NTHR>
+__device__ __forceinline__ void gather_slot(bf16* tile, int* slot, const bf16* kv, int64_t T,
+                                            int32_t s) {
+  constexpr int per_slot = NTHR / kSlots, chunks = kDk / 8;
+  static_assert(NTHR % kSlots == 0 && chunks % per_slot == 0, "whole chunks per thread");
+  const int r = threadIdx.x / per_slot, c0 = threadIdx.x % per_slot;
+  const bool ok = valid_slot(s, T);
+  bf16* d = tile + r * kLd;
+  const bf16* src = kv + (ok ? static_cast<int64_t>(s) * kDk : 0);
+#pragma unroll
+  for (int k = 0; k < chunks / per_slot; ++k) {
+    const int c8 = 8 * (c0 + per_slot * k);
+    if (ok)
+      mma::cp_async16(d + c8, src + c8);
+    else
+      *reinterpret_cast<uint4*>(d + c8) = make_uint4(0, 0, 0, 0);
+  }
+  if (c0 == 0) slot[r] = ok ? s : -1;
+}
+
 // Stages the block's q rows (and, for the backward, its dout rows into Os) as one cp.async group
-// and starts gathering tile 0 as the next; returns the number of tiles.
-template <int M>
+// and starts gathering tile 0 as the next; returns the number of tiles. Split: through
+// gather_slot, and `next` gets the thread's slot index of tile 1.
+template <int M, bool Split>
 __device__ __forceinline__ int start(const Launch& l, const Place& pl, bf16* Qs, const bf16* q,
                                      bf16* const buf[2], int* slots, const bf16* kv,
-                                     const int32_t* row, bf16* Os = nullptr,
+                                     const int32_t* row, int32_t& next, bf16* Os = nullptr,
                                      const bf16* dout = nullptr) {
   const int64_t th = pl.t * l.H + pl.h0;
   stage_rows<kDk, kLd>(Qs, q + th * kDk, M, pl.valid);
   if (Os) stage_rows<kDv, kLdv>(Os, dout + th * kDv, M, pl.valid);
   mma::cp_async_commit();
   const int tiles = static_cast<int>((l.K + kSlots - 1) / kSlots);
-  if (tiles > 0) gather(buf[0], slots, kv, l.T, row, 0, l.K);
+  if constexpr (Split) {
+    if (tiles > 0) gather_slot<8 * M>(buf[0], slots, kv, l.T, slot_of<8 * M>(row, 0, l.K));
+    next = slot_of<8 * M>(row, 1, l.K);
+  } else if (tiles > 0) {
+    gather(buf[0], slots, kv, l.T, row, 0, l.K);
+  }
   mma::cp_async_commit();
   return tiles;
 }
@@ -279,7 +316,8 @@ __global__ void __launch_bounds__(R* kCols * 32, Split ? 2 : 0)
   const auto [t, h0, valid, lane, w, rg, cg, c, r0, r1] = pl;
   const int32_t* row = idx + t * l.K;
   const float scale_log2 = l.scale * kLog2e;
-  const int tiles = start<M>(l, pl, Qs, q, buf, slots, kv, row);
+  int32_t next = -1;  // Split: this thread's slot index of tile it + 1
+  const int tiles = start<M, Split>(l, pl, Qs, q, buf, slots, kv, row, next);
   float acc[kVCols / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.f, 0.f};
   for (int it = 0; it < tiles; ++it) {
@@ -287,10 +325,9 @@ __global__ void __launch_bounds__(R* kCols * 32, Split ? 2 : 0)
     if constexpr (Split) {
       mma::cp_async_wait<0>();
       __syncthreads();  // tile it landed; every warp is done with tile it - 1
-      if (it + 1 < tiles)
-        gather(buf[b ^ 1], slots + (b ^ 1) * kSlots, kv, l.T, row,
-               static_cast<int64_t>(it + 1) * kSlots, l.K);
+      if (it + 1 < tiles) gather_slot<8 * M>(buf[b ^ 1], slots + (b ^ 1) * kSlots, kv, l.T, next);
       mma::cp_async_commit();
+      next = slot_of<8 * M>(row, it + 2, l.K);  // used a tile from now
     } else {
       b = next_tile(l, buf, slots, kv, row, it, tiles);
     }
@@ -494,7 +531,8 @@ __global__ void __launch_bounds__(R* kCols * 32, Split ? 2 : 0)
   const auto [t, h0, valid, lane, w, rg, cg, c, r0, r1] = pl;
   const int32_t* row = idx + t * l.K;
   const float scale_log2 = l.scale * kLog2e;
-  const int tiles = start<M>(l, pl, Qs, q, buf, slots, kv, row, Os, dout);
+  int32_t next = -1;  // Split: this thread's slot index of tile it + 1
+  const int tiles = start<M, Split>(l, pl, Qs, q, buf, slots, kv, row, next, Os, dout);
   // Delta = o . dout per head, a warp per head; padded heads get P = 0 through lse = -inf.
   for (int r = w; r < M; r += W) {
     const int64_t th = t * l.H + h0 + r;
@@ -554,9 +592,9 @@ __global__ void __launch_bounds__(R* kCols * 32, Split ? 2 : 0)
       // part is next written after the next tile's first barrier, so warp 0 reads it now.
       if (psum) write_prob_sum<R>(psum, part, l, t, it, any, padd);
       if (it + 1 < tiles) {
-        gather(buf[0], slots + (b ^ 1) * kSlots, kv, l.T, row,
-               static_cast<int64_t>(it + 1) * kSlots, l.K);
+        gather_slot<8 * M>(buf[0], slots + (b ^ 1) * kSlots, kv, l.T, next);
         mma::cp_async_commit();
+        next = slot_of<8 * M>(row, it + 2, l.K);  // used a tile from now
       }
     } else {
       __syncthreads();  // P and dS of every key quarter (and the target's sums)
@@ -635,7 +673,8 @@ __global__ void __launch_bounds__(R* kCols * 32)
   const auto [t, h0, valid, lane, w, rg, cg, c, r0, r1] = pl;
   const int32_t* row = idx + t * l.K;
   const float scale_log2 = l.scale * kLog2e;
-  const int tiles = start<M>(l, pl, Qs, q, buf, slots, kv, row);
+  int32_t unused = -1;
+  const int tiles = start<M, false>(l, pl, Qs, q, buf, slots, kv, row, unused);
   for (int r = threadIdx.x; r < M; r += blockDim.x)
     lse2[r] = r < valid ? lse[t * l.H + h0 + r] * kLog2e : -INFINITY;
   for (int it = 0; it < tiles; ++it) {
