@@ -204,6 +204,41 @@ __device__ __forceinline__ void scores(float c[4], const bf16* A, int lda, int r
   }
 }
 
+// Fragment loads of the Split kernels, two B fragments per ldmatrix .x4 where mma.cuh's load
+// one per .x2 (half the load instructions; lanes 16-31 address the second pair of 8x8 blocks):
+// - two k steps (k0 .. k0 + 15 into b0, k0 + 16 .. k0 + 31 into b1) of keys n0 .. n0 + 7 of an
+//   n-major tile[n][k], as mma::ldsm_b_nk loads one;
+__device__ __forceinline__ void ldsm_b_nk_2k(uint32_t b0[2], uint32_t b1[2], const bf16* tile,
+                                             int ld, int n0, int k0, int lane) {
+  const bf16* p = tile + (n0 + (lane & 7)) * ld + k0 + (lane >> 3) * 8;
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(b0[0]), "=r"(b0[1]), "=r"(b1[0]), "=r"(b1[1])
+               : "r"(addr));
+}
+
+// - two adjacent n-tiles (n0 .. n0 + 7 into b0, n0 + 8 .. n0 + 15 into b1; k0 .. k0 + 15) of a
+//   k-major tile[k][n], as mma::load_b_kn loads one;
+__device__ __forceinline__ void load_b_kn_2n(uint32_t b0[2], uint32_t b1[2], const bf16* tile,
+                                             int ld, int k0, int n0, int lane) {
+  const bf16* p = tile + (k0 + (lane & 15)) * ld + n0 + (lane >> 4) * 8;
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(b0[0]), "=r"(b0[1]), "=r"(b1[0]), "=r"(b1[1])
+               : "r"(addr));
+}
+
+// - two k steps (k0 .. k0 + 15 into b0, k0 + 16 .. k0 + 31 into b1) of columns n0 .. n0 + 7 of
+//   a k-major tile[k][n].
+__device__ __forceinline__ void load_b_kn_2k(uint32_t b0[2], uint32_t b1[2], const bf16* tile,
+                                             int ld, int k0, int n0, int lane) {
+  const bf16* p = tile + (k0 + lane) * ld + n0;
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(b0[0]), "=r"(b0[1]), "=r"(b1[0]), "=r"(b1[1])
+               : "r"(addr));
+}
+
 // s = A B^T as `scores` forms it, over two accumulators (even and odd k steps) added at the
 // end: one chain of D / 16 dependent MMAs waits out the MMA's latency at every step (at two to
 // four warps per SM sub-partition nothing else fills it), two chains halve that wait. The Split
@@ -218,11 +253,9 @@ __device__ __forceinline__ void scores2(float s[4], const bf16* A, int lda, int 
 #pragma unroll 3
   for (int kk = 0; kk < D / 16; kk += 2) {
     uint32_t a[2][4], b[2][2];
+    ldsm_b_nk_2k(b[0], b[1], B, kLd, n0, 16 * kk, lane);
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      mma::ldsm_a(a[j], A, lda, 16 * rg, 16 * (kk + j), lane);
-      mma::ldsm_b_nk(b[j], B, kLd, n0, 16 * (kk + j), lane);
-    }
+    for (int j = 0; j < 2; ++j) mma::ldsm_a(a[j], A, lda, 16 * rg, 16 * (kk + j), lane);
     mma::mma_bf16(c[0], a[0], b[0]);
     mma::mma_bf16(c[1], a[1], b[1]);
   }
@@ -239,24 +272,23 @@ __device__ __forceinline__ void scores_dp(float s[4], float dp[4], const bf16* Q
   float cs[2][4] = {}, cd[2][4] = {};
 #pragma unroll 2
   for (int kk = 0; kk < kDv / 16; kk += 2) {
+    uint32_t b[2][2];
+    ldsm_b_nk_2k(b[0], b[1], Ks, kLd, n0, 16 * kk, lane);
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      uint32_t aq[4], ao[4], b[2];
+      uint32_t aq[4], ao[4];
       mma::ldsm_a(aq, Qs, kLd, 16 * rg, 16 * (kk + j), lane);
       mma::ldsm_a(ao, Os, kLdv, 16 * rg, 16 * (kk + j), lane);
-      mma::ldsm_b_nk(b, Ks, kLd, n0, 16 * (kk + j), lane);
-      mma::mma_bf16(cs[j], aq, b);
-      mma::mma_bf16(cd[j], ao, b);
+      mma::mma_bf16(cs[j], aq, b[j]);
+      mma::mma_bf16(cd[j], ao, b[j]);
     }
   }
 #pragma unroll
   for (int kk = kDv / 16; kk < kDk / 16; kk += 2) {  // the rope dims: S only
     uint32_t aq[2][4], b[2][2];
+    ldsm_b_nk_2k(b[0], b[1], Ks, kLd, n0, 16 * kk, lane);
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      mma::ldsm_a(aq[j], Qs, kLd, 16 * rg, 16 * (kk + j), lane);
-      mma::ldsm_b_nk(b[j], Ks, kLd, n0, 16 * (kk + j), lane);
-    }
+    for (int j = 0; j < 2; ++j) mma::ldsm_a(aq[j], Qs, kLd, 16 * rg, 16 * (kk + j), lane);
     mma::mma_bf16(cs[0], aq[0], b[0]);
     mma::mma_bf16(cs[1], aq[1], b[1]);
   }
@@ -280,6 +312,26 @@ __device__ __forceinline__ void times_tile(float (&c)[NT][4], const bf16* X, int
       uint32_t b[2];
       mma::load_b_kn(b, B, kLd, 16 * kk, n0 + 8 * jn, lane);
       mma::mma_bf16(c[jn], a, b);
+    }
+  }
+}
+
+// times_tile for the Split kernels: the same products in the same order, B fragments two n-tiles
+// per load (load_b_kn_2n).
+template <int NT>
+__device__ __forceinline__ void times_tile2(float (&c)[NT][4], const bf16* X, int rg, const bf16* B,
+                                            int n0, int lane) {
+  static_assert(NT % 2 == 0, "pairs of n-tiles");
+#pragma unroll
+  for (int kk = 0; kk < kSlots / 16; ++kk) {
+    uint32_t a[4];
+    mma::ldsm_a(a, X, kLp, 16 * rg, 16 * kk, lane);
+#pragma unroll
+    for (int jn = 0; jn < NT; jn += 2) {
+      uint32_t b0[2], b1[2];
+      load_b_kn_2n(b0, b1, B, kLd, 16 * kk, n0 + 8 * jn, lane);
+      mma::mma_bf16(c[jn], a, b0);
+      mma::mma_bf16(c[jn + 1], a, b1);
     }
   }
 }
@@ -383,7 +435,10 @@ __global__ void __launch_bounds__(R* kCols * 32, Split ? 2 : 0)
         row_group_sync(rg);
       else
         __syncthreads();
-      times_tile<kVCols / 8>(acc, Ps, rg, Ks, kVCols * cg, lane);
+      if constexpr (Split)
+        times_tile2<kVCols / 8>(acc, Ps, rg, Ks, kVCols * cg, lane);
+      else
+        times_tile<kVCols / 8>(acc, Ps, rg, Ks, kVCols * cg, lane);
     }
     // Chained: every warp is done with this buffer, P and red before they are refilled.
     if constexpr (!Split) __syncthreads();
@@ -486,16 +541,26 @@ __device__ __forceinline__ void key_grad_tile(float* dkv_acc, const int* sl, int
                                               const uint32_t (&ap)[R][4], const bf16* Qs,
                                               const bf16* Os, int lane) {
   float cq[4] = {}, co[4] = {};
+  uint32_t bq[R][2], bo[R][2];  // two k steps (16-head row groups) per load where R is even
 #pragma unroll
-  for (int kk = 0; kk < R; ++kk) {
-    uint32_t bq[2];
-    mma::load_b_kn(bq, Qs, kLd, 16 * kk, 8 * n, lane);
-    mma::mma_bf16(cq, ad[kk], bq);
-    if (8 * n < kDv) {  // the value columns: + P^T dout
-      uint32_t bo[2];
-      mma::load_b_kn(bo, Os, kLdv, 16 * kk, 8 * n, lane);
-      mma::mma_bf16(co, ap[kk], bo);
+  for (int kk = 0; kk < R; kk += 2) {
+    if constexpr (R % 2 == 0)
+      load_b_kn_2k(bq[kk], bq[kk + 1], Qs, kLd, 16 * kk, 8 * n, lane);
+    else
+      mma::load_b_kn(bq[kk], Qs, kLd, 16 * kk, 8 * n, lane);
+  }
+#pragma unroll
+  for (int kk = 0; kk < R; ++kk) mma::mma_bf16(cq, ad[kk], bq[kk]);
+  if (8 * n < kDv) {  // the value columns: + P^T dout
+#pragma unroll
+    for (int kk = 0; kk < R; kk += 2) {
+      if constexpr (R % 2 == 0)
+        load_b_kn_2k(bo[kk], bo[kk + 1], Os, kLdv, 16 * kk, 8 * n, lane);
+      else
+        mma::load_b_kn(bo[kk], Os, kLdv, 16 * kk, 8 * n, lane);
     }
+#pragma unroll
+    for (int kk = 0; kk < R; ++kk) mma::mma_bf16(co, ap[kk], bo[kk]);
   }
   const float cf[4] = {cq[0] + co[0], cq[1] + co[1], cq[2] + co[2], cq[3] + co[3]};
   add_key_rows(dkv_acc, sl, m0, n, cf, lane);
@@ -587,7 +652,7 @@ __global__ void __launch_bounds__(R* kCols * 32, Split ? 2 : 0)
       // block-wide barrier publishes every P and dS (for the key gradient) and the target's sums,
       // and frees the keys, whose next tile is gathered under the key-gradient products.
       row_group_sync(rg);
-      if (any) times_tile<kQCols / 8>(acc, Ds, rg, Ks, kQCols * cg, lane);  // dq += dS K
+      if (any) times_tile2<kQCols / 8>(acc, Ds, rg, Ks, kQCols * cg, lane);  // dq += dS K
       __syncthreads();
       // part is next written after the next tile's first barrier, so warp 0 reads it now.
       if (psum) write_prob_sum<R>(psum, part, l, t, it, any, padd);
