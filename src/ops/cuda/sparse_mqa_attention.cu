@@ -541,10 +541,13 @@ __device__ __forceinline__ void key_grad_tile(float* dkv_acc, const int* sl, int
                                               const uint32_t (&ap)[R][4], const bf16* Qs,
                                               const bf16* Os, int lane) {
   float cq[4] = {}, co[4] = {};
-  uint32_t bq[R][2], bo[R][2];  // two k steps (16-head row groups) per load where R is even
+  // Two k steps (16-head row groups) per load, one for an odd R's last: every bq[kk] and bo[kk]
+  // is loaded whatever R (an odd R > 1 left bq[1], bo[1] unset when the odd-R branch loaded only
+  // the even steps; only R <= 2 takes Split today).
+  uint32_t bq[R][2], bo[R][2];
 #pragma unroll
   for (int kk = 0; kk < R; kk += 2) {
-    if constexpr (R % 2 == 0)
+    if (kk + 1 < R)
       load_b_kn_2k(bq[kk], bq[kk + 1], Qs, kLd, 16 * kk, 8 * n, lane);
     else
       mma::load_b_kn(bq[kk], Qs, kLd, 16 * kk, 8 * n, lane);
@@ -554,7 +557,7 @@ __device__ __forceinline__ void key_grad_tile(float* dkv_acc, const int* sl, int
   if (8 * n < kDv) {  // the value columns: + P^T dout
 #pragma unroll
     for (int kk = 0; kk < R; kk += 2) {
-      if constexpr (R % 2 == 0)
+      if (kk + 1 < R)
         load_b_kn_2k(bo[kk], bo[kk + 1], Os, kLdv, 16 * kk, 8 * n, lane);
       else
         mma::load_b_kn(bo[kk], Os, kLdv, 16 * kk, 8 * n, lane);
