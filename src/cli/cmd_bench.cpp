@@ -396,47 +396,25 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
   const double fe = time([&] {
     ops::kda_forward(ctx, pe, cu, q, k, v, g, beta, Tensor(), out, none, saved, prepared);
   });
-  // With the decay gate: fused into the core (ops::kda_gated_*, as the KDA layer runs it on the
-  // GPU: raw in the activations' type, no f32 g or dg), and separate (ops/kda_gate.h writing g,
-  // the core reading it, kda_gate_backward turning dg into draw and the parameter sums), against
-  // fla's chunk_kda with use_gate_in_kernel.
+  // With the decay gate in front (ops/kda_gate.h, as the KDA layer runs it: raw in the
+  // activations' type, g in f32), against fla's chunk_kda with use_gate_in_kernel.
   const ops::KdaGateParams gp{.tokens = T, .heads = H, .head_dim = D};
-  Tensor raw = random_device({T, H, D}, bf, rng), a_log = random_device({H}, f32, rng, 0.5),
+  Tensor raw = random_device({T, H * D}, bf, rng), a_log = random_device({H}, f32, rng, 0.5),
          dt_bias = random_device({H * D}, f32, rng, 0.1), gv = g.view({T, H * D});
   Tensor draw = Tensor::empty(raw.shape(), bf, Device::CUDA),
          da_log = Tensor::zeros(a_log.shape(), f32, Device::CUDA),
          ddt_bias = Tensor::zeros(dt_bias.shape(), f32, Device::CUDA);
-  const Tensor raw2 = raw.view({T, H * D});
-  Tensor draw2 = draw.view({T, H * D});
-  const auto gated_fwd = [&] {
-    ops::kda_gated_forward(ctx, p, cu, q, k, v, raw, a_log, dt_bias, beta, Tensor(), out, none,
-                           saved, prepared);
-  };
-  const auto gated_bwd = [&] {
-    ops::kda_gated_backward(ctx, p, cu, q, k, v, raw, a_log, dt_bias, beta, saved, prepared, dout,
-                            Tensor(), dq, dk, dv, draw, da_log, ddt_bias, dbeta, none);
-  };
-  const double gf = time(gated_fwd), gfb = time([&] {
-                                       gated_fwd();
-                                       gated_bwd();
-                                     });
-  const auto sep_fwd = [&] {
-    ops::kda_gate_forward(ctx, gp, raw2, a_log, dt_bias, gv);
+  const auto gate_fwd = [&] {
+    ops::kda_gate_forward(ctx, gp, raw, a_log, dt_bias, gv);
     fwd();
   };
-  const double sf = time(sep_fwd),
-               sfb = time([&] {
-                 sep_fwd();
+  const double gf = time(gate_fwd),
+               gfb = time([&] {
+                 gate_fwd();
                  bwd();
-                 ops::kda_gate_backward(ctx, gp, raw2, a_log, dt_bias, dg.view({T, H * D}), draw2,
+                 ops::kda_gate_backward(ctx, gp, raw, a_log, dt_bias, dg.view({T, H * D}), draw,
                                         da_log, ddt_bias);
                });
-  const double gate_fwd_alone =
-      time([&] { ops::kda_gate_forward(ctx, gp, raw2, a_log, dt_bias, gv); });
-  const double gate_bwd_alone = time([&] {
-    ops::kda_gate_backward(ctx, gp, raw2, a_log, dt_bias, dg.view({T, H * D}), draw2, da_log,
-                           ddt_bias);
-  });
   nlohmann::json r = {{"case", name},
                       {"tokens", T},
                       {"documents", N},
@@ -449,13 +427,6 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
                       {"fwd_eval_ms", fe},
                       {"gate_core_fwd_ms", gf},
                       {"gate_core_fwdbwd_ms", gfb},
-                      {"gate_separate_fwd_ms", sf},
-                      {"gate_separate_fwdbwd_ms", sfb},
-                      {"gate_alone_fwd_ms", gate_fwd_alone},
-                      {"gate_alone_bwd_ms", gate_bwd_alone},
-                      // The f32 g [T, H D] the separate gate keeps for backward (the fused one
-                      // keeps none: raw is saved by the layer either way).
-                      {"gate_separate_saved_g_gib", static_cast<double>(T * H * D * 4) / (1 << 30)},
                       {"fwd_Mtok_s", T / f / 1e3},
                       {"fwdbwd_Mtok_s", T / fb / 1e3},
                       // Kept from forward for backward beside the inputs: the states at the
@@ -464,8 +435,6 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
                        static_cast<double>(saved.bytes() + prepared.bytes()) / (1 << 30)}};
   count_launches(ctx, fwd, "launches_fwd", r);
   count_launches(ctx, bwd, "launches_bwd", r);
-  count_launches(ctx, gated_fwd, "launches_gate_core_fwd", r);
-  count_launches(ctx, gated_bwd, "launches_gate_core_bwd", r);
   return r;
 }
 

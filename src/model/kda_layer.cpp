@@ -36,10 +36,6 @@ bool KdaLayer::keeps_prepared(Device device, const ops::KdaParams& cp) {
   return device == Device::CUDA && ops::kda_chunk_kernel_fits(cp);
 }
 
-bool KdaLayer::fuses_gate(Device device, const ops::KdaParams& cp) {
-  return device == Device::CUDA && ops::kda_chunk_kernel_fits(cp);
-}
-
 KdaLayer::KdaLayer(const KdaConfig& cfg) : cfg_(cfg) {
   MT_CHECK(
       cfg.hidden > 0 && cfg.heads > 0 && cfg.head_dim > 0 && cfg.conv_kernel > 0 && cfg.chunk > 0,
@@ -119,12 +115,11 @@ void KdaLayer::plan_activations(const SeqInfo& seq, ArenaPlan& plan) const {
   for (int i = 0; i < 11; ++i) plan.add({T, HK});  // qp kp vp, qc kc vc, qs ks, q k v
   plan.add_fp32({T * H});                          // q_rstd
   plan.add_fp32({T * H});                          // k_rstd
+  plan.add({T, K});                                // fa
+  plan.add({T, HK});                               // graw (g itself lives in the workspace)
+  plan.add_fp32({T, H});                           // beta (the kernel's dtype)
+  plan.add({T, HK});                               // o
   const ops::KdaParams cp = core_params(seq);
-  plan.add({T, K});                                            // fa
-  plan.add({T, HK});                                           // graw
-  if (!fuses_gate(plan.device(), cp)) plan.add_fp32({T, HK});  // g (the decay, in log space)
-  plan.add_fp32({T, H});                                       // beta (the kernel's dtype)
-  plan.add({T, HK});                                           // o
   const int64_t rows = ops::kda_saved_rows(cp, seq.cu_seqlens_host);
   plan.add_fp32({rows, H, K, K});  // states
   if (keeps_prepared(plan.device(), cp))
@@ -176,9 +171,8 @@ void KdaLayer::decay_and_beta(Context& ctx, const Tensor& x, Tensor& g, Tensor& 
   f_a_.forward(ctx, x, s.fa, acts, s.f_a);
   s.graw = acts.alloc({n, hk()}, at);
   f_b_.forward(ctx, s.fa, s.graw, acts, s.f_b);
-  if (g.defined())
-    ops::kda_gate_forward(ctx, {.tokens = n, .heads = H, .head_dim = K}, s.graw, a_log_.value,
-                          dt_bias_.value, g);
+  ops::kda_gate_forward(ctx, {.tokens = n, .heads = H, .head_dim = K}, s.graw, a_log_.value,
+                        dt_bias_.value, g);
   ArenaScope scope(ctx.workspace());
   Tensor braw = ctx.workspace().alloc({n, H}, at);
   b_proj_.forward(ctx, x, braw, acts, s.b_proj);
@@ -246,29 +240,25 @@ void KdaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
   s.q = acts.alloc({T, H, K}, at);
   s.k = acts.alloc({T, H, K}, at);
   qk_l2norm(ctx, s.qs, s.ks, s.q, s.k, acts, s);
+  s.beta = acts.alloc({T, H}, DType::F32);
+  s.o = acts.alloc({T, H, K}, at);
   ops::KdaParams cp = core_params(seq);
   cp.keep_for_backward = !s.no_backward;
-  const bool fused = fuses_gate(ctx.device(), cp);
-  s.g = fused ? Tensor() : acts.alloc({T, HK}, DType::F32);
-  s.beta = acts.alloc({T, H}, DType::F32);
-  decay_and_beta(ctx, x, s.g, s.beta, acts, s);
-
-  // The delta-rule core, every document from a zero state.
-  s.o = acts.alloc({T, H, K}, at);
   const int64_t rows = ops::kda_saved_rows(cp, seq.cu_seqlens_host);
   s.states = acts.alloc({rows, H, K, K}, DType::F32);
   s.prepared = keeps_prepared(ctx.device(), cp)
                    ? acts.alloc({ops::kda_prepared_floats(cp, rows, s.q.dtype())}, DType::F32)
                    : Tensor();
   {
+    // The log decay g lives in the workspace and backward forms it again from graw (one pass at
+    // memory speed), rather than staying fp32 [T, H K] with the activations until backward.
+    ArenaScope scope(ctx.workspace());
+    Tensor g = ctx.workspace().alloc({T, HK}, DType::F32);
+    decay_and_beta(ctx, x, g, s.beta, acts, s);
+    // The delta-rule core, every document from a zero state.
     Tensor no_state;
-    if (fused)
-      ops::kda_gated_forward(ctx, cp, seq.cu_seqlens, s.q, s.k, s.v, s.graw.view({T, H, K}),
-                             a_log_.value, dt_bias_.value, s.beta, Tensor(), s.o, no_state,
-                             s.states, s.prepared);
-    else
-      ops::kda_forward(ctx, cp, seq.cu_seqlens, s.q, s.k, s.v, s.g.view({T, H, K}), s.beta,
-                       Tensor(), s.o, no_state, s.states, s.prepared);
+    ops::kda_forward(ctx, cp, seq.cu_seqlens, s.q, s.k, s.v, g.view({T, H, K}), s.beta, Tensor(),
+                     s.o, no_state, s.states, s.prepared);
   }
 
   gated_output(ctx, x, s.o, y, acts, s);
@@ -302,26 +292,15 @@ void KdaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
                           o_norm_.grad);
   }
 
-  // The fused gate (s.g undefined) writes draw itself and adds into the gate's parameters; the
-  // separate one leaves dg for kda_gate_backward below.
-  const bool fused = !s.g.defined();
   Tensor dq = ws.alloc({T, H, K}, at), dk = ws.alloc({T, H, K}, at), dv = ws.alloc({T, H, K}, at),
-         dgraw = fused ? ws.alloc({T, HK}, at) : Tensor(),
-         dg = fused ? Tensor() : ws.alloc({T, H, K}, DType::F32),
-         dbeta = ws.alloc({T, H}, DType::F32);
+         dg = ws.alloc({T, H, K}, DType::F32), dbeta = ws.alloc({T, H}, DType::F32);
   {
-    Tensor no_dh0;
-    if (fused) {
-      Tensor dgrv = dgraw.view({T, H, K});
-      ops::kda_gated_backward(ctx, core_params(seq), seq.cu_seqlens, s.q, s.k, s.v,
-                              s.graw.view({T, H, K}), a_log_.value, dt_bias_.value, s.beta,
-                              s.states, s.prepared, dcore, Tensor(), dq, dk, dv, dgrv, a_log_.grad,
-                              dt_bias_.grad, dbeta, no_dh0);
-    } else {
-      ops::kda_backward(ctx, core_params(seq), seq.cu_seqlens, s.q, s.k, s.v, s.g.view({T, H, K}),
-                        s.beta, s.states, s.prepared, dcore, Tensor(), dq, dk, dv, dg, dbeta,
-                        no_dh0);
-    }
+    ArenaScope gscope(ws);
+    Tensor g = ws.alloc({T, HK}, DType::F32), no_dh0;
+    ops::kda_gate_forward(ctx, {.tokens = T, .heads = H, .head_dim = K}, s.graw, a_log_.value,
+                          dt_bias_.value, g);
+    ops::kda_backward(ctx, core_params(seq), seq.cu_seqlens, s.q, s.k, s.v, g.view({T, H, K}),
+                      s.beta, s.states, s.prepared, dcore, Tensor(), dq, dk, dv, dg, dbeta, no_dh0);
   }
 
   // beta = sigmoid(b_proj x): the sigmoid's gradient in fp32 like beta, narrowed to the
@@ -339,11 +318,9 @@ void KdaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
 
   // Decay gate.
   {
-    if (!fused) dgraw = ws.alloc({T, HK}, at);
-    Tensor dfa = ws.alloc({T, K}, at);
-    if (!fused)
-      ops::kda_gate_backward(ctx, {.tokens = T, .heads = H, .head_dim = K}, s.graw, a_log_.value,
-                             dt_bias_.value, dg.view({T, HK}), dgraw, a_log_.grad, dt_bias_.grad);
+    Tensor dgraw = ws.alloc({T, HK}, at), dfa = ws.alloc({T, K}, at);
+    ops::kda_gate_backward(ctx, {.tokens = T, .heads = H, .head_dim = K}, s.graw, a_log_.value,
+                           dt_bias_.value, dg.view({T, HK}), dgraw, a_log_.grad, dt_bias_.grad);
     f_b_.backward(ctx, s.f_b, dgraw, dfa);
     f_a_.backward(ctx, s.f_a, dfa, dx, true);
   }

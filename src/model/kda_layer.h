@@ -31,10 +31,6 @@ class KdaLayer : public Layer {
   // times the chunk states (0.87 GB per layer at 8K tokens, 32 heads of 128); it spares backward
   // their recomputation (4.5 ms per layer on the H200). The planner reads the same rule.
   static bool keeps_prepared(Device device, const ops::KdaParams& cp);
-  // Whether the core computes the decay gate itself (ops::kda_gated_*) on `device`: on the GPU
-  // where the chunked kernels take the params. No f32 g [T, H K] is then kept for backward (nor
-  // a dg written); the CPU keeps the separate gate. The planner reads the same rule.
-  static bool fuses_gate(Device device, const ops::KdaParams& cp);
 
   std::vector<ParamSpec> param_specs() const override;
   void bind(const ParamTable& params) override;
@@ -46,7 +42,7 @@ class KdaLayer : public Layer {
     Tensor qs, ks;          // after SiLU (L2-norm inputs)
     Tensor q, k, v;         // core inputs [T, H, K]
     Tensor q_rstd, k_rstd;  // [T * H]
-    Tensor fa, graw, g;     // gate low-rank, pre-activation, log decay (none: fuses_gate)
+    Tensor fa, graw;        // gate low-rank, pre-activation (g is formed again in backward)
     Tensor beta;            // [T, H]
     Tensor o, states;       // core output [T, H, K] and its saved states
     Tensor prepared;        // the CUDA chunked kernels' products, forward to backward (ops/kda.h)
@@ -79,8 +75,7 @@ class KdaLayer : public Layer {
   // q, k [n, H, K] = per-head L2 norms of the SiLU outputs qs, ks [n, H*K].
   void qk_l2norm(Context& ctx, const Tensor& qs, const Tensor& ks, Tensor& q, Tensor& k,
                  Arena& acts, Saved& s) const;
-  // The log decay g [n, H*K] (left to the core where g is undefined: fuses_gate) and beta [n, H]
-  // from x.
+  // The log decay g [n, H*K] and beta [n, H] from x.
   void decay_and_beta(Context& ctx, const Tensor& x, Tensor& g, Tensor& beta, Arena& acts,
                       Saved& s) const;
   // y = o_proj(RMSNorm_head(o) * sigmoid(g_b(g_a x))), o [n, H, K].

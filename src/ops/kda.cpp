@@ -21,18 +21,12 @@ void check_params(const KdaParams& p, const Tensor& cu) {
 }
 
 void check_inputs(const KdaParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                  const Tensor& g, const Tensor& beta, const char* g_name = "kda g") {
+                  const Tensor& g, const Tensor& beta) {
   expect_shape(q, {p.tokens, p.heads, p.head_k}, "kda q");
   expect_shape(k, {p.tokens, p.heads, p.head_k}, "kda k");
   expect_shape(v, {p.tokens, p.heads, p.head_v}, "kda v");
-  expect_shape(g, {p.tokens, p.heads, p.head_k}, g_name);
+  expect_shape(g, {p.tokens, p.heads, p.head_k}, "kda g");
   expect_shape(beta, {p.tokens, p.heads}, "kda beta");
-}
-
-// The fused gate's parameters (kda_gated_*): A_log [H], dt_bias [H K].
-void check_gate(const KdaParams& p, const Tensor& a_log, const Tensor& dt_bias) {
-  expect_shape(a_log, {p.heads}, "kda A_log");
-  expect_shape(dt_bias, {p.heads * p.head_k}, "kda dt_bias");
 }
 
 Shape state_shape(const KdaParams& p) {
@@ -96,15 +90,14 @@ bool kda_chunk_kernel_fits(const KdaParams& p) {
 }
 
 int64_t kda_chunk_workspace_floats(const KdaParams& p, int64_t chunks, bool backward, bool prepared,
-                                   DType dtype, bool gated) {
+                                   DType dtype) {
   const KdaChunkLayout lay{p.chunk, p.head_k, p.head_v};
   // The chunk table (i32: first token and length per chunk, first chunk per document), padded.
   const int64_t table = (2 * chunks + p.num_seqs + 1 + 15) / 16 * 16;
   // Backward: Delta, dR and the outgoing dS per chunk (forward's state pass forms each chunk's
   // output in the same step, so it keeps nothing per chunk but the prepared blocks).
   const int64_t back = backward ? chunks * p.heads * (lay.back_block() + p.head_k * p.head_v) : 0;
-  const int64_t gate = backward && gated ? chunks * p.heads * 2 * p.head_k : 0;
-  return table + (prepared ? 0 : kda_prepared_floats(p, chunks, dtype)) + back + gate;
+  return table + (prepared ? 0 : kda_prepared_floats(p, chunks, dtype)) + back;
 }
 
 int64_t kda_prepared_floats(const KdaParams& p, int64_t chunks, DType dtype) {
@@ -165,70 +158,6 @@ void kda_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, co
   expect_shape(saved, {kda_saved_rows(p, cu_seqlens), p.heads, p.head_k, p.head_v}, "kda saved");
   cpu::kda_backward(ctx, p, cu_seqlens, q, k, v, g, beta, saved, prepared, dout, dhT, dq, dk, dv,
                     dg, dbeta, dh0);
-}
-
-void kda_gated_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
-                       const Tensor& k, const Tensor& v, const Tensor& graw, const Tensor& a_log,
-                       const Tensor& dt_bias, const Tensor& beta, const Tensor& h0, Tensor& o,
-                       Tensor& hT, Tensor& saved, Tensor& prepared) {
-  check_params(p, cu_seqlens);
-  check_inputs(p, q, k, v, graw, beta, "kda graw");
-  check_gate(p, a_log, dt_bias);
-  expect_shape(o, {p.tokens, p.heads, p.head_v}, "kda o");
-  if (h0.defined()) expect_shape(h0, state_shape(p), "kda h0");
-  if (hT.defined()) expect_shape(hT, state_shape(p), "kda hT");
-  if (op_device("kda_gated_forward", {&cu_seqlens, &q, &k, &v, &graw, &a_log, &dt_bias, &beta, &h0,
-                                      &o, &hT, &saved, &prepared}) == Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    check_saved_bounds(p, saved);
-    check_prepared(p, saved, prepared, q.dtype());
-    return cuda::kda_gated_forward(ctx, p, cu_seqlens, q, k, v, graw, a_log, dt_bias, beta, h0, o,
-                                   hT, saved, prepared);
-#else
-    no_cuda_backend("kda_gated_forward");
-#endif
-  }
-  expect_shape(saved, {kda_saved_rows(p, cu_seqlens), p.heads, p.head_k, p.head_v}, "kda saved");
-  cpu::kda_gated_forward(ctx, p, cu_seqlens, q, k, v, graw, a_log, dt_bias, beta, h0, o, hT, saved,
-                         prepared);
-}
-
-void kda_gated_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
-                        const Tensor& k, const Tensor& v, const Tensor& graw, const Tensor& a_log,
-                        const Tensor& dt_bias, const Tensor& beta, const Tensor& saved,
-                        Tensor& prepared, const Tensor& dout, const Tensor& dhT, Tensor& dq,
-                        Tensor& dk, Tensor& dv, Tensor& dgraw, Tensor& da_log, Tensor& ddt_bias,
-                        Tensor& dbeta, Tensor& dh0) {
-  check_params(p, cu_seqlens);
-  check_inputs(p, q, k, v, graw, beta, "kda graw");
-  check_gate(p, a_log, dt_bias);
-  expect_shape(dout, {p.tokens, p.heads, p.head_v}, "kda dout");
-  if (dhT.defined()) expect_shape(dhT, state_shape(p), "kda dhT");
-  if (dh0.defined()) expect_shape(dh0, state_shape(p), "kda dh0");
-  expect_shape(dq, q.shape(), "kda dq");
-  expect_shape(dk, k.shape(), "kda dk");
-  expect_shape(dv, v.shape(), "kda dv");
-  expect_shape(dgraw, graw.shape(), "kda dgraw");
-  if (da_log.defined()) expect_shape(da_log, a_log.shape(), "kda dA_log");
-  if (ddt_bias.defined()) expect_shape(ddt_bias, dt_bias.shape(), "kda ddt_bias");
-  expect_shape(dbeta, beta.shape(), "kda dbeta");
-  if (op_device("kda_gated_backward",
-                {&cu_seqlens, &q,   &k,  &v,  &graw, &a_log, &dt_bias, &beta,     &saved, &prepared,
-                 &dout,       &dhT, &dq, &dk, &dv,   &dgraw, &da_log,  &ddt_bias, &dbeta, &dh0}) ==
-      Device::CUDA) {
-#if MOETRAIN_WITH_CUDA
-    check_saved_bounds(p, saved);
-    check_prepared(p, saved, prepared, q.dtype());
-    return cuda::kda_gated_backward(ctx, p, cu_seqlens, q, k, v, graw, a_log, dt_bias, beta, saved,
-                                    prepared, dout, dhT, dq, dk, dv, dgraw, da_log, ddt_bias, dbeta,
-                                    dh0);
-#else
-    no_cuda_backend("kda_gated_backward");
-#endif
-  }
-  expect_shape(saved, {kda_saved_rows(p, cu_seqlens), p.heads, p.head_k, p.head_v}, "kda saved");
-  cpu::kda_gated_backward(ctx, p, cu_seqlens, q, k, v, graw, a_log, dt_bias, beta, saved, prepared,
-                          dout, dhT, dq, dk, dv, dgraw, da_log, ddt_bias, dbeta, dh0);
 }
 
 }  // namespace mt::ops

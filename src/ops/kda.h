@@ -46,10 +46,9 @@ bool kda_chunk_kernel_fits(const KdaParams& p);
 // Floats of workspace the CUDA chunked kernels take for `chunks` saved rows and q, k, v of
 // `dtype` (ops/kda_chunk_layout.h), for memory planning (the kernels allocate exactly this);
 // `prepared`: the caller passes a prepared tensor (below), which then holds what the workspace
-// would; `gated`: kda_gated_backward's per-(chunk, head) partial sums of the gate's parameter
-// gradients (2 head_k floats each).
+// would.
 int64_t kda_chunk_workspace_floats(const KdaParams& p, int64_t chunks, bool backward, bool prepared,
-                                   DType dtype, bool gated = false);
+                                   DType dtype);
 // Floats of the `prepared` tensor for `chunks` saved rows and q, k, v of `dtype`: the CUDA
 // chunked kernels' intra-chunk products (ops/kda_chunk_layout.h), about 3.3 times the chunk
 // states at C 64, K = V = 128 (bf16 on the tensor-core path; fp32: 5.2 times).
@@ -75,29 +74,6 @@ using KdaBackward = void(Context& ctx, const KdaParams& p, const Tensor& cu_seql
                          Tensor& dg, Tensor& dbeta, Tensor& dh0);
 KdaBackward kda_backward;
 
-// The core with its decay gate fused: g = -exp(A_log[h]) * softplus(graw + dt_bias)
-// (ops/kda_gate.h, same formula and threshold) is computed where the core reads it, so that no
-// f32 g [T, H, K] is written, kept for backward or read back, and backward turns dg into draw and
-// the parameter sums in the same pass. graw [T, H, K] in q's dtype; a_log [H] and dt_bias
-// [H * K] f32. Otherwise kda_forward's contract (saved, prepared, hT, h0). The GPU fuses it where
-// kda_chunk_kernel_fits; elsewhere (and on the CPU) it runs kda_gate then the core, the same math.
-using KdaGatedForward = void(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens,
-                             const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& graw,
-                             const Tensor& a_log, const Tensor& dt_bias, const Tensor& beta,
-                             const Tensor& h0, Tensor& o, Tensor& hT, Tensor& saved,
-                             Tensor& prepared);
-KdaGatedForward kda_gated_forward;
-
-// dq, dk, dv, dgraw (graw's dtype), dbeta and dh0 (when defined) written (=); da_log and ddt_bias
-// accumulate (+=), each skipped when undefined (frozen).
-using KdaGatedBackward = void(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens,
-                              const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& graw,
-                              const Tensor& a_log, const Tensor& dt_bias, const Tensor& beta,
-                              const Tensor& saved, Tensor& prepared, const Tensor& dout,
-                              const Tensor& dhT, Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dgraw,
-                              Tensor& da_log, Tensor& ddt_bias, Tensor& dbeta, Tensor& dh0);
-KdaGatedBackward kda_gated_backward;
-
 // The backends' bodies, called by the entries above once they validated: ops/cpu/kda.cpp, and
 // ops/cuda/kda.cu in CUDA builds. cpu::kda_scratch_floats sizes the CPU path's per-thread chunk
 // buffers.
@@ -105,14 +81,10 @@ namespace cpu {
 KdaScratchFloats kda_scratch_floats;
 KdaForward kda_forward;
 KdaBackward kda_backward;
-KdaGatedForward kda_gated_forward;
-KdaGatedBackward kda_gated_backward;
 }  // namespace cpu
 namespace cuda {
 KdaForward kda_forward;
 KdaBackward kda_backward;
-KdaGatedForward kda_gated_forward;
-KdaGatedBackward kda_gated_backward;
 }  // namespace cuda
 
 }  // namespace mt::ops

@@ -302,17 +302,18 @@ double mixer_scratch(const ModelConfig& cfg, MixerKind k, int64_t T, int64_t max
       const int64_t chunks = (T + cp.chunk - 1) / cp.chunk + docs;
       // Kept prepared products live with the layer's activations (KdaLayer::plan_activations).
       const bool keeps = KdaLayer::keeps_prepared(device, cp);
-      const bool gated = KdaLayer::fuses_gate(device, cp);
       core_fwd = fp32(static_cast<double>(
-          ops::kda_chunk_workspace_floats(cp, chunks, false, keeps, act_dtype, gated)));
-      core_bwd = fp32(static_cast<double>(
-          ops::kda_chunk_workspace_floats(cp, chunks, true, keeps, act_dtype, gated)));
+          ops::kda_chunk_workspace_floats(cp, chunks, false, keeps, act_dtype)));
+      core_bwd = fp32(
+          static_cast<double>(ops::kda_chunk_workspace_floats(cp, chunks, true, keeps, act_dtype)));
     }
-    // Backward: dog, don, dgb, dga, dcore, dq, dk, dv (activation dtype), dg and dbeta (fp32)
-    // live around the core's own scratch; then the largest of the later groups (two more
-    // [T, H K] activations at most).
+    // Forward: the log decay g (fp32 [T, H K]) under the core's scratch. Backward: dog, don, dgb,
+    // dga, dcore, dq, dk, dv (activation dtype), dg and dbeta (fp32) live around g, formed again,
+    // and the core's own scratch; then the largest of the later groups (two more [T, H K]
+    // activations at most).
     const double kept = (fp32(T * HK) * 7 + fp32(T * K)) * act + fp32(T * HK) + fp32(T * H);
-    return std::max({core_fwd, kept + core_bwd, kept + fp32(T * HK) * 3 * act + fp32(T * H)});
+    return std::max({fp32(T * HK) + core_fwd, kept + fp32(T * HK) + core_bwd,
+                     kept + fp32(T * HK) * 3 * act + fp32(T * H)});
   }
   const MlaConfig& m = k == MixerKind::Dsa ? cfg.dsa.mla : cfg.mla;
   const double H = static_cast<double>(m.heads),

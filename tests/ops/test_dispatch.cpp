@@ -291,16 +291,6 @@ TEST(OpDispatch, CudaTensorsInACpuOnlyBuildNameTheMissingBackend) {
                 o = on_cuda({T, H, K}), saved = on_cuda({1}), none;
          ops::kda_forward(ctx, p, cu, q, kk, v, g, beta, none, o, none, saved, none);
        }});
-  calls.push_back(
-      {"kda_gated_forward", [&] {
-         const ops::KdaParams p{.tokens = T, .heads = H, .head_k = K, .head_v = K, .num_seqs = 1};
-         Tensor cu = on_cuda({2}, DType::I32), q = on_cuda({T, H, K}), kk = on_cuda({T, H, K}),
-                v = on_cuda({T, H, K}), raw = on_cuda({T, H, K}), a_log = on_cuda({H}),
-                dt_bias = on_cuda({H * K}), beta = on_cuda({T, H}), o = on_cuda({T, H, K}),
-                saved = on_cuda({1}), none;
-         ops::kda_gated_forward(ctx, p, cu, q, kk, v, raw, a_log, dt_bias, beta, none, o, none,
-                                saved, none);
-       }});
   calls.push_back({"router_forward", [&] {
                      Tensor l = on_cuda({T, E}), s = on_cuda({T, E}),
                             ids = on_cuda({T, k}, DType::I32), w = on_cuda({T, k}), none;

@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "core/arena.h"
-#include "ops/kda_gate.h"
 
 namespace mt::ops::cpu {
 
@@ -531,41 +530,6 @@ void kda_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, co
       recurrent_backward_task(d, in, gr, docs.off[n], docs.off[n + 1], h, ps, pdo,
                               pdhT ? pdhT + st : nullptr, pdh0 ? pdh0 + st : nullptr, buf);
   });
-}
-
-// The fused gate on the CPU is the composition itself: g from ops::kda_gate (f32, in the
-// workspace), then the core; backward recomputes g (the same bits) and runs the gate's backward on
-// the core's dg.
-void kda_gated_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
-                       const Tensor& k, const Tensor& v, const Tensor& graw, const Tensor& a_log,
-                       const Tensor& dt_bias, const Tensor& beta, const Tensor& h0, Tensor& o,
-                       Tensor& hT, Tensor& saved, Tensor& prepared) {
-  const int64_t T = p.tokens, HK = p.heads * p.head_k;
-  const KdaGateParams gp{.tokens = T, .heads = p.heads, .head_dim = p.head_k};
-  ArenaScope scope(ctx.workspace());
-  Tensor g = ctx.workspace().alloc({T, p.heads, p.head_k});
-  Tensor gv = g.view({T, HK});
-  ops::kda_gate_forward(ctx, gp, graw.view({T, HK}), a_log, dt_bias, gv);
-  cpu::kda_forward(ctx, p, cu_seqlens, q, k, v, g, beta, h0, o, hT, saved, prepared);
-}
-
-void kda_gated_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
-                        const Tensor& k, const Tensor& v, const Tensor& graw, const Tensor& a_log,
-                        const Tensor& dt_bias, const Tensor& beta, const Tensor& saved,
-                        Tensor& prepared, const Tensor& dout, const Tensor& dhT, Tensor& dq,
-                        Tensor& dk, Tensor& dv, Tensor& dgraw, Tensor& da_log, Tensor& ddt_bias,
-                        Tensor& dbeta, Tensor& dh0) {
-  const int64_t T = p.tokens, HK = p.heads * p.head_k;
-  const KdaGateParams gp{.tokens = T, .heads = p.heads, .head_dim = p.head_k};
-  ArenaScope scope(ctx.workspace());
-  Tensor g = ctx.workspace().alloc({T, p.heads, p.head_k});
-  Tensor dg = ctx.workspace().alloc({T, p.heads, p.head_k});
-  Tensor gv = g.view({T, HK}), dgrv = dgraw.view({T, HK});
-  ops::kda_gate_forward(ctx, gp, graw.view({T, HK}), a_log, dt_bias, gv);
-  cpu::kda_backward(ctx, p, cu_seqlens, q, k, v, g, beta, saved, prepared, dout, dhT, dq, dk, dv,
-                    dg, dbeta, dh0);
-  ops::kda_gate_backward(ctx, gp, graw.view({T, HK}), a_log, dt_bias, dg.view({T, HK}), dgrv,
-                         da_log, ddt_bias);
 }
 
 }  // namespace mt::ops::cpu

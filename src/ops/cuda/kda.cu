@@ -23,7 +23,6 @@
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kda_chunk.h"
 #include "ops/kda.h"
-#include "ops/kda_gate.h"
 
 namespace mt::ops::cuda {
 
@@ -488,91 +487,6 @@ void kda_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, co
     });
   });
   MT_CUDA_LAUNCH_CHECK();
-}
-
-// The fused gate: inside the chunked kernels where they take the params (kda_chunk.h,
-// KdaChunkGate); elsewhere the gate's own kernels around the direct core, through an f32 g (and
-// dg) in the workspace.
-void kda_gated_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
-                       const Tensor& k, const Tensor& v, const Tensor& graw, const Tensor& a_log,
-                       const Tensor& dt_bias, const Tensor& beta, const Tensor& h0, Tensor& o,
-                       Tensor& hT, Tensor& saved, Tensor& prepared) {
-  check_dims(p, cu_seqlens);
-  expect_same_dtype("kda", q, graw, "graw");
-  expect_f32("kda", a_log, "A_log");
-  expect_f32("kda", dt_bias, "dt_bias");
-  if (p.num_seqs == 0) return;
-  if (kda_chunk_kernel_fits(p)) {
-    for (const auto& [t, what] : {std::pair<const Tensor*, const char*>{&beta, "beta"},
-                                  {&h0, "h0"},
-                                  {&hT, "hT"},
-                                  {&saved, "saved"}})
-      expect_f32("kda", *t, what);
-    expect_same_dtype("kda", q, k, "k");
-    expect_same_dtype("kda", q, v, "v");
-    expect_same_dtype("kda", q, o, "o");
-    const KdaChunkGate gate{.raw = &graw, .a_log = &a_log, .dt_bias = &dt_bias};
-    return kda_chunk_forward(ctx, p, cu_seqlens, q, k, v, Tensor(), beta, h0, o, hT, saved,
-                             prepared, &gate);
-  }
-  const int64_t T = p.tokens, HK = p.heads * p.head_k;
-  ArenaScope scope(ctx.workspace());
-  Tensor g = ctx.workspace().alloc({T, p.heads, p.head_k});
-  Tensor gv = g.view({T, HK});
-  ops::kda_gate_forward(ctx, {.tokens = T, .heads = p.heads, .head_dim = p.head_k},
-                        graw.view({T, HK}), a_log, dt_bias, gv);
-  cuda::kda_forward(ctx, p, cu_seqlens, q, k, v, g, beta, h0, o, hT, saved, prepared);
-}
-
-void kda_gated_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
-                        const Tensor& k, const Tensor& v, const Tensor& graw, const Tensor& a_log,
-                        const Tensor& dt_bias, const Tensor& beta, const Tensor& saved,
-                        Tensor& prepared, const Tensor& dout, const Tensor& dhT, Tensor& dq,
-                        Tensor& dk, Tensor& dv, Tensor& dgraw, Tensor& da_log, Tensor& ddt_bias,
-                        Tensor& dbeta, Tensor& dh0) {
-  check_dims(p, cu_seqlens);
-  expect_same_dtype("kda", q, graw, "graw");
-  expect_same_dtype("kda", q, dgraw, "dgraw");
-  for (const auto& [t, what] : {std::pair<const Tensor*, const char*>{&a_log, "A_log"},
-                                {&dt_bias, "dt_bias"},
-                                {&da_log, "A_log gradient"},
-                                {&ddt_bias, "dt_bias gradient"}})
-    expect_f32("kda", *t, what);
-  if (p.num_seqs == 0) return;
-  if (kda_chunk_kernel_fits(p)) {
-    expect_same_dtype("kda", q, k, "k");
-    expect_same_dtype("kda", q, v, "v");
-    expect_same_dtype("kda", q, dout, "dout");
-    expect_same_dtype("kda", q, dq, "dq");
-    expect_same_dtype("kda", q, dk, "dk");
-    expect_same_dtype("kda", q, dv, "dv");
-    for (const auto& [t, what] : {std::pair<const Tensor*, const char*>{&beta, "beta"},
-                                  {&saved, "saved"},
-                                  {&dhT, "dhT"},
-                                  {&dbeta, "dbeta"},
-                                  {&dh0, "dh0"}})
-      expect_f32("kda", *t, what);
-    const KdaChunkGate gate{.raw = &graw,
-                            .a_log = &a_log,
-                            .dt_bias = &dt_bias,
-                            .draw = &dgraw,
-                            .da_log = &da_log,
-                            .ddt_bias = &ddt_bias};
-    Tensor no_dg;
-    return kda_chunk_backward(ctx, p, cu_seqlens, q, k, v, Tensor(), beta, saved, prepared, dout,
-                              dhT, dq, dk, dv, no_dg, dbeta, dh0, &gate);
-  }
-  const int64_t T = p.tokens, HK = p.heads * p.head_k;
-  const KdaGateParams gp{.tokens = T, .heads = p.heads, .head_dim = p.head_k};
-  ArenaScope scope(ctx.workspace());
-  Tensor g = ctx.workspace().alloc({T, p.heads, p.head_k});
-  Tensor dg = ctx.workspace().alloc({T, p.heads, p.head_k});
-  Tensor gv = g.view({T, HK}), dgrv = dgraw.view({T, HK});
-  ops::kda_gate_forward(ctx, gp, graw.view({T, HK}), a_log, dt_bias, gv);
-  cuda::kda_backward(ctx, p, cu_seqlens, q, k, v, g, beta, saved, prepared, dout, dhT, dq, dk, dv,
-                     dg, dbeta, dh0);
-  ops::kda_gate_backward(ctx, gp, graw.view({T, HK}), a_log, dt_bias, dg.view({T, HK}), dgrv,
-                         da_log, ddt_bias);
 }
 
 }  // namespace mt::ops::cuda

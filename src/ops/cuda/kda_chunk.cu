@@ -96,7 +96,7 @@ __device__ void load_chunk(const Args& a, int64_t t0, int L, int64_t h, const T*
     const int64_t src = ((t0 + i) * a.H + h) * K + x;
     qs[e] = i < L ? ld(q, src) : 0.f;
     ks[e] = i < L ? ld(k, src) : 0.f;
-    gam[e] = i < L ? static_cast<W>(a.g_at<T>(src, h, x)) : W(0);
+    gam[e] = i < L ? static_cast<W>(a.g[src]) : W(0);
   }
   __syncthreads();
   for (int x = threadIdx.x; x < K; x += blockDim.x) {
@@ -818,13 +818,12 @@ constexpr int kOwnersMax = kMaxC * kMaxKV / kGradThreads;  // (token, channel) p
 
 // Shared memory of the gradient kernel over KB channels: [Gam, later dGam (Wide)] [dGam_L (Wide)]
 // [scan partials (Wide)] [tq] [tb] [beta] [Tm.KK row halves] (TC: [the three block-pair tiles])
-// [q, later (with k) the dbeta shares in fp32] [k] [the fused gate's row-segment sums, 2
-// kGradThreads floats]. q and k keep the tensors' dtype: bf16 rows are exact in bf16 and take half
-// the room of fp32.
+// [q, later (with k) the dbeta shares in fp32] [k]. q and k keep the tensors' dtype: bf16 rows
+// are exact in bf16 and take half the room of fp32.
 template <typename T>
 size_t grads_smem(int C, int KB) {
   return sizeof(Wide<T>) * (C * KB + KB + kGradThreads) + sizeof(float) * (2 * C * C + 3 * C) +
-         sizeof(T) * 2 * C * KB + sizeof(float) * 2 * kGradThreads;
+         sizeof(T) * 2 * C * KB;
 }
 
 // TC: three fp32 tiles of the 48 rows of three 16-row blocks, with rows of 72 floats (8 mod 32:
@@ -1002,95 +1001,6 @@ __device__ __forceinline__ void grads_block_pairs(const float* gam, const float*
   __syncthreads();
 }
 
-// The fused gate's g for four channels x .. x + 3 of a row (raw 8-byte aligned: the TC load phase's
-// condition), computed as Args::g_at does.
-template <typename T>
-__device__ __forceinline__ float4 gate4(const Args& a, const T* raw, int64_t h, int x) {
-  float r[4];
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    const uint2 u = *reinterpret_cast<const uint2*>(raw);
-    const __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162*>(&u.x),
-                         hi = *reinterpret_cast<const __nv_bfloat162*>(&u.y);
-    r[0] = __low2float(lo);
-    r[1] = __high2float(lo);
-    r[2] = __low2float(hi);
-    r[3] = __high2float(hi);
-  } else {
-    for (int j = 0; j < 4; ++j) r[j] = ld(raw, j);
-  }
-  const float ea = expf(a.a_log[h]);
-  const float* db = a.dt_bias + h * a.K + x;
-  return make_float4(kda_gate_math::gate(ea, r[0] + db[0]), kda_gate_math::gate(ea, r[1] + db[1]),
-                     kda_gate_math::gate(ea, r[2] + db[2]), kda_gate_math::gate(ea, r[3] + db[3]));
-}
-
-// The fused gate's backward for the block's channels x0 .. x0 + KB of chunk c, head h, once gam
-// holds dg (rows past L zero): draw = dg dg/draw per element, and the chunk's sums over its tokens
-// of draw (dt_bias) and dg g (A_log) per channel into gpart. The threads split a channel's rows in
-// segments like scan_rows; the segments' sums are added in segment order (bit-repeatable). sums: 2
-// kGradThreads floats of shared memory of its own.
-template <typename T, typename W>
-__device__ void gate_grads(const Args& a, int64_t c, int64_t h, int64_t t0, int L, int C, int K,
-                           int KB, int x0, const W* dgam, float* sums) {
-  namespace gm = kda_gate_math;
-  const int tid = threadIdx.x, nseg = kGradThreads / KB, rows = (C + nseg - 1) / nseg;
-  const int x = tid % KB, s = tid / KB;
-  float sdt = 0.f, sa = 0.f;
-  if (s < nseg) {
-    const T* raw = static_cast<const T*>(a.graw);
-    T* draw = static_cast<T*>(a.draw);
-    const float ea = expf(a.a_log[h]), db = a.dt_bias[h * K + x0 + x];
-    const int lo = min(L, s * rows), hi = min(L, lo + rows);
-    for (int i = lo; i < hi; ++i) {
-      const int64_t at = ((t0 + i) * a.H + h) * K + x0 + x;
-      const float d = static_cast<float>(dgam[i * KB + x]), u = ld(raw, at) + db;
-      const float dr = gm::gate_grad(ea, u) * d;
-      st(draw, at, dr);
-      sdt += dr;
-      sa += d * gm::gate(ea, u);
-    }
-  }
-  sums[tid] = sdt;
-  sums[kGradThreads + tid] = sa;
-  __syncthreads();
-  if (tid < KB) {
-    float t1 = 0.f, t2 = 0.f;
-    for (int s2 = 0; s2 < nseg; ++s2) {
-      t1 += sums[s2 * KB + tid];
-      t2 += sums[kGradThreads + s2 * KB + tid];
-    }
-    float* gp = a.gpart + (c * a.H + h) * 2 * K;
-    gp[x0 + tid] = t1;
-    gp[K + x0 + tid] = t2;
-  }
-}
-
-// The fused gate's parameter gradients from gpart (gate_grads), over the chunks in order (unused
-// chunk rows skipped): blocks [0, dt_blocks) kSumCols channels of ddt_bias each (column_sum),
-// then a block per head of da_log (block_sum's fixed tree). Both accumulate (+=). kThreads
-// threads.
-__global__ void gate_sum_kernel(Args a, unsigned dt_blocks, float* ddt_bias, float* da_log) {
-  namespace gm = kda_gate_math;
-  const int64_t K = a.K, HK = a.H * K;
-  if (blockIdx.x < dt_blocks) {
-    const int64_t ch = blockIdx.x * static_cast<int64_t>(gm::kSumCols) + threadIdx.x % gm::kSumCols;
-    const bool in = ddt_bias && ch < HK;
-    const int64_t h = in ? ch / K : 0, x = in ? ch - h * K : 0;
-    const float s = gm::column_sum(a.gpart + h * 2 * K + x, a.nchunks, 2 * HK, a.clen, in);
-    if (in && threadIdx.x < gm::kSumCols) ddt_bias[ch] += s;
-    return;
-  }
-  if (!da_log) return;  // uniform over the block
-  const int64_t h = blockIdx.x - dt_blocks;
-  float s = 0.f;
-  for (int64_t e = threadIdx.x; e < a.nchunks * K; e += blockDim.x) {
-    const int64_t c = e / K, x = e - c * K;
-    if (a.clen[c] > 0) s += a.gpart[(c * a.H + h) * 2 * K + K + x];
-  }
-  s = block_sum(s);
-  if (threadIdx.x == 0) da_log[h] += s;
-}
-
 // One thread per (token i, channel x) of the block's channels: its dq, dk, dGam, and its share of
 // dbeta. The pair terms of row i and of column i are summed first (sQ, sK, sC) and scaled by the
 // owner's q and k once: dQ gets sQ, dGam q sQ, and so on, instead of three products per pair.
@@ -1158,10 +1068,8 @@ __global__ void __launch_bounds__(kGradThreads, TC ? 2 : 1)
     for (int m = 0; m < 4; ++m) {
       const int e = 4 * (tid + kGradThreads * m), i = e / KH;
       const bool in = i < L;
-      const int64_t gsrc = ((t0 + i) * a.H + h) * K + x0 + e % KH;
-      g4[m] = !in      ? zero4
-              : a.graw ? gate4(a, static_cast<const T*>(a.graw) + gsrc, h, x0 + e % KH)
-                       : *reinterpret_cast<const float4*>(a.g + gsrc);
+      g4[m] = in ? *reinterpret_cast<const float4*>(a.g + ((t0 + i) * a.H + h) * K + x0 + e % KH)
+                 : zero4;
       aq4[m] = *reinterpret_cast<const float4*>(blk + lay.Aqk() + e);
       tm4[m] = *reinterpret_cast<const float4*>(blk + lay.Tm() + e);
       kk4[m] = in && (i & 1) == z ? *reinterpret_cast<const float4*>(blk + lay.KK() + e) : zero4;
@@ -1200,7 +1108,7 @@ __global__ void __launch_bounds__(kGradThreads, TC ? 2 : 1)
         st(qs, e, 0.f);
         st(ks, e, 0.f);
       }
-      gam[e] = i < L ? static_cast<W>(a.g_at<T>(src, h, x0 + x)) : W(0);
+      gam[e] = i < L ? static_cast<W>(a.g[src]) : W(0);
     }
     for (int e = tid; e < C * C; e += kGradThreads) {
       tq[e] = blk[lay.Aqk() + e];
@@ -1411,13 +1319,10 @@ __global__ void __launch_bounds__(kGradThreads, TC ? 2 : 1)
   __syncthreads();
   // dg = reverse cumsum of dGam over the chunk, per channel (rows past L hold zero).
   scan_rows<true>(gam, C, KB, part);
-  if (a.graw)
-    gate_grads<T>(a, c, h, t0, L, C, K, KB, x0, gam, reinterpret_cast<float*>(ks + C * KB));
-  else
-    for (int e = tid; e < L * KB; e += kGradThreads) {
-      const int i = e / KB, x = e % KB;
-      a.dg[((t0 + i) * a.H + h) * K + x0 + x] = static_cast<float>(gam[e]);
-    }
+  for (int e = tid; e < L * KB; e += kGradThreads) {
+    const int i = e / KB, x = e % KB;
+    a.dg[((t0 + i) * a.H + h) * K + x0 + x] = static_cast<float>(gam[e]);
+  }
   // dbeta_i = v_i . dR_i + sum_x (its channel shares) + sum_j ta_ij KK_ij; dv = beta dR.
   if constexpr (TC) {
     // The half z: v . dR, dv and Tm . KK of the rows of its parity (i1), every row's share of
@@ -1479,10 +1384,9 @@ __global__ void dbeta_sum_kernel(Args a) {
 }
 
 // `prepared`: the caller's prepared blocks (undefined: they go to the workspace).
-// `gate`: the fused gate's tensors (g then is undefined).
 Args make_args(Context& ctx, const KdaParams& p, const Tensor& cu, const Tensor& q, const Tensor& g,
                const Tensor& beta, int64_t nchunks, bool backward, const Tensor& prepared,
-               Tensor& space, const KdaChunkGate* gate) {
+               Tensor& space) {
   Args a{};
   a.T = p.tokens;
   a.H = p.heads;
@@ -1496,8 +1400,8 @@ Args make_args(Context& ctx, const KdaParams& p, const Tensor& cu, const Tensor&
   a.lay = kda_chunk_layout(p, q.dtype());
   a.block = a.lay.block();
   const bool kept = prepared.defined();
-  space = ctx.workspace().alloc(
-      {kda_chunk_workspace_floats(p, nchunks, backward, kept, q.dtype(), gate != nullptr)});
+  space =
+      ctx.workspace().alloc({kda_chunk_workspace_floats(p, nchunks, backward, kept, q.dtype())});
   float* base = ptr<float>(space);
   int32_t* table = reinterpret_cast<int32_t*>(base);
   a.ct0 = table;
@@ -1513,21 +1417,8 @@ Args make_args(Context& ctx, const KdaParams& p, const Tensor& cu, const Tensor&
   if (backward) {
     a.back = next;
     a.dS = a.back + nchunks * p.heads * a.lay.back_block();
-    next = a.dS + nchunks * p.heads * p.head_k * p.head_v;
   }
-  if (gate) {
-    expect_same_dtype("kda", q, *gate->raw, "graw");
-    a.graw = gate->raw->raw();
-    a.a_log = ptr<float>(*gate->a_log);
-    a.dt_bias = ptr<float>(*gate->dt_bias);
-    if (backward) {
-      expect_same_dtype("kda", q, *gate->draw, "dgraw");
-      a.draw = gate->draw->raw();
-      a.gpart = next;
-    }
-  } else {
-    a.g = ptr<float>(g);
-  }
+  a.g = ptr<float>(g);
   a.beta = ptr<float>(beta);
   chunk_table_kernel<<<1, 32, 0, stream(ctx)>>>(
       ptr<int32_t>(cu), p.num_seqs, p.tokens, a.C, nchunks, const_cast<int32_t*>(a.ct0),
@@ -1578,7 +1469,7 @@ void grads(Context& ctx, const Args& a, const Tensor& q, const Tensor& k, const 
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
     if (a.C == kMaxC && a.K == kMaxKV && aligned(q.raw()) && aligned(k.raw()) && aligned(a.g) &&
-        aligned(a.graw) && aligned(dq.raw()) && aligned(dk.raw())) {
+        aligned(dq.raw()) && aligned(dk.raw())) {
       kernel = grads_kernel<T, true>;
       sm = grads_smem<T>(kMaxC, kHalf) + kGradTileBytes;
       split = kGradSplit;
@@ -1593,19 +1484,6 @@ void grads(Context& ctx, const Args& a, const Tensor& q, const Tensor& k, const 
     dbeta_sum_kernel<<<chunks, kMaxC, 0, stream(ctx)>>>(a);
     MT_CUDA_LAUNCH_CHECK();
   }
-}
-
-// The fused gate's parameter sums (gate_sum_kernel), after grads.
-void gate_sums(Context& ctx, const Args& a, const KdaChunkGate& gate) {
-  const bool want_dt = gate.ddt_bias && gate.ddt_bias->defined() && gate.ddt_bias->numel(),
-             want_a = gate.da_log && gate.da_log->defined() && gate.da_log->numel();
-  if (!want_dt && !want_a) return;
-  static_assert(kThreads == kda_gate_math::kSumCols * kda_gate_math::kSumGroups);
-  const unsigned dt_blocks = blocks_for(a.H * a.K, kda_gate_math::kSumCols);
-  gate_sum_kernel<<<dt_blocks + static_cast<unsigned>(a.H), kThreads, 0, stream(ctx)>>>(
-      a, dt_blocks, want_dt ? ptr<float>(*gate.ddt_bias) : nullptr,
-      want_a ? ptr<float>(*gate.da_log) : nullptr);
-  MT_CUDA_LAUNCH_CHECK();
 }
 
 dim3 state_grid(const Args& a) {
@@ -1628,11 +1506,10 @@ void launch_state(Context& ctx, const Args& a, size_t smem, void (*vec_kernel)(A
 
 void kda_chunk_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, const Tensor& q,
                        const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                       const Tensor& h0, Tensor& o, Tensor& hT, Tensor& saved, Tensor& prepared,
-                       const KdaChunkGate* gate) {
+                       const Tensor& h0, Tensor& o, Tensor& hT, Tensor& saved, Tensor& prepared) {
   ArenaScope scope(ctx.workspace());
   Tensor space;
-  Args a = make_args(ctx, p, cu_seqlens, q, g, beta, saved.dim(0), false, prepared, space, gate);
+  Args a = make_args(ctx, p, cu_seqlens, q, g, beta, saved.dim(0), false, prepared, space);
   a.saved = ptr<float>(saved);
   a.h0 = h0.defined() && h0.numel() ? ptr<float>(h0) : nullptr;
   a.hT = hT.defined() && hT.numel() ? ptr<float>(hT) : nullptr;
@@ -1653,14 +1530,14 @@ void kda_chunk_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqle
                         const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                         const Tensor& saved, Tensor& prepared, const Tensor& dout,
                         const Tensor& dhT, Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dg,
-                        Tensor& dbeta, Tensor& dh0, const KdaChunkGate* gate) {
+                        Tensor& dbeta, Tensor& dh0) {
   ArenaScope scope(ctx.workspace());
   Tensor space;
-  Args a = make_args(ctx, p, cu_seqlens, q, g, beta, saved.dim(0), true, prepared, space, gate);
+  Args a = make_args(ctx, p, cu_seqlens, q, g, beta, saved.dim(0), true, prepared, space);
   a.saved = const_cast<float*>(ptr<float>(saved));
   a.dhT = dhT.defined() && dhT.numel() ? ptr<float>(dhT) : nullptr;
   a.dh0 = dh0.defined() && dh0.numel() ? ptr<float>(dh0) : nullptr;
-  a.dg = gate ? nullptr : ptr<float>(dg);
+  a.dg = ptr<float>(dg);
   a.dbeta = ptr<float>(dbeta);
   const dim3 chunks(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.H));
   MT_DISPATCH_FLOAT(q, "kda", {
@@ -1687,7 +1564,6 @@ void kda_chunk_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqle
     }
     grads<T>(ctx, a, q, k, v, dq, dk, dv);
   });
-  if (gate) gate_sums(ctx, a, *gate);
 }
 
 }  // namespace mt::ops::cuda

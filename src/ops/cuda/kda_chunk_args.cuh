@@ -5,8 +5,6 @@
 
 #include <cstdint>
 
-#include "ops/cuda/common.cuh"
-#include "ops/cuda/kda_gate.cuh"
 #include "ops/kda_chunk_layout.h"
 
 namespace mt::ops::cuda::kda_detail {
@@ -25,13 +23,6 @@ struct Args {
   const int32_t* dchunk0;  // [N + 1] first chunk of each document
   const float *g, *beta, *h0, *dhT;
   float *ws, *back, *saved, *hT, *dS, *dh0, *dg, *dbeta;  // ws: the prepared blocks
-  // The fused gate (kda_chunk.h, KdaChunkGate), null without it: graw [T, H, K] in q's dtype
-  // replaces g, draw (the same dtype) replaces dg, and gpart [nchunks][H][2 K] takes each chunk's
-  // sums over its tokens of draw (dt_bias) and of dg g (A_log, per channel).
-  const void* graw = nullptr;
-  const float *a_log = nullptr, *dt_bias = nullptr;
-  void* draw = nullptr;
-  float* gpart = nullptr;
   __device__ float* blk(int64_t c, int64_t h) const { return ws + (c * H + h) * block; }
   // Where backward's products put Delta dS^T of (c, h) [C, K] (ops/kda_chunk_layout.h): Kl's
   // place, or with the bf16 layout the chunk's outgoing-dS slot, which only that product reads.
@@ -41,14 +32,6 @@ struct Args {
   // Backward's Delta and dR of (c, h).
   __device__ float* bblk(int64_t c, int64_t h) const {
     return back + (c * H + h) * lay.back_block();
-  }
-  // g at element src = (t H + h) K + x: read, or computed from the gate's raw input (T: q's
-  // element type).
-  template <typename T>
-  __device__ float g_at(int64_t src, int64_t h, int64_t x) const {
-    if (!graw) return g[src];
-    return kda_gate_math::gate(expf(a_log[h]),
-                               ld(static_cast<const T*>(graw), src) + dt_bias[h * K + x]);
   }
 };
 

@@ -386,50 +386,19 @@ __global__ void __launch_bounds__(kThreads, 2)
              *const kbg = big_slot(lay.Kb());
 
   // Loads: q, k (bf16), g (fp32) by cp.async, v, beta; T starts at zero (its upper blocks stay
-  // so). The fused gate computes g from its raw input instead (8-byte loads where vec).
+  // so).
   load_bf16_rows<K>(q, t0, L, a.H, h, qs, LdH, vec);
   load_bf16_rows<K>(k, t0, L, a.H, h, ks, LdH, vec);
   static_assert(kC * K / 4 % kThreads == 0);
-  if (a.graw) {
-    const bf16* raw = static_cast<const bf16*>(a.graw);
-    const float ea = expf(a.a_log[h]);
 #pragma unroll
-    for (int u = 0; u < kC * K / 4 / kThreads; ++u) {
-      const int e = tid + u * kThreads, i = e / (K / 4), x = (e - i * (K / 4)) * 4;
-      float4 gv = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (i < L) {
-        const bf16* rp = raw + ((t0 + i) * a.H + h) * K + x;
-        float r[4];
-        if (vec) {
-          const uint2 w2 = *reinterpret_cast<const uint2*>(rp);
-          const __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162*>(&w2.x),
-                               hi = *reinterpret_cast<const __nv_bfloat162*>(&w2.y);
-          r[0] = __low2float(lo);
-          r[1] = __high2float(lo);
-          r[2] = __low2float(hi);
-          r[3] = __high2float(hi);
-        } else {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) r[j] = __bfloat162float(rp[j]);
-        }
-        const float* db = a.dt_bias + h * K + x;
-        gv = make_float4(
-            kda_gate_math::gate(ea, r[0] + db[0]), kda_gate_math::gate(ea, r[1] + db[1]),
-            kda_gate_math::gate(ea, r[2] + db[2]), kda_gate_math::gate(ea, r[3] + db[3]));
-      }
-      f4(gam + i * LdG + x) = gv;
-    }
-  } else {
-#pragma unroll
-    for (int u = 0; u < kC * K / 4 / kThreads; ++u) {
-      const int e = tid + u * kThreads, i = e / (K / 4), x = (e - i * (K / 4)) * 4;
-      const float* gp = a.g + ((t0 + i) * a.H + h) * K + x;
-      if (i < L && vec)
-        mma::cp_async16(gam + i * LdG + x, gp);
-      else
-        f4(gam + i * LdG + x) =
-            i < L ? make_float4(gp[0], gp[1], gp[2], gp[3]) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
+  for (int u = 0; u < kC * K / 4 / kThreads; ++u) {
+    const int e = tid + u * kThreads, i = e / (K / 4), x = (e - i * (K / 4)) * 4;
+    const float* gp = a.g + ((t0 + i) * a.H + h) * K + x;
+    if (i < L && vec)
+      mma::cp_async16(gam + i * LdG + x, gp);
+    else
+      f4(gam + i * LdG + x) =
+          i < L ? make_float4(gp[0], gp[1], gp[2], gp[3]) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
   mma::cp_async_commit();
   // v into registers (beta v takes q's and k's place after the row products): issued with the
@@ -600,8 +569,7 @@ bool aligned16(const void* p) {
 
 template <int K, int V>
 void launch(Context& ctx, const Args& a, const bf16* q, const bf16* k, const bf16* v) {
-  const bool vec =
-      aligned16(q) && aligned16(k) && aligned16(v) && aligned16(a.g) && aligned16(a.graw);
+  const bool vec = aligned16(q) && aligned16(k) && aligned16(v) && aligned16(a.g);
   const dim3 grid(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.H));
   if (a.lay.half) {
     auto* kernel = prep_tc_kernel<K, V, bf16>;
