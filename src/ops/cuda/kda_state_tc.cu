@@ -255,7 +255,9 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_state_tc_kernel(Args a, bf16*
 //    Aqk, gL free), Delta published (Kl, Aqk, gL landed; W, Qh, U free). Kl, Aqk, gL of the chunk
 //    are staged after the first, W, Qh, U of the next after the second: each has half a chunk to
 //    land (one buffer each: two blocks of 4 warps per SM, as before);
-//  - the cp.async loops have compile-time trip counts (no division per 16 bytes).
+//  - the cp.async loops have compile-time trip counts (no division per 16 bytes), and each
+//    chunk's lines are prefetched into L2 two chunks ahead (a quarter of them by each of a head's
+//    column blocks), so that the half-step cp.async windows meet L2 latency, not HBM's.
 // Bf16 prepared layout only (head dims 64 or 128, which the layout implies); the fp32 layout keeps
 // fwd_state_tc_kernel.
 constexpr int kLdAq = kC + 8;  // Aqk rows (floats): 8 mod 32, conflict-free 8-byte fragment loads
@@ -328,6 +330,17 @@ __device__ __forceinline__ void mma_k16(float (&acc)[4], const uint32_t (&a)[4],
   mma::mma_tf32(acc, hi, b1);
 }
 
+// The 128-byte lines of [p, p + bytes) whose index is `part` mod `parts` into L2, so that the
+// blocks sharing a head (one part each) pull a later chunk's operands from HBM once and ahead of
+// their cp.async.
+__device__ __forceinline__ void prefetch_l2(const float* p, int64_t floats, int part, int parts) {
+  const char* b = reinterpret_cast<const char*>(p);
+  const int64_t bytes = floats * static_cast<int64_t>(sizeof(float));
+  for (int64_t j = static_cast<int64_t>(threadIdx.x) * parts + part; j * 128 < bytes;
+       j += static_cast<int64_t>(kThreads) * parts)
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(b + j * 128));
+}
+
 // Shared bytes of fwd_state_v2_kernel: W, Qh, Kl (bf16 rows of K + 8), U (NB + 8), Aqk (fp32 rows
 // of kLdAq), gL, S0^T and Delta^T (bt_ld).
 template <int NB, int K>
@@ -369,11 +382,24 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_state_v2_kernel(Args a, bf16*
     stage_ct<kC, kC>(As, kLdAq, blk + lay.Aqk(), kC);
     stage_ct<1, K>(gLs, 0, blk + lay.gL(), 0);
   };
+  // What the pass reads of a chunk's block: W, Qh, Kl, U (contiguous), Aqk and gL; the head's
+  // column blocks (gridDim.z) share the lines.
+  const auto prefetch = [&](int64_t c) {
+    const float* blk = a.blk(c, h);
+    const int part = static_cast<int>(blockIdx.z), parts = static_cast<int>(gridDim.z);
+    prefetch_l2(blk + lay.W(), lay.Kb() - lay.W(), part, parts);
+    prefetch_l2(blk + lay.Aqk(), kC * kC, part, parts);
+    prefetch_l2(blk + lay.gL(), K, part, parts);
+  };
+  if (cb + 1 < ce) prefetch(cb + 1);
   if (cb < ce) stage_a(cb);
   mma::cp_async_commit();
   for (int64_t c = cb; c < ce; ++c) {
     const int L = a.clen[c];
     float* sv = a.saved + (c * H + h) * K * V + col0;
+    // Two chunks ahead: the HBM latency hides behind a whole chunk step (the cp.async of a chunk
+    // has half a step to land, and then finds its lines in L2).
+    if (c + 2 < ce) prefetch(c + 2);
 #pragma unroll
     for (int mt = 0; mt < kMt; ++mt) {
       bt_store(St, kLdS, s[mt], 16 * (w + 4 * mt), lane);
