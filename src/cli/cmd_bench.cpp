@@ -393,9 +393,15 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
   // torch.no_grad.
   ops::KdaParams pe = p;
   pe.keep_for_backward = false;
-  const double fe = time([&] {
+  const auto eval_fwd = [&] {
     ops::kda_forward(ctx, pe, cu, q, k, v, g, beta, Tensor(), out, none, saved, prepared);
-  });
+  };
+  const double fe = time(eval_fwd);
+  // The same two forwards through the previous forward state pass (ops/kda_prep_path.h), timed in
+  // this run so that old and new compare on the same machine and inputs.
+  ops::kda_set_forward_state_v2(false);
+  const double f_v1 = time(fwd), fe_v1 = time(eval_fwd);
+  ops::kda_set_forward_state_v2(true);
   // With the decay gate in front (ops/kda_gate.h, as the KDA layer runs it: raw in the
   // activations' type, g in f32), against fla's chunk_kda with use_gate_in_kernel.
   const ops::KdaGateParams gp{.tokens = T, .heads = H, .head_dim = D};
@@ -425,6 +431,8 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
                       {"fwd_ms", f},
                       {"fwdbwd_ms", fb},
                       {"fwd_eval_ms", fe},
+                      {"fwd_ms_state_v1", f_v1},
+                      {"fwd_eval_ms_state_v1", fe_v1},
                       {"gate_core_fwd_ms", gf},
                       {"gate_core_fwdbwd_ms", gfb},
                       {"fwd_Mtok_s", T / f / 1e3},

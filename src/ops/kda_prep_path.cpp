@@ -5,6 +5,7 @@ namespace mt::ops {
 namespace {
 bool tensor_core_prep = true;
 bool bf16_prepared = true;
+bool forward_state_v2 = true;
 }  // namespace
 
 KdaPrepPath kda_bf16_prep_path(const KdaParams& p) {
@@ -39,6 +40,14 @@ void kda_set_bf16_prepared(bool on) {
 
 bool kda_bf16_prepared() {
   return bf16_prepared;
+}
+
+void kda_set_forward_state_v2(bool on) {
+  forward_state_v2 = on;
+}
+
+bool kda_forward_state_v2() {
+  return forward_state_v2;
 }
 
 }  // namespace mt::ops

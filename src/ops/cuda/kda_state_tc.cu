@@ -23,11 +23,13 @@
 // each: two blocks of 4 warps then fit per SM, and 16-column blocks give 8 per head: the grid fills
 // the GPU with one document of 32 heads).
 #include <algorithm>
+#include <type_traits>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/index_lists.cuh"
 #include "ops/cuda/kda_state_tc.h"
 #include "ops/cuda/mma.cuh"
+#include "ops/kda_prep_path.h"
 
 namespace mt::ops::cuda::kda_detail {
 
@@ -230,6 +232,264 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_state_tc_kernel(Args a, bf16*
     __syncthreads();  // Kl, gL, Qh, Aqk, S0 and Delta free
     if (c + 1 < ce) stage_kl(c + 1);
     mma::cp_async_commit();
+  }
+  if (a.hT) state_io(s, nullptr, a.hT + (n * H + h) * K * V + col0, K, V);
+}
+
+// The forward state pass, leaner per chunk (kda_set_forward_state_v2, the default; the kernel
+// above stays selectable so that one benchmark times both). Same products, same operand values
+// (S0 and Delta rounded to tf32 once where they are stored instead of at every fragment load: the
+// bits the MMAs see are the same), the k index of each 16-row block permuted consistently between
+// A and B, so the results differ from fwd_state_tc_kernel's by fp32 summation order only. Per
+// chunk and warp, the old kernel spent ~60 instructions per m16n8k8 MMA on fragment loads (2-byte
+// and 4-byte scalars, a cvt per B element, index math) and ran its products one after another,
+// each a chain of 8 to 24 dependent MMAs, between four barriers. Here:
+//  - A fragments (W, Qh, Kl^T: bf16) come from one ldmatrix.x4 per 16 x 16 tile: its bf16 pairs
+//    (k = 2c, 2c+1) split lo / hi into the two k8 steps of the block (a bf16 is its tf32 with the
+//    low half zero), so step 0 takes k = 2c, 2c+8 and step 1 k = 2c+1, 2c+9;
+//  - B operands (S0, Delta) are stored transposed, already tf32, each 16-row block in the order
+//    (2c, 2c+8, 2c+1, 2c+9) per lane: one 16-byte load gives both k8 steps' B fragments (bt_*);
+//  - W S0 and Qh S0 run in one loop over k that shares the S0 fragments (8 independent
+//    accumulator chains per warp), as do Kl^T Delta and Aqk Delta over the Delta fragments (12);
+//  - two barriers per chunk: S0 published (the chunk's W, Qh, U landed; last chunk's Delta, Kl,
+//    Aqk, gL free), Delta published (Kl, Aqk, gL landed; W, Qh, U free). Kl, Aqk, gL of the chunk
+//    are staged after the first, W, Qh, U of the next after the second: each has half a chunk to
+//    land (one buffer each: two blocks of 4 warps per SM, as before);
+//  - the cp.async loops have compile-time trip counts (no division per 16 bytes), and each
+//    chunk's lines are prefetched into L2 two chunks ahead (a quarter of them by each of a head's
+//    column blocks), so that the half-step cp.async windows meet L2 latency, not HBM's.
+// Bf16 prepared layout only (head dims 64 or 128, which the layout implies); the fp32 layout keeps
+// fwd_state_tc_kernel.
+constexpr int kLdAq = kC + 8;  // Aqk rows (floats): 8 mod 32, conflict-free 8-byte fragment loads
+
+// Row stride (floats) of a transposed B operand over nk values of k: 16 mod 32, so that a
+// quarter warp's 16-byte loads (two rows) cover the 32 banks once.
+constexpr int bt_ld(int nk) {
+  return nk + 16;
+}
+
+// rows x COLS elements of E from global rows gld apart into shared rows sld apart, 16 bytes per
+// cp.async, trip counts known at compile time.
+template <int ROWS, int COLS, typename E>
+__device__ __forceinline__ void stage_ct(E* dst, int sld, const E* src, int64_t gld) {
+  constexpr int kPer = 16 / sizeof(E), kRow = COLS / kPer, kN = ROWS * kRow;
+  static_assert(COLS % kPer == 0, "rows of whole 16-byte pieces");
+#pragma unroll
+  for (int j = 0; j < (kN + kThreads - 1) / kThreads; ++j) {
+    const int e = j * kThreads + static_cast<int>(threadIdx.x);
+    if (kN % kThreads == 0 || e < kN) {
+      const int r = e / kRow, q = (e % kRow) * kPer;
+      mma::cp_async16(dst + r * sld + q, src + r * gld + q);
+    }
+  }
+}
+
+__device__ __forceinline__ float tf32_value(float x) {
+  return __uint_as_float(mma::to_tf32(x));
+}
+
+// An accumulator tile (k rows x0 .. x0+15, n columns 8 nt + 2c, + 1) into a transposed B operand:
+// row n, 16-byte chunk (x0 / 4 + g / 2) XOR 2 ((n / 2) mod 4), at 2 (g mod 2) in it the pair
+// (k = x0 + g, x0 + g + 8): so that a 16-row block's lane c finds k = 2c, 2c+8, 2c+1, 2c+9 in its
+// chunk c. Rounded to tf32 here, once. The XOR keeps both these 8-byte stores and bt_load's
+// 16-byte loads conflict-free.
+template <int NT>
+__device__ __forceinline__ void bt_store(float* dst, int ld, const float (&v)[NT][4], int x0,
+                                         int lane) {
+  const int g = lane >> 2, c = lane & 3;
+  // Rows n = 8 nt + 2c (+ 1): (n / 2) mod 4 = c.
+  const int off = 4 * (((x0 >> 2) + (g >> 1)) ^ (2 * c)) + 2 * (g & 1);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    float* row = dst + (8 * nt + 2 * c) * ld + off;
+    *at2(row) = make_float2(tf32_value(v[nt][0]), tf32_value(v[nt][2]));
+    *at2(row + ld) = make_float2(tf32_value(v[nt][1]), tf32_value(v[nt][3]));
+  }
+}
+
+// The B fragments of both k8 steps of 16-row block kb, n-tiles 0 .. NT-1: lane (g, c) reads row
+// 8 nt + g, chunk (4 kb + c) XOR 2 ((g / 2) mod 4) (bt_store's swizzle: it depends on g only).
+template <int NT>
+__device__ __forceinline__ void bt_load(float4 (&b)[NT], const float* src, int ld, int kb,
+                                        int lane) {
+  const int g = lane >> 2, c = lane & 3;
+  const float* p = src + g * ld + 4 * ((4 * kb + c) ^ (2 * ((g >> 1) & 3)));
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) b[nt] = *reinterpret_cast<const float4*>(p + 8 * nt * ld);
+}
+
+// acc += A B over a 16-row block of k: A an ldmatrix fragment of bf16 pairs (step 0 takes the low
+// halves, k = 2c and 2c+8; step 1 the high ones, k = 2c+1 and 2c+9), B from bt_load.
+__device__ __forceinline__ void mma_k16(float (&acc)[4], const uint32_t (&a)[4], float4 b) {
+  const uint32_t lo[4] = {a[0] << 16, a[1] << 16, a[2] << 16, a[3] << 16};
+  const uint32_t hi[4] = {a[0] & 0xffff0000u, a[1] & 0xffff0000u, a[2] & 0xffff0000u,
+                          a[3] & 0xffff0000u};
+  const uint32_t b0[2] = {__float_as_uint(b.x), __float_as_uint(b.y)};
+  const uint32_t b1[2] = {__float_as_uint(b.z), __float_as_uint(b.w)};
+  mma::mma_tf32(acc, lo, b0);
+  mma::mma_tf32(acc, hi, b1);
+}
+
+// The 128-byte lines of [p, p + bytes) whose index is `part` mod `parts` into L2, so that the
+// blocks sharing a head (one part each) pull a later chunk's operands from HBM once and ahead of
+// their cp.async.
+__device__ __forceinline__ void prefetch_l2(const float* p, int64_t floats, int part, int parts) {
+  const char* b = reinterpret_cast<const char*>(p);
+  const int64_t bytes = floats * static_cast<int64_t>(sizeof(float));
+  for (int64_t j = static_cast<int64_t>(threadIdx.x) * parts + part; j * 128 < bytes;
+       j += static_cast<int64_t>(kThreads) * parts)
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(b + j * 128));
+}
+
+// Shared bytes of fwd_state_v2_kernel: W, Qh, Kl (bf16 rows of K + 8), U (NB + 8), Aqk (fp32 rows
+// of kLdAq), gL, S0^T and Delta^T (bt_ld).
+template <int NB, int K>
+constexpr size_t fwd_state_v2_smem() {
+  return sizeof(bf16) * (3 * kC * (K + 8) + kC * (NB + 8)) +
+         sizeof(float) * (kC * kLdAq + K + NB * bt_ld(K) + NB * bt_ld(kC));
+}
+
+template <int NB, int K>
+__global__ void __launch_bounds__(kThreads, 2) fwd_state_v2_kernel(Args a, bf16* o) {
+  static_assert(NB % 8 == 0 && K % 64 == 0 && K <= kK, "NB / 8 n-tiles; K 64 or 128");
+  constexpr int NT = NB / 8, kLdA = K + 8, kLdU = NB + 8, kLdS = bt_ld(K), kLdD = bt_ld(kC);
+  constexpr int kMt = K / 64;  // the warp's state m-tiles: w, w + 4
+  const int64_t n = blockIdx.x, h = blockIdx.y, H = a.H;
+  const int col0 = blockIdx.z * NB, V = a.V, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const int g = lane >> 2, c4 = lane & 3;
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* Ws = reinterpret_cast<bf16*>(smem);              // [kC][kLdA]
+  bf16* Qs = Ws + kC * kLdA;                             // [kC][kLdA]
+  bf16* Kls = Qs + kC * kLdA;                            // [kC][kLdA], read transposed
+  bf16* Us = Kls + kC * kLdA;                            // [kC][kLdU]
+  float* As = reinterpret_cast<float*>(Us + kC * kLdU);  // [kC][kLdAq]
+  float* gLs = As + kC * kLdAq;                          // [K]
+  float* St = gLs + K;                                   // [NB][kLdS]: S0^T (bt_store)
+  float* Dt = St + NB * kLdS;                            // [NB][kLdD]: Delta^T
+  const KdaChunkLayout& lay = a.lay;
+  float s[2][NT][4];
+  state_io(s, a.h0 ? a.h0 + (n * H + h) * K * V + col0 : nullptr, nullptr, K, V);
+  const int64_t cb = a.dchunk0[n], ce = a.dchunk0[n + 1];
+  const auto stage_a = [&](int64_t c) {  // what W S0, Qh S0 and Delta read
+    const float* blk = a.blk(c, h);
+    stage_ct<kC, K>(Ws, kLdA, slot<bf16>(blk, lay.W()), K);
+    stage_ct<kC, K>(Qs, kLdA, slot<bf16>(blk, lay.Qh()), K);
+    stage_ct<kC, NB>(Us, kLdU, slot<bf16>(blk, lay.U()) + col0, V);
+  };
+  const auto stage_b = [&](int64_t c) {  // what the state update and Aqk Delta read
+    const float* blk = a.blk(c, h);
+    stage_ct<kC, K>(Kls, kLdA, slot<bf16>(blk, lay.Kl()), K);
+    stage_ct<kC, kC>(As, kLdAq, blk + lay.Aqk(), kC);
+    stage_ct<1, K>(gLs, 0, blk + lay.gL(), 0);
+  };
+  // What the pass reads of a chunk's block: W, Qh, Kl, U (contiguous), Aqk and gL; the head's
+  // column blocks (gridDim.z) share the lines.
+  const auto prefetch = [&](int64_t c) {
+    const float* blk = a.blk(c, h);
+    const int part = static_cast<int>(blockIdx.z), parts = static_cast<int>(gridDim.z);
+    prefetch_l2(blk + lay.W(), lay.Kb() - lay.W(), part, parts);
+    prefetch_l2(blk + lay.Aqk(), kC * kC, part, parts);
+    prefetch_l2(blk + lay.gL(), K, part, parts);
+  };
+  if (cb + 1 < ce) prefetch(cb + 1);
+  if (cb < ce) stage_a(cb);
+  mma::cp_async_commit();
+  for (int64_t c = cb; c < ce; ++c) {
+    const int L = a.clen[c];
+    float* sv = a.saved + (c * H + h) * K * V + col0;
+    // Two chunks ahead: the HBM latency hides behind a whole chunk step (the cp.async of a chunk
+    // has half a step to land, and then finds its lines in L2).
+    if (c + 2 < ce) prefetch(c + 2);
+#pragma unroll
+    for (int mt = 0; mt < kMt; ++mt) {
+      bt_store(St, kLdS, s[mt], 16 * (w + 4 * mt), lane);
+      if (a.keep)
+        for_pairs(s[mt], 16 * (w + 4 * mt), lane, [&](int x, int col, float& s0, float& s1) {
+          *at2(sv + x * V + col) = make_float2(s0, s1);
+        });
+    }
+    mma::cp_async_wait<0>();  // W, Qh, U of this chunk
+    __syncthreads();          // S0^T published; Delta^T, Kl, Aqk, gL free
+    stage_b(c);
+    mma::cp_async_commit();
+    // Delta = U - W S0 and the output's Qh S0, rows 16 w .. 16 w + 15, sharing the S0 fragments.
+    float d[NT][4] = {}, acc[NT][4] = {};
+#pragma unroll
+    for (int kb = 0; kb < K / 16; ++kb) {
+      float4 b[NT];
+      bt_load(b, St, kLdS, kb, lane);
+      uint32_t aw[4], aq[4];
+      mma::ldsm_a(aw, Ws, kLdA, 16 * w, 16 * kb, lane);
+      mma::ldsm_a(aq, Qs, kLdA, 16 * w, 16 * kb, lane);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        mma_k16(d[nt], aw, b[nt]);
+        mma_k16(acc[nt], aq, b[nt]);
+      }
+    }
+    {
+      const int i0 = 16 * w + g;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int col = 8 * nt + 2 * c4;
+        const float2 u0 = ld2(Us + i0 * kLdU + col), u1 = ld2(Us + (i0 + 8) * kLdU + col);
+        d[nt][0] = i0 < L ? u0.x - d[nt][0] : 0.f;
+        d[nt][1] = i0 < L ? u0.y - d[nt][1] : 0.f;
+        d[nt][2] = i0 + 8 < L ? u1.x - d[nt][2] : 0.f;
+        d[nt][3] = i0 + 8 < L ? u1.y - d[nt][3] : 0.f;
+      }
+      bt_store(Dt, kLdD, d, 16 * w, lane);
+    }
+    mma::cp_async_wait<0>();  // Kl, Aqk, gL of this chunk
+    __syncthreads();          // Delta^T published; W, Qh, U free
+    if (c + 1 < ce) stage_a(c + 1);
+    mma::cp_async_commit();
+    // S = diag(gL) S0 + Kl^T Delta and o += Aqk Delta, sharing the Delta fragments. All 64 rows
+    // of the chunk: Delta is zero past L, and the prep leaves Kl and Aqk finite there (zero).
+#pragma unroll
+    for (int mt = 0; mt < kMt; ++mt) {
+      const int x0 = 16 * (w + 4 * mt);
+      const float gl0 = gLs[x0 + g], gl1 = gLs[x0 + g + 8];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        s[mt][nt][0] *= gl0;
+        s[mt][nt][1] *= gl0;
+        s[mt][nt][2] *= gl1;
+        s[mt][nt][3] *= gl1;
+      }
+    }
+#pragma unroll
+    for (int kb = 0; kb < kC / 16; ++kb) {
+      float4 b[NT];
+      bt_load(b, Dt, kLdD, kb, lane);
+      uint32_t ak[kMt][4];
+#pragma unroll
+      for (int mt = 0; mt < kMt; ++mt)
+        mma::ldsm_a_trans(ak[mt], Kls, kLdA, 16 * (w + 4 * mt), 16 * kb, lane);
+      // Aqk (fp32) with the same k order: step 0 k = 2c, 2c+8, step 1 k = 2c+1, 2c+9.
+      const float* ar = As + (16 * w + g) * kLdAq + 16 * kb + 2 * c4;
+      const float2 p0 = ld2(ar), p1 = ld2(ar + 8 * kLdAq), p2 = ld2(ar + 8),
+                   p3 = ld2(ar + 8 * kLdAq + 8);
+      const uint32_t aa0[4] = {mma::to_tf32(p0.x), mma::to_tf32(p1.x), mma::to_tf32(p2.x),
+                               mma::to_tf32(p3.x)};
+      const uint32_t aa1[4] = {mma::to_tf32(p0.y), mma::to_tf32(p1.y), mma::to_tf32(p2.y),
+                               mma::to_tf32(p3.y)};
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int mt = 0; mt < kMt; ++mt) mma_k16(s[mt][nt], ak[mt], b[nt]);
+        const uint32_t b0[2] = {__float_as_uint(b[nt].x), __float_as_uint(b[nt].y)};
+        const uint32_t b1[2] = {__float_as_uint(b[nt].z), __float_as_uint(b[nt].w)};
+        mma::mma_tf32(acc[nt], aa0, b0);
+        mma::mma_tf32(acc[nt], aa1, b1);
+      }
+    }
+    const int64_t t0 = a.ct0[c];
+    for_pairs(acc, 16 * w, lane, [&](int i, int col, float& o0, float& o1) {
+      if (i < L)
+        *reinterpret_cast<__nv_bfloat162*>(o + ((t0 + i) * H + h) * V + col0 + col) =
+            __floats2bfloat162_rn(o0, o1);
+    });
   }
   if (a.hT) state_io(s, nullptr, a.hT + (n * H + h) * K * V + col0, K, V);
 }
@@ -444,6 +704,14 @@ dim3 chunk_grid(const Args& a, int jobs) {
               static_cast<unsigned>(jobs * ((a.V + kNO - 1) / kNO)));
 }
 
+template <int NB, int K>
+void launch_fwd_v2(Context& ctx, const Args& a, bf16* o) {
+  auto* kernel = fwd_state_v2_kernel<NB, K>;
+  kernel<<<state_grid(a, NB), kThreads, smem_for(kernel, fwd_state_v2_smem<NB, K>(), "kda_forward"),
+           stream(ctx)>>>(a, o);
+  MT_CUDA_LAUNCH_CHECK();
+}
+
 template <typename E>
 void forward_state_as(Context& ctx, const Args& a, bf16* o) {
   const char* op = "kda_forward";
@@ -451,7 +719,15 @@ void forward_state_as(Context& ctx, const Args& a, bf16* o) {
   int dev = 0, sms = 0;
   MT_CUDA_CHECK(cudaGetDevice(&dev));
   MT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  if (a.N * a.H * (a.V / kNB) > 2 * static_cast<int64_t>(sms) && a.V % (2 * kNB) == 0) {
+  const bool wide = a.N * a.H * (a.V / kNB) > 2 * static_cast<int64_t>(sms) && a.V % (2 * kNB) == 0;
+  if constexpr (std::is_same_v<E, bf16>) {
+    if (kda_forward_state_v2() && (a.K == 64 || a.K == 128)) {
+      if (a.K == 128)
+        return wide ? launch_fwd_v2<2 * kNB, 128>(ctx, a, o) : launch_fwd_v2<kNB, 128>(ctx, a, o);
+      return wide ? launch_fwd_v2<2 * kNB, 64>(ctx, a, o) : launch_fwd_v2<kNB, 64>(ctx, a, o);
+    }
+  }
+  if (wide) {
     auto* kernel = fwd_state_tc_kernel<2 * kNB, E>;
     kernel<<<state_grid(a, 2 * kNB), kThreads, smem_for(kernel, fwd_state_smem<2 * kNB, E>(), op),
              stream(ctx)>>>(a, o);
