@@ -78,6 +78,12 @@ void swiglu_backward(Context& ctx, const Tensor& gate_up, const Tensor& dh, Tens
            {&gate_up, &dh, &dgate_up}, ctx, gate_up, dh, dgate_up);
 }
 
+void swiglu_backward_with_h(Context& ctx, const Tensor& gate_up, const Tensor& dh, Tensor& dgate_up,
+                            Tensor& h) {
+  dispatch(MT_NAMED_OP_BODIES("grouped_ffn_backward", grouped_ffn_swiglu_backward_with_h),
+           {&gate_up, &dh, &dgate_up, &h}, ctx, gate_up, dh, dgate_up, h);
+}
+
 void lora_swiglu(Context& ctx, const GroupedFfnParams& p, const Tensor& xa, const Tensor& offsets,
                  const Tensor& b, const Tensor& gate_up, Tensor& h) {
   dispatch(MT_NAMED_OP_BODIES("grouped_ffn_forward", grouped_ffn_lora_swiglu),
@@ -343,14 +349,13 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
   // Scratch in the activations' type (f32 on the CPU; f32 or bf16 on the GPU).
   ArenaScope scope(ctx.workspace());
   const DType at = x.dtype();
-  // h = swiglu(gate_up): forward's with LoRA; without, recomputed only for the pass that reads
-  // it, dW_down (a frozen base skips a pass that reads 2 N F and writes N F elements).
+  // h = swiglu(gate_up): forward's with LoRA; without, formed again only for the pass that reads
+  // it, dW_down, by SwiGLU's backward as it reads gate_up (a frozen base forms none).
   const bool need_h = g_dn || g_dna;
   Tensor h = r > 0 ? saved.h : need_h ? ctx.workspace().alloc({N, F}, at) : Tensor();
   Tensor dh = ctx.workspace().alloc({N, F}, at);
   Tensor dgu = ctx.workspace().alloc({N, 2 * F}, at);
   Tensor dr = ctx.workspace().alloc({N, r}, at);
-  if (need_h && r == 0) swiglu_forward(ctx, saved.gate_up, h);
 
   // Traffic per pass, in elements (N rows, d = in): the down projection's dX GEMM reads dY (N d)
   // and writes dh (N F), its dW GEMM reads dY and h (N d + N F); SwiGLU's backward reads gate_up
@@ -384,13 +389,21 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
     if (has(gw)) grouped_matmul(ctx, form.dw_base, dout, offsets, in, gw);
     if (r > 0 && has(ga)) grouped_matmul(ctx, form.dw, dr, offsets, in, ga);
   };
-  project_back(dy, h, w.down, w.down_a, w.down_b, saved.ha, dh, grads.down, grads.down_a,
-               grads.down_b, false);
-  if (r > 0)  // dh + dr A_down, with dr the down projection's
+  if (r > 0) {
+    project_back(dy, h, w.down, w.down_a, w.down_b, saved.ha, dh, grads.down, grads.down_a,
+                 grads.down_b, false);
+    // dh + dr A_down, with dr the down projection's
     lora_swiglu_backward(ctx, p, saved.gate_up, saved.xa, offsets, w.gate_up_b, dh, dr, w.down_a,
                          dgu);
-  else
-    swiglu_backward(ctx, saved.gate_up, dh, dgu);
+  } else {
+    grouped_matmul(ctx, form.dx, dy, offsets, w.down, dh);
+    if (!g_dn) {
+      swiglu_backward(ctx, saved.gate_up, dh, dgu);
+    } else {  // h formed beside dgate_up, then dW_down reads it
+      swiglu_backward_with_h(ctx, saved.gate_up, dh, dgu, h);
+      grouped_matmul(ctx, form.dw_base, dy, offsets, h, grads.down);
+    }
+  }
   project_back(dgu, x, w.gate_up, w.gate_up_a, w.gate_up_b, saved.xa, dx, grads.gate_up,
                grads.gate_up_a, grads.gate_up_b, true);
 }

@@ -56,7 +56,7 @@ struct GroupedFfnWeights {
 };
 
 // What forward keeps for backward: the pre-activations and, with LoRA, the rank-r projections and
-// h. Without LoRA h is recomputed in backward from gate_up where a pass reads it (dW_down); with
+// h. Without LoRA SwiGLU's backward forms h again where a pass reads it (dW_down); with
 // LoRA the down adapter's dA always reads it, and keeping it (rows x F, a third of gate_up) saves
 // backward a pass that reads gate_up and writes h.
 struct GroupedFfnSaved {
@@ -105,6 +105,11 @@ using GroupedFfnSwigluForward = void(Context& ctx, const Tensor& gate_up, Tensor
 // dgate_up from dh, written.
 using GroupedFfnSwigluBackward = void(Context& ctx, const Tensor& gate_up, const Tensor& dh,
                                       Tensor& dgate_up);
+// The same, also writing h = silu(gate) * up for the down projection's weight gradient: where the
+// base trains without LoRA nothing keeps h from forward, and forming it here reads gate_up once
+// instead of in a pass of its own (on the GPU: 2F elements a row less read, one launch less).
+using GroupedFfnSwigluBackwardWithH = void(Context& ctx, const Tensor& gate_up, const Tensor& dh,
+                                           Tensor& dgate_up, Tensor& h);
 
 // The adapter's backward products that read a projection's output gradient dOut [rows, out]
 // (B [E, out, r], the saved X A^T xa [rows, r], s = p.lora_scale()): dr = s dOut B, written, and
@@ -135,6 +140,7 @@ using GroupedFfnLoraSwigluBackward = void(Context& ctx, const GroupedFfnParams& 
 // ops/cuda/grouped_ffn.cu in CUDA builds.
 MT_OP_BACKENDS(GroupedFfnSwigluForward grouped_ffn_swiglu_forward;
                GroupedFfnSwigluBackward grouped_ffn_swiglu_backward;
+               GroupedFfnSwigluBackwardWithH grouped_ffn_swiglu_backward_with_h;
                GroupedFfnLoraOutGrads grouped_ffn_lora_out_grads;
                GroupedFfnLoraSwiglu grouped_ffn_lora_swiglu;
                GroupedFfnLoraSwigluBackward grouped_ffn_lora_swiglu_backward;)

@@ -40,6 +40,13 @@ void grouped_ffn_swiglu_backward(Context& ctx, const Tensor& gate_up, const Tens
   }
 }
 
+// Two passes: the CPU has no traffic to save.
+void grouped_ffn_swiglu_backward_with_h(Context& ctx, const Tensor& gate_up, const Tensor& dh,
+                                        Tensor& dgate_up, Tensor& h) {
+  grouped_ffn_swiglu_backward(ctx, gate_up, dh, dgate_up);
+  grouped_ffn_swiglu_forward(ctx, gate_up, h);
+}
+
 // Two grouped_matmul calls (which dispatch on the tensors' device: the GPU's body falls back to
 // this one when its fused kernel declines).
 void grouped_ffn_lora_out_grads(Context& ctx, const GroupedFfnParams& p, const Tensor& dout,

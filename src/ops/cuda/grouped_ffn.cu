@@ -51,8 +51,9 @@ __global__ void swiglu_fwd_kernel(int64_t rows, int64_t F, const T* gu, T* h, Pi
   }
 }
 
-template <typename T, int V>
-__global__ void swiglu_bwd_kernel(int64_t rows, int64_t F, const T* gu, const T* dh, T* dgu,
+// With kH also h = silu(g) * u into `h` (at dh's pitch), as the forward kernel rounds it.
+template <typename T, int V, bool kH>
+__global__ void swiglu_bwd_kernel(int64_t rows, int64_t F, const T* gu, const T* dh, T* dgu, T* h,
                                   Pitches pitch) {
   const int64_t packs = F / V;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * packs;
@@ -62,16 +63,19 @@ __global__ void swiglu_bwd_kernel(int64_t rows, int64_t F, const T* gu, const T*
     const Pack<T, V> g = load_pack<T, V>(gu + r * pitch.gu + c),
                      u = load_pack<T, V>(gu + r * pitch.gu + F + c),
                      d = load_pack<T, V>(dh + r * pitch.h + c);
-    Pack<T, V> dg, du;
+    Pack<T, V> dg, du, hv;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const float gj = ld(g.v, j), uj = ld(u.v, j), dj = ld(d.v, j);
       const float sg = 1.0f / (1.0f + expf(-gj));
       st(du.v, j, dj * gj * sg);
       st(dg.v, j, dj * uj * sg * (1.0f + gj * (1.0f - sg)));
+      // The forward kernel's expression, so h is the same bits as forward's.
+      if constexpr (kH) st(hv.v, j, gj / (1.0f + expf(-gj)) * uj);
     }
     store_pack(dgu + r * pitch.dgu + c, dg);
     store_pack(dgu + r * pitch.dgu + F + c, du);
+    if constexpr (kH) store_pack(h + r * pitch.h + c, hv);
   }
 }
 
@@ -111,14 +115,24 @@ void grouped_ffn_swiglu_forward(Context& ctx, const Tensor& gate_up, Tensor& h) 
   MT_CUDA_LAUNCH_CHECK();
 }
 
-void grouped_ffn_swiglu_backward(Context& ctx, const Tensor& gate_up, const Tensor& dh,
-                                 Tensor& dgate_up) {
+namespace {
+
+// dgate_up, and h when `h` is defined (at dh's row pitch).
+void swiglu_backward(Context& ctx, const Tensor& gate_up, const Tensor& dh, Tensor& dgate_up,
+                     const Tensor* h) {
   expect_same_dtype("grouped_ffn swiglu", gate_up, dh, "dh");
   expect_same_dtype("grouped_ffn swiglu", gate_up, dgate_up, "dgate_up");
   expect_rows(gate_up, "gate_up");
   expect_rows(dh, "dh");
   expect_rows(dgate_up, "dgate_up");
   const int64_t rows = dh.dim(0), F = dh.dim(1);
+  if (h) {
+    expect_same_dtype("grouped_ffn swiglu", gate_up, *h, "h");
+    expect_rows(*h, "h");
+    MT_CHECK(h->dim(0) == rows && h->dim(1) == F && h->stride(0) == dh.stride(0), ShapeError,
+             "grouped_ffn swiglu h ", h->shape(), " (strides ", h->strides(), "): dh's shape ",
+             dh.shape(), " and row pitch ", dh.stride(0), " expected");
+  }
   if (rows * F == 0) return;
   const Pitches pitches{gate_up.stride(0), dh.stride(0), dgate_up.stride(0)};
   MT_DISPATCH_FLOAT(gate_up, "grouped_ffn swiglu", {
@@ -126,15 +140,36 @@ void grouped_ffn_swiglu_backward(Context& ctx, const Tensor& gate_up, const Tens
     const auto* gu = static_cast<const T*>(gate_up.raw());
     const auto* d = static_cast<const T*>(dh.raw());
     auto* dg = static_cast<T*>(dgate_up.raw());
-    if (pitched_packs_fit<T>(F, {gate_up.raw(), dh.raw(), dgate_up.raw()},
-                             {pitches.gu, pitches.h, pitches.dgu}))
-      swiglu_bwd_kernel<T, V><<<blocks_for(rows * F / V, kThreads), kThreads, 0, stream(ctx)>>>(
-          rows, F, gu, d, dg, pitches);
+    auto* ph = h ? static_cast<T*>(h->raw()) : nullptr;
+    const bool packs = pitched_packs_fit<T>(F, {gate_up.raw(), dh.raw(), dgate_up.raw()},
+                                            {pitches.gu, pitches.h, pitches.dgu}) &&
+                       (!h || pitched_packs_fit<T>(F, {h->raw()}, {pitches.h}));
+    const auto launch = [&](auto kernel, int v) {
+      kernel<<<blocks_for(rows * F / v, kThreads), kThreads, 0, stream(ctx)>>>(rows, F, gu, d, dg,
+                                                                               ph, pitches);
+    };
+    if (packs && h)
+      launch(swiglu_bwd_kernel<T, V, true>, V);
+    else if (packs)
+      launch(swiglu_bwd_kernel<T, V, false>, V);
+    else if (h)
+      launch(swiglu_bwd_kernel<T, 1, true>, 1);
     else
-      swiglu_bwd_kernel<T, 1><<<blocks_for(rows * F, kThreads), kThreads, 0, stream(ctx)>>>(
-          rows, F, gu, d, dg, pitches);
+      launch(swiglu_bwd_kernel<T, 1, false>, 1);
   });
   MT_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void grouped_ffn_swiglu_backward(Context& ctx, const Tensor& gate_up, const Tensor& dh,
+                                 Tensor& dgate_up) {
+  swiglu_backward(ctx, gate_up, dh, dgate_up, nullptr);
+}
+
+void grouped_ffn_swiglu_backward_with_h(Context& ctx, const Tensor& gate_up, const Tensor& dh,
+                                        Tensor& dgate_up, Tensor& h) {
+  swiglu_backward(ctx, gate_up, dh, dgate_up, &h);
 }
 
 void grouped_ffn_lora_out_grads(Context& ctx, const GroupedFfnParams& p, const Tensor& dout,
