@@ -507,12 +507,14 @@ TEST(CudaGroupedGemmConfig, NamesRoundTripAndWrongNamesAreRefused) {
     for (int dx = -1; dx < kernels; ++dx)
       for (int wgrad = 0; wgrad < static_cast<int>(std::size(ops::kGroupedWgradKernels)); ++wgrad)
         for (int swizzle : {1, 2, 4, 8})
-          for (bool along_n : {false, true}) {
+          for (int flags = 0; flags < 4; ++flags) {
+            const bool along_n = flags & 1, fuse = flags & 2;
             const ops::GroupedGemmConfig c{.kernel = kernel,
                                            .dx_kernel = dx,
                                            .wgrad = wgrad,
                                            .swizzle = swizzle,
-                                           .along_n = along_n};
+                                           .along_n = along_n,
+                                           .fuse_swiglu = fuse};
             const std::string name = ops::grouped_gemm_config_name(c);
             const ops::GroupedGemmConfig back = ops::parse_grouped_gemm_config(name);
             EXPECT_EQ(back.kernel, kernel) << name;
@@ -521,6 +523,7 @@ TEST(CudaGroupedGemmConfig, NamesRoundTripAndWrongNamesAreRefused) {
             EXPECT_EQ(back.wgrad, wgrad) << name;
             EXPECT_EQ(back.swizzle, swizzle) << name;
             EXPECT_EQ(back.along_n, along_n) << name;
+            EXPECT_EQ(back.fuse_swiglu, fuse) << name;
           }
   EXPECT_EQ(ops::parse_grouped_gemm_config("pingpong128x128c2x1:n:s8").swizzle, 8);
   const ops::GroupedGemmConfig mixed = ops::parse_grouped_gemm_config(
@@ -532,9 +535,10 @@ TEST(CudaGroupedGemmConfig, NamesRoundTripAndWrongNamesAreRefused) {
   EXPECT_EQ(ops::grouped_gemm_config_name(
                 ops::parse_grouped_gemm_config("coop128x256c2x1:dw=coop128x256c2x1")),
             "coop128x256c2x1");
-  for (const char* bad : {"", "coop", "coop128x256c2x1:s3", "coop128x256c2x1:", "x:n",
-                          "coop128x256c2x1:dx=", "coop128x256c2x1:dw=pingpong64x256c2x1",
-                          "coop128x256c2x1:dx=wgrad", "coop128x256c2x1:dw"})
+  for (const char* bad :
+       {"", "coop", "coop128x256c2x1:s3", "coop128x256c2x1:", "x:n",
+        "coop128x256c2x1:dx=", "coop128x256c2x1:dw=pingpong64x256c2x1", "coop128x256c2x1:dx=wgrad",
+        "coop128x256c2x1:dw", "coop128x256c2x1:fused"})
     EXPECT_THROW(ops::parse_grouped_gemm_config(bad), ValueError) << bad;
 }
 
@@ -550,6 +554,7 @@ std::vector<ops::GroupedGemmConfig> all_gemm_configs() {
   all.push_back({.kernel = 0, .dx_kernel = 3, .wgrad = 1});
   all.push_back({.kernel = 0, .swizzle = 4, .along_n = true});
   all.push_back({.kernel = 3, .wgrad = 2, .swizzle = 2});
+  all.push_back({.kernel = 0, .fuse_swiglu = true});
   return all;
 }
 
@@ -605,12 +610,52 @@ TEST(CudaGroupedGemmConfig, EveryConfigurationExpertsSkewedWithLora) {
     const std::string name = ops::grouped_gemm_config_name(cfg);
     FfnSetup s{.rows = 2000, .experts = 16, .in = 264, .ffn = 136, .skewed = true, .gemm = cfg};
     ffn_check(("grouped_ffn full " + name).c_str(), s);
+    FfnSetup frozen = s;
+    frozen.frozen_base = true;
+    ffn_check(("grouped_ffn frozen " + name).c_str(), frozen);
     for (int64_t r : {8, 16, 32}) {
       s.rank = r;
       s.frozen_base = r == 16;
       ffn_check(cat("grouped_ffn lora r", r, s.frozen_base ? " frozen " : " ", name).c_str(), s);
     }
   }
+}
+
+// The frozen experts without LoRA with SwiGLU's backward in the down projection's input-gradient
+// GEMM (GroupedGemmConfig::fuse_swiglu; ops/cuda/cutlass/grouped_gemm_sm90_swiglu.h) against the
+// CPU's separate passes: a hot expert with one-row and empty ones, row counts off the 128-row tile,
+// n = ffn below, across and at multiples of the 256-column tile, k of partial 64-wide stages, and
+// the same with a raster along N.
+TEST(CudaGroupedFfn, FrozenDownGradWithSwigluInTheEpilogue) {
+  REQUIRE_GPU();
+  for (const ops::GroupedGemmConfig& cfg :
+       {ops::GroupedGemmConfig{.fuse_swiglu = true},
+        ops::GroupedGemmConfig{.swizzle = 2, .along_n = true, .fuse_swiglu = true}}) {
+    const std::string name = ops::grouped_gemm_config_name(cfg);
+    ffn_check(("grouped_ffn fused frozen skewed " + name).c_str(), {.rows = 3000,
+                                                                    .experts = 16,
+                                                                    .in = 264,
+                                                                    .ffn = 136,
+                                                                    .frozen_base = true,
+                                                                    .skewed = true,
+                                                                    .gemm = cfg});
+    ffn_check(("grouped_ffn fused frozen narrow " + name).c_str(),
+              {.rows = 1000, .experts = 8, .in = 72, .ffn = 48, .frozen_base = true, .gemm = cfg});
+    ffn_check(("grouped_ffn fused frozen wide " + name).c_str(), {.rows = 4096,
+                                                                  .experts = 8,
+                                                                  .in = 520,
+                                                                  .ffn = 512,
+                                                                  .frozen_base = true,
+                                                                  .skewed = true,
+                                                                  .gemm = cfg});
+  }
+  ffn_check("grouped_ffn fused frozen 16384 rows 64 experts",
+            {.rows = 16384,
+             .experts = 64,
+             .in = 256,
+             .ffn = 128,
+             .frozen_base = true,
+             .gemm = ops::GroupedGemmConfig{.fuse_swiglu = true}});
 }
 
 // The LoRA backward's one pass over dOut (ops/cuda/lora_grouped.h: dr and dB together) at a rank
