@@ -78,18 +78,12 @@ void swiglu_backward(Context& ctx, const Tensor& gate_up, const Tensor& dh, Tens
            {&gate_up, &dh, &dgate_up}, ctx, gate_up, dh, dgate_up);
 }
 
-void swiglu_backward_with_h(Context& ctx, const Tensor& gate_up, const Tensor& dh, Tensor& dgate_up,
-                            Tensor& h) {
-  dispatch(MT_NAMED_OP_BODIES("grouped_ffn_backward", grouped_ffn_swiglu_backward_with_h),
-           {&gate_up, &dh, &dgate_up, &h}, ctx, gate_up, dh, dgate_up, h);
-}
-
 void down_swiglu_backward(Context& ctx, const GroupedFfnParams& p, const Tensor& dy,
                           const Tensor& offsets, const Tensor& w_down, const Tensor& gate_up,
-                          Tensor& dh, Tensor& dgate_up) {
+                          Tensor& dh, Tensor& dgate_up, Tensor& h) {
   dispatch(MT_NAMED_OP_BODIES("grouped_ffn_backward", grouped_ffn_down_swiglu_backward),
            {&dy, &w_down, &gate_up, &dh, &dgate_up}, ctx, p, dy, offsets, w_down, gate_up, dh,
-           dgate_up);
+           dgate_up, h);
 }
 
 void lora_swiglu(Context& ctx, const GroupedFfnParams& p, const Tensor& xa, const Tensor& offsets,
@@ -403,12 +397,9 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
     // dh + dr A_down, with dr the down projection's
     lora_swiglu_backward(ctx, p, saved.gate_up, saved.xa, offsets, w.gate_up_b, dh, dr, w.down_a,
                          dgu);
-  } else if (!g_dn) {  // dh feeds SwiGLU's backward only
-    down_swiglu_backward(ctx, p, dy, offsets, w.down, saved.gate_up, dh, dgu);
-  } else {  // h formed beside dgate_up, then dW_down reads it
-    grouped_matmul(ctx, form.dx, dy, offsets, w.down, dh);
-    swiglu_backward_with_h(ctx, saved.gate_up, dh, dgu, h);
-    grouped_matmul(ctx, form.dw_base, dy, offsets, h, grads.down);
+  } else {  // dh feeds SwiGLU's backward only; h (trained base) is formed beside dgate_up
+    down_swiglu_backward(ctx, p, dy, offsets, w.down, saved.gate_up, dh, dgu, h);
+    if (g_dn) grouped_matmul(ctx, form.dw_base, dy, offsets, h, grads.down);
   }
   project_back(dgu, x, w.gate_up, w.gate_up_a, w.gate_up_b, saved.xa, dx, grads.gate_up,
                grads.gate_up_a, grads.gate_up_b, true);

@@ -621,12 +621,13 @@ TEST(CudaGroupedGemmConfig, EveryConfigurationExpertsSkewedWithLora) {
   }
 }
 
-// The frozen experts without LoRA with SwiGLU's backward in the down projection's input-gradient
-// GEMM (GroupedGemmConfig::fuse_swiglu; ops/cuda/cutlass/grouped_gemm_sm90_swiglu.h) against the
-// CPU's separate passes: a hot expert with one-row and empty ones, row counts off the 128-row tile,
-// n = ffn below, across and at multiples of the 256-column tile, k of partial 64-wide stages, and
-// the same with a raster along N.
-TEST(CudaGroupedFfn, FrozenDownGradWithSwigluInTheEpilogue) {
+// The experts without LoRA with SwiGLU's backward in the down projection's input-gradient GEMM
+// (GroupedGemmConfig::fuse_swiglu; ops/cuda/cutlass/grouped_gemm_sm90_swiglu.h) against the CPU's
+// separate passes, frozen (dgate_up only) and trained (h written beside it for dW_down): a hot
+// expert with one-row and empty ones, row counts off the 128-row tile, n = ffn below, across and at
+// multiples of the 256-column tile, k of partial 64-wide stages, and the same with a raster along
+// N.
+TEST(CudaGroupedFfn, DownGradWithSwigluInTheEpilogue) {
   REQUIRE_GPU();
   for (const ops::GroupedGemmConfig& cfg :
        {ops::GroupedGemmConfig{.fuse_swiglu = true},
@@ -649,6 +650,13 @@ TEST(CudaGroupedFfn, FrozenDownGradWithSwigluInTheEpilogue) {
                                                                   .skewed = true,
                                                                   .gemm = cfg});
   }
+  ffn_check("grouped_ffn fused trained skewed",
+            {.rows = 3000,
+             .experts = 16,
+             .in = 264,
+             .ffn = 136,
+             .skewed = true,
+             .gemm = ops::GroupedGemmConfig{.fuse_swiglu = true}});
   ffn_check("grouped_ffn fused frozen 16384 rows 64 experts",
             {.rows = 16384,
              .experts = 64,

@@ -49,9 +49,13 @@ void grouped_ffn_swiglu_backward_with_h(Context& ctx, const Tensor& gate_up, con
 
 void grouped_ffn_down_swiglu_backward(Context& ctx, const GroupedFfnParams& p, const Tensor& dy,
                                       const Tensor& offsets, const Tensor& w_down,
-                                      const Tensor& gate_up, Tensor& dh, Tensor& dgate_up) {
+                                      const Tensor& gate_up, Tensor& dh, Tensor& dgate_up,
+                                      Tensor& h) {
   ops::grouped_matmul(ctx, {.form = GroupedForm::DyW, .gemm = p.gemm}, dy, offsets, w_down, dh);
-  grouped_ffn_swiglu_backward(ctx, gate_up, dh, dgate_up);
+  if (h.defined())
+    grouped_ffn_swiglu_backward_with_h(ctx, gate_up, dh, dgate_up, h);
+  else
+    grouped_ffn_swiglu_backward(ctx, gate_up, dh, dgate_up);
 }
 
 // Two grouped_matmul calls (which dispatch on the tensors' device: the GPU's body falls back to

@@ -181,9 +181,10 @@ namespace {
 // where it does not apply (types, alignment, more groups than one launch's table).
 bool fused_down_swiglu(Context& ctx, const GroupedGemmConfig& cfg, const Tensor& dy,
                        const Tensor& offsets, const Tensor& w, const Tensor& gate_up,
-                       Tensor& dgate_up) {
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&dy, &w, &gate_up, &dgate_up})
-    if (t->dtype() != DType::BF16 || t->device() != Device::CUDA || t->stride(t->ndim() - 1) != 1)
+                       Tensor& dgate_up, Tensor& h) {
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&dy, &w, &gate_up, &dgate_up, &h})
+    if (t->defined() &&
+        (t->dtype() != DType::BF16 || t->device() != Device::CUDA || t->stride(t->ndim() - 1) != 1))
       return false;
   const int64_t G = w.dim(0);
   const int32_t* off = offsets.i32();
@@ -209,6 +210,10 @@ bool fused_down_swiglu(Context& ctx, const GroupedGemmConfig& cfg, const Tensor&
   f.ld_gate_up = gate_up.stride(0);
   f.dgate_up = dgate_up.raw();
   f.ld_dgate_up = dgate_up.stride(0);
+  if (h.defined()) {
+    f.h = h.raw();
+    f.ld_h = h.stride(0);
+  }
   f.n = w.dim(2);
   f.k = w.dim(1);
   if (!sm90_swiglu_grad_fits(f, count)) return false;
@@ -235,12 +240,16 @@ bool fused_down_swiglu(Context& ctx, const GroupedGemmConfig& cfg, const Tensor&
 
 void grouped_ffn_down_swiglu_backward(Context& ctx, const GroupedFfnParams& p, const Tensor& dy,
                                       const Tensor& offsets, const Tensor& w_down,
-                                      const Tensor& gate_up, Tensor& dh, Tensor& dgate_up) {
+                                      const Tensor& gate_up, Tensor& dh, Tensor& dgate_up,
+                                      Tensor& h) {
   const GroupedGemmConfig& cfg = p.gemm ? *p.gemm : grouped_gemm_config_from_env();
-  if (cfg.fuse_swiglu && fused_down_swiglu(ctx, cfg, dy, offsets, w_down, gate_up, dgate_up))
+  if (cfg.fuse_swiglu && fused_down_swiglu(ctx, cfg, dy, offsets, w_down, gate_up, dgate_up, h))
     return;
   ops::grouped_matmul(ctx, {.form = GroupedForm::DyW, .gemm = p.gemm}, dy, offsets, w_down, dh);
-  grouped_ffn_swiglu_backward(ctx, gate_up, dh, dgate_up);
+  if (h.defined())
+    grouped_ffn_swiglu_backward_with_h(ctx, gate_up, dh, dgate_up, h);
+  else
+    grouped_ffn_swiglu_backward(ctx, gate_up, dh, dgate_up);
 }
 
 void grouped_ffn_lora_out_grads(Context& ctx, const GroupedFfnParams& p, const Tensor& dout,

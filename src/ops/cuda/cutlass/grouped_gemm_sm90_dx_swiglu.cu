@@ -20,7 +20,8 @@ struct SwigluGradNode {
   struct Arguments {
     Bf16 const* const* u = nullptr;  // per group: u of its first row
     Bf16* const* du = nullptr;       // per group: du of its first row
-    int64_t ld_u = 0, ld_du = 0;
+    Bf16* const* h = nullptr;        // per group: h of its first row; nullptr: h not written
+    int64_t ld_u = 0, ld_du = 0, ld_h = 0;
   };
   using Params = Arguments;
 
@@ -60,19 +61,24 @@ struct SwigluGradNode {
 
   template <class GU, class GDu, class R, class C, class Shape>
   struct ConsumerStoreCallbacks : fusion::detail::EmptyConsumerStoreCallbacks {
-    CUTLASS_DEVICE ConsumerStoreCallbacks(GU&& gu, GDu&& gdu, R&& ru, R&& rdu, C&& c, Shape shape)
+    CUTLASS_DEVICE ConsumerStoreCallbacks(GU&& gu, GDu&& gdu, GDu&& gh, R&& ru, R&& rdu, R&& rh,
+                                          C&& c, Shape shape, bool with_h)
         : tC_gU(cute::forward<GU>(gu)),
           tC_gDu(cute::forward<GDu>(gdu)),
+          tC_gH(cute::forward<GDu>(gh)),
           tC_rU(cute::forward<R>(ru)),
           tC_rDu(cute::forward<R>(rdu)),
+          tC_rH(cute::forward<R>(rh)),
           tC_c(cute::forward<C>(c)),
-          shape_mnl(shape) {}
+          shape_mnl(shape),
+          with_h(with_h) {}
 
     GU tC_gU;
-    GDu tC_gDu;
-    R tC_rU, tC_rDu;
+    GDu tC_gDu, tC_gH;
+    R tC_rU, tC_rDu, tC_rH;
     C tC_c;
     Shape shape_mnl;
+    bool with_h;
 
     // The widest access the register layout allows (pairs of columns at least, 16 bytes at most).
     static constexpr auto kCommon = decltype(cute::max_common_layout(
@@ -102,7 +108,7 @@ struct SwigluGradNode {
         cutlass::Array<ElementG, FragmentSize> const& g) {
       using Frag = cutlass::Array<Bf16, FragmentSize>;
       const Frag u = cute::recast<Frag>(tC_rU)(epi_v);
-      Frag du;
+      Frag du, h;
       cutlass::Array<float, FragmentSize> dg;
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < FragmentSize; ++i) {
@@ -112,8 +118,10 @@ struct SwigluGradNode {
         const float s = 1.0f / (1.0f + expf(-gi));
         du[i] = static_cast<Bf16>(di * gi * s);
         dg[i] = di * ui * s * (1.0f + gi * (1.0f - s));
+        h[i] = static_cast<Bf16>(gi / (1.0f + expf(-gi)) * ui);  // the forward kernel's h
       }
       cute::recast<Frag>(cute::coalesce(tC_rDu))(epi_v) = du;
+      if (with_h) cute::recast<Frag>(cute::coalesce(tC_rH))(epi_v) = h;
       return dg;
     }
 
@@ -122,6 +130,10 @@ struct SwigluGradNode {
       Tensor g = recast<cutlass::Array<Bf16, kV>>(coalesce(tC_gDu(_, _, _, epi_m, epi_n)));
       Tensor r = recast<cutlass::Array<Bf16, kV>>(coalesce(tC_rDu));
       copy_if(predicates(epi_m, epi_n), r, g);
+      if (!with_h) return;
+      Tensor gh = recast<cutlass::Array<Bf16, kV>>(coalesce(tC_gH(_, _, _, epi_m, epi_n)));
+      Tensor rh = recast<cutlass::Array<Bf16, kV>>(coalesce(tC_rH));
+      copy_if(predicates(epi_m, epi_n), rh, gh);
     }
   };
 
@@ -138,19 +150,24 @@ struct SwigluGradNode {
                             make_stride(params_ptr->ld_u, Int<1>{}, Int<0>{}));
     Tensor mDu = make_tensor(make_gmem_ptr(params_ptr->du[l]), shape,
                              make_stride(params_ptr->ld_du, Int<1>{}, Int<0>{}));
+    const bool with_h = params_ptr->h != nullptr;
+    Tensor mH = make_tensor(make_gmem_ptr(with_h ? params_ptr->h[l] : nullptr), shape,
+                            make_stride(params_ptr->ld_h, Int<1>{}, Int<0>{}));
     const auto part = [&](auto const& t) {
       return fusion::detail::sm90_partition_for_epilogue<ReferenceSrc>(
           t, args.tile_shape_mnk, coord, args.epi_tile, args.tiled_copy, args.thread_idx);
     };
     Tensor tC_gU = part(mU);
     Tensor tC_gDu = part(mDu);
+    Tensor tC_gH = part(mH);
     Tensor tC_rU = make_tensor<Bf16>(take<0, 3>(cute::shape(tC_gU)));
     Tensor tC_rDu = make_tensor<Bf16>(take<0, 3>(cute::shape(tC_gU)));
+    Tensor tC_rH = make_tensor<Bf16>(take<0, 3>(cute::shape(tC_gU)));
     Tensor tC_c = part(make_identity_tensor(shape));
     return ConsumerStoreCallbacks<decltype(tC_gU), decltype(tC_gDu), decltype(tC_rU),
                                   decltype(tC_c), decltype(shape)>(
-        cute::move(tC_gU), cute::move(tC_gDu), cute::move(tC_rU), cute::move(tC_rDu),
-        cute::move(tC_c), shape);
+        cute::move(tC_gU), cute::move(tC_gDu), cute::move(tC_gH), cute::move(tC_rU),
+        cute::move(tC_rDu), cute::move(tC_rH), cute::move(tC_c), shape, with_h);
   }
 };
 
@@ -178,6 +195,7 @@ struct FusedArrays {
   Bf16** d = nullptr;
   const Bf16** u = nullptr;
   Bf16** du = nullptr;
+  Bf16** h = nullptr;  // nullptr where h is not written
   typename G::StrideA* sa = nullptr;
   typename G::StrideB* sb = nullptr;
   typename G::StrideC* sc = nullptr;
@@ -196,6 +214,7 @@ FusedArrays fused_arrays(void* scratch, int count) {
   r.d = carve<Bf16*>(base, at, count);
   r.u = carve<const Bf16*>(base, at, count);
   r.du = carve<Bf16*>(base, at, count);
+  r.h = carve<Bf16*>(base, at, count);
   r.sa = carve<typename G::StrideA>(base, at, count);
   r.sb = carve<typename G::StrideB>(base, at, count);
   r.sc = carve<typename G::StrideC>(base, at, count);
@@ -218,6 +237,7 @@ __global__ void fused_layout_kernel(GroupRows t, int count, Sm90SwigluGrad g, Fu
   out.u[i] = gu + g.n;
   out.d[i] = dgu;
   out.du[i] = dgu + g.n;
+  if (g.h) out.h[i] = static_cast<Bf16*>(g.h) + row0 * g.ld_h;
   out.sa[i] = cute::make_stride(g.ld_dy, _1{}, Zero{});              // dY: K-major
   out.sb[i] = cute::make_stride(_1{}, g.ldw ? g.ldw : g.n, Zero{});  // W_g [k, n]: N-major
   out.sc[i] = cute::make_stride(g.ld_gate_up, _1{}, Zero{});
@@ -237,7 +257,8 @@ typename G::Gemm::Arguments fused_arguments(const Sm90SwigluGrad& g, int count,
                                    {arr.a, arr.sa, arr.b, arr.sb},
                                    {{}, arr.c, arr.sc, arr.d, arr.sd},
                                    hw};
-  args.epilogue.thread = {{}, {}, {arr.u, arr.du, g.ld_gate_up, g.ld_dgate_up}};
+  args.epilogue.thread = {
+      {}, {}, {arr.u, arr.du, g.h ? arr.h : nullptr, g.ld_gate_up, g.ld_dgate_up, g.ld_h}};
   using Raster = decltype(args.scheduler.raster_order);
   args.scheduler.max_swizzle_size = at.config.swizzle;
   args.scheduler.raster_order = at.config.along_n ? Raster::AlongN : Raster::AlongM;
@@ -261,7 +282,7 @@ bool sm90_swiglu_grad_fits(const Sm90SwigluGrad& g, int count) {
   return count > 0 && count <= kMaxGroups && aligned(g.dy) && aligned(g.w) && aligned(g.gate_up) &&
          aligned(g.dgate_up) && g.ld_dy % 8 == 0 && g.ldw % 8 == 0 && g.w_group % 8 == 0 &&
          g.ld_gate_up % 8 == 0 && g.ld_dgate_up % 8 == 0 && g.n % 8 == 0 && g.k % 8 == 0 &&
-         g.n <= INT32_MAX && g.k <= INT32_MAX;
+         (!g.h || (aligned(g.h) && g.ld_h % 8 == 0)) && g.n <= INT32_MAX && g.k <= INT32_MAX;
 }
 
 size_t sm90_swiglu_grad_scratch(const Sm90SwigluGrad& g, const GroupRows& rows, int count,

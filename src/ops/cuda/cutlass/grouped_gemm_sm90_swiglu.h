@@ -1,11 +1,11 @@
 // The down projection's input gradient with SwiGLU's backward in its epilogue
-// (grouped_gemm_sm90.h's InputGrad form, frozen experts without LoRA): per group, dh_g = dY_g W_g
-// is never stored; the epilogue reads the saved pre-activations [g | u] of the group's rows and
-// writes dgate_up's [dg | du], dg = dh u s (1 + g (1 - s)), du = dh g s, s = sigmoid(g). g arrives
-// as the GEMM's C (TMA, per-group tensor maps) and dg leaves as its D; u and du move through
-// registers with predicated 4-16 byte accesses. One compiled configuration (the forward forms'
-// default tile and cluster). Declared apart from grouped_gemm_sm90.h so that the other kernels'
-// files do not see it.
+// (grouped_gemm_sm90.h's InputGrad form, experts without LoRA): per group, dh_g = dY_g W_g is never
+// stored; the epilogue reads the saved pre-activations [g | u] of the group's rows and writes
+// dgate_up's [dg | du], dg = dh u s (1 + g (1 - s)), du = dh g s, s = sigmoid(g), and where asked
+// h = g s u (for the down projection's weight gradient). g arrives as the GEMM's C (TMA, per-group
+// tensor maps) and dg leaves as its D; u, du and h move through registers with predicated 4-16
+// byte accesses. One compiled configuration (the forward forms' default tile and cluster).
+// Declared apart from grouped_gemm_sm90.h so that the other kernels' files do not see it.
 #pragma once
 
 #include "ops/cuda/cutlass/grouped_gemm_sm90.h"
@@ -21,6 +21,8 @@ struct Sm90SwigluGrad {
   int64_t ld_gate_up = 0;
   void* dgate_up = nullptr;  // bf16 [rows, 2n]: dg, then du
   int64_t ld_dgate_up = 0;
+  void* h = nullptr;  // bf16 [rows, n], or nullptr: not written
+  int64_t ld_h = 0;
   int64_t n = 0, k = 0;
 };
 
