@@ -625,13 +625,14 @@ TEST(CudaGroupedGemmConfig, EveryConfigurationExpertsSkewedWithLora) {
 // (GroupedGemmConfig::fuse_swiglu; ops/cuda/cutlass/grouped_gemm_sm90_swiglu.h) against the CPU's
 // separate passes, frozen (dgate_up only) and trained (h written beside it for dW_down): a hot
 // expert with one-row and empty ones, row counts off the 128-row tile, n = ffn below, across and at
-// multiples of the 256-column tile, k of partial 64-wide stages, and the same with a raster along
-// N.
+// multiples of the 256-column tile, k of partial 64-wide stages; the same with a raster along N and
+// on the ping-pong form (input-gradient kernel pingpong128x128c2x1).
 TEST(CudaGroupedFfn, DownGradWithSwigluInTheEpilogue) {
   REQUIRE_GPU();
   for (const ops::GroupedGemmConfig& cfg :
        {ops::GroupedGemmConfig{.fuse_swiglu = true},
-        ops::GroupedGemmConfig{.swizzle = 2, .along_n = true, .fuse_swiglu = true}}) {
+        ops::GroupedGemmConfig{.swizzle = 2, .along_n = true, .fuse_swiglu = true},
+        ops::GroupedGemmConfig{.dx_kernel = 3, .fuse_swiglu = true}}) {
     const std::string name = ops::grouped_gemm_config_name(cfg);
     ffn_check(("grouped_ffn fused frozen skewed " + name).c_str(), {.rows = 3000,
                                                                     .experts = 16,

@@ -171,23 +171,34 @@ struct SwigluGradNode {
   }
 };
 
-using Tile = cute::Shape<cute::_128, cute::_256, cute::_64>;
-using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
 using Evt = fusion::Sm90EVT<SwigluGradNode, fusion::Sm90AccFetch, fusion::Sm90SrcFetch<Bf16>>;
-using Epilogue = cutlass::epilogue::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
-    cutlass::epilogue::collective::EpilogueTileAuto, float, float, Bf16, RowMajor*, 8, Bf16,
-    RowMajor*, 8, CooperativeEpilogue, Evt>::CollectiveOp;
-using Mainloop = cutlass::gemm::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, RowMajor*, 8, Bf16, RowMajor*, 8,
-    float, Tile, Cluster,
-    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-        sizeof(Epilogue::SharedStorage))>,
-    Cooperative>::CollectiveOp;
-using G = Sm90Gemm<Mainloop, Epilogue>;
-using StrideD = typename G::Kernel::InternalStrideD;
 
+// The fused kernel at tiles TM x TN x 64, clusters CM x 1, a kernel / epilogue schedule pair.
+template <int TM, int TN, int CM, class Schedule, class EpilogueSchedule>
+struct Fused {
+  using Tile = cute::Shape<cute::Int<TM>, cute::Int<TN>, cute::_64>;
+  using Cluster = cute::Shape<cute::Int<CM>, cute::_1, cute::_1>;
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, Bf16, RowMajor*, 8, Bf16,
+      RowMajor*, 8, EpilogueSchedule, Evt>::CollectiveOp;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, RowMajor*, 8, Bf16, RowMajor*, 8,
+      float, Tile, Cluster,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epilogue::SharedStorage))>,
+      Schedule>::CollectiveOp;
+  using G = Sm90Gemm<Mainloop, Epilogue>;
+  static_assert(G::kAKMajor && !G::kBKMajor, "dY K-major, W_g N-major, as the InputGrad form");
+};
+// The forward forms' default tile and cluster, and the ping-pong 128 x 128 one (its epilogue, the
+// heavier one here, under the other warpgroup's MMAs).
+using FusedCooperative = Fused<128, 256, 2, Cooperative, CooperativeEpilogue>::G;
+using FusedPingpong = Fused<128, 128, 2, Pingpong, PingpongEpilogue>::G;
+
+template <class G>
 struct FusedArrays {
+  using StrideD = typename G::Kernel::InternalStrideD;
   typename G::Shape* shape = nullptr;
   const Bf16** a = nullptr;
   const Bf16** b = nullptr;
@@ -195,7 +206,7 @@ struct FusedArrays {
   Bf16** d = nullptr;
   const Bf16** u = nullptr;
   Bf16** du = nullptr;
-  Bf16** h = nullptr;  // nullptr where h is not written
+  Bf16** h = nullptr;  // not read where h is not written
   typename G::StrideA* sa = nullptr;
   typename G::StrideB* sb = nullptr;
   typename G::StrideC* sc = nullptr;
@@ -203,9 +214,10 @@ struct FusedArrays {
   size_t bytes = 0;
 };
 
-FusedArrays fused_arrays(void* scratch, int count) {
+template <class G>
+FusedArrays<G> fused_arrays(void* scratch, int count) {
   auto* base = static_cast<char*>(scratch);
-  FusedArrays r;
+  FusedArrays<G> r;
   size_t at = 0;
   r.shape = carve<typename G::Shape>(base, at, count);
   r.a = carve<const Bf16*>(base, at, count);
@@ -218,12 +230,13 @@ FusedArrays fused_arrays(void* scratch, int count) {
   r.sa = carve<typename G::StrideA>(base, at, count);
   r.sb = carve<typename G::StrideB>(base, at, count);
   r.sc = carve<typename G::StrideC>(base, at, count);
-  r.sd = carve<StrideD>(base, at, count);
+  r.sd = carve<typename FusedArrays<G>::StrideD>(base, at, count);
   r.bytes = at;
   return r;
 }
 
-__global__ void fused_layout_kernel(GroupRows t, int count, Sm90SwigluGrad g, FusedArrays out) {
+template <class G>
+__global__ void fused_layout_kernel(GroupRows t, int count, Sm90SwigluGrad g, FusedArrays<G> out) {
   using cute::_1;
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= count) return;
@@ -244,10 +257,9 @@ __global__ void fused_layout_kernel(GroupRows t, int count, Sm90SwigluGrad g, Fu
   out.sd[i] = cute::make_stride(g.ld_dgate_up, _1{}, Zero{});
 }
 
-static_assert(G::kAKMajor && !G::kBKMajor, "dY K-major, W_g N-major, as the InputGrad form");
-
+template <class G>
 typename G::Gemm::Arguments fused_arguments(const Sm90SwigluGrad& g, int count,
-                                            const Sm90Launch& at, const FusedArrays& arr,
+                                            const Sm90Launch& at, const FusedArrays<G>& arr,
                                             const std::vector<typename G::Shape>& host) {
   cutlass::KernelHardwareInfo hw;
   hw.device_id = at.device;
@@ -265,6 +277,7 @@ typename G::Gemm::Arguments fused_arguments(const Sm90SwigluGrad& g, int count,
   return args;
 }
 
+template <class G>
 std::vector<typename G::Shape> fused_shapes(const Sm90SwigluGrad& g, const GroupRows& rows,
                                             int count) {
   std::vector<typename G::Shape> host(static_cast<size_t>(count));
@@ -272,6 +285,37 @@ std::vector<typename G::Shape> fused_shapes(const Sm90SwigluGrad& g, const Group
     host[static_cast<size_t>(i)] =
         cute::make_shape(rows.rows[i], static_cast<int>(g.n), static_cast<int>(g.k));
   return host;
+}
+
+template <class G>
+size_t fused_scratch(const Sm90SwigluGrad& g, const GroupRows& rows, int count,
+                     const Sm90Launch& at) {
+  const FusedArrays<G> arr = fused_arrays<G>(nullptr, count);
+  const auto host = fused_shapes<G>(g, rows, count);
+  return arr.bytes + G::Gemm::get_workspace_size(fused_arguments<G>(g, count, at, arr, host));
+}
+
+template <class G>
+const char* fused_run(const Sm90SwigluGrad& g, const GroupRows& rows, int count,
+                      const Sm90Launch& at, void* scratch) {
+  const FusedArrays<G> arr = fused_arrays<G>(scratch, count);
+  fused_layout_kernel<G><<<(count + 127) / 128, 128, 0, at.stream>>>(rows, count, g, arr);
+  if (cudaGetLastError() != cudaSuccess) return "the layout kernel's launch";
+  const auto host = fused_shapes<G>(g, rows, count);
+  const auto args = fused_arguments<G>(g, count, at, arr, host);
+  typename G::Gemm gemm;
+  cutlass::Status s = gemm.can_implement(args);
+  if (s == cutlass::Status::kSuccess)
+    s = gemm.initialize(args, static_cast<char*>(scratch) + arr.bytes, at.stream);
+  if (s == cutlass::Status::kSuccess) s = gemm.run(at.stream);
+  if (s != cutlass::Status::kSuccess) return cutlassGetStatusString(s);
+  return cudaGetLastError() == cudaSuccess ? nullptr : "the grouped kernel's launch";
+}
+
+// The ping-pong form where the input gradient's kernel is pingpong128x128c2x1
+// (ops/grouped_matmul.h's kGroupedGemmKernels[3]), the cooperative one otherwise.
+bool pingpong(const Sm90Launch& at) {
+  return (at.config.dx_kernel >= 0 ? at.config.dx_kernel : at.config.kernel) == 3;
 }
 
 }  // namespace
@@ -287,26 +331,14 @@ bool sm90_swiglu_grad_fits(const Sm90SwigluGrad& g, int count) {
 
 size_t sm90_swiglu_grad_scratch(const Sm90SwigluGrad& g, const GroupRows& rows, int count,
                                 const Sm90Launch& at) {
-  const sm90::FusedArrays arr = sm90::fused_arrays(nullptr, count);
-  const auto host = sm90::fused_shapes(g, rows, count);
-  return arr.bytes +
-         sm90::G::Gemm::get_workspace_size(sm90::fused_arguments(g, count, at, arr, host));
+  return sm90::pingpong(at) ? sm90::fused_scratch<sm90::FusedPingpong>(g, rows, count, at)
+                            : sm90::fused_scratch<sm90::FusedCooperative>(g, rows, count, at);
 }
 
 const char* sm90_swiglu_grad(const Sm90SwigluGrad& g, const GroupRows& rows, int count,
                              const Sm90Launch& at, void* scratch) {
-  const sm90::FusedArrays arr = sm90::fused_arrays(scratch, count);
-  sm90::fused_layout_kernel<<<(count + 127) / 128, 128, 0, at.stream>>>(rows, count, g, arr);
-  if (cudaGetLastError() != cudaSuccess) return "the layout kernel's launch";
-  const auto host = sm90::fused_shapes(g, rows, count);
-  const auto args = sm90::fused_arguments(g, count, at, arr, host);
-  typename sm90::G::Gemm gemm;
-  cutlass::Status s = gemm.can_implement(args);
-  if (s == cutlass::Status::kSuccess)
-    s = gemm.initialize(args, static_cast<char*>(scratch) + arr.bytes, at.stream);
-  if (s == cutlass::Status::kSuccess) s = gemm.run(at.stream);
-  if (s != cutlass::Status::kSuccess) return cutlassGetStatusString(s);
-  return cudaGetLastError() == cudaSuccess ? nullptr : "the grouped kernel's launch";
+  return sm90::pingpong(at) ? sm90::fused_run<sm90::FusedPingpong>(g, rows, count, at, scratch)
+                            : sm90::fused_run<sm90::FusedCooperative>(g, rows, count, at, scratch);
 }
 
 }  // namespace mt::ops::cuda

@@ -4,8 +4,10 @@
 // dgate_up's [dg | du], dg = dh u s (1 + g (1 - s)), du = dh g s, s = sigmoid(g), and where asked
 // h = g s u (for the down projection's weight gradient). g arrives as the GEMM's C (TMA, per-group
 // tensor maps) and dg leaves as its D; u, du and h move through registers with predicated 4-16
-// byte accesses. One compiled configuration (the forward forms' default tile and cluster).
-// Declared apart from grouped_gemm_sm90.h so that the other kernels' files do not see it.
+// byte accesses. Two compiled configurations: the forward forms' default tile and cluster, and
+// ping-pong 128 x 128 x 64 with a cluster of two along M where the configuration's input-gradient
+// kernel is pingpong128x128c2x1 (Sm90Config::dx_kernel, else kernel). Declared apart from
+// grouped_gemm_sm90.h so that the other kernels' files do not see it.
 #pragma once
 
 #include "ops/cuda/cutlass/grouped_gemm_sm90.h"
