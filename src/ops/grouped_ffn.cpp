@@ -73,11 +73,6 @@ void swiglu_forward(Context& ctx, const Tensor& gate_up, Tensor& h) {
            ctx, gate_up, h);
 }
 
-void swiglu_backward(Context& ctx, const Tensor& gate_up, const Tensor& dh, Tensor& dgate_up) {
-  dispatch(MT_NAMED_OP_BODIES("grouped_ffn_backward", grouped_ffn_swiglu_backward),
-           {&gate_up, &dh, &dgate_up}, ctx, gate_up, dh, dgate_up);
-}
-
 void down_swiglu_backward(Context& ctx, const GroupedFfnParams& p, const Tensor& dy,
                           const Tensor& offsets, const Tensor& w_down, const Tensor& gate_up,
                           Tensor& dh, Tensor& dgate_up, Tensor& h) {
@@ -204,14 +199,16 @@ void backward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
   const auto grad = [](const Tensor& g) { return has(g) ? g : Tensor(); };
   Tensor dr_down = dyp.cols(l, l + r), db_down = grad(grads.down_b);
   lora_out_grads(ctx, p, dy, offsets, w.down_b, saved.ha, dr_down, db_down);
+  // dh = [dY | dr] [W_down ; A_down] and SwiGLU's backward on the adapted gate_up (fused on the
+  // GPU where the configuration asks: dh never stored); h is forward's.
   Tensor dh = ctx.workspace().alloc({N, F}, at);
-  grouped_matmul(ctx, form.dx, dyp, offsets, padded_weight(w.down, r).narrow(2, 0, F), dh);
+  Tensor dgp = ctx.workspace().alloc({N, 2 * F + r}, at);
+  Tensor dgu = dgp.cols(0, 2 * F), dr_gu = dgp.cols(2 * F, 2 * F + r), no_h;
+  down_swiglu_backward(ctx, p, dyp, offsets, padded_weight(w.down, r).narrow(2, 0, F),
+                       saved.gate_up, dh, dgu, no_h);
   if (has(grads.down)) grouped_matmul(ctx, form.dw_base, dy, offsets, saved.h, grads.down);
   if (has(grads.down_a)) grouped_matmul(ctx, form.dw, dr_down, offsets, saved.h, grads.down_a);
 
-  Tensor dgp = ctx.workspace().alloc({N, 2 * F + r}, at);
-  Tensor dgu = dgp.cols(0, 2 * F), dr_gu = dgp.cols(2 * F, 2 * F + r);
-  swiglu_backward(ctx, saved.gate_up, dh, dgu);
   Tensor db_gu = grad(grads.gate_up_b);
   lora_out_grads(ctx, p, dgu, offsets, w.gate_up_b, saved.xa, dr_gu, db_gu);
   grouped_matmul(ctx, form.dx, dgp, offsets, padded_weight(w.gate_up, r).narrow(2, 0, l), dx);

@@ -111,13 +111,14 @@ using GroupedFfnSwigluBackward = void(Context& ctx, const Tensor& gate_up, const
 using GroupedFfnSwigluBackwardWithH = void(Context& ctx, const Tensor& gate_up, const Tensor& dh,
                                            Tensor& dgate_up, Tensor& h);
 
-// The down projection's input gradient without LoRA, with SwiGLU's backward: dgate_up, written,
-// from dY [rows, in] through W_down [E, in, F] (dh = dY W_down, an intermediate) and the saved
-// gate_up; where h [rows, F] is defined, also h = swiglu(gate_up) for dW_down. The CPU, and the GPU
-// unless its grouped GEMM configuration asks for the fused form (GroupedGemmConfig::fuse_swiglu)
-// and the operands fit it, write dh into `dh` [rows, F] with grouped_matmul and run SwiGLU's
-// backward on it; the GPU's fused form (ops/cuda/cutlass/grouped_gemm_sm90_swiglu.h) applies it
-// in the GEMM's epilogue and never stores dh.
+// The down projection's input gradient, with SwiGLU's backward: dgate_up, written, from dY
+// [rows, in] through W_down [E, in, F] (dh = dY W_down, an intermediate; on the K-concatenation
+// path [dY | dr] and [W_down ; A_down]) and the saved gate_up; where h [rows, F] is defined, also h
+// = swiglu(gate_up) for dW_down. The CPU, and the GPU unless its grouped GEMM configuration asks
+// for the fused form (GroupedGemmConfig::fuse_swiglu) and the operands fit it, write dh into `dh`
+// [rows, F] with grouped_matmul and run SwiGLU's backward on it; the GPU's fused form
+// (ops/cuda/cutlass/grouped_gemm_sm90_swiglu.h) applies it in the GEMM's epilogue and never stores
+// dh.
 using GroupedFfnDownSwigluBackward = void(Context& ctx, const GroupedFfnParams& p, const Tensor& dy,
                                           const Tensor& offsets, const Tensor& w_down,
                                           const Tensor& gate_up, Tensor& dh, Tensor& dgate_up,

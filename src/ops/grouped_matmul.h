@@ -49,8 +49,9 @@ struct GroupedGemmConfig {
   int wgrad = 0;       // the weight gradient's: index into kGroupedWgradKernels
   int swizzle = 1;     // 1, 2, 4 or 8
   bool along_n = false;
-  // The frozen experts' down projection without LoRA: SwiGLU's backward in the input-gradient
-  // GEMM's epilogue (ops/grouped_ffn.h, grouped_ffn_down_swiglu_backward), named ":fuse".
+  // The experts' down projection (without LoRA, or K-concatenated): SwiGLU's backward in the
+  // input-gradient GEMM's epilogue (ops/grouped_ffn.h, grouped_ffn_down_swiglu_backward), named
+  // ":fuse".
   bool fuse_swiglu = false;
 };
 // Throws ValueError naming `name` and the choices unless it names a configuration.

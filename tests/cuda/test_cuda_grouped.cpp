@@ -402,6 +402,18 @@ TEST(CudaGroupedFfn, KConcatLoraInTheBaseGemms) {
                                                             .frozen_base = true,
                                                             .kconcat = true,
                                                             .pad_rows = true});
+  // SwiGLU's backward in the down projection's input-gradient GEMM (GroupedGemmConfig::fuse_swiglu)
+  // with K = in + r and W_down a block of its padded buffer.
+  ffn_check("grouped_ffn kconcat r16 skewed, fused SwiGLU backward",
+            {.rows = 3000,
+             .experts = 16,
+             .in = 264,
+             .ffn = 136,
+             .rank = 16,
+             .skewed = true,
+             .gemm = ops::GroupedGemmConfig{.fuse_swiglu = true},
+             .kconcat = true,
+             .pad_rows = true});
   ffn_check("grouped_ffn kconcat 16384 rows 64 experts r16 frozen", {.rows = 16384,
                                                                      .experts = 64,
                                                                      .in = 256,
