@@ -484,6 +484,9 @@ struct MoeBenchOptions {
   // Cases to run, comma-separated ("A", "B:skewed", ...: a shape, optionally its routing); empty:
   // all four. A profiler run (ncu) wants one.
   std::string cases;
+  // The base runs only (forward, frozen, full, full with dW written): no LoRA, graphs or routing,
+  // so that a sweep of grouped GEMM configurations spends its device time on what they change.
+  bool base_only = false;
 };
 
 // Whether `cases` (MoeBenchOptions::cases) selects shape `name` with this routing.
@@ -703,11 +706,6 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
     fwd();
     ops::grouped_ffn_backward(ctx, pz, x, offsets, w, saved, dy, dx, full);
   });
-  const double lf = time(lfwd);
-  const double lfb = time([&] {
-    lfwd();
-    lbwd();
-  });
   const auto tf = [&](double mult, double ms) { return mult * flops / ms / 1e9; };
   int32_t most = 0;
   for (size_t e = 0; e + 1 < off.size(); ++e) most = std::max(most, off[e + 1] - off[e]);
@@ -727,12 +725,18 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
                         {"fwdbwd_full_ms", fb_full},
                         {"fwdbwd_full_tflops", tf(3, fb_full)},
                         {"fwdbwd_full_written_ms", fb_full_written},
-                        {"fwdbwd_full_written_tflops", tf(3, fb_full_written)},
-                        {"lora_rank", r},
-                        {"lora_fwd_ms", lf},
-                        {"lora_fwdbwd_ms", lfb},
-                        {"lora_overhead_fwdbwd", lfb / fb_frozen - 1},
-                        {"lora_path", kconcat ? "kconcat" : "separate"}};
+                        {"fwdbwd_full_written_tflops", tf(3, fb_full_written)}};
+  if (o.base_only) return run;
+  const double lf = time(lfwd);
+  const double lfb = time([&] {
+    lfwd();
+    lbwd();
+  });
+  run["lora_rank"] = r;
+  run["lora_fwd_ms"] = lf;
+  run["lora_fwdbwd_ms"] = lfb;
+  run["lora_overhead_fwdbwd"] = lfb / fb_frozen - 1;
+  run["lora_path"] = kconcat ? "kconcat" : "separate";
   if (kconcat) {  // the separate passes on the same shapes, for the comparison
     const double sep_f = time(sfwd);
     const double sep_fb = time([&] {
@@ -943,9 +947,13 @@ Command add_bench_command(CLI::App& app) {
   ms->add_option("--cases", mb->cases,
                  "shapes to run, comma-separated: A, B, or one routing of one (A:uniform, "
                  "B:skewed, ...); default: all four");
+  ms->add_flag("--base-only", mb->base_only,
+               "time the base runs only (forward, frozen, full, full with dW written): no LoRA, "
+               "CUDA graphs or routing, for --gemm sweeps");
   ms->add_option("--gemm", mb->gemm,
-                 "grouped GEMM configurations to run in turn, comma-separated (kernel[:sN][:n], "
-                 "docs/gpu.md); default: MOETRAIN_GROUPED_GEMM's or the default");
+                 "grouped GEMM configurations to run in turn, comma-separated "
+                 "(kernel[:sN][:n][:dx=kernel][:dw=kernel][:fuse], docs/gpu.md); default: "
+                 "MOETRAIN_GROUPED_GEMM's or the default");
   auto db = std::make_shared<DecodeBenchOptions>();
   CLI::App* dc = c->add_subcommand("decode",
                                    "incremental decoding tokens/s: a prompt, then greedy "

@@ -73,9 +73,12 @@ void swiglu_forward(Context& ctx, const Tensor& gate_up, Tensor& h) {
            ctx, gate_up, h);
 }
 
-void swiglu_backward(Context& ctx, const Tensor& gate_up, const Tensor& dh, Tensor& dgate_up) {
-  dispatch(MT_NAMED_OP_BODIES("grouped_ffn_backward", grouped_ffn_swiglu_backward),
-           {&gate_up, &dh, &dgate_up}, ctx, gate_up, dh, dgate_up);
+void down_swiglu_backward(Context& ctx, const GroupedFfnParams& p, const Tensor& dy,
+                          const Tensor& offsets, const Tensor& w_down, const Tensor& gate_up,
+                          Tensor& dh, Tensor& dgate_up, Tensor& h) {
+  dispatch(MT_NAMED_OP_BODIES("grouped_ffn_backward", grouped_ffn_down_swiglu_backward),
+           {&dy, &w_down, &gate_up, &dh, &dgate_up}, ctx, p, dy, offsets, w_down, gate_up, dh,
+           dgate_up, h);
 }
 
 void lora_swiglu(Context& ctx, const GroupedFfnParams& p, const Tensor& xa, const Tensor& offsets,
@@ -196,14 +199,16 @@ void backward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
   const auto grad = [](const Tensor& g) { return has(g) ? g : Tensor(); };
   Tensor dr_down = dyp.cols(l, l + r), db_down = grad(grads.down_b);
   lora_out_grads(ctx, p, dy, offsets, w.down_b, saved.ha, dr_down, db_down);
+  // dh = [dY | dr] [W_down ; A_down] and SwiGLU's backward on the adapted gate_up (fused on the
+  // GPU where the configuration asks: dh never stored); h is forward's.
   Tensor dh = ctx.workspace().alloc({N, F}, at);
-  grouped_matmul(ctx, form.dx, dyp, offsets, padded_weight(w.down, r).narrow(2, 0, F), dh);
+  Tensor dgp = ctx.workspace().alloc({N, 2 * F + r}, at);
+  Tensor dgu = dgp.cols(0, 2 * F), dr_gu = dgp.cols(2 * F, 2 * F + r), no_h;
+  down_swiglu_backward(ctx, p, dyp, offsets, padded_weight(w.down, r).narrow(2, 0, F),
+                       saved.gate_up, dh, dgu, no_h);
   if (has(grads.down)) grouped_matmul(ctx, form.dw_base, dy, offsets, saved.h, grads.down);
   if (has(grads.down_a)) grouped_matmul(ctx, form.dw, dr_down, offsets, saved.h, grads.down_a);
 
-  Tensor dgp = ctx.workspace().alloc({N, 2 * F + r}, at);
-  Tensor dgu = dgp.cols(0, 2 * F), dr_gu = dgp.cols(2 * F, 2 * F + r);
-  swiglu_backward(ctx, saved.gate_up, dh, dgu);
   Tensor db_gu = grad(grads.gate_up_b);
   lora_out_grads(ctx, p, dgu, offsets, w.gate_up_b, saved.xa, dr_gu, db_gu);
   grouped_matmul(ctx, form.dx, dgp, offsets, padded_weight(w.gate_up, r).narrow(2, 0, l), dx);
@@ -343,14 +348,13 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
   // Scratch in the activations' type (f32 on the CPU; f32 or bf16 on the GPU).
   ArenaScope scope(ctx.workspace());
   const DType at = x.dtype();
-  // h = swiglu(gate_up): forward's with LoRA; without, recomputed only for the pass that reads
-  // it, dW_down (a frozen base skips a pass that reads 2 N F and writes N F elements).
+  // h = swiglu(gate_up): forward's with LoRA; without, formed again only for the pass that reads
+  // it, dW_down, by SwiGLU's backward as it reads gate_up (a frozen base forms none).
   const bool need_h = g_dn || g_dna;
   Tensor h = r > 0 ? saved.h : need_h ? ctx.workspace().alloc({N, F}, at) : Tensor();
   Tensor dh = ctx.workspace().alloc({N, F}, at);
   Tensor dgu = ctx.workspace().alloc({N, 2 * F}, at);
   Tensor dr = ctx.workspace().alloc({N, r}, at);
-  if (need_h && r == 0) swiglu_forward(ctx, saved.gate_up, h);
 
   // Traffic per pass, in elements (N rows, d = in): the down projection's dX GEMM reads dY (N d)
   // and writes dh (N F), its dW GEMM reads dY and h (N d + N F); SwiGLU's backward reads gate_up
@@ -384,13 +388,16 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
     if (has(gw)) grouped_matmul(ctx, form.dw_base, dout, offsets, in, gw);
     if (r > 0 && has(ga)) grouped_matmul(ctx, form.dw, dr, offsets, in, ga);
   };
-  project_back(dy, h, w.down, w.down_a, w.down_b, saved.ha, dh, grads.down, grads.down_a,
-               grads.down_b, false);
-  if (r > 0)  // dh + dr A_down, with dr the down projection's
+  if (r > 0) {
+    project_back(dy, h, w.down, w.down_a, w.down_b, saved.ha, dh, grads.down, grads.down_a,
+                 grads.down_b, false);
+    // dh + dr A_down, with dr the down projection's
     lora_swiglu_backward(ctx, p, saved.gate_up, saved.xa, offsets, w.gate_up_b, dh, dr, w.down_a,
                          dgu);
-  else
-    swiglu_backward(ctx, saved.gate_up, dh, dgu);
+  } else {  // dh feeds SwiGLU's backward only; h (trained base) is formed beside dgate_up
+    down_swiglu_backward(ctx, p, dy, offsets, w.down, saved.gate_up, dh, dgu, h);
+    if (g_dn) grouped_matmul(ctx, form.dw_base, dy, offsets, h, grads.down);
+  }
   project_back(dgu, x, w.gate_up, w.gate_up_a, w.gate_up_b, saved.xa, dx, grads.gate_up,
                grads.gate_up_a, grads.gate_up_b, true);
 }

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <iterator>
 
 #include "ops/dispatch.h"
 #include "ops/gemm.h"
@@ -18,27 +17,56 @@ bool gpu_bf16(const Tensor& t) {
 
 }  // namespace
 
+namespace {
+
+template <size_t N>
+std::string choices_of(const char* const (&names)[N]) {
+  std::string s;
+  for (const char* k : names) s += cat(s.empty() ? "" : ", ", k);
+  return s;
+}
+
+// The index of `name` in `names`, or -1.
+template <size_t N>
+int index_of(const char* const (&names)[N], std::string_view name) {
+  for (int i = 0; i < static_cast<int>(N); ++i)
+    if (name == names[i]) return i;
+  return -1;
+}
+
+}  // namespace
+
 GroupedGemmConfig parse_grouped_gemm_config(std::string_view name) {
+  constexpr const char* kParts = ":s1, :s2, :s4, :s8, :n, :dx=<kernel>, :dw=<wgrad kernel>, :fuse";
   GroupedGemmConfig c;
   const std::string_view kernel = name.substr(0, name.find(':'));
-  int found = -1;
-  for (int i = 0; i < static_cast<int>(std::size(kGroupedGemmKernels)); ++i)
-    if (kernel == kGroupedGemmKernels[i]) found = i;
-  std::string choices;
-  for (const char* k : kGroupedGemmKernels) choices += cat(choices.empty() ? "" : ", ", k);
-  MT_CHECK(found >= 0, ValueError, "grouped GEMM configuration \"", name, "\": unknown kernel \"",
-           kernel, "\" (one of ", choices, ", then optionally :s1, :s2, :s4, :s8, :n)");
-  c.kernel = found;
+  c.kernel = index_of(kGroupedGemmKernels, kernel);
+  MT_CHECK(c.kernel >= 0, ValueError, "grouped GEMM configuration \"", name,
+           "\": unknown kernel \"", kernel, "\" (one of ", choices_of(kGroupedGemmKernels),
+           ", then optionally ", kParts, ")");
   for (size_t at = kernel.size(); at < name.size();) {
     const size_t end = std::min(name.find(':', at + 1), name.size());
     const std::string_view part = name.substr(at + 1, end - at - 1);
-    if (part == "n")
+    if (part == "n") {
       c.along_n = true;
-    else if (part == "s1" || part == "s2" || part == "s4" || part == "s8")
+    } else if (part == "fuse") {
+      c.fuse_swiglu = true;
+    } else if (part == "s1" || part == "s2" || part == "s4" || part == "s8") {
       c.swizzle = part[1] - '0';
-    else
+    } else if (part.starts_with("dx=")) {
+      c.dx_kernel = index_of(kGroupedGemmKernels, part.substr(3));
+      MT_CHECK(c.dx_kernel >= 0, ValueError, "grouped GEMM configuration \"", name,
+               "\": unknown input-gradient kernel \"", part.substr(3), "\" (one of ",
+               choices_of(kGroupedGemmKernels), ")");
+    } else if (part.starts_with("dw=")) {
+      c.wgrad = index_of(kGroupedWgradKernels, part.substr(3));
+      MT_CHECK(c.wgrad >= 0, ValueError, "grouped GEMM configuration \"", name,
+               "\": unknown weight-gradient kernel \"", part.substr(3), "\" (one of ",
+               choices_of(kGroupedWgradKernels), ")");
+    } else {
       MT_THROW(ValueError, "grouped GEMM configuration \"", name, "\": unknown part \"", part,
-               "\" (:s1, :s2, :s4, :s8 or :n)");
+               "\" (", kParts, ")");
+    }
     at = end;
   }
   return c;
@@ -48,6 +76,10 @@ std::string grouped_gemm_config_name(const GroupedGemmConfig& c) {
   std::string s = kGroupedGemmKernels[c.kernel];
   if (c.swizzle != 1) s += cat(":s", c.swizzle);
   if (c.along_n) s += ":n";
+  if (c.dx_kernel >= 0 && c.dx_kernel != c.kernel)
+    s += cat(":dx=", kGroupedGemmKernels[c.dx_kernel]);
+  if (c.wgrad != 0) s += cat(":dw=", kGroupedWgradKernels[c.wgrad]);
+  if (c.fuse_swiglu) s += ":fuse";
   return s;
 }
 

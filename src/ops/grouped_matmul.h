@@ -28,18 +28,31 @@ namespace mt::ops {
 
 enum class GroupedForm { XWt, DyW, DytX };
 
-// The GPU's grouped GEMM configuration (ops/cuda/cutlass/grouped_gemm_sm90.h), for tuning: one of
-// the compiled kernels and the tile scheduler's swizzle and raster order, named
-// "kernel[:sN][:n]" (e.g. "pingpong128x128c2x1:s4:n": swizzle 4, rastered along N). The kernel
-// applies to the bf16 forward and input-gradient forms, the swizzle and raster also to the bf16
-// weight gradient; the CPU and the other GPU paths ignore it.
+// The GPU's grouped GEMM configuration (ops/cuda/cutlass/grouped_gemm_sm90.h), for tuning: the
+// compiled kernel of the bf16 forward form, optionally another for the input gradient and one of
+// the weight gradient's kernels, and the tile scheduler's swizzle and raster order, named
+// "kernel[:sN][:n][:dx=kernel][:dw=wgrad][:fuse]" (e.g. "pingpong128x128c2x1:s4:n": swizzle 4,
+// rastered along N; "coop128x256c2x1:dw=pingpong128x128c1x1": the default forward and
+// input-gradient kernel, a ping-pong weight gradient). The swizzle and raster apply to all three
+// forms; the CPU and the other GPU paths ignore the configuration.
 inline constexpr const char* kGroupedGemmKernels[] = {"coop128x256c2x1", "coop128x256c1x2",
                                                       "coop256x128c2x1", "pingpong128x128c2x1",
                                                       "pingpong64x256c2x1"};
+// The weight gradient's kernels (dW f32, both operands read from the row buffers; the rows of a
+// group are the reduction): tiles over dW's [out, in].
+inline constexpr const char* kGroupedWgradKernels[] = {"coop128x256c2x1", "pingpong128x128c2x1",
+                                                       "pingpong128x128c1x1", "coop256x128c2x1",
+                                                       "coop128x256c1x2"};
 struct GroupedGemmConfig {
-  int kernel = 0;   // index into kGroupedGemmKernels
-  int swizzle = 1;  // 1, 2, 4 or 8
+  int kernel = 0;      // the forward form's: index into kGroupedGemmKernels
+  int dx_kernel = -1;  // the input gradient's: index into kGroupedGemmKernels; -1: `kernel`
+  int wgrad = 0;       // the weight gradient's: index into kGroupedWgradKernels
+  int swizzle = 1;     // 1, 2, 4 or 8
   bool along_n = false;
+  // The experts' down projection (without LoRA, or K-concatenated): SwiGLU's backward in the
+  // input-gradient GEMM's epilogue (ops/grouped_ffn.h, grouped_ffn_down_swiglu_backward), named
+  // ":fuse".
+  bool fuse_swiglu = false;
 };
 // Throws ValueError naming `name` and the choices unless it names a configuration.
 GroupedGemmConfig parse_grouped_gemm_config(std::string_view name);

@@ -402,6 +402,18 @@ TEST(CudaGroupedFfn, KConcatLoraInTheBaseGemms) {
                                                             .frozen_base = true,
                                                             .kconcat = true,
                                                             .pad_rows = true});
+  // SwiGLU's backward in the down projection's input-gradient GEMM (GroupedGemmConfig::fuse_swiglu)
+  // with K = in + r and W_down a block of its padded buffer.
+  ffn_check("grouped_ffn kconcat r16 skewed, fused SwiGLU backward",
+            {.rows = 3000,
+             .experts = 16,
+             .in = 264,
+             .ffn = 136,
+             .rank = 16,
+             .skewed = true,
+             .gemm = ops::GroupedGemmConfig{.fuse_swiglu = true},
+             .kconcat = true,
+             .pad_rows = true});
   ffn_check("grouped_ffn kconcat 16384 rows 64 experts r16 frozen", {.rows = 16384,
                                                                      .experts = 64,
                                                                      .in = 256,
@@ -464,32 +476,97 @@ TEST(CudaGroupedFfn, Bf16EmulationIsTheCpuOpComposedAgain) {
   }
 }
 
+// SwiGLU's backward that also forms h (where the base trains without LoRA, for dW_down) against
+// the CPU's separate forward and backward: widths in 16-byte packs (F 136) and not (F 23), and a
+// row-pitched dh / h pair (pitch F + 8) as the K-concatenation path lays rows out.
+TEST(CudaGroupedFfn, SwigluBackwardFormsHInTheSamePass) {
+  REQUIRE_GPU();
+  for (const auto& [F, pad] :
+       std::vector<std::pair<int64_t, int64_t>>{{136, 0}, {23, 0}, {136, 8}}) {
+    const uint64_t seed = fresh_seed();
+    Rng rng(seed);
+    const int64_t N = 1000;
+    const std::vector<In> ins = {{randn(rng, {N, 2 * F}, 2.0)}, {randn(rng, {N, F})}};
+    const std::string name = cat("swiglu backward with h, F ", F, " pitch ", F + pad);
+    run_case(
+        name.c_str(), ins, {"dgate_up", "h"},
+        [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
+          Tensor dgu = out(c, {N, 2 * F}, in[0].dtype());
+          if (!gpu) {
+            Tensor h = out(c, {N, F}, in[0].dtype());
+            ops::cpu::grouped_ffn_swiglu_backward(c, in[0], in[1], dgu);
+            ops::cpu::grouped_ffn_swiglu_forward(c, in[0], h);
+            return {dgu, h};
+          }
+          // dh and h at the same row pitch, in padded buffers.
+          const Tensor dhp = out(c, {N, F + pad}, in[1].dtype()),
+                       hp = out(c, {N, F + pad}, in[1].dtype());
+          Tensor dh = dhp.cols(0, F), h = hp.cols(0, F);
+          ops::copy(c, in[1], dh);
+          ops::cuda::grouped_ffn_swiglu_backward_with_h(c, in[0], dh, dgu, h);
+          return {dgu, h.clone()};
+        },
+        seed);
+  }
+}
+
 // The grouped GEMM configurations by name (ops/grouped_matmul.h): every kernel with every
-// swizzle and raster order survives a round trip, and a wrong name is refused saying why.
+// swizzle and raster order, input-gradient kernel and weight-gradient kernel survives a round
+// trip, and a wrong name is refused saying why.
 TEST(CudaGroupedGemmConfig, NamesRoundTripAndWrongNamesAreRefused) {
-  for (int kernel = 0; kernel < static_cast<int>(std::size(ops::kGroupedGemmKernels)); ++kernel)
-    for (int swizzle : {1, 2, 4, 8})
-      for (bool along_n : {false, true}) {
-        const ops::GroupedGemmConfig c{kernel, swizzle, along_n};
-        const std::string name = ops::grouped_gemm_config_name(c);
-        const ops::GroupedGemmConfig back = ops::parse_grouped_gemm_config(name);
-        EXPECT_EQ(back.kernel, kernel) << name;
-        EXPECT_EQ(back.swizzle, swizzle) << name;
-        EXPECT_EQ(back.along_n, along_n) << name;
-      }
+  const int kernels = static_cast<int>(std::size(ops::kGroupedGemmKernels));
+  for (int kernel = 0; kernel < kernels; ++kernel)
+    for (int dx = -1; dx < kernels; ++dx)
+      for (int wgrad = 0; wgrad < static_cast<int>(std::size(ops::kGroupedWgradKernels)); ++wgrad)
+        for (int swizzle : {1, 2, 4, 8})
+          for (int flags = 0; flags < 4; ++flags) {
+            const bool along_n = flags & 1, fuse = flags & 2;
+            const ops::GroupedGemmConfig c{.kernel = kernel,
+                                           .dx_kernel = dx,
+                                           .wgrad = wgrad,
+                                           .swizzle = swizzle,
+                                           .along_n = along_n,
+                                           .fuse_swiglu = fuse};
+            const std::string name = ops::grouped_gemm_config_name(c);
+            const ops::GroupedGemmConfig back = ops::parse_grouped_gemm_config(name);
+            EXPECT_EQ(back.kernel, kernel) << name;
+            // -1 and the forward kernel both mean the forward kernel.
+            EXPECT_EQ(back.dx_kernel < 0 ? kernel : back.dx_kernel, dx < 0 ? kernel : dx) << name;
+            EXPECT_EQ(back.wgrad, wgrad) << name;
+            EXPECT_EQ(back.swizzle, swizzle) << name;
+            EXPECT_EQ(back.along_n, along_n) << name;
+            EXPECT_EQ(back.fuse_swiglu, fuse) << name;
+          }
   EXPECT_EQ(ops::parse_grouped_gemm_config("pingpong128x128c2x1:n:s8").swizzle, 8);
-  for (const char* bad : {"", "coop", "coop128x256c2x1:s3", "coop128x256c2x1:", "x:n"})
+  const ops::GroupedGemmConfig mixed = ops::parse_grouped_gemm_config(
+      "coop128x256c2x1:dw=pingpong128x128c1x1:s2:dx=coop256x128c2x1");
+  EXPECT_EQ(mixed.kernel, 0);
+  EXPECT_EQ(mixed.dx_kernel, 2);
+  EXPECT_EQ(mixed.wgrad, 2);
+  EXPECT_EQ(mixed.swizzle, 2);
+  EXPECT_EQ(ops::grouped_gemm_config_name(
+                ops::parse_grouped_gemm_config("coop128x256c2x1:dw=coop128x256c2x1")),
+            "coop128x256c2x1");
+  for (const char* bad :
+       {"", "coop", "coop128x256c2x1:s3", "coop128x256c2x1:", "x:n",
+        "coop128x256c2x1:dx=", "coop128x256c2x1:dw=pingpong64x256c2x1", "coop128x256c2x1:dx=wgrad",
+        "coop128x256c2x1:dw", "coop128x256c2x1:fused"})
     EXPECT_THROW(ops::parse_grouped_gemm_config(bad), ValueError) << bad;
 }
 
-// Every compiled kernel configuration, and swizzle / raster variants, through the tests' own
-// choice (not MOETRAIN_GROUPED_GEMM), so one gpu_suite run checks them all.
+// Every compiled kernel configuration of the forward forms and of the weight gradient, an
+// input-gradient kernel apart from the forward's, and swizzle / raster variants, through the
+// tests' own choice (not MOETRAIN_GROUPED_GEMM), so one gpu_suite run checks them all.
 std::vector<ops::GroupedGemmConfig> all_gemm_configs() {
   std::vector<ops::GroupedGemmConfig> all;
   for (int k = 0; k < static_cast<int>(std::size(ops::kGroupedGemmKernels)); ++k)
     all.push_back({.kernel = k});
+  for (int w = 1; w < static_cast<int>(std::size(ops::kGroupedWgradKernels)); ++w)
+    all.push_back({.kernel = w % 2 ? 0 : 3, .wgrad = w});
+  all.push_back({.kernel = 0, .dx_kernel = 3, .wgrad = 1});
   all.push_back({.kernel = 0, .swizzle = 4, .along_n = true});
-  all.push_back({.kernel = 3, .swizzle = 2});
+  all.push_back({.kernel = 3, .wgrad = 2, .swizzle = 2});
+  all.push_back({.kernel = 0, .fuse_swiglu = true});
   return all;
 }
 
@@ -514,7 +591,7 @@ TEST(CudaGroupedGemmConfig, EveryConfigurationEveryFormSkewedGroups) {
                            {randn(rng, {N, in})},  {randn(rng, {G, out, in}), false}};
     const std::string name = "grouped_matmul " + ops::grouped_gemm_config_name(cfg);
     run_case(
-        name.c_str(), ins, {"xwt", "dyw", "dytx"},
+        name.c_str(), ins, {"xwt", "dyw", "dytx", "dytx written"},
         [&](Context& c, const std::vector<Tensor>& in_, bool gpu) -> std::vector<Tensor> {
           Tensor y = like(c, in_[3]), dx = like(c, in_[4]), dw = like(c, in_[5]);
           OP(grouped_matmul)
@@ -526,7 +603,12 @@ TEST(CudaGroupedGemmConfig, EveryConfigurationEveryFormSkewedGroups) {
           OP(grouped_matmul)
           (c, {.form = ops::GroupedForm::DytX, .alpha = 0.9f, .beta = 1.f, .gemm = cfg}, in_[2],
            off, in_[0], dw);
-          return {y, dx, dw};
+          // The weight gradient written (beta 0: dW not read; empty groups zeroed).
+          Tensor dw0 = like(c, in_[5]);
+          OP(grouped_matmul)
+          (c, {.form = ops::GroupedForm::DytX, .alpha = 1.1f, .beta = 0.f, .gemm = cfg}, in_[3],
+           off, in_[4], dw0);
+          return {y, dx, dw, dw0};
         },
         seed, 700);
   }
@@ -540,12 +622,61 @@ TEST(CudaGroupedGemmConfig, EveryConfigurationExpertsSkewedWithLora) {
     const std::string name = ops::grouped_gemm_config_name(cfg);
     FfnSetup s{.rows = 2000, .experts = 16, .in = 264, .ffn = 136, .skewed = true, .gemm = cfg};
     ffn_check(("grouped_ffn full " + name).c_str(), s);
+    FfnSetup frozen = s;
+    frozen.frozen_base = true;
+    ffn_check(("grouped_ffn frozen " + name).c_str(), frozen);
     for (int64_t r : {8, 16, 32}) {
       s.rank = r;
       s.frozen_base = r == 16;
       ffn_check(cat("grouped_ffn lora r", r, s.frozen_base ? " frozen " : " ", name).c_str(), s);
     }
   }
+}
+
+// The experts without LoRA with SwiGLU's backward in the down projection's input-gradient GEMM
+// (GroupedGemmConfig::fuse_swiglu; ops/cuda/cutlass/grouped_gemm_sm90_swiglu.h) against the CPU's
+// separate passes, frozen (dgate_up only) and trained (h written beside it for dW_down): a hot
+// expert with one-row and empty ones, row counts off the 128-row tile, n = ffn below, across and at
+// multiples of the 256-column tile, k of partial 64-wide stages; the same with a raster along N and
+// on the ping-pong form (input-gradient kernel pingpong128x128c2x1).
+TEST(CudaGroupedFfn, DownGradWithSwigluInTheEpilogue) {
+  REQUIRE_GPU();
+  for (const ops::GroupedGemmConfig& cfg :
+       {ops::GroupedGemmConfig{.fuse_swiglu = true},
+        ops::GroupedGemmConfig{.swizzle = 2, .along_n = true, .fuse_swiglu = true},
+        ops::GroupedGemmConfig{.dx_kernel = 3, .fuse_swiglu = true}}) {
+    const std::string name = ops::grouped_gemm_config_name(cfg);
+    ffn_check(("grouped_ffn fused frozen skewed " + name).c_str(), {.rows = 3000,
+                                                                    .experts = 16,
+                                                                    .in = 264,
+                                                                    .ffn = 136,
+                                                                    .frozen_base = true,
+                                                                    .skewed = true,
+                                                                    .gemm = cfg});
+    ffn_check(("grouped_ffn fused frozen narrow " + name).c_str(),
+              {.rows = 1000, .experts = 8, .in = 72, .ffn = 48, .frozen_base = true, .gemm = cfg});
+    ffn_check(("grouped_ffn fused frozen wide " + name).c_str(), {.rows = 4096,
+                                                                  .experts = 8,
+                                                                  .in = 520,
+                                                                  .ffn = 512,
+                                                                  .frozen_base = true,
+                                                                  .skewed = true,
+                                                                  .gemm = cfg});
+  }
+  ffn_check("grouped_ffn fused trained skewed",
+            {.rows = 3000,
+             .experts = 16,
+             .in = 264,
+             .ffn = 136,
+             .skewed = true,
+             .gemm = ops::GroupedGemmConfig{.fuse_swiglu = true}});
+  ffn_check("grouped_ffn fused frozen 16384 rows 64 experts",
+            {.rows = 16384,
+             .experts = 64,
+             .in = 256,
+             .ffn = 128,
+             .frozen_base = true,
+             .gemm = ops::GroupedGemmConfig{.fuse_swiglu = true}});
 }
 
 // The LoRA backward's one pass over dOut (ops/cuda/lora_grouped.h: dr and dB together) at a rank

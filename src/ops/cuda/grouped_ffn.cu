@@ -9,10 +9,13 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "core/cuda/resources.h"
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/cutlass/grouped_gemm_sm90_swiglu.h"
 #include "ops/cuda/lora_grouped.h"
 #include "ops/grouped_ffn.h"
 #include "ops/grouped_ffn_lora.h"
+#include "ops/grouped_matmul.h"
 
 namespace mt::ops::cuda {
 
@@ -51,8 +54,9 @@ __global__ void swiglu_fwd_kernel(int64_t rows, int64_t F, const T* gu, T* h, Pi
   }
 }
 
-template <typename T, int V>
-__global__ void swiglu_bwd_kernel(int64_t rows, int64_t F, const T* gu, const T* dh, T* dgu,
+// With kH also h = silu(g) * u into `h` (at dh's pitch), as the forward kernel rounds it.
+template <typename T, int V, bool kH>
+__global__ void swiglu_bwd_kernel(int64_t rows, int64_t F, const T* gu, const T* dh, T* dgu, T* h,
                                   Pitches pitch) {
   const int64_t packs = F / V;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * packs;
@@ -62,16 +66,19 @@ __global__ void swiglu_bwd_kernel(int64_t rows, int64_t F, const T* gu, const T*
     const Pack<T, V> g = load_pack<T, V>(gu + r * pitch.gu + c),
                      u = load_pack<T, V>(gu + r * pitch.gu + F + c),
                      d = load_pack<T, V>(dh + r * pitch.h + c);
-    Pack<T, V> dg, du;
+    Pack<T, V> dg, du, hv;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const float gj = ld(g.v, j), uj = ld(u.v, j), dj = ld(d.v, j);
       const float sg = 1.0f / (1.0f + expf(-gj));
       st(du.v, j, dj * gj * sg);
       st(dg.v, j, dj * uj * sg * (1.0f + gj * (1.0f - sg)));
+      // The forward kernel's expression, so h is the same bits as forward's.
+      if constexpr (kH) st(hv.v, j, gj / (1.0f + expf(-gj)) * uj);
     }
     store_pack(dgu + r * pitch.dgu + c, dg);
     store_pack(dgu + r * pitch.dgu + F + c, du);
+    if constexpr (kH) store_pack(h + r * pitch.h + c, hv);
   }
 }
 
@@ -111,14 +118,24 @@ void grouped_ffn_swiglu_forward(Context& ctx, const Tensor& gate_up, Tensor& h) 
   MT_CUDA_LAUNCH_CHECK();
 }
 
-void grouped_ffn_swiglu_backward(Context& ctx, const Tensor& gate_up, const Tensor& dh,
-                                 Tensor& dgate_up) {
+namespace {
+
+// dgate_up, and h when `h` is defined (at dh's row pitch).
+void swiglu_backward(Context& ctx, const Tensor& gate_up, const Tensor& dh, Tensor& dgate_up,
+                     const Tensor* h) {
   expect_same_dtype("grouped_ffn swiglu", gate_up, dh, "dh");
   expect_same_dtype("grouped_ffn swiglu", gate_up, dgate_up, "dgate_up");
   expect_rows(gate_up, "gate_up");
   expect_rows(dh, "dh");
   expect_rows(dgate_up, "dgate_up");
   const int64_t rows = dh.dim(0), F = dh.dim(1);
+  if (h) {
+    expect_same_dtype("grouped_ffn swiglu", gate_up, *h, "h");
+    expect_rows(*h, "h");
+    MT_CHECK(h->dim(0) == rows && h->dim(1) == F && h->stride(0) == dh.stride(0), ShapeError,
+             "grouped_ffn swiglu h ", h->shape(), " (strides ", h->strides(), "): dh's shape ",
+             dh.shape(), " and row pitch ", dh.stride(0), " expected");
+  }
   if (rows * F == 0) return;
   const Pitches pitches{gate_up.stride(0), dh.stride(0), dgate_up.stride(0)};
   MT_DISPATCH_FLOAT(gate_up, "grouped_ffn swiglu", {
@@ -126,15 +143,113 @@ void grouped_ffn_swiglu_backward(Context& ctx, const Tensor& gate_up, const Tens
     const auto* gu = static_cast<const T*>(gate_up.raw());
     const auto* d = static_cast<const T*>(dh.raw());
     auto* dg = static_cast<T*>(dgate_up.raw());
-    if (pitched_packs_fit<T>(F, {gate_up.raw(), dh.raw(), dgate_up.raw()},
-                             {pitches.gu, pitches.h, pitches.dgu}))
-      swiglu_bwd_kernel<T, V><<<blocks_for(rows * F / V, kThreads), kThreads, 0, stream(ctx)>>>(
-          rows, F, gu, d, dg, pitches);
+    auto* ph = h ? static_cast<T*>(h->raw()) : nullptr;
+    const bool packs = pitched_packs_fit<T>(F, {gate_up.raw(), dh.raw(), dgate_up.raw()},
+                                            {pitches.gu, pitches.h, pitches.dgu}) &&
+                       (!h || pitched_packs_fit<T>(F, {h->raw()}, {pitches.h}));
+    const auto launch = [&](auto kernel, int v) {
+      kernel<<<blocks_for(rows * F / v, kThreads), kThreads, 0, stream(ctx)>>>(rows, F, gu, d, dg,
+                                                                               ph, pitches);
+    };
+    if (packs && h)
+      launch(swiglu_bwd_kernel<T, V, true>, V);
+    else if (packs)
+      launch(swiglu_bwd_kernel<T, V, false>, V);
+    else if (h)
+      launch(swiglu_bwd_kernel<T, 1, true>, 1);
     else
-      swiglu_bwd_kernel<T, 1><<<blocks_for(rows * F, kThreads), kThreads, 0, stream(ctx)>>>(
-          rows, F, gu, d, dg, pitches);
+      launch(swiglu_bwd_kernel<T, 1, false>, 1);
   });
   MT_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void grouped_ffn_swiglu_backward(Context& ctx, const Tensor& gate_up, const Tensor& dh,
+                                 Tensor& dgate_up) {
+  swiglu_backward(ctx, gate_up, dh, dgate_up, nullptr);
+}
+
+void grouped_ffn_swiglu_backward_with_h(Context& ctx, const Tensor& gate_up, const Tensor& dh,
+                                        Tensor& dgate_up, Tensor& h) {
+  swiglu_backward(ctx, gate_up, dh, dgate_up, &h);
+}
+
+namespace {
+
+// The fused form of grouped_ffn_down_swiglu_backward (cutlass/grouped_gemm_sm90_swiglu.h); false
+// where it does not apply (types, alignment, more groups than one launch's table).
+bool fused_down_swiglu(Context& ctx, const GroupedGemmConfig& cfg, const Tensor& dy,
+                       const Tensor& offsets, const Tensor& w, const Tensor& gate_up,
+                       Tensor& dgate_up, Tensor& h) {
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&dy, &w, &gate_up, &dgate_up, &h})
+    if (t->defined() &&
+        (t->dtype() != DType::BF16 || t->device() != Device::CUDA || t->stride(t->ndim() - 1) != 1))
+      return false;
+  const int64_t G = w.dim(0);
+  const int32_t* off = offsets.i32();
+  GroupRows table;
+  int count = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    if (off[g + 1] == off[g]) continue;
+    if (count == kMaxGroups) return false;
+    table.group[count] = static_cast<int32_t>(g);
+    table.row0[count] = off[g];
+    table.rows[count++] = off[g + 1] - off[g];
+  }
+  if (count == 0) return true;  // no rows: nothing to write
+  Sm90SwigluGrad f;
+  f.dy = dy.raw();
+  f.ld_dy = dy.stride(0);
+  f.w = w.raw();
+  if (!w.is_contiguous()) {  // a block of a padded buffer (grouped_matmul.h)
+    f.ldw = w.stride(1);
+    f.w_group = w.stride(0);
+  }
+  f.gate_up = gate_up.raw();
+  f.ld_gate_up = gate_up.stride(0);
+  f.dgate_up = dgate_up.raw();
+  f.ld_dgate_up = dgate_up.stride(0);
+  if (h.defined()) {
+    f.h = h.raw();
+    f.ld_h = h.stride(0);
+  }
+  f.n = w.dim(2);
+  f.k = w.dim(1);
+  if (!sm90_swiglu_grad_fits(f, count)) return false;
+  CudaResources& cr = cuda_resources(ctx);
+  const Sm90Launch at{cr.stream,
+                      cr.device,
+                      cr.multiprocessors,
+                      {cfg.kernel, cfg.dx_kernel, cfg.wgrad, cfg.swizzle, cfg.along_n}};
+  ArenaScope scope(ctx.workspace());
+  const size_t bytes = sm90_swiglu_grad_scratch(f, table, count, at);
+  MT_CHECK(bytes + 256 <= kGroupedMatmulScratchBytes, InternalError,
+           "grouped_ffn down + SwiGLU backward (", count, " groups): needs ", bytes + 256,
+           " bytes of scratch, over the ", kGroupedMatmulScratchBytes, " the planner reserves");
+  // +256 to align the start: the arena aligns to 64 bytes, TMA descriptors want more.
+  Tensor scratch = ctx.workspace().alloc({static_cast<int64_t>(bytes / 8 + 33)}, DType::I64);
+  const auto base = (reinterpret_cast<uintptr_t>(scratch.raw()) + 255) / 256 * 256;
+  const char* failed = sm90_swiglu_grad(f, table, count, at, reinterpret_cast<void*>(base));
+  MT_CHECK(failed == nullptr, InternalError, "grouped_ffn down + SwiGLU backward (CUTLASS sm90, ",
+           count, " groups, n ", f.n, ", k ", f.k, "): ", failed ? failed : "");
+  return true;
+}
+
+}  // namespace
+
+void grouped_ffn_down_swiglu_backward(Context& ctx, const GroupedFfnParams& p, const Tensor& dy,
+                                      const Tensor& offsets, const Tensor& w_down,
+                                      const Tensor& gate_up, Tensor& dh, Tensor& dgate_up,
+                                      Tensor& h) {
+  const GroupedGemmConfig& cfg = p.gemm ? *p.gemm : grouped_gemm_config_from_env();
+  if (cfg.fuse_swiglu && fused_down_swiglu(ctx, cfg, dy, offsets, w_down, gate_up, dgate_up, h))
+    return;
+  ops::grouped_matmul(ctx, {.form = GroupedForm::DyW, .gemm = p.gemm}, dy, offsets, w_down, dh);
+  if (h.defined())
+    grouped_ffn_swiglu_backward_with_h(ctx, gate_up, dh, dgate_up, h);
+  else
+    grouped_ffn_swiglu_backward(ctx, gate_up, dh, dgate_up);
 }
 
 void grouped_ffn_lora_out_grads(Context& ctx, const GroupedFfnParams& p, const Tensor& dout,

@@ -9,6 +9,7 @@
 // (a parameter gradient). More groups than one launch's table holds fall back to one cuBLASLt call
 // per group. bf16 calls where one dimension is a LoRA rank (at most 64) go first to the skinny
 // kernels of lora_grouped.h.
+#include <algorithm>
 #include <iterator>
 #include <vector>
 
@@ -21,16 +22,45 @@
 
 namespace mt::ops::cuda {
 
-static_assert(kSm90Kernels == std::size(kGroupedGemmKernels),
+static_assert(kSm90Kernels == std::size(kGroupedGemmKernels) &&
+                  kSm90WgradKernels == std::size(kGroupedWgradKernels),
               "every named grouped GEMM kernel is compiled (cutlass/grouped_gemm_sm90.h)");
 
 namespace {
 
-// C_g *= beta for an empty group of the weight-gradient form (C_g = beta C_g + nothing).
-__global__ void scale_kernel(int64_t n, float beta, float* c) {
+// C_g *= beta for the empty groups of a weight-gradient call (C_g = beta C_g + nothing), all in
+// one launch (blockIdx.y: the group): one launch per empty expert cost a launch each where a
+// skewed routing leaves many idle.
+struct EmptyGroups {
+  int32_t group[kMaxGroups];
+};
+
+__global__ void scale_groups_kernel(EmptyGroups e, int64_t n, float beta, float* c) {
+  float* block = c + static_cast<int64_t>(e.group[blockIdx.y]) * n;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    c[i] = beta == 0.f ? 0.f : beta * c[i];
+    block[i] = beta == 0.f ? 0.f : beta * block[i];
+}
+
+// The weight-gradient form's empty groups of dW [G, out, in] (f32, contiguous): scaled by beta,
+// kMaxGroups per launch.
+void scale_empty_groups(Context& ctx, const int32_t* off, int64_t G, int64_t wsize, float beta,
+                        float* c) {
+  EmptyGroups e;
+  int n = 0;
+  const auto launch = [&] {
+    const auto per_group = std::max<int64_t>(1, 1024 / n);
+    scale_groups_kernel<<<dim3(blocks_for(wsize, 256, per_group), static_cast<unsigned>(n)), 256, 0,
+                          stream(ctx)>>>(e, wsize, beta, c);
+    MT_CUDA_LAUNCH_CHECK();
+    n = 0;
+  };
+  for (int64_t g = 0; g < G; ++g) {
+    if (off[g + 1] != off[g]) continue;
+    e.group[n++] = static_cast<int32_t>(g);
+    if (n == kMaxGroups) launch();
+  }
+  if (n > 0) launch();
 }
 
 MatRef rows_of(const Tensor& t, int64_t r0) {
@@ -145,8 +175,10 @@ bool sm90_grouped(Context& ctx, const GroupedMatmulParams& p, const Tensor& a, c
   if (!sm90_grouped_fits(g, count)) return false;
   CudaResources& cr = cuda_resources(ctx);
   const GroupedGemmConfig& cfg = p.gemm ? *p.gemm : grouped_gemm_config_from_env();
-  const Sm90Launch at{
-      cr.stream, cr.device, cr.multiprocessors, {cfg.kernel, cfg.swizzle, cfg.along_n}};
+  const Sm90Launch at{cr.stream,
+                      cr.device,
+                      cr.multiprocessors,
+                      {cfg.kernel, cfg.dx_kernel, cfg.wgrad, cfg.swizzle, cfg.along_n}};
   ArenaScope scope(ctx.workspace());
   const size_t bytes = sm90_grouped_scratch(g, table, count, at);
   MT_CHECK(bytes + 256 <= kGroupedMatmulScratchBytes, InternalError,
@@ -177,12 +209,8 @@ void grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Tensor& a,
   const int32_t* off = offsets.i32();
   const int64_t wsize = out * in;
   // Empty groups: the weight-gradient form still scales its block by beta.
-  for (int64_t g = 0; g < G; ++g)
-    if (off[g + 1] == off[g] && dw && p.beta != 1.f && wsize > 0) {
-      scale_kernel<<<blocks_for(wsize, 256, 1024), 256, 0, stream(ctx)>>>(
-          wsize, p.beta, ptr<float>(c) + g * wsize);
-      MT_CUDA_LAUNCH_CHECK();
-    }
+  if (dw && p.beta != 1.f && wsize > 0)
+    scale_empty_groups(ctx, off, G, wsize, p.beta, ptr<float>(c));
 
   int count = 0;
   for (int64_t g = 0; g < G; ++g) count += off[g + 1] > off[g];

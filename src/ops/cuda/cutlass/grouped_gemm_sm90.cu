@@ -12,9 +12,8 @@ bool aligned(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
-Sm90Kernel kernel_for(const Sm90Grouped& g, const Sm90Launch& at) {
-  if (g.form == Sm90Form::WeightGrad) return sm90_wgrad();
-  switch (at.config.kernel) {
+Sm90Kernel forward_kernel(int kernel) {
+  switch (kernel) {
     case 1:
       return sm90_coop128x256c1x2();
     case 2:
@@ -25,6 +24,32 @@ Sm90Kernel kernel_for(const Sm90Grouped& g, const Sm90Launch& at) {
       return sm90_pingpong64x256c2x1();
     default:
       return sm90_coop128x256c2x1();
+  }
+}
+
+Sm90Kernel wgrad_kernel(int kernel) {
+  switch (kernel) {
+    case 1:
+      return sm90_wgrad_pingpong128x128c2x1();
+    case 2:
+      return sm90_wgrad_pingpong128x128c1x1();
+    case 3:
+      return sm90_wgrad_coop256x128c2x1();
+    case 4:
+      return sm90_wgrad_coop128x256c1x2();
+    default:
+      return sm90_wgrad();
+  }
+}
+
+Sm90Kernel kernel_for(const Sm90Grouped& g, const Sm90Launch& at) {
+  switch (g.form) {
+    case Sm90Form::WeightGrad:
+      return wgrad_kernel(at.config.wgrad);
+    case Sm90Form::InputGrad:
+      return forward_kernel(at.config.dx_kernel >= 0 ? at.config.dx_kernel : at.config.kernel);
+    default:
+      return forward_kernel(at.config.kernel);
   }
 }
 

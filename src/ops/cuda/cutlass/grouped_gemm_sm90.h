@@ -5,9 +5,10 @@
 //
 // Several kernel configurations (tile, schedule, cluster) are compiled, one per file
 // grouped_gemm_sm90_<name>.cu, and chosen per call (ops/grouped_matmul.h: GroupedGemmConfig,
-// the environment's MOETRAIN_GROUPED_GEMM by default), so one device run compares them. The
-// weight gradient has one configuration (grouped_gemm_sm90_wgrad.cu); the scheduler's swizzle and
-// raster order apply to all.
+// the environment's MOETRAIN_GROUPED_GEMM by default), so one device run compares them: the forward
+// forms' kernels (grouped_gemm_sm90_<name>.cu, each compiling the forward and the input-gradient
+// form; the two forms may take different ones) and the weight gradient's
+// (grouped_gemm_sm90_wgrad_<name>.cu); the scheduler's swizzle and raster order apply to all.
 //
 // The .cu files include no engine header and talk to the engine through plain values (the caller
 // owns the context, the scratch and the errors): their minute-long CUTLASS compiles are not redone
@@ -53,11 +54,16 @@ struct Sm90Grouped {
   float alpha = 1.f, beta = 0.f;
 };
 
-// The kernel configurations, in the order of ops/grouped_matmul.h's kGroupedGemmKernels.
+// The kernel configurations, in the order of ops/grouped_matmul.h's kGroupedGemmKernels and
+// kGroupedWgradKernels.
 constexpr int kSm90Kernels = 5;
-// Which kernel, and the tile scheduler's swizzle (1, 2, 4 or 8) and raster order.
+constexpr int kSm90WgradKernels = 5;
+// Which kernels (the forward form's, the input gradient's, -1: the forward's, and the weight
+// gradient's), and the tile scheduler's swizzle (1, 2, 4 or 8) and raster order.
 struct Sm90Config {
   int kernel = 0;
+  int dx_kernel = -1;
+  int wgrad = 0;
   int swizzle = 1;
   bool along_n = false;
 };
@@ -92,6 +98,11 @@ Sm90Kernel sm90_coop128x256c1x2();
 Sm90Kernel sm90_coop256x128c2x1();
 Sm90Kernel sm90_pingpong128x128c2x1();
 Sm90Kernel sm90_pingpong64x256c2x1();
-Sm90Kernel sm90_wgrad();  // the weight gradient (cooperative 128 x 256 x 64, cluster 2 x 1)
+// The weight gradient's.
+Sm90Kernel sm90_wgrad();  // cooperative 128 x 256 x 64, cluster 2 x 1; the default
+Sm90Kernel sm90_wgrad_pingpong128x128c2x1();
+Sm90Kernel sm90_wgrad_pingpong128x128c1x1();
+Sm90Kernel sm90_wgrad_coop256x128c2x1();
+Sm90Kernel sm90_wgrad_coop128x256c1x2();
 
 }  // namespace mt::ops::cuda

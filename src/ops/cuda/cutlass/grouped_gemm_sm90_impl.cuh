@@ -215,4 +215,18 @@ Sm90Kernel forward_forms() {
     return ::mt::ops::cuda::sm90::forward_forms<Forward, InputGrad>();            \
   }
 
+// The weight gradient as the function `Fn`: dW_g f32 = dY_g^T X_g, A = dY_g^T read M-major and
+// B = X_g read N-major straight from the row buffers; tiles TM x TN x TK over dW's [out, in],
+// clusters CM x CN, a kernel / epilogue schedule pair.
+#define MT_SM90_WGRAD(Fn, TM, TN, TK, CM, CN, Schedule, EpilogueSchedule)                          \
+  namespace {                                                                                      \
+  using Fn##Tile = cute::Shape<cute::Int<TM>, cute::Int<TN>, cute::Int<TK>>;                       \
+  using Fn##Cluster = cute::Shape<cute::Int<CM>, cute::Int<CN>, cute::_1>;                         \
+  MT_SM90_GEMM(Fn##Gemm, Fn##Tile, Fn##Cluster, Schedule, EpilogueSchedule, float,                 \
+               ::mt::ops::cuda::sm90::ColumnMajor, ::mt::ops::cuda::sm90::RowMajor);               \
+  }                                                                                                \
+  Sm90Kernel Fn() {                                                                                \
+    return {::mt::ops::cuda::sm90::scratch_bytes<Fn##Gemm>, ::mt::ops::cuda::sm90::run<Fn##Gemm>}; \
+  }
+
 }  // namespace mt::ops::cuda::sm90
