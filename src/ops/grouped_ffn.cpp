@@ -73,12 +73,15 @@ void swiglu_forward(Context& ctx, const Tensor& gate_up, Tensor& h) {
            ctx, gate_up, h);
 }
 
-void down_swiglu_backward(Context& ctx, const GroupedFfnParams& p, const Tensor& dy,
-                          const Tensor& offsets, const Tensor& w_down, const Tensor& gate_up,
-                          Tensor& dh, Tensor& dgate_up, Tensor& h) {
-  dispatch(MT_NAMED_OP_BODIES("grouped_ffn_backward", grouped_ffn_down_swiglu_backward),
-           {&dy, &w_down, &gate_up, &dh, &dgate_up}, ctx, p, dy, offsets, w_down, gate_up, dh,
-           dgate_up, h);
+void swiglu_backward(Context& ctx, const Tensor& gate_up, const Tensor& dh, Tensor& dgate_up) {
+  dispatch(MT_NAMED_OP_BODIES("grouped_ffn_backward", grouped_ffn_swiglu_backward),
+           {&gate_up, &dh, &dgate_up}, ctx, gate_up, dh, dgate_up);
+}
+
+void swiglu_backward_with_h(Context& ctx, const Tensor& gate_up, const Tensor& dh, Tensor& dgate_up,
+                            Tensor& h) {
+  dispatch(MT_NAMED_OP_BODIES("grouped_ffn_backward", grouped_ffn_swiglu_backward_with_h),
+           {&gate_up, &dh, &dgate_up, &h}, ctx, gate_up, dh, dgate_up, h);
 }
 
 void lora_swiglu(Context& ctx, const GroupedFfnParams& p, const Tensor& xa, const Tensor& offsets,
@@ -199,16 +202,14 @@ void backward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
   const auto grad = [](const Tensor& g) { return has(g) ? g : Tensor(); };
   Tensor dr_down = dyp.cols(l, l + r), db_down = grad(grads.down_b);
   lora_out_grads(ctx, p, dy, offsets, w.down_b, saved.ha, dr_down, db_down);
-  // dh = [dY | dr] [W_down ; A_down] and SwiGLU's backward on the adapted gate_up (fused on the
-  // GPU where the configuration asks: dh never stored); h is forward's.
   Tensor dh = ctx.workspace().alloc({N, F}, at);
-  Tensor dgp = ctx.workspace().alloc({N, 2 * F + r}, at);
-  Tensor dgu = dgp.cols(0, 2 * F), dr_gu = dgp.cols(2 * F, 2 * F + r), no_h;
-  down_swiglu_backward(ctx, p, dyp, offsets, padded_weight(w.down, r).narrow(2, 0, F),
-                       saved.gate_up, dh, dgu, no_h);
+  grouped_matmul(ctx, form.dx, dyp, offsets, padded_weight(w.down, r).narrow(2, 0, F), dh);
   if (has(grads.down)) grouped_matmul(ctx, form.dw_base, dy, offsets, saved.h, grads.down);
   if (has(grads.down_a)) grouped_matmul(ctx, form.dw, dr_down, offsets, saved.h, grads.down_a);
 
+  Tensor dgp = ctx.workspace().alloc({N, 2 * F + r}, at);
+  Tensor dgu = dgp.cols(0, 2 * F), dr_gu = dgp.cols(2 * F, 2 * F + r);
+  swiglu_backward(ctx, saved.gate_up, dh, dgu);
   Tensor db_gu = grad(grads.gate_up_b);
   lora_out_grads(ctx, p, dgu, offsets, w.gate_up_b, saved.xa, dr_gu, db_gu);
   grouped_matmul(ctx, form.dx, dgp, offsets, padded_weight(w.gate_up, r).narrow(2, 0, l), dx);
@@ -394,9 +395,14 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
     // dh + dr A_down, with dr the down projection's
     lora_swiglu_backward(ctx, p, saved.gate_up, saved.xa, offsets, w.gate_up_b, dh, dr, w.down_a,
                          dgu);
-  } else {  // dh feeds SwiGLU's backward only; h (trained base) is formed beside dgate_up
-    down_swiglu_backward(ctx, p, dy, offsets, w.down, saved.gate_up, dh, dgu, h);
-    if (g_dn) grouped_matmul(ctx, form.dw_base, dy, offsets, h, grads.down);
+  } else {
+    grouped_matmul(ctx, form.dx, dy, offsets, w.down, dh);
+    if (!g_dn) {
+      swiglu_backward(ctx, saved.gate_up, dh, dgu);
+    } else {  // h formed beside dgate_up, then dW_down reads it
+      swiglu_backward_with_h(ctx, saved.gate_up, dh, dgu, h);
+      grouped_matmul(ctx, form.dw_base, dy, offsets, h, grads.down);
+    }
   }
   project_back(dgu, x, w.gate_up, w.gate_up_a, w.gate_up_b, saved.xa, dx, grads.gate_up,
                grads.gate_up_a, grads.gate_up_b, true);

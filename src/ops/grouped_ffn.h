@@ -111,19 +111,6 @@ using GroupedFfnSwigluBackward = void(Context& ctx, const Tensor& gate_up, const
 using GroupedFfnSwigluBackwardWithH = void(Context& ctx, const Tensor& gate_up, const Tensor& dh,
                                            Tensor& dgate_up, Tensor& h);
 
-// The down projection's input gradient, with SwiGLU's backward: dgate_up, written, from dY
-// [rows, in] through W_down [E, in, F] (dh = dY W_down, an intermediate; on the K-concatenation
-// path [dY | dr] and [W_down ; A_down]) and the saved gate_up; where h [rows, F] is defined, also h
-// = swiglu(gate_up) for dW_down. The CPU, and the GPU unless its grouped GEMM configuration asks
-// for the fused form (GroupedGemmConfig::fuse_swiglu) and the operands fit it, write dh into `dh`
-// [rows, F] with grouped_matmul and run SwiGLU's backward on it; the GPU's fused form
-// (ops/cuda/cutlass/grouped_gemm_sm90_swiglu.h) applies it in the GEMM's epilogue and never stores
-// dh.
-using GroupedFfnDownSwigluBackward = void(Context& ctx, const GroupedFfnParams& p, const Tensor& dy,
-                                          const Tensor& offsets, const Tensor& w_down,
-                                          const Tensor& gate_up, Tensor& dh, Tensor& dgate_up,
-                                          Tensor& h);
-
 // The adapter's backward products that read a projection's output gradient dOut [rows, out]
 // (B [E, out, r], the saved X A^T xa [rows, r], s = p.lora_scale()): dr = s dOut B, written, and
 // when db is defined dB += s dOut^T xa. The CPU runs them as two grouped_matmul calls; the GPU
@@ -154,7 +141,6 @@ using GroupedFfnLoraSwigluBackward = void(Context& ctx, const GroupedFfnParams& 
 MT_OP_BACKENDS(GroupedFfnSwigluForward grouped_ffn_swiglu_forward;
                GroupedFfnSwigluBackward grouped_ffn_swiglu_backward;
                GroupedFfnSwigluBackwardWithH grouped_ffn_swiglu_backward_with_h;
-               GroupedFfnDownSwigluBackward grouped_ffn_down_swiglu_backward;
                GroupedFfnLoraOutGrads grouped_ffn_lora_out_grads;
                GroupedFfnLoraSwiglu grouped_ffn_lora_swiglu;
                GroupedFfnLoraSwigluBackward grouped_ffn_lora_swiglu_backward;)

@@ -37,7 +37,7 @@ int index_of(const char* const (&names)[N], std::string_view name) {
 }  // namespace
 
 GroupedGemmConfig parse_grouped_gemm_config(std::string_view name) {
-  constexpr const char* kParts = ":s1, :s2, :s4, :s8, :n, :dx=<kernel>, :dw=<wgrad kernel>, :fuse";
+  constexpr const char* kParts = ":s1, :s2, :s4, :s8, :n, :dx=<kernel>, :dw=<wgrad kernel>";
   GroupedGemmConfig c;
   const std::string_view kernel = name.substr(0, name.find(':'));
   c.kernel = index_of(kGroupedGemmKernels, kernel);
@@ -49,8 +49,6 @@ GroupedGemmConfig parse_grouped_gemm_config(std::string_view name) {
     const std::string_view part = name.substr(at + 1, end - at - 1);
     if (part == "n") {
       c.along_n = true;
-    } else if (part == "fuse") {
-      c.fuse_swiglu = true;
     } else if (part == "s1" || part == "s2" || part == "s4" || part == "s8") {
       c.swizzle = part[1] - '0';
     } else if (part.starts_with("dx=")) {
@@ -79,7 +77,6 @@ std::string grouped_gemm_config_name(const GroupedGemmConfig& c) {
   if (c.dx_kernel >= 0 && c.dx_kernel != c.kernel)
     s += cat(":dx=", kGroupedGemmKernels[c.dx_kernel]);
   if (c.wgrad != 0) s += cat(":dw=", kGroupedWgradKernels[c.wgrad]);
-  if (c.fuse_swiglu) s += ":fuse";
   return s;
 }
 

@@ -31,10 +31,10 @@ enum class GroupedForm { XWt, DyW, DytX };
 // The GPU's grouped GEMM configuration (ops/cuda/cutlass/grouped_gemm_sm90.h), for tuning: the
 // compiled kernel of the bf16 forward form, optionally another for the input gradient and one of
 // the weight gradient's kernels, and the tile scheduler's swizzle and raster order, named
-// "kernel[:sN][:n][:dx=kernel][:dw=wgrad][:fuse]" (e.g. "pingpong128x128c2x1:s4:n": swizzle 4,
-// rastered along N; "coop128x256c2x1:dw=pingpong128x128c1x1": the default forward and
-// input-gradient kernel, a ping-pong weight gradient). The swizzle and raster apply to all three
-// forms; the CPU and the other GPU paths ignore the configuration.
+// "kernel[:sN][:n][:dx=kernel][:dw=wgrad]" (e.g. "pingpong128x128c2x1:s4:n": swizzle 4, rastered
+// along N; "coop128x256c2x1:dw=pingpong128x128c1x1": the default forward and input-gradient
+// kernel, a ping-pong weight gradient). The swizzle and raster apply to all three forms; the CPU
+// and the other GPU paths ignore the configuration.
 inline constexpr const char* kGroupedGemmKernels[] = {"coop128x256c2x1", "coop128x256c1x2",
                                                       "coop256x128c2x1", "pingpong128x128c2x1",
                                                       "pingpong64x256c2x1"};
@@ -49,10 +49,6 @@ struct GroupedGemmConfig {
   int wgrad = 0;       // the weight gradient's: index into kGroupedWgradKernels
   int swizzle = 1;     // 1, 2, 4 or 8
   bool along_n = false;
-  // The experts' down projection (without LoRA, or K-concatenated): SwiGLU's backward in the
-  // input-gradient GEMM's epilogue (ops/grouped_ffn.h, grouped_ffn_down_swiglu_backward), named
-  // ":fuse".
-  bool fuse_swiglu = false;
 };
 // Throws ValueError naming `name` and the choices unless it names a configuration.
 GroupedGemmConfig parse_grouped_gemm_config(std::string_view name);

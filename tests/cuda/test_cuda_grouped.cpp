@@ -402,18 +402,6 @@ TEST(CudaGroupedFfn, KConcatLoraInTheBaseGemms) {
                                                             .frozen_base = true,
                                                             .kconcat = true,
                                                             .pad_rows = true});
-  // SwiGLU's backward in the down projection's input-gradient GEMM (GroupedGemmConfig::fuse_swiglu)
-  // with K = in + r and W_down a block of its padded buffer.
-  ffn_check("grouped_ffn kconcat r16 skewed, fused SwiGLU backward",
-            {.rows = 3000,
-             .experts = 16,
-             .in = 264,
-             .ffn = 136,
-             .rank = 16,
-             .skewed = true,
-             .gemm = ops::GroupedGemmConfig{.fuse_swiglu = true},
-             .kconcat = true,
-             .pad_rows = true});
   ffn_check("grouped_ffn kconcat 16384 rows 64 experts r16 frozen", {.rows = 16384,
                                                                      .experts = 64,
                                                                      .in = 256,
@@ -519,14 +507,12 @@ TEST(CudaGroupedGemmConfig, NamesRoundTripAndWrongNamesAreRefused) {
     for (int dx = -1; dx < kernels; ++dx)
       for (int wgrad = 0; wgrad < static_cast<int>(std::size(ops::kGroupedWgradKernels)); ++wgrad)
         for (int swizzle : {1, 2, 4, 8})
-          for (int flags = 0; flags < 4; ++flags) {
-            const bool along_n = flags & 1, fuse = flags & 2;
+          for (bool along_n : {false, true}) {
             const ops::GroupedGemmConfig c{.kernel = kernel,
                                            .dx_kernel = dx,
                                            .wgrad = wgrad,
                                            .swizzle = swizzle,
-                                           .along_n = along_n,
-                                           .fuse_swiglu = fuse};
+                                           .along_n = along_n};
             const std::string name = ops::grouped_gemm_config_name(c);
             const ops::GroupedGemmConfig back = ops::parse_grouped_gemm_config(name);
             EXPECT_EQ(back.kernel, kernel) << name;
@@ -535,7 +521,6 @@ TEST(CudaGroupedGemmConfig, NamesRoundTripAndWrongNamesAreRefused) {
             EXPECT_EQ(back.wgrad, wgrad) << name;
             EXPECT_EQ(back.swizzle, swizzle) << name;
             EXPECT_EQ(back.along_n, along_n) << name;
-            EXPECT_EQ(back.fuse_swiglu, fuse) << name;
           }
   EXPECT_EQ(ops::parse_grouped_gemm_config("pingpong128x128c2x1:n:s8").swizzle, 8);
   const ops::GroupedGemmConfig mixed = ops::parse_grouped_gemm_config(
@@ -547,10 +532,9 @@ TEST(CudaGroupedGemmConfig, NamesRoundTripAndWrongNamesAreRefused) {
   EXPECT_EQ(ops::grouped_gemm_config_name(
                 ops::parse_grouped_gemm_config("coop128x256c2x1:dw=coop128x256c2x1")),
             "coop128x256c2x1");
-  for (const char* bad :
-       {"", "coop", "coop128x256c2x1:s3", "coop128x256c2x1:", "x:n",
-        "coop128x256c2x1:dx=", "coop128x256c2x1:dw=pingpong64x256c2x1", "coop128x256c2x1:dx=wgrad",
-        "coop128x256c2x1:dw", "coop128x256c2x1:fused"})
+  for (const char* bad : {"", "coop", "coop128x256c2x1:s3", "coop128x256c2x1:", "x:n",
+                          "coop128x256c2x1:dx=", "coop128x256c2x1:dw=pingpong64x256c2x1",
+                          "coop128x256c2x1:dx=wgrad", "coop128x256c2x1:dw"})
     EXPECT_THROW(ops::parse_grouped_gemm_config(bad), ValueError) << bad;
 }
 
@@ -566,7 +550,6 @@ std::vector<ops::GroupedGemmConfig> all_gemm_configs() {
   all.push_back({.kernel = 0, .dx_kernel = 3, .wgrad = 1});
   all.push_back({.kernel = 0, .swizzle = 4, .along_n = true});
   all.push_back({.kernel = 3, .wgrad = 2, .swizzle = 2});
-  all.push_back({.kernel = 0, .fuse_swiglu = true});
   return all;
 }
 
@@ -622,61 +605,12 @@ TEST(CudaGroupedGemmConfig, EveryConfigurationExpertsSkewedWithLora) {
     const std::string name = ops::grouped_gemm_config_name(cfg);
     FfnSetup s{.rows = 2000, .experts = 16, .in = 264, .ffn = 136, .skewed = true, .gemm = cfg};
     ffn_check(("grouped_ffn full " + name).c_str(), s);
-    FfnSetup frozen = s;
-    frozen.frozen_base = true;
-    ffn_check(("grouped_ffn frozen " + name).c_str(), frozen);
     for (int64_t r : {8, 16, 32}) {
       s.rank = r;
       s.frozen_base = r == 16;
       ffn_check(cat("grouped_ffn lora r", r, s.frozen_base ? " frozen " : " ", name).c_str(), s);
     }
   }
-}
-
-// The experts without LoRA with SwiGLU's backward in the down projection's input-gradient GEMM
-// (GroupedGemmConfig::fuse_swiglu; ops/cuda/cutlass/grouped_gemm_sm90_swiglu.h) against the CPU's
-// separate passes, frozen (dgate_up only) and trained (h written beside it for dW_down): a hot
-// expert with one-row and empty ones, row counts off the 128-row tile, n = ffn below, across and at
-// multiples of the 256-column tile, k of partial 64-wide stages; the same with a raster along N and
-// on the ping-pong form (input-gradient kernel pingpong128x128c2x1).
-TEST(CudaGroupedFfn, DownGradWithSwigluInTheEpilogue) {
-  REQUIRE_GPU();
-  for (const ops::GroupedGemmConfig& cfg :
-       {ops::GroupedGemmConfig{.fuse_swiglu = true},
-        ops::GroupedGemmConfig{.swizzle = 2, .along_n = true, .fuse_swiglu = true},
-        ops::GroupedGemmConfig{.dx_kernel = 3, .fuse_swiglu = true}}) {
-    const std::string name = ops::grouped_gemm_config_name(cfg);
-    ffn_check(("grouped_ffn fused frozen skewed " + name).c_str(), {.rows = 3000,
-                                                                    .experts = 16,
-                                                                    .in = 264,
-                                                                    .ffn = 136,
-                                                                    .frozen_base = true,
-                                                                    .skewed = true,
-                                                                    .gemm = cfg});
-    ffn_check(("grouped_ffn fused frozen narrow " + name).c_str(),
-              {.rows = 1000, .experts = 8, .in = 72, .ffn = 48, .frozen_base = true, .gemm = cfg});
-    ffn_check(("grouped_ffn fused frozen wide " + name).c_str(), {.rows = 4096,
-                                                                  .experts = 8,
-                                                                  .in = 520,
-                                                                  .ffn = 512,
-                                                                  .frozen_base = true,
-                                                                  .skewed = true,
-                                                                  .gemm = cfg});
-  }
-  ffn_check("grouped_ffn fused trained skewed",
-            {.rows = 3000,
-             .experts = 16,
-             .in = 264,
-             .ffn = 136,
-             .skewed = true,
-             .gemm = ops::GroupedGemmConfig{.fuse_swiglu = true}});
-  ffn_check("grouped_ffn fused frozen 16384 rows 64 experts",
-            {.rows = 16384,
-             .experts = 64,
-             .in = 256,
-             .ffn = 128,
-             .frozen_base = true,
-             .gemm = ops::GroupedGemmConfig{.fuse_swiglu = true}});
 }
 
 // The LoRA backward's one pass over dOut (ops/cuda/lora_grouped.h: dr and dB together) at a rank

@@ -47,17 +47,6 @@ void grouped_ffn_swiglu_backward_with_h(Context& ctx, const Tensor& gate_up, con
   grouped_ffn_swiglu_forward(ctx, gate_up, h);
 }
 
-void grouped_ffn_down_swiglu_backward(Context& ctx, const GroupedFfnParams& p, const Tensor& dy,
-                                      const Tensor& offsets, const Tensor& w_down,
-                                      const Tensor& gate_up, Tensor& dh, Tensor& dgate_up,
-                                      Tensor& h) {
-  ops::grouped_matmul(ctx, {.form = GroupedForm::DyW, .gemm = p.gemm}, dy, offsets, w_down, dh);
-  if (h.defined())
-    grouped_ffn_swiglu_backward_with_h(ctx, gate_up, dh, dgate_up, h);
-  else
-    grouped_ffn_swiglu_backward(ctx, gate_up, dh, dgate_up);
-}
-
 // Two grouped_matmul calls (which dispatch on the tensors' device: the GPU's body falls back to
 // this one when its fused kernel declines).
 void grouped_ffn_lora_out_grads(Context& ctx, const GroupedFfnParams& p, const Tensor& dout,

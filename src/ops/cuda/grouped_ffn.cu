@@ -9,13 +9,10 @@
 #include <cstdint>
 #include <initializer_list>
 
-#include "core/cuda/resources.h"
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/cutlass/grouped_gemm_sm90_swiglu.h"
 #include "ops/cuda/lora_grouped.h"
 #include "ops/grouped_ffn.h"
 #include "ops/grouped_ffn_lora.h"
-#include "ops/grouped_matmul.h"
 
 namespace mt::ops::cuda {
 
@@ -173,83 +170,6 @@ void grouped_ffn_swiglu_backward(Context& ctx, const Tensor& gate_up, const Tens
 void grouped_ffn_swiglu_backward_with_h(Context& ctx, const Tensor& gate_up, const Tensor& dh,
                                         Tensor& dgate_up, Tensor& h) {
   swiglu_backward(ctx, gate_up, dh, dgate_up, &h);
-}
-
-namespace {
-
-// The fused form of grouped_ffn_down_swiglu_backward (cutlass/grouped_gemm_sm90_swiglu.h); false
-// where it does not apply (types, alignment, more groups than one launch's table).
-bool fused_down_swiglu(Context& ctx, const GroupedGemmConfig& cfg, const Tensor& dy,
-                       const Tensor& offsets, const Tensor& w, const Tensor& gate_up,
-                       Tensor& dgate_up, Tensor& h) {
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&dy, &w, &gate_up, &dgate_up, &h})
-    if (t->defined() &&
-        (t->dtype() != DType::BF16 || t->device() != Device::CUDA || t->stride(t->ndim() - 1) != 1))
-      return false;
-  const int64_t G = w.dim(0);
-  const int32_t* off = offsets.i32();
-  GroupRows table;
-  int count = 0;
-  for (int64_t g = 0; g < G; ++g) {
-    if (off[g + 1] == off[g]) continue;
-    if (count == kMaxGroups) return false;
-    table.group[count] = static_cast<int32_t>(g);
-    table.row0[count] = off[g];
-    table.rows[count++] = off[g + 1] - off[g];
-  }
-  if (count == 0) return true;  // no rows: nothing to write
-  Sm90SwigluGrad f;
-  f.dy = dy.raw();
-  f.ld_dy = dy.stride(0);
-  f.w = w.raw();
-  if (!w.is_contiguous()) {  // a block of a padded buffer (grouped_matmul.h)
-    f.ldw = w.stride(1);
-    f.w_group = w.stride(0);
-  }
-  f.gate_up = gate_up.raw();
-  f.ld_gate_up = gate_up.stride(0);
-  f.dgate_up = dgate_up.raw();
-  f.ld_dgate_up = dgate_up.stride(0);
-  if (h.defined()) {
-    f.h = h.raw();
-    f.ld_h = h.stride(0);
-  }
-  f.n = w.dim(2);
-  f.k = w.dim(1);
-  if (!sm90_swiglu_grad_fits(f, count)) return false;
-  CudaResources& cr = cuda_resources(ctx);
-  const Sm90Launch at{cr.stream,
-                      cr.device,
-                      cr.multiprocessors,
-                      {cfg.kernel, cfg.dx_kernel, cfg.wgrad, cfg.swizzle, cfg.along_n}};
-  ArenaScope scope(ctx.workspace());
-  const size_t bytes = sm90_swiglu_grad_scratch(f, table, count, at);
-  MT_CHECK(bytes + 256 <= kGroupedMatmulScratchBytes, InternalError,
-           "grouped_ffn down + SwiGLU backward (", count, " groups): needs ", bytes + 256,
-           " bytes of scratch, over the ", kGroupedMatmulScratchBytes, " the planner reserves");
-  // +256 to align the start: the arena aligns to 64 bytes, TMA descriptors want more.
-  Tensor scratch = ctx.workspace().alloc({static_cast<int64_t>(bytes / 8 + 33)}, DType::I64);
-  const auto base = (reinterpret_cast<uintptr_t>(scratch.raw()) + 255) / 256 * 256;
-  const char* failed = sm90_swiglu_grad(f, table, count, at, reinterpret_cast<void*>(base));
-  MT_CHECK(failed == nullptr, InternalError, "grouped_ffn down + SwiGLU backward (CUTLASS sm90, ",
-           count, " groups, n ", f.n, ", k ", f.k, "): ", failed ? failed : "");
-  return true;
-}
-
-}  // namespace
-
-void grouped_ffn_down_swiglu_backward(Context& ctx, const GroupedFfnParams& p, const Tensor& dy,
-                                      const Tensor& offsets, const Tensor& w_down,
-                                      const Tensor& gate_up, Tensor& dh, Tensor& dgate_up,
-                                      Tensor& h) {
-  const GroupedGemmConfig& cfg = p.gemm ? *p.gemm : grouped_gemm_config_from_env();
-  if (cfg.fuse_swiglu && fused_down_swiglu(ctx, cfg, dy, offsets, w_down, gate_up, dgate_up, h))
-    return;
-  ops::grouped_matmul(ctx, {.form = GroupedForm::DyW, .gemm = p.gemm}, dy, offsets, w_down, dh);
-  if (h.defined())
-    grouped_ffn_swiglu_backward_with_h(ctx, gate_up, dh, dgate_up, h);
-  else
-    grouped_ffn_swiglu_backward(ctx, gate_up, dh, dgate_up);
 }
 
 void grouped_ffn_lora_out_grads(Context& ctx, const GroupedFfnParams& p, const Tensor& dout,
