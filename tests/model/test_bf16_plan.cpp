@@ -1,6 +1,6 @@
 // The activation plan under the bf16 policy, against the saved tensors as the layers' math and the
 // kernels' dtype contracts name them (docs/gpu.md, bf16 path): activations in bf16; statistics,
-// KDA decay, beta and states, router logits, scores and gate weights, the indexer's KL target and
+// KDA beta and states, router logits, scores and gate weights, the indexer's KL target and
 // softmax in fp32; index tables in i32. The same lists priced under fp32 must give the fp32 plan,
 // whose allocations the CPU forward runs check (test_tiny_model, tests/layers), so the lists are
 // the tensors forward allocates and this test pins the dtype each is planned in. The GPU test
@@ -59,8 +59,7 @@ void expect_kda(const KdaConfig& c, const SeqInfo& seq, Expected& e) {
   e.f32({T * H});  // their rstds
   e.f32({T * H});
   e.act({T, K});   // f_a x
-  e.act({T, HK});  // f_b (f_a x)
-  e.f32({T, HK});  // the decay g: kda_gate and the core read it in fp32
+  e.act({T, HK});  // f_b (f_a x); the decay g lives in the workspace (formed again in backward)
   e.f32({T, H});   // beta: the core reads it in fp32
   e.act({T, H, K});
   const ops::KdaParams cp{.tokens = T,
