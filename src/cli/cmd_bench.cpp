@@ -399,9 +399,10 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
   const double fe = time(eval_fwd);
   // The same two forwards through the previous forward state pass (ops/kda_prep_path.h), timed in
   // this run so that old and new compare on the same machine and inputs.
+  const bool state_v2 = ops::kda_forward_state_v2();
   ops::kda_set_forward_state_v2(false);
   const double f_v1 = time(fwd), fe_v1 = time(eval_fwd);
-  ops::kda_set_forward_state_v2(true);
+  ops::kda_set_forward_state_v2(state_v2);
   // With the decay gate in front (ops/kda_gate.h, as the KDA layer runs it: raw in the
   // activations' type, g in f32), against fla's chunk_kda with use_gate_in_kernel.
   const ops::KdaGateParams gp{.tokens = T, .heads = H, .head_dim = D};

@@ -15,10 +15,6 @@ bool gpu_bf16(const Tensor& t) {
   return t.device() != Device::CPU && t.dtype() == DType::BF16;
 }
 
-}  // namespace
-
-namespace {
-
 template <size_t N>
 std::string choices_of(const char* const (&names)[N]) {
   std::string s;

@@ -4,23 +4,30 @@
 // Both passes are bound by HBM. A thread owns one pack of V channels (16 bytes of raw) and walks
 // rows, so dt_bias and exp(A_log) are read once per thread and no index is divided per element.
 // Backward is one pass: it writes draw and leaves per-(row chunk, channel) partial sums of draw
-// (for dt_bias) and per-(row chunk, pack) sums of dg * g (for A_log) in the workspace; a small
-// kernel adds them over the chunks in a fixed order (deterministic, no atomics). The row chunks
-// depend only on the shapes.
+// (for dt_bias) and per-(row chunk, pack) sums of dg * g (for A_log) in the workspace;
+// colsum_accumulate adds them over the chunks in a fixed order (deterministic, no atomics). The
+// row chunks depend only on the shapes.
 #include <algorithm>
 
 #include "core/arena.h"
+#include "ops/cuda/colsum.cuh"
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/kda_gate.cuh"
 #include "ops/kda_gate.h"
 
 namespace mt::ops::cuda {
 
 namespace {
 
-namespace gm = kda_gate_math;
-
 constexpr int kThreads = 256;
+
+// softplus with beta 1 and threshold 20 (as torch / fla), and its derivative (exactly 1 where it is
+// the identity).
+__device__ __forceinline__ float softplus(float x) {
+  return x > 20.f ? x : log1pf(expf(x));
+}
+__device__ __forceinline__ float softplus_grad(float x) {
+  return x > 20.f ? 1.f : 1.f / (1.f + expf(-x));
+}
 // Backward's row chunks: at least kMinRows rows each, at most kMaxChunks of them (the partials'
 // size), so that a step's shapes give a grid of about a thousand blocks.
 constexpr int64_t kMinRows = 16, kMaxChunks = 512;
@@ -82,7 +89,7 @@ __global__ void gate_fwd_kernel(int64_t rows, int64_t HK, int K, const T* raw, c
     float x[V];
     load_v<T, V>(raw + r * HK + c0, x);
 #pragma unroll
-    for (int j = 0; j < V; ++j) x[j] = gm::gate(a, x[j] + db[j]);
+    for (int j = 0; j < V; ++j) x[j] = -a * softplus(x[j] + db[j]);
     store_v<float, V>(g + r * HK + c0, x);
   }
 }
@@ -109,38 +116,14 @@ __global__ void gate_bwd_kernel(int64_t rows, int64_t HK, int K, int64_t per_chu
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const float u = x[j] + db[j];
-      sa += d[j] * gm::gate(a, u);
-      x[j] = gm::gate_grad(a, u) * d[j];
+      sa += d[j] * -a * softplus(u);  // dg/dA_log is g itself
+      x[j] = -a * softplus_grad(u) * d[j];
       sdt[j] += x[j];
     }
     store_v<T, V>(draw + r * HK + c0, x);
   }
   if (part_dt) store_v<float, V>(part_dt + blockIdx.y * HK + c0, sdt);
   if (part_a) part_a[blockIdx.y * (HK / V) + pk] = sa;
-}
-
-// Blocks [0, dt_blocks): ddt_bias[c] += sum over chunks of part_dt, kSumCols channels a block
-// (column_sum); the next `heads` blocks: dA_log[h] += sum over chunks and the head's packs of
-// part_a. Both in a fixed order (block_sum's tree over a fixed assignment). kThreads threads.
-__global__ void gate_finish_kernel(int64_t chunks, int64_t HK, int64_t npacks,
-                                   int64_t packs_per_head, unsigned dt_blocks, const float* part_dt,
-                                   const float* part_a, float* ddt_bias, float* da_log) {
-  if (blockIdx.x < dt_blocks) {
-    const int64_t c = blockIdx.x * static_cast<int64_t>(gm::kSumCols) + threadIdx.x % gm::kSumCols;
-    const bool in = ddt_bias && c < HK;
-    const float s = gm::column_sum(part_dt + (in ? c : 0), chunks, HK, nullptr, in);
-    if (in && threadIdx.x < gm::kSumCols) ddt_bias[c] += s;  // parameter gradients accumulate
-    return;
-  }
-  if (!da_log) return;  // uniform over the block
-  const int64_t h = blockIdx.x - dt_blocks, n = chunks * packs_per_head;
-  float s = 0.f;
-  for (int64_t e = threadIdx.x; e < n; e += blockDim.x) {
-    const int64_t k = e / packs_per_head, j = e - k * packs_per_head;
-    s += part_a[k * npacks + h * packs_per_head + j];
-  }
-  s = block_sum(s);
-  if (threadIdx.x == 0) da_log[h] += s;
 }
 
 int64_t gate_chunks(int64_t rows) {
@@ -185,6 +168,10 @@ void kda_gate_backward(Context& ctx, const KdaGateParams& p, const Tensor& raw, 
              want_a = da_log.defined() && da_log.numel();
   const int64_t chunks = gate_chunks(p.tokens), per_chunk = (p.tokens + chunks - 1) / chunks;
   ArenaScope scope(ctx.workspace());
+  // part_dt [chunks][HK] (16-byte aligned rows where packed: HK is a multiple of the pack), then
+  // part_a [chunks][HK / pack].
+  float *part_dt = nullptr, *part_a = nullptr;
+  int64_t packs_per_head = 0;
   MT_DISPATCH_FLOAT(raw, "kda_gate", {
     constexpr int kPack = 16 / sizeof(T);
     const bool packed = K % kPack == 0 && packs_fit<T>(HK, {raw.raw(), draw.raw()}) &&
@@ -192,25 +179,34 @@ void kda_gate_backward(Context& ctx, const KdaGateParams& p, const Tensor& raw, 
     with_pack<T>(packed, [&](auto pack) {
       constexpr int V = decltype(pack)::value;
       const int64_t npacks = HK / V;
-      // part_dt [chunks][HK] (16-byte aligned rows where packed: HK is a multiple of V), then
-      // part_a [chunks][npacks].
+      packs_per_head = K / V;
       Tensor part = ctx.workspace().alloc({chunks * (HK + npacks)});
-      float* part_dt = want_dt ? ptr<float>(part) : nullptr;
-      float* part_a = want_a ? ptr<float>(part) + chunks * HK : nullptr;
+      part_dt = want_dt ? ptr<float>(part) : nullptr;
+      part_a = want_a ? ptr<float>(part) + chunks * HK : nullptr;
       const dim3 grid(blocks_for(npacks, kThreads), static_cast<unsigned>(chunks));
       gate_bwd_kernel<T, V><<<grid, kThreads, 0, stream(ctx)>>>(
           p.tokens, HK, static_cast<int>(K), per_chunk, ptr<T>(raw), ptr<float>(a_log),
           ptr<float>(dt_bias), ptr<float>(dg), ptr<T>(draw), part_dt, part_a);
       MT_CUDA_LAUNCH_CHECK();
-      if (!want_dt && !want_a) return;
-      static_assert(kThreads == gm::kSumCols * gm::kSumGroups, "column_sum's block");
-      const unsigned dt_blocks = blocks_for(HK, gm::kSumCols);
-      gate_finish_kernel<<<dt_blocks + static_cast<unsigned>(p.heads), kThreads, 0, stream(ctx)>>>(
-          chunks, HK, npacks, K / V, dt_blocks, part_dt, part_a,
-          want_dt ? ptr<float>(ddt_bias) : nullptr, want_a ? ptr<float>(da_log) : nullptr);
-      MT_CUDA_LAUNCH_CHECK();
     });
   });
+  // The chunks' partials added in a fixed order (parameter gradients accumulate): dt_bias per
+  // channel, A_log per head over its packs.
+  if (part_dt) {
+    const float* pd = part_dt;
+    colsum_accumulate(ctx, chunks, HK, ptr<float>(ddt_bias),
+                      [=] __device__(int64_t r, int64_t c) { return pd[r * HK + c]; });
+  }
+  if (part_a) {
+    const float* pa = part_a;
+    const int64_t pph = packs_per_head, npacks = p.heads * pph;
+    colsum_accumulate(ctx, chunks, p.heads, ptr<float>(da_log),
+                      [=] __device__(int64_t r, int64_t h) {
+                        float s = 0.f;
+                        for (int64_t j = 0; j < pph; ++j) s += pa[r * npacks + h * pph + j];
+                        return s;
+                      });
+  }
 }
 
 }  // namespace mt::ops::cuda

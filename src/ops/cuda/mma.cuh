@@ -55,17 +55,29 @@ __device__ __forceinline__ void ldsm_a(uint32_t a[4], const __nv_bfloat16* tile,
                : "r"(addr));
 }
 
+// Two B fragments through one ldmatrix .x4 (.trans with Trans) from the row this lane addresses
+// (p, in shared memory): b0 = the first two 8x8 blocks (lanes 0-15's rows), b1 = the last two.
+template <bool Trans = false>
+__device__ __forceinline__ void ldsm_x4_pair(uint32_t b0[2], uint32_t b1[2],
+                                             const __nv_bfloat16* p) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  if constexpr (Trans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(b0[0]), "=r"(b0[1]), "=r"(b1[0]), "=r"(b1[1])
+                 : "r"(addr));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(b0[0]), "=r"(b0[1]), "=r"(b1[0]), "=r"(b1[1])
+                 : "r"(addr));
+}
+
 // B fragments of two adjacent n-tiles (n0..n0+7 and n0+8..n0+15; k0..k0+15) from an n-major
 // tile[n][k] through one ldmatrix .x4: b0 = the first tile's, b1 = the second's.
 __device__ __forceinline__ void ldsm_b_nk2(uint32_t b0[2], uint32_t b1[2],
                                            const __nv_bfloat16* tile, int ld, int n0, int k0,
                                            int lane) {
-  const __nv_bfloat16* p =
-      tile + (n0 + (lane & 7) + ((lane >> 4) << 3)) * ld + k0 + ((lane >> 3) & 1) * 8;
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(b0[0]), "=r"(b0[1]), "=r"(b1[0]), "=r"(b1[1])
-               : "r"(addr));
+  ldsm_x4_pair(b0, b1,
+               tile + (n0 + (lane & 7) + ((lane >> 4) << 3)) * ld + k0 + ((lane >> 3) & 1) * 8);
 }
 
 // B fragment (k0 .. k0+15) x (n0 .. n0+7) from an n-major tile[n][k] through ldmatrix .x2:

@@ -210,33 +210,21 @@ __device__ __forceinline__ void scores(float c[4], const bf16* A, int lda, int r
 //   n-major tile[n][k], as mma::ldsm_b_nk loads one;
 __device__ __forceinline__ void ldsm_b_nk_2k(uint32_t b0[2], uint32_t b1[2], const bf16* tile,
                                              int ld, int n0, int k0, int lane) {
-  const bf16* p = tile + (n0 + (lane & 7)) * ld + k0 + (lane >> 3) * 8;
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(b0[0]), "=r"(b0[1]), "=r"(b1[0]), "=r"(b1[1])
-               : "r"(addr));
+  mma::ldsm_x4_pair<false>(b0, b1, tile + (n0 + (lane & 7)) * ld + k0 + (lane >> 3) * 8);
 }
 
 // - two adjacent n-tiles (n0 .. n0 + 7 into b0, n0 + 8 .. n0 + 15 into b1; k0 .. k0 + 15) of a
 //   k-major tile[k][n], as mma::load_b_kn loads one;
 __device__ __forceinline__ void load_b_kn_2n(uint32_t b0[2], uint32_t b1[2], const bf16* tile,
                                              int ld, int k0, int n0, int lane) {
-  const bf16* p = tile + (k0 + (lane & 15)) * ld + n0 + (lane >> 4) * 8;
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(b0[0]), "=r"(b0[1]), "=r"(b1[0]), "=r"(b1[1])
-               : "r"(addr));
+  mma::ldsm_x4_pair<true>(b0, b1, tile + (k0 + (lane & 15)) * ld + n0 + (lane >> 4) * 8);
 }
 
 // - two k steps (k0 .. k0 + 15 into b0, k0 + 16 .. k0 + 31 into b1) of columns n0 .. n0 + 7 of
 //   a k-major tile[k][n].
 __device__ __forceinline__ void load_b_kn_2k(uint32_t b0[2], uint32_t b1[2], const bf16* tile,
                                              int ld, int k0, int n0, int lane) {
-  const bf16* p = tile + (k0 + lane) * ld + n0;
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(b0[0]), "=r"(b0[1]), "=r"(b1[0]), "=r"(b1[1])
-               : "r"(addr));
+  mma::ldsm_x4_pair<true>(b0, b1, tile + (k0 + lane) * ld + n0);
 }
 
 // s = A B^T as `scores` forms it, over two accumulators (even and odd k steps) added at the
