@@ -10,3 +10,8 @@ unpack() {
   mkdir -p "$D" && tar -C "$D" -xzf .gpu/pack.tgz
   export LD_LIBRARY_PATH=$D/lib:${LD_LIBRARY_PATH:-}
 }
+# One line of a `bench step` JSON: time, throughput, memory against the plan, and the units.
+step_line() { python3 -c "
+import json; j=json.load(open('$1')); m=j.get('memory_check',{})
+print('ms/step', round(j['ms_per_step'],1), 'tok/s', round(j['tokens_per_s']), 'measured', round(m.get('measured_gib',0),2), 'planned', round(m.get('planned_gib',0),2), 'fell', j.get('loss_fell'))
+print([(u['layer'], round(u['fwd_ms'],1), round(u['bwd_ms'],1)) for u in j['profile']['units']])" 2>&1 | tail -2; }

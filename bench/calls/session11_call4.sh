@@ -8,10 +8,6 @@ cd "$(dirname "$0")/../.."
 dsa_rows() { python3 -c "
 import json
 for r in json.load(open('$1'))['runs']: print({k:(round(v,2) if isinstance(v,float) else v) for k,v in r.items()})" 2>&1 | cut -c1-900; }
-step_line() { python3 -c "
-import json; j=json.load(open('$1')); m=j.get('memory_check',{})
-print('ms/step', round(j['ms_per_step'],1), 'tok/s', round(j['tokens_per_s']), 'measured', round(m.get('measured_gib',0),2), 'planned', round(m.get('planned_gib',0),2), 'fell', j.get('loss_fell'))
-print([(u['layer'], round(u['fwd_ms'],1), round(u['bwd_ms'],1)) for u in j['profile']['units']])" 2>&1 | tail -2; }
 el test; OUT=$L timeout 240 tools/gpu.sh test > "$L/test.txt" 2>&1; tail -2 "$L/test.txt"
 grep -E "^FAIL|\[  FAILED" "$L/test.txt" | cut -c1-300 | head -20; pack
 export LD_LIBRARY_PATH=$D/lib:${LD_LIBRARY_PATH:-}  # tools/gpu.sh test unpacked into $D

@@ -9,10 +9,6 @@ set -u
 cd "$(dirname "$0")/../.."
 . bench/calls/lib.sh
 unpack
-step_line() { python3 -c "
-import json; j=json.load(open('$1')); m=j.get('memory_check',{})
-print('ms/step', round(j['ms_per_step'],1), 'tok/s', round(j['tokens_per_s']), 'measured', round(m.get('measured_gib',0),2), 'planned', round(m.get('planned_gib',0),2), 'fell', j.get('loss_fell'))
-print([(u['layer'], round(u['fwd_ms'],1), round(u['bwd_ms'],1)) for u in j['profile']['units']])" 2>&1 | tail -2; }
 el test; timeout 170 $D/bin/gpu_suite --gtest_filter='*CudaKda*:CudaGroupedFfn.*:CudaLoraGrouped.*:*CudaModel*:CudaGroupedGemmConfig.*' > "$L/suite.txt" 2>&1; echo "rc=$?"
 grep -E "^\[  (PASSED|FAILED)|tests ran|Failure|seed=" "$L/suite.txt" | head -24; pack
 timeout 60 $D/bin/test_golden --gtest_filter='GoldenCuda.*' > "$L/golden.txt" 2>&1; echo "golden rc=$?"; grep -E "PASSED|FAILED" "$L/golden.txt" | head -5; pack

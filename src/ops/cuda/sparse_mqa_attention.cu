@@ -227,6 +227,20 @@ __device__ __forceinline__ void load_b_kn_2k(uint32_t b0[2], uint32_t b1[2], con
   mma::ldsm_x4_pair<true>(b0, b1, tile + (k0 + lane) * ld + n0);
 }
 
+// The B fragments of R k steps (16 rows each) of columns n0 .. n0 + 7 of a k-major tile[k][n]:
+// two steps per load_b_kn_2k, one for an odd R's last.
+template <int R>
+__device__ __forceinline__ void load_b_kn_steps(uint32_t (&b)[R][2], const bf16* tile, int ld,
+                                                int n0, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < R; kk += 2) {
+    if (kk + 1 < R)
+      load_b_kn_2k(b[kk], b[kk + 1], tile, ld, 16 * kk, n0, lane);
+    else
+      mma::load_b_kn(b[kk], tile, ld, 16 * kk, n0, lane);
+  }
+}
+
 // s = A B^T as `scores` forms it, over two accumulators (even and odd k steps) added at the
 // end: one chain of D / 16 dependent MMAs waits out the MMA's latency at every step (at two to
 // four warps per SM sub-partition nothing else fills it), two chains halve that wait. The Split
@@ -533,23 +547,11 @@ __device__ __forceinline__ void key_grad_tile(float* dkv_acc, const int* sl, int
   // is loaded whatever R (an odd R > 1 left bq[1], bo[1] unset when the odd-R branch loaded only
   // the even steps; only R <= 2 takes Split today).
   uint32_t bq[R][2], bo[R][2];
-#pragma unroll
-  for (int kk = 0; kk < R; kk += 2) {
-    if (kk + 1 < R)
-      load_b_kn_2k(bq[kk], bq[kk + 1], Qs, kLd, 16 * kk, 8 * n, lane);
-    else
-      mma::load_b_kn(bq[kk], Qs, kLd, 16 * kk, 8 * n, lane);
-  }
+  load_b_kn_steps<R>(bq, Qs, kLd, 8 * n, lane);
 #pragma unroll
   for (int kk = 0; kk < R; ++kk) mma::mma_bf16(cq, ad[kk], bq[kk]);
   if (8 * n < kDv) {  // the value columns: + P^T dout
-#pragma unroll
-    for (int kk = 0; kk < R; kk += 2) {
-      if (kk + 1 < R)
-        load_b_kn_2k(bo[kk], bo[kk + 1], Os, kLdv, 16 * kk, 8 * n, lane);
-      else
-        mma::load_b_kn(bo[kk], Os, kLdv, 16 * kk, 8 * n, lane);
-    }
+    load_b_kn_steps<R>(bo, Os, kLdv, 8 * n, lane);
 #pragma unroll
     for (int kk = 0; kk < R; ++kk) mma::mma_bf16(co, ap[kk], bo[kk]);
   }
