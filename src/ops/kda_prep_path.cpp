@@ -6,6 +6,7 @@ namespace {
 bool tensor_core_prep = true;
 bool bf16_prepared = true;
 bool forward_state_v2 = true;
+bool backward_state_v2 = true;
 }  // namespace
 
 KdaPrepPath kda_bf16_prep_path(const KdaParams& p) {
@@ -48,6 +49,14 @@ void kda_set_forward_state_v2(bool on) {
 
 bool kda_forward_state_v2() {
   return forward_state_v2;
+}
+
+void kda_set_backward_state_v2(bool on) {
+  backward_state_v2 = on;
+}
+
+bool kda_backward_state_v2() {
+  return backward_state_v2;
 }
 
 }  // namespace mt::ops

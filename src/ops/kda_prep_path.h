@@ -46,4 +46,10 @@ bool kda_tensor_core_prep();
 void kda_set_forward_state_v2(bool on);
 bool kda_forward_state_v2();
 
+// The same for the backward's sequential state pass: on (the default), bwd_state_v2_kernel; off,
+// bwd_state_tc_kernel. They differ by fp32 summation order only. Process-wide and not
+// synchronised, like the switches above.
+void kda_set_backward_state_v2(bool on);
+bool kda_backward_state_v2();
+
 }  // namespace mt::ops

@@ -10,7 +10,7 @@
 //             state update's; no Delta round trip through HBM, no second pass re-reading S0).
 //   backward: (1) per (chunk, head, 64 columns), in parallel: Delta = U - W S0 into D,
 //             E = Aqk^T dO into dR's place and F = Qh^T dO into the chunk's dS slot;
-//             (2) per (document, head, 16 columns), in reverse: dDelta = E + Kl dS,
+//             (2) per (document, head, 16 or 32 columns), in reverse: dDelta = E + Kl dS,
 //             dR = T^T dDelta, dS = diag(gL) dS + F - Kb^T dR; each chunk's outgoing dS replaces
 //             F in its slot, dR replaces E.
 // Every product is a warp-level tf32 MMA (mma.cuh) over tiles in shared memory: tf32's rounding
@@ -236,31 +236,10 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_state_tc_kernel(Args a, bf16*
   if (a.hT) state_io(s, nullptr, a.hT + (n * H + h) * K * V + col0, K, V);
 }
 
-// The forward state pass, leaner per chunk (kda_set_forward_state_v2, the default; the kernel
-// above stays selectable so that one benchmark times both). Same products, same operand values
-// (S0 and Delta rounded to tf32 once where they are stored instead of at every fragment load: the
-// bits the MMAs see are the same), the k index of each 16-row block permuted consistently between
-// A and B, so the results differ from fwd_state_tc_kernel's by fp32 summation order only. Per
-// chunk and warp, the old kernel spent ~60 instructions per m16n8k8 MMA on fragment loads (2-byte
-// and 4-byte scalars, a cvt per B element, index math) and ran its products one after another,
-// each a chain of 8 to 24 dependent MMAs, between four barriers. Here:
-//  - A fragments (W, Qh, Kl^T: bf16) come from one ldmatrix.x4 per 16 x 16 tile: its bf16 pairs
-//    (k = 2c, 2c+1) split lo / hi into the two k8 steps of the block (a bf16 is its tf32 with the
-//    low half zero), so step 0 takes k = 2c, 2c+8 and step 1 k = 2c+1, 2c+9;
-//  - B operands (S0, Delta) are stored transposed, already tf32, each 16-row block in the order
-//    (2c, 2c+8, 2c+1, 2c+9) per lane: one 16-byte load gives both k8 steps' B fragments (bt_*);
-//  - W S0 and Qh S0 run in one loop over k that shares the S0 fragments (8 independent
-//    accumulator chains per warp), as do Kl^T Delta and Aqk Delta over the Delta fragments (12);
-//  - two barriers per chunk: S0 published (the chunk's W, Qh, U landed; last chunk's Delta, Kl,
-//    Aqk, gL free), Delta published (Kl, Aqk, gL landed; W, Qh, U free). Kl, Aqk, gL of the chunk
-//    are staged after the first, W, Qh, U of the next after the second: each has half a chunk to
-//    land (one buffer each: two blocks of 4 warps per SM, as before);
-//  - the cp.async loops have compile-time trip counts (no division per 16 bytes), and each
-//    chunk's lines are prefetched into L2 two chunks ahead (a quarter of them by each of a head's
-//    column blocks), so that the half-step cp.async windows meet L2 latency, not HBM's.
-// Bf16 prepared layout only (head dims 64 or 128, which the layout implies); the fp32 layout keeps
-// fwd_state_tc_kernel.
-constexpr int kLdAq = kC + 8;  // Aqk rows (floats): 8 mod 32, conflict-free 8-byte fragment loads
+// Fragment helpers of the v2 state passes (fwd_state_v2_kernel, bwd_state_v2_kernel, below):
+// bf16 A operands through ldmatrix, fp32 B operands stored transposed and already tf32 so that
+// one 16-byte load gives both k8 steps of a 16-row block, compile-time cp.async loops and L2
+// prefetch.
 
 // Row stride (floats) of a transposed B operand over nk values of k: 16 mod 32, so that a
 // quarter warp's 16-byte loads (two rows) cover the 32 banks once.
@@ -318,16 +297,24 @@ __device__ __forceinline__ void bt_load(float4 (&b)[NT], const float* src, int l
   for (int nt = 0; nt < NT; ++nt) b[nt] = *reinterpret_cast<const float4*>(p + 8 * nt * ld);
 }
 
-// acc += A B over a 16-row block of k: A an ldmatrix fragment of bf16 pairs (step 0 takes the low
-// halves, k = 2c and 2c+8; step 1 the high ones, k = 2c+1 and 2c+9), B from bt_load.
-__device__ __forceinline__ void mma_k16(float (&acc)[4], const uint32_t (&a)[4], float4 b) {
+// acc0 (step 0) + acc1 (step 1) += A B over a 16-row block of k: A an ldmatrix fragment of bf16
+// pairs (step 0 takes the low halves, k = 2c and 2c+8; step 1 the high ones, k = 2c+1 and 2c+9),
+// B from bt_load. Two accumulators (summed by the caller) give twice the independent chains to the
+// products whose warp has only NT output tiles.
+__device__ __forceinline__ void mma_k16_split(float (&acc0)[4], float (&acc1)[4],
+                                              const uint32_t (&a)[4], float4 b) {
   const uint32_t lo[4] = {a[0] << 16, a[1] << 16, a[2] << 16, a[3] << 16};
   const uint32_t hi[4] = {a[0] & 0xffff0000u, a[1] & 0xffff0000u, a[2] & 0xffff0000u,
                           a[3] & 0xffff0000u};
   const uint32_t b0[2] = {__float_as_uint(b.x), __float_as_uint(b.y)};
   const uint32_t b1[2] = {__float_as_uint(b.z), __float_as_uint(b.w)};
-  mma::mma_tf32(acc, lo, b0);
-  mma::mma_tf32(acc, hi, b1);
+  mma::mma_tf32(acc0, lo, b0);
+  mma::mma_tf32(acc1, hi, b1);
+}
+
+// The same into one accumulator (both steps in turn).
+__device__ __forceinline__ void mma_k16(float (&acc)[4], const uint32_t (&a)[4], float4 b) {
+  mma_k16_split(acc, acc, a, b);
 }
 
 // The 128-byte lines of [p, p + bytes) whose index is `part` mod `parts` into L2, so that the
@@ -340,6 +327,32 @@ __device__ __forceinline__ void prefetch_l2(const float* p, int64_t floats, int 
        j += static_cast<int64_t>(kThreads) * parts)
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(b + j * 128));
 }
+
+// The forward state pass, leaner per chunk (kda_set_forward_state_v2, the default; the kernel
+// above stays selectable so that one benchmark times both). Same products, same operand values
+// (S0 and Delta rounded to tf32 once where they are stored instead of at every fragment load: the
+// bits the MMAs see are the same), the k index of each 16-row block permuted consistently between
+// A and B, so the results differ from fwd_state_tc_kernel's by fp32 summation order only. Per
+// chunk and warp, the old kernel spent ~60 instructions per m16n8k8 MMA on fragment loads (2-byte
+// and 4-byte scalars, a cvt per B element, index math) and ran its products one after another,
+// each a chain of 8 to 24 dependent MMAs, between four barriers. Here:
+//  - A fragments (W, Qh, Kl^T: bf16) come from one ldmatrix.x4 per 16 x 16 tile: its bf16 pairs
+//    (k = 2c, 2c+1) split lo / hi into the two k8 steps of the block (a bf16 is its tf32 with the
+//    low half zero), so step 0 takes k = 2c, 2c+8 and step 1 k = 2c+1, 2c+9;
+//  - B operands (S0, Delta) are stored transposed, already tf32, each 16-row block in the order
+//    (2c, 2c+8, 2c+1, 2c+9) per lane: one 16-byte load gives both k8 steps' B fragments (bt_*);
+//  - W S0 and Qh S0 run in one loop over k that shares the S0 fragments (8 independent
+//    accumulator chains per warp), as do Kl^T Delta and Aqk Delta over the Delta fragments (12);
+//  - two barriers per chunk: S0 published (the chunk's W, Qh, U landed; last chunk's Delta, Kl,
+//    Aqk, gL free), Delta published (Kl, Aqk, gL landed; W, Qh, U free). Kl, Aqk, gL of the chunk
+//    are staged after the first, W, Qh, U of the next after the second: each has half a chunk to
+//    land (one buffer each: two blocks of 4 warps per SM, as before);
+//  - the cp.async loops have compile-time trip counts (no division per 16 bytes), and each
+//    chunk's lines are prefetched into L2 two chunks ahead (a quarter of them by each of a head's
+//    column blocks), so that the half-step cp.async windows meet L2 latency, not HBM's.
+// Bf16 prepared layout only (head dims 64 or 128, which the layout implies); the fp32 layout keeps
+// fwd_state_tc_kernel.
+constexpr int kLdAq = kC + 8;  // Aqk rows (floats): 8 mod 32, conflict-free 8-byte fragment loads
 
 // Shared bytes of fwd_state_v2_kernel: W, Qh, Kl (bf16 rows of K + 8), U (NB + 8), Aqk (fp32 rows
 // of kLdAq), gL, S0^T and Delta^T (bt_ld).
@@ -694,6 +707,231 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_state_tc_kernel(Args a) {
   if (a.dh0) state_io(s, nullptr, a.dh0 + (n * H + h) * K * V + col0, K, V);
 }
 
+// The backward state pass, leaner per chunk (kda_set_backward_state_v2, the default;
+// bwd_state_tc_kernel above stays selectable so that one benchmark times both), built as
+// fwd_state_v2_kernel is: the same products over the same operand values (dS, dDelta and -dR
+// rounded to tf32 once where they are stored), k permuted consistently between A and B, so the
+// results differ from bwd_state_tc_kernel's by fp32 summation order only. Per chunk:
+//  - three products, each needing the whole of the one before (dS -> dDelta -> dR -> dS), so
+//    three barriers (v1: six): dS^T published (Kl landed; the chunk after's Kb, gL, -dR^T free),
+//    dDelta^T published (T landed; Kl free), -dR^T published (Kb, gL landed; T free). Kb and gL
+//    are staged after the first, Kl of the chunk before after the second, its T after the third:
+//    one buffer each, every cp.async group has two of the three phases to land, and each wait
+//    leaves exactly the newest group in flight;
+//  - Kl (dDelta = E + Kl dS) and Kb^T (dS -= Kb^T dR) through ldmatrix (.trans), T^T (fp32) by
+//    scalar loads in the permuted k order from rows of kLdT floats (4 mod 32: the lanes' rows
+//    2c .. 2c+9 and columns g fall in 32 distinct banks), B operands through bt_load;
+//  - dDelta and dR, whose warp has only NT output tiles, keep the two k8 steps in separate
+//    accumulators (2 NT independent chains), the state update has kMt NT;
+//  - E (the chunk's dDelta start) is read from HBM one chunk ahead as before, F (its dS term) right
+//    after the state update, a whole chunk before it is added; every operand is prefetched into L2
+//    two chunks ahead, the head's column blocks sharing the lines.
+// Bf16 prepared layout only (head dims 64 or 128); the fp32 layout keeps bwd_state_tc_kernel.
+constexpr int kLdT = kC + 4;  // T rows (floats), read transposed
+
+// Shared bytes of bwd_state_v2_kernel: Kl, Kb (bf16 rows of K + 8), T (kLdT), gL, dS^T (bt_ld(K)),
+// dDelta^T and -dR^T (bt_ld(kC)).
+template <int NB, int K>
+constexpr size_t bwd_state_v2_smem() {
+  return sizeof(bf16) * 2 * kC * (K + 8) +
+         sizeof(float) * (kC * kLdT + K + NB * bt_ld(K) + 2 * NB * bt_ld(kC));
+}
+
+template <int NB, int K>
+__global__ void __launch_bounds__(kThreads, 2) bwd_state_v2_kernel(Args a) {
+  static_assert(NB % 8 == 0 && K % 64 == 0 && K <= kK, "NB / 8 n-tiles; K 64 or 128");
+  constexpr int NT = NB / 8, kLdA = K + 8, kLdS = bt_ld(K), kLdD = bt_ld(kC);
+  constexpr int kMt = K / 64;  // the warp's state m-tiles: w, w + 4
+  const int64_t n = blockIdx.x, h = blockIdx.y, H = a.H;
+  const int col0 = blockIdx.z * NB, V = a.V, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const int g = lane >> 2, c4 = lane & 3;
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* Kls = reinterpret_cast<bf16*>(smem);              // [kC][kLdA]
+  bf16* Kbs = Kls + kC * kLdA;                            // [kC][kLdA], read transposed
+  float* Ts = reinterpret_cast<float*>(Kbs + kC * kLdA);  // [kC][kLdT], read transposed
+  float* gLs = Ts + kC * kLdT;                            // [K]
+  float* St = gLs + K;                                    // [NB][kLdS]: dS^T (bt_store)
+  float* Dt = St + NB * kLdS;                             // [NB][kLdD]: dDelta^T
+  float* Rt = Dt + NB * kLdD;                             // [NB][kLdD]: -dR^T
+  const KdaChunkLayout& lay = a.lay;
+  float s[2][NT][4];  // dS, rows as in the forward pass
+  state_io(s, a.dhT ? a.dhT + (n * H + h) * K * V + col0 : nullptr, nullptr, K, V);
+  const int64_t cb = a.dchunk0[n], ce = a.dchunk0[n + 1];
+  const auto stage_kl = [&](int64_t c) {
+    stage_ct<kC, K>(Kls, kLdA, slot<bf16>(a.blk(c, h), lay.Kl()), K);
+  };
+  const auto stage_t = [&](int64_t c) { stage_ct<kC, kC>(Ts, kLdT, a.blk(c, h) + lay.Tm(), kC); };
+  const auto stage_kb = [&](int64_t c) {
+    const float* blk = a.blk(c, h);
+    stage_ct<kC, K>(Kbs, kLdA, slot<bf16>(blk, lay.Kb()), K);
+    stage_ct<1, K>(gLs, 0, blk + lay.gL(), 0);
+  };
+  // F = Qh^T dO and E = Aqk^T dO, which the parallel pass left in the chunk's dS slot and in dR's
+  // place; the slots then take the chunk's outgoing dS and dR (the same thread reads and writes
+  // each element, the read first).
+  const auto slot_of = [&](int64_t c) { return a.dS + (c * H + h) * K * V + col0; };
+  const auto dR_of = [&](int64_t c) { return a.bblk(c, h) + lay.dR() + col0; };
+  const auto prefetch = [&](int64_t c) {
+    const float* blk = a.blk(c, h);
+    const int part = static_cast<int>(blockIdx.z), parts = static_cast<int>(gridDim.z);
+    prefetch_l2(blk + lay.Kl(), lay.big(kC * K), part, parts);
+    prefetch_l2(blk + lay.Kb(), lay.big(kC * K), part, parts);
+    prefetch_l2(blk + lay.Tm(), kC * kC, part, parts);
+    prefetch_l2(blk + lay.gL(), K, part, parts);
+    prefetch_l2(slot_of(c) - col0, static_cast<int64_t>(K) * V, part, parts);
+    prefetch_l2(dR_of(c) - col0, static_cast<int64_t>(kC) * V, part, parts);
+  };
+  float f[2][NT][4] = {}, e[NT][4] = {};
+  const auto load_f = [&](int64_t c) {
+    const float* sl = slot_of(c);
+#pragma unroll
+    for (int mt = 0; mt < kMt; ++mt)
+      for_pairs(f[mt], 16 * (w + 4 * mt), lane, [&](int x, int col, float& f0, float& f1) {
+        const float2 v = *at2(sl + x * V + col);
+        f0 = v.x;
+        f1 = v.y;
+      });
+  };
+  const auto load_e = [&](int64_t c) {
+    const float* Eg = dR_of(c);
+    for_pairs(e, 16 * w, lane, [&](int i, int col, float& e0, float& e1) {
+      const float2 v = *at2(Eg + i * V + col);
+      e0 = v.x;
+      e1 = v.y;
+    });
+  };
+  if (cb + 1 < ce) prefetch(ce - 2);
+  if (cb < ce) stage_kl(ce - 1);
+  mma::cp_async_commit();
+  if (cb < ce) stage_t(ce - 1);
+  mma::cp_async_commit();
+  if (cb < ce) {
+    load_f(ce - 1);
+    load_e(ce - 1);
+  }
+  for (int64_t c = ce - 1; c >= cb; --c) {
+    const int L = a.clen[c];
+    float* sl = slot_of(c);
+    float* dRg = dR_of(c);
+    if (c - 2 >= cb) prefetch(c - 2);
+#pragma unroll
+    for (int mt = 0; mt < kMt; ++mt) {
+      // The chunk's outgoing dS: into its slot (F already read), and as dS^T the B operand of
+      // Kl dS.
+      bt_store(St, kLdS, s[mt], 16 * (w + 4 * mt), lane);
+      for_pairs(s[mt], 16 * (w + 4 * mt), lane, [&](int x, int col, float& s0, float& s1) {
+        *at2(sl + x * V + col) = make_float2(s0, s1);
+      });
+    }
+    // dDelta starts at E; the chunk before's E loads now, a chunk ahead of its use.
+    float dd[NT][4], dd1[NT][4] = {};
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int u = 0; u < 4; ++u) dd[nt][u] = e[nt][u];
+    if (c > cb) load_e(c - 1);
+    mma::cp_async_wait<1>();  // Kl of this chunk (its T may still be in flight)
+    __syncthreads();          // dS^T published; Kb, gL, -dR^T of the chunk after free
+    stage_kb(c);
+    mma::cp_async_commit();
+    // dDelta = E + Kl dS, rows 16 w .. 16 w + 15 (zero past L).
+#pragma unroll
+    for (int kb = 0; kb < K / 16; ++kb) {
+      float4 b[NT];
+      bt_load(b, St, kLdS, kb, lane);
+      uint32_t ak[4];
+      mma::ldsm_a(ak, Kls, kLdA, 16 * w, 16 * kb, lane);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) mma_k16_split(dd[nt], dd1[nt], ak, b[nt]);
+    }
+    {
+      const bool in0 = 16 * w + g < L, in1 = 16 * w + g + 8 < L;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        dd[nt][0] = in0 ? dd[nt][0] + dd1[nt][0] : 0.f;
+        dd[nt][1] = in0 ? dd[nt][1] + dd1[nt][1] : 0.f;
+        dd[nt][2] = in1 ? dd[nt][2] + dd1[nt][2] : 0.f;
+        dd[nt][3] = in1 ? dd[nt][3] + dd1[nt][3] : 0.f;
+      }
+      bt_store(Dt, kLdD, dd, 16 * w, lane);
+    }
+    mma::cp_async_wait<1>();  // T of this chunk (Kb, gL may still be in flight)
+    __syncthreads();          // dDelta^T published; Kl free
+    if (c > cb) stage_kl(c - 1);
+    mma::cp_async_commit();
+    // dR = T^T dDelta, rows i = 16 w .. 16 w + 15: A(i, j) = T[j][i], k = j in bt_load's order
+    // (step 0 j = 2c, 2c+8; step 1 2c+1, 2c+9). All 64 j: dDelta is zero past L, T finite there.
+    {
+      float r[NT][4] = {}, r1[NT][4] = {};
+#pragma unroll
+      for (int kb = 0; kb < kC / 16; ++kb) {
+        float4 b[NT];
+        bt_load(b, Dt, kLdD, kb, lane);
+        const float* tp = Ts + (16 * kb + 2 * c4) * kLdT + 16 * w + g;
+        const uint32_t a0[4] = {mma::to_tf32(tp[0]), mma::to_tf32(tp[8]),
+                                mma::to_tf32(tp[8 * kLdT]), mma::to_tf32(tp[8 * kLdT + 8])};
+        const float* tq = tp + kLdT;
+        const uint32_t a1[4] = {mma::to_tf32(tq[0]), mma::to_tf32(tq[8]),
+                                mma::to_tf32(tq[8 * kLdT]), mma::to_tf32(tq[8 * kLdT + 8])};
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const uint32_t b0[2] = {__float_as_uint(b[nt].x), __float_as_uint(b[nt].y)};
+          const uint32_t b1[2] = {__float_as_uint(b[nt].z), __float_as_uint(b[nt].w)};
+          mma::mma_tf32(r[nt], a0, b0);
+          mma::mma_tf32(r1[nt], a1, b1);
+        }
+      }
+      const bool in0 = 16 * w + g < L, in1 = 16 * w + g + 8 < L;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        r[nt][0] = in0 ? r[nt][0] + r1[nt][0] : 0.f;
+        r[nt][1] = in0 ? r[nt][1] + r1[nt][1] : 0.f;
+        r[nt][2] = in1 ? r[nt][2] + r1[nt][2] : 0.f;
+        r[nt][3] = in1 ? r[nt][3] + r1[nt][3] : 0.f;
+      }
+      for_pairs(r, 16 * w, lane, [&](int i, int col, float& r0, float& r1v) {
+        *at2(dRg + i * V + col) = make_float2(r0, r1v);
+        r0 = -r0;
+        r1v = -r1v;
+      });
+      bt_store(Rt, kLdD, r, 16 * w, lane);
+    }
+    mma::cp_async_wait<1>();  // Kb, gL of this chunk (Kl of the chunk before may be in flight)
+    __syncthreads();          // -dR^T published; T free
+    if (c > cb) stage_t(c - 1);
+    mma::cp_async_commit();
+    // dS = diag(gL) dS + F - Kb^T dR over all 64 rows of the chunk (dR zero past L, Kb finite).
+#pragma unroll
+    for (int mt = 0; mt < kMt; ++mt) {
+      const int x0 = 16 * (w + 4 * mt);
+      const float gl0 = gLs[x0 + g], gl1 = gLs[x0 + g + 8];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        s[mt][nt][0] = gl0 * s[mt][nt][0] + f[mt][nt][0];
+        s[mt][nt][1] = gl0 * s[mt][nt][1] + f[mt][nt][1];
+        s[mt][nt][2] = gl1 * s[mt][nt][2] + f[mt][nt][2];
+        s[mt][nt][3] = gl1 * s[mt][nt][3] + f[mt][nt][3];
+      }
+    }
+#pragma unroll
+    for (int kb = 0; kb < kC / 16; ++kb) {
+      float4 b[NT];
+      bt_load(b, Rt, kLdD, kb, lane);
+      uint32_t ak[kMt][4];
+#pragma unroll
+      for (int mt = 0; mt < kMt; ++mt)
+        mma::ldsm_a_trans(ak[mt], Kbs, kLdA, 16 * (w + 4 * mt), 16 * kb, lane);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int mt = 0; mt < kMt; ++mt) mma_k16(s[mt][nt], ak[mt], b[nt]);
+    }
+    // The chunk before's F, a whole chunk ahead of its use.
+    if (c > cb) load_f(c - 1);
+  }
+  if (a.dh0) state_io(s, nullptr, a.dh0 + (n * H + h) * K * V + col0, K, V);
+}
+
 dim3 state_grid(const Args& a, int nb = kNB) {
   return dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(a.H),
               static_cast<unsigned>(a.V / nb));
@@ -712,14 +950,26 @@ void launch_fwd_v2(Context& ctx, const Args& a, bf16* o) {
   MT_CUDA_LAUNCH_CHECK();
 }
 
-template <typename E>
-void forward_state_as(Context& ctx, const Args& a, bf16* o) {
-  const char* op = "kda_forward";
-  // Two blocks per SM: where kNB-column blocks would need a second wave, 2 kNB columns each.
+template <int NB, int K>
+void launch_bwd_v2(Context& ctx, const Args& a) {
+  auto* kernel = bwd_state_v2_kernel<NB, K>;
+  kernel<<<state_grid(a, NB), kThreads,
+           smem_for(kernel, bwd_state_v2_smem<NB, K>(), "kda_backward"), stream(ctx)>>>(a);
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+// Two blocks per SM: where kNB-column blocks would need a second wave, 2 kNB columns each.
+bool wide_state(const Args& a) {
   int dev = 0, sms = 0;
   MT_CUDA_CHECK(cudaGetDevice(&dev));
   MT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  const bool wide = a.N * a.H * (a.V / kNB) > 2 * static_cast<int64_t>(sms) && a.V % (2 * kNB) == 0;
+  return a.N * a.H * (a.V / kNB) > 2 * static_cast<int64_t>(sms) && a.V % (2 * kNB) == 0;
+}
+
+template <typename E>
+void forward_state_as(Context& ctx, const Args& a, bf16* o) {
+  const char* op = "kda_forward";
+  const bool wide = wide_state(a);
   if constexpr (std::is_same_v<E, bf16>) {
     if (kda_forward_state_v2() && (a.K == 64 || a.K == 128)) {
       if (a.K == 128)
@@ -745,6 +995,14 @@ void backward_state_as(Context& ctx, const Args& a, const bf16* dout) {
   auto* pre = bwd_pre_tc_kernel<E>;
   pre<<<chunk_grid(a, 2), kThreads, smem_for(pre, pre_smem<E>(), op), stream(ctx)>>>(a, dout);
   MT_CUDA_LAUNCH_CHECK();
+  if constexpr (std::is_same_v<E, bf16>) {
+    if (kda_backward_state_v2() && (a.K == 64 || a.K == 128)) {
+      const bool wide = wide_state(a);
+      if (a.K == 128)
+        return wide ? launch_bwd_v2<2 * kNB, 128>(ctx, a) : launch_bwd_v2<kNB, 128>(ctx, a);
+      return wide ? launch_bwd_v2<2 * kNB, 64>(ctx, a) : launch_bwd_v2<kNB, 64>(ctx, a);
+    }
+  }
   auto* state = bwd_state_tc_kernel<E>;
   state<<<state_grid(a), kThreads, smem_for(state, bwd_state_smem<E>(), op), stream(ctx)>>>(a);
   MT_CUDA_LAUNCH_CHECK();
