@@ -403,6 +403,15 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
   ops::kda_set_forward_state_v2(false);
   const double f_v1 = time(fwd), fe_v1 = time(eval_fwd);
   ops::kda_set_forward_state_v2(state_v2);
+  // Forward and backward through the previous backward state pass (the forward's the new one);
+  // backward alone cannot repeat: it overwrites the prepared block that it reads.
+  const bool bwd_state_v2 = ops::kda_backward_state_v2();
+  ops::kda_set_backward_state_v2(false);
+  const double fb_bv1 = time([&] {
+    fwd();
+    bwd();
+  });
+  ops::kda_set_backward_state_v2(bwd_state_v2);
   // With the decay gate in front (ops/kda_gate.h, as the KDA layer runs it: raw in the
   // activations' type, g in f32), against fla's chunk_kda with use_gate_in_kernel.
   const ops::KdaGateParams gp{.tokens = T, .heads = H, .head_dim = D};
@@ -434,6 +443,7 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
                       {"fwd_eval_ms", fe},
                       {"fwd_ms_state_v1", f_v1},
                       {"fwd_eval_ms_state_v1", fe_v1},
+                      {"fwdbwd_ms_bwd_state_v1", fb_bv1},
                       {"gate_core_fwd_ms", gf},
                       {"gate_core_fwdbwd_ms", gfb},
                       {"fwd_Mtok_s", T / f / 1e3},
