@@ -5,8 +5,9 @@
 // bf16 inputs (ops/kda_prep_path.h switches both). Head dims 64 and 128, packed documents
 // whose lengths straddle the chunk, initial and final states, and decays from mild to strong,
 // mixed inside a chunk so that both forms of the diagonal 16-row blocks (MMAs, direct pairs) run;
-// and 32 heads, whose forward state pass on the H200 takes 32 state columns per block. Both
-// forward state passes (kda_set_forward_state_v2): each against the CPU, and against each other.
+// and 32 heads, whose state passes on the H200 take 32 state columns per block. Both forward
+// state passes (kda_set_forward_state_v2) and both backward ones (kda_set_backward_state_v2):
+// each against the CPU, and against each other.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -42,6 +43,8 @@ struct TcSetup {
   Decay decay = Decay::Mild;
   // The previous forward state pass (kda_set_forward_state_v2(false)) instead of the default.
   bool state_v1 = false;
+  // The previous backward state pass (kda_set_backward_state_v2(false)) instead of the default.
+  bool bwd_state_v1 = false;
 };
 
 std::string setup_name(const TcSetup& s) {
@@ -54,7 +57,7 @@ std::string setup_name(const TcSetup& s) {
         : s.decay == Decay::Moderate ? "_moderate"
         : s.decay == Decay::Strong   ? "_strong"
                                      : "_mixed")
-    << (s.state_v1 ? "_stateV1" : "");
+    << (s.state_v1 ? "_stateV1" : "") << (s.bwd_state_v1 ? "_bwdStateV1" : "");
   return n.str();
 }
 
@@ -153,6 +156,14 @@ struct ForwardStateV1 {
   ForwardStateV1& operator=(const ForwardStateV1&) = delete;
 };
 
+// The same for the backward state pass.
+struct BackwardStateV1 {
+  explicit BackwardStateV1(bool on) { ops::kda_set_backward_state_v2(!on); }
+  ~BackwardStateV1() { ops::kda_set_backward_state_v2(true); }
+  BackwardStateV1(const BackwardStateV1&) = delete;
+  BackwardStateV1& operator=(const BackwardStateV1&) = delete;
+};
+
 // The case's inputs on the GPU, q, k, v and dout in bf16.
 std::vector<Tensor> bf16_on_gpu(const TcCase& tc) {
   std::vector<Tensor> din;
@@ -176,6 +187,7 @@ TEST_P(CudaKdaTc, ForwardBackwardAgainstTheCpu) {
   ASSERT_TRUE(ops::kda_tensor_core_prep());
   ASSERT_EQ(ops::kda_bf16_prep_path(tc.p), ops::KdaPrepPath::TensorCoreBf16);
   const ForwardStateV1 state(s.state_v1);
+  const BackwardStateV1 bwd_state(s.bwd_state_v1);
   run_case(
       setup_name(s).c_str(), tc.ins, kNames,
       [&](Context& c, const std::vector<Tensor>& in, bool gpu) {
@@ -206,12 +218,20 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
   const std::vector<Tensor> emul = forward_backward(s, tc, cpu, emul_in, false);
   ASSERT_EQ(ops::kda_bf16_prep_path(tc.p), ops::KdaPrepPath::TensorCoreBf16);
   const ForwardStateV1 state(s.state_v1);
+  const BackwardStateV1 bwd_state(s.bwd_state_v1);
   const std::vector<Tensor> tensor_cores = forward_backward(s, tc, gpu, din, true);
-  std::vector<Tensor> cuda_cores, fp32_block, other_state;
+  std::vector<Tensor> cuda_cores, fp32_block, other_state, other_bwd_state;
   {
     // The other forward state pass on the same inputs: the two differ by fp32 summation order.
     const ForwardStateV1 other(!s.state_v1);
     other_state = forward_backward(s, tc, gpu, din, true);
+    gpu.synchronize();
+  }
+  {
+    // The other backward state pass alone: the forward's outputs stay bit for bit (no atomics
+    // anywhere in the path), the gradients differ by fp32 summation order.
+    const BackwardStateV1 other(!s.bwd_state_v1);
+    other_bwd_state = forward_backward(s, tc, gpu, din, true);
     gpu.synchronize();
   }
   {
@@ -229,11 +249,13 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
   for (size_t j = 0; j < want.size(); ++j) {
     const bool low = tensor_cores[j].dtype() == DType::BF16;
     const DVec w = to_dvec(want[j]), tcv = to_dvec(tensor_cores[j]), ccv = to_dvec(cuda_cores[j]),
-               fbv = to_dvec(fp32_block[j]), osv = to_dvec(other_state[j]);
+               fbv = to_dvec(fp32_block[j]), osv = to_dvec(other_state[j]),
+               obv = to_dvec(other_bwd_state[j]);
     const double bound =
         kBf16Multiple * rel_err(to_dvec(low ? round_bf16(emul[j]) : emul[j]), w) + kBf16Floor;
     const double between = rel_err(tcv, ccv), tc_err = rel_err(tcv, w), cc_err = rel_err(ccv, w),
-                 fb_err = rel_err(fbv, w), states = rel_err(tcv, osv);
+                 fb_err = rel_err(fbv, w), states = rel_err(tcv, osv),
+                 bwd_states = rel_err(tcv, obv);
     EXPECT_LE(between, bound) << kNames[j] << ": tensor-core prep against CUDA-core prep";
     EXPECT_LE(tc_err, bound) << kNames[j] << ": tensor-core prep against the CPU";
     EXPECT_LE(fb_err, bound) << kNames[j] << ": tensor cores, fp32 prepared block, against the CPU";
@@ -241,10 +263,17 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
     // a few ulp of fp32, which flip the bf16 rounding of a rare element of o, so their distance
     // must stay well inside the bf16 bound (a quarter of it).
     EXPECT_LE(states, bound / 4) << kNames[j] << ": forward state pass v2 against v1";
+    // The backward state passes likewise (dS carried over every chunk of a document: the same
+    // few ulp per step); o, hT and saved (j < 3) come from the forward alone.
+    if (j < 3)
+      EXPECT_EQ(bwd_states, 0.0) << kNames[j] << ": the backward state pass changed the forward";
+    else
+      EXPECT_LE(bwd_states, bound / 4) << kNames[j] << ": backward state pass v2 against v1";
     std::printf(
         "  %-40s %-5s tc vs cuda cores %.3g, vs cpu: tc %.3g (fp32 block %.3g), cuda cores %.3g "
-        "(bound %.3g), state passes v2 vs v1 %.3g\n",
-        setup_name(s).c_str(), kNames[j].c_str(), between, tc_err, fb_err, cc_err, bound, states);
+        "(bound %.3g), state passes v2 vs v1: fwd %.3g, bwd %.3g\n",
+        setup_name(s).c_str(), kNames[j].c_str(), between, tc_err, fb_err, cc_err, bound, states,
+        bwd_states);
   }
 }
 
@@ -258,12 +287,18 @@ INSTANTIATE_TEST_SUITE_P(
         TcSetup{.lengths = {300}, .decay = Decay::Strong},
         TcSetup{.lengths = {200, 64}, .decay = Decay::Moderate},
         // More state-column blocks of 16 than fit on an H200 at once (2 x 32 x 8 > 2 x 132): the
-        // forward state pass takes 32 columns per block (kda_state_tc.cu).
+        // state passes take 32 columns per block (kda_state_tc.cu); at head dim 64 that needs
+        // three documents (3 x 32 x 4).
         TcSetup{.heads = 32, .lengths = {100, 150}},
+        TcSetup{.heads = 32, .head_k = 64, .head_v = 64, .lengths = {100, 150, 30}},
         // The previous forward state pass, at both column widths and head dims.
         TcSetup{.heads = 32, .lengths = {100, 150}, .state_v1 = true},
         TcSetup{.head_k = 64, .head_v = 64, .state_v1 = true},
-        TcSetup{.lengths = {300}, .decay = Decay::Strong, .state_v1 = true}),
+        TcSetup{.lengths = {300}, .decay = Decay::Strong, .state_v1 = true},
+        // The previous backward state pass, at both column widths and head dims.
+        TcSetup{.heads = 32, .lengths = {100, 150}, .bwd_state_v1 = true},
+        TcSetup{.head_k = 64, .head_v = 64, .bwd_state_v1 = true},
+        TcSetup{.lengths = {300}, .decay = Decay::Strong, .bwd_state_v1 = true}),
     [](const ::testing::TestParamInfo<TcSetup>& pi) { return setup_name(pi.param); });
 
 // A prepared buffer copied to the host, read in its layout: fp32 slots as they are, and the bf16
