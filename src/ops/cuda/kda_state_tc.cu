@@ -23,6 +23,7 @@
 // each: two blocks of 4 warps then fit per SM, and 16-column blocks give 8 per head: the grid fills
 // the GPU with one document of 32 heads).
 #include <algorithm>
+#include <cstdint>
 #include <type_traits>
 
 #include "ops/cuda/common.cuh"
@@ -537,16 +538,30 @@ __global__ void __launch_bounds__(kThreads) bwd_pre_tc_kernel(Args a, const bf16
     stage(Ws, kLdW, slot<E>(blk, lay.W()), K, kC, K);
     stage(S0s, kLdNO, a.saved + (c * H + h) * K * V + col0, V, K, nc);
     mma::cp_async_commit();
+    // The thread's U pairs, all in flight at once and under the cp.async wait (read one by one
+    // after the MMAs, between the stores they feed, each was a round trip of its own).
+    const E* U = slot<E>(blk, lay.U()) + col0;
+    float2 u[kNO / 8][2];
+#pragma unroll
+    for (int nt = 0; nt < kNO / 8; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = 16 * w + (lane >> 2) + 8 * hf, col = 8 * nt + 2 * (lane & 3);
+        u[nt][hf] = col < nc ? ld2(U + i * V + col) : make_float2(0.f, 0.f);
+      }
     mma::cp_async_wait<0>();
     __syncthreads();
     float d[kNO / 8][4] = {};
     mma::warp_mma_tf32<false, kNO / 8>(d, Ws, kLdW, 16 * w, S0s, kLdNO, 0, K, lane);
-    const E* U = slot<E>(blk, lay.U()) + col0;
-    for_pairs(d, 16 * w, lane, [&](int i, int col, float& d0, float& d1) {
-      if (col >= nc) return;
-      const float2 u = ld2(U + i * V + col);
-      keep(bb + lay.D() + col0, i, col, i < L ? u.x - d0 : 0.f, i < L ? u.y - d1 : 0.f);
-    });
+#pragma unroll
+    for (int nt = 0; nt < kNO / 8; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = 16 * w + (lane >> 2) + 8 * hf, col = 8 * nt + 2 * (lane & 3);
+        const float2 v = u[nt][hf];
+        keep(bb + lay.D() + col0, i, col, i < L ? v.x - d[nt][2 * hf] : 0.f,
+             i < L ? v.y - d[nt][2 * hf + 1] : 0.f);
+      }
     return;
   }
   constexpr int kLdQ = OpLd<E>::tr;
@@ -557,9 +572,42 @@ __global__ void __launch_bounds__(kThreads) bwd_pre_tc_kernel(Args a, const bf16
   stage(Qs, kLdQ, slot<E>(blk, lay.Qh()), K, kC, K);
   mma::cp_async_commit();
   const int64_t t0 = a.ct0[c];
-  for (int e = threadIdx.x; e < kC * kNO; e += kThreads) {
-    const int i = e / kNO, y = e % kNO;
-    dOs[i * kLdNO + y] = i < L && y < nc ? ld(dout, ((t0 + i) * H + h) * V + col0 + y) : 0.f;
+  // dO's rows in pieces of 8 bf16, a thread's four loads all in flight before the first is used
+  // (element by element, each load waited for its shared store: ~30 round trips per thread); 16
+  // bytes each where dout is 16-byte aligned (V and col0 are multiples of 8). Zeros past L.
+  {
+    constexpr int kRow = kNO / 8, kPer = kC * kRow / kThreads;
+    const bool vec = (reinterpret_cast<uintptr_t>(dout) & 15) == 0;
+    uint4 raw[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int e = j * kThreads + static_cast<int>(threadIdx.x), i = e / kRow, y = e % kRow * 8;
+      raw[j] = make_uint4(0u, 0u, 0u, 0u);
+      if (i < L && y < nc) {
+        const bf16* src = dout + ((t0 + i) * H + h) * V + col0 + y;
+        if (vec) {
+          raw[j] = *reinterpret_cast<const uint4*>(src);
+        } else {
+          uint32_t q[4];
+#pragma unroll
+          for (int m = 0; m < 4; ++m)
+            q[m] = static_cast<uint32_t>(__bfloat16_as_ushort(src[2 * m])) |
+                   static_cast<uint32_t>(__bfloat16_as_ushort(src[2 * m + 1])) << 16;
+          raw[j] = make_uint4(q[0], q[1], q[2], q[3]);
+        }
+      }
+    }
+    // bf16 -> fp32 is exact: the low half of a pair shifted up, the high half masked.
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int e = j * kThreads + static_cast<int>(threadIdx.x), i = e / kRow, y = e % kRow * 8;
+      const uint32_t q[4] = {raw[j].x, raw[j].y, raw[j].z, raw[j].w};
+      float4* dst = reinterpret_cast<float4*>(dOs + i * kLdNO + y);
+      dst[0] = make_float4(__uint_as_float(q[0] << 16), __uint_as_float(q[0] & 0xffff0000u),
+                           __uint_as_float(q[1] << 16), __uint_as_float(q[1] & 0xffff0000u));
+      dst[1] = make_float4(__uint_as_float(q[2] << 16), __uint_as_float(q[2] & 0xffff0000u),
+                           __uint_as_float(q[3] << 16), __uint_as_float(q[3] & 0xffff0000u));
+    }
   }
   mma::cp_async_wait<0>();
   __syncthreads();
