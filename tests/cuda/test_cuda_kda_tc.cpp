@@ -148,20 +148,28 @@ struct Fp32Prepared {
   Fp32Prepared& operator=(const Fp32Prepared&) = delete;
 };
 
-// Runs the previous forward state pass for its scope (ops/kda_prep_path.h), or the default one.
+// Runs the previous forward state pass for its scope (ops/kda_prep_path.h), or the default one;
+// restores the choice it found, so that scopes nest (an inner "other pass" scope inside a case
+// that runs v1 must hand v1 back, not the default).
 struct ForwardStateV1 {
-  explicit ForwardStateV1(bool on) { ops::kda_set_forward_state_v2(!on); }
-  ~ForwardStateV1() { ops::kda_set_forward_state_v2(true); }
+  explicit ForwardStateV1(bool on) : was_v2(ops::kda_forward_state_v2()) {
+    ops::kda_set_forward_state_v2(!on);
+  }
+  ~ForwardStateV1() { ops::kda_set_forward_state_v2(was_v2); }
   ForwardStateV1(const ForwardStateV1&) = delete;
   ForwardStateV1& operator=(const ForwardStateV1&) = delete;
+  const bool was_v2;
 };
 
 // The same for the backward state pass.
 struct BackwardStateV1 {
-  explicit BackwardStateV1(bool on) { ops::kda_set_backward_state_v2(!on); }
-  ~BackwardStateV1() { ops::kda_set_backward_state_v2(true); }
+  explicit BackwardStateV1(bool on) : was_v2(ops::kda_backward_state_v2()) {
+    ops::kda_set_backward_state_v2(!on);
+  }
+  ~BackwardStateV1() { ops::kda_set_backward_state_v2(was_v2); }
   BackwardStateV1(const BackwardStateV1&) = delete;
   BackwardStateV1& operator=(const BackwardStateV1&) = delete;
+  const bool was_v2;
 };
 
 // The case's inputs on the GPU, q, k, v and dout in bf16.
