@@ -165,5 +165,17 @@ TEST(CudaSparseMqa, SplitTileEdges) {
   check_mqa("16 heads, first tile blank, scattered", 16, 70, {60, 50}, true, seed, rng, 0);
 }
 
+// The smallest inputs that still run every phase of the Split kernels at 32 heads (two key tiles,
+// the second partial, two documents): sized for compute-sanitizer's racecheck and synccheck,
+// which the tests above outlast (each access to shared memory is checked).
+TEST(CudaSparseMqa, SanitizerSized) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  const WithKernels use(ops::SparseMqaKernels::Split);
+  check_one("32 heads, 40 slots, 2 documents [split kernels]", 32, 40, {30, 17}, true, -1, seed,
+            rng);
+}
+
 }  // namespace
 }  // namespace mt::test
