@@ -9,7 +9,7 @@ cd "$(dirname "$0")/../.."
 unpack
 L0=$L
 for n in kda14b kda14c moe14 dsa14; do
-  el "$n"; L=$L0/$n; mkdir -p "$L"; bash "bench/calls/session14_req_$n.sh" 2>&1 | tail -40; L=$L0; pack
+  el "$n"; L=$L0/$n; mkdir -p "$L"; D=$D L=$L bash "bench/calls/session14_req_$n.sh" 2>&1 | tail -40; L=$L0; pack
 done
-el mqarace; timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 $D/bin/gpu_suite --gtest_filter='CudaSparseMqa.SanitizerSized' > "$L/racecheck_mqa.txt" 2>&1; echo "rc=$?"; grep -E "SUMMARY|PASSED|FAILED" "$L/racecheck_mqa.txt" | head -3; pack
+el mqarace; timeout 60 compute-sanitizer --tool synccheck --error-exitcode 9 $D/bin/gpu_suite --gtest_filter="CudaSparseMqa.SanitizerSized" > "$L/synccheck_mqa.txt" 2>&1; echo "rc=$?"; grep -E "SUMMARY|PASSED|FAILED" "$L/synccheck_mqa.txt" | head -3; pack
 el done
