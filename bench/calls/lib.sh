@@ -7,7 +7,9 @@ t0=$(date +%s)
 el() { echo "[t=$(( $(date +%s) - t0 ))s] $*"; }
 pack() { tar -C "$L" -czf "$OUT/logs.tgz" .; }
 unpack() {
-  mkdir -p "$D" && tar -C "$D" -xzf .gpu/pack.tgz
+  # Python's lzma where the image lacks xz.
+  mkdir -p "$D" && { tar -C "$D" -xJf .gpu/pack.tar.xz 2>/dev/null ||
+    python3 -c "import tarfile, sys; tarfile.open('.gpu/pack.tar.xz').extractall(sys.argv[1])" "$D"; }
   export LD_LIBRARY_PATH=$D/lib:${LD_LIBRARY_PATH:-}
 }
 # One line of a `bench step` JSON: time, throughput, memory against the plan, and the units.
