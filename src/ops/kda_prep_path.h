@@ -52,4 +52,12 @@ bool kda_forward_state_v2();
 void kda_set_backward_state_v2(bool on);
 bool kda_backward_state_v2();
 
+// The backward's gradient kernel for bf16 at chunk 64 and head_k 128 (ops/cuda/kda_chunk.cu): on
+// (the default), grads_v2_kernel (every pair sum on tensor cores, the diagonal 16-row blocks
+// too where the decay allows); off, grads_kernel's tensor-core form. They differ by fp32
+// summation order and tf32 operand rounding only. Process-wide and not synchronised, like the
+// switches above.
+void kda_set_grads_v2(bool on);
+bool kda_grads_v2();
+
 }  // namespace mt::ops

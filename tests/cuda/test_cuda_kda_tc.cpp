@@ -6,8 +6,8 @@
 // whose lengths straddle the chunk, initial and final states, and decays from mild to strong,
 // mixed inside a chunk so that both forms of the diagonal 16-row blocks (MMAs, direct pairs) run;
 // and 32 heads, whose state passes on the H200 take 32 state columns per block. Both forward
-// state passes (kda_set_forward_state_v2) and both backward ones (kda_set_backward_state_v2):
-// each against the CPU, and against each other.
+// state passes (kda_set_forward_state_v2), both backward ones (kda_set_backward_state_v2) and
+// both gradient kernels (kda_set_grads_v2): each against the CPU, and against each other.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -45,6 +45,8 @@ struct TcSetup {
   bool state_v1 = false;
   // The previous backward state pass (kda_set_backward_state_v2(false)) instead of the default.
   bool bwd_state_v1 = false;
+  // The previous gradient kernel (kda_set_grads_v2(false)) instead of the default.
+  bool grads_v1 = false;
 };
 
 std::string setup_name(const TcSetup& s) {
@@ -57,7 +59,8 @@ std::string setup_name(const TcSetup& s) {
         : s.decay == Decay::Moderate ? "_moderate"
         : s.decay == Decay::Strong   ? "_strong"
                                      : "_mixed")
-    << (s.state_v1 ? "_stateV1" : "") << (s.bwd_state_v1 ? "_bwdStateV1" : "");
+    << (s.state_v1 ? "_stateV1" : "") << (s.bwd_state_v1 ? "_bwdStateV1" : "")
+    << (s.grads_v1 ? "_gradsV1" : "");
   return n.str();
 }
 
@@ -172,6 +175,15 @@ struct BackwardStateV1 {
   const bool was_v2;
 };
 
+// The same for the gradient kernel.
+struct GradsV1 {
+  explicit GradsV1(bool on) : was_v2(ops::kda_grads_v2()) { ops::kda_set_grads_v2(!on); }
+  ~GradsV1() { ops::kda_set_grads_v2(was_v2); }
+  GradsV1(const GradsV1&) = delete;
+  GradsV1& operator=(const GradsV1&) = delete;
+  const bool was_v2;
+};
+
 // The case's inputs on the GPU, q, k, v and dout in bf16.
 std::vector<Tensor> bf16_on_gpu(const TcCase& tc) {
   std::vector<Tensor> din;
@@ -196,6 +208,7 @@ TEST_P(CudaKdaTc, ForwardBackwardAgainstTheCpu) {
   ASSERT_EQ(ops::kda_bf16_prep_path(tc.p), ops::KdaPrepPath::TensorCoreBf16);
   const ForwardStateV1 state(s.state_v1);
   const BackwardStateV1 bwd_state(s.bwd_state_v1);
+  const GradsV1 grads(s.grads_v1);
   run_case(
       setup_name(s).c_str(), tc.ins, kNames,
       [&](Context& c, const std::vector<Tensor>& in, bool gpu) {
@@ -227,8 +240,9 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
   ASSERT_EQ(ops::kda_bf16_prep_path(tc.p), ops::KdaPrepPath::TensorCoreBf16);
   const ForwardStateV1 state(s.state_v1);
   const BackwardStateV1 bwd_state(s.bwd_state_v1);
+  const GradsV1 grads(s.grads_v1);
   const std::vector<Tensor> tensor_cores = forward_backward(s, tc, gpu, din, true);
-  std::vector<Tensor> cuda_cores, fp32_block, other_state, other_bwd_state;
+  std::vector<Tensor> cuda_cores, fp32_block, other_state, other_bwd_state, other_grads;
   {
     // The other forward state pass on the same inputs: the two differ by fp32 summation order.
     const ForwardStateV1 other(!s.state_v1);
@@ -240,6 +254,13 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
     // anywhere in the path), the gradients differ by fp32 summation order.
     const BackwardStateV1 other(!s.bwd_state_v1);
     other_bwd_state = forward_backward(s, tc, gpu, din, true);
+    gpu.synchronize();
+  }
+  {
+    // The other gradient kernel alone (at head_k 128; elsewhere both runs take the same one):
+    // tf32 rounding of the pair operands and fp32 summation order apart.
+    const GradsV1 other(!s.grads_v1);
+    other_grads = forward_backward(s, tc, gpu, din, true);
     gpu.synchronize();
   }
   {
@@ -258,12 +279,12 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
     const bool low = tensor_cores[j].dtype() == DType::BF16;
     const DVec w = to_dvec(want[j]), tcv = to_dvec(tensor_cores[j]), ccv = to_dvec(cuda_cores[j]),
                fbv = to_dvec(fp32_block[j]), osv = to_dvec(other_state[j]),
-               obv = to_dvec(other_bwd_state[j]);
+               obv = to_dvec(other_bwd_state[j]), ogv = to_dvec(other_grads[j]);
     const double bound =
         kBf16Multiple * rel_err(to_dvec(low ? round_bf16(emul[j]) : emul[j]), w) + kBf16Floor;
     const double between = rel_err(tcv, ccv), tc_err = rel_err(tcv, w), cc_err = rel_err(ccv, w),
                  fb_err = rel_err(fbv, w), states = rel_err(tcv, osv),
-                 bwd_states = rel_err(tcv, obv);
+                 bwd_states = rel_err(tcv, obv), grads_gap = rel_err(tcv, ogv);
     EXPECT_LE(between, bound) << kNames[j] << ": tensor-core prep against CUDA-core prep";
     EXPECT_LE(tc_err, bound) << kNames[j] << ": tensor-core prep against the CPU";
     EXPECT_LE(fb_err, bound) << kNames[j] << ": tensor cores, fp32 prepared block, against the CPU";
@@ -277,11 +298,17 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
       EXPECT_EQ(bwd_states, 0.0) << kNames[j] << ": the backward state pass changed the forward";
     else
       EXPECT_LE(bwd_states, bound / 4) << kNames[j] << ": backward state pass v2 against v1";
+    // The gradient kernels: the forward's outputs untouched, the gradients apart by tf32 operand
+    // rounding (2^-11) of the diagonal blocks' pairs and summation order, well inside the bound.
+    if (j < 3)
+      EXPECT_EQ(grads_gap, 0.0) << kNames[j] << ": the gradient kernel changed the forward";
+    else
+      EXPECT_LE(grads_gap, bound / 4) << kNames[j] << ": gradient kernel v2 against v1";
     std::printf(
         "  %-40s %-5s tc vs cuda cores %.3g, vs cpu: tc %.3g (fp32 block %.3g), cuda cores %.3g "
-        "(bound %.3g), state passes v2 vs v1: fwd %.3g, bwd %.3g\n",
+        "(bound %.3g), state passes v2 vs v1: fwd %.3g, bwd %.3g, grads v2 vs v1 %.3g\n",
         setup_name(s).c_str(), kNames[j].c_str(), between, tc_err, fb_err, cc_err, bound, states,
-        bwd_states);
+        bwd_states, grads_gap);
   }
 }
 
@@ -306,7 +333,17 @@ INSTANTIATE_TEST_SUITE_P(
         // The previous backward state pass, at both column widths and head dims.
         TcSetup{.heads = 32, .lengths = {100, 150}, .bwd_state_v1 = true},
         TcSetup{.head_k = 64, .head_v = 64, .bwd_state_v1 = true},
-        TcSetup{.lengths = {300}, .decay = Decay::Strong, .bwd_state_v1 = true}),
+        TcSetup{.lengths = {300}, .decay = Decay::Strong, .bwd_state_v1 = true},
+        // The previous gradient kernel (head_k 128: the only head dim it differs at), with mild,
+        // strong, mixed and moderate decays (v2's diagonal blocks on MMAs, direct, and both).
+        TcSetup{.heads = 32, .lengths = {100, 150}, .grads_v1 = true},
+        TcSetup{.lengths = {300}, .decay = Decay::Strong, .grads_v1 = true},
+        TcSetup{.lengths = {64, 64, 64},
+                .h0 = false,
+                .dhT = false,
+                .decay = Decay::Mixed,
+                .grads_v1 = true},
+        TcSetup{.lengths = {200, 64}, .decay = Decay::Moderate, .grads_v1 = true}),
     [](const ::testing::TestParamInfo<TcSetup>& pi) { return setup_name(pi.param); });
 
 // A prepared buffer copied to the host, read in its layout: fp32 slots as they are, and the bf16

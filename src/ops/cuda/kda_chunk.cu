@@ -1371,6 +1371,406 @@ __global__ void __launch_bounds__(kGradThreads, TC ? 2 : 1)
   }
 }
 
+// grads_v2_kernel (bf16, chunk 64, K 128; kda_set_grads_v2): every pair sum of grads_kernel on
+// tensor cores, the pairs inside a 16-row block (masked j <= i) too, and the owners in the warp
+// that holds their sums. With R_b = Gam at row 16 b (R_4 = Gam at row 63) the diagonal block b
+// joins grads_block_pairs' sums as r = p = b with the inner factor e^(R_b - R_(b+1)) >= 1; where
+// that factor's exponent exceeds kGradDiagMax on some channel of a 16-channel group (strong
+// decay: the scaled operands could leave the normal range), that (block, group) keeps the direct
+// loop over its pairs. A warp takes two (row block p, 16 channels) combos, each sQ and sK of
+// rows 16 p (r <= p) and sC of the same rows as columns (p2 >= p): 5 16 x 16 pair blocks per
+// combo on every warp; the accumulators' elements are then exactly the owners' (row, channel
+// pairs), so no sum goes through shared memory and the owners' three global reads go out before
+// the combo's MMAs. tq and tb are stored with a column XOR of ((i & 3) << 3 | (i & 4)), the
+// scaled tiles with (i & 3) << 3: both conflict-free for the row-major and transposed tf32 A
+// fragments and the B fragments. 115456 bytes of shared memory: two blocks per SM.
+constexpr float kGradDiagMax = 57.7f;  // log2 units: e^40, prep_tc's diagonal bound
+constexpr size_t kGradV2Bytes =
+    sizeof(float) * (kMaxC * kHalf + kHalf + 2 * kMaxC * kMaxC + 2 * kMaxC + 3 * kMaxC * kHalf) +
+    sizeof(__nv_bfloat16) * 2 * kMaxC * kHalf;
+
+__device__ __forceinline__ int sw_pair(int i) {
+  return ((i & 3) << 3) | (i & 4);
+}
+__device__ __forceinline__ int sw_tile(int i) {
+  return (i & 3) << 3;
+}
+
+// The tf32 A fragment of rows m0.. (k0..k0+7) of the swizzled [64][64] M: A(m, k) = M[m0 + m][k0
+// + k] or, Trans, M[k0 + k][m0 + m]. Mask keeps only the pairs of a diagonal block: column <= row
+// (j <= i), or Trans row >= column (i2 >= i).
+template <bool Trans, bool Mask>
+__device__ __forceinline__ void load_a_sw(uint32_t a[4], const float* M, int m0, int k0, int lane) {
+  const int g = lane >> 2, c = lane & 3;
+  const auto at = [&](int m, int k) {
+    const int row = Trans ? k0 + k : m0 + m, col = Trans ? m0 + m : k0 + k;
+    const float v = M[row * kMaxC + (col ^ sw_pair(row))];
+    const bool keep = !Mask || (Trans ? row >= col : col <= row);
+    return mma::to_tf32(keep ? v : 0.f);
+  };
+  a[0] = at(g, c);
+  a[1] = at(g + 8, c);
+  a[2] = at(g, c + 4);
+  a[3] = at(g + 8, c + 4);
+}
+
+// The B fragment (rows k0.., columns n0..n0+7) of a swizzled [64][64] tile.
+__device__ __forceinline__ void load_b_sw(uint32_t b[2], const float* B, int k0, int n0, int lane) {
+  const int g = lane >> 2, c = lane & 3, r0 = k0 + c, r1 = k0 + c + 4;
+  b[0] = mma::to_tf32(B[r0 * kHalf + ((n0 + g) ^ sw_tile(r0))]);
+  b[1] = mma::to_tf32(B[r1 * kHalf + ((n0 + g) ^ sw_tile(r1))]);
+}
+
+__global__ void __launch_bounds__(kGradThreads, 2)
+    grads_v2_kernel(Args a, const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
+                    __nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv) {
+  using T = __nv_bfloat16;
+  constexpr int C = kMaxC, K = kMaxKV, KH = kHalf;
+  static_assert(C == KH, "one index for [C][C] and [C][kHalf]");
+  // The two halves of a (chunk, head) are adjacent blocks, so that the second's reads of Aqk and
+  // Tm (32 KB) find them in L2.
+  const int64_t c = blockIdx.x >> 1, h = blockIdx.y;
+  const int L = a.clen[c];
+  if (L == 0) return;
+  const int64_t t0 = a.ct0[c];
+  const int V = a.V, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  const int z = static_cast<int>(blockIdx.x & 1), x0 = z * KH;
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* gam = reinterpret_cast<float*>(smem);  // [C][KH] Gam (log2 units), later dGam
+  float* dGamL = gam + C * KH;                  // [KH]
+  float* tq = dGamL + KH;                       // [C][C] (swizzled)
+  float* tb = tq + C * C;                       // [C][C] -dR Delta^T, row i times beta_i
+  float* b = tb + C * C;                        // [C]
+  float* tkk = b + C;                           // [C]
+  float* kd = tkk + C;                          // [C][KH] tiles (swizzled); scan partials first
+  float* qu = kd + C * KH;
+  float* ku = qu + C * KH;
+  T* qs = reinterpret_cast<T*>(ku + C * KH);  // [C][KH]
+  T* ks = qs + C * KH;                        // [C][KH]
+  float* part = kd;                           // scan partials: before the tiles, after the owners
+  float* dbs = qu;                            // [C][4] dbeta shares per 16 channels, at the end
+  const KdaChunkLayout& lay = a.lay;
+  float* blk = a.blk(c, h);
+  const float* dds = a.dds(c, h);
+  for (int i = tid; i < C; i += kGradThreads) b[i] = i < L ? a.beta[(t0 + i) * a.H + h] : 0.f;
+  {
+    // The load phase of grads_kernel (TC), tq and tb stored swizzled.
+    uint4 q8[2], k8[2];
+    float4 g4[4], aq4[4], tm4[4], kk4[4];
+    float be[4];
+    const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      const int e = 8 * (tid + kGradThreads * m), i = e / KH;
+      q8[m] = k8[m] = make_uint4(0u, 0u, 0u, 0u);
+      if (i < L) {
+        const int64_t src = ((t0 + i) * a.H + h) * K + x0 + e % KH;
+        q8[m] = *reinterpret_cast<const uint4*>(q + src);
+        k8[m] = *reinterpret_cast<const uint4*>(k + src);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int e = 4 * (tid + kGradThreads * m), i = e / KH;
+      const bool in = i < L;
+      g4[m] = in ? *reinterpret_cast<const float4*>(a.g + ((t0 + i) * a.H + h) * K + x0 + e % KH)
+                 : zero4;
+      aq4[m] = *reinterpret_cast<const float4*>(blk + lay.Aqk() + e);
+      tm4[m] = *reinterpret_cast<const float4*>(blk + lay.Tm() + e);
+      kk4[m] = in && (i & 1) == z ? *reinterpret_cast<const float4*>(blk + lay.KK() + e) : zero4;
+      be[m] = in ? a.beta[(t0 + i) * a.H + h] : 0.f;
+    }
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      const int e = 8 * (tid + kGradThreads * m);
+      *reinterpret_cast<uint4*>(qs + e) = q8[m];
+      *reinterpret_cast<uint4*>(ks + e) = k8[m];
+    }
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int e = 4 * (tid + kGradThreads * m), i = e / C, j = e % C;
+      const int s = i * C + (j ^ sw_pair(i));  // 4 consecutive columns stay together
+      *reinterpret_cast<float4*>(gam + e) = g4[m];
+      *reinterpret_cast<float4*>(tq + s) = aq4[m];
+      const float4 t = tm4[m];
+      *reinterpret_cast<float4*>(tb + s) =
+          make_float4(t.x * be[m], t.y * be[m], t.z * be[m], t.w * be[m]);
+      const float4 kk = kk4[m];
+      float pr = (j < i ? t.x * kk.x : 0.f) + (j + 1 < i ? t.y * kk.y : 0.f) +
+                 (j + 2 < i ? t.z * kk.z : 0.f) + (j + 3 < i ? t.w * kk.w : 0.f);
+      for (int o = 8; o > 0; o >>= 1) pr += __shfl_xor_sync(0xffffffffu, pr, o);
+      if ((tid & 15) == 0 && (i & 1) == z) tkk[i] = pr;
+    }
+  }
+  // dGam_L's reads (Delta dS^T) go out before the scan: a thread per (channel tid / 4, rows tid
+  // % 4 + 4 m), the four row phases of a channel in adjacent lanes (summed by shuffles).
+  const int gx = tid >> 2, gs = tid & 3;
+  float kl[C / 4];
+#pragma unroll
+  for (int m = 0; m < C / 4; ++m) {
+    const int i = gs + 4 * m;
+    kl[m] = i < L ? dds[i * K + x0 + gx] : 0.f;
+  }
+  __syncthreads();
+  scan_rows<false>(gam, C, KH, part, 1.4426950408889634f);       // log2 e Gam
+  const auto rrow = [](int bb) { return min(16 * bb, C - 1); };  // R_b's row
+  {
+    const float gl = gam[(L - 1) * KH + gx];
+    float acc = 0.f;
+#pragma unroll
+    for (int m = 0; m < C / 4; ++m) {
+      const int i = gs + 4 * m;
+      acc += kl[m] * ld(ks, i * KH + gx) * ex2(gl - gam[i * KH + gx]);
+    }
+    acc = mma::quad_sum(acc);
+    if (gs == 0) dGamL[gx] = ex2(gl) * blk[lay.gL() + x0 + gx] + acc;
+    // The scaled tiles: kd = k e^(R_(b+1) - Gam), qu = q e^(Gam - R_b), ku = k e^(Gam - R_b).
+    for (int e = tid; e < C * KH; e += kGradThreads) {
+      const int i = e / KH, x = e % KH, bb = i >> 4, s = i * KH + (x ^ sw_tile(i));
+      const float gi = gam[e], rb = gam[16 * bb * KH + x], rn = gam[rrow(bb + 1) * KH + x];
+      const float kv = ld(ks, e), eu = ex2(gi - rb);
+      kd[s] = kv * ex2(rn - gi);
+      qu[s] = ld(qs, e) * eu;
+      ku[s] = kv * eu;
+    }
+  }
+  __syncthreads();
+  const int g = lane >> 2, cq4 = lane & 3;
+  float dgam[2][2][2][2];  // [combo][n-tile][row half][channel]
+  float dbp[2][2] = {};    // [combo][row half]: the row's dbeta share over the 16 channels
+#pragma unroll
+  for (int s = 0; s < 2; ++s) {
+    const int ci = w + 8 * s, p = ci >> 2, cg = ci & 3, n0 = 16 * cg;
+    // The owners' global reads: dO S0^T, dR S0^T, Delta dS^T at (row, channel pair).
+    float2 f[2][2][3];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = 16 * p + g + 8 * hf, x = n0 + 8 * nt + 2 * cq4;
+        const int64_t at = i * K + x0 + x;
+        const float2 zero2 = make_float2(0.f, 0.f);
+        const bool in = i < L;
+        f[nt][hf][0] = in ? *reinterpret_cast<const float2*>(blk + lay.dOS0() + at) : zero2;
+        f[nt][hf][1] = in ? *reinterpret_cast<const float2*>(blk + lay.dRS0() + at) : zero2;
+        f[nt][hf][2] = in ? *reinterpret_cast<const float2*>(dds + at) : zero2;
+      }
+    // R_p and R_(p+1) of this lane's columns; the diagonal block on MMAs where the range allows.
+    float rp[2][2], rn[2][2], range = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int x = n0 + 8 * nt + 2 * cq4 + u;
+        rp[nt][u] = gam[16 * p * KH + x];
+        rn[nt][u] = gam[rrow(p + 1) * KH + x];
+        range = fmaxf(range, rp[nt][u] - rn[nt][u]);
+      }
+    const bool diag = mma::quad_max(range) <= kGradDiagMax;  // the same on every lane
+    float oq[2][4] = {}, ok[2][4] = {}, oc[2][4] = {};
+    // Rows 16 p: sQ, sK over column blocks r <= p (B = kd rows 16 r).
+    for (int r = 0; r <= p; ++r) {
+      if (r == p && !diag) break;
+      float cq[2][4] = {}, ck[2][4] = {};
+#pragma unroll
+      for (int k0 = 0; k0 < 16; k0 += 8) {
+        uint32_t aq[4], ak[4];
+        if (r == p) {
+          load_a_sw<false, true>(aq, tq, 16 * p, 16 * r + k0, lane);
+          load_a_sw<false, true>(ak, tb, 16 * p, 16 * r + k0, lane);
+        } else {
+          load_a_sw<false, false>(aq, tq, 16 * p, 16 * r + k0, lane);
+          load_a_sw<false, false>(ak, tb, 16 * p, 16 * r + k0, lane);
+        }
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          uint32_t bb[2];
+          load_b_sw(bb, kd, 16 * r + k0, n0 + 8 * nt, lane);
+          mma::mma_tf32(cq[nt], aq, bb);
+          mma::mma_tf32(ck[nt], ak, bb);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int x = n0 + 8 * nt + 2 * cq4 + u;
+          const float d = ex2(rp[nt][u] - gam[rrow(r + 1) * KH + x]);
+          oq[nt][u] += d * cq[nt][u];
+          oq[nt][2 + u] += d * cq[nt][2 + u];
+          ok[nt][u] += d * ck[nt][u];
+          ok[nt][2 + u] += d * ck[nt][2 + u];
+        }
+    }
+    // Rows 16 p as columns: sC over row blocks p2 >= p (A = tq, tb transposed; B = qu, ku).
+    for (int p2 = p; p2 < 4; ++p2) {
+      if (p2 == p && !diag) continue;
+      float cc[2][4] = {};
+#pragma unroll
+      for (int k0 = 0; k0 < 16; k0 += 8) {
+        uint32_t aq[4], ak[4];
+        if (p2 == p) {
+          load_a_sw<true, true>(aq, tq, 16 * p, 16 * p2 + k0, lane);
+          load_a_sw<true, true>(ak, tb, 16 * p, 16 * p2 + k0, lane);
+        } else {
+          load_a_sw<true, false>(aq, tq, 16 * p, 16 * p2 + k0, lane);
+          load_a_sw<true, false>(ak, tb, 16 * p, 16 * p2 + k0, lane);
+        }
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          uint32_t bq[2], bk[2];
+          load_b_sw(bq, qu, 16 * p2 + k0, n0 + 8 * nt, lane);
+          load_b_sw(bk, ku, 16 * p2 + k0, n0 + 8 * nt, lane);
+          mma::mma_tf32(cc[nt], aq, bq);
+          mma::mma_tf32(cc[nt], ak, bk);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int x = n0 + 8 * nt + 2 * cq4 + u;
+          const float d = ex2(gam[16 * p2 * KH + x] - rn[nt][u]);
+          oc[nt][u] += d * cc[nt][u];
+          oc[nt][2 + u] += d * cc[nt][2 + u];
+        }
+    }
+    // The owners: (row 16 p + g + 8 hf, channels n0 + 8 nt + 2 c + u) = accumulator element
+    // [nt][2 hf + u].
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = 16 * p + g + 8 * hf, x = n0 + 8 * nt + 2 * cq4;
+        dgam[s][nt][hf][0] = dgam[s][nt][hf][1] = 0.f;
+        if (i >= L) continue;
+        const float2 f0 = f[nt][hf][0], f1 = f[nt][hf][1], f2 = f[nt][hf][2];
+        const float dqg[2] = {f0.x * a.scale, f0.y * a.scale}, dkb[2] = {-f1.x, -f1.y},
+                    dkgl[2] = {f2.x, f2.y};
+        float gi[2], gl[2], qi[2], ki[2];
+        load_n<2>(gam + i * KH + x, gi);
+        load_n<2>(gam + (L - 1) * KH + x, gl);
+        load_n<2>(qs + i * KH + x, qi);
+        load_n<2>(ks + i * KH + x, ki);
+        const float bi = b[i];
+        float sQ[2], sK[2], sC[2];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const float fo = ex2(gi[u] - rp[nt][u]);
+          sQ[u] = fo * oq[nt][2 * hf + u];
+          sK[u] = fo * ok[nt][2 * hf + u];
+          sC[u] = ex2(rn[nt][u] - gi[u]) * oc[nt][2 * hf + u];
+        }
+        if (!diag) {  // strong decay: this block's own pairs one by one
+          for (int j = 16 * p; j <= i; ++j) {
+            float gj[2], kj[2];
+            load_n<2>(gam + j * KH + x, gj);
+            load_n<2>(ks + j * KH + x, kj);
+            const int at = i * C + (j ^ sw_pair(i));
+            const float aq = tq[at], ak = tb[at];
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+              const float ek = ex2(gi[u] - gj[u]) * kj[u];
+              sQ[u] += aq * ek;
+              sK[u] += ak * ek;
+            }
+          }
+          for (int i2 = i; i2 < min(L, 16 * p + 16); ++i2) {
+            float gj[2], qj[2], kj[2];
+            load_n<2>(gam + i2 * KH + x, gj);
+            load_n<2>(qs + i2 * KH + x, qj);
+            load_n<2>(ks + i2 * KH + x, kj);
+            const int at = i2 * C + (i ^ sw_pair(i2));
+            const float aq = tq[at], ak = tb[at];
+#pragma unroll
+            for (int u = 0; u < 2; ++u) sC[u] += ex2(gj[u] - gi[u]) * (aq * qj[u] + ak * kj[u]);
+          }
+        }
+        float dQ[2], dK[2];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const float eg = ex2(gi[u]), elg = ex2(gl[u] - gi[u]);
+          dQ[u] = dqg[u] * eg + sQ[u];
+          dK[u] = bi * eg * dkb[u] + dkgl[u] * elg + (sK[u] + sC[u]);
+          float dG = dqg[u] * qi[u] * eg + dkb[u] * bi * ki[u] * eg - dkgl[u] * ki[u] * elg +
+                     qi[u] * sQ[u] + ki[u] * (sK[u] - sC[u]);
+          dbp[s][hf] += dkb[u] * ki[u] * eg;
+          if (i == L - 1) dG += dGamL[x + u];
+          dgam[s][nt][hf][u] = dG;
+        }
+        const int64_t at = ((t0 + i) * a.H + h) * K + x0 + x;
+        *reinterpret_cast<__nv_bfloat162*>(dq + at) = __floats2bfloat162_rn(dQ[0], dQ[1]);
+        *reinterpret_cast<__nv_bfloat162*>(dk + at) = __floats2bfloat162_rn(dK[0], dK[1]);
+      }
+  }
+  // dbeta's reads of dR and v for the rows of the half's parity, i = 2 (w + 8 m) + z, go out
+  // now, to arrive during the reverse cumsum.
+  constexpr int kDbRows = kMaxC / 2 / (kGradThreads / 32);
+  float dr[kDbRows][4], vv[kDbRows][4];
+#pragma unroll
+  for (int m = 0; m < kDbRows; ++m) {
+    const int i = 2 * (w + kGradThreads / 32 * m) + z;
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      const int y = lane + 32 * n;
+      const bool in = i < L && y < V;
+      dr[m][n] = in ? a.bblk(c, h)[lay.dR() + i * V + y] : 0.f;
+      vv[m][n] = in ? ld(v, ((t0 + i) * a.H + h) * V + y) : 0.f;
+    }
+  }
+  float dbq[2][2];
+#pragma unroll
+  for (int s = 0; s < 2; ++s)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) dbq[s][hf] = mma::quad_sum(dbp[s][hf]);
+  __syncthreads();  // every warp is done with gam, qs, ks and the tiles
+#pragma unroll
+  for (int s = 0; s < 2; ++s) {
+    const int ci = w + 8 * s, p = ci >> 2, cg = ci & 3;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int i = 16 * p + g + 8 * hf;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+        *reinterpret_cast<float2*>(gam + i * KH + 16 * cg + 8 * nt + 2 * cq4) =
+            make_float2(dgam[s][nt][hf][0], dgam[s][nt][hf][1]);
+      if (cq4 == 0) dbs[i * 4 + cg] = dbq[s][hf];
+    }
+  }
+  __syncthreads();
+  scan_rows<true>(gam, C, KH, part);  // dg = reverse cumsum of dGam (rows past L hold zero)
+  for (int e = tid; e < L * KH; e += kGradThreads) {
+    const int i = e / KH, x = e % KH;
+    a.dg[((t0 + i) * a.H + h) * K + x0 + x] = gam[e];
+  }
+  // As grads_kernel (TC): v . dR, dv and Tm . KK of the rows of the half's parity, every row's
+  // channel shares, into the U rows of the prepared block (dbeta_sum_kernel adds the halves).
+#pragma unroll
+  for (int m = 0; m < kDbRows; ++m) {
+    const int i1 = 2 * (w + kGradThreads / 32 * m) + z, i2 = i1 + 1 - 2 * z;
+    if (i1 < L) {
+      float s = 0.f;
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        const int y = lane + 32 * n;
+        if (y < V) {
+          s += vv[m][n] * dr[m][n];
+          st(dv, ((t0 + i1) * a.H + h) * V + y, b[i1] * dr[m][n]);
+        }
+      }
+      if (lane == 0) s += tkk[i1];
+      if (lane < 4) s += dbs[i1 * 4 + lane];
+      s = warp_sum(s);
+      if (lane == 0) blk[lay.dbeta_parts() + z * C + i1] = s;
+    }
+    if (i2 < L) {
+      float s = lane < 4 ? dbs[i2 * 4 + lane] : 0.f;
+      s = warp_sum(s);
+      if (lane == 0) blk[lay.dbeta_parts() + z * C + i2] = s;
+    }
+  }
+}
+
 // TC: dbeta_i = the channel halves' shares (grads_kernel, in the U rows of the prepared block),
 // added in the order of the halves: bit-repeatable, no atomics. A thread per row of the chunk.
 __global__ void dbeta_sum_kernel(Args a) {
@@ -1463,6 +1863,7 @@ void grads(Context& ctx, const Args& a, const Tensor& q, const Tensor& k, const 
            Tensor& dq, Tensor& dk, Tensor& dv) {
   size_t sm = grads_smem<T>(a.C, a.K);
   unsigned split = 1;
+  bool v2 = false;  // grads_v2_kernel (bf16 only)
   // The block pairs on tensor cores and the channel halves under prep's condition, where q, k
   // and g take the 16-byte loads of TC's load phase (and dq, dk its pair stores).
   auto* kernel = grads_kernel<T, false>;
@@ -1473,13 +1874,25 @@ void grads(Context& ctx, const Args& a, const Tensor& q, const Tensor& k, const 
       kernel = grads_kernel<T, true>;
       sm = grads_smem<T>(kMaxC, kHalf) + kGradTileBytes;
       split = kGradSplit;
+      v2 = kda_grads_v2();
     }
   }
-  allow_smem(kernel, sm);
   const dim3 chunks(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.H));
-  kernel<<<dim3(chunks.x, chunks.y, split), kGradThreads, sm, stream(ctx)>>>(
-      a, ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dq), ptr<T>(dk), ptr<T>(dv));
-  MT_CUDA_LAUNCH_CHECK();
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (v2) {
+      allow_smem(grads_v2_kernel, kGradV2Bytes);
+      grads_v2_kernel<<<dim3(kGradSplit * chunks.x, chunks.y), kGradThreads, kGradV2Bytes,
+                        stream(ctx)>>>(a, ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dq), ptr<T>(dk),
+                                       ptr<T>(dv));
+      MT_CUDA_LAUNCH_CHECK();
+    }
+  }
+  if (!v2) {
+    allow_smem(kernel, sm);
+    kernel<<<dim3(chunks.x, chunks.y, split), kGradThreads, sm, stream(ctx)>>>(
+        a, ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dq), ptr<T>(dk), ptr<T>(dv));
+    MT_CUDA_LAUNCH_CHECK();
+  }
   if (split > 1) {
     dbeta_sum_kernel<<<chunks, kMaxC, 0, stream(ctx)>>>(a);
     MT_CUDA_LAUNCH_CHECK();
