@@ -1502,6 +1502,26 @@ __global__ void __launch_bounds__(kGradThreads, 2)
       if ((tid & 15) == 0 && (i & 1) == z) tkk[i] = pr;
     }
   }
+  // The owners' global reads (dO S0^T, dR S0^T, Delta dS^T at their rows and channel pairs): the
+  // first combo's go out here, the second's after the first's MMAs.
+  const int g = lane >> 2, cq4 = lane & 3;
+  float2 f[2][2][2][3];
+  const auto fetch = [&](int s, float2(&fs)[2][2][3]) {
+    const int ci = w + 8 * s, p = ci >> 2, n0 = 16 * (ci & 3);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = 16 * p + g + 8 * hf, x = n0 + 8 * nt + 2 * cq4;
+        const int64_t at = i * K + x0 + x;
+        const float2 zero2 = make_float2(0.f, 0.f);
+        const bool in = i < L;
+        fs[nt][hf][0] = in ? *reinterpret_cast<const float2*>(blk + lay.dOS0() + at) : zero2;
+        fs[nt][hf][1] = in ? *reinterpret_cast<const float2*>(blk + lay.dRS0() + at) : zero2;
+        fs[nt][hf][2] = in ? *reinterpret_cast<const float2*>(dds + at) : zero2;
+      }
+  };
+  fetch(0, f[0]);
   // dGam_L's reads (Delta dS^T) go out before the scan: a thread per (channel tid / 4, rows tid
   // % 4 + 4 m), the four row phases of a channel in adjacent lanes (summed by shuffles).
   const int gx = tid >> 2, gs = tid & 3;
@@ -1535,26 +1555,12 @@ __global__ void __launch_bounds__(kGradThreads, 2)
     }
   }
   __syncthreads();
-  const int g = lane >> 2, cq4 = lane & 3;
   float dgam[2][2][2][2];  // [combo][n-tile][row half][channel]
   float dbp[2][2] = {};    // [combo][row half]: the row's dbeta share over the 16 channels
 #pragma unroll
   for (int s = 0; s < 2; ++s) {
     const int ci = w + 8 * s, p = ci >> 2, cg = ci & 3, n0 = 16 * cg;
     // The owners' global reads: dO S0^T, dR S0^T, Delta dS^T at (row, channel pair).
-    float2 f[2][2][3];
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int i = 16 * p + g + 8 * hf, x = n0 + 8 * nt + 2 * cq4;
-        const int64_t at = i * K + x0 + x;
-        const float2 zero2 = make_float2(0.f, 0.f);
-        const bool in = i < L;
-        f[nt][hf][0] = in ? *reinterpret_cast<const float2*>(blk + lay.dOS0() + at) : zero2;
-        f[nt][hf][1] = in ? *reinterpret_cast<const float2*>(blk + lay.dRS0() + at) : zero2;
-        f[nt][hf][2] = in ? *reinterpret_cast<const float2*>(dds + at) : zero2;
-      }
     // R_p and R_(p+1) of this lane's columns; the diagonal block on MMAs where the range allows.
     float rp[2][2], rn[2][2], range = 0.f;
 #pragma unroll
@@ -1635,8 +1641,9 @@ __global__ void __launch_bounds__(kGradThreads, 2)
           oc[nt][2 + u] += d * cc[nt][2 + u];
         }
     }
-    // The owners: (row 16 p + g + 8 hf, channels n0 + 8 nt + 2 c + u) = accumulator element
-    // [nt][2 hf + u].
+    if (s == 0) fetch(1, f[1]);
+      // The owners: (row 16 p + g + 8 hf, channels n0 + 8 nt + 2 c + u) = accumulator element
+      // [nt][2 hf + u].
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -1644,7 +1651,7 @@ __global__ void __launch_bounds__(kGradThreads, 2)
         const int i = 16 * p + g + 8 * hf, x = n0 + 8 * nt + 2 * cq4;
         dgam[s][nt][hf][0] = dgam[s][nt][hf][1] = 0.f;
         if (i >= L) continue;
-        const float2 f0 = f[nt][hf][0], f1 = f[nt][hf][1], f2 = f[nt][hf][2];
+        const float2 f0 = f[s][nt][hf][0], f1 = f[s][nt][hf][1], f2 = f[s][nt][hf][2];
         const float dqg[2] = {f0.x * a.scale, f0.y * a.scale}, dkb[2] = {-f1.x, -f1.y},
                     dkgl[2] = {f2.x, f2.y};
         float gi[2], gl[2], qi[2], ki[2];
