@@ -20,7 +20,8 @@
 // gradients, per (chunk, head): one thread per (token, channel) sums its pair terms in a fixed
 // order (no atomics: bit-repeatable; for bf16 at chunk 64 and K 128 the pairs across 16-row blocks
 // are tf32 MMAs, grads_block_pairs, and a block takes half of the channels, dbeta_sum_kernel adding
-// the halves' dbeta shares) and the reverse cumsum turns dGam into dg. fp32 arithmetic (q,
+// the halves' dbeta shares; grads_v2_kernel, the default there, takes the pairs inside the blocks
+// onto tensor cores too) and the reverse cumsum turns dGam into dg. fp32 arithmetic (q,
 // k, v, o and their gradients in the tensors' dtype), exponent differences and dGam sums in Wide<T>
 // (double for fp32 tensors, float for bf16). For bf16 tensors whose shapes fit (kda_state_tc.h) the
 // state passes (2, 3) run on tensor cores instead (kda_state_tc.cu); fp32 tensors keep the
