@@ -299,11 +299,12 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
     else
       EXPECT_LE(bwd_states, bound / 4) << kNames[j] << ": backward state pass v2 against v1";
     // The gradient kernels: the forward's outputs untouched, the gradients apart by tf32 operand
-    // rounding (2^-11) of the diagonal blocks' pairs and summation order, well inside the bound.
+    // rounding (2^-11) of the diagonal blocks' pairs and summation order, which flip the bf16
+    // rounding of more elements of dq and dk than summation order alone: half the bound.
     if (j < 3)
       EXPECT_EQ(grads_gap, 0.0) << kNames[j] << ": the gradient kernel changed the forward";
     else
-      EXPECT_LE(grads_gap, bound / 4) << kNames[j] << ": gradient kernel v2 against v1";
+      EXPECT_LE(grads_gap, bound / 2) << kNames[j] << ": gradient kernel v2 against v1";
     std::printf(
         "  %-40s %-5s tc vs cuda cores %.3g, vs cpu: tc %.3g (fp32 block %.3g), cuda cores %.3g "
         "(bound %.3g), state passes v2 vs v1: fwd %.3g, bwd %.3g, grads v2 vs v1 %.3g\n",
