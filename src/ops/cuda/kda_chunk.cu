@@ -1422,6 +1422,45 @@ __device__ __forceinline__ void load_b_sw(uint32_t b[2], const float* B, int k0,
   b[1] = mma::to_tf32(B[r1 * kHalf + ((n0 + g) ^ sw_tile(r1))]);
 }
 
+// scan_rows over [kMaxC][kHalf] with compile-time trips: a thread's 16 rows are loaded at once and
+// kept in registers for the second pass (scan_rows' run-time bounds made each pass a chain of
+// dependent shared loads). The same additions in the same order: bit-identical results.
+template <bool Reverse>
+__device__ __forceinline__ void scan_64x64(float* arr, float* part, float scale = 1.f) {
+  constexpr int N = kHalf, S = kGradThreads / N, R = kMaxC / S;
+  static_assert(kGradThreads % N == 0 && kMaxC % S == 0);
+  const int x = threadIdx.x % N, s = threadIdx.x / N;
+  float v[R];
+  float acc = 0.f;
+#pragma unroll
+  for (int m = 0; m < R; ++m) v[m] = arr[(R * s + m) * N + x];
+#pragma unroll
+  for (int m = 0; m < R; ++m) acc += v[m];
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  acc = 0.f;
+  if constexpr (Reverse) {
+#pragma unroll
+    for (int s2 = S - 1; s2 > 0; --s2)
+      if (s2 > s) acc += part[s2 * N + x];
+#pragma unroll
+    for (int m = R - 1; m >= 0; --m) {
+      acc += v[m];
+      arr[(R * s + m) * N + x] = acc * scale;
+    }
+  } else {
+#pragma unroll
+    for (int s2 = 0; s2 < S - 1; ++s2)
+      if (s2 < s) acc += part[s2 * N + x];
+#pragma unroll
+    for (int m = 0; m < R; ++m) {
+      acc += v[m];
+      arr[(R * s + m) * N + x] = acc * scale;
+    }
+  }
+  __syncthreads();
+}
+
 __global__ void __launch_bounds__(kGradThreads, 2)
     grads_v2_kernel(Args a, const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
                     __nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv) {
@@ -1533,7 +1572,7 @@ __global__ void __launch_bounds__(kGradThreads, 2)
     kl[m] = i < L ? dds[i * K + x0 + gx] : 0.f;
   }
   __syncthreads();
-  scan_rows<false>(gam, C, KH, part, 1.4426950408889634f);       // log2 e Gam
+  scan_64x64<false>(gam, part, 1.4426950408889634f);             // log2 e Gam
   const auto rrow = [](int bb) { return min(16 * bb, C - 1); };  // R_b's row
   {
     const float gl = gam[(L - 1) * KH + gx];
@@ -1746,7 +1785,7 @@ __global__ void __launch_bounds__(kGradThreads, 2)
     }
   }
   __syncthreads();
-  scan_rows<true>(gam, C, KH, part);  // dg = reverse cumsum of dGam (rows past L hold zero)
+  scan_64x64<true>(gam, part);  // dg = reverse cumsum of dGam (rows past L hold zero)
   for (int e = tid; e < L * KH; e += kGradThreads) {
     const int i = e / KH, x = e % KH;
     a.dg[((t0 + i) * a.H + h) * K + x0 + x] = gam[e];
