@@ -1396,6 +1396,11 @@ __device__ __forceinline__ int sw_pair(int i) {
 __device__ __forceinline__ int sw_tile(int i) {
   return (i & 3) << 3;
 }
+// q and k (bf16, rows of 64 = 128 bytes): 16-byte chunk c of row i at c ^ (i & 7), so that the
+// owners' pair loads (8 rows, 4 lanes a row) and the column walks spread over the banks.
+__device__ __forceinline__ int qk_at(int i, int x) {
+  return i * kHalf + ((((x >> 3) ^ (i & 7)) << 3) | (x & 7));
+}
 
 // The tf32 A fragment of rows m0.. (k0..k0+7) of the swizzled [64][64] M: A(m, k) = M[m0 + m][k0
 // + k] or, Trans, M[k0 + k][m0 + m]. Mask keeps only the pairs of a diagonal block: column <= row
@@ -1523,8 +1528,8 @@ __global__ void __launch_bounds__(kGradThreads, 2)
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
       const int e = 8 * (tid + kGradThreads * m);
-      *reinterpret_cast<uint4*>(qs + e) = q8[m];
-      *reinterpret_cast<uint4*>(ks + e) = k8[m];
+      *reinterpret_cast<uint4*>(qs + qk_at(e / KH, e % KH)) = q8[m];
+      *reinterpret_cast<uint4*>(ks + qk_at(e / KH, e % KH)) = k8[m];
     }
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
@@ -1580,7 +1585,7 @@ __global__ void __launch_bounds__(kGradThreads, 2)
 #pragma unroll
     for (int m = 0; m < C / 4; ++m) {
       const int i = gs + 4 * m;
-      acc += kl[m] * ld(ks, i * KH + gx) * ex2(gl - gam[i * KH + gx]);
+      acc += kl[m] * ld(ks, qk_at(i, gx)) * ex2(gl - gam[i * KH + gx]);
     }
     acc = mma::quad_sum(acc);
     if (gs == 0) dGamL[gx] = ex2(gl) * blk[lay.gL() + x0 + gx] + acc;
@@ -1588,9 +1593,9 @@ __global__ void __launch_bounds__(kGradThreads, 2)
     for (int e = tid; e < C * KH; e += kGradThreads) {
       const int i = e / KH, x = e % KH, bb = i >> 4, s = i * KH + (x ^ sw_tile(i));
       const float gi = gam[e], rb = gam[16 * bb * KH + x], rn = gam[rrow(bb + 1) * KH + x];
-      const float kv = ld(ks, e), eu = ex2(gi - rb);
+      const float kv = ld(ks, qk_at(i, x)), eu = ex2(gi - rb);
       kd[s] = kv * ex2(rn - gi);
-      qu[s] = ld(qs, e) * eu;
+      qu[s] = ld(qs, qk_at(i, x)) * eu;
       ku[s] = kv * eu;
     }
   }
@@ -1697,8 +1702,8 @@ __global__ void __launch_bounds__(kGradThreads, 2)
         float gi[2], gl[2], qi[2], ki[2];
         load_n<2>(gam + i * KH + x, gi);
         load_n<2>(gam + (L - 1) * KH + x, gl);
-        load_n<2>(qs + i * KH + x, qi);
-        load_n<2>(ks + i * KH + x, ki);
+        load_n<2>(qs + qk_at(i, x), qi);
+        load_n<2>(ks + qk_at(i, x), ki);
         const float bi = b[i];
         float sQ[2], sK[2], sC[2];
 #pragma unroll
@@ -1712,7 +1717,7 @@ __global__ void __launch_bounds__(kGradThreads, 2)
           for (int j = 16 * p; j <= i; ++j) {
             float gj[2], kj[2];
             load_n<2>(gam + j * KH + x, gj);
-            load_n<2>(ks + j * KH + x, kj);
+            load_n<2>(ks + qk_at(j, x), kj);
             const int at = i * C + (j ^ sw_pair(i));
             const float aq = tq[at], ak = tb[at];
 #pragma unroll
@@ -1725,8 +1730,8 @@ __global__ void __launch_bounds__(kGradThreads, 2)
           for (int i2 = i; i2 < min(L, 16 * p + 16); ++i2) {
             float gj[2], qj[2], kj[2];
             load_n<2>(gam + i2 * KH + x, gj);
-            load_n<2>(qs + i2 * KH + x, qj);
-            load_n<2>(ks + i2 * KH + x, kj);
+            load_n<2>(qs + qk_at(i2, x), qj);
+            load_n<2>(ks + qk_at(i2, x), kj);
             const int at = i2 * C + (i ^ sw_pair(i2));
             const float aq = tq[at], ak = tb[at];
 #pragma unroll
