@@ -1429,16 +1429,21 @@ __device__ __forceinline__ void load_b_sw(uint32_t b[2], const float* B, int k0,
 
 // scan_rows over [kMaxC][kHalf] with compile-time trips: a thread's 16 rows are loaded at once and
 // kept in registers for the second pass (scan_rows' run-time bounds made each pass a chain of
-// dependent shared loads). The same additions in the same order: bit-identical results.
+// dependent shared loads). The same additions in the same order: bit-identical results. add joins
+// row add_row's value first.
 template <bool Reverse>
-__device__ __forceinline__ void scan_64x64(float* arr, float* part, float scale = 1.f) {
+__device__ __forceinline__ void scan_64x64(float* arr, float* part, float scale = 1.f,
+                                           int add_row = -1, float add = 0.f) {
   constexpr int N = kHalf, S = kGradThreads / N, R = kMaxC / S;
   static_assert(kGradThreads % N == 0 && kMaxC % S == 0);
   const int x = threadIdx.x % N, s = threadIdx.x / N;
   float v[R];
   float acc = 0.f;
 #pragma unroll
-  for (int m = 0; m < R; ++m) v[m] = arr[(R * s + m) * N + x];
+  for (int m = 0; m < R; ++m) {
+    v[m] = arr[(R * s + m) * N + x];
+    if (R * s + m == add_row) v[m] += add;
+  }
 #pragma unroll
   for (int m = 0; m < R; ++m) acc += v[m];
   part[threadIdx.x] = acc;
@@ -1494,6 +1499,7 @@ __global__ void __launch_bounds__(kGradThreads, 2)
   T* ks = qs + C * KH;                        // [C][KH]
   float* part = kd;                           // scan partials: before the tiles, after the owners
   float* dbs = qu;                            // [C][4] dbeta shares per 16 channels, at the end
+  float* glpart = ku;                         // [4][KH] dGam_L's sums per row block, at the end
   const KdaChunkLayout& lay = a.lay;
   float* blk = a.blk(c, h);
   const float* dds = a.dds(c, h);
@@ -1567,28 +1573,14 @@ __global__ void __launch_bounds__(kGradThreads, 2)
       }
   };
   fetch(0, f[0]);
-  // dGam_L's reads (Delta dS^T) go out before the scan: a thread per (channel tid / 4, rows tid
-  // % 4 + 4 m), the four row phases of a channel in adjacent lanes (summed by shuffles).
-  const int gx = tid >> 2, gs = tid & 3;
-  float kl[C / 4];
-#pragma unroll
-  for (int m = 0; m < C / 4; ++m) {
-    const int i = gs + 4 * m;
-    kl[m] = i < L ? dds[i * K + x0 + gx] : 0.f;
-  }
+  const float gL = tid < KH ? blk[lay.gL() + x0 + tid] : 0.f;
   __syncthreads();
   scan_64x64<false>(gam, part, 1.4426950408889634f);             // log2 e Gam
   const auto rrow = [](int bb) { return min(16 * bb, C - 1); };  // R_b's row
   {
-    const float gl = gam[(L - 1) * KH + gx];
-    float acc = 0.f;
-#pragma unroll
-    for (int m = 0; m < C / 4; ++m) {
-      const int i = gs + 4 * m;
-      acc += kl[m] * ld(ks, qk_at(i, gx)) * ex2(gl - gam[i * KH + gx]);
-    }
-    acc = mma::quad_sum(acc);
-    if (gs == 0) dGamL[gx] = ex2(gl) * blk[lay.gL() + x0 + gx] + acc;
+    // dGam_L = e^Gam_L (S0 . dS) + sum_i (Delta dS^T)_i k_i e^(Gam_L - Gam_i): the first term
+    // here, the sum from the owners' terms (which hold each factor) at the end.
+    if (tid < KH) dGamL[tid] = ex2(gam[(L - 1) * KH + tid]) * gL;
     // The scaled tiles: kd = k e^(R_(b+1) - Gam), qu = q e^(Gam - R_b), ku = k e^(Gam - R_b).
     for (int e = tid; e < C * KH; e += kGradThreads) {
       const int i = e / KH, x = e % KH, bb = i >> 4, s = i * KH + (x ^ sw_tile(i));
@@ -1600,8 +1592,9 @@ __global__ void __launch_bounds__(kGradThreads, 2)
     }
   }
   __syncthreads();
-  float dgam[2][2][2][2];  // [combo][n-tile][row half][channel]
-  float dbp[2][2] = {};    // [combo][row half]: the row's dbeta share over the 16 channels
+  float dgam[2][2][2][2];   // [combo][n-tile][row half][channel]
+  float dbp[2][2] = {};     // [combo][row half]: the row's dbeta share over the 16 channels
+  float glp[2][2][2] = {};  // [combo][n-tile][channel]: dGam_L's sum over the lane's rows
 #pragma unroll
   for (int s = 0; s < 2; ++s) {
     const int ci = w + 8 * s, p = ci >> 2, cg = ci & 3, n0 = 16 * cg;
@@ -1747,7 +1740,7 @@ __global__ void __launch_bounds__(kGradThreads, 2)
           float dG = dqg[u] * qi[u] * eg + dkb[u] * bi * ki[u] * eg - dkgl[u] * ki[u] * elg +
                      qi[u] * sQ[u] + ki[u] * (sK[u] - sC[u]);
           dbp[s][hf] += dkb[u] * ki[u] * eg;
-          if (i == L - 1) dG += dGamL[x + u];
+          glp[s][nt][u] += dkgl[u] * ki[u] * elg;
           dgam[s][nt][hf][u] = dG;
         }
         const int64_t at = ((t0 + i) * a.H + h) * K + x0 + x;
@@ -1772,9 +1765,17 @@ __global__ void __launch_bounds__(kGradThreads, 2)
   }
   float dbq[2][2];
 #pragma unroll
-  for (int s = 0; s < 2; ++s)
+  for (int s = 0; s < 2; ++s) {
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) dbq[s][hf] = mma::quad_sum(dbp[s][hf]);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int u = 0; u < 2; ++u)  // over the 8 row groups g, in a fixed order
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1)
+          glp[s][nt][u] += __shfl_xor_sync(0xffffffffu, glp[s][nt][u], o);
+  }
   __syncthreads();  // every warp is done with gam, qs, ks and the tiles
 #pragma unroll
   for (int s = 0; s < 2; ++s) {
@@ -1788,9 +1789,20 @@ __global__ void __launch_bounds__(kGradThreads, 2)
             make_float2(dgam[s][nt][hf][0], dgam[s][nt][hf][1]);
       if (cq4 == 0) dbs[i * 4 + cg] = dbq[s][hf];
     }
+    if (g == 0)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+        *reinterpret_cast<float2*>(glpart + p * KH + 16 * cg + 8 * nt + 2 * cq4) =
+            make_float2(glp[s][nt][0], glp[s][nt][1]);
   }
   __syncthreads();
-  scan_64x64<true>(gam, part);  // dg = reverse cumsum of dGam (rows past L hold zero)
+  // dg = reverse cumsum of dGam (rows past L hold zero), dGam_L joining row L - 1's.
+  {
+    const int x = tid % KH;
+    const float add =
+        dGamL[x] + glpart[x] + glpart[KH + x] + glpart[2 * KH + x] + glpart[3 * KH + x];
+    scan_64x64<true>(gam, part, 1.f, L - 1, add);
+  }
   for (int e = tid; e < L * KH; e += kGradThreads) {
     const int i = e / KH, x = e % KH;
     a.dg[((t0 + i) * a.H + h) * K + x0 + x] = gam[e];
