@@ -1402,29 +1402,51 @@ __device__ __forceinline__ int qk_at(int i, int x) {
   return i * kHalf + ((((x >> 3) ^ (i & 7)) << 3) | (x & 7));
 }
 
+// x as tf32 (hi) and, Split, the tf32 of what that leaves (lo): hi + lo holds x to ~2^-22, so
+// the three products hi hi + hi lo + lo hi of two split operands are fp32-accurate (3xTF32).
+template <bool Split>
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+  hi = mma::to_tf32(x);
+  if constexpr (Split) lo = mma::to_tf32(x - __uint_as_float(hi));
+}
+
 // The tf32 A fragment of rows m0.. (k0..k0+7) of the swizzled [64][64] M: A(m, k) = M[m0 + m][k0
-// + k] or, Trans, M[k0 + k][m0 + m]. Mask keeps only the pairs of a diagonal block: column <= row
-// (j <= i), or Trans row >= column (i2 >= i).
-template <bool Trans, bool Mask>
-__device__ __forceinline__ void load_a_sw(uint32_t a[4], const float* M, int m0, int k0, int lane) {
+// + k] or, Trans, M[k0 + k][m0 + m]. Diag keeps only the pairs of a diagonal block (column <= row:
+// j <= i, or Trans row >= column: i2 >= i) and splits them (lo).
+template <bool Trans, bool Diag>
+__device__ __forceinline__ void load_a_sw(uint32_t a[4], uint32_t lo[4], const float* M, int m0,
+                                          int k0, int lane) {
   const int g = lane >> 2, c = lane & 3;
-  const auto at = [&](int m, int k) {
+  const auto at = [&](int m, int k, uint32_t& hi, uint32_t& low) {
     const int row = Trans ? k0 + k : m0 + m, col = Trans ? m0 + m : k0 + k;
     const float v = M[row * kMaxC + (col ^ sw_pair(row))];
-    const bool keep = !Mask || (Trans ? row >= col : col <= row);
-    return mma::to_tf32(keep ? v : 0.f);
+    const bool keep = !Diag || (Trans ? row >= col : col <= row);
+    split_tf32<Diag>(keep ? v : 0.f, hi, low);
   };
-  a[0] = at(g, c);
-  a[1] = at(g + 8, c);
-  a[2] = at(g, c + 4);
-  a[3] = at(g + 8, c + 4);
+  at(g, c, a[0], lo[0]);
+  at(g + 8, c, a[1], lo[1]);
+  at(g, c + 4, a[2], lo[2]);
+  at(g + 8, c + 4, a[3], lo[3]);
 }
 
 // The B fragment (rows k0.., columns n0..n0+7) of a swizzled [64][64] tile.
-__device__ __forceinline__ void load_b_sw(uint32_t b[2], const float* B, int k0, int n0, int lane) {
+template <bool Split>
+__device__ __forceinline__ void load_b_sw(uint32_t b[2], uint32_t lo[2], const float* B, int k0,
+                                          int n0, int lane) {
   const int g = lane >> 2, c = lane & 3, r0 = k0 + c, r1 = k0 + c + 4;
-  b[0] = mma::to_tf32(B[r0 * kHalf + ((n0 + g) ^ sw_tile(r0))]);
-  b[1] = mma::to_tf32(B[r1 * kHalf + ((n0 + g) ^ sw_tile(r1))]);
+  split_tf32<Split>(B[r0 * kHalf + ((n0 + g) ^ sw_tile(r0))], b[0], lo[0]);
+  split_tf32<Split>(B[r1 * kHalf + ((n0 + g) ^ sw_tile(r1))], b[1], lo[1]);
+}
+
+// c += a b, Split: in 3xTF32 (the small cross terms first).
+template <bool Split>
+__device__ __forceinline__ void mma_sp(float c[4], const uint32_t a[4], const uint32_t alo[4],
+                                       const uint32_t b[2], const uint32_t blo[2]) {
+  if constexpr (Split) {
+    mma::mma_tf32(c, alo, b);
+    mma::mma_tf32(c, a, blo);
+  }
+  mma::mma_tf32(c, a, b);
 }
 
 // scan_rows over [kMaxC][kHalf] with compile-time trips: a thread's 16 rows are loaded at once and
@@ -1477,14 +1499,16 @@ __global__ void __launch_bounds__(kGradThreads, 2)
   using T = __nv_bfloat16;
   constexpr int C = kMaxC, K = kMaxKV, KH = kHalf;
   static_assert(C == KH, "one index for [C][C] and [C][kHalf]");
-  // The two halves of a (chunk, head) are adjacent blocks, so that the second's reads of Aqk and
-  // Tm (32 KB) find them in L2.
-  const int64_t c = blockIdx.x >> 1, h = blockIdx.y;
+  // Blocks in (chunk, head, half) order, the half fastest: the two halves of a (chunk, head) run
+  // together, so the second's reads of Aqk and Tm (32 KB) find them in L2, and the blocks that
+  // run at once cover every head of a few chunks, whose rows of q, k, g, dq, dk, dg and prepared
+  // blocks are contiguous (in chunk-fastest order they were 256-byte pieces 16 KB apart).
+  const int64_t ch = blockIdx.x >> 1, c = ch / a.H, h = ch % a.H;
   const int L = a.clen[c];
   if (L == 0) return;
   const int64_t t0 = a.ct0[c];
   const int V = a.V, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
-  const int z = static_cast<int>(blockIdx.x & 1), x0 = z * KH;
+  const int z = static_cast<int>(blockIdx.x & 1), x0 = z * KH;  // the half
   extern __shared__ __align__(16) unsigned char smem[];
   float* gam = reinterpret_cast<float*>(smem);  // [C][KH] Gam (log2 units), later dGam
   float* dGamL = gam + C * KH;                  // [KH]
@@ -1600,38 +1624,52 @@ __global__ void __launch_bounds__(kGradThreads, 2)
     const int ci = w + 8 * s, p = ci >> 2, cg = ci & 3, n0 = 16 * cg;
     // The owners' global reads: dO S0^T, dR S0^T, Delta dS^T at (row, channel pair).
     // R_p and R_(p+1) of this lane's columns; the diagonal block on MMAs where the range allows.
-    float rp[2][2], rn[2][2], range = 0.f;
+    // (Read again where used: registers are the limit here.)
+    const auto rp = [&](int nt, int u) { return gam[16 * p * KH + n0 + 8 * nt + 2 * cq4 + u]; };
+    const auto rn = [&](int nt, int u) {
+      return gam[rrow(p + 1) * KH + n0 + 8 * nt + 2 * cq4 + u];
+    };
+    float range = 0.f;
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
         const int x = n0 + 8 * nt + 2 * cq4 + u;
-        rp[nt][u] = gam[16 * p * KH + x];
-        rn[nt][u] = gam[rrow(p + 1) * KH + x];
-        range = fmaxf(range, rp[nt][u] - rn[nt][u]);
+        range = fmaxf(range, gam[16 * p * KH + x] - gam[rrow(p + 1) * KH + x]);
       }
     const bool diag = mma::quad_max(range) <= kGradDiagMax;  // the same on every lane
     float oq[2][4] = {}, ok[2][4] = {}, oc[2][4] = {};
-    // Rows 16 p: sQ, sK over column blocks r <= p (B = kd rows 16 r).
-    for (int r = 0; r <= p; ++r) {
-      if (r == p && !diag) break;
+    // Rows 16 p: sQ, sK over column blocks r <= p (B = kd rows 16 r); the diagonal block (r = p)
+    // masked and in 3xTF32, as exact as the direct loop it replaces (dg's cancellations show
+    // tf32's 2^-11 there).
+    const auto sqk = [&](auto diag_tag, int r) {
+      constexpr bool D = decltype(diag_tag)::value;
       float cq[2][4] = {}, ck[2][4] = {};
 #pragma unroll
       for (int k0 = 0; k0 < 16; k0 += 8) {
-        uint32_t aq[4], ak[4];
-        if (r == p) {
-          load_a_sw<false, true>(aq, tq, 16 * p, 16 * r + k0, lane);
-          load_a_sw<false, true>(ak, tb, 16 * p, 16 * r + k0, lane);
-        } else {
-          load_a_sw<false, false>(aq, tq, 16 * p, 16 * r + k0, lane);
-          load_a_sw<false, false>(ak, tb, 16 * p, 16 * r + k0, lane);
-        }
+        if constexpr (D) {  // one split A fragment at a time (registers), B loaded for each
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          uint32_t bb[2];
-          load_b_sw(bb, kd, 16 * r + k0, n0 + 8 * nt, lane);
-          mma::mma_tf32(cq[nt], aq, bb);
-          mma::mma_tf32(ck[nt], ak, bb);
+          for (int t = 0; t < 2; ++t) {
+            uint32_t a[4], al[4];
+            load_a_sw<false, true>(a, al, t ? tb : tq, 16 * p, 16 * r + k0, lane);
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+              uint32_t bb[2], bl[2];
+              load_b_sw<true>(bb, bl, kd, 16 * r + k0, n0 + 8 * nt, lane);
+              mma_sp<true>(t ? ck[nt] : cq[nt], a, al, bb, bl);
+            }
+          }
+        } else {
+          uint32_t aq[4], ak[4], unused[4];
+          load_a_sw<false, false>(aq, unused, tq, 16 * p, 16 * r + k0, lane);
+          load_a_sw<false, false>(ak, unused, tb, 16 * p, 16 * r + k0, lane);
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) {
+            uint32_t bb[2], bl[2];
+            load_b_sw<false>(bb, bl, kd, 16 * r + k0, n0 + 8 * nt, lane);
+            mma::mma_tf32(cq[nt], aq, bb);
+            mma::mma_tf32(ck[nt], ak, bb);
+          }
         }
       }
 #pragma unroll
@@ -1639,34 +1677,45 @@ __global__ void __launch_bounds__(kGradThreads, 2)
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
           const int x = n0 + 8 * nt + 2 * cq4 + u;
-          const float d = ex2(rp[nt][u] - gam[rrow(r + 1) * KH + x]);
+          const float d = ex2(rp(nt, u) - gam[rrow(r + 1) * KH + x]);
           oq[nt][u] += d * cq[nt][u];
           oq[nt][2 + u] += d * cq[nt][2 + u];
           ok[nt][u] += d * ck[nt][u];
           ok[nt][2 + u] += d * ck[nt][2 + u];
         }
-    }
+    };
+    for (int r = 0; r < p; ++r) sqk(std::false_type{}, r);
+    if (diag) sqk(std::true_type{}, p);
     // Rows 16 p as columns: sC over row blocks p2 >= p (A = tq, tb transposed; B = qu, ku).
-    for (int p2 = p; p2 < 4; ++p2) {
-      if (p2 == p && !diag) continue;
+    const auto sc = [&](auto diag_tag, int p2) {
+      constexpr bool D = decltype(diag_tag)::value;
       float cc[2][4] = {};
 #pragma unroll
       for (int k0 = 0; k0 < 16; k0 += 8) {
-        uint32_t aq[4], ak[4];
-        if (p2 == p) {
-          load_a_sw<true, true>(aq, tq, 16 * p, 16 * p2 + k0, lane);
-          load_a_sw<true, true>(ak, tb, 16 * p, 16 * p2 + k0, lane);
-        } else {
-          load_a_sw<true, false>(aq, tq, 16 * p, 16 * p2 + k0, lane);
-          load_a_sw<true, false>(ak, tb, 16 * p, 16 * p2 + k0, lane);
-        }
+        if constexpr (D) {  // tq with qu, then tb with ku: one split A fragment at a time
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          uint32_t bq[2], bk[2];
-          load_b_sw(bq, qu, 16 * p2 + k0, n0 + 8 * nt, lane);
-          load_b_sw(bk, ku, 16 * p2 + k0, n0 + 8 * nt, lane);
-          mma::mma_tf32(cc[nt], aq, bq);
-          mma::mma_tf32(cc[nt], ak, bk);
+          for (int t = 0; t < 2; ++t) {
+            uint32_t a[4], al[4];
+            load_a_sw<true, true>(a, al, t ? tb : tq, 16 * p, 16 * p2 + k0, lane);
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+              uint32_t bb[2], bl[2];
+              load_b_sw<true>(bb, bl, t ? ku : qu, 16 * p2 + k0, n0 + 8 * nt, lane);
+              mma_sp<true>(cc[nt], a, al, bb, bl);
+            }
+          }
+        } else {
+          uint32_t aq[4], ak[4], unused[4];
+          load_a_sw<true, false>(aq, unused, tq, 16 * p, 16 * p2 + k0, lane);
+          load_a_sw<true, false>(ak, unused, tb, 16 * p, 16 * p2 + k0, lane);
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) {
+            uint32_t bq[2], bk[2], bl[2];
+            load_b_sw<false>(bq, bl, qu, 16 * p2 + k0, n0 + 8 * nt, lane);
+            load_b_sw<false>(bk, bl, ku, 16 * p2 + k0, n0 + 8 * nt, lane);
+            mma::mma_tf32(cc[nt], aq, bq);
+            mma::mma_tf32(cc[nt], ak, bk);
+          }
         }
       }
 #pragma unroll
@@ -1674,11 +1723,13 @@ __global__ void __launch_bounds__(kGradThreads, 2)
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
           const int x = n0 + 8 * nt + 2 * cq4 + u;
-          const float d = ex2(gam[16 * p2 * KH + x] - rn[nt][u]);
+          const float d = ex2(gam[16 * p2 * KH + x] - rn(nt, u));
           oc[nt][u] += d * cc[nt][u];
           oc[nt][2 + u] += d * cc[nt][2 + u];
         }
-    }
+    };
+    if (diag) sc(std::true_type{}, p);
+    for (int p2 = p + 1; p2 < 4; ++p2) sc(std::false_type{}, p2);
     if (s == 0) fetch(1, f[1]);
       // The owners: (row 16 p + g + 8 hf, channels n0 + 8 nt + 2 c + u) = accumulator element
       // [nt][2 hf + u].
@@ -1701,10 +1752,10 @@ __global__ void __launch_bounds__(kGradThreads, 2)
         float sQ[2], sK[2], sC[2];
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
-          const float fo = ex2(gi[u] - rp[nt][u]);
+          const float fo = ex2(gi[u] - rp(nt, u));
           sQ[u] = fo * oq[nt][2 * hf + u];
           sK[u] = fo * ok[nt][2 * hf + u];
-          sC[u] = ex2(rn[nt][u] - gi[u]) * oc[nt][2 * hf + u];
+          sC[u] = ex2(rn(nt, u) - gi[u]) * oc[nt][2 * hf + u];
         }
         if (!diag) {  // strong decay: this block's own pairs one by one
           for (int j = 16 * p; j <= i; ++j) {
@@ -1945,9 +1996,9 @@ void grads(Context& ctx, const Args& a, const Tensor& q, const Tensor& k, const 
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     if (v2) {
       allow_smem(grads_v2_kernel, kGradV2Bytes);
-      grads_v2_kernel<<<dim3(kGradSplit * chunks.x, chunks.y), kGradThreads, kGradV2Bytes,
-                        stream(ctx)>>>(a, ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dq), ptr<T>(dk),
-                                       ptr<T>(dv));
+      grads_v2_kernel<<<static_cast<unsigned>(kGradSplit * a.nchunks * a.H), kGradThreads,
+                        kGradV2Bytes, stream(ctx)>>>(a, ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(dq),
+                                                     ptr<T>(dk), ptr<T>(dv));
       MT_CUDA_LAUNCH_CHECK();
     }
   }
