@@ -1505,8 +1505,8 @@ __global__ void __launch_bounds__(kGradThreads, 2)
   // blocks are contiguous (in chunk-fastest order they were 256-byte pieces 16 KB apart).
   const int64_t ch = blockIdx.x >> 1, c = ch / a.H, h = ch % a.H;
   const int L = a.clen[c];
+  const int64_t t0 = a.ct0[c];  // (with L: one round trip, not two)
   if (L == 0) return;
-  const int64_t t0 = a.ct0[c];
   const int V = a.V, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
   const int z = static_cast<int>(blockIdx.x & 1), x0 = z * KH;  // the half
   extern __shared__ __align__(16) unsigned char smem[];
