@@ -412,6 +412,14 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
     bwd();
   });
   ops::kda_set_backward_state_v2(bwd_state_v2);
+  // And through the previous backward products (one block per job).
+  const bool products_v2 = ops::kda_products_v2();
+  ops::kda_set_products_v2(false);
+  const double fb_pv1 = time([&] {
+    fwd();
+    bwd();
+  });
+  ops::kda_set_products_v2(products_v2);
   // With the decay gate in front (ops/kda_gate.h, as the KDA layer runs it: raw in the
   // activations' type, g in f32), against fla's chunk_kda with use_gate_in_kernel.
   const ops::KdaGateParams gp{.tokens = T, .heads = H, .head_dim = D};
@@ -444,6 +452,7 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
                       {"fwd_ms_state_v1", f_v1},
                       {"fwd_eval_ms_state_v1", fe_v1},
                       {"fwdbwd_ms_bwd_state_v1", fb_bv1},
+                      {"fwdbwd_ms_products_v1", fb_pv1},
                       {"gate_core_fwd_ms", gf},
                       {"gate_core_fwdbwd_ms", gfb},
                       {"fwd_Mtok_s", T / f / 1e3},

@@ -7,6 +7,7 @@ bool tensor_core_prep = true;
 bool bf16_prepared = true;
 bool forward_state_v2 = true;
 bool backward_state_v2 = true;
+bool products_v2 = true;
 }  // namespace
 
 KdaPrepPath kda_bf16_prep_path(const KdaParams& p) {
@@ -57,6 +58,14 @@ void kda_set_backward_state_v2(bool on) {
 
 bool kda_backward_state_v2() {
   return backward_state_v2;
+}
+
+void kda_set_products_v2(bool on) {
+  products_v2 = on;
+}
+
+bool kda_products_v2() {
+  return products_v2;
 }
 
 }  // namespace mt::ops

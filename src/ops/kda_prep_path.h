@@ -52,4 +52,11 @@ bool kda_forward_state_v2();
 void kda_set_backward_state_v2(bool on);
 bool kda_backward_state_v2();
 
+// The backward's tensor-core products (ops/cuda/kda_bwd_tc.cu): on (the default), the persistent
+// products_v2_kernel that runs the three jobs of a (chunk, head) in one block; off,
+// products_tc_kernel, one block per job. They differ by fp32 summation order only (gL). Process-
+// wide and not synchronised, like the switches above.
+void kda_set_products_v2(bool on);
+bool kda_products_v2();
+
 }  // namespace mt::ops

@@ -7,7 +7,8 @@
 // mixed inside a chunk so that both forms of the diagonal 16-row blocks (MMAs, direct pairs) run;
 // and 32 heads, whose state passes on the H200 take 32 state columns per block. Both forward
 // state passes (kda_set_forward_state_v2) and both backward ones (kda_set_backward_state_v2):
-// each against the CPU, and against each other.
+// each against the CPU, and against each other; the same for the backward products
+// (kda_set_products_v2).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -45,6 +46,8 @@ struct TcSetup {
   bool state_v1 = false;
   // The previous backward state pass (kda_set_backward_state_v2(false)) instead of the default.
   bool bwd_state_v1 = false;
+  // The previous backward products (kda_set_products_v2(false)) instead of the default.
+  bool products_v1 = false;
 };
 
 std::string setup_name(const TcSetup& s) {
@@ -57,7 +60,8 @@ std::string setup_name(const TcSetup& s) {
         : s.decay == Decay::Moderate ? "_moderate"
         : s.decay == Decay::Strong   ? "_strong"
                                      : "_mixed")
-    << (s.state_v1 ? "_stateV1" : "") << (s.bwd_state_v1 ? "_bwdStateV1" : "");
+    << (s.state_v1 ? "_stateV1" : "") << (s.bwd_state_v1 ? "_bwdStateV1" : "")
+    << (s.products_v1 ? "_productsV1" : "");
   return n.str();
 }
 
@@ -172,6 +176,15 @@ struct BackwardStateV1 {
   const bool was_v2;
 };
 
+// The same for the backward's tensor-core products.
+struct ProductsV1 {
+  explicit ProductsV1(bool on) : was_v2(ops::kda_products_v2()) { ops::kda_set_products_v2(!on); }
+  ~ProductsV1() { ops::kda_set_products_v2(was_v2); }
+  ProductsV1(const ProductsV1&) = delete;
+  ProductsV1& operator=(const ProductsV1&) = delete;
+  const bool was_v2;
+};
+
 // The case's inputs on the GPU, q, k, v and dout in bf16.
 std::vector<Tensor> bf16_on_gpu(const TcCase& tc) {
   std::vector<Tensor> din;
@@ -196,6 +209,7 @@ TEST_P(CudaKdaTc, ForwardBackwardAgainstTheCpu) {
   ASSERT_EQ(ops::kda_bf16_prep_path(tc.p), ops::KdaPrepPath::TensorCoreBf16);
   const ForwardStateV1 state(s.state_v1);
   const BackwardStateV1 bwd_state(s.bwd_state_v1);
+  const ProductsV1 products(s.products_v1);
   run_case(
       setup_name(s).c_str(), tc.ins, kNames,
       [&](Context& c, const std::vector<Tensor>& in, bool gpu) {
@@ -227,8 +241,9 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
   ASSERT_EQ(ops::kda_bf16_prep_path(tc.p), ops::KdaPrepPath::TensorCoreBf16);
   const ForwardStateV1 state(s.state_v1);
   const BackwardStateV1 bwd_state(s.bwd_state_v1);
+  const ProductsV1 products(s.products_v1);
   const std::vector<Tensor> tensor_cores = forward_backward(s, tc, gpu, din, true);
-  std::vector<Tensor> cuda_cores, fp32_block, other_state, other_bwd_state;
+  std::vector<Tensor> cuda_cores, fp32_block, other_state, other_bwd_state, other_products;
   {
     // The other forward state pass on the same inputs: the two differ by fp32 summation order.
     const ForwardStateV1 other(!s.state_v1);
@@ -240,6 +255,13 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
     // anywhere in the path), the gradients differ by fp32 summation order.
     const BackwardStateV1 other(!s.bwd_state_v1);
     other_bwd_state = forward_backward(s, tc, gpu, din, true);
+    gpu.synchronize();
+  }
+  {
+    // The other products: dOS0, dRS0, Delta dS^T, Aqk and Tm bit for bit, gL's sums in another
+    // order, so the gradients differ by fp32 summation order.
+    const ProductsV1 other(!s.products_v1);
+    other_products = forward_backward(s, tc, gpu, din, true);
     gpu.synchronize();
   }
   {
@@ -258,12 +280,12 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
     const bool low = tensor_cores[j].dtype() == DType::BF16;
     const DVec w = to_dvec(want[j]), tcv = to_dvec(tensor_cores[j]), ccv = to_dvec(cuda_cores[j]),
                fbv = to_dvec(fp32_block[j]), osv = to_dvec(other_state[j]),
-               obv = to_dvec(other_bwd_state[j]);
+               obv = to_dvec(other_bwd_state[j]), opv = to_dvec(other_products[j]);
     const double bound =
         kBf16Multiple * rel_err(to_dvec(low ? round_bf16(emul[j]) : emul[j]), w) + kBf16Floor;
     const double between = rel_err(tcv, ccv), tc_err = rel_err(tcv, w), cc_err = rel_err(ccv, w),
                  fb_err = rel_err(fbv, w), states = rel_err(tcv, osv),
-                 bwd_states = rel_err(tcv, obv);
+                 bwd_states = rel_err(tcv, obv), prods = rel_err(tcv, opv);
     EXPECT_LE(between, bound) << kNames[j] << ": tensor-core prep against CUDA-core prep";
     EXPECT_LE(tc_err, bound) << kNames[j] << ": tensor-core prep against the CPU";
     EXPECT_LE(fb_err, bound) << kNames[j] << ": tensor cores, fp32 prepared block, against the CPU";
@@ -277,11 +299,15 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
       EXPECT_EQ(bwd_states, 0.0) << kNames[j] << ": the backward state pass changed the forward";
     else
       EXPECT_LE(bwd_states, bound / 4) << kNames[j] << ": backward state pass v2 against v1";
+    if (j < 3)
+      EXPECT_EQ(prods, 0.0) << kNames[j] << ": the backward products changed the forward";
+    else
+      EXPECT_LE(prods, bound / 4) << kNames[j] << ": backward products v2 against v1";
     std::printf(
         "  %-40s %-5s tc vs cuda cores %.3g, vs cpu: tc %.3g (fp32 block %.3g), cuda cores %.3g "
-        "(bound %.3g), state passes v2 vs v1: fwd %.3g, bwd %.3g\n",
+        "(bound %.3g), v2 vs v1: fwd state %.3g, bwd state %.3g, products %.3g\n",
         setup_name(s).c_str(), kNames[j].c_str(), between, tc_err, fb_err, cc_err, bound, states,
-        bwd_states);
+        bwd_states, prods);
   }
 }
 
@@ -306,7 +332,11 @@ INSTANTIATE_TEST_SUITE_P(
         // The previous backward state pass, at both column widths and head dims.
         TcSetup{.heads = 32, .lengths = {100, 150}, .bwd_state_v1 = true},
         TcSetup{.head_k = 64, .head_v = 64, .bwd_state_v1 = true},
-        TcSetup{.lengths = {300}, .decay = Decay::Strong, .bwd_state_v1 = true}),
+        TcSetup{.lengths = {300}, .decay = Decay::Strong, .bwd_state_v1 = true},
+        // The previous backward products, at both head dims.
+        TcSetup{.heads = 32, .lengths = {100, 150}, .products_v1 = true},
+        TcSetup{.head_k = 64, .head_v = 64, .products_v1 = true},
+        TcSetup{.head_v = 64, .lengths = {300}, .decay = Decay::Strong, .products_v1 = true}),
     [](const ::testing::TestParamInfo<TcSetup>& pi) { return setup_name(pi.param); });
 
 // A prepared buffer copied to the host, read in its layout: fp32 slots as they are, and the bf16
