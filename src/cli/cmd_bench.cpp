@@ -403,6 +403,11 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
   ops::kda_set_forward_state_v2(false);
   const double f_v1 = time(fwd), fe_v1 = time(eval_fwd);
   ops::kda_set_forward_state_v2(state_v2);
+  // And through the previous prep (no L2 prefetch).
+  const bool prep_v2 = ops::kda_prep_v2();
+  ops::kda_set_prep_v2(false);
+  const double f_pv1 = time(fwd), fe_pv1 = time(eval_fwd);
+  ops::kda_set_prep_v2(prep_v2);
   // Forward and backward through the previous backward state pass (the forward's the new one);
   // backward alone cannot repeat: it overwrites the prepared block that it reads.
   const bool bwd_state_v2 = ops::kda_backward_state_v2();
@@ -451,6 +456,8 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
                       {"fwd_eval_ms", fe},
                       {"fwd_ms_state_v1", f_v1},
                       {"fwd_eval_ms_state_v1", fe_v1},
+                      {"fwd_ms_prep_v1", f_pv1},
+                      {"fwd_eval_ms_prep_v1", fe_pv1},
                       {"fwdbwd_ms_bwd_state_v1", fb_bv1},
                       {"fwdbwd_ms_products_v1", fb_pv1},
                       {"gate_core_fwd_ms", gf},

@@ -59,4 +59,10 @@ bool kda_backward_state_v2();
 void kda_set_products_v2(bool on);
 bool kda_products_v2();
 
+// The tensor-core prep (ops/cuda/kda_fwd_tc.cu): on (the default), each block prefetches into L2
+// the inputs of the block that starts about when it ends; off, no prefetch (v1). Bit-identical
+// results. Process-wide and not synchronised, like the switches above.
+void kda_set_prep_v2(bool on);
+bool kda_prep_v2();
+
 }  // namespace mt::ops

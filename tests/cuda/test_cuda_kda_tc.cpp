@@ -8,7 +8,7 @@
 // and 32 heads, whose state passes on the H200 take 32 state columns per block. Both forward
 // state passes (kda_set_forward_state_v2) and both backward ones (kda_set_backward_state_v2):
 // each against the CPU, and against each other; the same for the backward products
-// (kda_set_products_v2).
+// (kda_set_products_v2) and the prep (kda_set_prep_v2).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -48,6 +48,8 @@ struct TcSetup {
   bool bwd_state_v1 = false;
   // The previous backward products (kda_set_products_v2(false)) instead of the default.
   bool products_v1 = false;
+  // The previous prep (kda_set_prep_v2(false): no L2 prefetch) instead of the default.
+  bool prep_v1 = false;
 };
 
 std::string setup_name(const TcSetup& s) {
@@ -61,7 +63,7 @@ std::string setup_name(const TcSetup& s) {
         : s.decay == Decay::Strong   ? "_strong"
                                      : "_mixed")
     << (s.state_v1 ? "_stateV1" : "") << (s.bwd_state_v1 ? "_bwdStateV1" : "")
-    << (s.products_v1 ? "_productsV1" : "");
+    << (s.products_v1 ? "_productsV1" : "") << (s.prep_v1 ? "_prepV1" : "");
   return n.str();
 }
 
@@ -185,6 +187,15 @@ struct ProductsV1 {
   const bool was_v2;
 };
 
+// The same for the prep.
+struct PrepV1 {
+  explicit PrepV1(bool on) : was_v2(ops::kda_prep_v2()) { ops::kda_set_prep_v2(!on); }
+  ~PrepV1() { ops::kda_set_prep_v2(was_v2); }
+  PrepV1(const PrepV1&) = delete;
+  PrepV1& operator=(const PrepV1&) = delete;
+  const bool was_v2;
+};
+
 // The case's inputs on the GPU, q, k, v and dout in bf16.
 std::vector<Tensor> bf16_on_gpu(const TcCase& tc) {
   std::vector<Tensor> din;
@@ -210,6 +221,7 @@ TEST_P(CudaKdaTc, ForwardBackwardAgainstTheCpu) {
   const ForwardStateV1 state(s.state_v1);
   const BackwardStateV1 bwd_state(s.bwd_state_v1);
   const ProductsV1 products(s.products_v1);
+  const PrepV1 prep(s.prep_v1);
   run_case(
       setup_name(s).c_str(), tc.ins, kNames,
       [&](Context& c, const std::vector<Tensor>& in, bool gpu) {
@@ -242,8 +254,10 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
   const ForwardStateV1 state(s.state_v1);
   const BackwardStateV1 bwd_state(s.bwd_state_v1);
   const ProductsV1 products(s.products_v1);
+  const PrepV1 prep(s.prep_v1);
   const std::vector<Tensor> tensor_cores = forward_backward(s, tc, gpu, din, true);
-  std::vector<Tensor> cuda_cores, fp32_block, other_state, other_bwd_state, other_products;
+  std::vector<Tensor> cuda_cores, fp32_block, other_state, other_bwd_state, other_products,
+      other_prep;
   {
     // The other forward state pass on the same inputs: the two differ by fp32 summation order.
     const ForwardStateV1 other(!s.state_v1);
@@ -262,6 +276,12 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
     // order, so the gradients differ by fp32 summation order.
     const ProductsV1 other(!s.products_v1);
     other_products = forward_backward(s, tc, gpu, din, true);
+    gpu.synchronize();
+  }
+  {
+    // The other prep: it only prefetches differently, so every output is bit for bit the same.
+    const PrepV1 other(!s.prep_v1);
+    other_prep = forward_backward(s, tc, gpu, din, true);
     gpu.synchronize();
   }
   {
@@ -299,6 +319,7 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
       EXPECT_EQ(bwd_states, 0.0) << kNames[j] << ": the backward state pass changed the forward";
     else
       EXPECT_LE(bwd_states, bound / 4) << kNames[j] << ": backward state pass v2 against v1";
+    EXPECT_EQ(rel_err(tcv, to_dvec(other_prep[j])), 0.0) << kNames[j] << ": prep v2 against v1";
     if (j < 3)
       EXPECT_EQ(prods, 0.0) << kNames[j] << ": the backward products changed the forward";
     else
@@ -336,7 +357,10 @@ INSTANTIATE_TEST_SUITE_P(
         // The previous backward products, at both head dims.
         TcSetup{.heads = 32, .lengths = {100, 150}, .products_v1 = true},
         TcSetup{.head_k = 64, .head_v = 64, .products_v1 = true},
-        TcSetup{.head_v = 64, .lengths = {300}, .decay = Decay::Strong, .products_v1 = true}),
+        TcSetup{.head_v = 64, .lengths = {300}, .decay = Decay::Strong, .products_v1 = true},
+        // The previous prep; 320 blocks, more than run at once on an H200 (2 x 132), so that the
+        // other (v2) prefetches blocks of its own grid, and products v2 runs 2 or 3 items a block.
+        TcSetup{.heads = 32, .lengths = {300, 300}, .prep_v1 = true}),
     [](const ::testing::TestParamInfo<TcSetup>& pi) { return setup_name(pi.param); });
 
 // A prepared buffer copied to the host, read in its layout: fp32 slots as they are, and the bf16
