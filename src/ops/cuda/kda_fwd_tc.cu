@@ -360,11 +360,12 @@ __device__ __forceinline__ void lower_times(const float* tm, int ldc, const floa
 }
 
 // Prep v2 (kda_set_prep_v2): the inputs of block b (linear, chunks fastest) + `ahead` into L2,
-// once this block's own loads have landed. ahead is the number of blocks resident at once (two per
-// SM), so that block is the one that starts about when this one ends: its load phase, 80 KB per
-// block issued at once and waited for before any work, then meets L2 rather than HBM, while this
-// block's 30-odd microseconds of compute hide the prefetch. Each thread takes one row of q, k, v
-// or g (rows of 256, 256, 256 and 512 bytes at K = V = 128: 2, 2, 2 and 4 lines).
+// issued before this block's last phase (W and U). ahead is the number of blocks resident at once
+// (two per SM), so that block is the one that starts about when this one ends: its load phase,
+// 80 KB per block issued at once and waited for before any work, then meets L2 rather than HBM.
+// Issued late so that the lines stay in L2 until then: a whole block's lifetime (~30 us at B2
+// T8192) moves ~56 MB through L2, more than it holds. Each thread takes one row of q, k, v or g
+// (rows of 256, 256, 256 and 512 bytes at K = V = 128: 2, 2, 2 and 4 lines).
 template <int K, int V>
 __device__ __forceinline__ void prefetch_block(const Args& a, const bf16* q, const bf16* k,
                                                const bf16* v, int64_t b) {
@@ -440,7 +441,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int e = tid; e < kC * kC; e += kThreads) tm[(e / kC) * LdC + e % kC] = 0.f;
   mma::cp_async_wait<0>();
   __syncthreads();
-  if (ahead > 0) prefetch_block<K, V>(a, q, k, v, c + a.nchunks * h + ahead);
 
   // G: parts of kC / P rows per (channel, part) summed in registers, then each part adds the
   // running total of the parts before it (the same additions in every thread, so the last row
@@ -579,6 +579,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     __syncthreads();
   }
 
+  if (ahead > 0) prefetch_block<K, V>(a, q, k, v, c + a.nchunks * h + ahead);
   // W = T Kb and U = T beta v (warp w: its n-tiles of both), T's last 32 rows out.
   lower_times<K / 64, V / 64>(tm, LdC, gam, LdG, w * K / 8, big_slot(lay.W()), K, vs, LdV,
                               w * V / 8, big_slot(lay.U()), V);
