@@ -346,7 +346,6 @@ __device__ __forceinline__ void issue(const Args& a, const bf16* dout, unsigned 
 struct Ring {
   int item;
   int y0;
-  int st;  // the stage the consumer reads next
 };
 
 template <int K, int V>
@@ -525,7 +524,7 @@ __global__ void __launch_bounds__(kThreads, 1) products_v2_kernel(Args a, const 
   static_assert(V % kY == 0 && (K == 64 || K == 128), "whole tiles; 512 / K threads per dot row");
   extern __shared__ __align__(16) unsigned char smem[];
   const int first = next_item(a, static_cast<int>(blockIdx.x));
-  Ring p{first, 0, 0};
+  Ring p{first, 0};
   for (int s = 0; s < kStages - 1; ++s) produce<K, V>(a, dout, smem, p, s);
   if (threadIdx.x < 256)
     run_job0<K, V>(a, dout, smem, p, 0, first);
