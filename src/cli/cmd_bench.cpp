@@ -425,6 +425,14 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
     bwd();
   });
   ops::kda_set_products_v2(products_v2);
+  // And v2 without its L2 prefetch.
+  const bool products_prefetch = ops::kda_products_prefetch();
+  ops::kda_set_products_prefetch(false);
+  const double fb_pnp = time([&] {
+    fwd();
+    bwd();
+  });
+  ops::kda_set_products_prefetch(products_prefetch);
   // With the decay gate in front (ops/kda_gate.h, as the KDA layer runs it: raw in the
   // activations' type, g in f32), against fla's chunk_kda with use_gate_in_kernel.
   const ops::KdaGateParams gp{.tokens = T, .heads = H, .head_dim = D};
@@ -460,6 +468,7 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
                       {"fwd_eval_ms_prep_v1", fe_pv1},
                       {"fwdbwd_ms_bwd_state_v1", fb_bv1},
                       {"fwdbwd_ms_products_v1", fb_pv1},
+                      {"fwdbwd_ms_products_v2_no_prefetch", fb_pnp},
                       {"gate_core_fwd_ms", gf},
                       {"gate_core_fwdbwd_ms", gfb},
                       {"fwd_Mtok_s", T / f / 1e3},

@@ -8,6 +8,7 @@ bool bf16_prepared = true;
 bool forward_state_v2 = true;
 bool backward_state_v2 = true;
 bool products_v2 = true;
+bool products_prefetch = true;
 bool prep_v2 = true;
 }  // namespace
 
@@ -67,6 +68,14 @@ void kda_set_products_v2(bool on) {
 
 bool kda_products_v2() {
   return products_v2;
+}
+
+void kda_set_products_prefetch(bool on) {
+  products_prefetch = on;
+}
+
+bool kda_products_prefetch() {
+  return products_prefetch;
 }
 
 void kda_set_prep_v2(bool on) {

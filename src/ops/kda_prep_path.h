@@ -58,6 +58,10 @@ bool kda_backward_state_v2();
 // wide and not synchronised, like the switches above.
 void kda_set_products_v2(bool on);
 bool kda_products_v2();
+// Products v2's L2 prefetch of the tiles two beyond its cp.async ring: on (the default) or off,
+// for `moetrain bench kda` to time both. Bit-identical.
+void kda_set_products_prefetch(bool on);
+bool kda_products_prefetch();
 
 // The tensor-core prep (ops/cuda/kda_fwd_tc.cu): on (the default), each block prefetches into L2
 // the inputs of the block that starts about when it ends; off, no prefetch (v1). Bit-identical
