@@ -403,6 +403,11 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
   ops::kda_set_forward_state_v2(false);
   const double f_v1 = time(fwd), fe_v1 = time(eval_fwd);
   ops::kda_set_forward_state_v2(state_v2);
+  // And through the previous prep (no L2 prefetch).
+  const bool prep_v2 = ops::kda_prep_v2();
+  ops::kda_set_prep_v2(false);
+  const double f_pv1 = time(fwd), fe_pv1 = time(eval_fwd);
+  ops::kda_set_prep_v2(prep_v2);
   // Forward and backward through the previous backward state pass (the forward's the new one);
   // backward alone cannot repeat: it overwrites the prepared block that it reads.
   const bool bwd_state_v2 = ops::kda_backward_state_v2();
@@ -420,6 +425,22 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
     bwd();
   });
   ops::kda_set_grads_v2(grads_v2);
+  // And through the previous backward products (one block per job).
+  const bool products_v2 = ops::kda_products_v2();
+  ops::kda_set_products_v2(false);
+  const double fb_pv1 = time([&] {
+    fwd();
+    bwd();
+  });
+  ops::kda_set_products_v2(products_v2);
+  // And v2 without its L2 prefetch.
+  const bool products_prefetch = ops::kda_products_prefetch();
+  ops::kda_set_products_prefetch(false);
+  const double fb_pnp = time([&] {
+    fwd();
+    bwd();
+  });
+  ops::kda_set_products_prefetch(products_prefetch);
   // With the decay gate in front (ops/kda_gate.h, as the KDA layer runs it: raw in the
   // activations' type, g in f32), against fla's chunk_kda with use_gate_in_kernel.
   const ops::KdaGateParams gp{.tokens = T, .heads = H, .head_dim = D};
@@ -451,8 +472,12 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
                       {"fwd_eval_ms", fe},
                       {"fwd_ms_state_v1", f_v1},
                       {"fwd_eval_ms_state_v1", fe_v1},
+                      {"fwd_ms_prep_v1", f_pv1},
+                      {"fwd_eval_ms_prep_v1", fe_pv1},
                       {"fwdbwd_ms_bwd_state_v1", fb_bv1},
                       {"fwdbwd_ms_grads_v1", fb_gv1},
+                      {"fwdbwd_ms_products_v1", fb_pv1},
+                      {"fwdbwd_ms_products_v2_no_prefetch", fb_pnp},
                       {"gate_core_fwd_ms", gf},
                       {"gate_core_fwdbwd_ms", gfb},
                       {"fwd_Mtok_s", T / f / 1e3},

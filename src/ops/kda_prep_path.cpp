@@ -8,6 +8,9 @@ bool bf16_prepared = true;
 bool forward_state_v2 = true;
 bool backward_state_v2 = true;
 bool grads_v2 = true;
+bool products_v2 = true;
+bool products_prefetch = true;
+bool prep_v2 = true;
 }  // namespace
 
 KdaPrepPath kda_bf16_prep_path(const KdaParams& p) {
@@ -66,6 +69,30 @@ void kda_set_grads_v2(bool on) {
 
 bool kda_grads_v2() {
   return grads_v2;
+}
+
+void kda_set_products_v2(bool on) {
+  products_v2 = on;
+}
+
+bool kda_products_v2() {
+  return products_v2;
+}
+
+void kda_set_products_prefetch(bool on) {
+  products_prefetch = on;
+}
+
+bool kda_products_prefetch() {
+  return products_prefetch;
+}
+
+void kda_set_prep_v2(bool on) {
+  prep_v2 = on;
+}
+
+bool kda_prep_v2() {
+  return prep_v2;
 }
 
 }  // namespace mt::ops

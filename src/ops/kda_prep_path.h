@@ -60,4 +60,21 @@ bool kda_backward_state_v2();
 void kda_set_grads_v2(bool on);
 bool kda_grads_v2();
 
+// The backward's tensor-core products (ops/cuda/kda_bwd_tc.cu): on (the default), the persistent
+// products_v2_kernel that runs the three jobs of a (chunk, head) in one block; off,
+// products_tc_kernel, one block per job. They differ by fp32 summation order only (gL). Process-
+// wide and not synchronised, like the switches above.
+void kda_set_products_v2(bool on);
+bool kda_products_v2();
+// Products v2's L2 prefetch of the tiles two beyond its cp.async ring: on (the default) or off,
+// for `moetrain bench kda` to time both. Bit-identical.
+void kda_set_products_prefetch(bool on);
+bool kda_products_prefetch();
+
+// The tensor-core prep (ops/cuda/kda_fwd_tc.cu): on (the default), each block prefetches into L2
+// the inputs of the block that starts about when it ends; off, no prefetch (v1). Bit-identical
+// results. Process-wide and not synchronised, like the switches above.
+void kda_set_prep_v2(bool on);
+bool kda_prep_v2();
+
 }  // namespace mt::ops

@@ -6,8 +6,9 @@
 // whose lengths straddle the chunk, initial and final states, and decays from mild to strong,
 // mixed inside a chunk so that both forms of the diagonal 16-row blocks (MMAs, direct pairs) run;
 // and 32 heads, whose state passes on the H200 take 32 state columns per block. Both forward
-// state passes (kda_set_forward_state_v2), both backward ones (kda_set_backward_state_v2) and
-// both gradient kernels (kda_set_grads_v2): each against the CPU, and against each other.
+// state passes (kda_set_forward_state_v2), both backward ones (kda_set_backward_state_v2),
+// both gradient kernels (kda_set_grads_v2), both backward products (kda_set_products_v2)
+// and both preps (kda_set_prep_v2): each against the CPU, and against each other.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -47,6 +48,10 @@ struct TcSetup {
   bool bwd_state_v1 = false;
   // The previous gradient kernel (kda_set_grads_v2(false)) instead of the default.
   bool grads_v1 = false;
+  // The previous backward products (kda_set_products_v2(false)) instead of the default.
+  bool products_v1 = false;
+  // The previous prep (kda_set_prep_v2(false): no L2 prefetch) instead of the default.
+  bool prep_v1 = false;
 };
 
 std::string setup_name(const TcSetup& s) {
@@ -60,7 +65,8 @@ std::string setup_name(const TcSetup& s) {
         : s.decay == Decay::Strong   ? "_strong"
                                      : "_mixed")
     << (s.state_v1 ? "_stateV1" : "") << (s.bwd_state_v1 ? "_bwdStateV1" : "")
-    << (s.grads_v1 ? "_gradsV1" : "");
+    << (s.grads_v1 ? "_gradsV1" : "") << (s.products_v1 ? "_productsV1" : "")
+    << (s.prep_v1 ? "_prepV1" : "");
   return n.str();
 }
 
@@ -184,6 +190,24 @@ struct GradsV1 {
   const bool was_v2;
 };
 
+// The same for the backward's tensor-core products.
+struct ProductsV1 {
+  explicit ProductsV1(bool on) : was_v2(ops::kda_products_v2()) { ops::kda_set_products_v2(!on); }
+  ~ProductsV1() { ops::kda_set_products_v2(was_v2); }
+  ProductsV1(const ProductsV1&) = delete;
+  ProductsV1& operator=(const ProductsV1&) = delete;
+  const bool was_v2;
+};
+
+// The same for the prep.
+struct PrepV1 {
+  explicit PrepV1(bool on) : was_v2(ops::kda_prep_v2()) { ops::kda_set_prep_v2(!on); }
+  ~PrepV1() { ops::kda_set_prep_v2(was_v2); }
+  PrepV1(const PrepV1&) = delete;
+  PrepV1& operator=(const PrepV1&) = delete;
+  const bool was_v2;
+};
+
 // The case's inputs on the GPU, q, k, v and dout in bf16.
 std::vector<Tensor> bf16_on_gpu(const TcCase& tc) {
   std::vector<Tensor> din;
@@ -209,6 +233,8 @@ TEST_P(CudaKdaTc, ForwardBackwardAgainstTheCpu) {
   const ForwardStateV1 state(s.state_v1);
   const BackwardStateV1 bwd_state(s.bwd_state_v1);
   const GradsV1 grads(s.grads_v1);
+  const ProductsV1 products(s.products_v1);
+  const PrepV1 prep(s.prep_v1);
   run_case(
       setup_name(s).c_str(), tc.ins, kNames,
       [&](Context& c, const std::vector<Tensor>& in, bool gpu) {
@@ -241,8 +267,11 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
   const ForwardStateV1 state(s.state_v1);
   const BackwardStateV1 bwd_state(s.bwd_state_v1);
   const GradsV1 grads(s.grads_v1);
+  const ProductsV1 products(s.products_v1);
+  const PrepV1 prep(s.prep_v1);
   const std::vector<Tensor> tensor_cores = forward_backward(s, tc, gpu, din, true);
-  std::vector<Tensor> cuda_cores, fp32_block, other_state, other_bwd_state, other_grads;
+  std::vector<Tensor> cuda_cores, fp32_block, other_state, other_bwd_state, other_grads,
+      other_products, other_prep;
   {
     // The other forward state pass on the same inputs: the two differ by fp32 summation order.
     const ForwardStateV1 other(!s.state_v1);
@@ -264,6 +293,19 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
     gpu.synchronize();
   }
   {
+    // The other products: dOS0, dRS0, Delta dS^T, Aqk and Tm bit for bit, gL's sums in another
+    // order, so the gradients differ by fp32 summation order.
+    const ProductsV1 other(!s.products_v1);
+    other_products = forward_backward(s, tc, gpu, din, true);
+    gpu.synchronize();
+  }
+  {
+    // The other prep: it only prefetches differently, so every output is bit for bit the same.
+    const PrepV1 other(!s.prep_v1);
+    other_prep = forward_backward(s, tc, gpu, din, true);
+    gpu.synchronize();
+  }
+  {
     const CudaCorePrepOnly off;
     cuda_cores = forward_backward(s, tc, gpu, din, true);
     gpu.synchronize();
@@ -279,12 +321,14 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
     const bool low = tensor_cores[j].dtype() == DType::BF16;
     const DVec w = to_dvec(want[j]), tcv = to_dvec(tensor_cores[j]), ccv = to_dvec(cuda_cores[j]),
                fbv = to_dvec(fp32_block[j]), osv = to_dvec(other_state[j]),
-               obv = to_dvec(other_bwd_state[j]), ogv = to_dvec(other_grads[j]);
+               obv = to_dvec(other_bwd_state[j]), ogv = to_dvec(other_grads[j]),
+               opv = to_dvec(other_products[j]);
     const double bound =
         kBf16Multiple * rel_err(to_dvec(low ? round_bf16(emul[j]) : emul[j]), w) + kBf16Floor;
     const double between = rel_err(tcv, ccv), tc_err = rel_err(tcv, w), cc_err = rel_err(ccv, w),
                  fb_err = rel_err(fbv, w), states = rel_err(tcv, osv),
-                 bwd_states = rel_err(tcv, obv), grads_gap = rel_err(tcv, ogv);
+                 bwd_states = rel_err(tcv, obv), grads_gap = rel_err(tcv, ogv),
+                 prods = rel_err(tcv, opv);
     EXPECT_LE(between, bound) << kNames[j] << ": tensor-core prep against CUDA-core prep";
     EXPECT_LE(tc_err, bound) << kNames[j] << ": tensor-core prep against the CPU";
     EXPECT_LE(fb_err, bound) << kNames[j] << ": tensor cores, fp32 prepared block, against the CPU";
@@ -307,11 +351,16 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
       EXPECT_EQ(grads_gap, 0.0) << kNames[j] << ": the gradient kernel changed the forward";
     else
       EXPECT_LE(grads_gap, bound / 2) << kNames[j] << ": gradient kernel v2 against v1";
+    EXPECT_EQ(rel_err(tcv, to_dvec(other_prep[j])), 0.0) << kNames[j] << ": prep v2 against v1";
+    if (j < 3)
+      EXPECT_EQ(prods, 0.0) << kNames[j] << ": the backward products changed the forward";
+    else
+      EXPECT_LE(prods, bound / 4) << kNames[j] << ": backward products v2 against v1";
     std::printf(
         "  %-40s %-5s tc vs cuda cores %.3g, vs cpu: tc %.3g (fp32 block %.3g), cuda cores %.3g "
-        "(bound %.3g), state passes v2 vs v1: fwd %.3g, bwd %.3g, grads v2 vs v1 %.3g\n",
+        "(bound %.3g), v2 vs v1: fwd state %.3g, bwd state %.3g, grads %.3g, products %.3g\n",
         setup_name(s).c_str(), kNames[j].c_str(), between, tc_err, fb_err, cc_err, bound, states,
-        bwd_states, grads_gap);
+        bwd_states, grads_gap, prods);
   }
 }
 
@@ -346,7 +395,14 @@ INSTANTIATE_TEST_SUITE_P(
                 .dhT = false,
                 .decay = Decay::Mixed,
                 .grads_v1 = true},
-        TcSetup{.lengths = {200, 64}, .decay = Decay::Moderate, .grads_v1 = true}),
+        TcSetup{.lengths = {200, 64}, .decay = Decay::Moderate, .grads_v1 = true},
+        // The previous backward products, at both head dims.
+        TcSetup{.heads = 32, .lengths = {100, 150}, .products_v1 = true},
+        TcSetup{.head_k = 64, .head_v = 64, .products_v1 = true},
+        TcSetup{.head_v = 64, .lengths = {300}, .decay = Decay::Strong, .products_v1 = true},
+        // The previous prep; 320 blocks, more than run at once on an H200 (2 x 132), so that the
+        // other (v2) prefetches blocks of its own grid, and products v2 runs 2 or 3 items a block.
+        TcSetup{.heads = 32, .lengths = {300, 300}, .prep_v1 = true}),
     [](const ::testing::TestParamInfo<TcSetup>& pi) { return setup_name(pi.param); });
 
 // A prepared buffer copied to the host, read in its layout: fp32 slots as they are, and the bf16

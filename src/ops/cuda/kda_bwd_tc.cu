@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "core/cuda/resources.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/index_lists.cuh"
 #include "ops/cuda/kda_bwd_tc.h"
@@ -217,6 +218,377 @@ __global__ void __launch_bounds__(kThreads, 2) products_tc_kernel(Args a, const 
   }
 }
 
+// ---- products v2 (kda_set_products_v2, the default) ----
+// One persistent block per SM runs all three jobs of a (chunk, head) item, so that each input is
+// read from HBM once: 208 KB of reads per item at K = V = 128 instead of v1's 352 (dO and dR by
+// jobs 0 and 2, S0 by 0 and 1, Delta by 1 and 2), plus the same 128 KB of writes. 16 warps:
+// warps 0-7 job 0 (64 accumulators each), warps 8-15 jobs 1 and 2 (32 + 32), so the two roles
+// hold equal registers; the S0 . dS row dots are spread over all 512 threads (one accumulator).
+// The 32-column V tiles of every operand flow through a three-stage cp.async ring that runs on
+// across items, so the next item's first tiles load while this one's last computes and its
+// outputs are stored; one barrier per tile. Fragments come through ldmatrix (fp32 data read as
+// b16 pairs: an 8x4 fp32 block is an 8x8 b16 matrix, and its lane layout is the tf32 fragment's);
+// dO stays bf16 in shared memory (16-byte copies) and widens exactly on the fragment load. The
+// MMA sequence per output is v1's, so dOS0, dRS0, dds, Aqk and Tm are bit-identical; gL's sum
+// runs in another order.
+namespace v2 {
+
+constexpr int kThreads = 512;
+constexpr int kStages = 3;
+constexpr int kLdh = kY + 8;  // dO tile row stride in bf16 (80 bytes: conflict-free fragments)
+
+template <int K>
+struct Stage {
+  static constexpr int kO = 0;                   // bf16 [64][kLdh]
+  static constexpr int kR = kC * kLdh * 2;       // fp32 [64][kLd]: dR
+  static constexpr int kD = kR + kC * kLd * 4;   // fp32 [64][kLd]: Delta
+  static constexpr int kS0 = kD + kC * kLd * 4;  // fp32 [K][kLd]
+  static constexpr int kDS = kS0 + K * kLd * 4;  // fp32 [K][kLd]: dS
+  static constexpr int kBytes = kDS + K * kLd * 4;
+};
+
+template <int K>
+constexpr size_t smem() {
+  return static_cast<size_t>(kStages) * Stage<K>::kBytes;
+}
+
+// 16 bytes global -> shared, or 16 zero bytes when !valid (src-size 0 reads nothing).
+__device__ __forceinline__ void cp16(void* dst, const void* src, bool valid) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+
+// The roles call the barrier from different code sites (warp-uniform branches): the non-.aligned
+// form allows that.
+__device__ __forceinline__ void block_sync() {
+  asm volatile("barrier.sync 0;\n" ::: "memory");
+}
+
+// ldmatrix .x4 of four 8x4 fp32 blocks (this lane's row address p), each register rounded to
+// tf32: lanes 8i .. 8i+7 address block i's rows.
+__device__ __forceinline__ void ldsm_tf32(uint32_t r[4], const float* p) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+#pragma unroll
+  for (int i = 0; i < 4; ++i) r[i] = mma::to_tf32(__uint_as_float(r[i]));
+}
+
+// The tf32 A fragment (rows m0 .. m0+15, k0 .. k0+7) of a row-major fp32 tile: blocks (rows 0-7,
+// k 0-3), (8-15, 0-3), (0-7, 4-7), (8-15, 4-7) are a0 .. a3.
+__device__ __forceinline__ void ldsm_a(uint32_t a[4], const float* t, int m0, int k0, int lane) {
+  ldsm_tf32(a, t + (m0 + (lane & 15)) * kLd + k0 + (lane >> 4) * 4);
+}
+
+// The B fragments (k0 .. k0+7) of n-tiles n0 and n0 + 8 of B(k, n) = M[n][k]: blocks (n 0-7, k
+// 0-3), (n 0-7, k 4-7), (n 8-15, k 0-3), (n 8-15, k 4-7).
+__device__ __forceinline__ void ldsm_b2(uint32_t b0[2], uint32_t b1[2], const float* m, int n0,
+                                        int k0, int lane) {
+  uint32_t r[4];
+  ldsm_tf32(r, m + (n0 + (lane & 7) + (lane >> 4) * 8) * kLd + k0 + ((lane >> 3) & 1) * 4);
+  b0[0] = r[0];
+  b0[1] = r[1];
+  b1[0] = r[2];
+  b1[1] = r[3];
+}
+
+// The A fragment of the bf16 dO tile, widened exactly.
+__device__ __forceinline__ void load_a_bf16(uint32_t a[4], const bf16* t, int m0, int k0,
+                                            int lane) {
+  const int g = lane >> 2, c = lane & 3;
+  const bf16* p = t + (m0 + g) * kLdh + k0 + c;
+  a[0] = mma::to_tf32(p[0]);
+  a[1] = mma::to_tf32(p[8 * kLdh]);
+  a[2] = mma::to_tf32(p[4]);
+  a[3] = mma::to_tf32(p[8 * kLdh + 4]);
+}
+
+// Items (chunk, head) = (i / H, i % H) with i = blockIdx.x + n gridDim.x, skipping unused chunks
+// (int: launch_v2 checks that chunks x heads fits).
+__device__ __forceinline__ int next_item(const Args& a, int i) {
+  const int n = static_cast<int>(a.nchunks * a.H), H = static_cast<int>(a.H);
+  while (i < n && a.clen[i / H] == 0) i += gridDim.x;
+  return i;
+}
+
+// Issues the copies of item i's V columns y0 .. y0+31 into stage `st` (one commit group). Every
+// thread copies the same (row, 4 columns) piece of dR and Delta, row + 64 u of S0 and dS, and
+// threads 0-255 one 8-column piece of dO.
+template <int K, int V>
+__device__ __forceinline__ void issue(const Args& a, const bf16* dout, unsigned char* st, int i,
+                                      int y0) {
+  using S = Stage<K>;
+  static_assert(kThreads == kC * 8, "a thread per (row, 4 columns) of a 64-row tile");
+  const int H = static_cast<int>(a.H), c = i / H, h = i - c * H;
+  const int L = a.clen[c];
+  const int tid = threadIdx.x, r = tid >> 3, x = (tid & 7) * 4;
+  if (tid < kC * 4) {
+    const int ro = tid >> 2, xo = (tid & 3) * 8;
+    const bool ok = ro < L;
+    const bf16* src =
+        dout + ((static_cast<int64_t>(a.ct0[c]) + (ok ? ro : 0)) * H + h) * V + y0 + xo;
+    cp16(st + S::kO + (ro * kLdh + xo) * 2, src, ok);
+  }
+  const float* bb = a.bblk(c, h) + (r < L ? r * V : 0) + y0 + x;
+  cp16(st + S::kR + (r * kLd + x) * 4, bb + a.lay.dR(), r < L);
+  cp16(st + S::kD + (r * kLd + x) * 4, bb + a.lay.D(), r < L);
+  const int64_t sb = static_cast<int64_t>(i) * K * V + r * V + y0 + x;
+#pragma unroll
+  for (int u = 0; u < K / kC; ++u) {
+    cp16(st + S::kS0 + ((r + kC * u) * kLd + x) * 4, a.saved + sb + kC * u * V, true);
+    cp16(st + S::kDS + ((r + kC * u) * kLd + x) * 4, a.dS + sb + kC * u * V, true);
+  }
+}
+
+// The ring: the producer cursor (item, y0) runs kStages - 1 tiles ahead of the consumer.
+struct Ring {
+  int item;
+  int y0;
+};
+
+template <int V>
+__device__ __forceinline__ void step(const Args& a, Ring& r) {
+  r.y0 += kY;
+  if (r.y0 == V) {
+    r.y0 = 0;
+    r.item = next_item(a, r.item + gridDim.x);
+  }
+}
+
+// The lines of item i's tile y0 into L2 (kda_set_products_prefetch): one line per thread, S0's
+// and dS's K rows (128 bytes of a tile row: one line), then dR's, Delta's and dO's rows below L.
+// Issued kPrefetch tiles ahead of the cp.async copies, so that these meet L2's latency: the ring
+// alone keeps two tiles (~100 KB) in flight per SM, which at HBM's loaded latency held v2 near
+// 2.2 TB/s under ncu. Two tiles (~10 us) ahead, so that the lines are still in L2 when copied.
+constexpr int kPrefetch = 2;
+template <int K, int V>
+__device__ __forceinline__ void prefetch_tile(const Args& a, const bf16* dout, int i, int y0) {
+  static_assert(2 * K + 3 * kC <= kThreads, "one line per thread");
+  const int H = static_cast<int>(a.H), c = i / H, h = i - c * H;
+  const int e = threadIdx.x;
+  const char* p = nullptr;
+  if (e < 2 * K) {
+    const float* m = e < K ? a.saved : a.dS;
+    p = reinterpret_cast<const char*>(m + static_cast<int64_t>(i) * K * V + (e % K) * V + y0);
+  } else if (e < 2 * K + 3 * kC) {
+    const int r = (e - 2 * K) % kC, which = (e - 2 * K) / kC;
+    if (r >= a.clen[c]) return;
+    p = which == 2 ? reinterpret_cast<const char*>(
+                         dout + ((static_cast<int64_t>(a.ct0[c]) + r) * H + h) * V + y0)
+                   : reinterpret_cast<const char*>(a.bblk(c, h) + (which ? a.lay.D() : a.lay.dR()) +
+                                                   r * V + y0);
+  } else {
+    return;
+  }
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
+// f: the prefetch cursor, kPrefetch tiles ahead of p (f.item < 0: no prefetch).
+template <int K, int V>
+__device__ __forceinline__ void produce(const Args& a, const bf16* dout, unsigned char* smem,
+                                        Ring& p, Ring& f, int st) {
+  if (p.item < a.nchunks * a.H) {
+    issue<K, V>(a, dout, smem + st * Stage<K>::kBytes, p.item, p.y0);
+    step<V>(a, p);
+  }
+  mma::cp_async_commit();  // empty groups too, so that wait_group counts tiles
+  if (f.item >= 0 && f.item < a.nchunks * a.H) {
+    prefetch_tile<K, V>(a, dout, f.item, f.y0);
+    step<V>(a, f);
+  }
+}
+
+// Waits for the consumer's stage, frees the previous one for the producer, returns the stage.
+template <int K, int V>
+__device__ __forceinline__ const unsigned char* advance(const Args& a, const bf16* dout,
+                                                        unsigned char* smem, Ring& p, Ring& f,
+                                                        int& st) {
+  mma::cp_async_wait<kStages - 2>();
+  block_sync();  // the stage has landed for all threads; all are done with the previous one
+  produce<K, V>(a, dout, smem, p, f, st == 0 ? kStages - 1 : st - 1);
+  const unsigned char* cur = smem + st * Stage<K>::kBytes;
+  st = st + 1 == kStages ? 0 : st + 1;
+  return cur;
+}
+
+// S0 . dS over the tile's 32 columns, K rows spread over all threads: kThreads / K per row.
+template <int K>
+__device__ __forceinline__ float row_dot(const unsigned char* cur, float acc) {
+  using S = Stage<K>;
+  constexpr int kTpr = kThreads / K, kCols = kY / kTpr;
+  const int r = threadIdx.x / kTpr, x = (threadIdx.x % kTpr) * kCols;
+  const float* s0 = reinterpret_cast<const float*>(cur + S::kS0) + r * kLd + x;
+  const float* ds = reinterpret_cast<const float*>(cur + S::kDS) + r * kLd + x;
+#pragma unroll
+  for (int j = 0; j < kCols; j += 4) {
+    const float4 u = *reinterpret_cast<const float4*>(s0 + j);
+    const float4 v = *reinterpret_cast<const float4*>(ds + j);
+    acc += u.x * v.x + u.y * v.y + u.z * v.z + u.w * v.w;
+  }
+  return acc;
+}
+
+template <int K>
+__device__ __forceinline__ void store_dot(const Args& a, float* blk, float acc) {
+  constexpr int kTpr = kThreads / K;
+#pragma unroll
+  for (int o = kTpr / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (threadIdx.x % kTpr == 0) blk[a.lay.gL() + threadIdx.x / kTpr] = acc;
+}
+
+// Warps 0-7: job 0 (dO S0^T, dR S0^T), v1's tiling.
+template <int K, int V>
+__device__ __forceinline__ void run_job0(const Args& a, const bf16* dout, unsigned char* smem,
+                                         Ring& p, Ring& f, int st, int item) {
+  using S = Stage<K>;
+  constexpr int NT = K / 16;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, q4 = lane & 3;
+  const int m0 = 16 * (w & 3), n0 = (w >> 2) * (K / 2);
+  for (; item < a.nchunks * a.H; item = next_item(a, item + gridDim.x)) {
+    float acc1[NT][4] = {}, acc2[NT][4] = {};
+    float dot = 0.f;
+    for (int y0 = 0; y0 < V; y0 += kY) {
+      const unsigned char* cur = advance<K, V>(a, dout, smem, p, f, st);
+      const bf16* tO = reinterpret_cast<const bf16*>(cur + S::kO);
+      const float* tR = reinterpret_cast<const float*>(cur + S::kR);
+      const float* tS0 = reinterpret_cast<const float*>(cur + S::kS0);
+#pragma unroll
+      for (int k0 = 0; k0 < kY; k0 += 8) {
+        uint32_t a1[4], a2[4];
+        load_a_bf16(a1, tO, m0, k0, lane);
+        ldsm_a(a2, tR, m0, k0, lane);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt += 2) {
+          uint32_t b0[2], b1[2];
+          ldsm_b2(b0, b1, tS0, n0 + 8 * nt, k0, lane);
+          mma::mma_tf32(acc1[nt], a1, b0);
+          mma::mma_tf32(acc2[nt], a2, b0);
+          mma::mma_tf32(acc1[nt + 1], a1, b1);
+          mma::mma_tf32(acc2[nt + 1], a2, b1);
+        }
+      }
+      dot = row_dot<K>(cur, dot);
+    }
+    const int64_t c = item / a.H, h = item % a.H;
+    float* blk = a.blk(c, h);
+    float* out1 = blk + a.lay.dOS0();
+    float* out2 = blk + a.lay.dRS0();
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int at = (m0 + g + 8 * hf) * K + n0 + 8 * nt + 2 * q4;
+        store2(out1 + at, acc1[nt][2 * hf], acc1[nt][2 * hf + 1]);
+        store2(out2 + at, acc2[nt][2 * hf], acc2[nt][2 * hf + 1]);
+      }
+    store_dot<K>(a, blk, dot);
+  }
+}
+
+// Warps 8-15: job 1 (Delta dS^T) and job 2 (dO Delta^T, dR Delta^T below the diagonal).
+template <int K, int V>
+__device__ __forceinline__ void run_job12(const Args& a, const bf16* dout, unsigned char* smem,
+                                          Ring& p, Ring& f, int st, int item) {
+  using S = Stage<K>;
+  constexpr int NT = K / 16;
+  const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) - 8, g = lane >> 2, q4 = lane & 3;
+  const int m0 = 16 * (w & 3), n0 = (w >> 2) * (K / 2), n2 = 32 * (w >> 2);
+  for (; item < a.nchunks * a.H; item = next_item(a, item + gridDim.x)) {
+    float acc[NT][4] = {}, tq[4][4] = {}, ta[4][4] = {};
+    float dot = 0.f;
+    for (int y0 = 0; y0 < V; y0 += kY) {
+      const unsigned char* cur = advance<K, V>(a, dout, smem, p, f, st);
+      const bf16* tO = reinterpret_cast<const bf16*>(cur + S::kO);
+      const float* tR = reinterpret_cast<const float*>(cur + S::kR);
+      const float* tD = reinterpret_cast<const float*>(cur + S::kD);
+      const float* tDS = reinterpret_cast<const float*>(cur + S::kDS);
+#pragma unroll
+      for (int k0 = 0; k0 < kY; k0 += 8) {
+        uint32_t ad[4];
+        ldsm_a(ad, tD, m0, k0, lane);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt += 2) {
+          uint32_t b0[2], b1[2];
+          ldsm_b2(b0, b1, tDS, n0 + 8 * nt, k0, lane);
+          mma::mma_tf32(acc[nt], ad, b0);
+          mma::mma_tf32(acc[nt + 1], ad, b1);
+        }
+        uint32_t a1[4], a2[4];
+        load_a_bf16(a1, tO, m0, k0, lane);
+        ldsm_a(a2, tR, m0, k0, lane);
+#pragma unroll
+        for (int nt = 0; nt < 4; nt += 2)
+          if (n2 + 8 * nt <= m0) {  // both n-tiles hold some j <= i (m0, n2 multiples of 16)
+            uint32_t b0[2], b1[2];
+            ldsm_b2(b0, b1, tD, n2 + 8 * nt, k0, lane);
+            mma::mma_tf32(tq[nt], a1, b0);
+            mma::mma_tf32(ta[nt], a2, b0);
+            mma::mma_tf32(tq[nt + 1], a1, b1);
+            mma::mma_tf32(ta[nt + 1], a2, b1);
+          }
+      }
+      dot = row_dot<K>(cur, dot);
+    }
+    const int64_t c = item / a.H, h = item % a.H;
+    float* blk = a.blk(c, h);
+    // dds may alias the dS slot this item read: every copy of it landed before the last tile's
+    // barrier, the copies in flight now are later items', and no other block reads it.
+    float* out = a.dds(c, h);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int at = (m0 + g + 8 * hf) * K + n0 + 8 * nt + 2 * q4;
+        store2(out + at, acc[nt][2 * hf], acc[nt][2 * hf + 1]);
+      }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = m0 + g + 8 * hf, j = n2 + 8 * nt + 2 * q4;
+        const float* q = tq[nt] + 2 * hf;
+        const float* r = ta[nt] + 2 * hf;
+        store2(blk + a.lay.Aqk() + i * kC + j, j <= i ? a.scale * q[0] : 0.f,
+               j + 1 <= i ? a.scale * q[1] : 0.f);
+        store2(blk + a.lay.Tm() + i * kC + j, j < i ? -r[0] : 0.f, j + 1 < i ? -r[1] : 0.f);
+      }
+    store_dot<K>(a, blk, dot);
+  }
+}
+
+template <int K, int V>
+__global__ void __launch_bounds__(kThreads, 1)
+    products_v2_kernel(Args a, const bf16* dout, bool prefetch) {
+  static_assert(V % kY == 0 && (K == 64 || K == 128), "whole tiles; 512 / K threads per dot row");
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int first = next_item(a, static_cast<int>(blockIdx.x));
+  Ring p{first, 0}, f{prefetch ? first : -1, 0}, none{-1, 0};
+  if (prefetch)
+    for (int s = 0; s < kStages - 1 + kPrefetch && f.item < a.nchunks * a.H; ++s) step<V>(a, f);
+  for (int s = 0; s < kStages - 1; ++s) produce<K, V>(a, dout, smem, p, none, s);
+  if (threadIdx.x < 256)
+    run_job0<K, V>(a, dout, smem, p, f, 0, first);
+  else
+    run_job12<K, V>(a, dout, smem, p, f, 0, first);
+  mma::cp_async_wait<0>();  // only empty groups remain; leave none behind
+}
+
+}  // namespace v2
+
+template <int K, int V>
+void launch_v2(Context& ctx, const Args& a, const bf16* dout) {
+  const size_t sm = smem_for(v2::products_v2_kernel<K, V>, v2::smem<K>(), "kda_backward");
+  const int64_t items = a.nchunks * a.H;
+  MT_CHECK(items < (int64_t{1} << 30), ValueError, "kda products: ", items, " chunk-heads");
+  const int64_t blocks = std::min<int64_t>(items, cuda_resources(ctx).multiprocessors);
+  if (blocks == 0) return;
+  v2::products_v2_kernel<K, V><<<static_cast<unsigned>(blocks), v2::kThreads, sm, stream(ctx)>>>(
+      a, dout, kda_products_prefetch());
+  MT_CUDA_LAUNCH_CHECK();
+}
+
 template <int K, int V>
 void launch(Context& ctx, const Args& a, const bf16* dout) {
   const size_t sm = smem_for(products_tc_kernel<K, V>, products_smem<K>(), "kda_backward");
@@ -238,12 +610,16 @@ bool products_tc_fits(const Args& a, const void* dout) {
 }
 
 void products_tc(Context& ctx, const Args& a, const bf16* dout) {
-  if (a.K == 64 && a.V == 64) return launch<64, 64>(ctx, a, dout);
-  if (a.K == 64 && a.V == 128) return launch<64, 128>(ctx, a, dout);
-  if (a.K == 128 && a.V == 64) return launch<128, 64>(ctx, a, dout);
-  MT_CHECK(a.K == 128 && a.V == 128, ValueError, "kda tensor-core products: head_k ", a.K,
-           " head_v ", a.V, " (products_tc_fits admits 64 and 128)");
-  launch<128, 128>(ctx, a, dout);
+  MT_CHECK((a.K == 64 || a.K == 128) && (a.V == 64 || a.V == 128), ValueError,
+           "kda tensor-core products: head_k ", a.K, " head_v ", a.V,
+           " (products_tc_fits admits 64 and 128)");
+  if (kda_products_v2()) {
+    if (a.K == 64)
+      return a.V == 64 ? launch_v2<64, 64>(ctx, a, dout) : launch_v2<64, 128>(ctx, a, dout);
+    return a.V == 64 ? launch_v2<128, 64>(ctx, a, dout) : launch_v2<128, 128>(ctx, a, dout);
+  }
+  if (a.K == 64) return a.V == 64 ? launch<64, 64>(ctx, a, dout) : launch<64, 128>(ctx, a, dout);
+  return a.V == 64 ? launch<128, 64>(ctx, a, dout) : launch<128, 128>(ctx, a, dout);
 }
 
 }  // namespace mt::ops::cuda::kda_detail

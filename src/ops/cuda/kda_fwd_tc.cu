@@ -35,11 +35,13 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "core/cuda/resources.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/index_lists.cuh"
 #include "ops/cuda/kda_fwd_tc.h"
 #include "ops/cuda/mma.cuh"
 #include "ops/kda_chunk_layout.h"
+#include "ops/kda_prep_path.h"
 
 namespace mt::ops::cuda::kda_detail {
 
@@ -357,10 +359,34 @@ __device__ __forceinline__ void lower_times(const float* tm, int ldc, const floa
   }
 }
 
+// Prep v2 (kda_set_prep_v2): the inputs of block b (linear, chunks fastest) + `ahead` into L2,
+// issued before this block's last phase (W and U). ahead is the number of blocks resident at once
+// (two per SM), so that block is the one that starts about when this one ends: its load phase,
+// 80 KB per block issued at once and waited for before any work, then meets L2 rather than HBM.
+// Issued late so that the lines stay in L2 until then: a whole block's lifetime (~30 us at B2
+// T8192) moves ~56 MB through L2, more than it holds. Each thread takes one row of q, k, v or g
+// (rows of 256, 256, 256 and 512 bytes at K = V = 128: 2, 2, 2 and 4 lines).
+template <int K, int V>
+__device__ __forceinline__ void prefetch_block(const Args& a, const bf16* q, const bf16* k,
+                                               const bf16* v, int64_t b) {
+  static_assert(kThreads == 4 * kC, "a thread per (row, tensor)");
+  if (b >= a.nchunks * a.H) return;
+  const int64_t c = b % a.nchunks, h = b / a.nchunks;
+  const int i = threadIdx.x & (kC - 1), which = threadIdx.x / kC;
+  if (i >= a.clen[c]) return;
+  const int64_t row = (a.ct0[c] + i) * a.H + h;
+  const char* p = which == 0   ? reinterpret_cast<const char*>(q + row * K)
+                  : which == 1 ? reinterpret_cast<const char*>(k + row * K)
+                  : which == 2 ? reinterpret_cast<const char*>(v + row * V)
+                               : reinterpret_cast<const char*>(a.g + row * K);
+  const int bytes = which == 3 ? 4 * K : which == 2 ? 2 * V : 2 * K;
+  for (int o = 0; o < bytes; o += 128) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p + o));
+}
+
 // Big: the element type of W, Qh, Kl, U, Kb in the layout (bf16 where half, else fp32).
 template <int K, int V, typename Big>
 __global__ void __launch_bounds__(kThreads, 2)
-    prep_tc_kernel(Args a, const bf16* q, const bf16* k, const bf16* v, bool vec) {
+    prep_tc_kernel(Args a, const bf16* q, const bf16* k, const bf16* v, bool vec, int ahead) {
   using S = Smem<K, V>;
   constexpr int LdG = S::LdG, LdH = S::LdH, LdV = S::LdV, LdC = S::LdC;
   static_assert(K % 64 == 0 && V % 64 == 0 && K <= 128 && V <= 128, "8 warps x K/64 n-tiles");
@@ -553,6 +579,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     __syncthreads();
   }
 
+  if (ahead > 0) prefetch_block<K, V>(a, q, k, v, c + a.nchunks * h + ahead);
   // W = T Kb and U = T beta v (warp w: its n-tiles of both), T's last 32 rows out.
   lower_times<K / 64, V / 64>(tm, LdC, gam, LdG, w * K / 8, big_slot(lay.W()), K, vs, LdV,
                               w * V / 8, big_slot(lay.U()), V);
@@ -571,14 +598,16 @@ template <int K, int V>
 void launch(Context& ctx, const Args& a, const bf16* q, const bf16* k, const bf16* v) {
   const bool vec = aligned16(q) && aligned16(k) && aligned16(v) && aligned16(a.g);
   const dim3 grid(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.H));
+  // Two blocks per SM (the launch bounds and 103 KB of shared memory at K = V = 128).
+  const int ahead = kda_prep_v2() ? 2 * cuda_resources(ctx).multiprocessors : 0;
   if (a.lay.half) {
     auto* kernel = prep_tc_kernel<K, V, bf16>;
     kernel<<<grid, kThreads, smem_for(kernel, Smem<K, V>::bytes, "kda_forward"), stream(ctx)>>>(
-        a, q, k, v, vec);
+        a, q, k, v, vec, ahead);
   } else {
     auto* kernel = prep_tc_kernel<K, V, float>;
     kernel<<<grid, kThreads, smem_for(kernel, Smem<K, V>::bytes, "kda_forward"), stream(ctx)>>>(
-        a, q, k, v, vec);
+        a, q, k, v, vec, ahead);
   }
   MT_CUDA_LAUNCH_CHECK();
 }
