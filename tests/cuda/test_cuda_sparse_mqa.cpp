@@ -120,7 +120,8 @@ void check_one(const std::string& name, int64_t H, int64_t K, const std::vector<
 void check_mqa(const char* name, int64_t H, int64_t K, const std::vector<int64_t>& lengths,
                bool scatter, uint64_t seed, Rng& rng, int64_t blank = -1) {
   for (const ops::SparseMqaKernels k :
-       {ops::SparseMqaKernels::Split, ops::SparseMqaKernels::Chained}) {
+       {ops::SparseMqaKernels::Split, ops::SparseMqaKernels::Chained,
+        ops::SparseMqaKernels::Wgmma}) {
     const WithKernels use(k);
     check_one(std::string(name) + " [" + ops::sparse_mqa_kernels_name(k) + " kernels]", H, K,
               lengths, scatter, blank, seed, rng);

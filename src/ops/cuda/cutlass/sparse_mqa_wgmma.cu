@@ -1,0 +1,313 @@
+// The absorbed sparse MQA forward on wgmma (sparse_mqa_wgmma.h). mma.sync needs 16 rows and
+// wgmma 64 a warpgroup; a query has 32 heads, so the KEYS are the rows:
+//   S^T [64 keys x 32 heads] = K [64 x 576] q^T        (m64n32k16 x 36, A = the gathered key
+//                                                        tile, K-major; B = q, K-major)
+//   O^T [512 x 32 heads]    += V^T [512 x 64] P^T       (m64n32k16, 8 M tiles x 4 k steps; A =
+//                                                        the same key tile read transposed, MN-
+//                                                        major; B = P^T through shared memory)
+// V^T as an MN-major A needs no copy: the K-major 128-byte-swizzled key tile read with its modes
+// swapped is the MN-major swizzled layout (CuTe composes the view, the descriptors follow).
+// P cannot be a register A operand (O's rows are value dims, not keys), so the tile's P (bf16)
+// goes to shared memory as a K-major B [32 heads x 64 keys]: 4 KiB.
+// One warpgroup per block, one block per SM (185 KiB: q 36 KiB, two 72 KiB key tiles, P): the
+// kernel is bound by the gather (1,152 bytes from L2 per listed key, once for all heads), whose
+// next tile is in flight (cp.async) while this one is multiplied. Online softmax per head (a
+// column of S^T: the max over the 64 keys meets across the four warps in shared memory), in log2
+// units, lse saved in natural log as the mma.sync kernels save it (the backward reads it).
+#include "ops/cuda/cutlass/sparse_mqa_wgmma.h"
+
+#include <cutlass/arch/barrier.h>
+#include <cutlass/numeric_types.h>
+#include <cute/arch/mma_sm90.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+
+namespace mt::ops::cuda {
+
+namespace {
+
+using namespace cute;
+using bf16 = cutlass::bfloat16_t;
+
+constexpr int kDk = 576, kDv = 512, kKeys = 64, kHeads = kMqaWgmmaHeads, kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kChunks = kDk / 8;  // 16-byte chunks of an entry
+constexpr int kLdo = kDv + 8;     // the output's staging rows (bf16), conflict-free stores
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+static_assert(kHeads == 32 && kKeys == 64, "the accumulator arithmetic below is m64n32's");
+
+// 128-byte swizzled K-major atoms (8 rows x 64 bf16, 1 KiB), the layout wgmma reads fastest.
+using AtomK = GMMA::Layout_K_SW128_Atom<bf16>;
+using LayoutKeys = decltype(tile_to_shape(AtomK{}, Shape<Int<kKeys>, Int<kDk>>{}));  // (key, dim)
+using LayoutQ = decltype(tile_to_shape(AtomK{}, Shape<Int<kHeads>, Int<kDk>>{}));    // (head, dim)
+using LayoutP = decltype(tile_to_shape(AtomK{}, Shape<Int<kHeads>, Int<kKeys>>{}));  // (head, key)
+// (dim, key) over the first 512 dims of a key tile: V^T, the second product's MN-major A.
+using LayoutVt =
+    decltype(composition(LayoutKeys{}, make_layout(Shape<Int<kDv>, Int<kKeys>>{}, GenRowMajor{})));
+// (key, head): P as the first product's accumulator is laid out, for its stores.
+using LayoutPt =
+    decltype(composition(LayoutP{}, make_layout(Shape<Int<kKeys>, Int<kHeads>>{}, GenRowMajor{})));
+
+using MmaS =
+    decltype(make_tiled_mma(SM90_64x32x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::K>{}));
+using MmaO =
+    decltype(make_tiled_mma(SM90_64x32x16_F32BF16BF16_SS<GMMA::Major::MN, GMMA::Major::K>{}));
+
+constexpr int kQElems = kHeads * kDk, kKeyElems = kKeys * kDk, kPElems = kHeads * kKeys;
+constexpr size_t kSmem = sizeof(bf16) * (kQElems + 2 * kKeyElems + kPElems) +
+                         sizeof(float) * kWarps * kHeads + sizeof(int) * 2 * kKeys;
+static_assert(sizeof(bf16) * kQElems % 1024 == 0 && sizeof(bf16) * kKeyElems % 1024 == 0,
+              "every swizzled tile starts on 1 KiB (the 128-byte swizzle's period)");
+static_assert(kHeads * kLdo <= kKeyElems, "the output's staging fits a key tile");
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+// Element (r, c) of a swizzled tile at `base`. Through a tensor: the swizzle acts on the smem
+// pointer's bits (CuTe's smem_ptr_flag), which calling the composed layout on (r, c) would not do.
+template <class Layout>
+__device__ __forceinline__ bf16* at(bf16* base, int r, int c) {
+  return &make_tensor(make_smem_ptr(base), Layout{})(r, c);
+}
+
+__device__ __forceinline__ bool valid_slot(int32_t s, int64_t T) {
+  return s >= 0 && static_cast<int64_t>(s) < T;
+}
+
+// Two threads per slot of a 64-key tile; thread i's slot index (loaded a tile ahead, so that the
+// index's global latency does not stall the warps right after the barrier that publishes a tile).
+__device__ __forceinline__ int32_t slot_of(const int32_t* row, int64_t tile, int64_t K) {
+  const int64_t j = tile * kKeys + threadIdx.x / (kThreads / kKeys);
+  return j < K ? row[j] : -1;
+}
+
+// Thread i copies the 16-byte chunks i % 2, i % 2 + 2, ... of its slot's entry into the swizzled
+// tile (zeros for an unused slot: its P is 0, and 0 x stale shared memory could be NaN).
+__device__ __forceinline__ void gather(bf16* tile, int* slot, const bf16* kv, int64_t T,
+                                       int32_t s) {
+  constexpr int per_slot = kThreads / kKeys;
+  static_assert(kChunks % per_slot == 0, "whole chunks per thread");
+  const int r = threadIdx.x / per_slot, c0 = threadIdx.x % per_slot;
+  const bool ok = valid_slot(s, T);
+  const bf16* src = kv + (ok ? static_cast<int64_t>(s) * kDk : 0);
+#pragma unroll 6
+  for (int k = 0; k < kChunks / per_slot; ++k) {
+    const int c8 = 8 * (c0 + per_slot * k);
+    bf16* d = at<LayoutKeys>(tile, r, c8);
+    if (ok)
+      cp_async16(d, src + c8);
+    else
+      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+  }
+  if (c0 == 0) slot[r] = ok ? s : -1;
+}
+
+// The m64n32 accumulator (PTX's wgmma D fragment, CuTe's CLayout_64x32, value order equal): value
+// v of lane `lane` in warp w sits at row 16 w + lane / 4 + 8 ((v >> 1) & 1) of its 64-row tile and
+// column 8 (v >> 2) + 2 (lane & 3) + (v & 1). A thread holds 8 columns (heads), j = 0 .. 7.
+__device__ __forceinline__ int col_slot(int v) {
+  return 2 * (v >> 2) + (v & 1);
+}
+__device__ __forceinline__ int col_of(int j, int lane) {
+  return 8 * (j >> 1) + 2 * (lane & 3) + (j & 1);
+}
+__device__ __forceinline__ int row_of(int v, int w, int lane) {
+  return 16 * w + (lane >> 2) + 8 * ((v >> 1) & 1);
+}
+
+__global__ void __launch_bounds__(kThreads, 1) mqa_fwd_wgmma_kernel(MqaWgmmaArgs a) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  // The swizzle's address bits are the shared window's: the tiles must start on 1 KiB.
+  if (static_cast<uint32_t>(__cvta_generic_to_shared(smem)) % 1024 != 0) __trap();
+  bf16* Qs = reinterpret_cast<bf16*>(smem);
+  bf16* const K0 = Qs + kQElems;  // key tiles [2][kKeyElems]: buffer b at K0 + b kKeyElems
+  bf16* Ps = K0 + 2 * kKeyElems;
+  float* red = reinterpret_cast<float*>(Ps + kPElems);         // [kWarps][kHeads]
+  int* slots = reinterpret_cast<int*>(red + kWarps * kHeads);  // [2][kKeys]
+
+  // Later queries first: a causal selection's later queries list the most keys, so the blocks
+  // that start last are the shortest (as the Split kernels).
+  const int64_t t = a.T - 1 - static_cast<int64_t>(blockIdx.x);
+  const int64_t h0 = static_cast<int64_t>(blockIdx.y) * kHeads;
+  const int valid = static_cast<int>(min(static_cast<int64_t>(kHeads), a.H - h0));
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  const int32_t* row = a.idx + t * a.K;
+  const bf16* kv = static_cast<const bf16*>(a.kv);
+  const float scale_log2 = a.scale * kLog2e;
+
+  {  // the block's q rows, swizzled; heads past H zero
+    const bf16* q = static_cast<const bf16*>(a.q) + (t * a.H + h0) * kDk;
+    for (int i = tid; i < kHeads * kChunks; i += kThreads) {
+      const int r = i / kChunks, c8 = (i % kChunks) * 8;
+      bf16* d = at<LayoutQ>(Qs, r, c8);
+      if (r < valid)
+        cp_async16(d, q + static_cast<int64_t>(r) * kDk + c8);
+      else
+        *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+    }
+  }
+  const int tiles = static_cast<int>((a.K + kKeys - 1) / kKeys);
+  if (tiles > 0) gather(K0, slots, kv, a.T, slot_of(row, 0, a.K));
+  cp_async_commit();
+  int32_t next = slot_of(row, 1, a.K);  // this thread's slot index of tile it + 1
+
+  MmaS mma_s;
+  MmaO mma_o;
+  auto ts = mma_s.get_thread_slice(tid);
+  auto to = mma_o.get_thread_slice(tid);
+  Tensor tSrQ = ts.partition_fragment_B(make_tensor(make_smem_ptr(Qs), LayoutQ{}));  // (,1,36)
+  Tensor tOrP = to.partition_fragment_B(make_tensor(make_smem_ptr(Ps), LayoutP{}));  // (,1,4)
+  Tensor tSsP = ts.partition_C(make_tensor(make_smem_ptr(Ps), LayoutPt{}));          // (16,1,1)
+  Tensor accO = partition_fragment_C(mma_o, Shape<Int<kDv>, Int<kHeads>>{});         // (16,8,1)
+  Tensor accS = partition_fragment_C(mma_s, Shape<Int<kKeys>, Int<kHeads>>{});       // (16,1,1)
+  static_assert(size(decltype(accS){}) == 16 && size(decltype(accO){}) == 128, "m64n32");
+  clear(accO);
+  float m[8], l[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    m[j] = -INFINITY;
+    l[j] = 0.f;
+  }
+
+  for (int it = 0; it < tiles; ++it) {
+    const int b = it & 1;
+    cp_async_wait_all();
+    cutlass::arch::fence_view_async_shared();  // cp.async's and the zero stores for wgmma
+    __syncthreads();  // tile it landed; every warp is done with tile it - 1 (buffer, P, red)
+    if (it + 1 < tiles) gather(K0 + (b ^ 1) * kKeyElems, slots + (b ^ 1) * kKeys, kv, a.T, next);
+    cp_async_commit();
+    next = slot_of(row, it + 2, a.K);
+    const int* sl = slots + b * kKeys;
+    if (!__any_sync(0xffffffffu, sl[lane] >= 0 || sl[lane + 32] >= 0)) continue;  // uniform
+
+    Tensor sK = make_tensor(make_smem_ptr(K0 + b * kKeyElems), LayoutKeys{});
+    Tensor tSrK = ts.partition_fragment_A(sK);  // (,1,36)
+    warpgroup_fence_operand(accS);
+    warpgroup_arrive();
+    mma_s.accumulate_ = GMMA::ScaleOut::Zero;
+#pragma unroll
+    for (int k = 0; k < size<2>(tSrK); ++k) {
+      cute::gemm(mma_s, tSrK(_, _, k), tSrQ(_, _, k), accS);
+      mma_s.accumulate_ = GMMA::ScaleOut::One;
+    }
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(accS);
+
+    // Column (head) maxima over the tile's 64 keys: the thread's two rows, the 8 lanes of equal
+    // lane & 3, then the four warps through shared memory.
+    float s[16], mx[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) mx[j] = -INFINITY;
+#pragma unroll
+    for (int v = 0; v < 16; ++v) {
+      const bool ok = sl[row_of(v, w, lane)] >= 0;
+      s[v] = ok ? accS(v) * scale_log2 : -INFINITY;
+      mx[col_slot(v)] = fmaxf(mx[col_slot(v)], s[v]);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int x = 4; x < 32; x <<= 1) mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], x));
+      if (lane < 4) red[w * kHeads + col_of(j, lane)] = mx[j];
+    }
+    __syncthreads();
+    float al[8], mu[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float* rr = red + col_of(j, lane);
+      const float mn =
+          fmaxf(fmaxf(m[j], fmaxf(rr[0], rr[kHeads])), fmaxf(rr[2 * kHeads], rr[3 * kHeads]));
+      mu[j] = mn == -INFINITY ? 0.f : mn;
+      al[j] = exp2f(m[j] - mu[j]);
+      m[j] = mn;
+      l[j] *= al[j];
+    }
+#pragma unroll
+    for (int v = 0; v < 16; ++v) {
+      const float p = exp2f(s[v] - mu[col_slot(v)]);
+      l[col_slot(v)] += p;
+      tSsP(v) = bf16(p);
+    }
+#pragma unroll
+    for (int mt = 0; mt < size<1>(accO); ++mt)
+#pragma unroll
+      for (int v = 0; v < 16; ++v) accO(v, mt, 0) *= al[col_slot(v)];
+    cutlass::arch::fence_view_async_shared();  // P's stores for wgmma
+    __syncthreads();                           // all of P
+
+    Tensor tOrV = to.partition_fragment_A(
+        make_tensor(make_smem_ptr(K0 + b * kKeyElems), LayoutVt{}));  // (,8,4)
+    warpgroup_fence_operand(accO);
+    warpgroup_arrive();
+#pragma unroll
+    for (int k = 0; k < size<2>(tOrV); ++k) cute::gemm(mma_o, tOrV(_, _, k), tOrP(_, _, k), accO);
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(accO);
+  }
+  cp_async_wait_all();
+  __syncthreads();  // every warp is done with the tiles and red
+
+  // Row sums: the thread's partial sums over its rows, the lanes, then the warps.
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int x = 4; x < 32; x <<= 1) l[j] += __shfl_xor_sync(0xffffffffu, l[j], x);
+    if (lane < 4) red[w * kHeads + col_of(j, lane)] = l[j];
+  }
+  __syncthreads();
+  float inv[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int h = col_of(j, lane);
+    const float* rr = red + h;
+    const float L = (rr[0] + rr[kHeads]) + (rr[2 * kHeads] + rr[3 * kHeads]);
+    inv[j] = L > 0.f ? 1.f / L : 0.f;  // no valid slot: o = 0, lse = -inf
+    if (w == 0 && lane < 4 && h < valid)
+      a.lse[t * a.H + h0 + h] = L > 0.f ? (m[j] + log2f(L)) * kLn2 : -INFINITY;
+  }
+  // O^T's accumulators into a [head][kLdo] staging tile (key buffer 0), then 16-byte row stores.
+  bf16* Os = K0;
+#pragma unroll
+  for (int mt = 0; mt < size<1>(accO); ++mt)
+#pragma unroll
+    for (int v = 0; v < 16; ++v)
+      Os[col_of(col_slot(v), lane) * kLdo + 64 * mt + row_of(v, w, lane)] =
+          bf16(accO(v, mt, 0) * inv[col_slot(v)]);
+  __syncthreads();
+  bf16* o = static_cast<bf16*>(a.o) + (t * a.H + h0) * kDv;
+  for (int i = tid; i < valid * (kDv / 8); i += kThreads) {
+    const int r = i / (kDv / 8), c8 = (i % (kDv / 8)) * 8;
+    *reinterpret_cast<uint4*>(o + static_cast<int64_t>(r) * kDv + c8) =
+        *reinterpret_cast<const uint4*>(Os + r * kLdo + c8);
+  }
+}
+
+}  // namespace
+
+size_t sparse_mqa_fwd_wgmma_smem() {
+  return kSmem;
+}
+
+cudaError_t sparse_mqa_fwd_wgmma(const MqaWgmmaArgs& a, cudaStream_t s) {
+  if (a.T == 0) return cudaSuccess;
+  cudaError_t e = cudaFuncSetAttribute(
+      mqa_fwd_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
+  if (e != cudaSuccess) return e;
+  const dim3 grid(static_cast<unsigned>(a.T), static_cast<unsigned>((a.H + kHeads - 1) / kHeads));
+  mqa_fwd_wgmma_kernel<<<grid, kThreads, kSmem, s>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace mt::ops::cuda
