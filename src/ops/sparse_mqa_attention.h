@@ -64,8 +64,8 @@ bool sparse_mqa_fits(int64_t heads, int64_t qk_dim, int64_t v_dim);
 // summation order. Kept so that `moetrain bench dsa` times both in one run and the device tests
 // check both; process-wide and not synchronised, like kda_set_tensor_core_prep: flip it only
 // while no sparse MQA kernel is being launched. Wgmma (session 14): the forward on Hopper's
-// wgmma (ops/cuda/cutlass/sparse_mqa_wgmma.cu, blocks of 32 heads, the keys as the MMA's rows);
-// its backward and prob sum are Split's.
+// wgmma (ops/cuda/cutlass/sparse_mqa_wgmma.cu, the keys as the MMA's rows) for up to 32 heads
+// (more: Split's forward); its backward and prob sum are Split's.
 enum class SparseMqaKernels { Chained, Split, Wgmma };
 void sparse_mqa_set_kernels(SparseMqaKernels k);
 SparseMqaKernels sparse_mqa_kernels();

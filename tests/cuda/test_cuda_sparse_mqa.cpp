@@ -5,8 +5,10 @@
 // tensor-core kernels and must stay within the bf16 row of the tolerance table; the f32 pass runs
 // the composite (the direct kernels). Lists as the top-k writes them (increasing, -1 padded) and
 // scattered ones with duplicates and unused slots, varlen documents, T and list lengths off the
-// 32-key tile, head counts that leave padded MMA rows. Every case runs both generations of the
-// kernels (ops::SparseMqaKernels: Split, the default, and Chained), each against the CPU; Split's
+// 32-key tile, head counts that leave padded MMA rows. Every case runs each generation of the
+// kernels (ops::SparseMqaKernels: Split, the default, Chained, and Wgmma's forward up to 32
+// heads, whose 64-key tiles the same lists cross: one partial tile, blank and partial tiles
+// among full ones, padded heads at 16 and 24), each against the CPU; Split's
 // own edges (one key buffer whose next gather starts mid-tile, no end-of-tile barrier) get lists of
 // one tile, a second tile of one slot, and a tile with no valid slot between valid ones. Without a
 // GPU every test skips, saying so.
@@ -25,9 +27,10 @@ namespace {
 // Row t of a document starting at b: its causal keys b .. t when they fit in K slots, else K of
 // them drawn without replacement, sorted, t always among them; then -1. `scatter` shuffles the
 // row, turns a fifth of the slots into -1 and repeats some positions (t stays if all go).
-// `blank`: slots blank .. blank + 31 become -1 in every row (a key tile without a valid slot).
+// `blank`: slots blank .. blank + blank_len - 1 become -1 in every row (a key tile without a
+// valid slot).
 Tensor lists(Rng& rng, const std::vector<int64_t>& lengths, int64_t K, bool scatter,
-             int64_t blank = -1) {
+             int64_t blank = -1, int64_t blank_len = 32) {
   int64_t T = 0;
   for (int64_t l : lengths) T += l;
   Tensor table = Tensor::empty({T, K}, DType::I32);
@@ -46,7 +49,8 @@ Tensor lists(Rng& rng, const std::vector<int64_t>& lengths, int64_t K, bool scat
         for (int32_t& s : keys)
           s = rng.uniform() < 0.2 ? -1 : (rng.uniform() < 0.1 ? static_cast<int32_t>(t) : s);
       if (blank >= 0)
-        for (int64_t j = blank; j < std::min(K, blank + 32); ++j) keys[static_cast<size_t>(j)] = -1;
+        for (int64_t j = blank; j < std::min(K, blank + blank_len); ++j)
+          keys[static_cast<size_t>(j)] = -1;
       // No empty rows here (their lse is -inf on both sides; tests/ops covers them).
       if (std::all_of(keys.begin(), keys.end(), [](int32_t s) { return s < 0; }))
         keys[0] = static_cast<int32_t>(t);
@@ -82,9 +86,9 @@ struct WithKernels {
 };
 
 void check_one(const std::string& name, int64_t H, int64_t K, const std::vector<int64_t>& lengths,
-               bool scatter, int64_t blank, uint64_t seed, Rng& rng) {
+               bool scatter, int64_t blank, int64_t blank_len, uint64_t seed, Rng& rng) {
   ASSERT_TRUE(ops::sparse_mqa_fits(H, 576, 512)) << name;
-  const Tensor table = lists(rng, lengths, K, scatter, blank);
+  const Tensor table = lists(rng, lengths, K, scatter, blank, blank_len);
   const int64_t T = table.dim(0);
   // DeepSeek-V3.2's scale (192^-0.5 times the YaRN mscale squared), not 576^-0.5.
   const ops::SparseMqaParams p{
@@ -118,13 +122,14 @@ void check_one(const std::string& name, int64_t H, int64_t K, const std::vector<
 
 // The case on each generation of the kernels, fresh inputs for each.
 void check_mqa(const char* name, int64_t H, int64_t K, const std::vector<int64_t>& lengths,
-               bool scatter, uint64_t seed, Rng& rng, int64_t blank = -1) {
+               bool scatter, uint64_t seed, Rng& rng, int64_t blank = -1, int64_t blank_len = 32) {
   for (const ops::SparseMqaKernels k :
        {ops::SparseMqaKernels::Split, ops::SparseMqaKernels::Chained,
         ops::SparseMqaKernels::Wgmma}) {
+    if (k == ops::SparseMqaKernels::Wgmma && H > 32) continue;  // Split's kernels run there
     const WithKernels use(k);
     check_one(std::string(name) + " [" + ops::sparse_mqa_kernels_name(k) + " kernels]", H, K,
-              lengths, scatter, blank, seed, rng);
+              lengths, scatter, blank, blank_len, seed, rng);
   }
 }
 
@@ -174,8 +179,30 @@ TEST(CudaSparseMqa, SanitizerSized) {
   const uint64_t seed = fresh_seed();
   Rng rng(seed);
   const WithKernels use(ops::SparseMqaKernels::Split);
-  check_one("32 heads, 40 slots, 2 documents [split kernels]", 32, 40, {30, 17}, true, -1, seed,
-            rng);
+  check_one("32 heads, 40 slots, 2 documents [split kernels]", 32, 40, {30, 17}, true, -1, 32,
+            seed, rng);
+}
+
+// The same for the Wgmma forward (its backward is Split's): two 64-key tiles, the second partial.
+TEST(CudaSparseMqa, SanitizerSizedWgmma) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  const WithKernels use(ops::SparseMqaKernels::Wgmma);
+  check_one("32 heads, 80 slots, 2 documents [wgmma kernels]", 32, 80, {50, 40}, true, -1, 32,
+            seed, rng);
+}
+
+// The Wgmma forward's 64-key tiles: a whole tile without a valid slot between valid ones, lists
+// of one slot (a tile of one valid key), and a second tile of one slot with 8 heads (24 padded
+// rows of the MMA's N); every generation runs them.
+TEST(CudaSparseMqa, WgmmaTileEdges) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  check_mqa("32 heads, 64-key tile 1 blank", 32, 192, {230}, false, seed, rng, 64, 64);
+  check_mqa("32 heads, one slot", 32, 1, {50}, false, seed, rng);
+  check_mqa("8 heads, k=65, scattered", 8, 65, {100}, true, seed, rng);
 }
 
 }  // namespace

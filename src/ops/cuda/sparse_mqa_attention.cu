@@ -809,7 +809,9 @@ void sparse_mqa_forward(Context& ctx, const SparseMqaParams& p, const Tensor& q,
   if (p.tokens == 0) return;
   MT_CHECK(p.tokens < INT_MAX && (p.heads + kMqaWgmmaHeads - 1) / kMqaWgmmaHeads <= 65535,
            ValueError, "sparse_mqa: ", p.tokens, " tokens or ", p.heads, " heads exceed one grid");
-  if (sparse_mqa_kernels() == SparseMqaKernels::Wgmma) {
+  // Wgmma takes blocks of 32 heads: past 32 a query's blocks would each gather every key (Split's
+  // 64-head blocks gather once), so larger head counts keep Split.
+  if (sparse_mqa_kernels() == SparseMqaKernels::Wgmma && p.heads <= kMqaWgmmaHeads) {
     const MqaWgmmaArgs a{.q = q.raw(),
                          .kv = kv.raw(),
                          .idx = ptr<int32_t>(indices),
