@@ -78,9 +78,13 @@ void expect_same_target(const Tensor& prob, const Tensor& pb, const char* name, 
 }
 
 // Runs the CUDA bodies on one generation of the kernels for its scope (ops/sparse_mqa_attention.h).
+// Restores the choice it found (the default may change from Split to Wgmma once measured).
 struct WithKernels {
-  explicit WithKernels(ops::SparseMqaKernels k) { ops::sparse_mqa_set_kernels(k); }
-  ~WithKernels() { ops::sparse_mqa_set_kernels(ops::SparseMqaKernels::Split); }
+  explicit WithKernels(ops::SparseMqaKernels k) : before(ops::sparse_mqa_kernels()) {
+    ops::sparse_mqa_set_kernels(k);
+  }
+  ~WithKernels() { ops::sparse_mqa_set_kernels(before); }
+  ops::SparseMqaKernels before;
   WithKernels(const WithKernels&) = delete;
   WithKernels& operator=(const WithKernels&) = delete;
 };

@@ -84,32 +84,44 @@ __device__ __forceinline__ bool valid_slot(int32_t s, int64_t T) {
   return s >= 0 && static_cast<int64_t>(s) < T;
 }
 
-// Two threads per slot of a 64-key tile; thread i's slot index (loaded a tile ahead, so that the
-// index's global latency does not stall the warps right after the barrier that publishes a tile).
-__device__ __forceinline__ int32_t slot_of(const int32_t* row, int64_t tile, int64_t K) {
-  const int64_t j = tile * kKeys + threadIdx.x / (kThreads / kKeys);
-  return j < K ? row[j] : -1;
+// The gather: 8 threads per slot, each copying 16-byte chunks c0, c0 + 8, ... of it, so that a
+// warp's cp.async covers four 128-byte lines (two threads per slot covered 16 lines per
+// instruction, 16 wavefronts); the 128 threads take slots r0 = tid / 8 + 16 p, p < kPasses.
+constexpr int kPerSlot = 8, kSlotRows = kThreads / kPerSlot, kPasses = kKeys / kSlotRows;
+static_assert(kChunks % kPerSlot == 0 && kKeys % kSlotRows == 0, "whole chunks and passes");
+
+// This thread's slot indices of a tile (loaded a tile ahead, so that the index's global latency
+// does not stall the warps right after the barrier that publishes a tile).
+__device__ __forceinline__ void slots_of(int32_t (&s)[kPasses], const int32_t* row, int64_t tile,
+                                         int64_t K) {
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    const int64_t j = tile * kKeys + threadIdx.x / kPerSlot + kSlotRows * p;
+    s[p] = j < K ? row[j] : -1;
+  }
 }
 
-// Thread i copies the 16-byte chunks i % 2, i % 2 + 2, ... of its slot's entry into the swizzled
-// tile (zeros for an unused slot: its P is 0, and 0 x stale shared memory could be NaN).
+// The listed entries into the swizzled tile (zeros for an unused slot: its P is 0, and 0 x stale
+// shared memory could be NaN), their positions into slot[] (-1 when unused).
 __device__ __forceinline__ void gather(bf16* tile, int* slot, const bf16* kv, int64_t T,
-                                       int32_t s) {
-  constexpr int per_slot = kThreads / kKeys;
-  static_assert(kChunks % per_slot == 0, "whole chunks per thread");
-  const int r = threadIdx.x / per_slot, c0 = threadIdx.x % per_slot;
-  const bool ok = valid_slot(s, T);
-  const bf16* src = kv + (ok ? static_cast<int64_t>(s) * kDk : 0);
-#pragma unroll 6
-  for (int k = 0; k < kChunks / per_slot; ++k) {
-    const int c8 = 8 * (c0 + per_slot * k);
-    bf16* d = at<LayoutKeys>(tile, r, c8);
-    if (ok)
-      cp_async16(d, src + c8);
-    else
-      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+                                       const int32_t (&s)[kPasses]) {
+  const int c0 = threadIdx.x % kPerSlot;
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    const int r = threadIdx.x / kPerSlot + kSlotRows * p;
+    const bool ok = valid_slot(s[p], T);
+    const bf16* src = kv + (ok ? static_cast<int64_t>(s[p]) * kDk : 0);
+#pragma unroll
+    for (int k = 0; k < kChunks / kPerSlot; ++k) {
+      const int c8 = 8 * (c0 + kPerSlot * k);
+      bf16* d = at<LayoutKeys>(tile, r, c8);
+      if (ok)
+        cp_async16(d, src + c8);
+      else
+        *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+    }
+    if (c0 == 0) slot[r] = ok ? s[p] : -1;
   }
-  if (c0 == 0) slot[r] = ok ? s : -1;
 }
 
 // The m64n32 accumulator (PTX's wgmma D fragment, CuTe's CLayout_64x32, value order equal): value
@@ -157,9 +169,11 @@ __global__ void __launch_bounds__(kThreads, 1) mqa_fwd_wgmma_kernel(MqaWgmmaArgs
     }
   }
   const int tiles = static_cast<int>((a.K + kKeys - 1) / kKeys);
-  if (tiles > 0) gather(K0, slots, kv, a.T, slot_of(row, 0, a.K));
+  int32_t next[kPasses];  // this thread's slot indices of tile it + 1
+  slots_of(next, row, 0, a.K);
+  if (tiles > 0) gather(K0, slots, kv, a.T, next);
   cp_async_commit();
-  int32_t next = slot_of(row, 1, a.K);  // this thread's slot index of tile it + 1
+  slots_of(next, row, 1, a.K);
 
   MmaS mma_s;
   MmaO mma_o;
@@ -186,7 +200,7 @@ __global__ void __launch_bounds__(kThreads, 1) mqa_fwd_wgmma_kernel(MqaWgmmaArgs
     __syncthreads();  // tile it landed; every warp is done with tile it - 1 (buffer, P, red)
     if (it + 1 < tiles) gather(K0 + (b ^ 1) * kKeyElems, slots + (b ^ 1) * kKeys, kv, a.T, next);
     cp_async_commit();
-    next = slot_of(row, it + 2, a.K);
+    slots_of(next, row, it + 2, a.K);
     const int* sl = slots + b * kKeys;
     if (!__any_sync(0xffffffffu, sl[lane] >= 0 || sl[lane + 32] >= 0)) continue;  // uniform
 
