@@ -183,8 +183,8 @@ TEST(CudaSparseMqa, SanitizerSized) {
   const uint64_t seed = fresh_seed();
   Rng rng(seed);
   const WithKernels use(ops::SparseMqaKernels::Split);
-  check_one("32 heads, 40 slots, 2 documents [split kernels]", 32, 40, {30, 17}, true, -1, 32,
-            seed, rng);
+  check_one("32 heads, 40 slots, 2 documents [split kernels]", 32, 40, {30, 17}, true, -1, 32, seed,
+            rng);
 }
 
 // The same for the Wgmma forward (its backward is Split's): two 64-key tiles, the second partial.
@@ -193,8 +193,8 @@ TEST(CudaSparseMqa, SanitizerSizedWgmma) {
   const uint64_t seed = fresh_seed();
   Rng rng(seed);
   const WithKernels use(ops::SparseMqaKernels::Wgmma);
-  check_one("32 heads, 80 slots, 2 documents [wgmma kernels]", 32, 80, {50, 40}, true, -1, 32,
-            seed, rng);
+  check_one("32 heads, 80 slots, 2 documents [wgmma kernels]", 32, 80, {50, 40}, true, -1, 32, seed,
+            rng);
 }
 
 // The Wgmma forward's 64-key tiles: a whole tile without a valid slot between valid ones, lists
