@@ -63,6 +63,8 @@ const char* sparse_mqa_kernels_name(SparseMqaKernels k) {
       return "split";
     case SparseMqaKernels::Wgmma:
       return "wgmma";
+    case SparseMqaKernels::Wgmma2:
+      return "wgmma2";
     case SparseMqaKernels::Chained:
       break;
   }

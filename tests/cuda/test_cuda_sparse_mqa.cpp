@@ -6,12 +6,12 @@
 // the composite (the direct kernels). Lists as the top-k writes them (increasing, -1 padded) and
 // scattered ones with duplicates and unused slots, varlen documents, T and list lengths off the
 // 32-key tile, head counts that leave padded MMA rows. Every case runs each generation of the
-// kernels (ops::SparseMqaKernels: Split, the default, Chained, and Wgmma's forward up to 32
-// heads, whose 64-key tiles the same lists cross: one partial tile, blank and partial tiles
-// among full ones, padded heads at 16 and 24), each against the CPU; Split's
-// own edges (one key buffer whose next gather starts mid-tile, no end-of-tile barrier) get lists of
-// one tile, a second tile of one slot, and a tile with no valid slot between valid ones. Without a
-// GPU every test skips, saying so.
+// kernels (ops::SparseMqaKernels: Split, the default, Chained, and the Wgmma forward's two forms
+// up to 32 heads, whose 64-key tiles the same lists cross: one partial tile, blank and partial
+// tiles among full ones, padded heads at 16 and 24), each against the CPU; Split's own edges (one
+// key buffer whose next gather starts mid-tile, no end-of-tile barrier) get lists of one tile, a
+// second tile of one slot, and a tile with no valid slot between valid ones. Without a GPU every
+// test skips, saying so.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -128,9 +128,10 @@ void check_one(const std::string& name, int64_t H, int64_t K, const std::vector<
 void check_mqa(const char* name, int64_t H, int64_t K, const std::vector<int64_t>& lengths,
                bool scatter, uint64_t seed, Rng& rng, int64_t blank = -1, int64_t blank_len = 32) {
   for (const ops::SparseMqaKernels k :
-       {ops::SparseMqaKernels::Split, ops::SparseMqaKernels::Chained,
-        ops::SparseMqaKernels::Wgmma}) {
-    if (k == ops::SparseMqaKernels::Wgmma && H > 32) continue;  // Split's kernels run there
+       {ops::SparseMqaKernels::Split, ops::SparseMqaKernels::Chained, ops::SparseMqaKernels::Wgmma,
+        ops::SparseMqaKernels::Wgmma2}) {
+    const bool wgmma = k == ops::SparseMqaKernels::Wgmma || k == ops::SparseMqaKernels::Wgmma2;
+    if (wgmma && H > 32) continue;  // Split's kernels run there
     const WithKernels use(k);
     check_one(std::string(name) + " [" + ops::sparse_mqa_kernels_name(k) + " kernels]", H, K,
               lengths, scatter, blank, blank_len, seed, rng);
@@ -187,14 +188,19 @@ TEST(CudaSparseMqa, SanitizerSized) {
             rng);
 }
 
-// The same for the Wgmma forward (its backward is Split's): two 64-key tiles, the second partial.
+// The same for the Wgmma forward's two forms (their backward is Split's): two 64-key tiles, the
+// second partial.
 TEST(CudaSparseMqa, SanitizerSizedWgmma) {
   REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
   Rng rng(seed);
-  const WithKernels use(ops::SparseMqaKernels::Wgmma);
-  check_one("32 heads, 80 slots, 2 documents [wgmma kernels]", 32, 80, {50, 40}, true, -1, 32, seed,
-            rng);
+  for (const ops::SparseMqaKernels k :
+       {ops::SparseMqaKernels::Wgmma, ops::SparseMqaKernels::Wgmma2}) {
+    const WithKernels use(k);
+    check_one(std::string("32 heads, 80 slots, 2 documents [") + ops::sparse_mqa_kernels_name(k) +
+                  " kernels]",
+              32, 80, {50, 40}, true, -1, 32, seed, rng);
+  }
 }
 
 // The Wgmma forward's 64-key tiles: a whole tile without a valid slot between valid ones, lists

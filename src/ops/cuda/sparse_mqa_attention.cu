@@ -811,7 +811,9 @@ void sparse_mqa_forward(Context& ctx, const SparseMqaParams& p, const Tensor& q,
            ValueError, "sparse_mqa: ", p.tokens, " tokens or ", p.heads, " heads exceed one grid");
   // Wgmma takes blocks of 32 heads: past 32 a query's blocks would each gather every key (Split's
   // 64-head blocks gather once), so larger head counts keep Split.
-  if (sparse_mqa_kernels() == SparseMqaKernels::Wgmma && p.heads <= kMqaWgmmaHeads) {
+  const SparseMqaKernels gen = sparse_mqa_kernels();
+  if ((gen == SparseMqaKernels::Wgmma || gen == SparseMqaKernels::Wgmma2) &&
+      p.heads <= kMqaWgmmaHeads) {
     const MqaWgmmaArgs a{.q = q.raw(),
                          .kv = kv.raw(),
                          .idx = ptr<int32_t>(indices),
@@ -821,7 +823,7 @@ void sparse_mqa_forward(Context& ctx, const SparseMqaParams& p, const Tensor& q,
                          .H = p.heads,
                          .K = p.kmax,
                          .scale = p.scale};
-    MT_CUDA_CHECK(sparse_mqa_fwd_wgmma(a, stream(ctx)));
+    MT_CUDA_CHECK(sparse_mqa_fwd_wgmma(a, gen == SparseMqaKernels::Wgmma2 ? 1 : 2, stream(ctx)));
     return;
   }
   const Launch l{p.tokens, p.heads, p.kmax, p.scale};

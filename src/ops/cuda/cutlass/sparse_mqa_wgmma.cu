@@ -56,8 +56,16 @@ using MmaO =
     decltype(make_tiled_mma(SM90_64x32x16_F32BF16BF16_SS<GMMA::Major::MN, GMMA::Major::K>{}));
 
 constexpr int kQElems = kHeads * kDk, kKeyElems = kKeys * kDk, kPElems = kHeads * kKeys;
-constexpr size_t kSmem = sizeof(bf16) * (kQElems + 2 * kKeyElems + kPElems) +
-                         sizeof(float) * kWarps * kHeads + sizeof(int) * 2 * kKeys;
+// Shared memory of a block with `Buffers` key tiles: two (185 KiB, one block per SM: tile i + 1
+// lands while tile i is multiplied) or one (113 KiB: two blocks per SM, each gathering while the
+// other multiplies; 2 x (113 + 1 reserved) KiB is exactly an SM's 228).
+template <int Buffers>
+constexpr size_t smem_bytes() {
+  return sizeof(bf16) * (kQElems + Buffers * kKeyElems + kPElems) +
+         sizeof(float) * kWarps * kHeads + sizeof(int) * 2 * kKeys;
+}
+static_assert(2 * (smem_bytes<1>() + 1024) <= 233472, "two one-buffer blocks share an SM");
+static_assert(smem_bytes<2>() <= 232448, "a two-buffer block fits");
 static_assert(sizeof(bf16) * kQElems % 1024 == 0 && sizeof(bf16) * kKeyElems % 1024 == 0,
               "every swizzled tile starts on 1 KiB (the 128-byte swizzle's period)");
 static_assert(kHeads * kLdo <= kKeyElems, "the output's staging fits a key tile");
@@ -137,13 +145,15 @@ __device__ __forceinline__ int row_of(int v, int w, int lane) {
   return 16 * w + (lane >> 2) + 8 * ((v >> 1) & 1);
 }
 
-__global__ void __launch_bounds__(kThreads, 1) mqa_fwd_wgmma_kernel(MqaWgmmaArgs a) {
+template <int Buffers>
+__global__ void __launch_bounds__(kThreads, 3 - Buffers) mqa_fwd_wgmma_kernel(MqaWgmmaArgs a) {
+  static_assert(Buffers == 1 || Buffers == 2, "one or two key tiles");
   extern __shared__ __align__(1024) unsigned char smem[];
   // The swizzle's address bits are the shared window's: the tiles must start on 1 KiB.
   if (static_cast<uint32_t>(__cvta_generic_to_shared(smem)) % 1024 != 0) __trap();
   bf16* Qs = reinterpret_cast<bf16*>(smem);
-  bf16* const K0 = Qs + kQElems;  // key tiles [2][kKeyElems]: buffer b at K0 + b kKeyElems
-  bf16* Ps = K0 + 2 * kKeyElems;
+  bf16* const K0 = Qs + kQElems;  // key tiles [Buffers][kKeyElems]: tile it's at it % Buffers
+  bf16* Ps = K0 + Buffers * kKeyElems;
   float* red = reinterpret_cast<float*>(Ps + kPElems);         // [kWarps][kHeads]
   int* slots = reinterpret_cast<int*>(red + kWarps * kHeads);  // [2][kKeys]
 
@@ -194,17 +204,27 @@ __global__ void __launch_bounds__(kThreads, 1) mqa_fwd_wgmma_kernel(MqaWgmmaArgs
   }
 
   for (int it = 0; it < tiles; ++it) {
-    const int b = it & 1;
+    bf16* const Kt = K0 + (it % Buffers) * kKeyElems;
+    // Tile it + 1's gather (the slot lists alternate in either case: a skipped tile's warps may
+    // still read this tile's list while it is issued).
+    auto issue_next = [&] {
+      if (it + 1 < tiles)
+        gather(K0 + ((it + 1) % Buffers) * kKeyElems, slots + ((it + 1) & 1) * kKeys, kv, a.T,
+               next);
+      cp_async_commit();
+      slots_of(next, row, it + 2, a.K);
+    };
     cp_async_wait_all();
     cutlass::arch::fence_view_async_shared();  // cp.async's and the zero stores for wgmma
     __syncthreads();  // tile it landed; every warp is done with tile it - 1 (buffer, P, red)
-    if (it + 1 < tiles) gather(K0 + (b ^ 1) * kKeyElems, slots + (b ^ 1) * kKeys, kv, a.T, next);
-    cp_async_commit();
-    slots_of(next, row, it + 2, a.K);
-    const int* sl = slots + b * kKeys;
-    if (!__any_sync(0xffffffffu, sl[lane] >= 0 || sl[lane + 32] >= 0)) continue;  // uniform
+    if constexpr (Buffers == 2) issue_next();
+    const int* sl = slots + (it & 1) * kKeys;
+    if (!__any_sync(0xffffffffu, sl[lane] >= 0 || sl[lane + 32] >= 0)) {  // block-uniform
+      if constexpr (Buffers == 1) issue_next();  // nobody reads this tile's keys
+      continue;
+    }
 
-    Tensor sK = make_tensor(make_smem_ptr(K0 + b * kKeyElems), LayoutKeys{});
+    Tensor sK = make_tensor(make_smem_ptr(Kt), LayoutKeys{});
     Tensor tSrK = ts.partition_fragment_A(sK);  // (,1,36)
     warpgroup_fence_operand(accS);
     warpgroup_arrive();
@@ -260,8 +280,7 @@ __global__ void __launch_bounds__(kThreads, 1) mqa_fwd_wgmma_kernel(MqaWgmmaArgs
     cutlass::arch::fence_view_async_shared();  // P's stores for wgmma
     __syncthreads();                           // all of P
 
-    Tensor tOrV = to.partition_fragment_A(
-        make_tensor(make_smem_ptr(K0 + b * kKeyElems), LayoutVt{}));  // (,8,4)
+    Tensor tOrV = to.partition_fragment_A(make_tensor(make_smem_ptr(Kt), LayoutVt{}));  // (,8,4)
     warpgroup_fence_operand(accO);
     warpgroup_arrive();
 #pragma unroll
@@ -269,6 +288,10 @@ __global__ void __launch_bounds__(kThreads, 1) mqa_fwd_wgmma_kernel(MqaWgmmaArgs
     warpgroup_commit_batch();
     warpgroup_wait<0>();
     warpgroup_fence_operand(accO);
+    if constexpr (Buffers == 1) {
+      __syncthreads();  // each warp's MMAs read its own 16 key rows: all are done with the tile
+      issue_next();
+    }
   }
   cp_async_wait_all();
   __syncthreads();  // every warp is done with the tiles and red
@@ -310,17 +333,24 @@ __global__ void __launch_bounds__(kThreads, 1) mqa_fwd_wgmma_kernel(MqaWgmmaArgs
 
 }  // namespace
 
-size_t sparse_mqa_fwd_wgmma_smem() {
-  return kSmem;
+size_t sparse_mqa_fwd_wgmma_smem(int buffers) {
+  return buffers == 1 ? smem_bytes<1>() : smem_bytes<2>();
 }
 
-cudaError_t sparse_mqa_fwd_wgmma(const MqaWgmmaArgs& a, cudaStream_t s) {
+cudaError_t sparse_mqa_fwd_wgmma(const MqaWgmmaArgs& a, int buffers, cudaStream_t s) {
   if (a.T == 0) return cudaSuccess;
-  cudaError_t e = cudaFuncSetAttribute(
-      mqa_fwd_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
+  if (buffers != 1 && buffers != 2) return cudaErrorInvalidValue;
+  auto kernel = buffers == 1 ? mqa_fwd_wgmma_kernel<1> : mqa_fwd_wgmma_kernel<2>;
+  const size_t bytes = sparse_mqa_fwd_wgmma_smem(buffers);
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(bytes));
+  // All of the SM's 228 KiB as shared memory, so that two one-buffer blocks fit.
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
   if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>(a.T), static_cast<unsigned>((a.H + kHeads - 1) / kHeads));
-  mqa_fwd_wgmma_kernel<<<grid, kThreads, kSmem, s>>>(a);
+  kernel<<<grid, kThreads, bytes, s>>>(a);
   return cudaGetLastError();
 }
 

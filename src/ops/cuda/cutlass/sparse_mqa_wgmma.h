@@ -27,10 +27,12 @@ struct MqaWgmmaArgs {
 
 constexpr int kMqaWgmmaHeads = 32;  // heads per block (fewer: zero rows; more: more blocks)
 
-// Dynamic shared memory per block (bytes): one block per SM.
-size_t sparse_mqa_fwd_wgmma_smem();
+// `buffers` key tiles per block: 2 (one block per SM, the next tile lands while this one is
+// multiplied) or 1 (two blocks per SM, each gathering while the other multiplies).
+// Dynamic shared memory per block (bytes).
+size_t sparse_mqa_fwd_wgmma_smem(int buffers);
 
 // Launches on `s` (sets the kernel's shared-memory limit first); returns the first CUDA error.
-cudaError_t sparse_mqa_fwd_wgmma(const MqaWgmmaArgs& a, cudaStream_t s);
+cudaError_t sparse_mqa_fwd_wgmma(const MqaWgmmaArgs& a, int buffers, cudaStream_t s);
 
 }  // namespace mt::ops::cuda
