@@ -9,9 +9,10 @@
 // swapped is the MN-major swizzled layout (CuTe composes the view, the descriptors follow).
 // P cannot be a register A operand (O's rows are value dims, not keys), so the tile's P (bf16)
 // goes to shared memory as a K-major B [32 heads x 64 keys]: 4 KiB.
-// One warpgroup per block, one block per SM (185 KiB: q 36 KiB, two 72 KiB key tiles, P): the
-// kernel is bound by the gather (1,152 bytes from L2 per listed key, once for all heads), whose
-// next tile is in flight (cp.async) while this one is multiplied. Online softmax per head (a
+// One warpgroup per block. Buffers = 2: one block per SM (185 KiB: q 36 KiB, two 72 KiB key
+// tiles, P), the next tile in flight (cp.async) while this one is multiplied; Buffers = 1: one key
+// tile, two blocks per SM, each gathering while the other multiplies. Estimated bound: the
+// gather (1,152 bytes from L2 per listed key, once for all heads). Online softmax per head (a
 // column of S^T: the max over the 64 keys meets across the four warps in shared memory), in log2
 // units, lse saved in natural log as the mma.sync kernels save it (the backward reads it).
 #include "ops/cuda/cutlass/sparse_mqa_wgmma.h"
