@@ -110,25 +110,42 @@ __device__ __forceinline__ void slots_of(int32_t (&s)[kPasses], const int32_t* r
   }
 }
 
-// The listed entries into the swizzled tile (zeros for an unused slot: its P is 0, and 0 x stale
-// shared memory could be NaN), their positions into slot[] (-1 when unused).
-__device__ __forceinline__ void gather(bf16* tile, int* slot, const bf16* kv, int64_t T,
+// cp.async of 16 bytes that reads `bytes` (16, or 0: the destination is zero-filled).
+__device__ __forceinline__ void cp_async16_fill(uint32_t dst, const void* src, uint32_t bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
+               : "memory");
+}
+
+// Byte offset of the thread's first chunk in a swizzled key tile: chunk c0 + 8 k of its pass-p
+// row r = tid / 8 + 16 p lies at this + 2048 p + 8192 k. LayoutKeys tiles its 1 KiB atoms
+// (8 rows x 128 bytes) keys first: row r's atom is r / 8 + 8 (dims / 64), so a row's chunks
+// c0 + 8 k are one atom column (8,192 bytes) apart and pass p adds two atoms; inside an atom
+// the 128-byte swizzle puts chunk c of row r at (c ^ r % 8). Checked against CuTe's tensor
+// addresses for every (row, chunk) on the host when written.
+__device__ __forceinline__ uint32_t gather_offset() {
+  const int c0 = threadIdx.x % kPerSlot, q = (threadIdx.x / kPerSlot) % 8;
+  return static_cast<uint32_t>((threadIdx.x / 64) * 1024 + q * 128 + (c0 ^ q) * 16);
+}
+
+// The listed entries into the swizzled tile at shared address `tile` (zeros for an unused slot:
+// its P is 0, and 0 x stale shared memory could be NaN), their positions into slot[] (-1 when
+// unused). Addresses are the thread's offset plus constants: ~2 instructions a chunk, where the
+// tensor's swizzle arithmetic took ~20 (the kernel issues one warp per scheduler, so every
+// instruction's latency shows).
+__device__ __forceinline__ void gather(uint32_t tile, int* slot, const bf16* kv, int64_t T,
                                        const int32_t (&s)[kPasses]) {
+  static_assert(kPasses == 4 && kChunks / kPerSlot == 9 && kKeys == 64, "gather_offset's tiling");
   const int c0 = threadIdx.x % kPerSlot;
+  const uint32_t d0 = tile + gather_offset();
 #pragma unroll
   for (int p = 0; p < kPasses; ++p) {
     const int r = threadIdx.x / kPerSlot + kSlotRows * p;
     const bool ok = valid_slot(s[p], T);
-    const bf16* src = kv + (ok ? static_cast<int64_t>(s[p]) * kDk : 0);
+    const bf16* src = kv + (ok ? static_cast<int64_t>(s[p]) * kDk + 8 * c0 : 0);
+    const uint32_t bytes = ok ? 16u : 0u;
 #pragma unroll
-    for (int k = 0; k < kChunks / kPerSlot; ++k) {
-      const int c8 = 8 * (c0 + kPerSlot * k);
-      bf16* d = at<LayoutKeys>(tile, r, c8);
-      if (ok)
-        cp_async16(d, src + c8);
-      else
-        *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
-    }
+    for (int k = 0; k < kChunks / kPerSlot; ++k)
+      cp_async16_fill(d0 + 2048u * p + 8192u * k, src + 64 * k, bytes);  // within row 0 if unused
     if (c0 == 0) slot[r] = ok ? s[p] : -1;
   }
 }
@@ -182,7 +199,8 @@ __global__ void __launch_bounds__(kThreads, 3 - Buffers) mqa_fwd_wgmma_kernel(Mq
   const int tiles = static_cast<int>((a.K + kKeys - 1) / kKeys);
   int32_t next[kPasses];  // this thread's slot indices of tile it + 1
   slots_of(next, row, 0, a.K);
-  if (tiles > 0) gather(K0, slots, kv, a.T, next);
+  const uint32_t K0s = static_cast<uint32_t>(__cvta_generic_to_shared(K0));
+  if (tiles > 0) gather(K0s, slots, kv, a.T, next);
   cp_async_commit();
   slots_of(next, row, 1, a.K);
 
@@ -210,8 +228,8 @@ __global__ void __launch_bounds__(kThreads, 3 - Buffers) mqa_fwd_wgmma_kernel(Mq
     // still read this tile's list while it is issued).
     auto issue_next = [&] {
       if (it + 1 < tiles)
-        gather(K0 + ((it + 1) % Buffers) * kKeyElems, slots + ((it + 1) & 1) * kKeys, kv, a.T,
-               next);
+        gather(K0s + ((it + 1) % Buffers) * (kKeyElems * 2), slots + ((it + 1) & 1) * kKeys, kv,
+               a.T, next);
       cp_async_commit();
       slots_of(next, row, it + 2, a.K);
     };
@@ -257,15 +275,23 @@ __global__ void __launch_bounds__(kThreads, 3 - Buffers) mqa_fwd_wgmma_kernel(Mq
       if (lane < 4) red[w * kHeads + col_of(j, lane)] = mx[j];
     }
     __syncthreads();
+    // The max a head's P is taken against moves only when the tile's max passes it by more than
+    // kStale (log2 units): until then p <= 2^kStale (exact enough in bf16 and fp32: the relative
+    // precision is the same), O and l scale alike, and the lse uses the max actually used. O's
+    // 128 rescaling multiplies then run only in the tiles (mostly the first few) that move one.
+    constexpr float kStale = 8.f;
     float al[8], mu[8];
+    bool moved = false;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const float* rr = red + col_of(j, lane);
       const float mn =
           fmaxf(fmaxf(m[j], fmaxf(rr[0], rr[kHeads])), fmaxf(rr[2 * kHeads], rr[3 * kHeads]));
-      mu[j] = mn == -INFINITY ? 0.f : mn;
-      al[j] = exp2f(m[j] - mu[j]);
-      m[j] = mn;
+      const float mk = mn > m[j] + kStale ? mn : m[j];  // m = -inf: any finite mn moves it
+      mu[j] = mk == -INFINITY ? 0.f : mk;
+      al[j] = exp2f(m[j] - mu[j]);  // 1 exactly where the max stays
+      moved |= mk != m[j];
+      m[j] = mk;
       l[j] *= al[j];
     }
 #pragma unroll
@@ -274,10 +300,12 @@ __global__ void __launch_bounds__(kThreads, 3 - Buffers) mqa_fwd_wgmma_kernel(Mq
       l[col_slot(v)] += p;
       tSsP(v) = bf16(p);
     }
+    if (__any_sync(0xffffffffu, moved)) {  // warp-uniform
 #pragma unroll
-    for (int mt = 0; mt < size<1>(accO); ++mt)
+      for (int mt = 0; mt < size<1>(accO); ++mt)
 #pragma unroll
-      for (int v = 0; v < 16; ++v) accO(v, mt, 0) *= al[col_slot(v)];
+        for (int v = 0; v < 16; ++v) accO(v, mt, 0) *= al[col_slot(v)];
+    }
     cutlass::arch::fence_view_async_shared();  // P's stores for wgmma
     __syncthreads();                           // all of P
 
