@@ -47,9 +47,6 @@ using LayoutP = decltype(tile_to_shape(AtomK{}, Shape<Int<kHeads>, Int<kKeys>>{}
 // (dim, key) over the first 512 dims of a key tile: V^T, the second product's MN-major A.
 using LayoutVt =
     decltype(composition(LayoutKeys{}, make_layout(Shape<Int<kDv>, Int<kKeys>>{}, GenRowMajor{})));
-// (key, head): P as the first product's accumulator is laid out, for its stores.
-using LayoutPt =
-    decltype(composition(LayoutP{}, make_layout(Shape<Int<kKeys>, Int<kHeads>>{}, GenRowMajor{})));
 
 using MmaS =
     decltype(make_tiled_mma(SM90_64x32x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::K>{}));
@@ -163,6 +160,23 @@ __device__ __forceinline__ int row_of(int v, int w, int lane) {
   return 16 * w + (lane >> 2) + 8 * ((v >> 1) & 1);
 }
 
+// Shared byte address of the thread's P value v (head col_of, key row_of) in LayoutP's swizzled
+// [32 heads x 64 keys] tile at `ps`: atom v >> 2 (8 heads), row hq = head % 8, chunk (key / 8) ^
+// hq, key % 8 = lane / 4 inside it. pb[] holds the four (v & 1, (v >> 1) & 1) cases; v >> 2 adds 1
+// KiB. Checked on the host, when written, against CuTe's partition_C of LayoutP viewed as (key,
+// head) (composition with a (64, 32) row-major layout) for every thread and value.
+__device__ __forceinline__ void p_addresses(uint32_t (&pb)[4], uint32_t ps, int w, int lane) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int hq = 2 * (lane & 3) + (e & 1), kb = 2 * w + (e >> 1);
+    pb[e] = ps + static_cast<uint32_t>(hq * 128 + (kb ^ hq) * 16 + (lane >> 2) * 2);
+  }
+}
+
+__device__ __forceinline__ void st_shared_b16(uint32_t addr, bf16 x) {
+  asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(x.raw()) : "memory");
+}
+
 template <int Buffers>
 __global__ void __launch_bounds__(kThreads, 3 - Buffers) mqa_fwd_wgmma_kernel(MqaWgmmaArgs a) {
   static_assert(Buffers == 1 || Buffers == 2, "one or two key tiles");
@@ -210,9 +224,10 @@ __global__ void __launch_bounds__(kThreads, 3 - Buffers) mqa_fwd_wgmma_kernel(Mq
   auto to = mma_o.get_thread_slice(tid);
   Tensor tSrQ = ts.partition_fragment_B(make_tensor(make_smem_ptr(Qs), LayoutQ{}));  // (,1,36)
   Tensor tOrP = to.partition_fragment_B(make_tensor(make_smem_ptr(Ps), LayoutP{}));  // (,1,4)
-  Tensor tSsP = ts.partition_C(make_tensor(make_smem_ptr(Ps), LayoutPt{}));          // (16,1,1)
-  Tensor accO = partition_fragment_C(mma_o, Shape<Int<kDv>, Int<kHeads>>{});         // (16,8,1)
-  Tensor accS = partition_fragment_C(mma_s, Shape<Int<kKeys>, Int<kHeads>>{});       // (16,1,1)
+  uint32_t pb[4];  // P's stores into LayoutP (p_addresses)
+  p_addresses(pb, static_cast<uint32_t>(__cvta_generic_to_shared(Ps)), w, lane);
+  Tensor accO = partition_fragment_C(mma_o, Shape<Int<kDv>, Int<kHeads>>{});    // (16,8,1)
+  Tensor accS = partition_fragment_C(mma_s, Shape<Int<kKeys>, Int<kHeads>>{});  // (16,1,1)
   static_assert(size(decltype(accS){}) == 16 && size(decltype(accO){}) == 128, "m64n32");
   clear(accO);
   float m[8], l[8];
@@ -298,7 +313,7 @@ __global__ void __launch_bounds__(kThreads, 3 - Buffers) mqa_fwd_wgmma_kernel(Mq
     for (int v = 0; v < 16; ++v) {
       const float p = exp2f(s[v] - mu[col_slot(v)]);
       l[col_slot(v)] += p;
-      tSsP(v) = bf16(p);
+      st_shared_b16(pb[(v & 1) + 2 * ((v >> 1) & 1)] + 1024u * (v >> 2), bf16(p));
     }
     if (__any_sync(0xffffffffu, moved)) {  // warp-uniform
 #pragma unroll
