@@ -58,7 +58,17 @@ SparseMqaKernels sparse_mqa_kernels() {
 }
 
 const char* sparse_mqa_kernels_name(SparseMqaKernels k) {
-  return k == SparseMqaKernels::Split ? "split" : "chained";
+  switch (k) {
+    case SparseMqaKernels::Split:
+      return "split";
+    case SparseMqaKernels::Wgmma:
+      return "wgmma";
+    case SparseMqaKernels::Wgmma2:
+      return "wgmma2";
+    case SparseMqaKernels::Chained:
+      break;
+  }
+  return "chained";
 }
 
 void sparse_mqa_forward(Context& ctx, const SparseMqaParams& p, const Tensor& q, const Tensor& kv,

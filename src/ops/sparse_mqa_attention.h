@@ -63,8 +63,11 @@ bool sparse_mqa_fits(int64_t heads, int64_t qk_dim, int64_t v_dim);
 // two 32-head blocks share an SM) or Chained (the kernels before it). The two agree up to fp32
 // summation order. Kept so that `moetrain bench dsa` times both in one run and the device tests
 // check both; process-wide and not synchronised, like kda_set_tensor_core_prep: flip it only
-// while no sparse MQA kernel is being launched.
-enum class SparseMqaKernels { Chained, Split };
+// while no sparse MQA kernel is being launched. Wgmma (session 14): the forward on Hopper's
+// wgmma (ops/cuda/cutlass/sparse_mqa_wgmma.cu, the keys as the MMA's rows) for up to 32 heads
+// (more: Split's forward) with two key tiles a block, one block per SM; Wgmma2 the same kernel
+// with one key tile, two blocks per SM. Their backward and prob sum are Split's.
+enum class SparseMqaKernels { Chained, Split, Wgmma, Wgmma2 };
 void sparse_mqa_set_kernels(SparseMqaKernels k);
 SparseMqaKernels sparse_mqa_kernels();
 const char* sparse_mqa_kernels_name(SparseMqaKernels k);

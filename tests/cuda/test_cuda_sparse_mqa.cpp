@@ -5,11 +5,13 @@
 // tensor-core kernels and must stay within the bf16 row of the tolerance table; the f32 pass runs
 // the composite (the direct kernels). Lists as the top-k writes them (increasing, -1 padded) and
 // scattered ones with duplicates and unused slots, varlen documents, T and list lengths off the
-// 32-key tile, head counts that leave padded MMA rows. Every case runs both generations of the
-// kernels (ops::SparseMqaKernels: Split, the default, and Chained), each against the CPU; Split's
-// own edges (one key buffer whose next gather starts mid-tile, no end-of-tile barrier) get lists of
-// one tile, a second tile of one slot, and a tile with no valid slot between valid ones. Without a
-// GPU every test skips, saying so.
+// 32-key tile, head counts that leave padded MMA rows. Every case runs each generation of the
+// kernels (ops::SparseMqaKernels: Split, the default, Chained, and the Wgmma forward's two forms up
+// to 32 heads), each against the CPU; the Wgmma forms check o and lse only (their backward is
+// Split's), over 64-key tiles that the same lists cross partially, blank and full, with padded
+// heads at 8, 16 and 24. Split's own edges (one key buffer whose next gather starts mid-tile, no
+// end-of-tile barrier) get lists of one tile, a second tile of one slot, and a tile with no valid
+// slot between valid ones. Without a GPU every test skips, saying so.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -25,9 +27,10 @@ namespace {
 // Row t of a document starting at b: its causal keys b .. t when they fit in K slots, else K of
 // them drawn without replacement, sorted, t always among them; then -1. `scatter` shuffles the
 // row, turns a fifth of the slots into -1 and repeats some positions (t stays if all go).
-// `blank`: slots blank .. blank + 31 become -1 in every row (a key tile without a valid slot).
+// `blank`: slots blank .. blank + blank_len - 1 become -1 in every row (a key tile without a
+// valid slot).
 Tensor lists(Rng& rng, const std::vector<int64_t>& lengths, int64_t K, bool scatter,
-             int64_t blank = -1) {
+             int64_t blank = -1, int64_t blank_len = 32) {
   int64_t T = 0;
   for (int64_t l : lengths) T += l;
   Tensor table = Tensor::empty({T, K}, DType::I32);
@@ -46,7 +49,8 @@ Tensor lists(Rng& rng, const std::vector<int64_t>& lengths, int64_t K, bool scat
         for (int32_t& s : keys)
           s = rng.uniform() < 0.2 ? -1 : (rng.uniform() < 0.1 ? static_cast<int32_t>(t) : s);
       if (blank >= 0)
-        for (int64_t j = blank; j < std::min(K, blank + 32); ++j) keys[static_cast<size_t>(j)] = -1;
+        for (int64_t j = blank; j < std::min(K, blank + blank_len); ++j)
+          keys[static_cast<size_t>(j)] = -1;
       // No empty rows here (their lse is -inf on both sides; tests/ops covers them).
       if (std::all_of(keys.begin(), keys.end(), [](int32_t s) { return s < 0; }))
         keys[0] = static_cast<int32_t>(t);
@@ -74,17 +78,24 @@ void expect_same_target(const Tensor& prob, const Tensor& pb, const char* name, 
 }
 
 // Runs the CUDA bodies on one generation of the kernels for its scope (ops/sparse_mqa_attention.h).
+// Restores the choice it found (the default may change from Split to Wgmma once measured).
 struct WithKernels {
-  explicit WithKernels(ops::SparseMqaKernels k) { ops::sparse_mqa_set_kernels(k); }
-  ~WithKernels() { ops::sparse_mqa_set_kernels(ops::SparseMqaKernels::Split); }
+  explicit WithKernels(ops::SparseMqaKernels k) : before(ops::sparse_mqa_kernels()) {
+    ops::sparse_mqa_set_kernels(k);
+  }
+  ~WithKernels() { ops::sparse_mqa_set_kernels(before); }
+  ops::SparseMqaKernels before;
   WithKernels(const WithKernels&) = delete;
   WithKernels& operator=(const WithKernels&) = delete;
 };
 
+// forward_only: o and lse alone (the Wgmma generations, whose backward and prob sum are Split's:
+// the rest would repeat Split's run at the cost of the CPU backward, the bulk of a case's time).
 void check_one(const std::string& name, int64_t H, int64_t K, const std::vector<int64_t>& lengths,
-               bool scatter, int64_t blank, uint64_t seed, Rng& rng) {
+               bool scatter, int64_t blank, int64_t blank_len, uint64_t seed, Rng& rng,
+               bool forward_only = false) {
   ASSERT_TRUE(ops::sparse_mqa_fits(H, 576, 512)) << name;
-  const Tensor table = lists(rng, lengths, K, scatter, blank);
+  const Tensor table = lists(rng, lengths, K, scatter, blank, blank_len);
   const int64_t T = table.dim(0);
   // DeepSeek-V3.2's scale (192^-0.5 times the YaRN mscale squared), not 576^-0.5.
   const ops::SparseMqaParams p{
@@ -93,13 +104,17 @@ void check_one(const std::string& name, int64_t H, int64_t K, const std::vector<
                          {randn(rng, {T, 576}, 0.5)},
                          {table, false},
                          {randn(rng, {T, H, 512})}};
+  std::vector<std::string> names = {"o", "lse"};
+  if (!forward_only)
+    for (const char* n : {"prob_sum", "dq", "dkv", "bwd prob_sum", "dq (with it)", "dkv (with it)"})
+      names.emplace_back(n);
   run_case(
-      name.c_str(), ins,
-      {"o", "lse", "prob_sum", "dq", "dkv", "bwd prob_sum", "dq (with it)", "dkv (with it)"},
+      name.c_str(), ins, names,
       [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
         const DType dt = in[0].dtype();
         Tensor o = out(c, {T, H, 512}, dt), lse = out(c, {T, H}, DType::F32);
         OP(sparse_mqa_forward)(c, p, in[0], in[1], in[2], o, lse);
+        if (forward_only) return {o, lse};
         Tensor prob = out(c, {T, K}, DType::F32);
         OP(sparse_mqa_prob_sum)(c, p, in[0], in[1], in[2], lse, prob);
         Tensor dq = out(c, in[0].shape(), dt), dkv = out(c, in[1].shape(), dt), none;
@@ -118,12 +133,15 @@ void check_one(const std::string& name, int64_t H, int64_t K, const std::vector<
 
 // The case on each generation of the kernels, fresh inputs for each.
 void check_mqa(const char* name, int64_t H, int64_t K, const std::vector<int64_t>& lengths,
-               bool scatter, uint64_t seed, Rng& rng, int64_t blank = -1) {
+               bool scatter, uint64_t seed, Rng& rng, int64_t blank = -1, int64_t blank_len = 32) {
   for (const ops::SparseMqaKernels k :
-       {ops::SparseMqaKernels::Split, ops::SparseMqaKernels::Chained}) {
+       {ops::SparseMqaKernels::Split, ops::SparseMqaKernels::Chained, ops::SparseMqaKernels::Wgmma,
+        ops::SparseMqaKernels::Wgmma2}) {
+    const bool wgmma = k == ops::SparseMqaKernels::Wgmma || k == ops::SparseMqaKernels::Wgmma2;
+    if (wgmma && H > 32) continue;  // Split's kernels run there
     const WithKernels use(k);
     check_one(std::string(name) + " [" + ops::sparse_mqa_kernels_name(k) + " kernels]", H, K,
-              lengths, scatter, blank, seed, rng);
+              lengths, scatter, blank, blank_len, seed, rng, wgmma);
   }
 }
 
@@ -173,8 +191,37 @@ TEST(CudaSparseMqa, SanitizerSized) {
   const uint64_t seed = fresh_seed();
   Rng rng(seed);
   const WithKernels use(ops::SparseMqaKernels::Split);
-  check_one("32 heads, 40 slots, 2 documents [split kernels]", 32, 40, {30, 17}, true, -1, seed,
+  check_one("32 heads, 40 slots, 2 documents [split kernels]", 32, 40, {30, 17}, true, -1, 32, seed,
             rng);
+}
+
+// The same for the Wgmma forward's two forms (their backward is Split's): two 64-key tiles, the
+// second partial.
+TEST(CudaSparseMqa, SanitizerSizedWgmma) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  for (const ops::SparseMqaKernels k :
+       {ops::SparseMqaKernels::Wgmma, ops::SparseMqaKernels::Wgmma2}) {
+    const WithKernels use(k);
+    check_one(std::string("32 heads, 80 slots, 2 documents [") + ops::sparse_mqa_kernels_name(k) +
+                  " kernels]",
+              32, 80, {50, 40}, true, -1, 32, seed, rng);
+  }
+}
+
+// The Wgmma forward's 64-key tiles: a whole tile without a valid slot between valid ones, lists
+// of two slots (tiles of one or two valid keys), and a second tile of one slot with 8 heads (24
+// padded rows of the MMA's N); every generation runs them.
+TEST(CudaSparseMqa, WgmmaTileEdges) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  check_mqa("32 heads, 64-key tile 1 blank", 32, 192, {230}, false, seed, rng, 64, 64);
+  // Two slots, not one: with one slot P = 1, dS = P (dP - Delta) cancels to zero exactly and dq is
+  // rounding noise against a zero reference (session 14 mid-call: rel err 1e26 on every kernel).
+  check_mqa("32 heads, two slots", 32, 2, {50}, false, seed, rng);
+  check_mqa("8 heads, k=65, scattered", 8, 65, {100}, true, seed, rng);
 }
 
 }  // namespace

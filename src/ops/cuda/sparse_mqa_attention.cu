@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <climits>
 
+#include "ops/cuda/cutlass/sparse_mqa_wgmma.h"
 #include "ops/cuda/index_lists.cuh"
 #include "ops/cuda/mma.cuh"
 #include "ops/sparse_mqa_attention.h"
@@ -761,13 +762,14 @@ __global__ void __launch_bounds__(R* kCols * 32)
 }
 
 // Row groups per block: enough for the heads, at most kMaxRows (larger H: more blocks per query);
-// and the kernels' generation (sparse_mqa_kernels()): Split for blocks of up to 32 heads only.
-// Past that a block fills an SM's shared memory either way, and the Split backward's second
-// accumulator chains spill at 128 registers a thread (64 heads: 512 threads).
+// and the kernels' generation (sparse_mqa_kernels()): Split for blocks of up to 32 heads only
+// (Wgmma's backward and prob sum are Split's). Past that a block fills an SM's shared memory
+// either way, and the Split backward's second accumulator chains spill at 128 registers a thread
+// (64 heads: 512 threads).
 template <int R, typename F>
 void with_split(F&& f) {
   if constexpr (R <= 2)
-    if (sparse_mqa_kernels() == SparseMqaKernels::Split) return f.template operator()<R, true>();
+    if (sparse_mqa_kernels() != SparseMqaKernels::Chained) return f.template operator()<R, true>();
   f.template operator()<R, false>();
 }
 
@@ -805,6 +807,25 @@ void sparse_mqa_forward(Context& ctx, const SparseMqaParams& p, const Tensor& q,
                         const Tensor& indices, Tensor& o, Tensor& lse) {
   if (!takes(p, {&q, &kv, &o})) return sparse_mqa_composite_forward(ctx, p, q, kv, indices, o, lse);
   if (p.tokens == 0) return;
+  MT_CHECK(p.tokens < INT_MAX && (p.heads + kMqaWgmmaHeads - 1) / kMqaWgmmaHeads <= 65535,
+           ValueError, "sparse_mqa: ", p.tokens, " tokens or ", p.heads, " heads exceed one grid");
+  // Wgmma takes blocks of 32 heads: past 32 a query's blocks would each gather every key (Split's
+  // 64-head blocks gather once), so larger head counts keep Split.
+  const SparseMqaKernels gen = sparse_mqa_kernels();
+  if ((gen == SparseMqaKernels::Wgmma || gen == SparseMqaKernels::Wgmma2) &&
+      p.heads <= kMqaWgmmaHeads) {
+    const MqaWgmmaArgs a{.q = q.raw(),
+                         .kv = kv.raw(),
+                         .idx = ptr<int32_t>(indices),
+                         .o = o.raw(),
+                         .lse = ptr<float>(lse),
+                         .T = p.tokens,
+                         .H = p.heads,
+                         .K = p.kmax,
+                         .scale = p.scale};
+    MT_CUDA_CHECK(sparse_mqa_fwd_wgmma(a, gen == SparseMqaKernels::Wgmma2 ? 1 : 2, stream(ctx)));
+    return;
+  }
   const Launch l{p.tokens, p.heads, p.kmax, p.scale};
   with_rows(p.heads, [&]<int R, bool Split>() {
     auto kernel = mqa_fwd_kernel<R, Split>;

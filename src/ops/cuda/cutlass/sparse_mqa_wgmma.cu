@@ -1,0 +1,401 @@
+// The absorbed sparse MQA forward on wgmma (sparse_mqa_wgmma.h). mma.sync needs 16 rows and
+// wgmma 64 a warpgroup; a query has 32 heads, so the KEYS are the rows:
+//   S^T [64 keys x 32 heads] = K [64 x 576] q^T        (m64n32k16 x 36, A = the gathered key
+//                                                        tile, K-major; B = q, K-major)
+//   O^T [512 x 32 heads]    += V^T [512 x 64] P^T       (m64n32k16, 8 M tiles x 4 k steps; A =
+//                                                        the same key tile read transposed, MN-
+//                                                        major; B = P^T through shared memory)
+// V^T as an MN-major A needs no copy: the K-major 128-byte-swizzled key tile read with its modes
+// swapped is the MN-major swizzled layout (CuTe composes the view, the descriptors follow).
+// P cannot be a register A operand (O's rows are value dims, not keys), so the tile's P (bf16)
+// goes to shared memory as a K-major B [32 heads x 64 keys]: 4 KiB.
+// One warpgroup per block. Buffers = 2: one block per SM (185 KiB: q 36 KiB, two 72 KiB key
+// tiles, P), the next tile in flight (cp.async) while this one is multiplied; Buffers = 1: one key
+// tile, two blocks per SM, each gathering while the other multiplies. Estimated bound: the
+// gather (1,152 bytes from L2 per listed key, once for all heads). Online softmax per head (a
+// column of S^T: the max over the 64 keys meets across the four warps in shared memory), in log2
+// units, lse saved in natural log as the mma.sync kernels save it (the backward reads it).
+#include "ops/cuda/cutlass/sparse_mqa_wgmma.h"
+
+#include <cutlass/arch/barrier.h>
+#include <cutlass/numeric_types.h>
+#include <cute/arch/mma_sm90.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+
+namespace mt::ops::cuda {
+
+namespace {
+
+using namespace cute;
+using bf16 = cutlass::bfloat16_t;
+
+constexpr int kDk = 576, kDv = 512, kKeys = 64, kHeads = kMqaWgmmaHeads, kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kChunks = kDk / 8;  // 16-byte chunks of an entry
+constexpr int kLdo = kDv + 8;     // the output's staging rows (bf16), conflict-free stores
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+static_assert(kHeads == 32 && kKeys == 64, "the accumulator arithmetic below is m64n32's");
+
+// 128-byte swizzled K-major atoms (8 rows x 64 bf16, 1 KiB), the layout wgmma reads fastest.
+using AtomK = GMMA::Layout_K_SW128_Atom<bf16>;
+using LayoutKeys = decltype(tile_to_shape(AtomK{}, Shape<Int<kKeys>, Int<kDk>>{}));  // (key, dim)
+using LayoutQ = decltype(tile_to_shape(AtomK{}, Shape<Int<kHeads>, Int<kDk>>{}));    // (head, dim)
+using LayoutP = decltype(tile_to_shape(AtomK{}, Shape<Int<kHeads>, Int<kKeys>>{}));  // (head, key)
+// (dim, key) over the first 512 dims of a key tile: V^T, the second product's MN-major A.
+using LayoutVt =
+    decltype(composition(LayoutKeys{}, make_layout(Shape<Int<kDv>, Int<kKeys>>{}, GenRowMajor{})));
+
+using MmaS =
+    decltype(make_tiled_mma(SM90_64x32x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::K>{}));
+using MmaO =
+    decltype(make_tiled_mma(SM90_64x32x16_F32BF16BF16_SS<GMMA::Major::MN, GMMA::Major::K>{}));
+
+constexpr int kQElems = kHeads * kDk, kKeyElems = kKeys * kDk, kPElems = kHeads * kKeys;
+// Shared memory of a block with `Buffers` key tiles: two (185 KiB, one block per SM: tile i + 1
+// lands while tile i is multiplied) or one (113 KiB: two blocks per SM, each gathering while the
+// other multiplies; 2 x (113 + 1 reserved) KiB is exactly an SM's 228).
+template <int Buffers>
+constexpr size_t smem_bytes() {
+  return sizeof(bf16) * (kQElems + Buffers * kKeyElems + kPElems) +
+         sizeof(float) * kWarps * kHeads + sizeof(int) * 2 * kKeys;
+}
+static_assert(2 * (smem_bytes<1>() + 1024) <= 233472, "two one-buffer blocks share an SM");
+static_assert(smem_bytes<2>() <= 232448, "a two-buffer block fits");
+static_assert(sizeof(bf16) * kQElems % 1024 == 0 && sizeof(bf16) * kKeyElems % 1024 == 0,
+              "every swizzled tile starts on 1 KiB (the 128-byte swizzle's period)");
+static_assert(kHeads * kLdo <= kKeyElems, "the output's staging fits a key tile");
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+// Element (r, c) of a swizzled tile at `base`. Through a tensor: the swizzle acts on the smem
+// pointer's bits (CuTe's smem_ptr_flag), which calling the composed layout on (r, c) would not do.
+template <class Layout>
+__device__ __forceinline__ bf16* at(bf16* base, int r, int c) {
+  return &make_tensor(make_smem_ptr(base), Layout{})(r, c);
+}
+
+__device__ __forceinline__ bool valid_slot(int32_t s, int64_t T) {
+  return s >= 0 && static_cast<int64_t>(s) < T;
+}
+
+// The gather: 8 threads per slot, each copying 16-byte chunks c0, c0 + 8, ... of it, so that a
+// warp's cp.async covers four 128-byte lines (two threads per slot covered 16 lines per
+// instruction, 16 wavefronts); the 128 threads take slots r0 = tid / 8 + 16 p, p < kPasses.
+constexpr int kPerSlot = 8, kSlotRows = kThreads / kPerSlot, kPasses = kKeys / kSlotRows;
+static_assert(kChunks % kPerSlot == 0 && kKeys % kSlotRows == 0, "whole chunks and passes");
+
+// This thread's slot indices of a tile (loaded a tile ahead, so that the index's global latency
+// does not stall the warps right after the barrier that publishes a tile).
+__device__ __forceinline__ void slots_of(int32_t (&s)[kPasses], const int32_t* row, int64_t tile,
+                                         int64_t K) {
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    const int64_t j = tile * kKeys + threadIdx.x / kPerSlot + kSlotRows * p;
+    s[p] = j < K ? row[j] : -1;
+  }
+}
+
+// cp.async of 16 bytes that reads `bytes` (16, or 0: the destination is zero-filled).
+__device__ __forceinline__ void cp_async16_fill(uint32_t dst, const void* src, uint32_t bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
+               : "memory");
+}
+
+// Byte offset of the thread's first chunk in a swizzled key tile: chunk c0 + 8 k of its pass-p
+// row r = tid / 8 + 16 p lies at this + 2048 p + 8192 k. LayoutKeys tiles its 1 KiB atoms
+// (8 rows x 128 bytes) keys first: row r's atom is r / 8 + 8 (dims / 64), so a row's chunks
+// c0 + 8 k are one atom column (8,192 bytes) apart and pass p adds two atoms; inside an atom
+// the 128-byte swizzle puts chunk c of row r at (c ^ r % 8). Checked against CuTe's tensor
+// addresses for every (row, chunk) on the host when written.
+__device__ __forceinline__ uint32_t gather_offset() {
+  const int c0 = threadIdx.x % kPerSlot, q = (threadIdx.x / kPerSlot) % 8;
+  return static_cast<uint32_t>((threadIdx.x / 64) * 1024 + q * 128 + (c0 ^ q) * 16);
+}
+
+// The listed entries into the swizzled tile at shared address `tile` (zeros for an unused slot:
+// its P is 0, and 0 x stale shared memory could be NaN), their positions into slot[] (-1 when
+// unused). Addresses are the thread's offset plus constants: ~2 instructions a chunk, where the
+// tensor's swizzle arithmetic took ~20 (the kernel issues one warp per scheduler, so every
+// instruction's latency shows).
+__device__ __forceinline__ void gather(uint32_t tile, int* slot, const bf16* kv, int64_t T,
+                                       const int32_t (&s)[kPasses]) {
+  static_assert(kPasses == 4 && kChunks / kPerSlot == 9 && kKeys == 64, "gather_offset's tiling");
+  const int c0 = threadIdx.x % kPerSlot;
+  const uint32_t d0 = tile + gather_offset();
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    const int r = threadIdx.x / kPerSlot + kSlotRows * p;
+    const bool ok = valid_slot(s[p], T);
+    const bf16* src = kv + (ok ? static_cast<int64_t>(s[p]) * kDk + 8 * c0 : 0);
+    const uint32_t bytes = ok ? 16u : 0u;
+#pragma unroll
+    for (int k = 0; k < kChunks / kPerSlot; ++k)
+      cp_async16_fill(d0 + 2048u * p + 8192u * k, src + 64 * k, bytes);  // within row 0 if unused
+    if (c0 == 0) slot[r] = ok ? s[p] : -1;
+  }
+}
+
+// The m64n32 accumulator (PTX's wgmma D fragment, CuTe's CLayout_64x32, value order equal): value
+// v of lane `lane` in warp w sits at row 16 w + lane / 4 + 8 ((v >> 1) & 1) of its 64-row tile and
+// column 8 (v >> 2) + 2 (lane & 3) + (v & 1). A thread holds 8 columns (heads), j = 0 .. 7.
+__device__ __forceinline__ int col_slot(int v) {
+  return 2 * (v >> 2) + (v & 1);
+}
+__device__ __forceinline__ int col_of(int j, int lane) {
+  return 8 * (j >> 1) + 2 * (lane & 3) + (j & 1);
+}
+__device__ __forceinline__ int row_of(int v, int w, int lane) {
+  return 16 * w + (lane >> 2) + 8 * ((v >> 1) & 1);
+}
+
+// Shared byte address of the thread's P value v (head col_of, key row_of) in LayoutP's swizzled
+// [32 heads x 64 keys] tile at `ps`: atom v >> 2 (8 heads), row hq = head % 8, chunk (key / 8) ^
+// hq, key % 8 = lane / 4 inside it. pb[] holds the four (v & 1, (v >> 1) & 1) cases; v >> 2 adds 1
+// KiB. Checked on the host, when written, against CuTe's partition_C of LayoutP viewed as (key,
+// head) (composition with a (64, 32) row-major layout) for every thread and value.
+__device__ __forceinline__ void p_addresses(uint32_t (&pb)[4], uint32_t ps, int w, int lane) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int hq = 2 * (lane & 3) + (e & 1), kb = 2 * w + (e >> 1);
+    pb[e] = ps + static_cast<uint32_t>(hq * 128 + (kb ^ hq) * 16 + (lane >> 2) * 2);
+  }
+}
+
+__device__ __forceinline__ void st_shared_b16(uint32_t addr, bf16 x) {
+  asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(x.raw()) : "memory");
+}
+
+template <int Buffers>
+__global__ void __launch_bounds__(kThreads, 3 - Buffers) mqa_fwd_wgmma_kernel(MqaWgmmaArgs a) {
+  static_assert(Buffers == 1 || Buffers == 2, "one or two key tiles");
+  extern __shared__ __align__(1024) unsigned char smem[];
+  // The swizzle's address bits are the shared window's: the tiles must start on 1 KiB.
+  if (static_cast<uint32_t>(__cvta_generic_to_shared(smem)) % 1024 != 0) __trap();
+  bf16* Qs = reinterpret_cast<bf16*>(smem);
+  bf16* const K0 = Qs + kQElems;  // key tiles [Buffers][kKeyElems]: tile it's at it % Buffers
+  bf16* Ps = K0 + Buffers * kKeyElems;
+  float* red = reinterpret_cast<float*>(Ps + kPElems);         // [kWarps][kHeads]
+  int* slots = reinterpret_cast<int*>(red + kWarps * kHeads);  // [2][kKeys]
+
+  // Later queries first: a causal selection's later queries list the most keys, so the blocks
+  // that start last are the shortest (as the Split kernels).
+  const int64_t t = a.T - 1 - static_cast<int64_t>(blockIdx.x);
+  const int64_t h0 = static_cast<int64_t>(blockIdx.y) * kHeads;
+  const int valid = static_cast<int>(min(static_cast<int64_t>(kHeads), a.H - h0));
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  const int32_t* row = a.idx + t * a.K;
+  const bf16* kv = static_cast<const bf16*>(a.kv);
+  const float scale_log2 = a.scale * kLog2e;
+
+  {  // the block's q rows, swizzled; heads past H zero
+    const bf16* q = static_cast<const bf16*>(a.q) + (t * a.H + h0) * kDk;
+    for (int i = tid; i < kHeads * kChunks; i += kThreads) {
+      const int r = i / kChunks, c8 = (i % kChunks) * 8;
+      bf16* d = at<LayoutQ>(Qs, r, c8);
+      if (r < valid)
+        cp_async16(d, q + static_cast<int64_t>(r) * kDk + c8);
+      else
+        *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+    }
+  }
+  const int tiles = static_cast<int>((a.K + kKeys - 1) / kKeys);
+  int32_t next[kPasses];  // this thread's slot indices of tile it + 1
+  slots_of(next, row, 0, a.K);
+  const uint32_t K0s = static_cast<uint32_t>(__cvta_generic_to_shared(K0));
+  if (tiles > 0) gather(K0s, slots, kv, a.T, next);
+  cp_async_commit();
+  slots_of(next, row, 1, a.K);
+
+  MmaS mma_s;
+  MmaO mma_o;
+  auto ts = mma_s.get_thread_slice(tid);
+  auto to = mma_o.get_thread_slice(tid);
+  Tensor tSrQ = ts.partition_fragment_B(make_tensor(make_smem_ptr(Qs), LayoutQ{}));  // (,1,36)
+  Tensor tOrP = to.partition_fragment_B(make_tensor(make_smem_ptr(Ps), LayoutP{}));  // (,1,4)
+  uint32_t pb[4];  // P's stores into LayoutP (p_addresses)
+  p_addresses(pb, static_cast<uint32_t>(__cvta_generic_to_shared(Ps)), w, lane);
+  Tensor accO = partition_fragment_C(mma_o, Shape<Int<kDv>, Int<kHeads>>{});    // (16,8,1)
+  Tensor accS = partition_fragment_C(mma_s, Shape<Int<kKeys>, Int<kHeads>>{});  // (16,1,1)
+  static_assert(size(decltype(accS){}) == 16 && size(decltype(accO){}) == 128, "m64n32");
+  clear(accO);
+  float m[8], l[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    m[j] = -INFINITY;
+    l[j] = 0.f;
+  }
+
+  for (int it = 0; it < tiles; ++it) {
+    bf16* const Kt = K0 + (it % Buffers) * kKeyElems;
+    // Tile it + 1's gather (the slot lists alternate in either case: a skipped tile's warps may
+    // still read this tile's list while it is issued).
+    auto issue_next = [&] {
+      if (it + 1 < tiles)
+        gather(K0s + ((it + 1) % Buffers) * (kKeyElems * 2), slots + ((it + 1) & 1) * kKeys, kv,
+               a.T, next);
+      cp_async_commit();
+      slots_of(next, row, it + 2, a.K);
+    };
+    cp_async_wait_all();
+    cutlass::arch::fence_view_async_shared();  // cp.async's and the zero stores for wgmma
+    __syncthreads();  // tile it landed; every warp is done with tile it - 1 (buffer, P, red)
+    if constexpr (Buffers == 2) issue_next();
+    const int* sl = slots + (it & 1) * kKeys;
+    if (!__any_sync(0xffffffffu, sl[lane] >= 0 || sl[lane + 32] >= 0)) {  // block-uniform
+      if constexpr (Buffers == 1) issue_next();  // nobody reads this tile's keys
+      continue;
+    }
+
+    Tensor sK = make_tensor(make_smem_ptr(Kt), LayoutKeys{});
+    Tensor tSrK = ts.partition_fragment_A(sK);  // (,1,36)
+    warpgroup_fence_operand(accS);
+    warpgroup_arrive();
+    mma_s.accumulate_ = GMMA::ScaleOut::Zero;
+#pragma unroll
+    for (int k = 0; k < size<2>(tSrK); ++k) {
+      cute::gemm(mma_s, tSrK(_, _, k), tSrQ(_, _, k), accS);
+      mma_s.accumulate_ = GMMA::ScaleOut::One;
+    }
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(accS);
+
+    // Column (head) maxima over the tile's 64 keys: the thread's two rows, the 8 lanes of equal
+    // lane & 3, then the four warps through shared memory.
+    float s[16], mx[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) mx[j] = -INFINITY;
+#pragma unroll
+    for (int v = 0; v < 16; ++v) {
+      const bool ok = sl[row_of(v, w, lane)] >= 0;
+      s[v] = ok ? accS(v) * scale_log2 : -INFINITY;
+      mx[col_slot(v)] = fmaxf(mx[col_slot(v)], s[v]);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int x = 4; x < 32; x <<= 1) mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], x));
+      if (lane < 4) red[w * kHeads + col_of(j, lane)] = mx[j];
+    }
+    __syncthreads();
+    // The max a head's P is taken against moves only when the tile's max passes it by more than
+    // kStale (log2 units): until then p <= 2^kStale (exact enough in bf16 and fp32: the relative
+    // precision is the same), O and l scale alike, and the lse uses the max actually used. O's
+    // 128 rescaling multiplies then run only in the tiles (mostly the first few) that move one.
+    constexpr float kStale = 8.f;
+    float al[8], mu[8];
+    bool moved = false;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float* rr = red + col_of(j, lane);
+      const float mn =
+          fmaxf(fmaxf(m[j], fmaxf(rr[0], rr[kHeads])), fmaxf(rr[2 * kHeads], rr[3 * kHeads]));
+      const float mk = mn > m[j] + kStale ? mn : m[j];  // m = -inf: any finite mn moves it
+      mu[j] = mk == -INFINITY ? 0.f : mk;
+      al[j] = exp2f(m[j] - mu[j]);  // 1 exactly where the max stays
+      moved |= mk != m[j];
+      m[j] = mk;
+      l[j] *= al[j];
+    }
+#pragma unroll
+    for (int v = 0; v < 16; ++v) {
+      const float p = exp2f(s[v] - mu[col_slot(v)]);
+      l[col_slot(v)] += p;
+      st_shared_b16(pb[(v & 1) + 2 * ((v >> 1) & 1)] + 1024u * (v >> 2), bf16(p));
+    }
+    if (__any_sync(0xffffffffu, moved)) {  // warp-uniform
+#pragma unroll
+      for (int mt = 0; mt < size<1>(accO); ++mt)
+#pragma unroll
+        for (int v = 0; v < 16; ++v) accO(v, mt, 0) *= al[col_slot(v)];
+    }
+    cutlass::arch::fence_view_async_shared();  // P's stores for wgmma
+    __syncthreads();                           // all of P
+
+    Tensor tOrV = to.partition_fragment_A(make_tensor(make_smem_ptr(Kt), LayoutVt{}));  // (,8,4)
+    warpgroup_fence_operand(accO);
+    warpgroup_arrive();
+#pragma unroll
+    for (int k = 0; k < size<2>(tOrV); ++k) cute::gemm(mma_o, tOrV(_, _, k), tOrP(_, _, k), accO);
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(accO);
+    if constexpr (Buffers == 1) {
+      __syncthreads();  // each warp's MMAs read its own 16 key rows: all are done with the tile
+      issue_next();
+    }
+  }
+  cp_async_wait_all();
+  __syncthreads();  // every warp is done with the tiles and red
+
+  // Row sums: the thread's partial sums over its rows, the lanes, then the warps.
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int x = 4; x < 32; x <<= 1) l[j] += __shfl_xor_sync(0xffffffffu, l[j], x);
+    if (lane < 4) red[w * kHeads + col_of(j, lane)] = l[j];
+  }
+  __syncthreads();
+  float inv[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int h = col_of(j, lane);
+    const float* rr = red + h;
+    const float L = (rr[0] + rr[kHeads]) + (rr[2 * kHeads] + rr[3 * kHeads]);
+    inv[j] = L > 0.f ? 1.f / L : 0.f;  // no valid slot: o = 0, lse = -inf
+    if (w == 0 && lane < 4 && h < valid)
+      a.lse[t * a.H + h0 + h] = L > 0.f ? (m[j] + log2f(L)) * kLn2 : -INFINITY;
+  }
+  // O^T's accumulators into a [head][kLdo] staging tile (key buffer 0), then 16-byte row stores.
+  bf16* Os = K0;
+#pragma unroll
+  for (int mt = 0; mt < size<1>(accO); ++mt)
+#pragma unroll
+    for (int v = 0; v < 16; ++v)
+      Os[col_of(col_slot(v), lane) * kLdo + 64 * mt + row_of(v, w, lane)] =
+          bf16(accO(v, mt, 0) * inv[col_slot(v)]);
+  __syncthreads();
+  bf16* o = static_cast<bf16*>(a.o) + (t * a.H + h0) * kDv;
+  for (int i = tid; i < valid * (kDv / 8); i += kThreads) {
+    const int r = i / (kDv / 8), c8 = (i % (kDv / 8)) * 8;
+    *reinterpret_cast<uint4*>(o + static_cast<int64_t>(r) * kDv + c8) =
+        *reinterpret_cast<const uint4*>(Os + r * kLdo + c8);
+  }
+}
+
+}  // namespace
+
+size_t sparse_mqa_fwd_wgmma_smem(int buffers) {
+  return buffers == 1 ? smem_bytes<1>() : smem_bytes<2>();
+}
+
+cudaError_t sparse_mqa_fwd_wgmma(const MqaWgmmaArgs& a, int buffers, cudaStream_t s) {
+  if (a.T == 0) return cudaSuccess;
+  if (buffers != 1 && buffers != 2) return cudaErrorInvalidValue;
+  auto kernel = buffers == 1 ? mqa_fwd_wgmma_kernel<1> : mqa_fwd_wgmma_kernel<2>;
+  const size_t bytes = sparse_mqa_fwd_wgmma_smem(buffers);
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(bytes));
+  // All of the SM's 228 KiB as shared memory, so that two one-buffer blocks fit.
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
+  if (e != cudaSuccess) return e;
+  const dim3 grid(static_cast<unsigned>(a.T), static_cast<unsigned>((a.H + kHeads - 1) / kHeads));
+  kernel<<<grid, kThreads, bytes, s>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace mt::ops::cuda
