@@ -784,6 +784,16 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
   run["lora_fwdbwd_ms"] = lfb;
   run["lora_overhead_fwdbwd"] = lfb / fb_frozen - 1;
   run["lora_path"] = kconcat ? "kconcat" : "separate";
+  if (kconcat) {  // session 13's kernels on the same path (GroupedFfnParams::lora_s13_kernels)
+    ops::GroupedFfnParams kp13 = kp;
+    kp13.lora_s13_kernels = true;
+    const double s13_fb = time([&] {
+      ops::grouped_ffn_forward(ctx, kp13, kx, offsets, kw, y, lsaved);
+      ops::grouped_ffn_backward(ctx, kp13, kx, offsets, kw, lsaved, kdy, dx, lora);
+    });
+    run["lora_s13_fwdbwd_ms"] = s13_fb;
+    run["lora_s13_overhead_fwdbwd"] = s13_fb / fb_frozen - 1;
+  }
   if (kconcat) {  // the separate passes on the same shapes, for the comparison
     const double sep_f = time(sfwd);
     const double sep_fb = time([&] {

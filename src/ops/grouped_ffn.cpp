@@ -1,4 +1,5 @@
 #include "ops/grouped_ffn.h"
+#include "ops/grouped_ffn_lora.h"
 
 #include "ops/dispatch.h"
 #include "ops/elementwise.h"
@@ -109,9 +110,7 @@ void lora_out_grads(Context& ctx, const GroupedFfnParams& p, const Tensor& dout,
 // The K-concatenation path (grouped_ffn.h). The padded [E, out + r, in + r] buffer around a
 // padded weight's block, and the [rows, w + r] buffer around a padded activation's first w
 // columns: non-owning views for the call (the weight's view, the caller's rows keep them alive).
-Tensor padded_weight(const Tensor& w, int64_t r) {
-  return Tensor(w.raw(), {w.dim(0), w.dim(1) + r, w.dim(2) + r}, w.dtype(), w.device());
-}
+using lora_composite::padded_weight;
 
 Tensor padded_rows(const Tensor& t, int64_t r) {
   return Tensor(t.raw(), {t.dim(0), t.dim(1) + r}, t.dtype(), t.device());
@@ -129,19 +128,13 @@ bool kconcat_call(const GroupedFfnParams& p, const Tensor& x, const GroupedFfnWe
          (!p.padded_rows || x.stride(0) == p.in + r);
 }
 
-// [[W, s B], [A, 0]]: A and s B (s = the LoRA scale, rounded into B's type once) into the pads
-// of W's buffer, E r (out + in) elements per projection. Every forward does it: the optimizer
-// updates A and B in place between steps, and the copy costs less than tracking that.
-void pack_adapter(Context& ctx, float s, const Tensor& a, const Tensor& b, const Tensor& w) {
-  const int64_t r = a.dim(1), out = w.dim(1), in = w.dim(2);
-  const Tensor buf = padded_weight(w, r);
-  Tensor a_at = buf.narrow(1, out, out + r).narrow(2, 0, in);
-  ops::copy(ctx, a, a_at);
-  ArenaScope scope(ctx.workspace());
-  Tensor sb = ctx.workspace().alloc(b.shape(), b.dtype());
-  ops::scale(ctx, b, s, sb);
-  Tensor b_at = buf.narrow(1, 0, out).narrow(2, in, in + r);
-  ops::copy(ctx, sb, b_at);
+// The adapters into the pads of the base weights' buffers (grouped_ffn_lora_pack). Every forward
+// does it: the optimizer updates A and B in place between steps, and one pass over them (E r (out +
+// in) elements per projection) costs less than tracking that.
+void pack_adapters(Context& ctx, const GroupedFfnParams& p, const GroupedFfnWeights& w) {
+  if (p.lora_s13_kernels) return lora_composite::pack(ctx, p, w);
+  dispatch(MT_NAMED_OP_BODIES("grouped_ffn_forward", grouped_ffn_lora_pack),
+           {&w.gate_up, &w.down, &w.gate_up_a, &w.gate_up_b, &w.down_a, &w.down_b}, ctx, p, w);
 }
 
 // Traffic per pass, in elements (N rows, d = in; each GEMM reads its padded input and writes its
@@ -155,8 +148,7 @@ void forward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
                      GroupedFfnSaved& saved) {
   const int64_t l = p.in, F = p.ffn, r = p.lora_rank, N = p.rows;
   const GroupedMatmulParams fwd{.form = GroupedForm::XWt, .gemm = p.gemm};
-  pack_adapter(ctx, p.lora_scale(), w.gate_up_a, w.gate_up_b, w.gate_up);
-  pack_adapter(ctx, p.lora_scale(), w.down_a, w.down_b, w.down);
+  pack_adapters(ctx, p, w);
   ArenaScope scope(ctx.workspace());
   Tensor xp;
   if (p.padded_rows) {

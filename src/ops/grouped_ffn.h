@@ -46,6 +46,11 @@ struct GroupedFfnParams {
   // blocks are written as zeros). A hint: it changes traffic, not results.
   bool weight_grads_zero = false;
   std::optional<GroupedGemmConfig> gemm;  // the projections' (grouped_matmul.h); unset: the env's
+  // The K-concatenation path's session-13 kernels, kept so that one device run compares them with
+  // their replacements (bench moe's lora_s13_* fields): the adapters packed by one copy or scale
+  // per tensor (six launches) instead of grouped_ffn_lora_pack's one, and dr / dB over 128-row
+  // blocks instead of up to 512 (ops/cuda/lora_grouped.h). Same results up to dB's summation order.
+  bool lora_s13_kernels = false;
   float lora_scale() const { return lora_rank ? lora_alpha / static_cast<float>(lora_rank) : 0.f; }
 };
 
@@ -136,6 +141,16 @@ using GroupedFfnLoraSwigluBackward = void(Context& ctx, const GroupedFfnParams& 
                                           const Tensor& offsets, const Tensor& b, const Tensor& dh,
                                           const Tensor& dr, const Tensor& a_down, Tensor& dgate_up);
 
+// The K-concatenation path's adapter packing, both projections: [[W, s B], [A, 0]] in each padded
+// buffer, i.e. A [E, r, in] into its rows out .. out + r - 1 (columns 0 .. in - 1) and s B
+// [E, out, r] (s = p.lora_scale(), rounded once into the buffer's type) into its columns in .. in +
+// r - 1 (rows 0 .. out - 1), for w.gate_up (gate_up_a, gate_up_b) and w.down (down_a, down_b),
+// the W blocks of their padded buffers (grouped_ffn_padded). The factors may be f32 or the
+// buffer's type. One launch on the GPU (the copies it replaces moved E r (out + in) elements per
+// tensor through an index kernel at a tenth of HBM's speed).
+using GroupedFfnLoraPack = void(Context& ctx, const GroupedFfnParams& p,
+                                const GroupedFfnWeights& w);
+
 // Called by the entries above once they validated: ops/cpu/grouped_ffn.cpp, and
 // ops/cuda/grouped_ffn.cu in CUDA builds.
 MT_OP_BACKENDS(GroupedFfnSwigluForward grouped_ffn_swiglu_forward;
@@ -143,6 +158,7 @@ MT_OP_BACKENDS(GroupedFfnSwigluForward grouped_ffn_swiglu_forward;
                GroupedFfnSwigluBackwardWithH grouped_ffn_swiglu_backward_with_h;
                GroupedFfnLoraOutGrads grouped_ffn_lora_out_grads;
                GroupedFfnLoraSwiglu grouped_ffn_lora_swiglu;
-               GroupedFfnLoraSwigluBackward grouped_ffn_lora_swiglu_backward;)
+               GroupedFfnLoraSwigluBackward grouped_ffn_lora_swiglu_backward;
+               GroupedFfnLoraPack grouped_ffn_lora_pack;)
 
 }  // namespace mt::ops

@@ -45,4 +45,30 @@ void swiglu_backward(Context& ctx, const GroupedFfnParams& p, const Tensor& gate
   swiglu_backward(ctx, adapted, dh_all, dgate_up);
 }
 
+// The padded [E, out + r, in + r] buffer around the W block w [E, out, in] (grouped_ffn_padded):
+// a non-owning view for the call (w keeps the buffer alive).
+inline Tensor padded_weight(const Tensor& w, int64_t r) {
+  return Tensor(w.raw(), {w.dim(0), w.dim(1) + r, w.dim(2) + r}, w.dtype(), w.device());
+}
+
+// One projection's packing (grouped_ffn_lora_pack) as a copy of A, a scale of B into scratch and
+// a copy of s B: the CPU's body, and the GPU's where its kernel declines or session 13's kernels
+// are asked for (GroupedFfnParams::lora_s13_kernels).
+inline void pack_adapter(Context& ctx, float s, const Tensor& a, const Tensor& b, const Tensor& w) {
+  const int64_t r = a.dim(1), out = w.dim(1), in = w.dim(2);
+  const Tensor buf = padded_weight(w, r);
+  Tensor a_at = buf.narrow(1, out, out + r).narrow(2, 0, in);
+  ops::copy(ctx, a, a_at);
+  ArenaScope scope(ctx.workspace());
+  Tensor sb = ctx.workspace().alloc(b.shape(), b.dtype());
+  ops::scale(ctx, b, s, sb);
+  Tensor b_at = buf.narrow(1, 0, out).narrow(2, in, in + r);
+  ops::copy(ctx, sb, b_at);
+}
+
+inline void pack(Context& ctx, const GroupedFfnParams& p, const GroupedFfnWeights& w) {
+  pack_adapter(ctx, p.lora_scale(), w.gate_up_a, w.gate_up_b, w.gate_up);
+  pack_adapter(ctx, p.lora_scale(), w.down_a, w.down_b, w.down);
+}
+
 }  // namespace mt::ops::lora_composite

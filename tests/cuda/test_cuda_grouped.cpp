@@ -112,6 +112,7 @@ struct FfnSetup {
   // GroupedFfnParams::weight_grads_zero: the base weights' pre-filled (random) grads are then
   // overwritten on both devices, where they are otherwise added into.
   bool weight_grads_zero = false;
+  bool s13 = false;  // GroupedFfnParams::lora_s13_kernels
 };
 
 // Inputs: x, dy, gate_up, down, their pre-filled gradients, then (LoRA) the four factors and
@@ -129,6 +130,7 @@ FfnCase ffn_case(const FfnSetup& s, Rng& rng) {
   k.p = {.rows = N, .experts = E, .in = l, .ffn = F, .lora_rank = r, .lora_alpha = s.alpha};
   k.p.gemm = s.gemm;
   k.p.weight_grads_zero = s.weight_grads_zero;
+  k.p.lora_s13_kernels = s.s13;
   k.off = Tensor::empty({E + 1}, DType::I32);
   std::vector<int32_t> cnt(static_cast<size_t>(E), 0);
   if (s.skewed) {
@@ -386,6 +388,17 @@ TEST(CudaGroupedFfn, KConcatLoraInTheBaseGemms) {
                                                                    .pad_rows = true});
   ffn_check("grouped_ffn kconcat r8 trained base, copied rows",
             {.rows = 2000, .experts = 9, .in = 64, .ffn = 48, .rank = 8, .kconcat = true});
+  ffn_check("grouped_ffn kconcat r16 skewed frozen, padded rows, session 13's kernels",
+            {.rows = 3000,
+             .experts = 16,
+             .in = 264,
+             .ffn = 136,
+             .rank = 16,
+             .frozen_base = true,
+             .skewed = true,
+             .kconcat = true,
+             .pad_rows = true,
+             .s13 = true});
   ffn_check("grouped_ffn kconcat r32 skewed trained base, padded rows", {.rows = 3000,
                                                                          .experts = 16,
                                                                          .in = 264,
@@ -613,15 +626,19 @@ TEST(CudaGroupedGemmConfig, EveryConfigurationExpertsSkewedWithLora) {
   }
 }
 
-// The LoRA backward's one pass over dOut (ops/cuda/lora_grouped.h: dr and dB together) at a rank
-// that is a multiple of 8 but not of 16 (the padded half pair), and its widest rank, 32, with K
-// of several stages and a partial one (in 2056 = 32 x 64 + 8), a hot expert over many 128-row
-// chunks, one-row and empty experts.
+// The LoRA backward's one pass over dOut (ops/cuda/lora_grouped.h: dr and dB together) at ranks
+// 8 and 16 (blocks of four 128-row parts), a multiple of 8 but not of 16 (the padded half pair)
+// and its widest rank, 32 (two parts), with K of several stages and a partial one (in 2056 = 32 x
+// 64 + 8), a hot expert over many blocks whose last has a partial part, one-row and empty
+// experts; and session 13's one-part blocks at rank 16.
 TEST(CudaGroupedFfn, LoraBackwardOnePassOverDout) {
   REQUIRE_GPU();
-  for (int64_t r : {24, 32})
+  for (int64_t r : {8, 16, 24, 32})
     ffn_check(cat("grouped_ffn lora out grads r", r).c_str(),
               {.rows = 3000, .experts = 8, .in = 2056, .ffn = 72, .rank = r, .skewed = true});
+  ffn_check(
+      "grouped_ffn lora out grads r16, session 13's kernels",
+      {.rows = 3000, .experts = 8, .in = 2056, .ffn = 72, .rank = 16, .skewed = true, .s13 = true});
 }
 
 // A deterministic context runs the experts (base and LoRA training) bit for bit the same twice,

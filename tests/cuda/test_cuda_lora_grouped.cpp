@@ -14,6 +14,7 @@
 
 #include "harness/gpu_check.h"
 #include "harness/seed.h"
+#include "ops/grouped_ffn.h"
 #include "ops/grouped_matmul.h"
 
 namespace mt::test {
@@ -120,6 +121,93 @@ TEST(CudaLoraGrouped, DeterministicModeRepeatsBitwise) {
                           static_cast<size_t>(first[j].numel()) * sizeof(float)),
               0)
         << names[j] << " differs between two deterministic runs";
+}
+
+// bf16 bits to float, and a float rounded to bf16 (to nearest even; the inputs hold no NaN): the
+// host loops' reference for the packing kernel.
+float bf16_bits_to_float(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+float round_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// grouped_ffn_lora_pack's kernel (one launch for both projections' A and s B) against host loops
+// over the padded buffers, element for element: W untouched, A in the rows below W, bf16(s B) in
+// the columns right of W (rounded once from the f32 product), the corner left as zeros, at ranks
+// 8 and 16 with bf16 and f32 factors. Several experts, widths of one and several 16-byte packs.
+TEST(CudaLoraGrouped, PackIntoThePaddedBuffersAgainstHostLoops) {
+  REQUIRE_GPU();
+  for (const DType ft : {DType::BF16, DType::F32})
+    for (const int64_t r : {8, 16}) {
+      const uint64_t seed = fresh_seed();
+      SCOPED_TRACE(
+          cat("factors ", dtype_name(ft), " r=", r, " seed=", seed, " (", seed_note(), ")"));
+      Rng rng(seed);
+      const int64_t E = 5, l = 40, F = 24;
+      Context c(ContextOptions{.device = Device::CUDA, .seed = seed});
+      const auto dev = [&](const Tensor& h, DType dt) {
+        Tensor d = Tensor::empty(h.shape(), dt, Device::CUDA);
+        d.copy_from(h);
+        return d;
+      };
+      const Tensor wgu_h = randn(rng, {E, 2 * F, l}), wd_h = randn(rng, {E, l, F});
+      const Tensor agu_h = randn(rng, {E, r, l}), bgu_h = randn(rng, {E, 2 * F, r}),
+                   ad_h = randn(rng, {E, r, F}), bd_h = randn(rng, {E, l, r});
+      ops::GroupedFfnWeights w{.gate_up = ops::grouped_ffn_pad_weight(dev(wgu_h, DType::BF16), r),
+                               .down = ops::grouped_ffn_pad_weight(dev(wd_h, DType::BF16), r),
+                               .gate_up_a = dev(agu_h, ft),
+                               .gate_up_b = dev(bgu_h, ft),
+                               .down_a = dev(ad_h, ft),
+                               .down_b = dev(bd_h, ft)};
+      const float alpha = 7.f + static_cast<float>(rng.below(20));
+      const ops::GroupedFfnParams p{
+          .rows = 1, .experts = E, .in = l, .ffn = F, .lora_rank = r, .lora_alpha = alpha};
+      const float s = p.lora_scale();
+      ops::cuda::grouped_ffn_lora_pack(c, p, w);
+      c.synchronize();
+      // Each factor as the kernel reads it: bf16 factors hold the rounded values.
+      const auto as_read = [&](const Tensor& h) { return ft == DType::BF16 ? round_bf16(h) : h; };
+      const Tensor agu = as_read(agu_h), bgu = as_read(bgu_h), ad = as_read(ad_h),
+                   bd = as_read(bd_h);
+      const auto check = [&](const char* what, const Tensor& wblock, const Tensor& w_h,
+                             const Tensor& a, const Tensor& b) {
+        const int64_t out = wblock.dim(1), in = wblock.dim(2);
+        const Tensor buf(wblock.raw(), {E, out + r, in + r}, DType::BF16, Device::CUDA);
+        const std::vector<uint8_t> bytes = host_bytes(buf.clone());
+        const Tensor wr = round_bf16(w_h);
+        int64_t bad = 0;
+        for (int64_t e = 0; e < E; ++e)
+          for (int64_t i = 0; i < out + r; ++i)
+            for (int64_t j = 0; j < in + r; ++j) {
+              uint16_t bits;
+              std::memcpy(&bits,
+                          &bytes[2 * static_cast<size_t>((e * (out + r) + i) * (in + r) + j)], 2);
+              const float got = bf16_bits_to_float(bits);
+              float want = 0.f;
+              if (i < out && j < in)
+                want = wr.f32()[(e * out + i) * in + j];
+              else if (i >= out && j < in)
+                want = round_to_bf16(a.f32()[(e * r + i - out) * in + j]);
+              else if (i < out)
+                want = round_to_bf16(s * b.f32()[(e * out + i) * r + j - in]);
+              if (got != want && ++bad <= 5)
+                ADD_FAILURE() << what << " expert " << e << " (" << i << ", " << j << "): " << got
+                              << ", want " << want;
+            }
+        EXPECT_EQ(bad, 0) << what << ": elements that differ";
+      };
+      check("gate_up", w.gate_up, wgu_h, agu, bgu);
+      check("down", w.down, wd_h, ad, bd);
+    }
 }
 
 }  // namespace

@@ -74,4 +74,8 @@ void grouped_ffn_lora_swiglu_backward(Context& ctx, const GroupedFfnParams& p,
                                   grouped_ffn_swiglu_backward);
 }
 
+void grouped_ffn_lora_pack(Context& ctx, const GroupedFfnParams& p, const GroupedFfnWeights& w) {
+  lora_composite::pack(ctx, p, w);
+}
+
 }  // namespace mt::ops::cpu

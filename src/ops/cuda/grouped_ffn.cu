@@ -175,7 +175,7 @@ void grouped_ffn_swiglu_backward_with_h(Context& ctx, const Tensor& gate_up, con
 void grouped_ffn_lora_out_grads(Context& ctx, const GroupedFfnParams& p, const Tensor& dout,
                                 const Tensor& offsets, const Tensor& b, const Tensor& xa,
                                 Tensor& dr, Tensor& db) {
-  if (!skinny_lora_out_grads(ctx, dout, offsets, b, xa, p.lora_scale(), dr, db))
+  if (!skinny_lora_out_grads(ctx, dout, offsets, b, xa, p.lora_scale(), dr, db, p.lora_s13_kernels))
     cpu::grouped_ffn_lora_out_grads(ctx, p, dout, offsets, b, xa, dr, db);
 }
 
@@ -195,6 +195,13 @@ void grouped_ffn_lora_swiglu_backward(Context& ctx, const GroupedFfnParams& p,
     return;
   lora_composite::swiglu_backward(ctx, p, gate_up, xa, offsets, b, dh, dr, a_down, dgate_up,
                                   grouped_ffn_swiglu_backward);
+}
+
+void grouped_ffn_lora_pack(Context& ctx, const GroupedFfnParams& p, const GroupedFfnWeights& w) {
+  if (skinny_lora_pack(ctx, p.lora_scale(), w.gate_up_a, w.gate_up_b, w.gate_up, w.down_a, w.down_b,
+                       w.down))
+    return;
+  lora_composite::pack(ctx, p, w);
 }
 
 }  // namespace mt::ops::cuda

@@ -714,14 +714,17 @@ __global__ void scale_groups_kernel(const __grid_constant__ Tiles tiles, int64_t
 // The two products of expert LoRA's backward that read the projection's output gradient dOut
 // [rows, K], in one pass over it (the separate kernels read it twice, once per product):
 //   dr = s dOut_g B_g (B_g [K, r], written, bf16) and dB_g += s dOut_g^T xa_g (f32, atomics).
-// One block per chunk of up to 128 rows of a group; K in stages of 64 columns through the ring
-// (OgLayout): a stage's [128 rows][64 k] tile feeds both MMAs. Warp w owns rows 32 w .. 32 w + 31
-// of dr (accumulated in registers over the stages) and columns 16 w .. 16 w + 15 of the stage's
-// dB (summed over the chunk's rows, then met with the other chunks' through f32 atomics, two
-// adjacent elements per float2 atomic). 128 rows rather than 256 give shape B (256 experts of
-// ~256 rows) 512 blocks for 264 resident; each dB element takes rows / 128 atomics. Ranks up to 32.
+// One block per chunk of up to kChunks x 128 rows of a group; the stages of the ring (OgLayout)
+// are [128 rows][64 k] tiles of dOut, k-stage outer and 128-row part inner, so that each stage
+// feeds both MMAs: warp w owns rows 32 w .. 32 w + 31 of each part's dr (accumulated in registers
+// over the k-stages) and columns 16 w .. 16 w + 15 of the k-stage's dB, summed over all the
+// block's parts before it meets the other blocks' through f32 atomics (two adjacent elements per
+// float2 atomic). Session 13's kernel (kChunks = 1) added dB after every 128 rows: 2 K r atomics
+// per 128 rows, 32 times the dW kernel's per row, and it ran at 1.9 TB/s where that one ran 3.0
+// (shape A, ncu); up to 512 rows per block cut them fourfold and still give shape A 256 blocks
+// (B, 256 experts of ~256 rows: as many blocks of 256 rows). Ranks up to 32.
 constexpr int kOgRows = 128;
-constexpr int kFusedMaxRank = 32;  // out_grads_kernel<1> and <2>
+constexpr int kFusedMaxRank = 32;  // out_grads_kernel<1, *> and <2, *>
 
 struct OutGradArgs {
   const bf16* dout;
@@ -736,19 +739,19 @@ struct OutGradArgs {
   float s;
 };
 
-template <int kP>
+template <int kP, int kChunks>
 struct OgLayout {
   static constexpr int kLdB = rank_ld(16 * kP);
-  static constexpr int kD = kOgRows * kLd;           // dOut [128 rows][64 k]
-  static constexpr int kSlot = kD + kKStage * kLdB;  // + B_g's stage [64 k][r16]
-  static constexpr int kXa = kOgRows * kLdB;         // xa of the chunk, once
+  static constexpr int kD = kOgRows * kLd;              // dOut [128 rows][64 k]
+  static constexpr int kSlot = kD + kKStage * kLdB;     // + B_g's stage [64 k][r16]
+  static constexpr int kXa = kChunks * kOgRows * kLdB;  // xa of the block's rows, once
   static constexpr int kBytes = (kStages * kSlot + kXa) * static_cast<int>(sizeof(bf16));
 };
 
-template <int kP>
+template <int kP, int kChunks>
 __global__ void __launch_bounds__(kThreads)
     out_grads_kernel(const __grid_constant__ Tiles tiles, const OutGradArgs p) {
-  using L = OgLayout<kP>;
+  using L = OgLayout<kP, kChunks>;
   static_assert(kOgRows == 32 * (kThreads / 32) && kKStage == 16 * (kThreads / 32),
                 "a warp owns 32 rows of dr and 16 columns of a stage's dB");
   extern __shared__ __align__(16) unsigned char smem[];
@@ -757,22 +760,25 @@ __global__ void __launch_bounds__(kThreads)
   const Tile t = last_first_tile(tiles);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int r16 = (p.r + 15) & ~15, chunks = r16 >> 3;  // r16 = 16 kP
+  const int parts = (t.rows + kOgRows - 1) / kOgRows;   // 1 .. kChunks
   const bf16* dout = p.dout + static_cast<int64_t>(t.r0) * p.ldo;
   const bf16* b = p.b + static_cast<int64_t>(t.group) * p.K * p.r;
   float* db_g = p.db == nullptr ? nullptr : p.db + static_cast<int64_t>(t.group) * p.K * p.r;
-  for (int i = tid; i < kOgRows * chunks; i += kThreads) {  // lands with stage 0
+  for (int i = tid; i < parts * kOgRows * chunks; i += kThreads) {  // lands with stage 0
     const int row = i / chunks, j = (i % chunks) << 3;
     const bool ok = row < t.rows && j < p.r;
     cp16_or_zero(&xs[row * L::kLdB + j], ok ? p.xa + (t.r0 + row) * p.ldx + j : p.xa, ok);
   }
+  // Stage s: k-stage s / parts, part s % parts.
   const auto load = [&](int s) {
     bf16* ds = ring + (s % kStages) * L::kSlot;
     bf16* bs = ds + L::kD;
-    const int64_t k0 = static_cast<int64_t>(s) * kKStage;
+    const int part = s % parts, row0 = part * kOgRows;
+    const int64_t k0 = static_cast<int64_t>(s / parts) * kKStage;
     for (int i = tid; i < kOgRows * (kKStage / 8); i += kThreads) {
       const int row = i >> 3, col = (i & 7) << 3;
-      const bool ok = row < t.rows && k0 + col < p.K;
-      cp16_or_zero(&ds[row * kLd + col], ok ? dout + row * p.ldo + k0 + col : p.dout, ok);
+      const bool ok = row0 + row < t.rows && k0 + col < p.K;
+      cp16_or_zero(&ds[row * kLd + col], ok ? dout + (row0 + row) * p.ldo + k0 + col : p.dout, ok);
     }
     for (int i = tid; i < kKStage * chunks; i += kThreads) {
       const int kk = i / chunks, j = (i % chunks) << 3;
@@ -781,68 +787,126 @@ __global__ void __launch_bounds__(kThreads)
     }
   };
   const int g = lane >> 2, c = lane & 3;
-  float dr[2][2 * kP][4] = {};
+  float dr[kChunks][2][2 * kP][4] = {};
+  float db[2 * kP][4] = {};
   const auto compute = [&](int s, int slot) {
     const bf16* ds = ring + slot * L::kSlot;
     const bf16* bs = ds + L::kD;
+    const int part = s % parts;
+    // dr: the warp's rows of this part x the stage's k. The part picks the accumulators through a
+    // compile-time index (a dynamic one would put them in local memory).
 #pragma unroll
-    for (int kk = 0; kk < kKStage; kk += 16) {  // dr: the warp's rows x the stage's k
-      uint32_t b0[kP][2], b1[kP][2];
+    for (int q = 0; q < kChunks; ++q) {
+      if (q != part) continue;
 #pragma unroll
-      for (int q = 0; q < kP; ++q) {
-        mma::load_b_kn(b0[q], bs, L::kLdB, kk, 16 * q, lane);
-        mma::load_b_kn(b1[q], bs, L::kLdB, kk, 16 * q + 8, lane);
-      }
+      for (int kk = 0; kk < kKStage; kk += 16) {
+        uint32_t b0[kP][2], b1[kP][2];
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        uint32_t a[4];
-        mma::ldsm_a(a, ds, kLd, warp * 32 + 16 * mt, kk, lane);
+        for (int n = 0; n < kP; ++n) {
+          mma::load_b_kn(b0[n], bs, L::kLdB, kk, 16 * n, lane);
+          mma::load_b_kn(b1[n], bs, L::kLdB, kk, 16 * n + 8, lane);
+        }
 #pragma unroll
-        for (int q = 0; q < kP; ++q) {
-          mma::mma_bf16(dr[mt][2 * q], a, b0[q]);
-          mma::mma_bf16(dr[mt][2 * q + 1], a, b1[q]);
+        for (int mt = 0; mt < 2; ++mt) {
+          uint32_t a[4];
+          mma::ldsm_a(a, ds, kLd, warp * 32 + 16 * mt, kk, lane);
+#pragma unroll
+          for (int n = 0; n < kP; ++n) {
+            mma::mma_bf16(dr[q][mt][2 * n], a, b0[n]);
+            mma::mma_bf16(dr[q][mt][2 * n + 1], a, b1[n]);
+          }
         }
       }
     }
     if (db_g == nullptr) return;
-    float db[2 * kP][4] = {};
+    const bf16* xp = xs + part * kOgRows * L::kLdB;  // this part's rows of xa
 #pragma unroll
-    for (int kr = 0; kr < kOgRows; kr += 16) {  // dB: the warp's stage columns x the rows
+    for (int kr = 0; kr < kOgRows; kr += 16) {  // dB: the warp's stage columns x the part's rows
       uint32_t a_t[4];
       ldsm_a_km(a_t, ds, kLd, warp * 16, kr, lane);
 #pragma unroll
-      for (int q = 0; q < kP; ++q)
-        mma_pair(db[2 * q], db[2 * q + 1], a_t, xs, false, L::kLdB, 16 * q, kr, lane);
+      for (int n = 0; n < kP; ++n)
+        mma_pair(db[2 * n], db[2 * n + 1], a_t, xp, false, L::kLdB, 16 * n, kr, lane);
     }
-    const int64_t k0 = static_cast<int64_t>(s) * kKStage;
+    if (part != parts - 1) return;  // the k-stage's dB sums the block's other parts first
+    const int64_t k0 = static_cast<int64_t>(s / parts) * kKStage;
 #pragma unroll
     for (int n = 0; n < 2 * kP; ++n) {
       const int j = 8 * n + 2 * c;
-      if (j >= p.r) break;  // r is a multiple of 8: j + 1 < r too
+      if (j < p.r) {  // r is a multiple of 8: j + 1 < r too
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {  // (k g, j..j+1), (k g+8, j..j+1): adjacent, 8-byte aligned
-        const int64_t k = k0 + warp * 16 + g + 8 * h;
-        if (k < p.K)
-          atomicAdd(reinterpret_cast<float2*>(db_g + k * p.r + j),
-                    make_float2(p.s * db[n][2 * h], p.s * db[n][2 * h + 1]));
+        for (int h = 0; h < 2; ++h) {  // (k g, j..j+1), (k g+8, j..j+1): adjacent, 8-byte aligned
+          const int64_t k = k0 + warp * 16 + g + 8 * h;
+          if (k < p.K)
+            atomicAdd(reinterpret_cast<float2*>(db_g + k * p.r + j),
+                      make_float2(p.s * db[n][2 * h], p.s * db[n][2 * h + 1]));
+        }
       }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) db[n][e] = 0.f;
     }
   };
-  run_ring(static_cast<int>((p.K + kKStage - 1) / kKStage), load, compute);
+  run_ring(static_cast<int>((p.K + kKStage - 1) / kKStage) * parts, load, compute);
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+  for (int q = 0; q < kChunks; ++q)
 #pragma unroll
-    for (int n = 0; n < 2 * kP; ++n) {
-      const int col = 8 * n + 2 * c;
-      if (col >= p.r) break;
+    for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = warp * 32 + 16 * mt + g + 8 * h;
-        if (row < t.rows)
-          st_pair(p.dr + (t.r0 + row) * p.lddr + col, p.s * dr[mt][n][2 * h],
-                  p.s * dr[mt][n][2 * h + 1]);
+      for (int n = 0; n < 2 * kP; ++n) {
+        const int col = 8 * n + 2 * c;
+        if (col >= p.r) break;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = q * kOgRows + warp * 32 + 16 * mt + g + 8 * h;
+          if (row < t.rows)
+            st_pair(p.dr + (t.r0 + row) * p.lddr + col, p.s * dr[q][mt][n][2 * h],
+                    p.s * dr[q][mt][n][2 * h + 1]);
+        }
       }
+}
+
+// grouped_ffn_lora_pack's four copies as one launch (blockIdx.y: the job): job j moves a
+// contiguous [E, R, C] factor (bf16 or f32) times `scale`, rounded once to bf16, into a strided
+// bf16 destination, 8 columns (16 bytes out) per thread and step. Bound by HBM: E r (out + in)
+// elements read and written per projection.
+struct PackJob {
+  const void* src;
+  bool f32;
+  float scale;
+  int64_t rows, R, C;  // rows = E R
+  bf16* dst;
+  int64_t group_pitch, row_pitch;
+};
+
+struct PackJobs {
+  PackJob job[4];
+};
+
+__global__ void lora_pack_kernel(const __grid_constant__ PackJobs jobs) {
+  const PackJob& j = jobs.job[blockIdx.y];
+  const int64_t per_row = j.C / 8, n = j.rows * per_row;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / per_row, c = (i - row * per_row) * 8;
+    const int64_t e = row / j.R, rr = row - e * j.R;
+    float v[8];
+    if (j.f32) {
+      const float4* src = reinterpret_cast<const float4*>(static_cast<const float*>(j.src) + i * 8);
+      const float4 lo = src[0], hi = src[1];
+      v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w;
+      v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+    } else {
+      const uint4 raw = ld16(static_cast<const bf16*>(j.src) + i * 8);
+      const bf16* b = reinterpret_cast<const bf16*>(&raw);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = __bfloat162float(b[k]);
     }
+    uint4 o;
+    uint32_t* w = reinterpret_cast<uint32_t*>(&o);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w[k] = mma::pack_bf16(j.scale * v[2 * k], j.scale * v[2 * k + 1]);
+    *reinterpret_cast<uint4*>(j.dst + e * j.group_pitch + rr * j.row_pitch + c) = o;
+  }
 }
 
 bool aligned16(const void* p) {
@@ -970,7 +1034,7 @@ bool skinny_grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Ten
 }
 
 bool skinny_lora_out_grads(Context& ctx, const Tensor& dout, const Tensor& offsets, const Tensor& b,
-                           const Tensor& xa, float s, Tensor& dr, Tensor& db) {
+                           const Tensor& xa, float s, Tensor& dr, Tensor& db, bool s13) {
   // dB's partial sums meet through atomics: a deterministic context keeps the separate kernels.
   if (ctx.deterministic() || !rows_ok(dout) || !rows_ok(xa) || !rows_ok(dr)) return false;
   const int64_t r = xa.dim(1), K = dout.dim(1), groups = offsets.numel() - 1;
@@ -982,8 +1046,11 @@ bool skinny_lora_out_grads(Context& ctx, const Tensor& dout, const Tensor& offse
   if (with_db && (db.dtype() != DType::F32 || !db.is_contiguous() ||
                   reinterpret_cast<uintptr_t>(db.raw()) % 8 != 0))
     return false;
+  // Parts of 128 rows per block: 4 at ranks up to 16, 2 at 32 (dr's accumulators: 64 floats);
+  // one as session 13 ran it.
+  const int parts = s13 ? 1 : rank_pairs(r) == 1 ? 4 : 2;
   thread_local Tiles tiles;
-  if (!make_tiles(offsets.i32(), groups, kOgRows, tiles)) return false;
+  if (!make_tiles(offsets.i32(), groups, kOgRows * parts, tiles)) return false;
   if (tiles.tile0[tiles.count] == 0) return true;  // no rows: dr is empty, dB gains nothing
   const OutGradArgs args{ptr<bf16>(dout),
                          dout.stride(0),
@@ -997,10 +1064,21 @@ bool skinny_lora_out_grads(Context& ctx, const Tensor& dout, const Tensor& offse
                          with_db ? ptr<float>(db) : nullptr,
                          s};
   const dim3 grid(tiles.tile0[tiles.count]);
-  if (rank_pairs(r) == 1)
-    launch_ring(out_grads_kernel<1>, grid, OgLayout<1>::kBytes, stream(ctx), tiles, args);
-  else  // r <= kFusedMaxRank: two pairs
-    launch_ring(out_grads_kernel<2>, grid, OgLayout<2>::kBytes, stream(ctx), tiles, args);
+  cudaStream_t st = stream(ctx);
+  const auto run = [&](auto kernel, int bytes) {
+    launch_ring(kernel, grid, bytes, st, tiles, args);
+  };
+  if (rank_pairs(r) == 1) {
+    if (parts == 4)
+      run(out_grads_kernel<1, 4>, OgLayout<1, 4>::kBytes);
+    else
+      run(out_grads_kernel<1, 1>, OgLayout<1, 1>::kBytes);
+  } else {  // r <= kFusedMaxRank: two pairs
+    if (parts == 2)
+      run(out_grads_kernel<2, 2>, OgLayout<2, 2>::kBytes);
+    else
+      run(out_grads_kernel<2, 1>, OgLayout<2, 1>::kBytes);
+  }
   return true;
 }
 
@@ -1057,6 +1135,37 @@ bool skinny_lora_swiglu_backward(Context& ctx, const Tensor& gate_up, const Tens
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, kSwigluBwdSmem));
   up_swiglu_bwd_kernel<<<dim3(tiles.tile0[tiles.count], up_col_blocks(F, kHalfTile)), kThreads,
                          kSwigluBwdSmem, stream(ctx)>>>(tiles, args);
+  MT_CUDA_LAUNCH_CHECK();
+  return true;
+}
+
+bool skinny_lora_pack(Context& ctx, float s, const Tensor& a_gu, const Tensor& b_gu,
+                      const Tensor& w_gu, const Tensor& a_d, const Tensor& b_d, const Tensor& w_d) {
+  PackJobs jobs;
+  int64_t most = 0;
+  // Job 2 p: projection p's A into rows out.. of its buffer; job 2 p + 1: s B into columns in..
+  const Tensor* f[2][3] = {{&a_gu, &b_gu, &w_gu}, {&a_d, &b_d, &w_d}};
+  for (int proj = 0; proj < 2; ++proj) {
+    const Tensor &a = *f[proj][0], &b = *f[proj][1], &w = *f[proj][2];
+    if (w.dtype() != DType::BF16 || w.ndim() != 3 || w.stride(2) != 1) return false;
+    const int64_t E = w.dim(0), out = w.dim(1), in = w.dim(2), r = a.dim(1);
+    const int64_t gp = w.stride(0), rp = w.stride(1);
+    if (gp % 8 != 0 || rp % 8 != 0 || in % 8 != 0 || r % 8 != 0 || !aligned16(w.raw()))
+      return false;
+    for (const Tensor* t : {&a, &b})
+      if ((t->dtype() != DType::BF16 && t->dtype() != DType::F32) || !t->is_contiguous() ||
+          !aligned16(t->raw()) || t->dim(0) != E)
+        return false;
+    if (a.dim(2) != in || b.dim(1) != out || b.dim(2) != r) return false;
+    bf16* base = static_cast<bf16*>(w.raw());
+    jobs.job[2 * proj] = {a.raw(), a.dtype() == DType::F32, 1.f, E * r, r,
+                          in,      base + out * rp,         gp,  rp};
+    jobs.job[2 * proj + 1] = {b.raw(), b.dtype() == DType::F32, s, E * out, out, r, base + in, gp,
+                              rp};
+    most = std::max({most, E * r * in / 8, E * out * r / 8});
+  }
+  if (most == 0) return true;
+  lora_pack_kernel<<<dim3(blocks_for(most, 256, 2048), 4), 256, 0, stream(ctx)>>>(jobs);
   MT_CUDA_LAUNCH_CHECK();
   return true;
 }

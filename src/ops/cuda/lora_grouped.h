@@ -35,9 +35,10 @@ bool skinny_grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Ten
 // xa [rows, r], both bf16), in one pass over it: dr = s dOut_g B_g (written) and, when db is
 // defined, dB_g += s dOut_g^T xa_g (f32). Returns false having done nothing when it does not take
 // the call (a deterministic context: dB meets through atomics; r > 32; what the skinny kernels
-// refuse); the caller then runs the two grouped_matmul calls.
+// refuse); the caller then runs the two grouped_matmul calls. `s13`: session 13's blocks of 128
+// rows (GroupedFfnParams::lora_s13_kernels) instead of up to 512.
 bool skinny_lora_out_grads(Context& ctx, const Tensor& dout, const Tensor& offsets, const Tensor& b,
-                           const Tensor& xa, float s, Tensor& dr, Tensor& db);
+                           const Tensor& xa, float s, Tensor& dr, Tensor& db, bool s13 = false);
 
 // The gate/up projection's adapter term and SwiGLU in one pass after the base GEMM wrote gate_up
 // [rows, 2F] (bf16, B [G, 2F, r], xa [rows, r]): h [rows, F] = silu(g) * u with [g | u] = gate_up
@@ -52,5 +53,11 @@ bool skinny_lora_swiglu(Context& ctx, const Tensor& xa, const Tensor& offsets, c
 bool skinny_lora_swiglu_backward(Context& ctx, const Tensor& gate_up, const Tensor& xa,
                                  const Tensor& offsets, const Tensor& b, const Tensor& dh,
                                  const Tensor& dr, const Tensor& a_down, float s, Tensor& dgate_up);
+
+// grouped_ffn_lora_pack (ops/grouped_ffn.h) in one launch: A_gu, s B_gu into w_gu's padded
+// buffer and A_d, s B_d into w_d's (the W blocks, bf16), the factors bf16 or f32. False having
+// done nothing when it does not take the call (other types, rows not 16-byte aligned).
+bool skinny_lora_pack(Context& ctx, float s, const Tensor& a_gu, const Tensor& b_gu,
+                      const Tensor& w_gu, const Tensor& a_d, const Tensor& b_d, const Tensor& w_d);
 
 }  // namespace mt::ops::cuda
