@@ -172,9 +172,10 @@ void forward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
 // Backward per pass: dr = s dY B_down and dB_down read dY once, dr into dY's padding; the down
 // dX GEMM reads [dY | dr] against [W_down ; A_down] and writes the whole dh (N F); SwiGLU's
 // backward reads gate_up and dh and writes dgate_up (5 N F) into a [N, 2F + r] buffer whose
-// padding the gate/up projection's dr = s dgate_up B and dB fill in one pass over dgate_up; the
-// gate/up dX GEMM reads [dgate_up | dr] against [W_gu ; A_gu] and writes dX. dA = dr^T (input)
-// and, with a trained base, dW stay separate grouped products.
+// padding the gate/up projection's dr = s dgate_up B fills, in the same pass on the GPU as dB_gu
+// and dA_down = dr_down^T h (grouped_ffn_lora_swiglu_backward_grads: session 13 read dgate_up and h
+// once more for them, 3 N F); the gate/up dX GEMM reads [dgate_up | dr] against [W_gu ; A_gu] and
+// writes dX. dA_gu = dr^T X and, with a trained base, dW stay separate grouped products.
 void backward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
                       const Tensor& offsets, const GroupedFfnWeights& w,
                       const GroupedFfnSaved& saved, const Tensor& dy, Tensor& dx,
@@ -197,13 +198,21 @@ void backward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
   Tensor dh = ctx.workspace().alloc({N, F}, at);
   grouped_matmul(ctx, form.dx, dyp, offsets, padded_weight(w.down, r).narrow(2, 0, F), dh);
   if (has(grads.down)) grouped_matmul(ctx, form.dw_base, dy, offsets, saved.h, grads.down);
-  if (has(grads.down_a)) grouped_matmul(ctx, form.dw, dr_down, offsets, saved.h, grads.down_a);
 
   Tensor dgp = ctx.workspace().alloc({N, 2 * F + r}, at);
   Tensor dgu = dgp.cols(0, 2 * F), dr_gu = dgp.cols(2 * F, 2 * F + r);
-  swiglu_backward(ctx, saved.gate_up, dh, dgu);
-  Tensor db_gu = grad(grads.gate_up_b);
-  lora_out_grads(ctx, p, dgu, offsets, w.gate_up_b, saved.xa, dr_gu, db_gu);
+  Tensor db_gu = grad(grads.gate_up_b), da_down = grad(grads.down_a);
+  if (p.lora_s13_kernels) {
+    if (has(da_down)) grouped_matmul(ctx, form.dw, dr_down, offsets, saved.h, da_down);
+    swiglu_backward(ctx, saved.gate_up, dh, dgu);
+    lora_out_grads(ctx, p, dgu, offsets, w.gate_up_b, saved.xa, dr_gu, db_gu);
+  } else {
+    dispatch(MT_NAMED_OP_BODIES("grouped_ffn_backward", grouped_ffn_lora_swiglu_backward_grads),
+             {&saved.gate_up, &dh, &saved.h, &dr_down, &saved.xa, &w.gate_up_b, &dgu, &dr_gu,
+              &db_gu, &da_down},
+             ctx, p, saved.gate_up, dh, offsets, saved.h, dr_down, saved.xa, w.gate_up_b, dgu,
+             dr_gu, db_gu, da_down);
+  }
   grouped_matmul(ctx, form.dx, dgp, offsets, padded_weight(w.gate_up, r).narrow(2, 0, l), dx);
   if (has(grads.gate_up)) grouped_matmul(ctx, form.dw_base, dgu, offsets, x, grads.gate_up);
   if (has(grads.gate_up_a)) grouped_matmul(ctx, form.dw, dr_gu, offsets, x, grads.gate_up_a);

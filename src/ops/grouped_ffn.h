@@ -48,8 +48,10 @@ struct GroupedFfnParams {
   std::optional<GroupedGemmConfig> gemm;  // the projections' (grouped_matmul.h); unset: the env's
   // The K-concatenation path's session-13 kernels, kept so that one device run compares them with
   // their replacements (bench moe's lora_s13_* fields): the adapters packed by one copy or scale
-  // per tensor (six launches) instead of grouped_ffn_lora_pack's one, and dr / dB over 128-row
-  // blocks instead of up to 512 (ops/cuda/lora_grouped.h). Same results up to dB's summation order.
+  // per tensor (six launches) instead of grouped_ffn_lora_pack's one, dr / dB over 128-row blocks
+  // instead of up to 512, and SwiGLU's backward, the products over dgate_up and dA_down's over h
+  // as three passes instead of grouped_ffn_lora_swiglu_backward_grads's one
+  // (ops/cuda/lora_grouped.h). Same results up to the summation order of the adapters' grads.
   bool lora_s13_kernels = false;
   float lora_scale() const { return lora_rank ? lora_alpha / static_cast<float>(lora_rank) : 0.f; }
 };
@@ -141,6 +143,19 @@ using GroupedFfnLoraSwigluBackward = void(Context& ctx, const GroupedFfnParams& 
                                           const Tensor& offsets, const Tensor& b, const Tensor& dh,
                                           const Tensor& dr, const Tensor& a_down, Tensor& dgate_up);
 
+// The K-concatenation path's SwiGLU backward joined with the adapter products that read its output
+// and h (s = p.lora_scale()): dgate_up = SwiGLU'(gate_up) dh (written; gate_up holds the adapted
+// pre-activations there), dr_gu = s dgate_up B_gu (written; B_gu [E, 2F, r]), dB_gu += s dgate_up^T
+// xa and dA_down += dr_down^T h (h [rows, F] as forward saved it, dr_down [rows, r] = s dY B_down;
+// each skipped when undefined). One pass over gate_up and dh on the GPU, where SwiGLU's backward,
+// the products over dgate_up and the one over h took three (ops/cuda/lora_grouped.h).
+using GroupedFfnLoraSwigluBackwardGrads = void(Context& ctx, const GroupedFfnParams& p,
+                                               const Tensor& gate_up, const Tensor& dh,
+                                               const Tensor& offsets, const Tensor& h,
+                                               const Tensor& dr_down, const Tensor& xa,
+                                               const Tensor& b_gu, Tensor& dgate_up, Tensor& dr_gu,
+                                               Tensor& db_gu, Tensor& da_down);
+
 // The K-concatenation path's adapter packing, both projections: [[W, s B], [A, 0]] in each padded
 // buffer, i.e. A [E, r, in] into its rows out .. out + r - 1 (columns 0 .. in - 1) and s B
 // [E, out, r] (s = p.lora_scale(), rounded once into the buffer's type) into its columns in .. in +
@@ -159,6 +174,7 @@ MT_OP_BACKENDS(GroupedFfnSwigluForward grouped_ffn_swiglu_forward;
                GroupedFfnLoraOutGrads grouped_ffn_lora_out_grads;
                GroupedFfnLoraSwiglu grouped_ffn_lora_swiglu;
                GroupedFfnLoraSwigluBackward grouped_ffn_lora_swiglu_backward;
-               GroupedFfnLoraPack grouped_ffn_lora_pack;)
+               GroupedFfnLoraPack grouped_ffn_lora_pack;
+               GroupedFfnLoraSwigluBackwardGrads grouped_ffn_lora_swiglu_backward_grads;)
 
 }  // namespace mt::ops

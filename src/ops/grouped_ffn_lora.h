@@ -45,6 +45,21 @@ void swiglu_backward(Context& ctx, const GroupedFfnParams& p, const Tensor& gate
   swiglu_backward(ctx, adapted, dh_all, dgate_up);
 }
 
+// grouped_ffn_lora_swiglu_backward_grads as SwiGLU's backward, the adapter's products over
+// dgate_up (`out_grads`: the backend's grouped_ffn_lora_out_grads) and dA_down's over h.
+template <typename SwigluBackward, typename OutGrads>
+void swiglu_backward_grads(Context& ctx, const GroupedFfnParams& p, const Tensor& gate_up,
+                           const Tensor& dh, const Tensor& offsets, const Tensor& h,
+                           const Tensor& dr_down, const Tensor& xa, const Tensor& b_gu,
+                           Tensor& dgate_up, Tensor& dr_gu, Tensor& db_gu, Tensor& da_down,
+                           SwigluBackward swiglu_backward, OutGrads out_grads) {
+  swiglu_backward(ctx, gate_up, dh, dgate_up);
+  out_grads(ctx, p, dgate_up, offsets, b_gu, xa, dr_gu, db_gu);
+  if (da_down.defined() && da_down.numel() > 0)
+    ops::grouped_matmul(ctx, {.form = GroupedForm::DytX, .beta = 1.f, .gemm = p.gemm}, dr_down,
+                        offsets, h, da_down);
+}
+
 // The padded [E, out + r, in + r] buffer around the W block w [E, out, in] (grouped_ffn_padded):
 // a non-owning view for the call (w keeps the buffer alive).
 inline Tensor padded_weight(const Tensor& w, int64_t r) {

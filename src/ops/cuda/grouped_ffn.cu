@@ -204,4 +204,18 @@ void grouped_ffn_lora_pack(Context& ctx, const GroupedFfnParams& p, const Groupe
   lora_composite::pack(ctx, p, w);
 }
 
+void grouped_ffn_lora_swiglu_backward_grads(Context& ctx, const GroupedFfnParams& p,
+                                            const Tensor& gate_up, const Tensor& dh,
+                                            const Tensor& offsets, const Tensor& h,
+                                            const Tensor& dr_down, const Tensor& xa,
+                                            const Tensor& b_gu, Tensor& dgate_up, Tensor& dr_gu,
+                                            Tensor& db_gu, Tensor& da_down) {
+  if (skinny_lora_swiglu_bwd_grads(ctx, gate_up, dh, offsets, dr_down, xa, b_gu, p.lora_scale(),
+                                   dgate_up, dr_gu, db_gu, da_down))
+    return;
+  lora_composite::swiglu_backward_grads(ctx, p, gate_up, dh, offsets, h, dr_down, xa, b_gu,
+                                        dgate_up, dr_gu, db_gu, da_down,
+                                        grouped_ffn_swiglu_backward, grouped_ffn_lora_out_grads);
+}
+
 }  // namespace mt::ops::cuda
