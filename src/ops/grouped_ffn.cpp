@@ -139,8 +139,9 @@ void pack_adapters(Context& ctx, const GroupedFfnParams& p, const GroupedFfnWeig
 
 // Traffic per pass, in elements (N rows, d = in; each GEMM reads its padded input and writes its
 // output once): xa = X A^T reads X (N d) into X's padding, the gate/up GEMM reads [X | xa] and
-// writes the adapted gate_up (2 N F), SwiGLU reads it and writes h (3 N F), ha = h A_down^T reads
-// h into h's padding, the down GEMM reads [h | ha] and writes y (N d). Against the separate passes
+// writes the adapted gate_up (2 N F), SwiGLU reads it and writes h (3 N F) and, in the same pass
+// on the GPU, ha = h A_down^T into h's padding (grouped_ffn_lora_swiglu_ha; session 13 read h
+// back for it, N F), the down GEMM reads [h | ha] and writes y (N d). Against the separate passes
 // this saves the up product's write of y and the base GEMM's read of it back (2 N d), and SwiGLU
 // needs no adapter term (no rank-r MMAs in a memory-bound pass).
 void forward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
@@ -163,8 +164,14 @@ void forward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
   ops::copy(ctx, xa, saved.xa);  // for dB in backward (N r elements)
   grouped_matmul(ctx, fwd, xp, offsets, padded_weight(w.gate_up, r).narrow(1, 0, 2 * F),
                  saved.gate_up);
-  swiglu_forward(ctx, saved.gate_up, saved.h);
-  grouped_matmul(ctx, fwd, saved.h, offsets, w.down_a, saved.ha);
+  if (p.lora_s13_kernels) {
+    swiglu_forward(ctx, saved.gate_up, saved.h);
+    grouped_matmul(ctx, fwd, saved.h, offsets, w.down_a, saved.ha);
+  } else {
+    dispatch(MT_NAMED_OP_BODIES("grouped_ffn_forward", grouped_ffn_lora_swiglu_ha),
+             {&saved.gate_up, &w.down_a, &saved.h, &saved.ha}, ctx, p, saved.gate_up, offsets,
+             w.down_a, saved.h, saved.ha);
+  }
   grouped_matmul(ctx, fwd, padded_rows(saved.h, r), offsets,
                  padded_weight(w.down, r).narrow(1, 0, l), y);
 }

@@ -50,7 +50,8 @@ struct GroupedFfnParams {
   // their replacements (bench moe's lora_s13_* fields): the adapters packed by one copy or scale
   // per tensor (six launches) instead of grouped_ffn_lora_pack's one, dr / dB over 128-row blocks
   // instead of up to 512, and SwiGLU's backward, the products over dgate_up and dA_down's over h
-  // as three passes instead of grouped_ffn_lora_swiglu_backward_grads's one
+  // as three passes instead of grouped_ffn_lora_swiglu_backward_grads's one, SwiGLU's forward and
+  // ha = h A_down^T as two instead of grouped_ffn_lora_swiglu_ha's one
   // (ops/cuda/lora_grouped.h). Same results up to the summation order of the adapters' grads.
   bool lora_s13_kernels = false;
   float lora_scale() const { return lora_rank ? lora_alpha / static_cast<float>(lora_rank) : 0.f; }
@@ -143,6 +144,14 @@ using GroupedFfnLoraSwigluBackward = void(Context& ctx, const GroupedFfnParams& 
                                           const Tensor& offsets, const Tensor& b, const Tensor& dh,
                                           const Tensor& dr, const Tensor& a_down, Tensor& dgate_up);
 
+// The K-concatenation path's SwiGLU forward joined with the down adapter's first product: h =
+// silu(g) u over gate_up = [g | u] (written, as grouped_ffn_swiglu_forward rounds it) and ha = h
+// A_down^T (A_down [E, r, F]; written). One pass over gate_up on the GPU, where the down product
+// read h back.
+using GroupedFfnLoraSwigluHa = void(Context& ctx, const GroupedFfnParams& p, const Tensor& gate_up,
+                                    const Tensor& offsets, const Tensor& a_down, Tensor& h,
+                                    Tensor& ha);
+
 // The K-concatenation path's SwiGLU backward joined with the adapter products that read its output
 // and h (s = p.lora_scale()): dgate_up = SwiGLU'(gate_up) dh (written; gate_up holds the adapted
 // pre-activations there), dr_gu = s dgate_up B_gu (written; B_gu [E, 2F, r]), dB_gu += s dgate_up^T
@@ -175,6 +184,7 @@ MT_OP_BACKENDS(GroupedFfnSwigluForward grouped_ffn_swiglu_forward;
                GroupedFfnLoraSwiglu grouped_ffn_lora_swiglu;
                GroupedFfnLoraSwigluBackward grouped_ffn_lora_swiglu_backward;
                GroupedFfnLoraPack grouped_ffn_lora_pack;
-               GroupedFfnLoraSwigluBackwardGrads grouped_ffn_lora_swiglu_backward_grads;)
+               GroupedFfnLoraSwigluBackwardGrads grouped_ffn_lora_swiglu_backward_grads;
+               GroupedFfnLoraSwigluHa grouped_ffn_lora_swiglu_ha;)
 
 }  // namespace mt::ops

@@ -45,6 +45,15 @@ void swiglu_backward(Context& ctx, const GroupedFfnParams& p, const Tensor& gate
   swiglu_backward(ctx, adapted, dh_all, dgate_up);
 }
 
+// grouped_ffn_lora_swiglu_ha as SwiGLU's forward, then ha = h A_down^T.
+template <typename SwigluForward>
+void swiglu_ha(Context& ctx, const GroupedFfnParams& p, const Tensor& gate_up,
+               const Tensor& offsets, const Tensor& a_down, Tensor& h, Tensor& ha,
+               SwigluForward swiglu_forward) {
+  swiglu_forward(ctx, gate_up, h);
+  ops::grouped_matmul(ctx, {.form = GroupedForm::XWt, .gemm = p.gemm}, h, offsets, a_down, ha);
+}
+
 // grouped_ffn_lora_swiglu_backward_grads as SwiGLU's backward, the adapter's products over
 // dgate_up (`out_grads`: the backend's grouped_ffn_lora_out_grads) and dA_down's over h.
 template <typename SwigluBackward, typename OutGrads>

@@ -218,4 +218,11 @@ void grouped_ffn_lora_swiglu_backward_grads(Context& ctx, const GroupedFfnParams
                                         grouped_ffn_swiglu_backward, grouped_ffn_lora_out_grads);
 }
 
+void grouped_ffn_lora_swiglu_ha(Context& ctx, const GroupedFfnParams& p, const Tensor& gate_up,
+                                const Tensor& offsets, const Tensor& a_down, Tensor& h,
+                                Tensor& ha) {
+  if (skinny_lora_swiglu_ha(ctx, gate_up, offsets, a_down, h, ha)) return;
+  lora_composite::swiglu_ha(ctx, p, gate_up, offsets, a_down, h, ha, grouped_ffn_swiglu_forward);
+}
+
 }  // namespace mt::ops::cuda

@@ -1095,6 +1095,116 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
+// The K-concatenation path's SwiGLU forward joined with the down adapter's first product
+// (ops/grouped_ffn.h, grouped_ffn_lora_swiglu_ha): h = silu(g) u (written, as swiglu_fwd_kernel
+// rounds it) and ha = h A_down^T (written, bf16; A_down [G, r, F]) from the same h tile in shared
+// memory, where the down kernel read h back from HBM (session 13's ncu: 0.10 ms at A, 0.06 at B).
+// One block per 64-row tile of a group; the ring's stages (HaLayout) are [64 rows][gate 32 | up
+// 32] tiles of gate_up with A_down's [r16][32] columns; warp w forms h for its share of the tile,
+// then adds its 16 rows x the stage's 32 columns (k) into ha (registers). No atomics: a block
+// holds its rows' whole sums. Ranks up to 64.
+struct SwigluHaArgs {
+  const bf16* gu;
+  int64_t ldgu;
+  const bf16* a;  // A_down [G, r, F]
+  int64_t F;
+  int r;
+  bf16* h;
+  int64_t ldh;
+  bf16* ha;
+  int64_t ldha;
+};
+
+template <int kP>
+struct HaLayout {
+  static constexpr int kGu = kSbRows * kSbLdGu;  // [64 rows][gate 32 | up 32]
+  static constexpr int kH = kSbRows * kSbLdH;    // [64 rows][32]: h
+  static constexpr int kA = 16 * kP * kSbLdH;    // A_down's [r16 rows j][32 columns]
+  static constexpr int kSlot = kGu + kH + kA;
+  static constexpr int kBytes = kStages * kSlot * static_cast<int>(sizeof(bf16));
+};
+
+template <int kP>
+__global__ void __launch_bounds__(kThreads)
+    swiglu_ha_kernel(const __grid_constant__ Tiles tiles, const SwigluHaArgs p) {
+  using L = HaLayout<kP>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* ring = reinterpret_cast<bf16*>(smem);
+  const Tile t = find_tile(tiles, static_cast<int>(blockIdx.x));
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int r16 = (p.r + 15) & ~15, pairs = r16 >> 4;
+  const int64_t F = p.F;
+  const bf16* gu = p.gu + static_cast<int64_t>(t.r0) * p.ldgu;
+  const bf16* wa = p.a + static_cast<int64_t>(t.group) * p.r * F;
+  bf16* hg = p.h + static_cast<int64_t>(t.r0) * p.ldh;
+  const auto gu_col = [&](int64_t c0, int cc) {
+    return cc < kSbCols ? c0 + cc : F + c0 + cc - kSbCols;
+  };
+  const auto load = [&](int s) {
+    bf16* gs = ring + (s % kStages) * L::kSlot;
+    bf16* as = gs + L::kGu + L::kH;
+    const int64_t c0 = static_cast<int64_t>(s) * kSbCols;
+    for (int i = tid; i < kSbRows * (2 * kSbCols / 8); i += kThreads) {
+      const int row = i >> 3, cc = (i & 7) << 3;
+      const bool ok = row < t.rows && c0 + (cc & (kSbCols - 1)) < F;
+      cp16_or_zero(&gs[row * kSbLdGu + cc], ok ? gu + row * p.ldgu + gu_col(c0, cc) : p.gu, ok);
+    }
+    for (int i = tid; i < r16 * (kSbCols / 8); i += kThreads) {  // [r16 rows j][32 columns]
+      const int j = i >> 2, cc = (i & 3) << 3;
+      const bool ok = j < p.r && c0 + cc < F;
+      cp16_or_zero(&as[j * kSbLdH + cc], ok ? wa + j * F + c0 + cc : p.a, ok);
+    }
+  };
+  float acc[2 * kP][4] = {};
+  const auto compute = [&](int s, int slot) {
+    const bf16* gs = ring + slot * L::kSlot;
+    bf16* hs = ring + slot * L::kSlot + L::kGu;
+    const bf16* as = hs + L::kH;
+    const int64_t c0 = static_cast<int64_t>(s) * kSbCols;
+    for (int i = tid; i < kSbRows * (kSbCols / 2); i += kThreads) {
+      const int row = i / (kSbCols / 2), cc = (i % (kSbCols / 2)) * 2;
+      const bf16* gp = &gs[row * kSbLdGu + cc];
+      float h[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {  // as swiglu_fwd_kernel (ops/cuda/grouped_ffn.cu)
+        const float gj = __bfloat162float(gp[e]);
+        h[e] = gj / (1.0f + expf(-gj)) * __bfloat162float(gp[kSbCols + e]);
+      }
+      st_pair(&hs[row * kSbLdH + cc], h[0], h[1]);
+    }
+    __syncthreads();
+    for (int i = tid; i < kSbRows * (kSbCols / 8); i += kThreads) {  // h out
+      const int row = i >> 2, cc = (i & 3) << 3;
+      if (row < t.rows && c0 + cc < F)
+        *reinterpret_cast<uint4*>(hg + row * p.ldh + c0 + cc) =
+            *reinterpret_cast<const uint4*>(&hs[row * kSbLdH + cc]);
+    }
+#pragma unroll
+    for (int kk = 0; kk < kSbCols; kk += 16) {  // ha: the warp's 16 rows x the rank
+      uint32_t a[4];
+      mma::ldsm_a(a, hs, kSbLdH, warp * 16, kk, lane);
+#pragma unroll
+      for (int q = 0; q < kP; ++q) {
+        if (q >= pairs) break;
+        mma_pair(acc[2 * q], acc[2 * q + 1], a, as, true, kSbLdH, 16 * q, kk, lane);
+      }
+    }
+  };
+  run_ring(static_cast<int>((F + kSbCols - 1) / kSbCols), load, compute);
+  const int g = lane >> 2, c = lane & 3;
+#pragma unroll
+  for (int n = 0; n < 2 * kP; ++n) {
+    const int col = 8 * n + 2 * c;
+    if (col >= p.r) break;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = warp * 16 + g + 8 * h;
+      if (row < t.rows)
+        st_pair(p.ha + (t.r0 + row) * p.ldha + col, acc[n][2 * h], acc[n][2 * h + 1]);
+    }
+  }
+}
+
 // grouped_ffn_lora_pack's four copies as one launch (blockIdx.y: the job): job j moves a
 // contiguous [E, R, C] factor (bf16 or f32) times `scale`, rounded once to bf16, into a strided
 // bf16 destination, 8 columns (16 bytes out) per thread and step. Bound by HBM: E r (out + in)
@@ -1440,6 +1550,29 @@ bool skinny_lora_swiglu_bwd_grads(Context& ctx, const Tensor& gate_up, const Ten
     launch_ring(swiglu_bwd_grads_kernel<1>, grid, SbLayout<1>::kBytes, stream(ctx), tiles, args);
   else
     launch_ring(swiglu_bwd_grads_kernel<2>, grid, SbLayout<2>::kBytes, stream(ctx), tiles, args);
+  return true;
+}
+
+bool skinny_lora_swiglu_ha(Context& ctx, const Tensor& gate_up, const Tensor& offsets,
+                           const Tensor& a_down, Tensor& h, Tensor& ha) {
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&gate_up, &h, &ha})
+    if (!rows_ok(*t)) return false;
+  const int64_t r = ha.dim(1), F = h.dim(1), groups = offsets.numel() - 1;
+  if (!rank_ok(r) || gate_up.dim(1) != 2 * F || a_down.dtype() != DType::BF16 ||
+      !a_down.is_contiguous() || !aligned16(a_down.raw()) || a_down.dim(1) != r ||
+      a_down.dim(2) != F)
+    return false;
+  thread_local Tiles tiles;
+  if (!make_tiles(offsets.i32(), groups, kSbRows, tiles)) return false;
+  if (tiles.tile0[tiles.count] == 0) return true;  // no rows
+  const SwigluHaArgs args{ptr<bf16>(gate_up),  gate_up.stride(0), ptr<bf16>(a_down), F,
+                          static_cast<int>(r), ptr<bf16>(h),      h.stride(0),       ptr<bf16>(ha),
+                          ha.stride(0)};
+  const dim3 grid(tiles.tile0[tiles.count]);
+  with_pairs(r, [&](auto kp) {
+    constexpr int kP = decltype(kp)::value;
+    launch_ring(swiglu_ha_kernel<kP>, grid, HaLayout<kP>::kBytes, stream(ctx), tiles, args);
+  });
   return true;
 }
 

@@ -63,6 +63,11 @@ bool skinny_lora_swiglu_bwd_grads(Context& ctx, const Tensor& gate_up, const Ten
                                   const Tensor& b_gu, float s, Tensor& dgate_up, Tensor& dr_gu,
                                   Tensor& db_gu, Tensor& da_down);
 
+// grouped_ffn_lora_swiglu_ha (ops/grouped_ffn.h) in one pass over gate_up (bf16 rows, A_down
+// [G, r, F] bf16). False having done nothing when it does not take the call.
+bool skinny_lora_swiglu_ha(Context& ctx, const Tensor& gate_up, const Tensor& offsets,
+                           const Tensor& a_down, Tensor& h, Tensor& ha);
+
 // grouped_ffn_lora_pack (ops/grouped_ffn.h) in one launch: A_gu, s B_gu into w_gu's padded
 // buffer and A_d, s B_d into w_d's (the W blocks, bf16), the factors bf16 or f32. False having
 // done nothing when it does not take the call (other types, rows not 16-byte aligned).
