@@ -128,6 +128,13 @@ bool kconcat_call(const GroupedFfnParams& p, const Tensor& x, const GroupedFfnWe
          (!p.padded_rows || x.stride(0) == p.in + r);
 }
 
+// Whether X A^T stays in x's padding from forward to backward, which then reads it there instead of
+// a copy in saved.xa: the caller lends the padding for the pair of calls (GroupedFfnParams::
+// padded_rows). Session 13's kernels copied it (saving a launch of N r elements each way).
+bool kconcat_xa_in_rows(const GroupedFfnParams& p) {
+  return p.padded_rows && !p.lora_s13_kernels;
+}
+
 // The adapters into the pads of the base weights' buffers (grouped_ffn_lora_pack). Every forward
 // does it: the optimizer updates A and B in place between steps, and one pass over them (E r (out +
 // in) elements per projection) costs less than tracking that.
@@ -161,7 +168,8 @@ void forward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
   }
   Tensor xa = xp.cols(l, l + r);
   grouped_matmul(ctx, fwd, x, offsets, w.gate_up_a, xa);
-  ops::copy(ctx, xa, saved.xa);  // for dB in backward (N r elements)
+  // For dB in backward (N r elements): the caller's padded rows keep it (kconcat_xa_in_rows).
+  if (!kconcat_xa_in_rows(p)) ops::copy(ctx, xa, saved.xa);
   grouped_matmul(ctx, fwd, xp, offsets, padded_weight(w.gate_up, r).narrow(1, 0, 2 * F),
                  saved.gate_up);
   if (p.lora_s13_kernels) {
@@ -200,6 +208,7 @@ void backward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
     ops::copy(ctx, dy, head);
   }
   const auto grad = [](const Tensor& g) { return has(g) ? g : Tensor(); };
+  const Tensor xa = kconcat_xa_in_rows(p) ? padded_rows(x, r).cols(l, l + r) : saved.xa;
   Tensor dr_down = dyp.cols(l, l + r), db_down = grad(grads.down_b);
   lora_out_grads(ctx, p, dy, offsets, w.down_b, saved.ha, dr_down, db_down);
   Tensor dh = ctx.workspace().alloc({N, F}, at);
@@ -212,13 +221,13 @@ void backward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
   if (p.lora_s13_kernels) {
     if (has(da_down)) grouped_matmul(ctx, form.dw, dr_down, offsets, saved.h, da_down);
     swiglu_backward(ctx, saved.gate_up, dh, dgu);
-    lora_out_grads(ctx, p, dgu, offsets, w.gate_up_b, saved.xa, dr_gu, db_gu);
+    lora_out_grads(ctx, p, dgu, offsets, w.gate_up_b, xa, dr_gu, db_gu);
   } else {
     dispatch(MT_NAMED_OP_BODIES("grouped_ffn_backward", grouped_ffn_lora_swiglu_backward_grads),
-             {&saved.gate_up, &dh, &saved.h, &dr_down, &saved.xa, &w.gate_up_b, &dgu, &dr_gu,
-              &db_gu, &da_down},
-             ctx, p, saved.gate_up, dh, offsets, saved.h, dr_down, saved.xa, w.gate_up_b, dgu,
-             dr_gu, db_gu, da_down);
+             {&saved.gate_up, &dh, &saved.h, &dr_down, &xa, &w.gate_up_b, &dgu, &dr_gu, &db_gu,
+              &da_down},
+             ctx, p, saved.gate_up, dh, offsets, saved.h, dr_down, xa, w.gate_up_b, dgu, dr_gu,
+             db_gu, da_down);
   }
   grouped_matmul(ctx, form.dx, dgp, offsets, padded_weight(w.gate_up, r).narrow(2, 0, l), dx);
   if (has(grads.gate_up)) grouped_matmul(ctx, form.dw_base, dgu, offsets, x, grads.gate_up);

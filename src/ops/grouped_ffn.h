@@ -38,7 +38,9 @@ struct GroupedFfnParams {
   float lora_alpha = 0;
   // The K-concatenation path only: x (forward) and dy (backward) are the first `in` columns of
   // [rows, in + lora_rank] buffers whose last lora_rank columns the op may overwrite (the MoE
-  // layer allocates its rows so). Otherwise the op copies them into padded scratch.
+  // layer allocates its rows so). Otherwise the op copies them into padded scratch. x's columns
+  // then carry X A^T from forward to its backward (which reads it there; saved.xa is left
+  // unwritten), so the caller keeps them untouched in between.
   bool padded_rows = false;
   // The caller knows the base weights' gradient buffers hold zeros (the first backward since the
   // gradients were zeroed): their weight-gradient GEMMs then write dW (beta 0) instead of adding
@@ -69,7 +71,7 @@ struct GroupedFfnWeights {
 // backward a pass that reads gate_up and writes h.
 struct GroupedFfnSaved {
   Tensor gate_up;  // [rows, 2F]
-  Tensor xa;       // [rows, r]: X A_gu^T
+  Tensor xa;       // [rows, r]: X A_gu^T (K-concatenated with padded rows: in x's padding instead)
   Tensor ha;       // [rows, r]: h A_down^T
   Tensor h;        // [rows, F] with LoRA: swiglu(gate_up), as forward computed it
   // On the K-concatenation path h and ha are the two column blocks of one [rows, F + r] buffer
