@@ -869,8 +869,8 @@ __global__ void __launch_bounds__(kThreads)
 // (ops/grouped_ffn.h, grouped_ffn_lora_swiglu_backward_grads), in one pass over gate_up and dh:
 //   dgate_up = SwiGLU'(g, u) dh (written; [g | u] = gate_up, adapted already),
 //   dr_gu = s dgate_up B_gu (written, bf16), dB_gu += s dgate_up^T xa (f32 atomics),
-//   dA_down += dr_down^T h (f32 atomics), h = silu(g) u formed again as the forward kernel rounds
-//   it.
+//   dA_down += dr_down^T h (f32 atomics), h = silu(g) u formed again from SwiGLU's sigmoid (to
+//   the saved h's last bit: a gradient's operand).
 // Separately these were SwiGLU's backward, a pass over dgate_up (out_grads_kernel) and one over h
 // (dw_kernel): at shape A 0.34 + 0.28 + 0.10 ms in session 13's ncu, the last two re-reading
 // 2 N F + N F elements that this kernel has in shared memory. One block per up to kSbParts x 64
@@ -986,15 +986,20 @@ __global__ void __launch_bounds__(kThreads)
       bf16* gp = &gs[row * kSbLdGu + cc];
       bf16* up = gp + kSbCols;
       bf16* hp = &hs[row * kSbLdH + cc];
+      const float2 g2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(gp)),
+                   u2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(up)),
+                   d2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(hp));
+      const float gv[2] = {g2.x, g2.y}, uv[2] = {u2.x, u2.y}, dv[2] = {d2.x, d2.y};
       float dg[2], du[2], h[2];
 #pragma unroll
       for (int e = 0; e < 2; ++e) {  // as swiglu_bwd_kernel (ops/cuda/grouped_ffn.cu)
-        const float gj = __bfloat162float(gp[e]), uj = __bfloat162float(up[e]),
-                    dj = __bfloat162float(hp[e]);
+        const float gj = gv[e], uj = uv[e], dj = dv[e];
         const float sg = 1.0f / (1.0f + expf(-gj));
         du[e] = dj * gj * sg;
         dg[e] = dj * uj * sg * (1.0f + gj * (1.0f - sg));
-        h[e] = gj / (1.0f + expf(-gj)) * uj;  // as swiglu_fwd_kernel
+        // silu(g) u for dA only: from sg (one exp, one division less than the forward kernel's
+        // g / (1 + exp(-g)) u; the rounded h may differ from the saved one in its last bit).
+        h[e] = gj * sg * uj;
       }
       st_pair(gp, dg[0], dg[1]);
       st_pair(up, du[0], du[1]);
