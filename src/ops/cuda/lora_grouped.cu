@@ -1229,19 +1229,22 @@ struct PackJobs {
 
 __global__ void lora_pack_kernel(const __grid_constant__ PackJobs jobs) {
   const PackJob& j = jobs.job[blockIdx.y];
-  const int64_t per_row = j.C / 8, n = j.rows * per_row;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t row = i / per_row, c = (i - row * per_row) * 8;
-    const int64_t e = row / j.R, rr = row - e * j.R;
+  // 32-bit index arithmetic (the host checks n < 2^31): 64-bit divisions per 16 bytes cost the
+  // kernel more than its memory traffic at shape B (1.3 TB/s, session 14's first version).
+  const uint32_t per_row = static_cast<uint32_t>(j.C / 8), R = static_cast<uint32_t>(j.R);
+  const uint32_t n = static_cast<uint32_t>(j.rows) * per_row;
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const uint32_t row = i / per_row, c = (i - row * per_row) * 8;
+    const uint32_t e = row / R, rr = row - e * R;
     float v[8];
     if (j.f32) {
-      const float4* src = reinterpret_cast<const float4*>(static_cast<const float*>(j.src) + i * 8);
+      const float4* src =
+          reinterpret_cast<const float4*>(static_cast<const float*>(j.src) + int64_t{i} * 8);
       const float4 lo = src[0], hi = src[1];
       v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w;
       v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
     } else {
-      const uint4 raw = ld16(static_cast<const bf16*>(j.src) + i * 8);
+      const uint4 raw = ld16(static_cast<const bf16*>(j.src) + int64_t{i} * 8);
       const bf16* b = reinterpret_cast<const bf16*>(&raw);
 #pragma unroll
       for (int k = 0; k < 8; ++k) v[k] = __bfloat162float(b[k]);
@@ -1250,7 +1253,8 @@ __global__ void lora_pack_kernel(const __grid_constant__ PackJobs jobs) {
     uint32_t* w = reinterpret_cast<uint32_t*>(&o);
 #pragma unroll
     for (int k = 0; k < 4; ++k) w[k] = mma::pack_bf16(j.scale * v[2 * k], j.scale * v[2 * k + 1]);
-    *reinterpret_cast<uint4*>(j.dst + e * j.group_pitch + rr * j.row_pitch + c) = o;
+    *reinterpret_cast<uint4*>(j.dst + int64_t{e} * j.group_pitch + int64_t{rr} * j.row_pitch + c) =
+        o;
   }
 }
 
@@ -1510,6 +1514,7 @@ bool skinny_lora_pack(Context& ctx, float s, const Tensor& a_gu, const Tensor& b
     most = std::max({most, E * r * in / 8, E * out * r / 8});
   }
   if (most == 0) return true;
+  if (most >= (int64_t{1} << 31)) return false;  // the kernel's 32-bit indices
   lora_pack_kernel<<<dim3(blocks_for(most, 256, 2048), 4), 256, 0, stream(ctx)>>>(jobs);
   MT_CUDA_LAUNCH_CHECK();
   return true;
