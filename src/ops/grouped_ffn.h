@@ -51,9 +51,9 @@ struct GroupedFfnParams {
   // The K-concatenation path's session-13 kernels, kept so that one device run compares them with
   // their replacements (bench moe's lora_s13_* fields): the adapters packed by one copy or scale
   // per tensor (six launches) instead of grouped_ffn_lora_pack's one, dr / dB over 128-row blocks
-  // instead of up to 512, and SwiGLU's backward, the products over dgate_up and dA_down's over h
-  // as three passes instead of grouped_ffn_lora_swiglu_backward_grads's one, SwiGLU's forward and
-  // ha = h A_down^T as two instead of grouped_ffn_lora_swiglu_ha's one
+  // instead of two 64-row parts, and SwiGLU's backward, the products over dgate_up and dA_down's
+  // over h as three passes instead of grouped_ffn_lora_swiglu_backward_grads's one, SwiGLU's
+  // forward and ha = h A_down^T as two instead of grouped_ffn_lora_swiglu_ha's one
   // (ops/cuda/lora_grouped.h). Same results up to the summation order of the adapters' grads.
   bool lora_s13_kernels = false;
   float lora_scale() const { return lora_rank ? lora_alpha / static_cast<float>(lora_rank) : 0.f; }

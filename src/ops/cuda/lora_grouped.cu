@@ -714,17 +714,16 @@ __global__ void scale_groups_kernel(const __grid_constant__ Tiles tiles, int64_t
 // The two products of expert LoRA's backward that read the projection's output gradient dOut
 // [rows, K], in one pass over it (the separate kernels read it twice, once per product):
 //   dr = s dOut_g B_g (B_g [K, r], written, bf16) and dB_g += s dOut_g^T xa_g (f32, atomics).
-// One block per chunk of up to kChunks x 128 rows of a group; the stages of the ring (OgLayout)
-// are [128 rows][64 k] tiles of dOut, k-stage outer and 128-row part inner, so that each stage
-// feeds both MMAs: warp w owns rows 32 w .. 32 w + 31 of each part's dr (accumulated in registers
-// over the k-stages) and columns 16 w .. 16 w + 15 of the k-stage's dB, summed over all the
-// block's parts before it meets the other blocks' through f32 atomics (two adjacent elements per
-// float2 atomic). Session 13's kernel (kChunks = 1) added dB after every 128 rows: 2 K r atomics
-// per 128 rows, 32 times the dW kernel's per row, and it ran at 1.9 TB/s where that one ran 3.0
-// (shape A, ncu); up to 512 rows per block cut them fourfold and still give shape A 256 blocks
-// (B, 256 experts of ~256 rows: as many blocks of 256 rows). Ranks up to 32.
+// One block per up to kChunks parts of kRows rows of a group; the stages of the ring (OgLayout)
+// are [kRows rows][64 k] tiles of dOut, k-stage outer and part inner, so that each stage feeds
+// both MMAs: warp w owns rows w kRows / 4 .. of each part's dr (accumulated in registers over the
+// k-stages) and columns 16 w .. 16 w + 15 of the k-stage's dB, summed over the block's parts before
+// it meets the other blocks' through f32 atomics (two adjacent elements per float2 atomic).
+// Session 13's kernel (one 128-row part: kOgRows, kept for lora_s13_kernels) held 2 blocks per
+// SM and ran at 1.8 TB/s (shape A, ncu), as fast with dB's atomics four times fewer (session 14's
+// mid-session run); parts of 64 rows, two per block, fit 4. Ranks up to 32.
 constexpr int kOgRows = 128;
-constexpr int kFusedMaxRank = 32;  // out_grads_kernel<1, *> and <2, *>
+constexpr int kFusedMaxRank = 32;  // out_grads_kernel<1, ...> and <2, ...>
 
 struct OutGradArgs {
   const bf16* dout;
@@ -739,32 +738,33 @@ struct OutGradArgs {
   float s;
 };
 
-template <int kP, int kChunks>
+template <int kP, int kChunks, int kRows>
 struct OgLayout {
   static constexpr int kLdB = rank_ld(16 * kP);
-  static constexpr int kD = kOgRows * kLd;              // dOut [128 rows][64 k]
-  static constexpr int kSlot = kD + kKStage * kLdB;     // + B_g's stage [64 k][r16]
-  static constexpr int kXa = kChunks * kOgRows * kLdB;  // xa of the block's rows, once
+  static constexpr int kD = kRows * kLd;              // dOut [kRows rows][64 k]
+  static constexpr int kSlot = kD + kKStage * kLdB;   // + B_g's stage [64 k][r16]
+  static constexpr int kXa = kChunks * kRows * kLdB;  // xa of the block's rows, once
   static constexpr int kBytes = (kStages * kSlot + kXa) * static_cast<int>(sizeof(bf16));
 };
 
-template <int kP, int kChunks>
+template <int kP, int kChunks, int kRows>
 __global__ void __launch_bounds__(kThreads)
     out_grads_kernel(const __grid_constant__ Tiles tiles, const OutGradArgs p) {
-  using L = OgLayout<kP, kChunks>;
-  static_assert(kOgRows == 32 * (kThreads / 32) && kKStage == 16 * (kThreads / 32),
-                "a warp owns 32 rows of dr and 16 columns of a stage's dB");
+  using L = OgLayout<kP, kChunks, kRows>;
+  constexpr int kMt = kRows / (16 * (kThreads / 32));  // 16-row m-tiles of dr per warp
+  static_assert(kMt * 16 * (kThreads / 32) == kRows && kKStage == 16 * (kThreads / 32),
+                "a warp owns kRows / 4 rows of dr and 16 columns of a stage's dB");
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* ring = reinterpret_cast<bf16*>(smem);
   bf16* xs = ring + kStages * L::kSlot;
   const Tile t = last_first_tile(tiles);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int r16 = (p.r + 15) & ~15, chunks = r16 >> 3;  // r16 = 16 kP
-  const int parts = (t.rows + kOgRows - 1) / kOgRows;   // 1 .. kChunks
+  const int parts = (t.rows + kRows - 1) / kRows;       // 1 .. kChunks
   const bf16* dout = p.dout + static_cast<int64_t>(t.r0) * p.ldo;
   const bf16* b = p.b + static_cast<int64_t>(t.group) * p.K * p.r;
   float* db_g = p.db == nullptr ? nullptr : p.db + static_cast<int64_t>(t.group) * p.K * p.r;
-  for (int i = tid; i < parts * kOgRows * chunks; i += kThreads) {  // lands with stage 0
+  for (int i = tid; i < parts * kRows * chunks; i += kThreads) {  // lands with stage 0
     const int row = i / chunks, j = (i % chunks) << 3;
     const bool ok = row < t.rows && j < p.r;
     cp16_or_zero(&xs[row * L::kLdB + j], ok ? p.xa + (t.r0 + row) * p.ldx + j : p.xa, ok);
@@ -773,9 +773,9 @@ __global__ void __launch_bounds__(kThreads)
   const auto load = [&](int s) {
     bf16* ds = ring + (s % kStages) * L::kSlot;
     bf16* bs = ds + L::kD;
-    const int part = s % parts, row0 = part * kOgRows;
+    const int part = s % parts, row0 = part * kRows;
     const int64_t k0 = static_cast<int64_t>(s / parts) * kKStage;
-    for (int i = tid; i < kOgRows * (kKStage / 8); i += kThreads) {
+    for (int i = tid; i < kRows * (kKStage / 8); i += kThreads) {
       const int row = i >> 3, col = (i & 7) << 3;
       const bool ok = row0 + row < t.rows && k0 + col < p.K;
       cp16_or_zero(&ds[row * kLd + col], ok ? dout + (row0 + row) * p.ldo + k0 + col : p.dout, ok);
@@ -787,7 +787,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   };
   const int g = lane >> 2, c = lane & 3;
-  float dr[kChunks][2][2 * kP][4] = {};
+  float dr[kChunks][kMt][2 * kP][4] = {};
   float db[2 * kP][4] = {};
   const auto compute = [&](int s, int slot) {
     const bf16* ds = ring + slot * L::kSlot;
@@ -807,9 +807,9 @@ __global__ void __launch_bounds__(kThreads)
           mma::load_b_kn(b1[n], bs, L::kLdB, kk, 16 * n + 8, lane);
         }
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
+        for (int mt = 0; mt < kMt; ++mt) {
           uint32_t a[4];
-          mma::ldsm_a(a, ds, kLd, warp * 32 + 16 * mt, kk, lane);
+          mma::ldsm_a(a, ds, kLd, (warp * kMt + mt) * 16, kk, lane);
 #pragma unroll
           for (int n = 0; n < kP; ++n) {
             mma::mma_bf16(dr[q][mt][2 * n], a, b0[n]);
@@ -819,9 +819,9 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     if (db_g == nullptr) return;
-    const bf16* xp = xs + part * kOgRows * L::kLdB;  // this part's rows of xa
+    const bf16* xp = xs + part * kRows * L::kLdB;  // this part's rows of xa
 #pragma unroll
-    for (int kr = 0; kr < kOgRows; kr += 16) {  // dB: the warp's stage columns x the part's rows
+    for (int kr = 0; kr < kRows; kr += 16) {  // dB: the warp's stage columns x the part's rows
       uint32_t a_t[4];
       ldsm_a_km(a_t, ds, kLd, warp * 16, kr, lane);
 #pragma unroll
@@ -850,14 +850,14 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int q = 0; q < kChunks; ++q)
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < kMt; ++mt)
 #pragma unroll
       for (int n = 0; n < 2 * kP; ++n) {
         const int col = 8 * n + 2 * c;
         if (col >= p.r) break;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int row = q * kOgRows + warp * 32 + 16 * mt + g + 8 * h;
+          const int row = q * kRows + (warp * kMt + mt) * 16 + g + 8 * h;
           if (row < t.rows)
             st_pair(p.dr + (t.r0 + row) * p.lddr + col, p.s * dr[q][mt][n][2 * h],
                     p.s * dr[q][mt][n][2 * h + 1]);
@@ -1395,11 +1395,14 @@ bool skinny_lora_out_grads(Context& ctx, const Tensor& dout, const Tensor& offse
   if (with_db && (db.dtype() != DType::F32 || !db.is_contiguous() ||
                   reinterpret_cast<uintptr_t>(db.raw()) % 8 != 0))
     return false;
-  // Parts of 128 rows per block: 4 at ranks up to 16, 2 at 32 (dr's accumulators: 64 floats);
-  // one as session 13 ran it.
-  const int parts = s13 ? 1 : rank_pairs(r) == 1 ? 4 : 2;
+  // Blocks of two 64-row parts: 4 blocks (16 warps) per SM at ranks up to 16, where session 13's
+  // 128-row stages (s13) left room for 2, and its kernel ran dY at 1.8 TB/s at shape A whether dB's
+  // atomics came every 128 rows or every 512 (session 14, mid-session ncu): not the atomics, so
+  // the warps in flight.
+  constexpr int kParts = 2, kRows = 64;
+  const int64_t block_rows = s13 ? kOgRows : kParts * kRows;
   thread_local Tiles tiles;
-  if (!make_tiles(offsets.i32(), groups, kOgRows * parts, tiles)) return false;
+  if (!make_tiles(offsets.i32(), groups, static_cast<int>(block_rows), tiles)) return false;
   if (tiles.tile0[tiles.count] == 0) return true;  // no rows: dr is empty, dB gains nothing
   const OutGradArgs args{ptr<bf16>(dout),
                          dout.stride(0),
@@ -1418,15 +1421,15 @@ bool skinny_lora_out_grads(Context& ctx, const Tensor& dout, const Tensor& offse
     launch_ring(kernel, grid, bytes, st, tiles, args);
   };
   if (rank_pairs(r) == 1) {
-    if (parts == 4)
-      run(out_grads_kernel<1, 4>, OgLayout<1, 4>::kBytes);
+    if (s13)
+      run(out_grads_kernel<1, 1, kOgRows>, OgLayout<1, 1, kOgRows>::kBytes);
     else
-      run(out_grads_kernel<1, 1>, OgLayout<1, 1>::kBytes);
+      run(out_grads_kernel<1, kParts, kRows>, OgLayout<1, kParts, kRows>::kBytes);
   } else {  // r <= kFusedMaxRank: two pairs
-    if (parts == 2)
-      run(out_grads_kernel<2, 2>, OgLayout<2, 2>::kBytes);
+    if (s13)
+      run(out_grads_kernel<2, 1, kOgRows>, OgLayout<2, 1, kOgRows>::kBytes);
     else
-      run(out_grads_kernel<2, 1>, OgLayout<2, 1>::kBytes);
+      run(out_grads_kernel<2, kParts, kRows>, OgLayout<2, kParts, kRows>::kBytes);
   }
   return true;
 }
