@@ -148,23 +148,24 @@ void with_pairs(int64_t r, const F& f) {
   }
 }
 
-// Runs the ring: load(s) issues stage s's copies into slot s % kStages, compute(s, slot) consumes
-// it. One commit group per stage (empty past the last), so wait_group<kStages - 2> means stage s
+// Runs the ring of `Stages` slots: load(s) issues stage s's copies into slot s % Stages,
+// compute(s, slot) consumes it. One commit group per stage (empty past the last), so
+// wait_group<Stages - 2> means stage s
 // has landed; the barrier after it also tells every thread that the slot refilled next (the one
 // consumed last iteration) is free. Ends with every copy landed and the slots free again.
-template <typename Load, typename Compute>
+template <int Stages = kStages, typename Load, typename Compute>
 __device__ __forceinline__ void run_ring(int stages, const Load& load, const Compute& compute) {
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
+  for (int s = 0; s < Stages - 1; ++s) {
     if (s < stages) load(s);
     mma::cp_async_commit();
   }
   for (int s = 0; s < stages; ++s) {
-    mma::cp_async_wait<kStages - 2>();
+    mma::cp_async_wait<Stages - 2>();
     __syncthreads();
-    if (s + kStages - 1 < stages) load(s + kStages - 1);
+    if (s + Stages - 1 < stages) load(s + Stages - 1);
     mma::cp_async_commit();
-    compute(s, s % kStages);
+    compute(s, s % Stages);
   }
   mma::cp_async_wait<0>();
   __syncthreads();
@@ -882,7 +883,8 @@ __global__ void __launch_bounds__(kThreads)
 // summed over the block's parts before one atomic per element pair. Ranks up to 32.
 constexpr int kSbRows = kRowTile;         // rows of a part: 4 warps x 16
 constexpr int kSbCols = 32;               // columns of F per stage (64 of dgate_up)
-constexpr int kSbParts = 4;               // parts per block: 256 rows
+constexpr int kSbParts = 3;               // parts per block: 192 rows
+constexpr int kSbStages = 3;              // its ring's depth: 3 blocks (12 warps) per SM
 constexpr int kSbLdGu = 2 * kSbCols + 8;  // the gate/up tile's pitch: 144 bytes
 constexpr int kSbLdH = kSbCols + 8;       // the dh / h tile's pitch: 80 bytes
 
@@ -915,7 +917,7 @@ struct SbLayout {
   static constexpr int kB = 2 * kSbCols * kLdB;  // B_gu's rows of the stage's 64 columns
   static constexpr int kSlot = kGu + kH + kB;
   static constexpr int kRank = kSbParts * kSbRows * kLdB;  // xa, dr_down: the block's rows
-  static constexpr int kBytes = (kStages * kSlot + 2 * kRank) * static_cast<int>(sizeof(bf16));
+  static constexpr int kBytes = (kSbStages * kSlot + 2 * kRank) * static_cast<int>(sizeof(bf16));
 };
 
 template <int kP>
@@ -925,8 +927,8 @@ __global__ void __launch_bounds__(kThreads)
   static_assert(kSbCols == 8 * (kThreads / 32), "a warp owns one n-tile of a stage's dA");
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* ring = reinterpret_cast<bf16*>(smem);
-  bf16* xs = ring + kStages * L::kSlot;  // xa of the block's rows
-  bf16* rs = xs + L::kRank;              // dr_down of the block's rows
+  bf16* xs = ring + kSbStages * L::kSlot;  // xa of the block's rows
+  bf16* rs = xs + L::kRank;                // dr_down of the block's rows
   const Tile t = last_first_tile(tiles);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, c = lane & 3;
@@ -948,7 +950,7 @@ __global__ void __launch_bounds__(kThreads)
   };
   // Stage s: column chunk s / parts, part s % parts.
   const auto load = [&](int s) {
-    bf16* gs = ring + (s % kStages) * L::kSlot;
+    bf16* gs = ring + (s % kSbStages) * L::kSlot;
     bf16* hs = gs + L::kGu;
     bf16* bs = hs + L::kH;
     const int row0 = (s % parts) * kSbRows;
@@ -1083,7 +1085,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   };
-  run_ring(static_cast<int>((F + kSbCols - 1) / kSbCols) * parts, load, compute);
+  run_ring<kSbStages>(static_cast<int>((F + kSbCols - 1) / kSbCols) * parts, load, compute);
 #pragma unroll
   for (int q = 0; q < kSbParts; ++q)
 #pragma unroll
