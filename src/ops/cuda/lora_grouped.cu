@@ -1109,7 +1109,8 @@ __global__ void __launch_bounds__(kThreads)
 // One block per 64-row tile of a group; the ring's stages (HaLayout) are [64 rows][gate 32 | up
 // 32] tiles of gate_up with A_down's [r16][32] columns; warp w forms h for its share of the tile,
 // then adds its 16 rows x the stage's 32 columns (k) into ha (registers). No atomics: a block
-// holds its rows' whole sums. Ranks up to 64.
+// holds its rows' whole sums. A 3-stage ring (kSbStages) leaves room for 4 blocks per SM at ranks
+// up to 16. Ranks up to 64.
 struct SwigluHaArgs {
   const bf16* gu;
   int64_t ldgu;
@@ -1128,7 +1129,7 @@ struct HaLayout {
   static constexpr int kH = kSbRows * kSbLdH;    // [64 rows][32]: h
   static constexpr int kA = 16 * kP * kSbLdH;    // A_down's [r16 rows j][32 columns]
   static constexpr int kSlot = kGu + kH + kA;
-  static constexpr int kBytes = kStages * kSlot * static_cast<int>(sizeof(bf16));
+  static constexpr int kBytes = kSbStages * kSlot * static_cast<int>(sizeof(bf16));
 };
 
 template <int kP>
@@ -1148,7 +1149,7 @@ __global__ void __launch_bounds__(kThreads)
     return cc < kSbCols ? c0 + cc : F + c0 + cc - kSbCols;
   };
   const auto load = [&](int s) {
-    bf16* gs = ring + (s % kStages) * L::kSlot;
+    bf16* gs = ring + (s % kSbStages) * L::kSlot;
     bf16* as = gs + L::kGu + L::kH;
     const int64_t c0 = static_cast<int64_t>(s) * kSbCols;
     for (int i = tid; i < kSbRows * (2 * kSbCols / 8); i += kThreads) {
@@ -1197,7 +1198,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   };
-  run_ring(static_cast<int>((F + kSbCols - 1) / kSbCols), load, compute);
+  run_ring<kSbStages>(static_cast<int>((F + kSbCols - 1) / kSbCols), load, compute);
   const int g = lane >> 2, c = lane & 3;
 #pragma unroll
   for (int n = 0; n < 2 * kP; ++n) {
