@@ -111,6 +111,8 @@ __device__ __forceinline__ void st_pair(bf16* p, float lo, float hi) {
 // single stage in flight per resident block half of the time (session 11, shape A: out_grads 1.9
 // TB/s at 4 blocks per SM, dW 2.4 at 4, down 3.3 at 8). Accumulators are sized by the padded rank
 // (kP = its n-tile pairs, a template argument): sized for rank 64 they held 128 registers.
+// kStages is the default depth; session 14's kernels run 3 where that fits more blocks per SM
+// (kDownStages, kSbStages).
 constexpr int kStages = 4;
 
 // 16 bytes global -> shared through cp.async, or 16 zeros when !valid (src-size 0: nothing is
@@ -184,13 +186,19 @@ struct DownArgs {
   float alpha;
 };
 
+// The down and dW kernels' ring: 3 stages (the down kernel's 12 KB at rank 16 fit 6 blocks per
+// SM, where 4 stages fit 4; dW's 10 KB 7, where 5): about the same bytes in flight from more warps
+// (session 14: the skinny kernels ran faster the more warps an SM held, out_grads at 8 per SM 1.8
+// TB/s, down at 16 2.8, dW at 20 3.1; session 11's down kernel, 8 blocks without a ring, 3.3).
+constexpr int kDownStages = 3;
+
 template <int kP>
 struct DownLayout {
   static constexpr int kX = kRowTile * kLd;  // X [64 rows][64 k]
   // W's stage: [r16 rows j][64 k] at kLd (w_rk) or [64 k][r16 columns j] at rank_ld.
   static constexpr int kW = std::max(16 * kP * kLd, kKStage* rank_ld(16 * kP));
   static constexpr int kSlot = kX + kW;
-  static constexpr int kBytes = kStages * kSlot * static_cast<int>(sizeof(bf16));
+  static constexpr int kBytes = kDownStages * kSlot * static_cast<int>(sizeof(bf16));
 };
 
 template <int kP>
@@ -206,7 +214,7 @@ __global__ void __launch_bounds__(kThreads)
   const bf16* x = p.x + static_cast<int64_t>(t.r0) * p.ldx;
   const bf16* w = p.w + static_cast<int64_t>(t.group) * p.r * p.K;
   const auto load = [&](int s) {
-    bf16* xs = ring + (s % kStages) * L::kSlot;
+    bf16* xs = ring + (s % kDownStages) * L::kSlot;
     bf16* ws = xs + L::kX;
     const int64_t k0 = static_cast<int64_t>(s) * kKStage;
     // X: 64 rows x 8 chunks of 8 columns (K is a multiple of 8: a chunk is all in or all out).
@@ -244,7 +252,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   };
-  run_ring(static_cast<int>((p.K + kKStage - 1) / kKStage), load, compute);
+  run_ring<kDownStages>(static_cast<int>((p.K + kKStage - 1) / kKStage), load, compute);
   const int g = lane >> 2, c = lane & 3;
 #pragma unroll
   for (int n = 0; n < 2 * kP; ++n) {
@@ -621,7 +629,7 @@ template <int kP>
 struct DwLayout {
   static constexpr int kPw = kDwRows * kLdWide;                   // P [32 rows][128 wide]
   static constexpr int kSlot = kPw + kDwRows * rank_ld(16 * kP);  // + S [32 rows][r16]
-  static constexpr int kBytes = kStages * kSlot * static_cast<int>(sizeof(bf16));
+  static constexpr int kBytes = kDownStages * kSlot * static_cast<int>(sizeof(bf16));
 };
 
 template <int kP>
@@ -638,7 +646,7 @@ __global__ void __launch_bounds__(kThreads)
        tb += static_cast<int>(gridDim.y)) {
     const Tile t = find_tile(tiles, tb);
     const auto load = [&](int s) {
-      bf16* ps = ring + (s % kStages) * L::kSlot;
+      bf16* ps = ring + (s % kDownStages) * L::kSlot;
       bf16* ss = ps + L::kPw;
       const int s0 = s * kDwRows, rows = min(kDwRows, t.rows - s0);
       const int64_t row0 = t.r0 + s0;
@@ -677,7 +685,7 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     };
-    run_ring((t.rows + kDwRows - 1) / kDwRows, load, compute);
+    run_ring<kDownStages>((t.rows + kDwRows - 1) / kDwRows, load, compute);
     float* dw = p.dw + static_cast<int64_t>(t.group) * p.r * p.wide;
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
@@ -745,7 +753,9 @@ struct OgLayout {
   static constexpr int kD = kRows * kLd;              // dOut [kRows rows][64 k]
   static constexpr int kSlot = kD + kKStage * kLdB;   // + B_g's stage [64 k][r16]
   static constexpr int kXa = kChunks * kRows * kLdB;  // xa of the block's rows, once
-  static constexpr int kBytes = (kStages * kSlot + kXa) * static_cast<int>(sizeof(bf16));
+  // Session 13's 128-row stages kept its 4-deep ring; the 64-row ones run 3 (5 blocks per SM).
+  static constexpr int kRing = kRows == 128 ? kStages : kDownStages;
+  static constexpr int kBytes = (kRing * kSlot + kXa) * static_cast<int>(sizeof(bf16));
 };
 
 template <int kP, int kChunks, int kRows>
@@ -757,7 +767,7 @@ __global__ void __launch_bounds__(kThreads)
                 "a warp owns kRows / 4 rows of dr and 16 columns of a stage's dB");
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* ring = reinterpret_cast<bf16*>(smem);
-  bf16* xs = ring + kStages * L::kSlot;
+  bf16* xs = ring + L::kRing * L::kSlot;
   const Tile t = last_first_tile(tiles);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int r16 = (p.r + 15) & ~15, chunks = r16 >> 3;  // r16 = 16 kP
@@ -772,7 +782,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   // Stage s: k-stage s / parts, part s % parts.
   const auto load = [&](int s) {
-    bf16* ds = ring + (s % kStages) * L::kSlot;
+    bf16* ds = ring + (s % L::kRing) * L::kSlot;
     bf16* bs = ds + L::kD;
     const int part = s % parts, row0 = part * kRows;
     const int64_t k0 = static_cast<int64_t>(s / parts) * kKStage;
@@ -847,7 +857,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 4; ++e) db[n][e] = 0.f;
     }
   };
-  run_ring(static_cast<int>((p.K + kKStage - 1) / kKStage) * parts, load, compute);
+  run_ring<L::kRing>(static_cast<int>((p.K + kKStage - 1) / kKStage) * parts, load, compute);
 #pragma unroll
   for (int q = 0; q < kChunks; ++q)
 #pragma unroll
