@@ -1556,6 +1556,9 @@ bool skinny_lora_swiglu_bwd_grads(Context& ctx, const Tensor& gate_up, const Ten
                                         : true;
   };
   if (!f32_grad(db_gu) || !f32_grad(da_down)) return false;
+  if ((db_gu.defined() && db_gu.numel() > 0 && db_gu.numel() != b_gu.numel()) ||
+      (da_down.defined() && da_down.numel() > 0 && da_down.numel() != b_gu.dim(0) * r * F))
+    return false;
   const auto grad_ptr = [](Tensor& g) {
     return g.defined() && g.numel() > 0 ? ptr<float>(g) : nullptr;
   };
