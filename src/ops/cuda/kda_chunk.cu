@@ -1732,12 +1732,14 @@ __global__ void __launch_bounds__(kGradThreads, 2)
     for (int p2 = p + 1; p2 < 4; ++p2) sc(std::false_type{}, p2);
     if (s == 0) fetch(1, f[1]);
       // The owners: (row 16 p + g + 8 hf, channels n0 + 8 nt + 2 c + u) = accumulator element
-      // [nt][2 hf + u].
+      // [nt][2 hf + u]. (dbp and glp still add nt = 0 before 1 and hf = 0 before 1.)
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+    for (int hf = 0; hf < 2; ++hf) {
+      const int i = 16 * p + g + 8 * hf;
+      uint32_t pq[2] = {}, pk[2] = {};  // dq and dk of channels n0 + 8 nt + 2 c + u, bf16 pairs
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int i = 16 * p + g + 8 * hf, x = n0 + 8 * nt + 2 * cq4;
+      for (int nt = 0; nt < 2; ++nt) {
+        const int x = n0 + 8 * nt + 2 * cq4;
         dgam[s][nt][hf][0] = dgam[s][nt][hf][1] = 0.f;
         if (i >= L) continue;
         const float2 f0 = f[s][nt][hf][0], f1 = f[s][nt][hf][1], f2 = f[s][nt][hf][2];
@@ -1794,10 +1796,22 @@ __global__ void __launch_bounds__(kGradThreads, 2)
           glp[s][nt][u] += dkgl[u] * ki[u] * elg;
           dgam[s][nt][hf][u] = dG;
         }
-        const int64_t at = ((t0 + i) * a.H + h) * K + x0 + x;
-        *reinterpret_cast<__nv_bfloat162*>(dq + at) = __floats2bfloat162_rn(dQ[0], dQ[1]);
-        *reinterpret_cast<__nv_bfloat162*>(dk + at) = __floats2bfloat162_rn(dK[0], dK[1]);
+        pq[nt] = mma::pack_bf16(dQ[0], dQ[1]);
+        pk[nt] = mma::pack_bf16(dK[0], dK[1]);
       }
+      // The row's 16 channels (32 bytes, one sector) lie on the quad's lanes as pairs 2 c and
+      // 8 + 2 c; 4-byte stores of them half-filled the sectors of each store (ncu: 22 of 32 bytes
+      // a sector). Lanes c and c ^ 1 swap a pair so that each holds 4 consecutive channels (even
+      // c: 2 c..2 c + 3, odd c: 8 + 2 c - 2..8 + 2 c + 1): one 8-byte store a lane, whole sectors.
+      const bool odd = cq4 & 1;
+      const uint32_t rq = __shfl_xor_sync(0xffffffffu, odd ? pq[0] : pq[1], 1);
+      const uint32_t rk = __shfl_xor_sync(0xffffffffu, odd ? pk[0] : pk[1], 1);
+      if (i < L) {
+        const int64_t at = ((t0 + i) * a.H + h) * K + x0 + n0 + 8 * odd + 4 * (cq4 >> 1);
+        *reinterpret_cast<uint2*>(dq + at) = odd ? make_uint2(rq, pq[1]) : make_uint2(pq[0], rq);
+        *reinterpret_cast<uint2*>(dk + at) = odd ? make_uint2(rk, pk[1]) : make_uint2(pk[0], rk);
+      }
+    }
   }
   // dbeta's reads of dR and v for the rows of the half's parity, i = 2 (w + 8 m) + z, go out
   // now, to arrive during the reverse cumsum.
