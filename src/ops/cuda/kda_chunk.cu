@@ -1845,13 +1845,18 @@ __global__ void __launch_bounds__(kGradThreads, 2)
 #pragma unroll
   for (int s = 0; s < 2; ++s) {
     const int ci = w + 8 * s, p = ci >> 2, cg = ci & 3;
+    // As dq's stores: lanes c and c ^ 1 swap a pair, one 16-byte store of 4 consecutive
+    // channels a lane (2 rows of a quarter warp on the same 16 banks: 2-way, where the two
+    // 8-byte stores of 8 rows on the same 8 banks were 8-way each).
+    const bool odd = cq4 & 1;
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const int i = 16 * p + g + 8 * hf;
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-        *reinterpret_cast<float2*>(gam + i * KH + 16 * cg + 8 * nt + 2 * cq4) =
-            make_float2(dgam[s][nt][hf][0], dgam[s][nt][hf][1]);
+      const float(&d0)[2] = dgam[s][0][hf], (&d1)[2] = dgam[s][1][hf];
+      const float r0 = __shfl_xor_sync(0xffffffffu, odd ? d0[0] : d1[0], 1);
+      const float r1 = __shfl_xor_sync(0xffffffffu, odd ? d0[1] : d1[1], 1);
+      *reinterpret_cast<float4*>(gam + i * KH + 16 * cg + 8 * odd + 4 * (cq4 >> 1)) =
+          odd ? make_float4(r0, r1, d1[0], d1[1]) : make_float4(d0[0], d0[1], r0, r1);
       if (cq4 == 0) dbs[i * 4 + cg] = dbq[s][hf];
     }
     if (g == 0)
