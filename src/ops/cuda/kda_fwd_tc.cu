@@ -34,6 +34,7 @@
 // 103 KB at K = V = 128, two blocks (16 warps) per SM.
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/cuda/resources.h"
 #include "ops/cuda/common.cuh"
@@ -321,15 +322,46 @@ __device__ __forceinline__ void put16(float* D, int ld, const float (&v)[NC], fl
         make_float4(s * v[n], s * v[n + 1], s * v[n + 2], s * v[n + 3]);
 }
 
+// A warp's 16 x 16 bf16 tile of accumulators (two m16n8 n-tiles, acc[nt][..]) to global memory
+// at dst (row stride ld elements, 32-byte aligned) through the warp's 512 bytes of shared memory
+// at st: one stmatrix .x4 (lanes 8 m .. 8 m + 7 address the rows of 8 x 8 block m: rows 8 (m & 1)
+// + .., columns 8 (m >> 1) + ..), then each lane reads one row's 16-byte half back and stores it,
+// so that every global store fills whole 32-byte sectors (the fragments' own 4-byte stores use
+// half of each: 16 bytes of a row per n-tile). The halves of rows 4-7 of each 8 x 8 block swap
+// places (16 bytes XOR row bit 2), so that both the stmatrix (8 rows of 32 bytes) and the read
+// meet every bank once per 128 bytes. The caller separates uses of st by __syncwarp.
+__device__ __forceinline__ void store_tile16_bf16(const float (&acc)[2][4], unsigned char* st,
+                                                  bf16* dst, int ld) {
+  const int lane = threadIdx.x & 31;
+  {
+    const int m = lane >> 3, row = (lane & 7) + 8 * (m & 1), half = (m >> 1) ^ ((row >> 2) & 1);
+    const uint32_t addr =
+        static_cast<uint32_t>(__cvta_generic_to_shared(st + 32 * row + 16 * half));
+    asm volatile(
+        "stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+        "r"(mma::pack_bf16(acc[0][0], acc[0][1])), "r"(mma::pack_bf16(acc[0][2], acc[0][3])),
+        "r"(mma::pack_bf16(acc[1][0], acc[1][1])), "r"(mma::pack_bf16(acc[1][2], acc[1][3]))
+        : "memory");
+  }
+  __syncwarp();
+  const int row = lane >> 1, half = lane & 1;
+  *reinterpret_cast<uint4*>(dst + row * ld + 8 * half) =
+      *reinterpret_cast<const uint4*>(st + 32 * row + 16 * (half ^ ((row >> 2) & 1)));
+}
+
 // Phase (3): W[16 mb + .., nw + ..] = T[16 mb + .., :] Kb and U[16 mb + .., nu + ..] = T[16 mb +
 // .., :] (beta v) for the warp's NW and NU n-tiles, every row block, T's zero upper blocks
 // skipped; each T fragment loaded once for both products, accumulated in fp32, stored as P (the
 // layout's). The row blocks stay a loop: unrolled, they take the kernel past 128 registers.
+// Where stage (prep v2, bf16, two n-tiles of each), the stores go through store_tile16_bf16 with
+// the warp's 1 KB of shared memory at stage, W's tile in the first half, U's in the second: each
+// half's reads come before the other half's __syncwarp, which comes before its next stmatrix.
 template <int NW, int NU, typename P>
 __device__ __forceinline__ void lower_times(const float* tm, int ldc, const float* kb, int ldk,
                                             int nw, P* wdst, int ldw, const float* bv, int ldv,
-                                            int nu, P* udst, int ldu) {
+                                            int nu, P* udst, int ldu, unsigned char* stage) {
   const int lane = threadIdx.x & 31, gq = lane >> 2, cq = lane & 3;
+  constexpr bool kStageable = std::is_same_v<P, bf16> && NW == 2 && NU == 2;
 #pragma unroll 1
   for (int mb = 0; mb < kC / kBlockRows; ++mb) {
     float aw[NW][4] = {}, au[NU][4] = {};
@@ -345,6 +377,13 @@ __device__ __forceinline__ void lower_times(const float* tm, int ldc, const floa
       for (int nt = 0; nt < NW; ++nt) mma::mma_tf32(aw[nt], af, bw[nt]);
 #pragma unroll
       for (int nt = 0; nt < NU; ++nt) mma::mma_tf32(au[nt], af, bu[nt]);
+    }
+    if constexpr (kStageable) {
+      if (stage != nullptr) {
+        store_tile16_bf16(aw, stage, wdst + kBlockRows * mb * ldw + nw, ldw);
+        store_tile16_bf16(au, stage + 512, udst + kBlockRows * mb * ldu + nu, ldu);
+        continue;
+      }
     }
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
@@ -384,12 +423,17 @@ __device__ __forceinline__ void prefetch_block(const Args& a, const bf16* q, con
 }
 
 // Big: the element type of W, Qh, Kl, U, Kb in the layout (bf16 where half, else fp32).
-template <int K, int V, typename Big>
+// V2 (kda_set_prep_v2; bit for bit the same outputs): the L2 prefetch (ahead), W and U stored in
+// whole sectors through shared memory, q and k read 8 bytes per lane in the row products, beta v
+// stored without bank conflicts, T zeroed 16 bytes per store.
+template <int K, int V, typename Big, bool V2>
 __global__ void __launch_bounds__(kThreads, 2)
     prep_tc_kernel(Args a, const bf16* q, const bf16* k, const bf16* v, bool vec, int ahead) {
   using S = Smem<K, V>;
   constexpr int LdG = S::LdG, LdH = S::LdH, LdV = S::LdV, LdC = S::LdC;
   static_assert(K % 64 == 0 && V % 64 == 0 && K <= 128 && V <= 128, "8 warps x K/64 n-tiles");
+  static_assert(S::tm - S::kk >= 1024 * kThreads / 32,
+                "W and U staging: 1 KB per warp in KK's place");
   const int64_t c = blockIdx.x, h = blockIdx.y;
   const int L = a.clen[c];
   if (L == 0) return;
@@ -438,7 +482,16 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (i < L) vr[u] = load8(v + ((t0 + i) * a.H + h) * V + x, vec);
   }
   if (tid < kC) b[tid] = tid < L ? a.beta[(t0 + tid) * a.H + h] : 0.f;
-  for (int e = tid; e < kC * kC; e += kThreads) tm[(e / kC) * LdC + e % kC] = 0.f;
+  if constexpr (V2) {
+    static_assert(kC * kC / 4 % kThreads == 0);
+#pragma unroll
+    for (int u = 0; u < kC * kC / 4 / kThreads; ++u) {
+      const int e = tid + u * kThreads;
+      f4(tm + (e / (kC / 4)) * LdC + (e % (kC / 4)) * 4) = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  } else {
+    for (int e = tid; e < kC * kC; e += kThreads) tm[(e / kC) * LdC + e % kC] = 0.f;
+  }
   mma::cp_async_wait<0>();
   __syncthreads();
 
@@ -492,8 +545,21 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int e = tid; e < kC * K / 4; e += kThreads) {
     const int i = e / (K / 4), x = (e - i * (K / 4)) * 4;
     const float4 gv = f4(gam + i * LdG + x), gl = f4(glast + x);
-    const float2 q01 = bf2(qs + i * LdH + x), q23 = bf2(qs + i * LdH + x + 2);
-    const float2 k01 = bf2(ks + i * LdH + x), k23 = bf2(ks + i * LdH + x + 2);
+    float2 q01, q23, k01, k23;
+    if constexpr (V2) {
+      // One 8-byte load each: two 4-byte loads at a lane stride of 8 bytes meet each bank twice.
+      const uint2 qv = *reinterpret_cast<const uint2*>(qs + i * LdH + x),
+                  kv = *reinterpret_cast<const uint2*>(ks + i * LdH + x);
+      q01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&qv.x));
+      q23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&qv.y));
+      k01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&kv.x));
+      k23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&kv.y));
+    } else {
+      q01 = bf2(qs + i * LdH + x);
+      q23 = bf2(qs + i * LdH + x + 2);
+      k01 = bf2(ks + i * LdH + x);
+      k23 = bf2(ks + i * LdH + x + 2);
+    }
     const float e0 = __expf(gv.x), e1 = __expf(gv.y), e2 = __expf(gv.z), e3 = __expf(gv.w);
     const float s = a.scale, bi = b[i];
     store4(qh + i * K + x, s * q01.x * e0, s * q01.y * e1, s * q23.x * e2, s * q23.y * e3);
@@ -547,8 +613,20 @@ __global__ void __launch_bounds__(kThreads, 2)
       float f[8];
       unpack8(vr[u], f);
       const float bi = b[i];
-      f4(vs + i * LdV + x) = make_float4(bi * f[0], bi * f[1], bi * f[2], bi * f[3]);
-      f4(vs + i * LdV + x + 4) = make_float4(bi * f[4], bi * f[5], bi * f[6], bi * f[7]);
+      const float4 lo = make_float4(bi * f[0], bi * f[1], bi * f[2], bi * f[3]),
+                   hi = make_float4(bi * f[4], bi * f[5], bi * f[6], bi * f[7]);
+      if constexpr (V2) {
+        // Lane l's halves start at banks 8 l and 8 l + 4 (mod 32), the next row's 8 further:
+        // lower halves first, the warp's 32 float4 meet 4 of the 8 bank quads 8 times (8
+        // wavefronts for 512 bytes); lanes with bit 2 set store their upper half first, so each
+        // store meets every quad 4 times (4 wavefronts).
+        const bool swap = (tid >> 2) & 1;
+        f4(vs + i * LdV + x + (swap ? 4 : 0)) = swap ? hi : lo;
+        f4(vs + i * LdV + x + (swap ? 0 : 4)) = swap ? lo : hi;
+      } else {
+        f4(vs + i * LdV + x) = lo;
+        f4(vs + i * LdV + x + 4) = hi;
+      }
     }
     __syncthreads();
     if (w >= 4) {
@@ -581,8 +659,11 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   if (ahead > 0) prefetch_block<K, V>(a, q, k, v, c + a.nchunks * h + ahead);
   // W = T Kb and U = T beta v (warp w: its n-tiles of both), T's last 32 rows out.
+  // KK's shared copy is dead by now (its global copy went out with T's diagonal blocks): the
+  // warps' staging for W and U.
   lower_times<K / 64, V / 64>(tm, LdC, gam, LdG, w * K / 8, big_slot(lay.W()), K, vs, LdV,
-                              w * V / 8, big_slot(lay.U()), V);
+                              w * V / 8, big_slot(lay.U()), V,
+                              V2 ? smem + S::kk + 1024 * w : nullptr);
   if (!a.keep) return;
   for (int e = kC * kC / 8 + tid; e < kC * kC / 4; e += kThreads) {
     const int i = e / (kC / 4), x = (e - i * (kC / 4)) * 4;
@@ -599,16 +680,16 @@ void launch(Context& ctx, const Args& a, const bf16* q, const bf16* k, const bf1
   const bool vec = aligned16(q) && aligned16(k) && aligned16(v) && aligned16(a.g);
   const dim3 grid(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.H));
   // Two blocks per SM (the launch bounds and 103 KB of shared memory at K = V = 128).
-  const int ahead = kda_prep_v2() ? 2 * cuda_resources(ctx).multiprocessors : 0;
-  if (a.lay.half) {
-    auto* kernel = prep_tc_kernel<K, V, bf16>;
+  const bool v2 = kda_prep_v2();
+  const int ahead = v2 ? 2 * cuda_resources(ctx).multiprocessors : 0;
+  const auto go = [&](auto* kernel) {
     kernel<<<grid, kThreads, smem_for(kernel, Smem<K, V>::bytes, "kda_forward"), stream(ctx)>>>(
         a, q, k, v, vec, ahead);
-  } else {
-    auto* kernel = prep_tc_kernel<K, V, float>;
-    kernel<<<grid, kThreads, smem_for(kernel, Smem<K, V>::bytes, "kda_forward"), stream(ctx)>>>(
-        a, q, k, v, vec, ahead);
-  }
+  };
+  if (a.lay.half)
+    v2 ? go(prep_tc_kernel<K, V, bf16, true>) : go(prep_tc_kernel<K, V, bf16, false>);
+  else
+    v2 ? go(prep_tc_kernel<K, V, float, true>) : go(prep_tc_kernel<K, V, float, false>);
   MT_CUDA_LAUNCH_CHECK();
 }
 
