@@ -88,6 +88,22 @@ __device__ __forceinline__ float4& f4(float* p) {
   return *reinterpret_cast<float4*>(p);
 }
 
+// e^x as __expf forms it (ex2 of x log2 e) where Normal, without __expf's handling of results
+// below 2^-126 (it squares the ex2 of half the argument there; the ftz ex2 flushes them to zero):
+// bit for bit __expf wherever x log2 e >= -126, which callers establish for a whole warp first
+// (x >= kNormalArg), sparing three instructions of five per exponential.
+constexpr float kNormalArg = -80.f;
+template <bool Normal>
+__device__ __forceinline__ float exp_(float x) {
+  if constexpr (Normal) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x * 1.4426950408889634f));
+    return y;
+  } else {
+    return __expf(x);
+  }
+}
+
 // Eight bf16 (one 16-byte load) as floats.
 __device__ __forceinline__ void unpack8(const uint4& u, float (&out)[8]) {
   const uint32_t w[4] = {u.x, u.y, u.z, u.w};
@@ -154,8 +170,10 @@ __device__ __forceinline__ void store2(float* p, float a, float b) {
 // warp w takes n-tiles [t0, t1) of block p, at most 3, and the warps that share a scheduler (w
 // and w + 4) 5 between them. The warp that ends at the diagonal block (t1 = 2 p + 2) writes the
 // zero tiles above it and, where the decay is too strong for the diagonal block's MMAs, sums its
-// pairs directly.
-template <int K, int V>
+// pairs directly. V2: where the block's exponents all stay above kNormalArg (the diagonal block's
+// within kDiagRange, and R_p - G_j >= R_p - G_0 for the columns before it, G never rising), the
+// exponentials skip __expf's subnormal handling (exp_), with the same results.
+template <int K, int V, bool V2>
 __device__ __forceinline__ void block_row_pairs(const Args& a, float* blk, const float* gam,
                                                 const bf16* qs, const bf16* ks, float* kk) {
   using S = Smem<K, V>;
@@ -166,48 +184,58 @@ __device__ __forceinline__ void block_row_pairs(const Args& a, float* blk, const
             t1 = (0x86363422u >> (4 * w)) & 15;
   const bool owner = t1 == 2 * p + 2;
   const float* R = gam + kBlockRows * p * LdG;
-  float range = 0.f;
-  for (int x = lane; x < K; x += 32)
+  float range = 0.f, reach = 0.f;  // reach: the largest G_0 - R_p (minus the smallest R_p - G_j)
+  for (int x = lane; x < K; x += 32) {
     range = fmaxf(range, R[x] - gam[(kBlockRows * p + kBlockRows - 1) * LdG + x]);
+    if constexpr (V2) reach = fmaxf(reach, gam[x] - R[x]);
+  }
   const bool diag_mma = warp_max(range) <= kDiagRange;
   const int nts = 2 * p + (diag_mma ? 2 : 0);  // n-tiles below nts go through the MMAs
   const int i0 = kBlockRows * p + gq;
   float acc[2][kMaxTiles][4] = {};  // [q, k][the warp's n-tile]
-  for (int k0 = 0; k0 < K; k0 += 16) {
-    uint32_t aq[4], ak[4];
-    float2 r[2];
+  const auto products = [&](auto normal) {
+    constexpr bool N = decltype(normal)::value;
+    for (int k0 = 0; k0 < K; k0 += 16) {
+      uint32_t aq[4], ak[4];
+      float2 r[2];
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int x = k0 + 2 * cq + 8 * hh;
-      r[hh] = *reinterpret_cast<const float2*>(R + x);
+      for (int hh = 0; hh < 2; ++hh) {
+        const int x = k0 + 2 * cq + 8 * hh;
+        r[hh] = *reinterpret_cast<const float2*>(R + x);
 #pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        const int i = i0 + 8 * rr;
-        const float2 gv = *reinterpret_cast<const float2*>(gam + i * LdG + x);
-        const float e0 = __expf(gv.x - r[hh].x), e1 = __expf(gv.y - r[hh].y);
-        const float2 qv = bf2(qs + i * LdH + x), kv = bf2(ks + i * LdH + x);
-        aq[2 * hh + rr] = mma::pack_bf16(qv.x * e0, qv.y * e1);
-        ak[2 * hh + rr] = mma::pack_bf16(kv.x * e0, kv.y * e1);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kMaxTiles; ++u) {
-      const int nt = t0 + u;
-      if (nt < t1 && nt < nts) {
-        const int j = 8 * nt + gq;
-        uint32_t bfr[2];
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int x = k0 + 2 * cq + 8 * hh;
-          const float2 gv = *reinterpret_cast<const float2*>(gam + j * LdG + x);
-          const float2 kv = bf2(ks + j * LdH + x);
-          bfr[hh] = mma::pack_bf16(kv.x * __expf(r[hh].x - gv.x), kv.y * __expf(r[hh].y - gv.y));
+        for (int rr = 0; rr < 2; ++rr) {
+          const int i = i0 + 8 * rr;
+          const float2 gv = *reinterpret_cast<const float2*>(gam + i * LdG + x);
+          const float e0 = exp_<N>(gv.x - r[hh].x), e1 = exp_<N>(gv.y - r[hh].y);
+          const float2 qv = bf2(qs + i * LdH + x), kv = bf2(ks + i * LdH + x);
+          aq[2 * hh + rr] = mma::pack_bf16(qv.x * e0, qv.y * e1);
+          ak[2 * hh + rr] = mma::pack_bf16(kv.x * e0, kv.y * e1);
         }
-        mma::mma_bf16(acc[0][u], aq, bfr);
-        mma::mma_bf16(acc[1][u], ak, bfr);
+      }
+#pragma unroll
+      for (int u = 0; u < kMaxTiles; ++u) {
+        const int nt = t0 + u;
+        if (nt < t1 && nt < nts) {
+          const int j = 8 * nt + gq;
+          uint32_t bfr[2];
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int x = k0 + 2 * cq + 8 * hh;
+            const float2 gv = *reinterpret_cast<const float2*>(gam + j * LdG + x);
+            const float2 kv = bf2(ks + j * LdH + x);
+            bfr[hh] =
+                mma::pack_bf16(kv.x * exp_<N>(r[hh].x - gv.x), kv.y * exp_<N>(r[hh].y - gv.y));
+          }
+          mma::mma_bf16(acc[0][u], aq, bfr);
+          mma::mma_bf16(acc[1][u], ak, bfr);
+        }
       }
     }
-  }
+  };
+  if (V2 && diag_mma && warp_max(reach) <= -kNormalArg)
+    products(std::true_type{});
+  else
+    products(std::false_type{});
   float* aqk = blk + a.lay.Aqk();
 #pragma unroll
   for (int u = 0; u < kMaxTiles; ++u) {
@@ -522,13 +550,20 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   __syncthreads();
 
+  // V2: rows_normal where every G_L >= kNormalArg, so that the row products' exponents, G_i >=
+  // G_L and G_L - G_i >= G_L (G never rises from G_0 = g_0 <= 0), need no subnormal handling.
+  bool rows_normal = true;
   for (int x = tid; x < K; x += kThreads) {
     const float gl = gam[(L - 1) * LdG + x];
     glast[x] = gl;
     blk[lay.gL() + x] = __expf(gl);
+    rows_normal = rows_normal && gl >= kNormalArg;
   }
-  block_row_pairs<K, V>(a, blk, gam, qs, ks, kk);
-  __syncthreads();
+  block_row_pairs<K, V, V2>(a, blk, gam, qs, ks, kk);
+  if constexpr (V2)
+    rows_normal = __syncthreads_and(rows_normal);
+  else
+    __syncthreads();
 
   // T's diagonal blocks (warps 0-3, one each) while warps 4-7 copy KK out, then the row
   // products Qh, Kl, Kb (Kb also replaces G in place for W), four channels per thread: the
@@ -542,34 +577,41 @@ __global__ void __launch_bounds__(kThreads, 2)
       f4(blk + lay.KK() + i * kC + x) = f4(kk + i * LdC + x);
     }
   }
-  for (int e = tid; e < kC * K / 4; e += kThreads) {
-    const int i = e / (K / 4), x = (e - i * (K / 4)) * 4;
-    const float4 gv = f4(gam + i * LdG + x), gl = f4(glast + x);
-    float2 q01, q23, k01, k23;
-    if constexpr (V2) {
-      // One 8-byte load each: two 4-byte loads at a lane stride of 8 bytes meet each bank twice.
-      const uint2 qv = *reinterpret_cast<const uint2*>(qs + i * LdH + x),
-                  kv = *reinterpret_cast<const uint2*>(ks + i * LdH + x);
-      q01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&qv.x));
-      q23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&qv.y));
-      k01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&kv.x));
-      k23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&kv.y));
-    } else {
-      q01 = bf2(qs + i * LdH + x);
-      q23 = bf2(qs + i * LdH + x + 2);
-      k01 = bf2(ks + i * LdH + x);
-      k23 = bf2(ks + i * LdH + x + 2);
+  const auto row_products = [&](auto normal) {
+    constexpr bool N = decltype(normal)::value;
+    for (int e = tid; e < kC * K / 4; e += kThreads) {
+      const int i = e / (K / 4), x = (e - i * (K / 4)) * 4;
+      const float4 gv = f4(gam + i * LdG + x), gl = f4(glast + x);
+      float2 q01, q23, k01, k23;
+      if constexpr (V2) {
+        // One 8-byte load each: two 4-byte loads at a lane stride of 8 bytes meet each bank twice.
+        const uint2 qv = *reinterpret_cast<const uint2*>(qs + i * LdH + x),
+                    kv = *reinterpret_cast<const uint2*>(ks + i * LdH + x);
+        q01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&qv.x));
+        q23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&qv.y));
+        k01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&kv.x));
+        k23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&kv.y));
+      } else {
+        q01 = bf2(qs + i * LdH + x);
+        q23 = bf2(qs + i * LdH + x + 2);
+        k01 = bf2(ks + i * LdH + x);
+        k23 = bf2(ks + i * LdH + x + 2);
+      }
+      const float e0 = exp_<N>(gv.x), e1 = exp_<N>(gv.y), e2 = exp_<N>(gv.z), e3 = exp_<N>(gv.w);
+      const float s = a.scale, bi = b[i];
+      store4(qh + i * K + x, s * q01.x * e0, s * q01.y * e1, s * q23.x * e2, s * q23.y * e3);
+      store4(kl + i * K + x, k01.x * exp_<N>(gl.x - gv.x), k01.y * exp_<N>(gl.y - gv.y),
+             k23.x * exp_<N>(gl.z - gv.z), k23.y * exp_<N>(gl.w - gv.w));
+      const float4 kb =
+          make_float4(bi * k01.x * e0, bi * k01.y * e1, bi * k23.x * e2, bi * k23.y * e3);
+      if (a.keep) store4(kbg + i * K + x, kb.x, kb.y, kb.z, kb.w);
+      f4(gam + i * LdG + x) = kb;
     }
-    const float e0 = __expf(gv.x), e1 = __expf(gv.y), e2 = __expf(gv.z), e3 = __expf(gv.w);
-    const float s = a.scale, bi = b[i];
-    store4(qh + i * K + x, s * q01.x * e0, s * q01.y * e1, s * q23.x * e2, s * q23.y * e3);
-    store4(kl + i * K + x, k01.x * __expf(gl.x - gv.x), k01.y * __expf(gl.y - gv.y),
-           k23.x * __expf(gl.z - gv.z), k23.y * __expf(gl.w - gv.w));
-    const float4 kb =
-        make_float4(bi * k01.x * e0, bi * k01.y * e1, bi * k23.x * e2, bi * k23.y * e3);
-    if (a.keep) store4(kbg + i * K + x, kb.x, kb.y, kb.z, kb.w);
-    f4(gam + i * LdG + x) = kb;
-  }
+  };
+  if (V2 && rows_normal)
+    row_products(std::true_type{});
+  else
+    row_products(std::false_type{});
   __syncthreads();
 
   // T's blocks below the diagonal by the inverse of a block lower triangular matrix,
