@@ -104,6 +104,15 @@ __device__ __forceinline__ float exp_(float x) {
   }
 }
 
+// x rounded to tf32 as the tf32 MMAs' operand loads round it (mma::to_tf32), kept as a float:
+// an operand stored so enters the MMA as its bits, without a conversion per load.
+__device__ __forceinline__ float tf32_rounded(float x) {
+  return __uint_as_float(mma::to_tf32(x));
+}
+__device__ __forceinline__ float4 tf32_rounded(const float4& v) {
+  return make_float4(tf32_rounded(v.x), tf32_rounded(v.y), tf32_rounded(v.z), tf32_rounded(v.w));
+}
+
 // Eight bf16 (one 16-byte load) as floats.
 __device__ __forceinline__ void unpack8(const uint4& u, float (&out)[8]) {
   const uint32_t w[4] = {u.x, u.y, u.z, u.w};
@@ -350,6 +359,19 @@ __device__ __forceinline__ void put16(float* D, int ld, const float (&v)[NC], fl
         make_float4(s * v[n], s * v[n + 1], s * v[n + 2], s * v[n + 3]);
 }
 
+// mma::load_b_tf32's fragment, or where Rounded (B holds tf32_rounded values) its bits.
+template <bool Rounded>
+__device__ __forceinline__ void load_b(uint32_t (&b)[2], const float* B, int ldb, int k0, int n0,
+                                       int lane) {
+  if constexpr (Rounded) {
+    const int g = lane >> 2, c = lane & 3;
+    b[0] = __float_as_uint(B[(k0 + c) * ldb + n0 + g]);
+    b[1] = __float_as_uint(B[(k0 + c + 4) * ldb + n0 + g]);
+  } else {
+    mma::load_b_tf32(b, B, ldb, k0, n0, lane);
+  }
+}
+
 // A warp's 16 x 16 bf16 tile of accumulators (two m16n8 n-tiles, acc[nt][..]) to global memory
 // at dst (row stride ld elements, 32-byte aligned) through the warp's 512 bytes of shared memory
 // at st: one stmatrix .x4 (lanes 8 m .. 8 m + 7 address the rows of 8 x 8 block m: rows 8 (m & 1)
@@ -384,7 +406,10 @@ __device__ __forceinline__ void store_tile16_bf16(const float (&acc)[2][4], unsi
 // Where stage (prep v2, bf16, two n-tiles of each), the stores go through store_tile16_bf16 with
 // the warp's 1 KB of shared memory at stage, W's tile in the first half, U's in the second: each
 // half's reads come before the other half's __syncwarp, which comes before its next stmatrix.
-template <int NW, int NU, typename P>
+// BRounded (prep v2): Kb and beta v hold tf32_rounded values, loaded as the B operands' bits (the
+// same operands, two instructions fewer per element and load; T, which also goes out in fp32,
+// is converted as it is loaded).
+template <int NW, int NU, bool BRounded, typename P>
 __device__ __forceinline__ void lower_times(const float* tm, int ldc, const float* kb, int ldk,
                                             int nw, P* wdst, int ldw, const float* bv, int ldv,
                                             int nu, P* udst, int ldu, unsigned char* stage) {
@@ -398,9 +423,9 @@ __device__ __forceinline__ void lower_times(const float* tm, int ldc, const floa
       uint32_t af[4], bw[NW][2], bu[NU][2];
       mma::load_a_tf32<false>(af, tm, ldc, kBlockRows * mb, k0, lane);
 #pragma unroll
-      for (int nt = 0; nt < NW; ++nt) mma::load_b_tf32(bw[nt], kb, ldk, k0, nw + 8 * nt, lane);
+      for (int nt = 0; nt < NW; ++nt) load_b<BRounded>(bw[nt], kb, ldk, k0, nw + 8 * nt, lane);
 #pragma unroll
-      for (int nt = 0; nt < NU; ++nt) mma::load_b_tf32(bu[nt], bv, ldv, k0, nu + 8 * nt, lane);
+      for (int nt = 0; nt < NU; ++nt) load_b<BRounded>(bu[nt], bv, ldv, k0, nu + 8 * nt, lane);
 #pragma unroll
       for (int nt = 0; nt < NW; ++nt) mma::mma_tf32(aw[nt], af, bw[nt]);
 #pragma unroll
@@ -605,7 +630,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       const float4 kb =
           make_float4(bi * k01.x * e0, bi * k01.y * e1, bi * k23.x * e2, bi * k23.y * e3);
       if (a.keep) store4(kbg + i * K + x, kb.x, kb.y, kb.z, kb.w);
-      f4(gam + i * LdG + x) = kb;
+      f4(gam + i * LdG + x) = V2 ? tf32_rounded(kb) : kb;  // V2: W's B operand, rounded once
     }
   };
   if (V2 && rows_normal)
@@ -655,13 +680,16 @@ __global__ void __launch_bounds__(kThreads, 2)
       float f[8];
       unpack8(vr[u], f);
       const float bi = b[i];
-      const float4 lo = make_float4(bi * f[0], bi * f[1], bi * f[2], bi * f[3]),
-                   hi = make_float4(bi * f[4], bi * f[5], bi * f[6], bi * f[7]);
+      float4 lo = make_float4(bi * f[0], bi * f[1], bi * f[2], bi * f[3]),
+             hi = make_float4(bi * f[4], bi * f[5], bi * f[6], bi * f[7]);
       if constexpr (V2) {
         // Lane l's halves start at banks 8 l and 8 l + 4 (mod 32), the next row's 8 further:
         // lower halves first, the warp's 32 float4 meet 4 of the 8 bank quads 8 times (8
         // wavefronts for 512 bytes); lanes with bit 2 set store their upper half first, so each
         // store meets every quad 4 times (4 wavefronts).
+        // U's B operand, rounded once (lower_times).
+        lo = tf32_rounded(lo);
+        hi = tf32_rounded(hi);
         const bool swap = (tid >> 2) & 1;
         f4(vs + i * LdV + x + (swap ? 4 : 0)) = swap ? hi : lo;
         f4(vs + i * LdV + x + (swap ? 0 : 4)) = swap ? lo : hi;
@@ -703,9 +731,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   // W = T Kb and U = T beta v (warp w: its n-tiles of both), T's last 32 rows out.
   // KK's shared copy is dead by now (its global copy went out with T's diagonal blocks): the
   // warps' staging for W and U.
-  lower_times<K / 64, V / 64>(tm, LdC, gam, LdG, w * K / 8, big_slot(lay.W()), K, vs, LdV,
-                              w * V / 8, big_slot(lay.U()), V,
-                              V2 ? smem + S::kk + 1024 * w : nullptr);
+  lower_times<K / 64, V / 64, V2>(tm, LdC, gam, LdG, w * K / 8, big_slot(lay.W()), K, vs, LdV,
+                                  w * V / 8, big_slot(lay.U()), V,
+                                  V2 ? smem + S::kk + 1024 * w : nullptr);
   if (!a.keep) return;
   for (int e = kC * kC / 8 + tid; e < kC * kC / 4; e += kThreads) {
     const int i = e / (kC / 4), x = (e - i * (kC / 4)) * 4;
