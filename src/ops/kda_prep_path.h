@@ -71,9 +71,11 @@ bool kda_products_v2();
 void kda_set_products_prefetch(bool on);
 bool kda_products_prefetch();
 
-// The tensor-core prep (ops/cuda/kda_fwd_tc.cu): on (the default), each block prefetches into L2
-// the inputs of the block that starts about when it ends; off, no prefetch (v1). Bit-identical
-// results. Process-wide and not synchronised, like the switches above.
+// The tensor-core prep (ops/cuda/kda_fwd_tc.cu): on (the default), v2: each block prefetches into
+// L2 the inputs of the block that starts about when it ends, stores W and U in whole sectors
+// through shared memory, and skips the small-result guard of exponentials it proves are >= -80
+// (docs/gpu.md); off, v1. Bit-identical results. Process-wide and not synchronised, like the
+// switches above.
 void kda_set_prep_v2(bool on);
 bool kda_prep_v2();
 

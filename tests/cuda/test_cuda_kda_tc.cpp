@@ -50,7 +50,7 @@ struct TcSetup {
   bool grads_v1 = false;
   // The previous backward products (kda_set_products_v2(false)) instead of the default.
   bool products_v1 = false;
-  // The previous prep (kda_set_prep_v2(false): no L2 prefetch) instead of the default.
+  // The previous prep (kda_set_prep_v2(false)) instead of the default.
   bool prep_v1 = false;
 };
 
@@ -300,7 +300,9 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
     gpu.synchronize();
   }
   {
-    // The other prep: it only prefetches differently, so every output is bit for bit the same.
+    // The other prep: it differs in the order and width of its memory accesses and in exponentials
+    // it proves need no small-result guard (the same bits), so every output is bit for bit the
+    // same.
     const PrepV1 other(!s.prep_v1);
     other_prep = forward_backward(s, tc, gpu, din, true);
     gpu.synchronize();
