@@ -36,6 +36,7 @@ el dsa; timeout 50 $D/bin/moetrain bench dsa --tokens 8192 --iters 3 --json "$L/
 python3 -c "
 import json
 for r in json.load(open('$L/bench_dsa.json'))['runs']: print({k: (round(v,2) if isinstance(v,float) else v) for k,v in r.items() if 'ms' in k or k in ('T','mqa_kernels')})" 2>&1 | cut -c1-900; pack
+el prep racecheck; timeout 40 compute-sanitizer --tool racecheck --error-exitcode 9 --kernel-name kns=prep_tc $D/bin/gpu_suite --gtest_filter='KdaTc/CudaKdaTc.ForwardBackwardAgainstTheCpu/H32K128V128_T250_docs2_h0_dhT_mild' > "$L/racecheck_prep.txt" 2>&1; echo "rc=$?"; grep -E "SUMMARY|PASSED|FAILED" "$L/racecheck_prep.txt" | head -3; pack
 left=$(( 585 - ($(date +%s) - t0) )); el "fla (${left}s left)"
 if [ "$left" -gt 100 ]; then
   python3 -m pip install --no-index --no-deps .gpu/wheels/*.whl > /dev/null 2>&1
