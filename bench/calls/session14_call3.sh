@@ -37,13 +37,13 @@ python3 -c "
 import json
 for r in json.load(open('$L/bench_dsa.json'))['runs']: print({k: (round(v,2) if isinstance(v,float) else v) for k,v in r.items() if 'ms' in k or k in ('T','mqa_kernels')})" 2>&1 | cut -c1-900; pack
 el prep racecheck; timeout 40 compute-sanitizer --tool racecheck --error-exitcode 9 --kernel-name kns=prep_tc $D/bin/gpu_suite --gtest_filter='KdaTc/CudaKdaTc.ForwardBackwardAgainstTheCpu/H32K128V128_T250_docs2_h0_dhT_mild' > "$L/racecheck_prep.txt" 2>&1; echo "rc=$?"; grep -E "SUMMARY|PASSED|FAILED" "$L/racecheck_prep.txt" | head -3; pack
-left=$(( 585 - ($(date +%s) - t0) )); el "fla (${left}s left)"
+left=$(( 530 - ($(date +%s) - t0) )); el "fla (${left}s left)"
 if [ "$left" -gt 100 ]; then
   python3 -m pip install --no-index --no-deps .gpu/wheels/*.whl > /dev/null 2>&1
   timeout $(( left - 5 )) python3 bench/kda_fla.py --skip-long > "$L/fla.jsonl" 2> "$L/fla.err"; echo "fla rc=$?"
   cut -c1-300 "$L/fla.jsonl"; pack
 fi
-left=$(( 590 - ($(date +%s) - t0) ))
+left=$(( 545 - ($(date +%s) - t0) ))
 if [ "$left" -gt 40 ]; then
   el racecheck; timeout $(( left - 5 )) compute-sanitizer --tool racecheck --error-exitcode 9 $D/bin/gpu_suite --gtest_filter='CudaLoraGrouped.FusedSwigluKernelsAgainstTheCpuComposites' > "$L/racecheck_moe.txt" 2>&1; echo "rc=$?"; grep -E "SUMMARY|PASSED|FAILED" "$L/racecheck_moe.txt" | head -3; pack
 fi
