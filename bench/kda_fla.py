@@ -5,17 +5,35 @@ Run in the same device call as `moetrain bench kda`; fla's Triton autotuning is 
 `--l2norm`: q/k L2-normalised inside fla's kernel (the anchor script's call); by default fla gets
 unit rows already, as our core does. `--skip-long`: leave out B1 T65536. Each case is followed by
 the same with the decay gate inside fla's kernel (use_gate_in_kernel: the raw gate, A_log and
-dt_bias in, "gate_in_kernel": true), against `moetrain bench kda`'s gate_core_* timings."""
+dt_bias in, "gate_in_kernel": true), against `moetrain bench kda`'s gate_core_* timings.
+`--cases a,b`: only these cases (B2_T8192, B2_T8192_gate, packed16_T16384, packed16_T16384_gate,
+B1_T65536). `--autotune-cache DIR`: Triton keeps each kernel's autotuning result in DIR
+(TRITON_CACHE_AUTOTUNING), so a later process, or a later device call given the same DIR's
+*.autotune.json files back (bench/calls/lib.sh: fla_cache_restore / fla_cache_save), skips the
+benchmarking of every config; a call that runs out of time keeps the kernels it finished."""
 import json
+import os
 import sys
 import time
 
-import torch
-import torch.nn.functional as F
-from fla.ops.kda import chunk_kda
+
+def arg(name, default=None):
+    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
+
+
+# Before torch and Triton are imported: Triton reads these when it first autotunes.
+if arg("--autotune-cache"):
+    os.environ["TRITON_CACHE_DIR"] = arg("--autotune-cache")
+    os.environ["TRITON_CACHE_AUTOTUNING"] = "1"
+    os.environ.setdefault("TRITON_PRINT_AUTOTUNING", "1")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from fla.ops.kda import chunk_kda  # noqa: E402
 
 dev = "cuda"
 L2 = "--l2norm" in sys.argv
+CASES = arg("--cases").split(",") if arg("--cases") else None
 PACKED = [100, 1500, 700, 2300, 64, 900, 1200, 333, 1777, 450, 2048, 129, 1000, 640, 1111, 2132]
 
 
@@ -60,6 +78,8 @@ def saved_gib(f, inputs):
 
 
 def case(name, B, T, H, D, cu=None, gate=False):
+    label = name + (" gate" if gate else "")
+    print(f"[{time.strftime('%H:%M:%S')}] {label}: autotuning", file=sys.stderr, flush=True)
     torch.manual_seed(0)
     bf = torch.bfloat16
     q = F.normalize(torch.randn(B, T, H, D, device=dev), dim=-1).to(bf).requires_grad_(True)
@@ -96,11 +116,18 @@ def case(name, B, T, H, D, cu=None, gate=False):
 
 
 # The long case last: its first autotune takes minutes on a fresh machine, and a call that runs out
-# of time then still has the other two.
-case("B2_T8192", 2, 8192, 32, 128)
-case("B2_T8192", 2, 8192, 32, 128, gate=True)
+# of time then still has the other two. `--cases` runs its cases in its own order.
 cu = torch.tensor([0] + list(torch.tensor(PACKED).cumsum(0)), device=dev, dtype=torch.int32)
-case("packed16_T16384", 1, sum(PACKED), 32, 128, cu.long())
-case("packed16_T16384", 1, sum(PACKED), 32, 128, cu.long(), gate=True)
-if "--skip-long" not in sys.argv:
-    case("B1_T65536", 1, 65536, 32, 128)
+ALL = {
+    "B2_T8192": lambda: case("B2_T8192", 2, 8192, 32, 128),
+    "B2_T8192_gate": lambda: case("B2_T8192", 2, 8192, 32, 128, gate=True),
+    "packed16_T16384": lambda: case("packed16_T16384", 1, sum(PACKED), 32, 128, cu.long()),
+    "packed16_T16384_gate": lambda: case("packed16_T16384", 1, sum(PACKED), 32, 128, cu.long(),
+                                         gate=True),
+    "B1_T65536": lambda: case("B1_T65536", 1, 65536, 32, 128),
+}
+order = CASES or [n for n in ALL if n != "B1_T65536" or "--skip-long" not in sys.argv]
+for n in order:
+    if n not in ALL:
+        sys.exit(f"kda_fla.py: unknown case {n!r} (known: {', '.join(ALL)})")
+    ALL[n]()
