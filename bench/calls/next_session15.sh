@@ -16,6 +16,7 @@ el dsa; timeout 120 $D/bin/moetrain bench dsa --tokens 8192,32768 --iters 3 --mq
 python3 -c "
 import json
 for r in json.load(open('$L/bench_dsa.json'))['runs']: print({k: (round(v,2) if isinstance(v,float) else v) for k,v in r.items() if 'ms' in k or k in ('T','mqa_kernels')})" 2>&1 | cut -c1-900; pack
+el kda; timeout 60 $D/bin/moetrain bench kda --json "$L/bench_kda.json" > "$L/kda.txt" 2>&1; echo "rc=$?"; pack
 python3 -m pip install --no-index --no-deps .gpu/wheels/*.whl > /dev/null 2>&1
 fla_cache_restore
 left=$(( 560 - ($(date +%s) - t0) )); el "fla (${left}s left)"
