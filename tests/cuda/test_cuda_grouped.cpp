@@ -113,6 +113,9 @@ struct FfnSetup {
   // overwritten on both devices, where they are otherwise added into.
   bool weight_grads_zero = false;
   bool s13 = false;  // GroupedFfnParams::lora_s13_kernels
+  // With pad_rows: x padded, dy not (the backward then takes the separate passes, which must find
+  // X A^T where the K-concatenated forward left it: in x's padding).
+  bool unpadded_dy = false;
 };
 
 // Inputs: x, dy, gate_up, down, their pre-filled gradients, then (LoRA) the four factors and
@@ -244,7 +247,7 @@ std::vector<Tensor> ffn_op(Context& c, const FfnSetup& s, const FfnCase& k,
     if (s.pad_rows) {
       p.padded_rows = true;
       x = padded_copy(c, in[0], r);
-      dy = padded_copy(c, in[1], r);
+      if (!s.unpadded_dy) dy = padded_copy(c, in[1], r);
     }
   }
   ops::grouped_ffn_forward(c, p, x, k.off, o.w, o.y, o.saved);
@@ -408,6 +411,15 @@ TEST(CudaGroupedFfn, KConcatLoraInTheBaseGemms) {
                                                                          .skewed = true,
                                                                          .kconcat = true,
                                                                          .pad_rows = true});
+  ffn_check("grouped_ffn kconcat r16 trained base, padded rows, unpadded dy",
+            {.rows = 1200,
+             .experts = 8,
+             .in = 128,
+             .ffn = 64,
+             .rank = 16,
+             .kconcat = true,
+             .pad_rows = true,
+             .unpadded_dy = true});
   ffn_check("grouped_ffn kconcat r64 frozen, padded rows", {.rows = 1500,
                                                             .experts = 8,
                                                             .in = 128,

@@ -218,6 +218,7 @@ TEST(CudaSparseMqa, WgmmaTileEdges) {
   const uint64_t seed = fresh_seed();
   Rng rng(seed);
   check_mqa("32 heads, 64-key tile 1 blank", 32, 192, {230}, false, seed, rng, 64, 64);
+  check_mqa("32 heads, 64-key tile 0 blank", 32, 130, {150}, false, seed, rng, 0, 64);
   // Two slots, not one: with one slot P = 1, dS = P (dP - Delta) cancels to zero exactly and dq is
   // rounding noise against a zero reference (session 14 mid-call: rel err 1e26 on every kernel).
   check_mqa("32 heads, two slots", 32, 2, {50}, false, seed, rng);
