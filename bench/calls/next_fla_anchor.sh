@@ -3,7 +3,7 @@
 # autotuning (minutes a case on a fresh machine; the packed cases' has never finished inside one
 # call) is kept across calls: each call restores the *.autotune.json files the last one sent back
 # and sends its own back ($OUT/fla_autotune.tgz; pack the next call with
-# FLA_AUTOTUNE=/work/.device/N/fla_autotune.tgz WHEELS=... tools/gpu.sh pack, and commit the file
+# FLA_AUTOTUNE=<the returned fla_autotune.tgz> WHEELS=... tools/gpu.sh pack, and commit the file
 # as bench/fla_autotune_h200.tgz once every case has finished, so later sessions start tuned).
 # Our figures in the same call first (bench kda), then fla's cases, the packed ones first.
 set -u

@@ -1,8 +1,5 @@
 set -u
 : "${D:?}" "${L:?}"
-# NOTE for the lead (dsa14, 11:02 UTC): /work/main/.deps was found as a symlink to itself
-# (mtime 11:00, not made by dsa14), so CUTLASS's headers are gone there; /work/cleanci/.deps
-# still holds cutlass-4.2.0.0 (dsa14's worktree links to it).
 # dsa14 (branch dsa14, commit in `git log dsa14 -1`): the sparse MQA forward on wgmma
 # (SparseMqaKernels::Wgmma). Run from the repository root with the packed binaries in $D/bin,
 # logs to $L/. About 80 s: four CudaSparseMqa tests (each case on Split, Chained and Wgmma;
