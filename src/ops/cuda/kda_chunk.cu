@@ -1002,6 +1002,52 @@ __device__ __forceinline__ void grads_block_pairs(const float* gam, const float*
   __syncthreads();
 }
 
+// The tensor-core gradient kernels' load phase (grads_kernel's TC form and grads_v2_kernel): every
+// global read of a thread goes out before the first store, 16 bytes wide (one latency, not one per
+// row): q and k (8 bf16 a load), g, Aqk, Tm, beta and, for the rows of the half's parity, KK
+// (dbeta's sum_j Tm_ij KK_ij, j < i, while Tm is at hand). The C x C matrices have as many elements
+// as [C][kHalf], so the same e serves both; rows past L read as zeros. The kernels store them each
+// in their own shared layout.
+struct GradLoads {
+  uint4 q8[2], k8[2];
+  float4 g4[4], aq4[4], tm4[4], kk4[4];
+  float be[4];
+};
+
+template <typename T>
+__device__ __forceinline__ GradLoads grad_loads(const Args& a, const T* q, const T* k,
+                                                const float* blk, int64_t t0, int64_t h, int L,
+                                                int z, int tid) {
+  static_assert(kMaxC == kHalf, "one index for [C][C] and [C][kHalf]");
+  constexpr int K = kMaxKV, KH = kHalf;
+  const int x0 = z * KH;
+  const KdaChunkLayout& lay = a.lay;
+  const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
+  GradLoads r;
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+    const int e = 8 * (tid + kGradThreads * m), i = e / KH;
+    r.q8[m] = r.k8[m] = make_uint4(0u, 0u, 0u, 0u);
+    if (i < L) {
+      const int64_t src = ((t0 + i) * a.H + h) * K + x0 + e % KH;
+      r.q8[m] = *reinterpret_cast<const uint4*>(q + src);
+      r.k8[m] = *reinterpret_cast<const uint4*>(k + src);
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    const int e = 4 * (tid + kGradThreads * m), i = e / KH;
+    const bool in = i < L;
+    r.g4[m] =
+        in ? *reinterpret_cast<const float4*>(a.g + ((t0 + i) * a.H + h) * K + x0 + e % KH) : zero4;
+    r.aq4[m] = *reinterpret_cast<const float4*>(blk + lay.Aqk() + e);
+    r.tm4[m] = *reinterpret_cast<const float4*>(blk + lay.Tm() + e);
+    r.kk4[m] = in && (i & 1) == z ? *reinterpret_cast<const float4*>(blk + lay.KK() + e) : zero4;
+    r.be[m] = in ? a.beta[(t0 + i) * a.H + h] : 0.f;
+  }
+  return r;
+}
+
 // One thread per (token i, channel x) of the block's channels: its dq, dk, dGam, and its share of
 // dbeta. The pair terms of row i and of column i are summed first (sQ, sK, sC) and scaled by the
 // owner's q and k once: dQ gets sQ, dGam q sQ, and so on, instead of three products per pair.
@@ -1045,37 +1091,7 @@ __global__ void __launch_bounds__(kGradThreads, TC ? 2 : 1)
   };
   for (int i = tid; i < C; i += kGradThreads) b[i] = i < L ? a.beta[(t0 + i) * a.H + h] : 0.f;
   if constexpr (TC) {
-    // Every global read of the load phase goes out before the first store, 16 bytes wide (one
-    // latency, not one per row): q and k (8 bf16 a load), g, Aqk, Tm, beta and, for the rows of
-    // the half's parity, KK (dbeta's sum_j Tm_ij KK_ij, j < i, while Tm is at hand). The C x C
-    // matrices have as many elements as [C][kHalf], so the same e serves both.
-    static_assert(kMaxC == kHalf, "one index for [C][C] and [C][kHalf]");
-    constexpr int KH = kHalf;
-    uint4 q8[2], k8[2];
-    float4 g4[4], aq4[4], tm4[4], kk4[4];
-    float be[4];
-    const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int m = 0; m < 2; ++m) {
-      const int e = 8 * (tid + kGradThreads * m), i = e / KH;
-      q8[m] = k8[m] = make_uint4(0u, 0u, 0u, 0u);
-      if (i < L) {
-        const int64_t src = ((t0 + i) * a.H + h) * K + x0 + e % KH;
-        q8[m] = *reinterpret_cast<const uint4*>(q + src);
-        k8[m] = *reinterpret_cast<const uint4*>(k + src);
-      }
-    }
-#pragma unroll
-    for (int m = 0; m < 4; ++m) {
-      const int e = 4 * (tid + kGradThreads * m), i = e / KH;
-      const bool in = i < L;
-      g4[m] = in ? *reinterpret_cast<const float4*>(a.g + ((t0 + i) * a.H + h) * K + x0 + e % KH)
-                 : zero4;
-      aq4[m] = *reinterpret_cast<const float4*>(blk + lay.Aqk() + e);
-      tm4[m] = *reinterpret_cast<const float4*>(blk + lay.Tm() + e);
-      kk4[m] = in && (i & 1) == z ? *reinterpret_cast<const float4*>(blk + lay.KK() + e) : zero4;
-      be[m] = in ? a.beta[(t0 + i) * a.H + h] : 0.f;
-    }
+    const auto [q8, k8, g4, aq4, tm4, kk4, be] = grad_loads(a, q, k, blk, t0, h, L, z, tid);
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
       const int e = 8 * (tid + kGradThreads * m);
@@ -1529,32 +1545,8 @@ __global__ void __launch_bounds__(kGradThreads, 2)
   const float* dds = a.dds(c, h);
   for (int i = tid; i < C; i += kGradThreads) b[i] = i < L ? a.beta[(t0 + i) * a.H + h] : 0.f;
   {
-    // The load phase of grads_kernel (TC), tq and tb stored swizzled.
-    uint4 q8[2], k8[2];
-    float4 g4[4], aq4[4], tm4[4], kk4[4];
-    float be[4];
-    const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int m = 0; m < 2; ++m) {
-      const int e = 8 * (tid + kGradThreads * m), i = e / KH;
-      q8[m] = k8[m] = make_uint4(0u, 0u, 0u, 0u);
-      if (i < L) {
-        const int64_t src = ((t0 + i) * a.H + h) * K + x0 + e % KH;
-        q8[m] = *reinterpret_cast<const uint4*>(q + src);
-        k8[m] = *reinterpret_cast<const uint4*>(k + src);
-      }
-    }
-#pragma unroll
-    for (int m = 0; m < 4; ++m) {
-      const int e = 4 * (tid + kGradThreads * m), i = e / KH;
-      const bool in = i < L;
-      g4[m] = in ? *reinterpret_cast<const float4*>(a.g + ((t0 + i) * a.H + h) * K + x0 + e % KH)
-                 : zero4;
-      aq4[m] = *reinterpret_cast<const float4*>(blk + lay.Aqk() + e);
-      tm4[m] = *reinterpret_cast<const float4*>(blk + lay.Tm() + e);
-      kk4[m] = in && (i & 1) == z ? *reinterpret_cast<const float4*>(blk + lay.KK() + e) : zero4;
-      be[m] = in ? a.beta[(t0 + i) * a.H + h] : 0.f;
-    }
+    // grads_kernel's load phase (TC), tq and tb stored swizzled.
+    const auto [q8, k8, g4, aq4, tm4, kk4, be] = grad_loads(a, q, k, blk, t0, h, L, z, tid);
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
       const int e = 8 * (tid + kGradThreads * m);
