@@ -157,56 +157,22 @@ struct Fp32Prepared {
   Fp32Prepared& operator=(const Fp32Prepared&) = delete;
 };
 
-// Runs the previous forward state pass for its scope (ops/kda_prep_path.h), or the default one;
-// restores the choice it found, so that scopes nest (an inner "other pass" scope inside a case
-// that runs v1 must hand v1 back, not the default).
-struct ForwardStateV1 {
-  explicit ForwardStateV1(bool on) : was_v2(ops::kda_forward_state_v2()) {
-    ops::kda_set_forward_state_v2(!on);
-  }
-  ~ForwardStateV1() { ops::kda_set_forward_state_v2(was_v2); }
-  ForwardStateV1(const ForwardStateV1&) = delete;
-  ForwardStateV1& operator=(const ForwardStateV1&) = delete;
+// Runs the previous kernel behind one of ops/kda_prep_path.h's switches for its scope, or the
+// default one; restores the choice it found, so that scopes nest (an inner "other kernel" scope
+// inside a case that runs v1 must hand v1 back, not the default).
+template <bool (*IsV2)(), void (*SetV2)(bool)>
+struct UseV1 {
+  explicit UseV1(bool on) : was_v2(IsV2()) { SetV2(!on); }
+  ~UseV1() { SetV2(was_v2); }
+  UseV1(const UseV1&) = delete;
+  UseV1& operator=(const UseV1&) = delete;
   const bool was_v2;
 };
-
-// The same for the backward state pass.
-struct BackwardStateV1 {
-  explicit BackwardStateV1(bool on) : was_v2(ops::kda_backward_state_v2()) {
-    ops::kda_set_backward_state_v2(!on);
-  }
-  ~BackwardStateV1() { ops::kda_set_backward_state_v2(was_v2); }
-  BackwardStateV1(const BackwardStateV1&) = delete;
-  BackwardStateV1& operator=(const BackwardStateV1&) = delete;
-  const bool was_v2;
-};
-
-// The same for the gradient kernel.
-struct GradsV1 {
-  explicit GradsV1(bool on) : was_v2(ops::kda_grads_v2()) { ops::kda_set_grads_v2(!on); }
-  ~GradsV1() { ops::kda_set_grads_v2(was_v2); }
-  GradsV1(const GradsV1&) = delete;
-  GradsV1& operator=(const GradsV1&) = delete;
-  const bool was_v2;
-};
-
-// The same for the backward's tensor-core products.
-struct ProductsV1 {
-  explicit ProductsV1(bool on) : was_v2(ops::kda_products_v2()) { ops::kda_set_products_v2(!on); }
-  ~ProductsV1() { ops::kda_set_products_v2(was_v2); }
-  ProductsV1(const ProductsV1&) = delete;
-  ProductsV1& operator=(const ProductsV1&) = delete;
-  const bool was_v2;
-};
-
-// The same for the prep.
-struct PrepV1 {
-  explicit PrepV1(bool on) : was_v2(ops::kda_prep_v2()) { ops::kda_set_prep_v2(!on); }
-  ~PrepV1() { ops::kda_set_prep_v2(was_v2); }
-  PrepV1(const PrepV1&) = delete;
-  PrepV1& operator=(const PrepV1&) = delete;
-  const bool was_v2;
-};
+using ForwardStateV1 = UseV1<ops::kda_forward_state_v2, ops::kda_set_forward_state_v2>;
+using BackwardStateV1 = UseV1<ops::kda_backward_state_v2, ops::kda_set_backward_state_v2>;
+using GradsV1 = UseV1<ops::kda_grads_v2, ops::kda_set_grads_v2>;
+using ProductsV1 = UseV1<ops::kda_products_v2, ops::kda_set_products_v2>;
+using PrepV1 = UseV1<ops::kda_prep_v2, ops::kda_set_prep_v2>;
 
 // The case's inputs on the GPU, q, k, v and dout in bf16.
 std::vector<Tensor> bf16_on_gpu(const TcCase& tc) {
