@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli/commands.h"
@@ -387,10 +388,12 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
                       dbeta, none);
   };
   auto time = [&](const std::function<void()>& f) { return mean_ms(ctx, o.warmup, o.iters, f); };
-  const double f = time(fwd), fb = time([&] {
-                                fwd();
-                                bwd();
-                              });
+  // Backward alone cannot repeat: it overwrites the prepared block that it reads.
+  const auto fwd_bwd = [&] {
+    fwd();
+    bwd();
+  };
+  const double f = time(fwd), fb = time(fwd_bwd);
   // An evaluation forward (no backward follows: nothing kept for it), as fla's chunk_kda under
   // torch.no_grad.
   ops::KdaParams pe = p;
@@ -399,50 +402,27 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
     ops::kda_forward(ctx, pe, cu, q, k, v, g, beta, Tensor(), out, none, saved, prepared);
   };
   const double fe = time(eval_fwd);
-  // The same two forwards through the previous forward state pass (ops/kda_prep_path.h), timed in
-  // this run so that old and new compare on the same machine and inputs.
-  const bool state_v2 = ops::kda_forward_state_v2();
-  ops::kda_set_forward_state_v2(false);
-  const double f_v1 = time(fwd), fe_v1 = time(eval_fwd);
-  ops::kda_set_forward_state_v2(state_v2);
-  // And through the previous prep (no L2 prefetch).
-  const bool prep_v2 = ops::kda_prep_v2();
-  ops::kda_set_prep_v2(false);
-  const double f_pv1 = time(fwd), fe_pv1 = time(eval_fwd);
-  ops::kda_set_prep_v2(prep_v2);
-  // Forward and backward through the previous backward state pass (the forward's the new one);
-  // backward alone cannot repeat: it overwrites the prepared block that it reads.
-  const bool bwd_state_v2 = ops::kda_backward_state_v2();
-  ops::kda_set_backward_state_v2(false);
-  const double fb_bv1 = time([&] {
-    fwd();
-    bwd();
-  });
-  ops::kda_set_backward_state_v2(bwd_state_v2);
-  // And through the previous gradient kernel (grads_kernel's tensor-core form).
-  const bool grads_v2 = ops::kda_grads_v2();
-  ops::kda_set_grads_v2(false);
-  const double fb_gv1 = time([&] {
-    fwd();
-    bwd();
-  });
-  ops::kda_set_grads_v2(grads_v2);
-  // And through the previous backward products (one block per job).
-  const bool products_v2 = ops::kda_products_v2();
-  ops::kda_set_products_v2(false);
-  const double fb_pv1 = time([&] {
-    fwd();
-    bwd();
-  });
-  ops::kda_set_products_v2(products_v2);
-  // And v2 without its L2 prefetch.
-  const bool products_prefetch = ops::kda_products_prefetch();
-  ops::kda_set_products_prefetch(false);
-  const double fb_pnp = time([&] {
-    fwd();
-    bwd();
-  });
-  ops::kda_set_products_prefetch(products_prefetch);
+  // The same timings through the previous kernel behind one of ops/kda_prep_path.h's switches (the
+  // switch off, then back as it was), so that old and new compare on the same machine and inputs.
+  const auto with_v1 = [](bool (*is_v2)(), void (*set_v2)(bool), const auto& run) {
+    const bool was = is_v2();
+    set_v2(false);
+    const auto r = run();
+    set_v2(was);
+    return r;
+  };
+  const auto both_forwards = [&] { return std::pair(time(fwd), time(eval_fwd)); };
+  const auto [f_v1, fe_v1] =
+      with_v1(ops::kda_forward_state_v2, ops::kda_set_forward_state_v2, both_forwards);
+  const auto [f_pv1, fe_pv1] = with_v1(ops::kda_prep_v2, ops::kda_set_prep_v2, both_forwards);
+  const auto fwd_bwd_ms = [&] { return time(fwd_bwd); };
+  const double fb_bv1 =
+      with_v1(ops::kda_backward_state_v2, ops::kda_set_backward_state_v2, fwd_bwd_ms);
+  const double fb_gv1 = with_v1(ops::kda_grads_v2, ops::kda_set_grads_v2, fwd_bwd_ms);
+  const double fb_pv1 = with_v1(ops::kda_products_v2, ops::kda_set_products_v2, fwd_bwd_ms);
+  // Products v2 without its L2 prefetch.
+  const double fb_pnp =
+      with_v1(ops::kda_products_prefetch, ops::kda_set_products_prefetch, fwd_bwd_ms);
   // With the decay gate in front (ops/kda_gate.h, as the KDA layer runs it: raw in the
   // activations' type, g in f32), against fla's chunk_kda with use_gate_in_kernel.
   const ops::KdaGateParams gp{.tokens = T, .heads = H, .head_dim = D};
