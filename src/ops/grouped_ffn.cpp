@@ -135,6 +135,12 @@ bool kconcat_xa_in_rows(const GroupedFfnParams& p) {
   return p.padded_rows && !p.lora_s13_kernels;
 }
 
+// X A^T where a K-concatenated forward left it, for its backward: x's padding or saved.xa.
+Tensor kconcat_xa(const GroupedFfnParams& p, const Tensor& x, const GroupedFfnSaved& saved) {
+  const int64_t l = p.in, r = p.lora_rank;
+  return kconcat_xa_in_rows(p) ? padded_rows(x, r).cols(l, l + r) : saved.xa;
+}
+
 // The adapters into the pads of the base weights' buffers (grouped_ffn_lora_pack). Every forward
 // does it: the optimizer updates A and B in place between steps, and one pass over them (E r (out +
 // in) elements per projection) costs less than tracking that.
@@ -208,7 +214,7 @@ void backward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
     ops::copy(ctx, dy, head);
   }
   const auto grad = [](const Tensor& g) { return has(g) ? g : Tensor(); };
-  const Tensor xa = kconcat_xa_in_rows(p) ? padded_rows(x, r).cols(l, l + r) : saved.xa;
+  const Tensor xa = kconcat_xa(p, x, saved);
   Tensor dr_down = dyp.cols(l, l + r), db_down = grad(grads.down_b);
   lora_out_grads(ctx, p, dy, offsets, w.down_b, saved.ha, dr_down, db_down);
   Tensor dh = ctx.workspace().alloc({N, F}, at);
@@ -364,8 +370,7 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
     return backward_kconcat(ctx, p, x, offsets, w, saved, dy, dx, grads);
   // An unpadded dy falls back to the passes below; a K-concatenated forward may then have left
   // X A^T in x's padding rather than in saved.xa (kconcat_xa_in_rows): read it where it is.
-  const Tensor fwd_xa =
-      kconcat && kconcat_xa_in_rows(p) ? padded_rows(x, r).cols(l, l + r) : saved.xa;
+  const Tensor fwd_xa = kconcat ? kconcat_xa(p, x, saved) : saved.xa;
   const Forms form(p);
 
   // Scratch in the activations' type (f32 on the CPU; f32 or bf16 on the GPU).
