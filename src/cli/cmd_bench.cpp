@@ -51,7 +51,7 @@ struct DsaBenchOptions {
   int64_t kv_rank = 512, rope_dim = 64;
   // The generation of the absorbed form's kernels the layer timings run (ops::SparseMqaKernels:
   // split, chained, wgmma or wgmma2); the kernels' own fields time all of them either way.
-  std::string mqa_kernels = "split";
+  std::string mqa_kernels = "wgmma2";
   int64_t warmup = 1, iters = 3;
   double workspace_gib = 8;
 };
