@@ -206,9 +206,9 @@ void backward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
   const Forms form(p);
   ArenaScope scope(ctx.workspace());
   Tensor dyp;
-  if (p.padded_rows) {
+  if (p.padded_rows && dy.stride(0) == l + r) {
     dyp = padded_rows(dy, r);
-  } else {
+  } else {  // one copy of dY: its rows have no padding to lend
     dyp = ctx.workspace().alloc({N, l + r}, at);
     Tensor head = dyp.cols(0, l);
     ops::copy(ctx, dy, head);
@@ -365,12 +365,10 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
   if (g_dna) expect_shape(grads.down_a, w.down_a.shape(), "grad experts.down_lora_A");
   if (g_dnb) expect_shape(grads.down_b, w.down_b.shape(), "grad experts.down_lora_B");
   if (r > 0) expect_dims(saved.h, {N, F}, "grouped_ffn saved h");
-  const bool kconcat = r > 0 && kconcat_call(p, x, w, saved);
-  if (kconcat && (!p.padded_rows || dy.stride(0) == l + r))
+  // A K-concatenated forward saved the adapted gate_up, which the passes below would adapt again:
+  // its own backward follows it, whatever dy's rows are.
+  if (r > 0 && kconcat_call(p, x, w, saved))
     return backward_kconcat(ctx, p, x, offsets, w, saved, dy, dx, grads);
-  // An unpadded dy falls back to the passes below; a K-concatenated forward may then have left
-  // X A^T in x's padding rather than in saved.xa (kconcat_xa_in_rows): read it where it is.
-  const Tensor fwd_xa = kconcat ? kconcat_xa(p, x, saved) : saved.xa;
   const Forms form(p);
 
   // Scratch in the activations' type (f32 on the CPU; f32 or bf16 on the GPU).
@@ -420,7 +418,7 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
     project_back(dy, h, w.down, w.down_a, w.down_b, saved.ha, dh, grads.down, grads.down_a,
                  grads.down_b, false);
     // dh + dr A_down, with dr the down projection's
-    lora_swiglu_backward(ctx, p, saved.gate_up, fwd_xa, offsets, w.gate_up_b, dh, dr, w.down_a,
+    lora_swiglu_backward(ctx, p, saved.gate_up, saved.xa, offsets, w.gate_up_b, dh, dr, w.down_a,
                          dgu);
   } else {
     grouped_matmul(ctx, form.dx, dy, offsets, w.down, dh);
@@ -431,7 +429,7 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
       grouped_matmul(ctx, form.dw_base, dy, offsets, h, grads.down);
     }
   }
-  project_back(dgu, x, w.gate_up, w.gate_up_a, w.gate_up_b, fwd_xa, dx, grads.gate_up,
+  project_back(dgu, x, w.gate_up, w.gate_up_a, w.gate_up_b, saved.xa, dx, grads.gate_up,
                grads.gate_up_a, grads.gate_up_b, true);
 }
 

@@ -38,9 +38,10 @@ struct GroupedFfnParams {
   float lora_alpha = 0;
   // The K-concatenation path only: x (forward) and dy (backward) are the first `in` columns of
   // [rows, in + lora_rank] buffers whose last lora_rank columns the op may overwrite (the MoE
-  // layer allocates its rows so). Otherwise the op copies them into padded scratch. x's columns
-  // then carry X A^T from forward to its backward (which reads it there; saved.xa is left
-  // unwritten), so the caller keeps them untouched in between.
+  // layer allocates its rows so; a dy whose rows are not that wide is copied). Otherwise the op
+  // copies them into padded scratch. x's columns then carry X A^T from forward to its backward
+  // (which reads it there; saved.xa is left unwritten), so the caller keeps them untouched in
+  // between.
   bool padded_rows = false;
   // The caller knows the base weights' gradient buffers hold zeros (the first backward since the
   // gradients were zeroed): their weight-gradient GEMMs then write dW (beta 0) instead of adding
