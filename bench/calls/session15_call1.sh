@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 15, call 1: next_session15.sh (what session 14's final call did not reach) plus the KDA,
+# Session 15, call 1: what session 14's final call did not reach, plus the KDA,
 # grouped-FFN and expert-LoRA device tests on the tree. The sparse MQA tests whole (the wgmma forward
 # forms' tile edges, LargerSelection, the sanitizer-sized cases) before Wgmma2 becomes the DSA
 # layer's default; bench dsa through Wgmma2 at 8K and 32K; racecheck over the wgmma and the joined
