@@ -10,7 +10,10 @@ dt_bias in, "gate_in_kernel": true), against `moetrain bench kda`'s gate_core_* 
 B1_T65536). `--autotune-cache DIR`: Triton keeps each kernel's autotuning result in DIR
 (TRITON_CACHE_AUTOTUNING), so a later process, or a later device call given the same DIR's
 *.autotune.json files back (bench/calls/lib.sh: fla_cache_restore / fla_cache_save), skips the
-benchmarking of every config; a call that runs out of time keeps the kernels it finished."""
+benchmarking of every config; a call that runs out of time keeps the kernels it finished.
+`--dump FILE [--seed S]`: the packed case's inputs with random values, fla's output and gradients
+and a float64 recurrence's output, for the comparison in tests/cuda/test_cuda_kda_fla.cpp
+(MOETRAIN_FLA_KDA=FILE gpu_suite --gtest_filter=CudaKdaFla.*)."""
 import json
 import os
 import sys
@@ -114,6 +117,56 @@ def case(name, B, T, H, D, cu=None, gate=False):
                       "saved_for_backward_gib": saved_gib(lambda: chunk_kda(q, k, v, g, beta, **kw),
                                                           (q, k, v, g, beta))}), flush=True)
 
+
+def recurrence_fp64(q, k, v, g, beta, cu, scale):
+    """The KDA recurrence token by token in float64 (o only): per document from a zero state,
+    S = diag(exp(g_t)) S; u = v_t - S^T k_t; S += beta_t k_t u^T; o_t = scale S^T q_t."""
+    q, k, v, g, beta = (x.double() for x in (q, k, v, g, beta))
+    T, H, K = q.shape
+    o = torch.empty(T, H, v.shape[-1], dtype=torch.float64, device=dev)
+    for n in range(len(cu) - 1):
+        S = torch.zeros(H, K, v.shape[-1], dtype=torch.float64, device=dev)
+        for t in range(int(cu[n]), int(cu[n + 1])):
+            S = S * g[t].exp()[:, :, None]
+            u = v[t] - torch.einsum("hkv,hk->hv", S, k[t])
+            S = S + beta[t][:, None, None] * k[t][:, :, None] * u[:, None, :]
+            o[t] = scale * torch.einsum("hkv,hk->hv", S, q[t])
+    return o
+
+
+def dump(path):
+    """The packed case's inputs with fresh random values (q, k unit rows, mild log decays, beta in
+    (0, 1), all bf16 so that both sides read the same numbers), fla's output and gradients, and a
+    float64 recurrence's output, for tests/cuda/test_cuda_kda_fla.cpp (MOETRAIN_FLA_KDA=path)."""
+    from safetensors.torch import save_file
+    seed = int(arg("--seed", str(int(time.time()))))
+    print(f"kda_fla.py --dump: seed {seed}", file=sys.stderr, flush=True)
+    torch.manual_seed(seed)
+    T, H, D, bf = sum(PACKED), 32, 128, torch.bfloat16
+    cu32 = torch.tensor([0] + list(torch.tensor(PACKED).cumsum(0)), dtype=torch.int32)
+    q = F.normalize(torch.randn(1, T, H, D, device=dev), dim=-1).to(bf).requires_grad_(True)
+    k = F.normalize(torch.randn(1, T, H, D, device=dev), dim=-1).to(bf).requires_grad_(True)
+    v = torch.randn(1, T, H, D, device=dev, dtype=bf, requires_grad=True)
+    g = (-F.softplus(-(1.5 * torch.randn(1, T, H, D, device=dev) + 2))).to(bf).requires_grad_(True)
+    beta = torch.sigmoid(torch.randn(1, T, H, device=dev)).to(bf).requires_grad_(True)
+    do = torch.randn(1, T, H, D, device=dev, dtype=bf)
+    o, _ = chunk_kda(q, k, v, g, beta, cu_seqlens=cu32.to(dev).long())
+    o.backward(do)
+    torch.cuda.synchronize()
+    ref = recurrence_fp64(q[0], k[0], v[0], g[0], beta[0], cu32.tolist(), D ** -0.5)
+    out = {"q": q[0], "k": k[0], "v": v[0], "g": g[0], "beta": beta[0], "do": do[0],
+           "fla_o": o[0], "fla_dq": q.grad[0], "fla_dk": k.grad[0], "fla_dv": v.grad[0],
+           "fla_dg": g.grad[0], "fla_dbeta": beta.grad[0], "o_fp64": ref.float()}
+    out = {n: t.detach().contiguous().cpu() for n, t in out.items()}
+    out["cu_seqlens"] = cu32
+    save_file(out, path + ".tmp")
+    os.replace(path + ".tmp", path)
+    print(f"kda_fla.py --dump: {path} written", file=sys.stderr, flush=True)
+
+
+if arg("--dump"):
+    dump(arg("--dump"))
+    sys.exit(0)
 
 # The long case last: its first autotune takes minutes on a fresh machine, and a call that runs out
 # of time then still has the other two. `--cases` runs its cases in its own order.
