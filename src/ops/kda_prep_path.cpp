@@ -11,6 +11,7 @@ bool grads_v2 = true;
 bool products_v2 = true;
 bool products_prefetch = true;
 bool prep_v2 = true;
+bool forward_overlap = true;
 }  // namespace
 
 KdaPrepPath kda_bf16_prep_path(const KdaParams& p) {
@@ -53,6 +54,14 @@ void kda_set_forward_state_v2(bool on) {
 
 bool kda_forward_state_v2() {
   return forward_state_v2;
+}
+
+void kda_set_forward_overlap(bool on) {
+  forward_overlap = on;
+}
+
+bool kda_forward_overlap() {
+  return forward_overlap;
 }
 
 void kda_set_backward_state_v2(bool on) {

@@ -1933,7 +1933,7 @@ Args make_args(Context& ctx, const KdaParams& p, const Tensor& cu, const Tensor&
   a.ct0 = table;
   a.clen = table + nchunks;
   a.dchunk0 = table + 2 * nchunks;
-  float* next = base + (2 * nchunks + p.num_seqs + 1 + 15) / 16 * 16;
+  float* next = base + (2 * nchunks + p.num_seqs + 1 + nchunks * p.heads + 15) / 16 * 16;
   if (kept) {
     a.ws = const_cast<float*>(ptr<float>(prepared));
   } else {
@@ -2053,6 +2053,19 @@ void kda_chunk_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlen
   a.h0 = h0.defined() && h0.numel() ? ptr<float>(h0) : nullptr;
   a.hT = hT.defined() && hT.numel() ? ptr<float>(hT) : nullptr;
   MT_DISPATCH_FLOAT(q, "kda", {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      // The bf16 layout implies the tensor-core prep (prep<T> below) and state_tc_fits.
+      if (const int blocks = kda_detail::forward_overlap_blocks(ctx, a)) {
+        // The prep's persistent grid, then the state pass as its programmatic dependent, which
+        // runs beside it on the flags the prep sets per (chunk, head), after the chunk table
+        // (kda_forward_overlap).
+        a.ready = const_cast<int32_t*>(a.dchunk0) + p.num_seqs + 1;
+        MT_CUDA_CHECK(cudaMemsetAsync(a.ready, 0, sizeof(int32_t) * a.nchunks * a.H, stream(ctx)));
+        kda_detail::prep_tc(ctx, a, ptr<__nv_bfloat16>(q), ptr<__nv_bfloat16>(k),
+                            ptr<__nv_bfloat16>(v), blocks);
+        return kda_detail::forward_state_tc_follow(ctx, a, ptr<__nv_bfloat16>(o));
+      }
+    }
     prep<T>(ctx, a, q, k, v);
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
       if (kda_detail::state_tc_fits(a))
