@@ -391,7 +391,11 @@ INSTANTIATE_TEST_SUITE_P(
         // one document (2 x 4 state blocks of 32 columns), both head dims, strong decay.
         TcSetup{.lengths = {700}, .no_overlap = true},
         TcSetup{.head_k = 64, .head_v = 64, .lengths = {65, 640}, .no_overlap = true},
-        TcSetup{.lengths = {300}, .decay = Decay::Strong, .no_overlap = true}),
+        TcSetup{.lengths = {300}, .decay = Decay::Strong, .no_overlap = true},
+        // Eight documents of 32 heads (1024 state blocks of 32 columns: waves on an H200), whose
+        // chunk counts tie (1, 1, 1 and 2, 2): the state passes take the documents longest first
+        // (the chunk table's dorder), ties by index, each block finding its own document.
+        TcSetup{.heads = 32, .lengths = {64, 200, 130, 7, 260, 65, 128, 1}}),
     [](const ::testing::TestParamInfo<TcSetup>& pi) { return setup_name(pi.param); });
 
 // A prepared buffer copied to the host, read in its layout: fp32 slots as they are, and the bf16

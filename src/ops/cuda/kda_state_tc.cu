@@ -364,6 +364,24 @@ constexpr size_t fwd_state_v2_smem() {
          sizeof(float) * (kC * kLdAq + K + NB * bt_ld(K) + NB * bt_ld(kC));
 }
 
+// The (document, head, column block) of a sequential pass's block: in launch order (x fastest)
+// the documents longest first (a.dorder), each document's heads and column blocks together (the
+// column blocks of a head adjacent, so that they share its prefetched lines). Where the grid
+// runs in waves (packed batches: 16 documents x 32 heads x 4 column blocks over 264 slots), a
+// slot that frees takes the longest document left, so that no long document starts last and
+// runs alone at the end (greedy longest-first).
+struct StateItem {
+  int64_t n, h;
+  int z;
+};
+__device__ __forceinline__ StateItem state_item(const Args& a) {
+  const int64_t Z = gridDim.z, HZ = gridDim.y * Z;
+  const int64_t i = blockIdx.x + static_cast<int64_t>(gridDim.x) *
+                                     (blockIdx.y + static_cast<int64_t>(gridDim.y) * blockIdx.z);
+  const int64_t r = i % HZ;
+  return {a.dorder[i / HZ], r / Z, static_cast<int>(r % Z)};
+}
+
 // The overlapped forward (Follow, a.ready): warp 0 finds how many chunks from `ready` on the prep
 // has flagged done for this head (a lane per chunk, ld.acquire; chunks past ce count as done), and
 // waits until that reaches past `need`. Returns the first chunk not known to be done. A barrier
@@ -388,8 +406,9 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_state_v2_kernel(Args a, bf16*
   static_assert(NB % 8 == 0 && K % 64 == 0 && K <= kK, "NB / 8 n-tiles; K 64 or 128");
   constexpr int NT = NB / 8, kLdA = K + 8, kLdU = NB + 8, kLdS = bt_ld(K), kLdD = bt_ld(kC);
   constexpr int kMt = K / 64;  // the warp's state m-tiles: w, w + 4
-  const int64_t n = blockIdx.x, h = blockIdx.y, H = a.H;
-  const int col0 = blockIdx.z * NB, V = a.V, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const StateItem item = state_item(a);
+  const int64_t n = item.n, h = item.h, H = a.H;
+  const int col0 = item.z * NB, V = a.V, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int g = lane >> 2, c4 = lane & 3;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Ws = reinterpret_cast<bf16*>(smem);              // [kC][kLdA]
@@ -420,7 +439,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_state_v2_kernel(Args a, bf16*
   // column blocks (gridDim.z) share the lines.
   const auto prefetch = [&](int64_t c) {
     const float* blk = a.blk(c, h);
-    const int part = static_cast<int>(blockIdx.z), parts = static_cast<int>(gridDim.z);
+    const int part = item.z, parts = static_cast<int>(gridDim.z);
     prefetch_l2(blk + lay.W(), lay.Kb() - lay.W(), part, parts);
     prefetch_l2(blk + lay.Aqk(), kC * kC, part, parts);
     prefetch_l2(blk + lay.gL(), K, part, parts);
@@ -821,9 +840,10 @@ template <int NB, int K>
 __global__ void __launch_bounds__(kThreads, 2) bwd_state_v2_kernel(Args a) {
   static_assert(NB % 8 == 0 && K % 64 == 0 && K <= kK, "NB / 8 n-tiles; K 64 or 128");
   constexpr int NT = NB / 8, kLdA = K + 8, kLdS = bt_ld(K), kLdD = bt_ld(kC);
-  constexpr int kMt = K / 64;  // the warp's state m-tiles: w, w + 4
-  const int64_t n = blockIdx.x, h = blockIdx.y, H = a.H;
-  const int col0 = blockIdx.z * NB, V = a.V, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  constexpr int kMt = K / 64;            // the warp's state m-tiles: w, w + 4
+  const StateItem item = state_item(a);  // longest documents first, as the forward
+  const int64_t n = item.n, h = item.h, H = a.H;
+  const int col0 = item.z * NB, V = a.V, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int g = lane >> 2, c4 = lane & 3;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Kls = reinterpret_cast<bf16*>(smem);              // [kC][kLdA]
@@ -853,7 +873,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_state_v2_kernel(Args a) {
   const auto dR_of = [&](int64_t c) { return a.bblk(c, h) + lay.dR() + col0; };
   const auto prefetch = [&](int64_t c) {
     const float* blk = a.blk(c, h);
-    const int part = static_cast<int>(blockIdx.z), parts = static_cast<int>(gridDim.z);
+    const int part = item.z, parts = static_cast<int>(gridDim.z);
     prefetch_l2(blk + lay.Kl(), lay.big(kC * K), part, parts);
     prefetch_l2(blk + lay.Kb(), lay.big(kC * K), part, parts);
     prefetch_l2(blk + lay.Tm(), kC * kC, part, parts);
