@@ -420,6 +420,15 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
   // Prep, then the state pass, where the overlapped forward applies (one document of 32 heads).
   const auto [f_nov, fe_nov] =
       with_v1(ops::kda_forward_overlap, ops::kda_set_forward_overlap, both_forwards);
+  // The overlap in waves where the state blocks do not fit beside the prep at once (off by
+  // default): the switch on, then back.
+  const auto [f_ovw, fe_ovw] = [&] {
+    const bool was = ops::kda_forward_overlap_waves();
+    ops::kda_set_forward_overlap_waves(true);
+    const auto r = both_forwards();
+    ops::kda_set_forward_overlap_waves(was);
+    return r;
+  }();
   const auto fwd_bwd_ms = [&] { return time(fwd_bwd); };
   const double fb_bv1 =
       with_v1(ops::kda_backward_state_v2, ops::kda_set_backward_state_v2, fwd_bwd_ms);
@@ -463,6 +472,8 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
                       {"fwd_eval_ms_prep_v1", fe_pv1},
                       {"fwd_ms_no_overlap", f_nov},
                       {"fwd_eval_ms_no_overlap", fe_nov},
+                      {"fwd_ms_overlap_waves", f_ovw},
+                      {"fwd_eval_ms_overlap_waves", fe_ovw},
                       {"fwdbwd_ms_bwd_state_v1", fb_bv1},
                       {"fwdbwd_ms_grads_v1", fb_gv1},
                       {"fwdbwd_ms_products_v1", fb_pv1},

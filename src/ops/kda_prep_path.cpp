@@ -12,6 +12,7 @@ bool products_v2 = true;
 bool products_prefetch = true;
 bool prep_v2 = true;
 bool forward_overlap = true;
+bool forward_overlap_waves = false;
 }  // namespace
 
 KdaPrepPath kda_bf16_prep_path(const KdaParams& p) {
@@ -62,6 +63,14 @@ void kda_set_forward_overlap(bool on) {
 
 bool kda_forward_overlap() {
   return forward_overlap;
+}
+
+void kda_set_forward_overlap_waves(bool on) {
+  forward_overlap_waves = on;
+}
+
+bool kda_forward_overlap_waves() {
+  return forward_overlap_waves;
 }
 
 void kda_set_backward_state_v2(bool on) {

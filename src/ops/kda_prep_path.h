@@ -55,6 +55,13 @@ bool kda_forward_state_v2();
 // bit for bit at 32 columns per block. Process-wide and not synchronised, like the switches above.
 void kda_set_forward_overlap(bool on);
 bool kda_forward_overlap();
+// The same overlap where the state blocks do not fit beside the prep at once (several documents,
+// packed batches): off (the default), prep, then the state pass there; on, the prep takes one
+// block per SM and the state pass the other slot, in waves, the prep walking the documents longest
+// first (the state pass's order), each document's chunks in turn. Needs kda_forward_overlap on.
+// Bit for bit the same results. Process-wide and not synchronised, like the switches above.
+void kda_set_forward_overlap_waves(bool on);
+bool kda_forward_overlap_waves();
 
 // The same for the backward's sequential state pass: on (the default), bwd_state_v2_kernel; off,
 // bwd_state_tc_kernel. They differ by fp32 summation order only. Process-wide and not

@@ -55,6 +55,9 @@ struct TcSetup {
   // Prep, then the state pass (kda_set_forward_overlap(false)), where the overlapped forward
   // would run (one wave of 32-column state blocks: most cases here).
   bool no_overlap = false;
+  // The overlap in waves (kda_set_forward_overlap_waves(true)) where the state blocks outnumber
+  // the SMs (several documents of 32 heads).
+  bool overlap_waves = false;
 };
 
 std::string setup_name(const TcSetup& s) {
@@ -69,7 +72,8 @@ std::string setup_name(const TcSetup& s) {
                                      : "_mixed")
     << (s.state_v1 ? "_stateV1" : "") << (s.bwd_state_v1 ? "_bwdStateV1" : "")
     << (s.grads_v1 ? "_gradsV1" : "") << (s.products_v1 ? "_productsV1" : "")
-    << (s.prep_v1 ? "_prepV1" : "") << (s.no_overlap ? "_noOverlap" : "");
+    << (s.prep_v1 ? "_prepV1" : "") << (s.no_overlap ? "_noOverlap" : "")
+    << (s.overlap_waves ? "_overlapWaves" : "");
   return n.str();
 }
 
@@ -177,6 +181,16 @@ using GradsV1 = UseV1<ops::kda_grads_v2, ops::kda_set_grads_v2>;
 using ProductsV1 = UseV1<ops::kda_products_v2, ops::kda_set_products_v2>;
 using PrepV1 = UseV1<ops::kda_prep_v2, ops::kda_set_prep_v2>;
 using NoOverlap = UseV1<ops::kda_forward_overlap, ops::kda_set_forward_overlap>;
+// The overlap in waves for its scope (on), or off; restores the setting it found.
+struct OverlapWaves {
+  explicit OverlapWaves(bool on) : was(ops::kda_forward_overlap_waves()) {
+    ops::kda_set_forward_overlap_waves(on);
+  }
+  ~OverlapWaves() { ops::kda_set_forward_overlap_waves(was); }
+  OverlapWaves(const OverlapWaves&) = delete;
+  OverlapWaves& operator=(const OverlapWaves&) = delete;
+  const bool was;
+};
 
 // The case's inputs on the GPU, q, k, v and dout in bf16.
 std::vector<Tensor> bf16_on_gpu(const TcCase& tc) {
@@ -206,6 +220,7 @@ TEST_P(CudaKdaTc, ForwardBackwardAgainstTheCpu) {
   const ProductsV1 products(s.products_v1);
   const PrepV1 prep(s.prep_v1);
   const NoOverlap overlap(s.no_overlap);
+  const OverlapWaves waves(s.overlap_waves);
   run_case(
       setup_name(s).c_str(), tc.ins, kNames,
       [&](Context& c, const std::vector<Tensor>& in, bool gpu) {
@@ -241,6 +256,7 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
   const ProductsV1 products(s.products_v1);
   const PrepV1 prep(s.prep_v1);
   const NoOverlap overlap(s.no_overlap);
+  const OverlapWaves waves(s.overlap_waves);
   const std::vector<Tensor> tensor_cores = forward_backward(s, tc, gpu, din, true);
   std::vector<Tensor> cuda_cores, fp32_block, other_state, other_bwd_state, other_grads,
       other_products, other_prep, other_overlap;
@@ -395,7 +411,13 @@ INSTANTIATE_TEST_SUITE_P(
         // Eight documents of 32 heads (1024 state blocks of 32 columns: waves on an H200), whose
         // chunk counts tie (1, 1, 1 and 2, 2): the state passes take the documents longest first
         // (the chunk table's dorder), ties by index, each block finding its own document.
-        TcSetup{.heads = 32, .lengths = {64, 200, 130, 7, 260, 65, 128, 1}}),
+        TcSetup{.heads = 32, .lengths = {64, 200, 130, 7, 260, 65, 128, 1}},
+        // The same with the overlap in waves (1024 state blocks beside 132 prep blocks): against
+        // the CPU, and bit for bit against prep, then the state pass (the other order's run).
+        TcSetup{.heads = 32,
+                .lengths = {64, 200, 130, 7, 260, 65, 128, 1},
+                .decay = Decay::Mixed,
+                .overlap_waves = true}),
     [](const ::testing::TestParamInfo<TcSetup>& pi) { return setup_name(pi.param); });
 
 // A prepared buffer copied to the host, read in its layout: fp32 slots as they are, and the bf16

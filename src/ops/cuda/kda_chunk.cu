@@ -66,12 +66,14 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// The chunks of each document, in saved-row order (as kda_saved_rows counts them), and the
-// documents by chunk count, longest first (dorder; ties by index), the order in which the forward
-// state pass takes them (kda_state_tc.cu). Thread 0 walks the documents (few), then every thread
-// fills its share of each document's chunks and ranks its documents.
+// The chunks of each document, in saved-row order (as kda_saved_rows counts them), the documents
+// by chunk count, longest first (dorder; ties by index), the order in which the state passes take
+// them (kda_state_tc.cu), and their chunks in that order (corder: the overlapped forward's prep).
+// Thread 0 walks the documents (few), then every thread fills its share of each document's chunks
+// and ranks its documents.
 __global__ void chunk_table_kernel(const int32_t* cu, int64_t N, int64_t T, int C, int64_t nchunks,
-                                   int32_t* ct0, int32_t* clen, int32_t* dchunk0, int32_t* dorder) {
+                                   int32_t* ct0, int32_t* clen, int32_t* dchunk0, int32_t* dorder,
+                                   int32_t* corder) {
   const auto valid = [&](int64_t n) {  // validated on the host; never read out of range
     const int64_t a = cu[n], b = cu[n + 1];
     return !(a < 0 || b < a || b > T);
@@ -110,6 +112,22 @@ __global__ void chunk_table_kernel(const int32_t* cu, int64_t N, int64_t T, int 
     }
     dorder[rank] = static_cast<int32_t>(n);
   }
+  // corder: each document's chunks at the sum of the chunk counts ranked before it (the same
+  // quadratic count), then the unused rows.
+  for (int64_t n = threadIdx.x; n < N; n += blockDim.x) {
+    const int32_t len = dchunk0[n + 1] - dchunk0[n];
+    int64_t at = dchunk0[n];
+    if (N <= kRankedDocs) {
+      at = 0;
+      for (int64_t m = 0; m < N; ++m) {
+        const int32_t lm = dchunk0[m + 1] - dchunk0[m];
+        if (lm > len || (lm == len && m < n)) at += lm;
+      }
+    }
+    for (int32_t j = 0; j < len; ++j) corder[at + j] = dchunk0[n] + j;
+  }
+  for (int64_t c = dchunk0[N] + threadIdx.x; c < nchunks; c += blockDim.x)
+    corder[c] = static_cast<int32_t>(c);
 }
 
 // Gam (Wide) and the chunk's q, k rows (fp32, zero past L) into shared memory. g is read in
@@ -1961,7 +1979,8 @@ Args make_args(Context& ctx, const KdaParams& p, const Tensor& cu, const Tensor&
   a.clen = table + nchunks;
   a.dchunk0 = table + 2 * nchunks;
   a.dorder = table + 2 * nchunks + p.num_seqs + 1 + nchunks * p.heads;
-  float* next = base + (2 * nchunks + 2 * p.num_seqs + 1 + nchunks * p.heads + 15) / 16 * 16;
+  a.corder = a.dorder + p.num_seqs;
+  float* next = base + (3 * nchunks + 2 * p.num_seqs + 1 + nchunks * p.heads + 15) / 16 * 16;
   if (kept) {
     a.ws = const_cast<float*>(ptr<float>(prepared));
   } else {
@@ -1976,8 +1995,8 @@ Args make_args(Context& ctx, const KdaParams& p, const Tensor& cu, const Tensor&
   a.beta = ptr<float>(beta);
   chunk_table_kernel<<<1, 256, 0, stream(ctx)>>>(
       ptr<int32_t>(cu), p.num_seqs, p.tokens, a.C, nchunks, const_cast<int32_t*>(a.ct0),
-      const_cast<int32_t*>(a.clen), const_cast<int32_t*>(a.dchunk0),
-      const_cast<int32_t*>(a.dorder));
+      const_cast<int32_t*>(a.clen), const_cast<int32_t*>(a.dchunk0), const_cast<int32_t*>(a.dorder),
+      const_cast<int32_t*>(a.corder));
   MT_CUDA_LAUNCH_CHECK();
   return a;
 }

@@ -22,6 +22,7 @@ struct Args {
   const int32_t* clen;     // [nchunks] its length (0: unused row)
   const int32_t* dchunk0;  // [N + 1] first chunk of each document
   const int32_t* dorder;   // [N] documents by chunk count, longest first (ties by index)
+  const int32_t* corder;   // [nchunks] the chunks of the documents in dorder's order, then unused
   const float *g, *beta, *h0, *dhT;
   float *ws, *back, *saved, *hT, *dS, *dh0, *dg, *dbeta;  // ws: the prepared blocks
   // The overlapped forward (kda_forward_overlap): per head, per chunk, nonzero once the prep has

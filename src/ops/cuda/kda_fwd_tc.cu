@@ -464,7 +464,8 @@ __device__ __forceinline__ void prefetch_block(const Args& a, const bf16* q, con
   static_assert(kThreads == 4 * kC, "a thread per (row, tensor)");
   if (b >= a.nchunks * a.H) return;
   // Launch order: chunk fastest, or head fastest in the overlapped forward (prep_tc_kernel).
-  const int64_t c = a.ready ? b / a.H : b % a.nchunks, h = a.ready ? b % a.H : b / a.nchunks;
+  const int64_t c = a.ready ? a.corder[b / a.H] : b % a.nchunks,
+                h = a.ready ? b % a.H : b / a.nchunks;
   const int i = threadIdx.x & (kC - 1), which = threadIdx.x / kC;
   if (i >= a.clen[c]) return;
   const int64_t row = (a.ct0[c] + i) * a.H + h;
@@ -483,7 +484,7 @@ __device__ __forceinline__ void prefetch_block(const Args& a, const bf16* q, con
 template <int K, int V, typename Big, bool V2>
 __device__ __forceinline__ void prep_tc_body(const Args& a, const bf16* q, const bf16* k,
                                              const bf16* v, bool vec, int ahead, int64_t c,
-                                             int64_t h) {
+                                             int64_t h, int64_t item) {
   using S = Smem<K, V>;
   constexpr int LdG = S::LdG, LdH = S::LdH, LdV = S::LdV, LdC = S::LdC;
   static_assert(K % 64 == 0 && V % 64 == 0 && K <= 128 && V <= 128, "8 warps x K/64 n-tiles");
@@ -728,8 +729,7 @@ __device__ __forceinline__ void prep_tc_body(const Args& a, const bf16* q, const
     __syncthreads();
   }
 
-  if (ahead > 0)
-    prefetch_block<K, V>(a, q, k, v, (a.ready ? c * a.H + h : c + a.nchunks * h) + ahead);
+  if (ahead > 0) prefetch_block<K, V>(a, q, k, v, item + ahead);
   // W = T Kb and U = T beta v (warp w: its n-tiles of both), T's last 32 rows out.
   // KK's shared copy is dead by now (its global copy went out with T's diagonal blocks): the
   // warps' staging for W and U.
@@ -745,7 +745,8 @@ __device__ __forceinline__ void prep_tc_body(const Args& a, const bf16* q, const
 
 // A block per (chunk, head), blockIdx (x, y) = (chunk, head); or, in the overlapped forward
 // (a.ready, kda_forward_overlap), a persistent grid that walks the (chunk, head) items in chunk
-// order across all heads (item b: chunk b / H, head b % H; a block takes b, b + gridDim.x, ...),
+// order across all heads (item b: chunk corder[b / H], head b % H: the documents longest first,
+// as the state pass takes them; a block takes b, b + gridDim.x, ...),
 // the order in which the state pass launched after it waits for them, flagging each item done.
 // Its blocks first let that state pass launch (griddepcontrol.launch_dependents: a programmatic
 // dependent launch, which then takes the slots this grid leaves free). Nothing here waits for the
@@ -759,12 +760,13 @@ template <int K, int V, typename Big, bool V2, bool Persist = false>
 __global__ void __launch_bounds__(kThreads, 2)
     prep_tc_kernel(Args a, const bf16* q, const bf16* k, const bf16* v, bool vec, int ahead) {
   if constexpr (!Persist) {
-    prep_tc_body<K, V, Big, V2>(a, q, k, v, vec, ahead, blockIdx.x, blockIdx.y);
+    prep_tc_body<K, V, Big, V2>(a, q, k, v, vec, ahead, blockIdx.x, blockIdx.y,
+                                blockIdx.x + a.nchunks * blockIdx.y);
   } else {
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     for (int64_t b = blockIdx.x; b < a.nchunks * a.H; b += gridDim.x) {
-      const int64_t c = b / a.H, h = b % a.H;
-      prep_tc_body<K, V, Big, V2>(a, q, k, v, vec, ahead, c, h);
+      const int64_t c = a.corder[b / a.H], h = b % a.H;
+      prep_tc_body<K, V, Big, V2>(a, q, k, v, vec, ahead, c, h, b);
       __syncthreads();
       if (threadIdx.x == 0)
         asm volatile(

@@ -1129,15 +1129,17 @@ void backward_state_as(Context& ctx, const Args& a, const bf16* dout) {
 
 int forward_overlap_blocks(Context& ctx, const Args& a) {
   // One state block of 32 columns per (document, head, column block), all resident beside the
-  // prep's persistent grid: 2 x SMs slots of 105 / 103 KB of shared memory (29 K / 32 K registers),
-  // the prep taking those the state pass leaves, at least one per SM (fewer state blocks than
-  // SMs). The prep's item count within the flags' int64 indexing (any).
+  // prep's persistent grid where they are fewer than the SMs: 2 x SMs slots of 105 / 103 KB of
+  // shared memory (29 K / 32 K registers), the prep taking those the state pass leaves. The prep
+  // never waits for the state pass, so any split is deadlock-free (its blocks all start at once).
   const int sms = cuda_resources(ctx).multiprocessors;
   if (!(kda_forward_overlap() && kda_forward_state_v2() && a.lay.half &&
         (a.K == 64 || a.K == 128) && a.V % (2 * kNB) == 0))
     return 0;
   const int64_t state = a.N * a.H * (a.V / (2 * kNB));
-  return state < sms ? static_cast<int>(2 * sms - state) : 0;
+  if (state < sms) return static_cast<int>(2 * sms - state);
+  // Waves (kda_forward_overlap_waves): the prep one block per SM, the state pass the other slot.
+  return kda_forward_overlap_waves() ? sms : 0;
 }
 
 void forward_state_tc_follow(Context& ctx, const Args& a, bf16* o) {
