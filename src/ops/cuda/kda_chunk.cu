@@ -1978,9 +1978,9 @@ Args make_args(Context& ctx, const KdaParams& p, const Tensor& cu, const Tensor&
   a.ct0 = table;
   a.clen = table + nchunks;
   a.dchunk0 = table + 2 * nchunks;
-  a.dorder = table + 2 * nchunks + p.num_seqs + 1 + nchunks * p.heads;
+  a.dorder = table + 2 * nchunks + p.num_seqs + 1 + nchunks * p.heads + 1;
   a.corder = a.dorder + p.num_seqs;
-  float* next = base + (3 * nchunks + 2 * p.num_seqs + 1 + nchunks * p.heads + 15) / 16 * 16;
+  float* next = base + (3 * nchunks + 2 * p.num_seqs + 2 + nchunks * p.heads + 15) / 16 * 16;
   if (kept) {
     a.ws = const_cast<float*>(ptr<float>(prepared));
   } else {
@@ -2108,7 +2108,8 @@ void kda_chunk_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlen
         // runs beside it on the flags the prep sets per (chunk, head), after the chunk table
         // (kda_forward_overlap).
         a.ready = const_cast<int32_t*>(a.dchunk0) + p.num_seqs + 1;
-        MT_CUDA_CHECK(cudaMemsetAsync(a.ready, 0, sizeof(int32_t) * a.nchunks * a.H, stream(ctx)));
+        MT_CUDA_CHECK(
+            cudaMemsetAsync(a.ready, 0, sizeof(int32_t) * (a.nchunks * a.H + 1), stream(ctx)));
         kda_detail::prep_tc(ctx, a, ptr<__nv_bfloat16>(q), ptr<__nv_bfloat16>(k),
                             ptr<__nv_bfloat16>(v), blocks);
         return kda_detail::forward_state_tc_follow(ctx, a, ptr<__nv_bfloat16>(o));

@@ -26,7 +26,8 @@ struct Args {
   const float *g, *beta, *h0, *dhT;
   float *ws, *back, *saved, *hT, *dS, *dh0, *dg, *dbeta;  // ws: the prepared blocks
   // The overlapped forward (kda_forward_overlap): per head, per chunk, nonzero once the prep has
-  // written that (chunk, head)'s block ([H][nchunks], zeroed before the launches); null otherwise.
+  // written that (chunk, head)'s block ([H][nchunks], zeroed before the launches), then the count
+  // of the state pass's finished blocks; null otherwise.
   int* ready = nullptr;
   __device__ float* blk(int64_t c, int64_t h) const { return ws + (c * H + h) * block; }
   // Where backward's products put Delta dS^T of (c, h) [C, K] (ops/kda_chunk_layout.h): Kl's

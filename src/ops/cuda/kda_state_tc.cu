@@ -557,6 +557,16 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_state_v2_kernel(Args a, bf16*
     });
   }
   if (a.hT) state_io(s, nullptr, a.hT + (n * H + h) * K * V + col0, K, V);
+  if constexpr (Follow) {
+    // The last block to finish waits for the prep's grid to complete (its last items may be
+    // unused chunk rows, flagged after this pass read its last flag), so that this kernel's end,
+    // which the stream's next work waits for, implies the prep's.
+    if (threadIdx.x == 0) {
+      const unsigned blocks = gridDim.x * gridDim.y * gridDim.z;
+      if (atomicAdd(reinterpret_cast<unsigned*>(a.ready + a.H * a.nchunks), 1u) == blocks - 1)
+        asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    }
+  }
 }
 
 template <typename E>
