@@ -409,8 +409,8 @@ INSTANTIATE_TEST_SUITE_P(
         TcSetup{.head_k = 64, .head_v = 64, .lengths = {65, 640}, .no_overlap = true},
         TcSetup{.lengths = {300}, .decay = Decay::Strong, .no_overlap = true},
         // Eight documents of 32 heads (1024 state blocks of 32 columns: waves on an H200), whose
-        // chunk counts tie (1, 1, 1 and 2, 2): the state passes take the documents longest first
-        // (the chunk table's dorder), ties by index, each block finding its own document.
+        // chunk counts tie (1, 1, 1 and 2, 2): the forward state pass takes the documents longest
+        // first (the chunk table's dorder), ties by index, each block finding its own document.
         TcSetup{.heads = 32, .lengths = {64, 200, 130, 7, 260, 65, 128, 1}},
         // The same with the overlap in waves (1024 state blocks beside 132 prep blocks): against
         // the CPU, and bit for bit against prep, then the state pass (the other order's run).

@@ -364,7 +364,7 @@ constexpr size_t fwd_state_v2_smem() {
          sizeof(float) * (kC * kLdAq + K + NB * bt_ld(K) + NB * bt_ld(kC));
 }
 
-// The (document, head, column block) of a sequential pass's block: in launch order (x fastest)
+// The (document, head, column block) of a forward state block: in launch order (x fastest)
 // the documents longest first (a.dorder), each document's heads and column blocks together (the
 // column blocks of a head adjacent, so that they share its prefetched lines). Where the grid
 // runs in waves (packed batches: 16 documents x 32 heads x 4 column blocks over 264 slots), a
@@ -850,10 +850,9 @@ template <int NB, int K>
 __global__ void __launch_bounds__(kThreads, 2) bwd_state_v2_kernel(Args a) {
   static_assert(NB % 8 == 0 && K % 64 == 0 && K <= kK, "NB / 8 n-tiles; K 64 or 128");
   constexpr int NT = NB / 8, kLdA = K + 8, kLdS = bt_ld(K), kLdD = bt_ld(kC);
-  constexpr int kMt = K / 64;            // the warp's state m-tiles: w, w + 4
-  const StateItem item = state_item(a);  // longest documents first, as the forward
-  const int64_t n = item.n, h = item.h, H = a.H;
-  const int col0 = item.z * NB, V = a.V, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  constexpr int kMt = K / 64;  // the warp's state m-tiles: w, w + 4
+  const int64_t n = blockIdx.x, h = blockIdx.y, H = a.H;
+  const int col0 = blockIdx.z * NB, V = a.V, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int g = lane >> 2, c4 = lane & 3;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Kls = reinterpret_cast<bf16*>(smem);              // [kC][kLdA]
@@ -883,7 +882,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_state_v2_kernel(Args a) {
   const auto dR_of = [&](int64_t c) { return a.bblk(c, h) + lay.dR() + col0; };
   const auto prefetch = [&](int64_t c) {
     const float* blk = a.blk(c, h);
-    const int part = item.z, parts = static_cast<int>(gridDim.z);
+    const int part = static_cast<int>(blockIdx.z), parts = static_cast<int>(gridDim.z);
     prefetch_l2(blk + lay.Kl(), lay.big(kC * K), part, parts);
     prefetch_l2(blk + lay.Kb(), lay.big(kC * K), part, parts);
     prefetch_l2(blk + lay.Tm(), kC * kC, part, parts);
