@@ -389,7 +389,10 @@ __device__ __forceinline__ StateItem state_item(const Args& a) {
 // stores visible first). Polls once per 32 chunks while the prep runs ahead.
 __device__ __forceinline__ int64_t await_prepared(const int* flags, int64_t need, int64_t ready,
                                                   int64_t ce, int lane) {
-  for (;;) {
+  // A flag that never comes (a prep that did not run: a bug) ends the kernel with an error after
+  // some seconds instead of hanging the device; the prep of a whole call takes milliseconds.
+  for (int polls = 0;; ++polls) {
+    if (polls == 1 << 22) __trap();
     const int64_t i = ready + lane;
     int f = 1;
     if (i < ce)
