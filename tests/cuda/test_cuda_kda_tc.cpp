@@ -607,7 +607,9 @@ TEST(CudaKdaTcOverlap, LongDocumentMatchesPrepThenStatePass) {
     SCOPED_TRACE(cat(setup_name(s), " seed=", seed));
     Rng rng(seed);
     const TcCase tc = make_case(s, rng);
-    Context gpu(ContextOptions{.device = Device::CUDA, .seed = seed});
+    // Backward's Delta, dR and outgoing dS per chunk: 0.5 GB of workspace at 8192 tokens.
+    Context gpu(
+        ContextOptions{.device = Device::CUDA, .seed = seed, .workspace_bytes = size_t{1} << 30});
     const std::vector<Tensor> din = bf16_on_gpu(tc);
     ASSERT_TRUE(ops::kda_forward_overlap());
     // The evaluation forward (nothing kept for backward: the state pass skips `saved`, the prep
