@@ -420,6 +420,9 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
   // Prep, then the state pass, where the overlapped forward applies (one document of 32 heads).
   const auto [f_nov, fe_nov] =
       with_v1(ops::kda_forward_overlap, ops::kda_set_forward_overlap, both_forwards);
+  // The forward state pass in the grid's order instead of the longest documents first.
+  const auto [f_dord, fe_dord] =
+      with_v1(ops::kda_forward_longest_first, ops::kda_set_forward_longest_first, both_forwards);
   // The overlap in waves where the state blocks do not fit beside the prep at once (off by
   // default): the switch on, then back.
   const auto [f_ovw, fe_ovw] = [&] {
@@ -473,6 +476,8 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
                       {"fwd_ms_no_overlap", f_nov},
                       {"fwd_eval_ms_no_overlap", fe_nov},
                       {"fwd_ms_overlap_waves", f_ovw},
+                      {"fwd_ms_doc_order", f_dord},
+                      {"fwd_eval_ms_doc_order", fe_dord},
                       {"fwd_eval_ms_overlap_waves", fe_ovw},
                       {"fwdbwd_ms_bwd_state_v1", fb_bv1},
                       {"fwdbwd_ms_grads_v1", fb_gv1},

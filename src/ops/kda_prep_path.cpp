@@ -13,6 +13,7 @@ bool products_prefetch = true;
 bool prep_v2 = true;
 bool forward_overlap = true;
 bool forward_overlap_waves = false;
+bool forward_longest_first = true;
 }  // namespace
 
 KdaPrepPath kda_bf16_prep_path(const KdaParams& p) {
@@ -71,6 +72,14 @@ void kda_set_forward_overlap_waves(bool on) {
 
 bool kda_forward_overlap_waves() {
   return forward_overlap_waves;
+}
+
+void kda_set_forward_longest_first(bool on) {
+  forward_longest_first = on;
+}
+
+bool kda_forward_longest_first() {
+  return forward_longest_first;
 }
 
 void kda_set_backward_state_v2(bool on) {

@@ -63,6 +63,13 @@ bool kda_forward_overlap();
 void kda_set_forward_overlap_waves(bool on);
 bool kda_forward_overlap_waves();
 
+// The forward state pass's block order (fwd_state_v2_kernel): on (the default), documents longest
+// first, each document's heads and column blocks together; off, the grid's order (documents
+// fastest), kept so that `moetrain bench kda` times both. The same results bit for bit.
+// Process-wide and not synchronised, like the switches above.
+void kda_set_forward_longest_first(bool on);
+bool kda_forward_longest_first();
+
 // The same for the backward's sequential state pass: on (the default), bwd_state_v2_kernel; off,
 // bwd_state_tc_kernel. They differ by fp32 summation order only. Process-wide and not
 // synchronised, like the switches above.

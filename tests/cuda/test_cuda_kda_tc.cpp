@@ -58,6 +58,8 @@ struct TcSetup {
   // The overlap in waves (kda_set_forward_overlap_waves(true)) where the state blocks outnumber
   // the SMs (several documents of 32 heads).
   bool overlap_waves = false;
+  // The forward state pass in the grid's order (kda_set_forward_longest_first(false)).
+  bool doc_order = false;
 };
 
 std::string setup_name(const TcSetup& s) {
@@ -73,7 +75,7 @@ std::string setup_name(const TcSetup& s) {
     << (s.state_v1 ? "_stateV1" : "") << (s.bwd_state_v1 ? "_bwdStateV1" : "")
     << (s.grads_v1 ? "_gradsV1" : "") << (s.products_v1 ? "_productsV1" : "")
     << (s.prep_v1 ? "_prepV1" : "") << (s.no_overlap ? "_noOverlap" : "")
-    << (s.overlap_waves ? "_overlapWaves" : "");
+    << (s.overlap_waves ? "_overlapWaves" : "") << (s.doc_order ? "_docOrder" : "");
   return n.str();
 }
 
@@ -181,6 +183,7 @@ using GradsV1 = UseV1<ops::kda_grads_v2, ops::kda_set_grads_v2>;
 using ProductsV1 = UseV1<ops::kda_products_v2, ops::kda_set_products_v2>;
 using PrepV1 = UseV1<ops::kda_prep_v2, ops::kda_set_prep_v2>;
 using NoOverlap = UseV1<ops::kda_forward_overlap, ops::kda_set_forward_overlap>;
+using DocOrder = UseV1<ops::kda_forward_longest_first, ops::kda_set_forward_longest_first>;
 // The overlap in waves for its scope (on), or off; restores the setting it found.
 struct OverlapWaves {
   explicit OverlapWaves(bool on) : was(ops::kda_forward_overlap_waves()) {
@@ -221,6 +224,7 @@ TEST_P(CudaKdaTc, ForwardBackwardAgainstTheCpu) {
   const PrepV1 prep(s.prep_v1);
   const NoOverlap overlap(s.no_overlap);
   const OverlapWaves waves(s.overlap_waves);
+  const DocOrder doc_order(s.doc_order);
   run_case(
       setup_name(s).c_str(), tc.ins, kNames,
       [&](Context& c, const std::vector<Tensor>& in, bool gpu) {
@@ -257,6 +261,7 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
   const PrepV1 prep(s.prep_v1);
   const NoOverlap overlap(s.no_overlap);
   const OverlapWaves waves(s.overlap_waves);
+  const DocOrder doc_order(s.doc_order);
   const std::vector<Tensor> tensor_cores = forward_backward(s, tc, gpu, din, true);
   std::vector<Tensor> cuda_cores, fp32_block, other_state, other_bwd_state, other_grads,
       other_products, other_prep, other_overlap;
@@ -417,7 +422,9 @@ INSTANTIATE_TEST_SUITE_P(
         TcSetup{.heads = 32,
                 .lengths = {64, 200, 130, 7, 260, 65, 128, 1},
                 .decay = Decay::Mixed,
-                .overlap_waves = true}),
+                .overlap_waves = true},
+        // The grid's order (documents fastest) for the forward state pass, as before session 15.
+        TcSetup{.heads = 32, .lengths = {64, 200, 130, 7, 260, 65, 128, 1}, .doc_order = true}),
     [](const ::testing::TestParamInfo<TcSetup>& pi) { return setup_name(pi.param); });
 
 // A prepared buffer copied to the host, read in its layout: fp32 slots as they are, and the bf16

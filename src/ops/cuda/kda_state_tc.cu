@@ -374,7 +374,9 @@ struct StateItem {
   int64_t n, h;
   int z;
 };
+// Without a.dorder (kda_set_forward_longest_first(false)): the grid's own order, documents fastest.
 __device__ __forceinline__ StateItem state_item(const Args& a) {
+  if (!a.dorder) return {blockIdx.x, blockIdx.y, static_cast<int>(blockIdx.z)};
   const int64_t Z = gridDim.z, HZ = gridDim.y * Z;
   const int64_t i = blockIdx.x + static_cast<int64_t>(gridDim.x) *
                                      (blockIdx.y + static_cast<int64_t>(gridDim.y) * blockIdx.z);
@@ -1055,7 +1057,9 @@ dim3 chunk_grid(const Args& a, int jobs) {
 }
 
 template <int NB, int K, bool Follow = false>
-void launch_fwd_v2(Context& ctx, const Args& a, bf16* o) {
+void launch_fwd_v2(Context& ctx, const Args& args, bf16* o) {
+  Args a = args;
+  if (!kda_forward_longest_first()) a.dorder = nullptr;  // the grid's order (state_item)
   auto* kernel = fwd_state_v2_kernel<NB, K, Follow>;
   const size_t smem = smem_for(kernel, fwd_state_v2_smem<NB, K>(), "kda_forward");
   if constexpr (!Follow) {
