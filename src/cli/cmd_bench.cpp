@@ -327,6 +327,8 @@ struct KdaBenchOptions {
   int64_t heads = 32, head_dim = 128, warmup = 2, iters = 10;
   double workspace_gib = 8;
   std::string prepared = "bf16";  // the tensor-core path's prepared layout (ops/kda_prep_path.h)
+  std::string cases;              // comma-separated case names; empty: all
+  bool no_overlap = false;        // prep, then the state pass, as the default (kda_forward_overlap)
 };
 
 // Captures `f` into g (core/graph.h); where capture fails, its reason goes to `error_key`.
@@ -415,6 +417,21 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
   const auto [f_v1, fe_v1] =
       with_v1(ops::kda_forward_state_v2, ops::kda_set_forward_state_v2, both_forwards);
   const auto [f_pv1, fe_pv1] = with_v1(ops::kda_prep_v2, ops::kda_set_prep_v2, both_forwards);
+  // Prep, then the state pass, where the overlapped forward applies (one document of 32 heads).
+  const auto [f_nov, fe_nov] =
+      with_v1(ops::kda_forward_overlap, ops::kda_set_forward_overlap, both_forwards);
+  // The forward state pass in the grid's order instead of the longest documents first.
+  const auto [f_dord, fe_dord] =
+      with_v1(ops::kda_forward_longest_first, ops::kda_set_forward_longest_first, both_forwards);
+  // The overlap in waves where the state blocks do not fit beside the prep at once (off by
+  // default): the switch on, then back.
+  const auto [f_ovw, fe_ovw] = [&] {
+    const bool was = ops::kda_forward_overlap_waves();
+    ops::kda_set_forward_overlap_waves(true);
+    const auto r = both_forwards();
+    ops::kda_set_forward_overlap_waves(was);
+    return r;
+  }();
   const auto fwd_bwd_ms = [&] { return time(fwd_bwd); };
   const double fb_bv1 =
       with_v1(ops::kda_backward_state_v2, ops::kda_set_backward_state_v2, fwd_bwd_ms);
@@ -456,6 +473,12 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
                       {"fwd_eval_ms_state_v1", fe_v1},
                       {"fwd_ms_prep_v1", f_pv1},
                       {"fwd_eval_ms_prep_v1", fe_pv1},
+                      {"fwd_ms_no_overlap", f_nov},
+                      {"fwd_eval_ms_no_overlap", fe_nov},
+                      {"fwd_ms_overlap_waves", f_ovw},
+                      {"fwd_ms_doc_order", f_dord},
+                      {"fwd_eval_ms_doc_order", fe_dord},
+                      {"fwd_eval_ms_overlap_waves", fe_ovw},
                       {"fwdbwd_ms_bwd_state_v1", fb_bv1},
                       {"fwdbwd_ms_grads_v1", fb_gv1},
                       {"fwdbwd_ms_products_v1", fb_pv1},
@@ -485,12 +508,22 @@ nlohmann::json run_kda_bench(const KdaBenchOptions& o, std::ostream& log) {
   MT_CHECK(o.prepared == "bf16" || o.prepared == "f32", ValueError,
            "bench kda: --prepared is bf16 or f32, not ", o.prepared);
   ops::kda_set_bf16_prepared(o.prepared == "bf16");
+  ops::kda_set_forward_overlap(!o.no_overlap);
+  const auto selected = [&](const std::string& name) {
+    if (o.cases.empty()) return true;
+    std::stringstream ss(o.cases);
+    for (std::string item; std::getline(ss, item, ',');)
+      if (item == name) return true;
+    return false;
+  };
   for (const auto& [name, lengths] : cases) {
+    if (!selected(name)) continue;
     log << "bench kda: " << name << "\n";
     j["runs"].push_back(bench_kda_at(o, name, lengths));
     log << j["runs"].back().dump() << "\n";
   }
   ops::kda_set_bf16_prepared(true);
+  ops::kda_set_forward_overlap(true);
   return j;
 }
 
@@ -973,6 +1006,11 @@ Command add_bench_command(CLI::App& app) {
   ks->add_option("--heads", kb->heads, "heads")->capture_default_str();
   ks->add_option("--head-dim", kb->head_dim, "head_k = head_v")->capture_default_str();
   ks->add_option("--iters", kb->iters, "timed runs")->capture_default_str();
+  ks->add_option("--warmup", kb->warmup, "untimed runs first")->capture_default_str();
+  ks->add_option("--cases", kb->cases,
+                 "comma-separated cases (B2_T8192, B1_T65536, packed16_T16384); default all");
+  ks->add_flag("--no-overlap", kb->no_overlap,
+               "prep, then the state pass, where the overlapped forward would run (for profilers)");
   ks->add_option("--prepared", kb->prepared,
                  "the tensor-core path's prepared block: bf16 (W, Qh, Kl, U, Kb as bf16) or f32")
       ->capture_default_str();

@@ -11,6 +11,9 @@ bool grads_v2 = true;
 bool products_v2 = true;
 bool products_prefetch = true;
 bool prep_v2 = true;
+bool forward_overlap = true;
+bool forward_overlap_waves = false;
+bool forward_longest_first = true;
 }  // namespace
 
 KdaPrepPath kda_bf16_prep_path(const KdaParams& p) {
@@ -53,6 +56,30 @@ void kda_set_forward_state_v2(bool on) {
 
 bool kda_forward_state_v2() {
   return forward_state_v2;
+}
+
+void kda_set_forward_overlap(bool on) {
+  forward_overlap = on;
+}
+
+bool kda_forward_overlap() {
+  return forward_overlap;
+}
+
+void kda_set_forward_overlap_waves(bool on) {
+  forward_overlap_waves = on;
+}
+
+bool kda_forward_overlap_waves() {
+  return forward_overlap_waves;
+}
+
+void kda_set_forward_longest_first(bool on) {
+  forward_longest_first = on;
+}
+
+bool kda_forward_longest_first() {
+  return forward_longest_first;
 }
 
 void kda_set_backward_state_v2(bool on) {

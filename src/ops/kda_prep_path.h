@@ -46,6 +46,30 @@ bool kda_tensor_core_prep();
 void kda_set_forward_state_v2(bool on);
 bool kda_forward_state_v2();
 
+// Where the forward's state blocks (32 columns each) all fit beside one prep block per SM (one
+// document of up to 32 heads at K = V = 128 on an H200's 132 SMs, fwd_state_v2_kernel): on (the
+// default), the state pass is launched first and the prep right after it as a programmatic
+// dependent launch, head-fastest, each prep block flagging its (chunk, head) done; the state
+// blocks wait for those flags instead of for the whole prep, so the prep of later chunks runs
+// beside the sequential pass over earlier ones. Off: prep, then the state pass. The same results
+// bit for bit at 32 columns per block. Process-wide and not synchronised, like the switches above.
+void kda_set_forward_overlap(bool on);
+bool kda_forward_overlap();
+// The same overlap where the state blocks do not fit beside the prep at once (several documents,
+// packed batches): off (the default), prep, then the state pass there; on, the prep takes one
+// block per SM and the state pass the other slot, in waves, the prep walking the documents longest
+// first (the state pass's order), each document's chunks in turn. Needs kda_forward_overlap on.
+// Bit for bit the same results. Process-wide and not synchronised, like the switches above.
+void kda_set_forward_overlap_waves(bool on);
+bool kda_forward_overlap_waves();
+
+// The forward state pass's block order (fwd_state_v2_kernel): on (the default), documents longest
+// first, each document's heads and column blocks together; off, the grid's order (documents
+// fastest), kept so that `moetrain bench kda` times both. The same results bit for bit.
+// Process-wide and not synchronised, like the switches above.
+void kda_set_forward_longest_first(bool on);
+bool kda_forward_longest_first();
+
 // The same for the backward's sequential state pass: on (the default), bwd_state_v2_kernel; off,
 // bwd_state_tc_kernel. They differ by fp32 summation order only. Process-wide and not
 // synchronised, like the switches above.

@@ -52,6 +52,14 @@ struct TcSetup {
   bool products_v1 = false;
   // The previous prep (kda_set_prep_v2(false)) instead of the default.
   bool prep_v1 = false;
+  // Prep, then the state pass (kda_set_forward_overlap(false)), where the overlapped forward
+  // would run (one wave of 32-column state blocks: most cases here).
+  bool no_overlap = false;
+  // The overlap in waves (kda_set_forward_overlap_waves(true)) where the state blocks outnumber
+  // the SMs (several documents of 32 heads).
+  bool overlap_waves = false;
+  // The forward state pass in the grid's order (kda_set_forward_longest_first(false)).
+  bool doc_order = false;
 };
 
 std::string setup_name(const TcSetup& s) {
@@ -66,7 +74,8 @@ std::string setup_name(const TcSetup& s) {
                                      : "_mixed")
     << (s.state_v1 ? "_stateV1" : "") << (s.bwd_state_v1 ? "_bwdStateV1" : "")
     << (s.grads_v1 ? "_gradsV1" : "") << (s.products_v1 ? "_productsV1" : "")
-    << (s.prep_v1 ? "_prepV1" : "");
+    << (s.prep_v1 ? "_prepV1" : "") << (s.no_overlap ? "_noOverlap" : "")
+    << (s.overlap_waves ? "_overlapWaves" : "") << (s.doc_order ? "_docOrder" : "");
   return n.str();
 }
 
@@ -173,6 +182,18 @@ using BackwardStateV1 = UseV1<ops::kda_backward_state_v2, ops::kda_set_backward_
 using GradsV1 = UseV1<ops::kda_grads_v2, ops::kda_set_grads_v2>;
 using ProductsV1 = UseV1<ops::kda_products_v2, ops::kda_set_products_v2>;
 using PrepV1 = UseV1<ops::kda_prep_v2, ops::kda_set_prep_v2>;
+using NoOverlap = UseV1<ops::kda_forward_overlap, ops::kda_set_forward_overlap>;
+using DocOrder = UseV1<ops::kda_forward_longest_first, ops::kda_set_forward_longest_first>;
+// The overlap in waves for its scope (on), or off; restores the setting it found.
+struct OverlapWaves {
+  explicit OverlapWaves(bool on) : was(ops::kda_forward_overlap_waves()) {
+    ops::kda_set_forward_overlap_waves(on);
+  }
+  ~OverlapWaves() { ops::kda_set_forward_overlap_waves(was); }
+  OverlapWaves(const OverlapWaves&) = delete;
+  OverlapWaves& operator=(const OverlapWaves&) = delete;
+  const bool was;
+};
 
 // The case's inputs on the GPU, q, k, v and dout in bf16.
 std::vector<Tensor> bf16_on_gpu(const TcCase& tc) {
@@ -201,6 +222,9 @@ TEST_P(CudaKdaTc, ForwardBackwardAgainstTheCpu) {
   const GradsV1 grads(s.grads_v1);
   const ProductsV1 products(s.products_v1);
   const PrepV1 prep(s.prep_v1);
+  const NoOverlap overlap(s.no_overlap);
+  const OverlapWaves waves(s.overlap_waves);
+  const DocOrder doc_order(s.doc_order);
   run_case(
       setup_name(s).c_str(), tc.ins, kNames,
       [&](Context& c, const std::vector<Tensor>& in, bool gpu) {
@@ -235,9 +259,12 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
   const GradsV1 grads(s.grads_v1);
   const ProductsV1 products(s.products_v1);
   const PrepV1 prep(s.prep_v1);
+  const NoOverlap overlap(s.no_overlap);
+  const OverlapWaves waves(s.overlap_waves);
+  const DocOrder doc_order(s.doc_order);
   const std::vector<Tensor> tensor_cores = forward_backward(s, tc, gpu, din, true);
   std::vector<Tensor> cuda_cores, fp32_block, other_state, other_bwd_state, other_grads,
-      other_products, other_prep;
+      other_products, other_prep, other_overlap;
   {
     // The other forward state pass on the same inputs: the two differ by fp32 summation order.
     const ForwardStateV1 other(!s.state_v1);
@@ -271,6 +298,14 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
     // same.
     const PrepV1 other(!s.prep_v1);
     other_prep = forward_backward(s, tc, gpu, din, true);
+    gpu.synchronize();
+  }
+  {
+    // The other forward order (overlapped or prep first, where the overlap applies): the same
+    // kernels' arithmetic on the same operands, 32 or 16 state columns per block (each column's
+    // MMAs alike), so every output is bit for bit the same.
+    const NoOverlap other(!s.no_overlap);
+    other_overlap = forward_backward(s, tc, gpu, din, true);
     gpu.synchronize();
   }
   {
@@ -320,6 +355,8 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
     else
       EXPECT_LE(grads_gap, bound / 2) << kNames[j] << ": gradient kernel v2 against v1";
     EXPECT_EQ(rel_err(tcv, to_dvec(other_prep[j])), 0.0) << kNames[j] << ": prep v2 against v1";
+    EXPECT_EQ(rel_err(tcv, to_dvec(other_overlap[j])), 0.0)
+        << kNames[j] << ": overlapped forward against prep, then state pass";
     if (j < 3)
       EXPECT_EQ(prods, 0.0) << kNames[j] << ": the backward products changed the forward";
     else
@@ -370,7 +407,24 @@ INSTANTIATE_TEST_SUITE_P(
         TcSetup{.head_v = 64, .lengths = {300}, .decay = Decay::Strong, .products_v1 = true},
         // The previous prep; 320 blocks, more than run at once on an H200 (2 x 132), so that the
         // other (v2) prefetches blocks of its own grid, and products v2 runs 2 or 3 items a block.
-        TcSetup{.heads = 32, .lengths = {300, 300}, .prep_v1 = true}),
+        TcSetup{.heads = 32, .lengths = {300, 300}, .prep_v1 = true},
+        // Prep first, then the state pass, where the overlapped forward (the default) would run:
+        // one document (2 x 4 state blocks of 32 columns), both head dims, strong decay.
+        TcSetup{.lengths = {700}, .no_overlap = true},
+        TcSetup{.head_k = 64, .head_v = 64, .lengths = {65, 640}, .no_overlap = true},
+        TcSetup{.lengths = {300}, .decay = Decay::Strong, .no_overlap = true},
+        // Six documents of 32 heads (768 state blocks of 32 columns: waves on an H200), whose
+        // chunk counts tie (1, 1, 1 and 2, 2): the forward state pass takes the documents longest
+        // first (the chunk table's dorder), ties by index, each block finding its own document.
+        TcSetup{.heads = 32, .lengths = {64, 130, 7, 65, 1, 128}},
+        // The same with the overlap in waves (768 state blocks beside 132 prep blocks): against
+        // the CPU, and bit for bit against prep, then the state pass (the other order's run).
+        TcSetup{.heads = 32,
+                .lengths = {64, 130, 7, 65, 1, 128},
+                .decay = Decay::Mixed,
+                .overlap_waves = true},
+        // The grid's order (documents fastest) for the forward state pass, as before session 15.
+        TcSetup{.heads = 32, .lengths = {64, 130, 7, 65, 1, 128}, .doc_order = true}),
     [](const ::testing::TestParamInfo<TcSetup>& pi) { return setup_name(pi.param); });
 
 // A prepared buffer copied to the host, read in its layout: fp32 slots as they are, and the bf16
@@ -541,6 +595,68 @@ TEST(CudaKdaTcPrepared, BackwardProductsAreCompleteAndShapedAsTheCudaCoreOnes) {
     EXPECT_EQ(nonfinite, 0u) << "backward products unwritten or not finite";
     EXPECT_EQ(misshaped, 0u) << "entries above the diagonal of dO D^T or on and above -dR D^T's";
     print_part_diffs(s, "backward", t, c, parts);
+  }
+}
+
+// The overlapped forward at the scale it is for (ops/kda_prep_path.h): one document of 32 heads
+// and 128 or 64 chunks, 128 or 64 state blocks of 32 columns waiting on 4096 or 2048 prep
+// blocks, far more than run at once, so that the state pass catches up with the prep and waits
+// on its flags. Training forward + backward and the evaluation forward, each bit for bit what
+// prep, then the state pass, gives (that order is checked against the CPU above; the CPU pass
+// at this size would take minutes).
+TEST(CudaKdaTcOverlap, LongDocumentMatchesPrepThenStatePass) {
+  REQUIRE_GPU();
+  for (const TcSetup& s :
+       {TcSetup{.heads = 32, .lengths = {8192}, .h0 = true},
+        TcSetup{
+            .heads = 32, .head_k = 64, .head_v = 64, .lengths = {4000}, .decay = Decay::Mixed}}) {
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE(cat(setup_name(s), " seed=", seed));
+    Rng rng(seed);
+    const TcCase tc = make_case(s, rng);
+    // Backward's Delta, dR and outgoing dS per chunk: 0.5 GB of workspace at 8192 tokens.
+    Context gpu(
+        ContextOptions{.device = Device::CUDA, .seed = seed, .workspace_bytes = size_t{1} << 30});
+    const std::vector<Tensor> din = bf16_on_gpu(tc);
+    ASSERT_TRUE(ops::kda_forward_overlap());
+    // The evaluation forward (nothing kept for backward: the state pass skips `saved`, the prep
+    // T, KK and Kb) under the current setting: o and hT.
+    const auto eval = [&] {
+      ops::KdaParams pe = tc.p;
+      pe.keep_for_backward = false;
+      const int64_t T = pe.tokens, N = pe.num_seqs, H = pe.heads, K = pe.head_k, V = pe.head_v;
+      Tensor o = Tensor::empty({T, H, V}, DType::BF16, Device::CUDA),
+             hT = Tensor::empty({N, H, K, V}, DType::F32, Device::CUDA),
+             saved = Tensor::empty({tc.rows, H, K, V}, DType::F32, Device::CUDA),
+             prepared = Tensor::empty({ops::kda_prepared_floats(pe, tc.rows, DType::BF16)},
+                                      DType::F32, Device::CUDA);
+      ops::kda_forward(gpu, pe, din[0], din[1], din[2], din[3], din[4], din[5], din[6], o, hT,
+                       saved, prepared);
+      return std::vector<Tensor>{o, hT};
+    };
+    const std::vector<Tensor> overlapped = forward_backward(s, tc, gpu, din, true);
+    const std::vector<Tensor> overlapped_eval = eval();
+    std::vector<Tensor> serial, serial_eval;
+    {
+      const NoOverlap off(true);
+      serial = forward_backward(s, tc, gpu, din, true);
+      serial_eval = eval();
+      gpu.synchronize();
+    }
+    for (size_t j = 0; j < overlapped.size(); ++j) {
+      const DVec a = to_dvec(overlapped[j]), b = to_dvec(serial[j]);
+      EXPECT_EQ(rel_err(a, b), 0.0) << kNames[j] << ": overlapped against prep, then state";
+      size_t nonfinite = 0;
+      for (double x : a) nonfinite += !std::isfinite(x);
+      EXPECT_EQ(nonfinite, 0u) << kNames[j];
+    }
+    for (size_t j = 0; j < overlapped_eval.size(); ++j) {
+      EXPECT_EQ(rel_err(to_dvec(overlapped_eval[j]), to_dvec(serial_eval[j])), 0.0)
+          << kNames[j] << ": evaluation forward, overlapped against prep, then state";
+      // The evaluation forward's o and hT are the training forward's (docs/gpu.md).
+      EXPECT_EQ(rel_err(to_dvec(overlapped_eval[j]), to_dvec(overlapped[j])), 0.0)
+          << kNames[j] << ": evaluation forward against the training forward";
+    }
   }
 }
 

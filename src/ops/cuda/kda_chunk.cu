@@ -66,23 +66,68 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// The chunks of each document, in saved-row order (as kda_saved_rows counts them). One thread:
-// documents are few and this runs once per call.
+// The chunks of each document, in saved-row order (as kda_saved_rows counts them), the documents
+// by chunk count, longest first (dorder; ties by index), the order in which the state passes take
+// them (kda_state_tc.cu), and their chunks in that order (corder: the overlapped forward's prep).
+// Thread 0 walks the documents (few), then every thread fills its share of each document's chunks
+// and ranks its documents.
 __global__ void chunk_table_kernel(const int32_t* cu, int64_t N, int64_t T, int C, int64_t nchunks,
-                                   int32_t* ct0, int32_t* clen, int32_t* dchunk0) {
-  if (threadIdx.x != 0) return;
-  int64_t c = 0;
-  for (int64_t n = 0; n < N; ++n) {
-    dchunk0[n] = static_cast<int32_t>(c);
+                                   int32_t* ct0, int32_t* clen, int32_t* dchunk0, int32_t* dorder,
+                                   int32_t* corder) {
+  const auto valid = [&](int64_t n) {  // validated on the host; never read out of range
     const int64_t a = cu[n], b = cu[n + 1];
-    if (a < 0 || b < a || b > T) continue;  // validated on the host; never read out of range
-    for (int64_t t = a; t < b && c < nchunks; t += C, ++c) {
-      ct0[c] = static_cast<int32_t>(t);
-      clen[c] = static_cast<int32_t>(b - t < C ? b - t : C);
+    return !(a < 0 || b < a || b > T);
+  };
+  if (threadIdx.x == 0) {
+    int64_t c = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      dchunk0[n] = static_cast<int32_t>(c);
+      if (valid(n)) c = std::min<int64_t>(nchunks, c + (cu[n + 1] - cu[n] + C - 1) / C);
+    }
+    dchunk0[N] = static_cast<int32_t>(c);
+  }
+  __syncthreads();
+  for (int64_t n = 0; n < N; ++n) {
+    if (!valid(n)) continue;
+    const int64_t b = cu[n + 1], c0 = dchunk0[n], nc = dchunk0[n + 1] - c0;
+    for (int64_t j = threadIdx.x; j < nc; j += blockDim.x) {
+      const int64_t t = cu[n] + j * C;
+      ct0[c0 + j] = static_cast<int32_t>(t);
+      clen[c0 + j] = static_cast<int32_t>(b - t < C ? b - t : C);
     }
   }
-  dchunk0[N] = static_cast<int32_t>(c);
-  for (; c < nchunks; ++c) ct0[c] = clen[c] = 0;
+  for (int64_t c = dchunk0[N] + threadIdx.x; c < nchunks; c += blockDim.x) ct0[c] = clen[c] = 0;
+  // Ranks by a quadratic count: at most kRankedDocs documents (a packed batch has tens); past
+  // that, the documents' own order.
+  constexpr int64_t kRankedDocs = 4096;
+  for (int64_t n = threadIdx.x; n < N; n += blockDim.x) {
+    int64_t rank = n;
+    if (N <= kRankedDocs) {
+      const int32_t len = dchunk0[n + 1] - dchunk0[n];
+      rank = 0;
+      for (int64_t m = 0; m < N; ++m) {
+        const int32_t lm = dchunk0[m + 1] - dchunk0[m];
+        rank += lm > len || (lm == len && m < n);
+      }
+    }
+    dorder[rank] = static_cast<int32_t>(n);
+  }
+  // corder: each document's chunks at the sum of the chunk counts ranked before it (the same
+  // quadratic count), then the unused rows.
+  for (int64_t n = threadIdx.x; n < N; n += blockDim.x) {
+    const int32_t len = dchunk0[n + 1] - dchunk0[n];
+    int64_t at = dchunk0[n];
+    if (N <= kRankedDocs) {
+      at = 0;
+      for (int64_t m = 0; m < N; ++m) {
+        const int32_t lm = dchunk0[m + 1] - dchunk0[m];
+        if (lm > len || (lm == len && m < n)) at += lm;
+      }
+    }
+    for (int32_t j = 0; j < len; ++j) corder[at + j] = dchunk0[n] + j;
+  }
+  for (int64_t c = dchunk0[N] + threadIdx.x; c < nchunks; c += blockDim.x)
+    corder[c] = static_cast<int32_t>(c);
 }
 
 // Gam (Wide) and the chunk's q, k rows (fp32, zero past L) into shared memory. g is read in
@@ -1933,7 +1978,9 @@ Args make_args(Context& ctx, const KdaParams& p, const Tensor& cu, const Tensor&
   a.ct0 = table;
   a.clen = table + nchunks;
   a.dchunk0 = table + 2 * nchunks;
-  float* next = base + (2 * nchunks + p.num_seqs + 1 + 15) / 16 * 16;
+  a.dorder = table + 2 * nchunks + p.num_seqs + 1 + nchunks * p.heads + 1;
+  a.corder = a.dorder + p.num_seqs;
+  float* next = base + (3 * nchunks + 2 * p.num_seqs + 2 + nchunks * p.heads + 15) / 16 * 16;
   if (kept) {
     a.ws = const_cast<float*>(ptr<float>(prepared));
   } else {
@@ -1946,9 +1993,10 @@ Args make_args(Context& ctx, const KdaParams& p, const Tensor& cu, const Tensor&
   }
   a.g = ptr<float>(g);
   a.beta = ptr<float>(beta);
-  chunk_table_kernel<<<1, 32, 0, stream(ctx)>>>(
+  chunk_table_kernel<<<1, 256, 0, stream(ctx)>>>(
       ptr<int32_t>(cu), p.num_seqs, p.tokens, a.C, nchunks, const_cast<int32_t*>(a.ct0),
-      const_cast<int32_t*>(a.clen), const_cast<int32_t*>(a.dchunk0));
+      const_cast<int32_t*>(a.clen), const_cast<int32_t*>(a.dchunk0), const_cast<int32_t*>(a.dorder),
+      const_cast<int32_t*>(a.corder));
   MT_CUDA_LAUNCH_CHECK();
   return a;
 }
@@ -2053,6 +2101,20 @@ void kda_chunk_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlen
   a.h0 = h0.defined() && h0.numel() ? ptr<float>(h0) : nullptr;
   a.hT = hT.defined() && hT.numel() ? ptr<float>(hT) : nullptr;
   MT_DISPATCH_FLOAT(q, "kda", {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      // The bf16 layout implies the tensor-core prep (prep<T> below) and state_tc_fits.
+      if (const int blocks = kda_detail::forward_overlap_blocks(ctx, a)) {
+        // The prep's persistent grid, then the state pass as its programmatic dependent, which
+        // runs beside it on the flags the prep sets per (chunk, head), after the chunk table
+        // (kda_forward_overlap).
+        a.ready = const_cast<int32_t*>(a.dchunk0) + p.num_seqs + 1;
+        MT_CUDA_CHECK(
+            cudaMemsetAsync(a.ready, 0, sizeof(int32_t) * (a.nchunks * a.H + 1), stream(ctx)));
+        kda_detail::prep_tc(ctx, a, ptr<__nv_bfloat16>(q), ptr<__nv_bfloat16>(k),
+                            ptr<__nv_bfloat16>(v), blocks);
+        return kda_detail::forward_state_tc_follow(ctx, a, ptr<__nv_bfloat16>(o));
+      }
+    }
     prep<T>(ctx, a, q, k, v);
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
       if (kda_detail::state_tc_fits(a))

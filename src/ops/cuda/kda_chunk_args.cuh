@@ -21,8 +21,14 @@ struct Args {
   const int32_t* ct0;      // [nchunks] first token of each chunk
   const int32_t* clen;     // [nchunks] its length (0: unused row)
   const int32_t* dchunk0;  // [N + 1] first chunk of each document
+  const int32_t* dorder;   // [N] documents by chunk count, longest first (ties by index)
+  const int32_t* corder;   // [nchunks] the chunks of the documents in dorder's order, then unused
   const float *g, *beta, *h0, *dhT;
   float *ws, *back, *saved, *hT, *dS, *dh0, *dg, *dbeta;  // ws: the prepared blocks
+  // The overlapped forward (kda_forward_overlap): per head, per chunk, nonzero once the prep has
+  // written that (chunk, head)'s block ([H][nchunks], zeroed before the launches), then the count
+  // of the state pass's finished blocks; null otherwise.
+  int* ready = nullptr;
   __device__ float* blk(int64_t c, int64_t h) const { return ws + (c * H + h) * block; }
   // Where backward's products put Delta dS^T of (c, h) [C, K] (ops/kda_chunk_layout.h): Kl's
   // place, or with the bf16 layout the chunk's outgoing-dS slot, which only that product reads.

@@ -463,7 +463,9 @@ __device__ __forceinline__ void prefetch_block(const Args& a, const bf16* q, con
                                                const bf16* v, int64_t b) {
   static_assert(kThreads == 4 * kC, "a thread per (row, tensor)");
   if (b >= a.nchunks * a.H) return;
-  const int64_t c = b % a.nchunks, h = b / a.nchunks;
+  // Launch order: chunk fastest, or head fastest in the overlapped forward (prep_tc_kernel).
+  const int64_t c = a.ready ? a.corder[b / a.H] : b % a.nchunks,
+                h = a.ready ? b % a.H : b / a.nchunks;
   const int i = threadIdx.x & (kC - 1), which = threadIdx.x / kC;
   if (i >= a.clen[c]) return;
   const int64_t row = (a.ct0[c] + i) * a.H + h;
@@ -480,14 +482,14 @@ __device__ __forceinline__ void prefetch_block(const Args& a, const bf16* q, con
 // whole sectors through shared memory, q and k read 8 bytes per lane in the row products, beta v
 // stored without bank conflicts, T zeroed 16 bytes per store.
 template <int K, int V, typename Big, bool V2>
-__global__ void __launch_bounds__(kThreads, 2)
-    prep_tc_kernel(Args a, const bf16* q, const bf16* k, const bf16* v, bool vec, int ahead) {
+__device__ __forceinline__ void prep_tc_body(const Args& a, const bf16* q, const bf16* k,
+                                             const bf16* v, bool vec, int ahead, int64_t c,
+                                             int64_t h, int64_t item) {
   using S = Smem<K, V>;
   constexpr int LdG = S::LdG, LdH = S::LdH, LdV = S::LdV, LdC = S::LdC;
   static_assert(K % 64 == 0 && V % 64 == 0 && K <= 128 && V <= 128, "8 warps x K/64 n-tiles");
   static_assert(S::tm - S::kk >= 1024 * kThreads / 32,
                 "W and U staging: 1 KB per warp in KK's place");
-  const int64_t c = blockIdx.x, h = blockIdx.y;
   const int L = a.clen[c];
   if (L == 0) return;
   const int64_t t0 = a.ct0[c];
@@ -727,7 +729,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     __syncthreads();
   }
 
-  if (ahead > 0) prefetch_block<K, V>(a, q, k, v, c + a.nchunks * h + ahead);
+  if (ahead > 0) prefetch_block<K, V>(a, q, k, v, item + ahead);
   // W = T Kb and U = T beta v (warp w: its n-tiles of both), T's last 32 rows out.
   // KK's shared copy is dead by now (its global copy went out with T's diagonal blocks): the
   // warps' staging for W and U.
@@ -741,22 +743,67 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
+// A block per (chunk, head), blockIdx (x, y) = (chunk, head); or, in the overlapped forward
+// (a.ready, kda_forward_overlap), a persistent grid that walks the (chunk, head) items in chunk
+// order across all heads (item b: chunk corder[b / H], head b % H: the documents longest first,
+// as the state pass takes them; a block takes b, b + gridDim.x, ...),
+// the order in which the state pass launched after it waits for them, flagging each item done.
+// Its blocks first let that state pass launch (griddepcontrol.launch_dependents: a programmatic
+// dependent launch, which then takes the slots this grid leaves free). Nothing here waits for the
+// state pass, so where the two cannot run at once (tools that serialise kernels) the prep simply
+// finishes first. Every thread's stores precede the barrier, and thread 0's fence makes them
+// visible at GPU scope before the flag (the state pass reads it with ld.acquire and issues its
+// copies after a barrier of its own); the barrier also frees the shared memory for the next item.
+// Persist: the overlapped forward's form (its own instantiation, so that the loop's registers do
+// not touch the one-item kernel's allocation).
+template <int K, int V, typename Big, bool V2, bool Persist = false>
+__global__ void __launch_bounds__(kThreads, 2)
+    prep_tc_kernel(Args a, const bf16* q, const bf16* k, const bf16* v, bool vec, int ahead) {
+  if constexpr (!Persist) {
+    prep_tc_body<K, V, Big, V2>(a, q, k, v, vec, ahead, blockIdx.x, blockIdx.y,
+                                blockIdx.x + a.nchunks * blockIdx.y);
+  } else {
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    for (int64_t b = blockIdx.x; b < a.nchunks * a.H; b += gridDim.x) {
+      const int64_t c = a.corder[b / a.H], h = b % a.H;
+      prep_tc_body<K, V, Big, V2>(a, q, k, v, vec, ahead, c, h, b);
+      __syncthreads();
+      if (threadIdx.x == 0)
+        asm volatile(
+            "fence.acq_rel.gpu;\n"
+            "st.relaxed.gpu.global.b32 [%0], %1;\n" ::"l"(a.ready + h * a.nchunks + c),
+            "r"(1)
+            : "memory");
+    }
+  }
+}
+
 bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
 
 template <int K, int V>
-void launch(Context& ctx, const Args& a, const bf16* q, const bf16* k, const bf16* v) {
+void launch(Context& ctx, const Args& a, const bf16* q, const bf16* k, const bf16* v, int blocks) {
   const bool vec = aligned16(q) && aligned16(k) && aligned16(v) && aligned16(a.g);
-  const dim3 grid(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.H));
-  // Two blocks per SM (the launch bounds and 103 KB of shared memory at K = V = 128).
+  // Two blocks per SM (the launch bounds and 103 KB of shared memory at K = V = 128). The
+  // overlapped forward's persistent grid: `blocks`, at most one per item.
+  const dim3 grid = a.ready
+                        ? dim3(static_cast<unsigned>(std::min<int64_t>(blocks, a.nchunks * a.H)))
+                        : dim3(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.H));
   const bool v2 = kda_prep_v2();
-  const int ahead = v2 ? 2 * cuda_resources(ctx).multiprocessors : 0;
+  // The block that starts about when this one ends: two per SM later in launch order, or the
+  // persistent block's own next item.
+  const int ahead = !v2       ? 0
+                    : a.ready ? static_cast<int>(grid.x)
+                              : 2 * cuda_resources(ctx).multiprocessors;
   const auto go = [&](auto* kernel) {
     kernel<<<grid, kThreads, smem_for(kernel, Smem<K, V>::bytes, "kda_forward"), stream(ctx)>>>(
         a, q, k, v, vec, ahead);
   };
-  if (a.lay.half)
+  if (a.ready) {
+    MT_CHECK(a.lay.half, InternalError, "kda tensor-core prep: the overlap takes the bf16 layout");
+    v2 ? go(prep_tc_kernel<K, V, bf16, true, true>) : go(prep_tc_kernel<K, V, bf16, false, true>);
+  } else if (a.lay.half)
     v2 ? go(prep_tc_kernel<K, V, bf16, true>) : go(prep_tc_kernel<K, V, bf16, false>);
   else
     v2 ? go(prep_tc_kernel<K, V, float, true>) : go(prep_tc_kernel<K, V, float, false>);
@@ -765,15 +812,17 @@ void launch(Context& ctx, const Args& a, const bf16* q, const bf16* k, const bf1
 
 }  // namespace
 
-void prep_tc(Context& ctx, const Args& a, const bf16* q, const bf16* k, const bf16* v) {
+void prep_tc(Context& ctx, const Args& a, const bf16* q, const bf16* k, const bf16* v, int blocks) {
   MT_CHECK(a.C == kC && aligned16(a.ws), ValueError,
            "kda tensor-core prep: chunk 64 with 16-byte aligned blocks (chunk ", a.C, ")");
-  if (a.K == 64 && a.V == 64) return launch<64, 64>(ctx, a, q, k, v);
-  if (a.K == 64 && a.V == 128) return launch<64, 128>(ctx, a, q, k, v);
-  if (a.K == 128 && a.V == 64) return launch<128, 64>(ctx, a, q, k, v);
+  MT_CHECK(!a.ready || blocks > 0, InternalError,
+           "kda tensor-core prep: the overlapped forward's grid is empty");
+  if (a.K == 64 && a.V == 64) return launch<64, 64>(ctx, a, q, k, v, blocks);
+  if (a.K == 64 && a.V == 128) return launch<64, 128>(ctx, a, q, k, v, blocks);
+  if (a.K == 128 && a.V == 64) return launch<128, 64>(ctx, a, q, k, v, blocks);
   MT_CHECK(a.K == 128 && a.V == 128, ValueError, "kda tensor-core prep: head_k ", a.K, " head_v ",
            a.V, " (the tensor-core path admits 64 and 128)");
-  launch<128, 128>(ctx, a, q, k, v);
+  launch<128, 128>(ctx, a, q, k, v, blocks);
 }
 
 }  // namespace mt::ops::cuda::kda_detail

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "core/cuda/resources.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/index_lists.cuh"
 #include "ops/cuda/kda_state_tc.h"
@@ -363,13 +364,56 @@ constexpr size_t fwd_state_v2_smem() {
          sizeof(float) * (kC * kLdAq + K + NB * bt_ld(K) + NB * bt_ld(kC));
 }
 
-template <int NB, int K>
+// The (document, head, column block) of a forward state block: in launch order (x fastest)
+// the documents longest first (a.dorder), each document's heads and column blocks together (the
+// column blocks of a head adjacent, so that they share its prefetched lines). Where the grid
+// runs in waves (packed batches: 16 documents x 32 heads x 4 column blocks over 264 slots), a
+// slot that frees takes the longest document left, so that no long document starts last and
+// runs alone at the end (greedy longest-first).
+struct StateItem {
+  int64_t n, h;
+  int z;
+};
+// Without a.dorder (kda_set_forward_longest_first(false)): the grid's own order, documents fastest.
+__device__ __forceinline__ StateItem state_item(const Args& a) {
+  if (!a.dorder) return {blockIdx.x, blockIdx.y, static_cast<int>(blockIdx.z)};
+  const int64_t Z = gridDim.z, HZ = gridDim.y * Z;
+  const int64_t i = blockIdx.x + static_cast<int64_t>(gridDim.x) *
+                                     (blockIdx.y + static_cast<int64_t>(gridDim.y) * blockIdx.z);
+  const int64_t r = i % HZ;
+  return {a.dorder[i / HZ], r / Z, static_cast<int>(r % Z)};
+}
+
+// The overlapped forward (Follow, a.ready): warp 0 finds how many chunks from `ready` on the prep
+// has flagged done for this head (a lane per chunk, ld.acquire; chunks past ce count as done), and
+// waits until that reaches past `need`. Returns the first chunk not known to be done. A barrier
+// after it orders the block's copies after the flags (the prep's fence before each flag makes its
+// stores visible first). Polls once per 32 chunks while the prep runs ahead.
+__device__ __forceinline__ int64_t await_prepared(const int* flags, int64_t need, int64_t ready,
+                                                  int64_t ce, int lane) {
+  // A flag that never comes (a prep that did not run: a bug) ends the kernel with an error after
+  // some seconds instead of hanging the device; the prep of a whole call takes milliseconds.
+  for (int polls = 0;; ++polls) {
+    if (polls == 1 << 22) __trap();
+    const int64_t i = ready + lane;
+    int f = 1;
+    if (i < ce)
+      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(f) : "l"(flags + i) : "memory");
+    const unsigned pending = __ballot_sync(0xffffffffu, f == 0);
+    ready += pending ? __ffs(pending) - 1 : 32;
+    if (ready > need) return ready;
+    __nanosleep(128);
+  }
+}
+
+template <int NB, int K, bool Follow = false>
 __global__ void __launch_bounds__(kThreads, 2) fwd_state_v2_kernel(Args a, bf16* o) {
   static_assert(NB % 8 == 0 && K % 64 == 0 && K <= kK, "NB / 8 n-tiles; K 64 or 128");
   constexpr int NT = NB / 8, kLdA = K + 8, kLdU = NB + 8, kLdS = bt_ld(K), kLdD = bt_ld(kC);
   constexpr int kMt = K / 64;  // the warp's state m-tiles: w, w + 4
-  const int64_t n = blockIdx.x, h = blockIdx.y, H = a.H;
-  const int col0 = blockIdx.z * NB, V = a.V, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const StateItem item = state_item(a);
+  const int64_t n = item.n, h = item.h, H = a.H;
+  const int col0 = item.z * NB, V = a.V, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int g = lane >> 2, c4 = lane & 3;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Ws = reinterpret_cast<bf16*>(smem);              // [kC][kLdA]
@@ -400,11 +444,18 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_state_v2_kernel(Args a, bf16*
   // column blocks (gridDim.z) share the lines.
   const auto prefetch = [&](int64_t c) {
     const float* blk = a.blk(c, h);
-    const int part = static_cast<int>(blockIdx.z), parts = static_cast<int>(gridDim.z);
+    const int part = item.z, parts = static_cast<int>(gridDim.z);
     prefetch_l2(blk + lay.W(), lay.Kb() - lay.W(), part, parts);
     prefetch_l2(blk + lay.Aqk(), kC * kC, part, parts);
     prefetch_l2(blk + lay.gL(), K, part, parts);
   };
+  // Follow: warp 0's count of this head's chunks known prepared (await_prepared).
+  [[maybe_unused]] const int* flags = Follow ? a.ready + h * a.nchunks : nullptr;
+  [[maybe_unused]] int64_t ready = cb;
+  if constexpr (Follow) {
+    if (w == 0 && cb < ce) ready = await_prepared(flags, cb, ready, ce, lane);
+    __syncthreads();
+  }
   if (cb + 1 < ce) prefetch(cb + 1);
   if (cb < ce) stage_a(cb);
   mma::cp_async_commit();
@@ -453,6 +504,11 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_state_v2_kernel(Args a, bf16*
         d[nt][3] = i0 + 8 < L ? u1.y - d[nt][3] : 0.f;
       }
       bt_store(Dt, kLdD, d, 16 * w, lane);
+    }
+    if constexpr (Follow) {
+      // The next chunk's block before the barrier that precedes its copies.
+      if (w == 0 && c + 1 < ce && ready <= c + 1)
+        ready = await_prepared(flags, c + 1, ready, ce, lane);
     }
     mma::cp_async_wait<0>();  // Kl, Aqk, gL of this chunk
     __syncthreads();          // Delta^T published; W, Qh, U free
@@ -506,6 +562,16 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_state_v2_kernel(Args a, bf16*
     });
   }
   if (a.hT) state_io(s, nullptr, a.hT + (n * H + h) * K * V + col0, K, V);
+  if constexpr (Follow) {
+    // The last block to finish waits for the prep's grid to complete (its last items may be
+    // unused chunk rows, flagged after this pass read its last flag), so that this kernel's end,
+    // which the stream's next work waits for, implies the prep's.
+    if (threadIdx.x == 0) {
+      const unsigned blocks = gridDim.x * gridDim.y * gridDim.z;
+      if (atomicAdd(reinterpret_cast<unsigned*>(a.ready + a.H * a.nchunks), 1u) == blocks - 1)
+        asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    }
+  }
 }
 
 template <typename E>
@@ -990,11 +1056,30 @@ dim3 chunk_grid(const Args& a, int jobs) {
               static_cast<unsigned>(jobs * ((a.V + kNO - 1) / kNO)));
 }
 
-template <int NB, int K>
-void launch_fwd_v2(Context& ctx, const Args& a, bf16* o) {
-  auto* kernel = fwd_state_v2_kernel<NB, K>;
-  kernel<<<state_grid(a, NB), kThreads, smem_for(kernel, fwd_state_v2_smem<NB, K>(), "kda_forward"),
-           stream(ctx)>>>(a, o);
+template <int NB, int K, bool Follow = false>
+void launch_fwd_v2(Context& ctx, const Args& args, bf16* o) {
+  Args a = args;
+  if (!kda_forward_longest_first()) a.dorder = nullptr;  // the grid's order (state_item)
+  auto* kernel = fwd_state_v2_kernel<NB, K, Follow>;
+  const size_t smem = smem_for(kernel, fwd_state_v2_smem<NB, K>(), "kda_forward");
+  if constexpr (!Follow) {
+    kernel<<<state_grid(a, NB), kThreads, smem, stream(ctx)>>>(a, o);
+  } else {
+    // The overlapped forward: a programmatic dependent of the prep launched just before, so that
+    // it starts as soon as every prep block has (their griddepcontrol.launch_dependents); it
+    // waits for the prep's flags, not for the prep's end, and never calls griddepcontrol.wait.
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = state_grid(a, NB);
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream(ctx);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    MT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, o));
+  }
   MT_CUDA_LAUNCH_CHECK();
 }
 
@@ -1057,6 +1142,27 @@ void backward_state_as(Context& ctx, const Args& a, const bf16* dout) {
 }
 
 }  // namespace
+
+int forward_overlap_blocks(Context& ctx, const Args& a) {
+  // One state block of 32 columns per (document, head, column block), all resident beside the
+  // prep's persistent grid where they are fewer than the SMs: 2 x SMs slots of 105 / 103 KB of
+  // shared memory (29 K / 32 K registers), the prep taking those the state pass leaves. The prep
+  // never waits for the state pass, so any split is deadlock-free (its blocks all start at once).
+  const int sms = cuda_resources(ctx).multiprocessors;
+  if (!(kda_forward_overlap() && kda_forward_state_v2() && a.lay.half &&
+        (a.K == 64 || a.K == 128) && a.V % (2 * kNB) == 0))
+    return 0;
+  const int64_t state = a.N * a.H * (a.V / (2 * kNB));
+  if (state < sms) return static_cast<int>(2 * sms - state);
+  // Waves (kda_forward_overlap_waves): the prep one block per SM, the state pass the other slot.
+  return kda_forward_overlap_waves() ? sms : 0;
+}
+
+void forward_state_tc_follow(Context& ctx, const Args& a, bf16* o) {
+  MT_CHECK(a.ready, InternalError, "kda_forward: the overlapped state pass without ready flags");
+  if (a.K == 128) return launch_fwd_v2<2 * kNB, 128, true>(ctx, a, o);
+  launch_fwd_v2<2 * kNB, 64, true>(ctx, a, o);
+}
 
 bool state_tc_fits(const Args& a) {
   return a.C == kC && a.K % 16 == 0 && a.V % 16 == 0 && a.K <= kK && a.V <= kK;

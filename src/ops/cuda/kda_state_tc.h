@@ -17,6 +17,12 @@ bool state_tc_fits(const Args& a);
 // each chunk's o = Qh S0 + Aqk Delta in the same step.
 void forward_state_tc(Context& ctx, const Args& a, __nv_bfloat16* o);
 
+// The overlapped forward (kda_forward_overlap in ops/kda_prep_path.h): the prep's persistent grid
+// where it applies to these args (bf16 layout, fewer 32-column state blocks than SMs), else 0;
+// and the state pass that follows that prep (prep_tc with a.ready), waiting on a.ready's flags.
+int forward_overlap_blocks(Context& ctx, const Args& a);
+void forward_state_tc_follow(Context& ctx, const Args& a, __nv_bfloat16* o);
+
 // Backward: Delta, Aqk^T dO and Qh^T dO for every chunk in parallel, then the reverse pass
 // (dR and each chunk's outgoing dS, as the CUDA-core pass leaves them; dh0).
 void backward_state_tc(Context& ctx, const Args& a, const __nv_bfloat16* dout);
