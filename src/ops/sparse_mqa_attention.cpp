@@ -69,8 +69,6 @@ const char* sparse_mqa_kernels_name(SparseMqaKernels k) {
       return "wgmma2";
     case SparseMqaKernels::Wgmma3:
       return "wgmma3";
-    case SparseMqaKernels::Wgmma4:
-      return "wgmma4";
     case SparseMqaKernels::Chained:
       break;
   }

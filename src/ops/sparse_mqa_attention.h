@@ -68,9 +68,8 @@ bool sparse_mqa_fits(int64_t heads, int64_t qk_dim, int64_t v_dim);
 // (more: Split's forward) with two key tiles a block, one block per SM; Wgmma2 the same kernel
 // with one key tile, two blocks per SM. Their backward and prob sum are Split's. Wgmma3 (session
 // 15): Wgmma2's forward, and the backward and prob sum on wgmma too (up to 32 heads; more:
-// Split's); Wgmma4 the same with the key gradient's rows added by bulk reductions from shared
-// memory instead of the lanes' float4 atomics.
-enum class SparseMqaKernels { Chained, Split, Wgmma, Wgmma2, Wgmma3, Wgmma4 };
+// Split's).
+enum class SparseMqaKernels { Chained, Split, Wgmma, Wgmma2, Wgmma3 };
 void sparse_mqa_set_kernels(SparseMqaKernels k);
 SparseMqaKernels sparse_mqa_kernels();
 const char* sparse_mqa_kernels_name(SparseMqaKernels k);

@@ -801,13 +801,11 @@ dim3 grid_of(const SparseMqaParams& p, int rows) {
   return dim3(static_cast<unsigned>(p.tokens), static_cast<unsigned>(blocks));
 }
 
-// Wgmma3 and Wgmma4 run the backward and the prob sum on wgmma (ops/cuda/cutlass/
-// sparse_mqa_wgmma.cu) for up to 32 heads, one block per query; more heads keep Split's.
+// Wgmma3 runs the backward and the prob sum on wgmma (ops/cuda/cutlass/sparse_mqa_wgmma.cu) for
+// up to 32 heads, one block per query; more heads keep Split's.
 bool wgmma_backward(const SparseMqaParams& p) {
   MT_CHECK(p.tokens < INT_MAX, ValueError, "sparse_mqa: ", p.tokens, " tokens exceed one grid");
-  const SparseMqaKernels g = sparse_mqa_kernels();
-  return (g == SparseMqaKernels::Wgmma3 || g == SparseMqaKernels::Wgmma4) &&
-         p.heads <= kMqaWgmmaHeads;
+  return sparse_mqa_kernels() == SparseMqaKernels::Wgmma3 && p.heads <= kMqaWgmmaHeads;
 }
 
 MqaWgmmaBwdArgs wgmma_args(const SparseMqaParams& p, const Tensor& q, const Tensor& kv,
@@ -876,7 +874,7 @@ void sparse_mqa_backward(Context& ctx, const SparseMqaParams& p, const Tensor& q
     a.dq = dq.raw();
     a.dkv = ptr<float>(acc);
     a.psum = psum;
-    MT_CUDA_CHECK(sparse_mqa_bwd_wgmma(a, sparse_mqa_kernels() == SparseMqaKernels::Wgmma4, s));
+    MT_CUDA_CHECK(sparse_mqa_bwd_wgmma(a, s));
   } else {
     with_rows(p.heads, [&]<int R, bool Split>() {
       const dim3 grid = grid_of(p, R);

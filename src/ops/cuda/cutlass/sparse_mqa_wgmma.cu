@@ -417,9 +417,6 @@ constexpr int kKvChunks = kDk / 64, kKvChunks0 = 4;  // key-gradient column chun
 constexpr int kVChunks = kDv / 64;                   // chunks with value columns (+ P^T dout)
 constexpr int kLdq = kDk + 8;                        // dq's staging rows (bf16)
 constexpr int kDoElems = kHeads * kDv;
-// Bulk: a key-gradient chunk's rows staged in fp32 (64 columns, rows 272 bytes apart: 16-byte
-// aligned for the bulk copy, 2-way bank conflicts for the float2 stores), two buffers a warpgroup.
-constexpr int kLds = 64 + 4, kStageElems = kKeys * kLds;
 
 using LayoutDO = decltype(tile_to_shape(AtomK{}, Shape<Int<kHeads>, Int<kDv>>{}));  // (head, dim)
 // (dim, key) over all 576 dims: K^T, dq's MN-major A.
@@ -436,13 +433,12 @@ using LayoutDOt =
 using MmaKv =
     decltype(make_tiled_mma(SM90_64x64x16_F32BF16BF16_SS<GMMA::Major::MN, GMMA::Major::MN>{}));
 
-template <bool Grad, bool Bulk>
+template <bool Grad>
 constexpr size_t bwd_smem_bytes() {
   return sizeof(bf16) * (kQElems + (Grad ? kDoElems : 0) + kKeyElems + 2 * kPElems) +
-         sizeof(float) * ((Bulk ? 4 * kStageElems : 0) + kKeys * kHeads + 2 * kHeads) +
-         sizeof(int) * 2 * kKeys;
+         sizeof(float) * (kKeys * kHeads + 2 * kHeads) + sizeof(int) * 2 * kKeys;
 }
-static_assert(bwd_smem_bytes<true, true>() <= 232448, "the backward's block fits");
+static_assert(bwd_smem_bytes<true>() <= 232448, "the backward's block fits");
 static_assert(sizeof(bf16) * kDoElems % 1024 == 0 && sizeof(bf16) * kPElems % 1024 == 0,
               "every swizzled tile starts on 1 KiB");
 static_assert(kHeads * kLdq <= kKeyElems, "dq's staging fits the key tile");
@@ -469,36 +465,7 @@ __device__ __forceinline__ void add_chunk(float* dst, const int* sl, int chunk, 
   }
 }
 
-__device__ __forceinline__ void warpgroup_sync(int wg) {  // named barrier 1 + wg, its 128 threads
-  asm volatile("bar.sync %0, %1;\n" ::"r"(1 + wg), "n"(kThreads) : "memory");
-}
-// `bytes` of fp32 at shared `src` added element-wise (atomically) into global `dst` by the bulk
-// copy engine, in this thread's current bulk group.
-__device__ __forceinline__ void bulk_add_f32(float* dst, const float* src, uint32_t bytes) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(src));
-  asm volatile(
-      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
-      "r"(s), "r"(bytes)
-      : "memory");
-}
-__device__ __forceinline__ void bulk_commit() {
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() {  // all but the N latest groups read their source
-  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void bulk_wait_all() {
-  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-}
-
-// Bulk (the SparseMqaKernels choice Wgmma4): a key-gradient chunk leaves through shared memory,
-// each listed key's 64 columns (256 bytes) added by one bulk reduction (cp.reduce.async.bulk
-// .add.f32) instead of 16 float4 reds from the lanes: the L2 sees whole 32-byte sectors per
-// operation where a float4 red covers half of one, and the LSU issues 1 instruction per key row
-// instead of 16. Costs 68 KiB of staging (two 17 KiB buffers a warpgroup) and two warpgroup
-// barriers per chunk.
-template <bool Grad, bool Bulk>
+template <bool Grad>
 __global__ void __launch_bounds__(kBwdThreads, 1) mqa_bwd_wgmma_kernel(MqaWgmmaBwdArgs a) {
   extern __shared__ __align__(1024) unsigned char smem[];
   if (static_cast<uint32_t>(__cvta_generic_to_shared(smem)) % 1024 != 0) __trap();
@@ -506,12 +473,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1) mqa_bwd_wgmma_kernel(MqaWgmmaB
   bf16* DOs = Qs + kQElems;  // dout (Grad only)
   bf16* Ks = DOs + (Grad ? kDoElems : 0);
   bf16* Ps = Ks + kKeyElems;
-  bf16* Ds = Ps + kPElems;                                // scale dS
-  float* stage = reinterpret_cast<float*>(Ds + kPElems);  // Bulk: [2 wg][2][kKeys][kLds]
-  float* xp = stage + (Bulk ? 4 * kStageElems : 0);       // [16][128] WG0's fp32 P for WG1
-  float* lse2 = xp + kKeys * kHeads;                      // [32] log2 units
-  float* dl = lse2 + kHeads;                              // [32] Delta
-  int* slots = reinterpret_cast<int*>(dl + kHeads);       // [2][kKeys]
+  bf16* Ds = Ps + kPElems;                             // scale dS
+  float* xp = reinterpret_cast<float*>(Ds + kPElems);  // [16][128] WG0's fp32 P for WG1
+  float* lse2 = xp + kKeys * kHeads;                   // [32] log2 units
+  float* dl = lse2 + kHeads;                           // [32] Delta
+  int* slots = reinterpret_cast<int*>(dl + kHeads);    // [2][kKeys]
 
   // Later queries first (the forward's order, for the same reason).
   const int64_t t = a.T - 1 - static_cast<int64_t>(blockIdx.x);
@@ -639,30 +605,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1) mqa_bwd_wgmma_kernel(MqaWgmmaB
       for (int k = 0; k < size<2>(tKrP); ++k) cute::gemm(mma_kv, tKrP(_, 0, k), tKrO(_, C, k), d);
     warpgroup_commit_batch();
   };
-  // Bulk: a chunk's accumulators into the warpgroup's next staging buffer (its bulk group of two
-  // chunks ago done reading it), then one bulk reduction per listed key row by threads 0-63.
-  int sb = 0;  // the staging buffer this thread's warpgroup fills next (alternates across tiles)
-  auto bulk_chunk = [&](int chunk, auto& acc, const int* sl) {
-    float* buf = stage + (2 * wg + sb) * kStageElems;
-    sb ^= 1;
-    if (wt < kKeys) bulk_wait_read<1>();
-    warpgroup_sync(wg);
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e)
-        *reinterpret_cast<float2*>(buf + (16 * w + (lane >> 2) + 8 * e) * kLds + 8 * j +
-                                   2 * (lane & 3)) =
-            make_float2(acc(4 * j + 2 * e), acc(4 * j + 2 * e + 1));
-    cutlass::arch::fence_view_async_shared();  // the stores, for the bulk copy engine
-    warpgroup_sync(wg);
-    if (wt < kKeys) {
-      const int s = sl[wt];
-      if (s >= 0)
-        bulk_add_f32(a.dkv + static_cast<int64_t>(s) * kDk + 64 * chunk, buf + wt * kLds, 256u);
-      bulk_commit();
-    }
-  };
   // One warpgroup's key-gradient chunks C0 .. C1 - 1, two accumulators: chunk i + 1's MMAs run
   // while chunk i's reds go out.
   auto kv_chunks = [&](auto c0, auto c1, const int* sl) {
@@ -681,10 +623,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) mqa_bwd_wgmma_kernel(MqaWgmmaB
               warpgroup_wait<0>();
             }
             warpgroup_fence_operand(cur);
-            if constexpr (Bulk)
-              bulk_chunk(C, cur, sl);
-            else
-              add_chunk(a.dkv, sl, C, cur, w, lane);
+            add_chunk(a.dkv, sl, C, cur, w, lane);
           }(),
           ...);
     }
@@ -783,8 +722,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1) mqa_bwd_wgmma_kernel(MqaWgmmaB
       kv_chunks(Int<kKvChunks0>{}, Int<kKvChunks>{}, sl);
   }
   cp_async_wait_all();
-  if constexpr (Bulk)
-    if (wt < kKeys) bulk_wait_all();  // the reductions done before the block's shared memory goes
   if constexpr (!Grad) return;
   __syncthreads();  // every warp is done with the key tile
   // dq^T's accumulators into a [head][kLdq] staging tile (the key tile), then 16-byte row stores.
@@ -806,12 +743,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1) mqa_bwd_wgmma_kernel(MqaWgmmaB
   }
 }
 
-template <bool Grad, bool Bulk>
+template <bool Grad>
 cudaError_t launch_bwd(const MqaWgmmaBwdArgs& a, cudaStream_t s) {
   if (a.T == 0) return cudaSuccess;
   if (a.H > kHeads) return cudaErrorInvalidValue;
-  auto kernel = mqa_bwd_wgmma_kernel<Grad, Bulk>;
-  const size_t bytes = bwd_smem_bytes<Grad, Bulk>();
+  auto kernel = mqa_bwd_wgmma_kernel<Grad>;
+  const size_t bytes = bwd_smem_bytes<Grad>();
   const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(bytes));
   if (e != cudaSuccess) return e;
@@ -842,18 +779,16 @@ cudaError_t sparse_mqa_fwd_wgmma(const MqaWgmmaArgs& a, int buffers, cudaStream_
   return cudaGetLastError();
 }
 
-size_t sparse_mqa_bwd_wgmma_smem(bool grad, bool bulk) {
-  return !grad  ? bwd_smem_bytes<false, false>()
-         : bulk ? bwd_smem_bytes<true, true>()
-                : bwd_smem_bytes<true, false>();
+size_t sparse_mqa_bwd_wgmma_smem(bool grad) {
+  return grad ? bwd_smem_bytes<true>() : bwd_smem_bytes<false>();
 }
 
-cudaError_t sparse_mqa_bwd_wgmma(const MqaWgmmaBwdArgs& a, bool bulk, cudaStream_t s) {
-  return bulk ? launch_bwd<true, true>(a, s) : launch_bwd<true, false>(a, s);
+cudaError_t sparse_mqa_bwd_wgmma(const MqaWgmmaBwdArgs& a, cudaStream_t s) {
+  return launch_bwd<true>(a, s);
 }
 
 cudaError_t sparse_mqa_prob_sum_wgmma(const MqaWgmmaBwdArgs& a, cudaStream_t s) {
-  return launch_bwd<false, false>(a, s);
+  return launch_bwd<false>(a, s);
 }
 
 }  // namespace mt::ops::cuda

@@ -55,11 +55,10 @@ struct MqaWgmmaBwdArgs {
 };
 
 // Dynamic shared memory of the backward (grad) or the prob sum's block (bytes).
-size_t sparse_mqa_bwd_wgmma_smem(bool grad, bool bulk);
+size_t sparse_mqa_bwd_wgmma_smem(bool grad);
 
-// Launch on `s`; cudaErrorInvalidValue past 32 heads. `bulk`: the key gradient's rows go out by
-// bulk reductions from shared memory (Wgmma4) instead of the lanes' float4 reds (Wgmma3).
-cudaError_t sparse_mqa_bwd_wgmma(const MqaWgmmaBwdArgs& a, bool bulk, cudaStream_t s);
+// Launch on `s`; cudaErrorInvalidValue past 32 heads.
+cudaError_t sparse_mqa_bwd_wgmma(const MqaWgmmaBwdArgs& a, cudaStream_t s);
 cudaError_t sparse_mqa_prob_sum_wgmma(const MqaWgmmaBwdArgs& a, cudaStream_t s);
 
 }  // namespace mt::ops::cuda
