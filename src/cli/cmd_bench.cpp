@@ -50,7 +50,7 @@ struct DsaBenchOptions {
   // per-head W_UK / W_UV products included); 0: over the per-head keys.
   int64_t kv_rank = 512, rope_dim = 64;
   // The generation of the absorbed form's kernels the layer timings run (ops::SparseMqaKernels:
-  // split, chained, wgmma or wgmma2); the kernels' own fields time all of them either way.
+  // split, chained, wgmma, wgmma2 or wgmma3); the kernels' own fields time all of them either way.
   std::string mqa_kernels = "wgmma2";
   int64_t warmup = 1, iters = 3;
   double workspace_gib = 8;
@@ -256,16 +256,20 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
     // The sparse MQA kernels alone, each generation in the same run (ops::SparseMqaKernels): the
     // forward, and the backward writing the KL target as a training step runs it (its f32
     // key-gradient sum's zeroing and rounding to bf16 included); qa and dol as the parts above
-    // left them. Wgmma's and Wgmma2's backward is Split's: their forward only.
+    // left them. Wgmma's and Wgmma2's backward is Split's: their forward only; Wgmma3's forward
+    // is Wgmma2's: its backward only (mqa_bwd_ms_wgmma3, the wgmma backward).
     const ops::SparseMqaKernels chosen = ops::sparse_mqa_kernels();
     for (const ops::SparseMqaKernels g :
          {ops::SparseMqaKernels::Split, ops::SparseMqaKernels::Chained,
-          ops::SparseMqaKernels::Wgmma, ops::SparseMqaKernels::Wgmma2}) {
+          ops::SparseMqaKernels::Wgmma, ops::SparseMqaKernels::Wgmma2,
+          ops::SparseMqaKernels::Wgmma3}) {
       ops::sparse_mqa_set_kernels(g);
       const std::string n = ops::sparse_mqa_kernels_name(g);
       ArenaScope scope(ctx.workspace());
       Tensor target = ctx.workspace().alloc({T, K}, DType::F32);
-      r["mqa_fwd_ms_" + n] = time([&] { ops::sparse_mqa_forward(ctx, mp, qa, kvl, idx, ol, lse); });
+      if (g != ops::SparseMqaKernels::Wgmma3)
+        r["mqa_fwd_ms_" + n] =
+            time([&] { ops::sparse_mqa_forward(ctx, mp, qa, kvl, idx, ol, lse); });
       if (g == ops::SparseMqaKernels::Wgmma || g == ops::SparseMqaKernels::Wgmma2) continue;
       r["mqa_bwd_ms_" + n] = time([&] {
         ops::sparse_mqa_backward(ctx, mp, qa, kvl, idx, ol, lse, dol, dqa, dkvl, target);
@@ -891,12 +895,14 @@ nlohmann::json run_moe_bench(const MoeBenchOptions& o, std::ostream& log) {
 nlohmann::json run_dsa_bench(const DsaBenchOptions& o, std::ostream& log) {
   MT_CHECK(cuda_available(), ValueError, "bench dsa: needs a GPU (and a binary built with CUDA)");
   MT_CHECK(o.mqa_kernels == "split" || o.mqa_kernels == "chained" || o.mqa_kernels == "wgmma" ||
-               o.mqa_kernels == "wgmma2",
-           ValueError, "bench dsa: --mqa-kernels wants split, chained, wgmma or wgmma2, got \"",
+               o.mqa_kernels == "wgmma2" || o.mqa_kernels == "wgmma3",
+           ValueError,
+           "bench dsa: --mqa-kernels wants split, chained, wgmma, wgmma2 or wgmma3, got \"",
            o.mqa_kernels, "\"");
   ops::sparse_mqa_set_kernels(o.mqa_kernels == "split"    ? ops::SparseMqaKernels::Split
                               : o.mqa_kernels == "wgmma"  ? ops::SparseMqaKernels::Wgmma
                               : o.mqa_kernels == "wgmma2" ? ops::SparseMqaKernels::Wgmma2
+                              : o.mqa_kernels == "wgmma3" ? ops::SparseMqaKernels::Wgmma3
                                                           : ops::SparseMqaKernels::Chained);
   nlohmann::json j = {{"heads", o.heads},
                       {"kv_heads", o.kv_heads ? o.kv_heads : o.heads},
@@ -993,7 +999,8 @@ Command add_bench_command(CLI::App& app) {
   ds->add_option("--rope-dim", d->rope_dim, "rotary part of qk-dim")->capture_default_str();
   ds->add_option(
         "--mqa-kernels", d->mqa_kernels,
-        "the absorbed form's kernels for the layer timings: split, chained, wgmma or wgmma2 "
+        "the absorbed form's kernels for the layer timings: split, chained, wgmma, wgmma2 or "
+        "wgmma3 "
         "(the mqa_*_ms_* fields time all)")
       ->capture_default_str();
   ds->add_option("--iters", d->iters, "timed runs per part")->capture_default_str();

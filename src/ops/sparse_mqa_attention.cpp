@@ -67,6 +67,8 @@ const char* sparse_mqa_kernels_name(SparseMqaKernels k) {
       return "wgmma";
     case SparseMqaKernels::Wgmma2:
       return "wgmma2";
+    case SparseMqaKernels::Wgmma3:
+      return "wgmma3";
     case SparseMqaKernels::Chained:
       break;
   }

@@ -66,8 +66,10 @@ bool sparse_mqa_fits(int64_t heads, int64_t qk_dim, int64_t v_dim);
 // while no sparse MQA kernel is being launched. Wgmma (session 14): the forward on Hopper's
 // wgmma (ops/cuda/cutlass/sparse_mqa_wgmma.cu, the keys as the MMA's rows) for up to 32 heads
 // (more: Split's forward) with two key tiles a block, one block per SM; Wgmma2 the same kernel
-// with one key tile, two blocks per SM. Their backward and prob sum are Split's.
-enum class SparseMqaKernels { Chained, Split, Wgmma, Wgmma2 };
+// with one key tile, two blocks per SM. Their backward and prob sum are Split's. Wgmma3 (session
+// 15): Wgmma2's forward, and the backward and prob sum on wgmma too (up to 32 heads; more:
+// Split's).
+enum class SparseMqaKernels { Chained, Split, Wgmma, Wgmma2, Wgmma3 };
 void sparse_mqa_set_kernels(SparseMqaKernels k);
 SparseMqaKernels sparse_mqa_kernels();
 const char* sparse_mqa_kernels_name(SparseMqaKernels k);

@@ -6,12 +6,13 @@
 // the composite (the direct kernels). Lists as the top-k writes them (increasing, -1 padded) and
 // scattered ones with duplicates and unused slots, varlen documents, T and list lengths off the
 // 32-key tile, head counts that leave padded MMA rows. Every case runs each generation of the
-// kernels (ops::SparseMqaKernels: Split, the default, Chained, and the Wgmma forward's two forms up
-// to 32 heads), each against the CPU; the Wgmma forms check o and lse only (their backward is
-// Split's), over 64-key tiles that the same lists cross partially, blank and full, with padded
-// heads at 8, 16 and 24. Split's own edges (one key buffer whose next gather starts mid-tile, no
-// end-of-tile barrier) get lists of one tile, a second tile of one slot, and a tile with no valid
-// slot between valid ones. Without a GPU every test skips, saying so.
+// kernels (ops::SparseMqaKernels: Split, Chained, the Wgmma forward's two forms, and Wgmma3, whose
+// backward and prob sum are on wgmma too, up to 32 heads), each against the CPU; Wgmma and Wgmma2
+// check o and lse only (their backward is Split's), Wgmma3 everything, over 64-key tiles that the
+// same lists cross partially, blank and full, with padded heads at 8, 16 and 24. Split's own edges
+// (one key buffer whose next gather starts mid-tile, no end-of-tile barrier) get lists of one tile,
+// a second tile of one slot, and a tile with no valid slot between valid ones. Without a GPU every
+// test skips, saying so.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -136,12 +137,12 @@ void check_mqa(const char* name, int64_t H, int64_t K, const std::vector<int64_t
                bool scatter, uint64_t seed, Rng& rng, int64_t blank = -1, int64_t blank_len = 32) {
   for (const ops::SparseMqaKernels k :
        {ops::SparseMqaKernels::Split, ops::SparseMqaKernels::Chained, ops::SparseMqaKernels::Wgmma,
-        ops::SparseMqaKernels::Wgmma2}) {
-    const bool wgmma = k == ops::SparseMqaKernels::Wgmma || k == ops::SparseMqaKernels::Wgmma2;
-    if (wgmma && H > 32) continue;  // Split's kernels run there
+        ops::SparseMqaKernels::Wgmma2, ops::SparseMqaKernels::Wgmma3}) {
+    const bool fwd_only = k == ops::SparseMqaKernels::Wgmma || k == ops::SparseMqaKernels::Wgmma2;
+    if ((fwd_only || k == ops::SparseMqaKernels::Wgmma3) && H > 32) continue;  // Split's run there
     const WithKernels use(k);
     check_one(std::string(name) + " [" + ops::sparse_mqa_kernels_name(k) + " kernels]", H, K,
-              lengths, scatter, blank, blank_len, seed, rng, wgmma);
+              lengths, scatter, blank, blank_len, seed, rng, fwd_only);
   }
 }
 
@@ -210,6 +211,18 @@ TEST(CudaSparseMqa, SanitizerSizedWgmma) {
   }
 }
 
+// The wgmma backward and prob sum (Wgmma3: two warpgroups exchanging P and dS through shared
+// memory, one key buffer regathered under the key-gradient reds) at the same size, on its own so
+// that racecheck / synccheck can take it alone.
+TEST(CudaSparseMqa, SanitizerSizedWgmmaBackward) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng rng(seed);
+  const WithKernels use(ops::SparseMqaKernels::Wgmma3);
+  check_one("32 heads, 80 slots, 2 documents [wgmma3 kernels]", 32, 80, {50, 40}, true, -1, 32,
+            seed, rng);
+}
+
 // The Wgmma forward's 64-key tiles: a whole tile without a valid slot between valid ones, lists
 // of two slots (tiles of one or two valid keys), and a second tile of one slot with 8 heads (24
 // padded rows of the MMA's N); every generation runs them.
@@ -223,6 +236,11 @@ TEST(CudaSparseMqa, WgmmaTileEdges) {
   // rounding noise against a zero reference (session 14 mid-call: rel err 1e26 on every kernel).
   check_mqa("32 heads, two slots", 32, 2, {50}, false, seed, rng);
   check_mqa("8 heads, k=65, scattered", 8, 65, {100}, true, seed, rng);
+  // Three tiles, the last of one slot, two documents (rows whose lists end in the first or the
+  // second tile), and the middle one blank: the wgmma backward's skipped tile writes its KL slots
+  // as zeros and still gathers the next.
+  check_mqa("32 heads, k=129, tile 1 blank, two documents", 32, 129, {150, 90}, false, seed, rng,
+            64, 64);
 }
 
 }  // namespace

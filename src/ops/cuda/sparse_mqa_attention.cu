@@ -801,6 +801,25 @@ dim3 grid_of(const SparseMqaParams& p, int rows) {
   return dim3(static_cast<unsigned>(p.tokens), static_cast<unsigned>(blocks));
 }
 
+// Wgmma3 runs the backward and the prob sum on wgmma (ops/cuda/cutlass/sparse_mqa_wgmma.cu) for
+// up to 32 heads, one block per query; more heads keep Split's.
+bool wgmma_backward(const SparseMqaParams& p) {
+  MT_CHECK(p.tokens < INT_MAX, ValueError, "sparse_mqa: ", p.tokens, " tokens exceed one grid");
+  return sparse_mqa_kernels() == SparseMqaKernels::Wgmma3 && p.heads <= kMqaWgmmaHeads;
+}
+
+MqaWgmmaBwdArgs wgmma_args(const SparseMqaParams& p, const Tensor& q, const Tensor& kv,
+                           const Tensor& indices, const Tensor& lse) {
+  return {.q = q.raw(),
+          .kv = kv.raw(),
+          .idx = ptr<int32_t>(indices),
+          .lse = ptr<float>(lse),
+          .T = p.tokens,
+          .H = p.heads,
+          .K = p.kmax,
+          .scale = p.scale};
+}
+
 }  // namespace
 
 void sparse_mqa_forward(Context& ctx, const SparseMqaParams& p, const Tensor& q, const Tensor& kv,
@@ -812,7 +831,7 @@ void sparse_mqa_forward(Context& ctx, const SparseMqaParams& p, const Tensor& q,
   // Wgmma takes blocks of 32 heads: past 32 a query's blocks would each gather every key (Split's
   // 64-head blocks gather once), so larger head counts keep Split.
   const SparseMqaKernels gen = sparse_mqa_kernels();
-  if ((gen == SparseMqaKernels::Wgmma || gen == SparseMqaKernels::Wgmma2) &&
+  if (gen != SparseMqaKernels::Split && gen != SparseMqaKernels::Chained &&
       p.heads <= kMqaWgmmaHeads) {
     const MqaWgmmaArgs a{.q = q.raw(),
                          .kv = kv.raw(),
@@ -823,7 +842,7 @@ void sparse_mqa_forward(Context& ctx, const SparseMqaParams& p, const Tensor& q,
                          .H = p.heads,
                          .K = p.kmax,
                          .scale = p.scale};
-    MT_CUDA_CHECK(sparse_mqa_fwd_wgmma(a, gen == SparseMqaKernels::Wgmma2 ? 1 : 2, stream(ctx)));
+    MT_CUDA_CHECK(sparse_mqa_fwd_wgmma(a, gen == SparseMqaKernels::Wgmma ? 2 : 1, stream(ctx)));
     return;
   }
   const Launch l{p.tokens, p.heads, p.kmax, p.scale};
@@ -848,18 +867,28 @@ void sparse_mqa_backward(Context& ctx, const SparseMqaParams& p, const Tensor& q
   cudaStream_t s = stream(ctx);
   MT_CUDA_CHECK(cudaMemsetAsync(acc.raw(), 0, acc.bytes(), s));
   float* psum = prob_sum.defined() && p.kmax > 0 ? ptr<float>(prob_sum) : nullptr;
-  with_rows(p.heads, [&]<int R, bool Split>() {
-    const dim3 grid = grid_of(p, R);
-    // As sparse_mqa_prob_sum: heads over several blocks add into a zeroed table.
-    const bool padd = psum && grid.y > 1;
-    if (padd) MT_CUDA_CHECK(cudaMemsetAsync(psum, 0, prob_sum.bytes(), s));
-    auto kernel = mqa_bwd_kernel<R, Split>;
-    const size_t sm = smem_for(kernel, bwd_smem<R, Split>(), "sparse_mqa_backward");
-    kernel<<<grid, R * kCols * 32, sm, s>>>(l, ptr<bf16>(q), ptr<bf16>(kv), ptr<int32_t>(indices),
-                                            ptr<bf16>(o), ptr<float>(lse), ptr<bf16>(dout),
-                                            ptr<bf16>(dq), ptr<float>(acc), psum, padd);
-    MT_CUDA_LAUNCH_CHECK();
-  });
+  if (wgmma_backward(p)) {  // one block per query: one writer per slot of psum
+    MqaWgmmaBwdArgs a = wgmma_args(p, q, kv, indices, lse);
+    a.o = o.raw();
+    a.dout = dout.raw();
+    a.dq = dq.raw();
+    a.dkv = ptr<float>(acc);
+    a.psum = psum;
+    MT_CUDA_CHECK(sparse_mqa_bwd_wgmma(a, s));
+  } else {
+    with_rows(p.heads, [&]<int R, bool Split>() {
+      const dim3 grid = grid_of(p, R);
+      // As sparse_mqa_prob_sum: heads over several blocks add into a zeroed table.
+      const bool padd = psum && grid.y > 1;
+      if (padd) MT_CUDA_CHECK(cudaMemsetAsync(psum, 0, prob_sum.bytes(), s));
+      auto kernel = mqa_bwd_kernel<R, Split>;
+      const size_t sm = smem_for(kernel, bwd_smem<R, Split>(), "sparse_mqa_backward");
+      kernel<<<grid, R * kCols * 32, sm, s>>>(l, ptr<bf16>(q), ptr<bf16>(kv), ptr<int32_t>(indices),
+                                              ptr<bf16>(o), ptr<float>(lse), ptr<bf16>(dout),
+                                              ptr<bf16>(dq), ptr<float>(acc), psum, padd);
+      MT_CUDA_LAUNCH_CHECK();
+    });
+  }
   const float* pa = ptr<float>(acc);
   bf16* out = ptr<bf16>(dkv);
   for_each_index(ctx, dkv.numel(), [=] __device__(int64_t i) { out[i] = __float2bfloat16(pa[i]); });
@@ -869,6 +898,12 @@ void sparse_mqa_prob_sum(Context& ctx, const SparseMqaParams& p, const Tensor& q
                          const Tensor& indices, const Tensor& lse, Tensor& out) {
   if (!takes(p, {&q, &kv})) return sparse_mqa_composite_prob_sum(ctx, p, q, kv, indices, lse, out);
   if (p.tokens == 0 || p.kmax == 0) return;
+  if (wgmma_backward(p)) {
+    MqaWgmmaBwdArgs a = wgmma_args(p, q, kv, indices, lse);
+    a.psum = ptr<float>(out);
+    MT_CUDA_CHECK(sparse_mqa_prob_sum_wgmma(a, stream(ctx)));
+    return;
+  }
   const Launch l{p.tokens, p.heads, p.kmax, p.scale};
   with_rows(p.heads, [&]<int R, bool Split>() {
     const dim3 grid = grid_of(p, R);
