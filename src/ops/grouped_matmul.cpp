@@ -32,6 +32,10 @@ int index_of(const char* const (&names)[N], std::string_view name) {
 
 }  // namespace
 
+static_assert(std::string_view(kGroupedGemmKernels[GroupedGemmConfig::kDefaultDownKernel]) ==
+                  "pingpong128x128c2x1",
+              "the down projection's default kernel is the ping-pong 128 x 128 one");
+
 GroupedGemmConfig parse_grouped_gemm_config(std::string_view name) {
   constexpr const char* kParts =
       ":s1, :s2, :s4, :s8, :n, :dx=<kernel>, :dw=<wgrad kernel>, :down=<kernel>";
@@ -79,7 +83,7 @@ std::string grouped_gemm_config_name(const GroupedGemmConfig& c) {
   if (c.dx_kernel >= 0 && c.dx_kernel != c.kernel)
     s += cat(":dx=", kGroupedGemmKernels[c.dx_kernel]);
   if (c.wgrad != 0) s += cat(":dw=", kGroupedWgradKernels[c.wgrad]);
-  if (c.down_kernel >= 0 && c.down_kernel != c.kernel)
+  if (c.down_kernel != GroupedGemmConfig::kDefaultDownKernel)
     s += cat(":down=", kGroupedGemmKernels[c.down_kernel]);
   return s;
 }

@@ -468,8 +468,8 @@ TEST(CudaGroupedFfn, WeightGradsWrittenUnderTheZeroHint) {
 
 // h kept from forward (GroupedFfnParams::keep_h: dW_down reads it, SwiGLU's backward forms none),
 // with dW written and added into, a frozen base, and under a configuration that gives the down
-// projection's forward its own kernel (GroupedGemmConfig::down) and the weight gradient the
-// 128 x 16 epilogue.
+// projection's forward the cooperative kernel (GroupedGemmConfig::down; its default is ping-pong)
+// and the weight gradient the 128 x 16 epilogue.
 TEST(CudaGroupedFfn, HKeptFromForward) {
   REQUIRE_GPU();
   ffn_check("grouped_ffn h kept, dW written, 4096 rows skewed", {.rows = 4096,
@@ -483,14 +483,14 @@ TEST(CudaGroupedFfn, HKeptFromForward) {
             {.rows = 53, .experts = 5, .in = 19, .ffn = 23, .keep_h = true});
   ffn_check("grouped_ffn h kept, frozen",
             {.rows = 2000, .experts = 9, .in = 64, .ffn = 48, .frozen_base = true, .keep_h = true});
-  ffn_check("grouped_ffn h kept, down and dW kernels of their own",
+  ffn_check("grouped_ffn h kept, cooperative down projection, e16 dW",
             {.rows = 3000,
              .experts = 16,
              .in = 264,
              .ffn = 136,
              .skewed = true,
              .gemm = ops::parse_grouped_gemm_config(
-                 "coop128x256c2x1:down=pingpong128x128c2x1:dw=coop128x256c2x1e16"),
+                 "coop128x256c2x1:down=coop128x256c2x1:dw=coop128x256c2x1e16"),
              .keep_h = true});
 }
 
@@ -584,15 +584,20 @@ TEST(CudaGroupedGemmConfig, NamesRoundTripAndWrongNamesAreRefused) {
             EXPECT_EQ(back.along_n, along_n) << name;
           }
   EXPECT_EQ(ops::parse_grouped_gemm_config("pingpong128x128c2x1:n:s8").swizzle, 8);
-  // The down projection's kernel: every one round-trips; the forward's own means the forward's.
-  for (int down = -1; down < kernels; ++down) {
-    const ops::GroupedGemmConfig c{.kernel = 3, .wgrad = 5, .down_kernel = down};
+  // The down projection's kernel: every one round-trips; the default (ping-pong 128 x 128) is not
+  // named.
+  for (int down = 0; down < kernels; ++down) {
+    const ops::GroupedGemmConfig c{.kernel = 0, .wgrad = 5, .down_kernel = down};
     const std::string name = ops::grouped_gemm_config_name(c);
     const ops::GroupedGemmConfig back = ops::parse_grouped_gemm_config(name);
-    EXPECT_EQ(back.down().kernel, down < 0 ? 3 : down) << name;
-    EXPECT_EQ(back.kernel, 3) << name;
+    EXPECT_EQ(back.down().kernel, down) << name;
+    EXPECT_EQ(back.kernel, 0) << name;
     EXPECT_EQ(back.wgrad, 5) << name;
   }
+  EXPECT_EQ(ops::GroupedGemmConfig{}.down().kernel, 3);
+  EXPECT_EQ(ops::grouped_gemm_config_name(
+                ops::parse_grouped_gemm_config("coop128x256c2x1:down=pingpong128x128c2x1")),
+            "coop128x256c2x1");
   EXPECT_EQ(ops::parse_grouped_gemm_config("coop128x256c2x1:down=pingpong64x256c2x1").down().kernel,
             4);
   const ops::GroupedGemmConfig mixed = ops::parse_grouped_gemm_config(
