@@ -617,8 +617,9 @@ TEST(CudaGroupedGemmConfig, NamesRoundTripAndWrongNamesAreRefused) {
 }
 
 // Every compiled kernel configuration of the forward forms and of the weight gradient, an
-// input-gradient kernel apart from the forward's, and swizzle / raster variants, through the
-// tests' own choice (not MOETRAIN_GROUPED_GEMM), so one gpu_suite run checks them all.
+// input-gradient kernel apart from the forward's, the FFN's down projection forward on the
+// cooperative kernel (its default is ping-pong), and swizzle / raster variants, through the tests'
+// own choice (not MOETRAIN_GROUPED_GEMM), so one gpu_suite run checks them all.
 std::vector<ops::GroupedGemmConfig> all_gemm_configs() {
   std::vector<ops::GroupedGemmConfig> all;
   for (int k = 0; k < static_cast<int>(std::size(ops::kGroupedGemmKernels)); ++k)
@@ -628,6 +629,7 @@ std::vector<ops::GroupedGemmConfig> all_gemm_configs() {
   all.push_back({.kernel = 0, .dx_kernel = 3, .wgrad = 1});
   all.push_back({.kernel = 0, .swizzle = 4, .along_n = true});
   all.push_back({.kernel = 3, .wgrad = 2, .swizzle = 2});
+  all.push_back({.kernel = 0, .down_kernel = 0});  // the FFN's down projection cooperative too
   return all;
 }
 
