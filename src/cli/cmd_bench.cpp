@@ -770,6 +770,17 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
     fwd();
     ops::grouped_ffn_backward(ctx, pz, x, offsets, w, saved, dy, dx, full);
   });
+  // The same with h kept from forward (GroupedFfnParams::keep_h): SwiGLU's backward writes no h.
+  ops::GroupedFfnParams ph = pz;
+  ph.keep_h = true;
+  ArenaPlan hplan(bf, D);
+  ops::grouped_ffn_plan(ph, hplan);
+  Arena harena(hplan.bytes(), D, "bench moe saved");
+  ops::GroupedFfnSaved hsaved = ops::grouped_ffn_alloc_saved(ph, harena, bf);
+  const double fb_full_keep_h = time([&] {
+    ops::grouped_ffn_forward(ctx, ph, x, offsets, w, y, hsaved);
+    ops::grouped_ffn_backward(ctx, ph, x, offsets, w, hsaved, dy, dx, full);
+  });
   const auto tf = [&](double mult, double ms) { return mult * flops / ms / 1e9; };
   int32_t most = 0;
   for (size_t e = 0; e + 1 < off.size(); ++e) most = std::max(most, off[e + 1] - off[e]);
@@ -789,7 +800,9 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
                         {"fwdbwd_full_ms", fb_full},
                         {"fwdbwd_full_tflops", tf(3, fb_full)},
                         {"fwdbwd_full_written_ms", fb_full_written},
-                        {"fwdbwd_full_written_tflops", tf(3, fb_full_written)}};
+                        {"fwdbwd_full_written_tflops", tf(3, fb_full_written)},
+                        {"fwdbwd_full_written_keep_h_ms", fb_full_keep_h},
+                        {"fwdbwd_full_written_keep_h_tflops", tf(3, fb_full_keep_h)}};
   if (o.base_only) return run;
   const double lf = time(lfwd);
   const double lfb = time([&] {

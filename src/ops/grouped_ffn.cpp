@@ -31,13 +31,19 @@ void check(const GroupedFfnParams& p, const Tensor& x, const Tensor& offsets,
   expect_group_offsets(offsets, E, p.rows, "grouped_ffn offsets");
 }
 
+// The down projection's forward configuration (GroupedGemmConfig::down).
+GroupedGemmConfig down_gemm(const GroupedFfnParams& p) {
+  return (p.gemm ? *p.gemm : grouped_gemm_config_from_env()).down();
+}
+
 // The projections' forms, with the op's GEMM configuration.
 // dw adds into a gradient; dw_base is the base weights', which writes where the caller says they
-// hold zeros (GroupedFfnParams::weight_grads_zero).
+// hold zeros (GroupedFfnParams::weight_grads_zero). fwd_down is the down projection's base GEMM.
 struct Forms {
-  GroupedMatmulParams fwd, dx, dw, dw_base;
+  GroupedMatmulParams fwd, fwd_down, dx, dw, dw_base;
   explicit Forms(const GroupedFfnParams& p)
       : fwd{.form = GroupedForm::XWt, .gemm = p.gemm},
+        fwd_down{.form = GroupedForm::XWt, .gemm = down_gemm(p)},
         dx{.form = GroupedForm::DyW, .gemm = p.gemm},
         dw{.form = GroupedForm::DytX, .beta = 1.f, .gemm = p.gemm},
         dw_base{
@@ -186,7 +192,8 @@ void forward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
              {&saved.gate_up, &w.down_a, &saved.h, &saved.ha}, ctx, p, saved.gate_up, offsets,
              w.down_a, saved.h, saved.ha);
   }
-  grouped_matmul(ctx, fwd, padded_rows(saved.h, r), offsets,
+  const GroupedMatmulParams fwd_down{.form = GroupedForm::XWt, .gemm = down_gemm(p)};
+  grouped_matmul(ctx, fwd_down, padded_rows(saved.h, r), offsets,
                  padded_weight(w.down, r).narrow(1, 0, l), y);
 }
 
@@ -269,6 +276,7 @@ Tensor grouped_ffn_pad_weight(const Tensor& w, int64_t r) {
 
 void grouped_ffn_plan(const GroupedFfnParams& p, ArenaPlan& plan) {
   plan.add({p.rows, 2 * p.ffn});
+  if (p.lora_rank == 0 && p.keep_h) plan.add({p.rows, p.ffn});
   if (p.lora_rank > 0) {
     plan.add({p.rows, p.lora_rank});
     if (grouped_ffn_kconcat(p, plan.device(), plan.activations())) {  // as alloc_saved lays out
@@ -283,6 +291,7 @@ void grouped_ffn_plan(const GroupedFfnParams& p, ArenaPlan& plan) {
 GroupedFfnSaved grouped_ffn_alloc_saved(const GroupedFfnParams& p, Arena& arena, DType at) {
   GroupedFfnSaved s;
   s.gate_up = arena.alloc({p.rows, 2 * p.ffn}, at);
+  if (p.lora_rank == 0 && p.keep_h) s.h = arena.alloc({p.rows, p.ffn}, at);
   if (p.lora_rank > 0) {
     s.xa = arena.alloc({p.rows, p.lora_rank}, at);
     if (grouped_ffn_kconcat(p, s.xa.device(), at)) {  // h and ha side by side: [h | ha]
@@ -307,8 +316,8 @@ void grouped_ffn_forward(Context& ctx, const GroupedFfnParams& p, const Tensor& 
   if (r > 0) {
     expect_shape(saved.xa, {N, r}, "grouped_ffn saved xa");
     expect_dims(saved.ha, {N, r}, "grouped_ffn saved ha");
-    expect_dims(saved.h, {N, F}, "grouped_ffn saved h");
   }
+  if (r > 0 || p.keep_h) expect_dims(saved.h, {N, F}, "grouped_ffn saved h");
   if (r > 0 && kconcat_call(p, x, w, saved))
     return forward_kconcat(ctx, p, x, offsets, w, y, saved);
   const float s = p.lora_scale();
@@ -322,15 +331,17 @@ void grouped_ffn_forward(Context& ctx, const GroupedFfnParams& p, const Tensor& 
   // The down projection: y = h W^T + s (h A^T) B^T, with h A^T kept in `ha`.
   const auto project = [&](const Tensor& in, const Tensor& wt, const Tensor& a, const Tensor& b,
                            Tensor& xa, Tensor& out) {
-    if (r == 0) return grouped_matmul(ctx, form.fwd, in, offsets, wt, out);
+    if (r == 0) return grouped_matmul(ctx, form.fwd_down, in, offsets, wt, out);
     grouped_matmul(ctx, form.fwd, in, offsets, a, xa);
     with_lora(
         in,
-        [&](float beta) { grouped_matmul(ctx, scaled(form.fwd, 1.f, beta), in, offsets, wt, out); },
+        [&](float beta) {
+          grouped_matmul(ctx, scaled(form.fwd_down, 1.f, beta), in, offsets, wt, out);
+        },
         [&](float beta) { grouped_matmul(ctx, scaled(form.fwd, s, beta), xa, offsets, b, out); });
   };
   ArenaScope scope(ctx.workspace());
-  Tensor h = r > 0 ? saved.h : ctx.workspace().alloc({N, F}, x.dtype());
+  Tensor h = r > 0 || p.keep_h ? saved.h : ctx.workspace().alloc({N, F}, x.dtype());
   if (r == 0) {
     grouped_matmul(ctx, form.fwd, x, offsets, w.gate_up, saved.gate_up);
     swiglu_forward(ctx, saved.gate_up, h);
@@ -364,7 +375,7 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
   if (g_gub) expect_shape(grads.gate_up_b, w.gate_up_b.shape(), "grad experts.gate_up_lora_B");
   if (g_dna) expect_shape(grads.down_a, w.down_a.shape(), "grad experts.down_lora_A");
   if (g_dnb) expect_shape(grads.down_b, w.down_b.shape(), "grad experts.down_lora_B");
-  if (r > 0) expect_dims(saved.h, {N, F}, "grouped_ffn saved h");
+  if (r > 0 || p.keep_h) expect_dims(saved.h, {N, F}, "grouped_ffn saved h");
   // A K-concatenated forward saved the adapted gate_up, which the passes below would adapt again:
   // its own backward follows it, whatever dy's rows are.
   if (r > 0 && kconcat_call(p, x, w, saved))
@@ -374,10 +385,10 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
   // Scratch in the activations' type (f32 on the CPU; f32 or bf16 on the GPU).
   ArenaScope scope(ctx.workspace());
   const DType at = x.dtype();
-  // h = swiglu(gate_up): forward's with LoRA; without, formed again only for the pass that reads
-  // it, dW_down, by SwiGLU's backward as it reads gate_up (a frozen base forms none).
+  // h = swiglu(gate_up): forward's with LoRA or keep_h; otherwise formed again only for the pass
+  // that reads it, dW_down, by SwiGLU's backward as it reads gate_up (a frozen base forms none).
   const bool need_h = g_dn || g_dna;
-  Tensor h = r > 0 ? saved.h : need_h ? ctx.workspace().alloc({N, F}, at) : Tensor();
+  Tensor h = r > 0 || p.keep_h ? saved.h : need_h ? ctx.workspace().alloc({N, F}, at) : Tensor();
   Tensor dh = ctx.workspace().alloc({N, F}, at);
   Tensor dgu = ctx.workspace().alloc({N, 2 * F}, at);
   Tensor dr = ctx.workspace().alloc({N, r}, at);
@@ -422,8 +433,9 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
                          dgu);
   } else {
     grouped_matmul(ctx, form.dx, dy, offsets, w.down, dh);
-    if (!g_dn) {
+    if (!g_dn || p.keep_h) {  // no h to form: none read, or forward's kept
       swiglu_backward(ctx, saved.gate_up, dh, dgu);
+      if (g_dn) grouped_matmul(ctx, form.dw_base, dy, offsets, h, grads.down);
     } else {  // h formed beside dgate_up, then dW_down reads it
       swiglu_backward_with_h(ctx, saved.gate_up, dh, dgu, h);
       grouped_matmul(ctx, form.dw_base, dy, offsets, h, grads.down);

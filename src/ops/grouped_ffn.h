@@ -48,6 +48,11 @@ struct GroupedFfnParams {
   // into it and skip reading the f32 buffers (the same values as adding into zeros; empty experts'
   // blocks are written as zeros). A hint: it changes traffic, not results.
   bool weight_grads_zero = false;
+  // Without an adapter: forward keeps h = swiglu(gate_up) in saved.h (grouped_ffn_plan and
+  // grouped_ffn_alloc_saved lay it out) for the down projection's weight gradient, so SwiGLU's
+  // backward writes no h (rows x F elements less there, as many more kept from forward to
+  // backward). For a trained base: a frozen one reads no h.
+  bool keep_h = false;
   std::optional<GroupedGemmConfig> gemm;  // the projections' (grouped_matmul.h); unset: the env's
   // The K-concatenation path's session-13 kernels, kept so that one device run compares them with
   // their replacements (bench moe's lora_s13_* fields): the adapters packed by one copy or scale
@@ -67,14 +72,14 @@ struct GroupedFfnWeights {
 };
 
 // What forward keeps for backward: the pre-activations and, with LoRA, the rank-r projections and
-// h. Without LoRA SwiGLU's backward forms h again where a pass reads it (dW_down); with
-// LoRA the down adapter's dA always reads it, and keeping it (rows x F, a third of gate_up) saves
-// backward a pass that reads gate_up and writes h.
+// h. Without LoRA SwiGLU's backward forms h again where a pass reads it (dW_down), unless
+// GroupedFfnParams::keep_h kept it; with LoRA the down adapter's dA always reads it, and keeping it
+// (rows x F, a third of gate_up) saves backward a pass that reads gate_up and writes h.
 struct GroupedFfnSaved {
   Tensor gate_up;  // [rows, 2F]
   Tensor xa;       // [rows, r]: X A_gu^T (K-concatenated with padded rows: in x's padding instead)
   Tensor ha;       // [rows, r]: h A_down^T
-  Tensor h;        // [rows, F] with LoRA: swiglu(gate_up), as forward computed it
+  Tensor h;        // [rows, F] with LoRA or keep_h: swiglu(gate_up), as forward computed it
   // On the K-concatenation path h and ha are the two column blocks of one [rows, F + r] buffer
   // (the down GEMM's padded input) and gate_up holds the adapted pre-activations.
 };

@@ -32,8 +32,13 @@ int index_of(const char* const (&names)[N], std::string_view name) {
 
 }  // namespace
 
+static_assert(std::string_view(kGroupedGemmKernels[GroupedGemmConfig::kDefaultDownKernel]) ==
+                  "pingpong128x128c2x1",
+              "the down projection's default kernel is the ping-pong 128 x 128 one");
+
 GroupedGemmConfig parse_grouped_gemm_config(std::string_view name) {
-  constexpr const char* kParts = ":s1, :s2, :s4, :s8, :n, :dx=<kernel>, :dw=<wgrad kernel>";
+  constexpr const char* kParts =
+      ":s1, :s2, :s4, :s8, :n, :dx=<kernel>, :dw=<wgrad kernel>, :down=<kernel>";
   GroupedGemmConfig c;
   const std::string_view kernel = name.substr(0, name.find(':'));
   c.kernel = index_of(kGroupedGemmKernels, kernel);
@@ -57,6 +62,11 @@ GroupedGemmConfig parse_grouped_gemm_config(std::string_view name) {
       MT_CHECK(c.wgrad >= 0, ValueError, "grouped GEMM configuration \"", name,
                "\": unknown weight-gradient kernel \"", part.substr(3), "\" (one of ",
                choices_of(kGroupedWgradKernels), ")");
+    } else if (part.starts_with("down=")) {
+      c.down_kernel = index_of(kGroupedGemmKernels, part.substr(5));
+      MT_CHECK(c.down_kernel >= 0, ValueError, "grouped GEMM configuration \"", name,
+               "\": unknown down-projection kernel \"", part.substr(5), "\" (one of ",
+               choices_of(kGroupedGemmKernels), ")");
     } else {
       MT_THROW(ValueError, "grouped GEMM configuration \"", name, "\": unknown part \"", part,
                "\" (", kParts, ")");
@@ -73,6 +83,8 @@ std::string grouped_gemm_config_name(const GroupedGemmConfig& c) {
   if (c.dx_kernel >= 0 && c.dx_kernel != c.kernel)
     s += cat(":dx=", kGroupedGemmKernels[c.dx_kernel]);
   if (c.wgrad != 0) s += cat(":dw=", kGroupedWgradKernels[c.wgrad]);
+  if (c.down_kernel != GroupedGemmConfig::kDefaultDownKernel)
+    s += cat(":down=", kGroupedGemmKernels[c.down_kernel]);
   return s;
 }
 

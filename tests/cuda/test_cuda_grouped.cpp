@@ -116,6 +116,7 @@ struct FfnSetup {
   // With pad_rows: x padded, dy not (the backward then takes the separate passes, which must find
   // X A^T where the K-concatenated forward left it: in x's padding).
   bool unpadded_dy = false;
+  bool keep_h = false;  // GroupedFfnParams::keep_h
 };
 
 // Inputs: x, dy, gate_up, down, their pre-filled gradients, then (LoRA) the four factors and
@@ -134,6 +135,7 @@ FfnCase ffn_case(const FfnSetup& s, Rng& rng) {
   k.p.gemm = s.gemm;
   k.p.weight_grads_zero = s.weight_grads_zero;
   k.p.lora_s13_kernels = s.s13;
+  k.p.keep_h = s.keep_h;
   k.off = Tensor::empty({E + 1}, DType::I32);
   std::vector<int32_t> cnt(static_cast<size_t>(E), 0);
   if (s.skewed) {
@@ -201,6 +203,8 @@ FfnOperands ffn_operands(Context& c, const FfnSetup& s, const std::vector<Tensor
     o.g.down_b = like(c, in[13]);
     o.saved.xa = out(c, {N, r}, at);
     o.saved.ha = out(c, {N, r}, at);
+    o.saved.h = out(c, {N, F}, at);
+  } else if (s.keep_h) {
     o.saved.h = out(c, {N, F}, at);
   }
   o.saved.gate_up = out(c, {N, 2 * F}, at);
@@ -462,14 +466,45 @@ TEST(CudaGroupedFfn, WeightGradsWrittenUnderTheZeroHint) {
                                                                 .weight_grads_zero = true});
 }
 
+// h kept from forward (GroupedFfnParams::keep_h: dW_down reads it, SwiGLU's backward forms none),
+// with dW written and added into, a frozen base, and under a configuration that gives the down
+// projection's forward the cooperative kernel (GroupedGemmConfig::down; its default is ping-pong)
+// and the weight gradient the 128 x 16 epilogue.
+TEST(CudaGroupedFfn, HKeptFromForward) {
+  REQUIRE_GPU();
+  ffn_check("grouped_ffn h kept, dW written, 4096 rows skewed", {.rows = 4096,
+                                                                 .experts = 16,
+                                                                 .in = 256,
+                                                                 .ffn = 128,
+                                                                 .skewed = true,
+                                                                 .weight_grads_zero = true,
+                                                                 .keep_h = true});
+  ffn_check("grouped_ffn h kept, odd sizes",
+            {.rows = 53, .experts = 5, .in = 19, .ffn = 23, .keep_h = true});
+  ffn_check("grouped_ffn h kept, frozen",
+            {.rows = 2000, .experts = 9, .in = 64, .ffn = 48, .frozen_base = true, .keep_h = true});
+  ffn_check("grouped_ffn h kept, cooperative down projection, e16 dW",
+            {.rows = 3000,
+             .experts = 16,
+             .in = 264,
+             .ffn = 136,
+             .skewed = true,
+             .gemm = ops::parse_grouped_gemm_config(
+                 "coop128x256c2x1:down=coop128x256c2x1:dw=coop128x256c2x1e16"),
+             .keep_h = true});
+}
+
 // The bf16 emulation follows the op's own sequence of writes: without rounding it reproduces the
 // CPU op bit for bit (a change to grouped_ffn that the emulation does not follow fails here, on
 // any machine), and with rounding every result moves. Needs no GPU; the small setups cover every
 // path (the large one adds only rows).
 TEST(CudaGroupedFfn, Bf16EmulationIsTheCpuOpComposedAgain) {
-  for (const FfnSetup& s : std::span(kFfnSetups).first(4)) {
+  std::vector<FfnSetup> setups(kFfnSetups, kFfnSetups + 4);
+  setups.push_back({.rows = 53, .experts = 5, .in = 19, .ffn = 23, .keep_h = true});
+  for (const FfnSetup& s : setups) {
     const uint64_t seed = fresh_seed();
-    SCOPED_TRACE(cat("rows ", s.rows, " rank ", s.rank, " seed=", seed, " (", seed_note(), ")"));
+    SCOPED_TRACE(cat("rows ", s.rows, " rank ", s.rank, s.keep_h ? " h kept" : "", " seed=", seed,
+                     " (", seed_note(), ")"));
     Rng rng(seed);
     const FfnCase k = ffn_case(s, rng);
     std::vector<Tensor> in;
@@ -549,6 +584,22 @@ TEST(CudaGroupedGemmConfig, NamesRoundTripAndWrongNamesAreRefused) {
             EXPECT_EQ(back.along_n, along_n) << name;
           }
   EXPECT_EQ(ops::parse_grouped_gemm_config("pingpong128x128c2x1:n:s8").swizzle, 8);
+  // The down projection's kernel: every one round-trips; the default (ping-pong 128 x 128) is not
+  // named.
+  for (int down = 0; down < kernels; ++down) {
+    const ops::GroupedGemmConfig c{.kernel = 0, .wgrad = 5, .down_kernel = down};
+    const std::string name = ops::grouped_gemm_config_name(c);
+    const ops::GroupedGemmConfig back = ops::parse_grouped_gemm_config(name);
+    EXPECT_EQ(back.down().kernel, down) << name;
+    EXPECT_EQ(back.kernel, 0) << name;
+    EXPECT_EQ(back.wgrad, 5) << name;
+  }
+  EXPECT_EQ(ops::GroupedGemmConfig{}.down().kernel, 3);
+  EXPECT_EQ(ops::grouped_gemm_config_name(
+                ops::parse_grouped_gemm_config("coop128x256c2x1:down=pingpong128x128c2x1")),
+            "coop128x256c2x1");
+  EXPECT_EQ(ops::parse_grouped_gemm_config("coop128x256c2x1:down=pingpong64x256c2x1").down().kernel,
+            4);
   const ops::GroupedGemmConfig mixed = ops::parse_grouped_gemm_config(
       "coop128x256c2x1:dw=pingpong128x128c1x1:s2:dx=coop256x128c2x1");
   EXPECT_EQ(mixed.kernel, 0);
@@ -558,15 +609,17 @@ TEST(CudaGroupedGemmConfig, NamesRoundTripAndWrongNamesAreRefused) {
   EXPECT_EQ(ops::grouped_gemm_config_name(
                 ops::parse_grouped_gemm_config("coop128x256c2x1:dw=coop128x256c2x1")),
             "coop128x256c2x1");
-  for (const char* bad : {"", "coop", "coop128x256c2x1:s3", "coop128x256c2x1:", "x:n",
-                          "coop128x256c2x1:dx=", "coop128x256c2x1:dw=pingpong64x256c2x1",
-                          "coop128x256c2x1:dx=wgrad", "coop128x256c2x1:dw"})
+  for (const char* bad :
+       {"", "coop", "coop128x256c2x1:s3", "coop128x256c2x1:", "x:n",
+        "coop128x256c2x1:dx=", "coop128x256c2x1:dw=pingpong64x256c2x1", "coop128x256c2x1:dx=wgrad",
+        "coop128x256c2x1:dw", "coop128x256c2x1:down=coop128x256c2x1e16", "coop128x256c2x1:down="})
     EXPECT_THROW(ops::parse_grouped_gemm_config(bad), ValueError) << bad;
 }
 
 // Every compiled kernel configuration of the forward forms and of the weight gradient, an
-// input-gradient kernel apart from the forward's, and swizzle / raster variants, through the
-// tests' own choice (not MOETRAIN_GROUPED_GEMM), so one gpu_suite run checks them all.
+// input-gradient kernel apart from the forward's, the FFN's down projection forward on the
+// cooperative kernel (its default is ping-pong), and swizzle / raster variants, through the tests'
+// own choice (not MOETRAIN_GROUPED_GEMM), so one gpu_suite run checks them all.
 std::vector<ops::GroupedGemmConfig> all_gemm_configs() {
   std::vector<ops::GroupedGemmConfig> all;
   for (int k = 0; k < static_cast<int>(std::size(ops::kGroupedGemmKernels)); ++k)
@@ -576,6 +629,7 @@ std::vector<ops::GroupedGemmConfig> all_gemm_configs() {
   all.push_back({.kernel = 0, .dx_kernel = 3, .wgrad = 1});
   all.push_back({.kernel = 0, .swizzle = 4, .along_n = true});
   all.push_back({.kernel = 3, .wgrad = 2, .swizzle = 2});
+  all.push_back({.kernel = 0, .down_kernel = 0});  // the FFN's down projection cooperative too
   return all;
 }
 

@@ -14,6 +14,7 @@ struct FfnSetup {
   // GroupedFfnParams::weight_grads_zero: the base weights' grads are then written (the harness
   // pre-fills written grads with NaN, so a read of them shows).
   bool weight_grads_zero = false;
+  bool keep_h = false;  // GroupedFfnParams::keep_h
 };
 
 // Row counts per expert with every third expert (1, 4, 7, ...) empty.
@@ -34,7 +35,8 @@ class GroupedFfnCase : public OpCase {
   explicit GroupedFfnCase(FfnSetup s) : s_(s) {}
   std::string name() const override {
     return cat("grouped_ffn N", s_.rows, " E", s_.experts, " l", s_.in, " F", s_.ffn, " r", s_.rank,
-               s_.frozen_base ? " frozen" : "", s_.weight_grads_zero ? " dW written" : "");
+               s_.frozen_base ? " frozen" : "", s_.weight_grads_zero ? " dW written" : "",
+               s_.keep_h ? " h kept" : "");
   }
   ops::GroupedFfnParams params() const {
     return {.rows = s_.rows,
@@ -43,7 +45,8 @@ class GroupedFfnCase : public OpCase {
             .ffn = s_.ffn,
             .lora_rank = s_.rank,
             .lora_alpha = s_.alpha,
-            .weight_grads_zero = s_.weight_grads_zero};
+            .weight_grads_zero = s_.weight_grads_zero,
+            .keep_h = s_.keep_h};
   }
   std::vector<InputSpec> inputs() const override {
     const int64_t E = s_.experts, l = s_.in, F = s_.ffn, r = s_.rank, N = s_.rows;
@@ -93,6 +96,8 @@ class GroupedFfnCase : public OpCase {
     if (p.lora_rank > 0) {
       saved_.xa = alloc({p.rows, p.lora_rank});
       saved_.ha = alloc({p.rows, p.lora_rank});
+      saved_.h = alloc({p.rows, p.ffn});
+    } else if (p.keep_h) {
       saved_.h = alloc({p.rows, p.ffn});
     }
     Tensor y = alloc({p.rows, p.in});
@@ -168,6 +173,19 @@ TEST(GroupedFfn, WeightGradsWrittenWhenTheCallerSaysTheyAreZero) {
                        .alpha = 8.f,
                        .weight_grads_zero = true});
   check_op(lora);
+}
+
+// h kept from forward (GroupedFfnParams::keep_h): the down projection's dW reads it instead of an h
+// formed by SwiGLU's backward; a frozen base reads none.
+TEST(GroupedFfn, HKeptFromForward) {
+  GroupedFfnCase full({.rows = 43, .experts = 7, .in = 19, .ffn = 23, .keep_h = true});
+  check_op(full);
+  GroupedFfnCase written(
+      {.rows = 37, .experts = 6, .in = 17, .ffn = 13, .weight_grads_zero = true, .keep_h = true});
+  check_op(written);
+  GroupedFfnCase frozen(
+      {.rows = 31, .experts = 5, .in = 11, .ffn = 9, .frozen_base = true, .keep_h = true});
+  check_op(frozen);
 }
 
 TEST(GroupedFfn, NoRows) {

@@ -37,6 +37,8 @@ Sm90Kernel wgrad_kernel(int kernel) {
       return sm90_wgrad_coop256x128c2x1();
     case 4:
       return sm90_wgrad_coop128x256c1x2();
+    case 5:
+      return sm90_wgrad_coop128x256c2x1e16();
     default:
       return sm90_wgrad();
   }

@@ -57,7 +57,7 @@ struct Sm90Grouped {
 // The kernel configurations, in the order of ops/grouped_matmul.h's kGroupedGemmKernels and
 // kGroupedWgradKernels.
 constexpr int kSm90Kernels = 5;
-constexpr int kSm90WgradKernels = 5;
+constexpr int kSm90WgradKernels = 6;
 // Which kernels (the forward form's, the input gradient's, -1: the forward's, and the weight
 // gradient's), and the tile scheduler's swizzle (1, 2, 4 or 8) and raster order.
 struct Sm90Config {
@@ -104,5 +104,6 @@ Sm90Kernel sm90_wgrad_pingpong128x128c2x1();
 Sm90Kernel sm90_wgrad_pingpong128x128c1x1();
 Sm90Kernel sm90_wgrad_coop256x128c2x1();
 Sm90Kernel sm90_wgrad_coop128x256c1x2();
+Sm90Kernel sm90_wgrad_coop128x256c2x1e16();  // the default's with a 128 x 16 epilogue sub-tile
 
 }  // namespace mt::ops::cuda

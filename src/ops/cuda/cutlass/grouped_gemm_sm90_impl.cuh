@@ -40,17 +40,24 @@ struct Sm90Gemm {
   using KMajor = cute::Stride<int64_t, cute::_1, Zero>;
   static constexpr bool kAKMajor = cute::is_same_v<StrideA, KMajor>;
   static constexpr bool kBKMajor = cute::is_same_v<StrideB, KMajor>;
+  // The mainloop's shared-memory stages (what the epilogue's carve-out left).
+  static constexpr int kStages = Mainloop::DispatchPolicy::Stages;
 };
 
 // One configuration's collectives and kernel `Name`, at namespace scope (g++ 12 misparses the
 // epilogue builder inside a class template). Tile and Cluster are cute shapes, Schedule and
 // EpilogueSchedule a kernel / epilogue schedule pair, C the output type (16-byte alignment), A and
-// B the operand layouts in CUTLASS's terms (A [M, K], B [K, N]: ColumnMajor B is K-major).
-#define MT_SM90_GEMM(Name, Tile, Cluster, Schedule, EpilogueSchedule, C, LayoutA, LayoutB)        \
+// B the operand layouts in CUTLASS's terms (A [M, K], B [K, N]: ColumnMajor B is K-major), EpiTile
+// the epilogue's sub-tile (a cute shape, or EpilogueTileAuto): its C stages' shared memory is
+// carved out of the mainloop's, so a smaller one can leave room for another mainloop stage.
+#define MT_SM90_GEMM(Name, Tile, Cluster, Schedule, EpilogueSchedule, C, LayoutA, LayoutB) \
+  MT_SM90_GEMM_EPI(Name, Tile, Cluster, Schedule, EpilogueSchedule, C, LayoutA, LayoutB,   \
+                   cutlass::epilogue::collective::EpilogueTileAuto)
+#define MT_SM90_GEMM_EPI(Name, Tile, Cluster, Schedule, EpilogueSchedule, C, LayoutA, LayoutB,    \
+                         EpiTile)                                                                 \
   using Name##Epilogue = cutlass::epilogue::collective::CollectiveBuilder<                        \
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,                         \
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, C,                           \
-      ::mt::ops::cuda::sm90::RowMajor*, 16 / sizeof(C), C, ::mt::ops::cuda::sm90::RowMajor*,      \
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster, EpiTile, float, float,  \
+      C, ::mt::ops::cuda::sm90::RowMajor*, 16 / sizeof(C), C, ::mt::ops::cuda::sm90::RowMajor*,   \
       16 / sizeof(C), EpilogueSchedule,                                                           \
       cutlass::epilogue::fusion::LinearCombination<C, float>>::CollectiveOp;                      \
   using Name##Mainloop = cutlass::gemm::collective::CollectiveBuilder<                            \
@@ -218,12 +225,16 @@ Sm90Kernel forward_forms() {
 // The weight gradient as the function `Fn`: dW_g f32 = dY_g^T X_g, A = dY_g^T read M-major and
 // B = X_g read N-major straight from the row buffers; tiles TM x TN x TK over dW's [out, in],
 // clusters CM x CN, a kernel / epilogue schedule pair.
-#define MT_SM90_WGRAD(Fn, TM, TN, TK, CM, CN, Schedule, EpilogueSchedule)                          \
+#define MT_SM90_WGRAD(Fn, TM, TN, TK, CM, CN, Schedule, EpilogueSchedule) \
+  MT_SM90_WGRAD_EPI(Fn, TM, TN, TK, CM, CN, Schedule, EpilogueSchedule,   \
+                    cutlass::epilogue::collective::EpilogueTileAuto)
+// The same with the epilogue sub-tile EpiTile (MT_SM90_GEMM_EPI).
+#define MT_SM90_WGRAD_EPI(Fn, TM, TN, TK, CM, CN, Schedule, EpilogueSchedule, EpiTile)             \
   namespace {                                                                                      \
   using Fn##Tile = cute::Shape<cute::Int<TM>, cute::Int<TN>, cute::Int<TK>>;                       \
   using Fn##Cluster = cute::Shape<cute::Int<CM>, cute::Int<CN>, cute::_1>;                         \
-  MT_SM90_GEMM(Fn##Gemm, Fn##Tile, Fn##Cluster, Schedule, EpilogueSchedule, float,                 \
-               ::mt::ops::cuda::sm90::ColumnMajor, ::mt::ops::cuda::sm90::RowMajor);               \
+  MT_SM90_GEMM_EPI(Fn##Gemm, Fn##Tile, Fn##Cluster, Schedule, EpilogueSchedule, float,             \
+                   ::mt::ops::cuda::sm90::ColumnMajor, ::mt::ops::cuda::sm90::RowMajor, EpiTile);  \
   }                                                                                                \
   Sm90Kernel Fn() {                                                                                \
     return {::mt::ops::cuda::sm90::scratch_bytes<Fn##Gemm>, ::mt::ops::cuda::sm90::run<Fn##Gemm>}; \

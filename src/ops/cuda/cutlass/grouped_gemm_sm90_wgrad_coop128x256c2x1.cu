@@ -9,4 +9,8 @@ namespace mt::ops::cuda {
 
 MT_SM90_WGRAD(sm90_wgrad, 128, 256, 64, 2, 1, sm90::Cooperative, sm90::CooperativeEpilogue)
 
+// Its f32 epilogue's four 128 x 32 C stages (64 KiB) leave the mainloop three stages
+// (grouped_gemm_sm90_wgrad_coop128x256c2x1e16.cu gives it a fourth).
+static_assert(sm90_wgradGemm::kStages == 3, "three mainloop stages beside a 64 KiB epilogue");
+
 }  // namespace mt::ops::cuda
