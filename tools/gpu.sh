@@ -4,7 +4,8 @@
 #   tools/gpu.sh pack              (here)   build -DMOETRAIN_CUDA=ON into build-cuda, copy the GPU
 #                                           binaries and the libraries they need into .gpu/
 #                                           (WHEELS=dir: fla's wheels too; FLA_AUTOTUNE=file: the
-#                                           fla autotuning results a call sent back)
+#                                           fla autotuning results a call sent back; by default
+#                                           bench/fla_autotune_h200.tgz, session 15's)
 #   tools/gpu.sh test [sanitize]   (device) run the CUDA tests from .gpu/ (and compute-sanitizer
 #                                           memcheck + racecheck over them); JSON + logs to $OUT
 #   tools/gpu.sh bench             (device) `moetrain bench step` on the Kimi-Linear-width 8-layer
@@ -50,7 +51,8 @@ pack() {
   if [ -f ../shared/bench/hf_lora_step.py ]; then cp ../shared/bench/hf_lora_step.py .gpu/; fi
   if [ -d "${WHEELS:-}" ]; then mkdir -p .gpu/wheels && cp "$WHEELS"/*.whl .gpu/wheels/; fi
   # fla's autotuning results from an earlier call (bench/calls/lib.sh, fla_cache_save).
-  if [ -f "${FLA_AUTOTUNE:-}" ]; then cp "$FLA_AUTOTUNE" .gpu/fla_autotune.tgz; fi
+  local tuned=${FLA_AUTOTUNE:-bench/fla_autotune_h200.tgz}
+  if [ -f "$tuned" ]; then cp "$tuned" .gpu/fla_autotune.tgz; fi
   # Prepared datasets a device run trains on (the GPU-vs-CPU loss curves): GPU_DATA=dir.
   if [ -d "${GPU_DATA:-}" ]; then mkdir -p .gpu/data && cp -r "$GPU_DATA" .gpu/data/; fi
   du -sh .gpu
