@@ -184,6 +184,24 @@ __device__ __forceinline__ void st_shared_b16(uint32_t addr, bf16 x) {
   asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(x.raw()) : "memory");
 }
 
+// acc = A B over the fragments' k blocks (B's count), waited out: one warpgroup's chain of
+// wgmmas. The forward's S^T and the backward's S^T run this same chain, so that the backward's P
+// matches the forward's lse bit for bit.
+template <class Mma, class FragA, class FragB, class Acc>
+__device__ __forceinline__ void wgmma_product(Mma& mma, const FragA& a, const FragB& b, Acc& acc) {
+  warpgroup_fence_operand(acc);
+  warpgroup_arrive();
+  mma.accumulate_ = GMMA::ScaleOut::Zero;
+#pragma unroll
+  for (int k = 0; k < size<2>(b); ++k) {
+    cute::gemm(mma, a(_, _, k), b(_, _, k), acc);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(acc);
+}
+
 template <int Buffers>
 __global__ void __launch_bounds__(kThreads, 3 - Buffers) mqa_fwd_wgmma_kernel(MqaWgmmaArgs a) {
   static_assert(Buffers == 1 || Buffers == 2, "one or two key tiles");
@@ -267,17 +285,7 @@ __global__ void __launch_bounds__(kThreads, 3 - Buffers) mqa_fwd_wgmma_kernel(Mq
 
     Tensor sK = make_tensor(make_smem_ptr(Kt), LayoutKeys{});
     Tensor tSrK = ts.partition_fragment_A(sK);  // (,1,36)
-    warpgroup_fence_operand(accS);
-    warpgroup_arrive();
-    mma_s.accumulate_ = GMMA::ScaleOut::Zero;
-#pragma unroll
-    for (int k = 0; k < size<2>(tSrK); ++k) {
-      cute::gemm(mma_s, tSrK(_, _, k), tSrQ(_, _, k), accS);
-      mma_s.accumulate_ = GMMA::ScaleOut::One;
-    }
-    warpgroup_commit_batch();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(accS);
+    wgmma_product(mma_s, tSrK, tSrQ, accS);
 
     // Column (head) maxima over the tile's 64 keys: the thread's two rows, the 8 lanes of equal
     // lane & 3, then the four warps through shared memory.
@@ -649,17 +657,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) mqa_bwd_wgmma_kernel(MqaWgmmaB
       continue;
     }
     if (wg == 0) {  // S^T = K q^T, then P
-      warpgroup_fence_operand(accS);
-      warpgroup_arrive();
-      mma_s.accumulate_ = GMMA::ScaleOut::Zero;
-#pragma unroll
-      for (int k = 0; k < size<2>(tSrK); ++k) {
-        cute::gemm(mma_s, tSrK(_, _, k), tSrQ(_, _, k), accS);
-        mma_s.accumulate_ = GMMA::ScaleOut::One;
-      }
-      warpgroup_commit_batch();
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(accS);
+      wgmma_product(mma_s, tSrK, tSrQ, accS);
       float rs[2] = {0.f, 0.f};  // the thread's two keys' P summed over its 8 heads
 #pragma unroll
       for (int v = 0; v < 16; ++v) {
@@ -682,17 +680,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) mqa_bwd_wgmma_kernel(MqaWgmmaB
         }
       }
     } else if constexpr (Grad) {  // dP^T = V dout^T
-      warpgroup_fence_operand(accS);
-      warpgroup_arrive();
-      mma_s.accumulate_ = GMMA::ScaleOut::Zero;
-#pragma unroll
-      for (int k = 0; k < size<2>(tSrDO); ++k) {
-        cute::gemm(mma_s, tSrK(_, _, k), tSrDO(_, _, k), accS);
-        mma_s.accumulate_ = GMMA::ScaleOut::One;
-      }
-      warpgroup_commit_batch();
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(accS);
+      wgmma_product(mma_s, tSrK, tSrDO, accS);
     }
     if constexpr (!Grad) {
       __syncthreads();  // every warp is done with the key tile
