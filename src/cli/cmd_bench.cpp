@@ -6,6 +6,7 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -500,34 +501,49 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
   return r;
 }
 
+// The switches bench kda sets for its runs, put back as they were however the runs end.
+struct KdaBenchSwitches {
+  KdaBenchSwitches(bool bf16_prepared, bool overlap)
+      : prepared_was(ops::kda_bf16_prepared()), overlap_was(ops::kda_forward_overlap()) {
+    ops::kda_set_bf16_prepared(bf16_prepared);
+    ops::kda_set_forward_overlap(overlap);
+  }
+  ~KdaBenchSwitches() {
+    ops::kda_set_bf16_prepared(prepared_was);
+    ops::kda_set_forward_overlap(overlap_was);
+  }
+  KdaBenchSwitches(const KdaBenchSwitches&) = delete;
+  KdaBenchSwitches& operator=(const KdaBenchSwitches&) = delete;
+  bool prepared_was, overlap_was;
+};
+
 nlohmann::json run_kda_bench(const KdaBenchOptions& o, std::ostream& log) {
-  MT_CHECK(cuda_available(), ValueError, "bench kda: needs a GPU (and a binary built with CUDA)");
   // The packed case: 16 documents of mixed lengths (not multiples of the chunk), 16384 tokens in
   // all; bench/kda_fla.py lists the same.
   const std::vector<int64_t> packed = {100,  1500, 700,  2300, 64,   900, 1200, 333,
                                        1777, 450,  2048, 129,  1000, 640, 1111, 2132};
-  nlohmann::json j = {{"device", cuda_device_name(0)}, {"runs", nlohmann::json::array()}};
   const std::vector<std::pair<std::string, std::vector<int64_t>>> cases = {
       {"B2_T8192", {8192, 8192}}, {"B1_T65536", {65536}}, {"packed16_T16384", packed}};
+  std::set<std::string> wanted;
+  std::stringstream ss(o.cases);
+  for (std::string item; std::getline(ss, item, ',');) {
+    const bool known =
+        std::any_of(cases.begin(), cases.end(), [&](const auto& c) { return c.first == item; });
+    MT_CHECK(known, ValueError, "bench kda: --cases has \"", item,
+             "\"; the cases are B2_T8192, B1_T65536 and packed16_T16384");
+    wanted.insert(item);
+  }
   MT_CHECK(o.prepared == "bf16" || o.prepared == "f32", ValueError,
            "bench kda: --prepared is bf16 or f32, not ", o.prepared);
-  ops::kda_set_bf16_prepared(o.prepared == "bf16");
-  ops::kda_set_forward_overlap(!o.no_overlap);
-  const auto selected = [&](const std::string& name) {
-    if (o.cases.empty()) return true;
-    std::stringstream ss(o.cases);
-    for (std::string item; std::getline(ss, item, ',');)
-      if (item == name) return true;
-    return false;
-  };
+  MT_CHECK(cuda_available(), ValueError, "bench kda: needs a GPU (and a binary built with CUDA)");
+  nlohmann::json j = {{"device", cuda_device_name(0)}, {"runs", nlohmann::json::array()}};
+  const KdaBenchSwitches switches(o.prepared == "bf16", !o.no_overlap);
   for (const auto& [name, lengths] : cases) {
-    if (!selected(name)) continue;
+    if (!wanted.empty() && !wanted.count(name)) continue;
     log << "bench kda: " << name << "\n";
     j["runs"].push_back(bench_kda_at(o, name, lengths));
     log << j["runs"].back().dump() << "\n";
   }
-  ops::kda_set_bf16_prepared(true);
-  ops::kda_set_forward_overlap(true);
   return j;
 }
 

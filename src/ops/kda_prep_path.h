@@ -48,10 +48,11 @@ bool kda_forward_state_v2();
 
 // Where the forward's state blocks (32 columns each) all fit beside one prep block per SM (one
 // document of up to 32 heads at K = V = 128 on an H200's 132 SMs, fwd_state_v2_kernel): on (the
-// default), the state pass is launched first and the prep right after it as a programmatic
-// dependent launch, head-fastest, each prep block flagging its (chunk, head) done; the state
-// blocks wait for those flags instead of for the whole prep, so the prep of later chunks runs
-// beside the sequential pass over earlier ones. Off: prep, then the state pass. The same results
+// default), the prep is launched first as a persistent grid that walks the (chunk, head) items
+// (chunks longest document first, heads fastest), flagging each done, and the state pass right
+// after it as its programmatic dependent launch; the state blocks wait for those flags instead of
+// for the whole prep, so the prep of later chunks runs beside the sequential pass over earlier
+// ones. Off: prep, then the state pass. The same results
 // bit for bit at 32 columns per block. Process-wide and not synchronised, like the switches above.
 void kda_set_forward_overlap(bool on);
 bool kda_forward_overlap();

@@ -413,6 +413,11 @@ INSTANTIATE_TEST_SUITE_P(
         TcSetup{.lengths = {700}, .no_overlap = true},
         TcSetup{.head_k = 64, .head_v = 64, .lengths = {65, 640}, .no_overlap = true},
         TcSetup{.lengths = {300}, .decay = Decay::Strong, .no_overlap = true},
+        // The overlapped forward with more prep items than prep blocks: one document of 32 heads
+        // (5 chunks, 160 items over 2 x 132 - 128 persistent blocks on an H200), so that some
+        // blocks run a second item in the shared memory of their first; small enough for
+        // racecheck (kns=prep_tc and kns=fwd_state_v2).
+        TcSetup{.heads = 32, .lengths = {300}},
         // Six documents of 32 heads (768 state blocks of 32 columns: waves on an H200), whose
         // chunk counts tie (1, 1, 1 and 2, 2): the forward state pass takes the documents longest
         // first (the chunk table's dorder), ties by index, each block finding its own document.

@@ -392,9 +392,11 @@ __device__ __forceinline__ StateItem state_item(const Args& a) {
 __device__ __forceinline__ int64_t await_prepared(const int* flags, int64_t need, int64_t ready,
                                                   int64_t ce, int lane) {
   // A flag that never comes (a prep that did not run: a bug) ends the kernel with an error after
-  // some seconds instead of hanging the device; the prep of a whole call takes milliseconds.
-  for (int polls = 0;; ++polls) {
-    if (polls == 1 << 22) __trap();
+  // 30 s instead of hanging the device; the prep of a whole call takes milliseconds. Timed by the
+  // global clock, not by polls: a sleep's length varies, and a sanitizer slows the prep.
+  uint64_t t0 = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t0));
+  for (;;) {
     const int64_t i = ready + lane;
     int f = 1;
     if (i < ce)
@@ -403,6 +405,9 @@ __device__ __forceinline__ int64_t await_prepared(const int* flags, int64_t need
     ready += pending ? __ffs(pending) - 1 : 32;
     if (ready > need) return ready;
     __nanosleep(128);
+    uint64_t t = 0;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+    if (t - t0 > 30'000'000'000ull) __trap();
   }
 }
 
@@ -1067,7 +1072,8 @@ void launch_fwd_v2(Context& ctx, const Args& args, bf16* o) {
   } else {
     // The overlapped forward: a programmatic dependent of the prep launched just before, so that
     // it starts as soon as every prep block has (their griddepcontrol.launch_dependents); it
-    // waits for the prep's flags, not for the prep's end, and never calls griddepcontrol.wait.
+    // waits for the prep's flags, not for the prep's end, and only its last block to finish calls
+    // griddepcontrol.wait (so that the stream's next work also follows the prep's end).
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = state_grid(a, NB);
     cfg.blockDim = dim3(kThreads);
