@@ -65,14 +65,14 @@ TEST(CudaKdaFla, SameInputsAsFlaChunkKda) {
                g = device_as(get("g"), f32), beta = device_as(get("beta"), f32),
                dout = device_as(get("do"), bf), cu = seq.cu_seqlens.to(Device::CUDA);
   const int64_t rows = ops::kda_saved_rows(p, seq.cu_seqlens);
-  Tensor o = Tensor::empty({T, H, V}, bf, Device::CUDA), none;
-  Tensor saved = Tensor::empty({rows, H, K, V}, f32, Device::CUDA);
-  Tensor prepared = Tensor::empty({ops::kda_prepared_floats(p, rows, bf)}, f32, Device::CUDA);
-  Tensor dq = Tensor::empty(q.shape(), bf, Device::CUDA),
-         dk = Tensor::empty(k.shape(), bf, Device::CUDA),
-         dv = Tensor::empty(v.shape(), bf, Device::CUDA),
-         dg = Tensor::empty(g.shape(), f32, Device::CUDA),
-         dbeta = Tensor::empty(beta.shape(), f32, Device::CUDA);
+  const auto on_device = [](const Shape& s, DType dt) {
+    return Tensor::empty(s, dt, Device::CUDA);
+  };
+  Tensor o = on_device({T, H, V}, bf), none, saved = on_device({rows, H, K, V}, f32),
+         prepared = on_device({ops::kda_prepared_floats(p, rows, bf)}, f32);
+  Tensor dq = on_device(q.shape(), bf), dk = on_device(k.shape(), bf),
+         dv = on_device(v.shape(), bf), dg = on_device(g.shape(), f32),
+         dbeta = on_device(beta.shape(), f32);
   ops::kda_forward(ctx, p, cu, q, k, v, g, beta, Tensor(), o, none, saved, prepared);
   ops::kda_backward(ctx, p, cu, q, k, v, g, beta, saved, prepared, dout, Tensor(), dq, dk, dv, dg,
                     dbeta, none);
