@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/graph.h"
 #include "core/seq_info.h"
 #include "cuda/kda_inputs.h"
 #include "harness/gpu_check.h"
@@ -625,19 +626,25 @@ TEST(CudaKdaTcOverlap, LongDocumentMatchesPrepThenStatePass) {
     const std::vector<Tensor> din = bf16_on_gpu(tc);
     ASSERT_TRUE(ops::kda_forward_overlap());
     // The evaluation forward (nothing kept for backward: the state pass skips `saved`, the prep
-    // T, KK and Kb) under the current setting: o and hT.
-    const auto eval = [&] {
-      ops::KdaParams pe = tc.p;
-      pe.keep_for_backward = false;
+    // T, KK and Kb) under the current setting: o and hT, then its saved and prepared buffers.
+    ops::KdaParams pe = tc.p;
+    pe.keep_for_backward = false;
+    const auto eval_buffers = [&] {
       const int64_t T = pe.tokens, N = pe.num_seqs, H = pe.heads, K = pe.head_k, V = pe.head_v;
-      Tensor o = Tensor::empty({T, H, V}, DType::BF16, Device::CUDA),
-             hT = Tensor::empty({N, H, K, V}, DType::F32, Device::CUDA),
-             saved = Tensor::empty({tc.rows, H, K, V}, DType::F32, Device::CUDA),
-             prepared = Tensor::empty({ops::kda_prepared_floats(pe, tc.rows, DType::BF16)},
-                                      DType::F32, Device::CUDA);
-      ops::kda_forward(gpu, pe, din[0], din[1], din[2], din[3], din[4], din[5], din[6], o, hT,
-                       saved, prepared);
-      return std::vector<Tensor>{o, hT};
+      return std::vector<Tensor>{Tensor::empty({T, H, V}, DType::BF16, Device::CUDA),
+                                 Tensor::empty({N, H, K, V}, DType::F32, Device::CUDA),
+                                 Tensor::empty({tc.rows, H, K, V}, DType::F32, Device::CUDA),
+                                 Tensor::empty({ops::kda_prepared_floats(pe, tc.rows, DType::BF16)},
+                                               DType::F32, Device::CUDA)};
+    };
+    const auto eval_into = [&](std::vector<Tensor>& b) {
+      ops::kda_forward(gpu, pe, din[0], din[1], din[2], din[3], din[4], din[5], din[6], b[0], b[1],
+                       b[2], b[3]);
+    };
+    const auto eval = [&] {
+      std::vector<Tensor> b = eval_buffers();
+      eval_into(b);
+      return std::vector<Tensor>{b[0], b[1]};
     };
     const std::vector<Tensor> overlapped = forward_backward(s, tc, gpu, din, true);
     const std::vector<Tensor> overlapped_eval = eval();
@@ -662,6 +669,24 @@ TEST(CudaKdaTcOverlap, LongDocumentMatchesPrepThenStatePass) {
       EXPECT_EQ(rel_err(to_dvec(overlapped_eval[j]), to_dvec(overlapped[j])), 0.0)
           << kNames[j] << ": evaluation forward against the training forward";
     }
+    // That the overlapped path ran (it zeroes its flags: one memset node more than prep, then
+    // the state pass, so that this test cannot pass by comparing the serial order with itself),
+    // and that a CUDA graph of it (the programmatic dependent launch inside) replays the eager
+    // evaluation forward bit for bit.
+    std::vector<Tensor> b = eval_buffers();
+    OpGraph graph, serial_graph;
+    graph.capture(gpu, [&] { eval_into(b); });
+    {
+      const NoOverlap off(true);
+      serial_graph.capture(gpu, [&] { eval_into(b); });
+    }
+    EXPECT_EQ(graph.nodes().memsets, serial_graph.nodes().memsets + 1)
+        << "the overlapped forward did not run (no flags zeroed)";
+    graph.replay(gpu);
+    gpu.synchronize();
+    for (size_t j = 0; j < overlapped_eval.size(); ++j)
+      EXPECT_EQ(rel_err(to_dvec(b[j]), to_dvec(overlapped_eval[j])), 0.0)
+          << kNames[j] << ": the overlapped forward replayed from a CUDA graph against eager";
   }
 }
 
