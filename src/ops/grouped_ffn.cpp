@@ -36,6 +36,12 @@ GroupedGemmConfig down_gemm(const GroupedFfnParams& p) {
   return (p.gemm ? *p.gemm : grouped_gemm_config_from_env()).down();
 }
 
+// Whether forward keeps h = swiglu(gate_up) in saved.h: with an adapter (its dA reads h), or on
+// request (GroupedFfnParams::keep_h).
+bool saves_h(const GroupedFfnParams& p) {
+  return p.lora_rank > 0 || p.keep_h;
+}
+
 // The projections' forms, with the op's GEMM configuration.
 // dw adds into a gradient; dw_base is the base weights', which writes where the caller says they
 // hold zeros (GroupedFfnParams::weight_grads_zero). fwd_down is the down projection's base GEMM.
@@ -167,7 +173,7 @@ void forward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
                      const Tensor& offsets, const GroupedFfnWeights& w, Tensor& y,
                      GroupedFfnSaved& saved) {
   const int64_t l = p.in, F = p.ffn, r = p.lora_rank, N = p.rows;
-  const GroupedMatmulParams fwd{.form = GroupedForm::XWt, .gemm = p.gemm};
+  const Forms form(p);
   pack_adapters(ctx, p, w);
   ArenaScope scope(ctx.workspace());
   Tensor xp;
@@ -179,21 +185,20 @@ void forward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
     ops::copy(ctx, x, head);
   }
   Tensor xa = xp.cols(l, l + r);
-  grouped_matmul(ctx, fwd, x, offsets, w.gate_up_a, xa);
+  grouped_matmul(ctx, form.fwd, x, offsets, w.gate_up_a, xa);
   // For dB in backward (N r elements): the caller's padded rows keep it (kconcat_xa_in_rows).
   if (!kconcat_xa_in_rows(p)) ops::copy(ctx, xa, saved.xa);
-  grouped_matmul(ctx, fwd, xp, offsets, padded_weight(w.gate_up, r).narrow(1, 0, 2 * F),
+  grouped_matmul(ctx, form.fwd, xp, offsets, padded_weight(w.gate_up, r).narrow(1, 0, 2 * F),
                  saved.gate_up);
   if (p.lora_s13_kernels) {
     swiglu_forward(ctx, saved.gate_up, saved.h);
-    grouped_matmul(ctx, fwd, saved.h, offsets, w.down_a, saved.ha);
+    grouped_matmul(ctx, form.fwd, saved.h, offsets, w.down_a, saved.ha);
   } else {
     dispatch(MT_NAMED_OP_BODIES("grouped_ffn_forward", grouped_ffn_lora_swiglu_ha),
              {&saved.gate_up, &w.down_a, &saved.h, &saved.ha}, ctx, p, saved.gate_up, offsets,
              w.down_a, saved.h, saved.ha);
   }
-  const GroupedMatmulParams fwd_down{.form = GroupedForm::XWt, .gemm = down_gemm(p)};
-  grouped_matmul(ctx, fwd_down, padded_rows(saved.h, r), offsets,
+  grouped_matmul(ctx, form.fwd_down, padded_rows(saved.h, r), offsets,
                  padded_weight(w.down, r).narrow(1, 0, l), y);
 }
 
@@ -276,7 +281,7 @@ Tensor grouped_ffn_pad_weight(const Tensor& w, int64_t r) {
 
 void grouped_ffn_plan(const GroupedFfnParams& p, ArenaPlan& plan) {
   plan.add({p.rows, 2 * p.ffn});
-  if (p.lora_rank == 0 && p.keep_h) plan.add({p.rows, p.ffn});
+  if (saves_h(p) && p.lora_rank == 0) plan.add({p.rows, p.ffn});  // with LoRA: below
   if (p.lora_rank > 0) {
     plan.add({p.rows, p.lora_rank});
     if (grouped_ffn_kconcat(p, plan.device(), plan.activations())) {  // as alloc_saved lays out
@@ -291,7 +296,7 @@ void grouped_ffn_plan(const GroupedFfnParams& p, ArenaPlan& plan) {
 GroupedFfnSaved grouped_ffn_alloc_saved(const GroupedFfnParams& p, Arena& arena, DType at) {
   GroupedFfnSaved s;
   s.gate_up = arena.alloc({p.rows, 2 * p.ffn}, at);
-  if (p.lora_rank == 0 && p.keep_h) s.h = arena.alloc({p.rows, p.ffn}, at);
+  if (saves_h(p) && p.lora_rank == 0) s.h = arena.alloc({p.rows, p.ffn}, at);  // LoRA: below
   if (p.lora_rank > 0) {
     s.xa = arena.alloc({p.rows, p.lora_rank}, at);
     if (grouped_ffn_kconcat(p, s.xa.device(), at)) {  // h and ha side by side: [h | ha]
@@ -317,7 +322,7 @@ void grouped_ffn_forward(Context& ctx, const GroupedFfnParams& p, const Tensor& 
     expect_shape(saved.xa, {N, r}, "grouped_ffn saved xa");
     expect_dims(saved.ha, {N, r}, "grouped_ffn saved ha");
   }
-  if (r > 0 || p.keep_h) expect_dims(saved.h, {N, F}, "grouped_ffn saved h");
+  if (saves_h(p)) expect_dims(saved.h, {N, F}, "grouped_ffn saved h");
   if (r > 0 && kconcat_call(p, x, w, saved))
     return forward_kconcat(ctx, p, x, offsets, w, y, saved);
   const float s = p.lora_scale();
@@ -341,7 +346,7 @@ void grouped_ffn_forward(Context& ctx, const GroupedFfnParams& p, const Tensor& 
         [&](float beta) { grouped_matmul(ctx, scaled(form.fwd, s, beta), xa, offsets, b, out); });
   };
   ArenaScope scope(ctx.workspace());
-  Tensor h = r > 0 || p.keep_h ? saved.h : ctx.workspace().alloc({N, F}, x.dtype());
+  Tensor h = saves_h(p) ? saved.h : ctx.workspace().alloc({N, F}, x.dtype());
   if (r == 0) {
     grouped_matmul(ctx, form.fwd, x, offsets, w.gate_up, saved.gate_up);
     swiglu_forward(ctx, saved.gate_up, h);
@@ -375,7 +380,7 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
   if (g_gub) expect_shape(grads.gate_up_b, w.gate_up_b.shape(), "grad experts.gate_up_lora_B");
   if (g_dna) expect_shape(grads.down_a, w.down_a.shape(), "grad experts.down_lora_A");
   if (g_dnb) expect_shape(grads.down_b, w.down_b.shape(), "grad experts.down_lora_B");
-  if (r > 0 || p.keep_h) expect_dims(saved.h, {N, F}, "grouped_ffn saved h");
+  if (saves_h(p)) expect_dims(saved.h, {N, F}, "grouped_ffn saved h");
   // A K-concatenated forward saved the adapted gate_up, which the passes below would adapt again:
   // its own backward follows it, whatever dy's rows are.
   if (r > 0 && kconcat_call(p, x, w, saved))
@@ -388,7 +393,7 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
   // h = swiglu(gate_up): forward's with LoRA or keep_h; otherwise formed again only for the pass
   // that reads it, dW_down, by SwiGLU's backward as it reads gate_up (a frozen base forms none).
   const bool need_h = g_dn || g_dna;
-  Tensor h = r > 0 || p.keep_h ? saved.h : need_h ? ctx.workspace().alloc({N, F}, at) : Tensor();
+  Tensor h = saves_h(p) ? saved.h : need_h ? ctx.workspace().alloc({N, F}, at) : Tensor();
   Tensor dh = ctx.workspace().alloc({N, F}, at);
   Tensor dgu = ctx.workspace().alloc({N, 2 * F}, at);
   Tensor dr = ctx.workspace().alloc({N, r}, at);
@@ -433,13 +438,11 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
                          dgu);
   } else {
     grouped_matmul(ctx, form.dx, dy, offsets, w.down, dh);
-    if (!g_dn || p.keep_h) {  // no h to form: none read, or forward's kept
-      swiglu_backward(ctx, saved.gate_up, dh, dgu);
-      if (g_dn) grouped_matmul(ctx, form.dw_base, dy, offsets, h, grads.down);
-    } else {  // h formed beside dgate_up, then dW_down reads it
+    if (g_dn && !p.keep_h)  // h formed beside dgate_up for dW_down (none read, or forward's kept)
       swiglu_backward_with_h(ctx, saved.gate_up, dh, dgu, h);
-      grouped_matmul(ctx, form.dw_base, dy, offsets, h, grads.down);
-    }
+    else
+      swiglu_backward(ctx, saved.gate_up, dh, dgu);
+    if (g_dn) grouped_matmul(ctx, form.dw_base, dy, offsets, h, grads.down);
   }
   project_back(dgu, x, w.gate_up, w.gate_up_a, w.gate_up_b, saved.xa, dx, grads.gate_up,
                grads.gate_up_a, grads.gate_up_b, true);
