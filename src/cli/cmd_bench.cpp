@@ -4,6 +4,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -96,6 +97,12 @@ double used_gib() {
   const DeviceMemory m = device_memory();
   return static_cast<double>(m.total - m.free) / (1 << 30);
 }
+
+// Every generation of the absorbed form's kernels (ops::SparseMqaKernels), by name
+// (sparse_mqa_kernels_name) for --mqa-kernels, and each timed by bench dsa.
+constexpr ops::SparseMqaKernels kMqaKernels[] = {
+    ops::SparseMqaKernels::Split, ops::SparseMqaKernels::Chained, ops::SparseMqaKernels::Wgmma,
+    ops::SparseMqaKernels::Wgmma2, ops::SparseMqaKernels::Wgmma3};
 
 nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
   nlohmann::json r = {{"T", T}};
@@ -260,10 +267,7 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
     // left them. Wgmma's and Wgmma2's backward is Split's: their forward only; Wgmma3's forward
     // is Wgmma2's: its backward only (mqa_bwd_ms_wgmma3, the wgmma backward).
     const ops::SparseMqaKernels chosen = ops::sparse_mqa_kernels();
-    for (const ops::SparseMqaKernels g :
-         {ops::SparseMqaKernels::Split, ops::SparseMqaKernels::Chained,
-          ops::SparseMqaKernels::Wgmma, ops::SparseMqaKernels::Wgmma2,
-          ops::SparseMqaKernels::Wgmma3}) {
+    for (const ops::SparseMqaKernels g : kMqaKernels) {
       ops::sparse_mqa_set_kernels(g);
       const std::string n = ops::sparse_mqa_kernels_name(g);
       ArenaScope scope(ctx.workspace());
@@ -358,6 +362,13 @@ void count_launches(Context& ctx, const std::function<void()>& f, const std::str
   out[key + "_memsets"] = g.nodes().memsets;
 }
 
+// `run()` with one of ops/kda_prep_path.h's switches set to `value` (then back as it was).
+template <bool (*Get)(), void (*Set)(bool), typename F>
+auto with_kda_switch(bool value, const F& run) {
+  const ops::KdaSwitchScope<Get, Set> scope(value);
+  return run();
+}
+
 nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
                             const std::vector<int64_t>& lengths) {
   Context ctx(gpu_options(o.workspace_gib));
@@ -409,42 +420,37 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
     ops::kda_forward(ctx, pe, cu, q, k, v, g, beta, Tensor(), out, none, saved, prepared);
   };
   const double fe = time(eval_fwd);
-  // The same timings through the previous kernel behind one of ops/kda_prep_path.h's switches (the
-  // switch off, then back as it was), so that old and new compare on the same machine and inputs.
-  const auto with_v1 = [](bool (*is_v2)(), void (*set_v2)(bool), const auto& run) {
-    const bool was = is_v2();
-    set_v2(false);
-    const auto r = run();
-    set_v2(was);
-    return r;
-  };
+  // The same timings through the other kernel behind one of ops/kda_prep_path.h's switches (the
+  // switch set for the run, then back as it was), so that old and new compare on the same machine
+  // and inputs.
   const auto both_forwards = [&] { return std::pair(time(fwd), time(eval_fwd)); };
+  const auto fwd_bwd_ms = [&] { return time(fwd_bwd); };
   const auto [f_v1, fe_v1] =
-      with_v1(ops::kda_forward_state_v2, ops::kda_set_forward_state_v2, both_forwards);
-  const auto [f_pv1, fe_pv1] = with_v1(ops::kda_prep_v2, ops::kda_set_prep_v2, both_forwards);
+      with_kda_switch<ops::kda_forward_state_v2, ops::kda_set_forward_state_v2>(false,
+                                                                                both_forwards);
+  const auto [f_pv1, fe_pv1] =
+      with_kda_switch<ops::kda_prep_v2, ops::kda_set_prep_v2>(false, both_forwards);
   // Prep, then the state pass, where the overlapped forward applies (one document of 32 heads).
   const auto [f_nov, fe_nov] =
-      with_v1(ops::kda_forward_overlap, ops::kda_set_forward_overlap, both_forwards);
+      with_kda_switch<ops::kda_forward_overlap, ops::kda_set_forward_overlap>(false, both_forwards);
   // The forward state pass in the grid's order instead of the longest documents first.
   const auto [f_dord, fe_dord] =
-      with_v1(ops::kda_forward_longest_first, ops::kda_set_forward_longest_first, both_forwards);
+      with_kda_switch<ops::kda_forward_longest_first, ops::kda_set_forward_longest_first>(
+          false, both_forwards);
   // The overlap in waves where the state blocks do not fit beside the prep at once (off by
-  // default): the switch on, then back.
-  const auto [f_ovw, fe_ovw] = [&] {
-    const bool was = ops::kda_forward_overlap_waves();
-    ops::kda_set_forward_overlap_waves(true);
-    const auto r = both_forwards();
-    ops::kda_set_forward_overlap_waves(was);
-    return r;
-  }();
-  const auto fwd_bwd_ms = [&] { return time(fwd_bwd); };
-  const double fb_bv1 =
-      with_v1(ops::kda_backward_state_v2, ops::kda_set_backward_state_v2, fwd_bwd_ms);
-  const double fb_gv1 = with_v1(ops::kda_grads_v2, ops::kda_set_grads_v2, fwd_bwd_ms);
-  const double fb_pv1 = with_v1(ops::kda_products_v2, ops::kda_set_products_v2, fwd_bwd_ms);
+  // default).
+  const auto [f_ovw, fe_ovw] =
+      with_kda_switch<ops::kda_forward_overlap_waves, ops::kda_set_forward_overlap_waves>(
+          true, both_forwards);
+  const double fb_bv1 = with_kda_switch<ops::kda_backward_state_v2, ops::kda_set_backward_state_v2>(
+      false, fwd_bwd_ms);
+  const double fb_gv1 =
+      with_kda_switch<ops::kda_grads_v2, ops::kda_set_grads_v2>(false, fwd_bwd_ms);
+  const double fb_pv1 =
+      with_kda_switch<ops::kda_products_v2, ops::kda_set_products_v2>(false, fwd_bwd_ms);
   // Products v2 without its L2 prefetch.
-  const double fb_pnp =
-      with_v1(ops::kda_products_prefetch, ops::kda_set_products_prefetch, fwd_bwd_ms);
+  const double fb_pnp = with_kda_switch<ops::kda_products_prefetch, ops::kda_set_products_prefetch>(
+      false, fwd_bwd_ms);
   // With the decay gate in front (ops/kda_gate.h, as the KDA layer runs it: raw in the
   // activations' type, g in f32), against fla's chunk_kda with use_gate_in_kernel.
   const ops::KdaGateParams gp{.tokens = T, .heads = H, .head_dim = D};
@@ -501,22 +507,6 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
   return r;
 }
 
-// The switches bench kda sets for its runs, put back as they were however the runs end.
-struct KdaBenchSwitches {
-  KdaBenchSwitches(bool bf16_prepared, bool overlap)
-      : prepared_was(ops::kda_bf16_prepared()), overlap_was(ops::kda_forward_overlap()) {
-    ops::kda_set_bf16_prepared(bf16_prepared);
-    ops::kda_set_forward_overlap(overlap);
-  }
-  ~KdaBenchSwitches() {
-    ops::kda_set_bf16_prepared(prepared_was);
-    ops::kda_set_forward_overlap(overlap_was);
-  }
-  KdaBenchSwitches(const KdaBenchSwitches&) = delete;
-  KdaBenchSwitches& operator=(const KdaBenchSwitches&) = delete;
-  bool prepared_was, overlap_was;
-};
-
 nlohmann::json run_kda_bench(const KdaBenchOptions& o, std::ostream& log) {
   // The packed case: 16 documents of mixed lengths (not multiples of the chunk), 16384 tokens in
   // all; bench/kda_fla.py lists the same.
@@ -537,7 +527,11 @@ nlohmann::json run_kda_bench(const KdaBenchOptions& o, std::ostream& log) {
            "bench kda: --prepared is bf16 or f32, not ", o.prepared);
   MT_CHECK(cuda_available(), ValueError, "bench kda: needs a GPU (and a binary built with CUDA)");
   nlohmann::json j = {{"device", cuda_device_name(0)}, {"runs", nlohmann::json::array()}};
-  const KdaBenchSwitches switches(o.prepared == "bf16", !o.no_overlap);
+  // Set for the runs, put back as they were however the runs end.
+  const ops::KdaSwitchScope<ops::kda_bf16_prepared, ops::kda_set_bf16_prepared> prepared(
+      o.prepared == "bf16");
+  const ops::KdaSwitchScope<ops::kda_forward_overlap, ops::kda_set_forward_overlap> overlap(
+      !o.no_overlap);
   for (const auto& [name, lengths] : cases) {
     if (!wanted.empty() && !wanted.count(name)) continue;
     log << "bench kda: " << name << "\n";
@@ -923,16 +917,13 @@ nlohmann::json run_moe_bench(const MoeBenchOptions& o, std::ostream& log) {
 
 nlohmann::json run_dsa_bench(const DsaBenchOptions& o, std::ostream& log) {
   MT_CHECK(cuda_available(), ValueError, "bench dsa: needs a GPU (and a binary built with CUDA)");
-  MT_CHECK(o.mqa_kernels == "split" || o.mqa_kernels == "chained" || o.mqa_kernels == "wgmma" ||
-               o.mqa_kernels == "wgmma2" || o.mqa_kernels == "wgmma3",
-           ValueError,
+  const auto* gen = std::find_if(std::begin(kMqaKernels), std::end(kMqaKernels), [&](auto g) {
+    return o.mqa_kernels == ops::sparse_mqa_kernels_name(g);
+  });
+  MT_CHECK(gen != std::end(kMqaKernels), ValueError,
            "bench dsa: --mqa-kernels wants split, chained, wgmma, wgmma2 or wgmma3, got \"",
            o.mqa_kernels, "\"");
-  ops::sparse_mqa_set_kernels(o.mqa_kernels == "split"    ? ops::SparseMqaKernels::Split
-                              : o.mqa_kernels == "wgmma"  ? ops::SparseMqaKernels::Wgmma
-                              : o.mqa_kernels == "wgmma2" ? ops::SparseMqaKernels::Wgmma2
-                              : o.mqa_kernels == "wgmma3" ? ops::SparseMqaKernels::Wgmma3
-                                                          : ops::SparseMqaKernels::Chained);
+  ops::sparse_mqa_set_kernels(*gen);
   nlohmann::json j = {{"heads", o.heads},
                       {"kv_heads", o.kv_heads ? o.kv_heads : o.heads},
                       {"qk_dim", o.qk_dim},

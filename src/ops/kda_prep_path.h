@@ -52,8 +52,8 @@ bool kda_forward_state_v2();
 // (chunks longest document first, heads fastest), flagging each done, and the state pass right
 // after it as its programmatic dependent launch; the state blocks wait for those flags instead of
 // for the whole prep, so the prep of later chunks runs beside the sequential pass over earlier
-// ones. Off: prep, then the state pass. The same results
-// bit for bit at 32 columns per block. Process-wide and not synchronised, like the switches above.
+// ones. Off: prep, then the state pass. The same results bit for bit at 32 columns per block.
+// Process-wide and not synchronised, like the switches above.
 void kda_set_forward_overlap(bool on);
 bool kda_forward_overlap();
 // The same overlap where the state blocks do not fit beside the prep at once (several documents,
@@ -103,5 +103,16 @@ bool kda_products_prefetch();
 // switches above.
 void kda_set_prep_v2(bool on);
 bool kda_prep_v2();
+
+// One of the switches above set to `value` for a scope, then put back as it was found (so scopes
+// nest): what the tests and `moetrain bench kda` use to run the other kernel of a pair.
+template <bool (*Get)(), void (*Set)(bool)>
+struct KdaSwitchScope {
+  explicit KdaSwitchScope(bool value) : was(Get()) { Set(value); }
+  ~KdaSwitchScope() { Set(was); }
+  KdaSwitchScope(const KdaSwitchScope&) = delete;
+  KdaSwitchScope& operator=(const KdaSwitchScope&) = delete;
+  const bool was;
+};
 
 }  // namespace mt::ops

@@ -167,16 +167,12 @@ struct Fp32Prepared {
   Fp32Prepared& operator=(const Fp32Prepared&) = delete;
 };
 
-// Runs the previous kernel behind one of ops/kda_prep_path.h's switches for its scope, or the
+// Runs the previous kernel behind one of ops/kda_prep_path.h's switches for its scope (on), or the
 // default one; restores the choice it found, so that scopes nest (an inner "other kernel" scope
 // inside a case that runs v1 must hand v1 back, not the default).
 template <bool (*IsV2)(), void (*SetV2)(bool)>
-struct UseV1 {
-  explicit UseV1(bool on) : was_v2(IsV2()) { SetV2(!on); }
-  ~UseV1() { SetV2(was_v2); }
-  UseV1(const UseV1&) = delete;
-  UseV1& operator=(const UseV1&) = delete;
-  const bool was_v2;
+struct UseV1 : ops::KdaSwitchScope<IsV2, SetV2> {
+  explicit UseV1(bool on) : ops::KdaSwitchScope<IsV2, SetV2>(!on) {}
 };
 using ForwardStateV1 = UseV1<ops::kda_forward_state_v2, ops::kda_set_forward_state_v2>;
 using BackwardStateV1 = UseV1<ops::kda_backward_state_v2, ops::kda_set_backward_state_v2>;
@@ -186,15 +182,8 @@ using PrepV1 = UseV1<ops::kda_prep_v2, ops::kda_set_prep_v2>;
 using NoOverlap = UseV1<ops::kda_forward_overlap, ops::kda_set_forward_overlap>;
 using DocOrder = UseV1<ops::kda_forward_longest_first, ops::kda_set_forward_longest_first>;
 // The overlap in waves for its scope (on), or off; restores the setting it found.
-struct OverlapWaves {
-  explicit OverlapWaves(bool on) : was(ops::kda_forward_overlap_waves()) {
-    ops::kda_set_forward_overlap_waves(on);
-  }
-  ~OverlapWaves() { ops::kda_set_forward_overlap_waves(was); }
-  OverlapWaves(const OverlapWaves&) = delete;
-  OverlapWaves& operator=(const OverlapWaves&) = delete;
-  const bool was;
-};
+using OverlapWaves =
+    ops::KdaSwitchScope<ops::kda_forward_overlap_waves, ops::kda_set_forward_overlap_waves>;
 
 // The case's inputs on the GPU, q, k, v and dout in bf16.
 std::vector<Tensor> bf16_on_gpu(const TcCase& tc) {
