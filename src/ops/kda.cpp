@@ -92,10 +92,7 @@ bool kda_chunk_kernel_fits(const KdaParams& p) {
 int64_t kda_chunk_workspace_floats(const KdaParams& p, int64_t chunks, bool backward, bool prepared,
                                    DType dtype) {
   const KdaChunkLayout lay{p.chunk, p.head_k, p.head_v};
-  // The chunk table (i32: first token and length per chunk, first chunk per document), the
-  // overlapped forward's ready flags (i32 per chunk and head, and a count), the documents longest
-  // first and their chunks in that order (i32 each), padded.
-  const int64_t table = (3 * chunks + 2 * p.num_seqs + 2 + chunks * p.heads + 15) / 16 * 16;
+  const int64_t table = kda_chunk_table_ints(chunks, p.num_seqs, p.heads);  // i32 in f32 slots
   // Backward: Delta, dR and the outgoing dS per chunk (forward's state pass forms each chunk's
   // output in the same step, so it keeps nothing per chunk but the prepared blocks).
   const int64_t back = backward ? chunks * p.heads * (lay.back_block() + p.head_k * p.head_v) : 0;

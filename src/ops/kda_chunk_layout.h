@@ -53,6 +53,14 @@ struct KdaChunkLayout {
   MT_HD int64_t back_block() const { return 2 * C * V; }
 };
 
+// The chunk table ahead of the chunked kernels' workspace (ops/kda.cpp sizes it, ops/cuda/
+// kda_chunk.cu's make_args lays it out), i32 entries: per chunk its first token and its length;
+// per document its first chunk, and the end; the overlapped forward's ready flag per (chunk, head)
+// and their count; the documents longest first, and their chunks in that order. Padded to 16.
+inline int64_t kda_chunk_table_ints(int64_t chunks, int64_t docs, int64_t heads) {
+  return (3 * chunks + 2 * docs + 2 + chunks * heads + 15) / 16 * 16;
+}
+
 }  // namespace mt::ops
 
 #undef MT_HD

@@ -97,33 +97,24 @@ __global__ void chunk_table_kernel(const int32_t* cu, int64_t N, int64_t T, int 
     }
   }
   for (int64_t c = dchunk0[N] + threadIdx.x; c < nchunks; c += blockDim.x) ct0[c] = clen[c] = 0;
-  // Ranks by a quadratic count: at most kRankedDocs documents (a packed batch has tens); past
-  // that, the documents' own order.
+  // Each document's rank and the chunks of the documents ranked before it, by one quadratic count:
+  // at most kRankedDocs documents (a packed batch has tens); past that, the documents' own order.
+  // dorder[rank] is the document; corder lists its chunks from there, then the unused rows.
   constexpr int64_t kRankedDocs = 4096;
   for (int64_t n = threadIdx.x; n < N; n += blockDim.x) {
-    int64_t rank = n;
+    const int32_t len = dchunk0[n + 1] - dchunk0[n];
+    int64_t rank = n, at = dchunk0[n];
     if (N <= kRankedDocs) {
-      const int32_t len = dchunk0[n + 1] - dchunk0[n];
-      rank = 0;
+      rank = at = 0;
       for (int64_t m = 0; m < N; ++m) {
         const int32_t lm = dchunk0[m + 1] - dchunk0[m];
-        rank += lm > len || (lm == len && m < n);
+        if (lm > len || (lm == len && m < n)) {
+          ++rank;
+          at += lm;
+        }
       }
     }
     dorder[rank] = static_cast<int32_t>(n);
-  }
-  // corder: each document's chunks at the sum of the chunk counts ranked before it (the same
-  // quadratic count), then the unused rows.
-  for (int64_t n = threadIdx.x; n < N; n += blockDim.x) {
-    const int32_t len = dchunk0[n + 1] - dchunk0[n];
-    int64_t at = dchunk0[n];
-    if (N <= kRankedDocs) {
-      at = 0;
-      for (int64_t m = 0; m < N; ++m) {
-        const int32_t lm = dchunk0[m + 1] - dchunk0[m];
-        if (lm > len || (lm == len && m < n)) at += lm;
-      }
-    }
     for (int32_t j = 0; j < len; ++j) corder[at + j] = dchunk0[n] + j;
   }
   for (int64_t c = dchunk0[N] + threadIdx.x; c < nchunks; c += blockDim.x)
@@ -1975,12 +1966,13 @@ Args make_args(Context& ctx, const KdaParams& p, const Tensor& cu, const Tensor&
       ctx.workspace().alloc({kda_chunk_workspace_floats(p, nchunks, backward, kept, q.dtype())});
   float* base = ptr<float>(space);
   int32_t* table = reinterpret_cast<int32_t*>(base);
+  // In kda_chunk_table_ints's order; the ready flags (nchunks x heads + 1) after dchunk0 (N + 1).
   a.ct0 = table;
   a.clen = table + nchunks;
   a.dchunk0 = table + 2 * nchunks;
-  a.dorder = table + 2 * nchunks + p.num_seqs + 1 + nchunks * p.heads + 1;
+  a.dorder = a.dchunk0 + p.num_seqs + 1 + nchunks * p.heads + 1;
   a.corder = a.dorder + p.num_seqs;
-  float* next = base + (3 * nchunks + 2 * p.num_seqs + 2 + nchunks * p.heads + 15) / 16 * 16;
+  float* next = base + kda_chunk_table_ints(nchunks, p.num_seqs, p.heads);
   if (kept) {
     a.ws = const_cast<float*>(ptr<float>(prepared));
   } else {
