@@ -184,6 +184,21 @@ __device__ __forceinline__ void st_shared_b16(uint32_t addr, bf16 x) {
   asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(x.raw()) : "memory");
 }
 
+// A query's kHeads rows of Dim bf16 columns (row stride Dim, from src) into shared memory in
+// Layout, 16 bytes a cp.async over NT threads; rows from `valid` on (heads past H) zeroed.
+template <class Layout, int Dim, int NT>
+__device__ __forceinline__ void stage_head_rows(bf16* smem, const bf16* src, int valid, int tid) {
+  constexpr int kPerRow = Dim / 8;
+  for (int i = tid; i < kHeads * kPerRow; i += NT) {
+    const int r = i / kPerRow, c8 = (i % kPerRow) * 8;
+    bf16* d = at<Layout>(smem, r, c8);
+    if (r < valid)
+      cp_async16(d, src + static_cast<int64_t>(r) * Dim + c8);
+    else
+      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+  }
+}
+
 // acc = A B over the fragments' k blocks (B's count), waited out: one warpgroup's chain of
 // wgmmas. The forward's S^T and the backward's S^T run this same chain, so that the backward's P
 // matches the forward's lse bit for bit.
@@ -224,17 +239,9 @@ __global__ void __launch_bounds__(kThreads, 3 - Buffers) mqa_fwd_wgmma_kernel(Mq
   const bf16* kv = static_cast<const bf16*>(a.kv);
   const float scale_log2 = a.scale * kLog2e;
 
-  {  // the block's q rows, swizzled; heads past H zero
-    const bf16* q = static_cast<const bf16*>(a.q) + (t * a.H + h0) * kDk;
-    for (int i = tid; i < kHeads * kChunks; i += kThreads) {
-      const int r = i / kChunks, c8 = (i % kChunks) * 8;
-      bf16* d = at<LayoutQ>(Qs, r, c8);
-      if (r < valid)
-        cp_async16(d, q + static_cast<int64_t>(r) * kDk + c8);
-      else
-        *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
-    }
-  }
+  // the block's q rows, swizzled; heads past H zero
+  stage_head_rows<LayoutQ, kDk, kThreads>(Qs, static_cast<const bf16*>(a.q) + (t * a.H + h0) * kDk,
+                                          valid, tid);
   const int tiles = static_cast<int>((a.K + kKeys - 1) / kKeys);
   int32_t next[kPasses];  // this thread's slot indices of tile it + 1
   slots_of<kThreads>(next, row, 0, a.K);
@@ -496,28 +503,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1) mqa_bwd_wgmma_kernel(MqaWgmmaB
   const bf16* kv = static_cast<const bf16*>(a.kv);
   const float scale_log2 = a.scale * kLog2e;
 
-  {  // the block's q (and dout) rows, swizzled; heads past H zero
-    const bf16* q = static_cast<const bf16*>(a.q) + t * a.H * kDk;
-    for (int i = tid; i < kHeads * kChunks; i += kBwdThreads) {
-      const int r = i / kChunks, c8 = (i % kChunks) * 8;
-      bf16* d = at<LayoutQ>(Qs, r, c8);
-      if (r < valid)
-        cp_async16(d, q + static_cast<int64_t>(r) * kDk + c8);
-      else
-        *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
-    }
-    if constexpr (Grad) {
-      const bf16* dout = static_cast<const bf16*>(a.dout) + t * a.H * kDv;
-      for (int i = tid; i < kHeads * (kDv / 8); i += kBwdThreads) {
-        const int r = i / (kDv / 8), c8 = (i % (kDv / 8)) * 8;
-        bf16* d = at<LayoutDO>(DOs, r, c8);
-        if (r < valid)
-          cp_async16(d, dout + static_cast<int64_t>(r) * kDv + c8);
-        else
-          *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
-      }
-    }
-  }
+  // the block's q (and dout) rows, swizzled; heads past H zero
+  stage_head_rows<LayoutQ, kDk, kBwdThreads>(Qs, static_cast<const bf16*>(a.q) + t * a.H * kDk,
+                                             valid, tid);
+  if constexpr (Grad)
+    stage_head_rows<LayoutDO, kDv, kBwdThreads>(
+        DOs, static_cast<const bf16*>(a.dout) + t * a.H * kDv, valid, tid);
   const int tiles = static_cast<int>((a.K + kKeys - 1) / kKeys);
   int32_t next[kPassesOf<kBwdThreads>];  // this thread's slot indices of tile it + 1
   slots_of<kBwdThreads>(next, row, 0, a.K);
