@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # For session 16's first device call (written at the end of session 15, which had no device time
 # left): what session 15's final call did not reach, and the checks its last commits need.
-# - The two KDA cases the final call's slot cut off (the waves overlap and the grid's document
+# - The whole KDA suite (the review pass after session 15's last call merged chunk_table_kernel's two
+#   ranking loops, and moved the tests' switch guards onto ops::KdaSwitchScope), with the two cases
+#   the final call's slot cut off (the waves overlap and the grid's document
 #   order, bit for bit against prep-then-state), and the new 32-head one-document case whose
 #   persistent prep runs two items a block, under racecheck (the prep and the state pass that
 #   follows its flags; the stalled-flag trap is now timed by %globaltimer), and CudaKdaTcOverlap
@@ -15,7 +17,7 @@ set -u
 cd "$(dirname "$0")/../.."
 . bench/calls/lib.sh
 unpack
-el kda; timeout 130 $D/bin/gpu_suite --gtest_filter='KdaTc/CudaKdaTc.*docs6*overlapWaves*:KdaTc/CudaKdaTc.*docs6*docOrder*:KdaTc/CudaKdaTc.*H32K128V128_T300_docs1*:CudaKdaTcOverlap.*' > "$L/suite_kda.txt" 2>&1; echo "rc=$?"
+el kda; timeout 170 $D/bin/gpu_suite --gtest_filter='*Kda*' > "$L/suite_kda.txt" 2>&1; echo "rc=$?"
 grep -E "^\[  (PASSED|FAILED)|Failure|seed=" "$L/suite_kda.txt" | head -12; pack
 for k in prep_tc fwd_state_v2; do
   timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 --kernel-name kns=$k $D/bin/gpu_suite --gtest_filter='KdaTc/CudaKdaTc.ForwardBackwardAgainstTheCpu/H32K128V128_T300_docs1_h0_dhT_mild' > "$L/racecheck_$k.txt" 2>&1; echo "racecheck $k rc=$?"; grep -E "SUMMARY|PASSED|FAILED" "$L/racecheck_$k.txt" | head -3
