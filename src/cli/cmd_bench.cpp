@@ -994,6 +994,11 @@ Command add_bench_command(CLI::App& app) {
   s->add_option("--peak-tflops", o->peak_tflops, "device peak for MFU (0: H200 bf16 dense, 989)");
   s->add_option("--lr", o->lr, "AdamW learning rate (every step trains on the same batch)")
       ->capture_default_str();
+  s->add_option("--kda-kernels", o->kda_kernels,
+                "chunked (ops/cuda/kda_chunk.cu) or direct (ops/cuda/kda.cu, the step before the "
+                "chunked kernels)")
+      ->check(CLI::IsMember({"chunked", "direct"}))
+      ->capture_default_str();
   s->add_flag("--plan-only", o->plan_only,
               "print the planner's memory prediction for the step (cuda unless --device cpu) and "
               "stop, without building the model");

@@ -85,8 +85,19 @@ int64_t kda_saved_rows(const KdaParams& p, const Tensor& cu_seqlens) {
   return rows;
 }
 
+namespace {
+bool chunked_kernels_on = true;
+}  // namespace
+
 bool kda_chunk_kernel_fits(const KdaParams& p) {
-  return p.chunked && p.chunk <= 64 && p.head_k <= 128 && p.head_v <= 128;
+  return chunked_kernels_on && p.chunked && p.chunk <= 64 && p.head_k <= 128 && p.head_v <= 128;
+}
+
+void kda_set_chunked_kernels(bool on) {
+  chunked_kernels_on = on;
+}
+bool kda_chunked_kernels() {
+  return chunked_kernels_on;
 }
 
 int64_t kda_chunk_workspace_floats(const KdaParams& p, int64_t chunks, bool backward, bool prepared,

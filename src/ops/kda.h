@@ -41,8 +41,15 @@ using KdaScratchFloats = int64_t(const KdaParams& p, int threads, bool backward)
 KdaScratchFloats kda_scratch_floats;
 
 // Whether the CUDA chunked kernels (ops/cuda/kda_chunk.cu) take these params: the chunked
-// algorithm with chunk <= 64 and head dims <= 128. Read by the CUDA entries and the op table.
+// algorithm with chunk <= 64 and head dims <= 128, unless switched off below. Read by the CUDA
+// entries, the op table and the planner.
 bool kda_chunk_kernel_fits(const KdaParams& p);
+// Off: no params fit the chunked kernels, so the direct kernels (ops/cuda/kda.cu) run every KDA
+// core, so that `moetrain bench step --kda-kernels direct` measures a step as it ran before the
+// chunked kernels (issue 12's KDA share of the step, before and after). Process-wide and not
+// synchronised, like ops/kda_prep_path.h's switches: set it before a model is built.
+void kda_set_chunked_kernels(bool on);
+bool kda_chunked_kernels();
 // Floats of workspace the CUDA chunked kernels take for `chunks` saved rows and q, k, v of
 // `dtype` (ops/kda_chunk_layout.h), for memory planning (the kernels allocate exactly this);
 // `prepared`: the caller passes a prepared tensor (below), which then holds what the workspace

@@ -7,6 +7,7 @@
 #include "core/device.h"
 #include "model/model.h"
 #include "model/moe_layer.h"
+#include "ops/kda.h"
 #include "plan/model_stats.h"
 #include "train/adamw.h"
 #include "train/bench_setup.h"
@@ -62,6 +63,14 @@ nlohmann::json run_step_bench(const StepBenchOptions& o, std::ostream& log) {
   job.deterministic = o.deterministic;
   MT_CHECK(o.lr > 0 && std::isfinite(o.lr), ValueError, "bench step: lr ", o.lr,
            " must be positive");
+  MT_CHECK(o.kda_kernels == "chunked" || o.kda_kernels == "direct", ValueError,
+           "bench step: kda_kernels \"", o.kda_kernels, "\" is neither chunked nor direct");
+  // Before the model and its plan are built (both read it); restored on every exit.
+  struct KdaKernelsScope {
+    bool was = ops::kda_chunked_kernels();
+    ~KdaKernelsScope() { ops::kda_set_chunked_kernels(was); }
+  } kda_kernels_scope;
+  ops::kda_set_chunked_kernels(o.kda_kernels == "chunked");
   // The plan alone needs no device: the model the step would build, on the device it would run.
   const BenchModel bm = o.plan_only
                             ? BenchModel{.device = o.device == "cpu" ? Device::CPU : Device::CUDA,
@@ -211,6 +220,7 @@ nlohmann::json run_step_bench(const StepBenchOptions& o, std::ostream& log) {
   j["mfu"] = peak > 0 ? achieved / peak : 0.0;
   j["loss"] = loss;
   j["lr"] = o.lr;
+  j["kda_kernels"] = o.kda_kernels;
   j["losses"] = losses;  // warm-up and timed steps, in order (the profiled step's not included)
   j["loss_fell"] = losses.size() > 1 && losses.back() < losses.front();
   j["profile"] = {{"units", profile}, {"optimizer_ms", opt_ms}, {"step_ms", profiled_ms}};

@@ -36,6 +36,9 @@ struct StepBenchOptions {
   // Print the planner's prediction for this model, length and device (cuda unless --device cpu)
   // and stop: nothing is built or allocated, so it runs without a GPU.
   bool plan_only = false;
+  // "chunked" (the default: ops/cuda/kda_chunk.cu where it fits) or "direct" (ops/cuda/kda.cu for
+  // every KDA core: the step as it ran before the chunked kernels, for issue 12's KDA share).
+  std::string kda_kernels = "chunked";
 };
 
 // Runs the benchmark; progress lines go to `log`. The result's keys are documented in

@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "ops/kda.h"
 #include "plan/report.h"
 
 namespace mt::plan {
@@ -163,9 +164,8 @@ TEST(PlanKernels, ChoicesAndFallbacks) {
   EXPECT_NE(c.why.find("recurrence"), std::string::npos);
   c = reg.choose(OpKind::KdaCore, Backend::Cuda, {.dtype = "bf16", .head_dim = 128, .chunk = 64});
   if (MOETRAIN_WITH_CUDA) {
-    // The direct kernel takes what the chunked CUDA kernel (not built yet) would.
     EXPECT_FALSE(c.fallback);
-    EXPECT_EQ(c.kernel, "kda_direct_cuda");
+    EXPECT_EQ(c.kernel, "kda_chunk_cuda");
     c = reg.choose(OpKind::KdaCore, Backend::Cuda, {.dtype = "bf16", .head_dim = 512, .chunk = 64});
   }
   EXPECT_TRUE(c.fallback);
@@ -175,6 +175,26 @@ TEST(PlanKernels, ChoicesAndFallbacks) {
   const auto all = match_kernels(seed_lora(), Backend::Cpu, "fp32");
   EXPECT_GE(all.size(), 15u);
   for (const KernelChoice& k : all) EXPECT_FALSE(k.kernel.empty()) << op_name(k.op);
+}
+
+// `bench step --kda-kernels direct`: with the chunked kernels switched off no params fit them, and
+// the op table (which the planner and the layers read) names the direct kernel with the reason.
+TEST(PlanKernels, ChunkedKdaKernelsSwitchedOff) {
+  const ops::KdaParams p{.head_k = 128, .head_v = 128, .chunked = true, .chunk = 64};
+  ASSERT_TRUE(ops::kda_chunk_kernel_fits(p));
+  ops::kda_set_chunked_kernels(false);
+  const bool fits = ops::kda_chunk_kernel_fits(p);
+  const KernelRegistry reg = KernelRegistry::builtin();
+  const KernelChoice c =
+      reg.choose(OpKind::KdaCore, Backend::Cuda, {.dtype = "bf16", .head_dim = 128, .chunk = 64});
+  std::string chunk_why;
+  for (const KernelImpl& k : reg.impls(OpKind::KdaCore))
+    if (k.name == "kda_chunk_cuda") chunk_why = k.accepts({.head_dim = 128, .chunk = 64});
+  ops::kda_set_chunked_kernels(true);
+  EXPECT_FALSE(fits);
+  EXPECT_NE(chunk_why.find("switched off"), std::string::npos) << chunk_why;
+  EXPECT_EQ(c.kernel, MOETRAIN_WITH_CUDA ? "kda_direct_cuda" : "kda_chunked_cpu");
+  EXPECT_TRUE(ops::kda_chunk_kernel_fits(p));
 }
 
 }  // namespace
