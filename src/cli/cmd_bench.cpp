@@ -561,7 +561,25 @@ struct MoeBenchOptions {
   // The base runs only (forward, frozen, full, full with dW written): no LoRA, graphs or routing,
   // so that a sweep of grouped GEMM configurations spends its device time on what they change.
   bool base_only = false;
+  // The K-concatenated LoRA run's SwiGLU kernels (GroupedFfnParams::lora_fwd / lora_bwd: separate,
+  // staged or registers; empty: the op's defaults), and the other kernels timed beside it, as
+  // "fwd=<kernels>" / "bwd=<kernels>", comma-separated: "all" (every other one) or "none".
+  std::string lora_fwd, lora_bwd, lora_variants = "all";
 };
+
+ops::LoraSwigluKernels parse_lora_kernels(const std::string& s) {
+  if (s == "separate") return ops::LoraSwigluKernels::Separate;
+  if (s == "staged") return ops::LoraSwigluKernels::Staged;
+  MT_CHECK(s == "registers", ValueError,
+           "bench moe: LoRA SwiGLU kernels are separate, staged or registers, got \"", s, "\"");
+  return ops::LoraSwigluKernels::Registers;
+}
+
+const char* lora_kernels_name(ops::LoraSwigluKernels k) {
+  return k == ops::LoraSwigluKernels::Separate ? "separate"
+         : k == ops::LoraSwigluKernels::Staged ? "staged"
+                                               : "registers";
+}
 
 // Whether `cases` (MoeBenchOptions::cases) selects shape `name` with this routing.
 bool moe_case_selected(const std::string& cases, const std::string& name, bool skewed) {
@@ -734,6 +752,8 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
   const bool kconcat = ops::grouped_ffn_kconcat(lp, D, bf);
   ops::GroupedFfnWeights kw = lw;
   ops::GroupedFfnParams kp = lp;
+  if (!o.lora_fwd.empty()) kp.lora_fwd = parse_lora_kernels(o.lora_fwd);
+  if (!o.lora_bwd.empty()) kp.lora_bwd = parse_lora_kernels(o.lora_bwd);
   Tensor kx = x, kdy = dy;
   if (kconcat) {
     kw.gate_up = ops::grouped_ffn_pad_weight(w.gate_up, r);
@@ -824,6 +844,8 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
   run["lora_fwdbwd_ms"] = lfb;
   run["lora_overhead_fwdbwd"] = lfb / fb_frozen - 1;
   run["lora_path"] = kconcat ? "kconcat" : "separate";
+  run["lora_fwd_kernels"] = lora_kernels_name(kp.lora_fwd);
+  run["lora_bwd_kernels"] = lora_kernels_name(kp.lora_bwd);
   if (kconcat) {  // session 13's kernels on the same path (GroupedFfnParams::lora_s13_kernels)
     ops::GroupedFfnParams kp13 = kp;
     kp13.lora_s13_kernels = true;
@@ -833,6 +855,32 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
     });
     run["lora_s13_fwdbwd_ms"] = s13_fb;
     run["lora_s13_overhead_fwdbwd"] = s13_fb / fb_frozen - 1;
+    // Each SwiGLU pass's other kernels (GroupedFfnParams::lora_fwd / lora_bwd) against the run
+    // above, one pass at a time (MoeBenchOptions::lora_variants): lora_<fwd|bwd>_<kernels>_fwd_ms,
+    // _fwdbwd_ms, _overhead_fwdbwd.
+    using K = ops::LoraSwigluKernels;
+    for (const bool fwd_pass : {true, false})
+      for (const K k : {K::Separate, K::Staged, K::Registers}) {
+        ops::GroupedFfnParams kv = kp;
+        K& field = fwd_pass ? kv.lora_fwd : kv.lora_bwd;
+        const std::string v = std::string(fwd_pass ? "fwd=" : "bwd=") + lora_kernels_name(k);
+        if (k == field || o.lora_variants == "none" ||
+            (o.lora_variants != "all" &&
+             ("," + o.lora_variants + ",").find("," + v + ",") == std::string::npos))
+          continue;
+        field = k;
+        const std::string key =
+            std::string("lora_") + (fwd_pass ? "fwd_" : "bwd_") + lora_kernels_name(k);
+        const auto vf = [&] { ops::grouped_ffn_forward(ctx, kv, kx, offsets, kw, y, lsaved); };
+        const double v_f = time(vf);
+        const double v_fb = time([&] {
+          vf();
+          ops::grouped_ffn_backward(ctx, kv, kx, offsets, kw, lsaved, kdy, dx, lora);
+        });
+        run[key + "_fwd_ms"] = v_f;
+        run[key + "_fwdbwd_ms"] = v_fb;
+        run[key + "_overhead_fwdbwd"] = v_fb / fb_frozen - 1;
+      }
   }
   if (kconcat) {  // the separate passes on the same shapes, for the comparison
     const double sep_f = time(sfwd);
@@ -1059,6 +1107,15 @@ Command add_bench_command(CLI::App& app) {
   ms->add_option("--cases", mb->cases,
                  "shapes to run, comma-separated: A, B, or one routing of one (A:uniform, "
                  "B:skewed, ...); default: all four");
+  ms->add_option("--lora-fwd", mb->lora_fwd,
+                 "the LoRA run's SwiGLU forward kernels: separate, staged or registers (default: "
+                 "the op's)");
+  ms->add_option("--lora-bwd", mb->lora_bwd,
+                 "the LoRA run's SwiGLU backward kernels: separate, staged or registers");
+  ms->add_option("--lora-variants", mb->lora_variants,
+                 "the other SwiGLU kernels timed beside the LoRA run: all, none, or a list of "
+                 "fwd=<kernels> / bwd=<kernels>")
+      ->capture_default_str();
   ms->add_flag("--base-only", mb->base_only,
                "time the base runs only (forward, frozen, full, full with dW written): no LoRA, "
                "CUDA graphs or routing, for --gemm sweeps");

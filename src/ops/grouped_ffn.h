@@ -32,6 +32,14 @@
 
 namespace mt::ops {
 
+// How the K-concatenation path runs a SwiGLU pass and the adapter products beside it
+// (GroupedFfnParams::lora_fwd / lora_bwd; ops/cuda/lora_grouped.h): the SwiGLU pass, then the
+// products in passes of their own (session 13); one pass staging tiles through shared memory
+// (session 14); one pass whose warps form the products' MMA fragments in registers from the
+// elements they computed (session 16: the forward without shared memory or barriers, the backward
+// with one barrier per 32 columns where its warps' column sums meet).
+enum class LoraSwigluKernels { Separate, Staged, Registers };
+
 struct GroupedFfnParams {
   int64_t rows = 0, experts = 0, in = 0, ffn = 0;
   int64_t lora_rank = 0;  // 0: no adapter
@@ -62,6 +70,11 @@ struct GroupedFfnParams {
   // forward and ha = h A_down^T as two instead of grouped_ffn_lora_swiglu_ha's one
   // (ops/cuda/lora_grouped.h). Same results up to the summation order of the adapters' grads.
   bool lora_s13_kernels = false;
+  // The K-concatenation path's SwiGLU forward and backward with the adapter products that read
+  // their operands (ha = h A_down^T; dr_gu, dB_gu, dA_down), each selectable so that one device run
+  // compares them (bench moe's lora_<variant>_* fields); lora_s13_kernels runs Separate for both.
+  LoraSwigluKernels lora_fwd = LoraSwigluKernels::Registers;
+  LoraSwigluKernels lora_bwd = LoraSwigluKernels::Registers;
   float lora_scale() const { return lora_rank ? lora_alpha / static_cast<float>(lora_rank) : 0.f; }
 };
 

@@ -113,6 +113,8 @@ struct FfnSetup {
   // overwritten on both devices, where they are otherwise added into.
   bool weight_grads_zero = false;
   bool s13 = false;  // GroupedFfnParams::lora_s13_kernels
+  // GroupedFfnParams::lora_fwd / lora_bwd (their defaults when unset)
+  std::optional<ops::LoraSwigluKernels> lora_fwd, lora_bwd;
   // With pad_rows: x padded, dy not (the backward then takes the separate passes, which must find
   // X A^T where the K-concatenated forward left it: in x's padding).
   bool unpadded_dy = false;
@@ -135,6 +137,8 @@ FfnCase ffn_case(const FfnSetup& s, Rng& rng) {
   k.p.gemm = s.gemm;
   k.p.weight_grads_zero = s.weight_grads_zero;
   k.p.lora_s13_kernels = s.s13;
+  if (s.lora_fwd) k.p.lora_fwd = *s.lora_fwd;
+  if (s.lora_bwd) k.p.lora_bwd = *s.lora_bwd;
   k.p.keep_h = s.keep_h;
   k.off = Tensor::empty({E + 1}, DType::I32);
   std::vector<int32_t> cnt(static_cast<size_t>(E), 0);
@@ -407,6 +411,18 @@ TEST(CudaGroupedFfn, KConcatLoraInTheBaseGemms) {
              .kconcat = true,
              .pad_rows = true,
              .s13 = true});
+  ffn_check("grouped_ffn kconcat r16 skewed frozen, padded rows, staged forward, separate backward",
+            {.rows = 3000,
+             .experts = 16,
+             .in = 264,
+             .ffn = 136,
+             .rank = 16,
+             .frozen_base = true,
+             .skewed = true,
+             .kconcat = true,
+             .pad_rows = true,
+             .lora_fwd = ops::LoraSwigluKernels::Staged,
+             .lora_bwd = ops::LoraSwigluKernels::Separate});
   ffn_check("grouped_ffn kconcat r32 skewed trained base, padded rows", {.rows = 3000,
                                                                          .experts = 16,
                                                                          .in = 264,

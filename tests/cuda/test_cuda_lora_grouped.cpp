@@ -213,10 +213,10 @@ TEST(CudaLoraGrouped, PackIntoThePaddedBuffersAgainstHostLoops) {
 // The K-concatenation path's SwiGLU kernels joined with adapter products (ops/grouped_ffn.h:
 // grouped_ffn_lora_swiglu_backward_grads, grouped_ffn_lora_swiglu_ha) against the CPU's composite
 // bodies: the bf16 pass runs the fused kernels, and the emulation rounds h and dgate_up to bf16
-// where the kernels keep them (in shared memory) before the products read them. Skewed groups (a
-// hot one over several 256-row blocks with a partial 64-row part, one-row and empty ones), F = 72
-// (a partial 32-column chunk), ranks of one and two n-tile pairs (and 64 for ha); the backward
-// runs a second time without dB and dA (their products skipped) into fresh outputs.
+// where the kernels keep them (in shared memory or registers) before the products read them. Skewed
+// groups (a hot one over several 256-row blocks with a partial 64-row part, one-row and empty
+// ones), F = 72 (a partial 32-column chunk), ranks of one and two n-tile pairs (and 64 for ha); the
+// backward runs a second time without dB and dA (their products skipped) into fresh outputs.
 TEST(CudaLoraGrouped, FusedSwigluKernelsAgainstTheCpuComposites) {
   REQUIRE_GPU();
   for (const int64_t r : {8, 16, 24, 32, 64}) {
@@ -230,23 +230,30 @@ TEST(CudaLoraGrouped, FusedSwigluKernelsAgainstTheCpuComposites) {
         .rows = N, .experts = G, .in = 8, .ffn = F, .lora_rank = r, .lora_alpha = 24.f};
     const float s = p.lora_scale();
     const std::vector<In> ha_ins = {{randn(rng, {N, 2 * F})}, {randn(rng, {G, r, F}, 0.2)}};
-    run_case(
-        cat("lora swiglu ha r=", r).c_str(), ha_ins, {"h", "ha"},
-        [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
-          const DType at = in[0].dtype();
-          Tensor h = out(c, {N, F}, at), ha = out(c, {N, r}, at);
-          (gpu ? &ops::cuda::grouped_ffn_lora_swiglu_ha : &ops::cpu::grouped_ffn_lora_swiglu_ha)(
-              c, p, in[0], off, in[1], h, ha);
-          return {h, ha};
-        },
-        seed, F,
-        [&](Context& c, const std::vector<Tensor>& in, bool) -> std::vector<Tensor> {
-          Tensor h = Tensor::empty({N, F}), ha = Tensor::empty({N, r});
-          ops::cpu::grouped_ffn_swiglu_forward(c, in[0], h);
-          h = round_bf16(h);
-          ops::grouped_matmul(c, {.form = XWt}, h, off, in[1], ha);
-          return {h, ha};
-        });
+    // Both one-pass forms of the forward (LoraSwigluKernels): staged, and fragments in registers
+    // (16-row tiles per warp: the hot group ends in a partial one, F = 72 in a partial chunk).
+    for (const auto kernels : {ops::LoraSwigluKernels::Staged, ops::LoraSwigluKernels::Registers}) {
+      ops::GroupedFfnParams pk = p;
+      pk.lora_fwd = kernels;
+      const bool regs = kernels == ops::LoraSwigluKernels::Registers;
+      run_case(
+          cat("lora swiglu ha r=", r, regs ? " registers" : " staged").c_str(), ha_ins, {"h", "ha"},
+          [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
+            const DType at = in[0].dtype();
+            Tensor h = out(c, {N, F}, at), ha = out(c, {N, r}, at);
+            (gpu ? &ops::cuda::grouped_ffn_lora_swiglu_ha : &ops::cpu::grouped_ffn_lora_swiglu_ha)(
+                c, pk, in[0], off, in[1], h, ha);
+            return {h, ha};
+          },
+          seed, F,
+          [&](Context& c, const std::vector<Tensor>& in, bool) -> std::vector<Tensor> {
+            Tensor h = Tensor::empty({N, F}), ha = Tensor::empty({N, r});
+            ops::cpu::grouped_ffn_swiglu_forward(c, in[0], h);
+            h = round_bf16(h);
+            ops::grouped_matmul(c, {.form = XWt}, h, off, in[1], ha);
+            return {h, ha};
+          });
+    }
     if (r > 32) continue;  // the backward kernel's widest rank; past it the composite runs
     const std::vector<In> ins = {{randn(rng, {N, 2 * F})},
                                  {randn(rng, {N, F})},
@@ -255,36 +262,43 @@ TEST(CudaLoraGrouped, FusedSwigluKernelsAgainstTheCpuComposites) {
                                  {randn(rng, {G, 2 * F, r}, 0.2)},
                                  {randn(rng, {G, 2 * F, r}), false},
                                  {randn(rng, {G, r, F}), false}};
-    run_case(
-        cat("lora swiglu backward grads r=", r).c_str(), ins,
-        {"dgate_up", "dr_gu", "dB_gu", "dA_down", "dgate_up (no grads)", "dr_gu (no grads)"},
-        [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
-          const DType at = in[0].dtype();
-          Tensor h = out(c, {N, F}, at);
-          (gpu ? &ops::cuda::grouped_ffn_swiglu_forward : &ops::cpu::grouped_ffn_swiglu_forward)(
-              c, in[0], h);
-          const auto fn = gpu ? &ops::cuda::grouped_ffn_lora_swiglu_backward_grads
-                              : &ops::cpu::grouped_ffn_lora_swiglu_backward_grads;
-          Tensor dgu = out(c, {N, 2 * F}, at), drg = out(c, {N, r}, at), db = like(c, in[5]),
-                 da = like(c, in[6]);
-          fn(c, p, in[0], in[1], off, h, in[2], in[3], in[4], dgu, drg, db, da);
-          Tensor dgu2 = out(c, {N, 2 * F}, at), drg2 = out(c, {N, r}, at), no_db, no_da;
-          fn(c, p, in[0], in[1], off, h, in[2], in[3], in[4], dgu2, drg2, no_db, no_da);
-          return {dgu, drg, db, da, dgu2, drg2};
-        },
-        seed, std::max<int64_t>(heavy, 2 * F),
-        [&](Context& c, const std::vector<Tensor>& in, bool) -> std::vector<Tensor> {
-          Tensor h = Tensor::empty({N, F}), dgu = Tensor::empty({N, 2 * F}),
-                 drg = Tensor::empty({N, r}), db = in[5].clone(), da = in[6].clone();
-          ops::cpu::grouped_ffn_swiglu_forward(c, in[0], h);
-          h = round_bf16(h);
-          ops::cpu::grouped_ffn_swiglu_backward(c, in[0], in[1], dgu);
-          dgu = round_bf16(dgu);
-          ops::grouped_matmul(c, {.form = DyW, .alpha = s}, dgu, off, in[4], drg);
-          ops::grouped_matmul(c, {.form = DytX, .alpha = s, .beta = 1.f}, dgu, off, in[3], db);
-          ops::grouped_matmul(c, {.form = DytX, .beta = 1.f}, in[2], off, h, da);
-          return {dgu, drg, db, da, dgu, drg};
-        });
+    // Both one-pass forms of the backward (LoraSwigluKernels): staged, and fragments in registers
+    // (128-row blocks: the hot group ends in a partial one whose last warps hold no rows).
+    for (const auto kernels : {ops::LoraSwigluKernels::Staged, ops::LoraSwigluKernels::Registers}) {
+      ops::GroupedFfnParams pk = p;
+      pk.lora_bwd = kernels;
+      const bool regs = kernels == ops::LoraSwigluKernels::Registers;
+      run_case(
+          cat("lora swiglu backward grads r=", r, regs ? " registers" : " staged").c_str(), ins,
+          {"dgate_up", "dr_gu", "dB_gu", "dA_down", "dgate_up (no grads)", "dr_gu (no grads)"},
+          [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
+            const DType at = in[0].dtype();
+            Tensor h = out(c, {N, F}, at);
+            (gpu ? &ops::cuda::grouped_ffn_swiglu_forward : &ops::cpu::grouped_ffn_swiglu_forward)(
+                c, in[0], h);
+            const auto fn = gpu ? &ops::cuda::grouped_ffn_lora_swiglu_backward_grads
+                                : &ops::cpu::grouped_ffn_lora_swiglu_backward_grads;
+            Tensor dgu = out(c, {N, 2 * F}, at), drg = out(c, {N, r}, at), db = like(c, in[5]),
+                   da = like(c, in[6]);
+            fn(c, pk, in[0], in[1], off, h, in[2], in[3], in[4], dgu, drg, db, da);
+            Tensor dgu2 = out(c, {N, 2 * F}, at), drg2 = out(c, {N, r}, at), no_db, no_da;
+            fn(c, pk, in[0], in[1], off, h, in[2], in[3], in[4], dgu2, drg2, no_db, no_da);
+            return {dgu, drg, db, da, dgu2, drg2};
+          },
+          seed, std::max<int64_t>(heavy, 2 * F),
+          [&](Context& c, const std::vector<Tensor>& in, bool) -> std::vector<Tensor> {
+            Tensor h = Tensor::empty({N, F}), dgu = Tensor::empty({N, 2 * F}),
+                   drg = Tensor::empty({N, r}), db = in[5].clone(), da = in[6].clone();
+            ops::cpu::grouped_ffn_swiglu_forward(c, in[0], h);
+            h = round_bf16(h);
+            ops::cpu::grouped_ffn_swiglu_backward(c, in[0], in[1], dgu);
+            dgu = round_bf16(dgu);
+            ops::grouped_matmul(c, {.form = DyW, .alpha = s}, dgu, off, in[4], drg);
+            ops::grouped_matmul(c, {.form = DytX, .alpha = s, .beta = 1.f}, dgu, off, in[3], db);
+            ops::grouped_matmul(c, {.form = DytX, .beta = 1.f}, in[2], off, h, da);
+            return {dgu, drg, db, da, dgu, drg};
+          });
+    }
   }
 }
 

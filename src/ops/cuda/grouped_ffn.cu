@@ -213,7 +213,8 @@ void grouped_ffn_lora_swiglu_backward_grads(Context& ctx, const GroupedFfnParams
                                             const Tensor& b_gu, Tensor& dgate_up, Tensor& dr_gu,
                                             Tensor& db_gu, Tensor& da_down) {
   if (skinny_lora_swiglu_bwd_grads(ctx, gate_up, dh, offsets, dr_down, xa, b_gu, p.lora_scale(),
-                                   dgate_up, dr_gu, db_gu, da_down))
+                                   dgate_up, dr_gu, db_gu, da_down,
+                                   p.lora_bwd == LoraSwigluKernels::Registers))
     return;
   lora_composite::swiglu_backward_grads(ctx, p, gate_up, dh, offsets, h, dr_down, xa, b_gu,
                                         dgate_up, dr_gu, db_gu, da_down,
@@ -223,7 +224,9 @@ void grouped_ffn_lora_swiglu_backward_grads(Context& ctx, const GroupedFfnParams
 void grouped_ffn_lora_swiglu_ha(Context& ctx, const GroupedFfnParams& p, const Tensor& gate_up,
                                 const Tensor& offsets, const Tensor& a_down, Tensor& h,
                                 Tensor& ha) {
-  if (skinny_lora_swiglu_ha(ctx, gate_up, offsets, a_down, h, ha)) return;
+  if (skinny_lora_swiglu_ha(ctx, gate_up, offsets, a_down, h, ha,
+                            p.lora_fwd == LoraSwigluKernels::Registers))
+    return;
   lora_composite::swiglu_ha(ctx, p, gate_up, offsets, a_down, h, ha, grouped_ffn_swiglu_forward);
 }
 

@@ -1223,6 +1223,345 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// grouped_ffn_lora_swiglu_ha with the product's fragments formed in registers
+// (LoraSwigluKernels::Registers). swiglu_ha_kernel stages gate_up through a shared-memory ring and
+// meets its warps at two barriers per 32 columns, with 4 blocks (16 warps) per SM; this kernel is
+// laid out like the frozen SwiGLU kernel instead (ops/cuda/grouped_ffn.cu: 16-byte loads straight
+// into registers, no shared memory, many warps per SM), each warp one 16-row tile of a group across
+// all F columns. The MMA's k (h's columns) may be taken in any order as long as A_down's fragment
+// takes the same, so lane (g, c) reads the 8 adjacent columns 8c .. 8c + 7 of each 32-column chunk
+// of rows g and g + 8 (one 16-byte load per row and operand) and they are the k-positions its A
+// fragments hold: in k16 step s of the chunk, logical k {2c, 2c+1} = column 8c + 4s + {0, 1} and
+// {2c+8, 2c+9} = 8c + 4s + {2, 3}, i.e. h's packed registers 2s and 2s + 1 of each row; B's
+// fragment for n-tile q (j = 8q + g) is the same 8 columns of A_down's row j, one 16-byte load
+// (L1-resident: a group's warps share it). ha sums a row over all of F in registers: no atomics.
+constexpr int kRegWarps = 8;   // warps per block
+constexpr int kRegRows = 16;   // rows per warp: one m16 tile
+constexpr int kRegChunk = 32;  // columns of F per k-chunk: 8 per lane of a quad
+
+__device__ __forceinline__ uint4 ldg16_or_zero(const bf16* p, bool ok) {
+  return ok ? __ldg(reinterpret_cast<const uint4*>(p)) : make_uint4(0, 0, 0, 0);
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// h = silu(g) u of 8 packed columns, rounded to bf16 pairs, as swiglu_fwd_kernel computes it.
+__device__ __forceinline__ uint4 swiglu8(const uint4& gv, const uint4& uv) {
+  const bf16* g = reinterpret_cast<const bf16*>(&gv);
+  const bf16* u = reinterpret_cast<const bf16*>(&uv);
+  uint32_t h[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    float v[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float gj = __bfloat162float(g[2 * k + e]);
+      v[e] = gj / (1.0f + expf(-gj)) * __bfloat162float(u[2 * k + e]);
+    }
+    h[k] = mma::pack_bf16(v[0], v[1]);
+  }
+  return make_uint4(h[0], h[1], h[2], h[3]);
+}
+
+template <int kNT>  // the rank's n-tiles of 8: r = 8 kNT; 3 blocks (24 warps) per SM up to rank 16
+__global__ void __launch_bounds__(kRegWarps * 32, kNT <= 2 ? 3 : 1)
+    swiglu_ha_regs_kernel(const __grid_constant__ Tiles tiles, const SwigluHaArgs p) {
+  const int lane = threadIdx.x & 31;
+  const int wt = static_cast<int>(blockIdx.x) * kRegWarps + static_cast<int>(threadIdx.x >> 5);
+  if (wt >= tiles.tile0[tiles.count]) return;  // the warp's own exit: no block-wide barriers
+  const Tile t = find_tile(tiles, wt);
+  const int g = lane >> 2, c = lane & 3;
+  const bool ok[2] = {g < t.rows, g + 8 < t.rows};
+  const int64_t F = p.F;
+  const bf16* gu[2] = {p.gu + static_cast<int64_t>(t.r0 + g) * p.ldgu,
+                       p.gu + static_cast<int64_t>(t.r0 + g + 8) * p.ldgu};
+  bf16* h[2] = {p.h + static_cast<int64_t>(t.r0 + g) * p.ldh,
+                p.h + static_cast<int64_t>(t.r0 + g + 8) * p.ldh};
+  const bf16* a = p.a + (static_cast<int64_t>(t.group) * p.r + g) * F;  // A_down's row j = g
+  float acc[kNT][4] = {};
+  // One chunk of loaded columns: g and u of both rows, A_down's rows 8q + g.
+  struct Chunk {
+    uint4 g[2], u[2], a[kNT];
+  };
+  const auto load = [&](int64_t col, Chunk& k) {
+    const bool in = col < F;  // F is a multiple of 8: the lane's 8 columns are all in or all out
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      k.g[i] = ldg16_or_zero(gu[i] + col, in && ok[i]);
+      k.u[i] = ldg16_or_zero(gu[i] + F + col, in && ok[i]);
+    }
+#pragma unroll
+    for (int q = 0; q < kNT; ++q) k.a[q] = ldg16_or_zero(a + 8 * q * F + col, in);
+  };
+  const auto compute = [&](int64_t col, const Chunk& k) {
+    uint4 hv[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      hv[i] = swiglu8(k.g[i], k.u[i]);  // zeros in, zeros out: rows and columns past the ends
+      if (col < F && ok[i]) *reinterpret_cast<uint4*>(h[i] + col) = hv[i];
+    }
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const uint32_t af[4] = {word(hv[0], 2 * s), word(hv[1], 2 * s), word(hv[0], 2 * s + 1),
+                              word(hv[1], 2 * s + 1)};
+#pragma unroll
+      for (int q = 0; q < kNT; ++q) {
+        const uint32_t bf[2] = {word(k.a[q], 2 * s), word(k.a[q], 2 * s + 1)};
+        mma::mma_bf16(acc[q], af, bf);
+      }
+    }
+  };
+  // Two chunks per step, both loaded before either is used: 16 loads of 16 bytes in flight per
+  // lane at rank 16.
+  for (int64_t c0 = 0; c0 < F; c0 += 2 * kRegChunk) {
+    Chunk k0, k1;
+    load(c0 + 8 * c, k0);
+    load(c0 + kRegChunk + 8 * c, k1);
+    compute(c0 + 8 * c, k0);
+    compute(c0 + kRegChunk + 8 * c, k1);
+  }
+#pragma unroll
+  for (int q = 0; q < kNT; ++q) {
+    const int col = 8 * q + 2 * c;
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      if (ok[i])
+        st_pair(p.ha + static_cast<int64_t>(t.r0 + g + 8 * i) * p.ldha + col, acc[q][2 * i],
+                acc[q][2 * i + 1]);
+  }
+}
+
+// grouped_ffn_lora_swiglu_backward_grads with the products' fragments formed in registers
+// (LoraSwigluKernels::Registers; swiglu_bwd_grads_kernel stages tiles through a 3-stage ring with
+// 3 blocks of 4 warps per SM and two barriers per stage). A block takes 128 rows of a group, warp w
+// rows 16 w .. 16 w + 15 across all of F in 32-column chunks, each lane the 8 adjacent columns 8c
+// .. 8c + 7 of rows g and g + 8 (16-byte loads of gate, up and dh straight into registers; dgate_up
+// stored from them), as swiglu_ha_regs_kernel does:
+//   dr_gu = s dgate_up B_gu sums a row over the columns: the warp's own, in registers, with
+//     dgate_up's packed registers as the A fragments (the same k order as swiglu_ha_regs_kernel)
+//     and B_gu's rows of the chunk staged in shared memory in that order (ldmatrix .trans);
+//   dB_gu^T += xa^T dgate_up and dA_down += dr_down^T h sum a column over the rows: movmatrix
+//     transposes each 8 x 8 block of dgate_up and h into B fragments (k = the warp's 16 rows; the
+//     n-th of a block's columns is the chunk's column 8 (n / 2) + 2 i + n % 2 for block i), xa^T
+//     and dr_down^T are the A fragments (read once per warp); the warps' partial sums meet in
+//     shared memory (red.shared), and after the chunk's one barrier the block adds them to dB and
+//     dA (f32 float2 atomics; the reduction buffers and B's stage are double-buffered, so that one
+//     barrier per chunk orders both).
+// Ranks up to 32 (kMT m-tiles of 16: the rank padded with zeros).
+constexpr int kRbWarps = 8;
+constexpr int kRbRows = kRbWarps * kRegRows;  // rows of a group per block
+
+__device__ __forceinline__ uint32_t transpose8x8(uint32_t v) {
+  uint32_t d;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(v));
+  return d;
+}
+
+// The chunk's column (0 .. 31) that logical k L (0 .. 15) of k16 step ss (0, 1) stands for.
+__device__ __forceinline__ int chunk_col(int ss, int L) {
+  return 8 * ((L & 7) >> 1) + 4 * ss + 2 * (L >> 3) + (L & 1);
+}
+
+template <int kMT>
+struct RbLayout {
+  static constexpr int kR16 = 16 * kMT;
+  static constexpr int kLdB = kR16 + 8;  // B's staged rows: 16-byte aligned, ldmatrix conflict-free
+  static constexpr int kB = 4 * 16 * kLdB;  // B's rows for the chunk's 4 k16 steps (gate 2, up 2)
+  static constexpr int kLdDb = kR16 + 1;    // dB's partial sums [64 columns][rank]: odd pitch
+  static constexpr int kLdDa = kRegChunk + 1;  // dA's [rank][32 columns]
+  static constexpr int kRed = 2 * kRegChunk * kLdDb + kR16 * kLdDa;
+};
+
+template <int kMT>
+__global__ void __launch_bounds__(kRbWarps * 32, 2)
+    swiglu_bwd_grads_regs_kernel(const __grid_constant__ Tiles tiles, const SwigluBwdGradsArgs p) {
+  using L = RbLayout<kMT>;
+  constexpr int kNT = 2 * kMT;  // dr's n-tiles of 8
+  __shared__ alignas(16) bf16 bs[2][L::kB];
+  __shared__ float red[2][L::kRed];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  const Tile t = find_tile(tiles, static_cast<int>(blockIdx.x));
+  const int64_t F = p.F;
+  const int r = p.r;
+  const int w0 = warp * kRegRows;  // the warp's first row in the tile
+  const bool ok[2] = {w0 + g < t.rows, w0 + g + 8 < t.rows};
+  const int64_t row[2] = {t.r0 + w0 + g, t.r0 + w0 + g + 8};
+  const bf16* wb = p.b + static_cast<int64_t>(t.group) * 2 * F * r;
+  const bool with_db = p.db != nullptr, with_da = p.da != nullptr;
+  // B_gu's rows of chunk c0 in logical k order: step 0, 1 gate columns c0.., 2, 3 up F + c0..
+  const auto load_b = [&](int64_t c0, bf16* dst) {
+    constexpr int kChunks = L::kR16 / 8;
+    for (int i = tid; i < 4 * 16 * kChunks; i += kRbWarps * 32) {
+      const int step = i / (16 * kChunks), lr = (i / kChunks) % 16, j = (i % kChunks) * 8;
+      const int64_t col = c0 + chunk_col(step & 1, lr);
+      const bool in = col < F && j < r;
+      cp16_or_zero(dst + (step * 16 + lr) * L::kLdB + j,
+                   in ? wb + ((step < 2 ? 0 : F) + col) * r + j : p.b, in);
+    }
+  };
+  for (int i = tid; i < 2 * L::kRed; i += kRbWarps * 32) (&red[0][0])[i] = 0.f;
+  load_b(0, bs[0]);
+  mma::cp_async_commit();
+  // xa^T and dr_down^T as A fragments (m = the rank, k = the warp's 16 rows), zeros past the rows
+  // and the rank.
+  const auto rank_frag = [&](const bf16* src, int64_t ld, uint32_t(&a)[kMT][4]) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {  // a0 (j g, rows 2c..), a1 (j g+8), a2 (rows 2c+8..), a3
+        const int j = 16 * mt + g + 8 * (q & 1), rr = w0 + 2 * c + 8 * (q >> 1);
+        float v[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          v[e] = j < r && rr + e < t.rows
+                     ? __bfloat162float(src[static_cast<int64_t>(t.r0 + rr + e) * ld + j])
+                     : 0.f;
+        a[mt][q] = mma::pack_bf16(v[0], v[1]);
+      }
+  };
+  uint32_t xa_t[kMT][4], dr_t[kMT][4];
+  rank_frag(p.xa, p.ldx, xa_t);
+  rank_frag(p.drd, p.lddrd, dr_t);
+  mma::cp_async_wait<0>();
+  __syncthreads();  // B's first stage and the zeroed reduction buffers
+  float dr[kNT][4] = {};
+  const int nchunks = static_cast<int>((F + kRegChunk - 1) / kRegChunk);
+  for (int ci = 0; ci < nchunks; ++ci) {
+    const int64_t c0 = static_cast<int64_t>(ci) * kRegChunk;
+    const bf16* bcur = bs[ci & 1];
+    float* rd = red[ci & 1];
+    if (ci + 1 < nchunks) load_b(c0 + kRegChunk, bs[(ci + 1) & 1]);
+    mma::cp_async_commit();
+    const int64_t col = c0 + 8 * c;
+    const bool in = col < F;
+    uint4 dgv[2], duv[2], hv[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const bool v = in && ok[i];
+      const bf16* gp = p.gu + row[i] * p.ldgu + col;
+      const uint4 gq = ldg16_or_zero(gp, v), uq = ldg16_or_zero(gp + F, v),
+                  dq = ldg16_or_zero(p.dh + row[i] * p.lddh + col, v);
+      const bf16* gb = reinterpret_cast<const bf16*>(&gq);
+      const bf16* ub = reinterpret_cast<const bf16*>(&uq);
+      const bf16* db = reinterpret_cast<const bf16*>(&dq);
+      uint32_t dgw[4], duw[4], hw[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        float dgf[2], duf[2], hf[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {  // as swiglu_bwd_kernel (ops/cuda/grouped_ffn.cu)
+          const float gj = __bfloat162float(gb[2 * k + e]), uj = __bfloat162float(ub[2 * k + e]),
+                      dj = __bfloat162float(db[2 * k + e]);
+          const float sg = 1.0f / (1.0f + expf(-gj));
+          duf[e] = dj * gj * sg;
+          dgf[e] = dj * uj * sg * (1.0f + gj * (1.0f - sg));
+          hf[e] = gj * sg * uj;  // for dA only, from sg (as swiglu_bwd_grads_kernel)
+        }
+        dgw[k] = mma::pack_bf16(dgf[0], dgf[1]);
+        duw[k] = mma::pack_bf16(duf[0], duf[1]);
+        hw[k] = mma::pack_bf16(hf[0], hf[1]);
+      }
+      dgv[i] = make_uint4(dgw[0], dgw[1], dgw[2], dgw[3]);
+      duv[i] = make_uint4(duw[0], duw[1], duw[2], duw[3]);
+      hv[i] = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+      if (v) {
+        bf16* out = p.dgu + row[i] * p.lddgu + col;
+        *reinterpret_cast<uint4*>(out) = dgv[i];
+        *reinterpret_cast<uint4*>(out + F) = duv[i];
+      }
+    }
+    // dr_gu over the chunk: k16 steps 0, 1 of gate, then of up.
+#pragma unroll
+    for (int step = 0; step < 4; ++step) {
+      const uint4* src = step < 2 ? dgv : duv;
+      const int ss = step & 1;
+      const uint32_t af[4] = {word(src[0], 2 * ss), word(src[1], 2 * ss), word(src[0], 2 * ss + 1),
+                              word(src[1], 2 * ss + 1)};
+#pragma unroll
+      for (int q = 0; q < kNT; ++q) {
+        uint32_t bf[2];
+        mma::load_b_kn(bf, bcur + step * 16 * L::kLdB, L::kLdB, 0, 8 * q, lane);
+        mma::mma_bf16(dr[q], af, bf);
+      }
+    }
+    // dB_gu^T and dA_down over the warp's rows, block by block, into the reduction buffer.
+    if (with_db) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {  // gate, up
+        const uint4* src = half == 0 ? dgv : duv;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint32_t bf[2] = {transpose8x8(word(src[0], i)), transpose8x8(word(src[1], i))};
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            float acc[4] = {};
+            mma::mma_bf16(acc, xa_t[mt], bf);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {  // (j 16 mt + g (+8 for e >= 2), column 8c + 2i + e % 2)
+              const int j = 16 * mt + g + 8 * (e >> 1), cc = 32 * half + 8 * c + 2 * i + (e & 1);
+              atomicAdd(&rd[cc * L::kLdDb + j], acc[e]);
+            }
+          }
+        }
+      }
+    }
+    if (with_da) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t bf[2] = {transpose8x8(word(hv[0], i)), transpose8x8(word(hv[1], i))};
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          float acc[4] = {};
+          mma::mma_bf16(acc, dr_t[mt], bf);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int j = 16 * mt + g + 8 * (e >> 1), cc = 8 * c + 2 * i + (e & 1);
+            atomicAdd(&rd[2 * kRegChunk * L::kLdDb + j * L::kLdDa + cc], acc[e]);
+          }
+        }
+      }
+    }
+    mma::cp_async_wait<0>();
+    __syncthreads();  // the chunk's partial sums are in rd; B's next stage has landed
+    // rd into dB and dA, then zeros for chunk ci + 2 (which reduces into it after the next
+    // barrier).
+    if (with_db) {
+      float* db_g = p.db + static_cast<int64_t>(t.group) * 2 * F * r;
+      for (int i = tid; i < 2 * kRegChunk * (L::kR16 / 2); i += kRbWarps * 32) {
+        const int cc = i / (L::kR16 / 2), j = 2 * (i % (L::kR16 / 2));
+        float* e = &rd[cc * L::kLdDb + j];
+        const int64_t fc = c0 + (cc & (kRegChunk - 1));
+        if (j < r && fc < F)
+          atomicAdd(reinterpret_cast<float2*>(db_g + ((cc < kRegChunk ? 0 : F) + fc) * r + j),
+                    make_float2(p.s * e[0], p.s * e[1]));
+        e[0] = e[1] = 0.f;
+      }
+    }
+    if (with_da) {
+      float* da_g = p.da + static_cast<int64_t>(t.group) * r * F;
+      float* rda = rd + 2 * kRegChunk * L::kLdDb;
+      for (int i = tid; i < L::kR16 * (kRegChunk / 2); i += kRbWarps * 32) {
+        const int j = i / (kRegChunk / 2), cc = 2 * (i % (kRegChunk / 2));
+        float* e = &rda[j * L::kLdDa + cc];
+        if (j < r && c0 + cc < F)
+          atomicAdd(reinterpret_cast<float2*>(da_g + j * F + c0 + cc), make_float2(e[0], e[1]));
+        e[0] = e[1] = 0.f;
+      }
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < kNT; ++q) {
+    const int j = 8 * q + 2 * c;
+    if (j >= r) break;
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      if (ok[i]) st_pair(p.drg + row[i] * p.lddrg + j, p.s * dr[q][2 * i], p.s * dr[q][2 * i + 1]);
+  }
+}
+
 // grouped_ffn_lora_pack's four copies as one launch (blockIdx.y: the job): job j moves a
 // contiguous [E, R, C] factor (bf16 or f32) times `scale`, rounded once to bf16, into a strided
 // bf16 destination, 8 columns (16 bytes out) per thread and step. Bound by HBM: E r (out + in)
@@ -1539,7 +1878,7 @@ bool skinny_lora_pack(Context& ctx, float s, const Tensor& a_gu, const Tensor& b
 bool skinny_lora_swiglu_bwd_grads(Context& ctx, const Tensor& gate_up, const Tensor& dh,
                                   const Tensor& offsets, const Tensor& dr_down, const Tensor& xa,
                                   const Tensor& b_gu, float s, Tensor& dgate_up, Tensor& dr_gu,
-                                  Tensor& db_gu, Tensor& da_down) {
+                                  Tensor& db_gu, Tensor& da_down, bool regs) {
   // dB and dA meet through atomics: a deterministic context keeps the separate kernels.
   if (ctx.deterministic()) return false;
   for (const Tensor* t :
@@ -1563,7 +1902,7 @@ bool skinny_lora_swiglu_bwd_grads(Context& ctx, const Tensor& gate_up, const Ten
     return g.defined() && g.numel() > 0 ? ptr<float>(g) : nullptr;
   };
   thread_local Tiles tiles;
-  if (!make_tiles(offsets.i32(), groups, kSbRows * kSbParts, tiles)) return false;
+  if (!make_tiles(offsets.i32(), groups, regs ? kRbRows : kSbRows * kSbParts, tiles)) return false;
   if (tiles.tile0[tiles.count] == 0) return true;  // no rows
   const SwigluBwdGradsArgs args{ptr<bf16>(gate_up),  gate_up.stride(0),
                                 ptr<bf16>(dh),       dh.stride(0),
@@ -1575,6 +1914,14 @@ bool skinny_lora_swiglu_bwd_grads(Context& ctx, const Tensor& gate_up, const Ten
                                 dr_gu.stride(0),     grad_ptr(db_gu),
                                 grad_ptr(da_down),   s};
   const dim3 grid(tiles.tile0[tiles.count]);
+  if (regs) {
+    if (r <= 16)
+      swiglu_bwd_grads_regs_kernel<1><<<grid, kRbWarps * 32, 0, stream(ctx)>>>(tiles, args);
+    else
+      swiglu_bwd_grads_regs_kernel<2><<<grid, kRbWarps * 32, 0, stream(ctx)>>>(tiles, args);
+    MT_CUDA_LAUNCH_CHECK();
+    return true;
+  }
   if (rank_pairs(r) == 1)
     launch_ring(swiglu_bwd_grads_kernel<1>, grid, SbLayout<1>::kBytes, stream(ctx), tiles, args);
   else
@@ -1583,7 +1930,7 @@ bool skinny_lora_swiglu_bwd_grads(Context& ctx, const Tensor& gate_up, const Ten
 }
 
 bool skinny_lora_swiglu_ha(Context& ctx, const Tensor& gate_up, const Tensor& offsets,
-                           const Tensor& a_down, Tensor& h, Tensor& ha) {
+                           const Tensor& a_down, Tensor& h, Tensor& ha, bool regs) {
   for (const Tensor* t : std::initializer_list<const Tensor*>{&gate_up, &h, &ha})
     if (!rows_ok(*t)) return false;
   const int64_t r = ha.dim(1), F = h.dim(1), groups = offsets.numel() - 1;
@@ -1592,11 +1939,45 @@ bool skinny_lora_swiglu_ha(Context& ctx, const Tensor& gate_up, const Tensor& of
       a_down.dim(2) != F)
     return false;
   thread_local Tiles tiles;
-  if (!make_tiles(offsets.i32(), groups, kSbRows, tiles)) return false;
+  if (!make_tiles(offsets.i32(), groups, regs ? kRegRows : kSbRows, tiles)) return false;
   if (tiles.tile0[tiles.count] == 0) return true;  // no rows
   const SwigluHaArgs args{ptr<bf16>(gate_up),  gate_up.stride(0), ptr<bf16>(a_down), F,
                           static_cast<int>(r), ptr<bf16>(h),      h.stride(0),       ptr<bf16>(ha),
                           ha.stride(0)};
+  if (regs) {
+    const dim3 grid((tiles.tile0[tiles.count] + kRegWarps - 1) / kRegWarps);
+    const auto run = [&](auto kernel) {
+      kernel<<<grid, kRegWarps * 32, 0, stream(ctx)>>>(tiles, args);
+      MT_CUDA_LAUNCH_CHECK();
+    };
+    switch (r / 8) {  // rank_ok: a multiple of 8 up to 64
+      case 1:
+        run(swiglu_ha_regs_kernel<1>);
+        break;
+      case 2:
+        run(swiglu_ha_regs_kernel<2>);
+        break;
+      case 3:
+        run(swiglu_ha_regs_kernel<3>);
+        break;
+      case 4:
+        run(swiglu_ha_regs_kernel<4>);
+        break;
+      case 5:
+        run(swiglu_ha_regs_kernel<5>);
+        break;
+      case 6:
+        run(swiglu_ha_regs_kernel<6>);
+        break;
+      case 7:
+        run(swiglu_ha_regs_kernel<7>);
+        break;
+      default:
+        run(swiglu_ha_regs_kernel<8>);
+        break;
+    }
+    return true;
+  }
   const dim3 grid(tiles.tile0[tiles.count]);
   with_pairs(r, [&](auto kp) {
     constexpr int kP = decltype(kp)::value;

@@ -55,18 +55,20 @@ bool skinny_lora_swiglu_backward(Context& ctx, const Tensor& gate_up, const Tens
                                  const Tensor& dr, const Tensor& a_down, float s, Tensor& dgate_up);
 
 // grouped_ffn_lora_swiglu_backward_grads (ops/grouped_ffn.h) in one pass over gate_up and dh
-// (bf16 rows; B_gu [G, 2F, r] bf16; dB_gu, dA_down f32 or undefined). False having done nothing
-// when it does not take the call (a deterministic context: dB and dA meet through atomics; r >
-// 32; what the skinny kernels refuse); the caller then runs the composite form.
+// (bf16 rows; B_gu [G, 2F, r] bf16; dB_gu, dA_down f32 or undefined): staged through shared
+// memory, or with `regs` the fragments formed in registers (LoraSwigluKernels). False having done
+// nothing when it does not take the call (a deterministic context: dB and dA meet through atomics;
+// r > 32; what the skinny kernels refuse); the caller then runs the composite form.
 bool skinny_lora_swiglu_bwd_grads(Context& ctx, const Tensor& gate_up, const Tensor& dh,
                                   const Tensor& offsets, const Tensor& dr_down, const Tensor& xa,
                                   const Tensor& b_gu, float s, Tensor& dgate_up, Tensor& dr_gu,
-                                  Tensor& db_gu, Tensor& da_down);
+                                  Tensor& db_gu, Tensor& da_down, bool regs = false);
 
 // grouped_ffn_lora_swiglu_ha (ops/grouped_ffn.h) in one pass over gate_up (bf16 rows, A_down
-// [G, r, F] bf16). False having done nothing when it does not take the call.
+// [G, r, F] bf16): staged through shared memory, or with `regs` the fragments formed in registers
+// (LoraSwigluKernels). False having done nothing when it does not take the call.
 bool skinny_lora_swiglu_ha(Context& ctx, const Tensor& gate_up, const Tensor& offsets,
-                           const Tensor& a_down, Tensor& h, Tensor& ha);
+                           const Tensor& a_down, Tensor& h, Tensor& ha, bool regs = false);
 
 // grouped_ffn_lora_pack (ops/grouped_ffn.h) in one launch: A_gu, s B_gu into w_gu's padded
 // buffer and A_d, s B_d into w_d's (the W blocks, bf16), the factors bf16 or f32. False having
