@@ -1333,31 +1333,26 @@ __global__ void __launch_bounds__(kRegWarps * 32, kNT <= 2 ? 3 : 1)
   }
 }
 
-// grouped_ffn_lora_swiglu_backward_grads with the products' fragments formed in registers
-// (LoraSwigluKernels::Registers; swiglu_bwd_grads_kernel stages tiles through a 3-stage ring with
-// 3 blocks of 4 warps per SM and two barriers per stage). A block takes 128 rows of a group, warp w
-// rows 16 w .. 16 w + 15 across all of F in 32-column chunks, each lane the 8 adjacent columns 8c
-// .. 8c + 7 of rows g and g + 8 (16-byte loads of gate, up and dh straight into registers; dgate_up
-// stored from them), as swiglu_ha_regs_kernel does:
+// grouped_ffn_lora_swiglu_backward_grads with dr_gu's fragments formed in registers
+// (LoraSwigluKernels::Registers; swiglu_bwd_grads_kernel stages every operand through a 3-stage
+// ring with 3 blocks of 4 warps per SM and two barriers per stage). A block takes 128 rows of a
+// group, warp w rows 16 w .. 16 w + 15 across all of F in 32-column chunks, each lane the 8
+// adjacent columns 8c .. 8c + 7 of rows g and g + 8 (16-byte loads of gate, up and dh straight into
+// registers; dgate_up stored from them), as swiglu_ha_regs_kernel does:
 //   dr_gu = s dgate_up B_gu sums a row over the columns: the warp's own, in registers, with
-//     dgate_up's packed registers as the A fragments (the same k order as swiglu_ha_regs_kernel)
-//     and B_gu's rows of the chunk staged in shared memory in that order (ldmatrix .trans);
-//   dB_gu^T += xa^T dgate_up and dA_down += dr_down^T h sum a column over the rows: movmatrix
-//     transposes each 8 x 8 block of dgate_up and h into B fragments (k = the warp's 16 rows; the
-//     n-th of a block's columns is the chunk's column 8 (n / 2) + 2 i + n % 2 for block i), xa^T
-//     and dr_down^T are the A fragments (read once per warp); the warps' partial sums meet in
-//     shared memory (red.shared), and after the chunk's one barrier the block adds them to dB and
-//     dA (f32 float2 atomics; the reduction buffers and B's stage are double-buffered, so that one
-//     barrier per chunk orders both).
+//     dgate_up's packed registers as the A fragments (the k order of swiglu_ha_regs_kernel) and
+//     B_gu's rows of the chunk staged in shared memory in that order (ldmatrix .trans);
+//   dB_gu += s dgate_up^T xa and dA_down += dr_down^T h sum a column over the rows: each warp also
+//     stores its dgate_up and h into the chunk's [128 rows][gate 32 | up 32 | h 32] tile, and after
+//     the chunk's one barrier warps 0-3 take dB's 16 columns 16 w.. of the 64 (m = the column, n =
+//     the rank, k = the block's 128 rows) and warps 4-7 dA's 8 columns (m = the rank), one f32
+//     float2 atomic per element pair and 128 rows. The tile and B's stage are double-buffered, so
+//     that the one barrier orders both (a shared-memory reduction of each warp's 16 rows measured
+//     48 CAS loops per lane and chunk in the SASS: shared f32 atomics are not native).
 // Ranks up to 32 (kMT m-tiles of 16: the rank padded with zeros).
 constexpr int kRbWarps = 8;
 constexpr int kRbRows = kRbWarps * kRegRows;  // rows of a group per block
-
-__device__ __forceinline__ uint32_t transpose8x8(uint32_t v) {
-  uint32_t d;
-  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(v));
-  return d;
-}
+constexpr int kRbLdT = 3 * kRegChunk + 8;     // the tile's pitch: 208 bytes, ldmatrix conflict-free
 
 // The chunk's column (0 .. 31) that logical k L (0 .. 15) of k16 step ss (0, 1) stands for.
 __device__ __forceinline__ int chunk_col(int ss, int L) {
@@ -1367,20 +1362,23 @@ __device__ __forceinline__ int chunk_col(int ss, int L) {
 template <int kMT>
 struct RbLayout {
   static constexpr int kR16 = 16 * kMT;
-  static constexpr int kLdB = kR16 + 8;  // B's staged rows: 16-byte aligned, ldmatrix conflict-free
-  static constexpr int kB = 4 * 16 * kLdB;  // B's rows for the chunk's 4 k16 steps (gate 2, up 2)
-  static constexpr int kLdDb = kR16 + 1;    // dB's partial sums [64 columns][rank]: odd pitch
-  static constexpr int kLdDa = kRegChunk + 1;  // dA's [rank][32 columns]
-  static constexpr int kRed = 2 * kRegChunk * kLdDb + kR16 * kLdDa;
+  static constexpr int kLdR = kR16 + 8;     // rank-wide rows: 16-byte aligned, conflict-free
+  static constexpr int kB = 4 * 16 * kLdR;  // B's rows for the chunk's 4 k16 steps (gate 2, up 2)
+  static constexpr int kT = kRbRows * kRbLdT;
+  static constexpr int kRank = kRbRows * kLdR;  // xa or dr_down of the block's rows
+  static constexpr int kBytes = (2 * kB + 2 * kT + 2 * kRank) * static_cast<int>(sizeof(bf16));
 };
 
 template <int kMT>
 __global__ void __launch_bounds__(kRbWarps * 32, 2)
     swiglu_bwd_grads_regs_kernel(const __grid_constant__ Tiles tiles, const SwigluBwdGradsArgs p) {
   using L = RbLayout<kMT>;
-  constexpr int kNT = 2 * kMT;  // dr's n-tiles of 8
-  __shared__ alignas(16) bf16 bs[2][L::kB];
-  __shared__ float red[2][L::kRed];
+  constexpr int kNT = 2 * kMT;  // the rank's n-tiles of 8
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* bs = reinterpret_cast<bf16*>(smem);  // [2][kB]
+  bf16* ts = bs + 2 * L::kB;                 // [2][kT]
+  bf16* xs = ts + 2 * L::kT;                 // xa [128][kLdR]
+  bf16* rs = xs + L::kRank;                  // dr_down [128][kLdR]
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, c = lane & 3;
   const Tile t = find_tile(tiles, static_cast<int>(blockIdx.x));
@@ -1390,54 +1388,39 @@ __global__ void __launch_bounds__(kRbWarps * 32, 2)
   const bool ok[2] = {w0 + g < t.rows, w0 + g + 8 < t.rows};
   const int64_t row[2] = {t.r0 + w0 + g, t.r0 + w0 + g + 8};
   const bf16* wb = p.b + static_cast<int64_t>(t.group) * 2 * F * r;
-  const bool with_db = p.db != nullptr, with_da = p.da != nullptr;
-  // B_gu's rows of chunk c0 in logical k order: step 0, 1 gate columns c0.., 2, 3 up F + c0..
+  constexpr int kChunks = L::kR16 / 8;  // 16-byte pieces of a rank-wide row
+  // B_gu's rows of chunk c0 in logical k order: steps 0, 1 gate columns c0.., 2, 3 up F + c0..
   const auto load_b = [&](int64_t c0, bf16* dst) {
-    constexpr int kChunks = L::kR16 / 8;
     for (int i = tid; i < 4 * 16 * kChunks; i += kRbWarps * 32) {
       const int step = i / (16 * kChunks), lr = (i / kChunks) % 16, j = (i % kChunks) * 8;
       const int64_t col = c0 + chunk_col(step & 1, lr);
       const bool in = col < F && j < r;
-      cp16_or_zero(dst + (step * 16 + lr) * L::kLdB + j,
+      cp16_or_zero(dst + (step * 16 + lr) * L::kLdR + j,
                    in ? wb + ((step < 2 ? 0 : F) + col) * r + j : p.b, in);
     }
   };
-  for (int i = tid; i < 2 * L::kRed; i += kRbWarps * 32) (&red[0][0])[i] = 0.f;
-  load_b(0, bs[0]);
+  for (int i = tid; i < kRbRows * kChunks; i += kRbWarps * 32) {  // xa, dr_down: zeros past
+    const int rr = i / kChunks, j = (i % kChunks) * 8;            // the rows and the rank
+    const bool in = rr < t.rows && j < r;
+    const int64_t gr = t.r0 + rr;
+    cp16_or_zero(xs + rr * L::kLdR + j, in ? p.xa + gr * p.ldx + j : p.xa, in);
+    cp16_or_zero(rs + rr * L::kLdR + j, in ? p.drd + gr * p.lddrd + j : p.drd, in);
+  }
+  load_b(0, bs);
   mma::cp_async_commit();
-  // xa^T and dr_down^T as A fragments (m = the rank, k = the warp's 16 rows), zeros past the rows
-  // and the rank.
-  const auto rank_frag = [&](const bf16* src, int64_t ld, uint32_t(&a)[kMT][4]) {
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {  // a0 (j g, rows 2c..), a1 (j g+8), a2 (rows 2c+8..), a3
-        const int j = 16 * mt + g + 8 * (q & 1), rr = w0 + 2 * c + 8 * (q >> 1);
-        float v[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-          v[e] = j < r && rr + e < t.rows
-                     ? __bfloat162float(src[static_cast<int64_t>(t.r0 + rr + e) * ld + j])
-                     : 0.f;
-        a[mt][q] = mma::pack_bf16(v[0], v[1]);
-      }
-  };
-  uint32_t xa_t[kMT][4], dr_t[kMT][4];
-  rank_frag(p.xa, p.ldx, xa_t);
-  rank_frag(p.drd, p.lddrd, dr_t);
   mma::cp_async_wait<0>();
-  __syncthreads();  // B's first stage and the zeroed reduction buffers
+  __syncthreads();  // B's first stage, xa and dr_down
   float dr[kNT][4] = {};
   const int nchunks = static_cast<int>((F + kRegChunk - 1) / kRegChunk);
   for (int ci = 0; ci < nchunks; ++ci) {
     const int64_t c0 = static_cast<int64_t>(ci) * kRegChunk;
-    const bf16* bcur = bs[ci & 1];
-    float* rd = red[ci & 1];
-    if (ci + 1 < nchunks) load_b(c0 + kRegChunk, bs[(ci + 1) & 1]);
+    const bf16* bcur = bs + (ci & 1) * L::kB;
+    bf16* tcur = ts + (ci & 1) * L::kT;
+    if (ci + 1 < nchunks) load_b(c0 + kRegChunk, bs + ((ci + 1) & 1) * L::kB);
     mma::cp_async_commit();
     const int64_t col = c0 + 8 * c;
     const bool in = col < F;
-    uint4 dgv[2], duv[2], hv[2];
+    uint4 dgv[2], duv[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const bool v = in && ok[i];
@@ -1446,7 +1429,7 @@ __global__ void __launch_bounds__(kRbWarps * 32, 2)
                   dq = ldg16_or_zero(p.dh + row[i] * p.lddh + col, v);
       const bf16* gb = reinterpret_cast<const bf16*>(&gq);
       const bf16* ub = reinterpret_cast<const bf16*>(&uq);
-      const bf16* db = reinterpret_cast<const bf16*>(&dq);
+      const bf16* hb = reinterpret_cast<const bf16*>(&dq);
       uint32_t dgw[4], duw[4], hw[4];
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
@@ -1454,7 +1437,7 @@ __global__ void __launch_bounds__(kRbWarps * 32, 2)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {  // as swiglu_bwd_kernel (ops/cuda/grouped_ffn.cu)
           const float gj = __bfloat162float(gb[2 * k + e]), uj = __bfloat162float(ub[2 * k + e]),
-                      dj = __bfloat162float(db[2 * k + e]);
+                      dj = __bfloat162float(hb[2 * k + e]);
           const float sg = 1.0f / (1.0f + expf(-gj));
           duf[e] = dj * gj * sg;
           dgf[e] = dj * uj * sg * (1.0f + gj * (1.0f - sg));
@@ -1466,12 +1449,16 @@ __global__ void __launch_bounds__(kRbWarps * 32, 2)
       }
       dgv[i] = make_uint4(dgw[0], dgw[1], dgw[2], dgw[3]);
       duv[i] = make_uint4(duw[0], duw[1], duw[2], duw[3]);
-      hv[i] = make_uint4(hw[0], hw[1], hw[2], hw[3]);
       if (v) {
         bf16* out = p.dgu + row[i] * p.lddgu + col;
         *reinterpret_cast<uint4*>(out) = dgv[i];
         *reinterpret_cast<uint4*>(out + F) = duv[i];
       }
+      // The tile (zeros past the rows and F, from the zero loads).
+      bf16* tr = tcur + (w0 + g + 8 * i) * kRbLdT + 8 * c;
+      *reinterpret_cast<uint4*>(tr) = dgv[i];
+      *reinterpret_cast<uint4*>(tr + kRegChunk) = duv[i];
+      *reinterpret_cast<uint4*>(tr + 2 * kRegChunk) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
     }
     // dr_gu over the chunk: k16 steps 0, 1 of gate, then of up.
 #pragma unroll
@@ -1483,72 +1470,68 @@ __global__ void __launch_bounds__(kRbWarps * 32, 2)
 #pragma unroll
       for (int q = 0; q < kNT; ++q) {
         uint32_t bf[2];
-        mma::load_b_kn(bf, bcur + step * 16 * L::kLdB, L::kLdB, 0, 8 * q, lane);
+        mma::load_b_kn(bf, bcur + step * 16 * L::kLdR, L::kLdR, 0, 8 * q, lane);
         mma::mma_bf16(dr[q], af, bf);
       }
     }
-    // dB_gu^T and dA_down over the warp's rows, block by block, into the reduction buffer.
-    if (with_db) {
+    mma::cp_async_wait<0>();
+    __syncthreads();  // the chunk's tile is whole; B's next stage has landed
+    if (warp < 4) {   // dB: columns 16 w .. 16 w + 15 of [gate 32 | up 32] x the rank
+      if (p.db == nullptr) continue;
+      float acc[kNT][4] = {};
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {  // gate, up
-        const uint4* src = half == 0 ? dgv : duv;
+      for (int k0 = 0; k0 < kRbRows; k0 += 16) {
+        uint32_t a[4];
+        ldsm_a_km(a, tcur, kRbLdT, 16 * warp, k0, lane);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const uint32_t bf[2] = {transpose8x8(word(src[0], i)), transpose8x8(word(src[1], i))};
-#pragma unroll
-          for (int mt = 0; mt < kMT; ++mt) {
-            float acc[4] = {};
-            mma::mma_bf16(acc, xa_t[mt], bf);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {  // (j 16 mt + g (+8 for e >= 2), column 8c + 2i + e % 2)
-              const int j = 16 * mt + g + 8 * (e >> 1), cc = 32 * half + 8 * c + 2 * i + (e & 1);
-              atomicAdd(&rd[cc * L::kLdDb + j], acc[e]);
-            }
-          }
+        for (int q = 0; q < kNT; ++q) {
+          uint32_t bf[2];
+          mma::load_b_kn(bf, xs, L::kLdR, k0, 8 * q, lane);
+          mma::mma_bf16(acc[q], a, bf);
         }
       }
-    }
-    if (with_da) {
+      float* db_g = p.db + static_cast<int64_t>(t.group) * 2 * F * r;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint32_t bf[2] = {transpose8x8(word(hv[0], i)), transpose8x8(word(hv[1], i))};
+      for (int h = 0; h < 2; ++h) {  // (column 16 w + g + 8 h; j = 8q + 2c, + 1)
+        const int cc = 16 * warp + g + 8 * h;
+        const int64_t fc = c0 + (cc & (kRegChunk - 1));
+        if (fc >= F) continue;
+        float* out = db_g + ((cc < kRegChunk ? 0 : F) + fc) * r;
+#pragma unroll
+        for (int q = 0; q < kNT; ++q) {
+          const int j = 8 * q + 2 * c;
+          if (j < r)
+            atomicAdd(reinterpret_cast<float2*>(out + j),
+                      make_float2(p.s * acc[q][2 * h], p.s * acc[q][2 * h + 1]));
+        }
+      }
+    } else {  // dA: the rank x columns 8 (w - 4) .. of h
+      if (p.da == nullptr) continue;
+      const int n0 = 8 * (warp - 4);
+      float acc[kMT][4] = {};
+#pragma unroll
+      for (int k0 = 0; k0 < kRbRows; k0 += 16) {
+        uint32_t bf[2];
+        mma::load_b_kn(bf, tcur + 2 * kRegChunk, kRbLdT, k0, n0, lane);
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
-          float acc[4] = {};
-          mma::mma_bf16(acc, dr_t[mt], bf);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int j = 16 * mt + g + 8 * (e >> 1), cc = 8 * c + 2 * i + (e & 1);
-            atomicAdd(&rd[2 * kRegChunk * L::kLdDb + j * L::kLdDa + cc], acc[e]);
-          }
+          uint32_t a[4];
+          ldsm_a_km(a, rs, L::kLdR, 16 * mt, k0, lane);
+          mma::mma_bf16(acc[mt], a, bf);
         }
       }
-    }
-    mma::cp_async_wait<0>();
-    __syncthreads();  // the chunk's partial sums are in rd; B's next stage has landed
-    // rd into dB and dA, then zeros for chunk ci + 2 (which reduces into it after the next
-    // barrier).
-    if (with_db) {
-      float* db_g = p.db + static_cast<int64_t>(t.group) * 2 * F * r;
-      for (int i = tid; i < 2 * kRegChunk * (L::kR16 / 2); i += kRbWarps * 32) {
-        const int cc = i / (L::kR16 / 2), j = 2 * (i % (L::kR16 / 2));
-        float* e = &rd[cc * L::kLdDb + j];
-        const int64_t fc = c0 + (cc & (kRegChunk - 1));
-        if (j < r && fc < F)
-          atomicAdd(reinterpret_cast<float2*>(db_g + ((cc < kRegChunk ? 0 : F) + fc) * r + j),
-                    make_float2(p.s * e[0], p.s * e[1]));
-        e[0] = e[1] = 0.f;
-      }
-    }
-    if (with_da) {
       float* da_g = p.da + static_cast<int64_t>(t.group) * r * F;
-      float* rda = rd + 2 * kRegChunk * L::kLdDb;
-      for (int i = tid; i < L::kR16 * (kRegChunk / 2); i += kRbWarps * 32) {
-        const int j = i / (kRegChunk / 2), cc = 2 * (i % (kRegChunk / 2));
-        float* e = &rda[j * L::kLdDa + cc];
-        if (j < r && c0 + cc < F)
-          atomicAdd(reinterpret_cast<float2*>(da_g + j * F + c0 + cc), make_float2(e[0], e[1]));
-        e[0] = e[1] = 0.f;
+      const int64_t fc = c0 + n0 + 2 * c;  // F is a multiple of 8: fc + 1 < F too
+      if (fc < F) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {  // (j = 16 mt + g + 8 h; fc, fc + 1)
+            const int j = 16 * mt + g + 8 * h;
+            if (j < r)
+              atomicAdd(reinterpret_cast<float2*>(da_g + j * F + fc),
+                        make_float2(acc[mt][2 * h], acc[mt][2 * h + 1]));
+          }
       }
     }
   }
@@ -1915,11 +1898,16 @@ bool skinny_lora_swiglu_bwd_grads(Context& ctx, const Tensor& gate_up, const Ten
                                 grad_ptr(da_down),   s};
   const dim3 grid(tiles.tile0[tiles.count]);
   if (regs) {
+    const auto run = [&](auto kernel, int bytes) {
+      MT_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+      kernel<<<grid, kRbWarps * 32, bytes, stream(ctx)>>>(tiles, args);
+      MT_CUDA_LAUNCH_CHECK();
+    };
     if (r <= 16)
-      swiglu_bwd_grads_regs_kernel<1><<<grid, kRbWarps * 32, 0, stream(ctx)>>>(tiles, args);
+      run(swiglu_bwd_grads_regs_kernel<1>, RbLayout<1>::kBytes);
     else
-      swiglu_bwd_grads_regs_kernel<2><<<grid, kRbWarps * 32, 0, stream(ctx)>>>(tiles, args);
-    MT_CUDA_LAUNCH_CHECK();
+      run(swiglu_bwd_grads_regs_kernel<2>, RbLayout<2>::kBytes);
     return true;
   }
   if (rank_pairs(r) == 1)
