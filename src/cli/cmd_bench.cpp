@@ -561,24 +561,25 @@ struct MoeBenchOptions {
   // The base runs only (forward, frozen, full, full with dW written): no LoRA, graphs or routing,
   // so that a sweep of grouped GEMM configurations spends its device time on what they change.
   bool base_only = false;
-  // The K-concatenated LoRA run's SwiGLU kernels (GroupedFfnParams::lora_fwd / lora_bwd: separate,
-  // staged or registers; empty: the op's defaults), and the other kernels timed beside it, as
-  // "fwd=<kernels>" / "bwd=<kernels>", comma-separated: "all" (every other one) or "none".
-  std::string lora_fwd, lora_bwd, lora_variants = "all";
+  // The K-concatenated LoRA run's kernels (GroupedFfnParams::lora_fwd / lora_bwd / lora_out_grads:
+  // separate, staged or registers; empty: the op's defaults), and the other kernels timed beside
+  // it, as "fwd=<kernels>", "bwd=..." or "og=...", comma-separated: "all" (every other one) or
+  // "none".
+  std::string lora_fwd, lora_bwd, lora_og, lora_variants = "all";
 };
 
-ops::LoraSwigluKernels parse_lora_kernels(const std::string& s) {
-  if (s == "separate") return ops::LoraSwigluKernels::Separate;
-  if (s == "staged") return ops::LoraSwigluKernels::Staged;
+ops::LoraKernels parse_lora_kernels(const std::string& s) {
+  if (s == "separate") return ops::LoraKernels::Separate;
+  if (s == "staged") return ops::LoraKernels::Staged;
   MT_CHECK(s == "registers", ValueError,
            "bench moe: LoRA SwiGLU kernels are separate, staged or registers, got \"", s, "\"");
-  return ops::LoraSwigluKernels::Registers;
+  return ops::LoraKernels::Registers;
 }
 
-const char* lora_kernels_name(ops::LoraSwigluKernels k) {
-  return k == ops::LoraSwigluKernels::Separate ? "separate"
-         : k == ops::LoraSwigluKernels::Staged ? "staged"
-                                               : "registers";
+const char* lora_kernels_name(ops::LoraKernels k) {
+  return k == ops::LoraKernels::Separate ? "separate"
+         : k == ops::LoraKernels::Staged ? "staged"
+                                         : "registers";
 }
 
 // Whether `cases` (MoeBenchOptions::cases) selects shape `name` with this routing.
@@ -754,6 +755,7 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
   ops::GroupedFfnParams kp = lp;
   if (!o.lora_fwd.empty()) kp.lora_fwd = parse_lora_kernels(o.lora_fwd);
   if (!o.lora_bwd.empty()) kp.lora_bwd = parse_lora_kernels(o.lora_bwd);
+  if (!o.lora_og.empty()) kp.lora_out_grads = parse_lora_kernels(o.lora_og);
   Tensor kx = x, kdy = dy;
   if (kconcat) {
     kw.gate_up = ops::grouped_ffn_pad_weight(w.gate_up, r);
@@ -846,6 +848,7 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
   run["lora_path"] = kconcat ? "kconcat" : "separate";
   run["lora_fwd_kernels"] = lora_kernels_name(kp.lora_fwd);
   run["lora_bwd_kernels"] = lora_kernels_name(kp.lora_bwd);
+  run["lora_out_grads_kernels"] = lora_kernels_name(kp.lora_out_grads);
   if (kconcat) {  // session 13's kernels on the same path (GroupedFfnParams::lora_s13_kernels)
     ops::GroupedFfnParams kp13 = kp;
     kp13.lora_s13_kernels = true;
@@ -855,22 +858,22 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
     });
     run["lora_s13_fwdbwd_ms"] = s13_fb;
     run["lora_s13_overhead_fwdbwd"] = s13_fb / fb_frozen - 1;
-    // Each SwiGLU pass's other kernels (GroupedFfnParams::lora_fwd / lora_bwd) against the run
-    // above, one pass at a time (MoeBenchOptions::lora_variants): lora_<fwd|bwd>_<kernels>_fwd_ms,
-    // _fwdbwd_ms, _overhead_fwdbwd.
-    using K = ops::LoraSwigluKernels;
-    for (const bool fwd_pass : {true, false})
+    // Each pass's other kernels (GroupedFfnParams::lora_fwd / lora_bwd / lora_out_grads) against
+    // the run above, one pass at a time (MoeBenchOptions::lora_variants): lora_<pass>_<kernels>_
+    // fwd_ms, _fwdbwd_ms, _overhead_fwdbwd.
+    using K = ops::LoraKernels;
+    for (const char* pass : {"fwd", "bwd", "og"})
       for (const K k : {K::Separate, K::Staged, K::Registers}) {
         ops::GroupedFfnParams kv = kp;
-        K& field = fwd_pass ? kv.lora_fwd : kv.lora_bwd;
-        const std::string v = std::string(fwd_pass ? "fwd=" : "bwd=") + lora_kernels_name(k);
+        const std::string ps = pass;
+        K& field = ps == "fwd" ? kv.lora_fwd : ps == "bwd" ? kv.lora_bwd : kv.lora_out_grads;
+        const std::string v = ps + "=" + lora_kernels_name(k);
         if (k == field || o.lora_variants == "none" ||
             (o.lora_variants != "all" &&
              ("," + o.lora_variants + ",").find("," + v + ",") == std::string::npos))
           continue;
         field = k;
-        const std::string key =
-            std::string("lora_") + (fwd_pass ? "fwd_" : "bwd_") + lora_kernels_name(k);
+        const std::string key = "lora_" + ps + "_" + lora_kernels_name(k);
         const auto vf = [&] { ops::grouped_ffn_forward(ctx, kv, kx, offsets, kw, y, lsaved); };
         const double v_f = time(vf);
         const double v_fb = time([&] {
@@ -1112,9 +1115,12 @@ Command add_bench_command(CLI::App& app) {
                  "the op's)");
   ms->add_option("--lora-bwd", mb->lora_bwd,
                  "the LoRA run's SwiGLU backward kernels: separate, staged or registers");
+  ms->add_option(
+      "--lora-og", mb->lora_og,
+      "the LoRA run's out_grads kernels (dr, dB over dY): separate, staged or registers");
   ms->add_option("--lora-variants", mb->lora_variants,
-                 "the other SwiGLU kernels timed beside the LoRA run: all, none, or a list of "
-                 "fwd=<kernels> / bwd=<kernels>")
+                 "the other kernels timed beside the LoRA run: all, none, or a list of "
+                 "fwd=<kernels> / bwd=<kernels> / og=<kernels>")
       ->capture_default_str();
   ms->add_flag("--base-only", mb->base_only,
                "time the base runs only (forward, frozen, full, full with dW written): no LoRA, "

@@ -149,11 +149,11 @@ bool kconcat_xa_in_rows(const GroupedFfnParams& p) {
 
 // The SwiGLU passes' kernels (GroupedFfnParams::lora_fwd / lora_bwd; session 13's under
 // lora_s13_kernels).
-LoraSwigluKernels lora_fwd(const GroupedFfnParams& p) {
-  return p.lora_s13_kernels ? LoraSwigluKernels::Separate : p.lora_fwd;
+LoraKernels lora_fwd(const GroupedFfnParams& p) {
+  return p.lora_s13_kernels ? LoraKernels::Separate : p.lora_fwd;
 }
-LoraSwigluKernels lora_bwd(const GroupedFfnParams& p) {
-  return p.lora_s13_kernels ? LoraSwigluKernels::Separate : p.lora_bwd;
+LoraKernels lora_bwd(const GroupedFfnParams& p) {
+  return p.lora_s13_kernels ? LoraKernels::Separate : p.lora_bwd;
 }
 
 // X A^T where a K-concatenated forward left it, for its backward: x's padding or saved.xa.
@@ -199,7 +199,7 @@ void forward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
   if (!kconcat_xa_in_rows(p)) ops::copy(ctx, xa, saved.xa);
   grouped_matmul(ctx, form.fwd, xp, offsets, padded_weight(w.gate_up, r).narrow(1, 0, 2 * F),
                  saved.gate_up);
-  if (lora_fwd(p) == LoraSwigluKernels::Separate) {
+  if (lora_fwd(p) == LoraKernels::Separate) {
     swiglu_forward(ctx, saved.gate_up, saved.h);
     grouped_matmul(ctx, form.fwd, saved.h, offsets, w.down_a, saved.ha);
   } else {
@@ -245,7 +245,7 @@ void backward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
   Tensor dgp = ctx.workspace().alloc({N, 2 * F + r}, at);
   Tensor dgu = dgp.cols(0, 2 * F), dr_gu = dgp.cols(2 * F, 2 * F + r);
   Tensor db_gu = grad(grads.gate_up_b), da_down = grad(grads.down_a);
-  if (lora_bwd(p) == LoraSwigluKernels::Separate) {
+  if (lora_bwd(p) == LoraKernels::Separate) {
     if (has(da_down)) grouped_matmul(ctx, form.dw, dr_down, offsets, saved.h, da_down);
     swiglu_backward(ctx, saved.gate_up, dh, dgu);
     lora_out_grads(ctx, p, dgu, offsets, w.gate_up_b, xa, dr_gu, db_gu);

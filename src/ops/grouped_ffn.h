@@ -33,12 +33,13 @@
 namespace mt::ops {
 
 // How the K-concatenation path runs a SwiGLU pass and the adapter products beside it
-// (GroupedFfnParams::lora_fwd / lora_bwd; ops/cuda/lora_grouped.h): the SwiGLU pass, then the
+// (GroupedFfnParams::lora_fwd / lora_bwd, and lora_out_grads likewise; ops/cuda/lora_grouped.h):
+// the SwiGLU pass, then the
 // products in passes of their own (session 13); one pass staging tiles through shared memory
 // (session 14); one pass whose warps form the products' MMA fragments in registers from the
 // elements they computed (session 16: the forward without shared memory or barriers, the backward
 // with one barrier per 32 columns where its warps' column sums meet).
-enum class LoraSwigluKernels { Separate, Staged, Registers };
+enum class LoraKernels { Separate, Staged, Registers };
 
 struct GroupedFfnParams {
   int64_t rows = 0, experts = 0, in = 0, ffn = 0;
@@ -73,8 +74,13 @@ struct GroupedFfnParams {
   // The K-concatenation path's SwiGLU forward and backward with the adapter products that read
   // their operands (ha = h A_down^T; dr_gu, dB_gu, dA_down), each selectable so that one device run
   // compares them (bench moe's lora_<variant>_* fields); lora_s13_kernels runs Separate for both.
-  LoraSwigluKernels lora_fwd = LoraSwigluKernels::Registers;
-  LoraSwigluKernels lora_bwd = LoraSwigluKernels::Registers;
+  LoraKernels lora_fwd = LoraKernels::Registers;
+  LoraKernels lora_bwd = LoraKernels::Registers;
+  // The adapter's products over an output gradient (grouped_ffn_lora_out_grads: dr = s dOut B, dB;
+  // on the K-concatenation path the one over dY): Separate = two grouped products, Staged = the
+  // one-pass out_grads kernel (session 14), Registers = dr's fragments in registers and dB from a
+  // shared tile (session 16). lora_s13_kernels runs session 13's one-pass kernel.
+  LoraKernels lora_out_grads = LoraKernels::Staged;
   float lora_scale() const { return lora_rank ? lora_alpha / static_cast<float>(lora_rank) : 0.f; }
 };
 

@@ -114,7 +114,7 @@ struct FfnSetup {
   bool weight_grads_zero = false;
   bool s13 = false;  // GroupedFfnParams::lora_s13_kernels
   // GroupedFfnParams::lora_fwd / lora_bwd (their defaults when unset)
-  std::optional<ops::LoraSwigluKernels> lora_fwd, lora_bwd;
+  std::optional<ops::LoraKernels> lora_fwd, lora_bwd, lora_og;  // and lora_out_grads
   // With pad_rows: x padded, dy not (the backward then takes the separate passes, which must find
   // X A^T where the K-concatenated forward left it: in x's padding).
   bool unpadded_dy = false;
@@ -139,6 +139,7 @@ FfnCase ffn_case(const FfnSetup& s, Rng& rng) {
   k.p.lora_s13_kernels = s.s13;
   if (s.lora_fwd) k.p.lora_fwd = *s.lora_fwd;
   if (s.lora_bwd) k.p.lora_bwd = *s.lora_bwd;
+  if (s.lora_og) k.p.lora_out_grads = *s.lora_og;
   k.p.keep_h = s.keep_h;
   k.off = Tensor::empty({E + 1}, DType::I32);
   std::vector<int32_t> cnt(static_cast<size_t>(E), 0);
@@ -421,8 +422,18 @@ TEST(CudaGroupedFfn, KConcatLoraInTheBaseGemms) {
              .skewed = true,
              .kconcat = true,
              .pad_rows = true,
-             .lora_fwd = ops::LoraSwigluKernels::Staged,
-             .lora_bwd = ops::LoraSwigluKernels::Separate});
+             .lora_fwd = ops::LoraKernels::Staged,
+             .lora_bwd = ops::LoraKernels::Separate});
+  ffn_check("grouped_ffn kconcat r16 skewed trained base, padded rows, out_grads registers",
+            {.rows = 3000,
+             .experts = 16,
+             .in = 264,
+             .ffn = 136,
+             .rank = 16,
+             .skewed = true,
+             .kconcat = true,
+             .pad_rows = true,
+             .lora_og = ops::LoraKernels::Registers});
   ffn_check("grouped_ffn kconcat r32 skewed trained base, padded rows", {.rows = 3000,
                                                                          .experts = 16,
                                                                          .in = 264,
@@ -722,6 +733,25 @@ TEST(CudaGroupedFfn, LoraBackwardOnePassOverDout) {
   ffn_check(
       "grouped_ffn lora out grads r16, session 13's kernels",
       {.rows = 3000, .experts = 8, .in = 2056, .ffn = 72, .rank = 16, .skewed = true, .s13 = true});
+  // dr's fragments in registers, dB from the shared tile (LoraKernels::Registers: 128-row blocks,
+  // 64-column chunks, the last partial at in = 2056 and ffn = 72), and the two separate products.
+  for (int64_t r : {8, 16, 24, 32})
+    ffn_check(cat("grouped_ffn lora out grads r", r, ", registers").c_str(),
+              {.rows = 3000,
+               .experts = 8,
+               .in = 2056,
+               .ffn = 72,
+               .rank = r,
+               .skewed = true,
+               .lora_og = ops::LoraKernels::Registers});
+  ffn_check("grouped_ffn lora out grads r16, separate products",
+            {.rows = 3000,
+             .experts = 8,
+             .in = 2056,
+             .ffn = 72,
+             .rank = 16,
+             .skewed = true,
+             .lora_og = ops::LoraKernels::Separate});
 }
 
 // A deterministic context runs the experts (base and LoRA training) bit for bit the same twice,

@@ -230,12 +230,12 @@ TEST(CudaLoraGrouped, FusedSwigluKernelsAgainstTheCpuComposites) {
         .rows = N, .experts = G, .in = 8, .ffn = F, .lora_rank = r, .lora_alpha = 24.f};
     const float s = p.lora_scale();
     const std::vector<In> ha_ins = {{randn(rng, {N, 2 * F})}, {randn(rng, {G, r, F}, 0.2)}};
-    // Both one-pass forms of the forward (LoraSwigluKernels): staged, and fragments in registers
+    // Both one-pass forms of the forward (LoraKernels): staged, and fragments in registers
     // (16-row tiles per warp: the hot group ends in a partial one, F = 72 in a partial chunk).
-    for (const auto kernels : {ops::LoraSwigluKernels::Staged, ops::LoraSwigluKernels::Registers}) {
+    for (const auto kernels : {ops::LoraKernels::Staged, ops::LoraKernels::Registers}) {
       ops::GroupedFfnParams pk = p;
       pk.lora_fwd = kernels;
-      const bool regs = kernels == ops::LoraSwigluKernels::Registers;
+      const bool regs = kernels == ops::LoraKernels::Registers;
       run_case(
           cat("lora swiglu ha r=", r, regs ? " registers" : " staged").c_str(), ha_ins, {"h", "ha"},
           [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
@@ -262,12 +262,12 @@ TEST(CudaLoraGrouped, FusedSwigluKernelsAgainstTheCpuComposites) {
                                  {randn(rng, {G, 2 * F, r}, 0.2)},
                                  {randn(rng, {G, 2 * F, r}), false},
                                  {randn(rng, {G, r, F}), false}};
-    // Both one-pass forms of the backward (LoraSwigluKernels): staged, and fragments in registers
+    // Both one-pass forms of the backward (LoraKernels): staged, and fragments in registers
     // (128-row blocks: the hot group ends in a partial one whose last warps hold no rows).
-    for (const auto kernels : {ops::LoraSwigluKernels::Staged, ops::LoraSwigluKernels::Registers}) {
+    for (const auto kernels : {ops::LoraKernels::Staged, ops::LoraKernels::Registers}) {
       ops::GroupedFfnParams pk = p;
       pk.lora_bwd = kernels;
-      const bool regs = kernels == ops::LoraSwigluKernels::Registers;
+      const bool regs = kernels == ops::LoraKernels::Registers;
       run_case(
           cat("lora swiglu backward grads r=", r, regs ? " registers" : " staged").c_str(), ins,
           {"dgate_up", "dr_gu", "dB_gu", "dA_down", "dgate_up (no grads)", "dr_gu (no grads)"},

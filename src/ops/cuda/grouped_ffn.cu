@@ -177,8 +177,12 @@ void grouped_ffn_swiglu_backward_with_h(Context& ctx, const Tensor& gate_up, con
 void grouped_ffn_lora_out_grads(Context& ctx, const GroupedFfnParams& p, const Tensor& dout,
                                 const Tensor& offsets, const Tensor& b, const Tensor& xa,
                                 Tensor& dr, Tensor& db) {
-  if (!skinny_lora_out_grads(ctx, dout, offsets, b, xa, p.lora_scale(), dr, db, p.lora_s13_kernels))
-    cpu::grouped_ffn_lora_out_grads(ctx, p, dout, offsets, b, xa, dr, db);
+  // Separate: the two grouped products (the CPU body's calls, on the skinny kernels).
+  if (p.lora_s13_kernels || p.lora_out_grads != LoraKernels::Separate)
+    if (skinny_lora_out_grads(ctx, dout, offsets, b, xa, p.lora_scale(), dr, db, p.lora_s13_kernels,
+                              p.lora_out_grads == LoraKernels::Registers))
+      return;
+  cpu::grouped_ffn_lora_out_grads(ctx, p, dout, offsets, b, xa, dr, db);
 }
 
 void grouped_ffn_lora_swiglu(Context& ctx, const GroupedFfnParams& p, const Tensor& xa,
@@ -214,7 +218,7 @@ void grouped_ffn_lora_swiglu_backward_grads(Context& ctx, const GroupedFfnParams
                                             Tensor& db_gu, Tensor& da_down) {
   if (skinny_lora_swiglu_bwd_grads(ctx, gate_up, dh, offsets, dr_down, xa, b_gu, p.lora_scale(),
                                    dgate_up, dr_gu, db_gu, da_down,
-                                   p.lora_bwd == LoraSwigluKernels::Registers))
+                                   p.lora_bwd == LoraKernels::Registers))
     return;
   lora_composite::swiglu_backward_grads(ctx, p, gate_up, dh, offsets, h, dr_down, xa, b_gu,
                                         dgate_up, dr_gu, db_gu, da_down,
@@ -225,7 +229,7 @@ void grouped_ffn_lora_swiglu_ha(Context& ctx, const GroupedFfnParams& p, const T
                                 const Tensor& offsets, const Tensor& a_down, Tensor& h,
                                 Tensor& ha) {
   if (skinny_lora_swiglu_ha(ctx, gate_up, offsets, a_down, h, ha,
-                            p.lora_fwd == LoraSwigluKernels::Registers))
+                            p.lora_fwd == LoraKernels::Registers))
     return;
   lora_composite::swiglu_ha(ctx, p, gate_up, offsets, a_down, h, ha, grouped_ffn_swiglu_forward);
 }

@@ -1224,7 +1224,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // grouped_ffn_lora_swiglu_ha with the product's fragments formed in registers
-// (LoraSwigluKernels::Registers). swiglu_ha_kernel stages gate_up through a shared-memory ring and
+// (LoraKernels::Registers). swiglu_ha_kernel stages gate_up through a shared-memory ring and
 // meets its warps at two barriers per 32 columns, with 4 blocks (16 warps) per SM; this kernel is
 // laid out like the frozen SwiGLU kernel instead (ops/cuda/grouped_ffn.cu: 16-byte loads straight
 // into registers, no shared memory, many warps per SM), each warp one 16-row tile of a group across
@@ -1334,7 +1334,7 @@ __global__ void __launch_bounds__(kRegWarps * 32, kNT <= 2 ? 3 : 1)
 }
 
 // grouped_ffn_lora_swiglu_backward_grads with dr_gu's fragments formed in registers
-// (LoraSwigluKernels::Registers; swiglu_bwd_grads_kernel stages every operand through a 3-stage
+// (LoraKernels::Registers; swiglu_bwd_grads_kernel stages every operand through a 3-stage
 // ring with 3 blocks of 4 warps per SM and two barriers per stage). A block takes 128 rows of a
 // group, warp w rows 16 w .. 16 w + 15 across all of F in 32-column chunks, each lane the 8
 // adjacent columns 8c .. 8c + 7 of rows g and g + 8 (16-byte loads of gate, up and dh straight into
@@ -1369,9 +1369,15 @@ struct RbLayout {
   static constexpr int kBytes = (2 * kB + 2 * kT + 2 * kRank) * static_cast<int>(sizeof(bf16));
 };
 
-template <int kMT>
+// kSwiglu: the kernel above. Without it, the out_grads pass (skinny_lora_out_grads) on the same
+// layout: dOut [rows, K] in 64-column chunks as the two halves (columns c0 + 8c.. and c0 + 32 +
+// 8c.. of a lane) that SwiGLU's gate and up are, dr = s dOut B written (B [G, K, r]), dB += s
+// dOut^T xa by warps 0-3 from the tile (warps 4-7 idle there: no dA). The arguments are
+// SwigluBwdGradsArgs's with gu = dOut, F = K, xa the rank-r input, drg = dr, db = dB (dh, drd, dgu,
+// da unused).
+template <int kMT, bool kSwiglu>
 __global__ void __launch_bounds__(kRbWarps * 32, 2)
-    swiglu_bwd_grads_regs_kernel(const __grid_constant__ Tiles tiles, const SwigluBwdGradsArgs p) {
+    bwd_grads_regs_kernel(const __grid_constant__ Tiles tiles, const SwigluBwdGradsArgs p) {
   using L = RbLayout<kMT>;
   constexpr int kNT = 2 * kMT;  // the rank's n-tiles of 8
   extern __shared__ __align__(16) unsigned char smem[];
@@ -1382,21 +1388,28 @@ __global__ void __launch_bounds__(kRbWarps * 32, 2)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, c = lane & 3;
   const Tile t = find_tile(tiles, static_cast<int>(blockIdx.x));
-  const int64_t F = p.F;
+  const int64_t F = p.F;  // the width: F (SwiGLU) or K (dOut)
   const int r = p.r;
   const int w0 = warp * kRegRows;  // the warp's first row in the tile
   const bool ok[2] = {w0 + g < t.rows, w0 + g + 8 < t.rows};
   const int64_t row[2] = {t.r0 + w0 + g, t.r0 + w0 + g + 8};
-  const bf16* wb = p.b + static_cast<int64_t>(t.group) * 2 * F * r;
+  // A chunk's two halves: half h's column `off` (0 .. 31) is the operand's column c0 + col_of(h,
+  // off), within the width where c0 + width_of(h, off) < F.
+  const auto col_of = [&](int h, int off) -> int64_t {
+    return kSwiglu ? (h ? F : 0) + off : kRegChunk * h + off;
+  };
+  const auto width_of = [&](int h, int off) { return kSwiglu ? off : kRegChunk * h + off; };
+  constexpr int kAdvance = kSwiglu ? kRegChunk : 2 * kRegChunk;
+  const bf16* wb = p.b + static_cast<int64_t>(t.group) * (kSwiglu ? 2 * F : F) * r;
   constexpr int kChunks = L::kR16 / 8;  // 16-byte pieces of a rank-wide row
-  // B_gu's rows of chunk c0 in logical k order: steps 0, 1 gate columns c0.., 2, 3 up F + c0..
+  // B's rows of chunk c0 in logical k order: steps 0, 1 of the first half, 2, 3 of the second.
   const auto load_b = [&](int64_t c0, bf16* dst) {
     for (int i = tid; i < 4 * 16 * kChunks; i += kRbWarps * 32) {
       const int step = i / (16 * kChunks), lr = (i / kChunks) % 16, j = (i % kChunks) * 8;
-      const int64_t col = c0 + chunk_col(step & 1, lr);
-      const bool in = col < F && j < r;
+      const int off = chunk_col(step & 1, lr), h = step >> 1;
+      const bool in = c0 + width_of(h, off) < F && j < r;
       cp16_or_zero(dst + (step * 16 + lr) * L::kLdR + j,
-                   in ? wb + ((step < 2 ? 0 : F) + col) * r + j : p.b, in);
+                   in ? wb + (c0 + col_of(h, off)) * r + j : p.b, in);
     }
   };
   for (int i = tid; i < kRbRows * kChunks; i += kRbWarps * 32) {  // xa, dr_down: zeros past
@@ -1404,63 +1417,67 @@ __global__ void __launch_bounds__(kRbWarps * 32, 2)
     const bool in = rr < t.rows && j < r;
     const int64_t gr = t.r0 + rr;
     cp16_or_zero(xs + rr * L::kLdR + j, in ? p.xa + gr * p.ldx + j : p.xa, in);
-    cp16_or_zero(rs + rr * L::kLdR + j, in ? p.drd + gr * p.lddrd + j : p.drd, in);
+    if constexpr (kSwiglu)
+      cp16_or_zero(rs + rr * L::kLdR + j, in ? p.drd + gr * p.lddrd + j : p.drd, in);
   }
   load_b(0, bs);
   mma::cp_async_commit();
   mma::cp_async_wait<0>();
   __syncthreads();  // B's first stage, xa and dr_down
   float dr[kNT][4] = {};
-  const int nchunks = static_cast<int>((F + kRegChunk - 1) / kRegChunk);
+  const int nchunks = static_cast<int>((F + kAdvance - 1) / kAdvance);
   for (int ci = 0; ci < nchunks; ++ci) {
-    const int64_t c0 = static_cast<int64_t>(ci) * kRegChunk;
+    const int64_t c0 = static_cast<int64_t>(ci) * kAdvance;
     const bf16* bcur = bs + (ci & 1) * L::kB;
     bf16* tcur = ts + (ci & 1) * L::kT;
-    if (ci + 1 < nchunks) load_b(c0 + kRegChunk, bs + ((ci + 1) & 1) * L::kB);
+    if (ci + 1 < nchunks) load_b(c0 + kAdvance, bs + ((ci + 1) & 1) * L::kB);
     mma::cp_async_commit();
-    const int64_t col = c0 + 8 * c;
-    const bool in = col < F;
-    uint4 dgv[2], duv[2];
+    uint4 dgv[2], duv[2];  // the halves' packs of rows g, g + 8 (dgate_up's gate and up)
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const bool v = in && ok[i];
-      const bf16* gp = p.gu + row[i] * p.ldgu + col;
-      const uint4 gq = ldg16_or_zero(gp, v), uq = ldg16_or_zero(gp + F, v),
-                  dq = ldg16_or_zero(p.dh + row[i] * p.lddh + col, v);
-      const bf16* gb = reinterpret_cast<const bf16*>(&gq);
-      const bf16* ub = reinterpret_cast<const bf16*>(&uq);
-      const bf16* hb = reinterpret_cast<const bf16*>(&dq);
-      uint32_t dgw[4], duw[4], hw[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        float dgf[2], duf[2], hf[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {  // as swiglu_bwd_kernel (ops/cuda/grouped_ffn.cu)
-          const float gj = __bfloat162float(gb[2 * k + e]), uj = __bfloat162float(ub[2 * k + e]),
-                      dj = __bfloat162float(hb[2 * k + e]);
-          const float sg = 1.0f / (1.0f + expf(-gj));
-          duf[e] = dj * gj * sg;
-          dgf[e] = dj * uj * sg * (1.0f + gj * (1.0f - sg));
-          hf[e] = gj * sg * uj;  // for dA only, from sg (as swiglu_bwd_grads_kernel)
-        }
-        dgw[k] = mma::pack_bf16(dgf[0], dgf[1]);
-        duw[k] = mma::pack_bf16(duf[0], duf[1]);
-        hw[k] = mma::pack_bf16(hf[0], hf[1]);
-      }
-      dgv[i] = make_uint4(dgw[0], dgw[1], dgw[2], dgw[3]);
-      duv[i] = make_uint4(duw[0], duw[1], duw[2], duw[3]);
-      if (v) {
-        bf16* out = p.dgu + row[i] * p.lddgu + col;
-        *reinterpret_cast<uint4*>(out) = dgv[i];
-        *reinterpret_cast<uint4*>(out + F) = duv[i];
-      }
-      // The tile (zeros past the rows and F, from the zero loads).
+      const bf16* gp = p.gu + row[i] * p.ldgu + c0;
       bf16* tr = tcur + (w0 + g + 8 * i) * kRbLdT + 8 * c;
+      if constexpr (kSwiglu) {
+        const bool v = c0 + 8 * c < F && ok[i];
+        const uint4 gq = ldg16_or_zero(gp + 8 * c, v), uq = ldg16_or_zero(gp + F + 8 * c, v),
+                    dq = ldg16_or_zero(p.dh + row[i] * p.lddh + c0 + 8 * c, v);
+        const bf16* gb = reinterpret_cast<const bf16*>(&gq);
+        const bf16* ub = reinterpret_cast<const bf16*>(&uq);
+        const bf16* hb = reinterpret_cast<const bf16*>(&dq);
+        uint32_t dgw[4], duw[4], hw[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          float dgf[2], duf[2], hf[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {  // as swiglu_bwd_kernel (ops/cuda/grouped_ffn.cu)
+            const float gj = __bfloat162float(gb[2 * k + e]), uj = __bfloat162float(ub[2 * k + e]),
+                        dj = __bfloat162float(hb[2 * k + e]);
+            const float sg = 1.0f / (1.0f + expf(-gj));
+            duf[e] = dj * gj * sg;
+            dgf[e] = dj * uj * sg * (1.0f + gj * (1.0f - sg));
+            hf[e] = gj * sg * uj;  // for dA only, from sg (as swiglu_bwd_grads_kernel)
+          }
+          dgw[k] = mma::pack_bf16(dgf[0], dgf[1]);
+          duw[k] = mma::pack_bf16(duf[0], duf[1]);
+          hw[k] = mma::pack_bf16(hf[0], hf[1]);
+        }
+        dgv[i] = make_uint4(dgw[0], dgw[1], dgw[2], dgw[3]);
+        duv[i] = make_uint4(duw[0], duw[1], duw[2], duw[3]);
+        if (v) {
+          bf16* out = p.dgu + row[i] * p.lddgu + c0 + 8 * c;
+          *reinterpret_cast<uint4*>(out) = dgv[i];
+          *reinterpret_cast<uint4*>(out + F) = duv[i];
+        }
+        *reinterpret_cast<uint4*>(tr + 2 * kRegChunk) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+      } else {
+        dgv[i] = ldg16_or_zero(gp + 8 * c, c0 + 8 * c < F && ok[i]);
+        duv[i] = ldg16_or_zero(gp + kRegChunk + 8 * c, c0 + kRegChunk + 8 * c < F && ok[i]);
+      }
+      // The tile (zeros past the rows and the width, from the zero loads).
       *reinterpret_cast<uint4*>(tr) = dgv[i];
       *reinterpret_cast<uint4*>(tr + kRegChunk) = duv[i];
-      *reinterpret_cast<uint4*>(tr + 2 * kRegChunk) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
     }
-    // dr_gu over the chunk: k16 steps 0, 1 of gate, then of up.
+    // dr over the chunk: k16 steps 0, 1 of the first half, then of the second.
 #pragma unroll
     for (int step = 0; step < 4; ++step) {
       const uint4* src = step < 2 ? dgv : duv;
@@ -1476,7 +1493,7 @@ __global__ void __launch_bounds__(kRbWarps * 32, 2)
     }
     mma::cp_async_wait<0>();
     __syncthreads();  // the chunk's tile is whole; B's next stage has landed
-    if (warp < 4) {   // dB: columns 16 w .. 16 w + 15 of [gate 32 | up 32] x the rank
+    if (warp < 4) {   // dB: columns 16 w .. 16 w + 15 of the tile's 64 x the rank
       if (p.db == nullptr) continue;
       float acc[kNT][4] = {};
 #pragma unroll
@@ -1490,13 +1507,12 @@ __global__ void __launch_bounds__(kRbWarps * 32, 2)
           mma::mma_bf16(acc[q], a, bf);
         }
       }
-      float* db_g = p.db + static_cast<int64_t>(t.group) * 2 * F * r;
+      float* db_g = p.db + static_cast<int64_t>(t.group) * (kSwiglu ? 2 * F : F) * r;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {  // (column 16 w + g + 8 h; j = 8q + 2c, + 1)
-        const int cc = 16 * warp + g + 8 * h;
-        const int64_t fc = c0 + (cc & (kRegChunk - 1));
-        if (fc >= F) continue;
-        float* out = db_g + ((cc < kRegChunk ? 0 : F) + fc) * r;
+      for (int h = 0; h < 2; ++h) {  // (tile column 16 w + g + 8 h; j = 8q + 2c, + 1)
+        const int cc = 16 * warp + g + 8 * h, half = cc / kRegChunk, off = cc % kRegChunk;
+        if (c0 + width_of(half, off) >= F) continue;
+        float* out = db_g + (c0 + col_of(half, off)) * r;
 #pragma unroll
         for (int q = 0; q < kNT; ++q) {
           const int j = 8 * q + 2 * c;
@@ -1505,7 +1521,7 @@ __global__ void __launch_bounds__(kRbWarps * 32, 2)
                       make_float2(p.s * acc[q][2 * h], p.s * acc[q][2 * h + 1]));
         }
       }
-    } else {  // dA: the rank x columns 8 (w - 4) .. of h
+    } else if constexpr (kSwiglu) {  // dA: the rank x columns 8 (w - 4) .. of h
       if (p.da == nullptr) continue;
       const int n0 = 8 * (warp - 4);
       float acc[kMT][4] = {};
@@ -1718,7 +1734,7 @@ bool skinny_grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Ten
 }
 
 bool skinny_lora_out_grads(Context& ctx, const Tensor& dout, const Tensor& offsets, const Tensor& b,
-                           const Tensor& xa, float s, Tensor& dr, Tensor& db, bool s13) {
+                           const Tensor& xa, float s, Tensor& dr, Tensor& db, bool s13, bool regs) {
   // dB's partial sums meet through atomics: a deterministic context keeps the separate kernels.
   if (ctx.deterministic() || !rows_ok(dout) || !rows_ok(xa) || !rows_ok(dr)) return false;
   const int64_t r = xa.dim(1), K = dout.dim(1), groups = offsets.numel() - 1;
@@ -1735,10 +1751,42 @@ bool skinny_lora_out_grads(Context& ctx, const Tensor& dout, const Tensor& offse
   // atomics came every 128 rows or every 512 (session 14, mid-session ncu): not the atomics, so
   // the warps in flight.
   constexpr int kParts = 2, kRows = 64;
-  const int64_t block_rows = s13 ? kOgRows : kParts * kRows;
+  regs = regs && !s13;
+  const int64_t block_rows = regs ? kRbRows : s13 ? kOgRows : kParts * kRows;
   thread_local Tiles tiles;
   if (!make_tiles(offsets.i32(), groups, static_cast<int>(block_rows), tiles)) return false;
   if (tiles.tile0[tiles.count] == 0) return true;  // no rows: dr is empty, dB gains nothing
+  if (regs) {  // bwd_grads_regs_kernel without SwiGLU: dOut in the place of gate_up
+    const SwigluBwdGradsArgs args{ptr<bf16>(dout),
+                                  dout.stride(0),
+                                  nullptr,
+                                  0,
+                                  nullptr,
+                                  0,
+                                  ptr<bf16>(xa),
+                                  xa.stride(0),
+                                  ptr<bf16>(b),
+                                  K,
+                                  static_cast<int>(r),
+                                  nullptr,
+                                  0,
+                                  ptr<bf16>(dr),
+                                  dr.stride(0),
+                                  with_db ? ptr<float>(db) : nullptr,
+                                  nullptr,
+                                  s};
+    const auto run = [&](auto kernel, int bytes) {
+      MT_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+      kernel<<<dim3(tiles.tile0[tiles.count]), kRbWarps * 32, bytes, stream(ctx)>>>(tiles, args);
+      MT_CUDA_LAUNCH_CHECK();
+    };
+    if (r <= 16)
+      run(bwd_grads_regs_kernel<1, false>, RbLayout<1>::kBytes);
+    else
+      run(bwd_grads_regs_kernel<2, false>, RbLayout<2>::kBytes);
+    return true;
+  }
   const OutGradArgs args{ptr<bf16>(dout),
                          dout.stride(0),
                          K,
@@ -1905,9 +1953,9 @@ bool skinny_lora_swiglu_bwd_grads(Context& ctx, const Tensor& gate_up, const Ten
       MT_CUDA_LAUNCH_CHECK();
     };
     if (r <= 16)
-      run(swiglu_bwd_grads_regs_kernel<1>, RbLayout<1>::kBytes);
+      run(bwd_grads_regs_kernel<1, true>, RbLayout<1>::kBytes);
     else
-      run(swiglu_bwd_grads_regs_kernel<2>, RbLayout<2>::kBytes);
+      run(bwd_grads_regs_kernel<2, true>, RbLayout<2>::kBytes);
     return true;
   }
   if (rank_pairs(r) == 1)

@@ -36,9 +36,11 @@ bool skinny_grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Ten
 // defined, dB_g += s dOut_g^T xa_g (f32). Returns false having done nothing when it does not take
 // the call (a deterministic context: dB meets through atomics; r > 32; what the skinny kernels
 // refuse); the caller then runs the two grouped_matmul calls. `s13`: session 13's blocks of 128
-// rows (GroupedFfnParams::lora_s13_kernels) instead of two 64-row parts.
+// rows (GroupedFfnParams::lora_s13_kernels) instead of two 64-row parts; `regs` (without s13): dr's
+// fragments formed in registers, dB from a shared tile (LoraKernels::Registers).
 bool skinny_lora_out_grads(Context& ctx, const Tensor& dout, const Tensor& offsets, const Tensor& b,
-                           const Tensor& xa, float s, Tensor& dr, Tensor& db, bool s13 = false);
+                           const Tensor& xa, float s, Tensor& dr, Tensor& db, bool s13 = false,
+                           bool regs = false);
 
 // The gate/up projection's adapter term and SwiGLU in one pass after the base GEMM wrote gate_up
 // [rows, 2F] (bf16, B [G, 2F, r], xa [rows, r]): h [rows, F] = silu(g) * u with [g | u] = gate_up
@@ -56,7 +58,7 @@ bool skinny_lora_swiglu_backward(Context& ctx, const Tensor& gate_up, const Tens
 
 // grouped_ffn_lora_swiglu_backward_grads (ops/grouped_ffn.h) in one pass over gate_up and dh
 // (bf16 rows; B_gu [G, 2F, r] bf16; dB_gu, dA_down f32 or undefined): staged through shared
-// memory, or with `regs` the fragments formed in registers (LoraSwigluKernels). False having done
+// memory, or with `regs` the fragments formed in registers (LoraKernels). False having done
 // nothing when it does not take the call (a deterministic context: dB and dA meet through atomics;
 // r > 32; what the skinny kernels refuse); the caller then runs the composite form.
 bool skinny_lora_swiglu_bwd_grads(Context& ctx, const Tensor& gate_up, const Tensor& dh,
@@ -66,7 +68,7 @@ bool skinny_lora_swiglu_bwd_grads(Context& ctx, const Tensor& gate_up, const Ten
 
 // grouped_ffn_lora_swiglu_ha (ops/grouped_ffn.h) in one pass over gate_up (bf16 rows, A_down
 // [G, r, F] bf16): staged through shared memory, or with `regs` the fragments formed in registers
-// (LoraSwigluKernels). False having done nothing when it does not take the call.
+// (LoraKernels). False having done nothing when it does not take the call.
 bool skinny_lora_swiglu_ha(Context& ctx, const Tensor& gate_up, const Tensor& offsets,
                            const Tensor& a_down, Tensor& h, Tensor& ha, bool regs = false);
 
