@@ -561,11 +561,11 @@ struct MoeBenchOptions {
   // The base runs only (forward, frozen, full, full with dW written): no LoRA, graphs or routing,
   // so that a sweep of grouped GEMM configurations spends its device time on what they change.
   bool base_only = false;
-  // The K-concatenated LoRA run's kernels (GroupedFfnParams::lora_fwd / lora_bwd / lora_out_grads:
-  // separate, staged or registers; empty: the op's defaults), and the other kernels timed beside
-  // it, as "fwd=<kernels>", "bwd=..." or "og=...", comma-separated: "all" (every other one) or
-  // "none".
-  std::string lora_fwd, lora_bwd, lora_og, lora_variants = "all";
+  // The K-concatenated LoRA run's kernels (GroupedFfnParams::lora_fwd / lora_bwd / lora_out_grads /
+  // lora_xa: separate, staged or registers; empty: the op's defaults), and the other kernels timed
+  // beside it, as "fwd=<kernels>", "bwd=...", "og=..." or "xa=...", comma-separated: "all" (every
+  // other one) or "none".
+  std::string lora_fwd, lora_bwd, lora_og, lora_xa, lora_variants = "all";
 };
 
 ops::LoraKernels parse_lora_kernels(const std::string& s) {
@@ -756,6 +756,7 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
   if (!o.lora_fwd.empty()) kp.lora_fwd = parse_lora_kernels(o.lora_fwd);
   if (!o.lora_bwd.empty()) kp.lora_bwd = parse_lora_kernels(o.lora_bwd);
   if (!o.lora_og.empty()) kp.lora_out_grads = parse_lora_kernels(o.lora_og);
+  if (!o.lora_xa.empty()) kp.lora_xa = parse_lora_kernels(o.lora_xa);
   Tensor kx = x, kdy = dy;
   if (kconcat) {
     kw.gate_up = ops::grouped_ffn_pad_weight(w.gate_up, r);
@@ -849,6 +850,7 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
   run["lora_fwd_kernels"] = lora_kernels_name(kp.lora_fwd);
   run["lora_bwd_kernels"] = lora_kernels_name(kp.lora_bwd);
   run["lora_out_grads_kernels"] = lora_kernels_name(kp.lora_out_grads);
+  run["lora_xa_kernels"] = lora_kernels_name(kp.lora_xa);
   if (kconcat) {  // session 13's kernels on the same path (GroupedFfnParams::lora_s13_kernels)
     ops::GroupedFfnParams kp13 = kp;
     kp13.lora_s13_kernels = true;
@@ -862,13 +864,16 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
     // the run above, one pass at a time (MoeBenchOptions::lora_variants): lora_<pass>_<kernels>_
     // fwd_ms, _fwdbwd_ms, _overhead_fwdbwd.
     using K = ops::LoraKernels;
-    for (const char* pass : {"fwd", "bwd", "og"})
+    for (const char* pass : {"fwd", "bwd", "og", "xa"})
       for (const K k : {K::Separate, K::Staged, K::Registers}) {
         ops::GroupedFfnParams kv = kp;
         const std::string ps = pass;
-        K& field = ps == "fwd" ? kv.lora_fwd : ps == "bwd" ? kv.lora_bwd : kv.lora_out_grads;
+        K& field = ps == "fwd"   ? kv.lora_fwd
+                   : ps == "bwd" ? kv.lora_bwd
+                   : ps == "og"  ? kv.lora_out_grads
+                                 : kv.lora_xa;
         const std::string v = ps + "=" + lora_kernels_name(k);
-        if (k == field || o.lora_variants == "none" ||
+        if (k == field || (ps == "xa" && k == K::Separate) || o.lora_variants == "none" ||
             (o.lora_variants != "all" &&
              ("," + o.lora_variants + ",").find("," + v + ",") == std::string::npos))
           continue;
@@ -1118,9 +1123,11 @@ Command add_bench_command(CLI::App& app) {
   ms->add_option(
       "--lora-og", mb->lora_og,
       "the LoRA run's out_grads kernels (dr, dB over dY): separate, staged or registers");
+  ms->add_option("--lora-xa", mb->lora_xa,
+                 "the LoRA run's X A^T kernel: staged (the skinny down kernel) or registers");
   ms->add_option("--lora-variants", mb->lora_variants,
                  "the other kernels timed beside the LoRA run: all, none, or a list of "
-                 "fwd=<kernels> / bwd=<kernels> / og=<kernels>")
+                 "fwd=<kernels> / bwd=<kernels> / og=<kernels> / xa=<kernels>")
       ->capture_default_str();
   ms->add_flag("--base-only", mb->base_only,
                "time the base runs only (forward, frozen, full, full with dW written): no LoRA, "

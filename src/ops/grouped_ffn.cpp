@@ -194,7 +194,8 @@ void forward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
     ops::copy(ctx, x, head);
   }
   Tensor xa = xp.cols(l, l + r);
-  grouped_matmul(ctx, form.fwd, x, offsets, w.gate_up_a, xa);
+  dispatch(MT_NAMED_OP_BODIES("grouped_ffn_forward", grouped_ffn_lora_xa), {&x, &w.gate_up_a, &xa},
+           ctx, p, x, offsets, w.gate_up_a, xa);
   // For dB in backward (N r elements): the caller's padded rows keep it (kconcat_xa_in_rows).
   if (!kconcat_xa_in_rows(p)) ops::copy(ctx, xa, saved.xa);
   grouped_matmul(ctx, form.fwd, xp, offsets, padded_weight(w.gate_up, r).narrow(1, 0, 2 * F),

@@ -81,6 +81,9 @@ struct GroupedFfnParams {
   // one-pass out_grads kernel (session 14), Registers = dr's fragments in registers and dB from a
   // shared tile (session 16). lora_s13_kernels runs session 13's one-pass kernel.
   LoraKernels lora_out_grads = LoraKernels::Staged;
+  // The K-concatenation path's xa = X A_gu^T (grouped_ffn_lora_xa): Registers = the register
+  // kernel; otherwise grouped_matmul (the skinny down kernel, session 11).
+  LoraKernels lora_xa = LoraKernels::Staged;
   float lora_scale() const { return lora_rank ? lora_alpha / static_cast<float>(lora_rank) : 0.f; }
 };
 
@@ -192,6 +195,13 @@ using GroupedFfnLoraSwigluBackwardGrads = void(Context& ctx, const GroupedFfnPar
                                                const Tensor& b_gu, Tensor& dgate_up, Tensor& dr_gu,
                                                Tensor& db_gu, Tensor& da_down);
 
+// The gate/up adapter's first product xa = X A_gu^T (x [rows, in], A [E, r, in]; xa [rows, r],
+// written), as grouped_matmul's XWt form computes it (the CPU's body and the GPU's fallback), or on
+// the GPU in one pass over X with the fragments formed in registers (GroupedFfnParams::lora_xa ==
+// Registers; ops/cuda/lora_grouped.h).
+using GroupedFfnLoraXa = void(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
+                              const Tensor& offsets, const Tensor& a, Tensor& xa);
+
 // The K-concatenation path's adapter packing, both projections: [[W, s B], [A, 0]] in each padded
 // buffer, i.e. A [E, r, in] into its rows out .. out + r - 1 (columns 0 .. in - 1) and s B
 // [E, out, r] (s = p.lora_scale(), rounded once into the buffer's type) into its columns in .. in +
@@ -212,6 +222,7 @@ MT_OP_BACKENDS(GroupedFfnSwigluForward grouped_ffn_swiglu_forward;
                GroupedFfnLoraSwigluBackward grouped_ffn_lora_swiglu_backward;
                GroupedFfnLoraPack grouped_ffn_lora_pack;
                GroupedFfnLoraSwigluBackwardGrads grouped_ffn_lora_swiglu_backward_grads;
-               GroupedFfnLoraSwigluHa grouped_ffn_lora_swiglu_ha;)
+               GroupedFfnLoraSwigluHa grouped_ffn_lora_swiglu_ha;
+               GroupedFfnLoraXa grouped_ffn_lora_xa;)
 
 }  // namespace mt::ops

@@ -210,6 +210,34 @@ TEST(CudaLoraGrouped, PackIntoThePaddedBuffersAgainstHostLoops) {
     }
 }
 
+// xa = X A^T on the register kernel (grouped_ffn_lora_xa with LoraKernels::Registers: 16-row tiles
+// per warp, 64 columns per step) against the CPU's grouped product: skewed groups (the hot one
+// ends in a partial tile; one-row and empty ones), K = 136 (a partial 32-column chunk and a step
+// whose second chunk lies past K), every rank width the kernel is built for.
+TEST(CudaLoraGrouped, XaRegisterKernelAgainstTheCpu) {
+  REQUIRE_GPU();
+  for (const int64_t r : {8, 16, 24, 32, 40, 48, 56, 64}) {
+    const uint64_t seed = fresh_seed();
+    Rng rng(seed);
+    const int64_t G = 12, K = 136;
+    const Tensor off = skewed_offsets(rng, G, 700);
+    const int64_t N = off.i32()[G];
+    ops::GroupedFfnParams p{
+        .rows = N, .experts = G, .in = K, .ffn = 8, .lora_rank = r, .lora_alpha = 16.f};
+    p.lora_xa = ops::LoraKernels::Registers;
+    run_case(
+        cat("lora xa registers r=", r).c_str(), {{randn(rng, {N, K})}, {randn(rng, {G, r, K})}},
+        {"xa"},
+        [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
+          Tensor xa = out(c, {N, r}, in[0].dtype());
+          (gpu ? &ops::cuda::grouped_ffn_lora_xa : &ops::cpu::grouped_ffn_lora_xa)(c, p, in[0], off,
+                                                                                   in[1], xa);
+          return {xa};
+        },
+        seed, K);
+  }
+}
+
 // The K-concatenation path's SwiGLU kernels joined with adapter products (ops/grouped_ffn.h:
 // grouped_ffn_lora_swiglu_backward_grads, grouped_ffn_lora_swiglu_ha) against the CPU's composite
 // bodies: the bf16 pass runs the fused kernels, and the emulation rounds h and dgate_up to bf16

@@ -95,4 +95,9 @@ void grouped_ffn_lora_swiglu_ha(Context& ctx, const GroupedFfnParams& p, const T
   lora_composite::swiglu_ha(ctx, p, gate_up, offsets, a_down, h, ha, grouped_ffn_swiglu_forward);
 }
 
+void grouped_ffn_lora_xa(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
+                         const Tensor& offsets, const Tensor& a, Tensor& xa) {
+  ops::grouped_matmul(ctx, {.form = GroupedForm::XWt, .gemm = p.gemm}, x, offsets, a, xa);
+}
+
 }  // namespace mt::ops::cpu

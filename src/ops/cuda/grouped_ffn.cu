@@ -234,4 +234,10 @@ void grouped_ffn_lora_swiglu_ha(Context& ctx, const GroupedFfnParams& p, const T
   lora_composite::swiglu_ha(ctx, p, gate_up, offsets, a_down, h, ha, grouped_ffn_swiglu_forward);
 }
 
+void grouped_ffn_lora_xa(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
+                         const Tensor& offsets, const Tensor& a, Tensor& xa) {
+  if (p.lora_xa == LoraKernels::Registers && skinny_lora_xa(ctx, x, offsets, a, xa)) return;
+  cpu::grouped_ffn_lora_xa(ctx, p, x, offsets, a, xa);  // grouped_matmul: the skinny down kernel
+}
+
 }  // namespace mt::ops::cuda

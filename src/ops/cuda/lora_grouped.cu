@@ -1265,7 +1265,9 @@ __device__ __forceinline__ uint4 swiglu8(const uint4& gv, const uint4& uv) {
   return make_uint4(h[0], h[1], h[2], h[3]);
 }
 
-template <int kNT>  // the rank's n-tiles of 8: r = 8 kNT; 3 blocks (24 warps) per SM up to rank 16
+// Without kSwiglu: xa = X A^T (grouped_ffn_lora_xa) the same way, X's packs as the A fragments
+// (gu = X, F = its width K, a = A [G, r, K], ha = xa; h unused).
+template <int kNT, bool kSwiglu>  // r = 8 kNT; 3 blocks (24 warps) per SM up to rank 16
 __global__ void __launch_bounds__(kRegWarps * 32, kNT <= 2 ? 3 : 1)
     swiglu_ha_regs_kernel(const __grid_constant__ Tiles tiles, const SwigluHaArgs p) {
   const int lane = threadIdx.x & 31;
@@ -1277,8 +1279,8 @@ __global__ void __launch_bounds__(kRegWarps * 32, kNT <= 2 ? 3 : 1)
   const int64_t F = p.F;
   const bf16* gu[2] = {p.gu + static_cast<int64_t>(t.r0 + g) * p.ldgu,
                        p.gu + static_cast<int64_t>(t.r0 + g + 8) * p.ldgu};
-  bf16* h[2] = {p.h + static_cast<int64_t>(t.r0 + g) * p.ldh,
-                p.h + static_cast<int64_t>(t.r0 + g + 8) * p.ldh};
+  bf16* h[2] = {kSwiglu ? p.h + static_cast<int64_t>(t.r0 + g) * p.ldh : nullptr,
+                kSwiglu ? p.h + static_cast<int64_t>(t.r0 + g + 8) * p.ldh : nullptr};
   const bf16* a = p.a + (static_cast<int64_t>(t.group) * p.r + g) * F;  // A_down's row j = g
   float acc[kNT][4] = {};
   // One chunk of loaded columns: g and u of both rows, A_down's rows 8q + g.
@@ -1290,7 +1292,7 @@ __global__ void __launch_bounds__(kRegWarps * 32, kNT <= 2 ? 3 : 1)
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       k.g[i] = ldg16_or_zero(gu[i] + col, in && ok[i]);
-      k.u[i] = ldg16_or_zero(gu[i] + F + col, in && ok[i]);
+      if constexpr (kSwiglu) k.u[i] = ldg16_or_zero(gu[i] + F + col, in && ok[i]);
     }
 #pragma unroll
     for (int q = 0; q < kNT; ++q) k.a[q] = ldg16_or_zero(a + 8 * q * F + col, in);
@@ -1299,8 +1301,12 @@ __global__ void __launch_bounds__(kRegWarps * 32, kNT <= 2 ? 3 : 1)
     uint4 hv[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      hv[i] = swiglu8(k.g[i], k.u[i]);  // zeros in, zeros out: rows and columns past the ends
-      if (col < F && ok[i]) *reinterpret_cast<uint4*>(h[i] + col) = hv[i];
+      if constexpr (kSwiglu) {
+        hv[i] = swiglu8(k.g[i], k.u[i]);  // zeros in, zeros out: rows and columns past the ends
+        if (col < F && ok[i]) *reinterpret_cast<uint4*>(h[i] + col) = hv[i];
+      } else {
+        hv[i] = k.g[i];
+      }
     }
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
@@ -1663,6 +1669,34 @@ unsigned up_col_blocks(int64_t n, int64_t tile) {
   return static_cast<unsigned>((n + per_block - 1) / per_block);
 }
 
+// swiglu_ha_regs_kernel for the rank args.r (a multiple of 8 up to 64), over 16-row tiles.
+template <bool kSwiglu>
+void launch_ha_regs(Context& ctx, const Tiles& tiles, const SwigluHaArgs& args) {
+  const dim3 grid((tiles.tile0[tiles.count] + kRegWarps - 1) / kRegWarps);
+  const auto run = [&](auto kernel) {
+    kernel<<<grid, kRegWarps * 32, 0, stream(ctx)>>>(tiles, args);
+    MT_CUDA_LAUNCH_CHECK();
+  };
+  switch (args.r / 8) {
+    case 1:
+      return run(swiglu_ha_regs_kernel<1, kSwiglu>);
+    case 2:
+      return run(swiglu_ha_regs_kernel<2, kSwiglu>);
+    case 3:
+      return run(swiglu_ha_regs_kernel<3, kSwiglu>);
+    case 4:
+      return run(swiglu_ha_regs_kernel<4, kSwiglu>);
+    case 5:
+      return run(swiglu_ha_regs_kernel<5, kSwiglu>);
+    case 6:
+      return run(swiglu_ha_regs_kernel<6, kSwiglu>);
+    case 7:
+      return run(swiglu_ha_regs_kernel<7, kSwiglu>);
+    default:
+      return run(swiglu_ha_regs_kernel<8, kSwiglu>);
+  }
+}
+
 }  // namespace
 
 bool skinny_grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Tensor& a,
@@ -1981,37 +2015,7 @@ bool skinny_lora_swiglu_ha(Context& ctx, const Tensor& gate_up, const Tensor& of
                           static_cast<int>(r), ptr<bf16>(h),      h.stride(0),       ptr<bf16>(ha),
                           ha.stride(0)};
   if (regs) {
-    const dim3 grid((tiles.tile0[tiles.count] + kRegWarps - 1) / kRegWarps);
-    const auto run = [&](auto kernel) {
-      kernel<<<grid, kRegWarps * 32, 0, stream(ctx)>>>(tiles, args);
-      MT_CUDA_LAUNCH_CHECK();
-    };
-    switch (r / 8) {  // rank_ok: a multiple of 8 up to 64
-      case 1:
-        run(swiglu_ha_regs_kernel<1>);
-        break;
-      case 2:
-        run(swiglu_ha_regs_kernel<2>);
-        break;
-      case 3:
-        run(swiglu_ha_regs_kernel<3>);
-        break;
-      case 4:
-        run(swiglu_ha_regs_kernel<4>);
-        break;
-      case 5:
-        run(swiglu_ha_regs_kernel<5>);
-        break;
-      case 6:
-        run(swiglu_ha_regs_kernel<6>);
-        break;
-      case 7:
-        run(swiglu_ha_regs_kernel<7>);
-        break;
-      default:
-        run(swiglu_ha_regs_kernel<8>);
-        break;
-    }
+    launch_ha_regs<true>(ctx, tiles, args);
     return true;
   }
   const dim3 grid(tiles.tile0[tiles.count]);
@@ -2019,6 +2023,23 @@ bool skinny_lora_swiglu_ha(Context& ctx, const Tensor& gate_up, const Tensor& of
     constexpr int kP = decltype(kp)::value;
     launch_ring(swiglu_ha_kernel<kP>, grid, HaLayout<kP>::kBytes, stream(ctx), tiles, args);
   });
+  return true;
+}
+
+bool skinny_lora_xa(Context& ctx, const Tensor& x, const Tensor& offsets, const Tensor& a,
+                    Tensor& xa) {
+  if (!rows_ok(x) || !rows_ok(xa) || a.dtype() != DType::BF16 || !a.is_contiguous() ||
+      !aligned16(a.raw()))
+    return false;
+  const int64_t r = xa.dim(1), K = x.dim(1), groups = offsets.numel() - 1;
+  if (!rank_ok(r) || a.dim(1) != r || a.dim(2) != K) return false;
+  thread_local Tiles tiles;
+  if (!make_tiles(offsets.i32(), groups, kRegRows, tiles)) return false;
+  if (tiles.tile0[tiles.count] == 0) return true;  // no rows
+  const SwigluHaArgs args{
+      ptr<bf16>(x), x.stride(0), ptr<bf16>(a),  K,           static_cast<int>(r),
+      nullptr,      0,           ptr<bf16>(xa), xa.stride(0)};
+  launch_ha_regs<false>(ctx, tiles, args);
   return true;
 }
 

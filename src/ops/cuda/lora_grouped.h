@@ -72,6 +72,12 @@ bool skinny_lora_swiglu_bwd_grads(Context& ctx, const Tensor& gate_up, const Ten
 bool skinny_lora_swiglu_ha(Context& ctx, const Tensor& gate_up, const Tensor& offsets,
                            const Tensor& a_down, Tensor& h, Tensor& ha, bool regs = false);
 
+// grouped_ffn_lora_xa (ops/grouped_ffn.h): xa [rows, r] = X A_g^T (X bf16 rows [rows, K], A
+// [G, r, K] bf16), one pass over X with the fragments formed in registers (swiglu_ha_regs_kernel
+// without SwiGLU). False having done nothing when it does not take the call.
+bool skinny_lora_xa(Context& ctx, const Tensor& x, const Tensor& offsets, const Tensor& a,
+                    Tensor& xa);
+
 // grouped_ffn_lora_pack (ops/grouped_ffn.h) in one launch: A_gu, s B_gu into w_gu's padded
 // buffer and A_d, s B_d into w_d's (the W blocks, bf16), the factors bf16 or f32. False having
 // done nothing when it does not take the call (other types, rows not 16-byte aligned).
