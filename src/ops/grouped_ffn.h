@@ -74,12 +74,17 @@ struct GroupedFfnParams {
   // The K-concatenation path's SwiGLU forward and backward with the adapter products that read
   // their operands (ha = h A_down^T; dr_gu, dB_gu, dA_down), each selectable so that one device run
   // compares them (bench moe's lora_<variant>_* fields); lora_s13_kernels runs Separate for both.
+  // The defaults are session 16's mid-session measurements' fastest at shape A (LoRA fwd+bwd: fwd
+  // Registers 7.02 ms, Separate 7.14, Staged 7.22; bwd Separate 6.84, Registers 7.02, Staged 7.39;
+  // B alike), before the register backward prefetched its next chunk.
   LoraKernels lora_fwd = LoraKernels::Registers;
-  LoraKernels lora_bwd = LoraKernels::Registers;
+  LoraKernels lora_bwd = LoraKernels::Separate;
   // The adapter's products over an output gradient (grouped_ffn_lora_out_grads: dr = s dOut B, dB;
   // on the K-concatenation path the one over dY): Separate = two grouped products, Staged = the
   // one-pass out_grads kernel (session 14), Registers = dr's fragments in registers and dB from a
-  // shared tile (session 16). lora_s13_kernels runs session 13's one-pass kernel.
+  // shared tile (session 16). lora_s13_kernels runs session 13's one-pass kernel. Staged measured
+  // fastest (shape A, ncu: 286 us, Registers 330 before its prefetch, the two products 7.17 ms
+  // against 7.02 fwd+bwd).
   LoraKernels lora_out_grads = LoraKernels::Staged;
   // The K-concatenation path's xa = X A_gu^T (grouped_ffn_lora_xa): Registers = the register
   // kernel; otherwise grouped_matmul (the skinny down kernel, session 11).

@@ -114,7 +114,7 @@ struct FfnSetup {
   bool weight_grads_zero = false;
   bool s13 = false;  // GroupedFfnParams::lora_s13_kernels
   // GroupedFfnParams::lora_fwd / lora_bwd (their defaults when unset)
-  std::optional<ops::LoraKernels> lora_fwd, lora_bwd, lora_og;  // and lora_out_grads
+  std::optional<ops::LoraKernels> lora_fwd, lora_bwd, lora_og, lora_xa;  // lora_og: lora_out_grads
   // With pad_rows: x padded, dy not (the backward then takes the separate passes, which must find
   // X A^T where the K-concatenated forward left it: in x's padding).
   bool unpadded_dy = false;
@@ -140,6 +140,7 @@ FfnCase ffn_case(const FfnSetup& s, Rng& rng) {
   if (s.lora_fwd) k.p.lora_fwd = *s.lora_fwd;
   if (s.lora_bwd) k.p.lora_bwd = *s.lora_bwd;
   if (s.lora_og) k.p.lora_out_grads = *s.lora_og;
+  if (s.lora_xa) k.p.lora_xa = *s.lora_xa;
   k.p.keep_h = s.keep_h;
   k.off = Tensor::empty({E + 1}, DType::I32);
   std::vector<int32_t> cnt(static_cast<size_t>(E), 0);
@@ -412,7 +413,7 @@ TEST(CudaGroupedFfn, KConcatLoraInTheBaseGemms) {
              .kconcat = true,
              .pad_rows = true,
              .s13 = true});
-  ffn_check("grouped_ffn kconcat r16 skewed frozen, padded rows, staged forward, separate backward",
+  ffn_check("grouped_ffn kconcat r16 skewed frozen, padded rows, staged forward and backward",
             {.rows = 3000,
              .experts = 16,
              .in = 264,
@@ -423,8 +424,8 @@ TEST(CudaGroupedFfn, KConcatLoraInTheBaseGemms) {
              .kconcat = true,
              .pad_rows = true,
              .lora_fwd = ops::LoraKernels::Staged,
-             .lora_bwd = ops::LoraKernels::Separate});
-  ffn_check("grouped_ffn kconcat r16 skewed trained base, padded rows, out_grads registers",
+             .lora_bwd = ops::LoraKernels::Staged});
+  ffn_check("grouped_ffn kconcat r16 skewed trained base, padded rows, registers everywhere",
             {.rows = 3000,
              .experts = 16,
              .in = 264,
@@ -433,7 +434,24 @@ TEST(CudaGroupedFfn, KConcatLoraInTheBaseGemms) {
              .skewed = true,
              .kconcat = true,
              .pad_rows = true,
-             .lora_og = ops::LoraKernels::Registers});
+             .lora_fwd = ops::LoraKernels::Registers,
+             .lora_bwd = ops::LoraKernels::Registers,
+             .lora_og = ops::LoraKernels::Registers,
+             .lora_xa = ops::LoraKernels::Registers});
+  ffn_check("grouped_ffn kconcat r32 skewed frozen, padded rows, registers everywhere",
+            {.rows = 3000,
+             .experts = 16,
+             .in = 264,
+             .ffn = 136,
+             .rank = 32,
+             .frozen_base = true,
+             .skewed = true,
+             .kconcat = true,
+             .pad_rows = true,
+             .lora_fwd = ops::LoraKernels::Registers,
+             .lora_bwd = ops::LoraKernels::Registers,
+             .lora_og = ops::LoraKernels::Registers,
+             .lora_xa = ops::LoraKernels::Registers});
   ffn_check("grouped_ffn kconcat r32 skewed trained base, padded rows", {.rows = 3000,
                                                                          .experts = 16,
                                                                          .in = 264,

@@ -1381,8 +1381,8 @@ struct RbLayout {
 // dOut^T xa by warps 0-3 from the tile (warps 4-7 idle there: no dA). The arguments are
 // SwigluBwdGradsArgs's with gu = dOut, F = K, xa the rank-r input, drg = dr, db = dB (dh, drd, dgu,
 // da unused).
-template <int kMT, bool kSwiglu>
-__global__ void __launch_bounds__(kRbWarps * 32, 2)
+template <int kMT, bool kSwiglu>  // 2 blocks (16 warps) per SM with SwiGLU, else 3 up to rank 16
+__global__ void __launch_bounds__(kRbWarps * 32, kSwiglu || kMT > 1 ? 2 : 3)
     bwd_grads_regs_kernel(const __grid_constant__ Tiles tiles, const SwigluBwdGradsArgs p) {
   using L = RbLayout<kMT>;
   constexpr int kNT = 2 * kMT;  // the rank's n-tiles of 8
@@ -1432,21 +1432,46 @@ __global__ void __launch_bounds__(kRbWarps * 32, 2)
   __syncthreads();  // B's first stage, xa and dr_down
   float dr[kNT][4] = {};
   const int nchunks = static_cast<int>((F + kAdvance - 1) / kAdvance);
+  // The lane's packs of a chunk: per row the two halves (gate and up, or dOut's two 32-column
+  // halves) and dh. Loaded one chunk ahead, so that they are in flight across the chunk before's
+  // SwiGLU, barrier and column sums (issued after the barrier, the loads' latency was exposed at
+  // every chunk: 1.7 TB/s at shape A in session 16's mid-session ncu, where the barrier-free
+  // forward kernel ran 2.8).
+  struct Packs {
+    uint4 a[2], b[2], d[2];
+  };
+  const auto load = [&](int64_t c0, Packs& k) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const bf16* gp = p.gu + row[i] * p.ldgu + c0;
+      if constexpr (kSwiglu) {
+        const bool v = c0 + 8 * c < F && ok[i];
+        k.a[i] = ldg16_or_zero(gp + 8 * c, v);
+        k.b[i] = ldg16_or_zero(gp + F + 8 * c, v);
+        k.d[i] = ldg16_or_zero(p.dh + row[i] * p.lddh + c0 + 8 * c, v);
+      } else {
+        k.a[i] = ldg16_or_zero(gp + 8 * c, c0 + 8 * c < F && ok[i]);
+        k.b[i] = ldg16_or_zero(gp + kRegChunk + 8 * c, c0 + kRegChunk + 8 * c < F && ok[i]);
+      }
+    }
+  };
+  Packs cur;
+  load(0, cur);
   for (int ci = 0; ci < nchunks; ++ci) {
     const int64_t c0 = static_cast<int64_t>(ci) * kAdvance;
     const bf16* bcur = bs + (ci & 1) * L::kB;
     bf16* tcur = ts + (ci & 1) * L::kT;
     if (ci + 1 < nchunks) load_b(c0 + kAdvance, bs + ((ci + 1) & 1) * L::kB);
     mma::cp_async_commit();
+    Packs next;
+    load(ci + 1 < nchunks ? c0 + kAdvance : F, next);  // past the width: zeros, nothing read
     uint4 dgv[2], duv[2];  // the halves' packs of rows g, g + 8 (dgate_up's gate and up)
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const bf16* gp = p.gu + row[i] * p.ldgu + c0;
       bf16* tr = tcur + (w0 + g + 8 * i) * kRbLdT + 8 * c;
       if constexpr (kSwiglu) {
         const bool v = c0 + 8 * c < F && ok[i];
-        const uint4 gq = ldg16_or_zero(gp + 8 * c, v), uq = ldg16_or_zero(gp + F + 8 * c, v),
-                    dq = ldg16_or_zero(p.dh + row[i] * p.lddh + c0 + 8 * c, v);
+        const uint4 gq = cur.a[i], uq = cur.b[i], dq = cur.d[i];
         const bf16* gb = reinterpret_cast<const bf16*>(&gq);
         const bf16* ub = reinterpret_cast<const bf16*>(&uq);
         const bf16* hb = reinterpret_cast<const bf16*>(&dq);
@@ -1476,8 +1501,8 @@ __global__ void __launch_bounds__(kRbWarps * 32, 2)
         }
         *reinterpret_cast<uint4*>(tr + 2 * kRegChunk) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
       } else {
-        dgv[i] = ldg16_or_zero(gp + 8 * c, c0 + 8 * c < F && ok[i]);
-        duv[i] = ldg16_or_zero(gp + kRegChunk + 8 * c, c0 + kRegChunk + 8 * c < F && ok[i]);
+        dgv[i] = cur.a[i];
+        duv[i] = cur.b[i];
       }
       // The tile (zeros past the rows and the width, from the zero loads).
       *reinterpret_cast<uint4*>(tr) = dgv[i];
@@ -1498,9 +1523,8 @@ __global__ void __launch_bounds__(kRbWarps * 32, 2)
       }
     }
     mma::cp_async_wait<0>();
-    __syncthreads();  // the chunk's tile is whole; B's next stage has landed
-    if (warp < 4) {   // dB: columns 16 w .. 16 w + 15 of the tile's 64 x the rank
-      if (p.db == nullptr) continue;
+    __syncthreads();                    // the chunk's tile is whole; B's next stage has landed
+    if (warp < 4 && p.db != nullptr) {  // dB: columns 16 w .. 16 w + 15 of the tile's 64 x the rank
       float acc[kNT][4] = {};
 #pragma unroll
       for (int k0 = 0; k0 < kRbRows; k0 += 16) {
@@ -1527,8 +1551,8 @@ __global__ void __launch_bounds__(kRbWarps * 32, 2)
                       make_float2(p.s * acc[q][2 * h], p.s * acc[q][2 * h + 1]));
         }
       }
-    } else if constexpr (kSwiglu) {  // dA: the rank x columns 8 (w - 4) .. of h
-      if (p.da == nullptr) continue;
+    }
+    if (kSwiglu && warp >= 4 && p.da != nullptr) {  // dA: the rank x columns 8 (w - 4) .. of h
       const int n0 = 8 * (warp - 4);
       float acc[kMT][4] = {};
 #pragma unroll
@@ -1556,6 +1580,7 @@ __global__ void __launch_bounds__(kRbWarps * 32, 2)
           }
       }
     }
+    cur = next;
   }
 #pragma unroll
   for (int q = 0; q < kNT; ++q) {
