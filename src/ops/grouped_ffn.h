@@ -80,7 +80,8 @@ struct GroupedFfnParams {
   LoraKernels lora_fwd = LoraKernels::Registers;
   LoraKernels lora_bwd = LoraKernels::Separate;
   // The adapter's products over an output gradient (grouped_ffn_lora_out_grads: dr = s dOut B, dB;
-  // on the K-concatenation path the one over dY): Separate = two grouped products, Staged = the
+  // on the K-concatenation path the one over dY, and the one over dgate_up where lora_bwd is
+  // Separate): Separate = two grouped products, Staged = the
   // one-pass out_grads kernel (session 14), Registers = dr's fragments in registers and dB from a
   // shared tile (session 16). lora_s13_kernels runs session 13's one-pass kernel. Staged measured
   // fastest (shape A, ncu: 286 us, Registers 330 before its prefetch, the two products 7.17 ms

@@ -236,7 +236,10 @@ void grouped_ffn_lora_swiglu_ha(Context& ctx, const GroupedFfnParams& p, const T
 
 void grouped_ffn_lora_xa(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
                          const Tensor& offsets, const Tensor& a, Tensor& xa) {
-  if (p.lora_xa == LoraKernels::Registers && skinny_lora_xa(ctx, x, offsets, a, xa)) return;
+  // lora_s13_kernels: session 13's passes throughout, so that bench moe's lora_s13_* stay theirs.
+  if (p.lora_xa == LoraKernels::Registers && !p.lora_s13_kernels &&
+      skinny_lora_xa(ctx, x, offsets, a, xa))
+    return;
   cpu::grouped_ffn_lora_xa(ctx, p, x, offsets, a, xa);  // grouped_matmul: the skinny down kernel
 }
 
