@@ -334,7 +334,9 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
 // summing to 16384 tokens; bench/kda_fla.py times fla's chunk_kda on the same shapes.
 struct KdaBenchOptions {
   int64_t heads = 32, head_dim = 128, warmup = 2, iters = 10;
-  double workspace_gib = 8;
+  // The backward's prepared blocks, Delta, dR and dS per chunk: 8.6 GB at B1 T65536 (the
+  // prepared blocks are in the workspace unless kept from forward: kda_keep_prepared).
+  double workspace_gib = 12;
   std::string prepared = "bf16";  // the tensor-core path's prepared layout (ops/kda_prep_path.h)
   std::string cases;              // comma-separated case names; empty: all
   bool no_overlap = false;        // prep, then the state pass, as the default (kda_forward_overlap)
@@ -391,8 +393,19 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
   };
   Tensor g = constant({T, H, D}, -0.05f), beta = constant({T, H}, 0.5f);
   Tensor out = Tensor::empty({T, H, D}, bf, Device::CUDA), none;
-  Tensor saved = Tensor::empty({rows, H, D, D}, f32, Device::CUDA);
-  Tensor prepared = Tensor::empty({ops::kda_prepared_floats(p, rows, bf)}, f32, Device::CUDA);
+  // What forward keeps for backward, as the KDA layer keeps it under the switches' current
+  // settings (ops/kda_prep_path.h): the chunk states in kda_saved_dtype (bf16 by default), the
+  // prepared blocks only under kda_keep_prepared (off by default: backward prepares again).
+  const auto saved_for = [&] {
+    return Tensor::empty({rows, H, D, D}, ops::kda_saved_dtype(Device::CUDA, p, bf), Device::CUDA);
+  };
+  const auto prepared_for = [&] {
+    return ops::kda_keep_prepared()
+               ? Tensor::empty({ops::kda_prepared_floats(p, rows, bf)}, f32, Device::CUDA)
+               : Tensor();
+  };
+  Tensor saved = saved_for(), prepared = prepared_for();
+  const double kept_gib = static_cast<double>(saved.bytes() + prepared.bytes()) / (1 << 30);
   Tensor dq = Tensor::empty(q.shape(), bf, Device::CUDA),
          dk = Tensor::empty(k.shape(), bf, Device::CUDA),
          dv = Tensor::empty(v.shape(), bf, Device::CUDA),
@@ -412,6 +425,30 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
     bwd();
   };
   const double f = time(fwd), fb = time(fwd_bwd);
+  // The form before session 16 on the same inputs: the prepared blocks kept from forward to
+  // backward (which then skips its prep) and fp32 chunk states.
+  double f_keep = 0, fb_keep = 0, kept_gib_keep = 0;
+  {
+    const ops::KdaSwitchScope<ops::kda_keep_prepared, ops::kda_set_keep_prepared> keep(true);
+    const ops::KdaSwitchScope<ops::kda_bf16_states, ops::kda_set_bf16_states> f32_states(false);
+    Tensor s_keep = saved_for(), p_keep = prepared_for();
+    std::swap(saved, s_keep);
+    std::swap(prepared, p_keep);
+    f_keep = time(fwd);
+    fb_keep = time(fwd_bwd);
+    kept_gib_keep = static_cast<double>(saved.bytes() + prepared.bytes()) / (1 << 30);
+    std::swap(saved, s_keep);
+    std::swap(prepared, p_keep);
+  }
+  // The default form with fp32 chunk states: what the bf16 states alone change.
+  double fb_f32_states = 0;
+  {
+    const ops::KdaSwitchScope<ops::kda_bf16_states, ops::kda_set_bf16_states> f32_states(false);
+    Tensor s_f32 = saved_for();
+    std::swap(saved, s_f32);
+    fb_f32_states = time(fwd_bwd);
+    std::swap(saved, s_f32);
+  }
   // An evaluation forward (no backward follows: nothing kept for it), as fla's chunk_kda under
   // torch.no_grad.
   ops::KdaParams pe = p;
@@ -477,8 +514,14 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
                       {"D", D},
                       {"prep_path", ops::kda_prep_path_name(ops::kda_bf16_prep_path(p))},
                       {"prepared_layout", ops::kda_chunk_layout(p, bf).half ? "bf16" : "f32"},
+                      {"saved_dtype", std::string(dtype_name(saved.dtype()))},
+                      {"keeps_prepared", prepared.defined()},
                       {"fwd_ms", f},
                       {"fwdbwd_ms", fb},
+                      {"fwd_ms_keep_prepared", f_keep},
+                      {"fwdbwd_ms_keep_prepared", fb_keep},
+                      {"saved_for_backward_gib_keep_prepared", kept_gib_keep},
+                      {"fwdbwd_ms_f32_states", fb_f32_states},
                       {"fwd_eval_ms", fe},
                       {"fwd_ms_state_v1", f_v1},
                       {"fwd_eval_ms_state_v1", fe_v1},
@@ -499,9 +542,9 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
                       {"fwd_Mtok_s", T / f / 1e3},
                       {"fwdbwd_Mtok_s", T / fb / 1e3},
                       // Kept from forward for backward beside the inputs: the states at the
-                      // documents' chunk boundaries (`saved`) and the prepared blocks.
-                      {"saved_for_backward_gib",
-                       static_cast<double>(saved.bytes() + prepared.bytes()) / (1 << 30)}};
+                      // documents' chunk boundaries (`saved`) and, where kept, the prepared
+                      // blocks.
+                      {"saved_for_backward_gib", kept_gib}};
   count_launches(ctx, fwd, "launches_fwd", r);
   count_launches(ctx, bwd, "launches_bwd", r);
   return r;

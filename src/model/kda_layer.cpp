@@ -6,6 +6,7 @@
 #include "ops/conv1d.h"
 #include "ops/elementwise.h"
 #include "ops/kda_gate.h"
+#include "ops/kda_prep_path.h"
 #include "ops/norm.h"
 
 namespace mt {
@@ -33,7 +34,7 @@ void init_a_log(Rng& rng, Tensor& t) {
 }  // namespace
 
 bool KdaLayer::keeps_prepared(Device device, const ops::KdaParams& cp) {
-  return device == Device::CUDA && ops::kda_chunk_kernel_fits(cp);
+  return ops::kda_keep_prepared() && device == Device::CUDA && ops::kda_chunk_kernel_fits(cp);
 }
 
 KdaLayer::KdaLayer(const KdaConfig& cfg) : cfg_(cfg) {
@@ -121,7 +122,7 @@ void KdaLayer::plan_activations(const SeqInfo& seq, ArenaPlan& plan) const {
   plan.add({T, HK});                               // o
   const ops::KdaParams cp = core_params(seq);
   const int64_t rows = ops::kda_saved_rows(cp, seq.cu_seqlens_host);
-  plan.add_fp32({rows, H, K, K});  // states
+  plan.add({rows, H, K, K}, ops::kda_saved_dtype(plan.device(), cp, plan.activations()));  // states
   if (keeps_prepared(plan.device(), cp))
     plan.add_fp32({ops::kda_prepared_floats(cp, rows, plan.activations())});
   plan.add({T, HK});       // on
@@ -245,7 +246,7 @@ void KdaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
   ops::KdaParams cp = core_params(seq);
   cp.keep_for_backward = !s.no_backward;
   const int64_t rows = ops::kda_saved_rows(cp, seq.cu_seqlens_host);
-  s.states = acts.alloc({rows, H, K, K}, DType::F32);
+  s.states = acts.alloc({rows, H, K, K}, ops::kda_saved_dtype(ctx.device(), cp, s.q.dtype()));
   s.prepared = keeps_prepared(ctx.device(), cp)
                    ? acts.alloc({ops::kda_prepared_floats(cp, rows, s.q.dtype())}, DType::F32)
                    : Tensor();

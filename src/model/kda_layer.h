@@ -27,9 +27,10 @@ class KdaLayer : public Layer {
   explicit KdaLayer(const KdaConfig& cfg);
 
   // Whether the layer keeps the chunked kernels' intra-chunk products from forward to backward
-  // on `device` (ops/kda.h, `prepared`): on the GPU where the kernels take the params. About 13
-  // times the chunk states (0.87 GB per layer at 8K tokens, 32 heads of 128); it spares backward
-  // their recomputation (4.5 ms per layer on the H200). The planner reads the same rule.
+  // on `device` (ops/kda.h, `prepared`): on the GPU where the kernels take the params, and only
+  // under ops::kda_set_keep_prepared(true) (off by default: 1.0 GiB per layer at B2 T8192, 32
+  // heads of 128, four times the bf16 chunk states, to spare backward one prep pass of ~0.7 ms).
+  // The planner reads the same rule. The chunk states take ops::kda_saved_dtype.
   static bool keeps_prepared(Device device, const ops::KdaParams& cp);
 
   std::vector<ParamSpec> param_specs() const override;

@@ -47,6 +47,15 @@ Shape state_shape(const KdaParams& p) {
            p.head_k, ", ", p.head_v, "] with rows in [", lo, ", ", hi, "]");
 }
 
+// `saved` f32, or bf16 where the tensor-core path rounds the chunk states (kda_bf16_states_fit,
+// ops/kda_prep_path.h: the one rule; the CUDA entries of ops/cuda/kda.cu check it too).
+[[maybe_unused]] void check_saved_dtype(const KdaParams& p, const Tensor& saved, DType dtype) {
+  MT_CHECK(saved.dtype() == DType::F32 ||
+               (saved.dtype() == DType::BF16 && kda_bf16_states_fit(p, dtype)),
+           ShapeError, "kda saved is ", dtype_name(saved.dtype()), ": f32, or bf16 on the ",
+           "tensor-core path only (bf16 q, k, v at chunk 64, head dims 64 or 128)");
+}
+
 // `prepared`, where given, fits the kernels that read it: f32, one float per prepared product of
 // every saved row (the chunk count comes from `saved`, checked above).
 [[maybe_unused]] void check_prepared(const KdaParams& p, const Tensor& saved,
@@ -130,6 +139,7 @@ void kda_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, con
                                 &prepared}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
     check_saved_bounds(p, saved);
+    check_saved_dtype(p, saved, q.dtype());
     check_prepared(p, saved, prepared, q.dtype());
     return cuda::kda_forward(ctx, p, cu_seqlens, q, k, v, g, beta, h0, o, hT, saved, prepared);
 #else
@@ -158,6 +168,7 @@ void kda_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, co
                                  &dq, &dk, &dv, &dg, &dbeta, &dh0}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
     check_saved_bounds(p, saved);
+    check_saved_dtype(p, saved, q.dtype());
     check_prepared(p, saved, prepared, q.dtype());
     return cuda::kda_backward(ctx, p, cu_seqlens, q, k, v, g, beta, saved, prepared, dout, dhT, dq,
                               dk, dv, dg, dbeta, dh0);

@@ -25,7 +25,8 @@ struct KdaParams {
   int64_t chunk = 64;    // chunk length of the chunked form; a document's last chunk may be shorter
   // False: no backward will read this forward's `saved` or `prepared` (an evaluation), so the
   // forward may skip writing them (the GPU's tensor-core path then writes neither the chunk states
-  // nor the prepared block's backward-only parts); o and hT are the same bits either way.
+  // nor the prepared block's backward-only parts); o and hT are the same bits either way. A
+  // training forward without a `prepared` tensor skips the latter too (backward prepares again).
   bool keep_for_backward = true;
   float qk_scale() const;
 };
@@ -62,7 +63,10 @@ int64_t kda_chunk_workspace_floats(const KdaParams& p, int64_t chunks, bool back
 int64_t kda_prepared_floats(const KdaParams& p, int64_t chunks, DType dtype);
 
 // o written; hT written when defined; h0 may be undefined (zero initial states); saved receives
-// what backward needs and must stay untouched until then. prepared: undefined, or f32
+// what backward needs and must stay untouched until then: f32, or bf16 where the GPU's
+// tensor-core path takes these params (kda_bf16_states_fit in ops/kda_prep_path.h; the chunk
+// states then rounded to bf16, half the bytes; kda_saved_dtype chooses). prepared: undefined, or
+// f32
 // [kda_prepared_floats(p, saved rows, q's dtype)] on the op's device where kda_chunk_kernel_fits:
 // the CUDA chunked kernels' intra-chunk products, which forward leaves there and backward reads
 // instead of computing them again (and then overwrites: one backward per forward). The CPU ignores

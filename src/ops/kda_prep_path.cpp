@@ -14,6 +14,8 @@ bool prep_v2 = true;
 bool forward_overlap = true;
 bool forward_overlap_waves = false;
 bool forward_longest_first = true;
+bool bf16_states = true;
+bool keep_prepared = false;
 }  // namespace
 
 KdaPrepPath kda_bf16_prep_path(const KdaParams& p) {
@@ -28,6 +30,31 @@ KdaChunkLayout kda_chunk_layout(const KdaParams& p, DType dtype) {
       bf16_prepared && dtype == DType::BF16 && kda_bf16_prep_path(p) == KdaPrepPath::TensorCoreBf16;
   // half keeps Delta dS^T in the outgoing-dS slot (K V floats), which needs V >= C.
   return {p.chunk, p.head_k, p.head_v, half && p.head_v >= p.chunk};
+}
+
+bool kda_bf16_states_fit(const KdaParams& p, DType dtype) {
+  return kda_chunk_kernel_fits(p) && kda_chunk_layout(p, dtype).half;
+}
+
+DType kda_saved_dtype(Device device, const KdaParams& p, DType dtype) {
+  return device == Device::CUDA && bf16_states && kda_bf16_states_fit(p, dtype) ? DType::BF16
+                                                                                : DType::F32;
+}
+
+void kda_set_bf16_states(bool on) {
+  bf16_states = on;
+}
+
+bool kda_bf16_states() {
+  return bf16_states;
+}
+
+void kda_set_keep_prepared(bool on) {
+  keep_prepared = on;
+}
+
+bool kda_keep_prepared() {
+  return keep_prepared;
 }
 
 const char* kda_prep_path_name(KdaPrepPath path) {

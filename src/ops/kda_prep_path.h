@@ -33,6 +33,34 @@ KdaChunkLayout kda_chunk_layout(const KdaParams& p, DType dtype);
 void kda_set_bf16_prepared(bool on);
 bool kda_bf16_prepared();
 
+// Whether the chunk states `saved` (ops/kda.h) may be bf16 for these params and tensors of
+// `dtype`: exactly where the bf16 prepared layout runs (kda_chunk_layout above: the tensor-core
+// prep, state passes and products), whose forward state pass rounds each chunk-start state to
+// bf16 as it stores it and whose backward kernels (bwd_pre, the products) widen it exactly into
+// their fp32 math, as fla keeps its chunk states h in bf16. f32 `saved` stays allowed everywhere;
+// the CPU, fp32 tensors and the other layouts take f32 only. The one rule: the op entries check
+// `saved` with it, the callers choose with kda_saved_dtype.
+bool kda_bf16_states_fit(const KdaParams& p, DType dtype);
+// The dtype of `saved` that callers allocate (the KDA layer, `moetrain bench kda`, the tests) on
+// `device`: bf16 on the GPU where kda_bf16_states_fit holds and the switch below is on (the
+// default: half the bytes kept for backward), f32 otherwise.
+DType kda_saved_dtype(Device device, const KdaParams& p, DType dtype);
+// Off: kda_saved_dtype gives f32 everywhere (the form before session 16), so that a test or a
+// benchmark can tell the bf16 states' error and time apart. Process-wide and not synchronised,
+// like the switches below; a `saved` tensor is allocated under the setting its forward runs with.
+void kda_set_bf16_states(bool on);
+bool kda_bf16_states();
+
+// Whether the KDA layer keeps the prepared blocks from forward to backward in its `prepared`
+// tensor (KdaLayer::keeps_prepared; the planner reads the same rule): off (the default), the
+// training forward runs the evaluation prep (the prepared block without T, KK and Kb, which only
+// backward reads) and the backward runs prep again, so that what forward keeps for backward is
+// the chunk states alone (0.25 GiB at B2 T8192 H32 D128 in bf16, where the prepared blocks are
+// 1.0 GiB); on, the form before session 16 (backward skips its prep). `moetrain bench kda` times
+// both. Process-wide and not synchronised, like the switches below.
+void kda_set_keep_prepared(bool on);
+bool kda_keep_prepared();
+
 // Off: every call takes the CUDA-core prep and products, so that a test can compare the two paths
 // on the same inputs. Process-wide and not synchronised: flip it only while no KDA kernel is being
 // launched.

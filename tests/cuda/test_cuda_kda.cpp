@@ -14,6 +14,7 @@
 #include "harness/gpu_check.h"
 #include "harness/op_check.h"
 #include "ops/kda.h"
+#include "ops/kda_prep_path.h"
 #include "ref/activation_ref.h"
 
 namespace mt::test {
@@ -62,10 +63,12 @@ TEST_P(CudaKda, ForwardBackward) {
         const DType dt = in[1].dtype();
         const Tensor h0 = s.h0 ? in[6] : Tensor(), dhT = s.dhT ? in[8] : Tensor();
         Tensor o = out(c, {T, H, V}, dt), hT = out(c, {N, H, K, V}, DType::F32);
-        Tensor saved = out(c, {rows, H, K, V}, DType::F32);
-        // The GPU carries the chunked kernels' products from forward to backward, as the model
-        // does (KdaLayer); CudaKdaPrepared checks that this equals recomputing them.
-        Tensor prepared = gpu && ops::kda_chunk_kernel_fits(p)
+        // What forward keeps for backward as the model keeps it (KdaLayer, ops/kda_prep_path.h):
+        // the chunk states in kda_saved_dtype (bf16 on the tensor-core path), the chunked
+        // kernels' products only under kda_keep_prepared (CudaKdaPrepared checks that carrying
+        // them equals recomputing them).
+        Tensor saved = out(c, {rows, H, K, V}, ops::kda_saved_dtype(c.device(), p, dt));
+        Tensor prepared = gpu && ops::kda_chunk_kernel_fits(p) && ops::kda_keep_prepared()
                               ? out(c, {ops::kda_prepared_floats(p, rows, dt)}, DType::F32)
                               : Tensor();
         OP(kda_forward)
@@ -168,7 +171,7 @@ TEST(CudaKdaPrepared, BackwardFromPreparedEqualsRecomputedBitwise) {
     std::vector<std::vector<double>> got[2];
     for (int keep = 0; keep < 2; ++keep) {
       Tensor o = Tensor::empty({T, H, V}, dt, D), none;
-      Tensor saved = Tensor::empty({rows, H, K, V}, DType::F32, D);
+      Tensor saved = Tensor::empty({rows, H, K, V}, ops::kda_saved_dtype(D, p, dt), D);
       Tensor prepared =
           keep ? Tensor::empty({ops::kda_prepared_floats(p, rows, dt)}, DType::F32, D) : Tensor();
       ops::kda_forward(gpu, p, cu, q, k, v, g, b, Tensor(), o, none, saved, prepared);

@@ -19,6 +19,7 @@
 #include "harness/op_check.h"
 #include "io/safetensors.h"
 #include "ops/kda.h"
+#include "ops/kda_prep_path.h"
 
 namespace mt::test {
 namespace {
@@ -68,8 +69,13 @@ TEST(CudaKdaFla, SameInputsAsFlaChunkKda) {
   const auto on_device = [](const Shape& s, DType dt) {
     return Tensor::empty(s, dt, Device::CUDA);
   };
-  Tensor o = on_device({T, H, V}, bf), none, saved = on_device({rows, H, K, V}, f32),
-         prepared = on_device({ops::kda_prepared_floats(p, rows, bf)}, f32);
+  // What forward keeps for backward as the KDA layer keeps it (ops/kda_prep_path.h): the chunk
+  // states in kda_saved_dtype (bf16), the prepared blocks only under kda_keep_prepared.
+  Tensor o = on_device({T, H, V}, bf), none,
+         saved = on_device({rows, H, K, V}, ops::kda_saved_dtype(Device::CUDA, p, bf)),
+         prepared = ops::kda_keep_prepared()
+                        ? on_device({ops::kda_prepared_floats(p, rows, bf)}, f32)
+                        : Tensor();
   Tensor dq = on_device(q.shape(), bf), dk = on_device(k.shape(), bf),
          dv = on_device(v.shape(), bf), dg = on_device(g.shape(), f32),
          dbeta = on_device(beta.shape(), f32);

@@ -59,6 +59,10 @@ struct TcSetup {
   // The overlap in waves (kda_set_forward_overlap_waves(true)) where the state blocks outnumber
   // the SMs (several documents of 32 heads).
   bool overlap_waves = false;
+  // The form before session 16 (ops/kda_prep_path.h): the prepared blocks kept from forward to
+  // backward (kda_set_keep_prepared(true)) and fp32 chunk states (kda_set_bf16_states(false)),
+  // instead of the default's bf16 states and backward's own prep.
+  bool keep_prepared = false;
   // The forward state pass in the grid's order (kda_set_forward_longest_first(false)).
   bool doc_order = false;
 };
@@ -76,7 +80,8 @@ std::string setup_name(const TcSetup& s) {
     << (s.state_v1 ? "_stateV1" : "") << (s.bwd_state_v1 ? "_bwdStateV1" : "")
     << (s.grads_v1 ? "_gradsV1" : "") << (s.products_v1 ? "_productsV1" : "")
     << (s.prep_v1 ? "_prepV1" : "") << (s.no_overlap ? "_noOverlap" : "")
-    << (s.overlap_waves ? "_overlapWaves" : "") << (s.doc_order ? "_docOrder" : "");
+    << (s.overlap_waves ? "_overlapWaves" : "") << (s.doc_order ? "_docOrder" : "")
+    << (s.keep_prepared ? "_keepPreparedF32States" : "");
   return n.str();
 }
 
@@ -127,8 +132,11 @@ TcCase make_case(const TcSetup& s, Rng& rng) {
 const std::vector<std::string> kNames = {"o",  "hT", "saved", "dq", "dk",
                                          "dv", "dg", "dbeta", "dh0"};
 
-// Forward, then backward from the prepared block forward left (as the KDA layer runs them).
-// `prepared_out` (GPU only): that block as backward leaves it, holding backward's products.
+// Forward, then backward, as the KDA layer runs them under the switches' current settings
+// (ops/kda_prep_path.h): the chunk states in kda_saved_dtype (bf16 on the tensor-core path by
+// default), the prepared blocks carried from forward to backward only under kda_keep_prepared.
+// `prepared_out` (GPU, kept blocks only): that block as backward leaves it, holding backward's
+// products.
 std::vector<Tensor> forward_backward(const TcSetup& s, const TcCase& tc, Context& c,
                                      const std::vector<Tensor>& in, bool gpu,
                                      Tensor* prepared_out = nullptr) {
@@ -137,8 +145,11 @@ std::vector<Tensor> forward_backward(const TcSetup& s, const TcCase& tc, Context
   const DType dt = in[1].dtype();
   const Tensor h0 = s.h0 ? in[6] : Tensor(), dhT = s.dhT ? in[8] : Tensor();
   Tensor o = out(c, {T, H, V}, dt), hT = out(c, {N, H, K, V}, DType::F32);
-  Tensor saved = out(c, {tc.rows, H, K, V}, DType::F32);
-  Tensor prepared = gpu ? out(c, {ops::kda_prepared_floats(p, tc.rows, dt)}, DType::F32) : Tensor();
+  Tensor saved = out(c, {tc.rows, H, K, V}, ops::kda_saved_dtype(c.device(), p, dt));
+  const bool keep = gpu && ops::kda_keep_prepared();
+  EXPECT_TRUE(keep || !prepared_out) << "the backward's products asked of a block not kept";
+  Tensor prepared =
+      keep ? out(c, {ops::kda_prepared_floats(p, tc.rows, dt)}, DType::F32) : Tensor();
   OP(kda_forward)(c, p, in[0], in[1], in[2], in[3], in[4], in[5], h0, o, hT, saved, prepared);
   Tensor dq = out(c, {T, H, K}, dt), dk = out(c, {T, H, K}, dt), dv = out(c, {T, H, V}, dt);
   Tensor dg = out(c, {T, H, K}, DType::F32), dbeta = out(c, {T, H}, DType::F32);
@@ -181,6 +192,16 @@ using ProductsV1 = UseV1<ops::kda_products_v2, ops::kda_set_products_v2>;
 using PrepV1 = UseV1<ops::kda_prep_v2, ops::kda_set_prep_v2>;
 using NoOverlap = UseV1<ops::kda_forward_overlap, ops::kda_set_forward_overlap>;
 using DocOrder = UseV1<ops::kda_forward_longest_first, ops::kda_set_forward_longest_first>;
+// The prepared blocks kept from forward to backward for its scope (on), or not.
+using KeepPrepared = ops::KdaSwitchScope<ops::kda_keep_prepared, ops::kda_set_keep_prepared>;
+// The form before session 16 for its scope (on): kept prepared blocks and fp32 chunk states.
+struct OldForm {
+  explicit OldForm(bool on)
+      : keep(on ? true : ops::kda_keep_prepared()),
+        bf16_states(on ? false : ops::kda_bf16_states()) {}
+  const KeepPrepared keep;
+  const ops::KdaSwitchScope<ops::kda_bf16_states, ops::kda_set_bf16_states> bf16_states;
+};
 // The overlap in waves for its scope (on), or off; restores the setting it found.
 using OverlapWaves =
     ops::KdaSwitchScope<ops::kda_forward_overlap_waves, ops::kda_set_forward_overlap_waves>;
@@ -215,6 +236,7 @@ TEST_P(CudaKdaTc, ForwardBackwardAgainstTheCpu) {
   const NoOverlap overlap(s.no_overlap);
   const OverlapWaves waves(s.overlap_waves);
   const DocOrder doc_order(s.doc_order);
+  const OldForm old_form(s.keep_prepared);
   run_case(
       setup_name(s).c_str(), tc.ins, kNames,
       [&](Context& c, const std::vector<Tensor>& in, bool gpu) {
@@ -252,9 +274,19 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
   const NoOverlap overlap(s.no_overlap);
   const OverlapWaves waves(s.overlap_waves);
   const DocOrder doc_order(s.doc_order);
+  const OldForm old_form(s.keep_prepared);
   const std::vector<Tensor> tensor_cores = forward_backward(s, tc, gpu, din, true);
   std::vector<Tensor> cuda_cores, fp32_block, other_state, other_bwd_state, other_grads,
-      other_products, other_prep, other_overlap;
+      other_products, other_prep, other_overlap, other_form;
+  {
+    // The other form (kept prepared blocks and fp32 chunk states, or the default): the same
+    // forward arithmetic, so o and hT bit for bit and the bf16 states the fp32 ones rounded to
+    // nearest; the backward from the rounded states within the bound.
+    const KeepPrepared keep(!s.keep_prepared);
+    const ops::KdaSwitchScope<ops::kda_bf16_states, ops::kda_set_bf16_states> bf16(s.keep_prepared);
+    other_form = forward_backward(s, tc, gpu, din, true);
+    gpu.synchronize();
+  }
   {
     // The other forward state pass on the same inputs: the two differ by fp32 summation order.
     const ForwardStateV1 other(!s.state_v1);
@@ -325,6 +357,20 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
     EXPECT_LE(between, bound) << kNames[j] << ": tensor-core prep against CUDA-core prep";
     EXPECT_LE(tc_err, bound) << kNames[j] << ": tensor-core prep against the CPU";
     EXPECT_LE(fb_err, bound) << kNames[j] << ": tensor cores, fp32 prepared block, against the CPU";
+    // The two forms (ops/kda_prep_path.h, kda_keep_prepared and kda_bf16_states).
+    const double form_err = rel_err(to_dvec(other_form[j]), w);
+    if (j < 2) {
+      EXPECT_EQ(rel_err(tcv, to_dvec(other_form[j])), 0.0)
+          << kNames[j] << ": the forward of the other form (prepared kept, fp32 states)";
+    } else if (j == 2) {
+      const bool this_bf16 = tensor_cores[j].dtype() == DType::BF16;
+      const Tensor& h = this_bf16 ? tensor_cores[j] : other_form[j];
+      const Tensor& f = this_bf16 ? other_form[j] : tensor_cores[j];
+      EXPECT_NE(h.dtype(), f.dtype()) << "the two forms kept the chunk states alike";
+      EXPECT_EQ(rel_err(to_dvec(h), to_dvec(round_bf16(f.to(Device::CPU)))), 0.0)
+          << "the bf16 chunk states are not the fp32 ones rounded to nearest";
+    }
+    EXPECT_LE(form_err, bound) << kNames[j] << ": the other form against the CPU";
     // The two forward state passes differ by fp32 summation order alone (ops/kda_prep_path.h):
     // a few ulp of fp32, which flip the bf16 rounding of a rare element of o, so their distance
     // must stay well inside the bf16 bound (a quarter of it).
@@ -353,9 +399,11 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
       EXPECT_LE(prods, bound / 4) << kNames[j] << ": backward products v2 against v1";
     std::printf(
         "  %-40s %-5s tc vs cuda cores %.3g, vs cpu: tc %.3g (fp32 block %.3g), cuda cores %.3g "
-        "(bound %.3g), v2 vs v1: fwd state %.3g, bwd state %.3g, grads %.3g, products %.3g\n",
+        "(bound %.3g), v2 vs v1: fwd state %.3g, bwd state %.3g, grads %.3g, products %.3g, "
+        "other form (%s) vs cpu %.3g\n",
         setup_name(s).c_str(), kNames[j].c_str(), between, tc_err, fb_err, cc_err, bound, states,
-        bwd_states, grads_gap, prods);
+        bwd_states, grads_gap, prods, s.keep_prepared ? "default" : "kept prepared, f32 states",
+        form_err);
   }
 }
 
@@ -419,7 +467,12 @@ INSTANTIATE_TEST_SUITE_P(
                 .decay = Decay::Mixed,
                 .overlap_waves = true},
         // The grid's order (documents fastest) for the forward state pass, as before session 15.
-        TcSetup{.heads = 32, .lengths = {64, 130, 7, 65, 1, 128}, .doc_order = true}),
+        TcSetup{.heads = 32, .lengths = {64, 130, 7, 65, 1, 128}, .doc_order = true},
+        // The form before session 16 (the prepared blocks kept from forward to backward, fp32
+        // chunk states), at both head dims, 32-column state blocks, strong decay and T % 64 != 0.
+        TcSetup{.heads = 32, .lengths = {100, 150}, .keep_prepared = true},
+        TcSetup{.head_k = 64, .head_v = 64, .keep_prepared = true},
+        TcSetup{.lengths = {300}, .decay = Decay::Strong, .keep_prepared = true}),
     [](const ::testing::TestParamInfo<TcSetup>& pi) { return setup_name(pi.param); });
 
 // A prepared buffer copied to the host, read in its layout: fp32 slots as they are, and the bf16
@@ -568,6 +621,7 @@ TEST(CudaKdaTcPrepared, BackwardProductsAreCompleteAndShapedAsTheCudaCoreOnes) {
     const auto products_by = [&](bool tensor_cores) {
       std::unique_ptr<CudaCorePrepOnly> off;
       if (!tensor_cores) off = std::make_unique<CudaCorePrepOnly>();
+      const KeepPrepared keep(true);  // the block backward leaves, read below
       Tensor prepared;
       forward_backward(s, tc, gpu, in, true, &prepared);
       gpu.synchronize();
@@ -609,9 +663,10 @@ TEST(CudaKdaTcOverlap, LongDocumentMatchesPrepThenStatePass) {
     SCOPED_TRACE(cat(setup_name(s), " seed=", seed));
     Rng rng(seed);
     const TcCase tc = make_case(s, rng);
-    // Backward's Delta, dR and outgoing dS per chunk: 0.5 GB of workspace at 8192 tokens.
+    // Backward's prepared blocks (not kept from forward by default), Delta, dR and outgoing dS
+    // per chunk: 1.1 GB of workspace at 8192 tokens.
     Context gpu(
-        ContextOptions{.device = Device::CUDA, .seed = seed, .workspace_bytes = size_t{1} << 30});
+        ContextOptions{.device = Device::CUDA, .seed = seed, .workspace_bytes = size_t{2} << 30});
     const std::vector<Tensor> din = bf16_on_gpu(tc);
     ASSERT_TRUE(ops::kda_forward_overlap());
     // The evaluation forward (nothing kept for backward: the state pass skips `saved`, the prep

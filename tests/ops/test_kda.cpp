@@ -303,6 +303,41 @@ TEST(Kda, ChunkedMatchesRecurrentStrongDecay) {
   chunked_matches_recurrent(true);
 }
 
+// The chunk states' dtype (ops/kda_prep_path.h): bf16 exactly where the bf16 prepared layout runs
+// (bf16 tensors, the chunked form at chunk 64, head dims 64 or 128, the switches on) and only on
+// the GPU, under kda_bf16_states; f32 everywhere else. The layer's default keeps no prepared
+// blocks. Plain arithmetic on the host: the entries and the layer read the same rule.
+TEST(KdaSavedDtype, Bf16StatesOnlyWhereTheBf16LayoutRunsOnTheGpu) {
+  EXPECT_FALSE(ops::kda_keep_prepared()) << "the default keeps the prepared blocks";
+  EXPECT_TRUE(ops::kda_bf16_states()) << "the default keeps fp32 chunk states";
+  for (const int64_t K : {32, 64, 128})
+    for (const int64_t C : {32, 64})
+      for (const bool chunked : {false, true})
+        for (const DType dt : {DType::F32, DType::BF16})
+          for (const int switches : {0, 1, 2, 3}) {
+            const bool bf16_states = switches & 1, tensor_cores = switches & 2;
+            SCOPED_TRACE(cat("K ", K, " C ", C, " chunked ", chunked, " ", dtype_name(dt),
+                             " bf16 states ", bf16_states, " tensor cores ", tensor_cores));
+            const ops::KdaSwitchScope<ops::kda_bf16_states, ops::kda_set_bf16_states> st(
+                bf16_states);
+            const ops::KdaSwitchScope<ops::kda_tensor_core_prep, ops::kda_set_tensor_core_prep> tc(
+                tensor_cores);
+            const ops::KdaParams p{.tokens = 200,
+                                   .heads = 2,
+                                   .head_k = K,
+                                   .head_v = K,
+                                   .num_seqs = 2,
+                                   .chunked = chunked,
+                                   .chunk = C};
+            const bool fits = chunked && C == 64 && K != 32 && dt == DType::BF16 && tensor_cores;
+            EXPECT_EQ(ops::kda_bf16_states_fit(p, dt), fits);
+            EXPECT_EQ(ops::kda_bf16_states_fit(p, dt), ops::kda_chunk_layout(p, dt).half);
+            EXPECT_EQ(ops::kda_saved_dtype(Device::CUDA, p, dt),
+                      fits && bf16_states ? DType::BF16 : DType::F32);
+            EXPECT_EQ(ops::kda_saved_dtype(Device::CPU, p, dt), DType::F32);
+          }
+}
+
 TEST(Kda, BadCuSeqlensIsAnError) {
   Context ctx;
   SeqInfo seq = SeqInfo::from_lengths({3, 4});

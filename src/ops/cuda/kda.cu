@@ -23,6 +23,7 @@
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kda_chunk.h"
 #include "ops/kda.h"
+#include "ops/kda_prep_path.h"
 
 namespace mt::ops::cuda {
 
@@ -393,6 +394,17 @@ Args make_args(const KdaParams& p, const Tensor& cu, const Tensor& g, const Tens
 const float* opt_in(const Tensor& t) {
   return t.defined() && t.numel() ? ptr<float>(t) : nullptr;
 }
+// `saved` f32, or bf16 where the tensor-core path keeps the chunk states so (ops/kda_prep_path.h,
+// kda_bf16_states_fit: the rule ops/kda.cpp's entries check too).
+void expect_saved(const char* op, const KdaParams& p, const Tensor& saved, DType dtype) {
+  if (saved.defined() && saved.numel() && saved.dtype() == DType::BF16)
+    MT_CHECK(kda_bf16_states_fit(p, dtype), ShapeError, op,
+             ": saved is bf16 off the tensor-core path (bf16 q, k, v at chunk 64, head dims 64 or ",
+             "128); f32 there");
+  else
+    expect_f32(op, saved, "saved");
+}
+
 float* opt_out(Tensor& t) {
   return t.defined() && t.numel() ? ptr<float>(t) : nullptr;
 }
@@ -406,12 +418,10 @@ void kda_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, con
   expect_same_dtype("kda", q, k, "k");
   expect_same_dtype("kda", q, v, "v");
   expect_same_dtype("kda", q, o, "o");
-  for (const auto& [t, what] : {std::pair<const Tensor*, const char*>{&g, "g"},
-                                {&beta, "beta"},
-                                {&h0, "h0"},
-                                {&hT, "hT"},
-                                {&saved, "saved"}})
+  for (const auto& [t, what] :
+       {std::pair<const Tensor*, const char*>{&g, "g"}, {&beta, "beta"}, {&h0, "h0"}, {&hT, "hT"}})
     expect_f32("kda", *t, what);
+  expect_saved("kda", p, saved, q.dtype());
   if (p.num_seqs == 0) return;
   if (kda_chunk_kernel_fits(p))
     return kda_chunk_forward(ctx, p, cu_seqlens, q, k, v, g, beta, h0, o, hT, saved, prepared);
@@ -442,12 +452,12 @@ void kda_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlens, co
   expect_same_dtype("kda", q, dv, "dv");
   for (const auto& [t, what] : {std::pair<const Tensor*, const char*>{&g, "g"},
                                 {&beta, "beta"},
-                                {&saved, "saved"},
                                 {&dhT, "dhT"},
                                 {&dg, "dg"},
                                 {&dbeta, "dbeta"},
                                 {&dh0, "dh0"}})
     expect_f32("kda", *t, what);
+  expect_saved("kda", p, saved, q.dtype());
   if (p.num_seqs == 0) return;
   if (kda_chunk_kernel_fits(p))
     return kda_chunk_backward(ctx, p, cu_seqlens, q, k, v, g, beta, saved, prepared, dout, dhT, dq,

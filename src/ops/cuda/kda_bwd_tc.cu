@@ -79,13 +79,26 @@ __device__ __forceinline__ void stage_f32(float* tile, int valid, const float* s
   });
 }
 
+// Four bf16 (8 bytes at p) widened exactly.
+__device__ __forceinline__ float4 load4_bf16(const bf16* p) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
 // The chunk's dO rows (bf16, row stride ld elements, first column at src).
 __device__ __forceinline__ void stage_dout(float* tile, int valid, const bf16* src, int64_t ld) {
-  stage<kC>(tile, valid, [&](int r, int x) {
-    const uint2 u = *reinterpret_cast<const uint2*>(src + r * ld + x);
-    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
-    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
-    return make_float4(lo.x, lo.y, hi.x, hi.y);
+  stage<kC>(tile, valid, [&](int r, int x) { return load4_bf16(src + r * ld + x); });
+}
+
+// K rows of the chunk states from element e0 of the saved states (rows V apart): fp32, or bf16
+// (Args::saved_h) widened exactly.
+template <int Rows>
+__device__ __forceinline__ void stage_states(float* tile, const Args& a, int64_t e0) {
+  if (!a.saved_h) return stage_f32<Rows>(tile, Rows, a.saved + e0, a.V);
+  stage<Rows>(tile, Rows, [&](int r, int x) {
+    return load4_bf16(a.saved_h + e0 + static_cast<int64_t>(r) * a.V + x);
   });
 }
 
@@ -119,7 +132,7 @@ __global__ void __launch_bounds__(kThreads, 2) products_tc_kernel(Args a, const 
   const KdaChunkLayout& lay = a.lay;
   float* blk = a.blk(c, h);
   const float* bb = a.bblk(c, h);
-  const float* S0 = a.saved + (c * a.H + h) * K * V;
+  const int64_t s0 = (c * a.H + h) * K * V;  // the chunk's states in `saved`
   const float* dSn = a.dS + (c * a.H + h) * K * V;
   const bf16* dO = dout + (t0 * a.H + h) * V;
   const int64_t ldo = a.H * V;
@@ -133,10 +146,10 @@ __global__ void __launch_bounds__(kThreads, 2) products_tc_kernel(Args a, const 
       if (job == 0) {
         stage_dout(A1, L, dO + y0, ldo);
         stage_f32<kC>(A2, L, bb + lay.dR() + y0, V);
-        stage_f32<K>(Bt, K, S0 + y0, V);
+        stage_states<K>(Bt, a, s0 + y0);
       } else {
         stage_f32<kC>(A1, L, bb + lay.D() + y0, V);
-        stage_f32<K>(A2, K, S0 + y0, V);
+        stage_states<K>(A2, a, s0 + y0);
         stage_f32<K>(Bt, K, dSn + y0, V);
       }
       __syncthreads();
@@ -337,16 +350,46 @@ __device__ __forceinline__ void issue(const Args& a, const bf16* dout, unsigned 
   const int64_t sb = static_cast<int64_t>(i) * K * V + r * V + y0 + x;
 #pragma unroll
   for (int u = 0; u < K / kC; ++u) {
-    cp16(st + S::kS0 + ((r + kC * u) * kLd + x) * 4, a.saved + sb + kC * u * V, true);
+    if (!a.saved_h)  // bf16 states: Ring::take_states
+      cp16(st + S::kS0 + ((r + kC * u) * kLd + x) * 4, a.saved + sb + kC * u * V, true);
     cp16(st + S::kDS + ((r + kC * u) * kLd + x) * 4, a.dS + sb + kC * u * V, true);
   }
 }
 
 // The ring: the producer cursor (item, y0) runs kStages - 1 tiles ahead of the consumer.
+// bf16 chunk states (Args::saved_h) cannot take cp.async into the fp32 S0 tile, which the
+// fragments read as it is: each thread loads its 8 of a tile's states into registers when it
+// issues the tile's copies (take_states) and widens them into the stage at its next produce
+// (put_states), a tile step later and still a barrier before the stage is consumed.
 struct Ring {
   int item;
   int y0;
+  uint4 states = make_uint4(0u, 0u, 0u, 0u);
+  int states_at = -1;  // float offset of the pending states in the ring's shared memory
 };
+
+// The thread's 8 bf16 states (row tid / 4, columns y0 + 8 (tid mod 4) ..) of item i's tile into
+// r.states, bound for stage `st` (float offset st_at of the ring).
+template <int K, int V>
+__device__ __forceinline__ void take_states(const Args& a, Ring& r, int i, int y0, int st_at) {
+  using S = Stage<K>;
+  const int tid = threadIdx.x, row = tid >> 2, q = (tid & 3) * 8;
+  if (row >= K) return;
+  r.states = *reinterpret_cast<const uint4*>(a.saved_h + static_cast<int64_t>(i) * K * V + row * V +
+                                             y0 + q);
+  r.states_at = st_at + S::kS0 / 4 + row * kLd + q;
+}
+
+__device__ __forceinline__ void put_states(float* ring, Ring& r) {
+  if (r.states_at < 0) return;
+  const uint32_t w[4] = {r.states.x, r.states.y, r.states.z, r.states.w};
+  float4* d = reinterpret_cast<float4*>(ring + r.states_at);
+  d[0] = make_float4(__uint_as_float(w[0] << 16), __uint_as_float(w[0] & 0xffff0000u),
+                     __uint_as_float(w[1] << 16), __uint_as_float(w[1] & 0xffff0000u));
+  d[1] = make_float4(__uint_as_float(w[2] << 16), __uint_as_float(w[2] & 0xffff0000u),
+                     __uint_as_float(w[3] << 16), __uint_as_float(w[3] & 0xffff0000u));
+  r.states_at = -1;
+}
 
 template <int V>
 __device__ __forceinline__ void step(const Args& a, Ring& r) {
@@ -358,10 +401,11 @@ __device__ __forceinline__ void step(const Args& a, Ring& r) {
 }
 
 // The lines of item i's tile y0 into L2 (kda_set_products_prefetch): one line per thread, S0's
-// and dS's K rows (128 bytes of a tile row: one line), then dR's, Delta's and dO's rows below L.
-// Issued kPrefetch tiles ahead of the cp.async copies, so that these meet L2's latency: the ring
-// alone keeps two tiles (~100 KB) in flight per SM, which at HBM's loaded latency held v2 near
-// 2.2 TB/s under ncu. Two tiles (~10 us) ahead, so that the lines are still in L2 when copied.
+// and dS's K rows (128 bytes of a tile row: one line; 64 of bf16 states), then dR's, Delta's and
+// dO's rows below L. Issued kPrefetch tiles ahead of the cp.async copies, so that these meet L2's
+// latency: the ring alone keeps two tiles (~100 KB) in flight per SM, which at HBM's loaded latency
+// held v2 near 2.2 TB/s under ncu. Two tiles (~10 us) ahead, so that the lines are still in L2 when
+// copied.
 constexpr int kPrefetch = 2;
 template <int K, int V>
 __device__ __forceinline__ void prefetch_tile(const Args& a, const bf16* dout, int i, int y0) {
@@ -370,8 +414,10 @@ __device__ __forceinline__ void prefetch_tile(const Args& a, const bf16* dout, i
   const int e = threadIdx.x;
   const char* p = nullptr;
   if (e < 2 * K) {
-    const float* m = e < K ? a.saved : a.dS;
-    p = reinterpret_cast<const char*>(m + static_cast<int64_t>(i) * K * V + (e % K) * V + y0);
+    const int64_t at = static_cast<int64_t>(i) * K * V + (e % K) * V + y0;
+    p = e >= K      ? reinterpret_cast<const char*>(a.dS + at)
+        : a.saved_h ? reinterpret_cast<const char*>(a.saved_h + at)
+                    : reinterpret_cast<const char*>(a.saved + at);
   } else if (e < 2 * K + 3 * kC) {
     const int r = (e - 2 * K) % kC, which = (e - 2 * K) / kC;
     if (r >= a.clen[c]) return;
@@ -389,8 +435,10 @@ __device__ __forceinline__ void prefetch_tile(const Args& a, const bf16* dout, i
 template <int K, int V>
 __device__ __forceinline__ void produce(const Args& a, const bf16* dout, unsigned char* smem,
                                         Ring& p, Ring& f, int st) {
+  if (a.saved_h) put_states(reinterpret_cast<float*>(smem), p);
   if (p.item < a.nchunks * a.H) {
     issue<K, V>(a, dout, smem + st * Stage<K>::kBytes, p.item, p.y0);
+    if (a.saved_h) take_states<K, V>(a, p, p.item, p.y0, st * Stage<K>::kBytes / 4);
     step<V>(a, p);
   }
   mma::cp_async_commit();  // empty groups too, so that wait_group counts tiles
@@ -606,7 +654,8 @@ bool aligned16(const void* p) {
 bool products_tc_fits(const Args& a, const void* dout) {
   const KdaParams p{.head_k = a.K, .head_v = a.V, .chunk = a.C};
   return kda_bf16_prep_path(p) == KdaPrepPath::TensorCoreBf16 && aligned16(dout) &&
-         aligned16(a.saved) && aligned16(a.ws) && aligned16(a.back) && aligned16(a.dS);
+         aligned16(a.saved) && aligned16(a.saved_h) && aligned16(a.ws) && aligned16(a.back) &&
+         aligned16(a.dS);
 }
 
 void products_tc(Context& ctx, const Args& a, const bf16* dout) {

@@ -781,13 +781,17 @@ __global__ void __launch_bounds__(kThreads) products_kernel(Args a, const T* dou
   float* Bt = A2 + kMaxKV * 33;                // [128][33]
   const KdaChunkLayout& lay = a.lay;
   float* blk = a.blk(c, h);
-  const float* S0 = a.saved + (c * a.H + h) * K * V;
+  // The chunk states fp32 or bf16 (Args::saved_h: the bf16 layout's, where dout or a buffer is
+  // off the tensor-core products' alignment).
+  const int64_t s0 = (c * a.H + h) * K * V;
   const float* dSn = a.dS + (c * a.H + h) * K * V;
   auto dO = [&](int i, int y) { return ld(dout, ((t0 + i) * a.H + h) * V + y); };
   const float* bb = a.bblk(c, h);
   auto Dl = [&](int i, int y) { return bb[lay.D() + i * V + y]; };
   auto dRl = [&](int i, int y) { return bb[lay.dR() + i * V + y]; };
-  auto S0l = [&](int x, int y) { return S0[x * V + y]; };
+  auto S0l = [&](int x, int y) {
+    return a.saved_h ? __bfloat162float(a.saved_h[s0 + x * V + y]) : a.saved[s0 + x * V + y];
+  };
   auto dSl = [&](int x, int y) { return dSn[x * V + y]; };
   if (job < 2) {
     float acc1[4][8] = {}, acc2[4][8] = {};
@@ -1958,10 +1962,11 @@ Args make_args(Context& ctx, const KdaParams& p, const Tensor& cu, const Tensor&
   a.K = static_cast<int>(p.head_k);
   a.V = static_cast<int>(p.head_v);
   a.scale = p.qk_scale();
+  const bool kept = prepared.defined();
   a.keep = backward || p.keep_for_backward;
+  a.keep_block = backward || (p.keep_for_backward && kept);
   a.lay = kda_chunk_layout(p, q.dtype());
   a.block = a.lay.block();
-  const bool kept = prepared.defined();
   space =
       ctx.workspace().alloc({kda_chunk_workspace_floats(p, nchunks, backward, kept, q.dtype())});
   float* base = ptr<float>(space);
@@ -1991,6 +1996,17 @@ Args make_args(Context& ctx, const KdaParams& p, const Tensor& cu, const Tensor&
       const_cast<int32_t*>(a.corder));
   MT_CUDA_LAUNCH_CHECK();
   return a;
+}
+
+// The chunk states: fp32, or bf16 (the entries checked kda_bf16_states_fit, which implies the bf16
+// prepared layout and with it the tensor-core state passes).
+void set_saved(Args& a, const Tensor& saved) {
+  if (saved.dtype() == DType::BF16) {
+    MT_CHECK(a.lay.half, InternalError, "kda: bf16 chunk states off the bf16 prepared layout");
+    a.saved_h = ptr<__nv_bfloat16>(saved);
+  } else {
+    a.saved = ptr<float>(saved);
+  }
 }
 
 template <typename Kernel>
@@ -2089,7 +2105,7 @@ void kda_chunk_forward(Context& ctx, const KdaParams& p, const Tensor& cu_seqlen
   ArenaScope scope(ctx.workspace());
   Tensor space;
   Args a = make_args(ctx, p, cu_seqlens, q, g, beta, saved.dim(0), false, prepared, space);
-  a.saved = ptr<float>(saved);
+  set_saved(a, saved);
   a.h0 = h0.defined() && h0.numel() ? ptr<float>(h0) : nullptr;
   a.hT = hT.defined() && hT.numel() ? ptr<float>(hT) : nullptr;
   MT_DISPATCH_FLOAT(q, "kda", {
@@ -2127,7 +2143,7 @@ void kda_chunk_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqle
   ArenaScope scope(ctx.workspace());
   Tensor space;
   Args a = make_args(ctx, p, cu_seqlens, q, g, beta, saved.dim(0), true, prepared, space);
-  a.saved = const_cast<float*>(ptr<float>(saved));
+  set_saved(a, saved);
   a.dhT = dhT.defined() && dhT.numel() ? ptr<float>(dhT) : nullptr;
   a.dh0 = dh0.defined() && dh0.numel() ? ptr<float>(dh0) : nullptr;
   a.dg = ptr<float>(dg);

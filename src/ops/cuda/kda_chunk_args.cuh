@@ -3,6 +3,8 @@
 // prepared blocks (ops/kda_chunk_layout.h), the backward's own blocks and the op's tensors.
 #pragma once
 
+#include <cuda_bf16.h>
+
 #include <cstdint>
 
 #include "ops/kda_chunk_layout.h"
@@ -13,9 +15,13 @@ struct Args {
   int64_t T, H, N, nchunks;
   int C, K, V;
   float scale;
-  // KdaParams::keep_for_backward: false lets the tensor-core forward skip what only backward
-  // reads (the chunk states in `saved`; the prepared block's T, KK and Kb).
+  // KdaParams::keep_for_backward: false lets the tensor-core forward skip the chunk states in
+  // `saved`, which only backward reads.
   bool keep = true;
+  // Whether the tensor-core prep writes the prepared block's backward-only parts (T, KK, Kb): in
+  // backward, and in a training forward that leaves the block in the caller's `prepared` tensor;
+  // not where the block dies with the forward's workspace (backward then prepares again).
+  bool keep_block = true;
   KdaChunkLayout lay;
   int64_t block;           // prepared floats per (chunk, head)
   const int32_t* ct0;      // [nchunks] first token of each chunk
@@ -25,11 +31,23 @@ struct Args {
   const int32_t* corder;   // [nchunks] the chunks of the documents in dorder's order, then unused
   const float *g, *beta, *h0, *dhT;
   float *ws, *back, *saved, *hT, *dS, *dh0, *dg, *dbeta;  // ws: the prepared blocks
+  // The chunk states as bf16 (ops/kda_prep_path.h, kda_bf16_states_fit) in place of `saved`,
+  // which is then null: the tensor-core forward state passes round to them, the backward's
+  // tensor-core kernels (and the CUDA-core products) widen them exactly on load.
+  __nv_bfloat16* saved_h = nullptr;
   // The overlapped forward (kda_forward_overlap): per head, per chunk, nonzero once the prep has
   // written that (chunk, head)'s block ([H][nchunks], zeroed before the launches), then the count
   // of the state pass's finished blocks; null otherwise.
   int* ready = nullptr;
   __device__ float* blk(int64_t c, int64_t h) const { return ws + (c * H + h) * block; }
+  // The pair of chunk-state elements e, e + 1 (e even) into `saved` or `saved_h`, rounded to
+  // nearest there.
+  __device__ void put_states(int64_t e, float x, float y) const {
+    if (saved_h)
+      *reinterpret_cast<__nv_bfloat162*>(saved_h + e) = __floats2bfloat162_rn(x, y);
+    else
+      *reinterpret_cast<float2*>(saved + e) = make_float2(x, y);
+  }
   // Where backward's products put Delta dS^T of (c, h) [C, K] (ops/kda_chunk_layout.h): Kl's
   // place, or with the bf16 layout the chunk's outgoing-dS slot, which only that product reads.
   __device__ float* dds(int64_t c, int64_t h) const {

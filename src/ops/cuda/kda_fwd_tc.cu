@@ -598,7 +598,7 @@ __device__ __forceinline__ void prep_tc_body(const Args& a, const bf16* q, const
   // share no shared memory but beta, which both only read).
   if (w < 4) {
     diag_inverse(kk, tm, b, w, LdC);
-  } else if (a.keep) {
+  } else if (a.keep_block) {
     for (int e = tid - 128; e < kC * kC / 4; e += kThreads - 128) {
       const int i = e / (kC / 4), x = (e - i * (kC / 4)) * 4;
       f4(blk + lay.KK() + i * kC + x) = f4(kk + i * LdC + x);
@@ -631,7 +631,7 @@ __device__ __forceinline__ void prep_tc_body(const Args& a, const bf16* q, const
              k23.x * exp_<N>(gl.z - gv.z), k23.y * exp_<N>(gl.w - gv.w));
       const float4 kb =
           make_float4(bi * k01.x * e0, bi * k01.y * e1, bi * k23.x * e2, bi * k23.y * e3);
-      if (a.keep) store4(kbg + i * K + x, kb.x, kb.y, kb.z, kb.w);
+      if (a.keep_block) store4(kbg + i * K + x, kb.x, kb.y, kb.z, kb.w);
       f4(gam + i * LdG + x) = V2 ? tf32_rounded(kb) : kb;  // V2: W's B operand, rounded once
     }
   };
@@ -706,7 +706,7 @@ __device__ __forceinline__ void prep_tc_body(const Args& a, const bf16* q, const
       const int p = w < 6 ? 2 : 3;
       mm16<NC>(part, kblk(p, 1), slice(1, 0), LdC);
       put16<NC>(slice(p, 0), LdC, part, b[R * p + r]);
-    } else if (a.keep) {
+    } else if (a.keep_block) {
       // Meanwhile T's first 32 rows, final now, go out.
       for (int e = tid; e < kC * kC / 8; e += kThreads / 2) {
         const int i = e / (kC / 4), x = (e - i * (kC / 4)) * 4;
@@ -736,7 +736,7 @@ __device__ __forceinline__ void prep_tc_body(const Args& a, const bf16* q, const
   lower_times<K / 64, V / 64, V2>(tm, LdC, gam, LdG, w * K / 8, big_slot(lay.W()), K, vs, LdV,
                                   w * V / 8, big_slot(lay.U()), V,
                                   V2 ? smem + S::kk + 1024 * w : nullptr);
-  if (!a.keep) return;
+  if (!a.keep_block) return;
   for (int e = kC * kC / 8 + tid; e < kC * kC / 4; e += kThreads) {
     const int i = e / (kC / 4), x = (e - i * (kC / 4)) * 4;
     f4(blk + lay.Tm() + i * kC + x) = f4(tm + i * LdC + x);

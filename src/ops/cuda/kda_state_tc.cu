@@ -188,11 +188,12 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_state_tc_kernel(Args a, bf16*
   mma::cp_async_commit();
   for (int64_t c = cb; c < ce; ++c) {
     const int L = a.clen[c], kd = (L + 7) & ~7;
-    // S entering the chunk: kept for backward, and the B operand of W S0 and Qh S0.
-    float* sv = a.saved + (c * H + h) * K * V + col0;
+    // S entering the chunk: kept for backward (fp32 or bf16), and the B operand of W S0 and Qh
+    // S0.
+    const int64_t sv = (c * H + h) * K * V + col0;
     for_state_pairs(s, K, lane, [&](int x, int col, float& s0, float& s1) {
       *at2(Ss + x * kLdB + col) = make_float2(s0, s1);
-      if (a.keep) *at2(sv + x * V + col) = make_float2(s0, s1);
+      if (a.keep) a.put_states(sv + x * V + col, s0, s1);
     });
     mma::cp_async_wait<1>();  // W, U of this chunk
     __syncthreads();
@@ -466,7 +467,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_state_v2_kernel(Args a, bf16*
   mma::cp_async_commit();
   for (int64_t c = cb; c < ce; ++c) {
     const int L = a.clen[c];
-    float* sv = a.saved + (c * H + h) * K * V + col0;
+    const int64_t sv = (c * H + h) * K * V + col0;
     // Two chunks ahead: the HBM latency hides behind a whole chunk step (the cp.async of a chunk
     // has half a step to land, and then finds its lines in L2).
     if (c + 2 < ce) prefetch(c + 2);
@@ -475,7 +476,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_state_v2_kernel(Args a, bf16*
       bt_store(St, kLdS, s[mt], 16 * (w + 4 * mt), lane);
       if (a.keep)
         for_pairs(s[mt], 16 * (w + 4 * mt), lane, [&](int x, int col, float& s0, float& s1) {
-          *at2(sv + x * V + col) = make_float2(s0, s1);
+          a.put_states(sv + x * V + col, s0, s1);
         });
     }
     mma::cp_async_wait<0>();  // W, Qh, U of this chunk
@@ -579,6 +580,34 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_state_v2_kernel(Args a, bf16*
   }
 }
 
+// Chunk states [rows][cols] (cols a multiple of 8, at most kK x kNO of them) of the `saved` block
+// whose element (0, 0) is e0 (rows V apart) into a shared fp32 tile of row stride sld: fp32 states
+// through cp.async (complete at the caller's cp_async_wait), bf16 ones (Args::saved_h) by 16-byte
+// loads, all of a thread's in flight before the first, widened exactly as they are stored.
+__device__ __forceinline__ void stage_states(float* dst, int sld, const Args& a, int64_t e0,
+                                             int rows, int cols) {
+  if (!a.saved_h) return stage(dst, sld, a.saved + e0, a.V, rows, cols);
+  constexpr int kMax = kK * kNO / 8 / kThreads;
+  const int per = cols / 8, n = rows * per;
+  uint4 v[kMax];
+#pragma unroll
+  for (int j = 0; j < kMax; ++j) {
+    const int e = j * kThreads + static_cast<int>(threadIdx.x), r = e / per, q = (e - r * per) * 8;
+    if (e < n) v[j] = *reinterpret_cast<const uint4*>(a.saved_h + e0 + r * a.V + q);
+  }
+#pragma unroll
+  for (int j = 0; j < kMax; ++j) {
+    const int e = j * kThreads + static_cast<int>(threadIdx.x), r = e / per, q = (e - r * per) * 8;
+    if (e >= n) continue;
+    const uint32_t w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+    float4* d = reinterpret_cast<float4*>(dst + r * sld + q);
+    d[0] = make_float4(__uint_as_float(w[0] << 16), __uint_as_float(w[0] & 0xffff0000u),
+                       __uint_as_float(w[1] << 16), __uint_as_float(w[1] & 0xffff0000u));
+    d[1] = make_float4(__uint_as_float(w[2] << 16), __uint_as_float(w[2] & 0xffff0000u),
+                       __uint_as_float(w[3] << 16), __uint_as_float(w[3] & 0xffff0000u));
+  }
+}
+
 template <typename E>
 constexpr size_t pre_smem() {
   return std::max(sizeof(E) * kC * OpLd<E>::row + sizeof(float) * kK * kLdNO,
@@ -607,7 +636,6 @@ __global__ void __launch_bounds__(kThreads) bwd_pre_tc_kernel(Args a, const bf16
     float* S0s = base;                               // [kK][kLdNO]
     E* Ws = reinterpret_cast<E*>(S0s + kK * kLdNO);  // [kC][kLdW]
     stage(Ws, kLdW, slot<E>(blk, lay.W()), K, kC, K);
-    stage(S0s, kLdNO, a.saved + (c * H + h) * K * V + col0, V, K, nc);
     mma::cp_async_commit();
     // The thread's U pairs, all in flight at once and under the cp.async wait (read one by one
     // after the MMAs, between the stores they feed, each was a round trip of its own).
@@ -620,6 +648,9 @@ __global__ void __launch_bounds__(kThreads) bwd_pre_tc_kernel(Args a, const bf16
         const int i = 16 * w + (lane >> 2) + 8 * hf, col = 8 * nt + 2 * (lane & 3);
         u[nt][hf] = col < nc ? ld2(U + i * V + col) : make_float2(0.f, 0.f);
       }
+    // S0 after U's loads are in flight (bf16 states are loaded, not copied: their stores wait).
+    stage_states(S0s, kLdNO, a, (c * H + h) * K * V + col0, K, nc);
+    mma::cp_async_commit();
     mma::cp_async_wait<0>();
     __syncthreads();
     float d[kNO / 8][4] = {};
