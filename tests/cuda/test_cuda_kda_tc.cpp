@@ -370,7 +370,11 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
       EXPECT_EQ(rel_err(to_dvec(h), to_dvec(round_bf16(f.to(Device::CPU)))), 0.0)
           << "the bf16 chunk states are not the fp32 ones rounded to nearest";
     }
-    EXPECT_LE(form_err, bound) << kNames[j] << ": the other form against the CPU";
+    // (The states themselves: pinned bit for bit above; the bound of the form under test, set by
+    // its own dtype, would not fit the other's rounding.)
+    if (j != 2) {
+      EXPECT_LE(form_err, bound) << kNames[j] << ": the other form against the CPU";
+    }
     // The two forward state passes differ by fp32 summation order alone (ops/kda_prep_path.h):
     // a few ulp of fp32, which flip the bf16 rounding of a rare element of o, so their distance
     // must stay well inside the bf16 bound (a quarter of it).
