@@ -16,6 +16,7 @@ bool forward_overlap_waves = false;
 bool forward_longest_first = true;
 bool bf16_states = true;
 bool keep_prepared = false;
+bool fused_delta = false;
 }  // namespace
 
 KdaPrepPath kda_bf16_prep_path(const KdaParams& p) {
@@ -55,6 +56,14 @@ void kda_set_keep_prepared(bool on) {
 
 bool kda_keep_prepared() {
   return keep_prepared;
+}
+
+void kda_set_fused_delta(bool on) {
+  fused_delta = on;
+}
+
+bool kda_fused_delta() {
+  return fused_delta;
 }
 
 const char* kda_prep_path_name(KdaPrepPath path) {

@@ -61,6 +61,14 @@ bool kda_bf16_states();
 void kda_set_keep_prepared(bool on);
 bool kda_keep_prepared();
 
+// Where backward runs prep (no `prepared` kept) on bf16 chunk states: on, the prep's blocks end by
+// forming Delta = U - W S0 of their chunk (the W and U they just wrote, from L2, and the chunk's
+// bf16 states; bf16 MMAs, exact products) and bwd_pre runs its second job only; off (the
+// default), bwd_pre's first job forms Delta (tf32 MMAs of the same exact products). They differ
+// by fp32 summation order only. Process-wide and not synchronised, like the switches below.
+void kda_set_fused_delta(bool on);
+bool kda_fused_delta();
+
 // Off: every call takes the CUDA-core prep and products, so that a test can compare the two paths
 // on the same inputs. Process-wide and not synchronised: flip it only while no KDA kernel is being
 // launched.

@@ -63,6 +63,8 @@ struct TcSetup {
   // backward (kda_set_keep_prepared(true)) and fp32 chunk states (kda_set_bf16_states(false)),
   // instead of the default's bf16 states and backward's own prep.
   bool keep_prepared = false;
+  // Backward's Delta at the end of its prep (kda_set_fused_delta(true)) instead of the default.
+  bool fused_delta = false;
   // The forward state pass in the grid's order (kda_set_forward_longest_first(false)).
   bool doc_order = false;
 };
@@ -81,7 +83,7 @@ std::string setup_name(const TcSetup& s) {
     << (s.grads_v1 ? "_gradsV1" : "") << (s.products_v1 ? "_productsV1" : "")
     << (s.prep_v1 ? "_prepV1" : "") << (s.no_overlap ? "_noOverlap" : "")
     << (s.overlap_waves ? "_overlapWaves" : "") << (s.doc_order ? "_docOrder" : "")
-    << (s.keep_prepared ? "_keepPreparedF32States" : "");
+    << (s.keep_prepared ? "_keepPreparedF32States" : "") << (s.fused_delta ? "_fusedDelta" : "");
   return n.str();
 }
 
@@ -192,6 +194,8 @@ using ProductsV1 = UseV1<ops::kda_products_v2, ops::kda_set_products_v2>;
 using PrepV1 = UseV1<ops::kda_prep_v2, ops::kda_set_prep_v2>;
 using NoOverlap = UseV1<ops::kda_forward_overlap, ops::kda_set_forward_overlap>;
 using DocOrder = UseV1<ops::kda_forward_longest_first, ops::kda_set_forward_longest_first>;
+// Backward's Delta at the end of its prep for its scope (on), or not.
+using FusedDelta = ops::KdaSwitchScope<ops::kda_fused_delta, ops::kda_set_fused_delta>;
 // The prepared blocks kept from forward to backward for its scope (on), or not.
 using KeepPrepared = ops::KdaSwitchScope<ops::kda_keep_prepared, ops::kda_set_keep_prepared>;
 // The form before session 16 for its scope (on): kept prepared blocks and fp32 chunk states.
@@ -237,6 +241,7 @@ TEST_P(CudaKdaTc, ForwardBackwardAgainstTheCpu) {
   const OverlapWaves waves(s.overlap_waves);
   const DocOrder doc_order(s.doc_order);
   const OldForm old_form(s.keep_prepared);
+  const FusedDelta fused(s.fused_delta);
   run_case(
       setup_name(s).c_str(), tc.ins, kNames,
       [&](Context& c, const std::vector<Tensor>& in, bool gpu) {
@@ -275,9 +280,17 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
   const OverlapWaves waves(s.overlap_waves);
   const DocOrder doc_order(s.doc_order);
   const OldForm old_form(s.keep_prepared);
+  const FusedDelta fused(s.fused_delta);
   const std::vector<Tensor> tensor_cores = forward_backward(s, tc, gpu, din, true);
   std::vector<Tensor> cuda_cores, fp32_block, other_state, other_bwd_state, other_grads,
-      other_products, other_prep, other_overlap, other_form;
+      other_products, other_prep, other_overlap, other_form, other_delta;
+  {
+    // Backward's Delta formed the other way (at the end of its prep, or by bwd_pre): the forward
+    // untouched, the same exact products summed in another order.
+    const FusedDelta other(!s.fused_delta);
+    other_delta = forward_backward(s, tc, gpu, din, true);
+    gpu.synchronize();
+  }
   {
     // The other form (kept prepared blocks and fp32 chunk states, or the default): the same
     // forward arithmetic, so o and hT bit for bit and the bf16 states the fp32 ones rounded to
@@ -370,6 +383,12 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
       EXPECT_EQ(rel_err(to_dvec(h), to_dvec(round_bf16(f.to(Device::CPU)))), 0.0)
           << "the bf16 chunk states are not the fp32 ones rounded to nearest";
     }
+    const double delta_gap = rel_err(tcv, to_dvec(other_delta[j]));
+    if (j < 3) {
+      EXPECT_EQ(delta_gap, 0.0) << kNames[j] << ": backward's Delta changed the forward";
+    } else {
+      EXPECT_LE(delta_gap, bound / 4) << kNames[j] << ": Delta fused into prep against bwd_pre's";
+    }
     // (The states themselves: pinned bit for bit above; the bound of the form under test, set by
     // its own dtype, would not fit the other's rounding.)
     if (j != 2) {
@@ -404,10 +423,10 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
     std::printf(
         "  %-40s %-5s tc vs cuda cores %.3g, vs cpu: tc %.3g (fp32 block %.3g), cuda cores %.3g "
         "(bound %.3g), v2 vs v1: fwd state %.3g, bwd state %.3g, grads %.3g, products %.3g, "
-        "other form (%s) vs cpu %.3g\n",
+        "other form (%s) vs cpu %.3g, fused vs bwd_pre Delta %.3g\n",
         setup_name(s).c_str(), kNames[j].c_str(), between, tc_err, fb_err, cc_err, bound, states,
         bwd_states, grads_gap, prods, s.keep_prepared ? "default" : "kept prepared, f32 states",
-        form_err);
+        form_err, delta_gap);
   }
 }
 
@@ -476,7 +495,13 @@ INSTANTIATE_TEST_SUITE_P(
         // chunk states), at both head dims, 32-column state blocks, strong decay and T % 64 != 0.
         TcSetup{.heads = 32, .lengths = {100, 150}, .keep_prepared = true},
         TcSetup{.head_k = 64, .head_v = 64, .keep_prepared = true},
-        TcSetup{.lengths = {300}, .decay = Decay::Strong, .keep_prepared = true}),
+        TcSetup{.lengths = {300}, .decay = Decay::Strong, .keep_prepared = true},
+        // Backward's Delta at the end of its prep (kda_set_fused_delta), at both head dims, 32
+        // heads, strong and mixed decays, T % 64 != 0.
+        TcSetup{.heads = 32, .lengths = {100, 150}, .fused_delta = true},
+        TcSetup{.head_k = 64, .head_v = 64, .fused_delta = true},
+        TcSetup{.head_k = 64, .head_v = 128, .decay = Decay::Mixed, .fused_delta = true},
+        TcSetup{.lengths = {300}, .decay = Decay::Strong, .fused_delta = true}),
     [](const ::testing::TestParamInfo<TcSetup>& pi) { return setup_name(pi.param); });
 
 // A prepared buffer copied to the host, read in its layout: fp32 slots as they are, and the bf16

@@ -2149,6 +2149,8 @@ void kda_chunk_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqle
   a.dg = ptr<float>(dg);
   a.dbeta = ptr<float>(dbeta);
   const dim3 chunks(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.H));
+  // The bf16 states imply the bf16 layout and with it the tensor-core prep (prep<T> below).
+  a.fuse_delta = kda_fused_delta() && a.saved_h && !prepared.defined();
   MT_DISPATCH_FLOAT(q, "kda", {
     if (!prepared.defined()) prep<T>(ctx, a, q, k, v);
     bool tensor_cores = false;

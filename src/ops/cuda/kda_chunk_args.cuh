@@ -22,6 +22,10 @@ struct Args {
   // backward, and in a training forward that leaves the block in the caller's `prepared` tensor;
   // not where the block dies with the forward's workspace (backward then prepares again).
   bool keep_block = true;
+  // Backward's prep also forms Delta = U - W S0 into the backward's own block, in place of
+  // bwd_pre's job 0 (kda_fused_delta, ops/kda_prep_path.h): where it runs prep (no `prepared`
+  // kept) on bf16 chunk states.
+  bool fuse_delta = false;
   KdaChunkLayout lay;
   int64_t block;           // prepared floats per (chunk, head)
   const int32_t* ct0;      // [nchunks] first token of each chunk

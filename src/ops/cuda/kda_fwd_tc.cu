@@ -477,11 +477,76 @@ __device__ __forceinline__ void prefetch_block(const Args& a, const bf16* q, con
   for (int o = 0; o < bytes; o += 128) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p + o));
 }
 
+// Backward's Delta = U - W S0 of the chunk (Args::fuse_delta, kda_set_fused_delta: the backward's
+// prep on bf16 chunk states), at the end of its prep, in place of bwd_pre's job 0: the W and U
+// the block has just stored (every thread's stores precede the barrier, so the copies find them,
+// in L2) and the chunk's bf16 states, into the block's dead shared memory; bf16 m16n8k16 MMAs
+// (W and S0 are both bf16: exact products, fp32 sums, as job 0's tf32 MMAs of the same values);
+// warp w takes rows 16 (w mod 4) .. +15 and half of V. Delta rows past L are zero, as job 0's.
+template <int K, int V>
+__device__ __forceinline__ void delta_tail(const Args& a, int64_t c, int64_t h, int L,
+                                           unsigned char* smem) {
+  constexpr int kLdW = K + 8, kLdS = V + 8, NT = V / 16;
+  static_assert(sizeof(bf16) * (kC * kLdW + K * kLdS) <= Smem<K, V>::bytes, "W and S0 fit");
+  bf16* Ws = reinterpret_cast<bf16*>(smem);  // [kC][kLdW]
+  bf16* Ss = Ws + kC * kLdW;                 // [K][kLdS]
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, cq = lane & 3;
+  const float* blk = a.blk(c, h);
+  const bf16* W = reinterpret_cast<const bf16*>(blk + a.lay.W());
+  const bf16* U = reinterpret_cast<const bf16*>(blk + a.lay.U());
+  const bf16* S0 = a.saved_h + (c * a.H + h) * K * V;
+  __syncthreads();  // W and U stored by every thread; every shared tile dead
+  for (int e = tid; e < kC * K / 8; e += kThreads) {
+    const int i = e / (K / 8), x = (e - i * (K / 8)) * 8;
+    mma::cp_async16(Ws + i * kLdW + x, W + i * K + x);
+  }
+  for (int e = tid; e < K * V / 8; e += kThreads) {
+    const int x = e / (V / 8), y = (e - x * (V / 8)) * 8;
+    mma::cp_async16(Ss + x * kLdS + y, S0 + x * V + y);
+  }
+  mma::cp_async_commit();
+  const int m0 = 16 * (w & 3), n0 = (w >> 2) * (V / 2);
+  float2 u[NT][2];  // the thread's U pairs, in flight under the copies
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int i = m0 + g + 8 * hf;
+      u[nt][hf] = i < L ? bf2(U + i * V + n0 + 8 * nt + 2 * cq) : make_float2(0.f, 0.f);
+    }
+  mma::cp_async_wait<0>();
+  __syncthreads();
+  float acc[NT][4] = {};
+#pragma unroll
+  for (int k0 = 0; k0 < K; k0 += 16) {
+    uint32_t af[4];
+    mma::ldsm_a(af, Ws, kLdW, m0, k0, lane);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      uint32_t bf[2];
+      mma::load_b_kn(bf, Ss, kLdS, k0, n0 + 8 * nt, lane);
+      mma::mma_bf16(acc[nt], af, bf);
+    }
+  }
+  float* D = a.bblk(c, h) + a.lay.D();
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int i = m0 + g + 8 * hf, col = n0 + 8 * nt + 2 * cq;
+      const float2 v = u[nt][hf];
+      store2(D + i * V + col, i < L ? v.x - acc[nt][2 * hf] : 0.f,
+             i < L ? v.y - acc[nt][2 * hf + 1] : 0.f);
+    }
+}
+
 // Big: the element type of W, Qh, Kl, U, Kb in the layout (bf16 where half, else fp32).
 // V2 (kda_set_prep_v2; bit for bit the same outputs): the L2 prefetch (ahead), W and U stored in
 // whole sectors through shared memory, q and k read 8 bytes per lane in the row products, beta v
 // stored without bank conflicts, T zeroed 16 bytes per store.
-template <int K, int V, typename Big, bool V2>
+// Tail: the backward's Delta may follow (delta_tail; the one-item kernel only, so that the
+// persistent one's registers stay as they were).
+template <int K, int V, typename Big, bool V2, bool Tail>
 __device__ __forceinline__ void prep_tc_body(const Args& a, const bf16* q, const bf16* k,
                                              const bf16* v, bool vec, int ahead, int64_t c,
                                              int64_t h, int64_t item) {
@@ -741,6 +806,9 @@ __device__ __forceinline__ void prep_tc_body(const Args& a, const bf16* q, const
     const int i = e / (kC / 4), x = (e - i * (kC / 4)) * 4;
     f4(blk + lay.Tm() + i * kC + x) = f4(tm + i * LdC + x);
   }
+  if constexpr (Tail && std::is_same_v<Big, bf16>) {
+    if (a.fuse_delta) delta_tail<K, V>(a, c, h, L, smem);
+  }
 }
 
 // A block per (chunk, head), blockIdx (x, y) = (chunk, head); or, in the overlapped forward
@@ -760,13 +828,13 @@ template <int K, int V, typename Big, bool V2, bool Persist = false>
 __global__ void __launch_bounds__(kThreads, 2)
     prep_tc_kernel(Args a, const bf16* q, const bf16* k, const bf16* v, bool vec, int ahead) {
   if constexpr (!Persist) {
-    prep_tc_body<K, V, Big, V2>(a, q, k, v, vec, ahead, blockIdx.x, blockIdx.y,
-                                blockIdx.x + a.nchunks * blockIdx.y);
+    prep_tc_body<K, V, Big, V2, true>(a, q, k, v, vec, ahead, blockIdx.x, blockIdx.y,
+                                      blockIdx.x + a.nchunks * blockIdx.y);
   } else {
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     for (int64_t b = blockIdx.x; b < a.nchunks * a.H; b += gridDim.x) {
       const int64_t c = a.corder[b / a.H], h = b % a.H;
-      prep_tc_body<K, V, Big, V2>(a, q, k, v, vec, ahead, c, h, b);
+      prep_tc_body<K, V, Big, V2, false>(a, q, k, v, vec, ahead, c, h, b);
       __syncthreads();
       if (threadIdx.x == 0)
         asm volatile(
@@ -800,6 +868,9 @@ void launch(Context& ctx, const Args& a, const bf16* q, const bf16* k, const bf1
     kernel<<<grid, kThreads, smem_for(kernel, Smem<K, V>::bytes, "kda_forward"), stream(ctx)>>>(
         a, q, k, v, vec, ahead);
   };
+  MT_CHECK(!a.fuse_delta || (a.lay.half && a.saved_h && !a.ready), InternalError,
+           "kda tensor-core prep: backward's Delta needs the bf16 layout and states, one item a "
+           "block");
   if (a.ready) {
     MT_CHECK(a.lay.half, InternalError, "kda tensor-core prep: the overlap takes the bf16 layout");
     v2 ? go(prep_tc_kernel<K, V, bf16, true, true>) : go(prep_tc_kernel<K, V, bf16, false, true>);
