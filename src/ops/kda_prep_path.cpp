@@ -16,7 +16,7 @@ bool forward_overlap_waves = false;
 bool forward_longest_first = true;
 bool bf16_states = true;
 bool keep_prepared = false;
-bool fused_delta = false;
+bool fused_delta = true;
 }  // namespace
 
 KdaPrepPath kda_bf16_prep_path(const KdaParams& p) {
