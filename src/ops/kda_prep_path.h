@@ -61,12 +61,12 @@ bool kda_bf16_states();
 void kda_set_keep_prepared(bool on);
 bool kda_keep_prepared();
 
-// Where backward runs prep (no `prepared` kept) on bf16 chunk states: on (the default), the prep's
-// blocks end by forming Delta = U - W S0 of their chunk (the W and U they just wrote, from L2, and
-// the chunk's bf16 states; bf16 MMAs, exact products) and bwd_pre runs its second job only
-// (session 16 call 2: B2 T8192 fwd+bwd 6.71 -> 6.63 ms); off, bwd_pre's first job forms Delta
-// (tf32 MMAs of the same exact products). They differ by fp32 summation order only.
-// Process-wide and not synchronised, like the switches below.
+// Where backward runs prep v2 (no `prepared` kept) on bf16 chunk states: on (the default), the
+// prep's blocks end with bwd_pre's work for their chunk, Delta = U - W S0 (the W and U they just
+// wrote, from L2, and the chunk's bf16 states; bf16 MMAs, exact products), E = Aqk^T dO and F =
+// Qh^T dO (bwd_pre's tf32 MMAs, the same bits), and bwd_pre does not run (session 16 call 2, the
+// Delta part alone: B2 T8192 fwd+bwd 6.71 -> 6.63 ms); off, bwd_pre does both. They differ by the
+// fp32 summation order of Delta only. Process-wide and not synchronised, like the switches below.
 void kda_set_fused_delta(bool on);
 bool kda_fused_delta();
 

@@ -540,12 +540,86 @@ __device__ __forceinline__ void delta_tail(const Args& a, int64_t c, int64_t h, 
     }
 }
 
+// Then bwd_pre's job 1 (Args::fuse_delta; after delta_tail): E = Aqk^T dO into dR's place and
+// F = Qh^T dO into the chunk's dS slot, from the Aqk and Qh the block has stored (L2) and the
+// chunk's dO rows (widened exactly, zero past L), with bwd_pre's tf32 MMAs over the same operands
+// in the same k order (the same bits). E: warp w rows 16 (w mod 4) .., half w / 4 of V; F: tasks
+// (16 rows of K, half of V), two per warp at K = 128.
+template <int K, int V>
+__device__ __forceinline__ void pre_tail(const Args& a, int64_t c, int64_t h, int L,
+                                         unsigned char* smem) {
+  constexpr int kLdA = kC + 8, kLdQ = K + 8, kLdO = V + 8, NT = V / 16;
+  constexpr int kPer = kC * V / 8 / kThreads;
+  static_assert(kC * V / 8 % kThreads == 0, "whole rounds of 16-byte dO loads");
+  static_assert(
+      sizeof(float) * (kC * kLdA + kC * kLdO) + sizeof(bf16) * kC * kLdQ <= Smem<K, V>::bytes,
+      "Aqk, dO and Qh fit");
+  float* As = reinterpret_cast<float*>(smem);           // [kC][kLdA]: Aqk, read transposed
+  float* dOs = As + kC * kLdA;                          // [kC][kLdO]
+  bf16* Qs = reinterpret_cast<bf16*>(dOs + kC * kLdO);  // [kC][kLdQ]: Qh, read transposed
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, cq = lane & 3;
+  const float* blk = a.blk(c, h);
+  const bf16* qh = reinterpret_cast<const bf16*>(blk + a.lay.Qh());
+  __syncthreads();  // delta_tail's tiles consumed
+  for (int e = tid; e < kC * kC / 4; e += kThreads) {
+    const int i = e / (kC / 4), x = (e - i * (kC / 4)) * 4;
+    mma::cp_async16(As + i * kLdA + x, blk + a.lay.Aqk() + i * kC + x);
+  }
+  for (int e = tid; e < kC * K / 8; e += kThreads) {
+    const int i = e / (K / 8), x = (e - i * (K / 8)) * 8;
+    mma::cp_async16(Qs + i * kLdQ + x, qh + i * K + x);
+  }
+  mma::cp_async_commit();
+  const int64_t t0 = a.ct0[c];
+  uint4 raw[kPer];
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    const int e = tid + u * kThreads, i = e / (V / 8), y = (e - i * (V / 8)) * 8;
+    raw[u] = i < L ? *reinterpret_cast<const uint4*>(a.dout + ((t0 + i) * a.H + h) * V + y)
+                   : make_uint4(0u, 0u, 0u, 0u);
+  }
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    const int e = tid + u * kThreads, i = e / (V / 8), y = (e - i * (V / 8)) * 8;
+    float f[8];
+    unpack8(raw[u], f);
+    f4(dOs + i * kLdO + y) = make_float4(f[0], f[1], f[2], f[3]);
+    f4(dOs + i * kLdO + y + 4) = make_float4(f[4], f[5], f[6], f[7]);
+  }
+  mma::cp_async_wait<0>();
+  __syncthreads();
+  const int kd = (L + 7) & ~7;
+  {
+    const int m0 = 16 * (w & 3), n0 = (w >> 2) * (V / 2);
+    float e[NT][4] = {};
+    mma::warp_mma_tf32<true, NT>(e, As, kLdA, m0, dOs, kLdO, n0, kd, lane);
+    float* E = a.bblk(c, h) + a.lay.dR();
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf)
+        store2(E + (m0 + g + 8 * hf) * V + n0 + 8 * nt + 2 * cq, e[nt][2 * hf], e[nt][2 * hf + 1]);
+  }
+  float* F = a.dS + (c * a.H + h) * K * V;
+#pragma unroll 1
+  for (int t = w; t < K / 16 * 2; t += kThreads / 32) {
+    const int x0 = 16 * (t >> 1), n0 = (t & 1) * (V / 2);
+    float f[NT][4] = {};
+    mma::warp_mma_tf32<true, NT>(f, Qs, kLdQ, x0, dOs, kLdO, n0, kd, lane);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf)
+        store2(F + (x0 + g + 8 * hf) * V + n0 + 8 * nt + 2 * cq, f[nt][2 * hf], f[nt][2 * hf + 1]);
+  }
+}
+
 // Big: the element type of W, Qh, Kl, U, Kb in the layout (bf16 where half, else fp32).
 // V2 (kda_set_prep_v2; bit for bit the same outputs): the L2 prefetch (ahead), W and U stored in
 // whole sectors through shared memory, q and k read 8 bytes per lane in the row products, beta v
 // stored without bank conflicts, T zeroed 16 bytes per store.
-// Tail: the backward's Delta may follow (delta_tail; the one-item kernel only, so that the
-// persistent one's registers stay as they were).
+// Tail: bwd_pre's work may follow (delta_tail, pre_tail; the one-item v2 kernel only, so that the
+// persistent and v1 kernels' registers stay as they were).
 template <int K, int V, typename Big, bool V2, bool Tail>
 __device__ __forceinline__ void prep_tc_body(const Args& a, const bf16* q, const bf16* k,
                                              const bf16* v, bool vec, int ahead, int64_t c,
@@ -806,8 +880,11 @@ __device__ __forceinline__ void prep_tc_body(const Args& a, const bf16* q, const
     const int i = e / (kC / 4), x = (e - i * (kC / 4)) * 4;
     f4(blk + lay.Tm() + i * kC + x) = f4(tm + i * LdC + x);
   }
-  if constexpr (Tail && std::is_same_v<Big, bf16>) {
-    if (a.fuse_delta) delta_tail<K, V>(a, c, h, L, smem);
+  if constexpr (Tail && V2 && std::is_same_v<Big, bf16>) {
+    if (a.fuse_delta) {
+      delta_tail<K, V>(a, c, h, L, smem);
+      pre_tail<K, V>(a, c, h, L, smem);
+    }
   }
 }
 
@@ -868,7 +945,9 @@ void launch(Context& ctx, const Args& a, const bf16* q, const bf16* k, const bf1
     kernel<<<grid, kThreads, smem_for(kernel, Smem<K, V>::bytes, "kda_forward"), stream(ctx)>>>(
         a, q, k, v, vec, ahead);
   };
-  MT_CHECK(!a.fuse_delta || (a.lay.half && a.saved_h && !a.ready), InternalError,
+  MT_CHECK(!a.fuse_delta || (a.lay.half && a.saved_h && a.dout && aligned16(a.dout) && !a.ready &&
+                             kda_prep_v2()),
+           InternalError,
            "kda tensor-core prep: backward's Delta needs the bf16 layout and states, one item a "
            "block");
   if (a.ready) {
