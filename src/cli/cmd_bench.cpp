@@ -485,11 +485,14 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
       with_kda_switch<ops::kda_grads_v2, ops::kda_set_grads_v2>(false, fwd_bwd_ms);
   const double fb_pv1 =
       with_kda_switch<ops::kda_products_v2, ops::kda_set_products_v2>(false, fwd_bwd_ms);
-  // Backward's Delta formed at the end of its prep, or by bwd_pre (kda_set_fused_delta).
+  // bwd_pre's work at the end of the backward's prep (kda_set_fused_delta, kda_set_fused_pre: by
+  // default both jobs), or Delta alone there, or all of it by bwd_pre.
   const double fb_fused =
       with_kda_switch<ops::kda_fused_delta, ops::kda_set_fused_delta>(true, fwd_bwd_ms);
   const double fb_unfused =
       with_kda_switch<ops::kda_fused_delta, ops::kda_set_fused_delta>(false, fwd_bwd_ms);
+  const double fb_delta_only =
+      with_kda_switch<ops::kda_fused_pre, ops::kda_set_fused_pre>(false, fwd_bwd_ms);
   // Products v2 without its L2 prefetch.
   const double fb_pnp = with_kda_switch<ops::kda_products_prefetch, ops::kda_set_products_prefetch>(
       false, fwd_bwd_ms);
@@ -545,6 +548,8 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
                       {"fused_delta", ops::kda_fused_delta()},
                       {"fwdbwd_ms_fused_delta", fb_fused},
                       {"fwdbwd_ms_unfused_delta", fb_unfused},
+                      {"fused_pre", ops::kda_fused_pre()},
+                      {"fwdbwd_ms_fused_delta_only", fb_delta_only},
                       {"gate_core_fwd_ms", gf},
                       {"gate_core_fwdbwd_ms", gfb},
                       {"fwd_Mtok_s", T / f / 1e3},

@@ -17,6 +17,7 @@ bool forward_longest_first = true;
 bool bf16_states = true;
 bool keep_prepared = false;
 bool fused_delta = true;
+bool fused_pre = true;
 }  // namespace
 
 KdaPrepPath kda_bf16_prep_path(const KdaParams& p) {
@@ -64,6 +65,14 @@ void kda_set_fused_delta(bool on) {
 
 bool kda_fused_delta() {
   return fused_delta;
+}
+
+void kda_set_fused_pre(bool on) {
+  fused_pre = on;
+}
+
+bool kda_fused_pre() {
+  return fused_pre;
 }
 
 const char* kda_prep_path_name(KdaPrepPath path) {

@@ -62,13 +62,19 @@ void kda_set_keep_prepared(bool on);
 bool kda_keep_prepared();
 
 // Where backward runs prep v2 (no `prepared` kept) on bf16 chunk states: on (the default), the
-// prep's blocks end with bwd_pre's work for their chunk, Delta = U - W S0 (the W and U they just
-// wrote, from L2, and the chunk's bf16 states; bf16 MMAs, exact products), E = Aqk^T dO and F =
-// Qh^T dO (bwd_pre's tf32 MMAs, the same bits), and bwd_pre does not run (session 16 call 2, the
-// Delta part alone: B2 T8192 fwd+bwd 6.71 -> 6.63 ms); off, bwd_pre does both. They differ by the
-// fp32 summation order of Delta only. Process-wide and not synchronised, like the switches below.
+// prep's blocks end by forming Delta = U - W S0 of their chunk (the W and U they just wrote, from
+// L2, and the chunk's bf16 states; bf16 MMAs, exact products) and bwd_pre runs its second job
+// only (session 16 call 2: B2 T8192 fwd+bwd 6.71 -> 6.63 ms); off, bwd_pre's first job forms
+// Delta (tf32 MMAs of the same exact products). They differ by fp32 summation order only.
+// Process-wide and not synchronised, like the switches below.
 void kda_set_fused_delta(bool on);
 bool kda_fused_delta();
+// With the above on (and dout 16-byte aligned): on (the default), the prep's blocks also do
+// bwd_pre's second job, E = Aqk^T dO and F = Qh^T dO (Aqk and Qh from L2; bwd_pre's tf32 MMAs in
+// its k order: the same bits), and bwd_pre does not run; off, bwd_pre runs that job. Process-wide
+// and not synchronised, like the switches below.
+void kda_set_fused_pre(bool on);
+bool kda_fused_pre();
 
 // Off: every call takes the CUDA-core prep and products, so that a test can compare the two paths
 // on the same inputs. Process-wide and not synchronised: flip it only while no KDA kernel is being

@@ -206,6 +206,8 @@ using NoOverlap = UseV1<ops::kda_forward_overlap, ops::kda_set_forward_overlap>;
 using DocOrder = UseV1<ops::kda_forward_longest_first, ops::kda_set_forward_longest_first>;
 // Backward's Delta at the end of its prep for its scope (on), or by bwd_pre (off).
 using FusedDelta = ops::KdaSwitchScope<ops::kda_fused_delta, ops::kda_set_fused_delta>;
+// bwd_pre's second job at the end of the backward's prep too for its scope (on), or not.
+using FusedPre = ops::KdaSwitchScope<ops::kda_fused_pre, ops::kda_set_fused_pre>;
 // The prepared blocks kept from forward to backward for its scope (on), or not.
 using KeepPrepared = ops::KdaSwitchScope<ops::kda_keep_prepared, ops::kda_set_keep_prepared>;
 // The form before session 16 for its scope (on): kept prepared blocks and fp32 chunk states.
@@ -309,6 +311,14 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
     other_delta = forward_backward(s, tc, gpu, din, true);
     gpu.synchronize();
   }
+  std::vector<Tensor> delta_only;
+  {
+    // Delta at the end of the prep, bwd_pre's second job by bwd_pre (where the case fuses): E and
+    // F the same bits either way (the same tf32 MMAs in the same k order), so every output too.
+    const FusedPre off(false);
+    delta_only = forward_backward(s, tc, gpu, din, true);
+    gpu.synchronize();
+  }
   {
     // The other form (kept prepared blocks and fp32 chunk states, or the default): the same
     // forward arithmetic, so o and hT bit for bit and the bf16 states the fp32 ones rounded to
@@ -407,6 +417,8 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
       EXPECT_EQ(rel_err(to_dvec(h), to_dvec(round_bf16(f.to(Device::CPU)))), 0.0)
           << "the bf16 chunk states are not the fp32 ones rounded to nearest";
     }
+    EXPECT_EQ(rel_err(tcv, to_dvec(delta_only[j])), 0.0)
+        << kNames[j] << ": bwd_pre's second job in the prep against bwd_pre's";
     const double delta_gap = rel_err(tcv, to_dvec(other_delta[j]));
     if (j < 3) {
       EXPECT_EQ(delta_gap, 0.0) << kNames[j] << ": backward's Delta changed the forward";

@@ -2150,9 +2150,9 @@ void kda_chunk_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqle
   a.dbeta = ptr<float>(dbeta);
   const dim3 chunks(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.H));
   // The bf16 states imply the bf16 layout and with it the tensor-core prep (prep<T> below).
-  a.fuse_delta = kda_fused_delta() && kda_prep_v2() && a.saved_h && !prepared.defined() &&
-                 reinterpret_cast<uintptr_t>(dout.raw()) % 16 == 0;
-  if (a.fuse_delta) a.dout = ptr<__nv_bfloat16>(dout);
+  a.fuse_delta = kda_fused_delta() && kda_prep_v2() && a.saved_h && !prepared.defined();
+  a.fuse_pre = a.fuse_delta && kda_fused_pre() && reinterpret_cast<uintptr_t>(dout.raw()) % 16 == 0;
+  if (a.fuse_pre) a.dout = ptr<__nv_bfloat16>(dout);
   MT_DISPATCH_FLOAT(q, "kda", {
     if (!prepared.defined()) prep<T>(ctx, a, q, k, v);
     bool tensor_cores = false;

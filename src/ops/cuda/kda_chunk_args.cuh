@@ -22,11 +22,12 @@ struct Args {
   // backward, and in a training forward that leaves the block in the caller's `prepared` tensor;
   // not where the block dies with the forward's workspace (backward then prepares again).
   bool keep_block = true;
-  // Backward's prep also does bwd_pre's work (kda_fused_delta, ops/kda_prep_path.h): Delta = U -
-  // W S0 into the backward's own block, E = Aqk^T dO into dR's place and F = Qh^T dO into the
-  // chunk's dS slot, so that bwd_pre does not run. Where backward runs prep v2 (no `prepared`
-  // kept) on bf16 chunk states, with `dout` (then set) 16-byte aligned.
-  bool fuse_delta = false;
+  // Backward's prep also does bwd_pre's work (ops/kda_prep_path.h): Delta = U - W S0 into the
+  // backward's own block (fuse_delta, kda_fused_delta), and then E = Aqk^T dO into dR's place and
+  // F = Qh^T dO into the chunk's dS slot (fuse_pre, kda_fused_pre: implies fuse_delta), so that
+  // bwd_pre runs its second job only, or not at all. Where backward runs prep v2 (no `prepared`
+  // kept) on bf16 chunk states; fuse_pre with `dout` (then set) 16-byte aligned.
+  bool fuse_delta = false, fuse_pre = false;
   const __nv_bfloat16* dout = nullptr;
   KdaChunkLayout lay;
   int64_t block;           // prepared floats per (chunk, head)

@@ -540,7 +540,7 @@ __device__ __forceinline__ void delta_tail(const Args& a, int64_t c, int64_t h, 
     }
 }
 
-// Then bwd_pre's job 1 (Args::fuse_delta; after delta_tail): E = Aqk^T dO into dR's place and
+// Then bwd_pre's job 1 (Args::fuse_pre; after delta_tail): E = Aqk^T dO into dR's place and
 // F = Qh^T dO into the chunk's dS slot, from the Aqk and Qh the block has stored (L2) and the
 // chunk's dO rows (widened exactly, zero past L), with bwd_pre's tf32 MMAs over the same operands
 // in the same k order (the same bits). E: warp w rows 16 (w mod 4) .., half w / 4 of V; F: tasks
@@ -881,10 +881,8 @@ __device__ __forceinline__ void prep_tc_body(const Args& a, const bf16* q, const
     f4(blk + lay.Tm() + i * kC + x) = f4(tm + i * LdC + x);
   }
   if constexpr (Tail && V2 && std::is_same_v<Big, bf16>) {
-    if (a.fuse_delta) {
-      delta_tail<K, V>(a, c, h, L, smem);
-      pre_tail<K, V>(a, c, h, L, smem);
-    }
+    if (a.fuse_delta) delta_tail<K, V>(a, c, h, L, smem);
+    if (a.fuse_pre) pre_tail<K, V>(a, c, h, L, smem);
   }
 }
 
@@ -945,8 +943,8 @@ void launch(Context& ctx, const Args& a, const bf16* q, const bf16* k, const bf1
     kernel<<<grid, kThreads, smem_for(kernel, Smem<K, V>::bytes, "kda_forward"), stream(ctx)>>>(
         a, q, k, v, vec, ahead);
   };
-  MT_CHECK(!a.fuse_delta || (a.lay.half && a.saved_h && a.dout && aligned16(a.dout) && !a.ready &&
-                             kda_prep_v2()),
+  MT_CHECK((!a.fuse_delta || (a.lay.half && a.saved_h && !a.ready && kda_prep_v2())) &&
+               (!a.fuse_pre || (a.fuse_delta && a.dout && aligned16(a.dout))),
            InternalError,
            "kda tensor-core prep: backward's Delta needs the bf16 layout and states, one item a "
            "block");

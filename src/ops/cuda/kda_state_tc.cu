@@ -616,13 +616,15 @@ constexpr size_t pre_smem() {
 
 // Backward's products that do not depend on dS, per (chunk, head, 64 columns): job 0 (even z)
 // Delta = U - W S0 into D; job 1 (odd z) E = Aqk^T dO into dR and F = Qh^T dO into the dS slot.
-// (Where Args::fuse_delta, the backward's prep does both instead.)
+// jobs 1: job 1 alone (the backward's prep formed Delta: Args::fuse_delta; where Args::fuse_pre
+// it did job 1 as well, and this kernel does not run).
 template <typename E>
-__global__ void __launch_bounds__(kThreads) bwd_pre_tc_kernel(Args a, const bf16* dout) {
+__global__ void __launch_bounds__(kThreads) bwd_pre_tc_kernel(Args a, const bf16* dout, int jobs) {
   const int64_t c = blockIdx.x, h = blockIdx.y, H = a.H;
   const int L = a.clen[c];
   if (L == 0) return;
-  const int job = blockIdx.z & 1, col0 = (blockIdx.z >> 1) * kNO, K = a.K, V = a.V,
+  const int job = jobs == 2 ? static_cast<int>(blockIdx.z & 1) : 1,
+            col0 = static_cast<int>(blockIdx.z) / jobs * kNO, K = a.K, V = a.V,
             lane = threadIdx.x & 31, w = threadIdx.x >> 5, nc = V - col0 < kNO ? V - col0 : kNO;
   extern __shared__ __align__(16) unsigned char smem[];
   float* base = reinterpret_cast<float*>(smem);
@@ -1163,10 +1165,13 @@ void forward_state_as(Context& ctx, const Args& a, bf16* o) {
 template <typename E>
 void backward_state_as(Context& ctx, const Args& a, const bf16* dout) {
   const char* op = "kda_backward";
-  // The prep did both jobs where Args::fuse_delta (kda_fwd_tc.cu's delta_tail and pre_tail).
-  if (!a.fuse_delta) {
+  // What the prep left (kda_fwd_tc.cu's delta_tail, pre_tail): job 0 where Args::fuse_delta,
+  // both where Args::fuse_pre.
+  if (!a.fuse_pre) {
     auto* pre = bwd_pre_tc_kernel<E>;
-    pre<<<chunk_grid(a, 2), kThreads, smem_for(pre, pre_smem<E>(), op), stream(ctx)>>>(a, dout);
+    const int jobs = a.fuse_delta ? 1 : 2;
+    pre<<<chunk_grid(a, jobs), kThreads, smem_for(pre, pre_smem<E>(), op), stream(ctx)>>>(a, dout,
+                                                                                          jobs);
     MT_CUDA_LAUNCH_CHECK();
   }
   if constexpr (std::is_same_v<E, bf16>) {
