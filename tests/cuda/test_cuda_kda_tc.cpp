@@ -266,8 +266,9 @@ TEST_P(CudaKdaTc, ForwardBackwardAgainstTheCpu) {
 }
 
 // The same bf16 inputs through both preps: they must agree within the bf16 row of the tolerance
-// table (twice the error that rounding the inputs and outputs to bf16 alone causes on the CPU),
-// and so must each against the CPU, as must the tensor-core path with the fp32 prepared layout.
+// table (twice the error that rounding the inputs and outputs to bf16, and the chunk states where
+// the form stores them so, causes on the CPU), and so must each against the CPU, as must the
+// tensor-core path with the fp32 prepared layout.
 TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
   REQUIRE_GPU();
   const TcSetup s = GetParam();
