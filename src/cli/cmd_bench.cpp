@@ -1134,7 +1134,8 @@ Command add_bench_command(CLI::App& app) {
                "CUDA graphs or routing, for --gemm sweeps");
   ms->add_option("--gemm", mb->gemm,
                  "grouped GEMM configurations to run in turn, comma-separated "
-                 "(kernel[:sN][:n][:dx=kernel][:dw=kernel], docs/gpu.md); default: "
+                 "(kernel[:sN][:n][:dx=kernel][:dw=kernel][:down=kernel][:swiglu[=fwd|=bwd]], "
+                 "docs/gpu.md; :swiglu times the SwiGLU fused into the GEMMs' epilogues); default: "
                  "MOETRAIN_GROUPED_GEMM's or the default");
   auto db = std::make_shared<DecodeBenchOptions>();
   CLI::App* dc = c->add_subcommand("decode",

@@ -654,10 +654,24 @@ TEST(CudaGroupedGemmConfig, NamesRoundTripAndWrongNamesAreRefused) {
   EXPECT_EQ(ops::grouped_gemm_config_name(
                 ops::parse_grouped_gemm_config("coop128x256c2x1:dw=coop128x256c2x1")),
             "coop128x256c2x1");
+  // SwiGLU in the epilogues: both, or either alone, round-trip.
+  for (const auto& [fwd, bwd] : std::vector<std::pair<bool, bool>>{
+           {true, true}, {true, false}, {false, true}, {false, false}}) {
+    const ops::GroupedGemmConfig c{.kernel = 3, .swiglu_fwd = fwd, .swiglu_bwd = bwd};
+    const std::string name = ops::grouped_gemm_config_name(c);
+    const ops::GroupedGemmConfig back = ops::parse_grouped_gemm_config(name);
+    EXPECT_EQ(back.swiglu_fwd, fwd) << name;
+    EXPECT_EQ(back.swiglu_bwd, bwd) << name;
+    EXPECT_EQ(back.kernel, 3) << name;
+  }
+  EXPECT_EQ(ops::grouped_gemm_config_name(
+                ops::parse_grouped_gemm_config("coop128x256c2x1:swiglu=fwd:swiglu=bwd")),
+            "coop128x256c2x1:swiglu=bwd");
   for (const char* bad :
-       {"", "coop", "coop128x256c2x1:s3", "coop128x256c2x1:", "x:n",
-        "coop128x256c2x1:dx=", "coop128x256c2x1:dw=pingpong64x256c2x1", "coop128x256c2x1:dx=wgrad",
-        "coop128x256c2x1:dw", "coop128x256c2x1:down=coop128x256c2x1e16", "coop128x256c2x1:down="})
+       {"", "coop", "coop128x256c2x1:s3", "coop128x256c2x1:swiglu=", "coop128x256c2x1:swiglu=up",
+        "coop128x256c2x1:", "x:n", "coop128x256c2x1:dx=", "coop128x256c2x1:dw=pingpong64x256c2x1",
+        "coop128x256c2x1:dx=wgrad", "coop128x256c2x1:dw", "coop128x256c2x1:down=coop128x256c2x1e16",
+        "coop128x256c2x1:down="})
     EXPECT_THROW(ops::parse_grouped_gemm_config(bad), ValueError) << bad;
 }
 
@@ -675,6 +689,12 @@ std::vector<ops::GroupedGemmConfig> all_gemm_configs() {
   all.push_back({.kernel = 0, .swizzle = 4, .along_n = true});
   all.push_back({.kernel = 3, .wgrad = 2, .swizzle = 2});
   all.push_back({.kernel = 0, .down_kernel = 0});  // the FFN's down projection cooperative too
+  // SwiGLU in the GEMMs' epilogues (ops/cuda/cutlass/grouped_gemm_sm90_swiglu.h): both, with the
+  // gate half on the default kernel and on ping-pong; each alone.
+  all.push_back({.kernel = 0, .swiglu_fwd = true, .swiglu_bwd = true});
+  all.push_back({.kernel = 3, .swizzle = 2, .swiglu_fwd = true, .swiglu_bwd = true});
+  all.push_back({.kernel = 0, .swiglu_fwd = true});
+  all.push_back({.kernel = 0, .swiglu_bwd = true});
   return all;
 }
 
@@ -736,6 +756,39 @@ TEST(CudaGroupedGemmConfig, EveryConfigurationExpertsSkewedWithLora) {
       ffn_check(cat("grouped_ffn lora r", r, s.frozen_base ? " frozen " : " ", name).c_str(), s);
     }
   }
+}
+
+// SwiGLU in the GEMMs' epilogues (GroupedGemmConfig::swiglu_fwd / swiglu_bwd) on the base path,
+// against the bf16 emulation of the separate passes: the base training (backward forms h for
+// dW_down), frozen (no h), h kept from forward; skewed counts (a hot expert over many tiles,
+// one-row and empty experts), F a whole tile (256), partial tiles (F 136, 200; rows of every
+// residue), and sizes the kernels refuse (in 19, F 23: the separate passes run).
+TEST(CudaGroupedFfn, SwigluInTheGemmEpilogues) {
+  REQUIRE_GPU();
+  const ops::GroupedGemmConfig both = ops::parse_grouped_gemm_config("coop128x256c2x1:swiglu");
+  ffn_check("grouped_ffn fused swiglu, full, 4096 rows skewed",
+            {.rows = 4096, .experts = 16, .in = 256, .ffn = 256, .skewed = true, .gemm = both});
+  ffn_check("grouped_ffn fused swiglu, frozen, 4096 rows skewed", {.rows = 4096,
+                                                                   .experts = 16,
+                                                                   .in = 256,
+                                                                   .ffn = 256,
+                                                                   .frozen_base = true,
+                                                                   .skewed = true,
+                                                                   .gemm = both});
+  ffn_check("grouped_ffn fused swiglu, h kept, F 136",
+            {.rows = 3000, .experts = 9, .in = 264, .ffn = 136, .gemm = both, .keep_h = true});
+  ffn_check("grouped_ffn fused swiglu, 64 experts, F 200",
+            {.rows = 5000, .experts = 64, .in = 128, .ffn = 200, .gemm = both});
+  ffn_check("grouped_ffn fused swiglu, dW written, gate half on ping-pong",
+            {.rows = 2000,
+             .experts = 8,
+             .in = 512,
+             .ffn = 128,
+             .skewed = true,
+             .gemm = ops::parse_grouped_gemm_config("pingpong128x128c2x1:swiglu"),
+             .weight_grads_zero = true});
+  ffn_check("grouped_ffn fused swiglu refused, odd sizes",
+            {.rows = 53, .experts = 5, .in = 19, .ffn = 23, .gemm = both});
 }
 
 // The LoRA backward's one pass over dOut (ops/cuda/lora_grouped.h: dr and dB together) at ranks
