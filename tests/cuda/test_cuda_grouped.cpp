@@ -791,6 +791,70 @@ TEST(CudaGroupedFfn, SwigluInTheGemmEpilogues) {
             {.rows = 53, .experts = 5, .in = 19, .ffn = 23, .gemm = both});
 }
 
+// The fused projections called directly: taken in the bf16 pass (the bodies say whether they ran;
+// the f32 pass runs the separate passes on the GPU), against the CPU's grouped_matmul and SwiGLU
+// with gate_up and dh rounded to bf16 where the fused kernels round them; each fused kernel
+// (cooperative, ping-pong, the backward on ping-pong alone), a hot group over many tiles, one-row
+// and empty groups, partial tiles in n (F 200) and k (in 264).
+TEST(CudaGroupedFfn, FusedSwigluProjectionsAgainstTheSeparatePasses) {
+  REQUIRE_GPU();
+  for (const char* cfg_name : {"coop128x256c2x1:swiglu", "pingpong128x128c2x1:swiglu",
+                               "coop128x256c2x1:dx=pingpong128x128c2x1:swiglu=bwd"}) {
+    const ops::GroupedGemmConfig cfg = ops::parse_grouped_gemm_config(cfg_name);
+    const uint64_t seed = fresh_seed();
+    Rng rng(seed);
+    const int64_t G = 12, in = 264, F = 200;
+    Tensor off = Tensor::empty({G + 1}, DType::I32);
+    off.i32()[0] = 0;
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t n = g == 0 ? 700 : g % 4 == 1 ? 0 : g % 4 == 2 ? 1 : rng.below(90);
+      off.i32()[g + 1] = off.i32()[g] + static_cast<int32_t>(n);
+    }
+    const int64_t N = off.i32()[G];
+    const ops::GroupedFfnParams p{.rows = N, .experts = G, .in = in, .ffn = F, .gemm = cfg};
+    const std::vector<In> ins = {{randn(rng, {N, in})},
+                                 {randn(rng, {G, 2 * F, in}, 0.1)},
+                                 {randn(rng, {N, in})},
+                                 {randn(rng, {G, in, F}, 0.1)},
+                                 {randn(rng, {N, 2 * F}, 2.0)}};
+    const auto run = [&](bool emulate) {
+      return [&, emulate](Context& c, const std::vector<Tensor>& v,
+                          bool gpu) -> std::vector<Tensor> {
+        const DType dt = v[0].dtype();
+        Tensor gate_up = out(c, {N, 2 * F}, dt), h = out(c, {N, F}, dt),
+               dgu = out(c, {N, 2 * F}, dt), hb = out(c, {N, F}, dt);
+        const auto store = [&](Tensor& t) {
+          if (emulate) t.copy_from(round_bf16(t));
+        };
+        bool fwd = false, bwd = false;
+        if (gpu) {
+          fwd = ops::cuda::grouped_ffn_gate_up_swiglu(c, p, v[0], off, v[1], gate_up, h);
+          bwd = ops::cuda::grouped_ffn_down_swiglu_backward(c, p, v[2], off, v[3], v[4], dgu, hb);
+          EXPECT_EQ(fwd, dt == DType::BF16 && cfg.swiglu_fwd) << cfg_name << " forward taken";
+          EXPECT_EQ(bwd, dt == DType::BF16) << cfg_name << " backward taken";
+        }
+        if (!fwd) {
+          ops::grouped_matmul(c, {.form = ops::GroupedForm::XWt, .gemm = cfg}, v[0], off, v[1],
+                              gate_up);
+          store(gate_up);
+          (gpu ? ops::cuda::grouped_ffn_swiglu_forward : ops::cpu::grouped_ffn_swiglu_forward)(
+              c, gate_up, h);
+        }
+        if (!bwd) {
+          Tensor dh = out(c, {N, F}, dt);
+          ops::grouped_matmul(c, {.form = ops::GroupedForm::DyW, .gemm = cfg}, v[2], off, v[3], dh);
+          store(dh);
+          (gpu ? ops::cuda::grouped_ffn_swiglu_backward_with_h
+               : ops::cpu::grouped_ffn_swiglu_backward_with_h)(c, v[4], dh, dgu, hb);
+        }
+        return {gate_up, h, dgu, hb};
+      };
+    };
+    run_case(cat("fused swiglu projections ", cfg_name).c_str(), ins,
+             {"gate_up", "h", "dgate_up", "h (backward)"}, run(false), seed, in, run(true));
+  }
+}
+
 // The LoRA backward's one pass over dOut (ops/cuda/lora_grouped.h: dr and dB together) at ranks
 // 8 and 16 (blocks of four 128-row parts), a multiple of 8 but not of 16 (the padded half pair)
 // and its widest rank, 32 (two parts), with K of several stages and a partial one (in 2056 = 32 x
