@@ -39,7 +39,7 @@ static_assert(std::string_view(kGroupedGemmKernels[GroupedGemmConfig::kDefaultDo
 GroupedGemmConfig parse_grouped_gemm_config(std::string_view name) {
   constexpr const char* kParts =
       ":s1, :s2, :s4, :s8, :n, :dx=<kernel>, :dw=<wgrad kernel>, :down=<kernel>, :swiglu, "
-      ":swiglu=fwd, :swiglu=bwd";
+      ":swiglu=fwd, :swiglu=bwd, :narrow";
   GroupedGemmConfig c;
   const std::string_view kernel = name.substr(0, name.find(':'));
   c.kernel = index_of(kGroupedGemmKernels, kernel);
@@ -71,6 +71,8 @@ GroupedGemmConfig parse_grouped_gemm_config(std::string_view name) {
     } else if (part == "swiglu" || part == "swiglu=fwd" || part == "swiglu=bwd") {
       c.swiglu_fwd = part != "swiglu=bwd";
       c.swiglu_bwd = part != "swiglu=fwd";
+    } else if (part == "narrow") {
+      c.swiglu_narrow = true;
     } else {
       MT_THROW(ValueError, "grouped GEMM configuration \"", name, "\": unknown part \"", part,
                "\" (", kParts, ")");
@@ -91,6 +93,7 @@ std::string grouped_gemm_config_name(const GroupedGemmConfig& c) {
     s += cat(":down=", kGroupedGemmKernels[c.down_kernel]);
   if (c.swiglu_fwd || c.swiglu_bwd)
     s += c.swiglu_fwd && c.swiglu_bwd ? ":swiglu" : c.swiglu_fwd ? ":swiglu=fwd" : ":swiglu=bwd";
+  if (c.swiglu_narrow) s += ":narrow";
   return s;
 }
 

@@ -664,6 +664,10 @@ TEST(CudaGroupedGemmConfig, NamesRoundTripAndWrongNamesAreRefused) {
     EXPECT_EQ(back.swiglu_bwd, bwd) << name;
     EXPECT_EQ(back.kernel, 3) << name;
   }
+  EXPECT_TRUE(ops::parse_grouped_gemm_config("coop128x256c2x1:swiglu:narrow").swiglu_narrow);
+  EXPECT_EQ(ops::grouped_gemm_config_name(
+                ops::parse_grouped_gemm_config("coop128x256c2x1:narrow:swiglu=bwd")),
+            "coop128x256c2x1:swiglu=bwd:narrow");
   EXPECT_EQ(ops::grouped_gemm_config_name(
                 ops::parse_grouped_gemm_config("coop128x256c2x1:swiglu=fwd:swiglu=bwd")),
             "coop128x256c2x1:swiglu=bwd");
@@ -798,8 +802,10 @@ TEST(CudaGroupedFfn, SwigluInTheGemmEpilogues) {
 // and empty groups, partial tiles in n (F 200) and k (in 264).
 TEST(CudaGroupedFfn, FusedSwigluProjectionsAgainstTheSeparatePasses) {
   REQUIRE_GPU();
-  for (const char* cfg_name : {"coop128x256c2x1:swiglu", "pingpong128x128c2x1:swiglu",
-                               "coop128x256c2x1:dx=pingpong128x128c2x1:swiglu=bwd"}) {
+  for (const char* cfg_name :
+       {"coop128x256c2x1:swiglu", "pingpong128x128c2x1:swiglu",
+        "coop128x256c2x1:dx=pingpong128x128c2x1:swiglu=bwd", "coop128x256c2x1:swiglu:narrow",
+        "pingpong128x128c2x1:swiglu:narrow"}) {
     const ops::GroupedGemmConfig cfg = ops::parse_grouped_gemm_config(cfg_name);
     const uint64_t seed = fresh_seed();
     Rng rng(seed);

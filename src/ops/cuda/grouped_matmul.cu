@@ -384,7 +384,8 @@ bool grouped_gate_up_swiglu(Context& ctx, const GroupedGemmConfig& cfg, const Te
   Sm90Grouped up = gate;  // u = X W_u^T into the last F, h beside it
   up.b = static_cast<const char*>(w_gu.raw()) + F * w_gu.stride(1) * esize;
   up.c = static_cast<char*>(gate_up.raw()) + F * esize;
-  const Sm90Swiglu s{Sm90SwigluForm::Up, gate_up.raw(), gate_up.stride(0), h.raw(), h.stride(0)};
+  const Sm90Swiglu s{Sm90SwigluForm::Up, gate_up.raw(),    gate_up.stride(0), h.raw(),
+                     h.stride(0),        cfg.swiglu_narrow};
   return sm90_swiglu(ctx, cfg, offsets, &gate, up, s);
 }
 
@@ -406,8 +407,8 @@ bool grouped_down_swiglu_backward(Context& ctx, const GroupedGemmConfig& cfg, co
   g.ldc = dgate_up.stride(0);
   g.n = w_down.dim(2);
   g.k = w_down.dim(1);
-  const Sm90Swiglu s{Sm90SwigluForm::DownBackward, gate_up.raw(), gate_up.stride(0),
-                     has_h ? h.raw() : nullptr, has_h ? h.stride(0) : 0};
+  const Sm90Swiglu s{Sm90SwigluForm::DownBackward, gate_up.raw(),           gate_up.stride(0),
+                     has_h ? h.raw() : nullptr,    has_h ? h.stride(0) : 0, cfg.swiglu_narrow};
   return sm90_swiglu(ctx, cfg, offsets, nullptr, g, s);
 }
 

@@ -32,6 +32,7 @@ struct SwigluNode {
     Bf16* const* dup = nullptr;       // Backward: each group's du rows
     Bf16* const* h = nullptr;         // each group's h rows; null: none
     int64_t ldu = 0, lddu = 0, ldh = 0;
+    bool narrow = false;  // Sm90Swiglu::narrow
   };
   using Params = Arguments;
 
@@ -100,23 +101,123 @@ struct SwigluNode {
 
   // GU, GO: (CPY, CPY_M, CPY_N, EPI_M, EPI_N) global views of u and of du / h; RU: u's registers;
   // CT, Res: the thread's coordinates and its residue (the collective's tCcD, residue_tCcD).
+  //
+  // A sub-tile's fragment holds, per thread, two rows (8 apart) of four 8-column blocks, a pair of
+  // adjacent columns in each (wgmma's accumulator layout: lane q of a quad has columns 2q, 2q + 1
+  // of every block, the quad one row). Moved as they are, that is 4-byte accesses each touching
+  // half a sector; instead the quad transposes its pairs with shuffles so that lane q moves block
+  // q of the row whole, one 16-byte access (4x fewer memory instructions, whole sectors). The
+  // layout is checked (at compile time where it folds, and the quad's rows and columns at run
+  // time); where it does not hold, the pairs move as 4-byte words.
   template <class GU, class GO, class RU, class CT, class Res>
   struct Callbacks : fusion::detail::EmptyConsumerStoreCallbacks {
-    CUTLASS_DEVICE Callbacks(GU gu_, GO gdu_, GO gh_, RU ru_, CT cd_, Res residue_, bool has_h_)
-        : gu(gu_), gdu(gdu_), gh(gh_), ru(ru_), cd(cd_), residue(residue_), has_h(has_h_) {}
+    static constexpr int EM = decltype(cute::size<3>(std::declval<RU&>()))::value;
+    static constexpr int EN = decltype(cute::size<4>(std::declval<RU&>()))::value;
+    static constexpr int kSub = decltype(cute::size(std::declval<RU&>()))::value / (EM * EN);
+
+    CUTLASS_DEVICE Callbacks(GU gu_, GO gdu_, GO gh_, RU ru_, CT cd_, Res residue_, bool has_h_,
+                             int lane, bool narrow)
+        : gu(gu_),
+          gdu(gdu_),
+          gh(gh_),
+          ru(ru_),
+          cd(cd_),
+          residue(residue_),
+          has_h(has_h_),
+          q(lane % 4) {
+      quad = layout_fits() && !narrow;
+    }
     GU gu;
     GO gdu, gh;
     RU ru;
     CT cd;
     Res residue;
     bool has_h;
+    int q;
+    bool quad = false;
+    Bf16 du_[kSub], h_[kSub];  // the current sub-tile's, by fragment index
 
-    // Whether elements j and j + 1 of a sub-tile's fragment are one row's adjacent columns (they
-    // are in the STSM copy's layout; the test folds at compile time, the fallback is for safety).
+    // Whether elements j and j + 1 of a sub-tile's fragment are one row's adjacent columns.
     template <class C>
     CUTLASS_DEVICE static bool paired(C const& c, int j) {
       return cute::get<0>(c(j)) == cute::get<0>(c(j + 1)) &&
              cute::get<1>(c(j + 1)) == cute::get<1>(c(j)) + 1;
+    }
+
+    // Element j's slot r * 8 + b * 2 + e (row r of two, block b of four, column e of the pair) in
+    // sub-tile (em, en), or -1 where the fragment is not that layout.
+    CUTLASS_DEVICE int slot(int em, int en, int j) const {
+      using cute::_;
+      auto c = cd(_, _, _, em, en);
+      const int dm = cute::get<0>(c(j)) - cute::get<0>(c(0)),
+                dn = cute::get<1>(c(j)) - cute::get<1>(c(0));
+      if ((dm != 0 && dm != 8) || dn < 0 || dn >= 32 || dn % 8 > 1) return -1;
+      return (dm / 8) * 8 + (dn / 8) * 2 + dn % 8;
+    }
+    // Fragment index of slot s in sub-tile (em, en) (slot() inverted; -1 for none).
+    CUTLASS_DEVICE int index_of(int em, int en, int s) const {
+      int found = -1;
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kSub; ++j)
+        if (slot(em, en, j) == s) found = j;
+      return found;
+    }
+
+    CUTLASS_DEVICE bool layout_fits() const {
+      bool ok = kSub == 16;
+      if constexpr (kSub == 16) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int em = 0; em < EM; ++em) CUTLASS_PRAGMA_UNROLL
+        for (int en = 0; en < EN; ++en) {
+          int seen = 0;
+          CUTLASS_PRAGMA_UNROLL
+          for (int j = 0; j < kSub; ++j) {
+            const int s = slot(em, en, j);
+            ok = ok && s >= 0;
+            seen |= s >= 0 ? 1 << s : 0;
+          }
+          ok = ok && seen == 0xffff;
+        }
+      }
+      // The quad's lanes: one row, first columns 2q apart from a block start a multiple of 8 (so
+      // 16-byte aligned): residue (M, N) - (row, column) of each lane's first element.
+      const int rm = static_cast<int>(cute::get<0>(residue)),
+                rn = static_cast<int>(cute::get<1>(residue)) + 2 * q;
+      // (Every lane runs every shuffle: none under a short-circuit.)
+      const int rm1 = __shfl_xor_sync(0xffffffffu, rm, 1),
+                rm2 = __shfl_xor_sync(0xffffffffu, rm, 2),
+                rn1 = __shfl_xor_sync(0xffffffffu, rn, 1),
+                rn2 = __shfl_xor_sync(0xffffffffu, rn, 2);
+      ok = ok && rn % 8 == 0 && rm1 == rm && rm2 == rm && rn1 == rn && rn2 == rn;
+      return __all_sync(0xffffffffu, ok);
+    }
+
+    // Lane q's four 32-bit words p[b] (its pair in block b of the row) become p[i] = lane i's pair
+    // in block q: a 4 x 4 transpose across the quad (its own inverse).
+    CUTLASS_DEVICE void transpose(uint32_t (&p)[4]) const {
+      CUTLASS_PRAGMA_UNROLL
+      for (int s = 2; s >= 1; s /= 2) {
+        const bool up = (q & s) != 0;
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < 2; ++k) {
+          const int lo = s == 2 ? k : 2 * k, hi = s == 2 ? k + 2 : 2 * k + 1;
+          const uint32_t send = up ? p[lo] : p[hi];
+          const uint32_t got = __shfl_xor_sync(0xffffffffu, send, s);
+          if (up)
+            p[lo] = got;
+          else
+            p[hi] = got;
+        }
+      }
+    }
+
+    // Whether row r's block q (lane q's 16-byte part) of sub-tile (em, en) is inside the group.
+    CUTLASS_DEVICE bool part_in(int em, int en, int r) const {
+      using cute::_;
+      auto c = cd(_, _, _, em, en);
+      const int j = index_of(em, en, r * 8);
+      return cute::get<0>(c(j)) < cute::get<0>(residue) &&
+             cute::get<1>(c(j)) + 6 * q < cute::get<1>(residue);
     }
 
     CUTLASS_DEVICE void load(int em, int en) {
@@ -125,8 +226,14 @@ struct SwigluNode {
         auto g = gu(_, _, _, em, en);
         auto r = ru(_, _, _, em, en);
         auto c = cd(_, _, _, em, en);
+        if constexpr (kSub == 16) {
+          if (quad) {
+            load_quad(g, r, em, en);
+            return;
+          }
+        }
         CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < cute::size(g); j += 2) {
+        for (int j = 0; j < kSub; j += 2) {
           if (paired(c, j)) {
             uint32_t v = 0;
             if (cute::elem_less(c(j), residue)) v = __ldg(reinterpret_cast<const uint32_t*>(&g(j)));
@@ -140,13 +247,70 @@ struct SwigluNode {
       }
     }
 
+    template <class G, class R>
+    CUTLASS_DEVICE void load_quad(G& g, R& r, int em, int en) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int row = 0; row < 2; ++row) {
+        const int j0 = index_of(em, en, row * 8);
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (part_in(em, en, row)) v = __ldg(reinterpret_cast<const uint4*>(&g(j0) + 6 * q));
+        uint32_t p[4] = {v.x, v.y, v.z, v.w};
+        transpose(p);
+        CUTLASS_PRAGMA_UNROLL
+        for (int b = 0; b < 4; ++b) {
+          r(index_of(em, en, row * 8 + b * 2)) = Bf16::bitcast(static_cast<uint16_t>(p[b]));
+          r(index_of(em, en, row * 8 + b * 2 + 1)) =
+              Bf16::bitcast(static_cast<uint16_t>(p[b] >> 16));
+        }
+      }
+    }
+
+    // A sub-tile's values (du_ or h_) into `out`'s sub-tile (em, en).
+    template <class G>
+    CUTLASS_DEVICE void store(G& out, const Bf16 (&v)[kSub], int em, int en) {
+      using cute::_;
+      auto o = out(_, _, _, em, en);
+      auto c = cd(_, _, _, em, en);
+      if constexpr (kSub == 16) {
+        if (quad) {
+          store_quad(o, v, em, en);
+          return;
+        }
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kSub; j += 2) {
+        const bool in0 = cute::elem_less(c(j), residue);
+        const bool in1 = cute::elem_less(c(j + 1), residue);
+        if (paired(c, j)) {
+          if (in0) *reinterpret_cast<uint32_t*>(&o(j)) = pack2(v[j], v[j + 1]);
+        } else {
+          if (in0) o(j) = v[j];
+          if (in1) o(j + 1) = v[j + 1];
+        }
+      }
+    }
+
+    template <class O>
+    CUTLASS_DEVICE void store_quad(O& o, const Bf16 (&v)[kSub], int em, int en) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int row = 0; row < 2; ++row) {
+        uint32_t p[4];
+        CUTLASS_PRAGMA_UNROLL
+        for (int b = 0; b < 4; ++b)
+          p[b] =
+              pack2(v[index_of(em, en, row * 8 + b * 2)], v[index_of(em, en, row * 8 + b * 2 + 1)]);
+        transpose(p);
+        if (part_in(em, en, row))
+          *reinterpret_cast<uint4*>(&o(index_of(em, en, row * 8)) + 6 * q) =
+              make_uint4(p[0], p[1], p[2], p[3]);
+      }
+    }
+
     CUTLASS_DEVICE void begin() { load(0, 0); }
 
     // The collective runs the sub-tiles with epi_m inner: load the next one's u.
     CUTLASS_DEVICE void begin_loop(int em, int en) {
       if constexpr (kBackward) {
-        constexpr int EM = decltype(cute::size<3>(std::declval<RU&>()))::value;
-        constexpr int EN = decltype(cute::size<4>(std::declval<RU&>()))::value;
         if (em + 1 < EM)
           load(em + 1, en);
         else if (en + 1 < EN)
@@ -158,51 +322,33 @@ struct SwigluNode {
     CUTLASS_DEVICE cutlass::Array<float, FS> visit(cutlass::Array<Acc, FS> const& acc, int epi_v,
                                                    int em, int en,
                                                    cutlass::Array<In, FS> const& src) {
-      static_assert(FS % 2 == 0, "the fragment holds column pairs");
       using cute::_;
-      auto c = cd(_, _, _, em, en);
       cutlass::Array<float, FS> out;
       CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < FS; i += 2) {
+      for (int i = 0; i < FS; ++i) {
         const int j = epi_v * FS + i;
-        [[maybe_unused]] Bf16 du[2];
-        Bf16 hv[2];
-        CUTLASS_PRAGMA_UNROLL
-        for (int k = 0; k < 2; ++k) {
-          const float g = static_cast<float>(src[i + k]);
-          // The unfused passes' expressions (ops/cuda/grouped_ffn.cu) on the values they read
-          // back: dh and u rounded to bf16.
-          if constexpr (kBackward) {
-            const float d = static_cast<float>(Bf16(acc[i + k]));
-            const float u = static_cast<float>(ru(_, _, _, em, en)(j + k));
-            const float sg = 1.0f / (1.0f + expf(-g));
-            du[k] = Bf16(d * g * sg);
-            out[i + k] = d * u * sg * (1.0f + g * (1.0f - sg));
-            hv[k] = Bf16(g / (1.0f + expf(-g)) * u);
-          } else {
-            const float u = static_cast<float>(Bf16(acc[i + k]));
-            out[i + k] = static_cast<float>(acc[i + k]);
-            hv[k] = Bf16(g / (1.0f + expf(-g)) * u);
-          }
-        }
-        const bool in0 = cute::elem_less(c(j), residue);
-        const bool in1 = cute::elem_less(c(j + 1), residue);
-        if (paired(c, j)) {
-          if (in0) {
-            if constexpr (kBackward)
-              *reinterpret_cast<uint32_t*>(&gdu(_, _, _, em, en)(j)) = pack2(du[0], du[1]);
-            if (has_h) *reinterpret_cast<uint32_t*>(&gh(_, _, _, em, en)(j)) = pack2(hv[0], hv[1]);
-          }
+        const float g = static_cast<float>(src[i]);
+        // The unfused passes' expressions (ops/cuda/grouped_ffn.cu) on the values they read
+        // back: dh and u rounded to bf16.
+        if constexpr (kBackward) {
+          const float d = static_cast<float>(Bf16(acc[i]));
+          const float u = static_cast<float>(ru(_, _, _, em, en)(j));
+          const float sg = 1.0f / (1.0f + expf(-g));
+          du_[j] = Bf16(d * g * sg);
+          out[i] = d * u * sg * (1.0f + g * (1.0f - sg));
+          h_[j] = Bf16(g / (1.0f + expf(-g)) * u);
         } else {
-          if constexpr (kBackward) {
-            if (in0) gdu(_, _, _, em, en)(j) = du[0];
-            if (in1) gdu(_, _, _, em, en)(j + 1) = du[1];
-          }
-          if (has_h && in0) gh(_, _, _, em, en)(j) = hv[0];
-          if (has_h && in1) gh(_, _, _, em, en)(j + 1) = hv[1];
+          const float u = static_cast<float>(Bf16(acc[i]));
+          out[i] = static_cast<float>(acc[i]);
+          h_[j] = Bf16(g / (1.0f + expf(-g)) * u);
         }
       }
       return out;
+    }
+
+    CUTLASS_DEVICE void end_loop(int em, int en) {
+      if constexpr (kBackward) store(gdu, du_, em, en);
+      if (has_h) store(gh, h_, em, en);
     }
   };
 
@@ -232,7 +378,8 @@ struct SwigluNode {
     auto ru = cute::make_tensor<Bf16>(cute::shape(gu));
     return Callbacks<decltype(gu), decltype(gdu), decltype(ru), decltype(args.tCcD),
                      decltype(args.residue_tCcD)>(gu, gdu, gh, ru, args.tCcD, args.residue_tCcD,
-                                                  h != nullptr);
+                                                  h != nullptr, args.thread_idx % 32,
+                                                  params.narrow);
   }
 };
 
@@ -348,6 +495,7 @@ typename G::Gemm::Arguments sw_arguments(const Sm90Grouped& g, const Sm90Swiglu&
   node.ldu = s.ldgate;
   node.lddu = g.ldc;
   node.ldh = s.ldh;
+  node.narrow = s.narrow;
   typename G::Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGrouped,
                                    {count, arr.shape, host.data()},
                                    {arr.a, arr.sa, arr.b, arr.sb},

@@ -36,6 +36,8 @@ struct Sm90Swiglu {
   int64_t ldgate = 0;
   void* h = nullptr;
   int64_t ldh = 0;
+  // The direct loads and stores as each thread's 4-byte pairs, not the quad's 16-byte parts.
+  bool narrow = false;
 };
 
 // Whether the fused kernel takes the call: sm90_grouped_fits' rules, and 16-byte aligned gate
