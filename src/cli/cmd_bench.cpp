@@ -1135,7 +1135,7 @@ Command add_bench_command(CLI::App& app) {
   ms->add_option(
       "--gemm", mb->gemm,
       "grouped GEMM configurations to run in turn, comma-separated "
-      "(kernel[:sN][:n][:dx=kernel][:dw=kernel][:down=kernel][:swiglu[=fwd|=bwd]][:narrow], "
+      "(kernel[:sN][:n][:dx=kernel][:dw=kernel][:down=kernel][:swiglu[=fwd|=bwd|=off]][:narrow], "
       "docs/gpu.md; :swiglu times the SwiGLU fused into the GEMMs' epilogues); default: "
       "MOETRAIN_GROUPED_GEMM's or the default");
   auto db = std::make_shared<DecodeBenchOptions>();

@@ -31,7 +31,7 @@ enum class GroupedForm { XWt, DyW, DytX };
 // The GPU's grouped GEMM configuration (ops/cuda/cutlass/grouped_gemm_sm90.h), for tuning: the
 // compiled kernel of the bf16 forward form, optionally another for the input gradient and one of
 // the weight gradient's kernels, and the tile scheduler's swizzle and raster order, named
-// "kernel[:sN][:n][:dx=kernel][:dw=wgrad][:down=kernel][:swiglu[=fwd|=bwd]][:narrow]" (e.g.
+// "kernel[:sN][:n][:dx=kernel][:dw=wgrad][:down=kernel][:swiglu[=fwd|=bwd|=off]][:narrow]" (e.g.
 // "pingpong128x128c2x1:s4:n": swizzle 4, rastered along N;
 // "coop128x256c2x1:dw=pingpong128x128c1x1": the default forward and input-gradient kernel, a
 // ping-pong weight gradient). `down` is the grouped SwiGLU FFN's (ops/grouped_ffn.h) for its down
@@ -58,9 +58,11 @@ struct GroupedGemmConfig {
   static constexpr int kDefaultDownKernel = 3;  // pingpong128x128c2x1
   int down_kernel = kDefaultDownKernel;
   // grouped_ffn's SwiGLU in the epilogues of its base path's GEMMs (ops/cuda/cutlass/
-  // grouped_gemm_sm90_swiglu.h), forward and backward apart: part ":swiglu" (both), ":swiglu=fwd"
-  // or ":swiglu=bwd". Off: the separate SwiGLU passes.
-  bool swiglu_fwd = false, swiglu_bwd = false;
+  // grouped_gemm_sm90_swiglu.h), forward and backward apart: part ":swiglu" (both), ":swiglu=fwd",
+  // ":swiglu=bwd" or ":swiglu=off" (neither: the separate SwiGLU passes), named where they differ
+  // from the defaults.
+  static constexpr bool kDefaultSwigluFwd = false, kDefaultSwigluBwd = false;
+  bool swiglu_fwd = kDefaultSwigluFwd, swiglu_bwd = kDefaultSwigluBwd;
   // Their direct loads and stores as 4-byte pairs, where the quad's 16-byte parts are the default
   // (part ":narrow", to compare).
   bool swiglu_narrow = false;

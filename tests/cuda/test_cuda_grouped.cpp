@@ -667,10 +667,13 @@ TEST(CudaGroupedGemmConfig, NamesRoundTripAndWrongNamesAreRefused) {
   EXPECT_TRUE(ops::parse_grouped_gemm_config("coop128x256c2x1:swiglu:narrow").swiglu_narrow);
   EXPECT_EQ(ops::grouped_gemm_config_name(
                 ops::parse_grouped_gemm_config("coop128x256c2x1:narrow:swiglu=bwd")),
-            "coop128x256c2x1:swiglu=bwd:narrow");
+            ops::grouped_gemm_config_name(
+                {.swiglu_fwd = false, .swiglu_bwd = true, .swiglu_narrow = true}));
   EXPECT_EQ(ops::grouped_gemm_config_name(
                 ops::parse_grouped_gemm_config("coop128x256c2x1:swiglu=fwd:swiglu=bwd")),
-            "coop128x256c2x1:swiglu=bwd");
+            ops::grouped_gemm_config_name({.swiglu_fwd = false, .swiglu_bwd = true}));
+  const ops::GroupedGemmConfig off = ops::parse_grouped_gemm_config("coop128x256c2x1:swiglu=off");
+  EXPECT_FALSE(off.swiglu_fwd || off.swiglu_bwd);
   for (const char* bad :
        {"", "coop", "coop128x256c2x1:s3", "coop128x256c2x1:swiglu=", "coop128x256c2x1:swiglu=up",
         "coop128x256c2x1:", "x:n", "coop128x256c2x1:dx=", "coop128x256c2x1:dw=pingpong64x256c2x1",
@@ -697,8 +700,9 @@ std::vector<ops::GroupedGemmConfig> all_gemm_configs() {
   // gate half on the default kernel and on ping-pong; each alone.
   all.push_back({.kernel = 0, .swiglu_fwd = true, .swiglu_bwd = true});
   all.push_back({.kernel = 3, .swizzle = 2, .swiglu_fwd = true, .swiglu_bwd = true});
-  all.push_back({.kernel = 0, .swiglu_fwd = true});
-  all.push_back({.kernel = 0, .swiglu_bwd = true});
+  all.push_back({.kernel = 0, .swiglu_fwd = true, .swiglu_bwd = false});
+  all.push_back({.kernel = 0, .swiglu_fwd = false, .swiglu_bwd = true});
+  all.push_back({.kernel = 0, .swiglu_fwd = false, .swiglu_bwd = false});  // the separate passes
   return all;
 }
 
