@@ -1,10 +1,10 @@
 // The SwiGLU epilogues of grouped_gemm_sm90_swiglu.h: a custom node of CUTLASS's epilogue visitor
 // tree over the C source (g, TMA-loaded per group by the collective) and the accumulators. The
-// other half of gate_up and the side outputs move between the thread's registers and global memory
-// directly, in the accumulator fragment's own layout: each thread holds pairs of adjacent columns
-// (the STSM copy's 32-bit units), so they move as 4-byte words, predicated by the group's rows.
-// Down backward's u for the next sub-tile is loaded while the current one is computed (one
-// sub-tile ahead: 8 registers), so its latency overlaps the collective's wait for C.
+// other half of gate_up and the side outputs move between registers and global memory directly
+// (CUTLASS's auxiliary loads and stores take one tensor for every group), predicated by the group's
+// rows: each quad transposes its pairs of adjacent columns so that every lane moves 16 bytes of a
+// row (Callbacks). Down backward's u for the next sub-tile is loaded while the current one is
+// computed (one sub-tile ahead), from L2, where the producer warp prefetched the tile's rows.
 #include <utility>
 
 #include "ops/cuda/cutlass/grouped_gemm_sm90_impl.cuh"
@@ -328,19 +328,22 @@ struct SwigluNode {
       for (int i = 0; i < FS; ++i) {
         const int j = epi_v * FS + i;
         const float g = static_cast<float>(src[i]);
-        // The unfused passes' expressions (ops/cuda/grouped_ffn.cu) on the values they read
-        // back: dh and u rounded to bf16.
+        // The unfused passes' formulas (ops/cuda/grouped_ffn.cu) on the values they read back (dh
+        // and u rounded to bf16), with the sigmoid from the fast exponential and reciprocal, once
+        // an element: with two warpgroups an SM, the IEEE expf and division (twice an element in
+        // backward) made the epilogue longer than the tile's MMAs (mid-session call: A frozen
+        // 5.39 -> 6.48 ms). Their error (a few ulp of f32) is far below bf16's.
+        const float sg = __frcp_rn(1.0f + __expf(-g));
         if constexpr (kBackward) {
           const float d = static_cast<float>(Bf16(acc[i]));
           const float u = static_cast<float>(ru(_, _, _, em, en)(j));
-          const float sg = 1.0f / (1.0f + expf(-g));
           du_[j] = Bf16(d * g * sg);
           out[i] = d * u * sg * (1.0f + g * (1.0f - sg));
-          h_[j] = Bf16(g / (1.0f + expf(-g)) * u);
+          h_[j] = Bf16(g * sg * u);
         } else {
           const float u = static_cast<float>(Bf16(acc[i]));
           out[i] = static_cast<float>(acc[i]);
-          h_[j] = Bf16(g / (1.0f + expf(-g)) * u);
+          h_[j] = Bf16(g * sg * u);
         }
       }
       return out;
