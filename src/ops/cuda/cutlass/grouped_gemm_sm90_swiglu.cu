@@ -329,11 +329,11 @@ struct SwigluNode {
         const int j = epi_v * FS + i;
         const float g = static_cast<float>(src[i]);
         // The unfused passes' formulas (ops/cuda/grouped_ffn.cu) on the values they read back (dh
-        // and u rounded to bf16), with the sigmoid from the fast exponential and reciprocal, once
+        // and u rounded to bf16), with the sigmoid from the fast exponential and division, once
         // an element: with two warpgroups an SM, the IEEE expf and division (twice an element in
         // backward) made the epilogue longer than the tile's MMAs (mid-session call: A frozen
         // 5.39 -> 6.48 ms). Their error (a few ulp of f32) is far below bf16's.
-        const float sg = __frcp_rn(1.0f + __expf(-g));
+        const float sg = __fdividef(1.0f, 1.0f + __expf(-g));  // 0 where exp(-g) overflows
         if constexpr (kBackward) {
           const float d = static_cast<float>(Bf16(acc[i]));
           const float u = static_cast<float>(ru(_, _, _, em, en)(j));
