@@ -328,19 +328,21 @@ struct SwigluNode {
       for (int i = 0; i < FS; ++i) {
         const int j = epi_v * FS + i;
         const float g = static_cast<float>(src[i]);
-        // The unfused passes' formulas (ops/cuda/grouped_ffn.cu) on the values they read back (dh
-        // and u rounded to bf16), with the sigmoid from the fast exponential and division, once
-        // an element: with two warpgroups an SM, the IEEE expf and division (twice an element in
-        // backward) made the epilogue longer than the tile's MMAs (mid-session call: A frozen
-        // 5.39 -> 6.48 ms). Their error (a few ulp of f32) is far below bf16's.
+        // The unfused passes' formulas (ops/cuda/grouped_ffn.cu), with the sigmoid from the fast
+        // exponential and division, once an element: with two warpgroups an SM, the IEEE expf and
+        // division (twice an element in backward) made the epilogue longer than the tile's MMAs
+        // (mid-session call: A frozen 5.39 -> 6.48 ms). Their error (a few ulp of f32) is far
+        // below bf16's. Backward takes dh in f32 from the accumulator (one rounding fewer than the
+        // separate passes, which read it back in bf16) and forms h only where it is written.
         const float sg = __fdividef(1.0f, 1.0f + __expf(-g));  // 0 where exp(-g) overflows
         if constexpr (kBackward) {
-          const float d = static_cast<float>(Bf16(acc[i]));
+          const float d = static_cast<float>(acc[i]);
           const float u = static_cast<float>(ru(_, _, _, em, en)(j));
           du_[j] = Bf16(d * g * sg);
           out[i] = d * u * sg * (1.0f + g * (1.0f - sg));
-          h_[j] = Bf16(g * sg * u);
+          if (has_h) h_[j] = Bf16(g * sg * u);
         } else {
+          // u as gate_up keeps it (bf16), so that backward's h from gate_up is this one.
           const float u = static_cast<float>(Bf16(acc[i]));
           out[i] = static_cast<float>(acc[i]);
           h_[j] = Bf16(g * sg * u);

@@ -11,8 +11,9 @@
 //     with g read from gate (the same rows). gate_up's g half is one plain GEMM (n = F) before.
 //   Down backward (dh = dY W_down never written): the epilogue reads g from gate and u from
 //     gate + n, and writes dg to c, du to c + n and, when h is set, h = silu(g) u.
-// dh and u are rounded to bf16 before use, as the unfused passes read them back; the sigmoid takes
-// the fast exponential and division (a few f32 ulp). alpha 1, beta 0.
+// Up's h is formed from u rounded to bf16, as gate_up keeps it; Down backward takes dh in f32 from
+// the accumulators (the separate passes read it back in bf16); the sigmoid takes the fast
+// exponential and division (a few f32 ulp). alpha 1, beta 0.
 //
 // A separate file from grouped_gemm_sm90.h so that its declarations do not rebuild the other
 // configurations' minute-long CUTLASS compiles.
