@@ -333,14 +333,14 @@ struct SwigluNode {
         // division (twice an element in backward) made the epilogue longer than the tile's MMAs
         // (mid-session call: A frozen 5.39 -> 6.48 ms). Their error (a few ulp of f32) is far
         // below bf16's. Backward takes dh in f32 from the accumulator (one rounding fewer than the
-        // separate passes, which read it back in bf16) and forms h only where it is written.
+        // separate passes, which read it back in bf16).
         const float sg = __fdividef(1.0f, 1.0f + __expf(-g));  // 0 where exp(-g) overflows
         if constexpr (kBackward) {
           const float d = static_cast<float>(acc[i]);
           const float u = static_cast<float>(ru(_, _, _, em, en)(j));
           du_[j] = Bf16(d * g * sg);
           out[i] = d * u * sg * (1.0f + g * (1.0f - sg));
-          if (has_h) h_[j] = Bf16(g * sg * u);
+          h_[j] = Bf16(g * sg * u);  // (a branch here on has_h made ptxas spill)
         } else {
           // u as gate_up keeps it (bf16), so that backward's h from gate_up is this one.
           const float u = static_cast<float>(Bf16(acc[i]));
