@@ -1188,10 +1188,12 @@ Command add_bench_command(CLI::App& app) {
   ms->add_flag("--base-only", mb->base_only,
                "time the base runs only (forward, frozen, full, full with dW written): no LoRA, "
                "CUDA graphs or routing, for --gemm sweeps");
-  ms->add_option("--gemm", mb->gemm,
-                 "grouped GEMM configurations to run in turn, comma-separated "
-                 "(kernel[:sN][:n][:dx=kernel][:dw=kernel], docs/gpu.md); default: "
-                 "MOETRAIN_GROUPED_GEMM's or the default");
+  ms->add_option(
+      "--gemm", mb->gemm,
+      "grouped GEMM configurations to run in turn, comma-separated "
+      "(kernel[:sN][:n][:dx=kernel][:dw=kernel][:down=kernel][:swiglu[=fwd|=bwd|=off]][:narrow], "
+      "docs/gpu.md; :swiglu times the SwiGLU fused into the GEMMs' epilogues); default: "
+      "MOETRAIN_GROUPED_GEMM's or the default");
   auto db = std::make_shared<DecodeBenchOptions>();
   CLI::App* dc = c->add_subcommand("decode",
                                    "incremental decoding tokens/s: a prompt, then greedy "

@@ -97,6 +97,21 @@ void swiglu_backward_with_h(Context& ctx, const Tensor& gate_up, const Tensor& d
            {&gate_up, &dh, &dgate_up, &h}, ctx, gate_up, dh, dgate_up, h);
 }
 
+// The fused projections (grouped_ffn.h): false where the caller runs the separate passes.
+bool gate_up_swiglu(Context& ctx, const GroupedFfnParams& p, const Tensor& x, const Tensor& offsets,
+                    const Tensor& w_gu, Tensor& gate_up, Tensor& h) {
+  return dispatch(MT_NAMED_OP_BODIES("grouped_ffn_forward", grouped_ffn_gate_up_swiglu),
+                  {&x, &w_gu, &gate_up, &h}, ctx, p, x, offsets, w_gu, gate_up, h);
+}
+
+bool down_swiglu_backward(Context& ctx, const GroupedFfnParams& p, const Tensor& dy,
+                          const Tensor& offsets, const Tensor& w_down, const Tensor& gate_up,
+                          Tensor& dgate_up, Tensor& h) {
+  return dispatch(MT_NAMED_OP_BODIES("grouped_ffn_backward", grouped_ffn_down_swiglu_backward),
+                  {&dy, &w_down, &gate_up, &dgate_up, &h}, ctx, p, dy, offsets, w_down, gate_up,
+                  dgate_up, h);
+}
+
 void lora_swiglu(Context& ctx, const GroupedFfnParams& p, const Tensor& xa, const Tensor& offsets,
                  const Tensor& b, const Tensor& gate_up, Tensor& h) {
   dispatch(MT_NAMED_OP_BODIES("grouped_ffn_forward", grouped_ffn_lora_swiglu),
@@ -358,8 +373,10 @@ void grouped_ffn_forward(Context& ctx, const GroupedFfnParams& p, const Tensor& 
   ArenaScope scope(ctx.workspace());
   Tensor h = saves_h(p) ? saved.h : ctx.workspace().alloc({N, F}, x.dtype());
   if (r == 0) {
-    grouped_matmul(ctx, form.fwd, x, offsets, w.gate_up, saved.gate_up);
-    swiglu_forward(ctx, saved.gate_up, h);
+    if (!gate_up_swiglu(ctx, p, x, offsets, w.gate_up, saved.gate_up, h)) {
+      grouped_matmul(ctx, form.fwd, x, offsets, w.gate_up, saved.gate_up);
+      swiglu_forward(ctx, saved.gate_up, h);
+    }
   } else {
     // The gate/up projection's base GEMM writes gate_up, then its adapter term and SwiGLU follow
     // in one pass on the GPU that leaves gate_up as it is (3 N F elements moved, where the up
@@ -447,11 +464,16 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
     lora_swiglu_backward(ctx, p, saved.gate_up, saved.xa, offsets, w.gate_up_b, dh, dr, w.down_a,
                          dgu);
   } else {
-    grouped_matmul(ctx, form.dx, dy, offsets, w.down, dh);
-    if (g_dn && !p.keep_h)  // h formed beside dgate_up for dW_down (none read, or forward's kept)
-      swiglu_backward_with_h(ctx, saved.gate_up, dh, dgu, h);
-    else
-      swiglu_backward(ctx, saved.gate_up, dh, dgu);
+    // h formed beside dgate_up for dW_down (none read, or forward's kept)
+    const bool form_h = g_dn && !p.keep_h;
+    Tensor none, &h_out = form_h ? h : none;
+    if (!down_swiglu_backward(ctx, p, dy, offsets, w.down, saved.gate_up, dgu, h_out)) {
+      grouped_matmul(ctx, form.dx, dy, offsets, w.down, dh);
+      if (form_h)
+        swiglu_backward_with_h(ctx, saved.gate_up, dh, dgu, h);
+      else
+        swiglu_backward(ctx, saved.gate_up, dh, dgu);
+    }
     if (g_dn) grouped_matmul(ctx, form.dw_base, dy, offsets, h, grads.down);
   }
   project_back(dgu, x, w.gate_up, w.gate_up_a, w.gate_up_b, saved.xa, dx, grads.gate_up,

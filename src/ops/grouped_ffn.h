@@ -155,6 +155,23 @@ using GroupedFfnSwigluBackward = void(Context& ctx, const Tensor& gate_up, const
 using GroupedFfnSwigluBackwardWithH = void(Context& ctx, const Tensor& gate_up, const Tensor& dh,
                                            Tensor& dgate_up, Tensor& h);
 
+// The base path's projections with SwiGLU in their GEMMs' epilogues (GroupedGemmConfig::swiglu_fwd
+// and swiglu_bwd, p.gemm's or the environment's; ops/cuda/cutlass/grouped_gemm_sm90_swiglu.h).
+// Each returns false having written nothing where it does not apply (not requested, not bf16, not
+// a layout the kernels take; always on the CPU, which has no pass to save), and the caller runs
+// grouped_matmul and the SwiGLU op above instead. gate_up keeps the model's [g | u] layout.
+// Forward: gate_up = X W_gu^T (W_gu [E, 2F, in]) and h = swiglu(gate_up), both written; the g half
+// is a GEMM of its own before the u half's, whose epilogue reads g back and writes h, which saves
+// the SwiGLU pass (2F elements a row read and F written) for a second read of X.
+using GroupedFfnGateUpSwiglu = bool(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
+                                    const Tensor& offsets, const Tensor& w_gu, Tensor& gate_up,
+                                    Tensor& h);
+// Backward: dgate_up = SwiGLU'(gate_up) (dY W_down) (W_down [E, in, F]) and, where h is defined,
+// h = swiglu(gate_up), in the down projection's input-gradient GEMM: dh is never written nor read.
+using GroupedFfnDownSwigluBackward = bool(Context& ctx, const GroupedFfnParams& p, const Tensor& dy,
+                                          const Tensor& offsets, const Tensor& w_down,
+                                          const Tensor& gate_up, Tensor& dgate_up, Tensor& h);
+
 // The adapter's backward products that read a projection's output gradient dOut [rows, out]
 // (B [E, out, r], the saved X A^T xa [rows, r], s = p.lora_scale()): dr = s dOut B, written, and
 // when db is defined dB += s dOut^T xa. The CPU runs them as two grouped_matmul calls; the GPU
@@ -223,6 +240,8 @@ using GroupedFfnLoraPack = void(Context& ctx, const GroupedFfnParams& p,
 MT_OP_BACKENDS(GroupedFfnSwigluForward grouped_ffn_swiglu_forward;
                GroupedFfnSwigluBackward grouped_ffn_swiglu_backward;
                GroupedFfnSwigluBackwardWithH grouped_ffn_swiglu_backward_with_h;
+               GroupedFfnGateUpSwiglu grouped_ffn_gate_up_swiglu;
+               GroupedFfnDownSwigluBackward grouped_ffn_down_swiglu_backward;
                GroupedFfnLoraOutGrads grouped_ffn_lora_out_grads;
                GroupedFfnLoraSwiglu grouped_ffn_lora_swiglu;
                GroupedFfnLoraSwigluBackward grouped_ffn_lora_swiglu_backward;

@@ -38,7 +38,8 @@ static_assert(std::string_view(kGroupedGemmKernels[GroupedGemmConfig::kDefaultDo
 
 GroupedGemmConfig parse_grouped_gemm_config(std::string_view name) {
   constexpr const char* kParts =
-      ":s1, :s2, :s4, :s8, :n, :dx=<kernel>, :dw=<wgrad kernel>, :down=<kernel>";
+      ":s1, :s2, :s4, :s8, :n, :dx=<kernel>, :dw=<wgrad kernel>, :down=<kernel>, :swiglu, "
+      ":swiglu=fwd, :swiglu=bwd, :swiglu=off, :narrow";
   GroupedGemmConfig c;
   const std::string_view kernel = name.substr(0, name.find(':'));
   c.kernel = index_of(kGroupedGemmKernels, kernel);
@@ -67,6 +68,12 @@ GroupedGemmConfig parse_grouped_gemm_config(std::string_view name) {
       MT_CHECK(c.down_kernel >= 0, ValueError, "grouped GEMM configuration \"", name,
                "\": unknown down-projection kernel \"", part.substr(5), "\" (one of ",
                choices_of(kGroupedGemmKernels), ")");
+    } else if (part == "swiglu" || part == "swiglu=fwd" || part == "swiglu=bwd" ||
+               part == "swiglu=off") {
+      c.swiglu_fwd = part == "swiglu" || part == "swiglu=fwd";
+      c.swiglu_bwd = part == "swiglu" || part == "swiglu=bwd";
+    } else if (part == "narrow") {
+      c.swiglu_narrow = true;
     } else {
       MT_THROW(ValueError, "grouped GEMM configuration \"", name, "\": unknown part \"", part,
                "\" (", kParts, ")");
@@ -85,6 +92,13 @@ std::string grouped_gemm_config_name(const GroupedGemmConfig& c) {
   if (c.wgrad != 0) s += cat(":dw=", kGroupedWgradKernels[c.wgrad]);
   if (c.down_kernel != GroupedGemmConfig::kDefaultDownKernel)
     s += cat(":down=", kGroupedGemmKernels[c.down_kernel]);
+  if (c.swiglu_fwd != GroupedGemmConfig::kDefaultSwigluFwd ||
+      c.swiglu_bwd != GroupedGemmConfig::kDefaultSwigluBwd)
+    s += c.swiglu_fwd && c.swiglu_bwd ? ":swiglu"
+         : c.swiglu_fwd               ? ":swiglu=fwd"
+         : c.swiglu_bwd               ? ":swiglu=bwd"
+                                      : ":swiglu=off";
+  if (c.swiglu_narrow) s += ":narrow";
   return s;
 }
 

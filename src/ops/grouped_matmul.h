@@ -31,13 +31,14 @@ enum class GroupedForm { XWt, DyW, DytX };
 // The GPU's grouped GEMM configuration (ops/cuda/cutlass/grouped_gemm_sm90.h), for tuning: the
 // compiled kernel of the bf16 forward form, optionally another for the input gradient and one of
 // the weight gradient's kernels, and the tile scheduler's swizzle and raster order, named
-// "kernel[:sN][:n][:dx=kernel][:dw=wgrad][:down=kernel]" (e.g. "pingpong128x128c2x1:s4:n":
-// swizzle 4, rastered along N; "coop128x256c2x1:dw=pingpong128x128c1x1": the default forward and
-// input-gradient kernel, a ping-pong weight gradient). `down` is the grouped SwiGLU FFN's
-// (ops/grouped_ffn.h) for its down projection's forward, whose K (the FFN width, 1,024 at issue
-// 14's shapes) is half the gate/up projection's: a tile's MMAs are shorter beside its epilogue,
-// which the ping-pong kernel (its default) runs under the other warpgroup's MMAs. The swizzle and
-// raster apply to all forms; the CPU and the other GPU paths ignore the configuration.
+// "kernel[:sN][:n][:dx=kernel][:dw=wgrad][:down=kernel][:swiglu[=fwd|=bwd|=off]][:narrow]" (e.g.
+// "pingpong128x128c2x1:s4:n": swizzle 4, rastered along N;
+// "coop128x256c2x1:dw=pingpong128x128c1x1": the default forward and input-gradient kernel, a
+// ping-pong weight gradient). `down` is the grouped SwiGLU FFN's (ops/grouped_ffn.h) for its down
+// projection's forward, whose K (the FFN width, 1,024 at issue 14's shapes) is half the gate/up
+// projection's: a tile's MMAs are shorter beside its epilogue, which the ping-pong kernel (its
+// default) runs under the other warpgroup's MMAs. The swizzle and raster apply to all forms; the
+// CPU and the other GPU paths ignore the configuration.
 inline constexpr const char* kGroupedGemmKernels[] = {"coop128x256c2x1", "coop128x256c1x2",
                                                       "coop256x128c2x1", "pingpong128x128c2x1",
                                                       "pingpong64x256c2x1"};
@@ -56,6 +57,15 @@ struct GroupedGemmConfig {
   // 128 x 128 kernel (session 15: 0.87 ms against the cooperative default's 1.01 at shape A, ncu).
   static constexpr int kDefaultDownKernel = 3;  // pingpong128x128c2x1
   int down_kernel = kDefaultDownKernel;
+  // grouped_ffn's SwiGLU in the epilogues of its base path's GEMMs (ops/cuda/cutlass/
+  // grouped_gemm_sm90_swiglu.h), forward and backward apart: part ":swiglu" (both), ":swiglu=fwd",
+  // ":swiglu=bwd" or ":swiglu=off" (neither: the separate SwiGLU passes), named where they differ
+  // from the defaults.
+  static constexpr bool kDefaultSwigluFwd = false, kDefaultSwigluBwd = false;
+  bool swiglu_fwd = kDefaultSwigluFwd, swiglu_bwd = kDefaultSwigluBwd;
+  // Their direct loads and stores as 4-byte pairs, where the quad's 16-byte parts are the default
+  // (part ":narrow", to compare).
+  bool swiglu_narrow = false;
   // The configuration of grouped_ffn's down projection forward: `kernel` replaced by down_kernel.
   GroupedGemmConfig down() const {
     GroupedGemmConfig c = *this;

@@ -11,7 +11,9 @@
 // fused SwiGLU backward adds the down adapter's term in fp32 without storing it, one rounding
 // fewer than the emulation's; elsewhere the GPU writes the LoRA term first, then the base GEMM
 // adds into it with beta = 1: its first rounding is of the smaller term, so the emulation's order
-// bounds it); the SwiGLU kernels (ops/cuda/grouped_ffn.cu, lora_grouped.cu) round h and dgu.
+// bounds it); the SwiGLU kernels (ops/cuda/grouped_ffn.cu, lora_grouped.cu) round h and dgu. With
+// SwiGLU in the GEMMs' epilogues (GroupedGemmConfig :swiglu) backward never stores dh: its f32
+// accumulators meet SwiGLU's derivative, one rounding fewer than the emulation's.
 // Parameter gradients are f32 on both devices.
 // The CPU op keeps all of these in fp32, and an emulation that rounded only inputs and outputs put
 // the GPU at up to 1.13 times the bound (y, dgu_A, ddown_B in 3 of 6 runs): ffn_emulated rounds at
@@ -654,10 +656,31 @@ TEST(CudaGroupedGemmConfig, NamesRoundTripAndWrongNamesAreRefused) {
   EXPECT_EQ(ops::grouped_gemm_config_name(
                 ops::parse_grouped_gemm_config("coop128x256c2x1:dw=coop128x256c2x1")),
             "coop128x256c2x1");
+  // SwiGLU in the epilogues: both, or either alone, round-trip.
+  for (const auto& [fwd, bwd] : std::vector<std::pair<bool, bool>>{
+           {true, true}, {true, false}, {false, true}, {false, false}}) {
+    const ops::GroupedGemmConfig c{.kernel = 3, .swiglu_fwd = fwd, .swiglu_bwd = bwd};
+    const std::string name = ops::grouped_gemm_config_name(c);
+    const ops::GroupedGemmConfig back = ops::parse_grouped_gemm_config(name);
+    EXPECT_EQ(back.swiglu_fwd, fwd) << name;
+    EXPECT_EQ(back.swiglu_bwd, bwd) << name;
+    EXPECT_EQ(back.kernel, 3) << name;
+  }
+  EXPECT_TRUE(ops::parse_grouped_gemm_config("coop128x256c2x1:swiglu:narrow").swiglu_narrow);
+  EXPECT_EQ(ops::grouped_gemm_config_name(
+                ops::parse_grouped_gemm_config("coop128x256c2x1:narrow:swiglu=bwd")),
+            ops::grouped_gemm_config_name(
+                {.swiglu_fwd = false, .swiglu_bwd = true, .swiglu_narrow = true}));
+  EXPECT_EQ(ops::grouped_gemm_config_name(
+                ops::parse_grouped_gemm_config("coop128x256c2x1:swiglu=fwd:swiglu=bwd")),
+            ops::grouped_gemm_config_name({.swiglu_fwd = false, .swiglu_bwd = true}));
+  const ops::GroupedGemmConfig off = ops::parse_grouped_gemm_config("coop128x256c2x1:swiglu=off");
+  EXPECT_FALSE(off.swiglu_fwd || off.swiglu_bwd);
   for (const char* bad :
-       {"", "coop", "coop128x256c2x1:s3", "coop128x256c2x1:", "x:n",
-        "coop128x256c2x1:dx=", "coop128x256c2x1:dw=pingpong64x256c2x1", "coop128x256c2x1:dx=wgrad",
-        "coop128x256c2x1:dw", "coop128x256c2x1:down=coop128x256c2x1e16", "coop128x256c2x1:down="})
+       {"", "coop", "coop128x256c2x1:s3", "coop128x256c2x1:swiglu=", "coop128x256c2x1:swiglu=up",
+        "coop128x256c2x1:", "x:n", "coop128x256c2x1:dx=", "coop128x256c2x1:dw=pingpong64x256c2x1",
+        "coop128x256c2x1:dx=wgrad", "coop128x256c2x1:dw", "coop128x256c2x1:down=coop128x256c2x1e16",
+        "coop128x256c2x1:down="})
     EXPECT_THROW(ops::parse_grouped_gemm_config(bad), ValueError) << bad;
 }
 
@@ -675,6 +698,13 @@ std::vector<ops::GroupedGemmConfig> all_gemm_configs() {
   all.push_back({.kernel = 0, .swizzle = 4, .along_n = true});
   all.push_back({.kernel = 3, .wgrad = 2, .swizzle = 2});
   all.push_back({.kernel = 0, .down_kernel = 0});  // the FFN's down projection cooperative too
+  // SwiGLU in the GEMMs' epilogues (ops/cuda/cutlass/grouped_gemm_sm90_swiglu.h): both, with the
+  // gate half on the default kernel and on ping-pong; each alone.
+  all.push_back({.kernel = 0, .swiglu_fwd = true, .swiglu_bwd = true});
+  all.push_back({.kernel = 3, .swizzle = 2, .swiglu_fwd = true, .swiglu_bwd = true});
+  all.push_back({.kernel = 0, .swiglu_fwd = true, .swiglu_bwd = false});
+  all.push_back({.kernel = 0, .swiglu_fwd = false, .swiglu_bwd = true});
+  all.push_back({.kernel = 0, .swiglu_fwd = false, .swiglu_bwd = false});  // the separate passes
   return all;
 }
 
@@ -735,6 +765,105 @@ TEST(CudaGroupedGemmConfig, EveryConfigurationExpertsSkewedWithLora) {
       s.frozen_base = r == 16;
       ffn_check(cat("grouped_ffn lora r", r, s.frozen_base ? " frozen " : " ", name).c_str(), s);
     }
+  }
+}
+
+// SwiGLU in the GEMMs' epilogues (GroupedGemmConfig::swiglu_fwd / swiglu_bwd) on the base path,
+// against the bf16 emulation of the separate passes: the base training (backward forms h for
+// dW_down), frozen (no h), h kept from forward; skewed counts (a hot expert over many tiles,
+// one-row and empty experts), F a whole tile (256), partial tiles (F 136, 200; rows of every
+// residue), and sizes the kernels refuse (in 19, F 23: the separate passes run).
+TEST(CudaGroupedFfn, SwigluInTheGemmEpilogues) {
+  REQUIRE_GPU();
+  const ops::GroupedGemmConfig both = ops::parse_grouped_gemm_config("coop128x256c2x1:swiglu");
+  ffn_check("grouped_ffn fused swiglu, full, 4096 rows skewed",
+            {.rows = 4096, .experts = 16, .in = 256, .ffn = 256, .skewed = true, .gemm = both});
+  ffn_check("grouped_ffn fused swiglu, frozen, 4096 rows skewed", {.rows = 4096,
+                                                                   .experts = 16,
+                                                                   .in = 256,
+                                                                   .ffn = 256,
+                                                                   .frozen_base = true,
+                                                                   .skewed = true,
+                                                                   .gemm = both});
+  ffn_check("grouped_ffn fused swiglu, h kept, F 136",
+            {.rows = 3000, .experts = 9, .in = 264, .ffn = 136, .gemm = both, .keep_h = true});
+  ffn_check("grouped_ffn fused swiglu, 64 experts, F 200",
+            {.rows = 5000, .experts = 64, .in = 128, .ffn = 200, .gemm = both});
+  ffn_check("grouped_ffn fused swiglu, dW written, gate half on ping-pong",
+            {.rows = 2000,
+             .experts = 8,
+             .in = 512,
+             .ffn = 128,
+             .skewed = true,
+             .gemm = ops::parse_grouped_gemm_config("pingpong128x128c2x1:swiglu"),
+             .weight_grads_zero = true});
+  ffn_check("grouped_ffn fused swiglu refused, odd sizes",
+            {.rows = 53, .experts = 5, .in = 19, .ffn = 23, .gemm = both});
+}
+
+// The fused projections called directly: taken in the bf16 pass (the bodies say whether they ran;
+// the f32 pass runs the separate passes on the GPU), against the CPU's grouped_matmul and SwiGLU
+// with gate_up and dh rounded to bf16 where the fused kernels round them; each fused kernel
+// (cooperative, ping-pong, the backward on ping-pong alone), a hot group over many tiles, one-row
+// and empty groups, partial tiles in n (F 200) and k (in 264).
+TEST(CudaGroupedFfn, FusedSwigluProjectionsAgainstTheSeparatePasses) {
+  REQUIRE_GPU();
+  for (const char* cfg_name :
+       {"coop128x256c2x1:swiglu", "pingpong128x128c2x1:swiglu",
+        "coop128x256c2x1:dx=pingpong128x128c2x1:swiglu=bwd", "coop128x256c2x1:swiglu:narrow",
+        "pingpong128x128c2x1:swiglu:narrow"}) {
+    const ops::GroupedGemmConfig cfg = ops::parse_grouped_gemm_config(cfg_name);
+    const uint64_t seed = fresh_seed();
+    Rng rng(seed);
+    const int64_t G = 12, in = 264, F = 200;
+    Tensor off = Tensor::empty({G + 1}, DType::I32);
+    off.i32()[0] = 0;
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t n = g == 0 ? 700 : g % 4 == 1 ? 0 : g % 4 == 2 ? 1 : rng.below(90);
+      off.i32()[g + 1] = off.i32()[g] + static_cast<int32_t>(n);
+    }
+    const int64_t N = off.i32()[G];
+    const ops::GroupedFfnParams p{.rows = N, .experts = G, .in = in, .ffn = F, .gemm = cfg};
+    const std::vector<In> ins = {{randn(rng, {N, in})},
+                                 {randn(rng, {G, 2 * F, in}, 0.1)},
+                                 {randn(rng, {N, in})},
+                                 {randn(rng, {G, in, F}, 0.1)},
+                                 {randn(rng, {N, 2 * F}, 2.0)}};
+    const auto run = [&](bool emulate) {
+      return [&, emulate](Context& c, const std::vector<Tensor>& v,
+                          bool gpu) -> std::vector<Tensor> {
+        const DType dt = v[0].dtype();
+        Tensor gate_up = out(c, {N, 2 * F}, dt), h = out(c, {N, F}, dt),
+               dgu = out(c, {N, 2 * F}, dt), hb = out(c, {N, F}, dt);
+        const auto store = [&](Tensor& t) {
+          if (emulate) t.copy_from(round_bf16(t));
+        };
+        bool fwd = false, bwd = false;
+        if (gpu) {
+          fwd = ops::cuda::grouped_ffn_gate_up_swiglu(c, p, v[0], off, v[1], gate_up, h);
+          bwd = ops::cuda::grouped_ffn_down_swiglu_backward(c, p, v[2], off, v[3], v[4], dgu, hb);
+          EXPECT_EQ(fwd, dt == DType::BF16 && cfg.swiglu_fwd) << cfg_name << " forward taken";
+          EXPECT_EQ(bwd, dt == DType::BF16) << cfg_name << " backward taken";
+        }
+        if (!fwd) {
+          ops::grouped_matmul(c, {.form = ops::GroupedForm::XWt, .gemm = cfg}, v[0], off, v[1],
+                              gate_up);
+          store(gate_up);
+          (gpu ? ops::cuda::grouped_ffn_swiglu_forward : ops::cpu::grouped_ffn_swiglu_forward)(
+              c, gate_up, h);
+        }
+        if (!bwd) {
+          Tensor dh = out(c, {N, F}, dt);
+          ops::grouped_matmul(c, {.form = ops::GroupedForm::DyW, .gemm = cfg}, v[2], off, v[3], dh);
+          store(dh);
+          (gpu ? ops::cuda::grouped_ffn_swiglu_backward_with_h
+               : ops::cpu::grouped_ffn_swiglu_backward_with_h)(c, v[4], dh, dgu, hb);
+        }
+        return {gate_up, h, dgu, hb};
+      };
+    };
+    run_case(cat("fused swiglu projections ", cfg_name).c_str(), ins,
+             {"gate_up", "h", "dgate_up", "h (backward)"}, run(false), seed, in, run(true));
   }
 }
 

@@ -47,6 +47,18 @@ void grouped_ffn_swiglu_backward_with_h(Context& ctx, const Tensor& gate_up, con
   grouped_ffn_swiglu_forward(ctx, gate_up, h);
 }
 
+// The CPU has no SwiGLU pass to save: the caller runs the separate ops.
+bool grouped_ffn_gate_up_swiglu(Context&, const GroupedFfnParams&, const Tensor&, const Tensor&,
+                                const Tensor&, Tensor&, Tensor&) {
+  return false;
+}
+
+bool grouped_ffn_down_swiglu_backward(Context&, const GroupedFfnParams&, const Tensor&,
+                                      const Tensor&, const Tensor&, const Tensor&, Tensor&,
+                                      Tensor&) {
+  return false;
+}
+
 // Two grouped_matmul calls (which dispatch on the tensors' device: the GPU's body falls back to
 // this one when its fused kernel declines).
 void grouped_ffn_lora_out_grads(Context& ctx, const GroupedFfnParams& p, const Tensor& dout,

@@ -12,6 +12,7 @@
 #include <initializer_list>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/grouped_matmul.h"
 #include "ops/cuda/lora_grouped.h"
 #include "ops/grouped_ffn.h"
 #include "ops/grouped_ffn_lora.h"
@@ -172,6 +173,29 @@ void grouped_ffn_swiglu_backward(Context& ctx, const Tensor& gate_up, const Tens
 void grouped_ffn_swiglu_backward_with_h(Context& ctx, const Tensor& gate_up, const Tensor& dh,
                                         Tensor& dgate_up, Tensor& h) {
   swiglu_backward(ctx, gate_up, dh, dgate_up, &h);
+}
+
+namespace {
+
+const GroupedGemmConfig& gemm_config(const GroupedFfnParams& p) {
+  return p.gemm ? *p.gemm : grouped_gemm_config_from_env();
+}
+
+}  // namespace
+
+bool grouped_ffn_gate_up_swiglu(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
+                                const Tensor& offsets, const Tensor& w_gu, Tensor& gate_up,
+                                Tensor& h) {
+  const GroupedGemmConfig& cfg = gemm_config(p);
+  return cfg.swiglu_fwd && grouped_gate_up_swiglu(ctx, cfg, x, offsets, w_gu, gate_up, h);
+}
+
+bool grouped_ffn_down_swiglu_backward(Context& ctx, const GroupedFfnParams& p, const Tensor& dy,
+                                      const Tensor& offsets, const Tensor& w_down,
+                                      const Tensor& gate_up, Tensor& dgate_up, Tensor& h) {
+  const GroupedGemmConfig& cfg = gemm_config(p);
+  return cfg.swiglu_bwd &&
+         grouped_down_swiglu_backward(ctx, cfg, dy, offsets, w_down, gate_up, dgate_up, h);
 }
 
 void grouped_ffn_lora_out_grads(Context& ctx, const GroupedFfnParams& p, const Tensor& dout,

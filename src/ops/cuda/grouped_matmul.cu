@@ -17,6 +17,8 @@
 #include "ops/cuda/blas.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cutlass/grouped_gemm_sm90.h"
+#include "ops/cuda/cutlass/grouped_gemm_sm90_swiglu.h"
+#include "ops/cuda/grouped_matmul.h"
 #include "ops/cuda/lora_grouped.h"
 #include "ops/grouped_matmul.h"
 
@@ -139,6 +141,50 @@ void grouped_call(Context& ctx, const Problem& pr, const GroupRows& table,
       blas_type(pr.ct), ldc.data(), count, ones.data(), CUBLAS_COMPUTE_32F));
 }
 
+// The non-empty groups of `off` [G + 1] into `table`; their count, or -1 past kMaxGroups.
+int group_rows(const int32_t* off, int64_t G, GroupRows& table) {
+  int i = 0;
+  for (int64_t g = 0; g < G; ++g)
+    if (off[g + 1] > off[g]) {
+      if (i == kMaxGroups) return -1;
+      table.group[i] = static_cast<int32_t>(g);
+      table.row0[i] = off[g];
+      table.rows[i++] = off[g + 1] - off[g];
+    }
+  return i;
+}
+
+Sm90Launch sm90_launch(Context& ctx, const GroupedGemmConfig& cfg) {
+  CudaResources& cr = cuda_resources(ctx);
+  return {cr.stream,
+          cr.device,
+          cr.multiprocessors,
+          {cfg.kernel, cfg.dx_kernel, cfg.wgrad, cfg.swizzle, cfg.along_n}};
+}
+
+// Runs `launch(scratch)` with `bytes` of 256-byte aligned workspace scratch; `what()` names the
+// call in errors (formed only then).
+template <typename What, typename Launch>
+void with_sm90_scratch(Context& ctx, size_t bytes, const What& what, const Launch& launch) {
+  MT_CHECK(bytes + 256 <= kGroupedMatmulScratchBytes, InternalError, what(), ": needs ",
+           bytes + 256, " bytes of scratch, over the ", kGroupedMatmulScratchBytes,
+           " the planner reserves");
+  ArenaScope scope(ctx.workspace());
+  // +256 to align the start: the arena aligns to 64 bytes, TMA descriptors want more.
+  Tensor scratch = ctx.workspace().alloc({static_cast<int64_t>(bytes / 8 + 33)}, DType::I64);
+  const auto base = (reinterpret_cast<uintptr_t>(scratch.raw()) + 255) / 256 * 256;
+  const char* failed = launch(reinterpret_cast<void*>(base));
+  MT_CHECK(failed == nullptr, InternalError, what(), ": ", failed ? failed : "");
+}
+
+// The forward forms' W operand: group stride and row pitch of W [G, rows, cols] (set whatever W's
+// layout, so that a block of its rows can be passed by moving the base).
+void set_weight(Sm90Grouped& g, const Tensor& w) {
+  g.b = w.raw();
+  g.ldw = w.stride(1);
+  g.w_group = w.stride(0);
+}
+
 // The bf16 forms on CUTLASS's Hopper kernels; false when their alignment rules refuse the
 // operands (the caller then takes cuBLAS).
 bool sm90_grouped(Context& ctx, const GroupedMatmulParams& p, const Tensor& a, const Tensor& b,
@@ -173,24 +219,43 @@ bool sm90_grouped(Context& ctx, const GroupedMatmulParams& p, const Tensor& a, c
       break;
   }
   if (!sm90_grouped_fits(g, count)) return false;
-  CudaResources& cr = cuda_resources(ctx);
   const GroupedGemmConfig& cfg = p.gemm ? *p.gemm : grouped_gemm_config_from_env();
-  const Sm90Launch at{cr.stream,
-                      cr.device,
-                      cr.multiprocessors,
-                      {cfg.kernel, cfg.dx_kernel, cfg.wgrad, cfg.swizzle, cfg.along_n}};
-  ArenaScope scope(ctx.workspace());
-  const size_t bytes = sm90_grouped_scratch(g, table, count, at);
-  MT_CHECK(bytes + 256 <= kGroupedMatmulScratchBytes, InternalError,
-           "grouped_matmul (CUTLASS sm90, ", count, " groups): needs ", bytes + 256,
-           " bytes of scratch, over the ", kGroupedMatmulScratchBytes, " the planner reserves");
-  // +256 to align the start: the arena aligns to 64 bytes, TMA descriptors want more.
-  Tensor scratch = ctx.workspace().alloc({static_cast<int64_t>(bytes / 8 + 33)}, DType::I64);
-  const auto base = (reinterpret_cast<uintptr_t>(scratch.raw()) + 255) / 256 * 256;
-  const char* failed = sm90_grouped_gemm(g, table, count, at, reinterpret_cast<void*>(base));
-  MT_CHECK(failed == nullptr, InternalError, "grouped_matmul (CUTLASS sm90 ",
-           grouped_gemm_config_name(cfg), ", ", count, " groups, m ", g.m, ", n ", g.n, ", k ", g.k,
-           "): ", failed ? failed : "");
+  const Sm90Launch at = sm90_launch(ctx, cfg);
+  with_sm90_scratch(
+      ctx, sm90_grouped_scratch(g, table, count, at),
+      [&] {
+        return cat("grouped_matmul (CUTLASS sm90 ", grouped_gemm_config_name(cfg), ", ", count,
+                   " groups, m ", g.m, ", n ", g.n, ", k ", g.k, ")");
+      },
+      [&](void* scratch) { return sm90_grouped_gemm(g, table, count, at, scratch); });
+  return true;
+}
+
+// The fused SwiGLU GEMM `g` with its epilogue `s` (a plain GEMM first where `first` is set).
+bool sm90_swiglu(Context& ctx, const GroupedGemmConfig& cfg, const Tensor& offsets,
+                 const Sm90Grouped* first, const Sm90Grouped& g, const Sm90Swiglu& s) {
+  if (g.a == nullptr || offsets.dim(0) < 2) return false;
+  GroupRows table;
+  const int count = group_rows(offsets.i32(), offsets.dim(0) - 1, table);
+  if (count == 0) return true;  // no rows: nothing to write
+  if (count < 0 || (first && !sm90_grouped_fits(*first, count)) || !sm90_swiglu_fits(g, s, count))
+    return false;
+  const Sm90Launch at = sm90_launch(ctx, cfg);
+  if (first)
+    with_sm90_scratch(
+        ctx, sm90_grouped_scratch(*first, table, count, at),
+        [&] {
+          return cat("grouped_ffn gate half (CUTLASS sm90 ", grouped_gemm_config_name(cfg), ", ",
+                     count, " groups, n ", first->n, ", k ", first->k, ")");
+        },
+        [&](void* scratch) { return sm90_grouped_gemm(*first, table, count, at, scratch); });
+  with_sm90_scratch(
+      ctx, sm90_swiglu_scratch(g, s, table, count, at),
+      [&] {
+        return cat("grouped_ffn SwiGLU epilogue (CUTLASS sm90, ", count, " groups, n ", g.n, ", k ",
+                   g.k, ")");
+      },
+      [&](void* scratch) { return sm90_swiglu_gemm(g, s, table, count, at, scratch); });
   return true;
 }
 
@@ -219,13 +284,7 @@ void grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Tensor& a,
   if (a.dtype() == DType::BF16 && skinny_grouped_matmul(ctx, p, a, offsets, b, c)) return;
   GroupRows table;
   if (count <= kMaxGroups) {
-    int i = 0;
-    for (int64_t g = 0; g < G; ++g)
-      if (off[g + 1] > off[g]) {
-        table.group[i] = static_cast<int32_t>(g);
-        table.row0[i] = off[g];
-        table.rows[i++] = off[g + 1] - off[g];
-      }
+    group_rows(off, G, table);
     if (a.dtype() == DType::BF16 && sm90_grouped(ctx, p, a, b, c, table, count)) return;
   }
   // cuBLAS's grouped GEMM takes one type for A, B and C (bf16 or f32): the bf16 weight-gradient
@@ -303,6 +362,54 @@ void grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Tensor& a,
       break;
   }
   grouped_call(ctx, pr, table, M, N, K, p.alpha, p.beta);
+}
+
+bool grouped_gate_up_swiglu(Context& ctx, const GroupedGemmConfig& cfg, const Tensor& x,
+                            const Tensor& offsets, const Tensor& w_gu, Tensor& gate_up, Tensor& h) {
+  if (x.dtype() != DType::BF16 || w_gu.dtype() != DType::BF16 || gate_up.dtype() != DType::BF16 ||
+      h.dtype() != DType::BF16 || w_gu.ndim() != 3 || w_gu.stride(2) != 1 ||
+      gate_up.stride(1) != 1 || h.stride(1) != 1)
+    return false;
+  const int64_t F = w_gu.dim(1) / 2;
+  const auto esize = static_cast<int64_t>(dtype_size(DType::BF16));
+  Sm90Grouped gate;  // g = X W_g^T into gate_up's first F columns
+  gate.form = Sm90Form::Forward;
+  gate.a = x.raw();
+  gate.lda = x.stride(0);
+  set_weight(gate, w_gu);
+  gate.c = gate_up.raw();
+  gate.ldc = gate_up.stride(0);
+  gate.n = F;
+  gate.k = w_gu.dim(2);
+  Sm90Grouped up = gate;  // u = X W_u^T into the last F, h beside it
+  up.b = static_cast<const char*>(w_gu.raw()) + F * w_gu.stride(1) * esize;
+  up.c = static_cast<char*>(gate_up.raw()) + F * esize;
+  const Sm90Swiglu s{Sm90SwigluForm::Up, gate_up.raw(),    gate_up.stride(0), h.raw(),
+                     h.stride(0),        cfg.swiglu_narrow};
+  return sm90_swiglu(ctx, cfg, offsets, &gate, up, s);
+}
+
+bool grouped_down_swiglu_backward(Context& ctx, const GroupedGemmConfig& cfg, const Tensor& dy,
+                                  const Tensor& offsets, const Tensor& w_down,
+                                  const Tensor& gate_up, Tensor& dgate_up, const Tensor& h) {
+  const bool has_h = h.defined();
+  if (dy.dtype() != DType::BF16 || w_down.dtype() != DType::BF16 ||
+      gate_up.dtype() != DType::BF16 || dgate_up.dtype() != DType::BF16 ||
+      (has_h && h.dtype() != DType::BF16) || w_down.ndim() != 3 || w_down.stride(2) != 1 ||
+      gate_up.stride(1) != 1 || dgate_up.stride(1) != 1 || (has_h && h.stride(1) != 1))
+    return false;
+  Sm90Grouped g;  // dh = dY W_down, never written: the epilogue turns it into dgate_up
+  g.form = Sm90Form::InputGrad;
+  g.a = dy.raw();
+  g.lda = dy.stride(0);
+  set_weight(g, w_down);
+  g.c = dgate_up.raw();
+  g.ldc = dgate_up.stride(0);
+  g.n = w_down.dim(2);
+  g.k = w_down.dim(1);
+  const Sm90Swiglu s{Sm90SwigluForm::DownBackward, gate_up.raw(),           gate_up.stride(0),
+                     has_h ? h.raw() : nullptr,    has_h ? h.stride(0) : 0, cfg.swiglu_narrow};
+  return sm90_swiglu(ctx, cfg, offsets, nullptr, g, s);
 }
 
 }  // namespace mt::ops::cuda

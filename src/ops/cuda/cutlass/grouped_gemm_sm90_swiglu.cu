@@ -1,0 +1,596 @@
+// The SwiGLU epilogues of grouped_gemm_sm90_swiglu.h: a custom node of CUTLASS's epilogue visitor
+// tree over the C source (g, TMA-loaded per group by the collective) and the accumulators. The
+// other half of gate_up and the side outputs move between registers and global memory directly
+// (CUTLASS's auxiliary loads and stores take one tensor for every group), predicated by the group's
+// rows: each quad transposes its pairs of adjacent columns so that every lane moves 16 bytes of a
+// row (Callbacks). Down backward's u for the next sub-tile is loaded while the current one is
+// computed (one sub-tile ahead), from L2, where the producer warp prefetched the tile's rows.
+#include <utility>
+
+#include "ops/cuda/cutlass/grouped_gemm_sm90_impl.cuh"
+#include "ops/cuda/cutlass/grouped_gemm_sm90_swiglu.h"
+
+namespace mt::ops::cuda {
+
+namespace sm90 {
+namespace {
+
+namespace fusion = cutlass::epilogue::fusion;
+
+// 32-bit word of two bf16 (low: the first).
+__device__ __forceinline__ uint32_t pack2(Bf16 a, Bf16 b) {
+  return static_cast<uint32_t>(a.raw()) | (static_cast<uint32_t>(b.raw()) << 16);
+}
+
+// The node: Backward computes SwiGLU's derivative (returns dg for D), Up returns u for D; both
+// write h when the group has an h pointer.
+template <bool kBackward>
+struct SwigluNode {
+  struct SharedStorage {};
+  struct Arguments {
+    const Bf16* const* up = nullptr;  // Backward: each group's u rows
+    Bf16* const* dup = nullptr;       // Backward: each group's du rows
+    Bf16* const* h = nullptr;         // each group's h rows; null: none
+    int64_t ldu = 0, lddu = 0, ldh = 0;
+    bool narrow = false;  // Sm90Swiglu::narrow
+  };
+  using Params = Arguments;
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args,
+                                                  void*) {
+    return args;
+  }
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const&, Arguments const&) {
+    return true;
+  }
+  template <class ProblemShape>
+  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
+    return 0;
+  }
+  template <class ProblemShape>
+  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*,
+                                              cudaStream_t, cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+
+  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
+  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
+
+  CUTLASS_HOST_DEVICE SwigluNode() {}
+  CUTLASS_HOST_DEVICE SwigluNode(Params const& p, SharedStorage const&) : params(p) {}
+  Params params;
+
+  // Down backward: the producer warp asks L2 for the tile's u rows as it starts the tile's C loads
+  // (during the previous tile's epilogue, a mainloop ahead of this one's), so that the consumers'
+  // direct loads hit L2 (moe13's node loaded u from HBM at each sub-tile and measured its GEMM
+  // slower than the SwiGLU pass it saved).
+  struct PrefetchCallbacks : fusion::detail::EmptyProducerLoadCallbacks {
+    CUTLASS_DEVICE PrefetchCallbacks(const Bf16* u_, int64_t ld_, int rows_, int bytes_, int lane_)
+        : u(u_), ld(ld_), rows(rows_), bytes(bytes_), lane(lane_) {}
+    const Bf16* u;
+    int64_t ld;
+    int rows, bytes, lane;
+    CUTLASS_DEVICE void begin() {
+      if (u == nullptr || bytes <= 0) return;
+      for (int r = lane; r < rows; r += 32)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(u + r * ld), "r"(bytes)
+                     : "memory");
+    }
+  };
+
+  template <class... Args>
+  CUTLASS_DEVICE auto get_producer_load_callbacks(
+      fusion::detail::ProducerLoadArgs<Args...> const& args) {
+    if constexpr (kBackward) {
+      const int M = cute::get<0>(args.problem_shape_mnkl),
+                N = cute::get<1>(args.problem_shape_mnkl);
+      const int tm = cute::size<0>(args.tile_shape_mnk), tn = cute::size<1>(args.tile_shape_mnk);
+      const int m0 = cute::get<0>(args.tile_coord_mnkl) * tm,
+                n0 = cute::get<1>(args.tile_coord_mnkl) * tn;
+      const int l = cute::get<3>(args.tile_coord_mnkl);
+      // Whole rows of the tile: 16-byte multiples (n0 a multiple of the tile, N of 8).
+      const int rows = cute::min(tm, M - m0), cols = cute::min(tn, N - n0);
+      return PrefetchCallbacks(params.up[l] + m0 * params.ldu + n0, params.ldu, rows,
+                               cols * static_cast<int>(sizeof(Bf16)), args.thread_idx % 32);
+    } else {
+      return fusion::detail::EmptyProducerLoadCallbacks{};
+    }
+  }
+
+  // GU, GO: (CPY, CPY_M, CPY_N, EPI_M, EPI_N) global views of u and of du / h; RU: u's registers;
+  // CT, Res: the thread's coordinates and its residue (the collective's tCcD, residue_tCcD).
+  //
+  // A sub-tile's fragment holds, per thread, two rows (8 apart) of four 8-column blocks, a pair of
+  // adjacent columns in each (wgmma's accumulator layout: lane q of a quad has columns 2q, 2q + 1
+  // of every block, the quad one row). Moved as they are, that is 4-byte accesses each touching
+  // half a sector; instead the quad transposes its pairs with shuffles so that lane q moves block
+  // q of the row whole, one 16-byte access (4x fewer memory instructions, whole sectors). The
+  // layout is checked (at compile time where it folds, and the quad's rows and columns at run
+  // time); where it does not hold, the pairs move as 4-byte words.
+  template <class GU, class GO, class RU, class CT, class Res>
+  struct Callbacks : fusion::detail::EmptyConsumerStoreCallbacks {
+    static constexpr int EM = decltype(cute::size<3>(std::declval<RU&>()))::value;
+    static constexpr int EN = decltype(cute::size<4>(std::declval<RU&>()))::value;
+    static constexpr int kSub = decltype(cute::size(std::declval<RU&>()))::value / (EM * EN);
+
+    CUTLASS_DEVICE Callbacks(GU gu_, GO gdu_, GO gh_, RU ru_, CT cd_, Res residue_, bool has_h_,
+                             int lane, bool narrow)
+        : gu(gu_),
+          gdu(gdu_),
+          gh(gh_),
+          ru(ru_),
+          cd(cd_),
+          residue(residue_),
+          has_h(has_h_),
+          q(lane % 4) {
+      quad = layout_fits() && !narrow;
+    }
+    GU gu;
+    GO gdu, gh;
+    RU ru;
+    CT cd;
+    Res residue;
+    bool has_h;
+    int q;
+    bool quad = false;
+    Bf16 du_[kSub], h_[kSub];  // the current sub-tile's, by fragment index
+
+    // Whether elements j and j + 1 of a sub-tile's fragment are one row's adjacent columns.
+    template <class C>
+    CUTLASS_DEVICE static bool paired(C const& c, int j) {
+      return cute::get<0>(c(j)) == cute::get<0>(c(j + 1)) &&
+             cute::get<1>(c(j + 1)) == cute::get<1>(c(j)) + 1;
+    }
+
+    // Element j's slot r * 8 + b * 2 + e (row r of two, block b of four, column e of the pair) in
+    // sub-tile (em, en), or -1 where the fragment is not that layout.
+    CUTLASS_DEVICE int slot(int em, int en, int j) const {
+      using cute::_;
+      auto c = cd(_, _, _, em, en);
+      const int dm = cute::get<0>(c(j)) - cute::get<0>(c(0)),
+                dn = cute::get<1>(c(j)) - cute::get<1>(c(0));
+      if ((dm != 0 && dm != 8) || dn < 0 || dn >= 32 || dn % 8 > 1) return -1;
+      return (dm / 8) * 8 + (dn / 8) * 2 + dn % 8;
+    }
+    // Fragment index of slot s in sub-tile (em, en) (slot() inverted; -1 for none).
+    CUTLASS_DEVICE int index_of(int em, int en, int s) const {
+      int found = -1;
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kSub; ++j)
+        if (slot(em, en, j) == s) found = j;
+      return found;
+    }
+
+    CUTLASS_DEVICE bool layout_fits() const {
+      bool ok = kSub == 16;
+      if constexpr (kSub == 16) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int em = 0; em < EM; ++em) CUTLASS_PRAGMA_UNROLL
+        for (int en = 0; en < EN; ++en) {
+          int seen = 0;
+          CUTLASS_PRAGMA_UNROLL
+          for (int j = 0; j < kSub; ++j) {
+            const int s = slot(em, en, j);
+            ok = ok && s >= 0;
+            seen |= s >= 0 ? 1 << s : 0;
+          }
+          ok = ok && seen == 0xffff;
+        }
+      }
+      // The quad's lanes: one row, first columns 2q apart from a block start a multiple of 8 (so
+      // 16-byte aligned): residue (M, N) - (row, column) of each lane's first element.
+      const int rm = static_cast<int>(cute::get<0>(residue)),
+                rn = static_cast<int>(cute::get<1>(residue)) + 2 * q;
+      // (Every lane runs every shuffle: none under a short-circuit.)
+      const int rm1 = __shfl_xor_sync(0xffffffffu, rm, 1),
+                rm2 = __shfl_xor_sync(0xffffffffu, rm, 2),
+                rn1 = __shfl_xor_sync(0xffffffffu, rn, 1),
+                rn2 = __shfl_xor_sync(0xffffffffu, rn, 2);
+      ok = ok && rn % 8 == 0 && rm1 == rm && rm2 == rm && rn1 == rn && rn2 == rn;
+      return __all_sync(0xffffffffu, ok);
+    }
+
+    // Lane q's four 32-bit words p[b] (its pair in block b of the row) become p[i] = lane i's pair
+    // in block q: a 4 x 4 transpose across the quad (its own inverse).
+    CUTLASS_DEVICE void transpose(uint32_t (&p)[4]) const {
+      CUTLASS_PRAGMA_UNROLL
+      for (int s = 2; s >= 1; s /= 2) {
+        const bool up = (q & s) != 0;
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < 2; ++k) {
+          const int lo = s == 2 ? k : 2 * k, hi = s == 2 ? k + 2 : 2 * k + 1;
+          const uint32_t send = up ? p[lo] : p[hi];
+          const uint32_t got = __shfl_xor_sync(0xffffffffu, send, s);
+          if (up)
+            p[lo] = got;
+          else
+            p[hi] = got;
+        }
+      }
+    }
+
+    // Whether row r's block q (lane q's 16-byte part) of sub-tile (em, en) is inside the group.
+    CUTLASS_DEVICE bool part_in(int em, int en, int r) const {
+      using cute::_;
+      auto c = cd(_, _, _, em, en);
+      const int j = index_of(em, en, r * 8);
+      return cute::get<0>(c(j)) < cute::get<0>(residue) &&
+             cute::get<1>(c(j)) + 6 * q < cute::get<1>(residue);
+    }
+
+    CUTLASS_DEVICE void load(int em, int en) {
+      if constexpr (kBackward) {
+        using cute::_;
+        auto g = gu(_, _, _, em, en);
+        auto r = ru(_, _, _, em, en);
+        auto c = cd(_, _, _, em, en);
+        if constexpr (kSub == 16) {
+          if (quad) {
+            load_quad(g, r, em, en);
+            return;
+          }
+        }
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kSub; j += 2) {
+          if (paired(c, j)) {
+            uint32_t v = 0;
+            if (cute::elem_less(c(j), residue)) v = __ldg(reinterpret_cast<const uint32_t*>(&g(j)));
+            r(j) = Bf16::bitcast(static_cast<uint16_t>(v & 0xffffu));
+            r(j + 1) = Bf16::bitcast(static_cast<uint16_t>(v >> 16));
+          } else {
+            r(j) = cute::elem_less(c(j), residue) ? g(j) : Bf16(0.f);
+            r(j + 1) = cute::elem_less(c(j + 1), residue) ? g(j + 1) : Bf16(0.f);
+          }
+        }
+      }
+    }
+
+    template <class G, class R>
+    CUTLASS_DEVICE void load_quad(G& g, R& r, int em, int en) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int row = 0; row < 2; ++row) {
+        const int j0 = index_of(em, en, row * 8);
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (part_in(em, en, row)) v = __ldg(reinterpret_cast<const uint4*>(&g(j0) + 6 * q));
+        uint32_t p[4] = {v.x, v.y, v.z, v.w};
+        transpose(p);
+        CUTLASS_PRAGMA_UNROLL
+        for (int b = 0; b < 4; ++b) {
+          r(index_of(em, en, row * 8 + b * 2)) = Bf16::bitcast(static_cast<uint16_t>(p[b]));
+          r(index_of(em, en, row * 8 + b * 2 + 1)) =
+              Bf16::bitcast(static_cast<uint16_t>(p[b] >> 16));
+        }
+      }
+    }
+
+    // A sub-tile's values (du_ or h_) into `out`'s sub-tile (em, en).
+    template <class G>
+    CUTLASS_DEVICE void store(G& out, const Bf16 (&v)[kSub], int em, int en) {
+      using cute::_;
+      auto o = out(_, _, _, em, en);
+      auto c = cd(_, _, _, em, en);
+      if constexpr (kSub == 16) {
+        if (quad) {
+          store_quad(o, v, em, en);
+          return;
+        }
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kSub; j += 2) {
+        const bool in0 = cute::elem_less(c(j), residue);
+        const bool in1 = cute::elem_less(c(j + 1), residue);
+        if (paired(c, j)) {
+          if (in0) *reinterpret_cast<uint32_t*>(&o(j)) = pack2(v[j], v[j + 1]);
+        } else {
+          if (in0) o(j) = v[j];
+          if (in1) o(j + 1) = v[j + 1];
+        }
+      }
+    }
+
+    template <class O>
+    CUTLASS_DEVICE void store_quad(O& o, const Bf16 (&v)[kSub], int em, int en) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int row = 0; row < 2; ++row) {
+        uint32_t p[4];
+        CUTLASS_PRAGMA_UNROLL
+        for (int b = 0; b < 4; ++b)
+          p[b] =
+              pack2(v[index_of(em, en, row * 8 + b * 2)], v[index_of(em, en, row * 8 + b * 2 + 1)]);
+        transpose(p);
+        if (part_in(em, en, row))
+          *reinterpret_cast<uint4*>(&o(index_of(em, en, row * 8)) + 6 * q) =
+              make_uint4(p[0], p[1], p[2], p[3]);
+      }
+    }
+
+    CUTLASS_DEVICE void begin() { load(0, 0); }
+
+    // The collective runs the sub-tiles with epi_m inner: load the next one's u.
+    CUTLASS_DEVICE void begin_loop(int em, int en) {
+      if constexpr (kBackward) {
+        if (em + 1 < EM)
+          load(em + 1, en);
+        else if (en + 1 < EN)
+          load(0, en + 1);
+      }
+    }
+
+    template <class Acc, class In, int FS>
+    CUTLASS_DEVICE cutlass::Array<float, FS> visit(cutlass::Array<Acc, FS> const& acc, int epi_v,
+                                                   int em, int en,
+                                                   cutlass::Array<In, FS> const& src) {
+      using cute::_;
+      cutlass::Array<float, FS> out;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < FS; ++i) {
+        const int j = epi_v * FS + i;
+        const float g = static_cast<float>(src[i]);
+        // The unfused passes' formulas (ops/cuda/grouped_ffn.cu), with the sigmoid from the fast
+        // exponential and division, once an element: with two warpgroups an SM, the IEEE expf and
+        // division (twice an element in backward) made the epilogue longer than the tile's MMAs
+        // (mid-session call: A frozen 5.39 -> 6.48 ms). Their error (a few ulp of f32) is far
+        // below bf16's. Backward takes dh in f32 from the accumulator (one rounding fewer than the
+        // separate passes, which read it back in bf16).
+        const float sg = __fdividef(1.0f, 1.0f + __expf(-g));  // 0 where exp(-g) overflows
+        if constexpr (kBackward) {
+          const float d = static_cast<float>(acc[i]);
+          const float u = static_cast<float>(ru(_, _, _, em, en)(j));
+          du_[j] = Bf16(d * g * sg);
+          out[i] = d * u * sg * (1.0f + g * (1.0f - sg));
+          h_[j] = Bf16(g * sg * u);  // (a branch here on has_h made ptxas spill)
+        } else {
+          // u as gate_up keeps it (bf16), so that backward's h from gate_up is this one.
+          const float u = static_cast<float>(Bf16(acc[i]));
+          out[i] = static_cast<float>(acc[i]);
+          h_[j] = Bf16(g * sg * u);
+        }
+      }
+      return out;
+    }
+
+    CUTLASS_DEVICE void end_loop(int em, int en) {
+      if constexpr (kBackward) store(gdu, du_, em, en);
+      if (has_h) store(gh, h_, em, en);
+    }
+  };
+
+  template <bool ReferenceSrc, class... Args>
+  CUTLASS_DEVICE auto get_consumer_store_callbacks(
+      fusion::detail::ConsumerStoreArgs<Args...> const& args) {
+    using cute::_1;
+    const auto M = cute::get<0>(args.problem_shape_mnkl);
+    const auto N = cute::get<1>(args.problem_shape_mnkl);
+    const auto L = cute::get<3>(args.problem_shape_mnkl);
+    const auto l = cute::get<3>(args.tile_coord_mnkl);
+    // Each group's rows by its own pointer: the L mode is the group, at stride 0.
+    const auto part = [&](auto* ptr, int64_t ld) {
+      auto t = cute::make_tensor(
+          cute::make_gmem_ptr(ptr),
+          cute::make_layout(cute::make_shape(M, N, L), cute::make_stride(ld, _1{}, Zero{})));
+      return fusion::detail::sm90_partition_for_epilogue<ReferenceSrc>(
+          t, args.tile_shape_mnk, args.tile_coord_mnkl, args.epi_tile, args.tiled_copy,
+          args.thread_idx);
+    };
+    const Bf16* up = kBackward ? params.up[l] : nullptr;
+    Bf16* dup = kBackward ? params.dup[l] : nullptr;
+    Bf16* h = params.h ? params.h[l] : nullptr;
+    auto gu = part(up, params.ldu);
+    auto gdu = part(dup, params.lddu);
+    auto gh = part(h, params.ldh);
+    auto ru = cute::make_tensor<Bf16>(cute::shape(gu));
+    return Callbacks<decltype(gu), decltype(gdu), decltype(ru), decltype(args.tCcD),
+                     decltype(args.residue_tCcD)>(gu, gdu, gh, ru, args.tCcD, args.residue_tCcD,
+                                                  h != nullptr, args.thread_idx % 32,
+                                                  params.narrow);
+  }
+};
+
+template <bool kBackward>
+using SwigluEvt = fusion::Sm90EVT<SwigluNode<kBackward>, fusion::Sm90SrcFetch<Bf16>>;
+
+// Two configurations of each form: grouped_gemm_sm90.h's default (cooperative 128 x 256 x 64,
+// cluster 2 x 1) and ping-pong 128 x 128 x 64 (cluster 2 x 1), whose epilogue, the heavier one
+// here, runs under the other warpgroup's MMAs.
+using CoopTile = cute::Shape<cute::_128, cute::_256, cute::_64>;
+using PingTile = cute::Shape<cute::_128, cute::_128, cute::_64>;
+using SwCluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
+
+#define MT_SM90_SWIGLU_GEMM(Name, Tile, Schedule, EpilogueSchedule, LayoutB, kBackward)           \
+  using Name##Epilogue = cutlass::epilogue::collective::CollectiveBuilder<                        \
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, SwCluster,                       \
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, Bf16, RowMajor*, 8, Bf16,    \
+      RowMajor*, 8, EpilogueSchedule, SwigluEvt<kBackward>>::CollectiveOp;                        \
+  using Name##Mainloop = cutlass::gemm::collective::CollectiveBuilder<                            \
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, RowMajor*, 8, Bf16, LayoutB*, 8, \
+      float, Tile, SwCluster,                                                                     \
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(                         \
+          sizeof(Name##Epilogue::SharedStorage))>,                                                \
+      Schedule>::CollectiveOp;                                                                    \
+  using Name = Sm90Gemm<Name##Mainloop, Name##Epilogue>
+
+MT_SM90_SWIGLU_GEMM(SwigluUp, CoopTile, Cooperative, CooperativeEpilogue, ColumnMajor, false);
+MT_SM90_SWIGLU_GEMM(SwigluDown, CoopTile, Cooperative, CooperativeEpilogue, RowMajor, true);
+MT_SM90_SWIGLU_GEMM(SwigluUpPingpong, PingTile, Pingpong, PingpongEpilogue, ColumnMajor, false);
+MT_SM90_SWIGLU_GEMM(SwigluDownPingpong, PingTile, Pingpong, PingpongEpilogue, RowMajor, true);
+
+// The per-group arrays: the GEMM's (D is c's rows, the C source gate's) and the node's.
+template <class G>
+struct SwArrays {
+  typename G::Shape* shape = nullptr;
+  const Bf16** a = nullptr;
+  const Bf16** b = nullptr;
+  Bf16** d = nullptr;
+  const Bf16** src = nullptr;
+  typename G::StrideA* sa = nullptr;
+  typename G::StrideB* sb = nullptr;
+  typename G::StrideC* sd = nullptr;
+  typename G::StrideC* ssrc = nullptr;
+  const Bf16** up = nullptr;
+  Bf16** dup = nullptr;
+  Bf16** h = nullptr;
+  size_t bytes = 0;
+};
+
+template <class G>
+SwArrays<G> sw_arrays(void* scratch, int count) {
+  auto* base = static_cast<char*>(scratch);
+  SwArrays<G> r;
+  size_t at = 0;
+  r.shape = carve<typename G::Shape>(base, at, count);
+  r.a = carve<const Bf16*>(base, at, count);
+  r.b = carve<const Bf16*>(base, at, count);
+  r.d = carve<Bf16*>(base, at, count);
+  r.src = carve<const Bf16*>(base, at, count);
+  r.sa = carve<typename G::StrideA>(base, at, count);
+  r.sb = carve<typename G::StrideB>(base, at, count);
+  r.sd = carve<typename G::StrideC>(base, at, count);
+  r.ssrc = carve<typename G::StrideC>(base, at, count);
+  r.up = carve<const Bf16*>(base, at, count);
+  r.dup = carve<Bf16*>(base, at, count);
+  r.h = carve<Bf16*>(base, at, count);
+  r.bytes = at;
+  return r;
+}
+
+template <class G>
+__global__ void sw_layout_kernel(GroupRows t, int count, Sm90Grouped g, Sm90Swiglu s,
+                                 SwArrays<G> out) {
+  using cute::_1;
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  const int64_t row0 = t.row0[i], group = t.group[i];
+  out.shape[i] = shape_of(g, t.rows[i]);
+  out.a[i] = static_cast<const Bf16*>(g.a) + row0 * g.lda;
+  const int64_t w_group = g.w_group ? g.w_group : g.n * g.k;
+  out.b[i] = static_cast<const Bf16*>(g.b) + group * w_group;
+  Bf16* d = static_cast<Bf16*>(g.c) + row0 * g.ldc;
+  const Bf16* gate = static_cast<const Bf16*>(s.gate) + row0 * s.ldgate;
+  out.d[i] = d;
+  out.src[i] = gate;
+  out.sa[i] = cute::make_stride(g.lda, _1{}, Zero{});
+  const int64_t ldb = g.ldw ? g.ldw : (G::kBKMajor ? g.k : g.n);
+  if constexpr (G::kBKMajor)
+    out.sb[i] = cute::make_stride(ldb, _1{}, Zero{});
+  else
+    out.sb[i] = cute::make_stride(_1{}, ldb, Zero{});
+  out.sd[i] = cute::make_stride(g.ldc, _1{}, Zero{});
+  out.ssrc[i] = cute::make_stride(s.ldgate, _1{}, Zero{});
+  out.up[i] = gate + g.n;
+  out.dup[i] = d + g.n;
+  out.h[i] = s.h ? static_cast<Bf16*>(s.h) + row0 * s.ldh : nullptr;
+}
+
+template <class G>
+typename G::Gemm::Arguments sw_arguments(const Sm90Grouped& g, const Sm90Swiglu& s, int count,
+                                         const Sm90Launch& at, const SwArrays<G>& arr,
+                                         const std::vector<typename G::Shape>& host) {
+  cutlass::KernelHardwareInfo hw;
+  hw.device_id = at.device;
+  hw.sm_count = at.multiprocessors;
+  constexpr bool kBackward = !G::kBKMajor;
+  typename SwigluNode<kBackward>::Arguments node;
+  if constexpr (kBackward) {
+    node.up = arr.up;
+    node.dup = arr.dup;
+  }
+  node.h = s.h ? arr.h : nullptr;
+  node.ldu = s.ldgate;
+  node.lddu = g.ldc;
+  node.ldh = s.ldh;
+  node.narrow = s.narrow;
+  typename G::Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGrouped,
+                                   {count, arr.shape, host.data()},
+                                   {arr.a, arr.sa, arr.b, arr.sb},
+                                   {{{}, node}, arr.src, arr.ssrc, arr.d, arr.sd},
+                                   hw};
+  using Raster = decltype(args.scheduler.raster_order);
+  args.scheduler.max_swizzle_size = at.config.swizzle;
+  args.scheduler.raster_order = at.config.along_n ? Raster::AlongN : Raster::AlongM;
+  return args;
+}
+
+template <class G>
+size_t sw_scratch(const Sm90Grouped& g, const Sm90Swiglu& s, const GroupRows& rows, int count,
+                  const Sm90Launch& at) {
+  const SwArrays<G> arr = sw_arrays<G>(nullptr, count);
+  const auto host = host_shapes<G>(g, rows, count);
+  return arr.bytes + G::Gemm::get_workspace_size(sw_arguments<G>(g, s, count, at, arr, host));
+}
+
+template <class G>
+const char* sw_run(const Sm90Grouped& g, const Sm90Swiglu& s, const GroupRows& rows, int count,
+                   const Sm90Launch& at, void* scratch) {
+  const SwArrays<G> arr = sw_arrays<G>(scratch, count);
+  sw_layout_kernel<G><<<(count + 127) / 128, 128, 0, at.stream>>>(rows, count, g, s, arr);
+  if (cudaGetLastError() != cudaSuccess) return "the layout kernel's launch";
+  const auto host = host_shapes<G>(g, rows, count);
+  const auto args = sw_arguments<G>(g, s, count, at, arr, host);
+  typename G::Gemm gemm;
+  cutlass::Status st = gemm.can_implement(args);
+  if (st == cutlass::Status::kSuccess)
+    st = gemm.initialize(args, static_cast<char*>(scratch) + arr.bytes, at.stream);
+  if (st == cutlass::Status::kSuccess) st = gemm.run(at.stream);
+  if (st != cutlass::Status::kSuccess) return cutlassGetStatusString(st);
+  return cudaGetLastError() == cudaSuccess ? nullptr : "the grouped kernel's launch";
+}
+
+static_assert(SwigluUp::kBKMajor && !SwigluDown::kBKMajor && SwigluUpPingpong::kBKMajor &&
+                  !SwigluDownPingpong::kBKMajor,
+              "Up reads W_g K-major (X W^T), Down backward N-major (dY W)");
+
+}  // namespace
+}  // namespace sm90
+
+namespace {
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+}  // namespace
+
+bool sm90_swiglu_fits(const Sm90Grouped& g, const Sm90Swiglu& s, int count) {
+  const bool up = s.form == Sm90SwigluForm::Up;
+  if (g.form != (up ? Sm90Form::Forward : Sm90Form::InputGrad)) return false;
+  if (up && s.h == nullptr) return false;
+  if (!aligned16(s.gate) || s.ldgate % 8 != 0) return false;
+  if (s.h && (!aligned16(s.h) || s.ldh % 8 != 0)) return false;
+  return sm90_grouped_fits(g, count);
+}
+
+namespace {
+
+// The form's kernel in the configuration's terms (Up: the forward form's, Down backward: the input
+// gradient's): ping-pong where it is pingpong128x128c2x1 (index 3 of kGroupedGemmKernels).
+bool pingpong(const Sm90Swiglu& s, const Sm90Launch& at) {
+  const Sm90Config& c = at.config;
+  const int k = s.form == Sm90SwigluForm::Up || c.dx_kernel < 0 ? c.kernel : c.dx_kernel;
+  return k == 3;
+}
+
+}  // namespace
+
+size_t sm90_swiglu_scratch(const Sm90Grouped& g, const Sm90Swiglu& s, const GroupRows& rows,
+                           int count, const Sm90Launch& at) {
+  using namespace sm90;
+  if (s.form == Sm90SwigluForm::Up)
+    return pingpong(s, at) ? sw_scratch<SwigluUpPingpong>(g, s, rows, count, at)
+                           : sw_scratch<SwigluUp>(g, s, rows, count, at);
+  return pingpong(s, at) ? sw_scratch<SwigluDownPingpong>(g, s, rows, count, at)
+                         : sw_scratch<SwigluDown>(g, s, rows, count, at);
+}
+
+const char* sm90_swiglu_gemm(const Sm90Grouped& g, const Sm90Swiglu& s, const GroupRows& rows,
+                             int count, const Sm90Launch& at, void* scratch) {
+  using namespace sm90;
+  if (s.form == Sm90SwigluForm::Up)
+    return pingpong(s, at) ? sw_run<SwigluUpPingpong>(g, s, rows, count, at, scratch)
+                           : sw_run<SwigluUp>(g, s, rows, count, at, scratch);
+  return pingpong(s, at) ? sw_run<SwigluDownPingpong>(g, s, rows, count, at, scratch)
+                         : sw_run<SwigluDown>(g, s, rows, count, at, scratch);
+}
+
+}  // namespace mt::ops::cuda

@@ -1,0 +1,25 @@
+// The grouped expert GEMMs with the grouped FFN's SwiGLU in their epilogues (ops/cuda/cutlass/
+// grouped_gemm_sm90_swiglu.h), for ops/cuda/grouped_ffn.cu's bodies of grouped_ffn_gate_up_swiglu
+// and grouped_ffn_down_swiglu_backward (ops/grouped_ffn.h). Each returns false, having launched
+// nothing, where the CUTLASS path refuses the operands (types, alignment, more groups than one
+// launch takes); the caller then runs the separate passes.
+#pragma once
+
+#include "core/context.h"
+#include "core/tensor.h"
+#include "ops/grouped_matmul.h"
+
+namespace mt::ops::cuda {
+
+// gate_up = X W_gu^T (W_gu [G, 2F, in]) and h = swiglu(gate_up): the g half by the plain grouped
+// GEMM (cfg's forward kernel), the u half by the fused one, which writes h.
+bool grouped_gate_up_swiglu(Context& ctx, const GroupedGemmConfig& cfg, const Tensor& x,
+                            const Tensor& offsets, const Tensor& w_gu, Tensor& gate_up, Tensor& h);
+
+// dgate_up = SwiGLU'(gate_up) (dY W_down) (W_down [G, out, F]), and h = swiglu(gate_up) where
+// `h` is defined; one launch, dh never written.
+bool grouped_down_swiglu_backward(Context& ctx, const GroupedGemmConfig& cfg, const Tensor& dy,
+                                  const Tensor& offsets, const Tensor& w_down,
+                                  const Tensor& gate_up, Tensor& dgate_up, const Tensor& h);
+
+}  // namespace mt::ops::cuda
