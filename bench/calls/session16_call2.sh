@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 16, call 2 (mid-session): branch mid16 = main 6580b05 + kda16 + lora16 + swiglu16 merged
 # (packed from that tree). Issue 12's KDA core share of the step (bench/calls/kda_share.sh), then
-# the three helpers' requests (/work/prompts16/request-*.sh, copied here as session16_req_*.sh).
+# the three helpers' requests (bench/calls/session16_req_*.sh).
 set -u
 cd "$(dirname "$0")/../.."
 . bench/calls/lib.sh
