@@ -76,15 +76,22 @@ Tensor random_device(const Shape& s, DType dt, Rng& rng, double scale = 1) {
 
 // Mean wall milliseconds of `iters` runs of f after `warmup` untimed ones, the device drained
 // before and after.
-double mean_ms(Context& ctx, int64_t warmup, int64_t iters, const std::function<void()>& f) {
+// `host_ms` (when given): the host's time per run to issue the work, before the wait for the
+// device; near the mean the device waited on the host.
+double mean_ms(Context& ctx, int64_t warmup, int64_t iters, const std::function<void()>& f,
+               double* host_ms = nullptr) {
   using clock = std::chrono::steady_clock;
   for (int64_t i = 0; i < warmup; ++i) f();
   ctx.synchronize();
   const auto t0 = clock::now();
   for (int64_t i = 0; i < iters; ++i) f();
+  const auto issued = clock::now();
   ctx.synchronize();
-  return 1e3 * std::chrono::duration<double>(clock::now() - t0).count() /
-         static_cast<double>(iters);
+  const auto per_run = [&](clock::time_point t) {
+    return 1e3 * std::chrono::duration<double>(t - t0).count() / static_cast<double>(iters);
+  };
+  if (host_ms) *host_ms = per_run(issued);
+  return per_run(clock::now());
 }
 
 // A benchmark's device context: the GPU with `workspace_gib` of op scratch.
@@ -771,6 +778,15 @@ void time_graph(Context& ctx, const MoeBenchOptions& o, const std::function<void
   out[launches_key + "_memsets"] = g.nodes().memsets;
 }
 
+// Alternating frozen / LoRA rounds behind lora_overhead_fwdbwd_median.
+constexpr int kMoeRounds = 5;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConfig& gemm,
                             const std::string& name, int64_t tokens, int64_t topk, int64_t E,
                             int64_t d, int64_t F, bool skewed) {
@@ -843,10 +859,14 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
   const double flops =
       2.0 * static_cast<double>(rows) * static_cast<double>(d) * 3.0 * static_cast<double>(F);
   const double f = time(fwd);
-  const double fb_frozen = time([&] {
-    fwd();
-    bwd(frozen);
-  });
+  double fb_frozen_host = 0, fb_written_host = 0;
+  const double fb_frozen = mean_ms(
+      ctx, o.warmup, o.iters,
+      [&] {
+        fwd();
+        bwd(frozen);
+      },
+      &fb_frozen_host);
   const double fb_full = time([&] {
     fwd();
     bwd(full);
@@ -855,10 +875,13 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
   // zero_grad, as the MoE layer runs it): dW written, its f32 buffers never read.
   ops::GroupedFfnParams pz = p;
   pz.weight_grads_zero = true;
-  const double fb_full_written = time([&] {
-    fwd();
-    ops::grouped_ffn_backward(ctx, pz, x, offsets, w, saved, dy, dx, full);
-  });
+  const double fb_full_written = mean_ms(
+      ctx, o.warmup, o.iters,
+      [&] {
+        fwd();
+        ops::grouped_ffn_backward(ctx, pz, x, offsets, w, saved, dy, dx, full);
+      },
+      &fb_written_host);
   // The same with h kept from forward (GroupedFfnParams::keep_h): SwiGLU's backward writes no h.
   ops::GroupedFfnParams ph = pz;
   ph.keep_h = true;
@@ -885,6 +908,8 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
                         {"fwd_ms", f},
                         {"fwd_tflops", tf(1, f)},
                         {"fwdbwd_frozen_ms", fb_frozen},
+                        {"fwdbwd_frozen_host_ms", fb_frozen_host},
+                        {"fwdbwd_full_written_host_ms", fb_written_host},
                         {"fwdbwd_frozen_tflops", tf(2, fb_frozen)},
                         {"fwdbwd_full_ms", fb_full},
                         {"fwdbwd_full_tflops", tf(3, fb_full)},
@@ -894,14 +919,33 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
                         {"fwdbwd_full_written_keep_h_tflops", tf(3, fb_full_keep_h)}};
   if (o.base_only) return run;
   const double lf = time(lfwd);
-  const double lfb = time([&] {
+  double lfb_host = 0;
+  const auto lora_fb = [&] {
     lfwd();
     lbwd();
-  });
+  };
+  const double lfb = mean_ms(ctx, o.warmup, o.iters, lora_fb, &lfb_host);
   run["lora_rank"] = r;
   run["lora_fwd_ms"] = lf;
   run["lora_fwdbwd_ms"] = lfb;
+  run["lora_fwdbwd_host_ms"] = lfb_host;
   run["lora_overhead_fwdbwd"] = lfb / fb_frozen - 1;
+  // The same overhead from alternating rounds of the two (frozen, then LoRA, `iters` runs each),
+  // the median of the rounds' ratios: the device's clocks drift within a call (A's frozen run
+  // swung between 5.1 and 5.9 ms in one run, sessions 15-17, its kernels summing to 5.1 ms at the
+  // clocks ncu saw), and the two runs of a round share the conditions.
+  std::vector<double> ratios, frozen_rounds, lora_rounds;
+  for (int round = 0; round < kMoeRounds; ++round) {
+    frozen_rounds.push_back(time([&] {
+      fwd();
+      bwd(frozen);
+    }));
+    lora_rounds.push_back(time(lora_fb));
+    ratios.push_back(lora_rounds.back() / frozen_rounds.back());
+  }
+  run["fwdbwd_frozen_rounds_ms"] = frozen_rounds;
+  run["lora_fwdbwd_rounds_ms"] = lora_rounds;
+  run["lora_overhead_fwdbwd_median"] = median(ratios) - 1;
   run["lora_path"] = kconcat ? "kconcat" : "separate";
   run["lora_fwd_kernels"] = lora_kernels_name(kp.lora_fwd);
   run["lora_bwd_kernels"] = lora_kernels_name(kp.lora_bwd);

@@ -33,7 +33,7 @@ void check(const GroupedFfnParams& p, const Tensor& x, const Tensor& offsets,
 
 // The down projection's forward configuration (GroupedGemmConfig::down).
 GroupedGemmConfig down_gemm(const GroupedFfnParams& p) {
-  return (p.gemm ? *p.gemm : grouped_gemm_config_from_env()).down();
+  return (p.gemm ? *p.gemm : grouped_gemm_config_from_env()).down(p.rows, p.experts);
 }
 
 // Whether forward keeps h = swiglu(gate_up) in saved.h: with an adapter (its dA reads h), or on

@@ -32,9 +32,9 @@ int index_of(const char* const (&names)[N], std::string_view name) {
 
 }  // namespace
 
-static_assert(std::string_view(kGroupedGemmKernels[GroupedGemmConfig::kDefaultDownKernel]) ==
+static_assert(std::string_view(kGroupedGemmKernels[GroupedGemmConfig::kPingpongDownKernel]) ==
                   "pingpong128x128c2x1",
-              "the down projection's default kernel is the ping-pong 128 x 128 one");
+              "the down projection's many-rows kernel is the ping-pong 128 x 128 one");
 
 GroupedGemmConfig parse_grouped_gemm_config(std::string_view name) {
   constexpr const char* kParts =
@@ -90,7 +90,7 @@ std::string grouped_gemm_config_name(const GroupedGemmConfig& c) {
   if (c.dx_kernel >= 0 && c.dx_kernel != c.kernel)
     s += cat(":dx=", kGroupedGemmKernels[c.dx_kernel]);
   if (c.wgrad != 0) s += cat(":dw=", kGroupedWgradKernels[c.wgrad]);
-  if (c.down_kernel != GroupedGemmConfig::kDefaultDownKernel)
+  if (c.down_kernel != GroupedGemmConfig::kAutoDownKernel)
     s += cat(":down=", kGroupedGemmKernels[c.down_kernel]);
   if (c.swiglu_fwd != GroupedGemmConfig::kDefaultSwigluFwd ||
       c.swiglu_bwd != GroupedGemmConfig::kDefaultSwigluBwd)

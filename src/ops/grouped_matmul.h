@@ -14,6 +14,8 @@
 // ops/grouped_ffn.h).
 #pragma once
 
+#include <algorithm>
+
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -53,10 +55,17 @@ struct GroupedGemmConfig {
   int wgrad = 0;       // the weight gradient's: index into kGroupedWgradKernels
   int swizzle = 1;     // 1, 2, 4 or 8
   bool along_n = false;
-  // grouped_ffn's down projection forward: index into kGroupedGemmKernels; by default the ping-pong
-  // 128 x 128 kernel (session 15: 0.87 ms against the cooperative default's 1.01 at shape A, ncu).
-  static constexpr int kDefaultDownKernel = 3;  // pingpong128x128c2x1
-  int down_kernel = kDefaultDownKernel;
+  // grouped_ffn's down projection forward: index into kGroupedGemmKernels, or kAutoDownKernel:
+  // by the mean rows per expert, the ping-pong 128 x 128 kernel where they are many, `kernel`
+  // where they are few. Ping-pong runs a tile's epilogue under the other warpgroup's MMAs, which
+  // pays where each expert's rows fill many tiles (session 15, shape A, 2,048 rows per expert: 0.87
+  // ms against the cooperative kernel's 1.01, ncu); at 256 rows per expert (shape B) the
+  // cooperative kernel's forward is the faster (session 14 1.56-1.59 ms against ping-pong's
+  // 1.60-1.62 in sessions 15-17; session 17's sweep in one run: 1.585 against 1.610).
+  static constexpr int kAutoDownKernel = -1;
+  static constexpr int kPingpongDownKernel = 3;       // pingpong128x128c2x1
+  static constexpr int64_t kPingpongDownRows = 1024;  // mean rows per expert from which it runs
+  int down_kernel = kAutoDownKernel;
   // grouped_ffn's SwiGLU in the epilogues of its base path's GEMMs (ops/cuda/cutlass/
   // grouped_gemm_sm90_swiglu.h), forward and backward apart: part ":swiglu" (both), ":swiglu=fwd",
   // ":swiglu=bwd" or ":swiglu=off" (neither: the separate SwiGLU passes), named where they differ
@@ -66,10 +75,13 @@ struct GroupedGemmConfig {
   // Their direct loads and stores as 4-byte pairs, where the quad's 16-byte parts are the default
   // (part ":narrow", to compare).
   bool swiglu_narrow = false;
-  // The configuration of grouped_ffn's down projection forward: `kernel` replaced by down_kernel.
-  GroupedGemmConfig down() const {
+  // The configuration of grouped_ffn's down projection forward over `rows` rows of `experts`
+  // experts: `kernel` replaced by down_kernel's choice.
+  GroupedGemmConfig down(int64_t rows, int64_t experts) const {
     GroupedGemmConfig c = *this;
-    c.kernel = down_kernel;
+    c.kernel = down_kernel != kAutoDownKernel                              ? down_kernel
+               : rows >= kPingpongDownRows * std::max<int64_t>(experts, 1) ? kPingpongDownKernel
+                                                                           : kernel;
     return c;
   }
 };

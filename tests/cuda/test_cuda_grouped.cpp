@@ -631,22 +631,30 @@ TEST(CudaGroupedGemmConfig, NamesRoundTripAndWrongNamesAreRefused) {
             EXPECT_EQ(back.along_n, along_n) << name;
           }
   EXPECT_EQ(ops::parse_grouped_gemm_config("pingpong128x128c2x1:n:s8").swizzle, 8);
-  // The down projection's kernel: every one round-trips; the default (ping-pong 128 x 128) is not
-  // named.
+  // The down projection's kernel: every one named round-trips; the default (by the mean rows per
+  // expert) is not named.
   for (int down = 0; down < kernels; ++down) {
     const ops::GroupedGemmConfig c{.kernel = 0, .wgrad = 5, .down_kernel = down};
     const std::string name = ops::grouped_gemm_config_name(c);
     const ops::GroupedGemmConfig back = ops::parse_grouped_gemm_config(name);
-    EXPECT_EQ(back.down().kernel, down) << name;
+    EXPECT_EQ(back.down(1, 1).kernel, down) << name;
+    EXPECT_EQ(back.down(1 << 20, 1).kernel, down) << name;
     EXPECT_EQ(back.kernel, 0) << name;
     EXPECT_EQ(back.wgrad, 5) << name;
   }
-  EXPECT_EQ(ops::GroupedGemmConfig{}.down().kernel, 3);
+  // Issue 14's shapes: A (2,048 rows per expert) on ping-pong, B (256) on the forward's kernel.
+  EXPECT_EQ(ops::GroupedGemmConfig{}.down(16384 * 8, 64).kernel, 3);
+  EXPECT_EQ(ops::GroupedGemmConfig{}.down(8192 * 8, 256).kernel, 0);
+  EXPECT_EQ(ops::GroupedGemmConfig{.kernel = 2}.down(8192 * 8, 256).kernel, 2);
+  EXPECT_EQ(ops::GroupedGemmConfig{.kernel = 2}.down(1024 * 4, 4).kernel, 3);
+  EXPECT_EQ(ops::grouped_gemm_config_name(ops::parse_grouped_gemm_config("coop128x256c2x1")),
+            "coop128x256c2x1");
   EXPECT_EQ(ops::grouped_gemm_config_name(
                 ops::parse_grouped_gemm_config("coop128x256c2x1:down=pingpong128x128c2x1")),
-            "coop128x256c2x1");
-  EXPECT_EQ(ops::parse_grouped_gemm_config("coop128x256c2x1:down=pingpong64x256c2x1").down().kernel,
-            4);
+            "coop128x256c2x1:down=pingpong128x128c2x1");
+  EXPECT_EQ(
+      ops::parse_grouped_gemm_config("coop128x256c2x1:down=pingpong64x256c2x1").down(1, 1).kernel,
+      4);
   const ops::GroupedGemmConfig mixed = ops::parse_grouped_gemm_config(
       "coop128x256c2x1:dw=pingpong128x128c1x1:s2:dx=coop256x128c2x1");
   EXPECT_EQ(mixed.kernel, 0);
@@ -686,8 +694,9 @@ TEST(CudaGroupedGemmConfig, NamesRoundTripAndWrongNamesAreRefused) {
 
 // Every compiled kernel configuration of the forward forms and of the weight gradient, an
 // input-gradient kernel apart from the forward's, the FFN's down projection forward on the
-// cooperative kernel (its default is ping-pong), and swizzle / raster variants, through the tests'
-// own choice (not MOETRAIN_GROUPED_GEMM), so one gpu_suite run checks them all.
+// cooperative and ping-pong kernels (its default picks one by the rows per expert), and swizzle /
+// raster variants, through the tests' own choice (not MOETRAIN_GROUPED_GEMM), so one gpu_suite run
+// checks them all.
 std::vector<ops::GroupedGemmConfig> all_gemm_configs() {
   std::vector<ops::GroupedGemmConfig> all;
   for (int k = 0; k < static_cast<int>(std::size(ops::kGroupedGemmKernels)); ++k)
@@ -697,7 +706,8 @@ std::vector<ops::GroupedGemmConfig> all_gemm_configs() {
   all.push_back({.kernel = 0, .dx_kernel = 3, .wgrad = 1});
   all.push_back({.kernel = 0, .swizzle = 4, .along_n = true});
   all.push_back({.kernel = 3, .wgrad = 2, .swizzle = 2});
-  all.push_back({.kernel = 0, .down_kernel = 0});  // the FFN's down projection cooperative too
+  all.push_back({.kernel = 0, .down_kernel = 0});  // the FFN's down projection cooperative
+  all.push_back({.kernel = 0, .down_kernel = 3});  // and ping-pong, whatever the rows per expert
   // SwiGLU in the GEMMs' epilogues (ops/cuda/cutlass/grouped_gemm_sm90_swiglu.h): both, with the
   // gate half on the default kernel and on ping-pong; each alone.
   all.push_back({.kernel = 0, .swiglu_fwd = true, .swiglu_bwd = true});

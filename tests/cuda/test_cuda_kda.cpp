@@ -57,31 +57,8 @@ TEST_P(CudaKda, ForwardBackward) {
   const std::vector<In> ins =
       kda_inputs(rng, seq.cu_seqlens, T, N, H, K, V,
                  [&](Rng& r, const Shape& sh) { return log_decay(r, sh, s.strong_decay); });
-  // round_states (CPU): the chunk states rounded to bf16 between forward and backward, as the
-  // GPU's bf16 pass stores them where kda_saved_dtype says bf16 (the bf16 bound's emulation).
-  const auto run = [&](Context& c, const std::vector<Tensor>& in, bool gpu,
-                       bool round_states) -> std::vector<Tensor> {
-    const DType dt = in[1].dtype();
-    const Tensor h0 = s.h0 ? in[6] : Tensor(), dhT = s.dhT ? in[8] : Tensor();
-    Tensor o = out(c, {T, H, V}, dt), hT = out(c, {N, H, K, V}, DType::F32);
-    // What forward keeps for backward as the model keeps it (KdaLayer, ops/kda_prep_path.h):
-    // the chunk states in kda_saved_dtype (bf16 on the tensor-core path), the chunked
-    // kernels' products only under kda_keep_prepared (CudaKdaPrepared checks that carrying
-    // them equals recomputing them).
-    Tensor saved = out(c, {rows, H, K, V}, ops::kda_saved_dtype(c.device(), p, dt));
-    Tensor prepared = gpu && ops::kda_chunk_kernel_fits(p) && ops::kda_keep_prepared()
-                          ? out(c, {ops::kda_prepared_floats(p, rows, dt)}, DType::F32)
-                          : Tensor();
-    OP(kda_forward)
-    (c, p, in[0], in[1], in[2], in[3], in[4], in[5], h0, o, hT, saved, prepared);
-    if (round_states && !gpu) saved = round_bf16(saved);
-    Tensor dq = out(c, {T, H, K}, dt), dk = out(c, {T, H, K}, dt), dv = out(c, {T, H, V}, dt);
-    Tensor dg = out(c, {T, H, K}, DType::F32), dbeta = out(c, {T, H}, DType::F32);
-    Tensor dh0 = out(c, {N, H, K, V}, DType::F32);
-    OP(kda_backward)
-    (c, p, in[0], in[1], in[2], in[3], in[4], in[5], saved, prepared, in[7], dhT, dq, dk, dv, dg,
-     dbeta, dh0);
-    return {o, hT, saved, dq, dk, dv, dg, dbeta, dh0};
+  const auto run = [&](Context& c, const std::vector<Tensor>& in, bool gpu, bool round_states) {
+    return kda_forward_backward(p, rows, s.h0, s.dhT, c, in, gpu, round_states);
   };
   const bool states_bf16 = ops::kda_saved_dtype(Device::CUDA, p, DType::BF16) == DType::BF16;
   run_case(

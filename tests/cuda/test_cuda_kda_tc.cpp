@@ -135,36 +135,11 @@ TcCase make_case(const TcSetup& s, Rng& rng) {
 const std::vector<std::string> kNames = {"o",  "hT", "saved", "dq", "dk",
                                          "dv", "dg", "dbeta", "dh0"};
 
-// Forward, then backward, as the KDA layer runs them under the switches' current settings
-// (ops/kda_prep_path.h): the chunk states in kda_saved_dtype (bf16 on the tensor-core path by
-// default), the prepared blocks carried from forward to backward only under kda_keep_prepared.
-// `prepared_out` (GPU, kept blocks only): that block as backward leaves it, holding backward's
-// products. `round_states` (CPU): the chunk states rounded to bf16 between forward and backward,
-// as the GPU stores them where kda_saved_dtype says bf16 (the bf16 bound's emulation, harness/
-// gpu_check.h: the rounding the design adds, applied where the design applies it).
+// The case's forward + backward (kda_inputs.h, kda_forward_backward).
 std::vector<Tensor> forward_backward(const TcSetup& s, const TcCase& tc, Context& c,
                                      const std::vector<Tensor>& in, bool gpu,
                                      Tensor* prepared_out = nullptr, bool round_states = false) {
-  const ops::KdaParams& p = tc.p;
-  const int64_t T = p.tokens, N = p.num_seqs, H = p.heads, K = p.head_k, V = p.head_v;
-  const DType dt = in[1].dtype();
-  const Tensor h0 = s.h0 ? in[6] : Tensor(), dhT = s.dhT ? in[8] : Tensor();
-  Tensor o = out(c, {T, H, V}, dt), hT = out(c, {N, H, K, V}, DType::F32);
-  Tensor saved = out(c, {tc.rows, H, K, V}, ops::kda_saved_dtype(c.device(), p, dt));
-  const bool keep = gpu && ops::kda_keep_prepared();
-  EXPECT_TRUE(keep || !prepared_out) << "the backward's products asked of a block not kept";
-  Tensor prepared =
-      keep ? out(c, {ops::kda_prepared_floats(p, tc.rows, dt)}, DType::F32) : Tensor();
-  OP(kda_forward)(c, p, in[0], in[1], in[2], in[3], in[4], in[5], h0, o, hT, saved, prepared);
-  if (round_states && !gpu) saved = round_bf16(saved);
-  Tensor dq = out(c, {T, H, K}, dt), dk = out(c, {T, H, K}, dt), dv = out(c, {T, H, V}, dt);
-  Tensor dg = out(c, {T, H, K}, DType::F32), dbeta = out(c, {T, H}, DType::F32);
-  Tensor dh0 = out(c, {N, H, K, V}, DType::F32);
-  OP(kda_backward)
-  (c, p, in[0], in[1], in[2], in[3], in[4], in[5], saved, prepared, in[7], dhT, dq, dk, dv, dg,
-   dbeta, dh0);
-  if (prepared_out) *prepared_out = prepared;
-  return {o, hT, saved, dq, dk, dv, dg, dbeta, dh0};
+  return kda_forward_backward(tc.p, tc.rows, s.h0, s.dhT, c, in, gpu, round_states, prepared_out);
 }
 
 // Switches the tensor-core prep off for its scope, and back on however the scope ends, so that

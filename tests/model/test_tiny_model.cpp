@@ -51,16 +51,29 @@ void check_model_gradients(const ModelConfig& cfg, const ModelOptions& opt, uint
   // Break the symmetry of fresh adapters (B = 0) so that every LoRA gradient is non-trivial.
   for (const auto& p : model.params().all())
     if (p->spec.role == ParamRole::Lora) test::fill_normal(rng, p->value, 0.1);
-  Batch b = test::random_batch(rng, cfg.vocab, gc.lengths, 7);
+  std::map<std::string, DVec> P = param_map(model);
+  // A batch whose DSA choices sit clear of ties (ModelRefOut::tie_margin): near one the fp32
+  // engine may select otherwise than the reference, or a finite difference straddle a ReLU kink
+  // (TinyModel.RecurrentKdaAndTiedEmbeddings failed so with MOETRAIN_TEST_SEED=
+  // 10626605846981093504: the indexer's wk gradient 7% off the difference quotient). The
+  // parameters' finite-difference steps move q . k by ~1e-6 relative; 1e-4 is a hundred times that.
+  constexpr double kMinTieMargin = 1e-4;
+  Batch b;
+  DVec ids, targets;
+  ref::ModelRefOut r0;
+  for (int draw = 0;; ++draw) {
+    b = test::random_batch(rng, cfg.vocab, gc.lengths, 7);
+    ids = test::to_dvec(b.ids);
+    targets = test::to_dvec(b.targets);
+    r0 = ref::model_forward(cfg, P, ids, targets, b.seq);
+    if (r0.tie_margin > kMinTieMargin) break;
+    ASSERT_LT(draw, 50) << "no batch clear of DSA ties (last margin " << r0.tie_margin << ")";
+  }
   Context ctx(ContextOptions{.seed = seed});
   model.params().zero_grad();
   double loss = model.forward(ctx, b.seq, b.ids, b.targets, 0, gc.pass);
   EXPECT_EQ(model.activation_bytes_used(), model.activation_bytes(b.seq));
   model.backward(ctx);
-
-  std::map<std::string, DVec> P = param_map(model);
-  DVec ids = test::to_dvec(b.ids), targets = test::to_dvec(b.targets);
-  ref::ModelRefOut r0 = ref::model_forward(cfg, P, ids, targets, b.seq);
   EXPECT_NEAR(loss, r0.ce, 1e-5 * std::abs(r0.ce));
   double aux = 0;
   for (const AuxLoss& a : model.aux_losses())

@@ -11,7 +11,11 @@ set -euo pipefail
 bin=$1; shift
 mpirun=("$@")
 source "$(dirname "$0")/cli_setup.sh"
-tol=1e-5
+# Ranks sum in other orders than one process (fp32), and AdamW's normalised steps carry those
+# differences forward; after a few steps a routing near-tie may fall the other way (MOETRAIN_TEST_
+# SEED=4974753887097: 2.3e-5 at step 7). A wrong shard, expert or gradient moves the losses by
+# 1e-3 and more.
+tol=1e-4
 
 S+=(--set schedule.steps=8 --set checkpoint.every=4 --set checkpoint.keep=4)
 
