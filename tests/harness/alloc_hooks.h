@@ -2,8 +2,9 @@
 // after warm-up (tests/train/test_step_alloc.cpp, tests/parallel/mpi_alloc_check.cpp). Including
 // this header replaces the global allocation functions (operator new and the C allocator) with
 // counting ones over glibc's, so exactly one source file of a test binary includes it, and a
-// sanitizer build (which owns malloc itself) leaves such binaries out. MT_ALLOC_TRACE=1 prints
-// the call stack of every counted allocation (diagnosis only).
+// sanitizer build (which owns malloc itself) leaves such binaries out. Allocations inside the BLAS
+// library are not counted (inside_blas). MT_ALLOC_TRACE=1 prints the call stack of every counted
+// allocation (diagnosis only).
 #pragma once
 
 #include <dlfcn.h>
@@ -33,37 +34,51 @@ inline std::atomic<int64_t> g_count{0};
 inline std::atomic<bool> g_skip_mpi{false};
 inline thread_local bool t_in_hook = false;
 
-// True when a frame of the stack lies in the MPI library or its runtime (Open MPI's components,
-// PMIx, libevent, hwloc, the fabrics' libraries): the allocation is theirs, made inside an MPI
-// call of ours or on one of their threads. A callback of ours that MPI runs (a user reduction)
-// would be skipped too; none of ours allocates.
-inline bool inside_mpi(void* const* frames, int n) {
-  static constexpr const char* kPrefixes[] = {"libmpi",   "libopen-",   "libpmix",  "libevent",
-                                              "libhwloc", "mca_",       "libuc",    "libfabric",
-                                              "libpsm",   "libibverbs", "librdmacm"};
+// True when a frame of the stack lies in a library named by one of `prefixes` (a file name's
+// start, e.g. "libmpi").
+template <size_t N>
+bool inside(void* const* frames, int n, const char* const (&prefixes)[N]) {
   for (int i = 0; i < n; ++i) {
     Dl_info info;
     if (!dladdr(frames[i], &info) || !info.dli_fname) continue;
     const char* base = std::strrchr(info.dli_fname, '/');
     base = base ? base + 1 : info.dli_fname;
-    for (const char* p : kPrefixes)
+    for (const char* p : prefixes)
       if (std::strncmp(base, p, std::strlen(p)) == 0) return true;
   }
   return false;
 }
 
+// The MPI library and its runtime (Open MPI's components, PMIx, libevent, hwloc, the fabrics'
+// libraries): an allocation with one of these on the stack is theirs, made inside an MPI call of
+// ours or on one of their threads. A callback of ours that MPI runs (a user reduction) would be
+// skipped too; none of ours allocates.
+inline bool inside_mpi(void* const* frames, int n) {
+  static constexpr const char* kPrefixes[] = {"libmpi",   "libopen-",   "libpmix",  "libevent",
+                                              "libhwloc", "mca_",       "libuc",    "libfabric",
+                                              "libpsm",   "libibverbs", "librdmacm"};
+  return inside(frames, n, kPrefixes);
+}
+
+// The BLAS library's own scratch: OpenBLAS 0.3.21's small-matrix sgemm kernels for Cooper Lake
+// (sgemm_small_kernel_*_COOPERLAKE) malloc on every call, so on such a CPU every CPU GEMM of a
+// step allocated; the engine hands BLAS no allocator, and which kernel OpenBLAS picks depends on
+// the CPU it finds. Left out always (the engine's own allocations are what the step contract
+// covers, docs/architecture.md).
+inline bool inside_blas(void* const* frames, int n) {
+  static constexpr const char* kPrefixes[] = {"libopenblas", "libblas"};
+  return inside(frames, n, kPrefixes);
+}
+
 inline void note_alloc() {
   if (!g_counting.load(std::memory_order_relaxed) || t_in_hook) return;
   static const bool trace = std::getenv("MT_ALLOC_TRACE") != nullptr;
-  if (!trace && !g_skip_mpi.load(std::memory_order_relaxed)) {
-    g_count.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
   // backtrace and dladdr may allocate themselves (loading the unwinder): not counted.
   t_in_hook = true;
   void* frames[64];
   const int n = backtrace(frames, 64);
-  if (!g_skip_mpi.load(std::memory_order_relaxed) || !inside_mpi(frames, n)) {
+  if (!inside_blas(frames, n) &&
+      (!g_skip_mpi.load(std::memory_order_relaxed) || !inside_mpi(frames, n))) {
     g_count.fetch_add(1, std::memory_order_relaxed);
     if (trace) {
       backtrace_symbols_fd(frames, n, STDERR_FILENO);

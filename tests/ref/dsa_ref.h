@@ -21,6 +21,7 @@ struct DsaRefOut {
   DVec scores;    // [T, kin] indexer scores of the candidates (sparse mode only)
   int64_t kin = 0;
   double relu_margin = 0;  // ref::relu_margin of the scores the KL reads (on `selected`)
+  DVec relu_active;        // ref::relu_pattern of the same q . k
 };
 
 // Smallest gap, over rows with more candidates than top-k, between the k-th and (k+1)-th
@@ -89,6 +90,7 @@ inline DsaRefOut dsa_layer(const DsaConfig& c, const ParamMap& p, const DVec& x,
     for (int64_t h = 0; h < H; ++h)
       for (int64_t j = 0; j < slots; ++j) target[t * slots + j] += a.p[(t * H + h) * slots + j];
   out.relu_margin = relu_margin(qi, ki, out.selected, T, HI, DI, slots);
+  out.relu_active = relu_pattern(qi, ki, out.selected, T, HI, DI, slots);
   out.kl = indexer_kl(indexer_scores(qi, ki, w, out.selected, T, HI, DI, slots, iscale), target,
                       out.selected, T, slots);
   return out;

@@ -62,6 +62,25 @@ inline double relu_margin(const DVec& q, const DVec& k, const DVec& idx, int64_t
   return margin;
 }
 
+// The sign of every q . k relu_margin measures (1 where positive, else 0), in its order: where a
+// finite difference's two points differ in one, it straddles that ReLU's kink.
+inline DVec relu_pattern(const DVec& q, const DVec& k, const DVec& idx, int64_t T, int64_t H,
+                         int64_t D, int64_t kmax) {
+  DVec out;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < kmax; ++j) {
+      const double pos = idx[t * kmax + j];
+      if (!ref_valid(pos, T)) continue;
+      const int64_t s = static_cast<int64_t>(pos);
+      for (int64_t h = 0; h < H; ++h) {
+        double d = 0;
+        for (int64_t e = 0; e < D; ++e) d += q[(t * H + h) * D + e] * k[s * D + e];
+        out.push_back(d > 0 ? 1.0 : 0.0);
+      }
+    }
+  return out;
+}
+
 // Per row: the min(topk, valid) best candidates (score descending, position ascending on ties),
 // listed by increasing position, then -1.
 inline DVec topk_select(const DVec& scores, const DVec& cand, int64_t T, int64_t kin,

@@ -28,10 +28,10 @@ struct ModelRefOut {
   // Every discrete decision (top-k positions, expert ids): the loss is piecewise smooth, and a
   // finite difference is only meaningful between two points where these agree.
   std::vector<double> decisions;
-  // How far the DSA layers' discrete choices sit from flipping: the smallest top-k margin
-  // (selection_margin) and, where the KL reads the scores, ReLU margin (|q.k| / |q||k|). The
-  // engine decides in fp32, so within ~1e-6 of a tie it may choose otherwise than this reference.
-  double tie_margin = 1e300;
+  // Where a DSA layer's KL reads the indexer scores (indexer_loss_coeff != 0), their ReLUs are
+  // decisions too: each q . k's sign is in `decisions`, and relu_margin is the smallest |q . k| /
+  // |q||k| over the layers (the fp32 engine may see a sign otherwise within ~1e-7 of a kink).
+  double relu_margin = 1e300;
 };
 
 inline ModelRefOut model_forward(const ModelConfig& cfg, const std::map<std::string, DVec>& P,
@@ -65,10 +65,10 @@ inline ModelRefOut model_forward(const ModelConfig& cfg, const std::map<std::str
       case MixerKind::Dsa: {
         DsaRefOut o = dsa_layer(cfg.dsa, attn, a, seq.offsets);
         out.indexer_kl += o.kl;
-        if (!cfg.dsa.dense_warmup)
-          out.tie_margin = std::min(out.tie_margin, selection_margin(o, cfg.dsa.index_topk));
-        if (cfg.dsa.indexer_loss_coeff != 0.f)
-          out.tie_margin = std::min(out.tie_margin, o.relu_margin);
+        if (cfg.dsa.indexer_loss_coeff != 0.f) {
+          out.relu_margin = std::min(out.relu_margin, o.relu_margin);
+          out.decisions.insert(out.decisions.end(), o.relu_active.begin(), o.relu_active.end());
+        }
         out.decisions.insert(out.decisions.end(), o.selected.begin(), o.selected.end());
         m = o.y;
         break;
