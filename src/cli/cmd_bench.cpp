@@ -834,9 +834,9 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
     kw.gate_up = ops::grouped_ffn_pad_weight(w.gate_up, r);
     kw.down = ops::grouped_ffn_pad_weight(w.down, r);
     kp.padded_rows = true;
-    kx = Tensor::empty({rows, d + r}, bf, D).cols(0, d);
+    kx = Tensor::empty({rows, ops::grouped_ffn_row_pitch(d, r)}, bf, D).cols(0, d);
     kx.copy_from(x);
-    kdy = Tensor::empty({rows, d + r}, bf, D).cols(0, d);
+    kdy = Tensor::empty({rows, ops::grouped_ffn_row_pitch(d, r)}, bf, D).cols(0, d);
     kdy.copy_from(dy);
   }
   // Gradients are fp32 (as the parameter store keeps them); frozen members stay undefined.

@@ -244,9 +244,9 @@ void MoeLayer::plan_activations(const SeqInfo& seq, ArenaPlan& plan) const {
     plan.add({T, l});
     latent_down_.plan(T, plan);
   }
-  // Gathered rows, with the K-concatenation path's r spare columns where it runs.
+  // Gathered rows, with the K-concatenation path's spare columns where it runs.
   const ops::GroupedFfnParams fp = ffn_params(T, plan.device(), plan.activations());
-  plan.add({N, l + (fp.padded_rows ? fp.lora_rank : 0)});
+  plan.add({N, fp.padded_rows ? ops::grouped_ffn_row_pitch(l, fp.lora_rank) : l});
   ops::grouped_ffn_plan(fp, plan);
   plan.add({N, l});  // expert outputs
   if (has_latent()) {
@@ -372,8 +372,8 @@ void MoeLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
   }
   // K-concatenation: the experts write X A^T into the rows' last r columns (ops/grouped_ffn.h).
   const ops::GroupedFfnParams fp = ffn_params(T, ctx.device(), at);
-  const int64_t pad = fp.padded_rows ? fp.lora_rank : 0;
-  s.rows = acts.alloc({N, l + pad}, at).cols(0, l);
+  const int64_t pitch = fp.padded_rows ? ops::grouped_ffn_row_pitch(l, fp.lora_rank) : l;
+  s.rows = acts.alloc({N, pitch}, at).cols(0, l);
   ops::moe_gather(ctx, s.x_lat, s.perm, K, s.rows);
   s.ffn = ops::grouped_ffn_alloc_saved(fp, acts, at);
   s.rows_out = acts.alloc({N, l}, at);
@@ -443,8 +443,8 @@ void MoeLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
   // The experts' weight gradients are this backward's alone: the first since zero_grad writes
   // them (its dW GEMMs skip reading the f32 buffers), later ones (accumulation) add.
   fp.weight_grads_zero = take_experts_grad_zero();
-  const int64_t pad = fp.padded_rows ? fp.lora_rank : 0;
-  Tensor drows_out = ws.alloc({N, l + pad}, at).cols(0, l);
+  const int64_t pitch = fp.padded_rows ? ops::grouped_ffn_row_pitch(l, fp.lora_rank) : l;
+  Tensor drows_out = ws.alloc({N, pitch}, at).cols(0, l);
   Tensor dweights = ws.alloc({T, K}, DType::F32);
   ops::moe_combine_backward(ctx, s.rows_out, s.weights, s.inv, dy_lat, drows_out, dweights);
   Tensor drows = ws.alloc({N, l}, at);

@@ -140,7 +140,12 @@ void lora_out_grads(Context& ctx, const GroupedFfnParams& p, const Tensor& dout,
 using lora_composite::padded_weight;
 
 Tensor padded_rows(const Tensor& t, int64_t r) {
-  return Tensor(t.raw(), {t.dim(0), t.dim(1) + r}, t.dtype(), t.device());
+  return Tensor(t.raw(), {t.dim(0), t.stride(0)}, t.dtype(), t.device()).cols(0, t.dim(1) + r);
+}
+
+// A [rows, w + r] view of a fresh scratch buffer at grouped_ffn_row_pitch(w, r).
+Tensor padded_scratch(Context& ctx, int64_t rows, int64_t w, int64_t r, DType at) {
+  return ctx.workspace().alloc({rows, grouped_ffn_row_pitch(w, r)}, at).cols(0, w + r);
 }
 
 // Whether this call runs K-concatenated: the path applies, the base weights sit in their padded
@@ -149,10 +154,10 @@ bool kconcat_call(const GroupedFfnParams& p, const Tensor& x, const GroupedFfnWe
                   const GroupedFfnSaved& saved) {
   const int64_t r = p.lora_rank, F = p.ffn;
   return grouped_ffn_kconcat(p, x.device(), x.dtype()) && grouped_ffn_padded(w.gate_up, r) &&
-         grouped_ffn_padded(w.down, r) && saved.h.defined() && saved.h.stride(0) == F + r &&
-         saved.ha.defined() &&
+         grouped_ffn_padded(w.down, r) && saved.h.defined() &&
+         saved.h.stride(0) == grouped_ffn_row_pitch(F, r) && saved.ha.defined() &&
          saved.ha.raw() == static_cast<char*>(saved.h.raw()) + F * dtype_size(saved.h.dtype()) &&
-         (!p.padded_rows || x.stride(0) == p.in + r);
+         (!p.padded_rows || x.stride(0) == grouped_ffn_row_pitch(p.in, r));
 }
 
 // Whether X A^T stays in x's padding from forward to backward, which then reads it there instead of
@@ -204,7 +209,7 @@ void forward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
   if (p.padded_rows) {
     xp = padded_rows(x, r);
   } else {  // one copy of X: the caller's rows have no padding to lend
-    xp = ctx.workspace().alloc({N, l + r}, x.dtype());
+    xp = padded_scratch(ctx, N, l, r, x.dtype());
     Tensor head = xp.cols(0, l);
     ops::copy(ctx, x, head);
   }
@@ -243,10 +248,10 @@ void backward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
   const Forms form(p);
   ArenaScope scope(ctx.workspace());
   Tensor dyp;
-  if (p.padded_rows && dy.stride(0) == l + r) {
+  if (p.padded_rows && dy.stride(0) == grouped_ffn_row_pitch(l, r)) {
     dyp = padded_rows(dy, r);
   } else {  // one copy of dY: its rows have no padding to lend
-    dyp = ctx.workspace().alloc({N, l + r}, at);
+    dyp = padded_scratch(ctx, N, l, r, at);
     Tensor head = dyp.cols(0, l);
     ops::copy(ctx, dy, head);
   }
@@ -258,7 +263,7 @@ void backward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
   grouped_matmul(ctx, form.dx, dyp, offsets, padded_weight(w.down, r).narrow(2, 0, F), dh);
   if (has(grads.down)) grouped_matmul(ctx, form.dw_base, dy, offsets, saved.h, grads.down);
 
-  Tensor dgp = ctx.workspace().alloc({N, 2 * F + r}, at);
+  Tensor dgp = padded_scratch(ctx, N, 2 * F, r, at);
   Tensor dgu = dgp.cols(0, 2 * F), dr_gu = dgp.cols(2 * F, 2 * F + r);
   Tensor db_gu = grad(grads.gate_up_b), da_down = grad(grads.down_a);
   if (lora_bwd(p) == LoraKernels::Separate) {
@@ -310,7 +315,7 @@ void grouped_ffn_plan(const GroupedFfnParams& p, ArenaPlan& plan) {
   if (p.lora_rank > 0) {
     plan.add({p.rows, p.lora_rank});
     if (grouped_ffn_kconcat(p, plan.device(), plan.activations())) {  // as alloc_saved lays out
-      plan.add({p.rows, p.ffn + p.lora_rank});
+      plan.add({p.rows, grouped_ffn_row_pitch(p.ffn, p.lora_rank)});
     } else {
       plan.add({p.rows, p.lora_rank});
       plan.add({p.rows, p.ffn});
@@ -325,7 +330,7 @@ GroupedFfnSaved grouped_ffn_alloc_saved(const GroupedFfnParams& p, Arena& arena,
   if (p.lora_rank > 0) {
     s.xa = arena.alloc({p.rows, p.lora_rank}, at);
     if (grouped_ffn_kconcat(p, s.xa.device(), at)) {  // h and ha side by side: [h | ha]
-      const Tensor hp = arena.alloc({p.rows, p.ffn + p.lora_rank}, at);
+      const Tensor hp = arena.alloc({p.rows, grouped_ffn_row_pitch(p.ffn, p.lora_rank)}, at);
       s.h = hp.cols(0, p.ffn);
       s.ha = hp.cols(p.ffn, p.ffn + p.lora_rank);
     } else {

@@ -14,11 +14,12 @@
 // [E, out + r, in + r] = [[W, s B], [A, 0]] (grouped_ffn_pad_weight; the op copies A and s B into
 // the pads at every forward), and the activations that feed a GEMM carry the rank-r product in r
 // extra columns: X [rows, in + r], h [rows, F + r], and in backward dY [rows, in + r], dgate_up
-// [rows, 2F + r]. The base GEMMs then carry LoRA for r / in (or r / F, r / 2F) more K, and no pass
-// re-reads an output to add an adapter term; the rank-r products xa = X A^T, ha = h A^T, dr = s
-// dOut B, dB and dA stay skinny kernels, written into the padding columns. Gradient contract: dx is
-// written; weight and LoRA grads accumulate (+=) and are skipped when undefined (a frozen base, or
-// no adapter); the base weights' grads are written under weight_grads_zero.
+// [rows, 2F + r], each a view of a buffer of grouped_ffn_row_pitch(w, r) columns. The base GEMMs
+// then carry LoRA for r / in (or r / F, r / 2F) more K, and no pass re-reads an output to add an
+// adapter term; the rank-r products xa = X A^T, ha = h A^T, dr = s dOut B, dB and dA stay skinny
+// kernels, written into the padding columns. Gradient contract: dx is written; weight and LoRA
+// grads accumulate (+=) and are skipped when undefined (a frozen base, or no adapter); the base
+// weights' grads are written under weight_grads_zero.
 #pragma once
 
 #include <cstdint>
@@ -46,11 +47,11 @@ struct GroupedFfnParams {
   int64_t lora_rank = 0;  // 0: no adapter
   float lora_alpha = 0;
   // The K-concatenation path only: x (forward) and dy (backward) are the first `in` columns of
-  // [rows, in + lora_rank] buffers whose last lora_rank columns the op may overwrite (the MoE
-  // layer allocates its rows so; a dy whose rows are not that wide is copied). Otherwise the op
-  // copies them into padded scratch. x's columns then carry X A^T from forward to its backward
-  // (which reads it there; saved.xa is left unwritten), so the caller keeps them untouched in
-  // between.
+  // buffers of grouped_ffn_row_pitch(in, lora_rank) columns whose lora_rank columns after `in` the
+  // op may overwrite (the MoE layer allocates its rows so; a dy whose rows are not so is copied).
+  // Otherwise the op copies them into padded scratch. x's columns then carry X A^T from forward to
+  // its backward (which reads it there; saved.xa is left unwritten), so the caller keeps them
+  // untouched in between.
   bool padded_rows = false;
   // The caller knows the base weights' gradient buffers hold zeros (the first backward since the
   // gradients were zeroed): their weight-gradient GEMMs then write dW (beta 0) instead of adding
@@ -65,8 +66,8 @@ struct GroupedFfnParams {
   std::optional<GroupedGemmConfig> gemm;  // the projections' (grouped_matmul.h); unset: the env's
   // The K-concatenation path's session-13 kernels, kept so that one device run compares them with
   // their replacements (bench moe's lora_s13_* fields): the adapters packed by one copy or scale
-  // per tensor (six launches) instead of grouped_ffn_lora_pack's one, dr / dB over 128-row blocks
-  // instead of two 64-row parts, and SwiGLU's backward, the products over dgate_up and dA_down's
+  // per tensor (six launches) instead of grouped_ffn_lora_pack's one (dr / dB over 128-row blocks
+  // both, since session 17), and SwiGLU's backward, the products over dgate_up and dA_down's
   // over h as three passes instead of grouped_ffn_lora_swiglu_backward_grads's one, SwiGLU's
   // forward and ha = h A_down^T as two instead of grouped_ffn_lora_swiglu_ha's one
   // (ops/cuda/lora_grouped.h). Same results up to the summation order of the adapters' grads.
@@ -83,9 +84,9 @@ struct GroupedFfnParams {
   // on the K-concatenation path the one over dY, and the one over dgate_up where lora_bwd is
   // Separate): Separate = two grouped products, Staged = the
   // one-pass out_grads kernel (session 14), Registers = dr's fragments in registers and dB from a
-  // shared tile (session 16). lora_s13_kernels runs session 13's one-pass kernel. Staged measured
-  // fastest (shape A, ncu: 286 us, Registers 330 before its prefetch, the two products 7.17 ms
-  // against 7.02 fwd+bwd).
+  // shared tile (session 16). lora_s13_kernels runs the one-pass kernel. Staged measured fastest
+  // (shape A, ncu: 286 us, Registers 330 before its prefetch, the two products 7.17 ms against
+  // 7.02 fwd+bwd; session 17: 200 us over 128-row blocks, at the running clocks).
   LoraKernels lora_out_grads = LoraKernels::Staged;
   // The K-concatenation path's xa = X A_gu^T (grouped_ffn_lora_xa): Registers = the register
   // kernel; otherwise grouped_matmul (the skinny down kernel, session 11).
@@ -108,8 +109,9 @@ struct GroupedFfnSaved {
   Tensor xa;       // [rows, r]: X A_gu^T (K-concatenated with padded rows: in x's padding instead)
   Tensor ha;       // [rows, r]: h A_down^T
   Tensor h;        // [rows, F] with LoRA or keep_h: swiglu(gate_up), as forward computed it
-  // On the K-concatenation path h and ha are the two column blocks of one [rows, F + r] buffer
-  // (the down GEMM's padded input) and gate_up holds the adapted pre-activations.
+  // On the K-concatenation path h and ha are the two column blocks of one buffer of
+  // grouped_ffn_row_pitch(F, r) columns (the down GEMM's padded input) and gate_up holds the
+  // adapted pre-activations.
 };
 
 // Whether the K-concatenation path serves p on `device` with activations of type `at`: the one
@@ -117,6 +119,14 @@ struct GroupedFfnSaved {
 // rows 16-byte aligned for TMA). The op takes it when this holds and the base weights are padded
 // (grouped_ffn_padded); the MoE layer and the model pad them when it holds.
 bool grouped_ffn_kconcat(const GroupedFfnParams& p, Device device, DType at);
+// The row pitch, in elements, of a K-concatenation buffer holding w columns and an r-column adapter
+// block after them ([x | xa], [dy | dr], [h | ha], [dgate_up | dr]): w + r rounded up to 64, so
+// that every row starts a 128-byte line. At w + r (2,064 at issue 14's shapes) rows began 32
+// bytes apart from a line and the skinny passes over them ran slower (session 17, X A^T at shape
+// A: 193 us against 162 over the same rows unpadded).
+inline int64_t grouped_ffn_row_pitch(int64_t w, int64_t r) {
+  return (w + r + 63) / 64 * 64;
+}
 // Whether w [E, out, in] is the W block of a padded [E, out + r, in + r] buffer.
 bool grouped_ffn_padded(const Tensor& w, int64_t r);
 // W [E, out, in] moved into a new zeroed [E, out + r, in + r] buffer on its device, returned as the

@@ -396,9 +396,12 @@ double ffn_scratch(const ModelConfig& cfg, FfnKind k, int64_t T, Device device, 
   const double r = static_cast<double>(m.expert_lora.rank);
   const double S = static_cast<double>(m.num_shared * m.shared_ffn);
   const bool latent = m.latent != m.hidden;
-  // drows_out carries the K-concatenation path's r spare columns (ops/grouped_ffn.h) where the
-  // path may run: bf16 on the GPU (an upper bound by N r elements elsewhere).
-  const double pad = device == Device::CUDA && act < 1.0 ? r : 0.0;
+  // drows_out carries the K-concatenation path's spare columns (ops/grouped_ffn.h,
+  // grouped_ffn_row_pitch) where the path may run: bf16 on the GPU (an upper bound elsewhere).
+  const double pad =
+      device == Device::CUDA && act < 1.0 && r > 0
+          ? static_cast<double>(ops::grouped_ffn_row_pitch(m.latent, m.expert_lora.rank) - m.latent)
+          : 0.0;
   double held = ((m.num_shared > 0 ? fp32(T * S) * 3 : 0) + (latent ? fp32(T * l) : 0) +
                  fp32(N * l) * 2 + fp32(N * pad)) *
                     act +

@@ -221,7 +221,8 @@ FfnOperands ffn_operands(Context& c, const FfnSetup& s, const std::vector<Tensor
   if (kconcat_pass(s, in)) {
     o.w.gate_up = ops::grouped_ffn_pad_weight(in[2], r);
     o.w.down = ops::grouped_ffn_pad_weight(in[3], r);
-    const Tensor hp = out(c, {N, F + r}, at);  // NaN: the op writes ha before the GEMM reads it
+    // NaN: the op writes ha before the GEMM reads it.
+    const Tensor hp = out(c, {N, ops::grouped_ffn_row_pitch(F, r)}, at);
     o.saved.h = hp.cols(0, F);
     o.saved.ha = hp.cols(F, F + r);
   }
@@ -235,10 +236,10 @@ std::vector<Tensor> ffn_results(const FfnSetup& s, const FfnOperands& o) {
   return res;
 }
 
-// [rows, w + r] NaN-filled on the context's device with t in its first w columns, returned as
-// the view of those columns (the MoE layer's padded rows).
+// [rows, grouped_ffn_row_pitch(w, r)] NaN-filled on the context's device with t in its first w
+// columns, returned as the view of those columns (the MoE layer's padded rows).
 Tensor padded_copy(Context& c, const Tensor& t, int64_t r) {
-  const Tensor buf = out(c, {t.dim(0), t.dim(1) + r}, t.dtype());
+  const Tensor buf = out(c, {t.dim(0), ops::grouped_ffn_row_pitch(t.dim(1), r)}, t.dtype());
   Tensor head = buf.cols(0, t.dim(1));
   ops::copy(c, t, head);
   return head;
@@ -265,7 +266,7 @@ std::vector<Tensor> ffn_op(Context& c, const FfnSetup& s, const FfnCase& k,
   ops::grouped_ffn_forward(c, p, x, k.off, o.w, o.y, o.saved);
   if (p.padded_rows && s.s13) {  // the rows' padding holds X A^T, as saved for dB (session 13;
                                  // now backward reads it there and saved.xa stays unwritten)
-    const Tensor padded(x.raw(), {s.rows, l + r}, x.dtype(), x.device());
+    const Tensor padded(x.raw(), {s.rows, x.stride(0)}, x.dtype(), x.device());
     EXPECT_TRUE(host_bytes(padded.cols(l, l + r).clone()) == host_bytes(o.saved.xa))
         << "x's padding after forward";
   }

@@ -728,9 +728,12 @@ __global__ void scale_groups_kernel(const __grid_constant__ Tiles tiles, int64_t
 // both MMAs: warp w owns rows w kRows / 4 .. of each part's dr (accumulated in registers over the
 // k-stages) and columns 16 w .. 16 w + 15 of the k-stage's dB, summed over the block's parts before
 // it meets the other blocks' through f32 atomics (two adjacent elements per float2 atomic).
-// Session 13's kernel (one 128-row part: kOgRows, kept for lora_s13_kernels) held 2 blocks per
-// SM and ran at 1.8 TB/s (shape A, ncu), as fast with dB's atomics four times fewer (session 14's
-// mid-session run); parts of 64 rows, two per block, fit 4. Ranks up to 32.
+// Session 13's kernel (one 128-row part: kOgRows) held 2 blocks per SM and ran at 1.8 TB/s (shape
+// A, ncu), as fast with dB's atomics four times fewer (session 14's mid-session run); session 14
+// ran parts of 64 rows, two per block (5 blocks per SM). Session 17 found the kernel issuing ~400
+// instructions per warp and stage (the copies' addresses formed per copy), addressed each thread's
+// copies once, and runs 128-row parts again, the faster form since (skinny_lora_out_grads). The
+// parts stay a template argument. Ranks up to 32.
 constexpr int kOgRows = 128;
 constexpr int kFusedMaxRank = 32;  // out_grads_kernel<1, ...> and <2, ...>
 
@@ -770,8 +773,8 @@ __global__ void __launch_bounds__(kThreads)
   bf16* xs = ring + L::kRing * L::kSlot;
   const Tile t = last_first_tile(tiles);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int r16 = (p.r + 15) & ~15, chunks = r16 >> 3;  // r16 = 16 kP
-  const int parts = (t.rows + kRows - 1) / kRows;       // 1 .. kChunks
+  constexpr int chunks = 2 * kP;                   // 16-byte chunks of a padded rank row
+  const int parts = (t.rows + kRows - 1) / kRows;  // 1 .. kChunks
   const bf16* dout = p.dout + static_cast<int64_t>(t.r0) * p.ldo;
   const bf16* b = p.b + static_cast<int64_t>(t.group) * p.K * p.r;
   float* db_g = p.db == nullptr ? nullptr : p.db + static_cast<int64_t>(t.group) * p.K * p.r;
@@ -780,19 +783,48 @@ __global__ void __launch_bounds__(kThreads)
     const bool ok = row < t.rows && j < p.r;
     cp16_or_zero(&xs[row * L::kLdB + j], ok ? p.xa + (t.r0 + row) * p.ldx + j : p.xa, ok);
   }
-  // Stage s: k-stage s / parts, part s % parts.
+  // Stage s: k-stage s / parts, part s % parts (parts of 1 or 2: no division).
+  const auto kstage_of = [&](int s) { return kChunks == 1 ? s : parts == 2 ? s >> 1 : s / parts; };
+  const auto part_of = [&](int s) { return kChunks == 1 ? 0 : parts == 2 ? s & 1 : s % parts; };
+  // The thread's share of a stage, fixed but for k0: dOut's rows tid / 8 + 16 it of each part at
+  // column 8 (tid % 8), and B's (k, 8-column chunk) pairs tid + kThreads it, addressed once here
+  // (session 17 ncu: with the addresses formed per copy the kernel issued ~400 instructions per
+  // warp and stage, ALU the busiest pipe, 2.0 TB/s).
+  constexpr int kDoutIters = kRows * (kKStage / 8) / kThreads,
+                kBIters = kKStage * chunks / kThreads;
+  static_assert(
+      kDoutIters * kThreads == kRows * (kKStage / 8) && kBIters * kThreads == kKStage * chunks,
+      "a stage's 16-byte copies spread evenly over the threads");
+  const int dcol = (tid & 7) << 3, drow = tid >> 3;
+  const bf16* dsrc[kChunks][kDoutIters];
+  uint32_t drow_ok = 0;  // bit (q, it): that row exists
+#pragma unroll
+  for (int q = 0; q < kChunks; ++q)
+#pragma unroll
+    for (int it = 0; it < kDoutIters; ++it) {
+      const int row = q * kRows + drow + it * (kThreads / 8);
+      dsrc[q][it] = dout + static_cast<int64_t>(row) * p.ldo + dcol;
+      if (row < t.rows) drow_ok |= 1u << (q * kDoutIters + it);
+    }
   const auto load = [&](int s) {
     bf16* ds = ring + (s % L::kRing) * L::kSlot;
     bf16* bs = ds + L::kD;
-    const int part = s % parts, row0 = part * kRows;
-    const int64_t k0 = static_cast<int64_t>(s / parts) * kKStage;
-    for (int i = tid; i < kRows * (kKStage / 8); i += kThreads) {
-      const int row = i >> 3, col = (i & 7) << 3;
-      const bool ok = row0 + row < t.rows && k0 + col < p.K;
-      cp16_or_zero(&ds[row * kLd + col], ok ? dout + (row0 + row) * p.ldo + k0 + col : p.dout, ok);
+    const int part = part_of(s);
+    const int64_t k0 = static_cast<int64_t>(kstage_of(s)) * kKStage;
+    const bool col_ok = k0 + dcol < p.K;
+#pragma unroll
+    for (int q = 0; q < kChunks; ++q) {
+      if (q != part) continue;  // compile-time indices into dsrc
+#pragma unroll
+      for (int it = 0; it < kDoutIters; ++it) {
+        const bool ok = col_ok && (drow_ok >> (q * kDoutIters + it) & 1u);
+        cp16_or_zero(&ds[(drow + it * (kThreads / 8)) * kLd + dcol], ok ? dsrc[q][it] + k0 : p.dout,
+                     ok);
+      }
     }
-    for (int i = tid; i < kKStage * chunks; i += kThreads) {
-      const int kk = i / chunks, j = (i % chunks) << 3;
+#pragma unroll
+    for (int it = 0; it < kBIters; ++it) {
+      const int i = tid + it * kThreads, kk = i / chunks, j = (i % chunks) << 3;
       const bool ok = j < p.r && k0 + kk < p.K;
       cp16_or_zero(&bs[kk * L::kLdB + j], ok ? b + (k0 + kk) * p.r + j : p.b, ok);
     }
@@ -803,7 +835,7 @@ __global__ void __launch_bounds__(kThreads)
   const auto compute = [&](int s, int slot) {
     const bf16* ds = ring + slot * L::kSlot;
     const bf16* bs = ds + L::kD;
-    const int part = s % parts;
+    const int part = part_of(s);
     // dr: the warp's rows of this part x the stage's k. The part picks the accumulators through a
     // compile-time index (a dynamic one would put them in local memory).
 #pragma unroll
@@ -840,7 +872,7 @@ __global__ void __launch_bounds__(kThreads)
         mma_pair(db[2 * n], db[2 * n + 1], a_t, xp, false, L::kLdB, 16 * n, kr, lane);
     }
     if (part != parts - 1) return;  // the k-stage's dB sums the block's other parts first
-    const int64_t k0 = static_cast<int64_t>(s / parts) * kKStage;
+    const int64_t k0 = static_cast<int64_t>(kstage_of(s)) * kKStage;
 #pragma unroll
     for (int n = 0; n < 2 * kP; ++n) {
       const int j = 8 * n + 2 * c;
@@ -1805,13 +1837,11 @@ bool skinny_lora_out_grads(Context& ctx, const Tensor& dout, const Tensor& offse
   if (with_db && (db.dtype() != DType::F32 || !db.is_contiguous() ||
                   reinterpret_cast<uintptr_t>(db.raw()) % 8 != 0))
     return false;
-  // Blocks of two 64-row parts: 4 blocks (16 warps) per SM at ranks up to 16, where session 13's
-  // 128-row stages (s13) left room for 2, and its kernel ran dY at 1.8 TB/s at shape A whether dB's
-  // atomics came every 128 rows or every 512 (session 14, mid-session ncu): not the atomics, so
-  // the warps in flight.
-  constexpr int kParts = 2, kRows = 64;
+  // Blocks of one 128-row part through a 4-deep ring (session 13's form, s13 included): with each
+  // thread's copy addresses formed once, 200 us at shape A against 245 for session 14's two 64-row
+  // parts in a 3-deep ring (session 17, ncu at the running clocks; before, 238 against 257).
   regs = regs && !s13;
-  const int64_t block_rows = regs ? kRbRows : s13 ? kOgRows : kParts * kRows;
+  const int64_t block_rows = regs ? kRbRows : kOgRows;
   thread_local Tiles tiles;
   if (!make_tiles(offsets.i32(), groups, static_cast<int>(block_rows), tiles)) return false;
   if (tiles.tile0[tiles.count] == 0) return true;  // no rows: dr is empty, dB gains nothing
@@ -1862,17 +1892,10 @@ bool skinny_lora_out_grads(Context& ctx, const Tensor& dout, const Tensor& offse
   const auto run = [&](auto kernel, int bytes) {
     launch_ring(kernel, grid, bytes, st, tiles, args);
   };
-  if (rank_pairs(r) == 1) {
-    if (s13)
-      run(out_grads_kernel<1, 1, kOgRows>, OgLayout<1, 1, kOgRows>::kBytes);
-    else
-      run(out_grads_kernel<1, kParts, kRows>, OgLayout<1, kParts, kRows>::kBytes);
-  } else {  // r <= kFusedMaxRank: two pairs
-    if (s13)
-      run(out_grads_kernel<2, 1, kOgRows>, OgLayout<2, 1, kOgRows>::kBytes);
-    else
-      run(out_grads_kernel<2, kParts, kRows>, OgLayout<2, kParts, kRows>::kBytes);
-  }
+  if (rank_pairs(r) == 1)
+    run(out_grads_kernel<1, 1, kOgRows>, OgLayout<1, 1, kOgRows>::kBytes);
+  else  // r <= kFusedMaxRank: two pairs
+    run(out_grads_kernel<2, 1, kOgRows>, OgLayout<2, 1, kOgRows>::kBytes);
   return true;
 }
 

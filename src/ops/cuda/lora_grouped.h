@@ -35,9 +35,9 @@ bool skinny_grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Ten
 // xa [rows, r], both bf16), in one pass over it: dr = s dOut_g B_g (written) and, when db is
 // defined, dB_g += s dOut_g^T xa_g (f32). Returns false having done nothing when it does not take
 // the call (a deterministic context: dB meets through atomics; r > 32; what the skinny kernels
-// refuse); the caller then runs the two grouped_matmul calls. `s13`: session 13's blocks of 128
-// rows (GroupedFfnParams::lora_s13_kernels) instead of two 64-row parts; `regs` (without s13): dr's
-// fragments formed in registers, dB from a shared tile (LoraKernels::Registers).
+// refuse); the caller then runs the two grouped_matmul calls. Blocks of 128 rows; `s13`
+// (GroupedFfnParams::lora_s13_kernels) keeps `regs` off; `regs` (without s13): dr's fragments
+// formed in registers, dB from a shared tile (LoraKernels::Registers).
 bool skinny_lora_out_grads(Context& ctx, const Tensor& dout, const Tensor& offsets, const Tensor& b,
                            const Tensor& xa, float s, Tensor& dr, Tensor& db, bool s13 = false,
                            bool regs = false);
