@@ -31,3 +31,24 @@ fla_cache_save() {
   (cd "$FLA_CACHE" && find . -name '*.autotune.json' -print0 | tar --null -czf "$OUT/fla_autotune.tgz" -T -)
   echo "fla autotune cache: $(find "$FLA_CACHE" -name '*.autotune.json' | wc -l) kernels saved"
 }
+# `bench moe`'s runs ($L/bench_moe.json) against torch._grouped_mm's ($L/moe_torch.jsonl, from
+# bench/moe_torch.py in the next command): per case the times and ratios, the LoRA overhead
+# (eager, and the median of alternating rounds where the binary reports it), host-issue times
+# and graph replays where present.
+moe_vs_torch() { python3 - "$L" <<'PY' 2>&1 | tail -16
+import json, sys
+L = sys.argv[1]
+t = {(x['case'], x['routing']): x for x in map(json.loads, [l for l in open(L + '/moe_torch.jsonl') if l.startswith('{')])}
+for r in json.load(open(L + '/bench_moe.json'))['runs']:
+    a = t[(r['case'], r['routing'])]
+    keep_h = r.get('fwdbwd_full_written_keep_h_ms', float('nan'))
+    print(r['case'], r['routing'], 'fwd %.3f (%.3fx) frozen %.3f (%.3fx) written %.3f (%.3fx) keep_h %.3f (%.3fx) lora %.3f (+%.1f%%, median of rounds +%.1f%%)' % (
+        r['fwd_ms'], a['fwd_ms'] / r['fwd_ms'], r['fwdbwd_frozen_ms'], a['fwdbwd_frozen_ms'] / r['fwdbwd_frozen_ms'],
+        r['fwdbwd_full_written_ms'], a['fwdbwd_full_ms'] / r['fwdbwd_full_written_ms'], keep_h, a['fwdbwd_full_ms'] / keep_h,
+        r['lora_fwdbwd_ms'], 100 * r['lora_overhead_fwdbwd'], 100 * r.get('lora_overhead_fwdbwd_median', float('nan'))))
+    print('   torch %s; host ms frozen %s lora %s; graph frozen %s lora %s; rounds frozen %s lora %s' % (
+        (round(a['fwd_ms'], 3), round(a['fwdbwd_frozen_ms'], 3), round(a['fwdbwd_full_ms'], 3)),
+        r.get('fwdbwd_frozen_host_ms'), r.get('lora_fwdbwd_host_ms'), r.get('graph_fwdbwd_frozen_ms'), r.get('graph_lora_fwdbwd_ms'),
+        [round(v, 2) for v in r.get('fwdbwd_frozen_rounds_ms', [])], [round(v, 2) for v in r.get('lora_fwdbwd_rounds_ms', [])]))
+PY
+}

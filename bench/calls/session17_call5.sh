@@ -13,19 +13,7 @@ el test; timeout 110 $D/bin/gpu_suite --gtest_filter='CudaGroupedFfn.*:CudaLoraG
 grep -E "^\[  (PASSED|FAILED)|tests ran|Failure|seed=|Expected" "$L/suite.txt" | head -12; pack
 el moe; timeout 90 $D/bin/moetrain bench moe --iters 10 --lora-variants none --json "$L/bench_moe.json" > "$L/moe.txt" 2>&1; echo "rc=$?"
 timeout 60 python3 bench/moe_torch.py > "$L/moe_torch.jsonl" 2> "$L/moe_torch.err"; echo "torch rc=$?"
-python3 - "$L" <<'PY' 2>&1 | tail -12
-import json, sys
-L = sys.argv[1]
-t = {(x['case'], x['routing']): x for x in map(json.loads, [l for l in open(L + '/moe_torch.jsonl') if l.startswith('{')])}
-for r in json.load(open(L + '/bench_moe.json'))['runs']:
-    a = t[(r['case'], r['routing'])]
-    print(r['case'], r['routing'], 'fwd %.3f (%.3fx) frozen %.3f (%.3fx) written %.3f (%.3fx) keep_h %.3f (%.3fx) lora %.3f (+%.1f%%, median of rounds +%.1f%%)' % (
-        r['fwd_ms'], a['fwd_ms'] / r['fwd_ms'], r['fwdbwd_frozen_ms'], a['fwdbwd_frozen_ms'] / r['fwdbwd_frozen_ms'],
-        r['fwdbwd_full_written_ms'], a['fwdbwd_full_ms'] / r['fwdbwd_full_written_ms'],
-        r.get('fwdbwd_full_written_keep_h_ms', 0), a['fwdbwd_full_ms'] / r.get('fwdbwd_full_written_keep_h_ms', 1e9),
-        r['lora_fwdbwd_ms'], 100 * r['lora_overhead_fwdbwd'], 100 * r['lora_overhead_fwdbwd_median']))
-    print('   rounds frozen %s lora %s; torch %s' % ([round(v, 2) for v in r['fwdbwd_frozen_rounds_ms']], [round(v, 2) for v in r['lora_fwdbwd_rounds_ms']], (round(a['fwd_ms'], 3), round(a['fwdbwd_frozen_ms'], 3), round(a['fwdbwd_full_ms'], 3))))
-PY
+moe_vs_torch
 pack
 el ncu; timeout 60 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv $D/bin/moetrain bench moe --cases A:uniform --iters 1 --warmup 0 --lora-variants none > "$L/ncu_A.csv" 2> "$L/ncu_A.err"; echo "ncu rc=$?"; pack
 l=$(left); el "steps (${l}s left)"

@@ -234,11 +234,12 @@ void forward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
 
 // Backward per pass: dr = s dY B_down and dB_down read dY once, dr into dY's padding; the down
 // dX GEMM reads [dY | dr] against [W_down ; A_down] and writes the whole dh (N F); SwiGLU's
-// backward reads gate_up and dh and writes dgate_up (5 N F) into a [N, 2F + r] buffer whose
-// padding the gate/up projection's dr = s dgate_up B fills, in the same pass on the GPU as dB_gu
-// and dA_down = dr_down^T h (grouped_ffn_lora_swiglu_backward_grads: session 13 read dgate_up and h
-// once more for them, 3 N F); the gate/up dX GEMM reads [dgate_up | dr] against [W_gu ; A_gu] and
-// writes dX. dA_gu = dr^T X and, with a trained base, dW stay separate grouped products.
+// backward reads gate_up and dh and writes dgate_up (5 N F) into a [N, 2F + r] view (of a
+// grouped_ffn_row_pitch(2F, r) buffer) whose padding the gate/up projection's dr = s dgate_up B
+// fills, in the same pass on the GPU as dB_gu and dA_down = dr_down^T h
+// (grouped_ffn_lora_swiglu_backward_grads: session 13 read dgate_up and h once more for them,
+// 3 N F); the gate/up dX GEMM reads [dgate_up | dr] against [W_gu ; A_gu] and writes dX. dA_gu =
+// dr^T X and, with a trained base, dW stay separate grouped products.
 void backward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
                       const Tensor& offsets, const GroupedFfnWeights& w,
                       const GroupedFfnSaved& saved, const Tensor& dy, Tensor& dx,
@@ -285,7 +286,7 @@ void backward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
 }  // namespace
 
 bool grouped_ffn_kconcat(const GroupedFfnParams& p, Device device, DType at) {
-  // bf16 rows at the padded pitches (in + r, F + r, 2F + r) stay 16-byte multiples, as TMA and
+  // bf16 rows at the weights' padded pitches (in + r, F + r) stay 16-byte multiples, as TMA and
   // the skinny kernels' 16-byte loads want; the rank-r products run on the skinny kernels
   // (ops/cuda/lora_grouped.h: ranks that are multiples of 8 up to 64).
   const int64_t r = p.lora_rank;

@@ -52,10 +52,10 @@ ops::GroupedFfnParams ExpertParallel::local_params(const ops::GroupedFfnParams& 
 }
 
 size_t ExpertParallel::saved_capacity(const ops::GroupedFfnParams& p, int chunks,
-                                      int64_t max_recv_rows, DType at) const {
+                                      int64_t max_recv_rows, DType at, Device device) const {
   // A chunk takes at most ceil(rows / chunks) of every source's rows (DispatchLayout::reserve).
   const int64_t rows = std::min(max_recv_rows, max_recv_rows / chunks + P_);
-  ArenaPlan plan(at);
+  ArenaPlan plan(at, device);
   for (int c = 0; c < chunks; ++c) {
     plan.add({rows, p.in});
     ops::grouped_ffn_plan(local_params(p, rows), plan);
@@ -164,15 +164,15 @@ void ExpertParallel::forward(Context& ctx, const ops::GroupedFfnParams& p, const
   // 3. What backward reads, per chunk, from the state's arena: sized for the worst case of this
   // chunk count once, and kept, so that the steps after the first allocate nothing.
   const std::vector<DispatchChunk>& chunks = s.layout.chunks();
-  ArenaPlan plan(at);
+  ArenaPlan plan(at, dev);  // the saved layout depends on the device (grouped_ffn_alloc_saved)
   for (const DispatchChunk& k : chunks) {
     plan.add({k.rows, l});
     ops::grouped_ffn_plan(local_params(p, k.rows), plan);
   }
   if (plan.bytes() > s.mem.capacity() || s.mem_device != dev) {
-    s.mem =
-        Arena(std::max(plan.bytes(), saved_capacity(p, static_cast<int>(chunks.size()), worst, at)),
-              dev, "expert-parallel saved");
+    s.mem = Arena(
+        std::max(plan.bytes(), saved_capacity(p, static_cast<int>(chunks.size()), worst, at, dev)),
+        dev, "expert-parallel saved");
     s.mem_device = dev;
   }
   s.mem.reset();

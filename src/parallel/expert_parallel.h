@@ -91,9 +91,10 @@ class ExpertParallel : public ExpertCompute {
  private:
   ops::GroupedFfnParams local_params(const ops::GroupedFfnParams& p, int64_t rows) const;
   // Bytes of a state's arena for `chunks` chunks of at most `max_recv_rows` received rows of
-  // dtype `at`.
-  size_t saved_capacity(const ops::GroupedFfnParams& p, int chunks, int64_t max_recv_rows,
-                        DType at) const;
+  // dtype `at` on `device` (whose grouped-FFN saved layout it follows: ops/grouped_ffn.h pads h
+  // and ha together on the GPU's K-concatenation path).
+  size_t saved_capacity(const ops::GroupedFfnParams& p, int chunks, int64_t max_recv_rows, DType at,
+                        Device device) const;
   // Points every chunk's order and inverse at index tensors on `device` (see State::index).
   static void bind_index(State& s, Device device, int64_t max_recv_rows);
   // Sends `src` ([N, l] in expert order) to the owners as `layout` says and passes what arrives

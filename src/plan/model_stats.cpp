@@ -278,6 +278,14 @@ double fp32(double elems) {
   return static_cast<double>(arena_footprint(static_cast<size_t>(elems) * 4));
 }
 
+// The columns a row of the K-concatenation path's [h | ha] buffer holds beyond F + r
+// (ops::grouped_ffn_row_pitch rounds its pitch up to 64; none without an adapter).
+double kconcat_row_pad(double F, double r) {
+  if (r <= 0) return 0;
+  const auto f = static_cast<int64_t>(F), rr = static_cast<int64_t>(r);
+  return static_cast<double>(ops::grouped_ffn_row_pitch(f, rr) - f - rr);
+}
+
 // Peak scratch (bytes) a block takes from the workspace in forward or backward, following the
 // live buffers of each layer's code (kda_layer.cpp, mla_layer.cpp, dsa_layer.cpp, moe_layer.cpp,
 // dense_ffn.cpp), activation-dtype tensors scaled by `act` (its size over fp32's). Of the ops' own
@@ -565,16 +573,18 @@ MemoryBreakdown predict_memory(const ModelConfig& cfg, const ParamCounts& c,
     if (p.ep > 1 && cfg.moe.num_experts > 0) {
       // ExpertParallel: received rows, returned rows and the chunk's input and output while
       // exchanging, plus the sorted input and grouped-FFN saved tensors of every MoE layer kept
-      // for backward (outside the model's activation arena).
+      // for backward (outside the model's activation arena; [h | ha] at the K-concatenation
+      // path's pitch where it may run, bf16 on the GPU).
       const double rows = static_cast<double>(T * cfg.moe.top_k) * o.a2a_capacity;
       const double l = static_cast<double>(cfg.moe.latent);
       const double F = static_cast<double>(cfg.moe.expert_ffn);
       const double r = static_cast<double>(cfg.moe.expert_lora.rank);
+      const double pad = o.device == Device::CUDA && dt.act < 4.0 ? kconcat_row_pad(F, r) : 0.0;
       int64_t moe = 0;
       for (const LayerIR& layer : cfg.layers) moe += layer.ffn == FfnKind::Moe;
       m.a2a_buffers =
           (fp32(rows * l) * 4 +
-           static_cast<double>(moe) * fp32(rows * (l + 2 * F + 2 * r + (r > 0 ? F : 0)))) *
+           static_cast<double>(moe) * fp32(rows * (l + 2 * F + 2 * r + (r > 0 ? F : 0) + pad))) *
           dt.act / 4.0;
     }
     return m;

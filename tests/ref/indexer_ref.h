@@ -37,12 +37,11 @@ inline DVec indexer_scores(const DVec& q, const DVec& k, const DVec& w, const DV
   return out;
 }
 
-// Smallest |q[t,h,:] . k[s,:]| / (|q[t,h,:]| |k[s,:]|) over every head and valid slot of `idx`:
-// how far the scores on that table are from a kink of their ReLU. A finite-difference step
-// that crosses a kink measures the mean of the two one-sided slopes, not the gradient.
-inline double relu_margin(const DVec& q, const DVec& k, const DVec& idx, int64_t T, int64_t H,
-                          int64_t D, int64_t kmax) {
-  double margin = std::numeric_limits<double>::infinity();
+// f(q . k, |q|^2, |k|^2) for q[t,h,:] and k[s,:] over every row t, valid slot s of `idx` [T, kmax]
+// and head h, in that order: the q . k the indexer's ReLUs read on that table.
+template <typename F>
+void for_each_qk(const DVec& q, const DVec& k, const DVec& idx, int64_t T, int64_t H, int64_t D,
+                 int64_t kmax, const F& f) {
   for (int64_t t = 0; t < T; ++t)
     for (int64_t j = 0; j < kmax; ++j) {
       const double pos = idx[t * kmax + j];
@@ -56,9 +55,20 @@ inline double relu_margin(const DVec& q, const DVec& k, const DVec& idx, int64_t
           qq += a * a;
           kk += b * b;
         }
-        margin = std::min(margin, std::abs(d) / std::max(std::sqrt(qq * kk), 1e-300));
+        f(d, qq, kk);
       }
     }
+}
+
+// Smallest |q[t,h,:] . k[s,:]| / (|q[t,h,:]| |k[s,:]|) over every head and valid slot of `idx`:
+// how far the scores on that table are from a kink of their ReLU. A finite-difference step
+// that crosses a kink measures the mean of the two one-sided slopes, not the gradient.
+inline double relu_margin(const DVec& q, const DVec& k, const DVec& idx, int64_t T, int64_t H,
+                          int64_t D, int64_t kmax) {
+  double margin = std::numeric_limits<double>::infinity();
+  for_each_qk(q, k, idx, T, H, D, kmax, [&](double d, double qq, double kk) {
+    margin = std::min(margin, std::abs(d) / std::max(std::sqrt(qq * kk), 1e-300));
+  });
   return margin;
 }
 
@@ -67,17 +77,8 @@ inline double relu_margin(const DVec& q, const DVec& k, const DVec& idx, int64_t
 inline DVec relu_pattern(const DVec& q, const DVec& k, const DVec& idx, int64_t T, int64_t H,
                          int64_t D, int64_t kmax) {
   DVec out;
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t j = 0; j < kmax; ++j) {
-      const double pos = idx[t * kmax + j];
-      if (!ref_valid(pos, T)) continue;
-      const int64_t s = static_cast<int64_t>(pos);
-      for (int64_t h = 0; h < H; ++h) {
-        double d = 0;
-        for (int64_t e = 0; e < D; ++e) d += q[(t * H + h) * D + e] * k[s * D + e];
-        out.push_back(d > 0 ? 1.0 : 0.0);
-      }
-    }
+  for_each_qk(q, k, idx, T, H, D, kmax,
+              [&](double d, double, double) { out.push_back(d > 0 ? 1.0 : 0.0); });
   return out;
 }
 
