@@ -5,6 +5,8 @@ OUT=${OUT:-/tmp/gpu_out}; L=${L:-/tmp/logs}; mkdir -p "$OUT" "$L"
 D=/tmp/moetrain-gpu
 t0=$(date +%s)
 el() { echo "[t=$(( $(date +%s) - t0 ))s] $*"; }
+# Seconds left of the call's $budget (a script sets it; 600, the per-call limit, by default).
+left() { echo $(( ${budget:-600} - ($(date +%s) - t0) )); }
 pack() { tar -C "$L" -czf "$OUT/logs.tgz" .; }
 unpack() {
   # Python's lzma where the image lacks xz.

@@ -8,7 +8,6 @@ cd "$(dirname "$0")/../.."
 . bench/calls/lib.sh
 unpack
 budget=330
-left() { echo $(( budget - ($(date +%s) - t0) )); }
 el test; timeout 110 $D/bin/gpu_suite --gtest_filter='CudaGroupedFfn.*:CudaLoraGrouped.*:*CudaMoe*:CudaGroupedMatmul*:*CudaModel*:CudaGraph*' > "$L/suite.txt" 2>&1; echo "rc=$?"
 grep -E "^\[  (PASSED|FAILED)|tests ran|Failure|seed=|Expected" "$L/suite.txt" | head -12; pack
 el moe; timeout 90 $D/bin/moetrain bench moe --iters 10 --lora-variants none --json "$L/bench_moe.json" > "$L/moe.txt" 2>&1; echo "rc=$?"

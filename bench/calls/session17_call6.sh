@@ -7,7 +7,6 @@ cd "$(dirname "$0")/../.."
 . bench/calls/lib.sh
 unpack
 budget=300
-left() { echo $(( budget - ($(date +%s) - t0) )); }
 el racecheck; timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 --kernel-name kns=out_grads_kernel $D/bin/gpu_suite --gtest_filter='CudaGroupedFfn.KConcatLoraInTheBaseGemms' > "$L/racecheck.txt" 2>&1; echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|PASSED|FAILED" "$L/racecheck.txt" | head -3; pack
 el memcheck; timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 $D/bin/gpu_suite --gtest_filter='CudaGroupedFfn.KConcatLoraInTheBaseGemms:CudaMoe*' > "$L/memcheck.txt" 2>&1; echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$L/memcheck.txt" | head -3; pack
 el golden; timeout 40 $D/bin/test_golden --gtest_filter='GoldenCuda.*' > "$L/golden.txt" 2>&1; echo "golden rc=$?"; tail -3 "$L/golden.txt"; pack

@@ -834,9 +834,9 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
     kw.gate_up = ops::grouped_ffn_pad_weight(w.gate_up, r);
     kw.down = ops::grouped_ffn_pad_weight(w.down, r);
     kp.padded_rows = true;
-    kx = Tensor::empty({rows, ops::grouped_ffn_row_pitch(d, r)}, bf, D).cols(0, d);
+    kx = Tensor::empty({rows, ops::grouped_ffn_rows_pitch(kp)}, bf, D).cols(0, d);
     kx.copy_from(x);
-    kdy = Tensor::empty({rows, ops::grouped_ffn_row_pitch(d, r)}, bf, D).cols(0, d);
+    kdy = Tensor::empty({rows, ops::grouped_ffn_rows_pitch(kp)}, bf, D).cols(0, d);
     kdy.copy_from(dy);
   }
   // Gradients are fp32 (as the parameter store keeps them); frozen members stay undefined.
@@ -859,14 +859,12 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
   const double flops =
       2.0 * static_cast<double>(rows) * static_cast<double>(d) * 3.0 * static_cast<double>(F);
   const double f = time(fwd);
+  const auto frozen_fb = [&] {
+    fwd();
+    bwd(frozen);
+  };
   double fb_frozen_host = 0, fb_written_host = 0;
-  const double fb_frozen = mean_ms(
-      ctx, o.warmup, o.iters,
-      [&] {
-        fwd();
-        bwd(frozen);
-      },
-      &fb_frozen_host);
+  const double fb_frozen = mean_ms(ctx, o.warmup, o.iters, frozen_fb, &fb_frozen_host);
   const double fb_full = time([&] {
     fwd();
     bwd(full);
@@ -936,10 +934,7 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
   // clocks ncu saw), and the two runs of a round share the conditions.
   std::vector<double> ratios, frozen_rounds, lora_rounds;
   for (int round = 0; round < kMoeRounds; ++round) {
-    frozen_rounds.push_back(time([&] {
-      fwd();
-      bwd(frozen);
-    }));
+    frozen_rounds.push_back(time(frozen_fb));
     lora_rounds.push_back(time(lora_fb));
     ratios.push_back(lora_rounds.back() / frozen_rounds.back());
   }
@@ -1002,20 +997,8 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
   }
   // The same forward+backward replayed from a CUDA graph: the offsets are fixed here, so the
   // problem sizes the grouped GEMMs take from their host copy hold at every replay.
-  time_graph(
-      ctx, o,
-      [&] {
-        fwd();
-        bwd(frozen);
-      },
-      "graph_fwdbwd_frozen_ms", "fwdbwd_frozen_launches", run);
-  time_graph(
-      ctx, o,
-      [&] {
-        lfwd();
-        lbwd();
-      },
-      "graph_lora_fwdbwd_ms", "lora_fwdbwd_launches", run);
+  time_graph(ctx, o, frozen_fb, "graph_fwdbwd_frozen_ms", "fwdbwd_frozen_launches", run);
+  time_graph(ctx, o, lora_fb, "graph_lora_fwdbwd_ms", "lora_fwdbwd_launches", run);
   if (run.contains("graph_fwdbwd_frozen_ms"))
     run["graph_saving_fwdbwd_frozen"] = 1 - run["graph_fwdbwd_frozen_ms"].get<double>() / fb_frozen;
   if (run.contains("graph_lora_fwdbwd_ms"))

@@ -246,7 +246,7 @@ void MoeLayer::plan_activations(const SeqInfo& seq, ArenaPlan& plan) const {
   }
   // Gathered rows, with the K-concatenation path's spare columns where it runs.
   const ops::GroupedFfnParams fp = ffn_params(T, plan.device(), plan.activations());
-  plan.add({N, fp.padded_rows ? ops::grouped_ffn_row_pitch(l, fp.lora_rank) : l});
+  plan.add({N, ops::grouped_ffn_rows_pitch(fp)});
   ops::grouped_ffn_plan(fp, plan);
   plan.add({N, l});  // expert outputs
   if (has_latent()) {
@@ -372,8 +372,7 @@ void MoeLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
   }
   // K-concatenation: the experts write X A^T into the rows' last r columns (ops/grouped_ffn.h).
   const ops::GroupedFfnParams fp = ffn_params(T, ctx.device(), at);
-  const int64_t pitch = fp.padded_rows ? ops::grouped_ffn_row_pitch(l, fp.lora_rank) : l;
-  s.rows = acts.alloc({N, pitch}, at).cols(0, l);
+  s.rows = acts.alloc({N, ops::grouped_ffn_rows_pitch(fp)}, at).cols(0, l);
   ops::moe_gather(ctx, s.x_lat, s.perm, K, s.rows);
   s.ffn = ops::grouped_ffn_alloc_saved(fp, acts, at);
   s.rows_out = acts.alloc({N, l}, at);
@@ -443,8 +442,7 @@ void MoeLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
   // The experts' weight gradients are this backward's alone: the first since zero_grad writes
   // them (its dW GEMMs skip reading the f32 buffers), later ones (accumulation) add.
   fp.weight_grads_zero = take_experts_grad_zero();
-  const int64_t pitch = fp.padded_rows ? ops::grouped_ffn_row_pitch(l, fp.lora_rank) : l;
-  Tensor drows_out = ws.alloc({N, pitch}, at).cols(0, l);
+  Tensor drows_out = ws.alloc({N, ops::grouped_ffn_rows_pitch(fp)}, at).cols(0, l);
   Tensor dweights = ws.alloc({T, K}, DType::F32);
   ops::moe_combine_backward(ctx, s.rows_out, s.weights, s.inv, dy_lat, drows_out, dweights);
   Tensor drows = ws.alloc({N, l}, at);

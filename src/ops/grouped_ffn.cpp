@@ -157,7 +157,7 @@ bool kconcat_call(const GroupedFfnParams& p, const Tensor& x, const GroupedFfnWe
          grouped_ffn_padded(w.down, r) && saved.h.defined() &&
          saved.h.stride(0) == grouped_ffn_row_pitch(F, r) && saved.ha.defined() &&
          saved.ha.raw() == static_cast<char*>(saved.h.raw()) + F * dtype_size(saved.h.dtype()) &&
-         (!p.padded_rows || x.stride(0) == grouped_ffn_row_pitch(p.in, r));
+         (!p.padded_rows || x.stride(0) == grouped_ffn_rows_pitch(p));
 }
 
 // Whether X A^T stays in x's padding from forward to backward, which then reads it there instead of
@@ -249,7 +249,7 @@ void backward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
   const Forms form(p);
   ArenaScope scope(ctx.workspace());
   Tensor dyp;
-  if (p.padded_rows && dy.stride(0) == grouped_ffn_row_pitch(l, r)) {
+  if (p.padded_rows && dy.stride(0) == grouped_ffn_rows_pitch(p)) {
     dyp = padded_rows(dy, r);
   } else {  // one copy of dY: its rows have no padding to lend
     dyp = padded_scratch(ctx, N, l, r, at);

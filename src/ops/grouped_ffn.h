@@ -127,6 +127,11 @@ bool grouped_ffn_kconcat(const GroupedFfnParams& p, Device device, DType at);
 inline int64_t grouped_ffn_row_pitch(int64_t w, int64_t r) {
   return (w + r + 63) / 64 * 64;
 }
+// The row pitch of the op's x (forward) and dy (backward) buffers: grouped_ffn_row_pitch(in, r)
+// where p.padded_rows lends their padding, else in.
+inline int64_t grouped_ffn_rows_pitch(const GroupedFfnParams& p) {
+  return p.padded_rows ? grouped_ffn_row_pitch(p.in, p.lora_rank) : p.in;
+}
 // Whether w [E, out, in] is the W block of a padded [E, out + r, in + r] buffer.
 bool grouped_ffn_padded(const Tensor& w, int64_t r);
 // W [E, out, in] moved into a new zeroed [E, out + r, in + r] buffer on its device, returned as the

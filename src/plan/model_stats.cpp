@@ -278,12 +278,12 @@ double fp32(double elems) {
   return static_cast<double>(arena_footprint(static_cast<size_t>(elems) * 4));
 }
 
-// The columns a row of the K-concatenation path's [h | ha] buffer holds beyond F + r
-// (ops::grouped_ffn_row_pitch rounds its pitch up to 64; none without an adapter).
-double kconcat_row_pad(double F, double r) {
+// The columns a K-concatenation buffer's row of w columns and an r-column adapter block holds
+// beyond w + r (ops::grouped_ffn_row_pitch rounds its pitch up to 64; none without an adapter).
+double kconcat_row_pad(double w, double r) {
   if (r <= 0) return 0;
-  const auto f = static_cast<int64_t>(F), rr = static_cast<int64_t>(r);
-  return static_cast<double>(ops::grouped_ffn_row_pitch(f, rr) - f - rr);
+  const auto wi = static_cast<int64_t>(w), ri = static_cast<int64_t>(r);
+  return static_cast<double>(ops::grouped_ffn_row_pitch(wi, ri) - wi - ri);
 }
 
 // Peak scratch (bytes) a block takes from the workspace in forward or backward, following the
@@ -406,10 +406,7 @@ double ffn_scratch(const ModelConfig& cfg, FfnKind k, int64_t T, Device device, 
   const bool latent = m.latent != m.hidden;
   // drows_out carries the K-concatenation path's spare columns (ops/grouped_ffn.h,
   // grouped_ffn_row_pitch) where the path may run: bf16 on the GPU (an upper bound elsewhere).
-  const double pad =
-      device == Device::CUDA && act < 1.0 && r > 0
-          ? static_cast<double>(ops::grouped_ffn_row_pitch(m.latent, m.expert_lora.rank) - m.latent)
-          : 0.0;
+  const double pad = device == Device::CUDA && act < 1.0 ? r + kconcat_row_pad(l, r) : 0.0;
   double held = ((m.num_shared > 0 ? fp32(T * S) * 3 : 0) + (latent ? fp32(T * l) : 0) +
                  fp32(N * l) * 2 + fp32(N * pad)) *
                     act +

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <utility>
 
 #include "model/config.h"
 #include "ref/attention_ref.h"
@@ -20,8 +21,9 @@ struct DsaRefOut {
   DVec cand;      // [T, kin] causal candidates, -1 padded
   DVec scores;    // [T, kin] indexer scores of the candidates (sparse mode only)
   int64_t kin = 0;
-  double relu_margin = 0;  // ref::relu_margin of the scores the KL reads (on `selected`)
-  DVec relu_active;        // ref::relu_pattern of the same q . k
+  // ref::relu_kinks of the scores the KL reads (on `selected`): margin and signs.
+  double relu_margin = 0;
+  DVec relu_active;
 };
 
 // Smallest gap, over rows with more candidates than top-k, between the k-th and (k+1)-th
@@ -89,8 +91,9 @@ inline DsaRefOut dsa_layer(const DsaConfig& c, const ParamMap& p, const DVec& x,
   for (int64_t t = 0; t < T; ++t)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t j = 0; j < slots; ++j) target[t * slots + j] += a.p[(t * H + h) * slots + j];
-  out.relu_margin = relu_margin(qi, ki, out.selected, T, HI, DI, slots);
-  out.relu_active = relu_pattern(qi, ki, out.selected, T, HI, DI, slots);
+  ReluKinks kinks = relu_kinks(qi, ki, out.selected, T, HI, DI, slots);
+  out.relu_margin = kinks.margin;
+  out.relu_active = std::move(kinks.active);
   out.kl = indexer_kl(indexer_scores(qi, ki, w, out.selected, T, HI, DI, slots, iscale), target,
                       out.selected, T, slots);
   return out;

@@ -37,11 +37,19 @@ inline DVec indexer_scores(const DVec& q, const DVec& k, const DVec& w, const DV
   return out;
 }
 
-// f(q . k, |q|^2, |k|^2) for q[t,h,:] and k[s,:] over every row t, valid slot s of `idx` [T, kmax]
-// and head h, in that order: the q . k the indexer's ReLUs read on that table.
-template <typename F>
-void for_each_qk(const DVec& q, const DVec& k, const DVec& idx, int64_t T, int64_t H, int64_t D,
-                 int64_t kmax, const F& f) {
+// The q[t,h,:] . k[s,:] the indexer's ReLUs read on the table `idx` [T, kmax] (every row t, valid
+// slot s and head h, in that order): `margin`, the smallest |q . k| / (|q| |k|), how far the
+// scores are from a kink of their ReLU (a finite-difference step that crosses one measures the
+// mean of the two one-sided slopes, not the gradient); `active`, each one's sign (1 where
+// positive, else 0), so that a difference quotient's two points can be compared.
+struct ReluKinks {
+  double margin = std::numeric_limits<double>::infinity();
+  DVec active;
+};
+
+inline ReluKinks relu_kinks(const DVec& q, const DVec& k, const DVec& idx, int64_t T, int64_t H,
+                            int64_t D, int64_t kmax) {
+  ReluKinks out;
   for (int64_t t = 0; t < T; ++t)
     for (int64_t j = 0; j < kmax; ++j) {
       const double pos = idx[t * kmax + j];
@@ -55,30 +63,10 @@ void for_each_qk(const DVec& q, const DVec& k, const DVec& idx, int64_t T, int64
           qq += a * a;
           kk += b * b;
         }
-        f(d, qq, kk);
+        out.margin = std::min(out.margin, std::abs(d) / std::max(std::sqrt(qq * kk), 1e-300));
+        out.active.push_back(d > 0 ? 1.0 : 0.0);
       }
     }
-}
-
-// Smallest |q[t,h,:] . k[s,:]| / (|q[t,h,:]| |k[s,:]|) over every head and valid slot of `idx`:
-// how far the scores on that table are from a kink of their ReLU. A finite-difference step
-// that crosses a kink measures the mean of the two one-sided slopes, not the gradient.
-inline double relu_margin(const DVec& q, const DVec& k, const DVec& idx, int64_t T, int64_t H,
-                          int64_t D, int64_t kmax) {
-  double margin = std::numeric_limits<double>::infinity();
-  for_each_qk(q, k, idx, T, H, D, kmax, [&](double d, double qq, double kk) {
-    margin = std::min(margin, std::abs(d) / std::max(std::sqrt(qq * kk), 1e-300));
-  });
-  return margin;
-}
-
-// The sign of every q . k relu_margin measures (1 where positive, else 0), in its order: where a
-// finite difference's two points differ in one, it straddles that ReLU's kink.
-inline DVec relu_pattern(const DVec& q, const DVec& k, const DVec& idx, int64_t T, int64_t H,
-                         int64_t D, int64_t kmax) {
-  DVec out;
-  for_each_qk(q, k, idx, T, H, D, kmax,
-              [&](double d, double, double) { out.push_back(d > 0 ? 1.0 : 0.0); });
   return out;
 }
 

@@ -723,19 +723,17 @@ __global__ void scale_groups_kernel(const __grid_constant__ Tiles tiles, int64_t
 // The two products of expert LoRA's backward that read the projection's output gradient dOut
 // [rows, K], in one pass over it (the separate kernels read it twice, once per product):
 //   dr = s dOut_g B_g (B_g [K, r], written, bf16) and dB_g += s dOut_g^T xa_g (f32, atomics).
-// One block per up to kChunks parts of kRows rows of a group; the stages of the ring (OgLayout)
-// are [kRows rows][64 k] tiles of dOut, k-stage outer and part inner, so that each stage feeds
-// both MMAs: warp w owns rows w kRows / 4 .. of each part's dr (accumulated in registers over the
-// k-stages) and columns 16 w .. 16 w + 15 of the k-stage's dB, summed over the block's parts before
-// it meets the other blocks' through f32 atomics (two adjacent elements per float2 atomic).
-// Session 13's kernel (one 128-row part: kOgRows) held 2 blocks per SM and ran at 1.8 TB/s (shape
-// A, ncu), as fast with dB's atomics four times fewer (session 14's mid-session run); session 14
-// ran parts of 64 rows, two per block (5 blocks per SM). Session 17 found the kernel issuing ~400
-// instructions per warp and stage (the copies' addresses formed per copy), addressed each thread's
-// copies once, and runs 128-row parts again, the faster form since (skinny_lora_out_grads). The
-// parts stay a template argument. Ranks up to 32.
+// One block per tile of up to kOgRows rows of a group; the stages of the ring (OgLayout) are
+// [kOgRows rows][64 k] tiles of dOut, so that each stage feeds both MMAs: warp w owns rows
+// w kOgRows / 4 .. of dr (accumulated in registers over the k-stages) and columns 16 w .. 16 w + 15
+// of the k-stage's dB, which meets the other blocks' through f32 atomics (two adjacent elements
+// per float2 atomic). Session 13's kernel held 2 blocks per SM and ran at 1.8 TB/s (shape A, ncu),
+// as fast with dB's atomics four times fewer (session 14's mid-session run); session 14 ran two
+// 64-row parts per block (5 blocks per SM). Session 17 found the kernel issuing ~400 instructions
+// per warp and stage (the copies' addresses formed per copy), addressed each thread's copies once,
+// and runs one 128-row part again, the faster form since (skinny_lora_out_grads). Ranks up to 32.
 constexpr int kOgRows = 128;
-constexpr int kFusedMaxRank = 32;  // out_grads_kernel<1, ...> and <2, ...>
+constexpr int kFusedMaxRank = 32;  // out_grads_kernel<1> and <2>
 
 struct OutGradArgs {
   const bf16* dout;
@@ -750,21 +748,21 @@ struct OutGradArgs {
   float s;
 };
 
-template <int kP, int kChunks, int kRows>
+template <int kP>
 struct OgLayout {
   static constexpr int kLdB = rank_ld(16 * kP);
-  static constexpr int kD = kRows * kLd;              // dOut [kRows rows][64 k]
-  static constexpr int kSlot = kD + kKStage * kLdB;   // + B_g's stage [64 k][r16]
-  static constexpr int kXa = kChunks * kRows * kLdB;  // xa of the block's rows, once
-  // Session 13's 128-row stages kept its 4-deep ring; the 64-row ones run 3 (5 blocks per SM).
-  static constexpr int kRing = kRows == 128 ? kStages : kDownStages;
+  static constexpr int kD = kOgRows * kLd;           // dOut [kOgRows rows][64 k]
+  static constexpr int kSlot = kD + kKStage * kLdB;  // + B_g's stage [64 k][r16]
+  static constexpr int kXa = kOgRows * kLdB;         // xa of the block's rows, once
+  static constexpr int kRing = kStages;              // 4 deep
   static constexpr int kBytes = (kRing * kSlot + kXa) * static_cast<int>(sizeof(bf16));
 };
 
-template <int kP, int kChunks, int kRows>
+template <int kP>
 __global__ void __launch_bounds__(kThreads)
     out_grads_kernel(const __grid_constant__ Tiles tiles, const OutGradArgs p) {
-  using L = OgLayout<kP, kChunks, kRows>;
+  using L = OgLayout<kP>;
+  constexpr int kRows = kOgRows;
   constexpr int kMt = kRows / (16 * (kThreads / 32));  // 16-row m-tiles of dr per warp
   static_assert(kMt * 16 * (kThreads / 32) == kRows && kKStage == 16 * (kThreads / 32),
                 "a warp owns kRows / 4 rows of dr and 16 columns of a stage's dB");
@@ -774,7 +772,7 @@ __global__ void __launch_bounds__(kThreads)
   const Tile t = last_first_tile(tiles);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   constexpr int chunks = 2 * kP;                   // 16-byte chunks of a padded rank row
-  const int parts = (t.rows + kRows - 1) / kRows;  // 1 .. kChunks
+  const int parts = (t.rows + kRows - 1) / kRows;  // 1: the tiles hold at most kRows rows
   const bf16* dout = p.dout + static_cast<int64_t>(t.r0) * p.ldo;
   const bf16* b = p.b + static_cast<int64_t>(t.group) * p.K * p.r;
   float* db_g = p.db == nullptr ? nullptr : p.db + static_cast<int64_t>(t.group) * p.K * p.r;
@@ -783,11 +781,9 @@ __global__ void __launch_bounds__(kThreads)
     const bool ok = row < t.rows && j < p.r;
     cp16_or_zero(&xs[row * L::kLdB + j], ok ? p.xa + (t.r0 + row) * p.ldx + j : p.xa, ok);
   }
-  // Stage s: k-stage s / parts, part s % parts (parts of 1 or 2: no division).
-  const auto kstage_of = [&](int s) { return kChunks == 1 ? s : parts == 2 ? s >> 1 : s / parts; };
-  const auto part_of = [&](int s) { return kChunks == 1 ? 0 : parts == 2 ? s & 1 : s % parts; };
-  // The thread's share of a stage, fixed but for k0: dOut's rows tid / 8 + 16 it of each part at
-  // column 8 (tid % 8), and B's (k, 8-column chunk) pairs tid + kThreads it, addressed once here
+  // Stage s: k-stage s. The thread's share of a stage, fixed but for k0: dOut's rows
+  // tid / 8 + 16 it at column 8 (tid % 8), and B's (k, 8-column chunk) pairs tid + kThreads it,
+  // addressed once here
   // (session 17 ncu: with the addresses formed per copy the kernel issued ~400 instructions per
   // warp and stage, ALU the busiest pipe, 2.0 TB/s).
   constexpr int kDoutIters = kRows * (kKStage / 8) / kThreads,
@@ -796,31 +792,23 @@ __global__ void __launch_bounds__(kThreads)
       kDoutIters * kThreads == kRows * (kKStage / 8) && kBIters * kThreads == kKStage * chunks,
       "a stage's 16-byte copies spread evenly over the threads");
   const int dcol = (tid & 7) << 3, drow = tid >> 3;
-  const bf16* dsrc[kChunks][kDoutIters];
-  uint32_t drow_ok = 0;  // bit (q, it): that row exists
+  const bf16* dsrc[kDoutIters];
+  uint32_t drow_ok = 0;  // bit it: that row exists
 #pragma unroll
-  for (int q = 0; q < kChunks; ++q)
-#pragma unroll
-    for (int it = 0; it < kDoutIters; ++it) {
-      const int row = q * kRows + drow + it * (kThreads / 8);
-      dsrc[q][it] = dout + static_cast<int64_t>(row) * p.ldo + dcol;
-      if (row < t.rows) drow_ok |= 1u << (q * kDoutIters + it);
-    }
+  for (int it = 0; it < kDoutIters; ++it) {
+    const int row = drow + it * (kThreads / 8);
+    dsrc[it] = dout + static_cast<int64_t>(row) * p.ldo + dcol;
+    if (row < t.rows) drow_ok |= 1u << it;
+  }
   const auto load = [&](int s) {
     bf16* ds = ring + (s % L::kRing) * L::kSlot;
     bf16* bs = ds + L::kD;
-    const int part = part_of(s);
-    const int64_t k0 = static_cast<int64_t>(kstage_of(s)) * kKStage;
+    const int64_t k0 = static_cast<int64_t>(s) * kKStage;
     const bool col_ok = k0 + dcol < p.K;
 #pragma unroll
-    for (int q = 0; q < kChunks; ++q) {
-      if (q != part) continue;  // compile-time indices into dsrc
-#pragma unroll
-      for (int it = 0; it < kDoutIters; ++it) {
-        const bool ok = col_ok && (drow_ok >> (q * kDoutIters + it) & 1u);
-        cp16_or_zero(&ds[(drow + it * (kThreads / 8)) * kLd + dcol], ok ? dsrc[q][it] + k0 : p.dout,
-                     ok);
-      }
+    for (int it = 0; it < kDoutIters; ++it) {
+      const bool ok = col_ok && (drow_ok >> it & 1u);
+      cp16_or_zero(&ds[(drow + it * (kThreads / 8)) * kLd + dcol], ok ? dsrc[it] + k0 : p.dout, ok);
     }
 #pragma unroll
     for (int it = 0; it < kBIters; ++it) {
@@ -830,49 +818,42 @@ __global__ void __launch_bounds__(kThreads)
     }
   };
   const int g = lane >> 2, c = lane & 3;
-  float dr[kChunks][kMt][2 * kP][4] = {};
+  float dr[kMt][2 * kP][4] = {};
   float db[2 * kP][4] = {};
   const auto compute = [&](int s, int slot) {
     const bf16* ds = ring + slot * L::kSlot;
     const bf16* bs = ds + L::kD;
-    const int part = part_of(s);
-    // dr: the warp's rows of this part x the stage's k. The part picks the accumulators through a
-    // compile-time index (a dynamic one would put them in local memory).
+    // dr: the warp's rows x the stage's k.
 #pragma unroll
-    for (int q = 0; q < kChunks; ++q) {
-      if (q != part) continue;
+    for (int kk = 0; kk < kKStage; kk += 16) {
+      uint32_t b0[kP][2], b1[kP][2];
 #pragma unroll
-      for (int kk = 0; kk < kKStage; kk += 16) {
-        uint32_t b0[kP][2], b1[kP][2];
+      for (int n = 0; n < kP; ++n) {
+        mma::load_b_kn(b0[n], bs, L::kLdB, kk, 16 * n, lane);
+        mma::load_b_kn(b1[n], bs, L::kLdB, kk, 16 * n + 8, lane);
+      }
+#pragma unroll
+      for (int mt = 0; mt < kMt; ++mt) {
+        uint32_t a[4];
+        mma::ldsm_a(a, ds, kLd, (warp * kMt + mt) * 16, kk, lane);
 #pragma unroll
         for (int n = 0; n < kP; ++n) {
-          mma::load_b_kn(b0[n], bs, L::kLdB, kk, 16 * n, lane);
-          mma::load_b_kn(b1[n], bs, L::kLdB, kk, 16 * n + 8, lane);
-        }
-#pragma unroll
-        for (int mt = 0; mt < kMt; ++mt) {
-          uint32_t a[4];
-          mma::ldsm_a(a, ds, kLd, (warp * kMt + mt) * 16, kk, lane);
-#pragma unroll
-          for (int n = 0; n < kP; ++n) {
-            mma::mma_bf16(dr[q][mt][2 * n], a, b0[n]);
-            mma::mma_bf16(dr[q][mt][2 * n + 1], a, b1[n]);
-          }
+          mma::mma_bf16(dr[mt][2 * n], a, b0[n]);
+          mma::mma_bf16(dr[mt][2 * n + 1], a, b1[n]);
         }
       }
     }
     if (db_g == nullptr) return;
-    const bf16* xp = xs + part * kRows * L::kLdB;  // this part's rows of xa
 #pragma unroll
-    for (int kr = 0; kr < kRows; kr += 16) {  // dB: the warp's stage columns x the part's rows
+    for (int kr = 0; kr < kRows; kr += 16) {  // dB: the warp's stage columns x the tile's rows
       uint32_t a_t[4];
       ldsm_a_km(a_t, ds, kLd, warp * 16, kr, lane);
 #pragma unroll
       for (int n = 0; n < kP; ++n)
-        mma_pair(db[2 * n], db[2 * n + 1], a_t, xp, false, L::kLdB, 16 * n, kr, lane);
+        mma_pair(db[2 * n], db[2 * n + 1], a_t, xs, false, L::kLdB, 16 * n, kr, lane);
     }
-    if (part != parts - 1) return;  // the k-stage's dB sums the block's other parts first
-    const int64_t k0 = static_cast<int64_t>(kstage_of(s)) * kKStage;
+    if (parts != 1) return;
+    const int64_t k0 = static_cast<int64_t>(s) * kKStage;
 #pragma unroll
     for (int n = 0; n < 2 * kP; ++n) {
       const int j = 8 * n + 2 * c;
@@ -891,21 +872,19 @@ __global__ void __launch_bounds__(kThreads)
   };
   run_ring<L::kRing>(static_cast<int>((p.K + kKStage - 1) / kKStage) * parts, load, compute);
 #pragma unroll
-  for (int q = 0; q < kChunks; ++q)
+  for (int mt = 0; mt < kMt; ++mt)
 #pragma unroll
-    for (int mt = 0; mt < kMt; ++mt)
+    for (int n = 0; n < 2 * kP; ++n) {
+      const int col = 8 * n + 2 * c;
+      if (col >= p.r) break;
 #pragma unroll
-      for (int n = 0; n < 2 * kP; ++n) {
-        const int col = 8 * n + 2 * c;
-        if (col >= p.r) break;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = q * kRows + (warp * kMt + mt) * 16 + g + 8 * h;
-          if (row < t.rows)
-            st_pair(p.dr + (t.r0 + row) * p.lddr + col, p.s * dr[q][mt][n][2 * h],
-                    p.s * dr[q][mt][n][2 * h + 1]);
-        }
+      for (int h = 0; h < 2; ++h) {
+        const int row = (warp * kMt + mt) * 16 + g + 8 * h;
+        if (row < t.rows)
+          st_pair(p.dr + (t.r0 + row) * p.lddr + col, p.s * dr[mt][n][2 * h],
+                  p.s * dr[mt][n][2 * h + 1]);
       }
+    }
 }
 
 // The K-concatenation path's SwiGLU backward joined with the products that read its output and h
@@ -1893,9 +1872,9 @@ bool skinny_lora_out_grads(Context& ctx, const Tensor& dout, const Tensor& offse
     launch_ring(kernel, grid, bytes, st, tiles, args);
   };
   if (rank_pairs(r) == 1)
-    run(out_grads_kernel<1, 1, kOgRows>, OgLayout<1, 1, kOgRows>::kBytes);
+    run(out_grads_kernel<1>, OgLayout<1>::kBytes);
   else  // r <= kFusedMaxRank: two pairs
-    run(out_grads_kernel<2, 1, kOgRows>, OgLayout<2, 1, kOgRows>::kBytes);
+    run(out_grads_kernel<2>, OgLayout<2>::kBytes);
   return true;
 }
 
