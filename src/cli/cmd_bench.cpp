@@ -625,7 +625,8 @@ struct MoeBenchOptions {
   // so that a sweep of grouped GEMM configurations spends its device time on what they change.
   bool base_only = false;
   // The K-concatenated LoRA run's kernels (GroupedFfnParams::lora_fwd / lora_bwd / lora_out_grads /
-  // lora_xa: separate, staged or registers; empty: the op's defaults), and the other kernels timed
+  // lora_xa: separate, staged or registers, and gemm for xa; empty: the op's defaults), and the
+  // other kernels timed
   // beside it, as "fwd=<kernels>", "bwd=...", "og=..." or "xa=...", comma-separated: "all" (every
   // other one) or "none".
   std::string lora_fwd, lora_bwd, lora_og, lora_xa, lora_variants = "all";
@@ -634,15 +635,18 @@ struct MoeBenchOptions {
 ops::LoraKernels parse_lora_kernels(const std::string& s) {
   if (s == "separate") return ops::LoraKernels::Separate;
   if (s == "staged") return ops::LoraKernels::Staged;
+  if (s == "gemm") return ops::LoraKernels::Gemm;
   MT_CHECK(s == "registers", ValueError,
-           "bench moe: LoRA SwiGLU kernels are separate, staged or registers, got \"", s, "\"");
+           "bench moe: LoRA kernels are separate, staged, registers or gemm (xa only), got \"", s,
+           "\"");
   return ops::LoraKernels::Registers;
 }
 
 const char* lora_kernels_name(ops::LoraKernels k) {
-  return k == ops::LoraKernels::Separate ? "separate"
-         : k == ops::LoraKernels::Staged ? "staged"
-                                         : "registers";
+  return k == ops::LoraKernels::Separate    ? "separate"
+         : k == ops::LoraKernels::Staged    ? "staged"
+         : k == ops::LoraKernels::Registers ? "registers"
+                                            : "gemm";
 }
 
 // Whether `cases` (MoeBenchOptions::cases) selects shape `name` with this routing.
@@ -960,7 +964,7 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
     // fwd_ms, _fwdbwd_ms, _overhead_fwdbwd.
     using K = ops::LoraKernels;
     for (const char* pass : {"fwd", "bwd", "og", "xa"})
-      for (const K k : {K::Separate, K::Staged, K::Registers}) {
+      for (const K k : {K::Separate, K::Staged, K::Registers, K::Gemm}) {
         ops::GroupedFfnParams kv = kp;
         const std::string ps = pass;
         K& field = ps == "fwd"   ? kv.lora_fwd
@@ -968,7 +972,9 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
                    : ps == "og"  ? kv.lora_out_grads
                                  : kv.lora_xa;
         const std::string v = ps + "=" + lora_kernels_name(k);
-        if (k == field || (ps == "xa" && k == K::Separate) || o.lora_variants == "none" ||
+        // xa has no separate form (it is one product); only xa runs inside a GEMM.
+        const bool offered = ps == "xa" ? k != K::Separate : k != K::Gemm;
+        if (k == field || !offered || o.lora_variants == "none" ||
             (o.lora_variants != "all" &&
              ("," + o.lora_variants + ",").find("," + v + ",") == std::string::npos))
           continue;
@@ -1207,7 +1213,8 @@ Command add_bench_command(CLI::App& app) {
       "--lora-og", mb->lora_og,
       "the LoRA run's out_grads kernels (dr, dB over dY): separate, staged or registers");
   ms->add_option("--lora-xa", mb->lora_xa,
-                 "the LoRA run's X A^T kernel: staged (the skinny down kernel) or registers");
+                 "the LoRA run's X A^T kernel: gemm (in the gate/up GEMM's mainloop), staged (the "
+                 "skinny down kernel) or registers");
   ms->add_option("--lora-variants", mb->lora_variants,
                  "the other kernels timed beside the LoRA run: all, none, or a list of "
                  "fwd=<kernels> / bwd=<kernels> / og=<kernels> / xa=<kernels>")

@@ -213,13 +213,12 @@ void forward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
     Tensor head = xp.cols(0, l);
     ops::copy(ctx, x, head);
   }
-  Tensor xa = xp.cols(l, l + r);
-  dispatch(MT_NAMED_OP_BODIES("grouped_ffn_forward", grouped_ffn_lora_xa), {&x, &w.gate_up_a, &xa},
-           ctx, p, x, offsets, w.gate_up_a, xa);
+  const Tensor w_gu = padded_weight(w.gate_up, r).narrow(1, 0, 2 * F);
+  dispatch(MT_NAMED_OP_BODIES("grouped_ffn_forward", grouped_ffn_lora_gate_up),
+           {&xp, &w.gate_up_a, &w_gu, &saved.gate_up}, ctx, p, xp, offsets, w.gate_up_a, w_gu,
+           saved.gate_up);
   // For dB in backward (N r elements): the caller's padded rows keep it (kconcat_xa_in_rows).
-  if (!kconcat_xa_in_rows(p)) ops::copy(ctx, xa, saved.xa);
-  grouped_matmul(ctx, form.fwd, xp, offsets, padded_weight(w.gate_up, r).narrow(1, 0, 2 * F),
-                 saved.gate_up);
+  if (!kconcat_xa_in_rows(p)) ops::copy(ctx, xp.cols(l, l + r), saved.xa);
   if (lora_fwd(p) == LoraKernels::Separate) {
     swiglu_forward(ctx, saved.gate_up, saved.h);
     grouped_matmul(ctx, form.fwd, saved.h, offsets, w.down_a, saved.ha);

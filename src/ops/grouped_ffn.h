@@ -39,8 +39,9 @@ namespace mt::ops {
 // products in passes of their own (session 13); one pass staging tiles through shared memory
 // (session 14); one pass whose warps form the products' MMA fragments in registers from the
 // elements they computed (session 16: the forward without shared memory or barriers, the backward
-// with one barrier per 32 columns where its warps' column sums meet).
-enum class LoraKernels { Separate, Staged, Registers };
+// with one barrier per 32 columns where its warps' column sums meet). Gemm (lora_xa only): inside
+// the base GEMM's mainloop (session 18, ops/cuda/cutlass/lora_xa_mainloop.cuh).
+enum class LoraKernels { Separate, Staged, Registers, Gemm };
 
 struct GroupedFfnParams {
   int64_t rows = 0, experts = 0, in = 0, ffn = 0;
@@ -88,9 +89,11 @@ struct GroupedFfnParams {
   // (shape A, ncu: 286 us, Registers 330 before its prefetch, the two products 7.17 ms against
   // 7.02 fwd+bwd; session 17: 200 us over 128-row blocks, at the running clocks).
   LoraKernels lora_out_grads = LoraKernels::Staged;
-  // The K-concatenation path's xa = X A_gu^T (grouped_ffn_lora_xa): Registers = the register
-  // kernel; otherwise grouped_matmul (the skinny down kernel, session 11).
-  LoraKernels lora_xa = LoraKernels::Staged;
+  // The K-concatenation path's xa = X A_gu^T (grouped_ffn_lora_gate_up): Gemm = formed inside the
+  // gate/up GEMM's mainloop beside the base product (rank 16, `in` a multiple of 64; otherwise as
+  // Staged); Registers = the register kernel, then the GEMM; Staged = grouped_matmul (the skinny
+  // down kernel, session 11), then the GEMM.
+  LoraKernels lora_xa = LoraKernels::Gemm;
   float lora_scale() const { return lora_rank ? lora_alpha / static_cast<float>(lora_rank) : 0.f; }
 };
 
@@ -240,6 +243,15 @@ using GroupedFfnLoraSwigluBackwardGrads = void(Context& ctx, const GroupedFfnPar
 using GroupedFfnLoraXa = void(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
                               const Tensor& offsets, const Tensor& a, Tensor& xa);
 
+// The K-concatenation forward's gate/up projection: gate_up = [X | xa] W_gu' ^T with xa = X A_gu^T
+// written into xp's columns in .. in + r - 1 (xp [rows, in + r], X its first `in` columns; w_gu
+// [E, 2F, in + r] the gate/up block of the padded buffer, whose columns in .. hold s B_gu; a_gu
+// [E, r, in]). grouped_ffn_lora_xa then the grouped GEMM, or on the GPU (GroupedFfnParams::lora_xa
+// == Gemm) one GEMM that forms xa in its mainloop (ops/cuda/grouped_matmul.h).
+using GroupedFfnLoraGateUp = void(Context& ctx, const GroupedFfnParams& p, const Tensor& xp,
+                                  const Tensor& offsets, const Tensor& a_gu, const Tensor& w_gu,
+                                  Tensor& gate_up);
+
 // The K-concatenation path's adapter packing, both projections: [[W, s B], [A, 0]] in each padded
 // buffer, i.e. A [E, r, in] into its rows out .. out + r - 1 (columns 0 .. in - 1) and s B
 // [E, out, r] (s = p.lora_scale(), rounded once into the buffer's type) into its columns in .. in +
@@ -263,6 +275,6 @@ MT_OP_BACKENDS(GroupedFfnSwigluForward grouped_ffn_swiglu_forward;
                GroupedFfnLoraPack grouped_ffn_lora_pack;
                GroupedFfnLoraSwigluBackwardGrads grouped_ffn_lora_swiglu_backward_grads;
                GroupedFfnLoraSwigluHa grouped_ffn_lora_swiglu_ha;
-               GroupedFfnLoraXa grouped_ffn_lora_xa;)
+               GroupedFfnLoraXa grouped_ffn_lora_xa; GroupedFfnLoraGateUp grouped_ffn_lora_gate_up;)
 
 }  // namespace mt::ops

@@ -75,6 +75,17 @@ inline Tensor padded_weight(const Tensor& w, int64_t r) {
   return Tensor(w.raw(), {w.dim(0), w.dim(1) + r, w.dim(2) + r}, w.dtype(), w.device());
 }
 
+// grouped_ffn_lora_gate_up as xa = X A^T into xp's padding (`lora_xa`: the backend's
+// grouped_ffn_lora_xa), then the grouped GEMM over [X | xa].
+template <typename LoraXa>
+void gate_up(Context& ctx, const GroupedFfnParams& p, const Tensor& xp, const Tensor& offsets,
+             const Tensor& a_gu, const Tensor& w_gu, Tensor& gate_up, LoraXa lora_xa) {
+  const int64_t l = p.in, r = p.lora_rank;
+  Tensor xa = xp.cols(l, l + r);
+  lora_xa(ctx, p, xp.cols(0, l), offsets, a_gu, xa);
+  ops::grouped_matmul(ctx, {.form = GroupedForm::XWt, .gemm = p.gemm}, xp, offsets, w_gu, gate_up);
+}
+
 // One projection's packing (grouped_ffn_lora_pack) as a copy of A, a scale of B into scratch and
 // a copy of s B: the CPU's body, and the GPU's where its kernel declines or session 13's kernels
 // are asked for (GroupedFfnParams::lora_s13_kernels).

@@ -416,8 +416,11 @@ double ffn_scratch(const ModelConfig& cfg, FfnKind k, int64_t T, Device device, 
   // scratch).
   const double grouped = (fp32(N * F) * (r > 0 ? 6 : 4) + (r > 0 ? fp32(N * r) : 0)) * act;
   const double router = (latent ? fp32(T * l) * act : 0) + fp32(T * E) * 3;
-  // Forward: router selection scratch.
-  const double fwd = fp32(T * E) * 2 + fp32(T * static_cast<double>(m.n_group)) * 2;
+  // Forward: router selection scratch, and where the K-concatenation path runs, A_gu laid out for
+  // the gate/up GEMM that forms xa in its mainloop (ops/cuda/cutlass/grouped_gemm_sm90.h: a
+  // [16, 64] bf16 slice per expert and 64-wide k-tile of l + r).
+  const double side = pad > 0 ? E * std::ceil((l + r) / 64) * 16 * 64 * 2 : 0.0;
+  const double fwd = fp32(T * E) * 2 + fp32(T * static_cast<double>(m.n_group)) * 2 + side;
   // On the GPU each expert GEMM call takes its own small scratch on top (per-group addresses,
   // CUTLASS's).
   const double gemm =

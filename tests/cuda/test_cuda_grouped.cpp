@@ -29,6 +29,7 @@
 
 #include "harness/gpu_check.h"
 #include "harness/seed.h"
+#include "ops/cuda/grouped_matmul.h"
 #include "ops/elementwise.h"
 #include "ops/grouped_ffn.h"
 #include "ops/grouped_matmul.h"
@@ -97,6 +98,46 @@ TEST(CudaGroupedMatmul, TileEdgesAndTheUnalignedFallback) {
           return {y, dx};
         },
         seed);
+  }
+}
+
+// The forward forms' mainloops stop the last k-tile at the last k16 block that holds some k < K
+// (ops/cuda/cutlass/tail_trimmed_mainloop.cuh): every residue of K modulo the 64-wide k-tile, and
+// K below one tile, on every compiled kernel of the forward forms, in both forms (XWt's K is in,
+// DyW's out). A block count rounded down would drop the columns past it.
+TEST(CudaGroupedMatmul, EveryKResidueOnEveryForwardKernel) {
+  REQUIRE_GPU();
+  const std::vector<int64_t> ks = {8, 24, 40, 56, 64, 136, 144, 152, 160, 168, 176, 184, 192};
+  for (int kernel = 0; kernel < static_cast<int>(std::size(ops::kGroupedGemmKernels)); ++kernel) {
+    for (size_t i = 0; i < ks.size(); ++i) {
+      const int64_t in = ks[i], out = ks[(i + 5) % ks.size()], G = 6;
+      const uint64_t seed = fresh_seed();
+      Rng rng(seed);
+      Tensor off = Tensor::empty({G + 1}, DType::I32);
+      off.i32()[0] = 0;
+      for (int64_t g = 0; g < G; ++g)
+        off.i32()[g + 1] = off.i32()[g] + static_cast<int32_t>(g == 2 ? 0 : 1 + rng.below(300));
+      const int64_t N = off.i32()[G];
+      std::vector<In> ins = {{randn(rng, {N, in})},
+                             {randn(rng, {G, out, in})},
+                             {randn(rng, {N, out})},
+                             {randn(rng, {N, out})},
+                             {randn(rng, {N, in})}};
+      const ops::GroupedGemmConfig cfg{.kernel = kernel};
+      const std::string name = "grouped_matmul k residues " + ops::grouped_gemm_config_name(cfg) +
+                               " in=" + std::to_string(in) + " out=" + std::to_string(out);
+      run_case(
+          name.c_str(), ins, {"xwt", "dyw"},
+          [&](Context& c, const std::vector<Tensor>& in_, bool gpu) -> std::vector<Tensor> {
+            Tensor y = like(c, in_[3]), dx = like(c, in_[4]);
+            OP(grouped_matmul)
+            (c, {.form = ops::GroupedForm::XWt, .gemm = cfg}, in_[0], off, in_[1], y);
+            OP(grouped_matmul)
+            (c, {.form = ops::GroupedForm::DyW, .gemm = cfg}, in_[2], off, in_[1], dx);
+            return {y, dx};
+          },
+          seed);
+    }
   }
 }
 
@@ -405,6 +446,24 @@ TEST(CudaGroupedFfn, KConcatLoraInTheBaseGemms) {
                                                                    .pad_rows = true});
   ffn_check("grouped_ffn kconcat r8 trained base, copied rows",
             {.rows = 2000, .experts = 9, .in = 64, .ffn = 48, .rank = 8, .kconcat = true});
+  // Rank 16 and `in` a multiple of 64: xa formed in the gate/up GEMM (GroupedFfnParams::lora_xa's
+  // default, Gemm), the backward reading it from x's padding (dB_gu) or from saved.xa.
+  ffn_check("grouped_ffn kconcat r16 skewed trained base, padded rows, xa in the GEMM",
+            {.rows = 3000,
+             .experts = 16,
+             .in = 256,
+             .ffn = 136,
+             .rank = 16,
+             .skewed = true,
+             .kconcat = true,
+             .pad_rows = true});
+  ffn_check("grouped_ffn kconcat r16 frozen, copied rows, xa in the GEMM", {.rows = 2000,
+                                                                            .experts = 9,
+                                                                            .in = 128,
+                                                                            .ffn = 48,
+                                                                            .rank = 16,
+                                                                            .frozen_base = true,
+                                                                            .kconcat = true});
   ffn_check("grouped_ffn kconcat r16 skewed frozen, padded rows, session 13's kernels",
             {.rows = 3000,
              .experts = 16,
@@ -875,6 +934,66 @@ TEST(CudaGroupedFfn, FusedSwigluProjectionsAgainstTheSeparatePasses) {
     };
     run_case(cat("fused swiglu projections ", cfg_name).c_str(), ins,
              {"gate_up", "h", "dgate_up", "h (backward)"}, run(false), seed, in, run(true));
+  }
+}
+
+// The K-concatenation forward's gate/up GEMM with xa = X A^T formed in its mainloop (ops/cuda/
+// grouped_matmul.h, grouped_gate_up_lora_xa): gate_up = X W^T + bf16(X A^T) (s B)^T, and xa into
+// X's padding columns, against the CPU's two grouped products (xa, then [X | xa] times the padded
+// buffer's rows). X's padding starts as NaN (the GEMM must not read it: its last k-tile multiplies
+// the registers' xa instead); a hot expert over many row tiles, one-row
+// and empty experts, a partial n-tile (2F = 272 against 256-wide tiles), `in` of 4 and of 1
+// k-tiles. The bf16 pass must take the fused kernel (the f32 pass runs the two products on the
+// GPU).
+TEST(CudaGroupedFfn, GateUpGemmFormsXaInItsMainloop) {
+  REQUIRE_GPU();
+  for (const int64_t in : {256, 64}) {
+    const uint64_t seed = fresh_seed();
+    Rng rng(seed);
+    const int64_t G = 10, F = 136, r = 16;
+    Tensor off = Tensor::empty({G + 1}, DType::I32);
+    off.i32()[0] = 0;
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t n = g == 0 ? 900 : g % 4 == 1 ? 0 : g % 4 == 2 ? 1 : rng.below(200);
+      off.i32()[g + 1] = off.i32()[g] + static_cast<int32_t>(n);
+    }
+    const int64_t N = off.i32()[G];
+    // The padded buffer [[W, s B], [A, corner]], and for the reference its [W, s B] rows and its A
+    // block as contiguous copies (the CPU's grouped_matmul reads contiguous weights).
+    const Tensor pbuf = randn(rng, {G, 2 * F + r, in + r}, 0.1);
+    Tensor w_full = Tensor::empty({G, 2 * F, in + r}), a_gu = Tensor::empty({G, r, in});
+    w_full.copy_from(pbuf.narrow(1, 0, 2 * F));
+    a_gu.copy_from(pbuf.narrow(1, 2 * F, 2 * F + r).narrow(2, 0, in));
+    const std::vector<In> ins = {{randn(rng, {N, in})}, {pbuf}, {w_full}, {a_gu}};
+    const auto run = [&](bool emulate) {
+      return [&, emulate](Context& c, const std::vector<Tensor>& v,
+                          bool gpu) -> std::vector<Tensor> {
+        const DType dt = v[0].dtype();
+        // X in a NaN-padded [N, in + r] view.
+        Tensor xbuf = out(c, {N, ops::grouped_ffn_row_pitch(in, r)}, dt);
+        Tensor xp = xbuf.cols(0, in + r), head = xp.cols(0, in);
+        ops::copy(c, v[0], head);
+        Tensor gate_up = out(c, {N, 2 * F}, dt);
+        bool fused = false;
+        if (gpu) {
+          fused =
+              ops::cuda::grouped_gate_up_lora_xa(c, xp, off, v[1].narrow(1, 0, 2 * F), r, gate_up);
+          EXPECT_EQ(fused, dt == DType::BF16) << "in " << in << ": the fused GEMM taken";
+        }
+        if (!fused) {
+          Tensor xa = out(c, {N, r}, dt), xa_at = xp.cols(in, in + r);
+          ops::grouped_matmul(c, {.form = ops::GroupedForm::XWt}, head, off, v[3], xa);
+          if (emulate) xa.copy_from(round_bf16(xa));  // the GPU's bf16 xa operand
+          ops::copy(c, xa, xa_at);
+          ops::grouped_matmul(c, {.form = ops::GroupedForm::XWt}, xp, off, v[2], gate_up);
+        }
+        Tensor xa = out(c, {N, r}, dt);
+        ops::copy(c, xp.cols(in, in + r), xa);
+        return {gate_up, xa};
+      };
+    };
+    run_case(cat("gate/up with xa in the mainloop, in ", in).c_str(), ins, {"gate_up", "xa"},
+             run(false), seed, in + r, run(true));
   }
 }
 

@@ -258,6 +258,15 @@ void grouped_ffn_lora_swiglu_ha(Context& ctx, const GroupedFfnParams& p, const T
   lora_composite::swiglu_ha(ctx, p, gate_up, offsets, a_down, h, ha, grouped_ffn_swiglu_forward);
 }
 
+void grouped_ffn_lora_gate_up(Context& ctx, const GroupedFfnParams& p, const Tensor& xp,
+                              const Tensor& offsets, const Tensor& a_gu, const Tensor& w_gu,
+                              Tensor& gate_up) {
+  if (p.lora_xa == LoraKernels::Gemm && !p.lora_s13_kernels &&
+      grouped_gate_up_lora_xa(ctx, xp, offsets, w_gu, p.lora_rank, gate_up))
+    return;
+  lora_composite::gate_up(ctx, p, xp, offsets, a_gu, w_gu, gate_up, grouped_ffn_lora_xa);
+}
+
 void grouped_ffn_lora_xa(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
                          const Tensor& offsets, const Tensor& a, Tensor& xa) {
   // lora_s13_kernels: session 13's passes throughout, so that bench moe's lora_s13_* stay theirs.

@@ -261,6 +261,49 @@ bool sm90_swiglu(Context& ctx, const GroupedGemmConfig& cfg, const Tensor& offse
 
 }  // namespace
 
+bool grouped_gate_up_lora_xa(Context& ctx, const Tensor& xp, const Tensor& offsets,
+                             const Tensor& w_gu, int64_t rank, Tensor& gate_up) {
+  if (xp.dtype() != DType::BF16 || w_gu.dtype() != DType::BF16 || gate_up.dtype() != DType::BF16 ||
+      w_gu.ndim() != 3 || w_gu.stride(2) != 1 || offsets.dim(0) != w_gu.dim(0) + 1)
+    return false;
+  const int64_t E = w_gu.dim(0), n = w_gu.dim(1), k = w_gu.dim(2);
+  Sm90Grouped g;
+  g.form = Sm90Form::Forward;
+  g.a = xp.raw();
+  g.lda = xp.stride(0);
+  set_weight(g, w_gu);
+  g.c = gate_up.raw();
+  g.ldc = gate_up.stride(0);
+  g.n = n;
+  g.k = k;
+  // A_gu: the rows after the block, 16-byte aligned for the side pack's loads.
+  const auto* a_rows = static_cast<const char*>(w_gu.raw()) + n * w_gu.stride(1) * 2;
+  if (reinterpret_cast<uintptr_t>(a_rows) % 16 != 0 || w_gu.stride(1) % 8 != 0 ||
+      w_gu.stride(0) % 8 != 0)
+    return false;
+  GroupRows table;
+  const int count = group_rows(offsets.i32(), E, table);
+  if (count == 0) return true;  // no rows: nothing to write
+  if (count < 0 || !sm90_lora_xa_fits(g, k - rank, rank, count)) return false;
+  const Sm90Launch at = sm90_launch(ctx, GroupedGemmConfig{});
+  ArenaScope scope(ctx.workspace());
+  Tensor side = ctx.workspace().alloc({sm90_lora_xa_side_elems(E, k)}, DType::BF16);
+  const char* failed = sm90_lora_xa_side_pack(a_rows, w_gu.stride(1), w_gu.stride(0), E, k - rank,
+                                              k, side.raw(), at.stream);
+  MT_CHECK(failed == nullptr, InternalError, "grouped_ffn gate/up with xa: ", failed);
+  with_sm90_scratch(
+      ctx, sm90_lora_xa_scratch(g, table, count, at),
+      [&] {
+        return cat("grouped_ffn gate/up with xa (CUTLASS sm90, ", count, " groups, n ", n, ", k ",
+                   k, ")");
+      },
+      [&](void* scratch) {
+        return sm90_lora_xa_gemm(g, side.raw(), sm90_lora_xa_side_elems(1, k), table, count, at,
+                                 scratch);
+      });
+  return true;
+}
+
 void grouped_matmul(Context& ctx, const GroupedMatmulParams& p, const Tensor& a,
                     const Tensor& offsets, const Tensor& b, Tensor& c) {
   const bool dw = p.form == GroupedForm::DytX;

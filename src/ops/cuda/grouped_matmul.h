@@ -22,4 +22,13 @@ bool grouped_down_swiglu_backward(Context& ctx, const GroupedGemmConfig& cfg, co
                                   const Tensor& offsets, const Tensor& w_down,
                                   const Tensor& gate_up, Tensor& dgate_up, const Tensor& h);
 
+// The K-concatenation forward's gate/up projection with xa = X A_gu^T formed in the GEMM's mainloop
+// (grouped_ffn_lora_gate_up, GroupedFfnParams::lora_xa == Gemm): gate_up = [X | xa] w_gu^T over
+// xp [rows, in + r] (X its first `in` columns; xa written into the rest), w_gu [E, 2F, in + r] the
+// gate/up block of the padded buffer, whose rows 2F .. 2F + r - 1 beyond the block hold A_gu
+// (grouped_ffn_lora_pack). Rank 16 and `in` a multiple of 64 (ops/cuda/cutlass/
+// grouped_gemm_sm90.h, sm90_lora_xa_gemm).
+bool grouped_gate_up_lora_xa(Context& ctx, const Tensor& xp, const Tensor& offsets,
+                             const Tensor& w_gu, int64_t rank, Tensor& gate_up);
+
 }  // namespace mt::ops::cuda

@@ -88,6 +88,23 @@ size_t sm90_grouped_scratch(const Sm90Grouped& g, const GroupRows& rows, int cou
 const char* sm90_grouped_gemm(const Sm90Grouped& g, const GroupRows& rows, int count,
                               const Sm90Launch& at, void* scratch);
 
+// The K-concatenation forward's gate/up GEMM (ops/grouped_ffn.h) with xa = X A^T formed in its
+// mainloop instead of read from X's padding (lora_xa_mainloop.cuh): the Forward form with A = X's
+// padded rows [m_g, in + r], k = in + r, W_g = the gate/up block [2F, in + r] of the padded buffer
+// (its columns in .. in + r - 1 hold s B); xa is written into A's columns in .. in + r - 1. Rank 16
+// and `in` a multiple of 64 only (sm90_lora_xa_fits). `side` holds A_gu laid out by
+// sm90_lora_xa_side_pack (sm90_lora_xa_side_elems elements; expert e's at e side_group).
+bool sm90_lora_xa_fits(const Sm90Grouped& g, int64_t in, int64_t rank, int count);
+int64_t sm90_lora_xa_side_elems(int64_t experts, int64_t k);
+// A_gu's rows (expert e's row j at a + e a_group + j lda, `in` columns) into `side`.
+const char* sm90_lora_xa_side_pack(const void* a, int64_t lda, int64_t a_group, int64_t experts,
+                                   int64_t in, int64_t k, void* side, cudaStream_t stream);
+size_t sm90_lora_xa_scratch(const Sm90Grouped& g, const GroupRows& rows, int count,
+                            const Sm90Launch& at);
+const char* sm90_lora_xa_gemm(const Sm90Grouped& g, const void* side, int64_t side_group,
+                              const GroupRows& rows, int count, const Sm90Launch& at,
+                              void* scratch);
+
 // One compiled configuration's entry points (grouped_gemm_sm90_<name>.cu), for the dispatcher.
 struct Sm90Kernel {
   size_t (*scratch)(const Sm90Grouped&, const GroupRows&, int, const Sm90Launch&);

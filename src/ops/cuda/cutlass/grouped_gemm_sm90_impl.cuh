@@ -15,6 +15,7 @@
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 
 #include "ops/cuda/cutlass/grouped_gemm_sm90.h"
+#include "ops/cuda/cutlass/tail_trimmed_mainloop.cuh"
 
 namespace mt::ops::cuda::sm90 {
 
@@ -151,6 +152,9 @@ typename G::Gemm::Arguments arguments(const Sm90Grouped& g, int count, const Sm9
                                    {arr.a, arr.sa, arr.b, arr.sb},
                                    {{}, const_cast<const C**>(arr.c), arr.sc, arr.c, arr.sc},
                                    hw};
+  // The forward forms' K, one for every group, for a tail-trimmed mainloop.
+  if constexpr (requires { args.mainloop.k; })
+    args.mainloop.k = g.form == Sm90Form::WeightGrad ? 0 : static_cast<int>(g.k);
   args.epilogue.thread.alpha = g.alpha;
   args.epilogue.thread.beta = g.beta;
   using Raster = decltype(args.scheduler.raster_order);
@@ -206,20 +210,24 @@ Sm90Kernel forward_forms() {
 }
 
 // The forward forms as the function `Fn`: tiles TM x TN x TK, clusters CM x CN, a kernel /
-// epilogue schedule pair.
-#define MT_SM90_FORWARD_FORMS(Fn, TM, TN, TK, CM, CN, Schedule, EpilogueSchedule) \
-  namespace {                                                                     \
-  using Fn##Tile = cute::Shape<cute::Int<TM>, cute::Int<TN>, cute::Int<TK>>;      \
-  using Fn##Cluster = cute::Shape<cute::Int<CM>, cute::Int<CN>, cute::_1>;        \
-  MT_SM90_GEMM(Forward, Fn##Tile, Fn##Cluster, Schedule, EpilogueSchedule,        \
-               ::mt::ops::cuda::sm90::Bf16, ::mt::ops::cuda::sm90::RowMajor,      \
-               ::mt::ops::cuda::sm90::ColumnMajor);                               \
-  MT_SM90_GEMM(InputGrad, Fn##Tile, Fn##Cluster, Schedule, EpilogueSchedule,      \
-               ::mt::ops::cuda::sm90::Bf16, ::mt::ops::cuda::sm90::RowMajor,      \
-               ::mt::ops::cuda::sm90::RowMajor);                                  \
-  }                                                                               \
-  Sm90Kernel Fn() {                                                               \
-    return ::mt::ops::cuda::sm90::forward_forms<Forward, InputGrad>();            \
+// epilogue schedule pair; their mainloops stop the last k-tile at K (tail_trimmed_mainloop.cuh).
+#define MT_SM90_FORWARD_FORMS(Fn, TM, TN, TK, CM, CN, Schedule, EpilogueSchedule)                  \
+  namespace {                                                                                      \
+  using Fn##Tile = cute::Shape<cute::Int<TM>, cute::Int<TN>, cute::Int<TK>>;                       \
+  using Fn##Cluster = cute::Shape<cute::Int<CM>, cute::Int<CN>, cute::_1>;                         \
+  MT_SM90_GEMM(ForwardStock, Fn##Tile, Fn##Cluster, Schedule, EpilogueSchedule,                    \
+               ::mt::ops::cuda::sm90::Bf16, ::mt::ops::cuda::sm90::RowMajor,                       \
+               ::mt::ops::cuda::sm90::ColumnMajor);                                                \
+  MT_SM90_GEMM(InputGradStock, Fn##Tile, Fn##Cluster, Schedule, EpilogueSchedule,                  \
+               ::mt::ops::cuda::sm90::Bf16, ::mt::ops::cuda::sm90::RowMajor,                       \
+               ::mt::ops::cuda::sm90::RowMajor);                                                   \
+  using Forward = ::mt::ops::cuda::sm90::Sm90Gemm<                                                 \
+      ::mt::ops::cuda::sm90::TailTrimmedMainloop<ForwardStockMainloop>, ForwardStockEpilogue>;     \
+  using InputGrad = ::mt::ops::cuda::sm90::Sm90Gemm<                                               \
+      ::mt::ops::cuda::sm90::TailTrimmedMainloop<InputGradStockMainloop>, InputGradStockEpilogue>; \
+  }                                                                                                \
+  Sm90Kernel Fn() {                                                                                \
+    return ::mt::ops::cuda::sm90::forward_forms<Forward, InputGrad>();                             \
   }
 
 // The weight gradient as the function `Fn`: dW_g f32 = dY_g^T X_g, A = dY_g^T read M-major and

@@ -1,0 +1,175 @@
+// The K-concatenation forward's gate/up GEMM with xa = X A^T in its mainloop (lora_xa_mainloop.cuh,
+// grouped_gemm_sm90.h's sm90_lora_xa_*): the forward form on the default configuration's tiles
+// (128 x 256 x 64, two consumer warpgroups, cluster 2 x 1), and the kernel that lays A out for it.
+#include "ops/cuda/cutlass/grouped_gemm_sm90_impl.cuh"
+#include "ops/cuda/cutlass/lora_xa_mainloop.cuh"
+
+namespace mt::ops::cuda {
+
+namespace sm90 {
+namespace {
+
+constexpr int kTileK = 64, kRank = 16;
+constexpr int kSideBlock = kRank * kTileK;  // elements of one k-tile's A slice
+
+using XaTile = cute::Shape<cute::_128, cute::_256, cute::Int<kTileK>>;
+using XaCluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
+// gate_up is written, never read (beta 0): an epilogue without a C source, whose shared memory (D's
+// stages only) leaves the side slices room beside the stock kernel's four mainloop stages. With
+// C's stages too (33 KB) three fitted, and a 128 x 16 sub-tile (17 KB) that kept four measured
+// the fused GEMM 1,750 us at shape A against 1,549 + 177 for the K + r GEMM and the xa kernel.
+using XaEpilogue = cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, XaTile, XaCluster,
+    cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, RowMajor*, 8, Bf16,
+    RowMajor*, 8, CooperativeEpilogue,
+    cutlass::epilogue::fusion::LinearCombination<Bf16, float, void, float>>::CollectiveOp;
+// The stages' carve-out leaves room for the side slices and coordinates (kSideBlock bf16 + 16
+// bytes a stage, for up to 4 stages, 1024-byte alignment included).
+using XaStock = cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, RowMajor*, 8, Bf16, ColumnMajor*, 8,
+    float, XaTile, XaCluster,
+    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+        sizeof(XaEpilogue::SharedStorage) + 4 * (kSideBlock * 2 + 16) + 1024)>,
+    Cooperative>::CollectiveOp;
+using XaGemm = Sm90Gemm<LoraXaMainloop<XaStock>, XaEpilogue>;
+using XaKernel = typename XaGemm::Kernel;
+static_assert(sizeof(typename XaKernel::SharedStorage) <= 227 * 1024,
+              "the side slices fit beside the stages");
+static_assert(XaGemm::kStages == 4, "the stock configuration's four stages");
+static_assert(XaGemm::kAKMajor && XaGemm::kBKMajor, "X W^T: both operands K-major");
+using XaStrideD = typename XaKernel::InternalStrideD;
+
+// The per-group arrays (D: gate_up's rows; no C).
+struct XaArrays {
+  typename XaGemm::Shape* shape = nullptr;
+  const Bf16** a = nullptr;
+  const Bf16** b = nullptr;
+  Bf16** d = nullptr;
+  const Bf16** side = nullptr;
+  typename XaGemm::StrideA* sa = nullptr;
+  typename XaGemm::StrideB* sb = nullptr;
+  XaStrideD* sd = nullptr;
+  size_t bytes = 0;
+};
+
+XaArrays xa_arrays(void* scratch, int count) {
+  auto* base = static_cast<char*>(scratch);
+  XaArrays r;
+  size_t at = 0;
+  r.shape = carve<typename XaGemm::Shape>(base, at, count);
+  r.a = carve<const Bf16*>(base, at, count);
+  r.b = carve<const Bf16*>(base, at, count);
+  r.d = carve<Bf16*>(base, at, count);
+  r.side = carve<const Bf16*>(base, at, count);
+  r.sa = carve<typename XaGemm::StrideA>(base, at, count);
+  r.sb = carve<typename XaGemm::StrideB>(base, at, count);
+  r.sd = carve<XaStrideD>(base, at, count);
+  r.bytes = at;
+  return r;
+}
+
+// Group i's sizes, addresses and strides (the forward form's: A = X's rows, W_g K-major at g.ldw
+// and g.w_group, D = gate_up's rows), and its expert's side blocks.
+__global__ void xa_layout_kernel(GroupRows t, int count, Sm90Grouped g, const Bf16* side,
+                                 int64_t side_group, XaArrays out) {
+  using cute::_1;
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  const int64_t row0 = t.row0[i], group = t.group[i];
+  out.shape[i] = shape_of(g, t.rows[i]);
+  out.a[i] = static_cast<const Bf16*>(g.a) + row0 * g.lda;
+  out.b[i] = static_cast<const Bf16*>(g.b) + group * g.w_group;
+  out.d[i] = static_cast<Bf16*>(g.c) + row0 * g.ldc;
+  out.side[i] = side + group * side_group;
+  out.sa[i] = cute::make_stride(g.lda, _1{}, Zero{});
+  out.sb[i] = cute::make_stride(g.ldw, _1{}, Zero{});
+  out.sd[i] = cute::make_stride(g.ldc, _1{}, Zero{});
+}
+
+// side[e][t] = A_e's columns 64 t .. 64 t + 63 (zeros past `in`) in the order TMA's 128-byte
+// swizzle leaves a [16, 64] bf16 box: row j at byte 128 j (1024 j / 8 past each 8-row atom), its
+// 16-byte chunk c at chunk c ^ (j % 8). One thread per 16-byte chunk.
+__global__ void side_pack_kernel(const Bf16* a, int64_t lda, int64_t a_group, int64_t experts,
+                                 int64_t in, int64_t tiles, Bf16* side) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= experts * tiles * kRank * (kTileK / 8)) return;
+  const int c = static_cast<int>(i % (kTileK / 8)), j = static_cast<int>(i / (kTileK / 8) % kRank);
+  const int64_t t = i / (kTileK / 8) / kRank % tiles, e = i / (kTileK / 8) / kRank / tiles;
+  const int64_t col = t * kTileK + c * 8;
+  uint4 v = make_uint4(0, 0, 0, 0);
+  if (col < in) v = *reinterpret_cast<const uint4*>(a + e * a_group + j * lda + col);
+  const int at = (j / 8) * 512 + (j % 8) * 64 + ((c ^ (j % 8)) * 8);
+  *reinterpret_cast<uint4*>(side + (e * tiles + t) * kSideBlock + at) = v;
+}
+
+typename XaGemm::Gemm::Arguments xa_arguments(const Sm90Grouped& g, int count, const Sm90Launch& at,
+                                              const XaArrays& arr,
+                                              const std::vector<typename XaGemm::Shape>& host) {
+  cutlass::KernelHardwareInfo hw;
+  hw.device_id = at.device;
+  hw.sm_count = at.multiprocessors;
+  typename XaGemm::Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGrouped,
+                                        {count, arr.shape, host.data()},
+                                        {arr.a, arr.sa, arr.b, arr.sb},
+                                        {{}, nullptr, arr.sd, arr.d, arr.sd},
+                                        hw};
+  args.mainloop.side = arr.side;
+  args.mainloop.k = static_cast<int>(g.k);
+  args.epilogue.thread.alpha = 1.f;
+  args.epilogue.thread.beta = 0.f;
+  using Raster = decltype(args.scheduler.raster_order);
+  args.scheduler.max_swizzle_size = at.config.swizzle;
+  args.scheduler.raster_order = at.config.along_n ? Raster::AlongN : Raster::AlongM;
+  return args;
+}
+
+}  // namespace
+}  // namespace sm90
+
+int64_t sm90_lora_xa_side_elems(int64_t experts, int64_t k) {
+  return experts * ((k + sm90::kTileK - 1) / sm90::kTileK) * sm90::kSideBlock;
+}
+
+bool sm90_lora_xa_fits(const Sm90Grouped& g, int64_t in, int64_t rank, int count) {
+  return g.form == Sm90Form::Forward && g.alpha == 1.f && g.beta == 0.f && rank == sm90::kRank &&
+         in > 0 && in % sm90::kTileK == 0 && g.k == in + rank && sm90_grouped_fits(g, count);
+}
+
+const char* sm90_lora_xa_side_pack(const void* a, int64_t lda, int64_t a_group, int64_t experts,
+                                   int64_t in, int64_t k, void* side, cudaStream_t stream) {
+  using namespace sm90;
+  const int64_t tiles = (k + kTileK - 1) / kTileK, n = experts * tiles * kRank * (kTileK / 8);
+  if (n == 0) return nullptr;
+  side_pack_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
+      static_cast<const Bf16*>(a), lda, a_group, experts, in, tiles, static_cast<Bf16*>(side));
+  return cudaGetLastError() == cudaSuccess ? nullptr : "the side pack kernel's launch";
+}
+
+size_t sm90_lora_xa_scratch(const Sm90Grouped& g, const GroupRows& rows, int count,
+                            const Sm90Launch& at) {
+  using namespace sm90;
+  const XaArrays arr = xa_arrays(nullptr, count);
+  const auto host = host_shapes<XaGemm>(g, rows, count);
+  return arr.bytes + XaGemm::Gemm::get_workspace_size(xa_arguments(g, count, at, arr, host));
+}
+
+const char* sm90_lora_xa_gemm(const Sm90Grouped& g, const void* side, int64_t side_group,
+                              const GroupRows& rows, int count, const Sm90Launch& at,
+                              void* scratch) {
+  using namespace sm90;
+  const XaArrays arr = xa_arrays(scratch, count);
+  xa_layout_kernel<<<(count + 127) / 128, 128, 0, at.stream>>>(
+      rows, count, g, static_cast<const Bf16*>(side), side_group, arr);
+  if (cudaGetLastError() != cudaSuccess) return "the layout kernel's launch";
+  const auto host = host_shapes<XaGemm>(g, rows, count);
+  const auto args = xa_arguments(g, count, at, arr, host);
+  typename XaGemm::Gemm gemm;
+  cutlass::Status s = gemm.can_implement(args);
+  if (s == cutlass::Status::kSuccess)
+    s = gemm.initialize(args, static_cast<char*>(scratch) + arr.bytes, at.stream);
+  if (s == cutlass::Status::kSuccess) s = gemm.run(at.stream);
+  if (s != cutlass::Status::kSuccess) return cutlassGetStatusString(s);
+  return cudaGetLastError() == cudaSuccess ? nullptr : "the grouped kernel's launch";
+}
+
+}  // namespace mt::ops::cuda

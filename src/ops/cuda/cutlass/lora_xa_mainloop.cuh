@@ -1,0 +1,271 @@
+// The K-concatenation forward's gate/up GEMM with X A^T formed in its own mainloop
+// (docs/plan_fused_lora.md, plan step 1): gate_up_g = [X_g | xa_g] [W_g ; s B_g]^T where
+// xa_g = X_g A_g^T is not read from X's padding but accumulated beside the base product from the X
+// tiles the mainloop already holds (one m64n16k16 wgmma per warpgroup and k16 block), turned into
+// bf16 (the rounding the skinny xa kernel applied when it stored xa) and multiplied into the
+// accumulators by one register-A wgmma against the last k-tile's s B columns. The n-block-0 tile of
+// each row block stores xa into X's padding for the backward (dB_gu), as the xa pass did.
+//
+// Cost (session 18, shape A, ncu at the running clocks): 1,670-1,726 us against 1,520-1,549 for the
+// K + r GEMM it replaces, beside which the xa pass took 177: even. Without the m64n16k16 wgmmas
+// the kernel takes 1,520 (their cost, ~150 us: each re-reads its 64 x 16 A block from shared
+// memory, a quarter more than the base wgmma's reads), without the slices' bulk copies 1,660.
+//
+// What the stock mainloop lacks, and this one adds:
+// - A third operand per stage: A_g's [16, 64] k-slice, which lora_xa_side_pack_kernel wrote in the
+//   order TMA's 128-byte swizzle leaves a [16, 64] box in (so one 2 KB bulk copy lands it), one
+//   block per k-tile and group (zeros past `in`: the last, adapter k-tile's).
+// - The tile's coordinates for the consumers: mma() receives none, so the producer stores (m tile,
+//   n tile, group, the group's rows) beside each stage with st.async, which completes on the
+//   stage's barrier like the TMA bytes.
+// Both count in the stage's transaction bytes. The rank is 16 (one k16 block of the last tile, one
+// register-A wgmma); the op takes this path only for ranks of 16 and `in` a multiple of 64, so the
+// last k-tile holds the adapter's columns alone.
+#pragma once
+
+#include <cutlass/cutlass.h>
+#include <cute/arch/cluster_sm90.hpp>
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/tensor.hpp>
+
+namespace mt::ops::cuda::sm90 {
+
+template <class Stock>
+struct LoraXaMainloop : Stock {
+  using Bf16 = cutlass::bfloat16_t;
+  static constexpr int kRank = 16;
+  static constexpr int kStages = Stock::DispatchPolicy::Stages;
+  static constexpr int kTileM = cute::size<0>(typename Stock::TileShape{});
+  static constexpr int kTileN = cute::size<1>(typename Stock::TileShape{});
+  static constexpr int kTileK = cute::size<2>(typename Stock::TileShape{});
+  static constexpr int kSideElems = kRank * kTileK;  // one stage's A_g slice
+  static constexpr uint32_t kSideBytes = kSideElems * sizeof(Bf16);
+  static constexpr uint32_t kCoordBytes = 16;
+  using SmemLayoutSide = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_K_SW128_Atom<Bf16>{},
+      cute::make_shape(cute::Int<kRank>{}, cute::Int<kTileK>{}, cute::Int<kStages>{})));
+  static_assert(kTileK * sizeof(Bf16) == 128, "one 128-byte swizzled row per k-slice row");
+
+  struct TensorStorage : Stock::TensorStorage {
+    alignas(1024) cute::array_aligned<Bf16, cute::cosize_v<SmemLayoutSide>, 1024> smem_side;
+    alignas(16) uint32_t coords[kStages][4];  // m tile, n tile, group, the group's rows
+  };
+
+  struct Arguments : Stock::Arguments {
+    const Bf16* const* side = nullptr;  // per group: its k-tiles' A_g slices (side_pack)
+    int k = 0;                          // the groups' common K = in + r
+  };
+  struct Params : Stock::Params {
+    const Bf16* const* side = nullptr;
+    int k = 0;
+  };
+
+  template <class ProblemShape>
+  static Params to_underlying_arguments(ProblemShape shapes, Arguments const& args,
+                                        void* workspace) {
+    Params p{Stock::to_underlying_arguments(shapes, args, workspace)};
+    p.side = args.side;
+    p.k = args.k;
+    p.tma_transaction_bytes += kSideBytes + kCoordBytes;
+    return p;
+  }
+
+  // The stock tensors plus the current group and its rows (tensors_perform_update is told the
+  // group whenever it changes, before the first load of its tiles).
+  template <class ProblemShape_MNKL>
+  CUTLASS_DEVICE auto load_init(ProblemShape_MNKL const& shape, Params const& params) const {
+    auto t = Stock::load_init(shape, params);
+    return cute::make_tuple(cute::get<0>(t), cute::get<1>(t), int32_t(0),
+                            static_cast<int32_t>(cute::get<0>(shape)));
+  }
+  template <class Inputs, class ProblemShape_MNKL>
+  CUTLASS_DEVICE auto tensors_perform_update(Inputs const& in, Params const&,
+                                             ProblemShape_MNKL shape, int32_t group) {
+    return cute::make_tuple(cute::get<0>(in), cute::get<1>(in), group,
+                            static_cast<int32_t>(cute::get<0>(shape)));
+  }
+
+  // The stock producer's loads (A and B through TMA, multicast across the cluster as the stock
+  // does), and per stage the A_g slice and the coordinates.
+  template <class Inputs, class TensorMaps, class KTileIterator, class BlockCoord>
+  CUTLASS_DEVICE void load(Params const& params, typename Stock::MainloopPipeline pipeline,
+                           typename Stock::PipelineState write, Inputs const& inputs,
+                           TensorMaps const& tensormaps, BlockCoord const& blk_coord,
+                           KTileIterator k_iter, int k_tiles, int, uint32_t block_rank_in_cluster,
+                           TensorStorage& storage) {
+    using namespace cute;
+    if (!elect_one_sync()) return;
+    using ClusterShape = typename Stock::DispatchPolicy::ClusterShape;
+    Tensor sA = make_tensor(make_smem_ptr(storage.smem_A.data()), typename Stock::SmemLayoutA{});
+    Tensor sB = make_tensor(make_smem_ptr(storage.smem_B.data()), typename Stock::SmemLayoutB{});
+    constexpr uint32_t kClusterX = size<0>(ClusterShape{});
+    const uint2 block = {block_rank_in_cluster % kClusterX, block_rank_in_cluster / kClusterX};
+    auto tma_a = params.tma_load_a.get_slice(block.y);
+    auto tma_b = params.tma_load_b.get_slice(block.x);
+    const auto m_coord = get<0>(blk_coord);
+    const auto n_coord = get<1>(blk_coord);
+    Tensor gA = get<0>(inputs)(_, _, m_coord, _, get<3>(blk_coord));
+    Tensor gB = get<1>(inputs)(_, _, n_coord, _, get<3>(blk_coord));
+    Tensor tAgA = tma_a.partition_S(gA);
+    Tensor tAsA = tma_a.partition_D(sA);
+    Tensor tBgB = tma_b.partition_S(gB);
+    Tensor tBsB = tma_b.partition_D(sB);
+    uint16_t mask_a = 0, mask_b = 0;
+    auto cluster = Layout<ClusterShape>{};
+    if constexpr (is_same_v<typename Stock::GmemTiledCopyA, SM90_TMA_LOAD_MULTICAST>)
+      for (int n = 0; n < size<1>(cluster); ++n) mask_a |= uint16_t(1) << cluster(block.x, n, _0{});
+    if constexpr (is_same_v<typename Stock::GmemTiledCopyB, SM90_TMA_LOAD_MULTICAST>)
+      for (int m = 0; m < size<0>(cluster); ++m) mask_b |= uint16_t(1) << cluster(m, block.y, _0{});
+    const int32_t group = get<2>(inputs), rows = get<3>(inputs);
+    const Bf16* side = params.side[group];
+    const uint32_t rank = block_rank_in_cluster;
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (; k_tiles > 0; --k_tiles) {
+      pipeline.producer_acquire(write);
+      auto* barrier = pipeline.producer_get_barrier(write);
+      const int stage = write.index();
+      const int k = *k_iter;
+      copy(params.tma_load_a.with(get<0>(tensormaps), *barrier, mask_a), tAgA(_, _, _, k),
+           tAsA(_, _, _, stage));
+      copy(params.tma_load_b.with(get<1>(tensormaps), *barrier, mask_b), tBgB(_, _, _, k),
+           tBsB(_, _, _, stage));
+      SM90_BULK_COPY_G2S::copy(side + static_cast<int64_t>(k) * kSideElems,
+                               reinterpret_cast<uint64_t*>(barrier),
+                               storage.smem_side.data() + stage * kSideElems, kSideBytes);
+      const uint32_t at = set_block_rank(cast_smem_ptr_to_uint(&storage.coords[stage][0]), rank);
+      const uint32_t bar = set_block_rank(cast_smem_ptr_to_uint(barrier), rank);
+      asm volatile(
+          "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, "
+          "[%5];" ::"r"(at),
+          "r"(static_cast<uint32_t>(m_coord)), "r"(static_cast<uint32_t>(n_coord)),
+          "r"(static_cast<uint32_t>(group)), "r"(static_cast<uint32_t>(rows)), "r"(bar)
+          : "memory");
+      ++k_iter;
+      ++write;
+    }
+  }
+
+  // The consumer: k-tiles 0 .. k_tiles - 2 (X's columns) issue the base product's wgmmas and xa's
+  // beside them; then xa is complete (one wait for every wgmma), rounded to bf16 and, as the
+  // register A operand, multiplied into the accumulators against the last k-tile's first k16
+  // block (the s B columns); the n-block-0 tile stores it into X's padding. The stages are released
+  // as the stock mainloop releases them (one batch left in flight; mma_tail releases the last).
+  template <class FrgTensorC>
+  CUTLASS_DEVICE void mma(typename Stock::MainloopPipeline pipeline,
+                          typename Stock::PipelineState read, FrgTensorC& accum, int k_tiles,
+                          int thread_idx, TensorStorage& storage, Params const& params) {
+    using namespace cute;
+    using TiledMma = typename Stock::TiledMma;
+    static_assert(Stock::K_PIPE_MMAS == 1, "written for one batch of wgmmas in flight");
+    constexpr int kWarpGroups = size(TiledMma{}) / cutlass::NumThreadsPerWarpGroup;
+    static_assert(kWarpGroups * 64 == kTileM, "each warpgroup owns 64 rows of the tile");
+    const int warp_group = __shfl_sync(0xffffffff, thread_idx / cutlass::NumThreadsPerWarpGroup, 0);
+    const auto wg_slice =
+        make_layout(Int<kWarpGroups>{}, Int<cutlass::NumThreadsPerWarpGroup>{})(warp_group);
+    Tensor sA = make_tensor(make_smem_ptr(storage.smem_A.data()), typename Stock::SmemLayoutA{});
+    Tensor sB = make_tensor(make_smem_ptr(storage.smem_B.data()), typename Stock::SmemLayoutB{});
+    Tensor sS = make_tensor(make_smem_ptr(storage.smem_side.data()), SmemLayoutSide{});
+
+    TiledMma tiled_mma;  // the base product: X W^T
+    auto thr = tiled_mma.get_slice(wg_slice);
+    Tensor tA = thr.make_fragment_A(thr.partition_A(sA));  // (MMA, M, K, PIPE)
+    Tensor tB = thr.make_fragment_B(thr.partition_B(sB));  // (MMA, N, K, PIPE)
+    constexpr int kBlocks = size<2>(tA);
+
+    using SideMma =
+        decltype(make_tiled_mma(SM90_64x16x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::K>{},
+                                Layout<Shape<Int<kWarpGroups>, _1, _1>>{}));
+    SideMma side_mma;  // xa = X A^T
+    auto side_thr = side_mma.get_slice(wg_slice);
+    Tensor sdA = side_thr.make_fragment_A(side_thr.partition_A(sA));
+    Tensor sdB = side_thr.make_fragment_B(side_thr.partition_B(sS));
+    Tensor xa = partition_fragment_C(side_mma, Shape<Int<kTileM>, Int<kRank>>{});
+
+    using RsAtom =
+        decltype(GMMA::rs_op_selector<Bf16, Bf16, float, Shape<_64, Int<kTileN>, Int<kRank>>>());
+    using RsMma = decltype(make_tiled_mma(RsAtom{}, Layout<Shape<Int<kWarpGroups>, _1, _1>>{}));
+    RsMma rs_mma;  // accum += xa (sB)^T
+    auto rs_thr = rs_mma.get_slice(wg_slice);
+    Tensor rsB = rs_thr.make_fragment_B(rs_thr.partition_B(sB));
+    Tensor xa16 = rs_thr.partition_fragment_A(
+        make_tensor(make_smem_ptr(static_cast<Bf16*>(nullptr)),
+                    make_layout(make_shape(Int<kTileM>{}, Int<kRank>{}), LayoutRight{})));
+    static_assert(size(xa16) == size(xa), "xa's accumulator is the register A operand's layout");
+
+    typename Stock::PipelineState release = read;
+    tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+    side_mma.accumulate_ = GMMA::ScaleOut::Zero;
+    warpgroup_fence_operand(accum);
+    warpgroup_fence_operand(xa);
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int t = 0; t + 1 < k_tiles; ++t) {
+      pipeline.consumer_wait(read, pipeline.consumer_try_wait(read));
+      const int stage = read.index();
+      warpgroup_fence_operand(accum);
+      warpgroup_fence_operand(xa);
+      warpgroup_arrive();
+      CUTLASS_PRAGMA_UNROLL
+      for (int b = 0; b < kBlocks; ++b) {
+        cute::gemm(tiled_mma, tA(_, _, b, stage), tB(_, _, b, stage), accum);
+        tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+        cute::gemm(side_mma, sdA(_, _, b, stage), sdB(_, _, b, stage), xa);
+        side_mma.accumulate_ = GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
+      if (t > 0) {
+        warpgroup_wait<1>();
+        warpgroup_fence_operand(accum);
+        warpgroup_fence_operand(xa);
+        pipeline.consumer_release(release);
+        ++release;
+      }
+      ++read;
+    }
+    // The adapter's k-tile.
+    pipeline.consumer_wait(read, pipeline.consumer_try_wait(read));
+    const int stage = read.index();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(accum);
+    warpgroup_fence_operand(xa);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(xa); ++i) xa16(i) = Bf16(xa(i));
+    warpgroup_fence_operand(xa16);
+    warpgroup_arrive();
+    rs_mma.accumulate_ = GMMA::ScaleOut::One;
+    cute::gemm(rs_mma, xa16(_, _, 0), rsB(_, _, 0, stage), accum);
+    warpgroup_commit_batch();
+    if (k_tiles > 1) {  // the stage before: its wgmmas completed at the wait above
+      pipeline.consumer_release(release);
+      ++release;
+    }
+    const uint32_t* c = storage.coords[stage];
+    if (c[1] == 0) store_xa(xa16, c[0], c[2], static_cast<int>(c[3]), thread_idx, params);
+    ++read;
+    warpgroup_fence_operand(accum);
+  }
+
+  // xa into columns in .. in + 15 of the tile's X rows (the group's rows only).
+  template <class Frag>
+  CUTLASS_DEVICE static void store_xa(Frag const& xa16, uint32_t m_tile, uint32_t group, int rows,
+                                      int thread_idx, Params const& params) {
+    using namespace cute;
+    using SideMma =
+        decltype(make_tiled_mma(SM90_64x16x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::K>{},
+                                Layout<Shape<Int<kTileM / 64>, _1, _1>>{}));
+    Tensor coord = SideMma{}
+                       .get_slice(thread_idx)
+                       .partition_C(make_identity_tensor(Shape<Int<kTileM>, Int<kRank>>{}));
+    static_assert(size(decltype(coord){}) == size(Frag{}), "one coordinate per xa element");
+    auto* x =
+        reinterpret_cast<Bf16*>(const_cast<typename Stock::InternalElementA*>(params.ptr_A[group]));
+    const int64_t ld = get<0>(params.dA[group]);
+    const int row0 = static_cast<int>(m_tile) * kTileM, col0 = params.k - kRank;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(coord); ++i) {
+      const int row = row0 + get<0>(coord(i));
+      if (row < rows) x[row * ld + col0 + get<1>(coord(i))] = xa16(i);
+    }
+  }
+};
+
+}  // namespace mt::ops::cuda::sm90
