@@ -92,8 +92,9 @@ struct GroupedFfnParams {
   // The K-concatenation path's xa = X A_gu^T (grouped_ffn_lora_gate_up): Gemm = formed inside the
   // gate/up GEMM's mainloop beside the base product (rank 16, `in` a multiple of 64; otherwise as
   // Staged); Registers = the register kernel, then the GEMM; Staged = grouped_matmul (the skinny
-  // down kernel, session 11), then the GEMM.
-  LoraKernels lora_xa = LoraKernels::Gemm;
+  // down kernel, session 11), then the GEMM. Staged stays the default until Gemm's last change
+  // (session 18: the row-tile counts of clusters' empty tiles) has passed on the device.
+  LoraKernels lora_xa = LoraKernels::Staged;
   float lora_scale() const { return lora_rank ? lora_alpha / static_cast<float>(lora_rank) : 0.f; }
 };
 

@@ -446,8 +446,8 @@ TEST(CudaGroupedFfn, KConcatLoraInTheBaseGemms) {
                                                                    .pad_rows = true});
   ffn_check("grouped_ffn kconcat r8 trained base, copied rows",
             {.rows = 2000, .experts = 9, .in = 64, .ffn = 48, .rank = 8, .kconcat = true});
-  // Rank 16 and `in` a multiple of 64: xa formed in the gate/up GEMM (GroupedFfnParams::lora_xa's
-  // default, Gemm), the backward reading it from x's padding (dB_gu) or from saved.xa.
+  // Rank 16 and `in` a multiple of 64: xa formed in the gate/up GEMM (GroupedFfnParams::lora_xa =
+  // Gemm), the backward reading it from x's padding (dB_gu) or from saved.xa.
   ffn_check("grouped_ffn kconcat r16 skewed trained base, padded rows, xa in the GEMM",
             {.rows = 3000,
              .experts = 16,
@@ -456,14 +456,17 @@ TEST(CudaGroupedFfn, KConcatLoraInTheBaseGemms) {
              .rank = 16,
              .skewed = true,
              .kconcat = true,
-             .pad_rows = true});
-  ffn_check("grouped_ffn kconcat r16 frozen, copied rows, xa in the GEMM", {.rows = 2000,
-                                                                            .experts = 9,
-                                                                            .in = 128,
-                                                                            .ffn = 48,
-                                                                            .rank = 16,
-                                                                            .frozen_base = true,
-                                                                            .kconcat = true});
+             .pad_rows = true,
+             .lora_xa = ops::LoraKernels::Gemm});
+  ffn_check("grouped_ffn kconcat r16 frozen, copied rows, xa in the GEMM",
+            {.rows = 2000,
+             .experts = 9,
+             .in = 128,
+             .ffn = 48,
+             .rank = 16,
+             .frozen_base = true,
+             .kconcat = true,
+             .lora_xa = ops::LoraKernels::Gemm});
   ffn_check("grouped_ffn kconcat r16 skewed frozen, padded rows, session 13's kernels",
             {.rows = 3000,
              .experts = 16,

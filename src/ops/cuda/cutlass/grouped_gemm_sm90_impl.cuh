@@ -177,6 +177,17 @@ size_t scratch_bytes(const Sm90Grouped& g, const GroupRows& rows, int count, con
   return arr.bytes + G::Gemm::get_workspace_size(arguments<G>(g, count, at, arr, host));
 }
 
+// Checks, initialises (CUTLASS's workspace) and launches G's kernel: nullptr, or what failed.
+template <class G>
+const char* launch(const typename G::Gemm::Arguments& args, void* workspace, cudaStream_t stream) {
+  typename G::Gemm gemm;
+  cutlass::Status s = gemm.can_implement(args);
+  if (s == cutlass::Status::kSuccess) s = gemm.initialize(args, workspace, stream);
+  if (s == cutlass::Status::kSuccess) s = gemm.run(stream);
+  if (s != cutlass::Status::kSuccess) return cutlassGetStatusString(s);
+  return cudaGetLastError() == cudaSuccess ? nullptr : "the grouped kernel's launch";
+}
+
 template <class G>
 const char* run(const Sm90Grouped& g, const GroupRows& rows, int count, const Sm90Launch& at,
                 void* scratch) {
@@ -185,13 +196,7 @@ const char* run(const Sm90Grouped& g, const GroupRows& rows, int count, const Sm
   if (cudaGetLastError() != cudaSuccess) return "the layout kernel's launch";
   const auto host = host_shapes<G>(g, rows, count);
   const auto args = arguments<G>(g, count, at, arr, host);
-  typename G::Gemm gemm;
-  cutlass::Status s = gemm.can_implement(args);
-  if (s == cutlass::Status::kSuccess)
-    s = gemm.initialize(args, static_cast<char*>(scratch) + arr.bytes, at.stream);
-  if (s == cutlass::Status::kSuccess) s = gemm.run(at.stream);
-  if (s != cutlass::Status::kSuccess) return cutlassGetStatusString(s);
-  return cudaGetLastError() == cudaSuccess ? nullptr : "the grouped kernel's launch";
+  return launch<G>(args, static_cast<char*>(scratch) + arr.bytes, at.stream);
 }
 
 // The entry points of a configuration of the forward forms: Forward reads W_g K-major, InputGrad

@@ -46,13 +46,31 @@ struct XaArrays {
   const Bf16** b = nullptr;
   Bf16** d = nullptr;
   const Bf16** side = nullptr;
+  int* tile0 = nullptr;  // group i's first row tile among all groups'
+  int* ready = nullptr;  // per row tile (LoraXaMainloop::Arguments::ready)
   typename XaGemm::StrideA* sa = nullptr;
   typename XaGemm::StrideB* sb = nullptr;
   XaStrideD* sd = nullptr;
   size_t bytes = 0;
 };
 
-XaArrays xa_arrays(void* scratch, int count) {
+// A group's row tiles as the scheduler hands them out: rounded up to whole clusters along M (the
+// last cluster's second tile may hold no rows, and still forms, stores and counts its empty xa;
+// counted in the next group's first tile it let that tile's other n-blocks read xa before it was
+// there: session 18 call 6).
+__host__ __device__ inline int group_row_tiles(int rows) {
+  constexpr int kClusterM = cute::size<0>(XaCluster{});
+  return (rows + 128 * kClusterM - 1) / (128 * kClusterM) * kClusterM;
+}
+
+// The row tiles of all groups.
+int row_tiles(const GroupRows& rows, int count) {
+  int tiles = 0;
+  for (int i = 0; i < count; ++i) tiles += group_row_tiles(rows.rows[i]);
+  return tiles;
+}
+
+XaArrays xa_arrays(void* scratch, int count, int tiles) {
   auto* base = static_cast<char*>(scratch);
   XaArrays r;
   size_t at = 0;
@@ -61,6 +79,8 @@ XaArrays xa_arrays(void* scratch, int count) {
   r.b = carve<const Bf16*>(base, at, count);
   r.d = carve<Bf16*>(base, at, count);
   r.side = carve<const Bf16*>(base, at, count);
+  r.tile0 = carve<int>(base, at, count);
+  r.ready = carve<int>(base, at, tiles);
   r.sa = carve<typename XaGemm::StrideA>(base, at, count);
   r.sb = carve<typename XaGemm::StrideB>(base, at, count);
   r.sd = carve<XaStrideD>(base, at, count);
@@ -81,6 +101,9 @@ __global__ void xa_layout_kernel(GroupRows t, int count, Sm90Grouped g, const Bf
   out.b[i] = static_cast<const Bf16*>(g.b) + group * g.w_group;
   out.d[i] = static_cast<Bf16*>(g.c) + row0 * g.ldc;
   out.side[i] = side + group * side_group;
+  int tile0 = 0;
+  for (int j = 0; j < i; ++j) tile0 += group_row_tiles(t.rows[j]);
+  out.tile0[i] = tile0;
   out.sa[i] = cute::make_stride(g.lda, _1{}, Zero{});
   out.sb[i] = cute::make_stride(g.ldw, _1{}, Zero{});
   out.sd[i] = cute::make_stride(g.ldc, _1{}, Zero{});
@@ -115,11 +138,15 @@ typename XaGemm::Gemm::Arguments xa_arguments(const Sm90Grouped& g, int count, c
                                         hw};
   args.mainloop.side = arr.side;
   args.mainloop.k = static_cast<int>(g.k);
+  args.mainloop.ready = arr.ready;
+  args.mainloop.tile0 = arr.tile0;
   args.epilogue.thread.alpha = 1.f;
   args.epilogue.thread.beta = 0.f;
+  // Along M without swizzle, whatever the configuration: a row tile's n-block 0, which forms xa for
+  // the others, comes first in each CTA's order (LoraXaMainloop::load_xa).
   using Raster = decltype(args.scheduler.raster_order);
-  args.scheduler.max_swizzle_size = at.config.swizzle;
-  args.scheduler.raster_order = at.config.along_n ? Raster::AlongN : Raster::AlongM;
+  args.scheduler.max_swizzle_size = 1;
+  args.scheduler.raster_order = Raster::AlongM;
   return args;
 }
 
@@ -148,7 +175,7 @@ const char* sm90_lora_xa_side_pack(const void* a, int64_t lda, int64_t a_group, 
 size_t sm90_lora_xa_scratch(const Sm90Grouped& g, const GroupRows& rows, int count,
                             const Sm90Launch& at) {
   using namespace sm90;
-  const XaArrays arr = xa_arrays(nullptr, count);
+  const XaArrays arr = xa_arrays(nullptr, count, row_tiles(rows, count));
   const auto host = host_shapes<XaGemm>(g, rows, count);
   return arr.bytes + XaGemm::Gemm::get_workspace_size(xa_arguments(g, count, at, arr, host));
 }
@@ -157,19 +184,17 @@ const char* sm90_lora_xa_gemm(const Sm90Grouped& g, const void* side, int64_t si
                               const GroupRows& rows, int count, const Sm90Launch& at,
                               void* scratch) {
   using namespace sm90;
-  const XaArrays arr = xa_arrays(scratch, count);
+  const int tiles = row_tiles(rows, count);
+  const XaArrays arr = xa_arrays(scratch, count, tiles);
+  if (cudaMemsetAsync(arr.ready, 0, sizeof(int) * static_cast<size_t>(tiles), at.stream) !=
+      cudaSuccess)
+    return "clearing the row tiles' counts";
   xa_layout_kernel<<<(count + 127) / 128, 128, 0, at.stream>>>(
       rows, count, g, static_cast<const Bf16*>(side), side_group, arr);
   if (cudaGetLastError() != cudaSuccess) return "the layout kernel's launch";
   const auto host = host_shapes<XaGemm>(g, rows, count);
   const auto args = xa_arguments(g, count, at, arr, host);
-  typename XaGemm::Gemm gemm;
-  cutlass::Status s = gemm.can_implement(args);
-  if (s == cutlass::Status::kSuccess)
-    s = gemm.initialize(args, static_cast<char*>(scratch) + arr.bytes, at.stream);
-  if (s == cutlass::Status::kSuccess) s = gemm.run(at.stream);
-  if (s != cutlass::Status::kSuccess) return cutlassGetStatusString(s);
-  return cudaGetLastError() == cudaSuccess ? nullptr : "the grouped kernel's launch";
+  return launch<XaGemm>(args, static_cast<char*>(scratch) + arr.bytes, at.stream);
 }
 
 }  // namespace mt::ops::cuda

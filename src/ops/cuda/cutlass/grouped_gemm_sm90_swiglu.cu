@@ -528,13 +528,7 @@ const char* sw_run(const Sm90Grouped& g, const Sm90Swiglu& s, const GroupRows& r
   if (cudaGetLastError() != cudaSuccess) return "the layout kernel's launch";
   const auto host = host_shapes<G>(g, rows, count);
   const auto args = sw_arguments<G>(g, s, count, at, arr, host);
-  typename G::Gemm gemm;
-  cutlass::Status st = gemm.can_implement(args);
-  if (st == cutlass::Status::kSuccess)
-    st = gemm.initialize(args, static_cast<char*>(scratch) + arr.bytes, at.stream);
-  if (st == cutlass::Status::kSuccess) st = gemm.run(at.stream);
-  if (st != cutlass::Status::kSuccess) return cutlassGetStatusString(st);
-  return cudaGetLastError() == cudaSuccess ? nullptr : "the grouped kernel's launch";
+  return launch<G>(args, static_cast<char*>(scratch) + arr.bytes, at.stream);
 }
 
 static_assert(SwigluUp::kBKMajor && !SwigluDown::kBKMajor && SwigluUpPingpong::kBKMajor &&

@@ -3,13 +3,17 @@
 // xa_g = X_g A_g^T is not read from X's padding but accumulated beside the base product from the X
 // tiles the mainloop already holds (one m64n16k16 wgmma per warpgroup and k16 block), turned into
 // bf16 (the rounding the skinny xa kernel applied when it stored xa) and multiplied into the
-// accumulators by one register-A wgmma against the last k-tile's s B columns. The n-block-0 tile of
-// each row block stores xa into X's padding for the backward (dB_gu), as the xa pass did.
+// accumulators by one register-A wgmma against the last k-tile's s B columns. Only the n-block-0
+// tile of each row block forms xa: it stores it into X's padding (for the backward's dB_gu, as the
+// xa pass did, and for the row block's other tiles), and those read it there when it is (load_xa).
 //
-// Cost (session 18, shape A, ncu at the running clocks): 1,670-1,726 us against 1,520-1,549 for the
-// K + r GEMM it replaces, beside which the xa pass took 177: even. Without the m64n16k16 wgmmas
-// the kernel takes 1,520 (their cost, ~150 us: each re-reads its 64 x 16 A block from shared
-// memory, a quarter more than the base wgmma's reads), without the slices' bulk copies 1,660.
+// Cost (session 18, shape A, ncu at the running clocks). With every tile forming xa: 1,670-1,726 us
+// against 1,520-1,549 for the K + r GEMM it replaces, beside which the xa pass took 177: even.
+// Without the m64n16k16 wgmmas that kernel took 1,520 (their cost, ~150 us: each re-reads its
+// 64 x 16 A block from shared memory, a quarter more than the base wgmma reads), without the
+// slices' bulk copies 1,660. With n-block 0 alone forming xa: 1,622 against the frozen GEMM's
+// 1,535 in the same run, ~135 us less than the K + r GEMM and the xa pass; that run also found
+// the clusters' empty tiles miscounted (fixed since, not yet run on the device).
 //
 // What the stock mainloop lacks, and this one adds:
 // - A third operand per stage: A_g's [16, 64] k-slice, which lora_xa_side_pack_kernel wrote in the
@@ -54,10 +58,16 @@ struct LoraXaMainloop : Stock {
   struct Arguments : Stock::Arguments {
     const Bf16* const* side = nullptr;  // per group: its k-tiles' A_g slices (side_pack)
     int k = 0;                          // the groups' common K = in + r
+    // Per row tile (group i's m tile t at tile0[i] + t): how many of the n-block-0 tile's consumer
+    // threads stored their share of xa (zeroed before the launch).
+    int* ready = nullptr;
+    const int* tile0 = nullptr;
   };
   struct Params : Stock::Params {
     const Bf16* const* side = nullptr;
     int k = 0;
+    int* ready = nullptr;
+    const int* tile0 = nullptr;
   };
 
   template <class ProblemShape>
@@ -66,6 +76,8 @@ struct LoraXaMainloop : Stock {
     Params p{Stock::to_underlying_arguments(shapes, args, workspace)};
     p.side = args.side;
     p.k = args.k;
+    p.ready = args.ready;
+    p.tile0 = args.tile0;
     p.tma_transaction_bytes += kSideBytes + kCoordBytes;
     return p;
   }
@@ -192,43 +204,66 @@ struct LoraXaMainloop : Stock {
                     make_layout(make_shape(Int<kTileM>{}, Int<kRank>{}), LayoutRight{})));
     static_assert(size(xa16) == size(xa), "xa's accumulator is the register A operand's layout");
 
+    // The tile's coordinates ride with every stage: the first stage's say whether this tile forms
+    // xa (n-block 0) or takes it from the one that did.
+    pipeline.consumer_wait(read, pipeline.consumer_try_wait(read));
+    const uint32_t* coords = storage.coords[read.index()];
+    const uint32_t m_tile = coords[0], group = coords[2];
+    const bool make_xa = coords[1] == 0;
+    const int rows = static_cast<int>(coords[3]);
+
     typename Stock::PipelineState release = read;
     tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
     side_mma.accumulate_ = GMMA::ScaleOut::Zero;
     warpgroup_fence_operand(accum);
     warpgroup_fence_operand(xa);
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (int t = 0; t + 1 < k_tiles; ++t) {
-      pipeline.consumer_wait(read, pipeline.consumer_try_wait(read));
-      const int stage = read.index();
-      warpgroup_fence_operand(accum);
-      warpgroup_fence_operand(xa);
-      warpgroup_arrive();
-      CUTLASS_PRAGMA_UNROLL
-      for (int b = 0; b < kBlocks; ++b) {
-        cute::gemm(tiled_mma, tA(_, _, b, stage), tB(_, _, b, stage), accum);
-        tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-        cute::gemm(side_mma, sdA(_, _, b, stage), sdB(_, _, b, stage), xa);
-        side_mma.accumulate_ = GMMA::ScaleOut::One;
-      }
-      warpgroup_commit_batch();
-      if (t > 0) {
-        warpgroup_wait<1>();
+    // X's k-tiles; with_xa: xa's wgmmas beside the base product's (straight-line batches: a wgmma
+    // under a run-time condition made ptxas fence the accumulators).
+    auto x_tiles = [&](auto with_xa) {
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (int t = 0; t + 1 < k_tiles; ++t) {
+        pipeline.consumer_wait(read, pipeline.consumer_try_wait(read));
+        const int stage = read.index();
         warpgroup_fence_operand(accum);
         warpgroup_fence_operand(xa);
-        pipeline.consumer_release(release);
-        ++release;
+        warpgroup_arrive();
+        CUTLASS_PRAGMA_UNROLL
+        for (int b = 0; b < kBlocks; ++b) {
+          cute::gemm(tiled_mma, tA(_, _, b, stage), tB(_, _, b, stage), accum);
+          tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+          if constexpr (decltype(with_xa)::value) {
+            cute::gemm(side_mma, sdA(_, _, b, stage), sdB(_, _, b, stage), xa);
+            side_mma.accumulate_ = GMMA::ScaleOut::One;
+          }
+        }
+        warpgroup_commit_batch();
+        if (t > 0) {
+          warpgroup_wait<1>();
+          warpgroup_fence_operand(accum);
+          warpgroup_fence_operand(xa);
+          pipeline.consumer_release(release);
+          ++release;
+        }
+        ++read;
       }
-      ++read;
-    }
+    };
+    if (make_xa)
+      x_tiles(cute::true_type{});
+    else
+      x_tiles(cute::false_type{});
     // The adapter's k-tile.
     pipeline.consumer_wait(read, pipeline.consumer_try_wait(read));
     const int stage = read.index();
     warpgroup_wait<0>();
     warpgroup_fence_operand(accum);
     warpgroup_fence_operand(xa);
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(xa); ++i) xa16(i) = Bf16(xa(i));
+    int* ready = params.ready + params.tile0[group] + m_tile;
+    if (make_xa) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(xa); ++i) xa16(i) = Bf16(xa(i));
+    } else {
+      load_xa(xa16, ready, m_tile, group, rows, thread_idx, params);
+    }
     warpgroup_fence_operand(xa16);
     warpgroup_arrive();
     rs_mma.accumulate_ = GMMA::ScaleOut::One;
@@ -238,23 +273,32 @@ struct LoraXaMainloop : Stock {
       pipeline.consumer_release(release);
       ++release;
     }
-    const uint32_t* c = storage.coords[stage];
-    if (c[1] == 0) store_xa(xa16, c[0], c[2], static_cast<int>(c[3]), thread_idx, params);
+    if (make_xa) store_xa(xa16, ready, m_tile, group, rows, thread_idx, params);
     ++read;
     warpgroup_fence_operand(accum);
   }
 
-  // xa into columns in .. in + 15 of the tile's X rows (the group's rows only).
-  template <class Frag>
-  CUTLASS_DEVICE static void store_xa(Frag const& xa16, uint32_t m_tile, uint32_t group, int rows,
-                                      int thread_idx, Params const& params) {
+  // Element i of this thread's xa fragment: its (row, column) in the tile.
+  CUTLASS_DEVICE static auto xa_coords(int thread_idx) {
     using namespace cute;
     using SideMma =
         decltype(make_tiled_mma(SM90_64x16x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::K>{},
                                 Layout<Shape<Int<kTileM / 64>, _1, _1>>{}));
-    Tensor coord = SideMma{}
-                       .get_slice(thread_idx)
-                       .partition_C(make_identity_tensor(Shape<Int<kTileM>, Int<kRank>>{}));
+    return SideMma{}
+        .get_slice(thread_idx)
+        .partition_C(make_identity_tensor(Shape<Int<kTileM>, Int<kRank>>{}));
+  }
+
+  // The consumer threads (all of them: `ready` counts them) of the tiles that take xa.
+  static constexpr int kConsumers = cute::size(typename Stock::TiledMma{});
+
+  // xa into columns in .. in + 15 of the tile's X rows (the group's rows only); then each thread
+  // tells the tiles of the other n-blocks that its share is there (a fence, then a count).
+  template <class Frag>
+  CUTLASS_DEVICE static void store_xa(Frag const& xa16, int* ready, uint32_t m_tile, uint32_t group,
+                                      int rows, int thread_idx, Params const& params) {
+    using namespace cute;
+    Tensor coord = xa_coords(thread_idx);
     static_assert(size(decltype(coord){}) == size(Frag{}), "one coordinate per xa element");
     auto* x =
         reinterpret_cast<Bf16*>(const_cast<typename Stock::InternalElementA*>(params.ptr_A[group]));
@@ -264,6 +308,36 @@ struct LoraXaMainloop : Stock {
     for (int i = 0; i < size(coord); ++i) {
       const int row = row0 + get<0>(coord(i));
       if (row < rows) x[row * ld + col0 + get<1>(coord(i))] = xa16(i);
+    }
+    __threadfence();
+    atomicAdd(ready, 1);
+  }
+
+  // The tiles of n-blocks past 0 wait until the n-block-0 tile of their rows stored xa (the
+  // persistent scheduler hands each CTA its tiles in rising order, in which, rastered along M with
+  // no swizzle, a row tile's n-block 0 comes before its others: the waits cannot close a cycle),
+  // then read their fragment of it. A wait past a few seconds traps (a scheduler whose order broke
+  // that rule) rather than hang.
+  template <class Frag>
+  CUTLASS_DEVICE static void load_xa(Frag& xa16, int* ready, uint32_t m_tile, uint32_t group,
+                                     int rows, int thread_idx, Params const& params) {
+    using namespace cute;
+    for (long spins = 0;; ++spins) {
+      int seen;
+      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(ready) : "memory");
+      if (seen >= kConsumers) break;
+      if (spins > (1l << 32)) __trap();
+      __nanosleep(64);
+    }
+    Tensor coord = xa_coords(thread_idx);
+    const auto* x = reinterpret_cast<const unsigned short*>(params.ptr_A[group]);
+    const int64_t ld = get<0>(params.dA[group]);
+    const int row0 = static_cast<int>(m_tile) * kTileM, col0 = params.k - kRank;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(coord); ++i) {
+      const int row = row0 + get<0>(coord(i));
+      xa16(i) =
+          row < rows ? Bf16::bitcast(__ldcg(x + row * ld + col0 + get<1>(coord(i)))) : Bf16(0.f);
     }
   }
 };
