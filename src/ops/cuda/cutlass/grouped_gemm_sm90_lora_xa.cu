@@ -54,13 +54,17 @@ struct XaArrays {
   size_t bytes = 0;
 };
 
-// A group's row tiles as the scheduler hands them out: rounded up to whole clusters along M (the
+// The scheduler's swizzle for this kernel (xa_arguments), on which group_row_tiles depends.
+constexpr int kSwizzle = 1;
+
+// A group's row tiles as the scheduler hands them out: rounded up to whole clusters along M times
+// the swizzle, 1 here (the
 // last cluster's second tile may hold no rows, and still forms, stores and counts its empty xa;
 // counted in the next group's first tile it let that tile's other n-blocks read xa before it was
 // there: session 18 call 6).
 __host__ __device__ inline int group_row_tiles(int rows) {
-  constexpr int kClusterM = cute::size<0>(XaCluster{});
-  return (rows + 128 * kClusterM - 1) / (128 * kClusterM) * kClusterM;
+  constexpr int kBlock = cute::size<0>(XaCluster{}) * kSwizzle;
+  return (rows + 128 * kBlock - 1) / (128 * kBlock) * kBlock;
 }
 
 // The row tiles of all groups.
@@ -145,7 +149,7 @@ typename XaGemm::Gemm::Arguments xa_arguments(const Sm90Grouped& g, int count, c
   // Along M without swizzle, whatever the configuration: a row tile's n-block 0, which forms xa for
   // the others, comes first in each CTA's order (LoraXaMainloop::load_xa).
   using Raster = decltype(args.scheduler.raster_order);
-  args.scheduler.max_swizzle_size = 1;
+  args.scheduler.max_swizzle_size = kSwizzle;
   args.scheduler.raster_order = Raster::AlongM;
   return args;
 }

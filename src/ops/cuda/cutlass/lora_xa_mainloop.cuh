@@ -261,6 +261,9 @@ struct LoraXaMainloop : Stock {
     if (make_xa) {
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(xa); ++i) xa16(i) = Bf16(xa(i));
+      // Stored before the register-A wgmma reads xa16: its input registers may not be touched
+      // until a wait covers it.
+      store_xa(xa16, m_tile, group, rows, thread_idx, params);
     } else {
       load_xa(xa16, ready, m_tile, group, rows, thread_idx, params);
     }
@@ -273,7 +276,10 @@ struct LoraXaMainloop : Stock {
       pipeline.consumer_release(release);
       ++release;
     }
-    if (make_xa) store_xa(xa16, ready, m_tile, group, rows, thread_idx, params);
+    if (make_xa) {  // each thread's share is out: count it for the row block's other tiles
+      __threadfence();
+      atomicAdd(ready, 1);
+    }
     ++read;
     warpgroup_fence_operand(accum);
   }
@@ -292,11 +298,11 @@ struct LoraXaMainloop : Stock {
   // The consumer threads (all of them: `ready` counts them) of the tiles that take xa.
   static constexpr int kConsumers = cute::size(typename Stock::TiledMma{});
 
-  // xa into columns in .. in + 15 of the tile's X rows (the group's rows only); then each thread
-  // tells the tiles of the other n-blocks that its share is there (a fence, then a count).
+  // xa into columns in .. in + 15 of the tile's X rows (the group's rows only); mma() then tells
+  // the tiles of the other n-blocks that this thread's share is there (a fence, then a count).
   template <class Frag>
-  CUTLASS_DEVICE static void store_xa(Frag const& xa16, int* ready, uint32_t m_tile, uint32_t group,
-                                      int rows, int thread_idx, Params const& params) {
+  CUTLASS_DEVICE static void store_xa(Frag const& xa16, uint32_t m_tile, uint32_t group, int rows,
+                                      int thread_idx, Params const& params) {
     using namespace cute;
     Tensor coord = xa_coords(thread_idx);
     static_assert(size(decltype(coord){}) == size(Frag{}), "one coordinate per xa element");
@@ -309,24 +315,29 @@ struct LoraXaMainloop : Stock {
       const int row = row0 + get<0>(coord(i));
       if (row < rows) x[row * ld + col0 + get<1>(coord(i))] = xa16(i);
     }
-    __threadfence();
-    atomicAdd(ready, 1);
   }
 
   // The tiles of n-blocks past 0 wait until the n-block-0 tile of their rows stored xa (the
   // persistent scheduler hands each CTA its tiles in rising order, in which, rastered along M with
-  // no swizzle, a row tile's n-block 0 comes before its others: the waits cannot close a cycle),
-  // then read their fragment of it. A wait past a few seconds traps (a scheduler whose order broke
-  // that rule) rather than hang.
+  // no swizzle, a row tile's n-block 0 comes before its others: the waits cannot close a cycle,
+  // provided every CTA of the persistent grid, one per SM, is resident: beside kernels holding
+  // SMs, or under an MPS or green-context SM limit, a CTA could wait on one not yet started), then
+  // read their fragment of it. A wait past 10 s traps rather than hang.
   template <class Frag>
   CUTLASS_DEVICE static void load_xa(Frag& xa16, int* ready, uint32_t m_tile, uint32_t group,
                                      int rows, int thread_idx, Params const& params) {
     using namespace cute;
-    for (long spins = 0;; ++spins) {
+    const auto now_ns = [] {
+      uint64_t t;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+      return t;
+    };
+    const uint64_t start = now_ns();
+    for (;;) {
       int seen;
       asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(ready) : "memory");
       if (seen >= kConsumers) break;
-      if (spins > (1l << 32)) __trap();
+      if (now_ns() - start > 10'000'000'000ull) __trap();
       __nanosleep(64);
     }
     Tensor coord = xa_coords(thread_idx);
