@@ -296,14 +296,16 @@ bool grouped_ffn_kconcat(const GroupedFfnParams& p, Device device, DType at) {
 bool grouped_ffn_padded(const Tensor& w, int64_t r) {
   if (!w.defined() || w.ndim() != 3 || r <= 0 || w.raw() == nullptr) return false;
   const int64_t out = w.dim(1), in = w.dim(2);
-  return w.stride(2) == 1 && w.stride(1) == in + r && w.stride(0) == (out + r) * (in + r);
+  const int64_t pitch = grouped_ffn_row_pitch(in, r);
+  return w.stride(2) == 1 && w.stride(1) == pitch && w.stride(0) == (out + r) * pitch;
 }
 
 Tensor grouped_ffn_pad_weight(const Tensor& w, int64_t r) {
   MT_CHECK(w.ndim() == 3 && r > 0, ShapeError, "grouped_ffn_pad_weight: ", w.shape(), ", rank ", r);
   if (grouped_ffn_padded(w, r)) return w;
   const int64_t E = w.dim(0), out = w.dim(1), in = w.dim(2);
-  const Tensor buf = Tensor::zeros({E, out + r, in + r}, w.dtype(), w.device());
+  const Tensor buf =
+      Tensor::zeros({E, out + r, grouped_ffn_row_pitch(in, r)}, w.dtype(), w.device());
   Tensor block = buf.narrow(1, 0, out).narrow(2, 0, in);
   block.copy_from(w);
   return block;

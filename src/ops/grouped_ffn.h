@@ -11,15 +11,16 @@
 // K-concatenation (bf16 on the GPU, grouped_ffn_kconcat): the adapter rides in the base GEMMs' K
 // dimension instead, y = X W^T + (X A^T)(s B)^T = [X | X A^T] [W | s B]^T and dX = dY W + (s dY B)
 // A = [dY | s dY B] [W ; A]. Each projection's base weight then lives inside a padded buffer
-// [E, out + r, in + r] = [[W, s B], [A, 0]] (grouped_ffn_pad_weight; the op copies A and s B into
-// the pads at every forward), and the activations that feed a GEMM carry the rank-r product in r
-// extra columns: X [rows, in + r], h [rows, F + r], and in backward dY [rows, in + r], dgate_up
-// [rows, 2F + r], each a view of a buffer of grouped_ffn_row_pitch(w, r) columns. The base GEMMs
-// then carry LoRA for r / in (or r / F, r / 2F) more K, and no pass re-reads an output to add an
-// adapter term; the rank-r products xa = X A^T, ha = h A^T, dr = s dOut B, dB and dA stay skinny
-// kernels, written into the padding columns. Gradient contract: dx is written; weight and LoRA
-// grads accumulate (+=) and are skipped when undefined (a frozen base, or no adapter); the base
-// weights' grads are written under weight_grads_zero.
+// [E, out + r, in + r] = [[W, s B], [A, 0]], rows grouped_ffn_row_pitch(in, r) apart
+// (grouped_ffn_pad_weight; the op copies A and s B into the pads at every forward), and the
+// activations that feed a GEMM carry the rank-r product in r extra columns: X [rows, in + r], h
+// [rows, F + r], and in backward dY [rows, in + r], dgate_up [rows, 2F + r], each a view of a
+// buffer of grouped_ffn_row_pitch(w, r) columns. The base GEMMs then carry LoRA for r / in (or r /
+// F, r / 2F) more K, and no pass re-reads an output to add an adapter term; the rank-r products xa
+// = X A^T, ha = h A^T, dr = s dOut B, dB and dA stay skinny kernels, written into the padding
+// columns. Gradient contract: dx is written; weight and LoRA grads accumulate (+=) and are skipped
+// when undefined (a frozen base, or no adapter); the base weights' grads are written under
+// weight_grads_zero.
 #pragma once
 
 #include <cstdint>
@@ -92,9 +93,9 @@ struct GroupedFfnParams {
   // The K-concatenation path's xa = X A_gu^T (grouped_ffn_lora_gate_up): Gemm = formed inside the
   // gate/up GEMM's mainloop beside the base product (rank 16, `in` a multiple of 64; otherwise as
   // Staged); Registers = the register kernel, then the GEMM; Staged = grouped_matmul (the skinny
-  // down kernel, session 11), then the GEMM. Staged stays the default until Gemm's last change
-  // (session 18: the row-tile counts of clusters' empty tiles) has passed on the device.
-  LoraKernels lora_xa = LoraKernels::Staged;
+  // down kernel, session 11), then the GEMM. Gemm saved 167 us at A, 441 at B over Staged (session
+  // 19 call 1, bench/RESULTS.md).
+  LoraKernels lora_xa = LoraKernels::Gemm;
   float lora_scale() const { return lora_rank ? lora_alpha / static_cast<float>(lora_rank) : 0.f; }
 };
 
@@ -124,10 +125,10 @@ struct GroupedFfnSaved {
 // (grouped_ffn_padded); the MoE layer and the model pad them when it holds.
 bool grouped_ffn_kconcat(const GroupedFfnParams& p, Device device, DType at);
 // The row pitch, in elements, of a K-concatenation buffer holding w columns and an r-column adapter
-// block after them ([x | xa], [dy | dr], [h | ha], [dgate_up | dr]): w + r rounded up to 64, so
-// that every row starts a 128-byte line. At w + r (2,064 at issue 14's shapes) rows began 32
-// bytes apart from a line and the skinny passes over them ran slower (session 17, X A^T at shape
-// A: 193 us against 162 over the same rows unpadded).
+// block after them ([x | xa], [dy | dr], [h | ha], [dgate_up | dr], and the padded weights [W | s
+// B] over [A | 0]): w + r rounded up to 64, so that every row starts a 128-byte line. At w + r
+// (2,064 at issue 14's shapes) rows began 32 bytes apart from a line and the skinny passes over
+// them ran slower (session 17, X A^T at shape A: 193 us against 162 over the same rows unpadded).
 inline int64_t grouped_ffn_row_pitch(int64_t w, int64_t r) {
   return (w + r + 63) / 64 * 64;
 }
@@ -136,9 +137,10 @@ inline int64_t grouped_ffn_row_pitch(int64_t w, int64_t r) {
 inline int64_t grouped_ffn_rows_pitch(const GroupedFfnParams& p) {
   return p.padded_rows ? grouped_ffn_row_pitch(p.in, p.lora_rank) : p.in;
 }
-// Whether w [E, out, in] is the W block of a padded [E, out + r, in + r] buffer.
+// Whether w [E, out, in] is the W block of a padded [E, out + r, in + r] buffer whose rows are
+// grouped_ffn_row_pitch(in, r) apart.
 bool grouped_ffn_padded(const Tensor& w, int64_t r);
-// W [E, out, in] moved into a new zeroed [E, out + r, in + r] buffer on its device, returned as the
+// W [E, out, in] moved into a new zeroed padded buffer on its device, returned as the
 // strided view of its W block (which keeps the buffer alive); w itself when it already is one. The
 // caller drops w's own storage: the padded buffer replaces it, it does not sit beside it.
 Tensor grouped_ffn_pad_weight(const Tensor& w, int64_t r);

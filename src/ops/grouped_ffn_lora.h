@@ -69,10 +69,14 @@ void swiglu_backward_grads(Context& ctx, const GroupedFfnParams& p, const Tensor
                         offsets, h, da_down);
 }
 
-// The padded [E, out + r, in + r] buffer around the W block w [E, out, in] (grouped_ffn_padded):
-// a non-owning view for the call (w keeps the buffer alive).
+// The padded [E, out + r, in + r] buffer around the W block w [E, out, in] (grouped_ffn_padded),
+// rows grouped_ffn_row_pitch(in, r) apart: a non-owning view for the call (w keeps the buffer
+// alive).
 inline Tensor padded_weight(const Tensor& w, int64_t r) {
-  return Tensor(w.raw(), {w.dim(0), w.dim(1) + r, w.dim(2) + r}, w.dtype(), w.device());
+  const int64_t in = w.dim(2);
+  return Tensor(w.raw(), {w.dim(0), w.dim(1) + r, grouped_ffn_row_pitch(in, r)}, w.dtype(),
+                w.device())
+      .narrow(2, 0, in + r);
 }
 
 // grouped_ffn_lora_gate_up as xa = X A^T into xp's padding (`lora_xa`: the backend's

@@ -429,9 +429,10 @@ double ffn_scratch(const ModelConfig& cfg, FfnKind k, int64_t T, Device device, 
 }
 
 // The K-concatenation path's pads around the routed experts' base weights (ops/grouped_ffn.h:
-// each projection's frozen W [E, out, in] lives in [E, out + r, in + r]), where a GPU runs it:
-// experts computed where they live (no expert parallelism), bf16. E r (out + in + r) elements per
-// projection and MoE layer, a term in E x r x (d + ffn), never in E x d x ffn.
+// each projection's frozen W [E, out, in] lives in [E, out + r, in + r], rows
+// grouped_ffn_row_pitch(in, r) apart), where a GPU runs it: experts computed where they live (no
+// expert parallelism), bf16. E ((out + r) pitch - out in) elements per projection and MoE layer,
+// with pitch - in < r + 64: a term in E x (r + 64) x (d + ffn), never in E x d x ffn.
 double kconcat_pad_bytes(const ModelConfig& cfg, const ParallelPlan& p, const MemoryOptions& o) {
   const MoeConfig& m = cfg.moe;
   const ops::GroupedFfnParams gp{.rows = 1,
@@ -443,9 +444,11 @@ double kconcat_pad_bytes(const ModelConfig& cfg, const ParallelPlan& p, const Me
     return 0;
   double layers = 0;
   for (const LayerIR& layer : cfg.layers) layers += layer.ffn == FfnKind::Moe;
-  const double E = static_cast<double>(m.num_experts), r = static_cast<double>(m.expert_lora.rank);
-  const double l = static_cast<double>(m.latent), F = static_cast<double>(m.expert_ffn);
-  return layers * E * r * ((2 * F + l + r) + (l + F + r)) *
+  const int64_t r = m.expert_lora.rank, l = m.latent, F = m.expert_ffn;
+  const auto pads = [r](int64_t out, int64_t in) {
+    return static_cast<double>((out + r) * ops::grouped_ffn_row_pitch(in, r) - out * in);
+  };
+  return layers * static_cast<double>(m.num_experts) * (pads(2 * F, l) + pads(l, F)) *
          static_cast<double>(dtype_size(o.precision.weights));
 }
 

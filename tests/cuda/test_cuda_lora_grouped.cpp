@@ -180,8 +180,11 @@ TEST(CudaLoraGrouped, PackIntoThePaddedBuffersAgainstHostLoops) {
                    bd = as_read(bd_h);
       const auto check = [&](const char* what, const Tensor& wblock, const Tensor& w_h,
                              const Tensor& a, const Tensor& b) {
+        // The buffer's rows are grouped_ffn_row_pitch(in, r) apart: 128-byte lines.
         const int64_t out = wblock.dim(1), in = wblock.dim(2);
-        const Tensor buf(wblock.raw(), {E, out + r, in + r}, DType::BF16, Device::CUDA);
+        const int64_t pitch = ops::grouped_ffn_row_pitch(in, r);
+        ASSERT_EQ(pitch % 64, 0);
+        const Tensor buf(wblock.raw(), {E, out + r, pitch}, DType::BF16, Device::CUDA);
         const std::vector<uint8_t> bytes = host_bytes(buf.clone());
         const Tensor wr = round_bf16(w_h);
         int64_t bad = 0;
@@ -189,8 +192,8 @@ TEST(CudaLoraGrouped, PackIntoThePaddedBuffersAgainstHostLoops) {
           for (int64_t i = 0; i < out + r; ++i)
             for (int64_t j = 0; j < in + r; ++j) {
               uint16_t bits;
-              std::memcpy(&bits,
-                          &bytes[2 * static_cast<size_t>((e * (out + r) + i) * (in + r) + j)], 2);
+              std::memcpy(&bits, &bytes[2 * static_cast<size_t>((e * (out + r) + i) * pitch + j)],
+                          2);
               const float got = bf16_bits_to_float(bits);
               float want = 0.f;
               if (i < out && j < in)

@@ -384,9 +384,9 @@ TEST(PlanMemory, FusedDsaSelectionPlansNoScoreTable) {
 }
 
 // The K-concatenated expert LoRA keeps each frozen routed projection W [E, out, in] in
-// [E, out + r, in + r] (ops/grouped_ffn.h): bf16 on the GPU the weights grow by E r (out + in +
-// r) elements per projection and MoE layer, by hand; nowhere else (f32, the CPU, a trained base,
-// expert parallelism).
+// [E, out + r, in + r] with rows 64-element multiples apart (ops/grouped_ffn.h): bf16 on the GPU
+// the weights grow by E ((out + r) pitch - out in) elements per projection and MoE layer, by hand;
+// nowhere else (f32, the CPU, a trained base, expert parallelism).
 TEST(PlanMemory, KConcatExpertLoraCountsTheWeightPads) {
   ModelConfig cfg = ModelConfig::load("tiny");
   cfg.moe.expert_ffn = 16;
@@ -403,7 +403,10 @@ TEST(PlanMemory, KConcatExpertLoraCountsTheWeightPads) {
   const double E = 6, r = 8, d = 16, F = 16;  // tiny: 6 experts, latent 16
   ASSERT_EQ(cfg.moe.num_experts, 6);
   ASSERT_EQ(cfg.moe.latent, 16);
-  const double pads = moe_layers * E * r * ((2 * F + d + r) + (d + F + r)) * 2;  // bf16 bytes
+  // in + r = 24 rounds up to a 64-element pitch for both projections (in = d or F = 16).
+  const double pitch = 64;
+  const double pads =
+      moe_layers * E * (((2 * F + r) * pitch - 2 * F * d) + ((d + r) * pitch - d * F)) * 2;
   EXPECT_DOUBLE_EQ(weights(Device::CUDA, bf, true, 1) - weights(Device::CPU, bf, true, 1), pads);
   EXPECT_DOUBLE_EQ(weights(Device::CUDA, f32, true, 1), weights(Device::CPU, f32, true, 1));
   EXPECT_DOUBLE_EQ(weights(Device::CUDA, bf, false, 1), weights(Device::CPU, bf, false, 1));

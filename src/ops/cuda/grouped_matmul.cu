@@ -269,7 +269,8 @@ bool grouped_gate_up_lora_xa(Context& ctx, const Tensor& xp, const Tensor& offse
   const int64_t E = w_gu.dim(0), n = w_gu.dim(1), k = w_gu.dim(2);
   // xa goes into xp's columns k - rank .. (its padding), A_gu comes from the buffer's rows n ..
   // n + rank - 1 past the block: both must be there.
-  if (xp.dim(1) != k || w_gu.stride(1) != k || w_gu.stride(0) != (n + rank) * k) return false;
+  if (xp.dim(1) != k || w_gu.stride(1) < k || w_gu.stride(0) != (n + rank) * w_gu.stride(1))
+    return false;
   Sm90Grouped g;
   g.form = Sm90Form::Forward;
   g.a = xp.raw();
