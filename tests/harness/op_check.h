@@ -83,6 +83,12 @@ struct CheckOptions {
   int directions = 2;       // random-direction checks per differentiable input
   int elements = 6;         // single-element checks per differentiable input
   uint64_t seed = 0;        // 0: a fresh seed per run (printed on failure)
+  // > 0: the backward is rerun three times on the f32 inputs perturbed by about one ulp
+  // (relative 2^-23 N(0,1)), and rounding_floor times the largest change of each gradient is
+  // added to its tolerances. For ops that are ill-conditioned on some draws (a cancellation ahead
+  // of a norm near its eps), where f32 rounding alone moves a gradient by more than grad_rtol;
+  // a formula error does not move under an ulp, so the floor cannot hide one.
+  double rounding_floor = 0;
 };
 
 // Allocates tensors with guard bands and NaN-filled bodies; check() verifies the guards. On the

@@ -125,6 +125,10 @@ CheckOptions layer_tol() {
   CheckOptions o;
   o.fwd_rtol = 1e-5;
   o.grad_rtol = 1e-4;
+  // Some draws put a head's output o = scale S^T q in a deep cancellation ahead of the gated RMS
+  // norm's eps regime; rounding q to f32 then moves dq by ~1e-4 relative while the finite
+  // differences (double) stay exact (seeds 6440683973829400053, 25116871962809 of KdaLayer.Lora).
+  o.rounding_floor = 3;
   return o;
 }
 
