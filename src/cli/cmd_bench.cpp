@@ -625,20 +625,20 @@ struct MoeBenchOptions {
   // so that a sweep of grouped GEMM configurations spends its device time on what they change.
   bool base_only = false;
   // The K-concatenated LoRA run's kernels (GroupedFfnParams::lora_fwd / lora_bwd / lora_out_grads /
-  // lora_xa: separate, staged or registers, and gemm for xa; empty: the op's defaults), and the
-  // other kernels timed
-  // beside it, as "fwd=<kernels>", "bwd=...", "og=..." or "xa=...", comma-separated: "all" (every
-  // other one) or "none".
-  std::string lora_fwd, lora_bwd, lora_og, lora_xa, lora_variants = "all";
+  // lora_xa / lora_dr: separate, staged or registers, and gemm for xa and dr; empty: the op's
+  // defaults), and the other kernels timed beside it, as "fwd=<kernels>", "bwd=...", "og=...",
+  // "xa=..." or "dr=...", comma-separated: "all" (every other one) or "none".
+  std::string lora_fwd, lora_bwd, lora_og, lora_xa, lora_dr, lora_variants = "all";
 };
 
 ops::LoraKernels parse_lora_kernels(const std::string& s) {
   if (s == "separate") return ops::LoraKernels::Separate;
   if (s == "staged") return ops::LoraKernels::Staged;
   if (s == "gemm") return ops::LoraKernels::Gemm;
-  MT_CHECK(s == "registers", ValueError,
-           "bench moe: LoRA kernels are separate, staged, registers or gemm (xa only), got \"", s,
-           "\"");
+  MT_CHECK(
+      s == "registers", ValueError,
+      "bench moe: LoRA kernels are separate, staged, registers or gemm (xa and dr only), got \"", s,
+      "\"");
   return ops::LoraKernels::Registers;
 }
 
@@ -833,6 +833,7 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
   if (!o.lora_bwd.empty()) kp.lora_bwd = parse_lora_kernels(o.lora_bwd);
   if (!o.lora_og.empty()) kp.lora_out_grads = parse_lora_kernels(o.lora_og);
   if (!o.lora_xa.empty()) kp.lora_xa = parse_lora_kernels(o.lora_xa);
+  if (!o.lora_dr.empty()) kp.lora_dr = parse_lora_kernels(o.lora_dr);
   Tensor kx = x, kdy = dy;
   if (kconcat) {
     kw.gate_up = ops::grouped_ffn_pad_weight(w.gate_up, r);
@@ -950,6 +951,7 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
   run["lora_bwd_kernels"] = lora_kernels_name(kp.lora_bwd);
   run["lora_out_grads_kernels"] = lora_kernels_name(kp.lora_out_grads);
   run["lora_xa_kernels"] = lora_kernels_name(kp.lora_xa);
+  run["lora_dr_kernels"] = lora_kernels_name(kp.lora_dr);
   if (kconcat) {  // session 13's kernels on the same path (GroupedFfnParams::lora_s13_kernels)
     ops::GroupedFfnParams kp13 = kp;
     kp13.lora_s13_kernels = true;
@@ -963,17 +965,21 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
     // the run above, one pass at a time (MoeBenchOptions::lora_variants): lora_<pass>_<kernels>_
     // fwd_ms, _fwdbwd_ms, _overhead_fwdbwd.
     using K = ops::LoraKernels;
-    for (const char* pass : {"fwd", "bwd", "og", "xa"})
+    for (const char* pass : {"fwd", "bwd", "og", "xa", "dr"})
       for (const K k : {K::Separate, K::Staged, K::Registers, K::Gemm}) {
         ops::GroupedFfnParams kv = kp;
         const std::string ps = pass;
         K& field = ps == "fwd"   ? kv.lora_fwd
                    : ps == "bwd" ? kv.lora_bwd
                    : ps == "og"  ? kv.lora_out_grads
-                                 : kv.lora_xa;
+                   : ps == "xa"  ? kv.lora_xa
+                                 : kv.lora_dr;
         const std::string v = ps + "=" + lora_kernels_name(k);
-        // xa has no separate form (it is one product); only xa runs inside a GEMM.
-        const bool offered = ps == "xa" ? k != K::Separate : k != K::Gemm;
+        // xa has no separate form (it is one product); only xa runs inside a GEMM; dr is the GEMM
+        // or not (Staged: lora_out_grads's kernels, then the GEMM).
+        const bool offered = ps == "xa"   ? k != K::Separate
+                             : ps == "dr" ? k == K::Gemm || k == K::Staged
+                                          : k != K::Gemm;
         if (k == field || !offered || o.lora_variants == "none" ||
             (o.lora_variants != "all" &&
              ("," + o.lora_variants + ",").find("," + v + ",") == std::string::npos))
@@ -1215,9 +1221,12 @@ Command add_bench_command(CLI::App& app) {
   ms->add_option("--lora-xa", mb->lora_xa,
                  "the LoRA run's X A^T kernel: gemm (in the gate/up GEMM's mainloop), staged (the "
                  "skinny down kernel) or registers");
+  ms->add_option("--lora-dr", mb->lora_dr,
+                 "the LoRA run's dr = s dY B_down and dB_down: gemm (in the down dX GEMM's "
+                 "mainloop) or staged (the out_grads pass, then the GEMM)");
   ms->add_option("--lora-variants", mb->lora_variants,
                  "the other kernels timed beside the LoRA run: all, none, or a list of "
-                 "fwd=<kernels> / bwd=<kernels> / og=<kernels> / xa=<kernels>")
+                 "fwd=<kernels> / bwd=<kernels> / og=<kernels> / xa=<kernels> / dr=<kernels>")
       ->capture_default_str();
   ms->add_flag("--base-only", mb->base_only,
                "time the base runs only (forward, frozen, full, full with dW written): no LoRA, "

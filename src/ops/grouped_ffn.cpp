@@ -232,7 +232,8 @@ void forward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
 }
 
 // Backward per pass: dr = s dY B_down and dB_down read dY once, dr into dY's padding; the down
-// dX GEMM reads [dY | dr] against [W_down ; A_down] and writes the whole dh (N F); SwiGLU's
+// dX GEMM reads [dY | dr] against [W_down ; A_down] and writes the whole dh (N F) (on the GPU
+// one GEMM forms dr and dB from the dY tiles it holds: grouped_ffn_lora_down_dx); SwiGLU's
 // backward reads gate_up and dh and writes dgate_up (5 N F) into a [N, 2F + r] view (of a
 // grouped_ffn_row_pitch(2F, r) buffer) whose padding the gate/up projection's dr = s dgate_up B
 // fills, in the same pass on the GPU as dB_gu and dA_down = dr_down^T h
@@ -258,9 +259,11 @@ void backward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
   const auto grad = [](const Tensor& g) { return has(g) ? g : Tensor(); };
   const Tensor xa = kconcat_xa(p, x, saved);
   Tensor dr_down = dyp.cols(l, l + r), db_down = grad(grads.down_b);
-  lora_out_grads(ctx, p, dy, offsets, w.down_b, saved.ha, dr_down, db_down);
   Tensor dh = ctx.workspace().alloc({N, F}, at);
-  grouped_matmul(ctx, form.dx, dyp, offsets, padded_weight(w.down, r).narrow(2, 0, F), dh);
+  const Tensor w_down_dx = padded_weight(w.down, r).narrow(2, 0, F);
+  dispatch(MT_NAMED_OP_BODIES("grouped_ffn_backward", grouped_ffn_lora_down_dx),
+           {&dyp, &w.down_b, &saved.ha, &w_down_dx, &db_down, &dh}, ctx, p, dyp, offsets, w.down_b,
+           saved.ha, w_down_dx, db_down, dh);
   if (has(grads.down)) grouped_matmul(ctx, form.dw_base, dy, offsets, saved.h, grads.down);
 
   Tensor dgp = padded_scratch(ctx, N, 2 * F, r, at);

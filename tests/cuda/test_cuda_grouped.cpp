@@ -1000,6 +1000,72 @@ TEST(CudaGroupedFfn, GateUpGemmFormsXaInItsMainloop) {
   }
 }
 
+// The K-concatenation backward's down dX GEMM with dr = dY (s B) and dB += s dY^T ha formed in its
+// mainloop (ops/cuda/grouped_matmul.h, grouped_down_dx_lora_dr): dh = dY W + bf16(dr) A, dr into
+// dY's padding, dB added into its pre-filled values, against the CPU's products (dr, then [dY | dr]
+// times the padded buffer's columns, and dY^T ha). dY's padding starts as NaN; a hot expert over
+// many row tiles, one-row and empty experts; `out` of 4 and 1 k-tile pairs, and 6 (2304 / 384:
+// the row block's k-tiles shared unevenly among F / 256 = 1 or 2 n-blocks, a partial n-tile at
+// F = 272). The bf16 pass must take the fused kernel (the f32 pass runs the products on the GPU).
+TEST(CudaGroupedFfn, DownDxGemmFormsDrAndDbInItsMainloop) {
+  REQUIRE_GPU();
+  for (const auto& [out_dim, F] : {std::pair<int64_t, int64_t>{512, 136}, {128, 272}, {768, 272}}) {
+    const uint64_t seed = fresh_seed();
+    Rng rng(seed);
+    const int64_t G = 10, r = 16;
+    const float s = 2.f;  // dB's scale (the buffer holds s B already)
+    Tensor off = Tensor::empty({G + 1}, DType::I32);
+    off.i32()[0] = 0;
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t n = g == 0 ? 900 : g % 4 == 1 ? 0 : g % 4 == 2 ? 1 : rng.below(200);
+      off.i32()[g + 1] = off.i32()[g] + static_cast<int32_t>(n);
+    }
+    const int64_t N = off.i32()[G];
+    // The padded buffer [[W, s B], [A, corner]] [G, out + r, F + r]; for the reference its s B
+    // columns as a contiguous [G, out, r] copy.
+    const Tensor pbuf = randn(rng, {G, out_dim + r, F + r}, 0.1);
+    Tensor sb = Tensor::empty({G, out_dim, r}), w_dx = Tensor::empty({G, out_dim + r, F});
+    sb.copy_from(pbuf.narrow(1, 0, out_dim).narrow(2, F, F + r));
+    w_dx.copy_from(pbuf.narrow(2, 0, F));
+    const std::vector<In> ins = {{randn(rng, {N, out_dim})},
+                                 {pbuf},
+                                 {sb},
+                                 {w_dx},
+                                 {randn(rng, {N, r})},
+                                 {randn(rng, {G, out_dim, r}, 1e-2), false}};
+    const auto run = [&](bool emulate) {
+      return
+          [&, emulate](Context& c, const std::vector<Tensor>& v, bool gpu) -> std::vector<Tensor> {
+            const DType dt = v[0].dtype();
+            Tensor ybuf = out(c, {N, ops::grouped_ffn_row_pitch(out_dim, r)}, dt);
+            Tensor dyp = ybuf.cols(0, out_dim + r), head = dyp.cols(0, out_dim);
+            ops::copy(c, v[0], head);
+            Tensor dh = out(c, {N, F}, dt), db = like(c, v[5]);
+            bool fused = false;
+            if (gpu) {
+              fused = ops::cuda::grouped_down_dx_lora_dr(c, dyp, off, v[1].narrow(2, 0, F), r, v[4],
+                                                         s, db, dh);
+              EXPECT_EQ(fused, dt == DType::BF16) << "out " << out_dim << ": the fused GEMM taken";
+            }
+            if (!fused) {
+              Tensor dr = out(c, {N, r}, dt), dr_at = dyp.cols(out_dim, out_dim + r);
+              ops::grouped_matmul(c, {.form = ops::GroupedForm::DyW}, head, off, v[2], dr);
+              if (emulate) dr.copy_from(round_bf16(dr));  // the GPU's bf16 dr operand
+              ops::copy(c, dr, dr_at);
+              ops::grouped_matmul(c, {.form = ops::GroupedForm::DyW}, dyp, off, v[3], dh);
+              ops::grouped_matmul(c, {.form = ops::GroupedForm::DytX, .alpha = s, .beta = 1.f},
+                                  head, off, v[4], db);
+            }
+            Tensor dr = out(c, {N, r}, dt);
+            ops::copy(c, dyp.cols(out_dim, out_dim + r), dr);
+            return {dh, dr, db};
+          };
+    };
+    run_case(cat("down dX with dr and dB in the mainloop, out ", out_dim, ", F ", F).c_str(), ins,
+             {"dh", "dr", "db"}, run(false), seed, std::max<int64_t>(out_dim + r, 900), run(true));
+  }
+}
+
 // The LoRA backward's one pass over dOut (ops/cuda/lora_grouped.h: dr and dB together) at ranks
 // 8 and 16 (blocks of four 128-row parts), a multiple of 8 but not of 16 (the padded half pair)
 // and its widest rank, 32 (two parts), with K of several stages and a partial one (in 2056 = 32 x

@@ -96,14 +96,37 @@ const char* sm90_grouped_gemm(const Sm90Grouped& g, const GroupRows& rows, int c
 // sm90_lora_xa_side_pack (sm90_lora_xa_side_elems elements; expert e's at e side_group).
 bool sm90_lora_xa_fits(const Sm90Grouped& g, int64_t in, int64_t rank, int count);
 int64_t sm90_lora_xa_side_elems(int64_t experts, int64_t k);
-// A_gu's rows (expert e's row j at a + e a_group + j lda, `in` columns) into `side`.
+// A_gu's rows (expert e's row j at a + e a_group + j lda, `in` columns) into `side`; transposed:
+// the rows of a column block (expert e's row j at a + e a_group + j, column c at + c lda), as
+// sm90_lora_dr_gemm's s B^T.
 const char* sm90_lora_xa_side_pack(const void* a, int64_t lda, int64_t a_group, int64_t experts,
-                                   int64_t in, int64_t k, void* side, cudaStream_t stream);
+                                   int64_t in, int64_t k, bool transposed, void* side,
+                                   cudaStream_t stream);
 size_t sm90_lora_xa_scratch(const Sm90Grouped& g, const GroupRows& rows, int count,
                             const Sm90Launch& at);
 const char* sm90_lora_xa_gemm(const Sm90Grouped& g, const void* side, int64_t side_group,
                               const GroupRows& rows, int count, const Sm90Launch& at,
                               void* scratch);
+
+// The K-concatenation backward's down dX GEMM with dr = dY (s B_down) formed in its mainloop and
+// dB_down += s dY^T ha from the dY tiles it holds (lora_xa_mainloop.cuh, kDb): the InputGrad form
+// with A = dY's padded rows [m_g, out + r], k = out + r, W_g = the down buffer's [out + r, F] block
+// read N-major (its rows out .. out + r - 1 hold A_down); dr is written into A's columns out ..
+// out + r - 1. `side` holds (s B_down)^T laid out by sm90_lora_xa_side_pack (transposed, from the
+// buffer's columns F ..). Rank 16 and `out` a multiple of 128 (sm90_lora_dr_fits).
+struct Sm90LoraDb {
+  const void* r = nullptr;  // ha's rows [rows, r] bf16, row pitch ldr
+  int64_t ldr = 0;
+  float* db = nullptr;  // dB [E, out, r] f32, expert e's at db + e db_group (added into)
+  int64_t db_group = 0;
+  float scale = 1.f;
+};
+bool sm90_lora_dr_fits(const Sm90Grouped& g, int64_t out, int64_t rank, int count);
+size_t sm90_lora_dr_scratch(const Sm90Grouped& g, const GroupRows& rows, int count,
+                            const Sm90Launch& at);
+const char* sm90_lora_dr_gemm(const Sm90Grouped& g, const void* side, int64_t side_group,
+                              const Sm90LoraDb& db, const GroupRows& rows, int count,
+                              const Sm90Launch& at, void* scratch);
 
 // One compiled configuration's entry points (grouped_gemm_sm90_<name>.cu), for the dispatcher.
 struct Sm90Kernel {

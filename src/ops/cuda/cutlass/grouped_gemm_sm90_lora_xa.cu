@@ -1,6 +1,8 @@
 // The K-concatenation forward's gate/up GEMM with xa = X A^T in its mainloop (lora_xa_mainloop.cuh,
-// grouped_gemm_sm90.h's sm90_lora_xa_*): the forward form on the default configuration's tiles
-// (128 x 256 x 64, two consumer warpgroups, cluster 2 x 1), and the kernel that lays A out for it.
+// grouped_gemm_sm90.h's sm90_lora_xa_*), and the backward's down dX GEMM with dr = dY (s B) and
+// dB += s dY^T ha in its mainloop (sm90_lora_dr_*): the forward and input-gradient forms on the
+// default configuration's tiles (128 x 256 x 64, two consumer warpgroups, cluster 2 x 1), and the
+// kernel that lays the side operand out for them.
 #include "ops/cuda/cutlass/grouped_gemm_sm90_impl.cuh"
 #include "ops/cuda/cutlass/lora_xa_mainloop.cuh"
 
@@ -9,10 +11,10 @@ namespace mt::ops::cuda {
 namespace sm90 {
 namespace {
 
-constexpr int kTileK = 64, kRank = 16;
+constexpr int kTileK = 64, kTileN = 256, kRank = 16;
 constexpr int kSideBlock = kRank * kTileK;  // elements of one k-tile's A slice
 
-using XaTile = cute::Shape<cute::_128, cute::_256, cute::Int<kTileK>>;
+using XaTile = cute::Shape<cute::_128, cute::Int<kTileN>, cute::Int<kTileK>>;
 using XaCluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
 // gate_up is written, never read (beta 0): an epilogue without a C source, whose shared memory (D's
 // stages only) leaves the side slices room beside the stock kernel's four mainloop stages. With
@@ -24,34 +26,55 @@ using XaEpilogue = cutlass::epilogue::collective::CollectiveBuilder<
     RowMajor*, 8, CooperativeEpilogue,
     cutlass::epilogue::fusion::LinearCombination<Bf16, float, void, float>>::CollectiveOp;
 // The stages' carve-out leaves room for the side slices and coordinates (kSideBlock bf16 + 16
-// bytes a stage, for up to 4 stages, 1024-byte alignment included).
-using XaStock = cutlass::gemm::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, RowMajor*, 8, Bf16, ColumnMajor*, 8,
+// bytes a stage, for up to 4 stages, 1024-byte alignment included) and, with dB, R's tile.
+template <class LayoutB, int kExtra>
+using LoraStock = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, RowMajor*, 8, Bf16, LayoutB*, 8,
     float, XaTile, XaCluster,
     cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-        sizeof(XaEpilogue::SharedStorage) + 4 * (kSideBlock * 2 + 16) + 1024)>,
+        sizeof(XaEpilogue::SharedStorage) + 4 * (kSideBlock * 2 + 16) + 1024 + kExtra)>,
     Cooperative>::CollectiveOp;
-using XaGemm = Sm90Gemm<LoraXaMainloop<XaStock>, XaEpilogue>;
-using XaKernel = typename XaGemm::Kernel;
-static_assert(sizeof(typename XaKernel::SharedStorage) <= 227 * 1024,
+using XaGemm = Sm90Gemm<LoraXaMainloop<LoraStock<ColumnMajor, 0>>, XaEpilogue>;
+// The input-gradient form (B = [W ; A] N-major) with dB: R's 128 x 16 tile (4 KB, 128-aligned).
+using DrGemm =
+    Sm90Gemm<LoraXaMainloop<LoraStock<RowMajor, kRank * 128 * 2 + 128>, true>, XaEpilogue>;
+static_assert(sizeof(typename XaGemm::Kernel::SharedStorage) <= 227 * 1024,
               "the side slices fit beside the stages");
+static_assert(sizeof(typename DrGemm::Kernel::SharedStorage) <= 227 * 1024,
+              "the side slices and R's tile fit beside the stages");
 static_assert(XaGemm::kStages == 4, "the stock configuration's four stages");
+static_assert(DrGemm::kStages == 4, "the stock configuration's four stages");
 static_assert(XaGemm::kAKMajor && XaGemm::kBKMajor, "X W^T: both operands K-major");
-using XaStrideD = typename XaKernel::InternalStrideD;
+static_assert(DrGemm::kAKMajor && !DrGemm::kBKMajor, "dY W: A K-major, B N-major");
+using XaStrideD = typename XaGemm::Kernel::InternalStrideD;
+static_assert(std::is_same_v<XaStrideD, typename DrGemm::Kernel::InternalStrideD>);
 
-// The per-group arrays (D: gate_up's rows; no C).
+// The per-group arrays (D: gate_up's or dh's rows; no C; R and dB with DrGemm).
+template <class G>
 struct XaArrays {
-  typename XaGemm::Shape* shape = nullptr;
+  typename G::Shape* shape = nullptr;
   const Bf16** a = nullptr;
   const Bf16** b = nullptr;
   Bf16** d = nullptr;
   const Bf16** side = nullptr;
   int* tile0 = nullptr;  // group i's first row tile among all groups'
   int* ready = nullptr;  // per row tile (LoraXaMainloop::Arguments::ready)
-  typename XaGemm::StrideA* sa = nullptr;
-  typename XaGemm::StrideB* sb = nullptr;
+  const Bf16** rk = nullptr;
+  float** db = nullptr;
+  typename G::StrideA* sa = nullptr;
+  typename G::StrideB* sb = nullptr;
   XaStrideD* sd = nullptr;
   size_t bytes = 0;
+};
+
+// Where DrGemm's dB terms come from and go: R's rows (row pitch ldr), the experts' dB [E, K - r, r]
+// f32 (expert e's at db + e db_group), the scale.
+struct DbTerm {
+  const Bf16* rk = nullptr;
+  int64_t ldr = 0;
+  float* db = nullptr;
+  int64_t db_group = 0;
+  float scale = 1.f;
 };
 
 // The scheduler's swizzle for this kernel (xa_arguments), on which group_row_tiles depends.
@@ -74,28 +97,33 @@ int row_tiles(const GroupRows& rows, int count) {
   return tiles;
 }
 
-XaArrays xa_arrays(void* scratch, int count, int tiles) {
+template <class G>
+XaArrays<G> xa_arrays(void* scratch, int count, int tiles) {
   auto* base = static_cast<char*>(scratch);
-  XaArrays r;
+  XaArrays<G> r;
   size_t at = 0;
-  r.shape = carve<typename XaGemm::Shape>(base, at, count);
+  r.shape = carve<typename G::Shape>(base, at, count);
   r.a = carve<const Bf16*>(base, at, count);
   r.b = carve<const Bf16*>(base, at, count);
   r.d = carve<Bf16*>(base, at, count);
   r.side = carve<const Bf16*>(base, at, count);
   r.tile0 = carve<int>(base, at, count);
   r.ready = carve<int>(base, at, tiles);
-  r.sa = carve<typename XaGemm::StrideA>(base, at, count);
-  r.sb = carve<typename XaGemm::StrideB>(base, at, count);
+  r.rk = carve<const Bf16*>(base, at, count);
+  r.db = carve<float*>(base, at, count);
+  r.sa = carve<typename G::StrideA>(base, at, count);
+  r.sb = carve<typename G::StrideB>(base, at, count);
   r.sd = carve<XaStrideD>(base, at, count);
   r.bytes = at;
   return r;
 }
 
-// Group i's sizes, addresses and strides (the forward form's: A = X's rows, W_g K-major at g.ldw
-// and g.w_group, D = gate_up's rows), and its expert's side blocks.
+// Group i's sizes, addresses and strides (A = X's or dY's rows, W_g at g.ldw and g.w_group,
+// K-major or N-major as G reads it, D = gate_up's or dh's rows), its expert's side blocks and,
+// for DrGemm, R's rows and its expert's dB.
+template <class G>
 __global__ void xa_layout_kernel(GroupRows t, int count, Sm90Grouped g, const Bf16* side,
-                                 int64_t side_group, XaArrays out) {
+                                 int64_t side_group, DbTerm dbt, XaArrays<G> out) {
   using cute::_1;
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= count) return;
@@ -108,42 +136,59 @@ __global__ void xa_layout_kernel(GroupRows t, int count, Sm90Grouped g, const Bf
   int tile0 = 0;
   for (int j = 0; j < i; ++j) tile0 += group_row_tiles(t.rows[j]);
   out.tile0[i] = tile0;
+  out.rk[i] = dbt.rk ? dbt.rk + row0 * dbt.ldr : nullptr;
+  out.db[i] = dbt.db ? dbt.db + group * dbt.db_group : nullptr;
   out.sa[i] = cute::make_stride(g.lda, _1{}, Zero{});
-  out.sb[i] = cute::make_stride(g.ldw, _1{}, Zero{});
+  if constexpr (G::kBKMajor)
+    out.sb[i] = cute::make_stride(g.ldw, _1{}, Zero{});
+  else
+    out.sb[i] = cute::make_stride(_1{}, g.ldw, Zero{});
   out.sd[i] = cute::make_stride(g.ldc, _1{}, Zero{});
 }
 
 // side[e][t] = A_e's columns 64 t .. 64 t + 63 (zeros past `in`) in the order TMA's 128-byte
 // swizzle leaves a [16, 64] bf16 box: row j at byte 128 j (1024 j / 8 past each 8-row atom), its
-// 16-byte chunk c at chunk c ^ (j % 8). One thread per 16-byte chunk.
+// 16-byte chunk c at chunk c ^ (j % 8). One thread per 16-byte chunk. `transposed`: A_e^T's rows
+// (element (j, col) at col lda + j: the s B columns of the padded buffer).
 __global__ void side_pack_kernel(const Bf16* a, int64_t lda, int64_t a_group, int64_t experts,
-                                 int64_t in, int64_t tiles, Bf16* side) {
+                                 int64_t in, int64_t tiles, bool transposed, Bf16* side) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= experts * tiles * kRank * (kTileK / 8)) return;
   const int c = static_cast<int>(i % (kTileK / 8)), j = static_cast<int>(i / (kTileK / 8) % kRank);
   const int64_t t = i / (kTileK / 8) / kRank % tiles, e = i / (kTileK / 8) / kRank / tiles;
   const int64_t col = t * kTileK + c * 8;
   uint4 v = make_uint4(0, 0, 0, 0);
-  if (col < in) v = *reinterpret_cast<const uint4*>(a + e * a_group + j * lda + col);
+  if (col < in && !transposed) {
+    v = *reinterpret_cast<const uint4*>(a + e * a_group + j * lda + col);
+  } else if (col < in) {
+    Bf16* w = reinterpret_cast<Bf16*>(&v);
+    for (int q = 0; q < 8; ++q) w[q] = a[e * a_group + (col + q) * lda + j];
+  }
   const int at = (j / 8) * 512 + (j % 8) * 64 + ((c ^ (j % 8)) * 8);
   *reinterpret_cast<uint4*>(side + (e * tiles + t) * kSideBlock + at) = v;
 }
 
-typename XaGemm::Gemm::Arguments xa_arguments(const Sm90Grouped& g, int count, const Sm90Launch& at,
-                                              const XaArrays& arr,
-                                              const std::vector<typename XaGemm::Shape>& host) {
+template <class G>
+typename G::Gemm::Arguments xa_arguments(const Sm90Grouped& g, int count, const Sm90Launch& at,
+                                         const XaArrays<G>& arr, const DbTerm& dbt,
+                                         const std::vector<typename G::Shape>& host) {
   cutlass::KernelHardwareInfo hw;
   hw.device_id = at.device;
   hw.sm_count = at.multiprocessors;
-  typename XaGemm::Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGrouped,
-                                        {count, arr.shape, host.data()},
-                                        {arr.a, arr.sa, arr.b, arr.sb},
-                                        {{}, nullptr, arr.sd, arr.d, arr.sd},
-                                        hw};
+  typename G::Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGrouped,
+                                   {count, arr.shape, host.data()},
+                                   {arr.a, arr.sa, arr.b, arr.sb},
+                                   {{}, nullptr, arr.sd, arr.d, arr.sd},
+                                   hw};
   args.mainloop.side = arr.side;
   args.mainloop.k = static_cast<int>(g.k);
   args.mainloop.ready = arr.ready;
   args.mainloop.tile0 = arr.tile0;
+  args.mainloop.rk = arr.rk;
+  args.mainloop.ldr = dbt.ldr;
+  args.mainloop.db = arr.db;
+  args.mainloop.db_scale = dbt.scale;
+  args.mainloop.n_blocks = static_cast<int>((g.n + kTileN - 1) / kTileN);
   args.epilogue.thread.alpha = 1.f;
   args.epilogue.thread.beta = 0.f;
   // Along M without swizzle, whatever the configuration: a row tile's n-block 0, which forms xa for
@@ -152,6 +197,35 @@ typename XaGemm::Gemm::Arguments xa_arguments(const Sm90Grouped& g, int count, c
   args.scheduler.max_swizzle_size = kSwizzle;
   args.scheduler.raster_order = Raster::AlongM;
   return args;
+}
+
+}  // namespace
+}  // namespace sm90
+
+namespace sm90 {
+namespace {
+
+template <class G>
+size_t lora_scratch(const Sm90Grouped& g, const GroupRows& rows, int count, const Sm90Launch& at) {
+  const XaArrays<G> arr = xa_arrays<G>(nullptr, count, row_tiles(rows, count));
+  const auto host = host_shapes<G>(g, rows, count);
+  return arr.bytes + G::Gemm::get_workspace_size(xa_arguments(g, count, at, arr, DbTerm{}, host));
+}
+
+template <class G>
+const char* lora_gemm(const Sm90Grouped& g, const void* side, int64_t side_group, const DbTerm& dbt,
+                      const GroupRows& rows, int count, const Sm90Launch& at, void* scratch) {
+  const int tiles = row_tiles(rows, count);
+  const XaArrays<G> arr = xa_arrays<G>(scratch, count, tiles);
+  if (cudaMemsetAsync(arr.ready, 0, sizeof(int) * static_cast<size_t>(tiles), at.stream) !=
+      cudaSuccess)
+    return "clearing the row tiles' counts";
+  xa_layout_kernel<G><<<(count + 127) / 128, 128, 0, at.stream>>>(
+      rows, count, g, static_cast<const Bf16*>(side), side_group, dbt, arr);
+  if (cudaGetLastError() != cudaSuccess) return "the layout kernel's launch";
+  const auto host = host_shapes<G>(g, rows, count);
+  const auto args = xa_arguments(g, count, at, arr, dbt, host);
+  return launch<G>(args, static_cast<char*>(scratch) + arr.bytes, at.stream);
 }
 
 }  // namespace
@@ -166,39 +240,47 @@ bool sm90_lora_xa_fits(const Sm90Grouped& g, int64_t in, int64_t rank, int count
          in > 0 && in % sm90::kTileK == 0 && g.k == in + rank && sm90_grouped_fits(g, count);
 }
 
+bool sm90_lora_dr_fits(const Sm90Grouped& g, int64_t out, int64_t rank, int count) {
+  return g.form == Sm90Form::InputGrad && g.alpha == 1.f && g.beta == 0.f && rank == sm90::kRank &&
+         out > 0 && out % (2 * sm90::kTileK) == 0 && g.k == out + rank &&
+         sm90_grouped_fits(g, count);
+}
+
 const char* sm90_lora_xa_side_pack(const void* a, int64_t lda, int64_t a_group, int64_t experts,
-                                   int64_t in, int64_t k, void* side, cudaStream_t stream) {
+                                   int64_t in, int64_t k, bool transposed, void* side,
+                                   cudaStream_t stream) {
   using namespace sm90;
   const int64_t tiles = (k + kTileK - 1) / kTileK, n = experts * tiles * kRank * (kTileK / 8);
   if (n == 0) return nullptr;
   side_pack_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
-      static_cast<const Bf16*>(a), lda, a_group, experts, in, tiles, static_cast<Bf16*>(side));
+      static_cast<const Bf16*>(a), lda, a_group, experts, in, tiles, transposed,
+      static_cast<Bf16*>(side));
   return cudaGetLastError() == cudaSuccess ? nullptr : "the side pack kernel's launch";
 }
 
 size_t sm90_lora_xa_scratch(const Sm90Grouped& g, const GroupRows& rows, int count,
                             const Sm90Launch& at) {
-  using namespace sm90;
-  const XaArrays arr = xa_arrays(nullptr, count, row_tiles(rows, count));
-  const auto host = host_shapes<XaGemm>(g, rows, count);
-  return arr.bytes + XaGemm::Gemm::get_workspace_size(xa_arguments(g, count, at, arr, host));
+  return sm90::lora_scratch<sm90::XaGemm>(g, rows, count, at);
 }
 
 const char* sm90_lora_xa_gemm(const Sm90Grouped& g, const void* side, int64_t side_group,
                               const GroupRows& rows, int count, const Sm90Launch& at,
                               void* scratch) {
-  using namespace sm90;
-  const int tiles = row_tiles(rows, count);
-  const XaArrays arr = xa_arrays(scratch, count, tiles);
-  if (cudaMemsetAsync(arr.ready, 0, sizeof(int) * static_cast<size_t>(tiles), at.stream) !=
-      cudaSuccess)
-    return "clearing the row tiles' counts";
-  xa_layout_kernel<<<(count + 127) / 128, 128, 0, at.stream>>>(
-      rows, count, g, static_cast<const Bf16*>(side), side_group, arr);
-  if (cudaGetLastError() != cudaSuccess) return "the layout kernel's launch";
-  const auto host = host_shapes<XaGemm>(g, rows, count);
-  const auto args = xa_arguments(g, count, at, arr, host);
-  return launch<XaGemm>(args, static_cast<char*>(scratch) + arr.bytes, at.stream);
+  return sm90::lora_gemm<sm90::XaGemm>(g, side, side_group, sm90::DbTerm{}, rows, count, at,
+                                       scratch);
+}
+
+size_t sm90_lora_dr_scratch(const Sm90Grouped& g, const GroupRows& rows, int count,
+                            const Sm90Launch& at) {
+  return sm90::lora_scratch<sm90::DrGemm>(g, rows, count, at);
+}
+
+const char* sm90_lora_dr_gemm(const Sm90Grouped& g, const void* side, int64_t side_group,
+                              const Sm90LoraDb& db, const GroupRows& rows, int count,
+                              const Sm90Launch& at, void* scratch) {
+  const sm90::DbTerm dbt{static_cast<const sm90::Bf16*>(db.r), db.ldr, db.db, db.db_group,
+                         db.scale};
+  return sm90::lora_gemm<sm90::DrGemm>(g, side, side_group, dbt, rows, count, at, scratch);
 }
 
 }  // namespace mt::ops::cuda

@@ -25,8 +25,21 @@
 // Both count in the stage's transaction bytes. The rank is 16 (one k16 block of the last tile, one
 // register-A wgmma); the op takes this path only for ranks of 16 and `in` a multiple of 64, so the
 // last k-tile holds the adapter's columns alone.
+//
+// The same mainloop serves the backward's dX GEMMs (kDb; plan steps 2-3): over [dY | dr] against
+// [W ; A] (the input-gradient form, B N-major) the side product is dr = dY (s B) (the side slices
+// are (s B)^T's), stored into dY's padding as xa is into X's. With kDb the kernel also adds dB +=
+// s dY^T R (R = ha or xa, the forward's rank-r input, [rows, r]) from the dY tiles it holds: the
+// k-tiles of a row block are shared out between its n-blocks (n-block b takes the b-th of
+// n_blocks contiguous ranges of whole pairs) and, within a range, alternately between the two
+// warpgroups, each of which reads its stage's [rows, 64] tile transposed (the same bytes, MN-major)
+// against R's tile in shared memory, into a 64 x r partial it adds to dB by f32 atomics while the
+// stage's base wgmmas run (its own batch goes first, and the stage's wait retires it). Which stages
+// a warpgroup takes is a compile-time pattern (pairs of stages, the first or the second), so that
+// no wgmma is issued under a run-time condition.
 #pragma once
 
+#include <cutlass/arch/barrier.h>
 #include <cutlass/cutlass.h>
 #include <cute/arch/cluster_sm90.hpp>
 #include <cute/arch/copy_sm90_tma.hpp>
@@ -34,7 +47,7 @@
 
 namespace mt::ops::cuda::sm90 {
 
-template <class Stock>
+template <class Stock, bool kDb = false>
 struct LoraXaMainloop : Stock {
   using Bf16 = cutlass::bfloat16_t;
   static constexpr int kRank = 16;
@@ -49,10 +62,27 @@ struct LoraXaMainloop : Stock {
       cute::GMMA::Layout_K_SW128_Atom<Bf16>{},
       cute::make_shape(cute::Int<kRank>{}, cute::Int<kTileK>{}, cute::Int<kStages>{})));
   static_assert(kTileK * sizeof(Bf16) == 128, "one 128-byte swizzled row per k-slice row");
+  // The final product's B operand: the last k-tile of the stock's B, K-major (forward form) or
+  // N-major (input-gradient form).
+  static constexpr auto kMajorB =
+      cute::is_same_v<typename Stock::InternalStrideB, cute::Stride<int64_t, cute::_1, cute::_0>>
+          ? cute::GMMA::Major::K
+          : cute::GMMA::Major::MN;
+  // dB's operands: a stage's A tile read as (k, rows), MN-major (the bytes of the stock's K-major
+  // (rows, k) layout), and R's tile, (j, rows) MN-major.
+  using SmemLayoutAt = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_MN_SW128_Atom<Bf16>{},
+      cute::make_shape(cute::Int<kTileK>{}, cute::Int<kTileM>{}, cute::Int<kStages>{})));
+  using SmemLayoutRk =
+      decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW32_Atom<Bf16>{},
+                                   cute::make_shape(cute::Int<kRank>{}, cute::Int<kTileM>{})));
+  static_assert(cute::cosize_v<SmemLayoutAt> == cute::cosize_v<typename Stock::SmemLayoutA>,
+                "the transposed view covers the stock's A stages");
 
   struct TensorStorage : Stock::TensorStorage {
     alignas(1024) cute::array_aligned<Bf16, cute::cosize_v<SmemLayoutSide>, 1024> smem_side;
     alignas(16) uint32_t coords[kStages][4];  // m tile, n tile, group, the group's rows
+    alignas(128) cute::array_aligned<Bf16, kDb ? cute::cosize_v<SmemLayoutRk> : 8, 128> smem_rk;
   };
 
   struct Arguments : Stock::Arguments {
@@ -62,12 +92,24 @@ struct LoraXaMainloop : Stock {
     // threads stored their share of xa (zeroed before the launch).
     int* ready = nullptr;
     const int* tile0 = nullptr;
+    // kDb: per group, R's rows (row pitch ldr) and its expert's dB [K - r, r] (f32, row pitch r);
+    // dB's scale s; the n-blocks of a row block.
+    const Bf16* const* rk = nullptr;
+    int64_t ldr = 0;
+    float* const* db = nullptr;
+    float db_scale = 1.f;
+    int n_blocks = 1;
   };
   struct Params : Stock::Params {
     const Bf16* const* side = nullptr;
     int k = 0;
     int* ready = nullptr;
     const int* tile0 = nullptr;
+    const Bf16* const* rk = nullptr;
+    int64_t ldr = 0;
+    float* const* db = nullptr;
+    float db_scale = 1.f;
+    int n_blocks = 1;
   };
 
   template <class ProblemShape>
@@ -78,6 +120,11 @@ struct LoraXaMainloop : Stock {
     p.k = args.k;
     p.ready = args.ready;
     p.tile0 = args.tile0;
+    p.rk = args.rk;
+    p.ldr = args.ldr;
+    p.db = args.db;
+    p.db_scale = args.db_scale;
+    p.n_blocks = args.n_blocks;
     p.tma_transaction_bytes += kSideBytes + kCoordBytes;
     return p;
   }
@@ -105,8 +152,22 @@ struct LoraXaMainloop : Stock {
                            TensorMaps const& tensormaps, BlockCoord const& blk_coord,
                            KTileIterator k_iter, int k_tiles, int, uint32_t block_rank_in_cluster,
                            TensorStorage& storage) {
+    // One lane issues; the warp meets again before it returns. With the other lanes returning
+    // early, the warp went on diverged into the kernel's next elect_one_sync, which lane 0 then met
+    // at another one: an illegal instruction (session 20, call 10's cuda-gdb).
+    if (cute::elect_one_sync())
+      issue_loads(params, pipeline, write, inputs, tensormaps, blk_coord, k_iter, k_tiles,
+                  block_rank_in_cluster, storage);
+    __syncwarp();
+  }
+
+  template <class Inputs, class TensorMaps, class KTileIterator, class BlockCoord>
+  CUTLASS_DEVICE void issue_loads(Params const& params, typename Stock::MainloopPipeline pipeline,
+                                  typename Stock::PipelineState write, Inputs const& inputs,
+                                  TensorMaps const& tensormaps, BlockCoord const& blk_coord,
+                                  KTileIterator k_iter, int k_tiles, uint32_t block_rank_in_cluster,
+                                  TensorStorage& storage) {
     using namespace cute;
-    if (!elect_one_sync()) return;
     using ClusterShape = typename Stock::DispatchPolicy::ClusterShape;
     Tensor sA = make_tensor(make_smem_ptr(storage.smem_A.data()), typename Stock::SmemLayoutA{});
     Tensor sB = make_tensor(make_smem_ptr(storage.smem_B.data()), typename Stock::SmemLayoutB{});
@@ -162,6 +223,7 @@ struct LoraXaMainloop : Stock {
   // register A operand, multiplied into the accumulators against the last k-tile's first k16
   // block (the s B columns); the n-block-0 tile stores it into X's padding. The stages are released
   // as the stock mainloop releases them (one batch left in flight; mma_tail releases the last).
+  // kDb: dB's wgmmas join the batches of the stages this warpgroup takes (see the file's comment).
   template <class FrgTensorC>
   CUTLASS_DEVICE void mma(typename Stock::MainloopPipeline pipeline,
                           typename Stock::PipelineState read, FrgTensorC& accum, int k_tiles,
@@ -194,7 +256,8 @@ struct LoraXaMainloop : Stock {
     Tensor xa = partition_fragment_C(side_mma, Shape<Int<kTileM>, Int<kRank>>{});
 
     using RsAtom =
-        decltype(GMMA::rs_op_selector<Bf16, Bf16, float, Shape<_64, Int<kTileN>, Int<kRank>>>());
+        decltype(GMMA::rs_op_selector<Bf16, Bf16, float, Shape<_64, Int<kTileN>, Int<kRank>>,
+                                      GMMA::Major::K, kMajorB>());
     using RsMma = decltype(make_tiled_mma(RsAtom{}, Layout<Shape<Int<kWarpGroups>, _1, _1>>{}));
     RsMma rs_mma;  // accum += xa (sB)^T
     auto rs_thr = rs_mma.get_slice(wg_slice);
@@ -204,6 +267,16 @@ struct LoraXaMainloop : Stock {
                     make_layout(make_shape(Int<kTileM>{}, Int<kRank>{}), LayoutRight{})));
     static_assert(size(xa16) == size(xa), "xa's accumulator is the register A operand's layout");
 
+    // dB's partial (64 k x r) of one stage, per warpgroup: A = the stage's tile transposed.
+    DbMma db_mma;
+    auto db_thr = db_mma.get_slice(thread_idx % cutlass::NumThreadsPerWarpGroup);
+    Tensor sAt = make_tensor(make_smem_ptr(storage.smem_A.data()), SmemLayoutAt{});
+    Tensor sR = make_tensor(make_smem_ptr(storage.smem_rk.data()), SmemLayoutRk{});
+    Tensor dbA = db_thr.make_fragment_A(db_thr.partition_A(sAt));  // (MMA, 1, rows / 16, PIPE)
+    Tensor dbB = db_thr.make_fragment_B(db_thr.partition_B(sR));   // (MMA, 1, rows / 16)
+    Tensor dbacc = partition_fragment_C(db_mma, Shape<Int<kTileK>, Int<kRank>>{});
+    constexpr int kDbBlocks = size<2>(dbA);
+
     // The tile's coordinates ride with every stage: the first stage's say whether this tile forms
     // xa (n-block 0) or takes it from the one that did.
     pipeline.consumer_wait(read, pipeline.consumer_try_wait(read));
@@ -212,45 +285,116 @@ struct LoraXaMainloop : Stock {
     const bool make_xa = coords[1] == 0;
     const int rows = static_cast<int>(coords[3]);
 
+    // kDb: this n-block's k-tiles [t0, t1) of the k_tiles - 1 before the adapter's, and this
+    // thread's share of R's tile, loaded now and stored into shared memory at t0.
+    int t0 = 0, t1 = 0;
+    uint4 rk_part = make_uint4(0, 0, 0, 0);
+    if constexpr (kDb) {
+      // Whole pairs of k-tiles (K - r even in k-tiles, sm90_lora_dr_fits): an odd range's last
+      // stage would be a wgmma under a run-time condition, which serialised every wgmma.
+      const int pairs = (k_tiles - 1) / 2, nb = static_cast<int>(coords[1]);
+      t0 = 2 * (nb * pairs / params.n_blocks);
+      t1 = 2 * ((nb + 1) * pairs / params.n_blocks);
+      // Branch-free (a row past the group's reads its last row, then zeros): the barriers of
+      // store_rk want converged warps.
+      const int row = static_cast<int>(m_tile) * kTileM + thread_idx / 2;
+      rk_part = __ldg(reinterpret_cast<const uint4*>(
+          params.rk[group] + static_cast<int64_t>(min(row, rows - 1)) * params.ldr +
+          thread_idx % 2 * 8));
+      if (row >= rows) rk_part = make_uint4(0, 0, 0, 0);
+    }
+
     typename Stock::PipelineState release = read;
     tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
     side_mma.accumulate_ = GMMA::ScaleOut::Zero;
     warpgroup_fence_operand(accum);
     warpgroup_fence_operand(xa);
-    // X's k-tiles; with_xa: xa's wgmmas beside the base product's (straight-line batches: a wgmma
-    // under a run-time condition made ptxas fence the accumulators).
-    auto x_tiles = [&](auto with_xa) {
-      CUTLASS_PRAGMA_NO_UNROLL
-      for (int t = 0; t + 1 < k_tiles; ++t) {
-        pipeline.consumer_wait(read, pipeline.consumer_try_wait(read));
-        const int stage = read.index();
-        warpgroup_fence_operand(accum);
-        warpgroup_fence_operand(xa);
+    // One k-tile t: with db, dB's wgmmas first in a batch of their own; then the base product's
+    // wgmmas and xa's beside them (with_xa); the wait that leaves the last batch in flight, the
+    // previous stage's release and, with db, the partial's flush while the base product runs (its
+    // registers live within the step: carried across steps they met at the loops' joins, where
+    // the copies made ptxas serialise every wgmma). Straight-line batches: a wgmma under a
+    // run-time condition made ptxas fence the accumulators.
+    // (Forced inline: with kDb's four variants ptxas kept it a call, its accumulators in local
+    // memory, every wgmma serialised.)
+    auto step = [&](int t, auto with_xa, auto db) __attribute__((always_inline)) {
+      constexpr bool kWithDb = decltype(db)::value;
+      pipeline.consumer_wait(read, pipeline.consumer_try_wait(read));
+      const int stage = read.index();
+      warpgroup_fence_operand(accum);
+      warpgroup_fence_operand(xa);
+      if constexpr (kWithDb) {
+        warpgroup_fence_operand(dbacc);
         warpgroup_arrive();
+        db_mma.accumulate_ = GMMA::ScaleOut::Zero;
         CUTLASS_PRAGMA_UNROLL
-        for (int b = 0; b < kBlocks; ++b) {
-          cute::gemm(tiled_mma, tA(_, _, b, stage), tB(_, _, b, stage), accum);
-          tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-          if constexpr (decltype(with_xa)::value) {
-            cute::gemm(side_mma, sdA(_, _, b, stage), sdB(_, _, b, stage), xa);
-            side_mma.accumulate_ = GMMA::ScaleOut::One;
-          }
+        for (int b = 0; b < kDbBlocks; ++b) {
+          cute::gemm(db_mma, dbA(_, _, b, stage), dbB(_, _, b), dbacc);
+          db_mma.accumulate_ = GMMA::ScaleOut::One;
         }
         warpgroup_commit_batch();
-        if (t > 0) {
-          warpgroup_wait<1>();
-          warpgroup_fence_operand(accum);
-          warpgroup_fence_operand(xa);
-          pipeline.consumer_release(release);
-          ++release;
-        }
-        ++read;
       }
+      warpgroup_arrive();
+      CUTLASS_PRAGMA_UNROLL
+      for (int b = 0; b < kBlocks; ++b) {
+        cute::gemm(tiled_mma, tA(_, _, b, stage), tB(_, _, b, stage), accum);
+        tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+        if constexpr (decltype(with_xa)::value) {
+          cute::gemm(side_mma, sdA(_, _, b, stage), sdB(_, _, b, stage), xa);
+          side_mma.accumulate_ = GMMA::ScaleOut::One;
+        }
+      }
+      warpgroup_commit_batch();
+      if (kWithDb || t > 0) {
+        warpgroup_wait<1>();
+        warpgroup_fence_operand(accum);
+        warpgroup_fence_operand(xa);
+      }
+      if (t > 0) {
+        pipeline.consumer_release(release);
+        ++release;
+      }
+      if constexpr (kWithDb) {
+        warpgroup_fence_operand(dbacc);
+        flush_db(dbacc, t, group, thread_idx, params);
+      }
+      ++read;
     };
-    if (make_xa)
-      x_tiles(cute::true_type{});
-    else
-      x_tiles(cute::false_type{});
+    // X's k-tiles, for warpgroup `role` (kDb: which of a pair of stages in [t0, t1) is its).
+    auto x_tiles = [&](auto with_xa, auto role) __attribute__((always_inline)) {
+      int t = 0;
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (; t < t0; ++t) step(t, with_xa, cute::false_type{});
+      if constexpr (kDb) {
+        store_rk(rk_part, sR, thread_idx);
+        constexpr bool first = decltype(role)::value == 0;
+        CUTLASS_PRAGMA_NO_UNROLL
+        for (; t + 1 < t1; t += 2) {
+          step(t, with_xa, cute::bool_constant<first>{});
+          step(t + 1, with_xa, cute::bool_constant<!first>{});
+        }
+      }
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (; t + 1 < k_tiles; ++t) step(t, with_xa, cute::false_type{});
+    };
+    if constexpr (kDb) {
+      if (warp_group == 0) {
+        if (make_xa)
+          x_tiles(cute::true_type{}, cute::Int<0>{});
+        else
+          x_tiles(cute::false_type{}, cute::Int<0>{});
+      } else {
+        if (make_xa)
+          x_tiles(cute::true_type{}, cute::Int<1>{});
+        else
+          x_tiles(cute::false_type{}, cute::Int<1>{});
+      }
+    } else {
+      if (make_xa)
+        x_tiles(cute::true_type{}, cute::Int<0>{});
+      else
+        x_tiles(cute::false_type{}, cute::Int<0>{});
+    }
     // The adapter's k-tile.
     pipeline.consumer_wait(read, pipeline.consumer_try_wait(read));
     const int stage = read.index();
@@ -282,6 +426,53 @@ struct LoraXaMainloop : Stock {
     }
     ++read;
     warpgroup_fence_operand(accum);
+  }
+
+  // dB's partial: one warpgroup, m64 n16 k16 with both operands MN-major.
+  using DbMma = decltype(cute::make_tiled_mma(
+      cute::SM90_64x16x16_F32BF16BF16_SS<cute::GMMA::Major::MN, cute::GMMA::Major::MN>{}));
+  // The consumers' barrier for R's tile: the first id past CUTLASS's reserved ones.
+  static constexpr uint32_t kRkBarrier =
+      static_cast<uint32_t>(cutlass::arch::ReservedNamedBarriers::FirstUserBarrier);
+  // barrier.sync without .aligned (NamedBarrier's bar.sync is the aligned form, which synccheck
+  // found entered by diverged warps here: session 20 call 3), after the warp reconverges.
+  CUTLASS_DEVICE static void consumers_sync() {
+    __syncwarp();
+    asm volatile("barrier.sync %0, %1;" ::"r"(kRkBarrier), "r"(static_cast<uint32_t>(kConsumers))
+                 : "memory");
+  }
+
+  // R's tile (this thread: row thread_idx / 2, columns 8 (thread_idx % 2) ..) into shared memory,
+  // between two barriers of all consumers: the first waits for the last tile's dB wgmmas (both
+  // warpgroups passed their adapter stage's wait), the second for every share (after the fence that
+  // shows the generic proxy's stores to the wgmmas' async proxy).
+  template <class SR>
+  CUTLASS_DEVICE static void store_rk(uint4 part, SR& sR, int thread_idx) {
+    static_assert(kConsumers == 2 * kTileM, "two threads per row of R's tile");
+    consumers_sync();
+    const int row = thread_idx / 2, j0 = thread_idx % 2 * 8;
+    const Bf16* v = reinterpret_cast<const Bf16*>(&part);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < 8; ++i) sR(j0 + i, row) = v[i];
+    cutlass::arch::fence_view_async_shared();
+    consumers_sync();
+  }
+
+  // dB[64 t + k][j] += s partial(k, j), two adjacent j per float2 atomic.
+  template <class Frag>
+  CUTLASS_DEVICE static void flush_db(Frag const& dbacc, int t, uint32_t group, int thread_idx,
+                                      Params const& params) {
+    using namespace cute;
+    Tensor coord = DbMma{}
+                       .get_slice(thread_idx % cutlass::NumThreadsPerWarpGroup)
+                       .partition_C(make_identity_tensor(Shape<Int<kTileK>, Int<kRank>>{}));
+    static_assert(size(decltype(coord){}) == size(Frag{}), "one coordinate per dB element");
+    float* db = params.db[group] + static_cast<int64_t>(t) * kTileK * kRank;
+    const float s = params.db_scale;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(coord); i += 2)
+      atomicAdd(reinterpret_cast<float2*>(db + get<0>(coord(i)) * kRank + get<1>(coord(i))),
+                make_float2(s * dbacc(i), s * dbacc(i + 1)));
   }
 
   // Element i of this thread's xa fragment: its (row, column) in the tile.
