@@ -233,12 +233,13 @@ void forward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
 
 // Backward per pass: dr = s dY B_down and dB_down read dY once, dr into dY's padding; the down
 // dX GEMM reads [dY | dr] against [W_down ; A_down] and writes the whole dh (N F) (on the GPU
-// one GEMM forms dr and dB from the dY tiles it holds: grouped_ffn_lora_down_dx); SwiGLU's
+// one GEMM forms dr and dB from the dY tiles it holds: grouped_ffn_lora_dx); SwiGLU's
 // backward reads gate_up and dh and writes dgate_up (5 N F) into a [N, 2F + r] view (of a
 // grouped_ffn_row_pitch(2F, r) buffer) whose padding the gate/up projection's dr = s dgate_up B
 // fills, in the same pass on the GPU as dB_gu and dA_down = dr_down^T h
 // (grouped_ffn_lora_swiglu_backward_grads: session 13 read dgate_up and h once more for them,
-// 3 N F); the gate/up dX GEMM reads [dgate_up | dr] against [W_gu ; A_gu] and writes dX. dA_gu =
+// 3 N F); the gate/up dX GEMM reads [dgate_up | dr] against [W_gu ; A_gu] and writes dX (where
+// lora_bwd is Separate, on the GPU forming dr and dB_gu itself: grouped_ffn_lora_dx). dA_gu =
 // dr^T X and, with a trained base, dW stay separate grouped products.
 void backward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
                       const Tensor& offsets, const GroupedFfnWeights& w,
@@ -261,7 +262,7 @@ void backward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
   Tensor dr_down = dyp.cols(l, l + r), db_down = grad(grads.down_b);
   Tensor dh = ctx.workspace().alloc({N, F}, at);
   const Tensor w_down_dx = padded_weight(w.down, r).narrow(2, 0, F);
-  dispatch(MT_NAMED_OP_BODIES("grouped_ffn_backward", grouped_ffn_lora_down_dx),
+  dispatch(MT_NAMED_OP_BODIES("grouped_ffn_backward", grouped_ffn_lora_dx),
            {&dyp, &w.down_b, &saved.ha, &w_down_dx, &db_down, &dh}, ctx, p, dyp, offsets, w.down_b,
            saved.ha, w_down_dx, db_down, dh);
   if (has(grads.down)) grouped_matmul(ctx, form.dw_base, dy, offsets, saved.h, grads.down);
@@ -272,15 +273,18 @@ void backward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
   if (lora_bwd(p) == LoraKernels::Separate) {
     if (has(da_down)) grouped_matmul(ctx, form.dw, dr_down, offsets, saved.h, da_down);
     swiglu_backward(ctx, saved.gate_up, dh, dgu);
-    lora_out_grads(ctx, p, dgu, offsets, w.gate_up_b, xa, dr_gu, db_gu);
+    const Tensor w_gu_dx = padded_weight(w.gate_up, r).narrow(2, 0, l);
+    dispatch(MT_NAMED_OP_BODIES("grouped_ffn_backward", grouped_ffn_lora_dx),
+             {&dgp, &w.gate_up_b, &xa, &w_gu_dx, &db_gu, &dx}, ctx, p, dgp, offsets, w.gate_up_b,
+             xa, w_gu_dx, db_gu, dx);
   } else {
     dispatch(MT_NAMED_OP_BODIES("grouped_ffn_backward", grouped_ffn_lora_swiglu_backward_grads),
              {&saved.gate_up, &dh, &saved.h, &dr_down, &xa, &w.gate_up_b, &dgu, &dr_gu, &db_gu,
               &da_down},
              ctx, p, saved.gate_up, dh, offsets, saved.h, dr_down, xa, w.gate_up_b, dgu, dr_gu,
              db_gu, da_down);
+    grouped_matmul(ctx, form.dx, dgp, offsets, padded_weight(w.gate_up, r).narrow(2, 0, l), dx);
   }
-  grouped_matmul(ctx, form.dx, dgp, offsets, padded_weight(w.gate_up, r).narrow(2, 0, l), dx);
   if (has(grads.gate_up)) grouped_matmul(ctx, form.dw_base, dgu, offsets, x, grads.gate_up);
   if (has(grads.gate_up_a)) grouped_matmul(ctx, form.dw, dr_gu, offsets, x, grads.gate_up_a);
 }

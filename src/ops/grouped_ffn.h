@@ -96,10 +96,11 @@ struct GroupedFfnParams {
   // down kernel, session 11), then the GEMM. Gemm saved 167 us at A, 441 at B over Staged (session
   // 19 call 1, bench/RESULTS.md).
   LoraKernels lora_xa = LoraKernels::Gemm;
-  // The K-concatenation backward's dr_down = s dY B_down and dB_down (grouped_ffn_lora_down_dx):
-  // Gemm = formed inside the down dX GEMM's mainloop from the dY tiles it holds (rank 16, `in` a
-  // multiple of 128, dB_down trained; otherwise as below); anything else = lora_out_grads's pass
-  // over dY, then the GEMM.
+  // The K-concatenation backward's dr = s dOut B and dB of a projection (grouped_ffn_lora_dx: the
+  // down one's, and the gate/up one's where lora_bwd is Separate): Gemm = formed inside the dX
+  // GEMM's mainloop from the dOut tiles it holds (rank 16, the projection's output width a multiple
+  // of 128, dB trained; otherwise as below); anything else = lora_out_grads's pass over dOut, then
+  // the GEMM.
   LoraKernels lora_dr = LoraKernels::Gemm;
   float lora_scale() const { return lora_rank ? lora_alpha / static_cast<float>(lora_rank) : 0.f; }
 };
@@ -260,15 +261,16 @@ using GroupedFfnLoraGateUp = void(Context& ctx, const GroupedFfnParams& p, const
                                   const Tensor& offsets, const Tensor& a_gu, const Tensor& w_gu,
                                   Tensor& gate_up);
 
-// The K-concatenation backward's down projection: dr = s dY B_down written into dyp's columns in ..
-// in + r - 1 (dyp [rows, in + r], dY its first `in` columns), dB_down += s dY^T ha where db is
-// defined, and dh = [dY | dr] w_dx (w_dx [E, in + r, F], the padded down buffer's input-gradient
-// view, whose columns F .. F + r - 1 hold s B_down and rows in .. A_down).
-// grouped_ffn_lora_out_grads then the grouped GEMM, or on the GPU (GroupedFfnParams::lora_dr ==
-// Gemm) one GEMM that forms dr and dB in its mainloop (ops/cuda/grouped_matmul.h).
-using GroupedFfnLoraDownDx = void(Context& ctx, const GroupedFfnParams& p, const Tensor& dyp,
-                                  const Tensor& offsets, const Tensor& b_down, const Tensor& ha,
-                                  const Tensor& w_dx, Tensor& db, Tensor& dh);
+// A K-concatenated projection's backward (the down projection's, and the gate/up one's where
+// lora_bwd is Separate): dr = s dOut B written into dyp's columns w .. w + r - 1 (dyp [rows, w +
+// r], dOut its first w columns), dB += s dOut^T R where db is defined (R = ha or xa [rows, r]), and
+// dX = [dOut | dr] w_dx (w_dx [E, w + r, in], the padded buffer's input-gradient view, whose
+// columns in .. in + r - 1 hold s B and rows w .. A). grouped_ffn_lora_out_grads then the grouped
+// GEMM, or on the GPU (GroupedFfnParams::lora_dr == Gemm) one GEMM that forms dr and dB in its
+// mainloop (ops/cuda/grouped_matmul.h).
+using GroupedFfnLoraDx = void(Context& ctx, const GroupedFfnParams& p, const Tensor& dyp,
+                              const Tensor& offsets, const Tensor& b, const Tensor& r_rows,
+                              const Tensor& w_dx, Tensor& db, Tensor& dx);
 
 // The K-concatenation path's adapter packing, both projections: [[W, s B], [A, 0]] in each padded
 // buffer, i.e. A [E, r, in] into its rows out .. out + r - 1 (columns 0 .. in - 1) and s B
@@ -294,6 +296,6 @@ MT_OP_BACKENDS(GroupedFfnSwigluForward grouped_ffn_swiglu_forward;
                GroupedFfnLoraSwigluBackwardGrads grouped_ffn_lora_swiglu_backward_grads;
                GroupedFfnLoraSwigluHa grouped_ffn_lora_swiglu_ha;
                GroupedFfnLoraXa grouped_ffn_lora_xa; GroupedFfnLoraGateUp grouped_ffn_lora_gate_up;
-               GroupedFfnLoraDownDx grouped_ffn_lora_down_dx;)
+               GroupedFfnLoraDx grouped_ffn_lora_dx;)
 
 }  // namespace mt::ops

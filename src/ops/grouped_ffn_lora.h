@@ -90,16 +90,16 @@ void gate_up(Context& ctx, const GroupedFfnParams& p, const Tensor& xp, const Te
   ops::grouped_matmul(ctx, {.form = GroupedForm::XWt, .gemm = p.gemm}, xp, offsets, w_gu, gate_up);
 }
 
-// grouped_ffn_lora_down_dx as the pass over dY for dr and dB (`out_grads`: the backend's
-// grouped_ffn_lora_out_grads), then the grouped GEMM over [dY | dr].
+// grouped_ffn_lora_dx as the pass over dOut for dr and dB (`out_grads`: the backend's
+// grouped_ffn_lora_out_grads), then the grouped GEMM over [dOut | dr].
 template <typename OutGrads>
-void down_dx(Context& ctx, const GroupedFfnParams& p, const Tensor& dyp, const Tensor& offsets,
-             const Tensor& b_down, const Tensor& ha, const Tensor& w_dx, Tensor& db, Tensor& dh,
-             OutGrads out_grads) {
-  const int64_t l = p.in, r = p.lora_rank;
-  Tensor dr = dyp.cols(l, l + r);
-  out_grads(ctx, p, dyp.cols(0, l), offsets, b_down, ha, dr, db);
-  ops::grouped_matmul(ctx, {.form = GroupedForm::DyW, .gemm = p.gemm}, dyp, offsets, w_dx, dh);
+void dx(Context& ctx, const GroupedFfnParams& p, const Tensor& dyp, const Tensor& offsets,
+        const Tensor& b, const Tensor& r_rows, const Tensor& w_dx, Tensor& db, Tensor& dx,
+        OutGrads out_grads) {
+  const int64_t r = p.lora_rank, w = dyp.dim(1) - r;
+  Tensor dr = dyp.cols(w, w + r);
+  out_grads(ctx, p, dyp.cols(0, w), offsets, b, r_rows, dr, db);
+  ops::grouped_matmul(ctx, {.form = GroupedForm::DyW, .gemm = p.gemm}, dyp, offsets, w_dx, dx);
 }
 
 // One projection's packing (grouped_ffn_lora_pack) as a copy of A, a scale of B into scratch and

@@ -458,6 +458,17 @@ TEST(CudaGroupedFfn, KConcatLoraInTheBaseGemms) {
              .kconcat = true,
              .pad_rows = true,
              .lora_xa = ops::LoraKernels::Gemm});
+  // 2F a multiple of 128 as well: the gate/up projection's dX GEMM forms dr_gu and dB_gu too
+  // (GroupedFfnParams::lora_dr, with lora_bwd Separate).
+  ffn_check("grouped_ffn kconcat r16 skewed trained base, padded rows, dr in both dX GEMMs",
+            {.rows = 3000,
+             .experts = 16,
+             .in = 256,
+             .ffn = 192,
+             .rank = 16,
+             .skewed = true,
+             .kconcat = true,
+             .pad_rows = true});
   ffn_check("grouped_ffn kconcat r16 frozen, copied rows, xa in the GEMM",
             {.rows = 2000,
              .experts = 9,
@@ -1001,15 +1012,17 @@ TEST(CudaGroupedFfn, GateUpGemmFormsXaInItsMainloop) {
 }
 
 // The K-concatenation backward's down dX GEMM with dr = dY (s B) and dB += s dY^T ha formed in its
-// mainloop (ops/cuda/grouped_matmul.h, grouped_down_dx_lora_dr): dh = dY W + bf16(dr) A, dr into
+// mainloop (ops/cuda/grouped_matmul.h, grouped_dx_lora_dr): dh = dY W + bf16(dr) A, dr into
 // dY's padding, dB added into its pre-filled values, against the CPU's products (dr, then [dY | dr]
 // times the padded buffer's columns, and dY^T ha). dY's padding starts as NaN; a hot expert over
-// many row tiles, one-row and empty experts; `out` of 4 and 1 k-tile pairs, and 6 (2304 / 384:
-// the row block's k-tiles shared unevenly among F / 256 = 1 or 2 n-blocks, a partial n-tile at
-// F = 272). The bf16 pass must take the fused kernel (the f32 pass runs the products on the GPU).
+// many row tiles, one-row and empty experts; `out` of 4 and 1 k-tile pairs, 6 and 3 (the row
+// block's k-tile pairs shared among F / 256 = 1, 2 or 3 n-blocks, unevenly at 1 pair for 2, and
+// partial n-tiles at F = 272 and 520). The bf16 pass must take the fused kernel (the f32 pass runs
+// the products on the GPU).
 TEST(CudaGroupedFfn, DownDxGemmFormsDrAndDbInItsMainloop) {
   REQUIRE_GPU();
-  for (const auto& [out_dim, F] : {std::pair<int64_t, int64_t>{512, 136}, {128, 272}, {768, 272}}) {
+  for (const auto& [out_dim, F] :
+       {std::pair<int64_t, int64_t>{512, 136}, {128, 272}, {768, 272}, {384, 520}}) {
     const uint64_t seed = fresh_seed();
     Rng rng(seed);
     const int64_t G = 10, r = 16;
@@ -1034,32 +1047,32 @@ TEST(CudaGroupedFfn, DownDxGemmFormsDrAndDbInItsMainloop) {
                                  {randn(rng, {N, r})},
                                  {randn(rng, {G, out_dim, r}, 1e-2), false}};
     const auto run = [&](bool emulate) {
-      return
-          [&, emulate](Context& c, const std::vector<Tensor>& v, bool gpu) -> std::vector<Tensor> {
-            const DType dt = v[0].dtype();
-            Tensor ybuf = out(c, {N, ops::grouped_ffn_row_pitch(out_dim, r)}, dt);
-            Tensor dyp = ybuf.cols(0, out_dim + r), head = dyp.cols(0, out_dim);
-            ops::copy(c, v[0], head);
-            Tensor dh = out(c, {N, F}, dt), db = like(c, v[5]);
-            bool fused = false;
-            if (gpu) {
-              fused = ops::cuda::grouped_down_dx_lora_dr(c, dyp, off, v[1].narrow(2, 0, F), r, v[4],
-                                                         s, db, dh);
-              EXPECT_EQ(fused, dt == DType::BF16) << "out " << out_dim << ": the fused GEMM taken";
-            }
-            if (!fused) {
-              Tensor dr = out(c, {N, r}, dt), dr_at = dyp.cols(out_dim, out_dim + r);
-              ops::grouped_matmul(c, {.form = ops::GroupedForm::DyW}, head, off, v[2], dr);
-              if (emulate) dr.copy_from(round_bf16(dr));  // the GPU's bf16 dr operand
-              ops::copy(c, dr, dr_at);
-              ops::grouped_matmul(c, {.form = ops::GroupedForm::DyW}, dyp, off, v[3], dh);
-              ops::grouped_matmul(c, {.form = ops::GroupedForm::DytX, .alpha = s, .beta = 1.f},
-                                  head, off, v[4], db);
-            }
-            Tensor dr = out(c, {N, r}, dt);
-            ops::copy(c, dyp.cols(out_dim, out_dim + r), dr);
-            return {dh, dr, db};
-          };
+      return [&, emulate](Context& c, const std::vector<Tensor>& v,
+                          bool gpu) -> std::vector<Tensor> {
+        const DType dt = v[0].dtype();
+        Tensor ybuf = out(c, {N, ops::grouped_ffn_row_pitch(out_dim, r)}, dt);
+        Tensor dyp = ybuf.cols(0, out_dim + r), head = dyp.cols(0, out_dim);
+        ops::copy(c, v[0], head);
+        Tensor dh = out(c, {N, F}, dt), db = like(c, v[5]);
+        bool fused = false;
+        if (gpu) {
+          fused =
+              ops::cuda::grouped_dx_lora_dr(c, dyp, off, v[1].narrow(2, 0, F), r, v[4], s, db, dh);
+          EXPECT_EQ(fused, dt == DType::BF16) << "out " << out_dim << ": the fused GEMM taken";
+        }
+        if (!fused) {
+          Tensor dr = out(c, {N, r}, dt), dr_at = dyp.cols(out_dim, out_dim + r);
+          ops::grouped_matmul(c, {.form = ops::GroupedForm::DyW}, head, off, v[2], dr);
+          if (emulate) dr.copy_from(round_bf16(dr));  // the GPU's bf16 dr operand
+          ops::copy(c, dr, dr_at);
+          ops::grouped_matmul(c, {.form = ops::GroupedForm::DyW}, dyp, off, v[3], dh);
+          ops::grouped_matmul(c, {.form = ops::GroupedForm::DytX, .alpha = s, .beta = 1.f}, head,
+                              off, v[4], db);
+        }
+        Tensor dr = out(c, {N, r}, dt);
+        ops::copy(c, dyp.cols(out_dim, out_dim + r), dr);
+        return {dh, dr, db};
+      };
     };
     run_case(cat("down dX with dr and dB in the mainloop, out ", out_dim, ", F ", F).c_str(), ins,
              {"dh", "dr", "db"}, run(false), seed, std::max<int64_t>(out_dim + r, 900), run(true));

@@ -118,11 +118,10 @@ void grouped_ffn_lora_gate_up(Context& ctx, const GroupedFfnParams& p, const Ten
   lora_composite::gate_up(ctx, p, xp, offsets, a_gu, w_gu, gate_up, grouped_ffn_lora_xa);
 }
 
-void grouped_ffn_lora_down_dx(Context& ctx, const GroupedFfnParams& p, const Tensor& dyp,
-                              const Tensor& offsets, const Tensor& b_down, const Tensor& ha,
-                              const Tensor& w_dx, Tensor& db, Tensor& dh) {
-  lora_composite::down_dx(ctx, p, dyp, offsets, b_down, ha, w_dx, db, dh,
-                          grouped_ffn_lora_out_grads);
+void grouped_ffn_lora_dx(Context& ctx, const GroupedFfnParams& p, const Tensor& dyp,
+                         const Tensor& offsets, const Tensor& b, const Tensor& r_rows,
+                         const Tensor& w_dx, Tensor& db, Tensor& dx) {
+  lora_composite::dx(ctx, p, dyp, offsets, b, r_rows, w_dx, db, dx, grouped_ffn_lora_out_grads);
 }
 
 }  // namespace mt::ops::cpu

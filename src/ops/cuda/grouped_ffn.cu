@@ -267,16 +267,15 @@ void grouped_ffn_lora_gate_up(Context& ctx, const GroupedFfnParams& p, const Ten
   lora_composite::gate_up(ctx, p, xp, offsets, a_gu, w_gu, gate_up, grouped_ffn_lora_xa);
 }
 
-void grouped_ffn_lora_down_dx(Context& ctx, const GroupedFfnParams& p, const Tensor& dyp,
-                              const Tensor& offsets, const Tensor& b_down, const Tensor& ha,
-                              const Tensor& w_dx, Tensor& db, Tensor& dh) {
+void grouped_ffn_lora_dx(Context& ctx, const GroupedFfnParams& p, const Tensor& dyp,
+                         const Tensor& offsets, const Tensor& b, const Tensor& r_rows,
+                         const Tensor& w_dx, Tensor& db, Tensor& dx) {
   // dB's partials meet through atomics: a deterministic context keeps the separate passes.
   if (p.lora_dr == LoraKernels::Gemm && !p.lora_s13_kernels && !ctx.deterministic() &&
       db.defined() && db.numel() > 0 &&
-      grouped_down_dx_lora_dr(ctx, dyp, offsets, w_dx, p.lora_rank, ha, p.lora_scale(), db, dh))
+      grouped_dx_lora_dr(ctx, dyp, offsets, w_dx, p.lora_rank, r_rows, p.lora_scale(), db, dx))
     return;
-  lora_composite::down_dx(ctx, p, dyp, offsets, b_down, ha, w_dx, db, dh,
-                          grouped_ffn_lora_out_grads);
+  lora_composite::dx(ctx, p, dyp, offsets, b, r_rows, w_dx, db, dx, grouped_ffn_lora_out_grads);
 }
 
 void grouped_ffn_lora_xa(Context& ctx, const GroupedFfnParams& p, const Tensor& x,

@@ -308,51 +308,52 @@ bool grouped_gate_up_lora_xa(Context& ctx, const Tensor& xp, const Tensor& offse
   return true;
 }
 
-bool grouped_down_dx_lora_dr(Context& ctx, const Tensor& dyp, const Tensor& offsets,
-                             const Tensor& w_dx, int64_t rank, const Tensor& ha, float scale,
-                             Tensor& db, Tensor& dh) {
-  if (dyp.dtype() != DType::BF16 || w_dx.dtype() != DType::BF16 || dh.dtype() != DType::BF16 ||
-      ha.dtype() != DType::BF16 || db.dtype() != DType::F32 || w_dx.ndim() != 3 ||
+bool grouped_dx_lora_dr(Context& ctx, const Tensor& dyp, const Tensor& offsets, const Tensor& w_dx,
+                        int64_t rank, const Tensor& r_rows, float scale, Tensor& db, Tensor& dx) {
+  if (dyp.dtype() != DType::BF16 || w_dx.dtype() != DType::BF16 || dx.dtype() != DType::BF16 ||
+      r_rows.dtype() != DType::BF16 || db.dtype() != DType::F32 || w_dx.ndim() != 3 ||
       w_dx.stride(2) != 1 || offsets.dim(0) != w_dx.dim(0) + 1)
     return false;
   const int64_t E = w_dx.dim(0), k = w_dx.dim(1), n = w_dx.dim(2), out = k - rank;
-  // dr goes into dyp's columns out .. (its padding), s B_down comes from the buffer's columns n ..
-  // n + rank - 1 past the block, A_down from its rows out ..: all must be there.
+  // dr goes into dyp's columns out .. (its padding), s B comes from the buffer's columns n .. n +
+  // rank - 1 past the block, A from its rows out ..: all must be there.
   if (dyp.dim(1) != k || w_dx.stride(1) < n + rank || w_dx.stride(0) != k * w_dx.stride(1) ||
-      ha.dim(0) != dyp.dim(0) || ha.dim(1) != rank || ha.stride(1) != 1 || ha.stride(0) % 8 != 0 ||
-      reinterpret_cast<uintptr_t>(ha.raw()) % 16 != 0 || db.ndim() != 3 || db.dim(0) != E ||
-      db.dim(1) != out || db.dim(2) != rank || !db.is_contiguous())
+      r_rows.dim(0) != dyp.dim(0) || r_rows.dim(1) != rank || r_rows.stride(1) != 1 ||
+      r_rows.stride(0) % 8 != 0 || reinterpret_cast<uintptr_t>(r_rows.raw()) % 16 != 0 ||
+      db.ndim() != 3 || db.dim(0) != E || db.dim(1) != out || db.dim(2) != rank ||
+      !db.is_contiguous())
     return false;
   Sm90Grouped g;
   g.form = Sm90Form::InputGrad;
   g.a = dyp.raw();
   g.lda = dyp.stride(0);
   set_weight(g, w_dx);
-  g.c = dh.raw();
-  g.ldc = dh.stride(0);
+  g.c = dx.raw();
+  g.ldc = dx.stride(0);
   g.n = n;
   g.k = k;
   GroupRows table;
   const int count = group_rows(offsets.i32(), E, table);
   if (count == 0) return true;  // no rows: nothing to write
-  if (count < 0 || !sm90_lora_dr_fits(g, out, rank, count)) return false;
+  if (count < 0 || !sm90_lora_dr_fits(g, out, rank, count) || !sm90_lora_dr_pays(g, table, count))
+    return false;
   const Sm90Launch at = sm90_launch(ctx, GroupedGemmConfig{});
   ArenaScope scope(ctx.workspace());
   Tensor side = ctx.workspace().alloc({sm90_lora_xa_side_elems(E, k)}, DType::BF16);
   const auto* sb_cols = static_cast<const char*>(w_dx.raw()) + n * 2;
   const char* failed = sm90_lora_xa_side_pack(sb_cols, w_dx.stride(1), w_dx.stride(0), E, out, k,
                                               true, side.raw(), at.stream);
-  MT_CHECK(failed == nullptr, InternalError, "grouped_ffn down dX with dr: ", failed);
-  const Sm90LoraDb dbt{.r = ha.raw(),
-                       .ldr = ha.stride(0),
+  MT_CHECK(failed == nullptr, InternalError, "grouped_ffn dX with dr: ", failed);
+  const Sm90LoraDb dbt{.r = r_rows.raw(),
+                       .ldr = r_rows.stride(0),
                        .db = static_cast<float*>(db.raw()),
                        .db_group = out * rank,
                        .scale = scale};
   with_sm90_scratch(
       ctx, sm90_lora_dr_scratch(g, table, count, at),
       [&] {
-        return cat("grouped_ffn down dX with dr and dB (CUTLASS sm90, ", count, " groups, n ", n,
-                   ", k ", k, ")");
+        return cat("grouped_ffn dX with dr and dB (CUTLASS sm90, ", count, " groups, n ", n, ", k ",
+                   k, ")");
       },
       [&](void* scratch) {
         return sm90_lora_dr_gemm(g, side.raw(), sm90_lora_xa_side_elems(1, k), dbt, table, count,

@@ -31,15 +31,14 @@ bool grouped_down_swiglu_backward(Context& ctx, const GroupedGemmConfig& cfg, co
 bool grouped_gate_up_lora_xa(Context& ctx, const Tensor& xp, const Tensor& offsets,
                              const Tensor& w_gu, int64_t rank, Tensor& gate_up);
 
-// The K-concatenation backward's down projection with dr = dY (s B_down) formed in the dX GEMM's
-// mainloop and dB_down += s dY^T ha from the dY tiles it holds (grouped_ffn_lora_down_dx,
-// GroupedFfnParams::lora_dr == Gemm): dh = [dY | dr] [W_down ; A_down] over dyp [rows, out + r]
-// (dY its first `out` columns; dr written into the rest), w_dx [E, out + r, F] the down buffer's
-// input-gradient view (its columns F .. F + r - 1 hold s B_down, grouped_ffn_lora_pack), ha
-// [rows, r], db [E, out, r] f32 (added into). Rank 16 and `out` a multiple of 128 (ops/cuda/
+// A K-concatenated projection's backward with dr = dOut (s B) formed in the dX GEMM's mainloop and
+// dB += s dOut^T R from the dOut tiles it holds (grouped_ffn_lora_dx, GroupedFfnParams::lora_dr ==
+// Gemm): dX = [dOut | dr] [W ; A] over dyp [rows, w + r] (dOut its first w columns; dr written
+// into the rest), w_dx [E, w + r, in] the padded buffer's input-gradient view (its columns in ..
+// in + r - 1 hold s B, grouped_ffn_lora_pack), R [rows, r] (ha for the down projection, xa for
+// the gate/up one), db [E, w, r] f32 (added into). Rank 16 and w a multiple of 128 (ops/cuda/
 // cutlass/grouped_gemm_sm90.h, sm90_lora_dr_gemm).
-bool grouped_down_dx_lora_dr(Context& ctx, const Tensor& dyp, const Tensor& offsets,
-                             const Tensor& w_dx, int64_t rank, const Tensor& ha, float scale,
-                             Tensor& db, Tensor& dh);
+bool grouped_dx_lora_dr(Context& ctx, const Tensor& dyp, const Tensor& offsets, const Tensor& w_dx,
+                        int64_t rank, const Tensor& r_rows, float scale, Tensor& db, Tensor& dx);
 
 }  // namespace mt::ops::cuda

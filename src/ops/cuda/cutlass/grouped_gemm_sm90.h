@@ -122,6 +122,9 @@ struct Sm90LoraDb {
   float scale = 1.f;
 };
 bool sm90_lora_dr_fits(const Sm90Grouped& g, int64_t out, int64_t rank, int count);
+// Whether the fused GEMM is the faster path for these groups: at least half as many row tiles per
+// group as n-blocks (the measurements in grouped_gemm_sm90_lora_xa.cu).
+bool sm90_lora_dr_pays(const Sm90Grouped& g, const GroupRows& rows, int count);
 size_t sm90_lora_dr_scratch(const Sm90Grouped& g, const GroupRows& rows, int count,
                             const Sm90Launch& at);
 const char* sm90_lora_dr_gemm(const Sm90Grouped& g, const void* side, int64_t side_group,

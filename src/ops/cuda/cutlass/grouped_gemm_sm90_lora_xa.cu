@@ -246,6 +246,20 @@ bool sm90_lora_dr_fits(const Sm90Grouped& g, int64_t out, int64_t rank, int coun
          sm90_grouped_fits(g, count);
 }
 
+bool sm90_lora_dr_pays(const Sm90Grouped& g, const GroupRows& rows, int count) {
+  // The tiles of n-blocks past 0 wait at their adapter stage for their row block's n-block 0,
+  // which forms dr beside its base product. With few row tiles per group the scheduler (rastered
+  // along M within a group) starts them beside that tile, and they stall for its side wgmmas:
+  // shape B's gate/up dX (2 row tiles a group, 9 n-blocks) took 1,076 us against 930 + 106 for
+  // the K + r GEMM and the out_grads pass (a loss), its down dX (4 n-blocks) 593 against the
+  // frozen 475 + 117 for out_grads (even); shape A's (16 row tiles a group) 1,628 against 1,528 +
+  // 187 and 889 against 767 + 188 (session 20 calls 12-13, ncu).
+  int64_t tiles = 0;
+  for (int i = 0; i < count; ++i) tiles += (rows.rows[i] + 127) / 128;
+  const int64_t n_blocks = (g.n + sm90::kTileN - 1) / sm90::kTileN;
+  return count > 0 && 2 * tiles >= n_blocks * count;
+}
+
 const char* sm90_lora_xa_side_pack(const void* a, int64_t lda, int64_t a_group, int64_t experts,
                                    int64_t in, int64_t k, bool transposed, void* side,
                                    cudaStream_t stream) {
