@@ -77,11 +77,13 @@ std::vector<LayerKernels> layer_kernels(const ModelConfig& cfg, Backend backend,
     layer_ops(cfg, cfg.layers[i], [&](OpKind op, OpShape s) {
       s.dtype = dtype;
       const KernelChoice c = reg.choose(op, backend, s);
-      // The chunked kernel is the only one that runs the WY form; the direct CUDA kernel keeps
-      // the config's algorithm (what it saves); every other KDA kernel (the reference, or any
-      // fallback) runs the token recurrence.
+      // The chunked kernels (CPU and CUDA) run the WY form; the direct CUDA kernel keeps the
+      // config's algorithm (what it saves); every other KDA kernel (the reference, or any
+      // fallback) runs the token recurrence. (kda_chunk_cuda was missing here: `moetrain train`
+      // on a GPU ran chunked configs as the recurrence; PlanKernels' CUDA-build check found it.)
       if (op == OpKind::KdaCore)
-        lk.kda = c.kernel == "kda_chunked_cpu" || (c.kernel == "kda_direct_cuda" && s.chunked)
+        lk.kda = c.kernel == "kda_chunked_cpu" || c.kernel == "kda_chunk_cuda" ||
+                         (c.kernel == "kda_direct_cuda" && s.chunked)
                      ? KdaImpl::Chunked
                      : KdaImpl::Recurrent;
       lk.ops.push_back({.op = op_name(op),

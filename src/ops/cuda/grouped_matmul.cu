@@ -259,6 +259,22 @@ bool sm90_swiglu(Context& ctx, const GroupedGemmConfig& cfg, const Tensor& offse
   return true;
 }
 
+// A K-concatenated GEMM with its adapter product in the mainloop: A = the padded rows, W a block
+// of its padded buffer, C the output (alpha 1, beta 0).
+Sm90Grouped kconcat_gemm(Sm90Form form, const Tensor& a, const Tensor& w, Tensor& c, int64_t n,
+                         int64_t k) {
+  Sm90Grouped g;
+  g.form = form;
+  g.a = a.raw();
+  g.lda = a.stride(0);
+  set_weight(g, w);
+  g.c = c.raw();
+  g.ldc = c.stride(0);
+  g.n = n;
+  g.k = k;
+  return g;
+}
+
 }  // namespace
 
 bool grouped_gate_up_lora_xa(Context& ctx, const Tensor& xp, const Tensor& offsets,
@@ -271,15 +287,7 @@ bool grouped_gate_up_lora_xa(Context& ctx, const Tensor& xp, const Tensor& offse
   // n + rank - 1 past the block: both must be there.
   if (xp.dim(1) != k || w_gu.stride(1) < k || w_gu.stride(0) != (n + rank) * w_gu.stride(1))
     return false;
-  Sm90Grouped g;
-  g.form = Sm90Form::Forward;
-  g.a = xp.raw();
-  g.lda = xp.stride(0);
-  set_weight(g, w_gu);
-  g.c = gate_up.raw();
-  g.ldc = gate_up.stride(0);
-  g.n = n;
-  g.k = k;
+  const Sm90Grouped g = kconcat_gemm(Sm90Form::Forward, xp, w_gu, gate_up, n, k);
   // A_gu: the rows after the block, 16-byte aligned for the side pack's loads.
   const auto* a_rows = static_cast<const char*>(w_gu.raw()) + n * w_gu.stride(1) * 2;
   if (reinterpret_cast<uintptr_t>(a_rows) % 16 != 0 || w_gu.stride(1) % 8 != 0 ||
@@ -323,15 +331,7 @@ bool grouped_dx_lora_dr(Context& ctx, const Tensor& dyp, const Tensor& offsets, 
       db.ndim() != 3 || db.dim(0) != E || db.dim(1) != out || db.dim(2) != rank ||
       !db.is_contiguous())
     return false;
-  Sm90Grouped g;
-  g.form = Sm90Form::InputGrad;
-  g.a = dyp.raw();
-  g.lda = dyp.stride(0);
-  set_weight(g, w_dx);
-  g.c = dx.raw();
-  g.ldc = dx.stride(0);
-  g.n = n;
-  g.k = k;
+  const Sm90Grouped g = kconcat_gemm(Sm90Form::InputGrad, dyp, w_dx, dx, n, k);
   GroupRows table;
   const int count = group_rows(offsets.i32(), E, table);
   if (count == 0) return true;  // no rows: nothing to write
