@@ -270,10 +270,10 @@ void backward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
   Tensor dgp = padded_scratch(ctx, N, 2 * F, r, at);
   Tensor dgu = dgp.cols(0, 2 * F), dr_gu = dgp.cols(2 * F, 2 * F + r);
   Tensor db_gu = grad(grads.gate_up_b), da_down = grad(grads.down_a);
+  const Tensor w_gu_dx = padded_weight(w.gate_up, r).narrow(2, 0, l);
   if (lora_bwd(p) == LoraKernels::Separate) {
     if (has(da_down)) grouped_matmul(ctx, form.dw, dr_down, offsets, saved.h, da_down);
     swiglu_backward(ctx, saved.gate_up, dh, dgu);
-    const Tensor w_gu_dx = padded_weight(w.gate_up, r).narrow(2, 0, l);
     dispatch(MT_NAMED_OP_BODIES("grouped_ffn_backward", grouped_ffn_lora_dx),
              {&dgp, &w.gate_up_b, &xa, &w_gu_dx, &db_gu, &dx}, ctx, p, dgp, offsets, w.gate_up_b,
              xa, w_gu_dx, db_gu, dx);
@@ -283,7 +283,7 @@ void backward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
               &da_down},
              ctx, p, saved.gate_up, dh, offsets, saved.h, dr_down, xa, w.gate_up_b, dgu, dr_gu,
              db_gu, da_down);
-    grouped_matmul(ctx, form.dx, dgp, offsets, padded_weight(w.gate_up, r).narrow(2, 0, l), dx);
+    grouped_matmul(ctx, form.dx, dgp, offsets, w_gu_dx, dx);
   }
   if (has(grads.gate_up)) grouped_matmul(ctx, form.dw_base, dgu, offsets, x, grads.gate_up);
   if (has(grads.gate_up_a)) grouped_matmul(ctx, form.dw, dr_gu, offsets, x, grads.gate_up_a);

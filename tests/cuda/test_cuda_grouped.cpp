@@ -951,6 +951,18 @@ TEST(CudaGroupedFfn, FusedSwigluProjectionsAgainstTheSeparatePasses) {
   }
 }
 
+// Host offsets [G + 1] of the fused K-concatenation GEMMs' tests: a hot expert over many row tiles
+// (900 rows), every fourth expert from the second empty, from the third one row, the rest random.
+Tensor hot_one_row_and_empty_offsets(Rng& rng, int64_t G) {
+  Tensor off = Tensor::empty({G + 1}, DType::I32);
+  off.i32()[0] = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t n = g == 0 ? 900 : g % 4 == 1 ? 0 : g % 4 == 2 ? 1 : rng.below(200);
+    off.i32()[g + 1] = off.i32()[g] + static_cast<int32_t>(n);
+  }
+  return off;
+}
+
 // The K-concatenation forward's gate/up GEMM with xa = X A^T formed in its mainloop (ops/cuda/
 // grouped_matmul.h, grouped_gate_up_lora_xa): gate_up = X W^T + bf16(X A^T) (s B)^T, and xa into
 // X's padding columns, against the CPU's two grouped products (xa, then [X | xa] times the padded
@@ -965,12 +977,7 @@ TEST(CudaGroupedFfn, GateUpGemmFormsXaInItsMainloop) {
     const uint64_t seed = fresh_seed();
     Rng rng(seed);
     const int64_t G = 10, F = 136, r = 16;
-    Tensor off = Tensor::empty({G + 1}, DType::I32);
-    off.i32()[0] = 0;
-    for (int64_t g = 0; g < G; ++g) {
-      const int64_t n = g == 0 ? 900 : g % 4 == 1 ? 0 : g % 4 == 2 ? 1 : rng.below(200);
-      off.i32()[g + 1] = off.i32()[g] + static_cast<int32_t>(n);
-    }
+    const Tensor off = hot_one_row_and_empty_offsets(rng, G);
     const int64_t N = off.i32()[G];
     // The padded buffer [[W, s B], [A, corner]], and for the reference its [W, s B] rows and its A
     // block as contiguous copies (the CPU's grouped_matmul reads contiguous weights).
@@ -1027,12 +1034,7 @@ TEST(CudaGroupedFfn, DownDxGemmFormsDrAndDbInItsMainloop) {
     Rng rng(seed);
     const int64_t G = 10, r = 16;
     const float s = 2.f;  // dB's scale (the buffer holds s B already)
-    Tensor off = Tensor::empty({G + 1}, DType::I32);
-    off.i32()[0] = 0;
-    for (int64_t g = 0; g < G; ++g) {
-      const int64_t n = g == 0 ? 900 : g % 4 == 1 ? 0 : g % 4 == 2 ? 1 : rng.below(200);
-      off.i32()[g + 1] = off.i32()[g] + static_cast<int32_t>(n);
-    }
+    const Tensor off = hot_one_row_and_empty_offsets(rng, G);
     const int64_t N = off.i32()[G];
     // The padded buffer [[W, s B], [A, corner]] [G, out + r, F + r]; for the reference its s B
     // columns as a contiguous [G, out, r] copy.

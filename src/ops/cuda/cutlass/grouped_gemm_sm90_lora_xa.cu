@@ -67,15 +67,10 @@ struct XaArrays {
   size_t bytes = 0;
 };
 
-// Where DrGemm's dB terms come from and go: R's rows (row pitch ldr), the experts' dB [E, K - r, r]
-// f32 (expert e's at db + e db_group), the scale.
-struct DbTerm {
-  const Bf16* rk = nullptr;
-  int64_t ldr = 0;
-  float* db = nullptr;
-  int64_t db_group = 0;
-  float scale = 1.f;
-};
+// A row block's n-blocks (the tiles along N).
+int64_t n_blocks(const Sm90Grouped& g) {
+  return (g.n + kTileN - 1) / kTileN;
+}
 
 // The scheduler's swizzle for this kernel (xa_arguments), on which group_row_tiles depends.
 constexpr int kSwizzle = 1;
@@ -123,7 +118,7 @@ XaArrays<G> xa_arrays(void* scratch, int count, int tiles) {
 // for DrGemm, R's rows and its expert's dB.
 template <class G>
 __global__ void xa_layout_kernel(GroupRows t, int count, Sm90Grouped g, const Bf16* side,
-                                 int64_t side_group, DbTerm dbt, XaArrays<G> out) {
+                                 int64_t side_group, Sm90LoraDb dbt, XaArrays<G> out) {
   using cute::_1;
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= count) return;
@@ -136,7 +131,7 @@ __global__ void xa_layout_kernel(GroupRows t, int count, Sm90Grouped g, const Bf
   int tile0 = 0;
   for (int j = 0; j < i; ++j) tile0 += group_row_tiles(t.rows[j]);
   out.tile0[i] = tile0;
-  out.rk[i] = dbt.rk ? dbt.rk + row0 * dbt.ldr : nullptr;
+  out.rk[i] = dbt.r ? static_cast<const Bf16*>(dbt.r) + row0 * dbt.ldr : nullptr;
   out.db[i] = dbt.db ? dbt.db + group * dbt.db_group : nullptr;
   out.sa[i] = cute::make_stride(g.lda, _1{}, Zero{});
   if constexpr (G::kBKMajor)
@@ -170,7 +165,7 @@ __global__ void side_pack_kernel(const Bf16* a, int64_t lda, int64_t a_group, in
 
 template <class G>
 typename G::Gemm::Arguments xa_arguments(const Sm90Grouped& g, int count, const Sm90Launch& at,
-                                         const XaArrays<G>& arr, const DbTerm& dbt,
+                                         const XaArrays<G>& arr, const Sm90LoraDb& dbt,
                                          const std::vector<typename G::Shape>& host) {
   cutlass::KernelHardwareInfo hw;
   hw.device_id = at.device;
@@ -188,7 +183,7 @@ typename G::Gemm::Arguments xa_arguments(const Sm90Grouped& g, int count, const 
   args.mainloop.ldr = dbt.ldr;
   args.mainloop.db = arr.db;
   args.mainloop.db_scale = dbt.scale;
-  args.mainloop.n_blocks = static_cast<int>((g.n + kTileN - 1) / kTileN);
+  args.mainloop.n_blocks = static_cast<int>(n_blocks(g));
   args.epilogue.thread.alpha = 1.f;
   args.epilogue.thread.beta = 0.f;
   // Along M without swizzle, whatever the configuration: a row tile's n-block 0, which forms xa for
@@ -209,12 +204,14 @@ template <class G>
 size_t lora_scratch(const Sm90Grouped& g, const GroupRows& rows, int count, const Sm90Launch& at) {
   const XaArrays<G> arr = xa_arrays<G>(nullptr, count, row_tiles(rows, count));
   const auto host = host_shapes<G>(g, rows, count);
-  return arr.bytes + G::Gemm::get_workspace_size(xa_arguments(g, count, at, arr, DbTerm{}, host));
+  return arr.bytes +
+         G::Gemm::get_workspace_size(xa_arguments(g, count, at, arr, Sm90LoraDb{}, host));
 }
 
 template <class G>
-const char* lora_gemm(const Sm90Grouped& g, const void* side, int64_t side_group, const DbTerm& dbt,
-                      const GroupRows& rows, int count, const Sm90Launch& at, void* scratch) {
+const char* lora_gemm(const Sm90Grouped& g, const void* side, int64_t side_group,
+                      const Sm90LoraDb& dbt, const GroupRows& rows, int count, const Sm90Launch& at,
+                      void* scratch) {
   const int tiles = row_tiles(rows, count);
   const XaArrays<G> arr = xa_arrays<G>(scratch, count, tiles);
   if (cudaMemsetAsync(arr.ready, 0, sizeof(int) * static_cast<size_t>(tiles), at.stream) !=
@@ -256,8 +253,7 @@ bool sm90_lora_dr_pays(const Sm90Grouped& g, const GroupRows& rows, int count) {
   // 187 and 889 against 767 + 188 (session 20 calls 12-13, ncu).
   int64_t tiles = 0;
   for (int i = 0; i < count; ++i) tiles += (rows.rows[i] + 127) / 128;
-  const int64_t n_blocks = (g.n + sm90::kTileN - 1) / sm90::kTileN;
-  return count > 0 && 2 * tiles >= n_blocks * count;
+  return count > 0 && 2 * tiles >= sm90::n_blocks(g) * count;
 }
 
 const char* sm90_lora_xa_side_pack(const void* a, int64_t lda, int64_t a_group, int64_t experts,
@@ -280,8 +276,7 @@ size_t sm90_lora_xa_scratch(const Sm90Grouped& g, const GroupRows& rows, int cou
 const char* sm90_lora_xa_gemm(const Sm90Grouped& g, const void* side, int64_t side_group,
                               const GroupRows& rows, int count, const Sm90Launch& at,
                               void* scratch) {
-  return sm90::lora_gemm<sm90::XaGemm>(g, side, side_group, sm90::DbTerm{}, rows, count, at,
-                                       scratch);
+  return sm90::lora_gemm<sm90::XaGemm>(g, side, side_group, Sm90LoraDb{}, rows, count, at, scratch);
 }
 
 size_t sm90_lora_dr_scratch(const Sm90Grouped& g, const GroupRows& rows, int count,
@@ -292,9 +287,7 @@ size_t sm90_lora_dr_scratch(const Sm90Grouped& g, const GroupRows& rows, int cou
 const char* sm90_lora_dr_gemm(const Sm90Grouped& g, const void* side, int64_t side_group,
                               const Sm90LoraDb& db, const GroupRows& rows, int count,
                               const Sm90Launch& at, void* scratch) {
-  const sm90::DbTerm dbt{static_cast<const sm90::Bf16*>(db.r), db.ldr, db.db, db.db_group,
-                         db.scale};
-  return sm90::lora_gemm<sm90::DrGemm>(g, side, side_group, dbt, rows, count, at, scratch);
+  return sm90::lora_gemm<sm90::DrGemm>(g, side, side_group, db, rows, count, at, scratch);
 }
 
 }  // namespace mt::ops::cuda
