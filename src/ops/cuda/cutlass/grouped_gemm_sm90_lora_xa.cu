@@ -187,7 +187,7 @@ typename G::Gemm::Arguments xa_arguments(const Sm90Grouped& g, int count, const 
   args.epilogue.thread.alpha = 1.f;
   args.epilogue.thread.beta = 0.f;
   // Along M without swizzle, whatever the configuration: a row tile's n-block 0, which forms xa for
-  // the others, comes first in each CTA's order (LoraXaMainloop::load_xa).
+  // the others, comes first in each CTA's order (LoraXaMainloop::wait_for_xa).
   using Raster = decltype(args.scheduler.raster_order);
   args.scheduler.max_swizzle_size = kSwizzle;
   args.scheduler.raster_order = Raster::AlongM;
@@ -250,7 +250,8 @@ bool sm90_lora_dr_pays(const Sm90Grouped& g, const GroupRows& rows, int count) {
   // shape B's gate/up dX (2 row tiles a group, 9 n-blocks) took 1,076 us against 930 + 106 for
   // the K + r GEMM and the out_grads pass (a loss), its down dX (4 n-blocks) 593 against the
   // frozen 475 + 117 for out_grads (even); shape A's (16 row tiles a group) 1,628 against 1,528 +
-  // 187 and 889 against 767 + 188 (session 20 calls 12-13, ncu).
+  // 187 and 889 against 767 + 188 (session 20 calls 12-13, ncu). With dr read by TMA (session 21
+  // call 6) B's gate/up dX still took 1,110 against 972 + 108.
   int64_t tiles = 0;
   for (int i = 0; i < count; ++i) tiles += (rows.rows[i] + 127) / 128;
   return count > 0 && 2 * tiles >= sm90::n_blocks(g) * count;

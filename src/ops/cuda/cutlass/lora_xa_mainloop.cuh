@@ -5,7 +5,8 @@
 // bf16 (the rounding the skinny xa kernel applied when it stored xa) and multiplied into the
 // accumulators by one register-A wgmma against the last k-tile's s B columns. Only the n-block-0
 // tile of each row block forms xa: it stores it into X's padding (for the backward's dB_gu, as the
-// xa pass did, and for the row block's other tiles), and those read it there when it is (load_xa).
+// xa pass did, and for the row block's other tiles), and their producers load it there with the
+// adapter's k-tile once it is (wait_for_xa): their consumers read it from that stage's A tile.
 //
 // Cost (session 18, shape A, ncu at the running clocks). With every tile forming xa: 1,670-1,726 us
 // against 1,520-1,549 for the K + r GEMM it replaces, beside which the xa pass took 177: even.
@@ -192,8 +193,12 @@ struct LoraXaMainloop : Stock {
     const int32_t group = get<2>(inputs), rows = get<3>(inputs);
     const Bf16* side = params.side[group];
     const uint32_t rank = block_rank_in_cluster;
+    // Past n-block 0 the adapter's k-tile of A holds xa once the row block's n-block-0 tile stored
+    // it there.
+    const int* ready = n_coord != 0 ? params.ready + params.tile0[group] + m_coord : nullptr;
     CUTLASS_PRAGMA_NO_UNROLL
     for (; k_tiles > 0; --k_tiles) {
+      if (k_tiles == 1 && ready) wait_for_xa(ready);
       pipeline.producer_acquire(write);
       auto* barrier = pipeline.producer_get_barrier(write);
       const int stage = write.index();
@@ -408,8 +413,10 @@ struct LoraXaMainloop : Stock {
       // Stored before the register-A wgmma reads xa16: its input registers may not be touched
       // until a wait covers it.
       store_xa(xa16, m_tile, group, rows, thread_idx, params);
-    } else {
-      load_xa(xa16, ready, m_tile, group, rows, thread_idx, params);
+    } else {  // the stage's A tile holds xa in its first r columns (wait_for_xa)
+      Tensor coord = xa_coords(thread_idx);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(xa16); ++i) xa16(i) = sA(get<0>(coord(i)), get<1>(coord(i)), stage);
     }
     warpgroup_fence_operand(xa16);
     warpgroup_arrive();
@@ -508,16 +515,18 @@ struct LoraXaMainloop : Stock {
     }
   }
 
-  // The tiles of n-blocks past 0 wait until the n-block-0 tile of their rows stored xa (the
-  // persistent scheduler hands each CTA its tiles in rising order, in which, rastered along M with
-  // no swizzle, a row tile's n-block 0 comes before its others: the waits cannot close a cycle,
-  // provided every CTA of the persistent grid, one per SM, is resident: beside kernels holding
-  // SMs, or under an MPS or green-context SM limit, a CTA could wait on one not yet started), then
-  // read their fragment of it. A wait past 10 s traps rather than hang.
-  template <class Frag>
-  CUTLASS_DEVICE static void load_xa(Frag& xa16, int* ready, uint32_t m_tile, uint32_t group,
-                                     int rows, int thread_idx, Params const& params) {
-    using namespace cute;
+  // The producers of the tiles of n-blocks past 0 wait until the n-block-0 tile of their rows
+  // stored xa (the persistent scheduler hands each CTA its tiles in rising order, in which,
+  // rastered along M with no swizzle, a row tile's n-block 0 comes before its others, and an
+  // n-block-0 tile's loads wait for nothing: the waits cannot close a cycle, provided every CTA of
+  // the persistent grid, one per SM, is resident: beside kernels holding SMs, or under an MPS or
+  // green-context SM limit, a CTA could wait on one not yet started), then load the adapter's
+  // k-tile: TMA brings xa into the stage's A tile. The consumers read it there, where they used to
+  // read it from global memory after the mainloop, a latency in every tile's tail (the fused GEMMs
+  // with their side work switched off ran 9% over the stock GEMM at the same K: session 21 calls
+  // 2-5). The acquire orders the other SMs' stores before this thread's reads; the proxy fence,
+  // before TMA's (the async proxy). A wait past 10 s traps rather than hang.
+  CUTLASS_DEVICE static void wait_for_xa(const int* ready) {
     const auto now_ns = [] {
       uint64_t t;
       asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -531,16 +540,7 @@ struct LoraXaMainloop : Stock {
       if (now_ns() - start > 10'000'000'000ull) __trap();
       __nanosleep(64);
     }
-    Tensor coord = xa_coords(thread_idx);
-    const auto* x = reinterpret_cast<const unsigned short*>(params.ptr_A[group]);
-    const int64_t ld = get<0>(params.dA[group]);
-    const int row0 = static_cast<int>(m_tile) * kTileM, col0 = params.k - kRank;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(coord); ++i) {
-      const int row = row0 + get<0>(coord(i));
-      xa16(i) =
-          row < rows ? Bf16::bitcast(__ldcg(x + row * ld + col0 + get<1>(coord(i)))) : Bf16(0.f);
-    }
+    asm volatile("fence.proxy.async.global;" ::: "memory");
   }
 };
 
