@@ -6,6 +6,8 @@
 #include "ops/cuda/cutlass/grouped_gemm_sm90_impl.cuh"
 #include "ops/cuda/cutlass/lora_xa_mainloop.cuh"
 
+#include <cub/block/block_scan.cuh>
+
 namespace mt::ops::cuda {
 
 namespace sm90 {
@@ -113,14 +115,24 @@ XaArrays<G> xa_arrays(void* scratch, int count, int tiles) {
   return r;
 }
 
+// The layout kernel's one block: a thread per group.
+constexpr int kLayoutThreads = kMaxGroups;
+
 // Group i's sizes, addresses and strides (A = X's or dY's rows, W_g at g.ldw and g.w_group,
 // K-major or N-major as G reads it, D = gate_up's or dh's rows), its expert's side blocks and,
 // for DrGemm, R's rows and its expert's dB.
 template <class G>
-__global__ void xa_layout_kernel(GroupRows t, int count, Sm90Grouped g, const Bf16* side,
-                                 int64_t side_group, Sm90LoraDb dbt, XaArrays<G> out) {
+__global__ void __launch_bounds__(kLayoutThreads)
+    xa_layout_kernel(GroupRows t, int count, Sm90Grouped g, const Bf16* side, int64_t side_group,
+                     Sm90LoraDb dbt, XaArrays<G> out) {
   using cute::_1;
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  // Group i's first row tile: a scan over the block (one block, kLayoutThreads >= count), where a
+  // loop over the groups before it per thread took 5.7 us at 256 groups (session 21 call 6).
+  using Scan = cub::BlockScan<int, kLayoutThreads>;
+  __shared__ typename Scan::TempStorage scan;
+  const int i = threadIdx.x;
+  int tile0 = 0;
+  Scan(scan).ExclusiveSum(i < count ? group_row_tiles(t.rows[i]) : 0, tile0);
   if (i >= count) return;
   const int64_t row0 = t.row0[i], group = t.group[i];
   out.shape[i] = shape_of(g, t.rows[i]);
@@ -128,8 +140,6 @@ __global__ void xa_layout_kernel(GroupRows t, int count, Sm90Grouped g, const Bf
   out.b[i] = static_cast<const Bf16*>(g.b) + group * g.w_group;
   out.d[i] = static_cast<Bf16*>(g.c) + row0 * g.ldc;
   out.side[i] = side + group * side_group;
-  int tile0 = 0;
-  for (int j = 0; j < i; ++j) tile0 += group_row_tiles(t.rows[j]);
   out.tile0[i] = tile0;
   out.rk[i] = dbt.r ? static_cast<const Bf16*>(dbt.r) + row0 * dbt.ldr : nullptr;
   out.db[i] = dbt.db ? dbt.db + group * dbt.db_group : nullptr;
@@ -217,7 +227,7 @@ const char* lora_gemm(const Sm90Grouped& g, const void* side, int64_t side_group
   if (cudaMemsetAsync(arr.ready, 0, sizeof(int) * static_cast<size_t>(tiles), at.stream) !=
       cudaSuccess)
     return "clearing the row tiles' counts";
-  xa_layout_kernel<G><<<(count + 127) / 128, 128, 0, at.stream>>>(
+  xa_layout_kernel<G><<<1, kLayoutThreads, 0, at.stream>>>(
       rows, count, g, static_cast<const Bf16*>(side), side_group, dbt, arr);
   if (cudaGetLastError() != cudaSuccess) return "the layout kernel's launch";
   const auto host = host_shapes<G>(g, rows, count);
