@@ -414,17 +414,20 @@ double ffn_scratch(const ModelConfig& cfg, FfnKind k, int64_t T, Device device, 
   // grouped_ffn_backward (h without LoRA, dh, dgu, dr; with LoRA the composite SwiGLU backward's
   // adapted gate_up and dh, ops/grouped_ffn_lora.h), later dx_lat + router (dlogits and its own
   // scratch).
-  // Where the K-concatenation path runs, a dX GEMM that forms dr in its mainloop lays (s B)^T out
-  // beside it (the forward's side slices, for the k-tiles of out + r: l + r for the down one,
-  // 2F + r for the gate/up one; one at a time).
-  const double side_dx = pad > 0 ? E * std::ceil((std::max(l, 2 * F) + r) / 64) * 16 * 64 * 2 : 0.0;
+  // The side slices of a K + r GEMM, where the K-concatenation path runs: a [16, 64] bf16 slice
+  // per expert and 64-wide k-tile (ops/cuda/cutlass/grouped_gemm_sm90.h).
+  const auto side_bytes = [&](double width) {
+    return pad > 0 ? E * std::ceil(width / 64) * 16 * 64 * 2 : 0.0;
+  };
+  // A dX GEMM that forms dr in its mainloop lays (s B)^T out beside it (for the k-tiles of out +
+  // r: l + r for the down one, 2F + r for the gate/up one; one at a time).
+  const double side_dx = side_bytes(std::max(l, 2 * F) + r);
   const double grouped =
       (fp32(N * F) * (r > 0 ? 6 : 4) + (r > 0 ? fp32(N * r) : 0)) * act + side_dx;
   const double router = (latent ? fp32(T * l) * act : 0) + fp32(T * E) * 3;
   // Forward: router selection scratch, and where the K-concatenation path runs, A_gu laid out for
-  // the gate/up GEMM that forms xa in its mainloop (ops/cuda/cutlass/grouped_gemm_sm90.h: a
-  // [16, 64] bf16 slice per expert and 64-wide k-tile of l + r).
-  const double side = pad > 0 ? E * std::ceil((l + r) / 64) * 16 * 64 * 2 : 0.0;
+  // the gate/up GEMM that forms xa in its mainloop (the side slices of l + r).
+  const double side = side_bytes(l + r);
   const double fwd = fp32(T * E) * 2 + fp32(T * static_cast<double>(m.n_group)) * 2 + side;
   // On the GPU each expert GEMM call takes its own small scratch on top (per-group addresses,
   // CUTLASS's).

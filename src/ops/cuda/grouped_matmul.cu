@@ -259,10 +259,10 @@ bool sm90_swiglu(Context& ctx, const GroupedGemmConfig& cfg, const Tensor& offse
   return true;
 }
 
-// A K-concatenated GEMM with its adapter product in the mainloop: A = the padded rows, W a block
-// of its padded buffer, C the output (alpha 1, beta 0).
-Sm90Grouped kconcat_gemm(Sm90Form form, const Tensor& a, const Tensor& w, Tensor& c, int64_t n,
-                         int64_t k) {
+// A forward form over A's and C's rows and W [G, ...] at its strides (set_weight: a block of a
+// padded buffer too), n and k given (alpha 1, beta 0).
+Sm90Grouped rows_gemm(Sm90Form form, const Tensor& a, const Tensor& w, Tensor& c, int64_t n,
+                      int64_t k) {
   Sm90Grouped g;
   g.form = form;
   g.a = a.raw();
@@ -287,7 +287,7 @@ bool grouped_gate_up_lora_xa(Context& ctx, const Tensor& xp, const Tensor& offse
   // n + rank - 1 past the block: both must be there.
   if (xp.dim(1) != k || w_gu.stride(1) < k || w_gu.stride(0) != (n + rank) * w_gu.stride(1))
     return false;
-  const Sm90Grouped g = kconcat_gemm(Sm90Form::Forward, xp, w_gu, gate_up, n, k);
+  const Sm90Grouped g = rows_gemm(Sm90Form::Forward, xp, w_gu, gate_up, n, k);
   // A_gu: the rows after the block, 16-byte aligned for the side pack's loads.
   const auto* a_rows = static_cast<const char*>(w_gu.raw()) + n * w_gu.stride(1) * 2;
   if (reinterpret_cast<uintptr_t>(a_rows) % 16 != 0 || w_gu.stride(1) % 8 != 0 ||
@@ -331,7 +331,7 @@ bool grouped_dx_lora_dr(Context& ctx, const Tensor& dyp, const Tensor& offsets, 
       db.ndim() != 3 || db.dim(0) != E || db.dim(1) != out || db.dim(2) != rank ||
       !db.is_contiguous())
     return false;
-  const Sm90Grouped g = kconcat_gemm(Sm90Form::InputGrad, dyp, w_dx, dx, n, k);
+  const Sm90Grouped g = rows_gemm(Sm90Form::InputGrad, dyp, w_dx, dx, n, k);
   GroupRows table;
   const int count = group_rows(offsets.i32(), E, table);
   if (count == 0) return true;  // no rows: nothing to write
@@ -473,15 +473,8 @@ bool grouped_gate_up_swiglu(Context& ctx, const GroupedGemmConfig& cfg, const Te
     return false;
   const int64_t F = w_gu.dim(1) / 2;
   const auto esize = static_cast<int64_t>(dtype_size(DType::BF16));
-  Sm90Grouped gate;  // g = X W_g^T into gate_up's first F columns
-  gate.form = Sm90Form::Forward;
-  gate.a = x.raw();
-  gate.lda = x.stride(0);
-  set_weight(gate, w_gu);
-  gate.c = gate_up.raw();
-  gate.ldc = gate_up.stride(0);
-  gate.n = F;
-  gate.k = w_gu.dim(2);
+  // g = X W_g^T into gate_up's first F columns
+  Sm90Grouped gate = rows_gemm(Sm90Form::Forward, x, w_gu, gate_up, F, w_gu.dim(2));
   Sm90Grouped up = gate;  // u = X W_u^T into the last F, h beside it
   up.b = static_cast<const char*>(w_gu.raw()) + F * w_gu.stride(1) * esize;
   up.c = static_cast<char*>(gate_up.raw()) + F * esize;
@@ -499,15 +492,9 @@ bool grouped_down_swiglu_backward(Context& ctx, const GroupedGemmConfig& cfg, co
       (has_h && h.dtype() != DType::BF16) || w_down.ndim() != 3 || w_down.stride(2) != 1 ||
       gate_up.stride(1) != 1 || dgate_up.stride(1) != 1 || (has_h && h.stride(1) != 1))
     return false;
-  Sm90Grouped g;  // dh = dY W_down, never written: the epilogue turns it into dgate_up
-  g.form = Sm90Form::InputGrad;
-  g.a = dy.raw();
-  g.lda = dy.stride(0);
-  set_weight(g, w_down);
-  g.c = dgate_up.raw();
-  g.ldc = dgate_up.stride(0);
-  g.n = w_down.dim(2);
-  g.k = w_down.dim(1);
+  // dh = dY W_down, never written: the epilogue turns it into dgate_up
+  const Sm90Grouped g =
+      rows_gemm(Sm90Form::InputGrad, dy, w_down, dgate_up, w_down.dim(2), w_down.dim(1));
   const Sm90Swiglu s{Sm90SwigluForm::DownBackward, gate_up.raw(),           gate_up.stride(0),
                      has_h ? h.raw() : nullptr,    has_h ? h.stride(0) : 0, cfg.swiglu_narrow};
   return sm90_swiglu(ctx, cfg, offsets, nullptr, g, s);

@@ -195,7 +195,7 @@ struct LoraXaMainloop : Stock {
     const uint32_t rank = block_rank_in_cluster;
     // Past n-block 0 the adapter's k-tile of A holds xa once the row block's n-block-0 tile stored
     // it there.
-    const int* ready = n_coord != 0 ? params.ready + params.tile0[group] + m_coord : nullptr;
+    const int* ready = n_coord != 0 ? ready_count(params, group, m_coord) : nullptr;
     CUTLASS_PRAGMA_NO_UNROLL
     for (; k_tiles > 0; --k_tiles) {
       if (k_tiles == 1 && ready) wait_for_xa(ready);
@@ -406,7 +406,7 @@ struct LoraXaMainloop : Stock {
     warpgroup_wait<0>();
     warpgroup_fence_operand(accum);
     warpgroup_fence_operand(xa);
-    int* ready = params.ready + params.tile0[group] + m_tile;
+    int* ready = ready_count(params, group, m_tile);
     if (make_xa) {
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(xa); ++i) xa16(i) = Bf16(xa(i));
@@ -491,6 +491,11 @@ struct LoraXaMainloop : Stock {
     return SideMma{}
         .get_slice(thread_idx)
         .partition_C(make_identity_tensor(Shape<Int<kTileM>, Int<kRank>>{}));
+  }
+
+  // Row tile m of problem `group`'s count of the consumer threads that stored their xa.
+  CUTLASS_DEVICE static int* ready_count(Params const& params, uint32_t group, uint32_t m) {
+    return params.ready + params.tile0[group] + m;
   }
 
   // The consumer threads (all of them: `ready` counts them) of the tiles that take xa.
