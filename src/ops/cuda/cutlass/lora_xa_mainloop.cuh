@@ -90,7 +90,7 @@ struct LoraXaMainloop : Stock {
     const Bf16* const* side = nullptr;  // per group: its k-tiles' A_g slices (side_pack)
     int k = 0;                          // the groups' common K = in + r
     // Per row tile (group i's m tile t at tile0[i] + t): how many of the n-block-0 tile's consumer
-    // threads stored their share of xa (zeroed before the launch).
+    // warps stored their share of xa (zeroed before the launch).
     int* ready = nullptr;
     const int* tile0 = nullptr;
     // kDb: per group, R's rows (row pitch ldr) and its expert's dB [K - r, r] (f32, row pitch r);
@@ -207,9 +207,16 @@ struct LoraXaMainloop : Stock {
            tAsA(_, _, _, stage));
       copy(params.tma_load_b.with(get<1>(tensormaps), *barrier, mask_b), tBgB(_, _, _, k),
            tBsB(_, _, _, stage));
-      SM90_BULK_COPY_G2S::copy(side + static_cast<int64_t>(k) * kSideElems,
-                               reinterpret_cast<uint64_t*>(barrier),
-                               storage.smem_side.data() + stage * kSideElems, kSideBytes);
+      // Only n-block 0 forms xa: the others' stages count the slice's bytes as arrived.
+      if (ready == nullptr)
+        SM90_BULK_COPY_G2S::copy(side + static_cast<int64_t>(k) * kSideElems,
+                                 reinterpret_cast<uint64_t*>(barrier),
+                                 storage.smem_side.data() + stage * kSideElems, kSideBytes);
+      else
+        asm volatile(
+            "mbarrier.complete_tx.shared::cta.b64 [%0], %1;" ::"r"(cast_smem_ptr_to_uint(barrier)),
+            "r"(kSideBytes)
+            : "memory");
       const uint32_t at = set_block_rank(cast_smem_ptr_to_uint(&storage.coords[stage][0]), rank);
       const uint32_t bar = set_block_rank(cast_smem_ptr_to_uint(barrier), rank);
       asm volatile(
@@ -427,9 +434,12 @@ struct LoraXaMainloop : Stock {
       pipeline.consumer_release(release);
       ++release;
     }
-    if (make_xa) {  // each thread's share is out: count it for the row block's other tiles
-      __threadfence();
-      atomicAdd(ready, 1);
+    if (make_xa) {  // each warp's share is out: count it for the row block's other tiles
+      __syncwarp();
+      if (thread_idx % 32 == 0) {
+        __threadfence();
+        atomicAdd(ready, 1);
+      }
     }
     ++read;
     warpgroup_fence_operand(accum);
@@ -541,7 +551,7 @@ struct LoraXaMainloop : Stock {
     for (;;) {
       int seen;
       asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(ready) : "memory");
-      if (seen >= kConsumers) break;
+      if (seen >= kConsumers / 32) break;
       if (now_ns() - start > 10'000'000'000ull) __trap();
       __nanosleep(64);
     }
