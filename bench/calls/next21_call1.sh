@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Branch next21 (issue 14; prepared in session 21, not yet run on the device): the tiles past
 # n-block 0 skip the per-stage side slice (mbarrier.complete_tx of its bytes), and the n-block-0
-# tiles count their xa / dr once per warp. Tests, memcheck and synccheck on the fused cases, ncu
+# tiles count their xa / dr once per warp, and n-block 0 (which forms dr and which the others wait
+# for) leaves dB to the other n-blocks. Tests, memcheck and synccheck on the fused cases, ncu
 # per kernel at B and A uniform, bench moe on all four cases against torch.
 set -u
 cd "$(dirname "$0")/../.."

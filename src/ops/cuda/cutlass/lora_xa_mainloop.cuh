@@ -31,8 +31,9 @@
 // [W ; A] (the input-gradient form, B N-major) the side product is dr = dY (s B) (the side slices
 // are (s B)^T's), stored into dY's padding as xa is into X's. With kDb the kernel also adds dB +=
 // s dY^T R (R = ha or xa, the forward's rank-r input, [rows, r]) from the dY tiles it holds: the
-// k-tiles of a row block are shared out between its n-blocks (n-block b takes the b-th of
-// n_blocks contiguous ranges of whole pairs) and, within a range, alternately between the two
+// k-tiles of a row block are shared out between its n-blocks past 0 (n-block b takes the (b - 1)-th
+// of n_blocks - 1 contiguous ranges of whole pairs; a single n-block takes them all: n-block 0
+// forms dr, and the others wait for it) and, within a range, alternately between the two
 // warpgroups, each of which reads its stage's [rows, 64] tile transposed (the same bytes, MN-major)
 // against R's tile in shared memory, into a 64 x r partial it adds to dB by f32 atomics while the
 // stage's base wgmmas run (its own batch goes first, and the stage's wait retires it). Which stages
@@ -304,9 +305,12 @@ struct LoraXaMainloop : Stock {
     if constexpr (kDb) {
       // Whole pairs of k-tiles (K - r even in k-tiles, sm90_lora_dr_fits): an odd range's last
       // stage would be a wgmma under a run-time condition, which serialised every wgmma.
+      // With more than one n-block, n-block 0 (which forms dr, and which the others wait for)
+      // takes none: n-block b > 0 takes the (b - 1)-th of n_blocks - 1 ranges.
       const int pairs = (k_tiles - 1) / 2, nb = static_cast<int>(coords[1]);
-      t0 = 2 * (nb * pairs / params.n_blocks);
-      t1 = 2 * ((nb + 1) * pairs / params.n_blocks);
+      const int sharers = max(params.n_blocks - 1, 1), share = params.n_blocks > 1 ? nb - 1 : 0;
+      t0 = share < 0 ? 0 : 2 * (share * pairs / sharers);
+      t1 = share < 0 ? 0 : 2 * ((share + 1) * pairs / sharers);
       // Branch-free (a row past the group's reads its last row, then zeros): the barriers of
       // store_rk want converged warps.
       const int row = static_cast<int>(m_tile) * kTileM + thread_idx / 2;
@@ -378,7 +382,7 @@ struct LoraXaMainloop : Stock {
       CUTLASS_PRAGMA_NO_UNROLL
       for (; t < t0; ++t) step(t, with_xa, cute::false_type{});
       if constexpr (kDb) {
-        store_rk(rk_part, sR, thread_idx);
+        if (t1 > t0) store_rk(rk_part, sR, thread_idx);  // the same for every consumer
         constexpr bool first = decltype(role)::value == 0;
         CUTLASS_PRAGMA_NO_UNROLL
         for (; t + 1 < t1; t += 2) {
