@@ -173,13 +173,44 @@ __global__ void side_pack_kernel(const Bf16* a, int64_t lda, int64_t a_group, in
   *reinterpret_cast<uint4*>(side + (e * tiles + t) * kSideBlock + at) = v;
 }
 
+// The clusters of G's kernel the device holds at once (cudaOccupancyMaxActiveClusters), 0 when
+// none fits or the query fails. The tiles past n-block 0 spin until their row block's n-block 0,
+// in another CTA, has formed xa or dr: every CTA of the persistent grid must be resident at once,
+// or resident spinning CTAs could hold the SMs that the producing CTA waits for. CUTLASS sizes
+// the grid by this count when it is given (by an H100 heuristic when not).
+template <class G>
+int resident_clusters(const Sm90Launch& at) {
+  using K = typename G::Kernel;
+  const void* fn = reinterpret_cast<const void*>(cutlass::device_kernel<K>);
+  constexpr int smem = K::SharedStorageSize;
+  if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
+    return 0;
+  const dim3 cluster(cute::size<0>(typename K::ClusterShape{}),
+                     cute::size<1>(typename K::ClusterShape{}), 1);
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = cluster.x;
+  attr.val.clusterDim.y = cluster.y;
+  attr.val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = cluster;
+  cfg.blockDim = dim3(K::MaxThreadsPerBlock, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = at.stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  return cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg) == cudaSuccess ? clusters : 0;
+}
+
 template <class G>
 typename G::Gemm::Arguments xa_arguments(const Sm90Grouped& g, int count, const Sm90Launch& at,
                                          const XaArrays<G>& arr, const Sm90LoraDb& dbt,
-                                         const std::vector<typename G::Shape>& host) {
+                                         const std::vector<typename G::Shape>& host, int clusters) {
   cutlass::KernelHardwareInfo hw;
   hw.device_id = at.device;
   hw.sm_count = at.multiprocessors;
+  hw.max_active_clusters = clusters;
   typename G::Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGrouped,
                                    {count, arr.shape, host.data()},
                                    {arr.a, arr.sa, arr.b, arr.sb},
@@ -214,14 +245,16 @@ template <class G>
 size_t lora_scratch(const Sm90Grouped& g, const GroupRows& rows, int count, const Sm90Launch& at) {
   const XaArrays<G> arr = xa_arrays<G>(nullptr, count, row_tiles(rows, count));
   const auto host = host_shapes<G>(g, rows, count);
-  return arr.bytes +
-         G::Gemm::get_workspace_size(xa_arguments(g, count, at, arr, Sm90LoraDb{}, host));
+  return arr.bytes + G::Gemm::get_workspace_size(xa_arguments(g, count, at, arr, Sm90LoraDb{}, host,
+                                                              resident_clusters<G>(at)));
 }
 
 template <class G>
 const char* lora_gemm(const Sm90Grouped& g, const void* side, int64_t side_group,
                       const Sm90LoraDb& dbt, const GroupRows& rows, int count, const Sm90Launch& at,
                       void* scratch) {
+  const int clusters = resident_clusters<G>(at);
+  if (clusters <= 0) return "no cluster of the fused kernel fits on the device at once";
   const int tiles = row_tiles(rows, count);
   const XaArrays<G> arr = xa_arrays<G>(scratch, count, tiles);
   if (cudaMemsetAsync(arr.ready, 0, sizeof(int) * static_cast<size_t>(tiles), at.stream) !=
@@ -231,7 +264,7 @@ const char* lora_gemm(const Sm90Grouped& g, const void* side, int64_t side_group
       rows, count, g, static_cast<const Bf16*>(side), side_group, dbt, arr);
   if (cudaGetLastError() != cudaSuccess) return "the layout kernel's launch";
   const auto host = host_shapes<G>(g, rows, count);
-  const auto args = xa_arguments(g, count, at, arr, dbt, host);
+  const auto args = xa_arguments(g, count, at, arr, dbt, host, clusters);
   return launch<G>(args, static_cast<char*>(scratch) + arr.bytes, at.stream);
 }
 
