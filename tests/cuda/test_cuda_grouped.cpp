@@ -24,6 +24,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -969,14 +970,15 @@ Tensor hot_one_row_and_empty_offsets(Rng& rng, int64_t G) {
 // buffer's rows). X's padding starts as NaN (the GEMM must not read it: its last k-tile multiplies
 // the registers' xa instead); a hot expert over many row tiles, one-row
 // and empty experts, a partial n-tile (2F = 272 against 256-wide tiles), `in` of 4 and of 1
-// k-tiles. The bf16 pass must take the fused kernel (the f32 pass runs the two products on the
-// GPU).
+// k-tiles; 160 experts (more row tiles than the persistent grid's CTAs, so that CTAs wait on
+// n-block-0 tiles of other waves). The bf16 pass must take the fused kernel (the f32 pass runs the
+// two products on the GPU).
 TEST(CudaGroupedFfn, GateUpGemmFormsXaInItsMainloop) {
   REQUIRE_GPU();
-  for (const int64_t in : {256, 64}) {
+  for (const auto& [in, G] : {std::pair<int64_t, int64_t>{256, 10}, {64, 10}, {64, 160}}) {
     const uint64_t seed = fresh_seed();
     Rng rng(seed);
-    const int64_t G = 10, F = 136, r = 16;
+    const int64_t F = 136, r = 16;
     const Tensor off = hot_one_row_and_empty_offsets(rng, G);
     const int64_t N = off.i32()[G];
     // The padded buffer [[W, s B], [A, corner]], and for the reference its [W, s B] rows and its A
@@ -1024,15 +1026,19 @@ TEST(CudaGroupedFfn, GateUpGemmFormsXaInItsMainloop) {
 // times the padded buffer's columns, and dY^T ha). dY's padding starts as NaN; a hot expert over
 // many row tiles, one-row and empty experts; `out` of 4 and 1 k-tile pairs, 6 and 3 (the row
 // block's k-tile pairs shared among F / 256 = 1, 2 or 3 n-blocks, unevenly at 1 pair for 2, and
-// partial n-tiles at F = 272 and 520). The bf16 pass must take the fused kernel (the f32 pass runs
-// the products on the GPU).
+// partial n-tiles at F = 272 and 520); 160 experts at F = 272 (more row tiles than the persistent
+// grid's CTAs; at 3 n-blocks their one-tile groups fail sm90_lora_dr_pays). The bf16 pass must take
+// the fused kernel (the f32 pass runs the products on the GPU).
 TEST(CudaGroupedFfn, DownDxGemmFormsDrAndDbInItsMainloop) {
   REQUIRE_GPU();
-  for (const auto& [out_dim, F] :
-       {std::pair<int64_t, int64_t>{512, 136}, {128, 272}, {768, 272}, {384, 520}}) {
+  for (const auto& [out_dim, F, G] : {std::tuple<int64_t, int64_t, int64_t>{512, 136, 10},
+                                      {128, 272, 10},
+                                      {768, 272, 10},
+                                      {384, 520, 10},
+                                      {128, 272, 160}}) {
     const uint64_t seed = fresh_seed();
     Rng rng(seed);
-    const int64_t G = 10, r = 16;
+    const int64_t r = 16;
     const float s = 2.f;  // dB's scale (the buffer holds s B already)
     const Tensor off = hot_one_row_and_empty_offsets(rng, G);
     const int64_t N = off.i32()[G];
