@@ -1001,7 +1001,8 @@ TEST(CudaGroupedFfn, GateUpGemmFormsXaInItsMainloop) {
         if (gpu) {
           fused =
               ops::cuda::grouped_gate_up_lora_xa(c, xp, off, v[1].narrow(1, 0, 2 * F), r, gate_up);
-          EXPECT_EQ(fused, dt == DType::BF16) << "in " << in << ": the fused GEMM taken";
+          EXPECT_EQ(fused, dt == DType::BF16)
+              << "in " << in << ", " << G << " experts: the fused GEMM taken";
         }
         if (!fused) {
           Tensor xa = out(c, {N, r}, dt), xa_at = xp.cols(in, in + r);
@@ -1015,8 +1016,8 @@ TEST(CudaGroupedFfn, GateUpGemmFormsXaInItsMainloop) {
         return {gate_up, xa};
       };
     };
-    run_case(cat("gate/up with xa in the mainloop, in ", in).c_str(), ins, {"gate_up", "xa"},
-             run(false), seed, in + r, run(true));
+    run_case(cat("gate/up with xa in the mainloop, in ", in, ", ", G, " experts").c_str(), ins,
+             {"gate_up", "xa"}, run(false), seed, in + r, run(true));
   }
 }
 
@@ -1066,7 +1067,8 @@ TEST(CudaGroupedFfn, DownDxGemmFormsDrAndDbInItsMainloop) {
         if (gpu) {
           fused =
               ops::cuda::grouped_dx_lora_dr(c, dyp, off, v[1].narrow(2, 0, F), r, v[4], s, db, dh);
-          EXPECT_EQ(fused, dt == DType::BF16) << "out " << out_dim << ": the fused GEMM taken";
+          EXPECT_EQ(fused, dt == DType::BF16)
+              << "out " << out_dim << ", F " << F << ", " << G << " experts: the fused GEMM taken";
         }
         if (!fused) {
           Tensor dr = out(c, {N, r}, dt), dr_at = dyp.cols(out_dim, out_dim + r);
@@ -1082,8 +1084,10 @@ TEST(CudaGroupedFfn, DownDxGemmFormsDrAndDbInItsMainloop) {
         return {dh, dr, db};
       };
     };
-    run_case(cat("down dX with dr and dB in the mainloop, out ", out_dim, ", F ", F).c_str(), ins,
-             {"dh", "dr", "db"}, run(false), seed, std::max<int64_t>(out_dim + r, 900), run(true));
+    run_case(
+        cat("down dX with dr and dB in the mainloop, out ", out_dim, ", F ", F, ", ", G, " experts")
+            .c_str(),
+        ins, {"dh", "dr", "db"}, run(false), seed, std::max<int64_t>(out_dim + r, 900), run(true));
   }
 }
 

@@ -177,7 +177,8 @@ __global__ void side_pack_kernel(const Bf16* a, int64_t lda, int64_t a_group, in
 // none fits or the query fails. The tiles past n-block 0 spin until their row block's n-block 0,
 // in another CTA, has formed xa or dr: every CTA of the persistent grid must be resident at once,
 // or resident spinning CTAs could hold the SMs that the producing CTA waits for. CUTLASS sizes
-// the grid by this count when it is given (by an H100 heuristic when not).
+// the grid by this count when it is given and the clusters' CTAs fit the SM count (by an H100
+// heuristic when not), at most the problems' tiles.
 template <class G>
 int resident_clusters(const Sm90Launch& at) {
   using K = typename G::Kernel;
@@ -254,7 +255,9 @@ const char* lora_gemm(const Sm90Grouped& g, const void* side, int64_t side_group
                       const Sm90LoraDb& dbt, const GroupRows& rows, int count, const Sm90Launch& at,
                       void* scratch) {
   const int clusters = resident_clusters<G>(at);
-  if (clusters <= 0) return "no cluster of the fused kernel fits on the device at once";
+  if (clusters <= 0)
+    return "cudaOccupancyMaxActiveClusters: no cluster of the fused kernel resident on the device "
+           "(or the query failed)";
   const int tiles = row_tiles(rows, count);
   const XaArrays<G> arr = xa_arrays<G>(scratch, count, tiles);
   if (cudaMemsetAsync(arr.ready, 0, sizeof(int) * static_cast<size_t>(tiles), at.stream) !=

@@ -17,12 +17,13 @@
 // the clusters' empty tiles miscounted (fixed since, not yet run on the device).
 //
 // What the stock mainloop lacks, and this one adds:
-// - A third operand per stage: A_g's [16, 64] k-slice, which lora_xa_side_pack_kernel wrote in the
-//   order TMA's 128-byte swizzle leaves a [16, 64] box in (so one 2 KB bulk copy lands it), one
-//   block per k-tile and group (zeros past `in`: the last, adapter k-tile's).
+// - A third operand per stage, for the n-block-0 tiles: A_g's [16, 64] k-slice, which
+//   lora_xa_side_pack_kernel wrote in the order TMA's 128-byte swizzle leaves a [16, 64] box in (so
+//   one 2 KB bulk copy lands it), one block per k-tile and group (zeros past `in`: the last,
+//   adapter k-tile's). The other tiles count its bytes as arrived (mbarrier.complete_tx).
 // - The tile's coordinates for the consumers: mma() receives none, so the producer stores (m tile,
-//   n tile, group, the group's rows) beside each stage with st.async, which completes on the
-//   stage's barrier like the TMA bytes.
+//   n-block, problem, its rows) beside each stage with st.async, which completes on the stage's
+//   barrier like the TMA bytes.
 // Both count in the stage's transaction bytes. The rank is 16 (one k16 block of the last tile, one
 // register-A wgmma); the op takes this path only for ranks of 16 and `in` a multiple of 64, so the
 // last k-tile holds the adapter's columns alone.
@@ -147,7 +148,7 @@ struct LoraXaMainloop : Stock {
   }
 
   // The stock producer's loads (A and B through TMA, multicast across the cluster as the stock
-  // does), and per stage the A_g slice and the coordinates.
+  // does), and per stage the A_g slice (n-block 0) and the coordinates.
   template <class Inputs, class TensorMaps, class KTileIterator, class BlockCoord>
   CUTLASS_DEVICE void load(Params const& params, typename Stock::MainloopPipeline pipeline,
                            typename Stock::PipelineState write, Inputs const& inputs,
@@ -507,16 +508,17 @@ struct LoraXaMainloop : Stock {
         .partition_C(make_identity_tensor(Shape<Int<kTileM>, Int<kRank>>{}));
   }
 
-  // Row tile m of problem `group`'s count of the consumer threads that stored their xa.
+  // Row tile m of problem `group`'s count of the consumer warps that stored their xa.
   CUTLASS_DEVICE static int* ready_count(Params const& params, uint32_t group, uint32_t m) {
     return params.ready + params.tile0[group] + m;
   }
 
-  // The consumer threads (all of them: `ready` counts them) of the tiles that take xa.
+  // The consumer threads of a tile (`ready` counts their warps: kConsumers / 32 when xa is out).
   static constexpr int kConsumers = cute::size(typename Stock::TiledMma{});
 
   // xa into columns in .. in + 15 of the tile's X rows (the group's rows only); mma() then tells
-  // the tiles of the other n-blocks that this thread's share is there (a fence, then a count).
+  // the tiles of the other n-blocks that this warp's share is there (its lanes meet, then lane 0
+  // fences and counts).
   template <class Frag>
   CUTLASS_DEVICE static void store_xa(Frag const& xa16, uint32_t m_tile, uint32_t group, int rows,
                                       int thread_idx, Params const& params) {
@@ -538,8 +540,9 @@ struct LoraXaMainloop : Stock {
   // stored xa (the persistent scheduler hands each CTA its tiles in rising order, in which,
   // rastered along M with no swizzle, a row tile's n-block 0 comes before its others, and an
   // n-block-0 tile's loads wait for nothing: the waits cannot close a cycle, provided every CTA of
-  // the persistent grid, one per SM, is resident: beside kernels holding SMs, or under an MPS or
-  // green-context SM limit, a CTA could wait on one not yet started), then load the adapter's
+  // the persistent grid, one per SM, is resident (resident_clusters sizes the grid so; beside
+  // kernels holding SMs, or under an MPS or green-context SM limit, a CTA could still wait on one
+  // not yet started, and the 10 s trap ends it), then load the adapter's
   // k-tile: TMA brings xa into the stage's A tile. The consumers read it there, where they used to
   // read it from global memory after the mainloop, a latency in every tile's tail (the fused GEMMs
   // with their side work switched off ran 9% over the stock GEMM at the same K: session 21 calls
