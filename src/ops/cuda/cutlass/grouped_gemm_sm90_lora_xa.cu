@@ -246,8 +246,10 @@ template <class G>
 size_t lora_scratch(const Sm90Grouped& g, const GroupRows& rows, int count, const Sm90Launch& at) {
   const XaArrays<G> arr = xa_arrays<G>(nullptr, count, row_tiles(rows, count));
   const auto host = host_shapes<G>(g, rows, count);
-  return arr.bytes + G::Gemm::get_workspace_size(xa_arguments(g, count, at, arr, Sm90LoraDb{}, host,
-                                                              resident_clusters<G>(at)));
+  // The workspace does not depend on the grid (the group scheduler asks for none; the collectives
+  // size theirs by the SM count), so the launch alone queries the resident clusters.
+  return arr.bytes +
+         G::Gemm::get_workspace_size(xa_arguments(g, count, at, arr, Sm90LoraDb{}, host, 0));
 }
 
 template <class G>
