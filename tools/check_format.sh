@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if command -v git >/dev/null 2>&1 && git rev-parse --git-dir >/dev/null 2>&1; then
-  mapfile -t files < <(git ls-files -co --exclude-standard -- '*.h' '*.cpp' '*.cu' '*.cuh')
+  mapfile -t files < <(git ls-files -co --exclude-standard -- '*.h' '*.c' '*.cpp' '*.cu' '*.cuh')
 else  # an exported tree without git: every source under the project's own folders
   mapfile -t files < <(find src tests bench \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \) -type f | sort)
 fi

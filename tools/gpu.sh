@@ -15,8 +15,10 @@
 #   tools/gpu.sh kernels           (device) ncu times of the first LAUNCHES (12) launches of the
 #                                           kernels matching KERNELS (our attention and KDA kernels)
 #                                           in one bench step; a table and $OUT/kernels.json
-#   tools/gpu.sh nsys              (device) every kernel of two bench steps through Nsight Systems,
-#                                           summed by name: $OUT/nsys_kernels.json and a table
+#   tools/gpu.sh trace             (device) every kernel of two bench steps, timed back to back by
+#                                           tools/kernel_trace (CUPTI; the image has no Nsight
+#                                           Systems), summed by name: $OUT/trace_kernels.json and
+#                                           a table
 # The device call: run(command="tools/gpu.sh test sanitize", carry=[".gpu"]); stages chain:
 # "tools/gpu.sh test && tools/gpu.sh bench && tools/gpu.sh anchors". The last lines printed are a
 # short table; $OUT/gpu_summary.json, bench_step.json and hf_lora_step.json hold the same in JSON.
@@ -55,6 +57,8 @@ pack() {
   if [ -f "$tuned" ]; then cp "$tuned" .gpu/fla_autotune.tgz; fi
   # Prepared datasets a device run trains on (the GPU-vs-CPU loss curves): GPU_DATA=dir.
   if [ -d "${GPU_DATA:-}" ]; then mkdir -p .gpu/data && cp -r "$GPU_DATA" .gpu/data/; fi
+  # The kernel tracer (tools/gpu.sh trace, bench/calls): CUPTI from this machine's toolkit.
+  tools/kernel_trace/build.sh .gpu/trace || echo "pack: the kernel tracer was not built"
   du -sh .gpu
 }
 
@@ -157,33 +161,20 @@ for r in sorted(rows, key=lambda r: -r["ms"]):
 PY
 }
 
-# Where a whole step's GPU time goes: nsys over two bench steps (after the warm-up), the kernels
-# summed by name, the top TOP (40) as a table and $OUT/nsys_kernels.json (Nsight Systems times each
-# kernel without replay, unlike ncu: cheap enough for every kernel of a step).
-nsys_stage() {
-  local out=${OUT:-/tmp/gpu_out}
+# Where a whole step's GPU time goes: every kernel of two bench steps (after the warm-up) as the
+# run goes, back to back (tools/kernel_trace, which pack built into .gpu/trace; ncu times kernels
+# one at a time, after pauses, at clocks the run under the power cap does not keep), summed by name:
+# the top TOP (40) as a table, $OUT/trace_kernels.json, and the timeline as $OUT/kernels.csv.
+trace_stage() {
+  local out=${OUT:-/tmp/gpu_out} t=$PWD/.gpu/trace
   mkdir -p "$out"
+  [ -f "$t/libkernel_trace.so" ] || { echo "trace: no .gpu/trace (tools/gpu.sh pack builds it)"; return 1; }
   unpack
-  nsys profile --trace cuda --sample none --cpuctxsw none -o "$out/step" --force-overwrite true \
-    "$MOETRAIN_BIN" bench step --model bench/models/kimi-linear-8l.json --tokens "${TOKENS:-8192}" \
-    --steps 2 >"$out/nsys.log" 2>&1 || { tail -5 "$out/nsys.log"; return 1; }
-  nsys stats --report cuda_gpu_kern_sum --format csv --output "$out/kern" "$out/step.nsys-rep" \
-    >>"$out/nsys.log" 2>&1 || { tail -5 "$out/nsys.log"; return 1; }
-  rm -f "$out/step.nsys-rep" "$out/step.sqlite"
-  python3 - "$out" "${TOP:-40}" <<'PY'
-import csv, json, sys, glob
-out, top = sys.argv[1], int(sys.argv[2])
-rows = []
-for r in csv.DictReader(open(glob.glob(f"{out}/kern*.csv")[0])):
-    name = r["Name"].replace("(anonymous namespace)::", "").replace("void ", "").split("(")[0]
-    rows.append({"kernel": name[:90], "ms": float(r["Total Time (ns)"]) / 1e6,
-                 "calls": int(r["Instances"])})
-json.dump(rows, open(f"{out}/nsys_kernels.json", "w"), indent=1)
-total = sum(r["ms"] for r in rows)
-print(f"all kernels: {total:.1f} ms over the warm-up, 2 steps and the profiled step")
-for r in sorted(rows, key=lambda r: -r["ms"])[:top]:
-    print(f'{r["ms"]:9.2f} ms {100 * r["ms"] / total:5.1f}% {r["calls"]:6d}  {r["kernel"]}')
-PY
+  MT_KERNEL_TRACE="$out/kernels.csv" LD_PRELOAD="$t/libkernel_trace.so" \
+    LD_LIBRARY_PATH="$t:${LD_LIBRARY_PATH:-}" "$MOETRAIN_BIN" bench step \
+    --model bench/models/kimi-linear-8l.json --tokens "${TOKENS:-8192}" --steps 2 \
+    >"$out/trace.log" 2>&1 || { tail -5 "$out/trace.log"; return 1; }
+  python3 "$t/summarize.py" "$out/kernels.csv" --by-name "${TOP:-40}" --json "$out/trace_kernels.json"
 }
 
 # Any moetrain command with the packed binary: tools/gpu.sh cli train --job ...
@@ -198,7 +189,7 @@ case "$stage" in
   bench) bench_stage "$@" ;;
   anchors) anchors_stage "$@" ;;
   kernels) kernels_stage ;;
-  nsys) nsys_stage ;;
+  trace) trace_stage ;;
   cli) cli_stage "$@" ;;
-  *) echo "usage: tools/gpu.sh pack | test [sanitize] | bench [options] | anchors [variant ...] | kernels | nsys | cli ARGS" >&2; exit 2 ;;
+  *) echo "usage: tools/gpu.sh pack | test [sanitize] | bench [options] | anchors [variant ...] | kernels | trace | cli ARGS" >&2; exit 2 ;;
 esac

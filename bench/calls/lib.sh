@@ -14,6 +14,13 @@ unpack() {
     python3 -c "import tarfile, sys; tarfile.open('.gpu/pack.tar.xz').extractall(sys.argv[1])" "$D"; }
   export LD_LIBRARY_PATH=$D/lib:${LD_LIBRARY_PATH:-}
 }
+# main's moetrain, carried beside a branch's pack as .gpu/moetrain_main.xz, into $D/bin/moetrain_main
+# (Python's lzma where the image lacks xz): the A/B calls run both binaries in one call.
+unpack_main() {
+  xz -dc .gpu/moetrain_main.xz > $D/bin/moetrain_main 2>/dev/null ||
+    python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" .gpu/moetrain_main.xz $D/bin/moetrain_main
+  chmod +x $D/bin/moetrain_main
+}
 # One line of a `bench step` JSON: time, throughput, memory against the plan, and the units.
 step_line() { python3 -c "
 import json; j=json.load(open('$1')); m=j.get('memory_check',{})
