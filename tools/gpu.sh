@@ -15,7 +15,7 @@
 #   tools/gpu.sh kernels           (device) ncu times of the first LAUNCHES (12) launches of the
 #                                           kernels matching KERNELS (our attention and KDA kernels)
 #                                           in one bench step; a table and $OUT/kernels.json
-#   tools/gpu.sh trace             (device) every kernel of two bench steps, timed back to back by
+#   tools/gpu.sh trace [options]   (device) every kernel of two bench steps, timed back to back by
 #                                           tools/kernel_trace (CUPTI; the image has no Nsight
 #                                           Systems), summed by name: $OUT/trace_kernels.json and
 #                                           a table
@@ -165,6 +165,7 @@ PY
 # run goes, back to back (tools/kernel_trace, which pack built into .gpu/trace; ncu times kernels
 # one at a time, after pauses, at clocks the run under the power cap does not keep), summed by name:
 # the top TOP (40) as a table, $OUT/trace_kernels.json, and the timeline as $OUT/kernels.csv.
+# Options go to `bench step` (--lora-targets ...).
 trace_stage() {
   local out=${OUT:-/tmp/gpu_out} t=$PWD/.gpu/trace
   mkdir -p "$out"
@@ -172,7 +173,7 @@ trace_stage() {
   unpack
   MT_KERNEL_TRACE="$out/kernels.csv" LD_PRELOAD="$t/libkernel_trace.so" \
     LD_LIBRARY_PATH="$t:${LD_LIBRARY_PATH:-}" "$MOETRAIN_BIN" bench step \
-    --model bench/models/kimi-linear-8l.json --tokens "${TOKENS:-8192}" --steps 2 \
+    --model bench/models/kimi-linear-8l.json --tokens "${TOKENS:-8192}" --steps 2 "$@" \
     >"$out/trace.log" 2>&1 || { tail -5 "$out/trace.log"; return 1; }
   python3 "$t/summarize.py" "$out/kernels.csv" --by-name "${TOP:-40}" --json "$out/trace_kernels.json"
 }
@@ -189,7 +190,7 @@ case "$stage" in
   bench) bench_stage "$@" ;;
   anchors) anchors_stage "$@" ;;
   kernels) kernels_stage ;;
-  trace) trace_stage ;;
+  trace) trace_stage "$@" ;;
   cli) cli_stage "$@" ;;
   *) echo "usage: tools/gpu.sh pack | test [sanitize] | bench [options] | anchors [variant ...] | kernels | trace | cli ARGS" >&2; exit 2 ;;
 esac

@@ -40,6 +40,12 @@ def demangle(names):
 def short(name):
     n = re.sub(r"\((anonymous namespace|<unnamed>)\)::|mt::ops::cuda::|mt::|void ", "", name)
     s = re.sub(r"<.*", "", n.split("(")[0])[:48]
+    if s.startswith("_ZN7cutlass13device_kernel"):  # CUPTI cuts CUTLASS's names past demangling
+        s = "cutlass::device_kernel"
+    # A generic kernel over a lambda (for_each_index_kernel): named by the function holding it.
+    lam = re.search(r"<([\w:]+)\(.*?\)::\{lambda\(.*?\)#(\d+)\}", n)
+    if lam:
+        s += f"<{lam.group(1)} lambda #{lam.group(2)}>"
     for tag, mark in (("TailTrimmed", "[tail]"), ("Pingpong", "[pp]"), ("LoraXa", "[lora]")):
         if tag in name:
             s += mark
