@@ -15,7 +15,8 @@
 #   tools/gpu.sh kernels           (device) ncu times of the first LAUNCHES (12) launches of the
 #                                           kernels matching KERNELS (our attention and KDA kernels)
 #                                           in one bench step; a table and $OUT/kernels.json
-#   tools/gpu.sh trace [options]   (device) every kernel of two bench steps, timed back to back by
+#   tools/gpu.sh trace [options]   (device) every kernel of a two-step bench (warm-up and the
+#                                           profiled step included), timed back to back by
 #                                           tools/kernel_trace (CUPTI; the image has no Nsight
 #                                           Systems), summed by name: $OUT/trace_kernels.json and
 #                                           a table
@@ -161,8 +162,8 @@ for r in sorted(rows, key=lambda r: -r["ms"]):
 PY
 }
 
-# Where a whole step's GPU time goes: every kernel of two bench steps (after the warm-up) as the
-# run goes, back to back (tools/kernel_trace, which pack built into .gpu/trace; ncu times kernels
+# Where a whole step's GPU time goes: every kernel of a two-step bench (its warm-up and profiled
+# steps too) as the run goes, back to back (tools/kernel_trace, which pack built into .gpu/trace; ncu times kernels
 # one at a time, after pauses, at clocks the run under the power cap does not keep), summed by name:
 # the top TOP (40) as a table, $OUT/trace_kernels.json, and the timeline as $OUT/kernels.csv.
 # Options go to `bench step` (--lora-targets ...).
