@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 
 #include "core/seq_info.h"
 #include "harness/gpu_check.h"
@@ -10,6 +11,7 @@
 #include "ops/activation.h"
 #include "ops/conv1d.h"
 #include "ops/cross_entropy.h"
+#include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/kda_gate.h"
 #include "ops/linear.h"
@@ -19,6 +21,71 @@
 
 namespace mt::test {
 namespace {
+
+// The strided copy against the CPU's, over views of buffers whose other elements must stay as they
+// were (the whole destination buffer is compared): layouts the 16-byte row path takes (2-D column
+// blocks, leading dimensions that merge, a dimension of size 1) and the ones it leaves to the
+// element-wise path (leading dimensions that do not merge, an odd width, a base off 16 bytes), and
+// a conversion into f32. Both passes: f32 and bf16 elements.
+TEST(CudaElementwise, StridedCopyEveryLayoutAgainstTheCpu) {
+  struct Case {
+    const char* name;
+    Shape src_buf, dst_buf;
+    std::function<Tensor(const Tensor&)> src_view, dst_view;
+    bool dst_f32 = false;
+  };
+  const std::vector<Case> cases = {
+      {"column blocks",
+       {64, 160},
+       {64, 128},
+       [](const Tensor& t) { return t.cols(16, 112); },
+       [](const Tensor& t) { return t.cols(32, 128); }},
+      {"leading dims merge",
+       {3, 5, 24},
+       {3, 5, 32},
+       [](const Tensor& t) { return t; },
+       [](const Tensor& t) { return t.cols(8, 32); }},
+      {"leading dims do not merge",
+       {3, 5, 24},
+       {3, 6, 32},
+       [](const Tensor& t) { return t; },
+       [](const Tensor& t) { return t.narrow(1, 0, 5).cols(8, 32); }},
+      {"odd width",
+       {33, 7},
+       {33, 16},
+       [](const Tensor& t) { return t; },
+       [](const Tensor& t) { return t.cols(3, 10); }},
+      {"base off 16 bytes",
+       {40, 72},
+       {40, 64},
+       [](const Tensor& t) { return t.cols(1, 65); },
+       [](const Tensor& t) { return t; }},
+      {"a dimension of size 1",
+       {4, 1, 64},
+       {4, 1, 96},
+       [](const Tensor& t) { return t; },
+       [](const Tensor& t) { return t.cols(16, 80); }},
+      {"into f32",
+       {32, 48},
+       {32, 64},
+       [](const Tensor& t) { return t; },
+       [](const Tensor& t) { return t.cols(8, 56); },
+       true},
+  };
+  for (const Case& k : cases) {
+    const uint64_t seed = fresh_seed();
+    Rng rng(seed);
+    run_case(
+        cat("strided copy, ", k.name).c_str(),
+        {{randn(rng, k.src_buf)}, {randn(rng, k.dst_buf), !k.dst_f32}}, {"destination"},
+        [&](Context& c, const std::vector<Tensor>& v, bool) -> std::vector<Tensor> {
+          Tensor dst = like(c, v[1]), d = k.dst_view(dst);
+          ops::copy(c, k.src_view(v[0]), d);
+          return {dst};
+        },
+        seed);
+  }
+}
 
 class CudaNorm : public ::testing::TestWithParam<int64_t> {};
 

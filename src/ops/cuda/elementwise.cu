@@ -37,6 +37,71 @@ Layout layout(const Tensor& t) {
   return l;
 }
 
+// A tensor as rows of contiguous elements: `rows` rows of `cols`, `ld` elements apart, where its
+// last dimension is contiguous and the ones before it merge into one (each stride the next's times
+// its size; dimensions of size 1 merge whatever their stride). False otherwise.
+struct Rows {
+  int64_t rows = 0, cols = 0, ld = 0;
+};
+bool as_rows(const Tensor& t, Rows& r) {
+  const int nd = t.ndim();
+  if (nd == 0 || t.numel() == 0 || t.stride(nd - 1) != 1) return false;
+  r.cols = t.dim(nd - 1);
+  r.rows = t.numel() / r.cols;
+  r.ld = r.cols;
+  bool have_ld = false;  // the innermost row dimension of size > 1 sets the rows' pitch
+  for (int d = nd - 2; d >= 0; --d) {
+    if (t.dim(d) == 1) continue;
+    if (!have_ld) {
+      r.ld = t.stride(d);
+      have_ld = true;
+      continue;
+    }
+    int64_t inner = d + 1;  // the next dimension of size > 1
+    while (t.dim(inner) == 1) ++inner;
+    if (t.stride(d) != t.stride(inner) * t.dim(inner)) return false;
+  }
+  return true;
+}
+
+// dst's rows = src's rows, 16 bytes a thread (Index: 32-bit where the chunks allow, since 64-bit
+// divisions per 16 bytes cost more than the bytes).
+template <typename Index>
+__global__ void copy_rows16_kernel(const uint4* src, int64_t lds, uint4* dst, int64_t ldd, Index n,
+                                   Index per_row) {
+  for (Index i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<Index>(gridDim.x) * blockDim.x) {
+    const Index r = i / per_row, c = i - r * per_row;
+    dst[static_cast<int64_t>(r) * ldd + c] = src[static_cast<int64_t>(r) * lds + c];
+  }
+}
+
+// The same-dtype copy of two row layouts of one shape, where rows, pitches and bases allow whole
+// 16-byte moves: true when it ran. The generic path moves an element a thread through every
+// dimension's index arithmetic (session 23, call 8: the step's large bf16 copies, ~200 us each).
+bool copy_rows16(Context& ctx, const Tensor& src, Tensor& dst) {
+  Rows a, b;
+  if (!as_rows(src, a) || !as_rows(dst, b) || a.rows != b.rows || a.cols != b.cols) return false;
+  const int64_t es = static_cast<int64_t>(dtype_size(src.dtype()));
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if ((a.cols * es) % 16 != 0 || (a.ld * es) % 16 != 0 || (b.ld * es) % 16 != 0 ||
+      !aligned(src.raw()) || !aligned(dst.raw()))
+    return false;
+  const int64_t per_row = a.cols * es / 16, n = a.rows * per_row;
+  const auto* ps = static_cast<const uint4*>(src.raw());
+  auto* pt = static_cast<uint4*>(dst.raw());
+  constexpr int threads = 256;
+  if (n < (int64_t{1} << 31))
+    copy_rows16_kernel<uint32_t><<<blocks_for(n, threads), threads, 0, stream(ctx)>>>(
+        ps, a.ld * es / 16, pt, b.ld * es / 16, static_cast<uint32_t>(n),
+        static_cast<uint32_t>(per_row));
+  else
+    copy_rows16_kernel<int64_t><<<blocks_for(n, threads), threads, 0, stream(ctx)>>>(
+        ps, a.ld * es / 16, pt, b.ld * es / 16, n, per_row);
+  MT_CUDA_LAUNCH_CHECK();
+  return true;
+}
+
 }  // namespace
 
 void add_into(Context& ctx, const Tensor& x, Tensor& acc) {
@@ -98,6 +163,7 @@ void copy(Context& ctx, const Tensor& src, Tensor& dst) {
     });
     return;
   }
+  if (copy_rows16(ctx, src, dst)) return;
   MT_DISPATCH_FLOAT(src, "copy", {
     const T* ps = ptr<T>(src);
     T* pt = ptr<T>(dst);
