@@ -28,6 +28,7 @@ namespace {
 // element-wise path (leading dimensions that do not merge, an odd width, a base off 16 bytes), and
 // a conversion into f32. Both passes: f32 and bf16 elements.
 TEST(CudaElementwise, StridedCopyEveryLayoutAgainstTheCpu) {
+  REQUIRE_GPU();
   struct Case {
     const char* name;
     Shape src_buf, dst_buf;
