@@ -163,14 +163,16 @@ PY
 }
 
 # Where a whole step's GPU time goes: every kernel of a two-step bench (its warm-up and profiled
-# steps too) as the run goes, back to back (tools/kernel_trace, which pack built into .gpu/trace; ncu times kernels
-# one at a time, after pauses, at clocks the run under the power cap does not keep), summed by name:
-# the top TOP (40) as a table, $OUT/trace_kernels.json, and the timeline as $OUT/kernels.csv.
+# steps too) as the run goes, back to back (tools/kernel_trace, which pack built into .gpu/trace;
+# ncu times kernels one at a time, after pauses, at clocks the run under the power cap does not
+# keep), summed by name: the top TOP (40) as a table, $OUT/trace_kernels.json, and the timeline as
+# $OUT/kernels.csv.
 # Options go to `bench step` (--lora-targets ...).
 trace_stage() {
   local out=${OUT:-/tmp/gpu_out} t=$PWD/.gpu/trace
   mkdir -p "$out"
-  [ -f "$t/libkernel_trace.so" ] || { echo "trace: no .gpu/trace (tools/gpu.sh pack builds it)"; return 1; }
+  [ -f "$t/libkernel_trace.so" ] ||
+    { echo "trace: no .gpu/trace (tools/gpu.sh pack builds it)"; return 1; }
   unpack
   MT_KERNEL_TRACE="$out/kernels.csv" LD_PRELOAD="$t/libkernel_trace.so" \
     LD_LIBRARY_PATH="$t:${LD_LIBRARY_PATH:-}" "$MOETRAIN_BIN" bench step \

@@ -3,8 +3,8 @@
 # loads beside it: the device image's CUPTI may sit elsewhere or be missing.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-mkdir -p "${1:-$here/../../.gpu/trace}"
-out=$(cd "${1:-$here/../../.gpu/trace}" && pwd)
+out=${1:-$here/../../.gpu/trace}
+mkdir -p "$out" && out=$(cd "$out" && pwd)  # absolute: the build runs from $here
 cd "$here"
 cuda=${CUDA_HOME:-/usr/local/cuda}
 cupti=$(find "$cuda"/ "$cuda"/extras/CUPTI -maxdepth 3 -name 'libcupti.so.*' 2>/dev/null | head -1 || true)

@@ -76,28 +76,28 @@ __global__ void copy_rows16_kernel(const uint4* src, int64_t lds, uint4* dst, in
   }
 }
 
-// The same-dtype copy of two row layouts of one shape, where rows, pitches and bases allow whole
-// 16-byte moves: true when it ran. The generic path moves an element a thread through every
-// dimension's index arithmetic (session 23, call 8: the step's large bf16 copies, ~200 us each).
+// The same-dtype copy of two row layouts of one shape (copy checked the shapes), where the rows'
+// widths, pitches and bases allow whole 16-byte moves: true when it ran. The generic path moves an
+// element a thread through every dimension's index arithmetic (session 23, call 8: the step's
+// large bf16 copies, ~200 us each).
+template <typename T>
 bool copy_rows16(Context& ctx, const Tensor& src, Tensor& dst) {
+  constexpr int64_t kPack = 16 / sizeof(T);
   Rows a, b;
-  if (!as_rows(src, a) || !as_rows(dst, b) || a.rows != b.rows || a.cols != b.cols) return false;
-  const int64_t es = static_cast<int64_t>(dtype_size(src.dtype()));
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if ((a.cols * es) % 16 != 0 || (a.ld * es) % 16 != 0 || (b.ld * es) % 16 != 0 ||
-      !aligned(src.raw()) || !aligned(dst.raw()))
+  if (!as_rows(src, a) || !as_rows(dst, b) || !packs_fit<T>(a.cols, {src.raw(), dst.raw()}) ||
+      a.ld % kPack != 0 || b.ld % kPack != 0)
     return false;
-  const int64_t per_row = a.cols * es / 16, n = a.rows * per_row;
+  const int64_t per_row = a.cols / kPack, n = a.rows * per_row;
   const auto* ps = static_cast<const uint4*>(src.raw());
   auto* pt = static_cast<uint4*>(dst.raw());
   constexpr int threads = 256;
   if (n < (int64_t{1} << 31))
     copy_rows16_kernel<uint32_t><<<blocks_for(n, threads), threads, 0, stream(ctx)>>>(
-        ps, a.ld * es / 16, pt, b.ld * es / 16, static_cast<uint32_t>(n),
+        ps, a.ld / kPack, pt, b.ld / kPack, static_cast<uint32_t>(n),
         static_cast<uint32_t>(per_row));
   else
     copy_rows16_kernel<int64_t><<<blocks_for(n, threads), threads, 0, stream(ctx)>>>(
-        ps, a.ld * es / 16, pt, b.ld * es / 16, n, per_row);
+        ps, a.ld / kPack, pt, b.ld / kPack, n, per_row);
   MT_CUDA_LAUNCH_CHECK();
   return true;
 }
@@ -163,8 +163,8 @@ void copy(Context& ctx, const Tensor& src, Tensor& dst) {
     });
     return;
   }
-  if (copy_rows16(ctx, src, dst)) return;
   MT_DISPATCH_FLOAT(src, "copy", {
+    if (copy_rows16<T>(ctx, src, dst)) return;
     const T* ps = ptr<T>(src);
     T* pt = ptr<T>(dst);
     for_each_index(ctx, src.numel(),
