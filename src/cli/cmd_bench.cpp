@@ -920,6 +920,44 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
                         {"fwdbwd_full_written_tflops", tf(3, fb_full_written)},
                         {"fwdbwd_full_written_keep_h_ms", fb_full_keep_h},
                         {"fwdbwd_full_written_keep_h_tflops", tf(3, fb_full_keep_h)}};
+  // The interleaved gate/up layout (GroupedFfnParams::interleaved_gate_up; the same weights
+  // permuted once): SwiGLU in the gate/up GEMM's epilogue. Forward, frozen and full (dW written, h
+  // kept as that forward writes it anyway) forward+backward, each in alternating rounds with the
+  // default layout's run (the median of the rounds' ratios: the clocks drift within a call).
+  if (F % ops::kGateUpInterleave == 0) {
+    ops::GroupedFfnParams ip = p, iph = ph;
+    ip.interleaved_gate_up = iph.interleaved_gate_up = true;
+    ops::GroupedFfnWeights iw = w;
+    iw.gate_up = Tensor::empty(w.gate_up.shape(), bf, D);
+    ops::grouped_ffn_interleave_gate_up(ctx, w.gate_up, iw.gate_up);
+    const auto ifwd = [&] { ops::grouped_ffn_forward(ctx, ip, x, offsets, iw, y, saved); };
+    const auto ifrozen = [&] {
+      ifwd();
+      ops::grouped_ffn_backward(ctx, ip, x, offsets, iw, saved, dy, dx, frozen);
+    };
+    const auto ifull = [&] {
+      ops::grouped_ffn_forward(ctx, iph, x, offsets, iw, y, hsaved);
+      ops::grouped_ffn_backward(ctx, iph, x, offsets, iw, hsaved, dy, dx, full);
+    };
+    const auto full_keep_h = [&] {
+      ops::grouped_ffn_forward(ctx, ph, x, offsets, w, y, hsaved);
+      ops::grouped_ffn_backward(ctx, ph, x, offsets, w, hsaved, dy, dx, full);
+    };
+    const auto versus = [&](const char* key, const std::function<void()>& base,
+                            const std::function<void()>& inter) {
+      std::vector<double> ratios, inter_ms;
+      for (int round = 0; round < kMoeRounds; ++round) {
+        const double b = time(base);
+        inter_ms.push_back(time(inter));
+        ratios.push_back(inter_ms.back() / b);
+      }
+      run[std::string(key) + "_interleaved_ms"] = median(inter_ms);
+      run[std::string(key) + "_interleaved_vs_default_median"] = median(ratios);
+    };
+    versus("fwd", fwd, ifwd);
+    versus("fwdbwd_frozen", frozen_fb, ifrozen);
+    versus("fwdbwd_full_written_keep_h", full_keep_h, ifull);
+  }
   if (o.base_only) return run;
   const double lf = time(lfwd);
   double lfb_host = 0;

@@ -28,6 +28,9 @@ void check(const GroupedFfnParams& p, const Tensor& x, const Tensor& offsets,
     expect_shape(w.down_a, {E, r, F}, "experts.down_lora_A");
     expect_shape(w.down_b, {E, l, r}, "experts.down_lora_B");
   }
+  MT_CHECK(!p.interleaved_gate_up || (r == 0 && F % kGateUpInterleave == 0), ValueError,
+           "grouped_ffn: the interleaved gate/up layout takes no adapter (rank ", r,
+           ") and an FFN width that is a multiple of ", kGateUpInterleave, " (", F, ")");
   expect_group_offsets(offsets, E, p.rows, "grouped_ffn offsets");
 }
 
@@ -81,20 +84,22 @@ void with_lora(const Tensor& x, const Base& base, const Lora& lora) {
 
 // The SwiGLU between the projections runs where the tensors are (the projections dispatch
 // themselves through grouped_matmul).
-void swiglu_forward(Context& ctx, const Tensor& gate_up, Tensor& h) {
+void swiglu_forward(Context& ctx, const GroupedFfnParams& p, const Tensor& gate_up, Tensor& h) {
   dispatch(MT_NAMED_OP_BODIES("grouped_ffn_forward", grouped_ffn_swiglu_forward), {&gate_up, &h},
-           ctx, gate_up, h);
+           ctx, gate_up, h, grouped_ffn_gate_up_block(p));
 }
 
-void swiglu_backward(Context& ctx, const Tensor& gate_up, const Tensor& dh, Tensor& dgate_up) {
+void swiglu_backward(Context& ctx, const GroupedFfnParams& p, const Tensor& gate_up,
+                     const Tensor& dh, Tensor& dgate_up) {
   dispatch(MT_NAMED_OP_BODIES("grouped_ffn_backward", grouped_ffn_swiglu_backward),
-           {&gate_up, &dh, &dgate_up}, ctx, gate_up, dh, dgate_up);
+           {&gate_up, &dh, &dgate_up}, ctx, gate_up, dh, dgate_up, grouped_ffn_gate_up_block(p));
 }
 
-void swiglu_backward_with_h(Context& ctx, const Tensor& gate_up, const Tensor& dh, Tensor& dgate_up,
-                            Tensor& h) {
+void swiglu_backward_with_h(Context& ctx, const GroupedFfnParams& p, const Tensor& gate_up,
+                            const Tensor& dh, Tensor& dgate_up, Tensor& h) {
   dispatch(MT_NAMED_OP_BODIES("grouped_ffn_backward", grouped_ffn_swiglu_backward_with_h),
-           {&gate_up, &dh, &dgate_up, &h}, ctx, gate_up, dh, dgate_up, h);
+           {&gate_up, &dh, &dgate_up, &h}, ctx, gate_up, dh, dgate_up, h,
+           grouped_ffn_gate_up_block(p));
 }
 
 // The fused projections (grouped_ffn.h): false where the caller runs the separate passes.
@@ -220,7 +225,7 @@ void forward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
   // For dB in backward (N r elements): the caller's padded rows keep it (kconcat_xa_in_rows).
   if (!kconcat_xa_in_rows(p)) ops::copy(ctx, xp.cols(l, l + r), saved.xa);
   if (lora_fwd(p) == LoraKernels::Separate) {
-    swiglu_forward(ctx, saved.gate_up, saved.h);
+    swiglu_forward(ctx, p, saved.gate_up, saved.h);
     grouped_matmul(ctx, form.fwd, saved.h, offsets, w.down_a, saved.ha);
   } else {
     dispatch(MT_NAMED_OP_BODIES("grouped_ffn_forward", grouped_ffn_lora_swiglu_ha),
@@ -273,7 +278,7 @@ void backward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
   const Tensor w_gu_dx = padded_weight(w.gate_up, r).narrow(2, 0, l);
   if (lora_bwd(p) == LoraKernels::Separate) {
     if (has(da_down)) grouped_matmul(ctx, form.dw, dr_down, offsets, saved.h, da_down);
-    swiglu_backward(ctx, saved.gate_up, dh, dgu);
+    swiglu_backward(ctx, p, saved.gate_up, dh, dgu);
     dispatch(MT_NAMED_OP_BODIES("grouped_ffn_backward", grouped_ffn_lora_dx),
              {&dgp, &w.gate_up_b, &xa, &w_gu_dx, &db_gu, &dx}, ctx, p, dgp, offsets, w.gate_up_b,
              xa, w_gu_dx, db_gu, dx);
@@ -298,6 +303,23 @@ bool grouped_ffn_kconcat(const GroupedFfnParams& p, Device device, DType at) {
   const int64_t r = p.lora_rank;
   return device == Device::CUDA && at == DType::BF16 && r > 0 && r <= 64 && r % 8 == 0 &&
          p.in % 8 == 0 && p.ffn % 8 == 0;
+}
+
+void grouped_ffn_interleave_gate_up(Context& ctx, const Tensor& w, Tensor& out, bool inverse) {
+  MT_CHECK(w.ndim() == 3 && w.dim(1) % (2 * kGateUpInterleave) == 0, ShapeError,
+           "grouped_ffn_interleave_gate_up: experts.gate_up_proj ", w.shape(),
+           " needs [E, 2F, in] with F a multiple of ", kGateUpInterleave);
+  expect_dims(out, w.shape(), "grouped_ffn_interleave_gate_up out");
+  const int64_t F = w.dim(1) / 2, B = kGateUpInterleave;
+  MT_CHECK(w.raw() != out.raw(), ValueError, "grouped_ffn_interleave_gate_up: out aliases w");
+  // Block j of the interleaved rows (j even: gate, odd: up) is the block of the [g | u] rows at
+  // `from`.
+  for (int64_t j = 0; j < 2 * F / B; ++j) {
+    const int64_t at = j * B, from = j % 2 * F + j / 2 * B;
+    const int64_t src = inverse ? at : from, dst = inverse ? from : at;
+    Tensor block = out.narrow(1, dst, dst + B);
+    ops::copy(ctx, w.narrow(1, src, src + B), block);
+  }
 }
 
 bool grouped_ffn_padded(const Tensor& w, int64_t r) {
@@ -389,7 +411,7 @@ void grouped_ffn_forward(Context& ctx, const GroupedFfnParams& p, const Tensor& 
   if (r == 0) {
     if (!gate_up_swiglu(ctx, p, x, offsets, w.gate_up, saved.gate_up, h)) {
       grouped_matmul(ctx, form.fwd, x, offsets, w.gate_up, saved.gate_up);
-      swiglu_forward(ctx, saved.gate_up, h);
+      swiglu_forward(ctx, p, saved.gate_up, h);
     }
   } else {
     // The gate/up projection's base GEMM writes gate_up, then its adapter term and SwiGLU follow
@@ -484,9 +506,9 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
     if (!down_swiglu_backward(ctx, p, dy, offsets, w.down, saved.gate_up, dgu, h_out)) {
       grouped_matmul(ctx, form.dx, dy, offsets, w.down, dh);
       if (form_h)
-        swiglu_backward_with_h(ctx, saved.gate_up, dh, dgu, h);
+        swiglu_backward_with_h(ctx, p, saved.gate_up, dh, dgu, h);
       else
-        swiglu_backward(ctx, saved.gate_up, dh, dgu);
+        swiglu_backward(ctx, p, saved.gate_up, dh, dgu);
     }
     if (g_dn) grouped_matmul(ctx, form.dw_base, dy, offsets, h, grads.down);
   }

@@ -28,6 +28,7 @@
 
 #include "core/arena.h"
 #include "core/context.h"
+#include "core/host_device.h"
 #include "core/tensor.h"
 #include "ops/backends.h"
 #include "ops/grouped_matmul.h"
@@ -102,8 +103,32 @@ struct GroupedFfnParams {
   // of 128, dB trained; otherwise as below); anything else = lora_out_grads's pass over dOut, then
   // the GEMM.
   LoraKernels lora_dr = LoraKernels::Gemm;
+  // w.gate_up's rows (and so gate_up's and dgate_up's columns) interleaved in blocks of
+  // kGateUpInterleave (grouped_ffn_gate_up_block) instead of the transformers layout [g | u]: a
+  // GEMM tile then holds matching g and u columns, and on the GPU the gate/up GEMM's epilogue forms
+  // h itself (ops/cuda/cutlass/grouped_gemm_sm90_swiglu.h, UpInterleaved): no SwiGLU pass in
+  // forward. The caller permutes the weights (grouped_ffn_interleave_gate_up). No adapter yet, F a
+  // multiple of the block.
+  bool interleaved_gate_up = false;
   float lora_scale() const { return lora_rank ? lora_alpha / static_cast<float>(lora_rank) : 0.f; }
 };
+
+// The interleaved gate/up layout's block (GroupedFfnParams::interleaved_gate_up): 16, so that one
+// 32-column sub-tile of a GEMM's epilogue holds 16 g columns and their 16 u columns.
+constexpr int64_t kGateUpInterleave = 16;
+// gate_up's layout as one number, the block: h's column c reads the gate at column
+// grouped_ffn_gate_column(c, block) and the up projection `block` columns further. [g | u] is one
+// block of F; the interleaved layout blocks of kGateUpInterleave.
+inline int64_t grouped_ffn_gate_up_block(const GroupedFfnParams& p) {
+  return p.interleaved_gate_up ? kGateUpInterleave : p.ffn;
+}
+MT_HD inline int64_t grouped_ffn_gate_column(int64_t c, int64_t block) {
+  return c / block * 2 * block + c % block;
+}
+// w [E, 2F, in] in the transformers layout [g | u] into `out` (same shape) in the interleaved one
+// (inverse = false), or back (inverse = true): one strided copy per block, on w's device.
+void grouped_ffn_interleave_gate_up(Context& ctx, const Tensor& w, Tensor& out,
+                                    bool inverse = false);
 
 // Weights, or their gradients (same shapes; undefined members are skipped).
 struct GroupedFfnWeights {
@@ -169,32 +194,36 @@ void grouped_ffn_backward(Context& ctx, const GroupedFfnParams& p, const Tensor&
                           GroupedFfnWeights& grads);
 
 // The backends' part: the SwiGLU between the two grouped projections (the projections themselves
-// are grouped_matmul calls), on the fused [rows, 2F] gate_up pre-activation (gate = columns
-// 0..F-1, up = F..2F-1). h = silu(gate) * up, written. On the GPU gate_up, h, dh and dgate_up may
-// be row-pitched views (the K-concatenation path's padded buffers); the CPU takes contiguous ones.
-using GroupedFfnSwigluForward = void(Context& ctx, const Tensor& gate_up, Tensor& h);
+// are grouped_matmul calls), on the fused [rows, 2F] gate_up pre-activation in blocks of `block`
+// columns (grouped_ffn_gate_up_block: F for [g | u], gate = columns 0..F-1, up = F..2F-1). h =
+// silu(gate) * up, written. On the GPU gate_up, h, dh and dgate_up may be row-pitched views (the
+// K-concatenation path's padded buffers); the CPU takes contiguous ones.
+using GroupedFfnSwigluForward = void(Context& ctx, const Tensor& gate_up, Tensor& h, int64_t block);
 // dgate_up from dh, written.
 using GroupedFfnSwigluBackward = void(Context& ctx, const Tensor& gate_up, const Tensor& dh,
-                                      Tensor& dgate_up);
+                                      Tensor& dgate_up, int64_t block);
 // The same, also writing h = silu(gate) * up for the down projection's weight gradient: where the
 // base trains without LoRA nothing keeps h from forward, and forming it here reads gate_up once
 // instead of in a pass of its own (on the GPU: 2F elements a row less read, one launch less).
 using GroupedFfnSwigluBackwardWithH = void(Context& ctx, const Tensor& gate_up, const Tensor& dh,
-                                           Tensor& dgate_up, Tensor& h);
+                                           Tensor& dgate_up, Tensor& h, int64_t block);
 
 // The base path's projections with SwiGLU in their GEMMs' epilogues (GroupedGemmConfig::swiglu_fwd
 // and swiglu_bwd, p.gemm's or the environment's; ops/cuda/cutlass/grouped_gemm_sm90_swiglu.h).
 // Each returns false having written nothing where it does not apply (not requested, not bf16, not
 // a layout the kernels take; always on the CPU, which has no pass to save), and the caller runs
-// grouped_matmul and the SwiGLU op above instead. gate_up keeps the model's [g | u] layout.
-// Forward: gate_up = X W_gu^T (W_gu [E, 2F, in]) and h = swiglu(gate_up), both written; the g half
-// is a GEMM of its own before the u half's, whose epilogue reads g back and writes h, which saves
-// the SwiGLU pass (2F elements a row read and F written) for a second read of X.
+// grouped_matmul and the SwiGLU op above instead.
+// Forward: gate_up = X W_gu^T (W_gu [E, 2F, in]) and h = swiglu(gate_up), both written. In the
+// [g | u] layout (requested by swiglu_fwd) the g half is a GEMM of its own before the u half's,
+// whose epilogue reads g back and writes h, which saves the SwiGLU pass (2F elements a row read and
+// F written) for a second read of X; in the interleaved one (p.interleaved_gate_up, whatever
+// swiglu_fwd says) one GEMM's epilogue holds both and writes h beside gate_up.
 using GroupedFfnGateUpSwiglu = bool(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
                                     const Tensor& offsets, const Tensor& w_gu, Tensor& gate_up,
                                     Tensor& h);
 // Backward: dgate_up = SwiGLU'(gate_up) (dY W_down) (W_down [E, in, F]) and, where h is defined,
-// h = swiglu(gate_up), in the down projection's input-gradient GEMM: dh is never written nor read.
+// h = swiglu(gate_up), in the down projection's input-gradient GEMM: dh is never written nor read
+// ([g | u] only).
 using GroupedFfnDownSwigluBackward = bool(Context& ctx, const GroupedFfnParams& p, const Tensor& dy,
                                           const Tensor& offsets, const Tensor& w_down,
                                           const Tensor& gate_up, Tensor& dgate_up, Tensor& h);

@@ -27,7 +27,7 @@ void swiglu(Context& ctx, const GroupedFfnParams& p, const Tensor& xa, const Ten
   ArenaScope scope(ctx.workspace());
   Tensor adapted = ctx.workspace().alloc(gate_up.shape(), gate_up.dtype());
   adapted_gate_up(ctx, p, xa, offsets, b, gate_up, adapted);
-  swiglu_forward(ctx, adapted, h);
+  swiglu_forward(ctx, adapted, h, grouped_ffn_gate_up_block(p));
 }
 
 template <typename SwigluBackward>
@@ -42,7 +42,7 @@ void swiglu_backward(Context& ctx, const GroupedFfnParams& p, const Tensor& gate
   ops::copy(ctx, dh, dh_all);
   ops::grouped_matmul(ctx, {.form = GroupedForm::DyW, .beta = 1.f, .gemm = p.gemm}, dr, offsets,
                       a_down, dh_all);
-  swiglu_backward(ctx, adapted, dh_all, dgate_up);
+  swiglu_backward(ctx, adapted, dh_all, dgate_up, grouped_ffn_gate_up_block(p));
 }
 
 // grouped_ffn_lora_swiglu_ha as SwiGLU's forward, then ha = h A_down^T.
@@ -50,7 +50,7 @@ template <typename SwigluForward>
 void swiglu_ha(Context& ctx, const GroupedFfnParams& p, const Tensor& gate_up,
                const Tensor& offsets, const Tensor& a_down, Tensor& h, Tensor& ha,
                SwigluForward swiglu_forward) {
-  swiglu_forward(ctx, gate_up, h);
+  swiglu_forward(ctx, gate_up, h, grouped_ffn_gate_up_block(p));
   ops::grouped_matmul(ctx, {.form = GroupedForm::XWt, .gemm = p.gemm}, h, offsets, a_down, ha);
 }
 
@@ -62,7 +62,7 @@ void swiglu_backward_grads(Context& ctx, const GroupedFfnParams& p, const Tensor
                            const Tensor& dr_down, const Tensor& xa, const Tensor& b_gu,
                            Tensor& dgate_up, Tensor& dr_gu, Tensor& db_gu, Tensor& da_down,
                            SwigluBackward swiglu_backward, OutGrads out_grads) {
-  swiglu_backward(ctx, gate_up, dh, dgate_up);
+  swiglu_backward(ctx, gate_up, dh, dgate_up, grouped_ffn_gate_up_block(p));
   out_grads(ctx, p, dgate_up, offsets, b_gu, xa, dr_gu, db_gu);
   if (da_down.defined() && da_down.numel() > 0)
     ops::grouped_matmul(ctx, {.form = GroupedForm::DytX, .beta = 1.f, .gemm = p.gemm}, dr_down,

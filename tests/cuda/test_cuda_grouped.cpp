@@ -163,6 +163,8 @@ struct FfnSetup {
   // X A^T where the K-concatenated forward left it: in x's padding).
   bool unpadded_dy = false;
   bool keep_h = false;  // GroupedFfnParams::keep_h
+  // GroupedFfnParams::interleaved_gate_up: the (random) gate_up weights read as interleaved.
+  bool interleaved = false;
 };
 
 // Inputs: x, dy, gate_up, down, their pre-filled gradients, then (LoRA) the four factors and
@@ -186,6 +188,7 @@ FfnCase ffn_case(const FfnSetup& s, Rng& rng) {
   if (s.lora_og) k.p.lora_out_grads = *s.lora_og;
   if (s.lora_xa) k.p.lora_xa = *s.lora_xa;
   k.p.keep_h = s.keep_h;
+  k.p.interleaved_gate_up = s.interleaved;
   k.off = Tensor::empty({E + 1}, DType::I32);
   std::vector<int32_t> cnt(static_cast<size_t>(E), 0);
   if (s.skewed) {
@@ -349,7 +352,8 @@ std::vector<Tensor> ffn_emulated(Context& c, const FfnSetup& s, const FfnCase& k
   }
   // h from the adapted gate_up (the GPU keeps the sum in registers, rounded as stored here).
   Tensor h = Tensor::empty({N, F});
-  ops::cpu::grouped_ffn_swiglu_forward(c, gu, h);
+  const int64_t block = ops::grouped_ffn_gate_up_block(k.p);
+  ops::cpu::grouped_ffn_swiglu_forward(c, gu, h, block);
   store(h);
   mm(XWt, 1.f, 0.f, h, w.down, o.y);
   store(o.y);
@@ -373,7 +377,7 @@ std::vector<Tensor> ffn_emulated(Context& c, const FfnSetup& s, const FfnCase& k
     mm(DytX, ls, 1.f, dy, o.saved.ha, g.down_b);
     mm(DytX, 1.f, 1.f, dr, h, g.down_a);
   }
-  ops::cpu::grouped_ffn_swiglu_backward(c, gu, dh, dgu);
+  ops::cpu::grouped_ffn_swiglu_backward(c, gu, dh, dgu, block);
   store(dgu);
   mm(DyW, 1.f, 0.f, dgu, w.gate_up, o.dx);
   store(o.dx);
@@ -665,8 +669,8 @@ TEST(CudaGroupedFfn, SwigluBackwardFormsHInTheSamePass) {
           Tensor dgu = out(c, {N, 2 * F}, in[0].dtype());
           if (!gpu) {
             Tensor h = out(c, {N, F}, in[0].dtype());
-            ops::cpu::grouped_ffn_swiglu_backward(c, in[0], in[1], dgu);
-            ops::cpu::grouped_ffn_swiglu_forward(c, in[0], h);
+            ops::cpu::grouped_ffn_swiglu_backward(c, in[0], in[1], dgu, F);
+            ops::cpu::grouped_ffn_swiglu_forward(c, in[0], h, F);
             return {dgu, h};
           }
           // dh and h at the same row pitch, in padded buffers.
@@ -674,7 +678,7 @@ TEST(CudaGroupedFfn, SwigluBackwardFormsHInTheSamePass) {
                        hp = out(c, {N, F + pad}, in[1].dtype());
           Tensor dh = dhp.cols(0, F), h = hp.cols(0, F);
           ops::copy(c, in[1], dh);
-          ops::cuda::grouped_ffn_swiglu_backward_with_h(c, in[0], dh, dgu, h);
+          ops::cuda::grouped_ffn_swiglu_backward_with_h(c, in[0], dh, dgu, h, F);
           return {dgu, h.clone()};
         },
         seed);
@@ -886,6 +890,31 @@ TEST(CudaGroupedFfn, SwigluInTheGemmEpilogues) {
             {.rows = 53, .experts = 5, .in = 19, .ffn = 23, .gemm = both});
 }
 
+// The interleaved gate/up layout (GroupedFfnParams::interleaved_gate_up) through the op: one GEMM
+// whose epilogue writes gate_up and h in the bf16 pass (UpInterleaved), the plain GEMM and the
+// element-wise SwiGLU over blocks of 16 in the f32 pass, SwiGLU's backward over them in both;
+// against the emulation's SwiGLU over the same blocks. Skewed counts (a hot expert over many
+// tiles, one-row and empty experts), 2F a whole number of tiles (F 256) and not (F 144, 208).
+TEST(CudaGroupedFfn, InterleavedGateUpThroughTheOp) {
+  REQUIRE_GPU();
+  ffn_check(
+      "grouped_ffn interleaved, full, 4096 rows skewed",
+      {.rows = 4096, .experts = 16, .in = 256, .ffn = 256, .skewed = true, .interleaved = true});
+  ffn_check("grouped_ffn interleaved, frozen, F 208", {.rows = 3000,
+                                                       .experts = 9,
+                                                       .in = 264,
+                                                       .ffn = 208,
+                                                       .frozen_base = true,
+                                                       .interleaved = true});
+  ffn_check("grouped_ffn interleaved, h kept, dW written, F 144", {.rows = 2500,
+                                                                   .experts = 64,
+                                                                   .in = 128,
+                                                                   .ffn = 144,
+                                                                   .weight_grads_zero = true,
+                                                                   .keep_h = true,
+                                                                   .interleaved = true});
+}
+
 // The fused projections called directly: taken in the bf16 pass (the bodies say whether they ran;
 // the f32 pass runs the separate passes on the GPU), against the CPU's grouped_matmul and SwiGLU
 // with gate_up and dh rounded to bf16 where the fused kernels round them; each fused kernel
@@ -935,14 +964,14 @@ TEST(CudaGroupedFfn, FusedSwigluProjectionsAgainstTheSeparatePasses) {
                               gate_up);
           store(gate_up);
           (gpu ? ops::cuda::grouped_ffn_swiglu_forward : ops::cpu::grouped_ffn_swiglu_forward)(
-              c, gate_up, h);
+              c, gate_up, h, F);
         }
         if (!bwd) {
           Tensor dh = out(c, {N, F}, dt);
           ops::grouped_matmul(c, {.form = ops::GroupedForm::DyW, .gemm = cfg}, v[2], off, v[3], dh);
           store(dh);
           (gpu ? ops::cuda::grouped_ffn_swiglu_backward_with_h
-               : ops::cpu::grouped_ffn_swiglu_backward_with_h)(c, v[4], dh, dgu, hb);
+               : ops::cpu::grouped_ffn_swiglu_backward_with_h)(c, v[4], dh, dgu, hb, F);
         }
         return {gate_up, h, dgu, hb};
       };
@@ -962,6 +991,46 @@ Tensor hot_one_row_and_empty_offsets(Rng& rng, int64_t G) {
     off.i32()[g + 1] = off.i32()[g] + static_cast<int32_t>(n);
   }
   return off;
+}
+
+// The interleaved fused forward called directly: taken for bf16 (and only for bf16), gate_up and h
+// against the CPU's grouped_matmul and its SwiGLU over blocks of 16 on gate_up rounded to bf16, as
+// the kernel forms h from the values it stores. Rows of every residue (a hot group over many
+// tiles, one-row and empty groups), 2F over whole and partial tiles, `in` a partial k-tile.
+TEST(CudaGroupedFfn, InterleavedSwigluEpilogueAgainstTheCpu) {
+  REQUIRE_GPU();
+  for (const int64_t F : {int64_t{128}, int64_t{208}}) {
+    const uint64_t seed = fresh_seed();
+    Rng rng(seed);
+    const int64_t G = 12, in = 264;
+    const Tensor off = hot_one_row_and_empty_offsets(rng, G);
+    const int64_t N = off.i32()[G];
+    const ops::GroupedFfnParams p{
+        .rows = N, .experts = G, .in = in, .ffn = F, .interleaved_gate_up = true};
+    const std::vector<In> ins = {{randn(rng, {N, in})}, {randn(rng, {G, 2 * F, in}, 0.1)}};
+    // emulate: gate_up rounded to bf16 before SwiGLU reads it, as the kernel forms h.
+    const auto run = [&](bool emulate) {
+      return
+          [&, emulate](Context& c, const std::vector<Tensor>& v, bool gpu) -> std::vector<Tensor> {
+            const DType dt = v[0].dtype();
+            Tensor gate_up = out(c, {N, 2 * F}, dt), h = out(c, {N, F}, dt);
+            bool fused = false;
+            if (gpu) {
+              fused = ops::cuda::grouped_ffn_gate_up_swiglu(c, p, v[0], off, v[1], gate_up, h);
+              EXPECT_EQ(fused, dt == DType::BF16) << "F " << F << ": the fused kernel taken";
+            }
+            if (!fused) {
+              ops::grouped_matmul(c, {.form = ops::GroupedForm::XWt}, v[0], off, v[1], gate_up);
+              if (emulate) gate_up.copy_from(round_bf16(gate_up));
+              (gpu ? ops::cuda::grouped_ffn_swiglu_forward : ops::cpu::grouped_ffn_swiglu_forward)(
+                  c, gate_up, h, ops::kGateUpInterleave);
+            }
+            return {gate_up, h};
+          };
+    };
+    run_case(cat("interleaved swiglu epilogue F ", F).c_str(), ins, {"gate_up", "h"}, run(false),
+             seed, in, run(true));
+  }
 }
 
 // The K-concatenation forward's gate/up GEMM with xa = X A^T formed in its mainloop (ops/cuda/

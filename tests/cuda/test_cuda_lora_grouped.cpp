@@ -279,7 +279,7 @@ TEST(CudaLoraGrouped, FusedSwigluKernelsAgainstTheCpuComposites) {
           seed, F,
           [&](Context& c, const std::vector<Tensor>& in, bool) -> std::vector<Tensor> {
             Tensor h = Tensor::empty({N, F}), ha = Tensor::empty({N, r});
-            ops::cpu::grouped_ffn_swiglu_forward(c, in[0], h);
+            ops::cpu::grouped_ffn_swiglu_forward(c, in[0], h, F);
             h = round_bf16(h);
             ops::grouped_matmul(c, {.form = XWt}, h, off, in[1], ha);
             return {h, ha};
@@ -306,7 +306,7 @@ TEST(CudaLoraGrouped, FusedSwigluKernelsAgainstTheCpuComposites) {
             const DType at = in[0].dtype();
             Tensor h = out(c, {N, F}, at);
             (gpu ? &ops::cuda::grouped_ffn_swiglu_forward : &ops::cpu::grouped_ffn_swiglu_forward)(
-                c, in[0], h);
+                c, in[0], h, F);
             const auto fn = gpu ? &ops::cuda::grouped_ffn_lora_swiglu_backward_grads
                                 : &ops::cpu::grouped_ffn_lora_swiglu_backward_grads;
             Tensor dgu = out(c, {N, 2 * F}, at), drg = out(c, {N, r}, at), db = like(c, in[5]),
@@ -320,9 +320,9 @@ TEST(CudaLoraGrouped, FusedSwigluKernelsAgainstTheCpuComposites) {
           [&](Context& c, const std::vector<Tensor>& in, bool) -> std::vector<Tensor> {
             Tensor h = Tensor::empty({N, F}), dgu = Tensor::empty({N, 2 * F}),
                    drg = Tensor::empty({N, r}), db = in[5].clone(), da = in[6].clone();
-            ops::cpu::grouped_ffn_swiglu_forward(c, in[0], h);
+            ops::cpu::grouped_ffn_swiglu_forward(c, in[0], h, F);
             h = round_bf16(h);
-            ops::cpu::grouped_ffn_swiglu_backward(c, in[0], in[1], dgu);
+            ops::cpu::grouped_ffn_swiglu_backward(c, in[0], in[1], dgu, F);
             dgu = round_bf16(dgu);
             ops::grouped_matmul(c, {.form = DyW, .alpha = s}, dgu, off, in[4], drg);
             ops::grouped_matmul(c, {.form = DytX, .alpha = s, .beta = 1.f}, dgu, off, in[3], db);

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "harness/op_check.h"
+#include "harness/seed.h"
 #include "ops/grouped_ffn.h"
 #include "ref/moe_ref.h"
 
@@ -15,7 +16,17 @@ struct FfnSetup {
   // pre-fills written grads with NaN, so a read of them shows).
   bool weight_grads_zero = false;
   bool keep_h = false;  // GroupedFfnParams::keep_h
+  // GroupedFfnParams::interleaved_gate_up: gate_up_proj is drawn in the interleaved layout, which
+  // the reference reads back as [g | u] (interleaved_source).
+  bool interleaved = false;
 };
+
+// The [g | u] row of an interleaved gate/up weight's row p (blocks of 16: gate block b at rows
+// 32 b .., its up block at 32 b + 16 ..), written out here rather than taken from the op's rule.
+int64_t interleaved_source(int64_t p, int64_t F) {
+  const int64_t block = p / 32, i = p % 32;
+  return i < 16 ? block * 16 + i : F + block * 16 + (i - 16);
+}
 
 // Row counts per expert with every third expert (1, 4, 7, ...) empty.
 void draw_offsets(Rng& rng, Tensor& t, int64_t rows) {
@@ -36,7 +47,7 @@ class GroupedFfnCase : public OpCase {
   std::string name() const override {
     return cat("grouped_ffn N", s_.rows, " E", s_.experts, " l", s_.in, " F", s_.ffn, " r", s_.rank,
                s_.frozen_base ? " frozen" : "", s_.weight_grads_zero ? " dW written" : "",
-               s_.keep_h ? " h kept" : "");
+               s_.keep_h ? " h kept" : "", s_.interleaved ? " interleaved" : "");
   }
   ops::GroupedFfnParams params() const {
     return {.rows = s_.rows,
@@ -46,7 +57,8 @@ class GroupedFfnCase : public OpCase {
             .lora_rank = s_.rank,
             .lora_alpha = s_.alpha,
             .weight_grads_zero = s_.weight_grads_zero,
-            .keep_h = s_.keep_h};
+            .keep_h = s_.keep_h,
+            .interleaved_gate_up = s_.interleaved};
   }
   std::vector<InputSpec> inputs() const override {
     const int64_t E = s_.experts, l = s_.in, F = s_.ffn, r = s_.rank, N = s_.rows;
@@ -114,7 +126,17 @@ class GroupedFfnCase : public OpCase {
     const int64_t E = s_.experts, l = s_.in;
     ref::ExpertRefDims d{
         .experts = E, .in = l, .ffn = s_.ffn, .lora_rank = s_.rank, .lora_alpha = s_.alpha};
-    ref::ExpertRefWeights w{.gate_up = &in[2], .down = &in[3]};
+    // The reference's [g | u] rows from the interleaved ones.
+    DVec halves;
+    if (s_.interleaved) {
+      const int64_t F = s_.ffn, rows = 2 * F;
+      halves.resize(in[2].size());
+      for (int64_t e = 0; e < E; ++e)
+        for (int64_t p = 0; p < rows; ++p)
+          std::copy_n(&in[2][(e * rows + p) * l], l,
+                      &halves[(e * rows + interleaved_source(p, F)) * l]);
+    }
+    ref::ExpertRefWeights w{.gate_up = s_.interleaved ? &halves : &in[2], .down = &in[3]};
     if (s_.rank > 0) {
       w.gate_up_a = &in[4];
       w.gate_up_b = &in[5];
@@ -186,6 +208,84 @@ TEST(GroupedFfn, HKeptFromForward) {
   GroupedFfnCase frozen(
       {.rows = 31, .experts = 5, .in = 11, .ffn = 9, .frozen_base = true, .keep_h = true});
   check_op(frozen);
+}
+
+// The interleaved gate/up layout (GroupedFfnParams::interleaved_gate_up) against the reference
+// reading the weight as [g | u]: the base training (h formed in SwiGLU's backward), dW written, h
+// kept, a frozen base; F of one and of three blocks pairs.
+TEST(GroupedFfn, InterleavedGateUp) {
+  GroupedFfnCase full({.rows = 43, .experts = 7, .in = 19, .ffn = 32, .interleaved = true});
+  check_op(full);
+  GroupedFfnCase written({.rows = 37,
+                          .experts = 6,
+                          .in = 17,
+                          .ffn = 48,
+                          .weight_grads_zero = true,
+                          .interleaved = true});
+  check_op(written);
+  GroupedFfnCase kept(
+      {.rows = 31, .experts = 5, .in = 11, .ffn = 16, .keep_h = true, .interleaved = true});
+  check_op(kept);
+  GroupedFfnCase frozen(
+      {.rows = 29, .experts = 4, .in = 13, .ffn = 32, .frozen_base = true, .interleaved = true});
+  check_op(frozen);
+}
+
+// grouped_ffn_interleave_gate_up moves each row where interleaved_source says, and back.
+TEST(GroupedFfn, InterleaveGateUpRows) {
+  Context ctx;
+  const uint64_t seed = test_seed();
+  Rng rng(seed);
+  const int64_t E = 3, F = 48, l = 5;
+  Tensor w = Tensor::empty({E, 2 * F, l}), il = Tensor::empty({E, 2 * F, l}),
+         back = Tensor::empty({E, 2 * F, l});
+  for (int64_t i = 0; i < w.numel(); ++i) w.f32()[i] = static_cast<float>(rng.normal());
+  ops::grouped_ffn_interleave_gate_up(ctx, w, il);
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t p = 0; p < 2 * F; ++p)
+      for (int64_t c = 0; c < l; ++c)
+        ASSERT_EQ(il.f32()[(e * 2 * F + p) * l + c],
+                  w.f32()[(e * 2 * F + interleaved_source(p, F)) * l + c])
+            << "expert " << e << " row " << p << ", " << seed_note();
+  ops::grouped_ffn_interleave_gate_up(ctx, il, back, true);
+  for (int64_t i = 0; i < w.numel(); ++i)
+    ASSERT_EQ(back.f32()[i], w.f32()[i]) << "element " << i << ", " << seed_note();
+  // F not a multiple of the block, and an output aliasing the input: errors.
+  Tensor odd = Tensor::empty({E, 46, l});
+  EXPECT_THROW(ops::grouped_ffn_interleave_gate_up(ctx, odd, odd), ShapeError);
+  EXPECT_THROW(ops::grouped_ffn_interleave_gate_up(ctx, w, w), ValueError);
+}
+
+// The interleaved layout takes no adapter yet, and F must be whole blocks: clear errors.
+TEST(GroupedFfn, InterleavedGateUpRefusesWhatItCannotServe) {
+  Context ctx;
+  for (const auto& [F, r] : {std::pair<int64_t, int64_t>{24, 0}, {32, 2}}) {
+    ops::GroupedFfnParams p{.rows = 4,
+                            .experts = 2,
+                            .in = 3,
+                            .ffn = F,
+                            .lora_rank = r,
+                            .lora_alpha = 4.f,
+                            .interleaved_gate_up = true};
+    Tensor x = Tensor::zeros({4, 3}), off = Tensor::zeros({3}, DType::I32);
+    off.i32()[1] = 2;
+    off.i32()[2] = 4;
+    ops::GroupedFfnWeights w{.gate_up = Tensor::zeros({2, 2 * F, 3}),
+                             .down = Tensor::zeros({2, 3, F})};
+    if (r > 0) {
+      w.gate_up_a = Tensor::zeros({2, r, 3});
+      w.gate_up_b = Tensor::zeros({2, 2 * F, r});
+      w.down_a = Tensor::zeros({2, r, F});
+      w.down_b = Tensor::zeros({2, 3, r});
+    }
+    ArenaPlan plan;
+    ops::grouped_ffn_plan(p, plan);
+    Arena acts(plan.bytes(), Device::CPU, "acts");
+    ops::GroupedFfnSaved saved = ops::grouped_ffn_alloc_saved(p, acts);
+    Tensor y = Tensor::empty({4, 3});
+    EXPECT_THROW(ops::grouped_ffn_forward(ctx, p, x, off, w, y, saved), ValueError)
+        << "F " << F << " rank " << r;
+  }
 }
 
 TEST(GroupedFfn, NoRows) {

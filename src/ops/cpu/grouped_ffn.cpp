@@ -6,45 +6,44 @@
 
 namespace mt::ops::cpu {
 
-void grouped_ffn_swiglu_forward(Context& ctx, const Tensor& gate_up, Tensor& h) {
+void grouped_ffn_swiglu_forward(Context& ctx, const Tensor& gate_up, Tensor& h, int64_t block) {
   const int64_t rows = h.dim(0), F = h.dim(1);
   const float* gu = gate_up.f32();
   float* ph = h.f32();
 #pragma omp parallel for num_threads(ctx.threads()) schedule(static)
   for (int64_t i = 0; i < rows; ++i) {
-    const float* g = gu + i * 2 * F;
-    const float* u = g + F;
+    const float* row = gu + i * 2 * F;
     float* o = ph + i * F;
-    for (int64_t c = 0; c < F; ++c) o[c] = g[c] * sigmoidf(g[c]) * u[c];
+    for (int64_t c = 0; c < F; ++c) {
+      const float* g = row + grouped_ffn_gate_column(c, block);
+      o[c] = g[0] * sigmoidf(g[0]) * g[block];
+    }
   }
 }
 
 void grouped_ffn_swiglu_backward(Context& ctx, const Tensor& gate_up, const Tensor& dh,
-                                 Tensor& dgate_up) {
+                                 Tensor& dgate_up, int64_t block) {
   const int64_t N = dh.dim(0), F = dh.dim(1);
   const float* pgu = gate_up.f32();
   const float* pdh = dh.f32();
   float* pdgu = dgate_up.f32();
 #pragma omp parallel for num_threads(ctx.threads()) schedule(static)
   for (int64_t i = 0; i < N; ++i) {
-    const float* g = pgu + i * 2 * F;
-    const float* u = g + F;
     const float* d = pdh + i * F;
-    float* dg = pdgu + i * 2 * F;
-    float* du = dg + F;
     for (int64_t c = 0; c < F; ++c) {
-      const float sg = sigmoidf(g[c]);
-      du[c] = d[c] * g[c] * sg;
-      dg[c] = d[c] * u[c] * sg * (1.0f + g[c] * (1.0f - sg));
+      const int64_t at = i * 2 * F + grouped_ffn_gate_column(c, block);
+      const float g = pgu[at], u = pgu[at + block], sg = sigmoidf(g);
+      pdgu[at + block] = d[c] * g * sg;
+      pdgu[at] = d[c] * u * sg * (1.0f + g * (1.0f - sg));
     }
   }
 }
 
 // Two passes: the CPU has no traffic to save.
 void grouped_ffn_swiglu_backward_with_h(Context& ctx, const Tensor& gate_up, const Tensor& dh,
-                                        Tensor& dgate_up, Tensor& h) {
-  grouped_ffn_swiglu_backward(ctx, gate_up, dh, dgate_up);
-  grouped_ffn_swiglu_forward(ctx, gate_up, h);
+                                        Tensor& dgate_up, Tensor& h, int64_t block) {
+  grouped_ffn_swiglu_backward(ctx, gate_up, dh, dgate_up, block);
+  grouped_ffn_swiglu_forward(ctx, gate_up, h, block);
 }
 
 // The CPU has no SwiGLU pass to save: the caller runs the separate ops.

@@ -35,15 +35,18 @@ struct Pitches {
   int64_t gu, h, dgu;
 };
 
+// gate_up's columns in blocks of `block` (grouped_ffn_gate_up_block; a multiple of V): pack c's
+// gate at grouped_ffn_gate_column(c, block), its up `block` further.
 template <typename T, int V>
-__global__ void swiglu_fwd_kernel(int64_t rows, int64_t F, const T* gu, T* h, Pitches pitch) {
+__global__ void swiglu_fwd_kernel(int64_t rows, int64_t F, int64_t block, const T* gu, T* h,
+                                  Pitches pitch) {
   const int64_t packs = F / V;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * packs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t r, c;
     pack_at(i, packs, V, r, c);
-    const Pack<T, V> g = load_pack<T, V>(gu + r * pitch.gu + c),
-                     u = load_pack<T, V>(gu + r * pitch.gu + F + c);
+    const T* at = gu + r * pitch.gu + grouped_ffn_gate_column(c, block);
+    const Pack<T, V> g = load_pack<T, V>(at), u = load_pack<T, V>(at + block);
     Pack<T, V> out;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
@@ -56,15 +59,16 @@ __global__ void swiglu_fwd_kernel(int64_t rows, int64_t F, const T* gu, T* h, Pi
 
 // With kH also h = silu(g) * u into `h` (at dh's pitch), as the forward kernel rounds it.
 template <typename T, int V, bool kH>
-__global__ void swiglu_bwd_kernel(int64_t rows, int64_t F, const T* gu, const T* dh, T* dgu, T* h,
-                                  Pitches pitch) {
+__global__ void swiglu_bwd_kernel(int64_t rows, int64_t F, int64_t block, const T* gu, const T* dh,
+                                  T* dgu, T* h, Pitches pitch) {
   const int64_t packs = F / V;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * packs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t r, c;
     pack_at(i, packs, V, r, c);
-    const Pack<T, V> g = load_pack<T, V>(gu + r * pitch.gu + c),
-                     u = load_pack<T, V>(gu + r * pitch.gu + F + c),
+    const int64_t gc = grouped_ffn_gate_column(c, block);
+    const Pack<T, V> g = load_pack<T, V>(gu + r * pitch.gu + gc),
+                     u = load_pack<T, V>(gu + r * pitch.gu + gc + block),
                      d = load_pack<T, V>(dh + r * pitch.h + c);
     Pack<T, V> dg, du, hv;
 #pragma unroll
@@ -76,8 +80,8 @@ __global__ void swiglu_bwd_kernel(int64_t rows, int64_t F, const T* gu, const T*
       // The forward kernel's expression, so h is the same bits as forward's.
       if constexpr (kH) st(hv.v, j, gj / (1.0f + expf(-gj)) * uj);
     }
-    store_pack(dgu + r * pitch.dgu + c, dg);
-    store_pack(dgu + r * pitch.dgu + F + c, du);
+    store_pack(dgu + r * pitch.dgu + gc, dg);
+    store_pack(dgu + r * pitch.dgu + gc + block, du);
     if constexpr (kH) store_pack(h + r * pitch.h + c, hv);
   }
 }
@@ -97,23 +101,32 @@ void expect_rows(const Tensor& t, const char* what) {
            t.shape(), ": rows must be dense (strides ", t.strides(), ")");
 }
 
+void expect_block(int64_t F, int64_t block) {
+  MT_CHECK(block > 0 && F % block == 0, ShapeError, "grouped_ffn swiglu: gate/up blocks of ", block,
+           " columns do not tile F ", F);
+}
+
 }  // namespace
 
-void grouped_ffn_swiglu_forward(Context& ctx, const Tensor& gate_up, Tensor& h) {
+void grouped_ffn_swiglu_forward(Context& ctx, const Tensor& gate_up, Tensor& h, int64_t block) {
   expect_same_dtype("grouped_ffn swiglu", gate_up, h, "h");
   expect_rows(gate_up, "gate_up");
   expect_rows(h, "h");
   const int64_t rows = h.dim(0), F = h.dim(1);
+  expect_block(F, block);
   if (rows * F == 0) return;
   const Pitches pitches{gate_up.stride(0), h.stride(0), 0};
   MT_DISPATCH_FLOAT(gate_up, "grouped_ffn swiglu", {
     constexpr int V = 16 / sizeof(T);
-    if (pitched_packs_fit<T>(F, {gate_up.raw(), h.raw()}, {pitches.gu, pitches.h}))
+    const auto* gu = static_cast<const T*>(gate_up.raw());
+    auto* ph = static_cast<T*>(h.raw());
+    if (block % V == 0 &&
+        pitched_packs_fit<T>(F, {gate_up.raw(), h.raw()}, {pitches.gu, pitches.h}))
       swiglu_fwd_kernel<T, V><<<blocks_for(rows * F / V, kThreads), kThreads, 0, stream(ctx)>>>(
-          rows, F, static_cast<const T*>(gate_up.raw()), static_cast<T*>(h.raw()), pitches);
+          rows, F, block, gu, ph, pitches);
     else
       swiglu_fwd_kernel<T, 1><<<blocks_for(rows * F, kThreads), kThreads, 0, stream(ctx)>>>(
-          rows, F, static_cast<const T*>(gate_up.raw()), static_cast<T*>(h.raw()), pitches);
+          rows, F, block, gu, ph, pitches);
   });
   MT_CUDA_LAUNCH_CHECK();
 }
@@ -122,7 +135,7 @@ namespace {
 
 // dgate_up, and h when `h` is defined (at dh's row pitch).
 void swiglu_backward(Context& ctx, const Tensor& gate_up, const Tensor& dh, Tensor& dgate_up,
-                     const Tensor* h) {
+                     const Tensor* h, int64_t block) {
   expect_same_dtype("grouped_ffn swiglu", gate_up, dh, "dh");
   expect_same_dtype("grouped_ffn swiglu", gate_up, dgate_up, "dgate_up");
   expect_rows(gate_up, "gate_up");
@@ -136,6 +149,7 @@ void swiglu_backward(Context& ctx, const Tensor& gate_up, const Tensor& dh, Tens
              "grouped_ffn swiglu h ", h->shape(), " (strides ", h->strides(), "): dh's shape ",
              dh.shape(), " and row pitch ", dh.stride(0), " expected");
   }
+  expect_block(F, block);
   if (rows * F == 0) return;
   const Pitches pitches{gate_up.stride(0), dh.stride(0), dgate_up.stride(0)};
   MT_DISPATCH_FLOAT(gate_up, "grouped_ffn swiglu", {
@@ -144,12 +158,13 @@ void swiglu_backward(Context& ctx, const Tensor& gate_up, const Tensor& dh, Tens
     const auto* d = static_cast<const T*>(dh.raw());
     auto* dg = static_cast<T*>(dgate_up.raw());
     auto* ph = h ? static_cast<T*>(h->raw()) : nullptr;
-    const bool packs = pitched_packs_fit<T>(F, {gate_up.raw(), dh.raw(), dgate_up.raw()},
+    const bool packs = block % V == 0 &&
+                       pitched_packs_fit<T>(F, {gate_up.raw(), dh.raw(), dgate_up.raw()},
                                             {pitches.gu, pitches.h, pitches.dgu}) &&
                        (!h || pitched_packs_fit<T>(F, {h->raw()}, {pitches.h}));
     const auto launch = [&](auto kernel, int v) {
-      kernel<<<blocks_for(rows * F / v, kThreads), kThreads, 0, stream(ctx)>>>(rows, F, gu, d, dg,
-                                                                               ph, pitches);
+      kernel<<<blocks_for(rows * F / v, kThreads), kThreads, 0, stream(ctx)>>>(rows, F, block, gu,
+                                                                               d, dg, ph, pitches);
     };
     if (packs && h)
       launch(swiglu_bwd_kernel<T, V, true>, V);
@@ -166,13 +181,13 @@ void swiglu_backward(Context& ctx, const Tensor& gate_up, const Tensor& dh, Tens
 }  // namespace
 
 void grouped_ffn_swiglu_backward(Context& ctx, const Tensor& gate_up, const Tensor& dh,
-                                 Tensor& dgate_up) {
-  swiglu_backward(ctx, gate_up, dh, dgate_up, nullptr);
+                                 Tensor& dgate_up, int64_t block) {
+  swiglu_backward(ctx, gate_up, dh, dgate_up, nullptr, block);
 }
 
 void grouped_ffn_swiglu_backward_with_h(Context& ctx, const Tensor& gate_up, const Tensor& dh,
-                                        Tensor& dgate_up, Tensor& h) {
-  swiglu_backward(ctx, gate_up, dh, dgate_up, &h);
+                                        Tensor& dgate_up, Tensor& h, int64_t block) {
+  swiglu_backward(ctx, gate_up, dh, dgate_up, &h, block);
 }
 
 namespace {
@@ -187,6 +202,8 @@ bool grouped_ffn_gate_up_swiglu(Context& ctx, const GroupedFfnParams& p, const T
                                 const Tensor& offsets, const Tensor& w_gu, Tensor& gate_up,
                                 Tensor& h) {
   const GroupedGemmConfig& cfg = gemm_config(p);
+  if (p.interleaved_gate_up)
+    return grouped_gate_up_swiglu_interleaved(ctx, cfg, x, offsets, w_gu, gate_up, h);
   return cfg.swiglu_fwd && grouped_gate_up_swiglu(ctx, cfg, x, offsets, w_gu, gate_up, h);
 }
 
@@ -194,7 +211,8 @@ bool grouped_ffn_down_swiglu_backward(Context& ctx, const GroupedFfnParams& p, c
                                       const Tensor& offsets, const Tensor& w_down,
                                       const Tensor& gate_up, Tensor& dgate_up, Tensor& h) {
   const GroupedGemmConfig& cfg = gemm_config(p);
-  return cfg.swiglu_bwd &&
+  // Its epilogue reads gate_up as [g | u].
+  return cfg.swiglu_bwd && !p.interleaved_gate_up &&
          grouped_down_swiglu_backward(ctx, cfg, dy, offsets, w_down, gate_up, dgate_up, h);
 }
 

@@ -483,6 +483,18 @@ bool grouped_gate_up_swiglu(Context& ctx, const GroupedGemmConfig& cfg, const Te
   return sm90_swiglu(ctx, cfg, offsets, &gate, up, s);
 }
 
+bool grouped_gate_up_swiglu_interleaved(Context& ctx, const GroupedGemmConfig& cfg, const Tensor& x,
+                                        const Tensor& offsets, const Tensor& w_gu, Tensor& gate_up,
+                                        Tensor& h) {
+  if (x.dtype() != DType::BF16 || w_gu.dtype() != DType::BF16 || gate_up.dtype() != DType::BF16 ||
+      h.dtype() != DType::BF16 || w_gu.ndim() != 3 || w_gu.stride(2) != 1 ||
+      gate_up.stride(1) != 1 || h.stride(1) != 1)
+    return false;
+  const Sm90Grouped g = rows_gemm(Sm90Form::Forward, x, w_gu, gate_up, w_gu.dim(1), w_gu.dim(2));
+  const Sm90Swiglu s{Sm90SwigluForm::UpInterleaved, nullptr, 0, h.raw(), h.stride(0), false};
+  return sm90_swiglu(ctx, cfg, offsets, nullptr, g, s);
+}
+
 bool grouped_down_swiglu_backward(Context& ctx, const GroupedGemmConfig& cfg, const Tensor& dy,
                                   const Tensor& offsets, const Tensor& w_down,
                                   const Tensor& gate_up, Tensor& dgate_up, const Tensor& h) {

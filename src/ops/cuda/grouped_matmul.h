@@ -16,6 +16,12 @@ namespace mt::ops::cuda {
 bool grouped_gate_up_swiglu(Context& ctx, const GroupedGemmConfig& cfg, const Tensor& x,
                             const Tensor& offsets, const Tensor& w_gu, Tensor& gate_up, Tensor& h);
 
+// The same with W_gu's rows interleaved in blocks of 16 (GroupedFfnParams::interleaved_gate_up):
+// one GEMM, whose epilogue holds each tile's g and u columns, writes gate_up (interleaved) and h.
+bool grouped_gate_up_swiglu_interleaved(Context& ctx, const GroupedGemmConfig& cfg, const Tensor& x,
+                                        const Tensor& offsets, const Tensor& w_gu, Tensor& gate_up,
+                                        Tensor& h);
+
 // dgate_up = SwiGLU'(gate_up) (dY W_down) (W_down [G, out, F]), and h = swiglu(gate_up) where
 // `h` is defined; one launch, dh never written.
 bool grouped_down_swiglu_backward(Context& ctx, const GroupedGemmConfig& cfg, const Tensor& dy,

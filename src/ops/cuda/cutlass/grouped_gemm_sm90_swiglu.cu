@@ -1,5 +1,6 @@
 // The SwiGLU epilogues of grouped_gemm_sm90_swiglu.h: a custom node of CUTLASS's epilogue visitor
-// tree over the C source (g, TMA-loaded per group by the collective) and the accumulators. The
+// tree over the C source (g, TMA-loaded per group by the collective; UpInterleaved: none, g and u
+// both from the accumulators) and the accumulators. The
 // other half of gate_up and the side outputs move between registers and global memory directly
 // (CUTLASS's auxiliary loads and stores take one tensor for every group), predicated by the group's
 // rows: each quad transposes its pairs of adjacent columns so that every lane moves 16 bytes of a
@@ -22,10 +23,12 @@ __device__ __forceinline__ uint32_t pack2(Bf16 a, Bf16 b) {
   return static_cast<uint32_t>(a.raw()) | (static_cast<uint32_t>(b.raw()) << 16);
 }
 
-// The node: Backward computes SwiGLU's derivative (returns dg for D), Up returns u for D; both
-// write h when the group has an h pointer.
-template <bool kBackward>
+// The node: Backward computes SwiGLU's derivative (returns dg for D), Up returns u for D,
+// UpInterleaved the accumulators (g and u); all write h when the group has an h pointer.
+template <Sm90SwigluForm kForm>
 struct SwigluNode {
+  static constexpr bool kBackward = kForm == Sm90SwigluForm::DownBackward;
+  static constexpr bool kInterleaved = kForm == Sm90SwigluForm::UpInterleaved;
   struct SharedStorage {};
   struct Arguments {
     const Bf16* const* up = nullptr;  // Backward: each group's u rows
@@ -115,17 +118,25 @@ struct SwigluNode {
     static constexpr int EN = decltype(cute::size<4>(std::declval<RU&>()))::value;
     static constexpr int kSub = decltype(cute::size(std::declval<RU&>()))::value / (EM * EN);
 
-    CUTLASS_DEVICE Callbacks(GU gu_, GO gdu_, GO gh_, RU ru_, CT cd_, Res residue_, bool has_h_,
-                             int lane, bool narrow)
+    CUTLASS_DEVICE Callbacks(GU gu_, GO gdu_, GO gh_, RU ru_, CT cd_, Res residue_, Bf16* h_rows,
+                             int64_t ldh_, int M_, int N_, int lane, bool narrow)
         : gu(gu_),
           gdu(gdu_),
           gh(gh_),
           ru(ru_),
           cd(cd_),
           residue(residue_),
-          has_h(has_h_),
-          q(lane % 4) {
+          has_h(h_rows != nullptr),
+          q(lane % 4),
+          hrows(h_rows),
+          ldh(ldh_),
+          M(M_),
+          N(N_) {
       quad = layout_fits() && !narrow;
+      // UpInterleaved has no 4-byte fallback: a layout other than the one it was written for (a
+      // CUTLASS change) stops the kernel rather than writing h wrong.
+      if constexpr (kInterleaved)
+        if (!quad || !interleave_fits()) __trap();
     }
     GU gu;
     GO gdu, gh;
@@ -136,6 +147,10 @@ struct SwigluNode {
     int q;
     bool quad = false;
     Bf16 du_[kSub], h_[kSub];  // the current sub-tile's, by fragment index
+    // UpInterleaved: the group's h rows, and its problem's M and N (the absolute coordinates).
+    Bf16* hrows;
+    int64_t ldh;
+    int M, N;
 
     // Whether elements j and j + 1 of a sub-tile's fragment are one row's adjacent columns.
     template <class C>
@@ -190,6 +205,32 @@ struct SwigluNode {
                 rn2 = __shfl_xor_sync(0xffffffffu, rn, 2);
       ok = ok && rn % 8 == 0 && rm1 == rm && rm2 == rm && rn1 == rn && rn2 == rn;
       return __all_sync(0xffffffffu, ok);
+    }
+
+    // UpInterleaved: every sub-tile starts at a column that is a multiple of 32, so that its
+    // blocks 0, 1 are g and 2, 3 the matching u (this lane's columns are 2q, 2q + 1 of a block).
+    CUTLASS_DEVICE bool interleave_fits() const {
+      using cute::_;
+      bool ok = true;
+      CUTLASS_PRAGMA_UNROLL
+      for (int em = 0; em < EM; ++em) CUTLASS_PRAGMA_UNROLL
+      for (int en = 0; en < EN; ++en) {
+        const int n = column(em, en, 0) - 2 * q;
+        ok = ok && n % 32 == 0;
+      }
+      return __all_sync(0xffffffffu, ok);
+    }
+
+    // The absolute row and column (in the group's problem) of element j of sub-tile (em, en).
+    CUTLASS_DEVICE int row(int em, int en, int j) const {
+      using cute::_;
+      return M - static_cast<int>(cute::get<0>(residue)) +
+             static_cast<int>(cute::get<0>(cd(_, _, _, em, en)(j)));
+    }
+    CUTLASS_DEVICE int column(int em, int en, int j) const {
+      using cute::_;
+      return N - static_cast<int>(cute::get<1>(residue)) +
+             static_cast<int>(cute::get<1>(cd(_, _, _, em, en)(j)));
     }
 
     // Lane q's four 32-bit words p[b] (its pair in block b of the row) become p[i] = lane i's pair
@@ -327,6 +368,11 @@ struct SwigluNode {
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < FS; ++i) {
         const int j = epi_v * FS + i;
+        if constexpr (kInterleaved) {  // h waits for the sub-tile's u (end_loop)
+          out[i] = static_cast<float>(acc[i]);
+          h_[j] = Bf16(acc[i]);  // g or u, as gate_up keeps it
+          continue;
+        }
         const float g = static_cast<float>(src[i]);
         // The unfused passes' formulas (ops/cuda/grouped_ffn.cu), with the sigmoid from the fast
         // exponential and division, once an element: with two warpgroups an SM, the IEEE expf and
@@ -352,8 +398,35 @@ struct SwigluNode {
     }
 
     CUTLASS_DEVICE void end_loop(int em, int en) {
+      if constexpr (kInterleaved) {
+        if (has_h) store_interleaved(em, en);
+        return;
+      }
       if constexpr (kBackward) store(gdu, du_, em, en);
       if (has_h) store(gh, h_, em, en);
+    }
+
+    // UpInterleaved: h from the sub-tile's g (blocks 0, 1, slots 8 r + 2 b + e) and u (blocks 2,
+    // 3: four slots on), as the quad's four 16-byte parts of two rows x two blocks; lane q moves
+    // row q / 2's block q % 2, 8 columns of h at (column / 32) 16 + column % 32.
+    CUTLASS_DEVICE void store_interleaved(int em, int en) {
+      const auto swish = [&](int s) {
+        const float g = static_cast<float>(h_[index_of(em, en, s)]);
+        const float u = static_cast<float>(h_[index_of(em, en, s + 4)]);
+        return Bf16(g * __fdividef(1.0f, 1.0f + __expf(-g)) * u);  // as visit's Up
+      };
+      uint32_t p[4];
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 0; k < 4; ++k) {
+        const int s = k / 2 * 8 + k % 2 * 2;
+        p[k] = pack2(swish(s), swish(s + 1));
+      }
+      transpose(p);
+      const int j = index_of(em, en, q / 2 * 8 + q % 2 * 2);
+      const int m = row(em, en, j), n = column(em, en, j) - 2 * q;
+      if (m < M && n < N)
+        *reinterpret_cast<uint4*>(hrows + static_cast<int64_t>(m) * ldh + n / 32 * 16 + n % 32) =
+            make_uint4(p[0], p[1], p[2], p[3]);
     }
   };
 
@@ -379,17 +452,20 @@ struct SwigluNode {
     Bf16* h = params.h ? params.h[l] : nullptr;
     auto gu = part(up, params.ldu);
     auto gdu = part(dup, params.lddu);
-    auto gh = part(h, params.ldh);
+    auto gh = part(kInterleaved ? nullptr : h, params.ldh);
     auto ru = cute::make_tensor<Bf16>(cute::shape(gu));
     return Callbacks<decltype(gu), decltype(gdu), decltype(ru), decltype(args.tCcD),
-                     decltype(args.residue_tCcD)>(gu, gdu, gh, ru, args.tCcD, args.residue_tCcD,
-                                                  h != nullptr, args.thread_idx % 32,
-                                                  params.narrow);
+                     decltype(args.residue_tCcD)>(
+        gu, gdu, gh, ru, args.tCcD, args.residue_tCcD, h, params.ldh, static_cast<int>(M),
+        static_cast<int>(N), args.thread_idx % 32, params.narrow);
   }
 };
 
-template <bool kBackward>
-using SwigluEvt = fusion::Sm90EVT<SwigluNode<kBackward>, fusion::Sm90SrcFetch<Bf16>>;
+template <Sm90SwigluForm kForm>
+using SwigluEvt =
+    fusion::Sm90EVT<SwigluNode<kForm>,
+                    std::conditional_t<kForm == Sm90SwigluForm::UpInterleaved, fusion::Sm90AccFetch,
+                                       fusion::Sm90SrcFetch<Bf16>>>;
 
 // Two configurations of each form: grouped_gemm_sm90.h's default (cooperative 128 x 256 x 64,
 // cluster 2 x 1) and ping-pong 128 x 128 x 64 (cluster 2 x 1), whose epilogue, the heavier one
@@ -398,11 +474,13 @@ using CoopTile = cute::Shape<cute::_128, cute::_256, cute::_64>;
 using PingTile = cute::Shape<cute::_128, cute::_128, cute::_64>;
 using SwCluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
 
-#define MT_SM90_SWIGLU_GEMM(Name, Tile, Schedule, EpilogueSchedule, LayoutB, kBackward)           \
+// C: Bf16 where the form reads its C source, void where it has none (UpInterleaved: D's stages
+// alone in shared memory, which leaves the mainloop its fourth stage).
+#define MT_SM90_SWIGLU_GEMM(Name, Tile, Schedule, EpilogueSchedule, LayoutB, C, kForm)            \
   using Name##Epilogue = cutlass::epilogue::collective::CollectiveBuilder<                        \
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, SwCluster,                       \
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, Bf16, RowMajor*, 8, Bf16,    \
-      RowMajor*, 8, EpilogueSchedule, SwigluEvt<kBackward>>::CollectiveOp;                        \
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, C, RowMajor*, 8, Bf16,       \
+      RowMajor*, 8, EpilogueSchedule, SwigluEvt<Sm90SwigluForm::kForm>>::CollectiveOp;            \
   using Name##Mainloop = cutlass::gemm::collective::CollectiveBuilder<                            \
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, RowMajor*, 8, Bf16, LayoutB*, 8, \
       float, Tile, SwCluster,                                                                     \
@@ -411,10 +489,15 @@ using SwCluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
       Schedule>::CollectiveOp;                                                                    \
   using Name = Sm90Gemm<Name##Mainloop, Name##Epilogue>
 
-MT_SM90_SWIGLU_GEMM(SwigluUp, CoopTile, Cooperative, CooperativeEpilogue, ColumnMajor, false);
-MT_SM90_SWIGLU_GEMM(SwigluDown, CoopTile, Cooperative, CooperativeEpilogue, RowMajor, true);
-MT_SM90_SWIGLU_GEMM(SwigluUpPingpong, PingTile, Pingpong, PingpongEpilogue, ColumnMajor, false);
-MT_SM90_SWIGLU_GEMM(SwigluDownPingpong, PingTile, Pingpong, PingpongEpilogue, RowMajor, true);
+MT_SM90_SWIGLU_GEMM(SwigluUp, CoopTile, Cooperative, CooperativeEpilogue, ColumnMajor, Bf16, Up);
+MT_SM90_SWIGLU_GEMM(SwigluDown, CoopTile, Cooperative, CooperativeEpilogue, RowMajor, Bf16,
+                    DownBackward);
+MT_SM90_SWIGLU_GEMM(SwigluUpPingpong, PingTile, Pingpong, PingpongEpilogue, ColumnMajor, Bf16, Up);
+MT_SM90_SWIGLU_GEMM(SwigluDownPingpong, PingTile, Pingpong, PingpongEpilogue, RowMajor, Bf16,
+                    DownBackward);
+MT_SM90_SWIGLU_GEMM(SwigluUpInterleaved, CoopTile, Cooperative, CooperativeEpilogue, ColumnMajor,
+                    void, UpInterleaved);
+static_assert(SwigluUpInterleaved::kStages == 4, "no C stages: the mainloop keeps four");
 
 // The per-group arrays: the GEMM's (D is c's rows, the C source gate's) and the node's.
 template <class G>
@@ -467,7 +550,7 @@ __global__ void sw_layout_kernel(GroupRows t, int count, Sm90Grouped g, Sm90Swig
   const int64_t w_group = g.w_group ? g.w_group : g.n * g.k;
   out.b[i] = static_cast<const Bf16*>(g.b) + group * w_group;
   Bf16* d = static_cast<Bf16*>(g.c) + row0 * g.ldc;
-  const Bf16* gate = static_cast<const Bf16*>(s.gate) + row0 * s.ldgate;
+  const Bf16* gate = s.gate ? static_cast<const Bf16*>(s.gate) + row0 * s.ldgate : nullptr;
   out.d[i] = d;
   out.src[i] = gate;
   out.sa[i] = cute::make_stride(g.lda, _1{}, Zero{});
@@ -478,21 +561,22 @@ __global__ void sw_layout_kernel(GroupRows t, int count, Sm90Grouped g, Sm90Swig
     out.sb[i] = cute::make_stride(_1{}, ldb, Zero{});
   out.sd[i] = cute::make_stride(g.ldc, _1{}, Zero{});
   out.ssrc[i] = cute::make_stride(s.ldgate, _1{}, Zero{});
-  out.up[i] = gate + g.n;
+  out.up[i] = gate ? gate + g.n : nullptr;
   out.dup[i] = d + g.n;
   out.h[i] = s.h ? static_cast<Bf16*>(s.h) + row0 * s.ldh : nullptr;
 }
 
-template <class G>
+template <Sm90SwigluForm kForm, class G>
 typename G::Gemm::Arguments sw_arguments(const Sm90Grouped& g, const Sm90Swiglu& s, int count,
                                          const Sm90Launch& at, const SwArrays<G>& arr,
                                          const std::vector<typename G::Shape>& host) {
   cutlass::KernelHardwareInfo hw;
   hw.device_id = at.device;
   hw.sm_count = at.multiprocessors;
-  constexpr bool kBackward = !G::kBKMajor;
-  typename SwigluNode<kBackward>::Arguments node;
-  if constexpr (kBackward) {
+  using Node = SwigluNode<kForm>;
+  static_assert(G::kBKMajor == !Node::kBackward, "Up forms read W K-major, Down backward N-major");
+  typename Node::Arguments node;
+  if constexpr (Node::kBackward) {
     node.up = arr.up;
     node.dup = arr.dup;
   }
@@ -504,36 +588,35 @@ typename G::Gemm::Arguments sw_arguments(const Sm90Grouped& g, const Sm90Swiglu&
   typename G::Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGrouped,
                                    {count, arr.shape, host.data()},
                                    {arr.a, arr.sa, arr.b, arr.sb},
-                                   {{{}, node}, arr.src, arr.ssrc, arr.d, arr.sd},
+                                   {{{}, node}, nullptr, arr.ssrc, arr.d, arr.sd},
                                    hw};
+  // UpInterleaved has no C source (a void C, its pointers null).
+  if constexpr (!Node::kInterleaved) args.epilogue.ptr_C = arr.src;
   using Raster = decltype(args.scheduler.raster_order);
   args.scheduler.max_swizzle_size = at.config.swizzle;
   args.scheduler.raster_order = at.config.along_n ? Raster::AlongN : Raster::AlongM;
   return args;
 }
 
-template <class G>
+template <Sm90SwigluForm kForm, class G>
 size_t sw_scratch(const Sm90Grouped& g, const Sm90Swiglu& s, const GroupRows& rows, int count,
                   const Sm90Launch& at) {
   const SwArrays<G> arr = sw_arrays<G>(nullptr, count);
   const auto host = host_shapes<G>(g, rows, count);
-  return arr.bytes + G::Gemm::get_workspace_size(sw_arguments<G>(g, s, count, at, arr, host));
+  return arr.bytes +
+         G::Gemm::get_workspace_size(sw_arguments<kForm, G>(g, s, count, at, arr, host));
 }
 
-template <class G>
+template <Sm90SwigluForm kForm, class G>
 const char* sw_run(const Sm90Grouped& g, const Sm90Swiglu& s, const GroupRows& rows, int count,
                    const Sm90Launch& at, void* scratch) {
   const SwArrays<G> arr = sw_arrays<G>(scratch, count);
   sw_layout_kernel<G><<<(count + 127) / 128, 128, 0, at.stream>>>(rows, count, g, s, arr);
   if (cudaGetLastError() != cudaSuccess) return "the layout kernel's launch";
   const auto host = host_shapes<G>(g, rows, count);
-  const auto args = sw_arguments<G>(g, s, count, at, arr, host);
+  const auto args = sw_arguments<kForm, G>(g, s, count, at, arr, host);
   return launch<G>(args, static_cast<char*>(scratch) + arr.bytes, at.stream);
 }
-
-static_assert(SwigluUp::kBKMajor && !SwigluDown::kBKMajor && SwigluUpPingpong::kBKMajor &&
-                  !SwigluDownPingpong::kBKMajor,
-              "Up reads W_g K-major (X W^T), Down backward N-major (dY W)");
 
 }  // namespace
 }  // namespace sm90
@@ -547,10 +630,12 @@ bool aligned16(const void* p) {
 }  // namespace
 
 bool sm90_swiglu_fits(const Sm90Grouped& g, const Sm90Swiglu& s, int count) {
-  const bool up = s.form == Sm90SwigluForm::Up;
+  const bool interleaved = s.form == Sm90SwigluForm::UpInterleaved;
+  const bool up = s.form == Sm90SwigluForm::Up || interleaved;
   if (g.form != (up ? Sm90Form::Forward : Sm90Form::InputGrad)) return false;
   if (up && s.h == nullptr) return false;
-  if (!aligned16(s.gate) || s.ldgate % 8 != 0) return false;
+  if (interleaved && g.n % 32 != 0) return false;
+  if (!interleaved && (!aligned16(s.gate) || s.ldgate % 8 != 0)) return false;
   if (s.h && (!aligned16(s.h) || s.ldh % 8 != 0)) return false;
   return sm90_grouped_fits(g, count);
 }
@@ -570,21 +655,28 @@ bool pingpong(const Sm90Swiglu& s, const Sm90Launch& at) {
 size_t sm90_swiglu_scratch(const Sm90Grouped& g, const Sm90Swiglu& s, const GroupRows& rows,
                            int count, const Sm90Launch& at) {
   using namespace sm90;
-  if (s.form == Sm90SwigluForm::Up)
-    return pingpong(s, at) ? sw_scratch<SwigluUpPingpong>(g, s, rows, count, at)
-                           : sw_scratch<SwigluUp>(g, s, rows, count, at);
-  return pingpong(s, at) ? sw_scratch<SwigluDownPingpong>(g, s, rows, count, at)
-                         : sw_scratch<SwigluDown>(g, s, rows, count, at);
+  using F = Sm90SwigluForm;
+  if (s.form == F::UpInterleaved)
+    return sw_scratch<F::UpInterleaved, SwigluUpInterleaved>(g, s, rows, count, at);
+  if (s.form == F::Up)
+    return pingpong(s, at) ? sw_scratch<F::Up, SwigluUpPingpong>(g, s, rows, count, at)
+                           : sw_scratch<F::Up, SwigluUp>(g, s, rows, count, at);
+  return pingpong(s, at) ? sw_scratch<F::DownBackward, SwigluDownPingpong>(g, s, rows, count, at)
+                         : sw_scratch<F::DownBackward, SwigluDown>(g, s, rows, count, at);
 }
 
 const char* sm90_swiglu_gemm(const Sm90Grouped& g, const Sm90Swiglu& s, const GroupRows& rows,
                              int count, const Sm90Launch& at, void* scratch) {
   using namespace sm90;
-  if (s.form == Sm90SwigluForm::Up)
-    return pingpong(s, at) ? sw_run<SwigluUpPingpong>(g, s, rows, count, at, scratch)
-                           : sw_run<SwigluUp>(g, s, rows, count, at, scratch);
-  return pingpong(s, at) ? sw_run<SwigluDownPingpong>(g, s, rows, count, at, scratch)
-                         : sw_run<SwigluDown>(g, s, rows, count, at, scratch);
+  using F = Sm90SwigluForm;
+  if (s.form == F::UpInterleaved)
+    return sw_run<F::UpInterleaved, SwigluUpInterleaved>(g, s, rows, count, at, scratch);
+  if (s.form == F::Up)
+    return pingpong(s, at) ? sw_run<F::Up, SwigluUpPingpong>(g, s, rows, count, at, scratch)
+                           : sw_run<F::Up, SwigluUp>(g, s, rows, count, at, scratch);
+  return pingpong(s, at)
+             ? sw_run<F::DownBackward, SwigluDownPingpong>(g, s, rows, count, at, scratch)
+             : sw_run<F::DownBackward, SwigluDown>(g, s, rows, count, at, scratch);
 }
 
 }  // namespace mt::ops::cuda

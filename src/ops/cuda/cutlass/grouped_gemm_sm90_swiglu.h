@@ -11,7 +11,13 @@
 //     with g read from gate (the same rows). gate_up's g half is one plain GEMM (n = F) before.
 //   Down backward (dh = dY W_down never written): the epilogue reads g from gate and u from
 //     gate + n, and writes dg to c, du to c + n and, when h is set, h = silu(g) u.
-// Up's h is formed from u rounded to bf16, as gate_up keeps it; Down backward takes dh in f32 from
+//   UpInterleaved (W_gu's rows interleaved in blocks of 16, g then u: ops/grouped_ffn.h,
+//     GroupedFfnParams::interleaved_gate_up): one GEMM over all 2F rows (n = 2F, a multiple of 32)
+//     writes gate_up in that layout to c; each 32-column sub-tile of its epilogue holds 16 g
+//     columns and their 16 u columns, from which it writes h = silu(g) u (16 columns of h) to h.
+//     No C source (gate unused); the cooperative kernel only.
+// Up's h is formed from u rounded to bf16 (UpInterleaved's from g and u so rounded), as gate_up
+// keeps them; Down backward takes dh in f32 from
 // the accumulators (the separate passes read it back in bf16); the sigmoid takes the fast
 // exponential and division (a few f32 ulp). alpha 1, beta 0.
 //
@@ -26,11 +32,12 @@
 
 namespace mt::ops::cuda {
 
-enum class Sm90SwigluForm { Up, DownBackward };
+enum class Sm90SwigluForm { Up, DownBackward, UpInterleaved };
 
-// g.form: Forward for Up, InputGrad for DownBackward (g.alpha, g.beta ignored). gate: the rows'
-// g half (its u half follows n columns on), row pitch ldgate; h: [rows, n] at row pitch ldh,
-// null for none (Up requires it).
+// g.form: Forward for Up and UpInterleaved, InputGrad for DownBackward (g.alpha, g.beta ignored).
+// gate: the rows' g half (its u half follows n columns on), row pitch ldgate (UpInterleaved:
+// unused); h: [rows, n] (UpInterleaved: [rows, n / 2]) at row pitch ldh, null for none (the Up
+// forms require it).
 struct Sm90Swiglu {
   Sm90SwigluForm form = Sm90SwigluForm::Up;
   const void* gate = nullptr;
@@ -42,7 +49,7 @@ struct Sm90Swiglu {
 };
 
 // Whether the fused kernel takes the call: sm90_grouped_fits' rules, and 16-byte aligned gate
-// and h rows.
+// and h rows (UpInterleaved: n a multiple of 32, no gate).
 bool sm90_swiglu_fits(const Sm90Grouped& g, const Sm90Swiglu& s, int count);
 size_t sm90_swiglu_scratch(const Sm90Grouped& g, const Sm90Swiglu& s, const GroupRows& rows,
                            int count, const Sm90Launch& at);
