@@ -113,13 +113,13 @@ void KdaLayer::plan_activations(const SeqInfo& seq, ArenaPlan& plan) const {
   for (const LinearModule* m :
        {&q_proj_, &k_proj_, &v_proj_, &f_a_, &f_b_, &b_proj_, &g_a_, &g_b_, &o_proj_})
     m->plan(T, plan);
-  for (int i = 0; i < 11; ++i) plan.add({T, HK});  // qp kp vp, qc kc vc, qs ks, q k v
-  plan.add_fp32({T * H});                          // q_rstd
-  plan.add_fp32({T * H});                          // k_rstd
-  plan.add({T, K});                                // fa
-  plan.add({T, HK});                               // graw (g itself lives in the workspace)
-  plan.add_fp32({T, H});                           // beta (the kernel's dtype)
-  plan.add({T, HK});                               // o
+  for (int i = 0; i < 8; ++i) plan.add({T, HK});  // qp kp vp, qs ks, q k v
+  plan.add_fp32({T * H});                         // q_rstd
+  plan.add_fp32({T * H});                         // k_rstd
+  plan.add({T, K});                               // fa
+  plan.add({T, HK});                              // graw (g itself lives in the workspace)
+  plan.add_fp32({T, H});                          // beta (the kernel's dtype)
+  plan.add({T, HK});                              // o
   const ops::KdaParams cp = core_params(seq);
   const int64_t rows = ops::kda_saved_rows(cp, seq.cu_seqlens_host);
   plan.add({rows, H, K, K}, ops::kda_saved_dtype(plan.device(), cp, plan.activations()));  // states
@@ -133,23 +133,18 @@ void KdaLayer::plan_activations(const SeqInfo& seq, ArenaPlan& plan) const {
 }
 
 void KdaLayer::conv_silu_forward(Context& ctx, const SeqInfo& seq, const ParamRef& w,
-                                 const Tensor& proj, Tensor& pre, Tensor& out) {
+                                 const Tensor& proj, Tensor& out) {
   const int64_t HK = hk(), kw = cfg_.conv_kernel;
-  const ops::CausalConvParams cp{.tokens = seq.tokens, .channels = HK, .kernel = kw};
-  ops::causal_conv1d_forward(ctx, cp, seq.cu_seqlens, proj, w.value.view({HK, kw}), pre);
-  ops::silu_forward(ctx, pre, out);
+  const ops::CausalConvParams cp{.tokens = seq.tokens, .channels = HK, .kernel = kw, .silu = true};
+  ops::causal_conv1d_forward(ctx, cp, seq.cu_seqlens, proj, w.value.view({HK, kw}), out);
 }
 
 void KdaLayer::conv_silu_backward(Context& ctx, const SeqInfo& seq, const ParamRef& w,
-                                  const Tensor& proj, const Tensor& pre, const Tensor& dout,
-                                  Tensor& dproj) {
+                                  const Tensor& proj, const Tensor& dout, Tensor& dproj) {
   const int64_t HK = hk(), kw = cfg_.conv_kernel;
-  const ops::CausalConvParams cp{.tokens = seq.tokens, .channels = HK, .kernel = kw};
-  ArenaScope scope(ctx.workspace());
-  Tensor dpre = ctx.workspace().alloc({seq.tokens, HK}, pre.dtype());
-  ops::silu_backward(ctx, pre, dout, dpre);
+  const ops::CausalConvParams cp{.tokens = seq.tokens, .channels = HK, .kernel = kw, .silu = true};
   Tensor dw = w.grad.defined() ? w.grad.view({HK, kw}) : Tensor();
-  ops::causal_conv1d_backward(ctx, cp, seq.cu_seqlens, proj, w.value.view({HK, kw}), dpre, dproj,
+  ops::causal_conv1d_backward(ctx, cp, seq.cu_seqlens, proj, w.value.view({HK, kw}), dout, dproj,
                               dw);
 }
 
@@ -219,23 +214,20 @@ void KdaLayer::forward(Context& ctx, const SeqInfo& seq, const Tensor& x, Tensor
     const LinearModule* proj;
     LinearModule::Saved* saved;
     const ParamRef* conv;
-    Tensor *p, *c, *s;
+    Tensor *p, *s;
   };
   const DType at = x.dtype();
   s.qp = acts.alloc({T, HK}, at);
   s.kp = acts.alloc({T, HK}, at);
   s.vp = acts.alloc({T, HK}, at);
-  s.qc = acts.alloc({T, HK}, at);
-  s.kc = acts.alloc({T, HK}, at);
-  s.vc = acts.alloc({T, HK}, at);
   s.qs = acts.alloc({T, HK}, at);
   s.ks = acts.alloc({T, HK}, at);
   Tensor vs = acts.alloc({T, HK}, at);
-  for (Branch b : {Branch{&q_proj_, &s.q_proj, &q_conv_, &s.qp, &s.qc, &s.qs},
-                   Branch{&k_proj_, &s.k_proj, &k_conv_, &s.kp, &s.kc, &s.ks},
-                   Branch{&v_proj_, &s.v_proj, &v_conv_, &s.vp, &s.vc, &vs}}) {
+  for (Branch b : {Branch{&q_proj_, &s.q_proj, &q_conv_, &s.qp, &s.qs},
+                   Branch{&k_proj_, &s.k_proj, &k_conv_, &s.kp, &s.ks},
+                   Branch{&v_proj_, &s.v_proj, &v_conv_, &s.vp, &vs}}) {
     b.proj->forward(ctx, x, *b.p, acts, *b.saved);
-    conv_silu_forward(ctx, seq, *b.conv, *b.p, *b.c, *b.s);
+    conv_silu_forward(ctx, seq, *b.conv, *b.p, *b.s);
   }
   s.v = vs.view({T, H, K});
   s.q = acts.alloc({T, H, K}, at);
@@ -331,12 +323,12 @@ void KdaLayer::backward(Context& ctx, const SeqInfo& seq, const Tensor& dy, Tens
   Tensor ds = ws.alloc({T, HK}, at), dp = ws.alloc({T, HK}, at);
   Tensor dsv = ds.view({T * H, K});
   ops::l2norm_backward(ctx, l2, s.qs.view({T * H, K}), s.q_rstd, dq.view({T * H, K}), dsv);
-  conv_silu_backward(ctx, seq, q_conv_, s.qp, s.qc, ds, dp);
+  conv_silu_backward(ctx, seq, q_conv_, s.qp, ds, dp);
   q_proj_.backward(ctx, s.q_proj, dp, dx, true);
   ops::l2norm_backward(ctx, l2, s.ks.view({T * H, K}), s.k_rstd, dk.view({T * H, K}), dsv);
-  conv_silu_backward(ctx, seq, k_conv_, s.kp, s.kc, ds, dp);
+  conv_silu_backward(ctx, seq, k_conv_, s.kp, ds, dp);
   k_proj_.backward(ctx, s.k_proj, dp, dx, true);
-  conv_silu_backward(ctx, seq, v_conv_, s.vp, s.vc, dv.view({T, HK}), dp);
+  conv_silu_backward(ctx, seq, v_conv_, s.vp, dv.view({T, HK}), dp);
   v_proj_.backward(ctx, s.v_proj, dp, dx, true);
 }
 

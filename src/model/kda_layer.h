@@ -39,7 +39,6 @@ class KdaLayer : public Layer {
   // What forward keeps: views into `acts` (x itself is kept by the projections' states).
   struct Saved : LayerState {
     Tensor qp, kp, vp;      // projections [T, H*K]
-    Tensor qc, kc, vc;      // after the short conv (SiLU inputs)
     Tensor qs, ks;          // after SiLU (L2-norm inputs)
     Tensor q, k, v;         // core inputs [T, H, K]
     Tensor q_rstd, k_rstd;  // [T * H]
@@ -66,11 +65,12 @@ class KdaLayer : public Layer {
  private:
   ops::KdaParams core_params(const SeqInfo& seq) const;
   int64_t hk() const { return cfg_.heads * cfg_.head_dim; }
-  // SiLU(ShortConv(proj)) and its backward for one of q, k, v.
+  // SiLU(ShortConv(proj)) and its backward for one of q, k, v: one op each way
+  // (CausalConvParams::silu), backward forming the conv's output again from proj.
   void conv_silu_forward(Context& ctx, const SeqInfo& seq, const ParamRef& w, const Tensor& proj,
-                         Tensor& pre, Tensor& out);
+                         Tensor& out);
   void conv_silu_backward(Context& ctx, const SeqInfo& seq, const ParamRef& w, const Tensor& proj,
-                          const Tensor& pre, const Tensor& dout, Tensor& dproj);
+                          const Tensor& dout, Tensor& dproj);
   // The steps forward and decoding share, for n rows; what backward needs of them goes to `s`
   // (tensors in `acts`).
   // q, k [n, H, K] = per-head L2 norms of the SiLU outputs qs, ks [n, H*K].

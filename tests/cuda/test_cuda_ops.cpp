@@ -88,6 +88,55 @@ TEST(CudaElementwise, StridedCopyEveryLayoutAgainstTheCpu) {
   }
 }
 
+// map_elements' three paths (ops/cuda/common.cuh) under every op on it, against the CPU: 16-byte
+// packs (aligned bases, a whole number of packs: 2048 x 3 elements), packs and a tail (1001 x 3),
+// and an element a thread (views one row into [rows, 3] buffers: bases 12 or 6 bytes off a pack).
+// The conversion's round trip (f32 -> bf16 -> f32, bf16 -> f32 -> bf16) rounds alike on both.
+TEST(CudaElementwise, PackedTailAndUnalignedPathsAgainstTheCpu) {
+  REQUIRE_GPU();
+  for (const int64_t rows : {int64_t{2048}, int64_t{1001}})
+    for (const bool offset : {false, true}) {
+      const uint64_t seed = fresh_seed();
+      Rng rng(seed);
+      const Shape s{rows, 3};
+      std::vector<In> ins = {{randn(rng, s, 3.0)}, {randn(rng, s)}, {randn(rng, s)}};
+      const auto view = [&](const Tensor& t) { return offset ? t.rows(1, rows) : t; };
+      run_case(
+          cat("element-wise paths, ", rows, " x 3", offset ? ", off a pack" : "").c_str(), ins,
+          {"silu", "dsilu", "swiglu", "dgate", "dup", "sgate", "dx", "dg", "add_into", "scale",
+           "sigmoid", "dsigmoid", "converted"},
+          [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
+            const DType t = in[0].dtype();
+            const Tensor x = view(in[0]), g = view(in[1]), d = view(in[2]);
+            std::vector<Tensor> bufs;
+            const auto result = [&] {
+              bufs.push_back(out(c, s, t));
+              return view(bufs.back());
+            };
+            Tensor y1 = result(), d1 = result(), y2 = result(), dg = result(), du = result(),
+                   y3 = result(), dx3 = result(), dg3 = result(), acc = result(), sc = result(),
+                   sg = result(), dsg = result(), back = result();
+            OP(silu_forward)(c, x, y1);
+            OP(silu_backward)(c, x, d, d1);
+            OP(swiglu_forward)(c, x, g, y2);
+            OP(swiglu_backward)(c, x, g, d, dg, du);
+            OP(sigmoid_gate_forward)(c, g, x, y3);
+            OP(sigmoid_gate_backward)(c, g, x, d, dx3, dg3);
+            ops::copy(c, g, acc);
+            ops::add_into(c, x, acc);
+            ops::scale(c, d, -1.5f, sc);
+            ops::sigmoid_forward(c, x, sg);
+            ops::sigmoid_backward(c, sg, d, dsg);
+            const DType other = t == DType::F32 ? DType::BF16 : DType::F32;
+            Tensor conv_buf = out(c, s, other), conv = view(conv_buf);
+            ops::copy(c, x, conv);
+            ops::copy(c, conv, back);
+            return {y1, d1, y2, dg, du, y3, dx3, dg3, acc, sc, sg, dsg, back};
+          },
+          seed);
+    }
+}
+
 class CudaNorm : public ::testing::TestWithParam<int64_t> {};
 
 // rmsnorm forward and backward over R x D against the CPU; `terms`: dw's sum over the rows.
@@ -354,30 +403,33 @@ TEST(CudaOptim, AdamWAndClipping) {
       seed);
 }
 
+// Plain and with its SiLU (CausalConvParams::silu: backward forms the conv's output again).
 TEST(CudaConv1d, VarlenForwardBackward) {
   REQUIRE_GPU();
-  const uint64_t seed = fresh_seed();
-  Rng rng(seed);
-  const int64_t C = 72, K = 4;
-  const std::vector<int64_t> lengths = {1, 5, 130, 2, 61};  // documents shorter than the kernel too
-  SeqInfo seq = SeqInfo::from_lengths(lengths);
-  const int64_t T = seq.tokens;
-  const ops::CausalConvParams p{.tokens = T, .channels = C, .kernel = K};
-  std::vector<In> ins = {{seq.cu_seqlens, false},
-                         {randn(rng, {T, C})},
-                         {randn(rng, {C, K}, 0.5)},
-                         {randn(rng, {T, C})},
-                         {randn(rng, {C, K}, 1e-2), false}};
-  run_case(
-      "causal_conv1d", ins, {"y", "dx", "dw"},
-      [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
-        Tensor y = out(c, {T, C}, in[1].dtype()), dx = out(c, {T, C}, in[1].dtype());
-        Tensor dw = like(c, in[4]);
-        OP(causal_conv1d_forward)(c, p, in[0], in[1], in[2], y);
-        OP(causal_conv1d_backward)(c, p, in[0], in[1], in[2], in[3], dx, dw);
-        return {y, dx, dw};
-      },
-      seed);
+  for (const bool silu : {false, true}) {
+    const uint64_t seed = fresh_seed();
+    Rng rng(seed);
+    const int64_t C = 72, K = 4;
+    const std::vector<int64_t> lengths = {1, 5, 130, 2, 61};  // documents shorter than the kernel
+    SeqInfo seq = SeqInfo::from_lengths(lengths);
+    const int64_t T = seq.tokens;
+    const ops::CausalConvParams p{.tokens = T, .channels = C, .kernel = K, .silu = silu};
+    std::vector<In> ins = {{seq.cu_seqlens, false},
+                           {randn(rng, {T, C})},
+                           {randn(rng, {C, K}, 0.5)},
+                           {randn(rng, {T, C})},
+                           {randn(rng, {C, K}, 1e-2), false}};
+    run_case(
+        silu ? "causal_conv1d silu" : "causal_conv1d", ins, {"y", "dx", "dw"},
+        [&](Context& c, const std::vector<Tensor>& in, bool gpu) -> std::vector<Tensor> {
+          Tensor y = out(c, {T, C}, in[1].dtype()), dx = out(c, {T, C}, in[1].dtype());
+          Tensor dw = like(c, in[4]);
+          OP(causal_conv1d_forward)(c, p, in[0], in[1], in[2], y);
+          OP(causal_conv1d_backward)(c, p, in[0], in[1], in[2], in[3], dx, dw);
+          return {y, dx, dw};
+        },
+        seed);
+  }
 }
 
 // The gate over T x H heads of K: g, draw and the parameter sums (over the tokens, and for

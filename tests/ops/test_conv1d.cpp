@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "core/seq_info.h"
 #include "harness/op_check.h"
 #include "harness/seed.h"
@@ -11,12 +13,13 @@ namespace {
 
 class CausalConvCase : public OpCase {
  public:
-  CausalConvCase(std::vector<int64_t> lengths, int64_t channels, int64_t kernel)
+  // silu: CausalConvParams::silu, against the reference's conv followed by SiLU in double.
+  CausalConvCase(std::vector<int64_t> lengths, int64_t channels, int64_t kernel, bool silu = false)
       : seq_(SeqInfo::from_lengths(lengths)),
-        p_{.tokens = seq_.tokens, .channels = channels, .kernel = kernel} {}
+        p_{.tokens = seq_.tokens, .channels = channels, .kernel = kernel, .silu = silu} {}
   std::string name() const override {
     return cat("causal_conv1d docs=", seq_.num_seqs, " tokens=", p_.tokens, " C=", p_.channels,
-               " K=", p_.kernel);
+               " K=", p_.kernel, p_.silu ? " silu" : "");
   }
   std::vector<InputSpec> inputs() const override {
     Tensor cu = seq_.cu_seqlens;
@@ -40,7 +43,10 @@ class CausalConvCase : public OpCase {
     ops::causal_conv1d_backward(ctx, p_, in[0], in[1], in[2], dout[0], grads[1], grads[2]);
   }
   std::vector<DVec> reference(const std::vector<DVec>& in) const override {
-    return {ref::causal_conv1d(in[1], in[2], seq_.offsets, p_.channels, p_.kernel)};
+    DVec y = ref::causal_conv1d(in[1], in[2], seq_.offsets, p_.channels, p_.kernel);
+    if (p_.silu)
+      for (double& v : y) v = v / (1.0 + std::exp(-v));
+    return {y};
   }
 
  private:
@@ -67,6 +73,15 @@ TEST(CausalConv1d, OneDocument) {
 TEST(CausalConv1d, OtherKernel) {
   CausalConvCase c({3, 11}, 7, 3);
   check_op(c);
+}
+
+// The short conv with its SiLU in one op (KDA's): forward and the gradients through both, with
+// documents shorter than the kernel and a kernel of 3.
+TEST(CausalConv1d, WithSilu) {
+  CausalConvCase shorts({13, 1, 2, 9}, 19, 4, true);
+  check_op(shorts);
+  CausalConvCase other({3, 11}, 7, 3, true);
+  check_op(other);
 }
 
 // Changing one document's input leaves every other document's output untouched.

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/arena.h"
+#include "ops/activation.h"
 
 namespace mt::ops::cpu {
 
@@ -20,6 +21,16 @@ int64_t doc_start(const int32_t* cu, int64_t n, int64_t t) {
 
 void causal_conv1d_forward(Context& ctx, const CausalConvParams& p, const Tensor& cu_seqlens,
                            const Tensor& x, const Tensor& w, Tensor& y) {
+  if (p.silu) {  // the conv, then its SiLU in place
+    CausalConvParams conv = p;
+    conv.silu = false;
+    cpu::causal_conv1d_forward(ctx, conv, cu_seqlens, x, w, y);
+    float* py = y.f32();
+    const int64_t n = y.numel();
+#pragma omp parallel for num_threads(ctx.threads()) schedule(static)
+    for (int64_t i = 0; i < n; ++i) py[i] *= sigmoidf(py[i]);
+    return;
+  }
   const int32_t* cu = cu_seqlens.i32();
   const int64_t n = cu_seqlens.dim(0) - 1, C = p.channels, K = p.kernel;
   const float* px = x.f32();
@@ -41,6 +52,22 @@ void causal_conv1d_forward(Context& ctx, const CausalConvParams& p, const Tensor
 void causal_conv1d_backward(Context& ctx, const CausalConvParams& p, const Tensor& cu_seqlens,
                             const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx,
                             Tensor& dw) {
+  if (p.silu) {  // the conv's output formed again, dy through SiLU's derivative, then the conv's
+    CausalConvParams conv = p;
+    conv.silu = false;
+    ArenaScope scope(ctx.workspace());
+    Tensor dpre = ctx.workspace().alloc({p.tokens, p.channels});
+    cpu::causal_conv1d_forward(ctx, conv, cu_seqlens, x, w, dpre);
+    float* pd = dpre.f32();
+    const float* pdy = dy.f32();
+    const int64_t n = dpre.numel();
+#pragma omp parallel for num_threads(ctx.threads()) schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = pd[i], s = sigmoidf(v);
+      pd[i] = pdy[i] * s * (1.f + v * (1.f - s));
+    }
+    return cpu::causal_conv1d_backward(ctx, conv, cu_seqlens, x, w, dpre, dx, dw);
+  }
   const bool want_dw = dw.defined();
   const int32_t* cu = cu_seqlens.i32();
   const int64_t n = cu_seqlens.dim(0) - 1, C = p.channels, K = p.kernel;

@@ -1,4 +1,5 @@
-// Element-wise activations on the GPU: one thread per element, fp32 math in any storage type.
+// Element-wise activations on the GPU: fp32 math in any storage type, 16-byte packs a thread where
+// the bases allow (map_elements).
 #include "ops/activation.h"
 #include "ops/cuda/common.cuh"
 
@@ -23,38 +24,29 @@ void same(const char* op, const Tensor& a, std::initializer_list<const Tensor*> 
 void silu_forward(Context& ctx, const Tensor& x, Tensor& y) {
   same("silu", x, {&y});
   MT_DISPATCH_FLOAT(x, "silu", {
-    const T* px = ptr<T>(x);
-    T* py = ptr<T>(y);
-    for_each_index(ctx, x.numel(), [=] __device__(int64_t i) {
-      const float v = ld(px, i);
-      st(py, i, v * sigm(v));
-    });
+    map_elements<T, T, 1, 1>(
+        ctx, x.numel(), {ptr<T>(x)}, {ptr<T>(y)},
+        [] __device__(const float(&a)[1], float(&b)[1]) { b[0] = a[0] * sigm(a[0]); });
   });
 }
 
 void silu_backward(Context& ctx, const Tensor& x, const Tensor& dy, Tensor& dx) {
   same("silu", x, {&dy, &dx});
   MT_DISPATCH_FLOAT(x, "silu", {
-    const T* px = ptr<T>(x);
-    const T* pdy = ptr<T>(dy);
-    T* pdx = ptr<T>(dx);
-    for_each_index(ctx, x.numel(), [=] __device__(int64_t i) {
-      const float v = ld(px, i), s = sigm(v);
-      st(pdx, i, ld(pdy, i) * s * (1.f + v * (1.f - s)));
-    });
+    map_elements<T, T, 2, 1>(ctx, x.numel(), {ptr<T>(x), ptr<T>(dy)}, {ptr<T>(dx)},
+                             [] __device__(const float(&a)[2], float(&b)[1]) {
+                               const float v = a[0], s = sigm(v);
+                               b[0] = a[1] * s * (1.f + v * (1.f - s));
+                             });
   });
 }
 
 void swiglu_forward(Context& ctx, const Tensor& gate, const Tensor& up, Tensor& y) {
   same("swiglu", gate, {&up, &y});
   MT_DISPATCH_FLOAT(gate, "swiglu", {
-    const T* pg = ptr<T>(gate);
-    const T* pu = ptr<T>(up);
-    T* py = ptr<T>(y);
-    for_each_index(ctx, gate.numel(), [=] __device__(int64_t i) {
-      const float g = ld(pg, i);
-      st(py, i, g * sigm(g) * ld(pu, i));
-    });
+    map_elements<T, T, 2, 1>(
+        ctx, gate.numel(), {ptr<T>(gate), ptr<T>(up)}, {ptr<T>(y)},
+        [] __device__(const float(&a)[2], float(&b)[1]) { b[0] = a[0] * sigm(a[0]) * a[1]; });
   });
 }
 
@@ -62,27 +54,22 @@ void swiglu_backward(Context& ctx, const Tensor& gate, const Tensor& up, const T
                      Tensor& dgate, Tensor& dup) {
   same("swiglu", gate, {&up, &dy, &dgate, &dup});
   MT_DISPATCH_FLOAT(gate, "swiglu", {
-    const T* pg = ptr<T>(gate);
-    const T* pu = ptr<T>(up);
-    const T* pdy = ptr<T>(dy);
-    T* pdg = ptr<T>(dgate);
-    T* pdu = ptr<T>(dup);
-    for_each_index(ctx, gate.numel(), [=] __device__(int64_t i) {
-      const float g = ld(pg, i), s = sigm(g), d = ld(pdy, i);
-      st(pdu, i, d * g * s);
-      st(pdg, i, d * ld(pu, i) * s * (1.f + g * (1.f - s)));
-    });
+    map_elements<T, T, 3, 2>(ctx, gate.numel(), {ptr<T>(gate), ptr<T>(up), ptr<T>(dy)},
+                             {ptr<T>(dgate), ptr<T>(dup)},
+                             [] __device__(const float(&a)[3], float(&b)[2]) {
+                               const float g = a[0], s = sigm(g), d = a[2];
+                               b[1] = d * g * s;
+                               b[0] = d * a[1] * s * (1.f + g * (1.f - s));
+                             });
   });
 }
 
 void sigmoid_gate_forward(Context& ctx, const Tensor& x, const Tensor& g, Tensor& y) {
   same("sigmoid_gate", x, {&g, &y});
   MT_DISPATCH_FLOAT(x, "sigmoid_gate", {
-    const T* px = ptr<T>(x);
-    const T* pg = ptr<T>(g);
-    T* py = ptr<T>(y);
-    for_each_index(ctx, x.numel(),
-                   [=] __device__(int64_t i) { st(py, i, ld(px, i) * sigm(ld(pg, i))); });
+    map_elements<T, T, 2, 1>(
+        ctx, x.numel(), {ptr<T>(x), ptr<T>(g)}, {ptr<T>(y)},
+        [] __device__(const float(&a)[2], float(&b)[1]) { b[0] = a[0] * sigm(a[1]); });
   });
 }
 
@@ -90,16 +77,13 @@ void sigmoid_gate_backward(Context& ctx, const Tensor& x, const Tensor& g, const
                            Tensor& dx, Tensor& dg) {
   same("sigmoid_gate", x, {&g, &dy, &dx, &dg});
   MT_DISPATCH_FLOAT(x, "sigmoid_gate", {
-    const T* px = ptr<T>(x);
-    const T* pg = ptr<T>(g);
-    const T* pdy = ptr<T>(dy);
-    T* pdx = ptr<T>(dx);
-    T* pdg = ptr<T>(dg);
-    for_each_index(ctx, x.numel(), [=] __device__(int64_t i) {
-      const float s = sigm(ld(pg, i)), d = ld(pdy, i);
-      st(pdx, i, d * s);
-      st(pdg, i, d * ld(px, i) * s * (1.f - s));
-    });
+    map_elements<T, T, 3, 2>(ctx, x.numel(), {ptr<T>(x), ptr<T>(g), ptr<T>(dy)},
+                             {ptr<T>(dx), ptr<T>(dg)},
+                             [] __device__(const float(&a)[3], float(&b)[2]) {
+                               const float s = sigm(a[1]), d = a[2];
+                               b[0] = d * s;
+                               b[1] = d * a[0] * s * (1.f - s);
+                             });
   });
 }
 

@@ -107,28 +107,26 @@ bool copy_rows16(Context& ctx, const Tensor& src, Tensor& dst) {
 void add_into(Context& ctx, const Tensor& x, Tensor& acc) {
   expect_same_dtype("add_into", x, acc, "acc");
   MT_DISPATCH_FLOAT(x, "add_into", {
-    const T* px = ptr<T>(x);
-    T* pa = ptr<T>(acc);
-    for_each_index(ctx, x.numel(), [=] __device__(int64_t i) { st(pa, i, ld(pa, i) + ld(px, i)); });
+    map_elements<T, T, 2, 1>(
+        ctx, x.numel(), {ptr<T>(acc), ptr<T>(x)}, {ptr<T>(acc)},
+        [] __device__(const float(&a)[2], float(&b)[1]) { b[0] = a[0] + a[1]; });
   });
 }
 
 void scale(Context& ctx, const Tensor& x, float s, Tensor& y) {
   expect_same_dtype("scale", x, y, "y");
   MT_DISPATCH_FLOAT(x, "scale", {
-    const T* px = ptr<T>(x);
-    T* py = ptr<T>(y);
-    for_each_index(ctx, x.numel(), [=] __device__(int64_t i) { st(py, i, s * ld(px, i)); });
+    map_elements<T, T, 1, 1>(ctx, x.numel(), {ptr<T>(x)}, {ptr<T>(y)},
+                             [s] __device__(const float(&a)[1], float(&b)[1]) { b[0] = s * a[0]; });
   });
 }
 
 void sigmoid_forward(Context& ctx, const Tensor& x, Tensor& y) {
   expect_same_dtype("sigmoid", x, y, "y");
   MT_DISPATCH_FLOAT(x, "sigmoid", {
-    const T* px = ptr<T>(x);
-    T* py = ptr<T>(y);
-    for_each_index(ctx, x.numel(),
-                   [=] __device__(int64_t i) { st(py, i, 1.f / (1.f + __expf(-ld(px, i)))); });
+    map_elements<T, T, 1, 1>(
+        ctx, x.numel(), {ptr<T>(x)}, {ptr<T>(y)},
+        [] __device__(const float(&a)[1], float(&b)[1]) { b[0] = 1.f / (1.f + __expf(-a[0])); });
   });
 }
 
@@ -136,13 +134,9 @@ void sigmoid_backward(Context& ctx, const Tensor& y, const Tensor& dy, Tensor& d
   expect_same_dtype("sigmoid", y, dy, "dy");
   expect_same_dtype("sigmoid", y, dx, "dx");
   MT_DISPATCH_FLOAT(y, "sigmoid", {
-    const T* py = ptr<T>(y);
-    const T* pd = ptr<T>(dy);
-    T* px = ptr<T>(dx);
-    for_each_index(ctx, y.numel(), [=] __device__(int64_t i) {
-      const float v = ld(py, i);
-      st(px, i, ld(pd, i) * v * (1.f - v));
-    });
+    map_elements<T, T, 2, 1>(
+        ctx, y.numel(), {ptr<T>(y), ptr<T>(dy)}, {ptr<T>(dx)},
+        [] __device__(const float(&a)[2], float(&b)[1]) { b[0] = a[1] * a[0] * (1.f - a[0]); });
   });
 }
 
@@ -151,6 +145,15 @@ void copy(Context& ctx, const Tensor& src, Tensor& dst) {
   if (src.dtype() != dst.dtype()) {  // f32 <-> bf16, converted through float
     MT_DISPATCH_FLOAT(src, "copy", {
       const T* ps = ptr<T>(src);
+      const auto same = [] __device__(const float(&a)[1], float(&b)[1]) { b[0] = a[0]; };
+      if (src.is_contiguous() && dst.is_contiguous()) {  // in packs (map_elements)
+        if (dst.dtype() == DType::F32)
+          map_elements<T, float, 1, 1>(ctx, src.numel(), {ps}, {ptr<float>(dst)}, same);
+        else
+          map_elements<T, __nv_bfloat16, 1, 1>(ctx, src.numel(), {ps}, {ptr<__nv_bfloat16>(dst)},
+                                               same);
+        return;
+      }
       if (dst.dtype() == DType::F32) {
         float* pt = ptr<float>(dst);
         for_each_index(ctx, src.numel(),

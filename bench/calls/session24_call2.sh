@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Session 24, call 2: the element-wise passes in 16-byte packs (ops/cuda/common.cuh,
+# map_elements: SiLU, SwiGLU, sigmoid_gate, add_into, scale, sigmoid, the converting copy) and
+# KDA's short conv with its SiLU in one op (CausalConvParams::silu), built without a device in
+# session 24. The GPU suite in two parts (the whole suite outruns one 300 s budget), then the
+# expert-LoRA step under the kernel tracer, this binary and main's (carried as
+# .gpu/moetrain_main.xz), in one call.
+set -u
+cd "$(dirname "$0")/../.."
+. bench/calls/lib.sh
+unpack
+unpack_main
+first='CudaElementwise.*:CudaActivation.*:CudaConv1d.*:CudaKda*:*CudaModel*:CudaGraph.*'
+el "suite, part 1"; timeout 200 $D/bin/gpu_suite --gtest_filter="$first" > "$L/suite1.txt" 2>&1
+echo "rc=$?"; grep -E "^\[  (PASSED|FAILED)|tests ran|Failure|seed=|exception" "$L/suite1.txt" | head -12; pack
+el "suite, part 2"; timeout 280 $D/bin/gpu_suite --gtest_filter="-$first" > "$L/suite2.txt" 2>&1
+echo "rc=$?"; grep -E "^\[  (PASSED|FAILED)|tests ran|Failure|seed=|exception" "$L/suite2.txt" | head -12; pack
+T=$PWD/.gpu/trace
+for b in moetrain moetrain_main; do
+  el "step $b"
+  MT_KERNEL_TRACE=$L/step_$b.csv LD_PRELOAD=$T/libkernel_trace.so LD_LIBRARY_PATH=$T:$LD_LIBRARY_PATH \
+    timeout 90 $D/bin/$b bench step --model bench/models/kimi-linear-8l.json --tokens 8192 --steps 3 --warmup 1 \
+    --lora-targets attention,kda,shared_experts,dense_ffn,routed_experts --json "$L/step_$b.json" > "$L/step_$b.txt" 2>&1; echo "rc=$?"
+  step_line "$L/step_$b.json"
+  python3 "$T/summarize.py" "$L/step_$b.csv" --by-name 14 | head -16; pack
+done
+el done
