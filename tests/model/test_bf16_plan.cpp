@@ -55,7 +55,7 @@ void expect_kda(const KdaConfig& c, const SeqInfo& seq, Expected& e) {
   e.lora(9, T, c.lora);
   // q, k, v: projection and SiLU(conv) (the conv's output is formed again in backward)
   for (int i = 0; i < 6; ++i) e.act({T, HK});
-  e.act({T, H, K});                            // q, k after their L2 norm
+  e.act({T, H, K});  // q, k after their L2 norm
   e.act({T, H, K});
   e.f32({T * H});  // their rstds
   e.f32({T * H});
