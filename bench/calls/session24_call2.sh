@@ -4,7 +4,11 @@
 # KDA's short conv with its SiLU in one op (CausalConvParams::silu), built without a device in
 # session 24. The GPU suite in two parts (the whole suite outruns one 300 s budget), then the
 # expert-LoRA step under the kernel tracer, this binary and main's (carried as
-# .gpu/moetrain_main.xz), in one call.
+# .gpu/moetrain_main.xz), in one call. main's binary, here: `git worktree add /tmp/m 5d6552b`;
+# in /tmp/m, `tools/fetch_cutlass.sh`, then `MOETRAIN_CMAKE_ARGS="-DMOETRAIN_CUDA=ON
+# -DMOETRAIN_BENCH=OFF" tools/build.sh build-cuda --target moetrain_cli`; after `tools/gpu.sh
+# pack`, `strip -o /tmp/mm /tmp/m/build-cuda/moetrain && xz -T2 -6 -c /tmp/mm >
+# .gpu/moetrain_main.xz`.
 set -u
 cd "$(dirname "$0")/../.."
 . bench/calls/lib.sh

@@ -2,7 +2,6 @@
 // starting from the carried recurrent state and convolution tails instead of zeros.
 #include "decode/decode.h"
 #include "model/kda_layer.h"
-#include "ops/activation.h"
 #include "ops/conv1d.h"
 #include "ops/elementwise.h"
 #include "ops/kda_step.h"
@@ -31,13 +30,13 @@ void KdaLayer::decode_step(Context& ctx, const DecodeInputs& in, KdaDecodeState&
     Tensor old_rows = buf.rows(0, tail), new_rows = buf.rows(tail, tail + n);
     if (tail > 0) ops::copy(ctx, tail_buf, old_rows);  // the tail buffer is [tail, HK]
     proj.forward(ctx, x, new_rows, ws, ps);
+    // SiLU(conv) in one op, as the training forward runs it (CausalConvParams::silu).
     Tensor conv = ws.alloc({tail + n, HK}, at);
-    ops::causal_conv1d_forward(ctx, {.tokens = tail + n, .channels = HK, .kernel = tail + 1},
-                               in.cu_conv, buf, w.value.view({HK, tail + 1}), conv);
+    ops::causal_conv1d_forward(
+        ctx, {.tokens = tail + n, .channels = HK, .kernel = tail + 1, .silu = true}, in.cu_conv,
+        buf, w.value.view({HK, tail + 1}), conv);
     if (tail > 0) ops::copy(ctx, buf.rows(n, n + tail), tail_buf);
-    Tensor out = ws.alloc({n, HK}, at);
-    ops::silu_forward(ctx, conv.rows(tail, tail + n), out);
-    return out;
+    return conv.rows(tail, tail + n);
   };
   Tensor qs = branch(q_proj_, s.q_proj, q_conv_, st.q_tail);
   Tensor ks = branch(k_proj_, s.k_proj, k_conv_, st.k_tail);
