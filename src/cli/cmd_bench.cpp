@@ -924,17 +924,22 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
   // permuted once): SwiGLU in the gate/up GEMM's epilogue. Forward, frozen and full (dW written, h
   // kept as that forward writes it anyway) forward+backward, each in alternating rounds with the
   // default layout's run (the median of the rounds' ratios: the clocks drift within a call).
-  if (F % ops::kGateUpInterleave == 0) {
-    ops::GroupedFfnParams ip = p, iph = ph;
-    ip.interleaved_gate_up = iph.interleaved_gate_up = true;
-    ops::GroupedFfnWeights iw = w;
+  const bool interleave = F % ops::kGateUpInterleave == 0;
+  ops::GroupedFfnWeights iw = w;  // w's gate_up interleaved
+  ops::GroupedFfnParams ip = p;
+  ip.interleaved_gate_up = true;
+  if (interleave) {
     iw.gate_up = Tensor::empty(w.gate_up.shape(), bf, D);
     ops::grouped_ffn_interleave_gate_up(ctx, w.gate_up, iw.gate_up);
+  }
+  const auto ifrozen = [&] {
+    ops::grouped_ffn_forward(ctx, ip, x, offsets, iw, y, saved);
+    ops::grouped_ffn_backward(ctx, ip, x, offsets, iw, saved, dy, dx, frozen);
+  };
+  if (interleave) {
+    ops::GroupedFfnParams iph = ph;
+    iph.interleaved_gate_up = true;
     const auto ifwd = [&] { ops::grouped_ffn_forward(ctx, ip, x, offsets, iw, y, saved); };
-    const auto ifrozen = [&] {
-      ifwd();
-      ops::grouped_ffn_backward(ctx, ip, x, offsets, iw, saved, dy, dx, frozen);
-    };
     const auto ifull = [&] {
       ops::grouped_ffn_forward(ctx, iph, x, offsets, iw, y, hsaved);
       ops::grouped_ffn_backward(ctx, iph, x, offsets, iw, hsaved, dy, dx, full);
@@ -985,6 +990,27 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
   run["lora_fwdbwd_rounds_ms"] = lora_rounds;
   run["lora_overhead_fwdbwd_median"] = median(ratios) - 1;
   run["lora_path"] = kconcat ? "kconcat" : "separate";
+  // The same with the interleaved layout (B_gu's rows read as interleaved: a timing): its overhead
+  // over the interleaved frozen run, and its time against the default layout's LoRA run, each the
+  // median of alternating rounds.
+  if (interleave) {
+    ops::GroupedFfnParams ikp = kp;
+    ikp.interleaved_gate_up = true;
+    ops::GroupedFfnWeights ikw = kw;
+    ikw.gate_up = kconcat ? ops::grouped_ffn_pad_weight(iw.gate_up, r) : iw.gate_up;
+    const auto ilora = [&] {
+      ops::grouped_ffn_forward(ctx, ikp, kx, offsets, ikw, y, lsaved);
+      ops::grouped_ffn_backward(ctx, ikp, kx, offsets, ikw, lsaved, kdy, dx, lora);
+    };
+    std::vector<double> over, vs_default;
+    for (int round = 0; round < kMoeRounds; ++round) {
+      const double fz = time(ifrozen), lo = time(ilora), dl = time(lora_fb);
+      over.push_back(lo / fz);
+      vs_default.push_back(lo / dl);
+    }
+    run["lora_overhead_fwdbwd_interleaved_median"] = median(over) - 1;
+    run["lora_fwdbwd_interleaved_vs_default_median"] = median(vs_default);
+  }
   run["lora_fwd_kernels"] = lora_kernels_name(kp.lora_fwd);
   run["lora_bwd_kernels"] = lora_kernels_name(kp.lora_bwd);
   run["lora_out_grads_kernels"] = lora_kernels_name(kp.lora_out_grads);

@@ -28,9 +28,9 @@ void check(const GroupedFfnParams& p, const Tensor& x, const Tensor& offsets,
     expect_shape(w.down_a, {E, r, F}, "experts.down_lora_A");
     expect_shape(w.down_b, {E, l, r}, "experts.down_lora_B");
   }
-  MT_CHECK(!p.interleaved_gate_up || (r == 0 && F % kGateUpInterleave == 0), ValueError,
-           "grouped_ffn: the interleaved gate/up layout takes no adapter (rank ", r,
-           ") and an FFN width that is a multiple of ", kGateUpInterleave, " (", F, ")");
+  MT_CHECK(!p.interleaved_gate_up || F % kGateUpInterleave == 0, ValueError,
+           "grouped_ffn: the interleaved gate/up layout needs an FFN width that is a multiple of ",
+           kGateUpInterleave, " (", F, ")");
   expect_group_offsets(offsets, E, p.rows, "grouped_ffn offsets");
 }
 

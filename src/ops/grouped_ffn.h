@@ -107,8 +107,9 @@ struct GroupedFfnParams {
   // kGateUpInterleave (grouped_ffn_gate_up_block) instead of the transformers layout [g | u]: a
   // GEMM tile then holds matching g and u columns, and on the GPU the gate/up GEMM's epilogue forms
   // h itself (ops/cuda/cutlass/grouped_gemm_sm90_swiglu.h, UpInterleaved): no SwiGLU pass in
-  // forward. The caller permutes the weights (grouped_ffn_interleave_gate_up). No adapter yet, F a
-  // multiple of the block.
+  // the base path's forward. The caller permutes the weights (grouped_ffn_interleave_gate_up), and
+  // with an adapter gate_up_b's rows likewise; the adapter's SwiGLU passes then run their composite
+  // forms on the GPU (the skinny SwiGLU kernels read [g | u]). F a multiple of the block.
   bool interleaved_gate_up = false;
   float lora_scale() const { return lora_rank ? lora_alpha / static_cast<float>(lora_rank) : 0.f; }
 };

@@ -894,7 +894,8 @@ TEST(CudaGroupedFfn, SwigluInTheGemmEpilogues) {
 // whose epilogue writes gate_up and h in the bf16 pass (UpInterleaved), the plain GEMM and the
 // element-wise SwiGLU over blocks of 16 in the f32 pass, SwiGLU's backward over them in both;
 // against the emulation's SwiGLU over the same blocks. Skewed counts (a hot expert over many
-// tiles, one-row and empty experts), 2F a whole number of tiles (F 256) and not (F 144, 208).
+// tiles, one-row and empty experts), 2F a whole number of tiles (F 256) and not (F 144, 208);
+// adapters on the separate passes and on the K-concatenation path.
 TEST(CudaGroupedFfn, InterleavedGateUpThroughTheOp) {
   REQUIRE_GPU();
   ffn_check(
@@ -913,6 +914,19 @@ TEST(CudaGroupedFfn, InterleavedGateUpThroughTheOp) {
                                                                    .weight_grads_zero = true,
                                                                    .keep_h = true,
                                                                    .interleaved = true});
+  // With an adapter: the separate passes (rank 3, odd widths), and the K-concatenation path (its
+  // fused xa and dr GEMMs, the SwiGLU passes in their composite forms).
+  ffn_check("grouped_ffn interleaved, lora r3",
+            {.rows = 41, .experts = 7, .in = 19, .ffn = 32, .rank = 3, .interleaved = true});
+  ffn_check("grouped_ffn interleaved, kconcat lora r16 frozen", {.rows = 3000,
+                                                                 .experts = 16,
+                                                                 .in = 256,
+                                                                 .ffn = 144,
+                                                                 .rank = 16,
+                                                                 .frozen_base = true,
+                                                                 .kconcat = true,
+                                                                 .pad_rows = true,
+                                                                 .interleaved = true});
 }
 
 // The fused projections called directly: taken in the bf16 pass (the bodies say whether they ran;

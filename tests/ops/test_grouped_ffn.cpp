@@ -126,20 +126,24 @@ class GroupedFfnCase : public OpCase {
     const int64_t E = s_.experts, l = s_.in;
     ref::ExpertRefDims d{
         .experts = E, .in = l, .ffn = s_.ffn, .lora_rank = s_.rank, .lora_alpha = s_.alpha};
-    // The reference's [g | u] rows from the interleaved ones.
-    DVec halves;
-    if (s_.interleaved) {
+    // The reference's [g | u] rows (of gate_up_proj [E, 2F, l] and gate_up_lora_B [E, 2F, r])
+    // from the interleaved ones.
+    const auto halves = [&](const DVec& v, int64_t width) {
+      if (!s_.interleaved) return v;
       const int64_t F = s_.ffn, rows = 2 * F;
-      halves.resize(in[2].size());
+      DVec h(v.size());
       for (int64_t e = 0; e < E; ++e)
         for (int64_t p = 0; p < rows; ++p)
-          std::copy_n(&in[2][(e * rows + p) * l], l,
-                      &halves[(e * rows + interleaved_source(p, F)) * l]);
-    }
-    ref::ExpertRefWeights w{.gate_up = s_.interleaved ? &halves : &in[2], .down = &in[3]};
+          std::copy_n(&v[(e * rows + p) * width], width,
+                      &h[(e * rows + interleaved_source(p, F)) * width]);
+      return h;
+    };
+    const DVec gate_up = halves(in[2], l);
+    const DVec gate_up_b = s_.rank > 0 ? halves(in[5], s_.rank) : DVec();
+    ref::ExpertRefWeights w{.gate_up = &gate_up, .down = &in[3]};
     if (s_.rank > 0) {
       w.gate_up_a = &in[4];
-      w.gate_up_b = &in[5];
+      w.gate_up_b = &gate_up_b;
       w.down_a = &in[6];
       w.down_b = &in[7];
     }
@@ -211,8 +215,9 @@ TEST(GroupedFfn, HKeptFromForward) {
 }
 
 // The interleaved gate/up layout (GroupedFfnParams::interleaved_gate_up) against the reference
-// reading the weight as [g | u]: the base training (h formed in SwiGLU's backward), dW written, h
-// kept, a frozen base; F of one and of three blocks pairs.
+// reading the weight (and the adapter's B_gu) as [g | u]: the base training (h formed in SwiGLU's
+// backward), dW written, h kept, a frozen base, an adapter with the base trained and frozen; F of
+// one, two and three block pairs.
 TEST(GroupedFfn, InterleavedGateUp) {
   GroupedFfnCase full({.rows = 43, .experts = 7, .in = 19, .ffn = 32, .interleaved = true});
   check_op(full);
@@ -229,6 +234,23 @@ TEST(GroupedFfn, InterleavedGateUp) {
   GroupedFfnCase frozen(
       {.rows = 29, .experts = 4, .in = 13, .ffn = 32, .frozen_base = true, .interleaved = true});
   check_op(frozen);
+  GroupedFfnCase lora({.rows = 41,
+                       .experts = 7,
+                       .in = 19,
+                       .ffn = 32,
+                       .rank = 3,
+                       .alpha = 8.f,
+                       .interleaved = true});
+  check_op(lora);
+  GroupedFfnCase lora_frozen({.rows = 29,
+                              .experts = 5,
+                              .in = 17,
+                              .ffn = 16,
+                              .rank = 4,
+                              .alpha = 6.f,
+                              .frozen_base = true,
+                              .interleaved = true});
+  check_op(lora_frozen);
 }
 
 // grouped_ffn_interleave_gate_up moves each row where interleaved_source says, and back.
@@ -256,10 +278,10 @@ TEST(GroupedFfn, InterleaveGateUpRows) {
   EXPECT_THROW(ops::grouped_ffn_interleave_gate_up(ctx, w, w), ValueError);
 }
 
-// The interleaved layout takes no adapter yet, and F must be whole blocks: clear errors.
+// The interleaved layout wants F in whole blocks, with an adapter or without: clear errors.
 TEST(GroupedFfn, InterleavedGateUpRefusesWhatItCannotServe) {
   Context ctx;
-  for (const auto& [F, r] : {std::pair<int64_t, int64_t>{24, 0}, {32, 2}}) {
+  for (const auto& [F, r] : {std::pair<int64_t, int64_t>{24, 0}, {40, 2}}) {
     ops::GroupedFfnParams p{.rows = 4,
                             .experts = 2,
                             .in = 3,

@@ -230,7 +230,9 @@ void grouped_ffn_lora_out_grads(Context& ctx, const GroupedFfnParams& p, const T
 void grouped_ffn_lora_swiglu(Context& ctx, const GroupedFfnParams& p, const Tensor& xa,
                              const Tensor& offsets, const Tensor& b, const Tensor& gate_up,
                              Tensor& h) {
-  if (skinny_lora_swiglu(ctx, xa, offsets, b, p.lora_scale(), gate_up, h)) return;
+  // The skinny SwiGLU kernels read gate_up as [g | u]: the interleaved layout takes the composite.
+  if (!p.interleaved_gate_up && skinny_lora_swiglu(ctx, xa, offsets, b, p.lora_scale(), gate_up, h))
+    return;
   lora_composite::swiglu(ctx, p, xa, offsets, b, gate_up, h, grouped_ffn_swiglu_forward);
 }
 
@@ -238,8 +240,8 @@ void grouped_ffn_lora_swiglu_backward(Context& ctx, const GroupedFfnParams& p,
                                       const Tensor& gate_up, const Tensor& xa,
                                       const Tensor& offsets, const Tensor& b, const Tensor& dh,
                                       const Tensor& dr, const Tensor& a_down, Tensor& dgate_up) {
-  if (skinny_lora_swiglu_backward(ctx, gate_up, xa, offsets, b, dh, dr, a_down, p.lora_scale(),
-                                  dgate_up))
+  if (!p.interleaved_gate_up && skinny_lora_swiglu_backward(ctx, gate_up, xa, offsets, b, dh, dr,
+                                                            a_down, p.lora_scale(), dgate_up))
     return;
   lora_composite::swiglu_backward(ctx, p, gate_up, xa, offsets, b, dh, dr, a_down, dgate_up,
                                   grouped_ffn_swiglu_backward);
@@ -258,7 +260,8 @@ void grouped_ffn_lora_swiglu_backward_grads(Context& ctx, const GroupedFfnParams
                                             const Tensor& dr_down, const Tensor& xa,
                                             const Tensor& b_gu, Tensor& dgate_up, Tensor& dr_gu,
                                             Tensor& db_gu, Tensor& da_down) {
-  if (skinny_lora_swiglu_bwd_grads(ctx, gate_up, dh, offsets, dr_down, xa, b_gu, p.lora_scale(),
+  if (!p.interleaved_gate_up &&
+      skinny_lora_swiglu_bwd_grads(ctx, gate_up, dh, offsets, dr_down, xa, b_gu, p.lora_scale(),
                                    dgate_up, dr_gu, db_gu, da_down,
                                    p.lora_bwd == LoraKernels::Registers))
     return;
@@ -270,8 +273,8 @@ void grouped_ffn_lora_swiglu_backward_grads(Context& ctx, const GroupedFfnParams
 void grouped_ffn_lora_swiglu_ha(Context& ctx, const GroupedFfnParams& p, const Tensor& gate_up,
                                 const Tensor& offsets, const Tensor& a_down, Tensor& h,
                                 Tensor& ha) {
-  if (skinny_lora_swiglu_ha(ctx, gate_up, offsets, a_down, h, ha,
-                            p.lora_fwd == LoraKernels::Registers))
+  if (!p.interleaved_gate_up && skinny_lora_swiglu_ha(ctx, gate_up, offsets, a_down, h, ha,
+                                                      p.lora_fwd == LoraKernels::Registers))
     return;
   lora_composite::swiglu_ha(ctx, p, gate_up, offsets, a_down, h, ha, grouped_ffn_swiglu_forward);
 }
