@@ -219,12 +219,16 @@ void forward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
     ops::copy(ctx, x, head);
   }
   const Tensor w_gu = padded_weight(w.gate_up, r).narrow(1, 0, 2 * F);
-  dispatch(MT_NAMED_OP_BODIES("grouped_ffn_forward", grouped_ffn_lora_gate_up),
-           {&xp, &w.gate_up_a, &w_gu, &saved.gate_up}, ctx, p, xp, offsets, w.gate_up_a, w_gu,
-           saved.gate_up);
+  // The interleaved layout's GEMM may write h as well (then ha is one skinny product over it).
+  Tensor h_req = p.interleaved_gate_up ? saved.h : Tensor();
+  const bool h_done = dispatch(MT_NAMED_OP_BODIES("grouped_ffn_forward", grouped_ffn_lora_gate_up),
+                               {&xp, &w.gate_up_a, &w_gu, &saved.gate_up}, ctx, p, xp, offsets,
+                               w.gate_up_a, w_gu, saved.gate_up, h_req);
   // For dB in backward (N r elements): the caller's padded rows keep it (kconcat_xa_in_rows).
   if (!kconcat_xa_in_rows(p)) ops::copy(ctx, xp.cols(l, l + r), saved.xa);
-  if (lora_fwd(p) == LoraKernels::Separate) {
+  if (h_done) {
+    grouped_matmul(ctx, form.fwd, saved.h, offsets, w.down_a, saved.ha);
+  } else if (lora_fwd(p) == LoraKernels::Separate) {
     swiglu_forward(ctx, p, saved.gate_up, saved.h);
     grouped_matmul(ctx, form.fwd, saved.h, offsets, w.down_a, saved.ha);
   } else {

@@ -286,10 +286,12 @@ using GroupedFfnLoraXa = void(Context& ctx, const GroupedFfnParams& p, const Ten
 // written into xp's columns in .. in + r - 1 (xp [rows, in + r], X its first `in` columns; w_gu
 // [E, 2F, in + r] the gate/up block of the padded buffer, whose columns in .. hold s B_gu; a_gu
 // [E, r, in]). grouped_ffn_lora_xa then the grouped GEMM, or on the GPU (GroupedFfnParams::lora_xa
-// == Gemm) one GEMM that forms xa in its mainloop (ops/cuda/grouped_matmul.h).
-using GroupedFfnLoraGateUp = void(Context& ctx, const GroupedFfnParams& p, const Tensor& xp,
+// == Gemm) one GEMM that forms xa in its mainloop (ops/cuda/grouped_matmul.h). Where h is defined
+// (the interleaved layout, GroupedFfnParams::interleaved_gate_up) that GEMM may also write h =
+// swiglu(gate_up) and return true; false: h is left to the caller's SwiGLU pass.
+using GroupedFfnLoraGateUp = bool(Context& ctx, const GroupedFfnParams& p, const Tensor& xp,
                                   const Tensor& offsets, const Tensor& a_gu, const Tensor& w_gu,
-                                  Tensor& gate_up);
+                                  Tensor& gate_up, Tensor& h);
 
 // A K-concatenated projection's backward (the down projection's, and the gate/up one's where
 // lora_bwd is Separate): dr = s dOut B written into dyp's columns w .. w + r - 1 (dyp [rows, w +

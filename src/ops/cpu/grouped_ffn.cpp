@@ -111,10 +111,12 @@ void grouped_ffn_lora_xa(Context& ctx, const GroupedFfnParams& p, const Tensor& 
   ops::grouped_matmul(ctx, {.form = GroupedForm::XWt, .gemm = p.gemm}, x, offsets, a, xa);
 }
 
-void grouped_ffn_lora_gate_up(Context& ctx, const GroupedFfnParams& p, const Tensor& xp,
+// h is left to the caller (the CPU has no pass to save).
+bool grouped_ffn_lora_gate_up(Context& ctx, const GroupedFfnParams& p, const Tensor& xp,
                               const Tensor& offsets, const Tensor& a_gu, const Tensor& w_gu,
-                              Tensor& gate_up) {
+                              Tensor& gate_up, Tensor&) {
   lora_composite::gate_up(ctx, p, xp, offsets, a_gu, w_gu, gate_up, grouped_ffn_lora_xa);
+  return false;
 }
 
 void grouped_ffn_lora_dx(Context& ctx, const GroupedFfnParams& p, const Tensor& dyp,

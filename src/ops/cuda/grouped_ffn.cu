@@ -279,13 +279,18 @@ void grouped_ffn_lora_swiglu_ha(Context& ctx, const GroupedFfnParams& p, const T
   lora_composite::swiglu_ha(ctx, p, gate_up, offsets, a_down, h, ha, grouped_ffn_swiglu_forward);
 }
 
-void grouped_ffn_lora_gate_up(Context& ctx, const GroupedFfnParams& p, const Tensor& xp,
+bool grouped_ffn_lora_gate_up(Context& ctx, const GroupedFfnParams& p, const Tensor& xp,
                               const Tensor& offsets, const Tensor& a_gu, const Tensor& w_gu,
-                              Tensor& gate_up) {
-  if (p.lora_xa == LoraKernels::Gemm && !p.lora_s13_kernels &&
-      grouped_gate_up_lora_xa(ctx, xp, offsets, w_gu, p.lora_rank, gate_up))
-    return;
+                              Tensor& gate_up, Tensor& h) {
+  if (p.lora_xa == LoraKernels::Gemm && !p.lora_s13_kernels) {
+    // The interleaved layout: the GEMM's epilogue writes h too, where it takes the call.
+    if (p.interleaved_gate_up && h.defined() &&
+        grouped_gate_up_lora_xa(ctx, xp, offsets, w_gu, p.lora_rank, gate_up, &h))
+      return true;
+    if (grouped_gate_up_lora_xa(ctx, xp, offsets, w_gu, p.lora_rank, gate_up)) return false;
+  }
   lora_composite::gate_up(ctx, p, xp, offsets, a_gu, w_gu, gate_up, grouped_ffn_lora_xa);
+  return false;
 }
 
 void grouped_ffn_lora_dx(Context& ctx, const GroupedFfnParams& p, const Tensor& dyp,

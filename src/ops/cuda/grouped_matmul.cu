@@ -278,9 +278,13 @@ Sm90Grouped rows_gemm(Sm90Form form, const Tensor& a, const Tensor& w, Tensor& c
 }  // namespace
 
 bool grouped_gate_up_lora_xa(Context& ctx, const Tensor& xp, const Tensor& offsets,
-                             const Tensor& w_gu, int64_t rank, Tensor& gate_up) {
+                             const Tensor& w_gu, int64_t rank, Tensor& gate_up, Tensor* h) {
   if (xp.dtype() != DType::BF16 || w_gu.dtype() != DType::BF16 || gate_up.dtype() != DType::BF16 ||
       w_gu.ndim() != 3 || w_gu.stride(2) != 1 || offsets.dim(0) != w_gu.dim(0) + 1)
+    return false;
+  // h: the interleaved layout's SwiGLU in the epilogue, 16-byte rows, 2F whole 32-column sub-tiles.
+  if (h && (h->dtype() != DType::BF16 || h->stride(1) != 1 || h->stride(0) % 8 != 0 ||
+            reinterpret_cast<uintptr_t>(h->raw()) % 16 != 0 || w_gu.dim(1) % 32 != 0))
     return false;
   const int64_t E = w_gu.dim(0), n = w_gu.dim(1), k = w_gu.dim(2);
   // xa goes into xp's columns k - rank .. (its padding), A_gu comes from the buffer's rows n ..
@@ -304,14 +308,14 @@ bool grouped_gate_up_lora_xa(Context& ctx, const Tensor& xp, const Tensor& offse
                                               k, false, side.raw(), at.stream);
   MT_CHECK(failed == nullptr, InternalError, "grouped_ffn gate/up with xa: ", failed);
   with_sm90_scratch(
-      ctx, sm90_lora_xa_scratch(g, table, count, at),
+      ctx, sm90_lora_xa_scratch(g, table, count, at, h != nullptr),
       [&] {
-        return cat("grouped_ffn gate/up with xa (CUTLASS sm90, ", count, " groups, n ", n, ", k ",
-                   k, ")");
+        return cat("grouped_ffn gate/up with xa", h ? " and SwiGLU" : "", " (CUTLASS sm90, ", count,
+                   " groups, n ", n, ", k ", k, ")");
       },
       [&](void* scratch) {
         return sm90_lora_xa_gemm(g, side.raw(), sm90_lora_xa_side_elems(1, k), table, count, at,
-                                 scratch);
+                                 scratch, h ? h->raw() : nullptr, h ? h->stride(0) : 0);
       });
   return true;
 }

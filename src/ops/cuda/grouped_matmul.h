@@ -34,8 +34,11 @@ bool grouped_down_swiglu_backward(Context& ctx, const GroupedGemmConfig& cfg, co
 // gate/up block of the padded buffer, whose rows 2F .. 2F + r - 1 beyond the block hold A_gu
 // (grouped_ffn_lora_pack). Rank 16 and `in` a multiple of 64 (ops/cuda/cutlass/
 // grouped_gemm_sm90.h, sm90_lora_xa_gemm).
+// With h (the interleaved gate/up layout, GroupedFfnParams::interleaved_gate_up) the epilogue also
+// writes h = silu(g) u [rows, F] (bf16, 16-byte rows; 2F a multiple of 32).
 bool grouped_gate_up_lora_xa(Context& ctx, const Tensor& xp, const Tensor& offsets,
-                             const Tensor& w_gu, int64_t rank, Tensor& gate_up);
+                             const Tensor& w_gu, int64_t rank, Tensor& gate_up,
+                             Tensor* h = nullptr);
 
 // A K-concatenated projection's backward with dr = dOut (s B) formed in the dX GEMM's mainloop and
 // dB += s dOut^T R from the dOut tiles it holds (grouped_ffn_lora_dx, GroupedFfnParams::lora_dr ==

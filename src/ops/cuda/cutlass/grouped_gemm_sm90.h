@@ -102,11 +102,14 @@ int64_t sm90_lora_xa_side_elems(int64_t experts, int64_t k);
 const char* sm90_lora_xa_side_pack(const void* a, int64_t lda, int64_t a_group, int64_t experts,
                                    int64_t in, int64_t k, bool transposed, void* side,
                                    cudaStream_t stream);
+// With `h` (with_h for the scratch) the interleaved gate/up layout's form: the epilogue also writes
+// h = silu(g) u [m_g, n / 2] at row pitch ldh (grouped_gemm_sm90_swiglu.h, UpInterleaved; n a
+// multiple of 32).
 size_t sm90_lora_xa_scratch(const Sm90Grouped& g, const GroupRows& rows, int count,
-                            const Sm90Launch& at);
+                            const Sm90Launch& at, bool with_h = false);
 const char* sm90_lora_xa_gemm(const Sm90Grouped& g, const void* side, int64_t side_group,
-                              const GroupRows& rows, int count, const Sm90Launch& at,
-                              void* scratch);
+                              const GroupRows& rows, int count, const Sm90Launch& at, void* scratch,
+                              void* h = nullptr, int64_t ldh = 0);
 
 // The K-concatenation backward's down dX GEMM with dr = dY (s B_down) formed in its mainloop and
 // dB_down += s dY^T ha from the dY tiles it holds (lora_xa_mainloop.cuh, kDb): the InputGrad form

@@ -5,6 +5,7 @@
 // kernel that lays the side operand out for them.
 #include "ops/cuda/cutlass/grouped_gemm_sm90_impl.cuh"
 #include "ops/cuda/cutlass/lora_xa_mainloop.cuh"
+#include "ops/cuda/cutlass/swiglu_epilogue.cuh"
 
 #include <cub/block/block_scan.cuh>
 
@@ -37,6 +38,16 @@ using LoraStock = typename cutlass::gemm::collective::CollectiveBuilder<
         sizeof(XaEpilogue::SharedStorage) + 4 * (kSideBlock * 2 + 16) + 1024 + kExtra)>,
     Cooperative>::CollectiveOp;
 using XaGemm = Sm90Gemm<LoraXaMainloop<LoraStock<ColumnMajor, 0>>, XaEpilogue>;
+// The interleaved gate/up layout's form (GroupedFfnParams::interleaved_gate_up): the epilogue also
+// writes h = silu(g) u (swiglu_epilogue.cuh, UpInterleaved), in the same shared memory as
+// XaEpilogue's (no C, D's stages).
+using XaIlEpilogue = cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, XaTile, XaCluster,
+    cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, RowMajor*, 8, Bf16,
+    RowMajor*, 8, CooperativeEpilogue, SwigluEvt<Sm90SwigluForm::UpInterleaved>>::CollectiveOp;
+static_assert(sizeof(XaIlEpilogue::SharedStorage) == sizeof(XaEpilogue::SharedStorage),
+              "the carve-out counted XaEpilogue's shared memory");
+using XaIlGemm = Sm90Gemm<LoraXaMainloop<LoraStock<ColumnMajor, 0>>, XaIlEpilogue>;
 // The input-gradient form (B = [W ; A] N-major) with dB: R's 128 x 16 tile (4 KB, 128-aligned).
 using DrGemm =
     Sm90Gemm<LoraXaMainloop<LoraStock<RowMajor, kRank * 128 * 2 + 128>, true>, XaEpilogue>;
@@ -45,6 +56,7 @@ static_assert(sizeof(typename XaGemm::Kernel::SharedStorage) <= 227 * 1024,
 static_assert(sizeof(typename DrGemm::Kernel::SharedStorage) <= 227 * 1024,
               "the side slices and R's tile fit beside the stages");
 static_assert(XaGemm::kStages == 4, "the stock configuration's four stages");
+static_assert(XaIlGemm::kStages == 4, "the stock configuration's four stages");
 static_assert(DrGemm::kStages == 4, "the stock configuration's four stages");
 static_assert(XaGemm::kAKMajor && XaGemm::kBKMajor, "X W^T: both operands K-major");
 static_assert(DrGemm::kAKMajor && !DrGemm::kBKMajor, "dY W: A K-major, B N-major");
@@ -63,6 +75,7 @@ struct XaArrays {
   int* ready = nullptr;  // per row tile (LoraXaMainloop::Arguments::ready)
   const Bf16** rk = nullptr;
   float** db = nullptr;
+  Bf16** h = nullptr;  // XaIlGemm: h's rows
   typename G::StrideA* sa = nullptr;
   typename G::StrideB* sb = nullptr;
   XaStrideD* sd = nullptr;
@@ -108,6 +121,7 @@ XaArrays<G> xa_arrays(void* scratch, int count, int tiles) {
   r.ready = carve<int>(base, at, tiles);
   r.rk = carve<const Bf16*>(base, at, count);
   r.db = carve<float*>(base, at, count);
+  r.h = carve<Bf16*>(base, at, count);
   r.sa = carve<typename G::StrideA>(base, at, count);
   r.sb = carve<typename G::StrideB>(base, at, count);
   r.sd = carve<XaStrideD>(base, at, count);
@@ -124,7 +138,7 @@ constexpr int kLayoutThreads = kMaxGroups;
 template <class G>
 __global__ void __launch_bounds__(kLayoutThreads)
     xa_layout_kernel(GroupRows t, int count, Sm90Grouped g, const Bf16* side, int64_t side_group,
-                     Sm90LoraDb dbt, XaArrays<G> out) {
+                     Sm90LoraDb dbt, Bf16* h, int64_t ldh, XaArrays<G> out) {
   using cute::_1;
   // Group i's first row tile: a scan over the block (one block, kLayoutThreads >= count), where a
   // loop over the groups before it per thread took 5.7 us at 256 groups (session 21 call 6).
@@ -143,6 +157,7 @@ __global__ void __launch_bounds__(kLayoutThreads)
   out.tile0[i] = tile0;
   out.rk[i] = dbt.r ? static_cast<const Bf16*>(dbt.r) + row0 * dbt.ldr : nullptr;
   out.db[i] = dbt.db ? dbt.db + group * dbt.db_group : nullptr;
+  out.h[i] = h ? h + row0 * ldh : nullptr;
   out.sa[i] = cute::make_stride(g.lda, _1{}, Zero{});
   if constexpr (G::kBKMajor)
     out.sb[i] = cute::make_stride(g.ldw, _1{}, Zero{});
@@ -206,7 +221,7 @@ int resident_clusters(const Sm90Launch& at) {
 
 template <class G>
 typename G::Gemm::Arguments xa_arguments(const Sm90Grouped& g, int count, const Sm90Launch& at,
-                                         const XaArrays<G>& arr, const Sm90LoraDb& dbt,
+                                         const XaArrays<G>& arr, const Sm90LoraDb& dbt, int64_t ldh,
                                          const std::vector<typename G::Shape>& host, int clusters) {
   cutlass::KernelHardwareInfo hw;
   hw.device_id = at.device;
@@ -226,8 +241,15 @@ typename G::Gemm::Arguments xa_arguments(const Sm90Grouped& g, int count, const 
   args.mainloop.db = arr.db;
   args.mainloop.db_scale = dbt.scale;
   args.mainloop.n_blocks = static_cast<int>(n_blocks(g));
-  args.epilogue.thread.alpha = 1.f;
-  args.epilogue.thread.beta = 0.f;
+  if constexpr (std::is_same_v<G, XaIlGemm>) {  // h's rows for the SwiGLU node
+    typename SwigluNode<Sm90SwigluForm::UpInterleaved>::Arguments node;
+    node.h = arr.h;
+    node.ldh = ldh;
+    args.epilogue.thread = {{}, node};
+  } else {
+    args.epilogue.thread.alpha = 1.f;
+    args.epilogue.thread.beta = 0.f;
+  }
   // Along M without swizzle, whatever the configuration: a row tile's n-block 0, which forms xa for
   // the others, comes first in each CTA's order (LoraXaMainloop::wait_for_xa).
   using Raster = decltype(args.scheduler.raster_order);
@@ -249,13 +271,13 @@ size_t lora_scratch(const Sm90Grouped& g, const GroupRows& rows, int count, cons
   // The workspace does not depend on the grid (the group scheduler asks for none; the collectives
   // size theirs by the SM count), so the launch alone queries the resident clusters.
   return arr.bytes +
-         G::Gemm::get_workspace_size(xa_arguments(g, count, at, arr, Sm90LoraDb{}, host, 0));
+         G::Gemm::get_workspace_size(xa_arguments(g, count, at, arr, Sm90LoraDb{}, 0, host, 0));
 }
 
 template <class G>
 const char* lora_gemm(const Sm90Grouped& g, const void* side, int64_t side_group,
-                      const Sm90LoraDb& dbt, const GroupRows& rows, int count, const Sm90Launch& at,
-                      void* scratch) {
+                      const Sm90LoraDb& dbt, void* h, int64_t ldh, const GroupRows& rows, int count,
+                      const Sm90Launch& at, void* scratch) {
   const int clusters = resident_clusters<G>(at);
   if (clusters <= 0)
     return "cudaOccupancyMaxActiveClusters: no cluster of the fused kernel resident on the device "
@@ -265,11 +287,12 @@ const char* lora_gemm(const Sm90Grouped& g, const void* side, int64_t side_group
   if (cudaMemsetAsync(arr.ready, 0, sizeof(int) * static_cast<size_t>(tiles), at.stream) !=
       cudaSuccess)
     return "clearing the row tiles' counts";
-  xa_layout_kernel<G><<<1, kLayoutThreads, 0, at.stream>>>(
-      rows, count, g, static_cast<const Bf16*>(side), side_group, dbt, arr);
+  xa_layout_kernel<G>
+      <<<1, kLayoutThreads, 0, at.stream>>>(rows, count, g, static_cast<const Bf16*>(side),
+                                            side_group, dbt, static_cast<Bf16*>(h), ldh, arr);
   if (cudaGetLastError() != cudaSuccess) return "the layout kernel's launch";
   const auto host = host_shapes<G>(g, rows, count);
-  const auto args = xa_arguments(g, count, at, arr, dbt, host, clusters);
+  const auto args = xa_arguments(g, count, at, arr, dbt, ldh, host, clusters);
   return launch<G>(args, static_cast<char*>(scratch) + arr.bytes, at.stream);
 }
 
@@ -318,14 +341,19 @@ const char* sm90_lora_xa_side_pack(const void* a, int64_t lda, int64_t a_group, 
 }
 
 size_t sm90_lora_xa_scratch(const Sm90Grouped& g, const GroupRows& rows, int count,
-                            const Sm90Launch& at) {
-  return sm90::lora_scratch<sm90::XaGemm>(g, rows, count, at);
+                            const Sm90Launch& at, bool with_h) {
+  return with_h ? sm90::lora_scratch<sm90::XaIlGemm>(g, rows, count, at)
+                : sm90::lora_scratch<sm90::XaGemm>(g, rows, count, at);
 }
 
 const char* sm90_lora_xa_gemm(const Sm90Grouped& g, const void* side, int64_t side_group,
-                              const GroupRows& rows, int count, const Sm90Launch& at,
-                              void* scratch) {
-  return sm90::lora_gemm<sm90::XaGemm>(g, side, side_group, Sm90LoraDb{}, rows, count, at, scratch);
+                              const GroupRows& rows, int count, const Sm90Launch& at, void* scratch,
+                              void* h, int64_t ldh) {
+  if (h)
+    return sm90::lora_gemm<sm90::XaIlGemm>(g, side, side_group, Sm90LoraDb{}, h, ldh, rows, count,
+                                           at, scratch);
+  return sm90::lora_gemm<sm90::XaGemm>(g, side, side_group, Sm90LoraDb{}, nullptr, 0, rows, count,
+                                       at, scratch);
 }
 
 size_t sm90_lora_dr_scratch(const Sm90Grouped& g, const GroupRows& rows, int count,
@@ -336,7 +364,8 @@ size_t sm90_lora_dr_scratch(const Sm90Grouped& g, const GroupRows& rows, int cou
 const char* sm90_lora_dr_gemm(const Sm90Grouped& g, const void* side, int64_t side_group,
                               const Sm90LoraDb& db, const GroupRows& rows, int count,
                               const Sm90Launch& at, void* scratch) {
-  return sm90::lora_gemm<sm90::DrGemm>(g, side, side_group, db, rows, count, at, scratch);
+  return sm90::lora_gemm<sm90::DrGemm>(g, side, side_group, db, nullptr, 0, rows, count, at,
+                                       scratch);
 }
 
 }  // namespace mt::ops::cuda
