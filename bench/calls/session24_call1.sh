@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Session 24, call 1 (issue 14): the interleaved gate/up layout (GroupedFfnParams::
 # interleaved_gate_up: SwiGLU in the gate/up GEMM's epilogue, grouped_gemm_sm90_swiglu.cu's
-# UpInterleaved), built without a device in session 24. Its tests and the grouped families first
-# (with memcheck over the new epilogue), then `bench moe --base-only` on all four cases (each
-# interleaved run in alternating rounds with the default layout's) and torch._grouped_mm in the
-# same call.
+# UpInterleaved; with an adapter, the fused xa GEMM's XaIlGemm), built without a device in session
+# 24. Its tests and the grouped families first (with memcheck over the new epilogues), then `bench
+# moe --lora-variants none` on all four cases (each interleaved run in alternating rounds with the
+# default layout's, LoRA's too) and torch._grouped_mm in the same call.
 set -u
 cd "$(dirname "$0")/../.."
 . bench/calls/lib.sh
@@ -15,14 +15,14 @@ timeout 240 $D/bin/gpu_suite --gtest_filter='CudaGroupedFfn.*:CudaElementwise.*:
 grep -E "^\[  (PASSED|FAILED)|tests ran|Failure|seed=|exception" "$L/tests.txt" | head -12; pack
 el memcheck
 timeout 120 compute-sanitizer --tool memcheck $D/bin/gpu_suite \
-  --gtest_filter='CudaGroupedFfn.InterleavedSwigluEpilogueAgainstTheCpu' > "$L/memcheck.txt" 2>&1
+  --gtest_filter='CudaGroupedFfn.Interleaved*' > "$L/memcheck.txt" 2>&1
 echo "rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$L/memcheck.txt" | head -4; pack
-el "moe base"
-timeout 150 $D/bin/moetrain bench moe --base-only --iters 10 --json "$L/bench_moe.json" \
+el "moe"
+timeout 150 $D/bin/moetrain bench moe --iters 10 --lora-variants none --json "$L/bench_moe.json" \
   > "$L/bench_moe.txt" 2>&1; echo "rc=$?"; pack
 el torch; timeout 60 python3 bench/moe_torch.py > "$L/moe_torch.jsonl" 2> "$L/moe_torch.err"
 echo "torch rc=$?"
-python3 - "$L" <<'PY' 2>&1 | tail -12
+python3 - "$L" <<'PY' 2>&1 | tail -16
 import json, sys
 L = sys.argv[1]
 t = {(x['case'], x['routing']): x for x in map(json.loads, [l for l in open(L + '/moe_torch.jsonl') if l.startswith('{')])}
@@ -36,6 +36,10 @@ for r in json.load(open(L + '/bench_moe.json'))['runs']:
           '| full keep_h', q('fwdbwd_full_written_keep_h_ms', 'fwdbwd_full_ms'), 'interleaved',
           q('fwdbwd_full_written_keep_h_interleaved_ms', 'fwdbwd_full_ms'),
           'x%.3f' % r.get('fwdbwd_full_written_keep_h_interleaved_vs_default_median', float('nan')))
+    print('   lora overhead, median of rounds: default %+.1f%%, interleaved %+.1f%%; interleaved LoRA x%.3f of default' % (
+          100 * r.get('lora_overhead_fwdbwd_median', float('nan')),
+          100 * r.get('lora_overhead_fwdbwd_interleaved_median', float('nan')),
+          r.get('lora_fwdbwd_interleaved_vs_default_median', float('nan'))))
 PY
 pack
 el done
