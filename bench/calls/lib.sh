@@ -26,6 +26,19 @@ step_line() { python3 -c "
 import json; j=json.load(open('$1')); m=j.get('memory_check',{})
 print('ms/step', round(j['ms_per_step'],1), 'tok/s', round(j['tokens_per_s']), 'measured', round(m.get('measured_gib',0),2), 'planned', round(m.get('planned_gib',0),2), 'fell', j.get('loss_fell'))
 print([(u['layer'], round(u['fwd_ms'],1), round(u['bwd_ms'],1)) for u in j['profile']['units']])" 2>&1 | tail -2; }
+# The expert-LoRA step under the kernel tracer (tools/kernel_trace) for each binary of $D/bin named
+# in the arguments: the step's line and its largest kernels by name.
+traced_steps() {
+  local T=$PWD/.gpu/trace b
+  for b in "$@"; do
+    el "step $b"
+    MT_KERNEL_TRACE=$L/step_$b.csv LD_PRELOAD=$T/libkernel_trace.so LD_LIBRARY_PATH=$T:$LD_LIBRARY_PATH \
+      timeout 90 $D/bin/$b bench step --model bench/models/kimi-linear-8l.json --tokens 8192 --steps 3 --warmup 1 \
+      --lora-targets attention,kda,shared_experts,dense_ffn,routed_experts --json "$L/step_$b.json" > "$L/step_$b.txt" 2>&1; echo "rc=$?"
+    step_line "$L/step_$b.json"
+    python3 "$T/summarize.py" "$L/step_$b.csv" --by-name 14 | head -16; pack
+  done
+}
 # fla's Triton autotuning results across device calls (bench/kda_fla.py --autotune-cache): restore
 # the *.autotune.json files a previous call sent back (.gpu/fla_autotune.tgz, copied there by
 # tools/gpu.sh pack from FLA_AUTOTUNE), and send this call's back (a few KB), even when fla ran

@@ -19,13 +19,5 @@ el "suite, part 1"; timeout 200 $D/bin/gpu_suite --gtest_filter="$first" > "$L/s
 echo "rc=$?"; grep -E "^\[  (PASSED|FAILED)|tests ran|Failure|seed=|exception" "$L/suite1.txt" | head -12; pack
 el "suite, part 2"; timeout 280 $D/bin/gpu_suite --gtest_filter="-$first" > "$L/suite2.txt" 2>&1
 echo "rc=$?"; grep -E "^\[  (PASSED|FAILED)|tests ran|Failure|seed=|exception" "$L/suite2.txt" | head -12; pack
-T=$PWD/.gpu/trace
-for b in moetrain moetrain_main; do
-  el "step $b"
-  MT_KERNEL_TRACE=$L/step_$b.csv LD_PRELOAD=$T/libkernel_trace.so LD_LIBRARY_PATH=$T:$LD_LIBRARY_PATH \
-    timeout 90 $D/bin/$b bench step --model bench/models/kimi-linear-8l.json --tokens 8192 --steps 3 --warmup 1 \
-    --lora-targets attention,kda,shared_experts,dense_ffn,routed_experts --json "$L/step_$b.json" > "$L/step_$b.txt" 2>&1; echo "rc=$?"
-  step_line "$L/step_$b.json"
-  python3 "$T/summarize.py" "$L/step_$b.csv" --by-name 14 | head -16; pack
-done
+traced_steps moetrain moetrain_main
 el done

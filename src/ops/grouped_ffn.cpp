@@ -226,10 +226,8 @@ void forward_kconcat(Context& ctx, const GroupedFfnParams& p, const Tensor& x,
                                w.gate_up_a, w_gu, saved.gate_up, h_req);
   // For dB in backward (N r elements): the caller's padded rows keep it (kconcat_xa_in_rows).
   if (!kconcat_xa_in_rows(p)) ops::copy(ctx, xp.cols(l, l + r), saved.xa);
-  if (h_done) {
-    grouped_matmul(ctx, form.fwd, saved.h, offsets, w.down_a, saved.ha);
-  } else if (lora_fwd(p) == LoraKernels::Separate) {
-    swiglu_forward(ctx, p, saved.gate_up, saved.h);
+  if (h_done || lora_fwd(p) == LoraKernels::Separate) {
+    if (!h_done) swiglu_forward(ctx, p, saved.gate_up, saved.h);
     grouped_matmul(ctx, form.fwd, saved.h, offsets, w.down_a, saved.ha);
   } else {
     dispatch(MT_NAMED_OP_BODIES("grouped_ffn_forward", grouped_ffn_lora_swiglu_ha),

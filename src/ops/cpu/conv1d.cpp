@@ -25,11 +25,7 @@ void causal_conv1d_forward(Context& ctx, const CausalConvParams& p, const Tensor
     CausalConvParams conv = p;
     conv.silu = false;
     cpu::causal_conv1d_forward(ctx, conv, cu_seqlens, x, w, y);
-    float* py = y.f32();
-    const int64_t n = y.numel();
-#pragma omp parallel for num_threads(ctx.threads()) schedule(static)
-    for (int64_t i = 0; i < n; ++i) py[i] *= sigmoidf(py[i]);
-    return;
+    return cpu::silu_forward(ctx, y, y);  // element-wise: in place
   }
   const int32_t* cu = cu_seqlens.i32();
   const int64_t n = cu_seqlens.dim(0) - 1, C = p.channels, K = p.kernel;
@@ -58,14 +54,7 @@ void causal_conv1d_backward(Context& ctx, const CausalConvParams& p, const Tenso
     ArenaScope scope(ctx.workspace());
     Tensor dpre = ctx.workspace().alloc({p.tokens, p.channels});
     cpu::causal_conv1d_forward(ctx, conv, cu_seqlens, x, w, dpre);
-    float* pd = dpre.f32();
-    const float* pdy = dy.f32();
-    const int64_t n = dpre.numel();
-#pragma omp parallel for num_threads(ctx.threads()) schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float v = pd[i], s = sigmoidf(v);
-      pd[i] = pdy[i] * s * (1.f + v * (1.f - s));
-    }
+    cpu::silu_backward(ctx, dpre, dy, dpre);  // element-wise: in place
     return cpu::causal_conv1d_backward(ctx, conv, cu_seqlens, x, w, dpre, dx, dw);
   }
   const bool want_dw = dw.defined();

@@ -7,10 +7,6 @@ namespace mt::ops::cuda {
 
 namespace {
 
-__device__ __forceinline__ float sigm(float x) {
-  return 1.f / (1.f + __expf(-x));
-}
-
 void same(const char* op, const Tensor& a, std::initializer_list<const Tensor*> rest) {
   for (const Tensor* t : rest) {
     expect_same_dtype(op, a, *t, "an operand");
@@ -33,11 +29,9 @@ void silu_forward(Context& ctx, const Tensor& x, Tensor& y) {
 void silu_backward(Context& ctx, const Tensor& x, const Tensor& dy, Tensor& dx) {
   same("silu", x, {&dy, &dx});
   MT_DISPATCH_FLOAT(x, "silu", {
-    map_elements<T, T, 2, 1>(ctx, x.numel(), {ptr<T>(x), ptr<T>(dy)}, {ptr<T>(dx)},
-                             [] __device__(const float(&a)[2], float(&b)[1]) {
-                               const float v = a[0], s = sigm(v);
-                               b[0] = a[1] * s * (1.f + v * (1.f - s));
-                             });
+    map_elements<T, T, 2, 1>(
+        ctx, x.numel(), {ptr<T>(x), ptr<T>(dy)}, {ptr<T>(dx)},
+        [] __device__(const float(&a)[2], float(&b)[1]) { b[0] = silu_grad(a[0], a[1]); });
   });
 }
 

@@ -38,10 +38,6 @@ __device__ __forceinline__ float conv_at(int64_t i, int64_t C, int64_t K, int64_
   return acc;
 }
 
-__device__ __forceinline__ float sigm(float v) {
-  return 1.f / (1.f + __expf(-v));
-}
-
 // kSilu: y = silu(conv), as silu_forward computes it.
 template <typename T, bool kSilu>
 __global__ void conv_fwd_kernel(int64_t tokens, int64_t C, int64_t K, int64_t docs,
@@ -60,8 +56,7 @@ __global__ void conv_silu_grad_kernel(int64_t tokens, int64_t C, int64_t K, int6
                                       T* dpre) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < tokens * C;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float v = conv_at(i, C, K, docs, cu, x, w), s = sigm(v);
-    st(dpre, i, ld(dy, i) * s * (1.f + v * (1.f - s)));
+    st(dpre, i, silu_grad(conv_at(i, C, K, docs, cu, x, w), ld(dy, i)));
   }
 }
 

@@ -126,7 +126,7 @@ void sigmoid_forward(Context& ctx, const Tensor& x, Tensor& y) {
   MT_DISPATCH_FLOAT(x, "sigmoid", {
     map_elements<T, T, 1, 1>(
         ctx, x.numel(), {ptr<T>(x)}, {ptr<T>(y)},
-        [] __device__(const float(&a)[1], float(&b)[1]) { b[0] = 1.f / (1.f + __expf(-a[0])); });
+        [] __device__(const float(&a)[1], float(&b)[1]) { b[0] = sigm(a[0]); });
   });
 }
 

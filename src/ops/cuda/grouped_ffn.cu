@@ -282,13 +282,11 @@ void grouped_ffn_lora_swiglu_ha(Context& ctx, const GroupedFfnParams& p, const T
 bool grouped_ffn_lora_gate_up(Context& ctx, const GroupedFfnParams& p, const Tensor& xp,
                               const Tensor& offsets, const Tensor& a_gu, const Tensor& w_gu,
                               Tensor& gate_up, Tensor& h) {
-  if (p.lora_xa == LoraKernels::Gemm && !p.lora_s13_kernels) {
-    // The interleaved layout: the GEMM's epilogue writes h too, where it takes the call.
-    if (p.interleaved_gate_up && h.defined() &&
-        grouped_gate_up_lora_xa(ctx, xp, offsets, w_gu, p.lora_rank, gate_up, &h))
-      return true;
-    if (grouped_gate_up_lora_xa(ctx, xp, offsets, w_gu, p.lora_rank, gate_up)) return false;
-  }
+  // The interleaved layout: the GEMM's epilogue writes h too.
+  Tensor* with_h = p.interleaved_gate_up && h.defined() ? &h : nullptr;
+  if (p.lora_xa == LoraKernels::Gemm && !p.lora_s13_kernels &&
+      grouped_gate_up_lora_xa(ctx, xp, offsets, w_gu, p.lora_rank, gate_up, with_h))
+    return with_h != nullptr;
   lora_composite::gate_up(ctx, p, xp, offsets, a_gu, w_gu, gate_up, grouped_ffn_lora_xa);
   return false;
 }
