@@ -11,6 +11,7 @@
 #include "core/device.h"
 #include "harness/batch.h"
 #include "harness/gpu_check.h"
+#include "harness/images.h"
 #include "harness/op_check.h"
 #include "harness/tolerance.h"
 #include "model/model.h"
@@ -329,6 +330,67 @@ TEST(CudaModel, Bf16DsaKlInBackwardMatchesKlInForward) {
   EXPECT_GE(indexer, 5);
   EXPECT_LE(std::sqrt(num / den), kModelBf16GradRel) << "Train pass vs the CPU";
   EXPECT_LE(std::sqrt(num_l / den), kModelBf16GradRel) << "Loss pass vs the CPU";
+}
+
+// The kimi_k25 front end under the bf16 policy: the hybrid with a two-layer vision tower, whose
+// blocks, final norm and projector store their activations in bf16 (statistics and the attention's
+// lse in fp32) and whose pixels arrive fp32 (from the host, then already on the device: the two
+// conversions round alike). Against the CPU's fp32 model holding the same bf16-rounded weights:
+// the loss and the whole gradient within the model's bf16 bounds, and the tower's and projector's
+// own gradients too (a small share of the whole, which could hide an error there), non-zero.
+TEST(CudaModel, Bf16VisionTowerStaysWithinTheModelBound) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(cat("seed=", seed));
+  const ModelConfig cfg = with_vision(hybrid_config(false));
+  Model gpu(cfg, seed, {.precision = Precision::bf16(), .device = Device::CUDA});
+  Model cpu(cfg, seed);
+  for (const auto& p : cpu.params().all()) p->value.copy_from(gpu.params().at(p->name).value);
+  Rng rng(seed);
+  Batch d = random_batch(rng, cfg.vocab, {37, 1, 70, 20}, 7);
+  const ImageBatch host_images = images_for(rng, cfg, d, {{2, 4}, {4, 4}}, 3);
+  const ImageBatch device_images{.pixels = host_images.pixels.to(Device::CUDA),
+                                 .grids = host_images.grids};
+  const Batch g = on_gpu(d);
+  Context cc(ContextOptions{.seed = seed});
+  cpu.params().zero_grad();
+  cpu.set_images(&host_images);
+  const double lc = cpu.forward(cc, d.seq, d.ids, d.targets);
+  cpu.backward(cc);
+  double first_loss = 0;
+  for (const ImageBatch* images : {&host_images, &device_images}) {
+    SCOPED_TRACE(images == &host_images ? "pixels on the host" : "pixels on the device");
+    // Deterministic: the two runs differ only in where the pixels were converted.
+    Context gc(ContextOptions{.device = Device::CUDA, .seed = seed, .deterministic = true});
+    gpu.params().zero_grad();
+    gpu.set_images(images);
+    const double lg = gpu.forward(gc, g.seq, g.ids, g.targets);
+    gpu.backward(gc);
+    gc.synchronize();
+    EXPECT_NEAR(lg, lc, kModelBf16LossRel * std::abs(lc)) << "loss";
+    if (images == &host_images) first_loss = lg;
+    EXPECT_EQ(lg, first_loss) << "the same pixels, converted on the host and on the device";
+    double num = 0, den = 0, vnum = 0, vden = 0;
+    for (const auto& p : cpu.params().all()) {
+      if (!p->trainable()) continue;
+      const bool vision = p->name.starts_with(VisionFrontEnd::kTowerPrefix) ||
+                          p->name.starts_with(VisionFrontEnd::kProjectorPrefix);
+      const Tensor a = host_f32(gpu.params().at(p->name).grad), b = host_f32(p->grad);
+      for (int64_t i = 0; i < a.numel(); ++i) {
+        const double e = static_cast<double>(a.f32()[i]) - b.f32()[i],
+                     r = static_cast<double>(b.f32()[i]) * b.f32()[i];
+        num += e * e;
+        den += r;
+        if (vision) {
+          vnum += e * e;
+          vden += r;
+        }
+      }
+    }
+    EXPECT_LE(std::sqrt(num / den), kModelBf16GradRel) << "whole gradient";
+    ASSERT_GT(vden, 0.0) << "the tower and projector got no gradient";
+    EXPECT_LE(std::sqrt(vnum / vden), kModelBf16GradRel) << "the tower's and projector's gradient";
+  }
 }
 
 }  // namespace

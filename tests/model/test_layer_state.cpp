@@ -15,6 +15,7 @@
 
 #include "harness/batch.h"
 #include "harness/grad_bits.h"
+#include "harness/images.h"
 #include "harness/model_configs.h"
 #include "harness/seed.h"
 #include "model/dense_ffn.h"
@@ -36,37 +37,10 @@ void expect_same_bits(const Grads& want, const Grads& got, const char* what) {
     EXPECT_TRUE(got.at(name) == bytes) << what << ": gradient of " << name << " differs";
 }
 
-// The tiny preset's text model with a two-layer vision tower whose rows replace the
-// placeholders (the last token id).
-ModelConfig with_vision(ModelConfig cfg) {
-  cfg.vision = std::make_shared<const VisionConfig>(test::tiny_vision(cfg.hidden));
-  cfg.image_token_id = cfg.vocab - 1;
-  return cfg;
-}
-
-// Images of the given grids for `batch`: random pixels, and one placeholder per merged patch from
-// token `first` on (no other token is a placeholder).
-ImageBatch images_for(Rng& rng, const ModelConfig& cfg, Batch& batch,
-                      std::vector<ops::ImageGrid> grids, int64_t first) {
-  const VisionConfig& v = *cfg.vision;
-  ImageBatch im{.grids = std::move(grids)};
-  int64_t patches = 0;
-  for (const ops::ImageGrid& g : im.grids) patches += g.rows * g.cols;
-  im.pixels = Tensor::empty({patches, v.patch_dim()});
-  for (int64_t i = 0; i < im.pixels.numel(); ++i)
-    im.pixels.f32()[i] = static_cast<float>(rng.normal());
-  const auto id = static_cast<int32_t>(cfg.image_token_id);
-  for (int64_t t = 0; t < batch.seq.tokens; ++t)
-    if (batch.ids.i32()[t] == id) batch.ids.i32()[t] = 0;
-  const int64_t merged = patches / (v.merge_rows * v.merge_cols);
-  for (int64_t t = first; t < first + merged; ++t) batch.ids.i32()[t] = id;
-  return im;
-}
-
 void expect_interleaved_equals_sequential(ActivationRecompute recompute, bool lora, bool lifo,
                                           bool images = false) {
   const ModelConfig text = test::every_layer_kind(lora);
-  const ModelConfig cfg = images ? with_vision(text) : text;
+  const ModelConfig cfg = images ? test::with_vision(text) : text;
   ModelOptions opt{.freeze_base = lora, .recompute = recompute};
   Model seq_model(cfg, 21, opt), mixed(cfg, 21, opt);
   Rng rng(test::test_seed());
@@ -84,8 +58,8 @@ void expect_interleaved_equals_sequential(ActivationRecompute recompute, bool lo
   // With a tower, A's images are more and larger than B's (so B's would not fit A's state).
   ImageBatch ia, ib;
   if (images) {
-    ia = images_for(rng, cfg, a, {{2, 4}, {4, 4}, {2, 2}}, 3);
-    ib = images_for(rng, cfg, b, {{2, 2}}, 9);
+    ia = test::images_for(rng, cfg, a, {{2, 4}, {4, 4}, {2, 2}}, 3);
+    ib = test::images_for(rng, cfg, b, {{2, 2}}, 9);
   }
   Context ctx(ContextOptions{.threads = 2, .seed = 1});
   auto forward = [&](Model& m, const Batch& x, const ImageBatch& im, int slot) {

@@ -83,15 +83,16 @@ void VisionBlock::forward(Context& ctx, const VisionBatch& batch, const Tensor& 
   expect_shape(x, {T, D}, "vision block input");
   expect_shape(y, {T, D}, "vision block output");
   const ops::NormParams np{.rows = T, .dim = D, .eps = cfg_.norm_eps};
+  const DType at = x.dtype();  // the policy's activations (statistics and lse stay fp32)
   s.x = x;
-  s.h1 = acts.alloc({T, D});
-  s.mean1 = acts.alloc({T});
-  s.rstd1 = acts.alloc({T});
+  s.h1 = acts.alloc({T, D}, at);
+  s.mean1 = acts.alloc({T}, DType::F32);
+  s.rstd1 = acts.alloc({T}, DType::F32);
   ops::layernorm_forward(ctx, np, x, n1w_.value, n1b_.value, s.h1, s.mean1, s.rstd1);
 
-  s.qr = acts.alloc({T, D});
-  s.kr = acts.alloc({T, D});
-  s.v_out = acts.alloc({T, D});
+  s.qr = acts.alloc({T, D}, at);
+  s.kr = acts.alloc({T, D}, at);
+  s.v_out = acts.alloc({T, D}, at);
   q_.forward(ctx, s.h1, s.qr, acts, s.q);
   k_.forward(ctx, s.h1, s.kr, acts, s.k);
   v_.forward(ctx, s.h1, s.v_out, acts, s.v);
@@ -100,22 +101,22 @@ void VisionBlock::forward(Context& ctx, const VisionBatch& batch, const Tensor& 
   ops::rope2d_forward(ctx, rp, batch.positions, q3, q3);
   ops::rope2d_forward(ctx, rp, batch.positions, k3, k3);
 
-  s.o = acts.alloc({T, D});
-  s.lse = acts.alloc({T, H});
+  s.o = acts.alloc({T, D}, at);
+  s.lse = acts.alloc({T, H}, DType::F32);
   Tensor o3 = s.o.view({T, H, Dh});
   ops::attention_forward(ctx, attn_params(batch), q3, k3, s.v_out.view({T, H, Dh}), batch.indices,
                          o3, s.lse);
 
-  s.x1 = acts.alloc({T, D});
+  s.x1 = acts.alloc({T, D}, at);
   proj_.forward(ctx, s.o, s.x1, acts, s.proj);
   ops::add_into(ctx, x, s.x1);
 
-  s.h2 = acts.alloc({T, D});
-  s.mean2 = acts.alloc({T});
-  s.rstd2 = acts.alloc({T});
+  s.h2 = acts.alloc({T, D}, at);
+  s.mean2 = acts.alloc({T}, DType::F32);
+  s.rstd2 = acts.alloc({T}, DType::F32);
   ops::layernorm_forward(ctx, np, s.x1, n2w_.value, n2b_.value, s.h2, s.mean2, s.rstd2);
-  s.f = acts.alloc({T, I});
-  s.g = acts.alloc({T, I});
+  s.f = acts.alloc({T, I}, at);
+  s.g = acts.alloc({T, I}, at);
   fc1_.forward(ctx, s.h2, s.f, acts, s.fc1);
   ops::gelu_forward(ctx, cfg_.act, s.f, s.g);
   fc2_.forward(ctx, s.g, y, acts, s.fc2);
@@ -131,24 +132,25 @@ void VisionBlock::backward(Context& ctx, const VisionBatch& batch, const Tensor&
   expect_shape(dy, {T, D}, "vision block dy");
   expect_shape(dx, {T, D}, "vision block dx");
   const ops::NormParams np{.rows = T, .dim = D, .eps = cfg_.norm_eps};
+  const DType at = dy.dtype();
   ArenaScope scope(ctx.workspace());
   Arena& ws = ctx.workspace();
 
   // MLP branch: dx1 = dy + ln2'(fc1'(gelu'(fc2'(dy)))).
-  Tensor dg = ws.alloc({T, I});
+  Tensor dg = ws.alloc({T, I}, at);
   fc2_.backward(ctx, s.fc2, dy, dg);
   ops::gelu_backward(ctx, cfg_.act, s.f, dg, dg);
-  Tensor dh2 = ws.alloc({T, D});
+  Tensor dh2 = ws.alloc({T, D}, at);
   fc1_.backward(ctx, s.fc1, dg, dh2);
-  Tensor dx1 = ws.alloc({T, D});
+  Tensor dx1 = ws.alloc({T, D}, at);
   ops::layernorm_backward(ctx, np, s.x1, n2w_.value, s.mean2, s.rstd2, dh2, dx1, n2w_.grad,
                           n2b_.grad);
   ops::add_into(ctx, dy, dx1);
 
   // Attention branch: dx = dx1 + ln1'(q'/k'/v'(...)).
-  Tensor d_o = ws.alloc({T, D});
+  Tensor d_o = ws.alloc({T, D}, at);
   proj_.backward(ctx, s.proj, dx1, d_o);
-  Tensor dq = ws.alloc({T, D}), dk = ws.alloc({T, D}), dv = ws.alloc({T, D});
+  Tensor dq = ws.alloc({T, D}, at), dk = ws.alloc({T, D}, at), dv = ws.alloc({T, D}, at);
   Tensor dq3 = dq.view({T, H, Dh}), dk3 = dk.view({T, H, Dh}), dv3 = dv.view({T, H, Dh});
   ops::attention_backward(ctx, attn_params(batch), s.qr.view({T, H, Dh}), s.kr.view({T, H, Dh}),
                           s.v_out.view({T, H, Dh}), batch.indices, s.o.view({T, H, Dh}), s.lse,
@@ -156,7 +158,7 @@ void VisionBlock::backward(Context& ctx, const VisionBatch& batch, const Tensor&
   const ops::Rope2dParams rp{.tokens = T, .heads = H, .head_dim = Dh, .theta = cfg_.rope_theta};
   ops::rope2d_backward(ctx, rp, batch.positions, dq3, dq3);
   ops::rope2d_backward(ctx, rp, batch.positions, dk3, dk3);
-  Tensor dh1 = ws.alloc({T, D});
+  Tensor dh1 = ws.alloc({T, D}, at);
   q_.backward(ctx, s.q, dq, dh1);
   k_.backward(ctx, s.k, dk, dh1, /*accumulate_dx=*/true);
   v_.backward(ctx, s.v, dv, dh1, /*accumulate_dx=*/true);

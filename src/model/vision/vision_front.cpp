@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "ops/elementwise.h"
 #include "ops/row_scatter.h"
 
 namespace mt {
@@ -53,12 +54,15 @@ void VisionFrontEnd::forward(Context& ctx, const Tensor& ids, const ImageBatch* 
   s.rows = Tensor::empty({M}, DType::I32);
   std::copy(rows.begin(), rows.end(), s.rows.i32());
   s.rows = s.rows.to(ctx.device());
-  ArenaPlan plan(DType::F32);
+  // The tower runs in the text stream's activation dtype (the precision policy's): pixels arrive
+  // fp32 from the image processor and are converted once into the arena.
+  const DType at = embeds.dtype();
+  ArenaPlan plan(at, ctx.device());
   plan.add({P, cfg_.hidden});
   tower_.plan_activations(s.in, plan);
   projector_.plan_activations(M, plan);
   plan.add({M, H});
-  const bool copy_pixels = images->pixels.device() != ctx.device();
+  const bool copy_pixels = images->pixels.device() != ctx.device() || images->pixels.dtype() != at;
   if (copy_pixels) plan.add({P, cfg_.patch_dim()});
   // A model moved to another device drops its micro-batches' states, so the arena is always on
   // the step's device.
@@ -66,12 +70,15 @@ void VisionFrontEnd::forward(Context& ctx, const Tensor& ids, const ImageBatch* 
   s.acts.reset();
   Tensor pixels = images->pixels;
   if (copy_pixels) {
-    pixels = s.acts.alloc({P, cfg_.patch_dim()});
-    pixels.copy_from(images->pixels);
+    pixels = s.acts.alloc({P, cfg_.patch_dim()}, at);
+    if (images->pixels.device() == ctx.device())
+      ops::copy(ctx, images->pixels, pixels);
+    else
+      pixels.copy_from(images->pixels);  // through the host where it converts
   }
-  Tensor merged = s.acts.alloc({P, cfg_.hidden});
+  Tensor merged = s.acts.alloc({P, cfg_.hidden}, at);
   tower_.forward(ctx, s.in, pixels, merged, s.acts, s.tower);
-  Tensor y = s.acts.alloc({M, H});
+  Tensor y = s.acts.alloc({M, H}, at);
   projector_.forward(ctx, merged, y, s.acts, s.projector);
   ops::row_scatter_forward(ctx, {.rows = M, .dst_rows = T, .dim = H}, s.rows, y, embeds);
 }
@@ -81,12 +88,13 @@ void VisionFrontEnd::backward(Context& ctx, Tensor& dembeds, LayerState& st) {
   if (!s.active) return;
   const int64_t H = cfg_.text_hidden, M = s.rows.numel();
   ArenaScope scope(ctx.workspace());
-  Tensor dy = ctx.workspace().alloc({M, H});
+  const DType at = dembeds.dtype();
+  Tensor dy = ctx.workspace().alloc({M, H}, at);
   ops::row_scatter_backward(ctx, {.rows = M, .dst_rows = dembeds.dim(0), .dim = H}, s.rows, dembeds,
                             dy);
   s.active = false;
   if (!tower_trains_ && !projector_trains_) return;
-  Tensor dmerged = ctx.workspace().alloc({s.in.batch.tokens(), cfg_.hidden});
+  Tensor dmerged = ctx.workspace().alloc({s.in.batch.tokens(), cfg_.hidden}, at);
   projector_.backward(ctx, dy, dmerged, s.projector);
   if (tower_trains_) tower_.backward(ctx, s.in, dmerged, s.tower);
 }

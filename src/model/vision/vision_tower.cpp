@@ -109,21 +109,22 @@ void VisionTower::forward(Context& ctx, const VisionInputs& in, const Tensor& pi
   const int64_t T = in.batch.tokens(), D = cfg_.hidden;
   expect_shape(pixels, {T, cfg_.patch_dim()}, "vision tower pixels");
   expect_shape(merged, {T, D}, "vision tower merged output");
+  const DType at = merged.dtype();  // the policy's activations (statistics stay fp32)
   s.pixels = pixels;
   s.hs.clear();
   s.blocks.resize(blocks_.size());
-  Tensor e = acts.alloc({T, D});
+  Tensor e = acts.alloc({T, D}, at);
   ops::patch_embed_forward(ctx, embed_params(cfg_, T), pixels, pw_.value, pb_.value, e);
   ops::pos_embed_forward(ctx, pos_params(cfg_, T), in.pos_idx, in.pos_wts, table_.value, e, e);
   s.hs.push_back(e);
   for (size_t i = 0; i < blocks_.size(); ++i) {
-    Tensor h = acts.alloc({T, D});
+    Tensor h = acts.alloc({T, D}, at);
     blocks_[i]->forward(ctx, in.batch, s.hs.back(), h, acts, s.blocks[i]);
     s.hs.push_back(h);
   }
-  s.fn = acts.alloc({T, D});
-  s.fmean = acts.alloc({T});
-  s.frstd = acts.alloc({T});
+  s.fn = acts.alloc({T, D}, at);
+  s.fmean = acts.alloc({T}, DType::F32);
+  s.frstd = acts.alloc({T}, DType::F32);
   ops::layernorm_forward(ctx, {.rows = T, .dim = D, .eps = cfg_.norm_eps}, s.hs.back(), fw_.value,
                          fb_.value, s.fn, s.fmean, s.frstd);
   ops::patch_merge_forward(ctx, {.patches = T, .dim = D}, in.order, s.fn, merged);
@@ -137,7 +138,8 @@ void VisionTower::backward(Context& ctx, const VisionInputs& in, const Tensor& d
   expect_shape(dmerged, {T, D}, "vision tower dmerged");
   ArenaScope scope(ctx.workspace());
   Arena& ws = ctx.workspace();
-  Tensor dfn = ws.alloc({T, D}), dh = ws.alloc({T, D}), dnext = ws.alloc({T, D});
+  const DType at = dmerged.dtype();
+  Tensor dfn = ws.alloc({T, D}, at), dh = ws.alloc({T, D}, at), dnext = ws.alloc({T, D}, at);
   ops::patch_merge_backward(ctx, {.patches = T, .dim = D}, in.order, dmerged, dfn);
   ops::layernorm_backward(ctx, {.rows = T, .dim = D, .eps = cfg_.norm_eps}, s.hs.back(), fw_.value,
                           s.fmean, s.frstd, dfn, dh, fw_.grad, fb_.grad);
@@ -195,14 +197,15 @@ void VisionProjector::forward(Context& ctx, const Tensor& merged, Tensor& y, Are
            D, "]");
   const int64_t T = merged.dim(0), M = T / (K / D);
   expect_shape(y, {M, cfg_.text_hidden}, "vision projector output");
+  const DType at = merged.dtype();  // the policy's activations (statistics stay fp32)
   s.x = merged;
-  s.n = acts.alloc({T, D});
-  s.mean = acts.alloc({T});
-  s.rstd = acts.alloc({T});
+  s.n = acts.alloc({T, D}, at);
+  s.mean = acts.alloc({T}, DType::F32);
+  s.rstd = acts.alloc({T}, DType::F32);
   ops::layernorm_forward(ctx, {.rows = T, .dim = D, .eps = cfg_.projector_eps}, merged, nw_.value,
                          nb_.value, s.n, s.mean, s.rstd);
-  s.a = acts.alloc({M, K});
-  s.g = acts.alloc({M, K});
+  s.a = acts.alloc({M, K}, at);
+  s.g = acts.alloc({M, K}, at);
   in_.forward(ctx, s.n.view({M, K}), s.a, acts, s.in);
   ops::gelu_forward(ctx, ops::GeluKind::Erf, s.a, s.g);
   out_.forward(ctx, s.g, y, acts, s.out);
@@ -214,7 +217,8 @@ void VisionProjector::backward(Context& ctx, const Tensor& dy, Tensor& dmerged, 
   expect_shape(dy, {M, cfg_.text_hidden}, "vision projector dy");
   expect_shape(dmerged, {T, D}, "vision projector dmerged");
   ArenaScope scope(ctx.workspace());
-  Tensor dg = ctx.workspace().alloc({M, K}), dn = ctx.workspace().alloc({M, K});
+  const DType at = dy.dtype();
+  Tensor dg = ctx.workspace().alloc({M, K}, at), dn = ctx.workspace().alloc({M, K}, at);
   out_.backward(ctx, s.out, dy, dg);
   ops::gelu_backward(ctx, ops::GeluKind::Erf, s.a, dg, dg);
   in_.backward(ctx, s.in, dg, dn);
