@@ -1,7 +1,7 @@
 """torch._grouped_mm's routed SwiGLU FFN at the shapes of `moetrain bench moe` (issue 14), with the
 same rows per expert: A = 16384 tokens x top-8 over 64 experts, d 2048, ffn 1024; B = 8192 x top-8
 over 256 experts, d 2304, ffn 1024; near-uniform routing and skewed routing (every eighth expert
-hot, 30x the rows of the others: src/cli/cmd_bench.cpp, expert_offsets). bf16, rows already sorted
+hot, 30x the rows of the others: src/cli/bench_moe.cpp, expert_offsets). bf16, rows already sorted
 by expert. Forward, forward+backward with a frozen base (dX only) and with the base training
 (dX + dW); FLOPs counted as ../shared/bench/anchors_torch.py does. JSON lines; run in the same
 device call as `moetrain bench moe`. `--device cpu --small` checks the script's own logic."""

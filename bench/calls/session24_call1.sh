@@ -10,7 +10,7 @@ cd "$(dirname "$0")/../.."
 . bench/calls/lib.sh
 unpack
 el tests
-timeout 240 $D/bin/gpu_suite --gtest_filter='CudaGroupedFfn.*:CudaElementwise.*:CudaGroupedMatmul*:CudaLoraGrouped.*' \
+timeout 240 $D/bin/gpu_suite --gtest_filter='CudaGroupedFfn.*:CudaElementwise.*:CudaGroupedMatmul*:CudaLoraGrouped.*:CudaModel.Bf16Vision*' \
   > "$L/tests.txt" 2>&1; echo "rc=$?"
 grep -E "^\[  (PASSED|FAILED)|tests ran|Failure|seed=|exception" "$L/tests.txt" | head -12; pack
 el memcheck
