@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "harness/op_check.h"
+#include "harness/prefilled_grads.h"
 #include "harness/seed.h"
 #include "model/kda_layer.h"
 #include "ref/kda_layer_ref.h"
@@ -62,23 +63,8 @@ class KdaLayerCase : public OpCase {
 
   std::vector<Tensor> forward(Context& ctx, GuardedAlloc& alloc,
                               const std::vector<Tensor>& in) override {
-    ParamTable table;
-    own_grads_.clear();
-    prefill_.clear();
-    Rng rng(prefill_seed_);
-    for (size_t i = 0; i < specs_.size(); ++i) {
-      ParamRef ref{.value = in[i + 1]};
-      if (trains(specs_[i])) {
-        ref.grad = Tensor::empty(specs_[i].shape);
-        fill_normal(rng, ref.grad);
-        prefill_.push_back(ref.grad.clone());
-      } else {
-        prefill_.emplace_back();
-      }
-      own_grads_.push_back(ref.grad);
-      table[specs_[i].name] = ref;
-    }
-    layer_.bind(table);
+    layer_.bind(
+        grads_.bind(specs_, in, 1, prefill_seed_, [&](const ParamSpec& p) { return trains(p); }));
     ArenaPlan plan;
     layer_.plan_activations(seq_, plan);
     acts_ = Arena(plan.bytes(), Device::CPU, "kda acts");
@@ -91,13 +77,7 @@ class KdaLayerCase : public OpCase {
   void backward(Context& ctx, GuardedAlloc&, const std::vector<Tensor>&,
                 const std::vector<Tensor>& dout, std::vector<Tensor>& grads) override {
     layer_.backward(ctx, seq_, dout[0], grads[0], *state_);
-    for (size_t i = 0; i < specs_.size(); ++i) {
-      if (!own_grads_[i].defined()) continue;
-      float* g = grads[i + 1].f32();
-      const float* mine = own_grads_[i].f32();
-      const float* pre = prefill_[i].f32();
-      for (int64_t e = 0; e < own_grads_[i].numel(); ++e) g[e] += mine[e] - pre[e];
-    }
+    grads_.add_increments(grads, 1);
   }
   std::vector<DVec> reference(const std::vector<DVec>& in) const override {
     std::map<std::string, DVec> params;
@@ -110,7 +90,7 @@ class KdaLayerCase : public OpCase {
   SeqInfo seq_;
   KdaLayer layer_;
   std::vector<ParamSpec> specs_;
-  std::vector<Tensor> own_grads_, prefill_;
+  PrefilledGrads grads_;
   Arena acts_;
   std::unique_ptr<LayerState> state_;
   // Drawn once per case: the device pass pre-fills the gradients as the CPU pass did.
