@@ -11,9 +11,9 @@
 // fused SwiGLU backward adds the down adapter's term in fp32 without storing it, one rounding
 // fewer than the emulation's; elsewhere the GPU writes the LoRA term first, then the base GEMM
 // adds into it with beta = 1: its first rounding is of the smaller term, so the emulation's order
-// bounds it); the SwiGLU kernels (ops/cuda/grouped_ffn.cu, lora_grouped.cu) round h and dgu. With
-// SwiGLU in the GEMMs' epilogues (GroupedGemmConfig :swiglu) backward never stores dh: its f32
-// accumulators meet SwiGLU's derivative, one rounding fewer than the emulation's.
+// bounds it); the SwiGLU kernels (ops/cuda/grouped_ffn.cu, lora_swiglu.cu, lora_kconcat.cu) round h
+// and dgu. With SwiGLU in the GEMMs' epilogues (GroupedGemmConfig :swiglu) backward never stores
+// dh: its f32 accumulators meet SwiGLU's derivative, one rounding fewer than the emulation's.
 // Parameter gradients are f32 on both devices.
 // The CPU op keeps all of these in fp32, and an emulation that rounded only inputs and outputs put
 // the GPU at up to 1.13 times the bound (y, dgu_A, ddown_B in 3 of 6 runs): ffn_emulated rounds at
