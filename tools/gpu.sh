@@ -151,7 +151,7 @@ lines = [l for l in open(f"{out}/kernels.csv") if l.startswith('"')]
 for r in csv.DictReader(lines):
     if r.get("Metric Name") != "gpu__time_duration.sum":
         continue
-    name = r["Kernel Name"].replace("(anonymous namespace)::", "").replace("<unnamed>::", "")
+    name = r["Kernel Name"].replace("(anonymous namespace)::", "").replace("<unnamed>::", "").replace("skinny::", "")
     name = name.split("(")[0]
     name = name.replace("void ", "")
     ms = float(r["Metric Value"].replace(",", "")) * scale.get(r["Metric Unit"], 1.0)

@@ -13,7 +13,7 @@ SCALE = {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "m
 
 
 def short(name):
-    name = name.replace("(anonymous namespace)::", "").replace("<unnamed>::", "")
+    name = name.replace("(anonymous namespace)::", "").replace("<unnamed>::", "").replace("skinny::", "")
     name = name.replace("void ", "").split("(")[0]
     return name[:100]
 

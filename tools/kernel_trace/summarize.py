@@ -38,7 +38,7 @@ def demangle(names):
 
 
 def short(name):
-    n = re.sub(r"\((anonymous namespace|<unnamed>)\)::|mt::ops::cuda::|mt::|void ", "", name)
+    n = re.sub(r"\((anonymous namespace|<unnamed>)\)::|mt::ops::cuda::|skinny::|mt::|void ", "", name)
     s = re.sub(r"<.*", "", n.split("(")[0])[:48]
     if s.startswith("_ZN7cutlass13device_kernel"):  # CUPTI cuts CUTLASS's names past demangling
         s = "cutlass::device_kernel"
