@@ -41,7 +41,7 @@ int64_t kda_saved_rows(const KdaParams& p, const Tensor& cu_seqlens);
 using KdaScratchFloats = int64_t(const KdaParams& p, int threads, bool backward);
 KdaScratchFloats kda_scratch_floats;
 
-// Whether the CUDA chunked kernels (ops/cuda/kda_chunk.cu) take these params: the chunked
+// Whether the CUDA chunked kernels (ops/cuda/kda_chunk*.cu) take these params: the chunked
 // algorithm with chunk <= 64 and head dims <= 128, unless switched off below. Read by the CUDA
 // entries, the op table and the planner.
 bool kda_chunk_kernel_fits(const KdaParams& p);

@@ -1,5 +1,5 @@
-// The chunked KDA kernels' workspace (ops/cuda/kda_chunk.cu), shared with the host code that sizes
-// it (ops/kda.cpp, read by the planner), so the two cannot disagree.
+// The chunked KDA kernels' workspace (ops/cuda/kda_chunk*.cu), shared with the host code that
+// sizes it (ops/kda.cpp, read by the planner), so the two cannot disagree.
 //
 // Per (chunk, head) one block of floats holds what the chunk's intra-chunk pass (prep) prepares
 // for the sequential state pass, C = chunk, K = head_k, V = head_v:

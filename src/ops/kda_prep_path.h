@@ -1,8 +1,8 @@
 // Which intra-chunk pass (prep) the CUDA chunked KDA kernels run: the bf16 tensor-core prep
-// (ops/cuda/kda_fwd_tc.cu) or the CUDA-core prep of ops/cuda/kda_chunk.cu. The backward's
-// products follow the same choice: tensor cores (ops/cuda/kda_bwd_tc.cu) or kda_chunk.cu's
-// products_kernel. Plain C++, so that the tests (which compare the two) and `moetrain bench kda`
-// (which reports the one it timed) read it without CUDA headers.
+// (ops/cuda/kda_fwd_tc.cu) or the CUDA-core prep of ops/cuda/kda_chunk_prep.cu. The backward's
+// products follow the same choice: tensor cores (ops/cuda/kda_bwd_tc.cu) or
+// kda_chunk_products.cu's products_kernel. Plain C++, so that the tests (which compare the two)
+// and `moetrain bench kda` (which reports the one it timed) read it without CUDA headers.
 #pragma once
 
 #include "core/dtype.h"
@@ -120,11 +120,11 @@ bool kda_forward_longest_first();
 void kda_set_backward_state_v2(bool on);
 bool kda_backward_state_v2();
 
-// The backward's gradient kernel for bf16 at chunk 64 and head_k 128 (ops/cuda/kda_chunk.cu): on
-// (the default), grads_v2_kernel (every pair sum on tensor cores, the diagonal 16-row blocks
-// too where the decay allows); off, grads_kernel's tensor-core form. They differ by fp32
-// summation order and tf32 operand rounding only. Process-wide and not synchronised, like the
-// switches above.
+// The backward's gradient kernel for bf16 at chunk 64 and head_k 128
+// (ops/cuda/kda_chunk_grads*.cu): on (the default), grads_v2_kernel (every pair sum on tensor
+// cores, the diagonal 16-row blocks too where the decay allows); off, grads_kernel's tensor-core
+// form. They differ by fp32 summation order and tf32 operand rounding only. Process-wide and not
+// synchronised, like the switches above.
 void kda_set_grads_v2(bool on);
 bool kda_grads_v2();
 

@@ -638,8 +638,8 @@ TEST(CudaKdaTcPrepared, BlockIsCompleteAndShapedAsTheCudaCorePreps) {
 }
 
 // The products backward leaves in the prepared block (ops/cuda/kda_bwd_tc.cu on tensor cores,
-// kda_chunk.cu's products_kernel with the switch off; ops/kda_chunk_layout.h's slots in the two
-// layouts): finite, Aqk exactly zero above its diagonal and T on and above its own, as
+// kda_chunk_products.cu's products_kernel with the switch off; ops/kda_chunk_layout.h's slots in
+// the two layouts): finite, Aqk exactly zero above its diagonal and T on and above its own, as
 // products_kernel leaves them. Each slot's relative difference between the two is printed for
 // diagnosis (the bounds are those of the gradients, which read these slots: CudaKdaTc above).
 // Delta dS^T, which the bf16 layout keeps in the workspace, reaches the test only through them.

@@ -1,6 +1,6 @@
 // The chunked KDA backward's products (kda_bwd_tc.cu) on tensor cores, for bf16 tensors: the
-// same outputs in the same prepared-block slots as kda_chunk.cu's products_kernel, so that the
-// gradient pass reads them unchanged.
+// same outputs in the same prepared-block slots as kda_chunk_products.cu's products_kernel, so
+// that the gradient pass reads them unchanged.
 #pragma once
 
 #include <cuda_bf16.h>

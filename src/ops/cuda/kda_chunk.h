@@ -1,5 +1,6 @@
-// The chunked KDA kernels (kda_chunk.cu), called by ops/cuda/kda.cu's entries for the chunked
-// algorithm where kda_chunk_kernel_fits holds (the direct recurrence serves the rest).
+// The chunked KDA kernels (kda_chunk.cu, the kernels of its steps in kda_chunk_*.cu), called by
+// ops/cuda/kda.cu's entries for the chunked algorithm where kda_chunk_kernel_fits holds (the
+// direct recurrence serves the rest).
 #pragma once
 
 #include "ops/kda.h"

@@ -1,5 +1,5 @@
 // The chunked KDA's intra-chunk pass (prep) with bf16 tensor-core products, for bf16 tensors at
-// chunk 64 and head dims 64 or 128 (kda_fwd_tc.h). It writes the quantities kda_chunk.cu's
+// chunk 64 and head dims 64 or 128 (kda_fwd_tc.h). It writes the quantities kda_chunk_prep.cu's
 // CUDA-core prep writes, in the prepared block's layout (ops/kda_chunk_layout.h): normally the
 // bf16 one, W, Qh, Kl, U and Kb rounded once to bf16 (computed in fp32: W and U from the fp32 Kb
 // and beta v), Aqk, T, KK and gL fp32; with kda_set_bf16_prepared(false) all fp32.

@@ -1,5 +1,5 @@
 // The chunked KDA's state passes on tensor cores (kda_state_tc.cu), for bf16 tensors: what
-// kda_chunk.cu's CUDA-core state passes compute, with every product a tf32 MMA over the fp32
+// kda_chunk_state.cu's CUDA-core state passes compute, with every product a tf32 MMA over the fp32
 // prepared blocks. fp32 tensors keep the CUDA-core passes (their 1e-5 check against the CPU).
 #pragma once
 
