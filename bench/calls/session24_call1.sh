@@ -9,16 +9,25 @@ set -u
 cd "$(dirname "$0")/../.."
 . bench/calls/lib.sh
 unpack
+el "interleaved tests"
+# Alone first: the interleaved epilogue __trap()s where CUTLASS's fragment layout is not the one it
+# was written for, which ends the process (and would end every test and bench round after it).
+timeout 120 $D/bin/gpu_suite --gtest_filter='CudaGroupedFfn.Interleaved*' > "$L/interleaved.txt" 2>&1
+irc=$?; echo "rc=$irc"; grep -E "^\[  (PASSED|FAILED)|tests ran|Failure|seed=|exception|trap|error" "$L/interleaved.txt" | head -8
+inter_flag=""; [ $irc -ne 0 ] && inter_flag="--no-interleaved" && echo "interleaved failed: bench moe without it"
+pack
 el tests
-timeout 240 $D/bin/gpu_suite --gtest_filter='CudaGroupedFfn.*:CudaElementwise.*:CudaGroupedMatmul*:CudaLoraGrouped.*:CudaModel.Bf16Vision*' \
+timeout 240 $D/bin/gpu_suite --gtest_filter='CudaGroupedFfn.*:CudaElementwise.*:CudaGroupedMatmul*:CudaLoraGrouped.*:CudaModel.Bf16Vision*:-CudaGroupedFfn.Interleaved*' \
   > "$L/tests.txt" 2>&1; echo "rc=$?"
 grep -E "^\[  (PASSED|FAILED)|tests ran|Failure|seed=|exception" "$L/tests.txt" | head -12; pack
-el memcheck
-timeout 120 compute-sanitizer --tool memcheck $D/bin/gpu_suite \
-  --gtest_filter='CudaGroupedFfn.Interleaved*' > "$L/memcheck.txt" 2>&1
-echo "rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$L/memcheck.txt" | head -4; pack
+if [ $irc -eq 0 ]; then
+  el memcheck
+  timeout 120 compute-sanitizer --tool memcheck $D/bin/gpu_suite \
+    --gtest_filter='CudaGroupedFfn.Interleaved*' > "$L/memcheck.txt" 2>&1
+  echo "rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$L/memcheck.txt" | head -4; pack
+fi
 el "moe"
-timeout 150 $D/bin/moetrain bench moe --iters 10 --lora-variants none --json "$L/bench_moe.json" \
+timeout 150 $D/bin/moetrain bench moe --iters 10 --lora-variants none $inter_flag --json "$L/bench_moe.json" \
   > "$L/bench_moe.txt" 2>&1; echo "rc=$?"; pack
 el torch; timeout 60 python3 bench/moe_torch.py > "$L/moe_torch.jsonl" 2> "$L/moe_torch.err"
 echo "torch rc=$?"

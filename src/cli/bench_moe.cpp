@@ -316,7 +316,7 @@ nlohmann::json bench_moe_at(const MoeBenchOptions& o, const ops::GroupedGemmConf
   // permuted once): SwiGLU in the gate/up GEMM's epilogue. Forward, frozen and full (dW written, h
   // kept as that forward writes it anyway) forward+backward, each in alternating rounds with the
   // default layout's run (the median of the rounds' ratios: the clocks drift within a call).
-  const bool interleave = F % ops::kGateUpInterleave == 0;
+  const bool interleave = o.interleaved && F % ops::kGateUpInterleave == 0;
   ops::GroupedFfnWeights iw = w;  // w's gate_up interleaved
   ops::GroupedFfnParams ip = p;
   ip.interleaved_gate_up = true;

@@ -130,6 +130,8 @@ Command add_bench_command(CLI::App& app) {
                  "the other kernels timed beside the LoRA run: all, none, or a list of "
                  "fwd=<kernels> / bwd=<kernels> / og=<kernels> / xa=<kernels> / dr=<kernels>")
       ->capture_default_str();
+  ms->add_flag("!--no-interleaved", mb->interleaved,
+               "skip the interleaved gate/up layout's rounds (the *_interleaved_* fields)");
   ms->add_flag("--base-only", mb->base_only,
                "time the base runs only (forward, frozen, full, full with dW written): no LoRA, "
                "CUDA graphs or routing, for --gemm sweeps");
