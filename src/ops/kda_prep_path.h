@@ -82,7 +82,7 @@ bool kda_fused_pre();
 void kda_set_tensor_core_prep(bool on);
 bool kda_tensor_core_prep();
 
-// Which forward state pass the bf16 prepared layout runs (ops/cuda/kda_state_tc.cu): on (the
+// Which forward state pass the bf16 prepared layout runs (ops/cuda/kda_state_tc_fwd.cu): on (the
 // default), fwd_state_v2_kernel; off, fwd_state_tc_kernel, its predecessor, kept so that a test
 // compares the two and `moetrain bench kda` times both in one run. They differ by fp32 summation
 // order only. Process-wide and not synchronised, like the switches above.

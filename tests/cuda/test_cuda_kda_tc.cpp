@@ -450,8 +450,8 @@ INSTANTIATE_TEST_SUITE_P(
         TcSetup{.lengths = {300}, .decay = Decay::Strong},
         TcSetup{.lengths = {200, 64}, .decay = Decay::Moderate},
         // More state-column blocks of 16 than fit on an H200 at once (2 x 32 x 8 > 2 x 132): the
-        // state passes take 32 columns per block (kda_state_tc.cu); at head dim 64 that needs
-        // three documents (3 x 32 x 4).
+        // state passes take 32 columns per block (kda_state_tc_common.cuh's wide_state); at head
+        // dim 64 that needs three documents (3 x 32 x 4).
         TcSetup{.heads = 32, .lengths = {100, 150}},
         TcSetup{.heads = 32, .head_k = 64, .head_v = 64, .lengths = {100, 150, 30}},
         // The previous forward state pass, at both column widths and head dims.

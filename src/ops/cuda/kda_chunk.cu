@@ -24,10 +24,11 @@
 // onto tensor cores too) and the reverse cumsum turns dGam into dg. fp32 arithmetic (q,
 // k, v, o and their gradients in the tensors' dtype), exponent differences and dGam sums in Wide<T>
 // (double for fp32 tensors, float for bf16). For bf16 tensors whose shapes fit (kda_state_tc.h) the
-// state passes (2, 3) run on tensor cores instead (kda_state_tc.cu); fp32 tensors keep the
-// CUDA-core passes (kda_chunk_state.cu). The prep and gradient kernels run 2 blocks of 8 warps per
-// SM (the gradient kernel's fp32 form, with double Gam, 1), the CUDA-core state passes one block
-// of 16 warps per (document, head, 32 columns): all are latency-bound (bench/RESULTS.md).
+// state passes (2, 3) run on tensor cores instead (kda_state_tc_fwd.cu, kda_state_tc_bwd.cu); fp32
+// tensors keep the CUDA-core passes (kda_chunk_state.cu). The prep and gradient kernels run 2
+// blocks of 8 warps per SM (the gradient kernel's fp32 form, with double Gam, 1), the CUDA-core
+// state passes one block of 16 warps per (document, head, 32 columns): all are latency-bound
+// (bench/RESULTS.md).
 //
 // This file holds the entries (kda_chunk.h), the argument block (make_args) and the chunk table;
 // the CUDA-core kernels of the steps, each with its launcher, are in kda_chunk_prep.cu (1),
@@ -55,9 +56,9 @@ using kda_detail::Args;
 
 // The chunks of each document, in saved-row order (as kda_saved_rows counts them), the documents
 // by chunk count, longest first (dorder; ties by index), the order in which the state passes take
-// them (kda_state_tc.cu), and their chunks in that order (corder: the overlapped forward's prep).
-// Thread 0 walks the documents (few), then every thread fills its share of each document's chunks
-// and ranks its documents.
+// them (kda_state_tc_fwd.cu), and their chunks in that order (corder: the overlapped forward's
+// prep). Thread 0 walks the documents (few), then every thread fills its share of each document's
+// chunks and ranks its documents.
 __global__ void chunk_table_kernel(const int32_t* cu, int64_t N, int64_t T, int C, int64_t nchunks,
                                    int32_t* ct0, int32_t* clen, int32_t* dchunk0, int32_t* dorder,
                                    int32_t* corder) {

@@ -1,6 +1,7 @@
 // The argument block every chunked-KDA kernel takes (ops/cuda/kda_chunk.cu builds it; the
-// tensor-core state passes of ops/cuda/kda_state_tc.cu read it too): the chunk table, the
-// prepared blocks (ops/kda_chunk_layout.h), the backward's own blocks and the op's tensors.
+// tensor-core state passes of ops/cuda/kda_state_tc_fwd.cu and kda_state_tc_bwd.cu read it too):
+// the chunk table, the prepared blocks (ops/kda_chunk_layout.h), the backward's own blocks and the
+// op's tensors.
 #pragma once
 
 #include <cuda_bf16.h>

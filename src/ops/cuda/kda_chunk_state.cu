@@ -2,7 +2,8 @@
 // forward state pass (each chunk's S0 into `saved`, o, the final state) and the reverse pass (dS
 // carried back; Delta, dR and each chunk's outgoing dS left for the products; dh0), one block of
 // 16 warps per (document, head, 32 state columns). For bf16 tensors whose shapes fit
-// (kda_state_tc.h) kda_state_tc.cu's tensor-core passes run instead.
+// (kda_state_tc.h) the tensor-core passes of kda_state_tc_fwd.cu and kda_state_tc_bwd.cu run
+// instead.
 #include <cstdint>
 #include <type_traits>
 

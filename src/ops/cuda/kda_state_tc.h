@@ -1,6 +1,7 @@
-// The chunked KDA's state passes on tensor cores (kda_state_tc.cu), for bf16 tensors: what
-// kda_chunk_state.cu's CUDA-core state passes compute, with every product a tf32 MMA over the fp32
-// prepared blocks. fp32 tensors keep the CUDA-core passes (their 1e-5 check against the CPU).
+// The chunked KDA's state passes on tensor cores (kda_state_tc_fwd.cu, kda_state_tc_bwd.cu; what
+// they share in kda_state_tc_common.cuh), for bf16 tensors: what kda_chunk_state.cu's CUDA-core
+// state passes compute, with every product a tf32 MMA over the fp32 prepared blocks. fp32 tensors
+// keep the CUDA-core passes (their 1e-5 check against the CPU).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,7 +11,7 @@
 
 namespace mt::ops::cuda::kda_detail {
 
-// Chunk 64, head dims multiples of 16 up to 128 (kda_state_tc.cu's tiles).
+// Chunk 64, head dims multiples of 16 up to 128 (kda_state_tc_common.cuh's tiles).
 bool state_tc_fits(const Args& a);
 
 // Forward: the state pass (S0 of every chunk into `saved`, the final state into hT), which forms
