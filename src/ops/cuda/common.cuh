@@ -1,6 +1,7 @@
 // Shared pieces of the CUDA ops: element loads/stores that compute in fp32 whatever the storage
 // type, the dtype switch that turns a tensor's runtime dtype into a template argument, launch
-// sizes, and block reductions.
+// sizes and opt-in dynamic shared memory, warp and block reductions, and the lookups of packed
+// documents and index-table slots.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -73,6 +74,32 @@ inline unsigned blocks_for(int64_t n, int threads, int64_t cap = 65535LL * 32) {
   int64_t b = (n + threads - 1) / threads;
   if (b < 1) b = 1;
   return static_cast<unsigned>(b < cap ? b : cap);
+}
+
+// n blocks as a grid's x dimension; ValueError past its 2^31 - 1.
+inline unsigned grid_of(int64_t n, const char* op) {
+  MT_CHECK(n <= 0x7fffffff, ValueError, op, ": ", n, " blocks exceed one grid");
+  return static_cast<unsigned>(n);
+}
+
+// Dynamic shared memory of `bytes` for `kernel`, opting in past the default 48 KiB (ValueError
+// past the device's opt-in limit).
+template <typename Kernel>
+size_t smem_for(Kernel kernel, size_t bytes, const char* op) {
+  if (bytes > (48u << 10)) {
+    int dev = 0, most = 0;
+    MT_CUDA_CHECK(cudaGetDevice(&dev));
+    MT_CUDA_CHECK(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    MT_CHECK(bytes <= static_cast<size_t>(most), ValueError, op, ": needs ", bytes,
+             " bytes of shared memory per block (head dims or top-k too large), the GPU has ",
+             most);
+    MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(bytes)));
+    // All of L1 as shared memory, so that blocks under half of it fit twice per SM.
+    MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                       cudaSharedmemCarveoutMaxShared));
+  }
+  return bytes;
 }
 
 // f(i) for every i < n, over a grid-stride loop: the shape of every element-wise kernel.
@@ -211,6 +238,20 @@ void with_pack(bool packed, const F& f) {
     f(std::integral_constant<int, 1>{});
 }
 
+// Sum over the warp's lanes; the butterfly leaves the same bits on every lane.
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// a . b over n elements by one warp; every lane gets the sum.
+template <typename A, typename B>
+__device__ __forceinline__ float warp_dot(const A* a, const B* b, int64_t n) {
+  float s = 0.f;
+  for (int64_t d = threadIdx.x & 31; d < n; d += 32) s += ld(a, d) * ld(b, d);
+  return warp_sum(s);
+}
+
 // Sum over a block of blockDim.x threads (a multiple of 32, at most 1024); every thread gets it.
 // T is float or double (the reductions that accumulate in double).
 template <typename T>
@@ -239,6 +280,24 @@ __device__ __forceinline__ float block_max(float v) {
   float m = lane < warps ? part[lane] : -INFINITY;
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   return m;
+}
+
+// The document of token t in packed offsets cu [nseq + 1]: cu[i] <= t < cu[i + 1].
+__device__ __forceinline__ int64_t doc_index(const int32_t* cu, int64_t nseq, int64_t t) {
+  int64_t lo = 0, hi = nseq - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (cu[mid] <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+// Whether index-table slot value s names a key in [0, tokens) (negative: an empty slot).
+__device__ __forceinline__ bool valid_slot(int32_t s, int64_t tokens) {
+  return s >= 0 && s < tokens;
 }
 
 }  // namespace mt::ops::cuda

@@ -25,7 +25,7 @@
 // products in the same head order, with the q rows re-read once per tile and sweep.
 #include <climits>
 
-#include "ops/cuda/index_lists.cuh"
+#include "ops/cuda/common.cuh"
 #include "ops/cuda/mma.cuh"
 #include "ops/indexer.h"
 

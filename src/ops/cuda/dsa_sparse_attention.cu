@@ -19,8 +19,8 @@
 // the direct backward instead (ops/cuda/attention.cu).
 #include <climits>
 
+#include "ops/cuda/common.cuh"
 #include "ops/cuda/dsa_sparse_attention.h"
-#include "ops/cuda/index_lists.cuh"
 #include "ops/cuda/mma.cuh"
 
 namespace mt::ops::cuda {

@@ -16,8 +16,8 @@
 // for two blocks per SM only then); no TMA or wgmma yet (bench/RESULTS.md: what it reaches).
 #include <climits>
 
+#include "ops/cuda/common.cuh"
 #include "ops/cuda/flash_attention.h"
-#include "ops/cuda/index_lists.cuh"
 #include "ops/cuda/mma.cuh"
 
 namespace mt::ops::cuda {

@@ -1,10 +1,11 @@
-// Shared pieces of the ops over index tables (attention, indexer): warp dot products, launch
-// helpers, and the transpose of an index table on the GPU: for every key position s, the table
-// slots e = t * kmax + j that reference it, in increasing slot order. The backward passes gather
-// key gradients through it (one block per key, no float atomics), and the sorted order makes their
-// sums independent of scheduling, as cpu::build_key_lists does on the host. It is built with
-// integer atomics (counts and a fill cursor, whose results do not depend on order) and CUB's
-// segmented sort, which restores slot order inside each key's list.
+// The transpose of an index table on the GPU, for the ops over index tables (attention, the
+// indexer, pos_embed's tap table): for every key position s, the table slots e = t * kmax + j that
+// reference it, in increasing slot order. The backward passes gather key gradients through it (one
+// block per key, no float atomics), and the sorted order makes their sums independent of
+// scheduling, as cpu::build_key_lists does on the host. It is built with integer atomics (counts
+// and a fill cursor, whose results do not depend on order) and CUB's segmented sort, which
+// restores slot order inside each key's list. The generic helpers its users share (warp_sum,
+// warp_dot, doc_index, valid_slot, grid_of, smem_for) are in common.cuh.
 #pragma once
 
 #include <cub/device/device_scan.cuh>
@@ -14,60 +15,6 @@
 #include "ops/cuda/common.cuh"
 
 namespace mt::ops::cuda {
-
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// a . b over n elements by one warp; every lane gets the sum.
-template <typename A, typename B>
-__device__ __forceinline__ float warp_dot(const A* a, const B* b, int64_t n) {
-  float s = 0.f;
-  for (int64_t d = threadIdx.x & 31; d < n; d += 32) s += ld(a, d) * ld(b, d);
-  return warp_sum(s);
-}
-
-// The document of token t in packed offsets cu [nseq + 1]: cu[i] <= t < cu[i + 1].
-__device__ __forceinline__ int64_t doc_index(const int32_t* cu, int64_t nseq, int64_t t) {
-  int64_t lo = 0, hi = nseq - 1;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    if (cu[mid] <= t)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  return lo;
-}
-
-__device__ __forceinline__ bool valid_slot(int32_t s, int64_t tokens) {
-  return s >= 0 && s < tokens;
-}
-
-inline unsigned grid_of(int64_t n, const char* op) {
-  MT_CHECK(n <= 0x7fffffff, ValueError, op, ": ", n, " blocks exceed one grid");
-  return static_cast<unsigned>(n);
-}
-
-// Dynamic shared memory of `bytes` for `kernel`, opting in past the default 48 KiB.
-template <typename Kernel>
-size_t smem_for(Kernel kernel, size_t bytes, const char* op) {
-  if (bytes > (48u << 10)) {
-    int dev = 0, most = 0;
-    MT_CUDA_CHECK(cudaGetDevice(&dev));
-    MT_CUDA_CHECK(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    MT_CHECK(bytes <= static_cast<size_t>(most), ValueError, op, ": needs ", bytes,
-             " bytes of shared memory per block (head dims or top-k too large), the GPU has ",
-             most);
-    MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(bytes)));
-    // All of L1 as shared memory, so that blocks under half of it fit twice per SM.
-    MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                       cudaSharedmemCarveoutMaxShared));
-  }
-  return bytes;
-}
 
 struct DeviceKeyLists {
   const int32_t* offsets = nullptr;  // [T + 1]: key s owns entries[offsets[s], offsets[s + 1])

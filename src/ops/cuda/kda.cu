@@ -92,12 +92,6 @@ __device__ Doc doc_info(const Args& a, int64_t n) {
   return d;
 }
 
-// Sum over the warp's lanes; the butterfly leaves the same bits on every lane.
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 // A thread's place in the state: rows lane + 32 r (r < KR) and the columns col[c] (c < kCols).
 template <int KR>
 struct Tile {

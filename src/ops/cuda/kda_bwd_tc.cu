@@ -18,7 +18,6 @@
 
 #include "core/cuda/resources.h"
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/index_lists.cuh"
 #include "ops/cuda/kda_bwd_tc.h"
 #include "ops/cuda/mma.cuh"
 #include "ops/kda_chunk_layout.h"
@@ -45,11 +44,6 @@ constexpr int tile_rows() {
 template <int K>
 constexpr size_t products_smem() {
   return sizeof(float) * kLd * (kC + 2 * tile_rows<K>());
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
 }
 
 // Rows [0, Rows) of a source, 32 columns as fp32, zero from row `valid` on, into tile[r kLd + y]:

@@ -31,11 +31,6 @@ constexpr int kMaxKV = 128;  // head_k, head_v
 template <typename T>
 using Wide = std::conditional_t<std::is_same_v<T, float>, double, float>;
 
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 template <typename Kernel>
 void allow_smem(Kernel kernel, size_t bytes) {
   MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -38,7 +38,6 @@
 
 #include "core/cuda/resources.h"
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/index_lists.cuh"
 #include "ops/cuda/kda_fwd_tc.h"
 #include "ops/cuda/mma.cuh"
 #include "ops/kda_chunk_layout.h"

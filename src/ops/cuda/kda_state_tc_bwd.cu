@@ -7,7 +7,6 @@
 #include <type_traits>
 
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/index_lists.cuh"
 #include "ops/cuda/kda_state_tc.h"
 #include "ops/cuda/kda_state_tc_common.cuh"
 #include "ops/cuda/mma.cuh"

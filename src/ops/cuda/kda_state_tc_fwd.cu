@@ -6,7 +6,6 @@
 
 #include "core/cuda/resources.h"
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/index_lists.cuh"
 #include "ops/cuda/kda_state_tc.h"
 #include "ops/cuda/kda_state_tc_common.cuh"
 #include "ops/cuda/mma.cuh"

@@ -30,8 +30,8 @@
 #include <algorithm>
 #include <climits>
 
+#include "ops/cuda/common.cuh"
 #include "ops/cuda/cutlass/sparse_mqa_wgmma.h"
-#include "ops/cuda/index_lists.cuh"
 #include "ops/cuda/mma.cuh"
 #include "ops/sparse_mqa_attention.h"
 
