@@ -22,17 +22,12 @@ int run(int argc, char** argv, mt::par::Comm* world) {
   app.set_version_flag("--version", std::string("moetrain ") + MOETRAIN_VERSION);
   app.require_subcommand(1);
   const std::vector<mt::cli::Command> commands = {
-      mt::cli::add_demo_command(app),
-      mt::cli::add_info_command(app),
-      mt::cli::add_data_command(app),
-      mt::cli::add_train_command(app, world),
-      mt::cli::add_eval_command(app),
-      mt::cli::add_export_command(app),
-      mt::cli::add_plan_command(app),
-      mt::cli::add_forward_command(app),
-      mt::cli::add_generate_command(app),
-      mt::cli::add_report_command(app),
-      mt::cli::add_simulate_routing_command(app),
+      mt::cli::add_demo_command(app),        mt::cli::add_info_command(app),
+      mt::cli::add_data_command(app),        mt::cli::add_train_command(app, world),
+      mt::cli::add_tune_command(app, world), mt::cli::add_eval_command(app),
+      mt::cli::add_export_command(app),      mt::cli::add_plan_command(app),
+      mt::cli::add_forward_command(app),     mt::cli::add_generate_command(app),
+      mt::cli::add_report_command(app),      mt::cli::add_simulate_routing_command(app),
       mt::cli::add_bench_command(app),
   };
   try {

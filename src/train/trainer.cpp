@@ -497,6 +497,7 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
   };
 
   for (int64_t step = st.step + 1; step <= job.steps; ++step) {
+    const auto step_start = std::chrono::steady_clock::now();  // evaluation and saves excluded
     exec.zero_grad();
     // Before backward, which accumulates into it (+=): a mesh reduces its gradients in buckets
     // during the last micro-batch's backward, so a gradient changed after it would go unseen.
@@ -556,7 +557,9 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
     // not the 0 its micro-batches report. Its update (auxiliary losses, decay) still applies.
     if (step_targets == 0) loss = std::nan("");
     r.losses.push_back(loss);
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const auto step_end = std::chrono::steady_clock::now();
+    r.step_seconds.push_back(std::chrono::duration<double>(step_end - step_start).count());
+    r.seconds = std::chrono::duration<double>(step_end - t0).count();
     r.tokens_per_s = static_cast<double>(tokens_done) / r.seconds;
     const double eta = r.seconds / static_cast<double>(step - r.first_step + 1) *
                        static_cast<double>(job.steps - step);
@@ -577,6 +580,7 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
                           {"grad_norm", gnorm},
                           {"skipped_steps", r.skipped_steps},
                           {"tokens_per_s", r.tokens_per_s},
+                          {"step_seconds", r.step_seconds.back()},
                           {"peak_rss_mb", peak_rss_mb()},
                           {"expert_load", loads},
                           {"aux", aux}};
@@ -599,7 +603,8 @@ TrainResult run_job(const Job& job_in, const TrainOptions& topt, std::ostream& o
     }
     if (job.eval_every > 0 && step % job.eval_every == 0 && step != job.steps) run_eval(step);
     const bool last = step == job.steps;
-    if (last || (job.checkpoint_every > 0 && step % job.checkpoint_every == 0)) {
+    if (topt.save_checkpoints &&
+        (last || (job.checkpoint_every > 0 && step % job.checkpoint_every == 0))) {
       st.rng_seed = ctx.rng().seed();
       st.rng_counter = ctx.rng().counter();
       try {

@@ -117,9 +117,10 @@ struct TrainResult {
   std::map<std::string, EvalResult> eval;  // after the last step
   int64_t trainable = 0, total = 0;
   double tokens_per_s = 0, seconds = 0;
-  std::string checkpoint;     // the last one written
-  int64_t skipped_steps = 0;  // non-finite steps not applied (train.nonfinite = "skip")
-  int64_t failed_saves = 0;   // checkpoint saves that failed (checkpoint.on_error = "continue")
+  std::vector<double> step_seconds;  // wall time of each optimizer step run by this call
+  std::string checkpoint;            // the last one written
+  int64_t skipped_steps = 0;         // non-finite steps not applied (train.nonfinite = "skip")
+  int64_t failed_saves = 0;  // checkpoint saves that failed (checkpoint.on_error = "continue")
 };
 
 struct TrainOptions {
@@ -131,6 +132,9 @@ struct TrainOptions {
   // Build the mesh, the model and its shards, print what each rank holds, and stop (no data
   // read beyond the dataset header checks, no step, no files written).
   bool dry_run = false;
+  // Write checkpoints (checkpoint.every and the last step's). Off for runs that only measure
+  // (train/tune.h): nothing is saved.
+  bool save_checkpoints = true;
 };
 
 // Runs a job end to end: writes <run_dir>/job.toml, metrics.jsonl and checkpoints/, prints

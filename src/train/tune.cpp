@@ -1,0 +1,205 @@
+#include "train/tune.h"
+
+#include <unistd.h>
+
+#include <toml++/toml.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+
+#include "core/error.h"
+#include "plan/tune.h"
+#include "train/job.h"
+#include "train/trainer.h"
+
+namespace mt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// `key`'s value in the resolved job, as TOML writes it ("" where the job has no such key).
+std::string job_value(const Job& job, const std::string& key) {
+  const toml::table t = toml::parse(job.to_toml());
+  const toml::node* n = t.at_path(key).node();
+  if (!n) return "";
+  std::ostringstream os;
+  n->visit([&](const auto& v) { os << v; });
+  return os.str();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+std::string joined(const std::vector<std::string>& v, const char* sep) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : sep) + x;
+  return s;
+}
+
+// The job's own settings as a point of the space, or -1 where a value of the job is not in it.
+// Values compare as the job resolves them ("4" and "4.0" for a float key, quoted or not).
+int64_t own_index(const plan::TuneSpace& space, const std::string& path,
+                  const std::vector<std::string>& overrides, const Job& base) {
+  std::vector<int> at;
+  for (const plan::TuneDim& d : space.dims) {
+    MT_CHECK(!job_value(base, d.key).empty(), ConfigError, "tune space: '", d.key,
+             "' is not a job key (docs/training.md lists them)");
+    const std::string mine = job_value(base, d.key);
+    int found = -1;
+    for (size_t i = 0; i < d.values.size(); ++i) {
+      std::vector<std::string> o = overrides;
+      o.push_back(d.key + "=" + d.values[i]);
+      if (job_value(Job::load(path, o), d.key) == mine && found < 0) found = static_cast<int>(i);
+    }
+    if (found < 0) return -1;
+    at.push_back(found);
+  }
+  return space.index_of(at);
+}
+
+}  // namespace
+
+nlohmann::json TuneResult::to_json() const {
+  nlohmann::json j = {{"stopped", stopped}, {"trials", nlohmann::json::array()}};
+  for (const TuneTrial& t : trials) {
+    nlohmann::json o = {{"index", t.index}, {"overrides", t.overrides}};
+    if (t.error.empty()) {
+      o["step_seconds"] = t.step_seconds;
+      o["tokens_per_s"] = t.tokens_per_s;
+    } else {
+      o["error"] = t.error;
+    }
+    j["trials"].push_back(o);
+  }
+  if (best >= 0) {
+    const TuneTrial& b = trials[static_cast<size_t>(best)];
+    j["best"] = j["trials"][static_cast<size_t>(best)];
+    if (trials[0].error.empty()) j["speedup_over_own"] = trials[0].step_seconds / b.step_seconds;
+  }
+  return j;
+}
+
+TuneResult tune_job(const std::string& job_path, const std::vector<std::string>& overrides,
+                    const TuneOptions& opt, std::ostream& log) {
+  MT_CHECK(opt.trials >= 1 && opt.steps >= 1 && opt.warmup >= 0 && opt.initial >= 0, ConfigError,
+           "tune: --trials ", opt.trials, ", --steps ", opt.steps, ", --warmup ", opt.warmup,
+           ", --initial ", opt.initial, ": trials and steps must be >= 1, the others >= 0");
+  const plan::TuneSpace space = plan::parse_tune_space(opt.space);
+  const Job base = Job::load(job_path, overrides);
+  // Every value of every key must be one the job accepts: found now, not at trial 7.
+  for (const plan::TuneDim& d : space.dims)
+    for (const std::string& v : d.values) {
+      std::vector<std::string> o = overrides;
+      o.push_back(d.key + "=" + v);
+      Job::load(job_path, o);
+    }
+  const int64_t own = own_index(space, job_path, overrides, base);
+
+  const bool temp = opt.work_dir.empty();
+  const fs::path work =
+      temp ? fs::temp_directory_path() / ("moetrain-tune-" + std::to_string(::getpid()))
+           : fs::path(opt.work_dir);
+  fs::create_directories(work);
+  log << "tune: " << space.size() << " settings of " << space.dims.size() << " job key"
+      << (space.dims.size() == 1 ? "" : "s") << " (" << opt.space << "), at most " << opt.trials
+      << " trials of " << opt.warmup << " + " << opt.steps << " steps; the job's own settings "
+      << (own >= 0 ? "are one of them" : "lie outside them and are measured first") << "\n";
+
+  std::vector<std::vector<double>> points;
+  for (int64_t i = 0; i < space.size(); ++i) points.push_back(space.coordinates(i));
+  plan::BayesOpt bo(points, opt.seed, static_cast<int>(opt.initial));
+  TuneResult r;
+  const auto measure = [&](int64_t index) {
+    TuneTrial t{.index = index};
+    std::vector<std::string> o = overrides;
+    if (index >= 0) t.overrides = space.overrides(index);
+    o.insert(o.end(), t.overrides.begin(), t.overrides.end());
+    char name[32];
+    std::snprintf(name, sizeof name, "trial_%03zu", r.trials.size());
+    try {
+      Job job = Job::load(job_path, o);
+      // Speed only: random weights, no evaluation, no checkpoints, no progress lines.
+      if (!job.model_dir.empty()) job.model = job.model_dir;
+      job.model_dir.clear();
+      job.init.clear();
+      job.eval_data.clear();
+      job.eval_every = 0;
+      job.steps = opt.warmup + opt.steps;
+      job.warmup = 0;
+      job.progress = "off";
+      job.run_dir = (work / name).string();
+      fs::remove_all(job.run_dir);
+      std::ostringstream quiet;
+      const TrainResult tr = run_job(job, {.save_checkpoints = false}, quiet);
+      const std::vector<double> measured(tr.step_seconds.begin() + opt.warmup,
+                                         tr.step_seconds.end());
+      t.step_seconds = median(measured);
+      const double tokens_per_step =
+          tr.tokens_per_s * tr.seconds / static_cast<double>(tr.step_seconds.size());
+      t.tokens_per_s = tokens_per_step / t.step_seconds;
+    } catch (const Error& e) {
+      t.error = e.what();
+    }
+    r.trials.push_back(t);
+    if (index >= 0)
+      bo.observe(static_cast<int>(index),
+                 t.error.empty() ? std::log(t.step_seconds) : std::nan(""));
+    if (t.error.empty() &&
+        (r.best < 0 || t.step_seconds < r.trials[static_cast<size_t>(r.best)].step_seconds))
+      r.best = static_cast<int>(r.trials.size() - 1);
+    char line[160];
+    if (t.error.empty())
+      std::snprintf(line, sizeof line, "%.4f s/step, %.0f tokens/s", t.step_seconds,
+                    t.tokens_per_s);
+    log << "trial " << r.trials.size() << "/" << opt.trials << "  "
+        << (index >= 0 ? joined(t.overrides, " ") : std::string("(the job's own settings)")) << "  "
+        << (t.error.empty() ? std::string(line) : "failed: " + t.error) << "\n";
+  };
+
+  measure(own);
+  while (static_cast<int64_t>(r.trials.size()) < opt.trials) {
+    const int next = bo.next(opt.min_gain);
+    if (next < 0) {
+      bool all = true;
+      for (int64_t i = 0; i < space.size(); ++i) all = all && bo.tried(static_cast<int>(i));
+      r.stopped = all ? "exhausted" : "converged";
+      break;
+    }
+    measure(next);
+  }
+  if (r.stopped.empty()) r.stopped = "budget";
+  if (temp) fs::remove_all(work);
+
+  if (r.best < 0) {
+    log << "tune: no setting ran (every trial failed; the first error: " << r.trials[0].error
+        << ")\n";
+    return r;
+  }
+  const TuneTrial& b = r.trials[static_cast<size_t>(r.best)];
+  char figures[128];
+  std::snprintf(figures, sizeof figures, "%.4f s/step", b.step_seconds);
+  log << "best: "
+      << (b.index >= 0 ? joined(b.overrides, " ") : std::string("the job's own settings")) << ", "
+      << figures;
+  if (r.trials[0].error.empty()) {
+    std::snprintf(figures, sizeof figures, "%.2fx the job's own (%.4f s/step)",
+                  r.trials[0].step_seconds / b.step_seconds, r.trials[0].step_seconds);
+    log << ", " << figures;
+  }
+  log << "; stopped: "
+      << (r.stopped == "converged" ? cat("converged (no untried setting expected to be ",
+                                         100 * opt.min_gain, "% faster)")
+          : r.stopped == "budget"  ? std::string("the trial budget is spent")
+                                   : std::string("every setting measured"))
+      << "\n";
+  if (b.index >= 0) log << "use: --set " << joined(b.overrides, " --set ") << "\n";
+  return r;
+}
+
+}  // namespace mt

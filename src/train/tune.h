@@ -1,0 +1,53 @@
+// The auto-tuner (`moetrain tune`, docs/planner.md "Auto-tuner"): measures real training steps of
+// a job under the settings that Bayesian optimisation over a grid of job keys proposes
+// (plan/tune.h), the job's own settings first, and reports the fastest with the `--set` flags
+// that select it. Each trial is the job itself for warmup + steps optimizer steps with random
+// weights (speed does not depend on their values: an HF directory's weights are not loaded),
+// without evaluation or checkpoints, in a run directory of its own. One process (a mesh's ranks
+// would each measure and decide alone).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace mt {
+
+struct TuneOptions {
+  std::string space;        // plan::parse_tune_space's "key=v1,v2;key=..."
+  int64_t trials = 12;      // settings measured at most, the job's own included
+  int64_t steps = 4;        // measured optimizer steps per trial
+  int64_t warmup = 1;       // steps run first and not measured (allocation, caches, autotuning)
+  int64_t initial = 2;      // random settings after the job's own, before the model proposes
+  double min_gain = 0.005;  // stop once no setting is expected to be this much faster (relative)
+  uint64_t seed = 1;
+  std::string work_dir;  // the trials' run directories; empty: a temporary one, removed after
+};
+
+struct TuneTrial {
+  int64_t index = -1;                  // in the space; -1: the job's own settings outside it
+  std::vector<std::string> overrides;  // key=value per dimension ("" for the job's own)
+  double step_seconds = 0;             // median of the measured steps
+  double tokens_per_s = 0;
+  std::string error;  // why the setting could not run (then the figures are 0)
+};
+
+struct TuneResult {
+  std::vector<TuneTrial> trials;  // in the order measured; trials[0] is the job's own
+  int best = -1;                  // into trials: the fastest that ran
+  // "converged" (no untried setting expected to gain min_gain), "budget" (trials spent) or
+  // "exhausted" (every setting measured).
+  std::string stopped;
+  nlohmann::json to_json() const;
+};
+
+// Tunes the job at `job_path` with `overrides` (the command line's --set) applied to every trial.
+// Progress, a line per trial, goes to `log`. ConfigError for a bad space or a key the job does not
+// have (before any trial runs); a trial that fails (out of memory, a setting the job refuses) is
+// recorded with its error and never proposed again.
+TuneResult tune_job(const std::string& job_path, const std::vector<std::string>& overrides,
+                    const TuneOptions& opt, std::ostream& log);
+
+}  // namespace mt

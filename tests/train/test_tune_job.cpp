@@ -1,0 +1,147 @@
+// The auto-tuner over real steps (train/tune.h) on the tiny model: every setting of a small grid
+// measured, the job's own first, the fastest reported with its --set flags; a setting the engine
+// refuses recorded and passed over; bad spaces refused before any trial; trials write no
+// checkpoints and their metrics carry each step's time.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+#include "harness/seed.h"
+#include "harness/train_files.h"
+#include "train/tune.h"
+
+namespace mt {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A tiny job (threads 1, no evaluation) and its file.
+std::string write_job(const fs::path& root) {
+  const std::string data = test::write_tiny_dataset(root / "train", test::case_seed(), 12);
+  const std::string text = "[run]\ndir = \"" + (root / "run").string() +
+                           "\"\nthreads = 1\n[model]\nconfig = \"tiny\"\n[data]\ntrain = \"" +
+                           data +
+                           "\"\n[schedule]\nsteps = 50\nwarmup = 5\n[train]\nbatch = 2\n"
+                           "[log]\nprogress = \"off\"\n";
+  const fs::path job = root / "job.toml";
+  std::ofstream(job) << text;
+  return job.string();
+}
+
+TEST(TuneJob, MeasuresEverySettingOfASmallGridAndKeepsTheFastest) {
+  const fs::path root = test::temp_dir("tune");
+  const std::string job = write_job(root);
+  const TuneOptions opt{.space = "run.threads=1,2;train.recompute=none,full",
+                        .trials = 10,
+                        .steps = 2,
+                        .warmup = 1,
+                        .initial = 1,
+                        .min_gain = 0,
+                        .seed = test::case_seed(),
+                        .work_dir = (root / "trials").string()};
+  std::ostringstream log;
+  const TuneResult r = tune_job(job, {}, opt, log);
+  ASSERT_EQ(r.trials.size(), 4u) << log.str();
+  EXPECT_EQ(r.stopped, "exhausted");
+  // The job's own settings first: threads 1, recompute none.
+  EXPECT_EQ(r.trials[0].index, 0);
+  EXPECT_EQ(r.trials[0].overrides,
+            (std::vector<std::string>{"run.threads=1", "train.recompute=none"}));
+  std::set<int64_t> seen;
+  for (const TuneTrial& t : r.trials) {
+    EXPECT_TRUE(t.error.empty()) << t.error;
+    EXPECT_GT(t.step_seconds, 0);
+    EXPECT_GT(t.tokens_per_s, 0);
+    seen.insert(t.index);
+  }
+  EXPECT_EQ(seen.size(), 4u);
+  ASSERT_GE(r.best, 0);
+  for (const TuneTrial& t : r.trials)
+    EXPECT_LE(r.trials[static_cast<size_t>(r.best)].step_seconds, t.step_seconds);
+  const std::string out = log.str();
+  EXPECT_NE(out.find("use: --set " + r.trials[static_cast<size_t>(r.best)].overrides[0]),
+            std::string::npos)
+      << out;
+  const nlohmann::json j = r.to_json();
+  EXPECT_EQ(j["trials"].size(), 4u);
+  EXPECT_TRUE(j.contains("best"));
+  EXPECT_GE(j["speedup_over_own"].get<double>(), 1.0);
+  // Each trial ran warmup + steps steps, logged their times and saved nothing; the job's own run
+  // directory was never touched.
+  for (size_t i = 0; i < 4; ++i) {
+    char name[32];
+    std::snprintf(name, sizeof name, "trial_%03zu", i);
+    std::ifstream metrics(root / "trials" / name / "metrics.jsonl");
+    int lines = 0;
+    for (std::string l; std::getline(metrics, l);) {
+      const nlohmann::json m = nlohmann::json::parse(l);
+      if (!m.contains("loss")) continue;
+      EXPECT_GT(m["step_seconds"].get<double>(), 0);
+      ++lines;
+    }
+    EXPECT_EQ(lines, 3) << name;
+    const fs::path ck = root / "trials" / name / "checkpoints";
+    EXPECT_TRUE(!fs::exists(ck) || fs::is_empty(ck)) << name;
+  }
+  EXPECT_FALSE(fs::exists(root / "run" / "metrics.jsonl"));
+}
+
+TEST(TuneJob, ASettingTheEngineRefusesIsRecordedAndPassedOver) {
+  const fs::path root = test::temp_dir("tune_refused");
+  const std::string job = write_job(root);
+  // bf16 parses as a job value but the CPU engine refuses to train it.
+  const TuneOptions opt{.space = "model.precision=fp32,bf16",
+                        .trials = 5,
+                        .steps = 1,
+                        .warmup = 0,
+                        .initial = 0,
+                        .min_gain = 0};
+  std::ostringstream log;
+  const TuneResult r = tune_job(job, {"run.device=\"cpu\""}, opt, log);
+  ASSERT_EQ(r.trials.size(), 2u) << log.str();
+  EXPECT_TRUE(r.trials[0].error.empty()) << r.trials[0].error;
+  EXPECT_NE(r.trials[1].error.find("model.precision"), std::string::npos) << r.trials[1].error;
+  EXPECT_EQ(r.best, 0);
+  EXPECT_NE(log.str().find("failed: "), std::string::npos);
+}
+
+TEST(TuneJob, TheJobsOwnSettingsOutsideTheGridAreMeasuredFirst) {
+  const fs::path root = test::temp_dir("tune_outside");
+  const std::string job = write_job(root);
+  const TuneOptions opt{.space = "run.threads=2", .trials = 5, .steps = 1, .warmup = 0};
+  std::ostringstream log;
+  const TuneResult r = tune_job(job, {}, opt, log);
+  ASSERT_EQ(r.trials.size(), 2u) << log.str();
+  EXPECT_EQ(r.trials[0].index, -1);
+  EXPECT_TRUE(r.trials[0].overrides.empty());
+  EXPECT_EQ(r.trials[1].overrides, std::vector<std::string>{"run.threads=2"});
+  EXPECT_NE(log.str().find("lie outside them"), std::string::npos);
+}
+
+TEST(TuneJob, BadSpacesFailBeforeAnyTrial) {
+  const fs::path root = test::temp_dir("tune_bad");
+  const std::string job = write_job(root);
+  std::ostringstream log;
+  const auto fails = [&](const std::string& space, const std::string& says) {
+    TuneOptions opt{.space = space, .work_dir = (root / "trials").string()};
+    try {
+      tune_job(job, {}, opt, log);
+      ADD_FAILURE() << space << ": no error";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << space << ": " << e.what();
+    }
+  };
+  fails("run.threads=1,two", "run.threads");
+  fails("run.nonsense=1", "run.nonsense");
+  fails("run.threads", "not key=value");
+  EXPECT_FALSE(fs::exists(root / "trials"));
+  EXPECT_TRUE(log.str().empty());
+}
+
+}  // namespace
+}  // namespace mt
