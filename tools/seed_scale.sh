@@ -103,7 +103,8 @@ ranks with the same number of expert replicas (EP 8 / replicas) and dry-runs `mo
 --dry-run` under `mpirun -np 8` on `configs/models/seed-mini.json` (the seed's layer pattern and
 proportions, 28 of its 896 experts, LoRA rank 16 on every projection, experts frozen): the mesh is
 built and every rank holds its ZeRO-3 expert shards with full recompute. The CPU engine runs fp32
-only; the bf16 policy the memory above assumes is the CUDA engine's (docs/gpu.md).
+only; the bf16 policy the memory above assumes is the one-GPU CUDA engine's (docs/gpu.md): on a
+mesh, GPUs included, the engine keeps fp32 parameters today (docs/parallelism.md).
 
 ## What the planner concludes
 

@@ -117,7 +117,8 @@ Command add_simulate_routing_command(CLI::App& app) {
                 static_cast<long long>(so.tokens_per_rank),
                 static_cast<long long>(so.sample_per_rank), static_cast<long long>(so.steps));
             if (a->policies == "both") {
-              // Against the strongest static baseline (docs/load-balancing.md, "Claims").
+              // Against the strongest static baseline (docs/load-balancing.md, "Against the
+              // strongest static baseline").
               const balance::PolicyComparison cmp = balance::compare_policies(so);
               print_row("off", cmp.given);
               print_row(cat("static", cmp.best_chunks).c_str(), cmp.best_static);

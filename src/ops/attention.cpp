@@ -97,7 +97,7 @@ void full_indices(const SeqInfo& seq, Tensor& indices) {
       " tokens, longest document ", max_doc_len(seq));
   if (op_device("full_indices", {&indices}) == Device::CUDA) {
 #if MOETRAIN_WITH_CUDA
-    no_cuda_kernel("full_indices");  // until src/ops/cuda/attention.cu lands
+    no_cuda_kernel("full_indices");  // no CUDA kernel: the host builds the table
 #else
     no_cuda_backend("full_indices");
 #endif

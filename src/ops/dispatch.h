@@ -37,8 +37,8 @@ void expect_f64_scalar(const Tensor& t, const char* what);
 
 // Thrown by an entry that got CUDA tensors in a binary built without the CUDA backend.
 [[noreturn]] void no_cuda_backend(const char* op);
-// Thrown, in a CUDA binary, by an entry whose kernel has not landed yet (its ops/cuda/X.h declares
-// the signature; the commit that adds ops/cuda/X.cu replaces this call with the cuda:: one).
+// Thrown, in a CUDA binary, by an entry whose kernel has not landed yet (the entry spells out its
+// CUDA branch until then; docs/contributing.md, "An op", step 4).
 [[noreturn]] void no_cuda_kernel(const char* op);
 
 // An entry's name (for errors) and its backends' bodies, all of one function type F.

@@ -45,14 +45,15 @@ constexpr bool sparse_mla_cuda = true;
 constexpr bool lightning_indexer_cuda = true;
 constexpr bool fused_router_cuda = true;
 constexpr bool a2a_dispatch_cuda = false;
-constexpr bool grouped_gemm_cuda = false;
+constexpr bool grouped_gemm_cuda = true;
 constexpr bool fused_ce_cuda = true;
 constexpr bool rmsnorm_cuda = true;
 constexpr bool causal_conv1d_cuda = true;
 constexpr bool index_attention_cuda = true;
 constexpr bool causal_attention_cuda = true;
 constexpr bool indexer_cuda = true;
-// Direct versions, registered after the fast kernels above so that those win once they land.
+// Registered after the fast kernels above, which win where they apply: the local permute (no
+// all-to-all) and the grouped experts' f32 path.
 constexpr bool stable_permute_cuda = true;
 constexpr bool grouped_ffn_loop_cuda = true;
 }  // namespace landed
@@ -173,10 +174,10 @@ KernelRegistry KernelRegistry::builtin() {
   cuda(OpKind::MoeDispatch, "a2a_dispatch_cuda", landed::a2a_dispatch_cuda,
        "NCCL all-to-all-v + permute", any);
   cuda(OpKind::GroupedExperts, "grouped_gemm_cuda", landed::grouped_gemm_cuda,
-       "grouped GEMM (+ expert LoRA)", [](const OpShape& s) {
-         if (s.lora_rank > 128) return "expert LoRA rank " + std::to_string(s.lora_rank) + " > 128";
-         return need_bf16(s);
-       });
+       "src/ops/cuda/grouped_matmul.cu + cutlass/ (CUTLASS sm90 grouped GEMMs, one launch per "
+       "projection; expert LoRA K-concatenated into them up to rank 64, separate grouped "
+       "products past it)",
+       need_bf16);
   cuda(OpKind::CrossEntropy, "fused_ce_cuda", landed::fused_ce_cuda, "chunked fused LM head + CE",
        any);
   cuda(OpKind::Norm, "rmsnorm_cuda", landed::rmsnorm_cuda, "fused RMSNorm", any);
@@ -185,7 +186,9 @@ KernelRegistry KernelRegistry::builtin() {
   cuda(OpKind::MoeDispatch, "stable_permute_cuda", landed::stable_permute_cuda,
        "src/ops/cuda/moe_dispatch.cu (local radix-sort permute, no all-to-all)", any);
   cuda(OpKind::GroupedExperts, "grouped_ffn_loop_cuda", landed::grouped_ffn_loop_cuda,
-       "src/ops/cuda/grouped_matmul.cu (one cuBLASLt GEMM per expert, + expert LoRA)", any);
+       "src/ops/cuda/grouped_matmul.cu (f32: cuBLAS's grouped GEMM, one launch per projection; "
+       "expert LoRA as separate grouped products)",
+       any);
   return r;
 }
 

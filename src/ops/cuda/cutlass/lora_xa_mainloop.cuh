@@ -14,7 +14,7 @@
 // 64 x 16 A block from shared memory, a quarter more than the base wgmma reads), without the
 // slices' bulk copies 1,660. With n-block 0 alone forming xa: 1,622 against the frozen GEMM's
 // 1,535 in the same run, ~135 us less than the K + r GEMM and the xa pass; that run also found
-// the clusters' empty tiles miscounted (fixed since, not yet run on the device).
+// the clusters' empty tiles miscounted (fixed since; run in session 19, call 1).
 //
 // What the stock mainloop lacks, and this one adds:
 // - A third operand per stage, for the n-block-0 tiles: A_g's [16, 64] k-slice, which
