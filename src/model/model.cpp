@@ -115,6 +115,7 @@ Model::Model(const ModelConfig& cfg, uint64_t seed, const ModelOptions& opt)
     prefix = p + "mlp.";
     ParamTable ffn_table =
         params_.add_layer(prefix, stored_as(ffn->param_specs(), precision_), rng, trainable);
+    if (auto* moe = dynamic_cast<MoeLayer*>(ffn.get())) moe->set_grouped_gemm(opt.grouped_gemm);
     ffns_.push_back(std::move(ffn));
     if (pad_experts(i))
       for (auto& [name, ref] : ffn_table) ref.value = params_.at(prefix + name).value;

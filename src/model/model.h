@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "model/model_config.h"
 #include "model/param_store.h"
 #include "model/precision.h"
+#include "ops/grouped_matmul.h"
 
 namespace mt {
 
@@ -83,6 +85,9 @@ struct ModelOptions {
   // model; shard_experts and the FSDP units allocate only their slices, and the model must not
   // run before they are filled.
   bool defer_weights = false;
+  // The routed experts' grouped GEMM configuration (MoeLayer::set_grouped_gemm); unset: the
+  // environment's (MOETRAIN_GROUPED_GEMM) or the default.
+  std::optional<ops::GroupedGemmConfig> grouped_gemm;
 };
 
 // One parameter of a model as declared, without allocating it (for counting and planning).

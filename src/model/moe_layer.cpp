@@ -127,7 +127,8 @@ ops::GroupedFfnParams MoeLayer::ffn_params(int64_t tokens) const {
           .in = cfg_.latent,
           .ffn = cfg_.expert_ffn,
           .lora_rank = cfg_.expert_lora.rank,
-          .lora_alpha = cfg_.expert_lora.alpha};
+          .lora_alpha = cfg_.expert_lora.alpha,
+          .gemm = gemm_};
 }
 
 std::vector<ParamSpec> MoeLayer::param_specs() const {

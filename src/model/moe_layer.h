@@ -16,6 +16,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "model/config.h"
@@ -101,6 +102,10 @@ class MoeLayer : public Layer {
   // Multiplies the sequence aux loss's gradient: data parallelism weights each rank's
   // per-document mean by its share of the global documents (Model::set_loss_weight).
   void set_seq_aux_weight(float w) { seq_aux_weight_ = w; }
+  // The routed experts' grouped GEMM configuration (ops/grouped_matmul.h; a job's
+  // kernels.grouped_gemm); unset: MOETRAIN_GROUPED_GEMM's or the default.
+  void set_grouped_gemm(std::optional<ops::GroupedGemmConfig> c) { gemm_ = c; }
+  const std::optional<ops::GroupedGemmConfig>& grouped_gemm() const { return gemm_; }
 
   // Whether the routed experts run K-concatenated (ops/grouped_ffn.h, grouped_ffn_kconcat) with
   // base weights of this device and dtype: expert LoRA in bf16 on the GPU, experts computed here
@@ -166,6 +171,7 @@ class MoeLayer : public Layer {
   std::array<AuxTerm, 2> aux_;  // router_seq_aux, router_z: written by the router's loss ops
   Tensor load_t_;               // i64 [E]: a load handed to update_selection_bias
   float seq_aux_weight_ = 1.f;
+  std::optional<ops::GroupedGemmConfig> gemm_;
   mutable std::vector<int64_t> load_;  // on the host; behind load_dev_ when load_stale_
   Tensor load_dev_;                    // i64 [E]: the count on a GPU
   mutable bool load_stale_ = false;

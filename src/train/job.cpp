@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "io/hf_names.h"
 #include "model/vision/vision_front.h"
+#include "ops/grouped_matmul.h"
 
 namespace mt {
 
@@ -235,6 +236,7 @@ Job Job::parse(const std::string& text, const std::string& source,
   r.get("train.grad_accum", j.grad_accum);
   r.get("train.nonfinite", j.nonfinite);
   r.get("train.recompute", j.recompute);
+  r.get("kernels.grouped_gemm", j.grouped_gemm);
   r.get("checkpoint.every", j.checkpoint_every);
   r.get("checkpoint.keep", j.checkpoint_keep);
   r.get("checkpoint.on_error", j.checkpoint_on_error);
@@ -279,6 +281,14 @@ Job Job::parse(const std::string& text, const std::string& source,
   need(j.batch > 0, "train.batch", j.batch, "must be positive");
   need(j.grad_accum > 0, "train.grad_accum", j.grad_accum, "must be positive");
   parse_activation_recompute(j.recompute, source + ": key 'train.recompute'");
+  if (!j.grouped_gemm.empty()) {
+    try {
+      ops::parse_grouped_gemm_config(j.grouped_gemm);
+    } catch (const Error& e) {
+      MT_THROW(ConfigError, source, ": key 'kernels.grouped_gemm' = \"", j.grouped_gemm,
+               "\": ", e.message());
+    }
+  }
   need(j.lr > 0, "optim.lr", j.lr, "must be positive");
   need(j.min_lr_ratio >= 0 && j.min_lr_ratio <= 1, "optim.min_lr_ratio", j.min_lr_ratio,
        "must be in [0, 1]");
@@ -365,6 +375,7 @@ std::string Job::to_toml() const {
                             {"grad_accum", grad_accum},
                             {"nonfinite", nonfinite},
                             {"recompute", recompute}}},
+      {"kernels", toml::table{{"grouped_gemm", grouped_gemm}}},
       {"checkpoint", toml::table{{"every", checkpoint_every},
                                  {"keep", checkpoint_keep},
                                  {"on_error", checkpoint_on_error}}},
@@ -500,6 +511,7 @@ ModelOptions job_model_options(const Job& job) {
   ModelOptions o;
   o.precision = parse_precision(job.precision, "model.precision");
   o.recompute = parse_activation_recompute(job.recompute, "train.recompute");
+  if (!job.grouped_gemm.empty()) o.grouped_gemm = ops::parse_grouped_gemm_config(job.grouped_gemm);
   const std::string tower = std::string(VisionFrontEnd::kTowerPrefix) + "*";
   if (job.lora_targets.empty() && job.train_patterns.empty()) {
     // Full training trains the tower too, unless it is frozen.

@@ -76,6 +76,10 @@ struct Job {
   // What backward recomputes instead of keeping (ActivationRecompute, model/model.h): "none",
   // "selective" (the FFN / MoE internals) or "full" (each layer from its input).
   std::string recompute = "none";
+  // [kernels] The routed experts' grouped GEMM configuration on the GPU (ops/grouped_matmul.h's
+  // names, e.g. "coop128x256c2x1:down=coop128x256c2x1"; docs/gpu.md); empty:
+  // MOETRAIN_GROUPED_GEMM's or the default. No effect on the CPU.
+  std::string grouped_gemm;
   // [checkpoint]
   int64_t checkpoint_every = 0;  // 0: only at the end
   int64_t checkpoint_keep = 2;

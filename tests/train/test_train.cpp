@@ -18,7 +18,9 @@
 #include "harness/train_files.h"
 #include "io/hf_names.h"
 #include "io/safetensors.h"
+#include "model/moe_layer.h"
 #include "ops/gemm.h"
+#include "ops/grouped_matmul.h"
 #include "plan/model_stats.h"
 #include "train/adapter.h"
 #include "train/checkpoint.h"
@@ -234,6 +236,37 @@ TEST(Job, PrecisionKeyIsValidatedAndBf16IsRefusedOnTheCpu) {
 
 // train.recompute reaches the model, is validated by name, survives the resolved job, and the
 // trainer gives the no-recompute losses bit for bit (same ops in the same order).
+// kernels.grouped_gemm: a configuration name reaches every MoE layer of the model the job builds
+// (their grouped GEMMs run it on the GPU); a name the op does not know is the key's error.
+TEST(Job, GroupedGemmKeyReachesTheMoeLayers) {
+  const std::string ok = "[data]\ntrain = \"d\"\n[model]\nconfig = \"tiny\"\n";
+  const std::string name = "coop128x256c2x1:down=coop128x256c2x1";
+  const Job j = Job::parse(ok, "j.toml", {"kernels.grouped_gemm=\"" + name + "\""});
+  EXPECT_EQ(Job::parse(j.to_toml(), "resolved").grouped_gemm, name);
+  const ModelOptions o = job_model_options(j);
+  ASSERT_TRUE(o.grouped_gemm.has_value());
+  EXPECT_EQ(ops::grouped_gemm_config_name(*o.grouped_gemm), name);
+  Model m(job_model_config(j), 1, o);
+  int moe = 0;
+  for (MoeLayer* l : m.moe_layers()) {
+    if (!l) continue;
+    ASSERT_TRUE(l->grouped_gemm().has_value());
+    EXPECT_EQ(ops::grouped_gemm_config_name(*l->grouped_gemm()), name);
+    ++moe;
+  }
+  EXPECT_GT(moe, 0);
+  // Unset: no configuration of its own (the environment's or the default applies).
+  Model plain(job_model_config(Job::parse(ok, "j.toml")), 1);
+  for (MoeLayer* l : plain.moe_layers()) {
+    if (l) {
+      EXPECT_FALSE(l->grouped_gemm().has_value());
+    }
+  }
+  const std::string e = error_of<ConfigError>(
+      [&] { Job::parse(ok, "j.toml", {"kernels.grouped_gemm=\"warp9000\""}); });
+  EXPECT_NE(e.find("'kernels.grouped_gemm' = \"warp9000\""), std::string::npos) << e;
+}
+
 TEST(Job, RecomputeKeyTrainsExactlyLikeNone) {
   const std::string ok = "[data]\ntrain = \"d\"\n";
   EXPECT_EQ(job_model_options(Job::parse(ok, "j.toml")).recompute, ActivationRecompute::None);
