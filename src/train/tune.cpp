@@ -122,6 +122,10 @@ TuneResult tune_job(const std::string& job_path, const std::vector<std::string>&
     o.insert(o.end(), t.overrides.begin(), t.overrides.end());
     char name[32];
     std::snprintf(name, sizeof name, "trial_%03zu", r.trials.size());
+    // The setting first: a trial of a large model takes minutes.
+    log << "trial " << r.trials.size() + 1 << "/" << opt.trials << "  "
+        << (index >= 0 ? joined(t.overrides, " ") : std::string("(the job's own settings)")) << "  "
+        << std::flush;
     try {
       Job job = Job::load(job_path, o);
       // Speed only: random weights, no evaluation, no checkpoints, no progress lines.
@@ -157,9 +161,7 @@ TuneResult tune_job(const std::string& job_path, const std::vector<std::string>&
     if (t.error.empty())
       std::snprintf(line, sizeof line, "%.4f s/step, %.0f tokens/s", t.step_seconds,
                     t.tokens_per_s);
-    log << "trial " << r.trials.size() << "/" << opt.trials << "  "
-        << (index >= 0 ? joined(t.overrides, " ") : std::string("(the job's own settings)")) << "  "
-        << (t.error.empty() ? std::string(line) : "failed: " + t.error) << "\n";
+    log << (t.error.empty() ? std::string(line) : "failed: " + t.error) << "\n";
   };
 
   measure(own);
