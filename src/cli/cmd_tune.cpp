@@ -1,5 +1,6 @@
 #include <iostream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -51,14 +52,15 @@ Command add_tune_command(CLI::App& app, par::Comm* world) {
                 "keep the trials' run directories here (default: a temporary one, removed)");
   c->add_option("--out", a->out, "also write the trials and the result as JSON to this file");
   return {c, [a, world] {
-            MT_CHECK(!world || world->size() == 1, ConfigError,
-                     "tune runs one process (under mpirun each rank would measure and decide "
-                     "alone); run it without mpirun, on one GPU or the CPU");
             std::vector<std::string> set = a->set;
             if (!a->model.empty()) set.push_back("model.dir=\"" + a->model + "\"");
             if (!a->device.empty()) set.push_back("run.device=\"" + a->device + "\"");
-            const TuneResult r = tune_job(a->job, set, a->tune, std::cout);
-            if (!a->out.empty()) write_file_atomic(a->out, r.to_json().dump(2) + "\n");
+            // Rank 0 speaks for the mesh; every rank takes the same decisions.
+            const bool root = !world || world->rank() == 0;
+            std::ostringstream others;
+            const TuneResult r = tune_job(
+                a->job, set, a->tune, root ? static_cast<std::ostream&>(std::cout) : others, world);
+            if (root && !a->out.empty()) write_file_atomic(a->out, r.to_json().dump(2) + "\n");
             return r.best >= 0 ? 0 : 1;
           }};
 }

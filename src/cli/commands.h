@@ -26,7 +26,7 @@ Command add_info_command(CLI::App& app);
 Command add_data_command(CLI::App& app);
 // world: the job's processes when started by mpirun, else null (one process).
 Command add_train_command(CLI::App& app, par::Comm* world);
-// world: as train's; tune refuses more than one process.
+// world: as train's (tune: every rank runs each trial; rank 0 reports).
 Command add_tune_command(CLI::App& app, par::Comm* world);
 Command add_eval_command(CLI::App& app);
 Command add_export_command(CLI::App& app);

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "parallel/comm.h"
 #include "plan/tune.h"
 #include "train/job.h"
 #include "train/trainer.h"
@@ -86,7 +87,8 @@ nlohmann::json TuneResult::to_json() const {
 }
 
 TuneResult tune_job(const std::string& job_path, const std::vector<std::string>& overrides,
-                    const TuneOptions& opt, std::ostream& log) {
+                    const TuneOptions& opt, std::ostream& log, par::Comm* world) {
+  const int ranks = world ? world->size() : 1;
   MT_CHECK(opt.trials >= 1 && opt.steps >= 1 && opt.warmup >= 0 && opt.initial >= 0, ConfigError,
            "tune: --trials ", opt.trials, ", --steps ", opt.steps, ", --warmup ", opt.warmup,
            ", --initial ", opt.initial, ": trials and steps must be >= 1, the others >= 0");
@@ -102,9 +104,11 @@ TuneResult tune_job(const std::string& job_path, const std::vector<std::string>&
   const int64_t own = own_index(space, job_path, overrides, base);
 
   const bool temp = opt.work_dir.empty();
-  const fs::path work =
-      temp ? fs::temp_directory_path() / ("moetrain-tune-" + std::to_string(::getpid()))
-           : fs::path(opt.work_dir);
+  // One name on every rank: rank 0's process id.
+  int64_t pid = ::getpid();
+  if (world) world->broadcast(&pid, 1, par::Elem::I64, 0);
+  const fs::path work = temp ? fs::temp_directory_path() / ("moetrain-tune-" + std::to_string(pid))
+                             : fs::path(opt.work_dir);
   fs::create_directories(work);
   log << "tune: " << space.size() << " settings of " << space.dims.size() << " job key"
       << (space.dims.size() == 1 ? "" : "s") << " (" << opt.space << "), at most " << opt.trials
@@ -138,17 +142,33 @@ TuneResult tune_job(const std::string& job_path, const std::vector<std::string>&
       job.warmup = 0;
       job.progress = "off";
       job.run_dir = (work / name).string();
-      fs::remove_all(job.run_dir);
+      std::error_code ec;  // a directory left by an earlier tuning in --work-dir: rank 0 clears it
+      if (!world || world->rank() == 0) fs::remove_all(job.run_dir, ec);
+      if (world) world->barrier();
       std::ostringstream quiet;
-      const TrainResult tr = run_job(job, {.save_checkpoints = false}, quiet);
+      const TrainResult tr = run_job(job, {.world = world, .save_checkpoints = false}, quiet);
       const std::vector<double> measured(tr.step_seconds.begin() + opt.warmup,
                                          tr.step_seconds.end());
       t.step_seconds = median(measured);
       const double tokens_per_step =
           tr.tokens_per_s * tr.seconds / static_cast<double>(tr.step_seconds.size());
       t.tokens_per_s = tokens_per_step / t.step_seconds;
+    } catch (const par::CommError&) {
+      throw;  // a peer failed mid-collective: the mesh cannot run another trial
     } catch (const Error& e) {
       t.error = e.what();
+    }
+    if (world && ranks > 1) {
+      // The mesh's figure is its slowest rank's; a rank that failed fails the trial everywhere.
+      const double mine[2] = {t.error.empty() ? 1.0 : 0.0, t.step_seconds};
+      std::vector<double> all(static_cast<size_t>(2 * ranks));
+      world->all_gather(mine, 2, all.data(), par::Elem::F64);
+      for (int k = 0; k < ranks; ++k) {
+        if (all[static_cast<size_t>(2 * k)] == 0 && t.error.empty())
+          t.error = cat("failed on rank ", k, " (its own error is not gathered)");
+        t.step_seconds = std::max(t.step_seconds, all[static_cast<size_t>(2 * k + 1)]);
+      }
+      if (!t.error.empty()) t.step_seconds = t.tokens_per_s = 0;
     }
     r.trials.push_back(t);
     if (index >= 0)
@@ -164,19 +184,28 @@ TuneResult tune_job(const std::string& job_path, const std::vector<std::string>&
     log << (t.error.empty() ? std::string(line) : "failed: " + t.error) << "\n";
   };
 
+  const auto all_tried = [&] {
+    for (int64_t i = 0; i < space.size(); ++i)
+      if (!bo.tried(static_cast<int>(i))) return false;
+    return true;
+  };
   measure(own);
-  while (static_cast<int64_t>(r.trials.size()) < opt.trials) {
-    const int next = bo.next(opt.min_gain);
-    if (next < 0) {
-      bool all = true;
-      for (int64_t i = 0; i < space.size(); ++i) all = all && bo.tried(static_cast<int>(i));
-      r.stopped = all ? "exhausted" : "converged";
-      break;
+  while (r.stopped.empty()) {
+    if (all_tried()) {
+      r.stopped = "exhausted";
+    } else if (static_cast<int64_t>(r.trials.size()) >= opt.trials) {
+      r.stopped = "budget";
+    } else if (const int next = bo.next(opt.min_gain); next >= 0) {
+      measure(next);
+    } else {
+      r.stopped = "converged";
     }
-    measure(next);
   }
-  if (r.stopped.empty()) r.stopped = "budget";
-  if (temp) fs::remove_all(work);
+  if (temp) {
+    if (world) world->barrier();
+    std::error_code ec;  // ranks on one host remove the same directory
+    fs::remove_all(work, ec);
+  }
 
   if (r.best < 0) {
     log << "tune: no setting ran (every trial failed; the first error: " << r.trials[0].error

@@ -3,8 +3,9 @@
 // (plan/tune.h), the job's own settings first, and reports the fastest with the `--set` flags
 // that select it. Each trial is the job itself for warmup + steps optimizer steps with random
 // weights (speed does not depend on their values: an HF directory's weights are not loaded),
-// without evaluation or checkpoints, in a run directory of its own. One process (a mesh's ranks
-// would each measure and decide alone).
+// without evaluation or checkpoints, in a run directory of its own. Under mpirun every rank runs
+// each trial together (the job's mesh), the trial's figure is the slowest rank's, and every rank
+// takes the same decisions (the same seed and figures); only rank 0 writes the log.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,10 @@
 #include <vector>
 
 namespace mt {
+
+namespace par {
+class Comm;
+}
 
 struct TuneOptions {
   std::string space;        // plan::parse_tune_space's "key=v1,v2;key=..."
@@ -46,8 +51,9 @@ struct TuneResult {
 // Tunes the job at `job_path` with `overrides` (the command line's --set) applied to every trial.
 // Progress, a line per trial, goes to `log`. ConfigError for a bad space or a key the job does not
 // have (before any trial runs); a trial that fails (out of memory, a setting the job refuses) is
-// recorded with its error and never proposed again.
+// recorded with its error and never proposed again. `world`: the job's processes under mpirun
+// (null: one process); a collective that times out in a trial ends the tuning (CommError).
 TuneResult tune_job(const std::string& job_path, const std::vector<std::string>& overrides,
-                    const TuneOptions& opt, std::ostream& log);
+                    const TuneOptions& opt, std::ostream& log, par::Comm* world = nullptr);
 
 }  // namespace mt
