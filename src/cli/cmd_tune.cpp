@@ -29,7 +29,8 @@ Command add_tune_command(CLI::App& app, par::Comm* world) {
   c->add_option("--job", a->job, "job file (TOML)")->required();
   c->add_option("--space", a->tune.space,
                 "the grid: job keys and the values to try, e.g. "
-                "\"run.threads=1,2,4;train.recompute=none,full\"")
+                "\"run.threads=1,2,4;train.recompute=none,full\", or auto (recompute; threads on "
+                "the CPU; the grouped GEMM kernels on a GPU; all-to-all chunks and EP on a mesh)")
       ->required();
   c->add_option("--model", a->model, "HF model directory (its config; weights are not loaded)");
   c->add_option("--set", a->set, "override a job key in every trial (repeatable)");

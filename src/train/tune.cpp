@@ -7,9 +7,13 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <iterator>
 #include <sstream>
+#include <thread>
 
+#include "core/device.h"
 #include "core/error.h"
+#include "ops/grouped_matmul.h"
 #include "parallel/comm.h"
 #include "plan/tune.h"
 #include "train/job.h"
@@ -66,6 +70,38 @@ int64_t own_index(const plan::TuneSpace& space, const std::string& path,
 
 }  // namespace
 
+std::string auto_tune_space(const Job& job, int ranks) {
+  std::string s = "train.recompute=none,selective,full";
+  const Device device = job_device(job);
+  if (device == Device::CPU) {
+    const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks);
+    std::string threads;
+    for (int t = 1; t < cores; t *= 2) threads += std::to_string(t) + ",";
+    s += ";run.threads=" + threads + std::to_string(cores);
+  }
+  const ModelConfig cfg = job_model_config(job);
+  bool experts = false;
+  for (const LayerIR& l : cfg.layers) experts = experts || l.ffn == FfnKind::Moe;
+  if (device == Device::CUDA && experts) {
+    s += ";kernels.grouped_gemm=";
+    for (size_t i = 0; i < std::size(ops::kGroupedGemmKernels); ++i) {
+      if (i) s += ",";
+      s += ops::kGroupedGemmKernels[i];
+    }
+  }
+  if (ranks > 1) {
+    s += ";parallel.a2a_chunks=1,2,4";
+    std::string eps;
+    for (int e = 1; e <= ranks; ++e)
+      if (ranks % e == 0 && (!experts || cfg.moe.num_experts % e == 0)) {
+        if (!eps.empty()) eps += ",";
+        eps += std::to_string(e);
+      }
+    s += ";parallel.ep=" + eps;
+  }
+  return s;
+}
+
 nlohmann::json TuneResult::to_json() const {
   nlohmann::json j = {{"stopped", stopped}, {"trials", nlohmann::json::array()}};
   for (const TuneTrial& t : trials) {
@@ -92,8 +128,9 @@ TuneResult tune_job(const std::string& job_path, const std::vector<std::string>&
   MT_CHECK(opt.trials >= 1 && opt.steps >= 1 && opt.warmup >= 0 && opt.initial >= 0, ConfigError,
            "tune: --trials ", opt.trials, ", --steps ", opt.steps, ", --warmup ", opt.warmup,
            ", --initial ", opt.initial, ": trials and steps must be >= 1, the others >= 0");
-  const plan::TuneSpace space = plan::parse_tune_space(opt.space);
   const Job base = Job::load(job_path, overrides);
+  const std::string spec = opt.space == "auto" ? auto_tune_space(base, ranks) : opt.space;
+  const plan::TuneSpace space = plan::parse_tune_space(spec);
   // Every value of every key must be one the job accepts: found now, not at trial 7.
   for (const plan::TuneDim& d : space.dims)
     for (const std::string& v : d.values) {
@@ -111,7 +148,7 @@ TuneResult tune_job(const std::string& job_path, const std::vector<std::string>&
                              : fs::path(opt.work_dir);
   fs::create_directories(work);
   log << "tune: " << space.size() << " settings of " << space.dims.size() << " job key"
-      << (space.dims.size() == 1 ? "" : "s") << " (" << opt.space << "), at most " << opt.trials
+      << (space.dims.size() == 1 ? "" : "s") << " (" << spec << "), at most " << opt.trials
       << " trials of " << opt.warmup << " + " << opt.steps << " steps; the job's own settings "
       << (own >= 0 ? "are one of them" : "lie outside them and are measured first") << "\n";
 

@@ -19,9 +19,11 @@ namespace mt {
 namespace par {
 class Comm;
 }
+struct Job;
 
 struct TuneOptions {
-  std::string space;        // plan::parse_tune_space's "key=v1,v2;key=..."
+  // plan::parse_tune_space's "key=v1,v2;key=...", or "auto" (auto_tune_space's grid).
+  std::string space;
   int64_t trials = 12;      // settings measured at most, the job's own included
   int64_t steps = 4;        // measured optimizer steps per trial
   int64_t warmup = 1;       // steps run first and not measured (allocation, caches, autotuning)
@@ -47,6 +49,13 @@ struct TuneResult {
   std::string stopped;
   nlohmann::json to_json() const;
 };
+
+// The grid `--space auto` tunes for `job` on `ranks` processes: train.recompute (none, selective,
+// full); on the CPU run.threads (powers of two up to the host's cores); on a GPU, where the model
+// has routed experts, kernels.grouped_gemm (every forward kernel of ops/grouped_matmul.h); on a
+// mesh parallel.a2a_chunks (1, 2, 4) and parallel.ep (the divisors of the world that divide the
+// experts). Keys that change speed and memory, never the model being trained.
+std::string auto_tune_space(const Job& job, int ranks);
 
 // Tunes the job at `job_path` with `overrides` (the command line's --set) applied to every trial.
 // Progress, a line per trial, goes to `log`. ConfigError for a bad space or a key the job does not

@@ -9,10 +9,12 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "core/error.h"
 #include "harness/seed.h"
 #include "harness/train_files.h"
+#include "train/job.h"
 #include "train/tune.h"
 
 namespace mt {
@@ -121,6 +123,37 @@ TEST(TuneJob, TheJobsOwnSettingsOutsideTheGridAreMeasuredFirst) {
   EXPECT_TRUE(r.trials[0].overrides.empty());
   EXPECT_EQ(r.trials[1].overrides, std::vector<std::string>{"run.threads=2"});
   EXPECT_NE(log.str().find("lie outside them"), std::string::npos);
+}
+
+// --space auto on the CPU: recompute and threads (powers of two up to the cores), no GPU kernels;
+// on a mesh of 4 also all-to-all chunks and the EP sizes that divide the world and the experts;
+// and a tuning over it runs.
+TEST(TuneJob, AutoSpaceFitsTheDeviceAndTheMesh) {
+  const fs::path root = test::temp_dir("tune_auto");
+  const std::string path = write_job(root);
+  const Job job = Job::load(path, {"run.device=\"cpu\""});
+  const std::string one = auto_tune_space(job, 1);
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  EXPECT_EQ(one.find("train.recompute=none,selective,full;run.threads=1"), 0u) << one;
+  EXPECT_NE(one.find(cat(",", cores)), std::string::npos) << one;
+  EXPECT_EQ(one.find("kernels.grouped_gemm"), std::string::npos) << one;
+  EXPECT_EQ(one.find("parallel."), std::string::npos) << one;
+  const std::string mesh = auto_tune_space(job, 4);
+  const int64_t experts = job_model_config(job).moe.num_experts;
+  std::string eps;
+  for (int e : {1, 2, 4})
+    if (experts % e == 0) {
+      if (!eps.empty()) eps += ",";
+      eps += std::to_string(e);
+    }
+  EXPECT_NE(mesh.find(cat(";parallel.a2a_chunks=1,2,4;parallel.ep=", eps)), std::string::npos)
+      << mesh;
+  std::ostringstream log;
+  const TuneResult r = tune_job(path, {"run.device=\"cpu\""},
+                                {.space = "auto", .trials = 2, .steps = 1, .warmup = 0}, log);
+  EXPECT_EQ(r.trials.size(), 2u) << log.str();
+  EXPECT_NE(log.str().find("(train.recompute=none,selective,full;run.threads="), std::string::npos)
+      << log.str();
 }
 
 TEST(TuneJob, BadSpacesFailBeforeAnyTrial) {
