@@ -49,6 +49,8 @@ Command add_tune_command(CLI::App& app, par::Comm* world) {
                 "stop once no untried setting is expected to be this much faster (0.005: 0.5%)")
       ->capture_default_str();
   c->add_option("--seed", a->tune.seed, "seed of the random start")->capture_default_str();
+  c->add_flag("!--no-confirm", a->tune.confirm,
+              "skip the confirmation (the job's own settings and the best once more each)");
   c->add_option("--work-dir", a->tune.work_dir,
                 "keep the trials' run directories here (default: a temporary one, removed)");
   c->add_option("--out", a->out, "also write the trials and the result as JSON to this file");

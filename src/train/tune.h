@@ -29,6 +29,8 @@ struct TuneOptions {
   int64_t warmup = 1;       // steps run first and not measured (allocation, caches, autotuning)
   int64_t initial = 2;      // random settings after the job's own, before the model proposes
   double min_gain = 0.005;  // stop once no setting is expected to be this much faster (relative)
+  // After the search, the job's own settings and the best run once more each (two more trials).
+  bool confirm = true;
   uint64_t seed = 1;
   std::string work_dir;  // the trials' run directories; empty: a temporary one, removed after
 };
@@ -47,6 +49,10 @@ struct TuneResult {
   // "converged" (no untried setting expected to gain min_gain), "budget" (trials spent) or
   // "exhausted" (every setting measured).
   std::string stopped;
+  // With TuneOptions::confirm, where the best is not the job's own: both settings' two figures
+  // (the search's, the confirmation's) and the ratio of their means (0: not confirmed).
+  std::vector<double> confirm_own, confirm_best;
+  double confirmed_speedup = 0;
   nlohmann::json to_json() const;
 };
 

@@ -91,6 +91,21 @@ TEST(TuneJob, MeasuresEverySettingOfASmallGridAndKeepsTheFastest) {
     EXPECT_TRUE(!fs::exists(ck) || fs::is_empty(ck)) << name;
   }
   EXPECT_FALSE(fs::exists(root / "run" / "metrics.jsonl"));
+  // The confirmation: the job's own settings and the best once more each, unless the best is the
+  // job's own; the speedup is the ratio of the two settings' means.
+  if (r.best > 0) {
+    ASSERT_EQ(r.confirm_own.size(), 2u);
+    ASSERT_EQ(r.confirm_best.size(), 2u);
+    EXPECT_EQ(r.confirm_own[0], r.trials[0].step_seconds);
+    EXPECT_NEAR(r.confirmed_speedup,
+                (r.confirm_own[0] + r.confirm_own[1]) / (r.confirm_best[0] + r.confirm_best[1]),
+                1e-12);
+    EXPECT_TRUE(fs::exists(root / "trials" / "trial_005" / "metrics.jsonl"));
+    EXPECT_TRUE(j.contains("confirmed"));
+  } else {
+    EXPECT_EQ(r.confirmed_speedup, 0.0);
+    EXPECT_FALSE(fs::exists(root / "trials" / "trial_004"));
+  }
 }
 
 TEST(TuneJob, ASettingTheEngineRefusesIsRecordedAndPassedOver) {
@@ -115,7 +130,8 @@ TEST(TuneJob, ASettingTheEngineRefusesIsRecordedAndPassedOver) {
 TEST(TuneJob, TheJobsOwnSettingsOutsideTheGridAreMeasuredFirst) {
   const fs::path root = test::temp_dir("tune_outside");
   const std::string job = write_job(root);
-  const TuneOptions opt{.space = "run.threads=2", .trials = 5, .steps = 1, .warmup = 0};
+  const TuneOptions opt{
+      .space = "run.threads=2", .trials = 5, .steps = 1, .warmup = 0, .confirm = false};
   std::ostringstream log;
   const TuneResult r = tune_job(job, {}, opt, log);
   ASSERT_EQ(r.trials.size(), 2u) << log.str();
@@ -123,6 +139,8 @@ TEST(TuneJob, TheJobsOwnSettingsOutsideTheGridAreMeasuredFirst) {
   EXPECT_TRUE(r.trials[0].overrides.empty());
   EXPECT_EQ(r.trials[1].overrides, std::vector<std::string>{"run.threads=2"});
   EXPECT_NE(log.str().find("lie outside them"), std::string::npos);
+  EXPECT_EQ(r.confirmed_speedup, 0.0);  // --no-confirm
+  EXPECT_EQ(log.str().find("confirming"), std::string::npos);
 }
 
 // --space auto on the CPU: recompute and threads (powers of two up to the cores), no GPU kernels;
