@@ -112,6 +112,23 @@ DemoResult run_demo(const DemoOptions& o, std::ostream& log) {
       << code_val.size() << " / " << code_te.size() << " files from " << o.code_dir << "; prose "
       << prose_tr.size() << " / " << prose_val.size() << " / " << prose_te.size()
       << " fortunes from " << o.prose_dir << "\n";
+  // Every split is scored or trained on: an empty one would fail later, in the packing, without
+  // saying which corpus is too small.
+  const auto need = [](const std::vector<Document>& split, const char* what, const char* more) {
+    MT_CHECK(!split.empty(), ValueError, "demo: the ", what,
+             " split holds no document (documents are split 80 / 10 / 10 by a hash of their "
+             "text); ",
+             more);
+  };
+  const std::string more_code =
+      cat("give more code: --code-bytes ", o.code_bytes, " read too few files of ", o.code_dir);
+  const std::string more_prose = cat("give more prose than ", o.prose_dir, " holds");
+  need(code_tr, "code training", more_code.c_str());
+  need(code_val, "code validation", more_code.c_str());
+  need(code_te, "code test", more_code.c_str());
+  need(prose_tr, "prose training", more_prose.c_str());
+  need(prose_val, "prose validation", more_prose.c_str());
+  need(prose_te, "prose test", more_prose.c_str());
 
   // 2. Tokenizer on both training splits, vocabulary = the model's.
   log << stamp(t0) << "training the BPE tokenizer (" << cfg.vocab << " pieces)\n" << std::flush;

@@ -13,6 +13,7 @@
 #include "harness/seed.h"
 #include "harness/train_files.h"
 #include "train/dataset.h"
+#include "train/demo.h"
 #include "train/job.h"
 #include "train/trainer.h"
 
@@ -188,4 +189,30 @@ TEST(Degenerate, TrainingStepWithoutTargetsLogsItsLossAsAbsentNotZero) {
   }
   EXPECT_EQ(with_loss, 2);
   fs::remove_all(dir);
+}
+
+// The demo on corpora too small for its three splits: an error naming the empty split and the
+// option that gives more (before any tokenizer is trained), not a packing error later.
+TEST(Degenerate, DemoOnTooLittleCodeNamesTheEmptySplitAndTheOption) {
+  const fs::path root = temp_dir("demo_small");
+  fs::create_directories(root / "code");
+  fs::create_directories(root / "prose");
+  for (const char* f : {"a.py", "b.py"}) std::ofstream(root / "code" / f) << "def f():\n  pass\n";
+  std::ofstream prose(root / "prose" / "quotes");
+  for (int i = 0; i < 200; ++i) prose << "saying number " << i << "\n%\n";
+  prose.close();
+  std::ostringstream log;
+  try {
+    run_demo({.code_dir = (root / "code").string(),
+              .prose_dir = (root / "prose").string(),
+              .work_dir = (root / "work").string()},
+             log);
+    ADD_FAILURE() << "no error";
+  } catch (const ValueError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("demo: the code "), std::string::npos) << m;
+    EXPECT_NE(m.find("split holds no document"), std::string::npos) << m;
+    EXPECT_NE(m.find("--code-bytes"), std::string::npos) << m;
+  }
+  EXPECT_FALSE(fs::exists(root / "work" / "tokenizer.model"));
 }
