@@ -48,24 +48,26 @@ std::string joined(const std::vector<std::string>& v, const char* sep) {
 }
 
 // The job's own settings as a point of the space, or -1 where a value of the job is not in it.
-// Values compare as the job resolves them ("4" and "4.0" for a float key, quoted or not).
+// Values compare as the job resolves them ("4" and "4.0" for a float key, quoted or not). Loading
+// every value also checks that the job accepts it (a ConfigError naming the key), before any trial.
 int64_t own_index(const plan::TuneSpace& space, const std::string& path,
                   const std::vector<std::string>& overrides, const Job& base) {
   std::vector<int> at;
+  bool inside = true;
   for (const plan::TuneDim& d : space.dims) {
-    MT_CHECK(!job_value(base, d.key).empty(), ConfigError, "tune space: '", d.key,
-             "' is not a job key (docs/training.md lists them)");
     const std::string mine = job_value(base, d.key);
+    MT_CHECK(!mine.empty(), ConfigError, "tune space: '", d.key,
+             "' is not a job key (docs/training.md lists them)");
     int found = -1;
     for (size_t i = 0; i < d.values.size(); ++i) {
       std::vector<std::string> o = overrides;
       o.push_back(d.key + "=" + d.values[i]);
       if (job_value(Job::load(path, o), d.key) == mine && found < 0) found = static_cast<int>(i);
     }
-    if (found < 0) return -1;
+    inside = inside && found >= 0;
     at.push_back(found);
   }
-  return space.index_of(at);
+  return inside ? space.index_of(at) : -1;
 }
 
 }  // namespace
@@ -136,12 +138,6 @@ TuneResult tune_job(const std::string& job_path, const std::vector<std::string>&
   const std::string spec = opt.space == "auto" ? auto_tune_space(base, ranks) : opt.space;
   const plan::TuneSpace space = plan::parse_tune_space(spec);
   // Every value of every key must be one the job accepts: found now, not at trial 7.
-  for (const plan::TuneDim& d : space.dims)
-    for (const std::string& v : d.values) {
-      std::vector<std::string> o = overrides;
-      o.push_back(d.key + "=" + v);
-      Job::load(job_path, o);
-    }
   const int64_t own = own_index(space, job_path, overrides, base);
 
   const bool temp = opt.work_dir.empty();
