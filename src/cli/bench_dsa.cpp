@@ -24,6 +24,16 @@ constexpr ops::SparseMqaKernels kMqaKernels[] = {
     ops::SparseMqaKernels::Split, ops::SparseMqaKernels::Chained, ops::SparseMqaKernels::Wgmma,
     ops::SparseMqaKernels::Wgmma2, ops::SparseMqaKernels::Wgmma3};
 
+// --mqa-kernels by name.
+ops::SparseMqaKernels mqa_kernels_named(const std::string& name) {
+  const auto* gen = std::find_if(std::begin(kMqaKernels), std::end(kMqaKernels),
+                                 [&](auto g) { return name == ops::sparse_mqa_kernels_name(g); });
+  MT_CHECK(gen != std::end(kMqaKernels), ValueError,
+           "bench dsa: --mqa-kernels wants split, chained, wgmma, wgmma2 or wgmma3, got \"", name,
+           "\"");
+  return *gen;
+}
+
 nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
   nlohmann::json r = {{"T", T}};
   const double base = used_gib();
@@ -90,7 +100,8 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
                                 .qk_dim = ad.latent(),
                                 .v_dim = ad.kv_rank,
                                 .kmax = K,
-                                .scale = ap.scale};
+                                .scale = ap.scale,
+                                .kernels = mqa_kernels_named(o.mqa_kernels)};
   Tensor wkv, wgrad, qa, kvl, ol, dol, dqa, dkvl;
   if (absorbed) {
     MT_CHECK(ad.nope > 0, ValueError, "bench dsa: rope_dim ", o.rope_dim, " must be below qk_dim ",
@@ -157,7 +168,7 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
     r["attention_path"] = ops::sparse_mqa_fits(H, mp.qk_dim, mp.v_dim) && !ctx.deterministic()
                               ? "absorbed mqa, tensor cores"
                               : "absorbed mqa, composite (direct kernels)";
-    r["mqa_kernels"] = ops::sparse_mqa_kernels_name(ops::sparse_mqa_kernels());
+    r["mqa_kernels"] = ops::sparse_mqa_kernels_name(mp.kernels);
   } else
     r["attention_path"] =
         ops::sparse_attention_fits(H, Hk, o.qk_dim, o.v_dim) ? "tensor cores" : "direct";
@@ -190,21 +201,20 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
     // key-gradient sum's zeroing and rounding to bf16 included); qa and dol as the parts above
     // left them. Wgmma's and Wgmma2's backward is Split's: their forward only; Wgmma3's forward
     // is Wgmma2's: its backward only (mqa_bwd_ms_wgmma3, the wgmma backward).
-    const ops::SparseMqaKernels chosen = ops::sparse_mqa_kernels();
     for (const ops::SparseMqaKernels g : kMqaKernels) {
-      ops::sparse_mqa_set_kernels(g);
+      ops::SparseMqaParams gp = mp;
+      gp.kernels = g;
       const std::string n = ops::sparse_mqa_kernels_name(g);
       ArenaScope scope(ctx.workspace());
       Tensor target = ctx.workspace().alloc({T, K}, DType::F32);
       if (g != ops::SparseMqaKernels::Wgmma3)
         r["mqa_fwd_ms_" + n] =
-            time([&] { ops::sparse_mqa_forward(ctx, mp, qa, kvl, idx, ol, lse); });
+            time([&] { ops::sparse_mqa_forward(ctx, gp, qa, kvl, idx, ol, lse); });
       if (g == ops::SparseMqaKernels::Wgmma || g == ops::SparseMqaKernels::Wgmma2) continue;
       r["mqa_bwd_ms_" + n] = time([&] {
-        ops::sparse_mqa_backward(ctx, mp, qa, kvl, idx, ol, lse, dol, dqa, dkvl, target);
+        ops::sparse_mqa_backward(ctx, gp, qa, kvl, idx, ol, lse, dol, dqa, dkvl, target);
       });
     }
-    ops::sparse_mqa_set_kernels(chosen);
   }
   r["kl_fwd_ms"] = time(kl_fwd);
   r["kl_fwdbwd_ms"] = time([&] {
@@ -254,13 +264,7 @@ nlohmann::json bench_dsa_at(const DsaBenchOptions& o, int64_t T) {
 
 nlohmann::json run_dsa_bench(const DsaBenchOptions& o, std::ostream& log) {
   MT_CHECK(cuda_available(), ValueError, "bench dsa: needs a GPU (and a binary built with CUDA)");
-  const auto* gen = std::find_if(std::begin(kMqaKernels), std::end(kMqaKernels), [&](auto g) {
-    return o.mqa_kernels == ops::sparse_mqa_kernels_name(g);
-  });
-  MT_CHECK(gen != std::end(kMqaKernels), ValueError,
-           "bench dsa: --mqa-kernels wants split, chained, wgmma, wgmma2 or wgmma3, got \"",
-           o.mqa_kernels, "\"");
-  ops::sparse_mqa_set_kernels(*gen);
+  mqa_kernels_named(o.mqa_kernels);  // refused before any allocation
   nlohmann::json j = {{"heads", o.heads},
                       {"kv_heads", o.kv_heads ? o.kv_heads : o.heads},
                       {"qk_dim", o.qk_dim},

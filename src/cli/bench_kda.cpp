@@ -19,11 +19,15 @@ namespace mt::cli {
 
 namespace {
 
-// `run()` with one of ops/kda_prep_path.h's switches set to `value` (then back as it was).
-template <bool (*Get)(), void (*Set)(bool), typename F>
-auto with_kda_switch(bool value, const F& run) {
-  const ops::KdaSwitchScope<Get, Set> scope(value);
-  return run();
+// `run()` with one of p's kernel choices (ops::KdaKernels, ops/kda_prep_path.h) set to `value`,
+// then back as it was.
+template <typename F>
+auto with_kernel(ops::KdaParams& p, bool ops::KdaKernels::*choice, bool value, const F& run) {
+  const bool was = p.kernels.*choice;
+  p.kernels.*choice = value;
+  auto r = run();
+  p.kernels.*choice = was;
+  return r;
 }
 
 nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
@@ -32,7 +36,11 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
   Rng rng(1);
   SeqInfo seq = SeqInfo::from_lengths(lengths);
   const int64_t T = seq.tokens, H = o.heads, D = o.head_dim, N = seq.num_seqs;
-  const ops::KdaParams p{.tokens = T, .heads = H, .head_k = D, .head_v = D, .num_seqs = N};
+  // The runs' kernels: the defaults but for --prepared and --no-overlap; the variants below
+  // change one choice each.
+  ops::KdaParams p{.tokens = T, .heads = H, .head_k = D, .head_v = D, .num_seqs = N};
+  p.kernels.bf16_prepared = o.prepared == "bf16";
+  p.kernels.forward_overlap = !o.no_overlap;
   const int64_t rows = ops::kda_saved_rows(p, seq.cu_seqlens);
   const Tensor cu = seq.cu_seqlens.to(Device::CUDA);
   const DType bf = DType::BF16, f32 = DType::F32;
@@ -48,14 +56,14 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
   };
   Tensor g = constant({T, H, D}, -0.05f), beta = constant({T, H}, 0.5f);
   Tensor out = Tensor::empty({T, H, D}, bf, Device::CUDA), none;
-  // What forward keeps for backward, as the KDA layer keeps it under the switches' current
-  // settings (ops/kda_prep_path.h): the chunk states in kda_saved_dtype (bf16 by default), the
-  // prepared blocks only under kda_keep_prepared (off by default: backward prepares again).
+  // What forward keeps for backward, as the KDA layer keeps it under p's current kernel choices
+  // (ops/kda_prep_path.h): the chunk states in kda_saved_dtype (bf16 by default), the prepared
+  // blocks only with keep_prepared (off by default: backward prepares again).
   const auto saved_for = [&] {
     return Tensor::empty({rows, H, D, D}, ops::kda_saved_dtype(Device::CUDA, p, bf), Device::CUDA);
   };
   const auto prepared_for = [&] {
-    return ops::kda_keep_prepared()
+    return p.kernels.keep_prepared
                ? Tensor::empty({ops::kda_prepared_floats(p, rows, bf)}, f32, Device::CUDA)
                : Tensor();
   };
@@ -84,8 +92,9 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
   // backward (which then skips its prep) and fp32 chunk states.
   double f_keep = 0, fb_keep = 0, kept_gib_keep = 0;
   {
-    const ops::KdaSwitchScope<ops::kda_keep_prepared, ops::kda_set_keep_prepared> keep(true);
-    const ops::KdaSwitchScope<ops::kda_bf16_states, ops::kda_set_bf16_states> f32_states(false);
+    const ops::KdaKernels defaults = p.kernels;
+    p.kernels.keep_prepared = true;
+    p.kernels.bf16_states = false;
     Tensor s_keep = saved_for(), p_keep = prepared_for();
     std::swap(saved, s_keep);
     std::swap(prepared, p_keep);
@@ -94,63 +103,53 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
     kept_gib_keep = static_cast<double>(saved.bytes() + prepared.bytes()) / (1 << 30);
     std::swap(saved, s_keep);
     std::swap(prepared, p_keep);
+    p.kernels = defaults;
   }
   // The default form with fp32 chunk states: what the bf16 states alone change.
   double fb_f32_states = 0;
   {
-    const ops::KdaSwitchScope<ops::kda_bf16_states, ops::kda_set_bf16_states> f32_states(false);
+    p.kernels.bf16_states = false;
     Tensor s_f32 = saved_for();
     std::swap(saved, s_f32);
     fb_f32_states = time(fwd_bwd);
     std::swap(saved, s_f32);
+    p.kernels.bf16_states = true;
   }
   // An evaluation forward (no backward follows: nothing kept for it), as fla's chunk_kda under
   // torch.no_grad.
-  ops::KdaParams pe = p;
-  pe.keep_for_backward = false;
   const auto eval_fwd = [&] {
+    ops::KdaParams pe = p;
+    pe.keep_for_backward = false;
     ops::kda_forward(ctx, pe, cu, q, k, v, g, beta, Tensor(), out, none, saved, prepared);
   };
   const double fe = time(eval_fwd);
-  // The same timings through the other kernel behind one of ops/kda_prep_path.h's switches (the
-  // switch set for the run, then back as it was), so that old and new compare on the same machine
-  // and inputs.
+  // The same timings through the other kernel of one of the pairs (ops/kda_prep_path.h), so that
+  // old and new compare on the same machine and inputs.
   const auto both_forwards = [&] { return std::pair(time(fwd), time(eval_fwd)); };
   const auto fwd_bwd_ms = [&] { return time(fwd_bwd); };
   const auto [f_v1, fe_v1] =
-      with_kda_switch<ops::kda_forward_state_v2, ops::kda_set_forward_state_v2>(false,
-                                                                                both_forwards);
-  const auto [f_pv1, fe_pv1] =
-      with_kda_switch<ops::kda_prep_v2, ops::kda_set_prep_v2>(false, both_forwards);
+      with_kernel(p, &ops::KdaKernels::forward_state_v2, false, both_forwards);
+  const auto [f_pv1, fe_pv1] = with_kernel(p, &ops::KdaKernels::prep_v2, false, both_forwards);
   // Prep, then the state pass, where the overlapped forward applies (one document of 32 heads).
   const auto [f_nov, fe_nov] =
-      with_kda_switch<ops::kda_forward_overlap, ops::kda_set_forward_overlap>(false, both_forwards);
+      with_kernel(p, &ops::KdaKernels::forward_overlap, false, both_forwards);
   // The forward state pass in the grid's order instead of the longest documents first.
   const auto [f_dord, fe_dord] =
-      with_kda_switch<ops::kda_forward_longest_first, ops::kda_set_forward_longest_first>(
-          false, both_forwards);
+      with_kernel(p, &ops::KdaKernels::forward_longest_first, false, both_forwards);
   // The overlap in waves where the state blocks do not fit beside the prep at once (off by
   // default).
   const auto [f_ovw, fe_ovw] =
-      with_kda_switch<ops::kda_forward_overlap_waves, ops::kda_set_forward_overlap_waves>(
-          true, both_forwards);
-  const double fb_bv1 = with_kda_switch<ops::kda_backward_state_v2, ops::kda_set_backward_state_v2>(
-      false, fwd_bwd_ms);
-  const double fb_gv1 =
-      with_kda_switch<ops::kda_grads_v2, ops::kda_set_grads_v2>(false, fwd_bwd_ms);
-  const double fb_pv1 =
-      with_kda_switch<ops::kda_products_v2, ops::kda_set_products_v2>(false, fwd_bwd_ms);
-  // bwd_pre's work at the end of the backward's prep (kda_set_fused_delta, kda_set_fused_pre: by
-  // default both jobs), or Delta alone there, or all of it by bwd_pre.
-  const double fb_fused =
-      with_kda_switch<ops::kda_fused_delta, ops::kda_set_fused_delta>(true, fwd_bwd_ms);
-  const double fb_unfused =
-      with_kda_switch<ops::kda_fused_delta, ops::kda_set_fused_delta>(false, fwd_bwd_ms);
-  const double fb_delta_only =
-      with_kda_switch<ops::kda_fused_pre, ops::kda_set_fused_pre>(false, fwd_bwd_ms);
+      with_kernel(p, &ops::KdaKernels::forward_overlap_waves, true, both_forwards);
+  const double fb_bv1 = with_kernel(p, &ops::KdaKernels::backward_state_v2, false, fwd_bwd_ms);
+  const double fb_gv1 = with_kernel(p, &ops::KdaKernels::grads_v2, false, fwd_bwd_ms);
+  const double fb_pv1 = with_kernel(p, &ops::KdaKernels::products_v2, false, fwd_bwd_ms);
+  // bwd_pre's work at the end of the backward's prep (KdaKernels::fused_delta,
+  // KdaKernels::fused_pre: by default both jobs), or Delta alone there, or all of it by bwd_pre.
+  const double fb_fused = with_kernel(p, &ops::KdaKernels::fused_delta, true, fwd_bwd_ms);
+  const double fb_unfused = with_kernel(p, &ops::KdaKernels::fused_delta, false, fwd_bwd_ms);
+  const double fb_delta_only = with_kernel(p, &ops::KdaKernels::fused_pre, false, fwd_bwd_ms);
   // Products v2 without its L2 prefetch.
-  const double fb_pnp = with_kda_switch<ops::kda_products_prefetch, ops::kda_set_products_prefetch>(
-      false, fwd_bwd_ms);
+  const double fb_pnp = with_kernel(p, &ops::KdaKernels::products_prefetch, false, fwd_bwd_ms);
   // With the decay gate in front (ops/kda_gate.h, as the KDA layer runs it: raw in the
   // activations' type, g in f32), against fla's chunk_kda with use_gate_in_kernel.
   const ops::KdaGateParams gp{.tokens = T, .heads = H, .head_dim = D};
@@ -200,10 +199,10 @@ nlohmann::json bench_kda_at(const KdaBenchOptions& o, const std::string& name,
                       {"fwdbwd_ms_grads_v1", fb_gv1},
                       {"fwdbwd_ms_products_v1", fb_pv1},
                       {"fwdbwd_ms_products_v2_no_prefetch", fb_pnp},
-                      {"fused_delta", ops::kda_fused_delta()},
+                      {"fused_delta", p.kernels.fused_delta},
                       {"fwdbwd_ms_fused_delta", fb_fused},
                       {"fwdbwd_ms_unfused_delta", fb_unfused},
-                      {"fused_pre", ops::kda_fused_pre()},
+                      {"fused_pre", p.kernels.fused_pre},
                       {"fwdbwd_ms_fused_delta_only", fb_delta_only},
                       {"gate_core_fwd_ms", gf},
                       {"gate_core_fwdbwd_ms", gfb},
@@ -240,11 +239,6 @@ nlohmann::json run_kda_bench(const KdaBenchOptions& o, std::ostream& log) {
            "bench kda: --prepared is bf16 or f32, not ", o.prepared);
   MT_CHECK(cuda_available(), ValueError, "bench kda: needs a GPU (and a binary built with CUDA)");
   nlohmann::json j = {{"device", cuda_device_name(0)}, {"runs", nlohmann::json::array()}};
-  // Set for the runs, put back as they were however the runs end.
-  const ops::KdaSwitchScope<ops::kda_bf16_prepared, ops::kda_set_bf16_prepared> prepared(
-      o.prepared == "bf16");
-  const ops::KdaSwitchScope<ops::kda_forward_overlap, ops::kda_set_forward_overlap> overlap(
-      !o.no_overlap);
   for (const auto& [name, lengths] : cases) {
     if (!wanted.empty() && !wanted.count(name)) continue;
     log << "bench kda: " << name << "\n";

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "model/linear_module.h"
+#include "ops/kda.h"
 #include "ops/rope.h"
 
 namespace mt {
@@ -20,6 +21,9 @@ struct KdaConfig {
   int64_t chunk = 64;
   bool chunked = true;  // false: token-by-token recurrence (the reference algorithm)
   LoraSpec lora;        // applied to every projection of the layer
+  // Which CUDA kernels run the core (ops/kda.h; the job's `kernels.kda`): not part of a
+  // checkpoint's config; the planner sizes the choice's saved tensors and scratch.
+  ops::KdaKernels kernels;
 };
 
 // Multi-head latent attention (dense, causal), as kimi_linear's full-attention layers use it and

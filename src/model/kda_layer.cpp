@@ -34,7 +34,7 @@ void init_a_log(Rng& rng, Tensor& t) {
 }  // namespace
 
 bool KdaLayer::keeps_prepared(Device device, const ops::KdaParams& cp) {
-  return ops::kda_keep_prepared() && device == Device::CUDA && ops::kda_chunk_kernel_fits(cp);
+  return cp.kernels.keep_prepared && device == Device::CUDA && ops::kda_chunk_kernel_fits(cp);
 }
 
 KdaLayer::KdaLayer(const KdaConfig& cfg) : cfg_(cfg) {
@@ -105,7 +105,8 @@ ops::KdaParams KdaLayer::core_params(const SeqInfo& seq) const {
           .head_v = cfg_.head_dim,
           .num_seqs = seq.num_seqs,
           .chunked = cfg_.chunked,
-          .chunk = cfg_.chunk};
+          .chunk = cfg_.chunk,
+          .kernels = cfg_.kernels};
 }
 
 void KdaLayer::plan_activations(const SeqInfo& seq, ArenaPlan& plan) const {

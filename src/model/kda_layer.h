@@ -28,8 +28,8 @@ class KdaLayer : public Layer {
 
   // Whether the layer keeps the chunked kernels' intra-chunk products from forward to backward
   // on `device` (ops/kda.h, `prepared`): on the GPU where the kernels take the params, and only
-  // under ops::kda_set_keep_prepared(true) (off by default: 1.0 GiB per layer at B2 T8192, 32
-  // heads of 128, four times the bf16 chunk states, to spare backward one prep pass of ~0.7 ms).
+  // with cp.kernels.keep_prepared (off by default: 1.0 GiB per layer at B2 T8192, 32 heads of
+  // 128, four times the bf16 chunk states, to spare backward one prep pass of ~0.7 ms).
   // The planner reads the same rule. The chunk states take ops::kda_saved_dtype.
   static bool keeps_prepared(Device device, const ops::KdaParams& cp);
 

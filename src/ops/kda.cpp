@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <utility>
 
 #include "ops/dispatch.h"
 
@@ -94,19 +96,77 @@ int64_t kda_saved_rows(const KdaParams& p, const Tensor& cu_seqlens) {
   return rows;
 }
 
+bool kda_chunk_kernel_fits(const KdaParams& p) {
+  return p.kernels.chunk_kernels && p.chunked && p.chunk <= 64 && p.head_k <= 128 &&
+         p.head_v <= 128;
+}
+
 namespace {
-bool chunked_kernels_on = true;
+// KdaKernels' fields by name, in declaration order: the one list parse and name read.
+constexpr std::pair<const char*, bool KdaKernels::*> kKdaKernelFields[] = {
+    {"chunk_kernels", &KdaKernels::chunk_kernels},
+    {"tensor_core_prep", &KdaKernels::tensor_core_prep},
+    {"bf16_prepared", &KdaKernels::bf16_prepared},
+    {"bf16_states", &KdaKernels::bf16_states},
+    {"keep_prepared", &KdaKernels::keep_prepared},
+    {"fused_delta", &KdaKernels::fused_delta},
+    {"fused_pre", &KdaKernels::fused_pre},
+    {"prep_v2", &KdaKernels::prep_v2},
+    {"forward_state_v2", &KdaKernels::forward_state_v2},
+    {"forward_overlap", &KdaKernels::forward_overlap},
+    {"forward_overlap_waves", &KdaKernels::forward_overlap_waves},
+    {"forward_longest_first", &KdaKernels::forward_longest_first},
+    {"backward_state_v2", &KdaKernels::backward_state_v2},
+    {"grads_v2", &KdaKernels::grads_v2},
+    {"products_v2", &KdaKernels::products_v2},
+    {"products_prefetch", &KdaKernels::products_prefetch},
+};
+static_assert(sizeof(KdaKernels) == std::size(kKdaKernelFields), "a KdaKernels field is unnamed");
+
+std::string kda_kernel_names() {
+  std::string all;
+  for (const auto& [name, field] : kKdaKernelFields) {
+    if (!all.empty()) all += ", ";
+    all += name;
+  }
+  return all;
+}
 }  // namespace
 
-bool kda_chunk_kernel_fits(const KdaParams& p) {
-  return chunked_kernels_on && p.chunked && p.chunk <= 64 && p.head_k <= 128 && p.head_v <= 128;
+KdaKernels parse_kda_kernels(const std::string& s) {
+  KdaKernels k;
+  if (s == "default") return k;
+  MT_CHECK(!s.empty(), ValueError,
+           "KDA kernels: empty (\"default\", or name=on|off joined by ':')");
+  for (size_t at = 0; at <= s.size();) {
+    const size_t end = std::min(s.find(':', at), s.size());
+    const std::string part = s.substr(at, end - at);
+    const size_t eq = part.find('=');
+    const std::string name = part.substr(0, eq),
+                      value = eq == std::string::npos ? "" : part.substr(eq + 1);
+    const auto* f = std::find_if(std::begin(kKdaKernelFields), std::end(kKdaKernelFields),
+                                 [&](const auto& e) { return name == e.first; });
+    MT_CHECK(f != std::end(kKdaKernelFields), ValueError, "KDA kernels \"", s,
+             "\": unknown choice \"", name, "\" (one of ", kda_kernel_names(),
+             ", each =on or =off)");
+    MT_CHECK(value == "on" || value == "off", ValueError, "KDA kernels \"", s, "\": \"", part,
+             "\" must end in =on or =off");
+    k.*(f->second) = value == "on";
+    at = end + 1;
+  }
+  return k;
 }
 
-void kda_set_chunked_kernels(bool on) {
-  chunked_kernels_on = on;
-}
-bool kda_chunked_kernels() {
-  return chunked_kernels_on;
+std::string kda_kernels_name(const KdaKernels& k) {
+  const KdaKernels d;
+  std::string out;
+  for (const auto& [name, field] : kKdaKernelFields) {
+    if (k.*field == d.*field) continue;
+    if (!out.empty()) out += ':';
+    out += name;
+    out += k.*field ? "=on" : "=off";
+  }
+  return out.empty() ? "default" : out;
 }
 
 int64_t kda_chunk_workspace_floats(const KdaParams& p, int64_t chunks, bool backward, bool prepared,

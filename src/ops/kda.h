@@ -14,6 +14,7 @@
 
 #include "core/context.h"
 #include "core/tensor.h"
+#include "ops/kda_kernels.h"
 
 namespace mt::ops {
 
@@ -28,6 +29,7 @@ struct KdaParams {
   // nor the prepared block's backward-only parts); o and hT are the same bits either way. A
   // training forward without a `prepared` tensor skips the latter too (backward prepares again).
   bool keep_for_backward = true;
+  KdaKernels kernels;
   float qk_scale() const;
 };
 
@@ -42,15 +44,9 @@ using KdaScratchFloats = int64_t(const KdaParams& p, int threads, bool backward)
 KdaScratchFloats kda_scratch_floats;
 
 // Whether the CUDA chunked kernels (ops/cuda/kda_chunk*.cu) take these params: the chunked
-// algorithm with chunk <= 64 and head dims <= 128, unless switched off below. Read by the CUDA
-// entries, the op table and the planner.
+// algorithm with chunk <= 64 and head dims <= 128, unless p.kernels.chunk_kernels is off. Read by
+// the CUDA entries, the op table and the planner.
 bool kda_chunk_kernel_fits(const KdaParams& p);
-// Off: no params fit the chunked kernels, so the direct kernels (ops/cuda/kda.cu) run every KDA
-// core, so that `moetrain bench step --kda-kernels direct` measures a step as it ran before the
-// chunked kernels (issue 12's KDA share of the step, before and after). Process-wide and not
-// synchronised, like ops/kda_prep_path.h's switches: set it before a model is built.
-void kda_set_chunked_kernels(bool on);
-bool kda_chunked_kernels();
 // Floats of workspace the CUDA chunked kernels take for `chunks` saved rows and q, k, v of
 // `dtype` (ops/kda_chunk_layout.h), for memory planning (the kernels allocate exactly this);
 // `prepared`: the caller passes a prepared tensor (below), which then holds what the workspace

@@ -123,7 +123,8 @@ KernelRegistry KernelRegistry::builtin() {
   cuda(OpKind::KdaCore, "kda_chunk_cuda", landed::kda_chunk_cuda,
        "src/ops/cuda/kda_chunk.cu (chunked WY form)", [](const OpShape& s) {
          if (!s.chunked) return std::string("config asks for the recurrence");
-         if (!kda_chunked_kernels()) return std::string("switched off (--kda-kernels direct)");
+         if (!s.kda_chunk_kernels)
+           return std::string("switched off (kernels.kda = \"chunk_kernels=off\")");
          const KdaParams p{
              .head_k = s.head_dim, .head_v = s.head_dim, .chunked = s.chunked, .chunk = s.chunk};
          if (!kda_chunk_kernel_fits(p))

@@ -39,6 +39,7 @@ struct OpShape {
   int64_t v_dim = 0;     // attention: the value width
   int64_t chunk = 0;
   bool chunked = true;
+  bool kda_chunk_kernels = true;  // KdaKernels::chunk_kernels
   int64_t topk = 0;
   int64_t lora_rank = 0;
 };

@@ -31,10 +31,6 @@ void check_prob_sum(const SparseMqaParams& p, const Tensor& out) {
            dtype_name(out.dtype()));
 }
 
-// Wgmma2 since session 15: every CudaSparseMqa case passed on it (tile edges, 16-64 heads,
-// racecheck clean) and it runs the forward at 8K in 2.97 ms against Split's 6.77.
-SparseMqaKernels kernels_in_use = SparseMqaKernels::Wgmma2;
-
 AttentionParams per_head(const SparseMqaParams& p) {
   return {.tokens = p.tokens,
           .heads = p.heads,
@@ -49,14 +45,6 @@ AttentionParams per_head(const SparseMqaParams& p) {
 
 bool sparse_mqa_fits(int64_t heads, int64_t qk_dim, int64_t v_dim) {
   return heads > 0 && qk_dim == 576 && v_dim == 512;
-}
-
-void sparse_mqa_set_kernels(SparseMqaKernels k) {
-  kernels_in_use = k;
-}
-
-SparseMqaKernels sparse_mqa_kernels() {
-  return kernels_in_use;
 }
 
 const char* sparse_mqa_kernels_name(SparseMqaKernels k) {

@@ -17,12 +17,28 @@
 
 namespace mt::ops {
 
+// Which generation of the tensor-core kernels the CUDA bodies run (SparseMqaParams::kernels, per
+// call). Chained: the first kernels. Split (session 13): independent MMA accumulator chains, one
+// barrier less per key tile in forward, and a backward with one key buffer whose next gather
+// overlaps the key-gradient products, which lets two 32-head blocks share an SM; it agrees with
+// Chained up to fp32 summation order. Wgmma (session 14): the forward on Hopper's wgmma
+// (ops/cuda/cutlass/sparse_mqa_wgmma.cu, the keys as the MMA's rows) for up to 32 heads (more:
+// Split's forward) with two key tiles a block, one block per SM; Wgmma2 the same kernel with one
+// key tile, two blocks per SM (the default since session 15: every CudaSparseMqa case passed on
+// it, racecheck clean, and it runs the forward at 8K in 2.97 ms against Split's 6.77). Their
+// backward and prob sum are Split's. Wgmma3 (session 15): Wgmma2's forward, and the backward and
+// prob sum on wgmma too (up to 32 heads; more: Split's). The others are kept so that `moetrain
+// bench dsa` times them in one run and the device tests check each.
+enum class SparseMqaKernels { Chained, Split, Wgmma, Wgmma2, Wgmma3 };
+const char* sparse_mqa_kernels_name(SparseMqaKernels k);
+
 struct SparseMqaParams {
   int64_t tokens = 0, heads = 0;
   int64_t qk_dim = 0;  // latent + rope: 576 in DeepSeek-V3.2
   int64_t v_dim = 0;   // latent: 512; at most qk_dim
   int64_t kmax = 0;    // slots per row of `indices`
   float scale = 0;     // softmax scale on q.k (the per-head form's, not 1/sqrt(qk_dim))
+  SparseMqaKernels kernels = SparseMqaKernels::Wgmma2;  // the CUDA bodies' generation (above)
 };
 
 // o [T, H, Dv] and lse [T, H] (natural log; -inf, with o = 0, for a row without valid slots)
@@ -56,23 +72,6 @@ SparseMqaProbSum sparse_mqa_prob_sum;
 // deterministic context run the per-head composite (attention_forward / attention_backward with
 // one key head: the direct kernels, whose key gradients have one writer each).
 bool sparse_mqa_fits(int64_t heads, int64_t qk_dim, int64_t v_dim);
-
-// Which generation of the tensor-core kernels the CUDA bodies run: Split (session 13, the
-// default: independent MMA accumulator chains, one barrier less per key tile in forward, and a
-// backward with one key buffer whose next gather overlaps the key-gradient products, which lets
-// two 32-head blocks share an SM) or Chained (the kernels before it). The two agree up to fp32
-// summation order. Kept so that `moetrain bench dsa` times both in one run and the device tests
-// check both; process-wide and not synchronised, like kda_set_tensor_core_prep: flip it only
-// while no sparse MQA kernel is being launched. Wgmma (session 14): the forward on Hopper's
-// wgmma (ops/cuda/cutlass/sparse_mqa_wgmma.cu, the keys as the MMA's rows) for up to 32 heads
-// (more: Split's forward) with two key tiles a block, one block per SM; Wgmma2 the same kernel
-// with one key tile, two blocks per SM. Their backward and prob sum are Split's. Wgmma3 (session
-// 15): Wgmma2's forward, and the backward and prob sum on wgmma too (up to 32 heads; more:
-// Split's).
-enum class SparseMqaKernels { Chained, Split, Wgmma, Wgmma2, Wgmma3 };
-void sparse_mqa_set_kernels(SparseMqaKernels k);
-SparseMqaKernels sparse_mqa_kernels();
-const char* sparse_mqa_kernels_name(SparseMqaKernels k);
 
 // The composite both backends fall back on: the values copied out of kv, attention_* with one
 // key head, and the value gradient added into dkv's first Dv columns. Its parts dispatch.

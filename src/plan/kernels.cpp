@@ -21,8 +21,10 @@ void layer_ops(const ModelConfig& cfg, const LayerIR& l,
   pick(OpKind::Norm, {});
   if (l.mixer == MixerKind::Kda) {
     pick(OpKind::Conv1d, {});
-    pick(OpKind::KdaCore,
-         {.head_dim = cfg.kda.head_dim, .chunk = cfg.kda.chunk, .chunked = cfg.kda.chunked});
+    pick(OpKind::KdaCore, {.head_dim = cfg.kda.head_dim,
+                           .chunk = cfg.kda.chunk,
+                           .chunked = cfg.kda.chunked,
+                           .kda_chunk_kernels = cfg.kda.kernels.chunk_kernels});
   } else {
     const MlaConfig& m = l.mixer == MixerKind::Dsa ? cfg.dsa.mla : cfg.mla;
     const int64_t hd = m.qk_nope_dim + m.qk_rope_dim;

@@ -302,7 +302,8 @@ double mixer_scratch(const ModelConfig& cfg, MixerKind k, int64_t T, int64_t max
                             .head_v = cfg.kda.head_dim,
                             .num_seqs = docs,
                             .chunked = cfg.kda.chunked,
-                            .chunk = cfg.kda.chunk};
+                            .chunk = cfg.kda.chunk,
+                            .kernels = cfg.kda.kernels};
     double core_fwd = fp32(static_cast<double>(ops::kda_scratch_floats(cp, threads, false)));
     double core_bwd = fp32(static_cast<double>(ops::kda_scratch_floats(cp, threads, true)));
     if (device == Device::CUDA && ops::kda_chunk_kernel_fits(cp)) {

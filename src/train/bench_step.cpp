@@ -65,12 +65,8 @@ nlohmann::json run_step_bench(const StepBenchOptions& o, std::ostream& log) {
            " must be positive");
   MT_CHECK(o.kda_kernels == "chunked" || o.kda_kernels == "direct", ValueError,
            "bench step: kda_kernels \"", o.kda_kernels, "\" is neither chunked nor direct");
-  // Before the model and its plan are built (both read it); restored on every exit.
-  struct KdaKernelsScope {
-    bool was = ops::kda_chunked_kernels();
-    ~KdaKernelsScope() { ops::kda_set_chunked_kernels(was); }
-  } kda_kernels_scope;
-  ops::kda_set_chunked_kernels(o.kda_kernels == "chunked");
+  // The model, its plan and its kernel choices read it from the config (KdaConfig::kernels).
+  if (o.kda_kernels == "direct") job.kda_kernels = "chunk_kernels=off";
   // The plan alone needs no device: the model the step would build, on the device it would run.
   const BenchModel bm = o.plan_only
                             ? BenchModel{.device = o.device == "cpu" ? Device::CPU : Device::CUDA,

@@ -12,6 +12,7 @@
 #include "io/hf_names.h"
 #include "model/vision/vision_front.h"
 #include "ops/grouped_matmul.h"
+#include "ops/kda.h"
 
 namespace mt {
 
@@ -237,6 +238,7 @@ Job Job::parse(const std::string& text, const std::string& source,
   r.get("train.nonfinite", j.nonfinite);
   r.get("train.recompute", j.recompute);
   r.get("kernels.grouped_gemm", j.grouped_gemm);
+  r.get("kernels.kda", j.kda_kernels);
   r.get("checkpoint.every", j.checkpoint_every);
   r.get("checkpoint.keep", j.checkpoint_keep);
   r.get("checkpoint.on_error", j.checkpoint_on_error);
@@ -288,6 +290,11 @@ Job Job::parse(const std::string& text, const std::string& source,
       MT_THROW(ConfigError, source, ": key 'kernels.grouped_gemm' = \"", j.grouped_gemm,
                "\": ", e.message());
     }
+  }
+  try {
+    ops::parse_kda_kernels(j.kda_kernels);
+  } catch (const Error& e) {
+    MT_THROW(ConfigError, source, ": key 'kernels.kda' = \"", j.kda_kernels, "\": ", e.message());
   }
   need(j.lr > 0, "optim.lr", j.lr, "must be positive");
   need(j.min_lr_ratio >= 0 && j.min_lr_ratio <= 1, "optim.min_lr_ratio", j.min_lr_ratio,
@@ -375,7 +382,7 @@ std::string Job::to_toml() const {
                             {"grad_accum", grad_accum},
                             {"nonfinite", nonfinite},
                             {"recompute", recompute}}},
-      {"kernels", toml::table{{"grouped_gemm", grouped_gemm}}},
+      {"kernels", toml::table{{"grouped_gemm", grouped_gemm}, {"kda", kda_kernels}}},
       {"checkpoint", toml::table{{"every", checkpoint_every},
                                  {"keep", checkpoint_keep},
                                  {"on_error", checkpoint_on_error}}},
@@ -430,6 +437,7 @@ void check_lora_targets(const std::vector<std::string>& targets, const std::stri
 
 ModelConfig job_model_config(const Job& job) {
   ModelConfig cfg = load_model_config(job.model).model;
+  cfg.kda.kernels = ops::parse_kda_kernels(job.kda_kernels);
   for (const std::string& t : job.lora_targets) {
     auto it = job.lora_groups.find(t);
     LoraGroup g =

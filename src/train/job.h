@@ -80,6 +80,10 @@ struct Job {
   // names, e.g. "coop128x256c2x1:down=coop128x256c2x1"; docs/gpu.md); empty:
   // MOETRAIN_GROUPED_GEMM's or the default. No effect on the CPU.
   std::string grouped_gemm;
+  // Which CUDA kernels run the KDA cores (ops/kda.h, parse_kda_kernels): "default", or the
+  // choices that differ from it, e.g. "keep_prepared=on:forward_overlap_waves=on". No effect on
+  // the CPU.
+  std::string kda_kernels = "default";
   // [checkpoint]
   int64_t checkpoint_every = 0;  // 0: only at the end
   int64_t checkpoint_keep = 2;

@@ -82,8 +82,18 @@ std::string auto_tune_space(const Job& job, int ranks) {
     s += ";run.threads=" + threads + std::to_string(cores);
   }
   const ModelConfig cfg = job_model_config(job);
-  bool experts = false;
-  for (const LayerIR& l : cfg.layers) experts = experts || l.ffn == FfnKind::Moe;
+  bool experts = false, kda = false;
+  for (const LayerIR& l : cfg.layers) {
+    experts = experts || l.ffn == FfnKind::Moe;
+    kda = kda || l.mixer == MixerKind::Kda;
+  }
+  if (device == Device::CUDA && kda) {
+    s += ";kernels.kda=";
+    for (size_t i = 0; i < std::size(kAutoKdaKernels); ++i) {
+      if (i) s += ",";
+      s += kAutoKdaKernels[i];
+    }
+  }
   if (device == Device::CUDA && experts) {
     s += ";kernels.grouped_gemm=";
     for (size_t i = 0; i < std::size(ops::kGroupedGemmKernels); ++i) {

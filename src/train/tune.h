@@ -58,10 +58,19 @@ struct TuneResult {
 
 // The grid `--space auto` tunes for `job` on `ranks` processes: train.recompute (none, selective,
 // full); on the CPU run.threads (powers of two up to the host's cores); on a GPU, where the model
-// has routed experts, kernels.grouped_gemm (every forward kernel of ops/grouped_matmul.h); on a
-// mesh parallel.a2a_chunks (1, 2, 4) and parallel.ep (the divisors of the world that divide the
-// experts). Keys that change speed and memory, never the model being trained.
+// has routed experts, kernels.grouped_gemm (every forward kernel of ops/grouped_matmul.h), and
+// where it has KDA layers kernels.kda (kAutoKdaKernels); on a mesh parallel.a2a_chunks (1, 2, 4)
+// and parallel.ep (the divisors of the world that divide the experts). Keys that change speed and
+// memory, never the model being trained.
 std::string auto_tune_space(const Job& job, int ranks);
+
+// The KDA kernel choices (ops::parse_kda_kernels) `--space auto` tries on a GPU: the default, the
+// forward overlap in waves (packed batches of several documents), the prepared blocks kept for
+// backward (memory for one prep pass), and both; the other choices are the slower predecessors
+// that the tests and `moetrain bench kda` keep.
+inline constexpr const char* kAutoKdaKernels[] = {"default", "forward_overlap_waves=on",
+                                                  "keep_prepared=on",
+                                                  "keep_prepared=on:forward_overlap_waves=on"};
 
 // Tunes the job at `job_path` with `overrides` (the command line's --set) applied to every trial.
 // Progress, a line per trial, goes to `log`. ConfigError for a bad space or a key the job does not

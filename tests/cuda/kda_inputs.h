@@ -71,10 +71,10 @@ inline std::vector<In> kda_inputs(Rng& rng, const Tensor& cu_seqlens, int64_t T,
 // One KDA forward + backward on the inputs of kda_inputs (cu_seqlens first; h0 and dhT only where
 // `h0` / `dhT`), on the GPU or the CPU: o, hT, saved, dq, dk, dv, dg, dbeta, dh0. Forward keeps
 // for backward what the model keeps (KdaLayer, ops/kda_prep_path.h): the chunk states in
-// kda_saved_dtype (bf16 on the tensor-core path), the prepared blocks only under
-// kda_keep_prepared on the GPU. `prepared_out` (GPU, kept blocks only): that block as backward
-// leaves it, holding backward's products. `round_states` (CPU): the chunk states rounded to bf16
-// between forward and backward, where the GPU stores them so (the bf16 bound's emulation,
+// kda_saved_dtype (bf16 on the tensor-core path), the prepared blocks only with
+// p.kernels.keep_prepared on the GPU. `prepared_out` (GPU, kept blocks only): that block as
+// backward leaves it, holding backward's products. `round_states` (CPU): the chunk states rounded
+// to bf16 between forward and backward, where the GPU stores them so (the bf16 bound's emulation,
 // harness/gpu_check.h: the rounding the design adds, applied where the design applies it).
 inline std::vector<Tensor> kda_forward_backward(const ops::KdaParams& p, int64_t rows, bool h0,
                                                 bool dhT, Context& c, const std::vector<Tensor>& in,
@@ -85,7 +85,7 @@ inline std::vector<Tensor> kda_forward_backward(const ops::KdaParams& p, int64_t
   const Tensor h0t = h0 ? in[6] : Tensor(), dhTt = dhT ? in[8] : Tensor();
   Tensor o = out(c, {T, H, V}, dt), hT = out(c, {N, H, K, V}, DType::F32);
   Tensor saved = out(c, {rows, H, K, V}, ops::kda_saved_dtype(c.device(), p, dt));
-  const bool keep = gpu && ops::kda_chunk_kernel_fits(p) && ops::kda_keep_prepared();
+  const bool keep = gpu && ops::kda_chunk_kernel_fits(p) && p.kernels.keep_prepared;
   EXPECT_TRUE(keep || !prepared_out) << "the backward's products asked of a block not kept";
   Tensor prepared = keep ? out(c, {ops::kda_prepared_floats(p, rows, dt)}, DType::F32) : Tensor();
   OP(kda_forward)(c, p, in[0], in[1], in[2], in[3], in[4], in[5], h0t, o, hT, saved, prepared);

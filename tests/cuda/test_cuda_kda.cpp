@@ -138,7 +138,11 @@ TEST(CudaKdaPrepared, BackwardFromPreparedEqualsRecomputedBitwise) {
   Rng rng(seed);
   const SeqInfo seq = SeqInfo::from_lengths({3, 64, 130, 90});
   const int64_t T = seq.tokens, N = seq.num_seqs, H = 3, K = 128, V = 64;
-  const ops::KdaParams p{.tokens = T, .heads = H, .head_k = K, .head_v = V, .num_seqs = N};
+  // Backward's Delta by bwd_pre in both runs: where it recomputes the blocks on bf16 states it
+  // would otherwise form Delta at the end of its prep (ops/kda_prep_path.h, fused_delta), in
+  // another summation order than from kept blocks (CudaKdaTc compares those two).
+  ops::KdaParams p{.tokens = T, .heads = H, .head_k = K, .head_v = V, .num_seqs = N};
+  p.kernels.fused_delta = false;
   const int64_t rows = ops::kda_saved_rows(p, seq.cu_seqlens);
   const Device D = Device::CUDA;
   const Tensor beta = random_beta(rng, T, H);
@@ -147,10 +151,6 @@ TEST(CudaKdaPrepared, BackwardFromPreparedEqualsRecomputedBitwise) {
   const Tensor g = log_decay(rng, {T, H, K}, false).to(D), b = beta.to(D),
                cu = seq.cu_seqlens.to(D);
   Context gpu(ContextOptions{.device = Device::CUDA});
-  // Backward's Delta by bwd_pre in both runs: where it recomputes the blocks on bf16 states it
-  // would otherwise form Delta at the end of its prep (ops/kda_prep_path.h, kda_fused_delta), in
-  // another summation order than from kept blocks (CudaKdaTc compares those two).
-  const ops::KdaSwitchScope<ops::kda_fused_delta, ops::kda_set_fused_delta> unfused(false);
   for (DType dt : {DType::F32, DType::BF16}) {
     const auto on_gpu = [&](const Tensor& t) {
       Tensor d = Tensor::empty(t.shape(), dt, D);

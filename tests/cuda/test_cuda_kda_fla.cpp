@@ -70,10 +70,10 @@ TEST(CudaKdaFla, SameInputsAsFlaChunkKda) {
     return Tensor::empty(s, dt, Device::CUDA);
   };
   // What forward keeps for backward as the KDA layer keeps it (ops/kda_prep_path.h): the chunk
-  // states in kda_saved_dtype (bf16), the prepared blocks only under kda_keep_prepared.
+  // states in kda_saved_dtype (bf16), the prepared blocks only with p.kernels.keep_prepared.
   Tensor o = on_device({T, H, V}, bf), none,
          saved = on_device({rows, H, K, V}, ops::kda_saved_dtype(Device::CUDA, p, bf)),
-         prepared = ops::kda_keep_prepared()
+         prepared = p.kernels.keep_prepared
                         ? on_device({ops::kda_prepared_floats(p, rows, bf)}, f32)
                         : Tensor();
   Tensor dq = on_device(q.shape(), bf), dk = on_device(k.shape(), bf),

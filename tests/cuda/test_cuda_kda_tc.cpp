@@ -2,13 +2,14 @@
 // (ops/cuda/kda_bwd_tc.cu) on the GPU: forward and backward (which reads the prepared block the
 // prep leaves) against the CPU engine through the harness's bounds (its bf16 pass takes the
 // tensor-core paths, its f32 pass the CUDA-core ones), and against the CUDA-core paths on the same
-// bf16 inputs (ops/kda_prep_path.h switches both). Head dims 64 and 128, packed documents
-// whose lengths straddle the chunk, initial and final states, and decays from mild to strong,
-// mixed inside a chunk so that both forms of the diagonal 16-row blocks (MMAs, direct pairs) run;
-// and 32 heads, whose state passes on the H200 take 32 state columns per block. Both forward
-// state passes (kda_set_forward_state_v2), both backward ones (kda_set_backward_state_v2),
-// both gradient kernels (kda_set_grads_v2), both backward products (kda_set_products_v2)
-// and both preps (kda_set_prep_v2): each against the CPU, and against each other.
+// bf16 inputs (KdaKernels::tensor_core_prep, ops/kda_prep_path.h, chooses). Head dims 64 and 128,
+// packed documents whose lengths straddle the chunk, initial and final states, and decays from mild
+// to strong, mixed inside a chunk so that both forms of the diagonal 16-row blocks (MMAs, direct
+// pairs) run; and 32 heads, whose state passes on the H200 take 32 state columns per block. Both
+// forward state passes (KdaKernels::forward_state_v2), both backward ones (backward_state_v2), both
+// gradient kernels (grads_v2), both backward products (products_v2) and both preps (prep_v2):
+// each against the CPU, and against each other. Each run names its kernels in its params
+// (ops::KdaParams::kernels).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -43,32 +44,49 @@ struct TcSetup {
   std::vector<int64_t> lengths = {1, 63, 64, 65, 200};
   bool h0 = true, dhT = true;
   Decay decay = Decay::Mild;
-  // The previous forward state pass (kda_set_forward_state_v2(false)) instead of the default.
+  // The previous forward state pass (KdaKernels::forward_state_v2 off) instead of the default.
   bool state_v1 = false;
-  // The previous backward state pass (kda_set_backward_state_v2(false)) instead of the default.
+  // The previous backward state pass (backward_state_v2 off) instead of the default.
   bool bwd_state_v1 = false;
-  // The previous gradient kernel (kda_set_grads_v2(false)) instead of the default.
+  // The previous gradient kernel (grads_v2 off) instead of the default.
   bool grads_v1 = false;
-  // The previous backward products (kda_set_products_v2(false)) instead of the default.
+  // The previous backward products (products_v2 off) instead of the default.
   bool products_v1 = false;
-  // The previous prep (kda_set_prep_v2(false)) instead of the default.
+  // The previous prep (prep_v2 off) instead of the default.
   bool prep_v1 = false;
-  // Prep, then the state pass (kda_set_forward_overlap(false)), where the overlapped forward
-  // would run (one wave of 32-column state blocks: most cases here).
+  // Prep, then the state pass (forward_overlap off), where the overlapped forward would run (one
+  // wave of 32-column state blocks: most cases here).
   bool no_overlap = false;
-  // The overlap in waves (kda_set_forward_overlap_waves(true)) where the state blocks outnumber
-  // the SMs (several documents of 32 heads).
+  // The overlap in waves (forward_overlap_waves on) where the state blocks outnumber the SMs
+  // (several documents of 32 heads).
   bool overlap_waves = false;
   // The form before session 16 (ops/kda_prep_path.h): the prepared blocks kept from forward to
-  // backward (kda_set_keep_prepared(true)) and fp32 chunk states (kda_set_bf16_states(false)),
-  // instead of the default's bf16 states and backward's own prep.
+  // backward (keep_prepared on) and fp32 chunk states (bf16_states off), instead of the
+  // default's bf16 states and backward's own prep.
   bool keep_prepared = false;
-  // Backward's Delta by bwd_pre's job 0 (kda_set_fused_delta(false)) instead of at the end of its
-  // prep (the default).
+  // Backward's Delta by bwd_pre's job 0 (fused_delta off) instead of at the end of its prep (the
+  // default).
   bool bwd_pre_delta = false;
-  // The forward state pass in the grid's order (kda_set_forward_longest_first(false)).
+  // The forward state pass in the grid's order (forward_longest_first off).
   bool doc_order = false;
 };
+
+// The kernels a setup runs (the defaults but for its flags above).
+ops::KdaKernels setup_kernels(const TcSetup& s) {
+  ops::KdaKernels k;
+  k.forward_state_v2 = !s.state_v1;
+  k.backward_state_v2 = !s.bwd_state_v1;
+  k.grads_v2 = !s.grads_v1;
+  k.products_v2 = !s.products_v1;
+  k.prep_v2 = !s.prep_v1;
+  k.forward_overlap = !s.no_overlap;
+  k.forward_overlap_waves = s.overlap_waves;
+  k.keep_prepared = s.keep_prepared;
+  k.bf16_states = !s.keep_prepared;
+  k.fused_delta = !s.bwd_pre_delta;
+  k.forward_longest_first = !s.doc_order;
+  return k;
+}
 
 std::string setup_name(const TcSetup& s) {
   int64_t T = 0;
@@ -126,6 +144,7 @@ TcCase make_case(const TcSetup& s, Rng& rng) {
   TcCase c{.seq = SeqInfo::from_lengths(s.lengths)};
   const int64_t T = c.seq.tokens, N = c.seq.num_seqs, H = s.heads, K = s.head_k, V = s.head_v;
   c.p = {.tokens = T, .heads = H, .head_k = K, .head_v = V, .num_seqs = N};
+  c.p.kernels = setup_kernels(s);
   c.rows = ops::kda_saved_rows(c.p, c.seq.cu_seqlens);
   c.ins = kda_inputs(rng, c.seq.cu_seqlens, T, N, H, K, V,
                      [&](Rng& r, const Shape& sh) { return decays(r, sh, s.decay); });
@@ -142,60 +161,19 @@ std::vector<Tensor> forward_backward(const TcSetup& s, const TcCase& tc, Context
   return kda_forward_backward(tc.p, tc.rows, s.h0, s.dhT, c, in, gpu, round_states, prepared_out);
 }
 
-// Switches the tensor-core prep off for its scope, and back on however the scope ends, so that
-// no later test inherits the switch.
-struct CudaCorePrepOnly {
-  CudaCorePrepOnly() { ops::kda_set_tensor_core_prep(false); }
-  ~CudaCorePrepOnly() { ops::kda_set_tensor_core_prep(true); }
-  CudaCorePrepOnly(const CudaCorePrepOnly&) = delete;
-  CudaCorePrepOnly& operator=(const CudaCorePrepOnly&) = delete;
-};
-
-// Keeps the tensor-core path on the fp32 prepared layout for its scope (ops/kda_prep_path.h).
-struct Fp32Prepared {
-  Fp32Prepared() { ops::kda_set_bf16_prepared(false); }
-  ~Fp32Prepared() { ops::kda_set_bf16_prepared(true); }
-  Fp32Prepared(const Fp32Prepared&) = delete;
-  Fp32Prepared& operator=(const Fp32Prepared&) = delete;
-};
-
-// Whether the GPU keeps this case's chunk states in bf16 under the switches' current settings
-// (the bf16 pass: bf16 q, k, v).
+// Whether the GPU keeps this case's chunk states in bf16 under its kernel choices (the bf16 pass:
+// bf16 q, k, v).
 bool gpu_states_bf16(const TcCase& tc) {
   return ops::kda_saved_dtype(Device::CUDA, tc.p, DType::BF16) == DType::BF16;
 }
 
-// Runs the previous kernel behind one of ops/kda_prep_path.h's switches for its scope (on), or the
-// default one; restores the choice it found, so that scopes nest (an inner "other kernel" scope
-// inside a case that runs v1 must hand v1 back, not the default).
-template <bool (*IsV2)(), void (*SetV2)(bool)>
-struct UseV1 : ops::KdaSwitchScope<IsV2, SetV2> {
-  explicit UseV1(bool on) : ops::KdaSwitchScope<IsV2, SetV2>(!on) {}
-};
-using ForwardStateV1 = UseV1<ops::kda_forward_state_v2, ops::kda_set_forward_state_v2>;
-using BackwardStateV1 = UseV1<ops::kda_backward_state_v2, ops::kda_set_backward_state_v2>;
-using GradsV1 = UseV1<ops::kda_grads_v2, ops::kda_set_grads_v2>;
-using ProductsV1 = UseV1<ops::kda_products_v2, ops::kda_set_products_v2>;
-using PrepV1 = UseV1<ops::kda_prep_v2, ops::kda_set_prep_v2>;
-using NoOverlap = UseV1<ops::kda_forward_overlap, ops::kda_set_forward_overlap>;
-using DocOrder = UseV1<ops::kda_forward_longest_first, ops::kda_set_forward_longest_first>;
-// Backward's Delta at the end of its prep for its scope (on), or by bwd_pre (off).
-using FusedDelta = ops::KdaSwitchScope<ops::kda_fused_delta, ops::kda_set_fused_delta>;
-// bwd_pre's second job at the end of the backward's prep too for its scope (on), or not.
-using FusedPre = ops::KdaSwitchScope<ops::kda_fused_pre, ops::kda_set_fused_pre>;
-// The prepared blocks kept from forward to backward for its scope (on), or not.
-using KeepPrepared = ops::KdaSwitchScope<ops::kda_keep_prepared, ops::kda_set_keep_prepared>;
-// The form before session 16 for its scope (on): kept prepared blocks and fp32 chunk states.
-struct OldForm {
-  explicit OldForm(bool on)
-      : keep(on ? true : ops::kda_keep_prepared()),
-        bf16_states(on ? false : ops::kda_bf16_states()) {}
-  const KeepPrepared keep;
-  const ops::KdaSwitchScope<ops::kda_bf16_states, ops::kda_set_bf16_states> bf16_states;
-};
-// The overlap in waves for its scope (on), or off; restores the setting it found.
-using OverlapWaves =
-    ops::KdaSwitchScope<ops::kda_forward_overlap_waves, ops::kda_set_forward_overlap_waves>;
+using Kernels = ops::KdaKernels;
+
+// The case with some of its kernel choices changed: {choice, value} pairs.
+TcCase with(TcCase tc, std::initializer_list<std::pair<bool Kernels::*, bool>> changes) {
+  for (const auto& [choice, value] : changes) tc.p.kernels.*choice = value;
+  return tc;
+}
 
 // The case's inputs on the GPU, q, k, v and dout in bf16.
 std::vector<Tensor> bf16_on_gpu(const TcCase& tc) {
@@ -217,18 +195,8 @@ TEST_P(CudaKdaTc, ForwardBackwardAgainstTheCpu) {
   const uint64_t seed = fresh_seed();
   Rng rng(seed);
   const TcCase tc = make_case(s, rng);
-  ASSERT_TRUE(ops::kda_tensor_core_prep());
+  ASSERT_TRUE(tc.p.kernels.tensor_core_prep);
   ASSERT_EQ(ops::kda_bf16_prep_path(tc.p), ops::KdaPrepPath::TensorCoreBf16);
-  const ForwardStateV1 state(s.state_v1);
-  const BackwardStateV1 bwd_state(s.bwd_state_v1);
-  const GradsV1 grads(s.grads_v1);
-  const ProductsV1 products(s.products_v1);
-  const PrepV1 prep(s.prep_v1);
-  const NoOverlap overlap(s.no_overlap);
-  const OverlapWaves waves(s.overlap_waves);
-  const DocOrder doc_order(s.doc_order);
-  const OldForm old_form(s.keep_prepared);
-  const FusedDelta fused(!s.bwd_pre_delta);
   run_case(
       setup_name(s).c_str(), tc.ins, kNames,
       [&](Context& c, const std::vector<Tensor>& in, bool gpu) {
@@ -267,100 +235,55 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
   const std::vector<Tensor> emul_other =
       forward_backward(s, tc, cpu, emul_in, false, nullptr, !case_bf16);
   ASSERT_EQ(ops::kda_bf16_prep_path(tc.p), ops::KdaPrepPath::TensorCoreBf16);
-  const ForwardStateV1 state(s.state_v1);
-  const BackwardStateV1 bwd_state(s.bwd_state_v1);
-  const GradsV1 grads(s.grads_v1);
-  const ProductsV1 products(s.products_v1);
-  const PrepV1 prep(s.prep_v1);
-  const NoOverlap overlap(s.no_overlap);
-  const OverlapWaves waves(s.overlap_waves);
-  const DocOrder doc_order(s.doc_order);
-  const OldForm old_form(s.keep_prepared);
-  const FusedDelta fused(!s.bwd_pre_delta);
   const std::vector<Tensor> tensor_cores = forward_backward(s, tc, gpu, din, true);
   std::vector<Tensor> cuda_cores, fp32_block, other_state, other_bwd_state, other_grads,
       other_products, other_prep, other_overlap, other_form, other_delta;
-  {
-    // Backward's Delta formed the other way (at the end of its prep, or by bwd_pre): the forward
-    // untouched, the same exact products summed in another order.
-    const FusedDelta other(s.bwd_pre_delta);
-    other_delta = forward_backward(s, tc, gpu, din, true);
-    gpu.synchronize();
-  }
-  std::vector<Tensor> delta_only;
-  {
-    // Delta at the end of the prep, bwd_pre's second job by bwd_pre (where the case fuses): E and
-    // F the same bits either way (the same tf32 MMAs in the same k order), so every output too.
-    const FusedPre off(false);
-    delta_only = forward_backward(s, tc, gpu, din, true);
-    gpu.synchronize();
-  }
-  {
-    // The other form (kept prepared blocks and fp32 chunk states, or the default): the same
-    // forward arithmetic, so o and hT bit for bit and the bf16 states the fp32 ones rounded to
-    // nearest; the backward from the rounded states within the bound.
-    const KeepPrepared keep(!s.keep_prepared);
-    const ops::KdaSwitchScope<ops::kda_bf16_states, ops::kda_set_bf16_states> bf16(s.keep_prepared);
-    other_form = forward_backward(s, tc, gpu, din, true);
-    gpu.synchronize();
-  }
-  {
-    // The other forward state pass on the same inputs: the two differ by fp32 summation order.
-    const ForwardStateV1 other(!s.state_v1);
-    other_state = forward_backward(s, tc, gpu, din, true);
-    gpu.synchronize();
-  }
-  {
-    // The other backward state pass alone: the forward's outputs stay bit for bit (no atomics
-    // anywhere in the path), the gradients differ by fp32 summation order.
-    const BackwardStateV1 other(!s.bwd_state_v1);
-    other_bwd_state = forward_backward(s, tc, gpu, din, true);
-    gpu.synchronize();
-  }
-  {
-    // The other gradient kernel alone (at head_k 128; elsewhere both runs take the same one):
-    // tf32 rounding of the pair operands and fp32 summation order apart.
-    const GradsV1 other(!s.grads_v1);
-    other_grads = forward_backward(s, tc, gpu, din, true);
-    gpu.synchronize();
-  }
-  {
-    // The other products: dOS0, dRS0, Delta dS^T, Aqk and Tm bit for bit, gL's sums in another
-    // order, so the gradients differ by fp32 summation order.
-    const ProductsV1 other(!s.products_v1);
-    other_products = forward_backward(s, tc, gpu, din, true);
-    gpu.synchronize();
-  }
-  {
-    // The other prep: it differs in the order and width of its memory accesses and in exponentials
-    // it proves need no small-result guard (the same bits), so every output is bit for bit the
-    // same. Backward's Delta by bwd_pre in both (v1 never carries the fused tail, which forms it in
-    // another summation order: compared with the case's unfused run below).
-    const PrepV1 other(!s.prep_v1);
-    const FusedDelta unfused(false);
-    other_prep = forward_backward(s, tc, gpu, din, true);
-    gpu.synchronize();
-  }
-  {
-    // The other forward order (overlapped or prep first, where the overlap applies): the same
-    // kernels' arithmetic on the same operands, 32 or 16 state columns per block (each column's
-    // MMAs alike), so every output is bit for bit the same.
-    const NoOverlap other(!s.no_overlap);
-    other_overlap = forward_backward(s, tc, gpu, din, true);
-    gpu.synchronize();
-  }
-  {
-    const CudaCorePrepOnly off;
-    cuda_cores = forward_backward(s, tc, gpu, din, true);
-    gpu.synchronize();
-  }
-  {
-    // The tensor-core path with the fp32 prepared layout: what the bf16 storage of W, Qh, Kl, U,
-    // Kb adds to the error shows as the difference of the two tc columns below.
-    const Fp32Prepared fp32;
-    fp32_block = forward_backward(s, tc, gpu, din, true);
-    gpu.synchronize();
-  }
+  // Backward's Delta formed the other way (at the end of its prep, or by bwd_pre): the forward
+  // untouched, the same exact products summed in another order.
+  other_delta =
+      forward_backward(s, with(tc, {{&Kernels::fused_delta, s.bwd_pre_delta}}), gpu, din, true);
+  // Delta at the end of the prep, bwd_pre's second job by bwd_pre (where the case fuses): E and F
+  // the same bits either way (the same tf32 MMAs in the same k order), so every output too.
+  const std::vector<Tensor> delta_only =
+      forward_backward(s, with(tc, {{&Kernels::fused_pre, false}}), gpu, din, true);
+  // The other form (kept prepared blocks and fp32 chunk states, or the default): the same forward
+  // arithmetic, so o and hT bit for bit and the bf16 states the fp32 ones rounded to nearest; the
+  // backward from the rounded states within the bound.
+  other_form = forward_backward(s,
+                                with(tc, {{&Kernels::keep_prepared, !s.keep_prepared},
+                                          {&Kernels::bf16_states, s.keep_prepared}}),
+                                gpu, din, true);
+  // The other forward state pass on the same inputs: the two differ by fp32 summation order.
+  other_state =
+      forward_backward(s, with(tc, {{&Kernels::forward_state_v2, s.state_v1}}), gpu, din, true);
+  // The other backward state pass alone: the forward's outputs stay bit for bit (no atomics
+  // anywhere in the path), the gradients differ by fp32 summation order.
+  other_bwd_state = forward_backward(s, with(tc, {{&Kernels::backward_state_v2, s.bwd_state_v1}}),
+                                     gpu, din, true);
+  // The other gradient kernel alone (at head_k 128; elsewhere both runs take the same one): tf32
+  // rounding of the pair operands and fp32 summation order apart.
+  other_grads = forward_backward(s, with(tc, {{&Kernels::grads_v2, s.grads_v1}}), gpu, din, true);
+  // The other products: dOS0, dRS0, Delta dS^T, Aqk and Tm bit for bit, gL's sums in another
+  // order, so the gradients differ by fp32 summation order.
+  other_products =
+      forward_backward(s, with(tc, {{&Kernels::products_v2, s.products_v1}}), gpu, din, true);
+  // The other prep: it differs in the order and width of its memory accesses and in exponentials
+  // it proves need no small-result guard (the same bits), so every output is bit for bit the
+  // same. Backward's Delta by bwd_pre in both (v1 never carries the fused tail, which forms it in
+  // another summation order: compared with the case's unfused run below).
+  other_prep = forward_backward(
+      s, with(tc, {{&Kernels::prep_v2, s.prep_v1}, {&Kernels::fused_delta, false}}), gpu, din,
+      true);
+  // The other forward order (overlapped or prep first, where the overlap applies): the same
+  // kernels' arithmetic on the same operands, 32 or 16 state columns per block (each column's MMAs
+  // alike), so every output is bit for bit the same.
+  other_overlap =
+      forward_backward(s, with(tc, {{&Kernels::forward_overlap, s.no_overlap}}), gpu, din, true);
+  cuda_cores = forward_backward(s, with(tc, {{&Kernels::tensor_core_prep, false}}), gpu, din, true);
+  // The tensor-core path with the fp32 prepared layout: what the bf16 storage of W, Qh, Kl, U, Kb
+  // adds to the error shows as the difference of the two tc columns below.
+  fp32_block = forward_backward(s, with(tc, {{&Kernels::bf16_prepared, false}}), gpu, din, true);
+  gpu.synchronize();
   for (size_t j = 0; j < want.size(); ++j) {
     const bool low = tensor_cores[j].dtype() == DType::BF16;
     const DVec w = to_dvec(want[j]), tcv = to_dvec(tensor_cores[j]), ccv = to_dvec(cuda_cores[j]),
@@ -380,7 +303,7 @@ TEST_P(CudaKdaTc, TensorCorePrepAgreesWithCudaCorePrep) {
     EXPECT_LE(between, bound) << kNames[j] << ": tensor-core prep against CUDA-core prep";
     EXPECT_LE(tc_err, bound) << kNames[j] << ": tensor-core prep against the CPU";
     EXPECT_LE(fb_err, bound) << kNames[j] << ": tensor cores, fp32 prepared block, against the CPU";
-    // The two forms (ops/kda_prep_path.h, kda_keep_prepared and kda_bf16_states).
+    // The two forms (ops/kda_prep_path.h, keep_prepared and bf16_states).
     const double form_err = rel_err(to_dvec(other_form[j]), w);
     if (j < 2) {
       EXPECT_EQ(rel_err(tcv, to_dvec(other_form[j])), 0.0)
@@ -506,8 +429,8 @@ INSTANTIATE_TEST_SUITE_P(
         TcSetup{.heads = 32, .lengths = {100, 150}, .keep_prepared = true},
         TcSetup{.head_k = 64, .head_v = 64, .keep_prepared = true},
         TcSetup{.lengths = {300}, .decay = Decay::Strong, .keep_prepared = true},
-        // Backward's Delta by bwd_pre's job 0 (kda_set_fused_delta(false)) instead of at the end
-        // of its prep, at both head dims, 32 heads, strong and mixed decays, T % 64 != 0.
+        // Backward's Delta by bwd_pre's job 0 (fused_delta off) instead of at the end of its prep,
+        // at both head dims, 32 heads, strong and mixed decays, T % 64 != 0.
         TcSetup{.heads = 32, .lengths = {100, 150}, .bwd_pre_delta = true},
         TcSetup{.head_k = 64, .head_v = 64, .bwd_pre_delta = true},
         TcSetup{.head_k = 64, .head_v = 128, .decay = Decay::Mixed, .bwd_pre_delta = true},
@@ -599,14 +522,13 @@ TEST(CudaKdaTcPrepared, BlockIsCompleteAndShapedAsTheCudaCorePreps) {
     const ops::KdaChunkLayout tl = layouts.first, cl = layouts.second;
     const int64_t C = p.chunk, blocks = tc.rows * p.heads;
     const auto prepared_by = [&](bool tensor_cores) {
-      std::unique_ptr<CudaCorePrepOnly> off;
-      if (!tensor_cores) off = std::make_unique<CudaCorePrepOnly>();
+      const ops::KdaParams pp = with(tc, {{&Kernels::tensor_core_prep, tensor_cores}}).p;
       Tensor o = out(gpu, {p.tokens, p.heads, p.head_v}, DType::BF16), none;
       Tensor saved = out(gpu, {tc.rows, p.heads, p.head_k, p.head_v}, DType::F32);
       Tensor prepared =
           tensor_cores ? nan_prepared(p, tc.rows)
                        : out(gpu, {ops::kda_prepared_floats(p, tc.rows, DType::BF16)}, DType::F32);
-      ops::kda_forward(gpu, p, in[0], in[1], in[2], in[3], in[4], in[5], Tensor(), o, none, saved,
+      ops::kda_forward(gpu, pp, in[0], in[1], in[2], in[3], in[4], in[5], Tensor(), o, none, saved,
                        prepared);
       gpu.synchronize();
       return Blocks{prepared.to(Device::CPU), tensor_cores ? tl : cl, blocks};
@@ -658,11 +580,11 @@ TEST(CudaKdaTcPrepared, BackwardProductsAreCompleteAndShapedAsTheCudaCoreOnes) {
     const ops::KdaChunkLayout tl = layouts.first, cl = layouts.second;
     const int64_t C = p.chunk, blocks = tc.rows * p.heads;
     const auto products_by = [&](bool tensor_cores) {
-      std::unique_ptr<CudaCorePrepOnly> off;
-      if (!tensor_cores) off = std::make_unique<CudaCorePrepOnly>();
-      const KeepPrepared keep(true);  // the block backward leaves, read below
+      // keep_prepared: the block backward leaves, read below.
+      const TcCase run =
+          with(tc, {{&Kernels::tensor_core_prep, tensor_cores}, {&Kernels::keep_prepared, true}});
       Tensor prepared;
-      forward_backward(s, tc, gpu, in, true, &prepared);
+      forward_backward(s, run, gpu, in, true, &prepared);
       gpu.synchronize();
       return Blocks{prepared.to(Device::CPU), tensor_cores ? tl : cl, blocks};
     };
@@ -707,9 +629,11 @@ TEST(CudaKdaTcOverlap, LongDocumentMatchesPrepThenStatePass) {
     Context gpu(
         ContextOptions{.device = Device::CUDA, .seed = seed, .workspace_bytes = size_t{2} << 30});
     const std::vector<Tensor> din = bf16_on_gpu(tc);
-    ASSERT_TRUE(ops::kda_forward_overlap());
+    ASSERT_TRUE(tc.p.kernels.forward_overlap);
     // The evaluation forward (nothing kept for backward: the state pass skips `saved`, the prep
-    // T, KK and Kb) under the current setting: o and hT, then its saved and prepared buffers.
+    // T, KK and Kb) under the case's kernels or `serial`'s: o and hT, then its saved and prepared
+    // buffers.
+    bool serial_order = false;
     ops::KdaParams pe = tc.p;
     pe.keep_for_backward = false;
     const auto eval_buffers = [&] {
@@ -721,6 +645,7 @@ TEST(CudaKdaTcOverlap, LongDocumentMatchesPrepThenStatePass) {
                                                DType::F32, Device::CUDA)};
     };
     const auto eval_into = [&](std::vector<Tensor>& b) {
+      pe.kernels.forward_overlap = !serial_order;
       ops::kda_forward(gpu, pe, din[0], din[1], din[2], din[3], din[4], din[5], din[6], b[0], b[1],
                        b[2], b[3]);
     };
@@ -731,13 +656,12 @@ TEST(CudaKdaTcOverlap, LongDocumentMatchesPrepThenStatePass) {
     };
     const std::vector<Tensor> overlapped = forward_backward(s, tc, gpu, din, true);
     const std::vector<Tensor> overlapped_eval = eval();
-    std::vector<Tensor> serial, serial_eval;
-    {
-      const NoOverlap off(true);
-      serial = forward_backward(s, tc, gpu, din, true);
-      serial_eval = eval();
-      gpu.synchronize();
-    }
+    const std::vector<Tensor> serial =
+        forward_backward(s, with(tc, {{&Kernels::forward_overlap, false}}), gpu, din, true);
+    serial_order = true;
+    const std::vector<Tensor> serial_eval = eval();
+    serial_order = false;
+    gpu.synchronize();
     for (size_t j = 0; j < overlapped.size(); ++j) {
       const DVec a = to_dvec(overlapped[j]), b = to_dvec(serial[j]);
       EXPECT_EQ(rel_err(a, b), 0.0) << kNames[j] << ": overlapped against prep, then state";
@@ -759,10 +683,9 @@ TEST(CudaKdaTcOverlap, LongDocumentMatchesPrepThenStatePass) {
     std::vector<Tensor> b = eval_buffers();
     OpGraph graph, serial_graph;
     graph.capture(gpu, [&] { eval_into(b); });
-    {
-      const NoOverlap off(true);
-      serial_graph.capture(gpu, [&] { eval_into(b); });
-    }
+    serial_order = true;
+    serial_graph.capture(gpu, [&] { eval_into(b); });
+    serial_order = false;
     EXPECT_EQ(graph.nodes().memsets, serial_graph.nodes().memsets + 1)
         << "the overlapped forward did not run (no flags zeroed)";
     graph.replay(gpu);

@@ -78,29 +78,23 @@ void expect_same_target(const Tensor& prob, const Tensor& pb, const char* name, 
                     << "): backward's target vs sparse_mqa_prob_sum, worst |diff| " << worst;
 }
 
-// Runs the CUDA bodies on one generation of the kernels for its scope (ops/sparse_mqa_attention.h).
-// Restores the choice it found (the default may change from Split to Wgmma once measured).
-struct WithKernels {
-  explicit WithKernels(ops::SparseMqaKernels k) : before(ops::sparse_mqa_kernels()) {
-    ops::sparse_mqa_set_kernels(k);
-  }
-  ~WithKernels() { ops::sparse_mqa_set_kernels(before); }
-  ops::SparseMqaKernels before;
-  WithKernels(const WithKernels&) = delete;
-  WithKernels& operator=(const WithKernels&) = delete;
-};
-
-// forward_only: o and lse alone (the Wgmma generations, whose backward and prob sum are Split's:
+// On the kernels' generation `gen` (SparseMqaParams::kernels; the CPU ignores it). forward_only: o
+// and lse alone (the Wgmma generations, whose backward and prob sum are Split's:
 // the rest would repeat Split's run at the cost of the CPU backward, the bulk of a case's time).
-void check_one(const std::string& name, int64_t H, int64_t K, const std::vector<int64_t>& lengths,
-               bool scatter, int64_t blank, int64_t blank_len, uint64_t seed, Rng& rng,
-               bool forward_only = false) {
+void check_one(ops::SparseMqaKernels gen, const std::string& name, int64_t H, int64_t K,
+               const std::vector<int64_t>& lengths, bool scatter, int64_t blank, int64_t blank_len,
+               uint64_t seed, Rng& rng, bool forward_only = false) {
   ASSERT_TRUE(ops::sparse_mqa_fits(H, 576, 512)) << name;
   const Tensor table = lists(rng, lengths, K, scatter, blank, blank_len);
   const int64_t T = table.dim(0);
   // DeepSeek-V3.2's scale (192^-0.5 times the YaRN mscale squared), not 576^-0.5.
-  const ops::SparseMqaParams p{
-      .tokens = T, .heads = H, .qk_dim = 576, .v_dim = 512, .kmax = K, .scale = 0.135234f};
+  const ops::SparseMqaParams p{.tokens = T,
+                               .heads = H,
+                               .qk_dim = 576,
+                               .v_dim = 512,
+                               .kmax = K,
+                               .scale = 0.135234f,
+                               .kernels = gen};
   std::vector<In> ins = {{randn(rng, {T, H, 576}, 0.5)},
                          {randn(rng, {T, 576}, 0.5)},
                          {table, false},
@@ -140,8 +134,7 @@ void check_mqa(const char* name, int64_t H, int64_t K, const std::vector<int64_t
         ops::SparseMqaKernels::Wgmma2, ops::SparseMqaKernels::Wgmma3}) {
     const bool fwd_only = k == ops::SparseMqaKernels::Wgmma || k == ops::SparseMqaKernels::Wgmma2;
     if ((fwd_only || k == ops::SparseMqaKernels::Wgmma3) && H > 32) continue;  // Split's run there
-    const WithKernels use(k);
-    check_one(std::string(name) + " [" + ops::sparse_mqa_kernels_name(k) + " kernels]", H, K,
+    check_one(k, std::string(name) + " [" + ops::sparse_mqa_kernels_name(k) + " kernels]", H, K,
               lengths, scatter, blank, blank_len, seed, rng, fwd_only);
   }
 }
@@ -191,9 +184,8 @@ TEST(CudaSparseMqa, SanitizerSized) {
   REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
   Rng rng(seed);
-  const WithKernels use(ops::SparseMqaKernels::Split);
-  check_one("32 heads, 40 slots, 2 documents [split kernels]", 32, 40, {30, 17}, true, -1, 32, seed,
-            rng);
+  check_one(ops::SparseMqaKernels::Split, "32 heads, 40 slots, 2 documents [split kernels]", 32, 40,
+            {30, 17}, true, -1, 32, seed, rng);
 }
 
 // The same for the Wgmma forward's two forms (their backward is Split's): two 64-key tiles, the
@@ -204,8 +196,8 @@ TEST(CudaSparseMqa, SanitizerSizedWgmma) {
   Rng rng(seed);
   for (const ops::SparseMqaKernels k :
        {ops::SparseMqaKernels::Wgmma, ops::SparseMqaKernels::Wgmma2}) {
-    const WithKernels use(k);
-    check_one(std::string("32 heads, 80 slots, 2 documents [") + ops::sparse_mqa_kernels_name(k) +
+    check_one(k,
+              std::string("32 heads, 80 slots, 2 documents [") + ops::sparse_mqa_kernels_name(k) +
                   " kernels]",
               32, 80, {50, 40}, true, -1, 32, seed, rng);
   }
@@ -218,9 +210,8 @@ TEST(CudaSparseMqa, SanitizerSizedWgmmaBackward) {
   REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
   Rng rng(seed);
-  const WithKernels use(ops::SparseMqaKernels::Wgmma3);
-  check_one("32 heads, 80 slots, 2 documents [wgmma3 kernels]", 32, 80, {50, 40}, true, -1, 32,
-            seed, rng);
+  check_one(ops::SparseMqaKernels::Wgmma3, "32 heads, 80 slots, 2 documents [wgmma3 kernels]", 32,
+            80, {50, 40}, true, -1, 32, seed, rng);
 }
 
 // The Wgmma forward's 64-key tiles: a whole tile without a valid slot between valid ones, lists

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <numeric>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -304,12 +305,12 @@ TEST(Kda, ChunkedMatchesRecurrentStrongDecay) {
 }
 
 // The chunk states' dtype (ops/kda_prep_path.h): bf16 exactly where the bf16 prepared layout runs
-// (bf16 tensors, the chunked form at chunk 64, head dims 64 or 128, the switches on) and only on
-// the GPU, under kda_bf16_states; f32 everywhere else. The layer's default keeps no prepared
-// blocks. Plain arithmetic on the host: the entries and the layer read the same rule.
+// (bf16 tensors, the chunked form at chunk 64, head dims 64 or 128, the choices on) and only on
+// the GPU, with KdaKernels::bf16_states; f32 everywhere else. The layer's default keeps no
+// prepared blocks. Plain arithmetic on the host: the entries and the layer read the same rule.
 TEST(KdaSavedDtype, Bf16StatesOnlyWhereTheBf16LayoutRunsOnTheGpu) {
-  EXPECT_FALSE(ops::kda_keep_prepared()) << "the default keeps the prepared blocks";
-  EXPECT_TRUE(ops::kda_bf16_states()) << "the default keeps fp32 chunk states";
+  EXPECT_FALSE(ops::KdaKernels{}.keep_prepared) << "the default keeps the prepared blocks";
+  EXPECT_TRUE(ops::KdaKernels{}.bf16_states) << "the default keeps fp32 chunk states";
   for (const int64_t K : {32, 64, 128})
     for (const int64_t C : {32, 64})
       for (const bool chunked : {false, true})
@@ -318,17 +319,15 @@ TEST(KdaSavedDtype, Bf16StatesOnlyWhereTheBf16LayoutRunsOnTheGpu) {
             const bool bf16_states = switches & 1, tensor_cores = switches & 2;
             SCOPED_TRACE(cat("K ", K, " C ", C, " chunked ", chunked, " ", dtype_name(dt),
                              " bf16 states ", bf16_states, " tensor cores ", tensor_cores));
-            const ops::KdaSwitchScope<ops::kda_bf16_states, ops::kda_set_bf16_states> st(
-                bf16_states);
-            const ops::KdaSwitchScope<ops::kda_tensor_core_prep, ops::kda_set_tensor_core_prep> tc(
-                tensor_cores);
-            const ops::KdaParams p{.tokens = 200,
-                                   .heads = 2,
-                                   .head_k = K,
-                                   .head_v = K,
-                                   .num_seqs = 2,
-                                   .chunked = chunked,
-                                   .chunk = C};
+            ops::KdaParams p{.tokens = 200,
+                             .heads = 2,
+                             .head_k = K,
+                             .head_v = K,
+                             .num_seqs = 2,
+                             .chunked = chunked,
+                             .chunk = C};
+            p.kernels.bf16_states = bf16_states;
+            p.kernels.tensor_core_prep = tensor_cores;
             const bool fits = chunked && C == 64 && K != 32 && dt == DType::BF16 && tensor_cores;
             EXPECT_EQ(ops::kda_bf16_states_fit(p, dt), fits);
             EXPECT_EQ(ops::kda_bf16_states_fit(p, dt), ops::kda_chunk_layout(p, dt).half);
@@ -336,6 +335,60 @@ TEST(KdaSavedDtype, Bf16StatesOnlyWhereTheBf16LayoutRunsOnTheGpu) {
                       fits && bf16_states ? DType::BF16 : DType::F32);
             EXPECT_EQ(ops::kda_saved_dtype(Device::CPU, p, dt), DType::F32);
           }
+}
+
+// The job key kernels.kda's form: "default", or name=on|off joined by ':' for every field of
+// ops::KdaKernels; the name lists the choices that differ from the defaults, in the fields'
+// order, and parses back to the same choices. Bad parts are refused with the part named.
+TEST(KdaKernels, NamesParseBackAndBadPartsAreRefused) {
+  EXPECT_EQ(ops::parse_kda_kernels("default"), ops::KdaKernels{});
+  EXPECT_EQ(ops::kda_kernels_name(ops::KdaKernels{}), "default");
+  const ops::KdaKernels k = ops::parse_kda_kernels("grads_v2=off:forward_overlap_waves=on");
+  EXPECT_FALSE(k.grads_v2);
+  EXPECT_TRUE(k.forward_overlap_waves);
+  ops::KdaKernels expected;
+  expected.grads_v2 = false;
+  expected.forward_overlap_waves = true;
+  EXPECT_EQ(k, expected);
+  EXPECT_EQ(ops::kda_kernels_name(k), "forward_overlap_waves=on:grads_v2=off");
+  // Every field, flipped alone: named, and read back.
+  const std::string names[] = {"chunk_kernels",
+                               "tensor_core_prep",
+                               "bf16_prepared",
+                               "bf16_states",
+                               "keep_prepared",
+                               "fused_delta",
+                               "fused_pre",
+                               "prep_v2",
+                               "forward_state_v2",
+                               "forward_overlap",
+                               "forward_overlap_waves",
+                               "forward_longest_first",
+                               "backward_state_v2",
+                               "grads_v2",
+                               "products_v2",
+                               "products_prefetch"};
+  std::set<std::string> seen;
+  for (const std::string& n : names) {
+    const ops::KdaKernels on = ops::parse_kda_kernels(n + "=on"),
+                          off = ops::parse_kda_kernels(n + "=off");
+    EXPECT_NE(on, off) << n;
+    const std::string flipped = on == ops::KdaKernels{} ? n + "=off" : n + "=on";
+    EXPECT_EQ(ops::kda_kernels_name(ops::parse_kda_kernels(flipped)), flipped);
+    seen.insert(ops::kda_kernels_name(ops::parse_kda_kernels(flipped)));
+  }
+  EXPECT_EQ(seen.size(), std::size(names));
+  // Setting a choice to its default leaves the default.
+  EXPECT_EQ(ops::kda_kernels_name(ops::parse_kda_kernels("grads_v2=on")), "default");
+  for (const char* bad : {"", "grads_v3=off", "grads_v2", "grads_v2=no",
+                          "grads_v2=off:", "grads_v2=off::prep_v2=off", "Default"}) {
+    try {
+      ops::parse_kda_kernels(bad);
+      ADD_FAILURE() << "\"" << bad << "\" was accepted";
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("KDA kernels"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(Kda, BadCuSeqlensIsAnError) {
@@ -354,7 +407,7 @@ TEST(Kda, BadCuSeqlensIsAnError) {
 
 // The CUDA chunked kernels' prepared block (ops/kda_chunk_layout.h), in both layouts: bf16 slots
 // exactly where the bf16 tensor-core path runs (bf16 tensors, chunk 64, head dims 64 or 128,
-// both switches on), the slots tiling the block without overlap, backward's fp32 products and dbeta
+// both choices on), the slots tiling the block without overlap, backward's fp32 products and dbeta
 // shares inside what backward may overwrite (below Aqk, or W .. Kb's fp32 places), and
 // kda_prepared_floats and the workspace count following the layout. Plain arithmetic on the
 // host: the kernels read the same struct.
@@ -367,10 +420,10 @@ TEST(KdaChunkLayout, Bf16SlotsOnlyOnTheTensorCorePathAndSlotsTileTheBlock) {
             const bool switch_on = switches & 1, bf16_on = switches & 2;
             SCOPED_TRACE(cat("K ", K, " V ", V, " C ", C, " ", dtype_name(dt), " tensor cores ",
                              switch_on, " bf16 prepared ", bf16_on));
-            ops::kda_set_tensor_core_prep(switch_on);
-            ops::kda_set_bf16_prepared(bf16_on);
-            const ops::KdaParams p{
+            ops::KdaParams p{
                 .tokens = 200, .heads = 3, .head_k = K, .head_v = V, .num_seqs = 2, .chunk = C};
+            p.kernels.tensor_core_prep = switch_on;
+            p.kernels.bf16_prepared = bf16_on;
             const ops::KdaChunkLayout lay = ops::kda_chunk_layout(p, dt);
             const bool tc = dt == DType::BF16 && switch_on && bf16_on && C == 64 &&
                             (K == 64 || K == 128) && (V == 64 || V == 128);
@@ -410,8 +463,6 @@ TEST(KdaChunkLayout, Bf16SlotsOnlyOnTheTensorCorePathAndSlotsTileTheBlock) {
             EXPECT_EQ(ops::kda_chunk_workspace_floats(p, 5, true, true, dt),
                       kept_fwd + 5 * p.heads * (2 * C * V + K * V));
           }
-  ops::kda_set_tensor_core_prep(true);
-  ops::kda_set_bf16_prepared(true);
   // At the benchmark shape the bf16 block is 132 KB in place of 213 KB.
   const ops::KdaParams p{.tokens = 64, .heads = 1, .head_k = 128, .head_v = 128, .num_seqs = 1};
   EXPECT_EQ(ops::kda_chunk_layout(p, DType::BF16).block() * 4, 131584);

@@ -179,24 +179,37 @@ TEST(PlanKernels, ChoicesAndFallbacks) {
   for (const KernelChoice& k : all) EXPECT_FALSE(k.kernel.empty()) << op_name(k.op);
 }
 
-// `bench step --kda-kernels direct`: with the chunked kernels switched off no params fit them, and
-// the op table (which the planner and the layers read) names the direct kernel with the reason.
+// `bench step --kda-kernels direct` (the job's kernels.kda = "chunk_kernels=off"): with the
+// chunked kernels switched off no params fit them, and the op table (which the planner and the
+// layers read) names the direct kernel with the reason; the config carries the choice to both.
 TEST(PlanKernels, ChunkedKdaKernelsSwitchedOff) {
-  const ops::KdaParams p{.head_k = 128, .head_v = 128, .chunked = true, .chunk = 64};
+  ops::KdaParams p{.head_k = 128, .head_v = 128, .chunked = true, .chunk = 64};
   ASSERT_TRUE(ops::kda_chunk_kernel_fits(p));
-  ops::kda_set_chunked_kernels(false);
-  const bool fits = ops::kda_chunk_kernel_fits(p);
+  p.kernels = ops::parse_kda_kernels("chunk_kernels=off");
+  EXPECT_FALSE(ops::kda_chunk_kernel_fits(p));
   const KernelRegistry reg = KernelRegistry::builtin();
-  const KernelChoice c =
-      reg.choose(OpKind::KdaCore, Backend::Cuda, {.dtype = "bf16", .head_dim = 128, .chunk = 64});
-  std::string chunk_why;
+  const OpShape off{.dtype = "bf16", .head_dim = 128, .chunk = 64, .kda_chunk_kernels = false};
+  const KernelChoice c = reg.choose(OpKind::KdaCore, Backend::Cuda, off);
+  std::string chunk_why, on_why = "unset";
   for (const KernelImpl& k : reg.impls(OpKind::KdaCore))
-    if (k.name == "kda_chunk_cuda") chunk_why = k.accepts({.head_dim = 128, .chunk = 64});
-  ops::kda_set_chunked_kernels(true);
-  EXPECT_FALSE(fits);
+    if (k.name == "kda_chunk_cuda") {
+      chunk_why = k.accepts(off);
+      on_why = k.accepts({.head_dim = 128, .chunk = 64});
+    }
   EXPECT_NE(chunk_why.find("switched off"), std::string::npos) << chunk_why;
+  EXPECT_EQ(on_why, "");
   EXPECT_EQ(c.kernel, MOETRAIN_WITH_CUDA ? "kda_direct_cuda" : "kda_chunked_cpu");
-  EXPECT_TRUE(ops::kda_chunk_kernel_fits(p));
+  // Through the config: the layer kernels of a KDA model follow cfg.kda.kernels.
+  ModelConfig cfg = seed_lora();
+  cfg.kda.kernels.chunk_kernels = false;
+  int kda_ops = 0;
+  for (const LayerKernels& lk : layer_kernels(cfg, Backend::Cuda, "bf16"))
+    for (const OpKernel& k : lk.ops)
+      if (k.op == op_name(OpKind::KdaCore)) {
+        ++kda_ops;
+        EXPECT_EQ(k.kernel, MOETRAIN_WITH_CUDA ? "kda_direct_cuda" : "kda_chunked_cpu");
+      }
+  EXPECT_GT(kda_ops, 0) << "the seed model has KDA layers";
 }
 
 }  // namespace

@@ -18,9 +18,11 @@
 #include "harness/train_files.h"
 #include "io/hf_names.h"
 #include "io/safetensors.h"
+#include "model/kda_layer.h"
 #include "model/moe_layer.h"
 #include "ops/gemm.h"
 #include "ops/grouped_matmul.h"
+#include "ops/kda.h"
 #include "plan/model_stats.h"
 #include "train/adapter.h"
 #include "train/checkpoint.h"
@@ -265,6 +267,49 @@ TEST(Job, GroupedGemmKeyReachesTheMoeLayers) {
   const std::string e = error_of<ConfigError>(
       [&] { Job::parse(ok, "j.toml", {"kernels.grouped_gemm=\"warp9000\""}); });
   EXPECT_NE(e.find("'kernels.grouped_gemm' = \"warp9000\""), std::string::npos) << e;
+}
+
+// kernels.kda (ops::parse_kda_kernels's form) reaches the config every KDA layer is built from,
+// and with it the layer's memory plan: the prepared blocks kept for backward (keep_prepared) add
+// their floats to a GPU plan, exactly kda_prepared_floats of them; the CPU plan ignores them.
+TEST(Job, KdaKernelsKeyReachesTheKdaLayersAndTheirPlan) {
+  const std::string ok = "[data]\ntrain = \"d\"\n[model]\nconfig = \"tiny\"\n";
+  EXPECT_EQ(job_model_config(Job::parse(ok, "j.toml")).kda.kernels, ops::KdaKernels{});
+  const std::string name = "keep_prepared=on:grads_v2=off";
+  const Job j = Job::parse(ok, "j.toml", {"kernels.kda=\"" + name + "\""});
+  EXPECT_EQ(Job::parse(j.to_toml(), "resolved").kda_kernels, name);
+  const ModelConfig cfg = job_model_config(j);
+  EXPECT_EQ(cfg.kda.kernels, ops::parse_kda_kernels(name));
+  int kda_layers = 0;
+  for (const LayerIR& l : cfg.layers) kda_layers += l.mixer == MixerKind::Kda;
+  ASSERT_GT(kda_layers, 0) << "the tiny model has KDA layers";
+  KdaConfig kc = cfg.kda;
+  kc.head_dim = 64;  // the chunked kernels' shapes (chunk 64, head dims 64 or 128)
+  kc.chunk = 64;
+  kc.chunked = true;
+  const SeqInfo seq = SeqInfo::from_lengths({100, 70});
+  const auto planned = [&](const KdaConfig& c, Device d) {
+    ArenaPlan p(DType::BF16, d);
+    KdaLayer(c).plan_activations(seq, p);
+    return p.bytes();
+  };
+  KdaConfig plain = kc;
+  plain.kernels = {};
+  const ops::KdaParams cp{.tokens = seq.tokens,
+                          .heads = kc.heads,
+                          .head_k = kc.head_dim,
+                          .head_v = kc.head_dim,
+                          .num_seqs = seq.num_seqs,
+                          .chunk = kc.chunk};
+  const size_t prepared =
+      sizeof(float) * static_cast<size_t>(ops::kda_prepared_floats(
+                          cp, ops::kda_saved_rows(cp, seq.cu_seqlens_host), DType::BF16));
+  EXPECT_GE(planned(kc, Device::CUDA), planned(plain, Device::CUDA) + prepared);
+  EXPECT_EQ(planned(kc, Device::CPU), planned(plain, Device::CPU));
+  const std::string e =
+      error_of<ConfigError>([&] { Job::parse(ok, "j.toml", {"kernels.kda=\"grads_v3=off\""}); });
+  EXPECT_NE(e.find("'kernels.kda' = \"grads_v3=off\""), std::string::npos) << e;
+  EXPECT_NE(e.find("unknown choice \"grads_v3\""), std::string::npos) << e;
 }
 
 TEST(Job, RecomputeKeyTrainsExactlyLikeNone) {

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "harness/seed.h"
 #include "harness/train_files.h"
+#include "ops/kda.h"
 #include "train/job.h"
 #include "train/tune.h"
 
@@ -155,6 +156,14 @@ TEST(TuneJob, AutoSpaceFitsTheDeviceAndTheMesh) {
   EXPECT_EQ(one.find("train.recompute=none,selective,full;run.threads=1"), 0u) << one;
   EXPECT_NE(one.find(cat(",", cores)), std::string::npos) << one;
   EXPECT_EQ(one.find("kernels.grouped_gemm"), std::string::npos) << one;
+  EXPECT_EQ(one.find("kernels.kda"), std::string::npos) << one;
+  // What a GPU run would add for the KDA layers: every choice a value the job takes, none twice.
+  std::set<std::string> kda_names;
+  for (const char* k : kAutoKdaKernels) {
+    const Job with = Job::load(path, {"run.device=\"cpu\"", cat("kernels.kda=\"", k, "\"")});
+    kda_names.insert(ops::kda_kernels_name(job_model_config(with).kda.kernels));
+  }
+  EXPECT_EQ(kda_names.size(), std::size(kAutoKdaKernels));
   EXPECT_EQ(one.find("parallel."), std::string::npos) << one;
   const std::string mesh = auto_tune_space(job, 4);
   const int64_t experts = job_model_config(job).moe.num_experts;

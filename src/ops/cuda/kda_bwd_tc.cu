@@ -225,7 +225,7 @@ __global__ void __launch_bounds__(kThreads, 2) products_tc_kernel(Args a, const 
   }
 }
 
-// ---- products v2 (kda_set_products_v2, the default) ----
+// ---- products v2 (KdaKernels::products_v2, the default) ----
 // One persistent block per SM runs all three jobs of a (chunk, head) item, so that each input is
 // read from HBM once: 208 KB of reads per item at K = V = 128 instead of v1's 352 (dO and dR by
 // jobs 0 and 2, S0 by 0 and 1, Delta by 1 and 2), plus the same 128 KB of writes. 16 warps:
@@ -394,7 +394,7 @@ __device__ __forceinline__ void step(const Args& a, Ring& r) {
   }
 }
 
-// The lines of item i's tile y0 into L2 (kda_set_products_prefetch): one line per thread, S0's
+// The lines of item i's tile y0 into L2 (KdaKernels::products_prefetch): one line per thread, S0's
 // and dS's K rows (128 bytes of a tile row: one line; 64 of bf16 states), then dR's, Delta's and
 // dO's rows below L. Issued kPrefetch tiles ahead of the cp.async copies, so that these meet L2's
 // latency: the ring alone keeps two tiles (~100 KB) in flight per SM, which at HBM's loaded latency
@@ -627,7 +627,7 @@ void launch_v2(Context& ctx, const Args& a, const bf16* dout) {
   const int64_t blocks = std::min<int64_t>(items, cuda_resources(ctx).multiprocessors);
   if (blocks == 0) return;
   v2::products_v2_kernel<K, V><<<static_cast<unsigned>(blocks), v2::kThreads, sm, stream(ctx)>>>(
-      a, dout, kda_products_prefetch());
+      a, dout, a.kernels.products_prefetch);
   MT_CUDA_LAUNCH_CHECK();
 }
 
@@ -646,7 +646,7 @@ bool aligned16(const void* p) {
 }  // namespace
 
 bool products_tc_fits(const Args& a, const void* dout) {
-  const KdaParams p{.head_k = a.K, .head_v = a.V, .chunk = a.C};
+  const KdaParams p{.head_k = a.K, .head_v = a.V, .chunk = a.C, .kernels = a.kernels};
   return kda_bf16_prep_path(p) == KdaPrepPath::TensorCoreBf16 && aligned16(dout) &&
          aligned16(a.saved) && aligned16(a.saved_h) && aligned16(a.ws) && aligned16(a.back) &&
          aligned16(a.dS);
@@ -656,7 +656,7 @@ void products_tc(Context& ctx, const Args& a, const bf16* dout) {
   MT_CHECK((a.K == 64 || a.K == 128) && (a.V == 64 || a.V == 128), ValueError,
            "kda tensor-core products: head_k ", a.K, " head_v ", a.V,
            " (products_tc_fits admits 64 and 128)");
-  if (kda_products_v2()) {
+  if (a.kernels.products_v2) {
     if (a.K == 64)
       return a.V == 64 ? launch_v2<64, 64>(ctx, a, dout) : launch_v2<64, 128>(ctx, a, dout);
     return a.V == 64 ? launch_v2<128, 64>(ctx, a, dout) : launch_v2<128, 128>(ctx, a, dout);

@@ -126,6 +126,7 @@ Args make_args(Context& ctx, const KdaParams& p, const Tensor& cu, const Tensor&
   a.keep = backward || p.keep_for_backward;
   a.keep_block = backward || (p.keep_for_backward && kept);
   a.lay = kda_chunk_layout(p, q.dtype());
+  a.kernels = p.kernels;
   a.block = a.lay.block();
   space =
       ctx.workspace().alloc({kda_chunk_workspace_floats(p, nchunks, backward, kept, q.dtype())});
@@ -220,8 +221,9 @@ void kda_chunk_backward(Context& ctx, const KdaParams& p, const Tensor& cu_seqle
   a.dg = ptr<float>(dg);
   a.dbeta = ptr<float>(dbeta);
   // The bf16 states imply the bf16 layout and with it the tensor-core prep (prep<T> below).
-  a.fuse_delta = kda_fused_delta() && kda_prep_v2() && a.saved_h && !prepared.defined();
-  a.fuse_pre = a.fuse_delta && kda_fused_pre() && reinterpret_cast<uintptr_t>(dout.raw()) % 16 == 0;
+  a.fuse_delta = a.kernels.fused_delta && a.kernels.prep_v2 && a.saved_h && !prepared.defined();
+  a.fuse_pre =
+      a.fuse_delta && a.kernels.fused_pre && reinterpret_cast<uintptr_t>(dout.raw()) % 16 == 0;
   if (a.fuse_pre) a.dout = ptr<__nv_bfloat16>(dout);
   MT_DISPATCH_FLOAT(q, "kda", {
     if (!prepared.defined()) kda_chunk::prep<T>(ctx, a, q, k, v);

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "ops/kda_chunk_layout.h"
+#include "ops/kda_kernels.h"
 
 namespace mt::ops::cuda::kda_detail {
 
@@ -31,6 +32,7 @@ struct Args {
   bool fuse_delta = false, fuse_pre = false;
   const __nv_bfloat16* dout = nullptr;
   KdaChunkLayout lay;
+  KdaKernels kernels;      // KdaParams::kernels: which kernel of each pair the host launches
   int64_t block;           // prepared floats per (chunk, head)
   const int32_t* ct0;      // [nchunks] first token of each chunk
   const int32_t* clen;     // [nchunks] its length (0: unused row)

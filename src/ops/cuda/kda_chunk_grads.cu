@@ -2,7 +2,7 @@
 // per (chunk, head) or, for bf16 at chunk 64 and K 128, per (chunk, head, channel half) with the
 // pairs across 16-row blocks on tensor cores, dbeta_sum_kernel then adding the halves' dbeta
 // shares; and the launcher, grads, which runs grads_v2_kernel (kda_chunk_grads_v2.cu) in
-// grads_kernel's place where kda_grads_v2() says so. What the two kernels share is in
+// grads_kernel's place where a.kernels.grads_v2 says so. What the two kernels share is in
 // kda_chunk_grads.cuh.
 #include <cstddef>
 #include <cstdint>
@@ -550,7 +550,7 @@ void grads(Context& ctx, const Args& a, const Tensor& q, const Tensor& k, const 
       kernel = grads_kernel<T, true>;
       sm = grads_smem<T>(kMaxC, kHalf) + kGradTileBytes;
       split = kGradSplit;
-      v2 = kda_grads_v2();
+      v2 = a.kernels.grads_v2;
     }
   }
   const dim3 chunks(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.H));

@@ -1,5 +1,5 @@
 // Step 5's second gradient kernel (kda_chunk.cu describes the algorithm), grads_v2_kernel: bf16,
-// chunk 64, K 128 (kda_set_grads_v2, on by default), every pair sum on tensor cores and the
+// chunk 64, K 128 (KdaKernels::grads_v2, on by default), every pair sum on tensor cores and the
 // owners in the warp that holds their sums (the comment above its constants says how); and its
 // launch, grads_v2, which kda_chunk_grads.cu's grads calls. The load phase and the other pieces
 // it shares with grads_kernel are in kda_chunk_grads.cuh.
@@ -21,7 +21,7 @@ namespace {
 
 using namespace kda_chunk;
 
-// grads_v2_kernel (bf16, chunk 64, K 128; kda_set_grads_v2): every pair sum of grads_kernel on
+// grads_v2_kernel (bf16, chunk 64, K 128; KdaKernels::grads_v2): every pair sum of grads_kernel on
 // tensor cores, the pairs inside a 16-row block (masked j <= i) too, and the owners in the warp
 // that holds their sums. With R_b = Gam at row 16 b (R_4 = Gam at row 63) the diagonal block b
 // joins grads_block_pairs' sums as r = p = b with the inner factor e^(R_b - R_(b+1)) >= 1; where

@@ -350,7 +350,7 @@ void prep(Context& ctx, const Args& a, const Tensor& q, const Tensor& k, const T
     // The tensor-core prep takes every call on its path (kda_fwd_tc.h; unaligned tensors through
     // narrower loads), and only it writes the bf16 layout.
     // (A caller's prepared tensor off 16-byte alignment keeps the fp32 layout's CUDA-core prep.)
-    const KdaParams pp{.head_k = a.K, .head_v = a.V, .chunk = a.C};
+    const KdaParams pp{.head_k = a.K, .head_v = a.V, .chunk = a.C, .kernels = a.kernels};
     if (kda_bf16_prep_path(pp) == KdaPrepPath::TensorCoreBf16 &&
         (a.lay.half || reinterpret_cast<uintptr_t>(a.ws) % 16 == 0))
       return kda_detail::prep_tc(ctx, a, ptr<T>(q), ptr<T>(k), ptr<T>(v));

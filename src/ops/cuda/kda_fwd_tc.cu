@@ -2,7 +2,7 @@
 // chunk 64 and head dims 64 or 128 (kda_fwd_tc.h). It writes the quantities kda_chunk_prep.cu's
 // CUDA-core prep writes, in the prepared block's layout (ops/kda_chunk_layout.h): normally the
 // bf16 one, W, Qh, Kl, U and Kb rounded once to bf16 (computed in fp32: W and U from the fp32 Kb
-// and beta v), Aqk, T, KK and gL fp32; with kda_set_bf16_prepared(false) all fp32.
+// and beta v), Aqk, T, KK and gL fp32; with KdaKernels::bf16_prepared = false all fp32.
 //
 // One block of 8 warps per (chunk, head); G = the in-chunk cumsum of g (fp32), rows past the
 // chunk's length L zero in q, k, v and beta (so G stays constant there):
@@ -450,7 +450,7 @@ __device__ __forceinline__ void lower_times(const float* tm, int ldc, const floa
   }
 }
 
-// Prep v2 (kda_set_prep_v2): the inputs of block b (linear, chunks fastest) + `ahead` into L2,
+// Prep v2 (KdaKernels::prep_v2): the inputs of block b (linear, chunks fastest) + `ahead` into L2,
 // issued before this block's last phase (W and U). ahead is the number of blocks resident at once
 // (two per SM), so that block is the one that starts about when this one ends: its load phase,
 // 80 KB per block issued at once and waited for before any work, then meets L2 rather than HBM.
@@ -476,10 +476,10 @@ __device__ __forceinline__ void prefetch_block(const Args& a, const bf16* q, con
   for (int o = 0; o < bytes; o += 128) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p + o));
 }
 
-// Backward's Delta = U - W S0 of the chunk (Args::fuse_delta, kda_set_fused_delta: the backward's
-// prep on bf16 chunk states), at the end of its prep, in place of bwd_pre's job 0: the W and U
-// the block has just stored (every thread's stores precede the barrier, so the copies find them,
-// in L2) and the chunk's bf16 states, into the block's dead shared memory; bf16 m16n8k16 MMAs
+// Backward's Delta = U - W S0 of the chunk (Args::fuse_delta, KdaKernels::fused_delta: the
+// backward's prep on bf16 chunk states), at the end of its prep, in place of bwd_pre's job 0: the W
+// and U the block has just stored (every thread's stores precede the barrier, so the copies find
+// them, in L2) and the chunk's bf16 states, into the block's dead shared memory; bf16 m16n8k16 MMAs
 // (W and S0 are both bf16: exact products, fp32 sums, as job 0's tf32 MMAs of the same values);
 // warp w takes rows 16 (w mod 4) .. +15 and half of V. Delta rows past L are zero, as job 0's.
 template <int K, int V>
@@ -614,8 +614,8 @@ __device__ __forceinline__ void pre_tail(const Args& a, int64_t c, int64_t h, in
 }
 
 // Big: the element type of W, Qh, Kl, U, Kb in the layout (bf16 where half, else fp32).
-// V2 (kda_set_prep_v2; bit for bit the same outputs): the L2 prefetch (ahead), W and U stored in
-// whole sectors through shared memory, q and k read 8 bytes per lane in the row products, beta v
+// V2 (KdaKernels::prep_v2; bit for bit the same outputs): the L2 prefetch (ahead), W and U stored
+// in whole sectors through shared memory, q and k read 8 bytes per lane in the row products, beta v
 // stored without bank conflicts, T zeroed 16 bytes per store.
 // Tail: bwd_pre's work may follow (delta_tail, pre_tail; the one-item v2 kernel only, so that the
 // persistent and v1 kernels' registers stay as they were).
@@ -932,7 +932,7 @@ void launch(Context& ctx, const Args& a, const bf16* q, const bf16* k, const bf1
   const dim3 grid = a.ready
                         ? dim3(static_cast<unsigned>(std::min<int64_t>(blocks, a.nchunks * a.H)))
                         : dim3(static_cast<unsigned>(a.nchunks), static_cast<unsigned>(a.H));
-  const bool v2 = kda_prep_v2();
+  const bool v2 = a.kernels.prep_v2;
   // The block that starts about when this one ends: two per SM later in launch order, or the
   // persistent block's own next item.
   const int ahead = !v2       ? 0
@@ -942,7 +942,7 @@ void launch(Context& ctx, const Args& a, const bf16* q, const bf16* k, const bf1
     kernel<<<grid, kThreads, smem_for(kernel, Smem<K, V>::bytes, "kda_forward"), stream(ctx)>>>(
         a, q, k, v, vec, ahead);
   };
-  MT_CHECK((!a.fuse_delta || (a.lay.half && a.saved_h && !a.ready && kda_prep_v2())) &&
+  MT_CHECK((!a.fuse_delta || (a.lay.half && a.saved_h && !a.ready && a.kernels.prep_v2)) &&
                (!a.fuse_pre || (a.fuse_delta && a.dout && aligned16(a.dout))),
            InternalError,
            "kda tensor-core prep: backward's Delta needs the bf16 layout and states, one item a "

@@ -1,7 +1,7 @@
 // The chunked KDA's intra-chunk pass (prep) on bf16 tensor cores (kda_fwd_tc.cu): the prepared
 // block of ops/kda_chunk_layout.h in the layout Args carries (the bf16 one unless
-// kda_set_bf16_prepared(false)); the tensor-core state passes, the output and the backward read
-// it.
+// KdaKernels::bf16_prepared = false); the tensor-core state passes, the output and the backward
+// read it.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -298,7 +298,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_state_tc_kernel(Args a) {
   if (a.dh0) state_io(s, nullptr, a.dh0 + (n * H + h) * K * V + col0, K, V);
 }
 
-// The backward state pass, leaner per chunk (kda_set_backward_state_v2, the default;
+// The backward state pass, leaner per chunk (KdaKernels::backward_state_v2, the default;
 // bwd_state_tc_kernel above stays selectable so that one benchmark times both), built as
 // fwd_state_v2_kernel is: the same products over the same operand values (dS, dDelta and -dR
 // rounded to tf32 once where they are stored), k permuted consistently between A and B, so the
@@ -549,7 +549,7 @@ void backward_state_as(Context& ctx, const Args& a, const bf16* dout) {
     MT_CUDA_LAUNCH_CHECK();
   }
   if constexpr (std::is_same_v<E, bf16>) {
-    if (kda_backward_state_v2() && (a.K == 64 || a.K == 128)) {
+    if (a.kernels.backward_state_v2 && (a.K == 64 || a.K == 128)) {
       const bool wide = wide_state(a);
       if (a.K == 128)
         return wide ? launch_bwd_v2<2 * kNB, 128>(ctx, a) : launch_bwd_v2<kNB, 128>(ctx, a);

@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_state_tc_kernel(Args a, bf16*
   if (a.hT) state_io(s, nullptr, a.hT + (n * H + h) * K * V + col0, K, V);
 }
 
-// The forward state pass, leaner per chunk (kda_set_forward_state_v2, the default; the kernel
+// The forward state pass, leaner per chunk (KdaKernels::forward_state_v2, the default; the kernel
 // above stays selectable so that one benchmark times both). Same products, same operand values
 // (S0 and Delta rounded to tf32 once where they are stored instead of at every fragment load: the
 // bits the MMAs see are the same), the k index of each 16-row block permuted consistently between
@@ -164,7 +164,8 @@ struct StateItem {
   int64_t n, h;
   int z;
 };
-// Without a.dorder (kda_set_forward_longest_first(false)): the grid's own order, documents fastest.
+// Without a.dorder (KdaKernels::forward_longest_first = false): the grid's own order, documents
+// fastest.
 __device__ __forceinline__ StateItem state_item(const Args& a) {
   if (!a.dorder) return {blockIdx.x, blockIdx.y, static_cast<int>(blockIdx.z)};
   const int64_t Z = gridDim.z, HZ = gridDim.y * Z;
@@ -372,7 +373,7 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_state_v2_kernel(Args a, bf16*
 template <int NB, int K, bool Follow = false>
 void launch_fwd_v2(Context& ctx, const Args& args, bf16* o) {
   Args a = args;
-  if (!kda_forward_longest_first()) a.dorder = nullptr;  // the grid's order (state_item)
+  if (!a.kernels.forward_longest_first) a.dorder = nullptr;  // the grid's order (state_item)
   auto* kernel = fwd_state_v2_kernel<NB, K, Follow>;
   const size_t smem = smem_for(kernel, fwd_state_v2_smem<NB, K>(), "kda_forward");
   if constexpr (!Follow) {
@@ -402,7 +403,7 @@ void forward_state_as(Context& ctx, const Args& a, bf16* o) {
   const char* op = "kda_forward";
   const bool wide = wide_state(a);
   if constexpr (std::is_same_v<E, bf16>) {
-    if (kda_forward_state_v2() && (a.K == 64 || a.K == 128)) {
+    if (a.kernels.forward_state_v2 && (a.K == 64 || a.K == 128)) {
       if (a.K == 128)
         return wide ? launch_fwd_v2<2 * kNB, 128>(ctx, a, o) : launch_fwd_v2<kNB, 128>(ctx, a, o);
       return wide ? launch_fwd_v2<2 * kNB, 64>(ctx, a, o) : launch_fwd_v2<kNB, 64>(ctx, a, o);
@@ -428,13 +429,13 @@ int forward_overlap_blocks(Context& ctx, const Args& a) {
   // shared memory (29 K / 32 K registers), the prep taking those the state pass leaves. The prep
   // never waits for the state pass, so any split is deadlock-free (its blocks all start at once).
   const int sms = cuda_resources(ctx).multiprocessors;
-  if (!(kda_forward_overlap() && kda_forward_state_v2() && a.lay.half &&
+  if (!(a.kernels.forward_overlap && a.kernels.forward_state_v2 && a.lay.half &&
         (a.K == 64 || a.K == 128) && a.V % (2 * kNB) == 0))
     return 0;
   const int64_t state = a.N * a.H * (a.V / (2 * kNB));
   if (state < sms) return static_cast<int>(2 * sms - state);
   // Waves (kda_forward_overlap_waves): the prep one block per SM, the state pass the other slot.
-  return kda_forward_overlap_waves() ? sms : 0;
+  return a.kernels.forward_overlap_waves ? sms : 0;
 }
 
 void forward_state_tc_follow(Context& ctx, const Args& a, bf16* o) {

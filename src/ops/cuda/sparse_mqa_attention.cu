@@ -762,28 +762,28 @@ __global__ void __launch_bounds__(R* kCols * 32)
 }
 
 // Row groups per block: enough for the heads, at most kMaxRows (larger H: more blocks per query);
-// and the kernels' generation (sparse_mqa_kernels()): Split for blocks of up to 32 heads only
+// and the kernels' generation (SparseMqaParams::kernels): Split for blocks of up to 32 heads only
 // (Wgmma's backward and prob sum are Split's). Past that a block fills an SM's shared memory
 // either way, and the Split backward's second accumulator chains spill at 128 registers a thread
 // (64 heads: 512 threads).
 template <int R, typename F>
-void with_split(F&& f) {
+void with_split(SparseMqaKernels gen, F&& f) {
   if constexpr (R <= 2)
-    if (sparse_mqa_kernels() != SparseMqaKernels::Chained) return f.template operator()<R, true>();
+    if (gen != SparseMqaKernels::Chained) return f.template operator()<R, true>();
   f.template operator()<R, false>();
 }
 
 template <typename F>
-void with_rows(int64_t heads, F&& f) {
-  const int64_t r = std::min<int64_t>(kMaxRows, (heads + 15) / 16);
+void with_rows(const SparseMqaParams& p, F&& f) {
+  const int64_t r = std::min<int64_t>(kMaxRows, (p.heads + 15) / 16);
   if (r == 1)
-    with_split<1>(f);
+    with_split<1>(p.kernels, f);
   else if (r == 2)
-    with_split<2>(f);
+    with_split<2>(p.kernels, f);
   else if (r == 3)
-    with_split<3>(f);
+    with_split<3>(p.kernels, f);
   else
-    with_split<4>(f);
+    with_split<4>(p.kernels, f);
 }
 
 // The kernels' shapes, bf16, and 16-byte aligned rows for cp.async.
@@ -805,7 +805,7 @@ dim3 grid_of(const SparseMqaParams& p, int rows) {
 // up to 32 heads, one block per query; more heads keep Split's.
 bool wgmma_backward(const SparseMqaParams& p) {
   MT_CHECK(p.tokens < INT_MAX, ValueError, "sparse_mqa: ", p.tokens, " tokens exceed one grid");
-  return sparse_mqa_kernels() == SparseMqaKernels::Wgmma3 && p.heads <= kMqaWgmmaHeads;
+  return p.kernels == SparseMqaKernels::Wgmma3 && p.heads <= kMqaWgmmaHeads;
 }
 
 MqaWgmmaBwdArgs wgmma_args(const SparseMqaParams& p, const Tensor& q, const Tensor& kv,
@@ -830,7 +830,7 @@ void sparse_mqa_forward(Context& ctx, const SparseMqaParams& p, const Tensor& q,
            ValueError, "sparse_mqa: ", p.tokens, " tokens or ", p.heads, " heads exceed one grid");
   // Wgmma takes blocks of 32 heads: past 32 a query's blocks would each gather every key (Split's
   // 64-head blocks gather once), so larger head counts keep Split.
-  const SparseMqaKernels gen = sparse_mqa_kernels();
+  const SparseMqaKernels gen = p.kernels;
   if (gen != SparseMqaKernels::Split && gen != SparseMqaKernels::Chained &&
       p.heads <= kMqaWgmmaHeads) {
     const MqaWgmmaArgs a{.q = q.raw(),
@@ -846,7 +846,7 @@ void sparse_mqa_forward(Context& ctx, const SparseMqaParams& p, const Tensor& q,
     return;
   }
   const Launch l{p.tokens, p.heads, p.kmax, p.scale};
-  with_rows(p.heads, [&]<int R, bool Split>() {
+  with_rows(p, [&]<int R, bool Split>() {
     auto kernel = mqa_fwd_kernel<R, Split>;
     const size_t sm = smem_for(kernel, fwd_smem<R>(), "sparse_mqa_forward");
     kernel<<<grid_of(p, R), R * kCols * 32, sm, stream(ctx)>>>(
@@ -876,7 +876,7 @@ void sparse_mqa_backward(Context& ctx, const SparseMqaParams& p, const Tensor& q
     a.psum = psum;
     MT_CUDA_CHECK(sparse_mqa_bwd_wgmma(a, s));
   } else {
-    with_rows(p.heads, [&]<int R, bool Split>() {
+    with_rows(p, [&]<int R, bool Split>() {
       const dim3 grid = grid_of(p, R);
       // As sparse_mqa_prob_sum: heads over several blocks add into a zeroed table.
       const bool padd = psum && grid.y > 1;
@@ -905,7 +905,7 @@ void sparse_mqa_prob_sum(Context& ctx, const SparseMqaParams& p, const Tensor& q
     return;
   }
   const Launch l{p.tokens, p.heads, p.kmax, p.scale};
-  with_rows(p.heads, [&]<int R, bool Split>() {
+  with_rows(p, [&]<int R, bool Split>() {
     const dim3 grid = grid_of(p, R);
     // Heads over several blocks add into a zeroed table; one block per query writes its slots.
     const bool add = grid.y > 1;

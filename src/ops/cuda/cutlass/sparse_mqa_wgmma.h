@@ -1,6 +1,6 @@
 // The absorbed sparse MQA forward, backward and prob sum (ops/sparse_mqa_attention.h) on Hopper's
 // wgmma, the keys as the MMA's rows: blocks of 32 heads per query, 64 listed keys per tile.
-// ops/cuda/sparse_mqa_attention.cu calls the forward when sparse_mqa_kernels() is Wgmma, Wgmma2
+// ops/cuda/sparse_mqa_attention.cu calls the forward when SparseMqaParams::kernels is Wgmma, Wgmma2
 // or Wgmma3, the backward and prob sum for Wgmma3 (the others keep the mma.sync kernels, Split).
 // Like grouped_gemm_sm90.h, the .cu includes no engine header and takes plain values, so CUTLASS's
 // include path stays on src/ops/cuda/cutlass.
