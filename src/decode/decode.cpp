@@ -8,9 +8,11 @@
 #include "model/kda_layer.h"
 #include "model/model.h"
 #include "model/moe_layer.h"
+#include "ops/cached_attention.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/gemm.h"
+#include "ops/kda_step.h"
 #include "ops/norm.h"
 
 namespace mt {
@@ -44,6 +46,30 @@ Decoder::Decoder(Model& model, int64_t max_tokens, const DecoderOptions& opt)
   const size_t L = cfg.layers.size();
   kda_.resize(L);
   attn_.resize(L);
+  // Decoding's GPU kernels have no other GPU path (the op table's kda_step_cuda,
+  // cached_attention_cuda, cached_indexer_cuda): a shape they reject is refused here, before any
+  // cache is allocated, naming the layer, rather than at the first step.
+  const auto gpu_takes = [&](size_t i, bool fits, const char* op, auto... dims) {
+    MT_CHECK(dev != Device::CUDA || fits, ShapeError, "decode on the GPU: layer ", i, " (",
+             mixer_name(cfg.layers[i].mixer), "): ", op, " ", dims...,
+             " past the kernel's shared memory (docs/gpu.md, decoding)");
+  };
+  for (size_t i = 0; i < L; ++i) {
+    if (cfg.layers[i].mixer == MixerKind::Kda) {
+      gpu_takes(i, ops::kda_step_fits(cfg.kda.head_dim), "the KDA step's head_dim",
+                cfg.kda.head_dim);
+    } else {
+      const bool dsa = cfg.layers[i].mixer == MixerKind::Dsa;
+      const MlaConfig& m = dsa ? cfg.dsa.mla : cfg.mla;
+      const int64_t qk = m.qk_nope_dim + m.qk_rope_dim;
+      gpu_takes(i, ops::cached_attention_fits(qk, m.v_head_dim), "cached attention's head dims", qk,
+                "/", m.v_head_dim);
+      if (dsa && !cfg.dsa.dense_warmup)
+        gpu_takes(i, ops::cached_indexer_fits(cfg.dsa.index_heads, cfg.dsa.index_head_dim),
+                  "the cached indexer's heads x head_dim", cfg.dsa.index_heads, " x ",
+                  cfg.dsa.index_head_dim);
+    }
+  }
   for (size_t i = 0; i < L; ++i) {
     if (cfg.layers[i].mixer == MixerKind::Kda) {
       const KdaConfig& k = cfg.kda;

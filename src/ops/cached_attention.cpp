@@ -33,6 +33,16 @@ void check_positions(const char* op, const Tensor& positions, int64_t cached) {
 
 }  // namespace
 
+bool cached_attention_fits(int64_t qk_dim, int64_t v_dim) {
+  const int64_t floats = qk_dim + kCachedAttentionWarps * v_dim + 2 * kCachedAttentionWarps;
+  return qk_dim > 0 && v_dim > 0 && floats * static_cast<int64_t>(sizeof(float)) <= 48 * 1024;
+}
+
+bool cached_indexer_fits(int64_t heads, int64_t head_dim) {
+  const int64_t floats = heads * head_dim + heads;
+  return heads > 0 && head_dim > 0 && floats * static_cast<int64_t>(sizeof(float)) <= 48 * 1024;
+}
+
 void cached_attention_forward(Context& ctx, const CachedAttentionParams& p, const Tensor& q,
                               const Tensor& k, const Tensor& v, const Tensor& positions,
                               const Tensor& indices, Tensor& o) {

@@ -30,6 +30,12 @@ struct CachedAttentionParams {
 // i32 [n, kmax] (a slot outside [0, cached) is unused, a duplicate counts twice) or, when indices
 // is undefined, every position 0 .. positions[i] (dense causal). A row without keys gets o = 0.
 // Written.
+// Whether the CUDA body takes these head widths: a block keeps the query row, one value row per
+// warp (kCachedAttentionWarps) and the warps' running max and sum in fp32 within the 48 KiB of
+// shared memory a block gets without opting in. Read by the CUDA body, the op table and the
+// Decoder (which refuses a model the GPU cannot decode before it allocates a cache).
+inline constexpr int kCachedAttentionWarps = 4;
+bool cached_attention_fits(int64_t qk_dim, int64_t v_dim);
 using CachedAttentionForward = void(Context& ctx, const CachedAttentionParams& p, const Tensor& q,
                                     const Tensor& k, const Tensor& v, const Tensor& positions,
                                     const Tensor& indices, Tensor& o);
@@ -49,6 +55,8 @@ struct CachedIndexerParams {
 // q [n, HI, DI], k [capacity, DI] (rows [0, cached) used), w [n, HI]. The GPU keeps an fp32
 // [n, cached] score table in the workspace: a step whose table does not fit is a ValueError naming
 // both sizes (a long prompt decodes in shorter steps).
+// The same for the indexer's score kernel: the row's query heads and head weights in fp32.
+bool cached_indexer_fits(int64_t heads, int64_t head_dim);
 using CachedIndexerTopk = void(Context& ctx, const CachedIndexerParams& p, const Tensor& q,
                                const Tensor& k, const Tensor& w, const Tensor& positions,
                                Tensor& out);

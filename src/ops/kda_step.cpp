@@ -9,6 +9,10 @@ float KdaStepParams::qk_scale() const {
   return KdaParams{.head_k = head_k, .scale = scale}.qk_scale();  // one default for both forms
 }
 
+bool kda_step_fits(int64_t head_k) {
+  return head_k > 0 && head_k <= 256;
+}
+
 void kda_recurrent_step(Context& ctx, const KdaStepParams& p, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Tensor& g, const Tensor& beta, Tensor& state,
                         Tensor& o) {

@@ -21,6 +21,11 @@ struct KdaStepParams {
   float qk_scale() const;  // KdaParams::qk_scale's rule
 };
 
+// Whether the CUDA body takes head_k: it keeps the state's [head_k, 32] tile and three head_k
+// vectors in fp32 shared memory (35 KiB at 256, within the 48 KiB a block gets without opting
+// in). Read by the CUDA body, the op table and the Decoder.
+bool kda_step_fits(int64_t head_k);
+
 // state f32 [H, K, V] (any leading 1s allowed: [1, H, K, V]) is updated in place to the state
 // after the last token; o written.
 using KdaRecurrentStep = void(Context& ctx, const KdaStepParams& p, const Tensor& q,

@@ -2,9 +2,11 @@
 
 #include "core/error.h"
 #include "ops/attention.h"
+#include "ops/cached_attention.h"
 #include "ops/dispatch.h"
 #include "ops/indexer.h"
 #include "ops/kda.h"
+#include "ops/kda_step.h"
 #include "ops/sparse_mqa_attention.h"
 
 namespace mt::ops {
@@ -24,14 +26,17 @@ const char* op_name(OpKind k) {
                                                 {OpKind::GroupedExperts, "grouped_experts"},
                                                 {OpKind::CrossEntropy, "cross_entropy"},
                                                 {OpKind::Norm, "norm"},
-                                                {OpKind::Conv1d, "conv1d"}};
-  static_assert(std::size(kNames) == static_cast<size_t>(OpKind::Conv1d) + 1);
+                                                {OpKind::Conv1d, "conv1d"},
+                                                {OpKind::KdaStep, "kda_step"},
+                                                {OpKind::CachedAttention, "cached_attention"},
+                                                {OpKind::CachedIndexer, "cached_indexer"}};
+  static_assert(std::size(kNames) == static_cast<size_t>(OpKind::CachedIndexer) + 1);
   return name_of(kNames, k);
 }
 
 namespace {
 
-constexpr size_t kOps = static_cast<size_t>(OpKind::Conv1d) + 1;
+constexpr size_t kOps = static_cast<size_t>(OpKind::CachedIndexer) + 1;
 constexpr int64_t kMaxCpuKdaChunk = 256;
 
 // Which CUDA kernels of the table exist in src/ops/cuda/: flip a flag when its kernel lands. An
@@ -56,6 +61,9 @@ constexpr bool indexer_cuda = true;
 // all-to-all) and the grouped experts' f32 path.
 constexpr bool stable_permute_cuda = true;
 constexpr bool grouped_ffn_loop_cuda = true;
+constexpr bool kda_step_cuda = true;
+constexpr bool cached_attention_cuda = true;
+constexpr bool cached_indexer_cuda = true;
 }  // namespace landed
 
 std::string any(const OpShape&) {
@@ -117,6 +125,9 @@ KernelRegistry KernelRegistry::builtin() {
   cpu_ref(OpKind::CrossEntropy, "chunked_lm_head_ce_cpu", "src/ops/cpu/cross_entropy.cpp");
   cpu_ref(OpKind::Norm, "rmsnorm_cpu", "src/ops/cpu/norm.cpp");
   cpu_ref(OpKind::Conv1d, "causal_conv1d_cpu", "src/ops/cpu/conv1d.cpp");
+  cpu_ref(OpKind::KdaStep, "kda_step_cpu", "src/ops/cpu/kda_step.cpp");
+  cpu_ref(OpKind::CachedAttention, "cached_attention_cpu", "src/ops/cpu/cached_attention.cpp");
+  cpu_ref(OpKind::CachedIndexer, "cached_indexer_cpu", "src/ops/cpu/cached_attention.cpp");
 
   // CUDA kernels (constraints as their designs state; built per the flags in `landed`).
   cuda(OpKind::Gemm, "cublas_bf16", landed::cublas_bf16, "cuBLAS", need_bf16);
@@ -190,6 +201,30 @@ KernelRegistry KernelRegistry::builtin() {
        "src/ops/cuda/grouped_matmul.cu (f32: cuBLAS's grouped GEMM, one launch per projection; "
        "expert LoRA as separate grouped products)",
        any);
+  // Decoding's kernels: one each, so a shape they reject has no GPU path (the Decoder refuses it
+  // before it allocates a cache).
+  cuda(OpKind::KdaStep, "kda_step_cuda", landed::kda_step_cuda,
+       "src/ops/cuda/kda_step.cu (the recurrence from a carried state)", [](const OpShape& s) {
+         if (!kda_step_fits(s.head_dim))
+           return "head_dim " + std::to_string(s.head_dim) +
+                  " > 256 (the state tile in shared memory)";
+         return std::string();
+       });
+  cuda(OpKind::CachedAttention, "cached_attention_cuda", landed::cached_attention_cuda,
+       "src/ops/cuda/cached_attention.cu (over a KV cache)", [](const OpShape& s) {
+         if (!cached_attention_fits(s.head_dim, s.v_dim))
+           return "head dims " + std::to_string(s.head_dim) + "/" + std::to_string(s.v_dim) +
+                  " past the kernel's shared memory";
+         return std::string();
+       });
+  cuda(OpKind::CachedIndexer, "cached_indexer_cuda", landed::cached_indexer_cuda,
+       "src/ops/cuda/cached_attention.cu (indexer scores + top-k over a cache)",
+       [](const OpShape& s) {
+         if (!cached_indexer_fits(s.heads, s.head_dim))
+           return std::to_string(s.heads) + " heads x " + std::to_string(s.head_dim) +
+                  " past the score kernel's shared memory";
+         return std::string();
+       });
   return r;
 }
 

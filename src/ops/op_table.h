@@ -28,6 +28,11 @@ enum class OpKind {
   CrossEntropy,
   Norm,
   Conv1d,
+  // Decoding (src/decode/): the KDA recurrence from a carried state, attention and the DSA
+  // indexer over a KV cache.
+  KdaStep,
+  CachedAttention,
+  CachedIndexer,
 };
 const char* op_name(OpKind k);
 

@@ -48,6 +48,22 @@ void layer_ops(const ModelConfig& cfg, const LayerIR& l,
   }
 }
 
+// The ops decoding runs for a layer in place of the training forward's (src/decode/): the KDA
+// recurrence from a carried state (a prompt of many tokens takes the training core above),
+// attention over the per-head KV cache, and DSA's indexer over its key cache (not in the dense
+// warm-up, which attends to every cached position).
+void decode_ops(const ModelConfig& cfg, const LayerIR& l,
+                const std::function<void(OpKind, OpShape)>& pick) {
+  if (l.mixer == MixerKind::Kda) {
+    pick(OpKind::KdaStep, {.head_dim = cfg.kda.head_dim});
+    return;
+  }
+  const MlaConfig& m = l.mixer == MixerKind::Dsa ? cfg.dsa.mla : cfg.mla;
+  pick(OpKind::CachedAttention, {.head_dim = m.qk_nope_dim + m.qk_rope_dim, .v_dim = m.v_head_dim});
+  if (l.mixer == MixerKind::Dsa && !cfg.dsa.dense_warmup)
+    pick(OpKind::CachedIndexer, {.head_dim = cfg.dsa.index_head_dim, .heads = cfg.dsa.index_heads});
+}
+
 }  // namespace
 
 std::vector<KernelChoice> match_kernels(const ModelConfig& cfg, Backend backend,
@@ -67,6 +83,13 @@ std::vector<KernelChoice> match_kernels(const ModelConfig& cfg, Backend backend,
     layer_ops(cfg, l, [&](OpKind op, OpShape s) { pick(name, op, s); });
   }
   pick("head", OpKind::CrossEntropy, {});
+  // Decoding's ops depend on the mixer alone.
+  seen.clear();
+  for (const LayerIR& l : cfg.layers) {
+    const std::string name = std::string(mixer_name(l.mixer)) + " (decoding)";
+    if (seen.insert(name).second)
+      decode_ops(cfg, l, [&](OpKind op, OpShape s) { pick(name, op, s); });
+  }
   return out;
 }
 

@@ -24,7 +24,8 @@ using ops::op_name;
 using ops::OpKind;
 using ops::OpShape;
 
-// The choice for every op of every distinct layer kind of `cfg`.
+// The choice for every op of every distinct layer kind of `cfg`, then the head's, then the ops
+// decoding runs (layer "<mixer> (decoding)": src/decode/'s KDA step and cached attention).
 std::vector<KernelChoice> match_kernels(const ModelConfig& cfg, Backend backend,
                                         const std::string& dtype);
 

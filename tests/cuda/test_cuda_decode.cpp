@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "core/error.h"
 #include "decode/decode.h"
 #include "harness/batch.h"
 #include "harness/gpu_check.h"
@@ -405,6 +406,34 @@ TEST(CudaDecode, DecoderStateLivesOnTheModelsDevice) {
   Context cc;  // a host context for a GPU model is refused, naming both devices
   Tensor ids = Tensor::zeros({2}, DType::I32), logits = Tensor::empty({2, gpu.config().vocab});
   EXPECT_THROW(dec.step(cc, ids, logits), ValueError);
+}
+
+// A model whose heads the decoding kernels cannot hold in shared memory (ops::kda_step_fits,
+// cached_attention_fits) is refused when its Decoder is built on the GPU: a ShapeError naming the
+// layer, its mixer and the dims, before a cache is allocated (the CPU decodes it:
+// Decode.GpuKernelLimitsAndWideHeadsOnTheCpu).
+TEST(CudaDecode, ShapesTheKernelsRejectAreRefusedUpFront) {
+  REQUIRE_GPU();
+  ModelConfig base = ModelConfig::load("tiny");
+  base.layers = {{MixerKind::Kda, FfnKind::Dense}, {MixerKind::Mla, FfnKind::Dense}};
+  ModelConfig wide_kda = base, wide_mla = base;
+  wide_kda.kda.head_dim = 260;
+  wide_mla.mla.v_head_dim = 3100;
+  for (const auto& [cfg, expect] :
+       {std::pair{wide_kda, std::string("layer 0 (kda): the KDA step's head_dim 260")},
+        std::pair{wide_mla, std::string("layer 1 (mla): cached attention's head dims")}}) {
+    Model gpu(cfg, 1);
+    gpu.to_device(Device::CUDA);
+    try {
+      Decoder dec(gpu, 8);
+      ADD_FAILURE() << "built a Decoder for " << expect;
+    } catch (const ShapeError& e) {
+      EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
+    }
+  }
+  Model fits(base, 1);
+  fits.to_device(Device::CUDA);
+  EXPECT_NO_THROW(Decoder(fits, 8));
 }
 
 }  // namespace

@@ -11,9 +11,12 @@
 #include "harness/seed.h"
 #include "model/model.h"
 #include "model/moe_layer.h"
+#include "ops/cached_attention.h"
 #include "ops/embedding.h"
 #include "ops/gemm.h"
+#include "ops/kda_step.h"
 #include "ops/norm.h"
+#include "ops/op_table.h"
 
 namespace mt {
 namespace {
@@ -267,6 +270,41 @@ TEST(Decode, LastRowLogitsAndUntouchedExpertLoads) {
     if (m) {
       EXPECT_EQ(m->expert_load(), loads[i++]);
     }
+}
+
+// The GPU decoding kernels' limits (ops/kda_step.h, ops/cached_attention.h), at hand-computed
+// edges: the KDA step keeps a [head_k, 32] state tile and three head_k vectors in fp32 (head_k
+// <= 256); cached attention the query row, 4 value rows and 8 floats, 12,288 floats (48 KiB) at
+// most: qk 4,096 with v 2,046 fits, v 2,047 does not; the cached indexer heads x (head_dim + 1)
+// floats: 64 x 191 fits, 64 x 192 does not. The op table reads the same rules. A model past them
+// still decodes on the CPU (the GPU Decoder refuses it:
+// CudaDecode.ShapesTheKernelsRejectAreRefused).
+TEST(Decode, GpuKernelLimitsAndWideHeadsOnTheCpu) {
+  EXPECT_TRUE(ops::kda_step_fits(256));
+  EXPECT_FALSE(ops::kda_step_fits(257));
+  EXPECT_TRUE(ops::cached_attention_fits(4096, 2046));
+  EXPECT_FALSE(ops::cached_attention_fits(4096, 2047));
+  EXPECT_TRUE(ops::cached_indexer_fits(64, 191));
+  EXPECT_FALSE(ops::cached_indexer_fits(64, 192));
+  const ops::KernelRegistry reg = ops::KernelRegistry::builtin();
+  for (const ops::KernelImpl& k : reg.impls(ops::OpKind::KdaStep))
+    if (k.name == "kda_step_cuda") {
+      EXPECT_EQ(k.accepts({.head_dim = 256}), "");
+      EXPECT_NE(k.accepts({.head_dim = 257}).find("> 256"), std::string::npos);
+    }
+  ModelConfig cfg =
+      all_kinds_config(false, {{MixerKind::Kda, FfnKind::Dense}, {MixerKind::Mla, FfnKind::Dense}});
+  cfg.kda.head_dim = 260;
+  cfg.mla.v_head_dim = 3100;
+  ASSERT_FALSE(ops::kda_step_fits(cfg.kda.head_dim));
+  ASSERT_FALSE(ops::cached_attention_fits(cfg.mla.qk_nope_dim + cfg.mla.qk_rope_dim, 3100));
+  Model m(cfg, 3);
+  Context ctx;
+  Decoder dec(m, 4);
+  Tensor ids = Tensor::zeros({2}, DType::I32), logits = Tensor::empty({1, cfg.vocab});
+  ids.i32()[1] = 1;
+  dec.step(ctx, ids, logits);
+  for (int64_t i = 0; i < cfg.vocab; ++i) ASSERT_TRUE(std::isfinite(logits.f32()[i])) << i;
 }
 
 }  // namespace

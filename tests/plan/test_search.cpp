@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <set>
+#include <string>
 
 #include "core/error.h"
 #include "ops/kda.h"
@@ -177,6 +179,22 @@ TEST(PlanKernels, ChoicesAndFallbacks) {
   const auto all = match_kernels(seed_lora(), Backend::Cpu, "fp32");
   EXPECT_GE(all.size(), 15u);
   for (const KernelChoice& k : all) EXPECT_FALSE(k.kernel.empty()) << op_name(k.op);
+  // Decoding's ops, once per mixer after the training ops: the KDA step for KDA layers, cached
+  // attention (and the indexer over its cache, for DSA) for the attention layers.
+  std::set<std::string> decoding;
+  for (const KernelChoice& k : all)
+    if (k.layer.ends_with(" (decoding)")) decoding.insert(k.layer + ": " + k.kernel);
+  std::set<std::string> mixers;
+  for (const LayerIR& l : seed_lora().layers) mixers.insert(mixer_name(l.mixer));
+  ASSERT_TRUE(mixers.count("kda")) << "the seed model has KDA layers";
+  EXPECT_TRUE(decoding.count("kda (decoding): kda_step_cpu"));
+  for (const std::string& m : mixers) {
+    if (m != "kda") {
+      EXPECT_TRUE(decoding.count(m + " (decoding): cached_attention_cpu")) << m;
+    }
+  }
+  EXPECT_EQ(decoding.count("dsa (decoding): cached_indexer_cpu"),
+            mixers.count("dsa") && !seed_lora().dsa.dense_warmup ? 1u : 0u);
 }
 
 // `bench step --kda-kernels direct` (the job's kernels.kda = "chunk_kernels=off"): with the

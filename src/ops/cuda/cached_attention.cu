@@ -24,7 +24,7 @@ namespace mt::ops::cuda {
 
 namespace {
 
-constexpr int kAttnWarps = 4;
+constexpr int kAttnWarps = kCachedAttentionWarps;
 
 // Row i's causal key count, positions[i] + 1, within [0, cached].
 __device__ __forceinline__ int64_t causal_count(const int32_t* positions, int64_t i,
@@ -191,10 +191,10 @@ __global__ void cached_topk_kernel(CachedIndexerParams p, const float* __restric
 void cached_attention_forward(Context& ctx, const CachedAttentionParams& p, const Tensor& q,
                               const Tensor& k, const Tensor& v, const Tensor& positions,
                               const Tensor& indices, Tensor& o) {
+  MT_CHECK(cached_attention_fits(p.qk_dim, p.v_dim), ShapeError, "cached_attention: head dims qk ",
+           p.qk_dim, ", v ", p.v_dim, " exceed the kernel's shared memory");
   const size_t smem =
       sizeof(float) * static_cast<size_t>(p.qk_dim + kAttnWarps * p.v_dim + 2 * kAttnWarps);
-  MT_CHECK(smem <= 48 * 1024, ShapeError, "cached_attention: head dims qk ", p.qk_dim, ", v ",
-           p.v_dim, " exceed the kernel's shared memory");
   const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(p.heads));
   const int32_t* idx = indices.defined() ? ptr<const int32_t>(indices) : nullptr;
   MT_DISPATCH_FLOAT(q, "cached_attention", {
@@ -207,9 +207,9 @@ void cached_attention_forward(Context& ctx, const CachedAttentionParams& p, cons
 
 void cached_indexer_topk(Context& ctx, const CachedIndexerParams& p, const Tensor& q,
                          const Tensor& k, const Tensor& w, const Tensor& positions, Tensor& out) {
+  MT_CHECK(cached_indexer_fits(p.heads, p.head_dim), ShapeError, "cached_indexer_topk: ", p.heads,
+           " heads of ", p.head_dim, " exceed the score kernel's shared memory");
   const size_t smem = sizeof(float) * static_cast<size_t>(p.heads * p.head_dim + p.heads);
-  MT_CHECK(smem <= 48 * 1024, ShapeError, "cached_indexer_topk: ", p.heads, " heads of ",
-           p.head_dim, " exceed the score kernel's shared memory");
   // Positions are i32 and the top-k's keys hold the inverted position in 32 bits.
   MT_CHECK(p.cached <= std::numeric_limits<int32_t>::max(), ValueError,
            "cached_indexer_topk: cached = ", p.cached, " positions exceed the i32 positions");

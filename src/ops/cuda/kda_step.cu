@@ -76,12 +76,8 @@ __global__ void kda_step_kernel(KdaStepParams p, float scale, const T* __restric
 void kda_recurrent_step(Context& ctx, const KdaStepParams& p, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Tensor& g, const Tensor& beta, Tensor& state,
                         Tensor& o) {
-  // The state tile [K, 32] and three K vectors in fp32: 35 KiB at K = 256, within the 48 KiB a
-  // block gets without opting in.
-  constexpr int64_t kMaxHeadK = 256;
-  MT_CHECK(p.head_k <= kMaxHeadK, ShapeError, "kda_recurrent_step: q/k/g have head_k ", p.head_k,
-           ", the kernel keeps the state's [head_k, 32] tile in shared memory: at most ",
-           kMaxHeadK);
+  MT_CHECK(kda_step_fits(p.head_k), ShapeError, "kda_recurrent_step: q/k/g have head_k ", p.head_k,
+           ", the kernel keeps the state's [head_k, 32] tile in shared memory: at most 256");
   const size_t smem = sizeof(float) * static_cast<size_t>(p.head_k * (kCols + 3));
   const dim3 grid(static_cast<unsigned>(p.heads),
                   static_cast<unsigned>((p.head_v + kCols - 1) / kCols));
