@@ -150,6 +150,14 @@ std::vector<int64_t> doc_lens(int rank, bool uneven, int scale = 1) {
 // How many times the measured order difference of two single-process runs a distributed
 // gradient may differ by (its reductions take yet other orders).
 constexpr double kOrderMargin = 4;
+// The DSA indexer's tensors: their gradients come through a top-k selection of keys, and the
+// distributed run forms each rank's indexer scores in GEMMs of its own shapes, so a near tie can
+// round the other way there and swap two nearly equal keys, which moves the gradient by more than
+// summation order but by far less than a wrong gradient (O(1)). Seed 14418463275541764721 at world
+// 3: an indexer LoRA B's gradient off by 3.8e-5 of its tensor's largest, where reordering the
+// documents in one process moves it by 3e-7; no tensor passed 0.4 of its allowance in 40 other
+// seeds.
+constexpr double kIndexerGradTol = 1e-4;
 
 struct Batch {
   mt::SeqInfo seq;
@@ -555,7 +563,9 @@ int run(mt::par::Comm& world, const Args& a, uint64_t seed) {
     // Where the tensor's sum cancels (a per-head A_log sums many terms of both signs into a small
     // gradient), the order error scales with the terms, not with the result: the measured
     // difference of two single-process orders, with a margin, bounds it there.
-    delta[p->name] = std::max(a.grad_tol * g, kOrderMargin * order_noise[p->name]);
+    const bool indexer = p->name.find(".indexer.") != std::string::npos;
+    const double tol = indexer ? std::max(a.grad_tol, kIndexerGradTol) : a.grad_tol;
+    delta[p->name] = std::max(tol * g, kOrderMargin * order_noise[p->name]);
   }
   auto value_allow = [&](const std::string& name, double m, double v) {
     const auto it = delta.find(name);
